@@ -1,0 +1,41 @@
+//===- Pipeline.cpp - the fsdp compilation pipeline -----------------------===//
+
+#include "compiler/Pipeline.h"
+
+#include "passes/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
+                                   const FsdpPipelineOptions &options) {
+  pm.addPass(createFsdpAutodiff());
+  FsdpInsertOptimizerOptions opt;
+  opt.optimizer = options.optimizer;
+  opt.momentum = options.momentum;
+  opt.dampening = options.dampening;
+  opt.nesterov = options.nesterov;
+  opt.weightDecay = options.weightDecay;
+  opt.beta1 = options.beta1;
+  opt.beta2 = options.beta2;
+  opt.eps = options.eps;
+  opt.maxGradNorm = options.maxGradNorm;
+  pm.addPass(createFsdpInsertOptimizer(opt));
+  FsdpPlanMemoryOptions mem;
+  mem.report = options.report;
+  pm.addPass(createFsdpPlanMemory(mem));
+  if (!options.plan.empty()) {
+    FsdpExportPlanOptions exp;
+    exp.output = options.plan;
+    pm.addPass(createFsdpExportPlan(exp));
+  }
+}
+
+void mlir::fsdp::registerFsdpPipeline() {
+  PassPipelineRegistration<FsdpPipelineOptions>(
+      "fsdp-pipeline",
+      "model -> training step -> optimizer -> memory plan -> plan file",
+      buildFsdpPipeline);
+}

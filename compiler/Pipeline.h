@@ -1,0 +1,54 @@
+//===- Pipeline.h - the fsdp compilation pipeline ---------------*- C++ -*-===//
+//
+// buildFsdpPipeline composes the passes a user normally runs, from a model
+// to a plan file; it is also registered as --fsdp-pipeline for fsdp-opt.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_COMPILER_PIPELINE_H
+#define FSDP_COMPILER_PIPELINE_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir::fsdp {
+
+struct FsdpPipelineOptions
+    : public PassPipelineOptions<FsdpPipelineOptions> {
+  Option<std::string> optimizer{*this, "optimizer",
+                                llvm::cl::desc("sgd | adamw | none"),
+                                llvm::cl::init("adamw")};
+  Option<double> momentum{*this, "momentum", llvm::cl::desc("SGD momentum"),
+                          llvm::cl::init(0.0)};
+  Option<double> dampening{*this, "dampening",
+                           llvm::cl::desc("SGD dampening"), llvm::cl::init(0.0)};
+  Option<bool> nesterov{*this, "nesterov", llvm::cl::desc("SGD Nesterov"),
+                        llvm::cl::init(false)};
+  Option<double> weightDecay{
+      *this, "weight-decay",
+      llvm::cl::desc("weight decay (default 0.01 AdamW, 0 SGD)"),
+      llvm::cl::init(-1.0)};
+  Option<double> beta1{*this, "beta1", llvm::cl::init(0.9)};
+  Option<double> beta2{*this, "beta2", llvm::cl::init(0.999)};
+  Option<double> eps{*this, "eps", llvm::cl::init(1e-8)};
+  Option<double> maxGradNorm{*this, "max-grad-norm",
+                             llvm::cl::desc("global-norm clipping (0: off)"),
+                             llvm::cl::init(0.0)};
+  Option<std::string> plan{*this, "plan",
+                           llvm::cl::desc("write the plan file to this path"),
+                           llvm::cl::init("")};
+  Option<bool> report{*this, "report",
+                      llvm::cl::desc("print the per-rank memory report"),
+                      llvm::cl::init(true)};
+};
+
+/// Adds the whole pipeline (autodiff, optimizer, memory plan and, when
+/// options.plan is set, the plan export) to `pm`.
+void buildFsdpPipeline(OpPassManager &pm, const FsdpPipelineOptions &options);
+
+/// Registers --fsdp-pipeline.
+void registerFsdpPipeline();
+
+} // namespace mlir::fsdp
+
+#endif // FSDP_COMPILER_PIPELINE_H

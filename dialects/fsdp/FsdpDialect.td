@@ -1,0 +1,49 @@
+//===- FsdpDialect.td - the fsdp training-graph dialect ------*- tablegen -*-===//
+//
+// The `fsdp` dialect describes one training step of a model: parameters as
+// module-level symbols, a model function that computes a scalar loss from a
+// batch, and (after the compiler's passes) gradients, optimizer updates and
+// collectives. Every tensor is a ranked tensor; compute types are f32, bf16
+// and f16, token ids and labels are i32 / i64 tensors.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_DIALECT_TD
+#define FSDP_DIALECT_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/CommonTypeConstraints.td"
+
+def Fsdp_Dialect : Dialect {
+  let name = "fsdp";
+  let cppNamespace = "::mlir::fsdp";
+  let summary = "A training-graph dialect for fully sharded data parallelism";
+  let description = [{
+    A module in this dialect holds:
+    - `fsdp.param` symbols: every parameter with its shape, dtype,
+      initializer, its unit (the layer an FSDP wrap policy groups by) and
+      whether it is trainable;
+    - a `func.func` carrying the `fsdp.model` attribute that takes the batch
+      and returns a scalar loss, reading parameters with `fsdp.get_param`.
+
+    The compiler's passes add a training step (`fsdp-autodiff`), optimizer
+    state and updates (`fsdp-insert-optimizer`), collectives and shards
+    (`fsdp-shard`), and finally lower it to a plan for `fsdp-run`.
+  }];
+  let dependentDialects = ["::mlir::func::FuncDialect"];
+}
+
+class Fsdp_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Fsdp_Dialect, mnemonic, traits>;
+
+// Floating-point tensors the runtime computes on (or stores).
+def Fsdp_FloatTensor : RankedTensorOf<[F32, BF16, F16]>;
+// Token ids and labels.
+def Fsdp_IntTensor : RankedTensorOf<[I32, I64]>;
+def Fsdp_AnyTensor : RankedTensorOf<[F32, BF16, F16, I32, I64]>;
+// A 0-d float tensor: losses, the learning rate, norms.
+def Fsdp_Scalar : 0DTensorOf<[F32]> {
+  let builderCall = "::mlir::RankedTensorType::get({}, $_builder.getF32Type())";
+}
+
+#endif // FSDP_DIALECT_TD

@@ -1,0 +1,373 @@
+//===- FsdpOps.cpp - verifiers of the fsdp dialect ------------------------===//
+//
+// Every verifier names what it expected and what it found, so a user sees
+// e.g. "expected contracting sizes to agree, found 64 (lhs) and 32 (rhs)" at
+// the op's file:line:col.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/fsdp/FsdpOps.h"
+#include "dialects/fsdp/Shapes.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+#define GET_OP_CLASSES
+#include "dialects/fsdp/FsdpOps.cpp.inc"
+
+static RankedTensorType rt(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+static std::string typeStr(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << "'" << t << "'";
+  return s;
+}
+
+/// Checks that `got` has shape `want` and element type `elem`.
+static LogicalResult expectType(Operation *op, StringRef what,
+                                RankedTensorType got, ArrayRef<int64_t> want,
+                                Type elem) {
+  if (got.getShape() != want || got.getElementType() != elem)
+    return op->emitOpError() << "expected " << what << " of type "
+                             << typeStr(RankedTensorType::get(want, elem))
+                             << ", found " << typeStr(got);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Module-level state
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::verify() {
+  StringRef init = getInit();
+  if (!llvm::is_contained({"normal", "uniform", "zeros", "ones"}, init))
+    return emitOpError() << "expected init to be one of normal, uniform, "
+                            "zeros, ones; found \""
+                         << init << "\"";
+  bool needsScale = init == "normal" || init == "uniform";
+  if (needsScale && !getScale())
+    return emitOpError() << "expected a scale for init \"" << init
+                         << "\" (e.g. init(\"" << init << "\", 0.02))";
+  if (!needsScale && getScale())
+    return emitOpError() << "init \"" << init << "\" takes no scale";
+  if (getScale() && getScale()->convertToDouble() < 0)
+    return emitOpError() << "expected a non-negative scale, found "
+                         << getScale()->convertToDouble();
+  if (getUnit() && getUnit()->empty())
+    return emitOpError() << "expected a non-empty unit name";
+  return success();
+}
+
+LogicalResult StateOp::verify() {
+  auto param = SymbolTable::lookupNearestSymbolFrom<ParamOp>(*this, getParamAttr());
+  if (!param)
+    return emitOpError() << "shadows " << getParamAttr()
+                         << ", which is not an fsdp.param";
+  if (param.getType() != getType())
+    return emitOpError() << "expected type " << param.getType()
+                         << " of the parameter it shadows, found " << getType();
+  return success();
+}
+
+/// Shared by the symbol accessors: the symbol must be an op of kind OpT whose
+/// type is `type`.
+template <typename OpT>
+static LogicalResult verifySymbolAccess(Operation *op, FlatSymbolRefAttr name,
+                                        Type type,
+                                        SymbolTableCollection &symbolTable,
+                                        StringRef kind, bool needTrainable) {
+  Operation *sym = symbolTable.lookupNearestSymbolFrom(op, name);
+  if (!sym)
+    return op->emitOpError() << "refers to undefined " << kind << " " << name;
+  auto target = dyn_cast<OpT>(sym);
+  if (!target)
+    return op->emitOpError() << "expected " << name << " to be an "
+                             << OpT::getOperationName() << ", found "
+                             << sym->getName();
+  if (target.getType() != type)
+    return op->emitOpError() << "expected type " << target.getType() << " of "
+                             << name << ", found " << type;
+  if constexpr (std::is_same_v<OpT, ParamOp>) {
+    if (needTrainable && target.getFrozen())
+      return op->emitOpError() << name << " is frozen and has no gradient";
+  }
+  return success();
+}
+
+LogicalResult GetParamOp::verifySymbolUses(SymbolTableCollection &st) {
+  return verifySymbolAccess<ParamOp>(*this, getNameAttr(), getType(), st,
+                                     "parameter", false);
+}
+LogicalResult SetParamOp::verifySymbolUses(SymbolTableCollection &st) {
+  return verifySymbolAccess<ParamOp>(*this, getNameAttr(),
+                                     getValue().getType(), st, "parameter",
+                                     false);
+}
+LogicalResult SetGradOp::verifySymbolUses(SymbolTableCollection &st) {
+  return verifySymbolAccess<ParamOp>(*this, getNameAttr(),
+                                     getValue().getType(), st, "parameter",
+                                     true);
+}
+LogicalResult GetStateOp::verifySymbolUses(SymbolTableCollection &st) {
+  return verifySymbolAccess<StateOp>(*this, getNameAttr(), getType(), st,
+                                     "optimizer state", false);
+}
+LogicalResult SetStateOp::verifySymbolUses(SymbolTableCollection &st) {
+  return verifySymbolAccess<StateOp>(*this, getNameAttr(),
+                                     getValue().getType(), st,
+                                     "optimizer state", false);
+}
+
+//===----------------------------------------------------------------------===//
+// Compute ops
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyBinary(Operation *op) {
+  auto a = rt(op->getOperand(0)), b = rt(op->getOperand(1));
+  auto r = rt(op->getResult(0));
+  if (a.getElementType() != b.getElementType())
+    return op->emitOpError() << "expected operands of one element type, found "
+                             << a.getElementType() << " and "
+                             << b.getElementType();
+  auto shape = broadcastShapes(a.getShape(), b.getShape());
+  if (!shape)
+    return op->emitOpError() << "operand shapes " << shapeStr(a.getShape())
+                             << " and " << shapeStr(b.getShape())
+                             << " do not broadcast";
+  return expectType(op, "result", r, *shape, a.getElementType());
+}
+
+LogicalResult AddOp::verify() { return verifyBinary(*this); }
+LogicalResult SubOp::verify() { return verifyBinary(*this); }
+LogicalResult MulOp::verify() { return verifyBinary(*this); }
+LogicalResult DivOp::verify() { return verifyBinary(*this); }
+
+LogicalResult BiasAddOp::verify() {
+  auto x = rt(getInput());
+  if (x.getRank() < 1)
+    return emitOpError() << "expected an input of rank >= 1, found a scalar";
+  return expectType(*this, "bias", rt(getBias()), {x.getShape().back()},
+                    x.getElementType());
+}
+
+LogicalResult MatmulOp::verify() {
+  auto a = rt(getLhs()), b = rt(getRhs());
+  if (a.getElementType() != b.getElementType())
+    return emitOpError() << "expected operands of one element type, found "
+                         << a.getElementType() << " and " << b.getElementType();
+  std::string why;
+  auto shape = matmulShape(a.getShape(), b.getShape(), getTransposeLhs(),
+                           getTransposeRhs(), why);
+  if (!shape)
+    return emitOpError() << why;
+  return expectType(*this, "result", rt(getResult()), *shape,
+                    a.getElementType());
+}
+
+LogicalResult LayerNormOp::verify() {
+  auto x = rt(getInput());
+  if (x.getRank() < 1)
+    return emitOpError() << "expected an input of rank >= 1, found a scalar";
+  SmallVector<int64_t> c{x.getShape().back()};
+  if (failed(expectType(*this, "gamma", rt(getGamma()), c, x.getElementType())) ||
+      failed(expectType(*this, "beta", rt(getBeta()), c, x.getElementType())))
+    return failure();
+  if (getEpsilon().convertToDouble() <= 0)
+    return emitOpError() << "expected a positive epsilon";
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  auto q = rt(getQ());
+  if (q.getRank() != 3)
+    return emitOpError() << "expected q, k, v of rank 3 [batch, seq, width], "
+                            "found rank "
+                         << q.getRank();
+  int64_t heads = getHeads();
+  if (heads <= 0 || q.getShape()[2] % heads != 0)
+    return emitOpError() << "expected heads to divide the width "
+                         << q.getShape()[2] << ", found heads = " << heads;
+  return success();
+}
+
+LogicalResult EmbeddingOp::verify() {
+  auto t = rt(getTable()), ids = rt(getIds());
+  if (t.getRank() != 2)
+    return emitOpError() << "expected a table of rank 2 [vocab, width], found "
+                         << shapeStr(t.getShape());
+  SmallVector<int64_t> shape(ids.getShape());
+  shape.push_back(t.getShape()[1]);
+  return expectType(*this, "result", rt(getResult()), shape,
+                    t.getElementType());
+}
+
+LogicalResult ReshapeOp::verify() {
+  auto a = rt(getInput()), r = rt(getResult());
+  if (a.getElementType() != r.getElementType())
+    return emitOpError() << "expected the element type to be kept, found "
+                         << a.getElementType() << " -> " << r.getElementType();
+  if (a.getNumElements() != r.getNumElements())
+    return emitOpError() << "expected the element count to be kept, found "
+                         << a.getNumElements() << " -> " << r.getNumElements();
+  return success();
+}
+
+LogicalResult TransposeOp::verify() {
+  auto a = rt(getInput());
+  ArrayRef<int64_t> perm = getPerm();
+  if ((int64_t)perm.size() != a.getRank())
+    return emitOpError() << "expected a permutation of " << a.getRank()
+                         << " dimensions, found " << perm.size();
+  SmallVector<int64_t> shape;
+  SmallVector<bool> seen(perm.size(), false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= a.getRank() || seen[p])
+      return emitOpError() << "expected perm to be a permutation of [0, "
+                           << a.getRank() << ")";
+    seen[p] = true;
+    shape.push_back(a.getShape()[p]);
+  }
+  return expectType(*this, "result", rt(getResult()), shape,
+                    a.getElementType());
+}
+
+/// Checks dim/offset of slice-like ops: `small` is a window of `big`.
+static LogicalResult verifyWindow(Operation *op, RankedTensorType big,
+                                  RankedTensorType small, int64_t dim,
+                                  int64_t offset) {
+  if (dim < 0 || dim >= big.getRank())
+    return op->emitOpError() << "expected dim in [0, " << big.getRank()
+                             << "), found " << dim;
+  SmallVector<int64_t> want(big.getShape());
+  if (small.getRank() != big.getRank())
+    return op->emitOpError() << "expected the sliced tensor to keep rank "
+                             << big.getRank() << ", found " << small.getRank();
+  want[dim] = small.getShape()[dim];
+  if (failed(expectType(op, "slice", small, want, big.getElementType())))
+    return failure();
+  if (offset < 0 || offset + small.getShape()[dim] > big.getShape()[dim])
+    return op->emitOpError() << "slice [" << offset << ", "
+                             << offset + small.getShape()[dim]
+                             << ") is out of bounds of size "
+                             << big.getShape()[dim];
+  return success();
+}
+
+LogicalResult SliceOp::verify() {
+  return verifyWindow(*this, rt(getInput()), rt(getResult()), getDim(),
+                      getOffset());
+}
+
+LogicalResult SliceGradOp::verify() {
+  return verifyWindow(*this, rt(getResult()), rt(getGrad()), getDim(),
+                      getOffset());
+}
+
+LogicalResult ConcatOp::verify() {
+  if (getInputs().empty())
+    return emitOpError() << "expected at least one input";
+  auto first = rt(getInputs()[0]);
+  int64_t dim = getDim();
+  if (dim < 0 || dim >= first.getRank())
+    return emitOpError() << "expected dim in [0, " << first.getRank()
+                         << "), found " << dim;
+  SmallVector<int64_t> shape(first.getShape());
+  shape[dim] = 0;
+  for (Value v : getInputs()) {
+    auto t = rt(v);
+    SmallVector<int64_t> want(first.getShape());
+    want[dim] = t.getRank() == first.getRank() ? t.getShape()[dim] : 0;
+    if (failed(expectType(*this, "input", t, want, first.getElementType())))
+      return failure();
+    shape[dim] += t.getShape()[dim];
+  }
+  return expectType(*this, "result", rt(getResult()), shape,
+                    first.getElementType());
+}
+
+static LogicalResult verifyReduce(Operation *op, ArrayRef<int64_t> dims) {
+  auto a = rt(op->getOperand(0));
+  SmallVector<bool> seen(a.getRank(), false);
+  for (int64_t d : dims) {
+    if (d < 0 || d >= a.getRank() || seen[d])
+      return op->emitOpError() << "expected distinct dims in [0, "
+                               << a.getRank() << "), found " << d;
+    seen[d] = true;
+  }
+  return expectType(op, "result", rt(op->getResult(0)),
+                    reducedShape(a.getShape(), dims), a.getElementType());
+}
+
+LogicalResult ReduceSumOp::verify() { return verifyReduce(*this, getDims()); }
+LogicalResult ReduceMeanOp::verify() { return verifyReduce(*this, getDims()); }
+
+LogicalResult BroadcastOp::verify() {
+  auto a = rt(getInput()), r = rt(getResult());
+  if (a.getElementType() != r.getElementType() ||
+      !isBroadcastableTo(a.getShape(), r.getShape()))
+    return emitOpError() << "cannot broadcast " << typeStr(a) << " to "
+                         << typeStr(r);
+  return success();
+}
+
+LogicalResult SumToOp::verify() {
+  auto a = rt(getInput()), r = rt(getResult());
+  if (a.getElementType() != r.getElementType() ||
+      !isBroadcastableTo(r.getShape(), a.getShape()))
+    return emitOpError() << "expected the result " << typeStr(r)
+                         << " to broadcast to the input " << typeStr(a);
+  return success();
+}
+
+LogicalResult CastOp::verify() {
+  auto a = rt(getInput()), r = rt(getResult());
+  if (a.getShape() != r.getShape())
+    return emitOpError() << "expected the shape to be kept, found "
+                         << shapeStr(a.getShape()) << " -> "
+                         << shapeStr(r.getShape());
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  auto l = rt(getLogits()), y = rt(getLabels());
+  if (l.getRank() < 2)
+    return emitOpError() << "expected logits of rank >= 2 [..., classes], "
+                            "found "
+                         << shapeStr(l.getShape());
+  if (y.getShape() != l.getShape().drop_back())
+    return emitOpError() << "expected labels of shape "
+                         << shapeStr(l.getShape().drop_back())
+                         << " (the logits without the class dimension), found "
+                         << shapeStr(y.getShape());
+  if (!l.getElementType().isF32())
+    return emitOpError() << "expected f32 logits, found " << l.getElementType();
+  return success();
+}
+
+static LogicalResult verifyPairLoss(Operation *op) {
+  auto a = rt(op->getOperand(0)), b = rt(op->getOperand(1));
+  if (a != b)
+    return op->emitOpError() << "expected input and target of one type, found "
+                             << typeStr(a) << " and " << typeStr(b);
+  if (!a.getElementType().isF32())
+    return op->emitOpError() << "expected f32 operands, found "
+                             << a.getElementType();
+  return success();
+}
+
+LogicalResult MseLossOp::verify() { return verifyPairLoss(*this); }
+LogicalResult BceWithLogitsOp::verify() { return verifyPairLoss(*this); }
+
+LogicalResult EmbeddingGradOp::verify() {
+  auto ids = rt(getIds()), g = rt(getGrad()), r = rt(getResult());
+  if (r.getRank() != 2)
+    return emitOpError() << "expected a result of rank 2 [vocab, width]";
+  SmallVector<int64_t> want(ids.getShape());
+  want.push_back(r.getShape()[1]);
+  return expectType(*this, "grad", g, want, r.getElementType());
+}

@@ -1,0 +1,705 @@
+//===- FsdpOps.td - operations of the fsdp dialect -----------*- tablegen -*-===//
+//
+// Ops fall in five groups: module-level state (params, optimizer state and
+// their accessors), forward compute, losses, the backward-only ops the
+// autodiff pass emits (vector-Jacobian products that are cheaper fused), and
+// optimizer updates. Every op verifies shapes and dtypes and names what it
+// expected and what it found.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_OPS_TD
+#define FSDP_OPS_TD
+
+include "dialects/fsdp/FsdpDialect.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Module-level state
+//===----------------------------------------------------------------------===//
+
+def Fsdp_ParamOp : Fsdp_Op<"param", [Symbol]> {
+  let summary = "a model parameter: shape, dtype, initializer, unit";
+  let description = [{
+    Declares one parameter of the model at module level. `init` is one of
+    `normal` (scale = standard deviation), `uniform` (values in
+    [-scale, scale]), `zeros` or `ones`. `unit` names the layer the
+    parameter belongs to (for example "layers.3"); the FSDP wrap policy
+    groups parameters by it. `frozen` parameters get no gradient and no
+    optimizer state.
+
+    ```mlir
+    fsdp.param @"layers.0.fc1.weight" : tensor<64x64xf32> init("normal", 0.02) unit "layers.0"
+    fsdp.param @"ln.bias" : tensor<64xf32> init("zeros") frozen
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<Fsdp_FloatTensor>:$type,
+                       StrAttr:$init,
+                       OptionalAttr<F64Attr>:$scale,
+                       OptionalAttr<StrAttr>:$unit,
+                       UnitAttr:$frozen);
+  let assemblyFormat = [{
+    $sym_name `:` $type `init` `(` $init (`,` $scale^)? `)`
+    (`unit` $unit^)? (`frozen` $frozen^)? attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+    bool isTrainable() { return !getFrozen(); }
+  }];
+}
+
+def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
+  let summary = "optimizer state that shadows one parameter";
+  let description = [{
+    Optimizer state (momentum buffer, Adam moments) created by
+    `fsdp-insert-optimizer`. It has the shape of the parameter it shadows,
+    starts at zero, and is sharded with that parameter.
+
+    ```mlir
+    fsdp.state @"fc1.weight.exp_avg" : tensor<64x64xf32> of @"fc1.weight" kind "exp_avg"
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<Fsdp_FloatTensor>:$type,
+                       FlatSymbolRefAttr:$param,
+                       StrAttr:$kind);
+  let assemblyFormat = "$sym_name `:` $type `of` $param `kind` $kind attr-dict";
+  let hasVerifier = 1;
+}
+
+class Fsdp_SymbolReadOp<string mnemonic>
+    : Fsdp_Op<mnemonic, [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+                         MemoryEffects<[MemRead]>]> {
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+class Fsdp_SymbolWriteOp<string mnemonic>
+    : Fsdp_Op<mnemonic, [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+                         MemoryEffects<[MemWrite]>]> {
+  let arguments = (ins FlatSymbolRefAttr:$name, Fsdp_FloatTensor:$value);
+  let assemblyFormat = "$name `=` $value attr-dict `:` type($value)";
+}
+
+def Fsdp_GetParamOp : Fsdp_SymbolReadOp<"get_param"> {
+  let summary = "reads the current value of a parameter";
+  let description = [{
+    ```mlir
+    %w = fsdp.get_param @"fc1.weight" : tensor<64x64xf32>
+    ```
+    The symbol must name an `fsdp.param` of exactly the result type.
+  }];
+}
+
+def Fsdp_SetParamOp : Fsdp_SymbolWriteOp<"set_param"> {
+  let summary = "writes the new value of a parameter (optimizer update)";
+  let description = [{
+    ```mlir
+    fsdp.set_param @"fc1.weight" = %new : tensor<64x64xf32>
+    ```
+  }];
+}
+
+def Fsdp_GetStateOp : Fsdp_SymbolReadOp<"get_state"> {
+  let summary = "reads optimizer state";
+  let description = [{
+    ```mlir
+    %m = fsdp.get_state @"fc1.weight.exp_avg" : tensor<64x64xf32>
+    ```
+  }];
+}
+
+def Fsdp_SetStateOp : Fsdp_SymbolWriteOp<"set_state"> {
+  let summary = "writes optimizer state";
+  let description = [{
+    ```mlir
+    fsdp.set_state @"fc1.weight.exp_avg" = %m2 : tensor<64x64xf32>
+    ```
+  }];
+}
+
+def Fsdp_SetGradOp : Fsdp_SymbolWriteOp<"set_grad"> {
+  let summary = "publishes the gradient of a trainable parameter";
+  let description = [{
+    Emitted by `fsdp-autodiff`: `%g` is d(loss)/d(param) for this step.
+    `fsdp-insert-optimizer` consumes it. The symbol must name a trainable
+    `fsdp.param` of the same type.
+
+    ```mlir
+    fsdp.set_grad @"fc1.weight" = %g : tensor<64x64xf32>
+    ```
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise and shape ops
+//===----------------------------------------------------------------------===//
+
+class Fsdp_BinaryOp<string mnemonic, string what>
+    : Fsdp_Op<mnemonic, [Pure]> {
+  let summary = "elementwise " # what # " with NumPy broadcasting";
+  let description = [{
+    Broadcasting follows NumPy: shapes are aligned at the trailing
+    dimension; each pair of sizes must be equal or one of them 1; a missing
+    leading dimension counts as 1. The result has the broadcast shape and
+    the operands' element type (both operands must have the same one).
+
+    ```mlir
+    %c = fsdp.}] # mnemonic # [{ %a, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_AddOp : Fsdp_BinaryOp<"add", "addition">;
+def Fsdp_SubOp : Fsdp_BinaryOp<"sub", "subtraction">;
+def Fsdp_MulOp : Fsdp_BinaryOp<"mul", "multiplication">;
+def Fsdp_DivOp : Fsdp_BinaryOp<"div", "division">;
+
+class Fsdp_UnaryOp<string mnemonic, string sum, string ex>
+    : Fsdp_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = sum;
+  let description = "```mlir\n" # ex # "\n```";
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+}
+
+def Fsdp_NegOp : Fsdp_UnaryOp<"neg", "elementwise negation",
+    "%y = fsdp.neg %x : tensor<4x8xf32>">;
+def Fsdp_ReluOp : Fsdp_UnaryOp<"relu", "rectified linear unit, max(x, 0)",
+    "%y = fsdp.relu %x : tensor<4x8xf32>">;
+def Fsdp_GeluOp : Fsdp_UnaryOp<"gelu",
+    "GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
+    "%y = fsdp.gelu %x : tensor<4x8xf32>">;
+def Fsdp_SoftmaxOp : Fsdp_UnaryOp<"softmax",
+    "softmax over the last dimension (max-subtracted)",
+    "%y = fsdp.softmax %x : tensor<4x8xf32>">;
+
+def Fsdp_ScaleOp : Fsdp_Op<"scale", [Pure, SameOperandsAndResultType]> {
+  let summary = "multiplies every element by a constant";
+  let description = [{
+    ```mlir
+    %y = fsdp.scale %x {factor = 5.000000e-01 : f64} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, F64Attr:$factor);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+}
+
+def Fsdp_FillOp : Fsdp_Op<"fill", [Pure]> {
+  let summary = "a tensor with every element equal to a constant";
+  let description = [{
+    ```mlir
+    %one = fsdp.fill {value = 1.000000e+00 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins F64Attr:$value);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+def Fsdp_BiasAddOp : Fsdp_Op<"bias_add", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "adds a bias vector along the last dimension";
+  let description = [{
+    `input` has shape [..., N] and `bias` shape [N].
+
+    ```mlir
+    %y = fsdp.bias_add %x, %b : tensor<32x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$bias);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $bias attr-dict `:` type($input) `,` type($bias)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_MatmulOp : Fsdp_Op<"matmul", [Pure]> {
+  let summary = "matrix product, optionally batched, with transpose flags";
+  let description = [{
+    Rank-2 operands compute `op(lhs) x op(rhs)`; rank-3 operands are batched
+    over the leading dimension, which must agree. `transpose_lhs` /
+    `transpose_rhs` transpose the last two dimensions of that operand first.
+    A PyTorch `Linear` (weight [out, in]) is `matmul %x, %w transpose_rhs`.
+
+    ```mlir
+    %y = fsdp.matmul %x, %w transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_LayerNormOp : Fsdp_Op<"layer_norm", [Pure, AllTypesMatch<["input", "result"]>,
+                                             AllTypesMatch<["gamma", "beta"]>]> {
+  let summary = "layer normalization over the last dimension";
+  let description = [{
+    `y = (x - mean) / sqrt(var + epsilon) * gamma + beta`, with the biased
+    variance, over the last dimension of `input` ([..., C]); `gamma` and
+    `beta` have shape [C].
+
+    ```mlir
+    %y = fsdp.layer_norm %x, %g, %b {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$gamma,
+                       Fsdp_FloatTensor:$beta,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $gamma `,` $beta attr-dict `:` type($input) `,` type($gamma)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_AttentionOp : Fsdp_Op<"attention",
+    [Pure, AllTypesMatch<["q", "k", "v", "result"]>]> {
+  let summary = "multi-head scaled dot-product self-attention";
+  let description = [{
+    `q`, `k`, `v` and the result have shape [B, T, C]; C is split into
+    `heads` heads of C/heads each. Scores are scaled by 1/sqrt(C/heads);
+    with `causal`, position t attends to positions <= t only. Heads are
+    concatenated back along C (the output projection is a separate matmul).
+
+    ```mlir
+    %y = fsdp.attention %q, %k, %v heads = 4 causal : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
+                       Fsdp_FloatTensor:$v, I64Attr:$heads, UnitAttr:$causal);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v `heads` `=` $heads (`causal` $causal^)? attr-dict `:` type($q)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_EmbeddingOp : Fsdp_Op<"embedding", [Pure]> {
+  let summary = "embedding lookup: rows of a table selected by integer ids";
+  let description = [{
+    `table` is [V, C], `ids` any integer tensor of shape S; the result has
+    shape S x [C]. Ids outside [0, V) are a runtime error.
+
+    ```mlir
+    %e = fsdp.embedding %wte, %ids : (tensor<256x64xf32>, tensor<2x16xi32>) -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$table, Fsdp_IntTensor:$ids);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$table `,` $ids attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_ReshapeOp : Fsdp_Op<"reshape", [Pure]> {
+  let summary = "reinterprets a tensor with another shape of the same size";
+  let description = [{
+    Row-major order is kept; the element counts and types must agree.
+
+    ```mlir
+    %y = fsdp.reshape %x : tensor<2x16x64xf32> -> tensor<32x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_AnyTensor:$input);
+  let results = (outs Fsdp_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_TransposeOp : Fsdp_Op<"transpose", [Pure]> {
+  let summary = "permutes dimensions";
+  let description = [{
+    Result dimension i is input dimension `perm[i]`.
+
+    ```mlir
+    %y = fsdp.transpose %x perm = [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `perm` `=` $perm attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_SliceOp : Fsdp_Op<"slice", [Pure]> {
+  let summary = "a contiguous range along one dimension";
+  let description = [{
+    Takes `result.shape[dim]` elements starting at `offset` along `dim`;
+    other dimensions are kept whole.
+
+    ```mlir
+    %q = fsdp.slice %qkv dim = 2 offset = 0 : tensor<2x16x192xf32> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$dim, I64Attr:$offset);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `dim` `=` $dim `offset` `=` $offset attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_ConcatOp : Fsdp_Op<"concat", [Pure]> {
+  let summary = "concatenates tensors along one dimension";
+  let description = [{
+    ```mlir
+    %y = fsdp.concat %a, %b dim = 1 : (tensor<4x8xf32>, tensor<4x2xf32>) -> tensor<4x10xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Fsdp_FloatTensor>:$inputs, I64Attr:$dim);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$inputs `dim` `=` $dim attr-dict `:` functional-type($inputs, results)";
+  let hasVerifier = 1;
+}
+
+class Fsdp_ReduceOp<string mnemonic, string what> : Fsdp_Op<mnemonic, [Pure]> {
+  let summary = what # " over the listed dimensions (which are dropped)";
+  let description = [{
+    The result keeps the other dimensions in order; reducing every
+    dimension gives a 0-d tensor.
+
+    ```mlir
+    %s = fsdp.}] # mnemonic # [{ %x dims = [1] : tensor<4x8xf32> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, DenseI64ArrayAttr:$dims);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `dims` `=` $dims attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_ReduceSumOp : Fsdp_ReduceOp<"reduce_sum", "sum">;
+def Fsdp_ReduceMeanOp : Fsdp_ReduceOp<"reduce_mean", "mean">;
+
+def Fsdp_BroadcastOp : Fsdp_Op<"broadcast", [Pure]> {
+  let summary = "broadcasts a tensor to a larger shape (NumPy rules)";
+  let description = [{
+    ```mlir
+    %y = fsdp.broadcast %x : tensor<1x8xf32> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_SumToOp : Fsdp_Op<"sum_to", [Pure]> {
+  let summary = "sums a tensor down to a shape it was broadcast from";
+  let description = [{
+    The adjoint of `fsdp.broadcast`: dimensions that broadcasting added or
+    stretched from 1 are summed over.
+
+    ```mlir
+    %db = fsdp.sum_to %g : tensor<4x8xf32> -> tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
+  let summary = "converts the element type (f32 / bf16 / f16)";
+  let description = [{
+    Rounds to nearest even when narrowing.
+
+    ```mlir
+    %y = fsdp.cast %x : tensor<4x8xf32> -> tensor<4x8xbf16>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Losses: all return the mean over examples as a 0-d f32 tensor.
+//===----------------------------------------------------------------------===//
+
+def Fsdp_CrossEntropyOp : Fsdp_Op<"cross_entropy", [Pure]> {
+  let summary = "softmax cross-entropy against integer class labels, mean";
+  let description = [{
+    `logits` is [..., V] and `labels` has the leading shape [...]; the loss
+    is the mean over all positions of `-log softmax(logits)[label]`.
+
+    ```mlir
+    %l = fsdp.cross_entropy %logits, %labels : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+class Fsdp_PairLossOp<string mnemonic, string sum>
+    : Fsdp_Op<mnemonic, [Pure, AllTypesMatch<["input", "target"]>]> {
+  let summary = sum;
+  let description = [{
+    Both operands have the same shape and type; the result is the mean over
+    all elements.
+
+    ```mlir
+    %l = fsdp.}] # mnemonic # [{ %pred, %target : tensor<32x1xf32> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$target);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$input `,` $target attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_MseLossOp : Fsdp_PairLossOp<"mse_loss", "mean squared error">;
+def Fsdp_BceWithLogitsOp : Fsdp_PairLossOp<"bce_with_logits",
+    "binary cross-entropy on logits (numerically stable form), mean">;
+
+//===----------------------------------------------------------------------===//
+// Backward ops emitted by fsdp-autodiff (vector-Jacobian products)
+//===----------------------------------------------------------------------===//
+
+class Fsdp_PointwiseGradOp<string mnemonic, string sum>
+    : Fsdp_Op<mnemonic, [Pure, AllTypesMatch<["input", "grad", "result"]>]> {
+  let summary = sum;
+  let description = [{
+    `input` is the forward op's operand (or result, for softmax) and `grad`
+    the gradient of its result; returns the gradient of its operand.
+
+    ```mlir
+    %dx = fsdp.}] # mnemonic # [{ %x, %dy : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$grad);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($input)";
+}
+
+def Fsdp_ReluGradOp : Fsdp_PointwiseGradOp<"relu_grad", "VJP of relu: dy * (x > 0)">;
+def Fsdp_GeluGradOp : Fsdp_PointwiseGradOp<"gelu_grad", "VJP of gelu (tanh form)">;
+def Fsdp_SoftmaxGradOp : Fsdp_PointwiseGradOp<"softmax_grad",
+    "VJP of softmax given its output y: y * (dy - sum(dy * y))">;
+
+def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
+    [Pure, AllTypesMatch<["input", "grad", "d_input"]>,
+     AllTypesMatch<["gamma", "d_gamma", "d_beta"]>]> {
+  let summary = "VJP of layer_norm: gradients of input, gamma and beta";
+  let description = [{
+    Recomputes the mean and inverse standard deviation from `input`.
+
+    ```mlir
+    %dx, %dg, %db = fsdp.layer_norm_grad %x, %g, %dy {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$gamma,
+                       Fsdp_FloatTensor:$grad,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$d_input, Fsdp_FloatTensor:$d_gamma,
+                      Fsdp_FloatTensor:$d_beta);
+  let assemblyFormat = [{
+    $input `,` $gamma `,` $grad attr-dict `:` type($input) `,` type($gamma)
+  }];
+}
+
+def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",
+    [Pure, AllTypesMatch<["q", "k", "v", "grad", "d_q", "d_k", "d_v"]>]> {
+  let summary = "VJP of attention: gradients of q, k and v";
+  let description = [{
+    Recomputes the attention probabilities from `q` and `k`.
+
+    ```mlir
+    %dq, %dk, %dv = fsdp.attention_grad %q, %k, %v, %dy heads = 4 causal : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
+                       Fsdp_FloatTensor:$v, Fsdp_FloatTensor:$grad,
+                       I64Attr:$heads, UnitAttr:$causal);
+  let results = (outs Fsdp_FloatTensor:$d_q, Fsdp_FloatTensor:$d_k,
+                      Fsdp_FloatTensor:$d_v);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v `,` $grad `heads` `=` $heads (`causal` $causal^)? attr-dict `:` type($q)
+  }];
+}
+
+def Fsdp_EmbeddingGradOp : Fsdp_Op<"embedding_grad", [Pure]> {
+  let summary = "VJP of embedding: scatter-add of output gradients into rows";
+  let description = [{
+    ```mlir
+    %dw = fsdp.embedding_grad %ids, %dy : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_IntTensor:$ids, Fsdp_FloatTensor:$grad);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$ids `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_SliceGradOp : Fsdp_Op<"slice_grad", [Pure]> {
+  let summary = "VJP of slice: the gradient placed in a zero tensor";
+  let description = [{
+    ```mlir
+    %dx = fsdp.slice_grad %dq dim = 2 offset = 0 : tensor<2x16x64xf32> -> tensor<2x16x192xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$grad, I64Attr:$dim, I64Attr:$offset);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `dim` `=` $dim `offset` `=` $offset attr-dict `:` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
+    [Pure, AllTypesMatch<["logits", "result"]>]> {
+  let summary = "VJP of cross_entropy: (softmax - onehot) * dloss / count";
+  let description = [{
+    ```mlir
+    %dl = fsdp.cross_entropy_grad %logits, %labels, %dloss : tensor<32x256xf32>, tensor<32xi32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
+                       Fsdp_Scalar:$grad);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
+  }];
+}
+
+class Fsdp_PairLossGradOp<string mnemonic, string sum>
+    : Fsdp_Op<mnemonic, [Pure, AllTypesMatch<["input", "target", "result"]>]> {
+  let summary = sum;
+  let description = [{
+    ```mlir
+    %dp = fsdp.}] # mnemonic # [{ %pred, %target, %dloss : tensor<32x1xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$target,
+                       Fsdp_Scalar:$grad);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $target `,` $grad attr-dict `:` type($input)";
+}
+
+def Fsdp_MseLossGradOp : Fsdp_PairLossGradOp<"mse_loss_grad",
+    "VJP of mse_loss: 2 (pred - target) * dloss / count">;
+def Fsdp_BceWithLogitsGradOp : Fsdp_PairLossGradOp<"bce_with_logits_grad",
+    "VJP of bce_with_logits: (sigmoid(x) - target) * dloss / count">;
+
+//===----------------------------------------------------------------------===//
+// Optimizer ops emitted by fsdp-insert-optimizer
+//===----------------------------------------------------------------------===//
+
+def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
+    [Pure, AllTypesMatch<["param", "grad", "new_param"]>]> {
+  let summary = "one plain SGD step: p' = p - lr * (g + weight_decay * p)";
+  let description = [{
+    Elementwise, so it applies unchanged to a shard of the parameter.
+
+    ```mlir
+    %p2 = fsdp.sgd_update %p, %g, %lr {weight_decay = 0.0 : f64} : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
+                       Fsdp_Scalar:$lr,
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay);
+  let results = (outs Fsdp_FloatTensor:$new_param);
+  let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param)";
+}
+
+def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
+    [Pure, AllTypesMatch<["param", "grad", "buffer", "new_param", "new_buffer"]>]> {
+  let summary = "one SGD step with momentum (PyTorch semantics)";
+  let description = [{
+    g' = g + weight_decay * p; buf = g' on step 1, else momentum * buf +
+    (1 - dampening) * g'; d = g' + momentum * buf with `nesterov`, else buf;
+    p' = p - lr * d. `step` is 1-based. Elementwise.
+
+    ```mlir
+    %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
+                       Fsdp_FloatTensor:$buffer, Fsdp_Scalar:$lr,
+                       Fsdp_Scalar:$step, F64Attr:$momentum,
+                       DefaultValuedAttr<F64Attr, "0.0">:$dampening,
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                       UnitAttr:$nesterov);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $buffer `,` $lr `,` $step attr-dict `:` type($param)
+  }];
+}
+
+def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
+    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq", "new_param",
+                   "new_exp_avg", "new_exp_avg_sq"]>]> {
+  let summary = "one AdamW step (decoupled weight decay, bias correction)";
+  let description = [{
+    PyTorch's AdamW: p = p * (1 - lr * weight_decay); m = b1 m + (1-b1) g;
+    v = b2 v + (1-b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t))
+    + eps), t = `step` (1-based). Elementwise.
+
+    ```mlir
+    %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
+                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
+                       DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                       DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                       DefaultValuedAttr<F64Attr, "1e-8">:$eps,
+                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
+                      Fsdp_FloatTensor:$new_exp_avg_sq);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step attr-dict `:` type($param)
+  }];
+}
+
+def Fsdp_SquaredNormOp : Fsdp_Op<"squared_norm", [Pure]> {
+  let summary = "sum of squares of all elements of all operands";
+  let description = [{
+    The partial sum behind global-norm clipping: with sharded gradients each
+    rank computes it over its shards and an all-reduce adds the partials.
+
+    ```mlir
+    %s = fsdp.squared_norm %g1, %g2 : tensor<64x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Fsdp_FloatTensor>:$inputs);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs)";
+}
+
+def Fsdp_ClipCoefOp : Fsdp_Op<"clip_coef", [Pure]> {
+  let summary = "gradient-clipping factor from a squared global norm";
+  let description = [{
+    min(1, max_norm / (sqrt(sumsq) + 1e-6)), as torch.nn.utils.clip_grad_norm_.
+
+    ```mlir
+    %c = fsdp.clip_coef %sumsq {max_norm = 1.0 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins Fsdp_Scalar:$sumsq, F64Attr:$max_norm);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$sumsq attr-dict `:` type($sumsq)";
+}
+
+#endif // FSDP_OPS_TD

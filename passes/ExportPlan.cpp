@@ -1,0 +1,332 @@
+//===- ExportPlan.cpp - lowering @train_step to the runtime's plan --------===//
+//
+// convert-fsdp-to-plan: writes the plan file (docs/PLAN_FORMAT.md). The
+// buffers and offsets come from the same planner fsdp-plan-memory uses;
+// this pass only serializes: explicit buffers, parameters with their unit
+// placement, optimizer state, the step's input/output bindings and the
+// ordered instruction list. The file is written atomically.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/MemoryPlan.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPEXPORTPLAN
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+namespace json = llvm::json;
+
+namespace {
+
+/// The plan's version; the runtime refuses newer ones (runtime/core/Plan.h).
+constexpr int64_t kPlanVersion = 1;
+
+std::string dtypeOf(Type t) {
+  if (t.isF32())
+    return "f32";
+  if (t.isBF16())
+    return "bf16";
+  if (t.isF16())
+    return "f16";
+  if (t.isInteger(32))
+    return "i32";
+  if (t.isInteger(64))
+    return "i64";
+  return "";
+}
+
+json::Array shapeOf(RankedTensorType t) {
+  json::Array a;
+  for (int64_t d : t.getShape())
+    a.push_back(d);
+  return a;
+}
+
+/// Converts an op attribute to JSON; false when its kind is not supported.
+bool attrToJson(Attribute attr, json::Value &out) {
+  if (isa<UnitAttr>(attr)) {
+    out = true;
+  } else if (auto b = dyn_cast<BoolAttr>(attr)) {
+    out = b.getValue();
+  } else if (auto f = dyn_cast<FloatAttr>(attr)) {
+    out = f.getValueAsDouble();
+  } else if (auto i = dyn_cast<IntegerAttr>(attr)) {
+    out = i.getInt();
+  } else if (auto a = dyn_cast<DenseI64ArrayAttr>(attr)) {
+    json::Array arr;
+    for (int64_t v : a.asArrayRef())
+      arr.push_back(v);
+    out = std::move(arr);
+  } else if (auto s = dyn_cast<StringAttr>(attr)) {
+    out = s.getValue().str();
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The number of classes an integer input indexes, found by following it
+/// (through reshapes) to an embedding table or to cross-entropy logits.
+int64_t integerRange(Value v) {
+  SmallVector<Value> work{v};
+  while (!work.empty()) {
+    Value cur = work.pop_back_val();
+    for (Operation *user : cur.getUsers()) {
+      if (auto r = dyn_cast<ReshapeOp>(user))
+        work.push_back(r.getResult());
+      else if (auto e = dyn_cast<EmbeddingOp>(user))
+        return cast<RankedTensorType>(e.getTable().getType()).getShape()[0];
+      else if (auto c = dyn_cast<CrossEntropyOp>(user))
+        return cast<RankedTensorType>(c.getLogits().getType()).getShape().back();
+    }
+  }
+  return 0;
+}
+
+struct ExportPlanPass : mlir::fsdp::impl::FsdpExportPlanBase<ExportPlanPass> {
+  using Base::Base;
+
+  void runOnOperation() override;
+};
+
+void ExportPlanPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  if (output.empty()) {
+    module.emitError() << "convert-fsdp-to-plan needs output=PATH";
+    return signalPassFailure();
+  }
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step) {
+    module.emitError() << "no @" << kTrainStepName
+                       << ": run fsdp-autodiff first";
+    return signalPassFailure();
+  }
+  int64_t alignment = 64;
+  FailureOr<MemoryPlan> planOr = planMemory(module, step, alignment);
+  if (failed(planOr))
+    return signalPassFailure();
+  MemoryPlan &plan = *planOr;
+
+  json::Array buffers;
+  for (auto [id, b] : llvm::enumerate(plan.buffers)) {
+    std::string dt = dtypeOf(b.type.getElementType());
+    if (dt.empty()) {
+      step.emitError() << "buffer " << b.name << " has unsupported type "
+                       << b.type;
+      return signalPassFailure();
+    }
+    buffers.push_back(json::Object{
+        {"id", (int64_t)id},
+        {"name", b.name},
+        {"offset", b.offset},
+        {"bytes", b.bytes},
+        {"shape", shapeOf(b.type)},
+        {"dtype", dt},
+        {"kind", bufKindName(b.kind)},
+        {"first", b.first},
+        {"last", b.last},
+        {"persistent", b.persistent},
+    });
+  }
+
+  json::Array units;
+  int64_t world = 1;
+  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
+    world = w.getInt();
+  for (const PlannedUnit &u : plan.units) {
+    int64_t padded = (u.flatNumel + world - 1) / world * world;
+    units.push_back(json::Object{{"name", u.name},
+                                 {"flat_numel", u.flatNumel},
+                                 {"padded_numel", padded},
+                                 {"shard_numel", padded / world}});
+  }
+
+  json::Array params;
+  for (const PlannedParam &p : plan.params) {
+    ParamOp op = p.op;
+    json::Object o{{"name", op.getSymName().str()},
+                   {"shape", shapeOf(op.getTensorType())},
+                   {"dtype", dtypeOf(op.getTensorType().getElementType())},
+                   {"init", op.getInit().str()},
+                   {"scale", op.getScale() ? op.getScale()->convertToDouble() : 0.0},
+                   {"trainable", op.isTrainable()},
+                   {"unit", p.unit},
+                   {"flat_offset", p.flatOffset},
+                   {"buffer", p.buffer}};
+    params.push_back(std::move(o));
+  }
+
+  json::Array states;
+  for (StateOp s : module.getOps<StateOp>())
+    states.push_back(json::Object{
+        {"name", s.getSymName().str()},
+        {"param", s.getParam().str()},
+        {"kind", s.getKind().str()},
+        {"buffer", plan.symbolBuffer.lookup(s.getSymName())}});
+
+  // Inputs: roles from the fsdp.role argument attributes; by position
+  // (input, target) when absent.
+  json::Array inputs;
+  llvm::StringMap<int> roleCount;
+  for (BlockArgument arg : step.getArguments()) {
+    std::string role;
+    if (auto r = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
+                                                   kRoleAttrName))
+      role = r.getValue().str();
+    else if (arg.getArgNumber() < 2)
+      role = arg.getArgNumber() == 0 ? "input" : "target";
+    else {
+      step.emitError() << "argument #" << arg.getArgNumber()
+                       << " has no fsdp.role (input, target, lr or step)";
+      return signalPassFailure();
+    }
+    if (!llvm::is_contained({"input", "target", "lr", "step"}, role)) {
+      step.emitError() << "argument #" << arg.getArgNumber()
+                       << " has unknown role \"" << role
+                       << "\"; expected input, target, lr or step";
+      return signalPassFailure();
+    }
+    int n = roleCount[role]++;
+    json::Object o{{"name", n ? role + std::to_string(n) : role},
+                   {"role", role},
+                   {"buffer", plan.valueBuffer.lookup(arg)}};
+    auto t = cast<RankedTensorType>(arg.getType());
+    if (t.getElementType().isInteger()) {
+      int64_t range = integerRange(arg);
+      if (range <= 0) {
+        step.emitError() << "integer argument #" << arg.getArgNumber()
+                         << " is neither embedding ids nor cross-entropy "
+                            "labels; its value range is unknown";
+        return signalPassFailure();
+      }
+      o["range"] = range;
+    }
+    inputs.push_back(std::move(o));
+  }
+
+  json::Array outputs;
+  json::Array program;
+  for (Operation &op : step.getBody().front()) {
+    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+      outputs.push_back(json::Object{
+          {"name", "loss"},
+          {"role", "loss"},
+          {"buffer", plan.valueBuffer.lookup(ret.getOperand(0))}});
+      continue;
+    }
+    if (auto g = dyn_cast<SetGradOp>(op)) {
+      outputs.push_back(json::Object{
+          {"name", ("grad." + g.getName()).str()},
+          {"role", "grad"},
+          {"param", g.getName().str()},
+          {"buffer", plan.valueBuffer.lookup(g.getValue())}});
+      continue;
+    }
+    if (isStorageAlias(&op))
+      continue;
+    json::Object instr;
+    json::Array in, out;
+    if (auto s = dyn_cast<SetParamOp>(op)) {
+      instr["op"] = "copy";
+      in.push_back(plan.valueBuffer.lookup(s.getValue()));
+      out.push_back(plan.symbolBuffer.lookup(s.getName()));
+    } else if (auto s = dyn_cast<SetStateOp>(op)) {
+      instr["op"] = "copy";
+      in.push_back(plan.valueBuffer.lookup(s.getValue()));
+      out.push_back(plan.symbolBuffer.lookup(s.getName()));
+    } else {
+      if (op.getDialect() != module->getContext()->getLoadedDialect<FsdpDialect>()) {
+        op.emitOpError() << "cannot be lowered to the plan: only fsdp ops run "
+                            "on the runtime";
+        return signalPassFailure();
+      }
+      instr["op"] = op.getName().stripDialect().str();
+      for (Value v : op.getOperands())
+        in.push_back(plan.valueBuffer.lookup(v));
+      for (Value v : op.getResults())
+        out.push_back(plan.valueBuffer.lookup(v));
+      json::Object attrs;
+      for (NamedAttribute na : op.getAttrs()) {
+        StringRef name = na.getName().getValue();
+        if (name.starts_with("fsdp.") || name == "operandSegmentSizes")
+          continue;
+        json::Value v = nullptr;
+        if (!attrToJson(na.getValue(), v)) {
+          op.emitOpError() << "attribute '" << name
+                           << "' cannot be written to the plan";
+          return signalPassFailure();
+        }
+        attrs[name] = std::move(v);
+      }
+      instr["attrs"] = std::move(attrs);
+    }
+    instr["in"] = std::move(in);
+    instr["out"] = std::move(out);
+    program.push_back(std::move(instr));
+  }
+
+  json::Object options;
+  if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
+    for (NamedAttribute na : opt) {
+      json::Value v = nullptr;
+      if (attrToJson(na.getValue(), v))
+        options[na.getName().getValue()] = std::move(v);
+    }
+  else
+    options["optimizer"] = "none";
+
+  auto byKind = [&](BufKind k, bool peak) {
+    return peak ? plan.peakByKind[(int)k] : plan.totalByKind[(int)k];
+  };
+  std::string modelName = "model";
+  if (auto name = module.getSymName())
+    modelName = name->str();
+  json::Object root{
+      {"format", "fsdp-plan"},
+      {"version", kPlanVersion},
+      {"model", modelName},
+      {"world_size", world},
+      {"options", std::move(options)},
+      {"arena_bytes", plan.arenaBytes},
+      {"memory",
+       json::Object{{"params", byKind(BufKind::Param, false)},
+                    {"state", byKind(BufKind::State, false)},
+                    {"inputs", byKind(BufKind::Input, false)},
+                    {"grads", byKind(BufKind::Grad, true)},
+                    {"activations", byKind(BufKind::Activation, true)},
+                    {"temps", byKind(BufKind::Temp, true)},
+                    {"comm", 0},
+                    {"peak_live", plan.peakLive},
+                    {"peak", plan.arenaBytes}}},
+      {"units", std::move(units)},
+      {"params", std::move(params)},
+      {"states", std::move(states)},
+      {"inputs", std::move(inputs)},
+      {"outputs", std::move(outputs)},
+      {"buffers", std::move(buffers)},
+      {"program", std::move(program)},
+  };
+
+  json::Value value(std::move(root));
+  llvm::Error err = llvm::writeToOutput(output, [&](llvm::raw_ostream &os) {
+    os << llvm::formatv("{0:1}", value) << "\n";
+    return llvm::Error::success();
+  });
+  if (err) {
+    module.emitError() << "cannot write the plan to '" << output
+                       << "': " << llvm::toString(std::move(err));
+    return signalPassFailure();
+  }
+}
+
+} // namespace

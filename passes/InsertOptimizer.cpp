@@ -1,0 +1,180 @@
+//===- InsertOptimizer.cpp - optimizer updates and state ------------------===//
+//
+// fsdp-insert-optimizer: turns the gradients published by fsdp-autodiff into
+// parameter updates at the end of @train_step.
+//
+// The learning rate and step count are function arguments (roles "lr" and
+// "step") rather than constants, so one plan serves any LR schedule. Every
+// update op is elementwise; this is what lets fsdp-shard later apply the
+// same update to a 1/N shard of a parameter (weight-update sharding). The
+// only non-elementwise part, the global gradient norm for clipping, is a
+// separate fsdp.squared_norm so that sharding can turn it into partial sums
+// plus a scalar all-reduce.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPINSERTOPTIMIZER
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+struct InsertOptimizerPass
+    : mlir::fsdp::impl::FsdpInsertOptimizerBase<InsertOptimizerPass> {
+  using Base::Base;
+
+  void runOnOperation() override;
+
+private:
+  /// Declares a zero-initialized state tensor shadowing `param`.
+  StateOp createState(ParamOp param, StringRef kind) {
+    OpBuilder b(param);
+    b.setInsertionPointAfter(lastSymbol ? lastSymbol : param.getOperation());
+    std::string name = (param.getSymName() + "." + kind).str();
+    auto state = b.create<StateOp>(
+        param.getLoc(), b.getStringAttr(name), param.getTypeAttr(),
+        FlatSymbolRefAttr::get(param.getSymNameAttr()), b.getStringAttr(kind));
+    lastSymbol = state;
+    ++numStates;
+    return state;
+  }
+
+  Operation *lastSymbol = nullptr;
+};
+
+void InsertOptimizerPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step) {
+    module.emitError() << "no @" << kTrainStepName
+                       << ": run fsdp-autodiff first";
+    return signalPassFailure();
+  }
+  if (optimizer != "sgd" && optimizer != "adamw" && optimizer != "none") {
+    module.emitError() << "unknown optimizer '" << optimizer
+                       << "': expected sgd, adamw or none";
+    return signalPassFailure();
+  }
+  if (maxGradNorm < 0 || momentum < 0 || eps <= 0 || beta1 < 0 ||
+      beta1 >= 1 || beta2 < 0 || beta2 >= 1) {
+    module.emitError() << "invalid optimizer options: need max-grad-norm >= "
+                          "0, momentum >= 0, eps > 0, 0 <= beta < 1";
+    return signalPassFailure();
+  }
+  if (nesterov && (momentum <= 0 || dampening != 0)) {
+    module.emitError()
+        << "nesterov momentum requires momentum > 0 and zero dampening";
+    return signalPassFailure();
+  }
+  double wd = weightDecay >= 0 ? weightDecay.getValue()
+                               : (optimizer == "adamw" ? 0.01 : 0.0);
+
+  MLIRContext *ctx = &getContext();
+  OpBuilder b(ctx);
+  // Record the options: the plan carries them to fsdp-run (and the PyTorch
+  // oracle uses them to build the same optimizer).
+  module->setAttr(
+      "fsdp.optimizer",
+      b.getDictionaryAttr({
+          b.getNamedAttr("optimizer", b.getStringAttr(optimizer)),
+          b.getNamedAttr("momentum", b.getF64FloatAttr(momentum)),
+          b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
+          b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
+          b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
+          b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
+          b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
+          b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
+          b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
+      }));
+  if (optimizer == "none")
+    return;
+
+  SmallVector<SetGradOp> sets;
+  step.walk([&](SetGradOp op) { sets.push_back(op); });
+  if (sets.empty()) {
+    step.emitError() << "no fsdp.set_grad to update: nothing is trainable";
+    return signalPassFailure();
+  }
+
+  // lr and step are appended as 0-d f32 arguments.
+  auto scalarTy = RankedTensorType::get({}, b.getF32Type());
+  Block &body = step.getBody().front();
+  unsigned base = step.getNumArguments();
+  step.insertArguments({base, base}, {scalarTy, scalarTy},
+                       {b.getDictionaryAttr(b.getNamedAttr(
+                            kRoleAttrName, b.getStringAttr("lr"))),
+                        b.getDictionaryAttr(b.getNamedAttr(
+                            kRoleAttrName, b.getStringAttr("step")))},
+                       {step.getLoc(), step.getLoc()});
+  Value lr = body.getArgument(base), stepCount = body.getArgument(base + 1);
+
+  for (auto p : module.getOps<ParamOp>())
+    lastSymbol = p;
+  for (auto s : module.getOps<StateOp>())
+    lastSymbol = s;
+
+  b.setInsertionPoint(body.getTerminator());
+  Location loc = step.getLoc();
+
+  // Global-norm clipping: one squared norm over all gradients, one factor.
+  SmallVector<Value> grads;
+  for (SetGradOp set : sets)
+    grads.push_back(set.getValue());
+  if (maxGradNorm > 0) {
+    Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
+    Value coef = b.create<ClipCoefOp>(loc, scalarTy, sumsq,
+                                      b.getF64FloatAttr(maxGradNorm));
+    for (Value &g : grads)
+      g = b.create<MulOp>(loc, g.getType(), g, coef);
+  }
+
+  for (auto [set, grad] : llvm::zip(sets, grads)) {
+    auto param = module.lookupSymbol<ParamOp>(set.getNameAttr());
+    Location ploc = set.getLoc();
+    Value p = b.create<GetParamOp>(ploc, param.getType(), set.getNameAttr());
+    auto symRef = [&](StateOp s) {
+      return FlatSymbolRefAttr::get(s.getSymNameAttr());
+    };
+    if (optimizer == "adamw") {
+      StateOp m = createState(param, "exp_avg");
+      StateOp v = createState(param, "exp_avg_sq");
+      Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
+      Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
+      Type t = param.getType();
+      auto upd = b.create<AdamwUpdateOp>(
+          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount,
+          b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
+          b.getF64FloatAttr(eps), b.getF64FloatAttr(wd));
+      b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
+      b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
+      b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
+    } else if (momentum > 0) {
+      StateOp buf = createState(param, "momentum_buffer");
+      Value bv = b.create<GetStateOp>(ploc, buf.getType(), symRef(buf));
+      Type t = param.getType();
+      auto upd = b.create<SgdMomentumUpdateOp>(
+          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount,
+          b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
+          b.getF64FloatAttr(wd), nesterov ? b.getUnitAttr() : UnitAttr());
+      b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
+      b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
+    } else {
+      Value np = b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr,
+                                       b.getF64FloatAttr(wd));
+      b.create<SetParamOp>(ploc, set.getNameAttr(), np);
+    }
+    ++numUpdates;
+  }
+  for (SetGradOp set : sets)
+    set.erase();
+}
+
+} // namespace

@@ -1,0 +1,87 @@
+//===- MemoryPlan.h - buffers, liveness and arena offsets -------*- C++ -*-===//
+//
+// The static memory plan of one training step, shared by the
+// fsdp-plan-memory pass (which records it in the IR and reports it) and by
+// convert-fsdp-to-plan (which writes it into the plan file), so both see
+// exactly the same buffers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_PASSES_MEMORYPLAN_H
+#define FSDP_PASSES_MEMORYPLAN_H
+
+#include "dialects/fsdp/FsdpOps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <string>
+#include <vector>
+
+namespace mlir::fsdp {
+
+/// What a buffer holds (the plan's "kind").
+enum class BufKind { Param, State, Input, Grad, Activation, Temp };
+llvm::StringRef bufKindName(BufKind k);
+
+struct PlannedBuffer {
+  std::string name; ///< symbol or a readable value name
+  RankedTensorType type;
+  BufKind kind = BufKind::Temp;
+  bool persistent = false;
+  int64_t bytes = 0;
+  int64_t offset = 0;
+  /// Live range in instruction indices (see MemoryPlan::instrIndex).
+  int64_t first = 0, last = 0;
+};
+
+struct PlannedUnit {
+  std::string name;
+  int64_t flatNumel = 0;
+};
+
+/// Where a parameter lives: its buffer, unit and element offset in the
+/// unit's flat buffer.
+struct PlannedParam {
+  ParamOp op;
+  int64_t buffer = -1;
+  int64_t unit = 0;
+  int64_t flatOffset = 0;
+};
+
+struct MemoryPlan {
+  std::vector<PlannedBuffer> buffers;
+  std::vector<PlannedUnit> units;
+  std::vector<PlannedParam> params;
+  llvm::StringMap<int64_t> symbolBuffer; ///< param/state symbol -> buffer
+  llvm::DenseMap<Value, int64_t> valueBuffer;
+  /// Instruction index of each op that becomes an instruction (ops that only
+  /// alias storage, like fsdp.get_param, have none).
+  llvm::DenseMap<Operation *, int64_t> instrIndex;
+  int64_t numInstructions = 0;
+  int64_t arenaBytes = 0;
+  /// Largest sum of live buffer bytes at any instruction, and its breakdown
+  /// by kind at that instruction.
+  int64_t peakLive = 0;
+  int64_t peakInstr = 0;
+  int64_t peakByKind[6] = {0, 0, 0, 0, 0, 0};
+  /// Totals over the whole step, by kind (persistent ones are always live).
+  int64_t totalByKind[6] = {0, 0, 0, 0, 0, 0};
+};
+
+/// Ops that become no instruction: reads of storage, in-place write-backs,
+/// and fsdp.set_grad (an output binding).
+bool isStorageAlias(Operation *op);
+
+/// Plans `step` (the @train_step of `module`). Fails with a diagnostic when
+/// the function is not a single straight-line block of fsdp ops.
+FailureOr<MemoryPlan> planMemory(ModuleOp module, func::FuncOp step,
+                                 int64_t alignment);
+
+/// "1.50 MiB" for reports.
+std::string formatBytes(int64_t bytes);
+
+} // namespace mlir::fsdp
+
+#endif // FSDP_PASSES_MEMORYPLAN_H

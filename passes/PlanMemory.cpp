@@ -1,0 +1,105 @@
+//===- PlanMemory.cpp - the static memory plan, recorded in the IR --------===//
+//
+// fsdp-plan-memory: runs the planner of MemoryPlan.h on @train_step and
+// records its result as attributes, so that the plan can be inspected (and
+// lit-tested) in the IR itself, and optionally prints the per-rank report.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/MemoryPlan.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPPLANMEMORY
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+    if (!step) {
+      module.emitError() << "no @" << kTrainStepName
+                         << ": run fsdp-autodiff first";
+      return signalPassFailure();
+    }
+    if (alignment <= 0 || (alignment & (alignment - 1))) {
+      module.emitError() << "alignment must be a power of two, found "
+                         << alignment;
+      return signalPassFailure();
+    }
+    FailureOr<MemoryPlan> plan = planMemory(module, step, alignment);
+    if (failed(plan))
+      return signalPassFailure();
+
+    OpBuilder b(&getContext());
+    auto offsetOf = [&](int64_t id) { return plan->buffers[id].offset; };
+    for (ParamOp p : module.getOps<ParamOp>())
+      p->setAttr("fsdp.offset",
+                 b.getI64IntegerAttr(offsetOf(plan->symbolBuffer.lookup(p.getSymName()))));
+    for (StateOp s : module.getOps<StateOp>())
+      s->setAttr("fsdp.offset",
+                 b.getI64IntegerAttr(offsetOf(plan->symbolBuffer.lookup(s.getSymName()))));
+    SmallVector<int64_t> argOffsets;
+    for (BlockArgument a : step.getArguments())
+      argOffsets.push_back(offsetOf(plan->valueBuffer.lookup(a)));
+    step->setAttr("fsdp.arg_offsets", b.getDenseI64ArrayAttr(argOffsets));
+    step.walk([&](Operation *op) {
+      if (op->getNumResults() == 0 || isStorageAlias(op))
+        return;
+      SmallVector<int64_t> offs;
+      for (Value r : op->getResults())
+        offs.push_back(offsetOf(plan->valueBuffer.lookup(r)));
+      op->setAttr("fsdp.offsets", b.getDenseI64ArrayAttr(offs));
+    });
+
+    auto k = [&](BufKind kind, bool peak) {
+      return peak ? plan->peakByKind[(int)kind] : plan->totalByKind[(int)kind];
+    };
+    module->setAttr(
+        "fsdp.memory",
+        b.getDictionaryAttr({
+            b.getNamedAttr("arena", b.getI64IntegerAttr(plan->arenaBytes)),
+            b.getNamedAttr("peak_live", b.getI64IntegerAttr(plan->peakLive)),
+            b.getNamedAttr("params", b.getI64IntegerAttr(k(BufKind::Param, false))),
+            b.getNamedAttr("state", b.getI64IntegerAttr(k(BufKind::State, false))),
+            b.getNamedAttr("inputs", b.getI64IntegerAttr(k(BufKind::Input, false))),
+            b.getNamedAttr("grads_at_peak", b.getI64IntegerAttr(k(BufKind::Grad, true))),
+            b.getNamedAttr("activations_at_peak",
+                           b.getI64IntegerAttr(k(BufKind::Activation, true))),
+            b.getNamedAttr("temps_at_peak", b.getI64IntegerAttr(k(BufKind::Temp, true))),
+        }));
+
+    if (report) {
+      llvm::raw_ostream &os = llvm::errs();
+      os << "fsdp memory plan (per rank)\n";
+      auto row = [&](StringRef name, int64_t v) {
+        os << llvm::format("  %-22s %14lld  %s\n", name.str().c_str(),
+                           (long long)v, formatBytes(v).c_str());
+      };
+      row("parameters", k(BufKind::Param, false));
+      row("optimizer state", k(BufKind::State, false));
+      row("inputs", k(BufKind::Input, false));
+      os << "  at the peak (instruction " << plan->peakInstr << " of "
+         << plan->numInstructions << "):\n";
+      row("  gradients", k(BufKind::Grad, true));
+      row("  activations", k(BufKind::Activation, true));
+      row("  temporaries", k(BufKind::Temp, true));
+      row("peak live bytes", plan->peakLive);
+      row("arena (planned peak)", plan->arenaBytes);
+    }
+  }
+};
+
+} // namespace

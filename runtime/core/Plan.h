@@ -1,0 +1,143 @@
+//===- Plan.h - the plan file the compiler emits and the runtime runs -*- C++ -*-===//
+//
+// The runtime owns this format (see docs/PLAN_FORMAT.md) and versions it.
+// A plan is one training step for one rank of an N-rank mesh: every buffer
+// with its offset in a single arena, every parameter / optimizer-state
+// tensor with its initializer and shard placement, and the ordered list of
+// kernel and collective calls. The runtime makes no decisions of its own: it
+// validates the plan, allocates the arena and executes the program.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_PLAN_H
+#define FSDP_RUNTIME_CORE_PLAN_H
+
+#include "runtime/core/Status.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+/// The plan format version this runtime reads. A plan with a newer version
+/// is rejected; older versions are rejected too until a migration exists.
+constexpr int kPlanVersion = 1;
+
+enum class DType { F32, BF16, F16, I32, I64 };
+
+/// Bytes per element.
+int64_t dtypeSize(DType t);
+/// "f32", "bf16", ...
+const char *dtypeName(DType t);
+/// Parses "f32" etc.; false when unknown.
+bool parseDType(const std::string &s, DType &out);
+
+/// What a buffer holds; used for the memory breakdown and validation.
+enum class BufferKind {
+  Input,     ///< batch data, lr, step: written by the runtime each step
+  Param,     ///< persistent parameter storage (a shard when sharded)
+  State,     ///< persistent optimizer state
+  Grad,      ///< gradient (persistent or transient)
+  Activation,///< forward values kept for backward
+  Temp,      ///< everything else
+  Comm,      ///< collective staging buffers
+};
+const char *bufferKindName(BufferKind k);
+bool parseBufferKind(const std::string &s, BufferKind &out);
+
+struct Buffer {
+  int64_t id = 0;
+  int64_t offset = 0; ///< bytes from the arena's start
+  int64_t bytes = 0;  ///< numel * dtype size (padded sizes included)
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+  BufferKind kind = BufferKind::Temp;
+  /// Live range in program indices: written first at `first`, read last at
+  /// `last`. Persistent buffers span the whole program (-1 .. size).
+  int64_t first = 0, last = 0;
+  bool persistent = false;
+  int64_t numel() const;
+};
+
+/// One parameter of the model (global view) and where its shard lives.
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+  std::string init; ///< normal | uniform | zeros | ones
+  double scale = 0;
+  bool trainable = true;
+  int64_t unit = 0;        ///< index into Plan::units
+  int64_t flatOffset = 0;  ///< element offset inside the unit's flat buffer
+  int64_t buffer = -1;     ///< the full parameter (unsharded plans)
+  int64_t numel() const;
+};
+
+/// Optimizer state shadowing one parameter (same shape, zero-initialized).
+struct State {
+  std::string name;
+  std::string param;
+  std::string kind;
+  int64_t buffer = -1;
+};
+
+/// An FSDP unit: parameters packed into one flat buffer, padded to a
+/// multiple of the world size; rank r holds [r * shardNumel, (r+1) *
+/// shardNumel).
+struct Unit {
+  std::string name;
+  int64_t flatNumel = 0;
+  int64_t paddedNumel = 0;
+  int64_t shardNumel = 0;
+};
+
+/// A step input or output and the role the runtime gives it.
+struct Binding {
+  std::string name;
+  std::string role; ///< input | target | lr | step | loss | grad
+  int64_t buffer = -1;
+  std::string param;   ///< for role "grad": the parameter
+  int64_t range = 0;   ///< integer inputs: values lie in [0, range)
+};
+
+/// One kernel or collective call.
+struct Instruction {
+  std::string op; ///< dialect op name without "fsdp." (e.g. "matmul")
+  std::vector<int64_t> in, out;
+  nlohmann::json attrs = nlohmann::json::object();
+};
+
+/// Predicted per-rank memory, in bytes, as the compiler computed it.
+struct MemoryReport {
+  int64_t params = 0, grads = 0, state = 0, activations = 0, temps = 0,
+          inputs = 0, comm = 0, peak = 0;
+};
+
+struct Plan {
+  int version = 0;
+  std::string model;
+  int64_t worldSize = 1;
+  int64_t arenaBytes = 0;
+  std::vector<Buffer> buffers;
+  std::vector<Param> params;
+  std::vector<State> states;
+  std::vector<Unit> units;
+  std::vector<Binding> inputs, outputs;
+  std::vector<Instruction> program;
+  MemoryReport memory;
+  nlohmann::json options; ///< compiler options, echoed for the log
+};
+
+/// Parses and validates a plan. Rejects a wrong format, a newer version, a
+/// truncated file, out-of-range buffer ids, buffers outside the arena, two
+/// buffers whose memory and live ranges both overlap, and instructions whose
+/// operand shapes do not fit their op.
+Status loadPlan(const std::string &path, Plan &plan);
+Status parsePlan(const std::string &text, Plan &plan);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_PLAN_H

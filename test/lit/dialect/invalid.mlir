@@ -1,0 +1,344 @@
+// RUN: fsdp-opt %s -split-input-file -verify-diagnostics
+
+// Tests that an unknown initializer is rejected.
+// expected-error @+1 {{expected init to be one of normal, uniform, zeros, ones; found "gaussian"}}
+fsdp.param @w : tensor<4xf32> init("gaussian", 0.1)
+
+// -----
+// Tests that normal/uniform need a scale.
+// expected-error @+1 {{expected a scale for init "normal"}}
+fsdp.param @w : tensor<4xf32> init("normal")
+
+// -----
+// expected-error @+1 {{init "zeros" takes no scale}}
+fsdp.param @w : tensor<4xf32> init("zeros", 1.0)
+
+// -----
+// expected-error @+1 {{expected a non-negative scale}}
+fsdp.param @w : tensor<4xf32> init("uniform", -1.0)
+
+// -----
+// expected-error @+1 {{expected a non-empty unit name}}
+fsdp.param @w : tensor<4xf32> init("ones") unit ""
+
+// -----
+// Tests that parameters must be float tensors.
+// expected-error @+1 {{failed to satisfy constraint: type attribute of ranked tensor of 32-bit float or bfloat16 type or 16-bit float values}}
+fsdp.param @w : tensor<4xi32> init("zeros")
+
+// -----
+// Tests that state must shadow an existing parameter of its type.
+// expected-error @+1 {{shadows @nope, which is not an fsdp.param}}
+fsdp.state @m : tensor<4xf32> of @nope kind "exp_avg"
+
+// -----
+fsdp.param @w : tensor<4xf32> init("zeros")
+// expected-error @+1 {{expected type 'tensor<4xf32>' of the parameter it shadows, found 'tensor<5xf32>'}}
+fsdp.state @m : tensor<5xf32> of @w kind "exp_avg"
+
+// -----
+// Tests that a reference to an undefined parameter is an error.
+func.func @f() {
+  // expected-error @+1 {{refers to undefined parameter @missing}}
+  %w = fsdp.get_param @missing : tensor<4xf32>
+  return
+}
+
+// -----
+fsdp.param @w : tensor<4xf32> init("zeros")
+func.func @f() {
+  // expected-error @+1 {{expected type 'tensor<4xf32>' of @w, found 'tensor<8xf32>'}}
+  %w = fsdp.get_param @w : tensor<8xf32>
+  return
+}
+
+// -----
+fsdp.param @w : tensor<4xf32> init("zeros") frozen
+func.func @f(%g: tensor<4xf32>) {
+  // expected-error @+1 {{@w is frozen and has no gradient}}
+  fsdp.set_grad @w = %g : tensor<4xf32>
+  return
+}
+
+// -----
+fsdp.param @w : tensor<4xf32> init("zeros")
+func.func @f(%g: tensor<4xf32>) {
+  // expected-error @+1 {{expected @w to be an fsdp.state, found fsdp.param}}
+  %m = fsdp.get_state @w : tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%g: tensor<4xf32>) {
+  // expected-error @+1 {{refers to undefined optimizer state @m}}
+  fsdp.set_state @m = %g : tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<3xf32>) {
+  // expected-error @+1 {{operand shapes 4x8 and 3 do not broadcast}}
+  %0 = fsdp.add %a, %b : (tensor<4x8xf32>, tensor<3xf32>) -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<8xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<4x8xf32>', found 'tensor<8x8xf32>'}}
+  %0 = fsdp.mul %a, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<8x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<8xbf16>) {
+  // expected-error @+1 {{expected operands of one element type, found 'f32' and 'bf16'}}
+  %0 = fsdp.sub %a, %b : (tensor<4x8xf32>, tensor<8xbf16>) -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{expected bias of type 'tensor<8xf32>', found 'tensor<4xf32>'}}
+  %0 = fsdp.bias_add %a, %b : tensor<4x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+// Tests the matmul shape checks.
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected contracting sizes to agree, found 8 (lhs) and 4 (rhs)}}
+  %0 = fsdp.matmul %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<2x8x4xf32>) {
+  // expected-error @+1 {{expected operands of equal rank 2 or 3, found ranks 2 and 3}}
+  %0 = fsdp.matmul %a, %b : (tensor<4x8xf32>, tensor<2x8x4xf32>) -> tensor<4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<2x4x8xf32>, %b: tensor<3x8x4xf32>) {
+  // expected-error @+1 {{expected equal batch sizes, found 2 and 3}}
+  %0 = fsdp.matmul %a, %b : (tensor<2x4x8xf32>, tensor<3x8x4xf32>) -> tensor<2x4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<4x4xf32>', found 'tensor<8x8xf32>'}}
+  %0 = fsdp.matmul %a, %b transpose_rhs : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{expected gamma of type 'tensor<8xf32>', found 'tensor<4xf32>'}}
+  %0 = fsdp.layer_norm %x, %g, %g : tensor<4x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %g: tensor<8xf32>) {
+  // expected-error @+1 {{expected a positive epsilon}}
+  %0 = fsdp.layer_norm %x, %g, %g {epsilon = 0.0 : f64} : tensor<4x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>) {
+  // expected-error @+1 {{expected heads to divide the width 64, found heads = 5}}
+  %0 = fsdp.attention %x, %x, %x heads = 5 : tensor<2x16x64xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<16x64xf32>) {
+  // expected-error @+1 {{expected q, k, v of rank 3 [batch, seq, width], found rank 2}}
+  %0 = fsdp.attention %x, %x, %x heads = 4 : tensor<16x64xf32>
+  return
+}
+
+// -----
+func.func @f(%t: tensor<256x64xf32>, %ids: tensor<2x16xi32>) {
+  // expected-error @+1 {{expected result of type 'tensor<2x16x64xf32>', found 'tensor<2x16x32xf32>'}}
+  %0 = fsdp.embedding %t, %ids : (tensor<256x64xf32>, tensor<2x16xi32>) -> tensor<2x16x32xf32>
+  return
+}
+
+// -----
+func.func @f(%t: tensor<256xf32>, %ids: tensor<2x16xi32>) {
+  // expected-error @+1 {{expected a table of rank 2 [vocab, width], found 256}}
+  %0 = fsdp.embedding %t, %ids : (tensor<256xf32>, tensor<2x16xi32>) -> tensor<2x16x64xf32>
+  return
+}
+
+// -----
+func.func @f(%t: tensor<256x64xf32>, %ids: tensor<2x16xf32>) {
+  // expected-error @+1 {{operand #1 must be ranked tensor of 32-bit signless integer or 64-bit signless integer values}}
+  %0 = fsdp.embedding %t, %ids : (tensor<256x64xf32>, tensor<2x16xf32>) -> tensor<2x16x64xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected the element count to be kept, found 32 -> 30}}
+  %0 = fsdp.reshape %x : tensor<4x8xf32> -> tensor<5x6xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected the element type to be kept, found 'f32' -> 'f16'}}
+  %0 = fsdp.reshape %x : tensor<4x8xf32> -> tensor<32xf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected perm to be a permutation of [0, 2)}}
+  %0 = fsdp.transpose %x perm = [0, 0] : tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected a permutation of 2 dimensions, found 3}}
+  %0 = fsdp.transpose %x perm = [0, 1, 2] : tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<8x4xf32>', found 'tensor<4x8xf32>'}}
+  %0 = fsdp.transpose %x perm = [1, 0] : tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{slice [6, 10) is out of bounds of size 8}}
+  %0 = fsdp.slice %x dim = 1 offset = 6 : tensor<4x8xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected dim in [0, 2), found 2}}
+  %0 = fsdp.slice %x dim = 2 offset = 0 : tensor<4x8xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected slice of type 'tensor<4x4xf32>', found 'tensor<2x4xf32>'}}
+  %0 = fsdp.slice %x dim = 1 offset = 0 : tensor<4x8xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x4xf32>) {
+  // expected-error @+1 {{slice [2, 6) is out of bounds of size 4}}
+  %0 = fsdp.slice_grad %x dim = 0 offset = 2 : tensor<4x4xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<3x2xf32>) {
+  // expected-error @+1 {{expected input of type 'tensor<4x2xf32>', found 'tensor<3x2xf32>'}}
+  %0 = fsdp.concat %a, %b dim = 1 : (tensor<4x8xf32>, tensor<3x2xf32>) -> tensor<4x10xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x2xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<4x10xf32>', found 'tensor<4x9xf32>'}}
+  %0 = fsdp.concat %a, %b dim = 1 : (tensor<4x8xf32>, tensor<4x2xf32>) -> tensor<4x9xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected distinct dims in [0, 2), found 2}}
+  %0 = fsdp.reduce_sum %x dims = [2] : tensor<4x8xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<4xf32>', found 'tensor<8xf32>'}}
+  %0 = fsdp.reduce_mean %x dims = [1] : tensor<4x8xf32> -> tensor<8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<3x8xf32>) {
+  // expected-error @+1 {{cannot broadcast 'tensor<3x8xf32>' to 'tensor<4x8xf32>'}}
+  %0 = fsdp.broadcast %x : tensor<3x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected the result 'tensor<3xf32>' to broadcast to the input 'tensor<4x8xf32>'}}
+  %0 = fsdp.sum_to %x : tensor<4x8xf32> -> tensor<3xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected the shape to be kept, found 4x8 -> 8x4}}
+  %0 = fsdp.cast %x : tensor<4x8xf32> -> tensor<8x4xbf16>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<16xi32>) {
+  // expected-error @+1 {{expected labels of shape 32 (the logits without the class dimension), found 16}}
+  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xf32>, tensor<16xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<256xf32>, %y: tensor<i32>) {
+  // expected-error @+1 {{expected logits of rank >= 2 [..., classes], found 256}}
+  %0 = fsdp.cross_entropy %l, %y : (tensor<256xf32>, tensor<i32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xbf16>, %y: tensor<32xi32>) {
+  // expected-error @+1 {{expected f32 logits, found 'bf16'}}
+  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xbf16>, tensor<32xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>) {
+  // expected-error @+1 {{result #0 must be 0D tensor of 32-bit float values}}
+  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<1xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<32x1xbf16>) {
+  // expected-error @+1 {{expected f32 operands, found 'bf16'}}
+  %0 = fsdp.mse_loss %p, %p : tensor<32x1xbf16> -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%ids: tensor<2x16xi32>, %g: tensor<2x16x32xf32>) {
+  // expected-error @+1 {{expected grad of type 'tensor<2x16x64xf32>', found 'tensor<2x16x32xf32>'}}
+  %0 = fsdp.embedding_grad %ids, %g : (tensor<2x16xi32>, tensor<2x16x32xf32>) -> tensor<256x64xf32>
+  return
+}
+
+// -----
+// Tests that an unknown op is rejected.
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error @+1 {{custom op 'fsdp.frobnicate' is unknown}}
+  %0 = fsdp.frobnicate %x : tensor<4xf32>
+  return
+}

@@ -1,0 +1,156 @@
+// RUN: fsdp-opt %s | fsdp-opt | FileCheck %s
+// RUN: fsdp-opt %s --mlir-print-op-generic | fsdp-opt | FileCheck %s
+
+// Tests that every op of the dialect parses, prints and parses again.
+
+// CHECK-LABEL: fsdp.param @w : tensor<8x4xf32> init("normal", 2.000000e-02) unit "layers.0"
+fsdp.param @w : tensor<8x4xf32> init("normal", 0.02) unit "layers.0"
+// CHECK: fsdp.param @b : tensor<8xf32> init("zeros") frozen
+fsdp.param @b : tensor<8xf32> init("zeros") frozen
+// CHECK: fsdp.param @u : tensor<8xf32> init("uniform", 5.000000e-01)
+fsdp.param @u : tensor<8xf32> init("uniform", 0.5)
+// CHECK: fsdp.param @o : tensor<8xf32> init("ones")
+fsdp.param @o : tensor<8xf32> init("ones")
+// CHECK: fsdp.state @w.exp_avg : tensor<8x4xf32> of @w kind "exp_avg"
+fsdp.state @w.exp_avg : tensor<8x4xf32> of @w kind "exp_avg"
+
+// CHECK-LABEL: func.func @accessors
+func.func @accessors(%x: tensor<8x4xf32>) {
+  // CHECK: %[[W:.+]] = fsdp.get_param @w : tensor<8x4xf32>
+  %w = fsdp.get_param @w : tensor<8x4xf32>
+  // CHECK: fsdp.set_param @w = %[[W]] : tensor<8x4xf32>
+  fsdp.set_param @w = %w : tensor<8x4xf32>
+  // CHECK: fsdp.get_state @w.exp_avg : tensor<8x4xf32>
+  %m = fsdp.get_state @w.exp_avg : tensor<8x4xf32>
+  // CHECK: fsdp.set_state @w.exp_avg = %{{.+}} : tensor<8x4xf32>
+  fsdp.set_state @w.exp_avg = %m : tensor<8x4xf32>
+  // CHECK: fsdp.set_grad @w = %{{.+}} : tensor<8x4xf32>
+  fsdp.set_grad @w = %x : tensor<8x4xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @elementwise
+func.func @elementwise(%a: tensor<4x8xf32>, %b: tensor<8xf32>, %c: tensor<4x1xf32>) {
+  // CHECK: fsdp.add %{{.+}}, %{{.+}} : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %0 = fsdp.add %a, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  // CHECK: fsdp.sub
+  %1 = fsdp.sub %a, %c : (tensor<4x8xf32>, tensor<4x1xf32>) -> tensor<4x8xf32>
+  // CHECK: fsdp.mul
+  %2 = fsdp.mul %c, %b : (tensor<4x1xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  // CHECK: fsdp.div
+  %3 = fsdp.div %a, %a : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  // CHECK: fsdp.neg %{{.+}} : tensor<4x8xf32>
+  %4 = fsdp.neg %a : tensor<4x8xf32>
+  // CHECK: fsdp.relu
+  %5 = fsdp.relu %a : tensor<4x8xf32>
+  // CHECK: fsdp.gelu
+  %6 = fsdp.gelu %a : tensor<4x8xf32>
+  // CHECK: fsdp.softmax
+  %7 = fsdp.softmax %a : tensor<4x8xf32>
+  // CHECK: fsdp.scale %{{.+}} {factor = 5.000000e-01 : f64} : tensor<4x8xf32>
+  %8 = fsdp.scale %a {factor = 0.5 : f64} : tensor<4x8xf32>
+  // CHECK: fsdp.fill {value = 1.000000e+00 : f64} : tensor<f32>
+  %9 = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  // CHECK: fsdp.bias_add %{{.+}}, %{{.+}} : tensor<4x8xf32>, tensor<8xf32>
+  %10 = fsdp.bias_add %a, %b : tensor<4x8xf32>, tensor<8xf32>
+  // CHECK: fsdp.cast %{{.+}} : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %11 = fsdp.cast %a : tensor<4x8xf32> -> tensor<4x8xbf16>
+  // CHECK: fsdp.cast %{{.+}} : tensor<4x8xbf16> -> tensor<4x8xf16>
+  %12 = fsdp.cast %11 : tensor<4x8xbf16> -> tensor<4x8xf16>
+  return
+}
+
+// CHECK-LABEL: func.func @structure
+func.func @structure(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %m: tensor<32x64xf32>,
+                     %t: tensor<256x64xf32>, %ids: tensor<2x16xi32>, %xt: tensor<2x64x16xf32>) {
+  // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
+  %0 = fsdp.matmul %m, %w transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
+  // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
+  %1 = fsdp.matmul %x, %x transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
+  // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs transpose_rhs
+  %2 = fsdp.matmul %x, %xt transpose_lhs transpose_rhs : (tensor<2x16x64xf32>, tensor<2x64x16xf32>) -> tensor<2x64x64xf32>
+  %g = fsdp.get_param @o : tensor<8xf32>
+  // CHECK: fsdp.layer_norm %{{.+}}, %{{.+}}, %{{.+}} {epsilon = 1.250000e-04 : f64} : tensor<2x16x64xf32>, tensor<64xf32>
+  %gm = fsdp.slice %t dim = 0 offset = 0 : tensor<256x64xf32> -> tensor<1x64xf32>
+  %gv = fsdp.reshape %gm : tensor<1x64xf32> -> tensor<64xf32>
+  %3 = fsdp.layer_norm %x, %gv, %gv {epsilon = 1.25e-4 : f64} : tensor<2x16x64xf32>, tensor<64xf32>
+  // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 causal : tensor<2x16x64xf32>
+  %4 = fsdp.attention %x, %x, %x heads = 4 causal : tensor<2x16x64xf32>
+  // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 2 : tensor<2x16x64xf32>
+  %5 = fsdp.attention %x, %x, %x heads = 2 : tensor<2x16x64xf32>
+  // CHECK: fsdp.embedding %{{.+}}, %{{.+}} : (tensor<256x64xf32>, tensor<2x16xi32>) -> tensor<2x16x64xf32>
+  %6 = fsdp.embedding %t, %ids : (tensor<256x64xf32>, tensor<2x16xi32>) -> tensor<2x16x64xf32>
+  // CHECK: fsdp.reshape %{{.+}} : tensor<2x16x64xf32> -> tensor<32x64xf32>
+  %7 = fsdp.reshape %x : tensor<2x16x64xf32> -> tensor<32x64xf32>
+  // CHECK: fsdp.reshape %{{.+}} : tensor<2x16xi32> -> tensor<32xi32>
+  %8 = fsdp.reshape %ids : tensor<2x16xi32> -> tensor<32xi32>
+  // CHECK: fsdp.transpose %{{.+}} perm = [1, 0, 2] : tensor<2x16x64xf32> -> tensor<16x2x64xf32>
+  %9 = fsdp.transpose %x perm = [1, 0, 2] : tensor<2x16x64xf32> -> tensor<16x2x64xf32>
+  // CHECK: fsdp.slice %{{.+}} dim = 2 offset = 32 : tensor<2x16x64xf32> -> tensor<2x16x32xf32>
+  %10 = fsdp.slice %x dim = 2 offset = 32 : tensor<2x16x64xf32> -> tensor<2x16x32xf32>
+  // CHECK: fsdp.concat %{{.+}}, %{{.+}} dim = 2 : (tensor<2x16x64xf32>, tensor<2x16x32xf32>) -> tensor<2x16x96xf32>
+  %11 = fsdp.concat %x, %10 dim = 2 : (tensor<2x16x64xf32>, tensor<2x16x32xf32>) -> tensor<2x16x96xf32>
+  // CHECK: fsdp.reduce_sum %{{.+}} dims = [0, 2] : tensor<2x16x64xf32> -> tensor<16xf32>
+  %12 = fsdp.reduce_sum %x dims = [0, 2] : tensor<2x16x64xf32> -> tensor<16xf32>
+  // CHECK: fsdp.reduce_mean %{{.+}} dims = [0, 1, 2] : tensor<2x16x64xf32> -> tensor<f32>
+  %13 = fsdp.reduce_mean %x dims = [0, 1, 2] : tensor<2x16x64xf32> -> tensor<f32>
+  // CHECK: fsdp.broadcast %{{.+}} : tensor<16xf32> -> tensor<4x16xf32>
+  %14 = fsdp.broadcast %12 : tensor<16xf32> -> tensor<4x16xf32>
+  // CHECK: fsdp.sum_to %{{.+}} : tensor<4x16xf32> -> tensor<1x16xf32>
+  %15 = fsdp.sum_to %14 : tensor<4x16xf32> -> tensor<1x16xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @losses
+func.func @losses(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %p: tensor<32x1xf32>, %b: tensor<2x16x256xf32>, %yb: tensor<2x16xi64>) {
+  // CHECK: fsdp.cross_entropy %{{.+}}, %{{.+}} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+  // CHECK: fsdp.cross_entropy %{{.+}}, %{{.+}} : (tensor<2x16x256xf32>, tensor<2x16xi64>) -> tensor<f32>
+  %1 = fsdp.cross_entropy %b, %yb : (tensor<2x16x256xf32>, tensor<2x16xi64>) -> tensor<f32>
+  // CHECK: fsdp.mse_loss %{{.+}}, %{{.+}} : tensor<32x1xf32> -> tensor<f32>
+  %2 = fsdp.mse_loss %p, %p : tensor<32x1xf32> -> tensor<f32>
+  // CHECK: fsdp.bce_with_logits %{{.+}}, %{{.+}} : tensor<32x1xf32> -> tensor<f32>
+  %3 = fsdp.bce_with_logits %p, %p : tensor<32x1xf32> -> tensor<f32>
+  return
+}
+
+// CHECK-LABEL: func.func @backward
+func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64xf32>, %ids: tensor<2x16xi32>,
+                    %l: tensor<32x256xf32>, %y: tensor<32xi32>, %s: tensor<f32>, %p: tensor<32x1xf32>) {
+  // CHECK: fsdp.relu_grad %{{.+}}, %{{.+}} : tensor<8x64xf32>
+  %0 = fsdp.relu_grad %m, %m : tensor<8x64xf32>
+  // CHECK: fsdp.gelu_grad
+  %1 = fsdp.gelu_grad %m, %m : tensor<8x64xf32>
+  // CHECK: fsdp.softmax_grad
+  %2 = fsdp.softmax_grad %m, %m : tensor<8x64xf32>
+  // CHECK: fsdp.layer_norm_grad %{{.+}}, %{{.+}}, %{{.+}} {epsilon = 1.250000e-04 : f64} : tensor<8x64xf32>, tensor<64xf32>
+  %3:3 = fsdp.layer_norm_grad %m, %g, %m {epsilon = 1.25e-4 : f64} : tensor<8x64xf32>, tensor<64xf32>
+  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 causal : tensor<2x16x64xf32>
+  %4:3 = fsdp.attention_grad %x, %x, %x, %x heads = 4 causal : tensor<2x16x64xf32>
+  // CHECK: fsdp.embedding_grad %{{.+}}, %{{.+}} : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
+  %5 = fsdp.embedding_grad %ids, %x : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
+  // CHECK: fsdp.slice_grad %{{.+}} dim = 0 offset = 8 : tensor<8x64xf32> -> tensor<32x64xf32>
+  %6 = fsdp.slice_grad %m dim = 0 offset = 8 : tensor<8x64xf32> -> tensor<32x64xf32>
+  // CHECK: fsdp.cross_entropy_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<32x256xf32>, tensor<32xi32>
+  %7 = fsdp.cross_entropy_grad %l, %y, %s : tensor<32x256xf32>, tensor<32xi32>
+  // CHECK: fsdp.mse_loss_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<32x1xf32>
+  %8 = fsdp.mse_loss_grad %p, %p, %s : tensor<32x1xf32>
+  // CHECK: fsdp.bce_with_logits_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<32x1xf32>
+  %9 = fsdp.bce_with_logits_grad %p, %p, %s : tensor<32x1xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @optimizer
+func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
+  // CHECK: fsdp.sgd_update %{{.+}}, %{{.+}}, %{{.+}} {weight_decay = 1.000000e-01 : f64} : tensor<64xf32>
+  %0 = fsdp.sgd_update %p, %p, %lr {weight_decay = 0.1 : f64} : tensor<64xf32>
+  // CHECK: fsdp.sgd_momentum_update %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {momentum = 9.000000e-01 : f64, nesterov} : tensor<64xf32>
+  %1:2 = fsdp.sgd_momentum_update %p, %p, %p, %lr, %step {momentum = 0.9 : f64, nesterov} : tensor<64xf32>
+  // CHECK: fsdp.adamw_update %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {beta1 = 8.000000e-01 : f64} : tensor<64xf32>
+  %2:3 = fsdp.adamw_update %p, %p, %p, %p, %lr, %step {beta1 = 0.8 : f64} : tensor<64xf32>
+  // CHECK: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<64xf32>, tensor<64xf32>
+  %3 = fsdp.squared_norm %p, %p : tensor<64xf32>, tensor<64xf32>
+  // CHECK: fsdp.clip_coef %{{.+}} {max_norm = 1.000000e+00 : f64} : tensor<f32>
+  %4 = fsdp.clip_coef %3 {max_norm = 1.0 : f64} : tensor<f32>
+  return
+}

@@ -1,0 +1,20 @@
+# lit configuration for the fsdp compiler and runtime tests.
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+
+config.name = "FSDP"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".test"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.fsdp_obj_root, "test", "lit")
+config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.fsdp_tools_dir, append_path=False)
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+config.substitutions.append(("%fsdp_src", config.fsdp_src_root))
+# The PyTorch oracle needs Debian's python (torch 1.13), not pyenv's.
+config.substitutions.append(("%torch_python", "/usr/bin/python3"))
+config.substitutions.append(("%python", "/usr/bin/python3"))
