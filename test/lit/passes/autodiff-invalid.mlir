@@ -1,0 +1,61 @@
+// RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -verify-diagnostics
+
+// Tests that a module without a model function is rejected.
+// expected-error @+1 {{no model function: mark one func.func with the `fsdp.model` attribute}}
+module {
+  func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+    return %x : tensor<4xf32>
+  }
+}
+
+// -----
+
+// Tests that the loss must be a 0-d f32 tensor.
+fsdp.param @w : tensor<4xf32> init("zeros")
+func.func @model(%x: tensor<4xf32>) -> tensor<4xf32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4xf32>
+  %y = fsdp.add %x, %w : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  // expected-error @+1 {{expected the loss to be a tensor<f32>, found 'tensor<4xf32>'}}
+  return %y : tensor<4xf32>
+}
+
+// -----
+
+// Tests that a parameter the loss does not depend on gets a warning (and a
+// zero gradient).
+fsdp.param @w : tensor<4xf32> init("zeros")
+// expected-warning @+1 {{the loss does not depend on this parameter; its gradient is zero}}
+fsdp.param @unused : tensor<4xf32> init("zeros")
+func.func @model(%x: tensor<4xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4xf32>
+  %l = fsdp.mse_loss %x, %w : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that backward-only ops have no rule of their own.
+fsdp.param @w : tensor<4xf32> init("zeros")
+func.func @model(%x: tensor<4xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4xf32>
+  // expected-error @+1 {{has no differentiation rule}}
+  %g = fsdp.relu_grad %x, %w : tensor<4xf32>
+  %l = fsdp.mse_loss %g, %x : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that two model functions are ambiguous.
+fsdp.param @w : tensor<4xf32> init("zeros")
+func.func @a(%x: tensor<4xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4xf32>
+  %l = fsdp.mse_loss %x, %w : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+// expected-error @+1 {{more than one model function}}
+func.func @b(%x: tensor<4xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4xf32>
+  %l = fsdp.mse_loss %x, %w : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
