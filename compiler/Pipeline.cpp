@@ -23,6 +23,19 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.eps = options.eps;
   opt.maxGradNorm = options.maxGradNorm;
   pm.addPass(createFsdpInsertOptimizer(opt));
+  // Sharding rewrites the optimizer's updates; without an optimizer the
+  // step outputs whole gradients and is not sharded.
+  if (options.optimizer != "none") {
+    FsdpGroupUnitsOptions group;
+    group.policy = options.unitPolicy;
+    group.minUnitNumel = options.minUnitNumel;
+    pm.addPass(createFsdpGroupUnits(group));
+    FsdpShardOptions shard;
+    shard.worldSize = options.worldSize;
+    shard.stage = options.stage;
+    shard.reshardAfterForward = options.reshardAfterForward;
+    pm.addPass(createFsdpShard(shard));
+  }
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;
   pm.addPass(createFsdpPlanMemory(mem));

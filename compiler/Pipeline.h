@@ -34,6 +34,24 @@ struct FsdpPipelineOptions
   Option<double> maxGradNorm{*this, "max-grad-norm",
                              llvm::cl::desc("global-norm clipping (0: off)"),
                              llvm::cl::init(0.0)};
+  Option<int64_t> worldSize{*this, "world-size",
+                            llvm::cl::desc("ranks of the 1-D mesh"),
+                            llvm::cl::init(1)};
+  Option<int64_t> stage{*this, "stage",
+                        llvm::cl::desc("ZeRO stage: 0 DDP, 1 optimizer "
+                                       "state, 2 + gradients, 3 + parameters"),
+                        llvm::cl::init(3)};
+  Option<bool> reshardAfterForward{
+      *this, "reshard-after-forward",
+      llvm::cl::desc("stage 3: free gathered parameters after forward"),
+      llvm::cl::init(true)};
+  Option<std::string> unitPolicy{*this, "unit-policy",
+                                 llvm::cl::desc("layer | size | none"),
+                                 llvm::cl::init("layer")};
+  Option<int64_t> minUnitNumel{
+      *this, "min-unit-numel",
+      llvm::cl::desc("size policy: smallest unit, in elements"),
+      llvm::cl::init(1000000)};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

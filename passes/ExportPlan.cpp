@@ -137,22 +137,29 @@ void ExportPlanPass::runOnOperation() {
         {"last", b.last},
         {"persistent", b.persistent},
     });
+    if (b.aliasOf >= 0) {
+      json::Object &o = *buffers.back().getAsObject();
+      o["alias_of"] = b.aliasOf;
+      if (b.rankStride)
+        o["rank_stride"] = b.rankStride;
+    }
   }
 
   json::Array units;
   int64_t world = 1;
   if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
     world = w.getInt();
-  for (const PlannedUnit &u : plan.units) {
-    int64_t padded = (u.flatNumel + world - 1) / world * world;
+  for (const PlannedUnit &u : plan.units)
     units.push_back(json::Object{{"name", u.name},
                                  {"flat_numel", u.flatNumel},
-                                 {"padded_numel", padded},
-                                 {"shard_numel", padded / world}});
-  }
+                                 {"padded_numel", u.paddedNumel},
+                                 {"shard_numel", u.shardNumel},
+                                 {"sharded", u.sharded},
+                                 {"frozen", u.frozen},
+                                 {"buffer", u.buffer}});
 
   json::Array params;
-  for (const PlannedParam &p : plan.params) {
+  for (PlannedParam &p : plan.params) {
     ParamOp op = p.op;
     json::Object o{{"name", op.getSymName().str()},
                    {"shape", shapeOf(op.getTensorType())},
@@ -167,12 +174,17 @@ void ExportPlanPass::runOnOperation() {
   }
 
   json::Array states;
-  for (StateOp s : module.getOps<StateOp>())
-    states.push_back(json::Object{
-        {"name", s.getSymName().str()},
-        {"param", s.getParam().str()},
-        {"kind", s.getKind().str()},
-        {"buffer", plan.symbolBuffer.lookup(s.getSymName())}});
+  for (StateOp s : module.getOps<StateOp>()) {
+    json::Object o{{"name", s.getSymName().str()},
+                   {"kind", s.getKind().str()},
+                   {"buffer", plan.symbolBuffer.lookup(s.getSymName())}};
+    // State shadows a parameter (unsharded plans) or a unit.
+    if (module.lookupSymbol<UnitOp>(s.getParamAttr()))
+      o["unit"] = s.getParam().str();
+    else
+      o["param"] = s.getParam().str();
+    states.push_back(std::move(o));
+  }
 
   // Inputs: roles from the fsdp.role argument attributes; by position
   // (input, target) when absent.
@@ -236,14 +248,18 @@ void ExportPlanPass::runOnOperation() {
       continue;
     json::Object instr;
     json::Array in, out;
-    if (auto s = dyn_cast<SetParamOp>(op)) {
+    Value written;
+    if (isa<SetParamOp, SetStateOp, SetUnitOp>(op)) {
       instr["op"] = "copy";
-      in.push_back(plan.valueBuffer.lookup(s.getValue()));
-      out.push_back(plan.symbolBuffer.lookup(s.getName()));
-    } else if (auto s = dyn_cast<SetStateOp>(op)) {
-      instr["op"] = "copy";
-      in.push_back(plan.valueBuffer.lookup(s.getValue()));
-      out.push_back(plan.symbolBuffer.lookup(s.getName()));
+      StringRef sym;
+      if (auto s = dyn_cast<SetParamOp>(op))
+        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
+      else if (auto s = dyn_cast<SetStateOp>(op))
+        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
+      else if (auto s = dyn_cast<SetUnitOp>(op))
+        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
+      in.push_back(plan.valueBuffer.lookup(written));
+      out.push_back(plan.symbolBuffer.lookup(sym));
     } else {
       if (op.getDialect() != module->getContext()->getLoadedDialect<FsdpDialect>()) {
         op.emitOpError() << "cannot be lowered to the plan: only fsdp ops run "
@@ -288,6 +304,10 @@ void ExportPlanPass::runOnOperation() {
   auto byKind = [&](BufKind k, bool peak) {
     return peak ? plan.peakByKind[(int)k] : plan.totalByKind[(int)k];
   };
+  auto maxLive = [&](BufKind k) { return plan.maxLiveByKind[(int)k]; };
+  int64_t stage = 0;
+  if (auto s = module->getAttrOfType<IntegerAttr>("fsdp.stage"))
+    stage = s.getInt();
   std::string modelName = "model";
   if (auto name = module.getSymName())
     modelName = name->str();
@@ -296,16 +316,19 @@ void ExportPlanPass::runOnOperation() {
       {"version", kPlanVersion},
       {"model", modelName},
       {"world_size", world},
+      {"stage", stage},
       {"options", std::move(options)},
       {"arena_bytes", plan.arenaBytes},
       {"memory",
        json::Object{{"params", byKind(BufKind::Param, false)},
                     {"state", byKind(BufKind::State, false)},
                     {"inputs", byKind(BufKind::Input, false)},
-                    {"grads", byKind(BufKind::Grad, true)},
-                    {"activations", byKind(BufKind::Activation, true)},
+                    {"grads", maxLive(BufKind::Grad)},
+                    {"activations", maxLive(BufKind::Activation)},
                     {"temps", byKind(BufKind::Temp, true)},
-                    {"comm", 0},
+                    {"comm", maxLive(BufKind::Comm)},
+                    {"grads_at_peak", byKind(BufKind::Grad, true)},
+                    {"activations_at_peak", byKind(BufKind::Activation, true)},
                     {"peak_live", plan.peakLive},
                     {"peak", plan.arenaBytes}}},
       {"units", std::move(units)},

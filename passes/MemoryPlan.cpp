@@ -1,20 +1,24 @@
 //===- MemoryPlan.cpp - buffers, liveness and arena offsets ---------------===//
 //
 // Algorithm.
-// 1. Storage: every fsdp.param gets one buffer; parameters are packed in
-//    unit order (a unit is the `unit` name of a parameter, "root" when it has
-//    none), so that a unit's parameters are one contiguous flat range — the
-//    range fsdp-shard later gathers and scatters with one collective.
-//    Optimizer state mirrors that layout; step inputs follow.
-// 2. Values: fsdp.get_param / get_state name storage and get no buffer; an
-//    optimizer update whose result is written back to the parameter (or
-//    state) it read is planned in place. Every other result gets a buffer
-//    live from its defining instruction to its last use; the loss and the
-//    published gradients stay live to the end of the step.
-// 3. Placement: persistent storage at the bottom of the arena; transient
+// 1. Storage: with fsdp.unit ops (after fsdp-shard) each unit has one
+//    persistent buffer (its whole flat parameters, or its shard); without,
+//    every fsdp.param gets a buffer, packed in unit order. Optimizer state
+//    follows in the same order; step inputs last.
+// 2. Aliases: some values are not buffers of their own but windows of
+//    another: reads of storage (get_param/get_state/get_unit), fsdp.view and
+//    fsdp.shard_view, an optimizer update or all-gather written back to the
+//    storage it replaces (in place), an all-reduce of a value nobody else
+//    reads (in place), and a gradient whose only use is an fsdp.pack (the
+//    op computing it writes straight into the packed buffer, so packing
+//    costs no copy and no second gradient buffer).
+// 3. Liveness: a buffer lives from the first instruction that defines it or
+//    any alias of it to the last instruction reading it or any alias; the
+//    loss and published gradients live to the end.
+// 4. Placement: persistent storage at the bottom of the arena; transient
 //    buffers sorted by size (largest first) and each put at the lowest
-//    aligned offset where it overlaps no already placed buffer whose live
-//    range intersects its own (greedy-by-size, as TFLite's planner).
+//    aligned offset where it overlaps no placed buffer whose live range
+//    intersects its own (greedy-by-size, as TFLite's planner).
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,42 +47,10 @@ StringRef mlir::fsdp::bufKindName(BufKind k) {
     return "activation";
   case BufKind::Temp:
     return "temp";
+  case BufKind::Comm:
+    return "comm";
   }
   return "temp";
-}
-
-/// The update op and operand index whose in-place result is written back to
-/// symbol `sym`, if `v` is such a result.
-static bool isInPlaceUpdate(Value v, FlatSymbolRefAttr sym) {
-  Operation *def = v.getDefiningOp();
-  if (!def || !isa<SgdUpdateOp, SgdMomentumUpdateOp, AdamwUpdateOp>(def))
-    return false;
-  unsigned idx = cast<OpResult>(v).getResultNumber();
-  // Result k of an update replaces the storage read by operand k' where
-  // new_param <- param (operand 0), new state i <- its state operand.
-  Value src;
-  if (idx == 0)
-    src = def->getOperand(0);
-  else if (auto a = dyn_cast<AdamwUpdateOp>(def))
-    src = idx == 1 ? a.getExpAvg() : a.getExpAvgSq();
-  else if (auto s = dyn_cast<SgdMomentumUpdateOp>(def))
-    src = s.getBuffer();
-  Operation *srcDef = src ? src.getDefiningOp() : nullptr;
-  if (auto g = dyn_cast_or_null<GetParamOp>(srcDef))
-    return g.getNameAttr() == sym;
-  if (auto g = dyn_cast_or_null<GetStateOp>(srcDef))
-    return g.getNameAttr() == sym;
-  return false;
-}
-
-bool mlir::fsdp::isStorageAlias(Operation *op) {
-  if (isa<GetParamOp, GetStateOp, SetGradOp>(op))
-    return true;
-  if (auto s = dyn_cast<SetParamOp>(op))
-    return isInPlaceUpdate(s.getValue(), s.getNameAttr());
-  if (auto s = dyn_cast<SetStateOp>(op))
-    return isInPlaceUpdate(s.getValue(), s.getNameAttr());
-  return false;
 }
 
 std::string mlir::fsdp::formatBytes(int64_t bytes) {
@@ -101,9 +73,90 @@ std::string mlir::fsdp::formatBytes(int64_t bytes) {
 static int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 static int64_t byteSize(RankedTensorType t) {
-  int64_t bits = t.getElementTypeBitWidth();
-  return t.getNumElements() * (bits / 8);
+  return t.getNumElements() * (t.getElementTypeBitWidth() / 8);
 }
+
+static int64_t elemBytes(Value v) {
+  return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8;
+}
+
+/// The symbol the storage read `v` names, if `v` is such a read.
+static FlatSymbolRefAttr storageRead(Value v) {
+  Operation *d = v.getDefiningOp();
+  if (auto g = dyn_cast_or_null<GetParamOp>(d))
+    return g.getNameAttr();
+  if (auto g = dyn_cast_or_null<GetStateOp>(d))
+    return g.getNameAttr();
+  if (auto g = dyn_cast_or_null<GetUnitOp>(d))
+    return g.getNameAttr();
+  return {};
+}
+
+/// True when `v`, written back to symbol `sym`, can be computed in place in
+/// the storage of `sym`: it is an optimizer update result replacing the
+/// storage its operand read, or an all-gather into a unit's storage (the
+/// stage 1/2 update: nothing reads the old parameters after their shard
+/// was updated).
+static bool isInPlaceWrite(Value v, FlatSymbolRefAttr sym) {
+  Operation *def = v.getDefiningOp();
+  if (!def)
+    return false;
+  if (isa<AllGatherOp>(def))
+    return true;
+  if (!isa<SgdUpdateOp, SgdMomentumUpdateOp, AdamwUpdateOp>(def))
+    return false;
+  unsigned idx = cast<OpResult>(v).getResultNumber();
+  // Result 0 replaces operand 0 (the parameter); result k > 0 replaces the
+  // k-th state operand, in operand order.
+  Value src;
+  if (idx == 0) {
+    src = def->getOperand(0);
+  } else {
+    unsigned seen = 0;
+    for (Value o : def->getOperands().drop_front(2))
+      if (o.getDefiningOp<GetStateOp>() && ++seen == idx) {
+        src = o;
+        break;
+      }
+  }
+  return src && storageRead(src) == sym;
+}
+
+static FlatSymbolRefAttr writtenSymbol(Operation *op, Value &value) {
+  if (auto s = dyn_cast<SetParamOp>(op)) {
+    value = s.getValue();
+    return s.getNameAttr();
+  }
+  if (auto s = dyn_cast<SetStateOp>(op)) {
+    value = s.getValue();
+    return s.getNameAttr();
+  }
+  if (auto s = dyn_cast<SetUnitOp>(op)) {
+    value = s.getValue();
+    return s.getNameAttr();
+  }
+  return {};
+}
+
+bool mlir::fsdp::isStorageAlias(Operation *op) {
+  if (isa<GetParamOp, GetStateOp, GetUnitOp, SetGradOp, ViewOp, ShardViewOp>(op))
+    return true;
+  Value v;
+  if (FlatSymbolRefAttr sym = writtenSymbol(op, v))
+    return isInPlaceWrite(v, sym);
+  return false;
+}
+
+namespace {
+/// Where an aliased value lives: inside `base` (a value or a symbol's
+/// storage) at a byte offset, plus rank * rankStride.
+struct AliasInfo {
+  Value base;
+  FlatSymbolRefAttr symbol;
+  int64_t byteOffset = 0;
+  int64_t rankStride = 0;
+};
+} // namespace
 
 FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                                              func::FuncOp step,
@@ -112,84 +165,127 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   if (!step.getBody().hasOneBlock())
     return step.emitError() << "expected a single-block @train_step";
   Block &body = step.getBody().front();
-
-  // --- 1. Persistent storage, packed per unit. ---------------------------
-  llvm::StringMap<int64_t> unitIndex;
-  SmallVector<SmallVector<ParamOp>> unitParams;
-  for (ParamOp p : module.getOps<ParamOp>()) {
-    StringRef unit = p.getUnit() ? *p.getUnit() : StringRef("root");
-    auto [it, inserted] = unitIndex.try_emplace(unit, plan.units.size());
-    if (inserted) {
-      plan.units.push_back({unit.str(), 0});
-      unitParams.emplace_back();
-    }
-    unitParams[it->second].push_back(p);
-  }
-  int64_t cursor = 0;
   auto addBuffer = [&](PlannedBuffer b) {
     plan.buffers.push_back(std::move(b));
     return (int64_t)plan.buffers.size() - 1;
   };
-  for (auto [u, params] : llvm::enumerate(unitParams)) {
-    cursor = alignUp(cursor, alignment);
-    for (ParamOp p : params) {
-      PlannedBuffer b;
-      b.name = p.getSymName().str();
-      b.type = p.getTensorType();
-      b.kind = BufKind::Param;
-      b.persistent = true;
-      b.bytes = byteSize(b.type);
-      b.offset = cursor;
-      cursor += b.bytes;
-      int64_t id = addBuffer(b);
-      plan.symbolBuffer[p.getSymName()] = id;
-      plan.params.push_back({p, id, (int64_t)u, plan.units[u].flatNumel});
-      plan.units[u].flatNumel += b.type.getNumElements();
+  auto persistent = [&](std::string name, RankedTensorType t, BufKind kind,
+                        int64_t &cursor) {
+    PlannedBuffer b;
+    b.name = std::move(name);
+    b.type = t;
+    b.kind = kind;
+    b.persistent = true;
+    b.bytes = byteSize(t);
+    b.offset = cursor;
+    cursor += b.bytes;
+    return b;
+  };
+
+  // --- 1. Persistent storage. ---------------------------------------------
+  int64_t cursor = 0;
+  SmallVector<UnitOp> unitOps(module.getOps<UnitOp>());
+  if (!unitOps.empty()) {
+    llvm::StringMap<std::pair<int64_t, int64_t>> paramPlace;
+    for (auto [u, unit] : llvm::enumerate(unitOps)) {
+      cursor = alignUp(cursor, alignment);
+      PlannedUnit pu;
+      pu.name = unit.getSymName().str();
+      pu.flatNumel = unit.getNumel();
+      pu.paddedNumel = unit.getPaddedNumel();
+      pu.shardNumel = unit.getShardNumel();
+      pu.sharded = unit.getSharded();
+      pu.frozen = unit.getFrozen();
+      PlannedBuffer b = persistent(pu.name,
+                                   cast<RankedTensorType>(unit.getStorageType()),
+                                   BufKind::Param, cursor);
+      b.unit = u;
+      pu.buffer = addBuffer(b);
+      plan.symbolBuffer[unit.getSymName()] = pu.buffer;
+      plan.units.push_back(pu);
+      int64_t off = 0;
+      for (Attribute a : unit.getParams()) {
+        StringRef name = cast<FlatSymbolRefAttr>(a).getValue();
+        paramPlace[name] = {(int64_t)u, off};
+        auto p = module.lookupSymbol<ParamOp>(name);
+        if (!p)
+          return unit.emitOpError() << "lists unknown parameter @" << name;
+        off += p.getTensorType().getNumElements();
+      }
+    }
+    for (ParamOp p : module.getOps<ParamOp>()) {
+      auto it = paramPlace.find(p.getSymName());
+      if (it == paramPlace.end())
+        return p.emitOpError() << "belongs to no fsdp.unit";
+      plan.params.push_back({p, -1, it->second.first, it->second.second});
+    }
+  } else {
+    llvm::StringMap<int64_t> unitIndex;
+    SmallVector<SmallVector<ParamOp>> unitParams;
+    for (ParamOp p : module.getOps<ParamOp>()) {
+      StringRef unit = p.getUnit() ? *p.getUnit() : StringRef("root");
+      auto [it, inserted] = unitIndex.try_emplace(unit, plan.units.size());
+      if (inserted) {
+        PlannedUnit pu;
+        pu.name = unit.str();
+        plan.units.push_back(pu);
+        unitParams.emplace_back();
+      }
+      unitParams[it->second].push_back(p);
+    }
+    for (auto [u, params] : llvm::enumerate(unitParams)) {
+      cursor = alignUp(cursor, alignment);
+      for (ParamOp p : params) {
+        int64_t id = addBuffer(persistent(p.getSymName().str(),
+                                          p.getTensorType(), BufKind::Param,
+                                          cursor));
+        plan.symbolBuffer[p.getSymName()] = id;
+        plan.params.push_back({p, id, (int64_t)u, plan.units[u].flatNumel});
+        plan.units[u].flatNumel += p.getTensorType().getNumElements();
+      }
+      plan.units[u].paddedNumel = plan.units[u].shardNumel =
+          plan.units[u].flatNumel;
     }
   }
-  // State in the order of the parameters it shadows, so that it mirrors the
-  // unit layout.
+  // Optimizer state, in the order of what it shadows.
   llvm::StringMap<SmallVector<StateOp>> statesOf;
   for (StateOp s : module.getOps<StateOp>())
     statesOf[s.getParam()].push_back(s);
-  for (auto &params : unitParams) {
-    cursor = alignUp(cursor, alignment);
-    for (ParamOp p : params)
-      for (StateOp s : statesOf.lookup(p.getSymName())) {
-        PlannedBuffer b;
-        b.name = s.getSymName().str();
-        b.type = cast<RankedTensorType>(s.getType());
-        b.kind = BufKind::State;
-        b.persistent = true;
-        b.bytes = byteSize(b.type);
-        b.offset = cursor;
-        cursor += b.bytes;
-        plan.symbolBuffer[s.getSymName()] = addBuffer(b);
-      }
-  }
+  SmallVector<StringRef> shadowOrder;
+  if (!unitOps.empty())
+    for (UnitOp u : unitOps)
+      shadowOrder.push_back(u.getSymName());
+  else
+    for (PlannedParam &p : plan.params)
+      shadowOrder.push_back(p.op.getSymName());
+  cursor = alignUp(cursor, alignment);
+  for (StringRef owner : shadowOrder)
+    for (StateOp s : statesOf.lookup(owner)) {
+      int64_t id = addBuffer(persistent(s.getSymName().str(),
+                                        cast<RankedTensorType>(s.getType()),
+                                        BufKind::State, cursor));
+      plan.symbolBuffer[s.getSymName()] = id;
+    }
   for (BlockArgument arg : body.getArguments()) {
     auto t = dyn_cast<RankedTensorType>(arg.getType());
     if (!t)
       return step.emitError() << "argument #" << arg.getArgNumber()
                               << " is not a ranked tensor";
     cursor = alignUp(cursor, alignment);
-    PlannedBuffer b;
-    b.name = "arg" + std::to_string(arg.getArgNumber());
-    b.type = t;
-    b.kind = BufKind::Input;
-    b.persistent = true;
-    b.bytes = byteSize(t);
-    b.offset = cursor;
-    cursor += b.bytes;
-    plan.valueBuffer[arg] = addBuffer(b);
+    plan.valueBuffer[arg] = addBuffer(persistent(
+        "arg" + std::to_string(arg.getArgNumber()), t, BufKind::Input, cursor));
   }
   int64_t persistentEnd = alignUp(cursor, alignment);
 
-  // --- 2. Instructions and transient values. ------------------------------
+  // --- 2. Instructions and aliases. ---------------------------------------
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
   if (!ret || ret.getNumOperands() != 1)
     return step.emitError() << "expected @train_step to return the loss";
-  Operation *lossDef = ret.getOperand(0).getDefiningOp();
+  // The forward pass ends at the loss (before any all-reduce of it).
+  Value lossValue = ret.getOperand(0);
+  if (auto ar = lossValue.getDefiningOp<AllReduceOp>())
+    lossValue = ar.getInput();
+  Operation *lossDef = lossValue.getDefiningOp();
   int64_t forwardEnd = -1;
   for (Operation &op : body.without_terminator()) {
     if (isStorageAlias(&op))
@@ -198,76 +294,79 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       forwardEnd = plan.numInstructions;
     plan.instrIndex[&op] = plan.numInstructions++;
   }
-  int64_t end = plan.numInstructions; // "live to the end of the step"
+  int64_t end = plan.numInstructions;
 
-  // Values that carry gradients (for the breakdown only).
+  llvm::DenseMap<Value, AliasInfo> alias;
+  for (Operation &op : body.without_terminator()) {
+    if (auto v = dyn_cast<ViewOp>(op))
+      alias[v.getResult()] = {v.getInput(), {},
+                              v.getOffset() * elemBytes(v.getResult()), 0};
+    else if (auto v = dyn_cast<ShardViewOp>(op))
+      alias[v.getResult()] = {v.getInput(), {}, 0,
+                              byteSize(cast<RankedTensorType>(v.getType()))};
+    else if (isa<GetParamOp, GetStateOp, GetUnitOp>(op))
+      alias[op.getResult(0)] = {{}, storageRead(op.getResult(0)), 0, 0};
+    else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+      Value in = ar.getInput();
+      if (in.hasOneUse() && !isa<BlockArgument>(in) && !storageRead(in))
+        alias[ar.getResult()] = {in, {}, 0, 0};
+    } else if (auto pack = dyn_cast<PackOp>(op)) {
+      for (auto [in, off] : llvm::zip(pack.getInputs(), pack.getOffsets())) {
+        Operation *d = in.getDefiningOp();
+        if (!d || !in.hasOneUse() || isStorageAlias(d) ||
+            isa<AllReduceOp, PackOp>(d) || alias.count(in))
+          continue;
+        alias[in] = {pack.getResult(), {}, off * elemBytes(in), 0};
+      }
+    }
+    Value written;
+    if (FlatSymbolRefAttr sym = writtenSymbol(&op, written))
+      if (isInPlaceWrite(written, sym))
+        alias[written] = {{}, sym, 0, 0};
+  }
+
+  // Values that carry gradients and communication buffers (the breakdown).
   DenseSet<Value> gradValues;
   std::function<void(Value)> markGrad = [&](Value v) {
-    if (!gradValues.insert(v).second)
+    if (!v || !gradValues.insert(v).second)
       return;
-    if (auto mul = v.getDefiningOp<MulOp>()) // clipping: g * coef
+    Operation *d = v.getDefiningOp();
+    if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
       markGrad(mul.getLhs());
+    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp>(d))
+      markGrad(d->getOperand(0));
+    else if (auto pack = dyn_cast_or_null<PackOp>(d))
+      for (Value in : pack.getInputs())
+        markGrad(in);
   };
   for (Operation &op : body) {
     if (auto s = dyn_cast<SetGradOp>(op))
       markGrad(s.getValue());
-    else if (auto a = dyn_cast<AdamwUpdateOp>(op))
-      markGrad(a.getGrad());
-    else if (auto s = dyn_cast<SgdUpdateOp>(op))
-      markGrad(s.getGrad());
-    else if (auto s = dyn_cast<SgdMomentumUpdateOp>(op))
-      markGrad(s.getGrad());
+    else if (isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op))
+      markGrad(op.getOperand(1));
   }
 
+  // Buffers for every non-alias result; aliases resolve to their root.
   SmallVector<int64_t> transient;
   for (Operation &op : body.without_terminator()) {
-    if (auto g = dyn_cast<GetParamOp>(op)) {
-      plan.valueBuffer[g.getResult()] = plan.symbolBuffer.lookup(g.getName());
-      continue;
-    }
-    if (auto g = dyn_cast<GetStateOp>(op)) {
-      plan.valueBuffer[g.getResult()] = plan.symbolBuffer.lookup(g.getName());
-      continue;
-    }
-    if (op.getNumResults() == 0)
-      continue;
-    int64_t idx = plan.instrIndex.lookup(&op);
     for (Value r : op.getResults()) {
-      // In place when written back to the storage it replaces.
-      int64_t inPlace = -1;
-      for (Operation *user : r.getUsers()) {
-        FlatSymbolRefAttr sym;
-        if (auto s = dyn_cast<SetParamOp>(user))
-          sym = s.getNameAttr();
-        else if (auto s = dyn_cast<SetStateOp>(user))
-          sym = s.getNameAttr();
-        if (sym && isInPlaceUpdate(r, sym))
-          inPlace = plan.symbolBuffer.lookup(sym.getValue());
-      }
-      if (inPlace >= 0) {
-        plan.valueBuffer[r] = inPlace;
+      if (alias.count(r))
         continue;
-      }
       auto t = dyn_cast<RankedTensorType>(r.getType());
       if (!t)
         return op.emitOpError() << "result is not a ranked tensor";
       PlannedBuffer b;
       b.type = t;
       b.bytes = byteSize(t);
-      b.first = idx;
-      b.last = idx;
-      for (Operation *user : r.getUsers()) {
-        if (isa<func::ReturnOp, SetGradOp>(user))
-          b.last = end;
-        else
-          b.last = std::max(b.last, plan.instrIndex.lookup(user));
-      }
-      if (gradValues.contains(r))
+      int64_t idx = plan.instrIndex.lookup(&op);
+      b.first = b.last = idx;
+      Operation *d = r.getDefiningOp();
+      if (gradValues.contains(r) || isa<PackOp, ReduceScatterOp>(d))
         b.kind = BufKind::Grad;
-      else if (forwardEnd >= 0 && idx <= forwardEnd && b.last > forwardEnd)
-        b.kind = BufKind::Activation;
+      else if (isa<AllGatherOp>(d))
+        b.kind = BufKind::Comm;
       else
-        b.kind = BufKind::Temp;
+        b.kind = BufKind::Temp; // activations are found after liveness
       b.name = (op.getName().stripDialect() + "." + std::to_string(idx)).str();
       if (op.getNumResults() > 1)
         b.name += "." + std::to_string(cast<OpResult>(r).getResultNumber());
@@ -276,8 +375,126 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       transient.push_back(id);
     }
   }
+  // Resolve aliases (views of views, packed gradients of an in-place
+  // all-reduce, ...) to root buffers. Each alias gets a buffer record of its
+  // own (its shape and dtype) that points at the root.
+  std::function<FailureOr<std::tuple<int64_t, int64_t, int64_t>>(Value)>
+      resolve = [&](Value v) -> FailureOr<std::tuple<int64_t, int64_t, int64_t>> {
+    auto it = alias.find(v);
+    if (it == alias.end()) {
+      auto b = plan.valueBuffer.find(v);
+      if (b == plan.valueBuffer.end())
+        return failure();
+      int64_t id = b->second;
+      while (plan.buffers[id].aliasOf >= 0)
+        id = plan.buffers[id].aliasOf;
+      return std::make_tuple(id, (int64_t)0, (int64_t)0);
+    }
+    AliasInfo a = it->second;
+    int64_t root, off = a.byteOffset, stride = a.rankStride;
+    if (a.symbol) {
+      auto s = plan.symbolBuffer.find(a.symbol.getValue());
+      if (s == plan.symbolBuffer.end())
+        return failure();
+      root = s->second;
+    } else {
+      auto r = resolve(a.base);
+      if (failed(r))
+        return failure();
+      root = std::get<0>(*r);
+      off += std::get<1>(*r);
+      stride += std::get<2>(*r);
+    }
+    return std::make_tuple(root, off, stride);
+  };
+  for (Operation &op : body.without_terminator())
+    for (Value r : op.getResults()) {
+      if (!alias.count(r))
+        continue;
+      auto res = resolve(r);
+      if (failed(res))
+        return op.emitOpError() << "cannot place this value in memory";
+      auto [root, off, stride] = *res;
+      const PlannedBuffer &rb = plan.buffers[root];
+      auto t = cast<RankedTensorType>(r.getType());
+      if (off == 0 && stride == 0 && t == rb.type) {
+        plan.valueBuffer[r] = root; // the same buffer
+        continue;
+      }
+      PlannedBuffer b;
+      b.type = t;
+      b.bytes = byteSize(t);
+      b.kind = rb.kind;
+      b.persistent = rb.persistent;
+      b.aliasOf = root;
+      b.rankStride = stride;
+      b.offset = off; // relative for now
+      b.name = rb.name + ".view" + std::to_string(off);
+      plan.valueBuffer[r] = addBuffer(b);
+    }
 
-  // --- 3. Greedy-by-size placement of transient buffers. ------------------
+  // --- 3. Liveness over root buffers. --------------------------------------
+  auto rootOf = [&](int64_t id) {
+    while (plan.buffers[id].aliasOf >= 0)
+      id = plan.buffers[id].aliasOf;
+    return id;
+  };
+  for (PlannedBuffer &b : plan.buffers)
+    if (!b.persistent && b.aliasOf < 0) {
+      b.first = INT64_MAX;
+      b.last = -1;
+    }
+  auto touch = [&](Value v, int64_t at) {
+    auto it = plan.valueBuffer.find(v);
+    if (it == plan.valueBuffer.end() || at < 0)
+      return;
+    PlannedBuffer &own = plan.buffers[it->second];
+    if (own.aliasOf >= 0) {
+      own.first = std::min(own.first, at);
+      own.last = std::max(own.last, at);
+    }
+    PlannedBuffer &root = plan.buffers[rootOf(it->second)];
+    if (root.persistent)
+      return;
+    root.first = std::min(root.first, at);
+    root.last = std::max(root.last, at);
+  };
+  for (PlannedBuffer &b : plan.buffers)
+    if (b.aliasOf >= 0) {
+      b.first = INT64_MAX;
+      b.last = -1;
+    }
+  for (Operation &op : body) {
+    auto it = plan.instrIndex.find(&op);
+    int64_t at = it != plan.instrIndex.end() ? it->second : -2;
+    for (Value r : op.getResults())
+      touch(r, at);
+    if (at >= 0 || isa<func::ReturnOp, SetGradOp>(op))
+      for (Value v : op.getOperands())
+        touch(v, at >= 0 ? at : end);
+  }
+  // A value defined by a storage alias (a view) whose users are
+  // instructions: touched above through the users' operands. Buffers never
+  // written nor read (unused results) still occupy their instruction.
+  for (PlannedBuffer &b : plan.buffers) {
+    if (b.persistent) {
+      b.first = -1;
+      b.last = end;
+    } else if (b.last < 0) {
+      b.first = b.last = 0;
+    }
+    if (b.first == INT64_MAX)
+      b.first = b.last;
+  }
+  // Activations: transient values computed in forward and read in backward.
+  for (int64_t id : transient) {
+    PlannedBuffer &b = plan.buffers[id];
+    if (b.kind == BufKind::Temp && forwardEnd >= 0 && b.first <= forwardEnd &&
+        b.last > forwardEnd)
+      b.kind = BufKind::Activation;
+  }
+
+  // --- 4. Greedy-by-size placement of transient root buffers. --------------
   std::stable_sort(transient.begin(), transient.end(), [&](int64_t a, int64_t b) {
     const auto &x = plan.buffers[a], &y = plan.buffers[b];
     if (x.bytes != y.bytes)
@@ -288,7 +505,6 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   int64_t arena = persistentEnd;
   for (int64_t id : transient) {
     PlannedBuffer &b = plan.buffers[id];
-    // Conflicting intervals [offset, offset + bytes), sorted by offset.
     SmallVector<std::pair<int64_t, int64_t>> busy;
     for (int64_t o : placed) {
       const PlannedBuffer &p = plan.buffers[o];
@@ -307,29 +523,35 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     placed.push_back(id);
   }
   plan.arenaBytes = std::max(arena, cursor);
-
-  // Persistent buffers are live throughout.
   for (PlannedBuffer &b : plan.buffers)
-    if (b.persistent) {
-      b.first = -1;
-      b.last = end;
+    if (b.aliasOf >= 0) {
+      b.aliasOf = rootOf(b.aliasOf);
+      b.offset += plan.buffers[b.aliasOf].offset;
     }
 
-  // --- Peak live bytes and its breakdown. --------------------------------
-  for (const PlannedBuffer &b : plan.buffers)
-    plan.totalByKind[(int)b.kind] += b.bytes;
+  // --- Peak live bytes and breakdowns (root buffers only). ----------------
   std::vector<int64_t> live(std::max<int64_t>(end, 1), 0);
-  for (const PlannedBuffer &b : plan.buffers)
+  std::vector<std::array<int64_t, kNumBufKinds>> liveKind(
+      live.size(), std::array<int64_t, kNumBufKinds>{});
+  for (const PlannedBuffer &b : plan.buffers) {
+    if (b.aliasOf >= 0)
+      continue;
+    plan.totalByKind[(int)b.kind] += b.bytes;
     for (int64_t i = std::max<int64_t>(b.first, 0);
-         i <= std::min<int64_t>(b.last, end - 1); ++i)
+         i <= std::min<int64_t>(b.last, end - 1); ++i) {
       live[i] += b.bytes;
-  for (int64_t i = 0; i < (int64_t)live.size(); ++i)
+      liveKind[i][(int)b.kind] += b.bytes;
+    }
+  }
+  for (int64_t i = 0; i < (int64_t)live.size(); ++i) {
     if (live[i] > plan.peakLive) {
       plan.peakLive = live[i];
       plan.peakInstr = i;
     }
-  for (const PlannedBuffer &b : plan.buffers)
-    if (b.first <= plan.peakInstr && plan.peakInstr <= b.last)
-      plan.peakByKind[(int)b.kind] += b.bytes;
+    for (int k = 0; k < kNumBufKinds; ++k)
+      plan.maxLiveByKind[k] = std::max(plan.maxLiveByKind[k], liveKind[i][k]);
+  }
+  for (int k = 0; k < kNumBufKinds; ++k)
+    plan.peakByKind[k] = liveKind[plan.peakInstr][k];
   return plan;
 }

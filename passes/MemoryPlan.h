@@ -22,7 +22,8 @@
 namespace mlir::fsdp {
 
 /// What a buffer holds (the plan's "kind").
-enum class BufKind { Param, State, Input, Grad, Activation, Temp };
+enum class BufKind { Param, State, Input, Grad, Activation, Temp, Comm };
+constexpr int kNumBufKinds = 7;
 llvm::StringRef bufKindName(BufKind k);
 
 struct PlannedBuffer {
@@ -34,11 +35,22 @@ struct PlannedBuffer {
   int64_t offset = 0;
   /// Live range in instruction indices (see MemoryPlan::instrIndex).
   int64_t first = 0, last = 0;
+  /// An alias (a view) lives inside buffer `aliasOf` at byte `offset` from
+  /// the arena start; the runtime adds rank * rankStride (shard views).
+  int64_t aliasOf = -1;
+  int64_t rankStride = 0;
+  /// For a unit's storage: the unit index.
+  int64_t unit = -1;
 };
 
 struct PlannedUnit {
   std::string name;
   int64_t flatNumel = 0;
+  int64_t paddedNumel = 0; ///< equals flatNumel without fsdp.unit ops
+  int64_t shardNumel = 0;
+  bool sharded = false;
+  bool frozen = false;
+  int64_t buffer = -1; ///< persistent storage (fsdp.unit), else -1
 };
 
 /// Where a parameter lives: its buffer, unit and element offset in the
@@ -65,9 +77,11 @@ struct MemoryPlan {
   /// by kind at that instruction.
   int64_t peakLive = 0;
   int64_t peakInstr = 0;
-  int64_t peakByKind[6] = {0, 0, 0, 0, 0, 0};
+  int64_t peakByKind[kNumBufKinds] = {};
   /// Totals over the whole step, by kind (persistent ones are always live).
-  int64_t totalByKind[6] = {0, 0, 0, 0, 0, 0};
+  int64_t totalByKind[kNumBufKinds] = {};
+  /// The largest number of bytes of each kind live at once.
+  int64_t maxLiveByKind[kNumBufKinds] = {};
 };
 
 /// Ops that become no instruction: reads of storage, in-place write-backs,

@@ -86,6 +86,83 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpGroupUnits : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
+  let summary = "auto-wrap: assigns every parameter to an FSDP unit";
+  let description = [{
+    Sets the `unit` of every `fsdp.param`, the grouping fsdp-shard packs
+    into one collective per unit.
+    - `layer` (default): keeps the units the model marks (one per layer);
+      unmarked parameters form the root unit.
+    - `size`: walks the parameters in declaration order and closes a unit
+      once it holds at least `min-unit-numel` elements (PyTorch's
+      size_based_auto_wrap_policy); units are named "group.K".
+    - `none`: one unit for the whole model.
+
+    ```mlir
+    // policy=size min-unit-numel=1000
+    fsdp.param @a : tensor<40x40xf32> init("normal", 0.02) unit "group.0"
+    ```
+  }];
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"layer\"",
+           "layer | size | none">,
+    Option<"minUnitNumel", "min-unit-numel", "int64_t", /*default=*/"1000000",
+           "size policy: smallest number of elements per unit">,
+  ];
+  let statistics = [
+    Statistic<"numUnits", "units", "Units formed">,
+  ];
+}
+
+def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
+  let summary = "shards gradients, optimizer state and parameters (stage 0-3)";
+  let description = [{
+    Rewrites @train_step for a 1-D mesh of `world-size` ranks. Parameters
+    of each unit are packed into one flat `fsdp.unit` (padded to a multiple
+    of the world size) that the model reads through `fsdp.view`; the
+    optimizer (elementwise) runs once per unit on flat tensors.
+    - stage 0 (DDP): each unit's gradients are packed and all-reduced
+      (mean) as soon as the unit's backward is complete; the whole update
+      runs on every rank.
+    - stage 1 (weight-update sharding, Xu et al. 2020): after the backward
+      pass each unit's gradients are reduce-scattered; each rank updates
+      its 1/N of the parameters with its 1/N of the optimizer state and the
+      new parameters are all-gathered.
+    - stage 2: as 1, but each unit is reduce-scattered as soon as its
+      gradients are complete, so the full gradients do not all coexist.
+    - stage 3 (FSDP / ZeRO-3): only the shard of each unit persists; it is
+      all-gathered before its first forward use and, with
+      `reshard-after-forward`, freed after the forward and gathered again
+      before its first backward use.
+    Global-norm clipping becomes a squared norm over the local shards plus
+    a scalar all-reduce. With more than one rank the loss is all-reduced
+    (mean) so every rank reports the global loss.
+
+    Before: per-parameter updates from fsdp-insert-optimizer. After: no
+    `fsdp.get_param` / `fsdp.set_param` remain in @train_step; collectives
+    are `fsdp.all_gather`, `fsdp.reduce_scatter`, `fsdp.all_reduce`.
+
+    ```mlir
+    %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
+    %f = fsdp.all_gather %s : tensor<66xf32> -> tensor<264xf32>
+    %w = fsdp.view %f offset = 0 : tensor<264xf32> -> tensor<8x4xf32>
+    ```
+  }];
+  let options = [
+    Option<"worldSize", "world-size", "int64_t", /*default=*/"1",
+           "number of ranks (1-D mesh)">,
+    Option<"stage", "stage", "int64_t", /*default=*/"3",
+           "0 (DDP), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)">,
+    Option<"reshardAfterForward", "reshard-after-forward", "bool",
+           /*default=*/"true",
+           "stage 3: free gathered parameters after forward, gather again for backward">,
+  ];
+  let statistics = [
+    Statistic<"numCollectives", "collectives", "Collectives inserted">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
   let summary = "liveness and static offsets in one arena per rank";
   let description = [{

@@ -45,9 +45,12 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
 
     OpBuilder b(&getContext());
     auto offsetOf = [&](int64_t id) { return plan->buffers[id].offset; };
-    for (ParamOp p : module.getOps<ParamOp>())
-      p->setAttr("fsdp.offset",
-                 b.getI64IntegerAttr(offsetOf(plan->symbolBuffer.lookup(p.getSymName()))));
+    for (PlannedParam &p : plan->params)
+      if (p.buffer >= 0)
+        p.op->setAttr("fsdp.offset", b.getI64IntegerAttr(offsetOf(p.buffer)));
+    for (UnitOp u : module.getOps<UnitOp>())
+      u->setAttr("fsdp.offset",
+                 b.getI64IntegerAttr(offsetOf(plan->symbolBuffer.lookup(u.getSymName()))));
     for (StateOp s : module.getOps<StateOp>())
       s->setAttr("fsdp.offset",
                  b.getI64IntegerAttr(offsetOf(plan->symbolBuffer.lookup(s.getSymName()))));
@@ -67,6 +70,7 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
     auto k = [&](BufKind kind, bool peak) {
       return peak ? plan->peakByKind[(int)kind] : plan->totalByKind[(int)kind];
     };
+    auto maxLive = [&](BufKind kind) { return plan->maxLiveByKind[(int)kind]; };
     module->setAttr(
         "fsdp.memory",
         b.getDictionaryAttr({
@@ -79,6 +83,8 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
             b.getNamedAttr("activations_at_peak",
                            b.getI64IntegerAttr(k(BufKind::Activation, true))),
             b.getNamedAttr("temps_at_peak", b.getI64IntegerAttr(k(BufKind::Temp, true))),
+            b.getNamedAttr("grads_max", b.getI64IntegerAttr(maxLive(BufKind::Grad))),
+            b.getNamedAttr("comm_max", b.getI64IntegerAttr(maxLive(BufKind::Comm))),
         }));
 
     if (report) {
@@ -96,6 +102,11 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
       row("  gradients", k(BufKind::Grad, true));
       row("  activations", k(BufKind::Activation, true));
       row("  temporaries", k(BufKind::Temp, true));
+      row("  gathered parameters", k(BufKind::Comm, true));
+      os << "  largest at any instruction:\n";
+      row("  gradients", maxLive(BufKind::Grad));
+      row("  gathered parameters", maxLive(BufKind::Comm));
+      row("  activations", maxLive(BufKind::Activation));
       row("peak live bytes", plan->peakLive);
       row("arena (planned peak)", plan->arenaBytes);
     }

@@ -9,6 +9,8 @@
 #include "dialects/fsdp/FsdpOps.h"
 #include "dialects/fsdp/Shapes.h"
 
+#include "mlir/IR/BuiltinOps.h"
+
 #include "llvm/ADT/STLExtras.h"
 
 using namespace mlir;
@@ -64,10 +66,20 @@ LogicalResult ParamOp::verify() {
 }
 
 LogicalResult StateOp::verify() {
-  auto param = SymbolTable::lookupNearestSymbolFrom<ParamOp>(*this, getParamAttr());
+  Operation *sym =
+      SymbolTable::lookupNearestSymbolFrom(*this, getParamAttr());
+  if (auto unit = dyn_cast_or_null<UnitOp>(sym)) {
+    // Whole (DDP) or one shard (ZeRO-1/2/3) of the unit.
+    if (unit.getType() != getType() && unit.getShardType() != getType())
+      return emitOpError() << "expected the unit's type " << unit.getType()
+                           << " or its shard type " << unit.getShardType()
+                           << ", found " << getType();
+    return success();
+  }
+  auto param = dyn_cast_or_null<ParamOp>(sym);
   if (!param)
     return emitOpError() << "shadows " << getParamAttr()
-                         << ", which is not an fsdp.param";
+                         << ", which is not an fsdp.param or fsdp.unit";
   if (param.getType() != getType())
     return emitOpError() << "expected type " << param.getType()
                          << " of the parameter it shadows, found " << getType();
@@ -370,4 +382,160 @@ LogicalResult EmbeddingGradOp::verify() {
   SmallVector<int64_t> want(ids.getShape());
   want.push_back(r.getShape()[1]);
   return expectType(*this, "grad", g, want, r.getElementType());
+}
+
+//===----------------------------------------------------------------------===//
+// Sharding ops
+//===----------------------------------------------------------------------===//
+
+/// The mesh size recorded by fsdp-shard on the module, or 0 when unknown.
+static int64_t worldSizeOf(Operation *op) {
+  auto module = op->getParentOfType<ModuleOp>();
+  if (!module)
+    return 0;
+  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
+    return w.getInt();
+  return 0;
+}
+
+static LogicalResult expectFlat(Operation *op, StringRef what,
+                                RankedTensorType t) {
+  if (t.getRank() != 1)
+    return op->emitOpError() << "expected a flat (rank-1) " << what
+                             << ", found " << typeStr(t);
+  return success();
+}
+
+LogicalResult UnitOp::verify() {
+  auto full = cast<RankedTensorType>(getType());
+  auto shard = cast<RankedTensorType>(getShardType());
+  if (failed(expectFlat(*this, "unit type", full)) ||
+      failed(expectFlat(*this, "shard type", shard)))
+    return failure();
+  if (shard.getNumElements() <= 0 ||
+      full.getNumElements() % shard.getNumElements() != 0)
+    return emitOpError() << "expected the shard size to divide the padded "
+                            "size, found "
+                         << shard.getNumElements() << " and "
+                         << full.getNumElements();
+  if (int64_t world = worldSizeOf(*this))
+    if (shard.getNumElements() * world != full.getNumElements())
+      return emitOpError() << "expected padded size = world size (" << world
+                           << ") x shard size, found " << full.getNumElements()
+                           << " and " << shard.getNumElements();
+  if (getNumel() > full.getNumElements() || getNumel() <= 0)
+    return emitOpError() << "numel " << getNumel()
+                         << " does not fit the padded size "
+                         << full.getNumElements();
+  return success();
+}
+
+LogicalResult GetUnitOp::verifySymbolUses(SymbolTableCollection &st) {
+  auto unit = st.lookupNearestSymbolFrom<UnitOp>(*this, getNameAttr());
+  if (!unit)
+    return emitOpError() << "refers to undefined unit " << getNameAttr();
+  if (unit.getStorageType() != getType())
+    return emitOpError() << "expected the unit's storage type "
+                         << unit.getStorageType() << ", found " << getType();
+  return success();
+}
+
+LogicalResult SetUnitOp::verifySymbolUses(SymbolTableCollection &st) {
+  auto unit = st.lookupNearestSymbolFrom<UnitOp>(*this, getNameAttr());
+  if (!unit)
+    return emitOpError() << "refers to undefined unit " << getNameAttr();
+  if (unit.getStorageType() != getValue().getType())
+    return emitOpError() << "expected the unit's storage type "
+                         << unit.getStorageType() << ", found "
+                         << getValue().getType();
+  return success();
+}
+
+LogicalResult ViewOp::verify() {
+  auto in = rt(getInput()), r = rt(getResult());
+  if (failed(expectFlat(*this, "input", in)))
+    return failure();
+  if (in.getElementType() != r.getElementType())
+    return emitOpError() << "expected the element type to be kept";
+  if (getOffset() < 0 ||
+      getOffset() + r.getNumElements() > in.getNumElements())
+    return emitOpError() << "view [" << getOffset() << ", "
+                         << getOffset() + r.getNumElements()
+                         << ") is out of bounds of " << in.getNumElements();
+  return success();
+}
+
+/// Shared by shard_view, all_gather and reduce_scatter: `big` holds world
+/// shards of `small`.
+static LogicalResult verifyShardPair(Operation *op, RankedTensorType big,
+                                     RankedTensorType small) {
+  if (failed(expectFlat(op, "whole buffer", big)) ||
+      failed(expectFlat(op, "shard", small)))
+    return failure();
+  if (big.getElementType() != small.getElementType())
+    return op->emitOpError() << "expected one element type, found "
+                             << big.getElementType() << " and "
+                             << small.getElementType();
+  int64_t world = worldSizeOf(op);
+  if (small.getNumElements() <= 0 ||
+      big.getNumElements() % small.getNumElements() != 0 ||
+      (world && big.getNumElements() != world * small.getNumElements()))
+    return op->emitOpError()
+           << "expected the whole buffer to hold "
+           << (world ? std::to_string(world) : std::string("world-size"))
+           << " shards of " << small.getNumElements() << ", found "
+           << big.getNumElements() << " elements";
+  return success();
+}
+
+LogicalResult ShardViewOp::verify() {
+  return verifyShardPair(*this, rt(getInput()), rt(getResult()));
+}
+LogicalResult AllGatherOp::verify() {
+  return verifyShardPair(*this, rt(getResult()), rt(getInput()));
+}
+
+static LogicalResult verifyReduceKind(Operation *op, StringRef reduce) {
+  if (reduce != "sum" && reduce != "mean")
+    return op->emitOpError() << "expected reduce = \"sum\" or \"mean\", found \""
+                             << reduce << "\"";
+  return success();
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  if (failed(verifyReduceKind(*this, getReduce())))
+    return failure();
+  return verifyShardPair(*this, rt(getInput()), rt(getResult()));
+}
+
+LogicalResult AllReduceOp::verify() {
+  return verifyReduceKind(*this, getReduce());
+}
+
+LogicalResult PackOp::verify() {
+  auto r = rt(getResult());
+  if (failed(expectFlat(*this, "result", r)))
+    return failure();
+  ArrayRef<int64_t> offsets = getOffsets();
+  if (offsets.size() != getInputs().size())
+    return emitOpError() << "expected one offset per input, found "
+                         << offsets.size() << " for " << getInputs().size();
+  SmallVector<std::pair<int64_t, int64_t>> ranges;
+  for (auto [v, off] : llvm::zip(getInputs(), offsets)) {
+    auto t = rt(v);
+    if (t.getElementType() != r.getElementType())
+      return emitOpError() << "expected inputs of element type "
+                           << r.getElementType();
+    if (off < 0 || off + t.getNumElements() > r.getNumElements())
+      return emitOpError() << "input range [" << off << ", "
+                           << off + t.getNumElements()
+                           << ") is out of bounds of " << r.getNumElements();
+    ranges.push_back({off, off + t.getNumElements()});
+  }
+  llvm::sort(ranges);
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      return emitOpError() << "input ranges overlap at element "
+                           << ranges[i].first;
+  return success();
 }

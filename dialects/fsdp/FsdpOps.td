@@ -702,4 +702,166 @@ def Fsdp_ClipCoefOp : Fsdp_Op<"clip_coef", [Pure]> {
   let assemblyFormat = "$sumsq attr-dict `:` type($sumsq)";
 }
 
+//===----------------------------------------------------------------------===//
+// Sharding: units, views and collectives (emitted by fsdp-shard)
+//===----------------------------------------------------------------------===//
+
+def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol]> {
+  let summary = "an FSDP unit: parameters packed into one flat buffer";
+  let description = [{
+    The parameters listed in `params` (in that order) are packed into one
+    flat tensor of `numel` elements, zero-padded to `type` (a multiple of
+    the world size). Rank r owns elements [r * S, (r + 1) * S) where S is
+    the size of `shard_type`. With `sharded`, only that shard persists
+    between steps (ZeRO-3 / FSDP); otherwise every rank keeps the whole
+    flat buffer (DDP, ZeRO-1/2). One all-gather or reduce-scatter moves a
+    whole unit.
+
+    ```mlir
+    fsdp.unit @"layers.0" : tensor<264xf32> shard tensor<66xf32> numel 260 params [@a, @b] sharded
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<Fsdp_FloatTensor>:$type,
+                       TypeAttrOf<Fsdp_FloatTensor>:$shard_type,
+                       I64Attr:$numel,
+                       FlatSymbolRefArrayAttr:$params,
+                       UnitAttr:$sharded,
+                       UnitAttr:$frozen);
+  let assemblyFormat = [{
+    $sym_name `:` $type `shard` $shard_type `numel` $numel `params` $params
+    (`sharded` $sharded^)? (`frozen` $frozen^)? attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getPaddedNumel() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType()).getNumElements();
+    }
+    int64_t getShardNumel() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getShardType()).getNumElements();
+    }
+    /// The type of the storage that persists between steps.
+    ::mlir::Type getStorageType() { return getSharded() ? getShardType() : getType(); }
+  }];
+}
+
+def Fsdp_GetUnitOp : Fsdp_SymbolReadOp<"get_unit"> {
+  let summary = "reads a unit's persistent storage (whole or shard)";
+  let description = [{
+    The result type is the unit's storage type: the local shard for a
+    `sharded` unit, the whole flat buffer otherwise.
+
+    ```mlir
+    %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
+    ```
+  }];
+}
+
+def Fsdp_SetUnitOp : Fsdp_SymbolWriteOp<"set_unit"> {
+  let summary = "writes a unit's persistent storage (whole or shard)";
+  let description = [{
+    ```mlir
+    fsdp.set_unit @"layers.0" = %new : tensor<66xf32>
+    ```
+  }];
+}
+
+def Fsdp_ViewOp : Fsdp_Op<"view", [Pure]> {
+  let summary = "a parameter seen inside its unit's flat buffer";
+  let description = [{
+    Elements [offset, offset + numel(result)) of the flat input, reshaped.
+    No copy: the memory plan makes the result an alias of the input.
+
+    ```mlir
+    %w = fsdp.view %flat offset = 32 : tensor<264xf32> -> tensor<8x4xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$offset);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `offset` `=` $offset attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_ShardViewOp : Fsdp_Op<"shard_view", [Pure]> {
+  let summary = "this rank's shard of a flat buffer";
+  let description = [{
+    Elements [rank * S, (rank + 1) * S) of the input, S = numel(result);
+    the input must hold world_size * S elements. An alias, not a copy.
+    This is the one place where the rank enters an offset, and it does so
+    by a fixed rule the runtime applies (offset + rank * S).
+
+    ```mlir
+    %p = fsdp.shard_view %full : tensor<264xf32> -> tensor<66xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_PackOp : Fsdp_Op<"pack", [Pure]> {
+  let summary = "packs tensors into one zero-padded flat buffer";
+  let description = [{
+    Input i is flattened and written at element `offsets[i]`; elements no
+    input covers are zero. Used to pack a unit's gradients for one
+    collective.
+
+    ```mlir
+    %g = fsdp.pack %ga, %gb offsets = [0, 32] : (tensor<8x4xf32>, tensor<8xf32>) -> tensor<264xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Fsdp_FloatTensor>:$inputs, DenseI64ArrayAttr:$offsets);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$inputs `offsets` `=` $offsets attr-dict `:` functional-type($inputs, results)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
+  let summary = "concatenates every rank's shard, in rank order";
+  let description = [{
+    Input: this rank's S elements; result: world_size * S elements. Every
+    rank issues the same collectives in the same order: the plan is one
+    program for all ranks.
+
+    ```mlir
+    %full = fsdp.all_gather %shard : tensor<66xf32> -> tensor<264xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_ReduceScatterOp : Fsdp_Op<"reduce_scatter"> {
+  let summary = "reduces a flat buffer across ranks; each keeps its shard";
+  let description = [{
+    Input: world_size * S elements on every rank; result: this rank's S
+    elements of the elementwise sum (or mean with `reduce = "mean"`).
+
+    ```mlir
+    %gs = fsdp.reduce_scatter %g {reduce = "mean"} : tensor<264xf32> -> tensor<66xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_AllReduceOp : Fsdp_Op<"all_reduce",
+    [AllTypesMatch<["input", "result"]>]> {
+  let summary = "elementwise sum or mean across ranks";
+  let description = [{
+    ```mlir
+    %g = fsdp.all_reduce %g0 {reduce = "mean"} : tensor<264xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
 #endif // FSDP_OPS_TD

@@ -28,7 +28,7 @@ fsdp.param @w : tensor<4xi32> init("zeros")
 
 // -----
 // Tests that state must shadow an existing parameter of its type.
-// expected-error @+1 {{shadows @nope, which is not an fsdp.param}}
+// expected-error @+1 {{shadows @nope, which is not an fsdp.param or fsdp.unit}}
 fsdp.state @m : tensor<4xf32> of @nope kind "exp_avg"
 
 // -----

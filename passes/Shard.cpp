@@ -1,0 +1,446 @@
+//===- Shard.cpp - ZeRO stages 0-3 as a rewrite of the training step -----===//
+//
+// fsdp-shard: the heart of the compiler. It finds, by looking at the
+// training graph, everything weight-update sharding needs: which values are
+// gradients (the operands of the elementwise optimizer updates), where each
+// unit's gradients are complete (the last definition among them), where
+// each unit's parameters are first and last read in forward and in
+// backward (relative to the loss), and rewrites the step accordingly.
+//
+// Algorithm.
+// 1. Units: parameters are grouped by their `unit` (frozen parameters of a
+//    unit go to a unit of their own, which is gathered but never updated)
+//    and packed into an `fsdp.unit` of numel padded to a multiple of N.
+// 2. Reads: every fsdp.get_param of the model becomes an fsdp.view of the
+//    unit's flat parameters. With stage 3 the flat parameters come from an
+//    all-gather of the local shard, issued before the unit's first forward
+//    read and (reshard-after-forward) again before its first backward read;
+//    liveness then frees the gathered buffer after its last read.
+// 3. Gradients: a unit's gradients are packed into one flat buffer (the
+//    memory planner lets the gradient ops write straight into it) right
+//    after the last of them is computed, and all-reduced (stage 0) or
+//    reduce-scattered (stage 2/3) there; stage 1 reduce-scatters after the
+//    whole backward pass.
+// 4. Update: the per-parameter updates are replaced by one update per unit
+//    on flat tensors (valid because every update is elementwise), on the
+//    whole unit (stage 0) or on this rank's shard (stages 1-3), with the
+//    optimizer state sharded the same way; stages 1/2 all-gather the new
+//    parameters. Clipping sums squared norms over shards and all-reduces
+//    the scalar.
+// Every rank runs this same program, so collectives are issued in the same
+// order everywhere by construction.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPSHARD
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+struct UnitInfo {
+  std::string name;
+  bool frozen = false;
+  SmallVector<ParamOp> params;
+  SmallVector<int64_t> offsets;
+  int64_t numel = 0;
+  UnitOp op;
+};
+
+/// One per-parameter optimizer update found in the step.
+struct Update {
+  Operation *op = nullptr;
+  StringAttr param;
+  Value rawGrad; ///< the gradient before clipping
+};
+
+bool isUpdateOp(Operation *op) {
+  return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
+}
+
+struct ShardPass : mlir::fsdp::impl::FsdpShardBase<ShardPass> {
+  using Base::Base;
+
+  void runOnOperation() override;
+};
+
+void ShardPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  MLIRContext *ctx = &getContext();
+  if (worldSize < 1 || stage < 0 || stage > 3) {
+    module.emitError() << "fsdp-shard needs world-size >= 1 and stage in "
+                          "0..3, found world-size="
+                       << worldSize.getValue() << " stage=" << stage.getValue();
+    return signalPassFailure();
+  }
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step) {
+    module.emitError() << "no @" << kTrainStepName
+                       << ": run fsdp-autodiff and fsdp-insert-optimizer first";
+    return signalPassFailure();
+  }
+  if (!module.getOps<UnitOp>().empty()) {
+    module.emitError() << "the module is already sharded";
+    return signalPassFailure();
+  }
+  Block &body = step.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (Operation &op : body)
+    if (isa<SetGradOp>(op)) {
+      op.emitOpError() << "fsdp-shard needs an optimizer: with optimizer=none "
+                          "the step outputs whole gradients";
+      return signalPassFailure();
+    }
+
+  const int64_t world = worldSize;
+  // With one rank there is nothing to shard: stages 1 and 2 are stage 0.
+  const int64_t eff = (world == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
+  OpBuilder b(ctx);
+  module->setAttr("fsdp.world_size", b.getI64IntegerAttr(world));
+  module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
+  module->setAttr("fsdp.reshard_after_forward",
+                  b.getBoolAttr(reshardAfterForward));
+
+  // --- 1. Units. ----------------------------------------------------------
+  llvm::MapVector<StringRef, UnitInfo> units;
+  llvm::DenseMap<StringAttr, std::pair<UnitInfo *, int64_t>> where;
+  std::vector<std::string> names; // keeps StringRef keys alive
+  SmallVector<ParamOp> params(module.getOps<ParamOp>());
+  names.reserve(params.size());
+  for (ParamOp p : params) {
+    std::string name = p.getUnit() ? p.getUnit()->str() : "root";
+    if (p.getFrozen())
+      name += ".frozen";
+    names.push_back(name);
+  }
+  for (auto [p, name] : llvm::zip(params, names)) {
+    UnitInfo &u = units[name];
+    u.name = name;
+    u.frozen = p.getFrozen();
+    u.params.push_back(p);
+    u.offsets.push_back(u.numel);
+    u.numel += p.getTensorType().getNumElements();
+  }
+  if (units.empty()) {
+    module.emitError() << "the model has no parameters to shard";
+    return signalPassFailure();
+  }
+  b.setInsertionPointAfter(params.back());
+  for (auto &[key, u] : units) {
+    Type elem = u.params.front().getTensorType().getElementType();
+    for (ParamOp p : u.params)
+      if (p.getTensorType().getElementType() != elem) {
+        p.emitOpError() << "has element type "
+                        << p.getTensorType().getElementType()
+                        << " but unit '" << u.name << "' holds " << elem
+                        << "; a unit packs one dtype";
+        return signalPassFailure();
+      }
+    int64_t padded = (u.numel + world - 1) / world * world;
+    SmallVector<Attribute> refs;
+    for (ParamOp p : u.params)
+      refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
+    u.op = b.create<UnitOp>(
+        u.params.front().getLoc(), b.getStringAttr(u.name),
+        TypeAttr::get(RankedTensorType::get({padded}, elem)),
+        TypeAttr::get(RankedTensorType::get({padded / world}, elem)),
+        b.getI64IntegerAttr(u.numel), b.getArrayAttr(refs),
+        eff == 3 ? b.getUnitAttr() : UnitAttr(),
+        u.frozen ? b.getUnitAttr() : UnitAttr());
+    for (auto [p, off] : llvm::zip(u.params, u.offsets))
+      where[p.getSymNameAttr()] = {&u, off};
+  }
+  auto symOf = [](UnitInfo &u) {
+    return FlatSymbolRefAttr::get(u.op.getSymNameAttr());
+  };
+  auto fullTy = [](UnitInfo &u) { return cast<RankedTensorType>(u.op.getType()); };
+  auto shardTy = [](UnitInfo &u) {
+    return cast<RankedTensorType>(u.op.getShardType());
+  };
+
+  // --- Analysis: program order, the loss, the optimizer section. ---------
+  DenseMap<Operation *, int64_t> index;
+  for (auto [i, op] : llvm::enumerate(body))
+    index[&op] = i;
+  Operation *lossDef = ret.getOperand(0).getDefiningOp();
+  int64_t lossIdx = lossDef ? index[lossDef] : -1;
+
+  SmallVector<Update> updates;
+  llvm::DenseMap<StringAttr, Update *> updateOf;
+  Operation *clipCoef = nullptr;
+  DenseSet<Operation *> optimizerOps; // erased after the rewrite
+  for (Operation &op : body) {
+    if (auto c = dyn_cast<ClipCoefOp>(op))
+      clipCoef = c;
+    if (!isUpdateOp(&op))
+      continue;
+    auto get = op.getOperand(0).getDefiningOp<GetParamOp>();
+    if (!get) {
+      op.emitOpError() << "expected the parameter operand to be read with "
+                          "fsdp.get_param";
+      return signalPassFailure();
+    }
+    Update u;
+    u.op = &op;
+    u.param = get.getNameAttr().getAttr();
+    u.rawGrad = op.getOperand(1);
+    if (auto mul = u.rawGrad.getDefiningOp<MulOp>())
+      if (mul.getRhs().getDefiningOp<ClipCoefOp>())
+        u.rawGrad = mul.getLhs();
+    updates.push_back(u);
+    optimizerOps.insert(&op);
+    optimizerOps.insert(get);
+    for (Value v : op.getOperands())
+      if (auto gs = v.getDefiningOp<GetStateOp>())
+        optimizerOps.insert(gs);
+    for (Operation *user : op.getUsers())
+      optimizerOps.insert(user);
+    if (auto mul = op.getOperand(1).getDefiningOp<MulOp>())
+      if (mul.getRhs().getDefiningOp<ClipCoefOp>())
+        optimizerOps.insert(mul);
+  }
+  if (updates.empty()) {
+    step.emitError() << "no optimizer updates to shard: run "
+                        "fsdp-insert-optimizer first";
+    return signalPassFailure();
+  }
+  for (Update &u : updates)
+    updateOf[u.param] = &u;
+  FloatAttr maxNorm;
+  if (clipCoef) {
+    maxNorm = clipCoef->getAttrOfType<FloatAttr>("max_norm");
+    optimizerOps.insert(clipCoef);
+    if (Operation *sq = clipCoef->getOperand(0).getDefiningOp())
+      optimizerOps.insert(sq);
+  }
+  Operation *templ = updates.front().op;
+  // State kinds by operand position of the update op.
+  SmallVector<std::pair<unsigned, std::string>> stateSlots;
+  for (auto [i, v] : llvm::enumerate(templ->getOperands()))
+    if (auto gs = v.getDefiningOp<GetStateOp>()) {
+      auto st = module.lookupSymbol<StateOp>(gs.getNameAttr());
+      stateSlots.push_back({(unsigned)i, st.getKind().str()});
+    }
+
+  // --- 2. Parameter reads become views of the unit's flat parameters. ----
+  // autodiff reuses the forward's reads in backward, so a read's uses are
+  // split by position: uses after the loss are backward uses.
+  struct Reads {
+    SmallVector<GetParamOp> gets;
+    Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
+  };
+  llvm::MapVector<UnitInfo *, Reads> reads;
+  for (Operation &op : body) {
+    auto get = dyn_cast<GetParamOp>(op);
+    if (!get || optimizerOps.contains(get))
+      continue;
+    Reads &r = reads[where[get.getNameAttr().getAttr()].first];
+    r.gets.push_back(get);
+    for (Operation *user : get->getUsers()) {
+      Operation *&first =
+          index[user] > lossIdx ? r.firstBackwardUse : r.firstForwardUse;
+      if (!first || index[user] < index[first])
+        first = user;
+    }
+  }
+  auto gather = [&](UnitInfo &u, Operation *before) -> Value {
+    b.setInsertionPoint(before);
+    Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
+                                  symOf(u));
+    if (eff != 3 || world == 1)
+      return s;
+    ++numCollectives;
+    return b.create<AllGatherOp>(before->getLoc(), fullTy(u), s);
+  };
+  for (auto &[u, r] : reads) {
+    if (!r.firstForwardUse && !r.firstBackwardUse)
+      continue; // read but unused
+    Value fwd, bwd;
+    if (eff == 3) {
+      if (r.firstForwardUse)
+        fwd = gather(*u, r.firstForwardUse);
+      if (r.firstBackwardUse)
+        bwd = (reshardAfterForward || !fwd)
+                  ? gather(*u, r.firstBackwardUse)
+                  : fwd;
+    } else {
+      Operation *first = r.firstForwardUse ? r.firstForwardUse : r.firstBackwardUse;
+      if (r.firstForwardUse && r.firstBackwardUse &&
+          index[r.firstBackwardUse] < index[first])
+        first = r.firstBackwardUse;
+      fwd = bwd = gather(*u, first);
+    }
+    for (GetParamOp get : r.gets) {
+      int64_t off = where[get.getNameAttr().getAttr()].second;
+      // A view is free (an alias): one per read and phase.
+      Value fwdView, bwdView;
+      for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
+        Operation *user = use.getOwner();
+        bool backward = index[user] > lossIdx;
+        Value &view = backward ? bwdView : fwdView;
+        if (!view) {
+          // Insert the view right after the gather it reads so it dominates
+          // every later use.
+          Value flat = backward ? bwd : fwd;
+          b.setInsertionPointAfterValue(flat);
+          view = b.create<ViewOp>(get.getLoc(), get.getType(), flat,
+                                  b.getI64IntegerAttr(off));
+        }
+        use.set(view);
+      }
+      get.erase();
+    }
+  }
+
+  // --- 3. Gradients: pack per unit, then reduce. ---------------------------
+  // Recompute program order after the insertions.
+  index.clear();
+  for (auto [i, op] : llvm::enumerate(body))
+    index[&op] = i;
+  Operation *lastGradDef = nullptr;
+  for (Update &u : updates)
+    if (Operation *d = u.rawGrad.getDefiningOp())
+      if (!lastGradDef || index[d] > index[lastGradDef])
+        lastGradDef = d;
+  llvm::MapVector<UnitInfo *, Value> flatGrad;
+  Operation *stage1Cursor = nullptr;
+  for (auto &[key, u] : units) {
+    if (u.frozen)
+      continue;
+    SmallVector<Value> grads;
+    Operation *after = nullptr;
+    for (ParamOp p : u.params) {
+      Update *up = updateOf.lookup(p.getSymNameAttr());
+      if (!up) {
+        p.emitOpError() << "is trainable but has no optimizer update";
+        return signalPassFailure();
+      }
+      grads.push_back(up->rawGrad);
+      Operation *d = up->rawGrad.getDefiningOp();
+      if (d && (!after || index[d] > index[after]))
+        after = d;
+    }
+    // Stage 1 keeps whole gradients until the backward pass is over; its
+    // reductions follow in unit order.
+    if (eff == 1 && lastGradDef)
+      after = stage1Cursor ? stage1Cursor : lastGradDef;
+    if (after)
+      b.setInsertionPointAfter(after);
+    else
+      b.setInsertionPointToStart(&body);
+    Location loc = u.params.front().getLoc();
+    Value g = b.create<PackOp>(loc, fullTy(u), grads,
+                               b.getDenseI64ArrayAttr(u.offsets));
+    if (world > 1) {
+      ++numCollectives;
+      if (eff == 0)
+        g = b.create<AllReduceOp>(loc, fullTy(u), g, b.getStringAttr("mean"));
+      else
+        g = b.create<ReduceScatterOp>(loc, shardTy(u), g,
+                                      b.getStringAttr("mean"));
+    }
+    flatGrad[&u] = g;
+    stage1Cursor = g.getDefiningOp();
+  }
+
+  // --- 4. The update, once per unit on flat tensors. ----------------------
+  // Remove the per-parameter optimizer section (users first).
+  SmallVector<Operation *> dead;
+  for (Operation &op : llvm::reverse(body))
+    if (optimizerOps.contains(&op))
+      dead.push_back(&op);
+  for (Operation *op : dead) {
+    op->dropAllUses();
+    op->erase();
+  }
+  for (StateOp s : llvm::make_early_inc_range(module.getOps<StateOp>()))
+    s.erase();
+
+  b.setInsertionPoint(ret);
+  Location loc = step.getLoc();
+  auto scalarTy = RankedTensorType::get({}, b.getF32Type());
+  if (clipCoef) {
+    SmallVector<Value> gs;
+    for (auto &[u, g] : flatGrad)
+      gs.push_back(g);
+    Value sq = b.create<SquaredNormOp>(loc, scalarTy, gs);
+    if (world > 1 && eff != 0) {
+      // Each rank holds 1/N of every gradient: partial sums, then one
+      // scalar all-reduce, so the norm is over the whole gradient.
+      ++numCollectives;
+      sq = b.create<AllReduceOp>(loc, scalarTy, sq, b.getStringAttr("sum"));
+    }
+    Value coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
+    for (auto &[u, g] : flatGrad)
+      g = b.create<MulOp>(loc, g.getType(), g, coef);
+  }
+
+  Operation *lastState = nullptr;
+  for (auto &[u, grad] : flatGrad) {
+    RankedTensorType pTy = eff == 0 ? fullTy(*u) : shardTy(*u);
+    Value p, full;
+    if (eff == 1 || eff == 2) {
+      full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));
+      p = b.create<ShardViewOp>(loc, pTy, full);
+    } else {
+      p = b.create<GetUnitOp>(loc, pTy, symOf(*u));
+    }
+    // State symbols mirror the unit (whole or shard).
+    SmallVector<StateOp> states;
+    {
+      OpBuilder mb(ctx);
+      mb.setInsertionPointAfter(lastState ? lastState : u->op.getOperation());
+      if (!lastState) {
+        for (UnitOp uo : module.getOps<UnitOp>())
+          mb.setInsertionPointAfter(uo);
+      }
+      for (auto &[slot, kind] : stateSlots) {
+        auto st = mb.create<StateOp>(
+            loc, mb.getStringAttr(u->name + "." + kind), TypeAttr::get(pTy),
+            symOf(*u), mb.getStringAttr(kind));
+        states.push_back(st);
+        lastState = st;
+      }
+    }
+    SmallVector<Value> operands(templ->getOperands());
+    operands[0] = p;
+    operands[1] = grad;
+    for (auto [i, slot] : llvm::enumerate(stateSlots))
+      operands[slot.first] = b.create<GetStateOp>(
+          loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
+    OperationState os(loc, templ->getName());
+    os.addOperands(operands);
+    os.addAttributes(templ->getAttrs());
+    os.addTypes(SmallVector<Type>(templ->getNumResults(), pTy));
+    Operation *upd = b.create(os);
+    for (auto [i, st] : llvm::enumerate(states))
+      b.create<SetStateOp>(loc, FlatSymbolRefAttr::get(st.getSymNameAttr()),
+                           upd->getResult(i + 1));
+    Value newP = upd->getResult(0);
+    if (eff == 1 || eff == 2) {
+      ++numCollectives;
+      newP = b.create<AllGatherOp>(loc, fullTy(*u), newP);
+    }
+    b.create<SetUnitOp>(loc, symOf(*u), newP);
+  }
+
+  // The loss every rank reports is the global mean.
+  if (world > 1) {
+    ++numCollectives;
+    Value loss = ret.getOperand(0);
+    Value global =
+        b.create<AllReduceOp>(loc, loss.getType(), loss, b.getStringAttr("mean"));
+    ret.setOperand(0, global);
+  }
+}
+
+} // namespace
