@@ -59,6 +59,11 @@ struct Buffer {
   /// `last`. Persistent buffers span the whole program (-1 .. size).
   int64_t first = 0, last = 0;
   bool persistent = false;
+  /// A view inside buffer `aliasOf` (which owns the memory); -1 otherwise.
+  int64_t aliasOf = -1;
+  /// Shard views: the address is offset + rank * rankStride.
+  int64_t rankStride = 0;
+  std::string name;
   int64_t numel() const;
 };
 
@@ -79,7 +84,8 @@ struct Param {
 /// Optimizer state shadowing one parameter (same shape, zero-initialized).
 struct State {
   std::string name;
-  std::string param;
+  std::string param; ///< the parameter it shadows (unsharded plans), or
+  std::string unit;  ///< the unit it shadows (sharded plans)
   std::string kind;
   int64_t buffer = -1;
 };
@@ -92,6 +98,9 @@ struct Unit {
   int64_t flatNumel = 0;
   int64_t paddedNumel = 0;
   int64_t shardNumel = 0;
+  bool sharded = false; ///< only the shard persists (ZeRO-3)
+  bool frozen = false;
+  int64_t buffer = -1;  ///< persistent storage, or -1 (unsharded plans)
 };
 
 /// A step input or output and the role the runtime gives it.
@@ -113,13 +122,14 @@ struct Instruction {
 /// Predicted per-rank memory, in bytes, as the compiler computed it.
 struct MemoryReport {
   int64_t params = 0, grads = 0, state = 0, activations = 0, temps = 0,
-          inputs = 0, comm = 0, peak = 0;
+          inputs = 0, comm = 0, peak = 0, peakLive = 0;
 };
 
 struct Plan {
   int version = 0;
   std::string model;
   int64_t worldSize = 1;
+  int64_t stage = 0;
   int64_t arenaBytes = 0;
   std::vector<Buffer> buffers;
   std::vector<Param> params;

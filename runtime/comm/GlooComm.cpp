@@ -1,0 +1,225 @@
+//===- GlooComm.cpp - CPU collectives through Gloo ------------------------===//
+//
+// [Note: Gloo's reduce-scatter]
+// ReduceScatterHalvingDoubling reduces a whole buffer in place and leaves
+// this rank's chunk at the START of the buffer, not at its own offset. The
+// input is therefore copied to a scratch buffer first (the plan's input
+// must stay intact: the memory planner may still read it) and the first
+// `shard` elements are copied out.
+//
+// [Note: failures]
+// Gloo reports a dead peer by throwing (gloo::IoException "Connection
+// closed by peer") and a silent one by timing out. Every call is wrapped so
+// that either becomes a Status naming the collective; the timeout bounds
+// how long a rank can wait for a peer that will never come.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/comm/GlooComm.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <sys/stat.h>
+#include <vector>
+
+namespace fsdp {
+
+namespace {
+
+bool envInt(const char *name, int64_t &out, bool &present, Status &st) {
+  const char *v = std::getenv(name);
+  present = v != nullptr;
+  if (!v)
+    return false;
+  char *end;
+  long long x = std::strtoll(v, &end, 10);
+  if (!*v || *end) {
+    st = FSDP_ERROR("environment variable ", name, "='", v, "' is not an integer");
+    return false;
+  }
+  out = x;
+  return true;
+}
+
+class GlooComm final : public Communicator {
+public:
+  GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx,
+           std::chrono::milliseconds timeout)
+      : ctx(std::move(ctx)), timeout(timeout) {}
+
+  int64_t rank() const override { return ctx->rank; }
+  int64_t size() const override { return ctx->size; }
+
+  Status allReduce(float *data, int64_t n, bool mean) override {
+    Status st = guard("all_reduce", [&] {
+      gloo::AllreduceOptions opts(ctx);
+      opts.setOutput(data, (size_t)n);
+      opts.setReduceFunction(
+          static_cast<void (*)(void *, const void *, const void *, size_t)>(
+              &gloo::sum<float>));
+      opts.setTimeout(timeout);
+      gloo::allreduce(opts);
+    });
+    if (st && mean)
+      for (int64_t i = 0; i < n; ++i)
+        data[i] /= (float)size();
+    bytesSent_ += 2 * (size() - 1) * n * 4 / size();
+    return st;
+  }
+
+  Status reduceScatter(const float *in, float *out, int64_t shard,
+                       bool mean) override {
+    // See [Note: Gloo's reduce-scatter].
+    scratch.assign(in, in + shard * size());
+    Status st = guard("reduce_scatter", [&] {
+      std::vector<int> counts(size(), (int)shard);
+      gloo::ReduceScatterHalvingDoubling<float> rs(
+          ctx, {scratch.data()}, (int)(shard * size()), counts);
+      rs.run();
+    });
+    if (!st)
+      return st;
+    float f = mean ? 1.0f / (float)size() : 1.0f;
+    for (int64_t i = 0; i < shard; ++i)
+      out[i] = scratch[i] * f;
+    bytesSent_ += (size() - 1) * shard * 4;
+    return Status::ok();
+  }
+
+  Status allGather(const float *in, float *out, int64_t shard) override {
+    bytesSent_ += (size() - 1) * shard * 4;
+    return guard("all_gather", [&] {
+      gloo::AllgatherOptions opts(ctx);
+      opts.setInput(const_cast<float *>(in), (size_t)shard);
+      opts.setOutput(out, (size_t)(shard * size()));
+      opts.setTimeout(timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  Status broadcast(void *data, int64_t bytes, int64_t root) override {
+    return guard("broadcast", [&] {
+      gloo::BroadcastOptions opts(ctx);
+      opts.setOutput(static_cast<uint8_t *>(data), (size_t)bytes);
+      opts.setRoot((int)root);
+      opts.setTimeout(timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  Status barrier() override {
+    return guard("barrier", [&] {
+      gloo::BarrierOptions opts(ctx);
+      opts.setTimeout(timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+private:
+  template <typename F> Status guard(const char *what, F f) {
+    // See [Note: failures].
+    try {
+      f();
+      return Status::ok();
+    } catch (const std::exception &e) {
+      return FSDP_ERROR("rank ", rank(), ": ", what,
+                        " failed (a peer died or timed out after ",
+                        timeout.count() / 1000.0, " s): ", e.what());
+    }
+  }
+
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::chrono::milliseconds timeout;
+  std::vector<float> scratch;
+};
+
+} // namespace
+
+Status jobFromEnvironment(JobEnv &job) {
+  Status st;
+  bool present = false, present2 = false;
+  int64_t r = 0, w = 1;
+  struct Source {
+    const char *rank, *size, *name;
+  };
+  const Source sources[] = {
+      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc"},
+      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)"},
+  };
+  for (const Source &s : sources) {
+    envInt(s.rank, r, present, st);
+    envInt(s.size, w, present2, st);
+    if (!st)
+      return st;
+    if (!present && !present2)
+      continue;
+    if (present != present2)
+      return FSDP_ERROR("only one of ", s.rank, " and ", s.size, " is set");
+    if (w < 1 || r < 0 || r >= w)
+      return FSDP_ERROR("invalid ", s.rank, "=", r, " / ", s.size, "=", w,
+                        ": need 0 <= rank < world size");
+    job.rank = r;
+    job.worldSize = w;
+    job.source = s.name;
+    if (const char *dir = std::getenv("FSDP_STORE_DIR")) {
+      job.storeDir = dir;
+    } else if (w > 1) {
+      const char *addr = std::getenv("MASTER_ADDR");
+      const char *port = std::getenv("MASTER_PORT");
+      if (!addr || !port)
+        return FSDP_ERROR(s.name, " job of ", w, " ranks: set MASTER_ADDR and "
+                          "MASTER_PORT (or FSDP_STORE_DIR) so the ranks can "
+                          "meet");
+      const char *run = std::getenv("TORCHELASTIC_RUN_ID");
+      job.storeDir = std::string("/tmp/fsdp-rdzv-") + addr + "-" + port +
+                     (run ? std::string("-") + run : std::string());
+    }
+    return Status::ok();
+  }
+  job = JobEnv();
+  job.source = "single process";
+  return Status::ok();
+}
+
+Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
+                            std::unique_ptr<Communicator> &out) {
+  if (job.worldSize == 1) {
+    out = makeSingleProcessCommunicator();
+    return Status::ok();
+  }
+  ::mkdir(job.storeDir.c_str(), 0700);
+  auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    if (const char *h = std::getenv("FSDP_HOSTNAME"))
+      attr.hostname = h;
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore fs(job.storeDir);
+    gloo::rendezvous::PrefixStore store("fsdp", fs);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>((int)job.rank,
+                                                           (int)job.worldSize);
+    ctx->setTimeout(timeout);
+    ctx->connectFullMesh(store, dev);
+    out = std::make_unique<GlooComm>(ctx, timeout);
+  } catch (const std::exception &e) {
+    return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize,
+                      ": rendezvous through '", job.storeDir, "' failed (",
+                      job.source, "): ", e.what());
+  }
+  return Status::ok();
+}
+
+} // namespace fsdp

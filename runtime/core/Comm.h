@@ -1,0 +1,50 @@
+//===- Comm.h - the communicator interface ----------------------*- C++ -*-===//
+//
+// Collectives the executor issues for the plan's all_reduce /
+// reduce_scatter / all_gather instructions. The contract: every rank calls
+// the same collectives in the same order (the plan is one program for all
+// ranks, so this holds by construction). A failure (dead peer, timeout)
+// comes back as a Status naming what happened, never as a hang.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_COMM_H
+#define FSDP_RUNTIME_CORE_COMM_H
+
+#include "runtime/core/Status.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace fsdp {
+
+class Communicator {
+public:
+  virtual ~Communicator() = default;
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  /// In place: data = sum (or mean) over ranks.
+  virtual Status allReduce(float *data, int64_t n, bool mean) = 0;
+  /// in: size() * shard elements; out: this rank's reduced shard.
+  virtual Status reduceScatter(const float *in, float *out, int64_t shard,
+                               bool mean) = 0;
+  /// in: shard elements; out: size() * shard elements in rank order.
+  virtual Status allGather(const float *in, float *out, int64_t shard) = 0;
+  virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
+  virtual Status barrier() = 0;
+
+  /// Bytes this rank sent, by the ring algorithms' volume: all-reduce
+  /// 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x buffer.
+  int64_t bytesSent() const { return bytesSent_; }
+  void resetCounters() { bytesSent_ = 0; }
+
+protected:
+  int64_t bytesSent_ = 0;
+};
+
+/// One rank, no peers: collectives are copies (mean over one = identity).
+std::unique_ptr<Communicator> makeSingleProcessCommunicator();
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_COMM_H

@@ -1,0 +1,225 @@
+//===- Data.cpp - batches for the plan's input bindings -------------------===//
+
+#include "runtime/core/Data.h"
+
+#include "runtime/core/Init.h"
+#include "runtime/core/SafeTensors.h"
+
+#include <cstring>
+#include <fstream>
+
+namespace fsdp {
+
+namespace {
+
+constexpr int32_t kTokenMagic = 20240520; // llm.c's data files
+constexpr int32_t kTokenVersion = 1;
+
+const Binding *findRole(const Plan &plan, const char *role) {
+  const Binding *found = nullptr;
+  for (const Binding &b : plan.inputs)
+    if (b.role == role) {
+      if (found)
+        return nullptr; // ambiguous: handled by the caller's message
+      found = &b;
+    }
+  return found;
+}
+
+bool isIntBuffer(const Buffer &b) {
+  return b.dtype == DType::I32 || b.dtype == DType::I64;
+}
+
+void storeInt(const Buffer &b, uint8_t *p, int64_t i, int64_t v) {
+  if (b.dtype == DType::I32)
+    reinterpret_cast<int32_t *>(p)[i] = (int32_t)v;
+  else
+    reinterpret_cast<int64_t *>(p)[i] = v;
+}
+
+/// The FSDP2 tutorial task: x ~ N(0, 1), target 1 when sum(x) > 0.
+class SyntheticRegression final : public DataSource {
+public:
+  SyntheticRegression(const Plan &plan, const Binding &x, const Binding &y,
+                      int64_t rank, uint64_t seed)
+      : plan(plan), x(x), y(y), rank(rank), seed(seed) {}
+  Status fill(int64_t step, uint8_t *(*addr)(void *, int64_t), void *ctx) override {
+    const Buffer &bx = plan.buffers[x.buffer];
+    int64_t rows = bx.shape[0], cols = bx.numel() / rows;
+    float *xs = reinterpret_cast<float *>(addr(ctx, x.buffer));
+    float *ys = reinterpret_cast<float *>(addr(ctx, y.buffer));
+    uint64_t key = mix64(seed ^ mix64(0x5eedULL + (uint64_t)step));
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t g = rank * rows + i; // global row
+      double sum = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double v = standardNormal(key, (uint64_t)(g * cols + c));
+        xs[i * cols + c] = (float)v;
+        sum += (float)v;
+      }
+      ys[i] = sum > 0 ? 1.0f : 0.0f;
+    }
+    return Status::ok();
+  }
+  const char *unit() const override { return "samples"; }
+  int64_t itemsPerStep() const override {
+    return plan.buffers[x.buffer].shape[0];
+  }
+
+private:
+  const Plan &plan;
+  Binding x, y;
+  int64_t rank;
+  uint64_t seed;
+};
+
+/// Token sequences with a learnable rule: t[j+1] = (5 t[j] + 3) mod V from
+/// a random start, so a model can drive the loss towards zero.
+class SyntheticTokens final : public DataSource {
+public:
+  SyntheticTokens(const Plan &plan, const Binding &x, const Binding &y,
+                  int64_t rank, uint64_t seed)
+      : plan(plan), x(x), y(y), rank(rank), seed(seed) {}
+  Status fill(int64_t step, uint8_t *(*addr)(void *, int64_t), void *ctx) override {
+    const Buffer &bx = plan.buffers[x.buffer], &by = plan.buffers[y.buffer];
+    int64_t rows = bx.shape[0], T = bx.numel() / rows;
+    int64_t V = std::min(x.range, y.range);
+    uint8_t *xs = addr(ctx, x.buffer), *ys = addr(ctx, y.buffer);
+    uint64_t key = mix64(seed ^ mix64(0x70cULL + (uint64_t)step));
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t g = rank * rows + i;
+      int64_t t = (int64_t)(uniform01(key, (uint64_t)g) * V) % V;
+      for (int64_t j = 0; j < T; ++j) {
+        int64_t next = (5 * t + 3) % V;
+        storeInt(bx, xs, i * T + j, t);
+        storeInt(by, ys, i * T + j, next);
+        t = next;
+      }
+    }
+    return Status::ok();
+  }
+  const char *unit() const override { return "tokens"; }
+  int64_t itemsPerStep() const override { return plan.buffers[x.buffer].numel(); }
+
+private:
+  const Plan &plan;
+  Binding x, y;
+  int64_t rank;
+  uint64_t seed;
+};
+
+/// llm.c token files: windows of T+1 tokens; the global batch of step k
+/// takes world x B consecutive windows, advancing every step, wrapping
+/// around at the end of the file.
+class TokenFile final : public DataSource {
+public:
+  TokenFile(const Plan &plan, const Binding &x, const Binding &y, int64_t rank,
+            int64_t world, std::vector<uint16_t> tokens)
+      : plan(plan), x(x), y(y), rank(rank), world(world),
+        tokens(std::move(tokens)) {}
+  Status fill(int64_t step, uint8_t *(*addr)(void *, int64_t), void *ctx) override {
+    const Buffer &bx = plan.buffers[x.buffer], &by = plan.buffers[y.buffer];
+    int64_t rows = bx.shape[0], T = bx.numel() / rows;
+    int64_t windows = ((int64_t)tokens.size() - 1) / T;
+    uint8_t *xs = addr(ctx, x.buffer), *ys = addr(ctx, y.buffer);
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t w = ((step - 1) * world * rows + rank * rows + i) % windows;
+      int64_t start = w * T;
+      for (int64_t j = 0; j < T; ++j) {
+        int64_t a = tokens[start + j], b = tokens[start + j + 1];
+        if (a >= x.range || b >= y.range)
+          return FSDP_ERROR("token ", std::max(a, b), " at position ",
+                            start + j, " of the data file is outside the "
+                            "model's vocabulary of ", std::min(x.range, y.range));
+        storeInt(bx, xs, i * T + j, a);
+        storeInt(by, ys, i * T + j, b);
+      }
+    }
+    return Status::ok();
+  }
+  const char *unit() const override { return "tokens"; }
+  int64_t itemsPerStep() const override { return plan.buffers[x.buffer].numel(); }
+
+private:
+  const Plan &plan;
+  Binding x, y;
+  int64_t rank, world;
+  std::vector<uint16_t> tokens;
+};
+
+Status readTokenFile(const std::string &path, std::vector<uint16_t> &tokens) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return FSDP_ERROR("cannot open data file '", path, "'");
+  int32_t header[256];
+  if (!in.read(reinterpret_cast<char *>(header), sizeof(header)))
+    return FSDP_ERROR(path, ": too short for a token file header (1024 bytes)");
+  if (header[0] != kTokenMagic)
+    return FSDP_ERROR(path, ": bad magic ", header[0], " (expected ", kTokenMagic,
+                      ": an llm.c token file)");
+  if (header[1] != kTokenVersion)
+    return FSDP_ERROR(path, ": unsupported token file version ", header[1]);
+  int64_t n = header[2];
+  if (n < 0)
+    return FSDP_ERROR(path, ": negative token count");
+  tokens.resize(n);
+  if (!in.read(reinterpret_cast<char *>(tokens.data()), n * 2))
+    return FSDP_ERROR(path, ": truncated: the header announces ", n, " tokens");
+  return Status::ok();
+}
+
+} // namespace
+
+Status writeTokenFile(const std::string &path,
+                      const std::vector<uint16_t> &tokens) {
+  int32_t header[256] = {};
+  header[0] = kTokenMagic;
+  header[1] = kTokenVersion;
+  header[2] = (int32_t)tokens.size();
+  std::string bytes(reinterpret_cast<const char *>(header), sizeof(header));
+  bytes.append(reinterpret_cast<const char *>(tokens.data()), tokens.size() * 2);
+  return writeFileAtomic(path, bytes);
+}
+
+Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
+                      int64_t world, uint64_t seed,
+                      std::unique_ptr<DataSource> &out) {
+  const Binding *x = findRole(plan, "input"), *y = findRole(plan, "target");
+  if (!x || !y)
+    return FSDP_ERROR("the plan needs exactly one input and one target binding "
+                      "for fsdp-run's data sources");
+  const Buffer &bx = plan.buffers[x->buffer], &by = plan.buffers[y->buffer];
+  if (bx.shape.empty() || by.shape.empty() || bx.shape[0] != by.shape[0])
+    return FSDP_ERROR("input and target must share a leading batch dimension, "
+                      "found shapes of ", bx.shape.size(), " and ",
+                      by.shape.size(), " dimensions");
+  bool tokens = isIntBuffer(bx) && isIntBuffer(by) && bx.shape == by.shape &&
+                bx.shape.size() == 2;
+  if (spec == "synthetic") {
+    if (tokens) {
+      out = std::make_unique<SyntheticTokens>(plan, *x, *y, rank, seed);
+      return Status::ok();
+    }
+    if (bx.dtype == DType::F32 && by.dtype == DType::F32 &&
+        by.numel() == by.shape[0]) {
+      out = std::make_unique<SyntheticRegression>(plan, *x, *y, rank, seed);
+      return Status::ok();
+    }
+    return FSDP_ERROR("synthetic data needs float inputs [B, ...] with a "
+                      "float target [B, 1], or token ids [B, T] with targets "
+                      "[B, T]; use --data FILE for other models");
+  }
+  if (!tokens)
+    return FSDP_ERROR("a token file feeds models whose input and target are "
+                      "integer [B, T] tensors");
+  std::vector<uint16_t> toks;
+  FSDP_RETURN_IF_ERROR(readTokenFile(spec, toks));
+  int64_t T = bx.shape[1];
+  if ((int64_t)toks.size() < T + 1)
+    return FSDP_ERROR(spec, ": ", toks.size(), " tokens are fewer than one "
+                      "window of ", T + 1);
+  out = std::make_unique<TokenFile>(plan, *x, *y, rank, world, std::move(toks));
+  return Status::ok();
+}
+
+} // namespace fsdp

@@ -1,0 +1,47 @@
+//===- Data.h - batches for the plan's input bindings -----------*- C++ -*-===//
+//
+// Each step, every rank fills its slice of the global batch (world_size x
+// the per-rank batch the plan was compiled for; rank r takes rows
+// [r B, (r+1) B)). Sources: a synthetic generator (the FSDP2 tutorial task
+// for float inputs; a learnable token sequence for token inputs) and token
+// files in llm.c's format.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_DATA_H
+#define FSDP_RUNTIME_CORE_DATA_H
+
+#include "runtime/core/Plan.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+class DataSource {
+public:
+  virtual ~DataSource() = default;
+  /// Writes this rank's batch for `step` (1-based) into the buffers of the
+  /// input / target bindings, located with `addr(bufferId)`.
+  virtual Status fill(int64_t step, uint8_t *(*addr)(void *, int64_t),
+                      void *ctx) = 0;
+  /// "samples" or "tokens": what throughput is counted in.
+  virtual const char *unit() const = 0;
+  /// Items (samples or tokens) per rank and step.
+  virtual int64_t itemsPerStep() const = 0;
+};
+
+/// `spec` is "synthetic" or the path of a token file.
+Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
+                      int64_t world, uint64_t seed,
+                      std::unique_ptr<DataSource> &out);
+
+/// Writes a token file in llm.c's format (used by tests and tools).
+Status writeTokenFile(const std::string &path,
+                      const std::vector<uint16_t> &tokens);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_DATA_H

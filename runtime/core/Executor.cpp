@@ -1,0 +1,246 @@
+//===- Executor.cpp - one rank running a plan -----------------------------===//
+//
+// [Note: memory measurement]
+// Two figures are measured, each compared with the compiler's:
+// 1. The arena high-water mark: before initialization the arena is filled
+//    with a sentinel word (a NaN payload no kernel produces); after a step,
+//    the highest word that no longer holds the sentinel marks how much of
+//    the arena the step really used. It equals arena_bytes when the
+//    compiler's placement is tight.
+// 2. Peak live bytes by the runtime's own liveness: from the instruction
+//    operand lists alone (not the plan's first/last fields) each owning
+//    buffer is live from its first to its last use (outputs to the end of
+//    the step); the largest sum over instructions must equal the
+//    compiler's peak_live.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Executor.h"
+
+#include "runtime/core/Init.h"
+#include "runtime/cpu/Dispatch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace fsdp {
+
+namespace {
+constexpr uint32_t kSentinel = 0x7fc0dead; // a NaN payload
+} // namespace
+
+double scheduledLr(const std::string &schedule, double lr, double minLr,
+                   int64_t warmup, int64_t steps, int64_t step) {
+  if (warmup > 0 && step <= warmup)
+    return lr * (double)step / (double)warmup;
+  if (schedule == "cosine" && steps > warmup) {
+    double progress = (double)(step - warmup) / (double)(steps - warmup);
+    return minLr + 0.5 * (lr - minLr) * (1 + std::cos(M_PI * progress));
+  }
+  return lr;
+}
+
+Executor::Executor(const Plan &plan, Communicator &comm)
+    : plan(plan), comm(comm) {}
+
+Executor::~Executor() { std::free(arena); }
+
+uint8_t *Executor::address(int64_t id) const {
+  return cpu::bufferAddress(plan, id, arena, comm.rank());
+}
+
+Status Executor::init(uint64_t seed) {
+  if (comm.size() != plan.worldSize)
+    return FSDP_ERROR("the plan was compiled for ", plan.worldSize,
+                      " rank(s) but this job has ", comm.size(),
+                      ": recompile with world-size=", comm.size(),
+                      " or run with --nproc ", plan.worldSize);
+  size_t bytes = (size_t)std::max<int64_t>(plan.arenaBytes, 64);
+  bytes = (bytes + 63) / 64 * 64;
+  arena = static_cast<uint8_t *>(std::aligned_alloc(64, bytes));
+  if (!arena)
+    return FSDP_ERROR("cannot allocate the arena of ", bytes, " bytes");
+  uint32_t *words = reinterpret_cast<uint32_t *>(arena);
+  std::fill(words, words + bytes / 4, kSentinel);
+
+  // Parameters: per-parameter buffers, or unit storage (whole or shard).
+  for (const Param &p : plan.params)
+    if (p.buffer >= 0)
+      initParam(p, seed, 0, p.numel(), reinterpret_cast<float *>(address(p.buffer)));
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const Unit &unit = plan.units[u];
+    if (unit.buffer < 0)
+      continue;
+    float *dst = reinterpret_cast<float *>(address(unit.buffer));
+    int64_t first = unit.sharded ? comm.rank() * unit.shardNumel : 0;
+    int64_t count = unit.sharded ? unit.shardNumel : unit.paddedNumel;
+    std::fill(dst, dst + count, 0.0f); // padding stays zero
+    for (const Param &p : plan.params) {
+      if (p.unit != (int64_t)u)
+        continue;
+      int64_t lo = std::max(first, p.flatOffset);
+      int64_t hi = std::min(first + count, p.flatOffset + p.numel());
+      if (lo < hi)
+        initParam(p, seed, lo - p.flatOffset, hi - lo, dst + (lo - first));
+    }
+  }
+  for (const State &s : plan.states)
+    std::memset(address(s.buffer), 0, plan.buffers[s.buffer].bytes);
+
+  // The runtime's own liveness (see the note above).
+  std::vector<int64_t> first(plan.buffers.size(), INT64_MAX), last(plan.buffers.size(), -1);
+  auto owner = [&](int64_t id) {
+    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
+  };
+  int64_t n = (int64_t)plan.program.size();
+  for (int64_t i = 0; i < n; ++i)
+    for (const auto *ids : {&plan.program[i].in, &plan.program[i].out})
+      for (int64_t id : *ids) {
+        int64_t o = owner(id);
+        first[o] = std::min(first[o], i);
+        last[o] = std::max(last[o], i);
+      }
+  for (const Binding &b : plan.outputs)
+    last[owner(b.buffer)] = n;
+  std::vector<int64_t> live(std::max<int64_t>(n, 1), 0);
+  for (size_t id = 0; id < plan.buffers.size(); ++id) {
+    const Buffer &b = plan.buffers[id];
+    if (b.aliasOf >= 0)
+      continue;
+    int64_t lo = b.persistent ? 0 : first[id], hi = b.persistent ? n - 1 : last[id];
+    if (!b.persistent && last[id] < 0)
+      continue; // never touched
+    for (int64_t i = std::max<int64_t>(lo, 0); i <= std::min(hi, n - 1); ++i)
+      live[i] += b.bytes;
+  }
+  peakLive = *std::max_element(live.begin(), live.end());
+  return Status::ok();
+}
+
+Status Executor::runCollective(const Instruction &inst) {
+  const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];
+  float *src = reinterpret_cast<float *>(address(inst.in[0]));
+  float *dst = reinterpret_cast<float *>(address(inst.out[0]));
+  bool mean = inst.attrs.value("reduce", std::string("sum")) == "mean";
+  if (inst.op == "all_reduce") {
+    if (src != dst)
+      std::memcpy(dst, src, in.bytes);
+    return comm.allReduce(dst, out.numel(), mean);
+  }
+  if (inst.op == "reduce_scatter")
+    return comm.reduceScatter(src, dst, out.numel(), mean);
+  return comm.allGather(src, dst, in.numel());
+}
+
+Status Executor::step(int64_t step, double lr, float &loss) {
+  for (const Binding &b : plan.inputs) {
+    if (b.role == "lr")
+      *reinterpret_cast<float *>(address(b.buffer)) = (float)lr;
+    else if (b.role == "step")
+      *reinterpret_cast<float *>(address(b.buffer)) = (float)step;
+  }
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    const Instruction &inst = plan.program[i];
+    Status st = cpu::isCollectiveOp(inst.op)
+                    ? runCollective(inst)
+                    : cpu::runInstruction(plan, inst, arena, comm.rank());
+    if (!st)
+      return Status::error("step " + std::to_string(step) + ", instruction #" +
+                           std::to_string(i) + " (" + inst.op + "): " +
+                           st.message());
+  }
+  for (const Binding &b : plan.outputs)
+    if (b.role == "loss")
+      loss = *reinterpret_cast<float *>(address(b.buffer));
+  return Status::ok();
+}
+
+MemoryMeasurement Executor::measureMemory() const {
+  MemoryMeasurement m;
+  const uint32_t *words = reinterpret_cast<const uint32_t *>(arena);
+  int64_t n = plan.arenaBytes / 4;
+  while (n > 0 && words[n - 1] == kSentinel)
+    --n;
+  m.highWater = n * 4;
+  m.peakLive = peakLive;
+  return m;
+}
+
+bool Executor::paramElement(const Param &p, int64_t i, float *&ptr) const {
+  if (p.buffer >= 0) {
+    ptr = reinterpret_cast<float *>(address(p.buffer)) + i;
+    return true;
+  }
+  const Unit &u = plan.units[p.unit];
+  int64_t f = p.flatOffset + i;
+  int64_t first = u.sharded ? comm.rank() * u.shardNumel : 0;
+  int64_t count = u.sharded ? u.shardNumel : u.paddedNumel;
+  if (f < first || f >= first + count)
+    return false;
+  ptr = reinterpret_cast<float *>(address(u.buffer)) + (f - first);
+  return true;
+}
+
+Status Executor::gatherParams(TensorMap &out) {
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const Unit &unit = plan.units[u];
+    std::vector<float> flat;
+    if (unit.buffer >= 0) {
+      flat.resize(unit.paddedNumel);
+      const float *src = reinterpret_cast<const float *>(address(unit.buffer));
+      if (unit.sharded)
+        FSDP_RETURN_IF_ERROR(comm.allGather(src, flat.data(), unit.shardNumel));
+      else
+        std::memcpy(flat.data(), src, sizeof(float) * unit.paddedNumel);
+    }
+    for (const Param &p : plan.params) {
+      if (p.unit != (int64_t)u)
+        continue;
+      Tensor t;
+      t.dtype = DType::F32;
+      t.shape = p.shape;
+      t.data.resize(p.numel() * 4);
+      const float *src = p.buffer >= 0
+                             ? reinterpret_cast<const float *>(address(p.buffer))
+                             : flat.data() + p.flatOffset;
+      std::memcpy(t.data.data(), src, t.data.size());
+      out[p.name] = std::move(t);
+    }
+  }
+  return Status::ok();
+}
+
+Status Executor::loadParams(const TensorMap &in) {
+  for (const Param &p : plan.params) {
+    auto it = in.find(p.name);
+    if (it == in.end())
+      return FSDP_ERROR("the checkpoint has no tensor '", p.name, "'");
+    const Tensor &t = it->second;
+    if (t.dtype != DType::F32 || t.shape != p.shape)
+      return FSDP_ERROR("checkpoint tensor '", p.name, "' has the wrong shape or dtype");
+    const float *src = reinterpret_cast<const float *>(t.data.data());
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      float *dst;
+      if (paramElement(p, i, dst))
+        *dst = src[i];
+    }
+  }
+  return Status::ok();
+}
+
+Status Executor::gradOutputs(TensorMap &out) const {
+  for (const Binding &b : plan.outputs) {
+    if (b.role != "grad")
+      continue;
+    const Buffer &buf = plan.buffers[b.buffer];
+    Tensor t;
+    t.shape = buf.shape;
+    t.data.assign(address(b.buffer), address(b.buffer) + buf.bytes);
+    out[b.param] = std::move(t);
+  }
+  return Status::ok();
+}
+
+} // namespace fsdp

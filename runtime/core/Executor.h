@@ -1,0 +1,75 @@
+//===- Executor.h - one rank running a plan ---------------------*- C++ -*-===//
+//
+// Owns the arena (one allocation of the plan's arena_bytes), initializes
+// parameters and optimizer state, and runs the program instruction by
+// instruction: compute ops through the CPU dispatch, collectives through
+// the communicator. It also measures memory for real (see
+// [Note: memory measurement] in Executor.cpp) so the compiler's prediction
+// is checked, not echoed.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_EXECUTOR_H
+#define FSDP_RUNTIME_CORE_EXECUTOR_H
+
+#include "runtime/core/Comm.h"
+#include "runtime/core/Plan.h"
+#include "runtime/core/SafeTensors.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace fsdp {
+
+struct MemoryMeasurement {
+  int64_t highWater = 0; ///< highest arena byte written, + 1
+  int64_t peakLive = 0;  ///< largest sum of live buffer bytes, by the runtime's own liveness
+};
+
+class Executor {
+public:
+  Executor(const Plan &plan, Communicator &comm);
+  ~Executor();
+
+  /// Allocates the arena and initializes parameters (from `seed`) and state.
+  Status init(uint64_t seed);
+
+  /// Runs one step with learning rate `lr` (step is 1-based). The batch
+  /// must already be in the input buffers.
+  Status step(int64_t step, double lr, float &loss);
+
+  uint8_t *address(int64_t bufferId) const;
+
+  /// Every parameter, whole (sharded units are all-gathered): a collective,
+  /// so every rank must call it.
+  Status gatherParams(TensorMap &out);
+  /// Loads whole parameters (each rank keeps its shard).
+  Status loadParams(const TensorMap &in);
+  /// Gradients published by a plan compiled with optimizer=none.
+  Status gradOutputs(TensorMap &out) const;
+
+  /// Reads / writes one element of a parameter in local storage (for the
+  /// gradient check); false when this rank does not hold it.
+  bool paramElement(const Param &p, int64_t i, float *&ptr) const;
+
+  MemoryMeasurement measureMemory() const;
+  int64_t commBytes() const { return comm.bytesSent(); }
+
+private:
+  Status runCollective(const Instruction &inst);
+
+  const Plan &plan;
+  Communicator &comm;
+  uint8_t *arena = nullptr;
+  int64_t peakLive = 0;
+};
+
+/// The learning rate of `step` (1-based) for the schedule: "constant" (with
+/// linear warmup) or "cosine" (linear warmup, then cosine decay to minLr at
+/// the last step).
+double scheduledLr(const std::string &schedule, double lr, double minLr,
+                   int64_t warmup, int64_t steps, int64_t step);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_EXECUTOR_H

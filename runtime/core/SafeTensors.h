@@ -1,0 +1,38 @@
+//===- SafeTensors.h - reading and writing .safetensors files ---*- C++ -*-===//
+//
+// The format PyTorch users load with safetensors.torch.load_file: an 8-byte
+// little-endian header length, a JSON header {name: {dtype, shape,
+// data_offsets}}, then raw little-endian data. Writes are atomic: a
+// temporary file in the same directory, fsync, rename.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_SAFETENSORS_H
+#define FSDP_RUNTIME_CORE_SAFETENSORS_H
+
+#include "runtime/core/Plan.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+struct Tensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;
+};
+
+using TensorMap = std::map<std::string, Tensor>;
+
+Status writeSafeTensors(const std::string &path, const TensorMap &tensors,
+                        const std::map<std::string, std::string> &metadata = {});
+Status readSafeTensors(const std::string &path, TensorMap &tensors);
+
+/// Writes `bytes` to `path` atomically (temp file + fsync + rename).
+Status writeFileAtomic(const std::string &path, const std::string &bytes);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_SAFETENSORS_H

@@ -1,0 +1,417 @@
+//===- Trainer.cpp - the training loop of fsdp-run ------------------------===//
+
+#include "runtime/core/Trainer.h"
+
+#include "runtime/core/Data.h"
+#include "runtime/core/Executor.h"
+#include "runtime/core/SafeTensors.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace fsdp {
+
+const char *trainUsage() {
+  return R"(usage: fsdp-run PLAN [options]
+
+Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
+
+  --steps N            steps to run (default 10)
+  --lr F               peak learning rate (default 1e-3)
+  --schedule S         constant | cosine (default constant). Warmup is linear
+                       from 0: lr * t / W for t <= W. cosine then decays as
+                       min_lr + (lr - min_lr) (1 + cos(pi (t - W) / (steps - W))) / 2
+  --warmup W           warmup steps (default 0)
+  --min-lr F           floor of the cosine schedule (default 0)
+  --seed N             seed of the parameter init and synthetic data (default 1234)
+  --data SPEC          synthetic (default) or the path of an llm.c token file
+  --threads N          compute threads per rank (OpenMP + OpenBLAS)
+  --log-every N        print every N steps (default 1)
+  --dump-dir DIR       write init/final parameters, batches, gradients and a
+                       log for the PyTorch oracle
+  --init-from FILE     start from the parameters in a .safetensors file
+  --save FILE          write the final parameters (consolidated) as .safetensors
+  --json               one JSON object per step instead of the human line
+  --quiet              only the summary
+  --gradcheck K        plans compiled with optimizer=none: compare K sampled
+                       elements per parameter with central finite differences
+  --gradcheck-tol F    relative tolerance of the gradient check (default 2e-2)
+  --nproc N            launch N local ranks (CPU, Gloo)
+)";
+}
+
+Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
+  help = false;
+  auto need = [&](int &i, const char *name) -> const char * {
+    if (i + 1 >= argc)
+      return nullptr;
+    (void)name;
+    return argv[++i];
+  };
+  auto toInt = [](const char *s, int64_t &v) {
+    char *end;
+    v = std::strtoll(s, &end, 10);
+    return *s && !*end;
+  };
+  auto toDouble = [](const char *s, double &v) {
+    char *end;
+    v = std::strtod(s, &end);
+    return *s && !*end && std::isfinite(v);
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      help = true;
+      return Status::ok();
+    }
+    if (a.rfind("--", 0) != 0) {
+      if (!opt.planPath.empty())
+        return FSDP_ERROR("unexpected argument '", a, "' (the plan is '",
+                          opt.planPath, "')");
+      opt.planPath = a;
+      continue;
+    }
+    if (a == "--json" || a == "--quiet") {
+      (a == "--json" ? opt.json : opt.quiet) = true;
+      continue;
+    }
+    const char *v = need(i, a.c_str());
+    if (!v)
+      return FSDP_ERROR("option ", a, " needs a value");
+    int64_t iv = 0;
+    double dv = 0;
+    auto badValue = [&]() {
+      return FSDP_ERROR("invalid value '", v, "' for ", a);
+    };
+    if (a == "--steps") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.steps = iv;
+    } else if (a == "--lr") {
+      if (!toDouble(v, dv) || dv < 0)
+        return badValue();
+      opt.lr = dv;
+    } else if (a == "--schedule") {
+      opt.schedule = v;
+      if (opt.schedule != "constant" && opt.schedule != "cosine")
+        return FSDP_ERROR("--schedule must be constant or cosine, found '", v, "'");
+    } else if (a == "--warmup") {
+      if (!toInt(v, iv) || iv < 0)
+        return badValue();
+      opt.warmup = iv;
+    } else if (a == "--min-lr") {
+      if (!toDouble(v, dv) || dv < 0)
+        return badValue();
+      opt.minLr = dv;
+    } else if (a == "--seed") {
+      if (!toInt(v, iv) || iv < 0)
+        return badValue();
+      opt.seed = (uint64_t)iv;
+    } else if (a == "--data") {
+      opt.data = v;
+    } else if (a == "--threads") {
+      if (!toInt(v, iv) || iv < 1 || iv > 1024)
+        return badValue();
+      opt.threads = (int)iv;
+    } else if (a == "--log-every") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.logEvery = iv;
+    } else if (a == "--dump-dir") {
+      opt.dumpDir = v;
+    } else if (a == "--init-from") {
+      opt.initFrom = v;
+    } else if (a == "--save") {
+      opt.save = v;
+    } else if (a == "--gradcheck") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.gradcheck = iv;
+    } else if (a == "--gradcheck-tol") {
+      if (!toDouble(v, dv) || dv <= 0)
+        return badValue();
+      opt.gradcheckTol = dv;
+    } else {
+      return FSDP_ERROR("unknown option '", a, "'");
+    }
+  }
+  if (opt.planPath.empty())
+    return FSDP_ERROR("no plan file given");
+  if (opt.schedule == "cosine" && opt.minLr > opt.lr)
+    return FSDP_ERROR("--min-lr (", opt.minLr, ") exceeds --lr (", opt.lr, ")");
+  return Status::ok();
+}
+
+namespace {
+
+std::string human(double bytes) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 3) {
+    bytes /= 1024;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+  return buf;
+}
+
+uint8_t *addrOf(void *ctx, int64_t id) {
+  return static_cast<Executor *>(ctx)->address(id);
+}
+
+Status makeDir(const std::string &dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return FSDP_ERROR("cannot create directory '", dir, "': ", std::strerror(errno));
+  return Status::ok();
+}
+
+/// Copies the current batch (input/target bindings) into `out`.
+void recordBatch(const Plan &plan, const Executor &ex, int64_t step, TensorMap &out) {
+  for (const Binding &b : plan.inputs) {
+    if (b.role != "input" && b.role != "target")
+      continue;
+    const Buffer &buf = plan.buffers[b.buffer];
+    Tensor t;
+    t.dtype = buf.dtype;
+    t.shape = buf.shape;
+    t.data.assign(ex.address(b.buffer), ex.address(b.buffer) + buf.bytes);
+    out["step" + std::to_string(step) + "." + b.name] = std::move(t);
+  }
+}
+
+Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
+                 DataSource &data, Communicator &comm) {
+  bool hasGrads = false;
+  for (const Binding &b : plan.outputs)
+    hasGrads |= b.role == "grad";
+  if (!hasGrads)
+    return FSDP_ERROR("--gradcheck needs a plan that outputs gradients: compile "
+                      "with optimizer=none");
+  if (comm.size() != 1)
+    return FSDP_ERROR("--gradcheck runs on one rank");
+  FSDP_RETURN_IF_ERROR(data.fill(1, addrOf, &ex));
+  float loss0;
+  FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, loss0));
+  TensorMap grads;
+  FSDP_RETURN_IF_ERROR(ex.gradOutputs(grads));
+  int failures = 0;
+  std::printf("gradient check: %lld sampled elements per parameter, central "
+              "differences in float32\n", (long long)opt.gradcheck);
+  for (const Param &p : plan.params) {
+    if (!p.trainable)
+      continue;
+    auto it = grads.find(p.name);
+    if (it == grads.end())
+      return FSDP_ERROR("the plan publishes no gradient for ", p.name);
+    const float *g = reinterpret_cast<const float *>(it->second.data.data());
+    int64_t n = p.numel();
+    double maxAbs = 0;
+    for (int64_t i = 0; i < n; ++i)
+      maxAbs = std::max(maxAbs, (double)std::fabs(g[i]));
+    int64_t k = std::min(opt.gradcheck, n);
+    double dot = 0, nf = 0, na = 0, worst = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t i = (j * n) / k + (n / k) / 2;
+      float *ptr;
+      if (!ex.paramElement(p, i, ptr))
+        continue;
+      float v = *ptr;
+      double h = 1e-3 * std::max(1.0f, std::fabs(v));
+      float lp, lm;
+      *ptr = (float)(v + h);
+      FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lp));
+      *ptr = (float)(v - h);
+      FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lm));
+      *ptr = v;
+      double fd = ((double)lp - (double)lm) / (2 * h);
+      double err = std::fabs(fd - g[i]);
+      double allowed = opt.gradcheckTol * std::fabs(g[i]) + 1e-3 * maxAbs + 1e-5;
+      worst = std::max(worst, err / (std::fabs(g[i]) + 1e-3 * maxAbs + 1e-5));
+      if (err > allowed) {
+        ++failures;
+        std::printf("  MISMATCH %s[%lld]: analytic %.6e, finite difference %.6e\n",
+                    p.name.c_str(), (long long)i, g[i], fd);
+      }
+      dot += fd * g[i];
+      nf += fd * fd;
+      na += (double)g[i] * g[i];
+    }
+    double cosine = (nf > 0 && na > 0) ? dot / std::sqrt(nf * na) : 1.0;
+    if (na > 0 && cosine < 0.999) {
+      ++failures;
+      std::printf("  MISMATCH %s: cosine(analytic, finite difference) = %.6f\n",
+                  p.name.c_str(), cosine);
+    }
+    std::printf("  %-40s %8lld elements  max |g| %.3e  worst rel err %.2e  cosine %.6f\n",
+                p.name.c_str(), (long long)n, maxAbs, worst, cosine);
+  }
+  if (failures)
+    return FSDP_ERROR("gradient check failed for ", failures, " element(s)");
+  std::printf("gradient check passed\n");
+  return Status::ok();
+}
+
+} // namespace
+
+Status train(const TrainOptions &opt, Communicator &comm) {
+  bool root = comm.rank() == 0;
+  if (opt.threads > 0) {
+    omp_set_num_threads(opt.threads);
+    openblas_set_num_threads(opt.threads);
+  }
+  Plan plan;
+  FSDP_RETURN_IF_ERROR(loadPlan(opt.planPath, plan));
+  Executor ex(plan, comm);
+  FSDP_RETURN_IF_ERROR(ex.init(opt.seed));
+  if (!opt.initFrom.empty()) {
+    TensorMap init;
+    FSDP_RETURN_IF_ERROR(readSafeTensors(opt.initFrom, init));
+    FSDP_RETURN_IF_ERROR(ex.loadParams(init));
+  }
+  std::unique_ptr<DataSource> data;
+  FSDP_RETURN_IF_ERROR(makeDataSource(opt.data, plan, comm.rank(), comm.size(),
+                                      opt.seed, data));
+  if (opt.gradcheck > 0)
+    return gradCheck(opt, plan, ex, *data, comm);
+
+  bool dump = !opt.dumpDir.empty();
+  TensorMap batches;
+  if (dump) {
+    if (root)
+      FSDP_RETURN_IF_ERROR(makeDir(opt.dumpDir));
+    TensorMap init;
+    FSDP_RETURN_IF_ERROR(ex.gatherParams(init));
+    if (root)
+      FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/init.safetensors", init));
+  }
+  if (root && !opt.quiet && !opt.json)
+    std::printf("fsdp-run: %s | model %s | %lld rank(s), stage %lld | %zu "
+                "instructions | arena %s per rank\n",
+                opt.planPath.c_str(), plan.model.c_str(), (long long)plan.worldSize,
+                (long long)plan.stage, plan.program.size(),
+                human((double)plan.arenaBytes).c_str());
+
+  bool tty = isatty(2) && !opt.json && root;
+  std::vector<double> losses, lrs, times;
+  int64_t items = data->itemsPerStep() * comm.size();
+  double totalMs = 0;
+  int64_t commBefore = 0, commPerStep = 0;
+  for (int64_t s = 1; s <= opt.steps; ++s) {
+    double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
+    FSDP_RETURN_IF_ERROR(data->fill(s, addrOf, &ex));
+    if (dump && root)
+      recordBatch(plan, ex, s, batches);
+    commBefore = ex.commBytes();
+    auto t0 = std::chrono::steady_clock::now();
+    float loss = 0;
+    FSDP_RETURN_IF_ERROR(ex.step(s, lr, loss));
+    double ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    commPerStep = ex.commBytes() - commBefore;
+    if (!std::isfinite(loss))
+      return FSDP_ERROR("the loss is not finite at step ", s, " (", loss,
+                        "): lower the learning rate or enable clipping");
+    losses.push_back(loss);
+    lrs.push_back(lr);
+    times.push_back(ms);
+    if (s > 1)
+      totalMs += ms;
+    if (!root)
+      continue;
+    bool print = !opt.quiet && (s % opt.logEvery == 0 || s == 1 || s == opt.steps);
+    if (opt.json) {
+      nlohmann::json j = {{"step", s}, {"loss", loss}, {"lr", lr}, {"ms", ms},
+                          {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
+                          {"arena_bytes", plan.arenaBytes},
+                          {"comm_bytes", commPerStep}};
+      std::printf("%s\n", j.dump().c_str());
+    } else if (print) {
+      if (tty)
+        std::fprintf(stderr, "\r\033[K");
+      std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
+                  (long long)s, (long long)opt.steps, loss, lr, ms,
+                  items / (ms / 1000), data->unit(),
+                  human((double)plan.arenaBytes).c_str());
+      std::fflush(stdout);
+    }
+    if (tty && !opt.quiet) {
+      int width = 30, done = (int)(width * s / opt.steps);
+      std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld loss %.4f", done,
+                   "##############################", width - done, "",
+                   (long long)s, (long long)opt.steps, loss);
+      if (s == opt.steps)
+        std::fprintf(stderr, "\r\033[K");
+      std::fflush(stderr);
+    }
+  }
+
+  MemoryMeasurement m = ex.measureMemory();
+  if (dump || !opt.save.empty()) {
+    TensorMap final;
+    FSDP_RETURN_IF_ERROR(ex.gatherParams(final));
+    if (root && dump) {
+      FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/final.safetensors", final));
+      FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/batches.safetensors", batches));
+      TensorMap grads;
+      FSDP_RETURN_IF_ERROR(ex.gradOutputs(grads));
+      if (!grads.empty())
+        FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/grads.safetensors", grads));
+      nlohmann::json log = {
+          {"steps", opt.steps}, {"losses", losses}, {"lr", lrs}, {"step_ms", times},
+          {"world_size", plan.worldSize},
+          {"memory",
+           {{"predicted_peak", plan.memory.peak},
+            {"predicted_peak_live", plan.memory.peakLive},
+            {"arena_bytes", plan.arenaBytes},
+            {"measured_high_water", m.highWater},
+            {"measured_peak_live", m.peakLive}}},
+          {"comm_bytes_per_step", commPerStep}};
+      FSDP_RETURN_IF_ERROR(writeFileAtomic(opt.dumpDir + "/log.json", log.dump(1)));
+    }
+    if (root && !opt.save.empty())
+      FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.save, final,
+                                            {{"format", "pt"}, {"producer", "fsdp-run"}}));
+  }
+  if (root) {
+    double mean = opt.steps > 1 ? totalMs / (opt.steps - 1) : times[0];
+    auto verdict = [](int64_t a, int64_t b) { return a == b ? "MATCH" : "MISMATCH"; };
+    if (opt.json) {
+      nlohmann::json j = {{"summary", true}, {"steps", opt.steps},
+                          {"final_loss", losses.back()}, {"mean_step_ms", mean},
+                          {"predicted_peak", plan.memory.peak},
+                          {"predicted_peak_live", plan.memory.peakLive},
+                          {"measured_high_water", m.highWater},
+                          {"measured_peak_live", m.peakLive},
+                          {"comm_bytes_per_step", commPerStep}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("done: %lld steps | final loss %.6f (first %.6f) | %.2f ms/step "
+                  "(steps 2..) | %.0f %s/s\n",
+                  (long long)opt.steps, losses.back(), losses.front(), mean,
+                  items / (mean / 1000), data->unit());
+      std::printf("memory per rank: predicted peak %lld B (arena), measured "
+                  "high-water %lld B: %s | predicted peak live %lld B, measured "
+                  "%lld B: %s\n",
+                  (long long)plan.memory.peak, (long long)m.highWater,
+                  verdict(plan.memory.peak, m.highWater),
+                  (long long)plan.memory.peakLive, (long long)m.peakLive,
+                  verdict(plan.memory.peakLive, m.peakLive));
+      if (plan.worldSize > 1)
+        std::printf("communication: %s sent per rank per step\n",
+                    human((double)commPerStep).c_str());
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace fsdp

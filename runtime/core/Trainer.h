@@ -1,0 +1,49 @@
+//===- Trainer.h - the training loop of fsdp-run ----------------*- C++ -*-===//
+//
+// Options, the loop (data, schedule, step, logging) and the tools around
+// it: dumps for the PyTorch oracle, consolidated checkpoints, and a
+// finite-difference gradient check of a plan compiled without optimizer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_TRAINER_H
+#define FSDP_RUNTIME_CORE_TRAINER_H
+
+#include "runtime/core/Comm.h"
+#include "runtime/core/Plan.h"
+
+#include <string>
+
+namespace fsdp {
+
+struct TrainOptions {
+  std::string planPath;
+  int64_t steps = 10;
+  double lr = 1e-3;
+  std::string schedule = "constant";
+  int64_t warmup = 0;
+  double minLr = 0;
+  uint64_t seed = 1234;
+  std::string data = "synthetic";
+  int threads = 0;
+  int64_t logEvery = 1;
+  std::string dumpDir;
+  std::string initFrom;
+  std::string save;
+  bool json = false;
+  bool quiet = false;
+  int64_t gradcheck = 0; ///< elements sampled per parameter; 0 = off
+  double gradcheckTol = 2e-2;
+};
+
+/// Parses argv (without --nproc handling). On error returns a message;
+/// `help` is set for --help.
+Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help);
+const char *trainUsage();
+
+/// Runs training (or the gradient check) on this rank. Rank 0 prints.
+Status train(const TrainOptions &opt, Communicator &comm);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_TRAINER_H

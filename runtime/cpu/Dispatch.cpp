@@ -1,0 +1,818 @@
+//===- Dispatch.cpp - plan instructions to CPU kernels --------------------===//
+//
+// One table entry per op: its arity, a load-time check of shapes and
+// dtypes, and the kernel call. The checks repeat the dialect's verifiers on
+// purpose: the runtime does not trust a plan file (it may be hand-edited,
+// corrupt or produced by another compiler version).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Dispatch.h"
+
+#include "runtime/cpu/Kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+namespace fsdp::cpu {
+
+namespace {
+
+struct Op {
+  const Plan &plan;
+  const Instruction &inst;
+  const Buffer &in(size_t i) const { return plan.buffers[inst.in[i]]; }
+  const Buffer &out(size_t i) const { return plan.buffers[inst.out[i]]; }
+  double f(const char *name, double dflt) const {
+    auto it = inst.attrs.find(name);
+    return it != inst.attrs.end() && it->is_number() ? it->get<double>() : dflt;
+  }
+  int64_t i(const char *name, int64_t dflt) const {
+    auto it = inst.attrs.find(name);
+    return it != inst.attrs.end() && it->is_number_integer() ? it->get<int64_t>()
+                                                             : dflt;
+  }
+  bool b(const char *name) const {
+    auto it = inst.attrs.find(name);
+    return it != inst.attrs.end() && it->is_boolean() && it->get<bool>();
+  }
+  std::vector<int64_t> iv(const char *name) const {
+    std::vector<int64_t> v;
+    auto it = inst.attrs.find(name);
+    if (it != inst.attrs.end() && it->is_array())
+      for (auto &e : *it)
+        if (e.is_number_integer())
+          v.push_back(e.get<int64_t>());
+    return v;
+  }
+  bool has(const char *name) const { return inst.attrs.contains(name); }
+};
+
+/// Kernel-time view: typed pointers to operands.
+struct Run {
+  const Op &op;
+  uint8_t *arena;
+  int64_t rank;
+  template <typename T = float> T *in(size_t i) const {
+    return reinterpret_cast<T *>(bufferAddress(op.plan, op.inst.in[i], arena, rank));
+  }
+  template <typename T = float> T *out(size_t i) const {
+    return reinterpret_cast<T *>(bufferAddress(op.plan, op.inst.out[i], arena, rank));
+  }
+};
+
+using Check = std::function<Status(const Op &)>;
+using Exec = std::function<Status(const Run &)>;
+struct OpDef {
+  int nin; ///< -1: one or more
+  int nout;
+  Check check;
+  Exec run;
+};
+
+std::string shapeStr(const Shape &s) {
+  if (s.empty())
+    return "scalar";
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i)
+    r += (i ? "x" : "") + std::to_string(s[i]);
+  return r;
+}
+
+Status expectShape(const Op &op, const Buffer &b, const Shape &want,
+                   const char *what) {
+  if (b.shape != want)
+    return FSDP_ERROR(op.inst.op, ": expected ", what, " of shape ",
+                      shapeStr(want), ", found ", shapeStr(b.shape));
+  return Status::ok();
+}
+
+Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
+  for (const Buffer *b : bufs)
+    if (b->dtype != DType::F32)
+      return FSDP_ERROR("unsupported dtype ", dtypeName(b->dtype), " for op ",
+                        op.inst.op, " on the CPU backend (f32 only)");
+  return Status::ok();
+}
+
+Status expectAllF32(const Op &op) {
+  for (int64_t id : op.inst.in)
+    FSDP_RETURN_IF_ERROR(expectF32(op, {&op.plan.buffers[id]}));
+  for (int64_t id : op.inst.out)
+    FSDP_RETURN_IF_ERROR(expectF32(op, {&op.plan.buffers[id]}));
+  return Status::ok();
+}
+
+bool isInt(DType t) { return t == DType::I32 || t == DType::I64; }
+
+/// NumPy broadcast of two shapes; false when incompatible.
+bool broadcast(const Shape &a, const Shape &b, Shape &out) {
+  size_t r = std::max(a.size(), b.size());
+  out.assign(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1)
+      return false;
+    out[i] = da == 1 ? db : da;
+  }
+  return true;
+}
+
+Status checkSame(const Op &op) {
+  FSDP_RETURN_IF_ERROR(expectAllF32(op));
+  for (int64_t id : op.inst.in)
+    if (op.plan.buffers[id].numel() != op.out(0).numel())
+      return FSDP_ERROR(op.inst.op, ": expected operands of ",
+                        op.out(0).numel(), " elements, found ",
+                        op.plan.buffers[id].numel());
+  return Status::ok();
+}
+
+Status checkBinary(const Op &op) {
+  FSDP_RETURN_IF_ERROR(expectAllF32(op));
+  Shape s;
+  if (!broadcast(op.in(0).shape, op.in(1).shape, s))
+    return FSDP_ERROR(op.inst.op, ": shapes ", shapeStr(op.in(0).shape), " and ",
+                      shapeStr(op.in(1).shape), " do not broadcast");
+  return expectShape(op, op.out(0), s, "a result");
+}
+
+Exec binaryRun(BinaryKind k) {
+  return [k](const Run &r) {
+    binary<float>(k, r.in(0), r.op.in(0).shape, r.in(1), r.op.in(1).shape,
+                  r.out(0), r.op.out(0).shape);
+    return Status::ok();
+  };
+}
+
+int64_t lastDim(const Buffer &b) { return b.shape.empty() ? 1 : b.shape.back(); }
+int64_t rowsOf(const Buffer &b) { return b.numel() / std::max<int64_t>(lastDim(b), 1); }
+
+/// matmul dimensions from shapes and flags.
+struct MM {
+  int64_t batch, m, n, k;
+};
+Status matmulDims(const Op &op, MM &d) {
+  const Shape &a = op.in(0).shape, &b = op.in(1).shape;
+  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+  if (a.size() != b.size() || (a.size() != 2 && a.size() != 3))
+    return FSDP_ERROR("matmul: expected operands of equal rank 2 or 3, found ",
+                      shapeStr(a), " and ", shapeStr(b));
+  size_t r = a.size();
+  d.batch = r == 3 ? a[0] : 1;
+  if (r == 3 && a[0] != b[0])
+    return FSDP_ERROR("matmul: expected equal batch sizes, found ", a[0],
+                      " and ", b[0]);
+  d.m = ta ? a[r - 1] : a[r - 2];
+  d.k = ta ? a[r - 2] : a[r - 1];
+  int64_t kb = tb ? b[r - 1] : b[r - 2];
+  d.n = tb ? b[r - 2] : b[r - 1];
+  if (d.k != kb)
+    return FSDP_ERROR("matmul: expected contracting sizes to agree, found ",
+                      d.k, " and ", kb);
+  Shape want;
+  if (r == 3)
+    want.push_back(d.batch);
+  want.push_back(d.m);
+  want.push_back(d.n);
+  return expectShape(op, op.out(0), want, "a result");
+}
+
+/// [outer, full, inner] decomposition around `dim` of `s`.
+void around(const Shape &s, int64_t dim, int64_t &outer, int64_t &inner) {
+  outer = inner = 1;
+  for (int64_t i = 0; i < dim; ++i)
+    outer *= s[i];
+  for (size_t i = dim + 1; i < s.size(); ++i)
+    inner *= s[i];
+}
+
+Status checkWindow(const Op &op, const Buffer &big, const Buffer &small) {
+  int64_t dim = op.i("dim", -1), off = op.i("offset", -1);
+  if (dim < 0 || dim >= (int64_t)big.shape.size() ||
+      small.shape.size() != big.shape.size())
+    return FSDP_ERROR(op.inst.op, ": bad dim ", dim, " for shapes ",
+                      shapeStr(big.shape), " and ", shapeStr(small.shape));
+  Shape want = big.shape;
+  want[dim] = small.shape[dim];
+  FSDP_RETURN_IF_ERROR(expectShape(op, small, want, "a window"));
+  if (off < 0 || off + small.shape[dim] > big.shape[dim])
+    return FSDP_ERROR(op.inst.op, ": window [", off, ", ",
+                      off + small.shape[dim], ") is out of bounds of ",
+                      big.shape[dim]);
+  return Status::ok();
+}
+
+template <typename I>
+Status runEmbedding(const Run &r) {
+  const Buffer &t = r.op.in(0), &ids = r.op.in(1);
+  int64_t bad = embedding<float, I>(r.in(0), r.in<I>(1), r.out(0), ids.numel(),
+                                    t.shape[0], t.shape[1]);
+  if (bad >= 0)
+    return FSDP_ERROR("embedding: token id ", (int64_t)r.in<I>(1)[bad],
+                      " at position ", bad, " is outside the vocabulary [0, ",
+                      t.shape[0], ")");
+  return Status::ok();
+}
+
+template <typename I>
+Status runEmbeddingGrad(const Run &r) {
+  const Buffer &ids = r.op.in(0), &t = r.op.out(0);
+  int64_t bad = embeddingGrad<float, I>(r.in<I>(0), r.in(1), r.out(0),
+                                        ids.numel(), t.shape[0], t.shape[1]);
+  if (bad >= 0)
+    return FSDP_ERROR("embedding_grad: token id ", (int64_t)r.in<I>(0)[bad],
+                      " is outside the vocabulary [0, ", t.shape[0], ")");
+  return Status::ok();
+}
+
+template <typename I>
+Status runCrossEntropy(const Run &r, bool grad) {
+  const Buffer &l = r.op.in(0);
+  int64_t classes = lastDim(l), rows = rowsOf(l);
+  int64_t bad = grad ? crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2),
+                                                  r.out(0), rows, classes)
+                     : crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0),
+                                              rows, classes);
+  if (bad >= 0)
+    return FSDP_ERROR(r.op.inst.op, ": label ", (int64_t)r.in<I>(1)[bad],
+                      " at position ", bad, " is outside [0, ", classes, ")");
+  return Status::ok();
+}
+
+const std::unordered_map<std::string, OpDef> &table() {
+  static const std::unordered_map<std::string, OpDef> t = [] {
+    std::unordered_map<std::string, OpDef> m;
+    m["add"] = {2, 1, checkBinary, binaryRun(BinaryKind::Add)};
+    m["sub"] = {2, 1, checkBinary, binaryRun(BinaryKind::Sub)};
+    m["mul"] = {2, 1, checkBinary, binaryRun(BinaryKind::Mul)};
+    m["div"] = {2, 1, checkBinary, binaryRun(BinaryKind::Div)};
+    m["neg"] = {1, 1, checkSame, [](const Run &r) {
+                  neg<float>(r.in(0), r.out(0), r.op.out(0).numel());
+                  return Status::ok();
+                }};
+    m["scale"] = {1, 1, checkSame, [](const Run &r) {
+                    scale<float>(r.in(0), r.out(0), r.op.out(0).numel(),
+                                 r.op.f("factor", 1.0));
+                    return Status::ok();
+                  }};
+    m["fill"] = {0, 1, expectAllF32, [](const Run &r) {
+                   fill<float>(r.out(0), r.op.out(0).numel(), r.op.f("value", 0));
+                   return Status::ok();
+                 }};
+    m["copy"] = {1, 1,
+                 [](const Op &op) {
+                   if (op.in(0).bytes != op.out(0).bytes)
+                     return FSDP_ERROR("copy: sizes differ (", op.in(0).bytes,
+                                       " vs ", op.out(0).bytes, " bytes)");
+                   return Status::ok();
+                 },
+                 [](const Run &r) {
+                   void *dst = r.out<uint8_t>(0);
+                   const void *src = r.in<uint8_t>(0);
+                   if (dst != src)
+                     std::memmove(dst, src, r.op.out(0).bytes);
+                   return Status::ok();
+                 }};
+    m["relu"] = {1, 1, checkSame, [](const Run &r) {
+                   relu<float>(r.in(0), r.out(0), r.op.out(0).numel());
+                   return Status::ok();
+                 }};
+    m["gelu"] = {1, 1, checkSame, [](const Run &r) {
+                   gelu<float>(r.in(0), r.out(0), r.op.out(0).numel());
+                   return Status::ok();
+                 }};
+    m["softmax"] = {1, 1, checkSame, [](const Run &r) {
+                      softmax<float>(r.in(0), r.out(0), rowsOf(r.op.out(0)),
+                                     lastDim(r.op.out(0)));
+                      return Status::ok();
+                    }};
+    m["relu_grad"] = {2, 1, checkSame, [](const Run &r) {
+                        reluGrad<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
+                        return Status::ok();
+                      }};
+    m["gelu_grad"] = {2, 1, checkSame, [](const Run &r) {
+                        geluGrad<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
+                        return Status::ok();
+                      }};
+    m["softmax_grad"] = {2, 1, checkSame, [](const Run &r) {
+                           softmaxGrad<float>(r.in(0), r.in(1), r.out(0),
+                                              rowsOf(r.op.out(0)),
+                                              lastDim(r.op.out(0)));
+                           return Status::ok();
+                         }};
+    m["bias_add"] = {2, 1,
+                     [](const Op &op) {
+                       FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "a bias"));
+                       return expectShape(op, op.out(0), op.in(0).shape, "a result");
+                     },
+                     [](const Run &r) {
+                       biasAdd<float>(r.in(0), r.in(1), r.out(0), rowsOf(r.op.in(0)),
+                                      lastDim(r.op.in(0)));
+                       return Status::ok();
+                     }};
+    m["matmul"] = {2, 1,
+                   [](const Op &op) {
+                     FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                     MM d;
+                     return matmulDims(op, d);
+                   },
+                   [](const Run &r) {
+                     MM d;
+                     FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
+                     matmul<float>(r.in(0), r.in(1), r.out(0), d.batch, d.m, d.n,
+                                   d.k, r.op.b("transpose_lhs"), r.op.b("transpose_rhs"));
+                     return Status::ok();
+                   }};
+    m["layer_norm"] = {3, 1,
+                       [](const Op &op) {
+                         FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "gamma"));
+                         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {lastDim(op.in(0))}, "beta"));
+                         return expectShape(op, op.out(0), op.in(0).shape, "a result");
+                       },
+                       [](const Run &r) {
+                         layerNorm<float>(r.in(0), r.in(1), r.in(2), r.out(0),
+                                          rowsOf(r.op.in(0)), lastDim(r.op.in(0)),
+                                          r.op.f("epsilon", 1e-5));
+                         return Status::ok();
+                       }};
+    m["layer_norm_grad"] = {3, 3,
+                            [](const Op &op) {
+                              FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                              Shape c{lastDim(op.in(0))};
+                              FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), c, "gamma"));
+                              FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), op.in(0).shape, "a gradient"));
+                              FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), op.in(0).shape, "d_input"));
+                              FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_gamma"));
+                              return expectShape(op, op.out(2), c, "d_beta");
+                            },
+                            [](const Run &r) {
+                              layerNormGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0),
+                                                   r.out(1), r.out(2), rowsOf(r.op.in(0)),
+                                                   lastDim(r.op.in(0)),
+                                                   r.op.f("epsilon", 1e-5));
+                              return Status::ok();
+                            }};
+    auto checkAttention = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      int64_t heads = op.i("heads", 0);
+      if (s.size() != 3 || heads <= 0 || s[2] % heads)
+        return FSDP_ERROR(op.inst.op, ": expected [B, T, C] operands with heads "
+                          "dividing C, found ", shapeStr(s), " and heads = ", heads);
+      for (int64_t id : op.inst.in)
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.plan.buffers[id], s, "an operand"));
+      for (int64_t id : op.inst.out)
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.plan.buffers[id], s, "a result"));
+      return Status::ok();
+    };
+    m["attention"] = {3, 1, checkAttention, [](const Run &r) {
+                        const Shape &s = r.op.in(0).shape;
+                        attention<float>(r.in(0), r.in(1), r.in(2), r.out(0), s[0], s[1],
+                                         s[2], r.op.i("heads", 1), r.op.b("causal"));
+                        return Status::ok();
+                      }};
+    m["attention_grad"] = {4, 3, checkAttention, [](const Run &r) {
+                             const Shape &s = r.op.in(0).shape;
+                             attentionGrad<float>(r.in(0), r.in(1), r.in(2), r.in(3),
+                                                  r.out(0), r.out(1), r.out(2), s[0], s[1],
+                                                  s[2], r.op.i("heads", 1),
+                                                  r.op.b("causal"));
+                             return Status::ok();
+                           }};
+    m["embedding"] = {2, 1,
+                      [](const Op &op) {
+                        const Buffer &t = op.in(0), &ids = op.in(1);
+                        FSDP_RETURN_IF_ERROR(expectF32(op, {&t, &op.out(0)}));
+                        if (t.shape.size() != 2 || !isInt(ids.dtype))
+                          return FSDP_ERROR("embedding: expected a [vocab, width] "
+                                            "table and integer ids");
+                        Shape want = ids.shape;
+                        want.push_back(t.shape[1]);
+                        return expectShape(op, op.out(0), want, "a result");
+                      },
+                      [](const Run &r) {
+                        return r.op.in(1).dtype == DType::I32
+                                   ? runEmbedding<int32_t>(r)
+                                   : runEmbedding<int64_t>(r);
+                      }};
+    m["embedding_grad"] = {2, 1,
+                           [](const Op &op) {
+                             const Buffer &ids = op.in(0), &t = op.out(0);
+                             FSDP_RETURN_IF_ERROR(expectF32(op, {&op.in(1), &t}));
+                             if (t.shape.size() != 2 || !isInt(ids.dtype))
+                               return FSDP_ERROR("embedding_grad: expected integer "
+                                                 "ids and a [vocab, width] result");
+                             Shape want = ids.shape;
+                             want.push_back(t.shape[1]);
+                             return expectShape(op, op.in(1), want, "a gradient");
+                           },
+                           [](const Run &r) {
+                             return r.op.in(0).dtype == DType::I32
+                                        ? runEmbeddingGrad<int32_t>(r)
+                                        : runEmbeddingGrad<int64_t>(r);
+                           }};
+    m["reshape"] = {1, 1,
+                    [](const Op &op) {
+                      if (op.in(0).bytes != op.out(0).bytes ||
+                          op.in(0).dtype != op.out(0).dtype)
+                        return FSDP_ERROR("reshape: expected the same size and "
+                                          "dtype, found ", shapeStr(op.in(0).shape),
+                                          " -> ", shapeStr(op.out(0).shape));
+                      return Status::ok();
+                    },
+                    [](const Run &r) {
+                      std::memcpy(r.out<uint8_t>(0), r.in<uint8_t>(0), r.op.out(0).bytes);
+                      return Status::ok();
+                    }};
+    m["transpose"] = {1, 1,
+                      [](const Op &op) {
+                        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                        std::vector<int64_t> perm = op.iv("perm");
+                        const Shape &s = op.in(0).shape;
+                        if (perm.size() != s.size())
+                          return FSDP_ERROR("transpose: expected a permutation of ",
+                                            s.size(), " dimensions");
+                        Shape want;
+                        std::vector<bool> seen(s.size(), false);
+                        for (int64_t p : perm) {
+                          if (p < 0 || p >= (int64_t)s.size() || seen[p])
+                            return FSDP_ERROR("transpose: perm is not a permutation");
+                          seen[p] = true;
+                          want.push_back(s[p]);
+                        }
+                        return expectShape(op, op.out(0), want, "a result");
+                      },
+                      [](const Run &r) {
+                        transpose<float>(r.in(0), r.op.in(0).shape, r.op.iv("perm"), r.out(0));
+                        return Status::ok();
+                      }};
+    m["slice"] = {1, 1,
+                  [](const Op &op) {
+                    FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                    return checkWindow(op, op.in(0), op.out(0));
+                  },
+                  [](const Run &r) {
+                    int64_t dim = r.op.i("dim", 0), outer, inner;
+                    around(r.op.in(0).shape, dim, outer, inner);
+                    slice<float>(r.in(0), r.out(0), outer, r.op.in(0).shape[dim],
+                                 r.op.out(0).shape[dim], inner, r.op.i("offset", 0));
+                    return Status::ok();
+                  }};
+    m["slice_grad"] = {1, 1,
+                       [](const Op &op) {
+                         FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                         return checkWindow(op, op.out(0), op.in(0));
+                       },
+                       [](const Run &r) {
+                         int64_t dim = r.op.i("dim", 0), outer, inner;
+                         around(r.op.out(0).shape, dim, outer, inner);
+                         sliceGrad<float>(r.in(0), r.out(0), outer, r.op.out(0).shape[dim],
+                                          r.op.in(0).shape[dim], inner, r.op.i("offset", 0));
+                         return Status::ok();
+                       }};
+    m["concat"] = {-1, 1,
+                   [](const Op &op) {
+                     FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                     int64_t dim = op.i("dim", -1);
+                     Shape want = op.out(0).shape;
+                     if (dim < 0 || dim >= (int64_t)want.size())
+                       return FSDP_ERROR("concat: bad dim ", dim);
+                     int64_t total = 0;
+                     for (size_t i = 0; i < op.inst.in.size(); ++i) {
+                       Shape s = want;
+                       s[dim] = op.in(i).shape.size() == want.size() ? op.in(i).shape[dim] : -1;
+                       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(i), s, "an input"));
+                       total += s[dim];
+                     }
+                     if (total != want[dim])
+                       return FSDP_ERROR("concat: inputs add up to ", total,
+                                         " along dim ", dim, ", result has ", want[dim]);
+                     return Status::ok();
+                   },
+                   [](const Run &r) {
+                     int64_t dim = r.op.i("dim", 0), outer, inner, off = 0;
+                     const Buffer &o = r.op.out(0);
+                     around(o.shape, dim, outer, inner);
+                     for (size_t i = 0; i < r.op.inst.in.size(); ++i) {
+                       int64_t len = r.op.in(i).shape[dim];
+                       const float *src = r.in(i);
+                       float *dst = r.out(0);
+                       for (int64_t a = 0; a < outer; ++a)
+                         std::memcpy(dst + (a * o.shape[dim] + off) * inner,
+                                     src + a * len * inner, sizeof(float) * len * inner);
+                       off += len;
+                     }
+                     return Status::ok();
+                   }};
+    auto checkReduce = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      std::vector<int64_t> dims = op.iv("dims");
+      const Shape &s = op.in(0).shape;
+      std::vector<bool> red(s.size(), false);
+      for (int64_t d : dims) {
+        if (d < 0 || d >= (int64_t)s.size() || red[d])
+          return FSDP_ERROR(op.inst.op, ": bad dims");
+        red[d] = true;
+      }
+      Shape want;
+      for (size_t i = 0; i < s.size(); ++i)
+        if (!red[i])
+          want.push_back(s[i]);
+      return expectShape(op, op.out(0), want, "a result");
+    };
+    auto runReduce = [](bool mean) {
+      return [mean](const Run &r) {
+        // A reduction is sum_to the keep-dims shape, whose layout is that
+        // of the dropped-dims result.
+        Shape kept = r.op.in(0).shape;
+        int64_t count = 1;
+        for (int64_t d : r.op.iv("dims")) {
+          count *= kept[d];
+          kept[d] = 1;
+        }
+        sumTo<float>(r.in(0), r.op.in(0).shape, r.out(0), kept);
+        if (mean)
+          scale<float>(r.out(0), r.out(0), r.op.out(0).numel(), 1.0 / count);
+        return Status::ok();
+      };
+    };
+    m["reduce_sum"] = {1, 1, checkReduce, runReduce(false)};
+    m["reduce_mean"] = {1, 1, checkReduce, runReduce(true)};
+    m["broadcast"] = {1, 1,
+                      [](const Op &op) {
+                        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                        Shape s;
+                        if (!broadcast(op.in(0).shape, op.out(0).shape, s) ||
+                            s != op.out(0).shape)
+                          return FSDP_ERROR("broadcast: cannot broadcast ",
+                                            shapeStr(op.in(0).shape), " to ",
+                                            shapeStr(op.out(0).shape));
+                        return Status::ok();
+                      },
+                      [](const Run &r) {
+                        broadcastTo<float>(r.in(0), r.op.in(0).shape, r.out(0),
+                                           r.op.out(0).shape);
+                        return Status::ok();
+                      }};
+    m["sum_to"] = {1, 1,
+                   [](const Op &op) {
+                     FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                     Shape s;
+                     if (!broadcast(op.out(0).shape, op.in(0).shape, s) ||
+                         s != op.in(0).shape)
+                       return FSDP_ERROR("sum_to: ", shapeStr(op.out(0).shape),
+                                         " does not broadcast to ",
+                                         shapeStr(op.in(0).shape));
+                     return Status::ok();
+                   },
+                   [](const Run &r) {
+                     sumTo<float>(r.in(0), r.op.in(0).shape, r.out(0), r.op.out(0).shape);
+                     return Status::ok();
+                   }};
+    m["cast"] = {1, 1,
+                 [](const Op &op) {
+                   if (op.in(0).numel() != op.out(0).numel() || isInt(op.in(0).dtype) ||
+                       isInt(op.out(0).dtype))
+                     return FSDP_ERROR("cast: expected float tensors of one size");
+                   return Status::ok();
+                 },
+                 [](const Run &r) {
+                   int64_t n = r.op.out(0).numel();
+                   DType from = r.op.in(0).dtype, to = r.op.out(0).dtype;
+                   std::vector<float> tmp(n);
+                   for (int64_t i = 0; i < n; ++i)
+                     tmp[i] = from == DType::F32    ? r.in(0)[i]
+                              : from == DType::BF16 ? bf16ToFloat(r.in<uint16_t>(0)[i])
+                                                    : halfToFloat(r.in<uint16_t>(0)[i]);
+                   for (int64_t i = 0; i < n; ++i) {
+                     if (to == DType::F32)
+                       r.out(0)[i] = tmp[i];
+                     else
+                       r.out<uint16_t>(0)[i] = to == DType::BF16 ? floatToBf16(tmp[i])
+                                                                 : floatToHalf(tmp[i]);
+                   }
+                   return Status::ok();
+                 }};
+    auto checkCE = [](const Op &op, bool grad) {
+      const Buffer &l = op.in(0), &y = op.in(1);
+      FSDP_RETURN_IF_ERROR(expectF32(op, {&l, &op.out(0)}));
+      if (l.shape.size() < 2 || !isInt(y.dtype))
+        return FSDP_ERROR(op.inst.op, ": expected [..., classes] logits and integer labels");
+      Shape lead(l.shape.begin(), l.shape.end() - 1);
+      FSDP_RETURN_IF_ERROR(expectShape(op, y, lead, "labels"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
+        return expectShape(op, op.out(0), l.shape, "a result");
+      }
+      return expectShape(op, op.out(0), {}, "a scalar loss");
+    };
+    m["cross_entropy"] = {2, 1, [checkCE](const Op &op) { return checkCE(op, false); },
+                          [](const Run &r) {
+                            return r.op.in(1).dtype == DType::I32
+                                       ? runCrossEntropy<int32_t>(r, false)
+                                       : runCrossEntropy<int64_t>(r, false);
+                          }};
+    m["cross_entropy_grad"] = {3, 1, [checkCE](const Op &op) { return checkCE(op, true); },
+                               [](const Run &r) {
+                                 return r.op.in(1).dtype == DType::I32
+                                            ? runCrossEntropy<int32_t>(r, true)
+                                            : runCrossEntropy<int64_t>(r, true);
+                               }};
+    auto checkPair = [](const Op &op, bool grad) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), op.in(0).shape, "a target"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
+        return expectShape(op, op.out(0), op.in(0).shape, "a result");
+      }
+      return expectShape(op, op.out(0), {}, "a scalar loss");
+    };
+    m["mse_loss"] = {2, 1, [checkPair](const Op &op) { return checkPair(op, false); },
+                     [](const Run &r) {
+                       mseLoss<float>(r.in(0), r.in(1), r.out(0), r.op.in(0).numel());
+                       return Status::ok();
+                     }};
+    m["mse_loss_grad"] = {3, 1, [checkPair](const Op &op) { return checkPair(op, true); },
+                          [](const Run &r) {
+                            mseLossGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0),
+                                               r.op.in(0).numel());
+                            return Status::ok();
+                          }};
+    m["bce_with_logits"] = {2, 1, [checkPair](const Op &op) { return checkPair(op, false); },
+                            [](const Run &r) {
+                              bceWithLogits<float>(r.in(0), r.in(1), r.out(0),
+                                                   r.op.in(0).numel());
+                              return Status::ok();
+                            }};
+    m["bce_with_logits_grad"] = {3, 1,
+                                 [checkPair](const Op &op) { return checkPair(op, true); },
+                                 [](const Run &r) {
+                                   bceWithLogitsGrad<float>(r.in(0), r.in(1), r.in(2),
+                                                            r.out(0), r.op.in(0).numel());
+                                   return Status::ok();
+                                 }};
+    // Optimizer updates: operands (p, g, [states...], lr, [step]).
+    auto checkUpdate = [](int states, bool hasStep) {
+      return [states, hasStep](const Op &op) {
+        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+        int64_t n = op.in(0).numel();
+        for (int i = 1; i < 2 + states; ++i)
+          if (op.in(i).numel() != n)
+            return FSDP_ERROR(op.inst.op, ": operand ", i, " has ", op.in(i).numel(),
+                              " elements, the parameter ", n);
+        for (int i = 0; i <= states; ++i)
+          if (op.out(i).numel() != n)
+            return FSDP_ERROR(op.inst.op, ": result ", i, " has the wrong size");
+        size_t scalars = 2 + states;
+        if (op.in(scalars).numel() != 1 || (hasStep && op.in(scalars + 1).numel() != 1))
+          return FSDP_ERROR(op.inst.op, ": expected scalar lr/step operands");
+        return Status::ok();
+      };
+    };
+    m["sgd_update"] = {3, 1, checkUpdate(0, false), [](const Run &r) {
+                         sgdUpdate<float>(r.in(0), r.in(1), r.out(0), r.op.in(0).numel(),
+                                          *r.in(2), r.op.f("weight_decay", 0));
+                         return Status::ok();
+                       }};
+    m["sgd_momentum_update"] = {5, 2, checkUpdate(1, true), [](const Run &r) {
+                                  sgdMomentumUpdate<float>(
+                                      r.in(0), r.in(1), r.in(2), r.out(0), r.out(1),
+                                      r.op.in(0).numel(), *r.in(3), (int64_t)*r.in(4),
+                                      r.op.f("momentum", 0), r.op.f("dampening", 0),
+                                      r.op.f("weight_decay", 0), r.op.b("nesterov"));
+                                  return Status::ok();
+                                }};
+    m["adamw_update"] = {6, 3, checkUpdate(2, true), [](const Run &r) {
+                           adamwUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0),
+                                              r.out(1), r.out(2), r.op.in(0).numel(),
+                                              *r.in(4), (int64_t)*r.in(5),
+                                              r.op.f("beta1", 0.9), r.op.f("beta2", 0.999),
+                                              r.op.f("eps", 1e-8),
+                                              r.op.f("weight_decay", 0.01));
+                           return Status::ok();
+                         }};
+    m["squared_norm"] = {-1, 1,
+                         [](const Op &op) {
+                           FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                           return expectShape(op, op.out(0), {}, "a scalar");
+                         },
+                         [](const Run &r) {
+                           double s = 0;
+                           for (size_t i = 0; i < r.op.inst.in.size(); ++i)
+                             s += squaredNorm<float>(r.in(i), r.op.in(i).numel());
+                           *r.out(0) = (float)s;
+                           return Status::ok();
+                         }};
+    m["clip_coef"] = {1, 1,
+                      [](const Op &op) {
+                        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                        if (!op.has("max_norm"))
+                          return FSDP_ERROR("clip_coef: missing max_norm");
+                        return expectShape(op, op.out(0), {}, "a scalar");
+                      },
+                      [](const Run &r) {
+                        double norm = std::sqrt((double)*r.in(0));
+                        double c = r.op.f("max_norm", 1.0) / (norm + 1e-6);
+                        *r.out(0) = (float)std::min(c, 1.0);
+                        return Status::ok();
+                      }};
+    m["pack"] = {-1, 1,
+                 [](const Op &op) {
+                   FSDP_RETURN_IF_ERROR(expectAllF32(op));
+                   std::vector<int64_t> offs = op.iv("offsets");
+                   if (offs.size() != op.inst.in.size())
+                     return FSDP_ERROR("pack: expected one offset per input");
+                   for (size_t i = 0; i < offs.size(); ++i)
+                     if (offs[i] < 0 || offs[i] + op.in(i).numel() > op.out(0).numel())
+                       return FSDP_ERROR("pack: input ", i, " does not fit");
+                   return Status::ok();
+                 },
+                 [](const Run &r) {
+                   // Inputs the memory plan placed inside the packed buffer
+                   // are already there; only the others are copied, and the
+                   // padding is zeroed.
+                   float *dst = r.out(0);
+                   int64_t n = r.op.out(0).numel();
+                   std::vector<std::pair<int64_t, int64_t>> covered;
+                   std::vector<int64_t> offs = r.op.iv("offsets");
+                   for (size_t i = 0; i < offs.size(); ++i) {
+                     int64_t len = r.op.in(i).numel();
+                     if (r.in(i) != dst + offs[i])
+                       std::memcpy(dst + offs[i], r.in(i), sizeof(float) * len);
+                     covered.push_back({offs[i], offs[i] + len});
+                   }
+                   std::sort(covered.begin(), covered.end());
+                   int64_t at = 0;
+                   for (auto [lo, hi] : covered) {
+                     if (lo > at)
+                       std::fill(dst + at, dst + lo, 0.0f);
+                     at = std::max(at, hi);
+                   }
+                   if (at < n)
+                     std::fill(dst + at, dst + n, 0.0f);
+                   return Status::ok();
+                 }};
+    return m;
+  }();
+  return t;
+}
+
+} // namespace
+
+bool isCollectiveOp(const std::string &op) {
+  return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather";
+}
+
+Status checkInstruction(const Plan &plan, const Instruction &inst) {
+  if (isCollectiveOp(inst.op)) {
+    if (inst.in.size() != 1 || inst.out.size() != 1)
+      return FSDP_ERROR(inst.op, ": expected one input and one output");
+    const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
+    if (a.dtype != DType::F32 || b.dtype != DType::F32)
+      return FSDP_ERROR(inst.op, ": only f32 collectives are supported");
+    int64_t w = plan.worldSize;
+    bool ok = inst.op == "all_reduce"       ? a.numel() == b.numel()
+              : inst.op == "all_gather"     ? b.numel() == a.numel() * w
+                                            : a.numel() == b.numel() * w;
+    if (!ok)
+      return FSDP_ERROR(inst.op, ": sizes ", a.numel(), " -> ", b.numel(),
+                        " do not fit world size ", w);
+    if (inst.op != "all_gather") {
+      auto it = inst.attrs.find("reduce");
+      if (it == inst.attrs.end() || !it->is_string() ||
+          (*it != "sum" && *it != "mean"))
+        return FSDP_ERROR(inst.op, ": expected reduce = \"sum\" or \"mean\"");
+    }
+    return Status::ok();
+  }
+  auto it = table().find(inst.op);
+  if (it == table().end())
+    return FSDP_ERROR("unknown op '", inst.op,
+                      "' (this runtime does not implement it)");
+  const OpDef &def = it->second;
+  if ((def.nin >= 0 && (int)inst.in.size() != def.nin) ||
+      (def.nin < 0 && inst.in.empty()) || (int)inst.out.size() != def.nout)
+    return FSDP_ERROR(inst.op, ": expected ", def.nin < 0 ? std::string("1+")
+                                                         : std::to_string(def.nin),
+                      " inputs and ", def.nout, " outputs, found ", inst.in.size(),
+                      " and ", inst.out.size());
+  return def.check(Op{plan, inst});
+}
+
+Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena,
+                      int64_t rank) {
+  auto it = table().find(inst.op);
+  if (it == table().end())
+    return FSDP_ERROR("unknown op '", inst.op, "'");
+  Op op{plan, inst};
+  return it->second.run(Run{op, arena, rank});
+}
+
+} // namespace fsdp::cpu

@@ -1,0 +1,772 @@
+//===- Kernels.cpp - CPU kernels for every op of a plan -------------------===//
+//
+// See Kernels.h. Loops are written for clarity first; the hot ones (GEMM,
+// elementwise, row-wise softmax / layer norm, attention over heads) are
+// parallel. A loop runs in parallel only above kParallelGrain elements,
+// below which thread start-up costs more than it saves.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace fsdp::cpu {
+
+namespace {
+constexpr int64_t kParallelGrain = 1 << 15;
+
+/// Row-major strides of `s`.
+Shape stridesOf(const Shape &s) {
+  Shape st(s.size(), 1);
+  for (int64_t i = (int64_t)s.size() - 2; i >= 0; --i)
+    st[i] = st[i + 1] * s[i + 1];
+  return st;
+}
+
+/// Strides of `in` seen through a broadcast to `out`: 0 along broadcast
+/// dimensions (missing or of size 1).
+Shape broadcastStrides(const Shape &in, const Shape &out) {
+  Shape st(out.size(), 0);
+  Shape own = stridesOf(in);
+  size_t lead = out.size() - in.size();
+  for (size_t i = 0; i < in.size(); ++i)
+    st[lead + i] = in[i] == 1 ? 0 : own[i];
+  return st;
+}
+
+/// Calls f(outIndex, inOffset) for every element of `out`, with inOffset
+/// the offset of the broadcast source element.
+template <typename F>
+void forEachBroadcast(const Shape &in, const Shape &out, F f) {
+  Shape bs = broadcastStrides(in, out);
+  int64_t n = numel(out);
+  size_t r = out.size();
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, off);
+    for (int64_t d = (int64_t)r - 1; d >= 0; --d) {
+      if (++idx[d] < out[d]) {
+        off += bs[d];
+        break;
+      }
+      off -= bs[d] * (out[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T> inline T applyBinary(BinaryKind k, T a, T b) {
+  switch (k) {
+  case BinaryKind::Add:
+    return a + b;
+  case BinaryKind::Sub:
+    return a - b;
+  case BinaryKind::Mul:
+    return a * b;
+  case BinaryKind::Div:
+    return a / b;
+  }
+  return a;
+}
+} // namespace
+
+int64_t numel(const Shape &s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+
+template <typename T>
+void binary(BinaryKind k, const T *a, const Shape &sa, const T *b,
+            const Shape &sb, T *out, const Shape &so) {
+  int64_t n = numel(so);
+  int64_t na = numel(sa), nb = numel(sb);
+  if (na == n && nb == n) {
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = applyBinary(k, a[i], b[i]);
+    return;
+  }
+  if (na == n && nb == 1) {
+    T bv = b[0];
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = applyBinary(k, a[i], bv);
+    return;
+  }
+  // General case: walk the output once, with both sources' offsets.
+  Shape ba = broadcastStrides(sa, so), bb = broadcastStrides(sb, so);
+  size_t r = so.size();
+  std::vector<int64_t> idx(r, 0);
+  int64_t oa = 0, ob = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = applyBinary(k, a[oa], b[ob]);
+    for (int64_t d = (int64_t)r - 1; d >= 0; --d) {
+      if (++idx[d] < so[d]) {
+        oa += ba[d];
+        ob += bb[d];
+        break;
+      }
+      oa -= ba[d] * (so[d] - 1);
+      ob -= bb[d] * (so[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+void broadcastTo(const T *in, const Shape &si, T *out, const Shape &so) {
+  forEachBroadcast(si, so, [&](int64_t i, int64_t off) { out[i] = in[off]; });
+}
+
+template <typename T>
+void sumTo(const T *in, const Shape &si, T *out, const Shape &so) {
+  int64_t n = numel(so);
+  if (n == numel(si)) {
+    std::memcpy(out, in, sizeof(T) * n);
+    return;
+  }
+  std::fill(out, out + n, T(0));
+  forEachBroadcast(so, si, [&](int64_t i, int64_t off) { out[off] += in[i]; });
+}
+
+template <typename T> void neg(const T *x, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = -x[i];
+}
+
+template <typename T> void scale(const T *x, T *y, int64_t n, double f) {
+  T tf = (T)f;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = x[i] * tf;
+}
+
+template <typename T> void fill(T *y, int64_t n, double v) {
+  std::fill(y, y + n, (T)v);
+}
+
+template <typename T> void relu(const T *x, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = x[i] > 0 ? x[i] : T(0);
+}
+
+template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = x[i] > 0 ? dy[i] : T(0);
+}
+
+// GELU, tanh form (PyTorch approximate='tanh'):
+//   y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+constexpr double kGeluC = 0.7978845608028654; // sqrt(2/pi)
+constexpr double kGeluA = 0.044715;
+
+template <typename T> void gelu(const T *x, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    T u = T(kGeluC) * (v + T(kGeluA) * v * v * v);
+    y[i] = T(0.5) * v * (T(1) + std::tanh(u));
+  }
+}
+
+template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    T u = T(kGeluC) * (v + T(kGeluA) * v * v * v);
+    T t = std::tanh(u);
+    T du = T(kGeluC) * (T(1) + T(3 * kGeluA) * v * v);
+    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+  }
+}
+
+template <typename T> void softmax(const T *x, T *y, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols;
+    T *yr = y + r * cols;
+    T mx = *std::max_element(xr, xr + cols);
+    T sum = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      yr[c] = std::exp(xr[c] - mx);
+      sum += yr[c];
+    }
+    T inv = T(1) / sum;
+    for (int64_t c = 0; c < cols; ++c)
+      yr[c] *= inv;
+  }
+}
+
+template <typename T>
+void softmaxGrad(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *yr = y + r * cols, *dyr = dy + r * cols;
+    T dot = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      dot += yr[c] * dyr[c];
+    for (int64_t c = 0; c < cols; ++c)
+      dx[r * cols + c] = yr[c] * (dyr[c] - dot);
+  }
+}
+
+template <typename T>
+void biasAdd(const T *x, const T *b, T *y, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = x[r * cols + c] + b[c];
+}
+
+namespace {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+          const float *b, float *c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, ta ? m : k, b,
+              tb ? k : n, 0.0f, c, n);
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double *a,
+          const double *b, double *c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, ta ? m : k, b,
+              tb ? k : n, 0.0, c, n);
+}
+} // namespace
+
+template <typename T>
+void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m, int64_t n,
+            int64_t k, bool transA, bool transB) {
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(transA, transB, m, n, k, a + i * m * k, b + i * k * n, c + i * m * n);
+}
+
+template <typename T>
+void layerNorm(const T *x, const T *g, const T *b, T *y, int64_t rows,
+               int64_t cols, double eps) {
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols;
+    T mean = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      mean += xr[c];
+    mean /= T(cols);
+    T var = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      var += (xr[c] - mean) * (xr[c] - mean);
+    var /= T(cols);
+    T rstd = T(1) / std::sqrt(var + T(eps));
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = (xr[c] - mean) * rstd * g[c] + b[c];
+  }
+}
+
+template <typename T>
+void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
+                   int64_t rows, int64_t cols, double eps) {
+  std::fill(dg, dg + cols, T(0));
+  std::fill(db, db + cols, T(0));
+  // dgamma / dbeta sum over rows: kept serial so the order is fixed.
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols, *dyr = dy + r * cols;
+    T mean = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      mean += xr[c];
+    mean /= T(cols);
+    T var = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      var += (xr[c] - mean) * (xr[c] - mean);
+    var /= T(cols);
+    T rstd = T(1) / std::sqrt(var + T(eps));
+    // dx = rstd * (dyg - mean(dyg) - xhat * mean(dyg * xhat)), dyg = dy * g.
+    T sumDyg = 0, sumDygXhat = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      T xhat = (xr[c] - mean) * rstd;
+      T dyg = dyr[c] * g[c];
+      sumDyg += dyg;
+      sumDygXhat += dyg * xhat;
+      dg[c] += dyr[c] * xhat;
+      db[c] += dyr[c];
+    }
+    T m1 = sumDyg / T(cols), m2 = sumDygXhat / T(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      T xhat = (xr[c] - mean) * rstd;
+      dx[r * cols + c] = rstd * (dyr[c] * g[c] - m1 - xhat * m2);
+    }
+  }
+}
+
+// Attention: for batch b and head h, with D = C / heads,
+//   S = Q_h K_h^T / sqrt(D) (masked for t' > t when causal),
+//   P = softmax(S), Y_h = P V_h.
+// Probabilities are recomputed in the backward pass instead of stored.
+template <typename T>
+void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
+               int64_t C, int64_t heads, bool causal) {
+  int64_t D = C / heads;
+  T scale = T(1) / std::sqrt(T(D));
+#pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<T> p(Tn);
+      for (int64_t t = 0; t < Tn; ++t) {
+        const T *qt = q + (b * Tn + t) * C + h * D;
+        int64_t end = causal ? t + 1 : Tn;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t s = 0; s < end; ++s) {
+          const T *ks = k + (b * Tn + s) * C + h * D;
+          T dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += qt[d] * ks[d];
+          p[s] = dot * scale;
+          mx = std::max(mx, p[s]);
+        }
+        T sum = 0;
+        for (int64_t s = 0; s < end; ++s) {
+          p[s] = std::exp(p[s] - mx);
+          sum += p[s];
+        }
+        T *yt = y + (b * Tn + t) * C + h * D;
+        std::fill(yt, yt + D, T(0));
+        for (int64_t s = 0; s < end; ++s) {
+          T w = p[s] / sum;
+          const T *vs = v + (b * Tn + s) * C + h * D;
+          for (int64_t d = 0; d < D; ++d)
+            yt[d] += w * vs[d];
+        }
+      }
+    }
+}
+
+template <typename T>
+void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
+                   T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
+                   int64_t heads, bool causal) {
+  int64_t D = C / heads;
+  T scale = T(1) / std::sqrt(T(D));
+  int64_t n = B * Tn * C;
+  std::fill(dq, dq + n, T(0));
+  std::fill(dk, dk + n, T(0));
+  std::fill(dv, dv + n, T(0));
+  // Each (b, h) pair touches disjoint slices of dq/dk/dv.
+#pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<T> p(Tn), dp(Tn);
+      for (int64_t t = 0; t < Tn; ++t) {
+        const T *qt = q + (b * Tn + t) * C + h * D;
+        const T *dyt = dy + (b * Tn + t) * C + h * D;
+        int64_t end = causal ? t + 1 : Tn;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t s = 0; s < end; ++s) {
+          const T *ks = k + (b * Tn + s) * C + h * D;
+          T dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += qt[d] * ks[d];
+          p[s] = dot * scale;
+          mx = std::max(mx, p[s]);
+        }
+        T sum = 0;
+        for (int64_t s = 0; s < end; ++s) {
+          p[s] = std::exp(p[s] - mx);
+          sum += p[s];
+        }
+        for (int64_t s = 0; s < end; ++s)
+          p[s] /= sum;
+        // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>).
+        T dot = 0;
+        for (int64_t s = 0; s < end; ++s) {
+          const T *vs = v + (b * Tn + s) * C + h * D;
+          T acc = 0;
+          for (int64_t d = 0; d < D; ++d)
+            acc += dyt[d] * vs[d];
+          dp[s] = acc;
+          dot += acc * p[s];
+          T *dvs = dv + (b * Tn + s) * C + h * D;
+          for (int64_t d = 0; d < D; ++d)
+            dvs[d] += p[s] * dyt[d];
+        }
+        T *dqt = dq + (b * Tn + t) * C + h * D;
+        for (int64_t s = 0; s < end; ++s) {
+          T ds = p[s] * (dp[s] - dot) * scale;
+          const T *ks = k + (b * Tn + s) * C + h * D;
+          T *dks = dk + (b * Tn + s) * C + h * D;
+          for (int64_t d = 0; d < D; ++d) {
+            dqt[d] += ds * ks[d];
+            dks[d] += ds * qt[d];
+          }
+        }
+      }
+    }
+}
+
+template <typename T, typename I>
+int64_t embedding(const T *table, const I *ids, T *y, int64_t n, int64_t vocab,
+                  int64_t width) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return i;
+#pragma omp parallel for if (n * width > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(y + i * width, table + (int64_t)ids[i] * width,
+                sizeof(T) * width);
+  return -1;
+}
+
+template <typename T, typename I>
+int64_t embeddingGrad(const I *ids, const T *dy, T *dtable, int64_t n,
+                      int64_t vocab, int64_t width) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return i;
+  std::fill(dtable, dtable + vocab * width, T(0));
+  // Repeated ids accumulate: serial, in order.
+  for (int64_t i = 0; i < n; ++i) {
+    T *row = dtable + (int64_t)ids[i] * width;
+    const T *g = dy + i * width;
+    for (int64_t c = 0; c < width; ++c)
+      row[c] += g[c];
+  }
+  return -1;
+}
+
+template <typename T>
+void transpose(const T *x, const Shape &sx, const std::vector<int64_t> &perm,
+               T *y) {
+  size_t r = sx.size();
+  Shape sy(r), xs = stridesOf(sx), srcStride(r);
+  for (size_t i = 0; i < r; ++i) {
+    sy[i] = sx[perm[i]];
+    srcStride[i] = xs[perm[i]];
+  }
+  int64_t n = numel(sy);
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = x[off];
+    for (int64_t d = (int64_t)r - 1; d >= 0; --d) {
+      if (++idx[d] < sy[d]) {
+        off += srcStride[d];
+        break;
+      }
+      off -= srcStride[d] * (sy[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+void slice(const T *x, T *y, int64_t outer, int64_t full, int64_t len,
+           int64_t inner, int64_t offset) {
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(y + o * len * inner, x + (o * full + offset) * inner,
+                sizeof(T) * len * inner);
+}
+
+template <typename T>
+void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
+               int64_t inner, int64_t offset) {
+  std::fill(dx, dx + outer * full * inner, T(0));
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dx + (o * full + offset) * inner, dy + o * len * inner,
+                sizeof(T) * len * inner);
+}
+
+template <typename T, typename I>
+int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
+                     int64_t classes) {
+  for (int64_t r = 0; r < rows; ++r)
+    if (labels[r] < 0 || labels[r] >= classes)
+      return r;
+  std::vector<double> per(rows);
+#pragma omp parallel for if (rows * classes > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *lr = logits + r * classes;
+    T mx = *std::max_element(lr, lr + classes);
+    T sum = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      sum += std::exp(lr[c] - mx);
+    per[r] = (double)(std::log(sum) + mx - lr[labels[r]]);
+  }
+  double total = 0;
+  for (double v : per)
+    total += v;
+  *loss = (T)(total / rows);
+  return -1;
+}
+
+template <typename T, typename I>
+int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
+                         T *dlogits, int64_t rows, int64_t classes) {
+  for (int64_t r = 0; r < rows; ++r)
+    if (labels[r] < 0 || labels[r] >= classes)
+      return r;
+  T f = *dloss / T(rows);
+#pragma omp parallel for if (rows * classes > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *lr = logits + r * classes;
+    T *dr = dlogits + r * classes;
+    T mx = *std::max_element(lr, lr + classes);
+    T sum = 0;
+    for (int64_t c = 0; c < classes; ++c) {
+      dr[c] = std::exp(lr[c] - mx);
+      sum += dr[c];
+    }
+    T inv = T(1) / sum;
+    for (int64_t c = 0; c < classes; ++c)
+      dr[c] = dr[c] * inv * f;
+    dr[labels[r]] -= f;
+  }
+  return -1;
+}
+
+template <typename T> void mseLoss(const T *x, const T *t, T *loss, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    s += (double)(x[i] - t[i]) * (double)(x[i] - t[i]);
+  *loss = (T)(s / n);
+}
+
+template <typename T>
+void mseLossGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n) {
+  T f = T(2) * *dl / T(n);
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = (x[i] - t[i]) * f;
+}
+
+// Stable form, as torch: max(x, 0) - x t + log(1 + exp(-|x|)).
+template <typename T>
+void bceWithLogits(const T *x, const T *t, T *loss, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    s += (double)(std::max(v, T(0)) - v * t[i] +
+                  std::log1p(std::exp(-std::abs(v))));
+  }
+  *loss = (T)(s / n);
+}
+
+template <typename T>
+void bceWithLogitsGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n) {
+  T f = *dl / T(n);
+  for (int64_t i = 0; i < n; ++i) {
+    T sig = T(1) / (T(1) + std::exp(-x[i]));
+    dx[i] = (sig - t[i]) * f;
+  }
+}
+
+template <typename T>
+void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd) {
+  T tlr = (T)lr, twd = (T)wd;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i];
+    if (wd != 0)
+      d += twd * p[i];
+    np[i] = p[i] - tlr * d;
+  }
+}
+
+template <typename T>
+void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
+                       int64_t n, double lr, int64_t step, double momentum,
+                       double dampening, double wd, bool nesterov) {
+  T tlr = (T)lr, tm = (T)momentum, td = (T)(1 - dampening), twd = (T)wd;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i];
+    if (wd != 0)
+      d += twd * p[i];
+    // torch: the first step clones the gradient into the buffer.
+    T b = step <= 1 ? d : tm * buf[i] + td * d;
+    nbuf[i] = b;
+    T upd = nesterov ? d + tm * b : b;
+    np[i] = p[i] - tlr * upd;
+  }
+}
+
+template <typename T>
+void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
+                 T *nv, int64_t n, double lr, int64_t step, double beta1,
+                 double beta2, double eps, double wd) {
+  // Scalars as torch computes them (Python floats, i.e. double).
+  double bc1 = 1 - std::pow(beta1, (double)step);
+  double bc2 = 1 - std::pow(beta2, (double)step);
+  T stepSize = (T)(lr / bc1);
+  T bc2Sqrt = (T)std::sqrt(bc2);
+  T decay = (T)(1 - lr * wd);
+  T b1 = (T)beta1, b2 = (T)beta2, oneMinusB1 = (T)(1 - beta1),
+    oneMinusB2 = (T)(1 - beta2), teps = (T)eps;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i] * decay;
+    // torch 1.13: exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    T mi = m[i] * b1 + oneMinusB1 * g[i];
+    T vi = v[i] * b2 + oneMinusB2 * g[i] * g[i];
+    T denom = std::sqrt(vi) / bc2Sqrt + teps;
+    np[i] = pi - stepSize * (mi / denom);
+    nm[i] = mi;
+    nv[i] = vi;
+  }
+}
+
+template <typename T> double squaredNorm(const T *x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    s += (double)x[i] * (double)x[i];
+  return s;
+}
+
+uint16_t floatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) // NaN stays NaN
+    return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+float bf16ToFloat(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t floatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t mant = x & 0x007fffff;
+  int32_t exp = (int32_t)((x >> 23) & 0xff);
+  if (exp == 0xff)
+    return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  exp = exp - 127 + 15;
+  if (exp >= 0x1f)
+    return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10)
+      return (uint16_t)sign;
+    mant |= 0x00800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1)))
+      ++half;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+    ++half;
+  return (uint16_t)half;
+}
+
+float halfToFloat(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      u = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    u = sign | 0x7f800000 | (mant << 13);
+  } else {
+    u = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Explicit instantiations: float for the runtime, double for the tests.
+#define FSDP_INSTANTIATE(T)                                                    \
+  template void binary<T>(BinaryKind, const T *, const Shape &, const T *,     \
+                          const Shape &, T *, const Shape &);                  \
+  template void broadcastTo<T>(const T *, const Shape &, T *, const Shape &);  \
+  template void sumTo<T>(const T *, const Shape &, T *, const Shape &);        \
+  template void neg<T>(const T *, T *, int64_t);                               \
+  template void scale<T>(const T *, T *, int64_t, double);                     \
+  template void fill<T>(T *, int64_t, double);                                 \
+  template void relu<T>(const T *, T *, int64_t);                              \
+  template void reluGrad<T>(const T *, const T *, T *, int64_t);               \
+  template void gelu<T>(const T *, T *, int64_t);                              \
+  template void geluGrad<T>(const T *, const T *, T *, int64_t);               \
+  template void softmax<T>(const T *, T *, int64_t, int64_t);                  \
+  template void softmaxGrad<T>(const T *, const T *, T *, int64_t, int64_t);   \
+  template void biasAdd<T>(const T *, const T *, T *, int64_t, int64_t);       \
+  template void matmul<T>(const T *, const T *, T *, int64_t, int64_t,         \
+                          int64_t, int64_t, bool, bool);                       \
+  template void layerNorm<T>(const T *, const T *, const T *, T *, int64_t,    \
+                             int64_t, double);                                 \
+  template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *,    \
+                                 T *, int64_t, int64_t, double);               \
+  template void attention<T>(const T *, const T *, const T *, T *, int64_t,    \
+                             int64_t, int64_t, int64_t, bool);                 \
+  template void attentionGrad<T>(const T *, const T *, const T *, const T *,   \
+                                 T *, T *, T *, int64_t, int64_t, int64_t,     \
+                                 int64_t, bool);                               \
+  template int64_t embedding<T, int32_t>(const T *, const int32_t *, T *,      \
+                                         int64_t, int64_t, int64_t);           \
+  template int64_t embedding<T, int64_t>(const T *, const int64_t *, T *,      \
+                                         int64_t, int64_t, int64_t);           \
+  template int64_t embeddingGrad<T, int32_t>(const int32_t *, const T *, T *,  \
+                                             int64_t, int64_t, int64_t);       \
+  template int64_t embeddingGrad<T, int64_t>(const int64_t *, const T *, T *,  \
+                                             int64_t, int64_t, int64_t);       \
+  template void transpose<T>(const T *, const Shape &,                         \
+                             const std::vector<int64_t> &, T *);               \
+  template void slice<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,   \
+                         int64_t);                                             \
+  template void sliceGrad<T>(const T *, T *, int64_t, int64_t, int64_t,        \
+                             int64_t, int64_t);                                \
+  template int64_t crossEntropy<T, int32_t>(const T *, const int32_t *, T *,   \
+                                            int64_t, int64_t);                 \
+  template int64_t crossEntropy<T, int64_t>(const T *, const int64_t *, T *,   \
+                                            int64_t, int64_t);                 \
+  template int64_t crossEntropyGrad<T, int32_t>(                               \
+      const T *, const int32_t *, const T *, T *, int64_t, int64_t);           \
+  template int64_t crossEntropyGrad<T, int64_t>(                               \
+      const T *, const int64_t *, const T *, T *, int64_t, int64_t);           \
+  template void mseLoss<T>(const T *, const T *, T *, int64_t);                \
+  template void mseLossGrad<T>(const T *, const T *, const T *, T *, int64_t); \
+  template void bceWithLogits<T>(const T *, const T *, T *, int64_t);          \
+  template void bceWithLogitsGrad<T>(const T *, const T *, const T *, T *,     \
+                                     int64_t);                                 \
+  template void sgdUpdate<T>(const T *, const T *, T *, int64_t, double,       \
+                             double);                                          \
+  template void sgdMomentumUpdate<T>(const T *, const T *, const T *, T *,     \
+                                     T *, int64_t, double, int64_t, double,    \
+                                     double, double, bool);                    \
+  template void adamwUpdate<T>(const T *, const T *, const T *, const T *,     \
+                               T *, T *, T *, int64_t, double, int64_t,        \
+                               double, double, double, double);                \
+  template double squaredNorm<T>(const T *, int64_t);
+
+FSDP_INSTANTIATE(float)
+FSDP_INSTANTIATE(double)
+#undef FSDP_INSTANTIATE
+
+} // namespace fsdp::cpu

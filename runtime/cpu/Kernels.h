@@ -1,0 +1,136 @@
+//===- Kernels.h - CPU kernels for every op of a plan -----------*- C++ -*-===//
+//
+// One function per op (forward, backward and optimizer), on contiguous
+// row-major data, templated on the element type so that the tests can check
+// every vector-Jacobian product against finite differences in double
+// precision; the runtime uses the float instantiation. GEMM goes through
+// OpenBLAS; elementwise and row-wise loops are split across threads with
+// OpenMP when they are large enough to pay for it. Reductions run in a
+// fixed order so results do not depend on the thread count... except inside
+// GEMM, which is OpenBLAS's business.
+//
+// Semantics follow PyTorch exactly where the oracle compares against it:
+// GELU is the tanh form, layer norm uses the biased variance with epsilon
+// inside the square root, the losses are means, SGD and AdamW are
+// torch.optim's single-tensor implementations.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CPU_KERNELS_H
+#define FSDP_RUNTIME_CPU_KERNELS_H
+
+#include <cstdint>
+#include <vector>
+
+namespace fsdp::cpu {
+
+using Shape = std::vector<int64_t>;
+
+int64_t numel(const Shape &s);
+
+enum class BinaryKind { Add, Sub, Mul, Div };
+
+/// out = a (op) b with NumPy broadcasting; `so` is the broadcast shape.
+template <typename T>
+void binary(BinaryKind k, const T *a, const Shape &sa, const T *b,
+            const Shape &sb, T *out, const Shape &so);
+
+/// out[i] = `in` broadcast to `so` (NumPy rules).
+template <typename T>
+void broadcastTo(const T *in, const Shape &si, T *out, const Shape &so);
+/// The adjoint of broadcastTo: sums `in` (shape si) down to `so`.
+template <typename T>
+void sumTo(const T *in, const Shape &si, T *out, const Shape &so);
+
+template <typename T> void neg(const T *x, T *y, int64_t n);
+template <typename T> void scale(const T *x, T *y, int64_t n, double f);
+template <typename T> void fill(T *y, int64_t n, double v);
+template <typename T> void relu(const T *x, T *y, int64_t n);
+template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n);
+template <typename T> void gelu(const T *x, T *y, int64_t n);
+template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n);
+/// Row-wise softmax over the last dimension (`cols`).
+template <typename T> void softmax(const T *x, T *y, int64_t rows, int64_t cols);
+template <typename T>
+void softmaxGrad(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols);
+template <typename T>
+void biasAdd(const T *x, const T *b, T *y, int64_t rows, int64_t cols);
+
+/// C[b] = op(A[b]) op(B[b]) for b < batch; A is [m,k] ([k,m] if transA),
+/// B is [k,n] ([n,k] if transB).
+template <typename T>
+void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m,
+            int64_t n, int64_t k, bool transA, bool transB);
+
+template <typename T>
+void layerNorm(const T *x, const T *g, const T *b, T *y, int64_t rows,
+               int64_t cols, double eps);
+template <typename T>
+void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
+                   int64_t rows, int64_t cols, double eps);
+
+/// Multi-head attention on [B, T, C] with `heads` heads.
+template <typename T>
+void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
+               int64_t C, int64_t heads, bool causal);
+template <typename T>
+void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
+                   T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
+                   int64_t heads, bool causal);
+
+/// Returns the index of the first out-of-range id, or -1.
+template <typename T, typename I>
+int64_t embedding(const T *table, const I *ids, T *y, int64_t n, int64_t vocab,
+                  int64_t width);
+template <typename T, typename I>
+int64_t embeddingGrad(const I *ids, const T *dy, T *dtable, int64_t n,
+                      int64_t vocab, int64_t width);
+
+template <typename T>
+void transpose(const T *x, const Shape &sx, const std::vector<int64_t> &perm,
+               T *y);
+/// Slices along `dim`: x is [outer, full, inner], y is [outer, len, inner].
+template <typename T>
+void slice(const T *x, T *y, int64_t outer, int64_t full, int64_t len,
+           int64_t inner, int64_t offset);
+template <typename T>
+void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
+               int64_t inner, int64_t offset);
+
+/// Cross-entropy mean over `rows`; returns the first bad label index or -1.
+template <typename T, typename I>
+int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
+                     int64_t classes);
+template <typename T, typename I>
+int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
+                         T *dlogits, int64_t rows, int64_t classes);
+template <typename T> void mseLoss(const T *x, const T *t, T *loss, int64_t n);
+template <typename T>
+void mseLossGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n);
+template <typename T> void bceWithLogits(const T *x, const T *t, T *loss, int64_t n);
+template <typename T>
+void bceWithLogitsGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n);
+
+// Optimizers: in place allowed (p == newP, m == newM, ...).
+template <typename T>
+void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd);
+template <typename T>
+void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
+                       int64_t n, double lr, int64_t step, double momentum,
+                       double dampening, double wd, bool nesterov);
+template <typename T>
+void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
+                 T *nv, int64_t n, double lr, int64_t step, double beta1,
+                 double beta2, double eps, double wd);
+/// Sum of squares, accumulated in double.
+template <typename T> double squaredNorm(const T *x, int64_t n);
+
+/// IEEE half / bfloat16 conversions (round to nearest even).
+uint16_t floatToBf16(float f);
+float bf16ToFloat(uint16_t h);
+uint16_t floatToHalf(float f);
+float halfToFloat(uint16_t h);
+
+} // namespace fsdp::cpu
+
+#endif // FSDP_RUNTIME_CPU_KERNELS_H

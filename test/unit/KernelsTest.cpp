@@ -1,0 +1,323 @@
+//===- KernelsTest.cpp - CPU kernels against finite differences -----------===//
+//
+// Every backward kernel is checked in double precision against central
+// finite differences of its forward kernel: for a random upstream gradient
+// dy, <dy, f(x + h e_i) - f(x - h e_i)> / 2h must equal the kernel's
+// d/dx_i. Forward kernels are checked against hand-computed values, and the
+// optimizers against the formulas of torch.optim.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Plan.h"
+#include "runtime/cpu/Dispatch.h"
+#include "runtime/cpu/Kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+using namespace fsdp;
+using namespace fsdp::cpu;
+
+namespace {
+
+std::vector<double> randomVec(int64_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 g(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<double> v(n);
+  for (double &x : v)
+    x = d(g);
+  return v;
+}
+
+/// Checks `grad` (the kernel's VJP w.r.t. `x` for upstream `dy`) against
+/// central differences of `forward`, which maps the current x to outputs.
+void checkVjp(std::vector<double> &x, const std::vector<double> &dy,
+              const std::function<std::vector<double>()> &forward,
+              const std::vector<double> &grad, const char *what) {
+  ASSERT_EQ(grad.size(), x.size()) << what;
+  const double h = 1e-6;
+  double maxAbs = 0;
+  for (double g : grad)
+    maxAbs = std::max(maxAbs, std::fabs(g));
+  for (size_t i = 0; i < x.size(); ++i) {
+    double v = x[i];
+    x[i] = v + h;
+    std::vector<double> yp = forward();
+    x[i] = v - h;
+    std::vector<double> ym = forward();
+    x[i] = v;
+    double fd = 0;
+    for (size_t j = 0; j < yp.size(); ++j)
+      fd += dy[j] * (yp[j] - ym[j]) / (2 * h);
+    EXPECT_NEAR(grad[i], fd, 1e-6 * std::max(1.0, maxAbs))
+        << what << " element " << i;
+  }
+}
+
+TEST(KernelsTest, GeluMatchesTanhFormAndItsGradient) {
+  std::vector<double> x = randomVec(17, 1), y(17), dy = randomVec(17, 2), dx(17);
+  gelu<double>(x.data(), y.data(), 17);
+  double v = x[3];
+  double want = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+  EXPECT_NEAR(y[3], want, 1e-12);
+  geluGrad<double>(x.data(), dy.data(), dx.data(), 17);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(17);
+    gelu<double>(x.data(), o.data(), 17);
+    return o;
+  }, dx, "gelu");
+}
+
+TEST(KernelsTest, SoftmaxGradient) {
+  int64_t r = 3, c = 5;
+  std::vector<double> x = randomVec(r * c, 3), y(r * c), dy = randomVec(r * c, 4),
+                      dx(r * c);
+  softmax<double>(x.data(), y.data(), r, c);
+  double sum = 0;
+  for (int i = 0; i < c; ++i)
+    sum += y[i];
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+  softmaxGrad<double>(y.data(), dy.data(), dx.data(), r, c);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(r * c);
+    softmax<double>(x.data(), o.data(), r, c);
+    return o;
+  }, dx, "softmax");
+}
+
+TEST(KernelsTest, LayerNormGradientsOfInputGammaBeta) {
+  int64_t r = 4, c = 6;
+  std::vector<double> x = randomVec(r * c, 5), g = randomVec(c, 6), b = randomVec(c, 7);
+  std::vector<double> dy = randomVec(r * c, 8), dx(r * c), dg(c), db(c);
+  layerNormGrad<double>(x.data(), g.data(), dy.data(), dx.data(), dg.data(),
+                        db.data(), r, c, 1e-5);
+  auto fwd = [&] {
+    std::vector<double> o(r * c);
+    layerNorm<double>(x.data(), g.data(), b.data(), o.data(), r, c, 1e-5);
+    return o;
+  };
+  checkVjp(x, dy, fwd, dx, "layer_norm d_input");
+  checkVjp(g, dy, fwd, dg, "layer_norm d_gamma");
+  checkVjp(b, dy, fwd, db, "layer_norm d_beta");
+}
+
+class AttentionTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AttentionTest, GradientsOfQKV) {
+  bool causal = GetParam();
+  int64_t B = 2, T = 4, C = 6, H = 2, n = B * T * C;
+  std::vector<double> q = randomVec(n, 9), k = randomVec(n, 10), v = randomVec(n, 11);
+  std::vector<double> dy = randomVec(n, 12), dq(n), dk(n), dv(n);
+  attentionGrad<double>(q.data(), k.data(), v.data(), dy.data(), dq.data(),
+                        dk.data(), dv.data(), B, T, C, H, causal);
+  auto fwd = [&] {
+    std::vector<double> o(n);
+    attention<double>(q.data(), k.data(), v.data(), o.data(), B, T, C, H, causal);
+    return o;
+  };
+  checkVjp(q, dy, fwd, dq, "attention dq");
+  checkVjp(k, dy, fwd, dk, "attention dk");
+  checkVjp(v, dy, fwd, dv, "attention dv");
+  if (causal) {
+    // Position 0 attends only to itself: its output is v[0].
+    std::vector<double> o = fwd();
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_NEAR(o[c], v[c], 1e-12);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(CausalAndNot, AttentionTest, ::testing::Bool());
+
+TEST(KernelsTest, LossGradients) {
+  int64_t r = 5, c = 7;
+  std::vector<double> logits = randomVec(r * c, 13), dl{1.7}, dlog(r * c);
+  std::vector<int32_t> labels{0, 3, 6, 3, 1};
+  crossEntropyGrad<double, int32_t>(logits.data(), labels.data(), dl.data(),
+                                    dlog.data(), r, c);
+  checkVjp(logits, dl, [&] {
+    std::vector<double> o(1);
+    crossEntropy<double, int32_t>(logits.data(), labels.data(), o.data(), r, c);
+    return o;
+  }, dlog, "cross_entropy");
+  std::vector<int32_t> bad{0, 7, 0, 0, 0};
+  double loss;
+  EXPECT_EQ((crossEntropy<double, int32_t>(logits.data(), bad.data(), &loss, r, c)), 1);
+
+  std::vector<double> x = randomVec(9, 14, 3.0), t(9), dx(9);
+  for (int i = 0; i < 9; ++i)
+    t[i] = i % 2;
+  bceWithLogitsGrad<double>(x.data(), t.data(), dl.data(), dx.data(), 9);
+  checkVjp(x, dl, [&] {
+    std::vector<double> o(1);
+    bceWithLogits<double>(x.data(), t.data(), o.data(), 9);
+    return o;
+  }, dx, "bce_with_logits");
+  mseLossGrad<double>(x.data(), t.data(), dl.data(), dx.data(), 9);
+  checkVjp(x, dl, [&] {
+    std::vector<double> o(1);
+    mseLoss<double>(x.data(), t.data(), o.data(), 9);
+    return o;
+  }, dx, "mse_loss");
+  // A large logit must not overflow the stable BCE.
+  double big = 800, one = 1, out;
+  bceWithLogits<double>(&big, &one, &out, 1);
+  EXPECT_NEAR(out, 0.0, 1e-12);
+}
+
+TEST(KernelsTest, EmbeddingScatterAddsRepeatedIds) {
+  int64_t V = 5, W = 3;
+  std::vector<double> table = randomVec(V * W, 15), dy = randomVec(4 * W, 16), dt(V * W);
+  std::vector<int64_t> ids{1, 4, 1, 0};
+  ASSERT_EQ((embeddingGrad<double, int64_t>(ids.data(), dy.data(), dt.data(), 4, V, W)), -1);
+  checkVjp(table, dy, [&] {
+    std::vector<double> o(4 * W);
+    embedding<double, int64_t>(table.data(), ids.data(), o.data(), 4, V, W);
+    return o;
+  }, dt, "embedding");
+  std::vector<int64_t> bad{1, 5};
+  std::vector<double> o(2 * W);
+  EXPECT_EQ((embedding<double, int64_t>(table.data(), bad.data(), o.data(), 2, V, W)), 1);
+}
+
+TEST(KernelsTest, BroadcastAndSumToAreAdjoint) {
+  Shape small{3, 1, 4}, big{2, 3, 5, 4};
+  std::vector<double> x = randomVec(12, 17), dy = randomVec(120, 18), dx(12);
+  sumTo<double>(dy.data(), big, dx.data(), small);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(120);
+    broadcastTo<double>(x.data(), small, o.data(), big);
+    return o;
+  }, dx, "broadcast");
+  // Binary with broadcasting on both sides.
+  Shape sa{2, 1, 4}, sb{3, 1}, so{2, 3, 4};
+  std::vector<double> a = randomVec(8, 19), b = randomVec(3, 20), out(24);
+  binary<double>(BinaryKind::Mul, a.data(), sa, b.data(), sb, out.data(), so);
+  EXPECT_NEAR(out[1 * 12 + 2 * 4 + 3], a[1 * 4 + 3] * b[2], 1e-15);
+}
+
+TEST(KernelsTest, TransposeSliceAndTheirAdjoints) {
+  Shape s{2, 3, 4};
+  std::vector<double> x = randomVec(24, 21), y(24);
+  transpose<double>(x.data(), s, {2, 0, 1}, y.data());
+  // y[k][i][j] = x[i][j][k]
+  EXPECT_EQ(y[(3 * 2 + 1) * 3 + 2], x[(1 * 3 + 2) * 4 + 3]);
+  std::vector<double> dy = randomVec(2 * 2 * 4, 22), dx(24);
+  sliceGrad<double>(dy.data(), dx.data(), 2, 3, 2, 4, 1);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(16);
+    slice<double>(x.data(), o.data(), 2, 3, 2, 4, 1);
+    return o;
+  }, dx, "slice");
+}
+
+TEST(KernelsTest, MatmulTransposeFlags) {
+  // C = A^T B^T with A [k=3, m=2], B [n=4, k=3].
+  std::vector<double> a = randomVec(6, 23), b = randomVec(12, 24), c(8);
+  matmul<double>(a.data(), b.data(), c.data(), 1, 2, 4, 3, true, true);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double want = 0;
+      for (int k = 0; k < 3; ++k)
+        want += a[k * 2 + i] * b[j * 3 + k];
+      EXPECT_NEAR(c[i * 4 + j], want, 1e-12);
+    }
+}
+
+TEST(KernelsTest, AdamWMatchesTorchFormulas) {
+  std::vector<double> p{0.5, -1.0}, g{0.1, 0.2}, m{0.0, 0.0}, v{0.0, 0.0};
+  double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  std::vector<double> want = p, mw = m, vw = v;
+  for (int step = 1; step <= 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      want[i] *= 1 - lr * wd;
+      mw[i] = b1 * mw[i] + (1 - b1) * g[i];
+      vw[i] = b2 * vw[i] + (1 - b2) * g[i] * g[i];
+      double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+      want[i] -= lr / bc1 * mw[i] / (std::sqrt(vw[i]) / std::sqrt(bc2) + eps);
+    }
+    adamwUpdate<double>(p.data(), g.data(), m.data(), v.data(), p.data(), m.data(),
+                        v.data(), 2, lr, step, b1, b2, eps, wd);
+  }
+  EXPECT_NEAR(p[0], want[0], 1e-14);
+  EXPECT_NEAR(p[1], want[1], 1e-14);
+  // After the first step Adam moves each weight by about lr.
+  EXPECT_NEAR(std::fabs(0.5 * (1 - lr * wd) - 0.5), lr * wd * 0.5, 1e-15);
+}
+
+TEST(KernelsTest, SgdMomentumFirstStepClonesTheGradient) {
+  std::vector<double> p{1.0}, g{0.5}, buf{123.0};
+  sgdMomentumUpdate<double>(p.data(), g.data(), buf.data(), p.data(), buf.data(),
+                            1, 0.1, 1, 0.9, 0.5, 0.0, false);
+  EXPECT_DOUBLE_EQ(buf[0], 0.5); // not 0.9 * 123 + 0.5 * 0.5
+  EXPECT_DOUBLE_EQ(p[0], 1.0 - 0.1 * 0.5);
+  sgdMomentumUpdate<double>(p.data(), g.data(), buf.data(), p.data(), buf.data(),
+                            1, 0.1, 2, 0.9, 0.5, 0.0, true);
+  double b2 = 0.9 * 0.5 + 0.5 * 0.5;
+  EXPECT_DOUBLE_EQ(buf[0], b2);
+  EXPECT_DOUBLE_EQ(p[0], 0.95 - 0.1 * (0.5 + 0.9 * b2));
+}
+
+TEST(KernelsTest, HalfAndBfloat16RoundToNearestEven) {
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);
+  EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(halfToFloat(floatToHalf(65504.0f)), 65504.0f);
+  EXPECT_EQ(halfToFloat(floatToHalf(1e-7f)), halfToFloat(floatToHalf(1e-7f)));
+  EXPECT_TRUE(std::isinf(halfToFloat(floatToHalf(1e6f))));
+}
+
+/// A plan with one buffer per shape, for dispatch checks.
+Plan planWith(std::vector<std::vector<int64_t>> shapes) {
+  Plan plan;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Buffer b;
+    b.id = (int64_t)i;
+    b.shape = shapes[i];
+    b.bytes = b.numel() * 4;
+    plan.buffers.push_back(b);
+  }
+  return plan;
+}
+
+TEST(DispatchTest, RejectsMalformedInstructions) {
+  Plan plan = planWith({{4, 8}, {4, 8}, {4, 4}});
+  Instruction mm{"matmul", {0, 1}, {2}};
+  Status st = checkInstruction(plan, mm);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("expected contracting sizes to agree, found 8 and 4"),
+            std::string::npos)
+      << st.message();
+  mm.attrs["transpose_rhs"] = true;
+  EXPECT_TRUE(checkInstruction(plan, mm).isOk());
+  Instruction unknown{"conv2d", {0}, {1}};
+  EXPECT_NE(checkInstruction(plan, unknown).message().find("unknown op 'conv2d'"),
+            std::string::npos);
+  Instruction arity{"relu", {0, 1}, {2}};
+  EXPECT_NE(checkInstruction(plan, arity).message().find("expected 1 inputs"),
+            std::string::npos);
+}
+
+TEST(DispatchTest, BadTokenIdIsAnErrorNotACrash) {
+  Plan plan = planWith({{5, 3}, {2}, {2, 3}});
+  plan.buffers[1].dtype = DType::I32;
+  int64_t off = 0;
+  for (Buffer &b : plan.buffers) {
+    b.offset = off;
+    off += b.bytes;
+  }
+  std::vector<uint8_t> arena(off);
+  int32_t *ids = reinterpret_cast<int32_t *>(arena.data() + plan.buffers[1].offset);
+  ids[0] = 2;
+  ids[1] = 9;
+  Instruction emb{"embedding", {0, 1}, {2}};
+  ASSERT_TRUE(checkInstruction(plan, emb).isOk());
+  Status st = runInstruction(plan, emb, arena.data(), 0);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("token id 9 at position 1 is outside the vocabulary"),
+            std::string::npos)
+      << st.message();
+}
+
+} // namespace

@@ -1,0 +1,81 @@
+//===- fsdp-run.cpp - runs a plan on CPU ranks ----------------------------===//
+//
+// `fsdp-run PLAN [options]` trains on this process (one rank, or one rank
+// of a job described by the environment: torchrun, mpirun, srun);
+// `fsdp-run --nproc N PLAN ...` launches N local ranks itself. Exit codes:
+// 0 success, 1 runtime error, 2 usage error.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/comm/GlooComm.h"
+#include "runtime/comm/Launch.h"
+#include "runtime/core/Trainer.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace fsdp;
+
+static int fail(const Status &st, int code, int64_t rank = -1) {
+  if (rank > 0)
+    std::fprintf(stderr, "fsdp-run: error [rank %lld]: %s\n", (long long)rank,
+                 st.message().c_str());
+  else
+    std::fprintf(stderr, "fsdp-run: error: %s\n", st.message().c_str());
+  return code;
+}
+
+int main(int argc, char **argv) {
+  // --nproc is the launcher's; everything else goes to the ranks.
+  std::vector<std::string> args{argv[0]};
+  int nproc = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      if (i + 1 >= argc)
+        return fail(FSDP_ERROR("--nproc needs a value"), 2);
+      char *end;
+      long n = std::strtol(argv[++i], &end, 10);
+      if (*end || n < 1 || n > 1024)
+        return fail(FSDP_ERROR("invalid --nproc '", argv[i], "'"), 2);
+      nproc = (int)n;
+      continue;
+    }
+    args.push_back(a);
+  }
+  std::vector<char *> rest;
+  for (std::string &a : args)
+    rest.push_back(a.data());
+  TrainOptions opt;
+  bool help = false;
+  Status st = parseTrainOptions((int)rest.size(), rest.data(), opt, help);
+  if (help) {
+    std::printf("%s", trainUsage());
+    return 0;
+  }
+  if (!st) {
+    std::fprintf(stderr, "%s", trainUsage());
+    return fail(st, 2);
+  }
+  if (nproc > 1 || (nproc == 1 && std::getenv("FSDP_RANK") == nullptr && false)) {
+    Status launched = launchLocal(nproc, args);
+    return launched ? 0 : fail(launched, 1);
+  }
+  JobEnv job;
+  st = jobFromEnvironment(job);
+  if (!st)
+    return fail(st, 2);
+  double timeout = 60;
+  if (const char *t = std::getenv("FSDP_COMM_TIMEOUT_S"))
+    timeout = std::atof(t) > 0 ? std::atof(t) : timeout;
+  std::unique_ptr<Communicator> comm;
+  st = makeGlooCommunicator(job, timeout, comm);
+  if (!st)
+    return fail(st, 1, job.rank);
+  st = train(opt, *comm);
+  if (!st)
+    return fail(st, 1, job.rank);
+  return 0;
+}
