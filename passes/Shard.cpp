@@ -222,7 +222,13 @@ void ShardPass::runOnOperation() {
     if (Operation *sq = clipCoef->getOperand(0).getDefiningOp())
       optimizerOps.insert(sq);
   }
+  // The per-parameter updates are erased below: keep what the per-unit
+  // update needs from the first one (all share options and lr/step).
   Operation *templ = updates.front().op;
+  OperationName updName = templ->getName();
+  SmallVector<NamedAttribute> updAttrs(templ->getAttrs());
+  SmallVector<Value> updOperands(templ->getOperands());
+  unsigned updResults = templ->getNumResults();
   // State kinds by operand position of the update op.
   SmallVector<std::pair<unsigned, std::string>> stateSlots;
   for (auto [i, v] : llvm::enumerate(templ->getOperands()))
@@ -411,16 +417,16 @@ void ShardPass::runOnOperation() {
         lastState = st;
       }
     }
-    SmallVector<Value> operands(templ->getOperands());
+    SmallVector<Value> operands(updOperands);
     operands[0] = p;
     operands[1] = grad;
     for (auto [i, slot] : llvm::enumerate(stateSlots))
       operands[slot.first] = b.create<GetStateOp>(
           loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
-    OperationState os(loc, templ->getName());
+    OperationState os(loc, updName);
     os.addOperands(operands);
-    os.addAttributes(templ->getAttrs());
-    os.addTypes(SmallVector<Type>(templ->getNumResults(), pTy));
+    os.addAttributes(updAttrs);
+    os.addTypes(SmallVector<Type>(updResults, pTy));
     Operation *upd = b.create(os);
     for (auto [i, st] : llvm::enumerate(states))
       b.create<SetStateOp>(loc, FlatSymbolRefAttr::get(st.getSymNameAttr()),
