@@ -5,7 +5,11 @@
 // this rank's chunk at the START of the buffer, not at its own offset. The
 // input is therefore copied to a scratch buffer first (the plan's input
 // must stay intact: the memory planner may still read it) and the first
-// `shard` elements are copied out.
+// `shard` elements are copied out. With a world size that is not a power
+// of two, halving-doubling produced wrong shards in our tests whenever
+// reduce-scatters were interleaved with other traffic (3 ranks, ZeRO-2), so
+// for those sizes the reduce-scatter is an all-reduce of the whole buffer:
+// correct, at twice the volume. test/e2e/shard_equivalence.py covers N = 3.
 //
 // [Note: failures]
 // Gloo reports a dead peer by throwing (gloo::IoException "Connection
@@ -80,8 +84,23 @@ public:
   Status reduceScatter(const float *in, float *out, int64_t shard,
                        bool mean) override {
     // See [Note: Gloo's reduce-scatter].
-    scratch.assign(in, in + shard * size());
+    std::vector<float> scratch(in, in + shard * size());
     Status st = guard("reduce_scatter", [&] {
+      if (size() & (size() - 1)) {
+        // See [Note: Gloo's reduce-scatter]: for a world size that is not
+        // a power of two, halving-doubling gave wrong shards here, so the
+        // reduction is an all-reduce of the whole buffer.
+        gloo::AllreduceOptions opts(ctx);
+        opts.setOutput(scratch.data(), scratch.size());
+        opts.setReduceFunction(
+            static_cast<void (*)(void *, const void *, const void *, size_t)>(
+                &gloo::sum<float>));
+        opts.setTimeout(timeout);
+        gloo::allreduce(opts);
+        std::copy(scratch.begin() + rank() * shard,
+                  scratch.begin() + (rank() + 1) * shard, scratch.begin());
+        return;
+      }
       std::vector<int> counts(size(), (int)shard);
       gloo::ReduceScatterHalvingDoubling<float> rs(
           ctx, {scratch.data()}, (int)(shard * size()), counts);
@@ -92,7 +111,8 @@ public:
     float f = mean ? 1.0f / (float)size() : 1.0f;
     for (int64_t i = 0; i < shard; ++i)
       out[i] = scratch[i] * f;
-    bytesSent_ += (size() - 1) * shard * 4;
+    // The all-reduce fallback moves twice the reduce-scatter volume.
+    bytesSent_ += (size() & (size() - 1) ? 2 : 1) * (size() - 1) * shard * 4;
     return Status::ok();
   }
 
@@ -140,7 +160,6 @@ private:
 
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::chrono::milliseconds timeout;
-  std::vector<float> scratch;
 };
 
 } // namespace
