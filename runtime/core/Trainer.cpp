@@ -9,6 +9,8 @@
 #include <omp.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -305,7 +307,16 @@ Status train(const TrainOptions &opt, Communicator &comm) {
   int64_t items = data->itemsPerStep() * comm.size();
   double totalMs = 0;
   int64_t commBefore = 0, commPerStep = 0;
+  // Fault injection for the failure tests: FSDP_FAULT_KILL_RANK=r and
+  // FSDP_FAULT_KILL_STEP=s make rank r kill itself at the start of step s.
+  int64_t killRank = -1, killStep = -1;
+  if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
+    killRank = std::atoll(r);
+  if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
+    killStep = std::atoll(k);
   for (int64_t s = 1; s <= opt.steps; ++s) {
+    if (comm.rank() == killRank && s == killStep)
+      std::raise(SIGKILL);
     double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
     FSDP_RETURN_IF_ERROR(data->fill(s, addrOf, &ex));
     if (dump && root)

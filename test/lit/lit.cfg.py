@@ -12,10 +12,9 @@ config.test_exec_root = os.path.join(config.fsdp_obj_root, "test", "lit")
 config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
 
 llvm_config.use_default_substitutions()
-llvm_config.with_environment("PATH", config.fsdp_tools_dir, append_path=False)
+llvm_config.with_environment("PATH", config.fsdp_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 config.substitutions.append(("%fsdp_src", config.fsdp_src_root))
 config.substitutions.append(("%fsdp_bin", config.fsdp_tools_dir))
 # The PyTorch oracle needs Debian's python (torch 1.13), not pyenv's.
 config.substitutions.append(("%torch_python", "/usr/bin/python3"))
-config.substitutions.append(("%python", "/usr/bin/python3"))
