@@ -1,0 +1,160 @@
+//===- RuntimeTest.cpp - runtime pieces without a plan from the compiler --===//
+//
+// Initialization is shard-consistent, safetensors round-trips and rejects
+// truncated files, writes are atomic, the LR schedule has the documented
+// values, token files are validated, and the plan reader rejects bad plans.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Data.h"
+#include "runtime/core/Executor.h"
+#include "runtime/core/Init.h"
+#include "runtime/core/Plan.h"
+#include "runtime/core/SafeTensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+using namespace fsdp;
+
+namespace {
+
+std::string tempPath(const std::string &name) {
+  return (std::filesystem::temp_directory_path() /
+          ("fsdp-runtime-test-" + std::to_string(::getpid()) + "-" + name))
+      .string();
+}
+
+TEST(InitTest, ShardsInitializeLikeTheWholeTensor) {
+  Param p;
+  p.name = "layers.0.weight";
+  p.shape = {10, 7};
+  p.init = "normal";
+  p.scale = 0.02;
+  std::vector<float> whole(70), part(30);
+  initParam(p, 1234, 0, 70, whole.data());
+  initParam(p, 1234, 25, 30, part.data());
+  for (int i = 0; i < 30; ++i)
+    EXPECT_EQ(part[i], whole[25 + i]);
+  // Another seed or name gives other values; the statistics are right.
+  std::vector<float> other(70);
+  initParam(p, 99, 0, 70, other.data());
+  EXPECT_NE(other[0], whole[0]);
+  p.name = "layers.1.weight";
+  initParam(p, 1234, 0, 70, other.data());
+  EXPECT_NE(other[0], whole[0]);
+  double s = 0, s2 = 0;
+  Param big = p;
+  big.shape = {100000};
+  std::vector<float> v(100000);
+  initParam(big, 7, 0, 100000, v.data());
+  for (float x : v) {
+    s += x;
+    s2 += (double)x * x;
+  }
+  EXPECT_NEAR(s / 1e5, 0.0, 5e-4);
+  EXPECT_NEAR(std::sqrt(s2 / 1e5), 0.02, 5e-4);
+  big.init = "uniform";
+  big.scale = 0.5;
+  initParam(big, 7, 0, 100000, v.data());
+  for (float x : v)
+    ASSERT_LE(std::fabs(x), 0.5f);
+}
+
+TEST(SafeTensorsTest, RoundTripAndTruncation) {
+  std::string path = tempPath("a.safetensors");
+  TensorMap m;
+  Tensor t;
+  t.shape = {2, 3};
+  std::vector<float> vals{1, 2, 3, 4, 5, 6};
+  t.data.assign(reinterpret_cast<uint8_t *>(vals.data()),
+                reinterpret_cast<uint8_t *>(vals.data()) + 24);
+  m["w"] = t;
+  ASSERT_TRUE(writeSafeTensors(path, m).isOk());
+  // No temporary file is left behind.
+  for (auto &e : std::filesystem::directory_iterator(
+           std::filesystem::temp_directory_path()))
+    EXPECT_EQ(e.path().string().find(path + ".tmp"), std::string::npos);
+  TensorMap back;
+  ASSERT_TRUE(readSafeTensors(path, back).isOk());
+  ASSERT_EQ(back["w"].shape, t.shape);
+  EXPECT_EQ(back["w"].data, t.data);
+  // Truncate the data: the reader must refuse.
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  TensorMap bad;
+  Status st = readSafeTensors(path, bad);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
+  std::remove(path.c_str());
+}
+
+TEST(ScheduleTest, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(scheduledLr("constant", 1.0, 0, 0, 10, 5), 1.0);
+  EXPECT_DOUBLE_EQ(scheduledLr("constant", 1.0, 0, 4, 10, 2), 0.5);
+  EXPECT_DOUBLE_EQ(scheduledLr("cosine", 1.0, 0.1, 0, 10, 10), 0.1);
+  EXPECT_NEAR(scheduledLr("cosine", 1.0, 0.0, 2, 12, 7), 0.5, 1e-12);
+}
+
+TEST(DataTest, TokenFileErrors) {
+  Plan plan;
+  plan.buffers.resize(2);
+  for (int i = 0; i < 2; ++i) {
+    plan.buffers[i].id = i;
+    plan.buffers[i].shape = {2, 4};
+    plan.buffers[i].dtype = DType::I32;
+    plan.buffers[i].bytes = 32;
+  }
+  plan.inputs = {{"input", "input", 0, "", 50}, {"target", "target", 1, "", 50}};
+  std::unique_ptr<DataSource> src;
+  std::string path = tempPath("tokens.bin");
+  ASSERT_TRUE(writeTokenFile(path, {1, 2, 3}).isOk());
+  Status st = makeDataSource(path, plan, 0, 1, 1, src);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("fewer than one window of 5"), std::string::npos) << st.message();
+  std::vector<uint16_t> toks(80);
+  for (int i = 0; i < 80; ++i)
+    toks[i] = (uint16_t)(i % 60); // ids 50..59 exceed the vocabulary
+  ASSERT_TRUE(writeTokenFile(path, toks).isOk());
+  ASSERT_TRUE(makeDataSource(path, plan, 0, 1, 1, src).isOk());
+  std::vector<uint8_t> mem(64);
+  auto addr = [](void *ctx, int64_t id) {
+    return static_cast<uint8_t *>(ctx) + id * 32;
+  };
+  ASSERT_TRUE(src->fill(1, addr, mem.data()).isOk());
+  const int32_t *x = reinterpret_cast<const int32_t *>(mem.data());
+  const int32_t *y = x + 8;
+  EXPECT_EQ(x[5], 5); // second window starts at token 4
+  EXPECT_EQ(y[5], 6); // targets are shifted by one
+  st = src->fill(7, addr, mem.data()); // windows 12, 13 reach ids >= 50
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("outside the model's vocabulary of 50"), std::string::npos);
+  std::ofstream(path) << "not a token file";
+  EXPECT_NE(makeDataSource(path, plan, 0, 1, 1, src).message().find("too short"),
+            std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(PlanTest, RejectsWhatIsWrong) {
+  Plan plan;
+  EXPECT_NE(parsePlan("{\"format\": \"other\"}", plan).message().find("expected 'fsdp-plan'"),
+            std::string::npos);
+  plan = Plan();
+  EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"version\": 7}", plan)
+                .message()
+                .find("plan version 7 is newer than this runtime (1)"),
+            std::string::npos);
+  plan = Plan();
+  EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"vers", plan).message().find("not valid JSON"),
+            std::string::npos);
+  plan = Plan();
+  EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"version\": 1}", plan)
+                .message()
+                .find("is missing \"world_size\""),
+            std::string::npos);
+}
+
+} // namespace
