@@ -342,3 +342,55 @@ func.func @f(%x: tensor<4xf32>) {
   %0 = fsdp.frobnicate %x : tensor<4xf32>
   return
 }
+
+// -----
+// Tests the sharding ops' verifiers.
+module attributes {fsdp.world_size = 4 : i64} {
+  fsdp.param @a : tensor<8xf32> init("zeros")
+  // expected-error @+1 {{expected padded size = world size (4) x shard size, found 8 and 4}}
+  fsdp.unit @u : tensor<8xf32> shard tensor<4xf32> numel 8 params [@a]
+}
+
+// -----
+fsdp.param @a : tensor<8xf32> init("zeros")
+// expected-error @+1 {{numel 9 does not fit the padded size 8}}
+fsdp.unit @u : tensor<8xf32> shard tensor<2xf32> numel 9 params [@a]
+
+// -----
+fsdp.param @a : tensor<8xf32> init("zeros")
+fsdp.unit @u : tensor<8xf32> shard tensor<2xf32> numel 8 params [@a] sharded
+func.func @f() {
+  // expected-error @+1 {{expected the unit's storage type 'tensor<2xf32>', found 'tensor<8xf32>'}}
+  %s = fsdp.get_unit @u : tensor<8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<8xf32>) {
+  // expected-error @+1 {{view [6, 10) is out of bounds of 8}}
+  %v = fsdp.view %x offset = 6 : tensor<8xf32> -> tensor<2x2xf32>
+  return
+}
+
+// -----
+module attributes {fsdp.world_size = 4 : i64} {
+  func.func @f(%x: tensor<3xf32>) {
+    // expected-error @+1 {{expected the whole buffer to hold 4 shards of 3, found 9 elements}}
+    %v = fsdp.all_gather %x : tensor<3xf32> -> tensor<9xf32>
+    return
+  }
+}
+
+// -----
+func.func @f(%x: tensor<8xf32>) {
+  // expected-error @+1 {{expected reduce = "sum" or "mean", found "max"}}
+  %v = fsdp.reduce_scatter %x {reduce = "max"} : tensor<8xf32> -> tensor<2xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{input ranges overlap at element 2}}
+  %v = fsdp.pack %a, %b offsets = [0, 2] : (tensor<4xf32>, tensor<4xf32>) -> tensor<8xf32>
+  return
+}

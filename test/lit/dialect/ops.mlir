@@ -154,3 +154,26 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
   %4 = fsdp.clip_coef %3 {max_norm = 1.0 : f64} : tensor<f32>
   return
 }
+
+// CHECK-LABEL: fsdp.unit @unit0 : tensor<8xf32> shard tensor<4xf32> numel 8 params [@b] sharded
+fsdp.unit @unit0 : tensor<8xf32> shard tensor<4xf32> numel 8 params [@b] sharded
+// CHECK-LABEL: func.func @sharding
+func.func @sharding(%g: tensor<4xf32>, %h: tensor<3xf32>) {
+  // CHECK: fsdp.get_unit @unit0 : tensor<4xf32>
+  %s = fsdp.get_unit @unit0 : tensor<4xf32>
+  // CHECK: fsdp.all_gather %{{.+}} : tensor<4xf32> -> tensor<8xf32>
+  %f = fsdp.all_gather %s : tensor<4xf32> -> tensor<8xf32>
+  // CHECK: fsdp.view %{{.+}} offset = 1 : tensor<8xf32> -> tensor<2x3xf32>
+  %v = fsdp.view %f offset = 1 : tensor<8xf32> -> tensor<2x3xf32>
+  // CHECK: fsdp.shard_view %{{.+}} : tensor<8xf32> -> tensor<4xf32>
+  %sv = fsdp.shard_view %f : tensor<8xf32> -> tensor<4xf32>
+  // CHECK: fsdp.pack %{{.+}}, %{{.+}} offsets = [0, 4] : (tensor<4xf32>, tensor<3xf32>) -> tensor<8xf32>
+  %p = fsdp.pack %g, %h offsets = [0, 4] : (tensor<4xf32>, tensor<3xf32>) -> tensor<8xf32>
+  // CHECK: fsdp.reduce_scatter %{{.+}} {reduce = "mean"} : tensor<8xf32> -> tensor<4xf32>
+  %r = fsdp.reduce_scatter %p {reduce = "mean"} : tensor<8xf32> -> tensor<4xf32>
+  // CHECK: fsdp.all_reduce %{{.+}} {reduce = "sum"} : tensor<4xf32>
+  %a = fsdp.all_reduce %r {reduce = "sum"} : tensor<4xf32>
+  // CHECK: fsdp.set_unit @unit0 = %{{.+}} : tensor<4xf32>
+  fsdp.set_unit @unit0 = %a : tensor<4xf32>
+  return
+}
