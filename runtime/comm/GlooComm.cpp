@@ -21,6 +21,8 @@
 
 #include "runtime/comm/GlooComm.h"
 
+#include "runtime/comm/TcpStore.h"
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -34,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 namespace fsdp {
@@ -201,9 +204,13 @@ Status jobFromEnvironment(JobEnv &job) {
         return FSDP_ERROR(s.name, " job of ", w, " ranks: set MASTER_ADDR and "
                           "MASTER_PORT (or FSDP_STORE_DIR) so the ranks can "
                           "meet");
-      const char *run = std::getenv("TORCHELASTIC_RUN_ID");
-      job.storeDir = std::string("/tmp/fsdp-rdzv-") + addr + "-" + port +
-                     (run ? std::string("-") + run : std::string());
+      int64_t p = 0;
+      bool present3 = false;
+      envInt("MASTER_PORT", p, present3, st);
+      if (!st || p <= 0 || p > 65535)
+        return FSDP_ERROR("invalid MASTER_PORT '", port, "'");
+      job.masterAddr = addr;
+      job.masterPort = (int)p;
     }
     return Status::ok();
   }
@@ -218,16 +225,32 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     out = makeSingleProcessCommunicator();
     return Status::ok();
   }
-  ::mkdir(job.storeDir.c_str(), 0700);
   auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
+  std::string where = job.storeDir.empty()
+                          ? job.masterAddr + ":" + std::to_string(job.masterPort)
+                          : job.storeDir;
   try {
     gloo::transport::tcp::attr attr;
+    // Loopback for local jobs; otherwise this machine's name, so that peers
+    // on other machines can reach it (FSDP_HOSTNAME overrides).
     attr.hostname = "127.0.0.1";
+    bool local = job.masterAddr.empty() || job.masterAddr == "127.0.0.1" ||
+                 job.masterAddr == "localhost";
+    char name[256];
+    if (!local && ::gethostname(name, sizeof name) == 0)
+      attr.hostname = name;
     if (const char *h = std::getenv("FSDP_HOSTNAME"))
       attr.hostname = h;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore fs(job.storeDir);
-    gloo::rendezvous::PrefixStore store("fsdp", fs);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (!job.storeDir.empty()) {
+      ::mkdir(job.storeDir.c_str(), 0700);
+      base = std::make_unique<gloo::rendezvous::FileStore>(job.storeDir);
+    } else {
+      base = std::make_unique<TcpStore>(job.masterAddr, job.masterPort,
+                                        job.rank == 0, timeout);
+    }
+    gloo::rendezvous::PrefixStore store("fsdp", *base);
     auto ctx = std::make_shared<gloo::rendezvous::Context>((int)job.rank,
                                                            (int)job.worldSize);
     ctx->setTimeout(timeout);
@@ -235,7 +258,7 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     out = std::make_unique<GlooComm>(ctx, timeout);
   } catch (const std::exception &e) {
     return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize,
-                      ": rendezvous through '", job.storeDir, "' failed (",
+                      ": rendezvous through '", where, "' failed (",
                       job.source, "): ", e.what());
   }
   return Status::ok();

@@ -6,9 +6,9 @@
 // - torchrun: RANK / WORLD_SIZE (+ MASTER_ADDR / MASTER_PORT naming the
 //   rendezvous); Open MPI: OMPI_COMM_WORLD_RANK / _SIZE; Slurm: SLURM_PROCID
 //   / SLURM_NTASKS.
-// Rendezvous goes through a directory (Gloo's FileStore): FSDP_STORE_DIR,
-// or a directory named after MASTER_ADDR:MASTER_PORT under /tmp, so it
-// spans machines only through a shared filesystem (see README, status).
+// Rendezvous goes through a directory (Gloo's FileStore) for the local
+// launcher (FSDP_STORE_DIR), and otherwise through a TCP store that rank 0
+// serves at MASTER_ADDR:MASTER_PORT (TcpStore.h), which spans machines.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,7 +25,9 @@ namespace fsdp {
 /// Where this process stands in a job, from the environment.
 struct JobEnv {
   int64_t rank = 0, worldSize = 1;
-  std::string storeDir; ///< empty for a single process
+  std::string storeDir;   ///< rendezvous through a directory (local launch)
+  std::string masterAddr; ///< or through the TCP store rank 0 serves here
+  int masterPort = 0;
   std::string source;   ///< which variables were used, for messages
 };
 
