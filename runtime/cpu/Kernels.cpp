@@ -307,6 +307,34 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
   }
 }
 
+
+namespace {
+/// The attention probabilities of query row t of batch b, head h, into p
+/// (length `end`: t + 1 when causal, else Tn). Shared by the forward and
+/// the backward pass, which recomputes them instead of storing them.
+template <typename T>
+void attentionRow(const T *q, const T *k, T *p, int64_t b, int64_t h, int64_t t,
+                  int64_t Tn, int64_t C, int64_t D, int64_t end, T scale) {
+  const T *qt = q + (b * Tn + t) * C + h * D;
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t s = 0; s < end; ++s) {
+    const T *ks = k + (b * Tn + s) * C + h * D;
+    T dot = 0;
+    for (int64_t d = 0; d < D; ++d)
+      dot += qt[d] * ks[d];
+    p[s] = dot * scale;
+    mx = std::max(mx, p[s]);
+  }
+  T sum = 0;
+  for (int64_t s = 0; s < end; ++s) {
+    p[s] = std::exp(p[s] - mx);
+    sum += p[s];
+  }
+  for (int64_t s = 0; s < end; ++s)
+    p[s] /= sum;
+}
+} // namespace
+
 // Attention: for batch b and head h, with D = C / heads,
 //   S = Q_h K_h^T / sqrt(D) (masked for t' > t when causal),
 //   P = softmax(S), Y_h = P V_h.
@@ -321,29 +349,14 @@ void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<T> p(Tn);
       for (int64_t t = 0; t < Tn; ++t) {
-        const T *qt = q + (b * Tn + t) * C + h * D;
         int64_t end = causal ? t + 1 : Tn;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t s = 0; s < end; ++s) {
-          const T *ks = k + (b * Tn + s) * C + h * D;
-          T dot = 0;
-          for (int64_t d = 0; d < D; ++d)
-            dot += qt[d] * ks[d];
-          p[s] = dot * scale;
-          mx = std::max(mx, p[s]);
-        }
-        T sum = 0;
-        for (int64_t s = 0; s < end; ++s) {
-          p[s] = std::exp(p[s] - mx);
-          sum += p[s];
-        }
+        attentionRow(q, k, p.data(), b, h, t, Tn, C, D, end, scale);
         T *yt = y + (b * Tn + t) * C + h * D;
         std::fill(yt, yt + D, T(0));
         for (int64_t s = 0; s < end; ++s) {
-          T w = p[s] / sum;
           const T *vs = v + (b * Tn + s) * C + h * D;
           for (int64_t d = 0; d < D; ++d)
-            yt[d] += w * vs[d];
+            yt[d] += p[s] * vs[d];
         }
       }
     }
@@ -368,22 +381,7 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
         const T *qt = q + (b * Tn + t) * C + h * D;
         const T *dyt = dy + (b * Tn + t) * C + h * D;
         int64_t end = causal ? t + 1 : Tn;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t s = 0; s < end; ++s) {
-          const T *ks = k + (b * Tn + s) * C + h * D;
-          T dot = 0;
-          for (int64_t d = 0; d < D; ++d)
-            dot += qt[d] * ks[d];
-          p[s] = dot * scale;
-          mx = std::max(mx, p[s]);
-        }
-        T sum = 0;
-        for (int64_t s = 0; s < end; ++s) {
-          p[s] = std::exp(p[s] - mx);
-          sum += p[s];
-        }
-        for (int64_t s = 0; s < end; ++s)
-          p[s] /= sum;
+        attentionRow(q, k, p.data(), b, h, t, Tn, C, D, end, scale);
         // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>).
         T dot = 0;
         for (int64_t s = 0; s < end; ++s) {
