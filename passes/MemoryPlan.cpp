@@ -6,8 +6,8 @@
 //    every fsdp.param gets a buffer, packed in unit order. Optimizer state
 //    follows in the same order; step inputs last.
 // 2. Aliases: some values are not buffers of their own but windows of
-//    another: reads of storage (get_param/get_state/get_unit), fsdp.view and
-//    fsdp.shard_view, an optimizer update or all-gather written back to the
+//    another: reads of storage (get_param/get_state/get_unit), fsdp.view,
+//    fsdp.shard_view and fsdp.reshape, an optimizer update or all-gather written back to the
 //    storage it replaces (in place), an all-reduce of a value nobody else
 //    reads (in place), and a gradient whose only use is an fsdp.pack (the
 //    op computing it writes straight into the packed buffer, so packing
@@ -139,7 +139,8 @@ static FlatSymbolRefAttr writtenSymbol(Operation *op, Value &value) {
 }
 
 bool mlir::fsdp::isStorageAlias(Operation *op) {
-  if (isa<GetParamOp, GetStateOp, GetUnitOp, SetGradOp, ViewOp, ShardViewOp>(op))
+  if (isa<GetParamOp, GetStateOp, GetUnitOp, SetGradOp, ViewOp, ShardViewOp,
+          ReshapeOp>(op))
     return true;
   Value v;
   if (FlatSymbolRefAttr sym = writtenSymbol(op, v))
@@ -306,9 +307,13 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                               byteSize(cast<RankedTensorType>(v.getType()))};
     else if (isa<GetParamOp, GetStateOp, GetUnitOp>(op))
       alias[op.getResult(0)] = {{}, storageRead(op.getResult(0)), 0, 0};
+    else if (auto r = dyn_cast<ReshapeOp>(op))
+      // Row-major data does not move: a reshape is the same bytes.
+      alias[r.getResult()] = {r.getInput(), {}, 0, 0};
     else if (auto ar = dyn_cast<AllReduceOp>(op)) {
+      // In place only into a buffer of its own that nobody else reads.
       Value in = ar.getInput();
-      if (in.hasOneUse() && !isa<BlockArgument>(in) && !storageRead(in))
+      if (in.hasOneUse() && !isa<BlockArgument>(in) && !alias.count(in))
         alias[ar.getResult()] = {in, {}, 0, 0};
     } else if (auto pack = dyn_cast<PackOp>(op)) {
       for (auto [in, off] : llvm::zip(pack.getInputs(), pack.getOffsets())) {
