@@ -28,6 +28,11 @@ static int fail(const Status &st, int code, int64_t rank = -1) {
 }
 
 int main(int argc, char **argv) {
+  // OpenMP threads that spin after an elementwise loop steal the cores
+  // OpenBLAS needs for the next GEMM (2 threads ran 1.7x slower than 1 on a
+  // 2-core machine); a short spin keeps both fast. Set before OpenMP starts;
+  // a user's own setting wins.
+  ::setenv("GOMP_SPINCOUNT", "1000", /*overwrite=*/0);
   // --nproc is the launcher's; everything else goes to the ranks.
   std::vector<std::string> args{argv[0]};
   int nproc = 0;
