@@ -105,12 +105,9 @@ void ExportPlanPass::runOnOperation() {
     module.emitError() << "convert-fsdp-to-plan needs output=PATH";
     return signalPassFailure();
   }
-  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
-  if (!step) {
-    module.emitError() << "no @" << kTrainStepName
-                       << ": run fsdp-autodiff first";
+  auto step = getTrainStep(module, "fsdp-autodiff");
+  if (!step)
     return signalPassFailure();
-  }
   int64_t alignment = 64;
   FailureOr<MemoryPlan> planOr = planMemory(module, step, alignment);
   if (failed(planOr))

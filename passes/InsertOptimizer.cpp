@@ -52,12 +52,9 @@ private:
 
 void InsertOptimizerPass::runOnOperation() {
   ModuleOp module = getOperation();
-  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
-  if (!step) {
-    module.emitError() << "no @" << kTrainStepName
-                       << ": run fsdp-autodiff first";
+  auto step = getTrainStep(module, "fsdp-autodiff");
+  if (!step)
     return signalPassFailure();
-  }
   if (optimizer != "sgd" && optimizer != "adamw" && optimizer != "none") {
     module.emitError() << "unknown optimizer '" << optimizer
                        << "': expected sgd, adamw or none";

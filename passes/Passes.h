@@ -23,6 +23,16 @@ namespace mlir::fsdp {
 /// Name of the function fsdp-autodiff creates.
 constexpr llvm::StringLiteral kTrainStepName = "train_step";
 
+/// The @train_step of `module`; when there is none, reports on the module
+/// which passes must run first (`prerequisites`) and returns null.
+inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites) {
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step)
+    module.emitError() << "no @" << kTrainStepName << ": run "
+                       << prerequisites << " first";
+  return step;
+}
+
 } // namespace mlir::fsdp
 
 #endif // FSDP_PASSES_PASSES_H

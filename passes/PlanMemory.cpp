@@ -28,12 +28,9 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
-    if (!step) {
-      module.emitError() << "no @" << kTrainStepName
-                         << ": run fsdp-autodiff first";
+    auto step = getTrainStep(module, "fsdp-autodiff");
+    if (!step)
       return signalPassFailure();
-    }
     if (alignment <= 0 || (alignment & (alignment - 1))) {
       module.emitError() << "alignment must be a power of two, found "
                          << alignment;

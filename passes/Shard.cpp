@@ -82,12 +82,9 @@ void ShardPass::runOnOperation() {
                        << worldSize.getValue() << " stage=" << stage.getValue();
     return signalPassFailure();
   }
-  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
-  if (!step) {
-    module.emitError() << "no @" << kTrainStepName
-                       << ": run fsdp-autodiff and fsdp-insert-optimizer first";
+  auto step = getTrainStep(module, "fsdp-autodiff and fsdp-insert-optimizer");
+  if (!step)
     return signalPassFailure();
-  }
   if (!module.getOps<UnitOp>().empty()) {
     module.emitError() << "the module is already sharded";
     return signalPassFailure();
