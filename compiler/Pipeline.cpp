@@ -35,6 +35,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     shard.stage = options.stage;
     shard.reshardAfterForward = options.reshardAfterForward;
     pm.addPass(createFsdpShard(shard));
+    if (options.overlap) {
+      FsdpScheduleOptions sched;
+      sched.prefetch = options.prefetch;
+      pm.addPass(createFsdpSchedule(sched));
+    }
   }
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;

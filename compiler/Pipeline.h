@@ -52,6 +52,12 @@ struct FsdpPipelineOptions
       *this, "min-unit-numel",
       llvm::cl::desc("size policy: smallest unit, in elements"),
       llvm::cl::init(1000000)};
+  Option<bool> overlap{*this, "overlap",
+                       llvm::cl::desc("async collectives overlapped with compute"),
+                       llvm::cl::init(true)};
+  Option<bool> prefetch{*this, "prefetch",
+                        llvm::cl::desc("issue each all-gather one unit ahead"),
+                        llvm::cl::init(true)};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

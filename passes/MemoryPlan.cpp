@@ -98,6 +98,8 @@ static FlatSymbolRefAttr storageRead(Value v) {
 /// stage 1/2 update: nothing reads the old parameters after their shard
 /// was updated).
 static bool isInPlaceWrite(Value v, FlatSymbolRefAttr sym) {
+  if (auto w = v.getDefiningOp<WaitOp>()) // the value of an async collective
+    v = w.getInput();
   Operation *def = v.getDefiningOp();
   if (!def)
     return false;
@@ -307,6 +309,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                               byteSize(cast<RankedTensorType>(v.getType()))};
     else if (isa<GetParamOp, GetStateOp, GetUnitOp>(op))
       alias[op.getResult(0)] = {{}, storageRead(op.getResult(0)), 0, 0};
+    else if (auto w = dyn_cast<WaitOp>(op))
+      // The collective's result, now complete: the same buffer.
+      alias[w.getResult()] = {w.getInput(), {}, 0, 0};
     else if (auto r = dyn_cast<ReshapeOp>(op))
       // Row-major data does not move: a reshape is the same bytes.
       alias[r.getResult()] = {r.getInput(), {}, 0, 0};
@@ -326,8 +331,12 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     }
     Value written;
     if (FlatSymbolRefAttr sym = writtenSymbol(&op, written))
-      if (isInPlaceWrite(written, sym))
+      if (isInPlaceWrite(written, sym)) {
+        // Through a wait, it is the async collective that writes storage.
+        if (auto w = written.getDefiningOp<WaitOp>())
+          written = w.getInput();
         alias[written] = {{}, sym, 0, 0};
+      }
   }
 
   // Values that carry gradients and communication buffers (the breakdown).
@@ -477,6 +486,10 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     if (at >= 0 || isa<func::ReturnOp, SetGradOp>(op))
       for (Value v : op.getOperands())
         touch(v, at >= 0 ? at : end);
+    // An async collective reads its input until its wait returns.
+    if (auto w = dyn_cast<WaitOp>(op))
+      if (Operation *c = w.getInput().getDefiningOp())
+        touch(c->getOperand(0), at);
   }
   // A value defined by a storage alias (a view) whose users are
   // instructions: touched above through the users' operands. Buffers never

@@ -163,6 +163,42 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
+  let summary = "overlaps collectives with compute: async issue, waits, prefetch";
+  let description = [{
+    Makes every collective of @train_step asynchronous: it is issued where
+    it stands (the runtime's communication thread runs it) and an
+    `fsdp.wait` is placed right before the first read of its result, so the
+    compute in between overlaps the communication. Reduce-scatters and
+    gradient all-reduces thus overlap the rest of the backward pass. With
+    `prefetch` (FSDP's forward and backward prefetch), each parameter
+    all-gather is moved up to right after the wait of the all-gather
+    before it, so unit k+1's parameters travel while unit k computes; the
+    memory plan then holds two units' parameters at once, and reports it.
+    Collectives keep their relative order, so every rank still issues them
+    in the same order.
+
+    Before: synchronous collectives from fsdp-shard. After: every
+    collective carries `async` and is read only through `fsdp.wait`.
+
+    ```mlir
+    %f1 = fsdp.all_gather %s1 {async} : tensor<66xf32> -> tensor<264xf32>
+    %w1 = fsdp.wait %f1 : tensor<264xf32>
+    %f2 = fsdp.all_gather %s2 {async} : tensor<66xf32> -> tensor<264xf32>
+    // unit 1 computes here while unit 2 is gathered
+    %w2 = fsdp.wait %f2 : tensor<264xf32>
+    ```
+  }];
+  let options = [
+    Option<"prefetch", "prefetch", "bool", /*default=*/"true",
+           "issue each all-gather one unit ahead of its use">,
+  ];
+  let statistics = [
+    Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
   let summary = "liveness and static offsets in one arena per rank";
   let description = [{

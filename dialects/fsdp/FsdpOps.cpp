@@ -539,3 +539,11 @@ LogicalResult PackOp::verify() {
                            << ranges[i].first;
   return success();
 }
+
+LogicalResult WaitOp::verify() {
+  Operation *def = getInput().getDefiningOp();
+  if (!def || !def->hasAttr("async") ||
+      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(def))
+    return emitOpError() << "expected the result of an async collective";
+  return success();
+}

@@ -828,7 +828,7 @@ def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
     %full = fsdp.all_gather %shard : tensor<66xf32> -> tensor<264xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input);
+  let arguments = (ins Fsdp_FloatTensor:$input, UnitAttr:$async);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -844,7 +844,7 @@ def Fsdp_ReduceScatterOp : Fsdp_Op<"reduce_scatter"> {
     %gs = fsdp.reduce_scatter %g {reduce = "mean"} : tensor<264xf32> -> tensor<66xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce);
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -858,7 +858,28 @@ def Fsdp_AllReduceOp : Fsdp_Op<"all_reduce",
     %g = fsdp.all_reduce %g0 {reduce = "mean"} : tensor<264xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce);
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_WaitOp : Fsdp_Op<"wait", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "waits for an asynchronous collective to complete";
+  let description = [{
+    A collective marked `async` is issued where it stands and runs on the
+    runtime's communication thread while the following compute runs; its
+    result may be read only through the `fsdp.wait` on it, which blocks
+    until the collective is done. The result is the same buffer (no copy).
+    Inserted by fsdp-schedule.
+
+    ```mlir
+    %f = fsdp.all_gather %s {async} : tensor<66xf32> -> tensor<264xf32>
+    // ... compute of the previous unit ...
+    %g = fsdp.wait %f : tensor<264xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;

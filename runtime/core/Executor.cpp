@@ -13,6 +13,17 @@
 //    the step); the largest sum over instructions must equal the
 //    compiler's peak_live.
 //
+//
+// [Note: the communication thread]
+// Every collective runs on one communication thread, in program order, so
+// the order across ranks is the plan's order whatever the compute does. A
+// collective marked `async` is queued and the main thread goes on with
+// the next instructions (the overlap fsdp-schedule planned); its `wait`
+// instruction blocks on it. A synchronous collective is queued and waited
+// for at once (behind any async ones still queued, which keeps the order).
+// The memory plan keeps an async collective's input and output alive until
+// its wait, so the two threads never touch the same bytes.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Executor.h"
@@ -43,9 +54,45 @@ double scheduledLr(const std::string &schedule, double lr, double minLr,
 }
 
 Executor::Executor(const Plan &plan, Communicator &comm)
-    : plan(plan), comm(comm) {}
+    : plan(plan), comm(comm) {
+  commThread = std::thread([this] { commLoop(); });
+}
 
-Executor::~Executor() { std::free(arena); }
+Executor::~Executor() {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  commThread.join();
+  std::free(arena);
+}
+
+void Executor::commLoop() {
+  for (;;) {
+    std::packaged_task<Status()> job;
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return stopping || !jobs.empty(); });
+      if (jobs.empty())
+        return;
+      job = std::move(jobs.front());
+      jobs.pop_front();
+    }
+    job();
+  }
+}
+
+std::future<Status> Executor::submit(std::function<Status()> fn) {
+  std::packaged_task<Status()> task(std::move(fn));
+  std::future<Status> f = task.get_future();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    jobs.push_back(std::move(task));
+  }
+  cv.notify_one();
+  return f;
+}
 
 uint8_t *Executor::address(int64_t id) const {
   return cpu::bufferAddress(plan, id, arena, comm.rank());
@@ -95,13 +142,23 @@ Status Executor::init(uint64_t seed) {
     return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
   };
   int64_t n = (int64_t)plan.program.size();
-  for (int64_t i = 0; i < n; ++i)
-    for (const auto *ids : {&plan.program[i].in, &plan.program[i].out})
-      for (int64_t id : *ids) {
-        int64_t o = owner(id);
-        first[o] = std::min(first[o], i);
-        last[o] = std::max(last[o], i);
-      }
+  std::map<int64_t, int64_t> asyncInput; // async output buffer -> its input
+  for (int64_t i = 0; i < n; ++i) {
+    const Instruction &inst = plan.program[i];
+    std::vector<int64_t> touched(inst.in);
+    touched.insert(touched.end(), inst.out.begin(), inst.out.end());
+    // An async collective reads its input until its wait.
+    if (cpu::isCollectiveOp(inst.op) && inst.op != "wait" &&
+        inst.attrs.value("async", false))
+      asyncInput[inst.out[0]] = inst.in[0];
+    if (inst.op == "wait" && asyncInput.count(inst.in[0]))
+      touched.push_back(asyncInput[inst.in[0]]);
+    for (int64_t id : touched) {
+      int64_t o = owner(id);
+      first[o] = std::min(first[o], i);
+      last[o] = std::max(last[o], i);
+    }
+  }
   for (const Binding &b : plan.outputs)
     last[owner(b.buffer)] = n;
   std::vector<int64_t> live(std::max<int64_t>(n, 1), 0);
@@ -120,18 +177,39 @@ Status Executor::init(uint64_t seed) {
 }
 
 Status Executor::runCollective(const Instruction &inst) {
+  if (inst.op == "wait") {
+    auto it = inFlight.find(inst.in[0]);
+    if (it == inFlight.end())
+      return FSDP_ERROR("wait on buffer ", inst.in[0],
+                        " but no collective writing it is in flight");
+    Status st = it->second.get();
+    inFlight.erase(it);
+    return st;
+  }
   const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];
   float *src = reinterpret_cast<float *>(address(inst.in[0]));
   float *dst = reinterpret_cast<float *>(address(inst.out[0]));
   bool mean = inst.attrs.value("reduce", std::string("sum")) == "mean";
-  if (inst.op == "all_reduce") {
-    if (src != dst)
-      std::memcpy(dst, src, in.bytes);
-    return comm.allReduce(dst, out.numel(), mean);
-  }
-  if (inst.op == "reduce_scatter")
-    return comm.reduceScatter(src, dst, out.numel(), mean);
-  return comm.allGather(src, dst, in.numel());
+  std::string op = inst.op;
+  int64_t inBytes = in.bytes, outN = out.numel(), inN = in.numel();
+  auto job = [this, op, src, dst, mean, inBytes, outN, inN]() -> Status {
+    if (op == "all_reduce") {
+      if (src != dst)
+        std::memcpy(dst, src, inBytes);
+      return comm.allReduce(dst, outN, mean);
+    }
+    if (op == "reduce_scatter")
+      return comm.reduceScatter(src, dst, outN, mean);
+    return comm.allGather(src, dst, inN);
+  };
+  std::future<Status> done = submit(job);
+  if (!inst.attrs.value("async", false))
+    return done.get();
+  if (inFlight.count(inst.out[0]))
+    return FSDP_ERROR(inst.op, ": a collective writing buffer ", inst.out[0],
+                      " is already in flight");
+  inFlight[inst.out[0]] = std::move(done);
+  return Status::ok();
 }
 
 Status Executor::step(int64_t step, double lr, float &loss) {
@@ -150,6 +228,14 @@ Status Executor::step(int64_t step, double lr, float &loss) {
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
                            st.message());
+  }
+  if (!inFlight.empty()) {
+    // Drain before reporting: nothing may be in flight past the step.
+    for (auto &[id, f] : inFlight)
+      f.get();
+    inFlight.clear();
+    return FSDP_ERROR("step ", step, ": the plan left an async collective "
+                      "without a wait");
   }
   for (const Binding &b : plan.outputs)
     if (b.role == "loss")

@@ -16,7 +16,14 @@
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace fsdp {
@@ -57,11 +64,23 @@ public:
 
 private:
   Status runCollective(const Instruction &inst);
+  /// Queues `job` on the communication thread.
+  std::future<Status> submit(std::function<Status()> job);
+  void commLoop();
 
   const Plan &plan;
   Communicator &comm;
   uint8_t *arena = nullptr;
   int64_t peakLive = 0;
+
+  // [Note: the communication thread] in Executor.cpp.
+  std::thread commThread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::packaged_task<Status()>> jobs;
+  bool stopping = false;
+  /// Async collectives in flight, by the buffer their wait names.
+  std::map<int64_t, std::future<Status>> inFlight;
 };
 
 /// The learning rate of `step` (1-based) for the schedule: "constant" (with

@@ -767,13 +767,19 @@ const std::unordered_map<std::string, OpDef> &table() {
 } // namespace
 
 bool isCollectiveOp(const std::string &op) {
-  return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather";
+  return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
+         op == "wait";
 }
 
 Status checkInstruction(const Plan &plan, const Instruction &inst) {
   if (isCollectiveOp(inst.op)) {
     if (inst.in.size() != 1 || inst.out.size() != 1)
       return FSDP_ERROR(inst.op, ": expected one input and one output");
+    if (inst.op == "wait") {
+      if (inst.in[0] != inst.out[0])
+        return FSDP_ERROR("wait: expected its input and output to be one buffer");
+      return Status::ok();
+    }
     const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
     if (a.dtype != DType::F32 || b.dtype != DType::F32)
       return FSDP_ERROR(inst.op, ": only f32 collectives are supported");

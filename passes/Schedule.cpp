@@ -1,0 +1,107 @@
+//===- Schedule.cpp - overlap collectives with compute --------------------===//
+//
+// fsdp-schedule. Algorithm: (1) every collective becomes `async` and an
+// fsdp.wait is inserted right before the first op that reads its result
+// (all reads go through the wait; a collective nobody reads is waited for
+// before the return, so nothing is in flight when the step ends). (2) With
+// prefetch, the parameter all-gathers are visited in program order and
+// each is moved (with the storage read that feeds it) to just after the
+// wait of the previous one: while unit k computes, unit k+1 is on the wire.
+// The relative order of all collectives is unchanged (a gather only moves
+// up past compute, never past another collective), which keeps the
+// cross-rank order identical.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPSCHEDULE
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+bool isCollective(Operation *op) {
+  return isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op);
+}
+
+struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto step = getTrainStep(module, "fsdp-shard");
+    if (!step)
+      return signalPassFailure();
+    Block &body = step.getBody().front();
+    SmallVector<Operation *> collectives;
+    for (Operation &op : body)
+      if (isCollective(&op) && !op.hasAttr("async"))
+        collectives.push_back(&op);
+
+    OpBuilder b(&getContext());
+    DenseMap<Operation *, WaitOp> waitOf;
+    for (Operation *c : collectives) {
+      c->setAttr("async", b.getUnitAttr());
+      Value r = c->getResult(0);
+      // The first reader in program order.
+      Operation *first = body.getTerminator();
+      for (Operation *user : r.getUsers()) {
+        Operation *u = body.findAncestorOpInBlock(*user);
+        if (u->isBeforeInBlock(first))
+          first = u;
+      }
+      b.setInsertionPoint(first);
+      auto wait = b.create<WaitOp>(c->getLoc(), r.getType(), r);
+      r.replaceAllUsesExcept(wait.getResult(), wait);
+      waitOf[c] = wait;
+      ++numAsync;
+    }
+    if (prefetch)
+      hoistGathers(collectives, waitOf);
+    // At most one collective in flight: each wait moves up to before the
+    // next collective's issue if that comes first. The communication thread
+    // runs collectives in order anyway, so this costs no overlap, and it
+    // bounds memory: a reduce-scatter's whole-unit gradient buffer is freed
+    // before the next unit's is sent (what makes ZeRO-2 save memory).
+    for (size_t i = 0; i + 1 < collectives.size(); ++i) {
+      WaitOp wait = waitOf[collectives[i]];
+      Operation *next = collectives[i + 1];
+      if (next->isBeforeInBlock(wait)) {
+        // The next collective may read this one's result (e.g. an
+        // all-reduce of a reduced value): the wait must stay before it.
+        wait->moveBefore(next);
+      }
+    }
+  }
+
+  void hoistGathers(ArrayRef<Operation *> collectives,
+                    DenseMap<Operation *, WaitOp> &waitOf) {
+    // Prefetch: move each parameter all-gather (those reading unit storage)
+    // up to just after the previous one's wait, if that is earlier.
+    Operation *prevWait = nullptr;
+    for (Operation *c : collectives) {
+      auto gather = dyn_cast<AllGatherOp>(c);
+      if (!gather || !gather.getInput().getDefiningOp<GetUnitOp>()) {
+        // Other collectives are barriers for the motion: a gather may not
+        // move above one (the order of collectives must not change).
+        prevWait = waitOf[c];
+        continue;
+      }
+      Operation *read = gather.getInput().getDefiningOp();
+      if (prevWait && prevWait->isBeforeInBlock(read)) {
+        read->moveAfter(prevWait);
+        gather->moveAfter(read);
+      }
+      prevWait = waitOf[c];
+    }
+  }
+};
+
+} // namespace
