@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--overlap", default="true", choices=["true", "false"],
+                    help="fsdp-schedule: async collectives and prefetch")
     a = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -47,7 +49,8 @@ def main():
                 plan = os.path.join(tmp, f"n{n}s{stage}.plan")
                 subprocess.run([os.path.join(a.bindir, "fsdp-opt"), model, "-o", os.devnull,
                                 f"--fsdp-pipeline=optimizer=adamw world-size={n} "
-                                f"stage={stage} plan={plan} report=false"], check=True)
+                                f"stage={stage} overlap={a.overlap} plan={plan} "
+                                f"report=false"], check=True)
                 with open(plan) as f:
                     p = json.load(f)
                 psi = sum(u["padded_numel"] for u in p["units"])
@@ -63,7 +66,8 @@ def main():
                 theory = factor * (n - 1) / n * 4 * psi
                 results[(n, stage)] = (ms[len(ms) // 2], comm, theory, p["memory"]["peak"])
     print(f"MLP hidden {a.hidden}, {a.blocks} blocks, global batch {a.batch}, AdamW, "
-          f"{a.threads} thread(s) per rank, median of {a.steps - 2} steps")
+          f"{a.threads} thread(s) per rank, overlap={a.overlap}, median of "
+          f"{a.steps - 2} steps")
     print(f"{'N':>2} {'stage':>5} {'ms/step':>9} {'vs N=1':>7} {'comm B/rank/step':>17}"
           f" {'theory':>11} {'ratio':>6} {'peak mem/rank':>14}")
     for (n, stage), (ms, comm, theory, peak) in sorted(results.items()):
