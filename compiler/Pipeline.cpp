@@ -24,8 +24,9 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.maxGradNorm = options.maxGradNorm;
   pm.addPass(createFsdpInsertOptimizer(opt));
   // Sharding rewrites the optimizer's updates; without an optimizer the
-  // step outputs whole gradients and is not sharded.
-  if (options.optimizer != "none") {
+  // step outputs whole gradients and is not sharded (asking for several
+  // ranks then reaches fsdp-shard, which says why it cannot).
+  if (options.optimizer != "none" || options.worldSize != 1) {
     FsdpGroupUnitsOptions group;
     group.policy = options.unitPolicy;
     group.minUnitNumel = options.minUnitNumel;

@@ -416,24 +416,24 @@ struct AutodiffPass : mlir::fsdp::impl::FsdpAutodiffBase<AutodiffPass> {
       if (!match)
         continue;
       if (model) {
-        fn.emitError() << "more than one model function; pick one with "
+        mlir::emitError(fn.getLoc()) << "more than one model function; pick one with "
                           "fsdp-autodiff{model=NAME}";
         return signalPassFailure();
       }
       model = fn;
     }
     if (!model) {
-      module.emitError() << "no model function: mark one func.func with the "
+      mlir::emitError(module.getLoc()) << "no model function: mark one func.func with the "
                             "`fsdp.model` attribute";
       return signalPassFailure();
     }
     if (module.lookupSymbol(kTrainStepName)) {
-      module.emitError() << "@" << kTrainStepName
+      mlir::emitError(module.getLoc()) << "@" << kTrainStepName
                          << " already exists: fsdp-autodiff ran twice?";
       return signalPassFailure();
     }
     if (!model.getBody().hasOneBlock()) {
-      model.emitError() << "expected a model function with a single block";
+      mlir::emitError(model.getLoc()) << "expected a model function with a single block";
       return signalPassFailure();
     }
 

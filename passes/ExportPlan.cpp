@@ -102,7 +102,7 @@ struct ExportPlanPass : mlir::fsdp::impl::FsdpExportPlanBase<ExportPlanPass> {
 void ExportPlanPass::runOnOperation() {
   ModuleOp module = getOperation();
   if (output.empty()) {
-    module.emitError() << "convert-fsdp-to-plan needs output=PATH";
+    mlir::emitError(module.getLoc()) << "convert-fsdp-to-plan needs output=PATH";
     return signalPassFailure();
   }
   auto step = getTrainStep(module, "fsdp-autodiff");
@@ -118,7 +118,7 @@ void ExportPlanPass::runOnOperation() {
   for (auto [id, b] : llvm::enumerate(plan.buffers)) {
     std::string dt = dtypeOf(b.type.getElementType());
     if (dt.empty()) {
-      step.emitError() << "buffer " << b.name << " has unsupported type "
+      mlir::emitError(step.getLoc()) << "buffer " << b.name << " has unsupported type "
                        << b.type;
       return signalPassFailure();
     }
@@ -195,12 +195,12 @@ void ExportPlanPass::runOnOperation() {
     else if (arg.getArgNumber() < 2)
       role = arg.getArgNumber() == 0 ? "input" : "target";
     else {
-      step.emitError() << "argument #" << arg.getArgNumber()
+      mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
                        << " has no fsdp.role (input, target, lr or step)";
       return signalPassFailure();
     }
     if (!llvm::is_contained({"input", "target", "lr", "step"}, role)) {
-      step.emitError() << "argument #" << arg.getArgNumber()
+      mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
                        << " has unknown role \"" << role
                        << "\"; expected input, target, lr or step";
       return signalPassFailure();
@@ -213,7 +213,7 @@ void ExportPlanPass::runOnOperation() {
     if (t.getElementType().isInteger()) {
       int64_t range = integerRange(arg);
       if (range <= 0) {
-        step.emitError() << "integer argument #" << arg.getArgNumber()
+        mlir::emitError(step.getLoc()) << "integer argument #" << arg.getArgNumber()
                          << " is neither embedding ids nor cross-entropy "
                             "labels; its value range is unknown";
         return signalPassFailure();
@@ -343,7 +343,7 @@ void ExportPlanPass::runOnOperation() {
     return llvm::Error::success();
   });
   if (err) {
-    module.emitError() << "cannot write the plan to '" << output
+    mlir::emitError(module.getLoc()) << "cannot write the plan to '" << output
                        << "': " << llvm::toString(std::move(err));
     return signalPassFailure();
   }

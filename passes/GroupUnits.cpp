@@ -39,7 +39,7 @@ struct GroupUnitsPass
       units.insert("root");
     } else if (policy == "size") {
       if (minUnitNumel <= 0) {
-        module.emitError() << "min-unit-numel must be positive";
+        mlir::emitError(module.getLoc()) << "min-unit-numel must be positive";
         return signalPassFailure();
       }
       int64_t group = 0, filled = 0;
@@ -54,7 +54,7 @@ struct GroupUnitsPass
         }
       }
     } else {
-      module.emitError() << "unknown unit policy '" << policy
+      mlir::emitError(module.getLoc()) << "unknown unit policy '" << policy
                          << "': expected layer, size or none";
       return signalPassFailure();
     }

@@ -56,18 +56,18 @@ void InsertOptimizerPass::runOnOperation() {
   if (!step)
     return signalPassFailure();
   if (optimizer != "sgd" && optimizer != "adamw" && optimizer != "none") {
-    module.emitError() << "unknown optimizer '" << optimizer
+    mlir::emitError(module.getLoc()) << "unknown optimizer '" << optimizer
                        << "': expected sgd, adamw or none";
     return signalPassFailure();
   }
   if (maxGradNorm < 0 || momentum < 0 || eps <= 0 || beta1 < 0 ||
       beta1 >= 1 || beta2 < 0 || beta2 >= 1) {
-    module.emitError() << "invalid optimizer options: need max-grad-norm >= "
+    mlir::emitError(module.getLoc()) << "invalid optimizer options: need max-grad-norm >= "
                           "0, momentum >= 0, eps > 0, 0 <= beta < 1";
     return signalPassFailure();
   }
   if (nesterov && (momentum <= 0 || dampening != 0)) {
-    module.emitError()
+    mlir::emitError(module.getLoc())
         << "nesterov momentum requires momentum > 0 and zero dampening";
     return signalPassFailure();
   }
@@ -97,7 +97,7 @@ void InsertOptimizerPass::runOnOperation() {
   SmallVector<SetGradOp> sets;
   step.walk([&](SetGradOp op) { sets.push_back(op); });
   if (sets.empty()) {
-    step.emitError() << "no fsdp.set_grad to update: nothing is trainable";
+    mlir::emitError(step.getLoc()) << "no fsdp.set_grad to update: nothing is trainable";
     return signalPassFailure();
   }
 

@@ -166,7 +166,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                                              int64_t alignment) {
   MemoryPlan plan;
   if (!step.getBody().hasOneBlock())
-    return step.emitError() << "expected a single-block @train_step";
+    return mlir::emitError(step.getLoc()) << "expected a single-block @train_step";
   Block &body = step.getBody().front();
   auto addBuffer = [&](PlannedBuffer b) {
     plan.buffers.push_back(std::move(b));
@@ -272,7 +272,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   for (BlockArgument arg : body.getArguments()) {
     auto t = dyn_cast<RankedTensorType>(arg.getType());
     if (!t)
-      return step.emitError() << "argument #" << arg.getArgNumber()
+      return mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
                               << " is not a ranked tensor";
     cursor = alignUp(cursor, alignment);
     plan.valueBuffer[arg] = addBuffer(persistent(
@@ -283,7 +283,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // --- 2. Instructions and aliases. ---------------------------------------
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
   if (!ret || ret.getNumOperands() != 1)
-    return step.emitError() << "expected @train_step to return the loss";
+    return mlir::emitError(step.getLoc()) << "expected @train_step to return the loss";
   // The forward pass ends at the loss (before any all-reduce of it).
   Value lossValue = ret.getOperand(0);
   if (auto ar = lossValue.getDefiningOp<AllReduceOp>())

@@ -28,7 +28,7 @@ constexpr llvm::StringLiteral kTrainStepName = "train_step";
 inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites) {
   auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
   if (!step)
-    module.emitError() << "no @" << kTrainStepName << ": run "
+    mlir::emitError(module.getLoc()) << "no @" << kTrainStepName << ": run "
                        << prerequisites << " first";
   return step;
 }

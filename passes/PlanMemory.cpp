@@ -32,7 +32,7 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
     if (!step)
       return signalPassFailure();
     if (alignment <= 0 || (alignment & (alignment - 1))) {
-      module.emitError() << "alignment must be a power of two, found "
+      mlir::emitError(module.getLoc()) << "alignment must be a power of two, found "
                          << alignment;
       return signalPassFailure();
     }

@@ -77,7 +77,7 @@ void ShardPass::runOnOperation() {
   ModuleOp module = getOperation();
   MLIRContext *ctx = &getContext();
   if (worldSize < 1 || stage < 0 || stage > 3) {
-    module.emitError() << "fsdp-shard needs world-size >= 1 and stage in "
+    mlir::emitError(module.getLoc()) << "fsdp-shard needs world-size >= 1 and stage in "
                           "0..3, found world-size="
                        << worldSize.getValue() << " stage=" << stage.getValue();
     return signalPassFailure();
@@ -86,7 +86,7 @@ void ShardPass::runOnOperation() {
   if (!step)
     return signalPassFailure();
   if (!module.getOps<UnitOp>().empty()) {
-    module.emitError() << "the module is already sharded";
+    mlir::emitError(module.getLoc()) << "the module is already sharded";
     return signalPassFailure();
   }
   Block &body = step.getBody().front();
@@ -128,7 +128,7 @@ void ShardPass::runOnOperation() {
     u.numel += p.getTensorType().getNumElements();
   }
   if (units.empty()) {
-    module.emitError() << "the model has no parameters to shard";
+    mlir::emitError(module.getLoc()) << "the model has no parameters to shard";
     return signalPassFailure();
   }
   b.setInsertionPointAfter(params.back());
@@ -206,7 +206,7 @@ void ShardPass::runOnOperation() {
         optimizerOps.insert(mul);
   }
   if (updates.empty()) {
-    step.emitError() << "no optimizer updates to shard: run "
+    mlir::emitError(step.getLoc()) << "no optimizer updates to shard: run "
                         "fsdp-insert-optimizer first";
     return signalPassFailure();
   }
