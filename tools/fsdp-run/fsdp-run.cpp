@@ -11,6 +11,7 @@
 #include "runtime/comm/Launch.h"
 #include "runtime/core/Trainer.h"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -33,6 +34,10 @@ int main(int argc, char **argv) {
   // 2-core machine); a short spin keeps both fast. Set before OpenMP starts;
   // a user's own setting wins.
   ::setenv("GOMP_SPINCOUNT", "1000", /*overwrite=*/0);
+  // A peer that dies closes its sockets; writing to one must fail with
+  // EPIPE (which Gloo reports and we turn into an error naming the
+  // collective), not kill this rank silently with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   // --nproc is the launcher's; everything else goes to the ranks.
   std::vector<std::string> args{argv[0]};
   int nproc = 0;
