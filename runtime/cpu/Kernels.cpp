@@ -192,21 +192,25 @@ template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n) {
   }
 }
 
+namespace {
+/// y = softmax(x) over one row of n (max-subtracted; y may not alias x).
+template <typename T> void softmaxRow(const T *x, T *y, int64_t n) {
+  T mx = *std::max_element(x, x + n);
+  T sum = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    y[c] = std::exp(x[c] - mx);
+    sum += y[c];
+  }
+  T inv = T(1) / sum;
+  for (int64_t c = 0; c < n; ++c)
+    y[c] *= inv;
+}
+} // namespace
+
 template <typename T> void softmax(const T *x, T *y, int64_t rows, int64_t cols) {
 #pragma omp parallel for if (rows * cols > kParallelGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *xr = x + r * cols;
-    T *yr = y + r * cols;
-    T mx = *std::max_element(xr, xr + cols);
-    T sum = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      yr[c] = std::exp(xr[c] - mx);
-      sum += yr[c];
-    }
-    T inv = T(1) / sum;
-    for (int64_t c = 0; c < cols; ++c)
-      yr[c] *= inv;
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    softmaxRow(x + r * cols, y + r * cols, cols);
 }
 
 template <typename T>
@@ -513,17 +517,10 @@ int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
   T f = *dloss / T(rows);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
-    const T *lr = logits + r * classes;
     T *dr = dlogits + r * classes;
-    T mx = *std::max_element(lr, lr + classes);
-    T sum = 0;
-    for (int64_t c = 0; c < classes; ++c) {
-      dr[c] = std::exp(lr[c] - mx);
-      sum += dr[c];
-    }
-    T inv = T(1) / sum;
+    softmaxRow(logits + r * classes, dr, classes);
     for (int64_t c = 0; c < classes; ++c)
-      dr[c] = dr[c] * inv * f;
+      dr[c] *= f;
     dr[labels[r]] -= f;
   }
   return -1;
