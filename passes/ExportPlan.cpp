@@ -108,7 +108,11 @@ void ExportPlanPass::runOnOperation() {
   auto step = getTrainStep(module, "fsdp-autodiff");
   if (!step)
     return signalPassFailure();
+  // The alignment fsdp-plan-memory used (its default when it did not run),
+  // so the plan file and the IR's recorded offsets agree.
   int64_t alignment = 64;
+  if (auto a = module->getAttrOfType<IntegerAttr>("fsdp.alignment"))
+    alignment = a.getInt();
   FailureOr<MemoryPlan> planOr = planMemory(module, step, alignment);
   if (failed(planOr))
     return signalPassFailure();

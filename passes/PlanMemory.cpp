@@ -37,6 +37,10 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
       return signalPassFailure();
     }
     FailureOr<MemoryPlan> plan = planMemory(module, step, alignment);
+    // convert-fsdp-to-plan re-plans with the same alignment.
+    module->setAttr("fsdp.alignment",
+                    IntegerAttr::get(IntegerType::get(&getContext(), 64),
+                                     alignment));
     if (failed(plan))
       return signalPassFailure();
 

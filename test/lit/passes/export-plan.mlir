@@ -3,6 +3,10 @@
 // RUN: FileCheck %s --check-prefix=PROGRAM < %t.plan
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=none plan=%t.none.plan report=false" -o /dev/null
 // RUN: FileCheck %s --check-prefix=NONE < %t.none.plan
+// The plan uses the alignment fsdp-plan-memory was given (parameters and
+// state are packed per unit; every other buffer is aligned).
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer -fsdp-plan-memory=alignment=4096 -convert-fsdp-to-plan=output=%t.a.plan -o /dev/null
+// RUN: %python -c "import json,sys; p=json.load(open(sys.argv[1])); bad=[b['id'] for b in p['buffers'] if 'alias_of' not in b and b['kind'] not in ('param', 'state') and b['offset'] %% 4096]; print('misaligned', bad); sys.exit(1 if bad else 0)" %t.a.plan
 // RUN: not fsdp-opt %s -fsdp-autodiff -convert-fsdp-to-plan 2>&1 | FileCheck %s --check-prefix=NOOUT
 // RUN: not fsdp-opt %s --fsdp-pipeline="plan=/nonexistent-dir/x.plan report=false" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOWRITE
 
