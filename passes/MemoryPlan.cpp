@@ -453,11 +453,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       id = plan.buffers[id].aliasOf;
     return id;
   };
-  for (PlannedBuffer &b : plan.buffers)
-    if (!b.persistent && b.aliasOf < 0) {
-      b.first = INT64_MAX;
-      b.last = -1;
-    }
+
   auto touch = [&](Value v, int64_t at) {
     auto it = plan.valueBuffer.find(v);
     if (it == plan.valueBuffer.end() || at < 0)
@@ -473,8 +469,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     root.first = std::min(root.first, at);
     root.last = std::max(root.last, at);
   };
+  // Every transient buffer and every alias starts unused.
   for (PlannedBuffer &b : plan.buffers)
-    if (b.aliasOf >= 0) {
+    if (!b.persistent || b.aliasOf >= 0) {
       b.first = INT64_MAX;
       b.last = -1;
     }

@@ -52,11 +52,8 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
 
 Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
   help = false;
-  auto need = [&](int &i, const char *name) -> const char * {
-    if (i + 1 >= argc)
-      return nullptr;
-    (void)name;
-    return argv[++i];
+  auto need = [&](int &i) -> const char * {
+    return i + 1 < argc ? argv[++i] : nullptr;
   };
   auto toInt = [](const char *s, int64_t &v) {
     char *end;
@@ -85,7 +82,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       (a == "--json" ? opt.json : opt.quiet) = true;
       continue;
     }
-    const char *v = need(i, a.c_str());
+    const char *v = need(i);
     if (!v)
       return FSDP_ERROR("option ", a, " needs a value");
     int64_t iv = 0;

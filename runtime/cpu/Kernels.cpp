@@ -256,21 +256,31 @@ void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m, int64_t n,
     gemm(transA, transB, m, n, k, a + i * m * k, b + i * k * n, c + i * m * n);
 }
 
+namespace {
+/// Mean and 1 / sqrt(biased variance + eps) of one row; the backward pass
+/// recomputes them with this same routine instead of storing them.
+template <typename T>
+void rowStats(const T *xr, int64_t cols, double eps, T &mean, T &rstd) {
+  mean = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    mean += xr[c];
+  mean /= T(cols);
+  T var = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    var += (xr[c] - mean) * (xr[c] - mean);
+  var /= T(cols);
+  rstd = T(1) / std::sqrt(var + T(eps));
+}
+} // namespace
+
 template <typename T>
 void layerNorm(const T *x, const T *g, const T *b, T *y, int64_t rows,
                int64_t cols, double eps) {
 #pragma omp parallel for if (rows * cols > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * cols;
-    T mean = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      mean += xr[c];
-    mean /= T(cols);
-    T var = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      var += (xr[c] - mean) * (xr[c] - mean);
-    var /= T(cols);
-    T rstd = T(1) / std::sqrt(var + T(eps));
+    T mean, rstd;
+    rowStats(xr, cols, eps, mean, rstd);
     for (int64_t c = 0; c < cols; ++c)
       y[r * cols + c] = (xr[c] - mean) * rstd * g[c] + b[c];
   }
@@ -284,15 +294,8 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
   // dgamma / dbeta sum over rows: kept serial so the order is fixed.
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
-    T mean = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      mean += xr[c];
-    mean /= T(cols);
-    T var = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      var += (xr[c] - mean) * (xr[c] - mean);
-    var /= T(cols);
-    T rstd = T(1) / std::sqrt(var + T(eps));
+    T mean, rstd;
+    rowStats(xr, cols, eps, mean, rstd);
     // dx = rstd * (dyg - mean(dyg) - xhat * mean(dyg * xhat)), dyg = dy * g.
     T sumDyg = 0, sumDygXhat = 0;
     for (int64_t c = 0; c < cols; ++c) {
