@@ -29,3 +29,8 @@ fi
 echo "runtime-only build: ok (fsdp-run links no LLVM/MLIR)"
 
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 3000
+
+# The runtime under ASan + UBSan + LSan: unit tests and an end-to-end subset
+# on plans compiled by the build above (docs/RELIABILITY.md).
+bash scripts/sanitize-check.sh build/bin/fsdp-opt
+

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The runtime under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer):
+# builds build-asan/ (runtime only, -DFSDP_SANITIZE=address,undefined), runs
+# every runtime unit test and an end-to-end subset of fsdp-run on plans the
+# normal build's fsdp-opt compiles (1 rank and --nproc 2, ZeRO-3 and DDP, MLP
+# and a token model, a token file, --init-from / --save round trip, a
+# gradient check, bad inputs). Any sanitizer report fails (reports abort:
+# -fno-sanitize-recover=all, halt_on_error=1, exitcode 23 checked below).
+#
+# Usage: scripts/sanitize-check.sh [FSDP_OPT]   (default build/bin/fsdp-opt)
+# Called by scripts/test.sh after the normal build. docs/RELIABILITY.md has
+# the measured time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+OPT="${1:-build/bin/fsdp-opt}"
+export CCACHE_BASEDIR="$PWD"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fsdp-ccache}"
+JOBS="${JOBS:-$(nproc)}"
+
+start=$(date +%s)
+cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFSDP_RUNTIME_ONLY=ON -DFSDP_SANITIZE=address,undefined \
+  -DCMAKE_DISABLE_FIND_PACKAGE_MLIR=ON -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON >/dev/null
+cmake --build build-asan -j "$JOBS"
+echo "sanitizer build: $(( $(date +%s) - start )) s"
+
+# Reports exit with 23 so they cannot be confused with an expected error
+# exit (1). Suppressions (third-party frames only) are documented in the files.
+SUPP="$ROOT/scripts/sanitizers"
+export ASAN_OPTIONS="halt_on_error=1:exitcode=23:detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+export UBSAN_OPTIONS="halt_on_error=1:exitcode=23:print_stacktrace=1:suppressions=$SUPP/ubsan.supp"
+export LSAN_OPTIONS="exitcode=23:suppressions=$SUPP/lsan.supp:print_suppressions=0"
+export OMP_NUM_THREADS=2
+
+t0=$(date +%s)
+ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 600
+echo "sanitizer unit tests: $(( $(date +%s) - t0 )) s"
+
+# --- end-to-end subset -----------------------------------------------------
+t0=$(date +%s)
+RUN="$ROOT/build-asan/bin/fsdp-run"
+W="$(mktemp -d /tmp/fsdp-asan.XXXXXX)"
+trap 'rm -rf "$W"' EXIT
+LOG="$W/log"
+fail() { echo "sanitize-check: FAILED: $*" >&2; cat "$LOG" >&2 || true; exit 1; }
+# Runs fsdp-run; expects exit status $1 (0 or 1); a sanitizer report (23, a
+# signal, or a report line) is always a failure.
+expect() {
+  local want="$1"; shift
+  local rc=0
+  "$RUN" "$@" >"$LOG" 2>&1 || rc=$?
+  if grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: .*Sanitizer' "$LOG"; then
+    fail "sanitizer report from: fsdp-run $*"
+  fi
+  [[ "$rc" == "$want" ]] || fail "exit $rc (expected $want) from: fsdp-run $*"
+}
+compile() { # model.mlir plan "pipeline options"
+  "$OPT" "$1" -o /dev/null --fsdp-pipeline="$3 plan=$2 report=false"
+}
+
+python3 examples/gen_models.py mlp --hidden 16 --blocks 2 --batch 4 -o "$W/mlp.mlir"
+python3 examples/gen_models.py gpt --vocab 32 --ctx 8 --layers 1 --heads 2 \
+  --width 16 --batch 2 -o "$W/gpt.mlir"
+compile "$W/mlp.mlir" "$W/mlp1.plan" "optimizer=adamw max-grad-norm=1.0"
+compile "$W/mlp.mlir" "$W/mlp2z3.plan" "optimizer=adamw world-size=2 stage=3"
+compile "$W/mlp.mlir" "$W/mlp2z0.plan" "optimizer=sgd momentum=0.9 world-size=2 stage=0"
+compile "$W/mlp.mlir" "$W/mlpgrad.plan" "optimizer=none"
+compile "$W/gpt.mlir" "$W/gpt2z2.plan" "optimizer=adamw world-size=2 stage=2"
+compile "$W/gpt.mlir" "$W/gptgrad.plan" "optimizer=none"
+
+expect 0 "$W/mlp1.plan" --steps 3 --threads 2 --save "$W/a.safetensors"
+expect 0 "$W/mlp1.plan" --steps 2 --init-from "$W/a.safetensors" --save "$W/b.safetensors" \
+  --dump-dir "$W/dump"
+expect 0 "$W/mlp2z3.plan" --nproc 2 --steps 3 --threads 1 --init-from "$W/a.safetensors" \
+  --save "$W/c.safetensors" --schedule cosine --warmup 1
+expect 0 "$W/mlp2z0.plan" --nproc 2 --steps 3 --threads 1 --json
+python3 tools/make_tokens.py --help >/dev/null 2>&1 || true
+python3 - "$W/tok.bin" <<'EOF'
+import struct, sys
+toks = [(7 * i + 3) % 32 for i in range(300)]
+hdr = [20240520, 1, len(toks)] + [0] * 253
+open(sys.argv[1], "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
+EOF
+expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin"
+expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
+expect 0 "$W/gptgrad.plan" --gradcheck 2 --threads 1
+# Bad inputs: a clean error, no report.
+head -c 700 "$W/mlp1.plan" > "$W/trunc.plan"
+expect 1 "$W/trunc.plan"
+head -c 300 "$W/a.safetensors" > "$W/trunc.safetensors"
+expect 1 "$W/mlp1.plan" --steps 1 --init-from "$W/trunc.safetensors"
+expect 1 "$W/mlp1.plan" --steps 1 --init-from "$W/mlp1.plan"
+expect 1 "$W/gpt2z2.plan" --nproc 2 --steps 1 --data "$W/mlp1.plan"
+expect 1 "$W/mlp1.plan" --nproc 2 --steps 1
+echo "sanitizer end-to-end: $(( $(date +%s) - t0 )) s"
+echo "sanitize-check: ok, no sanitizer reports ($(( $(date +%s) - start )) s in all)"
