@@ -37,8 +37,9 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --data SPEC          synthetic (default) or the path of an llm.c token file
   --threads N          compute threads per rank (OpenMP + OpenBLAS)
   --log-every N        print every N steps (default 1)
-  --dump-dir DIR       write init/final parameters, batches, gradients and a
-                       log for the PyTorch oracle
+  --dump-dir DIR       write init/final parameters, the parameters after every
+                       step, batches, gradients and a log for the PyTorch
+                       oracle (small models: it keeps every step in memory)
   --init-from FILE     start from the parameters in a .safetensors file
   --save FILE          write the final parameters (consolidated) as .safetensors
   --json               one JSON object per step instead of the human line
@@ -187,6 +188,15 @@ void recordBatch(const Plan &plan, const Executor &ex, int64_t step, TensorMap &
   }
 }
 
+/// Ulps of the float32 loss that central differences cannot resolve: see
+/// [Note: finite-difference noise].
+constexpr double kNoiseUlps = 4;
+
+double ulpOf(double x) {
+  float f = (float)x;
+  return (double)std::nextafter(f, INFINITY) - (double)f;
+}
+
 Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
                  DataSource &data, Communicator &comm) {
   bool hasGrads = false;
@@ -217,41 +227,85 @@ Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
     for (int64_t i = 0; i < n; ++i)
       maxAbs = std::max(maxAbs, (double)std::fabs(g[i]));
     int64_t k = std::min(opt.gradcheck, n);
-    double dot = 0, nf = 0, na = 0, worst = 0;
+    double errNorm2 = 0, gNorm2 = 0, noise2 = 0, worst = 0;
+    int64_t kinks = 0;
     for (int64_t j = 0; j < k; ++j) {
       int64_t i = (j * n) / k + (n / k) / 2;
       float *ptr;
       if (!ex.paramElement(p, i, ptr))
         continue;
       float v = *ptr;
-      double h = 1e-3 * std::max(1.0f, std::fabs(v));
+      // The perturbed values as float32 stores them: dividing by the step
+      // actually taken removes the representation error of v +- h.
+      float vp = (float)(v + 1e-3 * std::max(1.0f, std::fabs(v)));
+      float vm = (float)(v - 1e-3 * std::max(1.0f, std::fabs(v)));
       float lp, lm;
-      *ptr = (float)(v + h);
+      *ptr = vp;
       FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lp));
-      *ptr = (float)(v - h);
+      *ptr = vm;
       FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lm));
       *ptr = v;
-      double fd = ((double)lp - (double)lm) / (2 * h);
+      double step = (double)vp - (double)vm;
+      double fd = ((double)lp - (double)lm) / step;
+      // [Note: finite-difference noise] The loss comes back as a float32:
+      // lp and lm each carry up to half an ulp of rounding from that final
+      // store, and the values downstream of the perturbed element round
+      // afresh in both evaluations (the loss reductions run in double, so
+      // those are a few more ulps of the loss at most). kNoiseUlps ulps of
+      // the loss over the step bound what central differences in float32
+      // can resolve; an element whose gradient is below that is checked
+      // only through the norm-wise test.
+      double noise = kNoiseUlps * ulpOf(std::max(std::fabs(lp), std::fabs(lm))) / step;
       double err = std::fabs(fd - g[i]);
-      double allowed = opt.gradcheckTol * std::fabs(g[i]) + 1e-3 * maxAbs + 1e-5;
-      worst = std::max(worst, err / (std::fabs(g[i]) + 1e-3 * maxAbs + 1e-5));
+      double allowed = opt.gradcheckTol * std::fabs(g[i]) + noise;
+      // A kink (relu at 0, max) within the step: the one-sided differences
+      // disagree although each is a fair estimate of a one-sided slope.
+      // There is no derivative to check there; a smooth function's
+      // one-sided differences agree to its curvature times the step.
+      double right = ((double)lp - (double)loss0) / ((double)vp - (double)v);
+      double left = ((double)loss0 - (double)lm) / ((double)v - (double)vm);
+      if (std::fabs(right - left) > 2 * (allowed + 2 * noise) &&
+          std::fabs(right - left) > 0.5 * std::max(std::fabs(right), std::fabs(left))) {
+        ++kinks;
+        continue;
+      }
+      worst = std::max(worst, err / allowed);
       if (err > allowed) {
         ++failures;
-        std::printf("  MISMATCH %s[%lld]: analytic %.6e, finite difference %.6e\n",
-                    p.name.c_str(), (long long)i, g[i], fd);
+        std::printf("  MISMATCH %s[%lld]: analytic %.6e, finite difference %.6e "
+                    "(allowed difference %.2e)\n",
+                    p.name.c_str(), (long long)i, g[i], fd, allowed);
       }
-      dot += fd * g[i];
-      nf += fd * fd;
-      na += (double)g[i] * g[i];
+      errNorm2 += err * err;
+      gNorm2 += (double)g[i] * g[i];
+      noise2 += noise * noise;
     }
-    double cosine = (nf > 0 && na > 0) ? dot / std::sqrt(nf * na) : 1.0;
-    if (na > 0 && cosine < 0.999) {
+    // Norm-wise over the sampled elements: a wrong rule moves the whole
+    // vector, rounding noise adds at most its own norm.
+    double normErr = std::sqrt(errNorm2);
+    double normAllowed = opt.gradcheckTol * std::sqrt(gNorm2) + std::sqrt(noise2);
+    if (normErr > normAllowed) {
       ++failures;
-      std::printf("  MISMATCH %s: cosine(analytic, finite difference) = %.6f\n",
-                  p.name.c_str(), cosine);
+      std::printf("  MISMATCH %s: |analytic - finite difference| = %.3e over the "
+                  "sampled elements, allowed %.3e\n",
+                  p.name.c_str(), normErr, normAllowed);
     }
-    std::printf("  %-40s %8lld elements  max |g| %.3e  worst rel err %.2e  cosine %.6f\n",
-                p.name.c_str(), (long long)n, maxAbs, worst, cosine);
+    std::printf("  %-40s %8lld elements  max |g| %.3e  worst err/allowed %.2f  "
+                "norm err/allowed %.2f%s\n",
+                p.name.c_str(), (long long)n, maxAbs, worst,
+                normAllowed > 0 ? normErr / normAllowed : 0.0,
+                kinks ? ("  (" + std::to_string(kinks) +
+                         " at a kink, not differentiable within the step)")
+                            .c_str()
+                      : "");
+    // Kinks are rare at random points; a rule that is wrong everywhere
+    // cannot hide behind them.
+    if (2 * kinks > k) {
+      ++failures;
+      std::printf("  MISMATCH %s: %lld of %lld sampled elements have one-sided "
+                  "differences that disagree\n",
+                  p.name.c_str(), (long long)kinks, (long long)k);
+    }
   }
   if (failures)
     return FSDP_ERROR("gradient check failed for ", failures, " element(s)");
@@ -283,7 +337,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     return gradCheck(opt, plan, ex, *data, comm);
 
   bool dump = !opt.dumpDir.empty();
-  TensorMap batches;
+  TensorMap batches, trajectory;
   if (dump) {
     if (root)
       FSDP_RETURN_IF_ERROR(makeDir(opt.dumpDir));
@@ -329,6 +383,16 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     if (!std::isfinite(loss))
       return FSDP_ERROR("the loss is not finite at step ", s, " (", loss,
                         "): lower the learning rate or enable clipping");
+    if (dump) {
+      // Parameters after every step: the oracle re-runs each update from
+      // our own parameters (test/oracle/README.md), so one rounding-level
+      // difference is checked where it arises instead of after 20 steps
+      // of compounding.
+      TensorMap now;
+      FSDP_RETURN_IF_ERROR(ex.gatherParams(now));
+      for (auto &kv : now)
+        trajectory["step" + std::to_string(s) + "." + kv.first] = std::move(kv.second);
+    }
     losses.push_back(loss);
     lrs.push_back(lr);
     times.push_back(ms);
@@ -370,6 +434,8 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     if (root && dump) {
       FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/final.safetensors", final));
       FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/batches.safetensors", batches));
+      FSDP_RETURN_IF_ERROR(
+          writeSafeTensors(opt.dumpDir + "/trajectory.safetensors", trajectory));
       TensorMap grads;
       FSDP_RETURN_IF_ERROR(ex.gradOutputs(grads));
       if (!grads.empty())

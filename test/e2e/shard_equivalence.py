@@ -11,10 +11,11 @@ parameters match. Also prints communication bytes per rank per step.
 usage: shard_equivalence.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL N [N ...]
 
 OPTIMIZER is a pipeline fragment such as "adamw" or "sgd momentum=0.9".
-The GPT is checked with SGD: its attention key bias has an identically zero
-gradient (softmax is shift-invariant), and AdamW turns the rounding noise
-of that zero into +-lr steps, so those few elements random-walk differently
-under any change of summation order (the losses still match to 1e-7).
+Final parameters are compared (1e-4 of each tensor's largest value) for
+SGD only: AdamW normalizes rounding-level gradients into +-lr steps (the GPT
+attention key bias has an identically zero gradient, softmax being
+shift-invariant), so those elements random-walk differently under any
+change of summation order while the losses still match.
 """
 import json
 import os
@@ -72,6 +73,14 @@ def main():
     steps, rtol = int(sys.argv[4]), float(sys.argv[5])
     worlds = [int(a) for a in sys.argv[6:]]
     failures = 0
+    # AdamW divides every gradient by the root of its running square, so an
+    # element whose gradient is at the rounding level moves by up to lr per
+    # step in a direction set by the rounding: a change of summation order
+    # (N ranks) moves it differently, and the final parameters cannot be
+    # compared element by element. The losses are compared at every step;
+    # the sharded AdamW update itself is checked per element against
+    # PyTorch in float64 by test/lit/e2e/torch-oracle.test (teacher forcing).
+    compare_params = not optimizer.startswith("adamw")
     with tempfile.TemporaryDirectory() as tmp:
         ref_model = os.path.join(tmp, "g.mlir")
         gen(kind, GLOBAL_BATCH, ref_model)
@@ -95,11 +104,13 @@ def main():
                     d = max(abs(a - b) for a, b in zip(params[name], ref))
                     param_err = max(param_err, d / scale)
                 ok = (len(losses) == len(ref_losses) and loss_err <= rtol
-                      and param_err <= 1e-4)
+                      and (not compare_params or param_err <= 1e-4))
                 failures += not ok
                 print(f"  N={n} stage={stage} reshard={'yes' if reshard else 'no ':<3} "
                       f"max loss rel diff {loss_err:.2e}  max param diff {param_err:.2e}  "
                       f"comm/rank/step {comm:>9} B  {'ok' if ok else 'MISMATCH'}")
+    if not compare_params:
+        print("(final parameters not compared under AdamW: see the comment above)")
     print("all sharded runs match the one-rank run" if not failures
           else f"FAIL: {failures} configuration(s) differ")
     return 1 if failures else 0

@@ -1,18 +1,29 @@
 #!/usr/bin/python3
 """The PyTorch oracle: replays an fsdp-run training run in PyTorch.
 
-fsdp-run PLAN --dump-dir DIR writes the initial parameters, every batch, the
-learning rate of every step and the losses it computed. This script builds
-the same model in PyTorch (the structures of examples/gen_models.py, with
-the same parameter names), loads the same initial weights, trains on the
-same batches with torch.optim (AdamW / SGD with the options recorded in the
-plan) and compares the losses step by step and the final parameters.
+fsdp-run PLAN --dump-dir DIR writes the initial parameters, the parameters
+after every step, every batch, the learning rate of every step and the
+losses it computed. This script builds the same model in PyTorch (the
+structures of examples/gen_models.py, with the same parameter names) and
+makes two comparisons (test/oracle/README.md explains why these two):
+
+every step is re-run in float64 from *our* parameters before the step
+(teacher forcing), so a rounding difference is checked where it arises
+instead of after compounding for 20 steps:
+1. losses: our loss at every step equals PyTorch's float64 loss at the
+   same parameters within --rtol (relative);
+2. updates: our parameters after every step equal the float64 optimizer
+   update (torch's AdamW / SGD formulas, state accumulated along our
+   trajectory), element by element, within a bound derived from the update
+   rule and float32 rounding.
+A free-running float32 PyTorch run (torch.optim) is printed beside, for
+information.
 
   torch_ref.py --model mlp|gpt [size options] --plan PLAN --dump-dir DIR
-               [--rtol 1e-5] [--param-rtol 1e-4]
+               [--rtol 1e-5] [--batches-dir DIR]
 
-Exits 0 when everything is within tolerance, 1 otherwise. Run it with
-Debian's /usr/bin/python3 (torch 1.13).
+Exits 0 when both hold, 1 otherwise. Run it with Debian's /usr/bin/python3
+(torch 1.13).
 """
 import argparse
 import json
@@ -155,6 +166,165 @@ def make_optimizer(model, opts, lr):
     sys.exit(f"unsupported optimizer '{kind}'")
 
 
+U32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def rounding_depth(args):
+    """n in the worst-case float32 error bound |dg| <= n u max|g| of a gradient.
+
+    A dot product of length K carries at most K u of relative rounding
+    (gamma_K) and a gradient passes through L such products on its longest
+    forward + backward path, so n = K L with K the longest contraction of
+    the model and L that path length. Intermediate magnitudes are taken to
+    be of the order of the largest gradient element (a bound for these
+    small, well-scaled models, not for any network).
+    """
+    if args.model == "mlp":
+        rows = args.batch
+        K = max(args.hidden, rows)
+        L = 2 * (2 * args.blocks + 1)
+    else:
+        rows = args.batch * args.ctx
+        K = max(4 * args.width, rows, args.vocab, args.ctx)
+        # per layer: qkv, q k^T, att v, proj, fc, fc2 (+2 layer norms), head
+        L = 2 * (8 * args.layers + 2)
+    return K * L
+
+
+class UpdateCheck:
+    """Teacher-forced float64 replay of one optimizer, with per-element bounds.
+
+    For AdamW the update direction u = mhat / (sqrt(vhat) + eps) is a ratio
+    of a convex combination of past gradients and a weighted L2 norm of
+    them, so a gradient error of at most D per element moves mhat and
+    sqrt(vhat) by at most D each, and u by at most
+        E = D (1 + |u|) / (max(sqrt(vhat) - D, 0) + eps).
+    Whatever the gradients, |u| <= R_t (Cauchy-Schwarz on the two sums), so
+    two implementations never differ by more than 2 R_t: elements whose
+    gradient is at the rounding level get that bound, the others the
+    tighter E. For SGD the buffer is linear in the gradients: an error D_t
+    at step t adds (1 - dampening) mu^k D_t to the buffer k steps later.
+    On top: the float32 rounding of the update arithmetic itself.
+    """
+
+    def __init__(self, opts, params):
+        self.o = opts
+        self.kind = opts.get("optimizer", "adamw")
+        self.state = {n: {} for n in params}
+        self.t = 0
+
+    def ratio_bound(self, t):
+        b1, b2 = self.o["beta1"], self.o["beta2"]
+        s = sum((b1 * b1 / b2) ** k for k in range(t))
+        return (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2)) * math.sqrt(s)
+
+    def step(self, name, theta, g, D, lr):
+        """Returns (expected theta after the step, allowed |difference|)."""
+        o, st, t = self.o, self.state[name], self.t
+        wd = o["weight_decay"]
+        if self.kind == "adamw":
+            b1, b2, eps = o["beta1"], o["beta2"], o["eps"]
+            if not st:
+                st.update(m=torch.zeros_like(g), v=torch.zeros_like(g),
+                          D=torch.zeros_like(g))
+            st["m"] = b1 * st["m"] + (1 - b1) * g
+            st["v"] = b2 * st["v"] + (1 - b2) * g * g
+            st["D"] = torch.maximum(st["D"], D)
+            Dm = st["D"]
+            mhat = st["m"] / (1 - b1 ** t)
+            s = (st["v"] / (1 - b2 ** t)).sqrt()
+            u = mhat / (s + eps)
+            expected = theta * (1 - lr * wd) - lr * u
+            E = Dm * (1 + u.abs()) / ((s - Dm).clamp(min=0) + eps)
+            allowed = lr * torch.minimum(E, torch.full_like(E, 2 * self.ratio_bound(t)))
+            arith = lr * (2 * t + 6) * U32 * u.abs() + 4 * U32 * theta.abs()
+            return expected, allowed + arith
+        mu, damp, nesterov = o["momentum"], o["dampening"], bool(o["nesterov"])
+        d = g + wd * theta
+        if mu != 0:
+            if not st:
+                st.update(buf=d.clone(), Db=D.clone())
+            else:
+                st["buf"] = mu * st["buf"] + (1 - damp) * d
+                st["Db"] = mu * st["Db"] + (1 - damp) * D
+            d, Dd = ((d + mu * st["buf"], D + mu * st["Db"]) if nesterov
+                     else (st["buf"], st["Db"]))
+        else:
+            Dd = D
+        expected = theta - lr * d
+        arith = lr * (2 * t + 4) * U32 * d.abs() + 4 * U32 * theta.abs()
+        return expected, lr * Dd + arith
+
+
+def check_updates(args, opts, log, batches, inputs, targets, ours, init):
+    """Teacher forcing in float64: returns (ok, report lines)."""
+    model = build(args).double()
+    params = dict(model.named_parameters())
+    check = UpdateCheck(opts, params)
+    theta = {n: init[n].double() for n in params}
+    n_round = rounding_depth(args)
+    P = sum(p.numel() for p in params.values())
+    worst = {n: 0.0 for n in params}  # max over steps of |diff| / allowed
+    tight = {n: 0 for n in params}    # elements whose bound is below the generic one
+    loss_worst = 0.0
+    for step in range(1, log["steps"] + 1):
+        check.t = step
+        lr = log["lr"][step - 1]
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(theta[n])
+        x = batches[f"step{step}.{inputs[0]}"]
+        y = batches[f"step{step}.{targets[0]}"]
+        if x.is_floating_point():
+            x, y = x.double(), y.double()
+        model.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        ours_loss = log["losses"][step - 1]
+        loss_worst = max(loss_worst, abs(ours_loss - loss.item()) / abs(loss.item()))
+        grads = {n: p.grad.detach().clone() for n, p in params.items()}
+        G = max(g.abs().max().item() for g in grads.values())
+        delta = n_round * U32 * G
+        clip = 1.0
+        mgn = opts.get("max_grad_norm", 0)
+        if mgn > 0:
+            norm = math.sqrt(sum((g * g).sum().item() for g in grads.values()))
+            clip = min(1.0, mgn / (norm + 1e-6))
+            # our coefficient's relative error is at most |dg| / |g|
+            dclip = clip * min(1.0, math.sqrt(P) * delta / max(norm, 1e-300)) if clip < 1 else 0.0
+        for n in params:
+            g = grads[n] * clip
+            D = torch.full_like(g, clip * delta)
+            if mgn > 0 and clip < 1:
+                D = D + grads[n].abs() * dclip
+            expected, allowed = check.step(n, theta[n], g, D, lr)
+            got = ours[f"step{step}.{n}"].double()
+            ratio = ((got - expected).abs() / allowed).max().item()
+            worst[n] = max(worst[n], ratio)
+            if check.kind == "adamw" and step == log["steps"]:
+                generic = lr * 2 * check.ratio_bound(step)
+                tight[n] = int((allowed < 0.5 * generic).sum().item())
+            theta[n] = got
+    lines = [f"updates (float64, from our parameters before each step): "
+             f"gradient rounding bound {n_round} u max|g|"]
+    total = sum(p.numel() for p in params.values())
+    for n in params:
+        extra = (f"  {tight[n]}/{params[n].numel()} elements under a tight bound"
+                 if check.kind == "adamw" else "")
+        lines.append(f"  {n:<40} max |diff| / allowed {worst[n]:.3f}{extra}")
+    ok = all(w <= 1.0 for w in worst.values())
+    losses_ok = loss_worst <= args.rtol
+    if check.kind == "adamw":
+        lines.append(f"  {sum(tight.values())}/{total} elements checked under the tight bound")
+    worst_name = max(worst, key=worst.get)
+    lines.append(f"updates: {'MATCH' if ok else 'MISMATCH'} (worst {worst_name}: "
+                 f"{worst[worst_name]:.3f} of the allowed difference)")
+    lines.append(f"our loss vs PyTorch float64 at our own parameters, every step: max "
+                 f"relative difference {loss_worst:.3e} (tolerance {args.rtol:g})")
+    lines.append(f"losses: {'MATCH' if losses_ok else 'MISMATCH'}")
+    return ok and losses_ok, lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,8 +338,10 @@ def main():
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--dump-dir", required=True)
+    ap.add_argument("--batches-dir", help="take the (global) batches from this dump "
+                    "instead: a one-rank run of the same global batch, for N-rank runs "
+                    "whose dump holds rank 0's batch only")
     ap.add_argument("--rtol", type=float, default=1e-5)
-    ap.add_argument("--param-rtol", type=float, default=1e-4)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -181,13 +353,16 @@ def main():
     opts = plan["options"]
     inputs = [b["name"] for b in plan["inputs"] if b["role"] == "input"]
     targets = [b["name"] for b in plan["inputs"] if b["role"] == "target"]
-    batches = read_safetensors(f"{args.dump_dir}/batches.safetensors")
+    batches = read_safetensors(f"{args.batches_dir or args.dump_dir}/batches.safetensors")
+    first = batches[f"step1.{inputs[0]}"]
+    args.batch = first.shape[0]
     model = build(args)
-    load_init(model, read_safetensors(f"{args.dump_dir}/init.safetensors"))
+    init = read_safetensors(f"{args.dump_dir}/init.safetensors")
+    load_init(model, init)
     opt = make_optimizer(model, opts, log["lr"][0])
 
     worst = 0.0
-    print(f"{'step':>5} {'fsdp-run':>14} {'pytorch':>14} {'rel diff':>10}")
+    print(f"{'step':>5} {'fsdp-run':>14} {'pytorch f32':>14} {'rel diff':>10}")
     for step in range(1, log["steps"] + 1):
         for group in opt.param_groups:
             group["lr"] = log["lr"][step - 1]
@@ -203,19 +378,23 @@ def main():
         rel = abs(ours - loss.item()) / max(abs(loss.item()), 1e-12)
         worst = max(worst, rel)
         print(f"{step:>5} {ours:>14.8f} {loss.item():>14.8f} {rel:>10.2e}")
-
+    # The free-running comparison is printed for information only: after
+    # 20 steps it measures how chaotic the trajectory is (a relu that flips
+    # on a rounding difference, AdamW normalizing rounding-level gradients)
+    # as much as correctness. The checks are the teacher-forced ones below.
+    print(f"free-running float32 PyTorch run: max relative loss difference {worst:.3e} "
+          f"(information, not a check)")
     final = read_safetensors(f"{args.dump_dir}/final.safetensors")
-    worst_param, worst_name = 0.0, ""
-    for name, p in model.named_parameters():
-        ref = p.detach()
-        diff = (final[name] - ref).abs().max().item()
-        scale = max(ref.abs().max().item(), 1e-12)
-        if diff / scale > worst_param:
-            worst_param, worst_name = diff / scale, name
-    ok = worst <= args.rtol and worst_param <= args.param_rtol
-    print(f"max relative loss difference {worst:.3e} (tolerance {args.rtol:g}); "
-          f"max parameter difference {worst_param:.3e} of the tensor's max "
-          f"(tolerance {args.param_rtol:g}; worst: {worst_name})")
+    drift = max(((final[n] - p.detach()).abs().max() / p.detach().abs().max().clamp(min=1e-12)).item()
+                for n, p in model.named_parameters())
+    print(f"free-running float32 final parameters differ by up to {drift:.2e} of the "
+          f"tensor's max (information, not a check)")
+
+    trajectory = read_safetensors(f"{args.dump_dir}/trajectory.safetensors")
+    updates_ok, lines = check_updates(args, opts, log, batches, inputs, targets,
+                                      trajectory, init)
+    print("\n".join(lines))
+    ok = updates_ok
     print("MATCH" if ok else "MISMATCH")
     return 0 if ok else 1
 
