@@ -17,12 +17,17 @@
 // Gloo reports a dead peer by throwing (gloo::IoException "Connection
 // closed by peer") and a silent one by timing out. Every call is wrapped so
 // that either becomes a Status naming the collective; the timeout bounds
-// how long a rank can wait for a peer that will never come.
+// how long a rank can wait for a peer that will never come. Gloo's message
+// names the peer this rank was talking to, which in a ring is usually a
+// neighbour that was itself waiting; the flight recorder
+// (FlightRecorder.h) names the rank the collective actually waited for.
+// FSDP_FLIGHT_RECORDER=0 turns it off.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/comm/GlooComm.h"
 
+#include "runtime/comm/FlightRecorder.h"
 #include "runtime/comm/TcpStore.h"
 
 #include <gloo/allgather.h>
@@ -63,8 +68,9 @@ bool envInt(const char *name, int64_t &out, bool &present, Status &st) {
 class GlooComm final : public Communicator {
 public:
   GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx,
-           std::chrono::milliseconds timeout)
-      : ctx(std::move(ctx)), timeout(timeout) {}
+           std::chrono::milliseconds timeout,
+           std::unique_ptr<FlightRecorder> recorder)
+      : ctx(std::move(ctx)), timeout(timeout), recorder(std::move(recorder)) {}
 
   int64_t rank() const override { return ctx->rank; }
   int64_t size() const override { return ctx->size; }
@@ -152,18 +158,23 @@ public:
 private:
   template <typename F> Status guard(const char *what, F f) {
     // See [Note: failures].
+    int64_t seq = recorder ? recorder->enter(what) : 0;
     try {
       f();
+      if (recorder)
+        recorder->complete(seq);
       return Status::ok();
     } catch (const std::exception &e) {
+      std::string why = recorder ? recorder->explain(seq, what, e.what()) + ". Gloo: " : "";
       return FSDP_ERROR("rank ", rank(), ": ", what,
                         " failed (a peer died or timed out after ",
-                        timeout.count() / 1000.0, " s): ", e.what());
+                        timeout.count() / 1000.0, " s): ", why, e.what());
     }
   }
 
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::chrono::milliseconds timeout;
+  std::unique_ptr<FlightRecorder> recorder;
 };
 
 } // namespace
@@ -256,7 +267,24 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
                                                            (int)job.worldSize);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
-    out = std::make_unique<GlooComm>(ctx, timeout);
+    std::unique_ptr<FlightRecorder> recorder;
+    const char *fr = std::getenv("FSDP_FLIGHT_RECORDER");
+    if (!fr || std::string(fr) != "0") {
+      std::unique_ptr<ProgressBoard> board;
+      if (!job.storeDir.empty()) {
+        board = makeDirectoryBoard(job.storeDir, job.rank);
+      } else {
+        // Its own connection, bounded: it must never hang on a store whose
+        // server (rank 0) is stopped.
+        auto client = std::make_unique<TcpStore>(job.masterAddr, job.masterPort,
+                                                 /*serve=*/false, timeout);
+        client->setIoTimeout(std::chrono::seconds(2));
+        board = makeTcpStoreBoard(std::move(client), job.rank);
+      }
+      recorder = std::make_unique<FlightRecorder>(job.rank, job.worldSize,
+                                                  std::move(board), timeout);
+    }
+    out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder));
   } catch (const std::exception &e) {
     return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize,
                       ": rendezvous through '", where, "' failed (",

@@ -1,4 +1,26 @@
 //===- Launch.cpp - fsdp-run --nproc: N local ranks -----------------------===//
+//
+// [Note: launcher and ranks]
+// A job must never outlive its launcher, nor leave its rendezvous directory
+// behind. The cases:
+// - a rank fails: the launcher sends SIGTERM (and SIGCONT, for a stopped
+//   rank) to the others, SIGKILL after a grace period;
+// - the launcher gets SIGTERM / SIGINT / SIGHUP: the same, then it removes
+//   the directory and dies by that signal. It waits for children and
+//   signals in one place (sigtimedwait on a blocked set), so a signal that
+//   arrives between two checks is never lost;
+// - the launcher is killed (SIGKILL, OOM killer): each rank asked the
+//   kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG, set in the
+//   child between fork and exec; a parent that died before that call is
+//   caught by comparing getppid() with the pid recorded before fork). The
+//   rank's handler (followLauncher) sees the launcher gone, removes the
+//   directory the launcher can no longer remove, and dies by the signal.
+// What remains: a rank stopped with SIGSTOP when the launcher is killed
+// keeps the parent-death signal pending and stays stopped until someone
+// continues or kills it; the other ranks still exit and the directory is
+// still removed.
+//
+//===----------------------------------------------------------------------===//
 
 #include "runtime/comm/Launch.h"
 
@@ -6,94 +28,243 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
+extern char **environ;
+
 namespace fsdp {
 
-Status launchLocal(int nproc, const std::vector<std::string> &args) {
-  char tmpl[] = "/tmp/fsdp-store-XXXXXX";
-  if (!::mkdtemp(tmpl))
-    return FSDP_ERROR("cannot create the rendezvous directory: ", std::strerror(errno));
-  std::string store = tmpl;
+namespace {
+
+constexpr const char *kStorePrefix = "fsdp-store-";
+
+/// Removes a rendezvous directory (only one of ours, by its name). Several
+/// ranks may race to remove the same one: retry until it is gone.
+void removeStore(const std::string &dir) {
+  if (dir.empty() ||
+      std::filesystem::path(dir).filename().string().rfind(kStorePrefix, 0) != 0)
+    return;
+  for (int i = 0; i < 5; ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (!std::filesystem::exists(dir, ec))
+      return;
+  }
+}
+
+struct RemoveOnExit {
+  std::string dir;
+  ~RemoveOnExit() { removeStore(dir); }
+};
+
+std::string describe(int sig) {
+  const char *name = strsignal(sig);
+  return std::to_string(sig) + " (" + (name ? name : "?") + ")";
+}
+
+// followLauncher's state: written once before the handler is installed.
+int wakePipe[2] = {-1, -1};
+
+void onSignal(int sig) {
+  unsigned char b = (unsigned char)sig;
+  // Async-signal-safe: hand the signal to the watcher thread.
+  ssize_t ignored = ::write(wakePipe[1], &b, 1);
+  (void)ignored;
+}
+
+} // namespace
+
+Status launchLocal(int nproc, const std::vector<std::string> &args,
+                   int &stoppedBySignal) {
+  stoppedBySignal = 0;
+  const char *tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + kStorePrefix + "XXXXXX";
+  std::vector<char> path(tmpl.begin(), tmpl.end());
+  path.push_back('\0');
+  if (!::mkdtemp(path.data()))
+    return FSDP_ERROR("cannot create the rendezvous directory '", tmpl,
+                      "': ", std::strerror(errno), " (set TMPDIR to a writable directory)");
+  RemoveOnExit cleanup{path.data()};
+  const std::string &store = cleanup.dir;
+  pid_t launcher = ::getpid();
+
+  // Everything the children need is built before fork: between fork and
+  // exec they only restore the signal mask, ask for the parent-death
+  // signal and exec.
+  std::vector<std::string> self{"fsdp-run"};
+  for (size_t i = 1; i < args.size(); ++i)
+    self.push_back(args[i]);
+  std::vector<char *> argv;
+  for (std::string &a : self)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> common;
+  // The launcher owns the rank variables: stale torchrun ones would
+  // otherwise disagree.
+  const char *owned[] = {"FSDP_RANK=", "FSDP_WORLD_SIZE=", "FSDP_STORE_DIR=",
+                         "FSDP_LAUNCHER_PID=", "RANK=", "WORLD_SIZE="};
+  for (char **e = environ; *e; ++e) {
+    bool skip = false;
+    for (const char *o : owned)
+      skip |= std::strncmp(*e, o, std::strlen(o)) == 0;
+    if (!skip)
+      common.push_back(*e);
+  }
+  common.push_back("FSDP_WORLD_SIZE=" + std::to_string(nproc));
+  common.push_back("FSDP_STORE_DIR=" + store);
+  common.push_back("FSDP_LAUNCHER_PID=" + std::to_string(launcher));
+  std::vector<std::vector<std::string>> envs(nproc, common);
+  std::vector<std::vector<char *>> envps(nproc);
+  for (int r = 0; r < nproc; ++r) {
+    envs[r].push_back("FSDP_RANK=" + std::to_string(r));
+    for (std::string &e : envs[r])
+      envps[r].push_back(e.data());
+    envps[r].push_back(nullptr);
+  }
+
+  sigset_t watched, old;
+  sigemptyset(&watched);
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP})
+    sigaddset(&watched, s);
+  ::pthread_sigmask(SIG_BLOCK, &watched, &old);
+
   std::vector<pid_t> pids;
+  auto signalAll = [&](int sig) {
+    for (pid_t p : pids)
+      if (p > 0)
+        ::kill(p, sig);
+  };
+  Status result = Status::ok();
+  int alive = 0;
   for (int r = 0; r < nproc; ++r) {
     pid_t pid = ::fork();
     if (pid < 0) {
-      for (pid_t p : pids)
-        ::kill(p, SIGKILL);
-      return FSDP_ERROR("fork failed: ", std::strerror(errno));
+      result = FSDP_ERROR("fork failed for rank ", r, ": ", std::strerror(errno));
+      break;
     }
     if (pid == 0) {
-      ::setenv("FSDP_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("FSDP_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("FSDP_STORE_DIR", store.c_str(), 1);
-      // The launcher owns the rank variables: stale torchrun ones would
-      // otherwise disagree.
-      ::unsetenv("RANK");
-      ::unsetenv("WORLD_SIZE");
-      std::vector<char *> argv;
-      std::string self = "fsdp-run";
-      argv.push_back(self.data());
-      for (size_t i = 1; i < args.size(); ++i)
-        argv.push_back(const_cast<char *>(args[i].c_str()));
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "fsdp-run: error: cannot start rank %d: %s\n", r,
-                   std::strerror(errno));
+      ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher)
+        ::_exit(1); // the launcher died before prctl: nobody to serve
+      ::execve("/proc/self/exe", argv.data(), envps[r].data());
+      const char msg[] = "fsdp-run: error: cannot start a rank: exec failed\n";
+      ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+      (void)ignored;
       ::_exit(127);
     }
     pids.push_back(pid);
+    ++alive;
   }
-  Status result = Status::ok();
-  int alive = nproc;
+
   bool killing = false;
   auto killAt = std::chrono::steady_clock::time_point::max();
+  auto stopRanks = [&] {
+    // A stopped rank acts on SIGTERM only once continued.
+    signalAll(SIGTERM);
+    signalAll(SIGCONT);
+    killing = true;
+    killAt = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  };
+  if (!result)
+    stopRanks(); // fork failed part-way
   while (alive > 0) {
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, killing ? WNOHANG : 0);
-    if (pid == 0) {
-      if (std::chrono::steady_clock::now() > killAt)
-        for (pid_t p : pids)
-          if (p > 0)
-            ::kill(p, SIGKILL);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    if (pid < 0) {
-      if (errno == EINTR)
+    pid_t pid;
+    while (alive > 0 && (pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      int rank = -1;
+      for (int r = 0; r < (int)pids.size(); ++r)
+        if (pids[r] == pid) {
+          rank = r;
+          pids[r] = -1;
+        }
+      if (rank < 0)
         continue;
-      break;
-    }
-    int rank = -1;
-    for (int r = 0; r < nproc; ++r)
-      if (pids[r] == pid) {
-        rank = r;
-        pids[r] = -1;
+      --alive;
+      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && result) {
+        result = WIFSIGNALED(status)
+                     ? FSDP_ERROR("rank ", rank, " was killed by signal ",
+                                  describe(WTERMSIG(status)),
+                                  "; stopping the other ranks")
+                     : FSDP_ERROR("rank ", rank, " exited with status ",
+                                  WEXITSTATUS(status),
+                                  " (its error is above); stopping the other ranks");
+        // A dead rank would leave its peers waiting in a collective until
+        // their timeout: stop them now, forcefully after a grace period.
+        stopRanks();
       }
-    --alive;
-    bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (failed && result) {
-      result = WIFSIGNALED(status)
-                   ? FSDP_ERROR("rank ", rank, " was killed by signal ",
-                                WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
-                                "); stopping the other ranks")
-                   : FSDP_ERROR("rank ", rank, " exited with status ",
-                                WEXITSTATUS(status), "; stopping the other ranks");
-      // A dead rank would leave its peers waiting in a collective until
-      // their timeout: stop them now, forcefully after a grace period.
-      for (pid_t p : pids)
-        if (p > 0)
-          ::kill(p, SIGTERM);
-      killing = true;
-      killAt = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    }
+    if (alive == 0)
+      break;
+    if (killing && std::chrono::steady_clock::now() > killAt)
+      signalAll(SIGKILL);
+    timespec wait{0, 50'000'000};
+    siginfo_t info;
+    int sig = ::sigtimedwait(&watched, &info, &wait);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+      if (stoppedBySignal) {
+        signalAll(SIGKILL); // asked twice: no more grace
+      } else {
+        stoppedBySignal = sig;
+        if (result)
+          result = FSDP_ERROR("stopped by signal ", describe(sig),
+                              ": stopping the ranks and removing ", store);
+        stopRanks();
+      }
     }
   }
-  std::error_code ec;
-  std::filesystem::remove_all(store, ec);
+  // A signal that came after the last rank exited is still this job's.
+  timespec none{0, 0};
+  for (int sig; (sig = ::sigtimedwait(&watched, nullptr, &none)) > 0;)
+    if (sig != SIGCHLD && !stoppedBySignal) {
+      stoppedBySignal = sig;
+      if (result)
+        result = FSDP_ERROR("stopped by signal ", describe(sig));
+    }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   return result;
+}
+
+Status followLauncher() {
+  const char *v = std::getenv("FSDP_LAUNCHER_PID");
+  if (!v)
+    return Status::ok();
+  pid_t launcher = (pid_t)std::atol(v);
+  const char *dir = std::getenv("FSDP_STORE_DIR");
+  std::string store = dir ? dir : "";
+  if (::pipe2(wakePipe, O_CLOEXEC) != 0)
+    return FSDP_ERROR("cannot create a pipe: ", std::strerror(errno));
+  std::thread([launcher, store] {
+    unsigned char b = 0;
+    while (::read(wakePipe[0], &b, 1) != 1)
+      ;
+    int sig = b;
+    // See [Note: launcher and ranks]: a live launcher removes the
+    // directory itself; a dead one cannot.
+    if (::getppid() != launcher)
+      removeStore(store);
+    std::signal(sig, SIG_DFL);
+    ::kill(::getpid(), sig);
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int s : {SIGTERM, SIGINT, SIGHUP})
+    ::sigaction(s, &sa, nullptr);
+  // The parent-death signal covers a launcher that dies from now on; one
+  // that died before the handler was installed left only this trace.
+  if (::getppid() != launcher) {
+    removeStore(store);
+    return FSDP_ERROR("the launcher (pid ", launcher, ") is gone: not starting");
+  }
+  return Status::ok();
 }
 
 } // namespace fsdp

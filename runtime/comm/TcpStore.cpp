@@ -10,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <stdexcept>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <thread>
 #include <unistd.h>
 
@@ -166,21 +167,37 @@ TcpStore::~TcpStore() {
     ::close(fd);
 }
 
+void TcpStore::setIoTimeout(std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = t.count() / 1000;
+  tv.tv_usec = (t.count() % 1000) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 void TcpStore::set(const std::string &key, const std::vector<char> &data) {
   std::lock_guard<std::mutex> l(mu);
   uint8_t op = kSet, ack = 0;
-  if (!writeAll(fd, &op, 1) || !writeBlob(fd, key) ||
-      !writeBlob(fd, std::string(data.begin(), data.end())) || !readAll(fd, &ack, 1))
-    throw std::runtime_error("the rendezvous store closed the connection");
+  // A request cut short leaves the stream mid-message: never reuse it.
+  if (broken || !writeAll(fd, &op, 1) || !writeBlob(fd, key) ||
+      !writeBlob(fd, std::string(data.begin(), data.end())) ||
+      !readAll(fd, &ack, 1)) {
+    broken = true;
+    throw std::runtime_error("the rendezvous store closed the connection or "
+                             "did not answer");
+  }
 }
 
 bool TcpStore::tryGet(const std::string &key, std::vector<char> &out) {
   std::lock_guard<std::mutex> l(mu);
   uint8_t op = kGet, has = 0;
   std::string v;
-  if (!writeAll(fd, &op, 1) || !writeBlob(fd, key) || !readAll(fd, &has, 1) ||
-      (has && !readBlob(fd, v)))
-    throw std::runtime_error("the rendezvous store closed the connection");
+  if (broken || !writeAll(fd, &op, 1) || !writeBlob(fd, key) ||
+      !readAll(fd, &has, 1) || (has && !readBlob(fd, v))) {
+    broken = true;
+    throw std::runtime_error("the rendezvous store closed the connection or "
+                             "did not answer");
+  }
   out.assign(v.begin(), v.end());
   return has;
 }

@@ -37,9 +37,18 @@ public:
   void wait(const std::vector<std::string> &keys,
             const std::chrono::milliseconds &timeout) override;
 
-private:
+  /// Returns false when `key` is absent, without waiting.
   bool tryGet(const std::string &key, std::vector<char> &out);
+
+  /// Bounds every later request: a server that does not answer within
+  /// `t` (rank 0 stopped, say) makes the request throw instead of blocking,
+  /// and the connection is not used again. Used by the flight recorder,
+  /// which must never hang on the store it reports through.
+  void setIoTimeout(std::chrono::milliseconds t);
+
+private:
   int fd = -1;
+  bool broken = false;
   std::mutex mu;
   std::chrono::milliseconds timeout;
 };

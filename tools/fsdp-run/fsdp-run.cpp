@@ -70,13 +70,26 @@ int main(int argc, char **argv) {
     return fail(st, 2);
   }
   if (nproc > 1 || (nproc == 1 && std::getenv("FSDP_RANK") == nullptr && false)) {
-    Status launched = launchLocal(nproc, args);
-    return launched ? 0 : fail(launched, 1);
+    int stoppedBy = 0;
+    Status launched = launchLocal(nproc, args, stoppedBy);
+    if (!launched)
+      fail(launched, 1);
+    if (stoppedBy) {
+      // Die by the signal that stopped the job, as the shell expects (an
+      // interrupted script stops instead of going on to its next line).
+      std::signal(stoppedBy, SIG_DFL);
+      std::raise(stoppedBy);
+    }
+    return launched ? 0 : 1;
   }
   JobEnv job;
   st = jobFromEnvironment(job);
   if (!st)
     return fail(st, 2);
+  // A rank of `--nproc` dies with its launcher.
+  st = followLauncher();
+  if (!st)
+    return fail(st, 1, job.rank);
   double timeout = 60;
   if (const char *t = std::getenv("FSDP_COMM_TIMEOUT_S"))
     timeout = std::atof(t) > 0 ? std::atof(t) : timeout;
