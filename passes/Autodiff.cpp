@@ -409,6 +409,8 @@ struct AutodiffPass : mlir::fsdp::impl::FsdpAutodiffBase<AutodiffPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (failed(checkTensorSizes(module)))
+      return signalPassFailure();
     func::FuncOp model;
     for (auto fn : module.getOps<func::FuncOp>()) {
       bool match = modelName.empty() ? fn->hasAttr(kModelAttrName)

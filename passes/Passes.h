@@ -33,6 +33,50 @@ inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites)
   return step;
 }
 
+/// Largest tensor the compiler plans, in bytes (the runtime's bound too):
+/// far above any real model, far below where int64 size arithmetic on a
+/// few of them could overflow.
+constexpr int64_t kMaxTensorBytes = int64_t(1) << 48;
+
+/// Every tensor type in `module` (values, block arguments, type attributes
+/// such as a parameter's) has static dimensions >= 1 and at most
+/// kMaxTensorBytes: a batch of 0 or a shape like [2^62, 4] is reported on
+/// the op that holds it, before any size arithmetic.
+inline LogicalResult checkTensorSizes(ModuleOp module) {
+  auto check = [](Type type, Operation *op) -> LogicalResult {
+    auto t = dyn_cast<RankedTensorType>(type);
+    if (!t)
+      return success();
+    int64_t bytes = std::max<int64_t>(1, t.getElementTypeBitWidth() / 8);
+    for (int64_t d : t.getShape()) {
+      if (d < 1)
+        return op->emitError() << "tensor " << type
+                               << " has a dimension < 1 (a batch or size of 0 "
+                                  "cannot be trained)";
+      if (__builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxTensorBytes)
+        return op->emitError() << "tensor " << type << " is larger than "
+                               << kMaxTensorBytes << " bytes";
+    }
+    return success();
+  };
+  WalkResult r = module.walk([&](Operation *op) {
+    for (Type t : op->getResultTypes())
+      if (failed(check(t, op)))
+        return WalkResult::interrupt();
+    for (Region &region : op->getRegions())
+      for (Block &block : region)
+        for (BlockArgument a : block.getArguments())
+          if (failed(check(a.getType(), op)))
+            return WalkResult::interrupt();
+    for (NamedAttribute attr : op->getAttrs())
+      if (auto ta = dyn_cast<TypeAttr>(attr.getValue()))
+        if (failed(check(ta.getValue(), op)))
+          return WalkResult::interrupt();
+    return WalkResult::advance();
+  });
+  return failure(r.wasInterrupted());
+}
+
 } // namespace mlir::fsdp
 
 #endif // FSDP_PASSES_PASSES_H

@@ -29,7 +29,7 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto step = getTrainStep(module, "fsdp-autodiff");
-    if (!step)
+    if (!step || failed(checkTensorSizes(module)))
       return signalPassFailure();
     if (alignment <= 0 || (alignment & (alignment - 1))) {
       mlir::emitError(module.getLoc()) << "alignment must be a power of two, found "

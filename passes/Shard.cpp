@@ -76,9 +76,10 @@ struct ShardPass : mlir::fsdp::impl::FsdpShardBase<ShardPass> {
 void ShardPass::runOnOperation() {
   ModuleOp module = getOperation();
   MLIRContext *ctx = &getContext();
-  if (worldSize < 1 || stage < 0 || stage > 3) {
-    mlir::emitError(module.getLoc()) << "fsdp-shard needs world-size >= 1 and stage in "
-                          "0..3, found world-size="
+  // 65536 ranks: the runtime's bound too (Plan.cpp kMaxWorld).
+  if (worldSize < 1 || worldSize > 65536 || stage < 0 || stage > 3) {
+    mlir::emitError(module.getLoc()) << "fsdp-shard needs world-size in 1..65536 "
+                          "and stage in 0..3, found world-size="
                        << worldSize.getValue() << " stage=" << stage.getValue();
     return signalPassFailure();
   }

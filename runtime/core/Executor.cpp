@@ -195,7 +195,7 @@ Status Executor::runCollective(const Instruction &inst) {
   auto job = [this, op, src, dst, mean, inBytes, outN, inN]() -> Status {
     if (op == "all_reduce") {
       if (src != dst)
-        std::memcpy(dst, src, inBytes);
+        std::memmove(dst, src, inBytes);
       return comm.allReduce(dst, outN, mean);
     }
     if (op == "reduce_scatter")

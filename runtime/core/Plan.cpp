@@ -12,6 +12,8 @@
 #include "runtime/cpu/Dispatch.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -21,36 +23,187 @@ namespace {
 
 using json = nlohmann::json;
 
-/// Typed field access with messages naming the field's path.
+/// Sane bounds of a plan's numbers: far above any real model (2^48 bytes
+/// is 256 TiB per rank), far below where int64 arithmetic on them could
+/// overflow (every product and sum below stays under 2^62).
+constexpr int64_t kMaxBytes = int64_t(1) << 48;
+constexpr int64_t kMaxDim = int64_t(1) << 40;
+constexpr int64_t kMaxRank = 8;
+constexpr int64_t kMaxWorld = 1 << 16;
+constexpr int64_t kMaxOperands = 1 << 16;
+/// JSON nesting a plan needs is 4 deep; deeper is hostile (the JSON
+/// library recurses when copying and destroying values).
+constexpr int kMaxJsonDepth = 64;
+
+/// Typed field access: the value must have the JSON type asked for (an
+/// integer field rejects 3524.5 and "7"), integers must lie in [lo, hi],
+/// and the first failure is kept with the field's path in the message.
 struct Reader {
   Status status;
-  template <typename T>
-  bool get(const json &obj, const char *key, T &out, const std::string &where,
-           bool required = true) {
+
+  const json *find(const json &obj, const char *key, const std::string &where,
+                   bool required) {
     if (!status)
-      return false;
+      return nullptr;
+    if (!obj.is_object()) {
+      status = FSDP_ERROR("plan: ", where, ": expected an object, found ",
+                          obj.type_name());
+      return nullptr;
+    }
     auto it = obj.find(key);
     if (it == obj.end()) {
       if (required)
         status = FSDP_ERROR("plan: ", where, " is missing \"", key, "\"");
-      return false;
+      return nullptr;
     }
-    try {
-      out = it->get<T>();
-    } catch (const std::exception &e) {
-      status = FSDP_ERROR("plan: ", where, ".", key, " has the wrong type (",
-                          e.what(), ")");
+    return &*it;
+  }
+  bool fail(const std::string &where, const char *key, const char *expected,
+            const json &v) {
+    std::string shown = v.is_primitive() ? v.dump() : std::string(v.type_name());
+    if (shown.size() > 40)
+      shown = shown.substr(0, 40) + "...";
+    status = FSDP_ERROR("plan: ", where, ".", key, ": expected ", expected,
+                        ", found ", shown);
+    return false;
+  }
+  static bool toInt(const json &v, int64_t &out) {
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > (uint64_t)INT64_MAX)
+        return false;
+      out = (int64_t)u;
+      return true;
+    }
+    if (v.is_number_integer()) {
+      out = v.get<int64_t>();
+      return true;
+    }
+    return false;
+  }
+  bool integer(const json &obj, const char *key, int64_t &out,
+               const std::string &where, int64_t lo, int64_t hi,
+               bool required = true) {
+    const json *v = find(obj, key, where, required);
+    if (!v)
       return false;
+    int64_t x;
+    if (!toInt(*v, x) || x < lo || x > hi)
+      return fail(where, key,
+                  ("an integer in [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "]").c_str(),
+                  *v);
+    out = x;
+    return true;
+  }
+  bool number(const json &obj, const char *key, double &out,
+              const std::string &where, bool required = true) {
+    const json *v = find(obj, key, where, required);
+    if (!v)
+      return false;
+    if (!v->is_number() || !std::isfinite(v->get<double>()))
+      return fail(where, key, "a finite number", *v);
+    out = v->get<double>();
+    return true;
+  }
+  bool boolean(const json &obj, const char *key, bool &out,
+               const std::string &where, bool required = true) {
+    const json *v = find(obj, key, where, required);
+    if (!v)
+      return false;
+    if (!v->is_boolean())
+      return fail(where, key, "true or false", *v);
+    out = v->get<bool>();
+    return true;
+  }
+  bool string(const json &obj, const char *key, std::string &out,
+              const std::string &where, bool required = true) {
+    const json *v = find(obj, key, where, required);
+    if (!v)
+      return false;
+    if (!v->is_string())
+      return fail(where, key, "a string", *v);
+    out = v->get<std::string>();
+    return true;
+  }
+  bool ints(const json &obj, const char *key, std::vector<int64_t> &out,
+            const std::string &where, int64_t lo, int64_t hi, size_t maxLen) {
+    const json *v = find(obj, key, where, true);
+    if (!v)
+      return false;
+    if (!v->is_array() || v->size() > maxLen)
+      return fail(where, key,
+                  ("an array of at most " + std::to_string(maxLen) + " integers")
+                      .c_str(),
+                  *v);
+    out.clear();
+    for (const json &e : *v) {
+      int64_t x;
+      if (!toInt(e, x) || x < lo || x > hi)
+        return fail(where, key,
+                    ("integers in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]").c_str(),
+                    e);
+      out.push_back(x);
     }
     return true;
   }
+  /// An array of objects (each element checked when read).
+  const json *objects(const json &obj, const char *key, const std::string &where) {
+    const json *v = find(obj, key, where, true);
+    if (!v)
+      return nullptr;
+    if (!v->is_array()) {
+      fail(where, key, "an array", *v);
+      return nullptr;
+    }
+    for (size_t i = 0; i < v->size(); ++i)
+      if (!(*v)[i].is_object()) {
+        fail(where, (std::string(key) + "[" + std::to_string(i) + "]").c_str(),
+             "an object", (*v)[i]);
+        return nullptr;
+      }
+    return v;
+  }
 };
 
-Status checkShape(const std::vector<int64_t> &s, const std::string &where) {
-  for (int64_t d : s)
-    if (d < 0)
-      return FSDP_ERROR("plan: ", where, " has a negative dimension");
-  return Status::ok();
+/// Deepest nesting of arrays/objects in JSON text (strings skipped), to
+/// reject hostile nesting before the JSON library recurses on it.
+int jsonDepth(const std::string &text) {
+  int depth = 0, worst = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      worst = std::max(worst, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return worst;
+}
+
+/// A shape: at most kMaxRank dimensions in [0, kMaxDim] whose element
+/// count times `elemBytes` stays within kMaxBytes.
+bool readShape(Reader &r, const json &obj, std::vector<int64_t> &shape,
+               const std::string &where, int64_t elemBytes) {
+  if (!r.ints(obj, "shape", shape, where, 0, kMaxDim, kMaxRank))
+    return false;
+  int64_t n = elemBytes;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxBytes) {
+      r.status = FSDP_ERROR("plan: ", where, ".shape: more than ", kMaxBytes,
+                            " bytes");
+      return false;
+    }
+  return true;
 }
 
 Status validate(Plan &plan) {
@@ -71,10 +224,17 @@ Status validate(Plan &plan) {
                         b.numel() * dtypeSize(b.dtype));
     if (b.offset < 0 || b.offset % dtypeSize(b.dtype) != 0)
       return FSDP_ERROR("plan: ", where, " has a misaligned or negative offset ", b.offset);
-    int64_t hi = b.offset + b.bytes + (plan.worldSize - 1) * b.rankStride;
-    if (hi > plan.arenaBytes)
-      return FSDP_ERROR("plan: ", where, " ends at byte ", hi,
-                        ", outside the arena of ", plan.arenaBytes, " bytes");
+    if (b.rankStride < 0 || b.rankStride % dtypeSize(b.dtype) != 0)
+      return FSDP_ERROR("plan: ", where, " has a misaligned or negative rank_stride ",
+                        b.rankStride);
+    // The last rank's view ends at offset + bytes + (N-1) * stride: computed
+    // without overflow, every field being bounded by the reader.
+    int64_t hi;
+    if (__builtin_mul_overflow(plan.worldSize - 1, b.rankStride, &hi) ||
+        __builtin_add_overflow(hi, b.offset + b.bytes, &hi) || hi > plan.arenaBytes)
+      return FSDP_ERROR("plan: ", where, " (offset ", b.offset, ", ", b.bytes,
+                        " bytes, rank stride ", b.rankStride,
+                        ") reaches outside the arena of ", plan.arenaBytes, " bytes");
     if (b.aliasOf >= 0) {
       if (!validId(b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
         return FSDP_ERROR("plan: ", where, " is a view of an invalid buffer ", b.aliasOf);
@@ -114,7 +274,10 @@ Status validate(Plan &plan) {
     }
   }
   for (const Unit &u : plan.units) {
-    if (u.paddedNumel < u.flatNumel || u.shardNumel * plan.worldSize != u.paddedNumel)
+    int64_t padded;
+    if (u.paddedNumel < u.flatNumel ||
+        __builtin_mul_overflow(u.shardNumel, plan.worldSize, &padded) ||
+        padded != u.paddedNumel)
       return FSDP_ERROR("plan: unit ", u.name, " has inconsistent sizes (",
                         u.flatNumel, " / ", u.paddedNumel, " / ", u.shardNumel,
                         ") for world size ", plan.worldSize);
@@ -122,6 +285,10 @@ Status validate(Plan &plan) {
       if (!validId(u.buffer))
         return FSDP_ERROR("plan: unit ", u.name, " has an invalid buffer");
       int64_t want = u.sharded ? u.shardNumel : u.paddedNumel;
+      if (plan.buffers[u.buffer].dtype != DType::F32)
+        return FSDP_ERROR("plan: unit ", u.name, " storage is ",
+                          dtypeName(plan.buffers[u.buffer].dtype),
+                          "; this runtime keeps parameters in f32");
       if (plan.buffers[u.buffer].numel() != want)
         return FSDP_ERROR("plan: unit ", u.name, " storage holds ",
                           plan.buffers[u.buffer].numel(), " elements, expected ", want);
@@ -133,18 +300,28 @@ Status validate(Plan &plan) {
     const Unit &u = plan.units[p.unit];
     if (p.flatOffset < 0 || p.flatOffset + p.numel() > u.flatNumel)
       return FSDP_ERROR("plan: parameter ", p.name, " does not fit its unit ", u.name);
+    if (p.dtype != DType::F32)
+      return FSDP_ERROR("plan: parameter ", p.name, " is ", dtypeName(p.dtype),
+                        "; this runtime keeps parameters in f32");
     if (p.buffer >= 0) {
-      if (!validId(p.buffer) || plan.buffers[p.buffer].shape != p.shape)
-        return FSDP_ERROR("plan: parameter ", p.name, " has a buffer of another shape");
+      if (!validId(p.buffer) || plan.buffers[p.buffer].shape != p.shape ||
+          plan.buffers[p.buffer].dtype != p.dtype)
+        return FSDP_ERROR("plan: parameter ", p.name,
+                          " has a buffer of another shape or dtype");
     } else if (u.buffer < 0) {
       return FSDP_ERROR("plan: parameter ", p.name, " has no storage");
     }
     if (p.init != "normal" && p.init != "uniform" && p.init != "zeros" && p.init != "ones")
       return FSDP_ERROR("plan: parameter ", p.name, " has unknown init '", p.init, "'");
   }
-  for (const State &s : plan.states)
+  for (const State &s : plan.states) {
     if (!validId(s.buffer))
       return FSDP_ERROR("plan: state ", s.name, " has an invalid buffer");
+    if (plan.buffers[s.buffer].dtype != DType::F32)
+      return FSDP_ERROR("plan: state ", s.name, " is ",
+                        dtypeName(plan.buffers[s.buffer].dtype),
+                        "; this runtime keeps optimizer state in f32");
+  }
   auto checkBindings = [&](const std::vector<Binding> &bs, const char *what) {
     for (const Binding &b : bs) {
       if (!validId(b.buffer))
@@ -152,9 +329,25 @@ Status validate(Plan &plan) {
       static const char *roles[] = {"input", "target", "lr", "step", "loss", "grad"};
       if (std::find(std::begin(roles), std::end(roles), b.role) == std::end(roles))
         return FSDP_ERROR("plan: ", what, " ", b.name, " has unknown role '", b.role, "'");
+      const Buffer &buf = plan.buffers[b.buffer];
+      bool isInt = buf.dtype == DType::I32 || buf.dtype == DType::I64;
       if ((b.role == "lr" || b.role == "step" || b.role == "loss") &&
-          plan.buffers[b.buffer].numel() != 1)
-        return FSDP_ERROR("plan: ", what, " ", b.name, " must be a scalar");
+          (buf.numel() != 1 || buf.dtype != DType::F32))
+        return FSDP_ERROR("plan: ", what, " ", b.name, " must be an f32 scalar");
+      if (b.role == "input" || b.role == "target") {
+        if (buf.shape.empty() || buf.numel() < 1)
+          return FSDP_ERROR("plan: ", what, " ", b.name,
+                            " needs at least one element (a batch of >= 1)");
+        if (isInt && b.range < 1)
+          return FSDP_ERROR("plan: ", what, " ", b.name,
+                            " holds integers but has no range >= 1 (the "
+                            "vocabulary or class count)");
+        if (!isInt && buf.dtype != DType::F32)
+          return FSDP_ERROR("plan: ", what, " ", b.name, " is ",
+                            dtypeName(buf.dtype), "; expected f32 or an integer type");
+      }
+      if (b.role == "grad" && buf.dtype != DType::F32)
+        return FSDP_ERROR("plan: ", what, " ", b.name, " must be f32");
     }
     return Status::ok();
   };
@@ -189,6 +382,10 @@ Status validate(Plan &plan) {
 } // namespace
 
 Status parsePlan(const std::string &text, Plan &plan) {
+  int depth = jsonDepth(text);
+  if (depth > kMaxJsonDepth)
+    return FSDP_ERROR("plan: JSON nested ", depth, " levels deep (at most ",
+                      kMaxJsonDepth, " accepted)");
   json j;
   try {
     j = json::parse(text);
@@ -199,134 +396,147 @@ Status parsePlan(const std::string &text, Plan &plan) {
     return FSDP_ERROR("plan: expected a JSON object");
   Reader r;
   std::string format;
-  r.get(j, "format", format, "plan");
+  r.string(j, "format", format, "plan");
   if (!r.status)
     return r.status;
   if (format != "fsdp-plan")
     return FSDP_ERROR("plan: format is '", format, "', expected 'fsdp-plan'");
-  r.get(j, "version", plan.version, "plan");
+  int64_t version = 0;
+  r.integer(j, "version", version, "plan", 0, INT64_MAX);
   if (!r.status)
     return r.status;
-  if (plan.version > kPlanVersion)
-    return FSDP_ERROR("plan version ", plan.version, " is newer than this runtime (",
+  if (version > kPlanVersion)
+    return FSDP_ERROR("plan version ", version, " is newer than this runtime (",
                       kPlanVersion, "): rebuild fsdp-run");
-  if (plan.version < kPlanVersion)
-    return FSDP_ERROR("plan version ", plan.version, " is older than this runtime (",
+  if (version < kPlanVersion)
+    return FSDP_ERROR("plan version ", version, " is older than this runtime (",
                       kPlanVersion, "): recompile the model with fsdp-opt");
-  r.get(j, "model", plan.model, "plan", false);
-  r.get(j, "world_size", plan.worldSize, "plan");
-  r.get(j, "stage", plan.stage, "plan", false);
-  r.get(j, "arena_bytes", plan.arenaBytes, "plan");
-  if (j.contains("options"))
-    plan.options = j["options"];
-  json mem;
-  if (r.get(j, "memory", mem, "plan")) {
-    r.get(mem, "params", plan.memory.params, "memory");
-    r.get(mem, "grads", plan.memory.grads, "memory");
-    r.get(mem, "state", plan.memory.state, "memory");
-    r.get(mem, "activations", plan.memory.activations, "memory");
-    r.get(mem, "temps", plan.memory.temps, "memory");
-    r.get(mem, "inputs", plan.memory.inputs, "memory");
-    r.get(mem, "comm", plan.memory.comm, "memory");
-    r.get(mem, "peak", plan.memory.peak, "memory");
-    r.get(mem, "peak_live", plan.memory.peakLive, "memory");
+  plan.version = (int)version;
+  r.string(j, "model", plan.model, "plan", false);
+  r.integer(j, "world_size", plan.worldSize, "plan", 1, kMaxWorld);
+  r.integer(j, "stage", plan.stage, "plan", 0, 3, false);
+  r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
+  if (const json *o = r.find(j, "options", "plan", false)) {
+    if (!o->is_object())
+      return FSDP_ERROR("plan: options: expected an object, found ", o->type_name());
+    plan.options = *o;
   }
-  json arr;
-  if (r.get(j, "buffers", arr, "plan"))
-    for (size_t i = 0; i < arr.size() && r.status; ++i) {
-      const json &o = arr[i];
+  if (const json *mem = r.find(j, "memory", "plan", true)) {
+    auto field = [&](const char *k, int64_t &v) {
+      r.integer(*mem, k, v, "memory", 0, kMaxBytes);
+    };
+    field("params", plan.memory.params);
+    field("grads", plan.memory.grads);
+    field("state", plan.memory.state);
+    field("activations", plan.memory.activations);
+    field("temps", plan.memory.temps);
+    field("inputs", plan.memory.inputs);
+    field("comm", plan.memory.comm);
+    field("peak", plan.memory.peak);
+    field("peak_live", plan.memory.peakLive);
+  }
+  if (!r.status)
+    return r.status;
+  // Program indices run from -1 (before the step) to the program's size.
+  const int64_t kMaxIndex = INT64_C(1) << 40;
+  if (const json *arr = r.objects(j, "buffers", "plan"))
+    for (size_t i = 0; i < arr->size() && r.status; ++i) {
+      const json &o = (*arr)[i];
       std::string where = "buffers[" + std::to_string(i) + "]";
       Buffer b;
       std::string dt, kind;
-      r.get(o, "id", b.id, where);
-      r.get(o, "offset", b.offset, where);
-      r.get(o, "bytes", b.bytes, where);
-      r.get(o, "shape", b.shape, where);
-      r.get(o, "dtype", dt, where);
-      r.get(o, "kind", kind, where);
-      r.get(o, "first", b.first, where);
-      r.get(o, "last", b.last, where);
-      r.get(o, "persistent", b.persistent, where);
-      r.get(o, "name", b.name, where, false);
-      r.get(o, "alias_of", b.aliasOf, where, false);
-      r.get(o, "rank_stride", b.rankStride, where, false);
+      r.string(o, "dtype", dt, where);
+      r.string(o, "kind", kind, where);
       if (!r.status)
         break;
       if (!parseDType(dt, b.dtype))
-        return FSDP_ERROR("plan: ", where, " has unknown dtype '", dt, "'");
+        return FSDP_ERROR("plan: ", where, ".dtype: unknown dtype '", dt, "'");
       if (!parseBufferKind(kind, b.kind))
-        return FSDP_ERROR("plan: ", where, " has unknown kind '", kind, "'");
-      FSDP_RETURN_IF_ERROR(checkShape(b.shape, where));
+        return FSDP_ERROR("plan: ", where, ".kind: unknown kind '", kind, "'");
+      r.integer(o, "id", b.id, where, 0, INT64_MAX);
+      r.integer(o, "offset", b.offset, where, 0, kMaxBytes);
+      r.integer(o, "bytes", b.bytes, where, 0, kMaxBytes);
+      readShape(r, o, b.shape, where, dtypeSize(b.dtype));
+      r.integer(o, "first", b.first, where, -1, kMaxIndex);
+      r.integer(o, "last", b.last, where, -1, kMaxIndex);
+      r.boolean(o, "persistent", b.persistent, where);
+      r.string(o, "name", b.name, where, false);
+      r.integer(o, "alias_of", b.aliasOf, where, -1, INT64_MAX, false);
+      r.integer(o, "rank_stride", b.rankStride, where, 0, kMaxBytes, false);
       plan.buffers.push_back(b);
     }
-  if (r.get(j, "units", arr, "plan"))
-    for (size_t i = 0; i < arr.size() && r.status; ++i) {
+  if (const json *arr = r.objects(j, "units", "plan"))
+    for (size_t i = 0; i < arr->size() && r.status; ++i) {
+      const json &o = (*arr)[i];
       std::string where = "units[" + std::to_string(i) + "]";
       Unit u;
-      r.get(arr[i], "name", u.name, where);
-      r.get(arr[i], "flat_numel", u.flatNumel, where);
-      r.get(arr[i], "padded_numel", u.paddedNumel, where);
-      r.get(arr[i], "shard_numel", u.shardNumel, where);
-      r.get(arr[i], "sharded", u.sharded, where, false);
-      r.get(arr[i], "frozen", u.frozen, where, false);
-      r.get(arr[i], "buffer", u.buffer, where, false);
+      r.string(o, "name", u.name, where);
+      r.integer(o, "flat_numel", u.flatNumel, where, 0, kMaxBytes);
+      r.integer(o, "padded_numel", u.paddedNumel, where, 0, kMaxBytes);
+      r.integer(o, "shard_numel", u.shardNumel, where, 0, kMaxBytes);
+      r.boolean(o, "sharded", u.sharded, where, false);
+      r.boolean(o, "frozen", u.frozen, where, false);
+      r.integer(o, "buffer", u.buffer, where, -1, INT64_MAX, false);
       plan.units.push_back(u);
     }
-  if (r.get(j, "params", arr, "plan"))
-    for (size_t i = 0; i < arr.size() && r.status; ++i) {
+  if (const json *arr = r.objects(j, "params", "plan"))
+    for (size_t i = 0; i < arr->size() && r.status; ++i) {
+      const json &o = (*arr)[i];
       std::string where = "params[" + std::to_string(i) + "]";
       Param p;
       std::string dt;
-      r.get(arr[i], "name", p.name, where);
-      r.get(arr[i], "shape", p.shape, where);
-      r.get(arr[i], "dtype", dt, where);
-      r.get(arr[i], "init", p.init, where);
-      r.get(arr[i], "scale", p.scale, where);
-      r.get(arr[i], "trainable", p.trainable, where);
-      r.get(arr[i], "unit", p.unit, where);
-      r.get(arr[i], "flat_offset", p.flatOffset, where);
-      r.get(arr[i], "buffer", p.buffer, where);
+      r.string(o, "name", p.name, where);
+      r.string(o, "dtype", dt, where);
       if (r.status && !parseDType(dt, p.dtype))
-        return FSDP_ERROR("plan: ", where, " has unknown dtype '", dt, "'");
-      if (r.status)
-        FSDP_RETURN_IF_ERROR(checkShape(p.shape, where));
+        return FSDP_ERROR("plan: ", where, ".dtype: unknown dtype '", dt, "'");
+      readShape(r, o, p.shape, where, r.status ? dtypeSize(p.dtype) : 1);
+      r.string(o, "init", p.init, where);
+      r.number(o, "scale", p.scale, where);
+      r.boolean(o, "trainable", p.trainable, where);
+      r.integer(o, "unit", p.unit, where, 0, INT64_MAX);
+      r.integer(o, "flat_offset", p.flatOffset, where, 0, kMaxBytes);
+      r.integer(o, "buffer", p.buffer, where, -1, INT64_MAX);
       plan.params.push_back(p);
     }
-  if (r.get(j, "states", arr, "plan"))
-    for (size_t i = 0; i < arr.size() && r.status; ++i) {
+  if (const json *arr = r.objects(j, "states", "plan"))
+    for (size_t i = 0; i < arr->size() && r.status; ++i) {
+      const json &o = (*arr)[i];
       std::string where = "states[" + std::to_string(i) + "]";
-      State s;
-      r.get(arr[i], "name", s.name, where);
-      r.get(arr[i], "kind", s.kind, where);
-      r.get(arr[i], "buffer", s.buffer, where);
-      r.get(arr[i], "param", s.param, where, false);
-      r.get(arr[i], "unit", s.unit, where, false);
-      plan.states.push_back(s);
+      State st;
+      r.string(o, "name", st.name, where);
+      r.string(o, "kind", st.kind, where);
+      r.integer(o, "buffer", st.buffer, where, -1, INT64_MAX);
+      r.string(o, "param", st.param, where, false);
+      r.string(o, "unit", st.unit, where, false);
+      plan.states.push_back(st);
     }
   for (auto [key, list] : {std::make_pair("inputs", &plan.inputs),
                            std::make_pair("outputs", &plan.outputs)})
-    if (r.get(j, key, arr, "plan"))
-      for (size_t i = 0; i < arr.size() && r.status; ++i) {
+    if (const json *arr = r.objects(j, key, "plan"))
+      for (size_t i = 0; i < arr->size() && r.status; ++i) {
+        const json &o = (*arr)[i];
         std::string where = std::string(key) + "[" + std::to_string(i) + "]";
         Binding b;
-        r.get(arr[i], "name", b.name, where);
-        r.get(arr[i], "role", b.role, where);
-        r.get(arr[i], "buffer", b.buffer, where);
-        r.get(arr[i], "param", b.param, where, false);
-        r.get(arr[i], "range", b.range, where, false);
+        r.string(o, "name", b.name, where);
+        r.string(o, "role", b.role, where);
+        r.integer(o, "buffer", b.buffer, where, -1, INT64_MAX);
+        r.string(o, "param", b.param, where, false);
+        r.integer(o, "range", b.range, where, 0, INT64_C(1) << 40, false);
         list->push_back(b);
       }
-  if (r.get(j, "program", arr, "plan"))
-    for (size_t i = 0; i < arr.size() && r.status; ++i) {
+  if (const json *arr = r.objects(j, "program", "plan"))
+    for (size_t i = 0; i < arr->size() && r.status; ++i) {
+      const json &o = (*arr)[i];
       std::string where = "program[" + std::to_string(i) + "]";
       Instruction inst;
-      r.get(arr[i], "op", inst.op, where);
-      r.get(arr[i], "in", inst.in, where);
-      r.get(arr[i], "out", inst.out, where);
-      if (arr[i].contains("attrs")) {
-        inst.attrs = arr[i]["attrs"];
-        if (!inst.attrs.is_object())
-          return FSDP_ERROR("plan: ", where, ".attrs must be an object");
+      r.string(o, "op", inst.op, where);
+      r.ints(o, "in", inst.in, where, 0, INT64_MAX, kMaxOperands);
+      r.ints(o, "out", inst.out, where, 0, INT64_MAX, kMaxOperands);
+      if (const json *a = r.find(o, "attrs", where, false)) {
+        if (!a->is_object())
+          return FSDP_ERROR("plan: ", where, ".attrs: expected an object, found ",
+                            a->type_name());
+        inst.attrs = *a;
       }
       plan.program.push_back(std::move(inst));
     }

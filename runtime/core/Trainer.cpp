@@ -8,6 +8,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -56,16 +58,24 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
   auto need = [&](int &i) -> const char * {
     return i + 1 < argc ? argv[++i] : nullptr;
   };
+  // Whole-string numbers only; out of range (errno) is invalid, not clamped.
   auto toInt = [](const char *s, int64_t &v) {
     char *end;
+    errno = 0;
     v = std::strtoll(s, &end, 10);
-    return *s && !*end;
+    return *s && !*end && errno == 0;
   };
   auto toDouble = [](const char *s, double &v) {
     char *end;
+    errno = 0;
     v = std::strtod(s, &end);
-    return *s && !*end && std::isfinite(v);
+    return *s && !*end && errno == 0 && std::isfinite(v);
   };
+  static const char *valued[] = {"--steps",     "--lr",        "--schedule",
+                                 "--warmup",    "--min-lr",    "--seed",
+                                 "--data",      "--threads",   "--log-every",
+                                 "--dump-dir",  "--init-from", "--save",
+                                 "--gradcheck", "--gradcheck-tol"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -83,6 +93,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       (a == "--json" ? opt.json : opt.quiet) = true;
       continue;
     }
+    if (std::find_if(std::begin(valued), std::end(valued), [&](const char *o) {
+          return a == o;
+        }) == std::end(valued))
+      return FSDP_ERROR("unknown option '", a, "' (fsdp-run --help lists them)");
     const char *v = need(i);
     if (!v)
       return FSDP_ERROR("option ", a, " needs a value");
@@ -139,8 +153,6 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       if (!toDouble(v, dv) || dv <= 0)
         return badValue();
       opt.gradcheckTol = dv;
-    } else {
-      return FSDP_ERROR("unknown option '", a, "'");
     }
   }
   if (opt.planPath.empty())
@@ -313,10 +325,28 @@ Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
   return Status::ok();
 }
 
+/// Checked before training, so a bad path costs seconds, not the whole run
+/// (the writer checks again: the file system may change meanwhile).
+Status checkOutputPath(const std::string &path, const char *option) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return FSDP_ERROR(option, " '", path, "' exists and is not a regular file; "
+                      "refusing to replace it");
+  std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  if (dir.empty())
+    dir = ".";
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return FSDP_ERROR(option, " '", path, "': the directory '", dir,
+                      "' does not exist");
+  return Status::ok();
+}
+
 } // namespace
 
 Status train(const TrainOptions &opt, Communicator &comm) {
   bool root = comm.rank() == 0;
+  if (!opt.save.empty())
+    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.save, "--save"));
   if (opt.threads > 0) {
     omp_set_num_threads(opt.threads);
     openblas_set_num_threads(opt.threads);

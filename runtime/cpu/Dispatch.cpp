@@ -24,28 +24,58 @@ namespace {
 struct Op {
   const Plan &plan;
   const Instruction &inst;
+  /// The first attribute found with the wrong type (or out of range); the
+  /// load-time check reports it, so a kernel never runs on a default that
+  /// stood in for a malformed value (transpose_rhs: "yes").
+  mutable std::string attrError;
   const Buffer &in(size_t i) const { return plan.buffers[inst.in[i]]; }
   const Buffer &out(size_t i) const { return plan.buffers[inst.out[i]]; }
-  double f(const char *name, double dflt) const {
+  const nlohmann::json *attr(const char *name, bool ok(const nlohmann::json &),
+                             const char *expected) const {
     auto it = inst.attrs.find(name);
-    return it != inst.attrs.end() && it->is_number() ? it->get<double>() : dflt;
+    if (it == inst.attrs.end())
+      return nullptr;
+    if (!ok(*it)) {
+      if (attrError.empty())
+        attrError = std::string("attribute ") + name + ": expected " + expected +
+                    ", found " + (it->is_primitive() ? it->dump() : it->type_name());
+      return nullptr;
+    }
+    return &*it;
+  }
+  static bool isFinite(const nlohmann::json &v) {
+    return v.is_number() && std::isfinite(v.get<double>());
+  }
+  static bool isInt(const nlohmann::json &v) {
+    return v.is_number_integer() &&
+           (!v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX);
+  }
+  static bool isIntArray(const nlohmann::json &v) {
+    if (!v.is_array() || v.size() > 4096)
+      return false;
+    for (auto &e : v)
+      if (!isInt(e))
+        return false;
+    return true;
+  }
+  double f(const char *name, double dflt) const {
+    const nlohmann::json *v = attr(name, isFinite, "a finite number");
+    return v ? v->get<double>() : dflt;
   }
   int64_t i(const char *name, int64_t dflt) const {
-    auto it = inst.attrs.find(name);
-    return it != inst.attrs.end() && it->is_number_integer() ? it->get<int64_t>()
-                                                             : dflt;
+    const nlohmann::json *v = attr(name, isInt, "an integer");
+    return v ? v->get<int64_t>() : dflt;
   }
   bool b(const char *name) const {
-    auto it = inst.attrs.find(name);
-    return it != inst.attrs.end() && it->is_boolean() && it->get<bool>();
+    const nlohmann::json *v = attr(
+        name, [](const nlohmann::json &x) { return x.is_boolean(); }, "true or false");
+    return v && v->get<bool>();
   }
   std::vector<int64_t> iv(const char *name) const {
     std::vector<int64_t> v;
-    auto it = inst.attrs.find(name);
-    if (it != inst.attrs.end() && it->is_array())
-      for (auto &e : *it)
-        if (e.is_number_integer())
-          v.push_back(e.get<int64_t>());
+    if (const nlohmann::json *a = attr(name, isIntArray, "an array of integers"))
+      for (auto &e : *a)
+        v.push_back(e.get<int64_t>());
     return v;
   }
   bool has(const char *name) const { return inst.attrs.contains(name); }
@@ -200,7 +230,7 @@ Status checkWindow(const Op &op, const Buffer &big, const Buffer &small) {
   Shape want = big.shape;
   want[dim] = small.shape[dim];
   FSDP_RETURN_IF_ERROR(expectShape(op, small, want, "a window"));
-  if (off < 0 || off + small.shape[dim] > big.shape[dim])
+  if (off < 0 || off > big.shape[dim] - small.shape[dim])
     return FSDP_ERROR(op.inst.op, ": window [", off, ", ",
                       off + small.shape[dim], ") is out of bounds of ",
                       big.shape[dim]);
@@ -729,9 +759,17 @@ const std::unordered_map<std::string, OpDef> &table() {
                    std::vector<int64_t> offs = op.iv("offsets");
                    if (offs.size() != op.inst.in.size())
                      return FSDP_ERROR("pack: expected one offset per input");
-                   for (size_t i = 0; i < offs.size(); ++i)
-                     if (offs[i] < 0 || offs[i] + op.in(i).numel() > op.out(0).numel())
+                   std::vector<std::pair<int64_t, int64_t>> ranges;
+                   for (size_t i = 0; i < offs.size(); ++i) {
+                     if (offs[i] < 0 || offs[i] > op.out(0).numel() - op.in(i).numel())
                        return FSDP_ERROR("pack: input ", i, " does not fit");
+                     ranges.push_back({offs[i], offs[i] + op.in(i).numel()});
+                   }
+                   std::sort(ranges.begin(), ranges.end());
+                   for (size_t i = 1; i < ranges.size(); ++i)
+                     if (ranges[i].first < ranges[i - 1].second)
+                       return FSDP_ERROR("pack: inputs overlap at element ",
+                                         ranges[i].first);
                    return Status::ok();
                  },
                  [](const Run &r) {
@@ -744,8 +782,10 @@ const std::unordered_map<std::string, OpDef> &table() {
                    std::vector<int64_t> offs = r.op.iv("offsets");
                    for (size_t i = 0; i < offs.size(); ++i) {
                      int64_t len = r.op.in(i).numel();
+                     // memmove: an input may sit partly inside the packed
+                     // buffer (views of it), never trust a plan with memcpy.
                      if (r.in(i) != dst + offs[i])
-                       std::memcpy(dst + offs[i], r.in(i), sizeof(float) * len);
+                       std::memmove(dst + offs[i], r.in(i), sizeof(float) * len);
                      covered.push_back({offs[i], offs[i] + len});
                    }
                    std::sort(covered.begin(), covered.end());
@@ -790,6 +830,10 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     if (!ok)
       return FSDP_ERROR(inst.op, ": sizes ", a.numel(), " -> ", b.numel(),
                         " do not fit world size ", w);
+    auto async = inst.attrs.find("async");
+    if (async != inst.attrs.end() && !async->is_boolean())
+      return FSDP_ERROR(inst.op, ": attribute async: expected true or false, found ",
+                        async->is_primitive() ? async->dump() : async->type_name());
     if (inst.op != "all_gather") {
       auto it = inst.attrs.find("reduce");
       if (it == inst.attrs.end() || !it->is_string() ||
@@ -809,7 +853,22 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
                                                          : std::to_string(def.nin),
                       " inputs and ", def.nout, " outputs, found ", inst.in.size(),
                       " and ", inst.out.size());
-  return def.check(Op{plan, inst});
+  Op op{plan, inst};
+  FSDP_RETURN_IF_ERROR(def.check(op));
+  // Every attribute a kernel reads, type-checked whether or not the op's
+  // own check looked at it.
+  for (const char *name : {"transpose_lhs", "transpose_rhs", "causal", "nesterov"})
+    op.b(name);
+  for (const char *name : {"dim", "offset", "heads"})
+    op.i(name, 0);
+  for (const char *name : {"perm", "dims", "offsets"})
+    op.iv(name);
+  for (const char *name : {"factor", "value", "epsilon", "momentum", "dampening",
+                           "weight_decay", "beta1", "beta2", "eps", "max_norm"})
+    op.f(name, 0);
+  if (!op.attrError.empty())
+    return FSDP_ERROR(inst.op, ": ", op.attrError);
+  return Status::ok();
 }
 
 Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena,

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs the whole ctest suite once per OpenBLAS kernel this CPU can execute:
+# OPENBLAS_CORETYPE unset, then Prescott (SSE3), Haswell and Zen (AVX2),
+# SkylakeX and Cooperlake (AVX-512) where the CPU has the instructions. A
+# tolerance that holds on one kernel only fails here. Needs a build
+# (scripts/test.sh makes one); usage: bash scripts/coretype-sweep.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+JOBS="${JOBS:-$(nproc)}"
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+has() { [[ " $flags " == *" $1 "* ]]; }
+
+types=(unset Prescott)
+has avx2 && types+=(Haswell Zen)
+has avx512f && has avx512bw && has avx512vl && types+=(SkylakeX)
+has avx512_bf16 && types+=(Cooperlake)
+
+failed=()
+for t in "${types[@]}"; do
+  echo "=== OPENBLAS_CORETYPE=$t"
+  if [ "$t" = unset ]; then
+    env -u OPENBLAS_CORETYPE ctest --test-dir "$build" -j "$JOBS" --timeout 3000 \
+      --output-on-failure > "$build/sweep-$t.log" 2>&1 || failed+=("$t")
+  else
+    OPENBLAS_CORETYPE=$t OPENBLAS_VERBOSE=2 ctest --test-dir "$build" -j "$JOBS" \
+      --timeout 3000 --output-on-failure > "$build/sweep-$t.log" 2>&1 || failed+=("$t")
+  fi
+  tail -n 3 "$build/sweep-$t.log"
+done
+skipped=()
+for t in Haswell Zen SkylakeX Cooperlake; do
+  [[ " ${types[*]} " == *" $t "* ]] || skipped+=("$t")
+done
+[ ${#skipped[@]} -eq 0 ] || echo "not run (this CPU lacks the instructions): ${skipped[*]}"
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "FAILED with OPENBLAS_CORETYPE: ${failed[*]} (logs: $build/sweep-*.log)" >&2
+  exit 1
+fi
+echo "the suite passed with every kernel: ${types[*]}"

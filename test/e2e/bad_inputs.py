@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Bad inputs get a clear error, never a crash, a hang or a silent success.
+
+Runs fsdp-run on hostile variants of valid plans (wrong JSON types,
+overflowing offsets and sizes, inconsistent dtypes, hostile nesting, ...),
+bad options, bad data and checkpoint files and a bad environment. Every
+case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
+print "fsdp-run: error" and name the problem (a substring given per case).
+
+usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN
+
+MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
+(token inputs, slices, attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
+(shard views with a rank stride).
+"""
+import copy
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+
+I64_MAX = 2 ** 63 - 1
+
+
+def first(plan, op):
+    return next(i for i in plan["program"] if i["op"] == op)
+
+
+def view(plan):
+    return next(b for b in plan["buffers"] if b.get("rank_stride"))
+
+
+def int_input(plan):
+    return next(b for b in plan["inputs"] if b["role"] == "input")
+
+
+def buf(plan, binding):
+    return plan["buffers"][binding["buffer"]]
+
+
+def overlap_two(plan):
+    """Moves one transient buffer onto another that is live at the same time."""
+    aliased = {b["alias_of"] for b in plan["buffers"] if b.get("alias_of", -1) >= 0}
+    owners = [b for b in plan["buffers"] if not b["persistent"]
+              and b.get("alias_of", -1) < 0 and b["id"] not in aliased and b["bytes"] > 0]
+    for a in owners:
+        for b in owners:
+            if a is not b and a["first"] <= b["last"] and b["first"] <= a["last"] \
+                    and b["bytes"] <= a["bytes"]:
+                b["offset"] = a["offset"]
+                return
+    raise SystemExit("no two transient buffers live at once")
+
+
+def setter(fn):
+    """A mutation that edits a deep copy of the plan."""
+    def apply(plan):
+        p = copy.deepcopy(plan)
+        fn(p)
+        return p
+    return apply
+
+
+# (name, which plan, mutation, expected substring of the error)
+PLAN_CASES = [
+    # wrong JSON types
+    ("buffers is an object", "mlp", setter(lambda p: p.update(buffers={"a": 1})), "buffers: expected an array"),
+    ("a buffer is a string", "mlp", setter(lambda p: p["buffers"].__setitem__(0, "x")), "buffers[0]: expected an object"),
+    ("trainable is a string", "mlp", setter(lambda p: p["params"][0].update(trainable="yes")), "trainable: expected true or false"),
+    ("program[0].in is a string", "mlp", setter(lambda p: p["program"][0].update({"in": "3"})), "program[0].in"),
+    ("version is a string", "mlp", setter(lambda p: p.update(version="1")), "version: expected an integer"),
+    ("version 2^32+1", "mlp", setter(lambda p: p.update(version=2 ** 32 + 1)), "newer than this runtime"),
+    ("version 1.9", "mlp", setter(lambda p: p.update(version=1.9)), "version: expected an integer"),
+    ("world_size 2.5", "mlp", setter(lambda p: p.update(world_size=2.5)), "world_size"),
+    ("world_size 2^62", "mlp", setter(lambda p: p.update(world_size=2 ** 62)), "world_size"),
+    ("arena_bytes 3524.5", "mlp", setter(lambda p: p.update(arena_bytes=3524.5)), "arena_bytes"),
+    ("arena_bytes 2^62", "mlp", setter(lambda p: p.update(arena_bytes=2 ** 62)), "arena_bytes"),
+    ("attrs is an array", "mlp", setter(lambda p: first(p, "matmul").update(attrs=[1])), "attrs: expected an object"),
+    ("units is a number", "mlp", setter(lambda p: p.update(units=3)), "units: expected an array"),
+    ("range is a string", "gpt", setter(lambda p: int_input(p).update(range="x")), "range"),
+    ("memory is an array", "mlp", setter(lambda p: p.update(memory=[1])), "memory: expected an object"),
+    ("transpose_rhs \"yes\"", "mlp", setter(lambda p: first(p, "matmul")["attrs"].update(transpose_rhs="yes")), "transpose_rhs: expected true or false"),
+    ("async \"yes\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update({"async": "yes"})), "async"),
+    ("heads 2.5", "gpt", setter(lambda p: first(p, "attention")["attrs"].update(heads=2.5)), "heads"),
+    ("options is a string", "mlp", setter(lambda p: p.update(options="x")), "options: expected an object"),
+    # overflow and bounds
+    ("buffer offset INT64_MAX", "mlp", setter(lambda p: p["buffers"][3].update(offset=I64_MAX)), "offset"),
+    ("buffer offset near the arena end", "mlp", setter(lambda p: p["buffers"][3].update(offset=p["arena_bytes"] - 4)), "outside the arena"),
+    ("buffer bytes -1", "mlp", setter(lambda p: p["buffers"][3].update(bytes=-1)), "bytes"),
+    ("shape [2^62, 4]", "mlp", setter(lambda p: p["buffers"][3].update(shape=[2 ** 62, 4])), "shape"),
+    ("shape [2^31, 2^31, 2^31]", "mlp", setter(lambda p: p["buffers"][3].update(shape=[2 ** 31] * 3)), "shape"),
+    ("a negative dimension", "mlp", setter(lambda p: p["buffers"][3].update(shape=[-4, 2])), "shape"),
+    ("rank 9 shape", "mlp", setter(lambda p: p["buffers"][3].update(shape=[1] * 9)), "shape"),
+    ("param flat_offset INT64_MAX", "sharded", setter(lambda p: p["params"][0].update(flat_offset=I64_MAX)), "flat_offset"),
+    ("param flat_offset past its unit", "sharded", setter(lambda p: p["params"][0].update(flat_offset=10 ** 9)), "does not fit its unit"),
+    ("slice offset INT64_MAX", "gpt", setter(lambda p: first(p, "slice")["attrs"].update(offset=I64_MAX)), "out of bounds"),
+    ("slice offset -1", "gpt", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
+    ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
+    ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),
+    ("rank_stride on a non-view", "mlp", setter(lambda p: p["buffers"][3].update(rank_stride=4)), "rank stride but is not a view"),
+    ("alias_of out of range", "sharded", setter(lambda p: view(p).update(alias_of=10 ** 6)), "view of an invalid buffer"),
+    ("buffer id out of range", "mlp", setter(lambda p: p["program"][0]["in"].__setitem__(0, 10 ** 6)), "unknown buffer"),
+    ("unit shard_numel * world overflows", "sharded", setter(lambda p: p["units"][0].update(shard_numel=2 ** 47)), "inconsistent sizes"),
+    # dtypes
+    ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
+                                                     buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),
+    ("param bf16 over an f32 buffer", "mlp", setter(lambda p: p["params"][0].update(dtype="bf16")), "f32"),
+    ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
+    ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
+        dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "keeps parameters in f32"),
+    ("unknown dtype", "mlp", setter(lambda p: p["buffers"][0].update(dtype="f8")), "unknown dtype"),
+    ("lr buffer i32", "mlp", setter(lambda p: buf(p, next(b for b in p["inputs"] if b["role"] == "lr")).update(dtype="i32")), "f32 scalar"),
+    # packing, inputs
+    ("pack ranges overlap", "sharded", setter(lambda p: first(p, "pack")["attrs"]["offsets"].__setitem__(1, 0)), "overlap"),
+    ("integer input range 0", "gpt", setter(lambda p: int_input(p).update(range=0)), "range >= 1"),
+    ("integer input range missing", "gpt", setter(lambda p: int_input(p).pop("range")), "range >= 1"),
+    ("input batch of 0", "mlp", setter(lambda p: buf(p, p["inputs"][0]).update(shape=[0, buf(p, p["inputs"][0])["shape"][1]], bytes=0)), "at least one element"),
+    ("no loss output", "mlp", setter(lambda p: p.update(outputs=[])), "loss"),
+    ("unknown op", "mlp", setter(lambda p: first(p, "relu").update(op="frobnicate")), "unknown op"),
+    ("live buffers overlap", "mlp", setter(overlap_two), "overlap in memory while both are live"),
+]
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def safetensors(header, payload=b""):
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + payload
+
+
+def main():
+    bindir, mlp, gpt, sharded = sys.argv[1:5]
+    run_bin = os.path.join(bindir, "fsdp-run")
+    plans = {}
+    for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded)):
+        with open(path) as f:
+            plans[key] = json.load(f)
+    failures = 0
+    count = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        def check(name, args, expect, env=None, stdin=None):
+            nonlocal failures, count
+            count += 1
+            e = dict(os.environ)
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                      "SLURM_NTASKS", "FSDP_RANK", "FSDP_WORLD_SIZE", "FSDP_STORE_DIR"):
+                e.pop(k, None)
+            e.update(env or {})
+            try:
+                r = subprocess.run([run_bin, "--threads", "1"] + args, env=e,
+                                   capture_output=True, text=True, timeout=60)
+                code, err = r.returncode, r.stderr
+            except subprocess.TimeoutExpired:
+                code, err = "timeout", ""
+            ok = (code in (1, 2) and "fsdp-run: error" in err and expect in err)
+            verdict = "ok" if ok else "FAIL"
+            first_line = next((l for l in err.splitlines() if "error" in l), err.strip()[:120])
+            if code not in (0, 1, 2, "timeout") and code < 0:
+                code = f"signal {signal.Signals(-code).name}"
+            print(f"{verdict:4} {name:<40} exit {code}: {first_line[:150]}")
+            if not ok:
+                failures += 1
+                if expect not in err:
+                    print(f"     expected the message to contain: {expect}")
+
+        # --- plan files
+        for name, key, mutate, expect in PLAN_CASES:
+            path = os.path.join(tmp, "bad.plan")
+            with open(path, "w") as f:
+                json.dump(mutate(plans[key]), f)
+            check("plan: " + name, [path, "--steps", "1"], expect)
+        deep = '{"format": "fsdp-plan", "version": 1, "options": ' + "[" * 200000 + "]" * 200000 + "}"
+        check("plan: JSON nested 200000 deep", [write(os.path.join(tmp, "deep.plan"), deep.encode()), "--steps", "1"], "nested")
+        check("plan: truncated", [write(os.path.join(tmp, "t.plan"), open(mlp, "rb").read()[:1000]), "--steps", "1"], "not valid JSON")
+        check("plan: empty file", [write(os.path.join(tmp, "e.plan"), b""), "--steps", "1"], "not valid JSON")
+        check("plan: binary garbage", [write(os.path.join(tmp, "g.plan"), bytes(range(256)) * 4), "--steps", "1"], "not valid JSON")
+        check("plan: missing file", [os.path.join(tmp, "nope.plan")], "cannot open")
+        check("plan: a directory", [tmp], "plan")
+        check("plan: world size 1, run with 2 ranks", [mlp, "--steps", "1", "--nproc", "2"], "compiled for 1 rank")
+
+        # --- options
+        check("option: unknown --frobnicate", [mlp, "--frobnicate"], "unknown option")
+        check("option: unknown --frobnicate 3", [mlp, "--frobnicate", "3"], "unknown option")
+        check("option: --seed 99999999999999999999", [mlp, "--seed", "99999999999999999999"], "--seed")
+        check("option: --steps 0", [mlp, "--steps", "0"], "--steps")
+        check("option: --steps abc", [mlp, "--steps", "abc"], "--steps")
+        check("option: --lr nan", [mlp, "--lr", "nan"], "--lr")
+        check("option: --lr 1e999", [mlp, "--lr", "1e999"], "--lr")
+        check("option: --threads 0", [mlp, "--threads", "0"], "--threads")
+        check("option: --steps without value", [mlp, "--steps"], "needs a value")
+        check("option: --nproc 0", [mlp, "--nproc", "0"], "--nproc")
+        check("option: --nproc 99999", [mlp, "--nproc", "99999"], "--nproc")
+        check("option: --schedule linear", [mlp, "--schedule", "linear"], "--schedule")
+        check("option: two plans", [mlp, gpt], "unexpected argument")
+        check("option: no plan", ["--steps", "1"], "no plan")
+
+        # --- data files (llm.c token format)
+        def tokens(magic=20240520, version=1, n=1000, body=None, count=None):
+            header = [magic, version, n if count is None else count] + [0] * 253
+            data = struct.pack("<256i", *header)
+            return data + (body if body is not None else struct.pack(f"<{n}H", *([1] * n)))
+        check("data: missing file", [gpt, "--steps", "1", "--data", os.path.join(tmp, "none.bin")], "none.bin")
+        check("data: empty file", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "empty.bin"), b"")], "empty.bin")
+        check("data: bad magic", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "magic.bin"), tokens(magic=7))], "magic")
+        check("data: bad version", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "ver.bin"), tokens(version=9))], "version")
+        check("data: count beyond the file", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "short.bin"), tokens(count=10 ** 6))], "short.bin")
+        check("data: negative count", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "neg.bin"), tokens(count=-5, body=b""))], "neg.bin")
+        check("data: too few tokens for a batch", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "few.bin"), tokens(n=3))], "few.bin")
+        check("data: token id beyond the vocabulary", [gpt, "--steps", "1", "--data",
+              write(os.path.join(tmp, "vocab.bin"), tokens(n=5000, body=struct.pack("<5000H", *([60000] * 5000))))], "vocabulary")
+        check("data: a token file for the MLP", [mlp, "--steps", "1", "--data", os.path.join(tmp, "vocab.bin")], "token")
+
+        # --- checkpoints (--init-from)
+        name = plans["mlp"]["params"][0]["name"]
+        shape = plans["mlp"]["params"][0]["shape"]
+        n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        good = {name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 4 * n]}}
+        cases = [
+            ("truncated header", b"\x10\x00\x00\x00\x00\x00\x00\x00{", "init"),
+            ("header length 2^63", struct.pack("<Q", 2 ** 63) + b"{}", "header"),
+            ("header not JSON", struct.pack("<Q", 4) + b"abcd", "header"),
+            ("data_offsets past the end", safetensors(good), "init"),
+            ("data_offsets INT64_MAX", safetensors({name: {"dtype": "F32", "shape": shape, "data_offsets": [0, I64_MAX]}}), "init"),
+            ("wrong shape", safetensors({name: {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, b"\0" * 12), "shape"),
+            ("dtype I64 for a float parameter", safetensors({name: {"dtype": "I64", "shape": shape, "data_offsets": [0, 8 * n]}}, b"\0" * (8 * n)), "dtype"),
+            ("a parameter missing", safetensors({"nonexistent.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "has no tensor"),
+            ("shape and bytes disagree", safetensors({name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}, b"\0" * 4), "init"),
+        ]
+        for label, data, expect in cases:
+            check("init-from: " + label, [mlp, "--steps", "1", "--init-from", write(os.path.join(tmp, "init.safetensors"), data)], expect)
+        check("init-from: missing file", [mlp, "--steps", "1", "--init-from", os.path.join(tmp, "none.safetensors")], "none.safetensors")
+
+        # --- outputs: never replace something that is not a regular file
+        fifo = os.path.join(tmp, "fifo")
+        os.mkfifo(fifo)
+        check("save: onto a FIFO", [mlp, "--steps", "1", "--save", fifo], "regular file")
+        if not os.path.exists(fifo) or not __import__("stat").S_ISFIFO(os.stat(fifo).st_mode):
+            print("FAIL save: the FIFO was replaced")
+            failures += 1
+        check("save: into a missing directory", [mlp, "--steps", "1", "--save", os.path.join(tmp, "no", "x.safetensors")], "x.safetensors")
+        check("save: onto a directory", [mlp, "--steps", "1", "--save", tmp], "regular file")
+
+        # --- environment
+        check("env: RANK without WORLD_SIZE", [mlp, "--steps", "1"], "WORLD_SIZE", env={"RANK": "0"})
+        check("env: WORLD_SIZE=abc", [mlp, "--steps", "1"], "WORLD_SIZE", env={"RANK": "0", "WORLD_SIZE": "abc"})
+        check("env: RANK >= WORLD_SIZE", [mlp, "--steps", "1"], "RANK", env={"RANK": "3", "WORLD_SIZE": "2"})
+        check("env: RANK=-1", [mlp, "--steps", "1"], "RANK", env={"RANK": "-1", "WORLD_SIZE": "2"})
+
+    print(f"{count} bad inputs, {count - failures} rejected cleanly")
+    print("all bad inputs rejected cleanly" if not failures else f"FAIL: {failures} case(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
