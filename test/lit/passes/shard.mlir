@@ -102,7 +102,7 @@ fsdp.param @f : tensor<1x1xf32> init("ones") frozen
 // ONE: fsdp.adamw_update
 
 // NOOPT: fsdp-shard needs an optimizer
-// BADSTAGE: fsdp-shard needs world-size >= 1 and stage in 0..3, found world-size=2 stage=4
+// BADSTAGE: fsdp-shard needs world-size in 1..65536 and stage in 0..3, found world-size=2 stage=4
 
 func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x1xf32>) -> tensor<f32> attributes {fsdp.model} {
   %w1 = fsdp.get_param @w1 : tensor<8x4xf32>
