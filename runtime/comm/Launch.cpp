@@ -15,10 +15,10 @@
 //   caught by comparing getppid() with the pid recorded before fork). The
 //   rank's handler (followLauncher) sees the launcher gone, removes the
 //   directory the launcher can no longer remove, and dies by the signal.
-// What remains: a rank stopped with SIGSTOP when the launcher is killed
-// keeps the parent-death signal pending and stays stopped until someone
-// continues or kills it; the other ranks still exit and the directory is
-// still removed.
+// A rank stopped with SIGSTOP when the launcher is killed would keep the
+// parent-death signal pending and stay stopped forever: the launcher writes
+// the ranks' pids to `<store>/ranks`, and the first rank that finds its
+// launcher gone sends SIGCONT to the others before removing the directory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -43,11 +44,15 @@ namespace {
 
 constexpr const char *kStorePrefix = "fsdp-store-";
 
+bool isOurStore(const std::string &dir) {
+  return !dir.empty() &&
+         std::filesystem::path(dir).filename().string().rfind(kStorePrefix, 0) == 0;
+}
+
 /// Removes a rendezvous directory (only one of ours, by its name). Several
 /// ranks may race to remove the same one: retry until it is gone.
 void removeStore(const std::string &dir) {
-  if (dir.empty() ||
-      std::filesystem::path(dir).filename().string().rfind(kStorePrefix, 0) != 0)
+  if (!isOurStore(dir))
     return;
   for (int i = 0; i < 5; ++i) {
     std::error_code ec;
@@ -161,6 +166,11 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
     pids.push_back(pid);
     ++alive;
   }
+  if (FILE *f = std::fopen((store + "/ranks").c_str(), "w")) {
+    for (pid_t p : pids)
+      std::fprintf(f, "%d\n", (int)p);
+    std::fclose(f);
+  }
 
   bool killing = false;
   auto killAt = std::chrono::steady_clock::time_point::max();
@@ -174,6 +184,22 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
   if (!result)
     stopRanks(); // fork failed part-way
   while (alive > 0) {
+    // Signals first: with Ctrl-C the ranks die of SIGINT too, and the job
+    // was stopped by the user, not failed by a rank. (SIGCHLD, numbered
+    // after SIGHUP, SIGINT and SIGTERM, is dequeued after them.)
+    timespec wait{0, 50'000'000};
+    int sig = ::sigtimedwait(&watched, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+      if (stoppedBySignal) {
+        signalAll(SIGKILL); // asked twice: no more grace
+      } else {
+        stoppedBySignal = sig;
+        if (result)
+          result = FSDP_ERROR("stopped by signal ", describe(sig),
+                              ": stopping the ranks and removing ", store);
+        stopRanks();
+      }
+    }
     int status = 0;
     pid_t pid;
     while (alive > 0 && (pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
@@ -200,24 +226,8 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
         stopRanks();
       }
     }
-    if (alive == 0)
-      break;
-    if (killing && std::chrono::steady_clock::now() > killAt)
+    if (alive > 0 && killing && std::chrono::steady_clock::now() > killAt)
       signalAll(SIGKILL);
-    timespec wait{0, 50'000'000};
-    siginfo_t info;
-    int sig = ::sigtimedwait(&watched, &info, &wait);
-    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
-      if (stoppedBySignal) {
-        signalAll(SIGKILL); // asked twice: no more grace
-      } else {
-        stoppedBySignal = sig;
-        if (result)
-          result = FSDP_ERROR("stopped by signal ", describe(sig),
-                              ": stopping the ranks and removing ", store);
-        stopRanks();
-      }
-    }
   }
   // A signal that came after the last rank exited is still this job's.
   timespec none{0, 0};
@@ -247,8 +257,16 @@ Status followLauncher() {
     int sig = b;
     // See [Note: launcher and ranks]: a live launcher removes the
     // directory itself; a dead one cannot.
-    if (::getppid() != launcher)
+    if (::getppid() != launcher && isOurStore(store)) {
+      // A stopped sibling would keep its parent-death signal pending.
+      if (FILE *f = std::fopen((store + "/ranks").c_str(), "r")) {
+        for (int p; std::fscanf(f, "%d", &p) == 1;)
+          if (p > 0 && p != ::getpid())
+            ::kill(p, SIGCONT);
+        std::fclose(f);
+      }
       removeStore(store);
+    }
     std::signal(sig, SIG_DFL);
     ::kill(::getpid(), sig);
   }).detach();

@@ -10,7 +10,8 @@ must pass). Every case runs under its own TMPDIR, so the store directory is
 known, and in its own session, so nothing it started can outlive it.
 
   faults.py --fsdp-run BIN --plan PLAN --work DIR CASE...
-  CASE: launcher-kill | launcher-term | stop-rank | stalled-rank-resumes
+  CASE: launcher-kill | launcher-kill-stopped-rank | launcher-term |
+        launcher-int | stop-rank | stalled-rank-resumes
 
 Prints one line per case ("ok: ..." with measured times) and exits 1 on the
 first failure, with the job's stderr.
@@ -142,11 +143,17 @@ def check_no_store(job, store, what):
         raise Failure(f"{what}: left behind {left}")
 
 
-def launcher_signal(args, sig, tag):
+def launcher_signal(args, sig, tag, stop_rank=None):
     job = Job(args, tag)
     try:
         store = job.wait_running()
-        pids = list(job.ranks().values())
+        ranks = job.ranks()
+        pids = list(ranks.values())
+        if stop_rank is not None:
+            # Stopped, it cannot act on the parent-death signal until a
+            # sibling continues it.
+            os.kill(ranks[stop_rank], signal.SIGSTOP)
+            wait_until(lambda: state_of(ranks[stop_rank]) == "T", 10, "SIGSTOP")
         t0 = time.monotonic()
         os.kill(job.proc.pid, sig)
         gone = check_gone(pids, tag)
@@ -257,6 +264,8 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     cases = {
         "launcher-kill": lambda: launcher_signal(args, signal.SIGKILL, "launcher-kill"),
+        "launcher-kill-stopped-rank": lambda: launcher_signal(
+            args, signal.SIGKILL, "launcher-kill-stopped-rank", stop_rank=2),
         "launcher-term": lambda: launcher_signal(args, signal.SIGTERM, "launcher-term"),
         "launcher-int": lambda: launcher_signal(args, signal.SIGINT, "launcher-int"),
         "stop-rank": lambda: stop_rank(args),

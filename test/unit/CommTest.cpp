@@ -4,7 +4,9 @@
 // FileStore directory): every collective against a reference computed
 // here, for N = 2, 3 (not a power of two) and 4, with uneven values and
 // several collectives in a row (the pattern that exposed Gloo's
-// reduce-scatter bug at N = 3); and a dead peer turning into an error.
+// reduce-scatter bug at N = 3); a dead peer turning into an error; and the
+// flight recorder naming the rank a timed-out collective waited for, with
+// the directory store and with the TCP store.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,7 +19,10 @@
 #include <cmath>
 #include <functional>
 #include <filesystem>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <thread>
+#include <unistd.h>
 
 using namespace fsdp;
 
@@ -31,9 +36,24 @@ std::string freshDir(const std::string &tag) {
   return dir.string();
 }
 
-/// Runs `body(rank, comm)` on n threads; returns the first failure.
+/// A free TCP port on the loopback interface (for the TCP store).
+int freePort() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+/// Runs `body(rank, comm)` on n threads; returns the first failure. An
+/// empty `dir` meets through a TCP store on `port` instead.
 std::string runRanks(int n, const std::string &dir, double timeout,
-                     const std::function<std::string(int, Communicator &)> &body) {
+                     const std::function<std::string(int, Communicator &)> &body,
+                     int port = 0) {
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
@@ -42,6 +62,10 @@ std::string runRanks(int n, const std::string &dir, double timeout,
       job.rank = r;
       job.worldSize = n;
       job.storeDir = dir;
+      if (dir.empty()) {
+        job.masterAddr = "127.0.0.1";
+        job.masterPort = port;
+      }
       std::unique_ptr<Communicator> comm;
       Status st = makeGlooCommunicator(job, timeout, comm);
       if (!st) {
@@ -133,6 +157,56 @@ TEST(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
   EXPECT_TRUE(sawError || err == "barrier failed");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
+
+/// Rank 1 of 3 skips the fourth all-reduce and stays alive (its heartbeat
+/// goes on) until the others gave up: their errors must name rank 1 as the
+/// one that did not arrive, not the neighbour Gloo was talking to.
+class CommFlightRecorderTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
+  std::signal(SIGPIPE, SIG_IGN);
+  bool tcp = GetParam();
+  std::atomic<int> gaveUp{0};
+  std::vector<std::string> messages(3);
+  auto start = std::chrono::steady_clock::now();
+  std::string err = runRanks(
+      3, tcp ? "" : freshDir("recorder"), 2,
+      [&](int r, Communicator &comm) -> std::string {
+        std::vector<float> v(64, 1.0f);
+        for (int i = 0; i < 3; ++i)
+          if (!comm.allReduce(v.data(), 64, false))
+            return "all_reduce #" + std::to_string(i + 1) + " failed";
+        if (r == 1) {
+          // Alive, but never comes: wait (bounded) until both peers failed.
+          auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+          while (gaveUp < 2 && std::chrono::steady_clock::now() < limit)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          return "";
+        }
+        Status st = comm.allReduce(v.data(), 64, false);
+        ++gaveUp;
+        if (st)
+          return "the fourth all_reduce succeeded without rank 1";
+        messages[r] = st.message();
+        return "";
+      },
+      tcp ? freePort() : 0);
+  EXPECT_EQ(err, "");
+  for (int r : {0, 2}) {
+    EXPECT_NE(messages[r].find("collective #4 (all_reduce): rank 1 did not arrive: "
+                               "it is alive but still computing after collective "
+                               "#3 (all_reduce)"),
+              std::string::npos)
+        << messages[r];
+    EXPECT_EQ(messages[r].find("rank 0 did not arrive"), std::string::npos) << messages[r];
+    EXPECT_EQ(messages[r].find("rank 2 did not arrive"), std::string::npos) << messages[r];
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+INSTANTIATE_TEST_SUITE_P(Stores, CommFlightRecorderTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool> &i) {
+                           return i.param ? std::string("TcpStore") : std::string("Directory");
+                         });
 
 TEST(CommEnvTest, ReadsTheJobFromTheEnvironment) {
   ::setenv("RANK", "1", 1);
