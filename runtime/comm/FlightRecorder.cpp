@@ -1,9 +1,10 @@
-//===- FlightRecorder.cpp - which rank a failed collective waited for -----===//
+//===- FlightRecorder.cpp - who a failed collective waited for ------------===//
 //
 // [Note: progress records]
 // Each rank owns one record in the rendezvous store:
-//   fsdp-progress 1 <entered> <completed> <kind> <state> <beat> <host> <pid> <start>
-//   <note>
+//   fsdp-progress 1 <entered> <completed> <kind> <state> <beat> <host>
+//     <pid> <start>     (one line)
+//   <note>              (the rest)
 // `entered` / `completed` are sequence numbers of collectives (#1 is the
 // first collective of the job on every rank), `kind` names the last one
 // entered, `state` is running | failed | finished, `beat` counts heartbeats
@@ -70,7 +71,8 @@ static_assert(std::atomic<int64_t>::is_always_lock_free &&
 
 /// Maps `path` (created and sized when `create`) as one Live block.
 ProgressBoard::Live *mapLive(const std::string &path, bool create) {
-  int fd = ::open(path.c_str(), (create ? O_RDWR | O_CREAT : O_RDONLY) | O_CLOEXEC, 0600);
+  int fd = ::open(path.c_str(),
+                  (create ? O_RDWR | O_CREAT : O_RDONLY) | O_CLOEXEC, 0600);
   if (fd < 0)
     return nullptr;
   size_t bytes = sizeof(ProgressBoard::Live);
@@ -94,7 +96,8 @@ public:
   DirectoryBoard(std::string dir, int64_t rank) : dir(std::move(dir)) {
     path = this->dir + "/progress." + std::to_string(rank);
     tmp = this->dir + "/.progress." + std::to_string(rank) + ".tmp";
-    mine = mapLive(this->dir + "/live." + std::to_string(rank), /*create=*/true);
+    mine =
+        mapLive(this->dir + "/live." + std::to_string(rank), /*create=*/true);
   }
   ~DirectoryBoard() override {
     if (mine)
@@ -114,10 +117,12 @@ public:
   }
 
   bool publish(const std::string &record) override {
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd =
+        ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
       return false; // the launcher removed the directory: the job is over
-    bool ok = ::write(fd, record.data(), record.size()) == (ssize_t)record.size();
+    bool ok =
+        ::write(fd, record.data(), record.size()) == (ssize_t)record.size();
     ::close(fd);
     // rename() replaces the old record atomically: a reader never sees a
     // half-written one.
@@ -194,8 +199,8 @@ bool parse(const std::string &text, Record &r) {
   std::istringstream is(text);
   std::string magic;
   int version = 0;
-  if (!(is >> magic >> version >> r.entered >> r.completed >> r.kind >> r.state >>
-        r.beat >> r.host >> r.pid >> r.startTime) ||
+  if (!(is >> magic >> version >> r.entered >> r.completed >> r.kind >>
+        r.state >> r.beat >> r.host >> r.pid >> r.startTime) ||
       magic != "fsdp-progress" || version != 1)
     return false;
   is.ignore(1);
@@ -268,8 +273,8 @@ std::unique_ptr<ProgressBoard> makeDirectoryBoard(const std::string &dir,
   return std::make_unique<DirectoryBoard>(dir, rank);
 }
 
-std::unique_ptr<ProgressBoard> makeTcpStoreBoard(std::unique_ptr<TcpStore> store,
-                                                 int64_t rank) {
+std::unique_ptr<ProgressBoard>
+makeTcpStoreBoard(std::unique_ptr<TcpStore> store, int64_t rank) {
   return std::make_unique<TcpStoreBoard>(std::move(store), rank);
 }
 
@@ -309,7 +314,8 @@ int64_t FlightRecorder::enter(const char *what) {
   entered.store(seq, std::memory_order_relaxed);
   if (live) {
     int32_t code = 0;
-    for (int32_t i = 0; i < (int32_t)std::size(ProgressBoard::kCollectiveKinds); ++i)
+    for (int32_t i = 0; i < (int32_t)std::size(ProgressBoard::kCollectiveKinds);
+         ++i)
       if (std::strcmp(what, ProgressBoard::kCollectiveKinds[i]) == 0)
         code = i;
     live->kind.store(code, std::memory_order_relaxed);
@@ -367,8 +373,8 @@ std::string FlightRecorder::explain(int64_t seq, const char *what,
   {
     std::lock_guard<std::mutex> l(publishMu);
     state = "failed";
-    note = "collective #" + std::to_string(seq) + " (" + what + ") failed: " +
-           oneLine(gloo, 120);
+    note = "collective #" + std::to_string(seq) + " (" + what +
+           ") failed: " + oneLine(gloo, 120);
   }
   publishNow();
   // This rank's own gap: the heartbeat thread may not have run yet since
@@ -379,7 +385,8 @@ std::string FlightRecorder::explain(int64_t seq, const char *what,
     out.assign(size, Record());
     for (int64_t p = 0; p < size; ++p) {
       std::string text;
-      if (p == rank || !board->read(p, text, storeError) || !parse(text, out[p]))
+      if (p == rank || !board->read(p, text, storeError) ||
+          !parse(text, out[p]))
         continue;
       // Live counters are newer than the last heartbeat's record.
       if (const ProgressBoard::Live *l = board->peerLive(p)) {
@@ -441,17 +448,21 @@ std::string FlightRecorder::explain(int64_t seq, const char *what,
     }
     std::string proc = localProcessState(b, host);
     bool quiet = !proc.empty() || (a.present && a.beat == b.beat);
-    std::string where = (b.completed == b.entered ? "after collective #" : "inside collective #") +
+    std::string where = (b.completed == b.entered ? "after collective #"
+                                                  : "inside collective #") +
                         std::to_string(b.entered) + " (" + b.kind + ")";
     if (quiet) {
-      std::string how = proc.empty() ? "is not responding (stopped, hung or dead)" : proc;
-      silent.push_back(b.entered < seq ? who + " did not arrive: it " + how + ", last seen " + where
+      std::string how =
+          proc.empty() ? "is not responding (stopped, hung or dead)" : proc;
+      silent.push_back(b.entered < seq ? who + " did not arrive: it " + how +
+                                             ", last seen " + where
                                        : who + " entered it but " + how);
     } else if (b.entered >= seq) {
       arrived.push_back(p);
     } else if (b.completed == b.entered) {
-      computing.push_back(who + " did not arrive: it is alive but still computing " + where +
-                          " (slow, or stuck outside the collectives)");
+      computing.push_back(who +
+                          " did not arrive: it is alive but still computing " +
+                          where + " (slow, or stuck outside the collectives)");
     } else {
       waiting.push_back(who + " is still waiting " + where);
     }
@@ -465,14 +476,15 @@ std::string FlightRecorder::explain(int64_t seq, const char *what,
   os << "collective #" << seq << " (" << what << ")";
   std::vector<std::string> parts;
   if (stall)
-    parts.push_back("this rank (" + std::to_string(rank) + ") itself was not running for " +
-                    seconds(stall) + " (stopped, swapped out or starved of CPU), "
+    parts.push_back("this rank (" + std::to_string(rank) +
+                    ") itself was not running for " + seconds(stall) +
+                    " (stopped, swapped out or starved of CPU), "
                     "so its peers gave up waiting for it");
   for (const std::string &s : blame)
     parts.push_back(s);
   if (!arrived.empty())
-    parts.push_back((arrived.size() == 1 ? "rank " : "ranks ") + rankList(arrived) +
-                    " arrived");
+    parts.push_back((arrived.size() == 1 ? "rank " : "ranks ") +
+                    rankList(arrived) + " arrived");
   for (const std::string &s : gaveUp)
     parts.push_back(s);
   if (!storeError.empty())

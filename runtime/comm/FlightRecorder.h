@@ -1,4 +1,4 @@
-//===- FlightRecorder.h - which rank a failed collective waited for -*- C++ -*-===//
+//===- FlightRecorder.h - who a failed collective waited for ----*- C++ -*-===//
 //
 // A collective that times out tells a rank only that *someone* did not
 // answer, and with ring and halving-doubling algorithms that someone is
@@ -45,7 +45,8 @@ public:
     std::atomic<int32_t> kind{0}; ///< index into kCollectiveKinds
   };
   static constexpr const char *kCollectiveKinds[] = {
-      "none", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+      "none",       "all_reduce", "reduce_scatter",
+      "all_gather", "broadcast",  "barrier"};
 
   virtual ~ProgressBoard() = default;
   /// This rank's live counters, or null when the board has none.
@@ -65,8 +66,8 @@ std::unique_ptr<ProgressBoard> makeDirectoryBoard(const std::string &dir,
                                                   int64_t rank);
 /// Records as keys `fsdp-progress/<rank>` of the TCP store (own connection,
 /// requests bounded by `ioTimeout`).
-std::unique_ptr<ProgressBoard> makeTcpStoreBoard(std::unique_ptr<TcpStore> store,
-                                                 int64_t rank);
+std::unique_ptr<ProgressBoard>
+makeTcpStoreBoard(std::unique_ptr<TcpStore> store, int64_t rank);
 
 /// Sequence numbers, heartbeat and failure explanations for one rank.
 class FlightRecorder {
@@ -74,7 +75,8 @@ public:
   /// `timeout` is the collective timeout: the heartbeat period is derived
   /// from it (timeout / 8, within [50 ms, 1 s]) so that a stalled rank is
   /// told apart from a live one well before anyone times out.
-  FlightRecorder(int64_t rank, int64_t size, std::unique_ptr<ProgressBoard> board,
+  FlightRecorder(int64_t rank, int64_t size,
+                 std::unique_ptr<ProgressBoard> board,
                  std::chrono::milliseconds timeout);
   /// Publishes "finished" and stops the heartbeat.
   ~FlightRecorder();
@@ -87,8 +89,9 @@ public:
   /// After collective `seq` failed with `what` (Gloo's message): waits a few
   /// heartbeats, reads every rank's record, publishes this rank's failure
   /// and returns a sentence naming the ranks that did not arrive, e.g.
-  /// "collective #37 (all_gather): rank 2 did not arrive (last seen at
-  /// collective #36) and is not responding (stopped); ranks 0,1,3 arrived".
+  /// "collective #96 (all_gather): rank 2 did not arrive: it is stopped
+  /// (SIGSTOP, or suspended by a debugger), last seen after collective #95
+  /// (all_gather); ranks 0,1,3 arrived".
   std::string explain(int64_t seq, const char *kind, const std::string &what);
 
   std::chrono::milliseconds heartbeatPeriod() const { return period; }

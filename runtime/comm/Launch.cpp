@@ -45,8 +45,8 @@ namespace {
 constexpr const char *kStorePrefix = "fsdp-store-";
 
 bool isOurStore(const std::string &dir) {
-  return !dir.empty() &&
-         std::filesystem::path(dir).filename().string().rfind(kStorePrefix, 0) == 0;
+  return !dir.empty() && std::filesystem::path(dir).filename().string().rfind(
+                             kStorePrefix, 0) == 0;
 }
 
 /// Removes a rendezvous directory (only one of ours, by its name). Several
@@ -88,12 +88,14 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
                    int &stoppedBySignal) {
   stoppedBySignal = 0;
   const char *tmp = std::getenv("TMPDIR");
-  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + kStorePrefix + "XXXXXX";
+  std::string tmpl =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/" + kStorePrefix + "XXXXXX";
   std::vector<char> path(tmpl.begin(), tmpl.end());
   path.push_back('\0');
   if (!::mkdtemp(path.data()))
     return FSDP_ERROR("cannot create the rendezvous directory '", tmpl,
-                      "': ", std::strerror(errno), " (set TMPDIR to a writable directory)");
+                      "': ", std::strerror(errno),
+                      " (set TMPDIR to a writable directory)");
   RemoveOnExit cleanup{path.data()};
   const std::string &store = cleanup.dir;
   pid_t launcher = ::getpid();
@@ -111,8 +113,9 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
   std::vector<std::string> common;
   // The launcher owns the rank variables: stale torchrun ones would
   // otherwise disagree.
-  const char *owned[] = {"FSDP_RANK=", "FSDP_WORLD_SIZE=", "FSDP_STORE_DIR=",
-                         "FSDP_LAUNCHER_PID=", "RANK=", "WORLD_SIZE="};
+  const char *owned[] = {
+      "FSDP_RANK=", "FSDP_WORLD_SIZE=", "FSDP_STORE_DIR=", "FSDP_LAUNCHER_PID=",
+      "RANK=",      "WORLD_SIZE="};
   for (char **e = environ; *e; ++e) {
     bool skip = false;
     for (const char *o : owned)
@@ -149,7 +152,8 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
   for (int r = 0; r < nproc; ++r) {
     pid_t pid = ::fork();
     if (pid < 0) {
-      result = FSDP_ERROR("fork failed for rank ", r, ": ", std::strerror(errno));
+      result =
+          FSDP_ERROR("fork failed for rank ", r, ": ", std::strerror(errno));
       break;
     }
     if (pid == 0) {
@@ -214,13 +218,14 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
       --alive;
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && result) {
-        result = WIFSIGNALED(status)
-                     ? FSDP_ERROR("rank ", rank, " was killed by signal ",
-                                  describe(WTERMSIG(status)),
-                                  "; stopping the other ranks")
-                     : FSDP_ERROR("rank ", rank, " exited with status ",
-                                  WEXITSTATUS(status),
-                                  " (its error is above); stopping the other ranks");
+        result =
+            WIFSIGNALED(status)
+                ? FSDP_ERROR("rank ", rank, " was killed by signal ",
+                             describe(WTERMSIG(status)),
+                             "; stopping the other ranks")
+                : FSDP_ERROR("rank ", rank, " exited with status ",
+                             WEXITSTATUS(status),
+                             " (its error is above); stopping the other ranks");
         // A dead rank would leave its peers waiting in a collective until
         // their timeout: stop them now, forcefully after a grace period.
         stopRanks();
@@ -280,7 +285,8 @@ Status followLauncher() {
   // that died before the handler was installed left only this trace.
   if (::getppid() != launcher) {
     removeStore(store);
-    return FSDP_ERROR("the launcher (pid ", launcher, ") is gone: not starting");
+    return FSDP_ERROR("the launcher (pid ", launcher,
+                      ") is gone: not starting");
   }
   return Status::ok();
 }

@@ -11,7 +11,7 @@ known, and in its own session, so nothing it started can outlive it.
 
   faults.py --fsdp-run BIN --plan PLAN --work DIR CASE...
   CASE: launcher-kill | launcher-kill-stopped-rank | launcher-term |
-        launcher-int | stop-rank | stalled-rank-resumes
+        launcher-int | rank-kill | stop-rank | stalled-rank-resumes
 
 Prints one line per case ("ok: ..." with measured times) and exits 1 on the
 first failure, with the job's stderr.
@@ -208,6 +208,29 @@ def stop_rank(args):
         job.cleanup()
 
 
+def rank_kill(args):
+    """The case that already worked: a killed rank ends the job at once."""
+    job = Job(args, "rank-kill")
+    try:
+        store = job.wait_running()
+        ranks = job.ranks()
+        t0 = time.monotonic()
+        os.kill(ranks[2], signal.SIGKILL)
+        job.proc.wait(timeout=GONE_BOUND_S)
+        took = time.monotonic() - t0
+        err = job.stderr()
+        if job.proc.returncode != 1 or "rank 2 was killed by signal 9" not in err:
+            raise Failure(f"rank-kill: exit {job.proc.returncode}, message:\n" + err)
+        check_gone(ranks.values(), "rank-kill")
+        check_no_store(job, store, "rank-kill")
+        print(f"ok: rank-kill: job over {took:.2f} s after SIGKILL of rank 2")
+    except Failure:
+        sys.stderr.write(job.stderr())
+        raise
+    finally:
+        job.cleanup()
+
+
 def stalled_rank_resumes(args):
     """Two ranks joined by hand (no launcher): rank 1 is stopped, rank 0
     gives up; rank 1, continued, says that it was the one that stalled."""
@@ -268,6 +291,7 @@ def main():
             args, signal.SIGKILL, "launcher-kill-stopped-rank", stop_rank=2),
         "launcher-term": lambda: launcher_signal(args, signal.SIGTERM, "launcher-term"),
         "launcher-int": lambda: launcher_signal(args, signal.SIGINT, "launcher-int"),
+        "rank-kill": lambda: rank_kill(args),
         "stop-rank": lambda: stop_rank(args),
         "stalled-rank-resumes": lambda: stalled_rank_resumes(args),
     }
