@@ -165,7 +165,8 @@ private:
         recorder->complete(seq);
       return Status::ok();
     } catch (const std::exception &e) {
-      std::string why = recorder ? recorder->explain(seq, what, e.what()) + ". Gloo: " : "";
+      std::string why =
+          recorder ? recorder->explain(seq, what, e.what()) + ". Gloo: " : "";
       return FSDP_ERROR("rank ", rank(), ": ", what,
                         " failed (a peer died or timed out after ",
                         timeout.count() / 1000.0, " s): ", why, e.what());
