@@ -170,7 +170,7 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
   std::vector<std::string> messages(3);
   auto start = std::chrono::steady_clock::now();
   std::string err = runRanks(
-      3, tcp ? "" : freshDir("recorder"), 2,
+      3, tcp ? "" : freshDir("recorder"), /*timeout=*/4,
       [&](int r, Communicator &comm) -> std::string {
         std::vector<float> v(64, 1.0f);
         for (int i = 0; i < 3; ++i)
