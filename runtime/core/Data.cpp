@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace fsdp {
 
@@ -147,31 +148,81 @@ private:
   std::vector<uint16_t> tokens;
 };
 
-Status readTokenFile(const std::string &path, std::vector<uint16_t> &tokens) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return FSDP_ERROR("cannot open data file '", path, "'");
-  int32_t header[256];
-  if (!in.read(reinterpret_cast<char *>(header), sizeof(header)))
-    return FSDP_ERROR(path, ": too short for a token file header (1024 bytes)");
-  if (header[0] != kTokenMagic)
-    return FSDP_ERROR(path, ": bad magic ", header[0], " (expected ", kTokenMagic,
-                      ": an llm.c token file)");
-  if (header[1] != kTokenVersion)
-    return FSDP_ERROR(path, ": unsupported token file version ", header[1]);
-  int64_t n = header[2];
-  if (n < 0)
-    return FSDP_ERROR(path, ": negative token count");
-  tokens.resize(n);
-  if (!in.read(reinterpret_cast<char *>(tokens.data()), n * 2))
-    return FSDP_ERROR(path, ": truncated: the header announces ", n, " tokens");
+/// Sizes the sources divide by and write: a batch of at least one row,
+/// every dimension positive, whole buffers inside their byte size.
+Status checkDataBuffers(const Buffer &bx, const Buffer &by) {
+  for (const auto *p : {&bx, &by}) {
+    int64_t numel = 1;
+    for (int64_t d : p->shape) {
+      if (d <= 0)
+        return FSDP_ERROR("input and target need a positive size in every "
+                          "dimension, found ", d, " in buffer ", p->name);
+      if (__builtin_mul_overflow(numel, d, &numel))
+        return FSDP_ERROR("buffer ", p->name, ": element count overflows");
+    }
+    int64_t need;
+    if (__builtin_mul_overflow(numel, dtypeSize(p->dtype), &need) || need > p->bytes)
+      return FSDP_ERROR("buffer ", p->name, ": ", numel, " elements of ",
+                        dtypeName(p->dtype), " do not fit its ", p->bytes, " bytes");
+  }
   return Status::ok();
 }
 
 } // namespace
 
+Status parseTokenFile(const std::string &name, const std::string &bytes,
+                      std::vector<uint16_t> &tokens) {
+  constexpr size_t kHeader = 256 * sizeof(int32_t);
+  if (bytes.size() < kHeader)
+    return FSDP_ERROR(name, ": too short for a token file header (", bytes.size(),
+                      " of 1024 bytes)");
+  auto word = [&](int i) { // little-endian int32 whatever the host
+    uint32_t v = 0;
+    for (int b = 3; b >= 0; --b)
+      v = (v << 8) | (uint8_t)bytes[4 * i + b];
+    return (int32_t)v;
+  };
+  if (word(0) != kTokenMagic)
+    return FSDP_ERROR(name, ": bad magic ", word(0), " (expected ", kTokenMagic,
+                      ": an llm.c token file)");
+  if (word(1) != kTokenVersion)
+    return FSDP_ERROR(name, ": unsupported token file version ", word(1),
+                      " (expected ", kTokenVersion, ": uint16 tokens)");
+  int64_t n = word(2);
+  if (n < 0)
+    return FSDP_ERROR(name, ": header token count ", n, " is negative");
+  // Checked against the size before anything is allocated, as llm.c does.
+  uint64_t expect = kHeader + 2 * (uint64_t)n;
+  if (bytes.size() < expect)
+    return FSDP_ERROR(name, ": truncated: the header announces ", n, " tokens (",
+                      expect, " bytes), the file has ", bytes.size(), " bytes");
+  if (bytes.size() > expect)
+    return FSDP_ERROR(name, ": ", bytes.size() - expect, " bytes after the ", n,
+                      " tokens the header announces (expected a file of ",
+                      expect, " bytes)");
+  tokens.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i)
+    tokens[i] = (uint16_t)((uint8_t)bytes[kHeader + 2 * i] |
+                           ((uint8_t)bytes[kHeader + 2 * i + 1] << 8));
+  return Status::ok();
+}
+
+Status readTokenFile(const std::string &path, std::vector<uint16_t> &tokens) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return FSDP_ERROR("cannot open data file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad())
+    return FSDP_ERROR("cannot read data file '", path, "'");
+  return parseTokenFile(path, ss.str(), tokens);
+}
+
 Status writeTokenFile(const std::string &path,
                       const std::vector<uint16_t> &tokens) {
+  if (tokens.size() > (size_t)INT32_MAX)
+    return FSDP_ERROR(path, ": ", tokens.size(), " tokens do not fit a token "
+                      "file (at most ", INT32_MAX, ")");
   int32_t header[256] = {};
   header[0] = kTokenMagic;
   header[1] = kTokenVersion;
@@ -193,8 +244,13 @@ Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
     return FSDP_ERROR("input and target must share a leading batch dimension, "
                       "found shapes of ", bx.shape.size(), " and ",
                       by.shape.size(), " dimensions");
+  FSDP_RETURN_IF_ERROR(checkDataBuffers(bx, by));
   bool tokens = isIntBuffer(bx) && isIntBuffer(by) && bx.shape == by.shape &&
                 bx.shape.size() == 2;
+  if (tokens && (x->range < 1 || y->range < 1))
+    return FSDP_ERROR("token inputs need a vocabulary: the bindings ", x->name,
+                      " and ", y->name, " have range ", x->range, " and ",
+                      y->range, " (expected >= 1)");
   if (spec == "synthetic") {
     if (tokens) {
       out = std::make_unique<SyntheticTokens>(plan, *x, *y, rank, seed);
@@ -214,9 +270,31 @@ Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
                       "integer [B, T] tensors");
   std::vector<uint16_t> toks;
   FSDP_RETURN_IF_ERROR(readTokenFile(spec, toks));
+  return makeTokenDataSource(spec, std::move(toks), plan, rank, world, out);
+}
+
+Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> toks,
+                           const Plan &plan, int64_t rank, int64_t world,
+                           std::unique_ptr<DataSource> &out) {
+  const Binding *x = findRole(plan, "input"), *y = findRole(plan, "target");
+  if (!x || !y)
+    return FSDP_ERROR("the plan needs exactly one input and one target binding "
+                      "for fsdp-run's data sources");
+  const Buffer &bx = plan.buffers[x->buffer], &by = plan.buffers[y->buffer];
+  FSDP_RETURN_IF_ERROR(checkDataBuffers(bx, by));
+  if (!(isIntBuffer(bx) && isIntBuffer(by) && bx.shape == by.shape &&
+        bx.shape.size() == 2))
+    return FSDP_ERROR("a token file feeds models whose input and target are "
+                      "integer [B, T] tensors");
+  if (x->range < 1 || y->range < 1)
+    return FSDP_ERROR("token inputs need a vocabulary: the bindings ", x->name,
+                      " and ", y->name, " have range ", x->range, " and ",
+                      y->range, " (expected >= 1)");
+  if (rank < 0 || world < 1 || rank >= world)
+    return FSDP_ERROR("rank ", rank, " is outside a world of ", world);
   int64_t T = bx.shape[1];
   if ((int64_t)toks.size() < T + 1)
-    return FSDP_ERROR(spec, ": ", toks.size(), " tokens are fewer than one "
+    return FSDP_ERROR(name, ": ", toks.size(), " tokens are fewer than one "
                       "window of ", T + 1);
   out = std::make_unique<TokenFile>(plan, *x, *y, rank, world, std::move(toks));
   return Status::ok();

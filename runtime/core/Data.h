@@ -38,6 +38,21 @@ Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
                       int64_t world, uint64_t seed,
                       std::unique_ptr<DataSource> &out);
 
+/// The token-file source on tokens already read (`name` for messages);
+/// makeDataSource's file path ends here. Checks the plan's input / target
+/// shapes itself.
+Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> tokens,
+                           const Plan &plan, int64_t rank, int64_t world,
+                           std::unique_ptr<DataSource> &out);
+
+/// Reads a token file in llm.c's format: 256 little-endian int32 (magic
+/// 20240520, version 1, token count), then exactly that many little-endian
+/// uint16 tokens. `name` is used in messages; the count is checked against
+/// the size before anything is allocated.
+Status parseTokenFile(const std::string &name, const std::string &bytes,
+                      std::vector<uint16_t> &tokens);
+Status readTokenFile(const std::string &path, std::vector<uint16_t> &tokens);
+
 /// Writes a token file in llm.c's format (used by tests and tools).
 Status writeTokenFile(const std::string &path,
                       const std::vector<uint16_t> &tokens);

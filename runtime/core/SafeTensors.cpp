@@ -2,7 +2,9 @@
 
 #include "runtime/core/SafeTensors.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <tuple>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
@@ -98,46 +100,128 @@ Status readSafeTensors(const std::string &path, TensorMap &tensors) {
     return FSDP_ERROR("cannot open '", path, "'");
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string bytes = ss.str();
+  if (in.bad())
+    return FSDP_ERROR("cannot read '", path, "'");
+  return parseSafeTensors(path, ss.str(), tensors);
+}
+
+Status parseSafeTensors(const std::string &path, const std::string &bytes,
+                        TensorMap &tensors) {
   if (bytes.size() < 8)
-    return FSDP_ERROR(path, ": truncated safetensors file (no header)");
-  uint64_t len;
-  std::memcpy(&len, bytes.data(), 8);
+    return FSDP_ERROR(path, ": truncated safetensors file (", bytes.size(),
+                      " bytes: no 8-byte header length)");
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) // little-endian whatever the host
+    len = (len << 8) | (uint8_t)bytes[i];
   if (len > bytes.size() - 8)
-    return FSDP_ERROR(path, ": truncated safetensors file (header of ", len,
+    return FSDP_ERROR(path, ": truncated safetensors file (header length ", len,
                       " bytes, file of ", bytes.size(), ")");
+  if (len > kMaxSafeTensorsHeader)
+    return FSDP_ERROR(path, ": safetensors header length ", len,
+                      " exceeds the limit of ", kMaxSafeTensorsHeader, " bytes");
+  if (len < 2)
+    return FSDP_ERROR(path, ": safetensors header length ", len,
+                      " is too short for a JSON object");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.substr(8, len));
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + len);
   } catch (const std::exception &e) {
-    return FSDP_ERROR(path, ": corrupt safetensors header: ", e.what());
+    return FSDP_ERROR(path, ": corrupt safetensors header (not valid JSON): ",
+                      e.what());
   }
-  size_t dataStart = 8 + len, dataSize = bytes.size() - dataStart;
-  try {
-    for (auto &[name, v] : header.items()) {
-      if (name == "__metadata__")
-        continue;
-      Tensor t;
-      if (!stParse(v.at("dtype").get<std::string>(), t.dtype))
-        return FSDP_ERROR(path, ": tensor ", name, " has unsupported dtype ",
-                          v.at("dtype").dump());
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto offs = v.at("data_offsets").get<std::vector<int64_t>>();
-      int64_t n = dtypeSize(t.dtype);
-      for (int64_t d : t.shape)
-        n *= d;
-      if (offs.size() != 2 || offs[0] < 0 || offs[1] < offs[0] ||
-          (size_t)offs[1] > dataSize || offs[1] - offs[0] != n)
-        return FSDP_ERROR(path, ": tensor ", name,
-                          " has data offsets outside the file or of the wrong "
-                          "size (truncated file?)");
-      t.data.assign(bytes.begin() + dataStart + offs[0],
-                    bytes.begin() + dataStart + offs[1]);
-      tensors[name] = std::move(t);
+  if (!header.is_object())
+    return FSDP_ERROR(path, ": safetensors header: expected a JSON object, found ",
+                      header.type_name());
+  const uint64_t dataStart = 8 + len, dataSize = bytes.size() - dataStart;
+  // [begin, end, name] of every tensor, to reject overlapping ranges.
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
+  TensorMap out;
+  for (auto &item : header.items()) {
+    const std::string &name = item.key();
+    const nlohmann::json &v = item.value();
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        return FSDP_ERROR(path, ": __metadata__: expected an object, found ",
+                          v.type_name());
+      continue;
     }
-  } catch (const std::exception &e) {
-    return FSDP_ERROR(path, ": corrupt safetensors header: ", e.what());
+    std::string where = path + ": tensor '" + name + "'";
+    if (!v.is_object())
+      return FSDP_ERROR(where, ": expected an object, found ", v.type_name());
+    auto field = [&](const char *key, const nlohmann::json *&f) -> Status {
+      auto it = v.find(key);
+      if (it == v.end())
+        return FSDP_ERROR(where, ": missing field '", key, "'");
+      f = &*it;
+      return Status::ok();
+    };
+    const nlohmann::json *dt = nullptr, *shape = nullptr, *offs = nullptr;
+    FSDP_RETURN_IF_ERROR(field("dtype", dt));
+    FSDP_RETURN_IF_ERROR(field("shape", shape));
+    FSDP_RETURN_IF_ERROR(field("data_offsets", offs));
+    Tensor t;
+    if (!dt->is_string() || !stParse(dt->get<std::string>(), t.dtype))
+      return FSDP_ERROR(where, ": dtype: unsupported ", dt->dump(),
+                        " (expected F32, BF16, F16, I32 or I64)");
+    if (!shape->is_array())
+      return FSDP_ERROR(where, ": shape: expected an array, found ",
+                        shape->type_name());
+    // Bytes the shape needs, without overflow: every dimension a
+    // non-negative integer, the product bounded by the data section.
+    uint64_t need = (uint64_t)dtypeSize(t.dtype);
+    bool tooBig = false;
+    for (size_t d = 0; d < shape->size(); ++d) {
+      const nlohmann::json &x = (*shape)[d];
+      if (!x.is_number_unsigned()) // integers >= 0 parse as unsigned
+        return FSDP_ERROR(where, ": shape[", d, "]: expected a non-negative "
+                          "integer, found ", x.dump());
+      uint64_t dim = x.get<uint64_t>();
+      if (dim > (uint64_t)INT64_MAX)
+        return FSDP_ERROR(where, ": shape[", d, "]: ", dim, " is too large");
+      t.shape.push_back((int64_t)dim);
+      if (dim == 0)
+        need = 0;
+      else if (need != 0 && need > dataSize / dim)
+        tooBig = true; // keep checking the other dimensions' types
+      else
+        need *= dim;
+    }
+    if (tooBig && need != 0)
+      return FSDP_ERROR(where, ": shape ", shape->dump(), " of ", dt->dump(),
+                        " needs more than the ", dataSize, " bytes of the "
+                        "file's data section (truncated file?)");
+    if (!offs->is_array() || offs->size() != 2)
+      return FSDP_ERROR(where, ": data_offsets: expected [begin, end], found ",
+                        offs->dump());
+    uint64_t be[2];
+    for (int k = 0; k < 2; ++k) {
+      const nlohmann::json &x = (*offs)[k];
+      if (!x.is_number_unsigned())
+        return FSDP_ERROR(where, ": data_offsets[", k, "]: expected a "
+                          "non-negative integer, found ", x.dump());
+      be[k] = x.get<uint64_t>();
+    }
+    if (be[0] > be[1])
+      return FSDP_ERROR(where, ": data_offsets: begin ", be[0], " exceeds end ",
+                        be[1]);
+    if (be[1] > dataSize)
+      return FSDP_ERROR(where, ": data_offsets: end ", be[1], " is past the data "
+                        "section of ", dataSize, " bytes (truncated file?)");
+    if (be[1] - be[0] != need)
+      return FSDP_ERROR(where, ": data_offsets: ", be[1] - be[0], " bytes, but "
+                        "shape ", shape->dump(), " of ", dt->dump(), " needs ", need);
+    t.data.assign(bytes.begin() + (std::ptrdiff_t)(dataStart + be[0]),
+                  bytes.begin() + (std::ptrdiff_t)(dataStart + be[1]));
+    ranges.emplace_back(be[0], be[1], name);
+    out[name] = std::move(t);
   }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (std::get<0>(ranges[i]) < std::get<1>(ranges[i - 1]))
+      return FSDP_ERROR(path, ": tensors '", std::get<2>(ranges[i - 1]), "' and '",
+                        std::get<2>(ranges[i]), "': data_offsets overlap");
+  for (auto &[name, t] : out)
+    tensors[name] = std::move(t);
   return Status::ok();
 }
 
