@@ -34,3 +34,8 @@ ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 3000
 # on plans compiled by the build above (docs/RELIABILITY.md).
 bash scripts/sanitize-check.sh build/bin/fsdp-opt
 
+
+# libFuzzer smoke runs (clang-19): each harness a short time from its seed
+# corpus (fuzz/README.md). The plan harness joins once the reproducers in
+# fuzz/crashes/ are fixed: then run `scripts/fuzz-smoke.sh` with no arguments.
+bash scripts/fuzz-smoke.sh safetensors tokens
