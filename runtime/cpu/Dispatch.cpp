@@ -231,9 +231,8 @@ Status checkWindow(const Op &op, const Buffer &big, const Buffer &small) {
   want[dim] = small.shape[dim];
   FSDP_RETURN_IF_ERROR(expectShape(op, small, want, "a window"));
   if (off < 0 || off > big.shape[dim] - small.shape[dim])
-    return FSDP_ERROR(op.inst.op, ": window [", off, ", ",
-                      off + small.shape[dim], ") is out of bounds of ",
-                      big.shape[dim]);
+    return FSDP_ERROR(op.inst.op, ": a window of ", small.shape[dim],
+                      " at offset ", off, " is out of bounds of ", big.shape[dim]);
   return Status::ok();
 }
 
