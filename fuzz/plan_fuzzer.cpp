@@ -135,14 +135,29 @@ int nesting(const uint8_t *p, size_t n) {
 
 /// Every value of the document, depth first, with its parent (null for the
 /// root) so that elements and keys can be removed.
+/// `soft` collects the values under op attributes, parameters, units and
+/// bindings: a change there more often leaves a plan that still validates,
+/// so the executor and kernels see it (a change to a buffer's offset or
+/// shape is almost always, and rightly, rejected by validation).
 void collect(json &v, json *parent, std::vector<std::pair<json *, json *>> &out,
+             std::vector<std::pair<json *, json *>> &soft, bool inSoft = false,
              int depth = 0) {
   out.emplace_back(&v, parent);
+  if (inSoft)
+    soft.emplace_back(&v, parent);
   if (depth > 64)
     return;
-  if (v.is_object() || v.is_array())
+  if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string &k = it.key();
+      bool s = inSoft || k == "attrs" || k == "params" || k == "units" ||
+               k == "inputs" || k == "outputs" || k == "states";
+      collect(*it, &v, out, soft, s, depth + 1);
+    }
+  } else if (v.is_array()) {
     for (auto &c : v)
-      collect(c, &v, out, depth + 1);
+      collect(c, &v, out, soft, inSoft, depth + 1);
+  }
 }
 
 int64_t edgeInt(std::mt19937_64 &rng, int64_t old,
@@ -185,8 +200,8 @@ json anyValue(std::mt19937_64 &rng, const std::vector<std::string> &strs) {
 }
 
 bool mutateJson(json &doc, std::mt19937_64 &rng) {
-  std::vector<std::pair<json *, json *>> nodes;
-  collect(doc, nullptr, nodes);
+  std::vector<std::pair<json *, json *>> nodes, soft;
+  collect(doc, nullptr, nodes, soft);
   std::vector<int64_t> ints;
   std::vector<std::string> strs;
   for (auto &[v, parent] : nodes) {
@@ -195,7 +210,8 @@ bool mutateJson(json &doc, std::mt19937_64 &rng) {
     else if (v->is_string() && strs.size() < 4096)
       strs.push_back(v->get<std::string>());
   }
-  auto &[v, parent] = nodes[rng() % nodes.size()];
+  auto &[v, parent] = !soft.empty() && rng() % 2 ? soft[rng() % soft.size()]
+                                                  : nodes[rng() % nodes.size()];
   switch (rng() % 10) {
   case 0: // change the type
     *v = anyValue(rng, strs);
@@ -308,8 +324,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   std::string text(reinterpret_cast<const char *>(data), size);
   Plan plan;
   ++stats.inputs;
-  if (!parsePlan(text, plan).isOk())
+  Status parsed = parsePlan(text, plan);
+  if (!parsed.isOk()) {
+    static const bool why = std::getenv("FSDP_FUZZ_WHY") != nullptr;
+    if (why) // what rejects the inputs (to tune the mutator)
+      std::fprintf(stderr, "why: %.100s\n", parsed.message().c_str());
     return 0;
+  }
   ++stats.valid;
   if (plan.arenaBytes > kMaxArena || plan.worldSize < 1 ||
       plan.worldSize > kMaxWorld || plan.program.size() > kMaxProgram)

@@ -10,6 +10,7 @@ PKGS=(
   libgloo-dev libopenblas-dev nlohmann-json3-dev            # runtime
   libgtest-dev                                              # unit tests
   python3 python3-torch                                     # test oracle
+  clang-19 libclang-rt-19-dev libomp-19-dev                 # fuzz/ (libFuzzer)
 )
 if [[ "${FSDP_RUNTIME_ONLY:-0}" == "1" ]]; then
   PKGS=(build-essential cmake ninja-build ccache git libgloo-dev
