@@ -300,6 +300,8 @@ Status validate(Plan &plan) {
     const Unit &u = plan.units[p.unit];
     if (p.flatOffset < 0 || p.flatOffset + p.numel() > u.flatNumel)
       return FSDP_ERROR("plan: parameter ", p.name, " does not fit its unit ", u.name);
+    if (p.numel() < 1)
+      return FSDP_ERROR("plan: parameter ", p.name, " has no elements");
     if (p.dtype != DType::F32)
       return FSDP_ERROR("plan: parameter ", p.name, " is ", dtypeName(p.dtype),
                         "; this runtime keeps parameters in f32");
