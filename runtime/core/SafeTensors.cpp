@@ -7,6 +7,7 @@
 #include <tuple>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fstream>
 #include <sstream>
 #include <unistd.h>
@@ -43,8 +44,16 @@ bool stParse(const std::string &s, DType &t) {
 } // namespace
 
 Status writeFileAtomic(const std::string &path, const std::string &bytes) {
+  // Only regular files are written: renaming over a FIFO, a device node or
+  // a directory would replace it (or fail late, after all the writing).
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return FSDP_ERROR("'", path, "' exists and is not a regular file; "
+                      "refusing to replace it");
   std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // O_EXCL | O_NOFOLLOW: never write through a link planted at the name.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
   if (fd < 0)
     return FSDP_ERROR("cannot create '", tmp, "': ", std::strerror(errno));
   size_t done = 0;
@@ -62,10 +71,22 @@ Status writeFileAtomic(const std::string &path, const std::string &bytes) {
     ::unlink(tmp.c_str());
     return FSDP_ERROR("cannot flush '", tmp, "'");
   }
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::unlink(tmp.c_str());
+    return FSDP_ERROR("'", path, "' exists and is not a regular file; "
+                      "refusing to replace it");
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
     return FSDP_ERROR("cannot rename '", tmp, "' to '", path, "': ", std::strerror(e));
+  }
+  // The rename is durable once the directory entry is.
+  std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
   return Status::ok();
 }

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sys/stat.h>
 
 using namespace fsdp;
 
@@ -90,6 +91,34 @@ TEST(SafeTensorsTest, RoundTripAndTruncation) {
   ASSERT_FALSE(st.isOk());
   EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
   std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, WritesOnlyRegularFiles) {
+  // A FIFO or a directory at the target is refused and left as it was
+  // (renaming over it would replace it); a regular file is replaced.
+  std::string fifo = tempPath("out.fifo"), dir = tempPath("out.dir");
+  std::remove(fifo.c_str());
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::filesystem::create_directory(dir);
+  for (const std::string &target : {fifo, dir}) {
+    Status st = writeFileAtomic(target, "data");
+    ASSERT_FALSE(st.isOk()) << target;
+    EXPECT_NE(st.message().find("not a regular file"), std::string::npos)
+        << st.message();
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  std::string file = tempPath("out.txt");
+  ASSERT_TRUE(writeFileAtomic(file, "one").isOk());
+  ASSERT_TRUE(writeFileAtomic(file, "two").isOk());
+  std::ifstream in(file);
+  std::string back;
+  in >> back;
+  EXPECT_EQ(back, "two");
+  std::remove(fifo.c_str());
+  std::remove(file.c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ScheduleTest, WarmupThenCosine) {
