@@ -3,15 +3,18 @@
 # OPENBLAS_CORETYPE unset, then Prescott (SSE3), Haswell and Zen (AVX2),
 # SkylakeX and Cooperlake (AVX-512) where the CPU has the instructions. A
 # tolerance that holds on one kernel only fails here. Needs a build
-# (scripts/test.sh makes one); usage: bash scripts/coretype-sweep.sh [BUILD_DIR]
+# (scripts/test.sh makes one; it runs this sweep after its own ctest, with
+# --skip-unset). usage: bash scripts/coretype-sweep.sh [BUILD_DIR] [--skip-unset]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
+skip_unset="${2:-}"
 JOBS="${JOBS:-$(nproc)}"
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 has() { [[ " $flags " == *" $1 "* ]]; }
 
 types=(unset Prescott)
+[ "$skip_unset" = --skip-unset ] && types=(Prescott)
 has avx2 && types+=(Haswell Zen)
 has avx512f && has avx512bw && has avx512vl && types+=(SkylakeX)
 has avx512_bf16 && types+=(Cooperlake)
@@ -27,6 +30,7 @@ for t in "${types[@]}"; do
       --timeout 3000 --output-on-failure > "$build/sweep-$t.log" 2>&1 || failed+=("$t")
   fi
   tail -n 3 "$build/sweep-$t.log"
+  [[ " ${failed[*]:-} " == *" $t "* ]] && grep -E "Failed|FAIL|\*\*\*" "$build/sweep-$t.log" | head -40
 done
 skipped=()
 for t in Haswell Zen SkylakeX Cooperlake; do
