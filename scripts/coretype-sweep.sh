@@ -30,7 +30,9 @@ for t in "${types[@]}"; do
       --timeout 3000 --output-on-failure > "$build/sweep-$t.log" 2>&1 || failed+=("$t")
   fi
   tail -n 3 "$build/sweep-$t.log"
-  [[ " ${failed[*]:-} " == *" $t "* ]] && grep -E "Failed|FAIL|\*\*\*" "$build/sweep-$t.log" | head -40
+  if [[ " ${failed[*]:-} " == *" $t "* ]]; then
+    grep -E "Failed|FAIL|\*\*\*" "$build/sweep-$t.log" | head -40 || true
+  fi
 done
 skipped=()
 for t in Haswell Zen SkylakeX Cooperlake; do
