@@ -2,6 +2,7 @@
 
 #include "runtime/core/Trainer.h"
 
+#include "runtime/core/Checkpoint.h"
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
 #include "runtime/core/SafeTensors.h"
@@ -44,6 +45,15 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        oracle (small models: it keeps every step in memory)
   --init-from FILE     start from the parameters in a .safetensors file
   --save FILE          write the final parameters (consolidated) as .safetensors
+  --ckpt-dir DIR       write sharded training-state checkpoints (parameters,
+                       optimizer state, step, schedule, data position) under
+                       DIR/step-NNNNNNNN/, at the last step and every
+                       --save-every steps (docs/CHECKPOINTS.md)
+  --save-every K       checkpoint every K steps (needs --ckpt-dir)
+  --keep M             keep the newest M checkpoints (default 0: all)
+  --resume DIR         continue from the newest complete checkpoint in DIR
+                       (or that checkpoint directory): bitwise the run that
+                       was not interrupted, with the same plan and --steps
   --json               one JSON object per step instead of the human line
   --quiet              only the summary
   --gradcheck K        plans compiled with optimizer=none: compare K sampled
@@ -75,7 +85,9 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
                                  "--warmup",    "--min-lr",    "--seed",
                                  "--data",      "--threads",   "--log-every",
                                  "--dump-dir",  "--init-from", "--save",
-                                 "--gradcheck", "--gradcheck-tol"};
+                                 "--gradcheck", "--gradcheck-tol",
+                                 "--ckpt-dir",  "--save-every", "--keep",
+                                 "--resume"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -145,6 +157,18 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.initFrom = v;
     } else if (a == "--save") {
       opt.save = v;
+    } else if (a == "--ckpt-dir") {
+      opt.ckptDir = v;
+    } else if (a == "--save-every") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.saveEvery = iv;
+    } else if (a == "--keep") {
+      if (!toInt(v, iv) || iv < 0)
+        return badValue();
+      opt.keep = iv;
+    } else if (a == "--resume") {
+      opt.resume = v;
     } else if (a == "--gradcheck") {
       if (!toInt(v, iv) || iv < 1)
         return badValue();
@@ -157,6 +181,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
   }
   if (opt.planPath.empty())
     return FSDP_ERROR("no plan file given");
+  if (opt.saveEvery > 0 && opt.ckptDir.empty())
+    return FSDP_ERROR("--save-every needs --ckpt-dir");
+  if (!opt.resume.empty() && !opt.initFrom.empty())
+    return FSDP_ERROR("--resume and --init-from both set the parameters: pick one");
   if (opt.schedule == "cosine" && opt.minLr > opt.lr)
     return FSDP_ERROR("--min-lr (", opt.minLr, ") exceeds --lr (", opt.lr, ")");
   return Status::ok();
@@ -360,6 +388,36 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     FSDP_RETURN_IF_ERROR(readSafeTensors(opt.initFrom, init));
     FSDP_RETURN_IF_ERROR(ex.loadParams(init));
   }
+  // The schedule and data a checkpoint records, to resume exactly.
+  nlohmann::json schedule = {{"lr", opt.lr}, {"schedule", opt.schedule},
+                             {"warmup", opt.warmup}, {"min_lr", opt.minLr},
+                             {"steps", opt.steps}};
+  int64_t firstStep = 1;
+  if (!opt.resume.empty()) {
+    std::string path;
+    FSDP_RETURN_IF_ERROR(latestCheckpoint(opt.resume, path));
+    TrainingPosition pos;
+    FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, ex, comm.rank(), pos));
+    if (pos.step >= opt.steps)
+      return FSDP_ERROR("--resume: the checkpoint '", path, "' is at step ", pos.step,
+                        ", not before --steps ", opt.steps, ": nothing to run");
+    if (root && !opt.quiet && !opt.json)
+      std::printf("resuming from %s (step %lld)\n", path.c_str(), (long long)pos.step);
+    // Another schedule, seed or data source is allowed (fine-tuning on),
+    // but then the run is not the one that was interrupted: say so.
+    // --steps may grow on resume; it shapes the constant schedule not at all.
+    nlohmann::json was = pos.schedule, now = schedule;
+    if (opt.schedule == "constant" && was.is_object()) {
+      was.erase("steps");
+      now.erase("steps");
+    }
+    if (root && (was != now || pos.seed != opt.seed || pos.data != opt.data))
+      std::fprintf(stderr, "fsdp-run: note: the checkpoint was written with another "
+                           "schedule, seed or data source (%s); continuing with this "
+                           "run's\n",
+                   pos.schedule.dump().c_str());
+    firstStep = pos.step + 1;
+  }
   std::unique_ptr<DataSource> data;
   FSDP_RETURN_IF_ERROR(makeDataSource(opt.data, plan, comm.rank(), comm.size(),
                                       opt.seed, data));
@@ -395,7 +453,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     killRank = std::atoll(r);
   if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
     killStep = std::atoll(k);
-  for (int64_t s = 1; s <= opt.steps; ++s) {
+  for (int64_t s = firstStep; s <= opt.steps; ++s) {
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
     double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
@@ -423,14 +481,19 @@ Status train(const TrainOptions &opt, Communicator &comm) {
       for (auto &kv : now)
         trajectory["step" + std::to_string(s) + "." + kv.first] = std::move(kv.second);
     }
+    if (!opt.ckptDir.empty() &&
+        (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
+      TrainingPosition pos{s, opt.seed, schedule, opt.data};
+      FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, ex, comm, pos));
+    }
     losses.push_back(loss);
     lrs.push_back(lr);
     times.push_back(ms);
-    if (s > 1)
+    if (s > firstStep)
       totalMs += ms;
     if (!root)
       continue;
-    bool print = !opt.quiet && (s % opt.logEvery == 0 || s == 1 || s == opt.steps);
+    bool print = !opt.quiet && (s % opt.logEvery == 0 || s == firstStep || s == opt.steps);
     if (opt.json) {
       nlohmann::json j = {{"step", s}, {"loss", loss}, {"lr", lr}, {"ms", ms},
                           {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
@@ -487,7 +550,8 @@ Status train(const TrainOptions &opt, Communicator &comm) {
                                             {{"format", "pt"}, {"producer", "fsdp-run"}}));
   }
   if (root) {
-    double mean = opt.steps > 1 ? totalMs / (opt.steps - 1) : times[0];
+    int64_t ran = (int64_t)times.size();
+    double mean = ran > 1 ? totalMs / (ran - 1) : times[0];
     auto verdict = [](int64_t a, int64_t b) { return a == b ? "MATCH" : "MISMATCH"; };
     if (opt.json) {
       nlohmann::json j = {{"summary", true}, {"steps", opt.steps},

@@ -32,6 +32,10 @@ struct TrainOptions {
   std::string save;
   bool json = false;
   bool quiet = false;
+  std::string ckptDir;    ///< --ckpt-dir: where checkpoints go
+  int64_t saveEvery = 0;  ///< --save-every K (0: only --ckpt-dir's final one)
+  int64_t keep = 0;       ///< --keep M newest checkpoints (0: all)
+  std::string resume;     ///< --resume DIR: latest complete checkpoint there
   int64_t gradcheck = 0; ///< elements sampled per parameter; 0 = off
   double gradcheckTol = 2e-2;
 };

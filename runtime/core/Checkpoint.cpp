@@ -1,0 +1,398 @@
+//===- Checkpoint.cpp - sharded training-state checkpoints ----------------===//
+//
+// [Note: what a checkpoint holds] A step reads the persistent buffers the
+// previous step wrote and nothing else: parameter storage (a unit's shard,
+// its whole flat buffer, or a parameter's own buffer) and optimizer state.
+// Inputs are refilled every step from the step number (synthetic data and
+// token files both index by step), and transient buffers are written before
+// they are read within a step. So saving every persistent buffer that is
+// not an input, byte for byte, and the step number makes a resumed run
+// bitwise identical to an uninterrupted one on the same plan and machine.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace fsdp {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char *kCommitFile = "COMMIT";
+constexpr const char *kIndexFile = "index.json";
+
+std::string stepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", (long long)step);
+  return buf;
+}
+
+std::string rankFileName(int64_t rank, int64_t world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05lld-of-%05lld.safetensors", (long long)rank,
+                (long long)world);
+  return buf;
+}
+
+/// The buffers a checkpoint holds: see [Note: what a checkpoint holds].
+std::vector<int64_t> savedBuffers(const Plan &plan) {
+  std::vector<int64_t> ids;
+  for (const Buffer &b : plan.buffers)
+    if (b.persistent && b.aliasOf < 0 && b.kind != BufferKind::Input && b.bytes > 0)
+      ids.push_back(b.id);
+  return ids;
+}
+
+std::string tensorName(const Buffer &b) {
+  return "b" + std::to_string(b.id) + "." + b.name;
+}
+
+Status makeDirs(const std::string &dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return FSDP_ERROR("cannot create checkpoint directory '", dir, "': ", ec.message());
+  return Status::ok();
+}
+
+/// Fault injection for the killed-during-save test: FSDP_FAULT_KILL_RANK=r
+/// and FSDP_FAULT_KILL_SAVE_STEP=s make rank r die after writing its file of
+/// the step-s checkpoint, before the commit.
+void maybeDieDuringSave(int64_t rank, int64_t step) {
+  const char *r = std::getenv("FSDP_FAULT_KILL_RANK");
+  const char *s = std::getenv("FSDP_FAULT_KILL_SAVE_STEP");
+  if (r && s && std::atoll(r) == rank && std::atoll(s) == step)
+    std::raise(SIGKILL);
+}
+
+json shardMap(const Plan &plan) {
+  json buffers = json::array(), units = json::array(), params = json::array();
+  for (int64_t id : savedBuffers(plan)) {
+    const Buffer &b = plan.buffers[id];
+    buffers.push_back({{"id", b.id},
+                       {"name", b.name},
+                       {"tensor", tensorName(b)},
+                       {"kind", bufferKindName(b.kind)},
+                       {"dtype", dtypeName(b.dtype)},
+                       {"shape", b.shape},
+                       {"bytes", b.bytes}});
+  }
+  for (const Unit &u : plan.units)
+    units.push_back({{"name", u.name},
+                     {"buffer", u.buffer},
+                     {"sharded", u.sharded},
+                     {"flat_numel", u.flatNumel},
+                     {"padded_numel", u.paddedNumel},
+                     {"shard_numel", u.shardNumel}});
+  for (const Param &p : plan.params)
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"dtype", dtypeName(p.dtype)},
+                      {"unit", p.unit},
+                      {"flat_offset", p.flatOffset},
+                      {"buffer", p.buffer}});
+  return {{"buffers", buffers}, {"units", units}, {"params", params}};
+}
+
+} // namespace
+
+Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
+                      Executor &ex, Communicator &comm,
+                      const TrainingPosition &position) {
+  std::string path = dir + "/" + stepDirName(position.step);
+  if (comm.rank() == 0) {
+    // A leftover of a save that died (no COMMIT) is replaced.
+    std::error_code ec;
+    if (fs::exists(path, ec) && !fs::exists(path + "/" + kCommitFile, ec))
+      fs::remove_all(path, ec);
+    FSDP_RETURN_IF_ERROR(makeDirs(path));
+  }
+  // Every rank needs the directory before writing into it.
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+  TensorMap mine;
+  for (int64_t id : savedBuffers(plan)) {
+    const Buffer &b = plan.buffers[id];
+    Tensor t;
+    t.dtype = b.dtype;
+    t.shape = b.shape;
+    t.data.assign(ex.address(id), ex.address(id) + b.bytes);
+    mine[tensorName(b)] = std::move(t);
+  }
+  FSDP_RETURN_IF_ERROR(writeSafeTensors(
+      path + "/" + rankFileName(comm.rank(), comm.size()), mine,
+      {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(position.step)}}));
+  maybeDieDuringSave(comm.rank(), position.step);
+  // [Note: commit] Every rank's file is renamed into place (and fsynced)
+  // before the barrier; only then does rank 0 write the index and COMMIT.
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+  if (comm.rank() != 0)
+    return Status::ok();
+  json files = json::array();
+  for (int64_t r = 0; r < comm.size(); ++r)
+    files.push_back(rankFileName(r, comm.size()));
+  json index = {{"format", "fsdp-checkpoint"},
+                {"version", kCheckpointVersion},
+                {"model", plan.model},
+                {"world_size", plan.worldSize},
+                {"stage", plan.stage},
+                {"step", position.step},
+                {"seed", std::to_string(position.seed)},
+                {"schedule", position.schedule},
+                {"data", {{"spec", position.data}, {"next_step", position.step + 1}}},
+                {"files", files},
+                {"shard_map", shardMap(plan)}};
+  FSDP_RETURN_IF_ERROR(writeFileAtomic(path + "/" + kIndexFile, index.dump(1)));
+  FSDP_RETURN_IF_ERROR(writeFileAtomic(path + "/" + kCommitFile,
+                                       std::to_string(position.step) + "\n"));
+  // Retention: the newest `keep` committed checkpoints stay; older ones and
+  // uncommitted leftovers older than this one go.
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto &e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    long long s;
+    char tail;
+    if (!e.is_directory() || std::sscanf(name.c_str(), "step-%lld%c", &s, &tail) != 1)
+      continue;
+    bool committed = fs::exists(e.path() / kCommitFile);
+    if (!committed && s < position.step)
+      fs::remove_all(e.path(), ec);
+    else if (committed)
+      found.push_back({s, e.path().string()});
+  }
+  std::sort(found.rbegin(), found.rend());
+  if (keep > 0)
+    for (size_t i = (size_t)keep; i < found.size(); ++i)
+      fs::remove_all(found[i].second, ec);
+  return Status::ok();
+}
+
+Status latestCheckpoint(const std::string &dir, std::string &path) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return FSDP_ERROR("--resume: '", dir, "' is not a directory");
+  if (fs::exists(fs::path(dir) / kCommitFile, ec)) {
+    path = dir;
+    return Status::ok();
+  }
+  int64_t best = -1;
+  for (const auto &e : fs::directory_iterator(dir, ec)) {
+    long long s;
+    char tail;
+    std::string name = e.path().filename().string();
+    if (e.is_directory() && std::sscanf(name.c_str(), "step-%lld%c", &s, &tail) == 1 &&
+        fs::exists(e.path() / kCommitFile) && s > best) {
+      best = s;
+      path = e.path().string();
+    }
+  }
+  if (best < 0)
+    return FSDP_ERROR("--resume: no complete checkpoint in '", dir,
+                      "' (a checkpoint is complete once its COMMIT file exists)");
+  return Status::ok();
+}
+
+Status readCheckpointIndex(const std::string &path, json &index) {
+  std::string file = path + "/" + kIndexFile;
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    return FSDP_ERROR("checkpoint '", path, "' has no ", kIndexFile);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    index = json::parse(ss.str());
+  } catch (const std::exception &e) {
+    return FSDP_ERROR(file, ": not valid JSON: ", e.what());
+  }
+  // Shape of the index, checked once so readers below can trust it.
+  auto bad = [&](const char *what) {
+    return FSDP_ERROR(file, ": ", what, " (not an index written by fsdp-run?)");
+  };
+  if (!index.is_object() || index.value("format", json()) != "fsdp-checkpoint")
+    return bad("format is not \"fsdp-checkpoint\"");
+  if (!index["version"].is_number_integer() || index["version"] != kCheckpointVersion)
+    return bad("unsupported version");
+  for (const char *k : {"world_size", "stage", "step"})
+    if (!index[k].is_number_integer() || index[k].get<int64_t>() < 0)
+      return bad((std::string("bad ") + k).c_str());
+  if (index["world_size"].get<int64_t>() < 1 || index["world_size"].get<int64_t>() > (1 << 16))
+    return bad("bad world_size");
+  json &files = index["files"];
+  if (!files.is_array() || (int64_t)files.size() != index["world_size"].get<int64_t>())
+    return bad("files must list one file per rank");
+  for (const json &f : files)
+    if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos)
+      return bad("bad file name");
+  json &map = index["shard_map"];
+  if (!map.is_object() || !map["buffers"].is_array() || !map["units"].is_array() ||
+      !map["params"].is_array())
+    return bad("bad shard_map");
+  try {
+    for (const json &b : map["buffers"]) {
+      (void)b.at("id").get<int64_t>();
+      (void)b.at("name").get<std::string>();
+      (void)b.at("tensor").get<std::string>();
+      (void)b.at("bytes").get<int64_t>();
+      (void)b.at("dtype").get<std::string>();
+    }
+    for (const json &u : map["units"]) {
+      (void)u.at("buffer").get<int64_t>();
+      (void)u.at("sharded").get<bool>();
+      (void)u.at("padded_numel").get<int64_t>();
+      (void)u.at("shard_numel").get<int64_t>();
+    }
+    for (const json &p : map["params"]) {
+      (void)p.at("name").get<std::string>();
+      (void)p.at("shape").get<std::vector<int64_t>>();
+      (void)p.at("unit").get<int64_t>();
+      (void)p.at("flat_offset").get<int64_t>();
+      (void)p.at("buffer").get<int64_t>();
+    }
+  } catch (const std::exception &e) {
+    return FSDP_ERROR(file, ": bad shard_map entry: ", e.what());
+  }
+  return Status::ok();
+}
+
+Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
+                      int64_t rank, TrainingPosition &position) {
+  json index;
+  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
+  int64_t world = index["world_size"], stage = index["stage"];
+  if (world != plan.worldSize || stage != plan.stage)
+    return FSDP_ERROR("checkpoint '", path, "' was written for ", world,
+                      " rank(s) at stage ", stage, "; this plan is for ",
+                      plan.worldSize, " rank(s) at stage ", plan.stage,
+                      " (reshard it offline, or resume with the plan it was written for)");
+  // The same buffers, by id, name, size and dtype: another model or another
+  // compilation of it is refused before any byte is loaded.
+  std::vector<int64_t> ids = savedBuffers(plan);
+  const json &saved = index["shard_map"]["buffers"];
+  if (saved.size() != ids.size())
+    return FSDP_ERROR("checkpoint '", path, "' holds ", saved.size(),
+                      " buffers per rank; this plan has ", ids.size(),
+                      ": it was written for another model or plan");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Buffer &b = plan.buffers[ids[i]];
+    if (saved[i]["id"] != b.id || saved[i]["name"] != b.name ||
+        saved[i]["bytes"] != b.bytes || saved[i]["dtype"] != dtypeName(b.dtype))
+      return FSDP_ERROR("checkpoint '", path, "': buffer ", b.id, " (", b.name,
+                        ") differs from the plan's: it was written for another "
+                        "model or plan");
+  }
+  std::string file = path + "/" + index["files"][rank].get<std::string>();
+  TensorMap tensors;
+  FSDP_RETURN_IF_ERROR(readSafeTensors(file, tensors));
+  for (int64_t id : ids) {
+    const Buffer &b = plan.buffers[id];
+    auto it = tensors.find(tensorName(b));
+    if (it == tensors.end())
+      return FSDP_ERROR(file, ": no tensor '", tensorName(b), "'");
+    if (it->second.dtype != b.dtype || (int64_t)it->second.data.size() != b.bytes)
+      return FSDP_ERROR(file, ": tensor '", tensorName(b), "' has ",
+                        it->second.data.size(), " bytes of ", dtypeName(it->second.dtype),
+                        ", the plan's buffer ", b.bytes, " bytes of ", dtypeName(b.dtype));
+    std::memcpy(ex.address(id), it->second.data.data(), b.bytes);
+  }
+  position.step = index["step"];
+  position.schedule = index["schedule"];
+  const json &seed = index["seed"];
+  position.seed = seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
+  json &data = index["data"];
+  position.data = data.is_object() && data.contains("spec") && data["spec"].is_string()
+                      ? data["spec"].get<std::string>()
+                      : "";
+  return Status::ok();
+}
+
+Status exportCheckpoint(const std::string &path, TensorMap &params) {
+  json index;
+  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
+  int64_t world = index["world_size"];
+  const json &map = index["shard_map"];
+  // Rank files are read lazily: only those holding a needed shard.
+  std::vector<TensorMap> ranks(world);
+  std::vector<bool> loaded(world, false);
+  auto rankTensors = [&](int64_t r, TensorMap *&out) -> Status {
+    if (!loaded[r]) {
+      FSDP_RETURN_IF_ERROR(
+          readSafeTensors(path + "/" + index["files"][r].get<std::string>(), ranks[r]));
+      loaded[r] = true;
+    }
+    out = &ranks[r];
+    return Status::ok();
+  };
+  auto tensorOf = [&](int64_t bufferId, std::string &name) -> bool {
+    for (const json &b : map["buffers"])
+      if (b["id"] == bufferId) {
+        name = b["tensor"];
+        return true;
+      }
+    return false;
+  };
+  auto floats = [](const Tensor &t) {
+    return reinterpret_cast<const float *>(t.data.data());
+  };
+  for (const json &p : map["params"]) {
+    std::string name = p["name"];
+    std::vector<int64_t> shape = p["shape"];
+    int64_t numel = 1;
+    for (int64_t d : shape)
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+        return FSDP_ERROR(path, ": parameter ", name, " has a bad shape");
+    Tensor out;
+    out.shape = shape;
+    out.data.resize(numel * 4);
+    float *dst = reinterpret_cast<float *>(out.data.data());
+    std::string tname;
+    int64_t buffer = p["buffer"], unitIdx = p["unit"], offset = p["flat_offset"];
+    if (buffer >= 0) {
+      TensorMap *t0;
+      FSDP_RETURN_IF_ERROR(rankTensors(0, t0));
+      if (!tensorOf(buffer, tname) || !t0->count(tname) ||
+          (int64_t)(*t0)[tname].data.size() != numel * 4)
+        return FSDP_ERROR(path, ": no storage for parameter ", name);
+      std::memcpy(dst, floats((*t0)[tname]), numel * 4);
+    } else {
+      if (unitIdx < 0 || unitIdx >= (int64_t)map["units"].size())
+        return FSDP_ERROR(path, ": parameter ", name, " names a bad unit");
+      const json &u = map["units"][unitIdx];
+      bool sharded = u["sharded"];
+      int64_t shard = u["shard_numel"], padded = u["padded_numel"];
+      if (!tensorOf(u["buffer"].get<int64_t>(), tname) || offset < 0 ||
+          offset > padded - numel)
+        return FSDP_ERROR(path, ": no storage for parameter ", name);
+      // Element i of the unit's flat buffer lives on rank i / shard when
+      // the unit is sharded, else every rank holds all of it.
+      for (int64_t i = 0; i < numel;) {
+        int64_t flat = offset + i;
+        int64_t r = sharded ? flat / shard : 0, at = sharded ? flat % shard : flat;
+        int64_t len = std::min(numel - i, (sharded ? shard : padded) - at);
+        TensorMap *tr;
+        FSDP_RETURN_IF_ERROR(rankTensors(r, tr));
+        auto it = tr->find(tname);
+        if (it == tr->end() || (int64_t)it->second.data.size() < (at + len) * 4)
+          return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of ", name);
+        std::memcpy(dst + i, floats(it->second) + at, len * 4);
+        i += len;
+      }
+    }
+    params[name] = std::move(out);
+  }
+  return Status::ok();
+}
+
+} // namespace fsdp

@@ -1,0 +1,66 @@
+//===- Checkpoint.h - sharded training-state checkpoints --------*- C++ -*-===//
+//
+// A checkpoint is a directory `DIR/step-NNNNNNNN/` holding one safetensors
+// file per rank with the bytes of every persistent buffer that rank owns
+// (parameter shards or whole parameters, optimizer state: everything a step
+// reads that the previous step wrote), an `index.json` written by rank 0
+// (the shard map, the step, the schedule, the seed, the data position) and
+// a `COMMIT` file that rank 0 writes after a barrier, once every rank's file
+// is durable. Only committed checkpoints are read, so a job killed during a
+// save leaves the previous one usable. Each rank writes its own file with
+// no communication but the barrier. The format: docs/CHECKPOINTS.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_CHECKPOINT_H
+#define FSDP_RUNTIME_CORE_CHECKPOINT_H
+
+#include "runtime/core/Comm.h"
+#include "runtime/core/Executor.h"
+#include "runtime/core/Plan.h"
+#include "runtime/core/SafeTensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace fsdp {
+
+/// The format version of index.json this runtime writes and reads.
+constexpr int kCheckpointVersion = 1;
+
+/// What a checkpoint records beside the buffers, for an exact resume.
+struct TrainingPosition {
+  int64_t step = 0; ///< last completed step (the next one is step + 1)
+  uint64_t seed = 0;
+  nlohmann::json schedule; ///< lr, schedule, warmup, min_lr, steps
+  std::string data;        ///< the data source spec (position = step)
+};
+
+/// Writes the checkpoint of `position.step` under `dir` (every rank calls
+/// it: one barrier), then, on rank 0, removes older checkpoints beyond the
+/// newest `keep` (0 keeps all) and any incomplete one.
+Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
+                      Executor &ex, Communicator &comm,
+                      const TrainingPosition &position);
+
+/// The newest committed checkpoint under `dir` (a checkpoint directory
+/// itself is accepted too); an error when there is none.
+Status latestCheckpoint(const std::string &dir, std::string &path);
+
+/// Restores this rank's buffers from the checkpoint at `path` after checking
+/// that it was written for this plan (world size, stage, every saved
+/// buffer's name, size and dtype).
+Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
+                      int64_t rank, TrainingPosition &position);
+
+/// Reads the index of the checkpoint at `path`.
+Status readCheckpointIndex(const std::string &path, nlohmann::json &index);
+
+/// Consolidates the parameters of the checkpoint at `path` (whole tensors
+/// under the model's own names) without the plan or any rank running.
+Status exportCheckpoint(const std::string &path, TensorMap &params);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_CHECKPOINT_H

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Checkpoints: exact resume, a save killed half way, export, bad checkpoints.
+
+usage: checkpoint.py BIN_DIR WORK_DIR
+
+For a small MLP (AdamW) at N=1 and at N=2 with stages 0-3: 8 uninterrupted
+steps against 4 steps with --ckpt-dir, then --resume to 8. The losses of
+steps 5-8 and the final parameters must be bitwise identical. A rank killed
+while the step-4 checkpoint is being written leaves step 2 usable, and the
+resumed run is again bitwise the uninterrupted one. `fsdp-ckpt export`
+gives the parameters --save gives. Corrupt, truncated and mismatched
+checkpoints are clear errors (exit 1).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+failures = 0
+
+
+def report(ok, what):
+    global failures
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+
+
+def sh(args, env=None, check=True):
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=e)
+    if check and r.returncode != 0:
+        sys.exit(f"command failed ({r.returncode}): {' '.join(args)}\n{r.stderr}")
+    return r
+
+
+def main():
+    bindir, work = sys.argv[1], sys.argv[2]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    opt, run, ckpt = (os.path.join(bindir, t) for t in ("fsdp-opt", "fsdp-run", "fsdp-ckpt"))
+
+    def model(name, hidden, batch):
+        path = os.path.join(work, name + ".mlir")
+        sh([sys.executable, GEN, "mlp", "--hidden", str(hidden), "--blocks", "2",
+            "--batch", str(batch), "-o", path])
+        return path
+
+    def plan(mlir, tag, n, stage):
+        path = os.path.join(work, tag + ".plan")
+        sh([opt, mlir, "-o", os.devnull, f"--fsdp-pipeline=optimizer=adamw world-size={n} "
+            f"stage={stage} plan={path} report=false"])
+        return path
+
+    def train(p, n, *extra, env=None, check=True):
+        args = [run, p, "--threads", "1", "--lr", "1e-2", "--json"] + list(extra)
+        if n > 1:
+            args += ["--nproc", str(n)]
+        r = sh(args, env=env, check=check)
+        losses = {}
+        for line in r.stdout.splitlines():
+            if line.startswith("{"):
+                j = json.loads(line)
+                if "step" in j:
+                    losses[j["step"]] = j["loss"]
+        return r, losses
+
+    m = model("m", 16, 4)
+    configs = [(1, 0)] + [(2, s) for s in range(4)]
+    plans = {}
+    for n, stage in configs:
+        tag = f"n{n}s{stage}"
+        p = plans[tag] = plan(m, tag, n, stage)
+        full = os.path.join(work, tag + ".full.safetensors")
+        _, ref = train(p, n, "--steps", "8", "--save", full)
+        ck = os.path.join(work, tag + ".ck")
+        train(p, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2", "--keep", "1")
+        kept = sorted(os.listdir(ck))
+        report(kept == ["step-00000004"], f"N={n} stage={stage}: --keep 1 leaves {kept}")
+        res = os.path.join(work, tag + ".res.safetensors")
+        _, after = train(p, n, "--steps", "8", "--resume", ck, "--save", res)
+        same = all(after.get(s) == ref[s] for s in range(5, 9)) and sorted(after) == [5, 6, 7, 8]
+        report(same, f"N={n} stage={stage}: resumed losses 5-8 equal the uninterrupted "
+               f"run bitwise ({[after.get(s) for s in range(5, 9)]})")
+        report(open(res, "rb").read() == open(full, "rb").read(),
+               f"N={n} stage={stage}: resumed final parameters equal bitwise")
+        # The consolidated export equals --save (whole tensors, model names).
+        exp = os.path.join(work, tag + ".export.safetensors")
+        ck8 = os.path.join(work, tag + ".ck8")
+        train(p, n, "--steps", "8", "--resume", ck, "--ckpt-dir", ck8)
+        sh([ckpt, "export", ck8, exp])
+        _, from_export = train(plans["n1s0"], 1, "--steps", "1", "--init-from", exp,
+                               "--save", exp + ".again")
+        report(tensors(exp) == tensors(full),
+               f"N={n} stage={stage}: fsdp-ckpt export equals --save")
+
+    # A rank killed while writing the step-4 checkpoint: step 2 stays usable.
+    p = plans["n2s3"]
+    ck = os.path.join(work, "killed.ck")
+    r, _ = train(p, 2, "--steps", "8", "--ckpt-dir", ck, "--save-every", "2", check=False,
+                 env={"FSDP_FAULT_KILL_RANK": "1", "FSDP_FAULT_KILL_SAVE_STEP": "4"})
+    report(r.returncode == 1 and "rank 1 was killed" in r.stderr,
+           f"killed during the step-4 save: the job fails (exit {r.returncode})")
+    committed = sorted(d for d in os.listdir(ck) if os.path.exists(os.path.join(ck, d, "COMMIT")))
+    report(committed == ["step-00000002"], f"only step 2 is committed: {committed}")
+    res = os.path.join(work, "killed.res.safetensors")
+    _, after = train(p, 2, "--steps", "8", "--resume", ck, "--save", res)
+    _, ref = train(p, 2, "--steps", "8")
+    report(sorted(after) == list(range(3, 9)) and all(after[s] == ref[s] for s in after),
+           "resumed from step 2 after the killed save: losses 3-8 bitwise equal")
+    report(open(res, "rb").read() == open(os.path.join(work, "n2s3.full.safetensors"), "rb").read(),
+           "resumed from step 2 after the killed save: final parameters bitwise equal")
+
+    # Bad checkpoints: exit 1 and a message naming the problem.
+    good = os.path.join(work, "n2s3.ck")
+
+    def bad(label, ck_path, p, n, expect, *extra):
+        r, _ = train(p, n, "--steps", "8", "--resume", ck_path, *extra, check=False)
+        ok = r.returncode == 1 and expect in r.stderr
+        report(ok, f"bad checkpoint: {label}: exit {r.returncode}: "
+               f"{(r.stderr.strip().splitlines() or [''])[0][:160]}")
+
+    def copy(tag):
+        dst = os.path.join(work, "bad-" + tag)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(good, dst)
+        return dst, os.path.join(dst, "step-00000004")
+
+    bad("wrong world size", good, plans["n1s0"], 1, "was written for 2 rank(s)")
+    bad("wrong stage", good, plans["n2s2"], 2, "at stage 3")
+    other = plan(model("other", 24, 4), "other", 2, 3)
+    bad("another model", good, other, 2, "another model")
+    d, s4 = copy("missing")
+    os.remove(os.path.join(s4, "rank-00001-of-00002.safetensors"))
+    bad("a missing shard file", d, p, 2, "rank-00001-of-00002.safetensors")
+    d, s4 = copy("truncated")
+    f = os.path.join(s4, "rank-00000-of-00002.safetensors")
+    os.truncate(f, os.path.getsize(f) - 10)
+    bad("a truncated shard file", d, p, 2, "rank-00000-of-00002.safetensors")
+    d, s4 = copy("index")
+    open(os.path.join(s4, "index.json"), "w").write("{not json")
+    bad("a corrupt index", d, p, 2, "not valid JSON")
+    d, s4 = copy("format")
+    idx = json.load(open(os.path.join(s4, "index.json")))
+    idx["files"] = idx["files"][:1]
+    json.dump(idx, open(os.path.join(s4, "index.json"), "w"))
+    bad("an index listing one file for two ranks", d, p, 2, "one file per rank")
+    d, s4 = copy("nocommit")
+    os.remove(os.path.join(s4, "COMMIT"))
+    bad("no committed checkpoint", d, p, 2, "no complete checkpoint")
+    bad("a checkpoint at the last step", good, p, 2, "nothing to run", "--steps", "4")
+    bad("not a directory", os.path.join(work, "nothing-here"), p, 2, "is not a directory")
+
+    print("all checkpoint checks passed" if not failures else f"FAIL: {failures} check(s)")
+    return 1 if failures else 0
+
+
+def tensors(path):
+    """{name: bytes} of a safetensors file (metadata aside)."""
+    import struct
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

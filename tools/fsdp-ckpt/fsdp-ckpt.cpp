@@ -1,0 +1,66 @@
+//===- fsdp-ckpt.cpp - offline tools for fsdp-run checkpoints -------------===//
+//
+// `fsdp-ckpt export CKPT OUT.safetensors` consolidates the parameters of a
+// sharded checkpoint (CKPT: a checkpoint directory, or a --ckpt-dir whose
+// newest complete checkpoint is taken) into one safetensors file under the
+// model's own tensor names, loadable by PyTorch and by `fsdp-run
+// --init-from`, without running the model or knowing the plan: the index's
+// shard map says where every element lives. `fsdp-ckpt info CKPT` prints
+// the index. Exit codes: 0 success, 1 error, 2 usage.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+using namespace fsdp;
+
+static const char *kUsage =
+    "usage: fsdp-ckpt export CKPT OUT.safetensors   consolidated parameters\n"
+    "       fsdp-ckpt info CKPT                     step, world size, stage, tensors\n"
+    "CKPT: a checkpoint directory (step-NNNNNNNN) or the --ckpt-dir holding them\n"
+    "(its newest complete checkpoint).\n";
+
+static int fail(const Status &st) {
+  std::fprintf(stderr, "fsdp-ckpt: error: %s\n", st.message().c_str());
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  std::string cmd = argc >= 2 ? argv[1] : "";
+  if (!((cmd == "export" && argc == 4) || (cmd == "info" && argc == 3))) {
+    std::fprintf(stderr, "%s", kUsage);
+    return 2;
+  }
+  std::string path;
+  Status st = latestCheckpoint(argv[2], path);
+  if (!st)
+    return fail(st);
+  if (cmd == "info") {
+    nlohmann::json index;
+    if (!(st = readCheckpointIndex(path, index)))
+      return fail(st);
+    std::printf("%s: step %lld, %lld rank(s), stage %lld, model %s, %zu parameters\n",
+                path.c_str(), (long long)index["step"].get<int64_t>(),
+                (long long)index["world_size"].get<int64_t>(),
+                (long long)index["stage"].get<int64_t>(),
+                index["model"].is_string() ? index["model"].get<std::string>().c_str() : "?",
+                index["shard_map"]["params"].size());
+    return 0;
+  }
+  TensorMap params;
+  if (!(st = exportCheckpoint(path, params)))
+    return fail(st);
+  if (!(st = writeSafeTensors(argv[3], params,
+                              {{"format", "pt"}, {"producer", "fsdp-ckpt"}})))
+    return fail(st);
+  std::printf("%s: %zu parameters from %s\n", argv[3], params.size(), path.c_str());
+  return 0;
+}
