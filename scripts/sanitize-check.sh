@@ -120,5 +120,11 @@ while IFS= read -r line; do
 done < <(grep '^FAIL ' "$W/bad.log" | grep -v '^FAIL: ' || true)
 ((bad == 0)) || fail "bad-input cases failed under the sanitizers"
 echo "sanitizer bad-input table: $(grep -oE '^[0-9]+ bad inputs, [0-9]+ rejected cleanly' "$W/bad.log")"
+# Checkpoints: save, exact resume, a save killed half way, export, bad
+# checkpoints (test/e2e/checkpoint.py; a sanitizer report is exit 23, which
+# fails every one of its checks).
+python3 test/e2e/checkpoint.py build-asan/bin "$W/ckpt" "$OPT" >"$W/ckpt.log" 2>&1 ||
+  { cat "$W/ckpt.log" >&2; fail "checkpoint checks failed under the sanitizers"; }
+echo "sanitizer checkpoints: $(tail -n 1 "$W/ckpt.log")"
 echo "sanitizer end-to-end: $(( $(date +%s) - t0 )) s"
 echo "sanitize-check: ok, no sanitizer reports ($(( $(date +%s) - start )) s in all)"

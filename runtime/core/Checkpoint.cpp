@@ -104,7 +104,37 @@ json shardMap(const Plan &plan) {
                       {"unit", p.unit},
                       {"flat_offset", p.flatOffset},
                       {"buffer", p.buffer}});
-  return {{"buffers", buffers}, {"units", units}, {"params", params}};
+  json states = json::array();
+  for (const State &st : plan.states)
+    states.push_back({{"name", st.name},
+                      {"kind", st.kind},
+                      {"unit", st.unit},
+                      {"param", st.param},
+                      {"buffer", st.buffer}});
+  return {{"buffers", buffers}, {"units", units}, {"params", params}, {"states", states}};
+}
+
+json makeIndex(const Plan &plan, const TrainingPosition &position) {
+  json files = json::array();
+  for (int64_t r = 0; r < plan.worldSize; ++r)
+    files.push_back(rankFileName(r, plan.worldSize));
+  return {{"format", "fsdp-checkpoint"},
+          {"version", kCheckpointVersion},
+          {"model", plan.model},
+          {"world_size", plan.worldSize},
+          {"stage", plan.stage},
+          {"step", position.step},
+          {"seed", std::to_string(position.seed)},
+          {"schedule", position.schedule},
+          {"data", {{"spec", position.data}, {"next_step", position.step + 1}}},
+          {"files", files},
+          {"shard_map", shardMap(plan)}};
+}
+
+/// Index and COMMIT, in that order: the checkpoint is complete after this.
+Status commit(const std::string &path, const json &index, int64_t step) {
+  FSDP_RETURN_IF_ERROR(writeFileAtomic(path + "/" + kIndexFile, index.dump(1)));
+  return writeFileAtomic(path + "/" + kCommitFile, std::to_string(step) + "\n");
 }
 
 } // namespace
@@ -140,23 +170,7 @@ Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
   FSDP_RETURN_IF_ERROR(comm.barrier());
   if (comm.rank() != 0)
     return Status::ok();
-  json files = json::array();
-  for (int64_t r = 0; r < comm.size(); ++r)
-    files.push_back(rankFileName(r, comm.size()));
-  json index = {{"format", "fsdp-checkpoint"},
-                {"version", kCheckpointVersion},
-                {"model", plan.model},
-                {"world_size", plan.worldSize},
-                {"stage", plan.stage},
-                {"step", position.step},
-                {"seed", std::to_string(position.seed)},
-                {"schedule", position.schedule},
-                {"data", {{"spec", position.data}, {"next_step", position.step + 1}}},
-                {"files", files},
-                {"shard_map", shardMap(plan)}};
-  FSDP_RETURN_IF_ERROR(writeFileAtomic(path + "/" + kIndexFile, index.dump(1)));
-  FSDP_RETURN_IF_ERROR(writeFileAtomic(path + "/" + kCommitFile,
-                                       std::to_string(position.step) + "\n"));
+  FSDP_RETURN_IF_ERROR(commit(path, makeIndex(plan, position), position.step));
   // Retention: the newest `keep` committed checkpoints stay; older ones and
   // uncommitted leftovers older than this one go.
   std::vector<std::pair<int64_t, std::string>> found;
@@ -318,15 +332,120 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
   return Status::ok();
 }
 
-Status exportCheckpoint(const std::string &path, TensorMap &params) {
+namespace {
+
+/// Reads a checkpoint's tensors back in the model's terms: whole parameters
+/// and, per optimizer-state kind, whole per-parameter state, from the shard
+/// map alone (no plan, no ranks).
+class CheckpointReader {
+public:
+  Status open(const std::string &p) {
+    path = p;
+    FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
+    world = index["world_size"];
+    ranks.assign(world, TensorMap());
+    loaded.assign(world, false);
+    return Status::ok();
+  }
+
+  /// Elements [offset, offset + numel) of a unit-level flat buffer of
+  /// `padded` elements saved as tensor `name`: on every rank whole, or as
+  /// rank r's shard [r * shard, (r + 1) * shard) (told apart by its size).
+  Status flat(const std::string &name, int64_t shard, int64_t padded, int64_t offset,
+              int64_t numel, float *dst) {
+    if (offset < 0 || numel < 0 || offset > padded - numel || shard < 1)
+      return FSDP_ERROR(path, ": a range of ", name, " lies outside its unit");
+    TensorMap *t0;
+    FSDP_RETURN_IF_ERROR(rank(0, t0));
+    auto it0 = t0->find(name);
+    if (it0 == t0->end())
+      return FSDP_ERROR(path, ": rank 0's file has no tensor '", name, "'");
+    int64_t bytes0 = (int64_t)it0->second.data.size();
+    bool whole = bytes0 == padded * 4;
+    if (!whole && bytes0 != shard * 4)
+      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0,
+                        " bytes, neither its unit (", padded, " elements) nor a shard (",
+                        shard, ")");
+    for (int64_t i = 0; i < numel;) {
+      int64_t f = offset + i;
+      int64_t r = whole ? 0 : f / shard, at = whole ? f : f % shard;
+      int64_t len = std::min(numel - i, (whole ? padded : shard) - at);
+      TensorMap *tr;
+      FSDP_RETURN_IF_ERROR(rank(r, tr));
+      auto it = tr->find(name);
+      if (it == tr->end() || (int64_t)it->second.data.size() < (at + len) * 4)
+        return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
+      std::memcpy(dst + i, reinterpret_cast<const float *>(it->second.data.data()) + at,
+                  len * 4);
+      i += len;
+    }
+    return Status::ok();
+  }
+
+  /// Whole parameters (`stateKind` empty) or whole per-parameter optimizer
+  /// state of one kind, under the parameters' names.
+  Status tensors(const std::string &stateKind, TensorMap &out) {
+    json &map = index["shard_map"];
+    for (const json &p : map["params"]) {
+      std::string name = p["name"];
+      std::vector<int64_t> shape = p["shape"];
+      int64_t numel = 1;
+      for (int64_t d : shape)
+        if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > (INT64_C(1) << 46))
+          return FSDP_ERROR(path, ": parameter ", name, " has a bad shape");
+      int64_t unit = p["unit"], offset = p["flat_offset"], buffer = p["buffer"];
+      Tensor t;
+      t.shape = shape;
+      t.data.resize(numel * 4);
+      float *dst = reinterpret_cast<float *>(t.data.data());
+      std::string tname;
+      if (stateKind.empty() && buffer >= 0) {
+        if (!tensorOf(buffer, tname))
+          return FSDP_ERROR(path, ": no storage for parameter ", name);
+        FSDP_RETURN_IF_ERROR(flat(tname, numel, numel, 0, numel, dst));
+      } else {
+        if (unit < 0 || unit >= (int64_t)map["units"].size())
+          return FSDP_ERROR(path, ": parameter ", name, " names a bad unit");
+        json &u = map["units"][unit];
+        int64_t storage = u["buffer"];
+        if (!stateKind.empty()) {
+          storage = -1;
+          if (map.contains("states") && map["states"].is_array())
+            for (json &st : map["states"])
+              if (st.is_object() && st["kind"] == stateKind && st["unit"] == u["name"] &&
+                  st["buffer"].is_number_integer())
+                storage = st["buffer"];
+          if (storage < 0)
+            return FSDP_ERROR(path, ": no ", stateKind, " state for unit ",
+                              u["name"].dump(), " (parameter ", name, ")");
+        }
+        if (!tensorOf(storage, tname))
+          return FSDP_ERROR(path, ": no storage for parameter ", name);
+        FSDP_RETURN_IF_ERROR(flat(tname, u["shard_numel"], u["padded_numel"], offset, numel, dst));
+      }
+      out[name] = std::move(t);
+    }
+    return Status::ok();
+  }
+
+  /// The optimizer-state kinds the checkpoint holds (exp_avg, ...).
+  std::vector<std::string> stateKinds() {
+    std::vector<std::string> kinds;
+    json &map = index["shard_map"];
+    if (map.contains("states") && map["states"].is_array())
+      for (json &st : map["states"])
+        if (st.is_object() && st["kind"].is_string() &&
+            std::find(kinds.begin(), kinds.end(), st["kind"]) == kinds.end())
+          kinds.push_back(st["kind"]);
+    return kinds;
+  }
+
   json index;
-  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
-  int64_t world = index["world_size"];
-  const json &map = index["shard_map"];
-  // Rank files are read lazily: only those holding a needed shard.
-  std::vector<TensorMap> ranks(world);
-  std::vector<bool> loaded(world, false);
-  auto rankTensors = [&](int64_t r, TensorMap *&out) -> Status {
+
+private:
+  Status rank(int64_t r, TensorMap *&out) {
+    if (r < 0 || r >= world)
+      return FSDP_ERROR(path, ": a shard on rank ", r, " of ", world);
     if (!loaded[r]) {
       FSDP_RETURN_IF_ERROR(
           readSafeTensors(path + "/" + index["files"][r].get<std::string>(), ranks[r]));
@@ -334,65 +453,133 @@ Status exportCheckpoint(const std::string &path, TensorMap &params) {
     }
     out = &ranks[r];
     return Status::ok();
-  };
-  auto tensorOf = [&](int64_t bufferId, std::string &name) -> bool {
-    for (const json &b : map["buffers"])
+  }
+  bool tensorOf(int64_t bufferId, std::string &name) {
+    for (const json &b : index["shard_map"]["buffers"])
       if (b["id"] == bufferId) {
         name = b["tensor"];
         return true;
       }
     return false;
-  };
-  auto floats = [](const Tensor &t) {
-    return reinterpret_cast<const float *>(t.data.data());
-  };
-  for (const json &p : map["params"]) {
-    std::string name = p["name"];
-    std::vector<int64_t> shape = p["shape"];
-    int64_t numel = 1;
-    for (int64_t d : shape)
-      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
-        return FSDP_ERROR(path, ": parameter ", name, " has a bad shape");
-    Tensor out;
-    out.shape = shape;
-    out.data.resize(numel * 4);
-    float *dst = reinterpret_cast<float *>(out.data.data());
-    std::string tname;
-    int64_t buffer = p["buffer"], unitIdx = p["unit"], offset = p["flat_offset"];
-    if (buffer >= 0) {
-      TensorMap *t0;
-      FSDP_RETURN_IF_ERROR(rankTensors(0, t0));
-      if (!tensorOf(buffer, tname) || !t0->count(tname) ||
-          (int64_t)(*t0)[tname].data.size() != numel * 4)
-        return FSDP_ERROR(path, ": no storage for parameter ", name);
-      std::memcpy(dst, floats((*t0)[tname]), numel * 4);
-    } else {
-      if (unitIdx < 0 || unitIdx >= (int64_t)map["units"].size())
-        return FSDP_ERROR(path, ": parameter ", name, " names a bad unit");
-      const json &u = map["units"][unitIdx];
-      bool sharded = u["sharded"];
-      int64_t shard = u["shard_numel"], padded = u["padded_numel"];
-      if (!tensorOf(u["buffer"].get<int64_t>(), tname) || offset < 0 ||
-          offset > padded - numel)
-        return FSDP_ERROR(path, ": no storage for parameter ", name);
-      // Element i of the unit's flat buffer lives on rank i / shard when
-      // the unit is sharded, else every rank holds all of it.
-      for (int64_t i = 0; i < numel;) {
-        int64_t flat = offset + i;
-        int64_t r = sharded ? flat / shard : 0, at = sharded ? flat % shard : flat;
-        int64_t len = std::min(numel - i, (sharded ? shard : padded) - at);
-        TensorMap *tr;
-        FSDP_RETURN_IF_ERROR(rankTensors(r, tr));
-        auto it = tr->find(tname);
-        if (it == tr->end() || (int64_t)it->second.data.size() < (at + len) * 4)
-          return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of ", name);
-        std::memcpy(dst + i, floats(it->second) + at, len * 4);
-        i += len;
-      }
-    }
-    params[name] = std::move(out);
   }
-  return Status::ok();
+
+  std::string path;
+  int64_t world = 0;
+  std::vector<TensorMap> ranks;
+  std::vector<bool> loaded;
+};
+
+} // namespace
+
+Status exportCheckpoint(const std::string &path, TensorMap &params) {
+  CheckpointReader reader;
+  FSDP_RETURN_IF_ERROR(reader.open(path));
+  return reader.tensors("", params);
+}
+
+Status reshardCheckpoint(const std::string &path, const Plan &target,
+                         const std::string &outDir) {
+  CheckpointReader reader;
+  FSDP_RETURN_IF_ERROR(reader.open(path));
+  TensorMap params;
+  FSDP_RETURN_IF_ERROR(reader.tensors("", params));
+  std::map<std::string, TensorMap> states;
+  for (const std::string &kind : reader.stateKinds())
+    FSDP_RETURN_IF_ERROR(reader.tensors(kind, states[kind]));
+  // The target's parameters by name, with the same shapes.
+  for (const Param &p : target.params) {
+    auto it = params.find(p.name);
+    if (it == params.end())
+      return FSDP_ERROR(path, " has no parameter '", p.name, "' the target plan needs");
+    if (it->second.shape != p.shape)
+      return FSDP_ERROR(path, ": parameter '", p.name, "' has another shape than in "
+                        "the target plan");
+  }
+  if (params.size() != target.params.size())
+    return FSDP_ERROR(path, " holds ", params.size(), " parameters, the target plan ",
+                      target.params.size(), ": another model");
+  // One whole flat buffer per target unit and per state kind it holds, in
+  // the target's layout (padding zero), then cut into each rank's bytes.
+  auto flatOf = [&](const TensorMap &source, int64_t unit) {
+    const Unit &u = target.units[unit];
+    std::vector<float> flatBuf(u.paddedNumel, 0.0f);
+    for (const Param &p : target.params)
+      if (p.unit == unit)
+        std::memcpy(flatBuf.data() + p.flatOffset, source.at(p.name).data.data(),
+                    p.numel() * 4);
+    return flatBuf;
+  };
+  auto unitIndex = [&](const std::string &name) -> int64_t {
+    for (size_t u = 0; u < target.units.size(); ++u)
+      if (target.units[u].name == name)
+        return (int64_t)u;
+    return -1;
+  };
+  json index;
+  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
+  TrainingPosition pos;
+  pos.step = index["step"];
+  pos.seed = index["seed"].is_string()
+                 ? std::strtoull(index["seed"].get<std::string>().c_str(), nullptr, 10)
+                 : 0;
+  pos.schedule = index["schedule"];
+  pos.data = index["data"].is_object() && index["data"].contains("spec") &&
+                     index["data"]["spec"].is_string()
+                 ? index["data"]["spec"].get<std::string>()
+                 : "";
+  std::string out = outDir + "/" + stepDirName(pos.step);
+  std::error_code ec;
+  if (fs::exists(out, ec))
+    return FSDP_ERROR("'", out, "' exists: reshard into a new directory");
+  FSDP_RETURN_IF_ERROR(makeDirs(out));
+  std::vector<TensorMap> files(target.worldSize);
+  for (int64_t id : savedBuffers(target)) {
+    const Buffer &b = target.buffers[id];
+    std::vector<float> whole;
+    int64_t unit = -1, shard = 0;
+    for (size_t u = 0; u < target.units.size(); ++u)
+      if (target.units[u].buffer == id)
+        unit = (int64_t)u, whole = flatOf(params, unit);
+    for (const Param &p : target.params)
+      if (p.buffer == id) {
+        const Tensor &t = params.at(p.name);
+        whole.assign(reinterpret_cast<const float *>(t.data.data()),
+                     reinterpret_cast<const float *>(t.data.data()) + p.numel());
+      }
+    for (const State &st : target.states)
+      if (st.buffer == id) {
+        unit = unitIndex(st.unit);
+        if (unit < 0 || !states.count(st.kind))
+          return FSDP_ERROR("cannot reshard: the target plan's state ", st.name, " (",
+                            st.kind, ") has no counterpart in ", path,
+                            " (another optimizer?)");
+        whole = flatOf(states[st.kind], unit);
+      }
+    if (whole.empty())
+      return FSDP_ERROR("cannot reshard: the target plan's persistent buffer ", b.id,
+                        " (", b.name, ") is neither parameter storage nor optimizer state");
+    if (unit >= 0)
+      shard = target.units[unit].shardNumel;
+    for (int64_t r = 0; r < target.worldSize; ++r) {
+      Tensor t;
+      t.dtype = b.dtype;
+      t.shape = b.shape;
+      const float *src = whole.data();
+      if (b.numel() == shard && shard != (int64_t)whole.size())
+        src += r * shard;
+      else if (b.numel() != (int64_t)whole.size())
+        return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
+                          " elements, neither whole nor a shard");
+      t.data.assign(reinterpret_cast<const uint8_t *>(src),
+                    reinterpret_cast<const uint8_t *>(src) + b.bytes);
+      files[r][tensorName(b)] = std::move(t);
+    }
+  }
+  for (int64_t r = 0; r < target.worldSize; ++r)
+    FSDP_RETURN_IF_ERROR(writeSafeTensors(
+        out + "/" + rankFileName(r, target.worldSize), files[r],
+        {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(pos.step)}}));
+  return commit(out, makeIndex(target, pos), pos.step);
 }
 
 } // namespace fsdp

@@ -61,6 +61,14 @@ Status readCheckpointIndex(const std::string &path, nlohmann::json &index);
 /// under the model's own names) without the plan or any rank running.
 Status exportCheckpoint(const std::string &path, TensorMap &params);
 
+/// Converts the checkpoint at `path` (any world size and stage) into one
+/// for the `target` plan (another world size, stage or unit grouping of the
+/// same model and optimizer), written as `outDir/step-NNNNNNNN/`, without
+/// running the model: parameters and optimizer state are consolidated per
+/// parameter from the shard map and cut again in the target's layout.
+Status reshardCheckpoint(const std::string &path, const Plan &target,
+                         const std::string &outDir);
+
 } // namespace fsdp
 
 #endif // FSDP_RUNTIME_CORE_CHECKPOINT_H

@@ -201,6 +201,9 @@ def main():
         check("option: --schedule linear", [mlp, "--schedule", "linear"], "--schedule")
         check("option: two plans", [mlp, gpt], "unexpected argument")
         check("option: no plan", ["--steps", "1"], "no plan")
+        check("option: --save-every without --ckpt-dir", [mlp, "--save-every", "2"], "--ckpt-dir")
+        check("option: --resume with --init-from", [mlp, "--resume", tmp, "--init-from", mlp], "pick one")
+        check("option: --keep -1", [mlp, "--keep", "-1", "--ckpt-dir", tmp], "--keep")
 
         # --- data files (llm.c token format)
         def tokens(magic=20240520, version=1, n=1000, body=None, count=None):

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Checkpoints: exact resume, a save killed half way, export, bad checkpoints.
 
-usage: checkpoint.py BIN_DIR WORK_DIR
+usage: checkpoint.py BIN_DIR WORK_DIR [FSDP_OPT]
+
+FSDP_OPT defaults to BIN_DIR/fsdp-opt (a runtime-only build, e.g. the
+sanitizer build, passes the normal build's compiler).
 
 For a small MLP (AdamW) at N=1 and at N=2 with stages 0-3: 8 uninterrupted
 steps against 4 steps with --ckpt-dir, then --resume to 8. The losses of
@@ -42,6 +45,8 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     opt, run, ckpt = (os.path.join(bindir, t) for t in ("fsdp-opt", "fsdp-run", "fsdp-ckpt"))
+    if len(sys.argv) > 3:
+        opt = sys.argv[3]
 
     def model(name, hidden, batch):
         path = os.path.join(work, name + ".mlir")
@@ -114,6 +119,45 @@ def main():
     report(open(res, "rb").read() == open(os.path.join(work, "n2s3.full.safetensors"), "rb").read(),
            "resumed from step 2 after the killed save: final parameters bitwise equal")
 
+    other = plan(model("other", 24, 4), "other", 2, 3)
+    # Offline resharding: a ZeRO-3 checkpoint of 2 ranks (global batch 12),
+    # continued on 1 rank, on 3 ranks at stage 1 (uneven shards) and on 4
+    # ranks at stage 2 with one unit: losses within 1e-6 of the 2-rank
+    # continuation (the reduction order differs), parameters unchanged.
+    src = plan(model("g6", 16, 6), "rs-src", 2, 3)
+    _, cont = train(src, 2, "--steps", "8")
+    rck = os.path.join(work, "rs.ck")
+    train(src, 2, "--steps", "4", "--ckpt-dir", rck)
+    for n, stage, batch, extra in ((1, 0, 12, ""), (3, 1, 4, ""), (4, 2, 3, " unit-policy=none")):
+        tag = f"rs-n{n}s{stage}"
+        tgt = os.path.join(work, tag + ".plan")
+        sh([opt, model(tag, 16, batch), "-o", os.devnull,
+            f"--fsdp-pipeline=optimizer=adamw world-size={n} stage={stage}{extra} "
+            f"plan={tgt} report=false"])
+        out = os.path.join(work, tag + ".ck")
+        sh([ckpt, "reshard", rck, "--plan", tgt, out])
+        _, after = train(tgt, n, "--steps", "8", "--resume", out)
+        worst = max(abs(after[s] - cont[s]) / abs(cont[s]) for s in range(5, 9))
+        report(sorted(after) == [5, 6, 7, 8] and worst <= 1e-6,
+               f"resharded 2 ranks stage 3 -> {n} rank(s) stage {stage}: losses 5-8 "
+               f"within {worst:.1e} of the 2-rank continuation")
+        a, b = os.path.join(work, tag + ".a.st"), os.path.join(work, tag + ".b.st")
+        sh([ckpt, "export", rck, a])
+        sh([ckpt, "export", out, b])
+        report(tensors(a) == tensors(b), f"resharded to {n} rank(s): parameters unchanged")
+    r = sh([ckpt, "reshard", rck, "--plan", other, os.path.join(work, "rs-other")], check=False)
+    report(r.returncode == 1 and "another shape" in r.stderr,
+           f"reshard onto another model: exit {r.returncode}: {r.stderr.strip()[:120]}")
+    sgd = os.path.join(work, "rs-sgd.plan")
+    sh([opt, os.path.join(work, "rs-n1s0.mlir"), "-o", os.devnull,
+        f"--fsdp-pipeline=optimizer=sgd momentum=0.9 plan={sgd} report=false"])
+    r = sh([ckpt, "reshard", rck, "--plan", sgd, os.path.join(work, "rs-sgd")], check=False)
+    report(r.returncode == 1 and "another optimizer" in r.stderr,
+           f"reshard onto another optimizer: exit {r.returncode}: {r.stderr.strip()[:120]}")
+    r = sh([ckpt, "reshard", rck, "--plan", src, os.path.join(work, "rs-n1s0.ck")], check=False)
+    report(r.returncode == 1 and "exists" in r.stderr,
+           f"reshard into an existing checkpoint: exit {r.returncode}")
+
     # Bad checkpoints: exit 1 and a message naming the problem.
     good = os.path.join(work, "n2s3.ck")
 
@@ -131,7 +175,6 @@ def main():
 
     bad("wrong world size", good, plans["n1s0"], 1, "was written for 2 rank(s)")
     bad("wrong stage", good, plans["n2s2"], 2, "at stage 3")
-    other = plan(model("other", 24, 4), "other", 2, 3)
     bad("another model", good, other, 2, "another model")
     d, s4 = copy("missing")
     os.remove(os.path.join(s4, "rank-00001-of-00002.safetensors"))

@@ -6,7 +6,10 @@
 // model's own tensor names, loadable by PyTorch and by `fsdp-run
 // --init-from`, without running the model or knowing the plan: the index's
 // shard map says where every element lives. `fsdp-ckpt info CKPT` prints
-// the index. Exit codes: 0 success, 1 error, 2 usage.
+// the index. `fsdp-ckpt reshard CKPT --plan OTHER.plan OUT` converts it for
+// another plan of the same model (another world size, stage or unit
+// grouping): `fsdp-run OTHER.plan --resume OUT` continues the training.
+// Exit codes: 0 success, 1 error, 2 usage.
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,6 +24,7 @@ using namespace fsdp;
 static const char *kUsage =
     "usage: fsdp-ckpt export CKPT OUT.safetensors   consolidated parameters\n"
     "       fsdp-ckpt info CKPT                     step, world size, stage, tensors\n"
+    "       fsdp-ckpt reshard CKPT --plan P OUT     the checkpoint for plan P, in OUT\n"
     "CKPT: a checkpoint directory (step-NNNNNNNN) or the --ckpt-dir holding them\n"
     "(its newest complete checkpoint).\n";
 
@@ -35,7 +39,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   std::string cmd = argc >= 2 ? argv[1] : "";
-  if (!((cmd == "export" && argc == 4) || (cmd == "info" && argc == 3))) {
+  if (!((cmd == "export" && argc == 4) || (cmd == "info" && argc == 3) ||
+        (cmd == "reshard" && argc == 6 && !std::strcmp(argv[3], "--plan")))) {
     std::fprintf(stderr, "%s", kUsage);
     return 2;
   }
@@ -53,6 +58,14 @@ int main(int argc, char **argv) {
                 (long long)index["stage"].get<int64_t>(),
                 index["model"].is_string() ? index["model"].get<std::string>().c_str() : "?",
                 index["shard_map"]["params"].size());
+    return 0;
+  }
+  if (cmd == "reshard") {
+    Plan target;
+    if (!(st = loadPlan(argv[4], target)) || !(st = reshardCheckpoint(path, target, argv[5])))
+      return fail(st);
+    std::printf("%s: the checkpoint of %s for %s (%lld rank(s), stage %lld)\n", argv[5],
+                path.c_str(), argv[4], (long long)target.worldSize, (long long)target.stage);
     return 0;
   }
   TensorMap params;
