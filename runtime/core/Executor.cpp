@@ -299,13 +299,36 @@ Status Executor::gatherParams(TensorMap &out) {
 }
 
 Status Executor::loadParams(const TensorMap &in) {
+  // Strict, like PyTorch's load_state_dict: a tensor the model does not
+  // have is as much a sign of the wrong file as a missing one.
+  std::string extra;
+  int64_t extras = 0;
+  for (const auto &kv : in) {
+    bool known = false;
+    for (const Param &p : plan.params)
+      known |= p.name == kv.first;
+    if (!known && extras++ < 5)
+      extra += (extra.empty() ? "'" : ", '") + kv.first + "'";
+  }
+  if (extras)
+    return FSDP_ERROR("the file has ", extras, " tensor(s) the model does not: ", extra,
+                      extras > 5 ? ", ..." : "");
   for (const Param &p : plan.params) {
     auto it = in.find(p.name);
     if (it == in.end())
-      return FSDP_ERROR("the checkpoint has no tensor '", p.name, "'");
+      return FSDP_ERROR("the file has no tensor '", p.name, "' (a parameter of the model)");
     const Tensor &t = it->second;
+    auto shapeStr = [](const std::vector<int64_t> &s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i)
+        r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
     if (t.dtype != DType::F32 || t.shape != p.shape)
-      return FSDP_ERROR("checkpoint tensor '", p.name, "' has the wrong shape or dtype");
+      return FSDP_ERROR("tensor '", p.name, "' has shape ", shapeStr(t.shape),
+                        " and dtype ", dtypeName(t.dtype), " in the file; the model's "
+                        "parameter has shape ", shapeStr(p.shape), " and dtype ",
+                        dtypeName(p.dtype));
     const float *src = reinterpret_cast<const float *>(t.data.data());
     for (int64_t i = 0; i < p.numel(); ++i) {
       float *dst;

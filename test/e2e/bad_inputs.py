@@ -234,7 +234,8 @@ def main():
             ("data_offsets INT64_MAX", safetensors({name: {"dtype": "F32", "shape": shape, "data_offsets": [0, I64_MAX]}}), "init"),
             ("wrong shape", safetensors({name: {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, b"\0" * 12), "shape"),
             ("dtype I64 for a float parameter", safetensors({name: {"dtype": "I64", "shape": shape, "data_offsets": [0, 8 * n]}}, b"\0" * (8 * n)), "dtype"),
-            ("a parameter missing", safetensors({"nonexistent.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "has no tensor"),
+            ("a tensor the model does not have", safetensors({"nonexistent.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "nonexistent.weight"),
+            ("a parameter missing", safetensors({}), "has no tensor"),
             ("shape and bytes disagree", safetensors({name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}, b"\0" * 4), "init"),
         ]
         for label, data, expect in cases:
