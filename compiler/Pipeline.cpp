@@ -12,6 +12,15 @@ using namespace mlir::fsdp;
 void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
                                    const FsdpPipelineOptions &options) {
   pm.addPass(createFsdpAutodiff());
+  // Accumulation clones the differentiated step; the optimizer and the
+  // sharding after it see one gradient per parameter. With the defaults
+  // the pass is left out, so the pipeline is exactly what it was before.
+  if (options.gradAccum != 1 || options.accumReduce != "step") {
+    FsdpGradAccumOptions accum;
+    accum.microBatches = options.gradAccum;
+    accum.reduce = options.accumReduce;
+    pm.addPass(createFsdpGradAccum(accum));
+  }
   FsdpInsertOptimizerOptions opt;
   opt.optimizer = options.optimizer;
   opt.momentum = options.momentum;

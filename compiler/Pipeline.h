@@ -34,6 +34,15 @@ struct FsdpPipelineOptions
   Option<double> maxGradNorm{*this, "max-grad-norm",
                              llvm::cl::desc("global-norm clipping (0: off)"),
                              llvm::cl::init(0.0)};
+  Option<int64_t> gradAccum{
+      *this, "grad-accum",
+      llvm::cl::desc("micro-batches per optimizer step (1: no accumulation)"),
+      llvm::cl::init(1)};
+  Option<std::string> accumReduce{
+      *this, "accum-reduce",
+      llvm::cl::desc("with grad-accum: step (reduce once per step) | "
+                     "microbatch (reduce each micro-batch into the shard)"),
+      llvm::cl::init("step")};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

@@ -76,14 +76,15 @@ bool attrToJson(Attribute attr, json::Value &out) {
 }
 
 /// The number of classes an integer input indexes, found by following it
-/// (through reshapes) to an embedding table or to cross-entropy logits.
+/// (through reshapes and micro-batch views) to an embedding table or to
+/// cross-entropy logits.
 int64_t integerRange(Value v) {
   SmallVector<Value> work{v};
   while (!work.empty()) {
     Value cur = work.pop_back_val();
     for (Operation *user : cur.getUsers()) {
-      if (auto r = dyn_cast<ReshapeOp>(user))
-        work.push_back(r.getResult());
+      if (isa<ReshapeOp, MicrobatchOp>(user))
+        work.push_back(user->getResult(0));
       else if (auto e = dyn_cast<EmbeddingOp>(user))
         return cast<RankedTensorType>(e.getTable().getType()).getShape()[0];
       else if (auto c = dyn_cast<CrossEntropyOp>(user))

@@ -23,6 +23,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/MemoryPlan.h"
+#include "passes/Passes.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/Format.h"
@@ -142,7 +143,7 @@ static FlatSymbolRefAttr writtenSymbol(Operation *op, Value &value) {
 
 bool mlir::fsdp::isStorageAlias(Operation *op) {
   if (isa<GetParamOp, GetStateOp, GetUnitOp, SetGradOp, ViewOp, ShardViewOp,
-          ReshapeOp>(op))
+          ReshapeOp, MicrobatchOp>(op))
     return true;
   Value v;
   if (FlatSymbolRefAttr sym = writtenSymbol(op, v))
@@ -160,6 +161,28 @@ struct AliasInfo {
   int64_t rankStride = 0;
 };
 } // namespace
+
+/// True when an accumulation acc + g may be written over `acc`: nothing but
+/// the add reads `acc`, and its bytes are a buffer of its own (computed,
+/// reduced by a collective, or an earlier in-place accumulation), never
+/// storage, an input, or a view of a value someone else reads.
+static bool canAccumulateInPlace(Value acc,
+                                 const llvm::DenseMap<Value, AliasInfo> &alias) {
+  if (!acc.hasOneUse() || isa<BlockArgument>(acc))
+    return false;
+  Operation *def = acc.getDefiningOp();
+  if (auto w = dyn_cast<WaitOp>(def)) {
+    // The result of an async collective that only this wait reads.
+    Value c = w.getInput();
+    return c.hasOneUse() && isa_and_nonnull<ReduceScatterOp, AllReduceOp>(
+                                c.getDefiningOp());
+  }
+  if (isa<ReduceScatterOp, AllReduceOp>(def))
+    return true;
+  if (def->hasAttr(kAccumAttrName) && isa<AddOp>(def))
+    return true;
+  return !alias.count(acc) && !isStorageAlias(def);
+}
 
 FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                                              func::FuncOp step,
@@ -284,17 +307,20 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
   if (!ret || ret.getNumOperands() != 1)
     return mlir::emitError(step.getLoc()) << "expected @train_step to return the loss";
-  // The forward pass ends at the loss (before any all-reduce of it).
+  // The forward pass ends at the loss (before any all-reduce of it); with
+  // gradient accumulation each micro-batch's forward ends at its loss.
   Value lossValue = ret.getOperand(0);
   if (auto ar = lossValue.getDefiningOp<AllReduceOp>())
     lossValue = ar.getInput();
-  Operation *lossDef = lossValue.getDefiningOp();
-  int64_t forwardEnd = -1;
+  DenseSet<Operation *> lossDefs;
+  for (Value term : accumTerms(lossValue))
+    lossDefs.insert(term.getDefiningOp());
+  SmallVector<int64_t> forwardEnds;
   for (Operation &op : body.without_terminator()) {
     if (isStorageAlias(&op))
       continue;
-    if (&op == lossDef)
-      forwardEnd = plan.numInstructions;
+    if (lossDefs.contains(&op))
+      forwardEnds.push_back(plan.numInstructions);
     plan.instrIndex[&op] = plan.numInstructions++;
   }
   int64_t end = plan.numInstructions;
@@ -315,6 +341,16 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     else if (auto r = dyn_cast<ReshapeOp>(op))
       // Row-major data does not move: a reshape is the same bytes.
       alias[r.getResult()] = {r.getInput(), {}, 0, 0};
+    else if (auto m = dyn_cast<MicrobatchOp>(op))
+      // Rows of the outermost dimension are contiguous.
+      alias[m.getResult()] = {
+          m.getInput(), {},
+          m.getIndex() * byteSize(cast<RankedTensorType>(m.getType())), 0};
+    else if (auto add = dyn_cast<AddOp>(op);
+             add && add->hasAttr(kAccumAttrName) &&
+             canAccumulateInPlace(add.getLhs(), alias))
+      // Gradient accumulation: acc + g written over acc.
+      alias[add.getResult()] = {add.getLhs(), {}, 0, 0};
     else if (auto ar = dyn_cast<AllReduceOp>(op)) {
       // In place only into a buffer of its own that nobody else reads.
       Value in = ar.getInput();
@@ -349,6 +385,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       markGrad(mul.getLhs());
     else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp>(d))
       markGrad(d->getOperand(0));
+    else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
+      for (Value in : d->getOperands())
+        markGrad(in);
     else if (auto pack = dyn_cast_or_null<PackOp>(d))
       for (Value in : pack.getInputs())
         markGrad(in);
@@ -504,8 +543,10 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // Activations: transient values computed in forward and read in backward.
   for (int64_t id : transient) {
     PlannedBuffer &b = plan.buffers[id];
-    if (b.kind == BufKind::Temp && forwardEnd >= 0 && b.first <= forwardEnd &&
-        b.last > forwardEnd)
+    if (b.kind == BufKind::Temp &&
+        llvm::any_of(forwardEnds, [&](int64_t forwardEnd) {
+          return b.first <= forwardEnd && b.last > forwardEnd;
+        }))
       b.kind = BufKind::Activation;
   }
 

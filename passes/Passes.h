@@ -33,6 +33,33 @@ inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites)
   return step;
 }
 
+/// Marks the adds and 1/K scales fsdp-grad-accum emits to accumulate
+/// micro-batch gradients and losses.
+constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
+/// On @train_step after fsdp-grad-accum: {micro_batches = K, reduce = "step"
+/// | "microbatch"}, the reduction mode fsdp-shard implements.
+constexpr llvm::StringLiteral kGradAccumAttrName = "fsdp.grad_accum";
+
+/// The per-micro-batch terms of a value fsdp-grad-accum accumulated (a
+/// gradient or the loss), in micro-batch order: for
+/// v = scale((t0 + t1) + t2, 1/K) (ops marked fsdp.accum) returns
+/// {t0, t1, t2}; any other value is its own single term.
+inline SmallVector<Value> accumTerms(Value v) {
+  auto scale = v.getDefiningOp<ScaleOp>();
+  if (!scale || !scale->hasAttr(kAccumAttrName))
+    return {v};
+  SmallVector<Value> terms;
+  Value cur = scale.getInput();
+  for (auto add = cur.getDefiningOp<AddOp>(); add && add->hasAttr(kAccumAttrName);
+       add = cur.getDefiningOp<AddOp>()) {
+    terms.push_back(add.getRhs());
+    cur = add.getLhs();
+  }
+  terms.push_back(cur);
+  std::reverse(terms.begin(), terms.end());
+  return terms;
+}
+
 /// Largest tensor the compiler plans, in bytes (the runtime's bound too):
 /// far above any real model, far below where int64 size arithmetic on a
 /// few of them could overflow.

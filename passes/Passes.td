@@ -45,6 +45,66 @@ def FsdpAutodiff : Pass<"fsdp-autodiff", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpGradAccum : Pass<"fsdp-grad-accum", "::mlir::ModuleOp"> {
+  let summary = "gradient accumulation: K micro-batches per optimizer step";
+  let description = [{
+    The model is written for a micro-batch of B rows. With
+    `micro-batches` = K the step takes K*B rows of every input and runs K
+    copies of the forward and backward pass, copy k reading rows
+    [k*B, (k+1)*B) through `fsdp.microbatch` (an alias, no copy). Each
+    parameter's gradient is the sum of the K micro-batch gradients, added
+    into one accumulator (in place) right after each is computed, times
+    1/K; the loss is the mean of the K micro-batch losses. The step thus
+    computes exactly the loss and gradient of one batch of K*B rows (a
+    mean over rows) while only one micro-batch's activations are live at
+    a time: the copies run one after the other, so the memory planner
+    reuses the activation buffers.
+
+    Why a pass of its own, placed after fsdp-autodiff: autodiff sees one
+    forward pass and derives one backward pass; accumulation is a
+    schedule of K such pairs, and cloning the differentiated step keeps
+    each backward right after its own forward (differentiating a K-fold
+    forward would run all K forwards first and keep all activations).
+    Before fsdp-insert-optimizer, the optimizer, clipping and sharding see
+    one gradient per parameter, as without accumulation.
+
+    The accumulation adds and the 1/K scales carry `fsdp.accum`; `fsdp.grad_accum` on @train_step records K and the
+    reduction mode (`reduce`), which fsdp-shard reads:
+    - `step` (default; DDP no_sync): gradients accumulate whole and are
+      reduced once per step;
+    - `microbatch` (FSDP, ZeRO-2/3 memory): fsdp-shard reduces each
+      micro-batch's gradients at once (reduce-scatter, or all-reduce at
+      stage 0) and accumulates them into the reduced (sharded) buffer, so
+      whole gradients never persist across micro-batches.
+    With K = 1 the pass changes nothing.
+
+    Before: @train_step from fsdp-autodiff (one `fsdp.set_grad` per
+    trainable parameter, no optimizer). After: inputs of K*B rows, K
+    forward/backward copies, still one `fsdp.set_grad` per parameter.
+
+    ```mlir
+    // micro-batches=2, the model reads %x : tensor<4x8xf32>
+    %x0 = fsdp.microbatch %x index = 0 : tensor<8x8xf32> -> tensor<4x8xf32>
+    // ... forward and backward of micro-batch 0: %l0, %g0
+    %x1 = fsdp.microbatch %x index = 1 : tensor<8x8xf32> -> tensor<4x8xf32>
+    // ... forward and backward of micro-batch 1: %l1, %g1
+    %a = fsdp.add %g0, %g1 {fsdp.accum} : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+    %g = fsdp.scale %a {factor = 5.000000e-01 : f64, fsdp.accum} : tensor<8x4xf32>
+    fsdp.set_grad @w = %g : tensor<8x4xf32>
+    ```
+  }];
+  let options = [
+    Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
+           "micro-batches per optimizer step (K >= 1; 1: no accumulation)">,
+    Option<"reduce", "reduce", "std::string", /*default=*/"\"step\"",
+           "step (reduce once per step) | microbatch (reduce each micro-batch)">,
+  ];
+  let statistics = [
+    Statistic<"numCopies", "copies", "Forward/backward copies added">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
   let summary = "adds SGD or AdamW updates, optimizer state and clipping";
   let description = [{

@@ -169,8 +169,34 @@ void ShardPass::runOnOperation() {
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
     index[&op] = i;
-  Operation *lossDef = ret.getOperand(0).getDefiningOp();
-  int64_t lossIdx = lossDef ? index[lossDef] : -1;
+  // With gradient accumulation (fsdp-grad-accum) the step runs K
+  // micro-batches, each a forward pass up to its own loss and a backward
+  // pass; the loss returned is their mean. lossIdx[k] is where micro-batch
+  // k's forward pass ends.
+  SmallVector<int64_t> lossIdx;
+  for (Value term : accumTerms(ret.getOperand(0))) {
+    Operation *def = term.getDefiningOp();
+    lossIdx.push_back(def ? index[def] : -1);
+  }
+  llvm::sort(lossIdx);
+  const int64_t numMicro = lossIdx.size();
+  // The micro-batch an op of the forward pass belongs to: the number of
+  // losses computed before it (its own comes after it).
+  auto microOf = [&](Operation *op) {
+    int64_t k = llvm::upper_bound(lossIdx, index[op] - 1) - lossIdx.begin();
+    return std::min(k, numMicro - 1);
+  };
+  bool reducePerMicro = false;
+  if (auto accum = step->getAttrOfType<DictionaryAttr>(kGradAccumAttrName)) {
+    auto mode = accum.getAs<StringAttr>("reduce");
+    if (!mode || (mode.getValue() != "step" && mode.getValue() != "microbatch")) {
+      step.emitOpError() << "has an invalid " << kGradAccumAttrName
+                         << " attribute: expected reduce = \"step\" or "
+                            "\"microbatch\"";
+      return signalPassFailure();
+    }
+    reducePerMicro = mode.getValue() == "microbatch";
+  }
 
   SmallVector<Update> updates;
   llvm::DenseMap<StringAttr, Update *> updateOf;
@@ -237,21 +263,25 @@ void ShardPass::runOnOperation() {
 
   // --- 2. Parameter reads become views of the unit's flat parameters. ----
   // autodiff reuses the forward's reads in backward, so a read's uses are
-  // split by position: uses after the loss are backward uses.
+  // split by position: uses after the loss (of the read's micro-batch) are
+  // backward uses. Each micro-batch gathers for itself.
   struct Reads {
     SmallVector<GetParamOp> gets;
     Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
+    int64_t lossIdx = -1;
   };
-  llvm::MapVector<UnitInfo *, Reads> reads;
+  llvm::MapVector<std::pair<UnitInfo *, int64_t>, Reads> reads;
   for (Operation &op : body) {
     auto get = dyn_cast<GetParamOp>(op);
     if (!get || optimizerOps.contains(get))
       continue;
-    Reads &r = reads[where[get.getNameAttr().getAttr()].first];
+    int64_t micro = microOf(get);
+    Reads &r = reads[{where[get.getNameAttr().getAttr()].first, micro}];
     r.gets.push_back(get);
+    r.lossIdx = lossIdx[micro];
     for (Operation *user : get->getUsers()) {
       Operation *&first =
-          index[user] > lossIdx ? r.firstBackwardUse : r.firstForwardUse;
+          index[user] > r.lossIdx ? r.firstBackwardUse : r.firstForwardUse;
       if (!first || index[user] < index[first])
         first = user;
     }
@@ -265,7 +295,8 @@ void ShardPass::runOnOperation() {
     ++numCollectives;
     return b.create<AllGatherOp>(before->getLoc(), fullTy(u), s);
   };
-  for (auto &[u, r] : reads) {
+  for (auto &[key, r] : reads) {
+    UnitInfo *u = key.first;
     if (!r.firstForwardUse && !r.firstBackwardUse)
       continue; // read but unused
     Value fwd, bwd;
@@ -289,7 +320,7 @@ void ShardPass::runOnOperation() {
       Value fwdView, bwdView;
       for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
         Operation *user = use.getOwner();
-        bool backward = index[user] > lossIdx;
+        bool backward = index[user] > r.lossIdx;
         Value &view = backward ? bwdView : fwdView;
         if (!view) {
           // Insert the view right after the gather it reads so it dominates
@@ -306,55 +337,98 @@ void ShardPass::runOnOperation() {
   }
 
   // --- 3. Gradients: pack per unit, then reduce. ---------------------------
-  // Recompute program order after the insertions.
-  index.clear();
-  for (auto [i, op] : llvm::enumerate(body))
-    index[&op] = i;
-  Operation *lastGradDef = nullptr;
-  for (Update &u : updates)
-    if (Operation *d = u.rawGrad.getDefiningOp())
-      if (!lastGradDef || index[d] > index[lastGradDef])
-        lastGradDef = d;
-  llvm::MapVector<UnitInfo *, Value> flatGrad;
-  Operation *stage1Cursor = nullptr;
-  for (auto &[key, u] : units) {
-    if (u.frozen)
-      continue;
-    SmallVector<Value> grads;
-    Operation *after = nullptr;
-    for (ParamOp p : u.params) {
-      Update *up = updateOf.lookup(p.getSymNameAttr());
-      if (!up) {
-        p.emitOpError() << "is trainable but has no optimizer update";
+  // With accum-reduce=microbatch each micro-batch's gradients are packed
+  // and reduced on their own, and the reduced (sharded) results summed in
+  // place: one round per micro-batch. Otherwise one round reduces the
+  // (accumulated) gradient once.
+  const int64_t rounds = reducePerMicro ? numMicro : 1;
+  llvm::DenseMap<StringAttr, SmallVector<Value>> termsOf;
+  SmallVector<Operation *> perParamAccum; // replaced by the per-unit sums
+  for (Update &u : updates) {
+    SmallVector<Value> terms{u.rawGrad};
+    if (rounds > 1) {
+      terms = accumTerms(u.rawGrad);
+      if ((int64_t)terms.size() != rounds) {
+        u.op->emitOpError() << "expected a gradient accumulated over "
+                            << rounds << " micro-batches, found "
+                            << terms.size() << " terms";
         return signalPassFailure();
       }
-      grads.push_back(up->rawGrad);
-      Operation *d = up->rawGrad.getDefiningOp();
-      if (d && (!after || index[d] > index[after]))
-        after = d;
+      // The chain scale((t0 + t1) + ...): erased once the update is.
+      Operation *op = u.rawGrad.getDefiningOp();
+      perParamAccum.push_back(op);
+      for (Value v = op->getOperand(0); v != terms.front();
+           v = v.getDefiningOp()->getOperand(0))
+        perParamAccum.push_back(v.getDefiningOp());
     }
-    // Stage 1 keeps whole gradients until the backward pass is over; its
-    // reductions follow in unit order.
-    if (eff == 1 && lastGradDef)
-      after = stage1Cursor ? stage1Cursor : lastGradDef;
-    if (after)
-      b.setInsertionPointAfter(after);
-    else
-      b.setInsertionPointToStart(&body);
-    Location loc = u.params.front().getLoc();
-    Value g = b.create<PackOp>(loc, fullTy(u), grads,
-                               b.getDenseI64ArrayAttr(u.offsets));
-    if (world > 1) {
-      ++numCollectives;
-      if (eff == 0)
-        g = b.create<AllReduceOp>(loc, fullTy(u), g, b.getStringAttr("mean"));
-      else
-        g = b.create<ReduceScatterOp>(loc, shardTy(u), g,
-                                      b.getStringAttr("mean"));
-    }
-    flatGrad[&u] = g;
-    stage1Cursor = g.getDefiningOp();
+    termsOf[u.param] = terms;
   }
+  llvm::MapVector<UnitInfo *, Value> flatGrad;
+  for (int64_t round = 0; round < rounds; ++round) {
+    // Recompute program order after the insertions.
+    index.clear();
+    for (auto [i, op] : llvm::enumerate(body))
+      index[&op] = i;
+    Operation *lastGradDef = nullptr;
+    for (Update &u : updates)
+      if (Operation *d = termsOf[u.param][round].getDefiningOp())
+        if (!lastGradDef || index[d] > index[lastGradDef])
+          lastGradDef = d;
+    Operation *stage1Cursor = nullptr;
+    for (auto &[key, u] : units) {
+      if (u.frozen)
+        continue;
+      SmallVector<Value> grads;
+      Operation *after = nullptr;
+      for (ParamOp p : u.params) {
+        Update *up = updateOf.lookup(p.getSymNameAttr());
+        if (!up) {
+          p.emitOpError() << "is trainable but has no optimizer update";
+          return signalPassFailure();
+        }
+        Value term = termsOf[up->param][round];
+        grads.push_back(term);
+        Operation *d = term.getDefiningOp();
+        if (d && (!after || index[d] > index[after]))
+          after = d;
+      }
+      // Stage 1 keeps whole gradients until the backward pass (of the
+      // micro-batch) is over; its reductions follow in unit order.
+      if (eff == 1 && lastGradDef)
+        after = stage1Cursor ? stage1Cursor : lastGradDef;
+      if (after)
+        b.setInsertionPointAfter(after);
+      else
+        b.setInsertionPointToStart(&body);
+      Location loc = u.params.front().getLoc();
+      Value g = b.create<PackOp>(loc, fullTy(u), grads,
+                                 b.getDenseI64ArrayAttr(u.offsets));
+      if (world > 1) {
+        ++numCollectives;
+        if (eff == 0)
+          g = b.create<AllReduceOp>(loc, fullTy(u), g, b.getStringAttr("mean"));
+        else
+          g = b.create<ReduceScatterOp>(loc, shardTy(u), g,
+                                        b.getStringAttr("mean"));
+      }
+      if (round > 0) {
+        // acc += this micro-batch's reduced gradient (in place).
+        auto add = b.create<AddOp>(loc, g.getType(), flatGrad[&u], g);
+        add->setAttr(kAccumAttrName, b.getUnitAttr());
+        g = add;
+      }
+      flatGrad[&u] = g;
+      stage1Cursor = g.getDefiningOp();
+    }
+  }
+  if (rounds > 1)
+    for (auto &[u, g] : flatGrad) {
+      b.setInsertionPointAfterValue(g);
+      auto mean = b.create<ScaleOp>(g.getLoc(), g.getType(), g,
+                                    b.getF64FloatAttr(1.0 / rounds));
+      mean->setAttr(kAccumAttrName, b.getUnitAttr());
+      g = mean;
+    }
 
   // --- 4. The update, once per unit on flat tensors. ----------------------
   // Remove the per-parameter optimizer section (users first).
@@ -366,6 +440,8 @@ void ShardPass::runOnOperation() {
     op->dropAllUses();
     op->erase();
   }
+  for (Operation *op : perParamAccum)
+    op->erase();
   for (StateOp s : llvm::make_early_inc_range(module.getOps<StateOp>()))
     s.erase();
 

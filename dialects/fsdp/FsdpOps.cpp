@@ -229,6 +229,28 @@ LogicalResult ReshapeOp::verify() {
   return success();
 }
 
+LogicalResult MicrobatchOp::verify() {
+  auto a = rt(getInput()), r = rt(getResult());
+  if (a.getElementType() != r.getElementType())
+    return emitOpError() << "expected the element type to be kept, found "
+                         << a.getElementType() << " -> " << r.getElementType();
+  if (a.getRank() < 1 || a.getRank() != r.getRank() ||
+      a.getShape().drop_front() != r.getShape().drop_front())
+    return emitOpError() << "expected the shapes to differ in dimension 0 "
+                            "only, found "
+                         << a << " -> " << r;
+  int64_t rows = r.getShape()[0];
+  if (a.getShape()[0] % rows != 0)
+    return emitOpError() << "expected the input's " << a.getShape()[0]
+                         << " rows to hold a whole number of micro-batches of "
+                         << rows;
+  if (getIndex() < 0 || getIndex() >= a.getShape()[0] / rows)
+    return emitOpError() << "micro-batch index " << getIndex()
+                         << " is out of range: the input holds "
+                         << a.getShape()[0] / rows;
+  return success();
+}
+
 LogicalResult TransposeOp::verify() {
   auto a = rt(getInput());
   ArrayRef<int64_t> perm = getPerm();

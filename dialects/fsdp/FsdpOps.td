@@ -322,6 +322,26 @@ def Fsdp_ReshapeOp : Fsdp_Op<"reshape", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fsdp_MicrobatchOp : Fsdp_Op<"microbatch", [Pure]> {
+  let summary = "one micro-batch of a batch: a contiguous range of rows";
+  let description = [{
+    Rows [index * R, (index + 1) * R) of the input along dimension 0, where
+    R = result.shape[0]; the input holds a whole number of micro-batches
+    and the other dimensions are kept. Dimension 0 is outermost, so the
+    rows are contiguous in row-major order: the memory plan makes the
+    result an alias of the input, not a copy, for any element type.
+    fsdp-grad-accum emits it to split the step's batch into micro-batches.
+
+    ```mlir
+    %x1 = fsdp.microbatch %x index = 1 : tensor<24x16xf32> -> tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_AnyTensor:$input, I64Attr:$index);
+  let results = (outs Fsdp_AnyTensor:$result);
+  let assemblyFormat = "$input `index` `=` $index attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 def Fsdp_TransposeOp : Fsdp_Op<"transpose", [Pure]> {
   let summary = "permutes dimensions";
   let description = [{

@@ -394,3 +394,35 @@ func.func @f(%a: tensor<4xf32>, %b: tensor<4xf32>) {
   %v = fsdp.pack %a, %b offsets = [0, 2] : (tensor<4xf32>, tensor<4xf32>) -> tensor<8xf32>
   return
 }
+
+// -----
+// Tests that a micro-batch keeps every dimension but the rows.
+func.func @f(%x: tensor<8x4xf32>) {
+  // expected-error @+1 {{expected the shapes to differ in dimension 0 only, found 'tensor<8x4xf32>' -> 'tensor<4x2xf32>'}}
+  %0 = fsdp.microbatch %x index = 0 : tensor<8x4xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+// Tests that the batch must hold a whole number of micro-batches.
+func.func @f(%x: tensor<8x4xi32>) {
+  // expected-error @+1 {{expected the input's 8 rows to hold a whole number of micro-batches of 3}}
+  %0 = fsdp.microbatch %x index = 0 : tensor<8x4xi32> -> tensor<3x4xi32>
+  return
+}
+
+// -----
+// Tests that the micro-batch index is checked against the count.
+func.func @f(%x: tensor<8x4xf32>) {
+  // expected-error @+1 {{micro-batch index 2 is out of range: the input holds 2}}
+  %0 = fsdp.microbatch %x index = 2 : tensor<8x4xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+// Tests that a micro-batch keeps the element type.
+func.func @f(%x: tensor<8x4xf32>) {
+  // expected-error @+1 {{expected the element type to be kept, found 'f32' -> 'f16'}}
+  %0 = fsdp.microbatch %x index = 0 : tensor<8x4xf32> -> tensor<4x4xf16>
+  return
+}

@@ -84,6 +84,10 @@ func.func @structure(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %m: tensor
   %7 = fsdp.reshape %x : tensor<2x16x64xf32> -> tensor<32x64xf32>
   // CHECK: fsdp.reshape %{{.+}} : tensor<2x16xi32> -> tensor<32xi32>
   %8 = fsdp.reshape %ids : tensor<2x16xi32> -> tensor<32xi32>
+  // CHECK: fsdp.microbatch %{{.+}} index = 1 : tensor<2x16xi32> -> tensor<1x16xi32>
+  %mb = fsdp.microbatch %ids index = 1 : tensor<2x16xi32> -> tensor<1x16xi32>
+  // CHECK: fsdp.microbatch %{{.+}} index = 0 : tensor<2x16x64xf32> -> tensor<1x16x64xf32>
+  %mbx = fsdp.microbatch %x index = 0 : tensor<2x16x64xf32> -> tensor<1x16x64xf32>
   // CHECK: fsdp.transpose %{{.+}} perm = [1, 0, 2] : tensor<2x16x64xf32> -> tensor<16x2x64xf32>
   %9 = fsdp.transpose %x perm = [1, 0, 2] : tensor<2x16x64xf32> -> tensor<16x2x64xf32>
   // CHECK: fsdp.slice %{{.+}} dim = 2 offset = 32 : tensor<2x16x64xf32> -> tensor<2x16x32xf32>

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Gradient accumulation is a refactoring of the large batch.
+
+For a model written for a micro-batch of B rows, compiles it with
+grad-accum=K (each reduction mode) and, as the reference, the same model
+written for K*B rows with grad-accum=1; for every N in the list and every
+stage (and reshard-after-forward both ways for stage 3) runs both for S
+steps on N ranks (the same K*B rows per rank and step) and checks that the
+per-step losses agree within RTOL (relative) and, for SGD, that the
+consolidated final parameters agree (1e-4 of each tensor's largest value,
+as test/e2e/shard_equivalence.py). Also prints each plan's peak memory per
+rank and its gradient and activation parts, against the reference's.
+
+usage: grad_accum.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL K B N [N ...]
+
+OPTIMIZER is a pipeline fragment such as "adamw" or "sgd momentum=0.9".
+Under AdamW only the losses are compared (shard_equivalence.py says why).
+The two programs differ only in summation order (K partial matmul sums
+over B rows instead of one over K*B, the mean taken as 1/K of means of B),
+so they agree to rounding; RTOL is the issue's bound.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from shard_equivalence import gen, read_f32  # noqa: E402
+
+
+def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):
+    plan = os.path.join(tmp, tag + ".plan")
+    subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
+                    f"--fsdp-pipeline=optimizer={optimizer} max-grad-norm=1.0 {pipeline} "
+                    f"world-size={n} plan={plan} report=false"], check=True)
+    with open(plan) as f:
+        memory = json.load(f)["memory"]
+    save = os.path.join(tmp, tag + ".safetensors")
+    out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", str(steps),
+                          "--lr", "1e-2", "--json", "--threads", "1", "--save", save]
+                         + (["--nproc", str(n)] if n > 1 else []),
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    losses = [r["loss"] for r in rows if "step" in r]
+    return losses, read_f32(save), memory
+
+
+def main():
+    bindir, kind, optimizer = sys.argv[1], sys.argv[2], sys.argv[3]
+    steps, rtol = int(sys.argv[4]), float(sys.argv[5])
+    k, micro = int(sys.argv[6]), int(sys.argv[7])
+    worlds = [int(a) for a in sys.argv[8:]]
+    compare_params = not optimizer.startswith("adamw")
+    failures = 0
+    kib = lambda b: f"{b / 1024:8.1f} KiB"
+    with tempfile.TemporaryDirectory() as tmp:
+        small = os.path.join(tmp, "micro.mlir")
+        big = os.path.join(tmp, "big.mlir")
+        gen(kind, micro, small)
+        gen(kind, k * micro, big)
+        print(f"{kind} ({optimizer}): {k} micro-batches of {micro} rows vs one batch of "
+              f"{k * micro} rows per rank, {steps} steps")
+        configs = [(s, True) for s in range(4)] + [(3, False)]
+        for n in worlds:
+            for stage, reshard in configs:
+                pipe = f"stage={stage} reshard-after-forward={'true' if reshard else 'false'}"
+                tag = f"n{n}s{stage}{'r' if reshard else 'k'}"
+                ref_losses, ref_params, ref_mem = run(bindir, big, tmp, tag + "ref", n, pipe,
+                                                      steps, optimizer)
+                for mode in ("step", "microbatch"):
+                    losses, params, mem = run(
+                        bindir, small, tmp, f"{tag}{mode}", n,
+                        f"{pipe} grad-accum={k} accum-reduce={mode}", steps, optimizer)
+                    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+                    param_err = 0.0
+                    for name, ref in ref_params.items():
+                        scale = max(max(abs(v) for v in ref), 1e-12)
+                        d = max(abs(a - b) for a, b in zip(params[name], ref))
+                        param_err = max(param_err, d / scale)
+                    ok = (len(losses) == len(ref_losses) == steps and loss_err <= rtol
+                          and (not compare_params or param_err <= 1e-4))
+                    failures += not ok
+                    print(f"  N={n} stage={stage} reshard={'yes' if reshard else 'no ':<3} "
+                          f"{mode:<10} loss diff {loss_err:.2e} param diff {param_err:.2e}  "
+                          f"peak {kib(mem['peak'])} (batch {kib(ref_mem['peak'])})  "
+                          f"grads {kib(mem['grads'])} ({kib(ref_mem['grads'])})  "
+                          f"activations {kib(mem['activations'])} "
+                          f"({kib(ref_mem['activations'])})  {'ok' if ok else 'MISMATCH'}")
+    if not compare_params:
+        print("(final parameters not compared under AdamW: see shard_equivalence.py)")
+    print("every accumulated run matches the large batch" if not failures
+          else f"FAIL: {failures} configuration(s) differ")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
