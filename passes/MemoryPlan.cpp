@@ -310,6 +310,8 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // The forward pass ends at the loss (before any all-reduce of it); with
   // gradient accumulation each micro-batch's forward ends at its loss.
   Value lossValue = ret.getOperand(0);
+  if (auto w = lossValue.getDefiningOp<WaitOp>()) // an async all-reduce
+    lossValue = w.getInput();
   if (auto ar = lossValue.getDefiningOp<AllReduceOp>())
     lossValue = ar.getInput();
   DenseSet<Operation *> lossDefs;
