@@ -385,7 +385,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     Operation *d = v.getDefiningOp();
     if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
       markGrad(mul.getLhs());
-    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp>(d))
+    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp>(d))
       markGrad(d->getOperand(0));
     else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
       for (Value in : d->getOperands())

@@ -9,7 +9,10 @@ steps on N ranks (the same K*B rows per rank and step) and checks that the
 per-step losses agree within RTOL (relative) and, for SGD, that the
 consolidated final parameters agree (1e-4 of each tensor's largest value,
 as test/e2e/shard_equivalence.py). Also prints each plan's peak memory per
-rank and its gradient and activation parts, against the reference's.
+rank and its gradient and activation parts, against the reference's, and
+checks that fewer activation bytes are live (one micro-batch's at a time)
+and that microbatch mode at stages 2/3 (N >= 2) needs fewer gradient bytes
+than step mode (no whole gradient persists between micro-batches).
 
 usage: grad_accum.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL K B N [N ...]
 
@@ -79,15 +82,26 @@ def main():
                         scale = max(max(abs(v) for v in ref), 1e-12)
                         d = max(abs(a - b) for a, b in zip(params[name], ref))
                         param_err = max(param_err, d / scale)
+                    # Memory, from the plans: one micro-batch's activations
+                    # live at a time (fewer than the batch's); step mode
+                    # keeps the whole gradient between micro-batches, and
+                    # microbatch mode at stages 2/3 on N >= 2 ranks keeps
+                    # only shards, so it needs fewer gradient bytes.
+                    if mode == "step":
+                        step_grads = mem["grads"]
+                    mem_ok = (mem["activations"] < ref_mem["activations"]
+                              and (mode != "microbatch" or stage < 2 or n < 2
+                                   or mem["grads"] < step_grads))
                     ok = (len(losses) == len(ref_losses) == steps and loss_err <= rtol
-                          and (not compare_params or param_err <= 1e-4))
+                          and (not compare_params or param_err <= 1e-4) and mem_ok)
                     failures += not ok
                     print(f"  N={n} stage={stage} reshard={'yes' if reshard else 'no ':<3} "
                           f"{mode:<10} loss diff {loss_err:.2e} param diff {param_err:.2e}  "
                           f"peak {kib(mem['peak'])} (batch {kib(ref_mem['peak'])})  "
                           f"grads {kib(mem['grads'])} ({kib(ref_mem['grads'])})  "
                           f"activations {kib(mem['activations'])} "
-                          f"({kib(ref_mem['activations'])})  {'ok' if ok else 'MISMATCH'}")
+                          f"({kib(ref_mem['activations'])})  "
+                          f"{'ok' if ok else 'MISMATCH' + ('' if mem_ok else ' (memory)')}")
     if not compare_params:
         print("(final parameters not compared under AdamW: see shard_equivalence.py)")
     print("every accumulated run matches the large batch" if not failures
