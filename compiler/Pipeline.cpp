@@ -35,7 +35,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // Sharding rewrites the optimizer's updates; without an optimizer the
   // step outputs whole gradients and is not sharded (asking for several
   // ranks then reaches fsdp-shard, which says why it cannot).
-  if (options.optimizer != "none" || options.worldSize != 1) {
+  if (options.optimizer != "none" || options.worldSize != 1 ||
+      !options.mesh.empty()) {
     FsdpGroupUnitsOptions group;
     group.policy = options.unitPolicy;
     group.minUnitNumel = options.minUnitNumel;
@@ -44,6 +45,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     shard.worldSize = options.worldSize;
     shard.stage = options.stage;
     shard.reshardAfterForward = options.reshardAfterForward;
+    shard.mesh = options.mesh;
     pm.addPass(createFsdpShard(shard));
     if (options.overlap) {
       FsdpScheduleOptions sched;

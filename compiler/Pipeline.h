@@ -46,6 +46,11 @@ struct FsdpPipelineOptions
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};
+  Option<std::string> mesh{
+      *this, "mesh",
+      llvm::cl::desc("RxS: hybrid sharding, R replicas x S shards (R*S = "
+                     "world-size); empty: 1-D mesh"),
+      llvm::cl::init("")};
   Option<int64_t> stage{*this, "stage",
                         llvm::cl::desc("ZeRO stage: 0 DDP, 1 optimizer "
                                        "state, 2 + gradients, 3 + parameters"),

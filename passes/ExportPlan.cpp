@@ -342,6 +342,9 @@ void ExportPlanPass::runOnOperation() {
       {"program", std::move(program)},
   };
 
+  if (auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh"))
+    if (mesh.size() == 2)
+      root["mesh"] = json::Object{{"replicas", mesh[0]}, {"shards", mesh[1]}};
   json::Value value(std::move(root));
   llvm::Error err = llvm::writeToOutput(output, [&](llvm::raw_ostream &os) {
     os << llvm::formatv("{0:1}", value) << "\n";

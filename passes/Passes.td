@@ -198,6 +198,15 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     a scalar all-reduce. With more than one rank the loss is all-reduced
     (mean) so every rank reports the global loss.
 
+    Hybrid sharding (`mesh=RxS`, FSDP2's HSDP, DeepSpeed's MiCS): ranks
+    form R replicas of S consecutive ranks each. Everything above happens
+    inside each replica (`group = "shard"` on the collectives: units are
+    padded to a multiple of S, each rank keeps 1/S), and each gradient
+    shard is then all-reduced (mean) across the R ranks holding that shard
+    (`group = "replica"`), so the replicas stay identical. The mean over S
+    followed by the mean over R is the mean over all R*S ranks. With S = 1
+    nothing is sharded (stages 1 and 2 are stage 0).
+
     Before: per-parameter updates from fsdp-insert-optimizer. After: no
     `fsdp.get_param` / `fsdp.set_param` remain in @train_step; collectives
     are `fsdp.all_gather`, `fsdp.reduce_scatter`, `fsdp.all_reduce`.
@@ -216,6 +225,9 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     Option<"reshardAfterForward", "reshard-after-forward", "bool",
            /*default=*/"true",
            "stage 3: free gathered parameters after forward, gather again for backward">,
+    Option<"mesh", "mesh", "std::string", /*default=*/"\"\"",
+           "RxS: hybrid sharding on a 2-D mesh of R replicas x S shards "
+           "(R*S = world-size); empty: 1-D mesh (S = world-size)">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,

@@ -100,10 +100,53 @@ void ShardPass::runOnOperation() {
     }
 
   const int64_t world = worldSize;
-  // With one rank there is nothing to shard: stages 1 and 2 are stage 0.
-  const int64_t eff = (world == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
+  // The mesh: R replicas x S shards, rank r = replica * S + shard.
+  int64_t replicas = 1, shards = world;
+  if (!mesh.empty()) {
+    StringRef text = mesh, r, sh;
+    std::tie(r, sh) = text.split('x');
+    if (r.getAsInteger(10, replicas) || sh.getAsInteger(10, shards) ||
+        replicas < 1 || shards < 1 || replicas > world || shards > world ||
+        replicas * shards != world) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-shard: mesh='" << mesh.getValue()
+          << "' must be RxS with R*S = world-size (" << world << ")";
+      return signalPassFailure();
+    }
+  }
+  // With one shard per replica there is nothing to shard: stages 1 and 2
+  // are stage 0.
+  const int64_t eff = (shards == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
   OpBuilder b(ctx);
+  // The group a collective on one mesh axis runs over; none (every rank)
+  // when that axis is the whole world.
+  const StringAttr shardGroup =
+      replicas > 1 ? b.getStringAttr("shard") : StringAttr();
+  const StringAttr replicaGroup =
+      shards > 1 ? b.getStringAttr("replica") : StringAttr();
+  auto allGather = [&](Location loc, Type ty, Value in, StringAttr group) {
+    ++numCollectives;
+    return b.create<AllGatherOp>(loc, ty, in, UnitAttr(), group).getResult();
+  };
+  auto reduceScatter = [&](Location loc, Type ty, Value in, StringRef reduce,
+                           StringAttr group) {
+    ++numCollectives;
+    return b
+        .create<ReduceScatterOp>(loc, ty, in, b.getStringAttr(reduce),
+                                 UnitAttr(), group)
+        .getResult();
+  };
+  auto allReduce = [&](Location loc, Type ty, Value in, StringRef reduce,
+                       StringAttr group) {
+    ++numCollectives;
+    return b
+        .create<AllReduceOp>(loc, ty, in, b.getStringAttr(reduce), UnitAttr(),
+                             group)
+        .getResult();
+  };
   module->setAttr("fsdp.world_size", b.getI64IntegerAttr(world));
+  if (!mesh.empty())
+    module->setAttr("fsdp.mesh", b.getDenseI64ArrayAttr({replicas, shards}));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
   module->setAttr("fsdp.reshard_after_forward",
                   b.getBoolAttr(reshardAfterForward));
@@ -143,14 +186,14 @@ void ShardPass::runOnOperation() {
                         << "; a unit packs one dtype";
         return signalPassFailure();
       }
-    int64_t padded = (u.numel + world - 1) / world * world;
+    int64_t padded = (u.numel + shards - 1) / shards * shards;
     SmallVector<Attribute> refs;
     for (ParamOp p : u.params)
       refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
     u.op = b.create<UnitOp>(
         u.params.front().getLoc(), b.getStringAttr(u.name),
         TypeAttr::get(RankedTensorType::get({padded}, elem)),
-        TypeAttr::get(RankedTensorType::get({padded / world}, elem)),
+        TypeAttr::get(RankedTensorType::get({padded / shards}, elem)),
         b.getI64IntegerAttr(u.numel), b.getArrayAttr(refs),
         eff == 3 ? b.getUnitAttr() : UnitAttr(),
         u.frozen ? b.getUnitAttr() : UnitAttr());
@@ -290,10 +333,9 @@ void ShardPass::runOnOperation() {
     b.setInsertionPoint(before);
     Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
                                   symOf(u));
-    if (eff != 3 || world == 1)
+    if (eff != 3 || shards == 1)
       return s;
-    ++numCollectives;
-    return b.create<AllGatherOp>(before->getLoc(), fullTy(u), s);
+    return allGather(before->getLoc(), fullTy(u), s, shardGroup);
   };
   for (auto &[key, r] : reads) {
     UnitInfo *u = key.first;
@@ -403,13 +445,14 @@ void ShardPass::runOnOperation() {
       Location loc = u.params.front().getLoc();
       Value g = b.create<PackOp>(loc, fullTy(u), grads,
                                  b.getDenseI64ArrayAttr(u.offsets));
-      if (world > 1) {
-        ++numCollectives;
-        if (eff == 0)
-          g = b.create<AllReduceOp>(loc, fullTy(u), g, b.getStringAttr("mean"));
-        else
-          g = b.create<ReduceScatterOp>(loc, shardTy(u), g,
-                                        b.getStringAttr("mean"));
+      if (world > 1 && eff == 0) {
+        g = allReduce(loc, fullTy(u), g, "mean", StringAttr());
+      } else if (world > 1) {
+        // Mean over the replica's S shards, then over the R replicas.
+        if (shards > 1)
+          g = reduceScatter(loc, shardTy(u), g, "mean", shardGroup);
+        if (replicas > 1)
+          g = allReduce(loc, shardTy(u), g, "mean", replicaGroup);
       }
       if (round > 0) {
         // acc += this micro-batch's reduced gradient (in place).
@@ -453,11 +496,11 @@ void ShardPass::runOnOperation() {
     for (auto &[u, g] : flatGrad)
       gs.push_back(g);
     Value sq = b.create<SquaredNormOp>(loc, scalarTy, gs);
-    if (world > 1 && eff != 0) {
-      // Each rank holds 1/N of every gradient: partial sums, then one
-      // scalar all-reduce, so the norm is over the whole gradient.
-      ++numCollectives;
-      sq = b.create<AllReduceOp>(loc, scalarTy, sq, b.getStringAttr("sum"));
+    if (shards > 1 && eff != 0) {
+      // Each rank holds 1/S of every gradient: partial sums, then one
+      // scalar all-reduce over the shards (the replicas hold the same
+      // reduced shards), so the norm is over the whole gradient.
+      sq = allReduce(loc, scalarTy, sq, "sum", shardGroup);
     }
     Value coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
     for (auto &[u, g] : flatGrad)
@@ -507,19 +550,15 @@ void ShardPass::runOnOperation() {
                            upd->getResult(i + 1));
     Value newP = upd->getResult(0);
     if (eff == 1 || eff == 2) {
-      ++numCollectives;
-      newP = b.create<AllGatherOp>(loc, fullTy(*u), newP);
+      newP = allGather(loc, fullTy(*u), newP, shardGroup);
     }
     b.create<SetUnitOp>(loc, symOf(*u), newP);
   }
 
   // The loss every rank reports is the global mean.
   if (world > 1) {
-    ++numCollectives;
     Value loss = ret.getOperand(0);
-    Value global =
-        b.create<AllReduceOp>(loc, loss.getType(), loss, b.getStringAttr("mean"));
-    ret.setOperand(0, global);
+    ret.setOperand(0, allReduce(loc, loss.getType(), loss, "mean", StringAttr()));
   }
 }
 

@@ -410,14 +410,44 @@ LogicalResult EmbeddingGradOp::verify() {
 // Sharding ops
 //===----------------------------------------------------------------------===//
 
-/// The mesh size recorded by fsdp-shard on the module, or 0 when unknown.
-static int64_t worldSizeOf(Operation *op) {
+/// The ranks in `group` ("world" for every rank, "shard" / "replica" for
+/// an axis of the 2-D mesh `fsdp.mesh` = replicas x shards) as recorded by
+/// fsdp-shard on the module; 0 when unknown. Without `fsdp.mesh` the mesh
+/// is 1-D: the shard group is the world and the replica group one rank.
+static int64_t groupSizeOf(Operation *op, StringRef group) {
   auto module = op->getParentOfType<ModuleOp>();
   if (!module)
     return 0;
-  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
-    return w.getInt();
-  return 0;
+  auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size");
+  auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh");
+  if (mesh && mesh.size() == 2) {
+    if (group == "shard")
+      return mesh[1];
+    if (group == "replica")
+      return mesh[0];
+  }
+  if (!w)
+    return 0;
+  if (group == "replica")
+    return 1;
+  return w.getInt();
+}
+
+/// A collective's `group` attribute names one of the mesh's groups.
+static LogicalResult verifyGroup(Operation *op) {
+  auto g = op->getAttrOfType<StringAttr>("group");
+  if (g && g.getValue() != "world" && g.getValue() != "shard" &&
+      g.getValue() != "replica")
+    return op->emitOpError() << "expected group = \"world\", \"shard\" or "
+                                "\"replica\", found \""
+                             << g.getValue() << "\"";
+  return success();
+}
+
+static StringRef groupOf(Operation *op) {
+  auto g = op->getAttrOfType<StringAttr>("group");
+  // A shard view cuts the unit into the shard group's shards.
+  return g ? g.getValue() : isa<ShardViewOp>(op) ? "shard" : "world";
 }
 
 static LogicalResult expectFlat(Operation *op, StringRef what,
@@ -440,9 +470,9 @@ LogicalResult UnitOp::verify() {
                             "size, found "
                          << shard.getNumElements() << " and "
                          << full.getNumElements();
-  if (int64_t world = worldSizeOf(*this))
+  if (int64_t world = groupSizeOf(*this, "shard"))
     if (shard.getNumElements() * world != full.getNumElements())
-      return emitOpError() << "expected padded size = world size (" << world
+      return emitOpError() << "expected padded size = shard count (" << world
                            << ") x shard size, found " << full.getNumElements()
                            << " and " << shard.getNumElements();
   if (getNumel() > full.getNumElements() || getNumel() <= 0)
@@ -487,24 +517,24 @@ LogicalResult ViewOp::verify() {
   return success();
 }
 
-/// Shared by shard_view, all_gather and reduce_scatter: `big` holds world
-/// shards of `small`.
+/// Shared by shard_view, all_gather and reduce_scatter: `big` holds one
+/// shard of `small` per rank of the op's group.
 static LogicalResult verifyShardPair(Operation *op, RankedTensorType big,
                                      RankedTensorType small) {
-  if (failed(expectFlat(op, "whole buffer", big)) ||
+  if (failed(verifyGroup(op)) || failed(expectFlat(op, "whole buffer", big)) ||
       failed(expectFlat(op, "shard", small)))
     return failure();
   if (big.getElementType() != small.getElementType())
     return op->emitOpError() << "expected one element type, found "
                              << big.getElementType() << " and "
                              << small.getElementType();
-  int64_t world = worldSizeOf(op);
+  int64_t world = groupSizeOf(op, groupOf(op));
   if (small.getNumElements() <= 0 ||
       big.getNumElements() % small.getNumElements() != 0 ||
       (world && big.getNumElements() != world * small.getNumElements()))
     return op->emitOpError()
            << "expected the whole buffer to hold "
-           << (world ? std::to_string(world) : std::string("world-size"))
+           << (world ? std::to_string(world) : std::string("group-size"))
            << " shards of " << small.getNumElements() << ", found "
            << big.getNumElements() << " elements";
   return success();
@@ -531,6 +561,8 @@ LogicalResult ReduceScatterOp::verify() {
 }
 
 LogicalResult AllReduceOp::verify() {
+  if (failed(verifyGroup(*this)))
+    return failure();
   return verifyReduceKind(*this, getReduce());
 }
 

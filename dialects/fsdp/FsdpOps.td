@@ -731,8 +731,9 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol]> {
   let description = [{
     The parameters listed in `params` (in that order) are packed into one
     flat tensor of `numel` elements, zero-padded to `type` (a multiple of
-    the world size). Rank r owns elements [r * S, (r + 1) * S) where S is
-    the size of `shard_type`. With `sharded`, only that shard persists
+    the shard count: the world size, or the shards of a 2-D `fsdp.mesh`).
+    Rank r owns elements [i * S, (i + 1) * S) where S is the size of
+    `shard_type` and i = r mod shard count. With `sharded`, only that shard persists
     between steps (ZeRO-3 / FSDP); otherwise every rank keeps the whole
     flat buffer (DDP, ZeRO-1/2). One all-gather or reduce-scatter moves a
     whole unit.
@@ -840,15 +841,21 @@ def Fsdp_PackOp : Fsdp_Op<"pack", [Pure]> {
 def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
   let summary = "concatenates every rank's shard, in rank order";
   let description = [{
-    Input: this rank's S elements; result: world_size * S elements. Every
-    rank issues the same collectives in the same order: the plan is one
-    program for all ranks.
+    Input: this rank's S elements; result: G * S elements, G the ranks of
+    its group. Every rank issues the same collectives in the same order:
+    the plan is one program for all ranks.
+
+    `group` picks the ranks on a 2-D mesh (module attribute `fsdp.mesh` =
+    replicas x shards): "shard" (the ranks sharding one replica), "replica"
+    (the ranks holding one shard); absent: every rank.
 
     ```mlir
     %full = fsdp.all_gather %shard : tensor<66xf32> -> tensor<264xf32>
+    %f2 = fsdp.all_gather %shard {group = "shard"} : tensor<66xf32> -> tensor<132xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, UnitAttr:$async);
+  let arguments = (ins Fsdp_FloatTensor:$input, UnitAttr:$async,
+                       OptionalAttr<StrAttr>:$group);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -857,14 +864,16 @@ def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
 def Fsdp_ReduceScatterOp : Fsdp_Op<"reduce_scatter"> {
   let summary = "reduces a flat buffer across ranks; each keeps its shard";
   let description = [{
-    Input: world_size * S elements on every rank; result: this rank's S
-    elements of the elementwise sum (or mean with `reduce = "mean"`).
+    Input: G * S elements on every rank of the group (G ranks, `group` as
+    in fsdp.all_gather); result: this rank's S elements of the elementwise
+    sum (or mean with `reduce = "mean"`) over the group.
 
     ```mlir
     %gs = fsdp.reduce_scatter %g {reduce = "mean"} : tensor<264xf32> -> tensor<66xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async);
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async,
+                       OptionalAttr<StrAttr>:$group);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -874,11 +883,17 @@ def Fsdp_AllReduceOp : Fsdp_Op<"all_reduce",
     [AllTypesMatch<["input", "result"]>]> {
   let summary = "elementwise sum or mean across ranks";
   let description = [{
+    Over every rank, or over one axis of a 2-D mesh with `group` (as in
+    fsdp.all_gather): HSDP all-reduces each gradient shard over
+    `group = "replica"`.
+
     ```mlir
     %g = fsdp.all_reduce %g0 {reduce = "mean"} : tensor<264xf32>
+    %h = fsdp.all_reduce %gs {reduce = "mean", group = "replica"} : tensor<66xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async);
+  let arguments = (ins Fsdp_FloatTensor:$input, StrAttr:$reduce, UnitAttr:$async,
+                       OptionalAttr<StrAttr>:$group);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;

@@ -40,6 +40,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sys/stat.h>
@@ -69,8 +70,39 @@ class GlooComm final : public Communicator {
 public:
   GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx,
            std::chrono::milliseconds timeout,
-           std::unique_ptr<FlightRecorder> recorder)
-      : ctx(std::move(ctx)), timeout(timeout), recorder(std::move(recorder)) {}
+           std::unique_ptr<FlightRecorder> recorder,
+           std::shared_ptr<gloo::transport::Device> dev,
+           std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix)
+      : ctx(std::move(ctx)), timeout(timeout), recorder(std::move(recorder)),
+        dev(std::move(dev)), store(std::move(store)), prefix(std::move(prefix)) {}
+
+  /// A Gloo context of its own over the group's ranks, met through the
+  /// job's store under a key prefix naming the group. No flight recorder:
+  /// the group's collectives are still bounded by the timeout, but a stall
+  /// is reported without naming the rank waited for.
+  Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                  std::unique_ptr<Communicator> &out) override {
+    auto me = std::find(ranks.begin(), ranks.end(), rank());
+    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+        ranks.front() < 0 || ranks.back() >= size())
+      return FSDP_ERROR("rank ", rank(), ": group '", tag, "' must list ranks of 0..",
+                        size() - 1, " in order, this rank among them");
+    if (ranks.size() == 1)
+      return Communicator::subgroup(ranks, tag, out);
+    std::string name = prefix + "/" + tag;
+    try {
+      gloo::rendezvous::PrefixStore ps(name, *store);
+      auto sub = std::make_shared<gloo::rendezvous::Context>(
+          (int)(me - ranks.begin()), (int)ranks.size());
+      sub->setTimeout(timeout);
+      sub->connectFullMesh(ps, dev);
+      out = std::make_unique<GlooComm>(sub, timeout, nullptr, dev, store, name);
+    } catch (const std::exception &e) {
+      return FSDP_ERROR("rank ", rank(), ": connecting group '", tag, "' (", ranks.size(),
+                        " ranks) failed: ", e.what());
+    }
+    return Status::ok();
+  }
 
   int64_t rank() const override { return ctx->rank; }
   int64_t size() const override { return ctx->size; }
@@ -176,6 +208,11 @@ private:
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::chrono::milliseconds timeout;
   std::unique_ptr<FlightRecorder> recorder;
+  // What subgroups are connected through: this rank's transport device and
+  // the job's rendezvous store (kept open for the job's lifetime).
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::string prefix;
 };
 
 } // namespace
@@ -255,12 +292,12 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     if (const char *h = std::getenv("FSDP_HOSTNAME"))
       attr.hostname = h;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    std::unique_ptr<gloo::rendezvous::Store> base;
+    std::shared_ptr<gloo::rendezvous::Store> base;
     if (!job.storeDir.empty()) {
       ::mkdir(job.storeDir.c_str(), 0700);
-      base = std::make_unique<gloo::rendezvous::FileStore>(job.storeDir);
+      base = std::make_shared<gloo::rendezvous::FileStore>(job.storeDir);
     } else {
-      base = std::make_unique<TcpStore>(job.masterAddr, job.masterPort,
+      base = std::make_shared<TcpStore>(job.masterAddr, job.masterPort,
                                         job.rank == 0, timeout);
     }
     gloo::rendezvous::PrefixStore store("fsdp", *base);
@@ -285,7 +322,8 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
       recorder = std::make_unique<FlightRecorder>(job.rank, job.worldSize,
                                                   std::move(board), timeout);
     }
-    out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder));
+    out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder), dev, base,
+                                     "fsdp");
   } catch (const std::exception &e) {
     return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize,
                       ": rendezvous through '", where, "' failed (",

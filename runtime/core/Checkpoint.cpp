@@ -122,6 +122,7 @@ json makeIndex(const Plan &plan, const TrainingPosition &position) {
           {"version", kCheckpointVersion},
           {"model", plan.model},
           {"world_size", plan.worldSize},
+          {"mesh", {plan.meshReplicas, plan.meshShards}},
           {"stage", plan.stage},
           {"step", position.step},
           {"seed", std::to_string(position.seed)},
@@ -286,10 +287,21 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
   json index;
   FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
   int64_t world = index["world_size"], stage = index["stage"];
-  if (world != plan.worldSize || stage != plan.stage)
+  // Written before meshes existed: a 1-D mesh.
+  std::vector<int64_t> mesh = {1, world};
+  if (index.contains("mesh")) {
+    const json &m = index["mesh"];
+    if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() ||
+        !m[1].is_number_integer() || m[0].get<int64_t>() * m[1].get<int64_t>() != world)
+      return FSDP_ERROR(path, "/index.json: mesh must be [replicas, shards] holding "
+                        "world_size ranks");
+    mesh = {m[0].get<int64_t>(), m[1].get<int64_t>()};
+  }
+  if (world != plan.worldSize || stage != plan.stage || mesh[0] != plan.meshReplicas)
     return FSDP_ERROR("checkpoint '", path, "' was written for ", world,
-                      " rank(s) at stage ", stage, "; this plan is for ",
-                      plan.worldSize, " rank(s) at stage ", plan.stage,
+                      " rank(s) (mesh ", mesh[0], "x", mesh[1], ") at stage ", stage,
+                      "; this plan is for ", plan.worldSize, " rank(s) (mesh ",
+                      plan.meshReplicas, "x", plan.meshShards, ") at stage ", plan.stage,
                       " (reshard it offline, or resume with the plan it was written for)");
   // The same buffers, by id, name, size and dtype: another model or another
   // compilation of it is refused before any byte is loaded.
@@ -566,7 +578,7 @@ Status reshardCheckpoint(const std::string &path, const Plan &target,
       t.shape = b.shape;
       const float *src = whole.data();
       if (b.numel() == shard && shard != (int64_t)whole.size())
-        src += r * shard;
+        src += target.shardIndex(r) * shard;
       else if (b.numel() != (int64_t)whole.size())
         return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
                           " elements, neither whole nor a shard");

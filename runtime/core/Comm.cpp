@@ -28,6 +28,16 @@ public:
 };
 } // namespace
 
+Status Communicator::subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                              std::unique_ptr<Communicator> &out) {
+  if (ranks.size() == 1 && ranks[0] == rank()) {
+    out = makeSingleProcessCommunicator();
+    return Status::ok();
+  }
+  return FSDP_ERROR("this communicator cannot form the group '", tag, "' of ",
+                    ranks.size(), " ranks");
+}
+
 std::unique_ptr<Communicator> makeSingleProcessCommunicator() {
   return std::make_unique<SingleProcess>();
 }

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -32,6 +34,15 @@ public:
   virtual Status allGather(const float *in, float *out, int64_t shard) = 0;
   virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
   virtual Status barrier() = 0;
+
+  /// A communicator over `ranks` (ranks of this communicator, ascending,
+  /// this rank among them): one axis of a 2-D mesh. Every rank of `ranks`
+  /// calls it with the same `tag`, and every group is created by all its
+  /// members before any of them issues a collective on it. A group of one
+  /// rank needs no peers; larger groups need a backend that can connect
+  /// them (this default cannot).
+  virtual Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                          std::unique_ptr<Communicator> &out);
 
   /// Bytes this rank sent, by the ring algorithms' volume: all-reduce
   /// 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x buffer.

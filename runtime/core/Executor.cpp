@@ -95,7 +95,23 @@ std::future<Status> Executor::submit(std::function<Status()> fn) {
 }
 
 uint8_t *Executor::address(int64_t id) const {
-  return cpu::bufferAddress(plan, id, arena, comm.rank());
+  return cpu::bufferAddress(plan, id, arena, shardIndex());
+}
+
+Communicator &Executor::group(const std::string &name) {
+  if (name == "shard" && shardComm)
+    return *shardComm;
+  if (name == "replica" && replicaComm)
+    return *replicaComm;
+  return comm;
+}
+
+int64_t Executor::commBytes() const {
+  int64_t n = comm.bytesSent();
+  for (const auto *g : {&shardComm, &replicaComm})
+    if (*g)
+      n += (*g)->bytesSent();
+  return n;
 }
 
 Status Executor::init(uint64_t seed) {
@@ -104,6 +120,29 @@ Status Executor::init(uint64_t seed) {
                       " rank(s) but this job has ", comm.size(),
                       ": recompile with world-size=", comm.size(),
                       " or run with --nproc ", plan.worldSize);
+  // [Note: hybrid sharding] On a replicas x shards mesh every rank joins
+  // two groups: the `shards` consecutive ranks of its replica (all-gather
+  // and reduce-scatter of parameters and gradients) and the `replicas`
+  // ranks holding the same shard (the all-reduce of each gradient shard).
+  // Every rank creates both, in this order, before the first collective.
+  if (plan.meshReplicas > 1 && plan.meshShards > 1) {
+    int64_t r = comm.rank(), s = plan.meshShards;
+    int64_t replica = r / s, shard = r % s;
+    std::vector<int64_t> shardRanks, replicaRanks;
+    for (int64_t j = 0; j < s; ++j)
+      shardRanks.push_back(replica * s + j);
+    for (int64_t i = 0; i < plan.meshReplicas; ++i)
+      replicaRanks.push_back(i * s + shard);
+    FSDP_RETURN_IF_ERROR(
+        comm.subgroup(shardRanks, "replica-" + std::to_string(replica) + ".shards", shardComm));
+    FSDP_RETURN_IF_ERROR(
+        comm.subgroup(replicaRanks, "shard-" + std::to_string(shard) + ".replicas", replicaComm));
+  } else if (plan.meshReplicas > 1) {
+    // replicas x 1: nothing is sharded; the shard group is this rank alone.
+    FSDP_RETURN_IF_ERROR(comm.subgroup({comm.rank()}, "self", shardComm));
+  } else if (plan.meshShards > 1 && plan.worldSize > 1) {
+    FSDP_RETURN_IF_ERROR(comm.subgroup({comm.rank()}, "self", replicaComm));
+  }
   size_t bytes = (size_t)std::max<int64_t>(plan.arenaBytes, 64);
   bytes = (bytes + 63) / 64 * 64;
   arena = static_cast<uint8_t *>(std::aligned_alloc(64, bytes));
@@ -121,7 +160,7 @@ Status Executor::init(uint64_t seed) {
     if (unit.buffer < 0)
       continue;
     float *dst = reinterpret_cast<float *>(address(unit.buffer));
-    int64_t first = unit.sharded ? comm.rank() * unit.shardNumel : 0;
+    int64_t first = unit.sharded ? shardIndex() * unit.shardNumel : 0;
     int64_t count = unit.sharded ? unit.shardNumel : unit.paddedNumel;
     std::fill(dst, dst + count, 0.0f); // padding stays zero
     for (const Param &p : plan.params) {
@@ -192,15 +231,16 @@ Status Executor::runCollective(const Instruction &inst) {
   bool mean = inst.attrs.value("reduce", std::string("sum")) == "mean";
   std::string op = inst.op;
   int64_t inBytes = in.bytes, outN = out.numel(), inN = in.numel();
-  auto job = [this, op, src, dst, mean, inBytes, outN, inN]() -> Status {
+  Communicator *c = &group(inst.attrs.value("group", std::string("world")));
+  auto job = [c, op, src, dst, mean, inBytes, outN, inN]() -> Status {
     if (op == "all_reduce") {
       if (src != dst)
         std::memmove(dst, src, inBytes);
-      return comm.allReduce(dst, outN, mean);
+      return c->allReduce(dst, outN, mean);
     }
     if (op == "reduce_scatter")
-      return comm.reduceScatter(src, dst, outN, mean);
-    return comm.allGather(src, dst, inN);
+      return c->reduceScatter(src, dst, outN, mean);
+    return c->allGather(src, dst, inN);
   };
   std::future<Status> done = submit(job);
   if (!inst.attrs.value("async", false))
@@ -223,7 +263,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     const Instruction &inst = plan.program[i];
     Status st = cpu::isCollectiveOp(inst.op)
                     ? runCollective(inst)
-                    : cpu::runInstruction(plan, inst, arena, comm.rank());
+                    : cpu::runInstruction(plan, inst, arena, shardIndex());
     if (!st)
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
@@ -261,7 +301,7 @@ bool Executor::paramElement(const Param &p, int64_t i, float *&ptr) const {
   }
   const Unit &u = plan.units[p.unit];
   int64_t f = p.flatOffset + i;
-  int64_t first = u.sharded ? comm.rank() * u.shardNumel : 0;
+  int64_t first = u.sharded ? shardIndex() * u.shardNumel : 0;
   int64_t count = u.sharded ? u.shardNumel : u.paddedNumel;
   if (f < first || f >= first + count)
     return false;
@@ -277,7 +317,7 @@ Status Executor::gatherParams(TensorMap &out) {
       flat.resize(unit.paddedNumel);
       const float *src = reinterpret_cast<const float *>(address(unit.buffer));
       if (unit.sharded)
-        FSDP_RETURN_IF_ERROR(comm.allGather(src, flat.data(), unit.shardNumel));
+        FSDP_RETURN_IF_ERROR(group("shard").allGather(src, flat.data(), unit.shardNumel));
       else
         std::memcpy(flat.data(), src, sizeof(float) * unit.paddedNumel);
     }

@@ -60,7 +60,10 @@ public:
   bool paramElement(const Param &p, int64_t i, float *&ptr) const;
 
   MemoryMeasurement measureMemory() const;
-  int64_t commBytes() const { return comm.bytesSent(); }
+  /// Bytes this rank sent, over every group it collects in.
+  int64_t commBytes() const;
+  /// The shard of every sharded unit this rank holds.
+  int64_t shardIndex() const { return plan.shardIndex(comm.rank()); }
 
 private:
   Status runCollective(const Instruction &inst);
@@ -68,8 +71,14 @@ private:
   std::future<Status> submit(std::function<Status()> job);
   void commLoop();
 
+  /// The communicator of a collective's group (see Plan::groupSize).
+  Communicator &group(const std::string &name);
+
   const Plan &plan;
   Communicator &comm;
+  /// On a 2-D mesh: the ranks sharding this rank's replica, and the ranks
+  /// holding this rank's shard (null where the group is the whole world).
+  std::unique_ptr<Communicator> shardComm, replicaComm;
   uint8_t *arena = nullptr;
   int64_t peakLive = 0;
 

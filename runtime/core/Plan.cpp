@@ -210,6 +210,10 @@ Status validate(Plan &plan) {
   int64_t nb = (int64_t)plan.buffers.size();
   if (plan.worldSize < 1)
     return FSDP_ERROR("plan: world_size must be >= 1, found ", plan.worldSize);
+  if (plan.meshReplicas * plan.meshShards != plan.worldSize)
+    return FSDP_ERROR("plan: mesh ", plan.meshReplicas, "x", plan.meshShards,
+                      " (replicas x shards) does not hold world_size ", plan.worldSize,
+                      " ranks");
   if (plan.arenaBytes < 0)
     return FSDP_ERROR("plan: negative arena_bytes");
   auto validId = [&](int64_t id) { return id >= 0 && id < nb; };
@@ -227,10 +231,10 @@ Status validate(Plan &plan) {
     if (b.rankStride < 0 || b.rankStride % dtypeSize(b.dtype) != 0)
       return FSDP_ERROR("plan: ", where, " has a misaligned or negative rank_stride ",
                         b.rankStride);
-    // The last rank's view ends at offset + bytes + (N-1) * stride: computed
-    // without overflow, every field being bounded by the reader.
+    // The last shard's view ends at offset + bytes + (S-1) * stride:
+    // computed without overflow, every field being bounded by the reader.
     int64_t hi;
-    if (__builtin_mul_overflow(plan.worldSize - 1, b.rankStride, &hi) ||
+    if (__builtin_mul_overflow(plan.meshShards - 1, b.rankStride, &hi) ||
         __builtin_add_overflow(hi, b.offset + b.bytes, &hi) || hi > plan.arenaBytes)
       return FSDP_ERROR("plan: ", where, " (offset ", b.offset, ", ", b.bytes,
                         " bytes, rank stride ", b.rankStride,
@@ -276,11 +280,11 @@ Status validate(Plan &plan) {
   for (const Unit &u : plan.units) {
     int64_t padded;
     if (u.paddedNumel < u.flatNumel ||
-        __builtin_mul_overflow(u.shardNumel, plan.worldSize, &padded) ||
+        __builtin_mul_overflow(u.shardNumel, plan.meshShards, &padded) ||
         padded != u.paddedNumel)
       return FSDP_ERROR("plan: unit ", u.name, " has inconsistent sizes (",
                         u.flatNumel, " / ", u.paddedNumel, " / ", u.shardNumel,
-                        ") for world size ", plan.worldSize);
+                        ") for ", plan.meshShards, " shards");
     if (u.buffer >= 0) {
       if (!validId(u.buffer))
         return FSDP_ERROR("plan: unit ", u.name, " has an invalid buffer");
@@ -417,6 +421,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
   r.string(j, "model", plan.model, "plan", false);
   r.integer(j, "world_size", plan.worldSize, "plan", 1, kMaxWorld);
   r.integer(j, "stage", plan.stage, "plan", 0, 3, false);
+  plan.meshShards = plan.worldSize;
+  if (const json *m = r.find(j, "mesh", "plan", false)) {
+    r.integer(*m, "replicas", plan.meshReplicas, "mesh", 1, kMaxWorld);
+    r.integer(*m, "shards", plan.meshShards, "mesh", 1, kMaxWorld);
+  }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   if (const json *o = r.find(j, "options", "plan", false)) {
     if (!o->is_object())

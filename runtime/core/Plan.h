@@ -61,7 +61,8 @@ struct Buffer {
   bool persistent = false;
   /// A view inside buffer `aliasOf` (which owns the memory); -1 otherwise.
   int64_t aliasOf = -1;
-  /// Shard views: the address is offset + rank * rankStride.
+  /// Shard views: the address is offset + shard index * rankStride (the
+  /// shard index is the rank on a 1-D mesh; Plan::shardIndex).
   int64_t rankStride = 0;
   std::string name;
   int64_t numel() const;
@@ -91,8 +92,8 @@ struct State {
 };
 
 /// An FSDP unit: parameters packed into one flat buffer, padded to a
-/// multiple of the world size; rank r holds [r * shardNumel, (r+1) *
-/// shardNumel).
+/// multiple of the shard count (the world size on a 1-D mesh); rank r holds
+/// [i * shardNumel, (i+1) * shardNumel) with i = Plan::shardIndex(r).
 struct Unit {
   std::string name;
   int64_t flatNumel = 0;
@@ -129,6 +130,12 @@ struct Plan {
   int version = 0;
   std::string model;
   int64_t worldSize = 1;
+  /// The device mesh, replicas x shards (== worldSize). A 1-D plan is
+  /// 1 x worldSize. Rank r belongs to replica r / shards and holds shard
+  /// r % shards: each group of `shards` consecutive ranks shards the
+  /// model (FSDP inside), and the `replicas` ranks holding the same shard
+  /// all-reduce its gradient (HSDP, docs/PLAN_FORMAT.md).
+  int64_t meshReplicas = 1, meshShards = 1;
   int64_t stage = 0;
   int64_t arenaBytes = 0;
   std::vector<Buffer> buffers;
@@ -139,6 +146,18 @@ struct Plan {
   std::vector<Instruction> program;
   MemoryReport memory;
   nlohmann::json options; ///< compiler options, echoed for the log
+
+  /// Which shard of every sharded unit rank `rank` holds.
+  int64_t shardIndex(int64_t rank) const { return rank % meshShards; }
+  /// Ranks in a collective's group: "world" (all), "shard" (the ranks
+  /// sharding one replica) or "replica" (the ranks holding one shard);
+  /// 0 for an unknown name.
+  int64_t groupSize(const std::string &group) const {
+    return group == "world" ? worldSize
+           : group == "shard" ? meshShards
+           : group == "replica" ? meshReplicas
+                                : 0;
+  }
 };
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a

@@ -822,13 +822,23 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
     if (a.dtype != DType::F32 || b.dtype != DType::F32)
       return FSDP_ERROR(inst.op, ": only f32 collectives are supported");
-    int64_t w = plan.worldSize;
+    // The ranks it runs over: all of them, or one axis of a 2-D mesh.
+    std::string group = "world";
+    auto g = inst.attrs.find("group");
+    if (g != inst.attrs.end()) {
+      if (!g->is_string() || plan.groupSize(g->get<std::string>()) == 0)
+        return FSDP_ERROR(inst.op, ": attribute group: expected \"world\", "
+                          "\"shard\" or \"replica\", found ",
+                          g->is_primitive() ? g->dump() : g->type_name());
+      group = g->get<std::string>();
+    }
+    int64_t w = plan.groupSize(group);
     bool ok = inst.op == "all_reduce"       ? a.numel() == b.numel()
               : inst.op == "all_gather"     ? b.numel() == a.numel() * w
                                             : a.numel() == b.numel() * w;
     if (!ok)
       return FSDP_ERROR(inst.op, ": sizes ", a.numel(), " -> ", b.numel(),
-                        " do not fit world size ", w);
+                        " do not fit ", w, " rank(s) (group ", group, ")");
     auto async = inst.attrs.find("async");
     if (async != inst.attrs.end() && !async->is_boolean())
       return FSDP_ERROR(inst.op, ": attribute async: expected true or false, found ",

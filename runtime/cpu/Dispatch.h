@@ -20,7 +20,8 @@ namespace fsdp::cpu {
 /// dtypes and shapes. The message names the op and the problem.
 Status checkInstruction(const Plan &plan, const Instruction &inst);
 
-/// Runs one compute instruction; `rank` places shard views. Collectives
+/// Runs one compute instruction; `rank` (the shard index,
+/// Plan::shardIndex) places shard views. Collectives
 /// are not handled here (see isCollectiveOp).
 Status runInstruction(const Plan &plan, const Instruction &inst,
                       uint8_t *arena, int64_t rank);
@@ -28,7 +29,7 @@ Status runInstruction(const Plan &plan, const Instruction &inst,
 /// all_reduce, reduce_scatter, all_gather: executed by the communicator.
 bool isCollectiveOp(const std::string &op);
 
-/// The address of buffer `id` for `rank`.
+/// The address of buffer `id` for the rank holding shard `rank`.
 inline uint8_t *bufferAddress(const Plan &plan, int64_t id, uint8_t *arena,
                               int64_t rank) {
   const Buffer &b = plan.buffers[id];

@@ -104,6 +104,14 @@ PLAN_CASES = [
     ("alias_of out of range", "sharded", setter(lambda p: view(p).update(alias_of=10 ** 6)), "view of an invalid buffer"),
     ("buffer id out of range", "mlp", setter(lambda p: p["program"][0]["in"].__setitem__(0, 10 ** 6)), "unknown buffer"),
     ("unit shard_numel * world overflows", "sharded", setter(lambda p: p["units"][0].update(shard_numel=2 ** 47)), "inconsistent sizes"),
+    # the mesh (the "sharded" plan is 2 ranks, 1-D)
+    ("mesh 3x2 for 2 ranks", "sharded", setter(lambda p: p.update(mesh={"replicas": 3, "shards": 2})), "does not hold world_size"),
+    ("mesh is a number", "sharded", setter(lambda p: p.update(mesh=4)), "mesh: expected an object"),
+    ("mesh shards 0", "sharded", setter(lambda p: p.update(mesh={"replicas": 2, "shards": 0})), "shards"),
+    ("mesh 2x1 for a 2-shard plan", "sharded", setter(lambda p: p.update(mesh={"replicas": 2, "shards": 1})), "inconsistent sizes"),
+    ("collective group \"row\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="row")), "attribute group"),
+    ("collective group 7", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group=7)), "attribute group"),
+    ("all_gather over the 1-rank replica group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="replica")), "do not fit 1 rank(s)"),
     # dtypes
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),

@@ -7,6 +7,11 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=1 stage=3" | FileCheck %s --check-prefix=ONE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=none -fsdp-shard="world-size=2" 2>&1 | FileCheck %s --check-prefix=NOOPT
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=4" 2>&1 | FileCheck %s --check-prefix=BADSTAGE
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw max-grad-norm=1.0" -fsdp-shard="world-size=4 stage=3 mesh=2x2" | FileCheck %s --check-prefix=HSDP
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw max-grad-norm=1.0" -fsdp-shard="world-size=6 stage=2 mesh=3x2" | FileCheck %s --check-prefix=HSDP2
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 mesh=4x1" | FileCheck %s --check-prefix=REPL
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 mesh=3x2" 2>&1 | FileCheck %s --check-prefix=BADMESH
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 mesh=2by2" 2>&1 | FileCheck %s --check-prefix=BADMESH
 
 // Tests where each stage puts its collectives: two units ("layers.0" with
 // 8x4 + 8 = 40 elements, the root unit with 8, padded to multiples of the
@@ -100,6 +105,43 @@ fsdp.param @f : tensor<1x1xf32> init("ones") frozen
 // ONE-NOT: fsdp.reduce_scatter
 // ONE-NOT: fsdp.all_reduce
 // ONE: fsdp.adamw_update
+
+// Hybrid sharding on a 2x2 mesh: units are cut into 2 shards; gathers and
+// reduce-scatters run in the shard group, each gradient shard is then
+// all-reduced over the replica group; the clipping norm sums over the shard
+// group only, the loss averages over every rank.
+// HSDP: fsdp.unit @layers.0 : tensor<40xf32> shard tensor<20xf32> numel 40 params [@w1, @b1] sharded
+// HSDP: fsdp.state @layers.0.exp_avg : tensor<20xf32>
+// HSDP-LABEL: func.func @train_step
+// HSDP: %[[S0:.+]] = fsdp.get_unit @layers.0 : tensor<20xf32>
+// HSDP: fsdp.all_gather %[[S0]] {group = "shard"} : tensor<20xf32> -> tensor<40xf32>
+// HSDP: %[[G0:.+]] = fsdp.pack %{{.+}}, %{{.+}} offsets = [0, 32]
+// HSDP: %[[GS0:.+]] = fsdp.reduce_scatter %[[G0]] {group = "shard", reduce = "mean"} : tensor<40xf32> -> tensor<20xf32>
+// HSDP: %[[GR0:.+]] = fsdp.all_reduce %[[GS0]] {group = "replica", reduce = "mean"} : tensor<20xf32>
+// HSDP: %[[SQ:.+]] = fsdp.squared_norm %[[GR0]], %{{.+}} : tensor<20xf32>, tensor<4xf32>
+// HSDP: fsdp.all_reduce %[[SQ]] {group = "shard", reduce = "sum"} : tensor<f32>
+// HSDP: fsdp.adamw_update
+// HSDP: %[[L:.+]] = fsdp.all_reduce %{{.+}} {reduce = "mean"} : tensor<f32>
+// HSDP: return %[[L]]
+
+// Stage 2 on 3 replicas x 2 shards: the new shard is all-gathered in the
+// shard group after the update.
+// HSDP2-LABEL: func.func @train_step
+// HSDP2: fsdp.reduce_scatter %{{.+}} {group = "shard", reduce = "mean"} : tensor<40xf32> -> tensor<20xf32>
+// HSDP2: fsdp.all_reduce %{{.+}} {group = "replica", reduce = "mean"} : tensor<20xf32>
+// HSDP2: %[[NP:[^,]+]], {{.*}} = fsdp.adamw_update
+// HSDP2: fsdp.all_gather %[[NP]] {group = "shard"} : tensor<20xf32> -> tensor<40xf32>
+
+// One shard per replica (4x1) is plain data parallelism: no gathers, no
+// reduce-scatters, one all-reduce per unit over every rank.
+// REPL: fsdp.unit @layers.0 : tensor<40xf32> shard tensor<40xf32>
+// REPL-LABEL: func.func @train_step
+// REPL-NOT: fsdp.all_gather
+// REPL-NOT: fsdp.reduce_scatter
+// REPL: fsdp.all_reduce %{{.+}} {reduce = "mean"} : tensor<8xf32>
+// REPL-NOT: group
+
+// BADMESH: must be RxS with R*S = world-size (4)
 
 // NOOPT: fsdp-shard needs an optimizer
 // BADSTAGE: fsdp-shard needs world-size in 1..65536 and stage in 0..3, found world-size=2 stage=4
