@@ -4,7 +4,11 @@
   gen_models.py mlp [--hidden H] [--blocks N] [--batch B] -o FILE
   gen_models.py gpt [--vocab V] [--ctx T] [--layers L] [--heads NH]
                     [--width C] [--batch B] -o FILE
-  gen_models.py all         # examples/mlp.mlir, gpt2.mlir, gpt_small.mlir
+  gen_models.py llama [--vocab V] [--ctx T] [--layers L] [--heads NH]
+                      [--kv-heads NKV] [--width C] [--ffn F] [--rope-theta R]
+                      [--norm-eps E] [--batch B] -o FILE
+  gen_models.py all         # examples/mlp.mlir, gpt2.mlir, gpt_small.mlir,
+                            # llama_small.mlir
 
 The structures (and parameter names) are those of test/oracle/torch_ref.py,
 which builds the same models in PyTorch. Plain Python 3, no packages.
@@ -53,6 +57,13 @@ class Emitter:
         h = self.op(f"fsdp.matmul {x}, {w} transpose_rhs : ({tensor([rows, fin])}, "
                     f"{tensor([fout, fin])}) -> {tensor([rows, fout])}")
         return self.op(f"fsdp.bias_add {h}, {b} : {tensor([rows, fout])}, {tensor([fout])}")
+
+
+def flt(x):
+    """A float literal MLIR parses (it needs the '.': 1e-05 is not one)."""
+    r = repr(float(x))
+    mant, _, exp = r.partition("e")
+    return (mant if "." in mant else mant + ".0") + ("e" + exp if exp else "")
 
 
 def tensor(shape, elem="f32"):
@@ -159,6 +170,85 @@ def gpt(vocab=256, ctx=32, layers=2, heads=4, width=64, batch=4):
     return module(header, em, args, loss)
 
 
+def llama(vocab=256, ctx=32, layers=2, heads=4, kv_heads=2, width=64, ffn=176,
+          rope_theta=10000.0, norm_eps=1e-5, batch=4):
+    """A Llama-style decoder with HF transformers' parameter names: RMSNorm
+    (pre-norm), rotary position embedding (rotate-half), grouped-query
+    causal attention (kv_heads key/value heads), a SwiGLU MLP
+    (down(silu(gate(x)) * up(x))), an untied LM head, no biases."""
+    assert width % heads == 0 and heads % kv_heads == 0 and (width // heads) % 2 == 0
+    em = Emitter()
+    B, T, C, V, F = batch, ctx, width, vocab, ffn
+    D = C // heads
+    KV = kv_heads * D
+    BT = B * T
+
+    def proj(x, fin, fout, name, unit):
+        """nn.Linear(fin, fout, bias=False) on x [BT, fin], HF's init."""
+        em.param(f"{name}.weight", [fout, fin], "normal", 0.02, unit=unit)
+        w = em.get(f"{name}.weight", [fout, fin])
+        return em.op(f"fsdp.matmul {x}, {w} transpose_rhs : ({tensor([BT, fin])}, "
+                     f"{tensor([fout, fin])}) -> {tensor([BT, fout])}")
+
+    def norm(x, name, unit):
+        em.param(f"{name}.weight", [C], "ones", unit=unit)
+        w = em.get(f"{name}.weight", [C])
+        return em.op(f"fsdp.rms_norm {x}, {w} epsilon = {flt(norm_eps)} : "
+                     f"{tensor([B, T, C])}, {tensor([C])}")
+
+    def reshape(x, a, b):
+        return em.op(f"fsdp.reshape {x} : {tensor(a)} -> {tensor(b)}")
+
+    def add(a, b):
+        return em.op(f"fsdp.add {a}, {b} : ({tensor([B, T, C])}, {tensor([B, T, C])}) "
+                     f"-> {tensor([B, T, C])}")
+
+    em.param("model.embed_tokens.weight", [V, C], "normal", 0.02)
+    emb = em.get("model.embed_tokens.weight", [V, C])
+    x = em.op(f"fsdp.embedding {emb}, %ids : ({tensor([V, C])}, {tensor([B, T], 'i32')}) "
+              f"-> {tensor([B, T, C])}")
+    kv_attr = f" kv_heads = {kv_heads}" if kv_heads != heads else ""
+    kv_type = f", {tensor([B, T, KV])}" if kv_heads != heads else ""
+    for l in range(layers):
+        p = unit = f"model.layers.{l}"
+        h = reshape(norm(x, f"{p}.input_layernorm", unit), [B, T, C], [BT, C])
+        q = reshape(proj(h, C, C, f"{p}.self_attn.q_proj", unit), [BT, C], [B, T, C])
+        k = reshape(proj(h, C, KV, f"{p}.self_attn.k_proj", unit), [BT, KV], [B, T, KV])
+        v = reshape(proj(h, C, KV, f"{p}.self_attn.v_proj", unit), [BT, KV], [B, T, KV])
+        q = em.op(f"fsdp.rope {q} heads = {heads} theta = {flt(rope_theta)} : {tensor([B, T, C])}")
+        k = em.op(f"fsdp.rope {k} heads = {kv_heads} theta = {flt(rope_theta)} : "
+                  f"{tensor([B, T, KV])}")
+        a = em.op(f"fsdp.attention {q}, {k}, {v} heads = {heads}{kv_attr} causal : "
+                  f"{tensor([B, T, C])}{kv_type}")
+        a = proj(reshape(a, [B, T, C], [BT, C]), C, C, f"{p}.self_attn.o_proj", unit)
+        x = add(x, reshape(a, [BT, C], [B, T, C]))
+        h = reshape(norm(x, f"{p}.post_attention_layernorm", unit), [B, T, C], [BT, C])
+        gate = proj(h, C, F, f"{p}.mlp.gate_proj", unit)
+        up = proj(h, C, F, f"{p}.mlp.up_proj", unit)
+        g = em.op(f"fsdp.silu {gate} : {tensor([BT, F])}")
+        m = em.op(f"fsdp.mul {g}, {up} : ({tensor([BT, F])}, {tensor([BT, F])}) "
+                  f"-> {tensor([BT, F])}")
+        d = proj(m, F, C, f"{p}.mlp.down_proj", unit)
+        x = add(x, reshape(d, [BT, C], [B, T, C]))
+    h = reshape(norm(x, "model.norm", None), [B, T, C], [BT, C])
+    logits = proj(h, C, V, "lm_head", None)
+    tgt = em.op(f"fsdp.reshape %targets : {tensor([B, T], 'i32')} -> {tensor([BT], 'i32')}")
+    loss = em.op(f"fsdp.cross_entropy {logits}, {tgt} : ({tensor([BT, V])}, "
+                 f"{tensor([BT], 'i32')}) -> tensor<f32>")
+    header = [f"Llama-style decoder: vocab {V}, context {T}, {layers} layers, {heads} heads, "
+              f"{kv_heads} key/value heads,",
+              f"width {C}, MLP width {F}, batch {B}; RMSNorm (eps {norm_eps!r}), rotary position",
+              f"embedding (rotate-half, theta {rope_theta!r}), grouped-query causal attention, "
+              "SwiGLU MLP,",
+              "untied LM head, no biases, cross-entropy loss. One FSDP unit per decoder layer.",
+              f"Generated by: examples/gen_models.py llama --vocab {V} --ctx {T} --layers {layers} "
+              f"--heads {heads} --kv-heads {kv_heads} --width {C} --ffn {F} "
+              f"--rope-theta {rope_theta!r} --norm-eps {norm_eps!r} --batch {B}", ""]
+    args = (f'%ids: {tensor([B, T], "i32")} {{fsdp.role = "input"}}, '
+            f'%targets: {tensor([B, T], "i32")} {{fsdp.role = "target"}}')
+    return module(header, em, args, loss)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +266,18 @@ def main():
     g.add_argument("--width", type=int, default=64)
     g.add_argument("--batch", type=int, default=4)
     g.add_argument("-o", dest="out", required=True)
+    ll = sub.add_parser("llama")
+    ll.add_argument("--vocab", type=int, default=256)
+    ll.add_argument("--ctx", type=int, default=32)
+    ll.add_argument("--layers", type=int, default=2)
+    ll.add_argument("--heads", type=int, default=4)
+    ll.add_argument("--kv-heads", type=int, default=2)
+    ll.add_argument("--width", type=int, default=64)
+    ll.add_argument("--ffn", type=int, default=176)
+    ll.add_argument("--rope-theta", type=float, default=10000.0)
+    ll.add_argument("--norm-eps", type=float, default=1e-5)
+    ll.add_argument("--batch", type=int, default=4)
+    ll.add_argument("-o", dest="out", required=True)
     sub.add_parser("all")
     a = ap.parse_args()
     if a.kind == "all":
@@ -184,13 +286,21 @@ def main():
             "mlp.mlir": mlp(),
             "gpt2.mlir": gpt(vocab=50257, ctx=1024, layers=12, heads=12, width=768, batch=4),
             "gpt_small.mlir": gpt(),
+            "llama_small.mlir": llama(),
         }
         for name, text in files.items():
             with open(os.path.join(here, name), "w") as f:
                 f.write(text)
         return 0
-    text = mlp(a.hidden, a.blocks, a.batch) if a.kind == "mlp" else gpt(
-        a.vocab, a.ctx, a.layers, a.heads, a.width, a.batch)
+    if a.kind == "llama":
+        if a.width % a.heads or a.heads % a.kv_heads or (a.width // a.heads) % 2:
+            ap.error("llama: heads must divide the width into heads of even size, "
+                     "and kv-heads must divide heads")
+        text = llama(a.vocab, a.ctx, a.layers, a.heads, a.kv_heads, a.width, a.ffn,
+                     a.rope_theta, a.norm_eps, a.batch)
+    else:
+        text = mlp(a.hidden, a.blocks, a.batch) if a.kind == "mlp" else gpt(
+            a.vocab, a.ctx, a.layers, a.heads, a.width, a.batch)
     with open(a.out, "w") as f:
         f.write(text)
     return 0

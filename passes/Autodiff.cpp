@@ -169,6 +169,26 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
                    create<GeluGradOp>(loc, dyTy, o.getInput(), dy));
         return success();
       })
+      .Case([&](SiluOp o) {
+        accumulate(o.getInput(),
+                   create<SiluGradOp>(loc, dyTy, o.getInput(), dy));
+        return success();
+      })
+      .Case([&](RmsNormOp o) {
+        ++emitted;
+        auto g = b.create<RmsNormGradOp>(
+            loc, TypeRange{o.getInput().getType(), o.getWeight().getType()},
+            o.getInput(), o.getWeight(), dy, o.getEpsilonAttr());
+        accumulate(o.getInput(), g.getDInput());
+        accumulate(o.getWeight(), g.getDWeight());
+        return success();
+      })
+      .Case([&](RopeOp o) {
+        accumulate(o.getInput(), create<RopeGradOp>(loc, dyTy, dy,
+                                                    o.getHeadsAttr(),
+                                                    o.getThetaAttr()));
+        return success();
+      })
       .Case([&](SoftmaxOp o) {
         accumulate(o.getInput(),
                    create<SoftmaxGradOp>(loc, dyTy, o.getResult(), dy));
@@ -227,10 +247,10 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
       })
       .Case([&](AttentionOp o) {
         ++emitted;
-        Type t = o.getQ().getType();
+        Type t = o.getQ().getType(), kv = o.getK().getType();
         auto g = b.create<AttentionGradOp>(
-            loc, TypeRange{t, t, t}, o.getQ(), o.getK(), o.getV(), dy,
-            o.getHeadsAttr(), o.getCausalAttr());
+            loc, TypeRange{t, kv, kv}, o.getQ(), o.getK(), o.getV(), dy,
+            o.getHeadsAttr(), o.getCausalAttr(), o.getKvHeadsAttr());
         accumulate(o.getQ(), g.getDQ());
         accumulate(o.getK(), g.getDK());
         accumulate(o.getV(), g.getDV());

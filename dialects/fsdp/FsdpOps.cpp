@@ -13,8 +13,30 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::fsdp;
+
+/// `: type(q) [, type(k)]` of attention ops: the key/value type is printed
+/// only when it differs from the query type (grouped-query attention), so
+/// multi-head attention keeps its one-type form.
+static ParseResult parseAttentionTypes(OpAsmParser &parser, Type &qType,
+                                       Type &kType) {
+  if (parser.parseType(qType))
+    return failure();
+  if (succeeded(parser.parseOptionalComma()))
+    return parser.parseType(kType);
+  kType = qType;
+  return success();
+}
+
+static void printAttentionTypes(OpAsmPrinter &printer, Operation *, Type qType,
+                                Type kType) {
+  printer << qType;
+  if (kType != qType)
+    printer << ", " << kType;
+}
 
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.cpp.inc"
@@ -194,17 +216,89 @@ LogicalResult LayerNormOp::verify() {
   return success();
 }
 
-LogicalResult AttentionOp::verify() {
-  auto q = rt(getQ());
+/// Shared by attention and attention_grad: q is [B, T, heads*D]; k and v
+/// (one type, by the op's traits) are [B, T, kvHeads*D] with kvHeads
+/// dividing heads.
+static LogicalResult verifyAttention(Operation *op, RankedTensorType q,
+                                     RankedTensorType k, int64_t heads,
+                                     std::optional<int64_t> kvHeads) {
   if (q.getRank() != 3)
-    return emitOpError() << "expected q, k, v of rank 3 [batch, seq, width], "
-                            "found rank "
-                         << q.getRank();
-  int64_t heads = getHeads();
+    return op->emitOpError() << "expected q, k, v of rank 3 [batch, seq, "
+                                "width], found rank "
+                             << q.getRank();
   if (heads <= 0 || q.getShape()[2] % heads != 0)
-    return emitOpError() << "expected heads to divide the width "
-                         << q.getShape()[2] << ", found heads = " << heads;
+    return op->emitOpError() << "expected heads to divide the width "
+                             << q.getShape()[2] << ", found heads = " << heads;
+  int64_t kv = kvHeads.value_or(heads);
+  if (kv <= 0 || heads % kv != 0)
+    return op->emitOpError() << "expected kv_heads to divide heads = " << heads
+                             << ", found kv_heads = " << kv;
+  int64_t d = q.getShape()[2] / heads;
+  return expectType(op, "k and v", k,
+                    {q.getShape()[0], q.getShape()[1], kv * d},
+                    q.getElementType());
+}
+
+LogicalResult AttentionOp::verify() {
+  return verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
+                         getKvHeads());
+}
+
+LogicalResult AttentionGradOp::verify() {
+  return verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
+                         getKvHeads());
+}
+
+/// Shared by rms_norm and rms_norm_grad.
+static LogicalResult verifyRmsNorm(Operation *op, RankedTensorType x,
+                                   RankedTensorType w, double epsilon) {
+  if (x.getRank() < 1)
+    return op->emitOpError() << "expected an input of rank >= 1, found a scalar";
+  if (failed(expectType(op, "weight", w, {x.getShape().back()},
+                        x.getElementType())))
+    return failure();
+  if (!(epsilon > 0) || !std::isfinite(epsilon))
+    return op->emitOpError() << "expected a positive, finite epsilon, found "
+                             << epsilon;
   return success();
+}
+
+LogicalResult RmsNormOp::verify() {
+  return verifyRmsNorm(*this, rt(getInput()), rt(getWeight()),
+                       getEpsilon().convertToDouble());
+}
+
+LogicalResult RmsNormGradOp::verify() {
+  return verifyRmsNorm(*this, rt(getInput()), rt(getWeight()),
+                       getEpsilon().convertToDouble());
+}
+
+/// Shared by rope and rope_grad: [B, T, heads*D] with D even, theta > 1
+/// (theta <= 1 would not decrease the frequencies with i).
+static LogicalResult verifyRope(Operation *op, RankedTensorType x,
+                                int64_t heads, double theta) {
+  if (x.getRank() != 3)
+    return op->emitOpError() << "expected an input of rank 3 [batch, seq, "
+                                "heads*head_dim], found "
+                             << typeStr(x);
+  int64_t c = x.getShape()[2];
+  if (heads <= 0 || c % heads != 0 || (c / heads) % 2 != 0)
+    return op->emitOpError() << "expected heads to divide the width " << c
+                             << " into heads of even size, found heads = "
+                             << heads;
+  if (!(theta > 1) || !std::isfinite(theta))
+    return op->emitOpError() << "expected a finite theta > 1, found " << theta;
+  return success();
+}
+
+LogicalResult RopeOp::verify() {
+  return verifyRope(*this, rt(getInput()), getHeads(),
+                    getTheta().convertToDouble());
+}
+
+LogicalResult RopeGradOp::verify() {
+  return verifyRope(*this, rt(getGrad()), getHeads(),
+                    getTheta().convertToDouble());
 }
 
 LogicalResult EmbeddingOp::verify() {

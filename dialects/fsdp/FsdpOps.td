@@ -185,6 +185,9 @@ def Fsdp_GeluOp : Fsdp_UnaryOp<"gelu",
 def Fsdp_SoftmaxOp : Fsdp_UnaryOp<"softmax",
     "softmax over the last dimension (max-subtracted)",
     "%y = fsdp.softmax %x : tensor<4x8xf32>">;
+def Fsdp_SiluOp : Fsdp_UnaryOp<"silu",
+    "SiLU (swish), x * sigmoid(x); Llama's SwiGLU MLP is silu(gate) * up",
+    "%y = fsdp.silu %x : tensor<4x8xf32>">;
 
 def Fsdp_ScaleOp : Fsdp_Op<"scale", [Pure, SameOperandsAndResultType]> {
   let summary = "multiplies every element by a constant";
@@ -270,23 +273,85 @@ def Fsdp_LayerNormOp : Fsdp_Op<"layer_norm", [Pure, AllTypesMatch<["input", "res
 }
 
 def Fsdp_AttentionOp : Fsdp_Op<"attention",
-    [Pure, AllTypesMatch<["q", "k", "v", "result"]>]> {
-  let summary = "multi-head scaled dot-product self-attention";
+    [Pure, AllTypesMatch<["q", "result"]>, AllTypesMatch<["k", "v"]>]> {
+  let summary = "multi-head (or grouped-query) scaled dot-product self-attention";
   let description = [{
-    `q`, `k`, `v` and the result have shape [B, T, C]; C is split into
-    `heads` heads of C/heads each. Scores are scaled by 1/sqrt(C/heads);
-    with `causal`, position t attends to positions <= t only. Heads are
-    concatenated back along C (the output projection is a separate matmul).
+    `q` and the result have shape [B, T, C]; C is split into `heads` heads
+    of D = C/heads each. Scores are scaled by 1/sqrt(D); with `causal`,
+    position t attends to positions <= t only. Heads are concatenated back
+    along C (the output projection is a separate matmul).
+
+    Without `kv_heads`, `k` and `v` have the shape of `q`. With `kv_heads`
+    = G (grouped-query attention, Llama 2/3), `k` and `v` have shape
+    [B, T, G*D] and G divides `heads`: query head h reads key/value head
+    h / (heads/G), as HF's `repeat_kv` (each key/value head repeated for
+    heads/G consecutive query heads); the repeated keys are never stored.
+    The type after `:` is that of `q`, followed by that of `k` and `v` when
+    it differs.
 
     ```mlir
     %y = fsdp.attention %q, %k, %v heads = 4 causal : tensor<2x16x64xf32>
+    %z = fsdp.attention %q, %k2, %v2 heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
-                       Fsdp_FloatTensor:$v, I64Attr:$heads, UnitAttr:$causal);
+                       Fsdp_FloatTensor:$v, I64Attr:$heads, UnitAttr:$causal,
+                       OptionalAttr<I64Attr>:$kv_heads);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `heads` `=` $heads (`causal` $causal^)? attr-dict `:` type($q)
+    $q `,` $k `,` $v `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
+    attr-dict `:` custom<AttentionTypes>(type($q), type($k))
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The number of key/value heads: `kv_heads`, or `heads` without it.
+    int64_t getNumKvHeads() { return getKvHeads().value_or(getHeads()); }
+  }];
+}
+
+def Fsdp_RmsNormOp : Fsdp_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "RMS normalization over the last dimension (Llama's RMSNorm)";
+  let description = [{
+    `y = x / sqrt(mean(x^2) + epsilon) * weight` over the last dimension of
+    `input` ([..., C]); `weight` has shape [C]. No mean subtraction and no
+    bias: HF's `LlamaRMSNorm` and `torch.nn.RMSNorm`. `epsilon` is required
+    (Llama uses 1e-5 or 1e-6; no default to disagree about).
+
+    ```mlir
+    %y = fsdp.rms_norm %x, %w epsilon = 1.000000e-06 : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$weight,
+                       F64Attr:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `epsilon` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_RopeOp : Fsdp_Op<"rope", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "rotary position embedding (rotate-half convention, as HF Llama)";
+  let description = [{
+    `input` has shape [B, T, heads*D] with D even; the position of row t is
+    t (0-based). Within each head, element i < D/2 is paired with element
+    i + D/2 (the rotate-half layout of HF transformers' Llama, not Meta's
+    interleaved pairs (2i, 2i+1)) and the pair is rotated by the angle
+    t * theta^(-2i/D):
+      y_i       = x_i cos - x_{i+D/2} sin
+      y_{i+D/2} = x_{i+D/2} cos + x_i sin.
+    Applied to queries and keys before attention (`heads` = kv_heads for
+    grouped keys). Checkpoints in Meta's layout need their q/k projection
+    rows permuted, as HF's conversion script does.
+
+    ```mlir
+    %qr = fsdp.rope %q heads = 4 theta = 1.000000e+04 : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$heads, F64Attr:$theta);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `heads` `=` $heads `theta` `=` $theta attr-dict `:` type($input)
   }];
   let hasVerifier = 1;
 }
@@ -516,6 +581,45 @@ def Fsdp_ReluGradOp : Fsdp_PointwiseGradOp<"relu_grad", "VJP of relu: dy * (x > 
 def Fsdp_GeluGradOp : Fsdp_PointwiseGradOp<"gelu_grad", "VJP of gelu (tanh form)">;
 def Fsdp_SoftmaxGradOp : Fsdp_PointwiseGradOp<"softmax_grad",
     "VJP of softmax given its output y: y * (dy - sum(dy * y))">;
+def Fsdp_SiluGradOp : Fsdp_PointwiseGradOp<"silu_grad",
+    "VJP of silu: dy * s (1 + x (1 - s)), s = sigmoid(x)">;
+
+def Fsdp_RmsNormGradOp : Fsdp_Op<"rms_norm_grad",
+    [Pure, AllTypesMatch<["input", "grad", "d_input"]>,
+     AllTypesMatch<["weight", "d_weight"]>]> {
+  let summary = "VJP of rms_norm: gradients of input and weight";
+  let description = [{
+    Recomputes 1 / rms from `input` instead of storing it.
+
+    ```mlir
+    %dx, %dw = fsdp.rms_norm_grad %x, %w, %dy epsilon = 1.000000e-06 : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$weight,
+                       Fsdp_FloatTensor:$grad, F64Attr:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$d_input, Fsdp_FloatTensor:$d_weight);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $grad `epsilon` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_RopeGradOp : Fsdp_Op<"rope_grad", [Pure, AllTypesMatch<["grad", "result"]>]> {
+  let summary = "VJP of rope: the gradient rotated back (by the negated angles)";
+  let description = [{
+    A rotation is orthogonal, so its VJP is the rotation by -angle.
+
+    ```mlir
+    %dq = fsdp.rope_grad %dqr heads = 4 theta = 1.000000e+04 : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$grad, I64Attr:$heads, F64Attr:$theta);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `heads` `=` $heads `theta` `=` $theta attr-dict `:` type($grad)
+  }];
+  let hasVerifier = 1;
+}
 
 def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
     [Pure, AllTypesMatch<["input", "grad", "d_input"]>,
@@ -539,10 +643,13 @@ def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
 }
 
 def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",
-    [Pure, AllTypesMatch<["q", "k", "v", "grad", "d_q", "d_k", "d_v"]>]> {
+    [Pure, AllTypesMatch<["q", "grad", "d_q"]>,
+     AllTypesMatch<["k", "v", "d_k", "d_v"]>]> {
   let summary = "VJP of attention: gradients of q, k and v";
   let description = [{
-    Recomputes the attention probabilities from `q` and `k`.
+    Recomputes the attention probabilities from `q` and `k`. With
+    `kv_heads`, the gradient of each key/value head sums over the query
+    heads that share it.
 
     ```mlir
     %dq, %dk, %dv = fsdp.attention_grad %q, %k, %v, %dy heads = 4 causal : tensor<2x16x64xf32>
@@ -550,12 +657,15 @@ def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",
   }];
   let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
                        Fsdp_FloatTensor:$v, Fsdp_FloatTensor:$grad,
-                       I64Attr:$heads, UnitAttr:$causal);
+                       I64Attr:$heads, UnitAttr:$causal,
+                       OptionalAttr<I64Attr>:$kv_heads);
   let results = (outs Fsdp_FloatTensor:$d_q, Fsdp_FloatTensor:$d_k,
                       Fsdp_FloatTensor:$d_v);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `,` $grad `heads` `=` $heads (`causal` $causal^)? attr-dict `:` type($q)
+    $q `,` $k `,` $v `,` $grad `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
+    attr-dict `:` custom<AttentionTypes>(type($q), type($k))
   }];
+  let hasVerifier = 1;
 }
 
 def Fsdp_EmbeddingGradOp : Fsdp_Op<"embedding_grad", [Pure]> {

@@ -388,6 +388,9 @@ const std::unordered_map<std::string, OpDef> &table() {
                                                    r.op.f("epsilon", 1e-5));
                               return Status::ok();
                             }};
+    // attention (q, k, v -> y) and attention_grad (q, k, v, dy -> dq, dk,
+    // dv): q, dy, y and dq are [B, T, heads*D]; k, v, dk and dv
+    // [B, T, kv_heads*D] (kv_heads = heads when absent).
     auto checkAttention = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       const Shape &s = op.in(0).shape;
@@ -395,26 +398,109 @@ const std::unordered_map<std::string, OpDef> &table() {
       if (s.size() != 3 || heads <= 0 || s[2] % heads)
         return FSDP_ERROR(op.inst.op, ": expected [B, T, C] operands with heads "
                           "dividing C, found ", shapeStr(s), " and heads = ", heads);
-      for (int64_t id : op.inst.in)
-        FSDP_RETURN_IF_ERROR(expectShape(op, op.plan.buffers[id], s, "an operand"));
-      for (int64_t id : op.inst.out)
-        FSDP_RETURN_IF_ERROR(expectShape(op, op.plan.buffers[id], s, "a result"));
-      return Status::ok();
+      int64_t kv = op.i("kv_heads", heads);
+      if (!op.attrError.empty())
+        return FSDP_ERROR(op.inst.op, ": ", op.attrError);
+      if (kv <= 0 || heads % kv)
+        return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
+                          ", found kv_heads = ", kv);
+      Shape ks{s[0], s[1], kv * (s[2] / heads)};
+      bool grad = op.inst.in.size() == 4;
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), ks, "k"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), ks, "v"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "a gradient"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), ks, "d_k"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(2), ks, "d_v"));
+      }
+      return expectShape(op, op.out(0), s, grad ? "d_q" : "a result");
     };
     m["attention"] = {3, 1, checkAttention, [](const Run &r) {
                         const Shape &s = r.op.in(0).shape;
+                        int64_t heads = r.op.i("heads", 1);
                         attention<float>(r.in(0), r.in(1), r.in(2), r.out(0), s[0], s[1],
-                                         s[2], r.op.i("heads", 1), r.op.b("causal"));
+                                         s[2], heads, r.op.b("causal"),
+                                         r.op.i("kv_heads", heads));
                         return Status::ok();
                       }};
     m["attention_grad"] = {4, 3, checkAttention, [](const Run &r) {
                              const Shape &s = r.op.in(0).shape;
+                             int64_t heads = r.op.i("heads", 1);
                              attentionGrad<float>(r.in(0), r.in(1), r.in(2), r.in(3),
                                                   r.out(0), r.out(1), r.out(2), s[0], s[1],
-                                                  s[2], r.op.i("heads", 1),
-                                                  r.op.b("causal"));
+                                                  s[2], heads, r.op.b("causal"),
+                                                  r.op.i("kv_heads", heads));
                              return Status::ok();
                            }};
+    m["silu"] = {1, 1, checkSame, [](const Run &r) {
+                   silu<float>(r.in(0), r.out(0), r.op.out(0).numel());
+                   return Status::ok();
+                 }};
+    m["silu_grad"] = {2, 1, checkSame, [](const Run &r) {
+                        siluGrad<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
+                        return Status::ok();
+                      }};
+    // rms_norm (x, w -> y) and rms_norm_grad (x, w, dy -> dx, dw).
+    auto checkRmsNorm = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      if (s.empty())
+        return FSDP_ERROR(op.inst.op, ": expected an input of rank >= 1, found a scalar");
+      Shape c{s.back()};
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), c, "a weight"));
+      if (!op.has("epsilon"))
+        return FSDP_ERROR(op.inst.op, ": missing attribute epsilon");
+      double eps = op.f("epsilon", 0);
+      if (op.attrError.empty() && !(eps > 0))
+        return FSDP_ERROR(op.inst.op, ": attribute epsilon: expected a positive "
+                          "number, found ", eps);
+      if (op.inst.in.size() == 3) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), s, "a gradient"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_weight"));
+      }
+      return expectShape(op, op.out(0), s, "a result");
+    };
+    m["rms_norm"] = {2, 1, checkRmsNorm, [](const Run &r) {
+                       rmsNorm<float>(r.in(0), r.in(1), r.out(0), rowsOf(r.op.in(0)),
+                                      lastDim(r.op.in(0)), r.op.f("epsilon", 1e-6));
+                       return Status::ok();
+                     }};
+    m["rms_norm_grad"] = {3, 2, checkRmsNorm, [](const Run &r) {
+                            rmsNormGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0),
+                                               r.out(1), rowsOf(r.op.in(0)),
+                                               lastDim(r.op.in(0)),
+                                               r.op.f("epsilon", 1e-6));
+                            return Status::ok();
+                          }};
+    // rope / rope_grad: [B, T, heads*D] -> the same, D even, theta > 1.
+    auto checkRope = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      int64_t heads = op.i("heads", 0);
+      if (s.size() != 3 || heads <= 0 || s[2] % heads || (s[2] / heads) % 2)
+        return FSDP_ERROR(op.inst.op, ": expected a [B, T, C] operand with heads "
+                          "dividing C into heads of even size, found ", shapeStr(s),
+                          " and heads = ", heads);
+      if (!op.has("theta"))
+        return FSDP_ERROR(op.inst.op, ": missing attribute theta");
+      double theta = op.f("theta", 0);
+      if (op.attrError.empty() && !(theta > 1))
+        return FSDP_ERROR(op.inst.op, ": attribute theta: expected a number > 1, "
+                          "found ", theta);
+      return expectShape(op, op.out(0), s, "a result");
+    };
+    m["rope"] = {1, 1, checkRope, [](const Run &r) {
+                   const Shape &s = r.op.in(0).shape;
+                   rope<float>(r.in(0), r.out(0), s[0], s[1], s[2], r.op.i("heads", 1),
+                               r.op.f("theta", 1e4));
+                   return Status::ok();
+                 }};
+    m["rope_grad"] = {1, 1, checkRope, [](const Run &r) {
+                        const Shape &s = r.op.in(0).shape;
+                        ropeGrad<float>(r.in(0), r.out(0), s[0], s[1], s[2],
+                                        r.op.i("heads", 1), r.op.f("theta", 1e4));
+                        return Status::ok();
+                      }};
     m["embedding"] = {2, 1,
                       [](const Op &op) {
                         const Buffer &t = op.in(0), &ids = op.in(1);
@@ -868,12 +954,13 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
   // own check looked at it.
   for (const char *name : {"transpose_lhs", "transpose_rhs", "causal", "nesterov"})
     op.b(name);
-  for (const char *name : {"dim", "offset", "heads"})
+  for (const char *name : {"dim", "offset", "heads", "kv_heads"})
     op.i(name, 0);
   for (const char *name : {"perm", "dims", "offsets"})
     op.iv(name);
   for (const char *name : {"factor", "value", "epsilon", "momentum", "dampening",
-                           "weight_decay", "beta1", "beta2", "eps", "max_norm"})
+                           "weight_decay", "beta1", "beta2", "eps", "max_norm",
+                           "theta"})
     op.f(name, 0);
   if (!op.attrError.empty())
     return FSDP_ERROR(inst.op, ": ", op.attrError);

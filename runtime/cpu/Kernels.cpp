@@ -316,16 +316,16 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
 
 
 namespace {
-/// The attention probabilities of query row t of batch b, head h, into p
+/// The attention probabilities of query row `qt` (D elements) against the
+/// keys `kh` (rows of stride `ldk`, one key/value head's columns), into p
 /// (length `end`: t + 1 when causal, else Tn). Shared by the forward and
 /// the backward pass, which recomputes them instead of storing them.
 template <typename T>
-void attentionRow(const T *q, const T *k, T *p, int64_t b, int64_t h, int64_t t,
-                  int64_t Tn, int64_t C, int64_t D, int64_t end, T scale) {
-  const T *qt = q + (b * Tn + t) * C + h * D;
+void attentionRow(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
+                  int64_t end, T scale) {
   T mx = -std::numeric_limits<T>::infinity();
   for (int64_t s = 0; s < end; ++s) {
-    const T *ks = k + (b * Tn + s) * C + h * D;
+    const T *ks = kh + s * ldk;
     T dot = 0;
     for (int64_t d = 0; d < D; ++d)
       dot += qt[d] * ks[d];
@@ -340,28 +340,40 @@ void attentionRow(const T *q, const T *k, T *p, int64_t b, int64_t h, int64_t t,
   for (int64_t s = 0; s < end; ++s)
     p[s] /= sum;
 }
+
+int64_t kvHeadsOr(int64_t kvHeads, int64_t heads) {
+  return kvHeads > 0 ? kvHeads : heads;
+}
 } // namespace
 
-// Attention: for batch b and head h, with D = C / heads,
-//   S = Q_h K_h^T / sqrt(D) (masked for t' > t when causal),
-//   P = softmax(S), Y_h = P V_h.
+// Attention: for batch b and head h, with D = C / heads and key/value head
+// hk = h / (heads / kvHeads) (grouped-query attention; kvHeads = heads is
+// multi-head attention),
+//   S = Q_h K_hk^T / sqrt(D) (masked for t' > t when causal),
+//   P = softmax(S), Y_h = P V_hk.
+// K and V are [B, T, kvHeads * D] and are read in place for every query
+// head of their group: the repeated keys are never materialized.
 // Probabilities are recomputed in the backward pass instead of stored.
 template <typename T>
 void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
-               int64_t C, int64_t heads, bool causal) {
-  int64_t D = C / heads;
+               int64_t C, int64_t heads, bool causal, int64_t kvHeads) {
+  int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
+  int64_t group = heads / kvh, Ck = kvh * D;
   T scale = T(1) / std::sqrt(T(D));
 #pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<T> p(Tn);
+      const T *kh = k + b * Tn * Ck + (h / group) * D;
+      const T *vh = v + b * Tn * Ck + (h / group) * D;
       for (int64_t t = 0; t < Tn; ++t) {
         int64_t end = causal ? t + 1 : Tn;
-        attentionRow(q, k, p.data(), b, h, t, Tn, C, D, end, scale);
+        attentionRow(q + (b * Tn + t) * C + h * D, kh, Ck, p.data(), D, end,
+                     scale);
         T *yt = y + (b * Tn + t) * C + h * D;
         std::fill(yt, yt + D, T(0));
         for (int64_t s = 0; s < end; ++s) {
-          const T *vs = v + (b * Tn + s) * C + h * D;
+          const T *vs = vh + s * Ck;
           for (int64_t d = 0; d < D; ++d)
             yt[d] += p[s] * vs[d];
         }
@@ -372,48 +384,161 @@ void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
 template <typename T>
 void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
                    T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
-                   int64_t heads, bool causal) {
-  int64_t D = C / heads;
+                   int64_t heads, bool causal, int64_t kvHeads) {
+  int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
+  int64_t group = heads / kvh, Ck = kvh * D;
   T scale = T(1) / std::sqrt(T(D));
-  int64_t n = B * Tn * C;
-  std::fill(dq, dq + n, T(0));
-  std::fill(dk, dk + n, T(0));
-  std::fill(dv, dv + n, T(0));
-  // Each (b, h) pair touches disjoint slices of dq/dk/dv.
+  std::fill(dq, dq + B * Tn * C, T(0));
+  std::fill(dk, dk + B * Tn * Ck, T(0));
+  std::fill(dv, dv + B * Tn * Ck, T(0));
+  // Each (b, key/value head) pair owns its slices of dk/dv and those of dq
+  // of its group's query heads, which it visits in order (a fixed
+  // summation order whatever the thread count).
 #pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t hk = 0; hk < kvh; ++hk) {
       std::vector<T> p(Tn), dp(Tn);
-      for (int64_t t = 0; t < Tn; ++t) {
-        const T *qt = q + (b * Tn + t) * C + h * D;
-        const T *dyt = dy + (b * Tn + t) * C + h * D;
-        int64_t end = causal ? t + 1 : Tn;
-        attentionRow(q, k, p.data(), b, h, t, Tn, C, D, end, scale);
-        // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>).
-        T dot = 0;
-        for (int64_t s = 0; s < end; ++s) {
-          const T *vs = v + (b * Tn + s) * C + h * D;
-          T acc = 0;
-          for (int64_t d = 0; d < D; ++d)
-            acc += dyt[d] * vs[d];
-          dp[s] = acc;
-          dot += acc * p[s];
-          T *dvs = dv + (b * Tn + s) * C + h * D;
-          for (int64_t d = 0; d < D; ++d)
-            dvs[d] += p[s] * dyt[d];
-        }
-        T *dqt = dq + (b * Tn + t) * C + h * D;
-        for (int64_t s = 0; s < end; ++s) {
-          T ds = p[s] * (dp[s] - dot) * scale;
-          const T *ks = k + (b * Tn + s) * C + h * D;
-          T *dks = dk + (b * Tn + s) * C + h * D;
-          for (int64_t d = 0; d < D; ++d) {
-            dqt[d] += ds * ks[d];
-            dks[d] += ds * qt[d];
+      const T *kh = k + b * Tn * Ck + hk * D, *vh = v + b * Tn * Ck + hk * D;
+      T *dkh = dk + b * Tn * Ck + hk * D, *dvh = dv + b * Tn * Ck + hk * D;
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t t = 0; t < Tn; ++t) {
+          const T *qt = q + (b * Tn + t) * C + h * D;
+          const T *dyt = dy + (b * Tn + t) * C + h * D;
+          int64_t end = causal ? t + 1 : Tn;
+          attentionRow(qt, kh, Ck, p.data(), D, end, scale);
+          // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>).
+          T dot = 0;
+          for (int64_t s = 0; s < end; ++s) {
+            const T *vs = vh + s * Ck;
+            T acc = 0;
+            for (int64_t d = 0; d < D; ++d)
+              acc += dyt[d] * vs[d];
+            dp[s] = acc;
+            dot += acc * p[s];
+            T *dvs = dvh + s * Ck;
+            for (int64_t d = 0; d < D; ++d)
+              dvs[d] += p[s] * dyt[d];
           }
+          T *dqt = dq + (b * Tn + t) * C + h * D;
+          for (int64_t s = 0; s < end; ++s) {
+            T ds = p[s] * (dp[s] - dot) * scale;
+            const T *ks = kh + s * Ck;
+            T *dks = dkh + s * Ck;
+            for (int64_t d = 0; d < D; ++d) {
+              dqt[d] += ds * ks[d];
+              dks[d] += ds * qt[d];
+            }
+          }
+        }
+    }
+}
+
+// SiLU: y = x s, s = sigmoid(x) = 1 / (1 + exp(-x)); for x -> -inf,
+// exp(-x) overflows to inf and s to 0, which is the limit.
+template <typename T> void silu(const T *x, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = x[i] / (T(1) + std::exp(-x[i]));
+}
+
+template <typename T> void siluGrad(const T *x, const T *dy, T *dx, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    T s = T(1) / (T(1) + std::exp(-x[i]));
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+namespace {
+/// 1 / sqrt(mean(x^2) + eps) of one row, the sum in double; the backward
+/// pass recomputes it with this same routine instead of storing it.
+template <typename T> T rowRstd(const T *xr, int64_t cols, double eps) {
+  double ss = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    ss += (double)xr[c] * (double)xr[c];
+  return T(1.0 / std::sqrt(ss / (double)cols + eps));
+}
+} // namespace
+
+// RMSNorm (HF LlamaRMSNorm): y = x r w, r = 1 / sqrt(mean(x^2) + eps).
+template <typename T>
+void rmsNorm(const T *x, const T *w, T *y, int64_t rows, int64_t cols,
+             double eps) {
+#pragma omp parallel for if (rows * cols > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols;
+    T rstd = rowRstd(xr, cols, eps);
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = xr[c] * rstd * w[c];
+  }
+}
+
+// With xhat = x r and g = dy w: dx = r (g - xhat mean(g xhat)), since
+// dr/dx_j = -r^3 x_j / cols; dw = sum over rows of dy xhat.
+template <typename T>
+void rmsNormGrad(const T *x, const T *w, const T *dy, T *dx, T *dw,
+                 int64_t rows, int64_t cols, double eps) {
+  std::fill(dw, dw + cols, T(0));
+  // dw sums over rows: kept serial so the order is fixed.
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols, *dyr = dy + r * cols;
+    T rstd = rowRstd(xr, cols, eps);
+    double dot = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      T xhat = xr[c] * rstd;
+      dot += (double)(dyr[c] * w[c]) * (double)xhat;
+      dw[c] += dyr[c] * xhat;
+    }
+    T m = T(dot / (double)cols);
+    for (int64_t c = 0; c < cols; ++c)
+      dx[r * cols + c] = rstd * (dyr[c] * w[c] - xr[c] * rstd * m);
+  }
+}
+
+namespace {
+/// Rotates each (i, i + D/2) pair of every head of row t by `sign` * t *
+/// theta^(-2i/D). The angles, cosines and sines are computed in double
+/// (HF computes them in float32; the oracle in float64).
+template <typename T>
+void ropeRotate(const T *x, T *y, int64_t B, int64_t Tn, int64_t C,
+                int64_t heads, double theta, double sign) {
+  int64_t D = C / heads, half = D / 2;
+  std::vector<T> cs(Tn * half), sn(Tn * half);
+  for (int64_t i = 0; i < half; ++i) {
+    double freq = std::pow(theta, -2.0 * (double)i / (double)D);
+    for (int64_t t = 0; t < Tn; ++t) {
+      double a = (double)t * freq;
+      cs[t * half + i] = T(std::cos(a));
+      sn[t * half + i] = T(sign * std::sin(a));
+    }
+  }
+#pragma omp parallel for collapse(2) if (B * Tn * C > kParallelGrain)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tn; ++t) {
+      const T *c = cs.data() + t * half, *s = sn.data() + t * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T *xr = x + (b * Tn + t) * C + h * D;
+        T *yr = y + (b * Tn + t) * C + h * D;
+        for (int64_t i = 0; i < half; ++i) {
+          T x1 = xr[i], x2 = xr[i + half];
+          yr[i] = x1 * c[i] - x2 * s[i];
+          yr[i + half] = x2 * c[i] + x1 * s[i];
         }
       }
     }
+}
+} // namespace
+
+template <typename T>
+void rope(const T *x, T *y, int64_t B, int64_t Tn, int64_t C, int64_t heads,
+          double theta) {
+  ropeRotate(x, y, B, Tn, C, heads, theta, 1.0);
+}
+
+template <typename T>
+void ropeGrad(const T *dy, T *dx, int64_t B, int64_t Tn, int64_t C,
+              int64_t heads, double theta) {
+  ropeRotate(dy, dx, B, Tn, C, heads, theta, -1.0);
 }
 
 template <typename T, typename I>
@@ -722,10 +847,20 @@ float halfToFloat(uint16_t h) {
   template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *,    \
                                  T *, int64_t, int64_t, double);               \
   template void attention<T>(const T *, const T *, const T *, T *, int64_t,    \
-                             int64_t, int64_t, int64_t, bool);                 \
+                             int64_t, int64_t, int64_t, bool, int64_t);        \
   template void attentionGrad<T>(const T *, const T *, const T *, const T *,   \
                                  T *, T *, T *, int64_t, int64_t, int64_t,     \
-                                 int64_t, bool);                               \
+                                 int64_t, bool, int64_t);                      \
+  template void silu<T>(const T *, T *, int64_t);                              \
+  template void siluGrad<T>(const T *, const T *, T *, int64_t);               \
+  template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t,        \
+                           double);                                            \
+  template void rmsNormGrad<T>(const T *, const T *, const T *, T *, T *,      \
+                               int64_t, int64_t, double);                      \
+  template void rope<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,    \
+                        double);                                               \
+  template void ropeGrad<T>(const T *, T *, int64_t, int64_t, int64_t,         \
+                            int64_t, double);                                  \
   template int64_t embedding<T, int32_t>(const T *, const int32_t *, T *,      \
                                          int64_t, int64_t, int64_t);           \
   template int64_t embedding<T, int64_t>(const T *, const int64_t *, T *,      \

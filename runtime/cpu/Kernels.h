@@ -11,7 +11,8 @@
 //
 // Semantics follow PyTorch exactly where the oracle compares against it:
 // GELU is the tanh form, layer norm uses the biased variance with epsilon
-// inside the square root, the losses are means, SGD and AdamW are
+// inside the square root, RMSNorm and RoPE are HF transformers' Llama ones
+// (rotate-half pairs), the losses are means, SGD and AdamW are
 // torch.optim's single-tensor implementations.
 //
 //===----------------------------------------------------------------------===//
@@ -69,14 +70,39 @@ template <typename T>
 void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
                    int64_t rows, int64_t cols, double eps);
 
-/// Multi-head attention on [B, T, C] with `heads` heads.
+/// Multi-head attention: q and y are [B, T, C] with `heads` heads of
+/// D = C / heads; k and v are [B, T, kvHeads * D], kvHeads dividing heads
+/// (grouped-query attention: query head h reads key/value head
+/// h / (heads / kvHeads)); kvHeads = 0 means heads.
 template <typename T>
 void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
-               int64_t C, int64_t heads, bool causal);
+               int64_t C, int64_t heads, bool causal, int64_t kvHeads = 0);
 template <typename T>
 void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
                    T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
-                   int64_t heads, bool causal);
+                   int64_t heads, bool causal, int64_t kvHeads = 0);
+
+/// SiLU, x * sigmoid(x), and its VJP.
+template <typename T> void silu(const T *x, T *y, int64_t n);
+template <typename T> void siluGrad(const T *x, const T *dy, T *dx, int64_t n);
+
+/// RMSNorm over rows of `cols`: y = x / sqrt(mean(x^2) + eps) * w.
+template <typename T>
+void rmsNorm(const T *x, const T *w, T *y, int64_t rows, int64_t cols,
+             double eps);
+template <typename T>
+void rmsNormGrad(const T *x, const T *w, const T *dy, T *dx, T *dw,
+                 int64_t rows, int64_t cols, double eps);
+
+/// Rotary position embedding on [B, T, C], C = heads * D, D even, in the
+/// rotate-half layout (HF Llama): pair (i, i + D/2) of each head at
+/// position t turns by t * theta^(-2i/D). ropeGrad turns back.
+template <typename T>
+void rope(const T *x, T *y, int64_t B, int64_t Tn, int64_t C, int64_t heads,
+          double theta);
+template <typename T>
+void ropeGrad(const T *dy, T *dx, int64_t B, int64_t Tn, int64_t C,
+              int64_t heads, double theta);
 
 /// Returns the index of the first out-of-range id, or -1.
 template <typename T, typename I>

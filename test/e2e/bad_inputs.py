@@ -7,11 +7,13 @@ bad options, bad data and checkpoint files and a bad environment. Every
 case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
 print "fsdp-run: error" and name the problem (a substring given per case).
 
-usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN
+usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
 (token inputs, slices, attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
-(shard views with a rank stride).
+(shard views with a rank stride); LLAMA_PLAN: a one-rank Llama plan (rope,
+rms_norm, grouped-query attention with 4 heads over 2 key/value heads;
+without it those cases are skipped, and the summary says so).
 """
 import copy
 import json
@@ -85,6 +87,15 @@ PLAN_CASES = [
     ("transpose_rhs \"yes\"", "mlp", setter(lambda p: first(p, "matmul")["attrs"].update(transpose_rhs="yes")), "transpose_rhs: expected true or false"),
     ("async \"yes\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update({"async": "yes"})), "async"),
     ("heads 2.5", "gpt", setter(lambda p: first(p, "attention")["attrs"].update(heads=2.5)), "heads"),
+    ("kv_heads 2.5", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=2.5)), "kv_heads: expected an integer"),
+    ("kv_heads 3 of 4 heads", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=3)), "expected kv_heads to divide heads = 4"),
+    ("kv_heads dropped", "llama", setter(lambda p: first(p, "attention_grad")["attrs"].pop("kv_heads")), "expected k of shape"),
+    ("theta \"1e4\"", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta="1e4")), "theta: expected a finite number"),
+    ("theta missing", "llama", setter(lambda p: first(p, "rope_grad")["attrs"].pop("theta")), "missing attribute theta"),
+    ("theta 0.5", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta=0.5)), "expected a number > 1"),
+    ("rope heads of odd size", "llama", setter(lambda p: first(p, "rope")["attrs"].update(heads=64)), "heads of even size"),
+    ("epsilon -1e-5", "llama", setter(lambda p: first(p, "rms_norm")["attrs"].update(epsilon=-1e-5)), "epsilon: expected a positive number"),
+    ("epsilon missing", "llama", setter(lambda p: first(p, "rms_norm_grad")["attrs"].pop("epsilon")), "missing attribute epsilon"),
     ("options is a string", "mlp", setter(lambda p: p.update(options="x")), "options: expected an object"),
     # overflow and bounds
     ("buffer offset INT64_MAX", "mlp", setter(lambda p: p["buffers"][3].update(offset=I64_MAX)), "offset"),
@@ -145,9 +156,12 @@ def safetensors(header, payload=b""):
 
 def main():
     bindir, mlp, gpt, sharded = sys.argv[1:5]
+    llama = sys.argv[5] if len(sys.argv) > 5 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
-    for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded)):
+    for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama)):
+        if path is None:
+            continue
         with open(path) as f:
             plans[key] = json.load(f)
     failures = 0
@@ -180,7 +194,11 @@ def main():
                     print(f"     expected the message to contain: {expect}")
 
         # --- plan files
+        skipped = 0
         for name, key, mutate, expect in PLAN_CASES:
+            if key not in plans:
+                skipped += 1
+                continue
             path = os.path.join(tmp, "bad.plan")
             with open(path, "w") as f:
                 json.dump(mutate(plans[key]), f)
@@ -266,7 +284,8 @@ def main():
         check("env: RANK >= WORLD_SIZE", [mlp, "--steps", "1"], "RANK", env={"RANK": "3", "WORLD_SIZE": "2"})
         check("env: RANK=-1", [mlp, "--steps", "1"], "RANK", env={"RANK": "-1", "WORLD_SIZE": "2"})
 
-    print(f"{count} bad inputs, {count - failures} rejected cleanly")
+    print(f"{count} bad inputs, {count - failures} rejected cleanly"
+          + (f" ({skipped} Llama plan cases skipped: no LLAMA_PLAN given)" if skipped else ""))
     print("all bad inputs rejected cleanly" if not failures else f"FAIL: {failures} case(s)")
     return 1 if failures else 0
 

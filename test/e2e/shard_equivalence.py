@@ -8,7 +8,7 @@ G / N; runs each for S steps and checks that the per-step losses equal the
 one-rank losses within RTOL (relative) and that the consolidated final
 parameters match. Also prints communication bytes per rank per step.
 
-usage: shard_equivalence.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL N [N ...]
+usage: shard_equivalence.py BIN_DIR mlp|gpt|llama OPTIMIZER STEPS RTOL N [N ...]
 
 OPTIMIZER is a pipeline fragment such as "adamw" or "sgd momentum=0.9".
 Final parameters are compared (1e-4 of each tensor's largest value) for
@@ -46,6 +46,9 @@ def read_f32(path):
 def gen(kind, batch, path):
     if kind == "mlp":
         args = ["mlp", "--hidden", "32", "--blocks", "4", "--batch", str(batch)]
+    elif kind == "llama":
+        args = ["llama", "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "4",
+                "--kv-heads", "2", "--width", "16", "--ffn", "40", "--batch", str(batch)]
     else:
         args = ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "2",
                 "--width", "16", "--batch", str(batch)]

@@ -19,7 +19,7 @@ instead of after compounding for 20 steps:
 A free-running float32 PyTorch run (torch.optim) is printed beside, for
 information.
 
-  torch_ref.py --model mlp|gpt [size options] --plan PLAN --dump-dir DIR
+  torch_ref.py --model mlp|gpt|llama [size options] --plan PLAN --dump-dir DIR
                [--rtol 1e-5] [--batches-dir DIR]
 
 Exits 0 when both hold, 1 otherwise. Run it with Debian's /usr/bin/python3
@@ -131,9 +131,104 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
 
 
+class Llama(nn.Module):
+    """Llama-style decoder (examples/gen_models.py llama), written as HF
+    transformers' LlamaForCausalLM computes it: RMSNorm, rotate-half rotary
+    embedding, grouped-query causal attention (repeat_kv), SwiGLU MLP,
+    untied LM head, no biases. torch 1.13 has no nn.RMSNorm: spelled out."""
+
+    def __init__(self, vocab, ctx, layers, heads, kv_heads, width, ffn, theta, eps):
+        super().__init__()
+        self.heads, self.kv_heads, self.theta, self.eps = heads, kv_heads, theta, eps
+        C, D = width, width // heads
+
+        class RMSNorm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(C))
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q_proj = nn.Linear(C, heads * D, bias=False)
+                self.k_proj = nn.Linear(C, kv_heads * D, bias=False)
+                self.v_proj = nn.Linear(C, kv_heads * D, bias=False)
+                self.o_proj = nn.Linear(heads * D, C, bias=False)
+
+        class Mlp(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate_proj = nn.Linear(C, ffn, bias=False)
+                self.up_proj = nn.Linear(C, ffn, bias=False)
+                self.down_proj = nn.Linear(ffn, C, bias=False)
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.input_layernorm = RMSNorm()
+                self.self_attn = Attn()
+                self.post_attention_layernorm = RMSNorm()
+                self.mlp = Mlp()
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(vocab, C)
+                self.layers = nn.ModuleList(Layer() for _ in range(layers))
+                self.norm = RMSNorm()
+
+        self.model = Model()
+        self.lm_head = nn.Linear(C, vocab, bias=False)
+
+    def rms_norm(self, x, norm):
+        # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps), times the weight.
+        return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rope(self, x):
+        """HF apply_rotary_pos_emb on x [B, H, T, D]: x cos + rotate_half(x) sin,
+        angles t * theta^(-2i/D) (computed in float64 here)."""
+        T, D = x.shape[2], x.shape[3]
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    def attention(self, x, attn):
+        B, T, C = x.shape
+        H, G = self.heads, self.kv_heads
+        D = C // H
+        q = attn.q_proj(x).view(B, T, H, D).transpose(1, 2)
+        k = attn.k_proj(x).view(B, T, G, D).transpose(1, 2)
+        v = attn.v_proj(x).view(B, T, G, D).transpose(1, 2)
+        q, k = self.rope(q), self.rope(k)
+        # repeat_kv: key/value head j serves query heads j*H/G .. (j+1)*H/G - 1
+        k = k[:, :, None].expand(B, G, H // G, T, D).reshape(B, H, T, D)
+        v = v[:, :, None].expand(B, G, H // G, T, D).reshape(B, H, T, D)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        return attn.o_proj(y)
+
+    def loss(self, ids, targets):
+        m = self.model
+        x = m.embed_tokens(ids.long())
+        for layer in m.layers:
+            x = x + self.attention(self.rms_norm(x, layer.input_layernorm), layer.self_attn)
+            h = self.rms_norm(x, layer.post_attention_layernorm)
+            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+        logits = self.lm_head(self.rms_norm(x, m.norm))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
+
+
 def build(args):
     if args.model == "mlp":
         return MLP(args.hidden, args.blocks)
+    if args.model == "llama":
+        return Llama(args.vocab, args.ctx, args.layers, args.heads, args.kv_heads,
+                     args.width, args.ffn, args.rope_theta, args.norm_eps)
     return GPT(args.vocab, args.ctx, args.layers, args.heads, args.width)
 
 
@@ -183,6 +278,12 @@ def rounding_depth(args):
         rows = args.batch
         K = max(args.hidden, rows)
         L = 2 * (2 * args.blocks + 1)
+    elif args.model == "llama":
+        rows = args.batch * args.ctx
+        K = max(args.ffn, args.width, rows, args.vocab, args.ctx)
+        # per layer: q/k/v, rope, q k^T, att v, o, gate/up, silu * up, down
+        # (+2 RMS norms); then the final norm and the head
+        L = 2 * (10 * args.layers + 2)
     else:
         rows = args.batch * args.ctx
         K = max(4 * args.width, rows, args.vocab, args.ctx)
@@ -328,7 +429,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    ap.add_argument("--model", choices=["mlp", "gpt", "llama"], required=True)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=256)
@@ -336,6 +437,10 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--kv-heads", type=int, default=2, help="llama")
+    ap.add_argument("--ffn", type=int, default=176, help="llama: MLP width")
+    ap.add_argument("--rope-theta", type=float, default=10000.0, help="llama")
+    ap.add_argument("--norm-eps", type=float, default=1e-5, help="llama: RMSNorm epsilon")
     ap.add_argument("--plan", required=True)
     ap.add_argument("--dump-dir", required=True)
     ap.add_argument("--batches-dir", help="take the (global) batches from this dump "

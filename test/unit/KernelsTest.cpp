@@ -130,6 +130,104 @@ TEST_P(AttentionTest, GradientsOfQKV) {
 }
 INSTANTIATE_TEST_SUITE_P(CausalAndNot, AttentionTest, ::testing::Bool());
 
+class GroupedAttentionTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GroupedAttentionTest, GradientsOfQKVAndTheRepeatKvMapping) {
+  // 4 query heads of D = 2 over 2 key/value heads: query heads 0 and 1 read
+  // key/value head 0, heads 2 and 3 read head 1.
+  bool causal = GetParam();
+  int64_t B = 2, T = 3, H = 4, G = 2, D = 2, C = H * D, Ck = G * D;
+  int64_t n = B * T * C, nk = B * T * Ck;
+  std::vector<double> q = randomVec(n, 21), k = randomVec(nk, 22), v = randomVec(nk, 23);
+  std::vector<double> dy = randomVec(n, 24), dq(n), dk(nk), dv(nk);
+  attentionGrad<double>(q.data(), k.data(), v.data(), dy.data(), dq.data(),
+                        dk.data(), dv.data(), B, T, C, H, causal, G);
+  auto fwd = [&] {
+    std::vector<double> o(n);
+    attention<double>(q.data(), k.data(), v.data(), o.data(), B, T, C, H, causal, G);
+    return o;
+  };
+  checkVjp(q, dy, fwd, dq, "grouped attention dq");
+  checkVjp(k, dy, fwd, dk, "grouped attention dk");
+  checkVjp(v, dy, fwd, dv, "grouped attention dv");
+  // The same as multi-head attention on keys and values repeated per head
+  // (HF's repeat_kv): kv head h / (H / G) for query head h.
+  std::vector<double> kr(n), vr(n), want(n);
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        kr[bt * C + h * D + d] = k[bt * Ck + (h / (H / G)) * D + d];
+        vr[bt * C + h * D + d] = v[bt * Ck + (h / (H / G)) * D + d];
+      }
+  attention<double>(q.data(), kr.data(), vr.data(), want.data(), B, T, C, H, causal);
+  std::vector<double> got = fwd();
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+}
+INSTANTIATE_TEST_SUITE_P(CausalAndNot, GroupedAttentionTest, ::testing::Bool());
+
+TEST(KernelsTest, RmsNormValuesAndGradientsOfInputAndWeight) {
+  int64_t r = 4, c = 6;
+  double eps = 1e-5;
+  std::vector<double> x = randomVec(r * c, 25), w = randomVec(c, 26);
+  std::vector<double> y(r * c), dy = randomVec(r * c, 27), dx(r * c), dw(c);
+  rmsNorm<double>(x.data(), w.data(), y.data(), r, c, eps);
+  double ss = 0;
+  for (int64_t j = 0; j < c; ++j)
+    ss += x[c + j] * x[c + j];
+  EXPECT_NEAR(y[c + 2], x[c + 2] / std::sqrt(ss / c + eps) * w[2], 1e-12);
+  rmsNormGrad<double>(x.data(), w.data(), dy.data(), dx.data(), dw.data(), r, c, eps);
+  auto fwd = [&] {
+    std::vector<double> o(r * c);
+    rmsNorm<double>(x.data(), w.data(), o.data(), r, c, eps);
+    return o;
+  };
+  checkVjp(x, dy, fwd, dx, "rms_norm d_input");
+  checkVjp(w, dy, fwd, dw, "rms_norm d_weight");
+}
+
+TEST(KernelsTest, RopeRotatesHalvesAndItsGradientTurnsBack) {
+  int64_t B = 2, T = 5, H = 2, D = 4, C = H * D, n = B * T * C;
+  double theta = 100.0;
+  std::vector<double> x = randomVec(n, 28), y(n), dy = randomVec(n, 29), dx(n);
+  rope<double>(x.data(), y.data(), B, T, C, H, theta);
+  // Position 0 is not rotated.
+  for (int64_t j = 0; j < C; ++j)
+    EXPECT_NEAR(y[j], x[j], 1e-15);
+  // Batch 1, position 3, head 1, pair i = 1: elements 1 and 3 of the head,
+  // angle 3 * theta^(-2/4) (rotate-half, not interleaved pairs).
+  int64_t base = (1 * T + 3) * C + 1 * D;
+  double a = 3 * std::pow(theta, -0.5);
+  EXPECT_NEAR(y[base + 1], x[base + 1] * std::cos(a) - x[base + 3] * std::sin(a), 1e-12);
+  EXPECT_NEAR(y[base + 3], x[base + 3] * std::cos(a) + x[base + 1] * std::sin(a), 1e-12);
+  ropeGrad<double>(dy.data(), dx.data(), B, T, C, H, theta);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(n);
+    rope<double>(x.data(), o.data(), B, T, C, H, theta);
+    return o;
+  }, dx, "rope");
+  // The gradient rotation inverts the forward one.
+  std::vector<double> back(n);
+  ropeGrad<double>(y.data(), back.data(), B, T, C, H, theta);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(back[i], x[i], 1e-12);
+}
+
+TEST(KernelsTest, SiluAndItsGradient) {
+  std::vector<double> x = randomVec(17, 30, 3.0), y(17), dy = randomVec(17, 31), dx(17);
+  x[0] = -800; // exp(800) overflows: silu must give -0, not NaN
+  silu<double>(x.data(), y.data(), 17);
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_NEAR(y[3], x[3] / (1 + std::exp(-x[3])), 1e-15);
+  siluGrad<double>(x.data(), dy.data(), dx.data(), 17);
+  EXPECT_EQ(dx[0], 0.0);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(17);
+    silu<double>(x.data(), o.data(), 17);
+    return o;
+  }, dx, "silu");
+}
+
 TEST(KernelsTest, LossGradients) {
   int64_t r = 5, c = 7;
   std::vector<double> logits = randomVec(r * c, 13), dl{1.7}, dlog(r * c);
@@ -296,6 +394,59 @@ TEST(DispatchTest, RejectsMalformedInstructions) {
             std::string::npos);
   Instruction arity{"relu", {0, 1}, {2}};
   EXPECT_NE(checkInstruction(plan, arity).message().find("expected 1 inputs"),
+            std::string::npos);
+}
+
+/// The message of checkInstruction, "" when it accepts.
+std::string checkMessage(const Plan &plan, const Instruction &inst) {
+  Status st = checkInstruction(plan, inst);
+  return st.isOk() ? "" : st.message();
+}
+
+TEST(DispatchTest, ChecksTheLlamaOps) {
+  // q [2, 3, 8], k and v [2, 3, 4] (2 of 4 heads of 2), a wrong k [2, 3, 6].
+  Plan plan = planWith({{2, 3, 8}, {2, 3, 4}, {2, 3, 4}, {2, 3, 8}, {2, 3, 6}, {8}, {4}});
+  Instruction att{"attention", {0, 1, 2}, {3}, {{"heads", 4}, {"kv_heads", 2}}};
+  EXPECT_EQ(checkMessage(plan, att), "");
+  att.attrs["kv_heads"] = 3;
+  EXPECT_NE(checkMessage(plan, att).find("expected kv_heads to divide heads = 4"),
+            std::string::npos);
+  att.attrs["kv_heads"] = 2.5;
+  EXPECT_NE(checkMessage(plan, att).find("attribute kv_heads: expected an integer"),
+            std::string::npos);
+  att.attrs.erase("kv_heads"); // then k must have the shape of q
+  EXPECT_NE(checkMessage(plan, att).find("expected k of shape 2x3x8, found 2x3x4"),
+            std::string::npos);
+  Instruction attGrad{"attention_grad", {0, 1, 2, 3}, {3, 1, 4},
+                      {{"heads", 4}, {"kv_heads", 2}}};
+  EXPECT_NE(checkMessage(plan, attGrad).find("expected d_v of shape 2x3x4, found 2x3x6"),
+            std::string::npos);
+
+  Instruction rope{"rope", {0}, {3}, {{"heads", 2}, {"theta", 1e4}}};
+  EXPECT_EQ(checkMessage(plan, rope), "");
+  rope.attrs["heads"] = 8; // heads of 1: not even
+  EXPECT_NE(checkMessage(plan, rope).find("heads of even size"), std::string::npos);
+  rope.attrs["heads"] = 2;
+  rope.attrs["theta"] = "10000";
+  EXPECT_NE(checkMessage(plan, rope).find("attribute theta: expected a finite number"),
+            std::string::npos);
+  rope.attrs["theta"] = 0.5;
+  EXPECT_NE(checkMessage(plan, rope).find("expected a number > 1"), std::string::npos);
+  rope.attrs.erase("theta");
+  EXPECT_NE(checkMessage(plan, rope).find("missing attribute theta"), std::string::npos);
+
+  Instruction rms{"rms_norm", {0, 5}, {3}, {{"epsilon", 1e-6}}};
+  EXPECT_EQ(checkMessage(plan, rms), "");
+  rms.in[1] = 6;
+  EXPECT_NE(checkMessage(plan, rms).find("expected a weight of shape 8, found 4"),
+            std::string::npos);
+  rms.in[1] = 5;
+  rms.attrs["epsilon"] = -1.0;
+  EXPECT_NE(checkMessage(plan, rms).find("expected a positive number"), std::string::npos);
+  rms.attrs.erase("epsilon");
+  EXPECT_NE(checkMessage(plan, rms).find("missing attribute epsilon"), std::string::npos);
+  Instruction rmsGrad{"rms_norm_grad", {0, 5, 3}, {3, 6}, {{"epsilon", 1e-6}}};
+  EXPECT_NE(checkMessage(plan, rmsGrad).find("expected d_weight of shape 8, found 4"),
             std::string::npos);
 }
 

@@ -161,6 +161,79 @@ func.func @f(%x: tensor<16x64xf32>) {
 }
 
 // -----
+func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x48xf32>) {
+  // expected-error @+1 {{expected kv_heads to divide heads = 4, found kv_heads = 3}}
+  %0 = fsdp.attention %x, %kv, %kv heads = 4 kv_heads = 3 causal : tensor<2x16x64xf32>, tensor<2x16x48xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x16xf32>) {
+  // expected-error @+1 {{expected k and v of type 'tensor<2x16x32xf32>', found 'tensor<2x16x16xf32>'}}
+  %0 = fsdp.attention %x, %kv, %kv heads = 4 kv_heads = 2 : tensor<2x16x64xf32>, tensor<2x16x16xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>) {
+  // Grouped keys need kv_heads: without it they must have the type of q.
+  // expected-error @+1 {{expected k and v of type 'tensor<2x16x64xf32>', found 'tensor<2x16x32xf32>'}}
+  %0 = fsdp.attention %x, %kv, %kv heads = 4 : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>) {
+  // expected-error @+1 {{expected kv_heads to divide heads = 4, found kv_heads = 0}}
+  %0:3 = fsdp.attention_grad %x, %kv, %kv, %x heads = 4 kv_heads = 0 : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<4xf32>) {
+  // expected-error @+1 {{expected weight of type 'tensor<8xf32>', found 'tensor<4xf32>'}}
+  %0 = fsdp.rms_norm %x, %w epsilon = 1.0e-6 : tensor<4x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
+  // expected-error @+1 {{expected a positive, finite epsilon, found 0}}
+  %0 = fsdp.rms_norm %x, %w epsilon = 0.0 : tensor<4x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
+  // epsilon is required: there is no default to disagree about.
+  // expected-error @+1 {{expected 'epsilon'}}
+  %0 = fsdp.rms_norm %x, %w : tensor<4x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x48xf32>) {
+  // 48 / 8 = 6 is even, 48 / 16 = 3 is not.
+  // expected-error @+1 {{expected heads to divide the width 48 into heads of even size, found heads = 16}}
+  %0 = fsdp.rope %x heads = 16 theta = 10000.0 : tensor<2x16x48xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<32x64xf32>) {
+  // expected-error @+1 {{expected an input of rank 3 [batch, seq, heads*head_dim], found 'tensor<32x64xf32>'}}
+  %0 = fsdp.rope %x heads = 4 theta = 10000.0 : tensor<32x64xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>) {
+  // expected-error @+1 {{expected a finite theta > 1, found 1}}
+  %0 = fsdp.rope_grad %x heads = 4 theta = 1.0 : tensor<2x16x64xf32>
+  return
+}
+
+// -----
 func.func @f(%t: tensor<256x64xf32>, %ids: tensor<2x16xi32>) {
   // expected-error @+1 {{expected result of type 'tensor<2x16x64xf32>', found 'tensor<2x16x32xf32>'}}
   %0 = fsdp.embedding %t, %ids : (tensor<256x64xf32>, tensor<2x16xi32>) -> tensor<2x16x32xf32>

@@ -105,6 +105,40 @@ func.func @structure(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %m: tensor
   return
 }
 
+// CHECK-LABEL: func.func @llama
+func.func @llama(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>, %w: tensor<64xf32>, %m: tensor<32x64xf32>) {
+  // CHECK: fsdp.rms_norm %{{.+}}, %{{.+}} epsilon = 1.250000e-04 : tensor<2x16x64xf32>, tensor<64xf32>
+  %0 = fsdp.rms_norm %x, %w epsilon = 1.25e-4 : tensor<2x16x64xf32>, tensor<64xf32>
+  // CHECK: fsdp.rope %{{.+}} heads = 4 theta = 1.000000e+04 : tensor<2x16x64xf32>
+  %1 = fsdp.rope %x heads = 4 theta = 10000.0 : tensor<2x16x64xf32>
+  // CHECK: fsdp.rope %{{.+}} heads = 2 theta = 5.000000e+05 : tensor<2x16x32xf32>
+  %2 = fsdp.rope %kv heads = 2 theta = 500000.0 : tensor<2x16x32xf32>
+  // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  %3 = fsdp.attention %1, %2, %kv heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 1 : tensor<2x16x64xf32>, tensor<2x16x16xf32>
+  %kv1 = fsdp.slice %kv dim = 2 offset = 0 : tensor<2x16x32xf32> -> tensor<2x16x16xf32>
+  %4 = fsdp.attention %x, %kv1, %kv1 heads = 4 kv_heads = 1 : tensor<2x16x64xf32>, tensor<2x16x16xf32>
+  // A kv_heads equal to heads is multi-head attention, printed with one type.
+  // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 4 : tensor<2x16x64xf32>{{$}}
+  %5 = fsdp.attention %x, %x, %x heads = 4 kv_heads = 4 : tensor<2x16x64xf32>
+  // CHECK: fsdp.silu %{{.+}} : tensor<32x64xf32>
+  %6 = fsdp.silu %m : tensor<32x64xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @llama_backward
+func.func @llama_backward(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>, %w: tensor<64xf32>, %m: tensor<32x64xf32>) {
+  // CHECK: fsdp.rms_norm_grad %{{.+}}, %{{.+}}, %{{.+}} epsilon = 1.000000e-05 : tensor<2x16x64xf32>, tensor<64xf32>
+  %0:2 = fsdp.rms_norm_grad %x, %w, %x epsilon = 1.0e-5 : tensor<2x16x64xf32>, tensor<64xf32>
+  // CHECK: fsdp.rope_grad %{{.+}} heads = 2 theta = 1.000000e+04 : tensor<2x16x32xf32>
+  %1 = fsdp.rope_grad %kv heads = 2 theta = 10000.0 : tensor<2x16x32xf32>
+  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  %2:3 = fsdp.attention_grad %x, %kv, %kv, %x heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  // CHECK: fsdp.silu_grad %{{.+}}, %{{.+}} : tensor<32x64xf32>
+  %3 = fsdp.silu_grad %m, %m : tensor<32x64xf32>
+  return
+}
+
 // CHECK-LABEL: func.func @losses
 func.func @losses(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %p: tensor<32x1xf32>, %b: tensor<2x16x256xf32>, %yb: tensor<2x16xi64>) {
   // CHECK: fsdp.cross_entropy %{{.+}}, %{{.+}} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>

@@ -108,3 +108,32 @@ func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> at
   // CHECK: fsdp.set_grad @wqkv
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tests the Llama VJPs: silu, grouped-query attention (key and value
+// gradients of the key/value type), rope (rotated back, summed with the
+// value gradient of the same tensor) and rms_norm.
+fsdp.param @wn : tensor<8xf32> init("ones")
+fsdp.param @wk : tensor<4x8xf32> init("normal", 0.02)
+// CHECK-LABEL: func.func @train_step
+func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %wn = fsdp.get_param @wn : tensor<8xf32>
+  %wk = fsdp.get_param @wk : tensor<4x8xf32>
+  %h = fsdp.rms_norm %x, %wn epsilon = 1.0e-5 : tensor<2x4x8xf32>, tensor<8xf32>
+  %hf = fsdp.reshape %h : tensor<2x4x8xf32> -> tensor<8x8xf32>
+  %k2 = fsdp.matmul %hf, %wk transpose_rhs : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<8x4xf32>
+  %k = fsdp.reshape %k2 : tensor<8x4xf32> -> tensor<2x4x4xf32>
+  %kr = fsdp.rope %k heads = 1 theta = 1.0e4 : tensor<2x4x4xf32>
+  %a = fsdp.attention %h, %kr, %k heads = 2 kv_heads = 1 causal : tensor<2x4x8xf32>, tensor<2x4x4xf32>
+  %s = fsdp.silu %a : tensor<2x4x8xf32>
+  %l = fsdp.mse_loss %s, %y : tensor<2x4x8xf32> -> tensor<f32>
+  // CHECK: %[[DS:.+]] = fsdp.silu_grad
+  // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %[[DS]] heads = 2 kv_heads = 1 causal : tensor<2x4x8xf32>, tensor<2x4x4xf32>
+  // CHECK: %[[DR:.+]] = fsdp.rope_grad %[[DK]] heads = 1 theta = 1.000000e+04 : tensor<2x4x4xf32>
+  // CHECK: fsdp.add %[[DV]], %[[DR]]
+  // CHECK: fsdp.rms_norm_grad %{{.+}}, %{{.+}}, %{{.+}} epsilon = 1.000000e-05 : tensor<2x4x8xf32>, tensor<8xf32>
+  // CHECK: fsdp.set_grad @wn
+  // CHECK: fsdp.set_grad @wk
+  return %l : tensor<f32>
+}
