@@ -9,6 +9,17 @@
 using namespace mlir;
 using namespace mlir::fsdp;
 
+/// fsdp-recompute when asked for, once the units are final and before
+/// fsdp-shard (its description says why there).
+static void addRecompute(OpPassManager &pm,
+                         const FsdpPipelineOptions &options) {
+  if (options.recompute == "none")
+    return;
+  FsdpRecomputeOptions recompute;
+  recompute.policy = options.recompute;
+  pm.addPass(createFsdpRecompute(recompute));
+}
+
 void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
                                    const FsdpPipelineOptions &options) {
   pm.addPass(createFsdpAutodiff());
@@ -41,6 +52,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     group.policy = options.unitPolicy;
     group.minUnitNumel = options.minUnitNumel;
     pm.addPass(createFsdpGroupUnits(group));
+    addRecompute(pm, options);
     FsdpShardOptions shard;
     shard.worldSize = options.worldSize;
     shard.stage = options.stage;
@@ -52,6 +64,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       sched.prefetch = options.prefetch;
       pm.addPass(createFsdpSchedule(sched));
     }
+  } else {
+    addRecompute(pm, options);
   }
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;

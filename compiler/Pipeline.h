@@ -72,6 +72,11 @@ struct FsdpPipelineOptions
   Option<bool> prefetch{*this, "prefetch",
                         llvm::cl::desc("issue each all-gather one unit ahead"),
                         llvm::cl::init(true)};
+  Option<std::string> recompute{
+      *this, "recompute",
+      llvm::cl::desc("activation recomputation: none | unit (keep each "
+                     "unit's input) | selective (keep matmul outputs)"),
+      llvm::cl::init("none")};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

@@ -420,6 +420,10 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         b.kind = BufKind::Grad;
       else if (isa<AllGatherOp>(d))
         b.kind = BufKind::Comm;
+      else if (op.hasAttr(kRecomputeAttrName))
+        // A forward value recomputed in the backward pass (fsdp-recompute)
+        // is still an activation, only a shorter-lived one.
+        b.kind = BufKind::Activation;
       else
         b.kind = BufKind::Temp; // activations are found after liveness
       b.name = (op.getName().stripDialect() + "." + std::to_string(idx)).str();

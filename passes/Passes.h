@@ -36,6 +36,8 @@ inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites)
 /// Marks the adds and 1/K scales fsdp-grad-accum emits to accumulate
 /// micro-batch gradients and losses.
 constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
+/// Marks the forward ops fsdp-recompute cloned into the backward pass.
+constexpr llvm::StringLiteral kRecomputeAttrName = "fsdp.recompute";
 /// On @train_step after fsdp-grad-accum: {micro_batches = K, reduce = "step"
 /// | "microbatch"}, the reduction mode fsdp-shard implements.
 constexpr llvm::StringLiteral kGradAccumAttrName = "fsdp.grad_accum";

@@ -174,6 +174,63 @@ def FsdpGroupUnits : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
   ];
 }
 
+def FsdpRecompute : Pass<"fsdp-recompute", "::mlir::ModuleOp"> {
+  let summary = "activation recomputation: re-runs forward ops in backward";
+  let description = [{
+    A forward value the backward pass reads (a saved activation) lives from
+    the forward pass to its last backward read. This pass picks forward ops
+    to recompute and clones each into the backward pass just before the
+    first backward read of its result, so the original dies in the forward
+    pass; the clones carry `fsdp.recompute`. Recomputation runs the same
+    kernels on the same inputs, so losses and parameters are bitwise equal
+    to those without it.
+    - `none` (default): nothing changes.
+    - `unit` (activation checkpointing per FSDP unit): the forward pass is
+      cut into one segment per run of ops reading one unit's parameters;
+      only each segment's outputs (the next unit's input) stay saved, and
+      the first backward read of anything else of the segment re-runs the
+      segment's forward (the ops the backward needs) at that point. The
+      segment computing the loss is kept: its backward follows at once.
+    - `selective` (Korthikanti et al. 2022): matmul outputs stay saved;
+      cheap ops (elementwise, bias, silu, layer and RMS norm, rope,
+      softmax, attention, reshapes and slices) are recomputed when every
+      operand is available in the backward pass anyway (a parameter, an
+      input, a saved value or itself recomputed), so no value is kept
+      across the forward pass that was not kept before.
+
+    Where it runs: after fsdp-group-units (the units are final) and before
+    fsdp-shard. After autodiff the backward pass is explicit IR, so a saved
+    activation is a forward value with a backward reader and recomputing
+    it is a clone. fsdp-shard treats a clone's parameter reads as backward
+    reads (they come after the loss): at stage 3 they read the parameters
+    all-gathered again for the backward pass, and that all-gather is
+    placed before the unit's first backward read, i.e. before the
+    recomputed forward. With gradient accumulation each micro-batch is
+    handled on its own.
+
+    Before: @train_step from fsdp-autodiff (with or without the optimizer),
+    no `fsdp.unit`. After: no backward op reads a value of R; the memory
+    plan counts fewer activation bytes.
+
+    ```mlir
+    // recompute=selective: the relu output is not saved
+    %h = fsdp.bias_add %m, %b : tensor<8x4xf32>, tensor<4xf32>
+    %r = fsdp.relu %h : tensor<8x4xf32>
+    // ... loss, then in the backward pass:
+    %r2 = fsdp.relu %h {fsdp.recompute} : tensor<8x4xf32>
+    %dw = fsdp.matmul %dy, %r2 transpose_lhs : ...
+    ```
+  }];
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"none\"",
+           "none | unit | selective">,
+  ];
+  let statistics = [
+    Statistic<"numRecomputed", "recomputed-ops",
+              "Forward ops cloned into the backward pass">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
 def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
   let summary = "shards gradients, optimizer state and parameters (stage 0-3)";
   let description = [{
