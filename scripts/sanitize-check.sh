@@ -68,6 +68,11 @@ compile "$W/mlp.mlir" "$W/mlp2z0.plan" "optimizer=sgd momentum=0.9 world-size=2 
 compile "$W/mlp.mlir" "$W/mlpgrad.plan" "optimizer=none"
 compile "$W/gpt.mlir" "$W/gpt2z2.plan" "optimizer=adamw world-size=2 stage=2"
 compile "$W/gpt.mlir" "$W/gptgrad.plan" "optimizer=none"
+python3 examples/gen_models.py llama --vocab 32 --ctx 8 --layers 1 --heads 4 \
+  --kv-heads 2 --width 16 --ffn 24 --batch 2 -o "$W/llama.mlir"
+compile "$W/llama.mlir" "$W/llama1.plan" "optimizer=adamw"
+compile "$W/llama.mlir" "$W/llama2z3.plan" "optimizer=adamw world-size=2 stage=3"
+compile "$W/llama.mlir" "$W/llamagrad.plan" "optimizer=none"
 
 expect 0 "$W/mlp1.plan" --steps 3 --threads 2 --save "$W/a.safetensors"
 expect 0 "$W/mlp1.plan" --steps 2 --init-from "$W/a.safetensors" --save "$W/b.safetensors" \
@@ -85,6 +90,8 @@ EOF
 expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin"
 expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
 expect 0 "$W/gptgrad.plan" --gradcheck 2 --threads 1
+expect 0 "$W/llama2z3.plan" --nproc 2 --steps 3 --threads 2
+expect 0 "$W/llamagrad.plan" --gradcheck 2 --threads 1
 # Bad inputs: a clean error, no report.
 head -c 700 "$W/mlp1.plan" > "$W/trunc.plan"
 expect 1 "$W/trunc.plan"
@@ -104,7 +111,7 @@ KNOWN=()   # e.g. ("plan: slice offset INT64_MAX"), fixed in 5462d67
 compile examples/gpt_small.mlir "$W/gpt_small.plan" "optimizer=adamw"
 compile "$W/mlp.mlir" "$W/mlp2z2.plan" "optimizer=adamw world-size=2 stage=2"
 python3 test/e2e/bad_inputs.py build-asan/bin "$W/mlp1.plan" "$W/gpt_small.plan" \
-  "$W/mlp2z2.plan" >"$W/bad.log" 2>&1 || true
+  "$W/mlp2z2.plan" "$W/llama1.plan" >"$W/bad.log" 2>&1 || true
 grep -q "bad inputs, " "$W/bad.log" || { cat "$W/bad.log" >&2; fail "bad_inputs.py did not run"; }
 bad=0
 while IFS= read -r line; do
