@@ -5,6 +5,8 @@
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-group-units -fsdp-recompute=policy=unit -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=ZERO3
 // RUN: fsdp-opt %s -split-input-file --fsdp-pipeline="optimizer=sgd world-size=2 stage=3 recompute=selective report=false" | FileCheck %s --check-prefix=PIPE
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-recompute=policy=unit | FileCheck %s --check-prefix=ACCUM
+// RUN: fsdp-opt %s -split-input-file --fsdp-pipeline="optimizer=sgd unit-policy=none recompute=unit report=false" | FileCheck %s --check-prefix=ONEUNIT
+// RUN: fsdp-opt %s -split-input-file --fsdp-pipeline="optimizer=sgd unit-policy=size min-unit-numel=40 recompute=unit report=false" | FileCheck %s --check-prefix=SIZE
 
 // Tests that policy=none changes nothing; that policy=unit keeps only what
 // a later unit reads (layers.0's output %O, layers.1's output %R3) and
@@ -81,6 +83,25 @@ fsdp.param @wh : tensor<1x4xf32> init("uniform", 0.3)
 // ZERO3: fsdp.matmul %arg0, %[[W1]] transpose_rhs {fsdp.recompute}
 // ZERO3-NOT: fsdp.all_gather
 // ZERO3: return
+
+// The segments are the units fsdp-group-units formed, not the model's
+// marks: with one unit for the whole model (unit-policy=none) its only
+// segment computes the loss and nothing is recomputed; with units by size
+// (group.0 = w1, b1; group.1 = w2, w3; group.2 = wh) group.1 re-runs both
+// of its matmuls and group.0 its matmul and bias (their relus feed the
+// next unit and stay saved).
+// ONEUNIT-LABEL: func.func @train_step(%arg0: tensor<2x4xf32>
+// ONEUNIT-NOT: fsdp.recompute
+// ONEUNIT: return
+
+// SIZE-LABEL: func.func @train_step(%arg0: tensor<2x4xf32>
+// SIZE: fsdp.bce_with_logits
+// SIZE: %[[M2:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs {{.*}}fsdp.recompute} : (tensor<2x8xf32>, tensor<4x8xf32>)
+// SIZE-NEXT: fsdp.matmul %[[M2]], %{{.+}} transpose_rhs {{.*}}fsdp.recompute} : (tensor<2x4xf32>, tensor<4x4xf32>)
+// SIZE: fsdp.matmul %arg0, {{.+}}fsdp.recompute
+// SIZE-NEXT: fsdp.bias_add {{.+}}fsdp.recompute
+// SIZE-NOT: fsdp.recompute
+// SIZE: return
 
 // PIPE-LABEL: func.func @train_step(%{{.+}}: tensor<2x4xf32>
 // PIPE: fsdp.bce_with_logits
