@@ -343,8 +343,11 @@ def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
     `fsdp.offsets` (one byte offset per result) on every op, `fsdp.offset`
     on every `fsdp.param` / `fsdp.state`, `fsdp.arg_offsets` on the
     function, and a module attribute `fsdp.memory` with the peak and its
-    breakdown (params, grads, state, activations, temps, inputs). With
-    `report`, the breakdown is printed to stderr.
+    breakdown (params, grads, state, activations, temps, inputs). An
+    activation is a transient value computed in the forward pass and read
+    in the backward pass, or a forward value fsdp-recompute re-runs in the
+    backward pass (its clones carry `fsdp.recompute`). With `report`, the
+    breakdown is printed to stderr.
   }];
   let options = [
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
