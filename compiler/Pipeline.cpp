@@ -22,6 +22,15 @@ static void addRecompute(OpPassManager &pm,
 
 void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
                                    const FsdpPipelineOptions &options) {
+  // Mixed precision retypes the model before its backward pass is
+  // derived. With the defaults (f32, f32) it is left out, so the pipeline
+  // is exactly what it was before.
+  if (options.paramDtype != "f32" || options.reduceDtype != "f32") {
+    FsdpMixedPrecisionOptions mp;
+    mp.paramDtype = options.paramDtype;
+    mp.reduceDtype = options.reduceDtype;
+    pm.addPass(createFsdpMixedPrecision(mp));
+  }
   pm.addPass(createFsdpAutodiff());
   // Accumulation clones the differentiated step; the optimizer and the
   // sharding after it see one gradient per parameter. With the defaults

@@ -43,6 +43,17 @@ struct FsdpPipelineOptions
       llvm::cl::desc("with grad-accum: step (reduce once per step) | "
                      "microbatch (reduce each micro-batch into the shard)"),
       llvm::cl::init("step")};
+  Option<std::string> paramDtype{
+      *this, "param-dtype",
+      llvm::cl::desc("compute dtype of gathered parameters and activations: "
+                     "f32 | bf16 (master parameters and optimizer state stay "
+                     "f32; f16 is not implemented)"),
+      llvm::cl::init("f32")};
+  Option<std::string> reduceDtype{
+      *this, "reduce-dtype",
+      llvm::cl::desc("dtype of the gradient reduce-scatter / all-reduce: "
+                     "f32 | bf16"),
+      llvm::cl::init("f32")};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

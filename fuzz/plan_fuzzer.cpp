@@ -59,26 +59,38 @@ public:
   FakeComm(int64_t rank, int64_t size) : r(rank), n(size) {}
   int64_t rank() const override { return r; }
   int64_t size() const override { return n; }
-  Status allReduce(float *data, int64_t count, bool mean) override {
+  // Narrow-float reductions read and write the bytes only (their values
+  // do not matter to the fuzzer): sums are done for f32.
+  Status allReduce(void *data, int64_t count, DType dtype, bool mean) override {
+    if (dtype != DType::F32)
+      return Status::ok();
+    auto *d = static_cast<float *>(data);
     for (int64_t i = 0; i < count; ++i)
-      data[i] = mean ? data[i] : data[i] * (float)n;
+      d[i] = mean ? d[i] : d[i] * (float)n;
     return Status::ok();
   }
-  Status reduceScatter(const float *in, float *out, int64_t shard,
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype,
                        bool mean) override {
-    tmp.assign(in, in + n * shard);
+    if (dtype != DType::F32) {
+      std::memmove(out, in, shard * dtypeSize(dtype));
+      return Status::ok();
+    }
+    const auto *f = static_cast<const float *>(in);
+    tmp.assign(f, f + n * shard);
     for (int64_t i = 0; i < shard; ++i) {
       float s = 0;
       for (int64_t k = 0; k < n; ++k)
         s += tmp[k * shard + i];
-      out[i] = mean ? s / (float)n : s;
+      static_cast<float *>(out)[i] = mean ? s / (float)n : s;
     }
     return Status::ok();
   }
-  Status allGather(const float *in, float *out, int64_t shard) override {
-    tmp.assign(in, in + shard);
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype) override {
+    const int64_t bytes = shard * dtypeSize(dtype);
+    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in),
+                              static_cast<const uint8_t *>(in) + bytes);
     for (int64_t k = 0; k < n; ++k)
-      std::memcpy(out + k * shard, tmp.data(), sizeof(float) * shard);
+      std::memcpy(static_cast<uint8_t *>(out) + k * bytes, copy.data(), bytes);
     return Status::ok();
   }
   Status broadcast(void *data, int64_t bytes, int64_t) override {

@@ -385,8 +385,8 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     Operation *d = v.getDefiningOp();
     if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
       markGrad(mul.getLhs());
-    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp>(d))
-      markGrad(d->getOperand(0));
+    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp>(d))
+      markGrad(d->getOperand(0)); // a cast: a gradient in another dtype
     else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
       for (Value in : d->getOperands())
         markGrad(in);
@@ -418,8 +418,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       Operation *d = r.getDefiningOp();
       if (gradValues.contains(r) || isa<PackOp, ReduceScatterOp>(d))
         b.kind = BufKind::Grad;
-      else if (isa<AllGatherOp>(d))
-        b.kind = BufKind::Comm;
+      else if (isa<AllGatherOp>(d) ||
+               (isa<CastOp>(d) && storageRead(d->getOperand(0))))
+        b.kind = BufKind::Comm; // gathered, or cast for compute (mixed precision)
       else if (op.hasAttr(kRecomputeAttrName))
         // A forward value recomputed in the backward pass (fsdp-recompute)
         // is still an activation, only a shorter-lived one.

@@ -42,6 +42,11 @@ constexpr llvm::StringLiteral kRecomputeAttrName = "fsdp.recompute";
 /// | "microbatch"}, the reduction mode fsdp-shard implements.
 constexpr llvm::StringLiteral kGradAccumAttrName = "fsdp.grad_accum";
 
+/// On the module after fsdp-mixed-precision: {param_dtype = T, reduce_dtype
+/// = T}, the compute dtype the model was retyped to and the dtype
+/// fsdp-shard packs and reduces gradients in.
+constexpr llvm::StringLiteral kMixedPrecisionAttrName = "fsdp.mixed_precision";
+
 /// The per-micro-batch terms of a value fsdp-grad-accum accumulated (a
 /// gradient or the loss), in micro-batch order: for
 /// v = scale((t0 + t1) + t2, 1/K) (ops marked fsdp.accum) returns

@@ -10,6 +10,78 @@
 
 include "mlir/Pass/PassBase.td"
 
+def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
+  let summary = "mixed precision: bf16 compute and collectives, f32 master";
+  let description = [{
+    FSDP2's MixedPrecisionPolicy. Parameters stay f32 symbols: the sharded
+    master copy that the optimizer updates in f32, with f32 optimizer
+    state. The pass runs before fsdp-autodiff and retypes the model
+    function: every `fsdp.get_param` is followed by an `fsdp.cast` to
+    `param-dtype`, and every op with an operand in `param-dtype` (or
+    reading a float input) computes in it: f32 operands cast once, f32
+    results retyped. A float input only a loss reads (a regression
+    target) stays f32. Loss ops read f32 (their operands are cast back, as
+    in autocast's fp32 list) and the function returns the f32 loss.
+    fsdp-autodiff then derives a backward pass in the compute dtype (a
+    cast's VJP is the cast back), so each gradient reaches `fsdp.set_grad`
+    as a cast to f32.
+
+    The module attribute `fsdp.mixed_precision` = {param_dtype,
+    reduce_dtype} carries the rest of the policy to fsdp-shard, which
+    - gathers each unit in the dtype its reads are cast to: stage 3 casts
+      the f32 shard BEFORE its all-gather (the all-gather and the gathered
+      buffer are half the bytes); stages 0-2 cast the whole unit once
+      where it is first read (the unit's storage stays the f32 master, so
+      stages 1/2 still all-gather updated f32 shards);
+    - packs each unit's gradients in `reduce-dtype` (the bf16 gradients as
+      they are, or their f32 casts), reduce-scatters / all-reduces them in
+      that dtype, and casts the reduced shard to f32 right before the
+      unit's f32 update (before the squared norm with clipping).
+
+    `param-dtype=f32` (the pipeline's default) leaves the model as it is;
+    with `reduce-dtype=bf16` only the gradient reduction changes.
+    `f16` is rejected: it needs dynamic loss scaling, not implemented.
+
+    Before: the model in f32. After: casts at reads and inputs, compute in
+    bf16, the loss in f32; `fsdp.mixed_precision` on the module. After
+    fsdp-shard (stage 3, reduce-dtype=f32):
+
+    ```mlir
+    // model, before
+    %w = fsdp.get_param @w : tensor<8x4xf32>
+    %y = fsdp.matmul %x, %w transpose_rhs : (tensor<2x4xf32>, tensor<8x4xf32>) -> tensor<2x8xf32>
+    %l = fsdp.mse_loss %y, %t : tensor<2x8xf32> -> tensor<f32>
+    // model, after fsdp-mixed-precision
+    %xb = fsdp.cast %x : tensor<2x4xf32> -> tensor<2x4xbf16>  // x: an input
+    %w = fsdp.get_param @w : tensor<8x4xf32>
+    %wb = fsdp.cast %w : tensor<8x4xf32> -> tensor<8x4xbf16>
+    %y = fsdp.matmul %xb, %wb transpose_rhs : (tensor<2x4xbf16>, tensor<8x4xbf16>) -> tensor<2x8xbf16>
+    %yf = fsdp.cast %y : tensor<2x8xbf16> -> tensor<2x8xf32>
+    %l = fsdp.mse_loss %yf, %t : tensor<2x8xf32> -> tensor<f32>
+    // @train_step after fsdp-shard (world-size=2, stage=3)
+    %s = fsdp.get_unit @root : tensor<16xf32>
+    %sb = fsdp.cast %s : tensor<16xf32> -> tensor<16xbf16>
+    %f = fsdp.all_gather %sb : tensor<16xbf16> -> tensor<32xbf16>
+    %wv = fsdp.view %f offset = 0 : tensor<32xbf16> -> tensor<8x4xbf16>
+    ...
+    %dw = fsdp.cast %dwb : tensor<8x4xbf16> -> tensor<8x4xf32>
+    %g = fsdp.pack %dw offsets = [0] : (tensor<8x4xf32>) -> tensor<32xf32>
+    %gs = fsdp.reduce_scatter %g {reduce = "mean"} : tensor<32xf32> -> tensor<16xf32>
+    ```
+  }];
+  let options = [
+    Option<"paramDtype", "param-dtype", "std::string", /*default=*/"\"bf16\"",
+           "compute dtype of parameters and activations: bf16 | f32 (f16: not implemented)">,
+    Option<"reduceDtype", "reduce-dtype", "std::string", /*default=*/"\"f32\"",
+           "dtype of the gradient reduce-scatter / all-reduce: f32 | bf16">,
+  ];
+  let statistics = [
+    Statistic<"numCasts", "casts", "Casts inserted">,
+    Statistic<"numRetyped", "retyped", "Results retyped to the compute dtype">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpAutodiff : Pass<"fsdp-autodiff", "::mlir::ModuleOp"> {
   let summary = "derives the training step: loss and every parameter gradient";
   let description = [{

@@ -88,16 +88,28 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     Operation *prevWait = nullptr;
     for (Operation *c : collectives) {
       auto gather = dyn_cast<AllGatherOp>(c);
-      if (!gather || !gather.getInput().getDefiningOp<GetUnitOp>()) {
+      // The unit's shard, read directly or cast to the compute dtype first
+      // (fsdp-mixed-precision): the cast moves with the gather.
+      Operation *castOp = gather ? gather.getInput().getDefiningOp<CastOp>()
+                                 : nullptr;
+      Value shard = castOp ? castOp->getOperand(0)
+                           : gather ? gather.getInput() : Value();
+      if (!gather || !shard.getDefiningOp<GetUnitOp>() ||
+          (castOp && !castOp->hasOneUse())) {
         // Other collectives are barriers for the motion: a gather may not
         // move above one (the order of collectives must not change).
         prevWait = waitOf[c];
         continue;
       }
-      Operation *read = gather.getInput().getDefiningOp();
+      Operation *read = shard.getDefiningOp();
       if (prevWait && prevWait->isBeforeInBlock(read)) {
         read->moveAfter(prevWait);
-        gather->moveAfter(read);
+        if (castOp) {
+          castOp->moveAfter(read);
+          gather->moveAfter(castOp);
+        } else {
+          gather->moveAfter(read);
+        }
       }
       prevWait = waitOf[c];
     }

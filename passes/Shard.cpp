@@ -36,6 +36,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPSHARD
@@ -241,6 +242,26 @@ void ShardPass::runOnOperation() {
     reducePerMicro = mode.getValue() == "microbatch";
   }
 
+  // Mixed precision (fsdp-mixed-precision): gradients are packed and
+  // reduced in reduce_dtype; null keeps each unit's own dtype.
+  Type reduceElem;
+  if (auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName)) {
+    auto r = mp.getAs<TypeAttr>("reduce_dtype");
+    if (!r || !isa<FloatType>(r.getValue())) {
+      mlir::emitError(module.getLoc())
+          << "has an invalid " << kMixedPrecisionAttrName
+          << " attribute: expected reduce_dtype = a float type";
+      return signalPassFailure();
+    }
+    reduceElem = r.getValue();
+  }
+  auto withElem = [](Type t, Type elem) {
+    return RankedTensorType::get(cast<RankedTensorType>(t).getShape(), elem);
+  };
+  auto elemOf = [](Value v) {
+    return cast<RankedTensorType>(v.getType()).getElementType();
+  };
+
   SmallVector<Update> updates;
   llvm::DenseMap<StringAttr, Update *> updateOf;
   Operation *clipCoef = nullptr;
@@ -307,60 +328,75 @@ void ShardPass::runOnOperation() {
   // --- 2. Parameter reads become views of the unit's flat parameters. ----
   // autodiff reuses the forward's reads in backward, so a read's uses are
   // split by position: uses after the loss (of the read's micro-batch) are
-  // backward uses. Each micro-batch gathers for itself.
+  // backward uses. Each micro-batch gathers for itself. A read whose only
+  // user is a cast (fsdp-mixed-precision) is a read in the cast's dtype:
+  // the unit is cast once, before its all-gather, and gathered in it.
+  auto readValue = [](GetParamOp get) -> Value {
+    if (get->hasOneUse())
+      if (auto c = dyn_cast<CastOp>(*get->getUsers().begin()))
+        return c.getResult();
+    return get.getResult();
+  };
   struct Reads {
     SmallVector<GetParamOp> gets;
     Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
     int64_t lossIdx = -1;
   };
-  llvm::MapVector<std::pair<UnitInfo *, int64_t>, Reads> reads;
+  llvm::MapVector<std::tuple<UnitInfo *, int64_t, Type>, Reads> reads;
   for (Operation &op : body) {
     auto get = dyn_cast<GetParamOp>(op);
     if (!get || optimizerOps.contains(get))
       continue;
     int64_t micro = microOf(get);
-    Reads &r = reads[{where[get.getNameAttr().getAttr()].first, micro}];
+    Value read = readValue(get);
+    Reads &r = reads[{where[get.getNameAttr().getAttr()].first, micro,
+                      elemOf(read)}];
     r.gets.push_back(get);
     r.lossIdx = lossIdx[micro];
-    for (Operation *user : get->getUsers()) {
+    for (Operation *user : read.getUsers()) {
       Operation *&first =
           index[user] > r.lossIdx ? r.firstBackwardUse : r.firstForwardUse;
       if (!first || index[user] < index[first])
         first = user;
     }
   }
-  auto gather = [&](UnitInfo &u, Operation *before) -> Value {
+  auto gather = [&](UnitInfo &u, Operation *before, Type elem) -> Value {
     b.setInsertionPoint(before);
     Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
                                   symOf(u));
+    if (elemOf(s) != elem) // cast the shard, then gather half the bytes
+      s = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
     if (eff != 3 || shards == 1)
       return s;
-    return allGather(before->getLoc(), fullTy(u), s, shardGroup);
+    return allGather(before->getLoc(), withElem(fullTy(u), elem), s,
+                     shardGroup);
   };
   for (auto &[key, r] : reads) {
-    UnitInfo *u = key.first;
+    UnitInfo *u = std::get<0>(key);
+    Type elem = std::get<2>(key);
     if (!r.firstForwardUse && !r.firstBackwardUse)
       continue; // read but unused
     Value fwd, bwd;
     if (eff == 3) {
       if (r.firstForwardUse)
-        fwd = gather(*u, r.firstForwardUse);
+        fwd = gather(*u, r.firstForwardUse, elem);
       if (r.firstBackwardUse)
         bwd = (reshardAfterForward || !fwd)
-                  ? gather(*u, r.firstBackwardUse)
+                  ? gather(*u, r.firstBackwardUse, elem)
                   : fwd;
     } else {
       Operation *first = r.firstForwardUse ? r.firstForwardUse : r.firstBackwardUse;
       if (r.firstForwardUse && r.firstBackwardUse &&
           index[r.firstBackwardUse] < index[first])
         first = r.firstBackwardUse;
-      fwd = bwd = gather(*u, first);
+      fwd = bwd = gather(*u, first, elem);
     }
     for (GetParamOp get : r.gets) {
       int64_t off = where[get.getNameAttr().getAttr()].second;
+      Value read = readValue(get);
       // A view is free (an alias): one per read and phase.
       Value fwdView, bwdView;
-      for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
+      for (OpOperand &use : llvm::make_early_inc_range(read.getUses())) {
         Operation *user = use.getOwner();
         bool backward = index[user] > r.lossIdx;
         Value &view = backward ? bwdView : fwdView;
@@ -369,11 +405,13 @@ void ShardPass::runOnOperation() {
           // every later use.
           Value flat = backward ? bwd : fwd;
           b.setInsertionPointAfterValue(flat);
-          view = b.create<ViewOp>(get.getLoc(), get.getType(), flat,
+          view = b.create<ViewOp>(get.getLoc(), read.getType(), flat,
                                   b.getI64IntegerAttr(off));
         }
         use.set(view);
       }
+      if (read != get.getResult())
+        read.getDefiningOp()->erase();
       get.erase();
     }
   }
@@ -406,6 +444,9 @@ void ShardPass::runOnOperation() {
     termsOf[u.param] = terms;
   }
   llvm::MapVector<UnitInfo *, Value> flatGrad;
+  // Per-parameter casts to f32 of bf16 gradients that a bf16 pack reads
+  // past: erased with the per-parameter updates once nothing reads them.
+  llvm::SetVector<Operation *> maybeDead;
   for (int64_t round = 0; round < rounds; ++round) {
     // Recompute program order after the insertions.
     index.clear();
@@ -443,17 +484,37 @@ void ShardPass::runOnOperation() {
       else
         b.setInsertionPointToStart(&body);
       Location loc = u.params.front().getLoc();
-      Value g = b.create<PackOp>(loc, fullTy(u), grads,
+      // The gradients in the dtype they are reduced in: a bf16 gradient
+      // autodiff cast to f32 is packed as it was computed.
+      Type master = fullTy(u).getElementType();
+      Type packElem = reduceElem ? reduceElem : master;
+      for (Value &g : grads) {
+        if (elemOf(g) == packElem)
+          continue;
+        auto c = g.getDefiningOp<CastOp>();
+        if (c && elemOf(c.getInput()) == packElem) {
+          maybeDead.insert(c);
+          g = c.getInput();
+        } else {
+          g = b.create<CastOp>(loc, withElem(g.getType(), packElem), g);
+        }
+      }
+      RankedTensorType packFull = withElem(fullTy(u), packElem);
+      RankedTensorType packShard = withElem(shardTy(u), packElem);
+      Value g = b.create<PackOp>(loc, packFull, grads,
                                  b.getDenseI64ArrayAttr(u.offsets));
       if (world > 1 && eff == 0) {
-        g = allReduce(loc, fullTy(u), g, "mean", StringAttr());
+        g = allReduce(loc, packFull, g, "mean", StringAttr());
       } else if (world > 1) {
         // Mean over the replica's S shards, then over the R replicas.
         if (shards > 1)
-          g = reduceScatter(loc, shardTy(u), g, "mean", shardGroup);
+          g = reduceScatter(loc, packShard, g, "mean", shardGroup);
         if (replicas > 1)
-          g = allReduce(loc, shardTy(u), g, "mean", replicaGroup);
+          g = allReduce(loc, packShard, g, "mean", replicaGroup);
       }
+      // Micro-batch gradients accumulate in the master dtype.
+      if (rounds > 1 && packElem != master)
+        g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
       if (round > 0) {
         // acc += this micro-batch's reduced gradient (in place).
         auto add = b.create<AddOp>(loc, g.getType(), flatGrad[&u], g);
@@ -485,13 +546,26 @@ void ShardPass::runOnOperation() {
   }
   for (Operation *op : perParamAccum)
     op->erase();
+  for (Operation *op : maybeDead)
+    if (op->use_empty())
+      op->erase();
   for (StateOp s : llvm::make_early_inc_range(module.getOps<StateOp>()))
     s.erase();
 
   b.setInsertionPoint(ret);
   Location loc = step.getLoc();
   auto scalarTy = RankedTensorType::get({}, b.getF32Type());
+  // A gradient reduced in another dtype than the master's is cast to it
+  // right before the unit's update (before the norm, with clipping), so
+  // only one unit's f32 gradient shard exists at a time.
+  auto toMaster = [&](UnitInfo &u, Value &g) {
+    Type master = fullTy(u).getElementType();
+    if (elemOf(g) != master)
+      g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
+  };
   if (clipCoef) {
+    for (auto &[u, g] : flatGrad)
+      toMaster(*u, g);
     SmallVector<Value> gs;
     for (auto &[u, g] : flatGrad)
       gs.push_back(g);
@@ -510,6 +584,7 @@ void ShardPass::runOnOperation() {
   Operation *lastState = nullptr;
   for (auto &[u, grad] : flatGrad) {
     RankedTensorType pTy = eff == 0 ? fullTy(*u) : shardTy(*u);
+    toMaster(*u, grad);
     Value p, full;
     if (eff == 1 || eff == 2) {
       full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));

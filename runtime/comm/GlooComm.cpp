@@ -29,6 +29,7 @@
 
 #include "runtime/comm/FlightRecorder.h"
 #include "runtime/comm/TcpStore.h"
+#include "runtime/core/Bf16.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -64,6 +65,45 @@ bool envInt(const char *name, int64_t &out, bool &present, Status &st) {
   }
   out = x;
   return true;
+}
+
+/// Gloo's reduction for bf16 buffers: c = a + b summed in f32 and rounded
+/// once to bf16 (each step of Gloo's ring / halving-doubling rounds, as
+/// NCCL's bf16 reductions do).
+void sumBf16(void *c, const void *a, const void *b, size_t n) {
+  auto *pc = static_cast<uint16_t *>(c);
+  auto *pa = static_cast<const uint16_t *>(a);
+  auto *pb = static_cast<const uint16_t *>(b);
+  for (size_t i = 0; i < n; ++i)
+    pc[i] = roundToBf16(widenBf16(pa[i]) + widenBf16(pb[i]));
+}
+
+/// The reduce function and element size for `dtype`; false when this
+/// communicator cannot sum it.
+bool reduction(DType dtype, void (*&fn)(void *, const void *, const void *, size_t)) {
+  if (dtype == DType::F32) {
+    fn = static_cast<void (*)(void *, const void *, const void *, size_t)>(
+        &gloo::sum<float>);
+    return true;
+  }
+  if (dtype == DType::BF16) {
+    fn = &sumBf16;
+    return true;
+  }
+  return false;
+}
+
+/// data[i] /= n in the buffer's dtype (f32 or bf16, rounded once).
+void divide(void *data, int64_t count, DType dtype, int64_t n) {
+  if (dtype == DType::F32) {
+    auto *d = static_cast<float *>(data);
+    for (int64_t i = 0; i < count; ++i)
+      d[i] /= (float)n;
+    return;
+  }
+  auto *d = static_cast<uint16_t *>(data);
+  for (int64_t i = 0; i < count; ++i)
+    d[i] = roundToBf16(widenBf16(d[i]) / (float)n);
 }
 
 class GlooComm final : public Communicator {
@@ -107,63 +147,94 @@ public:
   int64_t rank() const override { return ctx->rank; }
   int64_t size() const override { return ctx->size; }
 
-  Status allReduce(float *data, int64_t n, bool mean) override {
+  Status allReduce(void *data, int64_t n, DType dtype, bool mean) override {
+    void (*fn)(void *, const void *, const void *, size_t);
+    if (!reduction(dtype, fn))
+      return FSDP_ERROR("all_reduce: this communicator sums f32 and bf16, not ",
+                        dtypeName(dtype));
+    const int64_t es = dtypeSize(dtype);
     Status st = guard("all_reduce", [&] {
       gloo::AllreduceOptions opts(ctx);
-      opts.setOutput(data, (size_t)n);
-      opts.setReduceFunction(
-          static_cast<void (*)(void *, const void *, const void *, size_t)>(
-              &gloo::sum<float>));
+      // Gloo sizes elements by the pointer type: bf16 travels as uint16_t.
+      if (dtype == DType::F32)
+        opts.setOutput(static_cast<float *>(data), (size_t)n);
+      else
+        opts.setOutput(static_cast<uint16_t *>(data), (size_t)n);
+      opts.setReduceFunction(fn);
       opts.setTimeout(timeout);
       gloo::allreduce(opts);
     });
     if (st && mean)
-      for (int64_t i = 0; i < n; ++i)
-        data[i] /= (float)size();
-    bytesSent_ += 2 * (size() - 1) * n * 4 / size();
+      divide(data, n, dtype, size());
+    bytesSent_ += 2 * (size() - 1) * n * es / size();
     return st;
   }
 
-  Status reduceScatter(const float *in, float *out, int64_t shard,
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype,
                        bool mean) override {
+    void (*fn)(void *, const void *, const void *, size_t);
+    if (!reduction(dtype, fn))
+      return FSDP_ERROR("reduce_scatter: this communicator sums f32 and bf16, "
+                        "not ", dtypeName(dtype));
+    const int64_t es = dtypeSize(dtype);
     // See [Note: Gloo's reduce-scatter].
-    std::vector<float> scratch(in, in + shard * size());
+    const auto *bytes = static_cast<const uint8_t *>(in);
+    std::vector<uint8_t> scratch(bytes, bytes + shard * size() * es);
+    // Gloo's halving-doubling is a template over arithmetic types; bf16
+    // (no C++ type) takes the all-reduce route at every world size.
+    bool viaAllReduce = (size() & (size() - 1)) || dtype != DType::F32;
     Status st = guard("reduce_scatter", [&] {
-      if (size() & (size() - 1)) {
+      if (viaAllReduce) {
         // See [Note: Gloo's reduce-scatter]: for a world size that is not
         // a power of two the reduction is an all-reduce of the whole buffer.
         gloo::AllreduceOptions opts(ctx);
-        opts.setOutput(scratch.data(), scratch.size());
-        opts.setReduceFunction(
-            static_cast<void (*)(void *, const void *, const void *, size_t)>(
-                &gloo::sum<float>));
+        if (dtype == DType::F32)
+          opts.setOutput(reinterpret_cast<float *>(scratch.data()),
+                         (size_t)(shard * size()));
+        else
+          opts.setOutput(reinterpret_cast<uint16_t *>(scratch.data()),
+                         (size_t)(shard * size()));
+        opts.setReduceFunction(fn);
         opts.setTimeout(timeout);
         gloo::allreduce(opts);
-        std::copy(scratch.begin() + rank() * shard,
-                  scratch.begin() + (rank() + 1) * shard, scratch.begin());
+        std::memmove(scratch.data(), scratch.data() + rank() * shard * es,
+                     shard * es);
         return;
       }
+      auto *f = reinterpret_cast<float *>(scratch.data());
       std::vector<int> counts(size(), (int)shard);
-      gloo::ReduceScatterHalvingDoubling<float> rs(
-          ctx, {scratch.data()}, (int)(shard * size()), counts);
+      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {f}, (int)(shard * size()),
+                                                  counts);
       rs.run();
     });
     if (!st)
       return st;
-    float f = mean ? 1.0f / (float)size() : 1.0f;
-    for (int64_t i = 0; i < shard; ++i)
-      out[i] = scratch[i] * f;
-    // The all-reduce fallback moves twice the reduce-scatter volume.
-    bytesSent_ += (size() & (size() - 1) ? 2 : 1) * (size() - 1) * shard * 4;
+    if (dtype == DType::F32) {
+      // f32 as it always was: times 1/N.
+      const auto *sum = reinterpret_cast<const float *>(scratch.data());
+      float f = mean ? 1.0f / (float)size() : 1.0f;
+      for (int64_t i = 0; i < shard; ++i)
+        static_cast<float *>(out)[i] = sum[i] * f;
+    } else {
+      if (mean)
+        divide(scratch.data(), shard, dtype, size());
+      std::memcpy(out, scratch.data(), shard * es);
+    }
+    // The all-reduce route moves twice the reduce-scatter volume.
+    bytesSent_ += (viaAllReduce ? 2 : 1) * (size() - 1) * shard * es;
     return Status::ok();
   }
 
-  Status allGather(const float *in, float *out, int64_t shard) override {
-    bytesSent_ += (size() - 1) * shard * 4;
+  Status allGather(const void *in, void *out, int64_t shard,
+                   DType dtype) override {
+    // Moves bytes: any dtype.
+    const int64_t bytes = shard * dtypeSize(dtype);
+    bytesSent_ += (size() - 1) * bytes;
     return guard("all_gather", [&] {
       gloo::AllgatherOptions opts(ctx);
-      opts.setInput(const_cast<float *>(in), (size_t)shard);
-      opts.setOutput(out, (size_t)(shard * size()));
+      opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
+                    (size_t)bytes);
+      opts.setOutput(static_cast<uint8_t *>(out), (size_t)(bytes * size()));
       opts.setTimeout(timeout);
       gloo::allgather(opts);
     });

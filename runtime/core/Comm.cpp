@@ -11,16 +11,17 @@ class SingleProcess final : public Communicator {
 public:
   int64_t rank() const override { return 0; }
   int64_t size() const override { return 1; }
-  Status allReduce(float *, int64_t, bool) override { return Status::ok(); }
-  Status reduceScatter(const float *in, float *out, int64_t shard,
+  Status allReduce(void *, int64_t, DType, bool) override { return Status::ok(); }
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype,
                        bool) override {
     if (in != out)
-      std::memmove(out, in, sizeof(float) * shard);
+      std::memmove(out, in, dtypeSize(dtype) * shard);
     return Status::ok();
   }
-  Status allGather(const float *in, float *out, int64_t shard) override {
+  Status allGather(const void *in, void *out, int64_t shard,
+                   DType dtype) override {
     if (in != out)
-      std::memmove(out, in, sizeof(float) * shard);
+      std::memmove(out, in, dtypeSize(dtype) * shard);
     return Status::ok();
   }
   Status broadcast(void *, int64_t, int64_t) override { return Status::ok(); }

@@ -11,6 +11,7 @@
 #ifndef FSDP_RUNTIME_CORE_COMM_H
 #define FSDP_RUNTIME_CORE_COMM_H
 
+#include "runtime/core/Plan.h"
 #include "runtime/core/Status.h"
 
 #include <cstdint>
@@ -25,13 +26,18 @@ public:
   virtual ~Communicator() = default;
   virtual int64_t rank() const = 0;
   virtual int64_t size() const = 0;
+  // Buffers are `n` / `shard` elements of `dtype`: f32, or bf16 / f16 in
+  // mixed-precision plans. A backend sums narrow floats as it can (Gloo:
+  // pairwise in f32, rounded to the dtype after each step, like NCCL); an
+  // all-gather only moves bytes.
   /// In place: data = sum (or mean) over ranks.
-  virtual Status allReduce(float *data, int64_t n, bool mean) = 0;
+  virtual Status allReduce(void *data, int64_t n, DType dtype, bool mean) = 0;
   /// in: size() * shard elements; out: this rank's reduced shard.
-  virtual Status reduceScatter(const float *in, float *out, int64_t shard,
-                               bool mean) = 0;
+  virtual Status reduceScatter(const void *in, void *out, int64_t shard,
+                               DType dtype, bool mean) = 0;
   /// in: shard elements; out: size() * shard elements in rank order.
-  virtual Status allGather(const float *in, float *out, int64_t shard) = 0;
+  virtual Status allGather(const void *in, void *out, int64_t shard,
+                           DType dtype) = 0;
   virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
   virtual Status barrier() = 0;
 

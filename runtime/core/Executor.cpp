@@ -32,6 +32,7 @@
 #include "runtime/cpu/Dispatch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,12 @@ namespace fsdp {
 
 namespace {
 constexpr uint32_t kSentinel = 0x7fc0dead; // a NaN payload
+
+double nowUs() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 } // namespace
 
 double scheduledLr(const std::string &schedule, double lr, double minLr,
@@ -226,23 +233,39 @@ Status Executor::runCollective(const Instruction &inst) {
     return st;
   }
   const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];
-  float *src = reinterpret_cast<float *>(address(inst.in[0]));
-  float *dst = reinterpret_cast<float *>(address(inst.out[0]));
+  void *src = address(inst.in[0]);
+  void *dst = address(inst.out[0]);
+  const DType dtype = in.dtype; // checkInstruction: in and out agree
   bool mean = inst.attrs.value("reduce", std::string("sum")) == "mean";
   std::string op = inst.op;
   int64_t inBytes = in.bytes, outN = out.numel(), inN = in.numel();
   Communicator *c = &group(inst.attrs.value("group", std::string("world")));
-  auto job = [c, op, src, dst, mean, inBytes, outN, inN]() -> Status {
+  auto job = [c, op, src, dst, dtype, mean, inBytes, outN, inN]() -> Status {
     if (op == "all_reduce") {
       if (src != dst)
         std::memmove(dst, src, inBytes);
-      return c->allReduce(dst, outN, mean);
+      return c->allReduce(dst, outN, dtype, mean);
     }
     if (op == "reduce_scatter")
-      return c->reduceScatter(src, dst, outN, mean);
-    return c->allGather(src, dst, inN);
+      return c->reduceScatter(src, dst, outN, dtype, mean);
+    return c->allGather(src, dst, inN, dtype);
   };
-  std::future<Status> done = submit(job);
+  std::future<Status> done;
+  if (tracing) {
+    // The span on the communication thread: from when it starts running
+    // the collective (not when it was queued) to its end.
+    TraceEvent ev{op, 1, currentStep, traceIndex, 0, 0};
+    done = submit([this, job, ev]() mutable {
+      ev.startUs = nowUs();
+      Status st = job();
+      ev.durUs = nowUs() - ev.startUs;
+      std::lock_guard<std::mutex> l(traceMu);
+      commEvents.push_back(std::move(ev));
+      return st;
+    });
+  } else {
+    done = submit(job);
+  }
   if (!inst.attrs.value("async", false))
     return done.get();
   if (inFlight.count(inst.out[0]))
@@ -259,11 +282,22 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     else if (b.role == "step")
       *reinterpret_cast<float *>(address(b.buffer)) = (float)step;
   }
+  currentStep = step;
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
+    double t0 = tracing ? nowUs() : 0;
+    traceIndex = (int64_t)i;
     Status st = cpu::isCollectiveOp(inst.op)
                     ? runCollective(inst)
                     : cpu::runInstruction(plan, inst, arena, shardIndex());
+    if (tracing) {
+      // A collective's span here is its issue (async) or the whole blocking
+      // call (sync); a wait's is the time compute stood still.
+      bool issue = cpu::isCollectiveOp(inst.op) && inst.op != "wait" &&
+                   inst.attrs.value("async", false);
+      computeEvents.push_back({issue ? "issue " + inst.op : inst.op, 0, step,
+                               (int64_t)i, t0, nowUs() - t0});
+    }
     if (!st)
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
@@ -281,6 +315,13 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (b.role == "loss")
       loss = *reinterpret_cast<float *>(address(b.buffer));
   return Status::ok();
+}
+
+std::vector<TraceEvent> Executor::traceEvents() {
+  std::vector<TraceEvent> all(computeEvents);
+  std::lock_guard<std::mutex> l(traceMu);
+  all.insert(all.end(), commEvents.begin(), commEvents.end());
+  return all;
 }
 
 MemoryMeasurement Executor::measureMemory() const {
@@ -317,7 +358,8 @@ Status Executor::gatherParams(TensorMap &out) {
       flat.resize(unit.paddedNumel);
       const float *src = reinterpret_cast<const float *>(address(unit.buffer));
       if (unit.sharded)
-        FSDP_RETURN_IF_ERROR(group("shard").allGather(src, flat.data(), unit.shardNumel));
+        FSDP_RETURN_IF_ERROR(group("shard").allGather(src, flat.data(), unit.shardNumel,
+                                                         DType::F32));
       else
         std::memcpy(flat.data(), src, sizeof(float) * unit.paddedNumel);
     }

@@ -12,6 +12,7 @@
 #include "runtime/cpu/Kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -889,7 +890,129 @@ const std::unordered_map<std::string, OpDef> &table() {
   return t;
 }
 
+// [Note: bf16 storage, f32 compute]
+// A mixed-precision plan stores activations, gathered parameters and
+// gradients in bf16 (or f16); every kernel computes in f32. An instruction
+// with such operands runs the f32 kernel on f32 copies: a plan of its own
+// operands, each widened to f32 in a per-thread scratch buffer OUTSIDE the
+// arena (fsdp-run reports its high-water mark next to the arena's), the
+// inputs converted exactly, the outputs rounded back to nearest even. The
+// load-time check is the f32 op's check on that widened plan, so shapes,
+// attributes and integer operands are checked exactly as for f32. `cast`
+// converts dtypes itself and is never widened.
+
+bool isNarrowFloat(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+bool needsWidening(const Plan &plan, const Instruction &inst) {
+  if (inst.op == "cast")
+    return false;
+  for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
+    for (int64_t id : *ids)
+      if (id >= 0 && id < (int64_t)plan.buffers.size() &&
+          isNarrowFloat(plan.buffers[id].dtype))
+        return true;
+  return false;
+}
+
+/// The instruction over f32 copies of its operands, laid out from 0 in a
+/// scratch buffer of `bytes`; slot i holds the original buffer ids[i].
+struct Widened {
+  Plan plan;
+  Instruction inst;
+  std::vector<int64_t> ids;
+  int64_t bytes = 0;
+};
+
+Widened widen(const Plan &plan, const Instruction &inst) {
+  Widened w;
+  w.plan.version = plan.version;
+  w.plan.worldSize = plan.worldSize;
+  w.plan.meshReplicas = plan.meshReplicas;
+  w.plan.meshShards = plan.meshShards;
+  w.plan.stage = plan.stage;
+  std::unordered_map<int64_t, int64_t> slot;
+  auto map = [&](int64_t id) {
+    auto [it, fresh] = slot.try_emplace(id, (int64_t)w.ids.size());
+    if (fresh) {
+      Buffer b = plan.buffers[id];
+      b.id = it->second;
+      if (isNarrowFloat(b.dtype))
+        b.dtype = DType::F32;
+      b.bytes = b.numel() * dtypeSize(b.dtype);
+      b.offset = w.bytes;
+      b.rankStride = 0;
+      b.aliasOf = -1;
+      w.bytes += (b.bytes + 63) / 64 * 64;
+      w.plan.buffers.push_back(std::move(b));
+      w.ids.push_back(id);
+    }
+    return it->second;
+  };
+  w.inst.op = inst.op;
+  w.inst.attrs = inst.attrs;
+  for (int64_t id : inst.in)
+    w.inst.in.push_back(map(id));
+  for (int64_t id : inst.out)
+    w.inst.out.push_back(map(id));
+  return w;
+}
+
+std::atomic<int64_t> scratchHighWater{0};
+
+/// Converts n elements between storage dtypes (one of them f32).
+void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * dtypeSize(from));
+    return;
+  }
+  if (to == DType::F32) {
+    auto *s = reinterpret_cast<const uint16_t *>(src);
+    auto *d = reinterpret_cast<float *>(dst);
+#pragma omp parallel for if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = from == DType::BF16 ? bf16ToFloat(s[i]) : halfToFloat(s[i]);
+    return;
+  }
+  auto *s = reinterpret_cast<const float *>(src);
+  auto *d = reinterpret_cast<uint16_t *>(dst);
+#pragma omp parallel for if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i)
+    d[i] = to == DType::BF16 ? floatToBf16(s[i]) : floatToHalf(s[i]);
+}
+
+Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena,
+                  int64_t rank, const OpDef &def) {
+  Widened w = widen(plan, inst);
+  thread_local std::vector<uint8_t> scratch;
+  if ((int64_t)scratch.size() < w.bytes) {
+    scratch.resize(w.bytes);
+    int64_t seen = scratchHighWater.load();
+    while (seen < w.bytes && !scratchHighWater.compare_exchange_weak(seen, w.bytes)) {
+    }
+  }
+  std::vector<bool> isIn(w.ids.size());
+  for (int64_t s : w.inst.in)
+    isIn[s] = true;
+  for (size_t s = 0; s < w.ids.size(); ++s)
+    if (isIn[s]) {
+      const Buffer &b = plan.buffers[w.ids[s]];
+      convert(bufferAddress(plan, w.ids[s], arena, rank), b.dtype,
+              scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype,
+              b.numel());
+    }
+  Op op{w.plan, w.inst};
+  FSDP_RETURN_IF_ERROR(def.run(Run{op, scratch.data(), 0}));
+  for (int64_t s : w.inst.out) {
+    const Buffer &b = plan.buffers[w.ids[s]];
+    convert(scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype,
+            bufferAddress(plan, w.ids[s], arena, rank), b.dtype, b.numel());
+  }
+  return Status::ok();
+}
+
 } // namespace
+
+int64_t widenedScratchHighWater() { return scratchHighWater.load(); }
 
 bool isCollectiveOp(const std::string &op) {
   return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
@@ -906,8 +1029,12 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
       return Status::ok();
     }
     const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
-    if (a.dtype != DType::F32 || b.dtype != DType::F32)
-      return FSDP_ERROR(inst.op, ": only f32 collectives are supported");
+    // f32, or bf16 / f16 (mixed precision: all-gathers move the bytes,
+    // reductions sum in f32 and round once per reduction step).
+    if (a.dtype != b.dtype || isInt(a.dtype))
+      return FSDP_ERROR(inst.op, ": expected one float dtype in and out (f32, "
+                        "bf16 or f16), found ", dtypeName(a.dtype), " -> ",
+                        dtypeName(b.dtype));
     // The ranks it runs over: all of them, or one axis of a 2-D mesh.
     std::string group = "world";
     auto g = inst.attrs.find("group");
@@ -948,6 +1075,11 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
                                                          : std::to_string(def.nin),
                       " inputs and ", def.nout, " outputs, found ", inst.in.size(),
                       " and ", inst.out.size());
+  if (needsWidening(plan, inst)) {
+    // See [Note: bf16 storage, f32 compute].
+    Widened w = widen(plan, inst);
+    return checkInstruction(w.plan, w.inst);
+  }
   Op op{plan, inst};
   FSDP_RETURN_IF_ERROR(def.check(op));
   // Every attribute a kernel reads, type-checked whether or not the op's
@@ -972,6 +1104,8 @@ Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena,
   auto it = table().find(inst.op);
   if (it == table().end())
     return FSDP_ERROR("unknown op '", inst.op, "'");
+  if (needsWidening(plan, inst))
+    return runWidened(plan, inst, arena, rank, it->second);
   Op op{plan, inst};
   return it->second.run(Run{op, arena, rank});
 }

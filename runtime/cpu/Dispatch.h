@@ -26,6 +26,11 @@ Status checkInstruction(const Plan &plan, const Instruction &inst);
 Status runInstruction(const Plan &plan, const Instruction &inst,
                       uint8_t *arena, int64_t rank);
 
+/// Largest f32 scratch (bytes, per thread) that instructions on bf16 / f16
+/// operands used so far: memory outside the arena ([Note: bf16 storage,
+/// f32 compute] in Dispatch.cpp).
+int64_t widenedScratchHighWater();
+
 /// all_reduce, reduce_scatter, all_gather: executed by the communicator.
 bool isCollectiveOp(const std::string &op);
 

@@ -1,0 +1,203 @@
+//===- MixedPrecision.cpp - compute in bf16 on f32 master parameters -----===//
+//
+// fsdp-mixed-precision: FSDP2's MixedPrecisionPolicy as a rewrite of the
+// model function, before fsdp-autodiff. Parameters stay f32 symbols (the
+// master copy the optimizer updates, with f32 optimizer state); the model
+// reads each one through an `fsdp.cast` to the compute dtype, casts its
+// float inputs the same way, and every op downstream of a cast value is
+// retyped to the compute dtype. Losses keep reading f32 (their operands
+// are cast up, as autocast's fp32 op list does: the softmax over the
+// vocabulary and the log are where bf16 would lose the most), and the
+// function still returns an f32 loss.
+//
+// Why before autodiff: the backward pass is then derived in the compute
+// dtype by the ordinary VJP rules (a cast's VJP is the cast back), so
+// every gradient op computes in bf16 and each parameter's gradient reaches
+// `fsdp.set_grad` as a cast to f32 of a bf16 value. The module attribute
+// `fsdp.mixed_precision` records the policy; fsdp-shard reads it and
+// (1) gathers a unit in the dtype its reads are cast to, casting the f32
+// shard BEFORE the all-gather (half the bytes moved and gathered), and
+// (2) packs and reduces gradients in `reduce_dtype`, casting the reduced
+// shard to f32 right before the unit's update.
+//
+// The rule that decides each op's dtype is dataflow, not a list of op
+// names: an op with a float operand in the compute dtype, or reading a
+// float input of the model, computes in it (its other f32 operands are
+// cast once, its f32 results retyped); an op with only f32 operands (a
+// constant fill, anything after the loss) stays f32, and an input only a
+// loss reads (a regression target) is never rounded.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPMIXEDPRECISION
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+/// f32 / bf16 from an option value; null (after reporting) otherwise.
+Type parseDtype(MLIRContext *ctx, ModuleOp module, StringRef option,
+                StringRef value) {
+  if (value == "f32")
+    return Float32Type::get(ctx);
+  if (value == "bf16")
+    return BFloat16Type::get(ctx);
+  if (value == "f16") {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: " << option
+        << "=f16 is not implemented: f16 training needs dynamic loss scaling "
+           "(skip the step on inf/nan), which this compiler does not emit "
+           "yet; use bf16 (same exponent range as f32, no scaling needed)";
+    return {};
+  }
+  mlir::emitError(module.getLoc())
+      << "fsdp-mixed-precision: " << option << "='" << value
+      << "' is not a dtype: expected f32 or bf16";
+  return {};
+}
+
+bool isFloatTensorOf(Type t, Type elem) {
+  auto rt = dyn_cast<RankedTensorType>(t);
+  return rt && rt.getElementType() == elem;
+}
+
+/// Losses read f32 (their verifiers require it; autocast computes them in
+/// f32 too) and return a 0-d f32.
+bool isLoss(Operation *op) {
+  return isa<CrossEntropyOp, MseLossOp, BceWithLogitsOp>(op);
+}
+
+struct MixedPrecisionPass
+    : mlir::fsdp::impl::FsdpMixedPrecisionBase<MixedPrecisionPass> {
+  using Base::Base;
+
+  void runOnOperation() override;
+};
+
+void MixedPrecisionPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  MLIRContext *ctx = &getContext();
+  Type compute = parseDtype(ctx, module, "param-dtype", paramDtype);
+  if (!compute)
+    return signalPassFailure();
+  Type reduce = parseDtype(ctx, module, "reduce-dtype", reduceDtype);
+  if (!reduce)
+    return signalPassFailure();
+  if (module.lookupSymbol(kTrainStepName)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision runs before fsdp-autodiff (it retypes the "
+           "model, and the backward pass is derived from it); @"
+        << kTrainStepName << " already exists";
+    return signalPassFailure();
+  }
+  if (module->hasAttr(kMixedPrecisionAttrName)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision already ran on this module";
+    return signalPassFailure();
+  }
+  Type f32 = Float32Type::get(ctx);
+  for (ParamOp p : module.getOps<ParamOp>())
+    if (p.getTensorType().getElementType() != f32) {
+      p.emitOpError() << "is " << p.getTensorType().getElementType()
+                      << ": with mixed precision parameters are the f32 "
+                         "master copy (the compute dtype is param-dtype)";
+      return signalPassFailure();
+    }
+  OpBuilder b(ctx);
+  module->setAttr(kMixedPrecisionAttrName,
+                  b.getDictionaryAttr(
+                      {b.getNamedAttr("param_dtype", TypeAttr::get(compute)),
+                       b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))}));
+  if (compute == f32)
+    return; // only the reduce dtype changes (fsdp-shard reads it)
+
+  func::FuncOp model;
+  for (auto fn : module.getOps<func::FuncOp>())
+    if (fn->hasAttr(kModelAttrName)) {
+      if (model) {
+        mlir::emitError(fn.getLoc()) << "more than one model function";
+        return signalPassFailure();
+      }
+      model = fn;
+    }
+  if (!model || !model.getBody().hasOneBlock()) {
+    mlir::emitError(module.getLoc())
+        << "no model function with a single block: mark one func.func with "
+           "the `fsdp.model` attribute";
+    return signalPassFailure();
+  }
+  Block &body = model.getBody().front();
+  auto retype = [&](Type t, Type elem) {
+    auto rt = cast<RankedTensorType>(t);
+    return RankedTensorType::get(rt.getShape(), elem);
+  };
+  auto castTo = [&](Location loc, Value v, Type elem) -> Value {
+    auto c = b.create<CastOp>(loc, retype(v.getType(), elem), v);
+    ++numCasts;
+    return c.getResult();
+  };
+  // One cast to the compute dtype per f32 value a compute op reads (an
+  // input, a constant), placed right after its definition. A float input
+  // only a loss reads (a regression target) is never rounded.
+  DenseMap<Value, Value> computeCopy;
+  auto toCompute = [&](Value v) -> Value {
+    Value &c = computeCopy[v];
+    if (!c) {
+      OpBuilder::InsertionGuard guard(b);
+      if (Operation *def = v.getDefiningOp())
+        b.setInsertionPointAfter(def);
+      else
+        b.setInsertionPointToStart(&body);
+      c = castTo(v.getLoc(), v, compute);
+    }
+    return c;
+  };
+  SmallVector<Operation *> ops;
+  for (Operation &op : body)
+    ops.push_back(&op);
+  for (Operation *op : ops) {
+    b.setInsertionPoint(op);
+    if (auto get = dyn_cast<GetParamOp>(op)) {
+      // A read of the master copy, in the compute dtype.
+      b.setInsertionPointAfter(get);
+      Value c = castTo(get.getLoc(), get.getResult(), compute);
+      get.getResult().replaceAllUsesExcept(c, c.getDefiningOp());
+      continue;
+    }
+    if (isa<CastOp>(op))
+      continue; // the model's own casts say what they mean
+    if (isLoss(op) || isa<func::ReturnOp>(op)) {
+      for (OpOperand &o : op->getOpOperands())
+        if (isFloatTensorOf(o.get().getType(), compute))
+          o.set(castTo(op->getLoc(), o.get(), f32));
+      continue;
+    }
+    // Reads a value in the compute dtype, or a float input of the model
+    // (x @ w reads x in bf16 once w is).
+    bool inCompute = llvm::any_of(op->getOperands(), [&](Value v) {
+      return isFloatTensorOf(v.getType(), compute) ||
+             (isa<BlockArgument>(v) && isFloatTensorOf(v.getType(), f32));
+    });
+    if (!inCompute)
+      continue;
+    for (OpOperand &o : op->getOpOperands())
+      if (isFloatTensorOf(o.get().getType(), f32))
+        o.set(toCompute(o.get()));
+    for (Value r : op->getResults())
+      if (isFloatTensorOf(r.getType(), f32)) {
+        r.setType(retype(r.getType(), compute));
+        ++numRetyped;
+      }
+  }
+}
+
+} // namespace

@@ -1,0 +1,28 @@
+// RUN: not fsdp-opt %s -fsdp-mixed-precision=param-dtype=f16 2>&1 | FileCheck %s --check-prefix=F16
+// RUN: not fsdp-opt %s -fsdp-mixed-precision=reduce-dtype=f16 2>&1 | FileCheck %s --check-prefix=F16R
+// RUN: not fsdp-opt %s -fsdp-mixed-precision=param-dtype=fp8 2>&1 | FileCheck %s --check-prefix=UNKNOWN
+// RUN: not fsdp-opt %s --fsdp-pipeline="param-dtype=bfloat16" 2>&1 | FileCheck %s --check-prefix=PIPE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-mixed-precision 2>&1 | FileCheck %s --check-prefix=ORDER
+// RUN: not fsdp-opt %s -fsdp-mixed-precision -fsdp-mixed-precision 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: not fsdp-opt %S/Inputs/bf16-param.mlir -fsdp-mixed-precision 2>&1 | FileCheck %s --check-prefix=MASTER
+
+// Tests that bad mixed-precision options and orders are rejected with a
+// message that says why. f16 needs dynamic loss scaling, which is not
+// implemented: it is refused, never run silently without it.
+
+// F16: param-dtype=f16 is not implemented: f16 training needs dynamic loss scaling
+// F16R: reduce-dtype=f16 is not implemented
+// UNKNOWN: param-dtype='fp8' is not a dtype: expected f32 or bf16
+// PIPE: param-dtype='bfloat16' is not a dtype: expected f32 or bf16
+// ORDER: fsdp-mixed-precision runs before fsdp-autodiff
+// TWICE: fsdp-mixed-precision already ran on this module
+// MASTER: 'fsdp.param' op is 'bf16': with mixed precision parameters are the f32 master copy
+
+fsdp.param @w : tensor<1x4xf32> init("normal", 0.02)
+
+func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<1x4xf32>
+  %o = fsdp.matmul %x, %w transpose_rhs : (tensor<2x4xf32>, tensor<1x4xf32>) -> tensor<2x1xf32>
+  %l = fsdp.mse_loss %o, %t : tensor<2x1xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
