@@ -130,6 +130,11 @@ PLAN_CASES = [
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
         dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "keeps parameters in f32"),
+    # collectives move one float dtype (bf16 in mixed-precision plans)
+    ("reduce_scatter f32 -> bf16", "sharded", setter(lambda p: (lambda b: b.update(dtype="bf16", shape=[b["shape"][0] * 2]))(
+        p["buffers"][first(p, "reduce_scatter")["out"][0]])), "expected one float dtype in and out"),
+    ("reduce_scatter f32 -> i32", "sharded", setter(lambda p: p["buffers"][first(p, "reduce_scatter")["out"][0]].update(dtype="i32")),
+     "expected one float dtype in and out"),
     ("unknown dtype", "mlp", setter(lambda p: p["buffers"][0].update(dtype="f8")), "unknown dtype"),
     ("lr buffer i32", "mlp", setter(lambda p: buf(p, next(b for b in p["inputs"] if b["role"] == "lr")).update(dtype="i32")), "f32 scalar"),
     # packing, inputs

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Mixed precision (param-dtype=bf16) end to end on CPU ranks.
+
+usage: mixed_precision.py BIN_DIR shards          (a) N ranks == 1 rank, (d) comm, memory
+       mixed_precision.py BIN_DIR text TOKENS.bin  (b) 200 steps of the small GPT, bf16 vs f32
+
+The tolerance, derived from bf16 arithmetic. bf16 keeps 8 significant bits,
+so rounding to nearest has unit roundoff u = 2^-8: every bf16 result x~ of
+an exact x satisfies |x~ - x| <= u |x|. In a mixed-precision plan each
+instruction that writes a bf16 tensor rounds once (the kernels compute in
+f32, whose own error, 2^-24, is negligible next to u). Two runs that round
+differently (another reduction order across ranks, or f32 instead of bf16)
+give forward values whose relative difference is, to first order, at most
+the sum of the roundings on the path to the loss: D u, where D is the
+number of forward instructions that write bf16 before the loss, counted
+from the plan itself. The loss is a smooth function of those values with a
+relative condition of order one (a mean of cross-entropies / BCE terms), so
+D u bounds the relative loss difference one step of evaluation can show.
+Training then moves both runs' parameters by the same updates up to those
+roundings; over the short runs checked here (10 steps; 50-step windows of
+the 200-step run) the difference stays of the same order, and the script
+prints the measured value next to the bound so a drift is visible.
+
+(a) The bf16 plan on 1 rank vs N = 2, 3 ranks, stages 0-3 (reduce-dtype
+    bf16 and f32): every step's loss within D u (relative) of one rank,
+    and step 1 (same parameters, same rows) within 1e-6: the rows' forward
+    pass does not depend on the world size, only gradient sums do.
+(d) The cast before the all-gather: the plan's all-gathers move exactly
+    half the bytes of the f32 plan's, and the measured bytes sent per rank
+    fall by exactly (N-1)/N of that half. A plan that gathered f32 and cast
+    afterwards would fail both.
+    Memory: the report follows the mixed-precision ZeRO formula (below).
+(b) The small GPT on text tokens, 200 steps, bf16 vs f32 (same data, same
+    initial weights): the mean loss of each 50-step window within D u
+    (relative) of the f32 run's, and the bf16 run learns (last window well
+    below ln 256).
+
+Memory, mixed precision with reduce-dtype=bf16 (Psi padded parameters, N
+ranks, biggest = the largest unit). ZeRO's mixed-precision formula is
+(2 + 2 + K) Psi / N at stage 3 with K = 12 bytes (f32 master 4 + Adam
+moments 8). Here the f32 master IS the parameter storage, so "params" is
+the master (4 Psi / N) and params + state = K Psi / N exactly; gradients
+are bf16 (2 Psi / N); the 2 Psi / N bf16 parameter shard of ZeRO's formula
+is not persistent (the f32 shard is cast right before each all-gather, as
+in FSDP2) and is counted with the gathered units ("comm"):
+  stage 0  params 4 Psi    state 8 Psi     grads 2 Psi .. 2 Psi + 4 biggest
+  stage 1  params 4 Psi    state 8 Psi/N   grads 2 Psi .. 2 Psi + 2 Psi/N + 4 biggest/N
+  stage 2  params 4 Psi    state 8 Psi/N   grads 2 Psi/N .. 2 Psi/N + 4 biggest + 4 biggest/N
+  stage 3  params 4 Psi/N  state 8 Psi/N   grads 2 Psi/N .. 2 Psi/N + 4 biggest + 4 biggest/N
+Gradients are buffers with live ranges: the upper ends allow the whole
+bf16 gradients of the two units in flight (being computed / being reduced,
+2 x 2 biggest) and the one f32 shard cast right before its unit's update
+(4 biggest / N). Stages 0-2 keep the whole f32 master (ZeRO's 2 Psi bf16
+whole parameters + 4 Psi / N f32 master shard is not implemented).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+U = 2.0 ** -8
+GLOBAL_BATCH = 12
+LOSS_OPS = {"cross_entropy", "mse_loss", "bce_with_logits"}
+
+
+def gen(args, path):
+    subprocess.run([sys.executable, GEN] + args + ["-o", path], check=True)
+
+
+def mlp(batch, path):
+    gen(["mlp", "--hidden", "32", "--blocks", "4", "--batch", str(batch)], path)
+
+
+def compile_plan(bindir, model, path, pipeline):
+    subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
+                    f"--fsdp-pipeline=optimizer=adamw {pipeline} plan={path} report=false"],
+                   check=True)
+    with open(path) as f:
+        return json.load(f)
+
+
+def run(bindir, plan, n, steps, extra=()):
+    out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", str(steps),
+                          "--json", "--threads", "1"] + list(extra)
+                         + (["--nproc", str(n)] if n > 1 else []),
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return [r["loss"] for r in rows if "step" in r], rows[-1]
+
+
+def rounding_depth(plan):
+    """D: forward instructions that write a bf16 tensor before the first loss."""
+    bufs = plan["buffers"]
+    d = 0
+    for inst in plan["program"]:
+        if inst["op"] in LOSS_OPS:
+            return d
+        if inst["op"] not in ("all_gather", "wait") and any(
+                bufs[o]["dtype"] == "bf16" for o in inst["out"]):
+            d += 1
+    raise SystemExit("no loss instruction in the plan")
+
+
+def gather_bytes(plan):
+    bufs = plan["buffers"]
+    return sum(bufs[i["out"][0]]["bytes"] for i in plan["program"] if i["op"] == "all_gather")
+
+
+def check_shards(bindir, tmp):
+    failures = 0
+    steps = 10
+    ref_model = os.path.join(tmp, "g.mlir")
+    mlp(GLOBAL_BATCH, ref_model)
+    ref_plan = compile_plan(bindir, ref_model, os.path.join(tmp, "ref.plan"),
+                            "param-dtype=bf16 reduce-dtype=bf16 stage=0")
+    depth = rounding_depth(ref_plan)
+    rtol = depth * U
+    ref, _ = run(bindir, os.path.join(tmp, "ref.plan"), 1, steps)
+    print(f"(a) mlp bf16, one rank, global batch {GLOBAL_BATCH}, {steps} steps: losses "
+          f"{ref[0]:.6f} .. {ref[-1]:.6f}; D = {depth} bf16 roundings before the loss, "
+          f"tolerance D u = {rtol:.4f}")
+    for n in (2, 3):
+        model = os.path.join(tmp, f"b{n}.mlir")
+        mlp(GLOBAL_BATCH // n, model)
+        for stage in range(4):
+            for reduce in ("bf16", "f32") if stage in (0, 3) else ("bf16",):
+                plan = os.path.join(tmp, f"n{n}s{stage}{reduce}.plan")
+                compile_plan(bindir, model, plan,
+                             f"param-dtype=bf16 reduce-dtype={reduce} world-size={n} "
+                             f"stage={stage}")
+                losses, _ = run(bindir, plan, n, steps)
+                err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+                first = abs(losses[0] - ref[0]) / abs(ref[0])
+                ok = len(losses) == steps and err <= rtol and first <= 1e-6
+                failures += not ok
+                print(f"  N={n} stage={stage} reduce={reduce:<4} step-1 rel diff {first:.1e} "
+                      f"(<= 1e-6), max rel diff {err:.2e} (<= {rtol:.4f})  "
+                      f"{'ok' if ok else 'MISMATCH'}")
+
+    # (d) the cast before the all-gather halves its bytes.
+    n = 2
+    model = os.path.join(tmp, "b2.mlir")
+    f32 = compile_plan(bindir, model, os.path.join(tmp, "c32.plan"), f"world-size={n} stage=3")
+    bf = compile_plan(bindir, model, os.path.join(tmp, "cbf.plan"),
+                      f"param-dtype=bf16 world-size={n} stage=3")
+    g32, gbf = gather_bytes(f32), gather_bytes(bf)
+    _, s32 = run(bindir, os.path.join(tmp, "c32.plan"), n, 2)
+    _, sbf = run(bindir, os.path.join(tmp, "cbf.plan"), n, 2)
+    want = s32["comm_bytes_per_step"] - (n - 1) * (g32 // 2) // n
+    ok = gbf * 2 == g32 and sbf["comm_bytes_per_step"] == want
+    failures += not ok
+    print(f"(d) stage 3, N={n}: all-gather output bytes f32 {g32}, bf16 {gbf} (half: "
+          f"{'yes' if gbf * 2 == g32 else 'NO'}); measured sent per rank per step f32 "
+          f"{s32['comm_bytes_per_step']}, bf16 {sbf['comm_bytes_per_step']} (expected {want})"
+          f"  {'ok' if ok else 'MISMATCH'}")
+    print(f"    f32 scratch outside the arena (bf16 plan): {sbf['scratch_outside_arena']} B")
+
+    # Memory report vs the mixed-precision formula.
+    for n in (1, 2, 4):
+        for stage in range(4):
+            plan = compile_plan(bindir, ref_model, os.path.join(tmp, "m.plan"),
+                                f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} "
+                                f"stage={stage}")
+            mem = plan["memory"]
+            units = [u for u in plan["units"] if not u.get("frozen")]
+            psi = sum(u["padded_numel"] for u in units)
+            big = max(u["padded_numel"] for u in units)
+            sharded = stage >= 1 and n > 1
+            p_want = 4 * psi // (n if stage == 3 else 1)
+            s_want = 8 * psi // (n if sharded else 1)
+            g_lo, g_hi = {
+                0: (2 * psi, 2 * psi + 4 * big),
+                1: (2 * psi, 2 * psi + 2 * psi // n + 4 * big // n),
+                2: (2 * psi // n, 2 * psi // n + 4 * big + 4 * big // n),
+                3: (2 * psi // n, 2 * psi // n + 4 * big + 4 * big // n),
+            }[stage if n > 1 else 0]
+            got = (mem["params"], mem["grads"], mem["state"])
+            ok = got[0] == p_want and got[2] == s_want and g_lo <= got[1] <= g_hi
+            failures += not ok
+            print(f"  memory N={n} stage={stage}: params {got[0]} (want {p_want}) grads "
+                  f"{got[1]} (want {g_lo}..{g_hi}) state {got[2]} (want {s_want}) "
+                  f"comm {mem['comm']} peak {mem['peak']}  {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+def check_text(bindir, tmp, tokens):
+    failures = 0
+    model = os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir")
+    runs = {}
+    depth = None
+    for dt in ("f32", "bf16"):
+        path = os.path.join(tmp, f"{dt}.plan")
+        plan = compile_plan(bindir, model, path, f"max-grad-norm=1.0 param-dtype={dt}")
+        if dt == "bf16":
+            depth = rounding_depth(plan)
+        runs[dt], _ = run(bindir, path, 1, 200,
+                          ["--data", tokens, "--lr", "3e-3", "--schedule", "cosine",
+                           "--warmup", "10", "--threads", "2"])
+    rtol = depth * U
+    print(f"(b) gpt_small on text, 200 steps: D = {depth} bf16 roundings before the loss, "
+          f"tolerance D u = {rtol:.4f} on 50-step window means")
+    for w in range(4):
+        a = sum(runs["bf16"][w * 50:(w + 1) * 50]) / 50
+        b = sum(runs["f32"][w * 50:(w + 1) * 50]) / 50
+        rel = abs(a - b) / b
+        ok = rel <= rtol
+        failures += not ok
+        print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} bf16 {a:.4f} "
+              f"rel diff {rel:.4f}  {'ok' if ok else 'MISMATCH'}")
+    last = sum(runs["bf16"][150:]) / 50
+    learned = last < 0.6 * math.log(256)
+    failures += not learned
+    print(f"  bf16 last-window mean {last:.4f} < 0.6 ln 256 = {0.6 * math.log(256):.4f}: "
+          f"{'ok' if learned else 'MISMATCH'}")
+    return failures
+
+
+def main():
+    bindir, mode = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        if mode == "shards":
+            failures = check_shards(bindir, tmp)
+        elif mode == "text":
+            failures = check_text(bindir, tmp, sys.argv[3])
+        else:
+            raise SystemExit(__doc__)
+    print("mixed precision checks pass" if not failures
+          else f"FAIL: {failures} check(s) differ")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
