@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/Dispatch.h"
 
+#include "runtime/core/Bf16.h"
 #include "runtime/cpu/Kernels.h"
 
 #include <algorithm>
@@ -273,6 +274,10 @@ Status runCrossEntropy(const Run &r, bool grad) {
                       " at position ", bad, " is outside [0, ", classes, ")");
   return Status::ok();
 }
+
+/// Converts n elements between storage dtypes, one of them f32 (or both
+/// the same). See [Note: bf16 storage, f32 compute].
+void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n);
 
 const std::unordered_map<std::string, OpDef> &table() {
   static const std::unordered_map<std::string, OpDef> t = [] {
@@ -702,6 +707,11 @@ const std::unordered_map<std::string, OpDef> &table() {
                  [](const Run &r) {
                    int64_t n = r.op.out(0).numel();
                    DType from = r.op.in(0).dtype, to = r.op.out(0).dtype;
+                   if (from == to || from == DType::F32 || to == DType::F32) {
+                     // One step, vectorized (mixed-precision plans cast a lot).
+                     convert(r.in<uint8_t>(0), from, r.out<uint8_t>(0), to, n);
+                     return Status::ok();
+                   }
                    std::vector<float> tmp(n);
                    for (int64_t i = 0; i < n; ++i)
                      tmp[i] = from == DType::F32    ? r.in(0)[i]
@@ -959,25 +969,37 @@ Widened widen(const Plan &plan, const Instruction &inst) {
 
 std::atomic<int64_t> scratchHighWater{0};
 
-/// Converts n elements between storage dtypes (one of them f32).
 void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) {
   if (from == to) {
-    std::memcpy(dst, src, n * dtypeSize(from));
+    std::memmove(dst, src, n * dtypeSize(from)); // a cast may be in place
     return;
   }
+  // bf16 <-> f32 through the inline conversions of runtime/core/Bf16.h (the
+  // same rounding as cpu::floatToBf16): the loops vectorize, where a call
+  // per element made conversion most of a bf16 step's time.
   if (to == DType::F32) {
     auto *s = reinterpret_cast<const uint16_t *>(src);
     auto *d = reinterpret_cast<float *>(dst);
+    if (from == DType::BF16) {
 #pragma omp parallel for if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i)
-      d[i] = from == DType::BF16 ? bf16ToFloat(s[i]) : halfToFloat(s[i]);
+      for (int64_t i = 0; i < n; ++i)
+        d[i] = widenBf16(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        d[i] = halfToFloat(s[i]);
+    }
     return;
   }
   auto *s = reinterpret_cast<const float *>(src);
   auto *d = reinterpret_cast<uint16_t *>(dst);
+  if (to == DType::BF16) {
 #pragma omp parallel for if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i)
-    d[i] = to == DType::BF16 ? floatToBf16(s[i]) : floatToHalf(s[i]);
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = roundToBf16(s[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = floatToHalf(s[i]);
+  }
 }
 
 Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena,
