@@ -27,6 +27,11 @@
 //    optimizer state sharded the same way; stages 1/2 all-gather the new
 //    parameters. Clipping sums squared norms over shards and all-reduces
 //    the scalar.
+// Mixed precision (fsdp-mixed-precision ran before autodiff): a read whose
+// only user is a cast is a read in the cast's dtype, so the unit is cast
+// once (the shard before its all-gather at stage 3) and gathered in it;
+// gradients are packed and reduced in the module's reduce_dtype and cast
+// to the master dtype right before the unit's update.
 // Every rank runs this same program, so collectives are issued in the same
 // order everywhere by construction.
 //
