@@ -493,16 +493,38 @@ void ShardPass::runOnOperation() {
       // autodiff cast to f32 is packed as it was computed.
       Type master = fullTy(u).getElementType();
       Type packElem = reduceElem ? reduceElem : master;
+      // A gradient that is a cast of a packElem value, or a sum of such
+      // (a tied parameter read twice), is taken in packElem: the sum of
+      // two bf16 values in bf16 (computed in f32, rounded once) is
+      // bitwise the f32 sum cast to bf16, without the f32 copies.
+      std::function<bool(Value)> narrowable = [&](Value v) {
+        if (elemOf(v) == packElem)
+          return true;
+        if (auto c = v.getDefiningOp<CastOp>())
+          return elemOf(c.getInput()) == packElem;
+        auto add = v.getDefiningOp<AddOp>();
+        return add && !add->hasAttr(kAccumAttrName) &&
+               add.getLhs().getType() == add.getRhs().getType() &&
+               narrowable(add.getLhs()) && narrowable(add.getRhs());
+      };
+      std::function<Value(Value)> narrow = [&](Value v) -> Value {
+        if (elemOf(v) == packElem)
+          return v;
+        Operation *def = v.getDefiningOp();
+        maybeDead.insert(def);
+        if (auto c = dyn_cast<CastOp>(def))
+          return c.getInput();
+        auto add = cast<AddOp>(def);
+        Value l = narrow(add.getLhs()), r = narrow(add.getRhs());
+        return b.create<AddOp>(add.getLoc(), l.getType(), l, r);
+      };
       for (Value &g : grads) {
         if (elemOf(g) == packElem)
           continue;
-        auto c = g.getDefiningOp<CastOp>();
-        if (c && elemOf(c.getInput()) == packElem) {
-          maybeDead.insert(c);
-          g = c.getInput();
-        } else {
+        if (narrowable(g))
+          g = narrow(g);
+        else
           g = b.create<CastOp>(loc, withElem(g.getType(), packElem), g);
-        }
       }
       RankedTensorType packFull = withElem(fullTy(u), packElem);
       RankedTensorType packShard = withElem(shardTy(u), packElem);
@@ -551,6 +573,7 @@ void ShardPass::runOnOperation() {
   }
   for (Operation *op : perParamAccum)
     op->erase();
+  // Users before operands (insertion order), so a dead sum frees its casts.
   for (Operation *op : maybeDead)
     if (op->use_empty())
       op->erase();

@@ -152,6 +152,14 @@ fsdp.param @wte : tensor<16x4xf32> init("normal", 0.02)
 // Z3: %[[SUM:.+]] = fsdp.add %[[EMB]], %[[HEAD]] : (tensor<16x4xf32>, tensor<16x4xf32>) -> tensor<16x4xf32>
 // Z3: fsdp.pack %[[SUM]] offsets = [0] : (tensor<16x4xf32>) -> tensor<64xf32>
 
+// With reduce-dtype=bf16 the two bf16 contributions are summed in bf16
+// (bitwise the f32 sum rounded once) and packed without f32 copies.
+// Z3BF-LABEL: func.func @train_step
+// Z3BF: %[[EMB:.+]] = fsdp.embedding_grad %{{.+}}, %{{.+}} : (tensor<2xi32>, tensor<2x4xbf16>) -> tensor<16x4xbf16>
+// Z3BF-NEXT: %[[SUM:.+]] = fsdp.add %[[EMB]], %{{.+}} : (tensor<16x4xbf16>, tensor<16x4xbf16>) -> tensor<16x4xbf16>
+// Z3BF-NEXT: fsdp.pack %[[SUM]] offsets = [0] : (tensor<16x4xbf16>) -> tensor<64xbf16>
+// Z3BF-NOT: tensor<16x4xf32>
+
 func.func @tied(%ids: tensor<2xi32> {fsdp.role = "input"}, %labels: tensor<2xi32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
   %e = fsdp.get_param @wte : tensor<16x4xf32>
   %h = fsdp.embedding %e, %ids : (tensor<16x4xf32>, tensor<2xi32>) -> tensor<2x4xf32>
