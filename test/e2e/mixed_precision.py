@@ -152,6 +152,24 @@ def check_shards(bindir, tmp):
                       f"(<= 1e-6), max rel diff {err:.2e} (<= {rtol:.4f}), vs stage 0 "
                       f"{stages:.1e} (<= 1e-6)  {'ok' if ok else 'MISMATCH'}")
 
+    # Stage 3 without resharding, and HSDP (2 replicas x 2 shards: bf16
+    # all-reduce across replicas), against the same one-rank run.
+    for n, extra in ((2, "stage=3 reshard-after-forward=false"),
+                     (4, "stage=3 mesh=2x2"), (4, "stage=2 mesh=2x2")):
+        model = os.path.join(tmp, f"b{n}.mlir")
+        if not os.path.exists(model):
+            mlp(GLOBAL_BATCH // n, model)
+        plan = os.path.join(tmp, "x.plan")
+        compile_plan(bindir, model, plan,
+                     f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} {extra}")
+        losses, _ = run(bindir, plan, n, steps)
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        first = abs(losses[0] - ref[0]) / abs(ref[0])
+        ok = len(losses) == steps and err <= rtol and first <= 1e-6
+        failures += not ok
+        print(f"  N={n} {extra} reduce=bf16 step-1 rel diff {first:.1e} (<= 1e-6), max rel "
+              f"diff {err:.2e} (<= {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+
     # (d) the cast before the all-gather halves its bytes.
     n = 2
     model = os.path.join(tmp, "b2.mlir")
