@@ -248,6 +248,12 @@ Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
                       "with optimizer=none");
   if (comm.size() != 1)
     return FSDP_ERROR("--gradcheck runs on one rank");
+  for (const Buffer &b : plan.buffers)
+    if (b.dtype == DType::BF16 || b.dtype == DType::F16)
+      return FSDP_ERROR("--gradcheck compares float32 central differences; this "
+                        "plan computes in ", dtypeName(b.dtype), " (buffer ", b.name,
+                        "), whose rounding (2^-8 for bf16) swamps them: check the "
+                        "gradient rules on a plan compiled with param-dtype=f32");
   FSDP_RETURN_IF_ERROR(data.fill(1, addrOf, &ex));
   float loss0;
   FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, loss0));
