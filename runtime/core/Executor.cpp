@@ -32,6 +32,7 @@
 #include "runtime/cpu/Dispatch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,12 @@ namespace fsdp {
 
 namespace {
 constexpr uint32_t kSentinel = 0x7fc0dead; // a NaN payload
+
+double nowUs() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 } // namespace
 
 double scheduledLr(const std::string &schedule, double lr, double minLr,
@@ -243,7 +250,22 @@ Status Executor::runCollective(const Instruction &inst) {
       return c->reduceScatter(src, dst, outN, dtype, mean);
     return c->allGather(src, dst, inN, dtype);
   };
-  std::future<Status> done = submit(job);
+  std::future<Status> done;
+  if (tracing) {
+    // The span on the communication thread: from when it starts running
+    // the collective (not when it was queued) to its end.
+    TraceEvent ev{op, 1, currentStep, traceIndex, 0, 0};
+    done = submit([this, job, ev]() mutable {
+      ev.startUs = nowUs();
+      Status st = job();
+      ev.durUs = nowUs() - ev.startUs;
+      std::lock_guard<std::mutex> l(traceMu);
+      commEvents.push_back(std::move(ev));
+      return st;
+    });
+  } else {
+    done = submit(job);
+  }
   if (!inst.attrs.value("async", false))
     return done.get();
   if (inFlight.count(inst.out[0]))
@@ -260,11 +282,22 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     else if (b.role == "step")
       *reinterpret_cast<float *>(address(b.buffer)) = (float)step;
   }
+  currentStep = step;
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
+    double t0 = tracing ? nowUs() : 0;
+    traceIndex = (int64_t)i;
     Status st = cpu::isCollectiveOp(inst.op)
                     ? runCollective(inst)
                     : cpu::runInstruction(plan, inst, arena, shardIndex());
+    if (tracing) {
+      // A collective's span here is its issue (async) or the whole blocking
+      // call (sync); a wait's is the time compute stood still.
+      bool issue = cpu::isCollectiveOp(inst.op) && inst.op != "wait" &&
+                   inst.attrs.value("async", false);
+      computeEvents.push_back({issue ? "issue " + inst.op : inst.op, 0, step,
+                               (int64_t)i, t0, nowUs() - t0});
+    }
     if (!st)
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
@@ -282,6 +315,13 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (b.role == "loss")
       loss = *reinterpret_cast<float *>(address(b.buffer));
   return Status::ok();
+}
+
+std::vector<TraceEvent> Executor::traceEvents() {
+  std::vector<TraceEvent> all(computeEvents);
+  std::lock_guard<std::mutex> l(traceMu);
+  all.insert(all.end(), commEvents.begin(), commEvents.end());
+  return all;
 }
 
 MemoryMeasurement Executor::measureMemory() const {

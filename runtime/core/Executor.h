@@ -28,6 +28,17 @@
 
 namespace fsdp {
 
+/// One span of the measured timeline (fsdp-run --trace): an instruction on
+/// the compute thread (track 0) or a collective on the communication
+/// thread (track 1). Times are microseconds of the monotonic clock, which
+/// all processes of one machine share.
+struct TraceEvent {
+  std::string name;
+  int track = 0;
+  int64_t step = 0, index = 0; ///< step and instruction number
+  double startUs = 0, durUs = 0;
+};
+
 struct MemoryMeasurement {
   int64_t highWater = 0; ///< highest arena byte written, + 1
   int64_t peakLive = 0;  ///< largest sum of live buffer bytes, by the runtime's own liveness
@@ -58,6 +69,11 @@ public:
   /// Reads / writes one element of a parameter in local storage (for the
   /// gradient check); false when this rank does not hold it.
   bool paramElement(const Param &p, int64_t i, float *&ptr) const;
+
+  /// Records every instruction's span from now on (see TraceEvent).
+  void setTracing(bool on) { tracing = on; }
+  /// The spans recorded so far, both threads (call between steps).
+  std::vector<TraceEvent> traceEvents();
 
   MemoryMeasurement measureMemory() const;
   /// Bytes this rank sent, over every group it collects in.
@@ -90,6 +106,12 @@ private:
   bool stopping = false;
   /// Async collectives in flight, by the buffer their wait names.
   std::map<int64_t, std::future<Status>> inFlight;
+
+  bool tracing = false;
+  std::vector<TraceEvent> computeEvents; ///< main thread only
+  std::mutex traceMu;                    ///< guards commEvents
+  std::vector<TraceEvent> commEvents;
+  int64_t currentStep = 0, traceIndex = 0;
 };
 
 /// The learning rate of `step` (1-based) for the schedule: "constant" (with

@@ -7,6 +7,7 @@
 #include "runtime/core/Executor.h"
 #include "runtime/core/SafeTensors.h"
 #include "runtime/cpu/Dispatch.h"
+#include "runtime/cpu/Calibrate.h"
 
 #include <omp.h>
 
@@ -55,6 +56,13 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --resume DIR         continue from the newest complete checkpoint in DIR
                        (or that checkpoint directory): bitwise the run that
                        was not interrupted, with the same plan and --steps
+  --trace FILE         write the measured timeline of every step (each
+                       instruction on the compute thread, each collective on
+                       the communication thread, every rank) as Chrome trace
+                       JSON: open it in ui.perfetto.dev beside fsdp-sim's
+                       predicted one
+  --calibrate          no plan: time this machine's kernels and (with --nproc N)
+                       collectives and print the device profile fsdp-sim reads
   --json               one JSON object per step instead of the human line
   --quiet              only the summary
   --gradcheck K        plans compiled with optimizer=none: compare K sampled
@@ -88,7 +96,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
                                  "--dump-dir",  "--init-from", "--save",
                                  "--gradcheck", "--gradcheck-tol",
                                  "--ckpt-dir",  "--save-every", "--keep",
-                                 "--resume"};
+                                 "--resume",    "--trace"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -100,6 +108,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
         return FSDP_ERROR("unexpected argument '", a, "' (the plan is '",
                           opt.planPath, "')");
       opt.planPath = a;
+      continue;
+    }
+    if (a == "--calibrate") {
+      opt.calibrate = true;
       continue;
     }
     if (a == "--json" || a == "--quiet") {
@@ -170,6 +182,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.keep = iv;
     } else if (a == "--resume") {
       opt.resume = v;
+    } else if (a == "--trace") {
+      opt.trace = v;
     } else if (a == "--gradcheck") {
       if (!toInt(v, iv) || iv < 1)
         return badValue();
@@ -180,7 +194,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.gradcheckTol = dv;
     }
   }
-  if (opt.planPath.empty())
+  if (opt.planPath.empty() && !opt.calibrate)
     return FSDP_ERROR("no plan file given");
   if (opt.saveEvery > 0 && opt.ckptDir.empty())
     return FSDP_ERROR("--save-every needs --ckpt-dir");
@@ -378,10 +392,59 @@ Status checkOutputPath(const std::string &path, const char *option) {
 
 } // namespace
 
+/// Chrome trace JSON of every rank's spans, written by rank 0: each rank's
+/// events travel to rank 0 by broadcast (so it works across machines),
+/// one process per rank, threads "compute" and "communication".
+static Status writeTrace(const std::string &path, Executor &ex, Communicator &comm) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (const TraceEvent &e : ex.traceEvents())
+    mine.push_back({{"name", e.name}, {"cat", e.track ? "comm" : "compute"},
+                    {"ph", "X"}, {"pid", comm.rank()}, {"tid", e.track},
+                    {"ts", e.startUs}, {"dur", e.durUs},
+                    {"args", {{"step", e.step}, {"instruction", e.index}}}});
+  nlohmann::json all = nlohmann::json::array();
+  for (int64_t r = 0; r < comm.size(); ++r) {
+    std::string text = r == comm.rank() ? mine.dump() : std::string();
+    int64_t n = (int64_t)text.size();
+    FSDP_RETURN_IF_ERROR(comm.broadcast(&n, sizeof n, r));
+    text.resize(n);
+    FSDP_RETURN_IF_ERROR(comm.broadcast(text.data(), n, r));
+    if (comm.rank() != 0)
+      continue;
+    for (auto &e : nlohmann::json::parse(text))
+      all.push_back(std::move(e));
+    all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
+                   {"args", {{"name", "rank " + std::to_string(r)}}}});
+    for (int t = 0; t < 2; ++t)
+      all.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", t},
+                     {"args", {{"name", t ? "communication" : "compute"}}}});
+  }
+  if (comm.rank() != 0)
+    return Status::ok();
+  nlohmann::json doc = {{"traceEvents", all}, {"displayTimeUnit", "ms"},
+                        {"otherData", {{"source", "fsdp-run (measured)"}}}};
+  return writeFileAtomic(path, doc.dump());
+}
+
 Status train(const TrainOptions &opt, Communicator &comm) {
   bool root = comm.rank() == 0;
   if (!opt.save.empty())
     FSDP_RETURN_IF_ERROR(checkOutputPath(opt.save, "--save"));
+  if (!opt.trace.empty())
+    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.trace, "--trace"));
+  if (opt.calibrate) {
+    if (!opt.planPath.empty())
+      return FSDP_ERROR("--calibrate takes no plan (found '", opt.planPath, "')");
+    if (opt.threads > 0) {
+      omp_set_num_threads(opt.threads);
+      openblas_set_num_threads(opt.threads);
+    }
+    nlohmann::json profile;
+    FSDP_RETURN_IF_ERROR(cpu::calibrate(comm, opt.threads > 0 ? opt.threads : 0, profile));
+    if (root)
+      std::printf("%s\n", profile.dump(1).c_str());
+    return Status::ok();
+  }
   if (opt.threads > 0) {
     omp_set_num_threads(opt.threads);
     openblas_set_num_threads(opt.threads);
@@ -449,6 +512,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
                 human((double)plan.arenaBytes).c_str());
 
   bool tty = isatty(2) && !opt.json && root;
+  ex.setTracing(!opt.trace.empty());
   std::vector<double> losses, lrs, times;
   int64_t items = data->itemsPerStep() * comm.size();
   double totalMs = 0;
@@ -528,6 +592,8 @@ Status train(const TrainOptions &opt, Communicator &comm) {
   }
 
   MemoryMeasurement m = ex.measureMemory();
+  if (!opt.trace.empty())
+    FSDP_RETURN_IF_ERROR(writeTrace(opt.trace, ex, comm));
   if (dump || !opt.save.empty()) {
     TensorMap final;
     FSDP_RETURN_IF_ERROR(ex.gatherParams(final));

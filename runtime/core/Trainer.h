@@ -36,6 +36,8 @@ struct TrainOptions {
   int64_t saveEvery = 0;  ///< --save-every K (0: only --ckpt-dir's final one)
   int64_t keep = 0;       ///< --keep M newest checkpoints (0: all)
   std::string resume;     ///< --resume DIR: latest complete checkpoint there
+  std::string trace;      ///< --trace FILE: measured timeline (Chrome JSON)
+  bool calibrate = false; ///< --calibrate: print this machine's profile
   int64_t gradcheck = 0; ///< elements sampled per parameter; 0 = off
   double gradcheckTol = 2e-2;
 };

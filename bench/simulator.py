@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The cost model against the clock: fsdp-sim's predicted step time vs
+fsdp-run's measured one, for the MLP and the small GPT at N = 1, 2, 4.
+
+For each N: `fsdp-run --calibrate --nproc N` measures this machine (kernel
+roofline + the collectives' alpha/beta at N ranks; nothing is fitted to the
+models below), each model is compiled for N ranks (stage 3, the per-rank
+batch fixed), run for S steps (median of steps 3..S), and simulated with
+that profile. Prints predicted / measured; the issue's target is within
+25%. Timings on a shared machine vary: this is a benchmark, not a test.
+
+  bench/simulator.py BIN_DIR [--steps S] [--ranks 1,2,4] [--stage 3]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "examples", "gen_models.py")
+
+MODELS = {
+    "mlp": ["mlp", "--hidden", "256", "--blocks", "8", "--batch", "64"],
+    "gpt": ["gpt", "--vocab", "256", "--ctx", "64", "--layers", "4", "--heads", "4",
+            "--width", "128", "--batch", "8"],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bindir")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--stage", type=int, default=3)
+    a = ap.parse_args()
+    b = lambda t: os.path.join(a.bindir, t)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in [int(x) for x in a.ranks.split(",")]:
+            nproc = ["--nproc", str(n)] if n > 1 else []
+            prof = os.path.join(tmp, f"cpu{n}.json")
+            out = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1"] + nproc,
+                                 check=True, capture_output=True, text=True).stdout
+            open(prof, "w").write(out)
+            for name, args in MODELS.items():
+                model = os.path.join(tmp, f"{name}.mlir")
+                subprocess.run([sys.executable, GEN] + args + ["-o", model], check=True)
+                plan = os.path.join(tmp, f"{name}{n}.plan")
+                subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                                f"--fsdp-pipeline=optimizer=adamw stage={a.stage} "
+                                f"world-size={n} plan={plan} report=false"], check=True)
+                run = subprocess.run([b("fsdp-run"), plan, "--steps", str(a.steps), "--json",
+                                      "--threads", "1"] + nproc,
+                                     check=True, capture_output=True, text=True).stdout
+                ms = [json.loads(l)["ms"] for l in run.splitlines() if '"step"' in l][2:]
+                measured = statistics.median(ms)
+                sim = subprocess.run([sys.executable, b("fsdp-sim"), plan, "--profile", prof,
+                                      "--json"], check=True, capture_output=True,
+                                     text=True).stdout
+                s = json.loads(sim.splitlines()[0])
+                rows.append((name, n, measured, s["step_ms"], s["compute_ms"], s["comm_ms"],
+                             s["exposed_comm_pct"]))
+    print(f"stage {a.stage}, AdamW, 1 thread per rank, median of steps 3..{a.steps}; "
+          f"profile from fsdp-run --calibrate at each N")
+    print(f"{'model':>5} {'N':>2} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>9} "
+          f"{'compute':>8} {'comm':>8} {'exposed':>8}")
+    worst = 0.0
+    for name, n, meas, pred, comp, comm, exp in rows:
+        err = pred / meas - 1
+        worst = max(worst, abs(err))
+        print(f"{name:>5} {n:>2} {meas:>12.3f} {pred:>13.3f} {pred / meas:>9.2f} "
+              f"{comp:>8.3f} {comm:>8.3f} {exp:>7.1f}%")
+    print(f"largest error {100 * worst:.0f}% (target: within 25%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+//===- Calibrate.cpp - measures this machine for the cost model -----------===//
+//
+// Each figure is a least-squares fit of time = fixed + size x rate over a
+// few sizes, each size timed as the fastest of several repetitions (the
+// fastest is the least disturbed by other processes). The cost model in
+// tools/fsdp-sim then predicts an instruction as
+//   overhead + max(flops / gemm_flops, bytes / mem_bw)
+// and a ring collective over n ranks as
+//   all-reduce:              2 (n-1) alpha + 2 (n-1)/n x bytes x beta
+//   all-gather, reduce-scatter: (n-1) alpha +   (n-1)/n x bytes x beta.
+// The kernels timed are the ones fsdp-run runs (runtime/cpu/Kernels.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Calibrate.h"
+
+#include "runtime/cpu/Kernels.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace fsdp::cpu {
+
+namespace {
+
+/// Seconds per call of `f`: the fastest of 5 rounds, each long enough
+/// (>= 2 ms) to make the clock's resolution irrelevant.
+double timeIt(const std::function<void()> &f) {
+  using clock = std::chrono::steady_clock;
+  f(); // warm caches and thread pools
+  int reps = 1;
+  for (;;) {
+    auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i)
+      f();
+    double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (s >= 2e-3 || reps >= (1 << 20))
+      break;
+    reps *= 2;
+  }
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i)
+      f();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count() / reps);
+  }
+  return best;
+}
+
+/// Seconds per call of the collective `f`: every rank must make the same
+/// calls, so the repetitions are fixed (not adapted to the clock as in
+/// timeIt, which would let ranks disagree); the fastest of 5 rounds.
+Status timeCollective(Communicator &comm, const std::function<Status()> &f,
+                      double &secs) {
+  using clock = std::chrono::steady_clock;
+  const int reps = 10;
+  FSDP_RETURN_IF_ERROR(f());
+  secs = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    FSDP_RETURN_IF_ERROR(comm.barrier());
+    auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i)
+      FSDP_RETURN_IF_ERROR(f());
+    secs = std::min(secs, std::chrono::duration<double>(clock::now() - t0).count() / reps);
+  }
+  return Status::ok();
+}
+
+/// Least squares for y = a + b x.
+void fitLine(const std::vector<double> &x, const std::vector<double> &y, double &a,
+             double &b) {
+  double n = (double)x.size(), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+  }
+  b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  a = (sy - b * sx) / n;
+}
+
+/// Least squares for t = c1 alpha + c2 beta (no intercept).
+void fit2(const std::vector<std::pair<double, double>> &c, const std::vector<double> &t,
+          double &alpha, double &beta) {
+  double s11 = 0, s12 = 0, s22 = 0, r1 = 0, r2 = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    s11 += c[i].first * c[i].first;
+    s12 += c[i].first * c[i].second;
+    s22 += c[i].second * c[i].second;
+    r1 += c[i].first * t[i];
+    r2 += c[i].second * t[i];
+  }
+  double det = s11 * s22 - s12 * s12;
+  alpha = (r1 * s22 - r2 * s12) / det;
+  beta = (s11 * r2 - s12 * r1) / det;
+}
+
+} // namespace
+
+Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
+  // Compute: rank 0 alone, the others wait at the barrier (so the figures
+  // are those of an uncontended core set; fsdp-sim scales them when N
+  // ranks share the machine's cores).
+  nlohmann::json compute;
+  if (comm.rank() == 0) {
+    std::vector<double> flops, secs;
+    for (int64_t n : {32, 64, 128, 256, 384}) {
+      std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+      flops.push_back(2.0 * n * n * n);
+      secs.push_back(timeIt([&] {
+        matmul<float>(a.data(), b.data(), c.data(), 1, n, n, n, false, true);
+      }));
+    }
+    double gemmFixed, gemmRate;
+    fitLine(flops, secs, gemmFixed, gemmRate);
+    std::vector<double> bytes, esecs;
+    for (int64_t n : {1024, 16384, 262144, 2097152}) {
+      std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n);
+      Shape s{n};
+      bytes.push_back(12.0 * n);
+      esecs.push_back(timeIt([&] {
+        binary<float>(BinaryKind::Add, a.data(), s, b.data(), s, c.data(), s);
+      }));
+    }
+    double memFixed, memRate;
+    fitLine(bytes, esecs, memFixed, memRate);
+    // Kernels far from the roofline (transcendentals, row reductions,
+    // scalar loops): seconds per unit of work, timed alone. The unit is an
+    // element of the first operand, or for attention B x T x T x C.
+    nlohmann::json perUnit;
+    {
+      const int64_t rows = 512, cols = 512, n = rows * cols;
+      std::vector<float> x(n), y(n), dy(n, 0.5f), dx(n), g(cols, 1.0f), b(cols, 0.0f),
+          dg(cols), db(cols), m(n, 0.0f), v(n, 0.0f);
+      for (int64_t i = 0; i < n; ++i)
+        x[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
+      std::vector<int32_t> labels(rows);
+      for (int64_t r = 0; r < rows; ++r)
+        labels[r] = (int32_t)(r % cols);
+      float loss = 0, one = 1.0f;
+      auto per = [&](const char *op, double units, const std::function<void()> &f) {
+        perUnit[op] = timeIt(f) / units;
+      };
+      per("gelu", n, [&] { gelu<float>(x.data(), y.data(), n); });
+      per("gelu_grad", n, [&] { geluGrad<float>(x.data(), dy.data(), dx.data(), n); });
+      per("silu", n, [&] { silu<float>(x.data(), y.data(), n); });
+      per("silu_grad", n, [&] { siluGrad<float>(x.data(), dy.data(), dx.data(), n); });
+      per("softmax", n, [&] { softmax<float>(x.data(), y.data(), rows, cols); });
+      per("softmax_grad", n,
+          [&] { softmaxGrad<float>(y.data(), dy.data(), dx.data(), rows, cols); });
+      per("layer_norm", n, [&] {
+        layerNorm<float>(x.data(), g.data(), b.data(), y.data(), rows, cols, 1e-5);
+      });
+      per("layer_norm_grad", n, [&] {
+        layerNormGrad<float>(x.data(), g.data(), dy.data(), dx.data(), dg.data(),
+                             db.data(), rows, cols, 1e-5);
+      });
+      per("cross_entropy", n, [&] {
+        crossEntropy<float, int32_t>(x.data(), labels.data(), &loss, rows, cols);
+      });
+      per("cross_entropy_grad", n, [&] {
+        crossEntropyGrad<float, int32_t>(x.data(), labels.data(), &one, dx.data(), rows,
+                                         cols);
+      });
+      per("adamw_update", n, [&] {
+        adamwUpdate<float>(y.data(), dy.data(), m.data(), v.data(), y.data(), m.data(),
+                           v.data(), n, 1e-3, 1, 0.9, 0.999, 1e-8, 0.01);
+      });
+      Shape big{rows, cols}, row{cols};
+      per("sum_to", n, [&] { sumTo<float>(dy.data(), big, dg.data(), row); });
+      // Attention: B = 2, T = 128, C = 128 in 4 heads, causal.
+      const int64_t B = 2, T = 128, C = 128, H = 4;
+      std::vector<float> q(B * T * C, 0.1f), k(B * T * C, 0.2f), vv(B * T * C, 0.3f),
+          o(B * T * C), dq(B * T * C), dk(B * T * C), dv(B * T * C), dout(B * T * C, 1.0f);
+      double units = (double)B * T * T * C;
+      per("attention", units, [&] {
+        attention<float>(q.data(), k.data(), vv.data(), o.data(), B, T, C, H, true);
+      });
+      per("attention_grad", units, [&] {
+        attentionGrad<float>(q.data(), k.data(), vv.data(), dout.data(), dq.data(),
+                             dk.data(), dv.data(), B, T, C, H, true);
+      });
+    }
+    compute = {{"seconds_per_unit", perUnit},
+               {"gemm_flops_per_s", 1.0 / gemmRate},
+               {"mem_bytes_per_s", 1.0 / memRate},
+               // The fixed cost of a call: the smaller of the two fits'
+               // intercepts, never below zero (a fit can dip under it).
+               {"op_overhead_s", std::max(0.0, std::min(gemmFixed, memFixed))},
+               {"gemm_samples", {{"flops", flops}, {"seconds", secs}}},
+               {"elementwise_samples", {{"bytes", bytes}, {"seconds", esecs}}}};
+  }
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+
+  nlohmann::json link = nullptr;
+  int64_t n = comm.size();
+  if (n > 1) {
+    std::vector<std::pair<double, double>> coef;
+    std::vector<double> secs;
+    nlohmann::json samples = nlohmann::json::array();
+    for (int64_t elems : {16, 4096, 65536, 524288}) {
+      int64_t shard = (elems + n - 1) / n;
+      std::vector<float> buf(shard * n, 1.0f), out(shard * n);
+      double bytes = 4.0 * shard * n;
+      double ar = 0, ag = 0;
+      FSDP_RETURN_IF_ERROR(timeCollective(
+          comm, [&] { return comm.allReduce(buf.data(), shard * n, DType::F32, false); }, ar));
+      FSDP_RETURN_IF_ERROR(timeCollective(
+          comm, [&] { return comm.allGather(buf.data(), out.data(), shard, DType::F32); }, ag));
+      coef.push_back({2.0 * (n - 1), 2.0 * (n - 1) / n * bytes});
+      secs.push_back(ar);
+      coef.push_back({1.0 * (n - 1), 1.0 * (n - 1) / n * bytes});
+      secs.push_back(ag);
+      samples.push_back({{"bytes", bytes}, {"all_reduce_s", ar}, {"all_gather_s", ag}});
+    }
+    double alpha, beta;
+    fit2(coef, secs, alpha, beta);
+    link = {{"ranks", n}, {"alpha_s", std::max(alpha, 0.0)},
+            {"beta_s_per_byte", std::max(beta, 0.0)}, {"samples", samples}};
+  }
+  // Every rank's comm timings differ a little; rank 0's are the profile.
+  std::string text = compute.dump();
+  int64_t len = (int64_t)text.size();
+  FSDP_RETURN_IF_ERROR(comm.broadcast(&len, sizeof len, 0));
+  text.resize(len);
+  FSDP_RETURN_IF_ERROR(comm.broadcast(text.data(), len, 0));
+  compute = nlohmann::json::parse(text);
+  unsigned cores = std::thread::hardware_concurrency();
+  profile = {{"name", "cpu"},
+             {"kind", "cpu"},
+             {"cores", cores ? cores : 1},
+             {"threads_per_rank", threads},
+             {"compute", compute},
+             {"link", link}};
+  return Status::ok();
+}
+
+} // namespace fsdp::cpu

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""fsdp-run --trace, fsdp-run --calibrate and fsdp-sim, checked for what
+they must say regardless of how fast this machine is (timings are checked
+against each other by bench/simulator.py, a benchmark, not here):
+  - the measured trace has one compute span per instruction per step per
+    rank and one communication span per collective per step per rank;
+  - a calibrated profile has positive rates and a link fit at N > 1;
+  - fsdp-sim: no overlap (overlap=false) means every collective is exposed;
+    with overlap, exposed <= total communication; the step is at least the
+    compute; one rank has no communication; peak memory is the plan's;
+    the predicted trace has both streams; bad input is an error.
+usage: simulate.py BIN_DIR WORK_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+failures = 0
+
+
+def report(ok, what):
+    global failures
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+
+
+def main():
+    bindir, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    b = lambda t: os.path.join(bindir, t)
+    model = os.path.join(work, "m.mlir")
+    subprocess.run([sys.executable, GEN, "mlp", "--hidden", "16", "--blocks", "2", "--batch", "4",
+                    "-o", model], check=True)
+    plans = {}
+    for tag, n, extra in (("n1", 1, ""), ("n2", 2, ""), ("n2sync", 2, " overlap=false"),
+                          ("hs", 4, " mesh=2x2")):
+        plans[tag] = os.path.join(work, tag + ".plan")
+        subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                        f"--fsdp-pipeline=optimizer=adamw stage=3 world-size={n}{extra} "
+                        f"plan={plans[tag]} report=false"], check=True)
+
+    # The measured trace.
+    trace = os.path.join(work, "measured.json")
+    subprocess.run([b("fsdp-run"), plans["hs"], "--steps", "3", "--threads", "1", "--nproc", "4",
+                    "--quiet", "--trace", trace], check=True, capture_output=True)
+    plan = json.load(open(plans["hs"]))
+    prog = plan["program"]
+    ncoll = sum(i["op"] in ("all_gather", "reduce_scatter", "all_reduce") for i in prog)
+    ev = [e for e in json.load(open(trace))["traceEvents"] if e["ph"] == "X"]
+    for r in range(4):
+        comp = [e for e in ev if e["pid"] == r and e["tid"] == 0]
+        comm = [e for e in ev if e["pid"] == r and e["tid"] == 1]
+        report(len(comp) == 3 * len(prog) and len(comm) == 3 * ncoll
+               and all(e["dur"] >= 0 for e in comp + comm),
+               f"measured trace, rank {r}: {len(comp)} compute spans (3 x {len(prog)}), "
+               f"{len(comm)} collective spans (3 x {ncoll})")
+    r = subprocess.run([b("fsdp-run"), plans["n1"], "--steps", "1", "--trace", work],
+                       capture_output=True, text=True)
+    report(r.returncode == 1 and "--trace" in r.stderr,
+           f"--trace onto a directory: exit {r.returncode}")
+
+    # Calibration.
+    out = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1", "--nproc", "2"],
+                         check=True, capture_output=True, text=True).stdout
+    prof = json.loads(out)
+    c, link = prof["compute"], prof["link"]
+    report(c["gemm_flops_per_s"] > 0 and c["mem_bytes_per_s"] > 0 and c["op_overhead_s"] >= 0
+           and all(v > 0 for v in c["seconds_per_unit"].values()),
+           "calibrated profile: positive GEMM rate, bandwidth and per-kernel costs")
+    report(link["ranks"] == 2 and link["alpha_s"] >= 0 and link["beta_s_per_byte"] >= 0
+           and len(link["samples"]) == 4, "calibrated profile: link fit at 2 ranks")
+    prof_path = os.path.join(work, "cpu.json")
+    open(prof_path, "w").write(out)
+
+    # The simulator.
+    pred = os.path.join(work, "predicted.json")
+    sim = subprocess.run([sys.executable, b("fsdp-sim"), plans["n1"], plans["n2"],
+                          plans["n2sync"], plans["hs"], "--profile", prof_path, "--json",
+                          "--trace", pred], check=True, capture_output=True, text=True).stdout
+    s = {tag: json.loads(l) for tag, l in zip(("n1", "n2", "n2sync", "hs"), sim.splitlines())}
+    report(s["n1"]["comm_ms"] == 0 and s["n1"]["exposed_comm_ms"] == 0, "one rank: no communication")
+    report(s["n2sync"]["comm_ms"] > 0 and
+           abs(s["n2sync"]["exposed_comm_ms"] - s["n2sync"]["comm_ms"]) <= 1e-9 * s["n2sync"]["comm_ms"],
+           f"overlap=false: all communication exposed ({s['n2sync']['exposed_comm_ms']:.4f} of "
+           f"{s['n2sync']['comm_ms']:.4f} ms)")
+    for tag in ("n2", "hs"):
+        x = s[tag]
+        report(x["exposed_comm_ms"] <= x["comm_ms"] * (1 + 1e-9) and
+               x["step_ms"] >= x["compute_ms"] * (1 - 1e-9),
+               f"{tag}: exposed {x['exposed_comm_ms']:.4f} <= comm {x['comm_ms']:.4f} ms, "
+               f"step {x['step_ms']:.4f} >= compute {x['compute_ms']:.4f} ms")
+    for tag in s:
+        report(s[tag]["peak_bytes"] == json.load(open(plans[tag]))["memory"]["peak"],
+               f"{tag}: predicted peak is the plan's")
+    pev = [e for e in json.load(open(pred))["traceEvents"] if e["ph"] == "X"]
+    report({e["tid"] for e in pev} == {0, 1} and {e["pid"] for e in pev} == {0, 1, 2, 3},
+           "predicted trace: compute and communication tracks for each plan")
+    h = subprocess.run([sys.executable, b("fsdp-sim"), "--model",
+                        os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir"),
+                        "--ranks", "1,8", "--profile", "h100", "--json",
+                        "--fsdp-opt", b("fsdp-opt")], check=True, capture_output=True,
+                       text=True).stdout.splitlines()
+    h1, h8 = json.loads(h[0]), json.loads(h[1])
+    report(h1["comm_ms"] == 0 and h8["comm_ms"] > 0 and h8["peak_bytes"] < h1["peak_bytes"],
+           "h100 profile, --model --ranks 1,8: communication appears, memory per rank falls")
+    bad = os.path.join(work, "bad.json")
+    open(bad, "w").write("{}")
+    r = subprocess.run([sys.executable, b("fsdp-sim"), plans["n1"], "--profile", bad],
+                       capture_output=True, text=True)
+    report(r.returncode != 0 and "fsdp-run --calibrate" in r.stderr,
+           f"a profile without figures: exit {r.returncode}")
+    r = subprocess.run([sys.executable, b("fsdp-sim"), model, "--profile", "h100"],
+                       capture_output=True, text=True)
+    report(r.returncode != 0 and "error" in r.stderr, f"not a plan: exit {r.returncode}")
+    print("all simulator checks passed" if not failures else f"FAIL: {failures} check(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
