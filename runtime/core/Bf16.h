@@ -1,9 +1,8 @@
 //===- Bf16.h - bf16 <-> f32 for runtime code outside the kernels -*- C++ -*-===//
 //
-// The communicator sums bf16 buffers (mixed-precision plans) and does not
-// link the CPU kernels: these are the same conversions as
-// cpu::floatToBf16 / cpu::bf16ToFloat (round to nearest even, NaN kept),
-// header-only.
+// The one definition of bf16 rounding (to nearest even, NaN kept), header-
+// only: the communicator sums bf16 buffers without linking the CPU kernels,
+// and cpu::floatToBf16 / cpu::bf16ToFloat forward here.
 //
 //===----------------------------------------------------------------------===//
 

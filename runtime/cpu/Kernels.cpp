@@ -9,6 +9,8 @@
 
 #include "runtime/cpu/Kernels.h"
 
+#include "runtime/core/Bf16.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -751,21 +753,11 @@ template <typename T> double squaredNorm(const T *x, int64_t n) {
   return s;
 }
 
-uint16_t floatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) // NaN stays NaN
-    return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fff + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
+// One definition of the bf16 rounding for the whole runtime
+// (runtime/core/Bf16.h); these are the kernels' names for it.
+uint16_t floatToBf16(float f) { return roundToBf16(f); }
 
-float bf16ToFloat(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float bf16ToFloat(uint16_t h) { return widenBf16(h); }
 
 uint16_t floatToHalf(float f) {
   uint32_t x;

@@ -30,7 +30,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from shard_equivalence import gen, read_f32  # noqa: E402
+from shard_equivalence import differences, gen, read_f32  # noqa: E402
 
 
 def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):
@@ -76,12 +76,8 @@ def main():
                     losses, params, mem = run(
                         bindir, small, tmp, f"{tag}{mode}", n,
                         f"{pipe} grad-accum={k} accum-reduce={mode}", steps, optimizer)
-                    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-                    param_err = 0.0
-                    for name, ref in ref_params.items():
-                        scale = max(max(abs(v) for v in ref), 1e-12)
-                        d = max(abs(a - b) for a, b in zip(params[name], ref))
-                        param_err = max(param_err, d / scale)
+                    loss_err, param_err = differences(losses, ref_losses, params,
+                                                      ref_params)
                     # Memory, from the plans: one micro-batch's activations
                     # live at a time (fewer than the batch's); step mode
                     # keeps the whole gradient between micro-batches, and

@@ -40,7 +40,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import shard_equivalence as se  # noqa: E402  (gen, run, GLOBAL_BATCH)
+import shard_equivalence as se  # noqa: E402  (gen, run, differences, GLOBAL_BATCH)
 
 
 def ring_all_reduce(n, elems):
@@ -109,12 +109,7 @@ def main():
                 want_state = 2 * 4 * psi // (s if sharded else 1)  # AdamW m, v
                 want_params = 4 * psi // (s if stage == 3 else 1)
                 mem = plan["memory"]
-                loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-                param_err = 0.0
-                for name, ref in ref_params.items():
-                    scale = max(max(abs(v) for v in ref), 1e-12)
-                    d = max(abs(a - b) for a, b in zip(params[name], ref))
-                    param_err = max(param_err, d / scale)
+                loss_err, param_err = se.differences(losses, ref_losses, params, ref_params)
                 ok_loss = len(losses) == len(ref_losses) and loss_err <= rtol
                 ok_param = not compare_params or param_err <= 1e-4
                 ok_comm = (want_comm < comm <= want_comm + extra if extra

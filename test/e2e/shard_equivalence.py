@@ -43,6 +43,18 @@ def read_f32(path):
     return out
 
 
+def differences(losses, ref_losses, params, ref_params):
+    """Largest relative loss difference over the steps, and largest
+    parameter difference relative to each tensor's largest value."""
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    param_err = 0.0
+    for name, ref in ref_params.items():
+        scale = max(max(abs(v) for v in ref), 1e-12)
+        d = max(abs(a - b) for a, b in zip(params[name], ref))
+        param_err = max(param_err, d / scale)
+    return loss_err, param_err
+
+
 def gen(kind, batch, path):
     if kind == "mlp":
         args = ["mlp", "--hidden", "32", "--blocks", "4", "--batch", str(batch)]
@@ -100,12 +112,7 @@ def main():
                 pipe = f"stage={stage} reshard-after-forward={'true' if reshard else 'false'}"
                 losses, params, comm = run(bindir, model, tmp, tag, n, pipe, steps,
                                            optimizer)
-                loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-                param_err = 0.0
-                for name, ref in ref_params.items():
-                    scale = max(max(abs(v) for v in ref), 1e-12)
-                    d = max(abs(a - b) for a, b in zip(params[name], ref))
-                    param_err = max(param_err, d / scale)
+                loss_err, param_err = differences(losses, ref_losses, params, ref_params)
                 ok = (len(losses) == len(ref_losses) and loss_err <= rtol
                       and (not compare_params or param_err <= 1e-4))
                 failures += not ok

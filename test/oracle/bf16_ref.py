@@ -49,20 +49,13 @@ spec = importlib.util.spec_from_file_location("torch_ref", os.path.join(HERE, "t
 torch_ref = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(torch_ref)
 
-U = 2.0 ** -8
-LOSS_OPS = {"cross_entropy", "mse_loss", "bce_with_logits"}
-
-
-def rounding_depth(plan):
-    bufs = plan["buffers"]
-    d = 0
-    for inst in plan["program"]:
-        if inst["op"] in LOSS_OPS:
-            return d
-        if inst["op"] not in ("all_gather", "wait") and any(
-                bufs[o]["dtype"] == "bf16" for o in inst["out"]):
-            d += 1
-    sys.exit("no loss instruction in the plan")
+# The bound D * u and how D is counted from the plan: one definition, in the
+# end-to-end test that uses it too.
+_mp_spec = importlib.util.spec_from_file_location(
+    "mixed_precision", os.path.join(HERE, "..", "e2e", "mixed_precision.py"))
+_mp = importlib.util.module_from_spec(_mp_spec)
+_mp_spec.loader.exec_module(_mp)
+U, rounding_depth = _mp.U, _mp.rounding_depth
 
 
 def bf16_loss(model, kind, x, y):
