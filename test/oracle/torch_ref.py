@@ -223,7 +223,21 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
 
 
+def load_script(path):
+    """A model script of fsdp-import (tools/fsdp-import): model() returns the
+    nn.Module whose forward(x, y) is the loss."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fsdp_import_user_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def build(args):
+    if args.script:
+        model = load_script(args.script).model()
+        model.loss = model.forward  # the imported model's loss is its forward
+        return model
     if args.model == "mlp":
         return MLP(args.hidden, args.blocks)
     if args.model == "llama":
@@ -446,6 +460,9 @@ def main():
     ap.add_argument("--batches-dir", help="take the (global) batches from this dump "
                     "instead: a one-rank run of the same global batch, for N-rank runs "
                     "whose dump holds rank 0's batch only")
+    ap.add_argument("--script", help="build the model with this fsdp-import script's "
+                    "model() (the module fsdp-import imported) instead; --model and the "
+                    "sizes still give the rounding-depth formula of the architecture")
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -459,10 +476,20 @@ def main():
     inputs = [b["name"] for b in plan["inputs"] if b["role"] == "input"]
     targets = [b["name"] for b in plan["inputs"] if b["role"] == "target"]
     batches = read_safetensors(f"{args.batches_dir or args.dump_dir}/batches.safetensors")
+    if args.script:  # a PyTorch model's own: integer ids and labels are int64
+        batches = {k: t if t.is_floating_point() else t.long() for k, t in batches.items()}
     first = batches[f"step1.{inputs[0]}"]
     args.batch = first.shape[0]
     model = build(args)
     init = read_safetensors(f"{args.dump_dir}/init.safetensors")
+    if args.script:
+        # fsdp-import --weights + fsdp-run --init-from: training starts from
+        # the module's own initial values, bit for bit.
+        own = dict(model.named_parameters())
+        same = all(torch.equal(init[n], own[n].detach()) for n in own if n in init)
+        print(f"initial parameters {'are' if same else 'are NOT'} the PyTorch module's own")
+        if not same:
+            return 1
     load_init(model, init)
     opt = make_optimizer(model, opts, log["lr"][0])
 
