@@ -11,6 +11,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def _sdpa_reference(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+    """F.scaled_dot_product_attention where torch lacks it (Debian's 1.13):
+    dispatched through __torch_function__ under the same name, as torch 2's is."""
+    if torch.overrides.has_torch_function((q, k, v)):
+        return torch.overrides.handle_torch_function(
+            _sdpa_reference, (q, k, v), q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal)
+    T = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return att.softmax(-1) @ v
+
+
+_sdpa_reference.__name__ = "scaled_dot_product_attention"
+scaled_dot_product_attention = getattr(F, "scaled_dot_product_attention", _sdpa_reference)
+FLASH = os.environ.get("FSDP_IMPORT_SDPA", "0") == "1"
+
+
 def env(name, default):
     return int(os.environ.get(f"FSDP_IMPORT_{name}", default))
 
@@ -44,6 +62,11 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if FLASH:  # nanoGPT's flash path
+            y = scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                             is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return self.resid_dropout(self.c_proj(y))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
