@@ -1,0 +1,127 @@
+//===- CudaGemm.cpp - row-major GEMMs through cuBLASLt --------------------===//
+
+#include "runtime/cuda/CudaGemm.h"
+
+#include "runtime/cuda/CudaCheck.h"
+
+#include <cublasLt.h>
+
+namespace fsdp::cuda {
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (la)
+      cublasLtMatrixLayoutDestroy(la);
+    if (lb)
+      cublasLtMatrixLayoutDestroy(lb);
+    if (lc)
+      cublasLtMatrixLayoutDestroy(lc);
+    if (desc)
+      cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+Gemm::Gemm() = default;
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (ws_)
+    cudaFree(ws_);
+  if (handle_)
+    cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+Status Gemm::init(size_t workspaceBytes, bool allowTf32) {
+  cublasLtHandle_t h;
+  FSDP_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+  if (workspaceBytes)
+    FSDP_CUDA_CHECK(cudaMalloc(&ws_, workspaceBytes));
+  wsBytes_ = workspaceBytes;
+  tf32_ = allowTf32;
+  return Status::ok();
+}
+
+namespace {
+/// A column-major rows x cols layout with leading dimension ld, batched.
+Status layout(cublasLtMatrixLayout_t &l, uint64_t rows, uint64_t cols, int64_t ld,
+              int32_t batch, int64_t stride) {
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+  if (batch > 1) {
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return Status::ok();
+}
+} // namespace
+
+Status Gemm::plan(const Key &key, Plan *&out) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) {
+    out = it->second.get();
+    return Status::ok();
+  }
+  auto [batch, m, n, k, transA, transB] = key;
+  auto p = std::make_unique<Plan>();
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+      &p->desc, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+  // first cuBLASLt operand is B, the second A (see the header).
+  cublasOperation_t opFirst = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opSecond = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                   &opFirst, sizeof(opFirst)));
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                   &opSecond, sizeof(opSecond)));
+  int32_t nb = (int32_t)batch;
+  // First operand (B): op N -> stored n x k col-major (ld n); op T -> k x n (ld k).
+  FSDP_RETURN_IF_ERROR(transB ? layout(p->la, k, n, k, nb, n * k)
+                              : layout(p->la, n, k, n, nb, n * k));
+  // Second operand (A): op N -> k x m (ld k); op T -> m x k (ld m).
+  FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, m, k, m, nb, m * k)
+                              : layout(p->lb, k, m, k, nb, m * k));
+  FSDP_RETURN_IF_ERROR(layout(p->lc, n, m, n, nb, m * n));
+  cublasLtMatmulPreference_t pref;
+  FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = wsBytes_;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc,
+                                        p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  FSDP_CUBLAS_CHECK(st);
+  if (found == 0)
+    return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [",
+                      k, ", ", n, "] float32 GEMM (transA ", transA, ", transB ", transB,
+                      ") within a ", wsBytes_, "-byte workspace");
+  p->algo = result.algo;
+  out = p.get();
+  plans_.emplace(key, std::move(p));
+  return Status::ok();
+}
+
+Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_t m,
+                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
+  if (batch <= 0 || m <= 0 || n <= 0)
+    return Status::ok();
+  if (k == 0) // an empty contraction: C = 0, as cpu::matmul
+    return cudaStatus(cudaMemsetAsync(c, 0, sizeof(float) * batch * m * n, s),
+                      "cudaMemsetAsync", __FILE__, __LINE__);
+  Plan *p;
+  FSDP_RETURN_IF_ERROR(plan(Key{batch, m, n, k, transA, transB}, p));
+  float alpha = 1.f, beta = 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
+                                   b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
+                                   ws_, wsBytes_, s));
+  return Status::ok();
+}
+
+} // namespace fsdp::cuda

@@ -1,0 +1,1023 @@
+//===- CudaKernels.cu - CUDA kernels for every op of a plan -----------------===//
+//
+// Straightforward, deterministic f32 kernels: grid-stride elementwise loops,
+// one block per row for row-wise ops, fixed-order two-stage reductions.
+// They are the correctness baseline of the CUDA backend; the fused and
+// tuned kernels of the performance work are checked against them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/CudaKernels.h"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace fsdp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kReduceBlocks = 256; // stage-1 blocks of a two-stage reduction
+
+unsigned gridFor(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  return (unsigned)std::max<int64_t>(1, std::min<int64_t>(b, 65535LL * 16));
+}
+
+#define FSDP_GRID_STRIDE(i, n)                                                 \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);    \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename F> __global__ void mapKernel(int64_t n, F f) {
+  FSDP_GRID_STRIDE(i, n) f(i);
+}
+
+/// Runs f(i) for i < n on the stream; returns the launch status.
+template <typename F> cudaError_t forEach(int64_t n, cudaStream_t s, F f) {
+  if (n <= 0)
+    return cudaSuccess;
+  mapKernel<<<gridFor(n), kThreads, 0, s>>>(n, f);
+  return cudaGetLastError();
+}
+
+// --- block reductions (blockDim.x == kThreads) --------------------------------
+
+template <typename T> __device__ T warpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T> __device__ T warpMax(T v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = max(v, __shfl_down_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// The block's sum, returned to every thread (fixed order for fixed
+/// blockDim: each warp reduces by shuffles, then warp 0 reduces the warps).
+template <typename T> __device__ T blockSum(T v, T *sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warpSum(v);
+  __syncthreads(); // sh may still be read from a previous reduction
+  if (lane == 0)
+    sh[warp] = v;
+  __syncthreads();
+  int warps = (blockDim.x + 31) >> 5;
+  v = threadIdx.x < warps ? sh[threadIdx.x] : T(0);
+  if (warp == 0)
+    v = warpSum(v);
+  if (threadIdx.x == 0)
+    sh[0] = v;
+  __syncthreads();
+  return sh[0];
+}
+
+__device__ float blockMax(float v, float *sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warpMax(v);
+  __syncthreads();
+  if (lane == 0)
+    sh[warp] = v;
+  __syncthreads();
+  int warps = (blockDim.x + 31) >> 5;
+  v = threadIdx.x < warps ? sh[threadIdx.x] : -INFINITY;
+  if (warp == 0)
+    v = warpMax(v);
+  if (threadIdx.x == 0)
+    sh[0] = v;
+  __syncthreads();
+  return sh[0];
+}
+
+// --- shapes --------------------------------------------------------------------
+
+struct Dims {
+  int rank = 0;
+  int64_t size[kMaxRank] = {};
+  int64_t strideA[kMaxRank] = {}; // first input's stride per output dim (0: broadcast)
+  int64_t strideB[kMaxRank] = {};
+};
+
+/// Strides of `in` (row-major) seen along the dims of `out`, aligned at the
+/// trailing dimension; 0 where `in` is broadcast.
+void alignStrides(const Shape &in, const Shape &out, int64_t *stride) {
+  int r = (int)out.size(), ri = (int)in.size();
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    int di = d - (r - ri);
+    if (di < 0) {
+      stride[d] = 0;
+      continue;
+    }
+    stride[d] = in[di] == 1 && out[d] != 1 ? 0 : st;
+    st *= in[di];
+  }
+}
+
+bool fits(const Shape &s) { return s.size() <= (size_t)kMaxRank; }
+
+int64_t count(const Shape &s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+
+__device__ inline void offsets(const Dims &d, int64_t i, int64_t &a, int64_t &b) {
+  a = 0;
+  b = 0;
+  for (int k = d.rank - 1; k >= 0; --k) {
+    int64_t idx = i % d.size[k];
+    i /= d.size[k];
+    a += idx * d.strideA[k];
+    b += idx * d.strideB[k];
+  }
+}
+
+constexpr double kGeluC = 0.7978845608028654; // sqrt(2/pi)
+constexpr double kGeluA = 0.044715;
+
+} // namespace
+
+// --- elementwise ------------------------------------------------------------------
+
+cudaError_t binary(BinaryKind k, const float *a, const Shape &sa, const float *b,
+                   const Shape &sb, float *out, const Shape &so, cudaStream_t s) {
+  if (!fits(so) || !fits(sa) || !fits(sb))
+    return cudaErrorInvalidValue;
+  Dims d;
+  d.rank = (int)so.size();
+  for (int i = 0; i < d.rank; ++i)
+    d.size[i] = so[i];
+  alignStrides(sa, so, d.strideA);
+  alignStrides(sb, so, d.strideB);
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    float x = a[ia], y = b[ib];
+    out[i] = k == BinaryKind::Add   ? x + y
+             : k == BinaryKind::Sub ? x - y
+             : k == BinaryKind::Mul ? x * y
+                                    : x / y;
+  });
+}
+
+cudaError_t broadcastTo(const float *in, const Shape &si, float *out, const Shape &so,
+                        cudaStream_t s) {
+  if (!fits(so) || !fits(si))
+    return cudaErrorInvalidValue;
+  Dims d;
+  d.rank = (int)so.size();
+  for (int i = 0; i < d.rank; ++i)
+    d.size[i] = so[i];
+  alignStrides(si, so, d.strideA);
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    out[i] = in[ia];
+  });
+}
+
+cudaError_t sumTo(const float *in, const Shape &si, float *out, const Shape &so,
+                  cudaStream_t s) {
+  if (!fits(si) || so.size() > si.size())
+    return cudaErrorInvalidValue;
+  // Output dims aligned to the input's rank; the summed dims are those
+  // where the output has 1 and the input does not.
+  int r = (int)si.size();
+  Shape o(r, 1);
+  for (size_t i = 0; i < so.size(); ++i)
+    o[r - so.size() + i] = so[i];
+  Dims keep, red; // keep: output index -> input offset; red: summed dims
+  int64_t inStride[kMaxRank];
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    inStride[d] = st;
+    st *= si[d];
+  }
+  keep.rank = r;
+  for (int d = 0; d < r; ++d) {
+    keep.size[d] = o[d];
+    keep.strideA[d] = o[d] == si[d] ? inStride[d] : 0;
+    if (o[d] != si[d]) {
+      red.size[red.rank] = si[d];
+      red.strideA[red.rank] = inStride[d];
+      ++red.rank;
+    }
+  }
+  int64_t nred = 1;
+  for (int d = 0; d < red.rank; ++d)
+    nred *= red.size[d];
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t base, unused;
+    offsets(keep, i, base, unused);
+    float acc = 0;
+    for (int64_t j = 0; j < nred; ++j) { // row-major over the summed dims
+      int64_t off, u2;
+      offsets(red, j, off, u2);
+      acc += in[base + off];
+    }
+    out[i] = acc;
+  });
+}
+
+cudaError_t neg(const float *x, float *y, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) { y[i] = -x[i]; });
+}
+
+cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s) {
+  float ff = (float)f;
+  return forEach(n, s, [=] __device__(int64_t i) { y[i] = x[i] * ff; });
+}
+
+cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s) {
+  float fv = (float)v;
+  return forEach(n, s, [=] __device__(int64_t i) { y[i] = fv; });
+}
+
+cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) { y[i] = x[i] > 0.f ? x[i] : 0.f; });
+}
+
+cudaError_t reluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) { dx[i] = x[i] > 0.f ? dy[i] : 0.f; });
+}
+
+cudaError_t gelu(const float *x, float *y, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i];
+    float u = (float)kGeluC * (v + (float)kGeluA * v * v * v);
+    y[i] = 0.5f * v * (1.f + tanhf(u));
+  });
+}
+
+cudaError_t geluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i];
+    float u = (float)kGeluC * (v + (float)kGeluA * v * v * v);
+    float t = tanhf(u);
+    float du = (float)kGeluC * (1.f + (float)(3 * kGeluA) * v * v);
+    dx[i] = dy[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
+  });
+}
+
+cudaError_t silu(const float *x, float *y, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i];
+    y[i] = v / (1.f + expf(-v));
+  });
+}
+
+cudaError_t siluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i], sg = 1.f / (1.f + expf(-v));
+    dx[i] = dy[i] * sg * (1.f + v * (1.f - sg));
+  });
+}
+
+cudaError_t biasAdd(const float *x, const float *b, float *y, int64_t rows, int64_t cols,
+                    cudaStream_t s) {
+  return forEach(rows * cols, s, [=] __device__(int64_t i) { y[i] = x[i] + b[i % cols]; });
+}
+
+// --- row-wise ------------------------------------------------------------------------
+
+namespace {
+
+__global__ void softmaxKernel(const float *x, float *y, int64_t cols) {
+  __shared__ float sh[32];
+  const float *xr = x + blockIdx.x * cols;
+  float *yr = y + blockIdx.x * cols;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    mx = fmaxf(mx, xr[c]);
+  mx = blockMax(mx, sh);
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    sum += expf(xr[c] - mx);
+  sum = blockSum(sum, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    yr[c] = expf(xr[c] - mx) / sum;
+}
+
+__global__ void softmaxGradKernel(const float *y, const float *dy, float *dx, int64_t cols) {
+  __shared__ float sh[32];
+  int64_t o = blockIdx.x * cols;
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dot += y[o + c] * dy[o + c];
+  dot = blockSum(dot, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dx[o + c] = y[o + c] * (dy[o + c] - dot);
+}
+
+/// Row mean and 1/sqrt(biased variance + eps), two passes, into stats.
+__global__ void layerNormKernel(const float *x, const float *g, const float *b, float *y,
+                                float *stats, int64_t rows, int64_t cols, float eps) {
+  __shared__ float sh[32];
+  const float *xr = x + blockIdx.x * cols;
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    sum += xr[c];
+  float mean = blockSum(sum, sh) / (float)cols;
+  float var = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    var += (xr[c] - mean) * (xr[c] - mean);
+  var = blockSum(var, sh) / (float)cols;
+  float rstd = 1.f / sqrtf(var + eps);
+  if (stats && threadIdx.x == 0) {
+    stats[blockIdx.x] = mean;
+    stats[rows + blockIdx.x] = rstd;
+  }
+  if (y)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      y[blockIdx.x * cols + c] = (xr[c] - mean) * rstd * g[c] + b[c];
+}
+
+/// dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)).
+__global__ void layerNormDxKernel(const float *x, const float *g, const float *dy, float *dx,
+                                  const float *stats, int64_t rows, int64_t cols) {
+  __shared__ float sh[32];
+  int64_t o = blockIdx.x * cols;
+  float mean = stats[blockIdx.x], rstd = stats[rows + blockIdx.x];
+  float s1 = 0, s2 = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float gy = dy[o + c] * g[c], xhat = (x[o + c] - mean) * rstd;
+    s1 += gy;
+    s2 += gy * xhat;
+  }
+  s1 = blockSum(s1, sh) / (float)cols;
+  s2 = blockSum(s2, sh) / (float)cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float gy = dy[o + c] * g[c], xhat = (x[o + c] - mean) * rstd;
+    dx[o + c] = rstd * (gy - s1 - xhat * s2);
+  }
+}
+
+__global__ void rmsKernel(const float *x, const float *w, float *y, float *rstdOut,
+                          int64_t cols, double eps) {
+  __shared__ double sh[32];
+  const float *xr = x + blockIdx.x * cols;
+  double ss = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    ss += (double)xr[c] * (double)xr[c];
+  ss = blockSum(ss, sh);
+  float rstd = (float)(1.0 / sqrt(ss / (double)cols + eps));
+  if (rstdOut && threadIdx.x == 0)
+    rstdOut[blockIdx.x] = rstd;
+  if (y)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      y[blockIdx.x * cols + c] = xr[c] * rstd * w[c];
+}
+
+__global__ void rmsDxKernel(const float *x, const float *w, const float *dy, float *dx,
+                            const float *rstdIn, int64_t cols) {
+  __shared__ double sh[32];
+  int64_t o = blockIdx.x * cols;
+  float rstd = rstdIn[blockIdx.x];
+  double dot = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dot += (double)(dy[o + c] * w[c]) * (double)(x[o + c] * rstd);
+  float m = (float)(blockSum(dot, sh) / (double)cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dx[o + c] = rstd * (dy[o + c] * w[c] - x[o + c] * rstd * m);
+}
+
+} // namespace
+
+cudaError_t softmax(const float *x, float *y, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  softmaxKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, y, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t softmaxGrad(const float *y, const float *dy, float *dx, int64_t rows,
+                        int64_t cols, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  softmaxGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(y, dy, dx, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t layerNorm(const float *x, const float *g, const float *b, float *y,
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  layerNormKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, g, b, y, nullptr, rows, cols,
+                                                      (float)eps);
+  return cudaGetLastError();
+}
+
+cudaError_t layerNormGrad(const float *x, const float *g, const float *dy, float *dx,
+                          float *dg, float *db, float *scratch, int64_t rows, int64_t cols,
+                          double eps, cudaStream_t s) {
+  if (rows <= 0) {
+    if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(float) * cols, s))
+      return e;
+    return cudaMemsetAsync(db, 0, sizeof(float) * cols, s);
+  }
+  layerNormKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, g, nullptr, nullptr, scratch, rows,
+                                                      cols, (float)eps);
+  layerNormDxKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, g, dy, dx, scratch, rows, cols);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  // dgamma, dbeta: one thread per column sums the rows in order.
+  const float *st = scratch;
+  return forEach(cols, s, [=] __device__(int64_t c) {
+    float sg = 0, sb = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      float d = dy[r * cols + c];
+      sg += d * ((x[r * cols + c] - st[r]) * st[rows + r]);
+      sb += d;
+    }
+    dg[c] = sg;
+    db[c] = sb;
+  });
+}
+
+cudaError_t rmsNorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols,
+                    double eps, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  rmsKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, w, y, nullptr, cols, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t rmsNormGrad(const float *x, const float *w, const float *dy, float *dx,
+                        float *dw, float *scratch, int64_t rows, int64_t cols, double eps,
+                        cudaStream_t s) {
+  if (rows <= 0)
+    return cudaMemsetAsync(dw, 0, sizeof(float) * cols, s);
+  rmsKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, w, nullptr, scratch, cols, eps);
+  rmsDxKernel<<<(unsigned)rows, kThreads, 0, s>>>(x, w, dy, dx, scratch, cols);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  const float *rs = scratch;
+  return forEach(cols, s, [=] __device__(int64_t c) {
+    float acc = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      acc += dy[r * cols + c] * (x[r * cols + c] * rs[r]);
+    dw[c] = acc;
+  });
+}
+
+// --- attention -------------------------------------------------------------------------
+
+namespace {
+
+struct AttnDims {
+  int64_t B, T, C, H, KV, D, KC; // KC = KV * D
+  bool causal;
+  float scale;
+};
+
+AttnDims attnDims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
+                  int64_t kvHeads) {
+  AttnDims a;
+  a.B = B;
+  a.T = T;
+  a.C = C;
+  a.H = heads;
+  a.KV = kvHeads > 0 ? kvHeads : heads;
+  a.D = C / heads;
+  a.KC = a.KV * a.D;
+  a.causal = causal;
+  a.scale = 1.f / sqrtf((float)a.D);
+  return a;
+}
+
+__device__ inline float dotRow(const float *a, const float *b, int64_t D) {
+  float acc = 0;
+  for (int64_t d = 0; d < D; ++d)
+    acc += a[d] * b[d];
+  return acc;
+}
+
+/// Scores of query row t against keys 0..S-1 into p (shared), softmax
+/// normalised; returns the log-sum-exp. Block per (b, h, t).
+__device__ float attnRow(const AttnDims &a, const float *q, const float *k, int64_t b,
+                         int64_t h, int64_t t, float *p, float *sh) {
+  int64_t S = a.causal ? t + 1 : a.T;
+  int64_t kvh = h / (a.H / a.KV);
+  const float *qr = q + (b * a.T + t) * a.C + h * a.D;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    float sc = dotRow(qr, k + (b * a.T + j) * a.KC + kvh * a.D, a.D) * a.scale;
+    p[j] = sc;
+    mx = fmaxf(mx, sc);
+  }
+  mx = blockMax(mx, sh);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    float e = expf(p[j] - mx);
+    p[j] = e;
+    sum += e;
+  }
+  sum = blockSum(sum, sh);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    p[j] /= sum;
+  __syncthreads();
+  return mx + logf(sum);
+}
+
+__global__ void attnForwardKernel(AttnDims a, const float *q, const float *k, const float *v,
+                                  float *y) {
+  extern __shared__ float p[];
+  __shared__ float sh[32];
+  int64_t t = blockIdx.x % a.T, h = (blockIdx.x / a.T) % a.H, b = blockIdx.x / (a.T * a.H);
+  attnRow(a, q, k, b, h, t, p, sh);
+  int64_t S = a.causal ? t + 1 : a.T, kvh = h / (a.H / a.KV);
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = 0; j < S; ++j)
+      acc += p[j] * v[(b * a.T + j) * a.KC + kvh * a.D + d];
+    y[(b * a.T + t) * a.C + h * a.D + d] = acc;
+  }
+}
+
+/// Pass 1 of the backward: lse and delta = dy_t . y_t per (b, h, t).
+__global__ void attnStatsKernel(AttnDims a, const float *q, const float *k, const float *v,
+                                const float *dy, float *lse, float *delta) {
+  extern __shared__ float p[];
+  __shared__ float sh[32];
+  int64_t t = blockIdx.x % a.T, h = (blockIdx.x / a.T) % a.H, b = blockIdx.x / (a.T * a.H);
+  float l = attnRow(a, q, k, b, h, t, p, sh);
+  int64_t S = a.causal ? t + 1 : a.T, kvh = h / (a.H / a.KV);
+  float dot = 0;
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float yd = 0;
+    for (int64_t j = 0; j < S; ++j)
+      yd += p[j] * v[(b * a.T + j) * a.KC + kvh * a.D + d];
+    dot += yd * dy[(b * a.T + t) * a.C + h * a.D + d];
+  }
+  dot = blockSum(dot, sh);
+  if (threadIdx.x == 0) {
+    lse[blockIdx.x] = l;
+    delta[blockIdx.x] = dot;
+  }
+}
+
+/// Pass 2: dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
+__global__ void attnDqKernel(AttnDims a, const float *q, const float *k, const float *v,
+                             const float *dy, const float *lse, const float *delta,
+                             float *dq) {
+  extern __shared__ float ds[];
+  int64_t t = blockIdx.x % a.T, h = (blockIdx.x / a.T) % a.H, b = blockIdx.x / (a.T * a.H);
+  int64_t S = a.causal ? t + 1 : a.T, kvh = h / (a.H / a.KV);
+  const float *qr = q + (b * a.T + t) * a.C + h * a.D;
+  const float *dyr = dy + (b * a.T + t) * a.C + h * a.D;
+  float l = lse[blockIdx.x], dl = delta[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    const float *kr = k + (b * a.T + j) * a.KC + kvh * a.D;
+    const float *vr = v + (b * a.T + j) * a.KC + kvh * a.D;
+    float pj = expf(dotRow(qr, kr, a.D) * a.scale - l);
+    ds[j] = pj * (dotRow(dyr, vr, a.D) - dl);
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = 0; j < S; ++j)
+      acc += ds[j] * k[(b * a.T + j) * a.KC + kvh * a.D + d];
+    dq[(b * a.T + t) * a.C + h * a.D + d] = acc * a.scale;
+  }
+}
+
+/// Pass 3: per key row j of key/value head kvh: over the query heads of
+/// its group and the rows t that see j, dk_j = scale sum p (dp - delta) q_t,
+/// dv_j = sum p dy_t.
+__global__ void attnDkvKernel(AttnDims a, const float *q, const float *k, const float *v,
+                              const float *dy, const float *lse, const float *delta,
+                              float *dk, float *dv) {
+  extern __shared__ float smem[];
+  float *pt = smem, *dst = smem + a.T, *acck = smem + 2 * a.T, *accv = acck + a.D;
+  int64_t j = blockIdx.x % a.T, kvh = (blockIdx.x / a.T) % a.KV, b = blockIdx.x / (a.T * a.KV);
+  const float *kr = k + (b * a.T + j) * a.KC + kvh * a.D;
+  const float *vr = v + (b * a.T + j) * a.KC + kvh * a.D;
+  int64_t group = a.H / a.KV, t0 = a.causal ? j : 0;
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x)
+    acck[d] = accv[d] = 0;
+  for (int64_t g = 0; g < group; ++g) {
+    int64_t h = kvh * group + g;
+    for (int64_t t = t0 + threadIdx.x; t < a.T; t += blockDim.x) {
+      int64_t row = (b * a.H + h) * a.T + t;
+      const float *qr = q + (b * a.T + t) * a.C + h * a.D;
+      const float *dyr = dy + (b * a.T + t) * a.C + h * a.D;
+      float p = expf(dotRow(qr, kr, a.D) * a.scale - lse[row]);
+      pt[t] = p;
+      dst[t] = p * (dotRow(dyr, vr, a.D) - delta[row]);
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+      float sk = 0, sv = 0;
+      for (int64_t t = t0; t < a.T; ++t) {
+        sk += dst[t] * q[(b * a.T + t) * a.C + h * a.D + d];
+        sv += pt[t] * dy[(b * a.T + t) * a.C + h * a.D + d];
+      }
+      acck[d] += sk;
+      accv[d] += sv;
+    }
+    __syncthreads();
+  }
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    dk[(b * a.T + j) * a.KC + kvh * a.D + d] = acck[d] * a.scale;
+    dv[(b * a.T + j) * a.KC + kvh * a.D + d] = accv[d];
+  }
+}
+
+constexpr int64_t kAttnSmemFloats = 48 * 1024 / 4; // the default dynamic limit
+
+} // namespace
+
+int64_t attentionMaxT() { return kAttnSmemFloats / 2 - 2 * 256; }
+
+cudaError_t attention(const float *q, const float *k, const float *v, float *y, int64_t B,
+                      int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+                      cudaStream_t s) {
+  if (T > attentionMaxT() || heads <= 0 || C % heads)
+    return cudaErrorInvalidValue;
+  AttnDims a = attnDims(B, T, C, heads, causal, kvHeads);
+  if (B * heads * T <= 0)
+    return cudaSuccess;
+  attnForwardKernel<<<(unsigned)(B * heads * T), kThreads, sizeof(float) * T, s>>>(a, q, k,
+                                                                                   v, y);
+  return cudaGetLastError();
+}
+
+int64_t attentionGradScratch(int64_t B, int64_t T, int64_t heads) { return 2 * B * heads * T; }
+
+cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *dy,
+                          float *dq, float *dk, float *dv, float *scratch, int64_t B,
+                          int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+                          cudaStream_t s) {
+  AttnDims a = attnDims(B, T, C, heads, causal, kvHeads);
+  if (T > attentionMaxT() || heads <= 0 || C % heads || a.D > 256)
+    return cudaErrorInvalidValue;
+  int64_t rows = B * heads * T;
+  if (rows <= 0)
+    return cudaSuccess;
+  float *lse = scratch, *delta = scratch + rows;
+  attnStatsKernel<<<(unsigned)rows, kThreads, sizeof(float) * T, s>>>(a, q, k, v, dy, lse,
+                                                                      delta);
+  attnDqKernel<<<(unsigned)rows, kThreads, sizeof(float) * T, s>>>(a, q, k, v, dy, lse, delta,
+                                                                   dq);
+  attnDkvKernel<<<(unsigned)(B * a.KV * T), kThreads, sizeof(float) * (2 * T + 2 * a.D), s>>>(
+      a, q, k, v, dy, lse, delta, dk, dv);
+  return cudaGetLastError();
+}
+
+// --- rope, embedding, data movement ---------------------------------------------------
+
+namespace {
+cudaError_t ropeRotate(const float *x, float *y, int64_t B, int64_t T, int64_t C,
+                       int64_t heads, double theta, double sign, cudaStream_t s) {
+  int64_t D = C / heads, half = D / 2;
+  return forEach(B * T * heads * half, s, [=] __device__(int64_t idx) {
+    int64_t i = idx % half, h = (idx / half) % heads, t = (idx / (half * heads)) % T,
+            b = idx / (half * heads * T);
+    // the CPU kernel's angle, in double, then rounded to float
+    double ang = (double)t * pow(theta, -2.0 * (double)i / (double)D);
+    float c = (float)cos(ang), sn = (float)(sign * sin(ang));
+    const float *xr = x + (b * T + t) * C + h * D;
+    float *yr = y + (b * T + t) * C + h * D;
+    float x1 = xr[i], x2 = xr[i + half];
+    yr[i] = x1 * c - x2 * sn;
+    yr[i + half] = x2 * c + x1 * sn;
+  });
+}
+} // namespace
+
+cudaError_t rope(const float *x, float *y, int64_t B, int64_t T, int64_t C, int64_t heads,
+                 double theta, cudaStream_t s) {
+  return ropeRotate(x, y, B, T, C, heads, theta, 1.0, s);
+}
+
+cudaError_t ropeGrad(const float *dy, float *dx, int64_t B, int64_t T, int64_t C,
+                     int64_t heads, double theta, cudaStream_t s) {
+  return ropeRotate(dy, dx, B, T, C, heads, theta, -1.0, s);
+}
+
+cudaError_t embedding(const float *table, const int32_t *ids, float *y, int64_t n,
+                      int64_t vocab, int64_t width, long long *badPos, cudaStream_t s) {
+  return forEach(n * width, s, [=] __device__(int64_t i) {
+    int64_t r = i / width, c = i % width;
+    int32_t id = ids[r];
+    if (id < 0 || id >= vocab) {
+      y[i] = 0.f;
+      if (c == 0)
+        atomicMin(badPos, (long long)r);
+      return;
+    }
+    y[i] = table[(int64_t)id * width + c];
+  });
+}
+
+cudaError_t embeddingGrad(const int32_t *ids, const float *dy, float *dtable, int64_t n,
+                          int64_t vocab, int64_t width, long long *badPos, cudaStream_t s) {
+  if (cudaError_t e = cudaMemsetAsync(dtable, 0, sizeof(float) * vocab * width, s))
+    return e;
+  return forEach(width, s, [=] __device__(int64_t c) {
+    for (int64_t r = 0; r < n; ++r) { // in id order, as the CPU kernel
+      int32_t id = ids[r];
+      if (id < 0 || id >= vocab) {
+        if (c == 0)
+          atomicMin(badPos, (long long)r);
+        continue;
+      }
+      dtable[(int64_t)id * width + c] += dy[r * width + c];
+    }
+  });
+}
+
+cudaError_t transpose(const float *x, const Shape &sx, const std::vector<int64_t> &perm,
+                      float *y, cudaStream_t s) {
+  if (!fits(sx) || perm.size() != sx.size())
+    return cudaErrorInvalidValue;
+  int r = (int)sx.size();
+  int64_t inStride[kMaxRank];
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    inStride[d] = st;
+    st *= sx[d];
+  }
+  Dims d;
+  d.rank = r;
+  for (int i = 0; i < r; ++i) {
+    d.size[i] = sx[perm[i]];
+    d.strideA[i] = inStride[perm[i]];
+  }
+  return forEach(count(sx), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    y[i] = x[ia];
+  });
+}
+
+cudaError_t slice(const float *x, float *y, int64_t outer, int64_t full, int64_t len,
+                  int64_t inner, int64_t offset, cudaStream_t s) {
+  return forEach(outer * len * inner, s, [=] __device__(int64_t i) {
+    int64_t in = i % inner, l = (i / inner) % len, o = i / (inner * len);
+    y[i] = x[(o * full + offset + l) * inner + in];
+  });
+}
+
+cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t len,
+                  int64_t inner, int64_t offset, cudaStream_t s) {
+  return forEach(outer * len * inner, s, [=] __device__(int64_t i) {
+    int64_t in = i % inner, l = (i / inner) % len, o = i / (inner * len);
+    y[(o * full + offset + l) * inner + in] = x[i];
+  });
+}
+
+cudaError_t sliceGrad(const float *dy, float *dx, int64_t outer, int64_t full, int64_t len,
+                      int64_t inner, int64_t offset, cudaStream_t s) {
+  if (cudaError_t e = cudaMemsetAsync(dx, 0, sizeof(float) * outer * full * inner, s))
+    return e;
+  return place(dy, dx, outer, full, len, inner, offset, s);
+}
+
+// --- losses and reductions ----------------------------------------------------------------
+
+namespace {
+
+/// Stage 2 of every fixed-order reduction: out = scale * sum(partial[0..n)).
+__global__ void finishSum(const double *partial, int64_t n, double scale, float *out) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += partial[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    *out = (float)(acc * scale);
+}
+
+template <typename F>
+__global__ void partialSums(int64_t n, F term, double *partial) {
+  __shared__ double sh[32];
+  double acc = 0;
+  FSDP_GRID_STRIDE(i, n) acc += term(i);
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    partial[blockIdx.x] = acc;
+}
+
+/// *out = scale * sum_i term(i), in double, in a fixed order.
+template <typename F>
+cudaError_t reduceSum(int64_t n, F term, double scale, float *out, double *partial,
+                      cudaStream_t s) {
+  partialSums<<<kReduceBlocks, kThreads, 0, s>>>(n, term, partial);
+  finishSum<<<1, kThreads, 0, s>>>(partial, kReduceBlocks, scale, out);
+  return cudaGetLastError();
+}
+
+__global__ void ceRowKernel(const float *logits, const int32_t *labels, double *perRow,
+                            int64_t classes, long long *badPos) {
+  __shared__ float sh[32];
+  const float *lr = logits + blockIdx.x * classes;
+  int32_t label = labels[blockIdx.x];
+  bool bad = label < 0 || label >= classes;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    mx = fmaxf(mx, lr[c]);
+  mx = blockMax(mx, sh);
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    sum += expf(lr[c] - mx);
+  sum = blockSum(sum, sh);
+  if (threadIdx.x == 0) {
+    if (bad)
+      atomicMin(badPos, (long long)blockIdx.x);
+    perRow[blockIdx.x] = bad ? 0.0 : (double)(logf(sum) + mx - lr[label]);
+  }
+}
+
+__global__ void ceGradKernel(const float *logits, const int32_t *labels, const float *dloss,
+                             float *dlogits, int64_t rows, int64_t classes,
+                             long long *badPos) {
+  __shared__ float sh[32];
+  const float *lr = logits + blockIdx.x * classes;
+  float *dr = dlogits + blockIdx.x * classes;
+  int32_t label = labels[blockIdx.x];
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    mx = fmaxf(mx, lr[c]);
+  mx = blockMax(mx, sh);
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    sum += expf(lr[c] - mx);
+  sum = blockSum(sum, sh);
+  float f = *dloss / (float)rows;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    dr[c] = expf(lr[c] - mx) / sum * f - (c == label ? f : 0.f);
+  if (threadIdx.x == 0 && (label < 0 || label >= classes))
+    atomicMin(badPos, (long long)blockIdx.x);
+}
+
+} // namespace
+
+int64_t reductionScratch() { return kReduceBlocks; }
+
+cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
+                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
+                         cudaStream_t s) {
+  if (rows <= 0)
+    return cudaErrorInvalidValue;
+  ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, badPos);
+  finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
+                             float *dlogits, int64_t rows, int64_t classes,
+                             long long *badPos, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaErrorInvalidValue;
+  ceGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, dloss, dlogits, rows,
+                                                   classes, badPos);
+  return cudaGetLastError();
+}
+
+cudaError_t mseLoss(const float *x, const float *t, float *loss, double *partial, int64_t n,
+                    cudaStream_t s) {
+  return reduceSum(
+      n,
+      [=] __device__(int64_t i) {
+        double d = (double)(x[i] - t[i]);
+        return d * d;
+      },
+      1.0 / (double)n, loss, partial, s);
+}
+
+cudaError_t mseLossGrad(const float *x, const float *t, const float *dl, float *dx,
+                        int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    dx[i] = (x[i] - t[i]) * (2.f * *dl / (float)n);
+  });
+}
+
+cudaError_t bceWithLogits(const float *x, const float *t, float *loss, double *partial,
+                          int64_t n, cudaStream_t s) {
+  return reduceSum(
+      n,
+      [=] __device__(int64_t i) {
+        float v = x[i];
+        return (double)(fmaxf(v, 0.f) - v * t[i] + log1pf(expf(-fabsf(v))));
+      },
+      1.0 / (double)n, loss, partial, s);
+}
+
+cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, float *dx,
+                              int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float sig = 1.f / (1.f + expf(-x[i]));
+    dx[i] = (sig - t[i]) * (*dl / (float)n);
+  });
+}
+
+int64_t squaredNormScratch(int64_t tensors) { return kReduceBlocks + tensors; }
+
+cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<int64_t> &ns,
+                        float *out, double *partial, cudaStream_t s) {
+  if (xs.size() != ns.size())
+    return cudaErrorInvalidValue;
+  if (xs.empty())
+    return fill(out, 1, 0.0, s);
+  // partial[0..kReduceBlocks) per tensor, then the per-tensor totals are
+  // summed by a chain of finishSum calls into partial[kReduceBlocks + i].
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float *x = xs[i];
+    partialSums<<<kReduceBlocks, kThreads, 0, s>>>(
+        ns[i], [=] __device__(int64_t j) { return (double)x[j] * (double)x[j]; }, partial);
+    // the tensor's sum, kept in double
+    auto total = partial + kReduceBlocks + i;
+    mapKernel<<<1, 1, 0, s>>>(1, [=] __device__(int64_t) {
+      double acc = 0;
+      for (int b = 0; b < kReduceBlocks; ++b)
+        acc += partial[b];
+      *total = acc;
+    });
+  }
+  finishSum<<<1, kThreads, 0, s>>>(partial + kReduceBlocks, (int64_t)xs.size(), 1.0, out);
+  return cudaGetLastError();
+}
+
+cudaError_t clipCoef(const float *sumsq, float *out, double maxNorm, cudaStream_t s) {
+  return forEach(1, s, [=] __device__(int64_t) {
+    double c = maxNorm / (sqrt((double)*sumsq) + 1e-6);
+    *out = (float)(c < 1.0 ? c : 1.0);
+  });
+}
+
+// --- optimizers --------------------------------------------------------------------------
+
+cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
+                      double wd, cudaStream_t s) {
+  float twd = (float)wd;
+  bool decay = wd != 0;
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float d = g[i];
+    if (decay)
+      d += twd * p[i];
+    np[i] = p[i] - *lr * d;
+  });
+}
+
+cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
+                              float *nbuf, int64_t n, const float *lr, const float *step,
+                              double momentum, double dampening, double wd, bool nesterov,
+                              cudaStream_t s) {
+  float tm = (float)momentum, td = (float)(1 - dampening), twd = (float)wd;
+  bool decay = wd != 0;
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float d = g[i];
+    if (decay)
+      d += twd * p[i];
+    float b = (int64_t)*step <= 1 ? d : tm * buf[i] + td * d;
+    nbuf[i] = b;
+    float upd = nesterov ? d + tm * b : b;
+    np[i] = p[i] - *lr * upd;
+  });
+}
+
+cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
+                        float *np, float *nm, float *nv, int64_t n, const float *lr,
+                        const float *step, double beta1, double beta2, double eps,
+                        double wd, cudaStream_t s) {
+  float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
+        omb2 = (float)(1 - beta2), teps = (float)eps;
+  return forEach(n, s, [=] __device__(int64_t i) {
+    // the scalars as torch computes them (doubles), per element: cheap
+    // beside the memory traffic, and no host round trip for the step
+    double t = (double)(int64_t)*step, l = (double)*lr;
+    float stepSize = (float)(l / (1 - pow(beta1, t)));
+    float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
+    float decay = (float)(1 - l * wd);
+    float pi = p[i] * decay;
+    float mi = m[i] * b1 + omb1 * g[i];
+    float vi = v[i] * b2 + omb2 * g[i] * g[i];
+    float denom = sqrtf(vi) / bc2Sqrt + teps;
+    np[i] = pi - stepSize * (mi / denom);
+    nm[i] = mi;
+    nv[i] = vi;
+  });
+}
+
+// --- casts ----------------------------------------------------------------------------------
+
+cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
+                 cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float f = from == FloatKind::F32    ? static_cast<const float *>(x)[i]
+              : from == FloatKind::BF16 ? __bfloat162float(
+                                              static_cast<const __nv_bfloat16 *>(x)[i])
+                                        : __half2float(static_cast<const __half *>(x)[i]);
+    if (to == FloatKind::F32)
+      static_cast<float *>(y)[i] = f;
+    else if (to == FloatKind::BF16)
+      static_cast<__nv_bfloat16 *>(y)[i] = __float2bfloat16_rn(f);
+    else
+      static_cast<__half *>(y)[i] = __float2half_rn(f);
+  });
+}
+
+} // namespace fsdp::cuda

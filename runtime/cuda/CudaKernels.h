@@ -1,0 +1,166 @@
+//===- CudaKernels.h - CUDA kernels for every op of a plan ------*- C++ -*-===//
+//
+// The CUDA twin of runtime/cpu/Kernels.h: one function per op (forward,
+// backward, optimizer), float32 on contiguous row-major device memory,
+// enqueued on a stream. Semantics are the CPU kernels' (tanh GELU, biased
+// layer-norm variance, HF RMSNorm / rotate-half RoPE, mean losses,
+// torch.optim's SGD and AdamW), and the suite test/unit/CudaKernelsTest.cpp
+// checks each against its CPU twin on the GPU machine.
+//
+// Determinism: every reduction runs in a fixed order (no floating-point
+// atomics), so a step gives the same bits every time on one GPU.
+// No host synchronisation: scalars the step computes (lr, step, loss
+// gradients, clip coefficients) are read from device memory, and bad ids /
+// labels are recorded in a device flag the caller reads once per step.
+// Each function returns the launch's cudaError_t (cudaSuccess when the
+// launch was accepted).
+//
+// GEMMs are in CudaGemm.h (cuBLASLt).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CUDA_CUDAKERNELS_H
+#define FSDP_RUNTIME_CUDA_CUDAKERNELS_H
+
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <vector>
+
+namespace fsdp::cuda {
+
+using Shape = std::vector<int64_t>;
+
+enum class BinaryKind { Add, Sub, Mul, Div };
+enum class FloatKind { F32, BF16, F16 };
+
+/// The most dimensions a broadcast / transpose handles.
+constexpr int kMaxRank = 8;
+
+/// out = a (op) b with NumPy broadcasting; `so` is the broadcast shape.
+cudaError_t binary(BinaryKind k, const float *a, const Shape &sa, const float *b,
+                   const Shape &sb, float *out, const Shape &so, cudaStream_t s);
+cudaError_t broadcastTo(const float *in, const Shape &si, float *out, const Shape &so,
+                        cudaStream_t s);
+/// The adjoint of broadcastTo: each output element sums its preimage in a
+/// fixed order.
+cudaError_t sumTo(const float *in, const Shape &si, float *out, const Shape &so,
+                  cudaStream_t s);
+
+cudaError_t neg(const float *x, float *y, int64_t n, cudaStream_t s);
+cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s);
+cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s);
+cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s);
+cudaError_t reluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
+cudaError_t gelu(const float *x, float *y, int64_t n, cudaStream_t s);
+cudaError_t geluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
+cudaError_t silu(const float *x, float *y, int64_t n, cudaStream_t s);
+cudaError_t siluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
+cudaError_t softmax(const float *x, float *y, int64_t rows, int64_t cols, cudaStream_t s);
+cudaError_t softmaxGrad(const float *y, const float *dy, float *dx, int64_t rows,
+                        int64_t cols, cudaStream_t s);
+cudaError_t biasAdd(const float *x, const float *b, float *y, int64_t rows, int64_t cols,
+                    cudaStream_t s);
+
+cudaError_t layerNorm(const float *x, const float *g, const float *b, float *y,
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s);
+/// `scratch`: 2 * rows floats (each row's mean and 1/std, computed once
+/// and read by the column sums of dg and db).
+cudaError_t layerNormGrad(const float *x, const float *g, const float *dy, float *dx,
+                          float *dg, float *db, float *scratch, int64_t rows, int64_t cols,
+                          double eps, cudaStream_t s);
+cudaError_t rmsNorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols,
+                    double eps, cudaStream_t s);
+/// `scratch`: rows floats (each row's 1/rms).
+cudaError_t rmsNormGrad(const float *x, const float *w, const float *dy, float *dx,
+                        float *dw, float *scratch, int64_t rows, int64_t cols, double eps,
+                        cudaStream_t s);
+
+/// Causal or full multi-head / grouped-query attention on [B, T, C] (see
+/// cpu::attention). One block per (batch, head, query row); the row's
+/// scores live in shared memory, so T is limited by attentionMaxT().
+int64_t attentionMaxT();
+cudaError_t attention(const float *q, const float *k, const float *v, float *y, int64_t B,
+                      int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+                      cudaStream_t s);
+/// Scratch floats attentionGrad needs (two per query row and head).
+int64_t attentionGradScratch(int64_t B, int64_t T, int64_t heads);
+/// dq, dk, dv without atomics: a pass per query row (log-sum-exp and
+/// delta = dy . y), one for dq, one per key row for dk and dv.
+cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *dy,
+                          float *dq, float *dk, float *dv, float *scratch, int64_t B,
+                          int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+                          cudaStream_t s);
+
+cudaError_t rope(const float *x, float *y, int64_t B, int64_t T, int64_t C, int64_t heads,
+                 double theta, cudaStream_t s);
+cudaError_t ropeGrad(const float *dy, float *dx, int64_t B, int64_t T, int64_t C,
+                     int64_t heads, double theta, cudaStream_t s);
+
+/// Rows of `table` selected by int32 ids. An id outside [0, vocab) writes
+/// zeros and records the smallest such position in *badPos (device memory,
+/// set to INT64_MAX by the caller before the step).
+cudaError_t embedding(const float *table, const int32_t *ids, float *y, int64_t n,
+                      int64_t vocab, int64_t width, long long *badPos, cudaStream_t s);
+/// dtable = scatter-add of dy rows; each column sums its rows in id order
+/// (deterministic). Bad ids are skipped and recorded as in embedding.
+cudaError_t embeddingGrad(const int32_t *ids, const float *dy, float *dtable, int64_t n,
+                          int64_t vocab, int64_t width, long long *badPos, cudaStream_t s);
+
+cudaError_t transpose(const float *x, const Shape &sx, const std::vector<int64_t> &perm,
+                      float *y, cudaStream_t s);
+/// x is [outer, full, inner], y is [outer, len, inner] (rows offset.. of x).
+cudaError_t slice(const float *x, float *y, int64_t outer, int64_t full, int64_t len,
+                  int64_t inner, int64_t offset, cudaStream_t s);
+/// dx = zeros with dy placed at offset (the VJP of slice).
+cudaError_t sliceGrad(const float *dy, float *dx, int64_t outer, int64_t full, int64_t len,
+                      int64_t inner, int64_t offset, cudaStream_t s);
+/// Places x [outer, len, inner] into y [outer, full, inner] at offset (concat).
+cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t len,
+                  int64_t inner, int64_t offset, cudaStream_t s);
+
+/// Mean cross-entropy over rows into *loss; a label outside [0, classes)
+/// records its row in *badPos. `scratch`: rows doubles (per-row losses,
+/// summed in a fixed order).
+cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
+                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
+                         cudaStream_t s);
+cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
+                             float *dlogits, int64_t rows, int64_t classes,
+                             long long *badPos, cudaStream_t s);
+/// `partial`: reductionScratch() doubles (fixed-order two-stage sums).
+int64_t reductionScratch();
+cudaError_t mseLoss(const float *x, const float *t, float *loss, double *partial, int64_t n,
+                    cudaStream_t s);
+cudaError_t mseLossGrad(const float *x, const float *t, const float *dl, float *dx,
+                        int64_t n, cudaStream_t s);
+cudaError_t bceWithLogits(const float *x, const float *t, float *loss, double *partial,
+                          int64_t n, cudaStream_t s);
+cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, float *dx,
+                              int64_t n, cudaStream_t s);
+
+// Optimizers (in place allowed); lr and step are device scalars.
+cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
+                      double wd, cudaStream_t s);
+cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
+                              float *nbuf, int64_t n, const float *lr, const float *step,
+                              double momentum, double dampening, double wd, bool nesterov,
+                              cudaStream_t s);
+cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
+                        float *np, float *nm, float *nv, int64_t n, const float *lr,
+                        const float *step, double beta1, double beta2, double eps,
+                        double wd, cudaStream_t s);
+/// *out = sum over the tensors of x^2, accumulated in double in a fixed
+/// order. `partial`: squaredNormScratch(tensors) doubles.
+int64_t squaredNormScratch(int64_t tensors);
+cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<int64_t> &ns,
+                        float *out, double *partial, cudaStream_t s);
+/// *out = min(1, maxNorm / (sqrt(*sumsq) + 1e-6)).
+cudaError_t clipCoef(const float *sumsq, float *out, double maxNorm, cudaStream_t s);
+
+/// Element type conversion, round to nearest even (as cpu::floatToBf16).
+cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
+                 cudaStream_t s);
+
+} // namespace fsdp::cuda
+
+#endif // FSDP_RUNTIME_CUDA_CUDAKERNELS_H

@@ -1,0 +1,452 @@
+//===- CudaKernelsTest.cpp - CUDA kernels against their CPU twins ---------===//
+//
+// Every CUDA kernel (runtime/cuda/CudaKernels.h) and the cuBLASLt GEMM run on
+// random data and are compared with the CPU kernel of the same op
+// (runtime/cpu/Kernels.h, itself checked against finite differences and
+// PyTorch). Tolerances follow from float32 rounding: u = 2^-24 per
+// operation; an elementwise op may differ by a few u of its result (the
+// GPU's expf/tanhf are within 2 ulp, glibc's within 1); a reduction of n
+// terms summed in another order by at most n u times the sum of the terms'
+// magnitudes (Higham's gamma_n), which the tests compute from the data.
+//
+// Without a GPU every test is skipped, visibly (GTEST_SKIP with the reason).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/CudaGemm.h"
+#include "runtime/cuda/CudaKernels.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace cpu = fsdp::cpu;
+namespace gpu = fsdp::cuda;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24); // float32 unit roundoff
+
+std::vector<float> randomVec(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = d(g);
+  return v;
+}
+
+/// A device copy of a host vector (or n uninitialised elements), freed at
+/// scope exit.
+template <typename T> class Dev {
+public:
+  explicit Dev(const std::vector<T> &h) : n_(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(n_, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, h.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(n_, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xff, sizeof(T) * n_), cudaSuccess); // NaN poison for floats
+  }
+  ~Dev() { cudaFree(p_); }
+  T *get() const { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+private:
+  T *p_ = nullptr;
+  size_t n_;
+};
+
+/// |got - want| <= ulps * u * |want| + slack[i] for every element.
+void expectNear(const std::vector<float> &got, const std::vector<float> &want, double ulps,
+                const std::vector<double> &slack, const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double tol = ulps * kU * std::fabs(want[i]) + (slack.empty() ? 0.0 : slack[i]);
+    EXPECT_LE(std::fabs((double)got[i] - want[i]), tol)
+        << what << " element " << i << ": gpu " << got[i] << ", cpu " << want[i];
+  }
+}
+
+std::vector<double> constant(size_t n, double v) { return std::vector<double>(n, v); }
+
+double maxAbs(const std::vector<float> &v) {
+  double m = 0;
+  for (float x : v)
+    m = std::max(m, (double)std::fabs(x));
+  return m;
+}
+
+class CudaKernelsTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      GTEST_SKIP() << "no CUDA GPU here (cudaGetDeviceCount: " << cudaGetErrorName(e)
+                   << ", " << n << " devices): the CUDA kernels are compiled, not run";
+  }
+};
+
+TEST_F(CudaKernelsTest, UnaryElementwise) {
+  const int64_t n = 1000;
+  auto x = randomVec(n, 1, 2.f), dy = randomVec(n, 2);
+  Dev<float> dx(x), ddy(dy), out(n);
+  std::vector<float> want(n);
+  double tiny = 4 * kU * maxAbs(x); // results that cancel to ~0
+  auto check = [&](cudaError_t e, auto cpuFn, double ulps, const char *what) {
+    ASSERT_EQ(e, cudaSuccess) << what;
+    cpuFn();
+    expectNear(out.host(), want, ulps, constant(n, tiny), what);
+  };
+  check(gpu::neg(dx.get(), out.get(), n, 0), [&] { cpu::neg(x.data(), want.data(), n); }, 0,
+        "neg");
+  check(gpu::scale(dx.get(), out.get(), n, 0.37, 0),
+        [&] { cpu::scale(x.data(), want.data(), n, 0.37); }, 1, "scale");
+  check(gpu::relu(dx.get(), out.get(), n, 0), [&] { cpu::relu(x.data(), want.data(), n); }, 0,
+        "relu");
+  check(gpu::reluGrad(dx.get(), ddy.get(), out.get(), n, 0),
+        [&] { cpu::reluGrad(x.data(), dy.data(), want.data(), n); }, 0, "relu_grad");
+  check(gpu::gelu(dx.get(), out.get(), n, 0), [&] { cpu::gelu(x.data(), want.data(), n); }, 8,
+        "gelu");
+  check(gpu::geluGrad(dx.get(), ddy.get(), out.get(), n, 0),
+        [&] { cpu::geluGrad(x.data(), dy.data(), want.data(), n); }, 16, "gelu_grad");
+  check(gpu::silu(dx.get(), out.get(), n, 0), [&] { cpu::silu(x.data(), want.data(), n); }, 8,
+        "silu");
+  check(gpu::siluGrad(dx.get(), ddy.get(), out.get(), n, 0),
+        [&] { cpu::siluGrad(x.data(), dy.data(), want.data(), n); }, 16, "silu_grad");
+  check(gpu::fill(out.get(), n, -1.25, 0), [&] { cpu::fill(want.data(), n, -1.25); }, 0,
+        "fill");
+}
+
+TEST_F(CudaKernelsTest, BroadcastBinarySumTo) {
+  cpu::Shape sa{4, 1, 8}, sb{3, 1}, so{4, 3, 8};
+  auto a = randomVec(32, 3), b = randomVec(3, 4);
+  Dev<float> da(a), db(b), out(96);
+  std::vector<float> want(96);
+  for (auto k : {0, 1, 2, 3}) {
+    ASSERT_EQ(gpu::binary((gpu::BinaryKind)k, da.get(), sa, db.get(), sb, out.get(), so, 0),
+              cudaSuccess);
+    cpu::binary((cpu::BinaryKind)k, a.data(), sa, b.data(), sb, want.data(), so);
+    expectNear(out.host(), want, 0, {}, "binary");
+  }
+  ASSERT_EQ(gpu::broadcastTo(db.get(), sb, out.get(), so, 0), cudaSuccess);
+  cpu::broadcastTo(b.data(), sb, want.data(), so);
+  expectNear(out.host(), want, 0, {}, "broadcast");
+  auto big = randomVec(96, 5);
+  Dev<float> dbig(big), red(3);
+  std::vector<float> wantRed(3), absRed(3), absBig(96);
+  for (int i = 0; i < 96; ++i)
+    absBig[i] = std::fabs(big[i]);
+  ASSERT_EQ(gpu::sumTo(dbig.get(), so, red.get(), sb, 0), cudaSuccess);
+  cpu::sumTo(big.data(), so, wantRed.data(), sb);
+  cpu::sumTo(absBig.data(), so, absRed.data(), sb);
+  std::vector<double> slack(3);
+  for (int i = 0; i < 3; ++i)
+    slack[i] = 32 * kU * absRed[i]; // 32 terms per output
+  expectNear(red.host(), wantRed, 0, slack, "sum_to");
+}
+
+TEST_F(CudaKernelsTest, SoftmaxAndBiasAdd) {
+  const int64_t rows = 7, cols = 300;
+  auto x = randomVec(rows * cols, 6, 3.f), dy = randomVec(rows * cols, 7);
+  Dev<float> dx(x), ddy(dy), y(rows * cols), g(rows * cols);
+  std::vector<float> wy(rows * cols), wg(rows * cols);
+  ASSERT_EQ(gpu::softmax(dx.get(), y.get(), rows, cols, 0), cudaSuccess);
+  cpu::softmax(x.data(), wy.data(), rows, cols);
+  // the row sum of cols terms in another order: cols u relative
+  expectNear(y.host(), wy, 2.0 * cols + 8, {}, "softmax");
+  Dev<float> dwy(wy);
+  ASSERT_EQ(gpu::softmaxGrad(dwy.get(), ddy.get(), g.get(), rows, cols, 0), cudaSuccess);
+  cpu::softmaxGrad(wy.data(), dy.data(), wg.data(), rows, cols);
+  expectNear(g.host(), wg, 8, constant(rows * cols, 2.0 * cols * kU * maxAbs(dy)),
+             "softmax_grad");
+  auto b = randomVec(cols, 8);
+  Dev<float> dbias(b);
+  ASSERT_EQ(gpu::biasAdd(dx.get(), dbias.get(), y.get(), rows, cols, 0), cudaSuccess);
+  cpu::biasAdd(x.data(), b.data(), wy.data(), rows, cols);
+  expectNear(y.host(), wy, 0, {}, "bias_add");
+}
+
+TEST_F(CudaKernelsTest, GemmEveryTransposeAndBatch) {
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, /*allowTf32=*/false).isOk());
+  for (auto [batch, m, n, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 5, 7, 9},
+                                {3, 5, 7, 9},
+                                {2, 64, 48, 80},
+                                {1, 1, 1, 1}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        auto a = randomVec(batch * m * k, 9), b = randomVec(batch * k * n, 10);
+        std::vector<float> aa(a.size()), ab(b.size());
+        for (size_t i = 0; i < a.size(); ++i)
+          aa[i] = std::fabs(a[i]);
+        for (size_t i = 0; i < b.size(); ++i)
+          ab[i] = std::fabs(b[i]);
+        Dev<float> da(a), db(b), dc(batch * m * n);
+        auto st = gemm.run(da.get(), db.get(), dc.get(), batch, m, n, k, ta, tb, 0);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        std::vector<float> want(batch * m * n), mag(batch * m * n);
+        cpu::matmul(a.data(), b.data(), want.data(), batch, m, n, k, ta, tb);
+        cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
+        std::vector<double> slack(mag.size());
+        for (size_t i = 0; i < mag.size(); ++i)
+          slack[i] = 2.0 * k * kU * mag[i]; // both sides within k u sum|a b|
+        expectNear(dc.host(), want, 0, slack, "gemm");
+      }
+}
+
+TEST_F(CudaKernelsTest, LayerNormAndRmsNormWithGradients) {
+  const int64_t rows = 5, cols = 96;
+  auto x = randomVec(rows * cols, 11, 2.f), dy = randomVec(rows * cols, 12),
+       g = randomVec(cols, 13), b = randomVec(cols, 14);
+  Dev<float> dx(x), ddy(dy), dg(g), dbb(b), y(rows * cols), gx(rows * cols), gg(cols),
+      gb(cols), scratch(2 * rows);
+  std::vector<float> wy(rows * cols), wgx(rows * cols), wgg(cols), wgb(cols);
+  double rowTol = 4.0 * cols + 16; // row statistics summed in another order
+  double colSlack = 4.0 * (rows + cols) * kU * maxAbs(dy) * maxAbs(x) * 4;
+  ASSERT_EQ(gpu::layerNorm(dx.get(), dg.get(), dbb.get(), y.get(), rows, cols, 1e-5, 0),
+            cudaSuccess);
+  cpu::layerNorm(x.data(), g.data(), b.data(), wy.data(), rows, cols, 1e-5);
+  expectNear(y.host(), wy, rowTol, constant(rows * cols, rowTol * kU * 4 * maxAbs(g)),
+             "layer_norm");
+  ASSERT_EQ(gpu::layerNormGrad(dx.get(), dg.get(), ddy.get(), gx.get(), gg.get(), gb.get(),
+                               scratch.get(), rows, cols, 1e-5, 0),
+            cudaSuccess);
+  cpu::layerNormGrad(x.data(), g.data(), dy.data(), wgx.data(), wgg.data(), wgb.data(), rows,
+                     cols, 1e-5);
+  expectNear(gx.host(), wgx, rowTol,
+             constant(rows * cols, rowTol * kU * 8 * maxAbs(dy) * maxAbs(g)), "d_input");
+  expectNear(gg.host(), wgg, rowTol, constant(cols, colSlack), "d_gamma");
+  expectNear(gb.host(), wgb, rowTol, constant(cols, colSlack), "d_beta");
+
+  Dev<float> gw(cols);
+  ASSERT_EQ(gpu::rmsNorm(dx.get(), dg.get(), y.get(), rows, cols, 1e-6, 0), cudaSuccess);
+  cpu::rmsNorm(x.data(), g.data(), wy.data(), rows, cols, 1e-6);
+  expectNear(y.host(), wy, 16, {}, "rms_norm");
+  ASSERT_EQ(gpu::rmsNormGrad(dx.get(), dg.get(), ddy.get(), gx.get(), gw.get(),
+                             scratch.get(), rows, cols, 1e-6, 0),
+            cudaSuccess);
+  cpu::rmsNormGrad(x.data(), g.data(), dy.data(), wgx.data(), wgg.data(), rows, cols, 1e-6);
+  expectNear(gx.host(), wgx, 16, constant(rows * cols, 16 * kU * maxAbs(dy) * maxAbs(g)),
+             "rms d_input");
+  expectNear(gw.host(), wgg, rowTol, constant(cols, colSlack), "rms d_weight");
+}
+
+TEST_F(CudaKernelsTest, AttentionCausalFullAndGroupedQuery) {
+  const int64_t B = 2, T = 9, heads = 4, D = 8, C = heads * D;
+  for (int64_t kv : {heads, int64_t(2)})
+    for (bool causal : {true, false}) {
+      int64_t KC = kv * D;
+      auto q = randomVec(B * T * C, 15), k = randomVec(B * T * KC, 16),
+           v = randomVec(B * T * KC, 17), dy = randomVec(B * T * C, 18);
+      Dev<float> dq(q), dk(k), dv(v), ddy(dy), y(B * T * C), gq(B * T * C), gk(B * T * KC),
+          gv(B * T * KC), scratch(gpu::attentionGradScratch(B, T, heads));
+      std::vector<float> wy(B * T * C), wq(B * T * C), wk(B * T * KC), wv(B * T * KC);
+      ASSERT_EQ(gpu::attention(dq.get(), dk.get(), dv.get(), y.get(), B, T, C, heads, causal,
+                               kv, 0),
+                cudaSuccess);
+      cpu::attention(q.data(), k.data(), v.data(), wy.data(), B, T, C, heads, causal, kv);
+      // scores (D terms), softmax (T terms), weighted sums (T terms), and
+      // the backward's sums over heads * T: a generous n u with n their sum
+      double n = D + 2.0 * T + heads * T;
+      double mag = maxAbs(q) * maxAbs(k) * maxAbs(v) * maxAbs(dy) + maxAbs(v);
+      expectNear(y.host(), wy, 0, constant(wy.size(), 16 * n * kU * mag), "attention");
+      ASSERT_EQ(gpu::attentionGrad(dq.get(), dk.get(), dv.get(), ddy.get(), gq.get(), gk.get(),
+                                   gv.get(), scratch.get(), B, T, C, heads, causal, kv, 0),
+                cudaSuccess);
+      cpu::attentionGrad(q.data(), k.data(), v.data(), dy.data(), wq.data(), wk.data(),
+                         wv.data(), B, T, C, heads, causal, kv);
+      double gmag = mag * T * D;
+      expectNear(gq.host(), wq, 0, constant(wq.size(), 16 * n * kU * gmag), "d_q");
+      expectNear(gk.host(), wk, 0, constant(wk.size(), 16 * n * kU * gmag), "d_k");
+      expectNear(gv.host(), wv, 0, constant(wv.size(), 16 * n * kU * gmag), "d_v");
+    }
+}
+
+TEST_F(CudaKernelsTest, RopeAndItsGradient) {
+  const int64_t B = 2, T = 11, heads = 3, D = 8, C = heads * D;
+  auto x = randomVec(B * T * C, 19);
+  Dev<float> dx(x), y(B * T * C);
+  std::vector<float> want(B * T * C);
+  double slack = 4 * kU * maxAbs(x);
+  ASSERT_EQ(gpu::rope(dx.get(), y.get(), B, T, C, heads, 10000.0, 0), cudaSuccess);
+  cpu::rope(x.data(), want.data(), B, T, C, heads, 10000.0);
+  expectNear(y.host(), want, 4, constant(want.size(), slack), "rope");
+  ASSERT_EQ(gpu::ropeGrad(dx.get(), y.get(), B, T, C, heads, 500000.0, 0), cudaSuccess);
+  cpu::ropeGrad(x.data(), want.data(), B, T, C, heads, 500000.0);
+  expectNear(y.host(), want, 4, constant(want.size(), slack), "rope_grad");
+}
+
+TEST_F(CudaKernelsTest, EmbeddingGradientAndBadIds) {
+  const int64_t vocab = 10, width = 6, n = 12;
+  auto table = randomVec(vocab * width, 20), dy = randomVec(n * width, 21);
+  std::vector<int32_t> ids{3, 1, 3, 9, 0, 0, 3, 7, 2, 2, 8, 3};
+  Dev<float> dt(table), ddy(dy), y(n * width), gt(vocab * width);
+  Dev<int32_t> did(ids);
+  Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+  std::vector<float> wy(n * width), wg(vocab * width);
+  ASSERT_EQ(gpu::embedding(dt.get(), did.get(), y.get(), n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(cpu::embedding(table.data(), ids.data(), wy.data(), n, vocab, width), -1);
+  expectNear(y.host(), wy, 0, {}, "embedding");
+  ASSERT_EQ(gpu::embeddingGrad(did.get(), ddy.get(), gt.get(), n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(cpu::embeddingGrad(ids.data(), dy.data(), wg.data(), n, vocab, width), -1);
+  expectNear(gt.host(), wg, 0, {}, "embedding_grad (same order of adds: bitwise)");
+  EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  ids[5] = 10;
+  ids[8] = -1;
+  Dev<int32_t> badIds(ids);
+  ASSERT_EQ(gpu::embedding(dt.get(), badIds.get(), y.get(), n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  EXPECT_EQ(bad.host()[0], 5) << "the first out-of-range position";
+}
+
+TEST_F(CudaKernelsTest, TransposeSliceConcat) {
+  cpu::Shape s{3, 4, 5};
+  std::vector<int64_t> perm{2, 0, 1};
+  auto x = randomVec(60, 22);
+  Dev<float> dx(x), y(60);
+  std::vector<float> want(60);
+  ASSERT_EQ(gpu::transpose(dx.get(), s, perm, y.get(), 0), cudaSuccess);
+  cpu::transpose(x.data(), s, perm, want.data());
+  expectNear(y.host(), want, 0, {}, "transpose");
+  // slice rows 1..2 of dim 1: outer 3, full 4, len 2, inner 5
+  Dev<float> sl(30), back(60);
+  std::vector<float> wsl(30), wback(60);
+  ASSERT_EQ(gpu::slice(dx.get(), sl.get(), 3, 4, 2, 5, 1, 0), cudaSuccess);
+  cpu::slice(x.data(), wsl.data(), 3, 4, 2, 5, 1);
+  expectNear(sl.host(), wsl, 0, {}, "slice");
+  ASSERT_EQ(gpu::sliceGrad(sl.get(), back.get(), 3, 4, 2, 5, 1, 0), cudaSuccess);
+  cpu::sliceGrad(wsl.data(), wback.data(), 3, 4, 2, 5, 1);
+  expectNear(back.host(), wback, 0, {}, "slice_grad");
+  // concat = place each part: the two halves of dim 1 rebuild x
+  Dev<float> lo(30), hi(30), whole(60);
+  ASSERT_EQ(gpu::slice(dx.get(), lo.get(), 3, 4, 2, 5, 0, 0), cudaSuccess);
+  ASSERT_EQ(gpu::slice(dx.get(), hi.get(), 3, 4, 2, 5, 2, 0), cudaSuccess);
+  ASSERT_EQ(gpu::place(lo.get(), whole.get(), 3, 4, 2, 5, 0, 0), cudaSuccess);
+  ASSERT_EQ(gpu::place(hi.get(), whole.get(), 3, 4, 2, 5, 2, 0), cudaSuccess);
+  expectNear(whole.host(), x, 0, {}, "concat");
+}
+
+TEST_F(CudaKernelsTest, LossesAndTheirGradients) {
+  const int64_t rows = 6, classes = 50, n = 40;
+  auto logits = randomVec(rows * classes, 23, 2.f);
+  std::vector<int32_t> labels{0, 49, 7, 7, 20, 33};
+  Dev<float> dl(logits), loss(1), one(std::vector<float>{1.5f}), g(rows * classes);
+  Dev<int32_t> dlab(labels);
+  Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+  Dev<double> scratch(std::max<int64_t>(rows, gpu::reductionScratch()));
+  float wl;
+  std::vector<float> wg(rows * classes);
+  ASSERT_EQ(gpu::crossEntropy(dl.get(), dlab.get(), loss.get(), scratch.get(), rows, classes,
+                              bad.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(cpu::crossEntropy(logits.data(), labels.data(), &wl, rows, classes), -1);
+  expectNear(loss.host(), {wl}, 4.0 * classes + 16, constant(1, 4 * classes * kU * 8), "ce");
+  float dls = 1.5f;
+  ASSERT_EQ(gpu::crossEntropyGrad(dl.get(), dlab.get(), one.get(), g.get(), rows, classes,
+                                  bad.get(), 0),
+            cudaSuccess);
+  cpu::crossEntropyGrad(logits.data(), labels.data(), &dls, wg.data(), rows, classes);
+  expectNear(g.host(), wg, 4.0 * classes + 16, constant(wg.size(), 8 * kU), "ce_grad");
+  EXPECT_EQ(bad.host()[0], LLONG_MAX);
+
+  auto x = randomVec(n, 24), t = randomVec(n, 25);
+  std::vector<float> t01(n);
+  for (int64_t i = 0; i < n; ++i)
+    t01[i] = t[i] > 0 ? 1.f : 0.f;
+  Dev<float> dx(x), dt(t), dt01(t01), gx(n);
+  std::vector<float> wgx(n);
+  ASSERT_EQ(gpu::mseLoss(dx.get(), dt.get(), loss.get(), scratch.get(), n, 0), cudaSuccess);
+  cpu::mseLoss(x.data(), t.data(), &wl, n);
+  expectNear(loss.host(), {wl}, 4, {}, "mse (double sums)");
+  ASSERT_EQ(gpu::mseLossGrad(dx.get(), dt.get(), one.get(), gx.get(), n, 0), cudaSuccess);
+  cpu::mseLossGrad(x.data(), t.data(), &dls, wgx.data(), n);
+  expectNear(gx.host(), wgx, 4, {}, "mse_grad");
+  ASSERT_EQ(gpu::bceWithLogits(dx.get(), dt01.get(), loss.get(), scratch.get(), n, 0),
+            cudaSuccess);
+  cpu::bceWithLogits(x.data(), t01.data(), &wl, n);
+  expectNear(loss.host(), {wl}, 16, {}, "bce");
+  ASSERT_EQ(gpu::bceWithLogitsGrad(dx.get(), dt01.get(), one.get(), gx.get(), n, 0),
+            cudaSuccess);
+  cpu::bceWithLogitsGrad(x.data(), t01.data(), &dls, wgx.data(), n);
+  expectNear(gx.host(), wgx, 8, constant(n, 8 * kU), "bce_grad");
+}
+
+TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
+  const int64_t n = 777;
+  auto p = randomVec(n, 26), g = randomVec(n, 27), m = randomVec(n, 28),
+       v0 = randomVec(n, 29);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = v0[i] * v0[i];
+  for (float step : {1.f, 2.f, 7.f}) {
+    Dev<float> dp(p), dg(g), dm(m), dv(v), lr(std::vector<float>{3e-3f}),
+        st(std::vector<float>{step});
+    std::vector<float> wp(n), wm(n), wv(n);
+    ASSERT_EQ(gpu::adamwUpdate(dp.get(), dg.get(), dm.get(), dv.get(), dp.get(), dm.get(),
+                               dv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1, 0),
+              cudaSuccess);
+    cpu::adamwUpdate(p.data(), g.data(), m.data(), v.data(), wp.data(), wm.data(), wv.data(),
+                     n, 3e-3f, (int64_t)step, 0.9, 0.95, 1e-8, 0.1);
+    expectNear(dp.host(), wp, 8, {}, "adamw param");
+    expectNear(dm.host(), wm, 4, {}, "adamw exp_avg");
+    expectNear(dv.host(), wv, 4, {}, "adamw exp_avg_sq");
+    Dev<float> sp(p), sb(m);
+    ASSERT_EQ(gpu::sgdMomentumUpdate(sp.get(), dg.get(), sb.get(), sp.get(), sb.get(), n,
+                                     lr.get(), st.get(), 0.9, 0.1, 0.01, true, 0),
+              cudaSuccess);
+    cpu::sgdMomentumUpdate(p.data(), g.data(), m.data(), wp.data(), wm.data(), n, 3e-3f,
+                           (int64_t)step, 0.9, 0.1, 0.01, true);
+    expectNear(sp.host(), wp, 4, {}, "sgd momentum param");
+    expectNear(sb.host(), wm, 4, {}, "sgd momentum buffer");
+    ASSERT_EQ(gpu::sgdUpdate(dg.get(), dm.get(), sp.get(), n, lr.get(), 0.01, 0), cudaSuccess);
+    cpu::sgdUpdate(g.data(), m.data(), wp.data(), n, 3e-3f, 0.01);
+    expectNear(sp.host(), wp, 4, {}, "sgd");
+  }
+  Dev<float> dp(p), dg(g), out(1), coef(1);
+  Dev<double> partial(gpu::squaredNormScratch(2));
+  ASSERT_EQ(gpu::squaredNorm({dp.get(), dg.get()}, {n, n}, out.get(), partial.get(), 0),
+            cudaSuccess);
+  float want = (float)(cpu::squaredNorm(p.data(), n) + cpu::squaredNorm(g.data(), n));
+  expectNear(out.host(), {want}, 2, {}, "squared_norm (double sums)");
+  ASSERT_EQ(gpu::clipCoef(out.get(), coef.get(), 1.0, 0), cudaSuccess);
+  float c = (float)std::min(1.0, 1.0 / (std::sqrt((double)want) + 1e-6));
+  expectNear(coef.host(), {c}, 4, {}, "clip_coef");
+}
+
+TEST_F(CudaKernelsTest, CastsRoundToNearestEven) {
+  auto x = randomVec(500, 30, 100.f);
+  x.push_back(65520.f); // rounds to inf in f16
+  x.push_back(-0.f);
+  const int64_t n = x.size();
+  Dev<float> dx(x), back(n);
+  Dev<uint16_t> h(n);
+  for (auto kind : {gpu::FloatKind::BF16, gpu::FloatKind::F16}) {
+    ASSERT_EQ(gpu::cast(dx.get(), gpu::FloatKind::F32, h.get(), kind, n, 0), cudaSuccess);
+    ASSERT_EQ(gpu::cast(h.get(), kind, back.get(), gpu::FloatKind::F32, n, 0), cudaSuccess);
+    auto bits = h.host();
+    auto got = back.host();
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t want = kind == gpu::FloatKind::BF16 ? cpu::floatToBf16(x[i])
+                                                   : cpu::floatToHalf(x[i]);
+      EXPECT_EQ(bits[i], want) << "element " << i << " (" << x[i] << ")";
+      float wf = kind == gpu::FloatKind::BF16 ? cpu::bf16ToFloat(want) : cpu::halfToFloat(want);
+      EXPECT_EQ(std::memcmp(&got[i], &wf, 4), 0) << "element " << i;
+    }
+  }
+}
+
+} // namespace
