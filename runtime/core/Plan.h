@@ -143,6 +143,13 @@ struct Plan {
   }
 };
 
+/// Where buffer `id` lies in the arena, in bytes from its base, for the
+/// rank holding shard `shard` (Plan::shardIndex).
+inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
+  const Buffer &b = plan.buffers[id];
+  return b.offset + shard * b.rankStride;
+}
+
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a
 /// truncated file, out-of-range buffer ids, buffers outside the arena, two
 /// buffers whose memory and live ranges both overlap, and instructions whose
