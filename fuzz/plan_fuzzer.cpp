@@ -29,8 +29,7 @@
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
 #include "runtime/core/Plan.h"
-
-#include <omp.h>
+#include "runtime/devices/Devices.h"
 
 #include <algorithm>
 #include <climits>
@@ -41,8 +40,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-extern "C" void openblas_set_num_threads(int);
 
 using namespace fsdp;
 
@@ -61,7 +58,11 @@ public:
   int64_t size() const override { return n; }
   // Narrow-float reductions read and write the bytes only (their values
   // do not matter to the fuzzer): sums are done for f32.
-  Status allReduce(void *data, int64_t count, DType dtype, bool mean) override {
+  Status allReduce(const void *in, void *data, int64_t count, DType dtype, ReduceOp op,
+                   Stream *) override {
+    const bool mean = op == ReduceOp::Mean;
+    if (in != data)
+      std::memmove(data, in, count * dtypeSize(dtype));
     if (dtype != DType::F32)
       return Status::ok();
     auto *d = static_cast<float *>(data);
@@ -70,7 +71,8 @@ public:
     return Status::ok();
   }
   Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype,
-                       bool mean) override {
+                       ReduceOp op, Stream *) override {
+    const bool mean = op == ReduceOp::Mean;
     if (dtype != DType::F32) {
       std::memmove(out, in, shard * dtypeSize(dtype));
       return Status::ok();
@@ -85,7 +87,8 @@ public:
     }
     return Status::ok();
   }
-  Status allGather(const void *in, void *out, int64_t shard, DType dtype) override {
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype,
+                   Stream *) override {
     const int64_t bytes = shard * dtypeSize(dtype);
     std::vector<uint8_t> copy(static_cast<const uint8_t *>(in),
                               static_cast<const uint8_t *>(in) + bytes);
@@ -317,18 +320,13 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size,
   return LLVMFuzzerMutate(data, size, maxSize);
 }
 
-namespace {
-
-uint8_t *addrOf(void *ctx, int64_t id) {
-  return static_cast<Executor *>(ctx)->address(id);
-}
-
-} // namespace
-
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
-  // One compute thread: deterministic, and no OpenMP pool per input.
-  omp_set_num_threads(1);
-  openblas_set_num_threads(1);
+  // One compute thread: deterministic, and no OpenMP pool per input (the
+  // CPU device sets it; later devices of one process keep it).
+  std::unique_ptr<Device> device;
+  DeviceOptions options;
+  options.threads = 1;
+  (void)createDevice("cpu", options, device);
   return 0;
 }
 
@@ -352,13 +350,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   // exercised (rank_stride views, shard offsets).
   int64_t rank = (int64_t)(size % (size_t)plan.worldSize);
   FakeComm comm(rank, plan.worldSize);
-  Executor ex(plan, comm);
+  std::unique_ptr<Device> device;
+  if (!createDevice("cpu", DeviceOptions{}, device).isOk())
+    return 0;
+  Executor ex(plan, comm, *device);
   if (!ex.init(1234).isOk())
     return 0;
   ++stats.inited;
   std::unique_ptr<DataSource> src;
   if (makeDataSource("synthetic", plan, rank, plan.worldSize, 1, src).isOk() &&
-      src->fill(1, addrOf, &ex).isOk())
+      ex.fillInputs(*src, 1).isOk())
     ++stats.data;
   float loss = 0;
   if (!ex.step(1, 1e-3, loss).isOk())

@@ -13,36 +13,37 @@
 #include "runtime/core/Executor.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
-
-#include <omp.h>
+#include "runtime/devices/Devices.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
-extern "C" void openblas_set_num_threads(int);
-
 using namespace fsdp;
 
 namespace {
 Plan gPlan;
 std::unique_ptr<Communicator> gComm;
+std::unique_ptr<Device> gDevice;
 std::unique_ptr<Executor> gExec;
 } // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
-  omp_set_num_threads(1);
-  openblas_set_num_threads(1);
+  DeviceOptions options;
+  options.threads = 1;
+  Status st = createDevice("cpu", options, gDevice);
+  if (!st.isOk())
+    std::abort();
   const char *env = std::getenv("FSDP_FUZZ_PLAN");
   std::string path = env ? env : FSDP_FUZZ_DIR "/corpus/plan/mlp-w1-adamw.json";
-  Status st = loadPlan(path, gPlan);
+  st = loadPlan(path, gPlan);
   if (!st.isOk()) {
     std::fprintf(stderr, "safetensors_fuzzer: %s\n", st.message().c_str());
     std::abort();
   }
   gComm = makeSingleProcessCommunicator();
-  gExec = std::make_unique<Executor>(gPlan, *gComm);
+  gExec = std::make_unique<Executor>(gPlan, *gComm, *gDevice);
   st = gExec->init(1);
   if (!st.isOk()) {
     std::fprintf(stderr, "safetensors_fuzzer: %s\n", st.message().c_str());

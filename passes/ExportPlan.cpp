@@ -10,12 +10,15 @@
 
 #include "passes/MemoryPlan.h"
 #include "passes/Passes.h"
+#include "runtime/core/PlanSchema.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <optional>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPEXPORTPLAN
@@ -28,21 +31,22 @@ namespace json = llvm::json;
 
 namespace {
 
-/// The plan's version; the runtime refuses newer ones (runtime/core/Plan.h).
-constexpr int64_t kPlanVersion = 1;
-
+/// The plan's dtype name of an element type (runtime/core/PlanSchema.h);
+/// "" when the plan format has none.
 std::string dtypeOf(Type t) {
+  using ::fsdp::DType;
+  std::optional<DType> d;
   if (t.isF32())
-    return "f32";
-  if (t.isBF16())
-    return "bf16";
-  if (t.isF16())
-    return "f16";
-  if (t.isInteger(32))
-    return "i32";
-  if (t.isInteger(64))
-    return "i64";
-  return "";
+    d = DType::F32;
+  else if (t.isBF16())
+    d = DType::BF16;
+  else if (t.isF16())
+    d = DType::F16;
+  else if (t.isInteger(32))
+    d = DType::I32;
+  else if (t.isInteger(64))
+    d = DType::I64;
+  return d ? ::fsdp::dtypeName(*d) : "";
 }
 
 json::Array shapeOf(RankedTensorType t) {
@@ -268,7 +272,26 @@ void ExportPlanPass::runOnOperation() {
                             "on the runtime";
         return signalPassFailure();
       }
-      instr["op"] = op.getName().stripDialect().str();
+      // Every op the runtime runs is in the plan schema with its arity: an
+      // op added to the dialect but not to the schema is caught here, not
+      // by fsdp-run's loader.
+      StringRef name = op.getName().stripDialect();
+      const ::fsdp::OpSchema *schema = ::fsdp::findOp({name.data(), name.size()});
+      if (!schema) {
+        op.emitOpError() << "has no entry in the plan schema "
+                            "(runtime/core/PlanSchema.h): the runtime cannot run it";
+        return signalPassFailure();
+      }
+      if ((schema->numInputs >= 0 && (int)op.getNumOperands() != schema->numInputs) ||
+          (schema->numInputs < 0 && op.getNumOperands() == 0) ||
+          (int)op.getNumResults() != schema->numOutputs) {
+        op.emitOpError() << "has " << op.getNumOperands() << " operand(s) and "
+                         << op.getNumResults() << " result(s); the plan schema "
+                         << "expects " << schema->numInputs << " and "
+                         << schema->numOutputs;
+        return signalPassFailure();
+      }
+      instr["op"] = name.str();
       for (Value v : op.getOperands())
         in.push_back(plan.valueBuffer.lookup(v));
       for (Value v : op.getResults())
@@ -314,8 +337,8 @@ void ExportPlanPass::runOnOperation() {
   if (auto name = module.getSymName())
     modelName = name->str();
   json::Object root{
-      {"format", "fsdp-plan"},
-      {"version", kPlanVersion},
+      {"format", std::string(::fsdp::kPlanFormat)},
+      {"version", (int64_t)::fsdp::kPlanVersion},
       {"model", modelName},
       {"world_size", world},
       {"stage", stage},

@@ -34,25 +34,7 @@
 using namespace mlir;
 using namespace mlir::fsdp;
 
-StringRef mlir::fsdp::bufKindName(BufKind k) {
-  switch (k) {
-  case BufKind::Param:
-    return "param";
-  case BufKind::State:
-    return "state";
-  case BufKind::Input:
-    return "input";
-  case BufKind::Grad:
-    return "grad";
-  case BufKind::Activation:
-    return "activation";
-  case BufKind::Temp:
-    return "temp";
-  case BufKind::Comm:
-    return "comm";
-  }
-  return "temp";
-}
+StringRef mlir::fsdp::bufKindName(BufKind k) { return ::fsdp::bufferKindName(k); }
 
 std::string mlir::fsdp::formatBytes(int64_t bytes) {
   std::string s;

@@ -12,6 +12,8 @@
 
 #include "dialects/fsdp/FsdpOps.h"
 
+#include "runtime/core/PlanSchema.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -21,9 +23,10 @@
 
 namespace mlir::fsdp {
 
-/// What a buffer holds (the plan's "kind").
-enum class BufKind { Param, State, Input, Grad, Activation, Temp, Comm };
-constexpr int kNumBufKinds = 7;
+/// What a buffer holds (the plan's "kind"): the plan schema's enum, shared
+/// with the runtime (runtime/core/PlanSchema.h).
+using BufKind = ::fsdp::BufferKind;
+constexpr int kNumBufKinds = ::fsdp::kNumBufferKinds;
 llvm::StringRef bufKindName(BufKind k);
 
 struct PlannedBuffer {

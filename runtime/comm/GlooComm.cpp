@@ -52,20 +52,6 @@ namespace fsdp {
 
 namespace {
 
-bool envInt(const char *name, int64_t &out, bool &present, Status &st) {
-  const char *v = std::getenv(name);
-  present = v != nullptr;
-  if (!v)
-    return false;
-  char *end;
-  long long x = std::strtoll(v, &end, 10);
-  if (!*v || *end) {
-    st = FSDP_ERROR("environment variable ", name, "='", v, "' is not an integer");
-    return false;
-  }
-  out = x;
-  return true;
-}
 
 /// Gloo's reduction for bf16 buffers: c = a + b summed in f32 and rounded
 /// once to bf16 (each step of Gloo's ring / halving-doubling rounds, as
@@ -147,12 +133,16 @@ public:
   int64_t rank() const override { return ctx->rank; }
   int64_t size() const override { return ctx->size; }
 
-  Status allReduce(void *data, int64_t n, DType dtype, bool mean) override {
+  Status allReduce(const void *in, void *data, int64_t n, DType dtype, ReduceOp op,
+                   Stream *) override {
     void (*fn)(void *, const void *, const void *, size_t);
     if (!reduction(dtype, fn))
       return FSDP_ERROR("all_reduce: this communicator sums f32 and bf16, not ",
                         dtypeName(dtype));
     const int64_t es = dtypeSize(dtype);
+    const bool mean = op == ReduceOp::Mean;
+    if (in != data) // Gloo reduces in place
+      std::memmove(data, in, n * es);
     Status st = guard("all_reduce", [&] {
       gloo::AllreduceOptions opts(ctx);
       // Gloo sizes elements by the pointer type: bf16 travels as uint16_t.
@@ -171,7 +161,8 @@ public:
   }
 
   Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype,
-                       bool mean) override {
+                       ReduceOp op, Stream *) override {
+    const bool mean = op == ReduceOp::Mean;
     void (*fn)(void *, const void *, const void *, size_t);
     if (!reduction(dtype, fn))
       return FSDP_ERROR("reduce_scatter: this communicator sums f32 and bf16, "
@@ -225,8 +216,8 @@ public:
     return Status::ok();
   }
 
-  Status allGather(const void *in, void *out, int64_t shard,
-                   DType dtype) override {
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype,
+                   Stream *) override {
     // Moves bytes: any dtype.
     const int64_t bytes = shard * dtypeSize(dtype);
     bytesSent_ += (size() - 1) * bytes;
@@ -288,58 +279,6 @@ private:
 
 } // namespace
 
-Status jobFromEnvironment(JobEnv &job) {
-  Status st;
-  bool present = false, present2 = false;
-  int64_t r = 0, w = 1;
-  struct Source {
-    const char *rank, *size, *name;
-  };
-  const Source sources[] = {
-      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc"},
-      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)"},
-  };
-  for (const Source &s : sources) {
-    envInt(s.rank, r, present, st);
-    envInt(s.size, w, present2, st);
-    if (!st)
-      return st;
-    if (!present && !present2)
-      continue;
-    if (present != present2)
-      return FSDP_ERROR("only one of ", s.rank, " and ", s.size, " is set");
-    if (w < 1 || r < 0 || r >= w)
-      return FSDP_ERROR("invalid ", s.rank, "=", r, " / ", s.size, "=", w,
-                        ": need 0 <= rank < world size");
-    job.rank = r;
-    job.worldSize = w;
-    job.source = s.name;
-    if (const char *dir = std::getenv("FSDP_STORE_DIR")) {
-      job.storeDir = dir;
-    } else if (w > 1) {
-      const char *addr = std::getenv("MASTER_ADDR");
-      const char *port = std::getenv("MASTER_PORT");
-      if (!addr || !port)
-        return FSDP_ERROR(s.name, " job of ", w, " ranks: set MASTER_ADDR and "
-                          "MASTER_PORT (or FSDP_STORE_DIR) so the ranks can "
-                          "meet");
-      int64_t p = 0;
-      bool present3 = false;
-      envInt("MASTER_PORT", p, present3, st);
-      if (!st || p <= 0 || p > 65535)
-        return FSDP_ERROR("invalid MASTER_PORT '", port, "'");
-      job.masterAddr = addr;
-      job.masterPort = (int)p;
-    }
-    return Status::ok();
-  }
-  job = JobEnv();
-  job.source = "single process";
-  return Status::ok();
-}
-
 Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
                             std::unique_ptr<Communicator> &out) {
   if (job.worldSize == 1) {
@@ -363,14 +302,7 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     if (const char *h = std::getenv("FSDP_HOSTNAME"))
       attr.hostname = h;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    std::shared_ptr<gloo::rendezvous::Store> base;
-    if (!job.storeDir.empty()) {
-      ::mkdir(job.storeDir.c_str(), 0700);
-      base = std::make_shared<gloo::rendezvous::FileStore>(job.storeDir);
-    } else {
-      base = std::make_shared<TcpStore>(job.masterAddr, job.masterPort,
-                                        job.rank == 0, timeout);
-    }
+    std::shared_ptr<gloo::rendezvous::Store> base = openRendezvousStore(job, timeout);
     gloo::rendezvous::PrefixStore store("fsdp", *base);
     auto ctx = std::make_shared<gloo::rendezvous::Context>((int)job.rank,
                                                            (int)job.worldSize);

@@ -159,7 +159,8 @@ Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
     Tensor t;
     t.dtype = b.dtype;
     t.shape = b.shape;
-    t.data.assign(ex.address(id), ex.address(id) + b.bytes);
+    t.data.resize(b.bytes);
+    FSDP_RETURN_IF_ERROR(ex.readBuffer(id, t.data.data()));
     mine[tensorName(b)] = std::move(t);
   }
   FSDP_RETURN_IF_ERROR(writeSafeTensors(
@@ -331,7 +332,7 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
       return FSDP_ERROR(file, ": tensor '", tensorName(b), "' has ",
                         it->second.data.size(), " bytes of ", dtypeName(it->second.dtype),
                         ", the plan's buffer ", b.bytes, " bytes of ", dtypeName(b.dtype));
-    std::memcpy(ex.address(id), it->second.data.data(), b.bytes);
+    FSDP_RETURN_IF_ERROR(ex.writeBuffer(id, it->second.data.data()));
   }
   position.step = index["step"];
   position.schedule = index["schedule"];

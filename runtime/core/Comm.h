@@ -21,23 +21,43 @@
 
 namespace fsdp {
 
+class Stream;
+
+/// The reductions a plan names (an all_reduce / reduce_scatter's `reduce`).
+enum class ReduceOp { Sum, Mean };
+
+/// Parses "sum" / "mean"; false when unknown.
+inline bool parseReduceOp(const std::string &s, ReduceOp &out) {
+  if (s == "sum" || s == "mean") {
+    out = s == "sum" ? ReduceOp::Sum : ReduceOp::Mean;
+    return true;
+  }
+  return false;
+}
+
 class Communicator {
 public:
   virtual ~Communicator() = default;
   virtual int64_t rank() const = 0;
   virtual int64_t size() const = 0;
-  // Buffers are `n` / `shard` elements of `dtype`: f32, or bf16 / f16 in
-  // mixed-precision plans. A backend sums narrow floats as it can (Gloo:
-  // pairwise in f32, rounded to the dtype after each step, like NCCL); an
-  // all-gather only moves bytes.
-  /// In place: data = sum (or mean) over ranks.
-  virtual Status allReduce(void *data, int64_t n, DType dtype, bool mean) = 0;
+  // Buffers are device addresses of `count` / `shard` elements of `dtype`:
+  // f32, or bf16 / f16 in mixed-precision plans. A backend sums narrow
+  // floats as it can (Gloo: pairwise in f32, rounded to the dtype after
+  // each step, like NCCL); an all-gather only moves bytes. `stream` is the
+  // device stream the collective is ordered on (Device.h): a host
+  // communicator (Gloo) runs on the calling thread, which the CPU device's
+  // comm stream is, and ignores it; NCCL enqueues on its nativeHandle().
+  // Null: the host, synchronously (host buffers).
+  /// out = sum (or mean) over ranks of in; in == out is allowed.
+  virtual Status allReduce(const void *in, void *out, int64_t count, DType dtype,
+                           ReduceOp op, Stream *stream = nullptr) = 0;
   /// in: size() * shard elements; out: this rank's reduced shard.
   virtual Status reduceScatter(const void *in, void *out, int64_t shard,
-                               DType dtype, bool mean) = 0;
+                               DType dtype, ReduceOp op, Stream *stream = nullptr) = 0;
   /// in: shard elements; out: size() * shard elements in rank order.
   virtual Status allGather(const void *in, void *out, int64_t shard,
-                           DType dtype) = 0;
+                           DType dtype, Stream *stream = nullptr) = 0;
+  // Host-only helpers (options, checkpoints, calibration): host buffers.
   virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
   virtual Status barrier() = 0;
 

@@ -14,22 +14,24 @@
 //    compiler's peak_live.
 //
 //
-// [Note: the communication thread]
-// Every collective runs on one communication thread, in program order, so
-// the order across ranks is the plan's order whatever the compute does. A
-// collective marked `async` is queued and the main thread goes on with
-// the next instructions (the overlap fsdp-schedule planned); its `wait`
-// instruction blocks on it. A synchronous collective is queued and waited
-// for at once (behind any async ones still queued, which keeps the order).
-// The memory plan keeps an async collective's input and output alive until
-// its wait, so the two threads never touch the same bytes.
+// [Note: the communication stream]
+// Every collective runs on the device's one comm stream, in program order,
+// so the order across ranks is the plan's order whatever the compute does
+// ([Note: streams and events] in Device.h). A collective marked `async` is
+// enqueued there after the compute that precedes it, and compute goes on
+// with the next instructions (the overlap fsdp-schedule planned); its
+// `wait` instruction makes compute wait for it. A synchronous collective
+// is enqueued and waited for at once (behind any async ones still queued,
+// which keeps the order). The memory plan keeps an async collective's
+// input and output alive until its wait, so the two streams never touch
+// the same bytes. The host waits for the device once, at the end of the
+// step.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Executor.h"
 
 #include "runtime/core/Init.h"
-#include "runtime/cpu/Dispatch.h"
 
 #include <algorithm>
 #include <chrono>
@@ -60,49 +62,24 @@ double scheduledLr(const std::string &schedule, double lr, double minLr,
   return lr;
 }
 
-Executor::Executor(const Plan &plan, Communicator &comm)
-    : plan(plan), comm(comm) {
-  commThread = std::thread([this] { commLoop(); });
-}
+Executor::Executor(const Plan &plan, Communicator &comm, Device &device)
+    : plan(plan), comm(comm), dev(device) {}
 
 Executor::~Executor() {
-  {
-    std::lock_guard<std::mutex> l(mu);
-    stopping = true;
-  }
-  cv.notify_all();
-  commThread.join();
-  std::free(arena);
-}
-
-void Executor::commLoop() {
-  for (;;) {
-    std::packaged_task<Status()> job;
-    {
-      std::unique_lock<std::mutex> l(mu);
-      cv.wait(l, [&] { return stopping || !jobs.empty(); });
-      if (jobs.empty())
-        return;
-      job = std::move(jobs.front());
-      jobs.pop_front();
-    }
-    job();
-  }
-}
-
-std::future<Status> Executor::submit(std::function<Status()> fn) {
-  std::packaged_task<Status()> task(std::move(fn));
-  std::future<Status> f = task.get_future();
-  {
-    std::lock_guard<std::mutex> l(mu);
-    jobs.push_back(std::move(task));
-  }
-  cv.notify_one();
-  return f;
+  // Queued collectives refer to this executor (tracing) and the arena.
+  (void)dev.synchronize();
 }
 
 uint8_t *Executor::address(int64_t id) const {
-  return cpu::bufferAddress(plan, id, arena, shardIndex());
+  return arena + bufferOffset(plan, id, shardIndex());
+}
+
+Status Executor::readBuffer(int64_t id, void *host) const {
+  return dev.copyToHost(host, address(id), plan.buffers[id].bytes);
+}
+
+Status Executor::writeBuffer(int64_t id, const void *host) {
+  return dev.copyToDevice(address(id), host, plan.buffers[id].bytes);
 }
 
 Communicator &Executor::group(const std::string &name) {
@@ -150,37 +127,52 @@ Status Executor::init(uint64_t seed) {
   } else if (plan.meshShards > 1 && plan.worldSize > 1) {
     FSDP_RETURN_IF_ERROR(comm.subgroup({comm.rank()}, "self", replicaComm));
   }
-  size_t bytes = (size_t)std::max<int64_t>(plan.arenaBytes, 64);
-  bytes = (bytes + 63) / 64 * 64;
-  arena = static_cast<uint8_t *>(std::aligned_alloc(64, bytes));
-  if (!arena)
-    return FSDP_ERROR("cannot allocate the arena of ", bytes, " bytes");
-  uint32_t *words = reinterpret_cast<uint32_t *>(arena);
-  std::fill(words, words + bytes / 4, kSentinel);
+  FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes));
+  arena = dev.arenaBase();
+  FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
+  collective.clear();
+  for (const Instruction &inst : plan.program)
+    collective.push_back(isCollectiveOp(inst.op));
+  {
+    // See [Note: memory measurement]: every word starts as the sentinel.
+    std::vector<uint32_t> chunk(std::min<int64_t>(dev.arenaBytes() / 4, 1 << 18), kSentinel);
+    for (int64_t at = 0; at + 4 <= dev.arenaBytes();) {
+      int64_t n = std::min<int64_t>((int64_t)chunk.size() * 4, dev.arenaBytes() / 4 * 4 - at);
+      FSDP_RETURN_IF_ERROR(dev.copyToDevice(arena + at, chunk.data(), n));
+      at += n;
+    }
+  }
 
-  // Parameters: per-parameter buffers, or unit storage (whole or shard).
+  // Parameters: per-parameter buffers, or unit storage (whole or shard),
+  // initialized on the host and copied over.
+  std::vector<float> host;
   for (const Param &p : plan.params)
-    if (p.buffer >= 0)
-      initParam(p, seed, 0, p.numel(), reinterpret_cast<float *>(address(p.buffer)));
+    if (p.buffer >= 0) {
+      host.assign(p.numel(), 0.0f);
+      initParam(p, seed, 0, p.numel(), host.data());
+      FSDP_RETURN_IF_ERROR(writeBuffer(p.buffer, host.data()));
+    }
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const Unit &unit = plan.units[u];
     if (unit.buffer < 0)
       continue;
-    float *dst = reinterpret_cast<float *>(address(unit.buffer));
     int64_t first = unit.sharded ? shardIndex() * unit.shardNumel : 0;
     int64_t count = unit.sharded ? unit.shardNumel : unit.paddedNumel;
-    std::fill(dst, dst + count, 0.0f); // padding stays zero
+    host.assign(count, 0.0f); // padding stays zero
     for (const Param &p : plan.params) {
       if (p.unit != (int64_t)u)
         continue;
       int64_t lo = std::max(first, p.flatOffset);
       int64_t hi = std::min(first + count, p.flatOffset + p.numel());
       if (lo < hi)
-        initParam(p, seed, lo - p.flatOffset, hi - lo, dst + (lo - first));
+        initParam(p, seed, lo - p.flatOffset, hi - lo, host.data() + (lo - first));
     }
+    FSDP_RETURN_IF_ERROR(writeBuffer(unit.buffer, host.data()));
   }
-  for (const State &s : plan.states)
-    std::memset(address(s.buffer), 0, plan.buffers[s.buffer].bytes);
+  for (const State &s : plan.states) {
+    std::vector<uint8_t> zeros(plan.buffers[s.buffer].bytes, 0);
+    FSDP_RETURN_IF_ERROR(writeBuffer(s.buffer, zeros.data()));
+  }
 
   // The runtime's own liveness (see the note above).
   std::vector<int64_t> first(plan.buffers.size(), INT64_MAX), last(plan.buffers.size(), -1);
@@ -194,7 +186,7 @@ Status Executor::init(uint64_t seed) {
     std::vector<int64_t> touched(inst.in);
     touched.insert(touched.end(), inst.out.begin(), inst.out.end());
     // An async collective reads its input until its wait.
-    if (cpu::isCollectiveOp(inst.op) && inst.op != "wait" &&
+    if (isCollectiveOp(inst.op) && inst.op != "wait" &&
         inst.attrs.value("async", false))
       asyncInput[inst.out[0]] = inst.in[0];
     if (inst.op == "wait" && asyncInput.count(inst.in[0]))
@@ -223,39 +215,41 @@ Status Executor::init(uint64_t seed) {
 }
 
 Status Executor::runCollective(const Instruction &inst) {
+  Stream &compute = dev.computeStream(), &commStream = dev.commStream();
   if (inst.op == "wait") {
     auto it = inFlight.find(inst.in[0]);
     if (it == inFlight.end())
       return FSDP_ERROR("wait on buffer ", inst.in[0],
                         " but no collective writing it is in flight");
-    Status st = it->second.get();
+    Status st = dev.wait(compute, *it->second);
     inFlight.erase(it);
     return st;
   }
   const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];
-  void *src = address(inst.in[0]);
+  const void *src = address(inst.in[0]);
   void *dst = address(inst.out[0]);
   const DType dtype = in.dtype; // checkInstruction: in and out agree
-  bool mean = inst.attrs.value("reduce", std::string("sum")) == "mean";
+  ReduceOp reduce = ReduceOp::Sum;
+  parseReduceOp(inst.attrs.value("reduce", std::string("sum")), reduce);
   std::string op = inst.op;
-  int64_t inBytes = in.bytes, outN = out.numel(), inN = in.numel();
+  int64_t outN = out.numel(), inN = in.numel();
   Communicator *c = &group(inst.attrs.value("group", std::string("world")));
-  auto job = [c, op, src, dst, dtype, mean, inBytes, outN, inN]() -> Status {
-    if (op == "all_reduce") {
-      if (src != dst)
-        std::memmove(dst, src, inBytes);
-      return c->allReduce(dst, outN, dtype, mean);
-    }
+  Stream *stream = &commStream;
+  auto job = [c, op, src, dst, dtype, reduce, outN, inN, stream]() -> Status {
+    if (op == "all_reduce")
+      return c->allReduce(src, dst, outN, dtype, reduce, stream);
     if (op == "reduce_scatter")
-      return c->reduceScatter(src, dst, outN, dtype, mean);
-    return c->allGather(src, dst, inN, dtype);
+      return c->reduceScatter(src, dst, outN, dtype, reduce, stream);
+    return c->allGather(src, dst, inN, dtype, stream);
   };
-  std::future<Status> done;
+  // The collective reads what compute wrote before it.
+  std::unique_ptr<Event> ready = dev.record(compute);
+  FSDP_RETURN_IF_ERROR(dev.wait(commStream, *ready));
   if (tracing) {
-    // The span on the communication thread: from when it starts running
-    // the collective (not when it was queued) to its end.
+    // The span on the comm stream: from when it starts running the
+    // collective (not when it was queued) to its end.
     TraceEvent ev{op, 1, currentStep, traceIndex, 0, 0};
-    done = submit([this, job, ev]() mutable {
+    dev.enqueue(commStream, [this, job, ev]() mutable {
       ev.startUs = nowUs();
       Status st = job();
       ev.durUs = nowUs() - ev.startUs;
@@ -264,10 +258,11 @@ Status Executor::runCollective(const Instruction &inst) {
       return st;
     });
   } else {
-    done = submit(job);
+    dev.enqueue(commStream, std::move(job));
   }
+  std::unique_ptr<Event> done = dev.record(commStream);
   if (!inst.attrs.value("async", false))
-    return done.get();
+    return dev.wait(compute, *done);
   if (inFlight.count(inst.out[0]))
     return FSDP_ERROR(inst.op, ": a collective writing buffer ", inst.out[0],
                       " is already in flight");
@@ -275,45 +270,63 @@ Status Executor::runCollective(const Instruction &inst) {
   return Status::ok();
 }
 
+Status Executor::fillInputs(DataSource &data, int64_t step) {
+  // The batch is made in host memory, then copied to the device.
+  std::map<int64_t, std::vector<uint8_t>> staged;
+  for (const Binding &b : plan.inputs)
+    if (b.role == "input" || b.role == "target")
+      staged[b.buffer].assign(plan.buffers[b.buffer].bytes, 0);
+  auto addr = [](void *ctx, int64_t id) -> uint8_t * {
+    auto &m = *static_cast<std::map<int64_t, std::vector<uint8_t>> *>(ctx);
+    auto it = m.find(id);
+    return it == m.end() ? nullptr : it->second.data();
+  };
+  FSDP_RETURN_IF_ERROR(data.fill(step, addr, &staged));
+  for (auto &[id, bytes] : staged)
+    FSDP_RETURN_IF_ERROR(writeBuffer(id, bytes.data()));
+  return Status::ok();
+}
+
 Status Executor::step(int64_t step, double lr, float &loss) {
   for (const Binding &b : plan.inputs) {
-    if (b.role == "lr")
-      *reinterpret_cast<float *>(address(b.buffer)) = (float)lr;
-    else if (b.role == "step")
-      *reinterpret_cast<float *>(address(b.buffer)) = (float)step;
+    float v = b.role == "lr" ? (float)lr : (float)step;
+    if (b.role == "lr" || b.role == "step")
+      FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
   }
   currentStep = step;
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
     double t0 = tracing ? nowUs() : 0;
     traceIndex = (int64_t)i;
-    Status st = cpu::isCollectiveOp(inst.op)
-                    ? runCollective(inst)
-                    : cpu::runInstruction(plan, inst, arena, shardIndex());
+    Status st = collective[i] ? runCollective(inst) : dev.run((int64_t)i);
     if (tracing) {
       // A collective's span here is its issue (async) or the whole blocking
       // call (sync); a wait's is the time compute stood still.
-      bool issue = cpu::isCollectiveOp(inst.op) && inst.op != "wait" &&
+      bool issue = collective[i] && inst.op != "wait" &&
                    inst.attrs.value("async", false);
       computeEvents.push_back({issue ? "issue " + inst.op : inst.op, 0, step,
                                (int64_t)i, t0, nowUs() - t0});
     }
-    if (!st)
+    if (!st) {
+      (void)dev.synchronize(); // nothing may run past the step
+      inFlight.clear();
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
                            st.message());
+    }
   }
+  // The step's one host synchronization.
+  Status synced = dev.synchronize();
   if (!inFlight.empty()) {
-    // Drain before reporting: nothing may be in flight past the step.
-    for (auto &[id, f] : inFlight)
-      f.get();
     inFlight.clear();
     return FSDP_ERROR("step ", step, ": the plan left an async collective "
                       "without a wait");
   }
+  if (!synced)
+    return Status::error("step " + std::to_string(step) + ": " + synced.message());
   for (const Binding &b : plan.outputs)
     if (b.role == "loss")
-      loss = *reinterpret_cast<float *>(address(b.buffer));
+      FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, &loss));
   return Status::ok();
 }
 
@@ -325,19 +338,34 @@ std::vector<TraceEvent> Executor::traceEvents() {
 }
 
 MemoryMeasurement Executor::measureMemory() const {
+  // The highest word that no longer holds the sentinel, scanning down from
+  // the arena's end a chunk at a time (host copies of device memory).
   MemoryMeasurement m;
-  const uint32_t *words = reinterpret_cast<const uint32_t *>(arena);
   int64_t n = plan.arenaBytes / 4;
-  while (n > 0 && words[n - 1] == kSentinel)
-    --n;
+  std::vector<uint32_t> chunk(std::min<int64_t>(n, 1 << 18));
+  while (n > 0) {
+    int64_t lo = std::max<int64_t>(0, n - (int64_t)chunk.size());
+    if (!dev.copyToHost(chunk.data(), arena + lo * 4, (n - lo) * 4))
+      break;
+    int64_t k = n - lo;
+    while (k > 0 && chunk[k - 1] == kSentinel)
+      --k;
+    if (k > 0) {
+      n = lo + k;
+      break;
+    }
+    n = lo;
+  }
   m.highWater = n * 4;
   m.peakLive = peakLive;
   return m;
 }
 
-bool Executor::paramElement(const Param &p, int64_t i, float *&ptr) const {
+bool Executor::paramLocation(const Param &p, int64_t i, int64_t &buffer,
+                             int64_t &elem) const {
   if (p.buffer >= 0) {
-    ptr = reinterpret_cast<float *>(address(p.buffer)) + i;
+    buffer = p.buffer;
+    elem = i;
     return true;
   }
   const Unit &u = plan.units[p.unit];
@@ -346,8 +374,28 @@ bool Executor::paramElement(const Param &p, int64_t i, float *&ptr) const {
   int64_t count = u.sharded ? u.shardNumel : u.paddedNumel;
   if (f < first || f >= first + count)
     return false;
-  ptr = reinterpret_cast<float *>(address(u.buffer)) + (f - first);
+  buffer = u.buffer;
+  elem = f - first;
   return true;
+}
+
+bool Executor::holdsParamElement(const Param &p, int64_t i) const {
+  int64_t b, e;
+  return paramLocation(p, i, b, e);
+}
+
+Status Executor::getParamElement(const Param &p, int64_t i, float &value) const {
+  int64_t b, e;
+  if (!paramLocation(p, i, b, e))
+    return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
+  return dev.copyToHost(&value, address(b) + 4 * e, 4);
+}
+
+Status Executor::setParamElement(const Param &p, int64_t i, float value) {
+  int64_t b, e;
+  if (!paramLocation(p, i, b, e))
+    return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
+  return dev.copyToDevice(address(b) + 4 * e, &value, 4);
 }
 
 Status Executor::gatherParams(TensorMap &out) {
@@ -356,12 +404,15 @@ Status Executor::gatherParams(TensorMap &out) {
     std::vector<float> flat;
     if (unit.buffer >= 0) {
       flat.resize(unit.paddedNumel);
-      const float *src = reinterpret_cast<const float *>(address(unit.buffer));
-      if (unit.sharded)
-        FSDP_RETURN_IF_ERROR(group("shard").allGather(src, flat.data(), unit.shardNumel,
-                                                         DType::F32));
-      else
-        std::memcpy(flat.data(), src, sizeof(float) * unit.paddedNumel);
+      if (unit.sharded) {
+        // A host all-gather of host copies (no stream: host buffers).
+        std::vector<float> mine(unit.shardNumel);
+        FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, mine.data()));
+        FSDP_RETURN_IF_ERROR(group("shard").allGather(mine.data(), flat.data(),
+                                                         unit.shardNumel, DType::F32));
+      } else {
+        FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, flat.data()));
+      }
     }
     for (const Param &p : plan.params) {
       if (p.unit != (int64_t)u)
@@ -370,10 +421,10 @@ Status Executor::gatherParams(TensorMap &out) {
       t.dtype = DType::F32;
       t.shape = p.shape;
       t.data.resize(p.numel() * 4);
-      const float *src = p.buffer >= 0
-                             ? reinterpret_cast<const float *>(address(p.buffer))
-                             : flat.data() + p.flatOffset;
-      std::memcpy(t.data.data(), src, t.data.size());
+      if (p.buffer >= 0)
+        FSDP_RETURN_IF_ERROR(readBuffer(p.buffer, t.data.data()));
+      else
+        std::memcpy(t.data.data(), flat.data() + p.flatOffset, t.data.size());
       out[p.name] = std::move(t);
     }
   }
@@ -411,12 +462,20 @@ Status Executor::loadParams(const TensorMap &in) {
                         " and dtype ", dtypeName(t.dtype), " in the file; the model's "
                         "parameter has shape ", shapeStr(p.shape), " and dtype ",
                         dtypeName(p.dtype));
-    const float *src = reinterpret_cast<const float *>(t.data.data());
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      float *dst;
-      if (paramElement(p, i, dst))
-        *dst = src[i];
+    if (p.buffer >= 0) {
+      FSDP_RETURN_IF_ERROR(writeBuffer(p.buffer, t.data.data()));
+      continue;
     }
+    // The part of the parameter in this rank's slice of its unit.
+    const Unit &u = plan.units[p.unit];
+    int64_t first = u.sharded ? shardIndex() * u.shardNumel : 0;
+    int64_t count = u.sharded ? u.shardNumel : u.paddedNumel;
+    int64_t lo = std::max(first, p.flatOffset);
+    int64_t hi = std::min(first + count, p.flatOffset + p.numel());
+    if (lo < hi)
+      FSDP_RETURN_IF_ERROR(dev.copyToDevice(address(u.buffer) + 4 * (lo - first),
+                                            t.data.data() + 4 * (lo - p.flatOffset),
+                                            4 * (hi - lo)));
   }
   return Status::ok();
 }
@@ -428,7 +487,8 @@ Status Executor::gradOutputs(TensorMap &out) const {
     const Buffer &buf = plan.buffers[b.buffer];
     Tensor t;
     t.shape = buf.shape;
-    t.data.assign(address(b.buffer), address(b.buffer) + buf.bytes);
+    t.data.resize(buf.bytes);
+    FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, t.data.data()));
     out[b.param] = std::move(t);
   }
   return Status::ok();

@@ -1,9 +1,10 @@
 //===- Executor.h - one rank running a plan ---------------------*- C++ -*-===//
 //
-// Owns the arena (one allocation of the plan's arena_bytes), initializes
-// parameters and optimizer state, and runs the program instruction by
-// instruction: compute ops through the CPU dispatch, collectives through
-// the communicator. It also measures memory for real (see
+// Drives a Device (Device.h): has it allocate the arena (one allocation of
+// the plan's arena_bytes), initializes parameters and optimizer state
+// through host copies, and runs the program instruction by instruction:
+// compute ops on the device's compute stream, collectives through the
+// communicator on its comm stream ([Note: streams and events]). It also measures memory for real (see
 // [Note: memory measurement] in Executor.cpp) so the compiler's prediction
 // is checked, not echoed.
 //
@@ -13,17 +14,15 @@
 #define FSDP_RUNTIME_CORE_EXECUTOR_H
 
 #include "runtime/core/Comm.h"
+#include "runtime/core/Data.h"
+#include "runtime/core/Device.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 namespace fsdp {
@@ -46,17 +45,24 @@ struct MemoryMeasurement {
 
 class Executor {
 public:
-  Executor(const Plan &plan, Communicator &comm);
+  /// `device` is this rank's (one per process); it outlives the executor.
+  Executor(const Plan &plan, Communicator &comm, Device &device);
   ~Executor();
 
   /// Allocates the arena and initializes parameters (from `seed`) and state.
   Status init(uint64_t seed);
 
+  /// Writes this rank's batch for `step` into the input buffers (filled
+  /// on the host, then copied to the device).
+  Status fillInputs(DataSource &data, int64_t step);
+
   /// Runs one step with learning rate `lr` (step is 1-based). The batch
   /// must already be in the input buffers.
   Status step(int64_t step, double lr, float &loss);
 
-  uint8_t *address(int64_t bufferId) const;
+  /// Host copies of buffer `id` (its bytes, this rank's view).
+  Status readBuffer(int64_t id, void *host) const;
+  Status writeBuffer(int64_t id, const void *host);
 
   /// Every parameter, whole (sharded units are all-gathered): a collective,
   /// so every rank must call it.
@@ -66,13 +72,15 @@ public:
   /// Gradients published by a plan compiled with optimizer=none.
   Status gradOutputs(TensorMap &out) const;
 
-  /// Reads / writes one element of a parameter in local storage (for the
-  /// gradient check); false when this rank does not hold it.
-  bool paramElement(const Param &p, int64_t i, float *&ptr) const;
+  /// Element i of a parameter in local storage (for the gradient check):
+  /// false when this rank does not hold it.
+  bool holdsParamElement(const Param &p, int64_t i) const;
+  Status getParamElement(const Param &p, int64_t i, float &value) const;
+  Status setParamElement(const Param &p, int64_t i, float value);
 
   /// Records every instruction's span from now on (see TraceEvent).
   void setTracing(bool on) { tracing = on; }
-  /// The spans recorded so far, both threads (call between steps).
+  /// The spans recorded so far, both streams (call between steps).
   std::vector<TraceEvent> traceEvents();
 
   MemoryMeasurement measureMemory() const;
@@ -80,32 +88,32 @@ public:
   int64_t commBytes() const;
   /// The shard of every sharded unit this rank holds.
   int64_t shardIndex() const { return plan.shardIndex(comm.rank()); }
+  Device &device() { return dev; }
 
 private:
+  /// The device address of buffer `id`: never dereferenced on the host.
+  uint8_t *address(int64_t bufferId) const;
+  /// Where element i of `p` lives here: buffer and element index in it.
+  bool paramLocation(const Param &p, int64_t i, int64_t &buffer, int64_t &elem) const;
   Status runCollective(const Instruction &inst);
-  /// Queues `job` on the communication thread.
-  std::future<Status> submit(std::function<Status()> job);
-  void commLoop();
 
   /// The communicator of a collective's group (see Plan::groupSize).
   Communicator &group(const std::string &name);
 
   const Plan &plan;
   Communicator &comm;
+  Device &dev;
   /// On a 2-D mesh: the ranks sharding this rank's replica, and the ranks
   /// holding this rank's shard (null where the group is the whole world).
   std::unique_ptr<Communicator> shardComm, replicaComm;
-  uint8_t *arena = nullptr;
+  uint8_t *arena = nullptr; ///< the device's arena base
+  /// Per instruction: run by the communicator (PlanSchema.h's OpKind).
+  std::vector<bool> collective;
   int64_t peakLive = 0;
 
-  // [Note: the communication thread] in Executor.cpp.
-  std::thread commThread;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::packaged_task<Status()>> jobs;
-  bool stopping = false;
-  /// Async collectives in flight, by the buffer their wait names.
-  std::map<int64_t, std::future<Status>> inFlight;
+  /// Async collectives in flight, by the buffer their wait names: the event
+  /// on the comm stream that completes them.
+  std::map<int64_t, std::unique_ptr<Event>> inFlight;
 
   bool tracing = false;
   std::vector<TraceEvent> computeEvents; ///< main thread only

@@ -9,7 +9,7 @@
 
 #include "runtime/core/Plan.h"
 
-#include "runtime/cpu/Dispatch.h"
+#include "runtime/core/OpRules.h"
 
 #include <algorithm>
 #include <cmath>
@@ -377,7 +377,7 @@ Status validate(Plan &plan) {
                             id, " (", b.name, ") outside its live range [", b.first,
                             ", ", b.last, "]");
       }
-    Status st = cpu::checkInstruction(plan, inst);
+    Status st = checkInstruction(plan, inst);
     if (!st)
       return Status::error("plan: instruction #" + std::to_string(i) + ": " +
                            st.message());
@@ -405,7 +405,7 @@ Status parsePlan(const std::string &text, Plan &plan) {
   r.string(j, "format", format, "plan");
   if (!r.status)
     return r.status;
-  if (format != "fsdp-plan")
+  if (format != kPlanFormat)
     return FSDP_ERROR("plan: format is '", format, "', expected 'fsdp-plan'");
   int64_t version = 0;
   r.integer(j, "version", version, "plan", 0, INT64_MAX);

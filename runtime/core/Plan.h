@@ -12,6 +12,7 @@
 #ifndef FSDP_RUNTIME_CORE_PLAN_H
 #define FSDP_RUNTIME_CORE_PLAN_H
 
+#include "runtime/core/PlanSchema.h"
 #include "runtime/core/Status.h"
 
 #include <nlohmann/json.hpp>
@@ -22,31 +23,13 @@
 
 namespace fsdp {
 
-/// The plan format version this runtime reads. A plan with a newer version
-/// is rejected; older versions are rejected too until a migration exists.
-constexpr int kPlanVersion = 1;
-
-enum class DType { F32, BF16, F16, I32, I64 };
-
-/// Bytes per element.
-int64_t dtypeSize(DType t);
-/// "f32", "bf16", ...
-const char *dtypeName(DType t);
-/// Parses "f32" etc.; false when unknown.
-bool parseDType(const std::string &s, DType &out);
-
-/// What a buffer holds; used for the memory breakdown and validation.
-enum class BufferKind {
-  Input,     ///< batch data, lr, step: written by the runtime each step
-  Param,     ///< persistent parameter storage (a shard when sharded)
-  State,     ///< persistent optimizer state
-  Grad,      ///< gradient (persistent or transient)
-  Activation,///< forward values kept for backward
-  Temp,      ///< everything else
-  Comm,      ///< collective staging buffers
-};
-const char *bufferKindName(BufferKind k);
-bool parseBufferKind(const std::string &s, BufferKind &out);
+/// Elements of a shape (1 for a scalar).
+inline int64_t shapeNumel(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
 
 struct Buffer {
   int64_t id = 0;
@@ -65,7 +48,7 @@ struct Buffer {
   /// shard index is the rank on a 1-D mesh; Plan::shardIndex).
   int64_t rankStride = 0;
   std::string name;
-  int64_t numel() const;
+  int64_t numel() const { return shapeNumel(shape); }
 };
 
 /// One parameter of the model (global view) and where its shard lives.
@@ -79,7 +62,7 @@ struct Param {
   int64_t unit = 0;        ///< index into Plan::units
   int64_t flatOffset = 0;  ///< element offset inside the unit's flat buffer
   int64_t buffer = -1;     ///< the full parameter (unsharded plans)
-  int64_t numel() const;
+  int64_t numel() const { return shapeNumel(shape); }
 };
 
 /// Optimizer state shadowing one parameter (same shape, zero-initialized).
@@ -159,6 +142,13 @@ struct Plan {
                                 : 0;
   }
 };
+
+/// Where buffer `id` lies in the arena, in bytes from its base, for the
+/// rank holding shard `shard` (Plan::shardIndex).
+inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
+  const Buffer &b = plan.buffers[id];
+  return b.offset + shard * b.rankStride;
+}
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a
 /// truncated file, out-of-range buffer ids, buffers outside the arena, two

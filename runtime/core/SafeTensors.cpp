@@ -15,32 +15,9 @@
 namespace fsdp {
 
 namespace {
-const char *stName(DType t) {
-  switch (t) {
-  case DType::F32:
-    return "F32";
-  case DType::BF16:
-    return "BF16";
-  case DType::F16:
-    return "F16";
-  case DType::I32:
-    return "I32";
-  case DType::I64:
-    return "I64";
-  }
-  return "F32";
-}
-bool stParse(const std::string &s, DType &t) {
-  static const std::pair<const char *, DType> names[] = {
-      {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},
-      {"I32", DType::I32}, {"I64", DType::I64}};
-  for (auto &[n, d] : names)
-    if (s == n) {
-      t = d;
-      return true;
-    }
-  return false;
-}
+// safetensors' dtype names: PlanSchema.h (kDTypes).
+const char *stName(DType t) { return dtypeInfo(t).safetensors.data(); }
+bool stParse(const std::string &s, DType &t) { return parseSafetensorsDType(s, t); }
 } // namespace
 
 Status writeFileAtomic(const std::string &path, const std::string &bytes) {

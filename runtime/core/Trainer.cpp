@@ -6,10 +6,6 @@
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
 #include "runtime/core/SafeTensors.h"
-#include "runtime/cpu/Dispatch.h"
-#include "runtime/cpu/Calibrate.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,8 +17,6 @@
 #include <cstring>
 #include <sys/stat.h>
 #include <unistd.h>
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace fsdp {
 
@@ -40,6 +34,8 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --min-lr F           floor of the cosine schedule (default 0)
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
+  --device D           cpu (default) or cuda: the backend that runs the plan
+                       (a plan does not depend on it)
   --threads N          compute threads per rank (OpenMP + OpenBLAS)
   --log-every N        print every N steps (default 1)
   --dump-dir DIR       write init/final parameters, the parameters after every
@@ -96,7 +92,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
                                  "--dump-dir",  "--init-from", "--save",
                                  "--gradcheck", "--gradcheck-tol",
                                  "--ckpt-dir",  "--save-every", "--keep",
-                                 "--resume",    "--trace"};
+                                 "--resume",    "--trace",     "--device"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -156,6 +152,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.seed = (uint64_t)iv;
     } else if (a == "--data") {
       opt.data = v;
+    } else if (a == "--device") {
+      if (std::strcmp(v, "cpu") != 0 && std::strcmp(v, "cuda") != 0)
+        return FSDP_ERROR("--device must be cpu or cuda, found '", v, "'");
+      opt.device = v;
     } else if (a == "--threads") {
       if (!toInt(v, iv) || iv < 1 || iv > 1024)
         return badValue();
@@ -219,10 +219,6 @@ std::string human(double bytes) {
   return buf;
 }
 
-uint8_t *addrOf(void *ctx, int64_t id) {
-  return static_cast<Executor *>(ctx)->address(id);
-}
-
 Status makeDir(const std::string &dir) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return FSDP_ERROR("cannot create directory '", dir, "': ", std::strerror(errno));
@@ -238,7 +234,8 @@ void recordBatch(const Plan &plan, const Executor &ex, int64_t step, TensorMap &
     Tensor t;
     t.dtype = buf.dtype;
     t.shape = buf.shape;
-    t.data.assign(ex.address(b.buffer), ex.address(b.buffer) + buf.bytes);
+    t.data.resize(buf.bytes);
+    (void)ex.readBuffer(b.buffer, t.data.data());
     out["step" + std::to_string(step) + "." + b.name] = std::move(t);
   }
 }
@@ -268,7 +265,7 @@ Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
                         "plan computes in ", dtypeName(b.dtype), " (buffer ", b.name,
                         "), whose rounding (2^-8 for bf16) swamps them: check the "
                         "gradient rules on a plan compiled with param-dtype=f32");
-  FSDP_RETURN_IF_ERROR(data.fill(1, addrOf, &ex));
+  FSDP_RETURN_IF_ERROR(ex.fillInputs(data, 1));
   float loss0;
   FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, loss0));
   TensorMap grads;
@@ -292,20 +289,20 @@ Status gradCheck(const TrainOptions &opt, const Plan &plan, Executor &ex,
     int64_t kinks = 0;
     for (int64_t j = 0; j < k; ++j) {
       int64_t i = (j * n) / k + (n / k) / 2;
-      float *ptr;
-      if (!ex.paramElement(p, i, ptr))
+      if (!ex.holdsParamElement(p, i))
         continue;
-      float v = *ptr;
+      float v;
+      FSDP_RETURN_IF_ERROR(ex.getParamElement(p, i, v));
       // The perturbed values as float32 stores them: dividing by the step
       // actually taken removes the representation error of v +- h.
       float vp = (float)(v + 1e-3 * std::max(1.0f, std::fabs(v)));
       float vm = (float)(v - 1e-3 * std::max(1.0f, std::fabs(v)));
       float lp, lm;
-      *ptr = vp;
+      FSDP_RETURN_IF_ERROR(ex.setParamElement(p, i, vp));
       FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lp));
-      *ptr = vm;
+      FSDP_RETURN_IF_ERROR(ex.setParamElement(p, i, vm));
       FSDP_RETURN_IF_ERROR(ex.step(1, 0.0, lm));
-      *ptr = v;
+      FSDP_RETURN_IF_ERROR(ex.setParamElement(p, i, v));
       double step = (double)vp - (double)vm;
       double fd = ((double)lp - (double)lm) / step;
       // [Note: finite-difference noise] The loss comes back as a float32:
@@ -426,7 +423,7 @@ static Status writeTrace(const std::string &path, Executor &ex, Communicator &co
   return writeFileAtomic(path, doc.dump());
 }
 
-Status train(const TrainOptions &opt, Communicator &comm) {
+Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
   bool root = comm.rank() == 0;
   if (!opt.save.empty())
     FSDP_RETURN_IF_ERROR(checkOutputPath(opt.save, "--save"));
@@ -435,23 +432,15 @@ Status train(const TrainOptions &opt, Communicator &comm) {
   if (opt.calibrate) {
     if (!opt.planPath.empty())
       return FSDP_ERROR("--calibrate takes no plan (found '", opt.planPath, "')");
-    if (opt.threads > 0) {
-      omp_set_num_threads(opt.threads);
-      openblas_set_num_threads(opt.threads);
-    }
     nlohmann::json profile;
-    FSDP_RETURN_IF_ERROR(cpu::calibrate(comm, opt.threads > 0 ? opt.threads : 0, profile));
+    FSDP_RETURN_IF_ERROR(device.calibrate(comm, profile));
     if (root)
       std::printf("%s\n", profile.dump(1).c_str());
     return Status::ok();
   }
-  if (opt.threads > 0) {
-    omp_set_num_threads(opt.threads);
-    openblas_set_num_threads(opt.threads);
-  }
   Plan plan;
   FSDP_RETURN_IF_ERROR(loadPlan(opt.planPath, plan));
-  Executor ex(plan, comm);
+  Executor ex(plan, comm, device);
   FSDP_RETURN_IF_ERROR(ex.init(opt.seed));
   if (!opt.initFrom.empty()) {
     TensorMap init;
@@ -528,7 +517,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
     double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
-    FSDP_RETURN_IF_ERROR(data->fill(s, addrOf, &ex));
+    FSDP_RETURN_IF_ERROR(ex.fillInputs(*data, s));
     if (dump && root)
       recordBatch(plan, ex, s, batches);
     commBefore = ex.commBytes();
@@ -634,7 +623,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
                           {"measured_high_water", m.highWater},
                           {"measured_peak_live", m.peakLive},
                           {"comm_bytes_per_step", commPerStep},
-                          {"scratch_outside_arena", cpu::widenedScratchHighWater()}};
+                          {"scratch_outside_arena", device.scratchHighWater()}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("done: %lld steps | final loss %.6f (first %.6f) | %.2f ms/step "
@@ -648,7 +637,7 @@ Status train(const TrainOptions &opt, Communicator &comm) {
                   verdict(plan.memory.peak, m.highWater),
                   (long long)plan.memory.peakLive, (long long)m.peakLive,
                   verdict(plan.memory.peakLive, m.peakLive));
-      if (int64_t scratch = cpu::widenedScratchHighWater())
+      if (int64_t scratch = device.scratchHighWater())
         std::printf("f32 scratch for bf16/f16 instructions (outside the arena): "
                     "%lld B\n", (long long)scratch);
       if (plan.worldSize > 1)

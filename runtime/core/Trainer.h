@@ -10,6 +10,7 @@
 #define FSDP_RUNTIME_CORE_TRAINER_H
 
 #include "runtime/core/Comm.h"
+#include "runtime/core/Device.h"
 #include "runtime/core/Plan.h"
 
 #include <string>
@@ -18,6 +19,7 @@ namespace fsdp {
 
 struct TrainOptions {
   std::string planPath;
+  std::string device = "cpu"; ///< --device: which backend runs the plan
   int64_t steps = 10;
   double lr = 1e-3;
   std::string schedule = "constant";
@@ -47,8 +49,9 @@ struct TrainOptions {
 Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help);
 const char *trainUsage();
 
-/// Runs training (or the gradient check) on this rank. Rank 0 prints.
-Status train(const TrainOptions &opt, Communicator &comm);
+/// Runs training (or the gradient check) on this rank, on `device`
+/// (created from opt.device and opt.threads by the caller). Rank 0 prints.
+Status train(const TrainOptions &opt, Communicator &comm, Device &device);
 
 } // namespace fsdp
 

@@ -1,8 +1,8 @@
 //===- Dispatch.h - plan instructions to CPU kernels ------------*- C++ -*-===//
 //
-// Maps one plan instruction (op name, buffer ids, attributes) to a kernel
-// call. checkInstruction runs at plan load and rejects an instruction whose
-// operands do not fit its op; runInstruction executes it on the arena.
+// Maps one compute instruction (op name, buffer ids, attributes) to a
+// kernel call on the arena. The instruction was checked at plan load
+// (runtime/core/OpRules.h); the CPU device (CpuDevice.h) calls this.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,30 +16,19 @@
 
 namespace fsdp::cpu {
 
-/// Checks that `inst` names a known op with the right number of operands,
-/// dtypes and shapes. The message names the op and the problem.
-Status checkInstruction(const Plan &plan, const Instruction &inst);
-
 /// Runs one compute instruction; `rank` (the shard index,
-/// Plan::shardIndex) places shard views. Collectives
-/// are not handled here (see isCollectiveOp).
+/// Plan::shardIndex) places shard views. Collectives are not handled here
+/// (isCollectiveOp, PlanSchema.h).
 Status runInstruction(const Plan &plan, const Instruction &inst,
                       uint8_t *arena, int64_t rank);
 
+/// True when this backend has a kernel for compute op `op`.
+bool implementsOp(const std::string &op);
+
 /// Largest f32 scratch (bytes, per thread) that instructions on bf16 / f16
 /// operands used so far: memory outside the arena ([Note: bf16 storage,
-/// f32 compute] in Dispatch.cpp).
+/// f32 compute] in runtime/core/OpRules.cpp).
 int64_t widenedScratchHighWater();
-
-/// all_reduce, reduce_scatter, all_gather: executed by the communicator.
-bool isCollectiveOp(const std::string &op);
-
-/// The address of buffer `id` for the rank holding shard `rank`.
-inline uint8_t *bufferAddress(const Plan &plan, int64_t id, uint8_t *arena,
-                              int64_t rank) {
-  const Buffer &b = plan.buffers[id];
-  return arena + b.offset + rank * b.rankStride;
-}
 
 } // namespace fsdp::cpu
 

@@ -100,7 +100,8 @@ TEST_P(CommTest, CollectivesMatchAReference) {
         whole[i] = value(r, i, round);
       // Skew the ranks as compute between collectives does in a real step.
       std::this_thread::sleep_for(std::chrono::milliseconds((r * 7 + round * 3) % 5));
-      if (!comm.reduceScatter(whole.data(), mine.data(), shard, DType::F32, round % 2))
+      if (!comm.reduceScatter(whole.data(), mine.data(), shard, DType::F32,
+                              round % 2 ? ReduceOp::Mean : ReduceOp::Sum))
         return "reduce_scatter failed";
       for (int64_t i = 0; i < shard; ++i) {
         double want = 0;
@@ -116,7 +117,7 @@ TEST_P(CommTest, CollectivesMatchAReference) {
       if (!comm.allGather(mine.data(), gathered.data(), shard, DType::F32))
         return "all_gather failed";
       std::vector<float> sum = whole;
-      if (!comm.allReduce(sum.data(), (int64_t)sum.size(), DType::F32, false))
+      if (!comm.allReduce(sum.data(), sum.data(), (int64_t)sum.size(), DType::F32, ReduceOp::Sum))
         return "all_reduce failed";
       for (int64_t i = 0; i < n * shard; ++i) {
         float want = sum[i] / (round % 2 ? n : 1);
@@ -143,7 +144,7 @@ TEST(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
       return "";
     std::vector<float> v(1000, 1.0f);
     for (int i = 0; i < 3; ++i) {
-      Status st = comm.allReduce(v.data(), 1000, DType::F32, false);
+      Status st = comm.allReduce(v.data(), v.data(), 1000, DType::F32, ReduceOp::Sum);
       if (!st) {
         sawError = st.message().find("all_reduce failed") != std::string::npos;
         return "";
@@ -174,7 +175,7 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
       [&](int r, Communicator &comm) -> std::string {
         std::vector<float> v(64, 1.0f);
         for (int i = 0; i < 3; ++i)
-          if (!comm.allReduce(v.data(), 64, DType::F32, false))
+          if (!comm.allReduce(v.data(), v.data(), 64, DType::F32, ReduceOp::Sum))
             return "all_reduce #" + std::to_string(i + 1) + " failed";
         if (r == 1) {
           // Alive, but never comes: wait (bounded) until both peers failed.
@@ -183,7 +184,7 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
           return "";
         }
-        Status st = comm.allReduce(v.data(), 64, DType::F32, false);
+        Status st = comm.allReduce(v.data(), v.data(), 64, DType::F32, ReduceOp::Sum);
         ++gaveUp;
         if (st)
           return "the fourth all_reduce succeeded without rank 1";

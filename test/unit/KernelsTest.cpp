@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Plan.h"
+#include "runtime/core/OpRules.h"
 #include "runtime/cpu/Dispatch.h"
 #include "runtime/cpu/Kernels.h"
 

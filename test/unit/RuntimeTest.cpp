@@ -9,6 +9,7 @@
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
 #include "runtime/core/Init.h"
+#include "runtime/core/OpRules.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
 
@@ -184,6 +185,44 @@ TEST(PlanTest, RejectsWhatIsWrong) {
                 .message()
                 .find("is missing \"world_size\""),
             std::string::npos);
+}
+
+/// This binary links runtime/core alone (no backend): the whole plan
+/// validation, every op's shape rules included, lives in core.
+TEST(PlanTest, CoreChecksEveryOpWithoutABackend) {
+  int compute = 0;
+  for (const OpSchema &op : kOps)
+    if (op.kind == OpKind::Compute) {
+      ++compute;
+      EXPECT_TRUE(hasOpRule(op.name)) << op.name;
+    }
+  EXPECT_GE(compute, 50);
+  Plan plan;
+  for (int i = 0; i < 3; ++i) {
+    Buffer b;
+    b.id = i;
+    b.shape = i == 1 ? std::vector<int64_t>{4, 5} : std::vector<int64_t>{2, 3};
+    b.bytes = shapeNumel(b.shape) * 4;
+    plan.buffers.push_back(b);
+  }
+  Instruction mm;
+  mm.op = "matmul";
+  mm.in = {0, 1};
+  mm.out = {2};
+  EXPECT_NE(checkInstruction(plan, mm).message().find("contracting sizes"), std::string::npos)
+      << checkInstruction(plan, mm).message();
+  Instruction ag = mm;
+  ag.op = "all_gather";
+  ag.in = {0};
+  plan.worldSize = plan.meshShards = 2;
+  EXPECT_NE(checkInstruction(plan, ag).message().find("do not fit"), std::string::npos)
+      << checkInstruction(plan, ag).message(); // 6 -> 6 over 2 ranks
+  plan.buffers[2].shape = {2, 6};
+  plan.buffers[2].bytes = 48;
+  EXPECT_TRUE(checkInstruction(plan, ag).isOk()) << checkInstruction(plan, ag).message();
+  Instruction arity = mm;
+  arity.in = {0};
+  EXPECT_NE(checkInstruction(plan, arity).message().find("expected 2 inputs"), std::string::npos);
 }
 
 } // namespace

@@ -10,6 +10,7 @@
 #include "runtime/comm/GlooComm.h"
 #include "runtime/comm/Launch.h"
 #include "runtime/core/Trainer.h"
+#include "runtime/devices/Devices.h"
 
 #include <csignal>
 #include <cstdio>
@@ -69,6 +70,11 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "%s", trainUsage());
     return fail(st, 2);
   }
+  // The device before any rank starts: `--device cuda` where no CUDA
+  // backend or GPU exists is one clear error, not N.
+  st = checkDevice(opt.device);
+  if (!st)
+    return fail(st, 1);
   if (nproc > 1 || (nproc == 1 && std::getenv("FSDP_RANK") == nullptr && false)) {
     int stoppedBy = 0;
     Status launched = launchLocal(nproc, args, stoppedBy);
@@ -97,7 +103,14 @@ int main(int argc, char **argv) {
   st = makeGlooCommunicator(job, timeout, comm);
   if (!st)
     return fail(st, 1, job.rank);
-  st = train(opt, *comm);
+  std::unique_ptr<Device> device;
+  DeviceOptions dopt;
+  dopt.threads = opt.threads;
+  dopt.localRank = job.rank; // one process per device (NCCL requires it)
+  st = createDevice(opt.device, dopt, device);
+  if (!st)
+    return fail(st, 1, job.rank);
+  st = train(opt, *comm, *device);
   if (!st)
     return fail(st, 1, job.rank);
   return 0;

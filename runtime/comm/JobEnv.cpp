@@ -1,0 +1,94 @@
+//===- JobEnv.cpp - which job this process joins, and its rendezvous ------===//
+
+#include "runtime/comm/JobEnv.h"
+
+#include "runtime/comm/TcpStore.h"
+
+#include <gloo/rendezvous/file_store.h>
+
+#include <cstdlib>
+#include <sys/stat.h>
+
+namespace fsdp {
+
+namespace {
+
+bool envInt(const char *name, int64_t &out, bool &present, Status &st) {
+  const char *v = std::getenv(name);
+  present = v != nullptr;
+  if (!v)
+    return false;
+  char *end;
+  long long x = std::strtoll(v, &end, 10);
+  if (!*v || *end) {
+    st = FSDP_ERROR("environment variable ", name, "='", v, "' is not an integer");
+    return false;
+  }
+  out = x;
+  return true;
+}
+
+} // namespace
+
+Status jobFromEnvironment(JobEnv &job) {
+  Status st;
+  bool present = false, present2 = false;
+  int64_t r = 0, w = 1;
+  struct Source {
+    const char *rank, *size, *name;
+  };
+  const Source sources[] = {
+      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc"},
+      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)"},
+  };
+  for (const Source &s : sources) {
+    envInt(s.rank, r, present, st);
+    envInt(s.size, w, present2, st);
+    if (!st)
+      return st;
+    if (!present && !present2)
+      continue;
+    if (present != present2)
+      return FSDP_ERROR("only one of ", s.rank, " and ", s.size, " is set");
+    if (w < 1 || r < 0 || r >= w)
+      return FSDP_ERROR("invalid ", s.rank, "=", r, " / ", s.size, "=", w,
+                        ": need 0 <= rank < world size");
+    job.rank = r;
+    job.worldSize = w;
+    job.source = s.name;
+    if (const char *dir = std::getenv("FSDP_STORE_DIR")) {
+      job.storeDir = dir;
+    } else if (w > 1) {
+      const char *addr = std::getenv("MASTER_ADDR");
+      const char *port = std::getenv("MASTER_PORT");
+      if (!addr || !port)
+        return FSDP_ERROR(s.name, " job of ", w, " ranks: set MASTER_ADDR and "
+                          "MASTER_PORT (or FSDP_STORE_DIR) so the ranks can "
+                          "meet");
+      int64_t p = 0;
+      bool present3 = false;
+      envInt("MASTER_PORT", p, present3, st);
+      if (!st || p <= 0 || p > 65535)
+        return FSDP_ERROR("invalid MASTER_PORT '", port, "'");
+      job.masterAddr = addr;
+      job.masterPort = (int)p;
+    }
+    return Status::ok();
+  }
+  job = JobEnv();
+  job.source = "single process";
+  return Status::ok();
+}
+
+std::shared_ptr<gloo::rendezvous::Store>
+openRendezvousStore(const JobEnv &job, std::chrono::milliseconds timeout) {
+  if (!job.storeDir.empty()) {
+    ::mkdir(job.storeDir.c_str(), 0700);
+    return std::make_shared<gloo::rendezvous::FileStore>(job.storeDir);
+  }
+  return std::make_shared<TcpStore>(job.masterAddr, job.masterPort, job.rank == 0, timeout);
+}
+
+} // namespace fsdp

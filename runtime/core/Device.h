@@ -1,0 +1,146 @@
+//===- Device.h - the device interface every backend implements -*- C++ -*-===//
+//
+// The seam between core (plan, validation, liveness, the step loop) and a
+// backend (runtime/cpu/, later runtime/cuda/): core includes no backend
+// header and drives a device only through this interface, in the spirit
+// of IREE's HAL (one device interface, one driver per directory, one
+// conformance suite run against every driver: test/unit/DeviceTest.cpp).
+//
+// A device owns
+// - the arena: one allocation of the plan's arena_bytes in device memory.
+//   Core computes buffer addresses (base + offset + shard * rank_stride) but
+//   never dereferences them: host-side work (parameter init, checkpoints,
+//   batches, the gradient check) goes through copyToDevice / copyToHost;
+// - instruction execution: prepare() binds a validated plan, run(i)
+//   enqueues instruction i of its program on the compute stream. Every
+//   instruction passed checkInstruction (runtime/core/OpRules.h) at load,
+//   so a device does not re-check shapes;
+// - two streams and events: [Note: streams and events].
+//
+// [Note: streams and events]
+// A stream is an in-order queue of device work; an event marks a point in
+// one. The executor runs an async collective (fsdp-schedule's overlap) as
+//   e = record(compute); wait(comm, e);        // its input is computed
+//   enqueue(comm, collective); done = record(comm);
+// and the plan's `wait` instruction as wait(compute, done): compute goes
+// on until it needs the result, and the host blocks only at the end of
+// the step (synchronize). A synchronous collective is the same with its
+// wait right after it. Every collective goes through the one comm stream
+// in program order, so the order across ranks is the plan's (the
+// Communicator contract, Comm.h).
+// - CPU: the compute stream is the calling thread (run() executes at once,
+//   so events on it are complete when recorded); the comm stream is a
+//   thread working through a queue; wait(compute, e) blocks the caller.
+// - CUDA (to come): a compute stream and a high-priority comm stream;
+//   events are cudaEvents, wait is cudaStreamWaitEvent, enqueue calls the
+//   launcher at once from the host (NCCL enqueues on the stream it is
+//   given: Stream::nativeHandle()).
+// Errors are sticky per stream, as CUDA's are: work after a failure on
+// the same stream is skipped, and the failure is returned by the wait on
+// an event after it and by synchronize.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_DEVICE_H
+#define FSDP_RUNTIME_CORE_DEVICE_H
+
+#include "runtime/core/Plan.h"
+#include "runtime/core/Status.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace fsdp {
+
+class Communicator;
+
+/// An in-order queue of device work ([Note: streams and events]).
+class Stream {
+public:
+  virtual ~Stream() = default;
+  /// The backend's own queue handle (a cudaStream_t on CUDA), for a
+  /// communicator that enqueues its collectives on it (NCCL); null where
+  /// work on the stream is host code (CPU).
+  virtual void *nativeHandle() const { return nullptr; }
+};
+
+/// A point in a stream: complete once the work enqueued before it is.
+class Event {
+public:
+  virtual ~Event() = default;
+};
+
+/// How the caller configures a device (fsdp-run's options).
+struct DeviceOptions {
+  int threads = 0;         ///< CPU compute threads (0: the library default)
+  int64_t localRank = 0;   ///< which local accelerator (CUDA)
+};
+
+class Device {
+public:
+  /// The arena base is aligned to at least this (the memory planner's
+  /// default alignment); the conformance suite checks it.
+  static constexpr int64_t kArenaAlignment = 64;
+
+  virtual ~Device() = default;
+  /// "cpu", "cuda".
+  virtual const char *name() const = 0;
+
+  // --- memory -------------------------------------------------------------
+  /// Allocates the arena (at least `bytes`, rounded up to the alignment;
+  /// 0 is allowed). Called once.
+  virtual Status allocateArena(int64_t bytes) = 0;
+  /// The arena's device address (null before allocateArena).
+  virtual uint8_t *arenaBase() const = 0;
+  /// Its size as allocated (>= the bytes asked for).
+  virtual int64_t arenaBytes() const = 0;
+  /// Host -> device, `bytes` at device address `dst`. Synchronous: returns
+  /// when the host buffer may be reused and the data is visible to work
+  /// enqueued after it. Called between steps, never in the hot loop.
+  virtual Status copyToDevice(void *dst, const void *src, int64_t bytes) = 0;
+  /// Device -> host, after all work enqueued before it.
+  virtual Status copyToHost(void *dst, const void *src, int64_t bytes) = 0;
+
+  // --- compute ------------------------------------------------------------
+  /// Binds a validated plan and this rank's shard index (Plan::shardIndex)
+  /// before the first run(); a device may precompute launch parameters.
+  /// The plan outlives the device's use of it.
+  virtual Status prepare(const Plan &plan, int64_t shardIndex) = 0;
+  /// Enqueues compute instruction `index` of the plan's program on the
+  /// compute stream (a virtual call per instruction, none per element).
+  virtual Status run(int64_t index) = 0;
+  /// True when run() implements compute op `op` (PlanSchema.h's names).
+  virtual bool implementsOp(const std::string &op) const = 0;
+
+  // --- streams and events: [Note: streams and events] ----------------------
+  virtual Stream &computeStream() = 0;
+  /// Collectives: one stream, so they run in program order.
+  virtual Stream &commStream() = 0;
+  /// Enqueues host-issued `work` on `stream`: it runs (CPU) or launches
+  /// its device work (CUDA) after everything enqueued there before. Its
+  /// failure is sticky on the stream.
+  virtual void enqueue(Stream &stream, std::function<Status()> work) = 0;
+  /// An event completing when everything enqueued on `stream` so far has.
+  virtual std::unique_ptr<Event> record(Stream &stream) = 0;
+  /// Work enqueued on `stream` after this runs after `event`. Returns the
+  /// failure of `event`'s stream up to the event where the device knows
+  /// it already (the CPU device does: it blocks; CUDA reports it at
+  /// synchronize).
+  virtual Status wait(Stream &stream, Event &event) = 0;
+  /// Blocks the host until all streams are idle; their first failure.
+  virtual Status synchronize() = 0;
+
+  // --- measurements ---------------------------------------------------------
+  /// Device memory used outside the arena so far (CPU: the f32 scratch of
+  /// bf16 instructions, [Note: bf16 storage, f32 compute]).
+  virtual int64_t scratchHighWater() const { return 0; }
+  /// Times this device's kernels and, over `comm`, its collectives; writes
+  /// the profile fsdp-sim reads (fsdp-run --calibrate).
+  virtual Status calibrate(Communicator &comm, nlohmann::json &profile);
+};
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_DEVICE_H

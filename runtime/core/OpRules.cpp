@@ -1,0 +1,588 @@
+//===- OpRules.cpp - every op's shape, dtype and attribute rules ----------===//
+//
+// One check per compute op, keyed by the op names of PlanSchema.h (which
+// also holds the arities), plus the collectives' rules. Devices never
+// re-check: an instruction reaches Device::run only after checkInstruction
+// accepted it at plan load.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/OpRules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <unordered_map>
+
+namespace fsdp {
+namespace rules {
+
+std::string shapeStr(const Shape &s) {
+  if (s.empty())
+    return "scalar";
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i)
+    r += (i ? "x" : "") + std::to_string(s[i]);
+  return r;
+}
+
+namespace {
+
+Status expectShape(const Op &op, const Buffer &b, const Shape &want, const char *what) {
+  if (b.shape != want)
+    return FSDP_ERROR(op.inst.op, ": expected ", what, " of shape ", shapeStr(want), ", found ",
+                      shapeStr(b.shape));
+  return Status::ok();
+}
+
+Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
+  for (const Buffer *b : bufs)
+    if (b->dtype != DType::F32)
+      return FSDP_ERROR("unsupported dtype ", dtypeName(b->dtype), " for op ", op.inst.op,
+                        " on the CPU backend (f32 only)");
+  return Status::ok();
+}
+
+Status expectAllF32(const Op &op) {
+  for (int64_t id : op.inst.in)
+    FSDP_RETURN_IF_ERROR(expectF32(op, {&op.plan.buffers[id]}));
+  for (int64_t id : op.inst.out)
+    FSDP_RETURN_IF_ERROR(expectF32(op, {&op.plan.buffers[id]}));
+  return Status::ok();
+}
+
+bool isInt(DType t) { return t == DType::I32 || t == DType::I64; }
+
+/// NumPy broadcast of two shapes; false when incompatible.
+bool broadcast(const Shape &a, const Shape &b, Shape &out) {
+  size_t r = std::max(a.size(), b.size());
+  out.assign(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1)
+      return false;
+    out[i] = da == 1 ? db : da;
+  }
+  return true;
+}
+
+Status checkSame(const Op &op) {
+  FSDP_RETURN_IF_ERROR(expectAllF32(op));
+  for (int64_t id : op.inst.in)
+    if (op.plan.buffers[id].numel() != op.out(0).numel())
+      return FSDP_ERROR(op.inst.op, ": expected operands of ", op.out(0).numel(),
+                        " elements, found ", op.plan.buffers[id].numel());
+  return Status::ok();
+}
+
+Status checkBinary(const Op &op) {
+  FSDP_RETURN_IF_ERROR(expectAllF32(op));
+  Shape s;
+  if (!broadcast(op.in(0).shape, op.in(1).shape, s))
+    return FSDP_ERROR(op.inst.op, ": shapes ", shapeStr(op.in(0).shape), " and ",
+                      shapeStr(op.in(1).shape), " do not broadcast");
+  return expectShape(op, op.out(0), s, "a result");
+}
+
+Status checkWindow(const Op &op, const Buffer &big, const Buffer &small) {
+  int64_t dim = op.i("dim", -1), off = op.i("offset", -1);
+  if (dim < 0 || dim >= (int64_t)big.shape.size() || small.shape.size() != big.shape.size())
+    return FSDP_ERROR(op.inst.op, ": bad dim ", dim, " for shapes ", shapeStr(big.shape), " and ",
+                      shapeStr(small.shape));
+  Shape want = big.shape;
+  want[dim] = small.shape[dim];
+  FSDP_RETURN_IF_ERROR(expectShape(op, small, want, "a window"));
+  if (off < 0 || off > big.shape[dim] - small.shape[dim])
+    return FSDP_ERROR(op.inst.op, ": a window of ", small.shape[dim], " at offset ", off,
+                      " is out of bounds of ", big.shape[dim]);
+  return Status::ok();
+}
+
+} // namespace
+
+Status matmulDims(const Op &op, MM &d) {
+  const Shape &a = op.in(0).shape, &b = op.in(1).shape;
+  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+  if (a.size() != b.size() || (a.size() != 2 && a.size() != 3))
+    return FSDP_ERROR("matmul: expected operands of equal rank 2 or 3, found ", shapeStr(a),
+                      " and ", shapeStr(b));
+  size_t r = a.size();
+  d.batch = r == 3 ? a[0] : 1;
+  if (r == 3 && a[0] != b[0])
+    return FSDP_ERROR("matmul: expected equal batch sizes, found ", a[0], " and ", b[0]);
+  d.m = ta ? a[r - 1] : a[r - 2];
+  d.k = ta ? a[r - 2] : a[r - 1];
+  int64_t kb = tb ? b[r - 1] : b[r - 2];
+  d.n = tb ? b[r - 2] : b[r - 1];
+  if (d.k != kb)
+    return FSDP_ERROR("matmul: expected contracting sizes to agree, found ", d.k, " and ", kb);
+  Shape want;
+  if (r == 3)
+    want.push_back(d.batch);
+  want.push_back(d.m);
+  want.push_back(d.n);
+  return expectShape(op, op.out(0), want, "a result");
+}
+
+// [Note: bf16 storage, f32 compute]
+// A mixed-precision plan stores activations, gathered parameters and
+// gradients in bf16 (or f16); every kernel computes in f32. An instruction
+// with such operands runs the f32 kernel on f32 copies: a plan of its own
+// operands, each widened to f32 in a per-thread scratch buffer OUTSIDE the
+// arena (fsdp-run reports its high-water mark next to the arena's), the
+// inputs converted exactly, the outputs rounded back to nearest even. The
+// load-time check is the f32 op's check on that widened plan, so shapes,
+// attributes and integer operands are checked exactly as for f32. `cast`
+// converts dtypes itself and is never widened.
+
+bool needsWidening(const Plan &plan, const Instruction &inst) {
+  if (inst.op == "cast")
+    return false;
+  for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
+    for (int64_t id : *ids)
+      if (id >= 0 && id < (int64_t)plan.buffers.size() && isNarrowFloat(plan.buffers[id].dtype))
+        return true;
+  return false;
+}
+
+Widened widen(const Plan &plan, const Instruction &inst) {
+  Widened w;
+  w.plan.version = plan.version;
+  w.plan.worldSize = plan.worldSize;
+  w.plan.meshReplicas = plan.meshReplicas;
+  w.plan.meshShards = plan.meshShards;
+  w.plan.stage = plan.stage;
+  std::unordered_map<int64_t, int64_t> slot;
+  auto map = [&](int64_t id) {
+    auto [it, fresh] = slot.try_emplace(id, (int64_t)w.ids.size());
+    if (fresh) {
+      Buffer b = plan.buffers[id];
+      b.id = it->second;
+      if (isNarrowFloat(b.dtype))
+        b.dtype = DType::F32;
+      b.bytes = b.numel() * dtypeSize(b.dtype);
+      b.offset = w.bytes;
+      b.rankStride = 0;
+      b.aliasOf = -1;
+      w.bytes += (b.bytes + 63) / 64 * 64;
+      w.plan.buffers.push_back(std::move(b));
+      w.ids.push_back(id);
+    }
+    return it->second;
+  };
+  w.inst.op = inst.op;
+  w.inst.attrs = inst.attrs;
+  for (int64_t id : inst.in)
+    w.inst.in.push_back(map(id));
+  for (int64_t id : inst.out)
+    w.inst.out.push_back(map(id));
+  return w;
+}
+
+} // namespace rules
+
+namespace {
+
+using namespace rules;
+using Check = std::function<Status(const Op &)>;
+
+const std::unordered_map<std::string, Check> &checks() {
+  static const std::unordered_map<std::string, Check> t = [] {
+    std::unordered_map<std::string, Check> m;
+    m["add"] = checkBinary;
+    m["sub"] = checkBinary;
+    m["mul"] = checkBinary;
+    m["div"] = checkBinary;
+    m["neg"] = checkSame;
+    m["scale"] = checkSame;
+    m["fill"] = expectAllF32;
+    m["copy"] = [](const Op &op) {
+      if (op.in(0).bytes != op.out(0).bytes)
+        return FSDP_ERROR("copy: sizes differ (", op.in(0).bytes, " vs ", op.out(0).bytes,
+                          " bytes)");
+      return Status::ok();
+    };
+    m["relu"] = checkSame;
+    m["gelu"] = checkSame;
+    m["softmax"] = checkSame;
+    m["relu_grad"] = checkSame;
+    m["gelu_grad"] = checkSame;
+    m["softmax_grad"] = checkSame;
+    m["bias_add"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "a bias"));
+      return expectShape(op, op.out(0), op.in(0).shape, "a result");
+    };
+    m["matmul"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      MM d;
+      return matmulDims(op, d);
+    };
+    m["layer_norm"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "gamma"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {lastDim(op.in(0))}, "beta"));
+      return expectShape(op, op.out(0), op.in(0).shape, "a result");
+    };
+    m["layer_norm_grad"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      Shape c{lastDim(op.in(0))};
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), c, "gamma"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), op.in(0).shape, "a gradient"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), op.in(0).shape, "d_input"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_gamma"));
+      return expectShape(op, op.out(2), c, "d_beta");
+    };
+    // attention (q, k, v -> y) and attention_grad (q, k, v, dy -> dq, dk,
+    // dv): q, dy, y and dq are [B, T, heads*D]; k, v, dk and dv
+    // [B, T, kv_heads*D] (kv_heads = heads when absent).
+    auto checkAttention = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      int64_t heads = op.i("heads", 0);
+      if (s.size() != 3 || heads <= 0 || s[2] % heads)
+        return FSDP_ERROR(op.inst.op,
+                          ": expected [B, T, C] operands with heads "
+                          "dividing C, found ",
+                          shapeStr(s), " and heads = ", heads);
+      int64_t kv = op.i("kv_heads", heads);
+      if (!op.attrError.empty())
+        return FSDP_ERROR(op.inst.op, ": ", op.attrError);
+      if (kv <= 0 || heads % kv)
+        return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
+                          ", found kv_heads = ", kv);
+      Shape ks{s[0], s[1], kv * (s[2] / heads)};
+      bool grad = op.inst.in.size() == 4;
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), ks, "k"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), ks, "v"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "a gradient"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), ks, "d_k"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(2), ks, "d_v"));
+      }
+      return expectShape(op, op.out(0), s, grad ? "d_q" : "a result");
+    };
+    m["attention"] = checkAttention;
+    m["attention_grad"] = checkAttention;
+    m["silu"] = checkSame;
+    m["silu_grad"] = checkSame;
+    // rms_norm (x, w -> y) and rms_norm_grad (x, w, dy -> dx, dw).
+    auto checkRmsNorm = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      if (s.empty())
+        return FSDP_ERROR(op.inst.op, ": expected an input of rank >= 1, found a scalar");
+      Shape c{s.back()};
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), c, "a weight"));
+      if (!op.has("epsilon"))
+        return FSDP_ERROR(op.inst.op, ": missing attribute epsilon");
+      double eps = op.f("epsilon", 0);
+      if (op.attrError.empty() && !(eps > 0))
+        return FSDP_ERROR(op.inst.op,
+                          ": attribute epsilon: expected a positive "
+                          "number, found ",
+                          eps);
+      if (op.inst.in.size() == 3) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), s, "a gradient"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_weight"));
+      }
+      return expectShape(op, op.out(0), s, "a result");
+    };
+    m["rms_norm"] = checkRmsNorm;
+    m["rms_norm_grad"] = checkRmsNorm;
+    // rope / rope_grad: [B, T, heads*D] -> the same, D even, theta > 1.
+    auto checkRope = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      int64_t heads = op.i("heads", 0);
+      if (s.size() != 3 || heads <= 0 || s[2] % heads || (s[2] / heads) % 2)
+        return FSDP_ERROR(op.inst.op,
+                          ": expected a [B, T, C] operand with heads "
+                          "dividing C into heads of even size, found ",
+                          shapeStr(s), " and heads = ", heads);
+      if (!op.has("theta"))
+        return FSDP_ERROR(op.inst.op, ": missing attribute theta");
+      double theta = op.f("theta", 0);
+      if (op.attrError.empty() && !(theta > 1))
+        return FSDP_ERROR(op.inst.op,
+                          ": attribute theta: expected a number > 1, "
+                          "found ",
+                          theta);
+      return expectShape(op, op.out(0), s, "a result");
+    };
+    m["rope"] = checkRope;
+    m["rope_grad"] = checkRope;
+    m["embedding"] = [](const Op &op) {
+      const Buffer &t = op.in(0), &ids = op.in(1);
+      FSDP_RETURN_IF_ERROR(expectF32(op, {&t, &op.out(0)}));
+      if (t.shape.size() != 2 || !isInt(ids.dtype))
+        return FSDP_ERROR("embedding: expected a [vocab, width] "
+                          "table and integer ids");
+      Shape want = ids.shape;
+      want.push_back(t.shape[1]);
+      return expectShape(op, op.out(0), want, "a result");
+    };
+    m["embedding_grad"] = [](const Op &op) {
+      const Buffer &ids = op.in(0), &t = op.out(0);
+      FSDP_RETURN_IF_ERROR(expectF32(op, {&op.in(1), &t}));
+      if (t.shape.size() != 2 || !isInt(ids.dtype))
+        return FSDP_ERROR("embedding_grad: expected integer "
+                          "ids and a [vocab, width] result");
+      Shape want = ids.shape;
+      want.push_back(t.shape[1]);
+      return expectShape(op, op.in(1), want, "a gradient");
+    };
+    m["reshape"] = [](const Op &op) {
+      if (op.in(0).bytes != op.out(0).bytes || op.in(0).dtype != op.out(0).dtype)
+        return FSDP_ERROR("reshape: expected the same size and "
+                          "dtype, found ",
+                          shapeStr(op.in(0).shape), " -> ", shapeStr(op.out(0).shape));
+      return Status::ok();
+    };
+    m["transpose"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      std::vector<int64_t> perm = op.iv("perm");
+      const Shape &s = op.in(0).shape;
+      if (perm.size() != s.size())
+        return FSDP_ERROR("transpose: expected a permutation of ", s.size(), " dimensions");
+      Shape want;
+      std::vector<bool> seen(s.size(), false);
+      for (int64_t p : perm) {
+        if (p < 0 || p >= (int64_t)s.size() || seen[p])
+          return FSDP_ERROR("transpose: perm is not a permutation");
+        seen[p] = true;
+        want.push_back(s[p]);
+      }
+      return expectShape(op, op.out(0), want, "a result");
+    };
+    m["slice"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      return checkWindow(op, op.in(0), op.out(0));
+    };
+    m["slice_grad"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      return checkWindow(op, op.out(0), op.in(0));
+    };
+    m["concat"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      int64_t dim = op.i("dim", -1);
+      Shape want = op.out(0).shape;
+      if (dim < 0 || dim >= (int64_t)want.size())
+        return FSDP_ERROR("concat: bad dim ", dim);
+      int64_t total = 0;
+      for (size_t i = 0; i < op.inst.in.size(); ++i) {
+        Shape s = want;
+        s[dim] = op.in(i).shape.size() == want.size() ? op.in(i).shape[dim] : -1;
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(i), s, "an input"));
+        total += s[dim];
+      }
+      if (total != want[dim])
+        return FSDP_ERROR("concat: inputs add up to ", total, " along dim ", dim, ", result has ",
+                          want[dim]);
+      return Status::ok();
+    };
+    auto checkReduce = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      std::vector<int64_t> dims = op.iv("dims");
+      const Shape &s = op.in(0).shape;
+      std::vector<bool> red(s.size(), false);
+      for (int64_t d : dims) {
+        if (d < 0 || d >= (int64_t)s.size() || red[d])
+          return FSDP_ERROR(op.inst.op, ": bad dims");
+        red[d] = true;
+      }
+      Shape want;
+      for (size_t i = 0; i < s.size(); ++i)
+        if (!red[i])
+          want.push_back(s[i]);
+      return expectShape(op, op.out(0), want, "a result");
+    };
+    m["reduce_sum"] = checkReduce;
+    m["reduce_mean"] = checkReduce;
+    m["broadcast"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      Shape s;
+      if (!broadcast(op.in(0).shape, op.out(0).shape, s) || s != op.out(0).shape)
+        return FSDP_ERROR("broadcast: cannot broadcast ", shapeStr(op.in(0).shape), " to ",
+                          shapeStr(op.out(0).shape));
+      return Status::ok();
+    };
+    m["sum_to"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      Shape s;
+      if (!broadcast(op.out(0).shape, op.in(0).shape, s) || s != op.in(0).shape)
+        return FSDP_ERROR("sum_to: ", shapeStr(op.out(0).shape), " does not broadcast to ",
+                          shapeStr(op.in(0).shape));
+      return Status::ok();
+    };
+    m["cast"] = [](const Op &op) {
+      if (op.in(0).numel() != op.out(0).numel() || isInt(op.in(0).dtype) || isInt(op.out(0).dtype))
+        return FSDP_ERROR("cast: expected float tensors of one size");
+      return Status::ok();
+    };
+    auto checkCE = [](const Op &op, bool grad) {
+      const Buffer &l = op.in(0), &y = op.in(1);
+      FSDP_RETURN_IF_ERROR(expectF32(op, {&l, &op.out(0)}));
+      if (l.shape.size() < 2 || !isInt(y.dtype))
+        return FSDP_ERROR(op.inst.op, ": expected [..., classes] logits and integer labels");
+      Shape lead(l.shape.begin(), l.shape.end() - 1);
+      FSDP_RETURN_IF_ERROR(expectShape(op, y, lead, "labels"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
+        return expectShape(op, op.out(0), l.shape, "a result");
+      }
+      return expectShape(op, op.out(0), {}, "a scalar loss");
+    };
+    m["cross_entropy"] = [checkCE](const Op &op) { return checkCE(op, false); };
+    m["cross_entropy_grad"] = [checkCE](const Op &op) { return checkCE(op, true); };
+    auto checkPair = [](const Op &op, bool grad) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), op.in(0).shape, "a target"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
+        return expectShape(op, op.out(0), op.in(0).shape, "a result");
+      }
+      return expectShape(op, op.out(0), {}, "a scalar loss");
+    };
+    m["mse_loss"] = [checkPair](const Op &op) { return checkPair(op, false); };
+    m["mse_loss_grad"] = [checkPair](const Op &op) { return checkPair(op, true); };
+    m["bce_with_logits"] = [checkPair](const Op &op) { return checkPair(op, false); };
+    m["bce_with_logits_grad"] = [checkPair](const Op &op) { return checkPair(op, true); };
+    // Optimizer updates: operands (p, g, [states...], lr, [step]).
+    auto checkUpdate = [](int states, bool hasStep) {
+      return [states, hasStep](const Op &op) {
+        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+        int64_t n = op.in(0).numel();
+        for (int i = 1; i < 2 + states; ++i)
+          if (op.in(i).numel() != n)
+            return FSDP_ERROR(op.inst.op, ": operand ", i, " has ", op.in(i).numel(),
+                              " elements, the parameter ", n);
+        for (int i = 0; i <= states; ++i)
+          if (op.out(i).numel() != n)
+            return FSDP_ERROR(op.inst.op, ": result ", i, " has the wrong size");
+        size_t scalars = 2 + states;
+        if (op.in(scalars).numel() != 1 || (hasStep && op.in(scalars + 1).numel() != 1))
+          return FSDP_ERROR(op.inst.op, ": expected scalar lr/step operands");
+        return Status::ok();
+      };
+    };
+    m["sgd_update"] = checkUpdate(0, false);
+    m["sgd_momentum_update"] = checkUpdate(1, true);
+    m["adamw_update"] = checkUpdate(2, true);
+    m["squared_norm"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      return expectShape(op, op.out(0), {}, "a scalar");
+    };
+    m["clip_coef"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      if (!op.has("max_norm"))
+        return FSDP_ERROR("clip_coef: missing max_norm");
+      return expectShape(op, op.out(0), {}, "a scalar");
+    };
+    m["pack"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      std::vector<int64_t> offs = op.iv("offsets");
+      if (offs.size() != op.inst.in.size())
+        return FSDP_ERROR("pack: expected one offset per input");
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (size_t i = 0; i < offs.size(); ++i) {
+        if (offs[i] < 0 || offs[i] > op.out(0).numel() - op.in(i).numel())
+          return FSDP_ERROR("pack: input ", i, " does not fit");
+        ranges.push_back({offs[i], offs[i] + op.in(i).numel()});
+      }
+      std::sort(ranges.begin(), ranges.end());
+      for (size_t i = 1; i < ranges.size(); ++i)
+        if (ranges[i].first < ranges[i - 1].second)
+          return FSDP_ERROR("pack: inputs overlap at element ", ranges[i].first);
+      return Status::ok();
+    };
+    return m;
+  }();
+  return t;
+}
+
+} // namespace
+
+bool hasOpRule(std::string_view name) { return checks().count(std::string(name)) > 0; }
+
+Status checkInstruction(const Plan &plan, const Instruction &inst) {
+  if (isCollectiveOp(inst.op)) {
+    if (inst.in.size() != 1 || inst.out.size() != 1) // PlanSchema.h: 1 -> 1
+      return FSDP_ERROR(inst.op, ": expected one input and one output");
+    if (inst.op == "wait") {
+      if (inst.in[0] != inst.out[0])
+        return FSDP_ERROR("wait: expected its input and output to be one buffer");
+      return Status::ok();
+    }
+    const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
+    // f32, or bf16 / f16 (mixed precision: all-gathers move the bytes,
+    // reductions sum in f32 and round once per reduction step).
+    if (a.dtype != b.dtype || isInt(a.dtype))
+      return FSDP_ERROR(inst.op,
+                        ": expected one float dtype in and out (f32, "
+                        "bf16 or f16), found ",
+                        dtypeName(a.dtype), " -> ", dtypeName(b.dtype));
+    // The ranks it runs over: all of them, or one axis of a 2-D mesh.
+    std::string group = "world";
+    auto g = inst.attrs.find("group");
+    if (g != inst.attrs.end()) {
+      if (!g->is_string() || plan.groupSize(g->get<std::string>()) == 0)
+        return FSDP_ERROR(inst.op,
+                          ": attribute group: expected \"world\", "
+                          "\"shard\" or \"replica\", found ",
+                          g->is_primitive() ? g->dump() : g->type_name());
+      group = g->get<std::string>();
+    }
+    int64_t w = plan.groupSize(group);
+    bool ok = inst.op == "all_reduce"   ? a.numel() == b.numel()
+              : inst.op == "all_gather" ? b.numel() == a.numel() * w
+                                        : a.numel() == b.numel() * w;
+    if (!ok)
+      return FSDP_ERROR(inst.op, ": sizes ", a.numel(), " -> ", b.numel(), " do not fit ", w,
+                        " rank(s) (group ", group, ")");
+    auto async = inst.attrs.find("async");
+    if (async != inst.attrs.end() && !async->is_boolean())
+      return FSDP_ERROR(inst.op, ": attribute async: expected true or false, found ",
+                        async->is_primitive() ? async->dump() : async->type_name());
+    if (inst.op != "all_gather") {
+      auto it = inst.attrs.find("reduce");
+      if (it == inst.attrs.end() || !it->is_string() || (*it != "sum" && *it != "mean"))
+        return FSDP_ERROR(inst.op, ": expected reduce = \"sum\" or \"mean\"");
+    }
+    return Status::ok();
+  }
+  const OpSchema *schema = findOp(inst.op);
+  auto it = checks().find(inst.op);
+  if (!schema || it == checks().end())
+    return FSDP_ERROR("unknown op '", inst.op, "' (this runtime does not implement it)");
+  const int nin = schema->numInputs, nout = schema->numOutputs;
+  if ((nin >= 0 && (int)inst.in.size() != nin) || (nin < 0 && inst.in.empty()) ||
+      (int)inst.out.size() != nout)
+    return FSDP_ERROR(inst.op, ": expected ", nin < 0 ? std::string("1+") : std::to_string(nin),
+                      " inputs and ", nout, " outputs, found ", inst.in.size(), " and ",
+                      inst.out.size());
+  if (needsWidening(plan, inst)) {
+    // See [Note: bf16 storage, f32 compute].
+    Widened w = widen(plan, inst);
+    return checkInstruction(w.plan, w.inst);
+  }
+  Op op{plan, inst};
+  FSDP_RETURN_IF_ERROR(it->second(op));
+  // Every attribute a kernel reads, type-checked whether or not the op's
+  // own check looked at it.
+  for (const char *name : {"transpose_lhs", "transpose_rhs", "causal", "nesterov"})
+    op.b(name);
+  for (const char *name : {"dim", "offset", "heads", "kv_heads"})
+    op.i(name, 0);
+  for (const char *name : {"perm", "dims", "offsets"})
+    op.iv(name);
+  for (const char *name : {"factor", "value", "epsilon", "momentum", "dampening", "weight_decay",
+                           "beta1", "beta2", "eps", "max_norm", "theta"})
+    op.f(name, 0);
+  if (!op.attrError.empty())
+    return FSDP_ERROR(inst.op, ": ", op.attrError);
+  return Status::ok();
+}
+
+} // namespace fsdp

@@ -1,0 +1,145 @@
+//===- OpRules.h - every op's shape, dtype and attribute rules --*- C++ -*-===//
+//
+// The load-time check of each plan instruction, owned by core so that every
+// device runs only instructions that passed it: arity (PlanSchema.h),
+// operand shapes and dtypes, attribute types. The rules repeat the
+// dialect's verifiers on purpose: the runtime does not trust a plan file
+// (it may be hand-edited, corrupt or produced by another compiler
+// version). The shape helpers a kernel launcher needs too (matmul
+// dimensions, the widened f32 view of a bf16 instruction) live here so a
+// device derives them exactly as the check did.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_OPRULES_H
+#define FSDP_RUNTIME_CORE_OPRULES_H
+
+#include "runtime/core/Plan.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdp {
+
+/// Checks that `inst` names an op of the schema with the right number of
+/// operands, dtypes, shapes and attributes (collectives included: group,
+/// sizes over the group, reduce, async). The message names the op and the
+/// problem.
+Status checkInstruction(const Plan &plan, const Instruction &inst);
+
+/// True when core has rules for compute op `name` (every compute op of
+/// PlanSchema.h must).
+bool hasOpRule(std::string_view name);
+
+namespace rules {
+
+using Shape = std::vector<int64_t>;
+
+/// One instruction with typed access to its operands and attributes.
+struct Op {
+  const Plan &plan;
+  const Instruction &inst;
+  /// The first attribute found with the wrong type (or out of range); the
+  /// load-time check reports it, so a kernel never runs on a default that
+  /// stood in for a malformed value (transpose_rhs: "yes").
+  mutable std::string attrError;
+  const Buffer &in(size_t i) const { return plan.buffers[inst.in[i]]; }
+  const Buffer &out(size_t i) const { return plan.buffers[inst.out[i]]; }
+  const nlohmann::json *attr(const char *name, bool ok(const nlohmann::json &),
+                             const char *expected) const {
+    auto it = inst.attrs.find(name);
+    if (it == inst.attrs.end())
+      return nullptr;
+    if (!ok(*it)) {
+      if (attrError.empty())
+        attrError = std::string("attribute ") + name + ": expected " + expected + ", found " +
+                    (it->is_primitive() ? it->dump() : it->type_name());
+      return nullptr;
+    }
+    return &*it;
+  }
+  static bool isFinite(const nlohmann::json &v) {
+    return v.is_number() && std::isfinite(v.get<double>());
+  }
+  static bool isInt(const nlohmann::json &v) {
+    return v.is_number_integer() &&
+           (!v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX);
+  }
+  static bool isIntArray(const nlohmann::json &v) {
+    if (!v.is_array() || v.size() > 4096)
+      return false;
+    for (auto &e : v)
+      if (!isInt(e))
+        return false;
+    return true;
+  }
+  double f(const char *name, double dflt) const {
+    const nlohmann::json *v = attr(name, isFinite, "a finite number");
+    return v ? v->get<double>() : dflt;
+  }
+  int64_t i(const char *name, int64_t dflt) const {
+    const nlohmann::json *v = attr(name, isInt, "an integer");
+    return v ? v->get<int64_t>() : dflt;
+  }
+  bool b(const char *name) const {
+    const nlohmann::json *v = attr(
+        name, [](const nlohmann::json &x) { return x.is_boolean(); }, "true or false");
+    return v && v->get<bool>();
+  }
+  std::vector<int64_t> iv(const char *name) const {
+    std::vector<int64_t> v;
+    if (const nlohmann::json *a = attr(name, isIntArray, "an array of integers"))
+      for (auto &e : *a)
+        v.push_back(e.get<int64_t>());
+    return v;
+  }
+  bool has(const char *name) const { return inst.attrs.contains(name); }
+};
+
+/// Kernel-time view: typed pointers to operands.
+
+/// "2x3", or "scalar".
+std::string shapeStr(const Shape &s);
+
+inline int64_t lastDim(const Buffer &b) { return b.shape.empty() ? 1 : b.shape.back(); }
+inline int64_t rowsOf(const Buffer &b) {
+  int64_t d = lastDim(b);
+  return b.numel() / (d > 1 ? d : 1);
+}
+
+/// matmul dimensions from shapes and flags.
+struct MM {
+  int64_t batch, m, n, k;
+};
+Status matmulDims(const Op &op, MM &d);
+
+/// [outer, full, inner] decomposition around `dim` of `s`.
+inline void around(const Shape &s, int64_t dim, int64_t &outer, int64_t &inner) {
+  outer = inner = 1;
+  for (int64_t i = 0; i < dim; ++i)
+    outer *= s[i];
+  for (size_t i = dim + 1; i < s.size(); ++i)
+    inner *= s[i];
+}
+
+// [Note: bf16 storage, f32 compute] in OpRules.cpp.
+inline bool isNarrowFloat(DType t) { return t == DType::BF16 || t == DType::F16; }
+/// A compute instruction with a bf16 / f16 operand (cast excepted).
+bool needsWidening(const Plan &plan, const Instruction &inst);
+
+/// The instruction over f32 copies of its operands, laid out from 0 in a
+/// scratch buffer of `bytes`; slot i holds the original buffer ids[i].
+struct Widened {
+  Plan plan;
+  Instruction inst;
+  std::vector<int64_t> ids;
+  int64_t bytes = 0;
+};
+Widened widen(const Plan &plan, const Instruction &inst);
+
+} // namespace rules
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_OPRULES_H

@@ -1,0 +1,181 @@
+//===- PlanSchema.h - the plan format's names, one table for both sides -*- C++ -*-===//
+//
+// The vocabulary of a plan file (docs/PLAN_FORMAT.md): its format tag and
+// version, the dtype names (the plan's and safetensors'), the buffer kinds,
+// and every op with its number of inputs and outputs. The compiler's
+// convert-fsdp-to-plan (LLVM, no exceptions) and the runtime's plan loader
+// (no LLVM) both include this header, so a name or an arity is written in
+// one place. It depends on the standard library only.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CORE_PLANSCHEMA_H
+#define FSDP_RUNTIME_CORE_PLANSCHEMA_H
+
+#include <cstdint>
+#include <string_view>
+
+namespace fsdp {
+
+/// The "format" field of every plan file.
+inline constexpr std::string_view kPlanFormat = "fsdp-plan";
+/// The plan format version. The runtime rejects a newer version, and an
+/// older one until a migration exists; the compiler writes this one.
+inline constexpr int kPlanVersion = 1;
+
+enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
+
+struct DTypeInfo {
+  DType type;
+  std::string_view name;        ///< in a plan: "f32", "bf16", ...
+  std::string_view safetensors; ///< in a .safetensors header: "F32", ...
+  int64_t bytes;
+};
+inline constexpr DTypeInfo kDTypes[] = {
+    {DType::F32, "f32", "F32", 4},   {DType::BF16, "bf16", "BF16", 2},
+    {DType::F16, "f16", "F16", 2},   {DType::I32, "i32", "I32", 4},
+    {DType::I64, "i64", "I64", 8},
+};
+
+/// What a buffer holds; used for the memory breakdown and validation.
+enum class BufferKind : uint8_t {
+  Input,      ///< batch data, lr, step: written by the runtime each step
+  Param,      ///< persistent parameter storage (a shard when sharded)
+  State,      ///< persistent optimizer state
+  Grad,       ///< gradient (persistent or transient)
+  Activation, ///< forward values kept for backward
+  Temp,       ///< everything else
+  Comm,       ///< collective staging buffers
+};
+inline constexpr std::string_view kBufferKindNames[] = {
+    "input", "param", "state", "grad", "activation", "temp", "comm"};
+inline constexpr int kNumBufferKinds =
+    sizeof(kBufferKindNames) / sizeof(kBufferKindNames[0]);
+
+/// How the runtime executes an op: a kernel on the device, a collective
+/// on the communication stream, or a wait for one.
+enum class OpKind : uint8_t { Compute, Collective, Wait };
+
+struct OpSchema {
+  std::string_view name; ///< the dialect op name without "fsdp."
+  int numInputs;         ///< -1: one or more
+  int numOutputs;
+  OpKind kind;
+};
+/// Every op a plan may contain. A compute op's shape and dtype rules are in
+/// runtime/core/OpRules.cpp; each device implements all of them.
+inline constexpr OpSchema kOps[] = {
+    {"add", 2, 1, OpKind::Compute},
+    {"sub", 2, 1, OpKind::Compute},
+    {"mul", 2, 1, OpKind::Compute},
+    {"div", 2, 1, OpKind::Compute},
+    {"neg", 1, 1, OpKind::Compute},
+    {"scale", 1, 1, OpKind::Compute},
+    {"fill", 0, 1, OpKind::Compute},
+    {"copy", 1, 1, OpKind::Compute},
+    {"relu", 1, 1, OpKind::Compute},
+    {"gelu", 1, 1, OpKind::Compute},
+    {"softmax", 1, 1, OpKind::Compute},
+    {"relu_grad", 2, 1, OpKind::Compute},
+    {"gelu_grad", 2, 1, OpKind::Compute},
+    {"softmax_grad", 2, 1, OpKind::Compute},
+    {"bias_add", 2, 1, OpKind::Compute},
+    {"matmul", 2, 1, OpKind::Compute},
+    {"layer_norm", 3, 1, OpKind::Compute},
+    {"layer_norm_grad", 3, 3, OpKind::Compute},
+    {"attention", 3, 1, OpKind::Compute},
+    {"attention_grad", 4, 3, OpKind::Compute},
+    {"silu", 1, 1, OpKind::Compute},
+    {"silu_grad", 2, 1, OpKind::Compute},
+    {"rms_norm", 2, 1, OpKind::Compute},
+    {"rms_norm_grad", 3, 2, OpKind::Compute},
+    {"rope", 1, 1, OpKind::Compute},
+    {"rope_grad", 1, 1, OpKind::Compute},
+    {"embedding", 2, 1, OpKind::Compute},
+    {"embedding_grad", 2, 1, OpKind::Compute},
+    {"reshape", 1, 1, OpKind::Compute},
+    {"transpose", 1, 1, OpKind::Compute},
+    {"slice", 1, 1, OpKind::Compute},
+    {"slice_grad", 1, 1, OpKind::Compute},
+    {"concat", -1, 1, OpKind::Compute},
+    {"reduce_sum", 1, 1, OpKind::Compute},
+    {"reduce_mean", 1, 1, OpKind::Compute},
+    {"broadcast", 1, 1, OpKind::Compute},
+    {"sum_to", 1, 1, OpKind::Compute},
+    {"cast", 1, 1, OpKind::Compute},
+    {"cross_entropy", 2, 1, OpKind::Compute},
+    {"cross_entropy_grad", 3, 1, OpKind::Compute},
+    {"mse_loss", 2, 1, OpKind::Compute},
+    {"mse_loss_grad", 3, 1, OpKind::Compute},
+    {"bce_with_logits", 2, 1, OpKind::Compute},
+    {"bce_with_logits_grad", 3, 1, OpKind::Compute},
+    {"sgd_update", 3, 1, OpKind::Compute},
+    {"sgd_momentum_update", 5, 2, OpKind::Compute},
+    {"adamw_update", 6, 3, OpKind::Compute},
+    {"squared_norm", -1, 1, OpKind::Compute},
+    {"clip_coef", 1, 1, OpKind::Compute},
+    {"pack", -1, 1, OpKind::Compute},
+    {"all_reduce", 1, 1, OpKind::Collective},
+    {"reduce_scatter", 1, 1, OpKind::Collective},
+    {"all_gather", 1, 1, OpKind::Collective},
+    {"wait", 1, 1, OpKind::Wait},
+};
+
+constexpr const DTypeInfo &dtypeInfo(DType t) { return kDTypes[(int)t]; }
+/// Bytes per element.
+constexpr int64_t dtypeSize(DType t) { return dtypeInfo(t).bytes; }
+/// "f32", "bf16", ...
+constexpr const char *dtypeName(DType t) { return dtypeInfo(t).name.data(); }
+/// Parses a plan dtype ("f32", ...); false when unknown.
+constexpr bool parseDType(std::string_view s, DType &out) {
+  for (const DTypeInfo &d : kDTypes)
+    if (d.name == s) {
+      out = d.type;
+      return true;
+    }
+  return false;
+}
+/// Parses a safetensors dtype ("F32", ...); false when unknown.
+constexpr bool parseSafetensorsDType(std::string_view s, DType &out) {
+  for (const DTypeInfo &d : kDTypes)
+    if (d.safetensors == s) {
+      out = d.type;
+      return true;
+    }
+  return false;
+}
+
+constexpr const char *bufferKindName(BufferKind k) {
+  return kBufferKindNames[(int)k].data();
+}
+constexpr bool parseBufferKind(std::string_view s, BufferKind &out) {
+  for (int k = 0; k < kNumBufferKinds; ++k)
+    if (kBufferKindNames[k] == s) {
+      out = (BufferKind)k;
+      return true;
+    }
+  return false;
+}
+
+/// The op named `name`, or null when the format has no such op.
+constexpr const OpSchema *findOp(std::string_view name) {
+  for (const OpSchema &op : kOps)
+    if (op.name == name)
+      return &op;
+  return nullptr;
+}
+/// all_reduce, reduce_scatter, all_gather and wait: run by the
+/// communicator, not by a device kernel.
+constexpr bool isCollectiveOp(std::string_view name) {
+  const OpSchema *op = findOp(name);
+  return op && op->kind != OpKind::Compute;
+}
+
+// The tables are indexed by their enums: keep them in the enums' order.
+static_assert(kDTypes[(int)DType::I64].type == DType::I64 &&
+              kDTypes[(int)DType::BF16].type == DType::BF16);
+static_assert(kNumBufferKinds == (int)BufferKind::Comm + 1);
+
+} // namespace fsdp
+
+#endif // FSDP_RUNTIME_CORE_PLANSCHEMA_H

@@ -1,0 +1,209 @@
+//===- CpuDevice.cpp - the CPU implementation of Device -------------------===//
+//
+// [Note: the CPU comm stream]
+// The compute stream is the calling thread: run() executes the kernel
+// before returning, so an event recorded on it is complete at once and
+// waiting for it costs nothing. The comm stream is one thread that runs
+// enqueued work in order; an event on it is a marker in its queue, set
+// when the thread reaches it, carrying the stream's (sticky) status so far.
+// wait(compute, e) blocks the caller on the marker; wait(comm, e) on a
+// compute event is free (compute already reached it). The memory plan keeps
+// an async collective's input and output alive until its wait, so the two
+// threads never touch the same bytes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/CpuDevice.h"
+
+#include "runtime/cpu/Calibrate.h"
+#include "runtime/cpu/Dispatch.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace fsdp::cpu {
+
+namespace {
+
+class CpuStream final : public Stream {};
+
+/// An event: complete (compute stream), or a marker's future (comm stream).
+class CpuEvent final : public Event {
+public:
+  std::shared_future<Status> done; ///< invalid: complete, ok
+};
+
+/// The comm stream's thread and queue.
+class Worker {
+public:
+  Worker() : thread([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  void push(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_one();
+  }
+  /// The stream's first failure (worker thread only, or after a marker).
+  Status sticky;
+
+private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return stopping || !jobs.empty(); });
+        if (jobs.empty())
+          return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool stopping = false;
+  std::thread thread; // last: starts after the members it uses
+};
+
+class CpuDevice final : public Device {
+public:
+  explicit CpuDevice(const DeviceOptions &options) : threads(options.threads) {
+    if (threads > 0) {
+      omp_set_num_threads(threads);
+      openblas_set_num_threads(threads);
+    }
+  }
+  ~CpuDevice() override {
+    worker.reset(); // joins once the queued work has run
+    std::free(arena);
+  }
+
+  const char *name() const override { return "cpu"; }
+
+  Status allocateArena(int64_t bytes) override {
+    if (arena)
+      return FSDP_ERROR("the arena is already allocated");
+    if (bytes < 0)
+      return FSDP_ERROR("cannot allocate an arena of ", bytes, " bytes");
+    size_t n = (size_t)std::max<int64_t>(bytes, kArenaAlignment);
+    n = (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    arena = static_cast<uint8_t *>(std::aligned_alloc(kArenaAlignment, n));
+    if (!arena)
+      return FSDP_ERROR("cannot allocate the arena of ", n, " bytes");
+    size = (int64_t)n;
+    return Status::ok();
+  }
+  uint8_t *arenaBase() const override { return arena; }
+  int64_t arenaBytes() const override { return size; }
+
+  Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
+    if (bytes > 0 && dst != src)
+      std::memmove(dst, src, (size_t)bytes);
+    return Status::ok();
+  }
+  Status copyToHost(void *dst, const void *src, int64_t bytes) override {
+    if (bytes > 0 && dst != src)
+      std::memmove(dst, src, (size_t)bytes);
+    return Status::ok();
+  }
+
+  Status prepare(const Plan &p, int64_t shard) override {
+    plan = &p;
+    shardIndex = shard;
+    return Status::ok();
+  }
+  Status run(int64_t index) override {
+    return runInstruction(*plan, plan->program[index], arena, shardIndex);
+  }
+  bool implementsOp(const std::string &op) const override { return cpu::implementsOp(op); }
+
+  Stream &computeStream() override { return compute; }
+  Stream &commStream() override { return comm; }
+
+  void enqueue(Stream &stream, std::function<Status()> work) override {
+    if (&stream == &compute) {
+      // The calling thread is the compute stream.
+      if (computeSticky)
+        computeSticky = work();
+      return;
+    }
+    Worker *w = worker.get();
+    w->push([w, work = std::move(work)] {
+      if (w->sticky)
+        w->sticky = work();
+    });
+  }
+  std::unique_ptr<Event> record(Stream &stream) override {
+    auto e = std::make_unique<CpuEvent>();
+    if (&stream == &comm) {
+      auto marker = std::make_shared<std::promise<Status>>();
+      e->done = marker->get_future().share();
+      Worker *w = worker.get();
+      w->push([w, marker] { marker->set_value(w->sticky); });
+    }
+    return e;
+  }
+  Status wait(Stream &stream, Event &event) override {
+    auto &e = static_cast<CpuEvent &>(event);
+    if (!e.done.valid())
+      return computeSticky; // a compute event: already complete
+    if (&stream == &comm)
+      return Status::ok(); // comm events are ordered on comm anyway
+    return e.done.get();
+  }
+  Status synchronize() override {
+    CpuEvent e;
+    auto marker = std::make_shared<std::promise<Status>>();
+    e.done = marker->get_future().share();
+    Worker *w = worker.get();
+    w->push([w, marker] { marker->set_value(w->sticky); });
+    Status st = e.done.get();
+    return computeSticky ? st : computeSticky;
+  }
+
+  int64_t scratchHighWater() const override { return widenedScratchHighWater(); }
+  Status calibrate(Communicator &c, nlohmann::json &profile) override {
+    return cpu::calibrate(c, threads > 0 ? threads : 0, profile);
+  }
+
+private:
+  int threads = 0;
+  uint8_t *arena = nullptr;
+  int64_t size = 0;
+  const Plan *plan = nullptr;
+  int64_t shardIndex = 0;
+  CpuStream compute, comm;
+  Status computeSticky;
+  std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+};
+
+} // namespace
+
+Status createCpuDevice(const DeviceOptions &options, std::unique_ptr<Device> &out) {
+  out = std::make_unique<CpuDevice>(options);
+  return Status::ok();
+}
+
+} // namespace fsdp::cpu

@@ -1,0 +1,304 @@
+//===- DeviceTest.cpp - the conformance suite of the Device interface -----===//
+//
+// Written once against runtime/core/Device.h and instantiated per backend
+// (IREE's CTS pattern): the CPU device here; runtime/cuda/ adds its own
+// INSTANTIATE_TEST_SUITE_P line, skipped where no GPU exists. Every check is
+// made through the interface only (device memory is read back with
+// copyToHost), so the same tests hold for a device whose memory the host
+// cannot touch.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/Comm.h"
+#include "runtime/core/Device.h"
+#include "runtime/core/OpRules.h"
+#include "runtime/core/PlanSchema.h"
+#include "runtime/devices/Devices.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using namespace fsdp;
+
+namespace {
+
+/// A communicator that delegates to another after a delay, or fails: makes
+/// the ordering of a collective against compute observable.
+class SlowComm final : public Communicator {
+public:
+  SlowComm(std::unique_ptr<Communicator> inner, int delayMs, bool fail = false)
+      : inner(std::move(inner)), delayMs(delayMs), fail(fail) {}
+  int64_t rank() const override { return inner->rank(); }
+  int64_t size() const override { return inner->size(); }
+  Status allReduce(const void *in, void *out, int64_t n, DType t, ReduceOp op,
+                   Stream *s) override {
+    FSDP_RETURN_IF_ERROR(delay("all_reduce"));
+    return inner->allReduce(in, out, n, t, op, s);
+  }
+  Status reduceScatter(const void *in, void *out, int64_t n, DType t, ReduceOp op,
+                       Stream *s) override {
+    FSDP_RETURN_IF_ERROR(delay("reduce_scatter"));
+    return inner->reduceScatter(in, out, n, t, op, s);
+  }
+  Status allGather(const void *in, void *out, int64_t n, DType t, Stream *s) override {
+    FSDP_RETURN_IF_ERROR(delay("all_gather"));
+    return inner->allGather(in, out, n, t, s);
+  }
+  Status broadcast(void *d, int64_t b, int64_t r) override { return inner->broadcast(d, b, r); }
+  Status barrier() override { return inner->barrier(); }
+  int calls = 0;
+
+private:
+  Status delay(const char *what) {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
+    if (fail)
+      return FSDP_ERROR(what, ": injected failure");
+    return Status::ok();
+  }
+  std::unique_ptr<Communicator> inner;
+  int delayMs;
+  bool fail;
+};
+
+/// The communicator that matches a device's memory (one rank).
+std::unique_ptr<Communicator> communicatorFor(const std::string &device) {
+  (void)device; // cpu: host memory; cuda will pass a one-rank NCCL comm
+  return makeSingleProcessCommunicator();
+}
+
+/// A plan of f32 vectors of `n` elements at 64-byte offsets, and `program`.
+Plan vectorPlan(int nbuf, int64_t n, std::vector<Instruction> program) {
+  Plan p;
+  int64_t offset = 0;
+  for (int i = 0; i < nbuf; ++i) {
+    Buffer b;
+    b.id = i;
+    b.shape = {n};
+    b.bytes = n * 4;
+    b.offset = offset;
+    b.persistent = true;
+    b.name = "b" + std::to_string(i);
+    offset += (b.bytes + 63) / 64 * 64;
+    p.buffers.push_back(b);
+  }
+  p.arenaBytes = offset;
+  p.program = std::move(program);
+  return p;
+}
+
+Instruction inst(const char *op, std::vector<int64_t> in, std::vector<int64_t> out,
+                 nlohmann::json attrs = nlohmann::json::object()) {
+  Instruction i;
+  i.op = op;
+  i.in = std::move(in);
+  i.out = std::move(out);
+  i.attrs = std::move(attrs);
+  return i;
+}
+
+class DeviceConformance : public ::testing::TestWithParam<std::string> {
+protected:
+  void SetUp() override {
+    Status st = checkDevice(GetParam());
+    if (!st)
+      GTEST_SKIP() << st.message();
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+  }
+  /// Allocates the plan's arena, checks and binds the plan, zeroes it.
+  void bind(const Plan &plan) {
+    for (const Instruction &i : plan.program)
+      ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
+    ASSERT_TRUE(dev->allocateArena(plan.arenaBytes).isOk());
+    ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+    std::vector<uint8_t> zeros(dev->arenaBytes(), 0);
+    ASSERT_TRUE(dev->copyToDevice(dev->arenaBase(), zeros.data(), zeros.size()).isOk());
+  }
+  std::vector<float> read(const Plan &plan, int64_t id) {
+    std::vector<float> v(plan.buffers[id].numel());
+    EXPECT_TRUE(dev->copyToHost(v.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                plan.buffers[id].bytes)
+                    .isOk());
+    return v;
+  }
+  void write(const Plan &plan, int64_t id, const std::vector<float> &v) {
+    ASSERT_EQ((int64_t)v.size() * 4, plan.buffers[id].bytes);
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, v.data(), v.size() * 4)
+            .isOk());
+  }
+  std::unique_ptr<Device> dev;
+};
+
+TEST_P(DeviceConformance, ArenaIsAlignedAndSizedOnce) {
+  EXPECT_EQ(dev->arenaBase(), nullptr);
+  ASSERT_TRUE(dev->allocateArena(1000).isOk());
+  ASSERT_NE(dev->arenaBase(), nullptr);
+  EXPECT_EQ((uintptr_t)dev->arenaBase() % Device::kArenaAlignment, 0u);
+  EXPECT_GE(dev->arenaBytes(), 1000);
+  EXPECT_FALSE(dev->allocateArena(1000).isOk()) << "a second arena";
+  std::unique_ptr<Device> empty;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, empty).isOk());
+  EXPECT_TRUE(empty->allocateArena(0).isOk()) << "a plan may need no arena";
+  EXPECT_NE(empty->arenaBase(), nullptr);
+  EXPECT_FALSE(empty->allocateArena(-1).isOk());
+}
+
+TEST_P(DeviceConformance, HostCopiesRoundTripWithoutTouchingNeighbours) {
+  ASSERT_TRUE(dev->allocateArena(4096).isOk());
+  std::vector<uint8_t> fill(4096, 0xAB), back(4096);
+  ASSERT_TRUE(dev->copyToDevice(dev->arenaBase(), fill.data(), 4096).isOk());
+  // Unaligned offsets and odd sizes: a copy is bytes, not elements.
+  for (int64_t off : {0, 1, 63, 100, 4000})
+    for (int64_t n : {1, 3, 64, 96}) {
+      std::vector<uint8_t> pattern(n);
+      for (int64_t i = 0; i < n; ++i)
+        pattern[i] = (uint8_t)(off * 7 + i * 13 + 1);
+      ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + off, pattern.data(), n).isOk());
+      std::vector<uint8_t> got(n);
+      ASSERT_TRUE(dev->copyToHost(got.data(), dev->arenaBase() + off, n).isOk());
+      EXPECT_EQ(got, pattern) << "offset " << off << ", " << n << " bytes";
+      // Restore and check the bytes around the copy kept their value.
+      ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + off, fill.data(), n).isOk());
+    }
+  ASSERT_TRUE(dev->copyToHost(back.data(), dev->arenaBase(), 4096).isOk());
+  EXPECT_EQ(back, fill);
+}
+
+TEST_P(DeviceConformance, ImplementsEveryComputeOpOfTheSchema) {
+  for (const OpSchema &op : kOps) {
+    if (op.kind != OpKind::Compute)
+      continue;
+    EXPECT_TRUE(dev->implementsOp(std::string(op.name))) << op.name;
+    EXPECT_TRUE(hasOpRule(op.name)) << op.name << " has no check in core";
+  }
+  EXPECT_FALSE(dev->implementsOp("conv2d"));
+}
+
+TEST_P(DeviceConformance, RunsInstructionsOnTheArena) {
+  // b2 = b0 + b1; b3 = 2.5 * b2; b4 = matmul([2,3] view of b0.., ...) is
+  // left to the kernel tests: here the device's addressing and dispatch.
+  Plan plan = vectorPlan(4, 5,
+                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  bind(plan);
+  write(plan, 0, {1, 2, 3, 4, 5});
+  write(plan, 1, {10, 20, 30, 40, 50});
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->run(1).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(plan, 2), (std::vector<float>{11, 22, 33, 44, 55}));
+  EXPECT_EQ(read(plan, 3), (std::vector<float>{27.5, 55, 82.5, 110, 137.5}));
+  EXPECT_EQ(read(plan, 0), (std::vector<float>{1, 2, 3, 4, 5})) << "inputs unchanged";
+}
+
+TEST_P(DeviceConformance, RunsNarrowFloatInstructions) {
+  // bf16 storage: the device computes as it likes but stores bf16.
+  Plan plan = vectorPlan(3, 4, {inst("add", {0, 1}, {2})});
+  for (Buffer &b : plan.buffers) {
+    b.dtype = DType::BF16;
+    b.bytes = 8;
+  }
+  bind(plan);
+  // 1.0, 2.0, 3.0, 0.5 and 0.25, 0.5, 1.0, 4.0 in bf16.
+  std::vector<uint16_t> a{0x3f80, 0x4000, 0x4040, 0x3f00}, b{0x3e80, 0x3f00, 0x3f80, 0x4080};
+  ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[0].offset, a.data(), 8).isOk());
+  ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[1].offset, b.data(), 8).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<uint16_t> c(4);
+  ASSERT_TRUE(dev->copyToHost(c.data(), dev->arenaBase() + plan.buffers[2].offset, 8).isOk());
+  // 1.25, 2.5, 4.0, 4.5
+  EXPECT_EQ(c, (std::vector<uint16_t>{0x3fa0, 0x4020, 0x4080, 0x4090}));
+}
+
+/// The executor's protocol for an async collective ([Note: streams and
+/// events]): the collective sees what compute wrote before it, and compute
+/// after the wait sees what the collective wrote, although the collective
+/// is slow.
+TEST_P(DeviceConformance, AsyncCollectiveIsOrderedByEvents) {
+  // 0: b0 = fill 3; 1: all_gather b0 -> b1 (slow); 2: b2 = fill 1 (overlaps);
+  // 3: wait b1; 4: b3 = b1 + b0.
+  Plan plan = vectorPlan(
+      4, 8,
+      {inst("fill", {}, {0}, {{"value", 3.0}}), inst("all_gather", {0}, {1}, {{"async", true}}),
+       inst("fill", {}, {2}, {{"value", 1.0}}), inst("wait", {1}, {1}), inst("add", {1, 0}, {3})});
+  plan.worldSize = plan.meshShards = 1;
+  bind(plan);
+  SlowComm comm(communicatorFor(GetParam()), /*delayMs=*/80);
+  Stream &compute = dev->computeStream(), &commStream = dev->commStream();
+  ASSERT_TRUE(dev->run(0).isOk());
+  auto ready = dev->record(compute);
+  ASSERT_TRUE(dev->wait(commStream, *ready).isOk());
+  uint8_t *base = dev->arenaBase();
+  dev->enqueue(commStream, [&comm, base, &commStream] {
+    return comm.allGather(base, base + 64, 8, DType::F32, &commStream);
+  });
+  auto done = dev->record(commStream);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(dev->run(2).isOk());
+  double issueMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(issueMs, 60) << "compute waited for the collective before its wait";
+  ASSERT_TRUE(dev->wait(compute, *done).isOk());
+  ASSERT_TRUE(dev->run(4).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(comm.calls, 1);
+  EXPECT_EQ(read(plan, 1), std::vector<float>(8, 3.0f)) << "the collective ran before fill";
+  EXPECT_EQ(read(plan, 3), std::vector<float>(8, 6.0f)) << "compute ran before the collective";
+  EXPECT_EQ(read(plan, 2), std::vector<float>(8, 1.0f));
+}
+
+/// Collectives on the comm stream run in the order they were enqueued, and
+/// a failure is sticky: later work on the stream is skipped and the error
+/// comes back from the wait after it and from synchronize.
+TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
+  Plan plan = vectorPlan(2, 4, {});
+  bind(plan);
+  Stream &commStream = dev->commStream();
+  std::vector<int> order;
+  for (int k = 0; k < 5; ++k)
+    dev->enqueue(commStream, [k, &order] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(k % 2 ? 1 : 10));
+      order.push_back(k);
+      return Status::ok();
+    });
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+
+  SlowComm failing(communicatorFor(GetParam()), 5, /*fail=*/true);
+  uint8_t *base = dev->arenaBase();
+  dev->enqueue(commStream, [&failing, base, &commStream] {
+    return failing.allGather(base, base + 64, 4, DType::F32, &commStream);
+  });
+  bool ranAfter = false;
+  dev->enqueue(commStream, [&ranAfter] {
+    ranAfter = true;
+    return Status::ok();
+  });
+  auto done = dev->record(commStream);
+  Status waited = dev->wait(dev->computeStream(), *done);
+  Status synced = dev->synchronize();
+  EXPECT_FALSE(synced.isOk());
+  EXPECT_NE(synced.message().find("injected failure"), std::string::npos) << synced.message();
+  if (!waited.isOk()) // devices that know it at the wait report it there
+    EXPECT_NE(waited.message().find("injected failure"), std::string::npos);
+  EXPECT_FALSE(ranAfter) << "work after a failure on the stream ran";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, DeviceConformance, ::testing::Values(std::string("cpu")),
+                         [](const auto &info) { return info.param; });
+
+TEST(DeviceRegistry, CudaIsAClearErrorWithoutTheBackend) {
+  std::unique_ptr<Device> dev;
+  Status st = createDevice("cuda", DeviceOptions{}, dev);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("--device cpu"), std::string::npos) << st.message();
+  EXPECT_EQ(dev, nullptr);
+  EXPECT_FALSE(createDevice("tpu", DeviceOptions{}, dev).isOk());
+}
+
+} // namespace
