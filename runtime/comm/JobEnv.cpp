@@ -35,13 +35,15 @@ Status jobFromEnvironment(JobEnv &job) {
   bool present = false, present2 = false;
   int64_t r = 0, w = 1;
   struct Source {
-    const char *rank, *size, *name;
+    const char *rank, *size, *name, *localRank, *localSize;
   };
   const Source sources[] = {
-      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc"},
-      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)"},
+      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc", nullptr, nullptr},
+      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)",
+       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)", "SLURM_LOCALID",
+       "SLURM_NTASKS_PER_NODE"},
   };
   for (const Source &s : sources) {
     envInt(s.rank, r, present, st);
@@ -58,6 +60,18 @@ Status jobFromEnvironment(JobEnv &job) {
     job.rank = r;
     job.worldSize = w;
     job.source = s.name;
+    // This node's share (which GPU a rank takes; whether ranks share one):
+    // the launcher's local variables, else one node holds every rank.
+    job.localRank = r;
+    job.localWorldSize = w;
+    int64_t lr = 0, lw = 0;
+    bool hasLr = false, hasLw = false;
+    if (s.localRank && envInt(s.localRank, lr, hasLr, st) && lr >= 0)
+      job.localRank = lr;
+    if (s.localSize && envInt(s.localSize, lw, hasLw, st) && lw >= 1)
+      job.localWorldSize = lw;
+    if (!st)
+      return st;
     if (const char *dir = std::getenv("FSDP_STORE_DIR")) {
       job.storeDir = dir;
     } else if (w > 1) {

@@ -31,6 +31,9 @@ namespace fsdp {
 /// Where this process stands in a job, from the environment.
 struct JobEnv {
   int64_t rank = 0, worldSize = 1;
+  /// This process's place on its node (LOCAL_RANK / LOCAL_WORLD_SIZE and
+  /// their MPI / Slurm names; the global ones when absent).
+  int64_t localRank = 0, localWorldSize = 1;
   std::string storeDir;   ///< rendezvous through a directory (local launch)
   std::string masterAddr; ///< or through the TCP store rank 0 serves here
   int masterPort = 0;

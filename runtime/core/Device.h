@@ -76,6 +76,7 @@ public:
 struct DeviceOptions {
   int threads = 0;         ///< CPU compute threads (0: the library default)
   int64_t localRank = 0;   ///< which local accelerator (CUDA)
+  bool allowTf32 = false;  ///< CUDA: float32 GEMMs may use TF32 tensor cores
 };
 
 class Device {

@@ -35,6 +35,7 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
   --device D           cpu (default) or cuda: the backend that runs the plan
+  --allow-tf32         cuda: float32 GEMMs may round inputs to TF32 (off: exact f32)
                        (a plan does not depend on it)
   --threads N          compute threads per rank (OpenMP + OpenBLAS)
   --log-every N        print every N steps (default 1)
@@ -108,6 +109,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     }
     if (a == "--calibrate") {
       opt.calibrate = true;
+      continue;
+    }
+    if (a == "--allow-tf32") {
+      opt.allowTf32 = true;
       continue;
     }
     if (a == "--json" || a == "--quiet") {

@@ -8,6 +8,8 @@
 #ifndef FSDP_RUNTIME_DEVICES_DEVICES_H
 #define FSDP_RUNTIME_DEVICES_DEVICES_H
 
+#include "runtime/comm/JobEnv.h"
+#include "runtime/core/Comm.h"
 #include "runtime/core/Device.h"
 
 #include <memory>
@@ -28,6 +30,13 @@ Status checkDevice(const std::string &name);
 /// saying which.
 Status createDevice(const std::string &name, const DeviceOptions &options,
                     std::unique_ptr<Device> &out);
+
+/// The communicator for device `name`'s buffers, made from the job's host
+/// (Gloo) communicator: unchanged for cpu; NCCL or host-staged Gloo for
+/// cuda (runtime/cuda/CudaComm.h). Call after createDevice (NCCL binds
+/// the current GPU).
+Status deviceCommunicator(const std::string &name, const JobEnv &job, double timeoutSeconds,
+                          std::unique_ptr<Communicator> &comm);
 
 } // namespace fsdp
 

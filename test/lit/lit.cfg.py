@@ -18,3 +18,14 @@ config.substitutions.append(("%fsdp_src", config.fsdp_src_root))
 config.substitutions.append(("%fsdp_bin", config.fsdp_tools_dir))
 # The PyTorch oracle needs Debian's python (torch 1.13), not pyenv's.
 config.substitutions.append(("%torch_python", "/usr/bin/python3"))
+
+# A CUDA GPU with a working driver: the --device cuda tests run (else lit
+# reports them UNSUPPORTED, a visible skip).
+import shutil
+import subprocess
+if shutil.which("nvidia-smi"):
+    try:
+        if subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0:
+            config.available_features.add("cuda-gpu")
+    except (OSError, subprocess.SubprocessError):
+        pass

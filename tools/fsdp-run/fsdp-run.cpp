@@ -106,8 +106,12 @@ int main(int argc, char **argv) {
   std::unique_ptr<Device> device;
   DeviceOptions dopt;
   dopt.threads = opt.threads;
-  dopt.localRank = job.rank; // one process per device (NCCL requires it)
+  dopt.localRank = job.localRank; // one process per device where there are enough
+  dopt.allowTf32 = opt.allowTf32;
   st = createDevice(opt.device, dopt, device);
+  if (!st)
+    return fail(st, 1, job.rank);
+  st = deviceCommunicator(opt.device, job, timeout, comm);
   if (!st)
     return fail(st, 1, job.rank);
   st = train(opt, *comm, *device);

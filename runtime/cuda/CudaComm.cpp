@@ -1,0 +1,305 @@
+//===- CudaComm.cpp - NCCL and host-staged communicators ------------------===//
+
+#include "runtime/cuda/CudaComm.h"
+
+#include "runtime/cuda/CudaCheck.h"
+#include "runtime/cuda/CudaDevice.h"
+
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace fsdp::cuda {
+
+namespace {
+
+std::mutex asyncMu;
+Status asyncError;              // first failure of a staged collective
+std::atomic<bool> asyncFailed{false};
+
+void recordAsyncError(const Status &st) {
+  std::lock_guard<std::mutex> l(asyncMu);
+  if (asyncError)
+    asyncError = st;
+  asyncFailed = true;
+}
+
+cudaStream_t streamOf(Stream *s) {
+  return s ? static_cast<cudaStream_t>(s->nativeHandle()) : nullptr;
+}
+
+int64_t elementBytes(DType t) { return dtypeSize(t); }
+
+// --- host-staged -----------------------------------------------------------------
+
+/// Device buffers through pinned host memory and the wrapped host
+/// communicator. One pinned in/out pair per communicator, grown (after the
+/// stream drains) when a collective needs more; collectives on the stream
+/// run one after another, so one pair serves them all.
+class StagedComm final : public Communicator {
+public:
+  explicit StagedComm(std::unique_ptr<Communicator> host) : host(std::move(host)) {}
+  ~StagedComm() override {
+    if (hin)
+      cudaFreeHost(hin);
+    if (hout)
+      cudaFreeHost(hout);
+  }
+  int64_t rank() const override { return host->rank(); }
+  int64_t size() const override { return host->size(); }
+
+  Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
+                   Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allReduce(in, out, count, dtype, op, nullptr);
+    bytesSent_ += 2 * (size() - 1) * count * elementBytes(dtype) / std::max<int64_t>(size(), 1);
+    return staged(Kind::AllReduce, in, count, out, count, dtype, op, streamOf(stream));
+  }
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype, ReduceOp op,
+                       Stream *stream) override {
+    if (!streamOf(stream))
+      return host->reduceScatter(in, out, shard, dtype, op, nullptr);
+    bytesSent_ += (size() - 1) * shard * elementBytes(dtype);
+    return staged(Kind::ReduceScatter, in, shard * size(), out, shard, dtype, op,
+                  streamOf(stream));
+  }
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype,
+                   Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allGather(in, out, shard, dtype, nullptr);
+    bytesSent_ += (size() - 1) * shard * elementBytes(dtype);
+    return staged(Kind::AllGather, in, shard, out, shard * size(), dtype, ReduceOp::Sum,
+                  streamOf(stream));
+  }
+  Status broadcast(void *data, int64_t bytes, int64_t root) override {
+    return host->broadcast(data, bytes, root);
+  }
+  Status barrier() override { return host->barrier(); }
+  Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                  std::unique_ptr<Communicator> &out) override {
+    std::unique_ptr<Communicator> sub;
+    FSDP_RETURN_IF_ERROR(host->subgroup(ranks, tag, sub));
+    out = std::make_unique<StagedComm>(std::move(sub));
+    return Status::ok();
+  }
+
+private:
+  enum class Kind { AllReduce, ReduceScatter, AllGather };
+  struct Call {
+    Communicator *host;
+    Kind kind;
+    void *in, *out;
+    int64_t inCount, outCount;
+    DType dtype;
+    ReduceOp op;
+  };
+  static void CUDART_CB run(void *p) {
+    std::unique_ptr<Call> c(static_cast<Call *>(p));
+    if (asyncFailed)
+      return; // a peer failed earlier: the job is stopping
+    Status st = c->kind == Kind::AllReduce
+                    ? c->host->allReduce(c->in, c->out, c->outCount, c->dtype, c->op, nullptr)
+                : c->kind == Kind::ReduceScatter
+                    ? c->host->reduceScatter(c->in, c->out, c->outCount, c->dtype, c->op,
+                                             nullptr)
+                    : c->host->allGather(c->in, c->out, c->inCount, c->dtype, nullptr);
+    if (!st)
+      recordAsyncError(st);
+  }
+  Status reserve(size_t inB, size_t outB, cudaStream_t s) {
+    if (inB <= inCap && outB <= outCap)
+      return Status::ok();
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(s)); // the old buffers may be in use
+    if (inB > inCap) {
+      if (hin)
+        FSDP_CUDA_CHECK(cudaFreeHost(hin));
+      hin = nullptr;
+      FSDP_CUDA_CHECK(cudaMallocHost(&hin, inB));
+      inCap = inB;
+    }
+    if (outB > outCap) {
+      if (hout)
+        FSDP_CUDA_CHECK(cudaFreeHost(hout));
+      hout = nullptr;
+      FSDP_CUDA_CHECK(cudaMallocHost(&hout, outB));
+      outCap = outB;
+    }
+    return Status::ok();
+  }
+  Status staged(Kind kind, const void *in, int64_t inCount, void *out, int64_t outCount,
+                DType dtype, ReduceOp op, cudaStream_t s) {
+    size_t es = (size_t)elementBytes(dtype);
+    size_t inB = es * inCount, outB = es * outCount;
+    if (size() == 1) { // sum, mean or gather over one rank: a copy
+      if (in != out)
+        FSDP_CUDA_CHECK(cudaMemcpyAsync(out, in, outB, cudaMemcpyDeviceToDevice, s));
+      return Status::ok();
+    }
+    FSDP_RETURN_IF_ERROR(reserve(inB, outB, s));
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(hin, in, inB, cudaMemcpyDeviceToHost, s));
+    auto *call = new Call{host.get(), kind, hin, hout, inCount, outCount, dtype, op};
+    cudaError_t e = cudaLaunchHostFunc(s, &StagedComm::run, call);
+    if (e != cudaSuccess) {
+      delete call;
+      return cudaStatus(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(out, hout, outB, cudaMemcpyHostToDevice, s));
+    return Status::ok();
+  }
+
+  std::unique_ptr<Communicator> host;
+  void *hin = nullptr, *hout = nullptr;
+  size_t inCap = 0, outCap = 0;
+};
+
+// --- NCCL ----------------------------------------------------------------------------
+
+Status ncclStatus(ncclResult_t r, const char *call, const char *file, int line) {
+  if (r == ncclSuccess)
+    return Status::ok();
+  return makeError(file, line, call, " failed: ", ncclGetErrorString(r), " (",
+                   ncclGetLastError(nullptr), ")");
+}
+#define FSDP_NCCL_CHECK(call)                                                  \
+  FSDP_RETURN_IF_ERROR(ncclStatus((call), #call, __FILE__, __LINE__))
+
+bool ncclType(DType t, ncclDataType_t &out) {
+  switch (t) {
+  case DType::F32:
+    out = ncclFloat32;
+    return true;
+  case DType::BF16:
+    out = ncclBfloat16;
+    return true;
+  case DType::F16:
+    out = ncclFloat16;
+    return true;
+  default:
+    return false;
+  }
+}
+
+class NcclComm final : public Communicator {
+public:
+  /// `host` (shared by the subgroups) carries host-buffer collectives.
+  NcclComm(ncclComm_t comm, std::shared_ptr<Communicator> host, int64_t rank, int64_t size)
+      : comm(comm), host(std::move(host)), r(rank), n(size) {}
+  ~NcclComm() override {
+    if (comm)
+      ncclCommDestroy(comm);
+  }
+  int64_t rank() const override { return r; }
+  int64_t size() const override { return n; }
+
+  Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
+                   Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allReduce(in, out, count, dtype, op, nullptr);
+    ncclDataType_t t;
+    if (!ncclType(dtype, t))
+      return FSDP_ERROR("all_reduce: NCCL cannot reduce ", dtypeName(dtype));
+    bytesSent_ += 2 * (n - 1) * count * elementBytes(dtype) / n;
+    FSDP_NCCL_CHECK(ncclAllReduce(in, out, (size_t)count, t, redOp(op), comm,
+                                  streamOf(stream)));
+    return Status::ok();
+  }
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype, ReduceOp op,
+                       Stream *stream) override {
+    if (!streamOf(stream))
+      return host->reduceScatter(in, out, shard, dtype, op, nullptr);
+    ncclDataType_t t;
+    if (!ncclType(dtype, t))
+      return FSDP_ERROR("reduce_scatter: NCCL cannot reduce ", dtypeName(dtype));
+    bytesSent_ += (n - 1) * shard * elementBytes(dtype);
+    FSDP_NCCL_CHECK(ncclReduceScatter(in, out, (size_t)shard, t, redOp(op), comm,
+                                      streamOf(stream)));
+    return Status::ok();
+  }
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype,
+                   Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allGather(in, out, shard, dtype, nullptr);
+    bytesSent_ += (n - 1) * shard * elementBytes(dtype);
+    // bytes: any dtype
+    FSDP_NCCL_CHECK(ncclAllGather(in, out, (size_t)(shard * elementBytes(dtype)), ncclUint8,
+                                  comm, streamOf(stream)));
+    return Status::ok();
+  }
+  Status broadcast(void *data, int64_t bytes, int64_t root) override {
+    if (n == host->size())
+      return host->broadcast(data, bytes, root);
+    return FSDP_ERROR("broadcast on an NCCL subgroup is not supported");
+  }
+  Status barrier() override { return host->barrier(); }
+  Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                  std::unique_ptr<Communicator> &out) override {
+    // Every rank of this communicator calls subgroup for each axis in the
+    // same order (Executor), so the split is collective as NCCL needs:
+    // the group's smallest rank names it, ranks keep their order.
+    int color = (int)ranks.front();
+    int key = (int)(std::find(ranks.begin(), ranks.end(), r) - ranks.begin());
+    ncclComm_t sub = nullptr;
+    FSDP_NCCL_CHECK(ncclCommSplit(comm, color, key, &sub, nullptr));
+    out = std::make_unique<NcclComm>(sub, host, key, (int64_t)ranks.size());
+    (void)tag;
+    return Status::ok();
+  }
+
+private:
+  static ncclRedOp_t redOp(ReduceOp op) { return op == ReduceOp::Mean ? ncclAvg : ncclSum; }
+  static std::string dtypeName(DType t) { return std::string(dtypeInfo(t).name); }
+  ncclComm_t comm;
+  std::shared_ptr<Communicator> host;
+  int64_t r, n;
+};
+
+Status makeNccl(const JobEnv &job, double timeoutSeconds, std::unique_ptr<Communicator> host,
+                std::unique_ptr<Communicator> &out) {
+  ncclUniqueId id;
+  std::shared_ptr<Communicator> shared(std::move(host));
+  if (job.rank == 0)
+    FSDP_NCCL_CHECK(ncclGetUniqueId(&id));
+  // Rank 0's id reaches every rank through the host communicator (which
+  // met through the job's rendezvous store).
+  FSDP_RETURN_IF_ERROR(shared->broadcast(&id, sizeof(id), 0));
+  ncclComm_t comm = nullptr;
+  FSDP_NCCL_CHECK(ncclCommInitRank(&comm, (int)job.worldSize, id, (int)job.rank));
+  (void)timeoutSeconds;
+  out = std::make_unique<NcclComm>(comm, shared, job.rank, job.worldSize);
+  return Status::ok();
+}
+
+} // namespace
+
+Status takeAsyncCommError() {
+  std::lock_guard<std::mutex> l(asyncMu);
+  Status st = asyncError;
+  asyncError = Status::ok();
+  return st;
+}
+
+Status makeCudaCommunicator(const JobEnv &job, double timeoutSeconds,
+                            std::unique_ptr<Communicator> host,
+                            std::unique_ptr<Communicator> &out) {
+  const char *choice = std::getenv("FSDP_CUDA_COMM");
+  std::string c = choice ? choice : "";
+  if (!c.empty() && c != "nccl" && c != "staged")
+    return FSDP_ERROR("FSDP_CUDA_COMM='", c, "': expected nccl or staged");
+  bool ownGpu = cudaDeviceCount() >= job.localWorldSize;
+  if (c == "nccl" && !ownGpu)
+    return FSDP_ERROR("FSDP_CUDA_COMM=nccl: ", job.localWorldSize, " ranks on this node but ",
+                      cudaDeviceCount(),
+                      " GPUs; NCCL needs a GPU per rank (use FSDP_CUDA_COMM=staged)");
+  if (c == "nccl" || (c.empty() && ownGpu && job.worldSize > 1))
+    return makeNccl(job, timeoutSeconds, std::move(host), out);
+  out = std::make_unique<StagedComm>(std::move(host));
+  return Status::ok();
+}
+
+} // namespace fsdp::cuda

@@ -1,0 +1,796 @@
+//===- CudaDevice.cpp - the CUDA implementation of Device -----------------===//
+//
+// prepare() turns every compute instruction into a launcher (device
+// pointers, dimensions and attributes resolved once); run(i) calls it on
+// the compute stream. An instruction on bf16 / f16 operands runs, as on
+// the CPU, as its f32 kernel over widened copies in a device scratch
+// buffer ([Note: bf16 storage, f32 compute] in runtime/core/OpRules.cpp).
+// Runtime scratch outside the arena (cuBLASLt workspace, reduction
+// partials, attention statistics, the widened copies) is allocated once at
+// prepare and reported by scratchHighWater().
+//
+// Errors: a launch failure is returned at once; a kernel's data error (a
+// token id or label out of range) is recorded in a device flag and
+// reported by synchronize(), the step's one host wait. Failures inside the
+// communication stream's host functions (host-staged collectives) are
+// reported there too (CudaComm.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/CudaDevice.h"
+
+#include "runtime/core/OpRules.h"
+#include "runtime/cuda/CudaCheck.h"
+#include "runtime/cuda/CudaComm.h"
+#include "runtime/cuda/CudaGemm.h"
+#include "runtime/cuda/CudaKernels.h"
+
+#include <algorithm>
+#include <climits>
+#include <functional>
+#include <unordered_map>
+
+namespace fsdp::cuda {
+
+int cudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+Status checkCudaDevice() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return FSDP_ERROR("--device cuda: no usable CUDA GPU (", cudaGetErrorName(e), ": ",
+                      cudaGetErrorString(e),
+                      "); a driver for CUDA 13 and an NVIDIA GPU are needed; use --device cpu");
+  }
+  if (n == 0)
+    return FSDP_ERROR("--device cuda: the CUDA driver sees no GPU; use --device cpu");
+  return Status::ok();
+}
+
+namespace {
+
+class CudaStream final : public Stream {
+public:
+  cudaStream_t s = nullptr;
+  Status sticky;
+  void *nativeHandle() const override { return s; }
+};
+
+class CudaEvent final : public Event {
+public:
+  cudaEvent_t e = nullptr;
+  ~CudaEvent() override {
+    if (e)
+      cudaEventDestroy(e);
+  }
+};
+
+using Launch = std::function<Status(cudaStream_t)>;
+using rules::Op;
+
+FloatKind floatKind(DType t) {
+  return t == DType::BF16 ? FloatKind::BF16 : t == DType::F16 ? FloatKind::F16 : FloatKind::F32;
+}
+
+/// Device scratch the launchers share (they run one at a time on the
+/// compute stream). Sizes are the maxima over the plan's instructions.
+struct Scratch {
+  float *f = nullptr;   // attention statistics, norm row statistics
+  double *d = nullptr;  // reduction partials, per-row losses
+  uint8_t *wide = nullptr; // widened f32 copies of bf16 instructions
+  int64_t fN = 0, dN = 0, wideBytes = 0;
+};
+
+class CudaDevice final : public Device {
+public:
+  explicit CudaDevice(int ordinal) : ordinal(ordinal) {}
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal);
+    if (compute.s)
+      cudaStreamSynchronize(compute.s);
+    if (comm.s)
+      cudaStreamSynchronize(comm.s);
+    gemm.reset();
+    for (void *p : {(void *)arena, (void *)scratch.f, (void *)scratch.d, (void *)scratch.wide,
+                    (void *)badPos})
+      if (p)
+        cudaFree(p);
+    if (compute.s)
+      cudaStreamDestroy(compute.s);
+    if (comm.s)
+      cudaStreamDestroy(comm.s);
+  }
+
+  Status init(bool allowTf32) {
+    FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
+    int lo = 0, hi = 0;
+    FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    // Collectives on the higher priority: a ready all-gather is not stuck
+    // behind a queue of compute kernels.
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&compute.s, cudaStreamNonBlocking, lo));
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&comm.s, cudaStreamNonBlocking, hi));
+    FSDP_CUDA_CHECK(cudaMalloc(&badPos, sizeof(long long)));
+    FSDP_RETURN_IF_ERROR(resetBadPos());
+    gemm = std::make_unique<Gemm>();
+    return gemm->init(32ull << 20, allowTf32);
+  }
+
+  const char *name() const override { return "cuda"; }
+
+  Status allocateArena(int64_t bytes) override {
+    if (arena)
+      return FSDP_ERROR("the arena is already allocated");
+    if (bytes < 0)
+      return FSDP_ERROR("cannot allocate an arena of ", bytes, " bytes");
+    size_t n = (size_t)std::max<int64_t>(bytes, kArenaAlignment);
+    n = (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
+    cudaError_t e = cudaMalloc(&arena, n);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t freeB = 0, total = 0;
+      cudaMemGetInfo(&freeB, &total);
+      return FSDP_ERROR("out of GPU memory: the plan's arena needs ", n, " bytes (",
+                        (double)n / (1 << 30), " GiB); GPU ", ordinal, " has ", freeB,
+                        " bytes free of ", total,
+                        " (compile for more ranks, a higher ZeRO stage, recompute, or "
+                        "memory-budget=)");
+    }
+    FSDP_CUDA_CHECK(e);
+    size = (int64_t)n;
+    return Status::ok();
+  }
+  uint8_t *arenaBase() const override { return arena; }
+  int64_t arenaBytes() const override { return size; }
+
+  Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
+    FSDP_RETURN_IF_ERROR(idle());
+    if (bytes > 0)
+      FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+  Status copyToHost(void *dst, const void *src, int64_t bytes) override {
+    FSDP_RETURN_IF_ERROR(idle());
+    if (bytes > 0)
+      FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost));
+    return Status::ok();
+  }
+
+  Status prepare(const Plan &p, int64_t shard) override;
+  Status run(int64_t index) override {
+    if (index < 0 || index >= (int64_t)launches.size() || !launches[index])
+      return FSDP_ERROR("instruction #", index, " is not a prepared compute instruction");
+    if (!compute.sticky)
+      return compute.sticky;
+    Status st = launches[index](compute.s);
+    if (!st)
+      compute.sticky = st;
+    return st;
+  }
+  bool implementsOp(const std::string &op) const override;
+
+  Stream &computeStream() override { return compute; }
+  Stream &commStream() override { return comm; }
+
+  void enqueue(Stream &stream, std::function<Status()> work) override {
+    // The work launches device work on the stream (NCCL, or the host-staged
+    // copies and host function) and returns at once.
+    auto &s = static_cast<CudaStream &>(stream);
+    if (s.sticky)
+      s.sticky = work();
+  }
+  std::unique_ptr<Event> record(Stream &stream) override {
+    auto ev = std::make_unique<CudaEvent>();
+    auto &s = static_cast<CudaStream &>(stream);
+    cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+      e = cudaEventRecord(ev->e, s.s);
+    if (e != cudaSuccess && s.sticky)
+      s.sticky = cudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
+    return ev;
+  }
+  Status wait(Stream &stream, Event &event) override {
+    auto &s = static_cast<CudaStream &>(stream);
+    auto &ev = static_cast<CudaEvent &>(event);
+    if (ev.e)
+      FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.s, ev.e, 0));
+    // Failures on the event's stream are known only at synchronize().
+    return Status::ok();
+  }
+  Status synchronize() override {
+    Status st = idle();
+    if (!compute.sticky)
+      st = compute.sticky;
+    else if (!comm.sticky)
+      st = comm.sticky;
+    compute.sticky = comm.sticky = Status::ok();
+    if (!st)
+      return st;
+    long long bad = LLONG_MAX;
+    FSDP_CUDA_CHECK(cudaMemcpy(&bad, badPos, sizeof(bad), cudaMemcpyDeviceToHost));
+    if (bad != LLONG_MAX) {
+      FSDP_RETURN_IF_ERROR(resetBadPos());
+      return FSDP_ERROR("a token id or label at position ", bad,
+                        " of its batch is outside the vocabulary / class range "
+                        "(embedding or cross_entropy)");
+    }
+    return Status::ok();
+  }
+
+  int64_t scratchHighWater() const override {
+    return scratch.fN * (int64_t)sizeof(float) + scratch.dN * (int64_t)sizeof(double) +
+           scratch.wideBytes + (int64_t)(gemm ? gemm->workspaceBytes() : 0);
+  }
+
+private:
+  /// Both streams idle; a CUDA error (asynchronous kernel faults, failed
+  /// host-staged collectives) returned.
+  Status idle() {
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
+    return takeAsyncCommError();
+  }
+  Status resetBadPos() {
+    long long none = LLONG_MAX;
+    FSDP_CUDA_CHECK(cudaMemcpy(badPos, &none, sizeof(none), cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+  Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+
+  int ordinal;
+  uint8_t *arena = nullptr;
+  int64_t size = 0;
+  CudaStream compute, comm;
+  std::unique_ptr<Gemm> gemm;
+  long long *badPos = nullptr;
+  Scratch scratch;
+  std::vector<Launch> launches;
+};
+
+// --- launchers ------------------------------------------------------------
+
+/// Typed operand pointers of one instruction over a base address.
+struct Ptrs {
+  const Op &op;
+  uint8_t *base;
+  int64_t rank;
+  template <typename T = float> T *in(size_t i) const {
+    return reinterpret_cast<T *>(base + bufferOffset(op.plan, op.inst.in[i], rank));
+  }
+  template <typename T = float> T *out(size_t i) const {
+    return reinterpret_cast<T *>(base + bufferOffset(op.plan, op.inst.out[i], rank));
+  }
+};
+
+Launch fromCuda(std::function<cudaError_t(cudaStream_t)> f, std::string what) {
+  return [f = std::move(f), what = std::move(what)](cudaStream_t s) {
+    return cudaStatus(f(s), what.c_str(), __FILE__, __LINE__);
+  };
+}
+
+/// Scratch sizes an instruction needs (floats, doubles).
+void scratchNeeds(const Op &op, int64_t &f, int64_t &d) {
+  const std::string &n = op.inst.op;
+  f = d = 0;
+  if (n == "attention_grad") {
+    const auto &s = op.in(0).shape;
+    f = attentionGradScratch(s[0], s[1], op.i("heads", 1));
+  } else if (n == "layer_norm_grad") {
+    f = 2 * rules::rowsOf(op.in(0));
+  } else if (n == "rms_norm_grad") {
+    f = rules::rowsOf(op.in(0));
+  } else if (n == "cross_entropy") {
+    d = std::max<int64_t>(rules::rowsOf(op.in(0)), reductionScratch());
+  } else if (n == "mse_loss" || n == "bce_with_logits") {
+    d = reductionScratch();
+  } else if (n == "squared_norm") {
+    d = squaredNormScratch((int64_t)op.inst.in.size());
+  }
+}
+
+} // namespace
+
+Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &o0 = op.out(0);
+  int64_t numel = o0.numel();
+  float *sf = scratch.f;
+  double *sd = scratch.d;
+  long long *bad = badPos;
+  auto binaryKind = [&](BinaryKind k) {
+    auto a = r.in(0), b = r.in(1);
+    auto sa = op.in(0).shape, sb = op.in(1).shape, so = o0.shape;
+    float *y = r.out(0);
+    out = fromCuda([=](cudaStream_t s) { return binary(k, a, sa, b, sb, y, so, s); }, n);
+  };
+  auto unary = [&](cudaError_t (*f)(const float *, float *, int64_t, cudaStream_t)) {
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    out = fromCuda([=](cudaStream_t s) { return f(x, y, numel, s); }, n);
+  };
+  auto unaryGrad = [&](cudaError_t (*f)(const float *, const float *, float *, int64_t,
+                                        cudaStream_t)) {
+    const float *x = r.in(0), *dy = r.in(1);
+    float *dx = r.out(0);
+    out = fromCuda([=](cudaStream_t s) { return f(x, dy, dx, numel, s); }, n);
+  };
+  bool i32 = true;
+  for (size_t i = 0; i < op.inst.in.size(); ++i)
+    if (op.in(i).dtype == DType::I64)
+      i32 = false;
+  if (!i32)
+    return FSDP_ERROR(n, ": int64 ids / labels are not supported on CUDA yet (the compiler "
+                      "emits i32)");
+
+  if (n == "add")
+    binaryKind(BinaryKind::Add);
+  else if (n == "sub")
+    binaryKind(BinaryKind::Sub);
+  else if (n == "mul")
+    binaryKind(BinaryKind::Mul);
+  else if (n == "div")
+    binaryKind(BinaryKind::Div);
+  else if (n == "neg")
+    unary(neg);
+  else if (n == "relu")
+    unary(relu);
+  else if (n == "gelu")
+    unary(gelu);
+  else if (n == "silu")
+    unary(silu);
+  else if (n == "relu_grad")
+    unaryGrad(reluGrad);
+  else if (n == "gelu_grad")
+    unaryGrad(geluGrad);
+  else if (n == "silu_grad")
+    unaryGrad(siluGrad);
+  else if (n == "scale") {
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    double f = op.f("factor", 1.0);
+    out = fromCuda([=](cudaStream_t s) { return scale(x, y, numel, f, s); }, n);
+  } else if (n == "fill") {
+    float *y = r.out(0);
+    double v = op.f("value", 0);
+    out = fromCuda([=](cudaStream_t s) { return fill(y, numel, v, s); }, n);
+  } else if (n == "copy" || n == "reshape") {
+    uint8_t *dst = r.out<uint8_t>(0);
+    const uint8_t *src = r.in<uint8_t>(0);
+    size_t bytes = (size_t)o0.bytes;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return dst == src ? cudaSuccess
+                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+        },
+        n);
+  } else if (n == "softmax" || n == "softmax_grad") {
+    int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
+    const float *a = r.in(0), *b = n == "softmax" ? nullptr : r.in(1);
+    float *y = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return b ? softmaxGrad(a, b, y, rows, cols, s) : softmax(a, y, rows, cols, s);
+        },
+        n);
+  } else if (n == "bias_add") {
+    const float *x = r.in(0), *b = r.in(1);
+    float *y = r.out(0);
+    int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
+    out = fromCuda([=](cudaStream_t s) { return biasAdd(x, b, y, rows, cols, s); }, n);
+  } else if (n == "matmul") {
+    rules::MM d;
+    FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
+    const float *a = r.in(0), *b = r.in(1);
+    float *c = r.out(0);
+    bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+    Gemm *g = gemm.get();
+    out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
+  } else if (n == "layer_norm" || n == "rms_norm") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const float *xp = r.in(0), *g = r.in(1), *b = n == "layer_norm" ? r.in(2) : nullptr;
+    float *y = r.out(0);
+    double eps = op.f("epsilon", n == "layer_norm" ? 1e-5 : 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return b ? layerNorm(xp, g, b, y, rows, cols, eps, s)
+                   : rmsNorm(xp, g, y, rows, cols, eps, s);
+        },
+        n);
+  } else if (n == "layer_norm_grad") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const float *xp = r.in(0), *g = r.in(1), *dy = r.in(2);
+    float *dx = r.out(0), *dg = r.out(1), *db = r.out(2);
+    double eps = op.f("epsilon", 1e-5);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return layerNormGrad(xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
+        },
+        n);
+  } else if (n == "rms_norm_grad") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const float *xp = r.in(0), *w = r.in(1), *dy = r.in(2);
+    float *dx = r.out(0), *dw = r.out(1);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) { return rmsNormGrad(xp, w, dy, dx, dw, sf, rows, cols, eps, s); },
+        n);
+  } else if (n == "attention" || n == "attention_grad") {
+    const auto &sh = op.in(0).shape;
+    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1),
+            kv = op.i("kv_heads", heads);
+    bool causal = op.b("causal");
+    if (T > attentionMaxT())
+      return FSDP_ERROR(n, ": sequence length ", T, " exceeds this CUDA kernel's limit ",
+                        attentionMaxT(), " (scores of a row are kept in shared memory)");
+    const float *q = r.in(0), *k = r.in(1), *v = r.in(2);
+    if (n == "attention") {
+      float *y = r.out(0);
+      out = fromCuda(
+          [=](cudaStream_t s) { return attention(q, k, v, y, B, T, C, heads, causal, kv, s); },
+          n);
+    } else {
+      const float *dy = r.in(3);
+      float *dq = r.out(0), *dk = r.out(1), *dv = r.out(2);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return attentionGrad(q, k, v, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv, s);
+          },
+          n);
+    }
+  } else if (n == "rope" || n == "rope_grad") {
+    const auto &sh = op.in(0).shape;
+    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
+    double theta = op.f("theta", 1e4);
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    bool grad = n == "rope_grad";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return grad ? ropeGrad(x, y, B, T, C, heads, theta, s)
+                      : rope(x, y, B, T, C, heads, theta, s);
+        },
+        n);
+  } else if (n == "embedding") {
+    const Buffer &t = op.in(0);
+    int64_t vocab = t.shape[0], width = t.shape[1], cnt = op.in(1).numel();
+    const float *table = r.in(0);
+    const int32_t *ids = r.in<int32_t>(1);
+    float *y = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) { return embedding(table, ids, y, cnt, vocab, width, bad, s); }, n);
+  } else if (n == "embedding_grad") {
+    const Buffer &t = o0;
+    int64_t vocab = t.shape[0], width = t.shape[1], cnt = op.in(0).numel();
+    const int32_t *ids = r.in<int32_t>(0);
+    const float *dy = r.in(1);
+    float *dt = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) { return embeddingGrad(ids, dy, dt, cnt, vocab, width, bad, s); },
+        n);
+  } else if (n == "transpose") {
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    auto sx = op.in(0).shape;
+    auto perm = op.iv("perm");
+    out = fromCuda([=](cudaStream_t s) { return transpose(x, sx, perm, y, s); }, n);
+  } else if (n == "slice" || n == "slice_grad") {
+    bool grad = n == "slice_grad";
+    const Buffer &whole = grad ? o0 : op.in(0), &part = grad ? op.in(0) : o0;
+    int64_t dim = op.i("dim", 0), outer, inner, off = op.i("offset", 0);
+    rules::around(whole.shape, dim, outer, inner);
+    int64_t full = whole.shape[dim], len = part.shape[dim];
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return grad ? sliceGrad(x, y, outer, full, len, inner, off, s)
+                      : slice(x, y, outer, full, len, inner, off, s);
+        },
+        n);
+  } else if (n == "concat") {
+    int64_t dim = op.i("dim", 0), outer, inner;
+    rules::around(o0.shape, dim, outer, inner);
+    int64_t full = o0.shape[dim];
+    std::vector<std::tuple<const float *, int64_t, int64_t>> parts; // ptr, len, offset
+    int64_t off = 0;
+    for (size_t i = 0; i < op.inst.in.size(); ++i) {
+      int64_t len = op.in(i).shape[dim];
+      parts.emplace_back(r.in(i), len, off);
+      off += len;
+    }
+    float *y = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          for (auto [p, len, o] : parts)
+            if (cudaError_t e = place(p, y, outer, full, len, inner, o, s))
+              return e;
+          return cudaSuccess;
+        },
+        n);
+  } else if (n == "reduce_sum" || n == "reduce_mean") {
+    rules::Shape kept = op.in(0).shape;
+    int64_t count = 1;
+    for (int64_t d : op.iv("dims")) {
+      count *= kept[d];
+      kept[d] = 1;
+    }
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    auto si = op.in(0).shape;
+    bool mean = n == "reduce_mean";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          cudaError_t e = sumTo(x, si, y, kept, s);
+          return e || !mean ? e : scale(y, y, numel, 1.0 / (double)count, s);
+        },
+        n);
+  } else if (n == "broadcast" || n == "sum_to") {
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    auto si = op.in(0).shape, so = o0.shape;
+    bool sum = n == "sum_to";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return sum ? sumTo(x, si, y, so, s) : broadcastTo(x, si, y, so, s);
+        },
+        n);
+  } else if (n == "cast") {
+    const void *x = r.in<uint8_t>(0);
+    void *y = r.out<uint8_t>(0);
+    DType from = op.in(0).dtype, to = o0.dtype;
+    size_t bytes = (size_t)o0.bytes;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          if (from == to)
+            return x == y ? cudaSuccess
+                          : cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s);
+          return cast(x, floatKind(from), y, floatKind(to), numel, s);
+        },
+        n);
+  } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
+    const Buffer &l = op.in(0);
+    int64_t classes = rules::lastDim(l), rows = rules::rowsOf(l);
+    const float *logits = r.in(0);
+    const int32_t *labels = r.in<int32_t>(1);
+    float *y = r.out(0);
+    if (n == "cross_entropy")
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return crossEntropy(logits, labels, y, sd, rows, classes, bad, s);
+          },
+          n);
+    else {
+      const float *dl = r.in(2);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return crossEntropyGrad(logits, labels, dl, y, rows, classes, bad, s);
+          },
+          n);
+    }
+  } else if (n == "mse_loss" || n == "bce_with_logits") {
+    const float *x = r.in(0), *t = r.in(1);
+    float *y = r.out(0);
+    int64_t cnt = op.in(0).numel();
+    bool mse = n == "mse_loss";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return mse ? mseLoss(x, t, y, sd, cnt, s) : bceWithLogits(x, t, y, sd, cnt, s);
+        },
+        n);
+  } else if (n == "mse_loss_grad" || n == "bce_with_logits_grad") {
+    const float *x = r.in(0), *t = r.in(1), *dl = r.in(2);
+    float *dx = r.out(0);
+    bool mse = n == "mse_loss_grad";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return mse ? mseLossGrad(x, t, dl, dx, numel, s)
+                     : bceWithLogitsGrad(x, t, dl, dx, numel, s);
+        },
+        n);
+  } else if (n == "sgd_update") {
+    const float *p = r.in(0), *g = r.in(1), *lr = r.in(2);
+    float *np = r.out(0);
+    double wd = op.f("weight_decay", 0);
+    int64_t cnt = op.in(0).numel();
+    out = fromCuda([=](cudaStream_t s) { return sgdUpdate(p, g, np, cnt, lr, wd, s); }, n);
+  } else if (n == "sgd_momentum_update") {
+    const float *p = r.in(0), *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
+    float *np = r.out(0), *nb = r.out(1);
+    double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
+    bool nesterov = op.b("nesterov");
+    int64_t cnt = op.in(0).numel();
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return sgdMomentumUpdate(p, g, buf, np, nb, cnt, lr, step, m, damp, wd, nesterov, s);
+        },
+        n);
+  } else if (n == "adamw_update") {
+    const float *p = r.in(0), *g = r.in(1), *m = r.in(2), *v = r.in(3), *lr = r.in(4),
+                *step = r.in(5);
+    float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
+    double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
+           wd = op.f("weight_decay", 0.01);
+    int64_t cnt = op.in(0).numel();
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return adamwUpdate(p, g, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd, s);
+        },
+        n);
+  } else if (n == "squared_norm") {
+    std::vector<const float *> xs;
+    std::vector<int64_t> ns;
+    for (size_t i = 0; i < op.inst.in.size(); ++i) {
+      xs.push_back(r.in(i));
+      ns.push_back(op.in(i).numel());
+    }
+    float *y = r.out(0);
+    out = fromCuda([=](cudaStream_t s) { return squaredNorm(xs, ns, y, sd, s); }, n);
+  } else if (n == "clip_coef") {
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    double maxNorm = op.f("max_norm", 1.0);
+    out = fromCuda([=](cudaStream_t s) { return clipCoef(x, y, maxNorm, s); }, n);
+  } else if (n == "pack") {
+    // Inputs the memory plan placed inside the packed buffer are there
+    // already; the others are copied; the padding is zeroed.
+    float *dst = r.out(0);
+    int64_t total = numel;
+    std::vector<int64_t> offs = op.iv("offsets");
+    std::vector<std::tuple<const float *, int64_t, int64_t>> parts; // src, off, len
+    std::vector<std::pair<int64_t, int64_t>> covered;
+    for (size_t i = 0; i < offs.size(); ++i) {
+      int64_t len = op.in(i).numel();
+      parts.emplace_back(r.in(i), offs[i], len);
+      covered.push_back({offs[i], offs[i] + len});
+    }
+    std::sort(covered.begin(), covered.end());
+    std::vector<std::pair<int64_t, int64_t>> gaps;
+    int64_t at = 0;
+    for (auto [lo, hi] : covered) {
+      if (lo > at)
+        gaps.push_back({at, lo});
+      at = std::max(at, hi);
+    }
+    if (at < total)
+      gaps.push_back({at, total});
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          for (auto [src, off, len] : parts)
+            if (src != dst + off)
+              if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
+                                                  cudaMemcpyDeviceToDevice, s))
+                return e;
+          for (auto [lo, hi] : gaps)
+            if (cudaError_t e = cudaMemsetAsync(dst + lo, 0, sizeof(float) * (hi - lo), s))
+              return e;
+          return cudaSuccess;
+        },
+        n);
+  } else {
+    return FSDP_ERROR("op '", n, "' has no CUDA kernel");
+  }
+  return Status::ok();
+}
+
+bool CudaDevice::implementsOp(const std::string &op) const {
+  static const char *ops[] = {
+      "add", "sub", "mul", "div", "neg", "scale", "fill", "copy", "relu", "gelu", "softmax",
+      "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "layer_norm",
+      "layer_norm_grad", "attention", "attention_grad", "silu", "silu_grad", "rms_norm",
+      "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
+      "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
+      "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",
+      "bce_with_logits", "bce_with_logits_grad", "sgd_update", "sgd_momentum_update",
+      "adamw_update", "squared_norm", "clip_coef", "pack"};
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+}
+
+Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
+  FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
+  // Scratch: the maxima over the program, allocated once.
+  int64_t fN = 0, dN = 0, wide = 0;
+  for (const Instruction &inst : plan.program) {
+    if (isCollectiveOp(inst.op))
+      continue;
+    Op op{plan, inst};
+    int64_t f, d;
+    scratchNeeds(op, f, d);
+    fN = std::max(fN, f);
+    dN = std::max(dN, d);
+    if (rules::needsWidening(plan, inst))
+      wide = std::max(wide, rules::widen(plan, inst).bytes);
+  }
+  if (fN)
+    FSDP_CUDA_CHECK(cudaMalloc(&scratch.f, sizeof(float) * fN));
+  if (dN)
+    FSDP_CUDA_CHECK(cudaMalloc(&scratch.d, sizeof(double) * dN));
+  if (wide)
+    FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
+  scratch.fN = fN;
+  scratch.dN = dN;
+  scratch.wideBytes = wide;
+
+  launches.assign(plan.program.size(), Launch());
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    const Instruction &inst = plan.program[i];
+    if (isCollectiveOp(inst.op))
+      continue;
+    Status st;
+    if (!rules::needsWidening(plan, inst)) {
+      Op op{plan, inst};
+      st = build(op, arena, shard, launches[i]);
+    } else {
+      // bf16 / f16 operands: widen into scratch, run the f32 kernel,
+      // narrow the outputs back (the CPU device's scheme).
+      auto w = std::make_shared<rules::Widened>(rules::widen(plan, inst));
+      Op op{w->plan, w->inst};
+      Launch body;
+      st = build(op, scratch.wide, 0, body);
+      if (st) {
+        std::vector<bool> isIn(w->ids.size());
+        for (int64_t sl : w->inst.in)
+          isIn[sl] = true;
+        uint8_t *base = arena, *wideBase = scratch.wide;
+        launches[i] = [w, isIn, body, base, wideBase, shard, &plan](cudaStream_t s) -> Status {
+          for (size_t sl = 0; sl < w->ids.size(); ++sl)
+            if (isIn[sl]) {
+              const Buffer &b = plan.buffers[w->ids[sl]];
+              if (b.dtype == w->plan.buffers[sl].dtype) { // f32 or integer: bytes
+                FSDP_CUDA_CHECK(cudaMemcpyAsync(
+                    wideBase + w->plan.buffers[sl].offset,
+                    base + bufferOffset(plan, w->ids[sl], shard), (size_t)b.bytes,
+                    cudaMemcpyDeviceToDevice, s));
+                continue;
+              }
+              FSDP_CUDA_CHECK(cast(base + bufferOffset(plan, w->ids[sl], shard),
+                                   floatKind(b.dtype), wideBase + w->plan.buffers[sl].offset,
+                                   floatKind(w->plan.buffers[sl].dtype), b.numel(), s));
+            }
+          FSDP_RETURN_IF_ERROR(body(s));
+          for (int64_t sl : w->inst.out) {
+            const Buffer &b = plan.buffers[w->ids[sl]];
+            if (b.dtype == w->plan.buffers[sl].dtype) {
+              FSDP_CUDA_CHECK(cudaMemcpyAsync(
+                  base + bufferOffset(plan, w->ids[sl], shard),
+                  wideBase + w->plan.buffers[sl].offset, (size_t)b.bytes,
+                  cudaMemcpyDeviceToDevice, s));
+              continue;
+            }
+            FSDP_CUDA_CHECK(cast(wideBase + w->plan.buffers[sl].offset,
+                                 floatKind(w->plan.buffers[sl].dtype),
+                                 base + bufferOffset(plan, w->ids[sl], shard),
+                                 floatKind(b.dtype), b.numel(), s));
+          }
+          return Status::ok();
+        };
+      }
+    }
+    if (!st)
+      return Status::error("instruction #" + std::to_string(i) + " (" + inst.op +
+                           "): " + st.message());
+  }
+  return Status::ok();
+}
+
+Status createCudaDevice(const DeviceOptions &options, std::unique_ptr<Device> &out) {
+  FSDP_RETURN_IF_ERROR(checkCudaDevice());
+  int n = cudaDeviceCount();
+  auto dev = std::make_unique<CudaDevice>((int)(options.localRank % n));
+  FSDP_RETURN_IF_ERROR(dev->init(options.allowTf32));
+  out = std::move(dev);
+  return Status::ok();
+}
+
+} // namespace fsdp::cuda

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the kit scripts/gpu-pack.sh made (carried as
+# gpu-kit/): the CUDA kernel suite, the device conformance suite, and
+# test/lit/e2e/cuda.test's runs checked by the PyTorch oracle (torch 2.11
+# there). Logs go to $OUT (the device tool brings them back). Exit 1 on
+# the first failure.
+set -uo pipefail
+K="$(cd "$(dirname "$0")" && pwd)"
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+PY=${PY:-/opt/torch/.venv/bin/python3}
+SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
+export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+R="$K/bin/fsdp-run"
+P="$K/plans"
+fail=0
+step() { # name, command...
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$OUT/summary.txt"
+  if "$@" > "$OUT/$name.log" 2>&1; then
+    echo "   ok" | tee -a "$OUT/summary.txt"
+  else
+    echo "   FAILED (rc $?): tail of $name.log:" | tee -a "$OUT/summary.txt"
+    tail -20 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+    fail=1
+  fi
+}
+nvidia-smi -L > "$OUT/gpu.txt" 2>&1
+step kernels "$K/bin/CudaKernelsTest"
+step conformance "$K/bin/DeviceTest"
+oracle() { # model plan dump [extra]
+  "$PY" "$K/oracle/torch_ref.py" --model "$1" --plan "$2" --dump-dir "$3" "${@:4}" | tee /dev/stderr | grep -q '^MATCH'
+}
+step gpt_run "$R" "$P/gpt.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d1"
+grep -q "measured high-water.*MATCH" "$OUT/gpt_run.log" || { echo "   memory: no MATCH" | tee -a "$OUT/summary.txt"; fail=1; }
+step gpt_oracle oracle gpt "$P/gpt.plan" "$OUT/d1"
+step llama_run "$R" "$P/llama.plan" --device cuda --steps 20 --lr 3e-2 --dump-dir "$OUT/d2"
+step llama_oracle oracle llama "$P/llama.plan" "$OUT/d2"
+step mlp_cpu "$R" "$P/g30.plan" --steps 20 --lr 1e-2 --threads 1 --dump-dir "$OUT/d3" --quiet
+FSDP_CUDA_COMM=staged step mlp_n2 "$R" "$P/n2.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d4"
+step mlp_oracle oracle mlp "$P/n2.plan" "$OUT/d4" --hidden 64 --blocks 8 --batches-dir "$OUT/d3"
+# Speed, for the record (no check): GPT-2 124M f32, one GPU.
+step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4
+rm -rf "$OUT"/d*/trajectory.safetensors
+exit $fail

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine needs into gpu-kit/ (git-ignored), for the
+# device tool's `carry` (../.library/device/README.md): that machine has
+# CUDA's driver and PyTorch but no MLIR, no Gloo and no apt. Then run
+#   bash gpu-kit/gpu-check.sh      (there; writes logs under $OUT)
+# Needs a build with the CUDA backend (build/, FSDP_HAVE_CUDA).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build}
+K=gpu-kit
+rm -rf "$K" && mkdir -p "$K/bin" "$K/lib" "$K/plans" "$K/oracle"
+for t in fsdp-run CudaKernelsTest DeviceTest; do
+  cp "$B/bin/$t" "$K/bin/"
+done
+# Gloo and what it pulls in (absent there; 1.5 MB).
+for l in libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
+  cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')" "$K/lib/"
+done
+cp test/oracle/torch_ref.py "$K/oracle/"
+# The plans of test/lit/e2e/cuda.test, compiled here.
+P="$K/plans"
+"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt.plan report=false"
+python3 examples/gen_models.py llama -o "$P/llama.mlir"
+"$B/bin/fsdp-opt" "$P/llama.mlir" -o /dev/null \
+  --fsdp-pipeline="optimizer=sgd momentum=0.9 plan=$P/llama.plan report=false"
+python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 30 -o "$P/g30.mlir"
+python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.mlir"
+"$B/bin/fsdp-opt" "$P/g30.mlir" -o /dev/null --fsdp-pipeline="optimizer=adamw plan=$P/g30.plan report=false"
+"$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=$P/n2.plan report=false"
+"$B/bin/fsdp-opt" examples/gpt2.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt2.plan report=false"
+cp scripts/gpu-check.sh "$K/"
+du -sh "$K"
