@@ -50,8 +50,11 @@ struct GroupUnitsPass
         return lo == hi ? order[lo] : order[lo] + ".." + order[hi];
       };
       for (ParamOp p : module.getOps<ParamOp>()) {
-        std::string name =
-            p.getUnit() ? groupName(index[*p.getUnit()]) : std::string("root");
+        if (!p.getUnit()) {
+          units.insert("root"); // unmarked: the root unit, as with K = 1
+          continue;
+        }
+        std::string name = groupName(index[*p.getUnit()]);
         p.setUnitAttr(b.getStringAttr(name));
         units.insert(name);
       }

@@ -106,6 +106,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // same chain (a run of such gathers between other collectives), or of
     // the collective that starts the chain, if that is earlier.
     SmallVector<Operation *> anchors; // the chain's waits, in order
+    Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
       auto gather = dyn_cast<AllGatherOp>(c);
       // The unit's shard, read directly or cast to the compute dtype first
@@ -119,6 +120,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
         // Other collectives are barriers for the motion: a gather may not
         // move above one (the order of collectives must not change).
         anchors.assign(1, waitOf[c]);
+        prevGather = nullptr;
         continue;
       }
       chained.insert(c);
@@ -127,6 +129,10 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
                           : anchors[anchors.size() >= size_t(depth)
                                         ? anchors.size() - depth
                                         : 0];
+      // Never above the chain's previous gather: the order of collectives
+      // must not change.
+      if (prevWait && prevGather && prevWait->isBeforeInBlock(prevGather))
+        prevWait = prevGather;
       Operation *read = shard.getDefiningOp();
       if (prevWait && prevWait->isBeforeInBlock(read)) {
         read->moveAfter(prevWait);
@@ -138,6 +144,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
         }
       }
       anchors.push_back(waitOf[c]);
+      prevGather = gather;
     }
   }
 };
