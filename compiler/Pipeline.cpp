@@ -17,6 +17,7 @@ static void addRecompute(OpPassManager &pm,
     return;
   FsdpRecomputeOptions recompute;
   recompute.policy = options.recompute;
+  recompute.units = options.recomputeUnits;
   pm.addPass(createFsdpRecompute(recompute));
 }
 
@@ -39,6 +40,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
     search.recompute = options.recompute;
+  search.recomputeUnits = options.recomputeUnits;
   if (options.reshardAfterForward.hasValue())
     search.reshardAfterForward =
         options.reshardAfterForward ? "true" : "false";

@@ -120,6 +120,11 @@ struct FsdpPipelineOptions
       llvm::cl::desc("print the predicted step time, exposed communication "
                      "and peak per rank (the model of fsdp-sim)"),
       llvm::cl::init(false)};
+  Option<int64_t> recomputeUnits{
+      *this, "recompute-units",
+      llvm::cl::desc("recompute=unit: recompute only the first K units of "
+                     "each micro-batch (-1: all)"),
+      llvm::cl::init(-1)};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

@@ -302,6 +302,9 @@ def FsdpRecompute : Pass<"fsdp-recompute", "::mlir::ModuleOp"> {
   let options = [
     Option<"policy", "policy", "std::string", /*default=*/"\"none\"",
            "none | unit | selective">,
+    Option<"units", "units", "int64_t", /*default=*/"-1",
+           "unit policy: recompute only the first K units of each "
+           "micro-batch (-1: all; the memory-budget search picks K)">,
   ];
   let statistics = [
     Statistic<"numRecomputed", "recomputed-ops",
@@ -422,7 +425,12 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     selective or unit, `reshard-after-forward` true or false (stage 3)
     and `prefetch-depth` 0, 1 or 2 (with overlap). An option given a value
     pins that knob. Candidates share work: each grouping is recomputed
-    once, sharded once per reshard choice and scheduled once per depth;
+    once, sharded once per reshard choice and scheduled once per depth.
+    Per unit: where recompute=none does not fit and unit does, recomputing
+    only the first K units (`recompute-units`, their backward runs last)
+    is estimated by interpolation and, if it may beat the best uniform
+    schedule, compiled at the estimated K and walked to the smallest K that
+    fits (at most 4 more candidates);
     candidates are ranked by liveness (peak live bytes, a lower bound of
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
@@ -432,7 +440,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
 
     Before: @train_step with the optimizer (no units grouped yet). After:
     as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
-    recompute, reshard_after_forward, prefetch_depth, predicted_step_s,
+    recompute, recompute_units, reshard_after_forward, prefetch_depth, predicted_step_s,
     exposed_comm_pct, peak, budget, profile} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -463,6 +471,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "pin the unit grouping (0: search 1, 2)">,
     Option<"recompute", "recompute", "std::string", /*default=*/"\"\"",
            "pin recompute (empty: search none, selective, unit)">,
+    Option<"recomputeUnits", "recompute-units", "int64_t", /*default=*/"-1",
+           "pin the units recompute=unit recomputes (-1: all, or searched "
+           "when recompute is searched)">,
     Option<"reshardAfterForward", "reshard-after-forward", "std::string",
            /*default=*/"\"\"", "pin: true | false (empty: search)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",

@@ -21,7 +21,12 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
 #include "llvm/Support/raw_ostream.h"
 
 namespace mlir::fsdp {
@@ -39,10 +44,13 @@ struct Choice {
   std::string recompute = "none";
   bool reshard = true;
   int64_t depth = 1;
+  /// recompute=unit: recompute only the first `units` units (-1: all).
+  int64_t units = -1;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) +
            " recompute=" + recompute +
+           (units >= 0 ? " recompute-units=" + std::to_string(units) : "") +
            " reshard-after-forward=" + (reshard ? "true" : "false") +
            " prefetch-depth=" + std::to_string(depth);
   }
@@ -82,11 +90,12 @@ struct SearchSchedulePass
     g.layersPerUnit = k;
     return run(m, createFsdpGroupUnits(g));
   }
-  bool recomputeStep(ModuleOp m, StringRef policy) {
+  bool recomputeStep(ModuleOp m, StringRef policy, int64_t units = -1) {
     if (policy == "none")
       return true;
     FsdpRecomputeOptions r;
     r.policy = policy.str();
+    r.units = units;
     return run(m, createFsdpRecompute(r));
   }
   bool shard(ModuleOp m, bool reshard) {
@@ -105,10 +114,42 @@ struct SearchSchedulePass
     sched.prefetchDepth = depth;
     return run(m, createFsdpSchedule(sched));
   }
+  /// Units after grouping K layers per unit (marked units plus root).
+  int64_t unitsOf(int64_t k) {
+    llvm::StringSet<> marked;
+    bool root = false;
+    for (ParamOp p : getOperation().getOps<ParamOp>()) {
+      if (p.getUnit())
+        marked.insert(*p.getUnit());
+      else
+        root = true;
+    }
+    return (int64_t(marked.size()) + k - 1) / k + (root ? 1 : 0);
+  }
+
+  /// Compiles, plans (liveness) and predicts one choice.
+  bool evaluate(Leaf &leaf) {
+    OwningOpRef<ModuleOp> m = build(leaf.choice);
+    if (!m)
+      return false;
+    auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
+    FailureOr<MemoryPlan> plan = planMemory(*m, step, 64, /*place=*/false);
+    if (failed(plan))
+      return false;
+    leaf.peakLive = plan->peakLive;
+    leaf.predicted = predictStep(*m, step, *plan, profile);
+    ++numCandidates;
+    ++evaluated;
+    return true;
+  }
+  DeviceProfile profile;
+  int64_t evaluated = 0; ///< schedules compiled, planned and predicted
+
   /// The whole chain for one choice, on a clone of the pass's module.
   OwningOpRef<ModuleOp> build(const Choice &c) {
     OwningOpRef<ModuleOp> m = clone(getOperation());
-    if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute) ||
+    if (!group(*m, c.layersPerUnit) ||
+        !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard) || !schedule(*m, c.depth))
       return nullptr;
     return m;
@@ -143,7 +184,6 @@ void SearchSchedulePass::runOnOperation() {
     return fail("memory-budget='" + memoryBudget +
                 "' is not a positive size (bytes, or a number with KiB, MiB, "
                 "GiB, TiB, KB, MB, GB, TB: memory-budget=80GiB)");
-  DeviceProfile profile;
   std::string error;
   if (!loadDeviceProfile(deviceProfile, profile, error))
     return fail(error);
@@ -186,7 +226,8 @@ void SearchSchedulePass::runOnOperation() {
       return signalPassFailure();
     for (const std::string &rc : recomputes) {
       OwningOpRef<ModuleOp> recomputed = clone(*grouped);
-      if (!recomputeStep(*recomputed, rc))
+      int64_t units = rc == "unit" ? int64_t(recomputeUnits) : -1;
+      if (!recomputeStep(*recomputed, rc, units))
         return signalPassFailure();
       for (bool reshard : reshards) {
         OwningOpRef<ModuleOp> sharded = clone(*recomputed);
@@ -194,7 +235,7 @@ void SearchSchedulePass::runOnOperation() {
           return signalPassFailure();
         for (int64_t depth : depths) {
           Leaf leaf;
-          leaf.choice = {k, rc, reshard, depth};
+          leaf.choice = {k, rc, reshard, depth, units};
           OwningOpRef<ModuleOp> m =
               depth == depths.back() ? std::move(sharded) : clone(*sharded);
           if (!schedule(*m, depth))
@@ -207,9 +248,73 @@ void SearchSchedulePass::runOnOperation() {
           leaf.peakLive = plan->peakLive;
           leaf.predicted = predictStep(*m, step, *plan, profile);
           ++numCandidates;
+          ++evaluated;
           leaves.push_back(std::move(leaf));
         }
       }
+    }
+  }
+
+  // Per unit: recompute only the first K units. Where recompute=none does
+  // not fit and unit does (same grouping, resharding and depth), the
+  // peak and the step are about linear in K: the best such combination by
+  // that estimate is compiled at the estimated K and walked to the
+  // smallest K that fits (a few steps), if it may beat the best uniform
+  // schedule.
+  if (recomputes.size() == 3 && recomputeUnits < 0) {
+    auto find = [&](const Choice &c, StringRef rc) -> Leaf * {
+      for (Leaf &l : leaves)
+        if (l.choice.layersPerUnit == c.layersPerUnit && l.choice.recompute == rc &&
+            l.choice.reshard == c.reshard && l.choice.depth == c.depth)
+          return &l;
+      return nullptr;
+    };
+    double bestUniform = std::numeric_limits<double>::infinity();
+    for (Leaf &l : leaves)
+      if (l.peakLive <= budget)
+        bestUniform = std::min(bestUniform, l.predicted.stepS);
+    struct Estimate {
+      Choice choice;
+      double stepS;
+    };
+    std::optional<Estimate> est;
+    for (Leaf &l : leaves) {
+      if (l.choice.recompute != "none" || l.peakLive <= budget)
+        continue;
+      Leaf *unit = find(l.choice, "unit");
+      if (!unit || unit->peakLive > budget || unit->peakLive >= l.peakLive)
+        continue;
+      int64_t numUnits = unitsOf(l.choice.layersPerUnit);
+      double f = double(l.peakLive - budget) / double(l.peakLive - unit->peakLive);
+      Choice c = l.choice;
+      c.recompute = "unit";
+      c.units = std::min<int64_t>(numUnits, std::ceil(f * numUnits));
+      double t = l.predicted.stepS + f * (unit->predicted.stepS - l.predicted.stepS);
+      if (t < bestUniform && (!est || t < est->stepS))
+        est = Estimate{c, t};
+    }
+    if (est) {
+      // Up while it does not fit, then down while it does: at most 4.
+      Leaf leaf;
+      leaf.choice = est->choice;
+      std::optional<Leaf> fit;
+      int64_t numUnits = unitsOf(leaf.choice.layersPerUnit);
+      for (int tries = 0; tries < 4 && leaf.choice.units >= 0 &&
+                          leaf.choice.units <= numUnits;
+           ++tries) {
+        if (!evaluate(leaf))
+          return signalPassFailure();
+        if (leaf.peakLive <= budget) {
+          fit = leaf;
+          --leaf.choice.units;
+        } else if (fit) {
+          break;
+        } else {
+          ++leaf.choice.units;
+        }
+      }
+      if (fit)
+        leaves.push_back(*fit);
     }
   }
 
@@ -269,7 +374,7 @@ void SearchSchedulePass::runOnOperation() {
     os << "no schedule fits memory-budget=" << memoryBudget << " ("
        << budget << " bytes per rank); the smallest peak reachable is "
        << formatBytes(floorPlan->arenaBytes) << " (" << floorPlan->arenaBytes
-       << " bytes), with " << floorLeaf->choice.str() << " (" << leaves.size()
+       << " bytes), with " << floorLeaf->choice.str() << " (" << evaluated
        << " schedules tried):";
     printBreakdown(os, *floorPlan);
     return fail(os.str());
@@ -287,6 +392,7 @@ void SearchSchedulePass::runOnOperation() {
       b.getDictionaryAttr({
           b.getNamedAttr("layers_per_unit", b.getI64IntegerAttr(c.layersPerUnit)),
           b.getNamedAttr("recompute", b.getStringAttr(c.recompute)),
+          b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
           b.getNamedAttr("reshard_after_forward", b.getBoolAttr(c.reshard)),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("predicted_step_s",
@@ -296,11 +402,11 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),
           b.getNamedAttr("budget", b.getI64IntegerAttr(budget)),
           b.getNamedAttr("profile", b.getStringAttr(profile.name)),
-          b.getNamedAttr("candidates", b.getI64IntegerAttr(leaves.size())),
+          b.getNamedAttr("candidates", b.getI64IntegerAttr(evaluated)),
       }));
   if (report) {
     llvm::raw_ostream &os = llvm::errs();
-    os << "fsdp schedule search: " << leaves.size() << " candidates, budget "
+    os << "fsdp schedule search: " << evaluated << " candidates, budget "
        << formatBytes(budget) << " per rank (" << profile.name << ")\n"
        << "  chose " << c.str() << "\n"
        << llvm::format("  predicted step %.3f ms, exposed communication "

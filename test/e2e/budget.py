@@ -79,6 +79,23 @@ def main():
         print(f"{len(hand)} hand-chosen plans; fsdp-opt simulate=true and fsdp-sim "
               f"{'agree' if not failures else 'DISAGREE'} on every one")
 
+        # --- recompute-units=K recomputes the first K units only. -------------
+        sizes, kpeaks = [], []
+        for k in (0, 1, 2, 3, -1):
+            plan_k, _ = compile_plan(f"units{k}", f"recompute=unit recompute-units={k} "
+                                                  "report=false")
+            pk = load(plan_k)
+            sizes.append(len(pk["program"]))
+            kpeaks.append(pk["memory"]["peak"])
+        # (The first unit is the embedding's: its output is the next
+        # unit's input, saved anyway, so K = 1 recomputes nothing here.)
+        grows = all(a <= b for a, b in zip(sizes, sizes[1:])) and sizes[0] < sizes[2] < sizes[-1]
+        shrinks = all(a >= b for a, b in zip(kpeaks, kpeaks[1:])) and kpeaks[0] > kpeaks[-1]
+        print(f"recompute-units=0,1,2,3,all: instructions {sizes}, peaks {kpeaks} "
+              f"{'(more recomputed, less memory)' if grows and shrinks else 'WRONG'}")
+        if not (grows and shrinks):
+            failures.append("recompute-units")
+
         # --- Budgets from the plans' own peaks. -------------------------------
         peaks = sorted({p for _, p, _ in hand.values()}, reverse=True)
         chosen_at = {}
@@ -92,17 +109,33 @@ def main():
             st = p["strategy"]
             key = (st["layers_per_unit"], st["recompute"], st["reshard_after_forward"],
                    st["prefetch_depth"])
-            fits = [step for _, peak, step in hand.values() if peak <= budget]
+            units = st["recompute_units"]
+            fits = [step for _, peak, step in hand.values()
+                    if peak <= budget and step is not None]
             best = min(fits)
             step_ms = st["predicted_step_s"] * 1e3
-            ok = (p["memory"]["peak"] <= budget and abs(step_ms - best) <= 1e-9 * best
-                  and st["peak"] == p["memory"]["peak"])
+            if units >= 0:
+                # Per unit (the first K units recomputed): at least as fast
+                # as every uniform schedule that fits.
+                key = key + (units,)
+                if key not in hand:
+                    plan_k, _ = compile_plan(
+                        f"k{key[0]}-unit{units}-{key[2]}-{key[3]}",
+                        f"layers-per-unit={key[0]} recompute=unit recompute-units={units} "
+                        f"reshard-after-forward={'true' if key[2] else 'false'} "
+                        f"prefetch-depth={key[3]} report=false")
+                    hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
+                ok = step_ms <= best * (1 + 1e-9)
+            else:
+                ok = abs(step_ms - best) <= 1e-9 * best
+            ok = ok and p["memory"]["peak"] <= budget and st["peak"] == p["memory"]["peak"]
             same = load(hand[key][0])
             p.pop("strategy")
             ok_same = p == same
             chosen_at[budget] = key
             print(f"  budget {budget:>8}: peak {p['memory']['peak']:>8} "
-                  f"layers-per-unit={key[0]} recompute={key[1]} "
+                  f"layers-per-unit={key[0]} recompute={key[1]}"
+                  + (f" recompute-units={units}" if units >= 0 else "") + " "
                   f"reshard-after-forward={'true' if key[2] else 'false'} "
                   f"prefetch-depth={key[3]} step {step_ms:.6f} ms "
                   f"(best by hand {best:.6f})"
