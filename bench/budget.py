@@ -76,7 +76,10 @@ def main():
                 with open(plan) as f:
                     p = json.load(f)
                 s = p["strategy"]
-                strat = (f"{s['layers_per_unit']}, {s['recompute']}, "
+                rc = s["recompute"]
+                if s.get("recompute_units", -1) >= 0:
+                    rc += f" (first {s['recompute_units']} units)"
+                strat = (f"{s['layers_per_unit']}, {rc}, "
                          f"{'true' if s['reshard_after_forward'] else 'false'}, "
                          f"{s['prefetch_depth']}")
                 print(f"| {label} | {n} | {gib(p['memory']['peak'])} | "

@@ -294,7 +294,9 @@ void SearchSchedulePass::runOnOperation() {
         est = Estimate{c, t};
     }
     if (est) {
-      // Up while it does not fit, then down while it does: at most 4.
+      // Up while it does not fit, then down while it does: at most 4. Every
+      // K that fits by liveness is kept: the arena (placement adds
+      // fragmentation) may reject the smallest.
       Leaf leaf;
       leaf.choice = est->choice;
       std::optional<Leaf> fit;
@@ -306,6 +308,7 @@ void SearchSchedulePass::runOnOperation() {
           return signalPassFailure();
         if (leaf.peakLive <= budget) {
           fit = leaf;
+          leaves.push_back(leaf);
           --leaf.choice.units;
         } else if (fit) {
           break;
@@ -313,8 +316,6 @@ void SearchSchedulePass::runOnOperation() {
           ++leaf.choice.units;
         }
       }
-      if (fit)
-        leaves.push_back(*fit);
     }
   }
 
