@@ -140,13 +140,12 @@ bool isLowPrecision(Value v) {
 StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                                        const MemoryPlan &plan,
                                        const DeviceProfile &p) {
-  int64_t world = 1, replicas = 1, shards = 0;
-  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
-    world = w.getInt();
-  shards = world;
-  if (auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh"))
-    if (mesh.size() == 2)
-      replicas = mesh[0], shards = mesh[1];
+  int64_t world = 1, replicas = 1, shards = 1;
+  if (MeshAttr mesh = getMesh(module)) {
+    world = mesh.getWorldSize();
+    replicas = mesh.getReplicas();
+    shards = mesh.getShards();
+  }
   double slow = 1.0;
   if (p.cpu && p.cores > 0)
     slow = std::max(1.0, double(world) * std::max<int64_t>(1, p.threadsPerRank) /

@@ -147,9 +147,8 @@ void ExportPlanPass::runOnOperation() {
   }
 
   json::Array units;
-  int64_t world = 1;
-  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
-    world = w.getInt();
+  MeshAttr mesh = getMesh(module);
+  int64_t world = mesh ? mesh.getWorldSize() : 1;
   for (const PlannedUnit &u : plan.units)
     units.push_back(json::Object{{"name", u.name},
                                  {"flat_numel", u.flatNumel},
@@ -352,9 +351,10 @@ void ExportPlanPass::runOnOperation() {
     }
     root["strategy"] = std::move(o);
   }
-  if (auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh"))
-    if (mesh.size() == 2)
-      root["mesh"] = json::Object{{"replicas", mesh[0]}, {"shards", mesh[1]}};
+  // A 1-D mesh needs no record (docs/PLAN_FORMAT.md: absent = 1 x N).
+  if (mesh && mesh.getReplicas() > 1)
+    root["mesh"] = json::Object{{"replicas", mesh.getReplicas()},
+                                {"shards", mesh.getShards()}};
   json::Value value(std::move(root));
   llvm::Error err = llvm::writeToOutput(output, [&](llvm::raw_ostream &os) {
     os << llvm::formatv("{0:1}", value) << "\n";

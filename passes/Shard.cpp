@@ -150,9 +150,8 @@ void ShardPass::runOnOperation() {
                              group)
         .getResult();
   };
-  module->setAttr("fsdp.world_size", b.getI64IntegerAttr(world));
-  if (!mesh.empty())
-    module->setAttr("fsdp.mesh", b.getDenseI64ArrayAttr({replicas, shards}));
+  module->setAttr(kMeshAttrName,
+                  MeshAttr::get(&getContext(), replicas, shards));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
   module->setAttr("fsdp.reshard_after_forward",
                   b.getBoolAttr(reshardAfterForward));
