@@ -204,6 +204,8 @@ void SearchSchedulePass::runOnOperation() {
   SmallVector<int64_t> groupings{1, 2};
   if (layersPerUnit > 0 || unitPolicy != "layer")
     groupings.assign(1, std::max<int64_t>(1, layersPerUnit));
+  else if (unitsOf(1) == unitsOf(2))
+    groupings.assign(1, 1); // fewer than two marked layers: nothing to merge
   SmallVector<std::string> recomputes{"none", "selective", "unit"};
   if (!recompute.empty())
     recomputes.assign(1, recompute);
