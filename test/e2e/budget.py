@@ -79,6 +79,28 @@ def main():
         print(f"{len(hand)} hand-chosen plans; fsdp-opt simulate=true and fsdp-sim "
               f"{'agree' if not failures else 'DISAGREE'} on every one")
 
+        # --- Topology: rings over more ranks than a node use the slower link.
+        topo = {}
+        for rpn in (0, 8):
+            plan16 = os.path.join(tmp, f"n16-{rpn}.plan")
+            r = subprocess.run([opt, model, "-o", os.devnull,
+                                f"--fsdp-pipeline=optimizer=adamw world-size=16 "
+                                f"simulate=true ranks-per-node={rpn} report=false "
+                                f"plan={plan16}"],
+                               check=True, capture_output=True, text=True)
+            cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
+            sj = json.loads(subprocess.run([sim, plan16, "--json", "--ranks-per-node",
+                                            str(rpn)], check=True, capture_output=True,
+                                           text=True).stdout)
+            if abs(cxx - sj["comm_ms"]) > 6e-4:
+                failures.append(f"ranks-per-node={rpn}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
+            topo[rpn] = sj["comm_ms"]
+        slower = topo[8] > topo[0]  # same alpha, beta 1/50e9 instead of 1/450e9
+        print(f"16 ranks: communication {topo[0]:.4f} ms on one node, {topo[8]:.4f} ms "
+              f"across nodes of 8 {'(inter-node link is slower)' if slower else 'WRONG'}")
+        if not slower:
+            failures.append("topology")
+
         # --- recompute-units=K recomputes the first K units only. -------------
         sizes, kpeaks = [], []
         for k in (0, 1, 2, 3, -1):
