@@ -17,7 +17,38 @@ static void addRecompute(OpPassManager &pm,
     return;
   FsdpRecomputeOptions recompute;
   recompute.policy = options.recompute;
+  recompute.units = options.recomputeUnits;
   pm.addPass(createFsdpRecompute(recompute));
+}
+
+/// With a memory budget, fsdp-search-schedule replaces fsdp-group-units,
+/// fsdp-recompute, fsdp-shard and fsdp-schedule and chooses their options;
+/// a knob the user gave a value is pinned (prefetch=false pins depth 0).
+static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
+  FsdpSearchScheduleOptions search;
+  search.memoryBudget = options.memoryBudget;
+  search.deviceProfile = options.deviceProfile;
+  search.ranksPerNode = options.ranksPerNode;
+  search.worldSize = options.worldSize;
+  search.stage = options.stage;
+  search.mesh = options.mesh;
+  search.unitPolicy = options.unitPolicy;
+  search.minUnitNumel = options.minUnitNumel;
+  search.overlap = options.overlap;
+  search.report = options.report;
+  if (options.layersPerUnit.hasValue())
+    search.layersPerUnit = options.layersPerUnit;
+  if (options.recompute.hasValue())
+    search.recompute = options.recompute;
+  search.recomputeUnits = options.recomputeUnits;
+  if (options.reshardAfterForward.hasValue())
+    search.reshardAfterForward =
+        options.reshardAfterForward ? "true" : "false";
+  if (options.prefetch.hasValue() && !options.prefetch)
+    search.prefetchDepth = 0;
+  else if (options.prefetchDepth.hasValue())
+    search.prefetchDepth = options.prefetchDepth;
+  pm.addPass(createFsdpSearchSchedule(search));
 }
 
 void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
@@ -57,27 +88,36 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // ranks then reaches fsdp-shard, which says why it cannot).
   if (options.optimizer != "none" || options.worldSize != 1 ||
       !options.mesh.empty()) {
-    FsdpGroupUnitsOptions group;
-    group.policy = options.unitPolicy;
-    group.minUnitNumel = options.minUnitNumel;
-    pm.addPass(createFsdpGroupUnits(group));
-    addRecompute(pm, options);
-    FsdpShardOptions shard;
-    shard.worldSize = options.worldSize;
-    shard.stage = options.stage;
-    shard.reshardAfterForward = options.reshardAfterForward;
-    shard.mesh = options.mesh;
-    pm.addPass(createFsdpShard(shard));
-    if (options.overlap) {
-      FsdpScheduleOptions sched;
-      sched.prefetch = options.prefetch;
-      pm.addPass(createFsdpSchedule(sched));
+    if (!options.memoryBudget.empty()) {
+      addSearch(pm, options);
+    } else {
+      FsdpGroupUnitsOptions group;
+      group.policy = options.unitPolicy;
+      group.minUnitNumel = options.minUnitNumel;
+      group.layersPerUnit = options.layersPerUnit;
+      pm.addPass(createFsdpGroupUnits(group));
+      addRecompute(pm, options);
+      FsdpShardOptions shard;
+      shard.worldSize = options.worldSize;
+      shard.stage = options.stage;
+      shard.reshardAfterForward = options.reshardAfterForward;
+      shard.mesh = options.mesh;
+      pm.addPass(createFsdpShard(shard));
+      if (options.overlap) {
+        FsdpScheduleOptions sched;
+        sched.prefetch = options.prefetch;
+        sched.prefetchDepth = options.prefetchDepth;
+        pm.addPass(createFsdpSchedule(sched));
+      }
     }
   } else {
     addRecompute(pm, options);
   }
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;
+  mem.simulate = options.simulate;
+  mem.deviceProfile = options.deviceProfile;
+  mem.ranksPerNode = options.ranksPerNode;
   pm.addPass(createFsdpPlanMemory(mem));
   if (!options.plan.empty()) {
     FsdpExportPlanOptions exp;

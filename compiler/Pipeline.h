@@ -88,6 +88,43 @@ struct FsdpPipelineOptions
       llvm::cl::desc("activation recomputation: none | unit (keep each "
                      "unit's input) | selective (keep matmul outputs)"),
       llvm::cl::init("none")};
+  Option<int64_t> prefetchDepth{
+      *this, "prefetch-depth",
+      llvm::cl::desc("with prefetch: parameter all-gathers in flight at once"),
+      llvm::cl::init(1)};
+  Option<int64_t> layersPerUnit{
+      *this, "layers-per-unit",
+      llvm::cl::desc("layer policy: consecutive layers merged into one unit"),
+      llvm::cl::init(1)};
+  Option<std::string> memoryBudget{
+      *this, "memory-budget",
+      llvm::cl::desc("largest planned peak per rank (80GiB, 512MiB, bytes): "
+                     "the compiler chooses recompute, reshard-after-forward, "
+                     "prefetch-depth and layers-per-unit (those given a value "
+                     "stay pinned) to minimise the predicted step time "
+                     "(fsdp-search-schedule); empty: no search"),
+      llvm::cl::init("")};
+  Option<std::string> deviceProfile{
+      *this, "device-profile",
+      llvm::cl::desc("cost model: h100 (built in) or a JSON from fsdp-run "
+                     "--calibrate"),
+      llvm::cl::init("h100")};
+  Option<int64_t> ranksPerNode{
+      *this, "ranks-per-node",
+      llvm::cl::desc("mesh topology: ranks on one node's NVLink; larger "
+                     "groups use the inter-node link (-1: the profile's, 8 "
+                     "for h100; 0: one node)"),
+      llvm::cl::init(-1)};
+  Option<bool> simulate{
+      *this, "simulate",
+      llvm::cl::desc("print the predicted step time, exposed communication "
+                     "and peak per rank (the model of fsdp-sim)"),
+      llvm::cl::init(false)};
+  Option<int64_t> recomputeUnits{
+      *this, "recompute-units",
+      llvm::cl::desc("recompute=unit: recompute only the first K units of "
+                     "each micro-batch (-1: all)"),
+      llvm::cl::init(-1)};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

@@ -113,15 +113,14 @@ void ExportPlanPass::runOnOperation() {
   auto step = getTrainStep(module, "fsdp-autodiff");
   if (!step)
     return signalPassFailure();
-  // The alignment fsdp-plan-memory used (its default when it did not run),
-  // so the plan file and the IR's recorded offsets agree.
-  int64_t alignment = 64;
-  if (auto a = module->getAttrOfType<IntegerAttr>("fsdp.alignment"))
-    alignment = a.getInt();
-  FailureOr<MemoryPlan> planOr = planMemory(module, step, alignment);
-  if (failed(planOr))
+  // The plan fsdp-plan-memory computed (preserved by it), or one planned
+  // now with the alignment it recorded (64 when it did not run), so the
+  // plan file and the IR's recorded offsets agree.
+  auto &analysis = getAnalysis<MemoryPlanAnalysis>();
+  markAllAnalysesPreserved();
+  if (failed(analysis.plan))
     return signalPassFailure();
-  MemoryPlan &plan = *planOr;
+  MemoryPlan &plan = *analysis.plan;
 
   json::Array buffers;
   for (auto [id, b] : llvm::enumerate(plan.buffers)) {
@@ -152,9 +151,8 @@ void ExportPlanPass::runOnOperation() {
   }
 
   json::Array units;
-  int64_t world = 1;
-  if (auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size"))
-    world = w.getInt();
+  MeshAttr mesh = getMesh(module);
+  int64_t world = mesh ? mesh.getWorldSize() : 1;
   for (const PlannedUnit &u : plan.units)
     units.push_back(json::Object{{"name", u.name},
                                  {"flat_numel", u.flatNumel},
@@ -365,9 +363,21 @@ void ExportPlanPass::runOnOperation() {
       {"program", std::move(program)},
   };
 
-  if (auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh"))
-    if (mesh.size() == 2)
-      root["mesh"] = json::Object{{"replicas", mesh[0]}, {"shards", mesh[1]}};
+  // The schedule fsdp-search-schedule chose (docs/PLAN_FORMAT.md): for
+  // people and tools; the runtime ignores it.
+  if (auto strategy = module->getAttrOfType<DictionaryAttr>("fsdp.strategy")) {
+    json::Object o;
+    for (NamedAttribute na : strategy) {
+      json::Value v = nullptr;
+      if (attrToJson(na.getValue(), v))
+        o[na.getName().getValue()] = std::move(v);
+    }
+    root["strategy"] = std::move(o);
+  }
+  // A 1-D mesh needs no record (docs/PLAN_FORMAT.md: absent = 1 x N).
+  if (mesh && mesh.getReplicas() > 1)
+    root["mesh"] = json::Object{{"replicas", mesh.getReplicas()},
+                                {"shards", mesh.getShards()}};
   json::Value value(std::move(root));
   llvm::Error err = llvm::writeToOutput(output, [&](llvm::raw_ostream &os) {
     os << llvm::formatv("{0:1}", value) << "\n";

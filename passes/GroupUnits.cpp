@@ -30,7 +30,35 @@ struct GroupUnitsPass
     ModuleOp module = getOperation();
     OpBuilder b(&getContext());
     llvm::StringSet<> units;
-    if (policy == "layer") {
+    if (layersPerUnit < 1) {
+      mlir::emitError(module.getLoc()) << "layers-per-unit must be >= 1";
+      return signalPassFailure();
+    }
+    if (policy == "layer" && layersPerUnit > 1) {
+      // Merge K consecutive marked units (in order of first appearance)
+      // into one: fewer, larger collectives (a bigger bucket).
+      SmallVector<std::string> order;
+      llvm::StringMap<int64_t> index;
+      for (ParamOp p : module.getOps<ParamOp>())
+        if (p.getUnit() && !index.count(*p.getUnit())) {
+          index[*p.getUnit()] = order.size();
+          order.push_back(p.getUnit()->str());
+        }
+      auto groupName = [&](int64_t i) {
+        int64_t lo = i / layersPerUnit * layersPerUnit;
+        int64_t hi = std::min<int64_t>(lo + layersPerUnit, order.size()) - 1;
+        return lo == hi ? order[lo] : order[lo] + ".." + order[hi];
+      };
+      for (ParamOp p : module.getOps<ParamOp>()) {
+        if (!p.getUnit()) {
+          units.insert("root"); // unmarked: the root unit, as with K = 1
+          continue;
+        }
+        std::string name = groupName(index[*p.getUnit()]);
+        p.setUnitAttr(b.getStringAttr(name));
+        units.insert(name);
+      }
+    } else if (policy == "layer") {
       for (ParamOp p : module.getOps<ParamOp>())
         units.insert(p.getUnit() ? *p.getUnit() : StringRef("root"));
     } else if (policy == "none") {

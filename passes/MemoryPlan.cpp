@@ -168,7 +168,7 @@ static bool canAccumulateInPlace(Value acc,
 
 FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                                              func::FuncOp step,
-                                             int64_t alignment) {
+                                             int64_t alignment, bool place) {
   MemoryPlan plan;
   if (!step.getBody().hasOneBlock())
     return mlir::emitError(step.getLoc()) << "expected a single-block @train_step";
@@ -548,6 +548,8 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   });
   std::vector<int64_t> placed;
   int64_t arena = persistentEnd;
+  if (!place)
+    transient.clear();
   for (int64_t id : transient) {
     PlannedBuffer &b = plan.buffers[id];
     SmallVector<std::pair<int64_t, int64_t>> busy;
@@ -567,7 +569,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     arena = std::max(arena, off + b.bytes);
     placed.push_back(id);
   }
-  plan.arenaBytes = std::max(arena, cursor);
+  plan.arenaBytes = place ? std::max(arena, cursor) : 0;
   for (PlannedBuffer &b : plan.buffers)
     if (b.aliasOf >= 0) {
       b.aliasOf = rootOf(b.aliasOf);
@@ -599,4 +601,17 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   for (int k = 0; k < kNumBufKinds; ++k)
     plan.peakByKind[k] = liveKind[plan.peakInstr][k];
   return plan;
+}
+
+MemoryPlanAnalysis::MemoryPlanAnalysis(Operation *op) : plan(failure()) {
+  auto module = cast<ModuleOp>(op);
+  if (auto a = module->getAttrOfType<IntegerAttr>("fsdp.alignment"))
+    alignment = a.getInt();
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step) {
+    mlir::emitError(module.getLoc()) << "no @" << kTrainStepName
+                                     << ": run fsdp-autodiff first";
+    return;
+  }
+  plan = planMemory(module, step, alignment);
 }

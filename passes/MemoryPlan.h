@@ -93,8 +93,23 @@ bool isStorageAlias(Operation *op);
 
 /// Plans `step` (the @train_step of `module`). Fails with a diagnostic when
 /// the function is not a single straight-line block of fsdp ops.
+/// With `place` false, buffers get no offsets and arenaBytes stays 0: the
+/// liveness (peakLive, the breakdowns) costs a fraction of the placement,
+/// and the budget search ranks candidates by it.
 FailureOr<MemoryPlan> planMemory(ModuleOp module, func::FuncOp step,
-                                 int64_t alignment);
+                                 int64_t alignment, bool place = true);
+
+/// The memory plan as an analysis: fsdp-plan-memory computes it (with the
+/// alignment it records in the module attribute `fsdp.alignment`, 64 when
+/// absent) and preserves it, so convert-fsdp-to-plan reads the same plan
+/// without planning again; the budget search plans its candidates
+/// directly with planMemory.
+struct MemoryPlanAnalysis {
+  explicit MemoryPlanAnalysis(Operation *op);
+  /// Failure when the step cannot be planned (reported already).
+  FailureOr<MemoryPlan> plan;
+  int64_t alignment = 64;
+};
 
 /// "1.50 MiB" for reports.
 std::string formatBytes(int64_t bytes);

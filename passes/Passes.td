@@ -229,6 +229,9 @@ def FsdpGroupUnits : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
       once it holds at least `min-unit-numel` elements (PyTorch's
       size_based_auto_wrap_policy); units are named "group.K".
     - `none`: one unit for the whole model.
+    With `layer`, `layers-per-unit=K` merges K consecutive marked units
+    into one named "first..last" (a bigger bucket: fewer, larger
+    collectives, more gathered memory); the memory-budget search picks K.
 
     ```mlir
     // policy=size min-unit-numel=1000
@@ -240,6 +243,9 @@ def FsdpGroupUnits : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
            "layer | size | none">,
     Option<"minUnitNumel", "min-unit-numel", "int64_t", /*default=*/"1000000",
            "size policy: smallest number of elements per unit">,
+    Option<"layersPerUnit", "layers-per-unit", "int64_t", /*default=*/"1",
+           "layer policy: merge this many consecutive marked units into one "
+           "(named first..last)">,
   ];
   let statistics = [
     Statistic<"numUnits", "units", "Units formed">,
@@ -296,6 +302,9 @@ def FsdpRecompute : Pass<"fsdp-recompute", "::mlir::ModuleOp"> {
   let options = [
     Option<"policy", "policy", "std::string", /*default=*/"\"none\"",
            "none | unit | selective">,
+    Option<"units", "units", "int64_t", /*default=*/"-1",
+           "unit policy: recompute only the first K units of each "
+           "micro-batch (-1: all; the memory-budget search picks K)">,
   ];
   let statistics = [
     Statistic<"numRecomputed", "recomputed-ops",
@@ -376,7 +385,8 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     all-gather is moved up to right after the wait of the all-gather
     before it, so unit k+1's parameters travel while unit k computes; the
     memory plan then holds two units' parameters at once, and reports it.
-    Collectives keep their relative order, so every rank still issues them
+    `prefetch-depth=D` issues each gather D units ahead (D all-gathers in
+    flight; D + 1 units gathered at once); 0 is no prefetch. Collectives keep their relative order, so every rank still issues them
     in the same order.
 
     Before: synchronous collectives from fsdp-shard. After: every
@@ -392,10 +402,87 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"prefetch", "prefetch", "bool", /*default=*/"true",
-           "issue each all-gather one unit ahead of its use">,
+           "issue each all-gather ahead of its use (prefetch-depth units)">,
+    Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"1",
+           "with prefetch: parameter all-gathers in flight at once (0: none)">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
+def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
+  let summary = "chooses recompute, resharding, prefetch depth and unit size under a memory budget";
+  let description = [{
+    Runs in place of fsdp-group-units, fsdp-recompute, fsdp-shard and
+    fsdp-schedule when the pipeline has a `memory-budget`: it compiles
+    the step (after fsdp-insert-optimizer) once per candidate schedule and
+    keeps the one with the smallest predicted step time (CostModel.h, the
+    model fsdp-sim uses) whose planned peak per rank (the memory plan's
+    arena) is at most `memory-budget`. The candidates: `layers-per-unit`
+    1 or 2 (unit size: bucket of the collectives), `recompute` none,
+    selective or unit, `reshard-after-forward` true or false (stage 3)
+    and `prefetch-depth` 0, 1 or 2 (with overlap). An option given a value
+    pins that knob. Candidates share work: each grouping is recomputed
+    once, sharded once per reshard choice and scheduled once per depth.
+    Per unit: where recompute=none does not fit and unit does, recomputing
+    only the first K units (`recompute-units`, their backward runs last)
+    is estimated by interpolation and, if it may beat the best uniform
+    schedule, compiled at the estimated K and walked to the smallest K that
+    fits (at most 4 more candidates);
+    candidates are ranked by liveness (peak live bytes, a lower bound of
+    the arena) and only the best one's arena is placed, falling back to
+    the next when fragmentation pushes it over the budget.
+
+    When nothing fits it fails with the smallest peak it reached, the
+    schedule that reached it and what that peak is made of.
+
+    Before: @train_step with the optimizer (no units grouped yet). After:
+    as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
+    recompute, recompute_units, reshard_after_forward, prefetch_depth, predicted_step_s,
+    exposed_comm_pct, peak, budget, profile, candidates} on the module
+    (convert-fsdp-to-plan writes it as the plan's `strategy`).
+
+    ```
+    fsdp-opt gpt7b.mlir --fsdp-pipeline="world-size=8 param-dtype=bf16 memory-budget=80GiB"
+    fsdp schedule search: 36 candidates, budget 80.00 GiB per rank (h100)
+      chose layers-per-unit=1 recompute=none reshard-after-forward=false prefetch-depth=2
+      predicted step 283.603 ms, exposed communication 1.2%, peak 39.84 GiB (42773680260 bytes)
+    ```
+  }];
+  let options = [
+    Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
+           "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
+    Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",
+           "h100 (built in) or a JSON from fsdp-run --calibrate">,
+    Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",
+           "ranks on the intra-node link (-1: the profile's; 0: one node)">,
+    Option<"worldSize", "world-size", "int64_t", /*default=*/"1", "ranks">,
+    Option<"stage", "stage", "int64_t", /*default=*/"3", "ZeRO stage">,
+    Option<"mesh", "mesh", "std::string", /*default=*/"\"\"", "RxS (HSDP) or empty">,
+    Option<"unitPolicy", "unit-policy", "std::string", /*default=*/"\"layer\"",
+           "layer | size | none">,
+    Option<"minUnitNumel", "min-unit-numel", "int64_t", /*default=*/"1000000",
+           "size policy: smallest unit">,
+    Option<"overlap", "overlap", "bool", /*default=*/"true",
+           "async collectives (fsdp-schedule)">,
+    Option<"layersPerUnit", "layers-per-unit", "int64_t", /*default=*/"0",
+           "pin the unit grouping (0: search 1, 2)">,
+    Option<"recompute", "recompute", "std::string", /*default=*/"\"\"",
+           "pin recompute (empty: search none, selective, unit)">,
+    Option<"recomputeUnits", "recompute-units", "int64_t", /*default=*/"-1",
+           "pin the units recompute=unit recomputes (-1: all, or searched "
+           "when recompute is searched)">,
+    Option<"reshardAfterForward", "reshard-after-forward", "std::string",
+           /*default=*/"\"\"", "pin: true | false (empty: search)">,
+    Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",
+           "pin the prefetch depth (-1: search 0, 1, 2)">,
+    Option<"report", "report", "bool", /*default=*/"false",
+           "print the choice on stderr">,
+  ];
+  let statistics = [
+    Statistic<"numCandidates", "candidates", "Schedules compiled and planned">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
@@ -426,6 +513,13 @@ def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
            "byte alignment of every buffer">,
     Option<"report", "report", "bool", /*default=*/"false",
            "print the per-rank memory report to stderr">,
+    Option<"simulate", "simulate", "bool", /*default=*/"false",
+           "print the predicted step time, exposed communication and peak "
+           "(CostModel.h, the model of fsdp-sim)">,
+    Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",
+           "with simulate: h100 or a JSON from fsdp-run --calibrate">,
+    Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",
+           "with simulate: ranks on the intra-node link (-1: the profile's)">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "passes/CostModel.h"
 #include "passes/MemoryPlan.h"
 #include "passes/Passes.h"
 
@@ -36,11 +37,18 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
                          << alignment;
       return signalPassFailure();
     }
-    FailureOr<MemoryPlan> plan = planMemory(module, step, alignment);
-    // convert-fsdp-to-plan re-plans with the same alignment.
+    // The analysis plans with the alignment recorded here; recording
+    // attributes below changes nothing it depends on, so it is preserved
+    // for convert-fsdp-to-plan.
     module->setAttr("fsdp.alignment",
                     IntegerAttr::get(IntegerType::get(&getContext(), 64),
                                      alignment));
+    if (auto cached = getCachedAnalysis<MemoryPlanAnalysis>())
+      if (cached->get().alignment != alignment)
+        getAnalysisManager().invalidate({}); // planned with another alignment
+    auto &analysis = getAnalysis<MemoryPlanAnalysis>();
+    markAllAnalysesPreserved();
+    FailureOr<MemoryPlan> &plan = analysis.plan;
     if (failed(plan))
       return signalPassFailure();
 
@@ -110,6 +118,29 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
       row("  activations", maxLive(BufKind::Activation));
       row("peak live bytes", plan->peakLive);
       row("arena (planned peak)", plan->arenaBytes);
+    }
+
+    if (simulate) {
+      DeviceProfile profile;
+      std::string error;
+      if (!loadDeviceProfile(deviceProfile, profile, error)) {
+        mlir::emitError(module.getLoc()) << error;
+        return signalPassFailure();
+      }
+      if (ranksPerNode >= 0)
+        profile.ranksPerNode = ranksPerNode;
+      StepPrediction p = predictStep(module, step, *plan, profile);
+      llvm::errs() << "fsdp predicted step (" << profile.name << ", one rank)\n"
+                   << llvm::format("  step                   %12.3f ms\n"
+                                   "  compute                %12.3f ms\n"
+                                   "  communication          %12.3f ms\n"
+                                   "  exposed communication  %12.3f ms  %.1f%%\n",
+                                   p.stepS * 1e3, p.computeS * 1e3,
+                                   p.commS * 1e3, p.exposedS * 1e3,
+                                   p.exposedPct())
+                   << "  peak per rank          "
+                   << llvm::format("%14lld", (long long)plan->arenaBytes)
+                   << "  " << formatBytes(plan->arenaBytes) << "\n";
     }
   }
 };

@@ -175,7 +175,8 @@ void RecomputePass::runOnOperation() {
   SmallVector<SmallVector<Operation *>> segments;
   if (policy == "unit") {
     SmallVector<int64_t> lastOfMicro; // last segment of each micro-batch
-    int64_t cur = -1, curMicro = -1;
+    SmallVector<int64_t> indexInMicro; // of each segment
+    int64_t cur = -1, curMicro = -1, inMicro = 0;
     std::optional<StringRef> curUnit;
     for (Operation *op : forward) {
       if (isStorageRead(op))
@@ -185,10 +186,12 @@ void RecomputePass::runOnOperation() {
       if (micro != curMicro) {
         curMicro = micro;
         cur = -1;
+        inMicro = 0;
         curUnit.reset();
       }
       if (unit && unit != curUnit) {
         segments.emplace_back();
+        indexInMicro.push_back(inMicro++);
         cur = segments.size() - 1;
         curUnit = unit;
         if ((int64_t)lastOfMicro.size() <= micro)
@@ -201,7 +204,9 @@ void RecomputePass::runOnOperation() {
     }
     DenseSet<int64_t> last(lastOfMicro.begin(), lastOfMicro.end());
     for (auto [s, ops] : llvm::enumerate(segments)) {
-      if (last.contains(s))
+      // units=K: only the first K segments (their backward runs last, when
+      // the later units' activations are already freed).
+      if (last.contains(s) || (units >= 0 && indexInMicro[s] >= units))
         continue;
       for (Operation *op : ops) {
         bool readLater = llvm::any_of(op->getUsers(), [&](Operation *u) {

@@ -16,6 +16,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPSCHEDULE
@@ -63,16 +64,32 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       waitOf[c] = wait;
       ++numAsync;
     }
-    if (prefetch)
-      hoistGathers(collectives, waitOf);
-    // At most one collective in flight: each wait moves up to before the
-    // next collective's issue if that comes first. The communication thread
-    // runs collectives in order anyway, so this costs no overlap, and it
-    // bounds memory: a reduce-scatter's whole-unit gradient buffer is freed
-    // before the next unit's is sent (what makes ZeRO-2 save memory).
+    int64_t depth = prefetch ? prefetchDepth : 0;
+    if (depth < 0) {
+      mlir::emitError(module.getLoc())
+          << "prefetch-depth must be >= 0, found " << depth;
+      return signalPassFailure();
+    }
+    llvm::SmallPtrSet<Operation *, 16> chained;
+    if (depth > 0)
+      hoistGathers(collectives, waitOf, depth, chained);
+    // In flight at once: one collective, or `depth` parameter all-gathers
+    // of one prefetch chain. Each wait moves up to before the collective
+    // that would exceed that, if that is issued first. The communication
+    // thread runs collectives in order anyway, so this costs no overlap,
+    // and it bounds memory: a reduce-scatter's whole-unit gradient buffer
+    // is freed before the next unit's is sent (what makes ZeRO-2 save
+    // memory).
     for (size_t i = 0; i + 1 < collectives.size(); ++i) {
+      size_t limit = i + 1;
+      if (chained.contains(collectives[i]))
+        while (limit < collectives.size() && int64_t(limit - i) < depth &&
+               chained.contains(collectives[limit]))
+          ++limit;
+      if (limit >= collectives.size())
+        continue;
       WaitOp wait = waitOf[collectives[i]];
-      Operation *next = collectives[i + 1];
+      Operation *next = collectives[limit];
       if (next->isBeforeInBlock(wait)) {
         // The next collective may read this one's result (e.g. an
         // all-reduce of a reduced value): the wait must stay before it.
@@ -82,10 +99,14 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
   }
 
   void hoistGathers(ArrayRef<Operation *> collectives,
-                    DenseMap<Operation *, WaitOp> &waitOf) {
+                    DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
+                    llvm::SmallPtrSetImpl<Operation *> &chained) {
     // Prefetch: move each parameter all-gather (those reading unit storage)
-    // up to just after the previous one's wait, if that is earlier.
-    Operation *prevWait = nullptr;
+    // up to just after the wait of the all-gather `depth` before it in the
+    // same chain (a run of such gathers between other collectives), or of
+    // the collective that starts the chain, if that is earlier.
+    SmallVector<Operation *> anchors; // the chain's waits, in order
+    Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
       auto gather = dyn_cast<AllGatherOp>(c);
       // The unit's shard, read directly or cast to the compute dtype first
@@ -98,9 +119,20 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           (castOp && !castOp->hasOneUse())) {
         // Other collectives are barriers for the motion: a gather may not
         // move above one (the order of collectives must not change).
-        prevWait = waitOf[c];
+        anchors.assign(1, waitOf[c]);
+        prevGather = nullptr;
         continue;
       }
+      chained.insert(c);
+      Operation *prevWait =
+          anchors.empty() ? nullptr
+                          : anchors[anchors.size() >= size_t(depth)
+                                        ? anchors.size() - depth
+                                        : 0];
+      // Never above the chain's previous gather: the order of collectives
+      // must not change.
+      if (prevWait && prevGather && prevWait->isBeforeInBlock(prevGather))
+        prevWait = prevGather;
       Operation *read = shard.getDefiningOp();
       if (prevWait && prevWait->isBeforeInBlock(read)) {
         read->moveAfter(prevWait);
@@ -111,7 +143,8 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           gather->moveAfter(read);
         }
       }
-      prevWait = waitOf[c];
+      anchors.push_back(waitOf[c]);
+      prevGather = gather;
     }
   }
 };

@@ -150,9 +150,8 @@ void ShardPass::runOnOperation() {
                              group)
         .getResult();
   };
-  module->setAttr("fsdp.world_size", b.getI64IntegerAttr(world));
-  if (!mesh.empty())
-    module->setAttr("fsdp.mesh", b.getDenseI64ArrayAttr({replicas, shards}));
+  module->setAttr(kMeshAttrName,
+                  MeshAttr::get(&getContext(), replicas, shards));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
   module->setAttr("fsdp.reshard_after_forward",
                   b.getBoolAttr(reshardAfterForward));
@@ -213,6 +212,36 @@ void ShardPass::runOnOperation() {
   auto shardTy = [](UnitInfo &u) {
     return cast<RankedTensorType>(u.op.getShardType());
   };
+
+  // fsdp-recompute clones a read's cast (fsdp-mixed-precision) into the
+  // backward pass, so the read has several casts to one dtype. They compute
+  // bitwise the same value: keep the first, so the read is a read in that
+  // dtype and the unit is gathered in it (bf16: half the bytes) in both
+  // passes, as without recomputation.
+  for (Operation &op : body) {
+    auto get = dyn_cast<GetParamOp>(op);
+    if (!get || get->hasOneUse() || get->use_empty())
+      continue;
+    CastOp first;
+    bool allCasts = true;
+    for (Operation *user : get->getUsers()) {
+      auto c = dyn_cast<CastOp>(user);
+      if (!c || c->getBlock() != &body ||
+          (first && c.getType() != first.getType())) {
+        allCasts = false;
+        break;
+      }
+      if (!first || c->isBeforeInBlock(first))
+        first = c;
+    }
+    if (!allCasts)
+      continue;
+    for (Operation *user : llvm::to_vector(get->getUsers()))
+      if (user != first.getOperation()) {
+        user->getResult(0).replaceAllUsesWith(first.getResult());
+        user->erase();
+      }
+  }
 
   // --- Analysis: program order, the loss, the optimizer section. ---------
   DenseMap<Operation *, int64_t> index;

@@ -11,6 +11,7 @@
 #ifndef FSDP_DIALECT_TD
 #define FSDP_DIALECT_TD
 
+include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/OpBase.td"
 include "mlir/IR/CommonTypeConstraints.td"
 
@@ -31,6 +32,36 @@ def Fsdp_Dialect : Dialect {
     (`fsdp-shard`), and finally lower it to a plan for `fsdp-run`.
   }];
   let dependentDialects = ["::mlir::func::FuncDialect"];
+  let useDefaultAttributePrinterParser = 1;
+}
+
+def Fsdp_MeshAttr : AttrDef<Fsdp_Dialect, "Mesh"> {
+  let mnemonic = "mesh";
+  let summary = "the device mesh a step is sharded for";
+  let description = [{
+    `replicas` x `shards` ranks: rank r is replica r / shards and holds
+    shard r mod shards. fsdp-shard records it on the module as `fsdp.mesh`
+    (a 1-D mesh of N ranks is `#fsdp.mesh<replicas = 1, shards = N>`); a
+    collective's `group` ("world", "shard", "replica") names one of its
+    groups.
+
+    ```mlir
+    module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 4>} {}
+    ```
+  }];
+  let parameters = (ins "int64_t":$replicas, "int64_t":$shards);
+  let assemblyFormat = "`<` `replicas` `=` $replicas `,` `shards` `=` $shards `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// replicas x shards.
+    int64_t getWorldSize() const { return getReplicas() * getShards(); }
+    /// Ranks in `group`: "world", "shard" or "replica"; 0 for another name.
+    int64_t getGroupSize(::llvm::StringRef group) const {
+      return group == "world" ? getWorldSize()
+             : group == "shard" ? getShards()
+             : group == "replica" ? getReplicas() : 0;
+    }
+  }];
 }
 
 class Fsdp_Op<string mnemonic, list<Trait> traits = []>

@@ -505,26 +505,11 @@ LogicalResult EmbeddingGradOp::verify() {
 //===----------------------------------------------------------------------===//
 
 /// The ranks in `group` ("world" for every rank, "shard" / "replica" for
-/// an axis of the 2-D mesh `fsdp.mesh` = replicas x shards) as recorded by
-/// fsdp-shard on the module; 0 when unknown. Without `fsdp.mesh` the mesh
-/// is 1-D: the shard group is the world and the replica group one rank.
+/// an axis of the mesh `fsdp.mesh` = #fsdp.mesh<replicas, shards>) as
+/// recorded by fsdp-shard on the module; 0 when unknown (no mesh yet).
 static int64_t groupSizeOf(Operation *op, StringRef group) {
-  auto module = op->getParentOfType<ModuleOp>();
-  if (!module)
-    return 0;
-  auto w = module->getAttrOfType<IntegerAttr>("fsdp.world_size");
-  auto mesh = module->getAttrOfType<DenseI64ArrayAttr>("fsdp.mesh");
-  if (mesh && mesh.size() == 2) {
-    if (group == "shard")
-      return mesh[1];
-    if (group == "replica")
-      return mesh[0];
-  }
-  if (!w)
-    return 0;
-  if (group == "replica")
-    return 1;
-  return w.getInt();
+  MeshAttr mesh = getMesh(op);
+  return mesh ? mesh.getGroupSize(group) : 0;
 }
 
 /// A collective's `group` attribute names one of the mesh's groups.

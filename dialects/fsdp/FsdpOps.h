@@ -17,6 +17,9 @@
 
 #include "dialects/fsdp/FsdpDialect.h.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "dialects/fsdp/FsdpAttrs.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.h.inc"
 
@@ -26,6 +29,11 @@ constexpr llvm::StringLiteral kModelAttrName = "fsdp.model";
 /// Name of the function argument attribute that gives an input its role
 /// ("input", "target", "lr", "step").
 constexpr llvm::StringLiteral kRoleAttrName = "fsdp.role";
+/// The module attribute (a MeshAttr) fsdp-shard records the mesh in.
+constexpr llvm::StringLiteral kMeshAttrName = "fsdp.mesh";
+/// The mesh of the module holding `op` (or `op` itself); null before
+/// fsdp-shard ran.
+MeshAttr getMesh(Operation *op);
 } // namespace mlir::fsdp
 
 #endif // FSDP_DIALECTS_FSDP_FSDPOPS_H

@@ -956,7 +956,7 @@ def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
     the plan is one program for all ranks.
 
     `group` picks the ranks on a 2-D mesh (module attribute `fsdp.mesh` =
-    replicas x shards): "shard" (the ranks sharding one replica), "replica"
+    `#fsdp.mesh<replicas = R, shards = S>`): "shard" (the ranks sharding one replica), "replica"
     (the ranks holding one shard); absent: every rank.
 
     ```mlir

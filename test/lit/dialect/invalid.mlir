@@ -418,7 +418,7 @@ func.func @f(%x: tensor<4xf32>) {
 
 // -----
 // Tests the sharding ops' verifiers.
-module attributes {fsdp.world_size = 4 : i64} {
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>} {
   fsdp.param @a : tensor<8xf32> init("zeros")
   // expected-error @+1 {{expected padded size = shard count (4) x shard size, found 8 and 4}}
   fsdp.unit @u : tensor<8xf32> shard tensor<4xf32> numel 8 params [@a]
@@ -446,7 +446,7 @@ func.func @f(%x: tensor<8xf32>) {
 }
 
 // -----
-module attributes {fsdp.world_size = 4 : i64} {
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>} {
   func.func @f(%x: tensor<3xf32>) {
     // expected-error @+1 {{expected the whole buffer to hold 4 shards of 3, found 9 elements}}
     %v = fsdp.all_gather %x : tensor<3xf32> -> tensor<9xf32>
@@ -457,7 +457,7 @@ module attributes {fsdp.world_size = 4 : i64} {
 // -----
 // Tests that on a 2-D mesh (2 replicas x 3 shards) a collective's group
 // sets how many shards the whole buffer holds.
-module attributes {fsdp.world_size = 6 : i64, fsdp.mesh = array<i64: 2, 3>} {
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 3>} {
   fsdp.param @a : tensor<6xf32> init("zeros")
   fsdp.unit @u : tensor<6xf32> shard tensor<2xf32> numel 6 params [@a] sharded
   func.func @f(%x: tensor<2xf32>) {
@@ -471,12 +471,18 @@ module attributes {fsdp.world_size = 6 : i64, fsdp.mesh = array<i64: 2, 3>} {
 }
 
 // -----
-module attributes {fsdp.world_size = 4 : i64, fsdp.mesh = array<i64: 2, 2>} {
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 2>} {
   func.func @f(%x: tensor<2xf32>) {
     // expected-error @+1 {{expected group = "world", "shard" or "replica", found "row"}}
     %r = fsdp.all_reduce %x {group = "row", reduce = "mean"} : tensor<2xf32>
     return
   }
+}
+
+// -----
+// Tests that a mesh needs at least one replica and one shard.
+// expected-error @+1 {{mesh needs replicas >= 1 and shards >= 1, found 0 x 4}}
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 0, shards = 4>} {
 }
 
 // -----

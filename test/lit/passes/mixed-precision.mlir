@@ -51,7 +51,7 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // reduce-dtype=bf16: the bf16 gradients are packed as computed (their f32
 // casts are gone), reduced in bf16, and the shard is cast to f32 right
 // before its update.
-// Z3BF: module attributes {fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = bf16}
+// Z3BF: module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>, fsdp.mixed_precision = {param_dtype = bf16, reduce_dtype = bf16}
 // Z3BF-LABEL: func.func @train_step
 // Z3BF: %[[DW:.+]] = fsdp.matmul {{.+}} -> tensor<1x8xbf16>
 // Z3BF-NOT: fsdp.cast %[[DW]]

@@ -7,6 +7,17 @@
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-recompute=policy=unit | FileCheck %s --check-prefix=ACCUM
 // RUN: fsdp-opt %s -split-input-file --fsdp-pipeline="optimizer=sgd unit-policy=none recompute=unit report=false" | FileCheck %s --check-prefix=ONEUNIT
 // RUN: fsdp-opt %s -split-input-file --fsdp-pipeline="optimizer=sgd unit-policy=size min-unit-numel=40 recompute=unit report=false" | FileCheck %s --check-prefix=SIZE
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 param-dtype=bf16 recompute=selective report=false" | FileCheck %s --check-prefix=BF16
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 param-dtype=bf16 recompute=unit report=false" | FileCheck %s --check-prefix=BF16
+
+// Tests that with bf16 compute a recomputed read (its cast cloned into the
+// backward pass) is still gathered in bf16, in both passes: fsdp-shard
+// merges the casts, so no whole f32 unit is all-gathered.
+// BF16-LABEL: func.func @train_step
+// BF16-NOT: fsdp.all_gather {{.*}} -> tensor<{{[0-9]+}}xf32>
+// BF16: fsdp.all_gather {{.*}} -> tensor<{{[0-9]+}}xbf16>
+// BF16-NOT: fsdp.all_gather {{.*}} -> tensor<{{[0-9]+}}xf32>
+// BF16: return
 
 // Tests that policy=none changes nothing; that policy=unit keeps only what
 // a later unit reads (layers.0's output %O, layers.1's output %R3) and

@@ -22,6 +22,8 @@ fsdp.param @b1 : tensor<8xf32> init("zeros") unit "layers.0"
 fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 fsdp.param @f : tensor<1x1xf32> init("ones") frozen
 
+// The mesh is recorded as a typed attribute (a 1-D mesh: one replica).
+// Z3: module attributes {{{.*}}fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>
 // Z3: fsdp.unit @layers.0 : tensor<40xf32> shard tensor<10xf32> numel 40 params [@w1, @b1] sharded
 // Z3: fsdp.unit @root : tensor<8xf32> shard tensor<2xf32> numel 8 params [@w2] sharded
 // Z3: fsdp.unit @root.frozen : tensor<4xf32> shard tensor<1xf32> numel 1 params [@f] sharded frozen
@@ -110,6 +112,7 @@ fsdp.param @f : tensor<1x1xf32> init("ones") frozen
 // reduce-scatters run in the shard group, each gradient shard is then
 // all-reduced over the replica group; the clipping norm sums over the shard
 // group only, the loss averages over every rank.
+// HSDP: module attributes {{{.*}}fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 2>
 // HSDP: fsdp.unit @layers.0 : tensor<40xf32> shard tensor<20xf32> numel 40 params [@w1, @b1] sharded
 // HSDP: fsdp.state @layers.0.exp_avg : tensor<20xf32>
 // HSDP-LABEL: func.func @train_step

@@ -1,0 +1,79 @@
+//===- CostModel.h - predicted step time of a planned step ------*- C++ -*-===//
+//
+// The compiler's cost model: a device profile (compute roofline, kernel
+// launch overhead, the links collectives use) and a two-stream simulation
+// of @train_step in program order, the way fsdp-run executes the plan. It
+// is the C++ twin of tools/fsdp-sim (same formulas, same constants, same
+// profile JSON): fsdp-opt's `simulate=true` and fsdp-sim on the written
+// plan print the same numbers (test/lit/e2e/budget.test checks it). The
+// memory-budget search (fsdp-search-schedule) ranks candidate schedules by
+// it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_PASSES_COSTMODEL_H
+#define FSDP_PASSES_COSTMODEL_H
+
+#include "passes/MemoryPlan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <string>
+
+namespace mlir::fsdp {
+
+/// What a device costs. Built in: "h100" (published peaks); otherwise a
+/// JSON written by `fsdp-run --calibrate`.
+struct DeviceProfile {
+  std::string name = "h100";
+  bool cpu = false;
+  /// CPU profiles: cores of the machine and threads each rank runs; ranks
+  /// sharing it slow compute by world * threads / cores.
+  int64_t cores = 0, threadsPerRank = 0;
+  double gemmFlopsPerS = 67e12;     ///< f32 GEMM (no tensor cores)
+  double gemmFlopsPerSBf16 = 989e12; ///< bf16/f16 GEMM (dense)
+  double memBytesPerS = 3.35e12;
+  double opOverheadS = 5e-6; ///< per kernel launch
+  /// Measured seconds per work unit of an op (calibrated CPU profiles).
+  llvm::StringMap<double> secondsPerUnit;
+  /// Ranks that share the intra-node link (NVLink); a collective whose
+  /// group spans more ranks runs at the inter-node link's cost. 0: every
+  /// rank is on one node.
+  int64_t ranksPerNode = 8;
+  double alphaS = 10e-6, betaSPerByte = 1.0 / 450e9;            ///< NVLink
+  double interAlphaS = 10e-6, interBetaSPerByte = 1.0 / 50e9; ///< IB 400 Gb/s
+};
+
+/// `h100`, or the path of a profile JSON. On failure returns false and
+/// sets `error`.
+bool loadDeviceProfile(llvm::StringRef nameOrPath, DeviceProfile &profile,
+                       std::string &error);
+
+/// One rank's predicted step.
+struct StepPrediction {
+  double stepS = 0, computeS = 0, commS = 0, exposedS = 0;
+  double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
+};
+
+/// Simulates `step` (planned as `plan`) on two streams: compute runs the
+/// instructions in order, each overhead + max(flops / gemm rate, bytes /
+/// memory bandwidth); collectives run one at a time on the communication
+/// stream (alpha-beta ring); compute stalls at a wait until its collective
+/// is done. Matches fsdp-sim's simulate() instruction for instruction.
+StepPrediction predictStep(ModuleOp module, func::FuncOp step,
+                           const MemoryPlan &plan, const DeviceProfile &profile);
+
+/// Seconds of one collective: `op` is all_gather / reduce_scatter /
+/// all_reduce over `n` ranks moving `bytes` (the whole, unsharded buffer);
+/// `interNode` picks the inter-node link.
+double collectiveSeconds(llvm::StringRef op, int64_t n, int64_t bytes,
+                         bool interNode, const DeviceProfile &profile);
+
+/// Parses "80GiB", "512MiB", "1.5GB", "1000000" (bytes) into bytes; false
+/// when malformed, negative or zero.
+bool parseByteSize(llvm::StringRef text, int64_t &bytes);
+
+} // namespace mlir::fsdp
+
+#endif // FSDP_PASSES_COSTMODEL_H

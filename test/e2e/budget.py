@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""The memory-budget search chooses the fastest schedule that fits.
+
+Compiles a small GPT (4 layers) for N ranks at stage 3 with every schedule
+the search considers, chosen by hand (layers-per-unit 1|2, recompute
+none|selective|unit, reshard-after-forward false|true, prefetch-depth
+0|1|2), and predicts each with fsdp-sim (h100). Then, for budgets taken
+from those plans' own peaks (each distinct peak, largest first), compiles
+with memory-budget=B and checks that
+  - the chosen plan's peak is <= B;
+  - its predicted step equals the smallest predicted step of the hand
+    plans whose peak is <= B (the search finds the optimum of its space);
+  - the chosen plan is the hand plan of the same strategy, instruction for
+    instruction (the plan file equal but for its `strategy` record);
+  - fsdp-opt's simulate=true and fsdp-sim agree on every hand plan (the
+    C++ cost model and the Python one are the same model).
+A budget one byte below the smallest peak fails, naming that peak as the
+floor. Budget-chosen plans (loosest and tightest budget) and a
+prefetch-depth=2 plan train on N ranks with losses bitwise equal to the
+hand-chosen plan of the same strategy (and depth 2 equal to depth 1).
+
+usage: budget.py BIN_DIR SRC_DIR N
+"""
+import itertools
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from shard_equivalence import GEN  # noqa: E402
+
+
+def main():
+    bindir, src, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    opt = os.path.join(bindir, "fsdp-opt")
+    sim = os.path.join(src, "tools", "fsdp-sim", "fsdp-sim")
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "gpt4.mlir")
+        subprocess.run([sys.executable, GEN, "gpt", "--vocab", "64", "--ctx", "16",
+                        "--layers", "4", "--heads", "2", "--width", "16", "--batch", "4",
+                        "-o", model], check=True)
+        base = f"optimizer=adamw world-size={n} stage=3"
+
+        def compile_plan(tag, options, check=True):
+            plan = os.path.join(tmp, tag + ".plan")
+            r = subprocess.run([opt, model, "-o", os.devnull,
+                                f"--fsdp-pipeline={base} {options} plan={plan}"],
+                               capture_output=True, text=True)
+            if check and r.returncode:
+                sys.exit(f"FAIL: fsdp-opt {options}: {r.stderr}")
+            return plan, r
+
+        def load(plan):
+            with open(plan) as f:
+                return json.load(f)
+
+        # --- Every strategy by hand. ------------------------------------------
+        hand = {}
+        for k, rc, rs, d in itertools.product((1, 2), ("none", "selective", "unit"),
+                                              ("false", "true"), (0, 1, 2)):
+            key = (k, rc, rs == "true", d)
+            tag = f"k{k}-{rc}-{rs}-{d}"
+            plan, r = compile_plan(tag, f"layers-per-unit={k} recompute={rc} "
+                                        f"reshard-after-forward={rs} prefetch-depth={d} "
+                                        "simulate=true report=false")
+            s = json.loads(subprocess.run([sim, plan, "--json"], check=True,
+                                          capture_output=True, text=True).stdout)
+            cxx = float(re.search(r"step\s+([0-9.]+) ms", r.stderr).group(1))
+            if abs(cxx - s["step_ms"]) > 6e-4:
+                failures.append(f"{tag}: simulate=true says {cxx} ms, fsdp-sim "
+                                f"{s['step_ms']:.6f} ms")
+            hand[key] = (plan, load(plan)["memory"]["peak"], s["step_ms"])
+        print(f"{len(hand)} hand-chosen plans; fsdp-opt simulate=true and fsdp-sim "
+              f"{'agree' if not failures else 'DISAGREE'} on every one")
+
+        # --- Topology: rings over more ranks than a node use the slower link.
+        topo = {}
+        for rpn in (0, 8):
+            plan16 = os.path.join(tmp, f"n16-{rpn}.plan")
+            r = subprocess.run([opt, model, "-o", os.devnull,
+                                f"--fsdp-pipeline=optimizer=adamw world-size=16 "
+                                f"simulate=true ranks-per-node={rpn} report=false "
+                                f"plan={plan16}"],
+                               check=True, capture_output=True, text=True)
+            cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
+            sj = json.loads(subprocess.run([sim, plan16, "--json", "--ranks-per-node",
+                                            str(rpn)], check=True, capture_output=True,
+                                           text=True).stdout)
+            if abs(cxx - sj["comm_ms"]) > 6e-4:
+                failures.append(f"ranks-per-node={rpn}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
+            topo[rpn] = sj["comm_ms"]
+        slower = topo[8] > topo[0]  # same alpha, beta 1/50e9 instead of 1/450e9
+        print(f"16 ranks: communication {topo[0]:.4f} ms on one node, {topo[8]:.4f} ms "
+              f"across nodes of 8 {'(inter-node link is slower)' if slower else 'WRONG'}")
+        if not slower:
+            failures.append("topology")
+
+        # --- recompute-units=K recomputes the first K units only. -------------
+        sizes, kpeaks = [], []
+        for k in (0, 1, 2, 3, -1):
+            plan_k, _ = compile_plan(f"units{k}", f"recompute=unit recompute-units={k} "
+                                                  "report=false")
+            pk = load(plan_k)
+            sizes.append(len(pk["program"]))
+            kpeaks.append(pk["memory"]["peak"])
+        # (The first unit is the embedding's: its output is the next
+        # unit's input, saved anyway, so K = 1 recomputes nothing here.)
+        grows = all(a <= b for a, b in zip(sizes, sizes[1:])) and sizes[0] < sizes[2] < sizes[-1]
+        shrinks = all(a >= b for a, b in zip(kpeaks, kpeaks[1:])) and kpeaks[0] > kpeaks[-1]
+        print(f"recompute-units=0,1,2,3,all: instructions {sizes}, peaks {kpeaks} "
+              f"{'(more recomputed, less memory)' if grows and shrinks else 'WRONG'}")
+        if not (grows and shrinks):
+            failures.append("recompute-units")
+
+        # --- Budgets from the plans' own peaks. -------------------------------
+        peaks = sorted({p for _, p, _ in hand.values()}, reverse=True)
+        chosen_at = {}
+        for budget in peaks:
+            plan, r = compile_plan(f"budget{budget}", f"memory-budget={budget} report=false",
+                                   check=False)
+            if r.returncode:
+                failures.append(f"budget {budget}: {r.stderr.strip()}")
+                continue
+            p = load(plan)
+            st = p["strategy"]
+            key = (st["layers_per_unit"], st["recompute"], st["reshard_after_forward"],
+                   st["prefetch_depth"])
+            units = st["recompute_units"]
+            fits = [step for _, peak, step in hand.values()
+                    if peak <= budget and step is not None]
+            best = min(fits)
+            step_ms = st["predicted_step_s"] * 1e3
+            if units >= 0:
+                # Per unit (the first K units recomputed): at least as fast
+                # as every uniform schedule that fits.
+                key = key + (units,)
+                if key not in hand:
+                    plan_k, _ = compile_plan(
+                        f"k{key[0]}-unit{units}-{key[2]}-{key[3]}",
+                        f"layers-per-unit={key[0]} recompute=unit recompute-units={units} "
+                        f"reshard-after-forward={'true' if key[2] else 'false'} "
+                        f"prefetch-depth={key[3]} report=false")
+                    hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
+                ok = step_ms <= best * (1 + 1e-9)
+            else:
+                ok = abs(step_ms - best) <= 1e-9 * best
+            ok = ok and p["memory"]["peak"] <= budget and st["peak"] == p["memory"]["peak"]
+            same = load(hand[key][0])
+            p.pop("strategy")
+            ok_same = p == same
+            chosen_at[budget] = key
+            print(f"  budget {budget:>8}: peak {p['memory']['peak']:>8} "
+                  f"layers-per-unit={key[0]} recompute={key[1]}"
+                  + (f" recompute-units={units}" if units >= 0 else "") + " "
+                  f"reshard-after-forward={'true' if key[2] else 'false'} "
+                  f"prefetch-depth={key[3]} step {step_ms:.6f} ms "
+                  f"(best by hand {best:.6f})"
+                  + ("" if ok else " NOT THE BEST FIT")
+                  + ("" if ok_same else " NOT THE HAND PLAN"))
+            if not ok or not ok_same:
+                failures.append(f"budget {budget}")
+
+        # --- Below the floor. --------------------------------------------------
+        floor = peaks[-1]
+        _, r = compile_plan("floor", f"memory-budget={floor - 1}", check=False)
+        m = re.search(r"smallest peak reachable is .* \((\d+) bytes\)", r.stderr)
+        named = m and int(m.group(1)) == floor
+        print(f"budget {floor - 1}: {'fails naming the floor ' + str(floor) if named else 'WRONG'}")
+        for what in ("gradients", "activations", "gathered parameters", "optimizer state"):
+            if what not in r.stderr:
+                named = False
+        if r.returncode == 0 or not named:
+            failures.append(f"floor: {r.stderr.strip()}")
+        else:
+            print("  " + r.stderr.strip().splitlines()[0].split("error: ")[-1][:60] + "...")
+
+        # --- Training: budget-chosen equals hand-chosen, bitwise. --------------
+        def train(plan, tag):
+            save = os.path.join(tmp, tag + ".safetensors")
+            out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", "3",
+                                  "--lr", "1e-2", "--json", "--threads", "1", "--save", save,
+                                  "--nproc", str(n)],
+                                 check=True, capture_output=True, text=True, timeout=300).stdout
+            losses = [json.loads(l)["loss"] for l in out.splitlines()
+                      if l.startswith("{") and '"step"' in l]
+            with open(save, "rb") as f:
+                params = f.read()
+            return [struct.pack("<d", x) for x in losses], params, losses
+
+        pairs = [(os.path.join(tmp, f"budget{peaks[0]}.plan"), hand[chosen_at[peaks[0]]][0],
+                  "loosest budget"),
+                 (os.path.join(tmp, f"budget{floor}.plan"), hand[chosen_at[floor]][0],
+                  "tightest budget"),
+                 (hand[(1, "none", True, 2)][0], hand[(1, "none", True, 1)][0],
+                  "prefetch-depth=2 vs 1")]
+        for a, b, what in pairs:
+            ta, tb = train(a, "a"), train(b, "b")
+            equal = ta[0] == tb[0] and ta[1] == tb[1]
+            print(f"train {what}: losses {' '.join(f'{x:.6f}' for x in ta[2])} "
+                  f"{'bitwise equal to the hand-chosen plan' if equal else 'DIFFER'}")
+            if not equal:
+                failures.append(f"train {what}")
+
+    for f in failures:
+        print("FAIL:", f)
+    print("all budget checks passed" if not failures else f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
