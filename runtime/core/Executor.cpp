@@ -274,8 +274,13 @@ Status Executor::fillInputs(DataSource &data, int64_t step) {
   // The batch is made in host memory, then copied to the device.
   std::map<int64_t, std::vector<uint8_t>> staged;
   for (const Binding &b : plan.inputs)
-    if (b.role == "input" || b.role == "target")
-      staged[b.buffer].assign(plan.buffers[b.buffer].bytes, 0);
+    if (b.role == "input" || b.role == "target") {
+      // Starts from the buffer's bytes: a source that writes part of it
+      // leaves the rest as it was, as when it wrote into the arena.
+      std::vector<uint8_t> &bytes = staged[b.buffer];
+      bytes.resize(plan.buffers[b.buffer].bytes);
+      FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, bytes.data()));
+    }
   auto addr = [](void *ctx, int64_t id) -> uint8_t * {
     auto &m = *static_cast<std::map<int64_t, std::vector<uint8_t>> *>(ctx);
     auto it = m.find(id);

@@ -230,6 +230,12 @@ def main():
         check("option: --nproc 0", [mlp, "--nproc", "0"], "--nproc")
         check("option: --nproc 99999", [mlp, "--nproc", "99999"], "--nproc")
         check("option: --schedule linear", [mlp, "--schedule", "linear"], "--schedule")
+        check("option: --device tpu", [mlp, "--device", "tpu"], "--device must be cpu or cuda")
+        # No CUDA backend in this build (or no GPU): one clear error, exit 1,
+        # before any rank starts. (Once runtime/cuda/ exists, skip these two
+        # where the build has CUDA and a GPU is present.)
+        check("option: --device cuda", [mlp, "--steps", "1", "--device", "cuda"], "--device cpu")
+        check("option: --device cuda --nproc 2", [mlp, "--steps", "1", "--device", "cuda", "--nproc", "2"], "--device cpu")
         check("option: two plans", [mlp, gpt], "unexpected argument")
         check("option: no plan", ["--steps", "1"], "no plan")
         check("option: --save-every without --ckpt-dir", [mlp, "--save-every", "2"], "--ckpt-dir")
