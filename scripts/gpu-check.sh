@@ -37,7 +37,7 @@ step gpt_oracle oracle gpt "$P/gpt.plan" "$OUT/d1"
 step llama_run "$R" "$P/llama.plan" --device cuda --steps 20 --lr 3e-2 --dump-dir "$OUT/d2"
 step llama_oracle oracle llama "$P/llama.plan" "$OUT/d2"
 step mlp_cpu "$R" "$P/g30.plan" --steps 20 --lr 1e-2 --threads 1 --dump-dir "$OUT/d3" --quiet
-FSDP_CUDA_COMM=staged step mlp_n2 "$R" "$P/n2.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d4"
+step mlp_n2 env FSDP_CUDA_COMM=staged "$R" "$P/n2.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d4"
 step mlp_oracle oracle mlp "$P/n2.plan" "$OUT/d4" --hidden 64 --blocks 8 --batches-dir "$OUT/d3"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4

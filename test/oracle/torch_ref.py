@@ -234,7 +234,7 @@ def load_script(path):
 
 
 def build(args):
-    if args.script:
+    if getattr(args, "script", None):  # bf16_ref.py's arguments have none
         model = load_script(args.script).model()
         model.loss = model.forward  # the imported model's loss is its forward
         return model
@@ -476,13 +476,13 @@ def main():
     inputs = [b["name"] for b in plan["inputs"] if b["role"] == "input"]
     targets = [b["name"] for b in plan["inputs"] if b["role"] == "target"]
     batches = read_safetensors(f"{args.batches_dir or args.dump_dir}/batches.safetensors")
-    if args.script:  # a PyTorch model's own: integer ids and labels are int64
+    if getattr(args, "script", None):  # a PyTorch model's own: integer ids and labels are int64
         batches = {k: t if t.is_floating_point() else t.long() for k, t in batches.items()}
     first = batches[f"step1.{inputs[0]}"]
     args.batch = first.shape[0]
     model = build(args)
     init = read_safetensors(f"{args.dump_dir}/init.safetensors")
-    if args.script:
+    if getattr(args, "script", None):
         # fsdp-import --weights + fsdp-run --init-from: training starts from
         # the module's own initial values, bit for bit.
         own = dict(model.named_parameters())
