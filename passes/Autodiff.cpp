@@ -166,7 +166,8 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
       })
       .Case([&](GeluOp o) {
         accumulate(o.getInput(),
-                   create<GeluGradOp>(loc, dyTy, o.getInput(), dy));
+                   create<GeluGradOp>(loc, dyTy, o.getInput(), dy,
+                                      o.getApproximateAttr()));
         return success();
       })
       .Case([&](SiluOp o) {

@@ -189,6 +189,15 @@ LogicalResult BiasAddOp::verify() {
                     x.getElementType());
 }
 
+static LogicalResult verifyGeluForm(Operation *op, llvm::StringRef form) {
+  if (form != "tanh" && form != "none")
+    return op->emitOpError() << "expected approximate = \"tanh\" or \"none\", found \""
+                             << form << "\"";
+  return success();
+}
+LogicalResult GeluOp::verify() { return verifyGeluForm(*this, getApproximate()); }
+LogicalResult GeluGradOp::verify() { return verifyGeluForm(*this, getApproximate()); }
+
 LogicalResult MatmulOp::verify() {
   auto a = rt(getLhs()), b = rt(getRhs());
   if (a.getElementType() != b.getElementType())

@@ -179,9 +179,24 @@ def Fsdp_NegOp : Fsdp_UnaryOp<"neg", "elementwise negation",
     "%y = fsdp.neg %x : tensor<4x8xf32>">;
 def Fsdp_ReluOp : Fsdp_UnaryOp<"relu", "rectified linear unit, max(x, 0)",
     "%y = fsdp.relu %x : tensor<4x8xf32>">;
-def Fsdp_GeluOp : Fsdp_UnaryOp<"gelu",
-    "GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
-    "%y = fsdp.gelu %x : tensor<4x8xf32>">;
+def Fsdp_GeluOp : Fsdp_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "GELU: tanh form (default) or exact (erf)";
+  let description = [{
+    `approximate = "tanh"` (the default, GPT-2's and PyTorch's
+    approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    `approximate = "none"` (nn.GELU()'s default): 0.5 x (1 + erf(x / sqrt(2))).
+
+    ```mlir
+    %y = fsdp.gelu %x : tensor<4x8xf32>
+    %z = fsdp.gelu %x {approximate = "none"} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input,
+                       DefaultValuedAttr<StrAttr, "\"tanh\"">:$approximate);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
 def Fsdp_SoftmaxOp : Fsdp_UnaryOp<"softmax",
     "softmax over the last dimension (max-subtracted)",
     "%y = fsdp.softmax %x : tensor<4x8xf32>">;
@@ -578,7 +593,21 @@ class Fsdp_PointwiseGradOp<string mnemonic, string sum>
 }
 
 def Fsdp_ReluGradOp : Fsdp_PointwiseGradOp<"relu_grad", "VJP of relu: dy * (x > 0)">;
-def Fsdp_GeluGradOp : Fsdp_PointwiseGradOp<"gelu_grad", "VJP of gelu (tanh form)">;
+def Fsdp_GeluGradOp : Fsdp_Op<"gelu_grad",
+    [Pure, AllTypesMatch<["input", "grad", "result"]>]> {
+  let summary = "VJP of gelu (of its `approximate` form)";
+  let description = [{
+    ```mlir
+    %dx = fsdp.gelu_grad %x, %dy : tensor<4x8xf32>
+    %dz = fsdp.gelu_grad %x, %dy {approximate = "none"} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$grad,
+                       DefaultValuedAttr<StrAttr, "\"tanh\"">:$approximate);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
 def Fsdp_SoftmaxGradOp : Fsdp_PointwiseGradOp<"softmax_grad",
     "VJP of softmax given its output y: y * (dy - sum(dy * y))">;
 def Fsdp_SiluGradOp : Fsdp_PointwiseGradOp<"silu_grad",

@@ -204,10 +204,18 @@ const std::unordered_map<std::string, Check> &checks() {
       return Status::ok();
     };
     m["relu"] = checkSame;
-    m["gelu"] = checkSame;
+    auto checkGelu = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(checkSame(op));
+      std::string form = op.s("approximate", "tanh");
+      if (form != "tanh" && form != "none")
+        return FSDP_ERROR(op.inst.op, ": approximate must be \"tanh\" or \"none\", found \"",
+                          form, "\"");
+      return Status::ok();
+    };
+    m["gelu"] = checkGelu;
     m["softmax"] = checkSame;
     m["relu_grad"] = checkSame;
-    m["gelu_grad"] = checkSame;
+    m["gelu_grad"] = checkGelu;
     m["softmax_grad"] = checkSame;
     m["bias_add"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));

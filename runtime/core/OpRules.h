@@ -95,8 +95,16 @@ struct Op {
         v.push_back(e.get<int64_t>());
     return v;
   }
+  std::string s(const char *name, const char *dflt) const {
+    const nlohmann::json *v = attr(
+        name, [](const nlohmann::json &x) { return x.is_string(); }, "a string");
+    return v ? v->get<std::string>() : dflt;
+  }
   bool has(const char *name) const { return inst.attrs.contains(name); }
 };
+
+/// gelu / gelu_grad: the exact (erf) form rather than the tanh one.
+inline bool geluExact(const Op &op) { return op.s("approximate", "tanh") == "none"; }
 
 /// Kernel-time view: typed pointers to operands.
 

@@ -125,7 +125,8 @@ const std::unordered_map<std::string, Exec> &table() {
       return Status::ok();
     };
     m["gelu"] = [](const Run &r) {
-      gelu<float>(r.in(0), r.out(0), r.op.out(0).numel());
+      (rules::geluExact(r.op) ? geluExact<float> : gelu<float>)(r.in(0), r.out(0),
+                                                                r.op.out(0).numel());
       return Status::ok();
     };
     m["softmax"] = [](const Run &r) {
@@ -137,7 +138,8 @@ const std::unordered_map<std::string, Exec> &table() {
       return Status::ok();
     };
     m["gelu_grad"] = [](const Run &r) {
-      geluGrad<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
+      (rules::geluExact(r.op) ? geluExactGrad<float> : geluGrad<float>)(
+          r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
       return Status::ok();
     };
     m["softmax_grad"] = [](const Run &r) {

@@ -194,6 +194,29 @@ template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n) {
   }
 }
 
+// GELU, exact form (PyTorch's default): y = 0.5 x (1 + erf(x / sqrt(2))),
+// dy/dx = 0.5 (1 + erf(x / sqrt(2))) + x exp(-x^2 / 2) / sqrt(2 pi).
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+template <typename T> void geluExact(const T *x, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    y[i] = T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
+  }
+}
+
+template <typename T> void geluExactGrad(const T *x, const T *dy, T *dx, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    T cdf = T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2)));
+    T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
 namespace {
 /// y = softmax(x) over one row of n (max-subtracted; y may not alias x).
 template <typename T> void softmaxRow(const T *x, T *y, int64_t n) {
@@ -829,6 +852,8 @@ float halfToFloat(uint16_t h) {
   template void reluGrad<T>(const T *, const T *, T *, int64_t);               \
   template void gelu<T>(const T *, T *, int64_t);                              \
   template void geluGrad<T>(const T *, const T *, T *, int64_t);               \
+  template void geluExact<T>(const T *, T *, int64_t);                         \
+  template void geluExactGrad<T>(const T *, const T *, T *, int64_t);          \
   template void softmax<T>(const T *, T *, int64_t, int64_t);                  \
   template void softmaxGrad<T>(const T *, const T *, T *, int64_t, int64_t);   \
   template void biasAdd<T>(const T *, const T *, T *, int64_t, int64_t);       \

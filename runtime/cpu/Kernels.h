@@ -50,6 +50,9 @@ template <typename T> void relu(const T *x, T *y, int64_t n);
 template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n);
 template <typename T> void gelu(const T *x, T *y, int64_t n);
 template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n);
+/// GELU, exact (erf) form, and its VJP.
+template <typename T> void geluExact(const T *x, T *y, int64_t n);
+template <typename T> void geluExactGrad(const T *x, const T *dy, T *dx, int64_t n);
 /// Row-wise softmax over the last dimension (`cols`).
 template <typename T> void softmax(const T *x, T *y, int64_t rows, int64_t cols);
 template <typename T>

@@ -344,13 +344,13 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
   else if (n == "relu")
     unary(relu);
   else if (n == "gelu")
-    unary(gelu);
+    unary(rules::geluExact(op) ? geluExact : gelu);
   else if (n == "silu")
     unary(silu);
   else if (n == "relu_grad")
     unaryGrad(reluGrad);
   else if (n == "gelu_grad")
-    unaryGrad(geluGrad);
+    unaryGrad(rules::geluExact(op) ? geluExactGrad : geluGrad);
   else if (n == "silu_grad")
     unaryGrad(siluGrad);
   else if (n == "scale") {

@@ -261,6 +261,23 @@ cudaError_t geluGrad(const float *x, const float *dy, float *dx, int64_t n, cuda
   });
 }
 
+cudaError_t geluExact(const float *x, float *y, int64_t n, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  });
+}
+
+cudaError_t geluExactGrad(const float *x, const float *dy, float *dx, int64_t n,
+                          cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = x[i];
+    float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  });
+}
+
 cudaError_t silu(const float *x, float *y, int64_t n, cudaStream_t s) {
   return forEach(n, s, [=] __device__(int64_t i) {
     float v = x[i];

@@ -53,6 +53,10 @@ cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t reluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
 cudaError_t gelu(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t geluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
+/// The exact (erf) GELU and its VJP.
+cudaError_t geluExact(const float *x, float *y, int64_t n, cudaStream_t s);
+cudaError_t geluExactGrad(const float *x, const float *dy, float *dx, int64_t n,
+                          cudaStream_t s);
 cudaError_t silu(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t siluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
 cudaError_t softmax(const float *x, float *y, int64_t rows, int64_t cols, cudaStream_t s);

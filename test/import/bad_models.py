@@ -20,8 +20,8 @@ class Inner(nn.Module):
         h = self.fc(x)
         if CASE == "exp":
             return torch.exp(h)
-        if CASE == "gelu":
-            return F.gelu(h)
+        if CASE == "tanh":
+            return torch.tanh(h)
         if CASE == "dropout":
             return self.drop(h)
         if CASE == "inplace":

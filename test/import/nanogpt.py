@@ -27,6 +27,7 @@ def _sdpa_reference(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
 _sdpa_reference.__name__ = "scaled_dot_product_attention"
 scaled_dot_product_attention = getattr(F, "scaled_dot_product_attention", _sdpa_reference)
 FLASH = os.environ.get("FSDP_IMPORT_SDPA", "0") == "1"
+EXACT_GELU = os.environ.get("FSDP_IMPORT_GELU", "tanh") == "exact"
 
 
 def env(name, default):
@@ -80,7 +81,8 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")
+        # GPT-2's tanh GELU; FSDP_IMPORT_GELU=exact for nanoGPT's own nn.GELU()
+        self.gelu = nn.GELU() if EXACT_GELU else nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
 

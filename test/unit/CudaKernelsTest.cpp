@@ -121,6 +121,11 @@ TEST_F(CudaKernelsTest, UnaryElementwise) {
         "gelu");
   check(gpu::geluGrad(dx.get(), ddy.get(), out.get(), n, 0),
         [&] { cpu::geluGrad(x.data(), dy.data(), want.data(), n); }, 16, "gelu_grad");
+  check(gpu::geluExact(dx.get(), out.get(), n, 0),
+        [&] { cpu::geluExact(x.data(), want.data(), n); }, 8, "gelu exact");
+  check(gpu::geluExactGrad(dx.get(), ddy.get(), out.get(), n, 0),
+        [&] { cpu::geluExactGrad(x.data(), dy.data(), want.data(), n); }, 16,
+        "gelu exact grad");
   check(gpu::silu(dx.get(), out.get(), n, 0), [&] { cpu::silu(x.data(), want.data(), n); }, 8,
         "silu");
   check(gpu::siluGrad(dx.get(), ddy.get(), out.get(), n, 0),

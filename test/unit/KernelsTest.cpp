@@ -72,6 +72,29 @@ TEST(KernelsTest, GeluMatchesTanhFormAndItsGradient) {
   }, dx, "gelu");
 }
 
+TEST(KernelsTest, GeluExactMatchesErfFormAndItsGradient) {
+  std::vector<double> x = randomVec(17, 3, 2.0), y(17), dy = randomVec(17, 4), dx(17);
+  geluExact<double>(x.data(), y.data(), 17);
+  for (int i : {0, 5, 11}) {
+    double v = x[i];
+    EXPECT_NEAR(y[i], 0.5 * v * std::erfc(-v / std::sqrt(2.0)), 1e-12) << i;
+  }
+  // differs from the tanh form by up to ~1e-3 near |x| ~ 2: the two are not
+  // interchangeable
+  std::vector<double> t(17);
+  gelu<double>(x.data(), t.data(), 17);
+  double most = 0;
+  for (int i = 0; i < 17; ++i)
+    most = std::max(most, std::fabs(t[i] - y[i]));
+  EXPECT_GT(most, 1e-5);
+  geluExactGrad<double>(x.data(), dy.data(), dx.data(), 17);
+  checkVjp(x, dy, [&] {
+    std::vector<double> o(17);
+    geluExact<double>(x.data(), o.data(), 17);
+    return o;
+  }, dx, "gelu exact");
+}
+
 TEST(KernelsTest, SoftmaxGradient) {
   int64_t r = 3, c = 5;
   std::vector<double> x = randomVec(r * c, 3), y(r * c), dy = randomVec(r * c, 4),

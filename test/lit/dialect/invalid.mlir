@@ -530,3 +530,11 @@ func.func @f(%x: tensor<8x4xf32>) {
   %0 = fsdp.microbatch %x index = 0 : tensor<8x4xf32> -> tensor<4x4xf16>
   return
 }
+
+// -----
+// Tests that gelu has two forms only.
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{expected approximate = "tanh" or "none", found "sigmoid"}}
+  %y = fsdp.gelu %x {approximate = "sigmoid"} : tensor<4xf32>
+  return %y : tensor<4xf32>
+}

@@ -43,8 +43,13 @@ func.func @elementwise(%a: tensor<4x8xf32>, %b: tensor<8xf32>, %c: tensor<4x1xf3
   %4 = fsdp.neg %a : tensor<4x8xf32>
   // CHECK: fsdp.relu
   %5 = fsdp.relu %a : tensor<4x8xf32>
-  // CHECK: fsdp.gelu
+  // CHECK: fsdp.gelu %{{.+}} : tensor<4x8xf32>
   %6 = fsdp.gelu %a : tensor<4x8xf32>
+  // The default form is not printed; the exact one is.
+  // CHECK: fsdp.gelu %{{.+}} : tensor<4x8xf32>
+  %gt = fsdp.gelu %a {approximate = "tanh"} : tensor<4x8xf32>
+  // CHECK: fsdp.gelu %{{.+}} {approximate = "none"} : tensor<4x8xf32>
+  %ge = fsdp.gelu %a {approximate = "none"} : tensor<4x8xf32>
   // CHECK: fsdp.softmax
   %7 = fsdp.softmax %a : tensor<4x8xf32>
   // CHECK: fsdp.scale %{{.+}} {factor = 5.000000e-01 : f64} : tensor<4x8xf32>

@@ -98,9 +98,10 @@ func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> at
   %k = fsdp.slice %q3 dim = 2 offset = 8 : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
   %v = fsdp.slice %q3 dim = 2 offset = 16 : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
   %a = fsdp.attention %q, %k, %v heads = 2 causal : tensor<2x4x8xf32>
-  %g = fsdp.gelu %a : tensor<2x4x8xf32>
+  %g = fsdp.gelu %a {approximate = "none"} : tensor<2x4x8xf32>
   %l = fsdp.mse_loss %g, %y : tensor<2x4x8xf32> -> tensor<f32>
-  // CHECK: %[[DG:.+]] = fsdp.gelu_grad
+  // The VJP keeps the form (exact GELU here).
+  // CHECK: %[[DG:.+]] = fsdp.gelu_grad %{{.+}}, %{{.+}} {approximate = "none"}
   // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %[[DG]] heads = 2 causal
   // CHECK: fsdp.slice_grad %[[DV]] dim = 2 offset = 16
   // CHECK: fsdp.slice_grad %[[DK]] dim = 2 offset = 8
