@@ -28,8 +28,11 @@ step() { # name, command...
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1
 step kernels "$K/bin/CudaKernelsTest"
 step conformance "$K/bin/DeviceTest"
-oracle() { # model plan dump [extra]
-  "$PY" "$K/oracle/torch_ref.py" --model "$1" --plan "$2" --dump-dir "$3" "${@:4}" | tee /dev/stderr | grep -q '^MATCH'
+oracle() { # model plan dump [extra]: the oracle's verdict is its last line
+  "$PY" "$K/oracle/torch_ref.py" --model "$1" --plan "$2" --dump-dir "$3" "${@:4}" > "$3.oracle.txt"
+  local rc=$?
+  cat "$3.oracle.txt"
+  [ $rc -eq 0 ] && [ "$(tail -1 "$3.oracle.txt")" = MATCH ]
 }
 step gpt_run "$R" "$P/gpt.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d1"
 grep -q "measured high-water.*MATCH" "$OUT/gpt_run.log" || { echo "   memory: no MATCH" | tee -a "$OUT/summary.txt"; fail=1; }
