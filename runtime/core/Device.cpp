@@ -4,6 +4,16 @@
 
 namespace fsdp {
 
+Status Device::arenaSize(int64_t bytes, bool allocated, size_t &out) {
+  if (allocated)
+    return FSDP_ERROR("the arena is already allocated");
+  if (bytes < 0)
+    return FSDP_ERROR("cannot allocate an arena of ", bytes, " bytes");
+  int64_t n = bytes > kArenaAlignment ? bytes : kArenaAlignment;
+  out = (size_t)((n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment);
+  return Status::ok();
+}
+
 Status Device::calibrate(Communicator &, nlohmann::json &) {
   return FSDP_ERROR("--calibrate is not implemented for the ", name(), " device");
 }

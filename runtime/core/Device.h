@@ -93,6 +93,10 @@ public:
   /// Allocates the arena (at least `bytes`, rounded up to the alignment;
   /// 0 is allowed). Called once.
   virtual Status allocateArena(int64_t bytes) = 0;
+  /// The size a device allocates for an arena of `bytes` (>= the
+  /// alignment, rounded up to it), or an error for a second allocation or
+  /// a negative size: the checks every allocateArena shares.
+  static Status arenaSize(int64_t bytes, bool allocated, size_t &out);
   /// The arena's device address (null before allocateArena).
   virtual uint8_t *arenaBase() const = 0;
   /// Its size as allocated (>= the bytes asked for).

@@ -126,12 +126,8 @@ public:
   const char *name() const override { return "cuda"; }
 
   Status allocateArena(int64_t bytes) override {
-    if (arena)
-      return FSDP_ERROR("the arena is already allocated");
-    if (bytes < 0)
-      return FSDP_ERROR("cannot allocate an arena of ", bytes, " bytes");
-    size_t n = (size_t)std::max<int64_t>(bytes, kArenaAlignment);
-    n = (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    size_t n;
+    FSDP_RETURN_IF_ERROR(arenaSize(bytes, arena != nullptr, n));
     FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
     cudaError_t e = cudaMalloc(&arena, n);
     if (e == cudaErrorMemoryAllocation) {

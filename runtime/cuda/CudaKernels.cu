@@ -301,18 +301,26 @@ cudaError_t biasAdd(const float *x, const float *b, float *y, int64_t rows, int6
 
 namespace {
 
+/// A row's maximum and sum of exp(x - max), block-reduced (every thread
+/// gets both): the stable softmax / log-sum-exp of softmax and the losses.
+__device__ void rowMaxSumExp(const float *xr, int64_t cols, float *sh, float &mx,
+                             float &sum) {
+  mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    mx = fmaxf(mx, xr[c]);
+  mx = blockMax(mx, sh);
+  sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    sum += expf(xr[c] - mx);
+  sum = blockSum(sum, sh);
+}
+
 __global__ void softmaxKernel(const float *x, float *y, int64_t cols) {
   __shared__ float sh[32];
   const float *xr = x + blockIdx.x * cols;
   float *yr = y + blockIdx.x * cols;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    mx = fmaxf(mx, xr[c]);
-  mx = blockMax(mx, sh);
-  float sum = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    sum += expf(xr[c] - mx);
-  sum = blockSum(sum, sh);
+  float mx, sum;
+  rowMaxSumExp(xr, cols, sh, mx, sum);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
     yr[c] = expf(xr[c] - mx) / sum;
 }
@@ -833,14 +841,8 @@ __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *
   const float *lr = logits + blockIdx.x * classes;
   int32_t label = labels[blockIdx.x];
   bool bad = label < 0 || label >= classes;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    mx = fmaxf(mx, lr[c]);
-  mx = blockMax(mx, sh);
-  float sum = 0;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    sum += expf(lr[c] - mx);
-  sum = blockSum(sum, sh);
+  float mx, sum;
+  rowMaxSumExp(lr, classes, sh, mx, sum);
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
@@ -855,14 +857,8 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
   const float *lr = logits + blockIdx.x * classes;
   float *dr = dlogits + blockIdx.x * classes;
   int32_t label = labels[blockIdx.x];
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    mx = fmaxf(mx, lr[c]);
-  mx = blockMax(mx, sh);
-  float sum = 0;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    sum += expf(lr[c] - mx);
-  sum = blockSum(sum, sh);
+  float mx, sum;
+  rowMaxSumExp(lr, classes, sh, mx, sum);
   float f = *dloss / (float)rows;
   for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
     dr[c] = expf(lr[c] - mx) / sum * f - (c == label ? f : 0.f);
