@@ -56,10 +56,14 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // Mixed precision retypes the model before its backward pass is
   // derived. With the defaults (f32, f32) it is left out, so the pipeline
   // is exactly what it was before.
-  if (options.paramDtype != "f32" || options.reduceDtype != "f32") {
+  if (options.paramDtype != "f32" || options.reduceDtype != "f32" ||
+      !options.lossScale.empty()) {
     FsdpMixedPrecisionOptions mp;
     mp.paramDtype = options.paramDtype;
     mp.reduceDtype = options.reduceDtype;
+    mp.lossScale = options.lossScale;
+    mp.lossScaleInit = options.lossScaleInit;
+    mp.lossScaleGrowthInterval = options.lossScaleGrowthInterval;
     pm.addPass(createFsdpMixedPrecision(mp));
   }
   pm.addPass(createFsdpAutodiff());

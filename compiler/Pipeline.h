@@ -46,14 +46,28 @@ struct FsdpPipelineOptions
   Option<std::string> paramDtype{
       *this, "param-dtype",
       llvm::cl::desc("compute dtype of gathered parameters and activations: "
-                     "f32 | bf16 (master parameters and optimizer state stay "
-                     "f32; f16 is not implemented)"),
+                     "f32 | bf16 | f16 (master parameters and optimizer state "
+                     "stay f32; f16 implies loss-scale=dynamic)"),
       llvm::cl::init("f32")};
   Option<std::string> reduceDtype{
       *this, "reduce-dtype",
       llvm::cl::desc("dtype of the gradient reduce-scatter / all-reduce: "
-                     "f32 | bf16"),
+                     "f32 | bf16 | f16"),
       llvm::cl::init("f32")};
+  Option<std::string> lossScale{
+      *this, "loss-scale",
+      llvm::cl::desc("dynamic | none: dynamic loss scaling as PyTorch's "
+                     "GradScaler (default: dynamic with f16, none otherwise)"),
+      llvm::cl::init("")};
+  Option<double> lossScaleInit{
+      *this, "loss-scale-init",
+      llvm::cl::desc("initial loss scale, a power of two (default 65536)"),
+      llvm::cl::init(65536.0)};
+  Option<int64_t> lossScaleGrowthInterval{
+      *this, "loss-scale-growth-interval",
+      llvm::cl::desc("overflow-free steps before the loss scale doubles "
+                     "(default 2000)"),
+      llvm::cl::init(2000)};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

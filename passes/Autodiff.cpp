@@ -378,8 +378,21 @@ LogicalResult Differentiator::run(int64_t &numGradOps, int64_t &numGrads) {
 
   markActive();
   b.setInsertionPoint(ret);
-  if (active.contains(loss))
-    adjoint[loss] = create<FillOp>(ret.getLoc(), lossTy, b.getF64FloatAttr(1.0));
+  if (active.contains(loss)) {
+    if (getLossScalePolicy(module)) {
+      // Dynamic loss scaling: d(loss) = the scale, a 0-d argument the
+      // runtime sets each step, so every gradient comes out scaled.
+      unsigned n = fn.getNumArguments();
+      fn.insertArgument(n, lossTy,
+                        b.getDictionaryAttr(b.getNamedAttr(
+                            kRoleAttrName, b.getStringAttr("loss_scale"))),
+                        fn.getLoc());
+      adjoint[loss] = fn.getArgument(n);
+    } else {
+      adjoint[loss] =
+          create<FillOp>(ret.getLoc(), lossTy, b.getF64FloatAttr(1.0));
+    }
+  }
 
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())

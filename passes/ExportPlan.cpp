@@ -202,14 +202,16 @@ void ExportPlanPass::runOnOperation() {
     else if (arg.getArgNumber() < 2)
       role = arg.getArgNumber() == 0 ? "input" : "target";
     else {
-      mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
-                       << " has no fsdp.role (input, target, lr or step)";
+      mlir::emitError(step.getLoc())
+          << "argument #" << arg.getArgNumber()
+          << " has no fsdp.role (input, target, lr, step or loss_scale)";
       return signalPassFailure();
     }
-    if (!llvm::is_contained({"input", "target", "lr", "step"}, role)) {
-      mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
-                       << " has unknown role \"" << role
-                       << "\"; expected input, target, lr or step";
+    if (!llvm::is_contained({"input", "target", "lr", "step", "loss_scale"},
+                            role)) {
+      mlir::emitError(step.getLoc())
+          << "argument #" << arg.getArgNumber() << " has unknown role \""
+          << role << "\"; expected input, target, lr, step or loss_scale";
       return signalPassFailure();
     }
     int n = roleCount[role]++;
@@ -238,6 +240,11 @@ void ExportPlanPass::runOnOperation() {
           {"name", "loss"},
           {"role", "loss"},
           {"buffer", plan.valueBuffer.lookup(ret.getOperand(0))}});
+      if (ret.getNumOperands() > 1) // loss scaling: the overflow signal
+        outputs.push_back(json::Object{
+            {"name", "grad_sumsq"},
+            {"role", "grad_sumsq"},
+            {"buffer", plan.valueBuffer.lookup(ret.getOperand(1))}});
       continue;
     }
     if (auto g = dyn_cast<SetGradOp>(op)) {
@@ -280,7 +287,10 @@ void ExportPlanPass::runOnOperation() {
                             "(runtime/core/PlanSchema.h): the runtime cannot run it";
         return signalPassFailure();
       }
-      if ((schema->numInputs >= 0 && (int)op.getNumOperands() != schema->numInputs) ||
+      if ((schema->numInputs >= 0 &&
+           ((int)op.getNumOperands() < schema->numInputs ||
+            (int)op.getNumOperands() >
+                schema->numInputs + schema->optionalInputs)) ||
           (schema->numInputs < 0 && op.getNumOperands() == 0) ||
           (int)op.getNumResults() != schema->numOutputs) {
         op.emitOpError() << "has " << op.getNumOperands() << " operand(s) and "
@@ -373,6 +383,15 @@ void ExportPlanPass::runOnOperation() {
         o[na.getName().getValue()] = std::move(v);
     }
     root["strategy"] = std::move(o);
+  }
+  // Dynamic loss scaling (docs/PLAN_FORMAT.md): the runtime's GradScaler.
+  if (DictionaryAttr ls = getLossScalePolicy(module)) {
+    json::Object o{{"growth_factor", 2.0}, {"backoff_factor", 0.5}};
+    if (auto init = ls.getAs<FloatAttr>("init"))
+      o["init"] = init.getValueAsDouble();
+    if (auto gi = ls.getAs<IntegerAttr>("growth_interval"))
+      o["growth_interval"] = gi.getInt();
+    root["loss_scale"] = std::move(o);
   }
   // A 1-D mesh needs no record (docs/PLAN_FORMAT.md: absent = 1 x N).
   if (mesh && mesh.getReplicas() > 1)

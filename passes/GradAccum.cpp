@@ -95,7 +95,16 @@ void GradAccumPass::runOnOperation() {
   // --- 1. K*B rows per argument. ------------------------------------------
   OpBuilder b(&getContext());
   SmallVector<RankedTensorType> microTypes;
+  // The loss scale (a 0-d argument) is shared by every micro-batch.
+  auto isScalarRole = [&](BlockArgument arg) {
+    auto r = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(), kRoleAttrName);
+    return r && r.getValue() == "loss_scale";
+  };
   for (BlockArgument arg : body.getArguments()) {
+    if (isScalarRole(arg)) {
+      microTypes.push_back(RankedTensorType());
+      continue;
+    }
     auto t = dyn_cast<RankedTensorType>(arg.getType());
     if (!t || t.getRank() < 1) {
       mlir::emitError(step.getLoc())
@@ -124,8 +133,10 @@ void GradAccumPass::runOnOperation() {
   auto microbatches = [&](int64_t index) {
     SmallVector<Value> views;
     for (auto [arg, t] : llvm::zip(body.getArguments(), microTypes))
-      views.push_back(b.create<MicrobatchOp>(arg.getLoc(), t, arg,
-                                             b.getI64IntegerAttr(index)));
+      views.push_back(t ? b.create<MicrobatchOp>(arg.getLoc(), t, arg,
+                                                 b.getI64IntegerAttr(index))
+                              .getResult()
+                        : Value(arg));
     return views;
   };
   auto accumulate = [&](Value acc, Value term) {
@@ -147,7 +158,8 @@ void GradAccumPass::runOnOperation() {
   b.setInsertionPointToStart(&body);
   SmallVector<Value> first = microbatches(0);
   for (auto [arg, view] : llvm::zip(body.getArguments(), first))
-    arg.replaceAllUsesExcept(view, view.getDefiningOp());
+    if (view != arg)
+      arg.replaceAllUsesExcept(view, view.getDefiningOp());
   SmallVector<Value> grads;
   for (SetGradOp s : sets)
     grads.push_back(s.getValue());

@@ -91,8 +91,16 @@ void InsertOptimizerPass::runOnOperation() {
           b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
           b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
       }));
-  if (optimizer == "none")
+  if (optimizer == "none") {
+    if (getLossScalePolicy(module)) {
+      mlir::emitError(module.getLoc())
+          << "loss scaling needs an optimizer (the updates unscale the "
+             "gradients and skip overflowed steps); optimizer=none would "
+             "output scaled gradients: use loss-scale=none";
+      return signalPassFailure();
+    }
     return;
+  }
 
   SmallVector<SetGradOp> sets;
   step.walk([&](SetGradOp op) { sets.push_back(op); });
@@ -125,7 +133,29 @@ void InsertOptimizerPass::runOnOperation() {
   SmallVector<Value> grads;
   for (SetGradOp set : sets)
     grads.push_back(set.getValue());
-  if (maxGradNorm > 0) {
+  // With dynamic loss scaling the gradients are `scale` times too large:
+  // one factor unscales (and clips) them, the updates are skipped when the
+  // squared norm overflowed, and the step returns it (the runtime's
+  // found_inf, read with the loss, that drives the scale).
+  Value lossScale, skip;
+  for (BlockArgument arg : body.getArguments())
+    if (auto r = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
+                                                   kRoleAttrName);
+        r && r.getValue() == "loss_scale")
+      lossScale = arg;
+  if (lossScale) {
+    Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
+    Value coef = b.create<GradCoefOp>(
+        loc, scalarTy, sumsq, lossScale,
+        maxGradNorm > 0 ? b.getF64FloatAttr(maxGradNorm) : FloatAttr());
+    for (Value &g : grads)
+      g = b.create<MulOp>(loc, g.getType(), g, coef);
+    skip = sumsq;
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    ret->insertOperands(ret.getNumOperands(), sumsq);
+    step.setType(FunctionType::get(ctx, step.getArgumentTypes(),
+                                   ret.getOperandTypes()));
+  } else if (maxGradNorm > 0) {
     Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
     Value coef = b.create<ClipCoefOp>(loc, scalarTy, sumsq,
                                       b.getF64FloatAttr(maxGradNorm));
@@ -147,7 +177,7 @@ void InsertOptimizerPass::runOnOperation() {
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
       Type t = param.getType();
       auto upd = b.create<AdamwUpdateOp>(
-          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount,
+          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount, skip,
           b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
           b.getF64FloatAttr(eps), b.getF64FloatAttr(wd));
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
@@ -158,14 +188,14 @@ void InsertOptimizerPass::runOnOperation() {
       Value bv = b.create<GetStateOp>(ploc, buf.getType(), symRef(buf));
       Type t = param.getType();
       auto upd = b.create<SgdMomentumUpdateOp>(
-          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount,
+          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount, skip,
           b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
           b.getF64FloatAttr(wd), nesterov ? b.getUnitAttr() : UnitAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {
       Value np = b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr,
-                                       b.getF64FloatAttr(wd));
+                                       skip, b.getF64FloatAttr(wd));
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }
     ++numUpdates;

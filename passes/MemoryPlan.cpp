@@ -287,7 +287,8 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
 
   // --- 2. Instructions and aliases. ---------------------------------------
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
-  if (!ret || ret.getNumOperands() != 1)
+  // The loss, and with loss scaling the squared gradient norm.
+  if (!ret || ret.getNumOperands() < 1 || ret.getNumOperands() > 2)
     return mlir::emitError(step.getLoc()) << "expected @train_step to return the loss";
   // The forward pass ends at the loss (before any all-reduce of it); with
   // gradient accumulation each micro-batch's forward ends at its loss.

@@ -34,6 +34,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include <cmath>
+
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPMIXEDPRECISION
 #include "passes/Passes.h.inc"
@@ -44,24 +46,18 @@ using namespace mlir::fsdp;
 
 namespace {
 
-/// f32 / bf16 from an option value; null (after reporting) otherwise.
+/// f32 / bf16 / f16 from an option value; null (after reporting) otherwise.
 Type parseDtype(MLIRContext *ctx, ModuleOp module, StringRef option,
                 StringRef value) {
   if (value == "f32")
     return Float32Type::get(ctx);
   if (value == "bf16")
     return BFloat16Type::get(ctx);
-  if (value == "f16") {
-    mlir::emitError(module.getLoc())
-        << "fsdp-mixed-precision: " << option
-        << "=f16 is not implemented: f16 training needs dynamic loss scaling "
-           "(skip the step on inf/nan), which this compiler does not emit "
-           "yet; use bf16 (same exponent range as f32, no scaling needed)";
-    return {};
-  }
+  if (value == "f16")
+    return Float16Type::get(ctx);
   mlir::emitError(module.getLoc())
       << "fsdp-mixed-precision: " << option << "='" << value
-      << "' is not a dtype: expected f32 or bf16";
+      << "' is not a dtype: expected f32, bf16 or f16";
   return {};
 }
 
@@ -104,6 +100,35 @@ void MixedPrecisionPass::runOnOperation() {
         << "fsdp-mixed-precision already ran on this module";
     return signalPassFailure();
   }
+  // Dynamic loss scaling: f16's default, optional otherwise.
+  StringRef scaling = lossScale;
+  if (scaling.empty())
+    scaling = isa<Float16Type>(compute) || isa<Float16Type>(reduce) ? "dynamic"
+                                                                     : "none";
+  if (scaling != "dynamic" && scaling != "none") {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: loss-scale='" << scaling
+        << "': expected dynamic or none";
+    return signalPassFailure();
+  }
+  if (scaling == "dynamic") {
+    int exp = 0;
+    double mant = std::frexp(lossScaleInit, &exp);
+    if (!(lossScaleInit >= 1.0) || !std::isfinite(lossScaleInit) ||
+        mant != 0.5 || lossScaleInit > 0x1p127) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-mixed-precision: loss-scale-init=" << lossScaleInit
+          << " must be a power of two in [1, 2^127] (so scaling and "
+             "unscaling round nothing)";
+      return signalPassFailure();
+    }
+    if (lossScaleGrowthInterval < 1) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-mixed-precision: loss-scale-growth-interval="
+          << lossScaleGrowthInterval << " must be at least 1";
+      return signalPassFailure();
+    }
+  }
   Type f32 = Float32Type::get(ctx);
   for (ParamOp p : module.getOps<ParamOp>())
     if (p.getTensorType().getElementType() != f32) {
@@ -113,10 +138,17 @@ void MixedPrecisionPass::runOnOperation() {
       return signalPassFailure();
     }
   OpBuilder b(ctx);
-  module->setAttr(kMixedPrecisionAttrName,
-                  b.getDictionaryAttr(
-                      {b.getNamedAttr("param_dtype", TypeAttr::get(compute)),
-                       b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))}));
+  SmallVector<NamedAttribute> policy{
+      b.getNamedAttr("param_dtype", TypeAttr::get(compute)),
+      b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))};
+  if (scaling == "dynamic")
+    policy.push_back(b.getNamedAttr(
+        kLossScaleAttrName,
+        b.getDictionaryAttr(
+            {b.getNamedAttr("init", b.getF64FloatAttr(lossScaleInit)),
+             b.getNamedAttr("growth_interval",
+                            b.getI64IntegerAttr(lossScaleGrowthInterval))})));
+  module->setAttr(kMixedPrecisionAttrName, b.getDictionaryAttr(policy));
   if (compute == f32)
     return; // only the reduce dtype changes (fsdp-shard reads it)
 

@@ -46,6 +46,14 @@ constexpr llvm::StringLiteral kGradAccumAttrName = "fsdp.grad_accum";
 /// = T}, the compute dtype the model was retyped to and the dtype
 /// fsdp-shard packs and reduces gradients in.
 constexpr llvm::StringLiteral kMixedPrecisionAttrName = "fsdp.mixed_precision";
+/// The entry of `fsdp.mixed_precision` that asks for dynamic loss scaling:
+/// {init (f64, a power of two), growth_interval (i64)}.
+constexpr llvm::StringLiteral kLossScaleAttrName = "loss_scale";
+/// The dynamic-loss-scaling policy of `module`, or null.
+inline DictionaryAttr getLossScalePolicy(ModuleOp module) {
+  auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName);
+  return mp ? mp.getAs<DictionaryAttr>(kLossScaleAttrName) : DictionaryAttr();
+}
 
 /// The per-micro-batch terms of a value fsdp-grad-accum accumulated (a
 /// gradient or the loss), in micro-batch order: for

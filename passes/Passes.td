@@ -40,7 +40,17 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
 
     `param-dtype=f32` (the pipeline's default) leaves the model as it is;
     with `reduce-dtype=bf16` only the gradient reduction changes.
-    `f16` is rejected: it needs dynamic loss scaling, not implemented.
+
+    `param-dtype=f16` (and `reduce-dtype=f16`): f16's 5 exponent bits
+    underflow small gradients, so f16 implies dynamic loss scaling
+    (`loss-scale=dynamic`, also available with bf16/f32, where a
+    power-of-two scale changes no bit). The policy then carries
+    `loss_scale = {init, growth_interval}`; fsdp-autodiff seeds d(loss)
+    with a `loss_scale` argument of @train_step, and fsdp-insert-optimizer
+    unscales (`fsdp.grad_coef`) and skips the update on overflow
+    (`skip_nonfinite`). The runtime updates the scale as PyTorch's
+    GradScaler: x0.5 after an overflow, x2 after `growth_interval`
+    overflow-free steps.
 
     Before: the model in f32. After: casts at reads and inputs, compute in
     bf16, the loss in f32; `fsdp.mixed_precision` on the module. After
@@ -71,9 +81,16 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"paramDtype", "param-dtype", "std::string", /*default=*/"\"bf16\"",
-           "compute dtype of parameters and activations: bf16 | f32 (f16: not implemented)">,
+           "compute dtype of parameters and activations: bf16 | f16 | f32">,
     Option<"reduceDtype", "reduce-dtype", "std::string", /*default=*/"\"f32\"",
-           "dtype of the gradient reduce-scatter / all-reduce: f32 | bf16">,
+           "dtype of the gradient reduce-scatter / all-reduce: f32 | bf16 | f16">,
+    Option<"lossScale", "loss-scale", "std::string", /*default=*/"\"\"",
+           "dynamic | none (default: dynamic with f16, none otherwise)">,
+    Option<"lossScaleInit", "loss-scale-init", "double", /*default=*/"65536.0",
+           "initial loss scale (a power of two; GradScaler's 2^16)">,
+    Option<"lossScaleGrowthInterval", "loss-scale-growth-interval", "int64_t",
+           /*default=*/"2000",
+           "overflow-free steps before the scale doubles">,
   ];
   let statistics = [
     Statistic<"numCasts", "casts", "Casts inserted">,

@@ -298,11 +298,18 @@ void ShardPass::runOnOperation() {
 
   SmallVector<Update> updates;
   llvm::DenseMap<StringAttr, Update *> updateOf;
+  // The factor every gradient is multiplied by before its update: clipping
+  // (fsdp.clip_coef) or loss-scale unscaling (fsdp.grad_coef, maybe also
+  // clipping); rebuilt below over the flat gradients.
   Operation *clipCoef = nullptr;
+  auto isCoef = [](Value v) {
+    Operation *d = v.getDefiningOp();
+    return d && isa<ClipCoefOp, GradCoefOp>(d);
+  };
   DenseSet<Operation *> optimizerOps; // erased after the rewrite
   for (Operation &op : body) {
-    if (auto c = dyn_cast<ClipCoefOp>(op))
-      clipCoef = c;
+    if (isa<ClipCoefOp, GradCoefOp>(op))
+      clipCoef = &op;
     if (!isUpdateOp(&op))
       continue;
     auto get = op.getOperand(0).getDefiningOp<GetParamOp>();
@@ -316,7 +323,7 @@ void ShardPass::runOnOperation() {
     u.param = get.getNameAttr().getAttr();
     u.rawGrad = op.getOperand(1);
     if (auto mul = u.rawGrad.getDefiningOp<MulOp>())
-      if (mul.getRhs().getDefiningOp<ClipCoefOp>())
+      if (isCoef(mul.getRhs()))
         u.rawGrad = mul.getLhs();
     updates.push_back(u);
     optimizerOps.insert(&op);
@@ -327,7 +334,7 @@ void ShardPass::runOnOperation() {
     for (Operation *user : op.getUsers())
       optimizerOps.insert(user);
     if (auto mul = op.getOperand(1).getDefiningOp<MulOp>())
-      if (mul.getRhs().getDefiningOp<ClipCoefOp>())
+      if (isCoef(mul.getRhs()))
         optimizerOps.insert(mul);
   }
   if (updates.empty()) {
@@ -338,7 +345,9 @@ void ShardPass::runOnOperation() {
   for (Update &u : updates)
     updateOf[u.param] = &u;
   FloatAttr maxNorm;
+  Value oldSumsq; // skip_nonfinite of the updates and a step result
   if (clipCoef) {
+    oldSumsq = clipCoef->getOperand(0);
     maxNorm = clipCoef->getAttrOfType<FloatAttr>("max_norm");
     optimizerOps.insert(clipCoef);
     if (Operation *sq = clipCoef->getOperand(0).getDefiningOp())
@@ -633,7 +642,21 @@ void ShardPass::runOnOperation() {
       // reduced shards), so the norm is over the whole gradient.
       sq = allReduce(loc, scalarTy, sq, "sum", shardGroup);
     }
-    Value coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
+    Value coef;
+    if (isa<GradCoefOp>(clipCoef)) {
+      coef = b.create<GradCoefOp>(loc, scalarTy, sq, clipCoef->getOperand(1),
+                                  maxNorm);
+      // The updates skip on the new (global) squared norm, and the step
+      // returns it in place of the per-parameter one.
+      for (Value &v : updOperands)
+        if (v == oldSumsq)
+          v = sq;
+      for (OpOperand &o : ret->getOpOperands())
+        if (o.getOperandNumber() > 0)
+          o.set(sq);
+    } else {
+      coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
+    }
     for (auto &[u, g] : flatGrad)
       g = b.create<MulOp>(loc, g.getType(), g, coef);
   }

@@ -770,15 +770,23 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
   let description = [{
     Elementwise, so it applies unchanged to a shard of the parameter.
 
+    With `skip_nonfinite %s` (dynamic loss scaling), the update is skipped
+    when `%s` (the global squared norm of the scaled gradients) is inf or
+    NaN: every result equals its input, as PyTorch's fused optimizers do
+    with GradScaler's `found_inf`.
+
     ```mlir
     %p2 = fsdp.sgd_update %p, %g, %lr {weight_decay = 0.0 : f64} : tensor<64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
                        Fsdp_Scalar:$lr,
+                       Optional<Fsdp_Scalar>:$skip_nonfinite,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay);
   let results = (outs Fsdp_FloatTensor:$new_param);
-  let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param)";
+  let assemblyFormat = [{
+    $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
+  }];
 }
 
 def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
@@ -789,19 +797,26 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     (1 - dampening) * g'; d = g' + momentum * buf with `nesterov`, else buf;
     p' = p - lr * d. `step` is 1-based. Elementwise.
 
+    With `skip_nonfinite %s` (dynamic loss scaling), the update is skipped
+    when `%s` (the global squared norm of the scaled gradients) is inf or
+    NaN: every result equals its input, as PyTorch's fused optimizers do
+    with GradScaler's `found_inf`.
+
     ```mlir
     %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
                        Fsdp_FloatTensor:$buffer, Fsdp_Scalar:$lr,
-                       Fsdp_Scalar:$step, F64Attr:$momentum,
+                       Fsdp_Scalar:$step,
+                       Optional<Fsdp_Scalar>:$skip_nonfinite,
+                       F64Attr:$momentum,
                        DefaultValuedAttr<F64Attr, "0.0">:$dampening,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
                        UnitAttr:$nesterov);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
   let assemblyFormat = [{
-    $param `,` $grad `,` $buffer `,` $lr `,` $step attr-dict `:` type($param)
+    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
   }];
 }
 
@@ -814,6 +829,11 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
     v = b2 v + (1-b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t))
     + eps), t = `step` (1-based). Elementwise.
 
+    With `skip_nonfinite %s` (dynamic loss scaling), the update is skipped
+    when `%s` (the global squared norm of the scaled gradients) is inf or
+    NaN: every result equals its input, as PyTorch's fused optimizers do
+    with GradScaler's `found_inf`.
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
     ```
@@ -821,6 +841,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
                        Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
                        Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
+                       Optional<Fsdp_Scalar>:$skip_nonfinite,
                        DefaultValuedAttr<F64Attr, "0.9">:$beta1,
                        DefaultValuedAttr<F64Attr, "0.999">:$beta2,
                        DefaultValuedAttr<F64Attr, "1e-8">:$eps,
@@ -828,7 +849,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
                       Fsdp_FloatTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step attr-dict `:` type($param)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
   }];
 }
 
@@ -859,6 +880,30 @@ def Fsdp_ClipCoefOp : Fsdp_Op<"clip_coef", [Pure]> {
   let arguments = (ins Fsdp_Scalar:$sumsq, F64Attr:$max_norm);
   let results = (outs Fsdp_Scalar:$result);
   let assemblyFormat = "$sumsq attr-dict `:` type($sumsq)";
+}
+
+def Fsdp_GradCoefOp : Fsdp_Op<"grad_coef", [Pure]> {
+  let summary = "the factor that unscales (and clips) loss-scaled gradients";
+  let description = [{
+    Dynamic loss scaling: the backward pass was seeded with d(loss) =
+    `scale`, so every gradient is `scale` times too large and `sumsq` is
+    the squared global norm of the scaled gradients. The result is what
+    multiplies them into unscaled (and, with `max_norm`, clipped) ones:
+    1/scale * min(1, max_norm / (sqrt(sumsq)/scale + 1e-6)), the clip factor
+    of `fsdp.clip_coef` applied to the unscaled norm (GradScaler.unscale_
+    then clip_grad_norm_). With a power-of-two scale and no overflow this
+    is exactly clip_coef's factor of the unscaled gradients divided by the
+    scale. Inf/NaN `sumsq` (an overflow) gives a meaningless factor: the
+    updates read `sumsq` as `skip_nonfinite` and are skipped.
+
+    ```mlir
+    %c = fsdp.grad_coef %sumsq, %scale {max_norm = 1.0 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins Fsdp_Scalar:$sumsq, Fsdp_Scalar:$scale,
+                       OptionalAttr<F64Attr>:$max_norm);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$sumsq `,` $scale attr-dict `:` type($sumsq)";
 }
 
 //===----------------------------------------------------------------------===//

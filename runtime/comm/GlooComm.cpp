@@ -64,6 +64,16 @@ void sumBf16(void *c, const void *a, const void *b, size_t n) {
     pc[i] = roundToBf16(widenBf16(pa[i]) + widenBf16(pb[i]));
 }
 
+/// The same for f16 (loss-scaled gradients: an overflow becomes inf, which
+/// the step's norm then reports).
+void sumF16(void *c, const void *a, const void *b, size_t n) {
+  auto *pc = static_cast<uint16_t *>(c);
+  auto *pa = static_cast<const uint16_t *>(a);
+  auto *pb = static_cast<const uint16_t *>(b);
+  for (size_t i = 0; i < n; ++i)
+    pc[i] = roundToHalf(widenHalf(pa[i]) + widenHalf(pb[i]));
+}
+
 /// The reduce function and element size for `dtype`; false when this
 /// communicator cannot sum it.
 bool reduction(DType dtype, void (*&fn)(void *, const void *, const void *, size_t)) {
@@ -76,10 +86,14 @@ bool reduction(DType dtype, void (*&fn)(void *, const void *, const void *, size
     fn = &sumBf16;
     return true;
   }
+  if (dtype == DType::F16) {
+    fn = &sumF16;
+    return true;
+  }
   return false;
 }
 
-/// data[i] /= n in the buffer's dtype (f32 or bf16, rounded once).
+/// data[i] /= n in the buffer's dtype (f32, bf16 or f16, rounded once).
 void divide(void *data, int64_t count, DType dtype, int64_t n) {
   if (dtype == DType::F32) {
     auto *d = static_cast<float *>(data);
@@ -88,6 +102,11 @@ void divide(void *data, int64_t count, DType dtype, int64_t n) {
     return;
   }
   auto *d = static_cast<uint16_t *>(data);
+  if (dtype == DType::F16) {
+    for (int64_t i = 0; i < count; ++i)
+      d[i] = roundToHalf(widenHalf(d[i]) / (float)n);
+    return;
+  }
   for (int64_t i = 0; i < count; ++i)
     d[i] = roundToBf16(widenBf16(d[i]) / (float)n);
 }
@@ -137,7 +156,7 @@ public:
                    Stream *) override {
     void (*fn)(void *, const void *, const void *, size_t);
     if (!reduction(dtype, fn))
-      return FSDP_ERROR("all_reduce: this communicator sums f32 and bf16, not ",
+      return FSDP_ERROR("all_reduce: this communicator sums f32, bf16 and f16, not ",
                         dtypeName(dtype));
     const int64_t es = dtypeSize(dtype);
     const bool mean = op == ReduceOp::Mean;
@@ -165,8 +184,8 @@ public:
     const bool mean = op == ReduceOp::Mean;
     void (*fn)(void *, const void *, const void *, size_t);
     if (!reduction(dtype, fn))
-      return FSDP_ERROR("reduce_scatter: this communicator sums f32 and bf16, "
-                        "not ", dtypeName(dtype));
+      return FSDP_ERROR("reduce_scatter: this communicator sums f32, bf16 and "
+                        "f16, not ", dtypeName(dtype));
     const int64_t es = dtypeSize(dtype);
     // See [Note: Gloo's reduce-scatter].
     const auto *bytes = static_cast<const uint8_t *>(in);

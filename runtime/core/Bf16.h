@@ -1,6 +1,6 @@
 //===- Bf16.h - bf16 <-> f32 for runtime code outside the kernels -*- C++ -*-===//
 //
-// The one definition of bf16 rounding (to nearest even, NaN kept), header-
+// The one definition of bf16 and f16 rounding (to nearest even, NaN kept), header-
 // only: the communicator sums bf16 buffers without linking the CPU kernels,
 // and cpu::floatToBf16 / cpu::bf16ToFloat forward here.
 //
@@ -25,6 +25,66 @@ inline uint16_t roundToBf16(float f) {
 
 inline float widenBf16(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// IEEE binary16 (f16), round to nearest even (subnormals, overflow to
+/// inf, NaN kept).
+inline uint16_t roundToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t mant = x & 0x007fffff;
+  int32_t exp = (int32_t)((x >> 23) & 0xff);
+  if (exp == 0xff)
+    return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  exp = exp - 127 + 15;
+  if (exp >= 0x1f)
+    return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10)
+      return (uint16_t)sign;
+    mant |= 0x00800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1)))
+      ++half;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+    ++half;
+  return (uint16_t)half;
+}
+
+
+inline float widenHalf(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      u = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    u = sign | 0x7f800000 | (mant << 13);
+  } else {
+    u = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
   float f;
   std::memcpy(&f, &u, 4);
   return f;

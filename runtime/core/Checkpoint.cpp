@@ -118,7 +118,7 @@ json makeIndex(const Plan &plan, const TrainingPosition &position) {
   json files = json::array();
   for (int64_t r = 0; r < plan.worldSize; ++r)
     files.push_back(rankFileName(r, plan.worldSize));
-  return {{"format", "fsdp-checkpoint"},
+  json index = {{"format", "fsdp-checkpoint"},
           {"version", kCheckpointVersion},
           {"model", plan.model},
           {"world_size", plan.worldSize},
@@ -130,6 +130,9 @@ json makeIndex(const Plan &plan, const TrainingPosition &position) {
           {"data", {{"spec", position.data}, {"next_step", position.step + 1}}},
           {"files", files},
           {"shard_map", shardMap(plan)}};
+  if (!position.lossScale.is_null())
+    index["loss_scale"] = position.lossScale;
+  return index;
 }
 
 /// Index and COMMIT, in that order: the checkpoint is complete after this.
@@ -342,6 +345,8 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
   position.data = data.is_object() && data.contains("spec") && data["spec"].is_string()
                       ? data["spec"].get<std::string>()
                       : "";
+  if (index.contains("loss_scale"))
+    position.lossScale = index["loss_scale"];
   return Status::ok();
 }
 
@@ -540,6 +545,8 @@ Status reshardCheckpoint(const std::string &path, const Plan &target,
                      index["data"]["spec"].is_string()
                  ? index["data"]["spec"].get<std::string>()
                  : "";
+  if (index.contains("loss_scale"))
+    pos.lossScale = index["loss_scale"];
   std::string out = outDir + "/" + stepDirName(pos.step);
   std::error_code ec;
   if (fs::exists(out, ec))

@@ -35,6 +35,9 @@ struct TrainingPosition {
   uint64_t seed = 0;
   nlohmann::json schedule; ///< lr, schedule, warmup, min_lr, steps
   std::string data;        ///< the data source spec (position = step)
+  /// The dynamic loss scaler (plans with loss scaling): {scale,
+  /// growth_tracker, skipped_steps}; null otherwise.
+  nlohmann::json lossScale;
 };
 
 /// Writes the checkpoint of `position.step` under `dir` (every rank calls

@@ -104,6 +104,8 @@ Status Executor::init(uint64_t seed) {
                       " rank(s) but this job has ", comm.size(),
                       ": recompile with world-size=", comm.size(),
                       " or run with --nproc ", plan.worldSize);
+  scaler = LossScaler{};
+  scaler.scale = plan.lossScaling.init;
   // [Note: hybrid sharding] On a replicas x shards mesh every rank joins
   // two groups: the `shards` consecutive ranks of its replica (all-gather
   // and reduce-scatter of parameters and gradients) and the `replicas`
@@ -293,10 +295,18 @@ Status Executor::fillInputs(DataSource &data, int64_t step) {
 }
 
 Status Executor::step(int64_t step, double lr, float &loss) {
+  const LossScaling &ls = plan.lossScaling;
   for (const Binding &b : plan.inputs) {
-    float v = b.role == "lr" ? (float)lr : (float)step;
-    if (b.role == "lr" || b.role == "step")
-      FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
+    float v;
+    if (b.role == "lr")
+      v = (float)lr;
+    else if (b.role == "step") // the optimizer's count: applied updates
+      v = (float)(step - scaler.skippedSteps);
+    else if (b.role == "loss_scale")
+      v = (float)scaler.scale;
+    else
+      continue;
+    FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
   }
   currentStep = step;
   for (size_t i = 0; i < plan.program.size(); ++i) {
@@ -329,9 +339,64 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   }
   if (!synced)
     return Status::error("step " + std::to_string(step) + ": " + synced.message());
-  for (const Binding &b : plan.outputs)
+  float sumsq = 0;
+  for (const Binding &b : plan.outputs) {
     if (b.role == "loss")
       FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, &loss));
+    else if (b.role == "grad_sumsq")
+      FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, &sumsq));
+  }
+  if (ls.enabled) {
+    // GradScaler.update: back off after an overflow (the updates skipped
+    // themselves), grow after growthInterval clean steps.
+    scaler.lastSkipped = !std::isfinite(sumsq);
+    scaler.lastGradNorm = scaler.lastSkipped ? (double)sumsq
+                                             : std::sqrt((double)sumsq) / scaler.scale;
+    if (scaler.lastSkipped) {
+      ++scaler.skippedSteps;
+      scaler.growthTracker = 0;
+      scaler.scale *= ls.backoffFactor;
+      if (scaler.scale < 0x1p-126)
+        return FSDP_ERROR("step ", step, ": the gradients overflow at every loss scale "
+                          "(the scale fell below 2^-126): they are inf/NaN whatever the "
+                          "scale; lower the learning rate or check the data");
+    } else if (++scaler.growthTracker >= ls.growthInterval) {
+      scaler.growthTracker = 0;
+      scaler.scale = std::min(scaler.scale * ls.growthFactor, 0x1p127);
+    }
+  }
+  return Status::ok();
+}
+
+nlohmann::json Executor::lossScalerState() const {
+  if (!plan.lossScaling.enabled)
+    return nullptr;
+  return {{"scale", scaler.scale},
+          {"growth_tracker", scaler.growthTracker},
+          {"skipped_steps", scaler.skippedSteps}};
+}
+
+Status Executor::restoreLossScaler(const nlohmann::json &state) {
+  if (!plan.lossScaling.enabled || state.is_null())
+    return Status::ok();
+  auto bad = [&](const char *why) {
+    return FSDP_ERROR("checkpoint: loss_scale ", state.dump(), ": ", why);
+  };
+  if (!state.is_object() || !state.contains("scale") || !state["scale"].is_number() ||
+      !state.contains("growth_tracker") || !state["growth_tracker"].is_number_integer() ||
+      !state.contains("skipped_steps") || !state["skipped_steps"].is_number_integer())
+    return bad("expected {scale, growth_tracker, skipped_steps}");
+  double scale = state["scale"].get<double>();
+  int e = 0;
+  if (!(scale >= 0x1p-126 && scale <= 0x1p127) || std::frexp(scale, &e) != 0.5)
+    return bad("the scale is not a power of two in [2^-126, 2^127]");
+  int64_t tracker = state["growth_tracker"].get<int64_t>(),
+          skipped = state["skipped_steps"].get<int64_t>();
+  if (tracker < 0 || skipped < 0)
+    return bad("negative counters");
+  scaler.scale = scale;
+  scaler.growthTracker = tracker;
+  scaler.skippedSteps = skipped;
   return Status::ok();
 }
 

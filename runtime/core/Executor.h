@@ -60,6 +60,23 @@ public:
   /// must already be in the input buffers.
   Status step(int64_t step, double lr, float &loss);
 
+  /// Dynamic loss scaling (Plan::lossScaling), PyTorch's GradScaler: the
+  /// scale the next step seeds its backward pass with, overflow-free steps
+  /// since the scale last changed, and the steps whose updates were
+  /// skipped (the optimizer's step count is the applied ones). Identical
+  /// on every rank: each step's overflow test reads the global norm.
+  struct LossScaler {
+    double scale = 1;
+    int64_t growthTracker = 0;
+    int64_t skippedSteps = 0;
+    bool lastSkipped = false; ///< the last step overflowed (updates skipped)
+    double lastGradNorm = 0;  ///< its unscaled global gradient norm
+  };
+  const LossScaler &lossScaler() const { return scaler; }
+  /// The scaler's checkpoint record, and its restore (validated).
+  nlohmann::json lossScalerState() const;
+  Status restoreLossScaler(const nlohmann::json &state);
+
   /// Host copies of buffer `id` (its bytes, this rank's view).
   Status readBuffer(int64_t id, void *host) const;
   Status writeBuffer(int64_t id, const void *host);
@@ -120,6 +137,7 @@ private:
   std::mutex traceMu;                    ///< guards commEvents
   std::vector<TraceEvent> commEvents;
   int64_t currentStep = 0, traceIndex = 0;
+  LossScaler scaler;
 };
 
 /// The learning rate of `step` (1-based) for the schedule: "constant" (with

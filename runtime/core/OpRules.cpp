@@ -472,6 +472,9 @@ const std::unordered_map<std::string, Check> &checks() {
         size_t scalars = 2 + states;
         if (op.in(scalars).numel() != 1 || (hasStep && op.in(scalars + 1).numel() != 1))
           return FSDP_ERROR(op.inst.op, ": expected scalar lr/step operands");
+        size_t skip = scalars + (hasStep ? 2 : 1); // skip_nonfinite, optional
+        if (op.inst.in.size() > skip && op.in(skip).numel() != 1)
+          return FSDP_ERROR(op.inst.op, ": expected a scalar skip_nonfinite operand");
         return Status::ok();
       };
     };
@@ -486,6 +489,14 @@ const std::unordered_map<std::string, Check> &checks() {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       if (!op.has("max_norm"))
         return FSDP_ERROR("clip_coef: missing max_norm");
+      return expectShape(op, op.out(0), {}, "a scalar");
+    };
+    m["grad_coef"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(0), {}, "a scalar squared norm"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {}, "a scalar loss scale"));
+      if (op.has("max_norm") && !(op.f("max_norm", 0) > 0))
+        return FSDP_ERROR("grad_coef: max_norm must be positive");
       return expectShape(op, op.out(0), {}, "a scalar");
     };
     m["pack"] = [](const Op &op) {
@@ -565,9 +576,13 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
   if (!schema || it == checks().end())
     return FSDP_ERROR("unknown op '", inst.op, "' (this runtime does not implement it)");
   const int nin = schema->numInputs, nout = schema->numOutputs;
-  if ((nin >= 0 && (int)inst.in.size() != nin) || (nin < 0 && inst.in.empty()) ||
-      (int)inst.out.size() != nout)
-    return FSDP_ERROR(inst.op, ": expected ", nin < 0 ? std::string("1+") : std::to_string(nin),
+  const int nopt = schema->optionalInputs;
+  if ((nin >= 0 && ((int)inst.in.size() < nin || (int)inst.in.size() > nin + nopt)) ||
+      (nin < 0 && inst.in.empty()) || (int)inst.out.size() != nout)
+    return FSDP_ERROR(inst.op, ": expected ",
+                      nin < 0    ? std::string("1+")
+                      : nopt > 0 ? std::to_string(nin) + "-" + std::to_string(nin + nopt)
+                                 : std::to_string(nin),
                       " inputs and ", nout, " outputs, found ", inst.in.size(), " and ",
                       inst.out.size());
   if (needsWidening(plan, inst)) {

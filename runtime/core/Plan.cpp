@@ -332,12 +332,14 @@ Status validate(Plan &plan) {
     for (const Binding &b : bs) {
       if (!validId(b.buffer))
         return FSDP_ERROR("plan: ", what, " ", b.name, " has an invalid buffer");
-      static const char *roles[] = {"input", "target", "lr", "step", "loss", "grad"};
+      static const char *roles[] = {"input", "target",     "lr",  "step",
+                                    "loss",  "loss_scale", "grad", "grad_sumsq"};
       if (std::find(std::begin(roles), std::end(roles), b.role) == std::end(roles))
         return FSDP_ERROR("plan: ", what, " ", b.name, " has unknown role '", b.role, "'");
       const Buffer &buf = plan.buffers[b.buffer];
       bool isInt = buf.dtype == DType::I32 || buf.dtype == DType::I64;
-      if ((b.role == "lr" || b.role == "step" || b.role == "loss") &&
+      if ((b.role == "lr" || b.role == "step" || b.role == "loss" ||
+           b.role == "loss_scale" || b.role == "grad_sumsq") &&
           (buf.numel() != 1 || buf.dtype != DType::F32))
         return FSDP_ERROR("plan: ", what, " ", b.name, " must be an f32 scalar");
       if (b.role == "input" || b.role == "target") {
@@ -364,6 +366,20 @@ Status validate(Plan &plan) {
     hasLoss |= b.role == "loss";
   if (!hasLoss)
     return FSDP_ERROR("plan: no output with role \"loss\"");
+  // Loss scaling is all or nothing: the policy, the scale the step reads
+  // and the overflow signal it returns.
+  auto count = [](const std::vector<Binding> &bs, const char *role) {
+    return std::count_if(bs.begin(), bs.end(),
+                         [&](const Binding &b) { return b.role == role; });
+  };
+  int64_t scaleIn = count(plan.inputs, "loss_scale"),
+          sumsqOut = count(plan.outputs, "grad_sumsq");
+  bool on = plan.lossScaling.enabled;
+  if (scaleIn != (on ? 1 : 0) || sumsqOut != (on ? 1 : 0))
+    return FSDP_ERROR("plan: loss scaling needs \"loss_scale\" and one input "
+                      "with role \"loss_scale\" and one output with role "
+                      "\"grad_sumsq\"; found ",
+                      on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
   for (int64_t i = 0; i < end; ++i) {
     const Instruction &inst = plan.program[i];
     for (const auto *ids : {&inst.in, &inst.out})
@@ -427,6 +443,27 @@ Status parsePlan(const std::string &text, Plan &plan) {
     r.integer(*m, "shards", plan.meshShards, "mesh", 1, kMaxWorld);
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
+  if (const json *ls = r.find(j, "loss_scale", "plan", false)) {
+    LossScaling &l = plan.lossScaling;
+    l.enabled = true;
+    r.number(*ls, "init", l.init, "loss_scale");
+    r.number(*ls, "growth_factor", l.growthFactor, "loss_scale");
+    r.number(*ls, "backoff_factor", l.backoffFactor, "loss_scale");
+    r.integer(*ls, "growth_interval", l.growthInterval, "loss_scale", 1, INT64_C(1) << 40);
+    if (!r.status)
+      return r.status;
+    int e = 0;
+    // Powers of two in f32's normal range: scaling and unscaling are exact.
+    auto pow2 = [&](double v) { return std::frexp(v, &e) == 0.5; };
+    if (!(l.init >= 1 && l.init <= 0x1p127 && pow2(l.init)))
+      return FSDP_ERROR("plan: loss_scale.init = ", l.init,
+                        ": expected a power of two in [1, 2^127]");
+    if (!(l.growthFactor > 1 && pow2(l.growthFactor)) ||
+        !(l.backoffFactor > 0 && l.backoffFactor < 1 && pow2(l.backoffFactor)))
+      return FSDP_ERROR("plan: loss_scale: growth_factor (", l.growthFactor,
+                        ") must be a power of two > 1 and backoff_factor (",
+                        l.backoffFactor, ") one in (0, 1)");
+  }
   if (const json *o = r.find(j, "options", "plan", false)) {
     if (!o->is_object())
       return FSDP_ERROR("plan: options: expected an object, found ", o->type_name());

@@ -109,6 +109,17 @@ struct MemoryReport {
           inputs = 0, comm = 0, peak = 0, peakLive = 0;
 };
 
+/// Dynamic loss scaling (plan "loss_scale", f16 mixed precision): the
+/// runtime's GradScaler. The step reads the scale (input role
+/// "loss_scale") and returns the global squared norm of the scaled
+/// gradients (output role "grad_sumsq"); inf/NaN means the step overflowed
+/// and its updates were skipped.
+struct LossScaling {
+  bool enabled = false;
+  double init = 65536.0, growthFactor = 2.0, backoffFactor = 0.5;
+  int64_t growthInterval = 2000;
+};
+
 struct Plan {
   int version = 0;
   std::string model;
@@ -129,6 +140,7 @@ struct Plan {
   std::vector<Instruction> program;
   MemoryReport memory;
   nlohmann::json options; ///< compiler options, echoed for the log
+  LossScaling lossScaling;
 
   /// Which shard of every sharded unit rank `rank` holds.
   int64_t shardIndex(int64_t rank) const { return rank % meshShards; }

@@ -61,6 +61,7 @@ struct OpSchema {
   int numInputs;         ///< -1: one or more
   int numOutputs;
   OpKind kind;
+  int optionalInputs = 0; ///< trailing inputs that may be absent
 };
 /// Every op a plan may contain. A compute op's shape and dtype rules are in
 /// runtime/core/OpRules.cpp; each device implements all of them.
@@ -109,11 +110,13 @@ inline constexpr OpSchema kOps[] = {
     {"mse_loss_grad", 3, 1, OpKind::Compute},
     {"bce_with_logits", 2, 1, OpKind::Compute},
     {"bce_with_logits_grad", 3, 1, OpKind::Compute},
-    {"sgd_update", 3, 1, OpKind::Compute},
-    {"sgd_momentum_update", 5, 2, OpKind::Compute},
-    {"adamw_update", 6, 3, OpKind::Compute},
+    // + skip_nonfinite (dynamic loss scaling)
+    {"sgd_update", 3, 1, OpKind::Compute, 1},
+    {"sgd_momentum_update", 5, 2, OpKind::Compute, 1},
+    {"adamw_update", 6, 3, OpKind::Compute, 1},
     {"squared_norm", -1, 1, OpKind::Compute},
     {"clip_coef", 1, 1, OpKind::Compute},
+    {"grad_coef", 2, 1, OpKind::Compute},
     {"pack", -1, 1, OpKind::Compute},
     {"all_reduce", 1, 1, OpKind::Collective},
     {"reduce_scatter", 1, 1, OpKind::Collective},

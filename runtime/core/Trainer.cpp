@@ -462,6 +462,7 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
     FSDP_RETURN_IF_ERROR(latestCheckpoint(opt.resume, path));
     TrainingPosition pos;
     FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, ex, comm.rank(), pos));
+    FSDP_RETURN_IF_ERROR(ex.restoreLossScaler(pos.lossScale));
     if (pos.step >= opt.steps)
       return FSDP_ERROR("--resume: the checkpoint '", path, "' is at step ", pos.step,
                         ", not before --steps ", opt.steps, ": nothing to run");
@@ -507,7 +508,9 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
 
   bool tty = isatty(2) && !opt.json && root;
   ex.setTracing(!opt.trace.empty());
-  std::vector<double> losses, lrs, times;
+  std::vector<double> losses, lrs, times, scales;
+  std::vector<int64_t> skipped; // steps whose updates overflowed
+  const bool scaling = plan.lossScaling.enabled;
   int64_t items = data->itemsPerStep() * comm.size();
   double totalMs = 0;
   int64_t commBefore = 0, commPerStep = 0;
@@ -528,6 +531,7 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
     commBefore = ex.commBytes();
     auto t0 = std::chrono::steady_clock::now();
     float loss = 0;
+    double scaleUsed = ex.lossScaler().scale;
     FSDP_RETURN_IF_ERROR(ex.step(s, lr, loss));
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
@@ -548,12 +552,17 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
     }
     if (!opt.ckptDir.empty() &&
         (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
-      TrainingPosition pos{s, opt.seed, schedule, opt.data};
+      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex.lossScalerState()};
       FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, ex, comm, pos));
     }
     losses.push_back(loss);
     lrs.push_back(lr);
     times.push_back(ms);
+    bool skip = scaling && ex.lossScaler().lastSkipped;
+    if (scaling)
+      scales.push_back(scaleUsed);
+    if (skip)
+      skipped.push_back(s);
     if (s > firstStep)
       totalMs += ms;
     if (!root)
@@ -564,6 +573,10 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                           {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
                           {"arena_bytes", plan.arenaBytes},
                           {"comm_bytes", commPerStep}};
+      if (scaling) {
+        j["loss_scale"] = scaleUsed;
+        j["skipped"] = skip;
+      }
       std::printf("%s\n", j.dump().c_str());
     } else if (print) {
       if (tty)
@@ -572,6 +585,10 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                   (long long)s, (long long)opt.steps, loss, lr, ms,
                   items / (ms / 1000), data->unit(),
                   human((double)plan.arenaBytes).c_str());
+      if (skip)
+        std::printf("step %5lld: gradients overflowed at loss scale %g: update "
+                    "skipped, scale -> %g\n",
+                    (long long)s, scaleUsed, ex.lossScaler().scale);
       std::fflush(stdout);
     }
     if (tty && !opt.quiet) {
@@ -610,6 +627,10 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
             {"measured_high_water", m.highWater},
             {"measured_peak_live", m.peakLive}}},
           {"comm_bytes_per_step", commPerStep}};
+      if (scaling) {
+        log["loss_scales"] = scales;
+        log["skipped_steps"] = skipped;
+      }
       FSDP_RETURN_IF_ERROR(writeFileAtomic(opt.dumpDir + "/log.json", log.dump(1)));
     }
     if (root && !opt.save.empty())
@@ -648,6 +669,9 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       if (plan.worldSize > 1)
         std::printf("communication: %s sent per rank per step\n",
                     human((double)commPerStep).c_str());
+      if (scaling)
+        std::printf("loss scaling: %zu of %zu steps skipped (overflow), scale now %g\n",
+                    skipped.size(), times.size(), ex.lossScaler().scale);
     }
   }
   return Status::ok();

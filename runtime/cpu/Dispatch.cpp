@@ -325,19 +325,38 @@ const std::unordered_map<std::string, Exec> &table() {
       bceWithLogitsGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.op.in(0).numel());
       return Status::ok();
     };
-    m["sgd_update"] = [](const Run &r) {
+    // skip_nonfinite (dynamic loss scaling): when the global squared norm
+    // of the scaled gradients overflowed, every result is its input.
+    auto skipped = [](const Run &r, size_t skipAt, int nOut) {
+      if (r.op.inst.in.size() <= skipAt || std::isfinite(*r.in((int)skipAt)))
+        return false;
+      int64_t n = r.op.in(0).numel();
+      for (int i = 0; i < nOut; ++i) {
+        const float *src = r.in(i == 0 ? 0 : i + 1); // p, then the states
+        if (src != r.out(i))
+          std::memmove(r.out(i), src, n * sizeof(float));
+      }
+      return true;
+    };
+    m["sgd_update"] = [skipped](const Run &r) {
+      if (skipped(r, 3, 1))
+        return Status::ok();
       sgdUpdate<float>(r.in(0), r.in(1), r.out(0), r.op.in(0).numel(), *r.in(2),
                        r.op.f("weight_decay", 0));
       return Status::ok();
     };
-    m["sgd_momentum_update"] = [](const Run &r) {
+    m["sgd_momentum_update"] = [skipped](const Run &r) {
+      if (skipped(r, 5, 2))
+        return Status::ok();
       sgdMomentumUpdate<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.out(1), r.op.in(0).numel(),
                                *r.in(3), (int64_t)*r.in(4), r.op.f("momentum", 0),
                                r.op.f("dampening", 0), r.op.f("weight_decay", 0),
                                r.op.b("nesterov"));
       return Status::ok();
     };
-    m["adamw_update"] = [](const Run &r) {
+    m["adamw_update"] = [skipped](const Run &r) {
+      if (skipped(r, 6, 3))
+        return Status::ok();
       adamwUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.out(1), r.out(2),
                          r.op.in(0).numel(), *r.in(4), (int64_t)*r.in(5), r.op.f("beta1", 0.9),
                          r.op.f("beta2", 0.999), r.op.f("eps", 1e-8), r.op.f("weight_decay", 0.01));
@@ -354,6 +373,18 @@ const std::unordered_map<std::string, Exec> &table() {
       double norm = std::sqrt((double)*r.in(0));
       double c = r.op.f("max_norm", 1.0) / (norm + 1e-6);
       *r.out(0) = (float)std::min(c, 1.0);
+      return Status::ok();
+    };
+    m["grad_coef"] = [](const Run &r) {
+      // Unscale (and clip): the clip factor of the unscaled norm, divided
+      // by the scale. With a power-of-two scale every step is exact, so
+      // scaled gradients times this factor equal the unscaled run's bits.
+      double scale = *r.in(1);
+      double norm = std::sqrt((double)*r.in(0)) / scale;
+      double c = 1.0;
+      if (r.op.has("max_norm"))
+        c = std::min(r.op.f("max_norm", 1.0) / (norm + 1e-6), 1.0);
+      *r.out(0) = (float)((double)(float)c / scale);
       return Status::ok();
     };
     m["pack"] = [](const Run &r) {

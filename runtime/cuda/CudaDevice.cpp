@@ -600,16 +600,20 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *np = r.out(0);
     double wd = op.f("weight_decay", 0);
     int64_t cnt = op.in(0).numel();
-    out = fromCuda([=](cudaStream_t s) { return sgdUpdate(p, g, np, cnt, lr, wd, s); }, n);
+    const float *skip = op.inst.in.size() > 3 ? r.in(3) : nullptr;
+    out = fromCuda([=](cudaStream_t s) { return sgdUpdate(p, g, np, cnt, lr, wd, s, skip); },
+                   n);
   } else if (n == "sgd_momentum_update") {
     const float *p = r.in(0), *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
     float *np = r.out(0), *nb = r.out(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
     int64_t cnt = op.in(0).numel();
+    const float *skip = op.inst.in.size() > 5 ? r.in(5) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          return sgdMomentumUpdate(p, g, buf, np, nb, cnt, lr, step, m, damp, wd, nesterov, s);
+          return sgdMomentumUpdate(p, g, buf, np, nb, cnt, lr, step, m, damp, wd, nesterov, s,
+                                   skip);
         },
         n);
   } else if (n == "adamw_update") {
@@ -619,9 +623,10 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel();
+    const float *skip = op.inst.in.size() > 6 ? r.in(6) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          return adamwUpdate(p, g, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd, s);
+          return adamwUpdate(p, g, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd, s, skip);
         },
         n);
   } else if (n == "squared_norm") {
@@ -638,6 +643,11 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     double maxNorm = op.f("max_norm", 1.0);
     out = fromCuda([=](cudaStream_t s) { return clipCoef(x, y, maxNorm, s); }, n);
+  } else if (n == "grad_coef") {
+    const float *x = r.in(0), *scale = r.in(1);
+    float *y = r.out(0);
+    double maxNorm = op.has("max_norm") ? op.f("max_norm", 1.0) : 0.0;
+    out = fromCuda([=](cudaStream_t s) { return gradCoef(x, scale, y, maxNorm, s); }, n);
   } else if (n == "pack") {
     // Inputs the memory plan placed inside the packed buffer are there
     // already; the others are copied; the padding is zeroed.
@@ -689,7 +699,7 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",
       "bce_with_logits", "bce_with_logits_grad", "sgd_update", "sgd_momentum_update",
-      "adamw_update", "squared_norm", "clip_coef", "pack"};
+      "adamw_update", "squared_norm", "clip_coef", "grad_coef", "pack"};
   return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
 }
 

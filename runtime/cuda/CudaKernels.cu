@@ -961,13 +961,32 @@ cudaError_t clipCoef(const float *sumsq, float *out, double maxNorm, cudaStream_
   });
 }
 
+cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double maxNorm,
+                     cudaStream_t s) {
+  // as the CPU's grad_coef: the factor rounded to f32, then divided by the
+  // (power-of-two) scale, which is exact
+  return forEach(1, s, [=] __device__(int64_t) {
+    double sc = *scale;
+    double c = 1.0;
+    if (maxNorm > 0) {
+      c = maxNorm / (sqrt((double)*sumsq) / sc + 1e-6);
+      c = c < 1.0 ? c : 1.0;
+    }
+    *out = (float)((double)(float)c / sc);
+  });
+}
+
 // --- optimizers --------------------------------------------------------------------------
 
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
-                      double wd, cudaStream_t s) {
+                      double wd, cudaStream_t s, const float *skip) {
   float twd = (float)wd;
   bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
+    if (skip && !isfinite(*skip)) {
+      np[i] = p[i];
+      return;
+    }
     float d = g[i];
     if (decay)
       d += twd * p[i];
@@ -978,10 +997,15 @@ cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, cons
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
                               float *nbuf, int64_t n, const float *lr, const float *step,
                               double momentum, double dampening, double wd, bool nesterov,
-                              cudaStream_t s) {
+                              cudaStream_t s, const float *skip) {
   float tm = (float)momentum, td = (float)(1 - dampening), twd = (float)wd;
   bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
+    if (skip && !isfinite(*skip)) {
+      np[i] = p[i];
+      nbuf[i] = buf[i];
+      return;
+    }
     float d = g[i];
     if (decay)
       d += twd * p[i];
@@ -995,10 +1019,16 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
-                        double wd, cudaStream_t s) {
+                        double wd, cudaStream_t s, const float *skip) {
   float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
         omb2 = (float)(1 - beta2), teps = (float)eps;
   return forEach(n, s, [=] __device__(int64_t i) {
+    if (skip && !isfinite(*skip)) {
+      np[i] = p[i];
+      nm[i] = m[i];
+      nv[i] = v[i];
+      return;
+    }
     // the scalars as torch computes them (doubles), per element: cheap
     // beside the memory traffic, and no host round trip for the step
     double t = (double)(int64_t)*step, l = (double)*lr;

@@ -142,17 +142,19 @@ cudaError_t bceWithLogits(const float *x, const float *t, float *loss, double *p
 cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, float *dx,
                               int64_t n, cudaStream_t s);
 
-// Optimizers (in place allowed); lr and step are device scalars.
+// Optimizers (in place allowed); lr and step are device scalars. `skip`
+// (nullable): when *skip is inf or NaN (an overflowed loss-scaled step)
+// every result is its input.
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
-                      double wd, cudaStream_t s);
+                      double wd, cudaStream_t s, const float *skip = nullptr);
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
                               float *nbuf, int64_t n, const float *lr, const float *step,
                               double momentum, double dampening, double wd, bool nesterov,
-                              cudaStream_t s);
+                              cudaStream_t s, const float *skip = nullptr);
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
-                        double wd, cudaStream_t s);
+                        double wd, cudaStream_t s, const float *skip = nullptr);
 /// *out = sum over the tensors of x^2, accumulated in double in a fixed
 /// order. `partial`: squaredNormScratch(tensors) doubles.
 int64_t squaredNormScratch(int64_t tensors);
@@ -160,6 +162,10 @@ cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<
                         float *out, double *partial, cudaStream_t s);
 /// *out = min(1, maxNorm / (sqrt(*sumsq) + 1e-6)).
 cudaError_t clipCoef(const float *sumsq, float *out, double maxNorm, cudaStream_t s);
+/// Loss-scale unscaling (fsdp.grad_coef): *out = c / *scale, c the clip
+/// factor of the unscaled norm sqrt(*sumsq) / *scale (1 when maxNorm <= 0).
+cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double maxNorm,
+                     cudaStream_t s);
 
 /// Element type conversion, round to nearest even (as cpu::floatToBf16).
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
