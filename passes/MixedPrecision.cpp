@@ -117,7 +117,7 @@ void MixedPrecisionPass::runOnOperation() {
     if (!(lossScaleInit >= 1.0) || !std::isfinite(lossScaleInit) ||
         mant != 0.5 || lossScaleInit > 0x1p127) {
       mlir::emitError(module.getLoc())
-          << "fsdp-mixed-precision: loss-scale-init=" << lossScaleInit
+          << "fsdp-mixed-precision: loss-scale-init=" << (double)lossScaleInit
           << " must be a power of two in [1, 2^127] (so scaling and "
              "unscaling round nothing)";
       return signalPassFailure();
@@ -125,7 +125,7 @@ void MixedPrecisionPass::runOnOperation() {
     if (lossScaleGrowthInterval < 1) {
       mlir::emitError(module.getLoc())
           << "fsdp-mixed-precision: loss-scale-growth-interval="
-          << lossScaleGrowthInterval << " must be at least 1";
+          << (int64_t)lossScaleGrowthInterval << " must be at least 1";
       return signalPassFailure();
     }
   }

@@ -345,9 +345,12 @@ void ShardPass::runOnOperation() {
   for (Update &u : updates)
     updateOf[u.param] = &u;
   FloatAttr maxNorm;
-  Value oldSumsq; // skip_nonfinite of the updates and a step result
+  Value oldSumsq;   // skip_nonfinite of the updates and a step result
+  Value lossScale;  // fsdp.grad_coef's scale (an argument): null for clip_coef
   if (clipCoef) {
     oldSumsq = clipCoef->getOperand(0);
+    if (isa<GradCoefOp>(clipCoef))
+      lossScale = clipCoef->getOperand(1);
     maxNorm = clipCoef->getAttrOfType<FloatAttr>("max_norm");
     optimizerOps.insert(clipCoef);
     if (Operation *sq = clipCoef->getOperand(0).getDefiningOp())
@@ -629,7 +632,7 @@ void ShardPass::runOnOperation() {
     if (elemOf(g) != master)
       g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
   };
-  if (clipCoef) {
+  if (oldSumsq) { // clipCoef itself is erased by now
     for (auto &[u, g] : flatGrad)
       toMaster(*u, g);
     SmallVector<Value> gs;
@@ -643,9 +646,8 @@ void ShardPass::runOnOperation() {
       sq = allReduce(loc, scalarTy, sq, "sum", shardGroup);
     }
     Value coef;
-    if (isa<GradCoefOp>(clipCoef)) {
-      coef = b.create<GradCoefOp>(loc, scalarTy, sq, clipCoef->getOperand(1),
-                                  maxNorm);
+    if (lossScale) {
+      coef = b.create<GradCoefOp>(loc, scalarTy, sq, lossScale, maxNorm);
       // The updates skip on the new (global) squared norm, and the step
       // returns it in place of the per-parameter one.
       for (Value &v : updOperands)

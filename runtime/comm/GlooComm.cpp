@@ -93,6 +93,14 @@ bool reduction(DType dtype, void (*&fn)(void *, const void *, const void *, size
   return false;
 }
 
+/// [Note: f16 means] A mean of f16 buffers divides each rank's input by N
+/// BEFORE the sum, as NCCL's ncclAvg does (a pre-multiplied sum): loss-
+/// scaled f16 gradients sit near f16's largest value (65504) by design, and
+/// a sum of N of them would overflow where their mean does not, making
+/// every step "overflow" at N > 1. f32 and bf16 (f32's range) keep the
+/// sum-then-divide they always had.
+bool preDivides(DType dtype, bool mean) { return mean && dtype == DType::F16; }
+
 /// data[i] /= n in the buffer's dtype (f32, bf16 or f16, rounded once).
 void divide(void *data, int64_t count, DType dtype, int64_t n) {
   if (dtype == DType::F32) {
@@ -162,6 +170,9 @@ public:
     const bool mean = op == ReduceOp::Mean;
     if (in != data) // Gloo reduces in place
       std::memmove(data, in, n * es);
+    const bool pre = preDivides(dtype, mean); // [Note: f16 means]
+    if (pre)
+      divide(data, n, dtype, size());
     Status st = guard("all_reduce", [&] {
       gloo::AllreduceOptions opts(ctx);
       // Gloo sizes elements by the pointer type: bf16 travels as uint16_t.
@@ -173,7 +184,7 @@ public:
       opts.setTimeout(timeout);
       gloo::allreduce(opts);
     });
-    if (st && mean)
+    if (st && mean && !pre)
       divide(data, n, dtype, size());
     bytesSent_ += 2 * (size() - 1) * n * es / size();
     return st;
@@ -190,6 +201,9 @@ public:
     // See [Note: Gloo's reduce-scatter].
     const auto *bytes = static_cast<const uint8_t *>(in);
     std::vector<uint8_t> scratch(bytes, bytes + shard * size() * es);
+    const bool pre = preDivides(dtype, mean); // [Note: f16 means]
+    if (pre)
+      divide(scratch.data(), shard * size(), dtype, size());
     // Gloo's halving-doubling is a template over arithmetic types; bf16
     // (no C++ type) takes the all-reduce route at every world size.
     bool viaAllReduce = (size() & (size() - 1)) || dtype != DType::F32;
@@ -226,7 +240,7 @@ public:
       for (int64_t i = 0; i < shard; ++i)
         static_cast<float *>(out)[i] = sum[i] * f;
     } else {
-      if (mean)
+      if (mean && !pre)
         divide(scratch.data(), shard, dtype, size());
       std::memcpy(out, scratch.data(), shard * es);
     }

@@ -371,7 +371,7 @@ class UpdateCheck:
         return expected, lr * Dd + arith
 
 
-def check_updates(args, opts, log, batches, inputs, targets, ours, init):
+def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=None):
     """Teacher forcing in float64: returns (ok, report lines)."""
     model = build(args).double()
     params = dict(model.named_parameters())
@@ -382,8 +382,19 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init):
     worst = {n: 0.0 for n in params}  # max over steps of |diff| / allowed
     tight = {n: 0 for n in params}    # elements whose bound is below the generic one
     loss_worst = 0.0
+    # Dynamic loss scaling (plans with "loss_scale"): GradScaler replayed
+    # here from this oracle's own overflow decisions. A step overflows when
+    # the squared norm of the scaled gradients is not a finite float32 (the
+    # plan's test); its updates are skipped (our parameters must come back
+    # unchanged, bit for bit) and the optimizer's step count is the applied
+    # steps. A squared norm within 1e-3 of float32's largest value is
+    # rounding-close to the boundary: either decision is accepted there.
+    ls = (plan or {}).get("loss_scale")
+    scale, tracker, applied = (ls["init"], 0, 0) if ls else (1.0, 0, 0)
+    skipped_ours = set(log.get("skipped_steps", []))
+    scaler_ok, skipped_seen = True, 0
+    FLT_MAX = 3.4028234663852886e38
     for step in range(1, log["steps"] + 1):
-        check.t = step
         lr = log["lr"][step - 1]
         with torch.no_grad():
             for n, p in params.items():
@@ -398,6 +409,32 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init):
         ours_loss = log["losses"][step - 1]
         loss_worst = max(loss_worst, abs(ours_loss - loss.item()) / abs(loss.item()))
         grads = {n: p.grad.detach().clone() for n, p in params.items()}
+        if ls:
+            if log["loss_scales"][step - 1] != scale:
+                scaler_ok = False
+                print(f"  step {step}: our loss scale {log['loss_scales'][step - 1]:g}, "
+                      f"GradScaler's {scale:g}")
+            sumsq = sum((g * g).sum().item() for g in grads.values()) * scale * scale
+            ours_skip = step in skipped_ours
+            over = sumsq >= FLT_MAX or not math.isfinite(sumsq)
+            if abs(sumsq - FLT_MAX) > 1e-3 * FLT_MAX and over != ours_skip:
+                scaler_ok = False
+                print(f"  step {step}: scaled squared norm {sumsq:.3e}: overflow "
+                      f"{'expected' if over else 'not expected'}, ours "
+                      f"{'skipped' if ours_skip else 'applied'} the update")
+            if ours_skip:
+                skipped_seen += 1
+                scale, tracker = scale * ls["backoff_factor"], 0
+                for n in params:
+                    if not torch.equal(ours[f"step{step}.{n}"].double(), theta[n]):
+                        scaler_ok = False
+                        print(f"  step {step}: skipped, but {n} changed")
+                continue
+            tracker += 1
+            if tracker == ls["growth_interval"]:
+                scale, tracker = scale * ls["growth_factor"], 0
+        applied += 1
+        check.t = applied
         G = max(g.abs().max().item() for g in grads.values())
         delta = n_round * U32 * G
         clip = 1.0
@@ -428,6 +465,11 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init):
                  if check.kind == "adamw" else "")
         lines.append(f"  {n:<40} max |diff| / allowed {worst[n]:.3f}{extra}")
     ok = all(w <= 1.0 for w in worst.values())
+    if ls:
+        lines.append(f"loss scaling: {skipped_seen} of {log['steps']} steps skipped "
+                     f"(overflow), Adam/momentum step count = applied steps; scale and "
+                     f"skips as GradScaler: {'MATCH' if scaler_ok else 'MISMATCH'}")
+        ok = ok and scaler_ok
     losses_ok = loss_worst <= args.rtol
     if check.kind == "adamw":
         lines.append(f"  {sum(tight.values())}/{total} elements checked under the tight bound")
@@ -524,7 +566,7 @@ def main():
 
     trajectory = read_safetensors(f"{args.dump_dir}/trajectory.safetensors")
     updates_ok, lines = check_updates(args, opts, log, batches, inputs, targets,
-                                      trajectory, init)
+                                      trajectory, init, plan)
     print("\n".join(lines))
     ok = updates_ok
     print("MATCH" if ok else "MISMATCH")

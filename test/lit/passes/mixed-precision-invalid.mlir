@@ -1,5 +1,8 @@
-// RUN: not fsdp-opt %s -fsdp-mixed-precision=param-dtype=f16 2>&1 | FileCheck %s --check-prefix=F16
-// RUN: not fsdp-opt %s -fsdp-mixed-precision=reduce-dtype=f16 2>&1 | FileCheck %s --check-prefix=F16R
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale=sometimes" 2>&1 | FileCheck %s --check-prefix=SCALEKIND
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-init=1000" 2>&1 | FileCheck %s --check-prefix=SCALEINIT
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-init=0.5" 2>&1 | FileCheck %s --check-prefix=SCALEINIT
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-growth-interval=0" 2>&1 | FileCheck %s --check-prefix=INTERVAL
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=none param-dtype=f16" 2>&1 | FileCheck %s --check-prefix=NOOPT
 // RUN: not fsdp-opt %s -fsdp-mixed-precision=param-dtype=fp8 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // RUN: not fsdp-opt %s --fsdp-pipeline="param-dtype=bfloat16" 2>&1 | FileCheck %s --check-prefix=PIPE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-mixed-precision 2>&1 | FileCheck %s --check-prefix=ORDER
@@ -7,13 +10,16 @@
 // RUN: not fsdp-opt %S/Inputs/bf16-param.mlir -fsdp-mixed-precision 2>&1 | FileCheck %s --check-prefix=MASTER
 
 // Tests that bad mixed-precision options and orders are rejected with a
-// message that says why. f16 needs dynamic loss scaling, which is not
-// implemented: it is refused, never run silently without it.
+// message that says why. Loss scales must be powers of two (so scaling and
+// unscaling round nothing), and scaled gradients need an optimizer to
+// unscale them.
 
-// F16: param-dtype=f16 is not implemented: f16 training needs dynamic loss scaling
-// F16R: reduce-dtype=f16 is not implemented
-// UNKNOWN: param-dtype='fp8' is not a dtype: expected f32 or bf16
-// PIPE: param-dtype='bfloat16' is not a dtype: expected f32 or bf16
+// SCALEKIND: loss-scale='sometimes': expected dynamic or none
+// SCALEINIT: must be a power of two in [1, 2^127]
+// INTERVAL: loss-scale-growth-interval=0 must be at least 1
+// NOOPT: loss scaling needs an optimizer
+// UNKNOWN: param-dtype='fp8' is not a dtype: expected f32, bf16 or f16
+// PIPE: param-dtype='bfloat16' is not a dtype: expected f32, bf16 or f16
 // ORDER: fsdp-mixed-precision runs before fsdp-autodiff
 // TWICE: fsdp-mixed-precision already ran on this module
 // MASTER: 'fsdp.param' op is 'bf16': with mixed precision parameters are the f32 master copy
