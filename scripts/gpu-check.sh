@@ -27,6 +27,7 @@ step() { # name, command...
 }
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1
 step kernels "$K/bin/CudaKernelsTest"
+step fast_kernels "$K/bin/CudaFastKernelsTest"
 step conformance "$K/bin/DeviceTest"
 oracle() { # model plan dump [extra]: the oracle's verdict is its last line
   "$PY" "$K/oracle/torch_ref.py" --model "$1" --plan "$2" --dump-dir "$3" "${@:4}" > "$3.oracle.txt"
@@ -42,7 +43,26 @@ step llama_oracle oracle llama "$P/llama.plan" "$OUT/d2"
 step mlp_cpu "$R" "$P/g30.plan" --steps 20 --lr 1e-2 --threads 1 --dump-dir "$OUT/d3" --quiet
 step mlp_n2 env FSDP_CUDA_COMM=staged "$R" "$P/n2.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d4"
 step mlp_oracle oracle mlp "$P/n2.plan" "$OUT/d4" --hidden 64 --blocks 8 --batches-dir "$OUT/d3"
+# bf16 plan: native kernels against the widened path (FSDP_CUDA_NATIVE=0),
+# both tracking each other over 50 steps (bf16 rounding differs only where
+# the native row kernels reduce in another order).
+step gpt_bf16_native "$R" "$P/gpt_bf16.plan" --device cuda --steps 50 --lr 3e-3 --dump-dir "$OUT/d5"
+step gpt_bf16_widened env FSDP_CUDA_NATIVE=0 "$R" "$P/gpt_bf16.plan" --device cuda --steps 50 --lr 3e-3 --dump-dir "$OUT/d6"
+step gpt_bf16_track "$PY" -c '
+import json, sys
+a = json.load(open(sys.argv[1]))["losses"]; b = json.load(open(sys.argv[2]))["losses"]
+d = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b))
+print("native", a[-1], "widened", b[-1], "max relative loss difference", d)
+sys.exit(0 if d < 2e-2 else 1)' "$OUT/d5/log.json" "$OUT/d6/log.json"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4
+# Optional (BENCH=1): bench/gpt2_gpu.py, fsdp-run bf16/f32 vs PyTorch eager,
+# compile, FSDP2 (several minutes: torch.compile).
+if [ "${BENCH:-0}" = 1 ]; then
+  step gpt2_bench_b16 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" --plans "$P" --batch 16 \
+    --steps 20 --json "$OUT/gpt2_bench_b16.json"
+  step gpt2_bench_b32 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" --plans "$P" --batch 32 \
+    --steps 20 --torch-modes compile,fsdp2 --json "$OUT/gpt2_bench_b32.json"
+fi
 rm -rf "$OUT"/d*/trajectory.safetensors
 exit $fail

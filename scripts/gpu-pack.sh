@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 K=gpu-kit
 rm -rf "$K" && mkdir -p "$K/bin" "$K/lib" "$K/plans" "$K/oracle"
-for t in fsdp-run CudaKernelsTest DeviceTest; do
+for t in fsdp-run CudaKernelsTest CudaFastKernelsTest DeviceTest; do
   cp "$B/bin/$t" "$K/bin/"
 done
 # Gloo and what it pulls in (absent there; 1.5 MB).
@@ -31,5 +31,20 @@ python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.
   --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=$P/n2.plan report=false"
 "$B/bin/fsdp-opt" examples/gpt2.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt2.plan report=false"
+# bf16 GPT (small) for the native-vs-widened comparison of gpu-check.sh.
+"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=bf16 plan=$P/gpt_bf16.plan report=false"
+# GPT-2 124M at T=1024 for bench/gpt2_gpu.py (the issue's batches: 16, 32).
+for b in 16 32; do
+  python3 examples/gen_models.py gpt --vocab 50257 --ctx 1024 --layers 12 --heads 12 \
+    --width 768 --batch $b -o "$P/gpt2_b$b.mlir"
+  for d in bf16 f32; do
+    [ $d = f32 ] && [ $b = 32 ] && continue # f32 at B=32: over the 80 GB of an H100 with headroom
+    "$B/bin/fsdp-opt" "$P/gpt2_b$b.mlir" -o /dev/null \
+      --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=$d plan=$P/gpt2_${d}_b$b.plan report=false"
+  done
+  rm -f "$P/gpt2_b$b.mlir"
+done
+mkdir -p "$K/bench" && cp bench/gpt2_gpu.py "$K/bench/"
 cp scripts/gpu-check.sh "$K/"
 du -sh "$K"

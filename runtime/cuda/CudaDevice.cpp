@@ -2,9 +2,14 @@
 //
 // prepare() turns every compute instruction into a launcher (device
 // pointers, dimensions and attributes resolved once); run(i) calls it on
-// the compute stream. An instruction on bf16 / f16 operands runs, as on
-// the CPU, as its f32 kernel over widened copies in a device scratch
-// buffer ([Note: bf16 storage, f32 compute] in runtime/core/OpRules.cpp).
+// the compute stream. An instruction on bf16 / f16 operands runs on its
+// storage directly when CudaNative.h / CudaFlash.h / cuBLASLt have a kernel
+// for it in that dtype (buildNative: f32 math, one rounding per output, the
+// semantics of [Note: bf16 storage, f32 compute] in
+// runtime/core/OpRules.cpp); any other one runs, as on the CPU, as its f32
+// kernel over widened copies in a device scratch buffer. FSDP_CUDA_NATIVE=0
+// turns the native path off (every narrow instruction widened), for
+// comparisons.
 // Runtime scratch outside the arena (cuBLASLt workspace, reduction
 // partials, attention statistics, the widened copies) is allocated once at
 // prepare and reported by scratchHighWater().
@@ -22,11 +27,14 @@
 #include "runtime/core/OpRules.h"
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaComm.h"
+#include "runtime/cuda/CudaFlash.h"
 #include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaNative.h"
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <functional>
 #include <unordered_map>
 
@@ -240,6 +248,7 @@ private:
     return Status::ok();
   }
   Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
 
   int ordinal;
   uint8_t *arena = nullptr;
@@ -272,15 +281,20 @@ Launch fromCuda(std::function<cudaError_t(cudaStream_t)> f, std::string what) {
   };
 }
 
-/// Scratch sizes an instruction needs (floats, doubles).
+/// Scratch sizes an instruction needs (floats, doubles), by the reference
+/// kernels or the native ones, whichever runs it.
 void scratchNeeds(const Op &op, int64_t &f, int64_t &d) {
   const std::string &n = op.inst.op;
   f = d = 0;
   if (n == "attention_grad") {
     const auto &s = op.in(0).shape;
-    f = attentionGradScratch(s[0], s[1], op.i("heads", 1));
+    f = std::max(attentionGradScratch(s[0], s[1], op.i("heads", 1)),
+                 flash::backwardScratch(s[0], s[1], op.i("heads", 1)));
   } else if (n == "layer_norm_grad") {
-    f = 2 * rules::rowsOf(op.in(0));
+    f = std::max(2 * rules::rowsOf(op.in(0)),
+                 native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
+  } else if (n == "embedding_grad") {
+    f = native::embeddingGradScratch(op.out(0).shape[0], op.out(0).shape[1]);
   } else if (n == "rms_norm_grad") {
     f = rules::rowsOf(op.in(0));
   } else if (n == "cross_entropy") {
@@ -292,7 +306,298 @@ void scratchNeeds(const Op &op, int64_t &f, int64_t &d) {
   }
 }
 
+/// The ops with a kernel on narrow storage (CudaNative.h, CudaFlash.h,
+/// cuBLASLt), and the operand slots that stay f32 scalars in them.
+bool nativeOp(const std::string &n) {
+  static const char *ops[] = {
+      "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
+      "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
+      "layer_norm_grad", "matmul", "slice", "slice_grad", "concat", "transpose", "broadcast",
+      "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "copy",
+      "reshape", "attention", "attention_grad"};
+  return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
+}
+
+/// Whether `inst` can run natively on its narrow storage: every float
+/// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
+/// output) and its incoming gradient (cross_entropy_grad's third input),
+/// which are f32 scalars.
+bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
+  static const bool enabled = [] {
+    const char *e = std::getenv("FSDP_CUDA_NATIVE");
+    return !e || std::string(e) != "0";
+  }();
+  if (!enabled || !nativeOp(inst.op))
+    return false;
+  DType narrow = DType::F32;
+  auto visit = [&](int64_t id, bool scalarF32) {
+    if (id < 0 || id >= (int64_t)plan.buffers.size())
+      return false;
+    DType d = plan.buffers[id].dtype;
+    if (d == DType::I32 || d == DType::I64)
+      return true; // ids / labels: checked by the op's rule
+    if (scalarF32)
+      return d == DType::F32;
+    if (d == DType::F32)
+      return false;
+    if (narrow != DType::F32 && d != narrow)
+      return false;
+    narrow = d;
+    return true;
+  };
+  for (size_t i = 0; i < inst.in.size(); ++i)
+    if (!visit(inst.in[i], inst.op == "cross_entropy_grad" && i == 2))
+      return false;
+  for (size_t i = 0; i < inst.out.size(); ++i)
+    if (!visit(inst.out[i], inst.op == "cross_entropy" && i == 0))
+      return false;
+  if (narrow == DType::F32)
+    return false;
+  t = floatKind(narrow);
+  return true;
+}
+
 } // namespace
+
+Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                               Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &o0 = op.out(0);
+  int64_t numel = o0.numel();
+  float *sf = scratch.f;
+  double *sd = scratch.d;
+  long long *bad = badPos;
+  auto v = [&](size_t i) { return r.in<void>(i); };
+  auto w = [&](size_t i) { return r.out<void>(i); };
+  auto binaryKind = [&](BinaryKind k) {
+    const void *a = v(0), *b = v(1);
+    auto sa = op.in(0).shape, sb = op.in(1).shape, so = o0.shape;
+    void *y = w(0);
+    out = fromCuda([=](cudaStream_t s) { return native::binary(t, k, a, sa, b, sb, y, so, s); },
+                   n);
+  };
+  auto unary = [&](native::UnaryKind k, double factor) {
+    const void *x = v(0);
+    void *y = w(0);
+    out = fromCuda([=](cudaStream_t s) { return native::unary(t, k, x, y, numel, factor, s); },
+                   n);
+  };
+  auto unaryGrad = [&](native::UnaryGradKind k) {
+    const void *x = v(0), *dy = v(1);
+    void *dx = w(0);
+    out = fromCuda([=](cudaStream_t s) { return native::unaryGrad(t, k, x, dy, dx, numel, s); },
+                   n);
+  };
+  using UK = native::UnaryKind;
+  using UG = native::UnaryGradKind;
+  if (n == "add")
+    binaryKind(BinaryKind::Add);
+  else if (n == "sub")
+    binaryKind(BinaryKind::Sub);
+  else if (n == "mul")
+    binaryKind(BinaryKind::Mul);
+  else if (n == "div")
+    binaryKind(BinaryKind::Div);
+  else if (n == "neg")
+    unary(UK::Neg, 1.0);
+  else if (n == "scale")
+    unary(UK::Scale, op.f("factor", 1.0));
+  else if (n == "relu")
+    unary(UK::Relu, 1.0);
+  else if (n == "gelu")
+    unary(rules::geluExact(op) ? UK::GeluExact : UK::Gelu, 1.0);
+  else if (n == "silu")
+    unary(UK::Silu, 1.0);
+  else if (n == "relu_grad")
+    unaryGrad(UG::Relu);
+  else if (n == "gelu_grad")
+    unaryGrad(rules::geluExact(op) ? UG::GeluExact : UG::Gelu);
+  else if (n == "silu_grad")
+    unaryGrad(UG::Silu);
+  else if (n == "fill") {
+    void *y = w(0);
+    double val = op.f("value", 0);
+    out = fromCuda([=](cudaStream_t s) { return native::fill(t, y, numel, val, s); }, n);
+  } else if (n == "copy" || n == "reshape") {
+    uint8_t *dst = r.out<uint8_t>(0);
+    const uint8_t *src = r.in<uint8_t>(0);
+    size_t bytes = (size_t)o0.bytes;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return dst == src ? cudaSuccess
+                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+        },
+        n);
+  } else if (n == "bias_add") {
+    const void *x = v(0), *b = v(1);
+    void *y = w(0);
+    int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
+    out = fromCuda([=](cudaStream_t s) { return native::biasAdd(t, x, b, y, rows, cols, s); },
+                   n);
+  } else if (n == "softmax" || n == "softmax_grad") {
+    int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
+    const void *a = v(0), *b = n == "softmax" ? nullptr : v(1);
+    void *y = w(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return b ? native::softmaxGrad(t, a, b, y, rows, cols, s)
+                   : native::softmax(t, a, y, rows, cols, s);
+        },
+        n);
+  } else if (n == "layer_norm") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const void *xp = v(0), *g = v(1), *b = v(2);
+    void *y = w(0);
+    double eps = op.f("epsilon", 1e-5);
+    out = fromCuda(
+        [=](cudaStream_t s) { return native::layerNorm(t, xp, g, b, y, rows, cols, eps, s); },
+        n);
+  } else if (n == "layer_norm_grad") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const void *xp = v(0), *g = v(1), *dy = v(2);
+    void *dx = w(0), *dg = w(1), *db = w(2);
+    double eps = op.f("epsilon", 1e-5);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::layerNormGrad(t, xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
+        },
+        n);
+  } else if (n == "matmul") {
+    rules::MM d;
+    FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
+    const void *a = v(0), *b = v(1);
+    void *c = w(0);
+    bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+    Gemm *g = gemm.get();
+    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb));
+    out = [=](cudaStream_t s) {
+      return g->run(t, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
+    };
+  } else if (n == "attention" || n == "attention_grad") {
+    const auto &sh = op.in(0).shape;
+    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1),
+            kv = op.i("kv_heads", heads);
+    bool causal = op.b("causal");
+    FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv));
+    const void *q = v(0), *k = v(1), *vv = v(2);
+    if (n == "attention") {
+      void *y = w(0);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return flash::forward(t, q, k, vv, y, nullptr, B, T, C, heads, causal, kv, s);
+          },
+          n);
+    } else {
+      const void *dy = v(3);
+      void *dq = w(0), *dk = w(1), *dv = w(2);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return flash::backward(t, q, k, vv, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv,
+                                   s);
+          },
+          n);
+    }
+  } else if (n == "embedding") {
+    const Buffer &tb = op.in(0);
+    int64_t vocab = tb.shape[0], width = tb.shape[1], cnt = op.in(1).numel();
+    const void *table = v(0);
+    const int32_t *ids = r.in<int32_t>(1);
+    void *y = w(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::embedding(t, table, ids, y, cnt, vocab, width, bad, s);
+        },
+        n);
+  } else if (n == "embedding_grad") {
+    int64_t vocab = o0.shape[0], width = o0.shape[1], cnt = op.in(0).numel();
+    const int32_t *ids = r.in<int32_t>(0);
+    const void *dy = v(1);
+    void *dt = w(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::embeddingGrad(t, ids, dy, dt, sf, cnt, vocab, width, bad, s);
+        },
+        n);
+  } else if (n == "transpose") {
+    const void *x = v(0);
+    void *y = w(0);
+    auto sx = op.in(0).shape;
+    auto perm = op.iv("perm");
+    out = fromCuda([=](cudaStream_t s) { return native::transpose(t, x, sx, perm, y, s); }, n);
+  } else if (n == "slice" || n == "slice_grad") {
+    bool grad = n == "slice_grad";
+    const Buffer &whole = grad ? o0 : op.in(0), &part = grad ? op.in(0) : o0;
+    int64_t dim = op.i("dim", 0), outer, inner, off = op.i("offset", 0);
+    rules::around(whole.shape, dim, outer, inner);
+    int64_t full = whole.shape[dim], len = part.shape[dim];
+    const void *x = v(0);
+    void *y = w(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return grad ? native::sliceGrad(t, x, y, outer, full, len, inner, off, s)
+                      : native::slice(t, x, y, outer, full, len, inner, off, s);
+        },
+        n);
+  } else if (n == "concat") {
+    int64_t dim = op.i("dim", 0), outer, inner;
+    rules::around(o0.shape, dim, outer, inner);
+    int64_t full = o0.shape[dim];
+    std::vector<std::tuple<const void *, int64_t, int64_t>> parts; // ptr, len, offset
+    int64_t off = 0;
+    for (size_t i = 0; i < op.inst.in.size(); ++i) {
+      int64_t len = op.in(i).shape[dim];
+      parts.emplace_back(v(i), len, off);
+      off += len;
+    }
+    void *y = w(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          for (auto [p, len, o] : parts)
+            if (cudaError_t e = native::place(t, p, y, outer, full, len, inner, o, s))
+              return e;
+          return cudaSuccess;
+        },
+        n);
+  } else if (n == "broadcast" || n == "sum_to") {
+    const void *x = v(0);
+    void *y = w(0);
+    auto si = op.in(0).shape, so = o0.shape;
+    bool sum = n == "sum_to";
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return sum ? native::sumTo(t, x, si, y, so, s) : native::broadcastTo(t, x, si, y, so, s);
+        },
+        n);
+  } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
+    const Buffer &l = op.in(0);
+    int64_t classes = rules::lastDim(l), rows = rules::rowsOf(l);
+    const void *logits = v(0);
+    const int32_t *labels = r.in<int32_t>(1);
+    if (n == "cross_entropy") {
+      float *y = r.out(0);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return native::crossEntropy(t, logits, labels, y, sd, rows, classes, bad, s);
+          },
+          n);
+    } else {
+      const float *dl = r.in(2);
+      void *y = w(0);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, bad, s);
+          },
+          n);
+    }
+  } else {
+    return FSDP_ERROR("op '", n, "' has no native ", t == FloatKind::BF16 ? "bf16" : "f16",
+                      " CUDA kernel");
+  }
+  return Status::ok();
+}
 
 Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
@@ -427,9 +732,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1),
             kv = op.i("kv_heads", heads);
     bool causal = op.b("causal");
-    if (T > attentionMaxT())
-      return FSDP_ERROR(n, ": sequence length ", T, " exceeds this CUDA kernel's limit ",
-                        attentionMaxT(), " (scores of a row are kept in shared memory)");
+    if (T > attentionMaxT()) // past the row-in-shared-memory kernels: the tiled one
+      return buildNative(op, FloatKind::F32, base, rank, out);
     const float *q = r.in(0), *k = r.in(1), *v = r.in(2);
     if (n == "attention") {
       float *y = r.out(0);
@@ -623,12 +927,19 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel();
+    // The fused kernel (CudaNative.h): the reference's math with the
+    // scalars formed once per thread; an optional seventh operand is
+    // skip_nonfinite (loss scaling: skip the update when it is inf/NaN).
     const float *skip = op.inst.in.size() > 6 ? r.in(6) : nullptr;
+    FloatKind gk = floatKind(op.in(1).dtype);
+    const void *gv = r.in<void>(1);
     out = fromCuda(
         [=](cudaStream_t s) {
-          return adamwUpdate(p, g, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd, s, skip);
+          return native::adamw(p, gv, gk, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd,
+                               nullptr, skip, s);
         },
         n);
+    (void)g;
   } else if (n == "squared_norm") {
     std::vector<const float *> xs;
     std::vector<int64_t> ns;
@@ -715,7 +1026,8 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     scratchNeeds(op, f, d);
     fN = std::max(fN, f);
     dN = std::max(dN, d);
-    if (rules::needsWidening(plan, inst))
+    FloatKind t;
+    if (rules::needsWidening(plan, inst) && !nativeKind(plan, inst, t))
       wide = std::max(wide, rules::widen(plan, inst).bytes);
   }
   if (fN)
@@ -734,9 +1046,13 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     if (isCollectiveOp(inst.op))
       continue;
     Status st;
+    FloatKind t;
     if (!rules::needsWidening(plan, inst)) {
       Op op{plan, inst};
       st = build(op, arena, shard, launches[i]);
+    } else if (nativeKind(plan, inst, t)) {
+      Op op{plan, inst};
+      st = buildNative(op, t, arena, shard, launches[i]);
     } else {
       // bf16 / f16 operands: widen into scratch, run the f32 kernel,
       // narrow the outputs back (the CPU device's scheme).

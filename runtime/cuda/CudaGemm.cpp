@@ -4,6 +4,7 @@
 
 #include "runtime/cuda/CudaCheck.h"
 
+#include <climits>
 #include <cublasLt.h>
 
 namespace fsdp::cuda {
@@ -46,10 +47,15 @@ Status Gemm::init(size_t workspaceBytes, bool allowTf32) {
 }
 
 namespace {
+cudaDataType_t dataType(FloatKind t) {
+  return t == FloatKind::BF16 ? CUDA_R_16BF : t == FloatKind::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+size_t elemBytes(FloatKind t) { return t == FloatKind::F32 ? 4 : 2; }
+
 /// A column-major rows x cols layout with leading dimension ld, batched.
-Status layout(cublasLtMatrixLayout_t &l, uint64_t rows, uint64_t cols, int64_t ld,
-              int32_t batch, int64_t stride) {
-  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+Status layout(cublasLtMatrixLayout_t &l, cudaDataType_t type, uint64_t rows, uint64_t cols,
+              int64_t ld, int32_t batch, int64_t stride) {
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
   if (batch > 1) {
     FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
@@ -66,10 +72,15 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     out = it->second.get();
     return Status::ok();
   }
-  auto [batch, m, n, k, transA, transB] = key;
+  auto [kind, batch, m, n, k, transA, transB] = key;
+  FloatKind t = (FloatKind)kind;
+  cudaDataType_t dt = dataType(t);
   auto p = std::make_unique<Plan>();
+  // f32 accumulation whatever the storage; TF32 only for f32 operands
+  // and only when allowed.
+  bool fast = tf32_ && t == FloatKind::F32;
   FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(
-      &p->desc, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      &p->desc, fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
   // first cuBLASLt operand is B, the second A (see the header).
   cublasOperation_t opFirst = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -80,12 +91,12 @@ Status Gemm::plan(const Key &key, Plan *&out) {
                                                    &opSecond, sizeof(opSecond)));
   int32_t nb = (int32_t)batch;
   // First operand (B): op N -> stored n x k col-major (ld n); op T -> k x n (ld k).
-  FSDP_RETURN_IF_ERROR(transB ? layout(p->la, k, n, k, nb, n * k)
-                              : layout(p->la, n, k, n, nb, n * k));
+  FSDP_RETURN_IF_ERROR(transB ? layout(p->la, dt, k, n, k, nb, n * k)
+                              : layout(p->la, dt, n, k, n, nb, n * k));
   // Second operand (A): op N -> k x m (ld k); op T -> m x k (ld m).
-  FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, m, k, m, nb, m * k)
-                              : layout(p->lb, k, m, k, nb, m * k));
-  FSDP_RETURN_IF_ERROR(layout(p->lc, n, m, n, nb, m * n));
+  FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, dt, m, k, m, nb, m * k)
+                              : layout(p->lb, dt, k, m, k, nb, m * k));
+  FSDP_RETURN_IF_ERROR(layout(p->lc, dt, n, m, n, nb, m * n));
   cublasLtMatmulPreference_t pref;
   FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = wsBytes_;
@@ -100,7 +111,7 @@ Status Gemm::plan(const Key &key, Plan *&out) {
   FSDP_CUBLAS_CHECK(st);
   if (found == 0)
     return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [",
-                      k, ", ", n, "] float32 GEMM (transA ", transA, ", transB ", transB,
+                      k, ", ", n, "] ", t == FloatKind::F32 ? "float32" : t == FloatKind::BF16 ? "bf16" : "f16", " GEMM (transA ", transA, ", transB ", transB,
                       ") within a ", wsBytes_, "-byte workspace");
   p->algo = result.algo;
   out = p.get();
@@ -110,13 +121,30 @@ Status Gemm::plan(const Key &key, Plan *&out) {
 
 Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_t m,
                  int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
+  return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s);
+}
+
+Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+                  bool transB) {
+  if (batch <= 0 || m <= 0 || n <= 0 || k <= 0)
+    return Status::ok();
+  if (batch > INT32_MAX)
+    return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
+  Plan *p;
+  return plan(Key{(int)t, batch, m, n, k, transA, transB}, p);
+}
+
+Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
+                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return Status::ok();
   if (k == 0) // an empty contraction: C = 0, as cpu::matmul
-    return cudaStatus(cudaMemsetAsync(c, 0, sizeof(float) * batch * m * n, s),
+    return cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t) * batch * m * n, s),
                       "cudaMemsetAsync", __FILE__, __LINE__);
+  if (batch > INT32_MAX)
+    return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
-  FSDP_RETURN_IF_ERROR(plan(Key{batch, m, n, k, transA, transB}, p));
+  FSDP_RETURN_IF_ERROR(plan(Key{(int)t, batch, m, n, k, transA, transB}, p));
   float alpha = 1.f, beta = 0.f;
   FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
                                    b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,

@@ -9,12 +9,24 @@
 // once. The workspace is the runtime's own scratch, reported beside the
 // arena.
 //
+// bf16 / f16 GEMMs (mixed-precision plans): inputs and output in the
+// storage dtype, CUBLAS_COMPUTE_32F (f32 accumulation), f32 alpha/beta.
+// Against the reference semantics ("the f32 GEMM of the widened inputs,
+// rounded once"): the products of two bf16 values are exact in f32, but the
+// tensor cores add them in groups whose alignment may truncate rather than
+// round, in an order of their own, so the f32 sum before the output
+// rounding may differ by up to about k * 2^-22 * sum|a_i b_i| (Higham's
+// gamma_k with a unit of 2^-23); the one rounding to bf16 may then land on
+// the neighbouring value: one bf16 ulp (<= 2^-7 |c|). CudaFastKernelsTest
+// derives its tolerance from exactly these two terms.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef FSDP_RUNTIME_CUDA_CUDAGEMM_H
 #define FSDP_RUNTIME_CUDA_CUDAGEMM_H
 
 #include "runtime/core/Status.h"
+#include "runtime/cuda/CudaKernels.h"
 
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -37,10 +49,17 @@ public:
 
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
              int64_t k, bool transA, bool transB, cudaStream_t s);
+  /// The same on operands and result of dtype `t` (f32 accumulation).
+  Status run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
+             int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s);
+  /// Builds the descriptors and asks the heuristic for this shape now (at
+  /// prepare), so the first step does not.
+  Status warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+              bool transB);
 
 private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   Status plan(const Key &key, Plan *&out);
 
   void *handle_ = nullptr; // cublasLtHandle_t

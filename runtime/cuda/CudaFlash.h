@@ -1,0 +1,59 @@
+//===- CudaFlash.h - tiled attention, no T x T matrix in memory -*- C++ -*-===//
+//
+// FlashAttention-2-style attention for fsdp.attention / attention_grad
+// (causal or full, grouped-query: query head h reads key/value head
+// h / (heads / kv_heads); q, y, dq are [B, T, C], k, v, dk, dv are
+// [B, T, kv_heads * D], D = C / heads). Tiles of 64 query rows and 64 keys
+// live in shared memory; the softmax is online (running max and sum per
+// row); scores never reach global memory. Storage f32, bf16 or f16, all
+// math and accumulation in f32, one rounding per output element.
+//
+// Backward (the dialect's attention_grad has operands q, k, v, dy only: no
+// saved log-sum-exp or output), three kernels, no atomics:
+//   1. the forward again, writing per (b, h, t) the row's log-sum-exp and
+//      delta = dy_t . y_t (y unrounded) into runtime scratch: 2 * B*H*T
+//      floats (backwardScratch), and one extra forward's worth of work — a
+//      dialect change that saves the LSE from the forward would remove it;
+//   2. dq per (b, h, query tile), looping over key tiles;
+//   3. dk, dv per (b, kv head, key tile), looping over the query heads of
+//      its group and over the query tiles, in that fixed order.
+// Deterministic: every sum runs in a fixed order.
+//
+// This first version computes the tile products on the CUDA cores (f32
+// FMAs), not the tensor cores; it is the memory-safe path for any T and
+// the bf16 path. See docs/RUNTIME.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CUDA_CUDAFLASH_H
+#define FSDP_RUNTIME_CUDA_CUDAFLASH_H
+
+#include "runtime/core/Status.h"
+#include "runtime/cuda/CudaKernels.h"
+
+namespace fsdp::cuda::flash {
+
+/// The largest head dimension D the kernels take.
+constexpr int64_t kMaxHeadDim = 128;
+
+/// Ok when the kernels take these dimensions (heads divide C, kv_heads
+/// divide heads, D <= kMaxHeadDim, grid limits); else why not.
+Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads);
+
+/// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
+/// receives each (b, h, t) row's log-sum-exp (B*H*T floats, index
+/// (b * H + h) * T + t).
+cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
+                    float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
+                    int64_t kvHeads, cudaStream_t s);
+
+/// Floats of scratch backward() needs: 2 * B * heads * T.
+int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
+
+cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *dy,
+                     void *dq, void *dk, void *dv, float *scratch, int64_t B, int64_t T,
+                     int64_t C, int64_t heads, bool causal, int64_t kvHeads, cudaStream_t s);
+
+} // namespace fsdp::cuda::flash
+
+#endif // FSDP_RUNTIME_CUDA_CUDAFLASH_H

@@ -1,0 +1,775 @@
+//===- CudaNative.cu - kernels on bf16 / f16 / f32 storage ----------------===//
+//
+// Each kernel is a template on the storage type T (float, __nv_bfloat16,
+// __half): ld() widens exactly, st() rounds to nearest even once. The
+// elementwise math is CudaKernels.cu's expression for expression (bitwise
+// the widened path); the row-wise kernels give a row to a warp (shuffle
+// reductions, no __syncthreads) or, over a vocabulary, to a block with an
+// online max / sum-of-exp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/CudaNative.h"
+
+#include "runtime/cuda/CudaCommon.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace fsdp::cuda::native {
+namespace {
+
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
+
+/// Calls fn<T>(args...) for the storage type of `t`.
+#define FSDP_NATIVE_DISPATCH(t, fn, ...)                                       \
+  switch (t) {                                                                 \
+  case FloatKind::F32:                                                         \
+    return fn<float>(__VA_ARGS__);                                             \
+  case FloatKind::BF16:                                                        \
+    return fn<__nv_bfloat16>(__VA_ARGS__);                                     \
+  case FloatKind::F16:                                                         \
+    return fn<__half>(__VA_ARGS__);                                            \
+  }                                                                            \
+  return cudaErrorInvalidValue
+
+template <typename T> const T *cp(const void *p) { return static_cast<const T *>(p); }
+template <typename T> T *mp(void *p) { return static_cast<T *>(p); }
+
+/// The warp's sum / max, returned to every lane (butterfly: a fixed order).
+__device__ __forceinline__ float warpAllSum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warpAllMax(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+/// Blocks for a warp-per-row kernel over `rows` rows.
+unsigned warpGrid(int64_t rows) {
+  int64_t b = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return (unsigned)std::max<int64_t>(1, std::min<int64_t>(b, 65535LL * 16));
+}
+
+// --- elementwise ---------------------------------------------------------------
+
+template <typename T>
+cudaError_t unaryT(UnaryKind k, const void *xv, void *yv, int64_t n, double factor,
+                   cudaStream_t s) {
+  const T *x = cp<T>(xv);
+  T *y = mp<T>(yv);
+  float ff = (float)factor;
+  switch (k) {
+  case UnaryKind::Neg:
+    return forEach(n, s, [=] __device__(int64_t i) { st(y + i, -ld(x + i)); });
+  case UnaryKind::Scale:
+    return forEach(n, s, [=] __device__(int64_t i) { st(y + i, ld(x + i) * ff); });
+  case UnaryKind::Relu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      st(y + i, v > 0.f ? v : 0.f);
+    });
+  case UnaryKind::Gelu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      float u = (float)kGeluC * (v + (float)kGeluA * v * v * v);
+      st(y + i, 0.5f * v * (1.f + tanhf(u)));
+    });
+  case UnaryKind::GeluExact:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      st(y + i, 0.5f * v * (1.f + erff(v * 0.70710678118654752f)));
+    });
+  case UnaryKind::Silu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      st(y + i, v / (1.f + expf(-v)));
+    });
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t unaryGradT(UnaryGradKind k, const void *xv, const void *dyv, void *dxv, int64_t n,
+                       cudaStream_t s) {
+  const T *x = cp<T>(xv), *dy = cp<T>(dyv);
+  T *dx = mp<T>(dxv);
+  switch (k) {
+  case UnaryGradKind::Relu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      st(dx + i, ld(x + i) > 0.f ? ld(dy + i) : 0.f);
+    });
+  case UnaryGradKind::Gelu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      float u = (float)kGeluC * (v + (float)kGeluA * v * v * v);
+      float t = tanhf(u);
+      float du = (float)kGeluC * (1.f + (float)(3 * kGeluA) * v * v);
+      st(dx + i, ld(dy + i) * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du));
+    });
+  case UnaryGradKind::GeluExact:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i);
+      float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+      float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+      st(dx + i, ld(dy + i) * (cdf + v * pdf));
+    });
+  case UnaryGradKind::Silu:
+    return forEach(n, s, [=] __device__(int64_t i) {
+      float v = ld(x + i), sg = 1.f / (1.f + expf(-v));
+      st(dx + i, ld(dy + i) * sg * (1.f + v * (1.f - sg)));
+    });
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T> cudaError_t fillT(void *yv, int64_t n, double v, cudaStream_t s) {
+  T *y = mp<T>(yv);
+  float fv = (float)v;
+  return forEach(n, s, [=] __device__(int64_t i) { st(y + i, fv); });
+}
+
+__device__ __forceinline__ float applyBinary(BinaryKind k, float x, float y) {
+  return k == BinaryKind::Add   ? x + y
+         : k == BinaryKind::Sub ? x - y
+         : k == BinaryKind::Mul ? x * y
+                                : x / y;
+}
+
+template <typename T>
+cudaError_t binaryT(BinaryKind k, const void *av, const Shape &sa, const void *bv,
+                    const Shape &sb, void *outv, const Shape &so, cudaStream_t s) {
+  if (!fits(so) || !fits(sa) || !fits(sb))
+    return cudaErrorInvalidValue;
+  const T *a = cp<T>(av), *b = cp<T>(bv);
+  T *out = mp<T>(outv);
+  if (sa == so && sb == so) // no broadcast: no index arithmetic
+    return forEach(count(so), s, [=] __device__(int64_t i) {
+      st(out + i, applyBinary(k, ld(a + i), ld(b + i)));
+    });
+  Dims d;
+  d.rank = (int)so.size();
+  for (int i = 0; i < d.rank; ++i)
+    d.size[i] = so[i];
+  alignStrides(sa, so, d.strideA);
+  alignStrides(sb, so, d.strideB);
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    st(out + i, applyBinary(k, ld(a + ia), ld(b + ib)));
+  });
+}
+
+template <typename T>
+cudaError_t biasAddT(const void *xv, const void *bv, void *yv, int64_t rows, int64_t cols,
+                     cudaStream_t s) {
+  const T *x = cp<T>(xv), *b = cp<T>(bv);
+  T *y = mp<T>(yv);
+  return forEach(rows * cols, s,
+                 [=] __device__(int64_t i) { st(y + i, ld(x + i) + ld(b + i % cols)); });
+}
+
+template <typename T>
+cudaError_t broadcastToT(const void *inv, const Shape &si, void *outv, const Shape &so,
+                         cudaStream_t s) {
+  if (!fits(so) || !fits(si))
+    return cudaErrorInvalidValue;
+  const T *in = cp<T>(inv);
+  T *out = mp<T>(outv);
+  Dims d;
+  d.rank = (int)so.size();
+  for (int i = 0; i < d.rank; ++i)
+    d.size[i] = so[i];
+  alignStrides(si, so, d.strideA);
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    out[i] = in[ia]; // a copy: no rounding
+  });
+}
+
+template <typename T>
+cudaError_t sumToT(const void *inv, const Shape &si, void *outv, const Shape &so,
+                   cudaStream_t s) {
+  if (!fits(si) || so.size() > si.size())
+    return cudaErrorInvalidValue;
+  const T *in = cp<T>(inv);
+  T *out = mp<T>(outv);
+  int r = (int)si.size();
+  Shape o(r, 1);
+  for (size_t i = 0; i < so.size(); ++i)
+    o[r - so.size() + i] = so[i];
+  Dims keep, red;
+  int64_t inStride[kMaxRank];
+  int64_t stv = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    inStride[d] = stv;
+    stv *= si[d];
+  }
+  keep.rank = r;
+  for (int d = 0; d < r; ++d) {
+    keep.size[d] = o[d];
+    keep.strideA[d] = o[d] == si[d] ? inStride[d] : 0;
+    if (o[d] != si[d]) {
+      red.size[red.rank] = si[d];
+      red.strideA[red.rank] = inStride[d];
+      ++red.rank;
+    }
+  }
+  int64_t nred = 1;
+  for (int d = 0; d < red.rank; ++d)
+    nred *= red.size[d];
+  // The common case (bias gradients: sum over leading rows) without index
+  // arithmetic in the loop; the same order as the general path.
+  if (red.rank == 1 && r >= 1 && red.strideA[0] == count(so) && so.size() <= si.size()) {
+    int64_t cols = count(so), rows = nred;
+    return forEach(cols, s, [=] __device__(int64_t c) {
+      float acc = 0;
+      for (int64_t j = 0; j < rows; ++j)
+        acc += ld(in + j * cols + c);
+      st(out + c, acc);
+    });
+  }
+  return forEach(count(so), s, [=] __device__(int64_t i) {
+    int64_t base, unused;
+    offsets(keep, i, base, unused);
+    float acc = 0;
+    for (int64_t j = 0; j < nred; ++j) {
+      int64_t off, u2;
+      offsets(red, j, off, u2);
+      acc += ld(in + base + off);
+    }
+    st(out + i, acc);
+  });
+}
+
+template <typename T>
+cudaError_t transposeT(const void *xv, const Shape &sx, const std::vector<int64_t> &perm,
+                       void *yv, cudaStream_t s) {
+  if (!fits(sx) || perm.size() != sx.size())
+    return cudaErrorInvalidValue;
+  const T *x = cp<T>(xv);
+  T *y = mp<T>(yv);
+  int r = (int)sx.size();
+  int64_t inStride[kMaxRank];
+  int64_t stv = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    inStride[d] = stv;
+    stv *= sx[d];
+  }
+  Dims d;
+  d.rank = r;
+  for (int i = 0; i < r; ++i) {
+    if (perm[i] < 0 || perm[i] >= r)
+      return cudaErrorInvalidValue;
+    d.size[i] = sx[perm[i]];
+    d.strideA[i] = inStride[perm[i]];
+  }
+  return forEach(count(sx), s, [=] __device__(int64_t i) {
+    int64_t ia, ib;
+    offsets(d, i, ia, ib);
+    y[i] = x[ia];
+  });
+}
+
+template <typename T>
+cudaError_t sliceT(const void *xv, void *yv, int64_t outer, int64_t full, int64_t len,
+                   int64_t inner, int64_t offset, cudaStream_t s) {
+  const T *x = cp<T>(xv);
+  T *y = mp<T>(yv);
+  return forEach(outer * len * inner, s, [=] __device__(int64_t i) {
+    int64_t in = i % inner, l = (i / inner) % len, o = i / (inner * len);
+    y[i] = x[(o * full + offset + l) * inner + in];
+  });
+}
+
+template <typename T>
+cudaError_t placeT(const void *xv, void *yv, int64_t outer, int64_t full, int64_t len,
+                   int64_t inner, int64_t offset, cudaStream_t s) {
+  const T *x = cp<T>(xv);
+  T *y = mp<T>(yv);
+  return forEach(outer * len * inner, s, [=] __device__(int64_t i) {
+    int64_t in = i % inner, l = (i / inner) % len, o = i / (inner * len);
+    y[(o * full + offset + l) * inner + in] = x[i];
+  });
+}
+
+template <typename T>
+cudaError_t sliceGradT(const void *dy, void *dx, int64_t outer, int64_t full, int64_t len,
+                       int64_t inner, int64_t offset, cudaStream_t s) {
+  if (cudaError_t e = cudaMemsetAsync(dx, 0, sizeof(T) * outer * full * inner, s))
+    return e;
+  return placeT<T>(dy, dx, outer, full, len, inner, offset, s);
+}
+
+template <typename T>
+cudaError_t embeddingT(const void *tablev, const int32_t *ids, void *yv, int64_t n,
+                       int64_t vocab, int64_t width, long long *badPos, cudaStream_t s) {
+  const T *table = cp<T>(tablev);
+  T *y = mp<T>(yv);
+  return forEach(n * width, s, [=] __device__(int64_t i) {
+    int64_t r = i / width, c = i % width;
+    int32_t id = ids[r];
+    if (id < 0 || id >= vocab) {
+      st(y + i, 0.f);
+      if (c == 0)
+        atomicMin(badPos, (long long)r);
+      return;
+    }
+    y[i] = table[(int64_t)id * width + c];
+  });
+}
+
+/// The reference sums each column in f32 in id order into the f32 table;
+/// a bf16 table cannot hold that running sum (every addition would round),
+/// so the sums run in an f32 scratch of the table's size (the widened path
+/// needed the same, plus f32 copies of dy) and are rounded once.
+template <typename T>
+cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, float *acc,
+                           int64_t n, int64_t vocab, int64_t width, long long *badPos,
+                           cudaStream_t s) {
+  const T *dy = cp<T>(dyv);
+  T *dtable = mp<T>(dtablev);
+  if (cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(float) * vocab * width, s))
+    return e;
+  if (cudaError_t e = forEach(width, s, [=] __device__(int64_t c) {
+        for (int64_t r = 0; r < n; ++r) { // in id order, as the CPU kernel
+          int32_t id = ids[r];
+          if (id < 0 || id >= vocab) {
+            if (c == 0)
+              atomicMin(badPos, (long long)r);
+            continue;
+          }
+          acc[(int64_t)id * width + c] += ld(dy + r * width + c);
+        }
+      }))
+    return e;
+  return forEach(vocab * width, s, [=] __device__(int64_t i) { st(dtable + i, acc[i]); });
+}
+
+// --- row-wise --------------------------------------------------------------------
+
+template <typename T>
+__global__ void softmaxWarpKernel(const T *x, T *y, int64_t rows, int64_t cols) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    const T *xr = x + r * cols;
+    float mx = -INFINITY;
+    for (int64_t c = lane; c < cols; c += 32)
+      mx = fmaxf(mx, ld(xr + c));
+    mx = warpAllMax(mx);
+    float sum = 0;
+    for (int64_t c = lane; c < cols; c += 32)
+      sum += expf(ld(xr + c) - mx);
+    sum = warpAllSum(sum);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(y + r * cols + c, expf(ld(xr + c) - mx) / sum);
+  }
+}
+
+template <typename T>
+__global__ void softmaxGradWarpKernel(const T *y, const T *dy, T *dx, int64_t rows,
+                                      int64_t cols) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    int64_t o = r * cols;
+    float dot = 0;
+    for (int64_t c = lane; c < cols; c += 32)
+      dot += ld(y + o + c) * ld(dy + o + c);
+    dot = warpAllSum(dot);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(dx + o + c, ld(y + o + c) * (ld(dy + o + c) - dot));
+  }
+}
+
+/// Row mean and 1/sqrt(biased variance + eps), two passes (cpu rowStats).
+template <typename T>
+__device__ __forceinline__ void rowStatsWarp(const T *xr, int64_t cols, float eps, int lane,
+                                             float &mean, float &rstd) {
+  float sum = 0;
+  for (int64_t c = lane; c < cols; c += 32)
+    sum += ld(xr + c);
+  mean = warpAllSum(sum) / (float)cols;
+  float var = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    float d = ld(xr + c) - mean;
+    var += d * d;
+  }
+  var = warpAllSum(var) / (float)cols;
+  rstd = 1.f / sqrtf(var + eps);
+}
+
+template <typename T>
+__global__ void layerNormWarpKernel(const T *x, const T *g, const T *b, T *y, int64_t rows,
+                                    int64_t cols, float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    const T *xr = x + r * cols;
+    float mean, rstd;
+    rowStatsWarp(xr, cols, eps, lane, mean, rstd);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(y + r * cols + c, (ld(xr + c) - mean) * rstd * ld(g + c) + ld(b + c));
+  }
+}
+
+/// The number of warps of layerNormGrad (and rows of its partials).
+int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 1024)); }
+
+/// Warp w handles rows w, w + W, ...; partial + w * 2 * cols holds its
+/// running dg (first cols) and db (next cols), each column owned by one
+/// lane: a fixed order, no atomics.
+template <typename T>
+__global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *dx,
+                                        float *partial, int64_t rows, int64_t cols, float eps,
+                                        int64_t W) {
+  int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (w >= W)
+    return;
+  float *pg = partial + w * 2 * cols, *pb = pg + cols;
+  for (int64_t c = lane; c < cols; c += 32)
+    pg[c] = pb[c] = 0.f;
+  for (int64_t r = w; r < rows; r += W) {
+    const T *xr = x + r * cols, *dyr = dy + r * cols;
+    float mean, rstd;
+    rowStatsWarp(xr, cols, eps, lane, mean, rstd);
+    float s1 = 0, s2 = 0;
+    for (int64_t c = lane; c < cols; c += 32) {
+      float xhat = (ld(xr + c) - mean) * rstd, d = ld(dyr + c), dyg = d * ld(g + c);
+      s1 += dyg;
+      s2 += dyg * xhat;
+      pg[c] += d * xhat;
+      pb[c] += d;
+    }
+    float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
+    for (int64_t c = lane; c < cols; c += 32) {
+      float xhat = (ld(xr + c) - mean) * rstd;
+      st(dx + r * cols + c, rstd * (ld(dyr + c) * ld(g + c) - m1 - xhat * m2));
+    }
+  }
+}
+
+template <typename T>
+cudaError_t softmaxT(const void *x, void *y, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  softmaxWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), mp<T>(y), rows, cols);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t softmaxGradT(const void *y, const void *dy, void *dx, int64_t rows, int64_t cols,
+                         cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  softmaxGradWarpKernel<T>
+      <<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(y), cp<T>(dy), mp<T>(dx), rows, cols);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t layerNormT(const void *x, const void *g, const void *b, void *y, int64_t rows,
+                       int64_t cols, double eps, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  layerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(b),
+                                                             mp<T>(y), rows, cols, (float)eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *dxv, void *dgv,
+                           void *dbv, float *partial, int64_t rows, int64_t cols, double eps,
+                           cudaStream_t s) {
+  T *dg = mp<T>(dgv), *db = mp<T>(dbv);
+  if (rows <= 0) {
+    if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(T) * cols, s))
+      return e;
+    return cudaMemsetAsync(db, 0, sizeof(T) * cols, s);
+  }
+  int64_t W = lnGradWarps(rows);
+  layerNormGradWarpKernel<T><<<(unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads,
+                               0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), partial,
+                                       rows, cols, (float)eps, W);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  const float *pp = partial;
+  return forEach(cols, s, [=] __device__(int64_t c) {
+    float sg = 0, sb = 0;
+    for (int64_t w = 0; w < W; ++w) {
+      sg += pp[w * 2 * cols + c];
+      sb += pp[w * 2 * cols + cols + c];
+    }
+    st(dg + c, sg);
+    st(db + c, sb);
+  });
+}
+
+// --- softmax + cross-entropy over a vocabulary -------------------------------------
+
+/// Online (max, sum of exp(x - max)) of one block's row, combined in a
+/// fixed order (lanes by butterfly, then warps in index order).
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY)
+    return {m, 0.f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+template <typename T>
+__device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
+  MaxSum a{-INFINITY, 0.f};
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = ld(xr + c);
+    if (v > a.m) {
+      a.s = a.s * expf(a.m - v) + 1.f;
+      a.m = v;
+    } else {
+      a.s += expf(v - a.m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum b{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)};
+    a = combine(a, b);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0)
+    sh[warp] = a;
+  __syncthreads();
+  MaxSum r = sh[0];
+  for (int i = 1; i < warps; ++i)
+    r = combine(r, sh[i]);
+  return r;
+}
+
+template <typename T>
+__global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perRow,
+                            int64_t classes, long long *badPos) {
+  __shared__ MaxSum sh[32];
+  const T *lr = logits + blockIdx.x * classes;
+  int32_t label = labels[blockIdx.x];
+  bool bad = label < 0 || label >= classes;
+  MaxSum ms = rowMaxSumOnline(lr, classes, sh);
+  if (threadIdx.x == 0) {
+    if (bad)
+      atomicMin(badPos, (long long)blockIdx.x);
+    perRow[blockIdx.x] = bad ? 0.0 : (double)(logf(ms.s) + ms.m - ld(lr + label));
+  }
+}
+
+template <typename T>
+__global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
+                             T *dlogits, int64_t rows, int64_t classes, long long *badPos) {
+  __shared__ MaxSum sh[32];
+  const T *lr = logits + blockIdx.x * classes;
+  T *dr = dlogits + blockIdx.x * classes;
+  int32_t label = labels[blockIdx.x];
+  MaxSum ms = rowMaxSumOnline(lr, classes, sh);
+  float f = *dloss / (float)rows;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    st(dr + c, expf(ld(lr + c) - ms.m) / ms.s * f - (c == label ? f : 0.f));
+  if (threadIdx.x == 0 && (label < 0 || label >= classes))
+    atomicMin(badPos, (long long)blockIdx.x);
+}
+
+__global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += perRow[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    *out = (float)(acc / (double)n);
+}
+
+template <typename T>
+cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss,
+                          double *scratch, int64_t rows, int64_t classes, long long *badPos,
+                          cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX)
+    return cudaErrorInvalidValue;
+  ceRowKernel<T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch, classes,
+                                                     badPos);
+  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
+                              void *dlogits, int64_t rows, int64_t classes, long long *badPos,
+                              cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX)
+    return cudaErrorInvalidValue;
+  ceGradKernel<T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, dloss,
+                                                      mp<T>(dlogits), rows, classes, badPos);
+  return cudaGetLastError();
+}
+
+// --- AdamW ---------------------------------------------------------------------------
+
+template <typename G>
+__global__ void adamwKernel(const float *p, const G *g, const float *m, const float *v,
+                            float *np, float *nm, float *nv, int64_t n, const float *lrp,
+                            const float *stepp, double beta1, double beta2, float eps, double wd,
+                            const float *gradScale, const float *skip) {
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      np[i] = p[i];
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    return;
+  }
+  // The scalars as torch computes them (doubles), once per thread.
+  double t = (double)(int64_t)*stepp, l = (double)*lrp;
+  float stepSize = (float)(l / (1 - pow(beta1, t)));
+  float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
+  float decay = (float)(1 - l * wd);
+  float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
+        omb2 = (float)(1 - beta2);
+  float gs = gradScale ? *gradScale : 1.f;
+  bool scaled = gradScale != nullptr;
+  FSDP_GRID_STRIDE(i, n) {
+    float gi = ld(g + i);
+    if (scaled)
+      gi *= gs;
+    float pi = p[i] * decay;
+    float mi = m[i] * b1 + omb1 * gi;
+    float vi = v[i] * b2 + omb2 * gi * gi;
+    float denom = sqrtf(vi) / bc2Sqrt + eps;
+    np[i] = pi - stepSize * (mi / denom);
+    nm[i] = mi;
+    nv[i] = vi;
+  }
+}
+
+template <typename G>
+cudaError_t adamwT(const float *p, const void *g, const float *m, const float *v, float *np,
+                   float *nm, float *nv, int64_t n, const float *lr, const float *step,
+                   double beta1, double beta2, double eps, double wd, const float *gradScale,
+                   const float *skip, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  adamwKernel<G><<<gridFor(n), kThreads, 0, s>>>(p, cp<G>(g), m, v, np, nm, nv, n, lr, step,
+                                                 beta1, beta2, (float)eps, wd, gradScale,
+                                                 skip);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, double factor,
+                  cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, unaryT, k, x, y, n, factor, s);
+}
+cudaError_t unaryGrad(FloatKind t, UnaryGradKind k, const void *x, const void *dy, void *dx,
+                      int64_t n, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, unaryGradT, k, x, dy, dx, n, s);
+}
+cudaError_t fill(FloatKind t, void *y, int64_t n, double v, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, fillT, y, n, v, s);
+}
+cudaError_t binary(FloatKind t, BinaryKind k, const void *a, const Shape &sa, const void *b,
+                   const Shape &sb, void *out, const Shape &so, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, binaryT, k, a, sa, b, sb, out, so, s);
+}
+cudaError_t biasAdd(FloatKind t, const void *x, const void *b, void *y, int64_t rows,
+                    int64_t cols, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, biasAddT, x, b, y, rows, cols, s);
+}
+cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
+                        const Shape &so, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, broadcastToT, in, si, out, so, s);
+}
+cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
+                  cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, sumToT, in, si, out, so, s);
+}
+cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
+                      const std::vector<int64_t> &perm, void *y, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, transposeT, x, sx, perm, y, s);
+}
+cudaError_t slice(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,
+                  int64_t len, int64_t inner, int64_t offset, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, sliceT, x, y, outer, full, len, inner, offset, s);
+}
+cudaError_t sliceGrad(FloatKind t, const void *dy, void *dx, int64_t outer, int64_t full,
+                      int64_t len, int64_t inner, int64_t offset, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, sliceGradT, dy, dx, outer, full, len, inner, offset, s);
+}
+cudaError_t place(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,
+                  int64_t len, int64_t inner, int64_t offset, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, placeT, x, y, outer, full, len, inner, offset, s);
+}
+cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *y, int64_t n,
+                      int64_t vocab, int64_t width, long long *badPos, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, embeddingT, table, ids, y, n, vocab, width, badPos, s);
+}
+int64_t embeddingGradScratch(int64_t vocab, int64_t width) { return vocab * width; }
+cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
+                          float *scratch, int64_t n, int64_t vocab, int64_t width,
+                          long long *badPos, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, embeddingGradT, ids, dy, dtable, scratch, n, vocab, width, badPos,
+                       s);
+}
+cudaError_t softmax(FloatKind t, const void *x, void *y, int64_t rows, int64_t cols,
+                    cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, softmaxT, x, y, rows, cols, s);
+}
+cudaError_t softmaxGrad(FloatKind t, const void *y, const void *dy, void *dx, int64_t rows,
+                        int64_t cols, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, softmaxGradT, y, dy, dx, rows, cols, s);
+}
+cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, void *y,
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, layerNormT, x, g, b, y, rows, cols, eps, s);
+}
+int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
+  return lnGradWarps(rows) * 2 * cols;
+}
+cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
+                          void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
+                          double eps, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s);
+}
+cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
+                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
+                         cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyT, logits, labels, loss, scratch, rows, classes, badPos,
+                       s);
+}
+cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
+                             const float *dloss, void *dlogits, int64_t rows, int64_t classes,
+                             long long *badPos, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes,
+                       badPos, s);
+}
+cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
+                  const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,
+                  const float *step, double beta1, double beta2, double eps, double wd,
+                  const float *gradScale, const float *skip, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(gradKind, adamwT, p, g, m, v, np, nm, nv, n, lr, step, beta1, beta2,
+                       eps, wd, gradScale, skip, s);
+}
+
+} // namespace fsdp::cuda::native

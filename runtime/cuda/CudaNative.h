@@ -1,0 +1,121 @@
+//===- CudaNative.h - kernels on bf16 / f16 / f32 storage -------*- C++ -*-===//
+//
+// The fast path of the CUDA device for mixed-precision plans: kernels that
+// read their tensors in the storage dtype (f32, bf16 or f16), compute in
+// f32 and round once at the output, so a bf16 instruction no longer goes
+// through f32 copies in scratch (CudaDevice.cpp's widened fallback, kept
+// for the ops without a kernel here).
+//
+// Semantics: [Note: bf16 storage, f32 compute] (runtime/core/OpRules.cpp):
+// inputs widened exactly, the f32 math, one round-to-nearest-even per
+// output element. Where a kernel's f32 math is the reference kernel's
+// (CudaKernels.cu) expression for expression, the result is bitwise that
+// of the widened path; the row-wise kernels (layer norm, softmax,
+// cross-entropy) reduce in another fixed order (a warp per row), so they
+// agree with the reference within the f32 reduction bound, and then within
+// one bf16 ulp after the rounding. test/unit/CudaFastKernelsTest.cpp checks
+// both.
+//
+// Every tensor operand of one call has the storage dtype `t`; scalars the
+// step computes (loss, its gradient, lr, step, skip_nonfinite, grad scale) stay
+// f32. Pointers are device memory; functions return the launch's status.
+// Deterministic: fixed-order reductions, no floating-point atomics.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_RUNTIME_CUDA_CUDANATIVE_H
+#define FSDP_RUNTIME_CUDA_CUDANATIVE_H
+
+#include "runtime/cuda/CudaKernels.h"
+
+namespace fsdp::cuda::native {
+
+enum class UnaryKind { Neg, Scale, Relu, Gelu, GeluExact, Silu };
+enum class UnaryGradKind { Relu, Gelu, GeluExact, Silu };
+
+/// y = f(x) (Scale: x * factor).
+cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, double factor,
+                  cudaStream_t s);
+/// dx = f'(x) dy.
+cudaError_t unaryGrad(FloatKind t, UnaryGradKind k, const void *x, const void *dy, void *dx,
+                      int64_t n, cudaStream_t s);
+cudaError_t fill(FloatKind t, void *y, int64_t n, double v, cudaStream_t s);
+/// out = a (op) b with NumPy broadcasting; a contiguous same-shape fast path.
+cudaError_t binary(FloatKind t, BinaryKind k, const void *a, const Shape &sa, const void *b,
+                   const Shape &sb, void *out, const Shape &so, cudaStream_t s);
+cudaError_t biasAdd(FloatKind t, const void *x, const void *b, void *y, int64_t rows,
+                    int64_t cols, cudaStream_t s);
+cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
+                        const Shape &so, cudaStream_t s);
+/// Sums in f32 in the reference order (row-major over the summed dims).
+cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
+                  cudaStream_t s);
+cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
+                      const std::vector<int64_t> &perm, void *y, cudaStream_t s);
+cudaError_t slice(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,
+                  int64_t len, int64_t inner, int64_t offset, cudaStream_t s);
+cudaError_t sliceGrad(FloatKind t, const void *dy, void *dx, int64_t outer, int64_t full,
+                      int64_t len, int64_t inner, int64_t offset, cudaStream_t s);
+cudaError_t place(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,
+                  int64_t len, int64_t inner, int64_t offset, cudaStream_t s);
+/// Rows of a table in dtype t (ids as CudaKernels.h's embedding).
+cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *y, int64_t n,
+                      int64_t vocab, int64_t width, long long *badPos, cudaStream_t s);
+/// Floats of scratch embeddingGrad needs (an f32 table).
+int64_t embeddingGradScratch(int64_t vocab, int64_t width);
+/// Accumulates in f32 scratch per column in id order, rounds once.
+cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
+                          float *scratch, int64_t n, int64_t vocab, int64_t width,
+                          long long *badPos, cudaStream_t s);
+
+// --- row-wise: a warp per row ------------------------------------------------
+
+cudaError_t softmax(FloatKind t, const void *x, void *y, int64_t rows, int64_t cols,
+                    cudaStream_t s);
+cudaError_t softmaxGrad(FloatKind t, const void *y, const void *dy, void *dx, int64_t rows,
+                        int64_t cols, cudaStream_t s);
+
+/// Fused layer norm forward (two-pass mean / biased variance per row, as
+/// the CPU kernel).
+cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, void *y,
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s);
+/// Floats of scratch layerNormGrad needs: per-warp partial column sums of
+/// dg and db (a fixed number of warps for a given row count).
+int64_t layerNormGradScratch(int64_t rows, int64_t cols);
+/// Fused layer norm backward: one pass per row computes the row statistics
+/// again, dx, and this warp's partial dg / db (registers -> scratch); a
+/// second kernel sums the partials per column in warp order. No atomics.
+cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
+                          void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
+                          double eps, cudaStream_t s);
+
+/// Fused softmax + cross-entropy over the vocabulary, reading the logits in
+/// their storage dtype (no f32 copy of the logits is written): one online
+/// max / sum-of-exp pass per row, the per-row losses in `scratch` (rows
+/// doubles), then their mean in a fixed order into *loss (f32).
+cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
+                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
+                         cudaStream_t s);
+/// dlogits (dtype t) = (softmax - onehot) * dloss / rows, one read pass for
+/// the row statistics and one read + write pass.
+cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
+                             const float *dloss, void *dlogits, int64_t rows, int64_t classes,
+                             long long *badPos, cudaStream_t s);
+
+// --- optimizer -----------------------------------------------------------------
+
+/// Fused AdamW over a flat shard: f32 master p and state m, v; the gradient
+/// in `gradKind` (f32 or bf16/f16) times *gradScale when gradScale is not
+/// null (loss-scale unscaling, clipping); when skip is not null and *skip
+/// is inf or NaN the update is skipped: np, nm, nv get p, m, v unchanged
+/// (copies when not in place) — the optimizer ops' `skip_nonfinite` operand
+/// (the global squared norm of the loss-scaled gradients).
+/// lr, step: device scalars. The math is cpu::adamwUpdate's.
+cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
+                  const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,
+                  const float *step, double beta1, double beta2, double eps, double wd,
+                  const float *gradScale, const float *skip, cudaStream_t s);
+
+} // namespace fsdp::cuda::native
+
+#endif // FSDP_RUNTIME_CUDA_CUDANATIVE_H

@@ -1,0 +1,565 @@
+//===- CudaFastKernelsTest.cpp - native bf16, tiled attention, fused AdamW ===//
+//
+// The fast kernels of the CUDA backend (CudaNative.h, CudaFlash.h, the bf16
+// cuBLASLt GEMM) against two references on the same inputs:
+//   - bitwise, the widened path (the f32 reference kernel of CudaKernels.h
+//     on exact f32 copies, rounded once by gpu::cast) wherever the native
+//     kernel's f32 math is the reference's expression for expression;
+//   - the CPU kernel (runtime/cpu/Kernels.h) in f32 on the widened inputs,
+//     i.e. the CPU device's bf16 semantics before its one rounding.
+// Tolerance against the unrounded CPU value w: the GPU's f32 value g
+// differs from w by at most delta (f32 arithmetic: a few u = 2^-24 per
+// operation, n u sum|terms| for a sum of n terms in another order, derived
+// from the data), and rounding g to bf16 moves it by at most 2^-8 |g|; so
+// |bf16(g) - w| <= 2^-8 (|w| + delta) + delta.
+//
+// Without a GPU every test is skipped, visibly (GTEST_SKIP with the reason).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/CudaFlash.h"
+#include "runtime/cuda/CudaGemm.h"
+#include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaNative.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace cpu = fsdp::cpu;
+namespace gpu = fsdp::cuda;
+namespace nat = fsdp::cuda::native;
+using gpu::FloatKind;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24); // f32 unit roundoff
+constexpr double kUb = 1.0 / (1 << 8); // bf16 unit roundoff
+
+std::vector<float> randomVec(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = d(g);
+  return v;
+}
+
+/// x rounded to bf16 (bits) and those values widened back (exact).
+struct Bf16Vec {
+  std::vector<uint16_t> bits;
+  std::vector<float> wide;
+  explicit Bf16Vec(const std::vector<float> &x) : bits(x.size()), wide(x.size()) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      bits[i] = cpu::floatToBf16(x[i]);
+      wide[i] = cpu::bf16ToFloat(bits[i]);
+    }
+  }
+};
+
+std::vector<float> widen(const std::vector<uint16_t> &b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i)
+    f[i] = cpu::bf16ToFloat(b[i]);
+  return f;
+}
+
+template <typename T> class Dev {
+public:
+  explicit Dev(const std::vector<T> &h) : n_(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(n_, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, h.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, sizeof(T) * std::max<size_t>(n_, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xff, sizeof(T) * n_), cudaSuccess); // NaN poison
+  }
+  ~Dev() { cudaFree(p_); }
+  T *get() const { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+private:
+  T *p_ = nullptr;
+  size_t n_;
+};
+
+double maxAbs(const std::vector<float> &v) {
+  double m = 0;
+  for (float x : v)
+    m = std::max(m, (double)std::fabs(x));
+  return m;
+}
+
+/// bf16 results against the unrounded CPU f32 values (see the file comment);
+/// delta: the f32 bound, per element or one for all.
+void expectBf16Near(const std::vector<uint16_t> &got, const std::vector<float> &want,
+                    const std::vector<double> &delta, const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double d = delta.size() == 1 ? delta[0] : delta[i];
+    double g = cpu::bf16ToFloat(got[i]);
+    double tol = kUb * (std::fabs(want[i]) + d) + d;
+    EXPECT_LE(std::fabs(g - want[i]), tol)
+        << what << " element " << i << ": gpu " << g << ", cpu " << want[i];
+  }
+}
+
+void expectF32Near(const std::vector<float> &got, const std::vector<float> &want, double ulps,
+                   double slack, const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::fabs((double)got[i] - want[i]), ulps * kU * std::fabs(want[i]) + slack)
+        << what << " element " << i << ": gpu " << got[i] << ", cpu " << want[i];
+}
+
+template <typename T>
+void expectBitwise(const std::vector<T> &got, const std::vector<T> &want, const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 10; ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << " element " << i << " differs from the widened path";
+      ++bad;
+    }
+}
+
+/// The widened path on the GPU: f32 kernel output (device f32, n) -> bf16 bits.
+std::vector<uint16_t> roundOnGpu(const Dev<float> &f32, size_t n) {
+  Dev<uint16_t> out(n);
+  EXPECT_EQ(gpu::cast(f32.get(), FloatKind::F32, out.get(), FloatKind::BF16, (int64_t)n, 0),
+            cudaSuccess);
+  return out.host();
+}
+
+class CudaFastKernelsTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      GTEST_SKIP() << "no CUDA GPU here (cudaGetDeviceCount: " << cudaGetErrorName(e)
+                   << ", " << n << " devices): the fast CUDA kernels are compiled, not run";
+  }
+};
+
+TEST_F(CudaFastKernelsTest, Bf16ElementwiseIsTheWidenedPathBitwise) {
+  const int64_t n = 3000;
+  Bf16Vec x(randomVec(n, 1, 2.f)), dy(randomVec(n, 2));
+  Dev<uint16_t> bx(x.bits), bdy(dy.bits), bout(n);
+  Dev<float> fx(x.wide), fdy(dy.wide), fout(n);
+  std::vector<float> want(n);
+  using UK = nat::UnaryKind;
+  using UG = nat::UnaryGradKind;
+  struct U {
+    UK k;
+    cudaError_t (*ref)(const float *, float *, int64_t, cudaStream_t);
+    void (*cpuFn)(const float *, float *, int64_t);
+    double ulps;
+    const char *what;
+  };
+  for (U u : {U{UK::Neg, gpu::neg, cpu::neg<float>, 0, "neg"},
+              U{UK::Relu, gpu::relu, cpu::relu<float>, 0, "relu"},
+              U{UK::Gelu, gpu::gelu, cpu::gelu<float>, 8, "gelu"},
+              U{UK::GeluExact, gpu::geluExact, cpu::geluExact<float>, 8, "gelu exact"},
+              U{UK::Silu, gpu::silu, cpu::silu<float>, 8, "silu"}}) {
+    ASSERT_EQ(nat::unary(FloatKind::BF16, u.k, bx.get(), bout.get(), n, 1.0, 0), cudaSuccess);
+    ASSERT_EQ(u.ref(fx.get(), fout.get(), n, 0), cudaSuccess);
+    expectBitwise(bout.host(), roundOnGpu(fout, n), u.what);
+    u.cpuFn(x.wide.data(), want.data(), n);
+    expectBf16Near(bout.host(), want, {u.ulps * kU * 4 * maxAbs(x.wide) + 1e-30}, u.what);
+  }
+  struct G {
+    UG k;
+    cudaError_t (*ref)(const float *, const float *, float *, int64_t, cudaStream_t);
+    const char *what;
+  };
+  for (G g : {G{UG::Relu, gpu::reluGrad, "relu_grad"}, G{UG::Gelu, gpu::geluGrad, "gelu_grad"},
+              G{UG::GeluExact, gpu::geluExactGrad, "gelu exact grad"},
+              G{UG::Silu, gpu::siluGrad, "silu_grad"}}) {
+    ASSERT_EQ(nat::unaryGrad(FloatKind::BF16, g.k, bx.get(), bdy.get(), bout.get(), n, 0),
+              cudaSuccess);
+    ASSERT_EQ(g.ref(fx.get(), fdy.get(), fout.get(), n, 0), cudaSuccess);
+    expectBitwise(bout.host(), roundOnGpu(fout, n), g.what);
+  }
+  cpu::geluGrad(x.wide.data(), dy.wide.data(), want.data(), n);
+  ASSERT_EQ(nat::unaryGrad(FloatKind::BF16, UG::Gelu, bx.get(), bdy.get(), bout.get(), n, 0),
+            cudaSuccess);
+  expectBf16Near(bout.host(), want, {16 * kU * 4 * maxAbs(x.wide) * maxAbs(dy.wide)},
+                 "gelu_grad vs cpu");
+  ASSERT_EQ(nat::unary(FloatKind::BF16, UK::Scale, bx.get(), bout.get(), n, 0.37, 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::scale(fx.get(), fout.get(), n, 0.37, 0), cudaSuccess);
+  expectBitwise(bout.host(), roundOnGpu(fout, n), "scale");
+  // f32 storage: the same kernels are bitwise the reference.
+  Dev<float> fo2(n);
+  ASSERT_EQ(nat::unary(FloatKind::F32, UK::Gelu, fx.get(), fo2.get(), n, 1.0, 0), cudaSuccess);
+  ASSERT_EQ(gpu::gelu(fx.get(), fout.get(), n, 0), cudaSuccess);
+  expectBitwise(fo2.host(), fout.host(), "f32 gelu");
+}
+
+TEST_F(CudaFastKernelsTest, Bf16BroadcastBiasSumToAndDataMovement) {
+  gpu::Shape sa{4, 1, 8}, sb{3, 1}, so{4, 3, 8};
+  Bf16Vec a(randomVec(32, 3)), b(randomVec(3, 4)), big(randomVec(96, 5));
+  Dev<uint16_t> ba(a.bits), bb(b.bits), bbig(big.bits), bout(96);
+  Dev<float> fa(a.wide), fb(b.wide), fbig(big.wide), fout(96);
+  for (auto k : {gpu::BinaryKind::Add, gpu::BinaryKind::Sub, gpu::BinaryKind::Mul,
+                 gpu::BinaryKind::Div}) {
+    ASSERT_EQ(nat::binary(FloatKind::BF16, k, ba.get(), sa, bb.get(), sb, bout.get(), so, 0),
+              cudaSuccess);
+    ASSERT_EQ(gpu::binary(k, fa.get(), sa, fb.get(), sb, fout.get(), so, 0), cudaSuccess);
+    expectBitwise(bout.host(), roundOnGpu(fout, 96), "broadcast binary");
+    // same shapes: the fast path
+    ASSERT_EQ(nat::binary(FloatKind::BF16, k, bbig.get(), so, bbig.get(), so, bout.get(), so, 0),
+              cudaSuccess);
+    ASSERT_EQ(gpu::binary(k, fbig.get(), so, fbig.get(), so, fout.get(), so, 0), cudaSuccess);
+    expectBitwise(bout.host(), roundOnGpu(fout, 96), "same-shape binary");
+  }
+  Bf16Vec bias(randomVec(8, 6));
+  Dev<uint16_t> bbias(bias.bits);
+  Dev<float> fbias(bias.wide);
+  ASSERT_EQ(nat::biasAdd(FloatKind::BF16, bbig.get(), bbias.get(), bout.get(), 12, 8, 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::biasAdd(fbig.get(), fbias.get(), fout.get(), 12, 8, 0), cudaSuccess);
+  expectBitwise(bout.host(), roundOnGpu(fout, 96), "bias_add");
+  // sum_to: leading rows (the bias-gradient fast path) and a middle dim.
+  for (gpu::Shape to : {gpu::Shape{8}, gpu::Shape{4, 1, 8}, gpu::Shape{3, 8}}) {
+    int64_t m = 1;
+    for (int64_t d : to)
+      m *= d;
+    Dev<uint16_t> bs(m);
+    Dev<float> fs(m);
+    ASSERT_EQ(nat::sumTo(FloatKind::BF16, bbig.get(), so, bs.get(), to, 0), cudaSuccess);
+    ASSERT_EQ(gpu::sumTo(fbig.get(), so, fs.get(), to, 0), cudaSuccess);
+    expectBitwise(bs.host(), roundOnGpu(fs, m), "sum_to");
+  }
+  // slice / slice_grad / transpose: copies, bitwise the widened path.
+  Dev<uint16_t> bsl(4 * 2 * 8), bsg(96);
+  Dev<float> fsl(4 * 2 * 8), fsg(96);
+  ASSERT_EQ(nat::slice(FloatKind::BF16, bbig.get(), bsl.get(), 4, 3, 2, 8, 1, 0), cudaSuccess);
+  ASSERT_EQ(gpu::slice(fbig.get(), fsl.get(), 4, 3, 2, 8, 1, 0), cudaSuccess);
+  expectBitwise(bsl.host(), roundOnGpu(fsl, 64), "slice");
+  ASSERT_EQ(nat::sliceGrad(FloatKind::BF16, bsl.get(), bsg.get(), 4, 3, 2, 8, 1, 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::sliceGrad(fsl.get(), fsg.get(), 4, 3, 2, 8, 1, 0), cudaSuccess);
+  expectBitwise(bsg.host(), roundOnGpu(fsg, 96), "slice_grad");
+  ASSERT_EQ(nat::transpose(FloatKind::BF16, bbig.get(), so, {2, 0, 1}, bout.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::transpose(fbig.get(), so, {2, 0, 1}, fout.get(), 0), cudaSuccess);
+  expectBitwise(bout.host(), roundOnGpu(fout, 96), "transpose");
+}
+
+TEST_F(CudaFastKernelsTest, Bf16EmbeddingAndItsGradient) {
+  const int64_t vocab = 11, width = 16, n = 40;
+  Bf16Vec table(randomVec(vocab * width, 7)), dy(randomVec(n * width, 8));
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i)
+    ids[i] = (int32_t)((i * 7) % vocab);
+  Dev<uint16_t> bt(table.bits), bdy(dy.bits), by(n * width), bdt(vocab * width);
+  Dev<float> fdy(dy.wide), fdt(vocab * width), scratch(nat::embeddingGradScratch(vocab, width));
+  Dev<int32_t> dids(ids);
+  Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+  ASSERT_EQ(nat::embedding(FloatKind::BF16, bt.get(), dids.get(), by.get(), n, vocab, width,
+                           bad.get(), 0),
+            cudaSuccess);
+  auto y = by.host();
+  for (int64_t i = 0; i < n * width; ++i)
+    ASSERT_EQ(y[i], table.bits[ids[i / width] * width + i % width]) << i;
+  ASSERT_EQ(nat::embeddingGrad(FloatKind::BF16, dids.get(), bdy.get(), bdt.get(),
+                               scratch.get(), n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::embeddingGrad(dids.get(), fdy.get(), fdt.get(), n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  expectBitwise(bdt.host(), roundOnGpu(fdt, vocab * width), "embedding_grad");
+  EXPECT_EQ(bad.host()[0], LLONG_MAX);
+}
+
+TEST_F(CudaFastKernelsTest, Bf16RowwiseSoftmaxLayerNormAgainstCpu) {
+  for (int64_t cols : {int64_t(96), int64_t(768), int64_t(1000)}) {
+    const int64_t rows = 37;
+    Bf16Vec x(randomVec(rows * cols, 11, 2.f)), dy(randomVec(rows * cols, 12)),
+        g(randomVec(cols, 13)), b(randomVec(cols, 14));
+    Dev<uint16_t> bx(x.bits), bdy(dy.bits), bg(g.bits), bb(b.bits), by(rows * cols),
+        bdx(rows * cols), bdg(cols), bdb(cols);
+    Dev<float> scratch(nat::layerNormGradScratch(rows, cols));
+    std::vector<float> wy(rows * cols), wdx(rows * cols), wdg(cols), wdb(cols);
+    // f32 bounds: row sums of `cols` terms in another order (the row
+    // statistics, then each output a few operations on them); column sums
+    // of `rows` terms in another order for dgamma / dbeta.
+    double rowN = 4.0 * cols + 16;
+    double mx = maxAbs(x.wide), mdy = maxAbs(dy.wide), mg = maxAbs(g.wide);
+    // xhat is at most sqrt(cols) in magnitude (a normalised row).
+    double xhat = std::sqrt((double)cols);
+    ASSERT_EQ(nat::layerNorm(FloatKind::BF16, bx.get(), bg.get(), bb.get(), by.get(), rows,
+                             cols, 1e-5, 0),
+              cudaSuccess);
+    cpu::layerNorm(x.wide.data(), g.wide.data(), b.wide.data(), wy.data(), rows, cols, 1e-5);
+    expectBf16Near(by.host(), wy, {rowN * kU * 4 * (xhat * mg + maxAbs(b.wide))}, "layer_norm");
+    ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, bx.get(), bg.get(), bdy.get(), bdx.get(),
+                                 bdg.get(), bdb.get(), scratch.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    cpu::layerNormGrad(x.wide.data(), g.wide.data(), dy.wide.data(), wdx.data(), wdg.data(),
+                       wdb.data(), rows, cols, 1e-5);
+    (void)mx;
+    // dx = rstd (dy g - m1 - xhat m2): rstd up to 1/std of a row (the rows
+    // here have std ~2), m2 sums cols terms of size mdy mg xhat.
+    expectBf16Near(bdx.host(), wdx, {rowN * kU * 16 * mdy * mg * xhat}, "layer_norm d_input");
+    double colSlack = 4.0 * (rows + cols) * kU * mdy * xhat * rows;
+    expectBf16Near(bdg.host(), wdg, {colSlack}, "layer_norm d_gamma");
+    expectBf16Near(bdb.host(), wdb, {4.0 * rows * kU * mdy * rows}, "layer_norm d_beta");
+
+    // softmax and its VJP
+    ASSERT_EQ(nat::softmax(FloatKind::BF16, bx.get(), by.get(), rows, cols, 0), cudaSuccess);
+    cpu::softmax(x.wide.data(), wy.data(), rows, cols);
+    expectBf16Near(by.host(), wy, {rowN * kU * 4}, "softmax");
+    Bf16Vec yv(wy);
+    Dev<uint16_t> byv(yv.bits);
+    ASSERT_EQ(nat::softmaxGrad(FloatKind::BF16, byv.get(), bdy.get(), bdx.get(), rows, cols, 0),
+              cudaSuccess);
+    cpu::softmaxGrad(yv.wide.data(), dy.wide.data(), wdx.data(), rows, cols);
+    expectBf16Near(bdx.host(), wdx, {rowN * kU * 4 * mdy}, "softmax_grad");
+  }
+}
+
+TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
+  const int64_t rows = 33, classes = 50257; // GPT-2's vocabulary: odd, not a multiple of 8
+  Bf16Vec logits(randomVec(rows * classes, 21, 3.f));
+  std::vector<int32_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    labels[r] = (int32_t)((r * 7919) % classes);
+  Dev<uint16_t> bl(logits.bits), bd(rows * classes);
+  Dev<int32_t> dl(labels);
+  Dev<float> loss(1), dloss(std::vector<float>{1.5f});
+  Dev<double> perRow(rows);
+  Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+  ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(),
+                              rows, classes, bad.get(), 0),
+            cudaSuccess);
+  float wl = 0, dlh = 1.5f;
+  cpu::crossEntropy(logits.wide.data(), labels.data(), &wl, rows, classes);
+  // The sum of exp over `classes` terms in another order (an online
+  // max/sum), relative n u, then log: absolute error about classes * u.
+  expectF32Near(loss.host(), {wl}, 16, 4.0 * classes * kU, "cross_entropy (f32 loss)");
+  ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
+                                  rows, classes, bad.get(), 0),
+            cudaSuccess);
+  std::vector<float> wd(rows * classes);
+  cpu::crossEntropyGrad(logits.wide.data(), labels.data(), &dlh, wd.data(), rows, classes);
+  // softmax entries: relative error ~ classes u (the row sum), times 1.5/rows
+  expectBf16Near(bd.host(), wd, {4.0 * classes * kU * 1.5 / rows}, "cross_entropy_grad");
+  EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  // A bad label is recorded, not a crash.
+  labels[5] = (int32_t)classes;
+  Dev<int32_t> dl2(labels);
+  ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl2.get(), loss.get(), perRow.get(),
+                              rows, classes, bad.get(), 0),
+            cudaSuccess);
+  EXPECT_EQ(bad.host()[0], 5);
+}
+
+TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
+  for (auto [batch, m, n, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 48, 80},
+                                {3, 5, 7, 9},
+                                {1, 256, 768, 768},
+                                {2, 128, 64, 3072}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Bf16Vec a(randomVec(batch * m * k, 9)), b(randomVec(batch * k * n, 10));
+        std::vector<float> aa(a.wide.size()), ab(b.wide.size());
+        for (size_t i = 0; i < aa.size(); ++i)
+          aa[i] = std::fabs(a.wide[i]);
+        for (size_t i = 0; i < ab.size(); ++i)
+          ab[i] = std::fabs(b.wide[i]);
+        Dev<uint16_t> da(a.bits), db(b.bits), dc(batch * m * n);
+        ASSERT_TRUE(gemm.warm(FloatKind::BF16, batch, m, n, k, ta, tb).isOk());
+        auto st = gemm.run(FloatKind::BF16, da.get(), db.get(), dc.get(), batch, m, n, k, ta,
+                           tb, 0);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        std::vector<float> want(batch * m * n), mag(batch * m * n);
+        cpu::matmul(a.wide.data(), b.wide.data(), want.data(), batch, m, n, k, ta, tb);
+        cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
+        // CudaGemm.h: tensor-core f32 accumulation within k 2^-22 sum|a b|,
+        // the CPU's own f32 sum within k u sum|a b|.
+        std::vector<double> delta(mag.size());
+        for (size_t i = 0; i < mag.size(); ++i)
+          delta[i] = (k * std::ldexp(1.0, -22) + k * kU) * mag[i];
+        expectBf16Near(dc.host(), want, delta, "bf16 gemm");
+      }
+  // Bad shapes are a Status, not a crash.
+  EXPECT_FALSE(gemm.warm(FloatKind::BF16, (int64_t)1 << 40, 2, 2, 2, false, false).isOk());
+}
+
+void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
+               bool causal, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
+                                    << " D=" << D << " causal=" << causal
+                                    << (t == FloatKind::BF16 ? " bf16" : " f32"));
+  int64_t C = heads * D, KC = kv * D;
+  auto q0 = randomVec(B * T * C, seed), k0 = randomVec(B * T * KC, seed + 1),
+       v0 = randomVec(B * T * KC, seed + 2), dy0 = randomVec(B * T * C, seed + 3);
+  bool bf = t == FloatKind::BF16;
+  Bf16Vec q(q0), k(k0), v(v0), dy(dy0);
+  // The CPU reference on exactly the values the GPU reads.
+  const auto &qw = bf ? q.wide : q0, &kw = bf ? k.wide : k0, &vw = bf ? v.wide : v0,
+             &dyw = bf ? dy.wide : dy0;
+  std::vector<float> wy(B * T * C), wq(B * T * C), wk(B * T * KC), wv(B * T * KC);
+  cpu::attention(qw.data(), kw.data(), vw.data(), wy.data(), B, T, C, heads, causal, kv);
+  cpu::attentionGrad(qw.data(), kw.data(), vw.data(), dyw.data(), wq.data(), wk.data(),
+                     wv.data(), B, T, C, heads, causal, kv);
+  ASSERT_TRUE(gpu::flash::check(B, T, C, heads, kv).isOk());
+  size_t es = bf ? 2 : 4;
+  auto upload = [&](const Bf16Vec &b, const std::vector<float> &f) {
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, es * f.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, bf ? (const void *)b.bits.data() : (const void *)f.data(),
+                         es * f.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return p;
+  };
+  auto alloc = [&](size_t n) {
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, es * n), cudaSuccess);
+    return p;
+  };
+  auto fetch = [&](void *p, size_t n) {
+    std::vector<float> f(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (bf) {
+      std::vector<uint16_t> h(n);
+      EXPECT_EQ(cudaMemcpy(h.data(), p, 2 * n, cudaMemcpyDeviceToHost), cudaSuccess);
+      return std::make_pair(widen(h), h);
+    }
+    EXPECT_EQ(cudaMemcpy(f.data(), p, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return std::make_pair(f, std::vector<uint16_t>());
+  };
+  void *dq = upload(q, q0), *dk = upload(k, k0), *dv = upload(v, v0), *ddy = upload(dy, dy0);
+  void *y = alloc(B * T * C), *gq = alloc(B * T * C), *gk = alloc(B * T * KC),
+       *gv = alloc(B * T * KC);
+  Dev<float> scratch(gpu::flash::backwardScratch(B, T, heads));
+  ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, nullptr, B, T, C, heads, causal, kv, 0),
+            cudaSuccess);
+  // Bounds as CudaKernelsTest's attention test: scores (D terms), softmax
+  // and weighted sums (T terms each), the backward's sums over the group's
+  // heads * T, each n u times the terms' magnitude.
+  double n = D + 2.0 * T + (heads / kv) * T;
+  double mag = maxAbs(qw) * maxAbs(kw) * maxAbs(vw) * maxAbs(dyw) + maxAbs(vw);
+  double gmag = mag * D * std::sqrt((double)T);
+  auto check = [&](void *p, const std::vector<float> &want, double delta, const char *what) {
+    auto [f, bits] = fetch(p, want.size());
+    if (bf)
+      expectBf16Near(bits, want, {delta}, what);
+    else
+      expectF32Near(f, want, 0, delta, what);
+  };
+  check(y, wy, 16 * n * kU * mag, "flash attention");
+  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, ddy, gq, gk, gv, scratch.get(), B, T, C, heads,
+                                 causal, kv, 0),
+            cudaSuccess);
+  check(gq, wq, 16 * n * kU * gmag, "flash d_q");
+  check(gk, wk, 16 * n * kU * gmag, "flash d_k");
+  check(gv, wv, 16 * n * kU * gmag, "flash d_v");
+  // Deterministic: a second backward gives the same bits.
+  auto first = fetch(gk, wk.size()).first;
+  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, ddy, gq, gk, gv, scratch.get(), B, T, C, heads,
+                                 causal, kv, 0),
+            cudaSuccess);
+  expectBitwise(fetch(gk, wk.size()).first, first, "flash d_k run twice");
+  for (void *p : {dq, dk, dv, ddy, y, gq, gk, gv})
+    cudaFree(p);
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionAgainstCpuF32AndBf16) {
+  for (FloatKind t : {FloatKind::F32, FloatKind::BF16})
+    for (bool causal : {true, false}) {
+      flashCase(t, 2, 9, 4, 4, 8, causal, 15);      // smaller than a tile
+      flashCase(t, 1, 100, 4, 2, 64, causal, 31);   // tails, grouped-query
+      flashCase(t, 1, 130, 2, 1, 128, causal, 47);  // the largest head dim, MQA
+      flashCase(t, 2, 256, 12, 12, 64, causal, 59); // GPT-2's head shape
+    }
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionBeyondTheRowKernelsLimit) {
+  // Longer than attentionMaxT(): the reference kernels refuse it, the
+  // tiled one runs it (CudaDevice takes it there for f32 too).
+  int64_t T = gpu::attentionMaxT() + 70;
+  flashCase(FloatKind::F32, 1, T, 1, 1, 64, true, 71);
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionRejectsBadShapes) {
+  EXPECT_FALSE(gpu::flash::check(1, 8, 30, 4, 4).isOk());   // heads do not divide C
+  EXPECT_FALSE(gpu::flash::check(1, 8, 32, 4, 3).isOk());   // kv_heads do not divide heads
+  EXPECT_FALSE(gpu::flash::check(1, 8, 512, 2, 2).isOk());  // D = 256 > 128
+  EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                8, 30, 4, false, 4, 0),
+            cudaErrorInvalidValue);
+}
+
+TEST_F(CudaFastKernelsTest, FusedAdamWFoundInfAndGradScale) {
+  const int64_t n = 100003;
+  auto p = randomVec(n, 26), g = randomVec(n, 27), m = randomVec(n, 28), v0 = randomVec(n, 29);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = v0[i] * v0[i];
+  for (float step : {1.f, 7.f}) {
+    Dev<float> lr(std::vector<float>{3e-3f}), st(std::vector<float>{step});
+    // f32 gradient: bitwise the reference kernel.
+    Dev<float> ap(p), am(m), av(v), dg(g), rp(p), rm(m), rv(v);
+    ASSERT_EQ(nat::adamw(ap.get(), dg.get(), FloatKind::F32, am.get(), av.get(), ap.get(),
+                         am.get(), av.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         nullptr, nullptr, 0),
+              cudaSuccess);
+    ASSERT_EQ(gpu::adamwUpdate(rp.get(), dg.get(), rm.get(), rv.get(), rp.get(), rm.get(),
+                               rv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1, 0),
+              cudaSuccess);
+    expectBitwise(ap.host(), rp.host(), "adamw param");
+    expectBitwise(am.host(), rm.host(), "adamw exp_avg");
+    expectBitwise(av.host(), rv.host(), "adamw exp_avg_sq");
+    // bf16 gradient times a scale: the CPU update on the widened, scaled
+    // gradient (the f32 product is the same on both sides).
+    Bf16Vec gb(g);
+    const float scale = 0.25f;
+    std::vector<float> gs(n), wp(n), wm(n), wv(n);
+    for (int64_t i = 0; i < n; ++i)
+      gs[i] = gb.wide[i] * scale;
+    Dev<uint16_t> dgb(gb.bits);
+    Dev<float> bp(p), bm(m), bv(v), np(n), nm(n), nv(n), sc(std::vector<float>{scale}),
+        fi(std::vector<float>{0.f});
+    ASSERT_EQ(nat::adamw(bp.get(), dgb.get(), FloatKind::BF16, bm.get(), bv.get(), np.get(),
+                         nm.get(), nv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         sc.get(), fi.get(), 0),
+              cudaSuccess);
+    cpu::adamwUpdate(p.data(), gs.data(), m.data(), v.data(), wp.data(), wm.data(), wv.data(),
+                     n, 3e-3f, (int64_t)step, 0.9, 0.95, 1e-8, 0.1);
+    expectF32Near(np.host(), wp, 8, 0, "adamw bf16 grad param");
+    expectF32Near(nm.host(), wm, 4, 0, "adamw bf16 grad exp_avg");
+    expectF32Near(nv.host(), wv, 4, 0, "adamw bf16 grad exp_avg_sq");
+    // skip_nonfinite inf (an overflowed loss-scaled step): the step is
+    // skipped, out of place and in place; a finite one (0 above) is not.
+    Dev<float> inf(std::vector<float>{INFINITY});
+    ASSERT_EQ(nat::adamw(bp.get(), dgb.get(), FloatKind::BF16, bm.get(), bv.get(), np.get(),
+                         nm.get(), nv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         sc.get(), inf.get(), 0),
+              cudaSuccess);
+    expectBitwise(np.host(), p, "skipped step: param");
+    expectBitwise(nm.host(), m, "skipped step: exp_avg");
+    expectBitwise(nv.host(), v, "skipped step: exp_avg_sq");
+    ASSERT_EQ(nat::adamw(bp.get(), dgb.get(), FloatKind::BF16, bm.get(), bv.get(), bp.get(),
+                         bm.get(), bv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         nullptr, inf.get(), 0),
+              cudaSuccess);
+    expectBitwise(bp.host(), p, "skipped step in place: param");
+  }
+}
+
+} // namespace
