@@ -426,9 +426,9 @@ void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) 
     std::memmove(dst, src, n * dtypeSize(from)); // a cast may be in place
     return;
   }
-  // bf16 <-> f32 through the inline conversions of runtime/core/Bf16.h (the
-  // same rounding as cpu::floatToBf16): the loops vectorize, where a call
-  // per element made conversion most of a bf16 step's time.
+  // bf16 / f16 <-> f32 through the inline conversions of runtime/core/Bf16.h
+  // (the same rounding as cpu::floatToBf16 / floatToHalf): the loops
+  // vectorize, where a call per element made conversion most of a step.
   if (to == DType::F32) {
     auto *s = reinterpret_cast<const uint16_t *>(src);
     auto *d = reinterpret_cast<float *>(dst);
@@ -437,8 +437,9 @@ void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) 
       for (int64_t i = 0; i < n; ++i)
         d[i] = widenBf16(s[i]);
     } else {
+#pragma omp parallel for if (n > (1 << 16))
       for (int64_t i = 0; i < n; ++i)
-        d[i] = halfToFloat(s[i]);
+        d[i] = widenHalf(s[i]);
     }
     return;
   }
@@ -449,8 +450,9 @@ void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) 
     for (int64_t i = 0; i < n; ++i)
       d[i] = roundToBf16(s[i]);
   } else {
+#pragma omp parallel for if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i)
-      d[i] = floatToHalf(s[i]);
+      d[i] = roundToHalf(s[i]);
   }
 }
 
