@@ -54,6 +54,24 @@ a = json.load(open(sys.argv[1]))["losses"]; b = json.load(open(sys.argv[2]))["lo
 d = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b))
 print("native", a[-1], "widened", b[-1], "max relative loss difference", d)
 sys.exit(0 if d < 2e-2 else 1)' "$OUT/d5/log.json" "$OUT/d6/log.json"
+# f16 + dynamic loss scaling on the GPU vs the CPU run of the same plan:
+# 30 steps, the mean loss within D u (u = 2^-11, D the f16 roundings before
+# the loss; test/e2e/loss_scaling.py's derivation), the scaler agreeing on
+# the skipped steps.
+step gpt_f16_cuda "$R" "$P/gpt_f16.plan" --device cuda --steps 30 --lr 3e-3 --dump-dir "$OUT/d7"
+step gpt_f16_cpu "$R" "$P/gpt_f16.plan" --steps 30 --lr 3e-3 --threads 8 --dump-dir "$OUT/d8"
+step gpt_f16_track "$PY" -c '
+import json, sys
+plan = json.load(open(sys.argv[3])); bufs = plan["buffers"]; D = 0
+for i in plan["program"]:
+    if i["op"] in ("cross_entropy", "mse_loss", "bce_with_logits"): break
+    if i["op"] not in ("all_gather", "wait") and any(bufs[o]["dtype"] == "f16" for o in i["out"]): D += 1
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+ma, mb = sum(a["losses"]) / 30, sum(b["losses"]) / 30
+rel = abs(ma - mb) / mb
+print("cuda", ma, "cpu", mb, "relative", rel, "bound", D * 2.0 ** -11,
+      "skipped cuda", a.get("skipped_steps"), "cpu", b.get("skipped_steps"))
+sys.exit(0 if rel <= D * 2.0 ** -11 else 1)' "$OUT/d7/log.json" "$OUT/d8/log.json" "$P/gpt_f16.plan"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4
 # Optional (BENCH=1): bench/gpt2_gpu.py, fsdp-run bf16/f32 vs PyTorch eager,

@@ -34,6 +34,9 @@ python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.
 # bf16 GPT (small) for the native-vs-widened comparison of gpu-check.sh.
 "$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=bf16 plan=$P/gpt_bf16.plan report=false"
+# f16 with dynamic loss scaling: the same GPT on the GPU against the CPU.
+"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=f16 plan=$P/gpt_f16.plan report=false"
 # GPT-2 124M at T=1024 for bench/gpt2_gpu.py (the issue's batches: 16, 32).
 for b in 16 32; do
   python3 examples/gen_models.py gpt --vocab 50257 --ctx 1024 --layers 12 --heads 12 \
