@@ -42,6 +42,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <sys/stat.h>
@@ -119,6 +120,67 @@ void divide(void *data, int64_t count, DType dtype, int64_t n) {
     d[i] = roundToBf16(widenBf16(d[i]) / (float)n);
 }
 
+/// [Note: Gloo buffers] Gloo's collectives register the caller's memory as
+/// transport::UnboundBuffers, and the tcp transport's buffer destructor
+/// waits (spinning on sched_yield) until Gloo's event-loop thread has let
+/// go of it. With ranks sharing cores that thread is often not running, and
+/// the wait lasted a scheduler tick or more: a 0.3 ms all-gather took 3-7
+/// ms every few calls, most of a 2-rank CPU step (measured: the MLP of
+/// bench/simulator.py, 37 ms/step of which ~17 ms such stalls). The
+/// buffers are therefore kept, keyed by (address, bytes): the plan's
+/// collectives run on fixed arena addresses, so each is registered once
+/// and never destroyed inside a step. The options classes below hand a
+/// cached buffer to Gloo and take it back after the call (the members are
+/// protected in Gloo's headers, for this kind of reuse).
+class BufferCache {
+public:
+  using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+  Buffer take(gloo::Context &ctx, const void *ptr, size_t bytes) {
+    auto it = cache.find({ptr, bytes});
+    if (it != cache.end()) {
+      Buffer b = std::move(it->second);
+      cache.erase(it);
+      return b;
+    }
+    return ctx.createUnboundBuffer(const_cast<void *>(ptr), bytes);
+  }
+  void give(const void *ptr, size_t bytes, Buffer b) {
+    if (!b)
+      return;
+    // Host-side callers (checkpoints, calibration) use passing addresses:
+    // bound the cache; a full flush costs the old waits once.
+    if (cache.size() >= 1024)
+      cache.clear();
+    cache[{ptr, bytes}] = std::move(b);
+  }
+
+private:
+  std::map<std::pair<const void *, size_t>, Buffer> cache;
+};
+
+struct CachedAllgather : gloo::AllgatherOptions {
+  using gloo::AllgatherOptions::AllgatherOptions;
+  void lend(BufferCache::Buffer i, BufferCache::Buffer o) {
+    elementSize = 1;
+    in = std::move(i);
+    out = std::move(o);
+  }
+  BufferCache::Buffer takeIn() { return std::move(in); }
+  BufferCache::Buffer takeOut() { return std::move(out); }
+};
+
+struct CachedAllreduce : gloo::AllreduceOptions {
+  using gloo::AllreduceOptions::AllreduceOptions;
+  template <typename T> void lend(BufferCache::Buffer o) {
+    std::vector<BufferCache::Buffer> v;
+    v.push_back(std::move(o));
+    setOutputs<T>(std::move(v));
+  }
+  BufferCache::Buffer takeOut() {
+    return impl_.out.empty() ? nullptr : std::move(impl_.out[0]);
+  }
+};
+
 class GlooComm final : public Communicator {
 public:
   GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx,
@@ -173,17 +235,7 @@ public:
     const bool pre = preDivides(dtype, mean); // [Note: f16 means]
     if (pre)
       divide(data, n, dtype, size());
-    Status st = guard("all_reduce", [&] {
-      gloo::AllreduceOptions opts(ctx);
-      // Gloo sizes elements by the pointer type: bf16 travels as uint16_t.
-      if (dtype == DType::F32)
-        opts.setOutput(static_cast<float *>(data), (size_t)n);
-      else
-        opts.setOutput(static_cast<uint16_t *>(data), (size_t)n);
-      opts.setReduceFunction(fn);
-      opts.setTimeout(timeout);
-      gloo::allreduce(opts);
-    });
+    Status st = guard("all_reduce", [&] { sumInPlace(data, n, dtype, fn); });
     if (st && mean && !pre)
       divide(data, n, dtype, size());
     bytesSent_ += 2 * (size() - 1) * n * es / size();
@@ -199,8 +251,11 @@ public:
                         "f16, not ", dtypeName(dtype));
     const int64_t es = dtypeSize(dtype);
     // See [Note: Gloo's reduce-scatter].
-    const auto *bytes = static_cast<const uint8_t *>(in);
-    std::vector<uint8_t> scratch(bytes, bytes + shard * size() * es);
+    // The scratch copy is kept per (input, size), so its Gloo buffers are
+    // registered once ([Note: Gloo buffers]).
+    std::vector<uint8_t> &scratch = reduceScratch[{in, shard * size() * es}];
+    scratch.resize(shard * size() * es);
+    std::memcpy(scratch.data(), in, scratch.size());
     const bool pre = preDivides(dtype, mean); // [Note: f16 means]
     if (pre)
       divide(scratch.data(), shard * size(), dtype, size());
@@ -211,25 +266,20 @@ public:
       if (viaAllReduce) {
         // See [Note: Gloo's reduce-scatter]: for a world size that is not
         // a power of two the reduction is an all-reduce of the whole buffer.
-        gloo::AllreduceOptions opts(ctx);
-        if (dtype == DType::F32)
-          opts.setOutput(reinterpret_cast<float *>(scratch.data()),
-                         (size_t)(shard * size()));
-        else
-          opts.setOutput(reinterpret_cast<uint16_t *>(scratch.data()),
-                         (size_t)(shard * size()));
-        opts.setReduceFunction(fn);
-        opts.setTimeout(timeout);
-        gloo::allreduce(opts);
+        sumInPlace(scratch.data(), shard * size(), dtype, fn);
         std::memmove(scratch.data(), scratch.data() + rank() * shard * es,
                      shard * es);
         return;
       }
       auto *f = reinterpret_cast<float *>(scratch.data());
-      std::vector<int> counts(size(), (int)shard);
-      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {f}, (int)(shard * size()),
-                                                  counts);
-      rs.run();
+      // The algorithm object registers its buffers once: kept per scratch.
+      auto &rs = halvingDoubling[{f, shard}];
+      if (!rs) {
+        std::vector<int> counts(size(), (int)shard);
+        rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+            ctx, std::vector<float *>{f}, (int)(shard * size()), counts);
+      }
+      rs->run();
     });
     if (!st)
       return st;
@@ -255,12 +305,14 @@ public:
     const int64_t bytes = shard * dtypeSize(dtype);
     bytesSent_ += (size() - 1) * bytes;
     return guard("all_gather", [&] {
-      gloo::AllgatherOptions opts(ctx);
-      opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
-                    (size_t)bytes);
-      opts.setOutput(static_cast<uint8_t *>(out), (size_t)(bytes * size()));
+      // See [Note: Gloo buffers].
+      CachedAllgather opts(ctx);
+      size_t outBytes = (size_t)(bytes * size());
+      opts.lend(buffers.take(*ctx, in, (size_t)bytes), buffers.take(*ctx, out, outBytes));
       opts.setTimeout(timeout);
       gloo::allgather(opts);
+      buffers.give(in, (size_t)bytes, opts.takeIn());
+      buffers.give(out, outBytes, opts.takeOut());
     });
   }
 
@@ -283,6 +335,23 @@ public:
   }
 
 private:
+  /// Gloo's ring all-reduce of `n` elements at `data`, through a cached
+  /// buffer ([Note: Gloo buffers]). Gloo sizes elements by the pointer
+  /// type: bf16 / f16 travel as uint16_t.
+  void sumInPlace(void *data, int64_t n, DType dtype,
+                  void (*fn)(void *, const void *, const void *, size_t)) {
+    CachedAllreduce opts(ctx);
+    size_t bytes = (size_t)(n * dtypeSize(dtype));
+    if (dtype == DType::F32)
+      opts.lend<float>(buffers.take(*ctx, data, bytes));
+    else
+      opts.lend<uint16_t>(buffers.take(*ctx, data, bytes));
+    opts.setReduceFunction(fn);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+    buffers.give(data, bytes, opts.takeOut());
+  }
+
   template <typename F> Status guard(const char *what, F f) {
     // See [Note: failures].
     int64_t seq = recorder ? recorder->enter(what) : 0;
@@ -301,6 +370,12 @@ private:
   }
 
   std::shared_ptr<gloo::rendezvous::Context> ctx;
+  // After ctx: destroyed before the context.
+  BufferCache buffers;
+  std::map<std::pair<const void *, int64_t>, std::vector<uint8_t>> reduceScratch;
+  std::map<std::pair<float *, int64_t>,
+           std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>>>
+      halvingDoubling;
   std::chrono::milliseconds timeout;
   std::unique_ptr<FlightRecorder> recorder;
   // What subgroups are connected through: this rank's transport device and
