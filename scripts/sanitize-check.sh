@@ -92,6 +92,12 @@ expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
 expect 0 "$W/gptgrad.plan" --gradcheck 2 --threads 1
 expect 0 "$W/llama2z3.plan" --nproc 2 --steps 3 --threads 2
 expect 0 "$W/llamagrad.plan" --gradcheck 2 --threads 1
+# f16 with dynamic loss scaling: f16 reductions, overflowed (skipped) steps
+# from a huge initial scale, the scaler's checkpoint and resume.
+compile "$W/mlp.mlir" "$W/mlpf16.plan" "optimizer=adamw param-dtype=f16 reduce-dtype=f16 \
+  world-size=2 stage=3 max-grad-norm=1.0 loss-scale-init=1180591620717411303424"
+expect 0 "$W/mlpf16.plan" --nproc 2 --steps 3 --threads 1 --ckpt-dir "$W/f16ck"
+expect 0 "$W/mlpf16.plan" --nproc 2 --steps 5 --threads 1 --resume "$W/f16ck"
 # Bad inputs: a clean error, no report.
 head -c 700 "$W/mlp1.plan" > "$W/trunc.plan"
 expect 1 "$W/trunc.plan"
