@@ -124,6 +124,37 @@ int64_t count(const Shape &s) {
   return n;
 }
 
+/// sum_to's index maps: `keep` takes an output index to its first input
+/// offset, `red` walks the summed dims (where the output, aligned to the
+/// input's rank, has 1 and the input does not); `nred` terms per output.
+void sumToDims(const Shape &si, const Shape &so, Dims &keep, Dims &red, int64_t &nred) {
+  int r = (int)si.size();
+  Shape o(r, 1);
+  for (size_t i = 0; i < so.size(); ++i)
+    o[r - so.size() + i] = so[i];
+  int64_t inStride[kMaxRank];
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    inStride[d] = st;
+    st *= si[d];
+  }
+  keep = Dims{};
+  red = Dims{};
+  keep.rank = r;
+  for (int d = 0; d < r; ++d) {
+    keep.size[d] = o[d];
+    keep.strideA[d] = o[d] == si[d] ? inStride[d] : 0;
+    if (o[d] != si[d]) {
+      red.size[red.rank] = si[d];
+      red.strideA[red.rank] = inStride[d];
+      ++red.rank;
+    }
+  }
+  nred = 1;
+  for (int d = 0; d < red.rank; ++d)
+    nred *= red.size[d];
+}
+
 __device__ inline void offsets(const Dims &d, int64_t i, int64_t &a, int64_t &b) {
   a = 0;
   b = 0;

@@ -60,32 +60,9 @@ cudaError_t sumTo(const float *in, const Shape &si, float *out, const Shape &so,
                   cudaStream_t s) {
   if (!fits(si) || so.size() > si.size())
     return cudaErrorInvalidValue;
-  // Output dims aligned to the input's rank; the summed dims are those
-  // where the output has 1 and the input does not.
-  int r = (int)si.size();
-  Shape o(r, 1);
-  for (size_t i = 0; i < so.size(); ++i)
-    o[r - so.size() + i] = so[i];
   Dims keep, red; // keep: output index -> input offset; red: summed dims
-  int64_t inStride[kMaxRank];
-  int64_t st = 1;
-  for (int d = r - 1; d >= 0; --d) {
-    inStride[d] = st;
-    st *= si[d];
-  }
-  keep.rank = r;
-  for (int d = 0; d < r; ++d) {
-    keep.size[d] = o[d];
-    keep.strideA[d] = o[d] == si[d] ? inStride[d] : 0;
-    if (o[d] != si[d]) {
-      red.size[red.rank] = si[d];
-      red.strideA[red.rank] = inStride[d];
-      ++red.rank;
-    }
-  }
-  int64_t nred = 1;
-  for (int d = 0; d < red.rank; ++d)
-    nred *= red.size[d];
+  int64_t nred;
+  sumToDims(si, so, keep, red, nred);
   return forEach(count(so), s, [=] __device__(int64_t i) {
     int64_t base, unused;
     offsets(keep, i, base, unused);

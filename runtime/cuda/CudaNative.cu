@@ -206,29 +206,9 @@ cudaError_t sumToT(const void *inv, const Shape &si, void *outv, const Shape &so
   const T *in = cp<T>(inv);
   T *out = mp<T>(outv);
   int r = (int)si.size();
-  Shape o(r, 1);
-  for (size_t i = 0; i < so.size(); ++i)
-    o[r - so.size() + i] = so[i];
-  Dims keep, red;
-  int64_t inStride[kMaxRank];
-  int64_t stv = 1;
-  for (int d = r - 1; d >= 0; --d) {
-    inStride[d] = stv;
-    stv *= si[d];
-  }
-  keep.rank = r;
-  for (int d = 0; d < r; ++d) {
-    keep.size[d] = o[d];
-    keep.strideA[d] = o[d] == si[d] ? inStride[d] : 0;
-    if (o[d] != si[d]) {
-      red.size[red.rank] = si[d];
-      red.strideA[red.rank] = inStride[d];
-      ++red.rank;
-    }
-  }
-  int64_t nred = 1;
-  for (int d = 0; d < red.rank; ++d)
-    nred *= red.size[d];
+  Dims keep, red; // keep: output index -> input offset; red: summed dims
+  int64_t nred;
+  sumToDims(si, so, keep, red, nred);
   // The common case (bias gradients: sum over leading rows) without index
   // arithmetic in the loop; the same order as the general path.
   if (red.rank == 1 && r >= 1 && red.strideA[0] == count(so) && so.size() <= si.size()) {

@@ -31,55 +31,37 @@ usage: loss_scaling.py BIN_DIR exact          (a) scaling changes no bit (f32 co
 (c) The small GPT on text tokens, 200 steps, f16 vs f32: 50-step window
     means of the loss within D u (f16's u), and the f16 run learns.
 """
+import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
-U16 = 2.0 ** -11
+# The helpers (and the bf16 derivation this one follows) of the bf16 test.
+_spec = importlib.util.spec_from_file_location(
+    "mixed_precision", os.path.join(HERE, "mixed_precision.py"))
+mp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mp)
+U16 = mp.UNIT_ROUNDOFF["f16"]
 GLOBAL_BATCH = 12
-LOSS_OPS = {"cross_entropy", "mse_loss", "bce_with_logits"}
-
-
-def gen(args, path):
-    subprocess.run([sys.executable, GEN] + args + ["-o", path], check=True)
 
 
 def mlp(batch, path):
-    gen(["mlp", "--hidden", "32", "--blocks", "3", "--batch", str(batch)], path)
+    mp.gen(["mlp", "--hidden", "32", "--blocks", "3", "--batch", str(batch)], path)
 
 
 def compile_plan(bindir, model, path, pipeline):
+    """As mp.compile_plan, with the optimizer in `pipeline` too."""
     subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
                     f"--fsdp-pipeline={pipeline} plan={path} report=false"], check=True)
     with open(path) as f:
         return json.load(f)
 
 
-def run(bindir, plan, n, steps, extra=()):
-    out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", str(steps),
-                          "--json", "--threads", "1"] + list(extra)
-                         + (["--nproc", str(n)] if n > 1 else []),
-                         check=True, capture_output=True, text=True, timeout=300).stdout
-    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    return [r for r in rows if "step" in r], rows[-1]
-
-
-def rounding_depth(plan, dtype):
-    """D: forward instructions that write a `dtype` tensor before the first loss."""
-    bufs = plan["buffers"]
-    d = 0
-    for inst in plan["program"]:
-        if inst["op"] in LOSS_OPS:
-            return d
-        if inst["op"] not in ("all_gather", "wait") and any(
-                bufs[o]["dtype"] == dtype for o in inst["out"]):
-            d += 1
-    raise SystemExit("no loss instruction in the plan")
+run = mp.run_rows
+rounding_depth = mp.rounding_depth
 
 
 def check_exact(bindir, tmp):
@@ -185,45 +167,6 @@ def check_f16(bindir, tmp):
     return failures
 
 
-def check_text(bindir, tmp, tokens):
-    failures = 0
-    model = os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir")
-    runs = {}
-    depth = None
-    skipped = 0
-    for dt in ("f32", "f16"):
-        path = os.path.join(tmp, f"{dt}.plan")
-        plan = compile_plan(bindir, model, path,
-                            f"optimizer=adamw max-grad-norm=1.0 param-dtype={dt}")
-        if dt == "f16":
-            depth = rounding_depth(plan, "f16")
-        rows, _ = run(bindir, path, 1, 200,
-                      ["--data", tokens, "--lr", "3e-3", "--schedule", "cosine",
-                       "--warmup", "10", "--threads", "2"])
-        runs[dt] = [r["loss"] for r in rows]
-        if dt == "f16":
-            skipped = sum(bool(r["skipped"]) for r in rows)
-            final_scale = rows[-1]["loss_scale"]
-    rtol = depth * U16
-    print(f"(c) gpt_small on text, 200 steps: D = {depth} f16 roundings before the loss, "
-          f"tolerance D u = {rtol:.5f} on 50-step window means; f16 skipped {skipped} "
-          f"step(s), final loss scale {final_scale:g}")
-    for w in range(4):
-        a = sum(runs["f16"][w * 50:(w + 1) * 50]) / 50
-        b = sum(runs["f32"][w * 50:(w + 1) * 50]) / 50
-        rel = abs(a - b) / b
-        ok = rel <= rtol
-        failures += not ok
-        print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} f16 {a:.4f} "
-              f"rel diff {rel:.5f}  {'ok' if ok else 'MISMATCH'}")
-    last = sum(runs["f16"][150:]) / 50
-    learned = last < 0.6 * math.log(256)
-    failures += not learned
-    print(f"  f16 last-window mean {last:.4f} < 0.6 ln 256 = {0.6 * math.log(256):.4f}: "
-          f"{'ok' if learned else 'MISMATCH'}")
-    return failures
-
-
 def main():
     bindir, mode = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,7 +175,7 @@ def main():
         elif mode == "f16":
             failures = check_f16(bindir, tmp)
         elif mode == "text":
-            failures = check_text(bindir, tmp, sys.argv[3])
+            failures = mp.check_text(bindir, tmp, sys.argv[3], dtype="f16", label="c")
         else:
             raise SystemExit(__doc__)
     print("loss scaling checks pass" if not failures

@@ -86,24 +86,30 @@ def compile_plan(bindir, model, path, pipeline):
         return json.load(f)
 
 
-def run(bindir, plan, n, steps, extra=()):
+def run_rows(bindir, plan, n, steps, extra=()):
+    """fsdp-run --json: the per-step rows and the summary row."""
     out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", str(steps),
                           "--json", "--threads", "1"] + list(extra)
                          + (["--nproc", str(n)] if n > 1 else []),
                          check=True, capture_output=True, text=True, timeout=300).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    return [r["loss"] for r in rows if "step" in r], rows[-1]
+    return [r for r in rows if "step" in r], rows[-1]
 
 
-def rounding_depth(plan):
-    """D: forward instructions that write a bf16 tensor before the first loss."""
+def run(bindir, plan, n, steps, extra=()):
+    rows, summary = run_rows(bindir, plan, n, steps, extra)
+    return [r["loss"] for r in rows], summary
+
+
+def rounding_depth(plan, dtype="bf16"):
+    """D: forward instructions that write a `dtype` tensor before the first loss."""
     bufs = plan["buffers"]
     d = 0
     for inst in plan["program"]:
         if inst["op"] in LOSS_OPS:
             return d
         if inst["op"] not in ("all_gather", "wait") and any(
-                bufs[o]["dtype"] == "bf16" for o in inst["out"]):
+                bufs[o]["dtype"] == dtype for o in inst["out"]):
             d += 1
     raise SystemExit("no loss instruction in the plan")
 
@@ -216,34 +222,45 @@ def check_shards(bindir, tmp):
     return failures
 
 
-def check_text(bindir, tmp, tokens):
+UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
+
+
+def check_text(bindir, tmp, tokens, dtype="bf16", label="b"):
+    """The small GPT on text, 200 steps, `dtype` vs f32: 50-step window means
+    within D u (u of `dtype`), and the `dtype` run learns."""
     failures = 0
     model = os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir")
     runs = {}
     depth = None
-    for dt in ("f32", "bf16"):
+    scaler = ""
+    for dt in ("f32", dtype):
         path = os.path.join(tmp, f"{dt}.plan")
         plan = compile_plan(bindir, model, path, f"max-grad-norm=1.0 param-dtype={dt}")
-        if dt == "bf16":
-            depth = rounding_depth(plan)
-        runs[dt], _ = run(bindir, path, 1, 200,
-                          ["--data", tokens, "--lr", "3e-3", "--schedule", "cosine",
-                           "--warmup", "10", "--threads", "2"])
-    rtol = depth * U
-    print(f"(b) gpt_small on text, 200 steps: D = {depth} bf16 roundings before the loss, "
-          f"tolerance D u = {rtol:.4f} on 50-step window means")
+        if dt == dtype:
+            depth = rounding_depth(plan, dtype)
+        rows, _ = run_rows(bindir, path, 1, 200,
+                           ["--data", tokens, "--lr", "3e-3", "--schedule", "cosine",
+                            "--warmup", "10", "--threads", "2"])
+        runs[dt] = [r["loss"] for r in rows]
+        if dt == dtype and "loss_scale" in rows[-1]:
+            skipped = sum(bool(r["skipped"]) for r in rows)
+            scaler = (f"; the loss scaler skipped {skipped} step(s), final scale "
+                      f"{rows[-1]['loss_scale']:g}")
+    rtol = depth * UNIT_ROUNDOFF[dtype]
+    print(f"({label}) gpt_small on text, 200 steps: D = {depth} {dtype} roundings before the "
+          f"loss, tolerance D u = {rtol:.4f} on 50-step window means{scaler}")
     for w in range(4):
-        a = sum(runs["bf16"][w * 50:(w + 1) * 50]) / 50
+        a = sum(runs[dtype][w * 50:(w + 1) * 50]) / 50
         b = sum(runs["f32"][w * 50:(w + 1) * 50]) / 50
         rel = abs(a - b) / b
         ok = rel <= rtol
         failures += not ok
-        print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} bf16 {a:.4f} "
-              f"rel diff {rel:.4f}  {'ok' if ok else 'MISMATCH'}")
-    last = sum(runs["bf16"][150:]) / 50
+        print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} {dtype} "
+              f"{a:.4f} rel diff {rel:.4f}  {'ok' if ok else 'MISMATCH'}")
+    last = sum(runs[dtype][150:]) / 50
     learned = last < 0.6 * math.log(256)
     failures += not learned
-    print(f"  bf16 last-window mean {last:.4f} < 0.6 ln 256 = {0.6 * math.log(256):.4f}: "
+    print(f"  {dtype} last-window mean {last:.4f} < 0.6 ln 256 = {0.6 * math.log(256):.4f}: "
           f"{'ok' if learned else 'MISMATCH'}")
     return failures
 
