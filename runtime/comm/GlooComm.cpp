@@ -131,7 +131,9 @@ void divide(void *data, int64_t count, DType dtype, int64_t n) {
 /// collectives run on fixed arena addresses, so each is registered once
 /// and never destroyed inside a step. The options classes below hand a
 /// cached buffer to Gloo and take it back after the call (the members are
-/// protected in Gloo's headers, for this kind of reuse).
+/// protected in Gloo's headers, for this kind of reuse). Unbound buffers
+/// hold no collective state (the new-style collectives derive their slots
+/// from their tags), so a rank may hit the cache where another misses.
 class BufferCache {
 public:
   using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
@@ -253,6 +255,8 @@ public:
     // See [Note: Gloo's reduce-scatter].
     // The scratch copy is kept per (input, size), so its Gloo buffers are
     // registered once ([Note: Gloo buffers]).
+    if (reduceScratch.size() >= 256) // host callers' passing addresses
+      reduceScratch.clear();
     std::vector<uint8_t> &scratch = reduceScratch[{in, shard * size() * es}];
     scratch.resize(shard * size() * es);
     std::memcpy(scratch.data(), in, scratch.size());
@@ -271,15 +275,15 @@ public:
                      shard * es);
         return;
       }
+      // Made per call: an algorithm object takes its pair slots from the
+      // context when it is built, so reusing one on some ranks and building
+      // one on others would pair different slots (a hang). Only Gloo's
+      // unbound buffers are kept ([Note: Gloo buffers]).
       auto *f = reinterpret_cast<float *>(scratch.data());
-      // The algorithm object registers its buffers once: kept per scratch.
-      auto &rs = halvingDoubling[{f, shard}];
-      if (!rs) {
-        std::vector<int> counts(size(), (int)shard);
-        rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
-            ctx, std::vector<float *>{f}, (int)(shard * size()), counts);
-      }
-      rs->run();
+      std::vector<int> counts(size(), (int)shard);
+      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {f}, (int)(shard * size()),
+                                                  counts);
+      rs.run();
     });
     if (!st)
       return st;
@@ -373,9 +377,6 @@ private:
   // After ctx: destroyed before the context.
   BufferCache buffers;
   std::map<std::pair<const void *, int64_t>, std::vector<uint8_t>> reduceScratch;
-  std::map<std::pair<float *, int64_t>,
-           std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>>>
-      halvingDoubling;
   std::chrono::milliseconds timeout;
   std::unique_ptr<FlightRecorder> recorder;
   // What subgroups are connected through: this rank's transport device and
