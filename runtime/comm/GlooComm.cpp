@@ -253,12 +253,21 @@ public:
                         "f16, not ", dtypeName(dtype));
     const int64_t es = dtypeSize(dtype);
     // See [Note: Gloo's reduce-scatter].
-    // The scratch copy is kept per (input, size), so its Gloo buffers are
-    // registered once ([Note: Gloo buffers]).
-    if (reduceScratch.size() >= 256) // host callers' passing addresses
+    // The scratch copy is kept per size, with the halving-doubling object
+    // built on it ([Note: Gloo buffers]). Per size, not per address: an
+    // algorithm object takes its pair slots from the context when it is
+    // built, so every rank must build (and reuse) the same objects in the
+    // same order; the sizes of a job's collectives are the same on every
+    // rank, in the same order, where addresses are not (a cache keyed by
+    // address hung CommTest). Bounded by the number of distinct sizes,
+    // flushed at the same call on every rank.
+    const int64_t bytes = shard * size() * es;
+    if (!reduceScratch.count(bytes) && reduceScratch.size() >= 64) {
+      halvingDoubling.clear(); // they point into the scratch buffers
       reduceScratch.clear();
-    std::vector<uint8_t> &scratch = reduceScratch[{in, shard * size() * es}];
-    scratch.resize(shard * size() * es);
+    }
+    std::vector<uint8_t> &scratch = reduceScratch[bytes];
+    scratch.resize(bytes);
     std::memcpy(scratch.data(), in, scratch.size());
     const bool pre = preDivides(dtype, mean); // [Note: f16 means]
     if (pre)
@@ -275,15 +284,14 @@ public:
                      shard * es);
         return;
       }
-      // Made per call: an algorithm object takes its pair slots from the
-      // context when it is built, so reusing one on some ranks and building
-      // one on others would pair different slots (a hang). Only Gloo's
-      // unbound buffers are kept ([Note: Gloo buffers]).
-      auto *f = reinterpret_cast<float *>(scratch.data());
-      std::vector<int> counts(size(), (int)shard);
-      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {f}, (int)(shard * size()),
-                                                  counts);
-      rs.run();
+      auto &rs = halvingDoubling[bytes];
+      if (!rs) {
+        std::vector<int> counts(size(), (int)shard);
+        rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+            ctx, std::vector<float *>{reinterpret_cast<float *>(scratch.data())},
+            (int)(shard * size()), counts);
+      }
+      rs->run();
     });
     if (!st)
       return st;
@@ -376,7 +384,10 @@ private:
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   // After ctx: destroyed before the context.
   BufferCache buffers;
-  std::map<std::pair<const void *, int64_t>, std::vector<uint8_t>> reduceScratch;
+  std::map<int64_t, std::vector<uint8_t>> reduceScratch; // by bytes
+  // f32 at power-of-two sizes, by bytes; after reduceScratch: destroyed first.
+  std::map<int64_t, std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>>>
+      halvingDoubling;
   std::chrono::milliseconds timeout;
   std::unique_ptr<FlightRecorder> recorder;
   // What subgroups are connected through: this rank's transport device and
