@@ -64,6 +64,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     mp.lossScale = options.lossScale;
     mp.lossScaleInit = options.lossScaleInit;
     mp.lossScaleGrowthInterval = options.lossScaleGrowthInterval;
+    mp.lossScaleGrowthFactor = options.lossScaleGrowthFactor;
+    mp.lossScaleBackoffFactor = options.lossScaleBackoffFactor;
     pm.addPass(createFsdpMixedPrecision(mp));
   }
   pm.addPass(createFsdpAutodiff());

@@ -68,6 +68,16 @@ struct FsdpPipelineOptions
       llvm::cl::desc("overflow-free steps before the loss scale doubles "
                      "(default 2000)"),
       llvm::cl::init(2000)};
+  Option<double> lossScaleGrowthFactor{
+      *this, "loss-scale-growth-factor",
+      llvm::cl::desc("loss scale factor after growth-interval clean steps, a "
+                     "power of two above 1 (default 2)"),
+      llvm::cl::init(2.0)};
+  Option<double> lossScaleBackoffFactor{
+      *this, "loss-scale-backoff-factor",
+      llvm::cl::desc("loss scale factor after an overflow, a power of two "
+                     "below 1 (default 0.5)"),
+      llvm::cl::init(0.5)};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

@@ -386,9 +386,10 @@ void ExportPlanPass::runOnOperation() {
   }
   // Dynamic loss scaling (docs/PLAN_FORMAT.md): the runtime's GradScaler.
   if (DictionaryAttr ls = getLossScalePolicy(module)) {
-    json::Object o{{"growth_factor", 2.0}, {"backoff_factor", 0.5}};
-    if (auto init = ls.getAs<FloatAttr>("init"))
-      o["init"] = init.getValueAsDouble();
+    json::Object o;
+    for (StringRef key : {"init", "growth_factor", "backoff_factor"})
+      if (auto f = ls.getAs<FloatAttr>(key))
+        o[key] = f.getValueAsDouble();
     if (auto gi = ls.getAs<IntegerAttr>("growth_interval"))
       o["growth_interval"] = gi.getInt();
     root["loss_scale"] = std::move(o);

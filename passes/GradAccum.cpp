@@ -96,12 +96,9 @@ void GradAccumPass::runOnOperation() {
   OpBuilder b(&getContext());
   SmallVector<RankedTensorType> microTypes;
   // The loss scale (a 0-d argument) is shared by every micro-batch.
-  auto isScalarRole = [&](BlockArgument arg) {
-    auto r = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(), kRoleAttrName);
-    return r && r.getValue() == "loss_scale";
-  };
+  BlockArgument lossScale = findRoleArgument(step, "loss_scale");
   for (BlockArgument arg : body.getArguments()) {
-    if (isScalarRole(arg)) {
+    if (arg == lossScale) {
       microTypes.push_back(RankedTensorType());
       continue;
     }

@@ -137,12 +137,7 @@ void InsertOptimizerPass::runOnOperation() {
   // one factor unscales (and clips) them, the updates are skipped when the
   // squared norm overflowed, and the step returns it (the runtime's
   // found_inf, read with the loss, that drives the scale).
-  Value lossScale, skip;
-  for (BlockArgument arg : body.getArguments())
-    if (auto r = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
-                                                   kRoleAttrName);
-        r && r.getValue() == "loss_scale")
-      lossScale = arg;
+  Value lossScale = findRoleArgument(step, "loss_scale"), skip;
   if (lossScale) {
     Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
     Value coef = b.create<GradCoefOp>(

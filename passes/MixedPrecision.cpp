@@ -35,6 +35,7 @@
 #include "mlir/IR/Builders.h"
 
 #include <cmath>
+#include <sstream>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPMIXEDPRECISION
@@ -111,11 +112,20 @@ void MixedPrecisionPass::runOnOperation() {
         << "': expected dynamic or none";
     return signalPassFailure();
   }
-  if (scaling == "dynamic") {
+  // Powers of two, so that scaling, unscaling and every change of the
+  // scale round nothing (the runtime refuses other factors too).
+  auto show = [](double v) {
+    std::ostringstream os;
+    os << v; // 0.25, 3, 1e-05: as the user wrote it
+    return os.str();
+  };
+  auto powerOfTwo = [](double v) {
     int exp = 0;
-    double mant = std::frexp(lossScaleInit, &exp);
-    if (!(lossScaleInit >= 1.0) || !std::isfinite(lossScaleInit) ||
-        mant != 0.5 || lossScaleInit > 0x1p127) {
+    return std::isfinite(v) && v > 0 && std::frexp(v, &exp) == 0.5;
+  };
+  if (scaling == "dynamic") {
+    if (!powerOfTwo(lossScaleInit) || lossScaleInit < 1.0 ||
+        lossScaleInit > 0x1p127) {
       mlir::emitError(module.getLoc())
           << "fsdp-mixed-precision: loss-scale-init=" << (double)lossScaleInit
           << " must be a power of two in [1, 2^127] (so scaling and "
@@ -126,6 +136,22 @@ void MixedPrecisionPass::runOnOperation() {
       mlir::emitError(module.getLoc())
           << "fsdp-mixed-precision: loss-scale-growth-interval="
           << (int64_t)lossScaleGrowthInterval << " must be at least 1";
+      return signalPassFailure();
+    }
+    if (!powerOfTwo(lossScaleGrowthFactor) || lossScaleGrowthFactor <= 1.0 ||
+        lossScaleGrowthFactor > 0x1p64) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-mixed-precision: loss-scale-growth-factor="
+          << show(lossScaleGrowthFactor)
+          << " must be a power of two in [2, 2^64]";
+      return signalPassFailure();
+    }
+    if (!powerOfTwo(lossScaleBackoffFactor) || lossScaleBackoffFactor >= 1.0 ||
+        lossScaleBackoffFactor < 0x1p-64) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-mixed-precision: loss-scale-backoff-factor="
+          << show(lossScaleBackoffFactor)
+          << " must be a power of two in [2^-64, 1/2]";
       return signalPassFailure();
     }
   }
@@ -147,7 +173,11 @@ void MixedPrecisionPass::runOnOperation() {
         b.getDictionaryAttr(
             {b.getNamedAttr("init", b.getF64FloatAttr(lossScaleInit)),
              b.getNamedAttr("growth_interval",
-                            b.getI64IntegerAttr(lossScaleGrowthInterval))})));
+                            b.getI64IntegerAttr(lossScaleGrowthInterval)),
+             b.getNamedAttr("growth_factor",
+                            b.getF64FloatAttr(lossScaleGrowthFactor)),
+             b.getNamedAttr("backoff_factor",
+                            b.getF64FloatAttr(lossScaleBackoffFactor))})));
   module->setAttr(kMixedPrecisionAttrName, b.getDictionaryAttr(policy));
   if (compute == f32)
     return; // only the reduce dtype changes (fsdp-shard reads it)

@@ -47,12 +47,22 @@ constexpr llvm::StringLiteral kGradAccumAttrName = "fsdp.grad_accum";
 /// fsdp-shard packs and reduces gradients in.
 constexpr llvm::StringLiteral kMixedPrecisionAttrName = "fsdp.mixed_precision";
 /// The entry of `fsdp.mixed_precision` that asks for dynamic loss scaling:
-/// {init (f64, a power of two), growth_interval (i64)}.
+/// {init, growth_factor, backoff_factor (f64, powers of two),
+/// growth_interval (i64)}.
 constexpr llvm::StringLiteral kLossScaleAttrName = "loss_scale";
 /// The dynamic-loss-scaling policy of `module`, or null.
 inline DictionaryAttr getLossScalePolicy(ModuleOp module) {
   auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName);
   return mp ? mp.getAs<DictionaryAttr>(kLossScaleAttrName) : DictionaryAttr();
+}
+/// The argument of `fn` whose fsdp.role is `role` (e.g. the "loss_scale"
+/// fsdp-autodiff adds to @train_step), or null.
+inline BlockArgument findRoleArgument(func::FuncOp fn, llvm::StringRef role) {
+  for (BlockArgument arg : fn.getArguments())
+    if (auto r = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), kRoleAttrName);
+        r && r.getValue() == role)
+      return arg;
+  return BlockArgument();
 }
 
 /// The per-micro-batch terms of a value fsdp-grad-accum accumulated (a

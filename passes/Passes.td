@@ -90,7 +90,13 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
            "initial loss scale (a power of two; GradScaler's 2^16)">,
     Option<"lossScaleGrowthInterval", "loss-scale-growth-interval", "int64_t",
            /*default=*/"2000",
-           "overflow-free steps before the scale doubles">,
+           "overflow-free steps before the scale grows">,
+    Option<"lossScaleGrowthFactor", "loss-scale-growth-factor", "double",
+           /*default=*/"2.0",
+           "factor of a growth (a power of two above 1; GradScaler's 2)">,
+    Option<"lossScaleBackoffFactor", "loss-scale-backoff-factor", "double",
+           /*default=*/"0.5",
+           "factor after an overflow (a power of two below 1; GradScaler's 0.5)">,
   ];
   let statistics = [
     Statistic<"numCasts", "casts", "Casts inserted">,

@@ -20,7 +20,7 @@
 // - grad-accum shares the one scale between micro-batches;
 // - bf16 has no loss scaling unless asked.
 
-// POLICY: fsdp.mixed_precision = {loss_scale = {growth_interval = 2000 : i64, init = 6.553600e+04 : f64}, param_dtype = f16, reduce_dtype = f32}
+// POLICY: fsdp.mixed_precision = {loss_scale = {backoff_factor = 5.000000e-01 : f64, growth_factor = 2.000000e+00 : f64, growth_interval = 2000 : i64, init = 6.553600e+04 : f64}, param_dtype = f16, reduce_dtype = f32}
 
 // SEED-LABEL: func.func @train_step
 // SEED-SAME: %[[S:[a-z0-9]+]]: tensor<f32> {fsdp.role = "loss_scale"}

@@ -2,6 +2,10 @@
 // RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-init=1000" 2>&1 | FileCheck %s --check-prefix=SCALEINIT
 // RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-init=0.5" 2>&1 | FileCheck %s --check-prefix=SCALEINIT
 // RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-growth-interval=0" 2>&1 | FileCheck %s --check-prefix=INTERVAL
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-growth-factor=3" 2>&1 | FileCheck %s --check-prefix=GROWTH
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-growth-factor=1" 2>&1 | FileCheck %s --check-prefix=GROWTH
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-backoff-factor=2" 2>&1 | FileCheck %s --check-prefix=BACKOFF
+// RUN: not fsdp-opt %s -fsdp-mixed-precision="param-dtype=f16 loss-scale-backoff-factor=0.3" 2>&1 | FileCheck %s --check-prefix=BACKOFF
 // RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=none param-dtype=f16" 2>&1 | FileCheck %s --check-prefix=NOOPT
 // RUN: not fsdp-opt %s -fsdp-mixed-precision=param-dtype=fp8 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // RUN: not fsdp-opt %s --fsdp-pipeline="param-dtype=bfloat16" 2>&1 | FileCheck %s --check-prefix=PIPE
@@ -17,6 +21,8 @@
 // SCALEKIND: loss-scale='sometimes': expected dynamic or none
 // SCALEINIT: must be a power of two in [1, 2^127]
 // INTERVAL: loss-scale-growth-interval=0 must be at least 1
+// GROWTH: loss-scale-growth-factor={{[0-9.]+}} must be a power of two in [2, 2^64]
+// BACKOFF: loss-scale-backoff-factor={{[0-9.]+}} must be a power of two in [2^-64, 1/2]
 // NOOPT: loss scaling needs an optimizer
 // UNKNOWN: param-dtype='fp8' is not a dtype: expected f32, bf16 or f16
 // PIPE: param-dtype='bfloat16' is not a dtype: expected f32, bf16 or f16
