@@ -12,7 +12,11 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include "llvm/ADT/DenseSet.h"
+
 #include <cmath>
+#include <deque>
+#include <optional>
 
 using namespace mlir;
 using namespace mlir::fsdp;
@@ -146,31 +150,44 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     replicas = mesh.getReplicas();
     shards = mesh.getShards();
   }
-  double slow = 1.0;
-  if (p.cpu && p.cores > 0)
-    slow = std::max(1.0, double(world) * std::max<int64_t>(1, p.threadsPerRank) /
-                             double(p.cores));
+  // Ranks sharing one host's cores (a CPU profile) share them by processor
+  // sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
+  // while D = N (p [compute busy] + q [a collective in flight]) threads
+  // want the C cores each runs at min(1, C / D) of its speed alone.
+  const bool share = p.cpu && p.cores > 0;
+  const double cores = double(p.cores),
+               threads = double(std::max<int64_t>(1, p.threadsPerRank)),
+               commThreads = 1.0;
+  auto rate = [&](bool comp, bool comm) {
+    if (!share || (!comp && !comm))
+      return 1.0;
+    return std::min(1.0, cores / (double(world) *
+                                  (threads * comp + commThreads * comm)));
+  };
+  // A collective's calibrated time was measured with the ranks doing
+  // nothing else; a compute op's with one rank alone.
+  const double commWork = rate(false, true);
+  const double compWork = share ? std::min(1.0, cores / threads) : 1.0;
   auto bytesOf = [&](Value v) -> double {
     auto it = plan.valueBuffer.find(v);
     return it == plan.valueBuffer.end() ? 0.0
                                         : double(plan.buffers[it->second].bytes);
   };
 
-  StepPrediction r;
-  double t = 0, commFree = 0;
-  DenseMap<Value, double> pending;
+  // The program as the simulation sees it.
+  struct Item {
+    enum Kind { Compute, Collective, Wait } kind;
+    double cost = 0; ///< work at full speed
+    bool async = false;
+    Value buffer;    ///< a wait's operand, an async collective's result
+  };
+  SmallVector<Item> prog;
   for (Operation &opRef : step.getBody().front()) {
     Operation *op = &opRef;
     if (isa<func::ReturnOp, SetGradOp>(op) || isStorageAlias(op))
       continue;
-    if (auto w = dyn_cast<WaitOp>(op)) {
-      auto it = pending.find(op->getOperand(0));
-      double done = it == pending.end() ? t : it->second;
-      if (it != pending.end())
-        pending.erase(it);
-      double stall = std::max(0.0, done - t);
-      r.exposedS += stall;
-      t += stall;
+    if (isa<WaitOp>(op)) {
+      prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
       continue;
     }
     StringRef name = op->getName().stripDialect();
@@ -185,15 +202,9 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       bool inter = p.ranksPerNode > 0 && span > p.ranksPerNode;
       Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
       double cost = collectiveSeconds(name, n, int64_t(bytesOf(whole)), inter, p);
-      r.commS += cost;
-      double start = std::max(t, commFree);
-      commFree = start + cost;
-      if (op->hasAttr("async")) {
-        pending[op->getResult(0)] = commFree;
-      } else {
-        r.exposedS += commFree - t;
-        t = commFree;
-      }
+      bool async = op->hasAttr("async");
+      prog.push_back({Item::Collective, cost * commWork, async,
+                      async ? op->getResult(0) : Value()});
       continue;
     }
     // A compute instruction (set_param / set_state / set_unit are copies).
@@ -229,11 +240,92 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                                          : name);
     if (per != p.secondsPerUnit.end() && firstIn)
       work = std::max(work, unitsOf(op, firstIn) * per->second);
-    double cost = (p.opOverheadS + work) * slow;
-    r.computeS += cost;
-    t += cost;
+    prog.push_back({Item::Compute, (p.opOverheadS + work) * compWork});
   }
-  r.stepS = std::max(t, commFree);
+
+  // The two streams, event by event (fsdp-sim's loop).
+  StepPrediction r;
+  struct Queued {
+    size_t index;
+    double left, start;
+  };
+  std::deque<Queued> queue; // collectives issued and not done
+  llvm::DenseSet<Value> inFlight;
+  double t = 0, cur = 0, curStart = 0, stallStart = 0;
+  bool running = false;
+  // What compute is blocked on: a wait's buffer, or a blocking collective.
+  Value blockedOn;
+  std::optional<size_t> blockedSync;
+  size_t i = 0;
+  for (;;) {
+    while (!running && !blockedOn && !blockedSync && i < prog.size()) {
+      const Item &it = prog[i];
+      if (it.kind == Item::Wait) {
+        if (inFlight.contains(it.buffer)) {
+          blockedOn = it.buffer;
+          stallStart = t;
+          break;
+        }
+        ++i;
+      } else if (it.kind == Item::Collective) {
+        queue.push_back({i, it.cost, -1.0});
+        if (it.async) {
+          inFlight.insert(it.buffer);
+          ++i;
+        } else {
+          blockedSync = i;
+          stallStart = t;
+          break;
+        }
+      } else {
+        running = true;
+        cur = it.cost;
+        curStart = t;
+      }
+    }
+    if (!queue.empty() && queue.front().start < 0)
+      queue.front().start = t;
+    if (!running && queue.empty())
+      break;
+    double rt = rate(running, !queue.empty());
+    double dtC = running ? cur / rt : HUGE_VAL;
+    double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
+    double dt = std::min(dtC, dtM);
+    t += dt;
+    if (running) {
+      if (dtC <= dtM) {
+        r.computeS += t - curStart;
+        running = false;
+        ++i;
+      } else {
+        cur -= dt * rt;
+      }
+    }
+    if (!queue.empty()) {
+      if (dtM <= dtC) {
+        Queued q = queue.front();
+        queue.pop_front();
+        const Item &it = prog[q.index];
+        r.commS += t - q.start;
+        bool unblocks;
+        if (it.async) {
+          inFlight.erase(it.buffer);
+          unblocks = blockedOn && blockedOn == it.buffer;
+        } else {
+          unblocks = blockedSync && *blockedSync == q.index;
+        }
+        if (unblocks) {
+          r.exposedS += t - stallStart;
+          blockedOn = Value();
+          blockedSync.reset();
+          ++i;
+        }
+      } else {
+        queue.front().left -= dt * rt;
+      }
+    }
+  }
+  r.stepS = t;
   return r;
 }
 

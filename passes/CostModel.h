@@ -28,8 +28,8 @@ namespace mlir::fsdp {
 struct DeviceProfile {
   std::string name = "h100";
   bool cpu = false;
-  /// CPU profiles: cores of the machine and threads each rank runs; ranks
-  /// sharing it slow compute by world * threads / cores.
+  /// CPU profiles: cores of the machine and threads each rank runs. The
+  /// ranks share the cores by processor sharing (predictStep).
   int64_t cores = 0, threadsPerRank = 0;
   double gemmFlopsPerS = 67e12;     ///< f32 GEMM (no tensor cores)
   double gemmFlopsPerSBf16 = 989e12; ///< bf16/f16 GEMM (dense)
@@ -60,7 +60,10 @@ struct StepPrediction {
 /// instructions in order, each overhead + max(flops / gemm rate, bytes /
 /// memory bandwidth); collectives run one at a time on the communication
 /// stream (alpha-beta ring); compute stalls at a wait until its collective
-/// is done. Matches fsdp-sim's simulate() instruction for instruction.
+/// is done. On a CPU profile the N ranks share the host's C cores: while
+/// D = N (threads per rank [compute busy] + 1 [a collective in flight])
+/// threads are runnable, each stream runs at min(1, C / D) of its speed
+/// alone. Matches fsdp-sim's simulate() step for step.
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);
 

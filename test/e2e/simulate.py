@@ -8,11 +8,16 @@ against each other by bench/simulator.py, a benchmark, not here):
   - fsdp-sim: no overlap (overlap=false) means every collective is exposed;
     with overlap, exposed <= total communication; the step is at least the
     compute; one rank has no communication; peak memory is the plan's;
-    the predicted trace has both streams; bad input is an error.
+    the predicted trace has both streams; bad input is an error;
+  - ranks sharing a host's cores: the step is N W / C when the host is
+    never idle, and fsdp-opt simulate=true agrees;
+  - --measured attributes a measured trace (compute, issue, blocked =
+    skew + transfer) and refuses another plan's trace.
 usage: simulate.py BIN_DIR WORK_DIR
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -106,6 +111,57 @@ def main():
     h1, h8 = json.loads(h[0]), json.loads(h[1])
     report(h1["comm_ms"] == 0 and h8["comm_ms"] > 0 and h8["peak_bytes"] < h1["peak_bytes"],
            "h100 profile, --model --ranks 1,8: communication appears, memory per rank falls")
+    # Processor sharing on a CPU host. With N min(p, q) >= C (p compute
+    # threads and q = 1 communication thread per rank, C cores) every
+    # moment anything runs wants all C cores, so the host is never idle
+    # and the step is exactly N W / C, W = one rank's work: its compute
+    # at full speed plus its collectives' calibrated times x C / (N q)
+    # (measured with the N ranks all communicating). Both figures come from
+    # the same profile with cores = 10^6 (nothing shared).
+    def with_cores(cores, name):
+        path = os.path.join(work, name)
+        q = dict(prof, cores=cores, threads_per_rank=1)
+        open(path, "w").write(json.dumps(q))
+        return path
+
+    wide, narrow = with_cores(10**6, "wide.json"), with_cores(2, "narrow.json")
+    for tag, n in (("n2", 2), ("hs", 4)):
+        run = lambda pr: json.loads(subprocess.run(
+            [sys.executable, b("fsdp-sim"), plans[tag], "--profile", pr, "--json"],
+            check=True, capture_output=True, text=True).stdout)
+        w, x = run(wide), run(narrow)
+        expect = n / 2 * (w["compute_ms"] + w["comm_ms"] * 2 / n)
+        report(abs(x["step_ms"] - expect) <= 1e-9 * expect and x["step_ms"] >= w["step_ms"],
+               f"{tag}: {n} ranks sharing 2 cores: step {x['step_ms']:.6f} ms = N W / C = "
+               f"{expect:.6f} ms (alone: {w['step_ms']:.6f} ms)")
+        # The compiler's twin (fsdp-opt simulate=true) says the same.
+        r = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                            f"--fsdp-pipeline=optimizer=adamw stage=3 world-size={n}"
+                            f"{' mesh=2x2' if tag == 'hs' else ''} report=false simulate=true "
+                            f"device-profile={narrow}"], capture_output=True, text=True)
+        m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+        report(m is not None and abs(float(m.group(1)) - x["step_ms"]) <= 6e-4,
+               f"{tag}: fsdp-opt simulate=true agrees on the shared host "
+               f"({m.group(1) if m else r.stderr.strip()} ms)")
+
+    # --measured: where the measured step of the 4-rank trace went.
+    r = subprocess.run([sys.executable, b("fsdp-sim"), plans["hs"], "--profile", prof_path,
+                        "--measured", trace, "--json"], capture_output=True, text=True)
+    ranks = json.loads(r.stdout)["measured"]["ranks"] if r.returncode == 0 else []
+    eps = 1e-6
+    report(len(ranks) == 4 and all(
+        min(x.values()) >= 0 and x["collectives_ms"] > 0 and x["compute_ms"] > 0 and
+        abs(x["skew_ms"] + x["transfer_ms"] - x["blocked_ms"]) <= eps and
+        x["compute_ms"] + x["issue_ms"] + x["blocked_ms"] <= x["step_ms"] + eps
+        for x in ranks),
+        "--measured: per rank compute + issue + blocked <= step, blocked = skew + "
+        "transfer, collectives > 0")
+    r = subprocess.run([sys.executable, b("fsdp-sim"), plans["n2"], "--profile", prof_path,
+                        "--measured", trace], capture_output=True, text=True)
+    report(r.returncode != 0 and "--measured" in r.stderr and "plan" in r.stderr,
+           f"--measured with another plan's trace: exit {r.returncode}: "
+           f"{r.stderr.strip()[:100]}")
+
     bad = os.path.join(work, "bad.json")
     open(bad, "w").write("{}")
     r = subprocess.run([sys.executable, b("fsdp-sim"), plans["n1"], "--profile", bad],
