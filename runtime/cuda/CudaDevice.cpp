@@ -334,8 +334,10 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
     if (id < 0 || id >= (int64_t)plan.buffers.size())
       return false;
     DType d = plan.buffers[id].dtype;
-    if (d == DType::I32 || d == DType::I64)
+    if (d == DType::I32)
       return true; // ids / labels: checked by the op's rule
+    if (d == DType::I64)
+      return false; // the native kernels read int32 ids; build() reports int64
     if (scalarF32)
       return d == DType::F32;
     if (d == DType::F32)
