@@ -187,7 +187,7 @@ bool ncclType(DType t, ncclDataType_t &out) {
 
 class NcclComm final : public Communicator {
 public:
-  /// `host` (shared by the subgroups) carries host-buffer collectives.
+  /// `host` (the same ranks' host communicator) carries host-buffer collectives.
   NcclComm(ncclComm_t comm, std::shared_ptr<Communicator> host, int64_t rank, int64_t size)
       : comm(comm), host(std::move(host)), r(rank), n(size) {}
   ~NcclComm() override {
@@ -242,12 +242,16 @@ public:
     // Every rank of this communicator calls subgroup for each axis in the
     // same order (Executor), so the split is collective as NCCL needs:
     // the group's smallest rank names it, ranks keep their order.
+    // Host-buffer collectives of the group (Executor::gatherParams on the
+    // shard group) go to the host communicator's own group, as StagedComm's.
+    std::unique_ptr<Communicator> hostSub;
+    FSDP_RETURN_IF_ERROR(host->subgroup(ranks, tag, hostSub));
     int color = (int)ranks.front();
     int key = (int)(std::find(ranks.begin(), ranks.end(), r) - ranks.begin());
     ncclComm_t sub = nullptr;
     FSDP_NCCL_CHECK(ncclCommSplit(comm, color, key, &sub, nullptr));
-    out = std::make_unique<NcclComm>(sub, host, key, (int64_t)ranks.size());
-    (void)tag;
+    out = std::make_unique<NcclComm>(sub, std::shared_ptr<Communicator>(std::move(hostSub)),
+                                     key, (int64_t)ranks.size());
     return Status::ok();
   }
 

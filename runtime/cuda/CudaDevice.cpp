@@ -158,7 +158,7 @@ public:
   Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
     FSDP_RETURN_IF_ERROR(idle());
     if (bytes > 0)
-      FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyHostToDevice));
+      FSDP_RETURN_IF_ERROR(hostToDevice(dst, src, (size_t)bytes));
     return Status::ok();
   }
   Status copyToHost(void *dst, const void *src, int64_t bytes) override {
@@ -242,10 +242,18 @@ private:
     FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
     return takeAsyncCommError();
   }
+  /// A host -> device copy complete before any later work on either stream.
+  /// Not a plain cudaMemcpy: from pageable memory it may return before its
+  /// DMA has landed, and the non-blocking streams are not ordered after the
+  /// NULL stream it runs on.
+  Status hostToDevice(void *dst, const void *src, size_t bytes) {
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute.s));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
+    return Status::ok();
+  }
   Status resetBadPos() {
     long long none = LLONG_MAX;
-    FSDP_CUDA_CHECK(cudaMemcpy(badPos, &none, sizeof(none), cudaMemcpyHostToDevice));
-    return Status::ok();
+    return hostToDevice(badPos, &none, sizeof(none));
   }
   Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
@@ -334,8 +342,10 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
     if (id < 0 || id >= (int64_t)plan.buffers.size())
       return false;
     DType d = plan.buffers[id].dtype;
-    if (d == DType::I32 || d == DType::I64)
+    if (d == DType::I32)
       return true; // ids / labels: checked by the op's rule
+    if (d == DType::I64)
+      return false; // the native kernels read int32 ids; build() reports int64
     if (scalarF32)
       return d == DType::F32;
     if (d == DType::F32)

@@ -530,8 +530,10 @@ cudaError_t attentionGrad(const float *q, const float *k, const float *v, const 
                           float *dq, float *dk, float *dv, float *scratch, int64_t B,
                           int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
                           cudaStream_t s) {
+  if (T > attentionMaxT() || heads <= 0 || C % heads)
+    return cudaErrorInvalidValue;
   AttnDims a = attnDims(B, T, C, heads, causal, kvHeads);
-  if (T > attentionMaxT() || heads <= 0 || C % heads || a.D > 256)
+  if (a.D > 256)
     return cudaErrorInvalidValue;
   int64_t rows = B * heads * T;
   if (rows <= 0)

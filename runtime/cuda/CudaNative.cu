@@ -523,7 +523,7 @@ __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
     if (v > a.m) {
       a.s = a.s * expf(a.m - v) + 1.f;
       a.m = v;
-    } else {
+    } else if (v != -INFINITY) { // exp(-inf) adds 0; -inf - -inf would be NaN
       a.s += expf(v - a.m);
     }
   }
