@@ -1,8 +1,10 @@
 //===- Calibrate.cpp - measures this machine for the cost model -----------===//
 //
 // Each figure is a least-squares fit of time = fixed + size x rate over a
-// few sizes, each size timed as the fastest of several repetitions (the
-// fastest is the least disturbed by other processes). The cost model in
+// few sizes, each size timed as the median of 5 rounds: the cost model
+// predicts a typical (median) step, which meets the same disturbances on
+// a shared machine (the fastest round, used before, was 3-27% optimistic
+// on this project's noisy 2-core VM; docs/BENCHMARKS.md). The cost model in
 // tools/fsdp-sim then predicts an instruction as
 //   overhead + max(flops / gemm_flops, bytes / mem_bw)
 // and a ring collective over n ranks as
@@ -26,7 +28,7 @@ namespace fsdp::cpu {
 
 namespace {
 
-/// Seconds per call of `f`: the fastest of 5 rounds, each long enough
+/// Seconds per call of `f`: the median of 5 rounds, each long enough
 /// (>= 2 ms) to make the clock's resolution irrelevant.
 double timeIt(const std::function<void()> &f) {
   using clock = std::chrono::steady_clock;
@@ -41,32 +43,35 @@ double timeIt(const std::function<void()> &f) {
       break;
     reps *= 2;
   }
-  double best = 1e30;
+  std::vector<double> rounds;
   for (int round = 0; round < 5; ++round) {
     auto t0 = clock::now();
     for (int i = 0; i < reps; ++i)
       f();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count() / reps);
+    rounds.push_back(std::chrono::duration<double>(clock::now() - t0).count() / reps);
   }
-  return best;
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[rounds.size() / 2];
 }
 
 /// Seconds per call of the collective `f`: every rank must make the same
 /// calls, so the repetitions are fixed (not adapted to the clock as in
-/// timeIt, which would let ranks disagree); the fastest of 5 rounds.
+/// timeIt, which would let ranks disagree); the median of 5 rounds.
 Status timeCollective(Communicator &comm, const std::function<Status()> &f,
                       double &secs) {
   using clock = std::chrono::steady_clock;
   const int reps = 10;
   FSDP_RETURN_IF_ERROR(f());
-  secs = 1e30;
+  std::vector<double> rounds;
   for (int round = 0; round < 5; ++round) {
     FSDP_RETURN_IF_ERROR(comm.barrier());
     auto t0 = clock::now();
     for (int i = 0; i < reps; ++i)
       FSDP_RETURN_IF_ERROR(f());
-    secs = std::min(secs, std::chrono::duration<double>(clock::now() - t0).count() / reps);
+    rounds.push_back(std::chrono::duration<double>(clock::now() - t0).count() / reps);
   }
+  std::sort(rounds.begin(), rounds.end());
+  secs = rounds[rounds.size() / 2];
   return Status::ok();
 }
 
