@@ -376,15 +376,9 @@ const std::unordered_map<std::string, Exec> &table() {
       return Status::ok();
     };
     m["grad_coef"] = [](const Run &r) {
-      // Unscale (and clip): the clip factor of the unscaled norm, divided
-      // by the scale. With a power-of-two scale every step is exact, so
-      // scaled gradients times this factor equal the unscaled run's bits.
-      double scale = *r.in(1);
-      double norm = std::sqrt((double)*r.in(0)) / scale;
-      double c = 1.0;
-      if (r.op.has("max_norm"))
-        c = std::min(r.op.f("max_norm", 1.0) / (norm + 1e-6), 1.0);
-      *r.out(0) = (float)((double)(float)c / scale);
+      // OpRules: max_norm, when present, is > 0.
+      *r.out(0) = gradCoef(*r.in(0), *r.in(1),
+                           r.op.has("max_norm") ? r.op.f("max_norm", 1.0) : 0.0);
       return Status::ok();
     };
     m["pack"] = [](const Run &r) {

@@ -769,6 +769,14 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
   }
 }
 
+float gradCoef(float sumsq, float scale, double maxNorm) {
+  double sc = scale;
+  double c = 1.0;
+  if (maxNorm > 0)
+    c = std::min(maxNorm / (std::sqrt((double)sumsq) / sc + 1e-6), 1.0);
+  return (float)((double)(float)c / sc);
+}
+
 template <typename T> double squaredNorm(const T *x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i)

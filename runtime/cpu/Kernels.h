@@ -153,6 +153,13 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  double beta2, double eps, double wd);
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
+/// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and
+/// clips them when maxNorm > 0): the clip factor min(1, maxNorm / (norm +
+/// 1e-6)) of the unscaled norm sqrt(sumsq) / scale (1 without clipping),
+/// rounded to f32, divided by the scale. With a power-of-two scale the
+/// division is exact, so scaled gradients times this factor equal the
+/// unscaled run's bits.
+float gradCoef(float sumsq, float scale, double maxNorm);
 
 /// IEEE half / bfloat16 conversions (round to nearest even).
 uint16_t floatToBf16(float f);

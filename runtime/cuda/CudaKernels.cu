@@ -876,16 +876,10 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
-                        double wd, cudaStream_t s, const float *skip) {
+                        double wd, cudaStream_t s) {
   float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
         omb2 = (float)(1 - beta2), teps = (float)eps;
   return forEach(n, s, [=] __device__(int64_t i) {
-    if (skip && !isfinite(*skip)) {
-      np[i] = p[i];
-      nm[i] = m[i];
-      nv[i] = v[i];
-      return;
-    }
     // the scalars as torch computes them (doubles), per element: cheap
     // beside the memory traffic, and no host round trip for the step
     double t = (double)(int64_t)*step, l = (double)*lr;

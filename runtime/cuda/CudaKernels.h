@@ -144,7 +144,8 @@ cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, f
 
 // Optimizers (in place allowed); lr and step are device scalars. `skip`
 // (nullable): when *skip is inf or NaN (an overflowed loss-scaled step)
-// every result is its input.
+// every result is its input. adamw_update runs native::adamw (fused, with
+// its own skip); adamwUpdate is its f32 reference in the tests.
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
                       double wd, cudaStream_t s, const float *skip = nullptr);
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
@@ -154,7 +155,7 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
-                        double wd, cudaStream_t s, const float *skip = nullptr);
+                        double wd, cudaStream_t s);
 /// *out = sum over the tensors of x^2, accumulated in double in a fixed
 /// order. `partial`: squaredNormScratch(tensors) doubles.
 int64_t squaredNormScratch(int64_t tensors);

@@ -432,6 +432,61 @@ TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
   expectNear(coef.host(), {c}, 4, {}, "clip_coef");
 }
 
+// Dynamic loss scaling: grad_coef (bitwise: one correctly rounded double
+// sqrt and two divisions, as on the CPU), and the skipped updates of an
+// overflowed step (every result its input, bit for bit, in and out of
+// place; a finite norm changes nothing against no skip operand).
+TEST_F(CudaKernelsTest, LossScalingCoefficientAndSkippedUpdates) {
+  for (float sumsq : {0.f, 3.5f, 1.0e12f, 7.0e30f})
+    for (float scale : {1.f, 65536.f, 0x1p40f})
+      for (double maxNorm : {0.0, 1.0, 0.25}) {
+        Dev<float> ds(std::vector<float>{sumsq}), dsc(std::vector<float>{scale}), out(1);
+        ASSERT_EQ(gpu::gradCoef(ds.get(), dsc.get(), out.get(), maxNorm, 0), cudaSuccess);
+        float want = cpu::gradCoef(sumsq, scale, maxNorm);
+        float got = out.host()[0];
+        EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+            << "grad_coef sumsq " << sumsq << " scale " << scale << " max_norm " << maxNorm
+            << ": gpu " << got << ", cpu " << want;
+      }
+  const int64_t n = 513;
+  auto p = randomVec(n, 61), g = randomVec(n, 62), b = randomVec(n, 63);
+  auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  Dev<float> dg(g), lr(std::vector<float>{1e-2f}), st(std::vector<float>{3.f}),
+      inf(std::vector<float>{INFINITY}), nan(std::vector<float>{NAN}),
+      fin(std::vector<float>{4.f});
+  for (const Dev<float> *skip : {&inf, &nan}) {
+    Dev<float> dp(p), np(n), db(b), nb(n);
+    ASSERT_EQ(gpu::sgdUpdate(dp.get(), dg.get(), np.get(), n, lr.get(), 0.1, 0, skip->get()),
+              cudaSuccess);
+    EXPECT_TRUE(same(np.host(), p)) << "sgd, skipped: param";
+    ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dg.get(), db.get(), np.get(), nb.get(), n,
+                                     lr.get(), st.get(), 0.9, 0.0, 0.1, false, 0, skip->get()),
+              cudaSuccess);
+    EXPECT_TRUE(same(np.host(), p)) << "momentum, skipped: param";
+    EXPECT_TRUE(same(nb.host(), b)) << "momentum, skipped: buffer";
+    ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dg.get(), db.get(), dp.get(), db.get(), n,
+                                     lr.get(), st.get(), 0.9, 0.0, 0.1, false, 0, skip->get()),
+              cudaSuccess);
+    EXPECT_TRUE(same(dp.host(), p) && same(db.host(), b)) << "momentum, skipped, in place";
+  }
+  Dev<float> dp(p), db(b), a(n), ab(n), c(n), cb(n);
+  ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dg.get(), db.get(), a.get(), ab.get(), n,
+                                   lr.get(), st.get(), 0.9, 0.0, 0.1, false, 0, fin.get()),
+            cudaSuccess);
+  ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dg.get(), db.get(), c.get(), cb.get(), n,
+                                   lr.get(), st.get(), 0.9, 0.0, 0.1, false, 0),
+            cudaSuccess);
+  EXPECT_TRUE(same(a.host(), c.host()) && same(ab.host(), cb.host()) && !same(a.host(), p))
+      << "momentum with a finite norm: the update, as without a skip operand";
+  ASSERT_EQ(gpu::sgdUpdate(dp.get(), dg.get(), a.get(), n, lr.get(), 0.1, 0, fin.get()),
+            cudaSuccess);
+  ASSERT_EQ(gpu::sgdUpdate(dp.get(), dg.get(), c.get(), n, lr.get(), 0.1, 0), cudaSuccess);
+  EXPECT_TRUE(same(a.host(), c.host()) && !same(a.host(), p))
+      << "sgd with a finite norm: the update, as without a skip operand";
+}
+
 TEST_F(CudaKernelsTest, CastsRoundToNearestEven) {
   auto x = randomVec(500, 30, 100.f);
   x.push_back(65520.f); // rounds to inf in f16
