@@ -224,6 +224,29 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       auto it = plan.symbolBuffer.find(sym);
       if (it != plan.symbolBuffer.end())
         bytes += double(plan.buffers[it->second].bytes);
+    } else if (auto pack = dyn_cast<PackOp>(op)) {
+      // fsdp-sim's pack_bytes: the memory plan places most inputs where
+      // the packed buffer wants them (the runtime skips those), so only
+      // the others are read and written, and the padding is zeroed.
+      firstIn = op->getOperand(0);
+      auto bufOf = [&](Value v) -> const PlannedBuffer * {
+        auto it = plan.valueBuffer.find(v);
+        return it == plan.valueBuffer.end() ? nullptr : &plan.buffers[it->second];
+      };
+      const PlannedBuffer *o = bufOf(pack.getResult());
+      int64_t outBytes = o ? o->bytes : 0;
+      int64_t elem = outBytes / std::max<int64_t>(1, numel(shapeOf(pack.getResult())));
+      ArrayRef<int64_t> offsets = pack.getOffsets();
+      int64_t moved = 0, covered = 0;
+      for (auto [k, v] : llvm::enumerate(pack.getInputs())) {
+        const PlannedBuffer *b = bufOf(v);
+        int64_t n = b ? b->bytes : 0;
+        covered += n;
+        if (!b || !o || k >= offsets.size() ||
+            b->offset != o->offset + offsets[k] * elem)
+          moved += 2 * n;
+      }
+      bytes = double(moved + std::max<int64_t>(0, outBytes - covered));
     } else {
       for (Value v : op->getOperands())
         bytes += bytesOf(v);
