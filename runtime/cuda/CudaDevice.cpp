@@ -482,7 +482,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     void *c = w(0);
     bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
     Gemm *g = gemm.get();
-    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb));
+    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
     out = [=](cudaStream_t s) {
       return g->run(t, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
     };
