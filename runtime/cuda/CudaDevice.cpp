@@ -91,7 +91,7 @@ FloatKind floatKind(DType t) {
 /// Device scratch the launchers share (they run one at a time on the
 /// compute stream). Sizes are the maxima over the plan's instructions.
 struct Scratch {
-  float *f = nullptr;   // attention statistics, norm row statistics
+  float *f = nullptr;   // attention statistics, norm row statistics, pack staging
   double *d = nullptr;  // reduction partials, per-row losses
   uint8_t *wide = nullptr; // widened f32 copies of bf16 instructions
   int64_t fN = 0, dN = 0, wideBytes = 0;
@@ -289,12 +289,36 @@ Launch fromCuda(std::function<cudaError_t(cudaStream_t)> f, std::string what) {
   };
 }
 
+/// pack: for each input, whether it partly overlaps its destination in the
+/// packed buffer (memory the plan shares with it, a view of it). Such an
+/// input is copied through scratch: cudaMemcpyAsync is undefined on
+/// overlapping ranges. One exactly in place is not (it is skipped), nor one
+/// disjoint from its destination (a plain copy, in input order as the CPU's
+/// memmoves). By arena offsets, as build() and prepare() both see them.
+std::vector<bool> packStaged(const Op &op, int64_t rank) {
+  std::vector<int64_t> offs = op.iv("offsets");
+  int64_t out = bufferOffset(op.plan, op.inst.out[0], rank);
+  std::vector<bool> staged(offs.size());
+  for (size_t i = 0; i < offs.size(); ++i) {
+    int64_t src = bufferOffset(op.plan, op.inst.in[i], rank),
+            dst = out + (int64_t)sizeof(float) * offs[i],
+            bytes = (int64_t)sizeof(float) * op.in(i).numel();
+    staged[i] = src != dst && src < dst + bytes && dst < src + bytes;
+  }
+  return staged;
+}
+
 /// Scratch sizes an instruction needs (floats, doubles), by the reference
-/// kernels or the native ones, whichever runs it.
-void scratchNeeds(const Op &op, int64_t &f, int64_t &d) {
+/// kernels or the native ones, whichever runs it, on shard `rank`.
+void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
   const std::string &n = op.inst.op;
   f = d = 0;
-  if (n == "attention_grad") {
+  if (n == "pack") {
+    std::vector<bool> staged = packStaged(op, rank);
+    for (size_t i = 0; i < staged.size(); ++i)
+      if (staged[i])
+        f = std::max(f, op.in(i).numel());
+  } else if (n == "attention_grad") {
     const auto &s = op.in(0).shape;
     f = std::max(attentionGradScratch(s[0], s[1], op.i("heads", 1)),
                  flash::backwardScratch(s[0], s[1], op.i("heads", 1)));
@@ -482,7 +506,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     void *c = w(0);
     bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
     Gemm *g = gemm.get();
-    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb));
+    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
     out = [=](cudaStream_t s) {
       return g->run(t, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
     };
@@ -971,15 +995,21 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     out = fromCuda([=](cudaStream_t s) { return gradCoef(x, scale, y, maxNorm, s); }, n);
   } else if (n == "pack") {
     // Inputs the memory plan placed inside the packed buffer are there
-    // already; the others are copied; the padding is zeroed.
+    // already; the others are copied, in input order (the CPU's memmoves),
+    // through scratch where the source partly overlaps its destination
+    // (packStaged); the padding is zeroed.
     float *dst = r.out(0);
     int64_t total = numel;
     std::vector<int64_t> offs = op.iv("offsets");
-    std::vector<std::tuple<const float *, int64_t, int64_t>> parts; // src, off, len
+    std::vector<bool> staged = packStaged(op, rank);
+    std::vector<std::tuple<const float *, int64_t, int64_t, bool>> parts; // src, off, len, staged
     std::vector<std::pair<int64_t, int64_t>> covered;
     for (size_t i = 0; i < offs.size(); ++i) {
       int64_t len = op.in(i).numel();
-      parts.emplace_back(r.in(i), offs[i], len);
+      if (staged[i] && len > scratch.fN) // scratchNeeds sized it: a bug if not
+        return FSDP_ERROR("pack: input ", i, " overlaps its destination and needs ", len,
+                          " floats of scratch, ", scratch.fN, " allocated");
+      parts.emplace_back(r.in(i), offs[i], len, staged[i]);
       covered.push_back({offs[i], offs[i] + len});
     }
     std::sort(covered.begin(), covered.end());
@@ -994,11 +1024,19 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
       gaps.push_back({at, total});
     out = fromCuda(
         [=](cudaStream_t s) {
-          for (auto [src, off, len] : parts)
-            if (src != dst + off)
-              if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
+          for (auto [src, off, len, viaScratch] : parts) {
+            if (src == dst + off)
+              continue;
+            if (viaScratch) {
+              if (cudaError_t e = cudaMemcpyAsync(sf, src, sizeof(float) * len,
                                                   cudaMemcpyDeviceToDevice, s))
                 return e;
+              src = sf;
+            }
+            if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
+                                                cudaMemcpyDeviceToDevice, s))
+              return e;
+          }
           for (auto [lo, hi] : gaps)
             if (cudaError_t e = cudaMemsetAsync(dst + lo, 0, sizeof(float) * (hi - lo), s))
               return e;
@@ -1033,7 +1071,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
       continue;
     Op op{plan, inst};
     int64_t f, d;
-    scratchNeeds(op, f, d);
+    scratchNeeds(op, shard, f, d);
     fN = std::max(fN, f);
     dN = std::max(dN, d);
     FloatKind t;

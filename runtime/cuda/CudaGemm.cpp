@@ -4,7 +4,9 @@
 
 #include "runtime/cuda/CudaCheck.h"
 
+#include <algorithm>
 #include <climits>
+#include <utility>
 #include <cublasLt.h>
 
 namespace fsdp::cuda {
@@ -52,6 +54,15 @@ cudaDataType_t dataType(FloatKind t) {
 }
 size_t elemBytes(FloatKind t) { return t == FloatKind::F32 ? 4 : 2; }
 
+/// The largest power of two dividing p's address, capped at 256 (cuBLASLt's
+/// default assumption; null counts as 256), at least the element size.
+uint32_t alignment(const void *p, size_t elem) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uintptr_t low = v & (~v + 1); // the lowest set bit; 0 for null
+  uint32_t al = low == 0 || low > 256 ? 256u : (uint32_t)low;
+  return std::max<uint32_t>(al, (uint32_t)elem);
+}
+
 /// A column-major rows x cols layout with leading dimension ld, batched.
 Status layout(cublasLtMatrixLayout_t &l, cudaDataType_t type, uint64_t rows, uint64_t cols,
               int64_t ld, int32_t batch, int64_t stride) {
@@ -72,7 +83,7 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     out = it->second.get();
     return Status::ok();
   }
-  auto [kind, batch, m, n, k, transA, transB] = key;
+  auto [kind, batch, m, n, k, transA, transB, alA, alB, alC] = key;
   FloatKind t = (FloatKind)kind;
   cudaDataType_t dt = dataType(t);
   auto p = std::make_unique<Plan>();
@@ -102,6 +113,17 @@ Status Gemm::plan(const Key &key, Plan *&out) {
   size_t ws = wsBytes_;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The pointers' actual alignments (the default assumes 256 bytes). The
+  // cuBLASLt operands are swapped (see above): its A is our B, its B our
+  // A; C and D are both our C.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alB},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alA},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alC},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alC}};
+  for (const auto &[attr, al] : aligns)
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
@@ -112,7 +134,8 @@ Status Gemm::plan(const Key &key, Plan *&out) {
   if (found == 0)
     return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [",
                       k, ", ", n, "] ", t == FloatKind::F32 ? "float32" : t == FloatKind::BF16 ? "bf16" : "f16", " GEMM (transA ", transA, ", transB ", transB,
-                      ") within a ", wsBytes_, "-byte workspace");
+                      ") within a ", wsBytes_, "-byte workspace with ", alA, "/", alB, "/",
+                      alC, "-byte-aligned A/B/C");
   p->algo = result.algo;
   out = p.get();
   plans_.emplace(key, std::move(p));
@@ -124,14 +147,21 @@ Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_
   return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s);
 }
 
+Gemm::Key Gemm::key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+                    bool transB, const void *a, const void *b, const void *c) {
+  size_t e = elemBytes(t);
+  return Key{(int)t, batch, m, n, k, transA, transB, alignment(a, e), alignment(b, e),
+             alignment(c, e)};
+}
+
 Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-                  bool transB) {
+                  bool transB, const void *a, const void *b, const void *c) {
   if (batch <= 0 || m <= 0 || n <= 0 || k <= 0)
     return Status::ok();
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
-  return plan(Key{(int)t, batch, m, n, k, transA, transB}, p);
+  return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p);
 }
 
 Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
@@ -144,7 +174,7 @@ Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t bat
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
-  FSDP_RETURN_IF_ERROR(plan(Key{(int)t, batch, m, n, k, transA, transB}, p));
+  FSDP_RETURN_IF_ERROR(plan(key(t, batch, m, n, k, transA, transB, a, b, c), p));
   float alpha = 1.f, beta = 0.f;
   FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
                                    b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,

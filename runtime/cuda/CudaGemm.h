@@ -5,9 +5,13 @@
 // column-major, so the row-major product is computed as C^T = op(B)^T op(A)^T
 // with the operands swapped (no data moves). Float32 with FP32 compute by
 // default (TF32 off, as the CPU reference); allowTf32 opts in. The
-// descriptors and the heuristic's algorithm are cached per shape, chosen
-// once. The workspace is the runtime's own scratch, reported beside the
-// arena.
+// descriptors and the heuristic's algorithm are cached per shape and per
+// operand alignment, chosen once. The heuristic is told each pointer's
+// actual alignment (the largest power of two dividing its address, capped at
+// cuBLASLt's default of 256 bytes, at least the element size): plan buffers
+// are only 64-byte aligned and views / slices may be merely element-aligned,
+// and an algorithm chosen for 256-byte pointers may fail on those. The
+// workspace is the runtime's own scratch, reported beside the arena.
 //
 // bf16 / f16 GEMMs (mixed-precision plans): inputs and output in the
 // storage dtype, CUBLAS_COMPUTE_32F (f32 accumulation), f32 alpha/beta.
@@ -53,13 +57,21 @@ public:
   Status run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
              int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s);
   /// Builds the descriptors and asks the heuristic for this shape now (at
-  /// prepare), so the first step does not.
+  /// prepare), so the first step does not. Pass the pointers run() will get
+  /// (only their alignment is used); null stands for 256-byte-aligned ones
+  /// (cudaMalloc's).
   Status warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-              bool transB);
+              bool transB, const void *a = nullptr, const void *b = nullptr,
+              const void *c = nullptr);
 
 private:
   struct Plan;
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  /// dtype, batch, m, n, k, transA, transB, and the byte alignments of the
+  /// row-major A, B and C pointers.
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool, uint32_t,
+                         uint32_t, uint32_t>;
+  static Key key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+                 bool transB, const void *a, const void *b, const void *c);
   Status plan(const Key &key, Plan *&out);
 
   void *handle_ = nullptr; // cublasLtHandle_t

@@ -211,6 +211,44 @@ TEST_F(CudaKernelsTest, GemmEveryTransposeAndBatch) {
       }
 }
 
+// Plan buffers are 64-byte aligned and views may be merely element-aligned:
+// the GEMM must pick an algorithm for the pointers it gets, never reuse one
+// chosen for 256-byte-aligned pointers (run first, on the same Gemm).
+TEST_F(CudaKernelsTest, GemmOnOperandsOneElementOffAlignment) {
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, /*allowTf32=*/false).isOk());
+  for (auto [batch, m, n, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 64, 48, 80},
+                                {3, 5, 7, 9},
+                                {1, 128, 128, 128}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int shifted : {0, 1, 2, 4, 7}) { // bit 0: A off by one, 1: B, 2: C
+          int64_t offA = shifted & 1, offB = (shifted >> 1) & 1, offC = (shifted >> 2) & 1;
+          auto a = randomVec(batch * m * k, 19), b = randomVec(batch * k * n, 20);
+          std::vector<float> aa(a.size()), ab(b.size());
+          for (size_t i = 0; i < a.size(); ++i)
+            aa[i] = std::fabs(a[i]);
+          for (size_t i = 0; i < b.size(); ++i)
+            ab[i] = std::fabs(b[i]);
+          std::vector<float> pa(a), pb(b); // one leading element: the operand 4 bytes in
+          pa.insert(pa.begin(), 0.f);
+          pb.insert(pb.begin(), 0.f);
+          Dev<float> da(pa), db(pb), dc(batch * m * n + 1);
+          auto st = gemm.run(da.get() + offA, db.get() + offB, dc.get() + offC, batch, m, n, k,
+                             ta, tb, 0);
+          ASSERT_TRUE(st.isOk()) << st.message();
+          std::vector<float> want(batch * m * n), mag(batch * m * n);
+          cpu::matmul(a.data(), b.data(), want.data(), batch, m, n, k, ta, tb);
+          cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
+          std::vector<double> slack(mag.size());
+          for (size_t i = 0; i < mag.size(); ++i)
+            slack[i] = 2.0 * k * kU * mag[i];
+          std::vector<float> got = dc.host();
+          got.erase(offC ? got.begin() : got.end() - 1);
+          expectNear(got, want, 0, slack, "gemm off alignment");
+        }
+}
+
 TEST_F(CudaKernelsTest, LayerNormAndRmsNormWithGradients) {
   const int64_t rows = 5, cols = 96;
   auto x = randomVec(rows * cols, 11, 2.f), dy = randomVec(rows * cols, 12),

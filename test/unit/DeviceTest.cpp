@@ -215,6 +215,34 @@ TEST_P(DeviceConformance, RunsNarrowFloatInstructions) {
   EXPECT_EQ(c, (std::vector<uint16_t>{0x3fa0, 0x4020, 0x4080, 0x4090}));
 }
 
+TEST_P(DeviceConformance, PacksInputsThatPartlyOverlapTheirDestination) {
+  // A 16-float packed buffer P (b0) whose memory the plan shares with two of
+  // the inputs: X (b1, P[2..5]) goes to P[4..7] and W (b4, P[13..15]) to
+  // P[12..14], each partly over its own source (one shifted up, one down);
+  // Y (b2, P[8..11]) is in place (skipped); Z (b3) is elsewhere. The CPU
+  // memmoves; a plain device copy of overlapping ranges is undefined.
+  Plan plan = vectorPlan(5, 4, {});
+  auto place = [&](int id, int64_t n, int64_t offset) {
+    plan.buffers[id].shape = {n};
+    plan.buffers[id].bytes = n * 4;
+    plan.buffers[id].offset = offset;
+  };
+  place(0, 16, 0);
+  place(1, 4, 8);
+  place(2, 4, 32);
+  place(3, 2, 64);
+  place(4, 3, 52);
+  plan.arenaBytes = 128;
+  plan.program = {inst("pack", {3, 1, 2, 4}, {0}, {{"offsets", {0, 4, 8, 12}}})};
+  bind(plan);
+  write(plan, 0, {-1, -1, 1, 2, 3, 4, -1, -1, 5, 6, 7, 8, -1, 11, 12, 13});
+  write(plan, 3, {10, 20});
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(plan, 0),
+            (std::vector<float>{10, 20, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 0}));
+}
+
 /// The executor's protocol for an async collective ([Note: streams and
 /// events]): the collective sees what compute wrote before it, and compute
 /// after the wait sees what the collective wrote, although the collective
