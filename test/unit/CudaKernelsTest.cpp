@@ -183,6 +183,24 @@ TEST_F(CudaKernelsTest, SoftmaxAndBiasAdd) {
   expectNear(y.host(), wy, 0, {}, "bias_add");
 }
 
+/// The CPU GEMM of a and b, and each element's bound: both sides are
+/// within k u sum|a b| of the exact product (the same GEMM of |a|, |b|).
+void gemmReference(const std::vector<float> &a, const std::vector<float> &b, int64_t batch,
+                   int64_t m, int64_t n, int64_t k, bool ta, bool tb, std::vector<float> &want,
+                   std::vector<double> &slack) {
+  std::vector<float> aa(a.size()), ab(b.size()), mag(batch * m * n);
+  for (size_t i = 0; i < a.size(); ++i)
+    aa[i] = std::fabs(a[i]);
+  for (size_t i = 0; i < b.size(); ++i)
+    ab[i] = std::fabs(b[i]);
+  want.assign(batch * m * n, 0.f);
+  cpu::matmul(a.data(), b.data(), want.data(), batch, m, n, k, ta, tb);
+  cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
+  slack.resize(mag.size());
+  for (size_t i = 0; i < mag.size(); ++i)
+    slack[i] = 2.0 * k * kU * mag[i];
+}
+
 TEST_F(CudaKernelsTest, GemmEveryTransposeAndBatch) {
   gpu::Gemm gemm;
   ASSERT_TRUE(gemm.init(32 << 20, /*allowTf32=*/false).isOk());
@@ -193,20 +211,12 @@ TEST_F(CudaKernelsTest, GemmEveryTransposeAndBatch) {
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         auto a = randomVec(batch * m * k, 9), b = randomVec(batch * k * n, 10);
-        std::vector<float> aa(a.size()), ab(b.size());
-        for (size_t i = 0; i < a.size(); ++i)
-          aa[i] = std::fabs(a[i]);
-        for (size_t i = 0; i < b.size(); ++i)
-          ab[i] = std::fabs(b[i]);
         Dev<float> da(a), db(b), dc(batch * m * n);
         auto st = gemm.run(da.get(), db.get(), dc.get(), batch, m, n, k, ta, tb, 0);
         ASSERT_TRUE(st.isOk()) << st.message();
-        std::vector<float> want(batch * m * n), mag(batch * m * n);
-        cpu::matmul(a.data(), b.data(), want.data(), batch, m, n, k, ta, tb);
-        cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
-        std::vector<double> slack(mag.size());
-        for (size_t i = 0; i < mag.size(); ++i)
-          slack[i] = 2.0 * k * kU * mag[i]; // both sides within k u sum|a b|
+        std::vector<float> want;
+        std::vector<double> slack;
+        gemmReference(a, b, batch, m, n, k, ta, tb, want, slack);
         expectNear(dc.host(), want, 0, slack, "gemm");
       }
 }
@@ -225,11 +235,6 @@ TEST_F(CudaKernelsTest, GemmOnOperandsOneElementOffAlignment) {
         for (int shifted : {0, 1, 2, 4, 7}) { // bit 0: A off by one, 1: B, 2: C
           int64_t offA = shifted & 1, offB = (shifted >> 1) & 1, offC = (shifted >> 2) & 1;
           auto a = randomVec(batch * m * k, 19), b = randomVec(batch * k * n, 20);
-          std::vector<float> aa(a.size()), ab(b.size());
-          for (size_t i = 0; i < a.size(); ++i)
-            aa[i] = std::fabs(a[i]);
-          for (size_t i = 0; i < b.size(); ++i)
-            ab[i] = std::fabs(b[i]);
           std::vector<float> pa(a), pb(b); // one leading element: the operand 4 bytes in
           pa.insert(pa.begin(), 0.f);
           pb.insert(pb.begin(), 0.f);
@@ -237,12 +242,9 @@ TEST_F(CudaKernelsTest, GemmOnOperandsOneElementOffAlignment) {
           auto st = gemm.run(da.get() + offA, db.get() + offB, dc.get() + offC, batch, m, n, k,
                              ta, tb, 0);
           ASSERT_TRUE(st.isOk()) << st.message();
-          std::vector<float> want(batch * m * n), mag(batch * m * n);
-          cpu::matmul(a.data(), b.data(), want.data(), batch, m, n, k, ta, tb);
-          cpu::matmul(aa.data(), ab.data(), mag.data(), batch, m, n, k, ta, tb);
-          std::vector<double> slack(mag.size());
-          for (size_t i = 0; i < mag.size(); ++i)
-            slack[i] = 2.0 * k * kU * mag[i];
+          std::vector<float> want;
+          std::vector<double> slack;
+          gemmReference(a, b, batch, m, n, k, ta, tb, want, slack);
           std::vector<float> got = dc.host();
           got.erase(offC ? got.begin() : got.end() - 1);
           expectNear(got, want, 0, slack, "gemm off alignment");
