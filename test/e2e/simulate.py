@@ -11,6 +11,7 @@ against each other by bench/simulator.py, a benchmark, not here):
     the predicted trace has both streams; bad input is an error;
   - ranks sharing a host's cores: the step is N W / C when the host is
     never idle, and fsdp-opt simulate=true agrees;
+  - a pack whose inputs are all in place costs launch + padding only;
   - --measured attributes a measured trace (compute, issue, blocked =
     skew + transfer) and refuses another plan's trace.
 usage: simulate.py BIN_DIR WORK_DIR
@@ -143,6 +144,33 @@ def main():
         report(m is not None and abs(float(m.group(1)) - x["step_ms"]) <= 6e-4,
                f"{tag}: fsdp-opt simulate=true agrees on the shared host "
                f"({m.group(1) if m else r.stderr.strip()} ms)")
+
+    # A pack whose inputs the memory plan placed where the packed buffer
+    # wants them costs only its launch and the zeroed padding (the runtime
+    # skips in-place inputs), not every operand's bytes.
+    plan2 = json.load(open(plans["n2"]))
+    bufs = plan2["buffers"]
+    ptrace = os.path.join(work, "packs.json")
+    subprocess.run([sys.executable, b("fsdp-sim"), plans["n2"], "--profile", wide,
+                    "--trace", ptrace], check=True, capture_output=True)
+    spans = {e["args"]["instruction"]: e["dur"] * 1e-6
+             for e in json.load(open(ptrace))["traceEvents"]
+             if e["ph"] == "X" and e["tid"] == 0 and e["name"] == "pack"}
+    checked, ok = 0, True
+    for i, inst in enumerate(plan2["program"]):
+        if inst["op"] != "pack":
+            continue
+        out = bufs[inst["out"][0]]
+        ins = [bufs[x] for x in inst["in"]]
+        if any(x["offset"] != out["offset"] + 4 * o
+               for x, o in zip(ins, inst["attrs"]["offsets"])):
+            continue
+        pad = out["bytes"] - sum(x["bytes"] for x in ins)
+        want = c["op_overhead_s"] + pad / c["mem_bytes_per_s"]
+        ok = ok and abs(spans[i] - want) <= 1e-9 + 1e-6 * want
+        checked += 1
+    report(checked > 0 and ok and "pack" not in c["seconds_per_unit"],
+           f"{checked} packs with every input in place cost launch + padding only")
 
     # --measured: where the measured step of the 4-rank trace went.
     r = subprocess.run([sys.executable, b("fsdp-sim"), plans["hs"], "--profile", prof_path,
