@@ -77,6 +77,29 @@ private:
   int64_t emitted = 0;
 };
 
+/// Gives every fsdp.attention of `fn` its log-sum-exp result (the
+/// backward pass reads it instead of recomputing the softmax statistics).
+void withLogSumExp(func::FuncOp fn) {
+  SmallVector<AttentionOp> plain;
+  fn.walk([&](AttentionOp o) {
+    if (!o.getLse())
+      plain.push_back(o);
+  });
+  for (AttentionOp o : plain) {
+    OpBuilder b(o);
+    auto q = cast<RankedTensorType>(o.getQ().getType());
+    auto lse = RankedTensorType::get(
+        {q.getDimSize(0), o.getHeads(), q.getDimSize(1)}, b.getF32Type());
+    auto with = b.create<AttentionOp>(o.getLoc(), o.getResult().getType(), lse,
+                                      o.getQ(), o.getK(), o.getV(),
+                                      o.getHeadsAttr(), o.getCausalAttr(),
+                                      o.getKvHeadsAttr());
+    with->setDiscardableAttrs(o->getDiscardableAttrDictionary());
+    o.getResult().replaceAllUsesWith(with.getResult());
+    o.erase();
+  }
+}
+
 void Differentiator::markActive() {
   fn.walk([&](Operation *op) {
     if (auto get = dyn_cast<GetParamOp>(op)) {
@@ -248,10 +271,13 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
       })
       .Case([&](AttentionOp o) {
         ++emitted;
+        // withLogSumExp gave every attention its lse before the sweep.
+        assert(o.getLse() && "attention without its log-sum-exp");
         Type t = o.getQ().getType(), kv = o.getK().getType();
         auto g = b.create<AttentionGradOp>(
-            loc, TypeRange{t, kv, kv}, o.getQ(), o.getK(), o.getV(), dy,
-            o.getHeadsAttr(), o.getCausalAttr(), o.getKvHeadsAttr());
+            loc, TypeRange{t, kv, kv}, o.getQ(), o.getK(), o.getV(),
+            o.getResult(), o.getLse(), dy, o.getHeadsAttr(),
+            o.getCausalAttr(), o.getKvHeadsAttr());
         accumulate(o.getQ(), g.getDQ());
         accumulate(o.getK(), g.getDK());
         accumulate(o.getV(), g.getDV());
@@ -376,6 +402,7 @@ LogicalResult Differentiator::run(int64_t &numGradOps, int64_t &numGrads) {
     return ret.emitOpError() << "expected the loss to be a tensor<f32>, found "
                              << loss.getType();
 
+  withLogSumExp(fn);
   markActive();
   b.setInsertionPoint(ret);
   if (active.contains(loss)) {
@@ -398,9 +425,15 @@ LogicalResult Differentiator::run(int64_t &numGradOps, int64_t &numGrads) {
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
   for (Operation *op : llvm::reverse(ops)) {
-    if (op->getNumResults() != 1)
+    if (auto att = dyn_cast<AttentionOp>(op)) {
+      if (adjoint.lookup(att.getLse()))
+        return op->emitOpError() << "has no differentiation rule for its "
+                                    "log-sum-exp result (read only by "
+                                    "fsdp.attention_grad)";
+    } else if (op->getNumResults() != 1) {
       return op->emitOpError() << "has no differentiation rule (it may not "
                                   "appear in a model function)";
+    }
     Value dy = adjoint.lookup(op->getResult(0));
     if (!dy)
       continue;

@@ -292,7 +292,9 @@ void ExportPlanPass::runOnOperation() {
             (int)op.getNumOperands() >
                 schema->numInputs + schema->optionalInputs)) ||
           (schema->numInputs < 0 && op.getNumOperands() == 0) ||
-          (int)op.getNumResults() != schema->numOutputs) {
+          (int)op.getNumResults() < schema->numOutputs ||
+          (int)op.getNumResults() >
+              schema->numOutputs + schema->optionalOutputs) {
         op.emitOpError() << "has " << op.getNumOperands() << " operand(s) and "
                          << op.getNumResults() << " result(s); the plan schema "
                          << "expects " << schema->numInputs << " and "

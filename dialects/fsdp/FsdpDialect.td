@@ -69,6 +69,8 @@ class Fsdp_Op<string mnemonic, list<Trait> traits = []>
 
 // Floating-point tensors the runtime computes on (or stores).
 def Fsdp_FloatTensor : RankedTensorOf<[F32, BF16, F16]>;
+// Row statistics kept in f32 whatever the storage dtype (attention's log-sum-exp).
+def Fsdp_F32Tensor : RankedTensorOf<[F32]>;
 // Token ids and labels.
 def Fsdp_IntTensor : RankedTensorOf<[I32, I64]>;
 def Fsdp_AnyTensor : RankedTensorOf<[F32, BF16, F16, I32, I64]>;

@@ -38,6 +38,28 @@ static void printAttentionTypes(OpAsmPrinter &printer, Operation *, Type qType,
     printer << ", " << kType;
 }
 
+/// attention_grad's types: those of attention, and its `lse` operand's,
+/// f32 [B, heads, T] from q's [B, T, C] (not written).
+static ParseResult parseAttentionGradTypes(OpAsmParser &parser, Type &qType,
+                                           Type &kType, IntegerAttr heads,
+                                           Type &lseType) {
+  if (parseAttentionTypes(parser, qType, kType))
+    return failure();
+  auto q = dyn_cast<RankedTensorType>(qType);
+  if (!q || q.getRank() != 3)
+    return parser.emitError(parser.getCurrentLocation())
+           << "expected q of rank 3 [batch, seq, width], found " << qType;
+  lseType = RankedTensorType::get({q.getDimSize(0), heads.getInt(), q.getDimSize(1)},
+                                  Float32Type::get(parser.getContext()));
+  return success();
+}
+
+static void printAttentionGradTypes(OpAsmPrinter &printer, Operation *op,
+                                    Type qType, Type kType, IntegerAttr,
+                                    Type) {
+  printAttentionTypes(printer, op, qType, kType);
+}
+
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.cpp.inc"
 
@@ -248,14 +270,27 @@ static LogicalResult verifyAttention(Operation *op, RankedTensorType q,
                     q.getElementType());
 }
 
+/// The log-sum-exp of attention with query type `q`: f32 [B, heads, T].
+static LogicalResult expectLse(Operation *op, RankedTensorType q,
+                               int64_t heads, Value lse) {
+  return expectType(op, "lse", rt(lse),
+                    {q.getShape()[0], heads, q.getShape()[1]},
+                    Float32Type::get(op->getContext()));
+}
+
 LogicalResult AttentionOp::verify() {
-  return verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
-                         getKvHeads());
+  if (failed(verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
+                             getKvHeads())))
+    return failure();
+  return getLse() ? expectLse(*this, rt(getQ()), getHeads(), getLse())
+                  : success();
 }
 
 LogicalResult AttentionGradOp::verify() {
-  return verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
-                         getKvHeads());
+  if (failed(verifyAttention(*this, rt(getQ()), rt(getK()), getHeads(),
+                             getKvHeads())))
+    return failure();
+  return expectLse(*this, rt(getQ()), getHeads(), getLse());
 }
 
 /// Shared by rms_norm and rms_norm_grad.

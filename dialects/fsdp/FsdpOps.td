@@ -304,18 +304,29 @@ def Fsdp_AttentionOp : Fsdp_Op<"attention",
     The type after `:` is that of `q`, followed by that of `k` and `v` when
     it differs.
 
+    An optional second result `lse`, f32 [B, heads, T], holds each query
+    row's log-sum-exp of its scaled, masked scores: log sum_s exp(S_ts).
+    fsdp-autodiff asks for it (the type after `->`) when it differentiates
+    the op, and hands it with the output to `fsdp.attention_grad`, so the
+    backward pass forms the probabilities as exp(S - lse) without
+    recomputing the softmax's statistics (FlashAttention-2's layout: the
+    T x T probabilities are never stored). f32 whatever the storage dtype:
+    a bf16 log-sum-exp would scale every probability of a row by up to
+    exp(2^-8 |lse|).
+
     ```mlir
     %y = fsdp.attention %q, %k, %v heads = 4 causal : tensor<2x16x64xf32>
     %z = fsdp.attention %q, %k2, %v2 heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+    %w, %lse = fsdp.attention %q, %k, %v heads = 4 causal : tensor<2x16x64xbf16> -> tensor<2x4x16xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
                        Fsdp_FloatTensor:$v, I64Attr:$heads, UnitAttr:$causal,
                        OptionalAttr<I64Attr>:$kv_heads);
-  let results = (outs Fsdp_FloatTensor:$result);
+  let results = (outs Fsdp_FloatTensor:$result, Optional<Fsdp_F32Tensor>:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
-    attr-dict `:` custom<AttentionTypes>(type($q), type($k))
+    attr-dict `:` custom<AttentionTypes>(type($q), type($k)) (`->` type($lse)^)?
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -672,27 +683,34 @@ def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
 }
 
 def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",
-    [Pure, AllTypesMatch<["q", "grad", "d_q"]>,
+    [Pure, AllTypesMatch<["q", "y", "grad", "d_q"]>,
      AllTypesMatch<["k", "v", "d_k", "d_v"]>]> {
   let summary = "VJP of attention: gradients of q, k and v";
   let description = [{
-    Recomputes the attention probabilities from `q` and `k`. With
-    `kv_heads`, the gradient of each key/value head sums over the query
-    heads that share it.
+    Operands: the forward's inputs `q`, `k`, `v`, its output `y` and
+    log-sum-exp `lse` (f32 [B, heads, T], the forward's second result), and
+    the output's gradient. The probabilities are P = exp(S - lse), with S
+    the scaled, masked scores recomputed from `q` and `k`; the softmax's
+    VJP needs each row's delta = sum_s P_ts dP_ts = dy_t . y_t, which a
+    tiled kernel reads from `y` before it visits the keys (the CPU kernel
+    forms it from P and dP in the same pass). With `kv_heads`, the gradient
+    of each key/value head sums over the query heads that share it. The
+    type of `lse` follows from that of `q` and `heads` and is not written.
 
     ```mlir
-    %dq, %dk, %dv = fsdp.attention_grad %q, %k, %v, %dy heads = 4 causal : tensor<2x16x64xf32>
+    %dq, %dk, %dv = fsdp.attention_grad %q, %k, %v, %y, %lse, %dy heads = 4 causal : tensor<2x16x64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$q, Fsdp_FloatTensor:$k,
-                       Fsdp_FloatTensor:$v, Fsdp_FloatTensor:$grad,
+                       Fsdp_FloatTensor:$v, Fsdp_FloatTensor:$y,
+                       Fsdp_F32Tensor:$lse, Fsdp_FloatTensor:$grad,
                        I64Attr:$heads, UnitAttr:$causal,
                        OptionalAttr<I64Attr>:$kv_heads);
   let results = (outs Fsdp_FloatTensor:$d_q, Fsdp_FloatTensor:$d_k,
                       Fsdp_FloatTensor:$d_v);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `,` $grad `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
-    attr-dict `:` custom<AttentionTypes>(type($q), type($k))
+    $q `,` $k `,` $v `,` $y `,` $lse `,` $grad `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
+    attr-dict `:` custom<AttentionGradTypes>(type($q), type($k), ref($heads), type($lse))
   }];
   let hasVerifier = 1;
 }

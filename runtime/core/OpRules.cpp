@@ -242,9 +242,10 @@ const std::unordered_map<std::string, Check> &checks() {
       FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_gamma"));
       return expectShape(op, op.out(2), c, "d_beta");
     };
-    // attention (q, k, v -> y) and attention_grad (q, k, v, dy -> dq, dk,
-    // dv): q, dy, y and dq are [B, T, heads*D]; k, v, dk and dv
-    // [B, T, kv_heads*D] (kv_heads = heads when absent).
+    // attention (q, k, v -> y [, lse]) and attention_grad (q, k, v, y,
+    // lse, dy -> dq, dk, dv): q, y, dy and dq are [B, T, heads*D]; k, v, dk
+    // and dv [B, T, kv_heads*D] (kv_heads = heads when absent); lse is f32
+    // [B, heads, T].
     auto checkAttention = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       const Shape &s = op.in(0).shape;
@@ -260,14 +261,18 @@ const std::unordered_map<std::string, Check> &checks() {
       if (kv <= 0 || heads % kv)
         return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
                           ", found kv_heads = ", kv);
-      Shape ks{s[0], s[1], kv * (s[2] / heads)};
-      bool grad = op.inst.in.size() == 4;
+      Shape ks{s[0], s[1], kv * (s[2] / heads)}, ls{s[0], heads, s[1]};
+      bool grad = op.inst.op == "attention_grad";
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), ks, "k"));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), ks, "v"));
       if (grad) {
-        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "a gradient"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "y"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(4), ls, "lse"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(5), s, "a gradient"));
         FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), ks, "d_k"));
         FSDP_RETURN_IF_ERROR(expectShape(op, op.out(2), ks, "d_v"));
+      } else if (op.inst.out.size() == 2) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), ls, "lse"));
       }
       return expectShape(op, op.out(0), s, grad ? "d_q" : "a result");
     };
@@ -576,15 +581,18 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
   if (!schema || it == checks().end())
     return FSDP_ERROR("unknown op '", inst.op, "' (this runtime does not implement it)");
   const int nin = schema->numInputs, nout = schema->numOutputs;
-  const int nopt = schema->optionalInputs;
+  const int nopt = schema->optionalInputs, noptOut = schema->optionalOutputs;
   if ((nin >= 0 && ((int)inst.in.size() < nin || (int)inst.in.size() > nin + nopt)) ||
-      (nin < 0 && inst.in.empty()) || (int)inst.out.size() != nout)
+      (nin < 0 && inst.in.empty()) || (int)inst.out.size() < nout ||
+      (int)inst.out.size() > nout + noptOut)
     return FSDP_ERROR(inst.op, ": expected ",
                       nin < 0    ? std::string("1+")
                       : nopt > 0 ? std::to_string(nin) + "-" + std::to_string(nin + nopt)
                                  : std::to_string(nin),
-                      " inputs and ", nout, " outputs, found ", inst.in.size(), " and ",
-                      inst.out.size());
+                      " inputs and ",
+                      noptOut > 0 ? std::to_string(nout) + "-" + std::to_string(nout + noptOut)
+                                  : std::to_string(nout),
+                      " outputs, found ", inst.in.size(), " and ", inst.out.size());
   if (needsWidening(plan, inst)) {
     // See [Note: bf16 storage, f32 compute].
     Widened w = widen(plan, inst);

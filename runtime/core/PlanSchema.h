@@ -62,6 +62,7 @@ struct OpSchema {
   int numOutputs;
   OpKind kind;
   int optionalInputs = 0; ///< trailing inputs that may be absent
+  int optionalOutputs = 0; ///< trailing outputs that may be absent
 };
 /// Every op a plan may contain. A compute op's shape and dtype rules are in
 /// runtime/core/OpRules.cpp; each device implements all of them.
@@ -84,8 +85,8 @@ inline constexpr OpSchema kOps[] = {
     {"matmul", 2, 1, OpKind::Compute},
     {"layer_norm", 3, 1, OpKind::Compute},
     {"layer_norm_grad", 3, 3, OpKind::Compute},
-    {"attention", 3, 1, OpKind::Compute},
-    {"attention_grad", 4, 3, OpKind::Compute},
+    {"attention", 3, 1, OpKind::Compute, 0, 1}, // + the log-sum-exp
+    {"attention_grad", 6, 3, OpKind::Compute},  // q, k, v, y, lse, dy
     {"silu", 1, 1, OpKind::Compute},
     {"silu_grad", 2, 1, OpKind::Compute},
     {"rms_norm", 2, 1, OpKind::Compute},

@@ -224,13 +224,14 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
       // Attention: B = 2, T = 128, C = 128 in 4 heads, causal.
       const int64_t B = 2, T = 128, C = 128, H = 4;
       std::vector<float> q(B * T * C, 0.1f), k(B * T * C, 0.2f), vv(B * T * C, 0.3f),
-          o(B * T * C), dq(B * T * C), dk(B * T * C), dv(B * T * C), dout(B * T * C, 1.0f);
+          o(B * T * C), dq(B * T * C), dk(B * T * C), dv(B * T * C), dout(B * T * C, 1.0f),
+          lse(B * H * T);
       double units = (double)B * T * T * C;
       per("attention", units, [&] {
-        attention<float>(q.data(), k.data(), vv.data(), o.data(), B, T, C, H, true);
+        attention<float>(q.data(), k.data(), vv.data(), o.data(), lse.data(), B, T, C, H, true);
       });
       per("attention_grad", units, [&] {
-        attentionGrad<float>(q.data(), k.data(), vv.data(), dout.data(), dq.data(),
+        attentionGrad<float>(q.data(), k.data(), vv.data(), lse.data(), dout.data(), dq.data(),
                              dk.data(), dv.data(), B, T, C, H, true);
       });
     }

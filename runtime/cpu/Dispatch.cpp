@@ -170,15 +170,19 @@ const std::unordered_map<std::string, Exec> &table() {
     m["attention"] = [](const Run &r) {
       const Shape &s = r.op.in(0).shape;
       int64_t heads = r.op.i("heads", 1);
-      attention<float>(r.in(0), r.in(1), r.in(2), r.out(0), s[0], s[1], s[2], heads,
+      attention<float>(r.in(0), r.in(1), r.in(2), r.out(0),
+                       r.op.inst.out.size() > 1 ? r.out(1) : nullptr, s[0], s[1], s[2], heads,
                        r.op.b("causal"), r.op.i("kv_heads", heads));
       return Status::ok();
     };
     m["attention_grad"] = [](const Run &r) {
       const Shape &s = r.op.in(0).shape;
       int64_t heads = r.op.i("heads", 1);
-      attentionGrad<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.out(1), r.out(2), s[0],
-                           s[1], s[2], heads, r.op.b("causal"), r.op.i("kv_heads", heads));
+      // r.in(3), the forward's output y, is not read: this kernel forms
+      // each row's delta = dy . y from P and dP in the same pass.
+      attentionGrad<float>(r.in(0), r.in(1), r.in(2), r.in(4), r.in(5), r.out(0), r.out(1),
+                           r.out(2), s[0], s[1], s[2], heads, r.op.b("causal"),
+                           r.op.i("kv_heads", heads));
       return Status::ok();
     };
     m["silu"] = [](const Run &r) {

@@ -354,22 +354,30 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
 
 
 namespace {
-/// The attention probabilities of query row `qt` (D elements) against the
-/// keys `kh` (rows of stride `ldk`, one key/value head's columns), into p
-/// (length `end`: t + 1 when causal, else Tn). Shared by the forward and
-/// the backward pass, which recomputes them instead of storing them.
+/// The scaled scores S_s = q_t . k_s / sqrt(D) of query row `qt` (D
+/// elements) against the keys `kh` (rows of stride `ldk`, one key/value
+/// head's columns), into p (length `end`: t + 1 when causal, else Tn).
 template <typename T>
-void attentionRow(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
-                  int64_t end, T scale) {
-  T mx = -std::numeric_limits<T>::infinity();
+void attentionScores(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
+                     int64_t end, T scale) {
   for (int64_t s = 0; s < end; ++s) {
     const T *ks = kh + s * ldk;
     T dot = 0;
     for (int64_t d = 0; d < D; ++d)
       dot += qt[d] * ks[d];
     p[s] = dot * scale;
-    mx = std::max(mx, p[s]);
   }
+}
+
+/// The row's probabilities softmax(S) into p, as attentionScores; returns
+/// the row's log-sum-exp, max + log(sum exp(S - max)).
+template <typename T>
+T attentionRow(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
+               int64_t end, T scale) {
+  attentionScores(qt, kh, ldk, p, D, end, scale);
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t s = 0; s < end; ++s)
+    mx = std::max(mx, p[s]);
   T sum = 0;
   for (int64_t s = 0; s < end; ++s) {
     p[s] = std::exp(p[s] - mx);
@@ -377,6 +385,7 @@ void attentionRow(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
   }
   for (int64_t s = 0; s < end; ++s)
     p[s] /= sum;
+  return mx + std::log(sum);
 }
 
 int64_t kvHeadsOr(int64_t kvHeads, int64_t heads) {
@@ -388,13 +397,14 @@ int64_t kvHeadsOr(int64_t kvHeads, int64_t heads) {
 // hk = h / (heads / kvHeads) (grouped-query attention; kvHeads = heads is
 // multi-head attention),
 //   S = Q_h K_hk^T / sqrt(D) (masked for t' > t when causal),
-//   P = softmax(S), Y_h = P V_hk.
+//   P = softmax(S), Y_h = P V_hk, lse_t = log sum_s exp(S_ts).
 // K and V are [B, T, kvHeads * D] and are read in place for every query
-// head of their group: the repeated keys are never materialized.
-// Probabilities are recomputed in the backward pass instead of stored.
+// head of their group: the repeated keys are never materialized. P is
+// never stored: the backward pass recomputes S and takes P = exp(S - lse).
 template <typename T>
-void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
-               int64_t C, int64_t heads, bool causal, int64_t kvHeads) {
+void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
+               int64_t Tn, int64_t C, int64_t heads, bool causal,
+               int64_t kvHeads) {
   int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
   int64_t group = heads / kvh, Ck = kvh * D;
   T scale = T(1) / std::sqrt(T(D));
@@ -406,8 +416,10 @@ void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
       const T *vh = v + b * Tn * Ck + (h / group) * D;
       for (int64_t t = 0; t < Tn; ++t) {
         int64_t end = causal ? t + 1 : Tn;
-        attentionRow(q + (b * Tn + t) * C + h * D, kh, Ck, p.data(), D, end,
-                     scale);
+        T l = attentionRow(q + (b * Tn + t) * C + h * D, kh, Ck, p.data(), D,
+                           end, scale);
+        if (lse)
+          lse[(b * heads + h) * Tn + t] = l;
         T *yt = y + (b * Tn + t) * C + h * D;
         std::fill(yt, yt + D, T(0));
         for (int64_t s = 0; s < end; ++s) {
@@ -420,9 +432,9 @@ void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
 }
 
 template <typename T>
-void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
-                   T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
-                   int64_t heads, bool causal, int64_t kvHeads) {
+void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
+                   const T *dy, T *dq, T *dk, T *dv, int64_t B, int64_t Tn,
+                   int64_t C, int64_t heads, bool causal, int64_t kvHeads) {
   int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
   int64_t group = heads / kvh, Ck = kvh * D;
   T scale = T(1) / std::sqrt(T(D));
@@ -443,8 +455,12 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
           const T *qt = q + (b * Tn + t) * C + h * D;
           const T *dyt = dy + (b * Tn + t) * C + h * D;
           int64_t end = causal ? t + 1 : Tn;
-          attentionRow(qt, kh, Ck, p.data(), D, end, scale);
-          // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>).
+          attentionScores(qt, kh, Ck, p.data(), D, end, scale);
+          T l = lse[(b * heads + h) * Tn + t];
+          for (int64_t s = 0; s < end; ++s)
+            p[s] = std::exp(p[s] - l);
+          // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>), where
+          // <dP, P> = dy_t . y_t (taken from P and dP here, in this pass).
           T dot = 0;
           for (int64_t s = 0; s < end; ++s) {
             const T *vs = vh + s * Ck;
@@ -831,11 +847,12 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
                              int64_t, double);                                 \
   template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *,    \
                                  T *, int64_t, int64_t, double);               \
-  template void attention<T>(const T *, const T *, const T *, T *, int64_t,    \
-                             int64_t, int64_t, int64_t, bool, int64_t);        \
+  template void attention<T>(const T *, const T *, const T *, T *, T *,       \
+                             int64_t, int64_t, int64_t, int64_t, bool,         \
+                             int64_t);                                         \
   template void attentionGrad<T>(const T *, const T *, const T *, const T *,   \
-                                 T *, T *, T *, int64_t, int64_t, int64_t,     \
-                                 int64_t, bool, int64_t);                      \
+                                 const T *, T *, T *, T *, int64_t, int64_t,   \
+                                 int64_t, int64_t, bool, int64_t);             \
   template void silu<T>(const T *, T *, int64_t);                              \
   template void siluGrad<T>(const T *, const T *, T *, int64_t);               \
   template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t,        \

@@ -76,14 +76,18 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
 /// Multi-head attention: q and y are [B, T, C] with `heads` heads of
 /// D = C / heads; k and v are [B, T, kvHeads * D], kvHeads dividing heads
 /// (grouped-query attention: query head h reads key/value head
-/// h / (heads / kvHeads)); kvHeads = 0 means heads.
+/// h / (heads / kvHeads)); kvHeads = 0 means heads. `lse` ([B, heads, T],
+/// may be null in the forward) is each query row's log-sum-exp of its
+/// scaled, masked scores; the backward pass forms the probabilities from
+/// it as exp(S - lse).
 template <typename T>
-void attention(const T *q, const T *k, const T *v, T *y, int64_t B, int64_t Tn,
-               int64_t C, int64_t heads, bool causal, int64_t kvHeads = 0);
+void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
+               int64_t Tn, int64_t C, int64_t heads, bool causal,
+               int64_t kvHeads = 0);
 template <typename T>
-void attentionGrad(const T *q, const T *k, const T *v, const T *dy, T *dq,
-                   T *dk, T *dv, int64_t B, int64_t Tn, int64_t C,
-                   int64_t heads, bool causal, int64_t kvHeads = 0);
+void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
+                   const T *dy, T *dq, T *dk, T *dv, int64_t B, int64_t Tn,
+                   int64_t C, int64_t heads, bool causal, int64_t kvHeads = 0);
 
 /// SiLU, x * sigmoid(x), and its VJP.
 template <typename T> void silu(const T *x, T *y, int64_t n);

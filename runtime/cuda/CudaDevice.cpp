@@ -379,11 +379,15 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
     narrow = d;
     return true;
   };
+  // f32 whatever the storage dtype: the loss scalars and attention's
+  // log-sum-exp.
   for (size_t i = 0; i < inst.in.size(); ++i)
-    if (!visit(inst.in[i], inst.op == "cross_entropy_grad" && i == 2))
+    if (!visit(inst.in[i], (inst.op == "cross_entropy_grad" && i == 2) ||
+                               (inst.op == "attention_grad" && i == 4)))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i)
-    if (!visit(inst.out[i], inst.op == "cross_entropy" && i == 0))
+    if (!visit(inst.out[i], (inst.op == "cross_entropy" && i == 0) ||
+                                (inst.op == "attention" && i == 1)))
       return false;
   if (narrow == DType::F32)
     return false;
@@ -519,18 +523,20 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     const void *q = v(0), *k = v(1), *vv = v(2);
     if (n == "attention") {
       void *y = w(0);
+      float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
       out = fromCuda(
           [=](cudaStream_t s) {
-            return flash::forward(t, q, k, vv, y, nullptr, B, T, C, heads, causal, kv, s);
+            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s);
           },
           n);
     } else {
-      const void *dy = v(3);
+      const void *y = v(3), *dy = v(5);
+      const float *lse = r.in<float>(4);
       void *dq = w(0), *dk = w(1), *dv = w(2);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return flash::backward(t, q, k, vv, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv,
-                                   s);
+            return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads,
+                                   causal, kv, s);
           },
           n);
     }
@@ -770,16 +776,19 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
       return buildNative(op, FloatKind::F32, base, rank, out);
     const float *q = r.in(0), *k = r.in(1), *v = r.in(2);
     if (n == "attention") {
-      float *y = r.out(0);
+      float *y = r.out(0), *lse = op.inst.out.size() > 1 ? r.out(1) : nullptr;
       out = fromCuda(
-          [=](cudaStream_t s) { return attention(q, k, v, y, B, T, C, heads, causal, kv, s); },
+          [=](cudaStream_t s) {
+            return attention(q, k, v, y, lse, B, T, C, heads, causal, kv, s);
+          },
           n);
     } else {
-      const float *dy = r.in(3);
+      const float *y = r.in(3), *lse = r.in(4), *dy = r.in(5);
       float *dq = r.out(0), *dk = r.out(1), *dv = r.out(2);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return attentionGrad(q, k, v, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv, s);
+            return attentionGrad(q, k, v, y, lse, dy, dq, dk, dv, sf, B, T, C, heads, causal,
+                                 kv, s);
           },
           n);
     }

@@ -88,13 +88,11 @@ __device__ __forceinline__ float dotShared(const float *x, const float *y, int64
   return acc;
 }
 
-/// The forward pass over one (b, h, query tile). Writes y (when not null),
-/// the row log-sum-exp (when lse is not null) and delta = dy . y (when
-/// delta is not null; y unrounded).
+/// The forward pass over one (b, h, query tile). Writes y and the row
+/// log-sum-exp (when lse is not null).
 template <typename T>
 __global__ void __launch_bounds__(kThreadsF)
-    forwardKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse, const T *dy,
-                  float *delta) {
+    forwardKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
   extern __shared__ float sm[];
   int64_t D = a.D, SD = D + 1;
   float *Qs = sm, *Ks = Qs + kTile * SD, *Vs = Ks + kTile * SD, *Ps = Vs + kTile * SD;
@@ -153,27 +151,29 @@ __global__ void __launch_bounds__(kThreadsF)
   }
   bool valid = trow < a.T;
   float inv = l > 0.f ? 1.f / l : 0.f;
-  float dd = 0.f;
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
     int64_t d = part + kParts * i;
-    if (valid && d < D) {
-      int64_t at = (b * a.T + trow) * a.C + h * D + d;
-      float yv = o[i] * inv;
-      if (y)
-        st(y + at, yv);
-      if (delta)
-        dd += yv * ld(dy + at);
-    }
+    if (valid && d < D)
+      st(y + (b * a.T + trow) * a.C + h * D + d, o[i] * inv);
   }
-  dd = rowSum4(dd);
-  if (valid && part == 0) {
-    int64_t r = (b * a.H + h) * a.T + trow;
-    if (lse)
-      lse[r] = m + logf(l);
-    if (delta)
-      delta[r] = dd;
-  }
+  if (lse && valid && part == 0)
+    lse[(b * a.H + h) * a.T + trow] = m + logf(l);
+}
+
+/// delta = dy_t . y_t per (b, h, t), one thread per row, from the stored
+/// (rounded, for bf16 / f16) output y, as FlashAttention-2's backward.
+template <typename T>
+__global__ void deltaKernel(Dims a, const T *y, const T *dy, float *delta) {
+  int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= a.B * a.H * a.T)
+    return;
+  int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
+  int64_t at = (b * a.T + t) * a.C + h * a.D;
+  float acc = 0.f;
+  for (int64_t d = 0; d < a.D; ++d)
+    acc += ld(dy + at + d) * ld(y + at + d);
+  delta[r] = acc;
 }
 
 /// dq over one (b, h, query tile): dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
@@ -328,24 +328,27 @@ template <typename K> cudaError_t optIn(K kernel, size_t bytes) {
 
 template <typename T>
 cudaError_t forwardT(const void *q, const void *k, const void *v, void *y, float *lse,
-                     const void *dy, float *delta, const Dims &a, cudaStream_t s) {
+                     const Dims &a, cudaStream_t s) {
   size_t sm = fwdSmem(a.D);
   if (cudaError_t e = optIn(forwardKernel<T>, sm))
     return e;
   forwardKernel<T><<<(unsigned)(a.B * a.H * a.tiles), kThreadsF, sm, s>>>(
       a, static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v),
-      static_cast<T *>(y), lse, static_cast<const T *>(dy), delta);
+      static_cast<T *>(y), lse);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t backwardT(const void *q, const void *k, const void *v, const void *dy, void *dq,
-                      void *dk, void *dv, float *scratch, const Dims &a, cudaStream_t s) {
-  float *lse = scratch, *delta = scratch + a.B * a.H * a.T;
-  if (cudaError_t e = forwardT<T>(q, k, v, nullptr, lse, dy, delta, a, s))
-    return e;
+cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y,
+                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                      float *delta, const Dims &a, cudaStream_t s) {
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
+  int64_t rows = a.B * a.H * a.T;
+  deltaKernel<T><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(a, static_cast<const T *>(y),
+                                                                DY, delta);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
   size_t smq = dqSmem(a.D), smkv = dkvSmem(a.D);
   if (cudaError_t e = optIn(dqKernel<T>, smq))
     return e;
@@ -379,7 +382,7 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads) {
   return Status::ok();
 }
 
-int64_t backwardScratch(int64_t B, int64_t T, int64_t heads) { return 2 * B * heads * T; }
+int64_t backwardScratch(int64_t B, int64_t T, int64_t heads) { return B * heads * T; }
 
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
@@ -391,18 +394,19 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
     return cudaSuccess;
   switch (t) {
   case FloatKind::F32:
-    return forwardT<float>(q, k, v, y, lse, nullptr, nullptr, a, s);
+    return forwardT<float>(q, k, v, y, lse, a, s);
   case FloatKind::BF16:
-    return forwardT<__nv_bfloat16>(q, k, v, y, lse, nullptr, nullptr, a, s);
+    return forwardT<__nv_bfloat16>(q, k, v, y, lse, a, s);
   case FloatKind::F16:
-    return forwardT<__half>(q, k, v, y, lse, nullptr, nullptr, a, s);
+    return forwardT<__half>(q, k, v, y, lse, a, s);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *dy,
-                     void *dq, void *dk, void *dv, float *scratch, int64_t B, int64_t T,
-                     int64_t C, int64_t heads, bool causal, int64_t kvHeads, cudaStream_t s) {
+cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
+                     const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                     float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
+                     bool causal, int64_t kvHeads, cudaStream_t s) {
   if (!check(B, T, C, heads, kvHeads))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads);
@@ -410,11 +414,11 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return cudaSuccess;
   switch (t) {
   case FloatKind::F32:
-    return backwardT<float>(q, k, v, dy, dq, dk, dv, scratch, a, s);
+    return backwardT<float>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   case FloatKind::BF16:
-    return backwardT<__nv_bfloat16>(q, k, v, dy, dq, dk, dv, scratch, a, s);
+    return backwardT<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   case FloatKind::F16:
-    return backwardT<__half>(q, k, v, dy, dq, dk, dv, scratch, a, s);
+    return backwardT<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   }
   return cudaErrorInvalidValue;
 }

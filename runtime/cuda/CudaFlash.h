@@ -8,13 +8,13 @@
 // row); scores never reach global memory. Storage f32, bf16 or f16, all
 // math and accumulation in f32, one rounding per output element.
 //
-// Backward (the dialect's attention_grad has operands q, k, v, dy only: no
-// saved log-sum-exp or output), three kernels, no atomics:
-//   1. the forward again, writing per (b, h, t) the row's log-sum-exp and
-//      delta = dy_t . y_t (y unrounded) into runtime scratch: 2 * B*H*T
-//      floats (backwardScratch), and one extra forward's worth of work — a
-//      dialect change that saves the LSE from the forward would remove it;
-//   2. dq per (b, h, query tile), looping over key tiles;
+// Backward (the dialect's attention_grad reads q, k, v, the forward's
+// output y and the log-sum-exp lse it saved, and dy), three kernels, no
+// atomics and no second forward pass:
+//   1. delta = dy_t . y_t per (b, h, t) into runtime scratch: B*H*T floats
+//      (backwardScratch), from the stored y (rounded for bf16 / f16, as in
+//      FlashAttention-2);
+//   2. dq per (b, h, query tile), looping over key tiles, P = exp(S - lse);
 //   3. dk, dv per (b, kv head, key tile), looping over the query heads of
 //      its group and over the query tiles, in that fixed order.
 // Deterministic: every sum runs in a fixed order.
@@ -47,12 +47,15 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
                     int64_t kvHeads, cudaStream_t s);
 
-/// Floats of scratch backward() needs: 2 * B * heads * T.
+/// Floats of scratch backward() needs: B * heads * T (each row's delta).
 int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
 
-cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *dy,
-                     void *dq, void *dk, void *dv, float *scratch, int64_t B, int64_t T,
-                     int64_t C, int64_t heads, bool causal, int64_t kvHeads, cudaStream_t s);
+/// dq, dk, dv from the forward's inputs, its output y and log-sum-exp lse
+/// (as forward() wrote them) and dy.
+cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
+                     const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                     float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
+                     bool causal, int64_t kvHeads, cudaStream_t s);
 
 } // namespace fsdp::cuda::flash
 

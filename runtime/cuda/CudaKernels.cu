@@ -402,11 +402,13 @@ __device__ float attnRow(const AttnDims &a, const float *q, const float *k, int6
 }
 
 __global__ void attnForwardKernel(AttnDims a, const float *q, const float *k, const float *v,
-                                  float *y) {
+                                  float *y, float *lse) {
   extern __shared__ float p[];
   __shared__ float sh[32];
   int64_t t = blockIdx.x % a.T, h = (blockIdx.x / a.T) % a.H, b = blockIdx.x / (a.T * a.H);
-  attnRow(a, q, k, b, h, t, p, sh);
+  float l = attnRow(a, q, k, b, h, t, p, sh);
+  if (lse && threadIdx.x == 0)
+    lse[blockIdx.x] = l;
   int64_t S = a.causal ? t + 1 : a.T, kvh = h / (a.H / a.KV);
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
     float acc = 0;
@@ -416,26 +418,17 @@ __global__ void attnForwardKernel(AttnDims a, const float *q, const float *k, co
   }
 }
 
-/// Pass 1 of the backward: lse and delta = dy_t . y_t per (b, h, t).
-__global__ void attnStatsKernel(AttnDims a, const float *q, const float *k, const float *v,
-                                const float *dy, float *lse, float *delta) {
-  extern __shared__ float p[];
+/// Pass 1 of the backward: delta = dy_t . y_t per (b, h, t), block per row.
+__global__ void attnDeltaKernel(AttnDims a, const float *y, const float *dy, float *delta) {
   __shared__ float sh[32];
   int64_t t = blockIdx.x % a.T, h = (blockIdx.x / a.T) % a.H, b = blockIdx.x / (a.T * a.H);
-  float l = attnRow(a, q, k, b, h, t, p, sh);
-  int64_t S = a.causal ? t + 1 : a.T, kvh = h / (a.H / a.KV);
+  int64_t at = (b * a.T + t) * a.C + h * a.D;
   float dot = 0;
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-    float yd = 0;
-    for (int64_t j = 0; j < S; ++j)
-      yd += p[j] * v[(b * a.T + j) * a.KC + kvh * a.D + d];
-    dot += yd * dy[(b * a.T + t) * a.C + h * a.D + d];
-  }
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x)
+    dot += y[at + d] * dy[at + d];
   dot = blockSum(dot, sh);
-  if (threadIdx.x == 0) {
-    lse[blockIdx.x] = l;
+  if (threadIdx.x == 0)
     delta[blockIdx.x] = dot;
-  }
 }
 
 /// Pass 2: dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
@@ -511,25 +504,25 @@ constexpr int64_t kAttnSmemFloats = 48 * 1024 / 4; // the default dynamic limit
 
 int64_t attentionMaxT() { return kAttnSmemFloats / 2 - 2 * 256; }
 
-cudaError_t attention(const float *q, const float *k, const float *v, float *y, int64_t B,
-                      int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
-                      cudaStream_t s) {
+cudaError_t attention(const float *q, const float *k, const float *v, float *y, float *lse,
+                      int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
+                      int64_t kvHeads, cudaStream_t s) {
   if (T > attentionMaxT() || heads <= 0 || C % heads)
     return cudaErrorInvalidValue;
   AttnDims a = attnDims(B, T, C, heads, causal, kvHeads);
   if (B * heads * T <= 0)
     return cudaSuccess;
   attnForwardKernel<<<(unsigned)(B * heads * T), kThreads, sizeof(float) * T, s>>>(a, q, k,
-                                                                                   v, y);
+                                                                                   v, y, lse);
   return cudaGetLastError();
 }
 
-int64_t attentionGradScratch(int64_t B, int64_t T, int64_t heads) { return 2 * B * heads * T; }
+int64_t attentionGradScratch(int64_t B, int64_t T, int64_t heads) { return B * heads * T; }
 
-cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *dy,
-                          float *dq, float *dk, float *dv, float *scratch, int64_t B,
-                          int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
-                          cudaStream_t s) {
+cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *y,
+                          const float *lse, const float *dy, float *dq, float *dk, float *dv,
+                          float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
+                          bool causal, int64_t kvHeads, cudaStream_t s) {
   if (T > attentionMaxT() || heads <= 0 || C % heads)
     return cudaErrorInvalidValue;
   AttnDims a = attnDims(B, T, C, heads, causal, kvHeads);
@@ -538,9 +531,8 @@ cudaError_t attentionGrad(const float *q, const float *k, const float *v, const 
   int64_t rows = B * heads * T;
   if (rows <= 0)
     return cudaSuccess;
-  float *lse = scratch, *delta = scratch + rows;
-  attnStatsKernel<<<(unsigned)rows, kThreads, sizeof(float) * T, s>>>(a, q, k, v, dy, lse,
-                                                                      delta);
+  float *delta = scratch;
+  attnDeltaKernel<<<(unsigned)rows, kThreads, 0, s>>>(a, y, dy, delta);
   attnDqKernel<<<(unsigned)rows, kThreads, sizeof(float) * T, s>>>(a, q, k, v, dy, lse, delta,
                                                                    dq);
   attnDkvKernel<<<(unsigned)(B * a.KV * T), kThreads, sizeof(float) * (2 * T + 2 * a.D), s>>>(

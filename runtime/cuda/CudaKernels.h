@@ -83,17 +83,20 @@ cudaError_t rmsNormGrad(const float *x, const float *w, const float *dy, float *
 /// cpu::attention). One block per (batch, head, query row); the row's
 /// scores live in shared memory, so T is limited by attentionMaxT().
 int64_t attentionMaxT();
-cudaError_t attention(const float *q, const float *k, const float *v, float *y, int64_t B,
-                      int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
-                      cudaStream_t s);
-/// Scratch floats attentionGrad needs (two per query row and head).
+/// `lse`, when not null, receives each (b, h, t) row's log-sum-exp (index
+/// (b * heads + h) * T + t).
+cudaError_t attention(const float *q, const float *k, const float *v, float *y, float *lse,
+                      int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
+                      int64_t kvHeads, cudaStream_t s);
+/// Scratch floats attentionGrad needs (one per query row and head).
 int64_t attentionGradScratch(int64_t B, int64_t T, int64_t heads);
-/// dq, dk, dv without atomics: a pass per query row (log-sum-exp and
-/// delta = dy . y), one for dq, one per key row for dk and dv.
-cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *dy,
-                          float *dq, float *dk, float *dv, float *scratch, int64_t B,
-                          int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
-                          cudaStream_t s);
+/// dq, dk, dv without atomics from the forward's output y and log-sum-exp:
+/// a pass per query row (delta = dy . y), one for dq, one per key row for
+/// dk and dv.
+cudaError_t attentionGrad(const float *q, const float *k, const float *v, const float *y,
+                          const float *lse, const float *dy, float *dq, float *dk, float *dv,
+                          float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
+                          bool causal, int64_t kvHeads, cudaStream_t s);
 
 cudaError_t rope(const float *x, float *y, int64_t B, int64_t T, int64_t C, int64_t heads,
                  double theta, cudaStream_t s);

@@ -90,6 +90,8 @@ PLAN_CASES = [
     ("kv_heads 2.5", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=2.5)), "kv_heads: expected an integer"),
     ("kv_heads 3 of 4 heads", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=3)), "expected kv_heads to divide heads = 4"),
     ("kv_heads dropped", "llama", setter(lambda p: first(p, "attention_grad")["attrs"].pop("kv_heads")), "expected k of shape"),
+    ("attention_grad without y and lse (an older plan)", "gpt", setter(lambda p: first(p, "attention_grad").update(**{"in": first(p, "attention_grad")["in"][:3] + first(p, "attention_grad")["in"][5:]})), "attention_grad: expected 6 inputs and 3 outputs, found 4"),
+    ("lse of q's shape", "gpt", setter(lambda p: first(p, "attention_grad")["in"].__setitem__(4, first(p, "attention_grad")["in"][0])), "expected lse of shape"),
     ("theta \"1e4\"", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta="1e4")), "theta: expected a finite number"),
     ("theta missing", "llama", setter(lambda p: first(p, "rope_grad")["attrs"].pop("theta")), "missing attribute theta"),
     ("theta 0.5", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta=0.5)), "expected a number > 1"),

@@ -36,7 +36,17 @@ prints the measured value next to the bound so a drift is visible.
 (b) The small GPT on text tokens, 200 steps, bf16 vs f32 (same data, same
     initial weights): the mean loss of each 50-step window within D u
     (relative) of the f32 run's, and the bf16 run learns (last window well
-    below ln 256).
+    below ln 256). The argument above needs a smooth trajectory, so the
+    learning rate is one where the f32 run has no loss spike, and the
+    script checks that: at 3e-3 (and 2e-3) this model's f32 loss jumps
+    from ~3.0 to ~5.3 in one step somewhere past step 25, recovering the
+    next step; where such a spike falls depends on the last bit of every
+    kernel (it moved with the OpenBLAS kernel and with a GELU rewritten
+    through exp), and f16 meets it with skipped steps (the loss scaler
+    skips while the spike's gradients overflow, and the parameters stay
+    where the spike left them), so the windows around it differ by far
+    more than D u. At 1e-3 no spike occurs on any OpenBLAS kernel of
+    scripts/coretype-sweep.sh and the f16 run skips no step.
 
 Memory, mixed precision with reduce-dtype=bf16 (Psi padded parameters, N
 ranks, biggest = the largest unit). ZeRO's mixed-precision formula is
@@ -239,7 +249,7 @@ def check_text(bindir, tmp, tokens, dtype="bf16", label="b"):
         if dt == dtype:
             depth = rounding_depth(plan, dtype)
         rows, _ = run_rows(bindir, path, 1, 200,
-                           ["--data", tokens, "--lr", "3e-3", "--schedule", "cosine",
+                           ["--data", tokens, "--lr", "1e-3", "--schedule", "cosine",
                             "--warmup", "10", "--threads", "2"])
         runs[dt] = [r["loss"] for r in rows]
         if dt == dtype and "loss_scale" in rows[-1]:
@@ -249,6 +259,14 @@ def check_text(bindir, tmp, tokens, dtype="bf16", label="b"):
     rtol = depth * UNIT_ROUNDOFF[dtype]
     print(f"({label}) gpt_small on text, 200 steps: D = {depth} {dtype} roundings before the "
           f"loss, tolerance D u = {rtol:.4f} on 50-step window means{scaler}")
+    # The premise of the D u bound: a smooth f32 trajectory (see (b) above).
+    # A spike is a step whose loss exceeds 1.5 times the lowest loss so far
+    # (the spikes seen at 2e-3 and 3e-3 were 1.7-1.8 times it).
+    ref = runs["f32"]
+    spikes = [i + 1 for i in range(20, len(ref)) if ref[i] > 1.5 * min(ref[:i])]
+    failures += bool(spikes)
+    print(f"  f32 run without loss spikes (loss > 1.5 x the lowest so far, past step 20): "
+          f"{'ok' if not spikes else 'MISMATCH at steps ' + str(spikes[:5])}")
     for w in range(4):
         a = sum(runs[dtype][w * 50:(w + 1) * 50]) / 50
         b = sum(runs["f32"][w * 50:(w + 1) * 50]) / 50

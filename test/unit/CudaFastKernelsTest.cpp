@@ -413,10 +413,12 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   // The CPU reference on exactly the values the GPU reads.
   const auto &qw = bf ? q.wide : q0, &kw = bf ? k.wide : k0, &vw = bf ? v.wide : v0,
              &dyw = bf ? dy.wide : dy0;
-  std::vector<float> wy(B * T * C), wq(B * T * C), wk(B * T * KC), wv(B * T * KC);
-  cpu::attention(qw.data(), kw.data(), vw.data(), wy.data(), B, T, C, heads, causal, kv);
-  cpu::attentionGrad(qw.data(), kw.data(), vw.data(), dyw.data(), wq.data(), wk.data(),
-                     wv.data(), B, T, C, heads, causal, kv);
+  std::vector<float> wy(B * T * C), wlse(B * heads * T), wq(B * T * C), wk(B * T * KC),
+      wv(B * T * KC);
+  cpu::attention(qw.data(), kw.data(), vw.data(), wy.data(), wlse.data(), B, T, C, heads,
+                 causal, kv);
+  cpu::attentionGrad(qw.data(), kw.data(), vw.data(), wlse.data(), dyw.data(), wq.data(),
+                     wk.data(), wv.data(), B, T, C, heads, causal, kv);
   ASSERT_TRUE(gpu::flash::check(B, T, C, heads, kv).isOk());
   size_t es = bf ? 2 : 4;
   auto upload = [&](const Bf16Vec &b, const std::vector<float> &f) {
@@ -446,8 +448,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   void *dq = upload(q, q0), *dk = upload(k, k0), *dv = upload(v, v0), *ddy = upload(dy, dy0);
   void *y = alloc(B * T * C), *gq = alloc(B * T * C), *gk = alloc(B * T * KC),
        *gv = alloc(B * T * KC);
-  Dev<float> scratch(gpu::flash::backwardScratch(B, T, heads));
-  ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, nullptr, B, T, C, heads, causal, kv, 0),
+  Dev<float> scratch(gpu::flash::backwardScratch(B, T, heads)), lse(B * heads * T);
+  ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, lse.get(), B, T, C, heads, causal, kv, 0),
             cudaSuccess);
   // Bounds as CudaKernelsTest's attention test: scores (D terms), softmax
   // and weighted sums (T terms each), the backward's sums over the group's
@@ -463,16 +465,27 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
       expectF32Near(f, want, 0, delta, what);
   };
   check(y, wy, 16 * n * kU * mag, "flash attention");
-  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, ddy, gq, gk, gv, scratch.get(), B, T, C, heads,
-                                 causal, kv, 0),
+  // The log-sum-exp stays f32: the scores' error (D terms of |q||k|), the
+  // sum's (T terms) and the log's, relative to the row's magnitude.
+  double lmag = maxAbs(qw) * maxAbs(kw) * std::sqrt((double)D) + std::log((double)T) + 1;
+  expectF32Near(lse.host(), wlse, 0, 16 * n * kU * lmag, "flash lse");
+  // The backward reads the y it stored (rounded to bf16) for each row's
+  // delta = dy . y, where the CPU reference forms delta from P and dP:
+  // |delta error| <= D |dy| |y| 2^-8, which moves dq by scale |k| times it
+  // and dk by scale |q| times it per query row and head of the group.
+  double ddelta = bf ? D * maxAbs(dyw) * maxAbs(wy) * std::ldexp(1.0, -8) : 0;
+  double scale = 1 / std::sqrt((double)D);
+  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
+                                 B, T, C, heads, causal, kv, 0),
             cudaSuccess);
-  check(gq, wq, 16 * n * kU * gmag, "flash d_q");
-  check(gk, wk, 16 * n * kU * gmag, "flash d_k");
+  check(gq, wq, 16 * n * kU * gmag + scale * ddelta * maxAbs(kw), "flash d_q");
+  check(gk, wk, 16 * n * kU * gmag + scale * ddelta * maxAbs(qw) * T * (heads / kv),
+        "flash d_k");
   check(gv, wv, 16 * n * kU * gmag, "flash d_v");
   // Deterministic: a second backward gives the same bits.
   auto first = fetch(gk, wk.size()).first;
-  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, ddy, gq, gk, gv, scratch.get(), B, T, C, heads,
-                                 causal, kv, 0),
+  ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
+                                 B, T, C, heads, causal, kv, 0),
             cudaSuccess);
   expectBitwise(fetch(gk, wk.size()).first, first, "flash d_k run twice");
   for (void *p : {dq, dk, dv, ddy, y, gq, gk, gv})

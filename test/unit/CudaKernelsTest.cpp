@@ -295,23 +295,34 @@ TEST_F(CudaKernelsTest, AttentionCausalFullAndGroupedQuery) {
       int64_t KC = kv * D;
       auto q = randomVec(B * T * C, 15), k = randomVec(B * T * KC, 16),
            v = randomVec(B * T * KC, 17), dy = randomVec(B * T * C, 18);
-      Dev<float> dq(q), dk(k), dv(v), ddy(dy), y(B * T * C), gq(B * T * C), gk(B * T * KC),
-          gv(B * T * KC), scratch(gpu::attentionGradScratch(B, T, heads));
-      std::vector<float> wy(B * T * C), wq(B * T * C), wk(B * T * KC), wv(B * T * KC);
-      ASSERT_EQ(gpu::attention(dq.get(), dk.get(), dv.get(), y.get(), B, T, C, heads, causal,
-                               kv, 0),
+      Dev<float> dq(q), dk(k), dv(v), ddy(dy), y(B * T * C), lse(B * heads * T),
+          gq(B * T * C), gk(B * T * KC), gv(B * T * KC),
+          scratch(gpu::attentionGradScratch(B, T, heads));
+      std::vector<float> wy(B * T * C), wlse(B * heads * T), wq(B * T * C), wk(B * T * KC),
+          wv(B * T * KC);
+      ASSERT_EQ(gpu::attention(dq.get(), dk.get(), dv.get(), y.get(), lse.get(), B, T, C,
+                               heads, causal, kv, 0),
                 cudaSuccess);
-      cpu::attention(q.data(), k.data(), v.data(), wy.data(), B, T, C, heads, causal, kv);
+      cpu::attention(q.data(), k.data(), v.data(), wy.data(), wlse.data(), B, T, C, heads,
+                     causal, kv);
       // scores (D terms), softmax (T terms), weighted sums (T terms), and
       // the backward's sums over heads * T: a generous n u with n their sum
       double n = D + 2.0 * T + heads * T;
       double mag = maxAbs(q) * maxAbs(k) * maxAbs(v) * maxAbs(dy) + maxAbs(v);
       expectNear(y.host(), wy, 0, constant(wy.size(), 16 * n * kU * mag), "attention");
-      ASSERT_EQ(gpu::attentionGrad(dq.get(), dk.get(), dv.get(), ddy.get(), gq.get(), gk.get(),
-                                   gv.get(), scratch.get(), B, T, C, heads, causal, kv, 0),
+      // lse = max + log(sum): the scores' error (D terms of |q||k|) plus
+      // the sum's (T terms) and the log's, relative to the row's magnitude.
+      double lmag = maxAbs(q) * maxAbs(k) * std::sqrt((double)D) + std::log((double)T) + 1;
+      expectNear(lse.host(), wlse, 0, constant(wlse.size(), 16 * n * kU * lmag), "lse");
+      // The backward reads the CPU's y and lse: both kernels differentiate
+      // the same saved forward.
+      Dev<float> sy(wy), slse(wlse);
+      ASSERT_EQ(gpu::attentionGrad(dq.get(), dk.get(), dv.get(), sy.get(), slse.get(),
+                                   ddy.get(), gq.get(), gk.get(), gv.get(), scratch.get(), B,
+                                   T, C, heads, causal, kv, 0),
                 cudaSuccess);
-      cpu::attentionGrad(q.data(), k.data(), v.data(), dy.data(), wq.data(), wk.data(),
-                         wv.data(), B, T, C, heads, causal, kv);
+      cpu::attentionGrad(q.data(), k.data(), v.data(), wlse.data(), dy.data(), wq.data(),
+                         wk.data(), wv.data(), B, T, C, heads, causal, kv);
       double gmag = mag * T * D;
       expectNear(gq.host(), wq, 0, constant(wq.size(), 16 * n * kU * gmag), "d_q");
       expectNear(gk.host(), wk, 0, constant(wk.size(), 16 * n * kU * gmag), "d_k");

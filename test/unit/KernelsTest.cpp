@@ -134,14 +134,32 @@ TEST_P(AttentionTest, GradientsOfQKV) {
   bool causal = GetParam();
   int64_t B = 2, T = 4, C = 6, H = 2, n = B * T * C;
   std::vector<double> q = randomVec(n, 9), k = randomVec(n, 10), v = randomVec(n, 11);
-  std::vector<double> dy = randomVec(n, 12), dq(n), dk(n), dv(n);
-  attentionGrad<double>(q.data(), k.data(), v.data(), dy.data(), dq.data(),
+  std::vector<double> dy = randomVec(n, 12), dq(n), dk(n), dv(n), y(n), lse(B * H * T);
+  attention<double>(q.data(), k.data(), v.data(), y.data(), lse.data(), B, T, C, H, causal);
+  // The log-sum-exp the forward saves, from its definition:
+  // lse[b, h, t] = log sum_{s visible from t} exp(q_t . k_s / sqrt(D)).
+  int64_t D = C / H;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        double sum = 0;
+        for (int64_t s = 0; s < (causal ? t + 1 : T); ++s) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += q[(b * T + t) * C + h * D + d] * k[(b * T + s) * C + h * D + d];
+          sum += std::exp(dot / std::sqrt(double(D)));
+        }
+        EXPECT_NEAR(lse[(b * H + h) * T + t], std::log(sum), 1e-12)
+            << "b " << b << " h " << h << " t " << t;
+      }
+  attentionGrad<double>(q.data(), k.data(), v.data(), lse.data(), dy.data(), dq.data(),
                         dk.data(), dv.data(), B, T, C, H, causal);
   auto fwd = [&] {
     std::vector<double> o(n);
-    attention<double>(q.data(), k.data(), v.data(), o.data(), B, T, C, H, causal);
+    attention<double>(q.data(), k.data(), v.data(), o.data(), nullptr, B, T, C, H, causal);
     return o;
   };
+  EXPECT_EQ(fwd(), y) << "the output does not depend on whether lse is written";
   checkVjp(q, dy, fwd, dq, "attention dq");
   checkVjp(k, dy, fwd, dk, "attention dk");
   checkVjp(v, dy, fwd, dv, "attention dv");
@@ -163,12 +181,13 @@ TEST_P(GroupedAttentionTest, GradientsOfQKVAndTheRepeatKvMapping) {
   int64_t B = 2, T = 3, H = 4, G = 2, D = 2, C = H * D, Ck = G * D;
   int64_t n = B * T * C, nk = B * T * Ck;
   std::vector<double> q = randomVec(n, 21), k = randomVec(nk, 22), v = randomVec(nk, 23);
-  std::vector<double> dy = randomVec(n, 24), dq(n), dk(nk), dv(nk);
-  attentionGrad<double>(q.data(), k.data(), v.data(), dy.data(), dq.data(),
+  std::vector<double> dy = randomVec(n, 24), dq(n), dk(nk), dv(nk), y(n), lse(B * H * T);
+  attention<double>(q.data(), k.data(), v.data(), y.data(), lse.data(), B, T, C, H, causal, G);
+  attentionGrad<double>(q.data(), k.data(), v.data(), lse.data(), dy.data(), dq.data(),
                         dk.data(), dv.data(), B, T, C, H, causal, G);
   auto fwd = [&] {
     std::vector<double> o(n);
-    attention<double>(q.data(), k.data(), v.data(), o.data(), B, T, C, H, causal, G);
+    attention<double>(q.data(), k.data(), v.data(), o.data(), nullptr, B, T, C, H, causal, G);
     return o;
   };
   checkVjp(q, dy, fwd, dq, "grouped attention dq");
@@ -183,10 +202,14 @@ TEST_P(GroupedAttentionTest, GradientsOfQKVAndTheRepeatKvMapping) {
         kr[bt * C + h * D + d] = k[bt * Ck + (h / (H / G)) * D + d];
         vr[bt * C + h * D + d] = v[bt * Ck + (h / (H / G)) * D + d];
       }
-  attention<double>(q.data(), kr.data(), vr.data(), want.data(), B, T, C, H, causal);
+  std::vector<double> wantLse(B * H * T);
+  attention<double>(q.data(), kr.data(), vr.data(), want.data(), wantLse.data(), B, T, C, H,
+                    causal);
   std::vector<double> got = fwd();
   for (int64_t i = 0; i < n; ++i)
     EXPECT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+  for (int64_t i = 0; i < B * H * T; ++i)
+    EXPECT_NEAR(lse[i], wantLse[i], 1e-12) << "lse element " << i;
 }
 INSTANTIATE_TEST_SUITE_P(CausalAndNot, GroupedAttentionTest, ::testing::Bool());
 
@@ -428,10 +451,21 @@ std::string checkMessage(const Plan &plan, const Instruction &inst) {
 }
 
 TEST(DispatchTest, ChecksTheLlamaOps) {
-  // q [2, 3, 8], k and v [2, 3, 4] (2 of 4 heads of 2), a wrong k [2, 3, 6].
-  Plan plan = planWith({{2, 3, 8}, {2, 3, 4}, {2, 3, 4}, {2, 3, 8}, {2, 3, 6}, {8}, {4}});
+  // q [2, 3, 8], k and v [2, 3, 4] (2 of 4 heads of 2), a wrong k [2, 3, 6],
+  // the log-sum-exp [2, 4, 3] (id 7).
+  Plan plan =
+      planWith({{2, 3, 8}, {2, 3, 4}, {2, 3, 4}, {2, 3, 8}, {2, 3, 6}, {8}, {4}, {2, 4, 3}});
   Instruction att{"attention", {0, 1, 2}, {3}, {{"heads", 4}, {"kv_heads", 2}}};
   EXPECT_EQ(checkMessage(plan, att), "");
+  att.out = {3, 7};
+  EXPECT_EQ(checkMessage(plan, att), "");
+  att.out = {3, 1};
+  EXPECT_NE(checkMessage(plan, att).find("expected lse of shape 2x4x3, found 2x3x4"),
+            std::string::npos);
+  att.out = {3, 7, 7};
+  EXPECT_NE(checkMessage(plan, att).find("expected 3 inputs and 1-2 outputs, found 3 and 3"),
+            std::string::npos);
+  att.out = {3};
   att.attrs["kv_heads"] = 3;
   EXPECT_NE(checkMessage(plan, att).find("expected kv_heads to divide heads = 4"),
             std::string::npos);
@@ -441,9 +475,23 @@ TEST(DispatchTest, ChecksTheLlamaOps) {
   att.attrs.erase("kv_heads"); // then k must have the shape of q
   EXPECT_NE(checkMessage(plan, att).find("expected k of shape 2x3x8, found 2x3x4"),
             std::string::npos);
-  Instruction attGrad{"attention_grad", {0, 1, 2, 3}, {3, 1, 4},
+  // q, k, v, y, lse, dy -> dq, dk, dv.
+  Instruction attGrad{"attention_grad", {0, 1, 2, 3, 7, 3}, {3, 1, 2},
                       {{"heads", 4}, {"kv_heads", 2}}};
+  EXPECT_EQ(checkMessage(plan, attGrad), "");
+  attGrad.out = {3, 1, 4};
   EXPECT_NE(checkMessage(plan, attGrad).find("expected d_v of shape 2x3x4, found 2x3x6"),
+            std::string::npos);
+  attGrad.out = {3, 1, 2};
+  attGrad.in[4] = 1;
+  EXPECT_NE(checkMessage(plan, attGrad).find("expected lse of shape 2x4x3, found 2x3x4"),
+            std::string::npos);
+  attGrad.in[4] = 7;
+  attGrad.in[3] = 4;
+  EXPECT_NE(checkMessage(plan, attGrad).find("expected y of shape 2x3x8, found 2x3x6"),
+            std::string::npos);
+  attGrad.in = {0, 1, 2, 3}; // a plan from before the log-sum-exp
+  EXPECT_NE(checkMessage(plan, attGrad).find("expected 6 inputs and 3 outputs, found 4"),
             std::string::npos);
 
   Instruction rope{"rope", {0}, {3}, {{"heads", 2}, {"theta", 1e4}}};

@@ -184,8 +184,32 @@ func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>) {
 
 // -----
 func.func @f(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>) {
+  %lse = fsdp.fill {value = 0.0 : f64} : tensor<2x4x16xf32>
   // expected-error @+1 {{expected kv_heads to divide heads = 4, found kv_heads = 0}}
-  %0:3 = fsdp.attention_grad %x, %kv, %kv, %x heads = 4 kv_heads = 0 : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  %0:3 = fsdp.attention_grad %x, %kv, %kv, %x, %lse, %x heads = 4 kv_heads = 0 : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>) {
+  // expected-error @+1 {{expected lse of type 'tensor<2x4x16xf32>', found 'tensor<2x16x4xf32>'}}
+  %0:2 = fsdp.attention %x, %x, %x heads = 4 : tensor<2x16x64xf32> -> tensor<2x16x4xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xbf16>) {
+  // expected-error @+1 {{result #1 must be ranked tensor of 32-bit float values}}
+  %0:2 = fsdp.attention %x, %x, %x heads = 4 : tensor<2x16x64xbf16> -> tensor<2x4x16xbf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x16x64xf32>, %lse: tensor<2x16x4xf32>) {
+  // attention_grad's lse has the type its q and heads imply.
+  // expected-note @-2 {{prior use here}}
+  // expected-error @+1 {{use of value '%lse' expects different type than prior uses: 'tensor<2x4x16xf32>' vs 'tensor<2x16x4xf32>'}}
+  %0:3 = fsdp.attention_grad %x, %x, %x, %x, %lse, %x heads = 4 : tensor<2x16x64xf32>
   return
 }
 

@@ -126,19 +126,25 @@ func.func @llama(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>, %w: tensor<6
   // A kv_heads equal to heads is multi-head attention, printed with one type.
   // CHECK: fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 4 : tensor<2x16x64xf32>{{$}}
   %5 = fsdp.attention %x, %x, %x heads = 4 kv_heads = 4 : tensor<2x16x64xf32>
+  // With its log-sum-exp (f32 [B, heads, T], also for bf16 operands).
+  // CHECK: %{{.+}}, %{{.+}} = fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32> -> tensor<2x4x16xf32>
+  %7:2 = fsdp.attention %1, %2, %kv heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32> -> tensor<2x4x16xf32>
+  // CHECK: %{{.+}}, %{{.+}} = fsdp.attention %{{.+}}, %{{.+}}, %{{.+}} heads = 2 : tensor<2x16x64xbf16> -> tensor<2x2x16xf32>
+  %xb = fsdp.cast %x : tensor<2x16x64xf32> -> tensor<2x16x64xbf16>
+  %8:2 = fsdp.attention %xb, %xb, %xb heads = 2 : tensor<2x16x64xbf16> -> tensor<2x2x16xf32>
   // CHECK: fsdp.silu %{{.+}} : tensor<32x64xf32>
   %6 = fsdp.silu %m : tensor<32x64xf32>
   return
 }
 
 // CHECK-LABEL: func.func @llama_backward
-func.func @llama_backward(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>, %w: tensor<64xf32>, %m: tensor<32x64xf32>) {
+func.func @llama_backward(%x: tensor<2x16x64xf32>, %kv: tensor<2x16x32xf32>, %w: tensor<64xf32>, %m: tensor<32x64xf32>, %lse: tensor<2x4x16xf32>) {
   // CHECK: fsdp.rms_norm_grad %{{.+}}, %{{.+}}, %{{.+}} epsilon = 1.000000e-05 : tensor<2x16x64xf32>, tensor<64xf32>
   %0:2 = fsdp.rms_norm_grad %x, %w, %x epsilon = 1.0e-5 : tensor<2x16x64xf32>, tensor<64xf32>
   // CHECK: fsdp.rope_grad %{{.+}} heads = 2 theta = 1.000000e+04 : tensor<2x16x32xf32>
   %1 = fsdp.rope_grad %kv heads = 2 theta = 10000.0 : tensor<2x16x32xf32>
-  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
-  %2:3 = fsdp.attention_grad %x, %kv, %kv, %x heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
+  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>{{$}}
+  %2:3 = fsdp.attention_grad %x, %kv, %kv, %x, %lse, %x heads = 4 kv_heads = 2 causal : tensor<2x16x64xf32>, tensor<2x16x32xf32>
   // CHECK: fsdp.silu_grad %{{.+}}, %{{.+}} : tensor<32x64xf32>
   %3 = fsdp.silu_grad %m, %m : tensor<32x64xf32>
   return
@@ -159,7 +165,8 @@ func.func @losses(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %p: tensor<32x1xf3
 
 // CHECK-LABEL: func.func @backward
 func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64xf32>, %ids: tensor<2x16xi32>,
-                    %l: tensor<32x256xf32>, %y: tensor<32xi32>, %s: tensor<f32>, %p: tensor<32x1xf32>) {
+                    %l: tensor<32x256xf32>, %y: tensor<32xi32>, %s: tensor<f32>, %p: tensor<32x1xf32>,
+                    %lse: tensor<2x4x16xf32>) {
   // CHECK: fsdp.relu_grad %{{.+}}, %{{.+}} : tensor<8x64xf32>
   %0 = fsdp.relu_grad %m, %m : tensor<8x64xf32>
   // CHECK: fsdp.gelu_grad
@@ -168,8 +175,8 @@ func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64
   %2 = fsdp.softmax_grad %m, %m : tensor<8x64xf32>
   // CHECK: fsdp.layer_norm_grad %{{.+}}, %{{.+}}, %{{.+}} {epsilon = 1.250000e-04 : f64} : tensor<8x64xf32>, tensor<64xf32>
   %3:3 = fsdp.layer_norm_grad %m, %g, %m {epsilon = 1.25e-4 : f64} : tensor<8x64xf32>, tensor<64xf32>
-  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 causal : tensor<2x16x64xf32>
-  %4:3 = fsdp.attention_grad %x, %x, %x, %x heads = 4 causal : tensor<2x16x64xf32>
+  // CHECK: fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} heads = 4 causal : tensor<2x16x64xf32>{{$}}
+  %4:3 = fsdp.attention_grad %x, %x, %x, %x, %lse, %x heads = 4 causal : tensor<2x16x64xf32>
   // CHECK: fsdp.embedding_grad %{{.+}}, %{{.+}} : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
   %5 = fsdp.embedding_grad %ids, %x : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
   // CHECK: fsdp.slice_grad %{{.+}} dim = 0 offset = 8 : tensor<8x64xf32> -> tensor<32x64xf32>

@@ -100,9 +100,11 @@ func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> at
   %a = fsdp.attention %q, %k, %v heads = 2 causal : tensor<2x4x8xf32>
   %g = fsdp.gelu %a {approximate = "none"} : tensor<2x4x8xf32>
   %l = fsdp.mse_loss %g, %y : tensor<2x4x8xf32> -> tensor<f32>
+  // The forward keeps its log-sum-exp for the backward (f32 [B, heads, T]).
+  // CHECK: %[[Y:[^,]+]], %[[LSE:[^ ]+]] = fsdp.attention %[[Q:[^,]+]], %[[K:[^,]+]], %[[V:[^ ]+]] heads = 2 causal : tensor<2x4x8xf32> -> tensor<2x2x4xf32>
   // The VJP keeps the form (exact GELU here).
   // CHECK: %[[DG:.+]] = fsdp.gelu_grad %{{.+}}, %{{.+}} {approximate = "none"}
-  // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %[[DG]] heads = 2 causal
+  // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %[[Q]], %[[K]], %[[V]], %[[Y]], %[[LSE]], %[[DG]] heads = 2 causal : tensor<2x4x8xf32>{{$}}
   // CHECK: fsdp.slice_grad %[[DV]] dim = 2 offset = 16
   // CHECK: fsdp.slice_grad %[[DK]] dim = 2 offset = 8
   // CHECK: fsdp.slice_grad %[[DQ]] dim = 2 offset = 0
@@ -129,8 +131,9 @@ func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> at
   %a = fsdp.attention %h, %kr, %k heads = 2 kv_heads = 1 causal : tensor<2x4x8xf32>, tensor<2x4x4xf32>
   %s = fsdp.silu %a : tensor<2x4x8xf32>
   %l = fsdp.mse_loss %s, %y : tensor<2x4x8xf32> -> tensor<f32>
+  // CHECK: %[[Y:[^,]+]], %[[LSE:[^ ]+]] = fsdp.attention {{.+}} -> tensor<2x2x4xf32>
   // CHECK: %[[DS:.+]] = fsdp.silu_grad
-  // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %[[DS]] heads = 2 kv_heads = 1 causal : tensor<2x4x8xf32>, tensor<2x4x4xf32>
+  // CHECK: %[[DQ:[^,]+]], %[[DK:[^,]+]], %[[DV:[^ ]+]] = fsdp.attention_grad %{{.+}}, %{{.+}}, %{{.+}}, %[[Y]], %[[LSE]], %[[DS]] heads = 2 kv_heads = 1 causal : tensor<2x4x8xf32>, tensor<2x4x4xf32>{{$}}
   // CHECK: %[[DR:.+]] = fsdp.rope_grad %[[DK]] heads = 1 theta = 1.000000e+04 : tensor<2x4x4xf32>
   // CHECK: fsdp.add %[[DV]], %[[DR]]
   // CHECK: fsdp.rms_norm_grad %{{.+}}, %{{.+}}, %{{.+}} epsilon = 1.000000e-05 : tensor<2x4x8xf32>, tensor<8xf32>

@@ -168,10 +168,10 @@ fsdp.param @head : tensor<1x8xf32> init("normal", 0.02)
 // SEL-NEXT: fsdp.matmul %{{.+}}, %[[GE]] transpose_lhs
 // SEL-NEXT: fsdp.gelu_grad %[[FB]],
 // SEL-NOT: fsdp.matmul {{.+}}fsdp.recompute
-// SEL: %[[AT:.+]] = fsdp.attention %[[Q]], %[[K]], %[[V]] heads = 2 causal {fsdp.recompute}
+// SEL: %[[AT:[^,]+]], %[[LSE:[^ ]+]] = fsdp.attention %[[Q]], %[[K]], %[[V]] heads = 2 causal {fsdp.recompute}
 // SEL-NEXT: %[[AT2:.+]] = fsdp.reshape %[[AT]] {fsdp.recompute}
 // SEL-NEXT: fsdp.matmul %{{.+}}, %[[AT2]] transpose_lhs
-// SEL: fsdp.attention_grad %[[Q]], %[[K]], %[[V]],
+// SEL: fsdp.attention_grad %[[Q]], %[[K]], %[[V]], %[[AT]], %[[LSE]],
 // SEL-NOT: fsdp.matmul {{.+}}fsdp.recompute
 // SEL: %[[N:.+]] = fsdp.layer_norm %arg0, %[[G]], %[[BT]] {fsdp.recompute}
 // SEL-NEXT: %[[N2:.+]] = fsdp.reshape %[[N]] {fsdp.recompute}
