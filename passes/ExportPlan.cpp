@@ -287,14 +287,8 @@ void ExportPlanPass::runOnOperation() {
                             "(runtime/core/PlanSchema.h): the runtime cannot run it";
         return signalPassFailure();
       }
-      if ((schema->numInputs >= 0 &&
-           ((int)op.getNumOperands() < schema->numInputs ||
-            (int)op.getNumOperands() >
-                schema->numInputs + schema->optionalInputs)) ||
-          (schema->numInputs < 0 && op.getNumOperands() == 0) ||
-          (int)op.getNumResults() < schema->numOutputs ||
-          (int)op.getNumResults() >
-              schema->numOutputs + schema->optionalOutputs) {
+      if (!::fsdp::acceptsArity(*schema, (int)op.getNumOperands(),
+                                (int)op.getNumResults())) {
         op.emitOpError() << "has " << op.getNumOperands() << " operand(s) and "
                          << op.getNumResults() << " result(s); the plan schema "
                          << "expects " << schema->numInputs << " and "

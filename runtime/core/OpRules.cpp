@@ -582,9 +582,7 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     return FSDP_ERROR("unknown op '", inst.op, "' (this runtime does not implement it)");
   const int nin = schema->numInputs, nout = schema->numOutputs;
   const int nopt = schema->optionalInputs, noptOut = schema->optionalOutputs;
-  if ((nin >= 0 && ((int)inst.in.size() < nin || (int)inst.in.size() > nin + nopt)) ||
-      (nin < 0 && inst.in.empty()) || (int)inst.out.size() < nout ||
-      (int)inst.out.size() > nout + noptOut)
+  if (!acceptsArity(*schema, (int)inst.in.size(), (int)inst.out.size()))
     return FSDP_ERROR(inst.op, ": expected ",
                       nin < 0    ? std::string("1+")
                       : nopt > 0 ? std::to_string(nin) + "-" + std::to_string(nin + nopt)

@@ -168,6 +168,13 @@ constexpr const OpSchema *findOp(std::string_view name) {
       return &op;
   return nullptr;
 }
+/// Whether an instruction of `op` may have `in` inputs and `out` outputs
+/// (the compiler's export and the runtime's loader both ask this).
+constexpr bool acceptsArity(const OpSchema &op, int in, int out) {
+  bool inputs = op.numInputs < 0 ? in > 0
+                                 : in >= op.numInputs && in <= op.numInputs + op.optionalInputs;
+  return inputs && out >= op.numOutputs && out <= op.numOutputs + op.optionalOutputs;
+}
 /// all_reduce, reduce_scatter, all_gather and wait: run by the
 /// communicator, not by a device kernel.
 constexpr bool isCollectiveOp(std::string_view name) {

@@ -59,3 +59,16 @@ func.func @b(%x: tensor<4xf32>) -> tensor<f32> attributes {fsdp.model} {
   %l = fsdp.mse_loss %x, %w : tensor<4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tests that attention's log-sum-exp result is not differentiable: a model
+// that reads it gets an error, not a gradient that ignores it.
+fsdp.param @w : tensor<1x4x8xf32> init("normal", 0.02)
+func.func @model(%x: tensor<1x4x8xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<1x4x8xf32>
+  // expected-error @+1 {{has no differentiation rule for its log-sum-exp result}}
+  %y, %lse = fsdp.attention %w, %w, %w heads = 2 causal : tensor<1x4x8xf32> -> tensor<1x2x4xf32>
+  %l = fsdp.reduce_sum %lse dims = [0, 1, 2] : tensor<1x2x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
