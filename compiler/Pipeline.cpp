@@ -36,6 +36,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.minUnitNumel = options.minUnitNumel;
   search.overlap = options.overlap;
   search.report = options.report;
+  search.fuseEpilogues = options.fuseEpilogues;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -119,6 +120,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   } else {
     addRecompute(pm, options);
   }
+  // Last of the rewrites (after recompute and the schedule), so no other
+  // pass sees the fused ops; the memory-budget search fuses each candidate
+  // the same way, so this finds nothing left to do after it.
+  if (options.fuseEpilogues)
+    pm.addPass(createFsdpFuseEpilogues());
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;
   mem.simulate = options.simulate;

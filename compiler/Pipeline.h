@@ -139,6 +139,11 @@ struct FsdpPipelineOptions
                      "groups use the inter-node link (-1: the profile's, 8 "
                      "for h100; 0: one node)"),
       llvm::cl::init(-1)};
+  Option<bool> fuseEpilogues{
+      *this, "fuse-epilogues",
+      llvm::cl::desc("fold bias_add, gelu and gelu_grad into the matmul "
+                     "before them (fsdp-fuse-epilogues)"),
+      llvm::cl::init(true)};
   Option<bool> simulate{
       *this, "simulate",
       llvm::cl::desc("print the predicted step time, exposed communication "

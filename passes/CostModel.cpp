@@ -112,7 +112,7 @@ ArrayRef<int64_t> shapeOf(Value v) {
 }
 
 double flopsOf(Operation *op) {
-  if (isa<MatmulOp>(op)) {
+  if (isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp>(op)) {
     ArrayRef<int64_t> lhs = shapeOf(op->getOperand(0));
     int64_t k = op->hasAttr("transpose_lhs") ? lhs[lhs.size() - 2] : lhs.back();
     return 2.0 * double(numel(shapeOf(op->getResult(0)))) * double(k);
@@ -124,6 +124,21 @@ double flopsOf(Operation *op) {
     return f * (name == "attention_grad" ? 2.5 : 1.0);
   }
   return 0.0;
+}
+
+/// The ops a fused matmul's epilogue runs (fsdp-fuse-epilogues).
+SmallVector<StringRef> epilogueOps(Operation *op) {
+  SmallVector<StringRef> ops;
+  if (auto mb = dyn_cast<MatmulBiasOp>(op)) {
+    ops.push_back("bias_add");
+    if (mb.getGelu())
+      ops.push_back("gelu");
+  } else if (auto mg = dyn_cast<MatmulGeluGradOp>(op)) {
+    ops.push_back("gelu_grad");
+    if (mg.getBiasGrad())
+      ops.push_back("sum_to");
+  }
+  return ops;
 }
 
 double unitsOf(Operation *op, Value firstIn) {
@@ -263,6 +278,17 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                                          : name);
     if (per != p.secondsPerUnit.end() && firstIn)
       work = std::max(work, unitsOf(op, firstIn) * per->second);
+    // A fused matmul's epilogue: on a CPU (a profile with per-unit costs)
+    // runtime/cpu runs each epilogue op as a pass over the [M, N] result
+    // after the GEMM; on a GPU it is part of the GEMM (fsdp-sim's
+    // compute_cost).
+    if (!p.secondsPerUnit.empty())
+      for (StringRef e : epilogueOps(op)) {
+        auto it = p.secondsPerUnit.find(e);
+        double perUnit = it == p.secondsPerUnit.end() ? 0.0 : it->second;
+        work += std::max(double(numel(shapeOf(op->getResult(0)))) * perUnit,
+                         2 * bytesOf(op->getResult(0)) / p.memBytesPerS);
+      }
     prog.push_back({Item::Compute, (p.opOverheadS + work) * compWork});
   }
 

@@ -435,6 +435,38 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
+  let summary = "folds bias_add, gelu and gelu_grad into the matmul before them";
+  let description = [{
+    The elementwise ops after a rank-2 matmul run in the matmul's kernel
+    (cuBLASLt's BIAS, GELU_AUX_BIAS and DGELU_BGRAD epilogues on the GPU):
+    - `bias_add(matmul(a, w), b)`, the product read by nothing else, becomes
+      `matmul_bias(a, w, b)`; a tanh-form `gelu` of it joins as
+      `matmul_bias ... gelu`, which also returns the pre-activation when
+      something else (the backward's gelu_grad) reads it;
+    - `gelu_grad(pre, matmul(a, b))`, the product read by nothing else,
+      becomes `matmul_gelu_grad(a, b, pre)`, and a `sum_to` of it to its
+      last dimension (the bias gradient) becomes that op's second result.
+    f32 losses are bitwise those of the unfused step (the CPU kernels
+    compute the replaced ops in the same order). Runs after fsdp-schedule
+    (after fsdp-recompute, whose selective recomputation it leaves alone),
+    just before the memory plan.
+
+    ```mlir
+    // before
+    %m = fsdp.matmul %x, %w transpose_rhs : (tensor<8x4xf32>, tensor<16x4xf32>) -> tensor<8x16xf32>
+    %h = fsdp.bias_add %m, %b : tensor<8x16xf32>, tensor<16xf32>
+    %g = fsdp.gelu %h : tensor<8x16xf32>
+    // after (%h is read by the backward pass)
+    %g, %h = fsdp.matmul_bias %x, %w, %b transpose_rhs gelu : (...) -> (tensor<8x16xf32>, tensor<8x16xf32>)
+    ```
+  }];
+  let statistics = [
+    Statistic<"numFused", "fused-epilogues", "Epilogues folded into a matmul">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
   let summary = "chooses recompute, resharding, prefetch depth and unit size under a memory budget";
   let description = [{
@@ -501,6 +533,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            /*default=*/"\"\"", "pin: true | false (empty: search)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",
            "pin the prefetch depth (-1: search 0, 1, 2)">,
+    Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
+           "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
     Option<"report", "report", "bool", /*default=*/"false",
            "print the choice on stderr">,
   ];

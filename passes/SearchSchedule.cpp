@@ -114,6 +114,8 @@ struct SearchSchedulePass
     sched.prefetchDepth = depth;
     return run(m, createFsdpSchedule(sched));
   }
+  /// fsdp-fuse-epilogues, as the pipeline runs it after this pass.
+  bool fuse(ModuleOp m) { return !fuseEpilogues || run(m, createFsdpFuseEpilogues()); }
   /// Units after grouping K layers per unit (marked units plus root).
   int64_t unitsOf(int64_t k) {
     llvm::StringSet<> marked;
@@ -150,7 +152,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) ||
         !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard) || !schedule(*m, c.depth))
+        !shard(*m, c.reshard) || !schedule(*m, c.depth) || !fuse(*m))
       return nullptr;
     return m;
   }
@@ -240,7 +242,7 @@ void SearchSchedulePass::runOnOperation() {
           leaf.choice = {k, rc, reshard, depth, units};
           OwningOpRef<ModuleOp> m =
               depth == depths.back() ? std::move(sharded) : clone(*sharded);
-          if (!schedule(*m, depth))
+          if (!schedule(*m, depth) || !fuse(*m))
             return signalPassFailure();
           auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
           FailureOr<MemoryPlan> plan =

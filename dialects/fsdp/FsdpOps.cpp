@@ -234,6 +234,56 @@ LogicalResult MatmulOp::verify() {
                     a.getElementType());
 }
 
+/// Shared by the fused matmuls: rank-2 operands of one element type, and
+/// the product's [M, N] shape in `shape`.
+static LogicalResult verifyFusedMatmul(Operation *op, RankedTensorType a,
+                                       RankedTensorType b, bool ta, bool tb,
+                                       SmallVectorImpl<int64_t> &shape) {
+  if (a.getRank() != 2 || b.getRank() != 2)
+    return op->emitOpError() << "expected rank-2 operands, found ranks "
+                             << a.getRank() << " and " << b.getRank();
+  if (a.getElementType() != b.getElementType())
+    return op->emitOpError() << "expected operands of one element type, found "
+                             << a.getElementType() << " and " << b.getElementType();
+  std::string why;
+  auto s = matmulShape(a.getShape(), b.getShape(), ta, tb, why);
+  if (!s)
+    return op->emitOpError() << why;
+  shape.assign(s->begin(), s->end());
+  return success();
+}
+
+LogicalResult MatmulBiasOp::verify() {
+  auto a = rt(getLhs()), b = rt(getRhs());
+  SmallVector<int64_t> shape;
+  if (failed(verifyFusedMatmul(*this, a, b, getTransposeLhs(), getTransposeRhs(), shape)))
+    return failure();
+  Type et = a.getElementType();
+  if (failed(expectType(*this, "bias", rt(getBias()), {shape[1]}, et)) ||
+      failed(expectType(*this, "result", rt(getResult()), shape, et)))
+    return failure();
+  if (getPre()) {
+    if (!getGelu())
+      return emitOpError() << "has a pre-activation result without gelu";
+    return expectType(*this, "pre", rt(getPre()), shape, et);
+  }
+  return success();
+}
+
+LogicalResult MatmulGeluGradOp::verify() {
+  auto a = rt(getLhs()), b = rt(getRhs());
+  SmallVector<int64_t> shape;
+  if (failed(verifyFusedMatmul(*this, a, b, getTransposeLhs(), getTransposeRhs(), shape)))
+    return failure();
+  Type et = a.getElementType();
+  if (failed(expectType(*this, "pre", rt(getPre()), shape, et)) ||
+      failed(expectType(*this, "result", rt(getResult()), shape, et)))
+    return failure();
+  if (getBiasGrad())
+    return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[1]}, et);
+  return success();
+}
+
 LogicalResult LayerNormOp::verify() {
   auto x = rt(getInput());
   if (x.getRank() < 1)

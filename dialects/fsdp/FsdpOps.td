@@ -265,6 +265,60 @@ def Fsdp_MatmulOp : Fsdp_Op<"matmul", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fsdp_MatmulBiasOp : Fsdp_Op<"matmul_bias", [Pure]> {
+  let summary = "matmul with a fused epilogue: + bias, then optionally tanh GELU";
+  let description = [{
+    `result = act(op(lhs) x op(rhs) + bias)` for rank-2 operands (the
+    transpose flags as in `fsdp.matmul`); `bias` is [N] for an [M, N]
+    result; `act` is the identity, or with `gelu` the tanh-form GELU of
+    `fsdp.gelu`. With `gelu`, the optional second result `pre` holds the
+    pre-activation op(lhs) x op(rhs) + bias, which the backward pass
+    (`fsdp.matmul_gelu_grad`) reads. One kernel instead of matmul,
+    bias_add and gelu (cuBLASLt's BIAS / GELU_AUX_BIAS epilogues): the
+    product is never stored, and in bf16 it is rounded once, not three
+    times. Written by fsdp-fuse-epilogues, not by models.
+
+    ```mlir
+    %y = fsdp.matmul_bias %x, %w, %b transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>, tensor<128xf32>) -> tensor<32x128xf32>
+    %g, %pre = fsdp.matmul_bias %x, %w, %b transpose_rhs gelu : (tensor<32x64xf32>, tensor<128x64xf32>, tensor<128xf32>) -> (tensor<32x128xf32>, tensor<32x128xf32>)
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       Fsdp_FloatTensor:$bias, UnitAttr:$transpose_lhs,
+                       UnitAttr:$transpose_rhs, UnitAttr:$gelu);
+  let results = (outs Fsdp_FloatTensor:$result, Optional<Fsdp_FloatTensor>:$pre);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $bias (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    (`gelu` $gelu^)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_MatmulGeluGradOp : Fsdp_Op<"matmul_gelu_grad", [Pure]> {
+  let summary = "matmul with a fused GELU-gradient (and bias-gradient) epilogue";
+  let description = [{
+    `result = (op(lhs) x op(rhs)) * gelu'(pre)` for rank-2 operands: the
+    gradient reaching the pre-activation of a `fsdp.matmul_bias ... gelu`
+    when `op(lhs) x op(rhs)` is the gradient of its output. The optional
+    second result is the bias gradient, the sum of `result` over its rows
+    ([N], as `fsdp.sum_to`). cuBLASLt's DGELU / DGELU_BGRAD epilogues.
+    Written by fsdp-fuse-epilogues.
+
+    ```mlir
+    %dh, %db = fsdp.matmul_gelu_grad %dz, %w, %pre : (tensor<32x64xf32>, tensor<64x128xf32>, tensor<32x128xf32>) -> (tensor<32x128xf32>, tensor<128xf32>)
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       Fsdp_FloatTensor:$pre, UnitAttr:$transpose_lhs,
+                       UnitAttr:$transpose_rhs);
+  let results = (outs Fsdp_FloatTensor:$result, Optional<Fsdp_FloatTensor>:$bias_grad);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $pre (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_LayerNormOp : Fsdp_Op<"layer_norm", [Pure, AllTypesMatch<["input", "result"]>,
                                              AllTypesMatch<["gamma", "beta"]>]> {
   let summary = "layer normalization over the last dimension";

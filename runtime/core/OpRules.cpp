@@ -227,6 +227,33 @@ const std::unordered_map<std::string, Check> &checks() {
       MM d;
       return matmulDims(op, d);
     };
+    // The fused matmuls (fsdp-fuse-epilogues): rank-2 products only.
+    auto fusedDims = [](const Op &op, MM &d) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      if (op.in(0).shape.size() != 2 || op.in(1).shape.size() != 2)
+        return FSDP_ERROR(op.inst.op, ": expected rank-2 operands, found ",
+                          shapeStr(op.in(0).shape), " and ", shapeStr(op.in(1).shape));
+      return matmulDims(op, d);
+    };
+    m["matmul_bias"] = [fusedDims](const Op &op) {
+      MM d;
+      FSDP_RETURN_IF_ERROR(fusedDims(op, d));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {d.n}, "a bias"));
+      if (op.inst.out.size() > 1) {
+        if (!op.b("gelu"))
+          return FSDP_ERROR("matmul_bias: a pre-activation output needs the gelu attribute");
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), {d.m, d.n}, "a pre-activation"));
+      }
+      return Status::ok();
+    };
+    m["matmul_gelu_grad"] = [fusedDims](const Op &op) {
+      MM d;
+      FSDP_RETURN_IF_ERROR(fusedDims(op, d));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {d.m, d.n}, "a pre-activation"));
+      if (op.inst.out.size() > 1)
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), {d.n}, "a bias gradient"));
+      return Status::ok();
+    };
     m["layer_norm"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "gamma"));

@@ -83,6 +83,8 @@ inline constexpr OpSchema kOps[] = {
     {"softmax_grad", 2, 1, OpKind::Compute},
     {"bias_add", 2, 1, OpKind::Compute},
     {"matmul", 2, 1, OpKind::Compute},
+    {"matmul_bias", 3, 1, OpKind::Compute, 0, 1},      // + the pre-activation (gelu)
+    {"matmul_gelu_grad", 3, 1, OpKind::Compute, 0, 1}, // + the bias gradient
     {"layer_norm", 3, 1, OpKind::Compute},
     {"layer_norm_grad", 3, 3, OpKind::Compute},
     {"attention", 3, 1, OpKind::Compute, 0, 1}, // + the log-sum-exp

@@ -157,6 +157,34 @@ const std::unordered_map<std::string, Exec> &table() {
                     r.op.b("transpose_rhs"));
       return Status::ok();
     };
+    // The fused matmuls run the GEMM, then the ops fsdp-fuse-epilogues
+    // folded into it as passes over the [M, N] result, in the order and with
+    // the kernels of the unfused ops: an f32 plan gives bitwise the unfused
+    // results (a bf16 one rounds once, at the end: the whole instruction is
+    // widened).
+    m["matmul_bias"] = [](const Run &r) {
+      MM d;
+      FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
+      float *y = r.out(0);
+      matmul<float>(r.in(0), r.in(1), y, 1, d.m, d.n, d.k, r.op.b("transpose_lhs"),
+                    r.op.b("transpose_rhs"));
+      float *pre = r.op.inst.out.size() > 1 ? r.out(1) : y;
+      biasAdd<float>(y, r.in(2), pre, d.m, d.n);
+      if (r.op.b("gelu"))
+        gelu<float>(pre, y, d.m * d.n);
+      return Status::ok();
+    };
+    m["matmul_gelu_grad"] = [](const Run &r) {
+      MM d;
+      FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
+      float *dx = r.out(0);
+      matmul<float>(r.in(0), r.in(1), dx, 1, d.m, d.n, d.k, r.op.b("transpose_lhs"),
+                    r.op.b("transpose_rhs"));
+      geluGrad<float>(r.in(2), dx, dx, d.m * d.n);
+      if (r.op.inst.out.size() > 1)
+        sumTo<float>(dx, r.op.out(0).shape, r.out(1), r.op.out(1).shape);
+      return Status::ok();
+    };
     m["layer_norm"] = [](const Run &r) {
       layerNorm<float>(r.in(0), r.in(1), r.in(2), r.out(0), rowsOf(r.op.in(0)), lastDim(r.op.in(0)),
                        r.op.f("epsilon", 1e-5));

@@ -257,6 +257,8 @@ private:
   }
   Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                          Launch &out);
 
   int ordinal;
   uint8_t *arena = nullptr;
@@ -344,7 +346,8 @@ bool nativeOp(const std::string &n) {
   static const char *ops[] = {
       "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
       "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
-      "layer_norm_grad", "matmul", "slice", "slice_grad", "concat", "transpose", "broadcast",
+      "layer_norm_grad", "matmul", "matmul_bias", "matmul_gelu_grad", "slice", "slice_grad",
+      "concat", "transpose", "broadcast",
       "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "copy",
       "reshape", "attention", "attention_grad"};
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
@@ -396,6 +399,58 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
 }
 
 } // namespace
+
+/// matmul_bias and matmul_gelu_grad (fsdp-fuse-epilogues) on storage of
+/// dtype t: one cuBLASLt GEMM with its epilogue (BIAS, GELU_AUX_BIAS /
+/// GELU_BIAS, DGELU / DGELU_BGRAD) where cuBLASLt has an algorithm for it,
+/// chosen at prepare; otherwise the GEMM, then the unfused ops' kernels
+/// over the result, as runtime/cpu does.
+Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                    Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  rules::MM d;
+  FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
+  const void *a = r.in<void>(0), *b = r.in<void>(1), *third = r.in<void>(2);
+  void *c = r.out<void>(0);
+  void *second = op.inst.out.size() > 1 ? r.out<void>(1) : nullptr;
+  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+  int64_t m = d.m, nn = d.n, k = d.k;
+  EpilogueArgs e;
+  bool gelu = op.b("gelu");
+  if (n == "matmul_bias") {
+    e.kind = gelu ? Epilogue::GeluAuxBias : Epilogue::Bias;
+    e.bias = third;
+    e.aux = second;
+  } else {
+    e.kind = Epilogue::DGelu;
+    e.aux = const_cast<void *>(third);
+    e.biasGrad = second;
+  }
+  Gemm *g = gemm.get();
+  if (g->warmEpilogue(t, m, nn, k, ta, tb, a, b, c, e)) {
+    out = [=](cudaStream_t s) { return g->run(t, a, b, c, m, nn, k, ta, tb, e, s); };
+    return Status::ok();
+  }
+  FSDP_RETURN_IF_ERROR(g->warm(t, 1, m, nn, k, ta, tb, a, b, c));
+  Shape full{m, nn}, row{nn};
+  out = [=](cudaStream_t s) -> Status {
+    FSDP_RETURN_IF_ERROR(g->run(t, a, b, c, 1, m, nn, k, ta, tb, s));
+    cudaError_t err;
+    if (n == "matmul_bias") {
+      void *pre = second ? second : c;
+      err = native::biasAdd(t, c, third, pre, m, nn, s);
+      if (err == cudaSuccess && gelu)
+        err = native::unary(t, native::UnaryKind::Gelu, pre, c, m * nn, 1.0, s);
+    } else {
+      err = native::unaryGrad(t, native::UnaryGradKind::Gelu, third, c, c, m * nn, s);
+      if (err == cudaSuccess && second)
+        err = native::sumTo(t, c, full, second, row, s);
+    }
+    return cudaStatus(err, n.c_str(), __FILE__, __LINE__);
+  };
+  return Status::ok();
+}
 
 Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                                Launch &out) {
@@ -503,6 +558,8 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
           return native::layerNormGrad(t, xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
         },
         n);
+  } else if (n == "matmul_bias" || n == "matmul_gelu_grad") {
+    return buildFusedMatmul(op, t, base, rank, out);
   } else if (n == "matmul") {
     rules::MM d;
     FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
@@ -727,6 +784,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     out = fromCuda([=](cudaStream_t s) { return biasAdd(x, b, y, rows, cols, s); }, n);
+  } else if (n == "matmul_bias" || n == "matmul_gelu_grad") {
+    return buildFusedMatmul(op, FloatKind::F32, base, rank, out);
   } else if (n == "matmul") {
     rules::MM d;
     FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
@@ -1061,7 +1120,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
 bool CudaDevice::implementsOp(const std::string &op) const {
   static const char *ops[] = {
       "add", "sub", "mul", "div", "neg", "scale", "fill", "copy", "relu", "gelu", "softmax",
-      "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "layer_norm",
+      "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
+      "matmul_gelu_grad", "layer_norm",
       "layer_norm_grad", "attention", "attention_grad", "silu", "silu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",

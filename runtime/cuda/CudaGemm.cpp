@@ -75,6 +75,27 @@ Status layout(cublasLtMatrixLayout_t &l, cudaDataType_t type, uint64_t rows, uin
   }
   return Status::ok();
 }
+/// Sets the bias (or bias-gradient) and aux pointers an epilogue reads or
+/// writes on `desc`.
+Status setEpiloguePointers(cublasLtMatmulDesc_t desc, Epilogue kind, bool keepAux,
+                           bool biasGrad, void *bias, void *aux) {
+  if (kind == Epilogue::None)
+    return Status::ok();
+  if (kind != Epilogue::DGelu || biasGrad)
+    FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+  if (kind == Epilogue::DGelu || keepAux)
+    FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  return Status::ok();
+}
+
+/// The key's epilogue code: kind << 2 | keeps aux | writes a bias gradient.
+int epilogueCode(const EpilogueArgs &e) {
+  return (int(e.kind) << 2) | (e.kind == Epilogue::GeluAuxBias && e.aux ? 1 : 0) |
+         (e.kind == Epilogue::DGelu && e.biasGrad ? 2 : 0);
+}
+
 } // namespace
 
 Status Gemm::plan(const Key &key, Plan *&out) {
@@ -83,7 +104,7 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     out = it->second.get();
     return Status::ok();
   }
-  auto [kind, batch, m, n, k, transA, transB, alA, alB, alC] = key;
+  auto [kind, batch, m, n, k, transA, transB, alA, alB, alC, epi, alBias, alAux] = key;
   FloatKind t = (FloatKind)kind;
   cudaDataType_t dt = dataType(t);
   auto p = std::make_unique<Plan>();
@@ -108,6 +129,38 @@ Status Gemm::plan(const Key &key, Plan *&out) {
   FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, dt, m, k, m, nb, m * k)
                               : layout(p->lb, dt, k, m, k, nb, m * k));
   FSDP_RETURN_IF_ERROR(layout(p->lc, dt, n, m, n, nb, m * n));
+  // The epilogue (see the header). Row-major C [m, n] is column-major
+  // n x m: the bias runs along cuBLASLt's rows (length n, broadcast over
+  // the m columns), and its gradient sums over them.
+  auto kindOf = Epilogue(epi >> 2);
+  bool keepAux = epi & 1, biasGrad = epi & 2;
+  if (kindOf != Epilogue::None) {
+    if ((kindOf == Epilogue::DGelu || keepAux) && n % 8 != 0)
+      return FSDP_ERROR("cuBLASLt's GELU epilogues need n (", n,
+                        ") to be a multiple of 8 (the aux leading dimension)");
+    uint32_t code = kindOf == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS
+                    : kindOf == Epilogue::GeluAuxBias
+                        ? (keepAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+                        : (biasGrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU);
+    FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &code, sizeof(code)));
+    if (kindOf != Epilogue::DGelu || biasGrad) {
+      int32_t bt = dt;
+      FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    }
+    if (kindOf == Epilogue::DGelu || keepAux) {
+      int64_t ld = n;
+      FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
+    // The heuristic reads the epilogue pointers' alignment from their
+    // values: stand-ins with the alignments of the key; run() sets the
+    // real pointers.
+    FSDP_RETURN_IF_ERROR(setEpiloguePointers(p->desc, kindOf, keepAux, biasGrad,
+                                             reinterpret_cast<void *>(uintptr_t(alBias)),
+                                             reinterpret_cast<void *>(uintptr_t(alAux))));
+  }
   cublasLtMatmulPreference_t pref;
   FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = wsBytes_;
@@ -148,10 +201,42 @@ Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_
 }
 
 Gemm::Key Gemm::key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-                    bool transB, const void *a, const void *b, const void *c) {
+                    bool transB, const void *a, const void *b, const void *c,
+                    const EpilogueArgs &ep) {
   size_t e = elemBytes(t);
-  return Key{(int)t, batch, m, n, k, transA, transB, alignment(a, e), alignment(b, e),
-             alignment(c, e)};
+  const void *bias = ep.kind == Epilogue::DGelu ? ep.biasGrad : ep.bias;
+  return Key{(int)t,          batch,          m,
+             n,               k,              transA,
+             transB,          alignment(a, e), alignment(b, e),
+             alignment(c, e), epilogueCode(ep), alignment(bias, e),
+             alignment(ep.aux, e)};
+}
+
+bool Gemm::warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool transA,
+                        bool transB, const void *a, const void *b, const void *c,
+                        const EpilogueArgs &e) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return false; // degenerate: the unfused kernels handle it
+  Plan *p;
+  return plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p).isOk();
+}
+
+Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+                 int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return FSDP_ERROR("a GEMM epilogue on an empty product ([", m, ", ", k, "] x [", k, ", ",
+                      n, "])");
+  Plan *p;
+  FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p));
+  int code = epilogueCode(e);
+  void *bias = const_cast<void *>(e.kind == Epilogue::DGelu ? e.biasGrad : e.bias);
+  FSDP_RETURN_IF_ERROR(
+      setEpiloguePointers(p->desc, e.kind, code & 1, code & 2, bias, e.aux));
+  float alpha = 1.f, beta = 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
+                                   b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
+                                   ws_, wsBytes_, s));
+  return Status::ok();
 }
 
 Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,

@@ -40,6 +40,23 @@
 
 namespace fsdp::cuda {
 
+/// A cuBLASLt epilogue on the row-major [m, n] result C of a GEMM
+/// (fsdp-fuse-epilogues' ops; batch 1 only):
+/// - Bias:        C = AB + bias ([n]);
+/// - GeluAuxBias: aux = AB + bias, C = gelu_tanh(aux) (aux may be null:
+///                GELU_BIAS, the pre-activation not kept);
+/// - DGelu:       C = AB * gelu_tanh'(aux), and with a non-null biasGrad
+///                ([n]) its sum over the m rows (DGELU_BGRAD).
+/// aux is [m, n] row-major like C (cuBLASLt: column-major n x m, leading
+/// dimension n, which must be a multiple of 8).
+enum class Epilogue : int { None, Bias, GeluAuxBias, DGelu };
+struct EpilogueArgs {
+  Epilogue kind = Epilogue::None;
+  const void *bias = nullptr; ///< Bias, GeluAuxBias
+  void *aux = nullptr;        ///< GeluAuxBias: written; DGelu: read
+  void *biasGrad = nullptr;   ///< DGelu: written when not null
+};
+
 class Gemm {
 public:
   Gemm();
@@ -56,6 +73,10 @@ public:
   /// The same on operands and result of dtype `t` (f32 accumulation).
   Status run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
              int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s);
+  /// The same with an epilogue (batch 1). An error when cuBLASLt has no
+  /// algorithm for it; warmEpilogue tells beforehand.
+  Status run(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+             int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s);
   /// Builds the descriptors and asks the heuristic for this shape now (at
   /// prepare), so the first step does not. Pass the pointers run() will get
   /// (only their alignment is used); null stands for 256-byte-aligned ones
@@ -63,15 +84,25 @@ public:
   Status warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
               bool transB, const void *a = nullptr, const void *b = nullptr,
               const void *c = nullptr);
+  /// warm() for a GEMM with epilogue `e` (its pointers as run() will get
+  /// them): false when cuBLASLt cannot run it (no algorithm for these
+  /// types, shapes and alignments, or an aux leading dimension n that is
+  /// not a multiple of 8); the caller then runs the GEMM and the epilogue's
+  /// own kernels instead.
+  bool warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+                    const void *a, const void *b, const void *c, const EpilogueArgs &e);
 
 private:
   struct Plan;
-  /// dtype, batch, m, n, k, transA, transB, and the byte alignments of the
-  /// row-major A, B and C pointers.
+  /// dtype, batch, m, n, k, transA, transB, the byte alignments of the
+  /// row-major A, B and C pointers, the epilogue (kind, whether it writes
+  /// a bias gradient / keeps the aux matrix) and the alignments of its
+  /// bias and aux pointers.
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool, uint32_t,
-                         uint32_t, uint32_t>;
+                         uint32_t, uint32_t, int, uint32_t, uint32_t>;
   static Key key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-                 bool transB, const void *a, const void *b, const void *c);
+                 bool transB, const void *a, const void *b, const void *c,
+                 const EpilogueArgs &e = {});
   Status plan(const Key &key, Plan *&out);
 
   void *handle_ = nullptr; // cublasLtHandle_t

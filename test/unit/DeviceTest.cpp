@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -241,6 +242,110 @@ TEST_P(DeviceConformance, PacksInputsThatPartlyOverlapTheirDestination) {
   ASSERT_TRUE(dev->synchronize().isOk());
   EXPECT_EQ(read(plan, 0),
             (std::vector<float>{10, 20, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 0}));
+}
+
+/// A plan of f32 matrices of the given shapes, each at a 64-byte offset.
+Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes,
+                std::vector<Instruction> program) {
+  Plan p = vectorPlan((int)shapes.size(), 1, std::move(program));
+  int64_t offset = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Buffer &b = p.buffers[i];
+    b.shape = shapes[i];
+    b.bytes = b.numel() * 4;
+    b.offset = offset;
+    offset += (b.bytes + 63) / 64 * 64;
+  }
+  p.arenaBytes = offset;
+  return p;
+}
+
+/// matmul_bias (gelu, with its pre-activation) and matmul_gelu_grad (with
+/// the bias gradient) against matmul, bias_add, gelu / matmul, gelu_grad,
+/// sum_to on the same device and inputs. n = 16 lets cuBLASLt run the
+/// epilogues (GELU_AUX_BIAS, DGELU_BGRAD: the aux leading dimension must
+/// be a multiple of 8); n = 12 takes the GEMM + kernels path. The CPU runs
+/// the unfused ops' kernels in the same order: bitwise. On CUDA the fused
+/// GEMM may sum in another order than the unfused one: per element, both
+/// GEMMs are within k 2^-24 sum|a_i b_i| of the exact product (2 of them,
+/// and the GELU's slope is at most 1.13), and the epilogue's own
+/// arithmetic (a bias add, a tanh-form GELU or its derivative) within 8
+/// float32 ulps of the result plus 2^-24 of |pre| (bounds derived for an
+/// f32 tanh; cuBLASLt documents none: to confirm on the first GPU run).
+TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
+  for (int64_t n : {16, 12}) {
+    if (n != 16) // a device allocates its arena once: a fresh one per plan
+      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+    const int64_t m = 6, k = 5, n2 = 7;
+    // 0 x [m,k], 1 w [n,k], 2 b [n], 3 y [m,n], 4 pre [m,n], 5-7 the
+    // unfused product, bias_add and gelu; 8 dz [m,n2], 9 w2 [n2,n],
+    // 10 dh [m,n], 11 db [n], 12-13 the unfused product and gelu_grad,
+    // 14 sum_to [n].
+    Plan plan = matrixPlan(
+        {{m, k}, {n, k}, {n}, {m, n}, {m, n}, {m, n}, {m, n}, {m, n}, {m, n2}, {n2, n},
+         {m, n}, {n}, {m, n}, {m, n}, {n}},
+        {inst("matmul_bias", {0, 1, 2}, {3, 4}, {{"transpose_rhs", true}, {"gelu", true}}),
+         inst("matmul", {0, 1}, {5}, {{"transpose_rhs", true}}), inst("bias_add", {5, 2}, {6}),
+         inst("gelu", {6}, {7}), inst("matmul_gelu_grad", {8, 9, 4}, {10, 11}),
+         inst("matmul", {8, 9}, {12}), inst("gelu_grad", {4, 12}, {13}),
+         inst("sum_to", {13}, {14})});
+    bind(plan);
+    std::vector<std::vector<float>> host(plan.buffers.size());
+    for (int id : {0, 1, 2, 8, 9}) {
+      host[id].resize(plan.buffers[id].numel());
+      for (size_t i = 0; i < host[id].size(); ++i)
+        host[id][i] = (float)std::sin(0.37 * double(i) + id) * 1.25f;
+      write(plan, id, host[id]);
+    }
+    for (size_t i = 0; i < plan.program.size(); ++i)
+      ASSERT_TRUE(dev->run(i).isOk()) << plan.program[i].op;
+    ASSERT_TRUE(dev->synchronize().isOk());
+    bool exact = GetParam() == "cpu";
+    const double u = 1.0 / (1 << 24);
+    // sum |a_i b_i| of each product's element (row-major C = A B^T / A B).
+    auto absDot = [&](int a, int b, int64_t r, int64_t c, int64_t kk, bool bt) {
+      double s = 0;
+      for (int64_t t = 0; t < kk; ++t)
+        s += std::fabs(host[a][r * kk + t]) *
+             std::fabs(bt ? host[b][c * kk + t] : host[b][t * n + c]);
+      return s;
+    };
+    auto compare = [&](int fused, int unfused, auto slackOf, const char *what) {
+      std::vector<float> f = read(plan, fused), g = read(plan, unfused);
+      for (size_t i = 0; i < f.size(); ++i) {
+        double tol = exact ? 0.0 : slackOf((int64_t)i) + 8 * u * std::fabs(g[i]);
+        EXPECT_LE(std::fabs((double)f[i] - g[i]), tol)
+            << what << " n=" << n << " element " << i << ": fused " << f[i] << ", unfused "
+            << g[i];
+      }
+    };
+    std::vector<float> pre = read(plan, 6);
+    compare(4, 6, [&](int64_t i) { return 2 * k * u * absDot(0, 1, i / n, i % n, k, true); },
+            "pre-activation");
+    compare(3, 7,
+            [&](int64_t i) {
+              return 1.13 * 2 * k * u * absDot(0, 1, i / n, i % n, k, true) +
+                     u * std::fabs(pre[i]);
+            },
+            "gelu");
+    // gelu'(pre) is at most 1.13 in magnitude.
+    compare(10, 13,
+            [&](int64_t i) { return 1.13 * 2 * n2 * u * absDot(8, 9, i / n, i % n, n2, false); },
+            "gelu gradient");
+    // The sum over m rows of those, each side summed in its own order
+    // (within m u sum_r |dh| of the exact sum).
+    std::vector<float> dh = read(plan, 13);
+    compare(11, 14,
+            [&](int64_t c) {
+              double s = 0, mag = 0;
+              for (int64_t r = 0; r < m; ++r) {
+                s += 1.13 * 2 * n2 * u * absDot(8, 9, r, c, n2, false);
+                mag += std::fabs(dh[r * n + c]);
+              }
+              return s + 2 * m * u * mag;
+            },
+            "bias gradient");
+  }
 }
 
 /// The executor's protocol for an async collective ([Note: streams and

@@ -522,6 +522,76 @@ TEST(DispatchTest, ChecksTheLlamaOps) {
             std::string::npos);
 }
 
+/// Places every buffer of `plan` one after the other; the arena's size.
+int64_t placeAll(Plan &plan) {
+  int64_t off = 0;
+  for (Buffer &b : plan.buffers) {
+    b.offset = off;
+    off += b.bytes;
+  }
+  return off;
+}
+
+TEST(DispatchTest, FusedMatmulsAreTheUnfusedOpsBitwise) {
+  // 0 x [5,3], 1 w [4,3], 2 b [4], 3 y [5,4], 4 pre [5,4], 5-7 the unfused
+  // matmul / bias_add / gelu [5,4]; 8 dz [5,6], 9 w2 [6,4], 10 dx [5,4],
+  // 11 db [4], 12-13 the unfused matmul / gelu_grad [5,4], 14 sum_to [4],
+  // 15 a rank-3 x [1,5,3], 16 y without gelu [5,4].
+  Plan plan = planWith({{5, 3}, {4, 3}, {4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 6},
+                        {6, 4}, {5, 4}, {4}, {5, 4}, {5, 4}, {4}, {1, 5, 3}, {5, 4}});
+  std::vector<uint8_t> arena(placeAll(plan));
+  auto buf = [&](int id) {
+    return reinterpret_cast<float *>(arena.data() + plan.buffers[id].offset);
+  };
+  for (int id : {0, 1, 2, 8, 9})
+    for (int64_t i = 0; i < plan.buffers[id].numel(); ++i)
+      buf(id)[i] = std::sin(0.7 * i + id) * 1.5f;
+  auto run = [&](const Instruction &inst) {
+    Status st = checkInstruction(plan, inst);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    st = runInstruction(plan, inst, arena.data(), 0);
+    ASSERT_TRUE(st.isOk()) << st.message();
+  };
+  auto same = [&](int x, int y) {
+    return std::memcmp(buf(x), buf(y), plan.buffers[x].bytes) == 0;
+  };
+  nlohmann::json tr = {{"transpose_rhs", true}};
+  nlohmann::json trGelu = {{"transpose_rhs", true}, {"gelu", true}};
+  run({"matmul_bias", {0, 1, 2}, {3, 4}, trGelu});
+  run({"matmul_bias", {0, 1, 2}, {16}, tr});
+  run({"matmul", {0, 1}, {5}, tr});
+  run({"bias_add", {5, 2}, {6}});
+  run({"gelu", {6}, {7}});
+  EXPECT_TRUE(same(4, 6)); // the pre-activation
+  EXPECT_TRUE(same(3, 7)); // the GELU
+  EXPECT_TRUE(same(16, 6));
+  EXPECT_FALSE(same(3, 4));
+  run({"matmul_gelu_grad", {8, 9, 4}, {10, 11}});
+  run({"matmul", {8, 9}, {12}});
+  run({"gelu_grad", {4, 12}, {13}});
+  run({"sum_to", {13}, {14}});
+  EXPECT_TRUE(same(10, 13));
+  EXPECT_TRUE(same(11, 14));
+  // The rules: a pre-activation needs gelu, the bias is [N], rank 2 only,
+  // the bias gradient [N].
+  EXPECT_NE(checkMessage(plan, {"matmul_bias", {0, 1, 2}, {3, 4}, tr})
+                .find("a pre-activation output needs the gelu attribute"),
+            std::string::npos);
+  EXPECT_EQ(checkMessage(plan, {"matmul_bias", {0, 1, 14}, {3}, tr}), "");
+  EXPECT_NE(checkMessage(plan, {"matmul_bias", {0, 1, 8}, {3}, tr})
+                .find("matmul_bias: expected a bias of shape 4, found 5x6"),
+            std::string::npos);
+  EXPECT_NE(checkMessage(plan, {"matmul_bias", {15, 1, 2}, {3}, tr})
+                .find("matmul_bias: expected rank-2 operands, found 1x5x3 and 4x3"),
+            std::string::npos);
+  EXPECT_NE(checkMessage(plan, {"matmul_gelu_grad", {8, 9, 4}, {10, 3}})
+                .find("matmul_gelu_grad: expected a bias gradient of shape 4, found 5x4"),
+            std::string::npos);
+  EXPECT_NE(checkMessage(plan, {"matmul_gelu_grad", {8, 9, 8}, {10}})
+                .find("matmul_gelu_grad: expected a pre-activation of shape 5x4, found 5x6"),
+            std::string::npos);
+}
+
 TEST(DispatchTest, BadTokenIdIsAnErrorNotACrash) {
   Plan plan = planWith({{5, 3}, {2}, {2, 3}});
   plan.buffers[1].dtype = DType::I32;

@@ -99,8 +99,9 @@ fsdp.param @wh : tensor<1x4xf32> init("uniform", 0.3)
 // marks: with one unit for the whole model (unit-policy=none) its only
 // segment computes the loss and nothing is recomputed; with units by size
 // (group.0 = w1, b1; group.1 = w2, w3; group.2 = wh) group.1 re-runs both
-// of its matmuls and group.0 its matmul and bias (their relus feed the
-// next unit and stay saved).
+// of its matmuls and group.0 its matmul and bias, fused into one
+// matmul_bias by fsdp-fuse-epilogues (their relus feed the next unit and
+// stay saved).
 // ONEUNIT-LABEL: func.func @train_step(%arg0: tensor<2x4xf32>
 // ONEUNIT-NOT: fsdp.recompute
 // ONEUNIT: return
@@ -109,8 +110,7 @@ fsdp.param @wh : tensor<1x4xf32> init("uniform", 0.3)
 // SIZE: fsdp.bce_with_logits
 // SIZE: %[[M2:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs {{.*}}fsdp.recompute} : (tensor<2x8xf32>, tensor<4x8xf32>)
 // SIZE-NEXT: fsdp.matmul %[[M2]], %{{.+}} transpose_rhs {{.*}}fsdp.recompute} : (tensor<2x4xf32>, tensor<4x4xf32>)
-// SIZE: fsdp.matmul %arg0, {{.+}}fsdp.recompute
-// SIZE-NEXT: fsdp.bias_add {{.+}}fsdp.recompute
+// SIZE: fsdp.matmul_bias %arg0, {{.+}}fsdp.recompute
 // SIZE-NOT: fsdp.recompute
 // SIZE: return
 

@@ -1,0 +1,157 @@
+//===- FuseEpilogues.cpp - matmul epilogues in one kernel -----------------===//
+//
+// fsdp-fuse-epilogues: folds the elementwise ops that follow a rank-2
+// matmul into the matmul, as cuBLASLt's epilogues (and llm.c's fused
+// GELU GEMMs) do: the product is never written to memory and read back,
+// one kernel runs instead of two or three, and in bf16 the result is
+// rounded once instead of after every op.
+//
+// Algorithm (one walk over the ops of every function, in order).
+// - Forward: `%y = bias_add(%m, %b)` where `%m = matmul(a, w)` is rank 2
+//   and `%y` is its only reader becomes `%y = matmul_bias(a, w, %b)`. If
+//   `%y`'s first reader is a tanh-form `gelu` (not a recomputed clone of
+//   one), that gelu joins the kernel:
+//   `%g, %y = matmul_bias(a, w, %b) gelu` keeps the pre-activation as a
+//   second result only when something else reads it (the backward pass's
+//   gelu_grad); otherwise the kernel returns %g alone.
+// - Backward: `%dp = gelu_grad(%pre, %d)` (tanh form) where `%d =
+//   matmul(a, b)` is rank 2 and `%dp` its only reader becomes
+//   `%dp = matmul_gelu_grad(a, b, %pre)`; a `sum_to` of `%dp` to its last
+//   dimension (the bias gradient fsdp-autodiff writes) becomes the fused
+//   op's second result.
+// The fused op is placed where the last op it replaces was (bias_add,
+// gelu_grad): every operand is defined there. The kernels compute exactly
+// the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
+// f32 plans give bitwise the losses of unfused ones.
+//
+// Where it runs: after fsdp-schedule (or inside fsdp-search-schedule's
+// candidates), just before the memory plan. After fsdp-recompute, so a
+// selective recomputation of bias_add and gelu is left alone (their
+// matmul output is saved and read twice, which this pass never fuses),
+// and no other pass needs to know the fused ops.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPFUSEEPILOGUES
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+/// The rank-2 matmul defining `v` when `v` has no other reader.
+MatmulOp soleRank2Matmul(Value v) {
+  auto mm = v.getDefiningOp<MatmulOp>();
+  if (!mm || !v.hasOneUse() || cast<RankedTensorType>(v.getType()).getRank() != 2)
+    return nullptr;
+  return mm;
+}
+
+/// Copies the attributes the lowering ignores but later passes read
+/// (fsdp.recompute) from `from` to `to`.
+void keepMarks(Operation *from, Operation *to) {
+  if (auto a = from->getAttr(kRecomputeAttrName))
+    to->setAttr(kRecomputeAttrName, a);
+}
+
+struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpiloguesPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    SmallVector<BiasAddOp> biases;
+    SmallVector<GeluGradOp> geluGrads;
+    getOperation().walk([&](Operation *op) {
+      if (auto b = dyn_cast<BiasAddOp>(op))
+        biases.push_back(b);
+      else if (auto g = dyn_cast<GeluGradOp>(op))
+        geluGrads.push_back(g);
+    });
+    for (BiasAddOp b : biases)
+      fuseForward(b);
+    for (GeluGradOp g : geluGrads)
+      fuseBackward(g);
+  }
+
+  void fuseForward(BiasAddOp bias) {
+    MatmulOp mm = soleRank2Matmul(bias.getInput());
+    if (!mm)
+      return;
+    Value y = bias.getResult();
+    // The GELU joins only as y's first reader, in the same block and pass:
+    // a later one (fsdp-recompute's clone in the backward pass) would be
+    // moved up here, and its input kept alive for it anyway.
+    Operation *first = nullptr;
+    for (Operation *user : y.getUsers())
+      if (user->getBlock() == bias->getBlock() &&
+          (!first || user->isBeforeInBlock(first)))
+        first = user;
+    GeluOp gelu = dyn_cast_or_null<GeluOp>(first);
+    if (gelu && (gelu.getApproximate() != "tanh" ||
+                 gelu->hasAttr(kRecomputeAttrName) != bias->hasAttr(kRecomputeAttrName)))
+      gelu = nullptr;
+    bool keepPre = gelu && !y.hasOneUse();
+    OpBuilder b(bias);
+    SmallVector<Type> types{y.getType()};
+    if (keepPre)
+      types.push_back(y.getType());
+    auto fused = b.create<MatmulBiasOp>(bias.getLoc(), types, mm.getLhs(), mm.getRhs(),
+                                        bias.getBias(), mm.getTransposeLhs(),
+                                        mm.getTransposeRhs(), /*gelu=*/bool(gelu));
+    keepMarks(bias, fused);
+    if (gelu) {
+      gelu.getResult().replaceAllUsesWith(fused.getResult());
+      gelu.erase();
+      if (keepPre)
+        y.replaceAllUsesWith(fused.getPre());
+    } else {
+      y.replaceAllUsesWith(fused.getResult());
+    }
+    bias.erase();
+    mm.erase();
+    ++numFused;
+  }
+
+  void fuseBackward(GeluGradOp gg) {
+    if (gg.getApproximate() != "tanh")
+      return;
+    MatmulOp mm = soleRank2Matmul(gg.getGrad());
+    if (!mm)
+      return;
+    Value dp = gg.getResult();
+    auto type = cast<RankedTensorType>(dp.getType());
+    SumToOp biasGrad;
+    for (Operation *user : dp.getUsers())
+      if (auto s = dyn_cast<SumToOp>(user)) {
+        auto t = cast<RankedTensorType>(s.getResult().getType());
+        if (t.getRank() == 1 && t.getShape()[0] == type.getShape()[1]) {
+          biasGrad = s;
+          break;
+        }
+      }
+    OpBuilder b(gg);
+    SmallVector<Type> types{type};
+    if (biasGrad)
+      types.push_back(biasGrad.getResult().getType());
+    auto fused = b.create<MatmulGeluGradOp>(gg.getLoc(), types, mm.getLhs(), mm.getRhs(),
+                                            gg.getInput(), mm.getTransposeLhs(),
+                                            mm.getTransposeRhs());
+    keepMarks(gg, fused);
+    dp.replaceAllUsesWith(fused.getResult());
+    gg.erase();
+    mm.erase();
+    if (biasGrad) {
+      biasGrad.getResult().replaceAllUsesWith(fused.getBiasGrad());
+      biasGrad.erase();
+    }
+    ++numFused;
+  }
+};
+
+} // namespace

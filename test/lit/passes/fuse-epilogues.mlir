@@ -1,0 +1,119 @@
+// RUN: fsdp-opt %s -split-input-file -fsdp-fuse-epilogues | FileCheck %s
+// RUN: fsdp-opt %s -split-input-file -fsdp-fuse-epilogues | fsdp-opt -split-input-file | FileCheck %s
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 report=false" | FileCheck %s --check-prefix=GPT
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 report=false fuse-epilogues=false" | FileCheck %s --check-prefix=OFF
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 recompute=selective report=false" | FileCheck %s --check-prefix=SEL
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 param-dtype=bf16 report=false" | FileCheck %s --check-prefix=BF16
+
+// A linear layer + GELU whose pre-activation the backward pass reads: one
+// kernel with two results; the backward's matmul + gelu_grad + bias
+// gradient: one kernel with two results.
+// CHECK-LABEL: func.func @mlp
+// CHECK: %[[G:.*]], %[[PRE:.*]] = fsdp.matmul_bias %arg0, %arg1, %arg2 transpose_rhs gelu : (tensor<8x4xf32>, tensor<16x4xf32>, tensor<16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>)
+// CHECK-NEXT: %[[Y:.*]] = fsdp.matmul_bias %[[G]], %arg3, %arg4 transpose_rhs : (tensor<8x16xf32>, tensor<4x16xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT: %[[DH:.*]], %[[DB:.*]] = fsdp.matmul_gelu_grad %arg5, %arg3, %[[PRE]] : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<16xf32>)
+// CHECK-NEXT: %[[DW:.*]] = fsdp.matmul %[[DH]], %arg0 transpose_lhs
+// CHECK-NOT: fsdp.bias_add
+// CHECK-NOT: fsdp.gelu
+// CHECK-NOT: fsdp.sum_to
+// CHECK: return %[[Y]], %[[DB]], %[[DW]]
+func.func @mlp(%x: tensor<8x4xf32>, %w1: tensor<16x4xf32>, %b1: tensor<16xf32>,
+               %w2: tensor<4x16xf32>, %b2: tensor<4xf32>, %dy: tensor<8x4xf32>)
+    -> (tensor<8x4xf32>, tensor<16xf32>, tensor<16x4xf32>) {
+  %m = fsdp.matmul %x, %w1 transpose_rhs : (tensor<8x4xf32>, tensor<16x4xf32>) -> tensor<8x16xf32>
+  %h = fsdp.bias_add %m, %b1 : tensor<8x16xf32>, tensor<16xf32>
+  %g = fsdp.gelu %h : tensor<8x16xf32>
+  %m2 = fsdp.matmul %g, %w2 transpose_rhs : (tensor<8x16xf32>, tensor<4x16xf32>) -> tensor<8x4xf32>
+  %y = fsdp.bias_add %m2, %b2 : tensor<8x4xf32>, tensor<4xf32>
+  %dg = fsdp.matmul %dy, %w2 : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %dh = fsdp.gelu_grad %h, %dg : tensor<8x16xf32>
+  %db = fsdp.sum_to %dh : tensor<8x16xf32> -> tensor<16xf32>
+  %dw = fsdp.matmul %dh, %x transpose_lhs : (tensor<8x16xf32>, tensor<8x4xf32>) -> tensor<16x4xf32>
+  return %y, %db, %dw : tensor<8x4xf32>, tensor<16xf32>, tensor<16x4xf32>
+}
+
+// -----
+
+// A GELU whose input nothing else reads: no pre-activation result. A
+// gelu_grad without a bias gradient: one result.
+// CHECK-LABEL: func.func @no_extra_results
+// CHECK: %[[G:.*]] = fsdp.matmul_bias %arg0, %arg1, %arg2 gelu : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<16xf32>) -> tensor<8x16xf32>
+// CHECK: %[[D:.*]] = fsdp.matmul_gelu_grad %arg0, %arg1, %arg3 : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+// CHECK: return %[[G]], %[[D]]
+func.func @no_extra_results(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf32>,
+                            %pre: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %m = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %h = fsdp.bias_add %m, %b : tensor<8x16xf32>, tensor<16xf32>
+  %g = fsdp.gelu %h : tensor<8x16xf32>
+  %d = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %dp = fsdp.gelu_grad %pre, %d : tensor<8x16xf32>
+  return %g, %dp : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// Left alone: a product read twice (it must be stored), the exact (erf)
+// GELU and its gradient (cuBLASLt's GELU is the tanh form), a batched
+// (rank-3) product, and a sum_to that is not the bias gradient.
+// CHECK-LABEL: func.func @not_fused
+// CHECK: %[[M:.*]] = fsdp.matmul %arg0, %arg1 :
+// CHECK: fsdp.bias_add %[[M]], %arg2
+// CHECK: %[[E:.*]] = fsdp.matmul_bias %arg0, %arg1, %arg2 : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<16xf32>) -> tensor<8x16xf32>
+// CHECK: fsdp.gelu %[[E]] {approximate = "none"}
+// CHECK: %[[B:.*]] = fsdp.matmul %arg3, %arg4 :
+// CHECK: fsdp.bias_add %[[B]], %arg2
+// CHECK: %[[D:.*]] = fsdp.matmul %arg0, %arg1 :
+// CHECK: fsdp.gelu_grad %arg5, %[[D]] {approximate = "none"}
+// CHECK: %[[D2:.*]], %[[DB:.*]] = fsdp.matmul_gelu_grad %arg0, %arg1, %arg5
+// CHECK: fsdp.sum_to %[[D2]] : tensor<8x16xf32> -> tensor<1x16xf32>
+func.func @not_fused(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf32>,
+                     %bx: tensor<2x8x4xf32>, %bw: tensor<2x4x16xf32>, %pre: tensor<8x16xf32>)
+    -> (tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>, tensor<2x8x16xf32>,
+        tensor<8x16xf32>, tensor<1x16xf32>, tensor<16xf32>) {
+  %m = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %h = fsdp.bias_add %m, %b : tensor<8x16xf32>, tensor<16xf32>
+  %m1 = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %h1 = fsdp.bias_add %m1, %b : tensor<8x16xf32>, tensor<16xf32>
+  %e = fsdp.gelu %h1 {approximate = "none"} : tensor<8x16xf32>
+  %bm = fsdp.matmul %bx, %bw : (tensor<2x8x4xf32>, tensor<2x4x16xf32>) -> tensor<2x8x16xf32>
+  %bh = fsdp.bias_add %bm, %b : tensor<2x8x16xf32>, tensor<16xf32>
+  %d = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %dx = fsdp.gelu_grad %pre, %d {approximate = "none"} : tensor<8x16xf32>
+  %d2 = fsdp.matmul %x, %w : (tensor<8x4xf32>, tensor<4x16xf32>) -> tensor<8x16xf32>
+  %dp = fsdp.gelu_grad %pre, %d2 : tensor<8x16xf32>
+  %keep = fsdp.sum_to %dp : tensor<8x16xf32> -> tensor<1x16xf32>
+  %db = fsdp.sum_to %dp : tensor<8x16xf32> -> tensor<16xf32>
+  return %h, %m, %e, %bh, %dx, %keep, %db : tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>,
+      tensor<2x8x16xf32>, tensor<8x16xf32>, tensor<1x16xf32>, tensor<16xf32>
+}
+
+// The whole pipeline on the small GPT, where every linear layer with a bias is
+// fused (4 per block forward; the MLP's GELU joins its first), the LM
+// head (no bias) is not; the backward's GELU gradient is fused with its
+// bias gradient.
+// GPT-LABEL: func.func @train_step
+// GPT-NOT: fsdp.bias_add
+// GPT-NOT: fsdp.gelu
+// GPT: fsdp.matmul_bias {{.*}} transpose_rhs gelu {{.*}} -> (tensor<{{.*}}>, tensor<{{.*}}>)
+// GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
+// GPT: return
+// OFF-LABEL: func.func @train_step
+// OFF-NOT: fsdp.matmul_bias
+// OFF-NOT: fsdp.matmul_gelu_grad
+// OFF: return
+
+// Selective recomputation recomputes the MLP's GELU in the backward pass
+// from its saved input: the forward GELU still joins the kernel (which
+// then keeps the pre-activation for the clone and the gradient); the
+// clone stays a gelu of its own in the backward pass.
+// SEL-LABEL: func.func @train_step
+// SEL: %{{.*}}, %[[PRE:.*]] = fsdp.matmul_bias {{.*}} transpose_rhs gelu
+// SEL: fsdp.gelu %[[PRE]] {{{.*}}fsdp.recompute
+// SEL: fsdp.matmul_gelu_grad {{.*}}, %[[PRE]]
+// SEL: return
+
+// bf16 compute: the fused kernels on bf16 operands.
+// BF16-LABEL: func.func @train_step
+// BF16: fsdp.matmul_bias {{.*}} gelu {{.*}} : (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>)
+// BF16: fsdp.matmul_gelu_grad {{.*}}xbf16>)
+// BF16: return
