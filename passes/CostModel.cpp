@@ -126,7 +126,8 @@ double flopsOf(Operation *op) {
   return 0.0;
 }
 
-/// The ops a fused matmul's epilogue runs (fsdp-fuse-epilogues).
+/// The ops fsdp-fuse-epilogues folded into a fused instruction (runtime/cpu
+/// runs them one after the other over its result).
 SmallVector<StringRef> epilogueOps(Operation *op) {
   SmallVector<StringRef> ops;
   if (auto mb = dyn_cast<MatmulBiasOp>(op)) {
@@ -137,6 +138,10 @@ SmallVector<StringRef> epilogueOps(Operation *op) {
     ops.push_back("gelu_grad");
     if (mg.getBiasGrad())
       ops.push_back("sum_to");
+  } else if (isa<ResidualLayerNormOp>(op)) {
+    ops.append({"add", "layer_norm"});
+  } else if (isa<LayerNormGradAccOp>(op)) {
+    ops.append({"layer_norm_grad", "add"});
   }
   return ops;
 }
@@ -278,10 +283,9 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                                          : name);
     if (per != p.secondsPerUnit.end() && firstIn)
       work = std::max(work, unitsOf(op, firstIn) * per->second);
-    // A fused matmul's epilogue: on a CPU (a profile with per-unit costs)
-    // runtime/cpu runs each epilogue op as a pass over the [M, N] result
-    // after the GEMM; on a GPU it is part of the GEMM (fsdp-sim's
-    // compute_cost).
+    // A fused instruction's folded ops: on a CPU (a profile with per-unit
+    // costs) runtime/cpu runs each as a pass over the result; on a GPU they
+    // are part of the one kernel (fsdp-sim's compute_cost).
     if (!p.secondsPerUnit.empty())
       for (StringRef e : epilogueOps(op)) {
         auto it = p.secondsPerUnit.find(e);

@@ -19,7 +19,13 @@
 //   `%dp = matmul_gelu_grad(a, b, %pre)`; a `sum_to` of `%dp` to its last
 //   dimension (the bias gradient fsdp-autodiff writes) becomes the fused
 //   op's second result.
-// The fused op is placed where the last op it replaces was (bias_add,
+// - Residual stream: `%s = add(a, b)` (one shape) read first by
+//   `layer_norm(%s)` becomes `%s, %y = residual_layer_norm(a, b, ...)`; an
+//   add of layer_norm_grad's input gradient (read by nothing else) and
+//   another gradient (the residual's: fsdp-autodiff's adjoint sum)
+//   becomes `layer_norm_grad_acc(..., acc)` (llm.c's fused residual
+//   forward and its layernorm backward accumulating into dinp).
+// A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
 // f32 plans give bitwise the losses of unfused ones.
@@ -67,16 +73,98 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   void runOnOperation() override {
     SmallVector<BiasAddOp> biases;
     SmallVector<GeluGradOp> geluGrads;
+    SmallVector<LayerNormOp> norms;
+    SmallVector<LayerNormGradOp> normGrads;
     getOperation().walk([&](Operation *op) {
       if (auto b = dyn_cast<BiasAddOp>(op))
         biases.push_back(b);
       else if (auto g = dyn_cast<GeluGradOp>(op))
         geluGrads.push_back(g);
+      else if (auto n = dyn_cast<LayerNormOp>(op))
+        norms.push_back(n);
+      else if (auto n = dyn_cast<LayerNormGradOp>(op))
+        normGrads.push_back(n);
     });
     for (BiasAddOp b : biases)
       fuseForward(b);
     for (GeluGradOp g : geluGrads)
       fuseBackward(g);
+    for (LayerNormOp n : norms)
+      fuseResidualNorm(n);
+    for (LayerNormGradOp n : normGrads)
+      fuseNormGradAcc(n);
+  }
+
+  /// `%s = add %a, %b` (one shape, no broadcast, not a gradient
+  /// accumulation of fsdp-grad-accum) read first by `layer_norm %s` in the
+  /// same block and pass: `%s, %y = residual_layer_norm %a, %b, ...` where
+  /// the layer norm was (nothing reads %s before it).
+  void fuseResidualNorm(LayerNormOp ln) {
+    auto add = ln.getInput().getDefiningOp<AddOp>();
+    if (!add || !sameShapedAdd(add) || add->getBlock() != ln->getBlock() ||
+        add->hasAttr(kRecomputeAttrName) != ln->hasAttr(kRecomputeAttrName))
+      return;
+    for (Operation *user : add.getResult().getUsers())
+      if (user != ln && (user->getBlock() != ln->getBlock() || user->isBeforeInBlock(ln)))
+        return;
+    OpBuilder b(ln);
+    Type t = add.getResult().getType();
+    auto fused = b.create<ResidualLayerNormOp>(ln.getLoc(), TypeRange{t, t}, add.getLhs(),
+                                               add.getRhs(), ln.getGamma(), ln.getBeta(),
+                                               ln.getEpsilonAttr());
+    keepMarks(ln, fused);
+    ln.getResult().replaceAllUsesWith(fused.getResult());
+    add.getResult().replaceAllUsesWith(fused.getSum());
+    ln.erase();
+    add.erase();
+    ++numFused;
+  }
+
+  /// `%dx, %dg, %db = layer_norm_grad ...` whose %dx is read only by
+  /// `%t = add %dx, %acc` (either order; one shape): `%t, %dg, %db =
+  /// layer_norm_grad_acc ..., %acc`, where the layer_norm_grad was when
+  /// %acc is defined before it, else where the add was when nothing reads
+  /// %dg or %db before the add.
+  void fuseNormGradAcc(LayerNormGradOp lg) {
+    Value dx = lg.getDInput();
+    if (!dx.hasOneUse())
+      return;
+    auto add = dyn_cast<AddOp>(*dx.getUsers().begin());
+    if (!add || !sameShapedAdd(add) || add->getBlock() != lg->getBlock() ||
+        add->hasAttr(kRecomputeAttrName) != lg->hasAttr(kRecomputeAttrName))
+      return;
+    Value acc = add.getLhs() == dx ? add.getRhs() : add.getLhs();
+    if (acc == dx)
+      return; // dx + dx
+    Operation *at = lg;
+    Operation *def = acc.getDefiningOp();
+    if (def && def->getBlock() == lg->getBlock() && !def->isBeforeInBlock(lg)) {
+      for (Value v : {lg.getDGamma(), lg.getDBeta()})
+        for (Operation *user : v.getUsers())
+          if (user->getBlock() != add->getBlock() || user->isBeforeInBlock(add))
+            return;
+      at = add;
+    }
+    OpBuilder b(at);
+    auto fused = b.create<LayerNormGradAccOp>(
+        lg.getLoc(), TypeRange{dx.getType(), lg.getDGamma().getType(), lg.getDBeta().getType()},
+        lg.getInput(), lg.getGamma(), lg.getGrad(), acc, lg.getEpsilonAttr());
+    keepMarks(lg, fused);
+    add.getResult().replaceAllUsesWith(fused.getDInput());
+    lg.getDGamma().replaceAllUsesWith(fused.getDGamma());
+    lg.getDBeta().replaceAllUsesWith(fused.getDBeta());
+    add.erase();
+    lg.erase();
+    ++numFused;
+  }
+
+  /// An add of two operands of the result's type (no broadcast) that is not
+  /// fsdp-grad-accum's accumulation (the memory plan may run that one in
+  /// place over its accumulator).
+  static bool sameShapedAdd(AddOp add) {
+    Type t = add.getResult().getType();
+    return add.getLhs().getType() == t && add.getRhs().getType() == t &&
+           !add->hasAttr(kAccumAttrName);
   }
 
   void fuseForward(BiasAddOp bias) {

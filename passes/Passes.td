@@ -436,7 +436,7 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
 }
 
 def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
-  let summary = "folds bias_add, gelu and gelu_grad into the matmul before them";
+  let summary = "folds bias_add, gelu, gelu_grad and residual adds into one kernel with the op before them";
   let description = [{
     The elementwise ops after a rank-2 matmul run in the matmul's kernel
     (cuBLASLt's BIAS, GELU_AUX_BIAS and DGELU_BGRAD epilogues on the GPU):
@@ -446,7 +446,12 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       something else (the backward's gelu_grad) reads it;
     - `gelu_grad(pre, matmul(a, b))`, the product read by nothing else,
       becomes `matmul_gelu_grad(a, b, pre)`, and a `sum_to` of it to its
-      last dimension (the bias gradient) becomes that op's second result.
+      last dimension (the bias gradient) becomes that op's second result;
+    - `layer_norm(add(a, b))` (one shape, the layer norm reading the sum
+      first) becomes `residual_layer_norm(a, b, ...)` returning the sum and
+      the norm, and `add(layer_norm_grad's input gradient, acc)` becomes
+      `layer_norm_grad_acc(..., acc)` (the residual stream, llm.c's fused
+      residual forward and accumulating layernorm backward).
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order). Runs after fsdp-schedule
     (after fsdp-recompute, whose selective recomputation it leaves alone),

@@ -38,6 +38,11 @@ oracle() { # model plan dump [extra]: the oracle's verdict is its last line
 step gpt_run "$R" "$P/gpt.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d1"
 grep -q "measured high-water.*MATCH" "$OUT/gpt_run.log" || { echo "   memory: no MATCH" | tee -a "$OUT/summary.txt"; fail=1; }
 step gpt_oracle oracle gpt "$P/gpt.plan" "$OUT/d1"
+# The GPT plan above fuses its matmul epilogues (cuBLASLt BIAS /
+# GELU_AUX_BIAS / DGELU_BGRAD); this one does not: if only the fused one
+# fails, the epilogues are the cause.
+step gpt_unfused_run "$R" "$P/gpt_unfused.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d0"
+step gpt_unfused_oracle oracle gpt "$P/gpt_unfused.plan" "$OUT/d0"
 step llama_run "$R" "$P/llama.plan" --device cuda --steps 20 --lr 3e-2 --dump-dir "$OUT/d2"
 step llama_oracle oracle llama "$P/llama.plan" "$OUT/d2"
 step mlp_cpu "$R" "$P/g30.plan" --steps 20 --lr 1e-2 --threads 1 --dump-dir "$OUT/d3" --quiet

@@ -21,6 +21,9 @@ cp test/oracle/torch_ref.py "$K/oracle/"
 P="$K/plans"
 "$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt.plan report=false"
+# The same without fused matmul epilogues: isolates cuBLASLt's epilogues.
+"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 fuse-epilogues=false plan=$P/gpt_unfused.plan report=false"
 python3 examples/gen_models.py llama -o "$P/llama.mlir"
 "$B/bin/fsdp-opt" "$P/llama.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=sgd momentum=0.9 plan=$P/llama.plan report=false"

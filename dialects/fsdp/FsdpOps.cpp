@@ -284,17 +284,34 @@ LogicalResult MatmulGeluGradOp::verify() {
   return success();
 }
 
-LogicalResult LayerNormOp::verify() {
-  auto x = rt(getInput());
+/// Shared by the layer norms: x of rank >= 1, gamma (and beta) [C], a
+/// positive epsilon.
+static LogicalResult verifyLayerNorm(Operation *op, RankedTensorType x, Value gamma,
+                                     Value beta, double epsilon) {
   if (x.getRank() < 1)
-    return emitOpError() << "expected an input of rank >= 1, found a scalar";
+    return op->emitOpError() << "expected an input of rank >= 1, found a scalar";
   SmallVector<int64_t> c{x.getShape().back()};
-  if (failed(expectType(*this, "gamma", rt(getGamma()), c, x.getElementType())) ||
-      failed(expectType(*this, "beta", rt(getBeta()), c, x.getElementType())))
+  if (failed(expectType(op, "gamma", rt(gamma), c, x.getElementType())) ||
+      (beta && failed(expectType(op, "beta", rt(beta), c, x.getElementType()))))
     return failure();
-  if (getEpsilon().convertToDouble() <= 0)
-    return emitOpError() << "expected a positive epsilon";
+  if (epsilon <= 0)
+    return op->emitOpError() << "expected a positive epsilon";
   return success();
+}
+
+LogicalResult LayerNormOp::verify() {
+  return verifyLayerNorm(*this, rt(getInput()), getGamma(), getBeta(),
+                         getEpsilon().convertToDouble());
+}
+
+LogicalResult ResidualLayerNormOp::verify() {
+  return verifyLayerNorm(*this, rt(getLhs()), getGamma(), getBeta(),
+                         getEpsilon().convertToDouble());
+}
+
+LogicalResult LayerNormGradAccOp::verify() {
+  return verifyLayerNorm(*this, rt(getInput()), getGamma(), Value(),
+                         getEpsilon().convertToDouble());
 }
 
 /// Shared by attention and attention_grad: q is [B, T, heads*D]; k and v

@@ -341,6 +341,56 @@ def Fsdp_LayerNormOp : Fsdp_Op<"layer_norm", [Pure, AllTypesMatch<["input", "res
   let hasVerifier = 1;
 }
 
+def Fsdp_ResidualLayerNormOp : Fsdp_Op<"residual_layer_norm",
+    [Pure, AllTypesMatch<["lhs", "rhs", "sum", "result"]>,
+     AllTypesMatch<["gamma", "beta"]>]> {
+  let summary = "a residual add and the layer norm of the sum, in one kernel";
+  let description = [{
+    `sum = lhs + rhs` (same shapes) and `result = layer_norm(sum, gamma,
+    beta)` (see `fsdp.layer_norm`): the pre-LN transformer's residual
+    stream (llm.c's fused_residual_forward). The sum is a result because
+    the next residual add and the backward pass read it. Written by
+    fsdp-fuse-epilogues, not by models.
+
+    ```mlir
+    %s, %y = fsdp.residual_layer_norm %x, %h, %g, %b {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       Fsdp_FloatTensor:$gamma, Fsdp_FloatTensor:$beta,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$sum, Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $gamma `,` $beta attr-dict `:` type($lhs) `,` type($gamma)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_LayerNormGradAccOp : Fsdp_Op<"layer_norm_grad_acc",
+    [Pure, AllTypesMatch<["input", "grad", "acc", "d_input"]>,
+     AllTypesMatch<["gamma", "d_gamma", "d_beta"]>]> {
+  let summary = "layer_norm_grad whose input gradient is added to another";
+  let description = [{
+    As `fsdp.layer_norm_grad`, but `d_input` is `acc` plus the layer
+    norm's input gradient: the residual stream's gradient accumulated in
+    the same kernel (llm.c's layernorm_backward, dinp +=). Written by
+    fsdp-fuse-epilogues.
+
+    ```mlir
+    %dx, %dg, %db = fsdp.layer_norm_grad_acc %x, %g, %dy, %dres {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$gamma,
+                       Fsdp_FloatTensor:$grad, Fsdp_FloatTensor:$acc,
+                       DefaultValuedAttr<F64Attr, "1e-5">:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$d_input, Fsdp_FloatTensor:$d_gamma,
+                      Fsdp_FloatTensor:$d_beta);
+  let assemblyFormat = [{
+    $input `,` $gamma `,` $grad `,` $acc attr-dict `:` type($input) `,` type($gamma)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_AttentionOp : Fsdp_Op<"attention",
     [Pure, AllTypesMatch<["q", "result"]>, AllTypesMatch<["k", "v"]>]> {
   let summary = "multi-head (or grouped-query) scaled dot-product self-attention";

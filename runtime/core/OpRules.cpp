@@ -260,6 +260,25 @@ const std::unordered_map<std::string, Check> &checks() {
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {lastDim(op.in(0))}, "beta"));
       return expectShape(op, op.out(0), op.in(0).shape, "a result");
     };
+    m["residual_layer_norm"] = [](const Op &op) { // lhs, rhs, gamma, beta -> sum, y
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &x = op.in(0).shape;
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), x, "a right operand"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {lastDim(op.in(0))}, "gamma"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), {lastDim(op.in(0))}, "beta"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), x, "a sum"));
+      return expectShape(op, op.out(1), x, "a result");
+    };
+    m["layer_norm_grad_acc"] = [](const Op &op) { // x, gamma, dy, acc -> dx + acc, dg, db
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      Shape c{lastDim(op.in(0))};
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), c, "gamma"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), op.in(0).shape, "a gradient"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), op.in(0).shape, "an accumulated gradient"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), op.in(0).shape, "d_input"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_gamma"));
+      return expectShape(op, op.out(2), c, "d_beta");
+    };
     m["layer_norm_grad"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       Shape c{lastDim(op.in(0))};

@@ -87,6 +87,8 @@ inline constexpr OpSchema kOps[] = {
     {"matmul_gelu_grad", 3, 1, OpKind::Compute, 0, 1}, // + the bias gradient
     {"layer_norm", 3, 1, OpKind::Compute},
     {"layer_norm_grad", 3, 3, OpKind::Compute},
+    {"residual_layer_norm", 4, 2, OpKind::Compute},  // a, b, gamma, beta -> a + b, y
+    {"layer_norm_grad_acc", 4, 3, OpKind::Compute},  // x, gamma, dy, acc -> dx + acc, ...
     {"attention", 3, 1, OpKind::Compute, 0, 1}, // + the log-sum-exp
     {"attention_grad", 6, 3, OpKind::Compute},  // q, k, v, y, lse, dy
     {"silu", 1, 1, OpKind::Compute},

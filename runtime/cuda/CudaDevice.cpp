@@ -259,6 +259,8 @@ private:
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                           Launch &out);
+  Status buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                           Launch &out);
 
   int ordinal;
   uint8_t *arena = nullptr;
@@ -324,7 +326,7 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
     const auto &s = op.in(0).shape;
     f = std::max(attentionGradScratch(s[0], s[1], op.i("heads", 1)),
                  flash::backwardScratch(s[0], s[1], op.i("heads", 1)));
-  } else if (n == "layer_norm_grad") {
+  } else if (n == "layer_norm_grad" || n == "layer_norm_grad_acc") {
     f = std::max(2 * rules::rowsOf(op.in(0)),
                  native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
   } else if (n == "embedding_grad") {
@@ -346,7 +348,8 @@ bool nativeOp(const std::string &n) {
   static const char *ops[] = {
       "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
       "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
-      "layer_norm_grad", "matmul", "matmul_bias", "matmul_gelu_grad", "slice", "slice_grad",
+      "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
+      "matmul_gelu_grad", "slice", "slice_grad",
       "concat", "transpose", "broadcast",
       "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "copy",
       "reshape", "attention", "attention_grad"};
@@ -452,6 +455,37 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   return Status::ok();
 }
 
+/// residual_layer_norm and layer_norm_grad_acc (fsdp-fuse-epilogues) on
+/// storage of dtype t: the native layer norm kernels with the residual add
+/// in the same pass (f32 plans use them too, with t = F32).
+Status CudaDevice::buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                     Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &x = op.in(0);
+  int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+  double eps = op.f("epsilon", 1e-5);
+  const void *i0 = r.in<void>(0), *i1 = r.in<void>(1), *i2 = r.in<void>(2),
+             *i3 = r.in<void>(3);
+  void *o0 = r.out<void>(0), *o1 = r.out<void>(1);
+  if (n == "residual_layer_norm") {
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::residualLayerNorm(t, i0, i1, i2, i3, o0, o1, rows, cols, eps, s);
+        },
+        n);
+  } else {
+    void *o2 = r.out<void>(2);
+    float *sf = scratch.f;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::layerNormGrad(t, i0, i1, i2, o0, o1, o2, sf, rows, cols, eps, s, i3);
+        },
+        n);
+  }
+  return Status::ok();
+}
+
 Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                                Launch &out) {
   Ptrs r{op, base, rank};
@@ -547,6 +581,8 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     out = fromCuda(
         [=](cudaStream_t s) { return native::layerNorm(t, xp, g, b, y, rows, cols, eps, s); },
         n);
+  } else if (n == "residual_layer_norm" || n == "layer_norm_grad_acc") {
+    return buildResidualNorm(op, t, base, rank, out);
   } else if (n == "layer_norm_grad") {
     const Buffer &x = op.in(0);
     int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
@@ -806,6 +842,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
                    : rmsNorm(xp, g, y, rows, cols, eps, s);
         },
         n);
+  } else if (n == "residual_layer_norm" || n == "layer_norm_grad_acc") {
+    return buildResidualNorm(op, FloatKind::F32, base, rank, out);
   } else if (n == "layer_norm_grad") {
     const Buffer &x = op.in(0);
     int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
@@ -1122,7 +1160,8 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "add", "sub", "mul", "div", "neg", "scale", "fill", "copy", "relu", "gelu", "softmax",
       "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
       "matmul_gelu_grad", "layer_norm",
-      "layer_norm_grad", "attention", "attention_grad", "silu", "silu_grad", "rms_norm",
+      "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
+      "attention_grad", "silu", "silu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",

@@ -408,6 +408,26 @@ __global__ void layerNormWarpKernel(const T *x, const T *g, const T *b, T *y, in
   }
 }
 
+/// sum = a + b rounded to T, y = layer_norm(sum): each lane reads back only
+/// the sum elements it wrote, so no synchronisation is needed.
+template <typename T>
+__global__ void residualLayerNormWarpKernel(const T *a, const T *b, const T *g, const T *beta,
+                                            T *sum, T *y, int64_t rows, int64_t cols,
+                                            float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    int64_t o = r * cols;
+    for (int64_t c = lane; c < cols; c += 32)
+      st(sum + o + c, ld(a + o + c) + ld(b + o + c));
+    float mean, rstd;
+    rowStatsWarp(sum + o, cols, eps, lane, mean, rstd);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(y + o + c, (ld(sum + o + c) - mean) * rstd * ld(g + c) + ld(beta + c));
+  }
+}
+
 /// The number of warps of layerNormGrad (and rows of its partials).
 int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 1024)); }
 
@@ -417,7 +437,7 @@ int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t
 template <typename T>
 __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *dx,
                                         float *partial, int64_t rows, int64_t cols, float eps,
-                                        int64_t W) {
+                                        int64_t W, const T *acc) {
   int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int lane = threadIdx.x & 31;
   if (w >= W)
@@ -440,7 +460,8 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
     for (int64_t c = lane; c < cols; c += 32) {
       float xhat = (ld(xr + c) - mean) * rstd;
-      st(dx + r * cols + c, rstd * (ld(dyr + c) * ld(g + c) - m1 - xhat * m2));
+      float v = rstd * (ld(dyr + c) * ld(g + c) - m1 - xhat * m2);
+      st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
     }
   }
 }
@@ -474,9 +495,20 @@ cudaError_t layerNormT(const void *x, const void *g, const void *b, void *y, int
 }
 
 template <typename T>
+cudaError_t residualLayerNormT(const void *a, const void *b, const void *g, const void *beta,
+                               void *sum, void *y, int64_t rows, int64_t cols, double eps,
+                               cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  residualLayerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+      cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols, (float)eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *dxv, void *dgv,
                            void *dbv, float *partial, int64_t rows, int64_t cols, double eps,
-                           cudaStream_t s) {
+                           cudaStream_t s, const void *acc) {
   T *dg = mp<T>(dgv), *db = mp<T>(dbv);
   if (rows <= 0) {
     if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(T) * cols, s))
@@ -486,7 +518,7 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
   int64_t W = lnGradWarps(rows);
   layerNormGradWarpKernel<T><<<(unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads,
                                0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), partial,
-                                       rows, cols, (float)eps, W);
+                                       rows, cols, (float)eps, W, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
   const float *pp = partial;
@@ -729,8 +761,14 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
-                          double eps, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s);
+                          double eps, cudaStream_t s, const void *acc) {
+  FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s,
+                       acc);
+}
+cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const void *g,
+                              const void *beta, void *sum, void *y, int64_t rows, int64_t cols,
+                              double eps, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, residualLayerNormT, a, b, g, beta, sum, y, rows, cols, eps, s);
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, long long *badPos,

@@ -85,9 +85,17 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols);
 /// Fused layer norm backward: one pass per row computes the row statistics
 /// again, dx, and this warp's partial dg / db (registers -> scratch); a
 /// second kernel sums the partials per column in warp order. No atomics.
+/// With `acc` (layer_norm_grad_acc), dx = acc + the input gradient, added
+/// in f32 before dx's one rounding.
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
-                          double eps, cudaStream_t s);
+                          double eps, cudaStream_t s, const void *acc = nullptr);
+/// residual_layer_norm: sum = a + b (rounded to t and stored), then the
+/// layer norm of the stored sum, one warp per row (as the CPU's add, then
+/// layer_norm).
+cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const void *g,
+                              const void *beta, void *sum, void *y, int64_t rows, int64_t cols,
+                              double eps, cudaStream_t s);
 
 /// Fused softmax + cross-entropy over the vocabulary, reading the logits in
 /// their storage dtype (no f32 copy of the logits is written): one online

@@ -19,7 +19,7 @@ floor. Budget-chosen plans (loosest and tightest budget) and a
 prefetch-depth=2 plan train on N ranks with losses bitwise equal to the
 hand-chosen plan of the same strategy (and depth 2 equal to depth 1).
 
-usage: budget.py BIN_DIR SRC_DIR N
+usage: budget.py BIN_DIR SRC_DIR N [PIPELINE OPTION ...]
 """
 import itertools
 import json
@@ -37,6 +37,7 @@ from shard_equivalence import GEN  # noqa: E402
 
 def main():
     bindir, src, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    extra = " ".join(sys.argv[4:])  # more pipeline options for every plan
     opt = os.path.join(bindir, "fsdp-opt")
     sim = os.path.join(src, "tools", "fsdp-sim", "fsdp-sim")
     failures = []
@@ -45,7 +46,7 @@ def main():
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "64", "--ctx", "16",
                         "--layers", "4", "--heads", "2", "--width", "16", "--batch", "4",
                         "-o", model], check=True)
-        base = f"optimizer=adamw world-size={n} stage=3"
+        base = f"optimizer=adamw world-size={n} stage=3 {extra}"
 
         def compile_plan(tag, options, check=True):
             plan = os.path.join(tmp, tag + ".plan")

@@ -2,12 +2,13 @@
 """Fused matmul epilogues change the kernels' count, never results.
 
 For every N in the list and a few configurations (stage 0, stage 3, stage
-3 with selective recomputation, stage 3 with gradient accumulation),
+3 with selective and with per-unit recomputation, stage 3 with gradient
+accumulation),
 compiles the model with fuse-epilogues=true and =false, runs both for S
 steps on N ranks and checks that
   - the per-step losses and the final parameters are bitwise equal (the
-    CPU kernels of matmul_bias and matmul_gelu_grad run the unfused ops'
-    kernels in the same order on the GEMM's result);
+    CPU kernels of matmul_bias, matmul_gelu_grad, residual_layer_norm and
+    layer_norm_grad_acc run the unfused ops' kernels in the same order);
   - the fused plan has fused ops and fewer instructions, and plans a peak
     no larger than the unfused one;
   - fsdp-run measures exactly the predicted arena high-water and peak
@@ -23,10 +24,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from recompute import GLOBAL_BATCH, LR, compile_plan, differs, run  # noqa: E402
+from recompute import GLOBAL_BATCH, compile_plan, control, differs, run  # noqa: E402
 from shard_equivalence import gen  # noqa: E402
 
-FUSED = ("matmul_bias", "matmul_gelu_grad")
+FUSED = ("matmul_bias", "matmul_gelu_grad", "residual_layer_norm", "layer_norm_grad_acc")
 
 
 def main():
@@ -38,7 +39,7 @@ def main():
     print(f"{kind} ({optimizer}): fuse-epilogues=true against false, {steps} steps, bitwise")
     with tempfile.TemporaryDirectory() as tmp:
         configs = ["stage=0", "stage=3", "stage=3 recompute=selective",
-                   "stage=3 grad-accum=2 accum-reduce=microbatch"]
+                   "stage=3 recompute=unit", "stage=3 grad-accum=2 accum-reduce=microbatch"]
         for n in worlds:
             for config in configs:
                 accum = 2 if "grad-accum=2" in config else 1
@@ -55,15 +56,9 @@ def main():
                     results[fuse] = (losses, params)
                     measured_ok &= ok
                 if not control_done:
-                    tag = os.path.join(tmp, "control")
-                    losses, params, _ = run(bindir, os.path.join(
-                        tmp, f"n{n}-{config.replace(' ', '_')}-false.plan"), tag + ".st", n,
-                        steps, LR * (1 + 1e-6))
-                    caught = differs(results["false"], (losses, params))
-                    print(f"  control: lr x (1 + 1e-6) differs in {len(caught)} of "
-                          f"{len(params) + 1} compared items "
-                          f"{'(detected)' if caught else 'NOT DETECTED'}")
-                    failures += not caught
+                    failures += not control(bindir, os.path.join(
+                        tmp, f"n{n}-{config.replace(' ', '_')}-false.plan"), results["false"],
+                        n, steps, tmp)
                     control_done = True
                 bad = differs(results["false"], results["true"])
                 ops = lambda p: [i["op"] for i in p["program"]]

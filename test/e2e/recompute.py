@@ -76,6 +76,18 @@ def differs(a, b):
     return bad
 
 
+def control(bindir, plan, baseline, n, steps, tmp):
+    """The comparison must see a tiny perturbation of the same run: `plan`
+    run with the learning rate x (1 + 1e-6) must differ from `baseline`
+    (its (losses, params)). Prints the verdict; True when detected."""
+    losses, params, _ = run(bindir, plan, os.path.join(tmp, "control.st"), n, steps,
+                            LR * (1 + 1e-6))
+    caught = differs(baseline, (losses, params))
+    print(f"  control: lr x (1 + 1e-6) differs in {len(caught)} of "
+          f"{len(params) + 1} compared items {'(detected)' if caught else 'NOT DETECTED'}")
+    return bool(caught)
+
+
 def main():
     bindir, kind, optimizer = sys.argv[1], sys.argv[2], sys.argv[3]
     steps = int(sys.argv[4])
@@ -107,16 +119,9 @@ def main():
                     results[policy] = (losses, params)
                     measured_ok &= ok
                 if not control_done:
-                    # The check must see a tiny perturbation of the same run.
-                    tag = os.path.join(tmp, "control")
-                    losses, params, _ = run(bindir, os.path.join(
-                        tmp, f"n{n}-{config.replace(' ', '_')}-none.plan"), tag + ".st", n,
-                        steps, LR * (1 + 1e-6))
-                    caught = differs(results["none"], (losses, params))
-                    print(f"  control: lr x (1 + 1e-6) differs in {len(caught)} of "
-                          f"{len(params) + 1} compared items "
-                          f"{'(detected)' if caught else 'NOT DETECTED'}")
-                    failures += not caught
+                    failures += not control(bindir, os.path.join(
+                        tmp, f"n{n}-{config.replace(' ', '_')}-none.plan"), results["none"],
+                        n, steps, tmp)
                     control_done = True
                 mem = {p: plans[p]["memory"] for p in plans}
                 size = {p: len(plans[p]["program"]) for p in plans}

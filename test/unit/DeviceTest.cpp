@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -131,6 +132,26 @@ protected:
     ASSERT_TRUE(
         dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, v.data(), v.size() * 4)
             .isOk());
+  }
+  /// bind(plan), buffers `ids` filled with f(i, id), every instruction run
+  /// and the device synchronised; the host copies of the filled buffers
+  /// (by id; the others empty).
+  std::vector<std::vector<float>> bindFillRun(const Plan &plan, std::initializer_list<int> ids,
+                                              const std::function<float(size_t, int)> &f) {
+    std::vector<std::vector<float>> host(plan.buffers.size());
+    bind(plan);
+    for (int id : ids) {
+      host[id].resize(plan.buffers[id].numel());
+      for (size_t i = 0; i < host[id].size(); ++i)
+        host[id][i] = f(i, id);
+      write(plan, id, host[id]);
+    }
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      Status st = dev->run(i);
+      EXPECT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+    }
+    EXPECT_TRUE(dev->synchronize().isOk());
+    return host;
   }
   std::unique_ptr<Device> dev;
 };
@@ -274,8 +295,9 @@ Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes,
 /// f32 tanh; cuBLASLt documents none: to confirm on the first GPU run).
 TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
   for (int64_t n : {16, 12}) {
-    if (n != 16) // a device allocates its arena once: a fresh one per plan
+    if (n != 16) { // a device allocates its arena once: a fresh one per plan
       ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+    }
     const int64_t m = 6, k = 5, n2 = 7;
     // 0 x [m,k], 1 w [n,k], 2 b [n], 3 y [m,n], 4 pre [m,n], 5-7 the
     // unfused product, bias_add and gelu; 8 dz [m,n2], 9 w2 [n2,n],
@@ -289,17 +311,9 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
          inst("gelu", {6}, {7}), inst("matmul_gelu_grad", {8, 9, 4}, {10, 11}),
          inst("matmul", {8, 9}, {12}), inst("gelu_grad", {4, 12}, {13}),
          inst("sum_to", {13}, {14})});
-    bind(plan);
-    std::vector<std::vector<float>> host(plan.buffers.size());
-    for (int id : {0, 1, 2, 8, 9}) {
-      host[id].resize(plan.buffers[id].numel());
-      for (size_t i = 0; i < host[id].size(); ++i)
-        host[id][i] = (float)std::sin(0.37 * double(i) + id) * 1.25f;
-      write(plan, id, host[id]);
-    }
-    for (size_t i = 0; i < plan.program.size(); ++i)
-      ASSERT_TRUE(dev->run(i).isOk()) << plan.program[i].op;
-    ASSERT_TRUE(dev->synchronize().isOk());
+    auto host = bindFillRun(plan, {0, 1, 2, 8, 9}, [](size_t i, int id) {
+      return (float)std::sin(0.37 * double(i) + id) * 1.25f;
+    });
     bool exact = GetParam() == "cpu";
     const double u = 1.0 / (1 << 24);
     // sum |a_i b_i| of each product's element (row-major C = A B^T / A B).
@@ -346,6 +360,48 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
             },
             "bias gradient");
   }
+}
+
+/// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
+/// layer_norm_grad + add on the same device. The CPU runs the unfused
+/// kernels in order: bitwise. The CUDA kernels add in f32 before one
+/// rounding where the unfused ops round twice (one ulp of the result
+/// each), and may reduce a row in another order than the unfused layer
+/// norm's kernel (the statistics of C = 40 values: within C ulps of
+/// |x - mean| rstd each): 2 ulps of each output plus 2 C ulps times
+/// max(|gamma|, 1) (|xhat| + 1) (the normalised value's error).
+TEST_P(DeviceConformance, FusedResidualLayerNormsMatchTheUnfusedOps) {
+  const int64_t rows = 6, C = 40;
+  // 0 a, 1 b, 2 gamma, 3 beta, 4 sum, 5 y, 6 add, 7 layer_norm, 8 dy, 9 acc,
+  // 10 dx, 11 dg, 12 db, 13-15 layer_norm_grad, 16 add.
+  Plan plan = matrixPlan(
+      {{rows, C}, {rows, C}, {C}, {C}, {rows, C}, {rows, C}, {rows, C}, {rows, C}, {rows, C},
+       {rows, C}, {rows, C}, {C}, {C}, {rows, C}, {C}, {C}, {rows, C}},
+      {inst("residual_layer_norm", {0, 1, 2, 3}, {4, 5}), inst("add", {0, 1}, {6}),
+       inst("layer_norm", {6, 2, 3}, {7}), inst("layer_norm_grad_acc", {4, 2, 8, 9}, {10, 11, 12}),
+       inst("layer_norm_grad", {4, 2, 8}, {13, 14, 15}), inst("add", {13, 9}, {16})});
+  auto host = bindFillRun(plan, {0, 1, 2, 3, 8, 9}, [](size_t i, int id) {
+    return (float)std::cos(0.61 * double(i) + 2 * id) * 1.5f;
+  });
+  bool exact = GetParam() == "cpu";
+  const double u = 1.0 / (1 << 24);
+  double gmax = 1;
+  for (float g : host[2])
+    gmax = std::max(gmax, (double)std::fabs(g));
+  auto compare = [&](int fused, int unfused, double scale, const char *what) {
+    std::vector<float> f = read(plan, fused), g = read(plan, unfused);
+    for (size_t i = 0; i < f.size(); ++i) {
+      double tol = exact ? 0.0 : 2 * u * std::fabs(g[i]) + scale;
+      EXPECT_LE(std::fabs((double)f[i] - g[i]), tol)
+          << what << " element " << i << ": fused " << f[i] << ", unfused " << g[i];
+    }
+  };
+  compare(4, 6, 0, "sum");
+  // |xhat| <= sqrt(C) for any row.
+  compare(5, 7, 2 * C * u * gmax * (std::sqrt((double)C) + 1), "layer norm");
+  // The input gradient sums rows of C products of |dy| <= 1.5 and gamma:
+  // its row reductions may be ordered differently too.
+  compare(10, 16, 2 * C * u * gmax * 1.5 * 3 * (std::sqrt((double)C) + 1), "dx + acc");
 }
 
 /// The executor's protocol for an async collective ([Note: streams and

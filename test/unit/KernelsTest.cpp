@@ -522,39 +522,51 @@ TEST(DispatchTest, ChecksTheLlamaOps) {
             std::string::npos);
 }
 
-/// Places every buffer of `plan` one after the other; the arena's size.
-int64_t placeAll(Plan &plan) {
-  int64_t off = 0;
-  for (Buffer &b : plan.buffers) {
-    b.offset = off;
-    off += b.bytes;
+/// A plan of f32 buffers placed one after the other in a host arena, to
+/// run instructions on with the CPU dispatch.
+struct HostArena {
+  Plan plan;
+  std::vector<uint8_t> arena;
+  explicit HostArena(Plan p) : plan(std::move(p)) {
+    int64_t off = 0;
+    for (Buffer &b : plan.buffers) {
+      b.offset = off;
+      off += b.bytes;
+    }
+    arena.resize(off);
   }
-  return off;
-}
+  float *buf(int id) {
+    return reinterpret_cast<float *>(arena.data() + plan.buffers[id].offset);
+  }
+  /// Fills buffers `ids` with f(i, id).
+  void fill(std::initializer_list<int> ids, const std::function<float(int64_t, int)> &f) {
+    for (int id : ids)
+      for (int64_t i = 0; i < plan.buffers[id].numel(); ++i)
+        buf(id)[i] = f(i, id);
+  }
+  /// Checks and runs `inst`; the failure message when it fails.
+  std::string run(const Instruction &inst) {
+    Status st = checkInstruction(plan, inst);
+    if (st.isOk())
+      st = runInstruction(plan, inst, arena.data(), 0);
+    return st.isOk() ? "" : inst.op + ": " + st.message();
+  }
+  bool same(int x, int y) {
+    return std::memcmp(buf(x), buf(y), plan.buffers[x].bytes) == 0;
+  }
+};
 
 TEST(DispatchTest, FusedMatmulsAreTheUnfusedOpsBitwise) {
   // 0 x [5,3], 1 w [4,3], 2 b [4], 3 y [5,4], 4 pre [5,4], 5-7 the unfused
   // matmul / bias_add / gelu [5,4]; 8 dz [5,6], 9 w2 [6,4], 10 dx [5,4],
   // 11 db [4], 12-13 the unfused matmul / gelu_grad [5,4], 14 sum_to [4],
   // 15 a rank-3 x [1,5,3], 16 y without gelu [5,4].
-  Plan plan = planWith({{5, 3}, {4, 3}, {4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 6},
-                        {6, 4}, {5, 4}, {4}, {5, 4}, {5, 4}, {4}, {1, 5, 3}, {5, 4}});
-  std::vector<uint8_t> arena(placeAll(plan));
-  auto buf = [&](int id) {
-    return reinterpret_cast<float *>(arena.data() + plan.buffers[id].offset);
-  };
-  for (int id : {0, 1, 2, 8, 9})
-    for (int64_t i = 0; i < plan.buffers[id].numel(); ++i)
-      buf(id)[i] = std::sin(0.7 * i + id) * 1.5f;
-  auto run = [&](const Instruction &inst) {
-    Status st = checkInstruction(plan, inst);
-    ASSERT_TRUE(st.isOk()) << st.message();
-    st = runInstruction(plan, inst, arena.data(), 0);
-    ASSERT_TRUE(st.isOk()) << st.message();
-  };
-  auto same = [&](int x, int y) {
-    return std::memcmp(buf(x), buf(y), plan.buffers[x].bytes) == 0;
-  };
+  HostArena h(planWith({{5, 3}, {4, 3}, {4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 4}, {5, 6},
+                        {6, 4}, {5, 4}, {4}, {5, 4}, {5, 4}, {4}, {1, 5, 3}, {5, 4}}));
+  const Plan &plan = h.plan;
+  h.fill({0, 1, 2, 8, 9}, [](int64_t i, int id) { return std::sin(0.7 * i + id) * 1.5f; });
+  auto run = [&](const Instruction &inst) { ASSERT_EQ(h.run(inst), ""); };
+  auto same = [&](int x, int y) { return h.same(x, y); };
   nlohmann::json tr = {{"transpose_rhs", true}};
   nlohmann::json trGelu = {{"transpose_rhs", true}, {"gelu", true}};
   run({"matmul_bias", {0, 1, 2}, {3, 4}, trGelu});
@@ -589,6 +601,39 @@ TEST(DispatchTest, FusedMatmulsAreTheUnfusedOpsBitwise) {
             std::string::npos);
   EXPECT_NE(checkMessage(plan, {"matmul_gelu_grad", {8, 9, 8}, {10}})
                 .find("matmul_gelu_grad: expected a pre-activation of shape 5x4, found 5x6"),
+            std::string::npos);
+}
+
+TEST(DispatchTest, FusedResidualLayerNormsAreTheUnfusedOpsBitwise) {
+  // 0 a, 1 b [3,5]; 2 gamma, 3 beta [5]; 4 sum, 5 y [3,5]; 6-7 the unfused
+  // add and layer_norm; 8 dy, 9 acc [3,5]; 10 dx [3,5], 11 dg, 12 db [5];
+  // 13 the unfused dx, 14 dg, 15 db, 16 the add; 17 a [5,3].
+  HostArena h(planWith({{3, 5}, {3, 5}, {5}, {5}, {3, 5}, {3, 5}, {3, 5}, {3, 5}, {3, 5},
+                        {3, 5}, {3, 5}, {5}, {5}, {3, 5}, {5}, {5}, {3, 5}, {5, 3}}));
+  const Plan &plan = h.plan;
+  h.fill({0, 1, 2, 3, 8, 9}, [](int64_t i, int id) { return std::cos(0.9 * i + 3 * id) * 2.f; });
+  auto run = [&](const Instruction &inst) { ASSERT_EQ(h.run(inst), ""); };
+  auto same = [&](int x, int y) { return h.same(x, y); };
+  run({"residual_layer_norm", {0, 1, 2, 3}, {4, 5}});
+  run({"add", {0, 1}, {6}});
+  run({"layer_norm", {6, 2, 3}, {7}});
+  EXPECT_TRUE(same(4, 6));
+  EXPECT_TRUE(same(5, 7));
+  run({"layer_norm_grad_acc", {4, 2, 8, 9}, {10, 11, 12}});
+  run({"layer_norm_grad", {4, 2, 8}, {13, 14, 15}});
+  run({"add", {13, 9}, {16}});
+  EXPECT_TRUE(same(10, 16));
+  EXPECT_TRUE(same(11, 14));
+  EXPECT_TRUE(same(12, 15));
+  EXPECT_FALSE(same(10, 13));
+  EXPECT_NE(checkMessage(plan, {"residual_layer_norm", {0, 17, 2, 3}, {4, 5}})
+                .find("residual_layer_norm: expected a right operand of shape 3x5, found 5x3"),
+            std::string::npos);
+  EXPECT_NE(checkMessage(plan, {"layer_norm_grad_acc", {4, 2, 8, 2}, {10, 11, 12}})
+                .find("layer_norm_grad_acc: expected an accumulated gradient of shape 3x5"),
+            std::string::npos);
+  EXPECT_NE(checkMessage(plan, {"residual_layer_norm", {0, 1, 2, 3}, {4}})
+                .find("expected 4 inputs and 2 outputs, found 4 and 1"),
             std::string::npos);
 }
 

@@ -87,6 +87,48 @@ func.func @not_fused(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf3
       tensor<2x8x16xf32>, tensor<8x16xf32>, tensor<1x16xf32>, tensor<16xf32>
 }
 
+// -----
+
+// The residual stream: an add read first by a layer norm (and later by
+// others) becomes residual_layer_norm; the layer norm's input gradient
+// added to the residual's gradient becomes layer_norm_grad_acc (here the
+// accumulated gradient is defined after the layer_norm_grad, which nothing
+// reads before the add: the fused op goes where the add was). Left alone:
+// a broadcasting add, an add read by something before the layer norm, and
+// an input gradient read twice.
+// CHECK-LABEL: func.func @residual
+// CHECK: %[[S:.*]], %[[Y:.*]] = fsdp.residual_layer_norm %arg0, %arg1, %arg2, %arg3 : tensor<4x8xf32>, tensor<8xf32>
+// CHECK: %[[B:.*]] = fsdp.add %arg0, %arg4 : (tensor<4x8xf32>, tensor<8xf32>)
+// CHECK-NEXT: fsdp.layer_norm %[[B]]
+// CHECK: %[[E:.*]] = fsdp.add %arg0, %arg1
+// CHECK-NEXT: fsdp.neg %[[E]]
+// CHECK-NEXT: fsdp.layer_norm %[[E]]
+// CHECK: %[[R:.*]] = fsdp.neg %arg5
+// CHECK-NEXT: %[[DX:.*]], %[[DG:.*]], %[[DB:.*]] = fsdp.layer_norm_grad_acc %[[S]], %arg2, %arg5, %[[R]] :
+// CHECK: %[[D2:[a-z_0-9]+]], {{.*}} = fsdp.layer_norm_grad %[[S]]
+// CHECK: fsdp.add %[[D2]], %arg5
+// CHECK: return %[[Y]], {{.*}}, %[[DX]], %[[DG]]
+func.func @residual(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<8xf32>,
+                    %beta: tensor<8xf32>, %row: tensor<8xf32>, %dy: tensor<4x8xf32>)
+    -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>,
+        tensor<8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
+  %s = fsdp.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = fsdp.layer_norm %s, %g, %beta : tensor<4x8xf32>, tensor<8xf32>
+  %bs = fsdp.add %a, %row : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %by = fsdp.layer_norm %bs, %g, %beta : tensor<4x8xf32>, tensor<8xf32>
+  %e = fsdp.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %en = fsdp.neg %e : tensor<4x8xf32>
+  %ey = fsdp.layer_norm %e, %g, %beta : tensor<4x8xf32>, tensor<8xf32>
+  %dx, %dg, %db = fsdp.layer_norm_grad %s, %g, %dy : tensor<4x8xf32>, tensor<8xf32>
+  %res = fsdp.neg %dy : tensor<4x8xf32>
+  %t = fsdp.add %dx, %res : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %dx2, %dg2, %db2 = fsdp.layer_norm_grad %s, %g, %dy : tensor<4x8xf32>, tensor<8xf32>
+  %t2 = fsdp.add %dx2, %dy : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %twice = fsdp.add %t2, %dx2 : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %y, %by, %en, %ey, %t, %dg, %twice, %s : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>,
+      tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
+}
+
 // The whole pipeline on the small GPT, where every linear layer with a bias is
 // fused (4 per block forward; the MLP's GELU joins its first), the LM
 // head (no bias) is not; the backward's GELU gradient is fused with its
@@ -95,11 +137,15 @@ func.func @not_fused(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf3
 // GPT-NOT: fsdp.bias_add
 // GPT-NOT: fsdp.gelu
 // GPT: fsdp.matmul_bias {{.*}} transpose_rhs gelu {{.*}} -> (tensor<{{.*}}>, tensor<{{.*}}>)
+// GPT: fsdp.residual_layer_norm
 // GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
+// GPT: fsdp.layer_norm_grad_acc
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias
 // OFF-NOT: fsdp.matmul_gelu_grad
+// OFF-NOT: fsdp.residual_layer_norm
+// OFF-NOT: fsdp.layer_norm_grad_acc
 // OFF: return
 
 // Selective recomputation recomputes the MLP's GELU in the backward pass
