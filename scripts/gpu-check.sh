@@ -38,6 +38,15 @@ oracle() { # model plan dump [extra]: the oracle's verdict is its last line
 step gpt_run "$R" "$P/gpt.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d1"
 grep -q "measured high-water.*MATCH" "$OUT/gpt_run.log" || { echo "   memory: no MATCH" | tee -a "$OUT/summary.txt"; fail=1; }
 step gpt_oracle oracle gpt "$P/gpt.plan" "$OUT/d1"
+# The same run with the step captured as a CUDA graph from step 2 on
+# (--cuda-graphs): the same kernels on the same addresses, so the same
+# losses, bit for bit.
+step gpt_graphs_run "$R" "$P/gpt.plan" --device cuda --cuda-graphs --steps 20 --lr 3e-3 --dump-dir "$OUT/d9"
+step gpt_graphs_equal "$PY" -c '
+import json, sys
+a = json.load(open(sys.argv[1]))["losses"]; b = json.load(open(sys.argv[2]))["losses"]
+print("eager", a[-1], "graph", b[-1], "equal" if a == b else "DIFFER")
+sys.exit(0 if a == b else 1)' "$OUT/d1/log.json" "$OUT/d9/log.json"
 # The GPT plan above fuses its matmul epilogues (cuBLASLt BIAS /
 # GELU_AUX_BIAS / DGELU_BGRAD); this one does not: if only the fused one
 # fails, the epilogues are the cause.
@@ -79,6 +88,7 @@ print("cuda", ma, "cpu", mb, "relative", rel, "bound", D * 2.0 ** -11,
 sys.exit(0 if rel <= D * 2.0 ** -11 else 1)' "$OUT/d7/log.json" "$OUT/d8/log.json" "$P/gpt_f16.plan"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4
+step gpt2_speed_graphs "$R" "$P/gpt2.plan" --device cuda --cuda-graphs --steps 10 --lr 1e-4
 # Optional (BENCH=1): bench/gpt2_gpu.py, fsdp-run bf16/f32 vs PyTorch eager,
 # compile, FSDP2 (several minutes: torch.compile).
 if [ "${BENCH:-0}" = 1 ]; then

@@ -60,6 +60,9 @@ public:
   // Host-only helpers (options, checkpoints, calibration): host buffers.
   virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
   virtual Status barrier() = 0;
+  /// True when its collectives on a device stream only enqueue device work
+  /// there (NCCL), so a step capture records them ([Note: step capture]).
+  virtual bool capturable() const { return false; }
 
   /// A communicator over `ranks` (ranks of this communicator, ascending,
   /// this rank among them): one axis of a 2-D mesh. Every rank of `ranks`

@@ -18,4 +18,11 @@ Status Device::calibrate(Communicator &, nlohmann::json &) {
   return FSDP_ERROR("--calibrate is not implemented for the ", name(), " device");
 }
 
+Status Device::beginCapture() {
+  return FSDP_ERROR("device ", name(), " cannot capture a step (CUDA graphs need --device cuda)");
+}
+Status Device::endCapture(bool) { return FSDP_ERROR("device ", name(), " captures no step"); }
+Status Device::replay() { return FSDP_ERROR("device ", name(), " has no captured step"); }
+
 } // namespace fsdp
+

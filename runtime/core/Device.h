@@ -137,6 +137,18 @@ public:
   /// Blocks the host until all streams are idle; their first failure.
   virtual Status synchronize() = 0;
 
+  // --- whole-step capture: [Note: step capture] in Executor.cpp -------------
+  /// True when the device can record a step's work once and replay it
+  /// (CUDA graphs).
+  virtual bool canCapture() const { return false; }
+  /// From now on, work enqueued on the compute stream (and on the streams
+  /// joining it through events) is recorded, not run.
+  virtual Status beginCapture();
+  /// Ends the recording; keeps it for replay() when `keep`, else drops it.
+  virtual Status endCapture(bool keep);
+  /// Enqueues the recorded step on the compute stream.
+  virtual Status replay();
+
   // --- measurements ---------------------------------------------------------
   /// Device memory used outside the arena so far (CPU: the f32 scratch of
   /// bf16 instructions, [Note: bf16 storage, f32 compute]).

@@ -294,6 +294,37 @@ Status Executor::fillInputs(DataSource &data, int64_t step) {
   return Status::ok();
 }
 
+// [Note: step capture]
+// A plan's step is the same work every step: the same kernels on the same
+// arena addresses, the collectives in the same order; only the contents of
+// the input buffers (batch, lr, step, loss scale) change, and those are
+// written before the step. So the device can record the step once (CUDA:
+// stream capture into a graph; the comm stream joins the recording through
+// the events of runCollective, and every async collective's wait joins it
+// back) and replay the recording, one launch per step instead of one per
+// kernel. The first step runs as usual (lazy initialisation: cuBLASLt,
+// NCCL's first collectives), the second is recorded and then replayed, and
+// every later step is a replay. The loss and the found-inf flag are read
+// after the step's synchronisation, as without capture. What a replay
+// cannot do: per-instruction tracing (refused with capture), counting
+// communicated bytes on the host (counted once, at the recording), and
+// host-staged collectives (host code, not device work: refused).
+Status Executor::setStepCapture(bool on) {
+  if (on) {
+    if (!dev.canCapture())
+      return FSDP_ERROR("device ", dev.name(), " cannot capture a step (CUDA graphs need "
+                        "--device cuda)");
+    for (Communicator *c : {&comm, shardComm.get(), replicaComm.get()})
+      if (c && c->size() > 1 && !c->capturable())
+        return FSDP_ERROR("the step's collectives run host code (the host-staged "
+                          "communicator of ranks sharing a GPU): it cannot be captured");
+    if (tracing)
+      return FSDP_ERROR("a captured step is replayed whole: no per-instruction trace");
+  }
+  captureSteps = on;
+  return Status::ok();
+}
+
 Status Executor::step(int64_t step, double lr, float &loss) {
   const LossScaling &ls = plan.lossScaling;
   for (const Binding &b : plan.inputs) {
@@ -309,7 +340,11 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
   }
   currentStep = step;
-  for (size_t i = 0; i < plan.program.size(); ++i) {
+  const bool capturing = captureSteps && !captured && stepsRun >= 1;
+  ++stepsRun;
+  if (capturing)
+    FSDP_RETURN_IF_ERROR(dev.beginCapture());
+  for (size_t i = 0; i < plan.program.size() && !captured; ++i) {
     const Instruction &inst = plan.program[i];
     double t0 = tracing ? nowUs() : 0;
     traceIndex = (int64_t)i;
@@ -323,10 +358,29 @@ Status Executor::step(int64_t step, double lr, float &loss) {
                                (int64_t)i, t0, nowUs() - t0});
     }
     if (!st) {
+      if (capturing)
+        (void)dev.endCapture(false);
       (void)dev.synchronize(); // nothing may run past the step
       inFlight.clear();
       return Status::error("step " + std::to_string(step) + ", instruction #" +
                            std::to_string(i) + " (" + inst.op + "): " +
+                           st.message());
+    }
+  }
+  if (capturing) {
+    if (!inFlight.empty()) {
+      (void)dev.endCapture(false);
+      inFlight.clear();
+      return FSDP_ERROR("step ", step, ": the plan left an async collective without a wait");
+    }
+    FSDP_RETURN_IF_ERROR(dev.endCapture(true));
+    captured = true;
+  }
+  if (captured) {
+    Status st = dev.replay();
+    if (!st) {
+      (void)dev.synchronize();
+      return Status::error("step " + std::to_string(step) + " (the captured step): " +
                            st.message());
     }
   }

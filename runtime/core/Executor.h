@@ -97,6 +97,10 @@ public:
 
   /// Records every instruction's span from now on (see TraceEvent).
   void setTracing(bool on) { tracing = on; }
+  /// Runs the first step as usual, captures the second and replays the
+  /// capture from then on ([Note: step capture] in Executor.cpp). An error
+  /// where the device cannot capture or a collective runs host code.
+  Status setStepCapture(bool on);
   /// The spans recorded so far, both streams (call between steps).
   std::vector<TraceEvent> traceEvents();
 
@@ -133,6 +137,9 @@ private:
   std::map<int64_t, std::unique_ptr<Event>> inFlight;
 
   bool tracing = false;
+  bool captureSteps = false; ///< setStepCapture
+  bool captured = false;     ///< the device holds the step's capture
+  int64_t stepsRun = 0;
   std::vector<TraceEvent> computeEvents; ///< main thread only
   std::mutex traceMu;                    ///< guards commEvents
   std::vector<TraceEvent> commEvents;

@@ -37,6 +37,9 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --device D           cpu (default) or cuda: the backend that runs the plan
   --allow-tf32         cuda: float32 GEMMs may round inputs to TF32 (off: exact f32)
                        (a plan does not depend on it)
+  --cuda-graphs        cuda: capture the second step as a CUDA graph and replay
+                       it every later step (one launch per step; NCCL only:
+                       not with ranks sharing a GPU, nor with --trace)
   --threads N          compute threads per rank (OpenMP + OpenBLAS)
   --log-every N        print every N steps (default 1)
   --dump-dir DIR       write init/final parameters, the parameters after every
@@ -113,6 +116,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     }
     if (a == "--allow-tf32") {
       opt.allowTf32 = true;
+      continue;
+    }
+    if (a == "--cuda-graphs") {
+      opt.cudaGraphs = true;
       continue;
     }
     if (a == "--json" || a == "--quiet") {
@@ -508,6 +515,8 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
 
   bool tty = isatty(2) && !opt.json && root;
   ex.setTracing(!opt.trace.empty());
+  if (opt.cudaGraphs)
+    FSDP_RETURN_IF_ERROR(ex.setStepCapture(true));
   std::vector<double> losses, lrs, times, scales;
   std::vector<int64_t> skipped; // steps whose updates overflowed
   const bool scaling = plan.lossScaling.enabled;

@@ -21,6 +21,7 @@ struct TrainOptions {
   std::string planPath;
   std::string device = "cpu"; ///< --device: which backend runs the plan
   bool allowTf32 = false;     ///< --allow-tf32 (CUDA GEMMs)
+  bool cudaGraphs = false;    ///< --cuda-graphs: capture the step, replay it
   int64_t steps = 10;
   double lr = 1e-3;
   std::string schedule = "constant";

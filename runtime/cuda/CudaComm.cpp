@@ -237,6 +237,7 @@ public:
     return FSDP_ERROR("broadcast on an NCCL subgroup is not supported");
   }
   Status barrier() override { return host->barrier(); }
+  bool capturable() const override { return true; }
   Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
                   std::unique_ptr<Communicator> &out) override {
     // Every rank of this communicator calls subgroup for each axis in the

@@ -106,6 +106,8 @@ public:
       cudaStreamSynchronize(compute.s);
     if (comm.s)
       cudaStreamSynchronize(comm.s);
+    if (stepGraph)
+      cudaGraphExecDestroy(stepGraph);
     gemm.reset();
     for (void *p : {(void *)arena, (void *)scratch.f, (void *)scratch.d, (void *)scratch.wide,
                     (void *)badPos})
@@ -229,6 +231,42 @@ public:
     return Status::ok();
   }
 
+  // [Note: step capture] in runtime/core/Executor.cpp. Thread-local capture
+  // mode: this thread may not make unsafe calls (a synchronous copy, a
+  // cudaMalloc) while recording, which would fail the capture loudly.
+  bool canCapture() const override { return true; }
+  Status beginCapture() override {
+    FSDP_RETURN_IF_ERROR(idle());
+    FSDP_CUDA_CHECK(cudaStreamBeginCapture(compute.s, cudaStreamCaptureModeThreadLocal));
+    return Status::ok();
+  }
+  Status endCapture(bool keep) override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(compute.s, &graph);
+    if (e == cudaSuccess && keep) {
+      if (stepGraph)
+        cudaGraphExecDestroy(stepGraph);
+      stepGraph = nullptr;
+      e = cudaGraphInstantiate(&stepGraph, graph, 0);
+    }
+    if (graph)
+      cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError(); // not sticky: the capture failed, nothing ran
+      return cudaStatus(e, keep ? "capturing the step as a CUDA graph" : "cudaStreamEndCapture",
+                        __FILE__, __LINE__);
+    }
+    return Status::ok();
+  }
+  Status replay() override {
+    if (!stepGraph)
+      return FSDP_ERROR("no captured step to replay");
+    if (!compute.sticky)
+      return compute.sticky;
+    FSDP_CUDA_CHECK(cudaGraphLaunch(stepGraph, compute.s));
+    return Status::ok();
+  }
+
   int64_t scratchHighWater() const override {
     return scratch.fN * (int64_t)sizeof(float) + scratch.dN * (int64_t)sizeof(double) +
            scratch.wideBytes + (int64_t)(gemm ? gemm->workspaceBytes() : 0);
@@ -267,6 +305,7 @@ private:
   int64_t size = 0;
   CudaStream compute, comm;
   std::unique_ptr<Gemm> gemm;
+  cudaGraphExec_t stepGraph = nullptr; ///< the captured step (beginCapture)
   long long *badPos = nullptr;
   Scratch scratch;
   std::vector<Launch> launches;

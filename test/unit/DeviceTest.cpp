@@ -217,6 +217,36 @@ TEST_P(DeviceConformance, RunsInstructionsOnTheArena) {
   EXPECT_EQ(read(plan, 0), (std::vector<float>{1, 2, 3, 4, 5})) << "inputs unchanged";
 }
 
+/// [Note: step capture]: a device that captures records the work instead
+/// of running it, and each replay runs it on the arena's current contents;
+/// one that cannot says so.
+TEST_P(DeviceConformance, CapturedStepReplaysOnNewInputs) {
+  Plan plan = vectorPlan(4, 5,
+                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  bind(plan);
+  if (!dev->canCapture()) {
+    Status st = dev->beginCapture();
+    ASSERT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("cannot capture a step"), std::string::npos) << st.message();
+    return;
+  }
+  write(plan, 0, {1, 2, 3, 4, 5});
+  write(plan, 1, {10, 20, 30, 40, 50});
+  ASSERT_TRUE(dev->beginCapture().isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->run(1).isOk());
+  ASSERT_TRUE(dev->endCapture(true).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(plan, 3), std::vector<float>(5, 0.f)) << "recorded, not run";
+  ASSERT_TRUE(dev->replay().isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(plan, 3), (std::vector<float>{27.5, 55, 82.5, 110, 137.5}));
+  write(plan, 1, {0, 0, 0, 0, 1});
+  ASSERT_TRUE(dev->replay().isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(plan, 3), (std::vector<float>{2.5, 5, 7.5, 10, 15}));
+}
+
 TEST_P(DeviceConformance, RunsNarrowFloatInstructions) {
   // bf16 storage: the device computes as it likes but stores bf16.
   Plan plan = vectorPlan(3, 4, {inst("add", {0, 1}, {2})});
