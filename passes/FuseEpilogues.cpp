@@ -25,6 +25,8 @@
 //   another gradient (the residual's: fsdp-autodiff's adjoint sum)
 //   becomes `layer_norm_grad_acc(..., acc)` (llm.c's fused residual
 //   forward and its layernorm backward accumulating into dinp).
+// - Slice gradients: a tree of adds summing slice_grads that tile one
+//   dimension becomes one concat of the pieces (no zero-filled copies).
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
@@ -41,6 +43,9 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <functional>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPFUSEEPILOGUES
@@ -93,6 +98,68 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       fuseResidualNorm(n);
     for (LayerNormGradOp n : normGrads)
       fuseNormGradAcc(n);
+    // Outermost sums first: an inner add of a tree is erased with it.
+    SmallVector<AddOp> adds;
+    getOperation().walk([&](AddOp a) { adds.push_back(a); });
+    DenseSet<Operation *> erased;
+    for (AddOp a : llvm::reverse(adds))
+      if (!erased.contains(a))
+        fuseSliceGradSum(a, erased);
+  }
+
+  /// A tree of adds (each inner one read only by the next) whose leaves
+  /// are slice_grads (each read only by the tree) of one dimension that
+  /// tile it exactly: the sum of zero-padded pieces is their concat
+  /// (fsdp-autodiff's gradient of q, k, v sliced from one projection).
+  /// One concat replaces the pieces' zero-filled copies and the adds. Every
+  /// element is one piece's element plus zeros: the same value (a -0 piece
+  /// element was +0 after the add, the concat keeps -0).
+  void fuseSliceGradSum(AddOp root, DenseSet<Operation *> &erased) {
+    Type t = root.getResult().getType();
+    SmallVector<SliceGradOp> leaves;
+    SmallVector<AddOp> inner;
+    std::function<bool(Value)> collect = [&](Value v) {
+      if (auto s = v.getDefiningOp<SliceGradOp>()) {
+        if (!v.hasOneUse() || s->getBlock() != root->getBlock() || s.getType() != t)
+          return false;
+        leaves.push_back(s);
+        return true;
+      }
+      auto a = v.getDefiningOp<AddOp>();
+      if (!a || !v.hasOneUse() || a->getBlock() != root->getBlock() || !sameShapedAdd(a))
+        return false;
+      inner.push_back(a);
+      return collect(a.getLhs()) && collect(a.getRhs());
+    };
+    if (!sameShapedAdd(root) || !collect(root.getLhs()) || !collect(root.getRhs()))
+      return;
+    int64_t dim = leaves.front().getDim();
+    llvm::sort(leaves, [](SliceGradOp a, SliceGradOp b) { return a.getOffset() < b.getOffset(); });
+    int64_t next = 0;
+    for (SliceGradOp s : leaves) {
+      auto piece = cast<RankedTensorType>(s.getGrad().getType());
+      if (s.getDim() != dim || s.getOffset() != next)
+        return;
+      next += piece.getShape()[dim];
+    }
+    if (next != cast<RankedTensorType>(t).getShape()[dim])
+      return; // pieces missing: the zeros matter
+    SmallVector<Value> pieces;
+    for (SliceGradOp s : leaves)
+      pieces.push_back(s.getGrad());
+    OpBuilder b(root);
+    auto concat = b.create<ConcatOp>(root.getLoc(), t, pieces, b.getI64IntegerAttr(dim));
+    keepMarks(root, concat);
+    root.getResult().replaceAllUsesWith(concat.getResult());
+    erased.insert(root);
+    root.erase();
+    for (AddOp a : inner) {
+      erased.insert(a);
+      a.erase();
+    }
+    for (SliceGradOp s : leaves)
+      s.erase();
+    ++numFused;
   }
 
   /// `%s = add %a, %b` (one shape, no broadcast, not a gradient

@@ -436,7 +436,7 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
 }
 
 def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
-  let summary = "folds bias_add, gelu, gelu_grad and residual adds into one kernel with the op before them";
+  let summary = "folds bias_add, gelu, gelu_grad, residual adds and slice-gradient sums into fewer kernels";
   let description = [{
     The elementwise ops after a rank-2 matmul run in the matmul's kernel
     (cuBLASLt's BIAS, GELU_AUX_BIAS and DGELU_BGRAD epilogues on the GPU):
@@ -451,7 +451,9 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       first) becomes `residual_layer_norm(a, b, ...)` returning the sum and
       the norm, and `add(layer_norm_grad's input gradient, acc)` becomes
       `layer_norm_grad_acc(..., acc)` (the residual stream, llm.c's fused
-      residual forward and accumulating layernorm backward).
+      residual forward and accumulating layernorm backward);
+    - a sum of slice_grads tiling one dimension (the gradient of q, k and v
+      sliced from one projection) becomes one concat of the pieces.
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order). Runs after fsdp-schedule
     (after fsdp-recompute, whose selective recomputation it leaves alone),

@@ -129,6 +129,37 @@ func.func @residual(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<8xf32>,
       tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
 }
 
+// -----
+
+// Slice gradients that tile their dimension, summed by a tree of adds:
+// one concat in offset order. Left alone: pieces that leave a gap (the
+// zeros matter), and a piece read by something else.
+// CHECK-LABEL: func.func @slice_grads
+// CHECK: %[[C:.*]] = fsdp.concat %arg0, %arg1, %arg2 dim = 1 : (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x12xf32>
+// CHECK-NOT: fsdp.slice_grad %arg0
+// CHECK: %[[G0:.*]] = fsdp.slice_grad %arg0 dim = 1 offset = 0
+// CHECK: %[[G2:.*]] = fsdp.slice_grad %arg2 dim = 1 offset = 8
+// CHECK: fsdp.add %[[G0]], %[[G2]]
+// CHECK: return %[[C]]
+func.func @slice_grads(%q: tensor<2x4xf32>, %k: tensor<2x4xf32>, %v: tensor<2x4xf32>)
+    -> (tensor<2x12xf32>, tensor<2x12xf32>, tensor<2x12xf32>) {
+  %dv = fsdp.slice_grad %v dim = 1 offset = 8 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %dq = fsdp.slice_grad %q dim = 1 offset = 0 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %dk = fsdp.slice_grad %k dim = 1 offset = 4 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %s = fsdp.add %dv, %dq : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  %t = fsdp.add %dk, %s : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  %gq = fsdp.slice_grad %q dim = 1 offset = 0 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %gv = fsdp.slice_grad %v dim = 1 offset = 8 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %gap = fsdp.add %gq, %gv : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  %hq = fsdp.slice_grad %q dim = 1 offset = 0 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %hk = fsdp.slice_grad %k dim = 1 offset = 4 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %hv = fsdp.slice_grad %v dim = 1 offset = 8 : tensor<2x4xf32> -> tensor<2x12xf32>
+  %h1 = fsdp.add %hq, %hk : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  %h2 = fsdp.add %h1, %hv : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  %twice = fsdp.add %h2, %hq : (tensor<2x12xf32>, tensor<2x12xf32>) -> tensor<2x12xf32>
+  return %t, %gap, %twice : tensor<2x12xf32>, tensor<2x12xf32>, tensor<2x12xf32>
+}
+
 // The whole pipeline on the small GPT, where every linear layer with a bias is
 // fused (4 per block forward; the MLP's GELU joins its first), the LM
 // head (no bias) is not; the backward's GELU gradient is fused with its
@@ -140,6 +171,8 @@ func.func @residual(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<8xf32>,
 // GPT: fsdp.residual_layer_norm
 // GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
 // GPT: fsdp.layer_norm_grad_acc
+// GPT: fsdp.concat %d_q, %d_k, %d_v dim = 2
+// GPT-NOT: fsdp.slice_grad
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias
