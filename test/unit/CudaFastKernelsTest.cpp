@@ -400,6 +400,112 @@ TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
   EXPECT_FALSE(gemm.warm(FloatKind::BF16, (int64_t)1 << 40, 2, 2, 2, false, false).isOk());
 }
 
+// The fused kernels of fsdp-fuse-epilogues on bf16 storage against the
+// unfused CPU ops in f32 on the widened inputs (the reference semantics:
+// f32 math, each output rounded once).
+TEST_F(CudaFastKernelsTest, Bf16FusedResidualLayerNormAgainstCpu) {
+  const int64_t rows = 37, cols = 768;
+  Bf16Vec a(randomVec(rows * cols, 31, 2.f)), b(randomVec(rows * cols, 32)),
+      g(randomVec(cols, 33)), beta(randomVec(cols, 34)), dy(randomVec(rows * cols, 35)),
+      acc(randomVec(rows * cols, 36));
+  Dev<uint16_t> da(a.bits), db(b.bits), dg(g.bits), dbeta(beta.bits), dsum(rows * cols),
+      dyy(rows * cols), ddy(dy.bits), dacc(acc.bits), ddx(rows * cols), ddg(cols), ddb(cols);
+  Dev<float> scratch(nat::layerNormGradScratch(rows, cols));
+  ASSERT_EQ(nat::residualLayerNorm(FloatKind::BF16, da.get(), db.get(), dg.get(), dbeta.get(),
+                                   dsum.get(), dyy.get(), rows, cols, 1e-5, 0),
+            cudaSuccess);
+  // The sum: a + b in f32, rounded once: the CPU's bits exactly.
+  std::vector<float> sum(rows * cols);
+  for (size_t i = 0; i < sum.size(); ++i)
+    sum[i] = a.wide[i] + b.wide[i];
+  Bf16Vec sumB(sum);
+  expectBitwise(dsum.host(), sumB.bits, "residual sum");
+  // The layer norm of the rounded sum, as Bf16RowwiseSoftmaxLayerNormAgainstCpu.
+  std::vector<float> wy(rows * cols), wdx(rows * cols), wdg(cols), wdb(cols);
+  cpu::layerNorm(sumB.wide.data(), g.wide.data(), beta.wide.data(), wy.data(), rows, cols, 1e-5);
+  double rowN = 4.0 * cols + 16, xhat = std::sqrt((double)cols);
+  double mg = maxAbs(g.wide), mdy = maxAbs(dy.wide);
+  expectBf16Near(dyy.host(), wy, {rowN * kU * 4 * (xhat * mg + maxAbs(beta.wide))},
+                 "residual_layer_norm");
+  // The backward accumulating into acc: dx + acc in f32, rounded once.
+  ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dsum.get(), dg.get(), ddy.get(), ddx.get(),
+                               ddg.get(), ddb.get(), scratch.get(), rows, cols, 1e-5, 0,
+                               dacc.get()),
+            cudaSuccess);
+  cpu::layerNormGrad(sumB.wide.data(), g.wide.data(), dy.wide.data(), wdx.data(), wdg.data(),
+                     wdb.data(), rows, cols, 1e-5);
+  for (size_t i = 0; i < wdx.size(); ++i)
+    wdx[i] += acc.wide[i];
+  expectBf16Near(ddx.host(), wdx, {rowN * kU * 16 * mdy * mg * xhat}, "layer_norm_grad_acc");
+  expectBf16Near(ddb.host(), wdb, {4.0 * rows * kU * mdy * rows}, "layer_norm_grad_acc d_beta");
+}
+
+TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
+  // n = 64: cuBLASLt's epilogues; n = 60 (not a multiple of 8): refused
+  // with keep-aux epilogues (the device then runs GEMM + kernels).
+  const int64_t m = 37, n = 64, k = 48, n2 = 40;
+  Bf16Vec x(randomVec(m * k, 41)), w(randomVec(n * k, 42)), bias(randomVec(n, 43)),
+      dz(randomVec(m * n2, 44)), w2(randomVec(n2 * n, 45));
+  Dev<uint16_t> dx(x.bits), dw(w.bits), dbias(bias.bits), dy(m * n), dpre(m * n), ddz(dz.bits),
+      dw2(w2.bits), dh(m * n), ddb(n);
+  auto abs = [](std::vector<float> v) {
+    for (float &e : v)
+      e = std::fabs(e);
+    return v;
+  };
+  gpu::EpilogueArgs fwd{gpu::Epilogue::GeluAuxBias, dbias.get(), dpre.get(), nullptr};
+  ASSERT_TRUE(gemm.warmEpilogue(FloatKind::BF16, m, n, k, false, true, dx.get(), dw.get(),
+                                dy.get(), fwd));
+  ASSERT_TRUE(gemm.run(FloatKind::BF16, dx.get(), dw.get(), dy.get(), m, n, k, false, true, fwd,
+                       0)
+                  .isOk());
+  std::vector<float> pre(m * n), mag(m * n), gl(m * n);
+  cpu::matmul(x.wide.data(), w.wide.data(), pre.data(), 1, m, n, k, false, true);
+  auto ax = abs(x.wide), aw = abs(w.wide);
+  cpu::matmul(ax.data(), aw.data(), mag.data(), 1, m, n, k, false, true);
+  cpu::biasAdd(pre.data(), bias.wide.data(), pre.data(), m, n);
+  cpu::gelu(pre.data(), gl.data(), m * n);
+  // The GEMM within k 2^-22 sum|a b| (tensor cores) + k u (the CPU's sum),
+  // the bias add one f32 rounding, GELU's slope at most 1.13 and its own
+  // evaluation (a tanh: a few f32 ulps, 8 u |pre| allowed).
+  std::vector<double> dPre(m * n), dGelu(m * n);
+  for (size_t i = 0; i < dPre.size(); ++i) {
+    dPre[i] = (k * std::ldexp(1.0, -22) + (k + 1) * kU) * (mag[i] + std::fabs(bias.wide[i % n]));
+    dGelu[i] = 1.13 * dPre[i] + 8 * kU * std::fabs(pre[i]);
+  }
+  expectBf16Near(dpre.host(), pre, dPre, "GELU_AUX_BIAS pre-activation");
+  expectBf16Near(dy.host(), gl, dGelu, "GELU_AUX_BIAS output");
+  // Backward: dh = (dz w2) * gelu'(pre) on the stored (bf16) pre, and the
+  // bias gradient, its sum over the m rows.
+  std::vector<float> preB = widen(dpre.host());
+  gpu::EpilogueArgs bwd{gpu::Epilogue::DGelu, nullptr, dpre.get(), ddb.get()};
+  ASSERT_TRUE(gemm.warmEpilogue(FloatKind::BF16, m, n, n2, false, false, ddz.get(), dw2.get(),
+                                dh.get(), bwd));
+  ASSERT_TRUE(gemm.run(FloatKind::BF16, ddz.get(), dw2.get(), dh.get(), m, n, n2, false, false,
+                       bwd, 0)
+                  .isOk());
+  std::vector<float> d(m * n), dmag(m * n), want(m * n), wantDb(n, 0.f);
+  cpu::matmul(dz.wide.data(), w2.wide.data(), d.data(), 1, m, n, n2, false, false);
+  auto adz = abs(dz.wide), aw2 = abs(w2.wide);
+  cpu::matmul(adz.data(), aw2.data(), dmag.data(), 1, m, n, n2, false, false);
+  cpu::geluGrad(preB.data(), d.data(), want.data(), m * n);
+  std::vector<double> dDh(m * n), dDb(n, 0.0);
+  for (size_t i = 0; i < dDh.size(); ++i) {
+    dDh[i] = 1.13 * (n2 * std::ldexp(1.0, -22) + n2 * kU) * dmag[i] + 8 * kU * std::fabs(want[i]);
+    wantDb[i % n] += want[i];
+    // Each row's term as the GPU may sum it: its f32 value or its bf16
+    // rounding (one bf16 ulp), in another order (m u).
+    dDb[i % n] += dDh[i] + kUb * std::fabs(want[i]) + m * kU * std::fabs(want[i]);
+  }
+  expectBf16Near(dh.host(), want, dDh, "DGELU output");
+  expectBf16Near(ddb.host(), wantDb, dDb, "DGELU_BGRAD bias gradient");
+  // A keep-aux epilogue needs n % 8 == 0: refused for n = 60, not run.
+  EXPECT_FALSE(gemm.warmEpilogue(FloatKind::BF16, m, 60, k, false, true, dx.get(), dw.get(),
+                                 dy.get(), fwd));
+}
+
 void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
                bool causal, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
