@@ -49,8 +49,9 @@ def report(name, ms, batch, peak_bytes, base_tps=None):
     return line
 
 
-def run_fsdp(binary, plan, steps, data):
-    cmd = [binary, plan, "--device", "cuda", "--steps", str(steps), "--lr", "1e-4", "--json"]
+def run_fsdp(binary, plan, steps, data, extra=()):
+    cmd = [binary, plan, "--device", "cuda", "--steps", str(steps), "--lr", "1e-4",
+           "--json"] + list(extra)
     if data:
         cmd += ["--data", data]
     print("$", " ".join(cmd), flush=True)
@@ -182,6 +183,14 @@ def main():
         if dtype == "bf16":
             base = line["tok_per_s"]
         rows.append(line)
+        if dtype == "bf16":
+            # The same plan with the step captured as a CUDA graph from step
+            # 2 on (its mean over steps 2.. includes the capture step).
+            try:
+                ms, peak, _ = run_fsdp(a.fsdp_run, plan, a.steps, a.data, ["--cuda-graphs"])
+                rows.append(report("fsdp-run bf16 + CUDA graph", ms, a.batch, peak, base))
+            except RuntimeError as e:
+                print(f"fsdp-run bf16 --cuda-graphs: {e}", file=sys.stderr)
     if not a.skip_torch:
         for name, ms, peak in torch_runs(a.batch, a.steps, a.torch_modes.split(",")):
             rows.append(report(name, ms, a.batch, peak, base))
