@@ -1,12 +1,13 @@
-//===- FuseEpilogues.cpp - matmul epilogues in one kernel -----------------===//
+//===- FuseEpilogues.cpp - fewer, fused kernels ---------------------------===//
 //
 // fsdp-fuse-epilogues: folds the elementwise ops that follow a rank-2
 // matmul into the matmul, as cuBLASLt's epilogues (and llm.c's fused
 // GELU GEMMs) do: the product is never written to memory and read back,
 // one kernel runs instead of two or three, and in bf16 the result is
-// rounded once instead of after every op.
+// rounded once instead of after every op. The same for the residual
+// stream's adds around the layer norms and for the q/k/v slice gradients.
 //
-// Algorithm (one walk over the ops of every function, in order).
+// Algorithm (one walk per pattern over the ops of every function).
 // - Forward: `%y = bias_add(%m, %b)` where `%m = matmul(a, w)` is rank 2
 //   and `%y` is its only reader becomes `%y = matmul_bias(a, w, %b)`. If
 //   `%y`'s first reader is a tanh-form `gelu` (not a recomputed clone of
@@ -33,10 +34,11 @@
 // f32 plans give bitwise the losses of unfused ones.
 //
 // Where it runs: after fsdp-schedule (or inside fsdp-search-schedule's
-// candidates), just before the memory plan. After fsdp-recompute, so a
-// selective recomputation of bias_add and gelu is left alone (their
-// matmul output is saved and read twice, which this pass never fuses),
-// and no other pass needs to know the fused ops.
+// candidates), just before the memory plan, so no other pass needs to
+// know the fused ops. After fsdp-recompute, so its clones are known as
+// such: a GELU recomputed in the backward pass stays there, reading the
+// pre-activation the forward kernel keeps, and is never moved up into a
+// forward kernel (which would keep its output alive again).
 //
 //===----------------------------------------------------------------------===//
 
