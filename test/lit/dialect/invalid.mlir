@@ -562,3 +562,55 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = fsdp.gelu %x {approximate = "sigmoid"} : tensor<4xf32>
   return %y : tensor<4xf32>
 }
+
+// -----
+// The fused ops of fsdp-fuse-epilogues check their operands like the ops
+// they replace: a pre-activation only with gelu, a bias of [N], rank-2
+// products, a bias gradient of [N], the layer norms' gamma and epsilon.
+func.func @f(%x: tensor<8x4xf32>, %w: tensor<16x4xf32>, %b: tensor<16xf32>) {
+  // expected-error @+1 {{has a pre-activation result without gelu}}
+  %0:2 = fsdp.matmul_bias %x, %w, %b transpose_rhs : (tensor<8x4xf32>, tensor<16x4xf32>, tensor<16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>)
+  return
+}
+
+// -----
+func.func @f(%x: tensor<8x4xf32>, %w: tensor<16x4xf32>, %b: tensor<8xf32>) {
+  // expected-error @+1 {{expected bias of type 'tensor<16xf32>', found 'tensor<8xf32>'}}
+  %0 = fsdp.matmul_bias %x, %w, %b transpose_rhs : (tensor<8x4xf32>, tensor<16x4xf32>, tensor<8xf32>) -> tensor<8x16xf32>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<2x8x4xf32>, %w: tensor<2x4x16xf32>, %b: tensor<16xf32>) {
+  // expected-error @+1 {{expected rank-2 operands, found ranks 3 and 3}}
+  %0 = fsdp.matmul_bias %x, %w, %b : (tensor<2x8x4xf32>, tensor<2x4x16xf32>, tensor<16xf32>) -> tensor<2x8x16xf32>
+  return
+}
+
+// -----
+func.func @f(%d: tensor<8x4xf32>, %w: tensor<4x16xf32>, %pre: tensor<8x16xf32>) {
+  // expected-error @+1 {{expected bias_grad of type 'tensor<16xf32>', found 'tensor<8xf32>'}}
+  %0:2 = fsdp.matmul_gelu_grad %d, %w, %pre : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8xf32>)
+  return
+}
+
+// -----
+func.func @f(%d: tensor<8x4xf32>, %w: tensor<4x16xf32>, %pre: tensor<8x4xf32>) {
+  // expected-error @+1 {{expected pre of type 'tensor<8x16xf32>', found 'tensor<8x4xf32>'}}
+  %0 = fsdp.matmul_gelu_grad %d, %w, %pre : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<8x4xf32>) -> tensor<8x16xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{expected gamma of type 'tensor<8xf32>', found 'tensor<4xf32>'}}
+  %0:2 = fsdp.residual_layer_norm %a, %a, %g, %g : tensor<4x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %g: tensor<8xf32>) {
+  // expected-error @+1 {{expected a positive epsilon}}
+  %0:3 = fsdp.layer_norm_grad_acc %a, %g, %a, %a {epsilon = 0.0 : f64} : tensor<4x8xf32>, tensor<8xf32>
+  return
+}
