@@ -386,6 +386,17 @@ const std::unordered_map<std::string, Exec> &table() {
       }
       return true;
     };
+    // The optimizer's step count arrives as an f32 scalar (the executor
+    // writes the count of applied updates, 1 on the first). Anything else
+    // (a plan wiring another buffer there) is an error, not a cast of a NaN.
+    auto stepCount = [](const Run &r, size_t at, int64_t &step) {
+      float s = *r.in(at);
+      if (!(s >= 1 && s <= 9007199254740992.0f) || s != std::floor(s))
+        return FSDP_ERROR(r.op.inst.op, ": the step operand (buffer ", r.op.inst.in[at],
+                          ") holds ", s, "; expected a whole update count >= 1");
+      step = (int64_t)s;
+      return Status::ok();
+    };
     m["sgd_update"] = [skipped](const Run &r) {
       if (skipped(r, 3, 1))
         return Status::ok();
@@ -393,20 +404,24 @@ const std::unordered_map<std::string, Exec> &table() {
                        r.op.f("weight_decay", 0));
       return Status::ok();
     };
-    m["sgd_momentum_update"] = [skipped](const Run &r) {
+    m["sgd_momentum_update"] = [skipped, stepCount](const Run &r) {
       if (skipped(r, 5, 2))
         return Status::ok();
+      int64_t step;
+      FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
       sgdMomentumUpdate<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.out(1), r.op.in(0).numel(),
-                               *r.in(3), (int64_t)*r.in(4), r.op.f("momentum", 0),
+                               *r.in(3), step, r.op.f("momentum", 0),
                                r.op.f("dampening", 0), r.op.f("weight_decay", 0),
                                r.op.b("nesterov"));
       return Status::ok();
     };
-    m["adamw_update"] = [skipped](const Run &r) {
+    m["adamw_update"] = [skipped, stepCount](const Run &r) {
       if (skipped(r, 6, 3))
         return Status::ok();
+      int64_t step;
+      FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
       adamwUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.out(1), r.out(2),
-                         r.op.in(0).numel(), *r.in(4), (int64_t)*r.in(5), r.op.f("beta1", 0.9),
+                         r.op.in(0).numel(), *r.in(4), step, r.op.f("beta1", 0.9),
                          r.op.f("beta2", 0.999), r.op.f("eps", 1e-8), r.op.f("weight_decay", 0.01));
       return Status::ok();
     };

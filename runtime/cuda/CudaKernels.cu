@@ -858,7 +858,7 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
     float d = g[i];
     if (decay)
       d += twd * p[i];
-    float b = (int64_t)*step <= 1 ? d : tm * buf[i] + td * d;
+    float b = *step < 2.f ? d : tm * buf[i] + td * d; // step 1: torch clones the gradient
     nbuf[i] = b;
     float upd = nesterov ? d + tm * b : b;
     np[i] = p[i] - *lr * upd;
@@ -874,7 +874,7 @@ cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const fl
   return forEach(n, s, [=] __device__(int64_t i) {
     // the scalars as torch computes them (doubles), per element: cheap
     // beside the memory traffic, and no host round trip for the step
-    double t = (double)(int64_t)*step, l = (double)*lr;
+    double t = trunc((double)*step), l = (double)*lr;
     float stepSize = (float)(l / (1 - pow(beta1, t)));
     float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
     float decay = (float)(1 - l * wd);

@@ -653,7 +653,7 @@ __global__ void adamwKernel(const float *p, const G *g, const float *m, const fl
     return;
   }
   // The scalars as torch computes them (doubles), once per thread.
-  double t = (double)(int64_t)*stepp, l = (double)*lrp;
+  double t = trunc((double)*stepp), l = (double)*lrp;
   float stepSize = (float)(l / (1 - pow(beta1, t)));
   float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
   float decay = (float)(1 - l * wd);

@@ -148,6 +148,10 @@ PLAN_CASES = [
     ("integer input range missing", "gpt", setter(lambda p: int_input(p).pop("range")), "range >= 1"),
     ("input batch of 0", "mlp", setter(lambda p: buf(p, p["inputs"][0]).update(shape=[0, buf(p, p["inputs"][0])["shape"][1]], bytes=0)), "at least one element"),
     ("no loss output", "mlp", setter(lambda p: p.update(outputs=[])), "loss"),
+    # the optimizer's step operand must hold the update count (the fuzzer
+    # found a NaN there cast to an integer): wired to the lr buffer instead
+    ("adamw step operand reads the lr", "mlp", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(
+        5, next(b for b in p["inputs"] if b["role"] == "lr")["buffer"])), "expected a whole update count >= 1"),
     ("unknown op", "mlp", setter(lambda p: first(p, "relu").update(op="frobnicate")), "unknown op"),
     ("live buffers overlap", "mlp", setter(overlap_two), "overlap in memory while both are live"),
 ]
