@@ -8,8 +8,9 @@ in theory (ring algorithms, Psi = padded parameters, 4 bytes each):
   stage 0:   all-reduce                      2 (N-1)/N x 4 Psi
   stage 1/2: reduce-scatter + all-gather     2 (N-1)/N x 4 Psi
   stage 3:   all-gather (forward, backward)  + reduce-scatter
-             = 3 (N-1)/N x 4 Psi with reshard-after-forward (less for units
-             whose parameters backward does not read)
+             = 3 (N-1)/N x 4 Psi with reshard-after-forward, less the
+             unit gathered last in the forward (its backward keeps that
+             gather) and units whose parameters backward does not read
 The measured figure is the communicator's count of what the plan's
 collectives move (it does not sniff the wire).
 
@@ -23,6 +24,25 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def last_forward_unit(p):
+    """Padded numel of the last unit the forward reads: the last all-gather
+    whose result an instruction before the loss reads (a prefetched
+    backward gather is issued before the loss but read after it)."""
+    by_buffer = {u["buffer"]: u["padded_numel"] for u in p["units"]}
+    prog = p["program"]
+    loss = next(i for i, inst in enumerate(prog)
+                if inst["op"] in ("mse_loss", "bce_with_logits", "cross_entropy"))
+    gathered = {inst["out"][0]: by_buffer[inst["in"][0]] for inst in prog[:loss]
+                if inst["op"] == "all_gather" and inst["in"][0] in by_buffer}
+    root = lambda b: root(p["buffers"][b]["alias_of"]) if "alias_of" in p["buffers"][b] else b
+    last = 0
+    for inst in prog[:loss]:
+        if inst["op"] != "wait":
+            for b in inst["in"]:
+                last = gathered.get(root(b), last)
+    return last
 
 
 def main():
@@ -64,6 +84,8 @@ def main():
                 comm = rows[-1]["comm_bytes"]
                 factor = {0: 2, 1: 2, 2: 2, 3: 3}[stage]
                 theory = factor * (n - 1) / n * 4 * psi
+                if stage == 3:
+                    theory -= (n - 1) / n * 4 * last_forward_unit(p)
                 results[(n, stage)] = (ms[len(ms) // 2], comm, theory, p["memory"]["peak"])
     print(f"MLP hidden {a.hidden}, {a.blocks} blocks, global batch {a.batch}, AdamW, "
           f"{a.threads} thread(s) per rank, overlap={a.overlap}, median of "

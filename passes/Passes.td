@@ -354,7 +354,9 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     - stage 3 (FSDP / ZeRO-3): only the shard of each unit persists; it is
       all-gathered before its first forward use and, with
       `reshard-after-forward`, freed after the forward and gathered again
-      before its first backward use.
+      before its first backward use, except a unit that no other unit's
+      gather separates from its backward (the last unit of the forward,
+      like FSDP2's root), which keeps its forward gather.
     Global-norm clipping becomes a squared norm over the local shards plus
     a scalar all-reduce. With more than one rank the loss is all-reduced
     (mean) so every rank reports the global loss.
@@ -404,13 +406,19 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     `fsdp.wait` is placed right before the first read of its result, so the
     compute in between overlaps the communication. Reduce-scatters and
     gradient all-reduces thus overlap the rest of the backward pass. With
-    `prefetch` (FSDP's forward and backward prefetch), each parameter
-    all-gather is moved up to right after the wait of the all-gather
-    before it, so unit k+1's parameters travel while unit k computes; the
-    memory plan then holds two units' parameters at once, and reports it.
+    `prefetch` (FSDP's forward prefetch and BACKWARD_PRE), the parameter
+    all-gathers form one chain through forward and backward, and each is
+    moved up to right after the wait of the one before it, so unit k+1's
+    parameters travel while unit k computes; in the backward pass that
+    moves unit k-1's gather past unit k's reduce-scatter. The memory plan
+    then holds two units' parameters at once, and reports it.
     `prefetch-depth=D` issues each gather D units ahead (D all-gathers in
-    flight; D + 1 units gathered at once); 0 is no prefetch. Collectives keep their relative order, so every rank still issues them
-    in the same order.
+    flight; D + 1 units gathered at once); 0 is no prefetch. Waits move up
+    to bound what is in flight: with prefetch D gathers plus one
+    reduce-scatter or all-reduce (which runs while the next unit's backward
+    computes), without it one collective. Gathers keep their order among
+    themselves; every rank runs the same program, so every rank issues the
+    collectives in the same order.
 
     Before: synchronous collectives from fsdp-shard. After: every
     collective carries `async` and is read only through `fsdp.wait`.

@@ -6,10 +6,12 @@
 // before the return, so nothing is in flight when the step ends). (2) With
 // prefetch, the parameter all-gathers are visited in program order and
 // each is moved (with the storage read that feeds it) to just after the
-// wait of the previous one: while unit k computes, unit k+1 is on the wire.
-// The relative order of all collectives is unchanged (a gather only moves
-// up past compute, never past another collective), which keeps the
-// cross-rank order identical.
+// wait of the one `depth` before it: while unit k computes, unit k+1 is on
+// the wire, in forward and in backward (where it moves past unit k's
+// reduce-scatter). Gathers keep their order among themselves; every rank
+// runs the same program, so the cross-rank order of collectives is
+// identical. (3) Waits move up to bound what is in flight: `depth`
+// gathers and one other collective (one collective without prefetch).
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,19 +75,24 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     llvm::SmallPtrSet<Operation *, 16> chained;
     if (depth > 0)
       hoistGathers(collectives, waitOf, depth, chained);
-    // In flight at once: one collective, or `depth` parameter all-gathers
-    // of one prefetch chain. Each wait moves up to before the collective
-    // that would exceed that, if that is issued first. The communication
-    // thread runs collectives in order anyway, so this costs no overlap,
-    // and it bounds memory: a reduce-scatter's whole-unit gradient buffer
-    // is freed before the next unit's is sent (what makes ZeRO-2 save
-    // memory).
+    // In flight at once. Without prefetch: one collective (the
+    // smallest-memory schedule). With prefetch: `depth` parameter
+    // all-gathers plus one other collective (a reduce-scatter or an
+    // all-reduce), as FSDP2 keeps a unit's reduce-scatter running while the
+    // next unit's backward computes. Each wait moves up to before the
+    // collective of its class that would exceed that, if that is issued
+    // first. This bounds memory: a reduce-scatter's whole-unit gradient
+    // buffer is freed before the next unit's is sent (what makes ZeRO-2
+    // save memory).
+    auto sameClass = [&](Operation *a, Operation *b) {
+      return depth == 0 || chained.contains(a) == chained.contains(b);
+    };
     for (size_t i = 0; i + 1 < collectives.size(); ++i) {
+      int64_t allowed = chained.contains(collectives[i]) ? depth : 1;
       size_t limit = i + 1;
-      if (chained.contains(collectives[i]))
-        while (limit < collectives.size() && int64_t(limit - i) < depth &&
-               chained.contains(collectives[limit]))
-          ++limit;
+      for (int64_t seen = 0; limit < collectives.size(); ++limit)
+        if (sameClass(collectives[i], collectives[limit]) && ++seen >= allowed)
+          break;
       if (limit >= collectives.size())
         continue;
       WaitOp wait = waitOf[collectives[i]];
@@ -101,11 +108,16 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
   void hoistGathers(ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
                     llvm::SmallPtrSetImpl<Operation *> &chained) {
-    // Prefetch: move each parameter all-gather (those reading unit storage)
-    // up to just after the wait of the all-gather `depth` before it in the
-    // same chain (a run of such gathers between other collectives), or of
-    // the collective that starts the chain, if that is earlier.
-    SmallVector<Operation *> anchors; // the chain's waits, in order
+    // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
+    // all-gathers (those reading unit storage) form one chain in program
+    // order, forward and backward. Each moves up to just after the wait of
+    // the gather `depth` before it (the first gather's wait for the first
+    // `depth`), past compute and past other collectives: in the backward
+    // pass unit k-1's gather is issued before unit k's reduce-scatter,
+    // so it travels while unit k's gradients are computed. Every rank runs
+    // this same program, so the collectives' order is still the same on
+    // every rank; gathers keep their order among themselves.
+    SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
       auto gather = dyn_cast<AllGatherOp>(c);
@@ -115,27 +127,27 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
                                  : nullptr;
       Value shard = castOp ? castOp->getOperand(0)
                            : gather ? gather.getInput() : Value();
-      if (!gather || !shard.getDefiningOp<GetUnitOp>() ||
-          (castOp && !castOp->hasOneUse())) {
-        // Other collectives are barriers for the motion: a gather may not
-        // move above one (the order of collectives must not change).
-        anchors.assign(1, waitOf[c]);
-        prevGather = nullptr;
+      auto read = shard ? shard.getDefiningOp<GetUnitOp>() : GetUnitOp();
+      if (!read || (castOp && !castOp->hasOneUse()))
         continue;
-      }
       chained.insert(c);
-      Operation *prevWait =
-          anchors.empty() ? nullptr
-                          : anchors[anchors.size() >= size_t(depth)
-                                        ? anchors.size() - depth
-                                        : 0];
-      // Never above the chain's previous gather: the order of collectives
-      // must not change.
-      if (prevWait && prevGather && prevWait->isBeforeInBlock(prevGather))
-        prevWait = prevGather;
-      Operation *read = shard.getDefiningOp();
-      if (prevWait && prevWait->isBeforeInBlock(read)) {
-        read->moveAfter(prevWait);
+      Operation *anchor =
+          waits.empty() ? nullptr
+                        : waits[waits.size() >= size_t(depth)
+                                    ? waits.size() - depth
+                                    : 0];
+      // Never above the chain's previous gather (gathers keep their order).
+      if (anchor && prevGather && anchor->isBeforeInBlock(prevGather))
+        anchor = prevGather;
+      // Never above a write of the unit's storage (the optimizer's).
+      if (anchor)
+        for (Operation *op = anchor->getNextNode(); op && op != read;
+             op = op->getNextNode())
+          if (auto set = dyn_cast<SetUnitOp>(op))
+            if (set.getNameAttr() == read.getNameAttr())
+              anchor = op;
+      if (anchor && anchor->isBeforeInBlock(read)) {
+        read->moveAfter(anchor);
         if (castOp) {
           castOp->moveAfter(read);
           gather->moveAfter(castOp);
@@ -143,7 +155,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           gather->moveAfter(read);
         }
       }
-      anchors.push_back(waitOf[c]);
+      waits.push_back(waitOf[c]);
       prevGather = gather;
     }
   }

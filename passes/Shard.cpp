@@ -386,6 +386,7 @@ void ShardPass::runOnOperation() {
   struct Reads {
     SmallVector<GetParamOp> gets;
     Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
+    Operation *lastForwardUse = nullptr;
     int64_t lossIdx = -1;
   };
   llvm::MapVector<std::tuple<UnitInfo *, int64_t, Type>, Reads> reads;
@@ -400,12 +401,33 @@ void ShardPass::runOnOperation() {
     r.gets.push_back(get);
     r.lossIdx = lossIdx[micro];
     for (Operation *user : read.getUsers()) {
-      Operation *&first =
-          index[user] > r.lossIdx ? r.firstBackwardUse : r.firstForwardUse;
+      bool backward = index[user] > r.lossIdx;
+      Operation *&first = backward ? r.firstBackwardUse : r.firstForwardUse;
       if (!first || index[user] < index[first])
         first = user;
+      if (!backward && (!r.lastForwardUse || index[user] > index[r.lastForwardUse]))
+        r.lastForwardUse = user;
     }
   }
+  // A unit whose backward reads come before any other unit is gathered
+  // again (the last unit of the forward: its backward starts right after
+  // the loss) keeps its forward gather instead of resharding and
+  // gathering the same bytes again; FSDP2 does not reshard the root
+  // either. Nothing else is gathered in between, so this holds one unit's
+  // parameters across the loss and saves an all-gather.
+  auto keepsForwardGather = [&](const Reads &r) {
+    if (!r.firstForwardUse || !r.firstBackwardUse)
+      return false;
+    int64_t lo = index[r.lastForwardUse], hi = index[r.firstBackwardUse];
+    for (auto &[key, other] : reads) {
+      if (&other == &r)
+        continue;
+      for (Operation *use : {other.firstForwardUse, other.firstBackwardUse})
+        if (use && index[use] > lo && index[use] < hi)
+          return false;
+    }
+    return true;
+  };
   auto gather = [&](UnitInfo &u, Operation *before, Type elem) -> Value {
     b.setInsertionPoint(before);
     Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
@@ -427,7 +449,7 @@ void ShardPass::runOnOperation() {
       if (r.firstForwardUse)
         fwd = gather(*u, r.firstForwardUse, elem);
       if (r.firstBackwardUse)
-        bwd = (reshardAfterForward || !fwd)
+        bwd = ((reshardAfterForward && !keepsForwardGather(r)) || !fwd)
                   ? gather(*u, r.firstBackwardUse, elem)
                   : fwd;
     } else {

@@ -1,6 +1,5 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule | FileCheck %s
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=prefetch=false | FileCheck %s --check-prefix=NOPRE
-// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=prefetch-depth=2 | FileCheck %s --check-prefix=DEPTH2
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=prefetch-depth=0 | FileCheck %s --check-prefix=NOPRE
 // RUN: not fsdp-opt %s -fsdp-schedule 2>&1 | FileCheck %s --check-prefix=NOSTEP
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=prefetch-depth=-1 2>&1 | FileCheck %s --check-prefix=NEGDEPTH
@@ -40,18 +39,7 @@ fsdp.param @w2 : tensor<8x8xf32> init("normal", 0.02) unit "layers.1"
 
 // NOSTEP: no @train_step: run fsdp-shard first
 
-// prefetch-depth=2: two parameter all-gathers in flight, in their original
-// order (layers.1 for forward, then layers.1 again for backward), both
-// issued before layers.0's matmul and waited for in that order.
-// DEPTH2-LABEL: func.func @train_step
-// DEPTH2: %[[G0:.+]] = fsdp.all_gather %{{.+}} {async} : tensor<16xf32> -> tensor<32xf32>
-// DEPTH2: fsdp.wait %[[G0]]
-// DEPTH2: %[[G1:.+]] = fsdp.all_gather %{{.+}} {async} : tensor<32xf32> -> tensor<64xf32>
-// DEPTH2: %[[G2:.+]] = fsdp.all_gather %{{.+}} {async} : tensor<32xf32> -> tensor<64xf32>
-// DEPTH2: fsdp.matmul
-// DEPTH2: fsdp.wait %[[G1]]
-// DEPTH2: fsdp.mse_loss_grad
-// DEPTH2: fsdp.wait %[[G2]]
+// prefetch-depth=2: test/lit/passes/schedule-backward.mlir.
 
 // NEGDEPTH: prefetch-depth must be >= 0, found -1
 
