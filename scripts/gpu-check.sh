@@ -28,6 +28,8 @@ step() { # name, command...
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1
 step kernels "$K/bin/CudaKernelsTest"
 step fast_kernels "$K/bin/CudaFastKernelsTest"
+# The attention kernels' speed, CUDA cores vs tensor cores (GPT-2's shape).
+step flash_bench "$K/bin/FlashBench"
 step conformance "$K/bin/DeviceTest"
 oracle() { # model plan dump [extra]: the oracle's verdict is its last line
   "$PY" "$K/oracle/torch_ref.py" --model "$1" --plan "$2" --dump-dir "$3" "${@:4}" > "$3.oracle.txt"

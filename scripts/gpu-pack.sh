@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 K=gpu-kit
 rm -rf "$K" && mkdir -p "$K/bin" "$K/lib" "$K/plans" "$K/oracle"
-for t in fsdp-run CudaKernelsTest CudaFastKernelsTest DeviceTest; do
+for t in fsdp-run CudaKernelsTest CudaFastKernelsTest DeviceTest FlashBench; do
   cp "$B/bin/$t" "$K/bin/"
 done
 # Gloo and what it pulls in (absent there; 1.5 MB).

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 namespace fsdp::cuda::flash {
 namespace {
@@ -326,22 +327,27 @@ template <typename K> cudaError_t optIn(K kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <typename T>
-cudaError_t forwardT(const void *q, const void *k, const void *v, void *y, float *lse,
-                     const Dims &a, cudaStream_t s) {
-  size_t sm = fwdSmem(a.D);
-  if (cudaError_t e = optIn(forwardKernel<T>, sm))
+/// Launches one implementation's forward kernel (a block per (b, h, query
+/// tile), `threads` threads, `sm` bytes of dynamic shared memory).
+template <typename T, typename Kernel>
+cudaError_t launchForward(Kernel kernel, size_t sm, int threads, const void *q, const void *k,
+                          const void *v, void *y, float *lse, const Dims &a, cudaStream_t s) {
+  if (cudaError_t e = optIn(kernel, sm))
     return e;
-  forwardKernel<T><<<(unsigned)(a.B * a.H * a.tiles), kThreadsF, sm, s>>>(
+  kernel<<<(unsigned)(a.B * a.H * a.tiles), threads, sm, s>>>(
       a, static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v),
       static_cast<T *>(y), lse);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y,
-                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                      float *delta, const Dims &a, cudaStream_t s) {
+/// Launches one implementation's backward: the delta kernel, then its dq
+/// kernel (a block per (b, h, query tile)) and its dk/dv kernel (a block
+/// per (b, kv head, key tile)).
+template <typename T, typename DqKernel, typename DkvKernel>
+cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv, int threads,
+                           const void *q, const void *k, const void *v, const void *y,
+                           const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                           float *delta, const Dims &a, cudaStream_t s) {
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
   int64_t rows = a.B * a.H * a.T;
@@ -349,19 +355,384 @@ cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y
                                                                 DY, delta);
   if (cudaError_t e = cudaGetLastError())
     return e;
-  size_t smq = dqSmem(a.D), smkv = dkvSmem(a.D);
-  if (cudaError_t e = optIn(dqKernel<T>, smq))
+  if (cudaError_t e = optIn(dqK, smq))
     return e;
-  if (cudaError_t e = optIn(dkvKernel<T>, smkv))
+  if (cudaError_t e = optIn(dkvK, smkv))
     return e;
-  dqKernel<T><<<(unsigned)(a.B * a.H * a.tiles), kThreadsF, smq, s>>>(a, Q, K, V, DY, lse,
-                                                                       delta,
-                                                                       static_cast<T *>(dq));
+  dqK<<<(unsigned)(a.B * a.H * a.tiles), threads, smq, s>>>(a, Q, K, V, DY, lse, delta,
+                                                           static_cast<T *>(dq));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  dkvKernel<T><<<(unsigned)(a.B * a.KV * a.tiles), kThreadsF, smkv, s>>>(
+  dkvK<<<(unsigned)(a.B * a.KV * a.tiles), threads, smkv, s>>>(
       a, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv));
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t forwardT(const void *q, const void *k, const void *v, void *y, float *lse,
+                     const Dims &a, cudaStream_t s) {
+  return launchForward<T>(forwardKernel<T>, fwdSmem(a.D), kThreadsF, q, k, v, y, lse, a, s);
+}
+
+template <typename T>
+cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y,
+                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                      float *delta, const Dims &a, cudaStream_t s) {
+  return launchBackward<T>(dqKernel<T>, dqSmem(a.D), dkvKernel<T>, dkvSmem(a.D), kThreadsF, q,
+                           k, v, y, lse, dy, dq, dk, dv, delta, a, s);
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core kernels (bf16 / f16 storage, D a multiple of 16): the same
+// tiling, online softmax and backward split as above, with every tile
+// product on the tensor cores through WMMA (16 x 16 x 16 fragments, f32
+// accumulation). A block of 4 warps owns a tile of 64 rows; warp w owns
+// rows 16 w .. 16 w + 15 of every product, of the softmax and of the
+// accumulators, so only the K/V (forward, dq) or Q/dY (dk/dv) tile loads
+// need the whole block. Elementwise work (scaling, masks, exp, the running
+// max and sum) reads the f32 products from shared memory, two lanes per
+// row. The products' operands are the stored bf16 / f16 values, exact
+// in f32; the probabilities P and the score gradients dS are rounded to
+// the storage type before they multiply V, dY, K or Q (FlashAttention-2
+// does the same), one rounding each: docs/RUNTIME.md and
+// CudaFastKernelsTest bound its effect.
+
+namespace wm = nvcuda::wmma;
+constexpr int kWarpsTc = 4;
+constexpr int kThreadsTc = 32 * kWarpsTc; // 128
+constexpr int kLdS = kTile + 4;           // f32 row stride of score tiles
+constexpr int kLdP = kTile + 8;           // 16-bit row stride of P / dS tiles
+
+template <typename T> __device__ __forceinline__ T cvt(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 cvt(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half cvt(float v) { return __float2half_rn(v); }
+
+template <typename T>
+using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major>;
+template <typename T>
+using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major>;
+template <typename T>
+using FragBt = wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major>;
+using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+/// Rows r0.. of a [B, T, ldRow] tensor's head slice (b, column offset col)
+/// into a kTile x D shared tile of the storage type, row stride ld
+/// (D + 8); rows past T are 0.
+template <typename T>
+__device__ void loadTileTc(T *dst, const T *src, const Dims &a, int64_t b, int64_t r0,
+                           int64_t ldRow, int64_t col, int ld) {
+  int D = (int)a.D;
+  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+    int r = i / D, d = i % D;
+    int64_t t = r0 + r;
+    dst[r * ld + d] = t < a.T ? src[(b * a.T + t) * ldRow + col + d] : cvt<T>(0.f);
+  }
+}
+
+/// out (16 x 64, f32, stride kLdS) = A (16 x D rows of a, stride lda)
+/// times B^T, B the 64 x D tile b (stride ldb): the warp's 16 rows of
+/// A B^T.
+template <typename T>
+__device__ void productABt(float *out, const T *a, int lda, const T *b, int ldb, int D) {
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC acc;
+    wm::fill_fragment(acc, 0.f);
+    for (int kk = 0; kk < D; kk += 16) {
+      FragA<T> fa;
+      FragBt<T> fb;
+      wm::load_matrix_sync(fa, a + kk, lda);
+      wm::load_matrix_sync(fb, b + n * 16 * ldb + kk, ldb);
+      wm::mma_sync(acc, fa, fb, acc);
+    }
+    wm::store_matrix_sync(out + n * 16, acc, kLdS, wm::mem_row_major);
+  }
+}
+
+/// acc[n] += A (the warp's 16 x 64 rows of p, stride kLdP) times the
+/// 64 x D tile b (stride ldb), for n < D / 16.
+template <typename T>
+__device__ void accumulateAB(FragC (&acc)[kMaxHeadDim / 16], const T *p, const T *b, int ldb,
+                             int D) {
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
+    if (n * 16 >= D)
+      break;
+#pragma unroll
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragA<T> fa;
+      FragB<T> fb;
+      wm::load_matrix_sync(fa, p + kk, kLdP);
+      wm::load_matrix_sync(fb, b + kk * ldb + n * 16, ldb);
+      wm::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+size_t tcTile(int64_t D) { return sizeof(uint16_t) * kTile * (D + 8); }
+size_t tcFwdSmem(int64_t D) {
+  return 3 * tcTile(D) + sizeof(float) * kTile * kLdS + sizeof(uint16_t) * kTile * kLdP +
+         sizeof(float) * (kTile * (D + 4) + 2 * kTile);
+}
+size_t tcDqSmem(int64_t D) {
+  return 4 * tcTile(D) + 2 * sizeof(float) * kTile * kLdS + sizeof(uint16_t) * kTile * kLdP;
+}
+size_t tcDkvSmem(int64_t D) {
+  return 4 * tcTile(D) + 2 * sizeof(float) * kTile * kLdS +
+         2 * sizeof(uint16_t) * kTile * kLdP + 2 * sizeof(float) * kTile;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreadsTc)
+    forwardTcKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  T *Qs = reinterpret_cast<T *>(smTc), *Ks = Qs + kTile * LDT, *Vs = Ks + kTile * LDT;
+  float *Ss = reinterpret_cast<float *>(Vs + kTile * LDT);
+  T *Ps = reinterpret_cast<T *>(Ss + kTile * kLdS);
+  float *Os = reinterpret_cast<float *>(Ps + kTile * kLdP), *Ms = Os + kTile * LDO,
+        *Ls = Ms + kTile;
+  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
+  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int r = warp * 16 + lane / 2, side = lane % 2; // this lane's row, which half of its columns
+  int64_t t0 = qt * kTile, trow = t0 + r;
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
+  for (int i = threadIdx.x; i < kTile * LDO; i += blockDim.x)
+    Os[i] = 0.f;
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+    Ms[i] = -INFINITY;
+    Ls[i] = 0.f;
+  }
+  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
+    __syncthreads(); // Q, O, m, l ready; the previous K, V no longer read
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+    __syncthreads();
+    productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
+    __syncwarp();
+    float *srow = Ss + r * kLdS;
+    float tmax = -INFINITY;
+    for (int c = 0; c < kTile / 2; ++c) {
+      int j = side * (kTile / 2) + c;
+      int64_t jj = j0 + j;
+      bool ok = jj < a.T && (!a.causal || jj <= trow);
+      float sc = ok ? srow[j] * a.scale : -INFINITY;
+      srow[j] = sc;
+      tmax = fmaxf(tmax, sc);
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    float m = Ms[r], mNew = fmaxf(m, tmax);
+    float alpha = m == -INFINITY ? 0.f : expf(m - mNew);
+    float psum = 0.f;
+    for (int c = 0; c < kTile / 2; ++c) {
+      int j = side * (kTile / 2) + c;
+      float p = srow[j] == -INFINITY ? 0.f : expf(srow[j] - mNew);
+      Ps[r * kLdP + j] = cvt<T>(p);
+      psum += p;
+    }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    for (int d = side; d < D; d += 2)
+      Os[r * LDO + d] *= alpha;
+    __syncwarp(); // every lane has read Ms[r] and written its P and O
+    if (side == 0) {
+      Ls[r] = Ls[r] * alpha + psum;
+      Ms[r] = mNew;
+    }
+    FragC acc[kMaxHeadDim / 16];
+    float *orow = Os + warp * 16 * LDO;
+#pragma unroll
+    for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+      if (n * 16 < D)
+        wm::load_matrix_sync(acc[n], orow + n * 16, LDO, wm::mem_row_major);
+    accumulateAB(acc, Ps + warp * 16 * kLdP, Vs, LDT, D);
+#pragma unroll
+    for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+      if (n * 16 < D)
+        wm::store_matrix_sync(orow + n * 16, acc[n], LDO, wm::mem_row_major);
+    __syncwarp();
+  }
+  __syncthreads();
+  bool valid = trow < a.T;
+  float l = Ls[r], inv = l > 0.f ? 1.f / l : 0.f;
+  for (int d = side; d < D; d += 2)
+    if (valid)
+      y[(b * a.T + trow) * a.C + h * D + d] = cvt<T>(Os[r * LDO + d] * inv);
+  if (lse && valid && side == 0)
+    lse[(b * a.H + h) * a.T + trow] = Ms[r] + logf(l);
+}
+
+/// dq over one (b, h, query tile) on the tensor cores:
+/// dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
+template <typename T>
+__global__ void __launch_bounds__(kThreadsTc)
+    dqTcKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+               const float *delta, T *dq) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *Ks = DYs + kTile * LDT,
+    *Vs = Ks + kTile * LDT;
+  float *Ss = reinterpret_cast<float *>(Vs + kTile * LDT), *DPs = Ss + kTile * kLdS;
+  T *DSs = reinterpret_cast<T *>(DPs + kTile * kLdS);
+  float *Os = Ss; // the result, after the loop: kTile x (D + 4) <= 2 kTile x kLdS
+  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
+  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int r = warp * 16 + lane / 2, side = lane % 2;
+  int64_t t0 = qt * kTile, trow = t0 + r;
+  bool valid = trow < a.T;
+  int64_t sr = (b * a.H + h) * a.T + trow;
+  float lr = valid ? lse[sr] : 0.f, dl = valid ? delta[sr] : 0.f;
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
+  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT);
+  FragC acc[kMaxHeadDim / 16];
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+    wm::fill_fragment(acc[n], 0.f);
+  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
+    __syncthreads();
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+    __syncthreads();
+    productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
+    productABt(DPs + warp * 16 * kLdS, DYs + warp * 16 * LDT, LDT, Vs, LDT, D);
+    __syncwarp();
+    for (int c = 0; c < kTile / 2; ++c) {
+      int j = side * (kTile / 2) + c;
+      int64_t jj = j0 + j;
+      bool ok = valid && jj < a.T && (!a.causal || jj <= trow);
+      float ds = 0.f;
+      if (ok) {
+        float p = expf(Ss[r * kLdS + j] * a.scale - lr);
+        ds = p * (DPs[r * kLdS + j] - dl);
+      }
+      DSs[r * kLdP + j] = cvt<T>(ds);
+    }
+    __syncwarp();
+    accumulateAB(acc, DSs + warp * 16 * kLdP, Ks, LDT, D);
+  }
+  __syncthreads(); // Ss / DPs become the result tile
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+    if (n * 16 < D)
+      wm::store_matrix_sync(Os + warp * 16 * LDO + n * 16, acc[n], LDO, wm::mem_row_major);
+  __syncwarp();
+  for (int d = side; d < D; d += 2)
+    if (valid)
+      dq[(b * a.T + trow) * a.C + h * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
+}
+
+/// dk, dv over one (b, kv head, key tile) on the tensor cores, over the
+/// query heads of the group, then the query tiles that see the key tile,
+/// in order: dv_j = sum_t p_tj dy_t, dk_j = scale sum_t p_tj (dy_t . v_j -
+/// delta_t) q_t. The warp's rows are key rows: it forms S^T = K Q^T and
+/// dP^T = V dY^T, so P^T and dS^T multiply dY and Q directly.
+template <typename T>
+__global__ void __launch_bounds__(kThreadsTc)
+    dkvTcKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                const float *delta, T *dk, T *dv) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *Qs = Vs + kTile * LDT,
+    *DYs = Qs + kTile * LDT;
+  float *Ss = reinterpret_cast<float *>(DYs + kTile * LDT), *DPs = Ss + kTile * kLdS;
+  T *PTs = reinterpret_cast<T *>(DPs + kTile * kLdS), *DSTs = PTs + kTile * kLdP;
+  float *Lq = reinterpret_cast<float *>(DSTs + kTile * kLdP), *Dq = Lq + kTile;
+  float *Os = Ss; // the results, after the loops
+  int64_t kt = (int64_t)(blockIdx.x % a.tiles);
+  int64_t kvh = (blockIdx.x / a.tiles) % a.KV, b = blockIdx.x / (a.tiles * a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int r = warp * 16 + lane / 2, side = lane % 2; // r: a key row
+  int64_t j0 = kt * kTile, jj = j0 + r;
+  bool valid = jj < a.T;
+  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
+  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+  FragC accK[kMaxHeadDim / 16], accV[kMaxHeadDim / 16];
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
+    wm::fill_fragment(accK[n], 0.f);
+    wm::fill_fragment(accV[n], 0.f);
+  }
+  int64_t group = a.H / a.KV;
+  for (int64_t g = 0; g < group; ++g) {
+    int64_t h = kvh * group + g;
+    for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
+      int64_t t0 = qt * kTile;
+      __syncthreads(); // the previous query tile is no longer read
+      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
+      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT);
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
+        Lq[i] = t < a.T ? lse[sr] : 0.f;
+        Dq[i] = t < a.T ? delta[sr] : 0.f;
+      }
+      __syncthreads();
+      productABt(Ss + warp * 16 * kLdS, Ks + warp * 16 * LDT, LDT, Qs, LDT, D);
+      productABt(DPs + warp * 16 * kLdS, Vs + warp * 16 * LDT, LDT, DYs, LDT, D);
+      __syncwarp();
+      for (int c = 0; c < kTile / 2; ++c) {
+        int tr = side * (kTile / 2) + c;
+        int64_t tt = t0 + tr;
+        bool ok = valid && tt < a.T && (!a.causal || jj <= tt);
+        float p = 0.f, ds = 0.f;
+        if (ok) {
+          p = expf(Ss[r * kLdS + tr] * a.scale - Lq[tr]);
+          ds = p * (DPs[r * kLdS + tr] - Dq[tr]);
+        }
+        PTs[r * kLdP + tr] = cvt<T>(p);
+        DSTs[r * kLdP + tr] = cvt<T>(ds);
+      }
+      __syncwarp();
+      accumulateAB(accV, PTs + warp * 16 * kLdP, DYs, LDT, D);
+      accumulateAB(accK, DSTs + warp * 16 * kLdP, Qs, LDT, D);
+    }
+  }
+  __syncthreads(); // Ss / DPs become the result tile
+  float *orow = Os + warp * 16 * LDO;
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+    if (n * 16 < D)
+      wm::store_matrix_sync(orow + n * 16, accK[n], LDO, wm::mem_row_major);
+  __syncwarp();
+  for (int d = side; d < D; d += 2)
+    if (valid)
+      dk[(b * a.T + jj) * a.KC + kvh * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
+    if (n * 16 < D)
+      wm::store_matrix_sync(orow + n * 16, accV[n], LDO, wm::mem_row_major);
+  __syncwarp();
+  for (int d = side; d < D; d += 2)
+    if (valid)
+      dv[(b * a.T + jj) * a.KC + kvh * D + d] = cvt<T>(Os[r * LDO + d]);
+}
+
+template <typename T>
+cudaError_t forwardTc(const void *q, const void *k, const void *v, void *y, float *lse,
+                      const Dims &a, cudaStream_t s) {
+  return launchForward<T>(forwardTcKernel<T>, tcFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a,
+                          s);
+}
+
+template <typename T>
+cudaError_t backwardTc(const void *q, const void *k, const void *v, const void *y,
+                       const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                       float *delta, const Dims &a, cudaStream_t s) {
+  return launchBackward<T>(dqTcKernel<T>, tcDqSmem(a.D), dkvTcKernel<T>, tcDkvSmem(a.D),
+                           kThreadsTc, q, k, v, y, lse, dy, dq, dk, dv, delta, a, s);
+}
+
+/// The tensor-core kernels take 16-bit storage and D a multiple of 16.
+bool tensorCores(FloatKind t, const Dims &a, Impl impl) {
+  bool can = t != FloatKind::F32 && a.D % 16 == 0;
+  return impl == Impl::TensorCores ? can : impl == Impl::Auto && can;
 }
 
 } // namespace
@@ -386,12 +757,17 @@ int64_t backwardScratch(int64_t B, int64_t T, int64_t heads) { return B * heads 
 
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
-                    int64_t kvHeads, cudaStream_t s) {
+                    int64_t kvHeads, cudaStream_t s, Impl impl) {
   if (!check(B, T, C, heads, kvHeads))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads);
+  if (impl == Impl::TensorCores && !tensorCores(t, a, impl))
+    return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
+  if (tensorCores(t, a, impl))
+    return t == FloatKind::BF16 ? forwardTc<__nv_bfloat16>(q, k, v, y, lse, a, s)
+                                : forwardTc<__half>(q, k, v, y, lse, a, s);
   switch (t) {
   case FloatKind::F32:
     return forwardT<float>(q, k, v, y, lse, a, s);
@@ -406,12 +782,18 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
 cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
                      float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
-                     bool causal, int64_t kvHeads, cudaStream_t s) {
+                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl) {
   if (!check(B, T, C, heads, kvHeads))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads);
+  if (impl == Impl::TensorCores && !tensorCores(t, a, impl))
+    return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
+  if (tensorCores(t, a, impl))
+    return t == FloatKind::BF16
+               ? backwardTc<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
+               : backwardTc<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   switch (t) {
   case FloatKind::F32:
     return backwardT<float>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);

@@ -19,9 +19,12 @@
 //      its group and over the query tiles, in that fixed order.
 // Deterministic: every sum runs in a fixed order.
 //
-// This first version computes the tile products on the CUDA cores (f32
-// FMAs), not the tensor cores; it is the memory-safe path for any T and
-// the bf16 path. See docs/RUNTIME.md.
+// Two implementations of the same tiling: the tile products on the CUDA
+// cores (f32 FMAs; every dtype and head dimension, and the only f32 path)
+// and on the tensor cores (WMMA, bf16 / f16 storage with D a multiple of
+// 16; P and dS are rounded to the storage type before their products, as
+// FlashAttention-2 does). Impl::Auto takes the tensor cores where they
+// apply. See docs/RUNTIME.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,12 +43,17 @@ constexpr int64_t kMaxHeadDim = 128;
 /// divide heads, D <= kMaxHeadDim, grid limits); else why not.
 Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads);
 
+/// Which kernels run: Auto (tensor cores where they apply), or one of them
+/// (tests compare both with the CPU; TensorCores where they do not apply
+/// is cudaErrorInvalidValue).
+enum class Impl { Auto, CudaCores, TensorCores };
+
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
 /// receives each (b, h, t) row's log-sum-exp (B*H*T floats, index
 /// (b * H + h) * T + t).
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
-                    int64_t kvHeads, cudaStream_t s);
+                    int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto);
 
 /// Floats of scratch backward() needs: B * heads * T (each row's delta).
 int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
@@ -55,7 +63,7 @@ int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
 cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
                      float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
-                     bool causal, int64_t kvHeads, cudaStream_t s);
+                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto);
 
 } // namespace fsdp::cuda::flash
 

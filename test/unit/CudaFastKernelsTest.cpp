@@ -507,10 +507,14 @@ TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
 }
 
 void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
-               bool causal, uint32_t seed) {
+               bool causal, uint32_t seed,
+               gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
+  bool tc = impl == gpu::flash::Impl::TensorCores ||
+            (impl == gpu::flash::Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
-                                    << (t == FloatKind::BF16 ? " bf16" : " f32"));
+                                    << (t == FloatKind::BF16 ? " bf16" : " f32")
+                                    << (tc ? " tensor cores" : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
   auto q0 = randomVec(B * T * C, seed), k0 = randomVec(B * T * KC, seed + 1),
        v0 = randomVec(B * T * KC, seed + 2), dy0 = randomVec(B * T * C, seed + 3);
@@ -555,7 +559,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   void *y = alloc(B * T * C), *gq = alloc(B * T * C), *gk = alloc(B * T * KC),
        *gv = alloc(B * T * KC);
   Dev<float> scratch(gpu::flash::backwardScratch(B, T, heads)), lse(B * heads * T);
-  ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, lse.get(), B, T, C, heads, causal, kv, 0),
+  ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, lse.get(), B, T, C, heads, causal, kv, 0,
+                                impl),
             cudaSuccess);
   // Bounds as CudaKernelsTest's attention test: scores (D terms), softmax
   // and weighted sums (T terms each), the backward's sums over the group's
@@ -570,7 +575,19 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
     else
       expectF32Near(f, want, 0, delta, what);
   };
-  check(y, wy, 16 * n * kU * mag, "flash attention");
+  // The tensor-core kernels round each probability to bf16 before it
+  // multiplies V (relative error <= kUb): y = sum_j p_j v_j / l moves by at
+  // most kUb max|v|; the backward rounds dS (dq: scale sum_j |dS_tj| |k_j|,
+  // sum_j |dS_tj| <= max|dP| + |delta| <= 2 D |dy| |v|; dk: the same summed
+  // over the T x group query rows) and P (dv: sum_t p_tj |dy_t| <= T group
+  // |dy|).
+  double scale = 1 / std::sqrt((double)D), group = (double)(heads / kv);
+  double dsmag = 2 * D * maxAbs(dyw) * maxAbs(vw);
+  double tcY = tc ? kUb * maxAbs(vw) : 0;
+  double tcDq = tc ? kUb * scale * dsmag * maxAbs(kw) : 0;
+  double tcDk = tc ? kUb * scale * dsmag * maxAbs(qw) * T * group : 0;
+  double tcDv = tc ? kUb * T * group * maxAbs(dyw) : 0;
+  check(y, wy, 16 * n * kU * mag + tcY, "flash attention");
   // The log-sum-exp stays f32: the scores' error (D terms of |q||k|), the
   // sum's (T terms) and the log's, relative to the row's magnitude.
   double lmag = maxAbs(qw) * maxAbs(kw) * std::sqrt((double)D) + std::log((double)T) + 1;
@@ -580,18 +597,17 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   // |delta error| <= D |dy| |y| 2^-8, which moves dq by scale |k| times it
   // and dk by scale |q| times it per query row and head of the group.
   double ddelta = bf ? D * maxAbs(dyw) * maxAbs(wy) * std::ldexp(1.0, -8) : 0;
-  double scale = 1 / std::sqrt((double)D);
   ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
-                                 B, T, C, heads, causal, kv, 0),
+                                 B, T, C, heads, causal, kv, 0, impl),
             cudaSuccess);
-  check(gq, wq, 16 * n * kU * gmag + scale * ddelta * maxAbs(kw), "flash d_q");
-  check(gk, wk, 16 * n * kU * gmag + scale * ddelta * maxAbs(qw) * T * (heads / kv),
+  check(gq, wq, 16 * n * kU * gmag + scale * ddelta * maxAbs(kw) + tcDq, "flash d_q");
+  check(gk, wk, 16 * n * kU * gmag + scale * ddelta * maxAbs(qw) * T * group + tcDk,
         "flash d_k");
-  check(gv, wv, 16 * n * kU * gmag, "flash d_v");
+  check(gv, wv, 16 * n * kU * gmag + tcDv, "flash d_v");
   // Deterministic: a second backward gives the same bits.
   auto first = fetch(gk, wk.size()).first;
   ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
-                                 B, T, C, heads, causal, kv, 0),
+                                 B, T, C, heads, causal, kv, 0, impl),
             cudaSuccess);
   expectBitwise(fetch(gk, wk.size()).first, first, "flash d_k run twice");
   for (void *p : {dq, dk, dv, ddy, y, gq, gk, gv})
@@ -608,6 +624,21 @@ TEST_F(CudaFastKernelsTest, FlashAttentionAgainstCpuF32AndBf16) {
     }
 }
 
+TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
+  // The WMMA kernels (bf16, D a multiple of 16), the same shapes as the
+  // CUDA-core kernels' test where they apply, plus the tail of a long
+  // causal sequence; Impl::Auto picks them for bf16.
+  using gpu::flash::Impl;
+  for (bool causal : {true, false}) {
+    flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::TensorCores);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::TensorCores);
+    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::TensorCores);
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::TensorCores);
+    flashCase(FloatKind::BF16, 1, 200, 3, 3, 32, causal, 61, Impl::Auto);
+  }
+  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::TensorCores);
+}
+
 TEST_F(CudaFastKernelsTest, FlashAttentionBeyondTheRowKernelsLimit) {
   // Longer than attentionMaxT(): the reference kernels refuse it, the
   // tiled one runs it (CudaDevice takes it there for f32 too).
@@ -621,6 +652,15 @@ TEST_F(CudaFastKernelsTest, FlashAttentionRejectsBadShapes) {
   EXPECT_FALSE(gpu::flash::check(1, 8, 512, 2, 2).isOk());  // D = 256 > 128
   EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
                                 8, 30, 4, false, 4, 0),
+            cudaErrorInvalidValue);
+  // The tensor-core kernels take neither f32 nor D % 16 != 0 (D = 8).
+  using gpu::flash::Impl;
+  EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                8, 64, 4, false, 4, 0, Impl::TensorCores),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 32, 4,
+                                 false, 4, 0, Impl::TensorCores),
             cudaErrorInvalidValue);
 }
 

@@ -1,0 +1,129 @@
+//===- flash_bench.cpp - the attention kernels' speed on one GPU ----------===//
+//
+// Times runtime/cuda/CudaFlash's forward and backward (both
+// implementations: CUDA cores and tensor cores) on GPT-2's attention shape
+// and prints ms per call and TFLOP/s (the causal products only: 2 B H T^2
+// D for the forward's two GEMMs halved by the mask, 2.5x that for the
+// backward), with the CUDA-core kernels as the reference measured in the
+// same run. A benchmark, not a test: scripts/gpu-check.sh runs it where a
+// GPU is lent.
+//
+//   FlashBench [B T heads D]   (default 16 1024 12 64, bf16, causal)
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/CudaFlash.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace flash = fsdp::cuda::flash;
+using fsdp::cuda::FloatKind;
+
+namespace {
+
+int fail(const char *what, cudaError_t e) {
+  std::fprintf(stderr, "FlashBench: %s: %s\n", what, cudaGetErrorString(e));
+  return 1;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int64_t B = 16, T = 1024, H = 12, D = 64;
+  if (argc == 5) {
+    B = std::atoll(argv[1]);
+    T = std::atoll(argv[2]);
+    H = std::atoll(argv[3]);
+    D = std::atoll(argv[4]);
+  } else if (argc != 1) {
+    std::fprintf(stderr, "usage: FlashBench [B T heads D]\n");
+    return 2;
+  }
+  int64_t C = H * D;
+  if (!flash::check(B, T, C, H, H)) {
+    std::fprintf(stderr, "FlashBench: shape not taken by the kernels\n");
+    return 2;
+  }
+  size_t n = size_t(B * T * C);
+  std::vector<uint16_t> host(n);
+  uint32_t x = 12345;
+  for (auto &h : host) { // bf16 of uniform values in [-1, 1)
+    x = x * 1664525u + 1013904223u;
+    float f = (float)(x >> 8) / float(1 << 24) * 2.f - 1.f;
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    h = uint16_t(bits >> 16);
+  }
+  void *buf[8] = {};
+  for (auto &p : buf)
+    if (cudaError_t e = cudaMalloc(&p, 2 * n))
+      return fail("cudaMalloc", e);
+  for (int i = 0; i < 4; ++i)
+    if (cudaError_t e = cudaMemcpy(buf[i], host.data(), 2 * n, cudaMemcpyHostToDevice))
+      return fail("cudaMemcpy", e);
+  float *lse = nullptr, *scratch = nullptr;
+  if (cudaError_t e = cudaMalloc(&lse, sizeof(float) * B * H * T))
+    return fail("cudaMalloc", e);
+  if (cudaError_t e = cudaMalloc(&scratch, sizeof(float) * flash::backwardScratch(B, T, H)))
+    return fail("cudaMalloc", e);
+  void *q = buf[0], *k = buf[1], *v = buf[2], *dy = buf[3], *y = buf[4], *dq = buf[5],
+       *dk = buf[6], *dv = buf[7];
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  double fwdFlops = 2.0 * B * H * T * T * D; // 4 B H T^2 D, halved by the mask
+  std::printf("attention B=%lld T=%lld heads=%lld D=%lld bf16 causal\n", (long long)B,
+              (long long)T, (long long)H, (long long)D);
+  std::printf("%-13s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
+              "TFLOP/s");
+  double ref = 0;
+  for (flash::Impl impl : {flash::Impl::CudaCores, flash::Impl::TensorCores}) {
+    const char *name = impl == flash::Impl::CudaCores ? "CUDA cores" : "tensor cores";
+    auto fwd = [&] {
+      return flash::forward(FloatKind::BF16, q, k, v, y, lse, B, T, C, H, true, H, 0, impl);
+    };
+    auto bwd = [&] {
+      return flash::backward(FloatKind::BF16, q, k, v, y, lse, dy, dq, dk, dv, scratch, B, T, C,
+                             H, true, H, 0, impl);
+    };
+    for (int w = 0; w < 2; ++w) // warm-up (and the shared-memory opt-in)
+      if (cudaError_t e = fwd(); e || (e = bwd()))
+        return fail(name, e);
+    constexpr int kReps = 10;
+    float msF = 0, msFB = 0;
+    cudaEventRecord(t0);
+    for (int r = 0; r < kReps; ++r)
+      fwd();
+    cudaEventRecord(t1);
+    cudaEventSynchronize(t1);
+    cudaEventElapsedTime(&msF, t0, t1);
+    cudaEventRecord(t0);
+    for (int r = 0; r < kReps; ++r) {
+      fwd();
+      bwd();
+    }
+    cudaEventRecord(t1);
+    cudaEventSynchronize(t1);
+    cudaEventElapsedTime(&msFB, t0, t1);
+    if (cudaError_t e = cudaGetLastError())
+      return fail(name, e);
+    msF /= kReps;
+    msFB /= kReps;
+    if (!ref)
+      ref = msFB;
+    std::printf("%-13s %10.3f %9.1f %11.3f %9.1f  (%.2fx the CUDA cores)\n", name, msF,
+                fwdFlops / (msF * 1e-3) / 1e12, msFB, 3.5 * fwdFlops / (msFB * 1e-3) / 1e12,
+                ref / msFB);
+  }
+  for (auto p : buf)
+    cudaFree(p);
+  cudaFree(lse);
+  cudaFree(scratch);
+  return 0;
+}
