@@ -273,17 +273,28 @@ void biasAdd(const T *x, const T *b, T *y, int64_t rows, int64_t cols) {
 }
 
 namespace {
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
-          const float *b, float *c) {
+/// C (ldc) = alpha op(A) op(B) + beta C, row-major, with leading dimensions
+/// (heads are column slices of [B, T, C] tensors).
+void gemmLd(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float *a, int64_t lda, const float *b, int64_t ldb,
+            float beta, float *c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, ta ? m : k, b,
-              tb ? k : n, 0.0f, c, n);
+              tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
+              beta, c, ldc);
 }
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double *a,
-          const double *b, double *c) {
+void gemmLd(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+            const double *a, int64_t lda, const double *b, int64_t ldb,
+            double beta, double *c, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, ta ? m : k, b,
-              tb ? k : n, 0.0, c, n);
+              tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
+              beta, c, ldc);
+}
+
+/// c = op(a) op(b), contiguous row-major operands.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T *a,
+          const T *b, T *c) {
+  gemmLd(ta, tb, m, n, k, T(1), a, ta ? m : k, b, tb ? k : n, T(0), c, n);
 }
 } // namespace
 
@@ -354,43 +365,13 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
 
 
 namespace {
-/// The scaled scores S_s = q_t . k_s / sqrt(D) of query row `qt` (D
-/// elements) against the keys `kh` (rows of stride `ldk`, one key/value
-/// head's columns), into p (length `end`: t + 1 when causal, else Tn).
-template <typename T>
-void attentionScores(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
-                     int64_t end, T scale) {
-  for (int64_t s = 0; s < end; ++s) {
-    const T *ks = kh + s * ldk;
-    T dot = 0;
-    for (int64_t d = 0; d < D; ++d)
-      dot += qt[d] * ks[d];
-    p[s] = dot * scale;
-  }
-}
-
-/// The row's probabilities softmax(S) into p, as attentionScores; returns
-/// the row's log-sum-exp, max + log(sum exp(S - max)).
-template <typename T>
-T attentionRow(const T *qt, const T *kh, int64_t ldk, T *p, int64_t D,
-               int64_t end, T scale) {
-  attentionScores(qt, kh, ldk, p, D, end, scale);
-  T mx = -std::numeric_limits<T>::infinity();
-  for (int64_t s = 0; s < end; ++s)
-    mx = std::max(mx, p[s]);
-  T sum = 0;
-  for (int64_t s = 0; s < end; ++s) {
-    p[s] = std::exp(p[s] - mx);
-    sum += p[s];
-  }
-  for (int64_t s = 0; s < end; ++s)
-    p[s] /= sum;
-  return mx + std::log(sum);
-}
-
 int64_t kvHeadsOr(int64_t kvHeads, int64_t heads) {
   return kvHeads > 0 ? kvHeads : heads;
 }
+
+/// Query rows per block: a block's scores are kQueryBlock x T values, so
+/// memory stays O(T) per head however long the sequence.
+constexpr int64_t kQueryBlock = 256;
 } // namespace
 
 // Attention: for batch b and head h, with D = C / heads and key/value head
@@ -398,9 +379,15 @@ int64_t kvHeadsOr(int64_t kvHeads, int64_t heads) {
 // multi-head attention),
 //   S = Q_h K_hk^T / sqrt(D) (masked for t' > t when causal),
 //   P = softmax(S), Y_h = P V_hk, lse_t = log sum_s exp(S_ts).
-// K and V are [B, T, kvHeads * D] and are read in place for every query
-// head of their group: the repeated keys are never materialized. P is
-// never stored: the backward pass recomputes S and takes P = exp(S - lse).
+// Per (b, h) and block of up to kQueryBlock query rows: S for the block is
+// one GEMM (against the keys up to the block's last row when causal), the
+// softmax runs row by row, and Y for the block is a second GEMM written
+// straight into y's head slice. K and V are read in place for every query
+// head of their group (strided GEMM operands): the repeated keys are never
+// materialized. P is never stored: the backward pass recomputes S and
+// takes P = exp(S - lse). The GEMMs are OpenBLAS's (threaded by it where
+// large), so the (b, h) loop is sequential; each row's result depends only
+// on its own (b, h), never on B or the thread count.
 template <typename T>
 void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
                int64_t Tn, int64_t C, int64_t heads, bool causal,
@@ -408,29 +395,49 @@ void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
   int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
   int64_t group = heads / kvh, Ck = kvh * D;
   T scale = T(1) / std::sqrt(T(D));
-#pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
+  int64_t bq = std::min(Tn, kQueryBlock);
+  std::vector<T> s(bq * Tn);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < heads; ++h) {
-      std::vector<T> p(Tn);
+      const T *qh = q + b * Tn * C + h * D;
       const T *kh = k + b * Tn * Ck + (h / group) * D;
       const T *vh = v + b * Tn * Ck + (h / group) * D;
-      for (int64_t t = 0; t < Tn; ++t) {
-        int64_t end = causal ? t + 1 : Tn;
-        T l = attentionRow(q + (b * Tn + t) * C + h * D, kh, Ck, p.data(), D,
-                           end, scale);
-        if (lse)
-          lse[(b * heads + h) * Tn + t] = l;
-        T *yt = y + (b * Tn + t) * C + h * D;
-        std::fill(yt, yt + D, T(0));
-        for (int64_t s = 0; s < end; ++s) {
-          const T *vs = vh + s * Ck;
-          for (int64_t d = 0; d < D; ++d)
-            yt[d] += p[s] * vs[d];
+      T *yh = y + b * Tn * C + h * D;
+      for (int64_t t0 = 0; t0 < Tn; t0 += bq) {
+        int64_t rows = std::min(bq, Tn - t0);
+        int64_t end = causal ? t0 + rows : Tn; // keys the block sees
+        gemmLd(false, true, rows, end, D, scale, qh + t0 * C, C, kh, Ck, T(0),
+               s.data(), end);
+#pragma omp parallel for if (rows * end > kParallelGrain)
+        for (int64_t r = 0; r < rows; ++r) {
+          T *p = s.data() + r * end;
+          int64_t rend = causal ? t0 + r + 1 : Tn; // this row's keys
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < rend; ++j)
+            mx = std::max(mx, p[j]);
+          T sum = 0;
+          for (int64_t j = 0; j < rend; ++j) {
+            p[j] = std::exp(p[j] - mx);
+            sum += p[j];
+          }
+          for (int64_t j = 0; j < rend; ++j)
+            p[j] /= sum;
+          std::fill(p + rend, p + end, T(0));
+          if (lse)
+            lse[(b * heads + h) * Tn + t0 + r] = mx + std::log(sum);
         }
+        gemmLd(false, false, rows, D, end, T(1), s.data(), end, vh, Ck, T(0),
+               yh + t0 * C, C);
       }
     }
 }
 
+// Backward, per (b, h) and query block, with P = exp(S - lse):
+//   dV_hk += P^T dY, dP = dY V^T, dS = P * (dP - rowsum(P * dP)) / sqrt(D),
+//   dQ = dS K, dK_hk += dS^T Q,
+// five GEMMs per block. dK and dV of a key/value head sum over the query
+// heads of its group and the query blocks in that order (a fixed
+// summation order whatever the thread count).
 template <typename T>
 void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
                    const T *dy, T *dq, T *dk, T *dv, int64_t B, int64_t Tn,
@@ -441,49 +448,44 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
   std::fill(dq, dq + B * Tn * C, T(0));
   std::fill(dk, dk + B * Tn * Ck, T(0));
   std::fill(dv, dv + B * Tn * Ck, T(0));
-  // Each (b, key/value head) pair owns its slices of dk/dv and those of dq
-  // of its group's query heads, which it visits in order (a fixed
-  // summation order whatever the thread count).
-#pragma omp parallel for collapse(2) if (B * heads * Tn * Tn * D > kParallelGrain)
+  int64_t bq = std::min(Tn, kQueryBlock);
+  std::vector<T> p(bq * Tn), ds(bq * Tn);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t hk = 0; hk < kvh; ++hk) {
-      std::vector<T> p(Tn), dp(Tn);
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t hk = h / group;
+      const T *qh = q + b * Tn * C + h * D, *dyh = dy + b * Tn * C + h * D;
       const T *kh = k + b * Tn * Ck + hk * D, *vh = v + b * Tn * Ck + hk * D;
+      T *dqh = dq + b * Tn * C + h * D;
       T *dkh = dk + b * Tn * Ck + hk * D, *dvh = dv + b * Tn * Ck + hk * D;
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t t = 0; t < Tn; ++t) {
-          const T *qt = q + (b * Tn + t) * C + h * D;
-          const T *dyt = dy + (b * Tn + t) * C + h * D;
-          int64_t end = causal ? t + 1 : Tn;
-          attentionScores(qt, kh, Ck, p.data(), D, end, scale);
-          T l = lse[(b * heads + h) * Tn + t];
-          for (int64_t s = 0; s < end; ++s)
-            p[s] = std::exp(p[s] - l);
-          // dP = dY V^T; dV += P^T dY; dS = P * (dP - <dP, P>), where
-          // <dP, P> = dy_t . y_t (taken from P and dP here, in this pass).
-          T dot = 0;
-          for (int64_t s = 0; s < end; ++s) {
-            const T *vs = vh + s * Ck;
-            T acc = 0;
-            for (int64_t d = 0; d < D; ++d)
-              acc += dyt[d] * vs[d];
-            dp[s] = acc;
-            dot += acc * p[s];
-            T *dvs = dvh + s * Ck;
-            for (int64_t d = 0; d < D; ++d)
-              dvs[d] += p[s] * dyt[d];
+      for (int64_t t0 = 0; t0 < Tn; t0 += bq) {
+        int64_t rows = std::min(bq, Tn - t0);
+        int64_t end = causal ? t0 + rows : Tn;
+        gemmLd(false, true, rows, end, D, scale, qh + t0 * C, C, kh, Ck, T(0),
+               p.data(), end);
+        gemmLd(false, true, rows, end, D, T(1), dyh + t0 * C, C, vh, Ck, T(0),
+               ds.data(), end);
+#pragma omp parallel for if (rows * end > kParallelGrain)
+        for (int64_t r = 0; r < rows; ++r) {
+          T *pr = p.data() + r * end, *dr = ds.data() + r * end;
+          int64_t rend = causal ? t0 + r + 1 : Tn;
+          T l = lse[(b * heads + h) * Tn + t0 + r];
+          T dot = 0; // <dP, P> = dy_t . y_t, taken from P and dP
+          for (int64_t j = 0; j < rend; ++j) {
+            pr[j] = std::exp(pr[j] - l);
+            dot += dr[j] * pr[j];
           }
-          T *dqt = dq + (b * Tn + t) * C + h * D;
-          for (int64_t s = 0; s < end; ++s) {
-            T ds = p[s] * (dp[s] - dot) * scale;
-            const T *ks = kh + s * Ck;
-            T *dks = dkh + s * Ck;
-            for (int64_t d = 0; d < D; ++d) {
-              dqt[d] += ds * ks[d];
-              dks[d] += ds * qt[d];
-            }
-          }
+          for (int64_t j = 0; j < rend; ++j)
+            dr[j] = pr[j] * (dr[j] - dot) * scale;
+          std::fill(pr + rend, pr + end, T(0));
+          std::fill(dr + rend, dr + end, T(0));
         }
+        gemmLd(true, false, end, D, rows, T(1), p.data(), end, dyh + t0 * C,
+               C, T(1), dvh, Ck);
+        gemmLd(false, false, rows, D, end, T(1), ds.data(), end, kh, Ck, T(0),
+               dqh + t0 * C, C);
+        gemmLd(true, false, end, D, rows, T(1), ds.data(), end, qh + t0 * C,
+               C, T(1), dkh, Ck);
+      }
     }
 }
 
