@@ -285,7 +285,11 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       work = std::max(work, unitsOf(op, firstIn) * per->second);
     // A fused instruction's folded ops: on a CPU (a profile with per-unit
     // costs) runtime/cpu runs each as a pass over the result; on a GPU they
-    // are part of the one kernel (fsdp-sim's compute_cost).
+    // are part of the one kernel (fsdp-sim's compute_cost). A fused layer
+    // norm is nothing but its passes there (no GEMM), so its own roofline
+    // is not counted on top of them.
+    if (!p.secondsPerUnit.empty() && isa<ResidualLayerNormOp, LayerNormGradAccOp>(op))
+      work = 0;
     if (!p.secondsPerUnit.empty())
       for (StringRef e : epilogueOps(op)) {
         auto it = p.secondsPerUnit.find(e);

@@ -12,6 +12,7 @@ against each other by bench/simulator.py, a benchmark, not here):
   - ranks sharing a host's cores: the step is N W / C when the host is
     never idle, and fsdp-opt simulate=true agrees;
   - a pack whose inputs are all in place costs launch + padding only;
+  - a fused layer norm costs launch + one pass per folded op;
   - --measured attributes a measured trace (compute, issue, blocked =
     skew + transfer) and refuses another plan's trace.
 usage: simulate.py BIN_DIR WORK_DIR
@@ -171,6 +172,41 @@ def main():
         checked += 1
     report(checked > 0 and ok and "pack" not in c["seconds_per_unit"],
            f"{checked} packs with every input in place cost launch + padding only")
+
+    # A fused layer norm (fsdp-fuse-epilogues) on a CPU profile costs its
+    # launch plus one pass per folded op (runtime/cpu runs the add and the
+    # norm one after the other), not also its own operands' bytes.
+    gmodel = os.path.join(work, "g.mlir")
+    gplan = os.path.join(work, "g.plan")
+    subprocess.run([sys.executable, GEN, "gpt", "--vocab", "32", "--ctx", "8", "--layers", "2",
+                    "--heads", "2", "--width", "16", "--batch", "2", "-o", gmodel], check=True)
+    subprocess.run([b("fsdp-opt"), gmodel, "-o", os.devnull,
+                    f"--fsdp-pipeline=optimizer=adamw stage=3 plan={gplan} report=false"],
+                   check=True)
+    gtrace = os.path.join(work, "gpt.json")
+    subprocess.run([sys.executable, b("fsdp-sim"), gplan, "--profile", wide, "--trace", gtrace],
+                   check=True, capture_output=True)
+    gspans = {e["args"]["instruction"]: e["dur"] * 1e-6
+              for e in json.load(open(gtrace))["traceEvents"] if e["ph"] == "X" and e["tid"] == 0}
+    gp = json.load(open(gplan))
+    spu = c["seconds_per_unit"]
+    checked, ok = 0, True
+    for i, inst in enumerate(gp["program"]):
+        passes = {"residual_layer_norm": ("add", "layer_norm"),
+                  "layer_norm_grad_acc": ("layer_norm_grad", "add")}.get(inst["op"])
+        if not passes:
+            continue
+        out = gp["buffers"][inst["out"][0]]
+        n = 1
+        for d in out["shape"]:
+            n *= d
+        want = c["op_overhead_s"] + sum(max(n * spu.get(e, 0.0),
+                                            2 * out["bytes"] / c["mem_bytes_per_s"])
+                                        for e in passes)
+        ok = ok and abs(gspans[i] - want) <= 1e-9 + 1e-6 * want
+        checked += 1
+    report(checked >= 4 and ok,
+           f"{checked} fused layer norms cost launch + one pass per folded op")
 
     # --measured: where the measured step of the 4-rank trace went.
     r = subprocess.run([sys.executable, b("fsdp-sim"), plans["hs"], "--profile", prof_path,
