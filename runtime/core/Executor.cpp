@@ -422,6 +422,75 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   return Status::ok();
 }
 
+// [Note: evaluation]
+// A plan holds one program, the training step; there is no separate
+// forward-only program to keep in step with it. Evaluation runs that
+// program's prefix up to the last instruction (not a collective) that
+// writes the loss output, which is the forward pass (with gradient
+// accumulation, also the earlier micro-batches' backward passes, whose
+// gradients are dropped), then the collectives that reduce the loss
+// across ranks and their waits (the compiler issues them last), and
+// drains whatever else the prefix left in flight (a prefetched gather).
+// Every rank runs the same instructions in the same order, so the
+// collective order stays identical across ranks. Nothing persistent is
+// written before the optimizer runs: every gradient buffer is first
+// written, not accumulated into, within the step (checked end to end:
+// training with evaluations is bitwise training without; test/lit/e2e/
+// eval.test). Liveness and the arena are the step's: the prefix touches a
+// subset of its buffers, so the measured high-water cannot grow.
+Status Executor::evaluate(float &loss) {
+  int64_t lossBuf = -1;
+  for (const Binding &b : plan.outputs)
+    if (b.role == "loss")
+      lossBuf = b.buffer;
+  if (lossBuf < 0)
+    return FSDP_ERROR("evaluate: the plan has no loss output");
+  int64_t end = -1;
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    if (!collective[i] && std::find(plan.program[i].out.begin(), plan.program[i].out.end(),
+                                    lossBuf) != plan.program[i].out.end())
+      end = (int64_t)i;
+  if (end < 0)
+    return FSDP_ERROR("evaluate: no instruction of the plan computes the loss");
+  std::vector<size_t> order;
+  for (size_t i = 0; i <= (size_t)end; ++i)
+    order.push_back(i);
+  for (size_t i = end + 1; i < plan.program.size(); ++i) {
+    const Instruction &inst = plan.program[i];
+    if (collective[i] && (inst.op == "wait" ? inst.in[0] : inst.out[0]) == lossBuf)
+      order.push_back(i);
+  }
+  const bool wasTracing = tracing;
+  tracing = false;
+  Status st = Status::ok();
+  for (size_t k = 0; k < order.size() && st; ++k) {
+    size_t i = order[k];
+    if (k > 0 && order[k - 1] == (size_t)end) {
+      // The prefix's own in-flight collectives complete before the loss's.
+      for (auto &f : inFlight)
+        if (f.first != lossBuf && st)
+          st = dev.wait(dev.computeStream(), *f.second);
+      for (auto it = inFlight.begin(); it != inFlight.end();)
+        it = it->first == lossBuf ? std::next(it) : inFlight.erase(it);
+      if (!st)
+        break;
+    }
+    st = collective[i] ? runCollective(plan.program[i]) : dev.run((int64_t)i);
+    if (!st)
+      st = Status::error("evaluation, instruction #" + std::to_string(i) + " (" +
+                         plan.program[i].op + "): " + st.message());
+  }
+  for (auto &f : inFlight)
+    if (st)
+      st = dev.wait(dev.computeStream(), *f.second);
+  tracing = wasTracing;
+  Status synced = dev.synchronize();
+  inFlight.clear();
+  FSDP_RETURN_IF_ERROR(st);
+  FSDP_RETURN_IF_ERROR(synced);
+  return readBuffer(lossBuf, &loss);
+}
+
 nlohmann::json Executor::lossScalerState() const {
   if (!plan.lossScaling.enabled)
     return nullptr;

@@ -60,6 +60,14 @@ public:
   /// must already be in the input buffers.
   Status step(int64_t step, double lr, float &loss);
 
+  /// The loss of the batch in the input buffers without training on it
+  /// ([Note: evaluation] in Executor.cpp): the step's program up to its
+  /// last write of the loss, then the loss's own collectives (the
+  /// average over ranks). Parameters and optimizer state are untouched,
+  /// so training after an evaluation is bitwise training without one. A
+  /// collective: every rank calls it.
+  Status evaluate(float &loss);
+
   /// Dynamic loss scaling (Plan::lossScaling), PyTorch's GradScaler: the
   /// scale the next step seeds its backward pass with, overflow-free steps
   /// since the scale last changed, and the steps whose updates were

@@ -56,6 +56,14 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --resume DIR         continue from the newest complete checkpoint in DIR
                        (or that checkpoint directory): bitwise the run that
                        was not interrupted, with the same plan and --steps
+  --eval-every N       validation loss before the first step, every N steps
+                       and after the last: the step's forward pass on
+                       --eval-batches batches of --eval-data, averaged over
+                       them and the ranks; training is unchanged by it
+  --eval-data SPEC     synthetic (default: a held-out stream, another seed than
+                       training's) or an llm.c token file (needed when --data
+                       is a file); each evaluation reads its first batches
+  --eval-batches K     batches per evaluation (default 4)
   --trace FILE         write the measured timeline of every step (each
                        instruction on the compute thread, each collective on
                        the communication thread, every rank) as Chrome trace
@@ -96,7 +104,9 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
                                  "--dump-dir",  "--init-from", "--save",
                                  "--gradcheck", "--gradcheck-tol",
                                  "--ckpt-dir",  "--save-every", "--keep",
-                                 "--resume",    "--trace",     "--device"};
+                                 "--resume",    "--trace",     "--device",
+                                 "--eval-every", "--eval-data", "--eval-batches"};
+  bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -196,6 +206,17 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.resume = v;
     } else if (a == "--trace") {
       opt.trace = v;
+    } else if (a == "--eval-every") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.evalEvery = iv;
+    } else if (a == "--eval-data") {
+      opt.evalData = v;
+    } else if (a == "--eval-batches") {
+      if (!toInt(v, iv) || iv < 1 || iv > 1000000)
+        return badValue();
+      opt.evalBatches = iv;
+      evalBatchesSet = true;
     } else if (a == "--gradcheck") {
       if (!toInt(v, iv) || iv < 1)
         return badValue();
@@ -210,6 +231,13 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("no plan file given");
   if (opt.saveEvery > 0 && opt.ckptDir.empty())
     return FSDP_ERROR("--save-every needs --ckpt-dir");
+  if ((!opt.evalData.empty() || evalBatchesSet) && opt.evalEvery == 0)
+    return FSDP_ERROR("--eval-data and --eval-batches need --eval-every N");
+  if (opt.evalEvery > 0 && opt.evalData.empty() && opt.data != "synthetic")
+    return FSDP_ERROR("--eval-every: training reads the token file '", opt.data,
+                      "'; name the held-out one with --eval-data");
+  if (opt.evalEvery > 0 && opt.gradcheck > 0)
+    return FSDP_ERROR("--gradcheck does not train: --eval-every has nothing to do");
   if (!opt.resume.empty() && !opt.initFrom.empty())
     return FSDP_ERROR("--resume and --init-from both set the parameters: pick one");
   if (opt.schedule == "cosine" && opt.minLr > opt.lr)
@@ -543,6 +571,16 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                                       opt.seed, data));
   if (opt.gradcheck > 0)
     return gradCheck(opt, plan, ex, *data, comm);
+  // Validation (--eval-every): its own source, each evaluation from its
+  // first batch. Synthetic validation samples are held out: the same task
+  // drawn with another seed than training's.
+  std::unique_ptr<DataSource> evalSource;
+  if (opt.evalEvery > 0) {
+    std::string spec = opt.evalData.empty() ? "synthetic" : opt.evalData;
+    uint64_t evalSeed = spec == "synthetic" ? opt.seed ^ 0x5a17da7a5eedULL : opt.seed;
+    FSDP_RETURN_IF_ERROR(makeDataSource(spec, plan, comm.rank(), comm.size(), evalSeed,
+                                        evalSource));
+  }
 
   bool dump = !opt.dumpDir.empty();
   TensorMap batches, trajectory;
@@ -578,6 +616,41 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
     killRank = std::atoll(r);
   if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
     killStep = std::atoll(k);
+  std::vector<int64_t> evalSteps;
+  std::vector<double> evalLosses;
+  // The validation loss after `at` steps: the mean over --eval-batches
+  // batches of the loss the plan computes (already the mean over ranks).
+  auto validate = [&](int64_t at) -> Status {
+    auto t0 = std::chrono::steady_clock::now();
+    double sum = 0;
+    for (int64_t k = 1; k <= opt.evalBatches; ++k) {
+      FSDP_RETURN_IF_ERROR(ex.fillInputs(*evalSource, k));
+      float l = 0;
+      FSDP_RETURN_IF_ERROR(ex.evaluate(l));
+      sum += l;
+    }
+    double loss = sum / (double)opt.evalBatches;
+    double ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    evalSteps.push_back(at);
+    evalLosses.push_back(loss);
+    if (root && opt.json)
+      std::printf("%s\n", nlohmann::json({{"eval", true}, {"step", at}, {"val_loss", loss},
+                                           {"batches", opt.evalBatches}, {"ms", ms}})
+                              .dump()
+                              .c_str());
+    else if (root && !opt.quiet) {
+      if (tty)
+        std::fprintf(stderr, "\r\033[K");
+      std::printf("eval %5lld/%lld | val loss %.6f | %lld batch(es) | %8.2f ms\n",
+                  (long long)at, (long long)opt.steps, loss, (long long)opt.evalBatches, ms);
+      std::fflush(stdout);
+    }
+    return Status::ok();
+  };
+  if (evalSource)
+    FSDP_RETURN_IF_ERROR(validate(firstStep - 1));
   for (int64_t s = firstStep; s <= opt.steps; ++s) {
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
@@ -622,41 +695,43 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       skipped.push_back(s);
     if (s > firstStep)
       totalMs += ms;
-    if (!root)
-      continue;
-    bool print = !opt.quiet && (s % opt.logEvery == 0 || s == firstStep || s == opt.steps);
-    if (opt.json) {
-      nlohmann::json j = {{"step", s}, {"loss", loss}, {"lr", lr}, {"ms", ms},
-                          {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
-                          {"arena_bytes", plan.arenaBytes},
-                          {"comm_bytes", commPerStep}};
-      if (scaling) {
-        j["loss_scale"] = scaleUsed;
-        j["skipped"] = skip;
+    if (root) {
+      bool print = !opt.quiet && (s % opt.logEvery == 0 || s == firstStep || s == opt.steps);
+      if (opt.json) {
+        nlohmann::json j = {{"step", s}, {"loss", loss}, {"lr", lr}, {"ms", ms},
+                            {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
+                            {"arena_bytes", plan.arenaBytes},
+                            {"comm_bytes", commPerStep}};
+        if (scaling) {
+          j["loss_scale"] = scaleUsed;
+          j["skipped"] = skip;
+        }
+        std::printf("%s\n", j.dump().c_str());
+      } else if (print) {
+        if (tty)
+          std::fprintf(stderr, "\r\033[K");
+        std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
+                    (long long)s, (long long)opt.steps, loss, lr, ms,
+                    items / (ms / 1000), data->unit(),
+                    human((double)plan.arenaBytes).c_str());
+        if (skip)
+          std::printf("step %5lld: gradients overflowed at loss scale %g: update "
+                      "skipped, scale -> %g\n",
+                      (long long)s, scaleUsed, ex.lossScaler().scale);
+        std::fflush(stdout);
       }
-      std::printf("%s\n", j.dump().c_str());
-    } else if (print) {
-      if (tty)
-        std::fprintf(stderr, "\r\033[K");
-      std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
-                  (long long)s, (long long)opt.steps, loss, lr, ms,
-                  items / (ms / 1000), data->unit(),
-                  human((double)plan.arenaBytes).c_str());
-      if (skip)
-        std::printf("step %5lld: gradients overflowed at loss scale %g: update "
-                    "skipped, scale -> %g\n",
-                    (long long)s, scaleUsed, ex.lossScaler().scale);
-      std::fflush(stdout);
+      if (tty && !opt.quiet) {
+        int width = 30, done = (int)(width * s / opt.steps);
+        std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld loss %.4f", done,
+                     "##############################", width - done, "",
+                     (long long)s, (long long)opt.steps, loss);
+        if (s == opt.steps)
+          std::fprintf(stderr, "\r\033[K");
+        std::fflush(stderr);
+      }
     }
-    if (tty && !opt.quiet) {
-      int width = 30, done = (int)(width * s / opt.steps);
-      std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld loss %.4f", done,
-                   "##############################", width - done, "",
-                   (long long)s, (long long)opt.steps, loss);
-      if (s == opt.steps)
-        std::fprintf(stderr, "\r\033[K");
-      std::fflush(stderr);
-    }
+    if (evalSource && (s % opt.evalEvery == 0 || s == opt.steps))
+      FSDP_RETURN_IF_ERROR(validate(s));
   }
 
   MemoryMeasurement m = ex.measureMemory();
@@ -688,6 +763,10 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
         log["loss_scales"] = scales;
         log["skipped_steps"] = skipped;
       }
+      if (evalSource) {
+        log["eval_steps"] = evalSteps;
+        log["eval_losses"] = evalLosses;
+      }
       FSDP_RETURN_IF_ERROR(writeFileAtomic(opt.dumpDir + "/log.json", log.dump(1)));
     }
     if (root && !opt.save.empty())
@@ -707,12 +786,19 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                           {"measured_peak_live", m.peakLive},
                           {"comm_bytes_per_step", commPerStep},
                           {"scratch_outside_arena", device.scratchHighWater()}};
+      if (!evalLosses.empty())
+        j["final_val_loss"] = evalLosses.back();
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("done: %lld steps | final loss %.6f (first %.6f) | %.2f ms/step "
                   "(steps 2..) | %.0f %s/s\n",
                   (long long)opt.steps, losses.back(), losses.front(), mean,
                   items / (mean / 1000), data->unit());
+      if (!evalLosses.empty())
+        std::printf("validation: loss %.6f after step %lld (first %.6f after step %lld), "
+                    "%lld batch(es) each\n",
+                    evalLosses.back(), (long long)evalSteps.back(), evalLosses.front(),
+                    (long long)evalSteps.front(), (long long)opt.evalBatches);
       std::printf("memory per rank: predicted peak %lld B (arena), measured "
                   "high-water %lld B: %s | predicted peak live %lld B, measured "
                   "%lld B: %s\n",

@@ -258,6 +258,11 @@ def main():
         if not gpu_present():
             check("option: --device cuda", [mlp, "--steps", "1", "--device", "cuda"], "--device cpu")
             check("option: --device cuda --nproc 2", [mlp, "--steps", "1", "--device", "cuda", "--nproc", "2"], "--device cpu")
+        check("option: --eval-every 0", [mlp, "--eval-every", "0"], "--eval-every")
+        check("option: --eval-data without --eval-every", [mlp, "--eval-data", mlp], "need --eval-every")
+        check("option: --eval-batches 0", [mlp, "--eval-every", "2", "--eval-batches", "0"], "--eval-batches")
+        check("option: --eval-every on a token file without --eval-data",
+              [gpt, "--data", mlp, "--eval-every", "2"], "name the held-out one with --eval-data")
         check("option: two plans", [mlp, gpt], "unexpected argument")
         check("option: no plan", ["--steps", "1"], "no plan")
         check("option: --save-every without --ckpt-dir", [mlp, "--save-every", "2"], "--ckpt-dir")
@@ -278,6 +283,12 @@ def main():
         check("data: too few tokens for a batch", [gpt, "--steps", "1", "--data", write(os.path.join(tmp, "few.bin"), tokens(n=3))], "few.bin")
         check("data: token id beyond the vocabulary", [gpt, "--steps", "1", "--data",
               write(os.path.join(tmp, "vocab.bin"), tokens(n=5000, body=struct.pack("<5000H", *([60000] * 5000))))], "vocabulary")
+        check("data: --eval-data with too few tokens", [gpt, "--steps", "1", "--eval-every", "1", "--eval-data",
+              os.path.join(tmp, "few.bin")], "few.bin")
+        check("data: --eval-data token id beyond the vocabulary", [gpt, "--steps", "1", "--eval-every", "1",
+              "--eval-data", os.path.join(tmp, "vocab.bin")], "vocabulary")
+        check("data: --eval-data missing", [gpt, "--steps", "1", "--eval-every", "1", "--eval-data",
+              os.path.join(tmp, "nope.bin")], "nope.bin")
         check("data: a token file for the MLP", [mlp, "--steps", "1", "--data", os.path.join(tmp, "vocab.bin")], "token")
 
         # --- checkpoints (--init-from)
