@@ -370,6 +370,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)ex.loadParams(params);
   TensorMap grads;
   (void)ex.gradOutputs(grads);
+  // Validation (--eval-every): the program's prefix up to the loss.
+  (void)ex.evaluate(loss);
   (void)ex.measureMemory();
   return 0;
 }
