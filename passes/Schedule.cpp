@@ -8,9 +8,9 @@
 // each is moved (with the storage read that feeds it) to just after the
 // wait of the one `depth` before it: while unit k computes, unit k+1 is on
 // the wire, in forward and in backward (where it moves past unit k's
-// reduce-scatter). Gathers keep their order among themselves; every rank
-// runs the same program, so the cross-rank order of collectives is
-// identical. (3) Waits move up to bound what is in flight: `depth`
+// reduce-scatter). Gathers keep their order among themselves and no
+// backward gather moves above the loss it follows; every rank runs the
+// same program, so the cross-rank order of collectives is identical. (3) Waits move up to bound what is in flight: `depth`
 // gathers and one other collective (one collective without prefetch).
 //
 //===----------------------------------------------------------------------===//
@@ -72,9 +72,25 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           << "prefetch-depth must be >= 0, found " << depth;
       return signalPassFailure();
     }
+    // Where each micro-batch's forward pass ends: its loss (before the
+    // all-reduce of it that fsdp-shard appends).
+    Value lossValue = body.getTerminator()->getNumOperands()
+                          ? body.getTerminator()->getOperand(0)
+                          : Value();
+    if (lossValue)
+      if (auto w = lossValue.getDefiningOp<WaitOp>())
+        lossValue = w.getInput();
+    if (lossValue)
+      if (auto ar = lossValue.getDefiningOp<AllReduceOp>())
+        lossValue = ar.getInput();
+    SmallVector<Operation *> losses;
+    if (lossValue)
+      for (Value term : accumTerms(lossValue))
+        if (Operation *def = term.getDefiningOp())
+          losses.push_back(body.findAncestorOpInBlock(*def));
     llvm::SmallPtrSet<Operation *, 16> chained;
     if (depth > 0)
-      hoistGathers(collectives, waitOf, depth, chained);
+      hoistGathers(collectives, waitOf, depth, losses, chained);
     // In flight at once. Without prefetch: one collective (the
     // smallest-memory schedule). With prefetch: `depth` parameter
     // all-gathers plus one other collective (a reduce-scatter or an
@@ -107,6 +123,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
 
   void hoistGathers(ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
+                    ArrayRef<Operation *> losses,
                     llvm::SmallPtrSetImpl<Operation *> &chained) {
     // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
     // all-gathers (those reading unit storage) form one chain in program
@@ -139,6 +156,16 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       // Never above the chain's previous gather (gathers keep their order).
       if (anchor && prevGather && anchor->isBeforeInBlock(prevGather))
         anchor = prevGather;
+      // Never above the loss its backward pass follows: the first
+      // backward gather is issued once the forward pass is done (FSDP2
+      // issues it in the root's pre-backward hook), not during the last
+      // unit's forward, where it would be held across the loss and the
+      // logits (the step's peak for a language model).
+      if (anchor)
+        for (Operation *loss : losses)
+          if (loss->getBlock() == read->getBlock() && anchor->isBeforeInBlock(loss) &&
+              loss->isBeforeInBlock(read))
+            anchor = loss;
       // Never above a write of the unit's storage (the optimizer's).
       if (anchor)
         for (Operation *op = anchor->getNextNode(); op && op != read;

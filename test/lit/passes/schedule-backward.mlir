@@ -23,14 +23,18 @@ fsdp.param @w3 : tensor<8x8xf32> init("normal", 0.02) unit "layers.2"
 // CHECK: fsdp.get_unit @layers.2
 // CHECK-NEXT: %[[G2:.+]] = fsdp.all_gather
 // CHECK: %[[W2:.+]] = fsdp.wait %[[G2]]
-// layers.1's backward gather follows at once: it travels during layers.2's
-// forward, the loss and layers.2's backward.
-// CHECK-NEXT: fsdp.get_unit @layers.1
-// CHECK-NEXT: %[[G1:.+]] = fsdp.all_gather %{{.+}} {async} : tensor<32xf32> -> tensor<64xf32>
 // layers.2's backward reads its forward gather.
 // CHECK-NEXT: fsdp.view %[[W2]]
 // CHECK-NEXT: fsdp.view %[[W2]]
-// CHECK: fsdp.mse_loss_grad
+// CHECK-NEXT: fsdp.matmul
+// layers.1's backward gather is issued once the loss is computed (never
+// above it: it would be held across the loss), and travels during
+// layers.2's backward.
+// CHECK-NEXT: fsdp.mse_loss
+// CHECK-NEXT: fsdp.get_unit @layers.1
+// CHECK-NEXT: %[[G1:.+]] = fsdp.all_gather %{{.+}} {async} : tensor<32xf32> -> tensor<64xf32>
+// CHECK-NEXT: fsdp.fill
+// CHECK-NEXT: fsdp.mse_loss_grad
 // CHECK-NEXT: fsdp.matmul
 // CHECK-NEXT: fsdp.matmul
 // CHECK-NEXT: fsdp.pack
@@ -52,7 +56,8 @@ fsdp.param @w3 : tensor<8x8xf32> init("normal", 0.02) unit "layers.2"
 // NOPRE-NEXT: fsdp.wait %[[G1]]
 
 // Two gathers in flight: layers.1 and layers.2 are issued before
-// layers.0's matmul, layers.1's backward gather when layers.1's arrives.
+// layers.0's matmul. layers.1's backward gather could go when layers.1's
+// forward one arrives, but not above the loss.
 // DEPTH2-LABEL: func.func @train_step
 // DEPTH2: %[[G0:.+]] = fsdp.all_gather
 // DEPTH2-NEXT: fsdp.wait %[[G0]]
@@ -62,10 +67,12 @@ fsdp.param @w3 : tensor<8x8xf32> init("normal", 0.02) unit "layers.2"
 // DEPTH2-NEXT: %[[G2:.+]] = fsdp.all_gather
 // DEPTH2: fsdp.matmul
 // DEPTH2: fsdp.wait %[[G1]]
+// DEPTH2-NOT: fsdp.all_gather
+// DEPTH2: fsdp.wait %[[G2]]
+// DEPTH2-NOT: fsdp.all_gather
+// DEPTH2: fsdp.mse_loss
 // DEPTH2-NEXT: fsdp.get_unit @layers.1
 // DEPTH2-NEXT: fsdp.all_gather
-// DEPTH2: fsdp.matmul
-// DEPTH2: fsdp.wait %[[G2]]
 
 // fsdp-shard alone: four gathers (layers.0, 1, 2 and layers.1 again; the
 // backward of layers.0 reads no parameter); without resharding three.
