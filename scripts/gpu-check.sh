@@ -88,6 +88,19 @@ rel = abs(ma - mb) / mb
 print("cuda", ma, "cpu", mb, "relative", rel, "bound", D * 2.0 ** -11,
       "skipped cuda", a.get("skipped_steps"), "cpu", b.get("skipped_steps"))
 sys.exit(0 if rel <= D * 2.0 ** -11 else 1)' "$OUT/d7/log.json" "$OUT/d8/log.json" "$P/gpt_f16.plan"
+# Validation (--eval-every): the step's forward pass on held-out batches.
+# CUDA against the CPU (f32: within 1e-5 relative, issue 9's bar), and
+# evaluations between captured-graph steps (run eagerly) bitwise the eager
+# run's.
+step gpt_eval_cuda "$R" "$P/gpt.plan" --device cuda --steps 10 --lr 3e-3 --eval-every 5 --dump-dir "$OUT/d10"
+step gpt_eval_graphs "$R" "$P/gpt.plan" --device cuda --cuda-graphs --steps 10 --lr 3e-3 --eval-every 5 --dump-dir "$OUT/d11"
+step gpt_eval_cpu "$R" "$P/gpt.plan" --steps 10 --lr 3e-3 --eval-every 5 --threads 8 --dump-dir "$OUT/d12"
+step gpt_eval_equal "$PY" -c '
+import json, sys
+a, g, c = (json.load(open(p))["eval_losses"] for p in sys.argv[1:4])
+d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
+print("cuda", a, "graphs", g, "cpu", c, "max relative cuda-cpu", d)
+sys.exit(0 if len(a) == len(c) == 3 and d <= 1e-5 and a == g else 1)' "$OUT/d10/log.json" "$OUT/d11/log.json" "$OUT/d12/log.json"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4
 step gpt2_speed_graphs "$R" "$P/gpt2.plan" --device cuda --cuda-graphs --steps 10 --lr 1e-4
