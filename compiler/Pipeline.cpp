@@ -85,6 +85,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.dampening = options.dampening;
   opt.nesterov = options.nesterov;
   opt.weightDecay = options.weightDecay;
+  opt.weightDecayParams = options.weightDecayParams;
   opt.beta1 = options.beta1;
   opt.beta2 = options.beta2;
   opt.eps = options.eps;

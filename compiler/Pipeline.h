@@ -28,6 +28,11 @@ struct FsdpPipelineOptions
       *this, "weight-decay",
       llvm::cl::desc("weight decay (default 0.01 AdamW, 0 SGD)"),
       llvm::cl::init(-1.0)};
+  Option<std::string> weightDecayParams{
+      *this, "weight-decay-params",
+      llvm::cl::desc("all | matrices (rank >= 2 only: no decay for biases and "
+                     "norm gains, as nanoGPT and llm.c)"),
+      llvm::cl::init("all")};
   Option<double> beta1{*this, "beta1", llvm::cl::init(0.9)};
   Option<double> beta2{*this, "beta2", llvm::cl::init(0.999)};
   Option<double> eps{*this, "eps", llvm::cl::init(1e-8)};

@@ -73,6 +73,17 @@ void InsertOptimizerPass::runOnOperation() {
   }
   double wd = weightDecay >= 0 ? weightDecay.getValue()
                                : (optimizer == "adamw" ? 0.01 : 0.0);
+  if (weightDecayParams != "all" && weightDecayParams != "matrices") {
+    mlir::emitError(module.getLoc())
+        << "weight-decay-params must be all or matrices, found '"
+        << weightDecayParams << "'";
+    return signalPassFailure();
+  }
+  // nanoGPT's and llm.c's AdamW groups: matrices (embeddings and linear
+  // weights) decay, vectors (biases, norm gains) do not.
+  auto decayOf = [&](ParamOp param) {
+    return weightDecayParams == "all" || param.getTensorType().getRank() >= 2 ? wd : 0.0;
+  };
 
   MLIRContext *ctx = &getContext();
   OpBuilder b(ctx);
@@ -86,6 +97,7 @@ void InsertOptimizerPass::runOnOperation() {
           b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
           b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
           b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
+          b.getNamedAttr("weight_decay_params", b.getStringAttr(weightDecayParams)),
           b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
           b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
           b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
@@ -174,7 +186,8 @@ void InsertOptimizerPass::runOnOperation() {
       auto upd = b.create<AdamwUpdateOp>(
           ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount, skip,
           b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
-          b.getF64FloatAttr(eps), b.getF64FloatAttr(wd));
+          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(),
+          IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
@@ -185,12 +198,14 @@ void InsertOptimizerPass::runOnOperation() {
       auto upd = b.create<SgdMomentumUpdateOp>(
           ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount, skip,
           b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
-          b.getF64FloatAttr(wd), nesterov ? b.getUnitAttr() : UnitAttr());
+          b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
+          nesterov ? b.getUnitAttr() : UnitAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {
       Value np = b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr,
-                                       skip, b.getF64FloatAttr(wd));
+                                       skip, b.getF64FloatAttr(decayOf(param)),
+                                       IntegerAttr(), IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }
     ++numUpdates;

@@ -228,6 +228,10 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"nesterov", "nesterov", "bool", /*default=*/"false", "SGD Nesterov momentum">,
     Option<"weightDecay", "weight-decay", "double", /*default=*/"-1.0",
            "weight decay (default: 0.01 for AdamW, 0 for SGD)">,
+    Option<"weightDecayParams", "weight-decay-params", "std::string",
+           /*default=*/"\"all\"",
+           "all | matrices: decay only parameters of rank >= 2 (no decay for "
+           "biases and norm gains, nanoGPT's and llm.c's AdamW groups)">,
     Option<"beta1", "beta1", "double", /*default=*/"0.9", "AdamW beta1">,
     Option<"beta2", "beta2", "double", /*default=*/"0.999", "AdamW beta2">,
     Option<"eps", "eps", "double", /*default=*/"1e-8", "AdamW epsilon">,

@@ -58,6 +58,7 @@ struct UnitInfo {
   bool frozen = false;
   SmallVector<ParamOp> params;
   SmallVector<int64_t> offsets;
+  int64_t decayNumel = 0; ///< the leading elements weight decay applies to
   int64_t numel = 0;
   UnitOp op;
 };
@@ -168,6 +169,25 @@ void ShardPass::runOnOperation() {
       name += ".frozen";
     names.push_back(name);
   }
+  // weight-decay-params=matrices (fsdp-insert-optimizer): a unit packs its
+  // matrices first, so weight decay covers a prefix of its flat
+  // parameters (decay_numel on the per-unit update).
+  auto optDict = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer");
+  auto policy = optDict ? optDict.getAs<StringAttr>("weight_decay_params") : StringAttr();
+  const bool matricesOnly = policy && policy.getValue() == "matrices";
+  if (matricesOnly) {
+    SmallVector<std::pair<ParamOp, std::string>> byUnit;
+    for (auto [p, name] : llvm::zip(params, names))
+      byUnit.push_back({p, name});
+    auto rankOf = [](ParamOp p) { return p.getTensorType().getRank(); };
+    llvm::stable_sort(byUnit, [&](auto &a, auto &b) {
+      return rankOf(a.first) >= 2 && rankOf(b.first) < 2;
+    });
+    for (auto [i, pn] : llvm::enumerate(byUnit)) {
+      params[i] = pn.first;
+      names[i] = pn.second;
+    }
+  }
   for (auto [p, name] : llvm::zip(params, names)) {
     UnitInfo &u = units[name];
     u.name = name;
@@ -175,6 +195,8 @@ void ShardPass::runOnOperation() {
     u.params.push_back(p);
     u.offsets.push_back(u.numel);
     u.numel += p.getTensorType().getNumElements();
+    if (!matricesOnly || p.getTensorType().getRank() >= 2)
+      u.decayNumel = u.numel;
   }
   if (units.empty()) {
     mlir::emitError(module.getLoc()) << "the model has no parameters to shard";
@@ -721,7 +743,18 @@ void ShardPass::runOnOperation() {
           loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
     OperationState os(loc, updName);
     os.addOperands(operands);
-    os.addAttributes(updAttrs);
+    NamedAttrList attrs(updAttrs);
+    if (matricesOnly) {
+      // The first update may be a vector's (weight_decay 0): the unit's
+      // decayed prefix takes the optimizer's weight decay.
+      attrs.set("weight_decay", optDict.get("weight_decay"));
+      if (u->decayNumel < u->numel) {
+        attrs.set("decay_numel", b.getI64IntegerAttr(u->decayNumel));
+        attrs.set("shard_stride",
+                  b.getI64IntegerAttr(eff == 0 ? 0 : pTy.getNumElements()));
+      }
+    }
+    os.addAttributes(attrs);
     os.addTypes(SmallVector<Type>(updResults, pTy));
     Operation *upd = b.create(os);
     for (auto [i, st] : llvm::enumerate(states))

@@ -897,6 +897,13 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
 
+    With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
+    weight decay applies only to the elements whose position in their
+    unit's flat parameters is below D (the unit packs its decayed
+    parameters first); element i of the operand is at position
+    shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
+    whole unit). Still elementwise.
+
     ```mlir
     %p2 = fsdp.sgd_update %p, %g, %lr {weight_decay = 0.0 : f64} : tensor<64xf32>
     ```
@@ -904,7 +911,9 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
                        Fsdp_Scalar:$lr,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
-                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay);
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                       OptionalAttr<I64Attr>:$decay_numel,
+                       OptionalAttr<I64Attr>:$shard_stride);
   let results = (outs Fsdp_FloatTensor:$new_param);
   let assemblyFormat = [{
     $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
@@ -924,6 +933,13 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
 
+    With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
+    weight decay applies only to the elements whose position in their
+    unit's flat parameters is below D (the unit packs its decayed
+    parameters first); element i of the operand is at position
+    shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
+    whole unit). Still elementwise.
+
     ```mlir
     %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
     ```
@@ -935,6 +951,8 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        F64Attr:$momentum,
                        DefaultValuedAttr<F64Attr, "0.0">:$dampening,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                       OptionalAttr<I64Attr>:$decay_numel,
+                       OptionalAttr<I64Attr>:$shard_stride,
                        UnitAttr:$nesterov);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
   let assemblyFormat = [{
@@ -956,6 +974,13 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
 
+    With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
+    weight decay applies only to the elements whose position in their
+    unit's flat parameters is below D (the unit packs its decayed
+    parameters first); element i of the operand is at position
+    shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
+    whole unit). Still elementwise.
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
     ```
@@ -967,7 +992,9 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
                        DefaultValuedAttr<F64Attr, "0.9">:$beta1,
                        DefaultValuedAttr<F64Attr, "0.999">:$beta2,
                        DefaultValuedAttr<F64Attr, "1e-8">:$eps,
-                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay);
+                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
+                       OptionalAttr<I64Attr>:$decay_numel,
+                       OptionalAttr<I64Attr>:$shard_stride);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
                       Fsdp_FloatTensor:$new_exp_avg_sq);
   let assemblyFormat = [{

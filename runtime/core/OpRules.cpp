@@ -523,6 +523,16 @@ const std::unordered_map<std::string, Check> &checks() {
         size_t scalars = 2 + states;
         if (op.in(scalars).numel() != 1 || (hasStep && op.in(scalars + 1).numel() != 1))
           return FSDP_ERROR(op.inst.op, ": expected scalar lr/step operands");
+        if (op.has("decay_numel") || op.has("shard_stride")) {
+          // weight-decay-params=matrices (decayedCount): both or neither.
+          int64_t d = op.i("decay_numel", -1), stride = op.i("shard_stride", -1);
+          if (!(d >= 0 && d <= (int64_t(1) << 48)))
+            return FSDP_ERROR(op.inst.op, ": decay_numel must be an integer in [0, 2^48]");
+          if (stride != 0 && stride != n)
+            return FSDP_ERROR(op.inst.op, ": shard_stride must be 0 (the whole unit) or the "
+                                          "operand's ", n, " elements (a shard), found ",
+                              op.inst.attrs.value("shard_stride", nlohmann::json()).dump());
+        }
         size_t skip = scalars + (hasStep ? 2 : 1); // skip_nonfinite, optional
         if (op.inst.in.size() > skip && op.in(skip).numel() != 1)
           return FSDP_ERROR(op.inst.op, ": expected a scalar skip_nonfinite operand");

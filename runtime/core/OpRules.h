@@ -103,6 +103,19 @@ struct Op {
   bool has(const char *name) const { return inst.attrs.contains(name); }
 };
 
+/// weight-decay-params=matrices: how many leading elements of an optimizer
+/// update's operand weight decay applies to (all of them without
+/// decay_numel). The unit packs its decayed parameters first; element i of
+/// the operand is at position shard * shard_stride + i of the unit
+/// (shard_stride 0: the whole unit). The plan check validated both.
+inline int64_t decayedCount(const Op &op, int64_t shard) {
+  int64_t n = op.in(0).numel();
+  if (!op.has("decay_numel"))
+    return n;
+  int64_t left = op.i("decay_numel", 0) - shard * op.i("shard_stride", 0);
+  return left < 0 ? 0 : left > n ? n : left;
+}
+
 /// gelu / gelu_grad: the exact (erf) form rather than the tanh one.
 inline bool geluExact(const Op &op) { return op.s("approximate", "tanh") == "none"; }
 

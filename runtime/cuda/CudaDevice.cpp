@@ -1082,21 +1082,33 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     const float *p = r.in(0), *g = r.in(1), *lr = r.in(2);
     float *np = r.out(0);
     double wd = op.f("weight_decay", 0);
-    int64_t cnt = op.in(0).numel();
+    // weight-decay-params=matrices: the decayed prefix, then the rest.
+    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     const float *skip = op.inst.in.size() > 3 ? r.in(3) : nullptr;
-    out = fromCuda([=](cudaStream_t s) { return sgdUpdate(p, g, np, cnt, lr, wd, s, skip); },
-                   n);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          cudaError_t e = k ? sgdUpdate(p, g, np, k, lr, wd, s, skip) : cudaSuccess;
+          return e != cudaSuccess || k == cnt
+                     ? e
+                     : sgdUpdate(p + k, g + k, np + k, cnt - k, lr, 0.0, s, skip);
+        },
+        n);
   } else if (n == "sgd_momentum_update") {
     const float *p = r.in(0), *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
     float *np = r.out(0), *nb = r.out(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
-    int64_t cnt = op.in(0).numel();
+    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     const float *skip = op.inst.in.size() > 5 ? r.in(5) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          return sgdMomentumUpdate(p, g, buf, np, nb, cnt, lr, step, m, damp, wd, nesterov, s,
-                                   skip);
+          cudaError_t e = k ? sgdMomentumUpdate(p, g, buf, np, nb, k, lr, step, m, damp, wd,
+                                                nesterov, s, skip)
+                            : cudaSuccess;
+          return e != cudaSuccess || k == cnt
+                     ? e
+                     : sgdMomentumUpdate(p + k, g + k, buf + k, np + k, nb + k, cnt - k, lr,
+                                         step, m, damp, 0.0, nesterov, s, skip);
         },
         n);
   } else if (n == "adamw_update") {
@@ -1105,17 +1117,24 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
-    int64_t cnt = op.in(0).numel();
+    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     // The fused kernel (CudaNative.h): the reference's math with the
     // scalars formed once per thread; an optional seventh operand is
     // skip_nonfinite (loss scaling: skip the update when it is inf/NaN).
+    // weight-decay-params=matrices: the decayed prefix, then the rest.
     const float *skip = op.inst.in.size() > 6 ? r.in(6) : nullptr;
     FloatKind gk = floatKind(op.in(1).dtype);
     const void *gv = r.in<void>(1);
+    const void *gRest = r.in<uint8_t>(1) + k * dtypeSize(op.in(1).dtype);
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::adamw(p, gv, gk, m, v, np, nm, nv, cnt, lr, step, b1, b2, eps, wd,
-                               nullptr, skip, s);
+          cudaError_t e = k ? native::adamw(p, gv, gk, m, v, np, nm, nv, k, lr, step, b1, b2,
+                                            eps, wd, nullptr, skip, s)
+                            : cudaSuccess;
+          return e != cudaSuccess || k == cnt
+                     ? e
+                     : native::adamw(p + k, gRest, gk, m + k, v + k, np + k, nm + k, nv + k,
+                                     cnt - k, lr, step, b1, b2, eps, 0.0, nullptr, skip, s);
         },
         n);
     (void)g;

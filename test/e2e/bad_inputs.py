@@ -152,6 +152,10 @@ PLAN_CASES = [
     # found a NaN there cast to an integer): wired to the lr buffer instead
     ("adamw step operand reads the lr", "mlp", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(
         5, next(b for b in p["inputs"] if b["role"] == "lr")["buffer"])), "expected a whole update count >= 1"),
+    ("adamw decay_numel -1", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(decay_numel=-1, shard_stride=0)),
+     "decay_numel must be an integer in [0, 2^48]"),
+    ("adamw shard_stride 5", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(decay_numel=4, shard_stride=5)),
+     "shard_stride must be 0 (the whole unit) or the operand's"),
     ("unknown op", "mlp", setter(lambda p: first(p, "relu").update(op="frobnicate")), "unknown op"),
     ("live buffers overlap", "mlp", setter(overlap_two), "overlap in memory while both are live"),
 ]

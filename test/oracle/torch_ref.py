@@ -261,16 +261,26 @@ def load_init(model, init):
             p.copy_(init[name])
 
 
+def decay_of(opts, p):
+    """The weight decay of parameter p: weight-decay-params=matrices decays
+    only tensors of rank >= 2 (nanoGPT's configure_optimizers groups)."""
+    if opts.get("weight_decay_params", "all") == "matrices" and p.dim() < 2:
+        return 0.0
+    return opts["weight_decay"]
+
+
 def make_optimizer(model, opts, lr):
     kind = opts.get("optimizer", "adamw")
+    groups = {}
+    for p in model.parameters():
+        groups.setdefault(decay_of(opts, p), []).append(p)
+    groups = [{"params": ps, "weight_decay": wd} for wd, ps in groups.items()]
     if kind == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr,
-                                 betas=(opts["beta1"], opts["beta2"]), eps=opts["eps"],
-                                 weight_decay=opts["weight_decay"])
+        return torch.optim.AdamW(groups, lr=lr,
+                                 betas=(opts["beta1"], opts["beta2"]), eps=opts["eps"])
     if kind == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=opts["momentum"],
+        return torch.optim.SGD(groups, lr=lr, momentum=opts["momentum"],
                                dampening=opts["dampening"],
-                               weight_decay=opts["weight_decay"],
                                nesterov=bool(opts["nesterov"]))
     sys.exit(f"unsupported optimizer '{kind}'")
 
@@ -336,7 +346,7 @@ class UpdateCheck:
     def step(self, name, theta, g, D, lr):
         """Returns (expected theta after the step, allowed |difference|)."""
         o, st, t = self.o, self.state[name], self.t
-        wd = o["weight_decay"]
+        wd = decay_of(o, theta)
         if self.kind == "adamw":
             b1, b2, eps = o["beta1"], o["beta2"], o["eps"]
             if not st:
