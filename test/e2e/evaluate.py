@@ -22,8 +22,9 @@ each configuration below:
 Configurations: 1 rank; 2 ranks at stage 3 (a prefetched all-gather is in
 flight when the loss is computed, and the loss's all-reduce comes last);
 2 ranks at stage 1; 1 rank with gradient accumulation (the evaluation runs
-the first micro-batch's backward pass too, and drops it); 2 ranks at
-stage 3 in bf16 (checks 1-3 and 5).
+the first micro-batch's backward pass too, and drops it); unit
+recomputation; a 2x2 hybrid-sharded mesh; bf16 on 2 ranks and f16 with
+dynamic loss scaling on one (checks 1-3 and 5).
 
 usage: evaluate.py BIN_DIR RTOL
 """
@@ -87,7 +88,11 @@ def main():
                    ("2 ranks, stage 3", 2, "stage=3", 1, True),
                    ("2 ranks, stage 1", 2, "stage=1", 1, True),
                    ("1 rank, 2 micro-batches", 1, "stage=0 grad-accum=2", 2, True),
-                   ("2 ranks, stage 3, bf16", 2, "stage=3 param-dtype=bf16", 1, False)]
+                   ("2 ranks, stage 3, unit recomputation", 2, "stage=3 recompute=unit", 1, True),
+                   ("4 ranks, 2x2 hybrid sharding", 4, "stage=3 mesh=2x2", 1, True),
+                   ("2 ranks, stage 3, bf16", 2, "stage=3 param-dtype=bf16", 1, False),
+                   ("1 rank, f16 with loss scaling", 1,
+                    "stage=0 param-dtype=f16 loss-scale=dynamic", 1, False)]
         reference = None
         for name, n, pipeline, micro, exact in configs:
             tag = name.replace(" ", "_").replace(",", "")
