@@ -2,8 +2,9 @@
 # The main job on the embedded default: builds everything, compiles
 # examples/mlp.mlir (the FSDP2 tutorial MLP) for ZeRO-3 / FSDP on 4 ranks,
 # checks that the GPT-2 small example compiles too, and trains the MLP on 4
-# local CPU ranks (Gloo), printing the loss as it falls and the predicted
-# vs measured memory per rank. Extra arguments go to fsdp-run.
+# local CPU ranks (Gloo), printing the loss as it falls, the validation
+# loss on held-out samples every 50 steps, and the predicted vs measured
+# memory per rank. Extra arguments go to fsdp-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -21,4 +22,4 @@ build/bin/fsdp-opt examples/mlp.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw world-size=4 stage=3 plan=build/examples/mlp.plan"
 echo "== training the MLP on 4 CPU ranks"
 build/bin/fsdp-run build/examples/mlp.plan --nproc 4 --threads 1 --steps 200 \
-  --lr 1e-3 --log-every 20 "$@"
+  --lr 1e-3 --log-every 20 --eval-every 50 "$@"
