@@ -88,6 +88,12 @@ hdr = [20240520, 1, len(toks)] + [0] * 253
 open(sys.argv[1], "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
 EOF
 expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin"
+# Validation (the step's prefix + the loss's all-reduce) and the weight
+# decay split by shard (weight-decay-params=matrices).
+expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin" \
+  --eval-every 2 --eval-data "$W/tok.bin" --eval-batches 2
+compile "$W/mlp.mlir" "$W/mlp2wd.plan" "optimizer=adamw weight-decay-params=matrices world-size=2 stage=3"
+expect 0 "$W/mlp2wd.plan" --nproc 2 --steps 3 --threads 1 --eval-every 1
 expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
 expect 0 "$W/gptgrad.plan" --gradcheck 2 --threads 1
 expect 0 "$W/llama2z3.plan" --nproc 2 --steps 3 --threads 2
