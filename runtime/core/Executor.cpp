@@ -424,13 +424,12 @@ Status Executor::step(int64_t step, double lr, float &loss) {
 
 // [Note: evaluation]
 // A plan holds one program, the training step; there is no separate
-// forward-only program to keep in step with it. Evaluation runs that
-// program's prefix up to the last instruction (not a collective) that
-// writes the loss output, which is the forward pass (with gradient
-// accumulation, also the earlier micro-batches' backward passes, whose
-// gradients are dropped), then the collectives that reduce the loss
-// across ranks and their waits (the compiler issues them last), and
-// drains whatever else the prefix left in flight (a prefetched gather).
+// forward-only program to keep in step with it. Evaluation runs the
+// instructions of that program's prefix (up to the last instruction, not
+// a collective, that writes the loss output) that the loss depends on:
+// the forward pass, its parameter gathers and their waits, in program
+// order. Then the collectives that reduce the loss across ranks and their
+// waits (the compiler issues them last).
 // Every rank runs the same instructions in the same order, so the
 // collective order stays identical across ranks. Nothing persistent is
 // written before the optimizer runs: every gradient buffer is first
@@ -452,9 +451,35 @@ Status Executor::evaluate(float &loss) {
       end = (int64_t)i;
   if (end < 0)
     return FSDP_ERROR("evaluate: no instruction of the plan computes the loss");
+  // The loss's dependency slice of the prefix, walked backwards: an
+  // instruction runs when it writes a buffer that a running instruction
+  // (or the loss) reads. Buffers are tracked by the buffer owning their
+  // memory (a view's alias_of), so a write through one view counts for
+  // every view of that memory: conservative, never missing a writer. The
+  // forward pass stays; with gradient accumulation the earlier
+  // micro-batches' backward passes and the prefetched backward gathers
+  // drop out. Parameters, optimizer state and inputs have no writer in the
+  // prefix: they hold what init, the last step and fillInputs left.
+  auto owner = [&](int64_t id) {
+    for (int guard = 0; plan.buffers[id].aliasOf >= 0 && guard < 64; ++guard)
+      id = plan.buffers[id].aliasOf;
+    return id;
+  };
+  std::vector<char> needed(plan.buffers.size(), 0);
+  needed[owner(lossBuf)] = 1;
   std::vector<size_t> order;
-  for (size_t i = 0; i <= (size_t)end; ++i)
-    order.push_back(i);
+  for (int64_t i = end; i >= 0; --i) {
+    const Instruction &inst = plan.program[i];
+    bool writes = false;
+    for (int64_t o : inst.out)
+      writes = writes || needed[owner(o)];
+    if (!writes)
+      continue;
+    order.push_back((size_t)i);
+    for (int64_t in : inst.in)
+      needed[owner(in)] = 1;
+  }
+  std::reverse(order.begin(), order.end());
   for (size_t i = end + 1; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
     if (collective[i] && (inst.op == "wait" ? inst.in[0] : inst.out[0]) == lossBuf)
@@ -466,7 +491,8 @@ Status Executor::evaluate(float &loss) {
   for (size_t k = 0; k < order.size() && st; ++k) {
     size_t i = order[k];
     if (k > 0 && order[k - 1] == (size_t)end) {
-      // The prefix's own in-flight collectives complete before the loss's.
+      // Anything else still in flight (none: every gather in the slice
+      // has its wait there too) completes before the loss's collectives.
       for (auto &f : inFlight)
         if (f.first != lossBuf && st)
           st = dev.wait(dev.computeStream(), *f.second);
