@@ -10,8 +10,9 @@
 // the wire, in forward and in backward (where it moves past unit k's
 // reduce-scatter). Gathers keep their order among themselves and no
 // backward gather moves above the loss it follows; every rank runs the
-// same program, so the cross-rank order of collectives is identical. (3) Waits move up to bound what is in flight: `depth`
-// gathers and one other collective (one collective without prefetch).
+// same program, so the cross-rank order of collectives is identical.
+// (3) Waits move up to bound what is in flight: `depth` gathers and one
+// other collective (one collective without prefetch).
 //
 //===----------------------------------------------------------------------===//
 

@@ -176,13 +176,19 @@ void ShardPass::runOnOperation() {
   auto policy = optDict ? optDict.getAs<StringAttr>("weight_decay_params") : StringAttr();
   const bool matricesOnly = policy && policy.getValue() == "matrices";
   if (matricesOnly) {
+    // Within each unit only: units keep the order of their first
+    // parameter, parameters of a kind keep theirs.
+    llvm::StringMap<size_t> unitOrder;
     SmallVector<std::pair<ParamOp, std::string>> byUnit;
-    for (auto [p, name] : llvm::zip(params, names))
+    for (auto [p, name] : llvm::zip(params, names)) {
+      unitOrder.try_emplace(name, unitOrder.size());
       byUnit.push_back({p, name});
-    auto rankOf = [](ParamOp p) { return p.getTensorType().getRank(); };
-    llvm::stable_sort(byUnit, [&](auto &a, auto &b) {
-      return rankOf(a.first) >= 2 && rankOf(b.first) < 2;
-    });
+    }
+    auto key = [&](const std::pair<ParamOp, std::string> &pn) {
+      ParamOp p = pn.first;
+      return std::make_pair(unitOrder.lookup(pn.second), p.getTensorType().getRank() < 2);
+    };
+    llvm::stable_sort(byUnit, [&](auto &a, auto &b) { return key(a) < key(b); });
     for (auto [i, pn] : llvm::enumerate(byUnit)) {
       params[i] = pn.first;
       names[i] = pn.second;

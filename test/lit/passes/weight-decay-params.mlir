@@ -14,7 +14,10 @@
 // declared first), so the decay covers the unit's first 32 elements:
 // rank r's shard of 14 starts at 14 r (shard_stride). A unit of matrices
 // only decays everywhere (no attributes).
-// Z3: fsdp.unit @layers.0 : tensor<42xf32> shard tensor<14xf32> numel 40 params [@w1, @b1] sharded
+// Units keep their order (head, whose only parameter is a vector, first).
+// Z3: fsdp.unit @head : tensor<9xf32> shard tensor<3xf32> numel 8 params [@s] sharded
+// Z3-NEXT: fsdp.unit @layers.0 : tensor<42xf32> shard tensor<14xf32> numel 40 params [@w1, @b1] sharded
+// Z3: fsdp.adamw_update {{.+}} {decay_numel = 0 : i64, shard_stride = 3 : i64} : tensor<3xf32>
 // Z3: fsdp.adamw_update {{.+}} {decay_numel = 32 : i64, shard_stride = 14 : i64} : tensor<14xf32>
 // Z3: fsdp.adamw_update %{{[^{]+}} : tensor<22xf32>
 
@@ -29,17 +32,20 @@
 
 // BAD: weight-decay-params must be all or matrices, found 'vectors'
 
+fsdp.param @s : tensor<8xf32> init("zeros") unit "head"
 fsdp.param @b1 : tensor<8xf32> init("zeros") unit "layers.0"
 fsdp.param @w1 : tensor<8x4xf32> init("normal", 0.02) unit "layers.0"
 fsdp.param @w2 : tensor<8x8xf32> init("normal", 0.02) unit "layers.1"
 
 func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %s = fsdp.get_param @s : tensor<8xf32>
   %b1 = fsdp.get_param @b1 : tensor<8xf32>
   %w1 = fsdp.get_param @w1 : tensor<8x4xf32>
   %w2 = fsdp.get_param @w2 : tensor<8x8xf32>
   %h = fsdp.matmul %x, %w1 transpose_rhs : (tensor<16x4xf32>, tensor<8x4xf32>) -> tensor<16x8xf32>
   %hb = fsdp.bias_add %h, %b1 : tensor<16x8xf32>, tensor<8xf32>
   %o = fsdp.matmul %hb, %w2 transpose_rhs : (tensor<16x8xf32>, tensor<8x8xf32>) -> tensor<16x8xf32>
-  %l = fsdp.mse_loss %o, %y : tensor<16x8xf32> -> tensor<f32>
+  %os = fsdp.bias_add %o, %s : tensor<16x8xf32>, tensor<8xf32>
+  %l = fsdp.mse_loss %os, %y : tensor<16x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
