@@ -43,8 +43,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.recompute = options.recompute;
   search.recomputeUnits = options.recomputeUnits;
   if (options.reshardAfterForward.hasValue())
-    search.reshardAfterForward =
-        options.reshardAfterForward ? "true" : "false";
+    search.reshardAfterForward = options.reshardAfterForward;
   if (options.prefetch.hasValue() && !options.prefetch)
     search.prefetchDepth = 0;
   else if (options.prefetchDepth.hasValue())

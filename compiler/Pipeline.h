@@ -95,10 +95,13 @@ struct FsdpPipelineOptions
                         llvm::cl::desc("ZeRO stage: 0 DDP, 1 optimizer "
                                        "state, 2 + gradients, 3 + parameters"),
                         llvm::cl::init(3)};
-  Option<bool> reshardAfterForward{
+  Option<std::string> reshardAfterForward{
       *this, "reshard-after-forward",
-      llvm::cl::desc("stage 3: free gathered parameters after forward"),
-      llvm::cl::init(true)};
+      llvm::cl::desc("stage 3: true (free gathered parameters after "
+                     "forward), false, or G (keep 1/G of each unit and "
+                     "gather it within G consecutive ranks for backward: "
+                     "hpZ)"),
+      llvm::cl::init("true")};
   Option<std::string> unitPolicy{*this, "unit-policy",
                                  llvm::cl::desc("layer | size | none"),
                                  llvm::cl::init("layer")};

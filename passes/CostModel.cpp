@@ -164,11 +164,12 @@ bool isLowPrecision(Value v) {
 StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                                        const MemoryPlan &plan,
                                        const DeviceProfile &p) {
-  int64_t world = 1, replicas = 1, shards = 1;
+  int64_t world = 1, replicas = 1, shards = 1, reshard = 0;
   if (MeshAttr mesh = getMesh(module)) {
     world = mesh.getWorldSize();
     replicas = mesh.getReplicas();
     shards = mesh.getShards();
+    reshard = mesh.getReshard();
   }
   // Ranks sharing one host's cores (a CPU profile) share them by processor
   // sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
@@ -215,10 +216,16 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       StringRef group = "world";
       if (auto g = op->getAttrOfType<StringAttr>("group"))
         group = g.getValue();
-      int64_t n = group == "shard" ? shards : group == "replica" ? replicas : world;
-      // A group spans nodes when its ranks do not fit one node: shard
-      // groups are contiguous ranks, replica groups strided across all.
-      int64_t span = group == "shard" ? shards : world;
+      int64_t n = group == "shard"     ? shards
+                  : group == "replica" ? replicas
+                  : group == "reshard" ? reshard
+                                       : world;
+      // A group spans nodes when its ranks do not fit one node: shard and
+      // reshard groups are contiguous ranks, replica groups strided across
+      // all.
+      int64_t span = group == "shard"     ? shards
+                     : group == "reshard" ? reshard
+                                          : world;
       bool inter = p.ranksPerNode > 0 && span > p.ranksPerNode;
       Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
       double cost = collectiveSeconds(name, n, int64_t(bytesOf(whole)), inter, p);

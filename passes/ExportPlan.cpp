@@ -147,6 +147,8 @@ void ExportPlanPass::runOnOperation() {
       o["alias_of"] = b.aliasOf;
       if (b.rankStride)
         o["rank_stride"] = b.rankStride;
+      if (b.rankPeriod)
+        o["rank_period"] = b.rankPeriod;
     }
   }
 
@@ -391,9 +393,13 @@ void ExportPlanPass::runOnOperation() {
     root["loss_scale"] = std::move(o);
   }
   // A 1-D mesh needs no record (docs/PLAN_FORMAT.md: absent = 1 x N).
-  if (mesh && mesh.getReplicas() > 1)
-    root["mesh"] = json::Object{{"replicas", mesh.getReplicas()},
-                                {"shards", mesh.getShards()}};
+  if (mesh && (mesh.getReplicas() > 1 || mesh.getReshard())) {
+    json::Object m{{"replicas", mesh.getReplicas()},
+                   {"shards", mesh.getShards()}};
+    if (mesh.getReshard())
+      m["reshard"] = mesh.getReshard();
+    root["mesh"] = std::move(m);
+  }
   json::Value value(std::move(root));
   llvm::Error err = llvm::writeToOutput(output, [&](llvm::raw_ostream &os) {
     os << llvm::formatv("{0:1}", value) << "\n";

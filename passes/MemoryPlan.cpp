@@ -133,6 +133,17 @@ bool mlir::fsdp::isStorageAlias(Operation *op) {
   return false;
 }
 
+/// A copy of this rank's part of a gathered unit for its backward
+/// (fsdp-shard's reshard-after-forward=G): a pack of a shard view over the
+/// reshard group.
+static bool isReshardCopy(Operation *op) {
+  auto pack = dyn_cast_or_null<PackOp>(op);
+  if (!pack || pack.getInputs().size() != 1)
+    return false;
+  auto v = pack.getInputs()[0].getDefiningOp<ShardViewOp>();
+  return v && v.getGroup() && *v.getGroup() == "reshard";
+}
+
 namespace {
 /// Where an aliased value lives: inside `base` (a value or a symbol's
 /// storage) at a byte offset, plus rank * rankStride.
@@ -141,6 +152,9 @@ struct AliasInfo {
   FlatSymbolRefAttr symbol;
   int64_t byteOffset = 0;
   int64_t rankStride = 0;
+  /// The stride counts the rank's index in the reshard group (shard index
+  /// mod rankPeriod) instead of its shard index; 0: the shard index.
+  int64_t rankPeriod = 0;
 };
 } // namespace
 
@@ -315,9 +329,15 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     if (auto v = dyn_cast<ViewOp>(op))
       alias[v.getResult()] = {v.getInput(), {},
                               v.getOffset() * elemBytes(v.getResult()), 0};
-    else if (auto v = dyn_cast<ShardViewOp>(op))
+    else if (auto v = dyn_cast<ShardViewOp>(op)) {
+      int64_t period = 0;
+      if (v.getGroup() && *v.getGroup() == "reshard")
+        if (MeshAttr mesh = getMesh(v))
+          period = mesh.getReshard();
       alias[v.getResult()] = {v.getInput(), {}, 0,
-                              byteSize(cast<RankedTensorType>(v.getType()))};
+                              byteSize(cast<RankedTensorType>(v.getType())),
+                              period};
+    }
     else if (isa<GetParamOp, GetStateOp, GetUnitOp>(op))
       alias[op.getResult(0)] = {{}, storageRead(op.getResult(0)), 0, 0};
     else if (auto w = dyn_cast<WaitOp>(op))
@@ -399,7 +419,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       int64_t idx = plan.instrIndex.lookup(&op);
       b.first = b.last = idx;
       Operation *d = r.getDefiningOp();
-      if (gradValues.contains(r) || isa<PackOp, ReduceScatterOp>(d))
+      if (isReshardCopy(d))
+        b.kind = BufKind::Comm; // hpZ: a unit's 1/G kept for the backward
+      else if (gradValues.contains(r) || isa<PackOp, ReduceScatterOp>(d))
         b.kind = BufKind::Grad;
       else if (isa<AllGatherOp>(d) ||
                (isa<CastOp>(d) && storageRead(d->getOperand(0))))
@@ -421,8 +443,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // Resolve aliases (views of views, packed gradients of an in-place
   // all-reduce, ...) to root buffers. Each alias gets a buffer record of its
   // own (its shape and dtype) that points at the root.
-  std::function<FailureOr<std::tuple<int64_t, int64_t, int64_t>>(Value)>
-      resolve = [&](Value v) -> FailureOr<std::tuple<int64_t, int64_t, int64_t>> {
+  std::function<FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>>(Value)>
+      resolve = [&](Value v)
+      -> FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>> {
     auto it = alias.find(v);
     if (it == alias.end()) {
       auto b = plan.valueBuffer.find(v);
@@ -431,10 +454,11 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       int64_t id = b->second;
       while (plan.buffers[id].aliasOf >= 0)
         id = plan.buffers[id].aliasOf;
-      return std::make_tuple(id, (int64_t)0, (int64_t)0);
+      return std::make_tuple(id, (int64_t)0, (int64_t)0, (int64_t)0);
     }
     AliasInfo a = it->second;
-    int64_t root, off = a.byteOffset, stride = a.rankStride;
+    int64_t root, off = a.byteOffset, stride = a.rankStride,
+                  period = a.rankPeriod;
     if (a.symbol) {
       auto s = plan.symbolBuffer.find(a.symbol.getValue());
       if (s == plan.symbolBuffer.end())
@@ -446,9 +470,14 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         return failure();
       root = std::get<0>(*r);
       off += std::get<1>(*r);
+      // Strides over two different rank indices do not add up to one.
+      if (stride && std::get<2>(*r) && period != std::get<3>(*r))
+        return failure();
+      if (std::get<2>(*r))
+        period = std::get<3>(*r);
       stride += std::get<2>(*r);
     }
-    return std::make_tuple(root, off, stride);
+    return std::make_tuple(root, off, stride, period);
   };
   for (Operation &op : body.without_terminator())
     for (Value r : op.getResults()) {
@@ -457,7 +486,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       auto res = resolve(r);
       if (failed(res))
         return op.emitOpError() << "cannot place this value in memory";
-      auto [root, off, stride] = *res;
+      auto [root, off, stride, period] = *res;
       const PlannedBuffer &rb = plan.buffers[root];
       auto t = cast<RankedTensorType>(r.getType());
       if (off == 0 && stride == 0 && t == rb.type) {
@@ -471,6 +500,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       b.persistent = rb.persistent;
       b.aliasOf = root;
       b.rankStride = stride;
+      b.rankPeriod = stride ? period : 0;
       b.offset = off; // relative for now
       b.name = rb.name + ".view" + std::to_string(off);
       plan.valueBuffer[r] = addBuffer(b);

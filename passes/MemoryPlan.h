@@ -42,6 +42,9 @@ struct PlannedBuffer {
   /// the arena start; the runtime adds rank * rankStride (shard views).
   int64_t aliasOf = -1;
   int64_t rankStride = 0;
+  /// Nonzero: the stride counts shard index mod rankPeriod (a shard view
+  /// over the reshard group), not the shard index.
+  int64_t rankPeriod = 0;
   /// For a unit's storage: the unit index.
   int64_t unit = -1;
 };

@@ -361,6 +361,16 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
       before its first backward use, except a unit that no other unit's
       gather separates from its backward (the last unit of the forward,
       like FSDP2's root), which keeps its forward gather.
+      `reshard-after-forward=G` (1 < G < S, G divides S, S the shard
+      group) reshards to an intermediate group instead (FSDP2's
+      `reshard_after_forward=G`, ZeRO++'s hpZ): after the unit's last
+      forward read each rank copies its 1/G of the gathered parameters
+      (`fsdp.shard_view {group = "reshard"}` + `fsdp.pack`), and the
+      backward gathers them within its G consecutive ranks (`group =
+      "reshard"`, recorded as `reshard = G` in `fsdp.mesh`): a backward
+      all-gather within one node instead of across the shard group, for
+      1/G of the unit held between forward and backward. G = S is true,
+      G = 1 false.
     Global-norm clipping becomes a squared norm over the local shards plus
     a scalar all-reduce. With more than one rank the loss is all-reduced
     (mean) so every rank reports the global loss.
@@ -389,9 +399,12 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "number of ranks (1-D mesh)">,
     Option<"stage", "stage", "int64_t", /*default=*/"3",
            "0 (DDP), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)">,
-    Option<"reshardAfterForward", "reshard-after-forward", "bool",
-           /*default=*/"true",
-           "stage 3: free gathered parameters after forward, gather again for backward">,
+    Option<"reshardAfterForward", "reshard-after-forward", "std::string",
+           /*default=*/"\"true\"",
+           "stage 3: true (free gathered parameters after forward, gather "
+           "again for backward), false (keep them), or G (keep 1/G of each "
+           "unit after forward and gather it within G consecutive ranks for "
+           "backward: FSDP2's reshard_after_forward=G, ZeRO++'s hpZ)">,
     Option<"mesh", "mesh", "std::string", /*default=*/"\"\"",
            "RxS: hybrid sharding on a 2-D mesh of R replicas x S shards "
            "(R*S = world-size); empty: 1-D mesh (S = world-size)">,

@@ -42,7 +42,8 @@ namespace {
 struct Choice {
   int64_t layersPerUnit = 1;
   std::string recompute = "none";
-  bool reshard = true;
+  /// reshard-after-forward: "true", "false" or a reshard group size G.
+  std::string reshard = "true";
   int64_t depth = 1;
   /// recompute=unit: recompute only the first `units` units (-1: all).
   int64_t units = -1;
@@ -51,7 +52,7 @@ struct Choice {
     return "layers-per-unit=" + std::to_string(layersPerUnit) +
            " recompute=" + recompute +
            (units >= 0 ? " recompute-units=" + std::to_string(units) : "") +
-           " reshard-after-forward=" + (reshard ? "true" : "false") +
+           " reshard-after-forward=" + reshard +
            " prefetch-depth=" + std::to_string(depth);
   }
 };
@@ -98,11 +99,11 @@ struct SearchSchedulePass
     r.units = units;
     return run(m, createFsdpRecompute(r));
   }
-  bool shard(ModuleOp m, bool reshard) {
+  bool shard(ModuleOp m, StringRef reshard) {
     FsdpShardOptions s;
     s.worldSize = worldSize;
     s.stage = stage;
-    s.reshardAfterForward = reshard;
+    s.reshardAfterForward = reshard.str();
     s.mesh = mesh;
     return run(m, createFsdpShard(s));
   }
@@ -195,10 +196,21 @@ void SearchSchedulePass::runOnOperation() {
       !llvm::is_contained({"none", "unit", "selective"}, recompute.getValue()))
     return fail("recompute='" + recompute +
                 "': expected none, selective or unit");
+  // The shard group's size (fsdp-shard checks the mesh itself).
+  int64_t shards = worldSize;
+  if (!mesh.empty()) {
+    int64_t r = 0;
+    if (StringRef(mesh).split('x').first.getAsInteger(10, r) || r < 1 ||
+        worldSize % r)
+      return fail("mesh='" + mesh + "': expected RxS with R*S = world-size");
+    shards = worldSize / r;
+  }
+  int64_t pinnedGroup = 0;
   if (!reshardAfterForward.empty() && reshardAfterForward != "true" &&
-      reshardAfterForward != "false")
+      reshardAfterForward != "false" &&
+      StringRef(reshardAfterForward).getAsInteger(10, pinnedGroup))
     return fail("reshard-after-forward='" + reshardAfterForward +
-                "': expected true or false");
+                "': expected true, false or a number of ranks");
   if (!getTrainStep(module, "fsdp-autodiff"))
     return signalPassFailure();
 
@@ -211,11 +223,17 @@ void SearchSchedulePass::runOnOperation() {
   SmallVector<std::string> recomputes{"none", "selective", "unit"};
   if (!recompute.empty())
     recomputes.assign(1, recompute);
-  SmallVector<bool> reshards{false, true};
+  // Resharding after forward: not at all, to the shard group, or (hpZ) to
+  // one node of the profile's link when that is a proper divisor of the
+  // shard group: the backward's gathers then stay on the node's link.
+  SmallVector<std::string> reshards{"false", "true"};
+  int64_t node = profile.ranksPerNode;
+  if (node > 1 && node < shards && shards % node == 0)
+    reshards.push_back(std::to_string(node));
   if (!reshardAfterForward.empty())
-    reshards.assign(1, reshardAfterForward == "true");
+    reshards.assign(1, reshardAfterForward);
   else if (stage != 3)
-    reshards.assign(1, true); // only stage 3 reshards
+    reshards.assign(1, "true"); // only stage 3 reshards
   SmallVector<int64_t> depths{0, 1, 2};
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -233,7 +251,7 @@ void SearchSchedulePass::runOnOperation() {
       int64_t units = rc == "unit" ? int64_t(recomputeUnits) : -1;
       if (!recomputeStep(*recomputed, rc, units))
         return signalPassFailure();
-      for (bool reshard : reshards) {
+      for (const std::string &reshard : reshards) {
         OwningOpRef<ModuleOp> sharded = clone(*recomputed);
         if (!shard(*sharded, reshard))
           return signalPassFailure();
@@ -398,7 +416,14 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("layers_per_unit", b.getI64IntegerAttr(c.layersPerUnit)),
           b.getNamedAttr("recompute", b.getStringAttr(c.recompute)),
           b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
-          b.getNamedAttr("reshard_after_forward", b.getBoolAttr(c.reshard)),
+          b.getNamedAttr("reshard_after_forward",
+                         b.getBoolAttr(c.reshard != "false")),
+          // hpZ (reshard-after-forward=G): G; 0 otherwise.
+          b.getNamedAttr("reshard_group",
+                         b.getI64IntegerAttr(c.reshard == "true" ||
+                                                     c.reshard == "false"
+                                                 ? 0
+                                                 : std::stoll(c.reshard))),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("predicted_step_s",
                          b.getF64FloatAttr(best->predicted.stepS)),

@@ -124,6 +124,31 @@ void ShardPass::runOnOperation() {
   // With one shard per replica there is nothing to shard: stages 1 and 2
   // are stage 0.
   const int64_t eff = (shards == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
+  // reshard-after-forward: true (to the S ranks of the shard group), false
+  // (keep the gathered unit: 1 rank) or G ranks (hpZ: 1 < G < S).
+  int64_t reshardTo = shards;
+  {
+    StringRef v = reshardAfterForward;
+    bool ok = true;
+    if (v == "true")
+      reshardTo = shards;
+    else if (v == "false")
+      reshardTo = 1;
+    else
+      ok = !v.getAsInteger(10, reshardTo) && reshardTo >= 1 &&
+           (eff != 3 || (reshardTo <= shards && shards % reshardTo == 0));
+    if (!ok) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-shard: reshard-after-forward='" << v
+          << "' must be true, false or a number of ranks G dividing the "
+          << shards << " ranks of the shard group";
+      return signalPassFailure();
+    }
+  }
+  const bool reshard = reshardTo > 1;
+  // The intermediate group (hpZ), if any: 1 < G < S.
+  const int64_t hpz =
+      (eff == 3 && reshardTo > 1 && reshardTo < shards) ? reshardTo : 0;
   OpBuilder b(ctx);
   // The group a collective on one mesh axis runs over; none (every rank)
   // when that axis is the whole world.
@@ -131,6 +156,7 @@ void ShardPass::runOnOperation() {
       replicas > 1 ? b.getStringAttr("shard") : StringAttr();
   const StringAttr replicaGroup =
       shards > 1 ? b.getStringAttr("replica") : StringAttr();
+  const StringAttr reshardGroup = b.getStringAttr("reshard");
   auto allGather = [&](Location loc, Type ty, Value in, StringAttr group) {
     ++numCollectives;
     return b.create<AllGatherOp>(loc, ty, in, UnitAttr(), group).getResult();
@@ -152,10 +178,9 @@ void ShardPass::runOnOperation() {
         .getResult();
   };
   module->setAttr(kMeshAttrName,
-                  MeshAttr::get(&getContext(), replicas, shards));
+                  MeshAttr::get(&getContext(), replicas, shards, hpz));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
-  module->setAttr("fsdp.reshard_after_forward",
-                  b.getBoolAttr(reshardAfterForward));
+  module->setAttr("fsdp.reshard_after_forward", b.getBoolAttr(reshard));
 
   // --- 1. Units. ----------------------------------------------------------
   llvm::MapVector<StringRef, UnitInfo> units;
@@ -467,6 +492,24 @@ void ShardPass::runOnOperation() {
     return allGather(before->getLoc(), withElem(fullTy(u), elem), s,
                      shardGroup);
   };
+  // hpZ: after the unit's last forward read this rank copies its 1/G of
+  // the gathered parameters (its index in the reshard group picks which),
+  // the gathered buffer is freed, and the backward gathers the G copies
+  // within the reshard group. The copy is in the gathered dtype, so a bf16
+  // policy keeps 2 bytes per element.
+  auto regather = [&](Value full, Operation *lastFwd,
+                      Operation *firstBwd) -> Value {
+    auto fullTy = cast<RankedTensorType>(full.getType());
+    auto partTy = RankedTensorType::get({fullTy.getNumElements() / hpz},
+                                        fullTy.getElementType());
+    b.setInsertionPointAfter(lastFwd);
+    Value part = b.create<ShardViewOp>(lastFwd->getLoc(), partTy, full,
+                                       reshardGroup);
+    part = b.create<PackOp>(lastFwd->getLoc(), partTy, ValueRange{part},
+                            b.getDenseI64ArrayAttr({0}));
+    b.setInsertionPoint(firstBwd);
+    return allGather(firstBwd->getLoc(), fullTy, part, reshardGroup);
+  };
   for (auto &[key, r] : reads) {
     UnitInfo *u = std::get<0>(key);
     Type elem = std::get<2>(key);
@@ -476,10 +519,14 @@ void ShardPass::runOnOperation() {
     if (eff == 3) {
       if (r.firstForwardUse)
         fwd = gather(*u, r.firstForwardUse, elem);
-      if (r.firstBackwardUse)
-        bwd = ((reshardAfterForward && !keepsForwardGather(r)) || !fwd)
-                  ? gather(*u, r.firstBackwardUse, elem)
-                  : fwd;
+      if (r.firstBackwardUse) {
+        if (fwd && (!reshard || keepsForwardGather(r)))
+          bwd = fwd;
+        else if (fwd && hpz)
+          bwd = regather(fwd, r.lastForwardUse, r.firstBackwardUse);
+        else
+          bwd = gather(*u, r.firstBackwardUse, elem);
+      }
     } else {
       Operation *first = r.firstForwardUse ? r.firstForwardUse : r.firstBackwardUse;
       if (r.firstForwardUse && r.firstBackwardUse &&

@@ -27,7 +27,7 @@ void FsdpDialect::initialize() {
 
 LogicalResult
 MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                 int64_t replicas, int64_t shards) {
+                 int64_t replicas, int64_t shards, int64_t reshard) {
   if (replicas < 1 || shards < 1)
     return emitError() << "mesh needs replicas >= 1 and shards >= 1, found "
                        << replicas << " x " << shards;
@@ -35,6 +35,10 @@ MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (__builtin_mul_overflow(replicas, shards, &world))
     return emitError() << "mesh " << replicas << " x " << shards
                        << " overflows";
+  if (reshard != 0 && (reshard < 2 || reshard >= shards || shards % reshard))
+    return emitError() << "mesh reshard group of " << reshard
+                       << " ranks: expected 1 < reshard < shards (" << shards
+                       << ") and a divisor of it";
   return success();
 }
 

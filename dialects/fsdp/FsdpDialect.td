@@ -45,21 +45,31 @@ def Fsdp_MeshAttr : AttrDef<Fsdp_Dialect, "Mesh"> {
     collective's `group` ("world", "shard", "replica") names one of its
     groups.
 
+    `reshard = G` (optional; 1 < G < shards, G divides shards): the
+    reshard-after-forward group of stage 3 (FSDP2's
+    `reshard_after_forward=G`, ZeRO++'s hpZ): G consecutive ranks of one
+    replica's shard group, typically one node. Group "reshard" names it;
+    rank r is its member (r mod shards) mod G.
+
     ```mlir
     module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 4>} {}
+    module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 2>} {}
     ```
   }];
-  let parameters = (ins "int64_t":$replicas, "int64_t":$shards);
-  let assemblyFormat = "`<` `replicas` `=` $replicas `,` `shards` `=` $shards `>`";
+  let parameters = (ins "int64_t":$replicas, "int64_t":$shards,
+                        DefaultValuedParameter<"int64_t", "0">:$reshard);
+  let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// replicas x shards.
     int64_t getWorldSize() const { return getReplicas() * getShards(); }
-    /// Ranks in `group`: "world", "shard" or "replica"; 0 for another name.
+    /// Ranks in `group`: "world", "shard", "replica" or "reshard" (0
+    /// without a reshard group); 0 for another name.
     int64_t getGroupSize(::llvm::StringRef group) const {
       return group == "world" ? getWorldSize()
              : group == "shard" ? getShards()
-             : group == "replica" ? getReplicas() : 0;
+             : group == "replica" ? getReplicas()
+             : group == "reshard" ? getReshard() : 0;
     }
   }];
 }

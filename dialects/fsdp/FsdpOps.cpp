@@ -627,10 +627,15 @@ static int64_t groupSizeOf(Operation *op, StringRef group) {
 static LogicalResult verifyGroup(Operation *op) {
   auto g = op->getAttrOfType<StringAttr>("group");
   if (g && g.getValue() != "world" && g.getValue() != "shard" &&
-      g.getValue() != "replica")
-    return op->emitOpError() << "expected group = \"world\", \"shard\" or "
-                                "\"replica\", found \""
+      g.getValue() != "replica" && g.getValue() != "reshard")
+    return op->emitOpError() << "expected group = \"world\", \"shard\", "
+                                "\"replica\" or \"reshard\", found \""
                              << g.getValue() << "\"";
+  // A reshard group exists only where the mesh records one.
+  if (g && g.getValue() == "reshard")
+    if (MeshAttr mesh = getMesh(op); mesh && !mesh.getReshard())
+      return op->emitOpError() << "group \"reshard\" needs a mesh with a "
+                                  "reshard group (#fsdp.mesh<..., reshard = G>)";
   return success();
 }
 

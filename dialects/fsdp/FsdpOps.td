@@ -1139,16 +1139,18 @@ def Fsdp_ViewOp : Fsdp_Op<"view", [Pure]> {
 def Fsdp_ShardViewOp : Fsdp_Op<"shard_view", [Pure]> {
   let summary = "this rank's shard of a flat buffer";
   let description = [{
-    Elements [rank * S, (rank + 1) * S) of the input, S = numel(result);
-    the input must hold world_size * S elements. An alias, not a copy.
-    This is the one place where the rank enters an offset, and it does so
-    by a fixed rule the runtime applies (offset + rank * S).
+    Elements [i * S, (i + 1) * S) of the input, S = numel(result), i this
+    rank's index in `group` (absent: "shard", the shard index); the input
+    must hold group-size * S elements. An alias, not a copy. This is the
+    one place where the rank enters an offset, and it does so by a fixed
+    rule the runtime applies (offset + i * S).
 
     ```mlir
     %p = fsdp.shard_view %full : tensor<264xf32> -> tensor<66xf32>
+    %q = fsdp.shard_view %full {group = "reshard"} : tensor<264xf32> -> tensor<132xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input);
+  let arguments = (ins Fsdp_FloatTensor:$input, OptionalAttr<StrAttr>:$group);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;

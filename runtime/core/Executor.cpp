@@ -87,12 +87,14 @@ Communicator &Executor::group(const std::string &name) {
     return *shardComm;
   if (name == "replica" && replicaComm)
     return *replicaComm;
+  if (name == "reshard" && reshardComm)
+    return *reshardComm;
   return comm;
 }
 
 int64_t Executor::commBytes() const {
   int64_t n = comm.bytesSent();
-  for (const auto *g : {&shardComm, &replicaComm})
+  for (const auto *g : {&shardComm, &replicaComm, &reshardComm})
     if (*g)
       n += (*g)->bytesSent();
   return n;
@@ -128,6 +130,20 @@ Status Executor::init(uint64_t seed) {
     FSDP_RETURN_IF_ERROR(comm.subgroup({comm.rank()}, "self", shardComm));
   } else if (plan.meshShards > 1 && plan.worldSize > 1) {
     FSDP_RETURN_IF_ERROR(comm.subgroup({comm.rank()}, "self", replicaComm));
+  }
+  // [Note: reshard group] With reshard-after-forward=G (hpZ) a rank also
+  // joins the G consecutive ranks of its shard group that gather the
+  // parts each kept after the forward pass (its index there is shard mod
+  // G, the rank_period of those shard views). Created after the mesh's
+  // groups, in the same order on every rank.
+  if (plan.meshReshard > 1) {
+    int64_t r = comm.rank(), g = plan.meshReshard;
+    int64_t first = r - shardIndex() % g;
+    std::vector<int64_t> ranks;
+    for (int64_t j = 0; j < g; ++j)
+      ranks.push_back(first + j);
+    FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g),
+                                       reshardComm));
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes));
   arena = dev.arenaBase();
@@ -314,7 +330,7 @@ Status Executor::setStepCapture(bool on) {
     if (!dev.canCapture())
       return FSDP_ERROR("device ", dev.name(), " cannot capture a step (CUDA graphs need "
                         "--device cuda)");
-    for (Communicator *c : {&comm, shardComm.get(), replicaComm.get()})
+    for (Communicator *c : {&comm, shardComm.get(), replicaComm.get(), reshardComm.get()})
       if (c && c->size() > 1 && !c->capturable())
         return FSDP_ERROR("the step's collectives run host code (the host-staged "
                           "communicator of ranks sharing a GPU): it cannot be captured");

@@ -135,6 +135,9 @@ private:
   /// On a 2-D mesh: the ranks sharding this rank's replica, and the ranks
   /// holding this rank's shard (null where the group is the whole world).
   std::unique_ptr<Communicator> shardComm, replicaComm;
+  /// reshard-after-forward=G: the G ranks gathering the parts kept after
+  /// the forward pass ([Note: reshard group]); null without one.
+  std::unique_ptr<Communicator> reshardComm;
   uint8_t *arena = nullptr; ///< the device's arena base
   /// Per instruction: run by the communicator (PlanSchema.h's OpKind).
   std::vector<bool> collective;

@@ -152,6 +152,7 @@ Widened widen(const Plan &plan, const Instruction &inst) {
   w.plan.worldSize = plan.worldSize;
   w.plan.meshReplicas = plan.meshReplicas;
   w.plan.meshShards = plan.meshShards;
+  w.plan.meshReshard = plan.meshReshard;
   w.plan.stage = plan.stage;
   std::unordered_map<int64_t, int64_t> slot;
   auto map = [&](int64_t id) {
@@ -164,6 +165,7 @@ Widened widen(const Plan &plan, const Instruction &inst) {
       b.bytes = b.numel() * dtypeSize(b.dtype);
       b.offset = w.bytes;
       b.rankStride = 0;
+      b.rankPeriod = 0;
       b.aliasOf = -1;
       w.bytes += (b.bytes + 63) / 64 * 64;
       w.plan.buffers.push_back(std::move(b));
@@ -610,7 +612,8 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
       if (!g->is_string() || plan.groupSize(g->get<std::string>()) == 0)
         return FSDP_ERROR(inst.op,
                           ": attribute group: expected \"world\", "
-                          "\"shard\" or \"replica\", found ",
+                          "\"shard\", \"replica\" or (with a mesh reshard group) "
+                          "\"reshard\", found ",
                           g->is_primitive() ? g->dump() : g->type_name());
       group = g->get<std::string>();
     }

@@ -214,6 +214,12 @@ Status validate(Plan &plan) {
     return FSDP_ERROR("plan: mesh ", plan.meshReplicas, "x", plan.meshShards,
                       " (replicas x shards) does not hold world_size ", plan.worldSize,
                       " ranks");
+  if (plan.meshReshard != 0 &&
+      (plan.meshReshard < 2 || plan.meshReshard >= plan.meshShards ||
+       plan.meshShards % plan.meshReshard != 0))
+    return FSDP_ERROR("plan: mesh reshard group of ", plan.meshReshard,
+                      " ranks: expected 1 < reshard < shards (", plan.meshShards,
+                      ") and a divisor of it");
   if (plan.arenaBytes < 0)
     return FSDP_ERROR("plan: negative arena_bytes");
   auto validId = [&](int64_t id) { return id >= 0 && id < nb; };
@@ -231,10 +237,19 @@ Status validate(Plan &plan) {
     if (b.rankStride < 0 || b.rankStride % dtypeSize(b.dtype) != 0)
       return FSDP_ERROR("plan: ", where, " has a misaligned or negative rank_stride ",
                         b.rankStride);
-    // The last shard's view ends at offset + bytes + (S-1) * stride:
-    // computed without overflow, every field being bounded by the reader.
+    if (b.rankPeriod != 0 && (!b.rankStride || b.rankPeriod != plan.meshReshard))
+      return FSDP_ERROR("plan: ", where, " has rank_period ", b.rankPeriod,
+                        ": expected it only on a shard view over the mesh's reshard "
+                        "group (",
+                        plan.meshReshard ? std::to_string(plan.meshReshard) + " ranks"
+                                         : std::string("none"),
+                        ")");
+    // The last shard's view ends at offset + bytes + (S-1) * stride (S
+    // the period, if any): computed without overflow, every field being
+    // bounded by the reader.
     int64_t hi;
-    if (__builtin_mul_overflow(plan.meshShards - 1, b.rankStride, &hi) ||
+    if (__builtin_mul_overflow((b.rankPeriod ? b.rankPeriod : plan.meshShards) - 1,
+                               b.rankStride, &hi) ||
         __builtin_add_overflow(hi, b.offset + b.bytes, &hi) || hi > plan.arenaBytes)
       return FSDP_ERROR("plan: ", where, " (offset ", b.offset, ", ", b.bytes,
                         " bytes, rank stride ", b.rankStride,
@@ -441,6 +456,7 @@ Status parsePlan(const std::string &text, Plan &plan) {
   if (const json *m = r.find(j, "mesh", "plan", false)) {
     r.integer(*m, "replicas", plan.meshReplicas, "mesh", 1, kMaxWorld);
     r.integer(*m, "shards", plan.meshShards, "mesh", 1, kMaxWorld);
+    r.integer(*m, "reshard", plan.meshReshard, "mesh", 0, kMaxWorld, false);
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   if (const json *ls = r.find(j, "loss_scale", "plan", false)) {
@@ -511,6 +527,7 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.string(o, "name", b.name, where, false);
       r.integer(o, "alias_of", b.aliasOf, where, -1, INT64_MAX, false);
       r.integer(o, "rank_stride", b.rankStride, where, 0, kMaxBytes, false);
+      r.integer(o, "rank_period", b.rankPeriod, where, 0, kMaxWorld, false);
       plan.buffers.push_back(b);
     }
   if (const json *arr = r.objects(j, "units", "plan"))

@@ -47,6 +47,9 @@ struct Buffer {
   /// Shard views: the address is offset + shard index * rankStride (the
   /// shard index is the rank on a 1-D mesh; Plan::shardIndex).
   int64_t rankStride = 0;
+  /// Nonzero (a shard view over the reshard group): the stride counts the
+  /// shard index modulo rankPeriod, this rank's index in that group.
+  int64_t rankPeriod = 0;
   std::string name;
   int64_t numel() const { return shapeNumel(shape); }
 };
@@ -130,6 +133,10 @@ struct Plan {
   /// model (FSDP inside), and the `replicas` ranks holding the same shard
   /// all-reduce its gradient (HSDP, docs/PLAN_FORMAT.md).
   int64_t meshReplicas = 1, meshShards = 1;
+  /// The reshard-after-forward group (hpZ, fsdp-shard's
+  /// reshard-after-forward=G): G consecutive ranks of one replica's shard
+  /// group; 0 when the plan has none.
+  int64_t meshReshard = 0;
   int64_t stage = 0;
   int64_t arenaBytes = 0;
   std::vector<Buffer> buffers;
@@ -145,12 +152,14 @@ struct Plan {
   /// Which shard of every sharded unit rank `rank` holds.
   int64_t shardIndex(int64_t rank) const { return rank % meshShards; }
   /// Ranks in a collective's group: "world" (all), "shard" (the ranks
-  /// sharding one replica) or "replica" (the ranks holding one shard);
-  /// 0 for an unknown name.
+  /// sharding one replica), "replica" (the ranks holding one shard) or
+  /// "reshard" (meshReshard consecutive ranks of a shard group; 0 without
+  /// one); 0 for an unknown name.
   int64_t groupSize(const std::string &group) const {
     return group == "world" ? worldSize
            : group == "shard" ? meshShards
            : group == "replica" ? meshReplicas
+           : group == "reshard" ? meshReshard
                                 : 0;
   }
 };
@@ -159,7 +168,7 @@ struct Plan {
 /// rank holding shard `shard` (Plan::shardIndex).
 inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
   const Buffer &b = plan.buffers[id];
-  return b.offset + shard * b.rankStride;
+  return b.offset + (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
 }
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a

@@ -3,7 +3,8 @@
 
 For a model written for a global batch G, compiles the one-rank plan and,
 for every N in the list and every stage (and reshard-after-forward both
-ways for stage 3), the N-rank plan of the same model with per-rank batch
+ways for stage 3, and to every intermediate group G, 1 < G < N, G
+dividing N: hpZ), the N-rank plan of the same model with per-rank batch
 G / N; runs each for S steps and checks that the per-step losses equal the
 one-rank losses within RTOL (relative) and that the consolidated final
 parameters match. Also prints communication bytes per rank per step.
@@ -103,20 +104,21 @@ def main():
                                               optimizer)
         print(f"{kind} ({optimizer}): one-rank reference, global batch {GLOBAL_BATCH}, {steps} steps, "
               f"losses {ref_losses[0]:.6f} .. {ref_losses[-1]:.6f}")
-        configs = [(s, True) for s in range(4)] + [(3, False)]
         for n in worlds:
             model = os.path.join(tmp, f"b{n}.mlir")
             gen(kind, GLOBAL_BATCH // n, model)
+            configs = [(s, "true") for s in range(4)] + [(3, "false")] + \
+                [(3, str(g)) for g in range(2, n) if n % g == 0]
             for stage, reshard in configs:
-                tag = f"n{n}s{stage}{'r' if reshard else 'k'}"
-                pipe = f"stage={stage} reshard-after-forward={'true' if reshard else 'false'}"
+                tag = f"n{n}s{stage}r{reshard}"
+                pipe = f"stage={stage} reshard-after-forward={reshard}"
                 losses, params, comm = run(bindir, model, tmp, tag, n, pipe, steps,
                                            optimizer)
                 loss_err, param_err = differences(losses, ref_losses, params, ref_params)
                 ok = (len(losses) == len(ref_losses) and loss_err <= rtol
                       and (not compare_params or param_err <= 1e-4))
                 failures += not ok
-                print(f"  N={n} stage={stage} reshard={'yes' if reshard else 'no ':<3} "
+                print(f"  N={n} stage={stage} reshard={reshard:<5} "
                       f"max loss rel diff {loss_err:.2e}  max param diff {param_err:.2e}  "
                       f"comm/rank/step {comm:>9} B  {'ok' if ok else 'MISMATCH'}")
     if not compare_params:

@@ -497,10 +497,44 @@ module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 3>} {
 // -----
 module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 2>} {
   func.func @f(%x: tensor<2xf32>) {
-    // expected-error @+1 {{expected group = "world", "shard" or "replica", found "row"}}
+    // expected-error @+1 {{expected group = "world", "shard", "replica" or "reshard", found "row"}}
     %r = fsdp.all_reduce %x {group = "row", reduce = "mean"} : tensor<2xf32>
     return
   }
+}
+
+// -----
+// Tests the reshard group: sizes from the mesh, shard views over it.
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 2>} {
+  func.func @f(%x: tensor<4xf32>, %full: tensor<16xf32>) {
+    %ok = fsdp.all_gather %x {group = "reshard"} : tensor<4xf32> -> tensor<8xf32>
+    %half = fsdp.shard_view %full {group = "reshard"} : tensor<16xf32> -> tensor<8xf32>
+    %shard = fsdp.shard_view %full : tensor<16xf32> -> tensor<2xf32>
+    // expected-error @+1 {{expected the whole buffer to hold 2 shards of 4, found 16 elements}}
+    %v = fsdp.shard_view %full {group = "reshard"} : tensor<16xf32> -> tensor<4xf32>
+    return
+  }
+}
+
+// -----
+// Tests that group "reshard" needs a mesh with one.
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>} {
+  func.func @f(%x: tensor<2xf32>) {
+    // expected-error @+1 {{group "reshard" needs a mesh with a reshard group}}
+    %v = fsdp.all_gather %x {group = "reshard"} : tensor<2xf32> -> tensor<4xf32>
+    return
+  }
+}
+
+// -----
+// Tests that the reshard group divides the shard group and is smaller.
+// expected-error @+1 {{mesh reshard group of 3 ranks: expected 1 < reshard < shards (8) and a divisor of it}}
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 3>} {
+}
+
+// -----
+// expected-error @+1 {{mesh reshard group of 8 ranks: expected 1 < reshard < shards (8) and a divisor of it}}
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 8>} {
 }
 
 // -----

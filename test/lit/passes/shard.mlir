@@ -12,6 +12,13 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 mesh=4x1" | FileCheck %s --check-prefix=REPL
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 mesh=3x2" 2>&1 | FileCheck %s --check-prefix=BADMESH
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 mesh=2by2" 2>&1 | FileCheck %s --check-prefix=BADMESH
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 reshard-after-forward=2" | FileCheck %s --check-prefix=HPZ
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=3 mesh=2x4 reshard-after-forward=2" | FileCheck %s --check-prefix=HPZMESH
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 reshard-after-forward=4" | FileCheck %s --check-prefix=Z3
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 reshard-after-forward=1" | FileCheck %s --check-prefix=Z3KEEP
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 reshard-after-forward=3" 2>&1 | FileCheck %s --check-prefix=BADHPZ
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=3 mesh=2x4 reshard-after-forward=8" 2>&1 | FileCheck %s --check-prefix=BADHPZMESH
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=4 stage=3 reshard-after-forward=yes" 2>&1 | FileCheck %s --check-prefix=BADHPZYES
 
 // Tests where each stage puts its collectives: two units ("layers.0" with
 // 8x4 + 8 = 40 elements, the root unit with 8, padded to multiples of the
@@ -145,6 +152,38 @@ fsdp.param @f : tensor<1x1xf32> init("ones") frozen
 // REPL-NOT: group
 
 // BADMESH: must be RxS with R*S = world-size (4)
+
+// reshard-after-forward=2 (hpZ): the root unit's w2 is read again in
+// backward (layers.0 is not: its weight gradient needs only activations).
+// After its last forward read each rank copies its half of the gathered
+// unit (its index in the reshard group picks which) and the backward
+// gathers the two halves within the reshard group; G = 4 (the shard
+// group) is plain resharding (Z3 above), G = 1 no resharding (Z3KEEP).
+// HPZ: module attributes {{{.*}}fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4, reshard = 2>
+// HPZ-LABEL: func.func @train_step
+// HPZ: %[[F0:.+]] = fsdp.all_gather %{{.+}} : tensor<10xf32> -> tensor<40xf32>
+// HPZ-NOT: fsdp.shard_view %[[F0]]
+// HPZ: %[[F1:.+]] = fsdp.all_gather %{{.+}} : tensor<2xf32> -> tensor<8xf32>
+// HPZ: %[[W2F:.+]] = fsdp.view %[[F1]] offset = 0 : tensor<8xf32> -> tensor<1x8xf32>
+// HPZ: fsdp.matmul %{{.+}}, %[[W2F]] transpose_rhs
+// HPZ-NEXT: %[[PART:.+]] = fsdp.shard_view %[[F1]] {group = "reshard"} : tensor<8xf32> -> tensor<4xf32>
+// HPZ-NEXT: %[[KEPT:.+]] = fsdp.pack %[[PART]] offsets = [0] : (tensor<4xf32>) -> tensor<4xf32>
+// HPZ: fsdp.bce_with_logits
+// HPZ: %[[F2:.+]] = fsdp.all_gather %[[KEPT]] {group = "reshard"} : tensor<4xf32> -> tensor<8xf32>
+// HPZ: %[[W2B:.+]] = fsdp.view %[[F2]] offset = 0
+// HPZ: fsdp.matmul %{{.+}}, %[[W2B]] :
+// HPZ-NOT: group = "reshard"
+// HPZ: return
+
+// On a 2 x 4 mesh the reshard group lies inside each replica's shard group.
+// HPZMESH: fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 4, reshard = 2>
+// HPZMESH: fsdp.all_gather %{{.+}} {group = "shard"} : tensor<2xf32> -> tensor<8xf32>
+// HPZMESH: fsdp.shard_view %{{.+}} {group = "reshard"} : tensor<8xf32> -> tensor<4xf32>
+// HPZMESH: fsdp.all_gather %{{.+}} {group = "reshard"} : tensor<4xf32> -> tensor<8xf32>
+
+// BADHPZ: fsdp-shard: reshard-after-forward='3' must be true, false or a number of ranks G dividing the 4 ranks of the shard group
+// BADHPZMESH: reshard-after-forward='8' must be true, false or a number of ranks G dividing the 4 ranks of the shard group
+// BADHPZYES: reshard-after-forward='yes' must be true
 
 // NOOPT: fsdp-shard needs an optimizer
 // BADSTAGE: fsdp-shard needs world-size in 1..65536 and stage in 0..3, found world-size=2 stage=4
