@@ -103,6 +103,16 @@ public:
     return Status::ok();
   }
   Status barrier() override { return Status::ok(); }
+  /// The mesh's groups (HSDP, the reshard group): a fake of the group's
+  /// size, so those plans reach a step too.
+  Status subgroup(const std::vector<int64_t> &ranks, const std::string &,
+                  std::unique_ptr<Communicator> &out) override {
+    auto me = std::find(ranks.begin(), ranks.end(), r);
+    if (me == ranks.end())
+      return FSDP_ERROR("rank ", r, " is not in its group");
+    out = std::make_unique<FakeComm>((int64_t)(me - ranks.begin()), (int64_t)ranks.size());
+    return Status::ok();
+  }
 
 private:
   int64_t r, n;

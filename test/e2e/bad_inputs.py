@@ -128,6 +128,11 @@ PLAN_CASES = [
     ("collective group \"row\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="row")), "attribute group"),
     ("collective group 7", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group=7)), "attribute group"),
     ("all_gather over the 1-rank replica group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="replica")), "do not fit 1 rank(s)"),
+    # the reshard group (reshard-after-forward=G): 1 < G < shards, so a 2-shard plan has none
+    ("mesh reshard 2 of 2 shards", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "reshard": 2})), "mesh reshard group of 2 ranks"),
+    ("mesh reshard -1", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "reshard": -1})), "reshard"),
+    ("rank_period without a reshard group", "sharded", setter(lambda p: view(p).update(rank_period=2)), "rank_period 2"),
+    ("all_gather over a missing reshard group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="reshard")), "attribute group"),
     # dtypes
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),

@@ -101,6 +101,29 @@ def main():
               f"across nodes of 8 {'(inter-node link is slower)' if slower else 'WRONG'}")
         if not slower:
             failures.append("topology")
+        # reshard-after-forward=8 (hpZ) on nodes of 8: the backward's gathers
+        # stay inside a node, so communication falls below resharding to
+        # all 16 (true) and the two models still agree.
+        hpz = {}
+        for rs in ("true", "8"):
+            plan16 = os.path.join(tmp, f"n16-r{rs}.plan")
+            r = subprocess.run([opt, model, "-o", os.devnull,
+                                f"--fsdp-pipeline=optimizer=adamw world-size=16 "
+                                f"simulate=true ranks-per-node=8 reshard-after-forward={rs} "
+                                f"report=false plan={plan16}"],
+                               check=True, capture_output=True, text=True)
+            cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
+            sj = json.loads(subprocess.run([sim, plan16, "--json", "--ranks-per-node", "8"],
+                                           check=True, capture_output=True,
+                                           text=True).stdout)
+            if abs(cxx - sj["comm_ms"]) > 6e-4:
+                failures.append(f"reshard-after-forward={rs}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
+            hpz[rs] = sj["comm_ms"]
+        cheaper = hpz["8"] < hpz["true"]
+        print(f"16 ranks, nodes of 8: communication {hpz['true']:.4f} ms resharding to 16, "
+              f"{hpz['8']:.4f} ms to 8 {'(backward gathers inside a node)' if cheaper else 'WRONG'}")
+        if not cheaper:
+            failures.append("reshard group")
 
         # --- recompute-units=K recomputes the first K units only. -------------
         sizes, kpeaks = [], []

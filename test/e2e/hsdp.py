@@ -24,7 +24,9 @@ the communicator counts them; // is the floor the counter applies per call):
   stage 3   as 1/2 (all-gather before forward instead of after the update)
             with reshard-after-forward off, so each unit is gathered once;
             with it on, units backward reads are gathered again (checked as
-            a bound: more than the formula, at most one more gather each)
+            a bound: more than the formula, at most one more gather each:
+            in the shard group, or with reshard-after-forward=G in the
+            reshard group, (G-1)/G x 4 P)
   plus the loss (all-reduce of one float over N ranks) and, when sharded,
   the clipping norm (all-reduce of one float over the shard group).
   A reduce-scatter over a group whose size is not a power of two moves
@@ -34,6 +36,7 @@ the communicator counts them; // is the floor the counter applies per call):
 usage: hsdp.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL RxS [RxS ...]
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -76,6 +79,9 @@ def main():
     bindir, kind, optimizer = sys.argv[1], sys.argv[2], sys.argv[3]
     steps, rtol = int(sys.argv[4]), float(sys.argv[5])
     meshes = [tuple(int(x) for x in m.split("x")) for m in sys.argv[6:]]
+    # Every N must divide the global batch (12 unless a mesh needs more).
+    for r, s in meshes:
+        se.GLOBAL_BATCH = se.GLOBAL_BATCH * (r * s) // math.gcd(se.GLOBAL_BATCH, r * s)
     compare_params = not optimizer.startswith("adamw")
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,11 +95,13 @@ def main():
             n = r * s
             model = os.path.join(tmp, f"b{n}.mlir")
             se.gen(kind, se.GLOBAL_BATCH // n, model)
-            for stage, reshard in [(0, False), (1, False), (2, False), (3, False),
-                                   (3, True)]:
-                tag = f"m{r}x{s}s{stage}{'r' if reshard else ''}"
-                pipe = (f"stage={stage} mesh={r}x{s} "
-                        f"reshard-after-forward={'true' if reshard else 'false'}")
+            # reshard-after-forward: false, true (to the S ranks of the
+            # shard group) or G (hpZ: to G of them, 1 < G < S).
+            configs = [(0, "false"), (1, "false"), (2, "false"), (3, "false"),
+                       (3, "true")] + [(3, str(g)) for g in range(2, s) if s % g == 0]
+            for stage, reshard in configs:
+                tag = f"m{r}x{s}s{stage}r{reshard}"
+                pipe = f"stage={stage} mesh={r}x{s} reshard-after-forward={reshard}"
                 losses, params, comm = se.run(bindir, model, tmp, tag, n, pipe, steps,
                                               optimizer)
                 with open(os.path.join(tmp, tag + ".plan")) as f:
@@ -101,9 +109,10 @@ def main():
                 units = [u["padded_numel"] for u in plan["units"] if not u["frozen"]]
                 want_comm = formula(stage, r, s, units)
                 # Resharding after forward gathers a unit again for backward
-                # when backward reads its parameters: at most once more each.
-                extra = (sum(ring_all_gather(s, p // s) for p in units)
-                         if reshard and s > 1 else 0)
+                # when backward reads its parameters: at most once more each,
+                # within the shard group (true) or the reshard group (G).
+                g = s if reshard == "true" else int(reshard) if reshard != "false" else 1
+                extra = sum(ring_all_gather(g, p // g) for p in units) if g > 1 else 0
                 psi = sum(u["padded_numel"] for u in plan["units"])
                 sharded = stage > 0 and s > 1
                 want_state = 2 * 4 * psi // (s if sharded else 1)  # AdamW m, v
@@ -120,7 +129,7 @@ def main():
                 failures += not ok
                 formula_text = (f"formula {want_comm}" if not extra else
                                 f"formula {want_comm} + up to {extra} regathered")
-                print(f"  mesh {r}x{s} stage={stage}{' reshard' if reshard else ''} "
+                print(f"  mesh {r}x{s} stage={stage} reshard={reshard} "
                       f"loss rel diff {loss_err:.2e} "
                       f"param diff {param_err:.2e} comm {comm} B ({formula_text}) "
                       f"params {mem['params']} B state {mem['state']} B  "
