@@ -168,9 +168,11 @@ def check_shards(bindir, tmp):
                       f"(<= 1e-6), max rel diff {err:.2e} (<= {rtol:.4f}), vs stage 0 "
                       f"{stages:.1e} (<= 1e-6)  {'ok' if ok else 'MISMATCH'}")
 
-    # Stage 3 without resharding, and HSDP (2 replicas x 2 shards: bf16
-    # all-reduce across replicas), against the same one-rank run.
+    # Stage 3 without resharding, resharding to 2 of 4 ranks (hpZ: the kept
+    # half is bf16), and HSDP (2 replicas x 2 shards: bf16 all-reduce
+    # across replicas), against the same one-rank run.
     for n, extra in ((2, "stage=3 reshard-after-forward=false"),
+                     (4, "stage=3 reshard-after-forward=2"),
                      (4, "stage=3 mesh=2x2"), (4, "stage=2 mesh=2x2")):
         model = os.path.join(tmp, f"b{n}.mlir")
         if not os.path.exists(model):
