@@ -79,9 +79,10 @@ def main():
                 rc = s["recompute"]
                 if s.get("recompute_units", -1) >= 0:
                     rc += f" (first {s['recompute_units']} units)"
-                strat = (f"{s['layers_per_unit']}, {rc}, "
-                         f"{'true' if s['reshard_after_forward'] else 'false'}, "
-                         f"{s['prefetch_depth']}")
+                reshard = ("false" if not s["reshard_after_forward"]
+                           else str(s["reshard_group"]) if s.get("reshard_group")
+                           else "true")
+                strat = f"{s['layers_per_unit']}, {rc}, {reshard}, {s['prefetch_depth']}"
                 print(f"| {label} | {n} | {gib(p['memory']['peak'])} | "
                       f"{s['predicted_step_s'] * 1e3:.1f} | {s['exposed_comm_pct']:.1f} | "
                       f"{strat} | {dt:.2f} |", flush=True)
