@@ -4,7 +4,8 @@
 For a model written for a micro-batch of B rows, compiles it with
 grad-accum=K (each reduction mode) and, as the reference, the same model
 written for K*B rows with grad-accum=1; for every N in the list and every
-stage (and reshard-after-forward both ways for stage 3) runs both for S
+stage (and reshard-after-forward true, false and to each intermediate group
+G for stage 3) runs both for S
 steps on N ranks (the same K*B rows per rank and step) and checks that the
 per-step losses agree within RTOL (relative) and, for SGD, that the
 consolidated final parameters agree (1e-4 of each tensor's largest value,
@@ -65,11 +66,13 @@ def main():
         gen(kind, k * micro, big)
         print(f"{kind} ({optimizer}): {k} micro-batches of {micro} rows vs one batch of "
               f"{k * micro} rows per rank, {steps} steps")
-        configs = [(s, True) for s in range(4)] + [(3, False)]
         for n in worlds:
+            # reshard-after-forward: true, false, and G (hpZ) for 1 < G < N.
+            configs = [(s, "true") for s in range(4)] + [(3, "false")] + \
+                [(3, str(g)) for g in range(2, n) if n % g == 0]
             for stage, reshard in configs:
-                pipe = f"stage={stage} reshard-after-forward={'true' if reshard else 'false'}"
-                tag = f"n{n}s{stage}{'r' if reshard else 'k'}"
+                pipe = f"stage={stage} reshard-after-forward={reshard}"
+                tag = f"n{n}s{stage}r{reshard}"
                 ref_losses, ref_params, ref_mem = run(bindir, big, tmp, tag + "ref", n, pipe,
                                                       steps, optimizer)
                 for mode in ("step", "microbatch"):
@@ -91,7 +94,7 @@ def main():
                     ok = (len(losses) == len(ref_losses) == steps and loss_err <= rtol
                           and (not compare_params or param_err <= 1e-4) and mem_ok)
                     failures += not ok
-                    print(f"  N={n} stage={stage} reshard={'yes' if reshard else 'no ':<3} "
+                    print(f"  N={n} stage={stage} reshard={reshard:<5} "
                           f"{mode:<10} loss diff {loss_err:.2e} param diff {param_err:.2e}  "
                           f"peak {kib(mem['peak'])} (batch {kib(ref_mem['peak'])})  "
                           f"grads {kib(mem['grads'])} ({kib(ref_mem['grads'])})  "
