@@ -102,7 +102,9 @@ def main():
             "stage=3 reshard-after-forward=false",
             "stage=3 grad-accum=2 accum-reduce=microbatch"]
         for n in worlds:
-            for config in configs:
+            # hpZ: resharding to an intermediate group of G ranks, 1 < G < N.
+            hpz = [f"stage=3 reshard-after-forward={g}" for g in range(2, n) if n % g == 0]
+            for config in configs + hpz:
                 accum = 2 if "grad-accum=2" in config else 1
                 model = os.path.join(tmp, f"b{n}x{accum}.mlir")
                 if not os.path.exists(model):
