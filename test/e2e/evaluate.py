@@ -90,6 +90,8 @@ def main():
                    ("1 rank, 2 micro-batches", 1, "stage=0 grad-accum=2", 2, True),
                    ("2 ranks, stage 3, unit recomputation", 2, "stage=3 recompute=unit", 1, True),
                    ("4 ranks, 2x2 hybrid sharding", 4, "stage=3 mesh=2x2", 1, True),
+                   ("4 ranks, stage 3, resharding to 2 (hpZ)", 4,
+                    "stage=3 reshard-after-forward=2", 1, True),
                    ("2 ranks, stage 3, bf16", 2, "stage=3 param-dtype=bf16", 1, False),
                    ("1 rank, f16 with loss scaling", 1,
                     "stage=0 param-dtype=f16 loss-scale=dynamic", 1, False)]
