@@ -81,12 +81,13 @@ def main():
               f"{'agree' if not failures else 'DISAGREE'} on every one")
 
         # --- Topology: rings over more ranks than a node use the slower link.
-        topo = {}
-        for rpn in (0, 8):
-            plan16 = os.path.join(tmp, f"n16-{rpn}.plan")
+        def comm16(tag, rpn, extra=""):
+            """Communication ms of a 16-rank plan, from fsdp-sim, after
+            checking that fsdp-opt simulate=true predicts the same."""
+            plan16 = os.path.join(tmp, f"n16-{tag}.plan")
             r = subprocess.run([opt, model, "-o", os.devnull,
                                 f"--fsdp-pipeline=optimizer=adamw world-size=16 "
-                                f"simulate=true ranks-per-node={rpn} report=false "
+                                f"simulate=true ranks-per-node={rpn} {extra} report=false "
                                 f"plan={plan16}"],
                                check=True, capture_output=True, text=True)
             cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
@@ -94,8 +95,10 @@ def main():
                                             str(rpn)], check=True, capture_output=True,
                                            text=True).stdout)
             if abs(cxx - sj["comm_ms"]) > 6e-4:
-                failures.append(f"ranks-per-node={rpn}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
-            topo[rpn] = sj["comm_ms"]
+                failures.append(f"{tag}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
+            return sj["comm_ms"]
+
+        topo = {rpn: comm16(f"ranks-per-node={rpn}", rpn) for rpn in (0, 8)}
         slower = topo[8] > topo[0]  # same alpha, beta 1/50e9 instead of 1/450e9
         print(f"16 ranks: communication {topo[0]:.4f} ms on one node, {topo[8]:.4f} ms "
               f"across nodes of 8 {'(inter-node link is slower)' if slower else 'WRONG'}")
@@ -104,21 +107,8 @@ def main():
         # reshard-after-forward=8 (hpZ) on nodes of 8: the backward's gathers
         # stay inside a node, so communication falls below resharding to
         # all 16 (true) and the two models still agree.
-        hpz = {}
-        for rs in ("true", "8"):
-            plan16 = os.path.join(tmp, f"n16-r{rs}.plan")
-            r = subprocess.run([opt, model, "-o", os.devnull,
-                                f"--fsdp-pipeline=optimizer=adamw world-size=16 "
-                                f"simulate=true ranks-per-node=8 reshard-after-forward={rs} "
-                                f"report=false plan={plan16}"],
-                               check=True, capture_output=True, text=True)
-            cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
-            sj = json.loads(subprocess.run([sim, plan16, "--json", "--ranks-per-node", "8"],
-                                           check=True, capture_output=True,
-                                           text=True).stdout)
-            if abs(cxx - sj["comm_ms"]) > 6e-4:
-                failures.append(f"reshard-after-forward={rs}: {cxx} ms vs fsdp-sim {sj['comm_ms']}")
-            hpz[rs] = sj["comm_ms"]
+        hpz = {rs: comm16(f"reshard-after-forward={rs}", 8, f"reshard-after-forward={rs}")
+               for rs in ("true", "8")}
         cheaper = hpz["8"] < hpz["true"]
         print(f"16 ranks, nodes of 8: communication {hpz['true']:.4f} ms resharding to 16, "
               f"{hpz['8']:.4f} ms to 8 {'(backward gathers inside a node)' if cheaper else 'WRONG'}")
