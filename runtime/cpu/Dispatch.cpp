@@ -397,44 +397,45 @@ const std::unordered_map<std::string, Exec> &table() {
       step = (int64_t)s;
       return Status::ok();
     };
-    // weight-decay-params=matrices: the decayed prefix, then the rest
-    // without decay (each element's arithmetic is the one-call one).
-    m["sgd_update"] = [skipped](const Run &r) {
+    // weight-decay-params=matrices: `update(offset, count, weight decay)`
+    // on the decayed prefix, then on the rest without decay (each
+    // element's arithmetic is the one-call one).
+    auto inTwoParts = [](const Run &r, double decay, auto &&update) {
+      int64_t n = r.op.in(0).numel(), k = rules::decayedCount(r.op, r.rank);
+      update(0, k, decay);
+      update(k, n - k, 0.0);
+    };
+    m["sgd_update"] = [skipped, inTwoParts](const Run &r) {
       if (skipped(r, 3, 1))
         return Status::ok();
-      int64_t n = r.op.in(0).numel(), k = rules::decayedCount(r.op, r.rank);
-      sgdUpdate<float>(r.in(0), r.in(1), r.out(0), k, *r.in(2), r.op.f("weight_decay", 0));
-      sgdUpdate<float>(r.in(0) + k, r.in(1) + k, r.out(0) + k, n - k, *r.in(2), 0.0);
+      inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
+        sgdUpdate<float>(r.in(0) + at, r.in(1) + at, r.out(0) + at, count, *r.in(2), wd);
+      });
       return Status::ok();
     };
-    m["sgd_momentum_update"] = [skipped, stepCount](const Run &r) {
+    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts](const Run &r) {
       if (skipped(r, 5, 2))
         return Status::ok();
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
-      int64_t n = r.op.in(0).numel(), k = rules::decayedCount(r.op, r.rank);
-      for (int part = 0; part < 2; ++part) {
-        int64_t at = part ? k : 0;
+      inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
         sgdMomentumUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.out(0) + at,
-                                 r.out(1) + at, part ? n - k : k, *r.in(3), step,
-                                 r.op.f("momentum", 0), r.op.f("dampening", 0),
-                                 part ? 0.0 : r.op.f("weight_decay", 0), r.op.b("nesterov"));
-      }
+                                 r.out(1) + at, count, *r.in(3), step, r.op.f("momentum", 0),
+                                 r.op.f("dampening", 0), wd, r.op.b("nesterov"));
+      });
       return Status::ok();
     };
-    m["adamw_update"] = [skipped, stepCount](const Run &r) {
+    m["adamw_update"] = [skipped, stepCount, inTwoParts](const Run &r) {
       if (skipped(r, 6, 3))
         return Status::ok();
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
-      int64_t n = r.op.in(0).numel(), k = rules::decayedCount(r.op, r.rank);
-      for (int part = 0; part < 2; ++part) {
-        int64_t at = part ? k : 0;
+      inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
         adamwUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.in(3) + at,
-                           r.out(0) + at, r.out(1) + at, r.out(2) + at, part ? n - k : k,
-                           *r.in(4), step, r.op.f("beta1", 0.9), r.op.f("beta2", 0.999),
-                           r.op.f("eps", 1e-8), part ? 0.0 : r.op.f("weight_decay", 0.01));
-      }
+                           r.out(0) + at, r.out(1) + at, r.out(2) + at, count, *r.in(4), step,
+                           r.op.f("beta1", 0.9), r.op.f("beta2", 0.999), r.op.f("eps", 1e-8),
+                           wd);
+      });
       return Status::ok();
     };
     m["squared_norm"] = [](const Run &r) {
