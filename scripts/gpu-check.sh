@@ -59,6 +59,15 @@ step llama_oracle oracle llama "$P/llama.plan" "$OUT/d2"
 step mlp_cpu "$R" "$P/g30.plan" --steps 20 --lr 1e-2 --threads 1 --dump-dir "$OUT/d3" --quiet
 step mlp_n2 env FSDP_CUDA_COMM=staged "$R" "$P/n2.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d4"
 step mlp_oracle oracle mlp "$P/n2.plan" "$OUT/d4" --hidden 64 --blocks 8 --batches-dir "$OUT/d3"
+# 4 ranks on the GPU (host-staged): hpZ (reshard group of 2) == resharding
+# to all 4, bitwise.
+step mlp_n4_reshard env FSDP_CUDA_COMM=staged "$R" "$P/n4_true.plan" --device cuda --nproc 4 --steps 10 --lr 1e-2 --dump-dir "$OUT/d13"
+step mlp_n4_hpz env FSDP_CUDA_COMM=staged "$R" "$P/n4_2.plan" --device cuda --nproc 4 --steps 10 --lr 1e-2 --dump-dir "$OUT/d14"
+step mlp_n4_hpz_equal "$PY" -c '
+import json, sys
+a, b = (json.load(open(p))["losses"] for p in sys.argv[1:3])
+print("reshard=true", a, "reshard=2", b)
+sys.exit(0 if len(a) == 10 and a == b else 1)' "$OUT/d13/log.json" "$OUT/d14/log.json"
 # bf16 plan: native kernels against the widened path (FSDP_CUDA_NATIVE=0),
 # both tracking each other over 50 steps (bf16 rounding differs only where
 # the native row kernels reduce in another order).

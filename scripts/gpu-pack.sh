@@ -32,6 +32,13 @@ python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.
 "$B/bin/fsdp-opt" "$P/g30.mlir" -o /dev/null --fsdp-pipeline="optimizer=adamw plan=$P/g30.plan report=false"
 "$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=$P/n2.plan report=false"
+# reshard-after-forward=2 (hpZ) against resharding to all 4 ranks: bitwise
+# the same losses (the backward gathers the same bits).
+python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 8 -o "$P/b8.mlir"
+for rs in true 2; do
+  "$B/bin/fsdp-opt" "$P/b8.mlir" -o /dev/null \
+    --fsdp-pipeline="optimizer=adamw world-size=4 stage=3 reshard-after-forward=$rs plan=$P/n4_$rs.plan report=false"
+done
 "$B/bin/fsdp-opt" examples/gpt2.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt2.plan report=false"
 # bf16 GPT (small) for the native-vs-widened comparison of gpu-check.sh.
