@@ -154,6 +154,23 @@ double unitsOf(Operation *op, Value firstIn) {
   return double(numel(s));
 }
 
+/// True when a group of `span` consecutive ranks (the groups tile the
+/// `world` ranks from rank 0) crosses a node boundary (nodes of `perNode`
+/// consecutive ranks): that group's ring runs over the inter-node link, and
+/// the others wait for it at the next collective of the whole world. A
+/// group spanning more than a node always does; a smaller one does when
+/// it does not divide the node size (fsdp-sim's crosses_nodes).
+bool crossesNodes(int64_t span, int64_t world, int64_t perNode) {
+  if (perNode <= 0 || span <= 1)
+    return false;
+  if (span > perNode)
+    return true;
+  for (int64_t first = 0; first + span <= world; first += span)
+    if (first / perNode != (first + span - 1) / perNode)
+      return true;
+  return false;
+}
+
 bool isLowPrecision(Value v) {
   Type e = cast<RankedTensorType>(v.getType()).getElementType();
   return e.isBF16() || e.isF16();
@@ -171,6 +188,9 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     shards = mesh.getShards();
     reshard = mesh.getReshard();
   }
+  const bool interShard = crossesNodes(shards, world, p.ranksPerNode),
+             interReshard = crossesNodes(reshard, world, p.ranksPerNode),
+             interWorld = crossesNodes(world, world, p.ranksPerNode);
   // Ranks sharing one host's cores (a CPU profile) share them by processor
   // sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
   // while D = N (p [compute busy] + q [a collective in flight]) threads
@@ -220,13 +240,11 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
                   : group == "replica" ? replicas
                   : group == "reshard" ? reshard
                                        : world;
-      // A group spans nodes when its ranks do not fit one node: shard and
-      // reshard groups are contiguous ranks, replica groups strided across
-      // all.
-      int64_t span = group == "shard"     ? shards
-                     : group == "reshard" ? reshard
-                                          : world;
-      bool inter = p.ranksPerNode > 0 && span > p.ranksPerNode;
+      // Shard and reshard groups are contiguous ranks, replica groups
+      // strided across all (so they span the world).
+      bool inter = group == "shard"     ? interShard
+                   : group == "reshard" ? interReshard
+                                        : interWorld;
       Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
       double cost = collectiveSeconds(name, n, int64_t(bytesOf(whole)), inter, p);
       bool async = op->hasAttr("async");

@@ -81,12 +81,13 @@ def main():
               f"{'agree' if not failures else 'DISAGREE'} on every one")
 
         # --- Topology: rings over more ranks than a node use the slower link.
-        def comm16(tag, rpn, extra=""):
-            """Communication ms of a 16-rank plan, from fsdp-sim, after
-            checking that fsdp-opt simulate=true predicts the same."""
+        def comm16(tag, rpn, extra="", world=16):
+            """Communication ms of a 16-rank (or `world`-rank) plan, from
+            fsdp-sim, after checking that fsdp-opt simulate=true predicts
+            the same."""
             plan16 = os.path.join(tmp, f"n16-{tag}.plan")
             r = subprocess.run([opt, model, "-o", os.devnull,
-                                f"--fsdp-pipeline=optimizer=adamw world-size=16 "
+                                f"--fsdp-pipeline=optimizer=adamw world-size={world} "
                                 f"simulate=true ranks-per-node={rpn} {extra} report=false "
                                 f"plan={plan16}"],
                                check=True, capture_output=True, text=True)
@@ -114,6 +115,16 @@ def main():
               f"{hpz['8']:.4f} ms to 8 {'(backward gathers inside a node)' if cheaper else 'WRONG'}")
         if not cheaper:
             failures.append("reshard group")
+        # A shard group of 4 consecutive ranks on nodes of 6 (ranks 4-7
+        # straddle ranks 5|6) crosses a node: every shard collective pays the
+        # inter-node link, as beyond a node; on nodes of 8 none does.
+        mesh = {rpn: comm16(f"mesh3x4-rpn{rpn}", rpn, "mesh=3x4", world=12) for rpn in (6, 8)}
+        straddle = mesh[6] > mesh[8]
+        print(f"12 ranks, mesh 3x4: communication {mesh[8]:.4f} ms on nodes of 8, "
+              f"{mesh[6]:.4f} ms on nodes of 6 "
+              f"{'(a shard group straddles two nodes)' if straddle else 'WRONG'}")
+        if not straddle:
+            failures.append("straddling group")
 
         # --- recompute-units=K recomputes the first K units only. -------------
         sizes, kpeaks = [], []
