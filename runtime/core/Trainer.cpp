@@ -479,14 +479,25 @@ Status checkOutputPath(const std::string &path, const char *option) {
 
 /// Chrome trace JSON of every rank's spans, written by rank 0: each rank's
 /// events travel to rank 0 by broadcast (so it works across machines),
-/// one process per rank, threads "compute" and "communication".
-static Status writeTrace(const std::string &path, Executor &ex, Communicator &comm) {
+/// one process per rank, threads "compute" and "communication". A
+/// collective's span also names its group and the whole buffer's bytes
+/// (fsdp-sim's predicted trace does the same).
+static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex,
+                         Communicator &comm) {
   nlohmann::json mine = nlohmann::json::array();
-  for (const TraceEvent &e : ex.traceEvents())
+  for (const TraceEvent &e : ex.traceEvents()) {
+    nlohmann::json args = {{"step", e.step}, {"instruction", e.index}};
+    if (e.track && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
+      const Instruction &inst = plan.program[e.index];
+      auto g = inst.attrs.find("group");
+      args["group"] = g != inst.attrs.end() && g->is_string() ? g->get<std::string>() : "world";
+      int64_t whole = inst.op == "all_gather" ? inst.out[0] : inst.in[0];
+      args["bytes"] = plan.buffers[whole].bytes;
+    }
     mine.push_back({{"name", e.name}, {"cat", e.track ? "comm" : "compute"},
                     {"ph", "X"}, {"pid", comm.rank()}, {"tid", e.track},
-                    {"ts", e.startUs}, {"dur", e.durUs},
-                    {"args", {{"step", e.step}, {"instruction", e.index}}}});
+                    {"ts", e.startUs}, {"dur", e.durUs}, {"args", std::move(args)}});
+  }
   nlohmann::json all = nlohmann::json::array();
   for (int64_t r = 0; r < comm.size(); ++r) {
     std::string text = r == comm.rank() ? mine.dump() : std::string();
@@ -736,7 +747,7 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
 
   MemoryMeasurement m = ex.measureMemory();
   if (!opt.trace.empty())
-    FSDP_RETURN_IF_ERROR(writeTrace(opt.trace, ex, comm));
+    FSDP_RETURN_IF_ERROR(writeTrace(opt.trace, plan, ex, comm));
   if (dump || !opt.save.empty()) {
     TensorMap final;
     FSDP_RETURN_IF_ERROR(ex.gatherParams(final));

@@ -105,6 +105,15 @@ def main():
     pev = [e for e in json.load(open(pred))["traceEvents"] if e["ph"] == "X"]
     report({e["tid"] for e in pev} == {0, 1} and {e["pid"] for e in pev} == {0, 1, 2, 3},
            "predicted trace: compute and communication tracks for each plan")
+    # Collective spans name their group and bytes, the same in the measured
+    # (rank 0, step 1) and the predicted trace of the 2x2 plan (pid 3).
+    def spans(events):
+        return sorted((e["name"], e["args"]["group"], e["args"]["bytes"]) for e in events)
+    got = spans(e for e in ev if e["pid"] == 0 and e["tid"] == 1 and e["args"]["step"] == 1)
+    want = spans(e for e in pev if e["pid"] == 3 and e["tid"] == 1)
+    report(got == want and {g for _, g, _ in got} == {"world", "shard", "replica"},
+           f"collective spans name their group and bytes, measured == predicted "
+           f"({len(got)} spans, groups {sorted({g for _, g, _ in got})})")
     h = subprocess.run([sys.executable, b("fsdp-sim"), "--model",
                         os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir"),
                         "--ranks", "1,8", "--profile", "h100", "--json",
