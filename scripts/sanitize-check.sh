@@ -97,6 +97,10 @@ expect 0 "$W/mlp2wd.plan" --nproc 2 --steps 3 --threads 1 --eval-every 1
 expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
 expect 0 "$W/gptgrad.plan" --gradcheck 2 --threads 1
 expect 0 "$W/llama2z3.plan" --nproc 2 --steps 3 --threads 2
+# Resharding to 2 of 4 ranks (hpZ: rank_period shard views, the reshard
+# group's communicator), with an evaluation.
+compile "$W/mlp.mlir" "$W/mlp4hpz.plan" "optimizer=adamw world-size=4 stage=3 reshard-after-forward=2"
+expect 0 "$W/mlp4hpz.plan" --nproc 4 --steps 3 --threads 1 --eval-every 2
 expect 0 "$W/llamagrad.plan" --gradcheck 2 --threads 1
 # f16 with dynamic loss scaling: f16 reductions, overflowed (skipped) steps
 # from a huge initial scale, the scaler's checkpoint and resume.
