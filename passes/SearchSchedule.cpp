@@ -418,12 +418,10 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
           b.getNamedAttr("reshard_after_forward",
                          b.getBoolAttr(c.reshard != "false")),
-          // hpZ (reshard-after-forward=G): G; 0 otherwise.
+          // hpZ (reshard-after-forward=G): G, as fsdp-shard recorded it on
+          // the mesh; 0 otherwise.
           b.getNamedAttr("reshard_group",
-                         b.getI64IntegerAttr(c.reshard == "true" ||
-                                                     c.reshard == "false"
-                                                 ? 0
-                                                 : std::stoll(c.reshard))),
+                         b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("predicted_step_s",
                          b.getF64FloatAttr(best->predicted.stepS)),
