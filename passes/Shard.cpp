@@ -481,14 +481,45 @@ void ShardPass::runOnOperation() {
     }
     return true;
   };
+  // Mixed precision at stages 1/2 (ZeRO's layout): a trainable unit read
+  // only in a narrower compute dtype keeps just its f32 master shard, like
+  // stage 3, and is gathered once per step in the compute dtype (the
+  // persistent bf16 copy of DeepSpeed's ZeRO-1/2, held from the first
+  // read to the last instead of across the step boundary); the new
+  // parameters are then not all-gathered in f32 after the update. Memory
+  // (2 + 4/N) Psi instead of 4 Psi for the parameters, half the gathered
+  // bytes; gradients stay as the stage says.
+  if (eff == 1 || eff == 2) {
+    llvm::DenseMap<UnitInfo *, bool> narrowOnly;
+    for (auto &[key, r] : reads) {
+      UnitInfo *u = std::get<0>(key);
+      bool narrow = std::get<2>(key) != fullTy(*u).getElementType() &&
+                    (r.firstForwardUse || r.firstBackwardUse);
+      auto [it, fresh] = narrowOnly.try_emplace(u, narrow);
+      if (!fresh)
+        it->second = it->second && narrow;
+    }
+    for (auto &[u, narrow] : narrowOnly)
+      if (narrow && !u->frozen)
+        u->op.setSharded(true);
+  }
+  // The gathers of a unit sharded at stage 1/2, by dtype: one per step,
+  // read by every micro-batch (the parameters do not change within it).
+  llvm::DenseMap<std::pair<UnitInfo *, Type>, Value> stepGather;
   auto gather = [&](UnitInfo &u, Operation *before, Type elem) -> Value {
+    if (eff != 3 && u.op.getSharded())
+      if (Value v = stepGather.lookup({&u, elem}))
+        return v;
     b.setInsertionPoint(before);
     Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
                                   symOf(u));
     if (elemOf(s) != elem) // cast the shard, then gather half the bytes
       s = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
-    if (eff != 3 || shards == 1)
+    if (!u.op.getSharded() || shards == 1)
       return s;
+    if (eff != 3)
+      return stepGather[{&u, elem}] = allGather(
+                 before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
     return allGather(before->getLoc(), withElem(fullTy(u), elem), s,
                      shardGroup);
   };
@@ -763,9 +794,12 @@ void ShardPass::runOnOperation() {
   Operation *lastState = nullptr;
   for (auto &[u, grad] : flatGrad) {
     RankedTensorType pTy = eff == 0 ? fullTy(*u) : shardTy(*u);
+    // Stages 1/2 with whole parameters update this rank's shard of them
+    // and all-gather the result.
+    const bool wholeParams = eff != 0 && !u->op.getSharded();
     toMaster(*u, grad);
     Value p, full;
-    if (eff == 1 || eff == 2) {
+    if (wholeParams) {
       full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));
       p = b.create<ShardViewOp>(loc, pTy, full);
     } else {
@@ -814,9 +848,8 @@ void ShardPass::runOnOperation() {
       b.create<SetStateOp>(loc, FlatSymbolRefAttr::get(st.getSymNameAttr()),
                            upd->getResult(i + 1));
     Value newP = upd->getResult(0);
-    if (eff == 1 || eff == 2) {
+    if (wholeParams)
       newP = allGather(loc, fullTy(*u), newP, shardGroup);
-    }
     b.create<SetUnitOp>(loc, symOf(*u), newP);
   }
 

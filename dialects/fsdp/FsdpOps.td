@@ -1067,8 +1067,9 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol]> {
     the shard count: the world size, or the shards of a 2-D `fsdp.mesh`).
     Rank r owns elements [i * S, (i + 1) * S) where S is the size of
     `shard_type` and i = r mod shard count. With `sharded`, only that shard persists
-    between steps (ZeRO-3 / FSDP); otherwise every rank keeps the whole
-    flat buffer (DDP, ZeRO-1/2). One all-gather or reduce-scatter moves a
+    between steps (ZeRO-3 / FSDP, and ZeRO-1/2 with mixed precision: the
+    f32 master shard, gathered in the compute dtype); otherwise every rank
+    keeps the whole flat buffer (DDP, ZeRO-1/2). One all-gather or reduce-scatter moves a
     whole unit.
 
     ```mlir

@@ -320,8 +320,10 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
     if (saved[i]["id"] != b.id || saved[i]["name"] != b.name ||
         saved[i]["bytes"] != b.bytes || saved[i]["dtype"] != dtypeName(b.dtype))
       return FSDP_ERROR("checkpoint '", path, "': buffer ", b.id, " (", b.name,
-                        ") differs from the plan's: it was written for another "
-                        "model or plan");
+                        ") differs from the plan's (", saved[i].dump(), " vs ", b.bytes,
+                        " bytes of ", dtypeName(b.dtype),
+                        "): it was written for another model or plan (fsdp-ckpt "
+                        "reshard converts between plans of one model)");
   }
   std::string file = path + "/" + index["files"][rank].get<std::string>();
   TensorMap tensors;

@@ -74,24 +74,27 @@ def main():
         return r, losses
 
     m = model("m", 16, 4)
-    configs = [(1, 0)] + [(2, s) for s in range(4)]
+    # Stages 1/2 with bf16 compute keep f32 master shards (ZeRO's mixed-
+    # precision layout): a checkpoint holds those shards.
+    configs = [(1, 0, "")] + [(2, s, "") for s in range(4)] + \
+        [(2, s, " param-dtype=bf16") for s in (1, 2)]
     plans = {}
-    for n, stage in configs:
-        tag = f"n{n}s{stage}"
-        p = plans[tag] = plan(m, tag, n, stage)
+    for n, stage, extra in configs:
+        tag = f"n{n}s{stage}" + ("bf16" if extra else "")
+        p = plans[tag] = plan(m, tag, n, stage, extra)
         full = os.path.join(work, tag + ".full.safetensors")
         _, ref = train(p, n, "--steps", "8", "--save", full)
         ck = os.path.join(work, tag + ".ck")
         train(p, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2", "--keep", "1")
         kept = sorted(os.listdir(ck))
-        report(kept == ["step-00000004"], f"N={n} stage={stage}: --keep 1 leaves {kept}")
+        report(kept == ["step-00000004"], f"N={n} stage={stage}{extra}: --keep 1 leaves {kept}")
         res = os.path.join(work, tag + ".res.safetensors")
         _, after = train(p, n, "--steps", "8", "--resume", ck, "--save", res)
         same = all(after.get(s) == ref[s] for s in range(5, 9)) and sorted(after) == [5, 6, 7, 8]
-        report(same, f"N={n} stage={stage}: resumed losses 5-8 equal the uninterrupted "
+        report(same, f"N={n} stage={stage}{extra}: resumed losses 5-8 equal the uninterrupted "
                f"run bitwise ({[after.get(s) for s in range(5, 9)]})")
         report(open(res, "rb").read() == open(full, "rb").read(),
-               f"N={n} stage={stage}: resumed final parameters equal bitwise")
+               f"N={n} stage={stage}{extra}: resumed final parameters equal bitwise")
         # The consolidated export equals --save (whole tensors, model names).
         exp = os.path.join(work, tag + ".export.safetensors")
         ck8 = os.path.join(work, tag + ".ck8")
@@ -100,7 +103,7 @@ def main():
         _, from_export = train(plans["n1s0"], 1, "--steps", "1", "--init-from", exp,
                                "--save", exp + ".again")
         report(tensors(exp) == tensors(full),
-               f"N={n} stage={stage}: fsdp-ckpt export equals --save")
+               f"N={n} stage={stage}{extra}: fsdp-ckpt export equals --save")
 
     # A rank killed while writing the step-4 checkpoint: step 2 stays usable.
     p = plans["n2s3"]
@@ -145,6 +148,22 @@ def main():
         sh([ckpt, "export", rck, a])
         sh([ckpt, "export", out, b])
         report(tensors(a) == tensors(b), f"resharded to {n} rank(s): parameters unchanged")
+    # An f32 stage-2 checkpoint (whole parameters) on the bf16 stage-2
+    # plan (f32 master shards): refused on resume, converted offline.
+    f32ck = os.path.join(work, "n2s2.ck")
+    r, _ = train(plans["n2s2bf16"], 2, "--steps", "8", "--resume", f32ck, check=False)
+    report(r.returncode == 1 and "another model or plan" in r.stderr,
+           f"an f32 stage-2 checkpoint on a bf16 stage-2 plan: exit {r.returncode}: "
+           f"{(r.stderr.strip().splitlines() or [''])[0][:160]}")
+    conv = os.path.join(work, "n2s2-to-bf16.ck")
+    sh([ckpt, "reshard", f32ck, "--plan", plans["n2s2bf16"], conv])
+    a, b = os.path.join(work, "conv.a.st"), os.path.join(work, "conv.b.st")
+    sh([ckpt, "export", f32ck, a])
+    sh([ckpt, "export", conv, b])
+    r, after = train(plans["n2s2bf16"], 2, "--steps", "6", "--resume", conv)
+    report(tensors(a) == tensors(b) and sorted(after) == [5, 6],
+           "reshard f32 stage 2 -> bf16 stage 2 (master shards): parameters unchanged, "
+           "training resumes")
     # Hybrid sharding (mesh 2x2, ZeRO-3 inside each replica): exact resume,
     # and the 2-rank checkpoint resharded onto it.
     hs = plan(model("hs", 16, 3), "hs", 4, 3, " mesh=2x2")

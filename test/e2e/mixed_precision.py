@@ -51,20 +51,24 @@ prints the measured value next to the bound so a drift is visible.
 Memory, mixed precision with reduce-dtype=bf16 (Psi padded parameters, N
 ranks, biggest = the largest unit). ZeRO's mixed-precision formula is
 (2 + 2 + K) Psi / N at stage 3 with K = 12 bytes (f32 master 4 + Adam
-moments 8). Here the f32 master IS the parameter storage, so "params" is
-the master (4 Psi / N) and params + state = K Psi / N exactly; gradients
-are bf16 (2 Psi / N); the 2 Psi / N bf16 parameter shard of ZeRO's formula
-is not persistent (the f32 shard is cast right before each all-gather, as
-in FSDP2) and is counted with the gathered units ("comm"):
+moments 8), 2 Psi + (2 + K) Psi / N at stage 2 and (2 + 2) Psi + K Psi / N
+at stage 1. Here the f32 master IS the parameter storage, so "params" is
+the master (4 Psi / N at stages 1-3) and params + state = K Psi / N
+exactly; gradients are bf16 (2 Psi / N); ZeRO's bf16 parameters (the
+2 Psi / N shard at stage 3, the whole 2 Psi copy at stages 1/2) are not
+persistent: the f32 shard is cast right before each all-gather, as in
+FSDP2, and the gathered bf16 units are counted as "comm":
   stage 0  params 4 Psi    state 8 Psi     grads 2 Psi .. 2 Psi + 4 biggest
-  stage 1  params 4 Psi    state 8 Psi/N   grads 2 Psi .. 2 Psi + 2 Psi/N + 4 biggest/N
-  stage 2  params 4 Psi    state 8 Psi/N   grads 2 Psi/N .. 2 Psi/N + 4 biggest + 4 biggest/N
+  stage 1  params 4 Psi/N  state 8 Psi/N   grads 2 Psi .. 2 Psi + 2 Psi/N + 4 biggest/N
+  stage 2  params 4 Psi/N  state 8 Psi/N   grads 2 Psi/N .. 2 Psi/N + 4 biggest + 4 biggest/N
   stage 3  params 4 Psi/N  state 8 Psi/N   grads 2 Psi/N .. 2 Psi/N + 4 biggest + 4 biggest/N
 Gradients are buffers with live ranges: the upper ends allow the whole
 bf16 gradients of the two units in flight (being computed / being reduced,
 2 x 2 biggest) and the one f32 shard cast right before its unit's update
-(4 biggest / N). Stages 0-2 keep the whole f32 master (ZeRO's 2 Psi bf16
-whole parameters + 4 Psi / N f32 master shard is not implemented).
+(4 biggest / N). At stages 1/2 each unit is gathered once per step and
+held from its first forward read to its last backward read (stage 3
+with reshard-after-forward=false), where ZeRO holds the bf16 copy
+across the step boundary too.
 """
 import json
 import math
@@ -169,14 +173,19 @@ def check_shards(bindir, tmp):
                       f"{stages:.1e} (<= 1e-6)  {'ok' if ok else 'MISMATCH'}")
 
     # Stage 3 without resharding, resharding to 2 of 4 ranks (hpZ: the kept
-    # half is bf16), and HSDP (2 replicas x 2 shards: bf16 all-reduce
-    # across replicas), against the same one-rank run.
+    # half is bf16), HSDP (2 replicas x 2 shards: bf16 all-reduce across
+    # replicas), and stages 1/2 with two micro-batches reading the step's
+    # one bf16 gather, against the same one-rank run.
     for n, extra in ((2, "stage=3 reshard-after-forward=false"),
                      (4, "stage=3 reshard-after-forward=2"),
-                     (4, "stage=3 mesh=2x2"), (4, "stage=2 mesh=2x2")):
-        model = os.path.join(tmp, f"b{n}.mlir")
+                     (4, "stage=3 mesh=2x2"), (4, "stage=2 mesh=2x2"),
+                     (2, "stage=1 grad-accum=2"),
+                     (2, "stage=2 grad-accum=2 accum-reduce=microbatch")):
+        # The model's batch is one micro-batch: the step reads K of them.
+        k = int(extra.split("grad-accum=")[1].split()[0]) if "grad-accum=" in extra else 1
+        model = os.path.join(tmp, f"b{n}k{k}.mlir")
         if not os.path.exists(model):
-            mlp(GLOBAL_BATCH // n, model)
+            mlp(GLOBAL_BATCH // (n * k), model)
         plan = os.path.join(tmp, "x.plan")
         compile_plan(bindir, model, plan,
                      f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} {extra}")
@@ -188,22 +197,26 @@ def check_shards(bindir, tmp):
         print(f"  N={n} {extra} reduce=bf16 step-1 rel diff {first:.1e} (<= 1e-6), max rel "
               f"diff {err:.2e} (<= {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
 
-    # (d) the cast before the all-gather halves its bytes.
+    # (d) the cast before the all-gather halves its bytes: at stage 3, and
+    # at stages 1/2, where the f32 plan all-gathers the updated f32 shards
+    # and the bf16 plan gathers the cast master shards instead.
     n = 2
     model = os.path.join(tmp, "b2.mlir")
-    f32 = compile_plan(bindir, model, os.path.join(tmp, "c32.plan"), f"world-size={n} stage=3")
-    bf = compile_plan(bindir, model, os.path.join(tmp, "cbf.plan"),
-                      f"param-dtype=bf16 world-size={n} stage=3")
-    g32, gbf = gather_bytes(f32), gather_bytes(bf)
-    _, s32 = run(bindir, os.path.join(tmp, "c32.plan"), n, 2)
-    _, sbf = run(bindir, os.path.join(tmp, "cbf.plan"), n, 2)
-    want = s32["comm_bytes_per_step"] - (n - 1) * (g32 // 2) // n
-    ok = gbf * 2 == g32 and sbf["comm_bytes_per_step"] == want
-    failures += not ok
-    print(f"(d) stage 3, N={n}: all-gather output bytes f32 {g32}, bf16 {gbf} (half: "
-          f"{'yes' if gbf * 2 == g32 else 'NO'}); measured sent per rank per step f32 "
-          f"{s32['comm_bytes_per_step']}, bf16 {sbf['comm_bytes_per_step']} (expected {want})"
-          f"  {'ok' if ok else 'MISMATCH'}")
+    for stage in (3, 2, 1):
+        f32 = compile_plan(bindir, model, os.path.join(tmp, "c32.plan"),
+                           f"world-size={n} stage={stage}")
+        bf = compile_plan(bindir, model, os.path.join(tmp, "cbf.plan"),
+                          f"param-dtype=bf16 world-size={n} stage={stage}")
+        g32, gbf = gather_bytes(f32), gather_bytes(bf)
+        _, s32 = run(bindir, os.path.join(tmp, "c32.plan"), n, 2)
+        _, sbf = run(bindir, os.path.join(tmp, "cbf.plan"), n, 2)
+        want = s32["comm_bytes_per_step"] - (n - 1) * (g32 // 2) // n
+        ok = g32 > 0 and gbf * 2 == g32 and sbf["comm_bytes_per_step"] == want
+        failures += not ok
+        print(f"(d) stage {stage}, N={n}: all-gather output bytes f32 {g32}, bf16 {gbf} (half: "
+              f"{'yes' if gbf * 2 == g32 else 'NO'}); measured sent per rank per step f32 "
+              f"{s32['comm_bytes_per_step']}, bf16 {sbf['comm_bytes_per_step']} (expected {want})"
+              f"  {'ok' if ok else 'MISMATCH'}")
     print(f"    f32 scratch outside the arena (bf16 plan): {sbf['scratch_outside_arena']} B")
 
     # Memory report vs the mixed-precision formula.
@@ -217,7 +230,9 @@ def check_shards(bindir, tmp):
             psi = sum(u["padded_numel"] for u in units)
             big = max(u["padded_numel"] for u in units)
             sharded = stage >= 1 and n > 1
-            p_want = 4 * psi // (n if stage == 3 else 1)
+            # Stages 1-3 keep the f32 master shard (ZeRO's mixed-precision
+            # layout); stage 0 and one rank keep the whole f32 parameters.
+            p_want = 4 * psi // (n if sharded else 1)
             s_want = 8 * psi // (n if sharded else 1)
             g_lo, g_hi = {
                 0: (2 * psi, 2 * psi + 4 * big),

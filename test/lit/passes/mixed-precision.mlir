@@ -74,15 +74,21 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // DDP: %[[AF:.+]] = fsdp.cast %[[A]] : tensor<40xbf16> -> tensor<40xf32>
 // DDP: fsdp.adamw_update %{{.+}}, %[[AF]], {{.+}} : tensor<40xf32>
 
-// Stages 1/2: the unit's storage stays the whole f32 master: it is cast
-// once for compute, and the updated f32 shards are all-gathered into it.
+// Stages 1/2 (ZeRO's mixed-precision layout): the unit keeps only its f32
+// master shard; the shard is cast and gathered in bf16 once per step (half
+// the bytes of an f32 gather), and the updated shard is the new storage:
+// no f32 all-gather after the update.
+// Z2: fsdp.unit @layers.0 : tensor<40xf32> shard tensor<20xf32> {{.*}} sharded
 // Z2-LABEL: func.func @train_step
-// Z2: %[[U:.+]] = fsdp.get_unit @layers.0 : tensor<40xf32>
-// Z2-NEXT: fsdp.cast %[[U]] : tensor<40xf32> -> tensor<40xbf16>
+// Z2: %[[U:.+]] = fsdp.get_unit @layers.0 : tensor<20xf32>
+// Z2-NEXT: %[[UB:.+]] = fsdp.cast %[[U]] : tensor<20xf32> -> tensor<20xbf16>
+// Z2-NEXT: fsdp.all_gather %[[UB]] : tensor<20xbf16> -> tensor<40xbf16>
 // Z2: fsdp.reduce_scatter %{{.+}} {reduce = "mean"} : tensor<40xf32> -> tensor<20xf32>
 // Z2: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<20xf32>, tensor<4xf32>
-// Z2: %[[NP:[^,]+]], {{.*}} = fsdp.adamw_update {{.+}} : tensor<20xf32>
-// Z2: fsdp.all_gather %[[NP]] : tensor<20xf32> -> tensor<40xf32>
+// Z2: %[[M:.+]] = fsdp.get_unit @layers.0 : tensor<20xf32>
+// Z2: %[[NP:[^,]+]], {{.*}} = fsdp.adamw_update %[[M]], {{.+}} : tensor<20xf32>
+// Z2-NOT: fsdp.all_gather
+// Z2: fsdp.set_unit @layers.0 = %[[NP]] : tensor<20xf32>
 
 // Clipping with bf16 reductions: every reduced shard is cast to f32 before
 // the global norm.
