@@ -82,6 +82,8 @@ def main():
                 reshard = ("false" if not s["reshard_after_forward"]
                            else str(s["reshard_group"]) if s.get("reshard_group")
                            else "true")
+                if s["reshard_after_forward"] and s.get("reshard_units", -1) >= 0:
+                    reshard += f" (first {s['reshard_units']} units)"
                 strat = f"{s['layers_per_unit']}, {rc}, {reshard}, {s['prefetch_depth']}"
                 print(f"| {label} | {n} | {gib(p['memory']['peak'])} | "
                       f"{s['predicted_step_s'] * 1e3:.1f} | {s['exposed_comm_pct']:.1f} | "

@@ -44,6 +44,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.recomputeUnits = options.recomputeUnits;
   if (options.reshardAfterForward.hasValue())
     search.reshardAfterForward = options.reshardAfterForward;
+  search.reshardUnits = options.reshardUnits;
   if (options.prefetch.hasValue() && !options.prefetch)
     search.prefetchDepth = 0;
   else if (options.prefetchDepth.hasValue())
@@ -108,6 +109,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.worldSize = options.worldSize;
       shard.stage = options.stage;
       shard.reshardAfterForward = options.reshardAfterForward;
+      shard.reshardUnits = options.reshardUnits;
       shard.mesh = options.mesh;
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {

@@ -102,6 +102,12 @@ struct FsdpPipelineOptions
                      "gather it within G consecutive ranks for backward: "
                      "hpZ)"),
       llvm::cl::init("true")};
+  Option<int64_t> reshardUnits{
+      *this, "reshard-units",
+      llvm::cl::desc("stage 3 with reshard-after-forward true or G: only the "
+                     "first K units of the forward reshard, the later ones "
+                     "keep their gather for the backward (-1: all reshard)"),
+      llvm::cl::init(-1)};
   Option<std::string> unitPolicy{*this, "unit-policy",
                                  llvm::cl::desc("layer | size | none"),
                                  llvm::cl::init("layer")};

@@ -370,7 +370,9 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
       "reshard"`, recorded as `reshard = G` in `fsdp.mesh`): a backward
       all-gather within one node instead of across the shard group, for
       1/G of the unit held between forward and backward. G = S is true,
-      G = 1 false.
+      G = 1 false. `reshard-units=K` reshards only the first K units of
+      the forward (per unit, like FSDP2's reshard_after_forward on each
+      module): the later units keep their forward gather.
     Global-norm clipping becomes a squared norm over the local shards plus
     a scalar all-reduce. With more than one rank the loss is all-reduced
     (mean) so every rank reports the global loss.
@@ -408,6 +410,10 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     Option<"mesh", "mesh", "std::string", /*default=*/"\"\"",
            "RxS: hybrid sharding on a 2-D mesh of R replicas x S shards "
            "(R*S = world-size); empty: 1-D mesh (S = world-size)">,
+    Option<"reshardUnits", "reshard-units", "int64_t", /*default=*/"-1",
+           "stage 3 with reshard-after-forward true or G: only the first K "
+           "units of the forward reshard, the others keep their gather "
+           "(-1: all reshard)">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
@@ -517,7 +523,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     only the first K units (`recompute-units`, their backward runs last)
     is estimated by interpolation and, if it may beat the best uniform
     schedule, compiled at the estimated K and walked to the smallest K that
-    fits (at most 4 more candidates);
+    fits (at most 4 more candidates); the same for resharding only the
+    first K units (`reshard-units`) where reshard-after-forward=false does
+    not fit and true (or G) does;
     candidates are ranked by liveness (peak live bytes, a lower bound of
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
@@ -527,7 +535,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
 
     Before: @train_step with the optimizer (no units grouped yet). After:
     as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
-    recompute, recompute_units, reshard_after_forward, prefetch_depth, predicted_step_s,
+    recompute, recompute_units, reshard_after_forward, reshard_units,
+    reshard_group, prefetch_depth, predicted_step_s,
     exposed_comm_pct, peak, budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -562,7 +571,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "pin the units recompute=unit recomputes (-1: all, or searched "
            "when recompute is searched)">,
     Option<"reshardAfterForward", "reshard-after-forward", "std::string",
-           /*default=*/"\"\"", "pin: true | false (empty: search)">,
+           /*default=*/"\"\"", "pin: true | false | G (empty: search)">,
+    Option<"reshardUnits", "reshard-units", "int64_t", /*default=*/"-1",
+           "pin the units that reshard (-1: all, or searched when "
+           "reshard-after-forward is searched)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",
            "pin the prefetch depth (-1: search 0, 1, 2)">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",

@@ -25,6 +25,7 @@
 #include "llvm/Support/Format.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include "llvm/Support/raw_ostream.h"
@@ -47,12 +48,17 @@ struct Choice {
   int64_t depth = 1;
   /// recompute=unit: recompute only the first `units` units (-1: all).
   int64_t units = -1;
+  /// reshard true or G: only the first `reshardUnits` units reshard (-1:
+  /// all).
+  int64_t reshardUnits = -1;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) +
            " recompute=" + recompute +
            (units >= 0 ? " recompute-units=" + std::to_string(units) : "") +
            " reshard-after-forward=" + reshard +
+           (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits)
+                              : "") +
            " prefetch-depth=" + std::to_string(depth);
   }
 };
@@ -99,11 +105,12 @@ struct SearchSchedulePass
     r.units = units;
     return run(m, createFsdpRecompute(r));
   }
-  bool shard(ModuleOp m, StringRef reshard) {
+  bool shard(ModuleOp m, StringRef reshard, int64_t units = -1) {
     FsdpShardOptions s;
     s.worldSize = worldSize;
     s.stage = stage;
     s.reshardAfterForward = reshard.str();
+    s.reshardUnits = units;
     s.mesh = mesh;
     return run(m, createFsdpShard(s));
   }
@@ -153,7 +160,8 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) ||
         !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard) || !schedule(*m, c.depth) || !fuse(*m))
+        !shard(*m, c.reshard, c.reshardUnits) || !schedule(*m, c.depth) ||
+        !fuse(*m))
       return nullptr;
     return m;
   }
@@ -253,11 +261,12 @@ void SearchSchedulePass::runOnOperation() {
         return signalPassFailure();
       for (const std::string &reshard : reshards) {
         OwningOpRef<ModuleOp> sharded = clone(*recomputed);
-        if (!shard(*sharded, reshard))
+        int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
+        if (!shard(*sharded, reshard, rsUnits))
           return signalPassFailure();
         for (int64_t depth : depths) {
           Leaf leaf;
-          leaf.choice = {k, rc, reshard, depth, units};
+          leaf.choice = {k, rc, reshard, depth, units, rsUnits};
           OwningOpRef<ModuleOp> m =
               depth == depths.back() ? std::move(sharded) : clone(*sharded);
           if (!schedule(*m, depth) || !fuse(*m))
@@ -277,66 +286,118 @@ void SearchSchedulePass::runOnOperation() {
     }
   }
 
-  // Per unit: recompute only the first K units. Where recompute=none does
-  // not fit and unit does (same grouping, resharding and depth), the
-  // peak and the step are about linear in K: the best such combination by
-  // that estimate is compiled at the estimated K and walked to the
-  // smallest K that fits (a few steps), if it may beat the best uniform
-  // schedule.
-  if (recomputes.size() == 3 && recomputeUnits < 0) {
-    auto find = [&](const Choice &c, StringRef rc) -> Leaf * {
-      for (Leaf &l : leaves)
-        if (l.choice.layersPerUnit == c.layersPerUnit && l.choice.recompute == rc &&
-            l.choice.reshard == c.reshard && l.choice.depth == c.depth)
-          return &l;
-      return nullptr;
-    };
-    double bestUniform = std::numeric_limits<double>::infinity();
+  // Per unit: recompute only the first K units, or reshard only the first
+  // K units. Where the uniform choice that saves nothing (recompute=none,
+  // reshard=false) does not fit and the one that saves on every unit
+  // (recompute=unit; reshard true or G) does, with the other knobs equal,
+  // the peak and the step are about linear in K: the best such
+  // combination by that estimate is compiled at the estimated K and
+  // walked to the smallest K that fits (a few steps), if it may beat the
+  // best uniform schedule. Each of the two knobs gets one such walk.
+  auto same = [](const Choice &a, const Choice &b) {
+    return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
+           a.units == b.units && a.reshard == b.reshard &&
+           a.reshardUnits == b.reshardUnits && a.depth == b.depth;
+  };
+  auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
-      if (l.peakLive <= budget)
-        bestUniform = std::min(bestUniform, l.predicted.stepS);
+      if (same(l.choice, c))
+        return &l;
+    return nullptr;
+  };
+  double bestUniform = std::numeric_limits<double>::infinity();
+  for (Leaf &l : leaves)
+    if (l.peakLive <= budget)
+      bestUniform = std::min(bestUniform, l.predicted.stepS);
+  struct Knob {
+    bool searched;
+    /// The uniform choice that saves nothing.
+    std::function<bool(const Choice &)> isBase;
+    /// The uniform choices that save on every unit, from a base one.
+    std::function<SmallVector<Choice>(const Choice &)> partners;
+    /// The partner with only its first K units saving.
+    std::function<Choice(Choice, int64_t)> withUnits;
+    /// The K of a choice (the walk's variable).
+    std::function<int64_t &(Choice &)> unitsOf;
+  };
+  Knob knobs[] = {
+      {recomputes.size() == 3 && recomputeUnits < 0,
+       [](const Choice &c) { return c.recompute == "none"; },
+       [](const Choice &c) {
+         Choice u = c;
+         u.recompute = "unit";
+         return SmallVector<Choice>{u};
+       },
+       [](Choice c, int64_t k) {
+         c.units = k;
+         return c;
+       },
+       [](Choice &c) -> int64_t & { return c.units; }},
+      {reshards.size() > 1 && reshardUnits < 0,
+       [](const Choice &c) { return c.reshard == "false"; },
+       [&](const Choice &c) {
+         SmallVector<Choice> out;
+         for (const std::string &r : reshards)
+           if (r != "false") {
+             Choice u = c;
+             u.reshard = r;
+             out.push_back(u);
+           }
+         return out;
+       },
+       [](Choice c, int64_t k) {
+         c.reshardUnits = k;
+         return c;
+       },
+       [](Choice &c) -> int64_t & { return c.reshardUnits; }},
+  };
+  for (Knob &knob : knobs) {
+    if (!knob.searched)
+      continue;
     struct Estimate {
       Choice choice;
       double stepS;
     };
     std::optional<Estimate> est;
-    for (Leaf &l : leaves) {
-      if (l.choice.recompute != "none" || l.peakLive <= budget)
+    size_t uniformLeaves = leaves.size();
+    for (size_t i = 0; i < uniformLeaves; ++i) {
+      Leaf &l = leaves[i];
+      if (!knob.isBase(l.choice) || l.peakLive <= budget)
         continue;
-      Leaf *unit = find(l.choice, "unit");
-      if (!unit || unit->peakLive > budget || unit->peakLive >= l.peakLive)
-        continue;
-      int64_t numUnits = unitsOf(l.choice.layersPerUnit);
-      double f = double(l.peakLive - budget) / double(l.peakLive - unit->peakLive);
-      Choice c = l.choice;
-      c.recompute = "unit";
-      c.units = std::min<int64_t>(numUnits, std::ceil(f * numUnits));
-      double t = l.predicted.stepS + f * (unit->predicted.stepS - l.predicted.stepS);
-      if (t < bestUniform && (!est || t < est->stepS))
-        est = Estimate{c, t};
+      for (const Choice &pc : knob.partners(l.choice)) {
+        Leaf *all = find(pc);
+        if (!all || all->peakLive > budget || all->peakLive >= l.peakLive)
+          continue;
+        int64_t numUnits = unitsOf(l.choice.layersPerUnit);
+        double f = double(l.peakLive - budget) / double(l.peakLive - all->peakLive);
+        Choice c = knob.withUnits(
+            pc, std::min<int64_t>(numUnits, std::ceil(f * numUnits)));
+        double t = l.predicted.stepS + f * (all->predicted.stepS - l.predicted.stepS);
+        if (t < bestUniform && (!est || t < est->stepS))
+          est = Estimate{c, t};
+      }
     }
-    if (est) {
-      // Up while it does not fit, then down while it does: at most 4. Every
-      // K that fits by liveness is kept: the arena (placement adds
-      // fragmentation) may reject the smallest.
-      Leaf leaf;
-      leaf.choice = est->choice;
-      std::optional<Leaf> fit;
-      int64_t numUnits = unitsOf(leaf.choice.layersPerUnit);
-      for (int tries = 0; tries < 4 && leaf.choice.units >= 0 &&
-                          leaf.choice.units <= numUnits;
-           ++tries) {
-        if (!evaluate(leaf))
-          return signalPassFailure();
-        if (leaf.peakLive <= budget) {
-          fit = leaf;
-          leaves.push_back(leaf);
-          --leaf.choice.units;
-        } else if (fit) {
-          break;
-        } else {
-          ++leaf.choice.units;
-        }
+    if (!est)
+      continue;
+    // Up while it does not fit, then down while it does: at most 4. Every
+    // K that fits by liveness is kept: the arena (placement adds
+    // fragmentation) may reject the smallest.
+    Leaf leaf;
+    leaf.choice = est->choice;
+    std::optional<Leaf> fit;
+    int64_t numUnits = unitsOf(leaf.choice.layersPerUnit);
+    int64_t &k = knob.unitsOf(leaf.choice);
+    for (int tries = 0; tries < 4 && k >= 0 && k <= numUnits; ++tries) {
+      if (!evaluate(leaf))
+        return signalPassFailure();
+      if (leaf.peakLive <= budget) {
+        fit = leaf;
+        leaves.push_back(leaf);
+        --k;
+      } else if (fit) {
+        break;
+      } else {
+        ++k;
       }
     }
   }
@@ -418,6 +479,7 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
           b.getNamedAttr("reshard_after_forward",
                          b.getBoolAttr(c.reshard != "false")),
+          b.getNamedAttr("reshard_units", b.getI64IntegerAttr(c.reshardUnits)),
           // hpZ (reshard-after-forward=G): G, as fsdp-shard recorded it on
           // the mesh; 0 otherwise.
           b.getNamedAttr("reshard_group",

@@ -145,6 +145,12 @@ void ShardPass::runOnOperation() {
       return signalPassFailure();
     }
   }
+  if (reshardUnits < -1) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-shard: reshard-units=" << reshardUnits.getValue()
+        << " must be a number of units (0 or more), or -1 for all";
+    return signalPassFailure();
+  }
   const bool reshard = reshardTo > 1;
   // The intermediate group (hpZ), if any: 1 < G < S.
   const int64_t hpz =
@@ -541,6 +547,28 @@ void ShardPass::runOnOperation() {
     b.setInsertionPoint(firstBwd);
     return allGather(firstBwd->getLoc(), fullTy, part, reshardGroup);
   };
+  // reshard-units=K: only the first K units of the forward reshard; the
+  // later ones keep their forward gather for the backward (FSDP2's
+  // reshard_after_forward=False on the last blocks). All of them are
+  // live at the loss either way, so K trades K units' gathered bytes at
+  // the peak for K fewer backward all-gathers; the last units hold their
+  // gather for the shortest time.
+  llvm::DenseSet<UnitInfo *> keepGather;
+  if (eff == 3 && reshard && reshardUnits >= 0) {
+    llvm::MapVector<UnitInfo *, int64_t> firstRead;
+    for (auto &[key, r] : reads)
+      if (r.firstForwardUse) {
+        auto [it, fresh] = firstRead.try_emplace(std::get<0>(key),
+                                                 index[r.firstForwardUse]);
+        it->second = std::min(it->second, index[r.firstForwardUse]);
+      }
+    auto order = firstRead.takeVector();
+    llvm::stable_sort(order, [](auto &a, auto &b) { return a.second < b.second; });
+    for (size_t i = reshardUnits; i < order.size(); ++i)
+      keepGather.insert(order[i].first);
+  }
+  if (!keepGather.empty())
+    module->setAttr("fsdp.reshard_units", b.getI64IntegerAttr(reshardUnits));
   for (auto &[key, r] : reads) {
     UnitInfo *u = std::get<0>(key);
     Type elem = std::get<2>(key);
@@ -551,7 +579,7 @@ void ShardPass::runOnOperation() {
       if (r.firstForwardUse)
         fwd = gather(*u, r.firstForwardUse, elem);
       if (r.firstBackwardUse) {
-        if (fwd && (!reshard || keepsForwardGather(r)))
+        if (fwd && (!reshard || keepsForwardGather(r) || keepGather.contains(u)))
           bwd = fwd;
         else if (fwd && hpz)
           bwd = regather(fwd, r.lastForwardUse, r.firstBackwardUse);

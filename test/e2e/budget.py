@@ -157,20 +157,22 @@ def main():
             key = (st["layers_per_unit"], st["recompute"], st["reshard_after_forward"],
                    st["prefetch_depth"])
             units = st["recompute_units"]
+            rs_units = st["reshard_units"]
             fits = [step for _, peak, step in hand.values()
                     if peak <= budget and step is not None]
             best = min(fits)
             step_ms = st["predicted_step_s"] * 1e3
-            if units >= 0:
-                # Per unit (the first K units recomputed): at least as fast
-                # as every uniform schedule that fits.
-                key = key + (units,)
+            if units >= 0 or rs_units >= 0:
+                # Per unit (the first K units recomputed, or the first K
+                # units resharded): at least as fast as every uniform
+                # schedule that fits.
+                key = key + (units, rs_units)
                 if key not in hand:
                     plan_k, _ = compile_plan(
-                        f"k{key[0]}-unit{units}-{key[2]}-{key[3]}",
-                        f"layers-per-unit={key[0]} recompute=unit recompute-units={units} "
+                        f"k{key[0]}-{key[1]}{units}-{key[2]}{rs_units}-{key[3]}",
+                        f"layers-per-unit={key[0]} recompute={key[1]} recompute-units={units} "
                         f"reshard-after-forward={'true' if key[2] else 'false'} "
-                        f"prefetch-depth={key[3]} report=false")
+                        f"reshard-units={rs_units} prefetch-depth={key[3]} report=false")
                     hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
                 ok = step_ms <= best * (1 + 1e-9)
             else:
@@ -184,6 +186,7 @@ def main():
                   f"layers-per-unit={key[0]} recompute={key[1]}"
                   + (f" recompute-units={units}" if units >= 0 else "") + " "
                   f"reshard-after-forward={'true' if key[2] else 'false'} "
+                  + (f"reshard-units={rs_units} " if rs_units >= 0 else "") +
                   f"prefetch-depth={key[3]} step {step_ms:.6f} ms "
                   f"(best by hand {best:.6f})"
                   + ("" if ok else " NOT THE BEST FIT")

@@ -107,10 +107,15 @@ def main():
         for n in worlds:
             model = os.path.join(tmp, f"b{n}.mlir")
             gen(kind, GLOBAL_BATCH // n, model)
+            # Per-unit resharding (reshard-units=1: the first unit reshards,
+            # the later ones keep their gather) is, like hpZ, bitwise
+            # resharding to all.
+            hpz = [str(g) for g in range(2, n) if n % g == 0]
             configs = [(s, "true") for s in range(4)] + [(3, "false")] + \
-                [(3, str(g)) for g in range(2, n) if n % g == 0]
+                [(3, g) for g in hpz] + \
+                [(3, f"{r} reshard-units=1") for r in ["true"] + hpz[:1]]
             for stage, reshard in configs:
-                tag = f"n{n}s{stage}r{reshard}"
+                tag = f"n{n}s{stage}r{reshard}".replace(" ", "_").replace("=", "")
                 pipe = f"stage={stage} reshard-after-forward={reshard}"
                 losses, params, comm = run(bindir, model, tmp, tag, n, pipe, steps,
                                            optimizer)
