@@ -182,6 +182,14 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
                    create<ScaleOp>(loc, dyTy, dy, o.getFactorAttr()));
         return success();
       })
+      .Case([&](DropoutOp o) {
+        // y = x * m / (1 - p): dx = dy * m / (1 - p), the same mask (same
+        // attributes, same step): nothing is saved.
+        accumulate(o.getInput(),
+                   create<DropoutOp>(loc, dyTy, dy, o.getPAttr(), o.getIdAttr(),
+                                     o.getMicroAttr(), o.getMicroCountAttr()));
+        return success();
+      })
       .Case([&](ReluOp o) {
         accumulate(o.getInput(),
                    create<ReluGradOp>(loc, dyTy, o.getInput(), dy));

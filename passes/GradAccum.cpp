@@ -152,6 +152,13 @@ void GradAccumPass::runOnOperation() {
   };
 
   // --- 2. Micro-batch 0: the step's own ops. ------------------------------
+  // Dropout keys its mask by the element's global index, which now counts
+  // the micro-batches (DropoutOp): this is micro-batch 0 of K.
+  for (Operation *op : ops)
+    if (auto d = dyn_cast<DropoutOp>(op)) {
+      d.setMicro(0);
+      d.setMicroCount(k);
+    }
   b.setInsertionPointToStart(&body);
   SmallVector<Value> first = microbatches(0);
   for (auto [arg, view] : llvm::zip(body.getArguments(), first))
@@ -169,7 +176,8 @@ void GradAccumPass::runOnOperation() {
     for (auto [view, next] : llvm::zip(first, microbatches(i)))
       map.map(view, next);
     for (Operation *op : ops)
-      b.clone(*op, map);
+      if (auto d = dyn_cast<DropoutOp>(b.clone(*op, map)))
+        d.setMicro(i); // a mask of its own: these are other rows
     ++numCopies;
     for (auto [acc, s] : llvm::zip(grads, sets))
       acc = accumulate(acc, map.lookupOrDefault(s.getValue()));

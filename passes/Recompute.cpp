@@ -72,7 +72,7 @@ bool isStorageRead(Operation *op) { return isa<GetParamOp, MicrobatchOp>(op); }
 /// The selective policy's cheap ops: memory-bound, O(size) work (or, for
 /// attention, work that only needs its saved inputs q, k and v).
 bool isCheap(Operation *op) {
-  return isa<AddOp, SubOp, MulOp, DivOp, NegOp, ScaleOp, ReluOp, GeluOp, SiluOp,
+  return isa<AddOp, SubOp, MulOp, DivOp, NegOp, ScaleOp, DropoutOp, ReluOp, GeluOp, SiluOp,
              SoftmaxOp, BiasAddOp, CastOp, BroadcastOp, LayerNormOp, RmsNormOp,
              RopeOp, AttentionOp, ReshapeOp, TransposeOp, SliceOp, ConcatOp>(
       op);

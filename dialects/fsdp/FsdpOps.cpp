@@ -198,6 +198,18 @@ static LogicalResult verifyBinary(Operation *op) {
   return expectType(op, "result", r, *shape, a.getElementType());
 }
 
+LogicalResult DropoutOp::verify() {
+  double p = getP().convertToDouble();
+  if (!(p >= 0.0 && p < 1.0))
+    return emitOpError() << "p = " << p << " must be in [0, 1)";
+  if (getId() < 0)
+    return emitOpError() << "id = " << getId() << " must be >= 0";
+  if (getMicroCount() < 1 || getMicro() < 0 || getMicro() >= getMicroCount())
+    return emitOpError() << "micro = " << getMicro() << " must be in [0, micro_count = "
+                         << getMicroCount() << ")";
+  return success();
+}
+
 LogicalResult AddOp::verify() { return verifyBinary(*this); }
 LogicalResult SubOp::verify() { return verifyBinary(*this); }
 LogicalResult MulOp::verify() { return verifyBinary(*this); }

@@ -216,6 +216,34 @@ def Fsdp_ScaleOp : Fsdp_Op<"scale", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input attr-dict `:` type($input)";
 }
 
+def Fsdp_DropoutOp : Fsdp_Op<"dropout", [Pure, SameOperandsAndResultType]> {
+  let summary = "inverted dropout with a counter-based mask (training only)";
+  let description = [{
+    y = x * keep / (1 - p), where keep is 0 for a fraction p of the
+    elements. The mask is a pure function of (run seed, training step, `id`,
+    global element index): element i of micro-batch `micro` of
+    `micro_count` on data-parallel rank r has global index
+    (r * micro_count + micro) * numel + i, so N ranks drop exactly the
+    elements one rank drops for the same global batch (a batch-major
+    layout), recomputation regenerates the mask, and the VJP is the same
+    dropout of the incoming gradient (nothing is saved). In evaluation
+    the op is the identity. `id` tells two dropouts of a step apart
+    (frontends number them); fsdp-grad-accum sets `micro`/`micro_count`.
+    The mask function (runtime/core/Dropout.h) is written down so other
+    code (the PyTorch oracle) can reproduce it bit for bit.
+
+    ```mlir
+    %y = fsdp.dropout %x {p = 1.000000e-01 : f64, id = 0 : i64} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, F64Attr:$p, I64Attr:$id,
+                       DefaultValuedAttr<I64Attr, "0">:$micro,
+                       DefaultValuedAttr<I64Attr, "1">:$micro_count);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
 def Fsdp_FillOp : Fsdp_Op<"fill", [Pure]> {
   let summary = "a tensor with every element equal to a constant";
   let description = [{

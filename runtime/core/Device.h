@@ -44,6 +44,7 @@
 #ifndef FSDP_RUNTIME_CORE_DEVICE_H
 #define FSDP_RUNTIME_CORE_DEVICE_H
 
+#include "runtime/core/Dropout.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/Status.h"
 
@@ -137,6 +138,12 @@ public:
   /// Blocks the host until all streams are idle; their first failure.
   virtual Status synchronize() = 0;
 
+  /// The step's seed, number and data rank, and whether it trains: what a
+  /// dropout instruction reads (runtime/core/Dropout.h). Set by the
+  /// executor before it runs a step or an evaluation.
+  void setDropoutContext(const DropoutContext &c) { dropoutCtx = c; }
+  const DropoutContext &dropoutContext() const { return dropoutCtx; }
+
   // --- whole-step capture: [Note: step capture] in Executor.cpp -------------
   /// True when the device can record a step's work once and replay it
   /// (CUDA graphs).
@@ -156,6 +163,9 @@ public:
   /// Times this device's kernels and, over `comm`, its collectives; writes
   /// the profile fsdp-sim reads (fsdp-run --calibrate).
   virtual Status calibrate(Communicator &comm, nlohmann::json &profile);
+
+private:
+  DropoutContext dropoutCtx;
 };
 
 } // namespace fsdp

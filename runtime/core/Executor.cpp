@@ -107,6 +107,7 @@ Status Executor::init(uint64_t seed) {
                       ": recompile with world-size=", comm.size(),
                       " or run with --nproc ", plan.worldSize);
   scaler = LossScaler{};
+  runSeed = seed;
   scaler.scale = plan.lossScaling.init;
   // [Note: hybrid sharding] On a replicas x shards mesh every rank joins
   // two groups: the `shards` consecutive ranks of its replica (all-gather
@@ -336,6 +337,11 @@ Status Executor::setStepCapture(bool on) {
                           "communicator of ranks sharing a GPU): it cannot be captured");
     if (tracing)
       return FSDP_ERROR("a captured step is replayed whole: no per-instruction trace");
+    for (const Instruction &inst : plan.program)
+      if (inst.op == "dropout" && inst.attrs.value("p", 0.0) > 0)
+        return FSDP_ERROR("the plan has dropout, whose mask changes every step: a "
+                          "captured step would replay the first step's mask (run "
+                          "without --cuda-graphs)");
   }
   captureSteps = on;
   return Status::ok();
@@ -356,6 +362,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
   }
   currentStep = step;
+  dev.setDropoutContext({runSeed, step, comm.rank(), true});
   const bool capturing = captureSteps && !captured && stepsRun >= 1;
   ++stepsRun;
   if (capturing)
@@ -460,6 +467,8 @@ Status Executor::evaluate(float &loss) {
       lossBuf = b.buffer;
   if (lossBuf < 0)
     return FSDP_ERROR("evaluate: the plan has no loss output");
+  // Evaluation runs the model as nn.Module.eval() would: no dropout.
+  dev.setDropoutContext({runSeed, currentStep, comm.rank(), false});
   int64_t end = -1;
   for (size_t i = 0; i < plan.program.size(); ++i)
     if (!collective[i] && std::find(plan.program[i].out.begin(), plan.program[i].out.end(),

@@ -155,6 +155,7 @@ private:
   std::mutex traceMu;                    ///< guards commEvents
   std::vector<TraceEvent> commEvents;
   int64_t currentStep = 0, traceIndex = 0;
+  uint64_t runSeed = 0; ///< init's seed: dropout masks are keyed by it
   LossScaler scaler;
 };
 

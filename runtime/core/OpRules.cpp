@@ -198,6 +198,21 @@ const std::unordered_map<std::string, Check> &checks() {
     m["div"] = checkBinary;
     m["neg"] = checkSame;
     m["scale"] = checkSame;
+    m["dropout"] = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(checkSame(op));
+      double p = op.f("p", -1);
+      int64_t id = op.i("id", -1), micro = op.i("micro", 0), count = op.i("micro_count", 1);
+      if (!op.attrError.empty())
+        return Status::error(op.attrError);
+      if (!(p >= 0 && p < 1))
+        return FSDP_ERROR("dropout: p must be in [0, 1), found ", p);
+      if (id < 0)
+        return FSDP_ERROR("dropout: id must be an integer >= 0, found ", id);
+      if (count < 1 || count > (int64_t(1) << 20) || micro < 0 || micro >= count)
+        return FSDP_ERROR("dropout: micro must be in [0, micro_count) with micro_count in "
+                          "1..2^20, found micro ", micro, " of ", count);
+      return Status::ok();
+    };
     m["fill"] = expectAllF32;
     m["copy"] = [](const Op &op) {
       if (op.in(0).bytes != op.out(0).bytes)

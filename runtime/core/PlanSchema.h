@@ -73,6 +73,7 @@ inline constexpr OpSchema kOps[] = {
     {"div", 2, 1, OpKind::Compute},
     {"neg", 1, 1, OpKind::Compute},
     {"scale", 1, 1, OpKind::Compute},
+    {"dropout", 1, 1, OpKind::Compute},
     {"fill", 0, 1, OpKind::Compute},
     {"copy", 1, 1, OpKind::Compute},
     {"relu", 1, 1, OpKind::Compute},

@@ -131,7 +131,7 @@ public:
     return Status::ok();
   }
   Status run(int64_t index) override {
-    return runInstruction(*plan, plan->program[index], arena, shardIndex);
+    return runInstruction(*plan, plan->program[index], arena, shardIndex, dropoutContext());
   }
   bool implementsOp(const std::string &op) const override { return cpu::implementsOp(op); }
 

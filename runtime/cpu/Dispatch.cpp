@@ -40,6 +40,7 @@ struct Run {
   const Op &op;
   uint8_t *arena;
   int64_t rank;
+  const DropoutContext &dropout;
   template <typename T = float> T *in(size_t i) const {
     return reinterpret_cast<T *>(arena + bufferOffset(op.plan, op.inst.in[i], rank));
   }
@@ -107,6 +108,20 @@ const std::unordered_map<std::string, Exec> &table() {
     };
     m["scale"] = [](const Run &r) {
       scale<float>(r.in(0), r.out(0), r.op.out(0).numel(), r.op.f("factor", 1.0));
+      return Status::ok();
+    };
+    m["dropout"] = [](const Run &r) {
+      const DropoutContext &c = r.dropout;
+      int64_t n = r.op.out(0).numel();
+      double p = r.op.f("p", 0);
+      if (!c.training || p == 0) {
+        scale<float>(r.in(0), r.out(0), n, 1.0);
+        return Status::ok();
+      }
+      int64_t micro = r.op.i("micro", 0), count = r.op.i("micro_count", 1);
+      uint64_t first = (uint64_t)((c.dataRank * count + micro) * n);
+      dropout<float>(r.in(0), r.out(0), n, dropoutKey(c.seed, c.step, r.op.i("id", 0)),
+                     first, dropoutThreshold(p), 1.0 / (1.0 - p));
       return Status::ok();
     };
     m["fill"] = [](const Run &r) {
@@ -527,7 +542,7 @@ void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) 
 }
 
 Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, int64_t rank,
-                  const Exec &run) {
+                  const DropoutContext &dropout, const Exec &run) {
   Widened w = widen(plan, inst);
   thread_local std::vector<uint8_t> scratch;
   if ((int64_t)scratch.size() < w.bytes) {
@@ -546,7 +561,7 @@ Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, int
               scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype, b.numel());
     }
   Op op{w.plan, w.inst};
-  FSDP_RETURN_IF_ERROR(run(Run{op, scratch.data(), 0}));
+  FSDP_RETURN_IF_ERROR(run(Run{op, scratch.data(), 0, dropout}));
   for (int64_t s : w.inst.out) {
     const Buffer &b = plan.buffers[w.ids[s]];
     convert(scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype,
@@ -561,14 +576,15 @@ int64_t widenedScratchHighWater() { return scratchHighWater.load(); }
 
 bool implementsOp(const std::string &op) { return table().count(op) > 0; }
 
-Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena, int64_t rank) {
+Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena, int64_t rank,
+                      const DropoutContext &dropout) {
   auto it = table().find(inst.op);
   if (it == table().end())
     return FSDP_ERROR("unknown op '", inst.op, "'");
   if (needsWidening(plan, inst))
-    return runWidened(plan, inst, arena, rank, it->second);
+    return runWidened(plan, inst, arena, rank, dropout, it->second);
   Op op{plan, inst};
-  return it->second(Run{op, arena, rank});
+  return it->second(Run{op, arena, rank, dropout});
 }
 
 } // namespace fsdp::cpu

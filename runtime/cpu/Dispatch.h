@@ -9,6 +9,7 @@
 #ifndef FSDP_RUNTIME_CPU_DISPATCH_H
 #define FSDP_RUNTIME_CPU_DISPATCH_H
 
+#include "runtime/core/Dropout.h"
 #include "runtime/core/Plan.h"
 
 #include <cstdint>
@@ -19,8 +20,10 @@ namespace fsdp::cpu {
 /// Runs one compute instruction; `rank` (the shard index,
 /// Plan::shardIndex) places shard views. Collectives are not handled here
 /// (isCollectiveOp, PlanSchema.h).
+/// `dropout` is the step's (Device::dropoutContext).
 Status runInstruction(const Plan &plan, const Instruction &inst,
-                      uint8_t *arena, int64_t rank);
+                      uint8_t *arena, int64_t rank,
+                      const DropoutContext &dropout = DropoutContext{});
 
 /// True when this backend has a kernel for compute op `op`.
 bool implementsOp(const std::string &op);

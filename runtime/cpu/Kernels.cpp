@@ -9,6 +9,8 @@
 
 #include "runtime/cpu/Kernels.h"
 
+#include "runtime/core/Dropout.h"
+
 #include "runtime/core/Bf16.h"
 
 #include <cblas.h>
@@ -151,6 +153,15 @@ template <typename T> void scale(const T *x, T *y, int64_t n, double f) {
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i)
     y[i] = x[i] * tf;
+}
+
+template <typename T>
+void dropout(const T *x, T *y, int64_t n, uint64_t key, uint64_t first, uint32_t threshold,
+             double scale) {
+  T s = (T)scale;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = dropoutKeep(key, first + (uint64_t)i, threshold) ? x[i] * s : T(0);
 }
 
 template <typename T> void fill(T *y, int64_t n, double v) {
@@ -834,6 +845,8 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
   template void neg<T>(const T *, T *, int64_t);                               \
   template void scale<T>(const T *, T *, int64_t, double);                     \
   template void fill<T>(T *, int64_t, double);                                 \
+  template void dropout<T>(const T *, T *, int64_t, uint64_t, uint64_t, uint32_t,     \
+                           double);                                            \
   template void relu<T>(const T *, T *, int64_t);                              \
   template void reluGrad<T>(const T *, const T *, T *, int64_t);               \
   template void gelu<T>(const T *, T *, int64_t);                              \

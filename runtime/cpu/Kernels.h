@@ -45,6 +45,11 @@ void sumTo(const T *in, const Shape &si, T *out, const Shape &so);
 
 template <typename T> void neg(const T *x, T *y, int64_t n);
 template <typename T> void scale(const T *x, T *y, int64_t n, double f);
+/// y = x * keep / (1 - p) (`scale`) with keep from runtime/core/Dropout.h:
+/// element i is global element first + i.
+template <typename T>
+void dropout(const T *x, T *y, int64_t n, uint64_t key, uint64_t first, uint32_t threshold,
+             double scale);
 template <typename T> void fill(T *y, int64_t n, double v);
 template <typename T> void relu(const T *x, T *y, int64_t n);
 template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n);

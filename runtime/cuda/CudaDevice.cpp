@@ -831,6 +831,24 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     double f = op.f("factor", 1.0);
     out = fromCuda([=](cudaStream_t s) { return scale(x, y, numel, f, s); }, n);
+  } else if (n == "dropout") {
+    // The mask's key changes every step: read the step's context at launch
+    // (the executor refuses --cuda-graphs for a plan with dropout).
+    const float *x = r.in(0);
+    float *y = r.out(0);
+    double p = op.f("p", 0);
+    int64_t id = op.i("id", 0), micro = op.i("micro", 0), count = op.i("micro_count", 1);
+    uint32_t threshold = dropoutThreshold(p);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          const DropoutContext &c = dropoutContext();
+          if (!c.training || p == 0)
+            return scale(x, y, numel, 1.0, s);
+          return dropout(x, y, numel, dropoutKey(c.seed, c.step, id),
+                         (uint64_t)((c.dataRank * count + micro) * numel), threshold,
+                         1.0 / (1.0 - p), s);
+        },
+        n);
   } else if (n == "fill") {
     float *y = r.out(0);
     double v = op.f("value", 0);
@@ -1215,7 +1233,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
 
 bool CudaDevice::implementsOp(const std::string &op) const {
   static const char *ops[] = {
-      "add", "sub", "mul", "div", "neg", "scale", "fill", "copy", "relu", "gelu", "softmax",
+      "add", "sub", "mul", "div", "neg", "scale", "dropout", "fill", "copy", "relu", "gelu",
+      "softmax",
       "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
       "matmul_gelu_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",

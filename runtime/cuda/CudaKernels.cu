@@ -10,6 +10,7 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include "runtime/cuda/CudaCommon.cuh"
+#include "runtime/core/Dropout.h"
 
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -83,6 +84,14 @@ cudaError_t neg(const float *x, float *y, int64_t n, cudaStream_t s) {
 cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s) {
   float ff = (float)f;
   return forEach(n, s, [=] __device__(int64_t i) { y[i] = x[i] * ff; });
+}
+
+cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t key, uint64_t first,
+                    uint32_t threshold, double scale, cudaStream_t s) {
+  float sc = (float)scale;
+  return forEach(n, s, [=] __device__(int64_t i) {
+    y[i] = dropoutKeep(key, first + (uint64_t)i, threshold) ? x[i] * sc : 0.f;
+  });
 }
 
 cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s) {

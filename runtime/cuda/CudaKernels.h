@@ -48,6 +48,10 @@ cudaError_t sumTo(const float *in, const Shape &si, float *out, const Shape &so,
 
 cudaError_t neg(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s);
+/// y = x * keep / (1 - p) (`scale`), keep from runtime/core/Dropout.h for
+/// global elements first .. first + n - 1: the CPU kernel's mask, bit for bit.
+cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t key, uint64_t first,
+                    uint32_t threshold, double scale, cudaStream_t s);
 cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s);
 cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t reluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);

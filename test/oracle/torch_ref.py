@@ -38,6 +38,47 @@ import torch.nn.functional as F
 DTYPES = {"F32": torch.float32, "I32": torch.int32, "I64": torch.int64,
           "F16": torch.float16, "BF16": torch.bfloat16}
 
+# fsdp.dropout's mask (runtime/core/Dropout.h), rebuilt here so the PyTorch
+# model drops exactly the elements fsdp-run drops: p, the run's seed and
+# the step being replayed (set by the loops below); one rank, no
+# micro-batches, so an element's global index is its flat index.
+DROPOUT = {"p": 0.0, "seed": 1234, "step": 0}
+M64 = (1 << 64) - 1
+
+
+def _mix(z):
+    """splitmix64's finalizer on uint64 (numpy arrays wrap; ints masked)."""
+    import numpy as np
+    if isinstance(z, int):
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & M64
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & M64
+        return z ^ (z >> 31)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def dropout_mask(shape, op_id):
+    """The keep mask (bool tensor) of dropout `op_id` at DROPOUT's step."""
+    import numpy as np
+    s = _mix(DROPOUT["seed"] ^ _mix((0xD20F + DROPOUT["step"]) & M64))
+    key = _mix((s + (op_id + 1) * 0xBF58476D1CE4E5B9) & M64)
+    n = math.prod(shape)
+    g = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix(np.uint64(key) + g * np.uint64(0x9E3779B97F4A7C15))
+    keep = (h >> np.uint64(40)).astype(np.int64) >= round(DROPOUT["p"] * 16777216)
+    return torch.from_numpy(keep.reshape(shape))
+
+
+def drop(x, op_id):
+    """nn.Dropout(p) in training mode with fsdp.dropout's mask."""
+    if DROPOUT["p"] <= 0:
+        return x
+    scale = torch.tensor(1.0 / (1.0 - DROPOUT["p"]), dtype=torch.float32).to(x.dtype)
+    return torch.where(dropout_mask(tuple(x.shape), op_id), x * scale, torch.zeros_like(x))
+
 
 def read_safetensors(path):
     """A minimal safetensors reader (the safetensors package is not in Debian)."""
@@ -73,8 +114,8 @@ class MLP(nn.Module):
         self.head = nn.Linear(hidden, 1)
 
     def loss(self, x, y):
-        for b in self.layers:
-            x = b.out_proj(F.relu(b.in_proj(x)))
+        for i, b in enumerate(self.layers):
+            x = b.out_proj(drop(F.relu(b.in_proj(x)), i))
         return F.binary_cross_entropy_with_logits(self.head(x), y)
 
 
@@ -123,10 +164,11 @@ class GPT(nn.Module):
 
     def loss(self, ids, targets):
         tr = self.transformer
-        x = tr.wte(ids.long()) + tr.wpe.weight
-        for b in tr.h:
-            x = x + self.attention(b.ln_1(x), b.attn)
-            x = x + b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x)), approximate="tanh"))
+        x = drop(tr.wte(ids.long()) + tr.wpe.weight, 0)
+        for i, b in enumerate(tr.h):
+            x = x + drop(self.attention(b.ln_1(x), b.attn), 1 + 2 * i)
+            x = x + drop(b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x)), approximate="tanh")),
+                         2 + 2 * i)
         logits = tr.ln_f(x) @ tr.wte.weight.t()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
 
@@ -413,6 +455,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         y = batches[f"step{step}.{targets[0]}"]
         if x.is_floating_point():
             x, y = x.double(), y.double()
+        DROPOUT["step"] = step
         model.zero_grad()
         loss = model.loss(x, y)
         loss.backward()
@@ -516,9 +559,13 @@ def main():
                     "model() (the module fsdp-import imported) instead; --model and the "
                     "sizes still give the rounding-depth formula of the architecture")
     ap.add_argument("--rtol", type=float, default=1e-5)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="the model's dropout p (gen_models.py --dropout)")
+    ap.add_argument("--seed", type=int, default=1234, help="fsdp-run's --seed")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    DROPOUT["p"], DROPOUT["seed"] = args.dropout, args.seed
 
     with open(args.plan) as f:
         plan = json.load(f)
@@ -552,6 +599,7 @@ def main():
             group["lr"] = log["lr"][step - 1]
         x = batches[f"step{step}.{inputs[0]}"]
         y = batches[f"step{step}.{targets[0]}"]
+        DROPOUT["step"] = step
         opt.zero_grad()
         loss = model.loss(x, y)
         loss.backward()
