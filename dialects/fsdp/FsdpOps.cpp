@@ -202,11 +202,14 @@ LogicalResult DropoutOp::verify() {
   double p = getP().convertToDouble();
   if (!(p >= 0.0 && p < 1.0))
     return emitOpError() << "p = " << p << " must be in [0, 1)";
-  if (getId() < 0)
-    return emitOpError() << "id = " << getId() << " must be >= 0";
-  if (getMicroCount() < 1 || getMicro() < 0 || getMicro() >= getMicroCount())
-    return emitOpError() << "micro = " << getMicro() << " must be in [0, micro_count = "
-                         << getMicroCount() << ")";
+  // I64Attr reads back unsigned: compare as signed.
+  int64_t id = (int64_t)getId(), micro = (int64_t)getMicro(),
+          count = (int64_t)getMicroCount();
+  if (id < 0)
+    return emitOpError() << "id = " << id << " must be >= 0";
+  if (count < 1 || micro < 0 || micro >= count)
+    return emitOpError() << "micro = " << micro << " must be in [0, micro_count = "
+                         << count << ")";
   return success();
 }
 

@@ -9,7 +9,10 @@ G / N; runs each for S steps and checks that the per-step losses equal the
 one-rank losses within RTOL (relative) and that the consolidated final
 parameters match. Also prints communication bytes per rank per step.
 
-usage: shard_equivalence.py BIN_DIR mlp|gpt|llama OPTIMIZER STEPS RTOL N [N ...]
+usage: shard_equivalence.py BIN_DIR mlp|gpt|llama[,dropout=P] OPTIMIZER STEPS RTOL N [N ...]
+
+With dropout (mlp, gpt) every rank drops the elements one rank drops for
+the same global rows (fsdp.dropout keys its mask by the global index).
 
 OPTIMIZER is a pipeline fragment such as "adamw" or "sgd momentum=0.9".
 Final parameters are compared (1e-4 of each tensor's largest value) for
@@ -57,6 +60,9 @@ def differences(losses, ref_losses, params, ref_params):
 
 
 def gen(kind, batch, path):
+    # "gpt,dropout=0.1": the model with gen_models.py --dropout 0.1.
+    kind, _, opt = kind.partition(",")
+    extra = ["--dropout", opt.split("=")[1]] if opt.startswith("dropout=") else []
     if kind == "mlp":
         args = ["mlp", "--hidden", "32", "--blocks", "4", "--batch", str(batch)]
     elif kind == "llama":
@@ -65,7 +71,7 @@ def gen(kind, batch, path):
     else:
         args = ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "2",
                 "--width", "16", "--batch", str(batch)]
-    subprocess.run([sys.executable, GEN] + args + ["-o", path], check=True)
+    subprocess.run([sys.executable, GEN] + args + extra + ["-o", path], check=True)
 
 
 def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):

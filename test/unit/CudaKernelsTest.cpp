@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/core/Dropout.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaKernels.h"
@@ -113,6 +114,14 @@ TEST_F(CudaKernelsTest, UnaryElementwise) {
         "neg");
   check(gpu::scale(dx.get(), out.get(), n, 0.37, 0),
         [&] { cpu::scale(x.data(), want.data(), n, 0.37); }, 1, "scale");
+  // The same mask bit for bit (runtime/core/Dropout.h on both sides).
+  check(gpu::dropout(dx.get(), out.get(), n, fsdp::dropoutKey(7, 3, 2), 12345,
+                     fsdp::dropoutThreshold(0.3), 1.0 / 0.7, 0),
+        [&] {
+          cpu::dropout(x.data(), want.data(), n, fsdp::dropoutKey(7, 3, 2), 12345,
+                       fsdp::dropoutThreshold(0.3), 1.0 / 0.7);
+        },
+        0, "dropout");
   check(gpu::relu(dx.get(), out.get(), n, 0), [&] { cpu::relu(x.data(), want.data(), n); }, 0,
         "relu");
   check(gpu::reluGrad(dx.get(), ddy.get(), out.get(), n, 0),

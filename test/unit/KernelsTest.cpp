@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/core/Dropout.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/cpu/Dispatch.h"
@@ -56,6 +57,47 @@ void checkVjp(std::vector<double> &x, const std::vector<double> &dy,
     EXPECT_NEAR(grad[i], fd, 1e-6 * std::max(1.0, maxAbs))
         << what << " element " << i;
   }
+}
+
+// Dropout: the dropped fraction is p within 6 standard deviations of a
+// binomial count, every kept element is x * f32(1 / (1 - p)) exactly, the
+// mask is a pure function of (key, global index) (a shifted window reads
+// the same elements), and another key (step, seed or id) draws another
+// mask: elements agree at the rate two independent masks do.
+TEST(KernelsTest, DropoutMaskStatisticsAndDeterminism) {
+  const int64_t n = 1 << 20;
+  const double p = 0.3;
+  std::vector<float> x(n), y(n), y2(n), w(n / 2);
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = 1.0f + (float)(i % 97) / 97.0f; // never 0: a 0 output is a drop
+  uint64_t key = dropoutKey(1234, 5, 0);
+  dropout<float>(x.data(), y.data(), n, key, 0, dropoutThreshold(p), 1.0 / (1.0 - p));
+  int64_t dropped = 0;
+  const float s = (float)(1.0 / (1.0 - p));
+  for (int64_t i = 0; i < n; ++i) {
+    if (y[i] == 0.0f)
+      ++dropped;
+    else
+      ASSERT_EQ(y[i], x[i] * s) << i;
+  }
+  double sigma = std::sqrt(p * (1 - p) / n);
+  EXPECT_NEAR((double)dropped / n, p, 6 * sigma);
+  // Global indices: the second half seen as its own window starting at n/2.
+  dropout<float>(x.data() + n / 2, w.data(), n / 2, key, n / 2, dropoutThreshold(p),
+                 1.0 / (1.0 - p));
+  for (int64_t i = 0; i < n / 2; ++i)
+    ASSERT_EQ(w[i], y[n / 2 + i]) << i;
+  for (uint64_t other : {dropoutKey(1234, 6, 0), dropoutKey(1235, 5, 0), dropoutKey(1234, 5, 1)}) {
+    dropout<float>(x.data(), y2.data(), n, other, 0, dropoutThreshold(p), 1.0 / (1.0 - p));
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; ++i)
+      same += (y[i] == 0.0f) == (y2[i] == 0.0f);
+    double agree = p * p + (1 - p) * (1 - p);
+    EXPECT_NEAR((double)same / n, agree, 6 * std::sqrt(agree * (1 - agree) / n));
+  }
+  // p = 0 keeps everything; the threshold is p in 24-bit units.
+  EXPECT_EQ(dropoutThreshold(0.0), 0u);
+  EXPECT_EQ(dropoutThreshold(0.5), 1u << 23);
 }
 
 TEST(KernelsTest, GeluMatchesTanhFormAndItsGradient) {

@@ -648,3 +648,24 @@ func.func @f(%a: tensor<4x8xf32>, %g: tensor<8xf32>) {
   %0:3 = fsdp.layer_norm_grad_acc %a, %g, %a, %a {epsilon = 0.0 : f64} : tensor<4x8xf32>, tensor<8xf32>
   return
 }
+
+// -----
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{must be in [0, 1)}}
+  %0 = fsdp.dropout %a {p = 1.0 : f64, id = 0 : i64} : tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{micro = 2 must be in [0, micro_count = 2)}}
+  %0 = fsdp.dropout %a {p = 0.5 : f64, id = 0 : i64, micro = 2 : i64, micro_count = 2 : i64} : tensor<4x8xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{id = -1 must be >= 0}}
+  %0 = fsdp.dropout %a {p = 0.5 : f64, id = -1 : i64} : tensor<4x8xf32>
+  return
+}
