@@ -41,7 +41,7 @@ class Config:
     n_head = env("HEADS", 4)
     n_embd = env("WIDTH", 64)
     batch = env("BATCH", 4)
-    dropout = 0.0
+    dropout = float(os.environ.get("FSDP_IMPORT_DROPOUT", "0"))
 
 
 class CausalSelfAttention(nn.Module):
