@@ -200,6 +200,9 @@ const std::unordered_map<std::string, Check> &checks() {
     m["scale"] = checkSame;
     m["dropout"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(checkSame(op));
+      for (const char *a : {"p", "id"})
+        if (!op.inst.attrs.contains(a))
+          return FSDP_ERROR("dropout: missing attribute ", a);
       double p = op.f("p", -1);
       int64_t id = op.i("id", -1), micro = op.i("micro", 0), count = op.i("micro_count", 1);
       if (!op.attrError.empty())

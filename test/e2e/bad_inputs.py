@@ -101,6 +101,10 @@ PLAN_CASES = [
     ("rope heads of odd size", "llama", setter(lambda p: first(p, "rope")["attrs"].update(heads=64)), "heads of even size"),
     ("epsilon -1e-5", "llama", setter(lambda p: first(p, "rms_norm")["attrs"].update(epsilon=-1e-5)), "epsilon: expected a positive number"),
     ("epsilon missing", "llama", setter(lambda p: first(p, "rms_norm_grad")["attrs"].pop("epsilon")), "missing attribute epsilon"),
+    ("dropout p 1.5", "mlp", setter(lambda p: first(p, "relu").update(op="dropout", attrs={"p": 1.5, "id": 0})), "dropout: p must be in [0, 1)"),
+    ("dropout p \"0.1\"", "mlp", setter(lambda p: first(p, "relu").update(op="dropout", attrs={"p": "0.1", "id": 0})), "p: expected a finite number"),
+    ("dropout without id", "mlp", setter(lambda p: first(p, "relu").update(op="dropout", attrs={"p": 0.1})), "dropout: missing attribute id"),
+    ("dropout micro 2 of 2", "mlp", setter(lambda p: first(p, "relu").update(op="dropout", attrs={"p": 0.1, "id": 0, "micro": 2, "micro_count": 2})), "micro must be in [0, micro_count)"),
     ("options is a string", "mlp", setter(lambda p: p.update(options="x")), "options: expected an object"),
     # overflow and bounds
     ("buffer offset INT64_MAX", "mlp", setter(lambda p: p["buffers"][3].update(offset=I64_MAX)), "offset"),
