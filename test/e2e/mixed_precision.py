@@ -197,6 +197,32 @@ def check_shards(bindir, tmp):
         print(f"  N={n} {extra} reduce=bf16 step-1 rel diff {first:.1e} (<= 1e-6), max rel "
               f"diff {err:.2e} (<= {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
 
+    # Dropout (p = 0.2) in bf16 (widened to f32 on the CPU, the mask keyed
+    # by the global element, so N ranks drop what one rank drops): the same
+    # bounds against a one-rank bf16 run with dropout.
+    def mlp_drop(batch, path):
+        gen(["mlp", "--hidden", "32", "--blocks", "4", "--batch", str(batch),
+             "--dropout", "0.2"], path)
+    dmodel = os.path.join(tmp, "d1.mlir")
+    mlp_drop(GLOBAL_BATCH, dmodel)
+    dplan = compile_plan(bindir, dmodel, os.path.join(tmp, "dref.plan"),
+                         "param-dtype=bf16 reduce-dtype=bf16 stage=0")
+    drtol = rounding_depth(dplan) * U
+    dref, _ = run(bindir, os.path.join(tmp, "dref.plan"), 1, steps)
+    for n, stage in ((2, 3), (3, 1)):
+        model = os.path.join(tmp, f"d{n}.mlir")
+        mlp_drop(GLOBAL_BATCH // n, model)
+        plan = os.path.join(tmp, "dx.plan")
+        compile_plan(bindir, model, plan,
+                     f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} stage={stage}")
+        losses, _ = run(bindir, plan, n, steps)
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, dref))
+        first = abs(losses[0] - dref[0]) / abs(dref[0])
+        ok = len(losses) == steps and err <= drtol and first <= 1e-6
+        failures += not ok
+        print(f"  dropout 0.2 N={n} stage={stage} reduce=bf16 step-1 rel diff {first:.1e} "
+              f"(<= 1e-6), max rel diff {err:.2e} (<= {drtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+
     # (d) the cast before the all-gather halves its bytes: at stage 3, and
     # at stages 1/2, where the f32 plan all-gathers the updated f32 shards
     # and the bf16 plan gathers the cast master shards instead.
