@@ -315,9 +315,7 @@ void SearchSchedulePass::runOnOperation() {
     std::function<bool(const Choice &)> isBase;
     /// The uniform choices that save on every unit, from a base one.
     std::function<SmallVector<Choice>(const Choice &)> partners;
-    /// The partner with only its first K units saving.
-    std::function<Choice(Choice, int64_t)> withUnits;
-    /// The K of a choice (the walk's variable).
+    /// The K of a choice: only its first K units save (-1: all).
     std::function<int64_t &(Choice &)> unitsOf;
   };
   Knob knobs[] = {
@@ -327,10 +325,6 @@ void SearchSchedulePass::runOnOperation() {
          Choice u = c;
          u.recompute = "unit";
          return SmallVector<Choice>{u};
-       },
-       [](Choice c, int64_t k) {
-         c.units = k;
-         return c;
        },
        [](Choice &c) -> int64_t & { return c.units; }},
       {reshards.size() > 1 && reshardUnits < 0,
@@ -344,10 +338,6 @@ void SearchSchedulePass::runOnOperation() {
              out.push_back(u);
            }
          return out;
-       },
-       [](Choice c, int64_t k) {
-         c.reshardUnits = k;
-         return c;
        },
        [](Choice &c) -> int64_t & { return c.reshardUnits; }},
   };
@@ -370,8 +360,8 @@ void SearchSchedulePass::runOnOperation() {
           continue;
         int64_t numUnits = unitsOf(l.choice.layersPerUnit);
         double f = double(l.peakLive - budget) / double(l.peakLive - all->peakLive);
-        Choice c = knob.withUnits(
-            pc, std::min<int64_t>(numUnits, std::ceil(f * numUnits)));
+        Choice c = pc;
+        knob.unitsOf(c) = std::min<int64_t>(numUnits, std::ceil(f * numUnits));
         double t = l.predicted.stepS + f * (all->predicted.stepS - l.predicted.stepS);
         if (t < bestUniform && (!est || t < est->stepS))
           est = Estimate{c, t};

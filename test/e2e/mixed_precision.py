@@ -172,6 +172,20 @@ def check_shards(bindir, tmp):
                       f"(<= 1e-6), max rel diff {err:.2e} (<= {rtol:.4f}), vs stage 0 "
                       f"{stages:.1e} (<= 1e-6)  {'ok' if ok else 'MISMATCH'}")
 
+    def against(ref, rtol, model, n, extra, label):
+        """The bf16 plan of `model` on n ranks vs the one-rank losses `ref`:
+        step 1 within 1e-6, every step within rtol. Prints; True when ok."""
+        plan = os.path.join(tmp, "x.plan")
+        compile_plan(bindir, model, plan,
+                     f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} {extra}")
+        losses, _ = run(bindir, plan, n, steps)
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        first = abs(losses[0] - ref[0]) / abs(ref[0])
+        ok = len(losses) == steps and err <= rtol and first <= 1e-6
+        print(f"  {label} reduce=bf16 step-1 rel diff {first:.1e} (<= 1e-6), max rel "
+              f"diff {err:.2e} (<= {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+        return ok
+
     # Stage 3 without resharding, resharding to 2 of 4 ranks (hpZ: the kept
     # half is bf16), HSDP (2 replicas x 2 shards: bf16 all-reduce across
     # replicas), and stages 1/2 with two micro-batches reading the step's
@@ -186,16 +200,7 @@ def check_shards(bindir, tmp):
         model = os.path.join(tmp, f"b{n}k{k}.mlir")
         if not os.path.exists(model):
             mlp(GLOBAL_BATCH // (n * k), model)
-        plan = os.path.join(tmp, "x.plan")
-        compile_plan(bindir, model, plan,
-                     f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} {extra}")
-        losses, _ = run(bindir, plan, n, steps)
-        err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
-        first = abs(losses[0] - ref[0]) / abs(ref[0])
-        ok = len(losses) == steps and err <= rtol and first <= 1e-6
-        failures += not ok
-        print(f"  N={n} {extra} reduce=bf16 step-1 rel diff {first:.1e} (<= 1e-6), max rel "
-              f"diff {err:.2e} (<= {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+        failures += not against(ref, rtol, model, n, extra, f"N={n} {extra}")
 
     # Dropout (p = 0.2) in bf16 (widened to f32 on the CPU, the mask keyed
     # by the global element, so N ranks drop what one rank drops): the same
@@ -212,16 +217,8 @@ def check_shards(bindir, tmp):
     for n, stage in ((2, 3), (3, 1)):
         model = os.path.join(tmp, f"d{n}.mlir")
         mlp_drop(GLOBAL_BATCH // n, model)
-        plan = os.path.join(tmp, "dx.plan")
-        compile_plan(bindir, model, plan,
-                     f"param-dtype=bf16 reduce-dtype=bf16 world-size={n} stage={stage}")
-        losses, _ = run(bindir, plan, n, steps)
-        err = max(abs(a - b) / abs(b) for a, b in zip(losses, dref))
-        first = abs(losses[0] - dref[0]) / abs(dref[0])
-        ok = len(losses) == steps and err <= drtol and first <= 1e-6
-        failures += not ok
-        print(f"  dropout 0.2 N={n} stage={stage} reduce=bf16 step-1 rel diff {first:.1e} "
-              f"(<= 1e-6), max rel diff {err:.2e} (<= {drtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+        failures += not against(dref, drtol, model, n, f"stage={stage}",
+                                f"dropout 0.2 N={n} stage={stage}")
 
     # (d) the cast before the all-gather halves its bytes: at stage 3, and
     # at stages 1/2, where the f32 plan all-gathers the updated f32 shards
