@@ -37,6 +37,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.overlap = options.overlap;
   search.report = options.report;
   search.fuseEpilogues = options.fuseEpilogues;
+  search.offload = options.offload;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -111,6 +112,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.reshardAfterForward = options.reshardAfterForward;
       shard.reshardUnits = options.reshardUnits;
       shard.mesh = options.mesh;
+      shard.offload = options.offload;
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {
         FsdpScheduleOptions sched;
@@ -127,6 +129,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // the same way, so this finds nothing left to do after it.
   if (options.fuseEpilogues)
     pm.addPass(createFsdpFuseEpilogues());
+  if (options.offload != "none") {
+    FsdpOffloadOptions off;
+    off.mode = options.offload;
+    pm.addPass(createFsdpOffload(off));
+  }
   FsdpPlanMemoryOptions mem;
   mem.report = options.report;
   mem.simulate = options.simulate;

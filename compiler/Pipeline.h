@@ -168,6 +168,12 @@ struct FsdpPipelineOptions
       llvm::cl::desc("recompute=unit: recompute only the first K units of "
                      "each micro-batch (-1: all)"),
       llvm::cl::init(-1)};
+  Option<std::string> offload{
+      *this, "offload",
+      llvm::cl::desc("optimizer: master shards, optimizer state and the "
+                     "update live on the host (ZeRO-Offload; fsdp-offload); "
+                     "none"),
+      llvm::cl::init("none")};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

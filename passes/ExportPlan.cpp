@@ -142,6 +142,8 @@ void ExportPlanPass::runOnOperation() {
         {"last", b.last},
         {"persistent", b.persistent},
     });
+    if (b.host) // fsdp-offload's host arena ([Note: two arenas], Plan.h)
+      (*buffers.back().getAsObject())["space"] = "host";
     if (b.aliasOf >= 0) {
       json::Object &o = *buffers.back().getAsObject();
       o["alias_of"] = b.aliasOf;
@@ -155,7 +157,7 @@ void ExportPlanPass::runOnOperation() {
   json::Array units;
   MeshAttr mesh = getMesh(module);
   int64_t world = mesh ? mesh.getWorldSize() : 1;
-  for (const PlannedUnit &u : plan.units)
+  for (const PlannedUnit &u : plan.units) {
     units.push_back(json::Object{{"name", u.name},
                                  {"flat_numel", u.flatNumel},
                                  {"padded_numel", u.paddedNumel},
@@ -163,6 +165,9 @@ void ExportPlanPass::runOnOperation() {
                                  {"sharded", u.sharded},
                                  {"frozen", u.frozen},
                                  {"buffer", u.buffer}});
+    if (u.buffer >= 0 && plan.buffers[u.buffer].host)
+      (*units.back().getAsObject())["offloaded"] = true;
+  }
 
   json::Array params;
   for (PlannedParam &p : plan.params) {
@@ -371,6 +376,14 @@ void ExportPlanPass::runOnOperation() {
       {"program", std::move(program)},
   };
 
+  if (plan.hostArenaBytes > 0) {
+    root["host_arena_bytes"] = plan.hostArenaBytes;
+    (*root.getObject("memory"))["host"] = json::Object{
+        {"params", plan.hostTotalByKind[(int)BufKind::Param]},
+        {"state", plan.hostTotalByKind[(int)BufKind::State]},
+        {"peak_live", plan.hostPeakLive},
+        {"peak", plan.hostArenaBytes}};
+  }
   // The schedule fsdp-search-schedule chose (docs/PLAN_FORMAT.md): for
   // people and tools; the runtime ignores it.
   if (auto strategy = module->getAttrOfType<DictionaryAttr>("fsdp.strategy")) {

@@ -26,6 +26,7 @@
 #include "passes/Passes.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -191,21 +192,28 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     plan.buffers.push_back(std::move(b));
     return (int64_t)plan.buffers.size() - 1;
   };
+  // Device storage counts from `cursor`, host storage (offloaded) from
+  // `hostCursor`: two arenas, one plan.
+  int64_t cursor = 0, hostCursor = 0;
   auto persistent = [&](std::string name, RankedTensorType t, BufKind kind,
-                        int64_t &cursor) {
+                        int64_t &cursor, bool host = false) {
     PlannedBuffer b;
     b.name = std::move(name);
     b.type = t;
     b.kind = kind;
     b.persistent = true;
     b.bytes = byteSize(t);
-    b.offset = cursor;
-    cursor += b.bytes;
+    b.host = host;
+    int64_t &at = host ? hostCursor : cursor;
+    if (host) // device storage is aligned where its callers start a group
+      at = alignUp(at, alignment);
+    b.offset = at;
+    at += b.bytes;
     return b;
   };
 
   // --- 1. Persistent storage. ---------------------------------------------
-  int64_t cursor = 0;
+  llvm::StringSet<> offloaded;
   SmallVector<UnitOp> unitOps(module.getOps<UnitOp>());
   if (!unitOps.empty()) {
     llvm::StringMap<std::pair<int64_t, int64_t>> paramPlace;
@@ -218,9 +226,11 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       pu.shardNumel = unit.getShardNumel();
       pu.sharded = unit.getSharded();
       pu.frozen = unit.getFrozen();
+      if (unit.getOffloaded())
+        offloaded.insert(unit.getSymName());
       PlannedBuffer b = persistent(pu.name,
                                    cast<RankedTensorType>(unit.getStorageType()),
-                                   BufKind::Param, cursor);
+                                   BufKind::Param, cursor, unit.getOffloaded());
       b.unit = u;
       pu.buffer = addBuffer(b);
       plan.symbolBuffer[unit.getSymName()] = pu.buffer;
@@ -285,7 +295,8 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     for (StateOp s : statesOf.lookup(owner)) {
       int64_t id = addBuffer(persistent(s.getSymName().str(),
                                         cast<RankedTensorType>(s.getType()),
-                                        BufKind::State, cursor));
+                                        BufKind::State, cursor,
+                                        offloaded.contains(owner)));
       plan.symbolBuffer[s.getSymName()] = id;
     }
   for (BlockArgument arg : body.getArguments()) {
@@ -298,6 +309,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         "arg" + std::to_string(arg.getArgNumber()), t, BufKind::Input, cursor));
   }
   int64_t persistentEnd = alignUp(cursor, alignment);
+  int64_t hostPersistentEnd = alignUp(hostCursor, alignment);
 
   // --- 2. Instructions and aliases. ---------------------------------------
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
@@ -388,7 +400,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     Operation *d = v.getDefiningOp();
     if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
       markGrad(mul.getLhs());
-    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp>(d))
+    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
       markGrad(d->getOperand(0)); // a cast: a gradient in another dtype
     else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
       for (Value in : d->getOperands())
@@ -424,14 +436,18 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       else if (gradValues.contains(r) || isa<PackOp, ReduceScatterOp>(d))
         b.kind = BufKind::Grad;
       else if (isa<AllGatherOp>(d) ||
-               (isa<CastOp>(d) && storageRead(d->getOperand(0))))
-        b.kind = BufKind::Comm; // gathered, or cast for compute (mixed precision)
+               (isa<CastOp, ToDeviceOp>(d) && storageRead(d->getOperand(0))))
+        b.kind = BufKind::Comm; // gathered, or cast for compute (mixed
+                                // precision), or an offloaded shard copied in
       else if (op.hasAttr(kRecomputeAttrName))
         // A forward value recomputed in the backward pass (fsdp-recompute)
         // is still an activation, only a shorter-lived one.
         b.kind = BufKind::Activation;
       else
         b.kind = BufKind::Temp; // activations are found after liveness
+      // fsdp-offload: the update of an offloaded unit and the copies it
+      // reads are host values.
+      b.host = isa<ToHostOp>(op) || op.hasAttr(kOnHostAttrName);
       b.name = (op.getName().stripDialect() + "." + std::to_string(idx)).str();
       if (op.getNumResults() > 1)
         b.name += "." + std::to_string(cast<OpResult>(r).getResultNumber());
@@ -498,6 +514,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       b.bytes = byteSize(t);
       b.kind = rb.kind;
       b.persistent = rb.persistent;
+      b.host = rb.host;
       b.aliasOf = root;
       b.rankStride = stride;
       b.rankPeriod = stride ? period : 0;
@@ -512,6 +529,38 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       id = plan.buffers[id].aliasOf;
     return id;
   };
+  // Every instruction reads and writes one side of memory, but for the
+  // copies between them (fsdp-offload places them).
+  for (Operation &op : body.without_terminator()) {
+    if (!plan.instrIndex.count(&op))
+      continue;
+    bool side = op.hasAttr(kOnHostAttrName);
+    auto check = [&](Value v, bool want, StringRef what) -> LogicalResult {
+      auto it = plan.valueBuffer.find(v);
+      if (it == plan.valueBuffer.end() ||
+          plan.buffers[rootOf(it->second)].host == want)
+        return success();
+      return op.emitOpError()
+             << what << " is in " << (want ? "device" : "host")
+             << " memory but the op runs on the " << (want ? "host" : "device")
+             << ": run fsdp-offload to place the copies";
+    };
+    bool inSide = isa<ToDeviceOp>(op) ? true : isa<ToHostOp>(op) ? false : side;
+    bool outSide = isa<ToHostOp>(op) ? true : isa<ToDeviceOp>(op) ? false : side;
+    for (Value v : op.getOperands())
+      if (failed(check(v, inSide, "an operand")))
+        return failure();
+    for (Value v : op.getResults())
+      if (failed(check(v, outSide, "a result")))
+        return failure();
+    Value written;
+    if (FlatSymbolRefAttr sym = writtenSymbol(&op, written)) {
+      auto it = plan.symbolBuffer.find(sym.getValue());
+      if (it != plan.symbolBuffer.end() &&
+          plan.buffers[it->second].host != inSide)
+        return op.emitOpError() << "writes " << sym << " across host and device memory";
+    }
+  }
 
   auto touch = [&](Value v, int64_t at) {
     auto it = plan.valueBuffer.find(v);
@@ -577,30 +626,34 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       return x.bytes > y.bytes;
     return x.first < y.first;
   });
-  std::vector<int64_t> placed;
-  int64_t arena = persistentEnd;
+  // Each arena on its own.
+  std::vector<int64_t> placed[2];
+  int64_t arena[2] = {persistentEnd, hostPersistentEnd};
+  const int64_t base[2] = {persistentEnd, hostPersistentEnd};
   if (!place)
     transient.clear();
   for (int64_t id : transient) {
     PlannedBuffer &b = plan.buffers[id];
+    int side = b.host ? 1 : 0;
     SmallVector<std::pair<int64_t, int64_t>> busy;
-    for (int64_t o : placed) {
+    for (int64_t o : placed[side]) {
       const PlannedBuffer &p = plan.buffers[o];
       if (p.first <= b.last && b.first <= p.last)
         busy.push_back({p.offset, p.offset + p.bytes});
     }
     llvm::sort(busy);
-    int64_t off = persistentEnd;
+    int64_t off = base[side];
     for (auto [lo, hi] : busy) {
       if (off + b.bytes <= lo)
         break;
       off = std::max(off, alignUp(hi, alignment));
     }
     b.offset = off;
-    arena = std::max(arena, off + b.bytes);
-    placed.push_back(id);
+    arena[side] = std::max(arena[side], off + b.bytes);
+    placed[side].push_back(id);
   }
-  plan.arenaBytes = place ? std::max(arena, cursor) : 0;
+  plan.arenaBytes = place ? std::max(arena[0], cursor) : 0;
+  plan.hostArenaBytes = place ? std::max(arena[1], hostCursor) : 0;
   for (PlannedBuffer &b : plan.buffers)
     if (b.aliasOf >= 0) {
       b.aliasOf = rootOf(b.aliasOf);
@@ -608,12 +661,20 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     }
 
   // --- Peak live bytes and breakdowns (root buffers only). ----------------
-  std::vector<int64_t> live(std::max<int64_t>(end, 1), 0);
+  std::vector<int64_t> live(std::max<int64_t>(end, 1), 0),
+      hostLive(live.size(), 0);
   std::vector<std::array<int64_t, kNumBufKinds>> liveKind(
       live.size(), std::array<int64_t, kNumBufKinds>{});
   for (const PlannedBuffer &b : plan.buffers) {
     if (b.aliasOf >= 0)
       continue;
+    if (b.host) {
+      plan.hostTotalByKind[(int)b.kind] += b.bytes;
+      for (int64_t i = std::max<int64_t>(b.first, 0);
+           i <= std::min<int64_t>(b.last, end - 1); ++i)
+        hostLive[i] += b.bytes;
+      continue;
+    }
     plan.totalByKind[(int)b.kind] += b.bytes;
     for (int64_t i = std::max<int64_t>(b.first, 0);
          i <= std::min<int64_t>(b.last, end - 1); ++i) {
@@ -622,6 +683,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     }
   }
   for (int64_t i = 0; i < (int64_t)live.size(); ++i) {
+    plan.hostPeakLive = std::max(plan.hostPeakLive, hostLive[i]);
     if (live[i] > plan.peakLive) {
       plan.peakLive = live[i];
       plan.peakInstr = i;

@@ -47,6 +47,8 @@ struct PlannedBuffer {
   int64_t rankPeriod = 0;
   /// For a unit's storage: the unit index.
   int64_t unit = -1;
+  /// In the host arena (fsdp-offload): offsets count from its start.
+  bool host = false;
 };
 
 struct PlannedUnit {
@@ -88,6 +90,12 @@ struct MemoryPlan {
   int64_t totalByKind[kNumBufKinds] = {};
   /// The largest number of bytes of each kind live at once.
   int64_t maxLiveByKind[kNumBufKinds] = {};
+  // Everything above counts device buffers only; the host arena
+  // (fsdp-offload's master shards, optimizer state and the gradient shards
+  // copied for the update) is planned the same way on its own.
+  int64_t hostArenaBytes = 0;
+  int64_t hostPeakLive = 0;
+  int64_t hostTotalByKind[kNumBufKinds] = {};
 };
 
 /// Ops that become no instruction: reads of storage, in-place write-backs,

@@ -36,6 +36,9 @@ inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites)
 /// Marks the adds and 1/K scales fsdp-grad-accum emits to accumulate
 /// micro-batch gradients and losses.
 constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
+/// Marks the ops fsdp-offload runs on the host (optimizer updates of
+/// offloaded units): they read and write host memory only.
+constexpr llvm::StringLiteral kOnHostAttrName = "fsdp.on_host";
 /// Marks the forward ops fsdp-recompute cloned into the backward pass.
 constexpr llvm::StringLiteral kRecomputeAttrName = "fsdp.recompute";
 /// On @train_step after fsdp-grad-accum: {micro_batches = K, reduce = "step"

@@ -414,9 +414,56 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "stage 3 with reshard-after-forward true or G: only the first K "
            "units of the forward reshard, the others keep their gather "
            "(-1: all reshard)">,
+    Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
+           "optimizer: stages 1/2 keep every trainable unit as its master "
+           "shard (gathered once per step), the layout fsdp-offload moves "
+           "to host memory; none">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
+def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
+  let summary = "optimizer offload: master shards, optimizer state and the update on the host";
+  let description = [{
+    ZeRO-Offload (DeepSpeed's `offload_optimizer`, FSDP2's
+    CPUOffloadPolicy for the sharded parameters): every trainable unit
+    with sharded storage (after fsdp-shard: stage 3, or stages 1/2 with
+    `offload=optimizer`) becomes `offloaded`. Its f32 master shard and the
+    optimizer state shadowing it live in the host arena, and its update
+    (`fsdp.adamw_update` / `sgd_*`) is marked `fsdp.on_host` and runs on
+    the host. The pass then inserts the copies the placement needs:
+    - `fsdp.to_device` right before each device op that reads an
+      offloaded shard (the cast or all-gather before each gather, every
+      time: the device keeps no copy between uses);
+    - `fsdp.to_host` right before a host update for each device value it
+      reads (the reduced gradient shard; the learning rate, step and
+      clipping coefficient once, shared by the updates after it).
+    Every value is then either on the device or on the host, and every op
+    reads and writes only its own side: fsdp-plan-memory checks it and
+    places host values in a second arena. Runs last before
+    fsdp-plan-memory, so the schedule's positions stay. The device saves
+    the parameters (4 bytes per element of the shard) and the optimizer
+    state (8 for AdamW) and pays one host-to-device copy of each shard per
+    gather and one device-to-host copy of each gradient shard per step.
+
+    ```mlir
+    %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
+    %d = fsdp.to_device %s : tensor<66xf32>
+    %f = fsdp.all_gather %d : tensor<66xf32> -> tensor<264xf32>
+    ...
+    %gh = fsdp.to_host %g : tensor<66xf32>
+    %p, %m, %v = fsdp.adamw_update %s, %gh, ... {fsdp.on_host}
+    ```
+  }];
+  let options = [
+    Option<"mode", "offload", "std::string", /*default=*/"\"optimizer\"",
+           "optimizer (offload every trainable sharded unit) | none">,
+  ];
+  let statistics = [
+    Statistic<"numCopies", "copies", "Host/device copies inserted">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
@@ -548,6 +595,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     ```
   }];
   let options = [
+    Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
+           "optimizer: every candidate offloads its optimizer (fsdp-offload), "
+           "so its peak is the device's">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

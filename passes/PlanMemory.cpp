@@ -95,6 +95,17 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
             b.getNamedAttr("grads_max", b.getI64IntegerAttr(maxLive(BufKind::Grad))),
             b.getNamedAttr("comm_max", b.getI64IntegerAttr(maxLive(BufKind::Comm))),
         }));
+    if (plan->hostArenaBytes > 0)
+      module->setAttr(
+          "fsdp.host_memory",
+          b.getDictionaryAttr({
+              b.getNamedAttr("arena", b.getI64IntegerAttr(plan->hostArenaBytes)),
+              b.getNamedAttr("peak_live", b.getI64IntegerAttr(plan->hostPeakLive)),
+              b.getNamedAttr("params", b.getI64IntegerAttr(
+                                           plan->hostTotalByKind[(int)BufKind::Param])),
+              b.getNamedAttr("state", b.getI64IntegerAttr(
+                                          plan->hostTotalByKind[(int)BufKind::State])),
+          }));
 
     if (report) {
       llvm::raw_ostream &os = llvm::errs();
@@ -118,6 +129,13 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
       row("  activations", maxLive(BufKind::Activation));
       row("peak live bytes", plan->peakLive);
       row("arena (planned peak)", plan->arenaBytes);
+      if (plan->hostArenaBytes > 0) {
+        // fsdp-offload: what lives in host memory instead.
+        os << "  host (offloaded):\n";
+        row("  parameters", plan->hostTotalByKind[(int)BufKind::Param]);
+        row("  optimizer state", plan->hostTotalByKind[(int)BufKind::State]);
+        row("  host arena", plan->hostArenaBytes);
+      }
     }
 
     if (simulate) {

@@ -112,6 +112,7 @@ struct SearchSchedulePass
     s.reshardAfterForward = reshard.str();
     s.reshardUnits = units;
     s.mesh = mesh;
+    s.offload = offload;
     return run(m, createFsdpShard(s));
   }
   bool schedule(ModuleOp m, int64_t depth) {
@@ -123,7 +124,16 @@ struct SearchSchedulePass
     return run(m, createFsdpSchedule(sched));
   }
   /// fsdp-fuse-epilogues, as the pipeline runs it after this pass.
-  bool fuse(ModuleOp m) { return !fuseEpilogues || run(m, createFsdpFuseEpilogues()); }
+  /// ... and fsdp-offload: the candidate's peak is the device's.
+  bool fuse(ModuleOp m) {
+    if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
+      return false;
+    if (offload == "none")
+      return true;
+    FsdpOffloadOptions o;
+    o.mode = offload;
+    return run(m, createFsdpOffload(o));
+  }
   /// Units after grouping K layers per unit (marked units plus root).
   int64_t unitsOf(int64_t k) {
     llvm::StringSet<> marked;

@@ -151,6 +151,12 @@ void ShardPass::runOnOperation() {
         << " must be a number of units (0 or more), or -1 for all";
     return signalPassFailure();
   }
+  if (offload != "none" && offload != "optimizer") {
+    mlir::emitError(module.getLoc())
+        << "fsdp-shard: offload='" << offload.getValue()
+        << "' must be none or optimizer";
+    return signalPassFailure();
+  }
   const bool reshard = reshardTo > 1;
   // The intermediate group (hpZ), if any: 1 < G < S.
   const int64_t hpz =
@@ -505,8 +511,11 @@ void ShardPass::runOnOperation() {
       if (!fresh)
         it->second = it->second && narrow;
     }
+    // Optimizer offload (fsdp-offload) moves the master shard to the
+    // host, so every trainable unit takes this layout, f32 too: the device
+    // keeps only the once-per-step gather, ZeRO-Offload's stage 1/2.
     for (auto &[u, narrow] : narrowOnly)
-      if (narrow && !u->frozen)
+      if ((narrow || offload == "optimizer") && !u->frozen)
         u->op.setSharded(true);
   }
   // The gathers of a unit sharded at stage 1/2, by dtype: one per step,

@@ -674,6 +674,34 @@ def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fsdp_ToHostOp : Fsdp_Op<"to_host", [SameOperandsAndResultType]> {
+  let summary = "copies a device value to host memory (fsdp-offload)";
+  let description = [{
+    The result lives in the host arena; ops marked `fsdp.on_host` read it.
+    Not Pure: two copies of one value stay two (each is as short-lived as
+    the work that reads it).
+
+    ```mlir
+    %h = fsdp.to_host %g : tensor<1024xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_AnyTensor:$input);
+  let results = (outs Fsdp_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Fsdp_ToDeviceOp : Fsdp_Op<"to_device", [SameOperandsAndResultType]> {
+  let summary = "copies a host value to device memory (fsdp-offload)";
+  let description = [{
+    ```mlir
+    %d = fsdp.to_device %shard : tensor<1024xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_AnyTensor:$input);
+  let results = (outs Fsdp_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
 //===----------------------------------------------------------------------===//
 // Losses: all return the mean over examples as a 0-d f32 tensor.
 //===----------------------------------------------------------------------===//
@@ -1098,7 +1126,9 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol]> {
     between steps (ZeRO-3 / FSDP, and ZeRO-1/2 with mixed precision: the
     f32 master shard, gathered in the compute dtype); otherwise every rank
     keeps the whole flat buffer (DDP, ZeRO-1/2). One all-gather or reduce-scatter moves a
-    whole unit.
+    whole unit. With `offloaded` (fsdp-offload, ZeRO-Offload) the shard and
+    the optimizer state shadowing the unit live in host memory and its
+    update runs on the host.
 
     ```mlir
     fsdp.unit @"layers.0" : tensor<264xf32> shard tensor<66xf32> numel 260 params [@a, @b] sharded
@@ -1110,10 +1140,12 @@ def Fsdp_UnitOp : Fsdp_Op<"unit", [Symbol]> {
                        I64Attr:$numel,
                        FlatSymbolRefArrayAttr:$params,
                        UnitAttr:$sharded,
-                       UnitAttr:$frozen);
+                       UnitAttr:$frozen,
+                       UnitAttr:$offloaded);
   let assemblyFormat = [{
     $sym_name `:` $type `shard` $shard_type `numel` $numel `params` $params
-    (`sharded` $sharded^)? (`frozen` $frozen^)? attr-dict
+    (`sharded` $sharded^)? (`frozen` $frozen^)? (`offloaded` $offloaded^)?
+    attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{

@@ -92,15 +92,22 @@ public:
 
   // --- memory -------------------------------------------------------------
   /// Allocates the arena (at least `bytes`, rounded up to the alignment;
-  /// 0 is allowed). Called once.
-  virtual Status allocateArena(int64_t bytes) = 0;
+  /// 0 is allowed) and, when `hostBytes` > 0, the host arena of an
+  /// offloading plan in host memory the device can copy from and to at
+  /// full speed (CUDA: pinned), addressed at offsets from
+  /// hostArenaStart(bytes) on ([Note: two arenas] in Plan.h). Called once.
+  virtual Status allocateArena(int64_t bytes, int64_t hostBytes) = 0;
+  /// The address of offset `offset` of the runtime's offset range (device
+  /// arena, then host arena): the device's or the host's memory.
+  virtual uint8_t *address(int64_t offset) const { return arenaBase() + offset; }
   /// The size a device allocates for an arena of `bytes` (>= the
   /// alignment, rounded up to it), or an error for a second allocation or
   /// a negative size: the checks every allocateArena shares.
   static Status arenaSize(int64_t bytes, bool allocated, size_t &out);
   /// The arena's device address (null before allocateArena).
   virtual uint8_t *arenaBase() const = 0;
-  /// Its size as allocated (>= the bytes asked for).
+  /// Its size as allocated (>= the bytes asked for; the CPU device's one
+  /// block also holds the host arena).
   virtual int64_t arenaBytes() const = 0;
   /// Host -> device, `bytes` at device address `dst`. Synchronous: returns
   /// when the host buffer may be reused and the data is visible to work

@@ -71,7 +71,7 @@ Executor::~Executor() {
 }
 
 uint8_t *Executor::address(int64_t id) const {
-  return arena + bufferOffset(plan, id, shardIndex());
+  return dev.address(bufferOffset(plan, id, shardIndex()));
 }
 
 Status Executor::readBuffer(int64_t id, void *host) const {
@@ -146,19 +146,26 @@ Status Executor::init(uint64_t seed) {
     FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g),
                                        reshardComm));
   }
-  FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes));
+  FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
   arena = dev.arenaBase();
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   collective.clear();
   for (const Instruction &inst : plan.program)
     collective.push_back(isCollectiveOp(inst.op));
   {
-    // See [Note: memory measurement]: every word starts as the sentinel.
-    std::vector<uint32_t> chunk(std::min<int64_t>(dev.arenaBytes() / 4, 1 << 18), kSentinel);
-    for (int64_t at = 0; at + 4 <= dev.arenaBytes();) {
-      int64_t n = std::min<int64_t>((int64_t)chunk.size() * 4, dev.arenaBytes() / 4 * 4 - at);
-      FSDP_RETURN_IF_ERROR(dev.copyToDevice(arena + at, chunk.data(), n));
-      at += n;
+    // See [Note: memory measurement]: every word starts as the sentinel,
+    // in both arenas ([Note: two arenas]).
+    int64_t hostStart = hostArenaStart(plan.arenaBytes);
+    std::pair<int64_t, int64_t> ranges[] = {
+        {0, plan.hostArenaBytes > 0 ? hostStart : dev.arenaBytes()},
+        {hostStart, hostStart + plan.hostArenaBytes}};
+    for (auto [from, to] : ranges) {
+      std::vector<uint32_t> chunk(std::min<int64_t>((to - from) / 4, 1 << 18), kSentinel);
+      for (int64_t at = from; at + 4 <= to;) {
+        int64_t n = std::min<int64_t>((int64_t)chunk.size() * 4, (to - at) / 4 * 4);
+        FSDP_RETURN_IF_ERROR(dev.copyToDevice(dev.address(at), chunk.data(), n));
+        at += n;
+      }
     }
   }
 
@@ -218,7 +225,7 @@ Status Executor::init(uint64_t seed) {
   }
   for (const Binding &b : plan.outputs)
     last[owner(b.buffer)] = n;
-  std::vector<int64_t> live(std::max<int64_t>(n, 1), 0);
+  std::vector<int64_t> live(std::max<int64_t>(n, 1), 0), hostLive(live.size(), 0);
   for (size_t id = 0; id < plan.buffers.size(); ++id) {
     const Buffer &b = plan.buffers[id];
     if (b.aliasOf >= 0)
@@ -226,10 +233,12 @@ Status Executor::init(uint64_t seed) {
     int64_t lo = b.persistent ? 0 : first[id], hi = b.persistent ? n - 1 : last[id];
     if (!b.persistent && last[id] < 0)
       continue; // never touched
+    std::vector<int64_t> &l = b.host ? hostLive : live;
     for (int64_t i = std::max<int64_t>(lo, 0); i <= std::min(hi, n - 1); ++i)
-      live[i] += b.bytes;
+      l[i] += b.bytes;
   }
   peakLive = *std::max_element(live.begin(), live.end());
+  hostPeakLive = *std::max_element(hostLive.begin(), hostLive.end());
   return Status::ok();
 }
 
@@ -337,6 +346,10 @@ Status Executor::setStepCapture(bool on) {
                           "communicator of ranks sharing a GPU): it cannot be captured");
     if (tracing)
       return FSDP_ERROR("a captured step is replayed whole: no per-instruction trace");
+    if (plan.hostArenaBytes > 0)
+      return FSDP_ERROR("the plan offloads its optimizer: the update runs on the host "
+                        "between the step's device work, which a CUDA graph cannot "
+                        "replay (run without --cuda-graphs)");
     for (const Instruction &inst : plan.program)
       if (inst.op == "dropout" && inst.attrs.value("p", 0.0) > 0)
         return FSDP_ERROR("the plan has dropout, whose mask changes every step: a "
@@ -583,25 +596,31 @@ std::vector<TraceEvent> Executor::traceEvents() {
 
 MemoryMeasurement Executor::measureMemory() const {
   // The highest word that no longer holds the sentinel, scanning down from
-  // the arena's end a chunk at a time (host copies of device memory).
-  MemoryMeasurement m;
-  int64_t n = plan.arenaBytes / 4;
-  std::vector<uint32_t> chunk(std::min<int64_t>(n, 1 << 18));
-  while (n > 0) {
-    int64_t lo = std::max<int64_t>(0, n - (int64_t)chunk.size());
-    if (!dev.copyToHost(chunk.data(), arena + lo * 4, (n - lo) * 4))
-      break;
-    int64_t k = n - lo;
-    while (k > 0 && chunk[k - 1] == kSentinel)
-      --k;
-    if (k > 0) {
-      n = lo + k;
-      break;
+  // the arena's end a chunk at a time (host copies of device memory); the
+  // same for the host arena from its start ([Note: two arenas]).
+  auto highWater = [&](int64_t start, int64_t bytes) {
+    int64_t n = bytes / 4;
+    std::vector<uint32_t> chunk(std::min<int64_t>(n, 1 << 18));
+    while (n > 0) {
+      int64_t lo = std::max<int64_t>(0, n - (int64_t)chunk.size());
+      if (!dev.copyToHost(chunk.data(), dev.address(start + lo * 4), (n - lo) * 4))
+        break;
+      int64_t k = n - lo;
+      while (k > 0 && chunk[k - 1] == kSentinel)
+        --k;
+      if (k > 0) {
+        n = lo + k;
+        break;
+      }
+      n = lo;
     }
-    n = lo;
-  }
-  m.highWater = n * 4;
+    return n * 4;
+  };
+  MemoryMeasurement m;
+  m.highWater = highWater(0, plan.arenaBytes);
   m.peakLive = peakLive;
+  m.hostHighWater = highWater(hostArenaStart(plan.arenaBytes), plan.hostArenaBytes);
+  m.hostPeakLive = hostPeakLive;
   return m;
 }
 

@@ -41,6 +41,8 @@ struct TraceEvent {
 struct MemoryMeasurement {
   int64_t highWater = 0; ///< highest arena byte written, + 1
   int64_t peakLive = 0;  ///< largest sum of live buffer bytes, by the runtime's own liveness
+  /// The same for the host arena (fsdp-offload; 0 without one).
+  int64_t hostHighWater = 0, hostPeakLive = 0;
 };
 
 class Executor {
@@ -141,7 +143,7 @@ private:
   uint8_t *arena = nullptr; ///< the device's arena base
   /// Per instruction: run by the communicator (PlanSchema.h's OpKind).
   std::vector<bool> collective;
-  int64_t peakLive = 0;
+  int64_t peakLive = 0, hostPeakLive = 0;
 
   /// Async collectives in flight, by the buffer their wait names: the event
   /// on the comm stream that completes them.

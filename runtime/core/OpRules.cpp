@@ -137,8 +137,8 @@ Status matmulDims(const Op &op, MM &d) {
 // converts dtypes itself and is never widened.
 
 bool needsWidening(const Plan &plan, const Instruction &inst) {
-  if (inst.op == "cast")
-    return false;
+  if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device")
+    return false; // converts or copies bytes itself
   for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
     for (int64_t id : *ids)
       if (id >= 0 && id < (int64_t)plan.buffers.size() && isNarrowFloat(plan.buffers[id].dtype))
@@ -500,6 +500,16 @@ const std::unordered_map<std::string, Check> &checks() {
         return FSDP_ERROR("cast: expected float tensors of one size");
       return Status::ok();
     };
+    // fsdp-offload's copies between the arenas (Plan.cpp checks the
+    // sides): the same bytes, any dtype.
+    for (const char *copy : {"to_host", "to_device"})
+      m[copy] = [](const Op &op) {
+        if (op.in(0).shape != op.out(0).shape || op.in(0).dtype != op.out(0).dtype)
+          return FSDP_ERROR(op.inst.op, ": expected the same shape and dtype, found ",
+                            shapeStr(op.in(0).shape), " ", dtypeName(op.in(0).dtype), " -> ",
+                            shapeStr(op.out(0).shape), " ", dtypeName(op.out(0).dtype));
+        return Status::ok();
+      };
     auto checkCE = [](const Op &op, bool grad) {
       const Buffer &l = op.in(0), &y = op.in(1);
       FSDP_RETURN_IF_ERROR(expectF32(op, {&l, &op.out(0)}));

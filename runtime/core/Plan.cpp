@@ -250,14 +250,19 @@ Status validate(Plan &plan) {
     int64_t hi;
     if (__builtin_mul_overflow((b.rankPeriod ? b.rankPeriod : plan.meshShards) - 1,
                                b.rankStride, &hi) ||
-        __builtin_add_overflow(hi, b.offset + b.bytes, &hi) || hi > plan.arenaBytes)
+        __builtin_add_overflow(hi, b.offset + b.bytes, &hi) ||
+        hi > (b.host ? plan.hostArenaBytes : plan.arenaBytes))
       return FSDP_ERROR("plan: ", where, " (offset ", b.offset, ", ", b.bytes,
                         " bytes, rank stride ", b.rankStride,
-                        ") reaches outside the arena of ", plan.arenaBytes, " bytes");
+                        ") reaches outside the ", b.host ? "host arena" : "arena", " of ",
+                        b.host ? plan.hostArenaBytes : plan.arenaBytes, " bytes");
     if (b.aliasOf >= 0) {
       if (!validId(b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
         return FSDP_ERROR("plan: ", where, " is a view of an invalid buffer ", b.aliasOf);
       const Buffer &base = plan.buffers[b.aliasOf];
+      if (base.host != b.host)
+        return FSDP_ERROR("plan: ", where, " is a view in ", b.host ? "host" : "device",
+                          " memory of buffer ", base.id, " in the other arena");
       if (b.offset < base.offset || hi > base.offset + base.bytes)
         return FSDP_ERROR("plan: ", where, " is a view outside its buffer ", base.id);
     } else if (b.rankStride) {
@@ -273,14 +278,16 @@ Status validate(Plan &plan) {
   for (int64_t i = 0; i < nb; ++i)
     if (plan.buffers[i].aliasOf < 0)
       owners.push_back(i);
-  std::sort(owners.begin(), owners.end(), [&](int64_t a, int64_t b) {
-    return plan.buffers[a].offset < plan.buffers[b].offset;
-  });
+  // Both arenas in one offset range ([Note: two arenas]): the host
+  // arena's buffers sort after the device arena's and never meet them.
+  auto at = [&](int64_t id) { return bufferOffset(plan, id, 0); };
+  std::sort(owners.begin(), owners.end(),
+            [&](int64_t a, int64_t b) { return at(a) < at(b); });
   for (size_t x = 0; x < owners.size(); ++x) {
     const Buffer &a = plan.buffers[owners[x]];
     for (size_t y = x + 1; y < owners.size(); ++y) {
       const Buffer &b = plan.buffers[owners[y]];
-      if (b.offset >= a.offset + a.bytes)
+      if (at(b.id) >= at(a.id) + a.bytes)
         break;
       if (a.bytes == 0 || b.bytes == 0)
         continue;
@@ -311,6 +318,12 @@ Status validate(Plan &plan) {
       if (plan.buffers[u.buffer].numel() != want)
         return FSDP_ERROR("plan: unit ", u.name, " storage holds ",
                           plan.buffers[u.buffer].numel(), " elements, expected ", want);
+      if (u.offloaded != plan.buffers[u.buffer].host)
+        return FSDP_ERROR("plan: unit ", u.name, " is ",
+                          u.offloaded ? "offloaded" : "not offloaded", " but its storage is in ",
+                          plan.buffers[u.buffer].host ? "host" : "device", " memory");
+    } else if (u.offloaded) {
+      return FSDP_ERROR("plan: unit ", u.name, " is offloaded but has no storage");
     }
   }
   for (const Param &p : plan.params) {
@@ -408,6 +421,22 @@ Status validate(Plan &plan) {
                             id, " (", b.name, ") outside its live range [", b.first,
                             ", ", b.last, "]");
       }
+    // Each instruction works in one arena; the copies cross between them.
+    bool inHost = inst.op == "to_device" || (inst.op != "to_host" && !inst.out.empty() &&
+                                             plan.buffers[inst.out[0]].host);
+    bool outHost = inst.op == "to_host" || (inst.op != "to_device" && inHost);
+    if (isCollectiveOp(inst.op) && (inHost || outHost))
+      return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
+                        ") works on host memory: collectives run on the device");
+    for (const auto *ids : {&inst.in, &inst.out})
+      for (int64_t id : *ids) {
+        bool want = ids == &inst.in ? inHost : outHost;
+        if (plan.buffers[id].host != want)
+          return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") ",
+                            want ? "runs on the host" : "runs on the device",
+                            " but buffer ", id, " (", plan.buffers[id].name,
+                            ") is in ", want ? "device" : "host", " memory");
+      }
     Status st = checkInstruction(plan, inst);
     if (!st)
       return Status::error("plan: instruction #" + std::to_string(i) + ": " +
@@ -459,6 +488,7 @@ Status parsePlan(const std::string &text, Plan &plan) {
     r.integer(*m, "reshard", plan.meshReshard, "mesh", 0, kMaxWorld, false);
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
+  r.integer(j, "host_arena_bytes", plan.hostArenaBytes, "plan", 0, kMaxBytes, false);
   if (const json *ls = r.find(j, "loss_scale", "plan", false)) {
     LossScaling &l = plan.lossScaling;
     l.enabled = true;
@@ -498,6 +528,12 @@ Status parsePlan(const std::string &text, Plan &plan) {
     field("comm", plan.memory.comm);
     field("peak", plan.memory.peak);
     field("peak_live", plan.memory.peakLive);
+    if (const json *h = r.find(*mem, "host", "memory", false)) {
+      r.integer(*h, "params", plan.memory.hostParams, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "state", plan.memory.hostState, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "peak", plan.memory.hostPeak, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "peak_live", plan.memory.hostPeakLive, "memory.host", 0, kMaxBytes);
+    }
   }
   if (!r.status)
     return r.status;
@@ -528,6 +564,12 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.integer(o, "alias_of", b.aliasOf, where, -1, INT64_MAX, false);
       r.integer(o, "rank_stride", b.rankStride, where, 0, kMaxBytes, false);
       r.integer(o, "rank_period", b.rankPeriod, where, 0, kMaxWorld, false);
+      std::string space = "device";
+      r.string(o, "space", space, where, false);
+      if (r.status && space != "device" && space != "host")
+        return FSDP_ERROR("plan: ", where, ".space: '", space,
+                          "' (expected \"device\" or \"host\")");
+      b.host = space == "host";
       plan.buffers.push_back(b);
     }
   if (const json *arr = r.objects(j, "units", "plan"))
@@ -541,6 +583,7 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.integer(o, "shard_numel", u.shardNumel, where, 0, kMaxBytes);
       r.boolean(o, "sharded", u.sharded, where, false);
       r.boolean(o, "frozen", u.frozen, where, false);
+      r.boolean(o, "offloaded", u.offloaded, where, false);
       r.integer(o, "buffer", u.buffer, where, -1, INT64_MAX, false);
       plan.units.push_back(u);
     }

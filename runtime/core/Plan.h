@@ -50,6 +50,9 @@ struct Buffer {
   /// Nonzero (a shard view over the reshard group): the stride counts the
   /// shard index modulo rankPeriod, this rank's index in that group.
   int64_t rankPeriod = 0;
+  /// In the host arena (plan "space": "host", fsdp-offload); `offset`
+  /// counts from its start. See [Note: two arenas].
+  bool host = false;
   std::string name;
   int64_t numel() const { return shapeNumel(shape); }
 };
@@ -87,6 +90,7 @@ struct Unit {
   int64_t shardNumel = 0;
   bool sharded = false; ///< only the shard persists (ZeRO-3)
   bool frozen = false;
+  bool offloaded = false; ///< storage and state in the host arena
   int64_t buffer = -1;  ///< persistent storage, or -1 (unsharded plans)
 };
 
@@ -110,6 +114,8 @@ struct Instruction {
 struct MemoryReport {
   int64_t params = 0, grads = 0, state = 0, activations = 0, temps = 0,
           inputs = 0, comm = 0, peak = 0, peakLive = 0;
+  /// The host arena (fsdp-offload): what it holds and its planned peak.
+  int64_t hostParams = 0, hostState = 0, hostPeak = 0, hostPeakLive = 0;
 };
 
 /// Dynamic loss scaling (plan "loss_scale", f16 mixed precision): the
@@ -139,6 +145,8 @@ struct Plan {
   int64_t meshReshard = 0;
   int64_t stage = 0;
   int64_t arenaBytes = 0;
+  /// The host arena's size (plan "host_arena_bytes"; 0 without offload).
+  int64_t hostArenaBytes = 0;
   std::vector<Buffer> buffers;
   std::vector<Param> params;
   std::vector<State> states;
@@ -164,11 +172,26 @@ struct Plan {
   }
 };
 
-/// Where buffer `id` lies in the arena, in bytes from its base, for the
-/// rank holding shard `shard` (Plan::shardIndex).
+// [Note: two arenas]
+// A plan with optimizer offload has two arenas: the device arena
+// (arena_bytes) and the host arena (host_arena_bytes), each planned on its
+// own; a host buffer's offset counts from the host arena's start. The
+// runtime addresses both through one offset range, the host arena
+// following the device arena: bufferOffset() adds hostArenaStart() to a
+// host buffer's offset, and Device::address() turns such an offset into a
+// pointer (the CPU device allocates both in one block; the CUDA device
+// maps the upper range to its pinned host allocation).
+
+/// Where buffer `id` lies in the runtime's offset range (see [Note: two
+/// arenas]), in bytes, for the rank holding shard `shard`
+/// (Plan::shardIndex).
+/// Where the host arena starts in that range: after a device arena of
+/// `arenaBytes`, at the next multiple of 64 (the planner's alignment).
+inline int64_t hostArenaStart(int64_t arenaBytes) { return (arenaBytes + 63) / 64 * 64; }
 inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
   const Buffer &b = plan.buffers[id];
-  return b.offset + (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
+  return (b.host ? hostArenaStart(plan.arenaBytes) : 0) + b.offset +
+         (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
 }
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a

@@ -110,6 +110,8 @@ inline constexpr OpSchema kOps[] = {
     {"broadcast", 1, 1, OpKind::Compute},
     {"sum_to", 1, 1, OpKind::Compute},
     {"cast", 1, 1, OpKind::Compute},
+    {"to_host", 1, 1, OpKind::Compute},   // device arena -> host arena
+    {"to_device", 1, 1, OpKind::Compute}, // host arena -> device arena
     {"cross_entropy", 2, 1, OpKind::Compute},
     {"cross_entropy_grad", 3, 1, OpKind::Compute},
     {"mse_loss", 2, 1, OpKind::Compute},

@@ -768,7 +768,9 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
             {"predicted_peak_live", plan.memory.peakLive},
             {"arena_bytes", plan.arenaBytes},
             {"measured_high_water", m.highWater},
-            {"measured_peak_live", m.peakLive}}},
+            {"measured_peak_live", m.peakLive},
+            {"predicted_host_peak", plan.memory.hostPeak},
+            {"measured_host_high_water", m.hostHighWater}}},
           {"comm_bytes_per_step", commPerStep}};
       if (scaling) {
         log["loss_scales"] = scales;
@@ -797,6 +799,12 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                           {"measured_peak_live", m.peakLive},
                           {"comm_bytes_per_step", commPerStep},
                           {"scratch_outside_arena", device.scratchHighWater()}};
+      if (plan.hostArenaBytes > 0) {
+        j["predicted_host_peak"] = plan.memory.hostPeak;
+        j["predicted_host_peak_live"] = plan.memory.hostPeakLive;
+        j["measured_host_high_water"] = m.hostHighWater;
+        j["measured_host_peak_live"] = m.hostPeakLive;
+      }
       if (!evalLosses.empty())
         j["final_val_loss"] = evalLosses.back();
       std::printf("%s\n", j.dump().c_str());
@@ -817,6 +825,13 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                   verdict(plan.memory.peak, m.highWater),
                   (long long)plan.memory.peakLive, (long long)m.peakLive,
                   verdict(plan.memory.peakLive, m.peakLive));
+      if (plan.hostArenaBytes > 0)
+        std::printf("host memory per rank (offloaded): predicted %lld B, measured "
+                    "high-water %lld B: %s | peak live %lld B, measured %lld B: %s\n",
+                    (long long)plan.memory.hostPeak, (long long)m.hostHighWater,
+                    verdict(plan.memory.hostPeak, m.hostHighWater),
+                    (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
+                    verdict(plan.memory.hostPeakLive, m.hostPeakLive));
       if (int64_t scratch = device.scratchHighWater())
         std::printf("f32 scratch for bf16/f16 instructions (outside the arena): "
                     "%lld B\n", (long long)scratch);

@@ -102,8 +102,14 @@ public:
 
   const char *name() const override { return "cpu"; }
 
-  Status allocateArena(int64_t bytes) override {
+  Status allocateArena(int64_t bytes, int64_t hostBytes) override {
     size_t n;
+    if (hostBytes < 0)
+      return FSDP_ERROR("cannot allocate a host arena of ", hostBytes, " bytes");
+    // Host memory either way: one block, the host arena at its start
+    // offset ([Note: two arenas]).
+    if (hostBytes > 0 && bytes >= 0)
+      bytes = hostArenaStart(bytes) + hostBytes;
     FSDP_RETURN_IF_ERROR(arenaSize(bytes, arena != nullptr, n));
     arena = static_cast<uint8_t *>(std::aligned_alloc(kArenaAlignment, n));
     if (!arena)

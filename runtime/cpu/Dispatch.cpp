@@ -35,17 +35,28 @@ using rules::widen;
 using rules::Widened;
 using Shape = rules::Shape;
 
+/// Where buffer `id` is: in the one block `arena` ([Note: two arenas] in
+/// Plan.h), or, when the host arena is elsewhere (`host`, the CUDA device's
+/// pinned memory), there for a host buffer.
+uint8_t *addressOf(const Plan &plan, int64_t id, int64_t rank, uint8_t *arena, uint8_t *host) {
+  int64_t off = bufferOffset(plan, id, rank);
+  if (host && plan.buffers[id].host)
+    return host + (off - hostArenaStart(plan.arenaBytes));
+  return arena + off;
+}
+
 /// Kernel-time view: typed pointers to operands.
 struct Run {
   const Op &op;
   uint8_t *arena;
   int64_t rank;
   const DropoutContext &dropout;
+  uint8_t *host = nullptr;
   template <typename T = float> T *in(size_t i) const {
-    return reinterpret_cast<T *>(arena + bufferOffset(op.plan, op.inst.in[i], rank));
+    return reinterpret_cast<T *>(addressOf(op.plan, op.inst.in[i], rank, arena, host));
   }
   template <typename T = float> T *out(size_t i) const {
-    return reinterpret_cast<T *>(arena + bufferOffset(op.plan, op.inst.out[i], rank));
+    return reinterpret_cast<T *>(addressOf(op.plan, op.inst.out[i], rank, arena, host));
   }
 };
 
@@ -284,6 +295,8 @@ const std::unordered_map<std::string, Exec> &table() {
       std::memcpy(r.out<uint8_t>(0), r.in<uint8_t>(0), r.op.out(0).bytes);
       return Status::ok();
     };
+    // On the CPU both arenas are host memory: the copies are memcpy.
+    m["to_host"] = m["to_device"] = m["reshape"];
     m["transpose"] = [](const Run &r) {
       transpose<float>(r.in(0), r.op.in(0).shape, r.op.iv("perm"), r.out(0));
       return Status::ok();
@@ -541,8 +554,8 @@ void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) 
   }
 }
 
-Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, int64_t rank,
-                  const DropoutContext &dropout, const Exec &run) {
+Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, uint8_t *host,
+                  int64_t rank, const DropoutContext &dropout, const Exec &run) {
   Widened w = widen(plan, inst);
   thread_local std::vector<uint8_t> scratch;
   if ((int64_t)scratch.size() < w.bytes) {
@@ -557,7 +570,7 @@ Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, int
   for (size_t s = 0; s < w.ids.size(); ++s)
     if (isIn[s]) {
       const Buffer &b = plan.buffers[w.ids[s]];
-      convert(arena + bufferOffset(plan, w.ids[s], rank), b.dtype,
+      convert(addressOf(plan, w.ids[s], rank, arena, host), b.dtype,
               scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype, b.numel());
     }
   Op op{w.plan, w.inst};
@@ -565,7 +578,7 @@ Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, int
   for (int64_t s : w.inst.out) {
     const Buffer &b = plan.buffers[w.ids[s]];
     convert(scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype,
-            arena + bufferOffset(plan, w.ids[s], rank), b.dtype, b.numel());
+            addressOf(plan, w.ids[s], rank, arena, host), b.dtype, b.numel());
   }
   return Status::ok();
 }
@@ -577,14 +590,14 @@ int64_t widenedScratchHighWater() { return scratchHighWater.load(); }
 bool implementsOp(const std::string &op) { return table().count(op) > 0; }
 
 Status runInstruction(const Plan &plan, const Instruction &inst, uint8_t *arena, int64_t rank,
-                      const DropoutContext &dropout) {
+                      const DropoutContext &dropout, uint8_t *hostArena) {
   auto it = table().find(inst.op);
   if (it == table().end())
     return FSDP_ERROR("unknown op '", inst.op, "'");
   if (needsWidening(plan, inst))
-    return runWidened(plan, inst, arena, rank, dropout, it->second);
+    return runWidened(plan, inst, arena, hostArena, rank, dropout, it->second);
   Op op{plan, inst};
-  return it->second(Run{op, arena, rank, dropout});
+  return it->second(Run{op, arena, rank, dropout, hostArena});
 }
 
 } // namespace fsdp::cpu

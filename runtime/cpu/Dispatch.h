@@ -20,10 +20,14 @@ namespace fsdp::cpu {
 /// Runs one compute instruction; `rank` (the shard index,
 /// Plan::shardIndex) places shard views. Collectives are not handled here
 /// (isCollectiveOp, PlanSchema.h).
-/// `dropout` is the step's (Device::dropoutContext).
+/// `dropout` is the step's (Device::dropoutContext). Host-arena buffers
+/// ([Note: two arenas] in Plan.h) are in the same block as `arena`, or at
+/// `hostArena` when given (the CUDA device runs fsdp-offload's host
+/// instructions here, on its pinned host arena).
 Status runInstruction(const Plan &plan, const Instruction &inst,
                       uint8_t *arena, int64_t rank,
-                      const DropoutContext &dropout = DropoutContext{});
+                      const DropoutContext &dropout = DropoutContext{},
+                      uint8_t *hostArena = nullptr);
 
 /// True when this backend has a kernel for compute op `op`.
 bool implementsOp(const std::string &op);

@@ -25,6 +25,7 @@
 #include "runtime/cuda/CudaDevice.h"
 
 #include "runtime/core/OpRules.h"
+#include "runtime/cpu/Dispatch.h" // fsdp-offload's host instructions
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaComm.h"
 #include "runtime/cuda/CudaFlash.h"
@@ -113,6 +114,8 @@ public:
                     (void *)badPos})
       if (p)
         cudaFree(p);
+    if (hostArena)
+      cudaFreeHost(hostArena);
     if (compute.s)
       cudaStreamDestroy(compute.s);
     if (comm.s)
@@ -135,10 +138,24 @@ public:
 
   const char *name() const override { return "cuda"; }
 
-  Status allocateArena(int64_t bytes) override {
+  Status allocateArena(int64_t bytes, int64_t hostBytes) override {
     size_t n;
     FSDP_RETURN_IF_ERROR(arenaSize(bytes, arena != nullptr, n));
+    if (hostBytes < 0)
+      return FSDP_ERROR("cannot allocate a host arena of ", hostBytes, " bytes");
     FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
+    if (hostBytes > 0) {
+      // fsdp-offload's host arena: pinned, so the copies to and from it
+      // are asynchronous DMA at full PCIe speed ([Note: two arenas]).
+      cudaError_t h = cudaMallocHost(&hostArena, (size_t)hostBytes);
+      if (h != cudaSuccess) {
+        cudaGetLastError();
+        hostArena = nullptr;
+        return FSDP_ERROR("cannot pin ", hostBytes, " bytes of host memory for the "
+                          "offloaded optimizer (", cudaGetErrorString(h), ")");
+      }
+      hostStart = hostArenaStart(bytes);
+    }
     cudaError_t e = cudaMalloc(&arena, n);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -156,7 +173,11 @@ public:
   }
   uint8_t *arenaBase() const override { return arena; }
   int64_t arenaBytes() const override { return size; }
+  uint8_t *address(int64_t offset) const override {
+    return hostArena && offset >= hostStart ? hostArena + (offset - hostStart) : arena + offset;
+  }
 
+  // cudaMemcpyDefault: either side may be the pinned host arena.
   Status copyToDevice(void *dst, const void *src, int64_t bytes) override {
     FSDP_RETURN_IF_ERROR(idle());
     if (bytes > 0)
@@ -166,7 +187,7 @@ public:
   Status copyToHost(void *dst, const void *src, int64_t bytes) override {
     FSDP_RETURN_IF_ERROR(idle());
     if (bytes > 0)
-      FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost));
+      FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyDefault));
     return Status::ok();
   }
 
@@ -285,7 +306,7 @@ private:
   /// DMA has landed, and the non-blocking streams are not ordered after the
   /// NULL stream it runs on.
   Status hostToDevice(void *dst, const void *src, size_t bytes) {
-    FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute.s));
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute.s));
     FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
     return Status::ok();
   }
@@ -309,6 +330,9 @@ private:
   long long *badPos = nullptr;
   Scratch scratch;
   std::vector<Launch> launches;
+  /// fsdp-offload's pinned host arena, at offsets from hostStart on.
+  uint8_t *hostArena = nullptr;
+  int64_t hostStart = 0;
 };
 
 // --- launchers ------------------------------------------------------------
@@ -1243,7 +1267,8 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",
       "bce_with_logits", "bce_with_logits_grad", "sgd_update", "sgd_momentum_update",
-      "adamw_update", "squared_norm", "clip_coef", "grad_coef", "pack"};
+      "adamw_update", "squared_norm", "clip_coef", "grad_coef", "pack", "to_host",
+      "to_device"};
   return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
 }
 
@@ -1251,8 +1276,12 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
   // Scratch: the maxima over the program, allocated once.
   int64_t fN = 0, dN = 0, wide = 0;
+  // fsdp-offload: an instruction writing the host arena runs there.
+  auto onHost = [&](const Instruction &inst) {
+    return inst.op != "to_device" && !inst.out.empty() && plan.buffers[inst.out[0]].host;
+  };
   for (const Instruction &inst : plan.program) {
-    if (isCollectiveOp(inst.op))
+    if (isCollectiveOp(inst.op) || onHost(inst) || inst.op == "to_device")
       continue;
     Op op{plan, inst};
     int64_t f, d;
@@ -1278,6 +1307,31 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     const Instruction &inst = plan.program[i];
     if (isCollectiveOp(inst.op))
       continue;
+    if (inst.op == "to_host" || inst.op == "to_device") {
+      // Asynchronous DMA on the compute stream, in program order.
+      uint8_t *dst = address(bufferOffset(plan, inst.out[0], shard)),
+              *src = address(bufferOffset(plan, inst.in[0], shard));
+      size_t bytes = (size_t)plan.buffers[inst.out[0]].bytes;
+      launches[i] = [dst, src, bytes](cudaStream_t s) -> Status {
+        FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+        return Status::ok();
+      };
+      continue;
+    }
+    if (onHost(inst)) {
+      // The update of an offloaded unit: the CPU backend's kernel on the
+      // pinned arena, once the compute stream has drained (its inputs were
+      // copied there, and no queued copy still reads what it overwrites).
+      // The one host wait of an offloaded step (the executor refuses
+      // --cuda-graphs for it).
+      const Instruction *ip = &inst;
+      uint8_t *a = arena, *h = hostArena;
+      launches[i] = [this, ip, a, h, shard, &plan](cudaStream_t s) -> Status {
+        FSDP_CUDA_CHECK(cudaStreamSynchronize(s));
+        return cpu::runInstruction(plan, *ip, a, shard, dropoutContext(), h);
+      };
+      continue;
+    }
     Status st;
     FloatKind t;
     if (!rules::needsWidening(plan, inst)) {

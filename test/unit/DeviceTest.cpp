@@ -115,7 +115,7 @@ protected:
   void bind(const Plan &plan) {
     for (const Instruction &i : plan.program)
       ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
-    ASSERT_TRUE(dev->allocateArena(plan.arenaBytes).isOk());
+    ASSERT_TRUE(dev->allocateArena(plan.arenaBytes, 0).isOk());
     ASSERT_TRUE(dev->prepare(plan, 0).isOk());
     std::vector<uint8_t> zeros(dev->arenaBytes(), 0);
     ASSERT_TRUE(dev->copyToDevice(dev->arenaBase(), zeros.data(), zeros.size()).isOk());
@@ -158,20 +158,20 @@ protected:
 
 TEST_P(DeviceConformance, ArenaIsAlignedAndSizedOnce) {
   EXPECT_EQ(dev->arenaBase(), nullptr);
-  ASSERT_TRUE(dev->allocateArena(1000).isOk());
+  ASSERT_TRUE(dev->allocateArena(1000, 0).isOk());
   ASSERT_NE(dev->arenaBase(), nullptr);
   EXPECT_EQ((uintptr_t)dev->arenaBase() % Device::kArenaAlignment, 0u);
   EXPECT_GE(dev->arenaBytes(), 1000);
-  EXPECT_FALSE(dev->allocateArena(1000).isOk()) << "a second arena";
+  EXPECT_FALSE(dev->allocateArena(1000, 0).isOk()) << "a second arena";
   std::unique_ptr<Device> empty;
   ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, empty).isOk());
-  EXPECT_TRUE(empty->allocateArena(0).isOk()) << "a plan may need no arena";
+  EXPECT_TRUE(empty->allocateArena(0, 0).isOk()) << "a plan may need no arena";
   EXPECT_NE(empty->arenaBase(), nullptr);
-  EXPECT_FALSE(empty->allocateArena(-1).isOk());
+  EXPECT_FALSE(empty->allocateArena(-1, 0).isOk());
 }
 
 TEST_P(DeviceConformance, HostCopiesRoundTripWithoutTouchingNeighbours) {
-  ASSERT_TRUE(dev->allocateArena(4096).isOk());
+  ASSERT_TRUE(dev->allocateArena(4096, 0).isOk());
   std::vector<uint8_t> fill(4096, 0xAB), back(4096);
   ASSERT_TRUE(dev->copyToDevice(dev->arenaBase(), fill.data(), 4096).isOk());
   // Unaligned offsets and odd sizes: a copy is bytes, not elements.

@@ -1,0 +1,161 @@
+//===- Offload.cpp - optimizer offload to the host ------------------------===//
+//
+// fsdp-offload: ZeRO-Offload. The master shard of every trainable sharded
+// unit and its optimizer state move to host memory, the unit's update runs
+// on the host, and copies join the two sides (see Passes.td).
+//
+// Placement. A value is on the host when it is
+// - a read (fsdp.get_unit / get_state) of offloaded storage,
+// - the result of fsdp.to_host or of an op marked fsdp.on_host,
+// - an alias (view, reshape, shard_view, wait) of a host value;
+// everything else is on the device. The pass walks @train_step once:
+// a host op gets a to_host copy of each device operand (one per value,
+// reused by later host ops: the learning rate is copied once), and a
+// device instruction gets a to_device copy of each host operand right
+// before it (one per reading op: the gathered-again shard of the backward
+// pass is copied again, so nothing on the device outlives its use).
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/MemoryPlan.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringSet.h"
+
+namespace mlir::fsdp {
+#define GEN_PASS_DEF_FSDPOFFLOAD
+#include "passes/Passes.h.inc"
+} // namespace mlir::fsdp
+
+using namespace mlir;
+using namespace mlir::fsdp;
+
+namespace {
+
+/// The storage symbol a read names, or an empty ref.
+FlatSymbolRefAttr readSymbol(Operation *op) {
+  if (auto g = dyn_cast<GetUnitOp>(op))
+    return g.getNameAttr();
+  if (auto g = dyn_cast<GetStateOp>(op))
+    return g.getNameAttr();
+  if (auto g = dyn_cast<GetParamOp>(op))
+    return g.getNameAttr();
+  return {};
+}
+
+/// Ops that only name memory another value owns (no instruction).
+bool isAliasOp(Operation *op) {
+  return isa<ViewOp, ReshapeOp, ShardViewOp, WaitOp, MicrobatchOp>(op);
+}
+
+struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (mode == "none")
+      return;
+    if (mode != "optimizer") {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: offload='" << mode.getValue()
+          << "' must be none or optimizer";
+      return signalPassFailure();
+    }
+    func::FuncOp step = getTrainStep(module, "fsdp-autodiff and fsdp-shard");
+    if (!step)
+      return signalPassFailure();
+
+    // 1. Which storage moves: trainable units whose shard is their storage.
+    llvm::StringSet<> host;
+    int64_t units = 0;
+    for (UnitOp u : module.getOps<UnitOp>()) {
+      ++units;
+      if (!u.getSharded() || u.getFrozen())
+        continue;
+      u.setOffloaded(true);
+      host.insert(u.getSymName());
+    }
+    if (host.empty()) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: offload=optimizer needs trainable units with "
+             "sharded storage ("
+          << units
+          << " unit(s), none sharded and trainable): use stage=3, or stage "
+             "1/2 on more than one shard with fsdp-shard's offload=optimizer";
+      return signalPassFailure();
+    }
+    for (StateOp s : module.getOps<StateOp>())
+      if (host.contains(s.getParam()))
+        host.insert(s.getSymName());
+
+    // 2. Walk the step in order, placing every value.
+    Block &body = step.getBody().front();
+    llvm::DenseSet<Value> onHost;
+    llvm::DenseMap<Value, Value> hostCopy; // device value -> its to_host
+    OpBuilder b(&getContext());
+    auto isUpdate = [](Operation *op) {
+      return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
+    };
+    for (Operation &opRef : llvm::make_early_inc_range(body)) {
+      Operation *op = &opRef;
+      if (FlatSymbolRefAttr sym = readSymbol(op)) {
+        if (host.contains(sym.getValue()))
+          onHost.insert(op->getResult(0));
+        continue;
+      }
+      // Copies already placed (the memory-budget search runs this pass on
+      // its candidates, the pipeline once more on the one it chose).
+      if (isa<ToHostOp>(op)) {
+        onHost.insert(op->getResult(0));
+        continue;
+      }
+      if (isa<ToDeviceOp>(op))
+        continue;
+      if (isAliasOp(op)) {
+        if (onHost.contains(op->getOperand(0)))
+          for (Value r : op->getResults())
+            onHost.insert(r);
+        continue;
+      }
+      if (isa<SetUnitOp, SetStateOp, SetParamOp, SetGradOp, func::ReturnOp>(op))
+        continue; // write-backs are checked by fsdp-plan-memory
+      bool hostOp = isUpdate(op) && onHost.contains(op->getOperand(0));
+      if (hostOp) {
+        op->setAttr(kOnHostAttrName, b.getUnitAttr());
+        for (OpOperand &use : op->getOpOperands()) {
+          Value v = use.get();
+          if (onHost.contains(v))
+            continue;
+          Value &copy = hostCopy[v];
+          if (!copy) {
+            b.setInsertionPoint(op);
+            copy = b.create<ToHostOp>(op->getLoc(), v.getType(), v);
+            onHost.insert(copy);
+            ++numCopies;
+          }
+          use.set(copy);
+        }
+        for (Value r : op->getResults())
+          onHost.insert(r);
+        continue;
+      }
+      // A device instruction: a copy of each host operand, just before it.
+      llvm::DenseMap<Value, Value> copies;
+      for (OpOperand &use : op->getOpOperands()) {
+        Value v = use.get();
+        if (!onHost.contains(v))
+          continue;
+        Value &copy = copies[v];
+        if (!copy) {
+          b.setInsertionPoint(op);
+          copy = b.create<ToDeviceOp>(op->getLoc(), v.getType(), v);
+          ++numCopies;
+        }
+        use.set(copy);
+      }
+    }
+  }
+};
+
+} // namespace
