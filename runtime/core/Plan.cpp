@@ -432,10 +432,11 @@ Status validate(Plan &plan) {
       for (int64_t id : *ids) {
         bool want = ids == &inst.in ? inHost : outHost;
         if (plan.buffers[id].host != want)
-          return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") ",
-                            want ? "runs on the host" : "runs on the device",
-                            " but buffer ", id, " (", plan.buffers[id].name,
-                            ") is in ", want ? "device" : "host", " memory");
+          return FSDP_ERROR("plan: instruction #", i, " (", inst.op, "): its ",
+                            ids == &inst.in ? "inputs" : "outputs", " must be in ",
+                            want ? "host" : "device", " memory, but buffer ", id, " (",
+                            plan.buffers[id].name, ") is in ", want ? "device" : "host",
+                            " memory");
       }
     Status st = checkInstruction(plan, inst);
     if (!st)

@@ -7,13 +7,15 @@ bad options, bad data and checkpoint files and a bad environment. Every
 case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
 print "fsdp-run: error" and name the problem (a substring given per case).
 
-usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN]
+usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD_PLAN]]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
 (token inputs, slices, attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
 (shard views with a rank stride); LLAMA_PLAN: a one-rank Llama plan (rope,
-rms_norm, grouped-query attention with 4 heads over 2 key/value heads;
-without it those cases are skipped, and the summary says so).
+rms_norm, grouped-query attention with 4 heads over 2 key/value heads);
+OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
+arena). Without the optional plans their cases are skipped, and the
+summary says so.
 """
 import copy
 import json
@@ -55,6 +57,10 @@ def overlap_two(plan):
                 b["offset"] = a["offset"]
                 return
     raise SystemExit("no two transient buffers live at once")
+
+
+def host_buf(plan):
+    return next(b for b in plan["buffers"] if b.get("space") == "host")
 
 
 def setter(fn):
@@ -141,6 +147,14 @@ PLAN_CASES = [
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),
     ("param bf16 over an f32 buffer", "mlp", setter(lambda p: p["params"][0].update(dtype="bf16")), "f32"),
+    # optimizer offload: the host arena (a 1-rank stage-3 MLP plan, offload=optimizer)
+    ("buffer space \"gpu\"", "offload", setter(lambda p: host_buf(p).update(space="gpu")), "space: 'gpu'"),
+    ("host_arena_bytes -1", "offload", setter(lambda p: p.update(host_arena_bytes=-1)), "host_arena_bytes"),
+    ("host_arena_bytes 64", "offload", setter(lambda p: p.update(host_arena_bytes=64)), "reaches outside the host arena of 64 bytes"),
+    ("offloaded unit flag dropped", "offload", setter(lambda p: p["units"][0].pop("offloaded")), "is not offloaded but its storage is in host memory"),
+    ("to_host writing device memory", "offload", setter(lambda p: first(p, "to_host")["out"].__setitem__(0, first(p, "to_host")["in"][0])), "is in device memory"),
+    ("a host buffer moved to the device arena", "offload", setter(lambda p: p["buffers"][first(p, "to_host")["out"][0]].pop("space")), "reaches outside the arena"),
+    ("matmul reading host memory", "offload", setter(lambda p: first(p, "matmul")["in"].__setitem__(1, first(p, "to_device")["in"][0])), "is in host memory"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
         dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "keeps parameters in f32"),
@@ -195,9 +209,11 @@ def gpu_present():
 def main():
     bindir, mlp, gpt, sharded = sys.argv[1:5]
     llama = sys.argv[5] if len(sys.argv) > 5 else None
+    offload = sys.argv[6] if len(sys.argv) > 6 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
-    for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama)):
+    for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
+                      ("offload", offload)):
         if path is None:
             continue
         with open(path) as f:

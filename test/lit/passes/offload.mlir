@@ -1,0 +1,83 @@
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-offload | FileCheck %s
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=optimizer" -fsdp-offload | FileCheck %s --check-prefix=Z2
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-plan-memory="report=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-offload 2>&1 | FileCheck %s --check-prefix=WHOLE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3" -fsdp-offload=offload=cpu 2>&1 | FileCheck %s --check-prefix=MODE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3 offload=gpu" 2>&1 | FileCheck %s --check-prefix=SHARDMODE
+
+// Optimizer offload: the trainable units a and root keep their master
+// shard and AdamW moments in host memory; b is frozen and stays on the
+// device (no update, no state). Every device read of an offloaded
+// shard (each all-gather, forward and backward) gets its own to_device
+// copy right before it (tests/e2e/offload.py's GPT has backward ones); the update runs on the host (fsdp.on_host) after a
+// to_host copy of its gradient shard, and of the learning rate and step
+// once, shared by both updates. Running the pass twice changes nothing
+// (the memory-budget search runs it on its candidates).
+
+fsdp.param @wa : tensor<4x4xf32> init("normal", 0.5) unit "a"
+fsdp.param @wb : tensor<4x4xf32> init("normal", 0.5) unit "b" frozen
+fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
+
+// CHECK: fsdp.unit @a : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wa] sharded offloaded
+// CHECK: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] sharded frozen{{$}}
+// CHECK: fsdp.unit @root : {{.*}} sharded offloaded
+// CHECK-LABEL: func.func @train_step
+// CHECK: %[[A:.+]] = fsdp.get_unit @a
+// CHECK-NEXT: %[[AD:.+]] = fsdp.to_device %[[A]] : tensor<8xf32>
+// CHECK-NEXT: fsdp.all_gather %[[AD]]
+// CHECK: %[[B:.+]] = fsdp.get_unit @b.frozen
+// CHECK-NEXT: fsdp.all_gather %[[B]]
+// CHECK: %[[R:.+]] = fsdp.get_unit @root
+// CHECK-NEXT: %[[RD:.+]] = fsdp.to_device %[[R]]
+// CHECK-NEXT: fsdp.all_gather %[[RD]]
+// CHECK: fsdp.mse_loss
+// The backward: root (the last unit) kept its gather, a's gradient needs
+// no parameter, the frozen b is gathered again, without a copy.
+// CHECK-NOT: fsdp.to_device
+// CHECK: %[[GR:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<2xf32>
+// CHECK: %[[B2:.+]] = fsdp.get_unit @b.frozen
+// CHECK-NEXT: fsdp.all_gather %[[B2]]
+// CHECK: %[[GA:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
+// CHECK: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
+// CHECK-NEXT: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
+// CHECK-NEXT: %[[ST:.+]] = fsdp.to_host %arg3 : tensor<f32>
+// CHECK-NEXT: fsdp.adamw_update %{{.+}}, %[[GAH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
+// CHECK: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
+// CHECK-NOT: fsdp.to_host
+// CHECK: fsdp.adamw_update %{{.+}}, %[[GRH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
+// CHECK-NOT: fsdp.to_
+// CHECK: return
+
+// Stage 2 with offload=optimizer: every trainable unit takes the sharded
+// layout (its master shard, gathered once per step, here in f32), so the
+// shard can move to the host; the frozen unit stays whole.
+// Z2: fsdp.unit @a : {{.*}} sharded offloaded
+// Z2: fsdp.unit @b.frozen : {{.*}} frozen{{$}}
+// Z2-LABEL: func.func @train_step
+// Z2: fsdp.to_device
+// Z2: fsdp.sgd_update {{.*}} {fsdp.on_host}
+
+// The device keeps only the frozen b's shard.
+// REPORT: parameters 32 32 B
+// REPORT: optimizer state 0 0 B
+// REPORT: host (offloaded):
+// REPORT-NEXT: parameters 40 40 B
+// REPORT-NEXT: optimizer state 80 80 B
+
+// WHOLE: fsdp-offload: offload=optimizer needs trainable units with sharded storage (3 unit(s), none sharded and trainable): use stage=3, or stage 1/2 on more than one shard with fsdp-shard's offload=optimizer
+// MODE: fsdp-offload: offload='cpu' must be none or optimizer
+// SHARDMODE: fsdp-shard: offload='gpu' must be none or optimizer
+
+func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
+  %wa = fsdp.get_param @wa : tensor<4x4xf32>
+  %a = fsdp.matmul %x, %wa transpose_rhs : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+  %ra = fsdp.relu %a : tensor<2x4xf32>
+  %wb = fsdp.get_param @wb : tensor<4x4xf32>
+  %b = fsdp.matmul %ra, %wb transpose_rhs : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+  %rb = fsdp.relu %b : tensor<2x4xf32>
+  %wr = fsdp.get_param @wr : tensor<1x4xf32>
+  %o = fsdp.matmul %rb, %wr transpose_rhs : (tensor<2x4xf32>, tensor<1x4xf32>) -> tensor<2x1xf32>
+  %l = fsdp.mse_loss %o, %t : tensor<2x1xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
