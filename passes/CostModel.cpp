@@ -61,6 +61,13 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
       c->getNumber("gemm_flops_per_s_bf16").value_or(p.gemmFlopsPerS);
   p.memBytesPerS = *c->getNumber("mem_bytes_per_s");
   p.opOverheadS = *c->getNumber("op_overhead_s");
+  p.hostLinkBytesPerS = c->getNumber("host_link_bytes_per_s").value_or(0.0);
+  p.hostMemBytesPerS = c->getNumber("host_mem_bytes_per_s").value_or(0.0);
+  if (p.hostLinkBytesPerS < 0 || p.hostMemBytesPerS < 0) {
+    error = "device profile '" + nameOrPath.str() +
+            "': host_link_bytes_per_s and host_mem_bytes_per_s must be >= 0";
+    return false;
+  }
   if (p.gemmFlopsPerS <= 0 || p.gemmFlopsPerSBf16 <= 0 || p.memBytesPerS <= 0 ||
       p.opOverheadS < 0) {
     error = "device profile '" + nameOrPath.str() +
@@ -302,7 +309,13 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     }
     double gemm = firstIn && isLowPrecision(firstIn) ? p.gemmFlopsPerSBf16
                                                      : p.gemmFlopsPerS;
-    double work = std::max(flopsOf(op) / gemm, bytes / p.memBytesPerS);
+    // fsdp-offload: a copy between the arenas runs at the host link's
+    // speed, the host's update at its memory's (fsdp-sim's compute_cost).
+    bool copy = isa<ToHostOp, ToDeviceOp>(op), onHost = op->hasAttr(kOnHostAttrName);
+    double mem = onHost && p.hostMemBytesPerS > 0 ? p.hostMemBytesPerS : p.memBytesPerS;
+    double work = std::max(flopsOf(op) / gemm, bytes / mem);
+    if (copy && p.hostLinkBytesPerS > 0)
+      work = bytesOf(op->getResult(0)) / p.hostLinkBytesPerS;
     auto per = p.secondsPerUnit.find(isa<SetParamOp, SetStateOp, SetUnitOp>(op)
                                          ? StringRef("copy")
                                          : name);

@@ -35,6 +35,13 @@ struct DeviceProfile {
   double gemmFlopsPerSBf16 = 989e12; ///< bf16/f16 GEMM (dense)
   double memBytesPerS = 3.35e12;
   double opOverheadS = 5e-6; ///< per kernel launch
+  /// fsdp-offload: host <-> device copies (PCIe Gen5 x16, 64 GB/s per
+  /// direction) and the host's memory bandwidth for the offloaded update
+  /// (a DGX H100 socket's 8 DDR5-4800 channels, 307 GB/s, shared by its 4
+  /// GPUs' ranks). 0 (a profile that leaves them out: a CPU, where both
+  /// arenas are host memory): copies and host instructions are compute
+  /// like any other.
+  double hostLinkBytesPerS = 64e9, hostMemBytesPerS = 307e9 / 4;
   /// Measured seconds per work unit of an op (calibrated CPU profiles).
   llvm::StringMap<double> secondsPerUnit;
   /// Ranks that share the intra-node link (NVLink); a collective whose

@@ -217,6 +217,52 @@ def main():
     report(checked >= 4 and ok,
            f"{checked} fused layer norms cost launch + one pass per folded op")
 
+    # Optimizer offload on the h100 profile: a copy between the arenas costs
+    # launch + bytes / the host link (64 GB/s), the host's update launch +
+    # max(flops, its bytes / the host memory (307 / 4 GB/s)); the
+    # collectives are those of the plan without offload, the step longer;
+    # fsdp-opt simulate=true agrees.
+    oplan = os.path.join(work, "off.plan")
+    nplan = os.path.join(work, "nooff.plan")
+    r = {}
+    for tag, path in (("optimizer", oplan), ("none", nplan)):
+        r[tag] = subprocess.run(
+            [b("fsdp-opt"), gmodel, "-o", os.devnull,
+             f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=2 offload={tag} "
+             f"plan={path} report=false simulate=true"],
+            check=True, capture_output=True, text=True).stderr
+    otrace = os.path.join(work, "off.json")
+    sim = {tag: json.loads(subprocess.run(
+        [sys.executable, b("fsdp-sim"), path, "--profile", "h100", "--json"] +
+        (["--trace", otrace] if tag == "optimizer" else []),
+        check=True, capture_output=True, text=True).stdout)
+        for tag, path in (("optimizer", oplan), ("none", nplan))}
+    op = json.load(open(oplan))
+    ospans = {e["args"]["instruction"]: e["dur"] * 1e-6
+              for e in json.load(open(otrace))["traceEvents"] if e["ph"] == "X" and e["tid"] == 0}
+    copies = hosts = 0
+    ok = True
+    for i, inst in enumerate(op["program"]):
+        out = op["buffers"][inst["out"][0]] if inst["out"] else {}
+        if inst["op"] in ("to_host", "to_device"):
+            want = 5e-6 + out["bytes"] / 64e9
+            copies += 1
+        elif out.get("space") == "host":
+            nbytes = sum(op["buffers"][x]["bytes"] for x in inst["in"] + inst["out"])
+            want = 5e-6 + nbytes / (307e9 / 4)
+            hosts += 1
+        else:
+            continue
+        ok = ok and abs(ospans[i] - want) <= 1e-12 + 1e-6 * want
+    m = re.search(r"step\s+([0-9.]+) ms", r["optimizer"])
+    report(copies > 0 and hosts > 0 and ok and m is not None and
+           abs(float(m.group(1)) - sim["optimizer"]["step_ms"]) <= 6e-4 and
+           abs(sim["optimizer"]["comm_ms"] - sim["none"]["comm_ms"]) <= 1e-9 * sim["none"]["comm_ms"] and
+           sim["optimizer"]["step_ms"] > sim["none"]["step_ms"],
+           f"offload on h100: {copies} copies at the host link, {hosts} host updates at host "
+           f"memory; step {sim['optimizer']['step_ms']:.4f} ms (fsdp-opt "
+           f"{m.group(1) if m else '?'}) > {sim['none']['step_ms']:.4f} ms without")
+
     # --measured: where the measured step of the 4-rank trace went.
     r = subprocess.run([sys.executable, b("fsdp-sim"), plans["hs"], "--profile", prof_path,
                         "--measured", trace, "--json"], capture_output=True, text=True)

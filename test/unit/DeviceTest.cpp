@@ -267,6 +267,39 @@ TEST_P(DeviceConformance, RunsNarrowFloatInstructions) {
   EXPECT_EQ(c, (std::vector<uint16_t>{0x3fa0, 0x4020, 0x4080, 0x4090}));
 }
 
+TEST_P(DeviceConformance, RunsHostInstructionsAndCopiesBetweenArenas) {
+  // fsdp-offload's shape of work ([Note: two arenas] in Plan.h): b0 and
+  // b3 in the device arena, b1 and b2 in the host arena; a copy to the
+  // host, an instruction there (CUDA: the CPU kernel on pinned memory,
+  // after the compute stream drains) and a copy back, in stream order.
+  Plan plan = vectorPlan(4, 5, {inst("to_host", {0}, {1}), inst("add", {1, 1}, {2}),
+                                inst("to_device", {2}, {3})});
+  plan.buffers[1].host = plan.buffers[2].host = true;
+  plan.buffers[1].offset = 0;
+  plan.buffers[2].offset = 64;
+  plan.buffers[3].offset = 64;
+  plan.arenaBytes = 128;
+  plan.hostArenaBytes = 128;
+  for (const Instruction &i : plan.program)
+    ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
+  ASSERT_TRUE(dev->allocateArena(plan.arenaBytes, plan.hostArenaBytes).isOk());
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  auto at = [&](int64_t id) { return dev->address(bufferOffset(plan, id, 0)); };
+  std::vector<float> zeros(32, 0.f), x{1, -2, 3.5f, 4, 1e-3f};
+  ASSERT_TRUE(dev->copyToDevice(dev->address(0), zeros.data(), 128).isOk());
+  ASSERT_TRUE(dev->copyToDevice(at(1), zeros.data(), 128).isOk()) << "the host arena";
+  ASSERT_TRUE(dev->copyToDevice(at(0), x.data(), 20).isOk());
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    ASSERT_TRUE(dev->run(i).isOk()) << plan.program[i].op;
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<float> host(5), back(5), twice{2, -4, 7, 8, 2e-3f};
+  ASSERT_TRUE(dev->copyToHost(host.data(), at(2), 20).isOk());
+  ASSERT_TRUE(dev->copyToHost(back.data(), at(3), 20).isOk());
+  EXPECT_EQ(host, twice);
+  EXPECT_EQ(back, twice);
+  EXPECT_NE(at(1), at(0)) << "the arenas do not share bytes";
+}
+
 TEST_P(DeviceConformance, PacksInputsThatPartlyOverlapTheirDestination) {
   // A 16-float packed buffer P (b0) whose memory the plan shares with two of
   // the inputs: X (b1, P[2..5]) goes to P[4..7] and W (b4, P[13..15]) to
