@@ -129,7 +129,10 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // the same way, so this finds nothing left to do after it.
   if (options.fuseEpilogues)
     pm.addPass(createFsdpFuseEpilogues());
-  if (options.offload != "none") {
+  // With a memory budget the search applied it to its choice (auto: if
+  // it chose it); without one fsdp-offload refuses auto by name.
+  if (options.offload != "none" &&
+      (options.memoryBudget.empty() || options.offload == "optimizer")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     pm.addPass(createFsdpOffload(off));

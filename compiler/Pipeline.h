@@ -172,7 +172,7 @@ struct FsdpPipelineOptions
       *this, "offload",
       llvm::cl::desc("optimizer: master shards, optimizer state and the "
                      "update live on the host (ZeRO-Offload; fsdp-offload); "
-                     "none"),
+                     "auto (with memory-budget): the search decides; none"),
       llvm::cl::init("none")};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),

@@ -59,7 +59,9 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     if (mode != "optimizer") {
       mlir::emitError(module.getLoc())
           << "fsdp-offload: offload='" << mode.getValue()
-          << "' must be none or optimizer";
+          << "' must be none or optimizer"
+          << (mode == "auto" ? " (auto needs memory-budget: the schedule search decides)"
+                             : "");
       return signalPassFailure();
     }
     func::FuncOp step = getTrainStep(module, "fsdp-autodiff and fsdp-shard");

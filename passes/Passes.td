@@ -597,7 +597,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
   let options = [
     Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
            "optimizer: every candidate offloads its optimizer (fsdp-offload), "
-           "so its peak is the device's">,
+           "so its peak is the device's; auto: candidates with and without "
+           "offload; none">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

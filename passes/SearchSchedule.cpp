@@ -51,6 +51,8 @@ struct Choice {
   /// reshard true or G: only the first `reshardUnits` units reshard (-1:
   /// all).
   int64_t reshardUnits = -1;
+  /// fsdp-offload: "none" or "optimizer".
+  std::string offload = "none";
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) +
@@ -59,7 +61,8 @@ struct Choice {
            " reshard-after-forward=" + reshard +
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits)
                               : "") +
-           " prefetch-depth=" + std::to_string(depth);
+           " prefetch-depth=" + std::to_string(depth) +
+           (offload != "none" ? " offload=" + offload : "");
   }
 };
 
@@ -105,14 +108,14 @@ struct SearchSchedulePass
     r.units = units;
     return run(m, createFsdpRecompute(r));
   }
-  bool shard(ModuleOp m, StringRef reshard, int64_t units = -1) {
+  bool shard(ModuleOp m, StringRef reshard, int64_t units, StringRef off) {
     FsdpShardOptions s;
     s.worldSize = worldSize;
     s.stage = stage;
     s.reshardAfterForward = reshard.str();
     s.reshardUnits = units;
     s.mesh = mesh;
-    s.offload = offload;
+    s.offload = off.str();
     return run(m, createFsdpShard(s));
   }
   bool schedule(ModuleOp m, int64_t depth) {
@@ -125,13 +128,13 @@ struct SearchSchedulePass
   }
   /// fsdp-fuse-epilogues, as the pipeline runs it after this pass.
   /// ... and fsdp-offload: the candidate's peak is the device's.
-  bool fuse(ModuleOp m) {
+  bool fuse(ModuleOp m, StringRef off) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
-    if (offload == "none")
+    if (off == "none")
       return true;
     FsdpOffloadOptions o;
-    o.mode = offload;
+    o.mode = off.str();
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).
@@ -170,8 +173,8 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) ||
         !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard, c.reshardUnits) || !schedule(*m, c.depth) ||
-        !fuse(*m))
+        !shard(*m, c.reshard, c.reshardUnits, c.offload) ||
+        !schedule(*m, c.depth) || !fuse(*m, c.offload))
       return nullptr;
     return m;
   }
@@ -252,6 +255,14 @@ void SearchSchedulePass::runOnOperation() {
     reshards.assign(1, reshardAfterForward);
   else if (stage != 3)
     reshards.assign(1, "true"); // only stage 3 reshards
+  // Optimizer offload: pinned (none, optimizer) or searched (auto: both;
+  // it saves the device 4 + 8 bytes per parameter shard and costs host
+  // copies and a host update, which the cost model prices).
+  if (offload != "none" && offload != "optimizer" && offload != "auto")
+    return fail("offload='" + offload + "': expected none, optimizer or auto");
+  SmallVector<std::string> offloads{offload == "auto" ? "none" : offload.getValue()};
+  if (offload == "auto")
+    offloads.push_back("optimizer");
   SmallVector<int64_t> depths{0, 1, 2};
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -269,17 +280,18 @@ void SearchSchedulePass::runOnOperation() {
       int64_t units = rc == "unit" ? int64_t(recomputeUnits) : -1;
       if (!recomputeStep(*recomputed, rc, units))
         return signalPassFailure();
-      for (const std::string &reshard : reshards) {
+      for (const std::string &reshard : reshards)
+      for (const std::string &off : offloads) {
         OwningOpRef<ModuleOp> sharded = clone(*recomputed);
         int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
-        if (!shard(*sharded, reshard, rsUnits))
+        if (!shard(*sharded, reshard, rsUnits, off))
           return signalPassFailure();
         for (int64_t depth : depths) {
           Leaf leaf;
-          leaf.choice = {k, rc, reshard, depth, units, rsUnits};
+          leaf.choice = {k, rc, reshard, depth, units, rsUnits, off};
           OwningOpRef<ModuleOp> m =
               depth == depths.back() ? std::move(sharded) : clone(*sharded);
-          if (!schedule(*m, depth) || !fuse(*m))
+          if (!schedule(*m, depth) || !fuse(*m, off))
             return signalPassFailure();
           auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
           FailureOr<MemoryPlan> plan =
@@ -307,7 +319,8 @@ void SearchSchedulePass::runOnOperation() {
   auto same = [](const Choice &a, const Choice &b) {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
            a.units == b.units && a.reshard == b.reshard &&
-           a.reshardUnits == b.reshardUnits && a.depth == b.depth;
+           a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
+           a.offload == b.offload;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -485,6 +498,7 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("reshard_group",
                          b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
+          b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("predicted_step_s",
                          b.getF64FloatAttr(best->predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct",

@@ -154,7 +154,9 @@ void ShardPass::runOnOperation() {
   if (offload != "none" && offload != "optimizer") {
     mlir::emitError(module.getLoc())
         << "fsdp-shard: offload='" << offload.getValue()
-        << "' must be none or optimizer";
+        << "' must be none or optimizer"
+        << (offload == "auto" ? " (auto needs memory-budget: the schedule search decides)"
+                              : "");
     return signalPassFailure();
   }
   const bool reshard = reshardTo > 1;
