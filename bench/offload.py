@@ -75,7 +75,7 @@ def main():
                                  str(a.steps), "--threads", "1", "--json"],
                                 check=True, capture_output=True, text=True).stdout
                             rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-                            times[off] += [r["step_ms"] for r in rows if "step_ms" in r][1:]
+                            times[off] += [r["ms"] for r in rows if "step" in r and "ms" in r][1:]
                             last[off] = [r for r in rows if r.get("summary")][0]
                     med = {k: statistics.median(v) for k, v in times.items()}
                     s0, s1 = last["none"], last["optimizer"]
