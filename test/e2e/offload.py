@@ -19,7 +19,8 @@ configuration below, against the same plan without offload:
     uninterrupted run's losses and parameters bitwise, and the checkpoint
     of the offloaded plan resumes in the plan without offload (the layout
     is the same shards) with the same losses;
-(d) refusals: stage 0 (no sharded storage to offload) is refused by name.
+(d) refusals: stage 0 (no sharded storage to offload) is refused by name;
+(e) evaluation (--eval-every) gives the validation losses bitwise.
 """
 import json
 import os
@@ -138,6 +139,18 @@ def main():
             other, _ = train(base, n, "--steps", "8", "--resume", ck)
             report(other == ref[4:], f"(c) {model} N={n}: the offloaded checkpoint resumes "
                                      f"without offload, losses bitwise equal")
+
+        # (e) evaluation: the forward slice copies the offloaded shards too.
+        vals = {}
+        for off in ("none", "optimizer"):
+            plan = compile_("gpt", 2, "optimizer=adamw stage=3", off, f"ev-{off}")
+            out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--threads",
+                                  "1", "--steps", "4", "--eval-every", "2", "--nproc", "2"],
+                                 check=True, capture_output=True, text=True, timeout=300).stdout
+            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            vals[off] = [r["val_loss"] for r in rows if r.get("eval")]
+        report(len(vals["none"]) == 3 and vals["none"] == vals["optimizer"],
+               f"(e) gpt N=2: validation losses bitwise equal ({len(vals['none'])} evaluations)")
 
         # (d)
         err = compile_("mlp", 2, "optimizer=adamw stage=0", "optimizer", "s0", check=False)
