@@ -68,6 +68,21 @@ import json, sys
 a, b = (json.load(open(p))["losses"] for p in sys.argv[1:3])
 print("reshard=true", a, "reshard=2", b)
 sys.exit(0 if len(a) == 10 and a == b else 1)' "$OUT/d13/log.json" "$OUT/d14/log.json"
+# Optimizer offload: the update runs on the host (the CPU kernel on the
+# pinned arena) between the GPU's copies. The oracle checks every update;
+# fsdp-run must measure both arenas as predicted; the 2-rank run tracks the
+# one without offload (the CPU's AdamW rounds like the GPU's to within an
+# ulp per update: 1e-5 relative over 20 steps).
+step gpt_offload_run "$R" "$P/gpt_offload.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d15"
+grep -q "host memory per rank.*MATCH.*MATCH" "$OUT/gpt_offload_run.log" || { echo "   host memory: no MATCH" | tee -a "$OUT/summary.txt"; fail=1; }
+step gpt_offload_oracle oracle gpt "$P/gpt_offload.plan" "$OUT/d15"
+step mlp_n2_offload env FSDP_CUDA_COMM=staged "$R" "$P/n2_offload.plan" --device cuda --nproc 2 --steps 20 --lr 1e-2 --dump-dir "$OUT/d16"
+step mlp_n2_offload_track "$PY" -c '
+import json, sys
+a, b = (json.load(open(p))["losses"] for p in sys.argv[1:3])
+d = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+print("offload", a[-1], "none", b[-1], "max relative loss difference", d)
+sys.exit(0 if len(a) == 20 and d <= 1e-5 else 1)' "$OUT/d16/log.json" "$OUT/d4/log.json"
 # bf16 plan: native kernels against the widened path (FSDP_CUDA_NATIVE=0),
 # both tracking each other over 50 steps (bf16 rounding differs only where
 # the native row kernels reduce in another order).

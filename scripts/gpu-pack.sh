@@ -32,6 +32,12 @@ python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.
 "$B/bin/fsdp-opt" "$P/g30.mlir" -o /dev/null --fsdp-pipeline="optimizer=adamw plan=$P/g30.plan report=false"
 "$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=$P/n2.plan report=false"
+# Optimizer offload: the GPT on one rank (the oracle, both arenas measured)
+# and the 2-rank MLP (host-staged, against the n2 plan without offload).
+"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 stage=3 offload=optimizer plan=$P/gpt_offload.plan report=false"
+"$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer plan=$P/n2_offload.plan report=false"
 # reshard-after-forward=2 (hpZ) against resharding to all 4 ranks: bitwise
 # the same losses (the backward gathers the same bits).
 python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 8 -o "$P/b8.mlir"
