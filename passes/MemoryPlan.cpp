@@ -64,8 +64,7 @@ static int64_t elemBytes(Value v) {
   return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8;
 }
 
-/// The symbol the storage read `v` names, if `v` is such a read.
-static FlatSymbolRefAttr storageRead(Value v) {
+FlatSymbolRefAttr mlir::fsdp::storageRead(Value v) {
   Operation *d = v.getDefiningOp();
   if (auto g = dyn_cast_or_null<GetParamOp>(d))
     return g.getNameAttr();

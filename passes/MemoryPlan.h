@@ -98,6 +98,10 @@ struct MemoryPlan {
   int64_t hostTotalByKind[kNumBufKinds] = {};
 };
 
+/// The symbol the storage read `v` (fsdp.get_param / get_state / get_unit)
+/// names, or null when `v` is no such read.
+FlatSymbolRefAttr storageRead(Value v);
+
 /// Ops that become no instruction: reads of storage, in-place write-backs,
 /// and fsdp.set_grad (an output binding).
 bool isStorageAlias(Operation *op);

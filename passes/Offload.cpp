@@ -33,17 +33,6 @@ using namespace mlir::fsdp;
 
 namespace {
 
-/// The storage symbol a read names, or an empty ref.
-FlatSymbolRefAttr readSymbol(Operation *op) {
-  if (auto g = dyn_cast<GetUnitOp>(op))
-    return g.getNameAttr();
-  if (auto g = dyn_cast<GetStateOp>(op))
-    return g.getNameAttr();
-  if (auto g = dyn_cast<GetParamOp>(op))
-    return g.getNameAttr();
-  return {};
-}
-
 /// Ops that only name memory another value owns (no instruction).
 bool isAliasOp(Operation *op) {
   return isa<ViewOp, ReshapeOp, ShardViewOp, WaitOp, MicrobatchOp>(op);
@@ -101,7 +90,8 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     };
     for (Operation &opRef : llvm::make_early_inc_range(body)) {
       Operation *op = &opRef;
-      if (FlatSymbolRefAttr sym = readSymbol(op)) {
+      if (FlatSymbolRefAttr sym =
+              op->getNumResults() == 1 ? storageRead(op->getResult(0)) : nullptr) {
         if (host.contains(sym.getValue()))
           onHost.insert(op->getResult(0));
         continue;

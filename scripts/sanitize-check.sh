@@ -102,6 +102,12 @@ expect 0 "$W/llama2z3.plan" --nproc 2 --steps 3 --threads 2
 compile "$W/mlp.mlir" "$W/mlp4hpz.plan" "optimizer=adamw world-size=4 stage=3 reshard-after-forward=2"
 expect 0 "$W/mlp4hpz.plan" --nproc 4 --steps 3 --threads 1 --eval-every 2
 expect 0 "$W/llamagrad.plan" --gradcheck 2 --threads 1
+# Optimizer offload: the host arena (master shards, AdamW state, the
+# update on the host), 2 ranks at stage 2 with clipping, a checkpoint,
+# resume and an evaluation.
+compile "$W/mlp.mlir" "$W/mlp2off.plan" "optimizer=adamw world-size=2 stage=2 max-grad-norm=1.0 offload=optimizer"
+expect 0 "$W/mlp2off.plan" --nproc 2 --steps 3 --threads 1 --ckpt-dir "$W/offck" --eval-every 2
+expect 0 "$W/mlp2off.plan" --nproc 2 --steps 5 --threads 1 --resume "$W/offck"
 # f16 with dynamic loss scaling: f16 reductions, overflowed (skipped) steps
 # from a huge initial scale, the scaler's checkpoint and resume.
 compile "$W/mlp.mlir" "$W/mlpf16.plan" "optimizer=adamw param-dtype=f16 reduce-dtype=f16 \
@@ -126,8 +132,9 @@ expect 1 "$W/mlp1.plan" --nproc 2 --steps 1
 KNOWN=()   # e.g. ("plan: slice offset INT64_MAX"), fixed in 5462d67
 compile examples/gpt_small.mlir "$W/gpt_small.plan" "optimizer=adamw"
 compile "$W/mlp.mlir" "$W/mlp2z2.plan" "optimizer=adamw world-size=2 stage=2"
+compile "$W/mlp.mlir" "$W/mlp1off.plan" "optimizer=adamw stage=3 offload=optimizer"
 python3 test/e2e/bad_inputs.py build-asan/bin "$W/mlp1.plan" "$W/gpt_small.plan" \
-  "$W/mlp2z2.plan" "$W/llama1.plan" >"$W/bad.log" 2>&1 || true
+  "$W/mlp2z2.plan" "$W/llama1.plan" "$W/mlp1off.plan" >"$W/bad.log" 2>&1 || true
 grep -q "bad inputs, " "$W/bad.log" || { cat "$W/bad.log" >&2; fail "bad_inputs.py did not run"; }
 bad=0
 while IFS= read -r line; do
