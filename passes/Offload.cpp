@@ -13,7 +13,8 @@
 // reused by later host ops: the learning rate is copied once), and a
 // device instruction gets a to_device copy of each host operand right
 // before it (one per reading op: the gathered-again shard of the backward
-// pass is copied again, so nothing on the device outlives its use).
+// pass is copied again, so nothing on the device outlives its use). Then
+// each gradient's copy moves up to where the gradient is final (step 3).
 //
 //===----------------------------------------------------------------------===//
 
@@ -84,6 +85,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     Block &body = step.getBody().front();
     llvm::DenseSet<Value> onHost;
     llvm::DenseMap<Value, Value> hostCopy; // device value -> its to_host
+    SmallVector<ToHostOp> gradCopies;
     OpBuilder b(&getContext());
     auto isUpdate = [](Operation *op) {
       return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
@@ -125,6 +127,8 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
             copy = b.create<ToHostOp>(op->getLoc(), v.getType(), v);
             onHost.insert(copy);
             ++numCopies;
+            if (use.getOperandNumber() == 1) // the gradient
+              gradCopies.push_back(copy.getDefiningOp<ToHostOp>());
           }
           use.set(copy);
         }
@@ -146,6 +150,34 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
         }
         use.set(copy);
       }
+    }
+
+    // 3. Gradients leave the device as soon as they are final (ZeRO-
+    // Offload copies each bucket during the backward pass), when nothing
+    // else on the device reads them: the copy moves up to right after the
+    // gradient's definition. A gradient the schedule waits for only at its
+    // update (an async reduce-scatter or all-reduce) is waited for right
+    // before the next collective of its kind is issued instead: by then a
+    // unit's backward ran since it was issued, and its packed input and
+    // its shard are freed there rather than at the end of the step.
+    for (ToHostOp copy : gradCopies) {
+      Value g = copy.getInput();
+      Operation *def = g.getDefiningOp();
+      if (!def || !g.hasOneUse())
+        continue;
+      if (auto wait = dyn_cast<WaitOp>(def)) {
+        Operation *c = wait.getInput().getDefiningOp();
+        if (!c)
+          continue;
+        auto group = c->getAttr("group");
+        for (Operation *next = c->getNextNode(); next && next != wait;
+             next = next->getNextNode())
+          if (next->getName() == c->getName() && next->getAttr("group") == group) {
+            wait->moveBefore(next);
+            break;
+          }
+      }
+      copy->moveAfter(def);
     }
   }
 };

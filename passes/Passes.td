@@ -438,9 +438,13 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     - `fsdp.to_device` right before each device op that reads an
       offloaded shard (the cast or all-gather before each gather, every
       time: the device keeps no copy between uses);
-    - `fsdp.to_host` right before a host update for each device value it
-      reads (the reduced gradient shard; the learning rate, step and
-      clipping coefficient once, shared by the updates after it).
+    - `fsdp.to_host` for each device value a host update reads: the
+      reduced gradient shard as soon as it is final when nothing else on
+      the device reads it (right after it is computed; an async
+      collective's wait moves up to just before the next collective of its
+      kind is issued), so the device frees it during the backward pass;
+      the learning rate, step and clipping coefficient once, before the
+      first update that reads them.
     Every value is then either on the device or on the host, and every op
     reads and writes only its own side: fsdp-plan-memory checks it and
     places host values in a second arena. Runs last before

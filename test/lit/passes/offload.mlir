@@ -1,6 +1,7 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-offload | FileCheck %s
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=optimizer" -fsdp-offload | FileCheck %s --check-prefix=Z2
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule -fsdp-offload -fsdp-offload | FileCheck %s --check-prefix=SCHED
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-plan-memory="report=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-offload 2>&1 | FileCheck %s --check-prefix=WHOLE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3" -fsdp-offload=offload=cpu 2>&1 | FileCheck %s --check-prefix=MODE
@@ -10,10 +11,12 @@
 // shard and AdamW moments in host memory; b is frozen and stays on the
 // device (no update, no state). Every device read of an offloaded
 // shard (each all-gather, forward and backward) gets its own to_device
-// copy right before it (tests/e2e/offload.py's GPT has backward ones); the update runs on the host (fsdp.on_host) after a
-// to_host copy of its gradient shard, and of the learning rate and step
-// once, shared by both updates. Running the pass twice changes nothing
-// (the memory-budget search runs it on its candidates).
+// copy right before it (tests/e2e/offload.py's GPT has backward ones).
+// The update runs on the host (fsdp.on_host) on a to_host copy of its
+// gradient shard, made as soon as the shard is final, and on copies of
+// the learning rate and step made once before the first update. Running
+// the pass twice changes nothing (the memory-budget search runs it on its
+// candidates).
 
 fsdp.param @wa : tensor<4x4xf32> init("normal", 0.5) unit "a"
 fsdp.param @wb : tensor<4x4xf32> init("normal", 0.5) unit "b" frozen
@@ -36,18 +39,30 @@ fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
 // no parameter, the frozen b is gathered again, without a copy.
 // CHECK-NOT: fsdp.to_device
 // CHECK: %[[GR:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<2xf32>
+// The gradient leaves the device as soon as it is final.
+// CHECK-NEXT: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
 // CHECK: %[[B2:.+]] = fsdp.get_unit @b.frozen
 // CHECK-NEXT: fsdp.all_gather %[[B2]]
 // CHECK: %[[GA:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
-// CHECK: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
-// CHECK-NEXT: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
+// CHECK-NEXT: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
+// CHECK: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
 // CHECK-NEXT: %[[ST:.+]] = fsdp.to_host %arg3 : tensor<f32>
 // CHECK-NEXT: fsdp.adamw_update %{{.+}}, %[[GAH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
-// CHECK: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
 // CHECK-NOT: fsdp.to_host
 // CHECK: fsdp.adamw_update %{{.+}}, %[[GRH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
 // CHECK-NOT: fsdp.to_
 // CHECK: return
+
+// With fsdp-schedule the reduce-scatters are async and waited for at
+// their first read, the update: fsdp-offload waits for root's right before
+// the next reduce-scatter is issued (a's), and copies it there.
+// SCHED-LABEL: func.func @train_step
+// SCHED: %[[RS1:.+]] = fsdp.reduce_scatter {{.*}}async{{.*}} -> tensor<2xf32>
+// SCHED: %[[W1:.+]] = fsdp.wait %[[RS1]]
+// SCHED-NEXT: fsdp.to_host %[[W1]] : tensor<2xf32>
+// SCHED-NEXT: %[[RS2:.+]] = fsdp.reduce_scatter {{.*}}async{{.*}} -> tensor<8xf32>
+// SCHED: %[[W2:.+]] = fsdp.wait %[[RS2]]
+// SCHED-NEXT: fsdp.to_host %[[W2]] : tensor<8xf32>
 
 // Stage 2 with offload=optimizer: every trainable unit takes the sharded
 // layout (its master shard, gathered once per step, here in f32), so the
