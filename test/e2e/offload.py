@@ -38,6 +38,7 @@ CONFIGS = [
     ("mlp", 3, "optimizer=sgd momentum=0.9 stage=2"),
     ("mlp", 2, "optimizer=adamw stage=1 param-dtype=bf16 grad-accum=2"),
     ("mlp", 4, "optimizer=adamw stage=3 mesh=2x2"),
+    ("mlp", 2, "optimizer=adamw stage=3 grad-accum=2 accum-reduce=microbatch"),
     ("gpt", 4, "optimizer=adamw stage=3 reshard-after-forward=2 recompute=unit "
                "weight-decay-params=matrices"),
     ("gpt", 2, "optimizer=adamw stage=3 param-dtype=f16"),
@@ -125,7 +126,7 @@ def main():
                              f"{s['measured_host_high_water']} B")
 
         # (c) checkpoints, on the 2-rank bf16 stage-1 and the hpZ GPT plans.
-        for i in (3, 5):
+        for i in (3, 6):
             model, n, pipeline = CONFIGS[i]
             off = os.path.join(tmp, f"c{i}-off.plan")
             base = os.path.join(tmp, f"c{i}-none.plan")
