@@ -1321,9 +1321,10 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     if (onHost(inst)) {
       // The update of an offloaded unit: the CPU backend's kernel on the
       // pinned arena, once the compute stream has drained (its inputs were
-      // copied there, and no queued copy still reads what it overwrites).
-      // The one host wait of an offloaded step (the executor refuses
-      // --cuda-graphs for it).
+      // copied there, and no queued copy still reads what it overwrites):
+      // the host waits once per offloaded update (the executor refuses
+      // --cuda-graphs for such a plan). Later copies of what it wrote are
+      // enqueued after it returns, so they read the new values.
       const Instruction *ip = &inst;
       uint8_t *a = arena, *h = hostArena;
       launches[i] = [this, ip, a, h, shard, &plan](cudaStream_t s) -> Status {
