@@ -195,7 +195,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // `hostCursor`: two arenas, one plan.
   int64_t cursor = 0, hostCursor = 0;
   auto persistent = [&](std::string name, RankedTensorType t, BufKind kind,
-                        int64_t &cursor, bool host = false) {
+                        bool host = false) {
     PlannedBuffer b;
     b.name = std::move(name);
     b.type = t;
@@ -229,7 +229,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         offloaded.insert(unit.getSymName());
       PlannedBuffer b = persistent(pu.name,
                                    cast<RankedTensorType>(unit.getStorageType()),
-                                   BufKind::Param, cursor, unit.getOffloaded());
+                                   BufKind::Param, unit.getOffloaded());
       b.unit = u;
       pu.buffer = addBuffer(b);
       plan.symbolBuffer[unit.getSymName()] = pu.buffer;
@@ -268,8 +268,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       cursor = alignUp(cursor, alignment);
       for (ParamOp p : params) {
         int64_t id = addBuffer(persistent(p.getSymName().str(),
-                                          p.getTensorType(), BufKind::Param,
-                                          cursor));
+                                          p.getTensorType(), BufKind::Param));
         plan.symbolBuffer[p.getSymName()] = id;
         plan.params.push_back({p, id, (int64_t)u, plan.units[u].flatNumel});
         plan.units[u].flatNumel += p.getTensorType().getNumElements();
@@ -294,7 +293,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     for (StateOp s : statesOf.lookup(owner)) {
       int64_t id = addBuffer(persistent(s.getSymName().str(),
                                         cast<RankedTensorType>(s.getType()),
-                                        BufKind::State, cursor,
+                                        BufKind::State,
                                         offloaded.contains(owner)));
       plan.symbolBuffer[s.getSymName()] = id;
     }
@@ -305,7 +304,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                               << " is not a ranked tensor";
     cursor = alignUp(cursor, alignment);
     plan.valueBuffer[arg] = addBuffer(persistent(
-        "arg" + std::to_string(arg.getArgNumber()), t, BufKind::Input, cursor));
+        "arg" + std::to_string(arg.getArgNumber()), t, BufKind::Input));
   }
   int64_t persistentEnd = alignUp(cursor, alignment);
   int64_t hostPersistentEnd = alignUp(hostCursor, alignment);
