@@ -126,9 +126,9 @@ struct SearchSchedulePass
     sched.prefetchDepth = depth;
     return run(m, createFsdpSchedule(sched));
   }
-  /// fsdp-fuse-epilogues, as the pipeline runs it after this pass.
-  /// ... and fsdp-offload: the candidate's peak is the device's.
-  bool fuse(ModuleOp m, StringRef off) {
+  /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
+  /// for an offloaded candidate, fsdp-offload (its peak is the device's).
+  bool finish(ModuleOp m, StringRef off) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
     if (off == "none")
@@ -174,7 +174,7 @@ struct SearchSchedulePass
     if (!group(*m, c.layersPerUnit) ||
         !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) ||
-        !schedule(*m, c.depth) || !fuse(*m, c.offload))
+        !schedule(*m, c.depth) || !finish(*m, c.offload))
       return nullptr;
     return m;
   }
@@ -291,7 +291,7 @@ void SearchSchedulePass::runOnOperation() {
           leaf.choice = {k, rc, reshard, depth, units, rsUnits, off};
           OwningOpRef<ModuleOp> m =
               depth == depths.back() ? std::move(sharded) : clone(*sharded);
-          if (!schedule(*m, depth) || !fuse(*m, off))
+          if (!schedule(*m, depth) || !finish(*m, off))
             return signalPassFailure();
           auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
           FailureOr<MemoryPlan> plan =

@@ -147,7 +147,6 @@ Status Executor::init(uint64_t seed) {
                                        reshardComm));
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
-  arena = dev.arenaBase();
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   collective.clear();
   for (const Instruction &inst : plan.program)

@@ -140,7 +140,6 @@ private:
   /// reshard-after-forward=G: the G ranks gathering the parts kept after
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
-  uint8_t *arena = nullptr; ///< the device's arena base
   /// Per instruction: run by the communicator (PlanSchema.h's OpKind).
   std::vector<bool> collective;
   int64_t peakLive = 0, hostPeakLive = 0;
