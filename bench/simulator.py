@@ -11,6 +11,7 @@ that profile. Prints predicted / measured (the issue's target is within
 (fsdp-sim --measured). Timings on a shared machine vary: this is a benchmark, not a test.
 
   bench/simulator.py BIN_DIR [--steps S] [--ranks 1,2,4] [--stage 3] [--repeat 3]
+                     [--comm auto|shm|gloo]
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ def one_round(a, b):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in [int(x) for x in a.ranks.split(",")]:
-            nproc = ["--nproc", str(n)] if n > 1 else []
+            nproc = (["--nproc", str(n), "--comm", a.comm] if n > 1 else [])
             prof = os.path.join(tmp, f"cpu{n}.json")
             out = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1"] + nproc,
                                  check=True, capture_output=True, text=True).stdout
@@ -79,6 +80,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--stage", type=int, default=3)
+    ap.add_argument("--comm", default="auto",
+                    help="fsdp-run --comm: auto (shared memory here), shm or gloo")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds of calibrate + run + simulate; figures are their medians")
     a = ap.parse_args()
@@ -90,7 +93,7 @@ def main():
     rows = [tuple(r[0][:2]) + tuple(statistics.median(x[k] for x in r) for k in
                                     range(2, len(r[0])))
             for r in zip(*per_round)]
-    print(f"stage {a.stage}, AdamW, 1 thread per rank, median of steps 3..{a.steps}; "
+    print(f"stage {a.stage}, AdamW, --comm {a.comm}, 1 thread per rank, median of steps 3..{a.steps}; "
           f"profile from fsdp-run --calibrate at each N; medians of {a.repeat} rounds")
     print("predicted: compute / comm = the streams' busy time, exposed = compute blocked; "
           "measured (a traced run, rank means, fsdp-sim --measured): compute, collectives, "

@@ -33,10 +33,12 @@
 
 #include "runtime/comm/FlightRecorder.h"
 
+#include "runtime/comm/JobEnv.h"
 #include "runtime/comm/TcpStore.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
@@ -502,6 +504,26 @@ std::string FlightRecorder::explain(int64_t seq, const char *what,
   }
   publishNow();
   return sentence;
+}
+
+std::unique_ptr<FlightRecorder> makeJobFlightRecorder(const JobEnv &job,
+                                                      std::chrono::milliseconds timeout) {
+  const char *fr = std::getenv("FSDP_FLIGHT_RECORDER");
+  if (fr && std::string(fr) == "0")
+    return nullptr;
+  std::unique_ptr<ProgressBoard> board;
+  if (!job.storeDir.empty()) {
+    board = makeDirectoryBoard(job.storeDir, job.rank);
+  } else {
+    // Its own connection, bounded: it must never hang on a store whose
+    // server (rank 0) is stopped.
+    auto client = std::make_unique<TcpStore>(job.masterAddr, job.masterPort,
+                                             /*serve=*/false, timeout);
+    client->setIoTimeout(std::chrono::seconds(2));
+    board = makeTcpStoreBoard(std::move(client), job.rank);
+  }
+  return std::make_unique<FlightRecorder>(job.rank, job.worldSize, std::move(board),
+                                          timeout);
 }
 
 } // namespace fsdp

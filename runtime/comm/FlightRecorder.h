@@ -29,6 +29,7 @@
 namespace fsdp {
 
 class TcpStore;
+struct JobEnv;
 
 /// One record per rank, written only by that rank. Implementations must
 /// replace a record atomically (a reader sees the old or the new one) and
@@ -68,6 +69,13 @@ std::unique_ptr<ProgressBoard> makeDirectoryBoard(const std::string &dir,
 /// requests bounded by `ioTimeout`).
 std::unique_ptr<ProgressBoard>
 makeTcpStoreBoard(std::unique_ptr<TcpStore> store, int64_t rank);
+
+class FlightRecorder;
+/// The recorder of a job's world communicator (every backend's): records on
+/// the job's directory store or its TCP store; null when
+/// FSDP_FLIGHT_RECORDER=0.
+std::unique_ptr<FlightRecorder> makeJobFlightRecorder(const JobEnv &job,
+                                                      std::chrono::milliseconds timeout);
 
 /// Sequence numbers, heartbeat and failure explanations for one rank.
 class FlightRecorder {

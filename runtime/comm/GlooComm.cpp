@@ -28,7 +28,6 @@
 #include "runtime/comm/GlooComm.h"
 
 #include "runtime/comm/FlightRecorder.h"
-#include "runtime/comm/TcpStore.h"
 #include "runtime/core/Bf16.h"
 
 #include <gloo/allgather.h>
@@ -306,8 +305,9 @@ public:
         divide(scratch.data(), shard, dtype, size());
       std::memcpy(out, scratch.data(), shard * es);
     }
-    // The all-reduce route moves twice the reduce-scatter volume.
-    bytesSent_ += (viaAllReduce ? 2 : 1) * (size() - 1) * shard * es;
+    // The ring volume of the reduce-scatter the plan asked for (Comm.h),
+    // though the all-reduce route moves twice that.
+    bytesSent_ += (size() - 1) * shard * es;
     return Status::ok();
   }
 
@@ -428,23 +428,7 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
                                                            (int)job.worldSize);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
-    std::unique_ptr<FlightRecorder> recorder;
-    const char *fr = std::getenv("FSDP_FLIGHT_RECORDER");
-    if (!fr || std::string(fr) != "0") {
-      std::unique_ptr<ProgressBoard> board;
-      if (!job.storeDir.empty()) {
-        board = makeDirectoryBoard(job.storeDir, job.rank);
-      } else {
-        // Its own connection, bounded: it must never hang on a store whose
-        // server (rank 0) is stopped.
-        auto client = std::make_unique<TcpStore>(job.masterAddr, job.masterPort,
-                                                 /*serve=*/false, timeout);
-        client->setIoTimeout(std::chrono::seconds(2));
-        board = makeTcpStoreBoard(std::move(client), job.rank);
-      }
-      recorder = std::make_unique<FlightRecorder>(job.rank, job.worldSize,
-                                                  std::move(board), timeout);
-    }
+    std::unique_ptr<FlightRecorder> recorder = makeJobFlightRecorder(job, timeout);
     out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder), dev, base,
                                      "fsdp");
   } catch (const std::exception &e) {

@@ -73,8 +73,13 @@ public:
   virtual Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
                           std::unique_ptr<Communicator> &out);
 
-  /// Bytes this rank sent, by the ring algorithms' volume: all-reduce
-  /// 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x buffer.
+  /// Bytes this rank sent, by the ring algorithms' volume of the
+  /// collectives the plan asked for, whichever algorithm a backend runs:
+  /// all-reduce 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x
+  /// buffer. (Gloo's reduce-scatter at a world size that is not a power of
+  /// two is an all-reduce and moves twice that; shared memory moves no bytes
+  /// over a link at all.) The same figure on every backend, so that it
+  /// checks the compiler's communication volume.
   int64_t bytesSent() const { return bytesSent_; }
   void resetCounters() { bytesSent_ = 0; }
 

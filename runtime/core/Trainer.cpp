@@ -35,6 +35,12 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
   --device D           cpu (default) or cuda: the backend that runs the plan
+  --comm C             auto (default), shm or gloo: how ranks exchange data on
+                       the host. shm: shared memory, all ranks on this machine;
+                       gloo: TCP, any machines; auto: shm when the launch says
+                       every rank is on this machine (--nproc, LOCAL_WORLD_SIZE
+                       == WORLD_SIZE), else gloo. Same plan, same losses up to
+                       the summation order
   --allow-tf32         cuda: float32 GEMMs may round inputs to TF32 (off: exact f32)
                        (a plan does not depend on it)
   --cuda-graphs        cuda: capture the second step as a CUDA graph and replay
@@ -104,7 +110,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
                                  "--dump-dir",  "--init-from", "--save",
                                  "--gradcheck", "--gradcheck-tol",
                                  "--ckpt-dir",  "--save-every", "--keep",
-                                 "--resume",    "--trace",     "--device",
+                                 "--resume",    "--trace",     "--device",    "--comm",
                                  "--eval-every", "--eval-data", "--eval-batches"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
@@ -178,6 +184,11 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       if (std::strcmp(v, "cpu") != 0 && std::strcmp(v, "cuda") != 0)
         return FSDP_ERROR("--device must be cpu or cuda, found '", v, "'");
       opt.device = v;
+    } else if (a == "--comm") {
+      if (std::strcmp(v, "auto") != 0 && std::strcmp(v, "shm") != 0 &&
+          std::strcmp(v, "gloo") != 0)
+        return FSDP_ERROR("--comm must be auto, shm or gloo, found '", v, "'");
+      opt.comm = v;
     } else if (a == "--threads") {
       if (!toInt(v, iv) || iv < 1 || iv > 1024)
         return badValue();

@@ -20,6 +20,7 @@ namespace fsdp {
 struct TrainOptions {
   std::string planPath;
   std::string device = "cpu"; ///< --device: which backend runs the plan
+  std::string comm = "auto";  ///< --comm: auto | shm | gloo (the host collectives)
   bool allowTf32 = false;     ///< --allow-tf32 (CUDA GEMMs)
   bool cudaGraphs = false;    ///< --cuda-graphs: capture the step, replay it
   int64_t steps = 10;

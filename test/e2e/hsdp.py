@@ -29,9 +29,10 @@ the communicator counts them; // is the floor the counter applies per call):
             reshard group, (G-1)/G x 4 P)
   plus the loss (all-reduce of one float over N ranks) and, when sharded,
   the clipping norm (all-reduce of one float over the shard group).
-  A reduce-scatter over a group whose size is not a power of two moves
-  twice (S-1)/S x 4 P (runtime/comm/GlooComm.cpp [Note: Gloo's
-  reduce-scatter]).
+  (Ring volumes whatever the backend runs: Gloo's reduce-scatter over a
+  group whose size is not a power of two moves twice (S-1)/S x 4 P,
+  runtime/comm/GlooComm.cpp [Note: Gloo's reduce-scatter], but the counter
+  reports the plan's volume; runtime/core/Comm.h.)
 
 usage: hsdp.py BIN_DIR mlp|gpt OPTIMIZER STEPS RTOL RxS [RxS ...]
 """
@@ -51,7 +52,7 @@ def ring_all_reduce(n, elems):
 
 
 def ring_reduce_scatter(n, shard):
-    return (2 if n & (n - 1) else 1) * (n - 1) * shard * 4
+    return (n - 1) * shard * 4
 
 
 def ring_all_gather(n, shard):

@@ -1,16 +1,19 @@
-//===- CommTest.cpp - the Gloo communicator, ranks as threads -------------===//
+//===- CommTest.cpp - the host communicators, ranks as threads -------------===//
 //
-// N ranks as threads of one process (one Gloo context each, a shared
-// FileStore directory): every collective against a reference computed
-// here, for N = 2, 3 (not a power of two) and 4, with uneven values and
-// several collectives in a row (the pattern that exposed Gloo's
-// reduce-scatter bug at N = 3); a dead peer turning into an error; and the
-// flight recorder naming the rank a timed-out collective waited for, with
-// the directory store and with the TCP store.
+// N ranks as threads of one process (one communicator each, met through a
+// shared FileStore directory), for both host backends, Gloo (TCP) and
+// shared memory: every collective against a reference computed here, for
+// N = 2, 3 (not a power of two) and 4, with uneven values and several
+// collectives in a row (the pattern that exposed Gloo's reduce-scatter bug
+// at N = 3); buffers larger than a shared-memory slot (chunked); a dead
+// peer turning into an error; and the flight recorder naming the rank a
+// timed-out collective waited for, with the directory store and with the
+// TCP store.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/comm/GlooComm.h"
+#include "runtime/comm/ShmComm.h"
 #include "runtime/core/Bf16.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +26,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 using namespace fsdp;
@@ -54,7 +58,7 @@ int freePort() {
 /// empty `dir` meets through a TCP store on `port` instead.
 std::string runRanks(int n, const std::string &dir, double timeout,
                      const std::function<std::string(int, Communicator &)> &body,
-                     int port = 0) {
+                     int port = 0, const std::string &backend = "gloo") {
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
@@ -68,7 +72,7 @@ std::string runRanks(int n, const std::string &dir, double timeout,
         job.masterPort = port;
       }
       std::unique_ptr<Communicator> comm;
-      Status st = makeGlooCommunicator(job, timeout, comm);
+      Status st = makeHostCommunicator(backend, job, timeout, comm);
       if (!st) {
         errors[r] = st.message();
         return;
@@ -83,12 +87,14 @@ std::string runRanks(int n, const std::string &dir, double timeout,
   return "";
 }
 
-class CommTest : public ::testing::TestWithParam<int> {};
+/// (backend, world size)
+class CommTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(CommTest, CollectivesMatchAReference) {
-  int n = GetParam();
-  for (int64_t shardSize : {5, 704, 4097}) {
-  std::string err = runRanks(n, freshDir("c" + std::to_string(n) + "-" + std::to_string(shardSize)), 30,
+  auto [backend, n] = GetParam();
+  // 300001 elements: larger than a shared-memory slot, so chunked.
+  for (int64_t shardSize : {5, 704, 4097, 300001}) {
+  std::string err = runRanks(n, freshDir(backend + std::to_string(n) + "-" + std::to_string(shardSize)), 30,
                              [&](int r, Communicator &comm) -> std::string {
     auto value = [](int rank, int64_t i, int round) {
       return (float)((rank + 1) * 0.5 + i * 0.25 + round);
@@ -127,17 +133,23 @@ TEST_P(CommTest, CollectivesMatchAReference) {
       }
     }
     return "";
-  });
+  }, 0, backend);
   EXPECT_EQ(err, "") << "shards of " << shardSize;
   }
+  // The segments were unlinked once mapped: nothing of this process is
+  // left in /dev/shm ([Note: shared-memory collectives]).
+  std::string mine = "fsdp-" + std::to_string(::getpid()) + "-";
+  if (std::filesystem::exists("/dev/shm"))
+    for (auto &e : std::filesystem::directory_iterator("/dev/shm"))
+      EXPECT_NE(e.path().filename().string().rfind(mine, 0), 0u) << e.path();
 }
 // [Note: Gloo buffers] The communicator keeps what it registers with Gloo
 // per (address, bytes). A plan reuses fixed arena addresses with new
 // contents every step, in f32 and in f16, and host callers pass many
 // passing addresses (more than the cache keeps: it is flushed).
 TEST_P(CommTest, ReusedAddressesSeeTheirNewContents) {
-  int n = GetParam();
-  std::string err = runRanks(n, freshDir("reuse" + std::to_string(n)), 30,
+  auto [backend, n] = GetParam();
+  std::string err = runRanks(n, freshDir("reuse" + backend + std::to_string(n)), 30,
                              [&](int r, Communicator &comm) -> std::string {
     const int64_t shard = 37;
     std::vector<float> pool[3], mine(shard), gathered(n * shard);
@@ -181,17 +193,26 @@ TEST_P(CommTest, ReusedAddressesSeeTheirNewContents) {
                  "'s value is " + std::to_string(out[q]);
     }
     return "";
-  });
+  }, 0, backend);
   EXPECT_EQ(err, "");
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest, ::testing::Values(2, 3, 4));
+std::string backendAndSize(const ::testing::TestParamInfo<std::tuple<std::string, int>> &i) {
+  return std::get<0>(i.param) + std::to_string(std::get<1>(i.param));
+}
 
-TEST(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest,
+                         ::testing::Combine(::testing::Values("gloo", "shm"),
+                                            ::testing::Values(2, 3, 4)),
+                         backendAndSize);
+
+class CommFailureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
   std::signal(SIGPIPE, SIG_IGN); // as fsdp-run does: EPIPE, not death
   std::atomic<bool> sawError{false};
   auto start = std::chrono::steady_clock::now();
-  std::string err = runRanks(2, freshDir("dead"), 3, [&](int r, Communicator &comm) -> std::string {
+  std::string err = runRanks(2, freshDir("dead" + GetParam()), 3, [&](int r, Communicator &comm) -> std::string {
     // Both meet once; then rank 1 leaves and its context is destroyed.
     if (!comm.barrier())
       return r == 0 ? "barrier failed" : "";
@@ -206,27 +227,31 @@ TEST(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
       }
     }
     return "the collectives succeeded without a peer";
-  });
+  }, 0, GetParam());
   // Either the collective fails (the usual case) or, if the peer was
   // faster still, the barrier does: an error both ways, never a hang.
   EXPECT_TRUE(err.empty() || err == "barrier failed") << err;
   EXPECT_TRUE(sawError || err == "barrier failed");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
+INSTANTIATE_TEST_SUITE_P(Backends, CommFailureTest, ::testing::Values("gloo", "shm"),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 /// Rank 1 of 3 skips the fourth all-reduce and stays alive (its heartbeat
 /// goes on) until the others gave up: their errors must name rank 1 as the
 /// one that did not arrive, not the neighbour Gloo was talking to.
-class CommFlightRecorderTest : public ::testing::TestWithParam<bool> {};
+/// (backend, TCP store)
+class CommFlightRecorderTest
+    : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
   std::signal(SIGPIPE, SIG_IGN);
-  bool tcp = GetParam();
+  auto [backend, tcp] = GetParam();
   std::atomic<int> gaveUp{0};
   std::vector<std::string> messages(3);
   auto start = std::chrono::steady_clock::now();
   std::string err = runRanks(
-      3, tcp ? "" : freshDir("recorder"), /*timeout=*/4,
+      3, tcp ? "" : freshDir("recorder" + backend), /*timeout=*/4,
       [&](int r, Communicator &comm) -> std::string {
         std::vector<float> v(64, 1.0f);
         for (int i = 0; i < 3; ++i)
@@ -246,7 +271,7 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
         messages[r] = st.message();
         return "";
       },
-      tcp ? freePort() : 0);
+      tcp ? freePort() : 0, backend);
   EXPECT_EQ(err, "");
   for (int r : {0, 2}) {
     EXPECT_NE(messages[r].find("collective #4 (all_reduce): rank 1 did not arrive: "
@@ -259,9 +284,12 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
-INSTANTIATE_TEST_SUITE_P(Stores, CommFlightRecorderTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool> &i) {
-                           return i.param ? std::string("TcpStore") : std::string("Directory");
+INSTANTIATE_TEST_SUITE_P(Stores, CommFlightRecorderTest,
+                         ::testing::Combine(::testing::Values("gloo", "shm"),
+                                            ::testing::Values(false, true)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>> &i) {
+                           return std::get<0>(i.param) +
+                                  (std::get<1>(i.param) ? "TcpStore" : "Directory");
                          });
 
 TEST(CommEnvTest, ReadsTheJobFromTheEnvironment) {

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/comm/GlooComm.h"
+#include "runtime/comm/ShmComm.h"
 #include "runtime/comm/Launch.h"
 #include "runtime/core/Trainer.h"
 #include "runtime/devices/Devices.h"
@@ -100,7 +101,7 @@ int main(int argc, char **argv) {
   if (const char *t = std::getenv("FSDP_COMM_TIMEOUT_S"))
     timeout = std::atof(t) > 0 ? std::atof(t) : timeout;
   std::unique_ptr<Communicator> comm;
-  st = makeGlooCommunicator(job, timeout, comm);
+  st = makeHostCommunicator(opt.comm, job, timeout, comm);
   if (!st)
     return fail(st, 1, job.rank);
   std::unique_ptr<Device> device;
