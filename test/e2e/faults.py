@@ -76,8 +76,10 @@ class Job:
                         FSDP_COMM_TIMEOUT_S=str(COMM_TIMEOUT_S), **(env or {}))
         self.nproc = nproc
         self.err = open(os.path.join(self.tmp, "stderr.txt"), "w+")
-        argv = argv or [args.fsdp_run, args.plan, "--nproc", str(nproc),
-                        "--steps", "1000000", "--quiet"]
+        argv = (argv or [args.fsdp_run, args.plan, "--nproc", str(nproc),
+                         "--steps", "1000000", "--quiet"])
+        if args.comm:
+            argv = argv + ["--comm", args.comm]
         self.proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=self.err, start_new_session=True)
 
@@ -245,7 +247,8 @@ def stalled_rank_resumes(args):
                        FSDP_STORE_DIR=store, FSDP_COMM_TIMEOUT_S=str(COMM_TIMEOUT_S))
             err = open(os.path.join(tmp, f"rank{r}.err"), "w+")
             procs.append((subprocess.Popen(
-                [args.fsdp_run, args.plan2, "--steps", "1000000", "--quiet"], env=env,
+                [args.fsdp_run, args.plan2, "--steps", "1000000", "--quiet"]
+                + (["--comm", args.comm] if args.comm else []), env=env,
                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True), err))
         wait_until(lambda: all(entered(os.path.join(store, f"progress.{r}")) >= 20
                                for r in range(2)) or any(p.poll() is not None for p, _ in procs),
@@ -282,6 +285,7 @@ def main():
     ap.add_argument("--plan", required=True, help="a plan for 4 ranks")
     ap.add_argument("--plan2", help="a plan for 2 ranks (stalled-rank-resumes)")
     ap.add_argument("--work", required=True)
+    ap.add_argument("--comm", help="fsdp-run --comm (default: fsdp-run's, auto)")
     ap.add_argument("cases", nargs="+")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
