@@ -84,6 +84,7 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
     p.alphaS = link->getNumber("alpha_s").value_or(0.0);
     p.betaSPerByte = link->getNumber("beta_s_per_byte").value_or(0.0);
     p.ranksPerNode = link->getInteger("ranks_per_node").value_or(0);
+    p.glooLink = p.cpu && link->getString("backend").value_or("gloo") == "gloo";
     p.interAlphaS = link->getNumber("inter_alpha_s").value_or(p.alphaS);
     p.interBetaSPerByte =
         link->getNumber("inter_beta_s_per_byte").value_or(p.betaSPerByte);
@@ -99,8 +100,9 @@ double mlir::fsdp::collectiveSeconds(StringRef op, int64_t n, int64_t bytes,
   double beta = interNode ? p.interBetaSPerByte : p.betaSPerByte;
   double frac = double(n - 1) / double(n);
   // Gloo's reduce-scatter over a group whose size is not a power of two is
-  // an all-reduce (runtime/comm/GlooComm.cpp); NCCL's ring has no such case.
-  if (op == "all_reduce" || (op == "reduce_scatter" && p.cpu && (n & (n - 1))))
+  // an all-reduce (runtime/comm/GlooComm.cpp); shared memory's and NCCL's
+  // have no such case.
+  if (op == "all_reduce" || (op == "reduce_scatter" && p.glooLink && (n & (n - 1))))
     return 2.0 * (n - 1) * alpha + 2.0 * frac * double(bytes) * beta;
   return (n - 1) * alpha + frac * double(bytes) * beta;
 }

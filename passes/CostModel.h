@@ -28,6 +28,11 @@ namespace mlir::fsdp {
 struct DeviceProfile {
   std::string name = "h100";
   bool cpu = false;
+  /// A CPU profile's collectives ran through Gloo (link.backend "gloo", or
+  /// absent: profiles from before the shared-memory communicator), whose
+  /// reduce-scatter at a group size that is not a power of two is an
+  /// all-reduce.
+  bool glooLink = false;
   /// CPU profiles: cores of the machine and threads each rank runs. The
   /// ranks share the cores by processor sharing (predictStep).
   int64_t cores = 0, threadsPerRank = 0;

@@ -221,6 +221,7 @@ public:
   }
 
   int64_t rank() const override { return ctx->rank; }
+  const char *backend() const override { return "gloo"; }
   int64_t size() const override { return ctx->size; }
 
   Status allReduce(const void *in, void *data, int64_t n, DType dtype, ReduceOp op,

@@ -253,6 +253,7 @@ public:
   }
 
   int64_t rank() const override { return me; }
+  const char *backend() const override { return "shm"; }
   int64_t size() const override { return n; }
 
   Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,

@@ -40,6 +40,9 @@ public:
   virtual ~Communicator() = default;
   virtual int64_t rank() const = 0;
   virtual int64_t size() const = 0;
+  /// Which implementation moves the data ("gloo", "shm", "nccl", ...):
+  /// recorded in a calibrated profile, whose cost model depends on it.
+  virtual const char *backend() const { return "local"; }
   // Buffers are device addresses of `count` / `shard` elements of `dtype`:
   // f32, or bf16 / f16 in mixed-precision plans. A backend sums narrow
   // floats as it can (Gloo: pairwise in f32, rounded to the dtype after

@@ -269,7 +269,7 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
     }
     double alpha, beta;
     fit2(coef, secs, alpha, beta);
-    link = {{"ranks", n}, {"alpha_s", std::max(alpha, 0.0)},
+    link = {{"ranks", n}, {"backend", comm.backend()}, {"alpha_s", std::max(alpha, 0.0)},
             {"beta_s_per_byte", std::max(beta, 0.0)}, {"samples", samples}};
   }
   // Every rank's comm timings differ a little; rank 0's are the profile.

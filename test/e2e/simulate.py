@@ -79,6 +79,9 @@ def main():
            "calibrated profile: positive GEMM rate, bandwidth and per-kernel costs")
     report(link["ranks"] == 2 and link["alpha_s"] >= 0 and link["beta_s_per_byte"] >= 0
            and len(link["samples"]) == 4, "calibrated profile: link fit at 2 ranks")
+    report(link.get("backend") == "shm",
+           f"calibrated profile: local ranks calibrate shared memory (backend "
+           f"{link.get('backend')})")
     prof_path = os.path.join(work, "cpu.json")
     open(prof_path, "w").write(out)
 
@@ -154,6 +157,38 @@ def main():
         report(m is not None and abs(float(m.group(1)) - x["step_ms"]) <= 6e-4,
                f"{tag}: fsdp-opt simulate=true agrees on the shared host "
                f"({m.group(1) if m else r.stderr.strip()} ms)")
+
+    # The link's backend: Gloo's reduce-scatter over 3 ranks is an all-reduce
+    # (twice (n-1) alpha), shared memory's is not. alpha = 1 ms, beta = 0,
+    # no core sharing: the step's communication is exactly (n-1) alpha per
+    # all-gather / reduce-scatter (x2 for Gloo's reduce-scatters) and
+    # 2 (n-1) alpha per all-reduce; fsdp-opt simulate=true agrees.
+    plan3 = os.path.join(work, "n3.plan")
+    subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                    f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=3 prefetch=false "
+                    f"plan={plan3} report=false"], check=True)
+    ops = [i["op"] for i in json.load(open(plan3))["program"]]
+    n_ag, n_rs, n_ar = (ops.count(o) for o in ("all_gather", "reduce_scatter", "all_reduce"))
+    for backend, rs_factor in (("gloo", 2), ("shm", 1)):
+        path = os.path.join(work, f"link-{backend}.json")
+        q = dict(prof, cores=10**6, threads_per_rank=1,
+                 link=dict(link, ranks=3, alpha_s=1e-3, beta_s_per_byte=0.0, backend=backend))
+        open(path, "w").write(json.dumps(q))
+        x = json.loads(subprocess.run([sys.executable, b("fsdp-sim"), plan3, "--profile", path,
+                                       "--json"], check=True, capture_output=True,
+                                      text=True).stdout.splitlines()[0])
+        want = 2 * (n_ag + rs_factor * n_rs + 2 * n_ar)  # ms: (n-1) alpha = 2 ms
+        r = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                            f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=3 "
+                            f"prefetch=false report=false simulate=true device-profile={path}"],
+                           capture_output=True, text=True)
+        m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+        report(n_rs > 0 and abs(x["comm_ms"] - want) <= 1e-9 * want and m is not None
+               and abs(float(m.group(1)) - x["step_ms"]) <= 6e-4,
+               f"link backend {backend}: 3-rank communication {x['comm_ms']:.6f} ms = "
+               f"{want} ms ({n_ag} all-gathers, {n_rs} reduce-scatters x{rs_factor}, "
+               f"{n_ar} all-reduces); fsdp-opt simulate=true: "
+               f"{m.group(1) if m else r.stderr.strip()} ms")
 
     # A pack whose inputs the memory plan placed where the packed buffer
     # wants them costs only its launch and the zeroed padding (the runtime
