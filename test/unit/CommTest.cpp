@@ -92,8 +92,9 @@ class CommTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
 
 TEST_P(CommTest, CollectivesMatchAReference) {
   auto [backend, n] = GetParam();
-  // 300001 elements: larger than a shared-memory slot, so chunked.
-  for (int64_t shardSize : {5, 704, 4097, 300001}) {
+  // 600001 elements (2.4 MB): larger than a shared-memory slot (at most
+  // 2 MiB), so every collective is chunked.
+  for (int64_t shardSize : {5, 704, 4097, 600001}) {
   std::string err = runRanks(n, freshDir(backend + std::to_string(n) + "-" + std::to_string(shardSize)), 30,
                              [&](int r, Communicator &comm) -> std::string {
     auto value = [](int rank, int64_t i, int round) {
