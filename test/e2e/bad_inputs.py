@@ -280,6 +280,8 @@ def main():
         check("option: --nproc 99999", [mlp, "--nproc", "99999"], "--nproc")
         check("option: --schedule linear", [mlp, "--schedule", "linear"], "--schedule")
         check("option: --device tpu", [mlp, "--device", "tpu"], "--device must be cpu or cuda")
+        check("option: --comm tcp", [mlp, "--nproc", "2", "--comm", "tcp"],
+              "--comm must be auto, shm or gloo")
         check("option: --cuda-graphs on the CPU device", [mlp, "--steps", "1", "--cuda-graphs"],
               "device cpu cannot capture a step")
         # No CUDA backend in this build or no GPU: one clear error, exit 1,
