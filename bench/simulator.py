@@ -93,6 +93,9 @@ def main():
     rows = [tuple(r[0][:2]) + tuple(statistics.median(x[k] for x in r) for k in
                                     range(2, len(r[0])))
             for r in zip(*per_round)]
+    # The spread of the measured step over the rounds (the same plan, run
+    # after run, on a shared machine).
+    spread = [(min(x[2] for x in r), max(x[2] for x in r)) for r in zip(*per_round)]
     print(f"stage {a.stage}, AdamW, --comm {a.comm}, 1 thread per rank, median of steps 3..{a.steps}; "
           f"profile from fsdp-run --calibrate at each N; medians of {a.repeat} rounds")
     print("predicted: compute / comm = the streams' busy time, exposed = compute blocked; "
@@ -100,14 +103,15 @@ def main():
           "blocked = skew (waiting for the last rank) + transfer")
     print(f"{'model':>5} {'N':>2} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>9} "
           f"{'compute':>8} {'comm':>8} {'exposed':>8} | {'compute':>8} {'comm':>8} "
-          f"{'skew':>7} {'transfer':>8}")
+          f"{'skew':>7} {'transfer':>8} | {'measured range':>15}")
     worst = 0.0
-    for name, n, meas, pred, comp, comm, exp, mcomp, mcomm, skew, xfer in rows:
+    for (name, n, meas, pred, comp, comm, exp, mcomp, mcomm, skew, xfer), (lo, hi) in zip(
+            rows, spread):
         err = pred / meas - 1
         worst = max(worst, abs(err))
         print(f"{name:>5} {n:>2} {meas:>12.3f} {pred:>13.3f} {pred / meas:>9.2f} "
               f"{comp:>8.3f} {comm:>8.3f} {exp:>7.1f}% | {mcomp:>8.3f} {mcomm:>8.3f} "
-              f"{skew:>7.3f} {xfer:>8.3f}")
+              f"{skew:>7.3f} {xfer:>8.3f} | {lo:>6.2f}..{hi:<7.2f}")
     print(f"largest error {100 * worst:.0f}% (target: within 25%)")
 
 
