@@ -22,12 +22,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GEN = os.path.join(HERE, "..", "examples", "gen_models.py")
-MODELS = {
-    "mlp": ["mlp", "--hidden", "256", "--blocks", "8", "--batch", "64"],
-    "gpt": ["gpt", "--vocab", "256", "--ctx", "64", "--layers", "4", "--heads", "4",
-            "--width", "128", "--batch", "8"],
-}
+sys.path.insert(0, HERE)
+from simulator import GEN, MODELS  # noqa: E402  (the same two models)
 COMMS = ("gloo", "shm")
 
 

@@ -198,18 +198,15 @@ public:
   /// is reported without naming the rank waited for.
   Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
                   std::unique_ptr<Communicator> &out) override {
-    auto me = std::find(ranks.begin(), ranks.end(), rank());
-    if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
-        ranks.front() < 0 || ranks.back() >= size())
-      return FSDP_ERROR("rank ", rank(), ": group '", tag, "' must list ranks of 0..",
-                        size() - 1, " in order, this rank among them");
+    int64_t me = 0;
+    FSDP_RETURN_IF_ERROR(checkGroup(ranks, tag, me));
     if (ranks.size() == 1)
       return Communicator::subgroup(ranks, tag, out);
     std::string name = prefix + "/" + tag;
     try {
       gloo::rendezvous::PrefixStore ps(name, *store);
       auto sub = std::make_shared<gloo::rendezvous::Context>(
-          (int)(me - ranks.begin()), (int)ranks.size());
+          (int)me, (int)ranks.size());
       sub->setTimeout(timeout);
       sub->connectFullMesh(ps, dev);
       out = std::make_unique<GlooComm>(sub, timeout, nullptr, dev, store, name);
@@ -407,9 +404,7 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     return Status::ok();
   }
   auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
-  std::string where = job.storeDir.empty()
-                          ? job.masterAddr + ":" + std::to_string(job.masterPort)
-                          : job.storeDir;
+  const std::string where = rendezvousName(job);
   try {
     gloo::transport::tcp::attr attr;
     // Loopback for local jobs; otherwise this machine's name, so that peers

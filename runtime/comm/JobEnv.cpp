@@ -105,4 +105,9 @@ openRendezvousStore(const JobEnv &job, std::chrono::milliseconds timeout) {
   return std::make_shared<TcpStore>(job.masterAddr, job.masterPort, job.rank == 0, timeout);
 }
 
+std::string rendezvousName(const JobEnv &job) {
+  return job.storeDir.empty() ? job.masterAddr + ":" + std::to_string(job.masterPort)
+                              : job.storeDir;
+}
+
 } // namespace fsdp

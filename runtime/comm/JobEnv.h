@@ -43,6 +43,9 @@ struct JobEnv {
 /// Reads the job from `getenv`; an inconsistent environment is an error.
 Status jobFromEnvironment(JobEnv &job);
 
+/// Where the ranks meet, for messages: the store directory or host:port.
+std::string rendezvousName(const JobEnv &job);
+
 /// The key-value store the job's ranks meet through: a FileStore in
 /// job.storeDir, or the TCP store at job.masterAddr:masterPort (served by
 /// rank 0). Throws what the store's constructor throws (a connection

@@ -545,17 +545,14 @@ Status connect(gloo::rendezvous::Store &base, const std::string &prefix, int64_t
 
 Status ShmComm::subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
                          std::unique_ptr<Communicator> &out) {
-  auto it = std::find(ranks.begin(), ranks.end(), rank());
-  if (it == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
-      ranks.front() < 0 || ranks.back() >= size())
-    return FSDP_ERROR("rank ", rank(), ": group '", tag, "' must list ranks of 0..",
-                      size() - 1, " in order, this rank among them");
+  int64_t me = 0;
+  FSDP_RETURN_IF_ERROR(checkGroup(ranks, tag, me));
   if (ranks.size() == 1)
     return Communicator::subgroup(ranks, tag, out);
   std::string name = prefix + "/" + tag;
   std::unique_ptr<Segment> sub;
   bool unavailable = false;
-  const int64_t me = it - ranks.begin(), n = (int64_t)ranks.size();
+  const int64_t n = (int64_t)ranks.size();
   Status st = connect(*store, name, me, n, timeout, sub, unavailable);
   if (!st)
     return FSDP_ERROR("rank ", rank(), ": connecting group '", tag, "' (", n,
@@ -576,9 +573,7 @@ Status makeShmCommunicator(const JobEnv &job, double timeoutSeconds,
     return Status::ok();
   }
   auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
-  std::string where = job.storeDir.empty()
-                          ? job.masterAddr + ":" + std::to_string(job.masterPort)
-                          : job.storeDir;
+  const std::string where = rendezvousName(job);
   std::shared_ptr<gloo::rendezvous::Store> store;
   std::unique_ptr<FlightRecorder> recorder;
   try {

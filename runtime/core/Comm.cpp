@@ -2,6 +2,7 @@
 
 #include "runtime/core/Comm.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace fsdp {
@@ -42,6 +43,17 @@ Status Communicator::subgroup(const std::vector<int64_t> &ranks, const std::stri
   }
   return FSDP_ERROR("this communicator cannot form the group '", tag, "' of ",
                     ranks.size(), " ranks");
+}
+
+Status Communicator::checkGroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                                int64_t &index) const {
+  auto me = std::find(ranks.begin(), ranks.end(), rank());
+  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+      ranks.front() < 0 || ranks.back() >= size())
+    return FSDP_ERROR("rank ", rank(), ": group '", tag, "' must list ranks of 0..",
+                      size() - 1, " in order, this rank among them");
+  index = me - ranks.begin();
+  return Status::ok();
 }
 
 std::unique_ptr<Communicator> makeSingleProcessCommunicator() {

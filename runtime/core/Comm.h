@@ -87,6 +87,11 @@ public:
   void resetCounters() { bytesSent_ = 0; }
 
 protected:
+  /// For subgroup(): `ranks` must be ranks of this communicator, ascending,
+  /// this rank among them; `index` is this rank's place in the group.
+  Status checkGroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                    int64_t &index) const;
+
   int64_t bytesSent_ = 0;
 };
 
