@@ -35,3 +35,15 @@ if shutil.which("nvidia-smi"):
 # `UNSUPPORTED: coretype-sweep` and run once.
 if os.environ.get("FSDP_CORETYPE_SWEEP") == "1":
     config.available_features.add("coretype-sweep")
+
+# A private mount namespace where /dev/shm can be replaced by a tiny tmpfs
+# (root with CAP_SYS_ADMIN, util-linux unshare): shm-fallback.test checks
+# what fsdp-run does when shared memory cannot be had (else UNSUPPORTED).
+if shutil.which("unshare"):
+    try:
+        if subprocess.run(["unshare", "--mount", "sh", "-c",
+                           "mount -t tmpfs -o size=64k tmpfs /dev/shm"],
+                          capture_output=True, timeout=30).returncode == 0:
+            config.available_features.add("mount-ns")
+    except (OSError, subprocess.SubprocessError):
+        pass
