@@ -211,8 +211,8 @@ bool parse(const std::string &text, Record &r) {
   return true;
 }
 
-/// Fields of /proc/<pid>/stat after the command name: [0] is the state,
-/// [19] the start time in clock ticks.
+} // namespace
+
 std::vector<std::string> procStat(int64_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
@@ -227,6 +227,8 @@ std::vector<std::string> procStat(int64_t pid) {
     fields.push_back(s);
   return fields;
 }
+
+namespace {
 
 std::string hostName() {
   char name[256] = {0};

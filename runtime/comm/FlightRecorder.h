@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <thread>
 
 namespace fsdp {
@@ -74,6 +75,11 @@ class FlightRecorder;
 /// The recorder of a job's world communicator (every backend's): records on
 /// the job's directory store or its TCP store; null when
 /// FSDP_FLIGHT_RECORDER=0.
+/// Fields of /proc/<pid>/stat after the command name: [0] is the state
+/// ("Z": a zombie), [19] the start time in clock ticks; empty when the
+/// process is gone or /proc cannot say.
+std::vector<std::string> procStat(int64_t pid);
+
 std::unique_ptr<FlightRecorder> makeJobFlightRecorder(const JobEnv &job,
                                                       std::chrono::milliseconds timeout);
 

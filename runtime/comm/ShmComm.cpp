@@ -55,7 +55,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
 #include <linux/futex.h>
 #include <random>
 #include <sstream>
@@ -124,11 +123,8 @@ bool processGone(int64_t pid) {
     return false;
   if (::kill((pid_t)pid, 0) != 0 && errno == ESRCH)
     return true;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(f, stat);
-  size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+  std::vector<std::string> stat = procStat(pid);
+  return !stat.empty() && stat[0] == "Z";
 }
 
 /// The mapped segment; rank 0's also unlinks its name (once every rank has
@@ -241,6 +237,7 @@ public:
           std::chrono::milliseconds timeout, std::unique_ptr<FlightRecorder> recorder,
           std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix)
       : seg(std::move(seg)), me(me), n(n), timeout(timeout),
+        spin(n <= (int64_t)std::thread::hardware_concurrency()),
         recorder(std::move(recorder)), store(std::move(store)), prefix(std::move(prefix)) {
     Peer *p = this->seg->peer(me);
     p->pid.store((int64_t)::getpid());
@@ -410,7 +407,7 @@ private:
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     // Spin about 20 us when every rank can have a core of its own.
-    if (n <= (int64_t)std::thread::hardware_concurrency())
+    if (spin)
       for (auto until = start + std::chrono::microseconds(20); Clock::now() < until;)
         for (int k = 0; k < 64; ++k) {
           if (h->gen.load(std::memory_order_acquire) != g)
@@ -468,6 +465,8 @@ private:
   std::unique_ptr<Segment> seg;
   int64_t me, n;
   std::chrono::milliseconds timeout;
+  /// Every rank can have a core of its own: a barrier spins before sleeping.
+  bool spin;
   std::unique_ptr<FlightRecorder> recorder;
   std::shared_ptr<gloo::rendezvous::Store> store;
   std::string prefix;

@@ -7,7 +7,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/comm/GlooComm.h"
 #include "runtime/comm/ShmComm.h"
 #include "runtime/comm/Launch.h"
 #include "runtime/core/Trainer.h"
