@@ -78,6 +78,31 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
     for (const auto &kv : *per)
       if (auto s = kv.second.getAsNumber())
         p.secondsPerUnit[kv.first.str()] = *s;
+  if (const json::Value *curve = c->get("cache_curve")) {
+    const json::Object *o = curve->getAsObject();
+    const json::Array *xs = o ? o->getArray("bytes") : nullptr;
+    const json::Array *ys = o ? o->getArray("cold_fraction") : nullptr;
+    std::optional<double> rate = c->getNumber("gemm_cold_bytes_per_s");
+    bool ok = xs && ys && !xs->empty() && xs->size() == ys->size() && rate &&
+              std::isfinite(*rate) && *rate > 0;
+    for (size_t k = 0; ok && k < xs->size(); ++k) {
+      std::optional<double> x = (*xs)[k].getAsNumber(), y = (*ys)[k].getAsNumber();
+      ok = x && y && std::isfinite(*x) && *x > 0 && *y >= 0 && *y <= 1 &&
+           (k == 0 || *x > p.cacheCurveBytes.back());
+      if (ok) {
+        p.cacheCurveBytes.push_back(*x);
+        p.cacheCurveCold.push_back(*y);
+      }
+    }
+    if (!ok) {
+      error = "device profile '" + nameOrPath.str() +
+              "': compute.cache_curve must hold 'bytes' (positive, increasing) and "
+              "'cold_fraction' (in [0, 1]) of the same length, with "
+              "compute.gemm_cold_bytes_per_s > 0";
+      return false;
+    }
+    p.gemmColdBytesPerS = *rate;
+  }
   p.ranksPerNode = 0;
   p.alphaS = p.betaSPerByte = 0;
   if (const json::Object *link = root->getObject("link")) {
@@ -185,6 +210,135 @@ bool isLowPrecision(Value v) {
   return e.isBF16() || e.isF16();
 }
 
+// [Note: the cache model]
+// A GEMM on a CPU runs at its calibrated rate only when its operands are
+// in the cache. Measured on this project's 2-core VM (fsdp-run
+// --calibrate's cache_samples): a 64 x 256 x 256 GEMM takes 91 us when its
+// operands were touched 384 KiB ago and 125 us when 25 MiB ago; the extra
+// time is the operand bytes streamed at about 12 GB/s, the same for every
+// shape tried. In a training step a layer's weight comes back after the
+// whole forward or backward pass, so the model that ignored this predicted
+// the MLP's steps 20-30% short (issue 11).
+//
+// The model: the step's memory traffic as an LRU cache sees it. Every
+// instruction but a wait touches its distinct buffers (inputs, then
+// outputs), each as the arena blocks it covers (4 KiB, or more so that an
+// arena has at most 65536); a block's reuse distance is the bytes of the
+// distinct blocks touched since its previous touch (its LRU stack
+// distance), over a step that repeats (a first pass over the program sets
+// the previous touches). N ranks sharing one host's cache (a CPU profile:
+// they run in lockstep) multiply it by N. A GEMM's cold bytes sum, over
+// its blocks, the bytes of the block it covers x the profile's measured
+// fraction that misses at that distance (linear in log distance between
+// the calibrated points); its time is flops / rate + cold bytes / the cold
+// rate. Computed with a Fenwick tree over the touches: O(T log T) for T
+// block touches. fsdp-sim's gemm_cold_bytes is the twin.
+
+int64_t cacheBlockBytes(const MemoryPlan &plan) {
+  int64_t block = 4096, arena = std::max(plan.arenaBytes, plan.hostArenaBytes);
+  while (arena / block > 65536)
+    block *= 2;
+  return block;
+}
+
+double coldFraction(const DeviceProfile &p, double d) {
+  const std::vector<double> &xs = p.cacheCurveBytes, &ys = p.cacheCurveCold;
+  if (d <= xs.front())
+    return ys.front();
+  for (size_t j = 1; j < xs.size(); ++j)
+    if (d <= xs[j]) {
+      double w = (std::log(d) - std::log(xs[j - 1])) /
+                 (std::log(xs[j]) - std::log(xs[j - 1]));
+      return ys[j - 1] + (ys[j] - ys[j - 1]) * w;
+    }
+  return ys.back();
+}
+
+/// Cold bytes of each GEMM of `step` ([Note: the cache model]); empty
+/// without a cache model.
+llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
+                                                  const MemoryPlan &plan,
+                                                  const DeviceProfile &p,
+                                                  double scale) {
+  llvm::DenseMap<Operation *, double> cold;
+  if (p.cacheCurveBytes.empty() || p.gemmColdBytesPerS <= 0)
+    return cold;
+  const int64_t block = cacheBlockBytes(plan);
+  struct Touch {
+    Operation *op;
+    int64_t key, bytes;
+  };
+  std::vector<Touch> touches;
+  for (Operation &opRef : step.getBody().front()) {
+    Operation *op = &opRef;
+    // The instructions of the plan (ExportPlan's program), but waits.
+    if (isa<func::ReturnOp, SetGradOp, WaitOp>(op) || isStorageAlias(op))
+      continue;
+    SmallVector<int64_t, 8> bufs;
+    auto add = [&](std::optional<int64_t> b) {
+      if (b && !llvm::is_contained(bufs, *b))
+        bufs.push_back(*b);
+    };
+    auto ofValue = [&](Value v) -> std::optional<int64_t> {
+      auto it = plan.valueBuffer.find(v);
+      return it == plan.valueBuffer.end() ? std::nullopt
+                                          : std::optional<int64_t>(it->second);
+    };
+    if (isa<SetParamOp, SetStateOp, SetUnitOp>(op)) {
+      StringRef sym;
+      if (auto s = dyn_cast<SetParamOp>(op))
+        sym = s.getName();
+      else if (auto s = dyn_cast<SetStateOp>(op))
+        sym = s.getName();
+      else
+        sym = cast<SetUnitOp>(op).getName();
+      add(ofValue(op->getOperand(0)));
+      auto it = plan.symbolBuffer.find(sym);
+      if (it != plan.symbolBuffer.end())
+        add(it->second);
+    } else {
+      for (Value v : op->getOperands())
+        add(ofValue(v));
+      for (Value v : op->getResults())
+        add(ofValue(v));
+    }
+    for (int64_t b : bufs) {
+      const PlannedBuffer &pb = plan.buffers[b];
+      int64_t lo = pb.offset, hi = pb.offset + pb.bytes;
+      for (int64_t k = lo / block; k < (hi + block - 1) / block; ++k)
+        touches.push_back({op, 2 * k + (pb.host ? 1 : 0),
+                           std::min(hi, (k + 1) * block) - std::max(lo, k * block)});
+    }
+  }
+  const size_t n = touches.size();
+  std::vector<int64_t> tree(2 * n + 1, 0); // 1 at each block's last touch
+  auto update = [&](size_t pos, int64_t v) {
+    for (++pos; pos <= 2 * n; pos += pos & -pos)
+      tree[pos] += v;
+  };
+  auto prefix = [&](size_t pos) { // touches at positions < pos
+    int64_t r = 0;
+    for (; pos > 0; pos -= pos & -pos)
+      r += tree[pos];
+    return r;
+  };
+  llvm::DenseMap<int64_t, size_t> last;
+  for (size_t pos = 0; pos < 2 * n; ++pos) {
+    const Touch &t = touches[pos % n];
+    double dist = 0;
+    auto it = last.find(t.key);
+    if (it != last.end()) {
+      dist = double(prefix(pos) - prefix(it->second + 1)) * double(block);
+      update(it->second, -1);
+    }
+    last[t.key] = pos;
+    update(pos, 1);
+    if (pos >= n && isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp>(t.op))
+      cold[t.op] += double(t.bytes) * coldFraction(p, dist * scale);
+  }
+  return cold;
+}
+
 } // namespace
 
 StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
@@ -223,6 +377,9 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     return it == plan.valueBuffer.end() ? 0.0
                                         : double(plan.buffers[it->second].bytes);
   };
+
+  const llvm::DenseMap<Operation *, double> cold =
+      gemmColdBytes(step, plan, p, share ? double(world) : 1.0);
 
   // The program as the simulation sees it.
   struct Item {
@@ -315,7 +472,10 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     // speed, the host's update at its memory's (fsdp-sim's compute_cost).
     bool copy = isa<ToHostOp, ToDeviceOp>(op), onHost = op->hasAttr(kOnHostAttrName);
     double mem = onHost && p.hostMemBytesPerS > 0 ? p.hostMemBytesPerS : p.memBytesPerS;
-    double work = std::max(flopsOf(op) / gemm, bytes / mem);
+    double gemmS = flopsOf(op) / gemm;
+    if (auto it = cold.find(op); it != cold.end())
+      gemmS += it->second / p.gemmColdBytesPerS;
+    double work = std::max(gemmS, bytes / mem);
     if (copy && p.hostLinkBytesPerS > 0)
       work = bytesOf(op->getResult(0)) / p.hostLinkBytesPerS;
     auto per = p.secondsPerUnit.find(isa<SetParamOp, SetStateOp, SetUnitOp>(op)

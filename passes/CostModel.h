@@ -20,6 +20,7 @@
 #include "llvm/ADT/StringMap.h"
 
 #include <string>
+#include <vector>
 
 namespace mlir::fsdp {
 
@@ -49,6 +50,12 @@ struct DeviceProfile {
   double hostLinkBytesPerS = 64e9, hostMemBytesPerS = 307e9 / 4;
   /// Measured seconds per work unit of an op (calibrated CPU profiles).
   llvm::StringMap<double> secondsPerUnit;
+  /// The cache model (calibrated CPU profiles; [Note: the cache model] in
+  /// CostModel.cpp): the fraction of a GEMM operand that misses the cache
+  /// at each reuse distance (bytes, increasing), and the rate at which a
+  /// GEMM streams what missed. Empty / 0: no cache model (h100).
+  std::vector<double> cacheCurveBytes, cacheCurveCold;
+  double gemmColdBytesPerS = 0;
   /// Ranks that share the intra-node link (NVLink); a collective whose
   /// group spans more ranks runs at the inter-node link's cost. 0: every
   /// rank is on one node.
@@ -72,7 +79,8 @@ struct StepPrediction {
 /// instructions in order, each overhead + max(flops / gemm rate, bytes /
 /// memory bandwidth); collectives run one at a time on the communication
 /// stream (alpha-beta ring); compute stalls at a wait until its collective
-/// is done. On a CPU profile the N ranks share the host's C cores: while
+/// is done. With a cache model a GEMM also streams its operands' cold
+/// bytes. On a CPU profile the N ranks share the host's C cores: while
 /// D = N (threads per rank [compute busy] + 1 [a collective in flight])
 /// threads are runnable, each stream runs at min(1, C / D) of its speed
 /// alone. Matches fsdp-sim's simulate() step for step.

@@ -10,6 +10,8 @@
 // and a ring collective over n ranks as
 //   all-reduce:              2 (n-1) alpha + 2 (n-1)/n x bytes x beta
 //   all-gather, reduce-scatter: (n-1) alpha +   (n-1)/n x bytes x beta.
+// A GEMM also pays for the operand bytes that miss the cache, from the
+// curve gemmCacheCurve measures ([Note: the cache model], CostModel.cpp).
 // The kernels timed are the ones fsdp-run runs (runtime/cpu/Kernels.h).
 //
 //===----------------------------------------------------------------------===//
@@ -148,6 +150,57 @@ void fit2(const std::vector<std::pair<double, double>> &c, const std::vector<dou
   beta = (s11 * r2 - s12 * r1) / det;
 }
 
+/// How a GEMM slows when its operands are not in the cache (the cost
+/// model's [Note: the cache model] in passes/CostModel.cpp and
+/// tools/fsdp-sim). One GEMM shape, a linear layer's forward (64 x 256 x
+/// 256, B transposed, 384 KiB of operands), runs over a rotation of `sets`
+/// copies of its operands, so every operand is touched again after
+/// sets x 384 KiB of other data: its reuse distance. From 1 set (warm: the
+/// GEMM roofline) to 256 sets (96 MiB, beyond any last-level cache of a
+/// machine this runs on) the time rises from t(1) to t(256); the extra
+/// time over the operand bytes is the rate at which a GEMM streams what
+/// missed (cold_bytes_per_s), and (t(d) - t(1)) / (t(256) - t(1)), clamped
+/// to [0, 1] and made non-decreasing, the fraction of an operand that
+/// misses at reuse distance d. Null when the slowdown is under 2% (no
+/// cache effect to model).
+nlohmann::json gemmCacheCurve() {
+  const int64_t m = 64, n = 256, k = 256;
+  const int64_t setBytes = 4 * (m * k + k * n + m * n);
+  const int maxSets = 256;
+  std::vector<std::vector<float>> a(maxSets), b(maxSets), c(maxSets);
+  for (int s = 0; s < maxSets; ++s) { // every page touched before timing
+    a[s].assign(m * k, 0.5f);
+    b[s].assign(k * n, 0.25f);
+    c[s].assign(m * n, 0.0f);
+  }
+  std::vector<double> dist, secs;
+  for (int sets = 1; sets <= maxSets; sets *= 2) {
+    int next = 0;
+    auto call = [&] {
+      matmul<float>(a[next].data(), b[next].data(), c[next].data(), 1, m, n, k, false,
+                    true);
+      next = (next + 1) % sets;
+    };
+    for (int s = 0; s < sets; ++s) // one rotation first: every distance is `sets`
+      call();
+    secs.push_back(timeIt(call));
+    dist.push_back(double(sets * setBytes));
+  }
+  double warm = secs.front(), cold = secs.back();
+  if (!(cold > 1.02 * warm))
+    return nullptr;
+  std::vector<double> frac;
+  double run = 0;
+  for (double t : secs) {
+    run = std::max(run, std::min(1.0, std::max(0.0, (t - warm) / (cold - warm))));
+    frac.push_back(run);
+  }
+  return {{"cold_bytes_per_s", double(setBytes) / (cold - warm)},
+          {"bytes", dist},
+          {"cold_fraction", frac},
+          {"seconds", secs}};
+}
+
 } // namespace
 
 Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
@@ -235,6 +288,7 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
                              dk.data(), dv.data(), B, T, C, H, true);
       });
     }
+    nlohmann::json cache = gemmCacheCurve();
     compute = {{"seconds_per_unit", perUnit},
                {"gemm_flops_per_s", 1.0 / gemmRate},
                {"mem_bytes_per_s", 1.0 / memRate},
@@ -243,6 +297,12 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
                {"op_overhead_s", std::max(0.0, std::min(gemmFixed, memFixed))},
                {"gemm_samples", {{"flops", flops}, {"seconds", secs}}},
                {"elementwise_samples", {{"bytes", bytes}, {"seconds", esecs}}}};
+    if (!cache.is_null()) {
+      compute["gemm_cold_bytes_per_s"] = cache["cold_bytes_per_s"];
+      compute["cache_curve"] = {{"bytes", cache["bytes"]},
+                                {"cold_fraction", cache["cold_fraction"]}};
+      compute["cache_samples"] = {{"bytes", cache["bytes"]}, {"seconds", cache["seconds"]}};
+    }
   }
   FSDP_RETURN_IF_ERROR(comm.barrier());
 

@@ -18,6 +18,7 @@ against each other by bench/simulator.py, a benchmark, not here):
 usage: simulate.py BIN_DIR WORK_DIR
 """
 import json
+import math
 import os
 import re
 import subprocess
@@ -316,6 +317,8 @@ def main():
            f"--measured with another plan's trace: exit {r.returncode}: "
            f"{r.stderr.strip()[:100]}")
 
+    check_cache_model(b, work, prof)
+
     bad = os.path.join(work, "bad.json")
     open(bad, "w").write("{}")
     r = subprocess.run([sys.executable, b("fsdp-sim"), plans["n1"], "--profile", bad],
@@ -327,6 +330,137 @@ def main():
     report(r.returncode != 0 and "error" in r.stderr, f"not a plan: exit {r.returncode}")
     print("all simulator checks passed" if not failures else f"FAIL: {failures} check(s)")
     return 1 if failures else 0
+
+
+def lru_cold_bytes(plan, curve, scale):
+    """{instruction: cold bytes of a GEMM}, from the definition in
+    [Note: the cache model] (passes/CostModel.cpp), the slow way: each
+    block touch's reuse distance counts the distinct blocks touched since
+    the block's previous touch by scanning back, in a step that repeats."""
+    bufs = plan["buffers"]
+    arena = max(plan["arena_bytes"], plan.get("host_arena_bytes", 0))
+    block = 4096
+    while arena // block > 65536:
+        block *= 2
+    touches = []
+    for i, inst in enumerate(plan["program"]):
+        if inst["op"] == "wait":
+            continue
+        for x in dict.fromkeys(inst["in"] + inst["out"]):
+            b = bufs[x]
+            lo, hi = b["offset"], b["offset"] + b["bytes"]
+            for k in range(lo // block, -(-hi // block)):
+                touches.append((i, (k, b.get("space", "device")),
+                                min(hi, (k + 1) * block) - max(lo, k * block)))
+    n = len(touches)
+    xs, ys = curve["bytes"], curve["cold_fraction"]
+    cold = {}
+    for pos in range(n, 2 * n):
+        i, key, nbytes = touches[pos % n]
+        seen = set()
+        for back in range(pos - 1, pos - n - 1, -1):
+            k = touches[back % n][1]
+            if k == key:
+                break
+            seen.add(k)
+        d = len(seen) * block * scale
+        if d <= xs[0]:
+            f = ys[0]
+        elif d >= xs[-1]:
+            f = ys[-1]
+        else:
+            j = next(j for j in range(1, len(xs)) if d <= xs[j])
+            w = (math.log(d) - math.log(xs[j - 1])) / (math.log(xs[j]) - math.log(xs[j - 1]))
+            f = ys[j - 1] + (ys[j] - ys[j - 1]) * w
+        if plan["program"][i]["op"] in ("matmul", "matmul_bias", "matmul_gelu_grad"):
+            cold[i] = cold.get(i, 0.0) + nbytes * f
+    return cold
+
+
+def check_cache_model(b, work, prof):
+    """The cache model ([Note: the cache model] in passes/CostModel.cpp)."""
+    c = prof["compute"]
+    curve = c.get("cache_curve")
+    # A calibrated curve, where this machine shows one (a last-level cache
+    # larger than the 96 MiB calibrated would show none).
+    if curve is not None:
+        xs, ys = curve["bytes"], curve["cold_fraction"]
+        report(len(xs) == len(ys) > 1 and all(x < y for x, y in zip(xs, xs[1:])) and
+               all(0 <= f <= 1 for f in ys) and all(x <= y for x, y in zip(ys, ys[1:])) and
+               ys[-1] == 1.0 and c["gemm_cold_bytes_per_s"] > 0,
+               f"calibrated cache curve: {len(xs)} increasing distances, fractions "
+               f"non-decreasing to 1, cold rate {c['gemm_cold_bytes_per_s']:.3g} B/s")
+    else:
+        print("ok   calibrated profile: no cache effect measured on this machine "
+              "(no cache_curve)")
+    # A synthetic curve on a 2-rank plan: GEMMs at 1 MFLOP/s and cold bytes
+    # at 1 MB/s (the GEMM term dominates every GEMM), no core sharing
+    # (cores = 10^6) but the 2 ranks share the cache (distances x 2).
+    model = os.path.join(work, "cache.mlir")
+    plan_path = os.path.join(work, "cache.plan")
+    subprocess.run([sys.executable, GEN, "mlp", "--hidden", "32", "--blocks", "3", "--batch", "8",
+                    "-o", model], check=True)
+    subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                    f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=2 plan={plan_path} "
+                    "report=false"], check=True)
+    plan = json.load(open(plan_path))
+    synth = {"bytes": [4096.0, 65536.0], "cold_fraction": [0.0, 1.0]}
+    base = dict(c, gemm_flops_per_s=1e6, gemm_flops_per_s_bf16=1e6)
+    base.pop("cache_curve", None)
+    base.pop("gemm_cold_bytes_per_s", None)
+    runs = {}
+    for tag, comp in (("without", base),
+                      ("with", dict(base, cache_curve=synth, gemm_cold_bytes_per_s=1e6))):
+        path = os.path.join(work, f"cache-{tag}.json")
+        open(path, "w").write(json.dumps(dict(prof, cores=10**6, threads_per_rank=1,
+                                              compute=comp)))
+        tr = os.path.join(work, f"cache-{tag}.trace.json")
+        out = json.loads(subprocess.run(
+            [sys.executable, b("fsdp-sim"), plan_path, "--profile", path, "--json", "--trace", tr],
+            check=True, capture_output=True, text=True).stdout)
+        spans = {e["args"]["instruction"]: e for e in json.load(open(tr))["traceEvents"]
+                 if e["ph"] == "X" and e["tid"] == 0 and e["name"] not in
+                 ("wait", "all_gather", "reduce_scatter", "all_reduce")}
+        r = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                            f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=2 report=false "
+                            f"simulate=true device-profile={path}"], capture_output=True, text=True)
+        m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+        runs[tag] = (out, spans, float(m.group(1)) if m else None, r.stderr.strip())
+    want = lru_cold_bytes(plan, synth, 2)
+    (w_out, w_spans, w_opt, w_err), (o_out, o_spans, o_opt, _) = runs["with"], runs["without"]
+    got = {i: e["args"].get("cold_bytes", 0.0) for i, e in w_spans.items()}
+    gemms = [i for i in want if want[i] > 0]
+    report(gemms and len(set(round(v) for v in want.values())) > 2 and
+           all(abs(got.get(i, 0.0) - want[i]) <= 1e-9 * want[i] + 1e-9 for i in want) and
+           abs(w_out["gemm_cold_bytes"] - sum(want.values())) <= 1e-9 * sum(want.values()),
+           f"cache model: {len(gemms)} GEMMs' cold bytes (the trace's cold_bytes) are the LRU "
+           f"stack distances' ({sum(want.values()):.0f} B in all, "
+           f"{len(set(round(v) for v in want.values()))} distinct)")
+    ok = all(abs((w_spans[i]["dur"] - o_spans[i]["dur"]) * 1e-6 - want.get(i, 0.0) / 1e6)
+             <= 1e-9 * w_spans[i]["dur"] * 1e-6 + 1e-12 for i in o_spans)
+    report(ok and o_out["gemm_cold_bytes"] == 0,
+           f"cache model: a GEMM's span grows by exactly cold bytes / cold rate, every other "
+           f"span is unchanged ({len(o_spans)} spans)")
+    report(w_opt is not None and abs(w_opt - w_out["step_ms"]) <= 6e-4 and
+           o_opt is not None and abs(o_opt - o_out["step_ms"]) <= 6e-4 and
+           w_out["step_ms"] > o_out["step_ms"],
+           f"cache model: fsdp-opt simulate=true agrees ({w_opt} vs fsdp-sim "
+           f"{w_out['step_ms']:.4f} ms; {o_opt} vs {o_out['step_ms']:.4f} ms without) "
+           f"{'' if w_opt is not None else w_err}")
+    # A malformed curve is an error in both.
+    bad = os.path.join(work, "cache-bad.json")
+    open(bad, "w").write(json.dumps(dict(prof, compute=dict(
+        base, cache_curve={"bytes": [65536.0, 4096.0], "cold_fraction": [0.0, 1.0]},
+        gemm_cold_bytes_per_s=1e6))))
+    r1 = subprocess.run([sys.executable, b("fsdp-sim"), plan_path, "--profile", bad],
+                        capture_output=True, text=True)
+    r2 = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                         f"--fsdp-pipeline=world-size=2 simulate=true device-profile={bad}"],
+                        capture_output=True, text=True)
+    report(r1.returncode == 1 and "cache_curve" in r1.stderr and
+           r2.returncode != 0 and "cache_curve" in r2.stderr,
+           f"a cache curve whose distances decrease: fsdp-sim exit {r1.returncode}, fsdp-opt "
+           f"exit {r2.returncode}: {r2.stderr.strip()[:120]}")
 
 
 if __name__ == "__main__":
