@@ -574,7 +574,10 @@ Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, uin
               scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype, b.numel());
     }
   Op op{w.plan, w.inst};
-  FSDP_RETURN_IF_ERROR(run(Run{op, scratch.data(), 0, dropout}));
+  // The rank still matters to the kernel (an update's decayed prefix,
+  // decayedCount; today's plan check admits only f32 updates); the
+  // widened buffers have no rank stride, so their addresses do not move.
+  FSDP_RETURN_IF_ERROR(run(Run{op, scratch.data(), rank, dropout}));
   for (int64_t s : w.inst.out) {
     const Buffer &b = plan.buffers[w.ids[s]];
     convert(scratch.data() + w.plan.buffers[s].offset, w.plan.buffers[s].dtype,

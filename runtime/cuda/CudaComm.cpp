@@ -284,9 +284,7 @@ Status makeNccl(const JobEnv &job, double timeoutSeconds, std::unique_ptr<Commun
 
 Status takeAsyncCommError() {
   std::lock_guard<std::mutex> l(asyncMu);
-  Status st = asyncError;
-  asyncError = Status::ok();
-  return st;
+  return asyncError;
 }
 
 Status makeCudaCommunicator(const JobEnv &job, double timeoutSeconds,

@@ -11,7 +11,8 @@
 //   PyTorch's gloo backend for CUDA tensors. Any number of ranks may share
 //   a GPU. A failure inside the host function (a dead peer) is recorded and
 //   returned by takeAsyncCommError(), which the CUDA device's synchronize
-//   reports; later staged collectives are skipped.
+//   reports from then on; later staged collectives are skipped (their
+//   outputs are stale), so the error stays: nothing may read them.
 // Host-buffer collectives (stream null: broadcast, barrier, checkpoints)
 // go to the Gloo communicator either way.
 //
@@ -34,8 +35,9 @@ Status makeCudaCommunicator(const JobEnv &job, double timeoutSeconds,
                             std::unique_ptr<Communicator> host,
                             std::unique_ptr<Communicator> &out);
 
-/// The first failure of a host-staged collective since the last call (ok
-/// if none), cleared.
+/// The first failure of a host-staged collective (ok if none). Sticky:
+/// every later call returns it, since every staged collective after it
+/// was skipped.
 Status takeAsyncCommError();
 
 } // namespace fsdp::cuda

@@ -460,6 +460,16 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
       return false;
   if (narrow == DType::F32)
     return false;
+  if (inst.op == "attention" || inst.op == "attention_grad") {
+    // Beyond the tiled kernel's limits (head dimension > 128, its grid)
+    // the widened f32 kernels run it: decided here, so prepare sizes the
+    // widening scratch for it.
+    const std::vector<int64_t> &q = plan.buffers[inst.in[0]].shape;
+    int64_t heads = inst.attrs.value("heads", (int64_t)1),
+            kv = inst.attrs.value("kv_heads", (int64_t)0);
+    if (q.size() != 3 || !flash::check(q[0], q[1], q[2], heads, kv).isOk())
+      return false;
+  }
   t = floatKind(narrow);
   return true;
 }
@@ -1286,10 +1296,14 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     Op op{plan, inst};
     int64_t f, d;
     scratchNeeds(op, shard, f, d);
+    FloatKind t;
+    const bool narrow = rules::needsWidening(plan, inst),
+               native = narrow && nativeKind(plan, inst, t);
+    if (inst.op == "embedding_grad" && !native)
+      f = 0; // only the native kernel accumulates in f32 scratch (vocab x width)
     fN = std::max(fN, f);
     dN = std::max(dN, d);
-    FloatKind t;
-    if (rules::needsWidening(plan, inst) && !nativeKind(plan, inst, t))
+    if (narrow && !native)
       wide = std::max(wide, rules::widen(plan, inst).bytes);
   }
   if (fN)
@@ -1347,7 +1361,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
       auto w = std::make_shared<rules::Widened>(rules::widen(plan, inst));
       Op op{w->plan, w->inst};
       Launch body;
-      st = build(op, scratch.wide, 0, body);
+      st = build(op, scratch.wide, shard, body); // shard: decayedCount
       if (st) {
         std::vector<bool> isIn(w->ids.size());
         for (int64_t sl : w->inst.in)
