@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -185,14 +186,37 @@ bool ncclType(DType t, ncclDataType_t &out) {
   }
 }
 
+// [Note: the NCCL watchdog]
+// NCCL's collectives never time out: with a peer dead or stalled, its
+// kernels spin and cudaStreamSynchronize waits forever (Comm.h promises an
+// error). As PyTorch's ProcessGroupNCCL watchdog does, the CUDA device
+// waits for its streams by polling (CudaDevice::idle): it asks every live
+// NCCL communicator for an asynchronous error (a peer's network failure,
+// ncclCommGetAsyncError) and gives the streams the job's collective
+// timeout (fsdp-run's FSDP_COMM_TIMEOUT_S, 60 s by default; a whole step's queued
+// work must drain within it, as a step is synchronized once). Past it, or
+// on an error, every communicator is aborted (ncclCommAbort ends their
+// pending kernels, so the streams drain) and the step fails naming the
+// cause. Communicators register themselves here.
+std::mutex ncclMu;
+std::vector<ncclComm_t> liveComms; // registered, not yet destroyed or aborted
+double watchdogSeconds = 0;
+
 class NcclComm final : public Communicator {
 public:
   /// `host` (the same ranks' host communicator) carries host-buffer collectives.
   NcclComm(ncclComm_t comm, std::shared_ptr<Communicator> host, int64_t rank, int64_t size)
-      : comm(comm), host(std::move(host)), r(rank), n(size) {}
+      : comm(comm), host(std::move(host)), r(rank), n(size) {
+    std::lock_guard<std::mutex> l(ncclMu);
+    liveComms.push_back(comm);
+  }
   ~NcclComm() override {
-    if (comm)
+    std::lock_guard<std::mutex> l(ncclMu);
+    auto it = std::find(liveComms.begin(), liveComms.end(), comm);
+    if (it != liveComms.end()) { // not aborted: still ours to destroy
+      liveComms.erase(it);
       ncclCommDestroy(comm);
+    }
   }
   int64_t rank() const override { return r; }
   int64_t size() const override { return n; }
@@ -275,12 +299,41 @@ Status makeNccl(const JobEnv &job, double timeoutSeconds, std::unique_ptr<Commun
   FSDP_RETURN_IF_ERROR(shared->broadcast(&id, sizeof(id), 0));
   ncclComm_t comm = nullptr;
   FSDP_NCCL_CHECK(ncclCommInitRank(&comm, (int)job.worldSize, id, (int)job.rank));
-  (void)timeoutSeconds;
+  {
+    std::lock_guard<std::mutex> l(ncclMu);
+    watchdogSeconds = timeoutSeconds;
+  }
   out = std::make_unique<NcclComm>(comm, shared, job.rank, job.worldSize);
   return Status::ok();
 }
 
 } // namespace
+
+double ncclWatchdogSeconds() {
+  std::lock_guard<std::mutex> l(ncclMu);
+  return liveComms.empty() ? 0.0 : watchdogSeconds;
+}
+
+Status ncclAsyncError() {
+  std::lock_guard<std::mutex> l(ncclMu);
+  for (ncclComm_t c : liveComms) {
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(c, &async);
+    if (r != ncclSuccess)
+      return FSDP_ERROR("ncclCommGetAsyncError failed: ", ncclGetErrorString(r));
+    if (async != ncclSuccess && async != ncclInProgress)
+      return FSDP_ERROR("NCCL reports an asynchronous error: ", ncclGetErrorString(async),
+                        " (", ncclGetLastError(c), ")");
+  }
+  return Status::ok();
+}
+
+void abortNcclComms() {
+  std::lock_guard<std::mutex> l(ncclMu);
+  for (ncclComm_t c : liveComms)
+    ncclCommAbort(c);
+  liveComms.clear();
+}
 
 Status takeAsyncCommError() {
   std::lock_guard<std::mutex> l(asyncMu);

@@ -35,6 +35,14 @@ Status makeCudaCommunicator(const JobEnv &job, double timeoutSeconds,
                             std::unique_ptr<Communicator> host,
                             std::unique_ptr<Communicator> &out);
 
+/// The NCCL watchdog ([Note: the NCCL watchdog], CudaComm.cpp): the
+/// collective timeout while an NCCL communicator lives (0: none, plain
+/// stream synchronization); the first asynchronous error any of them
+/// reports; and aborting them all, which ends their pending kernels.
+double ncclWatchdogSeconds();
+Status ncclAsyncError();
+void abortNcclComms();
+
 /// The first failure of a host-staged collective (ok if none). Sticky:
 /// every later call returns it, since every staged collective after it
 /// was skipped.

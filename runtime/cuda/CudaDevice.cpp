@@ -34,9 +34,11 @@
 #include "runtime/cuda/CudaNative.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 #include <unordered_map>
 
 namespace fsdp::cuda {
@@ -297,8 +299,39 @@ private:
   /// Both streams idle; a CUDA error (asynchronous kernel faults, failed
   /// host-staged collectives) returned.
   Status idle() {
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
+    const double limit = ncclWatchdogSeconds();
+    if (limit <= 0) {
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
+      return takeAsyncCommError();
+    }
+    // NCCL in use: poll, so that a dead or stalled peer is an error, not a
+    // hang ([Note: the NCCL watchdog] in CudaComm.cpp).
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(limit));
+    for (cudaStream_t s : {compute.s, comm.s})
+      for (int polls = 0;; ++polls) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+          break;
+        if (e != cudaErrorNotReady)
+          FSDP_CUDA_CHECK(e);
+        Status async = (polls & 63) == 0 ? ncclAsyncError() : Status::ok();
+        if (!async || Clock::now() > deadline) {
+          abortNcclComms();
+          if (!async)
+            return FSDP_ERROR(async.message(), "; NCCL communicators aborted");
+          return FSDP_ERROR("the GPU streams did not drain within ", limit,
+                            " s (the collective timeout, FSDP_COMM_TIMEOUT_S): a rank is dead or "
+                            "stalled in a collective; NCCL communicators aborted");
+        }
+        if (polls < 1000)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     return takeAsyncCommError();
   }
   /// A host -> device copy complete before any later work on either stream.
