@@ -158,14 +158,9 @@ Status Executor::init(uint64_t seed) {
     std::pair<int64_t, int64_t> ranges[] = {
         {0, plan.hostArenaBytes > 0 ? hostStart : dev.arenaBytes()},
         {hostStart, hostStart + plan.hostArenaBytes}};
-    for (auto [from, to] : ranges) {
-      std::vector<uint32_t> chunk(std::min<int64_t>((to - from) / 4, 1 << 18), kSentinel);
-      for (int64_t at = from; at + 4 <= to;) {
-        int64_t n = std::min<int64_t>((int64_t)chunk.size() * 4, (to - at) / 4 * 4);
-        FSDP_RETURN_IF_ERROR(dev.copyToDevice(dev.address(at), chunk.data(), n));
-        at += n;
-      }
-    }
+    for (auto [from, to] : ranges)
+      if (to - from >= 4)
+        FSDP_RETURN_IF_ERROR(dev.fillWords(dev.address(from), kSentinel, (to - from) / 4 * 4));
   }
 
   // Parameters: per-parameter buffers, or unit storage (whole or shard),

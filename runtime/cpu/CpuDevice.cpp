@@ -130,6 +130,10 @@ public:
       std::memmove(dst, src, (size_t)bytes);
     return Status::ok();
   }
+  Status fillWords(void *dst, uint32_t word, int64_t bytes) override {
+    std::fill_n(static_cast<uint32_t *>(dst), bytes / 4, word);
+    return Status::ok();
+  }
 
   Status prepare(const Plan &p, int64_t shard) override {
     plan = &p;

@@ -99,6 +99,10 @@ cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s) {
   return forEach(n, s, [=] __device__(int64_t i) { y[i] = fv; });
 }
 
+cudaError_t fillWords(uint32_t *y, int64_t n, uint32_t word, cudaStream_t s) {
+  return forEach(n, s, [=] __device__(int64_t i) { y[i] = word; });
+}
+
 cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s) {
   return forEach(n, s, [=] __device__(int64_t i) { y[i] = x[i] > 0.f ? x[i] : 0.f; });
 }

@@ -53,6 +53,8 @@ cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s)
 cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t key, uint64_t first,
                     uint32_t threshold, double scale, cudaStream_t s);
 cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s);
+/// y[i] = word for i < n (bit patterns: the arena's sentinel).
+cudaError_t fillWords(uint32_t *y, int64_t n, uint32_t word, cudaStream_t s);
 cudaError_t relu(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t reluGrad(const float *x, const float *dy, float *dx, int64_t n, cudaStream_t s);
 cudaError_t gelu(const float *x, float *y, int64_t n, cudaStream_t s);

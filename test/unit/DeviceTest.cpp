@@ -191,6 +191,29 @@ TEST_P(DeviceConformance, HostCopiesRoundTripWithoutTouchingNeighbours) {
   EXPECT_EQ(back, fill);
 }
 
+TEST_P(DeviceConformance, FillsWordsOfBothArenasWithoutTouchingNeighbours) {
+  // The arenas' sentinel (Executor::prepare): device and host arena,
+  // word patterns kept bit for bit (a NaN pattern too), the words around
+  // untouched; a fill longer than the default's 1 MiB chunk.
+  const int64_t devBytes = 3 << 20, hostBytes = 8192;
+  ASSERT_TRUE(dev->allocateArena(devBytes, hostBytes).isOk());
+  const int64_t hostAt = hostArenaStart(devBytes);
+  for (auto [at, bytes] : {std::pair<int64_t, int64_t>{0, devBytes},
+                           {hostAt, hostBytes}}) {
+    std::vector<uint32_t> zeros(bytes / 4, 0u), got(bytes / 4);
+    ASSERT_TRUE(dev->copyToDevice(dev->address(at), zeros.data(), bytes).isOk());
+    const int64_t from = bytes == devBytes ? 4096 : 64, n = bytes - 2 * from;
+    for (uint32_t word : {0x7FC0DEADu, 0xFFFFFFFFu}) {
+      ASSERT_TRUE(dev->fillWords(dev->address(at + from), word, n).isOk());
+      ASSERT_TRUE(dev->copyToHost(got.data(), dev->address(at), bytes).isOk());
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < bytes / 4; ++i)
+        wrong += got[i] != (i >= from / 4 && i < (from + n) / 4 ? word : 0u);
+      EXPECT_EQ(wrong, 0) << (at ? "host" : "device") << " arena, word " << std::hex << word;
+    }
+  }
+}
+
 TEST_P(DeviceConformance, ImplementsEveryComputeOpOfTheSchema) {
   for (const OpSchema &op : kOps) {
     if (op.kind != OpKind::Compute)
