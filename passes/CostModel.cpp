@@ -284,15 +284,8 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
       return it == plan.valueBuffer.end() ? std::nullopt
                                           : std::optional<int64_t>(it->second);
     };
-    if (isa<SetParamOp, SetStateOp, SetUnitOp>(op)) {
-      StringRef sym;
-      if (auto s = dyn_cast<SetParamOp>(op))
-        sym = s.getName();
-      else if (auto s = dyn_cast<SetStateOp>(op))
-        sym = s.getName();
-      else
-        sym = cast<SetUnitOp>(op).getName();
-      add(ofValue(op->getOperand(0)));
+    if (auto [sym, written] = storageWrite(op); written) {
+      add(ofValue(written));
       auto it = plan.symbolBuffer.find(sym);
       if (it != plan.symbolBuffer.end())
         add(it->second);
@@ -421,16 +414,8 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     // A compute instruction (set_param / set_state / set_unit are copies).
     double bytes = 0;
     Value firstIn;
-    if (isa<SetParamOp, SetStateOp, SetUnitOp>(op)) {
-      Value v = op->getOperand(0);
+    if (auto [sym, v] = storageWrite(op); v) {
       firstIn = v;
-      StringRef sym;
-      if (auto s = dyn_cast<SetParamOp>(op))
-        sym = s.getName();
-      else if (auto s = dyn_cast<SetStateOp>(op))
-        sym = s.getName();
-      else
-        sym = cast<SetUnitOp>(op).getName();
       bytes = bytesOf(v);
       auto it = plan.symbolBuffer.find(sym);
       if (it != plan.symbolBuffer.end())

@@ -266,16 +266,8 @@ void ExportPlanPass::runOnOperation() {
       continue;
     json::Object instr;
     json::Array in, out;
-    Value written;
-    if (isa<SetParamOp, SetStateOp, SetUnitOp>(op)) {
+    if (auto [sym, written] = storageWrite(&op); written) {
       instr["op"] = "copy";
-      StringRef sym;
-      if (auto s = dyn_cast<SetParamOp>(op))
-        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
-      else if (auto s = dyn_cast<SetStateOp>(op))
-        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
-      else if (auto s = dyn_cast<SetUnitOp>(op))
-        std::tie(written, sym) = std::make_pair(s.getValue(), s.getName());
       in.push_back(plan.valueBuffer.lookup(written));
       out.push_back(plan.symbolBuffer.lookup(sym));
     } else {

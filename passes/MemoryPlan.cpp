@@ -75,6 +75,16 @@ FlatSymbolRefAttr mlir::fsdp::storageRead(Value v) {
   return {};
 }
 
+std::pair<StringRef, Value> mlir::fsdp::storageWrite(Operation *op) {
+  if (auto s = dyn_cast<SetParamOp>(op))
+    return {s.getName(), s.getValue()};
+  if (auto s = dyn_cast<SetStateOp>(op))
+    return {s.getName(), s.getValue()};
+  if (auto s = dyn_cast<SetUnitOp>(op))
+    return {s.getName(), s.getValue()};
+  return {StringRef(), Value()};
+}
+
 /// True when `v`, written back to symbol `sym`, can be computed in place in
 /// the storage of `sym`: it is an optimizer update result replacing the
 /// storage its operand read, or an all-gather into a unit's storage (the

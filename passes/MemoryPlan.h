@@ -102,6 +102,11 @@ struct MemoryPlan {
 /// names, or null when `v` is no such read.
 FlatSymbolRefAttr storageRead(Value v);
 
+/// The symbol the storage write `op` (fsdp.set_param / set_state /
+/// set_unit) names, with the value it writes; a null symbol when `op` is
+/// no such write.
+std::pair<StringRef, Value> storageWrite(Operation *op);
+
 /// Ops that become no instruction: reads of storage, in-place write-backs,
 /// and fsdp.set_grad (an output binding).
 bool isStorageAlias(Operation *op);
