@@ -261,7 +261,10 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
                                                   const DeviceProfile &p,
                                                   double scale) {
   llvm::DenseMap<Operation *, double> cold;
-  if (p.cacheCurveBytes.empty() || p.gemmColdBytesPerS <= 0)
+  // An unplaced plan (the budget search's candidates: liveness only) has
+  // no addresses to reuse: its candidates are ranked without the cache
+  // model, the chosen plan is predicted with it (simulate=true).
+  if (p.cacheCurveBytes.empty() || p.gemmColdBytesPerS <= 0 || !plan.placed)
     return cold;
   const int64_t block = cacheBlockBytes(plan);
   struct Touch {

@@ -638,6 +638,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   std::vector<int64_t> placed[2];
   int64_t arena[2] = {persistentEnd, hostPersistentEnd};
   const int64_t base[2] = {persistentEnd, hostPersistentEnd};
+  plan.placed = place;
   if (!place)
     transient.clear();
   for (int64_t id : transient) {

@@ -81,6 +81,8 @@ struct MemoryPlan {
   llvm::DenseMap<Operation *, int64_t> instrIndex;
   int64_t numInstructions = 0;
   int64_t arenaBytes = 0;
+  /// Buffers have their arena offsets (planMemory's `place`).
+  bool placed = false;
   /// Largest sum of live buffer bytes at any instruction, and its breakdown
   /// by kind at that instruction.
   int64_t peakLive = 0;
