@@ -368,6 +368,61 @@ TEST(KernelsTest, EmbeddingScatterAddsRepeatedIds) {
   EXPECT_EQ((embedding<double, int64_t>(table.data(), bad.data(), o.data(), 2, V, W)), 1);
 }
 
+// The row-repeat fast paths (a suffix shape: bias, position table) give
+// the bits of the general broadcast walk: each element's one operation,
+// and a sum over rows in row order. References written out here in that
+// order, in float (the kernels' type in training), on shapes that take the
+// fast path and ones that do not.
+TEST(KernelsTest, BroadcastFastPathsAreTheGeneralWalkBitwise) {
+  struct Case {
+    Shape big, small;
+  } cases[] = {{{3, 5, 4}, {5, 4}}, {{7, 9}, {9}}, {{2, 3, 4}, {1, 1, 4}},
+               {{6, 4}, {6, 1}}, {{2, 3, 4}, {3, 1}}, {{5, 3}, {1, 3}}};
+  for (const Case &cs : cases) {
+    int64_t nb = numel(cs.big), ns = numel(cs.small);
+    std::vector<float> big(nb), small(ns);
+    for (int64_t i = 0; i < nb; ++i)
+      big[i] = (float)std::sin(1.3 * i + 0.2) * 3.0f;
+    for (int64_t i = 0; i < ns; ++i)
+      small[i] = (float)std::cos(0.7 * i) * 1e-3f;
+    // Index of `small` each element of `big` meets, by broadcasting rules.
+    std::vector<int64_t> at(nb);
+    Shape sb = cs.big, ss = cs.small;
+    for (int64_t i = 0; i < nb; ++i) {
+      int64_t rem = i, off = 0, stride = 1;
+      for (int64_t d = (int64_t)sb.size() - 1, e = (int64_t)ss.size() - 1; d >= 0; --d, --e) {
+        int64_t idx = rem % sb[d];
+        rem /= sb[d];
+        if (e >= 0) {
+          if (ss[e] != 1)
+            off += idx * stride;
+          stride *= ss[e];
+        }
+      }
+      at[i] = off;
+    }
+    std::vector<float> sum(ns, 0.0f), got(ns), add(nb), addGot(nb), sub(nb), subGot(nb),
+        bc(nb), bcGot(nb);
+    for (int64_t i = 0; i < nb; ++i) {
+      sum[at[i]] += big[i];
+      add[i] = big[i] + small[at[i]];
+      sub[i] = small[at[i]] - big[i];
+      bc[i] = small[at[i]];
+    }
+    sumTo<float>(big.data(), cs.big, got.data(), cs.small);
+    binary<float>(BinaryKind::Add, big.data(), cs.big, small.data(), cs.small, addGot.data(),
+                  cs.big);
+    binary<float>(BinaryKind::Sub, small.data(), cs.small, big.data(), cs.big, subGot.data(),
+                  cs.big);
+    broadcastTo<float>(small.data(), cs.small, bcGot.data(), cs.big);
+    std::string what = rules::shapeStr(cs.big) + " / " + rules::shapeStr(cs.small);
+    EXPECT_EQ(std::memcmp(sum.data(), got.data(), 4 * ns), 0) << "sum_to " << what;
+    EXPECT_EQ(std::memcmp(add.data(), addGot.data(), 4 * nb), 0) << "add " << what;
+    EXPECT_EQ(std::memcmp(sub.data(), subGot.data(), 4 * nb), 0) << "sub " << what;
+    EXPECT_EQ(std::memcmp(bc.data(), bcGot.data(), 4 * nb), 0) << "broadcast " << what;
+  }
+}
+
 TEST(KernelsTest, BroadcastAndSumToAreAdjoint) {
   Shape small{3, 1, 4}, big{2, 3, 5, 4};
   std::vector<double> x = randomVec(12, 17), dy = randomVec(120, 18), dx(12);
