@@ -117,8 +117,7 @@ public:
   virtual Status copyToHost(void *dst, const void *src, int64_t bytes) = 0;
   /// Sets the `bytes / 4` words at device address `dst` to `word`,
   /// synchronously like copyToDevice (the arenas' sentinel before a run).
-  /// The default copies a host buffer of words over, 1 MiB at a time.
-  virtual Status fillWords(void *dst, uint32_t word, int64_t bytes);
+  virtual Status fillWords(void *dst, uint32_t word, int64_t bytes) = 0;
 
   // --- compute ------------------------------------------------------------
   /// Binds a validated plan and this rank's shard index (Plan::shardIndex)

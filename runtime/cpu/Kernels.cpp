@@ -66,20 +66,20 @@ void forEachBroadcast(const Shape &in, const Shape &out, F f) {
   }
 }
 
-/// numel(small) when `small` (leading 1s aside) is the trailing dims of
-/// `big`: element i of `big` then meets element i % numel(small) of
-/// `small` (a bias over rows, a position table over a batch); else 0.
-int64_t suffixPeriod(const Shape &small, const Shape &big) {
+/// True when `small` (leading 1s aside) is the trailing dims of `big`:
+/// element i of `big` then meets element i % numel(small) of `small` (a
+/// bias over rows, a position table over a batch).
+bool repeatsOverRows(const Shape &small, const Shape &big) {
   size_t lead = 0;
   while (lead < small.size() && small[lead] == 1)
     ++lead;
   size_t k = small.size() - lead;
   if (k > big.size() || k == 0)
-    return 0;
+    return false;
   for (size_t d = 0; d < k; ++d)
     if (small[lead + d] != big[big.size() - k + d])
-      return 0;
-  return numel(small);
+      return false;
+  return true;
 }
 
 template <typename T> inline T applyBinary(BinaryKind k, T a, T b) {
@@ -124,14 +124,14 @@ void binary(BinaryKind k, const T *a, const Shape &sa, const T *b,
   }
   // One side repeats over the other's leading dims: rows of a loop the
   // compiler vectorizes (the general walk below costs ~2 ns an element).
-  if (na == n && nb > 0 && suffixPeriod(sb, so) == nb) {
+  if (na == n && nb > 0 && repeatsOverRows(sb, so)) {
 #pragma omp parallel for if (n > kParallelGrain)
     for (int64_t r = 0; r < n / nb; ++r)
       for (int64_t j = 0; j < nb; ++j)
         out[r * nb + j] = applyBinary(k, a[r * nb + j], b[j]);
     return;
   }
-  if (nb == n && na > 0 && suffixPeriod(sa, so) == na) {
+  if (nb == n && na > 0 && repeatsOverRows(sa, so)) {
 #pragma omp parallel for if (n > kParallelGrain)
     for (int64_t r = 0; r < n / na; ++r)
       for (int64_t j = 0; j < na; ++j)
@@ -161,7 +161,7 @@ void binary(BinaryKind k, const T *a, const Shape &sa, const T *b,
 template <typename T>
 void broadcastTo(const T *in, const Shape &si, T *out, const Shape &so) {
   int64_t n = numel(si);
-  if (n > 0 && suffixPeriod(si, so) == n) {
+  if (n > 0 && repeatsOverRows(si, so)) {
     for (int64_t r = 0; r < numel(so) / n; ++r)
       std::memcpy(out + r * n, in, sizeof(T) * n);
     return;
@@ -177,7 +177,7 @@ void sumTo(const T *in, const Shape &si, T *out, const Shape &so) {
     return;
   }
   std::fill(out, out + n, T(0));
-  if (n > 0 && suffixPeriod(so, si) == n) {
+  if (n > 0 && repeatsOverRows(so, si)) {
     // A sum over rows (a bias gradient): each output adds its rows in the
     // order the general walk does, row 0 first, so the sums are the same
     // bits; the inner loop vectorizes.

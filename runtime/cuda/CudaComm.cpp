@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <vector>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace fsdp::cuda {
 
