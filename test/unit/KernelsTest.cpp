@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -488,6 +489,69 @@ TEST(KernelsTest, AdamWMatchesTorchFormulas) {
   EXPECT_NEAR(std::fabs(0.5 * (1 - lr * wd) - 0.5), lr * wd * 0.5, 1e-15);
 }
 
+
+// The f32 update is vectorized (omp simd, -fno-math-errno). Each element
+// must still round exactly as torch's scalar sequence of f32 operations:
+// packed sqrt / divide round like the scalar ones, and an FMA contraction
+// (-march with FMA) or -ffast-math reassociation would change the last
+// bits. The reference forces every rounding through a volatile float, so
+// no contraction can hide in it either. Sizes cover the vector tail, the
+// parallel path (n > 2^15) and both in-place and separate outputs.
+TEST(KernelsTest, AdamWFloatIsTheScalarRoundingBitwise) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f), e(-12.f, 2.f);
+  auto draw = [&](size_t n, bool positive) {
+    std::vector<float> x(n);
+    for (float &y : x) {
+      float mag = std::pow(10.f, e(rng));
+      y = positive ? mag * mag : u(rng) * mag;
+    }
+    return x;
+  };
+  const double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1;
+  for (size_t n : {size_t(1), size_t(37), size_t(1003), size_t(40000)}) {
+    for (int64_t step : {int64_t(1), int64_t(7), int64_t(1000)}) {
+      std::vector<float> p = draw(n, false), g = draw(n, false), m = draw(n, false),
+                         v = draw(n, true);
+      std::vector<float> wp(n), wm(n), wv(n);
+      double bc1 = 1 - std::pow(beta1, (double)step), bc2 = 1 - std::pow(beta2, (double)step);
+      const float stepSize = (float)(lr / bc1), bc2Sqrt = (float)std::sqrt(bc2),
+                  decay = (float)(1 - lr * wd), b1 = (float)beta1, b2 = (float)beta2,
+                  c1 = (float)(1 - beta1), c2 = (float)(1 - beta2), fe = (float)eps;
+      for (size_t i = 0; i < n; ++i) {
+        volatile float pi = p[i] * decay;
+        volatile float a = m[i] * b1, b = c1 * g[i];
+        volatile float mi = a + b;
+        volatile float c = v[i] * b2, d = c2 * g[i];
+        volatile float d2 = d * g[i];
+        volatile float vi = c + d2;
+        volatile float s = std::sqrt((float)vi);
+        volatile float q = s / bc2Sqrt;
+        volatile float den = q + fe;
+        volatile float r = mi / den;
+        volatile float upd = stepSize * r;
+        wp[i] = pi - upd;
+        wm[i] = mi;
+        wv[i] = vi;
+      }
+      std::vector<float> np(n), nm(n), nv(n);
+      adamwUpdate<float>(p.data(), g.data(), m.data(), v.data(), np.data(), nm.data(),
+                         nv.data(), (int64_t)n, lr, step, beta1, beta2, eps, wd);
+      adamwUpdate<float>(p.data(), g.data(), m.data(), v.data(), p.data(), m.data(),
+                         v.data(), (int64_t)n, lr, step, beta1, beta2, eps, wd);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(&np[i], &wp[i], 4), 0)
+            << "param " << i << " of " << n << ", step " << step << ": " << np[i]
+            << " vs " << wp[i];
+        ASSERT_EQ(std::memcmp(&nm[i], &wm[i], 4), 0) << "exp_avg " << i << " of " << n;
+        ASSERT_EQ(std::memcmp(&nv[i], &wv[i], 4), 0) << "exp_avg_sq " << i << " of " << n;
+        ASSERT_EQ(std::memcmp(&p[i], &wp[i], 4), 0) << "in-place param " << i;
+        ASSERT_EQ(std::memcmp(&m[i], &wm[i], 4), 0) << "in-place exp_avg " << i;
+        ASSERT_EQ(std::memcmp(&v[i], &wv[i], 4), 0) << "in-place exp_avg_sq " << i;
+      }
+    }
+  }
+}
 TEST(KernelsTest, SgdMomentumFirstStepClonesTheGradient) {
   std::vector<double> p{1.0}, g{0.5}, buf{123.0};
   sgdMomentumUpdate<double>(p.data(), g.data(), buf.data(), p.data(), buf.data(),
