@@ -719,8 +719,35 @@ Status Executor::loadParams(const TensorMap &in) {
                         " and dtype ", dtypeName(t.dtype), " in the file; the model's "
                         "parameter has shape ", shapeStr(p.shape), " and dtype ",
                         dtypeName(p.dtype));
+  }
+  // Checked above: every parameter has an f32 tensor of its shape.
+  return loadParams([&](const Param &p, int64_t first, int64_t count, float *out) {
+    std::memcpy(out, in.at(p.name).data.data() + 4 * first, (size_t)count * 4);
+    return Status::ok();
+  });
+}
+
+Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
+  if (chunk < 1)
+    return FSDP_ERROR("loadParams: chunk of ", chunk, " elements");
+  std::vector<float> host;
+  // Elements [lo, hi) of `p` to device address `to`, a chunk at a time.
+  auto load = [&](const Param &p, int64_t lo, int64_t hi, uint8_t *to) -> Status {
+    for (int64_t at = lo; at < hi; at += chunk) {
+      int64_t n = std::min(chunk, hi - at);
+      host.resize((size_t)std::max<int64_t>((int64_t)host.size(), n));
+      FSDP_RETURN_IF_ERROR(read(p, at, n, host.data()));
+      FSDP_RETURN_IF_ERROR(dev.copyToDevice(to + 4 * (at - lo), host.data(), 4 * n));
+    }
+    return Status::ok();
+  };
+  for (const Param &p : plan.params) {
     if (p.buffer >= 0) {
-      FSDP_RETURN_IF_ERROR(writeBuffer(p.buffer, t.data.data()));
+      if (plan.buffers[p.buffer].bytes != 4 * p.numel())
+        return FSDP_ERROR("parameter '", p.name, "': its buffer holds ",
+                          plan.buffers[p.buffer].bytes, " bytes, not ", p.numel(),
+                          " f32 values");
+      FSDP_RETURN_IF_ERROR(load(p, 0, p.numel(), address(p.buffer)));
       continue;
     }
     // The part of the parameter in this rank's slice of its unit.
@@ -730,9 +757,8 @@ Status Executor::loadParams(const TensorMap &in) {
     int64_t lo = std::max(first, p.flatOffset);
     int64_t hi = std::min(first + count, p.flatOffset + p.numel());
     if (lo < hi)
-      FSDP_RETURN_IF_ERROR(dev.copyToDevice(address(u.buffer) + 4 * (lo - first),
-                                            t.data.data() + 4 * (lo - p.flatOffset),
-                                            4 * (hi - lo)));
+      FSDP_RETURN_IF_ERROR(load(p, lo - p.flatOffset, hi - p.flatOffset,
+                                address(u.buffer) + 4 * (lo - first)));
   }
   return Status::ok();
 }

@@ -20,6 +20,7 @@
 #include "runtime/core/SafeTensors.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -96,6 +97,19 @@ public:
   Status gatherParams(TensorMap &out);
   /// Loads whole parameters (each rank keeps its shard).
   Status loadParams(const TensorMap &in);
+  /// Supplies elements [first, first + count) of parameter `p` (row-major
+  /// positions in the whole tensor) as f32 into `out`.
+  using ParamReader =
+      std::function<Status(const Param &p, int64_t first, int64_t count, float *out)>;
+  /// Elements per piece loadParams(ParamReader) asks for: 16 MiB of f32.
+  static constexpr int64_t kLoadChunkElems = int64_t(4) << 20;
+  /// Loads every parameter through `read`, asking only for the elements
+  /// this rank stores (its slice of a sharded unit; all of an unsharded
+  /// unit or of a parameter's own buffer), at most `chunk` elements at a
+  /// time through one host buffer: host memory is bounded by the chunk,
+  /// not by the model (fsdp-run --init-from, InitFrom.h). The caller
+  /// checks names, shapes and dtypes first.
+  Status loadParams(const ParamReader &read, int64_t chunk = kLoadChunkElems);
   /// Gradients published by a plan compiled with optimizer=none.
   Status gradOutputs(TensorMap &out) const;
 

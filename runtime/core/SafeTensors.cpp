@@ -2,7 +2,10 @@
 
 #include "runtime/core/SafeTensors.h"
 
+#include "runtime/core/Bf16.h"
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <tuple>
 #include <cstring>
@@ -92,37 +95,55 @@ Status writeSafeTensors(const std::string &path, const TensorMap &tensors,
   return writeFileAtomic(path, out);
 }
 
-Status readSafeTensors(const std::string &path, TensorMap &tensors) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return FSDP_ERROR("cannot open '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad())
-    return FSDP_ERROR("cannot read '", path, "'");
-  return parseSafeTensors(path, ss.str(), tensors);
-}
+namespace {
 
-Status parseSafeTensors(const std::string &path, const std::string &bytes,
-                        TensorMap &tensors) {
-  if (bytes.size() < 8)
-    return FSDP_ERROR(path, ": truncated safetensors file (", bytes.size(),
+/// Every dtype a safetensors header may name, with its element size (the
+/// reference implementation's list).
+struct AnyDType {
+  const char *name;
+  int64_t bytes;
+};
+constexpr AnyDType kAnyDTypes[] = {
+    {"F64", 8}, {"F32", 4},  {"BF16", 2}, {"F16", 2},     {"F8_E4M3", 1},
+    {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+    {"U64", 8}, {"U32", 4},  {"U16", 2},  {"U8", 1},      {"BOOL", 1}};
+
+/// The header length in the first 8 bytes of `bytes` (the file's first
+/// bytes), checked against the file's size and the limit.
+Status headerLength(const std::string &path, const std::string &bytes,
+                    uint64_t fileSize, uint64_t &len) {
+  if (fileSize < 8 || bytes.size() < 8)
+    return FSDP_ERROR(path, ": truncated safetensors file (", fileSize,
                       " bytes: no 8-byte header length)");
-  uint64_t len = 0;
+  len = 0;
   for (int i = 7; i >= 0; --i) // little-endian whatever the host
     len = (len << 8) | (uint8_t)bytes[i];
-  if (len > bytes.size() - 8)
+  if (len > fileSize - 8)
     return FSDP_ERROR(path, ": truncated safetensors file (header length ", len,
-                      " bytes, file of ", bytes.size(), ")");
+                      " bytes, file of ", fileSize, ")");
   if (len > kMaxSafeTensorsHeader)
     return FSDP_ERROR(path, ": safetensors header length ", len,
                       " exceeds the limit of ", kMaxSafeTensorsHeader, " bytes");
   if (len < 2)
     return FSDP_ERROR(path, ": safetensors header length ", len,
                       " is too short for a JSON object");
+  return Status::ok();
+}
+
+/// Checks the JSON header at bytes[8, 8 + len) of a file of `fileSize`
+/// bytes. `planDTypes`: only the dtypes a plan has (readSafeTensors'
+/// contract: every tensor becomes a Tensor); otherwise any safetensors
+/// dtype.
+Status parseHeader(const std::string &path, const std::string &bytes,
+                   uint64_t fileSize, bool planDTypes, SafeTensorsHeader &out) {
+  uint64_t len = 0;
+  FSDP_RETURN_IF_ERROR(headerLength(path, bytes, fileSize, len));
+  if (bytes.size() < 8 + len)
+    return FSDP_ERROR(path, ": internal: the header's ", len, " bytes were not read");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + len);
+    header = nlohmann::json::parse(bytes.begin() + 8,
+                                   bytes.begin() + 8 + (std::ptrdiff_t)len);
   } catch (const std::exception &e) {
     return FSDP_ERROR(path, ": corrupt safetensors header (not valid JSON): ",
                       e.what());
@@ -130,10 +151,11 @@ Status parseSafeTensors(const std::string &path, const std::string &bytes,
   if (!header.is_object())
     return FSDP_ERROR(path, ": safetensors header: expected a JSON object, found ",
                       header.type_name());
-  const uint64_t dataStart = 8 + len, dataSize = bytes.size() - dataStart;
+  const uint64_t dataStart = 8 + len, dataSize = fileSize - dataStart;
   // [begin, end, name] of every tensor, to reject overlapping ranges.
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
-  TensorMap out;
+  SafeTensorsHeader result;
+  result.fileSize = fileSize;
   for (auto &item : header.items()) {
     const std::string &name = item.key();
     const nlohmann::json &v = item.value();
@@ -157,16 +179,26 @@ Status parseSafeTensors(const std::string &path, const std::string &bytes,
     FSDP_RETURN_IF_ERROR(field("dtype", dt));
     FSDP_RETURN_IF_ERROR(field("shape", shape));
     FSDP_RETURN_IF_ERROR(field("data_offsets", offs));
-    Tensor t;
-    if (!dt->is_string() || !stParse(dt->get<std::string>(), t.dtype))
+    TensorEntry t;
+    if (dt->is_string()) {
+      std::string s = dt->get<std::string>();
+      DType planType;
+      for (const AnyDType &a : kAnyDTypes)
+        if (s == a.name && (!planDTypes || stParse(s, planType))) {
+          t.dtype = s;
+          t.elementSize = a.bytes;
+        }
+    }
+    if (t.elementSize == 0)
       return FSDP_ERROR(where, ": dtype: unsupported ", dt->dump(),
-                        " (expected F32, BF16, F16, I32 or I64)");
+                        planDTypes ? " (expected F32, BF16, F16, I32 or I64)"
+                                   : " (not a safetensors dtype)");
     if (!shape->is_array())
       return FSDP_ERROR(where, ": shape: expected an array, found ",
                         shape->type_name());
     // Bytes the shape needs, without overflow: every dimension a
     // non-negative integer, the product bounded by the data section.
-    uint64_t need = (uint64_t)dtypeSize(t.dtype);
+    uint64_t need = (uint64_t)t.elementSize;
     bool tooBig = false;
     for (size_t d = 0; d < shape->size(); ++d) {
       const nlohmann::json &x = (*shape)[d];
@@ -208,19 +240,138 @@ Status parseSafeTensors(const std::string &path, const std::string &bytes,
     if (be[1] - be[0] != need)
       return FSDP_ERROR(where, ": data_offsets: ", be[1] - be[0], " bytes, but "
                         "shape ", shape->dump(), " of ", dt->dump(), " needs ", need);
-    t.data.assign(bytes.begin() + (std::ptrdiff_t)(dataStart + be[0]),
-                  bytes.begin() + (std::ptrdiff_t)(dataStart + be[1]));
+    // Both ends are within the file: dataStart + be[1] <= fileSize.
+    t.begin = dataStart + be[0];
+    t.end = dataStart + be[1];
     ranges.emplace_back(be[0], be[1], name);
-    out[name] = std::move(t);
+    result.tensors[name] = std::move(t);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (std::get<0>(ranges[i]) < std::get<1>(ranges[i - 1]))
       return FSDP_ERROR(path, ": tensors '", std::get<2>(ranges[i - 1]), "' and '",
                         std::get<2>(ranges[i]), "': data_offsets overlap");
+  out = std::move(result);
+  return Status::ok();
+}
+
+/// Reads exactly `n` bytes at `offset` (pread: no shared file position).
+Status preadAll(int fd, const std::string &path, uint64_t offset, void *dst,
+                size_t n) {
+  auto *p = static_cast<uint8_t *>(dst);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, (off_t)offset);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return FSDP_ERROR("cannot read '", path, "': ", std::strerror(errno));
+    if (r == 0)
+      return FSDP_ERROR("cannot read '", path, "': the file ended at byte ", offset,
+                        " (was it truncated while being read?)");
+    p += r;
+    offset += (uint64_t)r;
+    n -= (size_t)r;
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+Status readSafeTensors(const std::string &path, TensorMap &tensors) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return FSDP_ERROR("cannot open '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad())
+    return FSDP_ERROR("cannot read '", path, "'");
+  return parseSafeTensors(path, ss.str(), tensors);
+}
+
+Status parseSafeTensors(const std::string &path, const std::string &bytes,
+                        TensorMap &tensors) {
+  SafeTensorsHeader header;
+  FSDP_RETURN_IF_ERROR(parseHeader(path, bytes, bytes.size(), /*planDTypes=*/true,
+                                   header));
+  TensorMap out;
+  for (auto &[name, e] : header.tensors) {
+    Tensor t;
+    stParse(e.dtype, t.dtype); // one of the plan's: parseHeader checked
+    t.shape = e.shape;
+    t.data.assign(bytes.begin() + (std::ptrdiff_t)e.begin,
+                  bytes.begin() + (std::ptrdiff_t)e.end);
+    out[name] = std::move(t);
+  }
   for (auto &[name, t] : out)
     tensors[name] = std::move(t);
   return Status::ok();
+}
+
+Status parseSafeTensorsHeader(const std::string &name, const std::string &prefix,
+                              uint64_t fileSize, SafeTensorsHeader &header) {
+  if (prefix.size() > fileSize)
+    return FSDP_ERROR(name, ": internal: ", prefix.size(), " bytes read from a file of ",
+                      fileSize);
+  return parseHeader(name, prefix, fileSize, /*planDTypes=*/false, header);
+}
+
+Status readSafeTensorsHeader(const std::string &path, SafeTensorsHeader &header) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return FSDP_ERROR("cannot open '", path, "': ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    return FSDP_ERROR("cannot stat '", path, "': ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return FSDP_ERROR("'", path, "' is not a regular file (a .safetensors file "
+                      "was expected)");
+  uint64_t fileSize = (uint64_t)st.st_size;
+  // The length first: a hostile one must not size an allocation before
+  // it is checked against the file and the limit.
+  std::string prefix(std::min<uint64_t>(fileSize, 8), '\0');
+  FSDP_RETURN_IF_ERROR(preadAll(fd, path, 0, prefix.data(), prefix.size()));
+  uint64_t len = 0;
+  FSDP_RETURN_IF_ERROR(headerLength(path, prefix, fileSize, len));
+  prefix.resize(8 + len);
+  FSDP_RETURN_IF_ERROR(preadAll(fd, path, 8, prefix.data() + 8, len));
+  return parseHeader(path, prefix, fileSize, /*planDTypes=*/false, header);
+}
+
+bool isFloatSafeTensorsDType(const std::string &dtype) {
+  return dtype == "F32" || dtype == "BF16" || dtype == "F16" || dtype == "F64";
+}
+
+Status toF32(const std::string &dtype, const void *src, int64_t n, float *dst) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  if (dtype == "F32") {
+    std::memcpy(dst, b, (size_t)n * 4);
+  } else if (dtype == "BF16" || dtype == "F16") {
+    bool bf = dtype == "BF16";
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      dst[i] = bf ? widenBf16(h) : widenHalf(h);
+    }
+  } else if (dtype == "F64") {
+    for (int64_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, b + 8 * i, 8);
+      dst[i] = static_cast<float>(d); // nearest, as torch's copy_
+    }
+  } else {
+    return FSDP_ERROR("cannot convert dtype ", dtype, " to f32 (a floating-point "
+                      "dtype was expected: F32, BF16, F16 or F64)");
+  }
+  return Status::ok();
+}
+
+Status readSafeTensorsRange(int fd, const std::string &path, uint64_t offset,
+                            void *dst, size_t n) {
+  return preadAll(fd, path, offset, dst, n);
 }
 
 } // namespace fsdp

@@ -43,6 +43,48 @@ Status parseSafeTensors(const std::string &name, const std::string &bytes,
 /// Upper bound of the JSON header, as in the reference implementation (100 MB).
 constexpr uint64_t kMaxSafeTensorsHeader = 100'000'000;
 
+/// Where one tensor of a .safetensors file lies, without its bytes.
+struct TensorEntry {
+  /// The header's dtype name ("F32", "BF16", "F64", "I32", ...): any
+  /// safetensors dtype, not only the ones plans use.
+  std::string dtype;
+  int64_t elementSize = 0; ///< bytes per element
+  std::vector<int64_t> shape;
+  /// Absolute byte offsets in the file: [begin, end) holds the data.
+  uint64_t begin = 0, end = 0;
+  int64_t numel() const { return (int64_t)((end - begin) / (uint64_t)elementSize); }
+};
+
+/// A .safetensors file's header, checked as readSafeTensors checks it.
+struct SafeTensorsHeader {
+  uint64_t fileSize = 0;
+  std::map<std::string, TensorEntry> tensors;
+};
+
+/// Reads and checks only the header of a .safetensors file (every check
+/// readSafeTensors makes, against the file's size), never its data, so
+/// a checkpoint of any size costs its header's bytes. Unlike
+/// readSafeTensors it accepts every safetensors dtype (F64, I8, BOOL,
+/// ...): what to do with one is the caller's choice.
+Status readSafeTensorsHeader(const std::string &path, SafeTensorsHeader &header);
+/// The same on a file's first bytes: `prefix` holds at least the 8-byte
+/// length and the JSON header (or the whole file), `fileSize` is the
+/// whole file's size.
+Status parseSafeTensorsHeader(const std::string &name, const std::string &prefix,
+                              uint64_t fileSize, SafeTensorsHeader &header);
+
+/// True for the floating-point dtypes toF32 converts (F32, BF16, F16, F64).
+bool isFloatSafeTensorsDType(const std::string &dtype);
+/// Converts `n` elements of a floating-point dtype (little-endian bytes
+/// at `src`, any alignment) to f32 as torch's `copy_` into an f32 tensor
+/// does: BF16 and F16 widen exactly, F64 rounds to the nearest f32, F32
+/// is copied. An error for any other dtype.
+Status toF32(const std::string &dtype, const void *src, int64_t n, float *dst);
+/// Reads exactly `n` bytes at `offset` of the open file `fd` (pread: no
+/// shared file position); `path` names it in errors, a short read too.
+Status readSafeTensorsRange(int fd, const std::string &path, uint64_t offset,
+                            void *dst, size_t n);
+
 /// Writes `bytes` to `path` atomically (temp file + fsync + rename).
 Status writeFileAtomic(const std::string &path, const std::string &bytes);
 

@@ -5,6 +5,7 @@
 #include "runtime/core/Checkpoint.h"
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
+#include "runtime/core/InitFrom.h"
 #include "runtime/core/SafeTensors.h"
 
 #include <algorithm>
@@ -51,7 +52,15 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --dump-dir DIR       write init/final parameters, the parameters after every
                        step, batches, gradients and a log for the PyTorch
                        oracle (small models: it keeps every step in memory)
-  --init-from FILE     start from the parameters in a .safetensors file
+  --init-from PATH     start from the parameters of a checkpoint: a .safetensors
+                       file, a Hugging Face sharded checkpoint's index
+                       (model.safetensors.index.json: each tensor's shard file,
+                       relative to the index), or a directory holding that
+                       index or else model.safetensors. Every tensor must be a
+                       parameter of the model and vice versa, shapes equal;
+                       F32, BF16, F16 (widened exactly) and F64 (rounded to
+                       nearest) load as torch's load_state_dict does. Each
+                       rank reads only its own slice of every parameter
   --save FILE          write the final parameters (consolidated) as .safetensors
   --ckpt-dir DIR       write sharded training-state checkpoints (parameters,
                        optimizer state, step, schedule, data position) under
@@ -553,9 +562,9 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
   Executor ex(plan, comm, device);
   FSDP_RETURN_IF_ERROR(ex.init(opt.seed));
   if (!opt.initFrom.empty()) {
-    TensorMap init;
-    FSDP_RETURN_IF_ERROR(readSafeTensors(opt.initFrom, init));
-    FSDP_RETURN_IF_ERROR(ex.loadParams(init));
+    // Headers only, then each rank its own slices: a rank's host memory
+    // stays bounded however large the checkpoint (InitFrom.h).
+    FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, ex));
   }
   // The schedule and data a checkpoint records, to resume exactly.
   nlohmann::json schedule = {{"lr", opt.lr}, {"schedule", opt.schedule},

@@ -343,6 +343,69 @@ def main():
             check("init-from: " + label, [mlp, "--steps", "1", "--init-from", write(os.path.join(tmp, "init.safetensors"), data)], expect)
         check("init-from: missing file", [mlp, "--steps", "1", "--init-from", os.path.join(tmp, "none.safetensors")], "none.safetensors")
 
+        # --- Hugging Face sharded checkpoints (--init-from an index or a directory)
+        def st_file(tensors):
+            """safetensors bytes of {name: (dtype, shape, element size)}, zeros."""
+            header, off = {}, 0
+            for tname, (dtype, tshape, size) in tensors.items():
+                nbytes = size
+                for d in tshape:
+                    nbytes *= d
+                header[tname] = {"dtype": dtype, "shape": tshape, "data_offsets": [off, off + nbytes]}
+                off += nbytes
+            return safetensors(header, b"\0" * off)
+
+        def hf_dir(label, shards, weight_map=None, index=True):
+            """A checkpoint directory: shard files {file: {name: (dtype, shape, size)}}
+            and an index (weight_map from the shards unless given)."""
+            d = os.path.join(tmp, "hf-" + label.replace(" ", "-"))
+            os.makedirs(d)
+            wm = {}
+            for fname, tensors in shards.items():
+                write(os.path.join(d, fname), st_file(tensors))
+                for tname in tensors:
+                    wm.setdefault(tname, fname)
+            if index:
+                with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+                    json.dump({"metadata": {"total_size": 0},
+                               "weight_map": wm if weight_map is None else weight_map}, f)
+            return d
+
+        params = plans["mlp"]["params"]
+        whole = {p["name"]: ("F32", p["shape"], 4) for p in params}
+        half = len(params) // 2
+        s1 = {p["name"]: whole[p["name"]] for p in params[:half]}
+        s2 = {p["name"]: whole[p["name"]] for p in params[half:]}
+        f1, f2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+        p0, plast = params[0]["name"], params[-1]["name"]
+        ok_dir = hf_dir("valid", {f1: s1, f2: s2})
+        os.remove(os.path.join(ok_dir, f2))
+        hf_cases = [
+            ("missing shard file", ok_dir, f2),
+            ("index weight_map is a list",
+             hf_dir("wm list", {f1: s1, f2: s2}, weight_map=[f1, f2]), "weight_map: expected an object"),
+            ("index weight_map value is a number",
+             hf_dir("wm number", {f1: s1, f2: s2}, weight_map={p0: 1}), "weight_map['" + p0 + "']"),
+            ("tensor missing from its shard",
+             hf_dir("missing", {f1: {k: v for k, v in s1.items() if k != p0}, f2: s2},
+                    weight_map={**{k: f1 for k in s1}, **{k: f2 for k in s2}}),
+             "which has no tensor '" + p0 + "'"),
+            ("tensor in two shards",
+             hf_dir("twice", {f1: s1, f2: {**s2, p0: s1[p0]}}), "'" + p0 + "' is in two shards"),
+            ("I32 tensor in a shard",
+             hf_dir("int", {f1: s1, f2: {**s2, plast: ("I32", whole[plast][1], 4)}}),
+             "'" + plast + "' has dtype I32"),
+            ("shape mismatch in a shard",
+             hf_dir("shape", {f1: s1, f2: {**s2, plast: ("BF16", [3, 5], 2)}}), "has shape [3, 5]"),
+            ("directory with neither file", hf_dir("neither", {f1: s1, f2: s2}, index=False),
+             "nor 'model.safetensors'"),
+        ]
+        for label, path, expect in hf_cases:
+            check("init-from: " + label, [mlp, "--steps", "1", "--init-from", path], expect)
+        # The same refusal on every rank of a job: one error, exit 1, no hang.
+        check("init-from: missing shard file, 2 ranks", [sharded, "--steps", "1", "--nproc", "2",
+              "--init-from", os.path.join(ok_dir, "model.safetensors.index.json")], f2)
+
         # --- outputs: never replace something that is not a regular file
         fifo = os.path.join(tmp, "fifo")
         os.mkfifo(fifo)
