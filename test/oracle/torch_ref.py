@@ -558,6 +558,10 @@ def main():
     ap.add_argument("--script", help="build the model with this fsdp-import script's "
                     "model() (the module fsdp-import imported) instead; --model and the "
                     "sizes still give the rounding-depth formula of the architecture")
+    ap.add_argument("--init-from", help="with --script: the run started from this "
+                    "checkpoint (fsdp-run --init-from: a .safetensors file, BF16/F16 widened "
+                    "as load_state_dict copies), not from model()'s own values: the module "
+                    "loads it, then the dump's initial parameters must equal it bit for bit")
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="the model's dropout p (gen_models.py --dropout)")
@@ -585,8 +589,12 @@ def main():
         # fsdp-import --weights + fsdp-run --init-from: training starts from
         # the module's own initial values, bit for bit.
         own = dict(model.named_parameters())
+        whose = "the PyTorch module's own"
+        if getattr(args, "init_from", None):  # a fine-tune from a checkpoint
+            load_init(model, read_safetensors(args.init_from))
+            whose = "the checkpoint's"
         same = all(torch.equal(init[n], own[n].detach()) for n in own if n in init)
-        print(f"initial parameters {'are' if same else 'are NOT'} the PyTorch module's own")
+        print(f"initial parameters {'are' if same else 'are NOT'} {whose}")
         if not same:
             return 1
     load_init(model, init)
