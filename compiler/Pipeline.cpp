@@ -129,6 +129,10 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // the same way, so this finds nothing left to do after it.
   if (options.fuseEpilogues)
     pm.addPass(createFsdpFuseEpilogues());
+  // After the schedule and the fusion: the copies go where the runtime
+  // will run the saved activations' definitions and first backward reads.
+  if (options.offloadActivations)
+    pm.addPass(createFsdpOffloadActivations());
   // With a memory budget the search applied it to its choice (auto: if
   // it chose it); without one fsdp-offload refuses auto by name.
   if (options.offload != "none" &&

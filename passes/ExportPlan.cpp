@@ -373,6 +373,7 @@ void ExportPlanPass::runOnOperation() {
     (*root.getObject("memory"))["host"] = json::Object{
         {"params", plan.hostTotalByKind[(int)BufKind::Param]},
         {"state", plan.hostTotalByKind[(int)BufKind::State]},
+        {"activations", plan.hostTotalByKind[(int)BufKind::Activation]},
         {"peak_live", plan.hostPeakLive},
         {"peak", plan.hostArenaBytes}};
   }

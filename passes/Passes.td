@@ -472,6 +472,51 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpOffloadActivations : Pass<"fsdp-offload-activations", "::mlir::ModuleOp"> {
+  let summary = "activation offload: saved activations wait in host memory for the backward pass";
+  let description = [{
+    Activation offloading (DeepSpeed's `cpu_checkpointing`, torchtitan's
+    activation offload): every activation the forward pass saves for the
+    backward pass is copied to the host arena as soon as it is computed
+    (`fsdp.to_host` right after its definition) and back to the device
+    right before its first backward read (`fsdp.to_device`); the backward
+    reads the copy. The device copy then dies at its last forward read
+    instead of living until the backward pass: with recomputation
+    (`recompute=unit`) what is saved is one boundary activation per unit,
+    and the device holds none of them across the step.
+
+    Saved activation: a result of a forward op (one the loss depends on)
+    that depends on the batch (a function argument), of at least
+    `min-bytes`, that an op outside the forward pass reads, directly or
+    through reshapes (each reshape a backward op reads is rebuilt on the
+    device copy). Parameters, gathered parameters, their casts, storage
+    reads, collectives, views and copies are not activations.
+
+    The copies are exact, so training is bitwise unchanged; the device pays
+    one copy each way per saved activation per step (on the GPU, DMA on the
+    compute stream). Runs after the schedule, the fusion and before
+    fsdp-offload and fsdp-plan-memory, which places the host copies in the
+    host arena.
+
+    ```mlir
+    %h = fsdp.layer_norm %x, %g, %b ...            // forward
+    %hh = fsdp.to_host %h : tensor<4x8x64xf32>
+    ...
+    %hd = fsdp.to_device %hh : tensor<4x8x64xf32>  // backward
+    %dg = fsdp.layer_norm_grad %dy, %hd, ...
+    ```
+  }];
+  let options = [
+    Option<"minBytes", "min-bytes", "int64_t", /*default=*/"4096",
+           "smallest activation moved (smaller ones stay: a copy's fixed cost "
+           "outweighs the bytes)">,
+  ];
+  let statistics = [
+    Statistic<"numOffloaded", "offloaded", "Saved activations moved to host memory">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
   let summary = "overlaps collectives with compute: async issue, waits, prefetch";
   let description = [{

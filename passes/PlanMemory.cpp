@@ -134,6 +134,11 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
         os << "  host (offloaded):\n";
         row("  parameters", plan->hostTotalByKind[(int)BufKind::Param]);
         row("  optimizer state", plan->hostTotalByKind[(int)BufKind::State]);
+        // fsdp-offload-activations: the saved activations' copies (their
+        // sum: the host arena reuses a copy's bytes once its backward read
+        // is done).
+        if (int64_t a = plan->hostTotalByKind[(int)BufKind::Activation])
+          row("  activations (sum)", a);
         row("  host arena", plan->hostArenaBytes);
       }
     }

@@ -340,10 +340,14 @@ Status Executor::setStepCapture(bool on) {
                           "communicator of ranks sharing a GPU): it cannot be captured");
     if (tracing)
       return FSDP_ERROR("a captured step is replayed whole: no per-instruction trace");
-    if (plan.hostArenaBytes > 0)
-      return FSDP_ERROR("the plan offloads its optimizer: the update runs on the host "
-                        "between the step's device work, which a CUDA graph cannot "
-                        "replay (run without --cuda-graphs)");
+    // Copies to and from the (pinned) host arena are DMA a graph replays
+    // (activation offload); an instruction writing host memory otherwise
+    // is host code (the offloaded optimizer's update).
+    for (const Instruction &inst : plan.program)
+      if (inst.op != "to_host" && !inst.out.empty() && plan.buffers[inst.out[0]].host)
+        return FSDP_ERROR("the plan offloads its optimizer: the update runs on the host "
+                          "between the step's device work, which a CUDA graph cannot "
+                          "replay (run without --cuda-graphs)");
     for (const Instruction &inst : plan.program)
       if (inst.op == "dropout" && inst.attrs.value("p", 0.0) > 0)
         return FSDP_ERROR("the plan has dropout, whose mask changes every step: a "
