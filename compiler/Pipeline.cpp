@@ -131,8 +131,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     pm.addPass(createFsdpFuseEpilogues());
   // After the schedule and the fusion: the copies go where the runtime
   // will run the saved activations' definitions and first backward reads.
-  if (options.offloadActivations)
-    pm.addPass(createFsdpOffloadActivations());
+  if (options.offloadActivations) {
+    FsdpOffloadActivationsOptions oa;
+    oa.overlap = options.overlap;
+    pm.addPass(createFsdpOffloadActivations(oa));
+  }
   // With a memory budget the search applied it to its choice (auto: if
   // it chose it); without one fsdp-offload refuses auto by name.
   if (options.offload != "none" &&

@@ -485,7 +485,14 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
         work += std::max(double(numel(shapeOf(op->getResult(0)))) * perUnit,
                          2 * bytesOf(op->getResult(0)) / p.memBytesPerS);
       }
-    prog.push_back({Item::Compute, (p.opOverheadS + work) * compWork});
+    double cost = (p.opOverheadS + work) * compWork;
+    // fsdp-offload-activations' async copies run on the communication
+    // stream, queued with the collectives (fsdp-sim's loop does the same).
+    if (copy && op->hasAttr("async")) {
+      prog.push_back({Item::Collective, cost, true, op->getResult(0)});
+      continue;
+    }
+    prog.push_back({Item::Compute, cost});
   }
 
   // The two streams, event by event (fsdp-sim's loop).

@@ -348,7 +348,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   for (Operation &op : body.without_terminator()) {
     if (auto v = dyn_cast<ViewOp>(op))
       alias[v.getResult()] = {v.getInput(), {},
-                              v.getOffset() * elemBytes(v.getResult()), 0};
+                              (int64_t)v.getOffset() * elemBytes(v.getResult()), 0};
     else if (auto v = dyn_cast<ShardViewOp>(op)) {
       int64_t period = 0;
       if (v.getGroup() && *v.getGroup() == "reshard")
@@ -370,7 +370,7 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       // Rows of the outermost dimension are contiguous.
       alias[m.getResult()] = {
           m.getInput(), {},
-          m.getIndex() * byteSize(cast<RankedTensorType>(m.getType())), 0};
+          (int64_t)m.getIndex() * byteSize(cast<RankedTensorType>(m.getType())), 0};
     else if (auto add = dyn_cast<AddOp>(op);
              add && add->hasAttr(kAccumAttrName) &&
              canAccumulateInPlace(add.getLhs(), alias))
@@ -540,7 +540,9 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   // Every instruction reads and writes one side of memory, but for the
   // copies between them (fsdp-offload places them).
   for (Operation &op : body.without_terminator()) {
-    if (!plan.instrIndex.count(&op))
+    // A wait touches no memory: it orders the stream after an async
+    // collective or copy, on whichever side that wrote.
+    if (!plan.instrIndex.count(&op) || isa<WaitOp>(op))
       continue;
     bool side = op.hasAttr(kOnHostAttrName);
     auto check = [&](Value v, bool want, StringRef what) -> LogicalResult {

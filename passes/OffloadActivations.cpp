@@ -11,7 +11,8 @@
 // 2. A saved activation is a batch-dependent result of a forward compute
 //    op (not a storage read, view, reshape, collective, wait, copy or
 //    host op) of at least min-bytes, read by a non-forward op directly or
-//    through a chain of forward reshapes.
+//    through a chain of forward reshapes, after whose last forward read
+//    some forward compute still runs (else the backward reads it at once).
 // 3. Rewrite, per saved activation v: `to_host v` right after v's
 //    definition; one `to_device` right before the first non-forward reader
 //    (of v or of a reshape of it), which every non-forward reader then
@@ -95,6 +96,31 @@ struct OffloadActivationsPass
         for (Value r : op.getResults())
           batch.insert(r);
 
+    // A saved value is worth a copy only if forward compute runs after its
+    // last forward read: otherwise the backward pass reads it at once (the
+    // logits: cross_entropy is the forward's last op, cross_entropy_grad
+    // the backward's first), the copy out would be waited for and the copy
+    // back issued right there, and the device would hold it all along.
+    auto computeFollows = [&](Value v) {
+      Operation *last = v.getDefiningOp();
+      SmallVector<Value> work{v};
+      while (!work.empty()) {
+        Value x = work.pop_back_val();
+        for (Operation *user : x.getUsers())
+          if (forward.contains(user)) {
+            if (last->isBeforeInBlock(user))
+              last = user;
+            if (isa<ReshapeOp>(user))
+              work.push_back(user->getResult(0));
+          }
+      }
+      for (Operation *op = last->getNextNode(); op && forward.contains(op);
+           op = op->getNextNode())
+        if (!isNotActivation(op))
+          return true;
+      return false;
+    };
+
     // --- 2. Saved activations and their non-forward readers. -------------
     // A reader is an operand slot; `chain` the forward reshapes between v
     // and it, outermost last.
@@ -111,7 +137,9 @@ struct OffloadActivationsPass
       if (!forward.contains(&op) || isNotActivation(&op))
         continue;
       for (Value r : op.getResults()) {
-        if (!batch.contains(r) || bytesOf(r.getType()) < minBytes)
+        auto t = dyn_cast<RankedTensorType>(r.getType());
+        if (!batch.contains(r) || !t || !isa<FloatType>(t.getElementType()) ||
+            bytesOf(t) < minBytes)
           continue;
         Saved s{r, {}};
         std::function<void(Value, SmallVector<ReshapeOp> &)> collect =
@@ -131,13 +159,22 @@ struct OffloadActivationsPass
             };
         SmallVector<ReshapeOp> chain;
         collect(r, chain);
-        if (!s.readers.empty())
-          saved.push_back(std::move(s));
+        if (s.readers.empty() || !computeFollows(r))
+          continue;
+        saved.push_back(std::move(s));
       }
     }
 
     // --- 3. Copies. ------------------------------------------------------
     OpBuilder b(&getContext());
+    UnitAttr async = overlap ? b.getUnitAttr() : UnitAttr();
+    struct Copy {
+      ToHostOp toHost;
+      ToDeviceOp toDevice;
+      Operation *first;  ///< the first non-forward reader
+      Operation *ready;  ///< to_device's wait (async), or to_device
+    };
+    SmallVector<Copy> copies;
     for (Saved &s : saved) {
       Operation *def = s.value.getDefiningOp();
       // The first reader in program order.
@@ -145,14 +182,19 @@ struct OffloadActivationsPass
       for (Reader &r : s.readers)
         if (r.use->getOwner()->isBeforeInBlock(first))
           first = r.use->getOwner();
-      if (!def->isBeforeInBlock(first))
-        continue; // (a reader before the definition cannot happen in SSA)
       b.setInsertionPointAfter(def);
-      Value host = b.create<ToHostOp>(def->getLoc(), s.value.getType(), s.value);
+      auto toHost = b.create<ToHostOp>(def->getLoc(), s.value.getType(), s.value);
       b.setInsertionPoint(first);
-      Value dev = b.create<ToDeviceOp>(def->getLoc(), s.value.getType(), host);
+      auto toDevice = b.create<ToDeviceOp>(def->getLoc(), s.value.getType(), toHost);
+      Value ready = toDevice;
+      if (async) {
+        toHost->setAttr("async", async);
+        toDevice->setAttr("async", async);
+        ready = b.create<WaitOp>(def->getLoc(), toDevice);
+      }
+      Operation *readyOp = ready.getDefiningOp();
       // Reshape chains rebuilt on the copy, once per distinct chain end.
-      DenseMap<Value, Value> rebuilt{{s.value, dev}};
+      DenseMap<Value, Value> rebuilt{{s.value, ready}};
       for (Reader &r : s.readers) {
         Value cur = s.value;
         for (ReshapeOp rs : r.chain) {
@@ -167,7 +209,54 @@ struct OffloadActivationsPass
         }
         r.use->set(rebuilt.lookup(cur));
       }
+      copies.push_back({toHost, toDevice, first, readyOp});
       ++numOffloaded;
+    }
+    if (!async)
+      return;
+
+    // --- 4. Overlap (the copies run on the communication stream). -------
+    // Device -> host: copy k is waited for right before copy k + D is
+    // issued, or before the first non-forward op after it if sooner
+    // (the forward pass ends there); until its wait the activation's
+    // device buffer stays (the memory plan keeps an async op's input
+    // live to its wait). D = 2: two copies overlap the forward compute.
+    constexpr size_t kInFlight = 2;
+    auto isForwardOrCopy = [&](Operation *op) {
+      return forward.contains(op) || isa<ToHostOp, WaitOp>(op);
+    };
+    SmallVector<WaitOp> hostWaits;
+    for (auto [k, c] : llvm::enumerate(copies)) {
+      Operation *at = c.toHost->getNextNode();
+      while (at && at != body.getTerminator() && isForwardOrCopy(at))
+        at = at->getNextNode();
+      if (k + kInFlight < copies.size()) {
+        Operation *next = copies[k + kInFlight].toHost;
+        if (!at || next->isBeforeInBlock(at))
+          at = next;
+      }
+      b.setInsertionPoint(at);
+      auto w = b.create<WaitOp>(c.toHost->getLoc(), c.toHost);
+      c.toDevice->setOperand(0, w);
+      hostWaits.push_back(w);
+    }
+    // Host -> device, in the order the backward pass reads them: copy j
+    // is issued right after the wait of copy j - 1, where the backward
+    // starts reading j - 1 (so it runs under that compute), and waited
+    // for right before its own first read; never before its device ->
+    // host copy's wait.
+    SmallVector<size_t> order(copies.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    llvm::stable_sort(order, [&](size_t x, size_t y) {
+      return copies[x].first->isBeforeInBlock(copies[y].first);
+    });
+    for (size_t j = 1; j < order.size(); ++j) {
+      Copy &c = copies[order[j]];
+      Operation *earlier = copies[order[j - 1]].ready;
+      if (hostWaits[order[j]]->isBeforeInBlock(earlier) &&
+          earlier->isBeforeInBlock(c.toDevice))
+        c.toDevice->moveAfter(earlier);
     }
   }
 };

@@ -510,6 +510,10 @@ def FsdpOffloadActivations : Pass<"fsdp-offload-activations", "::mlir::ModuleOp"
     Option<"minBytes", "min-bytes", "int64_t", /*default=*/"4096",
            "smallest activation moved (smaller ones stay: a copy's fixed cost "
            "outweighs the bytes)">,
+    Option<"overlap", "overlap", "bool", /*default=*/"true",
+           "async copies on the communication stream: device -> host waited "
+           "for two copies later, host -> device issued one copy ahead in "
+           "the backward pass; false: in-order copies on the compute stream">,
   ];
   let statistics = [
     Statistic<"numOffloaded", "offloaded", "Saved activations moved to host memory">,

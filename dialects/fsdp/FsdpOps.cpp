@@ -807,7 +807,7 @@ LogicalResult PackOp::verify() {
 LogicalResult WaitOp::verify() {
   Operation *def = getInput().getDefiningOp();
   if (!def || !def->hasAttr("async") ||
-      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(def))
-    return emitOpError() << "expected the result of an async collective";
+      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp>(def))
+    return emitOpError() << "expected the result of an async collective or copy";
   return success();
 }

@@ -1296,13 +1296,15 @@ def Fsdp_AllReduceOp : Fsdp_Op<"all_reduce",
 }
 
 def Fsdp_WaitOp : Fsdp_Op<"wait", [AllTypesMatch<["input", "result"]>]> {
-  let summary = "waits for an asynchronous collective to complete";
+  let summary = "waits for an asynchronous collective or copy to complete";
   let description = [{
     A collective marked `async` is issued where it stands and runs on the
     runtime's communication thread while the following compute runs; its
     result may be read only through the `fsdp.wait` on it, which blocks
     until the collective is done. The result is the same buffer (no copy).
-    Inserted by fsdp-schedule.
+    Inserted by fsdp-schedule; fsdp-offload-activations makes its copies
+    between the arenas (`fsdp.to_host` / `fsdp.to_device` marked `async`)
+    asynchronous the same way.
 
     ```mlir
     %f = fsdp.all_gather %s {async} : tensor<66xf32> -> tensor<264xf32>

@@ -27,7 +27,8 @@
 // the step (synchronize). A synchronous collective is the same with its
 // wait right after it. Every collective goes through the one comm stream
 // in program order, so the order across ranks is the plan's (the
-// Communicator contract, Comm.h).
+// Communicator contract, Comm.h). An async copy between the arenas
+// (activation offload) goes the same way, through runOn(comm, i).
 // - CPU: the compute stream is the calling thread (run() executes at once,
 //   so events on it are complete when recorded); the comm stream is a
 //   thread working through a queue; wait(compute, e) blocks the caller.
@@ -127,6 +128,11 @@ public:
   /// Enqueues compute instruction `index` of the plan's program on the
   /// compute stream (a virtual call per instruction, none per element).
   virtual Status run(int64_t index) = 0;
+  /// Enqueues instruction `index`, an async copy between the arenas
+  /// (fsdp-offload-activations' to_host / to_device marked async), on
+  /// `stream` instead of the compute stream: the executor orders it after
+  /// compute with events, as a collective ([Note: streams and events]).
+  virtual Status runOn(Stream &stream, int64_t index) = 0;
   /// True when run() implements compute op `op` (PlanSchema.h's names).
   virtual bool implementsOp(const std::string &op) const = 0;
 

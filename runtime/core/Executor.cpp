@@ -150,7 +150,7 @@ Status Executor::init(uint64_t seed) {
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   collective.clear();
   for (const Instruction &inst : plan.program)
-    collective.push_back(isCollectiveOp(inst.op));
+    collective.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst));
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
@@ -205,9 +205,9 @@ Status Executor::init(uint64_t seed) {
     const Instruction &inst = plan.program[i];
     std::vector<int64_t> touched(inst.in);
     touched.insert(touched.end(), inst.out.begin(), inst.out.end());
-    // An async collective reads its input until its wait.
-    if (isCollectiveOp(inst.op) && inst.op != "wait" &&
-        inst.attrs.value("async", false))
+    // An async collective or copy reads its input until its wait.
+    if ((isCollectiveOp(inst.op) && inst.op != "wait" && inst.attrs.value("async", false)) ||
+        isAsyncCopy(inst))
       asyncInput[inst.out[0]] = inst.in[0];
     if (inst.op == "wait" && asyncInput.count(inst.in[0]))
       touched.push_back(asyncInput[inst.in[0]]);
@@ -242,10 +242,22 @@ Status Executor::runCollective(const Instruction &inst) {
     auto it = inFlight.find(inst.in[0]);
     if (it == inFlight.end())
       return FSDP_ERROR("wait on buffer ", inst.in[0],
-                        " but no collective writing it is in flight");
+                        " but no collective or copy writing it is in flight");
     Status st = dev.wait(compute, *it->second);
     inFlight.erase(it);
     return st;
+  }
+  if (isAsyncCopy(inst)) {
+    // Activation offload's copy between the arenas, on the comm stream
+    // behind the compute that wrote its input; its wait joins it back.
+    if (inFlight.count(inst.out[0]))
+      return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0],
+                        " is already in flight");
+    std::unique_ptr<Event> ready = dev.record(compute);
+    FSDP_RETURN_IF_ERROR(dev.wait(commStream, *ready));
+    FSDP_RETURN_IF_ERROR(dev.runOn(commStream, &inst - plan.program.data()));
+    inFlight[inst.out[0]] = dev.record(commStream);
+    return Status::ok();
   }
   const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];
   const void *src = address(inst.in[0]);

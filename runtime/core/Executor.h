@@ -141,6 +141,12 @@ private:
   /// Where element i of `p` lives here: buffer and element index in it.
   bool paramLocation(const Param &p, int64_t i, int64_t &buffer, int64_t &elem) const;
   Status runCollective(const Instruction &inst);
+  /// A copy between the arenas marked async (fsdp-offload-activations):
+  /// run on the comm stream and waited for like a collective.
+  static bool isAsyncCopy(const Instruction &inst) {
+    return (inst.op == "to_host" || inst.op == "to_device") &&
+           inst.attrs.value("async", false);
+  }
 
   /// The communicator of a collective's group (see Plan::groupSize).
   Communicator &group(const std::string &name);

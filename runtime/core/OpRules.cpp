@@ -687,7 +687,7 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
   FSDP_RETURN_IF_ERROR(it->second(op));
   // Every attribute a kernel reads, type-checked whether or not the op's
   // own check looked at it.
-  for (const char *name : {"transpose_lhs", "transpose_rhs", "causal", "nesterov"})
+  for (const char *name : {"transpose_lhs", "transpose_rhs", "causal", "nesterov", "async"})
     op.b(name);
   for (const char *name : {"dim", "offset", "heads", "kv_heads"})
     op.i(name, 0);

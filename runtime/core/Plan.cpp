@@ -422,6 +422,12 @@ Status validate(Plan &plan) {
                             ", ", b.last, "]");
       }
     // Each instruction works in one arena; the copies cross between them.
+    // A wait touches no memory: it joins an async collective (device) or
+    // an async copy (either arena); checkInstruction checks in == out.
+    if (inst.op == "wait") {
+      FSDP_RETURN_IF_ERROR(checkInstruction(plan, inst));
+      continue;
+    }
     bool inHost = inst.op == "to_device" || (inst.op != "to_host" && !inst.out.empty() &&
                                              plan.buffers[inst.out[0]].host);
     bool outHost = inst.op == "to_host" || (inst.op != "to_device" && inHost);

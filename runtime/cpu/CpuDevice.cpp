@@ -143,6 +143,13 @@ public:
   Status run(int64_t index) override {
     return runInstruction(*plan, plan->program[index], arena, shardIndex, dropoutContext());
   }
+  Status runOn(Stream &stream, int64_t index) override {
+    if (index < 0 || index >= (int64_t)plan->program.size())
+      return FSDP_ERROR("instruction #", index, " is not in the program");
+    // On the comm worker: a memcpy beside the caller's compute.
+    enqueue(stream, [this, index] { return run(index); });
+    return Status::ok();
+  }
   bool implementsOp(const std::string &op) const override { return cpu::implementsOp(op); }
 
   Stream &computeStream() override { return compute; }

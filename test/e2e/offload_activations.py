@@ -14,9 +14,13 @@ configuration below, against the same plan without it:
     lower where the saved activations are at the peak (no recomputation:
     the start of the backward pass); fsdp-run measures both arenas'
     high-water and peak live bytes equal to the plan's;
-(c) every to_device reads a to_host and every to_host is read only by
-    to_device copies (the device never reads host memory), and no copy is
-    left in the forward slice's evaluation (validation losses bitwise).
+(c) the host copies are read only by the copies back and the waits (the
+    device never reads host memory); with overlap (the default) every copy
+    is async and has exactly one wait, with overlap=false none is; no copy
+    is left in the forward slice's evaluation (validation losses bitwise).
+Each configuration is compiled with overlap (async copies on the
+communication stream) and with overlap=false (in-order copies), each
+against the plan without activation offload compiled the same way.
 """
 import json
 import os
@@ -27,7 +31,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
-# (model, ranks, pipeline options, device peak must drop)
+# (model, ranks, pipeline options, device peak must drop); each is also
+# compiled with overlap=false.
 CONFIGS = [
     ("mlp", 1, "optimizer=adamw", True),
     ("gpt", 1, "optimizer=adamw max-grad-norm=1.0", True),
@@ -85,15 +90,17 @@ def main():
             with open(path, "rb") as f:
                 return f.read()
 
-        for i, (model, n, pipeline, drops) in enumerate(CONFIGS):
+        runs = [(i, c, ov) for i, c in enumerate(CONFIGS) for ov in ("true", "false")]
+        for i, (model, n, pipeline, drops), ov in runs:
+            pipeline = f"{pipeline} overlap={ov}"
             what = f"{model} N={n} {pipeline}"
-            base = compile_(model, n, pipeline, "false", f"c{i}-none")
-            off = compile_(model, n, pipeline, "true", f"c{i}-oa")
+            base = compile_(model, n, pipeline, "false", f"c{i}-{ov}-none")
+            off = compile_(model, n, pipeline, "true", f"c{i}-{ov}-oa")
             ref, _, _ = train(base, n, "--steps", "6", "--save", base + ".st")
             got, s, _ = train(off, n, "--steps", "6", "--save", off + ".st")
             # (a)
             report(got == ref and len(got) == 6, f"(a) {what}: losses bitwise equal")
-            if i == 0:
+            if i == 0 and ov == "true":
                 moved, _, _ = train(off, n, "--steps", "6", "--lr", repr(1e-2 * (1 + 1e-6)))
                 report(moved != ref, f"(a) {what}: lr * (1 + 1e-6) is caught")
             report(read(base + ".st") == read(off + ".st"),
@@ -124,15 +131,24 @@ def main():
             bufs = po["buffers"]
             host_ids = {b["id"] for b in bufs
                         if b.get("space") == "host" and b.get("kind") == "activation"}
-            made = {ins["out"][0] for ins in po["program"] if ins["op"] == "to_host"}
+            prog = po["program"]
+            made = {ins["out"][0] for ins in prog if ins["op"] == "to_host"}
             readers_ok = all(
-                ins["op"] == "to_device" or not (set(ins["in"]) & (made & host_ids))
-                for ins in po["program"])
-            copies = sum(1 for ins in po["program"] if ins["op"] == "to_device"
-                         and ins["in"][0] in made)
-            report(readers_ok and copies > 0,
-                   f"(c) {what}: {copies} activation copies, host copies read only "
-                   f"by to_device")
+                ins["op"] in ("to_device", "wait") or not (set(ins["in"]) & (made & host_ids))
+                for ins in prog)
+            act = made & host_ids  # the activations' host copies
+            copies = [ins for ins in prog
+                      if (ins["op"] == "to_host" and ins["out"][0] in act) or
+                      (ins["op"] == "to_device" and ins["in"][0] in act)]
+            waits = [ins["in"][0] for ins in prog if ins["op"] == "wait"]
+            want_async = ov == "true"
+            paired = all(bool(c["attrs"].get("async")) == want_async and
+                         waits.count(c["out"][0]) == (1 if want_async else 0)
+                         for c in copies)
+            report(readers_ok and paired and copies,
+                   f"(c) {what}: {len(copies)} copies, "
+                   f"{'each async with one wait' if want_async else 'in order'}, host "
+                   f"copies read only by copies and waits")
 
         # (c) evaluation: the loss's slice has no copy; validation bitwise.
         vals = {}
