@@ -89,7 +89,7 @@ void withLogSumExp(func::FuncOp fn) {
     OpBuilder b(o);
     auto q = cast<RankedTensorType>(o.getQ().getType());
     auto lse = RankedTensorType::get(
-        {q.getDimSize(0), o.getHeads(), q.getDimSize(1)}, b.getF32Type());
+        {q.getDimSize(0), (int64_t)o.getHeads(), q.getDimSize(1)}, b.getF32Type());
     auto with = b.create<AttentionOp>(o.getLoc(), o.getResult().getType(), lse,
                                       o.getQ(), o.getK(), o.getV(),
                                       o.getHeadsAttr(), o.getCausalAttr(),

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # libFuzzer smoke runs: builds the harnesses of fuzz/ (clang-19,
-# -fsanitize=fuzzer,address,undefined, runtime only, build-fuzz/) and fuzzes
+# -fsanitize=fuzzer,address,undefined; the runtime's in build-fuzz/, runtime
+# only; the compiler's, mlir, in build-fuzz-mlir/ with the compiler) and fuzzes
 # each named harness for a short time from its seed corpus in the repo
 # (fuzz/corpus/<name>/) with its dictionary. Fails on any crash, sanitizer
 # report, leak, timeout (> 10 s per input) or out-of-memory (> 2 GiB).
 #
-# Usage: scripts/fuzz-smoke.sh [HARNESS...]   (default: plan safetensors tokens)
+# Usage: scripts/fuzz-smoke.sh [HARNESS...]   (default: plan safetensors tokens mlir)
 #   FUZZ_SECONDS=N   seconds per harness (default 60 for plan, 30 for the others)
 #   FUZZ_KEEP=DIR    keep the grown corpora and any crash inputs in DIR
 # The plan harness first replays fuzz/crashes/*.json, the reproducers of
@@ -18,16 +19,28 @@ export CCACHE_BASEDIR="$PWD"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fsdp-ccache}"
 JOBS="${JOBS:-$(nproc)}"
 HARNESSES=("$@")
-((${#HARNESSES[@]})) || HARNESSES=(plan safetensors tokens)
+((${#HARNESSES[@]})) || HARNESSES=(plan safetensors tokens mlir)
 
 start=$(date +%s)
-cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DFSDP_RUNTIME_ONLY=ON -DFSDP_FUZZ=ON \
-  -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
-  -DCMAKE_DISABLE_FIND_PACKAGE_MLIR=ON -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON >/dev/null
 targets=()
-for h in "${HARNESSES[@]}"; do targets+=("${h}_fuzzer"); done
-cmake --build build-fuzz -j "$JOBS" --target "${targets[@]}"
+mlir=0
+for h in "${HARNESSES[@]}"; do
+  if [[ $h == mlir ]]; then mlir=1; else targets+=("${h}_fuzzer"); fi
+done
+if ((${#targets[@]})); then
+  cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFSDP_RUNTIME_ONLY=ON -DFSDP_FUZZ=ON \
+    -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
+    -DCMAKE_DISABLE_FIND_PACKAGE_MLIR=ON -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON >/dev/null
+  cmake --build build-fuzz -j "$JOBS" --target "${targets[@]}"
+fi
+if ((mlir)); then
+  # The compiler instrumented (the fsdp libraries; LLVM/MLIR are Debian's).
+  cmake -G Ninja -S . -B build-fuzz-mlir -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFSDP_FUZZ=ON -DFSDP_CUDA=OFF \
+    -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 >/dev/null
+  cmake --build build-fuzz-mlir -j "$JOBS" --target mlir_fuzzer
+fi
 echo "fuzz build: $(( $(date +%s) - start )) s"
 
 SUPP="$ROOT/scripts/sanitizers"
@@ -40,7 +53,7 @@ mkdir -p "$W"
 
 status=0
 for h in "${HARNESSES[@]}"; do
-  bin="build-fuzz/bin/${h}_fuzzer"
+  bin="build-fuzz$([[ $h == mlir ]] && echo -mlir)/bin/${h}_fuzzer"
   secs="${FUZZ_SECONDS:-$([[ $h == plan ]] && echo 60 || echo 30)}"
   dict=()
   [[ -f "fuzz/$h.dict" ]] && dict=(-dict="fuzz/$h.dict")

@@ -504,11 +504,11 @@ static LogicalResult verifyWindow(Operation *op, RankedTensorType big,
   want[dim] = small.getShape()[dim];
   if (failed(expectType(op, "slice", small, want, big.getElementType())))
     return failure();
-  if (offset < 0 || offset + small.getShape()[dim] > big.getShape()[dim])
-    return op->emitOpError() << "slice [" << offset << ", "
-                             << offset + small.getShape()[dim]
-                             << ") is out of bounds of size "
-                             << big.getShape()[dim];
+  // offset + size could overflow (offset = 2^63 - 1): compare with the room.
+  int64_t size = small.getShape()[dim], extent = big.getShape()[dim];
+  if (offset < 0 || size > extent || offset > extent - size)
+    return op->emitOpError() << "slice of size " << size << " at offset " << offset
+                             << " is out of bounds of size " << extent;
   return success();
 }
 

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/InputChecks.h"
 #include "compiler/Pipeline.h"
 #include "dialects/fsdp/FsdpOps.h"
 #include "passes/Passes.h"
@@ -20,51 +21,6 @@
 
 #include <cstring>
 
-/// MLIR's parser recurses once per nesting level of an attribute or type,
-/// so a hostile file ([[[[...]]]] 100000 deep) overflows the stack. Real
-/// models nest a few levels; deeper than this is rejected before parsing.
-constexpr int kMaxNesting = 512;
-
-/// Deepest ([{< nesting of MLIR text outside strings and comments, and the
-/// line and column where it first exceeds `limit`.
-static int nestingDepth(llvm::StringRef text, int limit, int &line, int &col) {
-  int depth = 0, worst = 0;
-  line = 1, col = 1;
-  int curLine = 1, curCol = 0;
-  bool inString = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    ++curCol;
-    if (c == '\n') {
-      ++curLine;
-      curCol = 0;
-      continue;
-    }
-    if (inString) {
-      if (c == '\\')
-        ++i, ++curCol;
-      else if (c == '"')
-        inString = false;
-      continue;
-    }
-    if (c == '"') {
-      inString = true;
-    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
-      while (i + 1 < text.size() && text[i + 1] != '\n')
-        ++i;
-    } else if (std::strchr("([{<", c)) {
-      if (++depth > worst) {
-        worst = depth;
-        if (worst == limit + 1)
-          line = curLine, col = curCol;
-      }
-    } else if (std::strchr(")]}", c) || (c == '>' && (i == 0 || text[i - 1] != '-'))) {
-      depth = depth > 0 ? depth - 1 : 0;
-    }
-  }
-  return worst;
-}
-
 /// Checks the input files named on the command line (arguments that are
 /// not options or the value of -o); stdin is not pre-scanned.
 static bool inputsNestSanely(int argc, char **argv) {
@@ -76,10 +32,10 @@ static bool inputsNestSanely(int argc, char **argv) {
     if (!buf)
       continue; // MlirOptMain reports unreadable files itself
     int line, col;
-    int depth = nestingDepth((*buf)->getBuffer(), kMaxNesting, line, col);
-    if (depth > kMaxNesting) {
+    int depth = mlir::fsdp::nestingDepth((*buf)->getBuffer(), mlir::fsdp::kMaxNesting, line, col);
+    if (depth > mlir::fsdp::kMaxNesting) {
       llvm::errs() << a << ":" << line << ":" << col << ": error: nesting "
-                   << depth << " levels deep (at most " << kMaxNesting
+                   << depth << " levels deep (at most " << mlir::fsdp::kMaxNesting
                    << " accepted)\n";
       return false;
     }

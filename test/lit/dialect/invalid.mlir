@@ -315,8 +315,17 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // -----
 func.func @f(%x: tensor<4x8xf32>) {
-  // expected-error @+1 {{slice [6, 10) is out of bounds of size 8}}
+  // expected-error @+1 {{slice of size 4 at offset 6 is out of bounds of size 8}}
   %0 = fsdp.slice %x dim = 1 offset = 6 : tensor<4x8xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+// offset + size overflows int64 (found by fuzz/mlir_fuzzer.cpp): an error,
+// not undefined behaviour.
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{slice of size 4 at offset 9223372036854775807 is out of bounds of size 8}}
+  %0 = fsdp.slice %x dim = 1 offset = 9223372036854775807 : tensor<4x8xf32> -> tensor<4x4xf32>
   return
 }
 
@@ -336,7 +345,7 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // -----
 func.func @f(%x: tensor<4x4xf32>) {
-  // expected-error @+1 {{slice [2, 6) is out of bounds of size 4}}
+  // expected-error @+1 {{slice of size 4 at offset 2 is out of bounds of size 4}}
   %0 = fsdp.slice_grad %x dim = 0 offset = 2 : tensor<4x4xf32> -> tensor<4x4xf32>
   return
 }
