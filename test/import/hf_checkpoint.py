@@ -34,30 +34,13 @@ import sys
 
 import torch
 
-ST = {torch.float32: "F32", torch.bfloat16: "BF16"}
-
-
-def raw_bytes(t):
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().tobytes()
-    return t.numpy().tobytes()
+# The safetensors writer the --init-from test uses (test/e2e/init_from.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from init_from import write_safetensors as _write  # noqa: E402
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        b = raw_bytes(t)
-        header[name] = {"dtype": ST[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
+    _write(path, tensors, metadata={"format": "pt"})
 
 
 def read_raw(path):
