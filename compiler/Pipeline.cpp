@@ -38,6 +38,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.report = options.report;
   search.fuseEpilogues = options.fuseEpilogues;
   search.offload = options.offload;
+  search.offloadActivations = options.offloadActivations;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -71,6 +72,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     pm.addPass(createFsdpMixedPrecision(mp));
   }
   pm.addPass(createFsdpAutodiff());
+  bool searched = false; // fsdp-search-schedule ran (and applied offloads)
   // Accumulation clones the differentiated step; the optimizer and the
   // sharding after it see one gradient per parameter. With the defaults
   // the pass is left out, so the pipeline is exactly what it was before.
@@ -99,6 +101,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       !options.mesh.empty()) {
     if (!options.memoryBudget.empty()) {
       addSearch(pm, options);
+      searched = true;
     } else {
       FsdpGroupUnitsOptions group;
       group.policy = options.unitPolicy;
@@ -131,9 +134,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     pm.addPass(createFsdpFuseEpilogues());
   // After the schedule and the fusion: the copies go where the runtime
   // will run the saved activations' definitions and first backward reads.
-  if (options.offloadActivations) {
+  // With a memory budget the search applied it to its choice.
+  if (options.offloadActivations != "false" && !searched) {
     FsdpOffloadActivationsOptions oa;
     oa.overlap = options.overlap;
+    oa.mode = options.offloadActivations;
     pm.addPass(createFsdpOffloadActivations(oa));
   }
   // With a memory budget the search applied it to its choice (auto: if

@@ -174,12 +174,13 @@ struct FsdpPipelineOptions
                      "update live on the host (ZeRO-Offload; fsdp-offload); "
                      "auto (with memory-budget): the search decides; none"),
       llvm::cl::init("none")};
-  Option<bool> offloadActivations{
+  Option<std::string> offloadActivations{
       *this, "offload-activations",
-      llvm::cl::desc("keep the activations the backward pass reads in host "
-                     "memory between the passes (fsdp-offload-activations; "
-                     "with recompute=unit: each unit's input)"),
-      llvm::cl::init(false)};
+      llvm::cl::desc("true: keep the activations the backward pass reads in "
+                     "host memory between the passes (fsdp-offload-activations; "
+                     "with recompute=unit: each unit's input); auto (with "
+                     "memory-budget): the search decides; false"),
+      llvm::cl::init("false")};
   Option<std::string> plan{*this, "plan",
                            llvm::cl::desc("write the plan file to this path"),
                            llvm::cl::init("")};

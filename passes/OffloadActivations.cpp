@@ -64,6 +64,16 @@ struct OffloadActivationsPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (mode == "false")
+      return;
+    if (mode != "true") {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload-activations: offload-activations='" << mode.getValue()
+          << "' must be true or false"
+          << (mode == "auto" ? " (auto needs memory-budget: the schedule search decides)"
+                             : "");
+      return signalPassFailure();
+    }
     func::FuncOp step = getTrainStep(module, "fsdp-autodiff");
     if (!step)
       return signalPassFailure();

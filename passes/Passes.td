@@ -510,6 +510,9 @@ def FsdpOffloadActivations : Pass<"fsdp-offload-activations", "::mlir::ModuleOp"
     Option<"minBytes", "min-bytes", "int64_t", /*default=*/"4096",
            "smallest activation moved (smaller ones stay: a copy's fixed cost "
            "outweighs the bytes)">,
+    Option<"mode", "mode", "std::string", /*default=*/"\"true\"",
+           "true: offload; false: nothing (auto is the memory-budget search's "
+           "and refused here)">,
     Option<"overlap", "overlap", "bool", /*default=*/"true",
            "async copies on the communication stream: device -> host waited "
            "for two copies later, host -> device issued one copy ahead in "
@@ -652,6 +655,11 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "optimizer: every candidate offloads its optimizer (fsdp-offload), "
            "so its peak is the device's; auto: candidates with and without "
            "offload; none">,
+    Option<"offloadActivations", "offload-activations", "std::string",
+           /*default=*/"\"false\"",
+           "true: every candidate offloads its saved activations "
+           "(fsdp-offload-activations); auto: the search weighs candidates with "
+           "and without; false">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

@@ -53,6 +53,8 @@ struct Choice {
   int64_t reshardUnits = -1;
   /// fsdp-offload: "none" or "optimizer".
   std::string offload = "none";
+  /// fsdp-offload-activations: saved activations in host memory.
+  bool activations = false;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) +
@@ -62,7 +64,8 @@ struct Choice {
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits)
                               : "") +
            " prefetch-depth=" + std::to_string(depth) +
-           (offload != "none" ? " offload=" + offload : "");
+           (offload != "none" ? " offload=" + offload : "") +
+           (activations ? " offload-activations=true" : "");
   }
 };
 
@@ -127,10 +130,17 @@ struct SearchSchedulePass
     return run(m, createFsdpSchedule(sched));
   }
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
-  /// for an offloaded candidate, fsdp-offload (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off) {
+  /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
+  /// (its peak is the device's).
+  bool finish(ModuleOp m, StringRef off, bool activations) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
+    if (activations) {
+      FsdpOffloadActivationsOptions oa;
+      oa.overlap = overlap;
+      if (!run(m, createFsdpOffloadActivations(oa)))
+        return false;
+    }
     if (off == "none")
       return true;
     FsdpOffloadOptions o;
@@ -174,7 +184,7 @@ struct SearchSchedulePass
     if (!group(*m, c.layersPerUnit) ||
         !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) ||
-        !schedule(*m, c.depth) || !finish(*m, c.offload))
+        !schedule(*m, c.depth) || !finish(*m, c.offload, c.activations))
       return nullptr;
     return m;
   }
@@ -263,6 +273,16 @@ void SearchSchedulePass::runOnOperation() {
   SmallVector<std::string> offloads{offload == "auto" ? "none" : offload.getValue()};
   if (offload == "auto")
     offloads.push_back("optimizer");
+  // Activation offload: pinned or searched the same way (it frees the
+  // saved activations between the passes and costs two copies of each,
+  // overlapped with compute on the communication stream).
+  if (offloadActivations != "false" && offloadActivations != "true" &&
+      offloadActivations != "auto")
+    return fail("offload-activations='" + offloadActivations +
+                "': expected false, true or auto");
+  SmallVector<bool> activationChoices{offloadActivations == "true"};
+  if (offloadActivations == "auto")
+    activationChoices.push_back(true);
   SmallVector<int64_t> depths{0, 1, 2};
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -286,12 +306,13 @@ void SearchSchedulePass::runOnOperation() {
         int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
         if (!shard(*sharded, reshard, rsUnits, off))
           return signalPassFailure();
-        for (int64_t depth : depths) {
+        for (int64_t depth : depths)
+        for (bool acts : activationChoices) {
           Leaf leaf;
-          leaf.choice = {k, rc, reshard, depth, units, rsUnits, off};
-          OwningOpRef<ModuleOp> m =
-              depth == depths.back() ? std::move(sharded) : clone(*sharded);
-          if (!schedule(*m, depth) || !finish(*m, off))
+          leaf.choice = {k, rc, reshard, depth, units, rsUnits, off, acts};
+          bool last = depth == depths.back() && acts == activationChoices.back();
+          OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
+          if (!schedule(*m, depth) || !finish(*m, off, acts))
             return signalPassFailure();
           auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
           FailureOr<MemoryPlan> plan =
@@ -320,7 +341,7 @@ void SearchSchedulePass::runOnOperation() {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
            a.units == b.units && a.reshard == b.reshard &&
            a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
-           a.offload == b.offload;
+           a.offload == b.offload && a.activations == b.activations;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -499,6 +520,7 @@ void SearchSchedulePass::runOnOperation() {
                          b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
+          b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("predicted_step_s",
                          b.getF64FloatAttr(best->predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct",
