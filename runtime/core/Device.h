@@ -130,9 +130,12 @@ public:
   virtual Status run(int64_t index) = 0;
   /// Enqueues instruction `index`, an async copy between the arenas
   /// (fsdp-offload-activations' to_host / to_device marked async), on
-  /// `stream` instead of the compute stream: the executor orders it after
-  /// compute with events, as a collective ([Note: streams and events]).
-  virtual Status runOn(Stream &stream, int64_t index) = 0;
+  /// `stream` instead of the compute stream, after the executor made
+  /// `stream` wait for compute; `done` completes when the copy has (the
+  /// plan's wait on its output joins it, as for a collective: [Note:
+  /// streams and events]). A copy depends on compute only: its input is
+  /// an activation or an earlier copy's output, never a collective's.
+  virtual Status runOn(Stream &stream, int64_t index, std::unique_ptr<Event> &done) = 0;
   /// True when run() implements compute op `op` (PlanSchema.h's names).
   virtual bool implementsOp(const std::string &op) const = 0;
 

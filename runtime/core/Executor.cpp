@@ -253,10 +253,10 @@ Status Executor::runCollective(const Instruction &inst) {
     if (inFlight.count(inst.out[0]))
       return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0],
                         " is already in flight");
-    std::unique_ptr<Event> ready = dev.record(compute);
+    std::unique_ptr<Event> ready = dev.record(compute), done;
     FSDP_RETURN_IF_ERROR(dev.wait(commStream, *ready));
-    FSDP_RETURN_IF_ERROR(dev.runOn(commStream, &inst - plan.program.data()));
-    inFlight[inst.out[0]] = dev.record(commStream);
+    FSDP_RETURN_IF_ERROR(dev.runOn(commStream, &inst - plan.program.data(), done));
+    inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }
   const Buffer &in = plan.buffers[inst.in[0]], &out = plan.buffers[inst.out[0]];

@@ -219,12 +219,13 @@ public:
       compute.sticky = st;
     return st;
   }
-  Status runOn(Stream &stream, int64_t index) override {
+  Status runOn(Stream &stream, int64_t index, std::unique_ptr<Event> &done) override {
     if (index < 0 || index >= (int64_t)launches.size() || !launches[index])
       return FSDP_ERROR("instruction #", index, " is not a prepared instruction");
     auto *s = &static_cast<CudaStream &>(stream);
     // A copy's launch is cudaMemcpyAsync on the stream it is given.
     enqueue(stream, [this, index, s] { return launches[index](s->s); });
+    done = record(stream);
     return Status::ok();
   }
   bool implementsOp(const std::string &op) const override;
