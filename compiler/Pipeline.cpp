@@ -138,7 +138,12 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   if (options.offloadActivations != "false" && !searched) {
     FsdpOffloadActivationsOptions oa;
     oa.overlap = options.overlap;
-    oa.mode = options.offloadActivations;
+    // auto is the search's; where the pipeline runs none (optimizer=none
+    // on one rank: nothing to shard) a budget drives nothing, and auto
+    // offloads nothing.
+    oa.mode = options.offloadActivations == "auto" && !options.memoryBudget.empty()
+                  ? std::string("false")
+                  : options.offloadActivations.getValue();
     pm.addPass(createFsdpOffloadActivations(oa));
   }
   // With a memory budget the search applied it to its choice (auto: if

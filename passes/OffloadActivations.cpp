@@ -78,6 +78,13 @@ struct OffloadActivationsPass
     if (!step)
       return signalPassFailure();
     Block &body = step.getBody().front();
+    // Run once: its copies would look like backward readers to a second run.
+    if (llvm::any_of(body, [](Operation &op) { return isa<ToHostOp, ToDeviceOp>(op); })) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload-activations: @train_step already has host copies: run it "
+             "once, before fsdp-offload";
+      return signalPassFailure();
+    }
     auto ret = cast<func::ReturnOp>(body.getTerminator());
     if (ret.getNumOperands() == 0)
       return;
@@ -124,9 +131,12 @@ struct OffloadActivationsPass
               work.push_back(user->getResult(0));
           }
       }
+      // The loss's scalar tail (fsdp-grad-accum's sum and 1/K scale of
+      // the micro-batch losses, marked fsdp.accum) is no compute to hide
+      // behind: after the last micro-batch's loss the backward begins.
       for (Operation *op = last->getNextNode(); op && forward.contains(op);
            op = op->getNextNode())
-        if (!isNotActivation(op))
+        if (!isNotActivation(op) && !op->hasAttr(kAccumAttrName))
           return true;
       return false;
     };

@@ -356,7 +356,8 @@ Status Executor::setStepCapture(bool on) {
     // (activation offload); an instruction writing host memory otherwise
     // is host code (the offloaded optimizer's update).
     for (const Instruction &inst : plan.program)
-      if (inst.op != "to_host" && !inst.out.empty() && plan.buffers[inst.out[0]].host)
+      if (inst.op != "to_host" && inst.op != "wait" && !inst.out.empty() &&
+          plan.buffers[inst.out[0]].host)
         return FSDP_ERROR("the plan offloads its optimizer: the update runs on the host "
                           "between the step's device work, which a CUDA graph cannot "
                           "replay (run without --cuda-graphs)");
@@ -417,7 +418,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (!inFlight.empty()) {
       (void)dev.endCapture(false);
       inFlight.clear();
-      return FSDP_ERROR("step ", step, ": the plan left an async collective without a wait");
+      return FSDP_ERROR("step ", step, ": the plan left an async collective or copy without a wait");
     }
     FSDP_RETURN_IF_ERROR(dev.endCapture(true));
     captured = true;
@@ -435,7 +436,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   if (!inFlight.empty()) {
     inFlight.clear();
     return FSDP_ERROR("step ", step, ": the plan left an async collective "
-                      "without a wait");
+                      "or copy without a wait");
   }
   if (!synced)
     return Status::error("step " + std::to_string(step) + ": " + synced.message());

@@ -41,6 +41,8 @@ Status readIndex(const std::string &path, std::map<std::string, std::string> &we
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
     return FSDP_ERROR("cannot open the index '", path, "': ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return FSDP_ERROR("the index '", path, "' is not a regular file");
   // An index lists names, not data: a few MB even for the largest models.
   if ((uint64_t)st.st_size > kMaxSafeTensorsHeader)
     return FSDP_ERROR("the index '", path, "' is ", (uint64_t)st.st_size,

@@ -425,7 +425,10 @@ Status validate(Plan &plan) {
     // A wait touches no memory: it joins an async collective (device) or
     // an async copy (either arena); checkInstruction checks in == out.
     if (inst.op == "wait") {
-      FSDP_RETURN_IF_ERROR(checkInstruction(plan, inst));
+      Status st = checkInstruction(plan, inst);
+      if (!st)
+        return Status::error("plan: instruction #" + std::to_string(i) + ": " +
+                             st.message());
       continue;
     }
     bool inHost = inst.op == "to_device" || (inst.op != "to_host" && !inst.out.empty() &&

@@ -4,16 +4,19 @@
 
 #include "runtime/core/Bf16.h"
 
-#include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <tuple>
-#include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
+#include <tuple>
 
 namespace fsdp {
 
@@ -316,7 +319,9 @@ Status parseSafeTensorsHeader(const std::string &name, const std::string &prefix
 }
 
 Status readSafeTensorsHeader(const std::string &path, SafeTensorsHeader &header) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named by mistake is refused below, not waited on
+  // (it changes nothing for a regular file).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return FSDP_ERROR("cannot open '", path, "': ", std::strerror(errno));
   struct Closer {
@@ -360,7 +365,13 @@ Status toF32(const std::string &dtype, const void *src, int64_t n, float *dst) {
     for (int64_t i = 0; i < n; ++i) {
       double d;
       std::memcpy(&d, b + 8 * i, 8);
-      dst[i] = static_cast<float>(d); // nearest, as torch's copy_
+      // Nearest, as torch's copy_; beyond float's range the IEEE result
+      // (FLT_MAX below the halfway point to 2^128, else inf) explicitly,
+      // since a C++ conversion of an unrepresentable value is undefined.
+      if (std::fabs(d) > (double)FLT_MAX && !std::isinf(d))
+        dst[i] = std::copysign(std::fabs(d) >= 0x1.ffffffp127 ? INFINITY : FLT_MAX, d);
+      else
+        dst[i] = static_cast<float>(d);
     }
   } else {
     return FSDP_ERROR("cannot convert dtype ", dtype, " to f32 (a floating-point "

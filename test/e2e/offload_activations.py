@@ -14,7 +14,8 @@ configuration below, against the same plan without it:
     lower where the saved activations are at the peak (no recomputation:
     the start of the backward pass); fsdp-run measures both arenas'
     high-water and peak live bytes equal to the plan's;
-(c) the host copies are read only by the copies back and the waits (the
+(c) the loss's input (the logits, read by the backward pass at once) is
+    never copied; the host copies are read only by the copies back and the waits (the
     device never reads host memory); with overlap (the default) every copy
     is async and has exactly one wait, with overlap=false none is; no copy
     is left in the forward slice's evaluation (validation losses bitwise).
@@ -145,6 +146,18 @@ def main():
             paired = all(bool(c["attrs"].get("async")) == want_async and
                          waits.count(c["out"][0]) == (1 if want_async else 0)
                          for c in copies)
+            # The loss's input (the logits) is read by the backward pass at
+            # once: never copied, also with accumulation (whose loss sum
+            # follows the last micro-batch's loss).
+            def root(i):
+                while bufs[i].get("alias_of", -1) >= 0:
+                    i = bufs[i]["alias_of"]
+                return i
+            logits = {root(ins["in"][0]) for ins in prog
+                      if ins["op"] in ("cross_entropy", "mse_loss", "bce_with_logits")}
+            copied = {root(ins["in"][0]) for ins in prog if ins["op"] == "to_host"}
+            report(logits and not (logits & copied),
+                   f"(c) {what}: the loss's input is not copied")
             report(readers_ok and paired and copies,
                    f"(c) {what}: {len(copies)} copies, "
                    f"{'each async with one wait' if want_async else 'in order'}, host "

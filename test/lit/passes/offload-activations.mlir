@@ -2,6 +2,8 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-offload-activations=min-bytes=64 | FileCheck %s --check-prefix=ASYNC
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-offload-activations=min-bytes=256 | FileCheck %s --check-prefix=BIG
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-offload-activations=min-bytes=64 -fsdp-plan-memory="report=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-offload-activations=min-bytes=64 -fsdp-offload-activations=min-bytes=64 -o /dev/null 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-offload-activations=mode=auto -o /dev/null 2>&1 | FileCheck %s --check-prefix=AUTO
 
 // Activation offload: each activation the backward pass reads (the
 // matmul output h for relu's gradient, the relu output a through two
@@ -74,3 +76,6 @@ func.func @model(%x: tensor<4x8xf32> {fsdp.role = "input"}, %y: tensor<4x8xf32> 
 // REPORT: host (offloaded):
 // REPORT:   activations (sum) {{ *}}256
 // REPORT:   host arena
+
+// TWICE: error: fsdp-offload-activations: @train_step already has host copies: run it once, before fsdp-offload
+// AUTO: error: fsdp-offload-activations: offload-activations='auto' must be true or false (auto needs memory-budget: the schedule search decides)
