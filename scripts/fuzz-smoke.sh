@@ -53,7 +53,8 @@ mkdir -p "$W"
 
 status=0
 for h in "${HARNESSES[@]}"; do
-  bin="build-fuzz$([[ $h == mlir ]] && echo -mlir)/bin/${h}_fuzzer"
+  bin="build-fuzz/bin/${h}_fuzzer"
+  [[ $h != mlir ]] || bin="build-fuzz-mlir/bin/${h}_fuzzer"
   secs="${FUZZ_SECONDS:-$([[ $h == plan ]] && echo 60 || echo 30)}"
   dict=()
   [[ -f "fuzz/$h.dict" ]] && dict=(-dict="fuzz/$h.dict")
