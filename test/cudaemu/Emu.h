@@ -1,0 +1,283 @@
+//===- Emu.h - CUDA device code compiled as C++ for the CPU emulator ------===//
+//
+// Force-included (g++ -include) into the CUDA backend's .cu files after
+// emu_transform.py has rewritten their launches (`k<<<g, b, smem, s>>>(..)`
+// -> cudaemu::launch) and dynamic shared arrays. It maps CUDA's qualifiers
+// to C++, gives every thread of a block its own fiber (so __syncthreads,
+// __syncwarp and warp shuffles block and resume like a GPU's barriers),
+// and emulates WMMA fragments. Together with EmuRuntime.cpp (the CUDA
+// runtime API), EmuCublasLt.cpp and EmuNccl.cpp it lets the CUDA backend's
+// own tests and fsdp-run --device cuda run on a CPU: a check of the
+// backend's logic (indexing, barriers, stream and graph use, library
+// calls) before a GPU is available. It is never a GPU measurement: no
+// timing, no tensor-core rounding, no memory model beyond barriers
+// (test/cudaemu/README.md says what it does and does not catch).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FSDP_TEST_CUDAEMU_EMU_H
+#define FSDP_TEST_CUDAEMU_EMU_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// --- qualifiers -------------------------------------------------------------------
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __host__
+#define __host__
+#undef __shared__
+// Blocks run one at a time on one host thread, so a function-local static
+// is exactly one block's shared variable.
+#define __shared__ static
+#undef __constant__
+#define __constant__
+#undef __forceinline__
+#define __forceinline__ inline
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __align__
+#define __align__(n) alignas(n)
+
+namespace cudaemu {
+
+// The running thread's coordinates (set by the scheduler on every switch).
+extern uint3 gThreadIdx, gBlockIdx;
+extern dim3 gBlockDim, gGridDim;
+
+void syncThreads();
+void syncWarp(unsigned mask);
+/// Exchanges 8-byte slots within the warp: every lane in `mask` publishes
+/// `bits`, and gets lane `src(lane)`'s; src < 0 keeps its own value.
+uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane);
+/// The current block's dynamic shared memory (poisoned with 0xff bytes at
+/// the start of every block, like uninitialised memory that reads as NaN).
+void *dynamicShared();
+/// Reports a device-side fault (an out-of-range access caught by the
+/// emulator) and makes the launch fail.
+[[noreturn]] void deviceFault(const char *what);
+
+/// Runs or captures a kernel launch: grid x block fibers each calling
+/// body(); `fn` identifies the kernel for cudaFuncSetAttribute (null when
+/// the launch site cannot name it).
+void launchGrid(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                std::function<void()> body);
+
+template <typename T> const void *fnId(T *f) { return reinterpret_cast<const void *>(f); }
+
+/// k<<<grid, block, smem, stream>>>(args...): the arguments are evaluated
+/// and copied once at the launch (as CUDA copies them to the parameter
+/// buffer) and each thread gets its own copy.
+template <typename F, typename... A>
+void launch(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s, F call,
+            A &&...args) {
+  auto params = std::make_tuple(std::decay_t<A>(std::forward<A>(args))...);
+  launchGrid(fn, grid, block, smem, s, [call, params]() {
+    auto mine = params;
+    std::apply(call, mine);
+  });
+}
+
+template <typename T> uint64_t toBits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of > 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <typename T> T fromBits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+} // namespace cudaemu
+
+// cuda_runtime.h's template overload for kernels (compiled by nvcc only).
+template <typename T>
+cudaError_t cudaFuncSetAttribute(T *entry, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void *>(entry), attr, value);
+}
+
+#define threadIdx (static_cast<const uint3 &>(::cudaemu::gThreadIdx))
+#define blockIdx (static_cast<const uint3 &>(::cudaemu::gBlockIdx))
+#define blockDim (static_cast<const dim3 &>(::cudaemu::gBlockDim))
+#define gridDim (static_cast<const dim3 &>(::cudaemu::gGridDim))
+
+inline void __syncthreads() { ::cudaemu::syncThreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cudaemu::syncWarp(mask); }
+
+template <typename T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  int lane = (int)(threadIdx.x % 32), base = lane / width * width;
+  return ::cudaemu::fromBits<T>(
+      ::cudaemu::warpExchange(mask, ::cudaemu::toBits(v), base + ((src % width) + width) % width));
+}
+template <typename T> T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
+  int lane = (int)(threadIdx.x % 32), src = lane ^ laneMask;
+  // A source outside the lane's width-segment returns its own value.
+  if (src / width != lane / width)
+    src = -1;
+  return ::cudaemu::fromBits<T>(::cudaemu::warpExchange(mask, ::cudaemu::toBits(v), src));
+}
+template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  int lane = (int)(threadIdx.x % 32), src = lane + (int)delta;
+  if (src / width != lane / width || src >= 32)
+    src = -1;
+  return ::cudaemu::fromBits<T>(::cudaemu::warpExchange(mask, ::cudaemu::toBits(v), src));
+}
+template <typename T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  int lane = (int)(threadIdx.x % 32), src = lane - (int)delta;
+  if (src < 0 || src / width != lane / width)
+    src = -1;
+  return ::cudaemu::fromBits<T>(::cudaemu::warpExchange(mask, ::cudaemu::toBits(v), src));
+}
+
+// Blocks run one at a time and threads switch only at barriers, so a
+// read-modify-write is atomic.
+template <typename T> T atomicMin(T *p, T v) {
+  T old = *p;
+  if (v < old)
+    *p = v;
+  return old;
+}
+template <typename T> T atomicMax(T *p, T v) {
+  T old = *p;
+  if (v > old)
+    *p = v;
+  return old;
+}
+template <typename T> T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T> T __ldg(const T *p) { return *p; }
+
+// Device math that C++ spells differently.
+template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
+template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+
+// --- WMMA ---------------------------------------------------------------------------
+// A fragment's element layout is opaque on the GPU, so code may only load,
+// store, fill and multiply whole fragments (the backend does). Here every
+// lane keeps the whole tile: loads and stores by the 32 lanes agree, and
+// mma_sync accumulates in f32 in k order (the tensor cores' order within a
+// 16-wide product is unspecified; tests bound it). load, store and mma are
+// warp-collective: each "waits until all warp lanes have arrived" (CUDA C++
+// Programming Guide, WMMA), so each begins with a full-warp barrier;
+// without it a lane could store a tile before another lane loaded it.
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K> struct FragShape;
+template <int M, int N, int K> struct FragShape<matrix_a, M, N, K> {
+  static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K> struct FragShape<matrix_b, M, N, K> {
+  static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K> struct FragShape<accumulator, M, N, K> {
+  static constexpr int rows = M, cols = N;
+};
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int rows = FragShape<Use, M, N, K>::rows;
+  static constexpr int cols = FragShape<Use, M, N, K>::cols;
+  static constexpr int num_elements = rows * cols;
+  using element_type = T;
+  T x[num_elements]; // row-major, whatever the memory layout it was loaded from
+};
+
+template <typename T> inline float toF(T v) { return static_cast<float>(v); }
+inline float toF(__nv_bfloat16 v) { return __bfloat162float(v); }
+inline float toF(__half v) { return __half2float(v); }
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+void fill_fragment(fragment<Use, M, N, K, T, L> &f, const T &v) {
+  for (auto &e : f.x)
+    e = v;
+}
+template <typename Use, int M, int N, int K, typename T>
+void load_matrix_sync(fragment<Use, M, N, K, T, row_major> &f, const T *p, unsigned ld) {
+  ::cudaemu::syncWarp(0xffffffffu);
+  using F = fragment<Use, M, N, K, T, row_major>;
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = p[(size_t)r * ld + c];
+}
+template <typename Use, int M, int N, int K, typename T>
+void load_matrix_sync(fragment<Use, M, N, K, T, col_major> &f, const T *p, unsigned ld) {
+  ::cudaemu::syncWarp(0xffffffffu);
+  using F = fragment<Use, M, N, K, T, col_major>;
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = p[(size_t)c * ld + r];
+}
+template <int M, int N, int K, typename T>
+void load_matrix_sync(fragment<accumulator, M, N, K, T> &f, const T *p, unsigned ld,
+                      layout_t layout) {
+  ::cudaemu::syncWarp(0xffffffffu);
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      f.x[r * N + c] = layout == mem_row_major ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
+}
+template <int M, int N, int K, typename T>
+void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T> &f, unsigned ld,
+                       layout_t layout) {
+  ::cudaemu::syncWarp(0xffffffffu);
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c)
+      (layout == mem_row_major ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r]) = f.x[r * N + c];
+}
+template <int M, int N, int K, typename TA, typename LA, typename TB, typename LB,
+          typename TC>
+void mma_sync(fragment<accumulator, M, N, K, TC> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+              const fragment<matrix_b, M, N, K, TB, LB> &b,
+              const fragment<accumulator, M, N, K, TC> &c) {
+  static_assert(M * N <= 256, "fragment larger than the scratch");
+  // Every lane holds the same operands: lane 0 multiplies for the warp
+  // (32x less work), the others copy its product.
+  static TC product[32][256];
+  unsigned t = threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y;
+  TC *out = product[t / 32 % 32];
+  ::cudaemu::syncWarp(0xffffffffu);
+  if (t % 32 == 0)
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        float s = c.x[i * N + j];
+        for (int k = 0; k < K; ++k)
+          s += toF(a.x[i * K + k]) * toF(b.x[k * N + j]);
+        out[i * N + j] = s;
+      }
+  ::cudaemu::syncWarp(0xffffffffu);
+  std::memcpy(d.x, out, sizeof(TC) * M * N);
+  ::cudaemu::syncWarp(0xffffffffu); // read before the next product overwrites it
+}
+} // namespace wmma
+} // namespace nvcuda
+
+#endif // FSDP_TEST_CUDAEMU_EMU_H

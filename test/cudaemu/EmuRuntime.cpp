@@ -1,0 +1,847 @@
+//===- EmuRuntime.cpp - the CUDA runtime API on a CPU, for tests ----------===//
+//
+// The subset of the CUDA runtime API the backend uses (runtime/cuda/),
+// implemented on host memory so its tests and fsdp-run --device cuda run
+// on a machine without a GPU (test/cudaemu/README.md). Kernels run at their
+// launch on the calling host thread: the blocks one after another, every
+// thread of a block on its own fiber, switched only at __syncthreads,
+// __syncwarp and warp shuffles. Executing every stream operation when it
+// is issued is one legal schedule of a CUDA program (an operation's
+// dependencies are issued before it), so stream and event misuse that
+// needs a race to show stays hidden, but everything the API checks on a
+// GPU is checked here as well, and more strictly where that finds bugs:
+//  - launch configurations (block size, grid size, dynamic shared memory
+//    above 48 KiB only after cudaFuncSetAttribute raised the kernel's
+//    limit, at most the H100's 227 KiB);
+//  - a barrier some threads of the block never reach, a shuffle mask that
+//    names missing or exited lanes: the launch fails (a hang or undefined
+//    behaviour on a GPU);
+//  - copies: a device-side pointer that no cudaMalloc / cudaMallocHost
+//    returned, or a range past the end of its allocation;
+//  - stream capture: synchronizing calls during a capture fail, a stream
+//    forked into a capture must be joined back before it ends, copies
+//    from pageable host memory cannot be captured; a graph replays the
+//    captured kernels with the arguments they were captured with;
+//  - device memory: cudaMalloc fails past CUDAEMU_MEMORY_BYTES (default
+//    8 GiB), as it would past the GPU's memory.
+// CUDAEMU_THREAD_ORDER=reverse runs each block's threads (and the blocks)
+// in reverse, which changes the result of a kernel that reads shared
+// memory another thread writes without a barrier between.
+//
+//===----------------------------------------------------------------------===//
+
+#include "test/cudaemu/Emu.h"
+#include "test/cudaemu/EmuInternal.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <vector>
+
+// --- opaque handles ---------------------------------------------------------------
+struct CUstream_st {
+  int priority = 0;
+  unsigned flags = 0;
+  // Capture state (cudaStreamBeginCapture, or joined by waiting on an
+  // event recorded in a capturing stream).
+  cudaemu::Graph *capture = nullptr;
+  bool origin = false;
+  uint64_t lastOp = 0; ///< sequence number of the last op captured on it
+};
+struct CUevent_st {
+  unsigned flags = 0;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+  cudaemu::Graph *capture = nullptr; ///< recorded inside this capture
+  CUstream_st *stream = nullptr;
+  uint64_t seq = 0;
+};
+namespace cudaemu {
+struct Graph {
+  std::vector<std::function<void()>> ops;
+  uint64_t nextSeq = 1;
+  std::set<CUstream_st *> members;
+  std::map<CUstream_st *, uint64_t> joinedBack; ///< last op of a member the origin waited on
+  std::string error; ///< the first capture error (invalidates the capture)
+};
+} // namespace cudaemu
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+namespace cudaemu {
+
+uint3 gThreadIdx, gBlockIdx;
+dim3 gBlockDim, gGridDim;
+
+namespace {
+
+// --- errors ---------------------------------------------------------------------------
+thread_local cudaError_t lastError = cudaSuccess;
+std::string lastMessage; // the emulator's explanation of the last failure
+
+cudaError_t fail(cudaError_t e, const std::string &why) {
+  lastError = e;
+  lastMessage = why;
+  std::fprintf(stderr, "cudaemu: %s\n", why.c_str());
+  return e;
+}
+
+// --- allocations ----------------------------------------------------------------------
+struct Alloc {
+  size_t bytes;
+  bool pinned;
+};
+std::mutex allocMu;
+std::map<uintptr_t, Alloc> allocs; // by base address
+size_t deviceBytes = 0;
+
+size_t memoryLimit() {
+  static size_t lim = [] {
+    const char *e = std::getenv("CUDAEMU_MEMORY_BYTES");
+    return e ? (size_t)std::strtoull(e, nullptr, 10) : (size_t)8 << 30;
+  }();
+  return lim;
+}
+
+/// The allocation holding [p, p + n), or null.
+const Alloc *findAlloc(const void *p, size_t n, uintptr_t *base = nullptr) {
+  std::lock_guard<std::mutex> g(allocMu);
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  auto it = allocs.upper_bound(v);
+  if (it == allocs.begin())
+    return nullptr;
+  --it;
+  if (v + n > it->first + it->second.bytes)
+    return nullptr;
+  if (base)
+    *base = it->first;
+  return &it->second;
+}
+
+cudaError_t checkDeviceRange(const void *p, size_t n, const char *what) {
+  if (n == 0)
+    return cudaSuccess;
+  if (!findAlloc(p, n)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: [%p, +%zu) is not inside one cudaMalloc/cudaMallocHost "
+                  "allocation", what, p, n);
+    return fail(cudaErrorInvalidValue, buf);
+  }
+  return cudaSuccess;
+}
+
+// --- streams and capture ------------------------------------------------------------------
+std::mutex captureMu;
+thread_local Graph *threadCapture = nullptr; // a ThreadLocal-mode capture begun on this thread
+
+CUstream_st legacyStream;
+CUstream_st *resolve(cudaStream_t s) { return s ? s : &legacyStream; }
+
+/// Runs op now, or appends it to the graph its stream is capturing.
+cudaError_t enqueueOn(cudaStream_t s, std::function<void()> op) {
+  CUstream_st *st = resolve(s);
+  {
+    std::lock_guard<std::mutex> g(captureMu);
+    if (st->capture) {
+      st->lastOp = st->capture->nextSeq++;
+      st->capture->ops.push_back(std::move(op));
+      return cudaSuccess;
+    }
+  }
+  op();
+  return cudaSuccess;
+}
+
+/// A synchronizing call is an error while this thread captures.
+cudaError_t refuseDuringCapture(const char *call) {
+  if (threadCapture)
+    return fail(cudaErrorStreamCaptureImplicit,
+                std::string(call) + " during a stream capture (it would synchronize)");
+  return cudaSuccess;
+}
+
+// --- fibers -----------------------------------------------------------------------------------
+// A minimal x86-64 context switch (callee-saved registers and the stack
+// pointer; System V ABI). ucontext's swapcontext makes a signal-mask
+// syscall per switch, 30x slower for blocks of 256 fibers.
+extern "C" void cudaemu_switch(void **saveSp, void *newSp);
+asm(R"(
+.text
+.globl cudaemu_switch
+.type cudaemu_switch,@function
+cudaemu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size cudaemu_switch,.-cudaemu_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+
+constexpr size_t kStackBytes = 512 << 10; // per fiber (WMMA fragments are whole tiles here)
+
+enum class Wait { None, Block, Warp, Done, Failed };
+
+struct Fiber {
+  void *sp = nullptr;
+  uint3 tid{};
+  Wait wait = Wait::None;
+};
+
+// [Note: fiber scheduling]
+// A block's threads are fibers run from a ready queue: a fiber runs until
+// it waits at a barrier or ends; the last arrival at a barrier queues the
+// waiters again (in arrival order) and goes on. Only runnable fibers are
+// ever visited, so a warp shuffling while the other warps wait at
+// __syncthreads costs nothing for them. Threads that ended no longer hold
+// __syncthreads up (as on Volta and later); a deadlock is an empty queue
+// with fibers still waiting.
+struct BlockState {
+  std::vector<Fiber> fibers;
+  std::deque<int> ready;
+  void *schedSp = nullptr;
+  Fiber *cur = nullptr;
+  int live = 0;
+  std::vector<int> blockWaiters; // at __syncthreads
+  // per warp: lanes arrived at the warp barrier and their mask, waiters,
+  // two alternating sets of shuffle slots, lanes that ended
+  std::vector<unsigned> warpArrived, warpMask, warpParity, exited;
+  std::vector<std::vector<int>> warpWaiters;
+  std::vector<uint64_t> slots;
+  std::vector<unsigned char> shared;
+  const std::function<void()> *body = nullptr;
+  std::string error;
+  bool reverse = false;
+};
+
+BlockState blk;            // the running block (one at a time: launchMu)
+std::mutex launchMu;       // kernels from several host threads run one at a time
+std::map<const void *, size_t> maxDynamicSmem; // cudaFuncSetAttribute
+std::vector<char *> stackPool;
+
+char *stackFor(size_t i) {
+  while (stackPool.size() <= i) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      std::fprintf(stderr, "cudaemu: cannot map a fiber stack\n");
+      std::abort();
+    }
+    mprotect(m, page, PROT_NONE); // an overflow faults instead of corrupting
+    stackPool.push_back(static_cast<char *>(m) + page);
+  }
+  return stackPool[i];
+}
+
+int self() { return (int)(blk.cur - blk.fibers.data()); }
+
+void block(Wait why) {
+  blk.cur->wait = why;
+  cudaemu_switch(&blk.cur->sp, blk.schedSp);
+}
+
+/// Stops the launch: the fiber never runs again, the kernel fails.
+void failLaunch(const std::string &why) {
+  if (blk.error.empty())
+    blk.error = why;
+  block(Wait::Failed);
+}
+
+void releaseBlockBarrier() {
+  for (int i : blk.blockWaiters)
+    blk.ready.push_back(i);
+  blk.blockWaiters.clear();
+}
+
+void fiberMain() {
+  (*blk.body)();
+  int i = self();
+  --blk.live;
+  blk.exited[i / 32] |= 1u << (i % 32);
+  if (!blk.blockWaiters.empty() && (int)blk.blockWaiters.size() == blk.live)
+    releaseBlockBarrier();
+  block(Wait::Done);
+  __builtin_unreachable();
+}
+
+void initFiber(Fiber &f, char *stack, int i) {
+  // Stack top, 16-aligned: a zero "return address" slot, fiberMain as the
+  // address cudaemu_switch returns to, and six zero callee-saved registers.
+  // The tops are staggered by 192 bytes per fiber: at one stride apart
+  // they would all fall in the same cache sets.
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + kStackBytes - (size_t)(i % 64) * 192) &
+                  ~uintptr_t(15);
+  void **sp = reinterpret_cast<void **>(top);
+  *--sp = nullptr;
+  *--sp = reinterpret_cast<void *>(&fiberMain);
+  for (int i = 0; i < 6; ++i)
+    *--sp = nullptr;
+  f.sp = sp;
+  f.wait = Wait::None;
+}
+
+/// Runs one block to completion; false (with blk.error) on a fault or a
+/// deadlock.
+bool runBlock(dim3 dims) {
+  int n = (int)(dims.x * dims.y * dims.z);
+  int warps = (n + 31) / 32;
+  blk.fibers.assign(n, Fiber{});
+  blk.ready.clear();
+  for (int k = 0; k < n; ++k) {
+    int i = blk.reverse ? n - 1 - k : k;
+    initFiber(blk.fibers[i], stackFor(i), i);
+    blk.fibers[i].tid = uint3{(unsigned)(i % dims.x), (unsigned)(i / dims.x % dims.y),
+                              (unsigned)(i / (dims.x * dims.y))};
+    blk.ready.push_back(i);
+  }
+  blk.live = n;
+  blk.blockWaiters.clear();
+  blk.warpArrived.assign(warps, 0);
+  blk.warpMask.assign(warps, 0);
+  blk.warpParity.assign(warps, 0);
+  blk.exited.assign(warps, 0);
+  blk.warpWaiters.assign(warps, {});
+  blk.slots.assign((size_t)warps * 64, 0);
+  std::fill(blk.shared.begin(), blk.shared.end(), (unsigned char)0xff);
+  while (!blk.ready.empty() && blk.error.empty()) {
+    Fiber &f = blk.fibers[blk.ready.front()];
+    blk.ready.pop_front();
+    f.wait = Wait::None;
+    blk.cur = &f;
+    gThreadIdx = f.tid;
+    cudaemu_switch(&blk.schedSp, f.sp);
+  }
+  if (!blk.error.empty())
+    return false;
+  if (blk.live > 0) {
+    int atWarp = 0;
+    for (auto &w : blk.warpWaiters)
+      atWarp += (int)w.size();
+    blk.error = "deadlock in block (" + std::to_string(gBlockIdx.x) + "," +
+                std::to_string(gBlockIdx.y) + "," + std::to_string(gBlockIdx.z) + "): " +
+                std::to_string(blk.blockWaiters.size()) + " thread(s) wait at __syncthreads, " +
+                std::to_string(atWarp) +
+                " at a warp barrier or shuffle whose other lanes never arrive";
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+// --- device-side primitives ------------------------------------------------------------------
+void syncThreads() {
+  blk.blockWaiters.push_back(self());
+  if ((int)blk.blockWaiters.size() == blk.live) { // the last to arrive goes on
+    blk.blockWaiters.pop_back();
+    releaseBlockBarrier();
+    return;
+  }
+  block(Wait::Block);
+}
+
+void syncWarp(unsigned mask) {
+  int i = self(), w = i / 32, lane = i % 32;
+  int inWarp = std::min(32, (int)blk.fibers.size() - w * 32);
+  unsigned present = inWarp == 32 ? 0xffffffffu : ((1u << inWarp) - 1);
+  if (!(mask >> lane & 1u) || (mask & ~present) || (mask & blk.exited[w])) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "warp barrier/shuffle in block %u, thread %d: mask 0x%08x %s", gBlockIdx.x, i,
+                  mask,
+                  !(mask >> lane & 1u) ? "does not include the calling lane"
+                  : (mask & ~present) ? "names lanes past the end of the block"
+                                      : "names lanes that have exited");
+    failLaunch(buf);
+  }
+  if (blk.warpArrived[w] && blk.warpMask[w] != mask)
+    failLaunch("lanes of one warp wait at warp barriers with different masks");
+  blk.warpMask[w] = mask;
+  blk.warpArrived[w] |= 1u << lane;
+  if (blk.warpArrived[w] == mask) { // the last lane releases the others
+    blk.warpArrived[w] = 0;
+    blk.warpParity[w] ^= 1u;
+    for (int j : blk.warpWaiters[w])
+      blk.ready.push_back(j);
+    blk.warpWaiters[w].clear();
+    return;
+  }
+  blk.warpWaiters[w].push_back(i);
+  block(Wait::Warp);
+}
+
+uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane) {
+  int i = self(), w = i / 32;
+  if (srcLane >= 0 && !(mask >> srcLane & 1u)) // undefined in CUDA
+    failLaunch("a shuffle reads lane " + std::to_string(srcLane) + ", which is not in its mask");
+  // Two slot sets alternate with the barrier's parity: a lane can write
+  // the next exchange's set while slower lanes still read this one, and
+  // cannot reach the set after without every lane passing the barrier
+  // between (so one barrier per shuffle suffices).
+  uint64_t *set = &blk.slots[(size_t)w * 64 + 32 * blk.warpParity[w]];
+  set[i % 32] = bits;
+  syncWarp(mask); // every lane has published
+  return srcLane >= 0 ? set[srcLane] : bits;
+}
+
+void *dynamicShared() { return blk.shared.data(); }
+
+void deviceFault(const char *what) {
+  failLaunch(what);
+  __builtin_unreachable();
+}
+
+// --- launches -----------------------------------------------------------------------------------
+namespace {
+constexpr size_t kDefaultSmem = 48 << 10, kMaxSmemOptIn = 227 << 10; // H100
+
+/// Runs a whole grid; the launch's error, or success.
+cudaError_t runGrid(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+  std::lock_guard<std::mutex> g(launchMu);
+  static const bool reverse = [] {
+    const char *e = std::getenv("CUDAEMU_THREAD_ORDER");
+    return e && std::string(e) == "reverse";
+  }();
+  blk.reverse = reverse;
+  blk.body = &body;
+  blk.error.clear();
+  blk.shared.assign(std::max<size_t>(smem, 1), 0xff);
+  gGridDim = grid;
+  gBlockDim = block;
+  uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+  for (uint64_t k = 0; k < blocks; ++k) {
+    uint64_t b = reverse ? blocks - 1 - k : k;
+    gBlockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                      (unsigned)(b / ((uint64_t)grid.x * grid.y))};
+    if (!runBlock(block))
+      return fail(cudaErrorLaunchFailure, "kernel failed: " + blk.error);
+  }
+  return cudaSuccess;
+}
+} // namespace
+
+void launchGrid(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                std::function<void()> body) {
+  uint64_t threads = (uint64_t)block.x * block.y * block.z;
+  char buf[200];
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    std::snprintf(buf, sizeof buf, "invalid launch configuration: grid (%u,%u,%u), block (%u,%u,%u)",
+                  grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    fail(cudaErrorInvalidConfiguration, buf);
+    return;
+  }
+  if (smem > kDefaultSmem) {
+    size_t allowed = kDefaultSmem;
+    {
+      std::lock_guard<std::mutex> g(launchMu);
+      auto it = fn ? maxDynamicSmem.find(fn) : maxDynamicSmem.end();
+      if (it != maxDynamicSmem.end())
+        allowed = it->second;
+    }
+    if (smem > allowed) {
+      std::snprintf(buf, sizeof buf,
+                    "a launch asks for %zu bytes of dynamic shared memory; the kernel allows %zu "
+                    "(cudaFuncAttributeMaxDynamicSharedMemorySize raises the 48 KiB default)",
+                    smem, allowed);
+      fail(cudaErrorInvalidValue, buf);
+      return;
+    }
+  }
+  auto run = [grid, block, smem, body = std::move(body)]() {
+    cudaError_t e = runGrid(grid, block, smem, body);
+    if (e != cudaSuccess)
+      stickyError(e);
+  };
+  enqueueOn(s, std::move(run));
+}
+
+// A kernel fault is sticky on a GPU (every later call fails); here it is
+// reported by the next cudaGetLastError / synchronization.
+namespace {
+std::atomic<int> sticky{0};
+}
+void stickyError(cudaError_t e) {
+  int zero = 0;
+  sticky.compare_exchange_strong(zero, (int)e);
+}
+cudaError_t takeSticky() { return (cudaError_t)sticky.load(); }
+
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op) { return enqueueOn(s, std::move(op)); }
+cudaError_t checkDevicePointer(const void *p, size_t n, const char *what) {
+  return checkDeviceRange(p, n, what);
+}
+
+} // namespace cudaemu
+
+using namespace cudaemu;
+
+// --- the runtime API ------------------------------------------------------------------------
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  const char *e = std::getenv("CUDAEMU_DEVICES");
+  *count = e ? std::atoi(e) : 1;
+  return *count > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+cudaError_t cudaSetDevice(int d) {
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  return d >= 0 && d < n ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+}
+cudaError_t cudaGetDevice(int *d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+  if (least)
+    *least = 0;
+  if (greatest)
+    *greatest = -5;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = cudaemu::lastError;
+  cudaemu::lastError = cudaSuccess;
+  if (e == cudaSuccess)
+    e = takeSticky();
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) {
+  return cudaemu::lastError != cudaSuccess ? cudaemu::lastError : takeSticky();
+}
+const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+  case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+  case cudaErrorNoDevice: return "cudaErrorNoDevice";
+  case cudaErrorNotReady: return "cudaErrorNotReady";
+  case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+  case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+  case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+  case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+  case cudaErrorIllegalState: return "cudaErrorIllegalState";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+  default: return "cudaErrorUnknown";
+  }
+}
+const char *cudaGetErrorString(cudaError_t e) {
+  static thread_local std::string s;
+  s = std::string(cudaGetErrorName(e)) + " (CPU emulator";
+  if (e != cudaSuccess && !cudaemu::lastMessage.empty())
+    s += ": " + cudaemu::lastMessage;
+  s += ")";
+  return s.c_str();
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+  *p = nullptr;
+  if (cudaError_t e = refuseDuringCapture("cudaMalloc"))
+    return e;
+  size_t bytes = std::max<size_t>(n, 1);
+  {
+    std::lock_guard<std::mutex> g(allocMu);
+    if (deviceBytes + bytes > memoryLimit())
+      return fail(cudaErrorMemoryAllocation,
+                  "cudaMalloc of " + std::to_string(n) + " bytes: " +
+                      std::to_string(memoryLimit() - deviceBytes) +
+                      " bytes free of the emulated device's " + std::to_string(memoryLimit()) +
+                      " (CUDAEMU_MEMORY_BYTES)");
+  }
+  void *m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!m)
+    return fail(cudaErrorMemoryAllocation, "cudaMalloc: host allocation failed");
+  std::lock_guard<std::mutex> g(allocMu);
+  allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{bytes, false};
+  deviceBytes += bytes;
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) {
+  *p = nullptr;
+  size_t bytes = std::max<size_t>(n, 1);
+  void *m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!m)
+    return fail(cudaErrorMemoryAllocation, "cudaMallocHost: host allocation failed");
+  std::lock_guard<std::mutex> g(allocMu);
+  allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{bytes, true};
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { return cudaMallocHost(p, n); }
+static cudaError_t freeAlloc(void *p, bool pinned, const char *call) {
+  if (!p)
+    return cudaSuccess;
+  std::lock_guard<std::mutex> g(allocMu);
+  auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocs.end() || it->second.pinned != pinned)
+    return fail(cudaErrorInvalidValue, std::string(call) + ": not a pointer its allocator returned");
+  if (!pinned)
+    deviceBytes -= it->second.bytes;
+  allocs.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) { return freeAlloc(p, false, "cudaFree"); }
+cudaError_t cudaFreeHost(void *p) { return freeAlloc(p, true, "cudaFreeHost"); }
+cudaError_t cudaMemGetInfo(size_t *freeB, size_t *total) {
+  std::lock_guard<std::mutex> g(allocMu);
+  *total = memoryLimit();
+  *freeB = memoryLimit() - deviceBytes;
+  return cudaSuccess;
+}
+
+static cudaError_t checkCopy(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                             bool capturing) {
+  bool dstDev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  bool srcDev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dstDev)
+    if (cudaError_t e = checkDeviceRange(dst, n, "copy destination"))
+      return e;
+  if (srcDev)
+    if (cudaError_t e = checkDeviceRange(src, n, "copy source"))
+      return e;
+  if (capturing && n) {
+    // A captured copy must not touch pageable host memory.
+    if (!dstDev && !findAlloc(dst, n))
+      return fail(cudaErrorStreamCaptureUnsupported,
+                  "a captured copy to pageable host memory (use cudaMallocHost)");
+    if (!srcDev && !findAlloc(src, n))
+      return fail(cudaErrorStreamCaptureUnsupported,
+                  "a captured copy from pageable host memory (use cudaMallocHost)");
+  }
+  return cudaSuccess;
+}
+static bool streamCapturing(cudaStream_t s) {
+  std::lock_guard<std::mutex> g(captureMu);
+  return resolve(s)->capture != nullptr;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  if (cudaError_t e = refuseDuringCapture("cudaMemcpy"))
+    return e;
+  if (cudaError_t e = checkCopy(dst, src, n, kind, false))
+    return e;
+  if (n)
+    std::memmove(dst, src, n);
+  return takeSticky();
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
+  if (cudaError_t e = checkCopy(dst, src, n, kind, streamCapturing(s)))
+    return e;
+  return enqueue(s, [=] {
+    if (n)
+      std::memmove(dst, src, n);
+  });
+}
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+  if (cudaError_t e = refuseDuringCapture("cudaMemset"))
+    return e;
+  if (cudaError_t e = checkDeviceRange(p, n, "cudaMemset"))
+    return e;
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  if (cudaError_t e = checkDeviceRange(p, n, "cudaMemsetAsync"))
+    return e;
+  return enqueue(s, [=] { std::memset(p, v, n); });
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority) {
+  *s = new CUstream_st;
+  (*s)->flags = flags;
+  (*s)->priority = priority;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  return cudaStreamCreateWithPriority(s, flags, 0);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (streamCapturing(s))
+    return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamDestroy of a capturing stream");
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (streamCapturing(s))
+    return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
+  return takeSticky();
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (streamCapturing(s))
+    return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a capturing stream");
+  return takeSticky();
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  if (cudaError_t e = refuseDuringCapture("cudaDeviceSynchronize"))
+    return e;
+  return takeSticky();
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+  *e = new CUevent_st;
+  (*e)->flags = flags;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  CUstream_st *st = resolve(s);
+  std::lock_guard<std::mutex> g(captureMu);
+  e->recorded = true;
+  e->when = std::chrono::steady_clock::now();
+  e->capture = st->capture;
+  e->stream = st;
+  e->seq = st->capture ? st->lastOp : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) {
+  return cudaEventRecord(e, s);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  CUstream_st *st = resolve(s);
+  std::lock_guard<std::mutex> g(captureMu);
+  if (!e->capture)
+    return cudaSuccess; // complete already: every issued op has run
+  if (st->capture && st->capture != e->capture)
+    return fail(cudaErrorStreamCaptureIsolation, "a wait joins two different captures");
+  if (!st->capture) { // fork: the waiting stream joins the capture
+    st->capture = e->capture;
+    st->origin = false;
+    st->lastOp = 0;
+    e->capture->members.insert(st);
+  }
+  auto &jb = e->capture->joinedBack[e->stream];
+  if (st->origin)
+    jb = std::max(jb, e->seq);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e->capture)
+    return fail(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize on a captured event");
+  return takeSticky();
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  if ((a->flags | b->flags) & cudaEventDisableTiming)
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event without timing");
+  if (!a->recorded || !b->recorded)
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an unrecorded event");
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
+  return enqueue(s, [fn, data] { fn(data); });
+}
+
+cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || (size_t)value > (227u << 10))
+      return fail(cudaErrorInvalidValue,
+                  "cudaFuncAttributeMaxDynamicSharedMemorySize " + std::to_string(value) +
+                      " exceeds the H100's 227 KiB");
+    std::lock_guard<std::mutex> g(launchMu);
+    maxDynamicSmem[fn] = (size_t)value;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  CUstream_st *st = resolve(s);
+  if (st == &legacyStream)
+    return fail(cudaErrorStreamCaptureUnsupported, "capture of the legacy default stream");
+  std::lock_guard<std::mutex> g(captureMu);
+  if (st->capture)
+    return fail(cudaErrorIllegalState, "cudaStreamBeginCapture on a capturing stream");
+  st->capture = new Graph;
+  st->capture->members.insert(st);
+  st->origin = true;
+  st->lastOp = 0;
+  threadCapture = st->capture;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  CUstream_st *st = resolve(s);
+  std::unique_ptr<Graph> cap;
+  std::string unjoined;
+  {
+    std::lock_guard<std::mutex> g(captureMu);
+    if (!st->capture || !st->origin)
+      return fail(cudaErrorIllegalState, "cudaStreamEndCapture on a stream not capturing");
+    cap.reset(st->capture);
+    for (CUstream_st *m : cap->members) {
+      if (m != st && m->lastOp > cap->joinedBack[m])
+        unjoined = "a stream forked into the capture has work the origin stream never waited on";
+      m->capture = nullptr;
+      m->origin = false;
+    }
+    threadCapture = nullptr;
+  }
+  *graph = nullptr;
+  if (!unjoined.empty())
+    return fail(cudaErrorStreamCaptureUnjoined, unjoined);
+  *graph = new CUgraph_st{std::move(cap->ops)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+  *status = streamCapturing(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  for (auto &op : exec->ops)
+    if (cudaError_t e = enqueue(s, op))
+      return e;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+  delete g;
+  return cudaSuccess;
+}
+
+} // extern "C"
