@@ -244,9 +244,14 @@ TEST_F(CudaKernelsTest, GemmOnOperandsOneElementOffAlignment) {
         for (int shifted : {0, 1, 2, 4, 7}) { // bit 0: A off by one, 1: B, 2: C
           int64_t offA = shifted & 1, offB = (shifted >> 1) & 1, offC = (shifted >> 2) & 1;
           auto a = randomVec(batch * m * k, 19), b = randomVec(batch * k * n, 20);
-          std::vector<float> pa(a), pb(b); // one leading element: the operand 4 bytes in
-          pa.insert(pa.begin(), 0.f);
-          pb.insert(pb.begin(), 0.f);
+          // A shifted operand gets one leading element, so that it starts
+          // 4 bytes into its allocation (only then: an unshifted operand
+          // with the extra element would be a different matrix).
+          std::vector<float> pa(a), pb(b);
+          if (offA)
+            pa.insert(pa.begin(), 0.f);
+          if (offB)
+            pb.insert(pb.begin(), 0.f);
           Dev<float> da(pa), db(pb), dc(batch * m * n + 1);
           auto st = gemm.run(da.get() + offA, db.get() + offB, dc.get() + offC, batch, m, n, k,
                              ta, tb, 0);
@@ -477,7 +482,11 @@ TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
                            (int64_t)step, 0.9, 0.1, 0.01, true);
     expectNear(sp.host(), wp, 4, {}, "sgd momentum param");
     expectNear(sb.host(), wm, 4, {}, "sgd momentum buffer");
-    ASSERT_EQ(gpu::sgdUpdate(dg.get(), dm.get(), sp.get(), n, lr.get(), 0.01, 0), cudaSuccess);
+    // The gradient operand is m as the CPU reads it: dm holds AdamW's
+    // in-place update by now.
+    Dev<float> plainM(m);
+    ASSERT_EQ(gpu::sgdUpdate(dg.get(), plainM.get(), sp.get(), n, lr.get(), 0.01, 0),
+              cudaSuccess);
     cpu::sgdUpdate(g.data(), m.data(), wp.data(), n, 3e-3f, 0.01);
     expectNear(sp.host(), wp, 4, {}, "sgd");
   }
