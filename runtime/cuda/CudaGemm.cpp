@@ -115,8 +115,9 @@ Status Gemm::plan(const Key &key, Plan *&out) {
       &p->desc, fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
   // first cuBLASLt operand is B, the second A (see the header).
-  cublasOperation_t opFirst = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t opSecond = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // The attributes are int32_t (cublasLt.h), whatever size the enum has.
+  int32_t opFirst = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int32_t opSecond = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
   FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                    &opFirst, sizeof(opFirst)));
   FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
@@ -138,6 +139,8 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     if ((kindOf == Epilogue::DGelu || keepAux) && n % 8 != 0)
       return FSDP_ERROR("cuBLASLt's GELU epilogues need n (", n,
                         ") to be a multiple of 8 (the aux leading dimension)");
+    if (kindOf == Epilogue::DGelu && k == 1)
+      return FSDP_ERROR("cuBLASLt's DGELU epilogues do not support k = 1");
     uint32_t code = kindOf == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS
                     : kindOf == Epilogue::GeluAuxBias
                         ? (keepAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
@@ -183,7 +186,13 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc,
                                         p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  FSDP_CUBLAS_CHECK(st);
+  // No algorithm for the problem is CUBLAS_STATUS_NOT_SUPPORTED with no
+  // result (cublasLt.h), and a result is usable only when its own state
+  // is success: both are "no algorithm", reported with the problem.
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (found > 0 && result.state != CUBLAS_STATUS_SUCCESS))
+    found = 0;
+  else
+    FSDP_CUBLAS_CHECK(st);
   if (found == 0)
     return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [",
                       k, ", ", n, "] ", t == FloatKind::F32 ? "float32" : t == FloatKind::BF16 ? "bf16" : "f16", " GEMM (transA ", transA, ", transB ", transB,
