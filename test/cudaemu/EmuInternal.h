@@ -23,6 +23,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op);
 cudaError_t checkDevicePointer(const void *p, size_t n, const char *what);
 void stickyError(cudaError_t e);
 cudaError_t takeSticky();
+void clearSticky();
 } // namespace cudaemu
 
 #endif // FSDP_TEST_CUDAEMU_EMUINTERNAL_H

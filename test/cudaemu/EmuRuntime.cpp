@@ -493,6 +493,7 @@ void stickyError(cudaError_t e) {
   sticky.compare_exchange_strong(zero, (int)e);
 }
 cudaError_t takeSticky() { return (cudaError_t)sticky.load(); }
+void clearSticky() { sticky.store(0); }
 
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op) { return enqueueOn(s, std::move(op)); }
 cudaError_t checkDevicePointer(const void *p, size_t n, const char *what) {
@@ -705,6 +706,13 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (streamCapturing(s))
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a capturing stream");
   return takeSticky();
+}
+// A GPU's sticky error lasts until the context is reset; the emulator's
+// allocations stay (nothing in the backend resets a device it uses).
+cudaError_t cudaDeviceReset(void) {
+  clearSticky();
+  cudaemu::lastError = cudaSuccess;
+  return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
   if (cudaError_t e = refuseDuringCapture("cudaDeviceSynchronize"))

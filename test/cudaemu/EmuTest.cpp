@@ -1,0 +1,243 @@
+//===- EmuTest.cpp - the CUDA emulator's own checks -----------------------===//
+//
+// What test/cudaemu/README.md promises the emulator catches, each shown on
+// a small kernel written against Emu.h (launched through cudaemu::launch,
+// what emu_transform.py makes of `k<<<...>>>`): barriers and shuffles
+// that work, a deadlock, a bad shuffle mask, a missing barrier, the
+// dynamic shared memory opt-in, copies outside allocations, stream capture
+// rules and graphs that replay the captured arguments.
+//
+//===----------------------------------------------------------------------===//
+
+#include "test/cudaemu/Emu.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace {
+
+template <typename T> T *devAlloc(size_t n) {
+  void *p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+  return static_cast<T *>(p);
+}
+
+// A block sum: warp shuffles, then warp 0 over the warps' partials.
+void blockSumKernel(const int *x, int *out) {
+  __shared__ int partial[32];
+  int v = x[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_down_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0)
+    partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0;
+    for (int o = 16; o > 0; o >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0)
+      out[blockIdx.x] = v;
+  }
+}
+
+TEST(CudaEmu, BarriersAndShufflesReduceABlock) {
+  const int blocks = 3, threads = 256;
+  std::vector<int> h(blocks * threads);
+  std::iota(h.begin(), h.end(), 1);
+  int *x = devAlloc<int>(h.size()), *out = devAlloc<int>(blocks);
+  ASSERT_EQ(cudaMemcpy(x, h.data(), h.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaemu::launch(nullptr, blocks, threads, 0, nullptr,
+                  [=](auto... a) { blockSumKernel(a...); }, x, out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> got(blocks);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, blocks * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int b = 0; b < blocks; ++b) {
+    int first = b * threads + 1, last = first + threads - 1;
+    EXPECT_EQ(got[b], (first + last) * threads / 2) << "block " << b;
+  }
+  cudaFree(x);
+  cudaFree(out);
+}
+
+// Lane 0 waits at __syncthreads while lanes 1..31 wait for it at a warp
+// barrier: a hang on a GPU, a failed launch here.
+void deadlockKernel() {
+  if (threadIdx.x == 0)
+    __syncthreads();
+  else
+    __syncwarp();
+}
+
+TEST(CudaEmu, ADeadlockFailsTheLaunch) {
+  cudaemu::launch(nullptr, 1, 32, 0, nullptr, [=](auto... a) { deadlockKernel(a...); });
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  // The failure is sticky, as a GPU's launch failure is, until a reset.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+void exitedLaneShuffle(int *out) {
+  if (threadIdx.x >= 16)
+    return; // lanes 16..31 leave; the full mask still names them
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+void partialWarpShuffle(int *out) {
+  // 40 threads: the second warp has 8 lanes, the full mask names 32.
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+TEST(CudaEmu, AShuffleMaskNamingMissingLanesFails) {
+  int *out = devAlloc<int>(64);
+  cudaemu::launch(nullptr, 1, 32, 0, nullptr, [=](auto... a) { exitedLaneShuffle(a...); }, out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  cudaDeviceReset();
+  cudaemu::launch(nullptr, 1, 40, 0, nullptr, [=](auto... a) { partialWarpShuffle(a...); }, out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  cudaDeviceReset();
+  cudaFree(out);
+}
+
+// Each thread reads its neighbour's shared slot; without the barrier the
+// neighbour has not written it yet in one of the two thread orders.
+// (base differs per launch: a static shared array keeps the last block's
+// values, where a GPU's would be undefined.)
+template <bool Barrier> void neighbourKernel(int *out, int base) {
+  __shared__ int s[64];
+  s[threadIdx.x] = (int)threadIdx.x * 10 + base;
+  if (Barrier)
+    __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST(CudaEmu, AMissingBarrierChangesTheResult) {
+  int *out = devAlloc<int>(64);
+  std::vector<int> want(64), got(64);
+  for (int i = 0; i < 64; ++i)
+    want[i] = (i + 1) % 64 * 10;
+  cudaemu::launch(nullptr, 1, 64, 0, nullptr, [=](auto... a) { neighbourKernel<true>(a...); },
+                  out, 0);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, 256, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got, want);
+  for (int &w : want)
+    w += 1000;
+  cudaemu::launch(nullptr, 1, 64, 0, nullptr, [=](auto... a) { neighbourKernel<false>(a...); },
+                  out, 1000);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, 256, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_NE(got, want);
+  cudaFree(out);
+}
+
+void smemKernel(float *out) {
+  float *sm = static_cast<float *>(cudaemu::dynamicShared());
+  sm[threadIdx.x] = 1.f;
+  __syncthreads();
+  out[threadIdx.x] = sm[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST(CudaEmu, DynamicSharedMemoryAbove48KiBNeedsTheOptIn) {
+  float *out = devAlloc<float>(32);
+  auto launch = [&](size_t smem) {
+    cudaemu::launch(cudaemu::fnId(smemKernel), 1, 32, smem, nullptr,
+                    [=](auto... a) { smemKernel(a...); }, out);
+    return cudaGetLastError();
+  };
+  EXPECT_EQ(launch(48 << 10), cudaSuccess);
+  EXPECT_EQ(launch(64 << 10), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaFuncSetAttribute(smemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 64 << 10),
+            cudaSuccess);
+  EXPECT_EQ(launch(64 << 10), cudaSuccess);
+  EXPECT_EQ(launch(65 << 10), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(smemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 228 << 10),
+            cudaErrorInvalidValue); // past the H100's 227 KiB
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  cudaemu::launch(nullptr, 1, 1025, 0, nullptr, [=](auto... a) { smemKernel(a...); }, out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  cudaFree(out);
+}
+
+TEST(CudaEmu, CopiesMustStayInsideAnAllocation) {
+  float *d = devAlloc<float>(16);
+  std::vector<float> h(32);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 64, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 68, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d + 1, h.data(), 64, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  // A host pointer where the copy says device.
+  EXPECT_EQ(cudaMemcpy(h.data(), d, 64, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemsetAsync(d + 8, 0, 64, nullptr), cudaErrorInvalidValue);
+  cudaGetLastError();
+  cudaFree(d);
+}
+
+void addKernel(float *x, float v) { x[threadIdx.x] += v; }
+
+TEST(CudaEmu, AGraphReplaysTheArgumentsItWasCapturedWith) {
+  float *x = devAlloc<float>(4);
+  ASSERT_EQ(cudaMemset(x, 0, 16), cudaSuccess);
+  cudaStream_t s, side;
+  ASSERT_EQ(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, 0), cudaSuccess);
+  float v = 1.f;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaemu::launch(nullptr, 1, 4, 0, s, [=](auto... a) { addKernel(a...); }, x, v);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureImplicit);
+  std::vector<float> pageable(4);
+  EXPECT_EQ(cudaMemcpyAsync(pageable.data(), x, 16, cudaMemcpyDeviceToHost, s),
+            cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t g;
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  cudaGetLastError();
+  std::vector<float> h(4);
+  ASSERT_EQ(cudaMemcpy(h.data(), x, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h[0], 0.f) << "a captured kernel ran at capture";
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  v = 100.f; // too late: the graph holds 1
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(h.data(), x, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h, std::vector<float>(4, 2.f));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+
+  // A stream forked into the capture must be joined back.
+  cudaEvent_t fork, join;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  for (bool joined : {true, false}) {
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    cudaemu::launch(nullptr, 1, 4, 0, side, [=](auto... a) { addKernel(a...); }, x, 1.f);
+    if (joined) {
+      ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+    }
+    cudaGraph_t g2 = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g2), joined ? cudaSuccess : cudaErrorStreamCaptureUnjoined);
+    if (g2)
+      cudaGraphDestroy(g2);
+  }
+  cudaGetLastError();
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(side);
+  cudaFree(x);
+}
+
+TEST(CudaEmu, DeviceMemoryIsBounded) {
+  size_t freeB = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&freeB, &total), cudaSuccess);
+  void *p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, freeB + 1), cudaErrorMemoryAllocation);
+  EXPECT_EQ(p, nullptr);
+  cudaGetLastError();
+}
+
+} // namespace
