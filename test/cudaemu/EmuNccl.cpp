@@ -1,26 +1,118 @@
-//===- EmuNccl.cpp - NCCL at world size 1 for the CUDA emulator -----------===//
+//===- EmuNccl.cpp - NCCL for the CUDA emulator, across processes ---------===//
 //
-// The NCCL calls the CUDA backend makes (runtime/cuda/CudaComm.cpp), for a
-// communicator of one rank: every collective is then a copy (sum, mean or
-// gather over one rank), ordered on its stream like a kernel and captured
-// into a CUDA graph like one. Enough to run the backend's NCCL path
-// (FSDP_CUDA_COMM=nccl) end to end on a CPU; communicators of more ranks
-// are refused with a message saying so. Buffers are checked against the
-// emulator's allocations: NCCL reads and writes device memory.
+// The NCCL calls the CUDA backend makes (runtime/cuda/CudaComm.cpp), for
+// ranks that are processes of one machine, each with its own emulated GPU
+// (CUDAEMU_DEVICES >= ranks per node makes the backend choose NCCL, as a
+// node with a GPU per rank does). A one-GPU machine can never run the
+// backend's NCCL path with more than one rank (NCCL refuses two ranks on
+// one GPU); this runs it: unique ids, ncclCommInitRank, ncclCommSplit
+// (HSDP's subgroups), all-reduce / reduce-scatter / all-gather with NCCL's
+// documented buffer semantics (reduce-scatter's recvcount per rank, rank
+// r's block; all-gather's sendcount, rank r's data at r * sendcount;
+// in-place), ncclSum and ncclAvg on f32 / f16 / bf16 / f64 / integers.
+//
+// Transport: one POSIX shared-memory segment per communicator, named from
+// the unique id (random, made by rank 0, which the backend broadcasts).
+// A collective runs where the emulator runs every stream operation, at
+// its issue (or at its graph's replay): each rank copies a chunk of its
+// input into its slot, all ranks meet at a process-shared barrier, each
+// computes its output from the slots (f32 accumulation in rank order, one
+// rounding; ncclAvg multiplies each term by 1/n first, NCCL's PreMulSum),
+// and they meet again before the slots are reused. Every rank also
+// publishes what it issued (kind, count, type, op): ranks that disagree
+// fail the collective with both calls named (on a GPU: a hang or garbage).
+// A peer that never arrives fails it after CUDAEMU_NCCL_TIMEOUT_S (120).
+// The segment is unlinked once every rank has mapped it.
 //
 //===----------------------------------------------------------------------===//
 
 #include "test/cudaemu/EmuInternal.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
+#include <random>
+#include <sched.h>
 #include <string>
+#include <sys/mman.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxRanks = 64;
+constexpr size_t kSlotBytes = 1 << 20; // per rank; collectives are chunked
+
+/// What a rank issued, for the agreement check.
+struct Call {
+  int32_t kind, type, op;
+  int64_t count;
+};
+
+struct Header {
+  std::atomic<int32_t> joined;
+  std::atomic<uint32_t> arrived, generation;
+  Call calls[kMaxRanks];
+  int32_t color[kMaxRanks], key[kMaxRanks]; // ncclCommSplit
+};
+
+size_t segmentBytes(int nranks) {
+  return (sizeof(Header) + 4095) / 4096 * 4096 + (size_t)nranks * kSlotBytes;
+}
+
+double timeoutSeconds() {
+  const char *e = std::getenv("CUDAEMU_NCCL_TIMEOUT_S");
+  return e ? std::atof(e) : 120.0;
+}
+
+} // namespace
 
 struct ncclComm {
-  int nranks = 1;
-  bool aborted = false;
+  int nranks = 1, rank = 0;
+  std::string name; // the segment's
+  Header *hdr = nullptr;
+  unsigned char *slots = nullptr;
+  size_t bytes = 0;
+  int splits = 0; // ncclCommSplit calls so far (names the children)
+  ncclResult_t asyncError = ncclSuccess;
   std::string lastError;
+  ~ncclComm() {
+    if (hdr)
+      munmap(hdr, bytes);
+  }
+  unsigned char *slot(int r) { return slots + (size_t)r * kSlotBytes; }
+
+  /// The process-shared barrier: false after the timeout.
+  bool barrier() {
+    uint32_t gen = hdr->generation.load(std::memory_order_acquire);
+    if ((int)hdr->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == nranks) {
+      hdr->arrived.store(0, std::memory_order_relaxed);
+      hdr->generation.fetch_add(1, std::memory_order_acq_rel);
+      return true;
+    }
+    auto start = std::chrono::steady_clock::now();
+    for (int spin = 0; hdr->generation.load(std::memory_order_acquire) == gen; ++spin) {
+      if (spin < 100) {
+        sched_yield();
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if ((spin & 1023) == 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+              timeoutSeconds())
+        return false;
+    }
+    return true;
+  }
 };
 
 namespace {
@@ -28,8 +120,12 @@ thread_local std::string lastError;
 
 ncclResult_t failed(ncclComm_t c, ncclResult_t r, const std::string &why) {
   lastError = why;
-  if (c)
+  if (c) {
     c->lastError = why;
+    if (c->asyncError == ncclSuccess)
+      c->asyncError = r;
+  }
+  std::fprintf(stderr, "cudaemu nccl: %s\n", why.c_str());
   return r;
 }
 
@@ -54,50 +150,293 @@ size_t typeBytes(ncclDataType_t t) {
   }
 }
 
-/// A one-rank collective: out = in (count elements of t) on stream s.
-ncclResult_t copyCollective(const char *what, const void *in, void *out, size_t count,
-                            ncclDataType_t t, ncclComm_t comm, cudaStream_t s) {
-  if (!comm || comm->aborted)
-    return failed(comm, ncclInvalidArgument, std::string(what) + ": invalid or aborted communicator");
-  size_t bytes = count * typeBytes(t);
-  if (typeBytes(t) == 0)
-    return failed(comm, ncclInvalidArgument, std::string(what) + ": unsupported datatype");
-  if (cudaemu::checkDevicePointer(in, bytes, what) != cudaSuccess ||
-      cudaemu::checkDevicePointer(out, bytes, what) != cudaSuccess)
-    return failed(comm, ncclInvalidArgument,
-                  std::string(what) + ": a buffer is not device memory of that size");
-  if (cudaemu::enqueue(s, [=] {
-        if (in != out && bytes)
-          std::memmove(out, in, bytes);
-      }) != cudaSuccess)
-    return failed(comm, ncclUnhandledCudaError, std::string(what) + ": enqueue failed");
+double loadAs(ncclDataType_t t, const unsigned char *p, size_t i) {
+  switch (t) {
+  case ncclFloat32:
+    return reinterpret_cast<const float *>(p)[i];
+  case ncclFloat64:
+    return reinterpret_cast<const double *>(p)[i];
+  case ncclFloat16:
+    return __half2float(reinterpret_cast<const __half *>(p)[i]);
+  case ncclBfloat16:
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(p)[i]);
+  case ncclInt8:
+    return reinterpret_cast<const int8_t *>(p)[i];
+  case ncclUint8:
+    return p[i];
+  case ncclInt32:
+    return reinterpret_cast<const int32_t *>(p)[i];
+  case ncclUint32:
+    return reinterpret_cast<const uint32_t *>(p)[i];
+  case ncclInt64:
+    return (double)reinterpret_cast<const int64_t *>(p)[i];
+  case ncclUint64:
+    return (double)reinterpret_cast<const uint64_t *>(p)[i];
+  default:
+    return 0;
+  }
+}
+void storeAs(ncclDataType_t t, unsigned char *p, size_t i, double v) {
+  switch (t) {
+  case ncclFloat32:
+    reinterpret_cast<float *>(p)[i] = (float)v;
+    break;
+  case ncclFloat64:
+    reinterpret_cast<double *>(p)[i] = v;
+    break;
+  case ncclFloat16:
+    reinterpret_cast<__half *>(p)[i] = __float2half_rn((float)v);
+    break;
+  case ncclBfloat16:
+    reinterpret_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn((float)v);
+    break;
+  case ncclInt8:
+    reinterpret_cast<int8_t *>(p)[i] = (int8_t)v;
+    break;
+  case ncclUint8:
+    p[i] = (unsigned char)v;
+    break;
+  case ncclInt32:
+    reinterpret_cast<int32_t *>(p)[i] = (int32_t)v;
+    break;
+  case ncclUint32:
+    reinterpret_cast<uint32_t *>(p)[i] = (uint32_t)v;
+    break;
+  case ncclInt64:
+    reinterpret_cast<int64_t *>(p)[i] = (int64_t)v;
+    break;
+  case ncclUint64:
+    reinterpret_cast<uint64_t *>(p)[i] = (uint64_t)v;
+    break;
+  default:
+    break;
+  }
+}
+bool isFloat(ncclDataType_t t) {
+  return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat64;
+}
+
+/// out[i] = reduction over ranks of the slots' element i (slot offset
+/// `at` elements), for n elements.
+void reduceSlots(ncclComm_t c, ncclDataType_t t, ncclRedOp_t op, size_t at, size_t n,
+                 unsigned char *out) {
+  for (size_t i = 0; i < n; ++i) {
+    if (isFloat(t) && t != ncclFloat64) {
+      // f32 accumulation in rank order, one rounding to the type.
+      float s = 0.f, w = op == ncclAvg ? 1.f / (float)c->nranks : 1.f;
+      for (int r = 0; r < c->nranks; ++r)
+        s += (op == ncclAvg ? (float)loadAs(t, c->slot(r), at + i) * w
+                            : (float)loadAs(t, c->slot(r), at + i));
+      storeAs(t, out, i, s);
+    } else {
+      double s = 0;
+      for (int r = 0; r < c->nranks; ++r)
+        s += loadAs(t, c->slot(r), at + i);
+      if (op == ncclAvg)
+        s = isFloat(t) ? s / c->nranks : std::trunc(s / c->nranks);
+      storeAs(t, out, i, s);
+    }
+  }
+}
+
+enum Kind { kAllReduce = 1, kReduceScatter, kAllGather, kSplit };
+const char *kindName(int k) {
+  return k == kAllReduce ? "ncclAllReduce"
+         : k == kReduceScatter ? "ncclReduceScatter"
+         : k == kAllGather ? "ncclAllGather"
+                           : "ncclCommSplit";
+}
+
+/// Publishes this rank's call and checks every rank issued the same one.
+ncclResult_t agree(ncclComm_t c, const Call &mine) {
+  c->hdr->calls[c->rank] = mine;
+  if (!c->barrier())
+    return failed(c, ncclRemoteError,
+                  std::string(kindName(mine.kind)) + ": a peer did not arrive within " +
+                      std::to_string((int)timeoutSeconds()) + " s (CUDAEMU_NCCL_TIMEOUT_S)");
+  for (int r = 0; r < c->nranks; ++r) {
+    const Call &o = c->hdr->calls[r];
+    if (o.kind != mine.kind || o.count != mine.count || o.type != mine.type || o.op != mine.op) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "ranks disagree on a collective: rank %d issued %s(count %lld, type %d, op "
+                    "%d), rank %d %s(count %lld, type %d, op %d)",
+                    c->rank, kindName(mine.kind), (long long)mine.count, mine.type, mine.op, r,
+                    kindName(o.kind), (long long)o.count, o.type, o.op);
+      c->barrier();
+      return failed(c, ncclInvalidUsage, buf);
+    }
+  }
+  // Every rank has read the calls before the next collective rewrites them.
+  if (!c->barrier())
+    return failed(c, ncclRemoteError, "a peer did not arrive");
   return ncclSuccess;
 }
+
+ncclResult_t runCollective(int kind, const void *in, void *out, size_t count,
+                           ncclDataType_t t, ncclRedOp_t op, ncclComm_t c) {
+  if (ncclResult_t r = agree(c, Call{kind, (int32_t)t, (int32_t)op, (int64_t)count}))
+    return r;
+  size_t es = typeBytes(t), n = (size_t)c->nranks;
+  auto *src = static_cast<const unsigned char *>(in);
+  auto *dst = static_cast<unsigned char *>(out);
+  // Elements per chunk: what one slot holds (reduce-scatter: a block of
+  // every destination per slot).
+  size_t per = kind == kReduceScatter ? kSlotBytes / es / n : kSlotBytes / es;
+  for (size_t j0 = 0; j0 < count; j0 += per) {
+    size_t len = std::min(per, count - j0);
+    unsigned char *mine = c->slot(c->rank);
+    if (kind == kReduceScatter)
+      for (size_t d = 0; d < n; ++d)
+        std::memcpy(mine + d * len * es, src + (d * count + j0) * es, len * es);
+    else
+      std::memcpy(mine, src + j0 * es, len * es);
+    if (!c->barrier())
+      return failed(c, ncclRemoteError, std::string(kindName(kind)) + ": a peer did not arrive");
+    if (kind == kAllReduce)
+      reduceSlots(c, t, op, 0, len, dst + j0 * es);
+    else if (kind == kReduceScatter)
+      reduceSlots(c, t, op, (size_t)c->rank * len, len, dst + j0 * es);
+    else
+      for (size_t r = 0; r < n; ++r)
+        std::memcpy(dst + (r * count + j0) * es, c->slot((int)r), len * es);
+    if (!c->barrier())
+      return failed(c, ncclRemoteError, std::string(kindName(kind)) + ": a peer did not arrive");
+  }
+  return ncclSuccess;
+}
+
+/// Checks, then runs the collective now or captures it into the graph its
+/// stream is capturing (a failure there becomes the communicator's
+/// asynchronous error, as NCCL reports errors of enqueued work).
+ncclResult_t collective(int kind, const void *in, void *out, size_t count, ncclDataType_t t,
+                        ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+  const char *what = kindName(kind);
+  if (!c || !c->hdr)
+    return failed(c, ncclInvalidArgument, std::string(what) + ": invalid or aborted communicator");
+  size_t es = typeBytes(t);
+  if (es == 0)
+    return failed(c, ncclInvalidArgument, std::string(what) + ": unsupported datatype");
+  if (op != ncclSum && op != ncclAvg)
+    return failed(c, ncclInvalidArgument, std::string(what) + ": only ncclSum and ncclAvg are emulated");
+  size_t n = (size_t)c->nranks;
+  size_t inBytes = (kind == kReduceScatter ? n * count : count) * es;
+  size_t outBytes = (kind == kAllGather ? n * count : count) * es;
+  if (cudaemu::checkDevicePointer(in, inBytes, what) != cudaSuccess ||
+      cudaemu::checkDevicePointer(out, outBytes, what) != cudaSuccess)
+    return failed(c, ncclInvalidArgument,
+                  std::string(what) + ": a buffer is not device memory of the size the call implies");
+  // In place is only NCCL's: recvbuff + rank * count for all-gather,
+  // sendbuff + rank * recvcount for reduce-scatter; any other overlap is
+  // undefined.
+  auto *ib = static_cast<const unsigned char *>(in);
+  auto *ob = static_cast<const unsigned char *>(out);
+  bool overlap = ib < ob + outBytes && ob < ib + inBytes;
+  bool inPlace = kind == kAllReduce ? ib == ob
+                 : kind == kAllGather ? ib == ob + (size_t)c->rank * count * es
+                                      : ob == ib + (size_t)c->rank * count * es;
+  if (overlap && !inPlace)
+    return failed(c, ncclInvalidArgument,
+                  std::string(what) + ": send and receive buffers overlap but are not in place");
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &cs);
+  if (cs == cudaStreamCaptureStatusNone) // the buffers' producers have all run
+    return runCollective(kind, in, out, count, t, op, c);
+  cudaemu::enqueue(s, [=] { runCollective(kind, in, out, count, t, op, c); });
+  return ncclSuccess;
+}
+
+/// Maps (creating if needed) the segment of a communicator.
+ncclResult_t attach(ncclComm_t c) {
+  c->bytes = segmentBytes(c->nranks);
+  int fd = shm_open(c->name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0)
+    return failed(nullptr, ncclSystemError, "shm_open " + c->name + ": " + std::strerror(errno));
+  if (ftruncate(fd, (off_t)c->bytes) != 0) {
+    close(fd);
+    return failed(nullptr, ncclSystemError, "ftruncate " + c->name + ": " + std::strerror(errno));
+  }
+  void *m = mmap(nullptr, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED)
+    return failed(nullptr, ncclSystemError, "mmap " + c->name + ": " + std::strerror(errno));
+  c->hdr = static_cast<Header *>(m);
+  c->slots = static_cast<unsigned char *>(m) + (sizeof(Header) + 4095) / 4096 * 4096;
+  // The last rank to map it unlinks the name: nothing stays in /dev/shm.
+  if (c->hdr->joined.fetch_add(1) + 1 == c->nranks)
+    shm_unlink(c->name.c_str());
+  return ncclSuccess;
+}
+
 } // namespace
 
 extern "C" {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   std::memset(id, 0, sizeof *id);
-  std::strcpy(id->internal, "cudaemu");
+  std::random_device rd;
+  std::snprintf(id->internal, sizeof id->internal, "/cudaemu-nccl-%d-%08x%08x", (int)getpid(),
+                rd(), rd());
   return ncclSuccess;
 }
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId, int rank) {
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
   *comm = nullptr;
-  if (nranks != 1 || rank != 0)
-    return failed(nullptr, ncclInvalidUsage,
-                  "the CUDA emulator's NCCL runs communicators of one rank only (asked for " +
-                      std::to_string(nranks) + ")");
-  *comm = new ncclComm;
+  if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
+    return failed(nullptr, ncclInvalidArgument,
+                  "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
+                      std::to_string(nranks) + " (the emulator takes up to 64 ranks)");
+  if (std::strncmp(id.internal, "/cudaemu-nccl-", 14) != 0)
+    return failed(nullptr, ncclInvalidArgument, "ncclCommInitRank: not a unique id from ncclGetUniqueId");
+  auto *c = new ncclComm;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->name = std::string(id.internal, strnlen(id.internal, sizeof id.internal));
+  if (ncclResult_t r = attach(c)) {
+    delete c;
+    return r;
+  }
+  // Every rank has mapped the segment before any collective.
+  if (!c->barrier()) {
+    delete c;
+    return failed(nullptr, ncclRemoteError, "ncclCommInitRank: a peer did not join");
+  }
+  *comm = c;
   return ncclSuccess;
 }
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int, ncclComm_t *out, ncclConfig_t *) {
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out, ncclConfig_t *) {
   *out = nullptr;
-  if (!comm || comm->aborted)
+  if (!comm || !comm->hdr)
     return failed(comm, ncclInvalidArgument, "ncclCommSplit of an invalid communicator");
+  // Collective over the parent: every rank's (color, key), then each
+  // group ordered by key (ties by parent rank), as NCCL documents.
+  comm->hdr->color[comm->rank] = color;
+  comm->hdr->key[comm->rank] = key;
+  if (ncclResult_t r = agree(comm, Call{kSplit, 0, 0, 0}))
+    return r;
+  std::vector<std::pair<int, int>> group; // (key, parent rank)
+  for (int r = 0; r < comm->nranks; ++r)
+    if (comm->hdr->color[r] == color)
+      group.push_back({comm->hdr->key[r], r});
+  std::sort(group.begin(), group.end());
+  int splitIndex = comm->splits++;
+  if (!comm->barrier()) // every rank read the colors before they are reused
+    return failed(comm, ncclRemoteError, "ncclCommSplit: a peer did not arrive");
   if (color == NCCL_SPLIT_NOCOLOR)
     return ncclSuccess;
-  *out = new ncclComm;
+  auto *c = new ncclComm;
+  c->nranks = (int)group.size();
+  c->rank = (int)(std::find(group.begin(), group.end(), std::make_pair(key, comm->rank)) -
+                  group.begin());
+  c->name = comm->name + "-s" + std::to_string(splitIndex) + "c" + std::to_string(color);
+  if (ncclResult_t r = attach(c)) {
+    delete c;
+    return r;
+  }
+  if (!c->barrier()) {
+    delete c;
+    return failed(nullptr, ncclRemoteError, "ncclCommSplit: a peer did not join");
+  }
+  *out = c;
   return ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -109,8 +448,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
-  *async = ncclSuccess;
-  return comm ? ncclSuccess : ncclInvalidArgument;
+  if (!comm)
+    return ncclInvalidArgument;
+  *async = comm->asyncError;
+  return ncclSuccess;
 }
 const char *ncclGetErrorString(ncclResult_t r) {
   switch (r) {
@@ -129,16 +470,16 @@ const char *ncclGetLastError(ncclComm_t comm) {
   return comm ? comm->lastError.c_str() : lastError.c_str();
 }
 ncclResult_t ncclAllReduce(const void *in, void *out, size_t count, ncclDataType_t t,
-                           ncclRedOp_t, ncclComm_t comm, cudaStream_t s) {
-  return copyCollective("ncclAllReduce", in, out, count, t, comm, s);
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+  return collective(kAllReduce, in, out, count, t, op, comm, s);
 }
-ncclResult_t ncclReduceScatter(const void *in, void *out, size_t count, ncclDataType_t t,
-                               ncclRedOp_t, ncclComm_t comm, cudaStream_t s) {
-  return copyCollective("ncclReduceScatter", in, out, count, t, comm, s);
+ncclResult_t ncclReduceScatter(const void *in, void *out, size_t recvcount, ncclDataType_t t,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+  return collective(kReduceScatter, in, out, recvcount, t, op, comm, s);
 }
-ncclResult_t ncclAllGather(const void *in, void *out, size_t count, ncclDataType_t t,
+ncclResult_t ncclAllGather(const void *in, void *out, size_t sendcount, ncclDataType_t t,
                            ncclComm_t comm, cudaStream_t s) {
-  return copyCollective("ncclAllGather", in, out, count, t, comm, s);
+  return collective(kAllGather, in, out, sendcount, t, ncclSum, comm, s);
 }
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
