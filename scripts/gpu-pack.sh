@@ -4,14 +4,28 @@
 # CUDA's driver and PyTorch but no MLIR, no Gloo and no apt. Then run
 #   bash gpu-kit/gpu-check.sh      (there; writes logs under $OUT)
 # Needs a build with the CUDA backend (build/, FSDP_HAVE_CUDA).
+# EMU=1 packs gpu-kit-emu/ instead, with the binaries built on the CPU
+# emulation of CUDA (test/cudaemu/) under the same names: a rehearsal of the
+# GPU session here (`EMU=1 bash gpu-kit-emu/gpu-check.sh`), the same steps
+# less the speed runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
+EMU=${EMU:-0}
+OPT=${OPT:-$B/bin/fsdp-opt}
 K=gpu-kit
+[ "$EMU" = 1 ] && K=gpu-kit-emu
 rm -rf "$K" && mkdir -p "$K/bin" "$K/lib" "$K/plans" "$K/oracle"
-for t in fsdp-run CudaKernelsTest CudaFastKernelsTest DeviceTest FlashBench; do
-  cp "$B/bin/$t" "$K/bin/"
-done
+if [ "$EMU" = 1 ]; then
+  cp "$B/bin/fsdp-run-emu" "$K/bin/fsdp-run"
+  for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do
+    cp "$B/bin/${t%Test}EmuTest" "$K/bin/$t"
+  done
+else
+  for t in fsdp-run CudaKernelsTest CudaFastKernelsTest DeviceTest FlashBench; do
+    cp "$B/bin/$t" "$K/bin/"
+  done
+fi
 # Gloo and what it pulls in (absent there; 1.5 MB).
 for l in libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
   cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')" "$K/lib/"
@@ -19,47 +33,48 @@ done
 cp test/oracle/torch_ref.py "$K/oracle/"
 # The plans of test/lit/e2e/cuda.test, compiled here.
 P="$K/plans"
-"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+"$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt.plan report=false"
 # The same without fused matmul epilogues: isolates cuBLASLt's epilogues.
-"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+"$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 fuse-epilogues=false plan=$P/gpt_unfused.plan report=false"
 python3 examples/gen_models.py llama -o "$P/llama.mlir"
-"$B/bin/fsdp-opt" "$P/llama.mlir" -o /dev/null \
+"$OPT" "$P/llama.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=sgd momentum=0.9 plan=$P/llama.plan report=false"
 python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 30 -o "$P/g30.mlir"
 python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 15 -o "$P/b15.mlir"
-"$B/bin/fsdp-opt" "$P/g30.mlir" -o /dev/null --fsdp-pipeline="optimizer=adamw plan=$P/g30.plan report=false"
-"$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
+"$OPT" "$P/g30.mlir" -o /dev/null --fsdp-pipeline="optimizer=adamw plan=$P/g30.plan report=false"
+"$OPT" "$P/b15.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=$P/n2.plan report=false"
 # Optimizer offload: the GPT on one rank (the oracle, both arenas measured)
 # and the 2-rank MLP (host-staged, against the n2 plan without offload).
-"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+"$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 stage=3 offload=optimizer plan=$P/gpt_offload.plan report=false"
-"$B/bin/fsdp-opt" "$P/b15.mlir" -o /dev/null \
+"$OPT" "$P/b15.mlir" -o /dev/null \
   --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer plan=$P/n2_offload.plan report=false"
 # reshard-after-forward=2 (hpZ) against resharding to all 4 ranks: bitwise
 # the same losses (the backward gathers the same bits).
 python3 examples/gen_models.py mlp --hidden 64 --blocks 8 --batch 8 -o "$P/b8.mlir"
 for rs in true 2; do
-  "$B/bin/fsdp-opt" "$P/b8.mlir" -o /dev/null \
+  "$OPT" "$P/b8.mlir" -o /dev/null \
     --fsdp-pipeline="optimizer=adamw world-size=4 stage=3 reshard-after-forward=$rs plan=$P/n4_$rs.plan report=false"
 done
-"$B/bin/fsdp-opt" examples/gpt2.mlir -o /dev/null \
+[ "$EMU" = 1 ] || "$OPT" examples/gpt2.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 plan=$P/gpt2.plan report=false"
 # bf16 GPT (small) for the native-vs-widened comparison of gpu-check.sh.
-"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+"$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=bf16 plan=$P/gpt_bf16.plan report=false"
 # f16 with dynamic loss scaling: the same GPT on the GPU against the CPU.
-"$B/bin/fsdp-opt" examples/gpt_small.mlir -o /dev/null \
+"$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=f16 plan=$P/gpt_f16.plan report=false"
 # GPT-2 124M at T=1024 for bench/gpt2_gpu.py (the issue's batches: 16, 32).
 for b in 16 32; do
+  [ "$EMU" = 1 ] && break # no speed runs on the emulator
   python3 examples/gen_models.py gpt --vocab 50257 --ctx 1024 --layers 12 --heads 12 \
     --width 768 --batch $b -o "$P/gpt2_b$b.mlir"
   for d in bf16 f32; do
     [ $d = f32 ] && [ $b = 32 ] && continue # f32 at B=32: over the 80 GB of an H100 with headroom
-    "$B/bin/fsdp-opt" "$P/gpt2_b$b.mlir" -o /dev/null \
+    "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
       --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=$d plan=$P/gpt2_${d}_b$b.plan report=false"
   done
   rm -f "$P/gpt2_b$b.mlir"

@@ -25,12 +25,15 @@
 // round to nearest even). A GPU sums in an order of its own (and may use
 // split-K), so tests compare with a tolerance, never bit for bit.
 //
-// The matmul runs synchronously on the calling thread; the stream is
-// ignored. There is no global mutable state: every object is owned by its
-// handle and each call works on locals, so calls from several host threads
-// on distinct descriptors are safe. No exception crosses the C API.
+// The matmul runs on the stream as the emulator runs kernels
+// (cudaemu::enqueue: at the call, or captured into a CUDA graph). There is
+// no global mutable state: every object is owned by its handle and each
+// call works on locals, so calls from several host threads on distinct
+// descriptors are safe. No exception crosses the C API.
 //
 //===----------------------------------------------------------------------===//
+
+#include "test/cudaemu/EmuInternal.h"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -893,7 +896,6 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle,
                                            const cublasLtMatmulAlgo_t *algo, void *workspace,
                                            size_t workspaceSizeInBytes, cudaStream_t stream) {
   (void)workspace;
-  (void)stream; // synchronous: the emulator's device memory is host memory
   try {
     if (!validHandle(lightHandle))
       return CUBLAS_STATUS_NOT_INITIALIZED;
@@ -958,7 +960,23 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle,
     if (readC && C == D &&
         (p.c.ld != p.d.ld || p.c.type != p.d.type || p.c.stride != p.d.stride))
       return CUBLAS_STATUS_INVALID_VALUE;
-    compute(p, a, b, A, B, C, D, bias, aux);
+    // Every operand lies in device memory: its last element (of the last
+    // batch) inside the allocation its first is in.
+    auto extent = [](const Mat &x) {
+      return ((int64_t)(x.batch - 1) * x.stride + (x.cols - 1) * x.ld + x.rows) *
+             (int64_t)elemBytes(x.type);
+    };
+    if ((p.k > 0 && (cudaemu::checkDevicePointer(A, extent(p.a), "cublasLtMatmul A") ||
+                     cudaemu::checkDevicePointer(B, extent(p.b), "cublasLtMatmul B"))) ||
+        (readC && cudaemu::checkDevicePointer(C, extent(p.c), "cublasLtMatmul C")) ||
+        cudaemu::checkDevicePointer(D, extent(p.d), "cublasLtMatmul D"))
+      return CUBLAS_STATUS_INVALID_VALUE;
+    // Stream-ordered like the kernels a GPU would launch: run now, or
+    // captured into the graph the stream is capturing (the scalars are
+    // read at the call, as host pointer mode reads them).
+    if (cudaemu::enqueue(stream, [=] { compute(p, a, b, A, B, C, D, bias, aux); }) !=
+        cudaSuccess)
+      return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
   } catch (const std::bad_alloc &) {
     return CUBLAS_STATUS_ALLOC_FAILED;

@@ -30,6 +30,15 @@ if shutil.which("nvidia-smi"):
     except (OSError, subprocess.SubprocessError):
         pass
 
+# Without a GPU, the CUDA backend's end-to-end tests run on the CPU
+# emulation of CUDA (test/cudaemu/README.md: fsdp-run-emu, the backend's
+# own code on fibers); %fsdp_run_cuda is the binary either way.
+if "cuda-gpu" in config.available_features:
+    config.substitutions.append(("%fsdp_run_cuda", "fsdp-run"))
+elif os.path.exists(os.path.join(config.fsdp_tools_dir, "fsdp-run-emu")):
+    config.available_features.add("cuda-emu")
+    config.substitutions.append(("%fsdp_run_cuda", "fsdp-run-emu"))
+
 # scripts/coretype-sweep.sh reruns the suite per OpenBLAS kernel; tests that
 # run none of our kernels (the PyTorch importer's structure checks) say
 # `UNSUPPORTED: coretype-sweep` and run once.
