@@ -63,11 +63,13 @@ struct CUevent_st {
   bool recorded = false;
   std::chrono::steady_clock::time_point when;
   cudaemu::Graph *capture = nullptr; ///< recorded inside this capture
+  uint64_t captureId = 0;            ///< which one (the Graph may be gone)
   CUstream_st *stream = nullptr;
   uint64_t seq = 0;
 };
 namespace cudaemu {
 struct Graph {
+  uint64_t id = 0;
   std::vector<std::function<void()>> ops;
   uint64_t nextSeq = 1;
   std::set<CUstream_st *> members;
@@ -149,6 +151,17 @@ std::mutex captureMu;
 thread_local Graph *threadCapture = nullptr; // a ThreadLocal-mode capture begun on this thread
 
 CUstream_st legacyStream;
+std::map<Graph *, uint64_t> liveCaptures; // captures in progress, by id
+uint64_t nextCaptureId = 1;
+
+/// The capture an event was recorded in, if it is still in progress (an
+/// event recorded in a capture that has ended is a completed one here).
+Graph *liveCaptureOf(const CUevent_st *e) {
+  if (!e->capture)
+    return nullptr;
+  auto it = liveCaptures.find(e->capture);
+  return it != liveCaptures.end() && it->second == e->captureId ? e->capture : nullptr;
+}
 CUstream_st *resolve(cudaStream_t s) { return s ? s : &legacyStream; }
 
 /// Runs op now, or appends it to the graph its stream is capturing.
@@ -736,6 +749,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->recorded = true;
   e->when = std::chrono::steady_clock::now();
   e->capture = st->capture;
+  e->captureId = st->capture ? st->capture->id : 0;
   e->stream = st;
   e->seq = st->capture ? st->lastOp : 0;
   return cudaSuccess;
@@ -746,23 +760,29 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   CUstream_st *st = resolve(s);
   std::lock_guard<std::mutex> g(captureMu);
-  if (!e->capture)
+  Graph *cap = liveCaptureOf(e);
+  if (!cap)
     return cudaSuccess; // complete already: every issued op has run
-  if (st->capture && st->capture != e->capture)
+  if (st->capture && st->capture != cap)
     return fail(cudaErrorStreamCaptureIsolation, "a wait joins two different captures");
   if (!st->capture) { // fork: the waiting stream joins the capture
-    st->capture = e->capture;
+    st->capture = cap;
     st->origin = false;
     st->lastOp = 0;
-    e->capture->members.insert(st);
+    cap->members.insert(st);
   }
-  auto &jb = e->capture->joinedBack[e->stream];
+  auto &jb = cap->joinedBack[e->stream];
   if (st->origin)
     jb = std::max(jb, e->seq);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  if (e->capture)
+  bool captured;
+  {
+    std::lock_guard<std::mutex> g(captureMu);
+    captured = liveCaptureOf(e) != nullptr;
+  }
+  if (captured)
     return fail(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize on a captured event");
   return takeSticky();
 }
@@ -800,6 +820,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   if (st->capture)
     return fail(cudaErrorIllegalState, "cudaStreamBeginCapture on a capturing stream");
   st->capture = new Graph;
+  st->capture->id = nextCaptureId++;
+  liveCaptures[st->capture] = st->capture->id;
   st->capture->members.insert(st);
   st->origin = true;
   st->lastOp = 0;
@@ -815,6 +837,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     if (!st->capture || !st->origin)
       return fail(cudaErrorIllegalState, "cudaStreamEndCapture on a stream not capturing");
     cap.reset(st->capture);
+    liveCaptures.erase(cap.get());
     for (CUstream_st *m : cap->members) {
       if (m != st && m->lastOp > cap->joinedBack[m])
         unjoined = "a stream forked into the capture has work the origin stream never waited on";
