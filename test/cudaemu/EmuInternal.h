@@ -18,6 +18,9 @@ namespace cudaemu {
 struct Graph;
 /// Runs op on stream s: now, or appended to the graph s is capturing.
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op);
+/// Whether an operation enqueued on s now runs before enqueue returns
+/// (neither captured nor queued on a stream thread).
+bool runsAtIssue(cudaStream_t s);
 /// cudaErrorInvalidValue (and a message) unless [p, p + n) lies inside one
 /// cudaMalloc / cudaMallocHost allocation.
 cudaError_t checkDevicePointer(const void *p, size_t n, const char *what);

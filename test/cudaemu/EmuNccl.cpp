@@ -306,9 +306,10 @@ ncclResult_t runCollective(int kind, const void *in, void *out, size_t count,
   return ncclSuccess;
 }
 
-/// Checks, then runs the collective now or captures it into the graph its
-/// stream is capturing (a failure there becomes the communicator's
-/// asynchronous error, as NCCL reports errors of enqueued work).
+/// Checks, then runs the collective now, or queues it on its stream (a
+/// captured or stream-threaded one: a failure there becomes the
+/// communicator's asynchronous error, as NCCL reports errors of enqueued
+/// work).
 ncclResult_t collective(int kind, const void *in, void *out, size_t count, ncclDataType_t t,
                         ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
   const char *what = kindName(kind);
@@ -338,9 +339,7 @@ ncclResult_t collective(int kind, const void *in, void *out, size_t count, ncclD
   if (overlap && !inPlace)
     return failed(c, ncclInvalidArgument,
                   std::string(what) + ": send and receive buffers overlap but are not in place");
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(s, &cs);
-  if (cs == cudaStreamCaptureStatusNone) // the buffers' producers have all run
+  if (cudaemu::runsAtIssue(s)) // the buffers' producers have all run
     return runCollective(kind, in, out, count, t, op, c);
   cudaemu::enqueue(s, [=] { runCollective(kind, in, out, count, t, op, c); });
   return ncclSuccess;

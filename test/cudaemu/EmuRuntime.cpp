@@ -36,7 +36,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <random>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -57,6 +60,13 @@ struct CUstream_st {
   cudaemu::Graph *capture = nullptr;
   bool origin = false;
   uint64_t lastOp = 0; ///< sequence number of the last op captured on it
+  // CUDAEMU_STREAMS=threads: the stream's queue, run by its own thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  uint64_t issued = 0, completed = 0; ///< operations queued / finished
+  bool stop = false;
+  std::thread worker;
 };
 struct CUevent_st {
   unsigned flags = 0;
@@ -65,7 +75,8 @@ struct CUevent_st {
   cudaemu::Graph *capture = nullptr; ///< recorded inside this capture
   uint64_t captureId = 0;            ///< which one (the Graph may be gone)
   CUstream_st *stream = nullptr;
-  uint64_t seq = 0;
+  uint64_t seq = 0;     ///< capture: the stream's last captured op
+  uint64_t execSeq = 0; ///< threads: complete once the stream completed this many
 };
 namespace cudaemu {
 struct Graph {
@@ -164,7 +175,89 @@ Graph *liveCaptureOf(const CUevent_st *e) {
 }
 CUstream_st *resolve(cudaStream_t s) { return s ? s : &legacyStream; }
 
-/// Runs op now, or appends it to the graph its stream is capturing.
+// [Note: stream execution]
+// By default every stream operation runs when it is issued, on the
+// issuing thread: one legal schedule, deterministic and fast. With
+// CUDAEMU_STREAMS=threads each created stream gets a queue and a thread
+// of its own, as a GPU runs streams concurrently: an operation runs after
+// the ones before it on its stream and after the events it was made to
+// wait for, and no later; synchronizing calls wait for what they name.
+// Work the backend forgot to order (a kernel reading what a collective on
+// the other stream writes, a host read of a buffer a stream still writes)
+// then races for real, and CUDAEMU_STREAM_DELAY_US=N delays every queued
+// operation by a random 0..N us so that it loses the race. The legacy
+// default stream (0) runs on the calling thread after the blocking streams
+// (those created without cudaStreamNonBlocking) have drained, as its
+// implicit synchronization says.
+bool threadedStreams() {
+  static const bool on = [] {
+    const char *e = std::getenv("CUDAEMU_STREAMS");
+    return e && std::string(e) == "threads";
+  }();
+  return on;
+}
+unsigned streamDelayUs() {
+  static const unsigned us = [] {
+    const char *e = std::getenv("CUDAEMU_STREAM_DELAY_US");
+    return e ? (unsigned)std::atoi(e) : 0u;
+  }();
+  return us;
+}
+
+std::mutex streamsMu;
+std::set<CUstream_st *> streams; // created, not destroyed
+
+/// Blocks until stream st has completed `seq` operations.
+void waitFor(CUstream_st *st, uint64_t seq) {
+  std::unique_lock<std::mutex> l(st->mu);
+  st->cv.wait(l, [&] { return st->completed >= seq; });
+}
+/// Blocks until st has completed everything issued to it so far.
+void drain(CUstream_st *st) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> l(st->mu);
+    seq = st->issued;
+  }
+  waitFor(st, seq);
+}
+void drainAll(bool blockingOnly) {
+  std::vector<CUstream_st *> all;
+  {
+    std::lock_guard<std::mutex> g(streamsMu);
+    for (CUstream_st *st : streams)
+      if (!blockingOnly || !(st->flags & cudaStreamNonBlocking))
+        all.push_back(st);
+  }
+  for (CUstream_st *st : all)
+    drain(st);
+}
+
+void workerLoop(CUstream_st *st) {
+  std::mt19937 jitter((unsigned)reinterpret_cast<uintptr_t>(st));
+  for (;;) {
+    std::function<void()> op;
+    {
+      std::unique_lock<std::mutex> l(st->mu);
+      st->cv.wait(l, [&] { return st->stop || !st->queue.empty(); });
+      if (st->queue.empty())
+        return;
+      op = std::move(st->queue.front());
+      st->queue.pop_front();
+    }
+    if (unsigned us = streamDelayUs())
+      std::this_thread::sleep_for(std::chrono::microseconds(jitter() % (us + 1)));
+    op();
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      ++st->completed;
+    }
+    st->cv.notify_all();
+  }
+}
+
+/// Runs op on stream s: appended to the graph s is capturing, queued on
+/// s's thread (threads mode), or run now.
 cudaError_t enqueueOn(cudaStream_t s, std::function<void()> op) {
   CUstream_st *st = resolve(s);
   {
@@ -175,6 +268,17 @@ cudaError_t enqueueOn(cudaStream_t s, std::function<void()> op) {
       return cudaSuccess;
     }
   }
+  if (threadedStreams() && st != &legacyStream) {
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      st->queue.push_back(std::move(op));
+      ++st->issued;
+    }
+    st->cv.notify_all();
+    return cudaSuccess;
+  }
+  if (threadedStreams())
+    drainAll(/*blockingOnly=*/true);
   op();
   return cudaSuccess;
 }
@@ -509,6 +613,10 @@ cudaError_t takeSticky() { return (cudaError_t)sticky.load(); }
 void clearSticky() { sticky.store(0); }
 
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op) { return enqueueOn(s, std::move(op)); }
+bool runsAtIssue(cudaStream_t s) {
+  std::lock_guard<std::mutex> g(captureMu);
+  return !resolve(s)->capture && (!threadedStreams() || !s);
+}
 cudaError_t checkDevicePointer(const void *p, size_t n, const char *what) {
   return checkDeviceRange(p, n, what);
 }
@@ -667,6 +775,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     return e;
   if (cudaError_t e = checkCopy(dst, src, n, kind, false))
     return e;
+  if (threadedStreams()) // the legacy stream waits for the blocking streams only
+    drainAll(/*blockingOnly=*/true);
   if (n)
     std::memmove(dst, src, n);
   return takeSticky();
@@ -685,6 +795,8 @@ cudaError_t cudaMemset(void *p, int v, size_t n) {
     return e;
   if (cudaError_t e = checkDeviceRange(p, n, "cudaMemset"))
     return e;
+  if (threadedStreams())
+    drainAll(/*blockingOnly=*/true);
   std::memset(p, v, n);
   return cudaSuccess;
 }
@@ -698,6 +810,10 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int pr
   *s = new CUstream_st;
   (*s)->flags = flags;
   (*s)->priority = priority;
+  if (threadedStreams())
+    (*s)->worker = std::thread(workerLoop, *s);
+  std::lock_guard<std::mutex> g(streamsMu);
+  streams.insert(*s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, 0, 0); }
@@ -707,17 +823,42 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (streamCapturing(s))
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamDestroy of a capturing stream");
+  if (!s)
+    return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> g(streamsMu);
+    streams.erase(s);
+  }
+  if (s->worker.joinable()) { // its queued work completes first, as on a GPU
+    {
+      std::lock_guard<std::mutex> l(s->mu);
+      s->stop = true;
+    }
+    s->cv.notify_all();
+    s->worker.join();
+  }
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (streamCapturing(s))
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
+  if (threadedStreams()) {
+    if (s)
+      drain(s);
+    else
+      drainAll(/*blockingOnly=*/true);
+  }
   return takeSticky();
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (streamCapturing(s))
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a capturing stream");
+  if (threadedStreams() && s) {
+    std::lock_guard<std::mutex> l(s->mu);
+    if (s->completed < s->issued)
+      return cudaErrorNotReady;
+  }
   return takeSticky();
 }
 // A GPU's sticky error lasts until the context is reset; the emulator's
@@ -730,6 +871,8 @@ cudaError_t cudaDeviceReset(void) {
 cudaError_t cudaDeviceSynchronize(void) {
   if (cudaError_t e = refuseDuringCapture("cudaDeviceSynchronize"))
     return e;
+  if (threadedStreams())
+    drainAll(/*blockingOnly=*/false);
   return takeSticky();
 }
 
@@ -752,6 +895,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->captureId = st->capture ? st->capture->id : 0;
   e->stream = st;
   e->seq = st->capture ? st->lastOp : 0;
+  if (threadedStreams() && !st->capture && st != &legacyStream) {
+    std::lock_guard<std::mutex> l(st->mu);
+    e->execSeq = st->issued; // complete with the work issued before it
+  } else {
+    e->execSeq = 0;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) {
@@ -759,10 +908,27 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) {
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   CUstream_st *st = resolve(s);
-  std::lock_guard<std::mutex> g(captureMu);
+  std::unique_lock<std::mutex> g(captureMu);
   Graph *cap = liveCaptureOf(e);
-  if (!cap)
-    return cudaSuccess; // complete already: every issued op has run
+  if (!cap) {
+    if (threadedStreams() && e->execSeq && !st->capture) {
+      g.unlock(); // never block, or take a stream's lock, under captureMu
+      // The wait is an operation of s, ordered after what s has queued.
+      CUstream_st *src = e->stream;
+      uint64_t seq = e->execSeq;
+      if (st == &legacyStream) {
+        waitFor(src, seq);
+        return cudaSuccess;
+      }
+      {
+        std::lock_guard<std::mutex> l(st->mu);
+        st->queue.push_back([src, seq] { waitFor(src, seq); });
+        ++st->issued;
+      }
+      st->cv.notify_all();
+    }
+    return cudaSuccess; // eager: complete already, every issued op has run
+  }
   if (st->capture && st->capture != cap)
     return fail(cudaErrorStreamCaptureIsolation, "a wait joins two different captures");
   if (!st->capture) { // fork: the waiting stream joins the capture
@@ -784,9 +950,18 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   }
   if (captured)
     return fail(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize on a captured event");
+  if (e->execSeq)
+    waitFor(e->stream, e->execSeq);
   return takeSticky();
 }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e->execSeq) {
+    std::lock_guard<std::mutex> l(e->stream->mu);
+    if (e->stream->completed < e->execSeq)
+      return cudaErrorNotReady;
+  }
+  return cudaEventSynchronize(e);
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   if ((a->flags | b->flags) & cudaEventDisableTiming)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event without timing");

@@ -5,7 +5,8 @@
 // what emu_transform.py makes of `k<<<...>>>`): barriers and shuffles
 // that work, a deadlock, a bad shuffle mask, a missing barrier, the
 // dynamic shared memory opt-in, copies outside allocations, stream capture
-// rules and graphs that replay the captured arguments.
+// rules and graphs that replay the captured arguments, and (stream threads)
+// a race between streams that only an event wait prevents.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,7 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -200,6 +205,8 @@ TEST(CudaEmu, AGraphReplaysTheArgumentsItWasCapturedWith) {
   v = 100.f; // too late: the graph holds 1
   ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  // s is non-blocking: cudaMemcpy on the legacy stream does not wait for it.
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(h.data(), x, 16, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(h, std::vector<float>(4, 2.f));
   cudaGraphExecDestroy(exec);
@@ -238,6 +245,56 @@ TEST(CudaEmu, DeviceMemoryIsBounded) {
   EXPECT_EQ(cudaMalloc(&p, freeB + 1), cudaErrorMemoryAllocation);
   EXPECT_EQ(p, nullptr);
   cudaGetLastError();
+}
+
+} // namespace
+
+namespace {
+
+// CUDAEMU_STREAMS=threads (ctest runs this binary a second time so): a
+// copy on one stream that reads what a slow operation on another stream
+// writes gets the old value without an event wait and the new one with it.
+TEST(CudaEmu, StreamThreadsRaceWithoutAnEventWait) {
+  const char *mode = std::getenv("CUDAEMU_STREAMS");
+  if (!mode || std::string(mode) != "threads")
+    GTEST_SKIP() << "streams run at issue here (CUDAEMU_STREAMS=threads runs this case)";
+  int *x = devAlloc<int>(1), *y = devAlloc<int>(1);
+  cudaStream_t producer, consumer;
+  ASSERT_EQ(cudaStreamCreateWithPriority(&producer, cudaStreamNonBlocking, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithPriority(&consumer, cudaStreamNonBlocking, -1), cudaSuccess);
+  cudaEvent_t written;
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), cudaSuccess);
+  for (bool wait : {false, true}) {
+    ASSERT_EQ(cudaMemset(x, 0, 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(y, 0xff, 4), cudaSuccess);
+    struct Write {
+      int *x;
+    };
+    static Write w;
+    w.x = x;
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  producer,
+                  [](void *p) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    *static_cast<Write *>(p)->x = 7;
+                  },
+                  &w),
+              cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(written, producer), cudaSuccess);
+    if (wait)
+      ASSERT_EQ(cudaStreamWaitEvent(consumer, written, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(y, x, 4, cudaMemcpyDeviceToDevice, consumer), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+    int got = -1;
+    ASSERT_EQ(cudaMemcpy(&got, y, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, wait ? 7 : 0) << (wait ? "with" : "without") << " the event wait";
+    ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  }
+  cudaEventDestroy(written);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+  cudaFree(x);
+  cudaFree(y);
 }
 
 } // namespace
