@@ -281,8 +281,9 @@ TEST(CudaEmu, StreamThreadsRaceWithoutAnEventWait) {
                   &w),
               cudaSuccess);
     ASSERT_EQ(cudaEventRecord(written, producer), cudaSuccess);
-    if (wait)
+    if (wait) {
       ASSERT_EQ(cudaStreamWaitEvent(consumer, written, 0), cudaSuccess);
+    }
     ASSERT_EQ(cudaMemcpyAsync(y, x, 4, cudaMemcpyDeviceToDevice, consumer), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
     int got = -1;
