@@ -221,21 +221,16 @@ void fill_fragment(fragment<Use, M, N, K, T, L> &f, const T &v) {
   for (auto &e : f.x)
     e = v;
 }
-template <typename Use, int M, int N, int K, typename T>
-void load_matrix_sync(fragment<Use, M, N, K, T, row_major> &f, const T *p, unsigned ld) {
+template <typename Use, int M, int N, int K, typename T, typename L>
+void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const T *p, unsigned ld) {
+  static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>,
+                "an operand fragment names its layout");
   ::cudaemu::syncWarp(0xffffffffu);
-  using F = fragment<Use, M, N, K, T, row_major>;
+  using F = fragment<Use, M, N, K, T, L>;
   for (int r = 0; r < F::rows; ++r)
     for (int c = 0; c < F::cols; ++c)
-      f.x[r * F::cols + c] = p[(size_t)r * ld + c];
-}
-template <typename Use, int M, int N, int K, typename T>
-void load_matrix_sync(fragment<Use, M, N, K, T, col_major> &f, const T *p, unsigned ld) {
-  ::cudaemu::syncWarp(0xffffffffu);
-  using F = fragment<Use, M, N, K, T, col_major>;
-  for (int r = 0; r < F::rows; ++r)
-    for (int c = 0; c < F::cols; ++c)
-      f.x[r * F::cols + c] = p[(size_t)c * ld + r];
+      f.x[r * F::cols + c] =
+          std::is_same_v<L, row_major> ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
 }
 template <int M, int N, int K, typename T>
 void load_matrix_sync(fragment<accumulator, M, N, K, T> &f, const T *p, unsigned ld,
