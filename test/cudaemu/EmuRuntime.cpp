@@ -104,7 +104,7 @@ namespace {
 
 // --- errors ---------------------------------------------------------------------------
 thread_local cudaError_t lastError = cudaSuccess;
-std::string lastMessage; // the emulator's explanation of the last failure
+thread_local std::string lastMessage; // why the last call failed (per thread, as the error)
 
 cudaError_t fail(cudaError_t e, const std::string &why) {
   lastError = e;
