@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
@@ -252,7 +253,7 @@ TEST(CudaEmu, DeviceMemoryIsBounded) {
 namespace {
 
 // CUDAEMU_STREAMS=threads (ctest runs this binary a second time so): a
-// copy on one stream that reads what a slow operation on another stream
+// copy on one stream that reads what an operation on another stream
 // writes gets the old value without an event wait and the new one with it.
 TEST(CudaEmu, StreamThreadsRaceWithoutAnEventWait) {
   const char *mode = std::getenv("CUDAEMU_STREAMS");
@@ -267,16 +268,25 @@ TEST(CudaEmu, StreamThreadsRaceWithoutAnEventWait) {
   for (bool wait : {false, true}) {
     ASSERT_EQ(cudaMemset(x, 0, 4), cudaSuccess);
     ASSERT_EQ(cudaMemset(y, 0xff, 4), cudaSuccess);
+    // The producer writes x = 7 on its stream. Without the wait it holds
+    // until the host has seen the consumer finish (so the copy cannot
+    // win by luck of scheduling); with the wait it writes at once.
     struct Write {
       int *x;
+      bool hold;
+      std::atomic<bool> released{false};
     };
     static Write w;
     w.x = x;
+    w.hold = !wait;
+    w.released = false;
     ASSERT_EQ(cudaLaunchHostFunc(
                   producer,
                   [](void *p) {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                    *static_cast<Write *>(p)->x = 7;
+                    auto *w = static_cast<Write *>(p);
+                    for (int i = 0; w->hold && !w->released && i < 10000; ++i)
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    *w->x = 7;
                   },
                   &w),
               cudaSuccess);
@@ -286,6 +296,7 @@ TEST(CudaEmu, StreamThreadsRaceWithoutAnEventWait) {
     }
     ASSERT_EQ(cudaMemcpyAsync(y, x, 4, cudaMemcpyDeviceToDevice, consumer), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+    w.released = true;
     int got = -1;
     ASSERT_EQ(cudaMemcpy(&got, y, 4, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(got, wait ? 7 : 0) << (wait ? "with" : "without") << " the event wait";
