@@ -64,9 +64,6 @@ uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane);
 /// The current block's dynamic shared memory (poisoned with 0xff bytes at
 /// the start of every block, like uninitialised memory that reads as NaN).
 void *dynamicShared();
-/// Reports a device-side fault (an out-of-range access caught by the
-/// emulator) and makes the launch fail.
-[[noreturn]] void deviceFault(const char *what);
 
 /// Runs or captures a kernel launch: grid x block fibers each calling
 /// body(); `fn` identifies the kernel for cudaFuncSetAttribute (null when

@@ -15,7 +15,6 @@
 #include <functional>
 
 namespace cudaemu {
-struct Graph;
 /// Runs op on stream s: now, or appended to the graph s is capturing.
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op);
 /// Whether an operation enqueued on s now runs before enqueue returns

@@ -52,6 +52,9 @@
 #include <vector>
 
 // --- opaque handles ---------------------------------------------------------------
+namespace cudaemu {
+struct Graph; // a capture in progress (below)
+} // namespace cudaemu
 struct CUstream_st {
   int priority = 0;
   unsigned flags = 0;
@@ -323,12 +326,9 @@ cudaemu_switch:
 
 constexpr size_t kStackBytes = 512 << 10; // per fiber (WMMA fragments are whole tiles here)
 
-enum class Wait { None, Block, Warp, Done, Failed };
-
 struct Fiber {
   void *sp = nullptr;
   uint3 tid{};
-  Wait wait = Wait::None;
 };
 
 // [Note: fiber scheduling]
@@ -379,16 +379,14 @@ char *stackFor(size_t i) {
 
 int self() { return (int)(blk.cur - blk.fibers.data()); }
 
-void block(Wait why) {
-  blk.cur->wait = why;
-  cudaemu_switch(&blk.cur->sp, blk.schedSp);
-}
+/// Back to the scheduler; the fiber runs again when something queues it.
+void suspend() { cudaemu_switch(&blk.cur->sp, blk.schedSp); }
 
 /// Stops the launch: the fiber never runs again, the kernel fails.
 void failLaunch(const std::string &why) {
   if (blk.error.empty())
     blk.error = why;
-  block(Wait::Failed);
+  suspend();
 }
 
 void releaseBlockBarrier() {
@@ -404,7 +402,7 @@ void fiberMain() {
   blk.exited[i / 32] |= 1u << (i % 32);
   if (!blk.blockWaiters.empty() && (int)blk.blockWaiters.size() == blk.live)
     releaseBlockBarrier();
-  block(Wait::Done);
+  suspend();
   __builtin_unreachable();
 }
 
@@ -421,7 +419,6 @@ void initFiber(Fiber &f, char *stack, int i) {
   for (int i = 0; i < 6; ++i)
     *--sp = nullptr;
   f.sp = sp;
-  f.wait = Wait::None;
 }
 
 /// Runs one block to completion; false (with blk.error) on a fault or a
@@ -450,7 +447,6 @@ bool runBlock(dim3 dims) {
   while (!blk.ready.empty() && blk.error.empty()) {
     Fiber &f = blk.fibers[blk.ready.front()];
     blk.ready.pop_front();
-    f.wait = Wait::None;
     blk.cur = &f;
     gThreadIdx = f.tid;
     cudaemu_switch(&blk.schedSp, f.sp);
@@ -481,7 +477,7 @@ void syncThreads() {
     releaseBlockBarrier();
     return;
   }
-  block(Wait::Block);
+  suspend();
 }
 
 void syncWarp(unsigned mask) {
@@ -511,7 +507,7 @@ void syncWarp(unsigned mask) {
     return;
   }
   blk.warpWaiters[w].push_back(i);
-  block(Wait::Warp);
+  suspend();
 }
 
 uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane) {
@@ -530,10 +526,6 @@ uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane) {
 
 void *dynamicShared() { return blk.shared.data(); }
 
-void deviceFault(const char *what) {
-  failLaunch(what);
-  __builtin_unreachable();
-}
 
 // --- launches -----------------------------------------------------------------------------------
 namespace {
