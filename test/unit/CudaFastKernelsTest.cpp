@@ -504,6 +504,14 @@ TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
   // A keep-aux epilogue needs n % 8 == 0: refused for n = 60, not run.
   EXPECT_FALSE(gemm.warmEpilogue(FloatKind::BF16, m, 60, k, false, true, dx.get(), dw.get(),
                                  dy.get(), fwd));
+  // DGELU with k = 1 is unsupported by cuBLASLt: refused by name, and the
+  // warm-up says so (the device then runs the unfused kernels).
+  EXPECT_FALSE(gemm.warmEpilogue(FloatKind::BF16, m, n, 1, false, false, ddz.get(), dw2.get(),
+                                 dh.get(), bwd));
+  auto st = gemm.run(FloatKind::BF16, ddz.get(), dw2.get(), dh.get(), m, n, 1, false, false, bwd,
+                     0);
+  EXPECT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("k = 1"), std::string::npos) << st.message();
 }
 
 void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
