@@ -105,6 +105,8 @@ def torch_runs(batch, steps, modes):
             return F.cross_entropy(logits.view(-1, V).float(), targets.view(-1))
 
     dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 (issue 9's anchor)
+    torch.backends.cudnn.allow_tf32 = False
     results = []
     for mode in modes:
         torch.manual_seed(0)
@@ -131,7 +133,7 @@ def torch_runs(batch, steps, modes):
         tgt = torch.randint(0, V, (batch, T), device=dev)
 
         def step():
-            if mode == "fsdp2":
+            if mode in ("fsdp2", "fp32"):
                 loss = step_model(idx, tgt)
             else:
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -148,7 +150,7 @@ def torch_runs(batch, steps, modes):
             step()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000 / steps
-        name = {"eager": "pytorch bf16 eager (SDPA)", "compile": "pytorch bf16 + compile",
+        name = {"fp32": "pytorch fp32 eager (TF32 off)", "eager": "pytorch bf16 eager (SDPA)", "compile": "pytorch bf16 + compile",
                 "fsdp2": "pytorch FSDP2 world 1 bf16 + compile"}[mode]
         results.append((name, ms, torch.cuda.max_memory_allocated()))
         del model, opt, step_model
@@ -163,7 +165,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--data", default="", help="token file for fsdp-run (default synthetic)")
-    ap.add_argument("--torch-modes", default="eager,compile,fsdp2")
+    ap.add_argument("--torch-modes", default="eager,compile,fsdp2",
+                    help="comma-separated: fp32, eager, compile, fsdp2")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", default="")
     a = ap.parse_args()

@@ -21,13 +21,21 @@ export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBR
 R="$K/bin/fsdp-run"
 P="$K/plans"
 fail=0
-step() { # name, command...
+step() { # name, command... (each step ends after STEP_TIMEOUT seconds: a
+  # hang must not eat the lease; rc 124 then)
   local name=$1; shift
   echo "== $name: $*" | tee -a "$OUT/summary.txt"
-  if "$@" > "$OUT/$name.log" 2>&1; then
-    echo "   ok" | tee -a "$OUT/summary.txt"
+  local t0=$SECONDS
+  if declare -F "$1" > /dev/null; then # a shell function (oracle): no timeout
+    "$@" > "$OUT/$name.log" 2>&1
   else
-    echo "   FAILED (rc $?): tail of $name.log:" | tee -a "$OUT/summary.txt"
+    timeout -k 5 "${STEP_TIMEOUT:-120}" "$@" > "$OUT/$name.log" 2>&1
+  fi
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "   ok ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+  else
+    echo "   FAILED (rc $rc, $((SECONDS - t0)) s): tail of $name.log:" | tee -a "$OUT/summary.txt"
     tail -20 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
     fail=1
   fi
@@ -140,10 +148,10 @@ fi
 # Optional (BENCH=1): bench/gpt2_gpu.py, fsdp-run bf16/f32 vs PyTorch eager,
 # compile, FSDP2 (several minutes: torch.compile).
 if [ "${BENCH:-0}" = 1 ]; then
-  step gpt2_bench_b16 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" --plans "$P" --batch 16 \
-    --steps 20 --json "$OUT/gpt2_bench_b16.json"
-  step gpt2_bench_b32 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" --plans "$P" --batch 32 \
-    --steps 20 --torch-modes compile,fsdp2 --json "$OUT/gpt2_bench_b32.json"
+  STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step gpt2_bench_b16 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" \
+    --plans "$P" --batch 16 --steps 20 --torch-modes "${B16_MODES:-fp32,eager}" --json "$OUT/gpt2_bench_b16.json"
+  STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step gpt2_bench_b32 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$R" \
+    --plans "$P" --batch 32 --steps 20 --torch-modes "${B32_MODES:-compile,fsdp2}" --json "$OUT/gpt2_bench_b32.json"
 fi
 rm -rf "$OUT"/d*/trajectory.safetensors
 exit $fail

@@ -80,5 +80,5 @@ for b in 16 32; do
   rm -f "$P/gpt2_b$b.mlir"
 done
 mkdir -p "$K/bench" && cp bench/gpt2_gpu.py "$K/bench/"
-cp scripts/gpu-check.sh "$K/"
+cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
 du -sh "$K"

@@ -167,6 +167,9 @@ public:
   /// True when the device can record a step's work once and replay it
   /// (CUDA graphs).
   virtual bool canCapture() const { return false; }
+  /// True when run() only enqueues (CUDA): the host's clock then times a
+  /// launch, not the work, and --trace synchronizes after each instruction.
+  virtual bool enqueuesAsync() const { return false; }
   /// From now on, work enqueued on the compute stream (and on the streams
   /// joining it through events) is recorded, not run.
   virtual Status beginCapture();

@@ -83,7 +83,8 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        instruction on the compute thread, each collective on
                        the communication thread, every rank) as Chrome trace
                        JSON: open it in ui.perfetto.dev beside fsdp-sim's
-                       predicted one
+                       predicted one. cuda: every instruction is synchronized
+                       (its span is the GPU's time; no overlap: a profile)
   --calibrate          no plan: time this machine's kernels and (with --nproc N)
                        collectives and print the device profile fsdp-sim reads
   --json               one JSON object per step instead of the human line

@@ -282,6 +282,7 @@ public:
   // mode: this thread may not make unsafe calls (a synchronous copy, a
   // cudaMalloc) while recording, which would fail the capture loudly.
   bool canCapture() const override { return true; }
+  bool enqueuesAsync() const override { return true; }
   Status beginCapture() override {
     FSDP_RETURN_IF_ERROR(idle());
     FSDP_CUDA_CHECK(cudaStreamBeginCapture(compute.s, cudaStreamCaptureModeThreadLocal));

@@ -17,6 +17,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "test/unit/OptimizerSlack.h"
 
 #include <gtest/gtest.h>
 
@@ -471,17 +472,20 @@ TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
               cudaSuccess);
     cpu::adamwUpdate(p.data(), g.data(), m.data(), v.data(), wp.data(), wm.data(), wv.data(),
                      n, 3e-3f, (int64_t)step, 0.9, 0.95, 1e-8, 0.1);
-    expectNear(dp.host(), wp, 8, {}, "adamw param");
-    expectNear(dm.host(), wm, 4, {}, "adamw exp_avg");
-    expectNear(dv.host(), wv, 4, {}, "adamw exp_avg_sq");
+    // FMA contraction on the GPU: test/unit/OptimizerSlack.h.
+    fsdp::test::AdamwSlack as(p, g, m, v, 3e-3, step, 0.9, 0.95, 1e-8);
+    expectNear(dp.host(), wp, 8, as.p, "adamw param");
+    expectNear(dm.host(), wm, 4, as.m, "adamw exp_avg");
+    expectNear(dv.host(), wv, 4, as.v, "adamw exp_avg_sq");
     Dev<float> sp(p), sb(m);
     ASSERT_EQ(gpu::sgdMomentumUpdate(sp.get(), dg.get(), sb.get(), sp.get(), sb.get(), n,
                                      lr.get(), st.get(), 0.9, 0.1, 0.01, true, 0),
               cudaSuccess);
     cpu::sgdMomentumUpdate(p.data(), g.data(), m.data(), wp.data(), wm.data(), n, 3e-3f,
                            (int64_t)step, 0.9, 0.1, 0.01, true);
-    expectNear(sp.host(), wp, 4, {}, "sgd momentum param");
-    expectNear(sb.host(), wm, 4, {}, "sgd momentum buffer");
+    fsdp::test::SgdMomentumSlack ss(p, g, m, 3e-3, (int64_t)step, 0.9, 0.1, 0.01, true);
+    expectNear(sp.host(), wp, 4, ss.p, "sgd momentum param");
+    expectNear(sb.host(), wm, 4, ss.buf, "sgd momentum buffer");
     // The gradient operand is m as the CPU reads it: dm holds AdamW's
     // in-place update by now.
     Dev<float> plainM(m);

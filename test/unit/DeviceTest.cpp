@@ -377,8 +377,13 @@ Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes,
 /// GEMMs are within k 2^-24 sum|a_i b_i| of the exact product (2 of them,
 /// and the GELU's slope is at most 1.13), and the epilogue's own
 /// arithmetic (a bias add, a tanh-form GELU or its derivative) within 8
-/// float32 ulps of the result plus 2^-24 of |pre| (bounds derived for an
-/// f32 tanh; cuBLASLt documents none: to confirm on the first GPU run).
+/// float32 ulps of the result plus 2^-24 of |pre|, and the error of its
+/// tanh. cuBLASLt documents none; on the first H100 run (2026-11-26) its
+/// GELU differed by up to 4.6e-6 at |pre| < 2 (about 2^-11 in tanh): the
+/// accuracy of PTX's tanh.approx.f32 (relative error <= 2^-10.987, the PTX
+/// ISA), taken here as |dt| <= 2^-10. gelu = x (1 + t) / 2 moves by
+/// |x| dt / 2; gelu' = (1 + t) / 2 + x (1 - t^2) c (1 + 3a x^2) / 2 by at most
+/// dt (1/2 + |x| c (1 + 3a x^2)) (c = sqrt(2/pi), a = 0.044715).
 TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
   for (int64_t n : {16, 12}) {
     if (n != 16) { // a device allocates its arena once: a fresh one per plan
@@ -402,6 +407,12 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
     });
     bool exact = GetParam() == "cpu";
     const double u = 1.0 / (1 << 24);
+    // The epilogue's tanh error (the comment above): 0 on the CPU, where the
+    // comparison is bitwise anyway.
+    const double dt = std::ldexp(1.0, -10);
+    auto geluGradSlope = [](double x) {
+      return 0.5 + std::fabs(x) * 0.7978845608 * (1 + 3 * 0.044715 * x * x);
+    };
     // sum |a_i b_i| of each product's element (row-major C = A B^T / A B).
     auto absDot = [&](int a, int b, int64_t r, int64_t c, int64_t kk, bool bt) {
       double s = 0;
@@ -425,13 +436,16 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
     compare(3, 7,
             [&](int64_t i) {
               return 1.13 * 2 * k * u * absDot(0, 1, i / n, i % n, k, true) +
-                     u * std::fabs(pre[i]);
+                     u * std::fabs(pre[i]) + 0.5 * dt * std::fabs(pre[i]);
             },
             "gelu");
-    // gelu'(pre) is at most 1.13 in magnitude.
-    compare(10, 13,
-            [&](int64_t i) { return 1.13 * 2 * n2 * u * absDot(8, 9, i / n, i % n, n2, false); },
-            "gelu gradient");
+    // gelu'(pre) is at most 1.13 in magnitude; d the unfused product.
+    std::vector<float> d = read(plan, 12);
+    auto dhSlack = [&](int64_t i) {
+      return 1.13 * 2 * n2 * u * absDot(8, 9, i / n, i % n, n2, false) +
+             dt * geluGradSlope(pre[i]) * std::fabs(d[i]);
+    };
+    compare(10, 13, dhSlack, "gelu gradient");
     // The sum over m rows of those, each side summed in its own order
     // (within m u sum_r |dh| of the exact sum).
     std::vector<float> dh = read(plan, 13);
@@ -439,7 +453,7 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
             [&](int64_t c) {
               double s = 0, mag = 0;
               for (int64_t r = 0; r < m; ++r) {
-                s += 1.13 * 2 * n2 * u * absDot(8, 9, r, c, n2, false);
+                s += dhSlack(r * n + c);
                 mag += std::fabs(dh[r * n + c]);
               }
               return s + 2 * m * u * mag;
