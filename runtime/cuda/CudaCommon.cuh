@@ -13,11 +13,21 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 namespace fsdp::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Storage types through f32 (bf16 / f16 round to nearest even).
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
 constexpr int kReduceBlocks = 256; // stage-1 blocks of a two-stage reduction
 
 unsigned gridFor(int64_t n) {
@@ -168,6 +178,111 @@ __device__ inline void offsets(const Dims &d, int64_t i, int64_t &a, int64_t &b)
 
 constexpr double kGeluC = 0.7978845608028654; // sqrt(2/pi)
 constexpr double kGeluA = 0.044715;
+
+// --- column sums: out[c] = sum over r of in[r * cols + c] -------------------------
+//
+// Bias gradients (sum_to over leading dims) and the per-warp partials of
+// row-wise reductions. One thread per column looping over every row leaves
+// most of the GPU idle and waits on one load at a time (1.8 ms for a
+// [16384, 768] bf16 bias gradient on an H100); here a block of 32 x 8
+// threads owns 32 adjacent columns (coalesced loads) and a chunk of rows,
+// warp y of it the rows y, y + 8, ... of the chunk in four running sums
+// (four loads in flight), and the chunks' f32 partials are summed by the
+// same kernel over them. The order depends only on (rows, cols): the same
+// bits every run.
+
+constexpr int kColTile = 32, kColWarps = 8, kColBlocksWanted = 1024;
+
+/// Row chunks of the first pass (1: one pass straight into the output).
+inline int64_t columnSumChunks(int64_t rows, int64_t cols) {
+  int64_t tiles = (cols + kColTile - 1) / kColTile;
+  int64_t byRows = (rows + 255) / 256; // at least 256 rows a chunk
+  return std::max<int64_t>(1, std::min<int64_t>(byRows, kColBlocksWanted / std::max<int64_t>(tiles, 1)));
+}
+
+/// f32 scratch the two passes need (0: one pass).
+inline int64_t columnSumScratch(int64_t rows, int64_t cols) {
+  int64_t p = columnSumChunks(rows, cols);
+  return p > 1 ? p * cols : 0;
+}
+
+template <typename TI, typename TO>
+__global__ void __launch_bounds__(kColTile *kColWarps)
+    columnSumKernel(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
+                    int64_t chunkRows) {
+  __shared__ float part[kColWarps][kColTile + 1];
+  int x = threadIdx.x, y = threadIdx.y;
+  int64_t c = blockIdx.x * (int64_t)kColTile + x;
+  int64_t r0 = blockIdx.y * chunkRows, r1 = r0 + chunkRows < rows ? r0 + chunkRows : rows;
+  float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  if (c < cols) {
+    int64_t r = r0 + y;
+    for (; r + 3 * kColWarps < r1; r += 4 * kColWarps) {
+      a0 += ld(in + r * ldIn + c);
+      a1 += ld(in + (r + kColWarps) * ldIn + c);
+      a2 += ld(in + (r + 2 * kColWarps) * ldIn + c);
+      a3 += ld(in + (r + 3 * kColWarps) * ldIn + c);
+    }
+    for (; r < r1; r += kColWarps)
+      a0 += ld(in + r * ldIn + c);
+  }
+  part[y][x] = (a0 + a1) + (a2 + a3);
+  __syncthreads();
+  if (y == 0 && c < cols) {
+    float t = 0;
+    for (int j = 0; j < kColWarps; ++j)
+      t += part[j][x];
+    st(out + blockIdx.y * cols + c, t);
+  }
+}
+
+/// out[c] = sum_r in[r * ldIn + c] for c < cols (ldIn >= cols: the row
+/// stride of `in`); `partial`: columnSumScratch(rows, cols) floats.
+template <typename TI, typename TO>
+cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
+                      float *partial, cudaStream_t s) {
+  if (cols <= 0)
+    return cudaSuccess;
+  unsigned tiles = (unsigned)((cols + kColTile - 1) / kColTile);
+  dim3 block(kColTile, kColWarps);
+  int64_t p = columnSumChunks(rows, cols);
+  if (p == 1) {
+    columnSumKernel<TI, TO><<<dim3(tiles, 1), block, 0, s>>>(in, out, rows, cols, ldIn,
+                                                                std::max<int64_t>(rows, 1));
+    return cudaGetLastError();
+  }
+  int64_t chunk = (rows + p - 1) / p;
+  columnSumKernel<TI, float><<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn,
+                                                                         chunk);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  columnSumKernel<float, TO><<<dim3(tiles, 1), block, 0, s>>>(partial, out, p, cols, cols, p);
+  return cudaGetLastError();
+}
+
+/// When sum_to(si -> so) sums exactly the leading dims (bias gradients):
+/// the rows and columns of that column sum.
+inline bool leadingRowsSum(const Shape &si, const Shape &so, int64_t &rows, int64_t &cols) {
+  if (so.size() > si.size())
+    return false;
+  size_t lead = si.size() - so.size();
+  // Trailing output dims of 1 over input dims > 1 are summed too: not this.
+  size_t k = 0;
+  while (k < so.size() && so[k] == 1 && si[lead + k] != 1)
+    ++k;
+  if (k > 0) // leading output 1s over summed dims: those are leading rows too
+    lead += k;
+  rows = 1;
+  for (size_t d = 0; d < lead; ++d)
+    rows *= si[d];
+  cols = 1;
+  for (size_t d = lead; d < si.size(); ++d) {
+    if (si[d] != so[d - (si.size() - so.size())])
+      return false;
+    cols *= si[d];
+  }
+  return true;
+}
 
 } // namespace
 } // namespace fsdp::cuda

@@ -19,13 +19,6 @@
 namespace fsdp::cuda::native {
 namespace {
 
-__device__ __forceinline__ float ld(const float *p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
-__device__ __forceinline__ void st(float *p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
-
 /// Calls fn<T>(args...) for the storage type of `t`.
 #define FSDP_NATIVE_DISPATCH(t, fn, ...)                                       \
   switch (t) {                                                                 \
@@ -199,27 +192,23 @@ cudaError_t broadcastToT(const void *inv, const Shape &si, void *outv, const Sha
 }
 
 template <typename T>
-cudaError_t sumToT(const void *inv, const Shape &si, void *outv, const Shape &so,
+cudaError_t sumToT(const void *inv, const Shape &si, void *outv, const Shape &so, float *scratch,
                    cudaStream_t s) {
   if (!fits(si) || so.size() > si.size())
     return cudaErrorInvalidValue;
   const T *in = cp<T>(inv);
   T *out = mp<T>(outv);
-  int r = (int)si.size();
+  // The common case (bias gradients: a sum over the leading dims): the
+  // column sum of CudaCommon.cuh.
+  int64_t rows, cols;
+  if (leadingRowsSum(si, so, rows, cols)) {
+    if (columnSumScratch(rows, cols) > 0 && !scratch)
+      return cudaErrorInvalidValue;
+    return columnSum(in, out, rows, cols, cols, scratch, s);
+  }
   Dims keep, red; // keep: output index -> input offset; red: summed dims
   int64_t nred;
   sumToDims(si, so, keep, red, nred);
-  // The common case (bias gradients: sum over leading rows) without index
-  // arithmetic in the loop; the same order as the general path.
-  if (red.rank == 1 && r >= 1 && red.strideA[0] == count(so) && so.size() <= si.size()) {
-    int64_t cols = count(so), rows = nred;
-    return forEach(cols, s, [=] __device__(int64_t c) {
-      float acc = 0;
-      for (int64_t j = 0; j < rows; ++j)
-        acc += ld(in + j * cols + c);
-      st(out + c, acc);
-    });
-  }
   return forEach(count(so), s, [=] __device__(int64_t i) {
     int64_t base, unused;
     offsets(keep, i, base, unused);
@@ -429,7 +418,7 @@ __global__ void residualLayerNormWarpKernel(const T *a, const T *b, const T *g, 
 }
 
 /// The number of warps of layerNormGrad (and rows of its partials).
-int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 1024)); }
+int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 4096)); }
 
 /// Warp w handles rows w, w + W, ...; partial + w * 2 * cols holds its
 /// running dg (first cols) and db (next cols), each column owned by one
@@ -521,16 +510,11 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
                                        rows, cols, (float)eps, W, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  const float *pp = partial;
-  return forEach(cols, s, [=] __device__(int64_t c) {
-    float sg = 0, sb = 0;
-    for (int64_t w = 0; w < W; ++w) {
-      sg += pp[w * 2 * cols + c];
-      sb += pp[w * 2 * cols + cols + c];
-    }
-    st(dg + c, sg);
-    st(db + c, sb);
-  });
+  // The warps' partials, [W, 2 cols], summed per column (CudaCommon.cuh).
+  float *more = partial + W * 2 * cols;
+  if (cudaError_t e = columnSum(partial, dg, W, cols, 2 * cols, more, s))
+    return e;
+  return columnSum(partial + cols, db, W, cols, 2 * cols, more, s);
 }
 
 // --- softmax + cross-entropy over a vocabulary -------------------------------------
@@ -713,9 +697,13 @@ cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
                         const Shape &so, cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, broadcastToT, in, si, out, so, s);
 }
+int64_t sumToScratch(const Shape &si, const Shape &so) {
+  int64_t rows, cols;
+  return leadingRowsSum(si, so, rows, cols) ? columnSumScratch(rows, cols) : 0;
+}
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
-                  cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, sumToT, in, si, out, so, s);
+                  float *scratch, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, sumToT, in, si, out, so, scratch, s);
 }
 cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
                       const std::vector<int64_t> &perm, void *y, cudaStream_t s) {
@@ -757,7 +745,8 @@ cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, 
   FSDP_NATIVE_DISPATCH(t, layerNormT, x, g, b, y, rows, cols, eps, s);
 }
 int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
-  return lnGradWarps(rows) * 2 * cols;
+  int64_t w = lnGradWarps(rows);
+  return w * 2 * cols + columnSumScratch(w, cols);
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,

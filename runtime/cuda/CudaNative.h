@@ -47,9 +47,12 @@ cudaError_t biasAdd(FloatKind t, const void *x, const void *b, void *y, int64_t 
                     int64_t cols, cudaStream_t s);
 cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
                         const Shape &so, cudaStream_t s);
-/// Sums in f32 in the reference order (row-major over the summed dims).
+/// sum_to, summing in f32: the reference order (row-major over the summed
+/// dims), except that a sum over the leading dims (bias gradients) runs as a two-pass
+/// column sum with sumToScratch(si, so) floats of scratch (0: none needed).
+int64_t sumToScratch(const Shape &si, const Shape &so);
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
-                  cudaStream_t s);
+                  float *scratch, cudaStream_t s);
 cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
                       const std::vector<int64_t> &perm, void *y, cudaStream_t s);
 cudaError_t slice(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,

@@ -239,14 +239,16 @@ TEST_F(CudaFastKernelsTest, Bf16BroadcastBiasSumToAndDataMovement) {
             cudaSuccess);
   ASSERT_EQ(gpu::biasAdd(fbig.get(), fbias.get(), fout.get(), 12, 8, 0), cudaSuccess);
   expectBitwise(bout.host(), roundOnGpu(fout, 96), "bias_add");
-  // sum_to: leading rows (the bias-gradient fast path) and a middle dim.
-  for (gpu::Shape to : {gpu::Shape{8}, gpu::Shape{4, 1, 8}, gpu::Shape{3, 8}}) {
+  // sum_to over a middle dim: the reference order, bitwise. (Over the
+  // leading dims it is the column sum: ColumnSumAgainstCpu.)
+  for (gpu::Shape to : {gpu::Shape{4, 1, 8}}) {
     int64_t m = 1;
     for (int64_t d : to)
       m *= d;
     Dev<uint16_t> bs(m);
     Dev<float> fs(m);
-    ASSERT_EQ(nat::sumTo(FloatKind::BF16, bbig.get(), so, bs.get(), to, 0), cudaSuccess);
+    ASSERT_EQ(nat::sumTo(FloatKind::BF16, bbig.get(), so, bs.get(), to, nullptr, 0),
+              cudaSuccess);
     ASSERT_EQ(gpu::sumTo(fbig.get(), so, fs.get(), to, 0), cudaSuccess);
     expectBitwise(bs.host(), roundOnGpu(fs, m), "sum_to");
   }
@@ -530,6 +532,58 @@ TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
                      0);
   EXPECT_FALSE(st.isOk());
   EXPECT_NE(st.message().find("k = 1"), std::string::npos) << st.message();
+}
+
+/// sum_to over leading dims (bias gradients) runs as a two-pass column sum
+/// (CudaCommon.cuh) in another order than the CPU: within rows u sum|x| of
+/// the exact sum (f32 accumulation; Higham's gamma_rows), plus the bf16
+/// output's rounding; and the same bits on a second run.
+TEST_F(CudaFastKernelsTest, ColumnSumAgainstCpu) {
+  struct Case {
+    gpu::Shape in, out;
+  };
+  // One pass (few rows), two passes (3000 rows, columns not a multiple of
+  // the 32-column tile), [B, T, C] -> [1, 1, C], and one column.
+  for (const Case &c : {Case{{2, 7}, {7}}, Case{{3000, 70}, {70}}, Case{{5, 600, 33}, {1, 1, 33}},
+                        Case{{1000, 1}, {1}}}) {
+    int64_t cols = c.out.back(), rows = 1;
+    for (int64_t d : c.in)
+      rows *= d;
+    rows /= cols;
+    auto x = randomVec(rows * cols, 51);
+    Bf16Vec xb(x);
+    std::vector<double> exactF(cols, 0.0), exactB(cols, 0.0), mag(cols, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        exactF[j] += x[r * cols + j];
+        exactB[j] += xb.wide[r * cols + j];
+        mag[j] += std::fabs(x[r * cols + j]);
+      }
+    int64_t need = nat::sumToScratch(c.in, c.out);
+    EXPECT_EQ(need > 0, rows > 256) << "two passes from 256 rows on";
+    Dev<float> scratch(std::max<int64_t>(need, 1)), dx(x), f1(cols), f2(cols);
+    Dev<uint16_t> dxb(xb.bits), b1(cols);
+    ASSERT_EQ(nat::sumTo(FloatKind::F32, dx.get(), c.in, f1.get(), c.out, scratch.get(), 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::sumTo(FloatKind::F32, dx.get(), c.in, f2.get(), c.out, scratch.get(), 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::sumTo(FloatKind::BF16, dxb.get(), c.in, b1.get(), c.out, scratch.get(), 0),
+              cudaSuccess);
+    auto got = f1.host(), again = f2.host();
+    auto gotB = b1.host();
+    for (int64_t j = 0; j < cols; ++j) {
+      double tol = rows * kU * mag[j];
+      EXPECT_LE(std::fabs(got[j] - exactF[j]), tol) << "f32 column " << j << " rows " << rows;
+      EXPECT_LE(std::fabs(cpu::bf16ToFloat(gotB[j]) - exactB[j]),
+                tol + kUb * (std::fabs(exactB[j]) + tol))
+          << "bf16 column " << j << " rows " << rows;
+    }
+    expectBitwise(got, again, "column sum, second run");
+  }
+  // Two passes without scratch: refused, not run out of bounds.
+  Dev<float> x(3000 * 70), y(70);
+  EXPECT_EQ(nat::sumTo(FloatKind::F32, x.get(), {3000, 70}, y.get(), {70}, nullptr, 0),
+            cudaErrorInvalidValue);
 }
 
 void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
