@@ -29,6 +29,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -717,6 +718,45 @@ TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
     flashCase(FloatKind::BF16, 1, 200, 3, 3, 32, causal, 61, Impl::Auto);
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::TensorCores);
+}
+
+TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionMisalignedOperands) {
+  // The tile loads move 16 bytes at a time where the operands allow it and
+  // one element at a time where they do not (a base 2 bytes off): the
+  // same arithmetic, so the same bits.
+  const int64_t B = 1, T = 80, heads = 2, D = 32, C = heads * D, n = B * T * C;
+  std::vector<Bf16Vec> in;
+  for (uint32_t seed : {81u, 82u, 83u, 84u})
+    in.emplace_back(randomVec(n, seed));
+  auto run = [&](int64_t off) {
+    std::vector<std::unique_ptr<Dev<uint16_t>>> d; // Dev owns its memory: not copied
+    for (auto &x : in) {
+      std::vector<uint16_t> bits(n + off, 0);
+      std::copy(x.bits.begin(), x.bits.end(), bits.begin() + off);
+      d.push_back(std::make_unique<Dev<uint16_t>>(bits));
+    }
+    Dev<uint16_t> y(n + off), dq(n + off), dk(n + off), dv(n + off);
+    Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
+    uint16_t *p[8] = {d[0]->get() + off, d[1]->get() + off, d[2]->get() + off, d[3]->get() + off,
+                      y.get() + off,    dq.get() + off,   dk.get() + off,   dv.get() + off};
+    EXPECT_EQ(gpu::flash::forward(FloatKind::BF16, p[0], p[1], p[2], p[4], lse.get(), B, T, C,
+                                  heads, true, heads, 0, gpu::flash::Impl::TensorCores),
+              cudaSuccess);
+    EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, p[0], p[1], p[2], p[4], lse.get(), p[3], p[5],
+                                   p[6], p[7], scratch.get(), B, T, C, heads, true, heads, 0,
+                                   gpu::flash::Impl::TensorCores),
+              cudaSuccess);
+    std::vector<std::vector<uint16_t>> out;
+    for (Dev<uint16_t> *o : {&y, &dq, &dk, &dv}) {
+      auto h = o->host();
+      out.emplace_back(h.begin() + off, h.end());
+    }
+    return out;
+  };
+  auto aligned = run(0), shifted = run(1);
+  const char *what[] = {"y", "d_q", "d_k", "d_v"};
+  for (int i = 0; i < 4; ++i)
+    expectBitwise(shifted[i], aligned[i], what[i]);
 }
 
 TEST_F(CudaFastKernelsTest, FlashAttentionBeyondTheRowKernelsLimit) {
