@@ -77,6 +77,39 @@ template <typename T>
 __device__ void loadTile(float *dst, const T *src, const Dims &a, int64_t b, int64_t r0,
                          int64_t ldRow, int64_t col) {
   int64_t D = a.D, SD = D + 1;
+  // f32 operands: 16-byte loads (4 elements), all of a thread's issued
+  // before its first store (at most 8 a thread), where the rows allow.
+  if (sizeof(T) == 4 && D % 4 == 0 && ldRow % 4 == 0 && col % 4 == 0 &&
+      (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    constexpr int kMaxVecs = kTile * (int)(kMaxHeadDim / 4) / kThreadsF;
+    const float *fs = reinterpret_cast<const float *>(src);
+    int vecs = (int)D / 4, total = kTile * vecs;
+    float4 buf[kMaxVecs];
+#pragma unroll
+    for (int j = 0; j < kMaxVecs; ++j) {
+      int i = (int)threadIdx.x + j * kThreadsF;
+      buf[j] = float4{0.f, 0.f, 0.f, 0.f};
+      if (i < total) {
+        int r = i / vecs, d = (i - r * vecs) * 4;
+        int64_t t = r0 + r;
+        if (t < a.T)
+          buf[j] = *reinterpret_cast<const float4 *>(fs + (b * a.T + t) * ldRow + col + d);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxVecs; ++j) {
+      int i = (int)threadIdx.x + j * kThreadsF;
+      if (i < total) {
+        int r = i / vecs, d = (i - r * vecs) * 4;
+        float *o = dst + r * SD + d; // odd row stride: four scalar stores
+        o[0] = buf[j].x;
+        o[1] = buf[j].y;
+        o[2] = buf[j].z;
+        o[3] = buf[j].w;
+      }
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < kTile * D; i += blockDim.x) {
     int64_t r = i / D, d = i % D, t = r0 + r;
     dst[r * SD + d] = t < a.T ? ld(src + (b * a.T + t) * ldRow + col + d) : 0.f;
@@ -429,15 +462,30 @@ __device__ void loadTileTc(T *dst, const T *src, const Dims &a, int64_t b, int64
   // multiple of 16 here and ld = D + 8, so every shared row starts 16-byte
   // aligned. One 2-byte load per element (and a division per element) made
   // these loads most of the kernels' time (the first H100 profile).
+  // All of a thread's loads are issued before its first store (a tile is
+  // at most 8 vectors a thread), so they wait on memory together.
   if (ldRow % 8 == 0 && col % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-    int vecs = D / 8;
-    for (int i = threadIdx.x; i < kTile * vecs; i += blockDim.x) {
-      int r = i / vecs, d = (i - r * vecs) * 8;
-      int64_t t = r0 + r;
-      uint4 v{0u, 0u, 0u, 0u}; // +0 in bf16 and f16
-      if (t < a.T)
-        v = *reinterpret_cast<const uint4 *>(src + (b * a.T + t) * ldRow + col + d);
-      *reinterpret_cast<uint4 *>(dst + r * ld + d) = v;
+    constexpr int kMaxVecs = kTile * (int)(kMaxHeadDim / 8) / kThreadsTc;
+    int vecs = D / 8, total = kTile * vecs;
+    uint4 buf[kMaxVecs];
+#pragma unroll
+    for (int j = 0; j < kMaxVecs; ++j) {
+      int i = (int)threadIdx.x + j * kThreadsTc;
+      buf[j] = uint4{0u, 0u, 0u, 0u}; // +0 in bf16 and f16
+      if (i < total) {
+        int r = i / vecs, d = (i - r * vecs) * 8;
+        int64_t t = r0 + r;
+        if (t < a.T)
+          buf[j] = *reinterpret_cast<const uint4 *>(src + (b * a.T + t) * ldRow + col + d);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxVecs; ++j) {
+      int i = (int)threadIdx.x + j * kThreadsTc;
+      if (i < total) {
+        int r = i / vecs, d = (i - r * vecs) * 8;
+        *reinterpret_cast<uint4 *>(dst + r * ld + d) = buf[j];
+      }
     }
     return;
   }

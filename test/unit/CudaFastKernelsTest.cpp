@@ -720,43 +720,59 @@ TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::TensorCores);
 }
 
-TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionMisalignedOperands) {
+/// Forward and backward of one attention with every operand and result
+/// `off` elements past an allocation's (256-byte aligned) start.
+template <typename E>
+std::vector<std::vector<E>> flashAtOffset(FloatKind t, gpu::flash::Impl impl,
+                                          const std::vector<std::vector<E>> &in, int64_t B,
+                                          int64_t T, int64_t heads, int64_t C, int64_t off) {
+  const size_t n = in[0].size();
+  std::vector<std::unique_ptr<Dev<E>>> d; // Dev owns its memory: not copied
+  for (auto &x : in) {
+    std::vector<E> bits(n + off, E(0));
+    std::copy(x.begin(), x.end(), bits.begin() + off);
+    d.push_back(std::make_unique<Dev<E>>(bits));
+  }
+  Dev<E> y(n + off), dq(n + off), dk(n + off), dv(n + off);
+  Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
+  E *p[8] = {d[0]->get() + off, d[1]->get() + off, d[2]->get() + off, d[3]->get() + off,
+             y.get() + off,     dq.get() + off,     dk.get() + off,     dv.get() + off};
+  EXPECT_EQ(gpu::flash::forward(t, p[0], p[1], p[2], p[4], lse.get(), B, T, C, heads, true,
+                                heads, 0, impl),
+            cudaSuccess);
+  EXPECT_EQ(gpu::flash::backward(t, p[0], p[1], p[2], p[4], lse.get(), p[3], p[5], p[6], p[7],
+                                 scratch.get(), B, T, C, heads, true, heads, 0, impl),
+            cudaSuccess);
+  std::vector<std::vector<E>> out;
+  for (Dev<E> *o : {&y, &dq, &dk, &dv}) {
+    auto h = o->host();
+    out.emplace_back(h.begin() + off, h.end());
+  }
+  return out;
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionMisalignedOperands) {
   // The tile loads move 16 bytes at a time where the operands allow it and
-  // one element at a time where they do not (a base 2 bytes off): the
-  // same arithmetic, so the same bits.
+  // one element at a time where they do not (a base one element off): the
+  // same arithmetic, so the same bits. Tensor cores (bf16) and CUDA cores
+  // (f32).
   const int64_t B = 1, T = 80, heads = 2, D = 32, C = heads * D, n = B * T * C;
-  std::vector<Bf16Vec> in;
-  for (uint32_t seed : {81u, 82u, 83u, 84u})
-    in.emplace_back(randomVec(n, seed));
-  auto run = [&](int64_t off) {
-    std::vector<std::unique_ptr<Dev<uint16_t>>> d; // Dev owns its memory: not copied
-    for (auto &x : in) {
-      std::vector<uint16_t> bits(n + off, 0);
-      std::copy(x.bits.begin(), x.bits.end(), bits.begin() + off);
-      d.push_back(std::make_unique<Dev<uint16_t>>(bits));
-    }
-    Dev<uint16_t> y(n + off), dq(n + off), dk(n + off), dv(n + off);
-    Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
-    uint16_t *p[8] = {d[0]->get() + off, d[1]->get() + off, d[2]->get() + off, d[3]->get() + off,
-                      y.get() + off,    dq.get() + off,   dk.get() + off,   dv.get() + off};
-    EXPECT_EQ(gpu::flash::forward(FloatKind::BF16, p[0], p[1], p[2], p[4], lse.get(), B, T, C,
-                                  heads, true, heads, 0, gpu::flash::Impl::TensorCores),
-              cudaSuccess);
-    EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, p[0], p[1], p[2], p[4], lse.get(), p[3], p[5],
-                                   p[6], p[7], scratch.get(), B, T, C, heads, true, heads, 0,
-                                   gpu::flash::Impl::TensorCores),
-              cudaSuccess);
-    std::vector<std::vector<uint16_t>> out;
-    for (Dev<uint16_t> *o : {&y, &dq, &dk, &dv}) {
-      auto h = o->host();
-      out.emplace_back(h.begin() + off, h.end());
-    }
-    return out;
-  };
-  auto aligned = run(0), shifted = run(1);
   const char *what[] = {"y", "d_q", "d_k", "d_v"};
-  for (int i = 0; i < 4; ++i)
-    expectBitwise(shifted[i], aligned[i], what[i]);
+  std::vector<std::vector<uint16_t>> bits;
+  std::vector<std::vector<float>> wide;
+  for (uint32_t seed : {81u, 82u, 83u, 84u}) {
+    bits.push_back(Bf16Vec(randomVec(n, seed)).bits);
+    wide.push_back(randomVec(n, seed));
+  }
+  using gpu::flash::Impl;
+  auto a16 = flashAtOffset(FloatKind::BF16, Impl::TensorCores, bits, B, T, heads, C, 0);
+  auto s16 = flashAtOffset(FloatKind::BF16, Impl::TensorCores, bits, B, T, heads, C, 1);
+  auto a32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 0);
+  auto s32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 1);
+  for (int i = 0; i < 4; ++i) {
+    expectBitwise(s16[i], a16[i], what[i]);
+    expectBitwise(s32[i], a32[i], what[i]);
+  }
 }
 
 TEST_F(CudaFastKernelsTest, FlashAttentionBeyondTheRowKernelsLimit) {
