@@ -140,6 +140,13 @@ a, g, c = (json.load(open(p))["eval_losses"] for p in sys.argv[1:4])
 d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
 print("cuda", a, "graphs", g, "cpu", c, "max relative cuda-cpu", d)
 sys.exit(0 if len(a) == len(c) == 3 and d <= 1e-5 and a == g else 1)' "$OUT/d10/log.json" "$OUT/d11/log.json" "$OUT/d12/log.json"
+# test/e2e/cuda_emu.py on the GPU (plans compiled by gpu-pack.sh): the MLP
+# and GPT against the CPU device (1e-5), recompute / activation offload /
+# micro-batch reduction / dropout, a 2-rank checkpoint resumed bitwise,
+# stages 0-3 at N = 2, 3, 4 ranks sharing the GPU (host-staged) against one
+# rank (1e-5), bf16 against the PyTorch bf16 oracle. The repository is
+# beside the kit (the device tool sends it).
+STEP_TIMEOUT=300 step issue9_matrix "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
 if [ "$EMU" != 1 ]; then
   step gpt2_speed "$R" "$P/gpt2.plan" --device cuda --steps 10 --lr 1e-4

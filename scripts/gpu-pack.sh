@@ -79,6 +79,10 @@ for b in 16 32; do
   done
   rm -f "$P/gpt2_b$b.mlir"
 done
+# test/e2e/cuda_emu.py's plans (issue 9's matrix: cpu-vs-cuda, features,
+# checkpoint resume, stages 0-3 at N = 2, 3, 4 host-staged, bf16 oracle),
+# run there by gpu-check.sh with --gpu.
+python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
 mkdir -p "$K/bench" && cp bench/gpt2_gpu.py "$K/bench/"
 cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
 du -sh "$K"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the kit (scripts/gpu-pack.sh): the three
-# backend suites, then a per-instruction profile of GPT-2 124M (B=16,
-# T=1024) in bf16 and f32: fsdp-run --trace on cuda synchronizes after
-# every instruction, so each span is the GPU's time. Traces and logs go to
-# $OUT; summarize here with scripts/trace-summary.py.
+# Runs on the GPU machine from the kit (scripts/gpu-pack.sh), after a
+# change to the CUDA backend: the three backend suites, FlashBench, GPT-2
+# 124M (T=1024) through bench/gpt2_gpu.py beside PyTorch fp32 and bf16
+# eager at B=16 (fsdp-run alone at B=32), a per-instruction profile of
+# GPT-2 in bf16 and f32 (fsdp-run --trace on cuda synchronizes after every
+# instruction: each span is the GPU's time), and test/e2e/cuda_emu.py's
+# matrix (--gpu). Logs, traces and bench JSON go to $OUT; summarize traces
+# here with scripts/trace-summary.py. Prints a summary line per step.
 set -uo pipefail
 K="$(cd "$(dirname "$0")" && pwd)"
 OUT=${OUT:-/tmp/gpu-out}
@@ -11,13 +14,28 @@ mkdir -p "$OUT"
 PY=${PY:-/opt/torch/.venv/bin/python3}
 SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+P="$K/plans"
 fail=0
-for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do
-  timeout 120 "$K/bin/$t" > "$OUT/$t.log" 2>&1 && echo "$t ok" || { echo "$t FAILED"; grep -A3 Failure "$OUT/$t.log" | head -30; fail=1; }
-done
+step() { # name timeout command...: the log in $OUT/name.log
+  local name=$1 t=$2 t0=$SECONDS; shift 2
+  timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then echo "$name ok ($((SECONDS - t0)) s)"; else
+    echo "$name FAILED (rc $rc, $((SECONDS - t0)) s)"; grep -A3 Failure "$OUT/$name.log" | head -20
+    tail -5 "$OUT/$name.log"; fail=1; fi
+}
+for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do step "$t" 120 "$K/bin/$t"; done
+step FlashBench 60 "$K/bin/FlashBench" && cat "$OUT/FlashBench.log"
+step bench_b16 200 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+  --batch 16 --steps 20 --torch-modes fp32,eager --json "$OUT/bench_b16.json"
+grep -E "tok/s" "$OUT/bench_b16.log"
 for d in bf16 f32; do
-  timeout 120 "$K/bin/fsdp-run" "$K/plans/gpt2_${d}_b16.plan" --device cuda --steps 3 --lr 1e-4 \
-    --trace "$OUT/trace_$d.json" > "$OUT/trace_$d.log" 2>&1 || { echo "trace $d FAILED"; tail -5 "$OUT/trace_$d.log"; fail=1; }
-  tail -2 "$OUT/trace_$d.log"
+  step "trace_$d" 90 "$K/bin/fsdp-run" "$P/gpt2_${d}_b16.plan" --device cuda --steps 3 --lr 1e-4 \
+    --trace "$OUT/trace_$d.json"
 done
+step issue9_matrix 240 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
+grep -E "ok$|MISMATCH|skipped|match" "$OUT/issue9_matrix.log" | tail -25
+step bench_b32 120 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+  --batch 32 --steps 20 --skip-torch --json "$OUT/bench_b32.json"
+grep -E "tok/s" "$OUT/bench_b32.log"
 exit $fail

@@ -26,6 +26,14 @@ processes). Not a GPU result: it checks the backend's logic.
                 oracle the CPU's bf16 path meets
 
 usage: cuda_emu.py BIN_DIR TORCH_PYTHON
+       cuda_emu.py BIN_DIR TORCH_PYTHON --compile-only PLAN_DIR
+       cuda_emu.py BIN_DIR TORCH_PYTHON --gpu PLAN_DIR
+
+The same checks on a real GPU (scripts/gpu-pack.sh, gpu-check.sh): the
+plans are compiled here into PLAN_DIR (--compile-only: no runs; the GPU
+machine has no MLIR), then run there with BIN_DIR/fsdp-run --device cuda
+(--gpu). One GPU holds one NCCL rank (NCCL refuses two on one device): the
+nccl section needs a GPU per rank and is skipped there.
 """
 import json
 import os
@@ -40,19 +48,28 @@ GEN = os.path.join(ROOT, "examples", "gen_models.py")
 
 def main():
     bindir, torch_python = sys.argv[1], sys.argv[2]
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    if mode not in ("", "--compile-only", "--gpu") or (mode and len(sys.argv) != 5):
+        sys.exit(__doc__)
+    plan_dir = sys.argv[4] if mode else None
     opt = os.path.join(bindir, "fsdp-opt")
     cpu_run = os.path.join(bindir, "fsdp-run")
-    emu_run = os.path.join(bindir, "fsdp-run-emu")
+    emu_run = cpu_run if mode == "--gpu" else os.path.join(bindir, "fsdp-run-emu")
     tmp = tempfile.mkdtemp(prefix="cuda_emu.")
     failures = []
+    if mode == "--compile-only":
+        os.makedirs(plan_dir, exist_ok=True)
 
     def compile_plan(model, name, options):
-        plan = os.path.join(tmp, name + ".plan")
-        subprocess.run([opt, model, "-o", os.devnull,
-                        f"--fsdp-pipeline={options} plan={plan} report=false"], check=True)
+        plan = os.path.join(plan_dir or tmp, name + ".plan")
+        if mode != "--gpu":
+            subprocess.run([opt, model, "-o", os.devnull,
+                            f"--fsdp-pipeline={options} plan={plan} report=false"], check=True)
         return plan
 
     def run(plan, name, steps, lr, device="cuda", nproc=1, env=None, extra=()):
+        if mode == "--compile-only" or (mode == "--gpu" and "CUDAEMU_DEVICES" in (env or {})):
+            return None
         out = os.path.join(tmp, name)
         binary = emu_run if device == "cuda" else cpu_run
         cmd = [binary, plan, "--steps", str(steps), "--lr", str(lr), "--dump-dir", out,
@@ -84,8 +101,9 @@ def main():
 
     def mlp(batch):
         path = os.path.join(tmp, f"mlp_b{batch}.mlir")
-        subprocess.run([sys.executable, GEN, "mlp", "--hidden", "64", "--blocks", "8",
-                        "--batch", str(batch), "-o", path], check=True)
+        if mode != "--gpu":
+            subprocess.run([sys.executable, GEN, "mlp", "--hidden", "64", "--blocks", "8",
+                            "--batch", str(batch), "-o", path], check=True)
         return path
 
     gpt = os.path.join(ROOT, "examples", "gpt_small.mlir")
@@ -101,7 +119,8 @@ def main():
     # stream, per-micro-batch reduce-scatters, dropout's counter-based
     # mask kernel), 6 steps against the CPU device.
     gptd = os.path.join(tmp, "gpt_dropout.mlir")
-    subprocess.run([sys.executable, GEN, "gpt", "--dropout", "0.1", "-o", gptd], check=True)
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "gpt", "--dropout", "0.1", "-o", gptd], check=True)
     for name, model, options in (
             ("recompute=unit", gpt, "recompute=unit"),
             ("offload-activations", gpt, "offload-activations=true"),
@@ -140,7 +159,9 @@ def main():
                   run(plan, f"mlp_n{n}_s{stage}", 10, 1e-2, nproc=n,
                       env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
 
-    # nccl: four emulated GPUs, one per rank.
+    # nccl: four emulated GPUs, one per rank (a real run needs four GPUs).
+    if mode == "--gpu":
+        print("nccl N=4: skipped (one GPU; NCCL takes one rank per GPU)")
     nccl = {"CUDAEMU_DEVICES": "4", "FSDP_CUDA_COMM": "nccl"}
     model = mlp(6)
     z3 = compile_plan(model, "nccl_z3", "optimizer=adamw world-size=4 stage=3")
@@ -172,7 +193,10 @@ def main():
     if failures:
         print("FAILED:", ", ".join(failures))
         sys.exit(1)
-    print("all emulated CUDA runs match")
+    if mode == "--compile-only":
+        print(f"plans in {plan_dir}")
+    else:
+        print("all GPU runs match" if mode == "--gpu" else "all emulated CUDA runs match")
 
 
 if __name__ == "__main__":
