@@ -317,7 +317,8 @@ public:
 
   int64_t scratchHighWater() const override {
     return scratch.fN * (int64_t)sizeof(float) + scratch.dN * (int64_t)sizeof(double) +
-           scratch.wideBytes + (int64_t)(gemm ? gemm->workspaceBytes() : 0);
+           scratch.wideBytes +
+           (int64_t)(gemm ? gemm->workspaceBytes() + gemm->stagingBytes() : 0);
   }
 
 private:
@@ -1328,6 +1329,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   FSDP_CUDA_CHECK(cudaSetDevice(ordinal));
   // Scratch: the maxima over the program, allocated once.
   int64_t fN = 0, dN = 0, wide = 0;
+  size_t stage = 0;
+  const char *stagingEnv = std::getenv("FSDP_CUDA_GEMM_STAGING");
+  const bool stagingOn = !(stagingEnv && std::string(stagingEnv) == "0");
   // fsdp-offload: an instruction writing the host arena runs there.
   auto onHost = [&](const Instruction &inst) {
     return inst.op != "to_device" && !inst.out.empty() && plan.buffers[inst.out[0]].host;
@@ -1347,7 +1351,17 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     dN = std::max(dN, d);
     if (narrow && !native)
       wide = std::max(wide, rules::widen(plan, inst).bytes);
+    // A 16-bit GEMM with a row length not a multiple of 8 (GPT-2's vocabulary)
+    // multiplies padded copies (CudaGemm.h); FSDP_CUDA_GEMM_STAGING=0 turns it
+    // off (for comparison).
+    rules::MM mm;
+    if (inst.op == "matmul" && native && t != FloatKind::F32 && stagingOn &&
+        rules::matmulDims(op, mm).isOk())
+      stage = std::max(stage, Gemm::stagingNeed(t, mm.batch, mm.m, mm.n, mm.k,
+                                                op.b("transpose_lhs"), op.b("transpose_rhs")));
   }
+  if (stage)
+    FSDP_RETURN_IF_ERROR(gemm->reserveStaging(stage));
   if (fN)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.f, sizeof(float) * fN));
   if (dN)

@@ -33,6 +33,8 @@ Gemm::~Gemm() {
   plans_.clear();
   if (ws_)
     cudaFree(ws_);
+  if (stage_)
+    cudaFree(stage_);
   if (handle_)
     cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
@@ -61,6 +63,23 @@ uint32_t alignment(const void *p, size_t elem) {
   uintptr_t low = v & (~v + 1); // the lowest set bit; 0 for null
   uint32_t al = low == 0 || low > 256 ? 256u : (uint32_t)low;
   return std::max<uint32_t>(al, (uint32_t)elem);
+}
+
+/// A row length padded to a multiple of 8 elements (16 bytes of 16-bit).
+int64_t padded(int64_t ld) { return (ld + 7) / 8 * 8; }
+
+/// The row-major operands of C = op(A) op(B) ([m, k] / [k, m] A, [k, n] /
+/// [n, k] B, [m, n] C): rows and row length (the leading dimension).
+struct Operands {
+  int64_t rowsA, ldA, rowsB, ldB, rowsC, ldC;
+};
+Operands operands(int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
+  return {transA ? k : m, transA ? m : k, transB ? n : k, transB ? k : n, m, n};
+}
+
+/// Bytes of one padded copy in staging (256-byte aligned starts).
+size_t stagedBytes(int64_t rows, int64_t ld) {
+  return ((size_t)(rows * padded(ld)) * 2 + 255) / 256 * 256;
 }
 
 /// A column-major rows x cols layout with leading dimension ld, batched.
@@ -104,7 +123,12 @@ Status Gemm::plan(const Key &key, Plan *&out) {
     out = it->second.get();
     return Status::ok();
   }
-  auto [kind, batch, m, n, k, transA, transB, alA, alB, alC, epi, alBias, alAux] = key;
+  auto [kind, batch, m, n, k, transA, transB, alA, alB, alC, epi, alBias, alAux, pad] = key;
+  // Leading dimensions: the row lengths of the row-major operands, padded
+  // to a multiple of 8 elements for the staged GEMM.
+  Operands o = operands(m, n, k, transA, transB);
+  int64_t ldA = pad ? padded(o.ldA) : o.ldA, ldB = pad ? padded(o.ldB) : o.ldB,
+          ldC = pad ? padded(o.ldC) : o.ldC;
   FloatKind t = (FloatKind)kind;
   cudaDataType_t dt = dataType(t);
   auto p = std::make_unique<Plan>();
@@ -124,12 +148,12 @@ Status Gemm::plan(const Key &key, Plan *&out) {
                                                    &opSecond, sizeof(opSecond)));
   int32_t nb = (int32_t)batch;
   // First operand (B): op N -> stored n x k col-major (ld n); op T -> k x n (ld k).
-  FSDP_RETURN_IF_ERROR(transB ? layout(p->la, dt, k, n, k, nb, n * k)
-                              : layout(p->la, dt, n, k, n, nb, n * k));
+  FSDP_RETURN_IF_ERROR(transB ? layout(p->la, dt, k, n, ldB, nb, n * k)
+                              : layout(p->la, dt, n, k, ldB, nb, n * k));
   // Second operand (A): op N -> k x m (ld k); op T -> m x k (ld m).
-  FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, dt, m, k, m, nb, m * k)
-                              : layout(p->lb, dt, k, m, k, nb, m * k));
-  FSDP_RETURN_IF_ERROR(layout(p->lc, dt, n, m, n, nb, m * n));
+  FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, dt, m, k, ldA, nb, m * k)
+                              : layout(p->lb, dt, k, m, ldA, nb, m * k));
+  FSDP_RETURN_IF_ERROR(layout(p->lc, dt, n, m, ldC, nb, m * n));
   // The epilogue (see the header). Row-major C [m, n] is column-major
   // n x m: the bias runs along cuBLASLt's rows (length n, broadcast over
   // the m columns), and its gradient sums over them.
@@ -211,14 +235,39 @@ Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_
 
 Gemm::Key Gemm::key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                     bool transB, const void *a, const void *b, const void *c,
-                    const EpilogueArgs &ep) {
+                    const EpilogueArgs &ep, bool pad) {
   size_t e = elemBytes(t);
   const void *bias = ep.kind == Epilogue::DGelu ? ep.biasGrad : ep.bias;
   return Key{(int)t,          batch,          m,
              n,               k,              transA,
              transB,          alignment(a, e), alignment(b, e),
              alignment(c, e), epilogueCode(ep), alignment(bias, e),
-             alignment(ep.aux, e)};
+             alignment(ep.aux, e), pad};
+}
+
+size_t Gemm::stagingNeed(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k,
+                         bool transA, bool transB) {
+  if (t == FloatKind::F32 || batch != 1 || m <= 0 || n <= 0 || k <= 0)
+    return 0;
+  Operands o = operands(m, n, k, transA, transB);
+  size_t need = 0;
+  for (auto [rows, ld] : std::initializer_list<std::pair<int64_t, int64_t>>{
+           {o.rowsA, o.ldA}, {o.rowsB, o.ldB}, {o.rowsC, o.ldC}})
+    if (ld % 8)
+      need += stagedBytes(rows, ld);
+  return need;
+}
+
+Status Gemm::reserveStaging(size_t bytes) {
+  if (bytes <= stageBytes_)
+    return Status::ok();
+  if (stage_)
+    FSDP_CUDA_CHECK(cudaFree(stage_));
+  stage_ = nullptr;
+  stageBytes_ = 0;
+  FSDP_CUDA_CHECK(cudaMalloc(&stage_, bytes));
+  stageBytes_ = bytes;
+  return Status::ok();
 }
 
 bool Gemm::warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool transA,
@@ -255,6 +304,12 @@ Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, b
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
+  size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
+  if (need && need <= stageBytes_) { // the staged GEMM: the pointers runStaged will use
+    void *cc = const_cast<void *>(c);
+    stagedPointers(m, n, k, transA, transB, a, b, cc);
+    return plan(key(t, batch, m, n, k, transA, transB, a, b, cc, {}, true), p);
+  }
   return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p);
 }
 
@@ -267,12 +322,69 @@ Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t bat
                       "cudaMemsetAsync", __FILE__, __LINE__);
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
+  size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
+  if (need && need <= stageBytes_)
+    return runStaged(t, a, b, c, m, n, k, transA, transB, s);
   Plan *p;
   FSDP_RETURN_IF_ERROR(plan(key(t, batch, m, n, k, transA, transB, a, b, c), p));
   float alpha = 1.f, beta = 0.f;
   FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
                                    b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
                                    ws_, wsBytes_, s));
+  return Status::ok();
+}
+
+/// Where the staged GEMM reads A and B and writes C: staging for a
+/// misaligned operand (A's copy first, then B's, then C), else in place.
+void Gemm::stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+                          const void *&a, const void *&b, void *&c) const {
+  Operands o = operands(m, n, k, transA, transB);
+  auto *next = static_cast<uint8_t *>(stage_);
+  if (o.ldA % 8) {
+    a = next;
+    next += stagedBytes(o.rowsA, o.ldA);
+  }
+  if (o.ldB % 8) {
+    b = next;
+    next += stagedBytes(o.rowsB, o.ldB);
+  }
+  if (o.ldC % 8)
+    c = next;
+}
+
+Status Gemm::runStaged(FloatKind t, const void *a, const void *b, void *c, int64_t m,
+                       int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
+  Operands o = operands(m, n, k, transA, transB);
+  auto *next = static_cast<uint8_t *>(stage_);
+  // An operand whose rows are misaligned is copied into staging with its
+  // rows padded; an aligned one is used where it is (its ld unchanged).
+  auto stageIn = [&](const void *src, int64_t rows, int64_t ld, const void *&use) -> Status {
+    if (ld % 8 == 0) {
+      use = src;
+      return Status::ok();
+    }
+    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(next, (size_t)padded(ld) * 2, src, (size_t)ld * 2,
+                                      (size_t)ld * 2, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                      s));
+    use = next;
+    next += stagedBytes(rows, ld);
+    return Status::ok();
+  };
+  const void *sa, *sb;
+  FSDP_RETURN_IF_ERROR(stageIn(a, o.rowsA, o.ldA, sa));
+  FSDP_RETURN_IF_ERROR(stageIn(b, o.rowsB, o.ldB, sb));
+  void *sc = o.ldC % 8 ? static_cast<void *>(next) : c;
+  // Every ld is a multiple of 8 now: the padded plan (its lds are the
+  // padded row lengths, those of aligned operands unchanged).
+  Plan *p;
+  FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, sa, sb, sc, {}, true), p));
+  float alpha = 1.f, beta = 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
+                                   sb, p->la, sa, p->lb, &beta, sc, p->lc, sc, p->lc, &p->algo,
+                                   ws_, wsBytes_, s));
+  if (sc != c)
+    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(c, (size_t)n * 2, sc, (size_t)padded(n) * 2,
+                                      (size_t)n * 2, (size_t)m, cudaMemcpyDeviceToDevice, s));
   return Status::ok();
 }
 

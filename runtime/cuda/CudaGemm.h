@@ -24,6 +24,16 @@
 // the neighbouring value: one bf16 ulp (<= 2^-7 |c|). CudaFastKernelsTest
 // derives its tolerance from exactly these two terms.
 //
+// Leading dimensions: cuBLASLt's fast 16-bit kernels need every row of
+// every operand 16-byte aligned; a row-major dimension that is not a
+// multiple of 8 (GPT-2's vocabulary, 50257) leaves it the slow ones (the
+// [16384, 768] x [768, 50257] logits GEMM ran at 94 TFLOP/s on an H100).
+// With staging reserved (reserveStaging, sized by stagingNeed), a bf16 /
+// f16 GEMM copies each such operand into staging with its rows padded to
+// a multiple of 8 elements (cudaMemcpy2DAsync), multiplies there, and
+// copies a padded C back: the same product (the padding is never read),
+// two extra passes over those operands' bytes.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef FSDP_RUNTIME_CUDA_CUDAGEMM_H
@@ -67,6 +77,13 @@ public:
   /// Creates the cuBLASLt handle and a workspace of `workspaceBytes`.
   Status init(size_t workspaceBytes, bool allowTf32);
   size_t workspaceBytes() const { return wsBytes_; }
+  /// Bytes of staging a GEMM of this shape pads its misaligned operands in
+  /// (see the file comment; 0: none needs it).
+  static size_t stagingNeed(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k,
+                            bool transA, bool transB);
+  /// Allocates staging of at least `bytes` (once: the maximum over a plan).
+  Status reserveStaging(size_t bytes);
+  size_t stagingBytes() const { return stageBytes_; }
 
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
              int64_t k, bool transA, bool transB, cudaStream_t s);
@@ -98,16 +115,25 @@ private:
   /// row-major A, B and C pointers, the epilogue (kind, whether it writes
   /// a bias gradient / keeps the aux matrix) and the alignments of its
   /// bias and aux pointers.
+  /// The last: whether every leading dimension is padded to a multiple
+  /// of 8 elements (the staged GEMM).
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool, uint32_t,
-                         uint32_t, uint32_t, int, uint32_t, uint32_t>;
+                         uint32_t, uint32_t, int, uint32_t, uint32_t, bool>;
   static Key key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                  bool transB, const void *a, const void *b, const void *c,
-                 const EpilogueArgs &e = {});
+                 const EpilogueArgs &e = {}, bool padded = false);
   Status plan(const Key &key, Plan *&out);
+  void stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+                      const void *&a, const void *&b, void *&c) const;
+  /// run() through staging (stagingNeed > 0, reserved): batch 1.
+  Status runStaged(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+                   int64_t k, bool transA, bool transB, cudaStream_t s);
 
   void *handle_ = nullptr; // cublasLtHandle_t
   void *ws_ = nullptr;
   size_t wsBytes_ = 0;
+  void *stage_ = nullptr;
+  size_t stageBytes_ = 0;
   bool tf32_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

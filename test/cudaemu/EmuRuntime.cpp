@@ -782,6 +782,27 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
       std::memmove(dst, src, n);
   });
 }
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t s) {
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue, "cudaMemcpy2DAsync: width over a pitch");
+  if (kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return fail(cudaErrorNotSupported,
+                     "cudaMemcpy2DAsync: only device-to-device copies are emulated");
+  if (width == 0 || height == 0)
+    return cudaSuccess;
+  if (cudaError_t e = checkDeviceRange(dst, dpitch * (height - 1) + width, "cudaMemcpy2DAsync"))
+    return e;
+  if (cudaError_t e = checkDeviceRange(src, spitch * (height - 1) + width, "cudaMemcpy2DAsync"))
+    return e;
+  auto *d = static_cast<char *>(dst);
+  auto *c = static_cast<const char *>(src);
+  return enqueue(s, [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(d + r * dpitch, c + r * spitch, width);
+  });
+}
 cudaError_t cudaMemset(void *p, int v, size_t n) {
   if (cudaError_t e = refuseDuringCapture("cudaMemset"))
     return e;

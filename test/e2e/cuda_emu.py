@@ -18,7 +18,8 @@ processes). Not a GPU result: it checks the backend's logic.
                 ranks and HSDP 2x2 (ncclCommSplit) within 1e-5 of one
                 rank, and --cuda-graphs (NCCL calls captured) bitwise the
                 eager run
-  bf16          the small GPT with param-dtype=bf16, 10 steps, --device
+  bf16          the small GPT with param-dtype=bf16 (vocabularies 256 and
+                251: the odd one's logits GEMMs staged), 10 steps, --device
                 cuda (native bf16 kernels, tensor-core attention), checked
                 step by step by test/oracle/bf16_ref.py (PyTorch's bf16
                 module from our parameters before each step: the loss
@@ -178,17 +179,26 @@ def main():
 
     # bf16: the GPU's native kernels, step by step against PyTorch's bf16
     # module from our own parameters (the oracle the CPU's bf16 path meets).
-    plan = compile_plan(gpt, "gpt_bf16", "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16")
-    if run(plan, "gpt_bf16_cuda", 10, 3e-3) is not None:
+    # A vocabulary of 251 (odd, as GPT-2's 50257): the logits GEMMs run on
+    # padded copies in staging (CudaGemm.h).
+    gpt251 = os.path.join(tmp, "gpt_v251.mlir")
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "-o", gpt251], check=True)
+    for model, tag, vocab in ((gpt, "gpt_bf16", 256), (gpt251, "gpt_bf16_v251", 251)):
+        plan = compile_plan(model, tag, "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16")
+        if run(plan, tag + "_cuda", 10, 3e-3) is None:
+            continue
         r = subprocess.run([torch_python, os.path.join(ROOT, "test", "oracle", "bf16_ref.py"),
-                            "--model", "gpt", "--plan", plan, "--dump-dir",
-                            os.path.join(tmp, "gpt_bf16_cuda")], capture_output=True, text=True)
+                            "--model", "gpt", "--vocab", str(vocab), "--plan", plan,
+                            "--dump-dir", os.path.join(tmp, tag + "_cuda")],
+                           capture_output=True, text=True)
         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
-        print(f"bf16 cuda vs the PyTorch bf16 oracle (within D u per step): {verdict}")
+        print(f"bf16 cuda (vocab {vocab}) vs the PyTorch bf16 oracle (within D u per step): "
+              f"{verdict}")
         if verdict != "ok":
             print(r.stdout[-3000:], r.stderr[-2000:])
-            failures.append("bf16")
+            failures.append(f"bf16 vocab {vocab}")
 
     if failures:
         print("FAILED:", ", ".join(failures))
