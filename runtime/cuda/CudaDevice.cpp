@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <thread>
@@ -135,6 +136,8 @@ public:
     FSDP_CUDA_CHECK(cudaMalloc(&badPos, sizeof(long long)));
     FSDP_RETURN_IF_ERROR(resetBadPos());
     gemm = std::make_unique<Gemm>();
+    const char *tune = std::getenv("FSDP_CUDA_GEMM_TUNE"); // CudaGemm.h: setTuning
+    gemm->setTuning(tune && std::string(tune) == "1");
     return gemm->init(32ull << 20, allowTf32);
   }
 
@@ -1461,6 +1464,11 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
       return Status::error("instruction #" + std::to_string(i) + " (" + inst.op +
                            "): " + st.message());
   }
+  if (gemm->tuned() > 0)
+    std::fprintf(stderr,
+                 "fsdp-run: cuBLASLt tuning (FSDP_CUDA_GEMM_TUNE=1): %d GEMM shapes timed, "
+                 "another algorithm than the heuristic's first won for %d\n",
+                 gemm->tuned(), gemm->tunedChanged());
   return Status::ok();
 }
 

@@ -117,7 +117,8 @@ int epilogueCode(const EpilogueArgs &e) {
 
 } // namespace
 
-Status Gemm::plan(const Key &key, Plan *&out) {
+Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tuneB,
+                  void *tuneC) {
   auto it = plans_.find(key);
   if (it != plans_.end()) {
     out = it->second.get();
@@ -204,11 +205,16 @@ Status Gemm::plan(const Key &key, Plan *&out) {
   for (const auto &[attr, al] : aligns)
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
-  cublasLtMatmulHeuristicResult_t result{};
+  // Tuning (setTuning; plain GEMMs warmed with their pointers): the
+  // heuristic's first kTuneCandidates, each timed on the real operands.
+  const bool tuning = tune_ && epi == 0 && tuneA && tuneB && tuneC;
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  cublasLtMatmulHeuristicResult_t &result = results[0];
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc,
-                                        p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+                                        p->la, p->lb, p->lc, p->lc, pref,
+                                        tuning ? kTuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   // No algorithm for the problem is CUBLAS_STATUS_NOT_SUPPORTED with no
   // result (cublasLt.h), and a result is usable only when its own state
@@ -223,8 +229,50 @@ Status Gemm::plan(const Key &key, Plan *&out) {
                       ") within a ", wsBytes_, "-byte workspace with ", alA, "/", alB, "/",
                       alC, "-byte-aligned A/B/C");
   p->algo = result.algo;
+  if (tuning && found > 1)
+    FSDP_RETURN_IF_ERROR(pickFastest(*p, results, found, tuneA, tuneB, tuneC));
   out = p.get();
   plans_.emplace(key, std::move(p));
+  return Status::ok();
+}
+
+Status Gemm::pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results, int found,
+                         const void *a, const void *b, void *c) {
+  // At prepare, before any step: the legacy stream, one warm-up and three
+  // timed runs per candidate, the fastest kept (the heuristic's order on
+  // ties). Candidates that fail to run are skipped.
+  cudaEvent_t e0, e1;
+  FSDP_CUDA_CHECK(cudaEventCreate(&e0));
+  FSDP_CUDA_CHECK(cudaEventCreate(&e1));
+  float alpha = 1.f, beta = 0.f, best = 0.f;
+  int chosen = -1;
+  auto h = static_cast<cublasLtHandle_t>(handle_);
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > wsBytes_)
+      continue;
+    const cublasLtMatmulAlgo_t *algo = &results[i].algo;
+    bool ok = cublasLtMatmul(h, p.desc, &alpha, b, p.la, a, p.lb, &beta, c, p.lc, c, p.lc, algo,
+                             ws_, wsBytes_, 0) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(e0, 0) == cudaSuccess;
+    for (int r = 0; r < 3 && ok; ++r)
+      ok = cublasLtMatmul(h, p.desc, &alpha, b, p.la, a, p.lb, &beta, c, p.lc, c, p.lc, algo,
+                          ws_, wsBytes_, 0) == CUBLAS_STATUS_SUCCESS;
+    float ms = 0.f;
+    ok = ok && cudaEventRecord(e1, 0) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+         cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+    (void)cudaGetLastError();
+    if (ok && (chosen < 0 || ms < best)) {
+      chosen = i;
+      best = ms;
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (chosen > 0)
+    p.algo = results[chosen].algo;
+  ++tuned_;
+  if (chosen > 0)
+    ++tunedChanged_;
   return Status::ok();
 }
 
@@ -305,12 +353,12 @@ Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, b
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
   size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
+  void *cc = const_cast<void *>(c);
   if (need && need <= stageBytes_) { // the staged GEMM: the pointers runStaged will use
-    void *cc = const_cast<void *>(c);
     stagedPointers(m, n, k, transA, transB, a, b, cc);
-    return plan(key(t, batch, m, n, k, transA, transB, a, b, cc, {}, true), p);
+    return plan(key(t, batch, m, n, k, transA, transB, a, b, cc, {}, true), p, a, b, cc);
   }
-  return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p);
+  return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p, a, b, cc);
 }
 
 Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,

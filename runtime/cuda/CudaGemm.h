@@ -43,6 +43,7 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include <cstdint>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <map>
 #include <memory>
@@ -84,6 +85,16 @@ public:
   /// Allocates staging of at least `bytes` (once: the maximum over a plan).
   Status reserveStaging(size_t bytes);
   size_t stagingBytes() const { return stageBytes_; }
+  /// Autotuning (FSDP_CUDA_GEMM_TUNE=1): warm() times the heuristic's first
+  /// 8 algorithms for a plain GEMM on its real operands and keeps the
+  /// fastest. The choice rests on timings, so two runs may choose
+  /// differently and their results differ in the last bits (cuBLASLt's
+  /// algorithms sum in different orders); off by default.
+  void setTuning(bool on) { tune_ = on; }
+  /// GEMM shapes tuned so far, and those where a candidate other than the
+  /// heuristic's first won.
+  int tuned() const { return tuned_; }
+  int tunedChanged() const { return tunedChanged_; }
 
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
              int64_t k, bool transA, bool transB, cudaStream_t s);
@@ -122,7 +133,14 @@ private:
   static Key key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                  bool transB, const void *a, const void *b, const void *c,
                  const EpilogueArgs &e = {}, bool padded = false);
-  Status plan(const Key &key, Plan *&out);
+  /// The plan of `key`, built on first use; with tuning on and the
+  /// operands given (warm), its algorithm is the fastest candidate timed
+  /// on them.
+  Status plan(const Key &key, Plan *&out, const void *tuneA = nullptr,
+              const void *tuneB = nullptr, void *tuneC = nullptr);
+  static constexpr int kTuneCandidates = 8;
+  Status pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results, int found,
+                     const void *a, const void *b, void *c);
   void stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool transB,
                       const void *&a, const void *&b, void *&c) const;
   /// run() through staging (stagingNeed > 0, reserved): batch 1.
@@ -134,6 +152,8 @@ private:
   size_t wsBytes_ = 0;
   void *stage_ = nullptr;
   size_t stageBytes_ = 0;
+  bool tune_ = false;
+  int tuned_ = 0, tunedChanged_ = 0;
   bool tf32_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

@@ -877,7 +877,13 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
     r.workspaceSize = size_t(wsNeeded);
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.f;
-    *returnAlgoCount = 1;
+    // cuBLASLt returns up to requestedAlgoCount candidates, best first; the
+    // emulation has one algorithm, offered twice when more are asked for
+    // (so a caller that times the candidates has two to time).
+    int count = requestedAlgoCount >= 2 ? 2 : 1;
+    for (int i = 1; i < count; ++i)
+      heuristicResultsArray[i] = r;
+    *returnAlgoCount = count;
     return CUBLAS_STATUS_SUCCESS;
   } catch (const std::bad_alloc &) {
     return CUBLAS_STATUS_ALLOC_FAILED;

@@ -424,6 +424,44 @@ TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
   }
 }
 
+TEST_F(CudaFastKernelsTest, TunedGemmsWithinTheTensorCoreBound) {
+  // FSDP_CUDA_GEMM_TUNE: warm() times the heuristic's candidates on the
+  // operands and keeps the fastest; any of them computes the same product
+  // within the bound, staged or not, and a plain run of a shape warmed
+  // before uses the tuned choice.
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
+  ASSERT_TRUE(gemm.reserveStaging(1 << 20).isOk());
+  gemm.setTuning(true);
+  int shapes = 0;
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 48, 80}, {37, 61, 53}}) {
+    Bf16Vec a(randomVec(m * k, 19)), b(randomVec(n * k, 20));
+    std::vector<float> aa(a.wide.size()), ab(b.wide.size());
+    for (size_t i = 0; i < aa.size(); ++i)
+      aa[i] = std::fabs(a.wide[i]);
+    for (size_t i = 0; i < ab.size(); ++i)
+      ab[i] = std::fabs(b.wide[i]);
+    Dev<uint16_t> da(a.bits), db(b.bits), dc(m * n);
+    ASSERT_TRUE(gemm.warm(FloatKind::BF16, 1, m, n, k, false, true, da.get(), db.get(),
+                          dc.get())
+                    .isOk());
+    ++shapes;
+    ASSERT_TRUE(
+        gemm.run(FloatKind::BF16, da.get(), db.get(), dc.get(), 1, m, n, k, false, true, 0)
+            .isOk());
+    std::vector<float> want(m * n), mag(m * n);
+    cpu::matmul(a.wide.data(), b.wide.data(), want.data(), 1, m, n, k, false, true);
+    cpu::matmul(aa.data(), ab.data(), mag.data(), 1, m, n, k, false, true);
+    std::vector<double> delta(mag.size());
+    for (size_t i = 0; i < mag.size(); ++i)
+      delta[i] = (k * std::ldexp(1.0, -22) + k * kU) * mag[i];
+    expectBf16Near(dc.host(), want, delta, "tuned bf16 gemm");
+  }
+  // cuBLASLt offers several algorithms for these shapes: each was timed.
+  EXPECT_EQ(gemm.tuned(), shapes);
+  EXPECT_LE(gemm.tunedChanged(), gemm.tuned());
+}
+
 // The fused kernels of fsdp-fuse-epilogues on bf16 storage against the
 // unfused CPU ops in f32 on the widened inputs (the reference semantics:
 // f32 math, each output rounded once).
