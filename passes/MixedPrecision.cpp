@@ -5,10 +5,13 @@
 // master copy the optimizer updates, with f32 optimizer state); the model
 // reads each one through an `fsdp.cast` to the compute dtype, casts its
 // float inputs the same way, and every op downstream of a cast value is
-// retyped to the compute dtype. Losses keep reading f32 (their operands
-// are cast up, as autocast's fp32 op list does: the softmax over the
-// vocabulary and the log are where bf16 would lose the most), and the
-// function still returns an f32 loss.
+// retyped to the compute dtype. Losses compute in f32, as autocast's fp32
+// op list does (the softmax over the vocabulary and the log are where
+// bf16 would lose the most): MSE and BCE read f32 casts of their operands;
+// cross-entropy reads its logits in the compute dtype and widens them
+// itself (no f32 copy of a [tokens, vocabulary] matrix, and its gradient
+// is written in the compute dtype, rounded once). The function still
+// returns an f32 loss.
 //
 // Why before autodiff: the backward pass is then derived in the compute
 // dtype by the ordinary VJP rules (a cast's VJP is the cast back), so
@@ -238,9 +241,16 @@ void MixedPrecisionPass::runOnOperation() {
     if (isa<CastOp>(op))
       continue; // the model's own casts say what they mean
     if (isLoss(op) || isa<func::ReturnOp>(op)) {
-      for (OpOperand &o : op->getOpOperands())
+      for (OpOperand &o : op->getOpOperands()) {
+        // Cross-entropy reads logits in the compute dtype and computes in
+        // f32 from them (the same values as from an f32 copy, which for a
+        // vocabulary-sized matrix would cost two passes and twice its
+        // bytes); its gradient comes back in that dtype, rounded once.
+        if (isa<CrossEntropyOp>(op) && o.getOperandNumber() == 0)
+          continue;
         if (isFloatTensorOf(o.get().getType(), compute))
           o.set(castTo(op->getLoc(), o.get(), f32));
+      }
       continue;
     }
     // Reads a value in the compute dtype, or a float input of the model

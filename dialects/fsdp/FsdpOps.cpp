@@ -598,8 +598,10 @@ LogicalResult CrossEntropyOp::verify() {
                          << shapeStr(l.getShape().drop_back())
                          << " (the logits without the class dimension), found "
                          << shapeStr(y.getShape());
-  if (!l.getElementType().isF32())
-    return emitOpError() << "expected f32 logits, found " << l.getElementType();
+  // Logits of any float type (Fsdp_FloatTensor): bf16 / f16 (mixed
+  // precision) are widened by the kernels, the loss computed in f32 as
+  // autocast's float32 cross-entropy computes it from logits.float(),
+  // without an f32 copy of them.
   return success();
 }
 

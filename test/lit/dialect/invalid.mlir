@@ -414,9 +414,9 @@ func.func @f(%l: tensor<256xf32>, %y: tensor<i32>) {
 }
 
 // -----
-func.func @f(%l: tensor<32x256xbf16>, %y: tensor<32xi32>) {
-  // expected-error @+1 {{expected f32 logits, found 'bf16'}}
-  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xbf16>, tensor<32xi32>) -> tensor<f32>
+func.func @f(%l: tensor<32x256xf64>, %y: tensor<32xi32>) {
+  // expected-error @+1 {{operand #0 must be ranked tensor of 32-bit float or bfloat16 type or 16-bit float values}}
+  %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xf64>, tensor<32xi32>) -> tensor<f32>
   return
 }
 

@@ -138,21 +138,25 @@ func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> 
 // -----
 
 // Tests that a tied parameter (embedding and LM head) is read twice in
-// bf16 from one bf16 gather, that cross-entropy reads f32 logits, and that
+// bf16 from one bf16 gather, that cross-entropy reads the bf16 logits (no
+// f32 copy: it widens them itself), and that
 // the two bf16 gradient contributions are summed in f32.
 
 fsdp.param @wte : tensor<16x4xf32> init("normal", 0.02)
 
 // MODEL-LABEL: func.func @tied
 // MODEL: %[[L:.+]] = fsdp.matmul {{.+}} -> tensor<2x16xbf16>
-// MODEL: %[[LF:.+]] = fsdp.cast %[[L]] : tensor<2x16xbf16> -> tensor<2x16xf32>
-// MODEL: fsdp.cross_entropy %[[LF]], %{{.+}} : (tensor<2x16xf32>, tensor<2xi32>) -> tensor<f32>
+// MODEL-NOT: fsdp.cast %[[L]]
+// MODEL: fsdp.cross_entropy %[[L]], %{{.+}} : (tensor<2x16xbf16>, tensor<2xi32>) -> tensor<f32>
 
 // Z3-LABEL: func.func @train_step
 // Z3: %[[S:.+]] = fsdp.get_unit @root : tensor<16xf32>
 // Z3-NEXT: %[[SB:.+]] = fsdp.cast %[[S]] : tensor<16xf32> -> tensor<16xbf16>
 // Z3-NEXT: %[[F:.+]] = fsdp.all_gather %[[SB]] : tensor<16xbf16> -> tensor<64xbf16>
 // Z3: fsdp.embedding %{{.+}}, %{{.+}} : (tensor<16x4xbf16>, tensor<2xi32>) -> tensor<2x4xbf16>
+// The logits' gradient is written in bf16 and multiplied as it is.
+// Z3: %[[DL:.+]] = fsdp.cross_entropy_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<2x16xbf16>, tensor<2xi32>
+// Z3-NEXT: fsdp.matmul %[[DL]], %{{.+}} : (tensor<2x16xbf16>, tensor<16x4xbf16>) -> tensor<2x4xbf16>
 // Z3: %[[HEAD:.+]] = fsdp.cast %{{.+}} : tensor<16x4xbf16> -> tensor<16x4xf32>
 // Z3: %[[EMB:.+]] = fsdp.cast %{{.+}} : tensor<16x4xbf16> -> tensor<16x4xf32>
 // Z3: %[[SUM:.+]] = fsdp.add %[[EMB]], %[[HEAD]] : (tensor<16x4xf32>, tensor<16x4xf32>) -> tensor<16x4xf32>
