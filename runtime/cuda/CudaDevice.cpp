@@ -460,7 +460,7 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
     f = native::sumToScratch({rules::rowsOf(op.out(0)), rules::lastDim(op.out(0))},
                              {rules::lastDim(op.out(0))});
   } else if (n == "embedding_grad") {
-    f = native::embeddingGradScratch(op.out(0).shape[0], op.out(0).shape[1]);
+    f = native::embeddingGradScratch(op.in(0).numel());
   } else if (n == "rms_norm_grad") {
     f = rules::rowsOf(op.in(0));
   } else if (n == "cross_entropy") {
@@ -1050,15 +1050,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     out = fromCuda(
         [=](cudaStream_t s) { return embedding(table, ids, y, cnt, vocab, width, bad, s); }, n);
-  } else if (n == "embedding_grad") {
-    const Buffer &t = o0;
-    int64_t vocab = t.shape[0], width = t.shape[1], cnt = op.in(0).numel();
-    const int32_t *ids = r.in<int32_t>(0);
-    const float *dy = r.in(1);
-    float *dt = r.out(0);
-    out = fromCuda(
-        [=](cudaStream_t s) { return embeddingGrad(ids, dy, dt, cnt, vocab, width, bad, s); },
-        n);
+  } else if (n == "embedding_grad") { // the native kernel's sorted sum (CudaNative.h)
+    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "transpose") {
     const float *x = r.in(0);
     float *y = r.out(0);
@@ -1348,8 +1341,6 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     FloatKind t;
     const bool narrow = rules::needsWidening(plan, inst),
                native = narrow && nativeKind(plan, inst, t);
-    if (inst.op == "embedding_grad" && !native)
-      f = 0; // only the native kernel accumulates in f32 scratch (vocab x width)
     fN = std::max(fN, f);
     dN = std::max(dN, d);
     if (narrow && !native)

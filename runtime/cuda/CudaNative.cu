@@ -299,31 +299,106 @@ cudaError_t embeddingT(const void *tablev, const int32_t *ids, void *yv, int64_t
   });
 }
 
-/// The reference sums each column in f32 in id order into the f32 table;
-/// a bf16 table cannot hold that running sum (every addition would round),
-/// so the sums run in an f32 scratch of the table's size (the widened path
-/// needed the same, plus f32 copies of dy) and are rounded once.
+/// embedding_grad: dtable[v] = sum over the rows r with ids[r] == v of
+/// dy[r], in f32 in row order (the CPU kernel's order), rounded once.
+/// One thread per column walking all n rows left the GPU idle (7.8 ms for
+/// GPT-2's 16384 tokens on an H100). Here the (id, row) pairs are sorted
+/// (a bitonic sort in global memory on 64-bit keys id << 32 | row: unique,
+/// so the order is total and the result the same bits every run), and a
+/// block per run of one id sums its rows in row order, column by column,
+/// with eight rows' loads in flight; the table is zeroed first. Ids out of
+/// range are reported (badPos) and skipped, as in the forward.
+int64_t embedKeys(int64_t n) {
+  int64_t p = 1;
+  while (p < n)
+    p <<= 1;
+  return p;
+}
+
+__global__ void embedKeysKernel(const int32_t *ids, uint64_t *keys, int64_t n, int64_t padded,
+                                int64_t vocab, long long *badPos) {
+  FSDP_GRID_STRIDE(i, padded) {
+    if (i >= n) {
+      keys[i] = ~0ull; // after every real key
+      continue;
+    }
+    int32_t id = ids[i];
+    bool bad = id < 0 || id >= vocab;
+    if (bad)
+      atomicMin(badPos, (long long)i);
+    keys[i] = (uint64_t)(bad ? vocab : id) << 32 | (uint64_t)i;
+  }
+}
+
+/// One compare-exchange step (k, j) of the bitonic sort over `padded` keys.
+__global__ void bitonicStep(uint64_t *keys, int64_t padded, int64_t k, int64_t j) {
+  FSDP_GRID_STRIDE(i, padded) {
+    int64_t l = i ^ j;
+    if (l > i) {
+      uint64_t a = keys[i], b = keys[l];
+      bool up = (i & k) == 0;
+      if ((a > b) == up) {
+        keys[i] = b;
+        keys[l] = a;
+      }
+    }
+  }
+}
+
 template <typename T>
-cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, float *acc,
+__global__ void embedSumRuns(const uint64_t *keys, const T *dy, T *dtable, int64_t n,
+                             int64_t vocab, int64_t width) {
+  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
+    uint64_t id = keys[p] >> 32;
+    if (id >= (uint64_t)vocab || (p > 0 && keys[p - 1] >> 32 == id))
+      continue; // a bad id, or not the first row of its run
+    int64_t end = p + 1;
+    while (end < n && keys[end] >> 32 == id)
+      ++end;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+      float acc = 0.f;
+      int64_t q = p;
+      for (; q + 8 <= end; q += 8) {
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          x[u] = ld(dy + (int64_t)(uint32_t)keys[q + u] * width + c);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          acc += x[u]; // in row order
+      }
+      for (; q < end; ++q)
+        acc += ld(dy + (int64_t)(uint32_t)keys[q] * width + c);
+      st(dtable + (int64_t)id * width + c, acc);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, float *scratch,
                            int64_t n, int64_t vocab, int64_t width, long long *badPos,
                            cudaStream_t s) {
-  const T *dy = cp<T>(dyv);
   T *dtable = mp<T>(dtablev);
-  if (cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(float) * vocab * width, s))
+  if (cudaError_t e = cudaMemsetAsync(dtable, 0, sizeof(T) * vocab * width, s))
     return e;
-  if (cudaError_t e = forEach(width, s, [=] __device__(int64_t c) {
-        for (int64_t r = 0; r < n; ++r) { // in id order, as the CPU kernel
-          int32_t id = ids[r];
-          if (id < 0 || id >= vocab) {
-            if (c == 0)
-              atomicMin(badPos, (long long)r);
-            continue;
-          }
-          acc[(int64_t)id * width + c] += ld(dy + r * width + c);
-        }
-      }))
+  if (n <= 0)
+    return cudaSuccess;
+  if (n > INT32_MAX || vocab >= (int64_t)UINT32_MAX)
+    return cudaErrorInvalidValue;
+  int64_t padded = embedKeys(n);
+  auto *keys = reinterpret_cast<uint64_t *>(scratch); // 2 floats a key
+  embedKeysKernel<<<gridFor(padded), kThreads, 0, s>>>(ids, keys, n, padded, vocab, badPos);
+  if (cudaError_t e = cudaGetLastError())
     return e;
-  return forEach(vocab * width, s, [=] __device__(int64_t i) { st(dtable + i, acc[i]); });
+  for (int64_t k = 2; k <= padded; k <<= 1)
+    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+      bitonicStep<<<gridFor(padded), kThreads, 0, s>>>(keys, padded, k, j);
+      if (cudaError_t e = cudaGetLastError())
+        return e;
+    }
+  unsigned blocks = (unsigned)std::min<int64_t>(n, 65535);
+  embedSumRuns<T><<<blocks, kThreads, 0, s>>>(keys, cp<T>(dyv), dtable, n, vocab, width);
+  return cudaGetLastError();
 }
 
 // --- row-wise --------------------------------------------------------------------
@@ -725,7 +800,7 @@ cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *
                       int64_t vocab, int64_t width, long long *badPos, cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, embeddingT, table, ids, y, n, vocab, width, badPos, s);
 }
-int64_t embeddingGradScratch(int64_t vocab, int64_t width) { return vocab * width; }
+int64_t embeddingGradScratch(int64_t n) { return 2 * embedKeys(std::max<int64_t>(n, 1)); }
 cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
                           float *scratch, int64_t n, int64_t vocab, int64_t width,
                           long long *badPos, cudaStream_t s) {

@@ -64,9 +64,11 @@ cudaError_t place(FloatKind t, const void *x, void *y, int64_t outer, int64_t fu
 /// Rows of a table in dtype t (ids as CudaKernels.h's embedding).
 cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *y, int64_t n,
                       int64_t vocab, int64_t width, long long *badPos, cudaStream_t s);
-/// Floats of scratch embeddingGrad needs (an f32 table).
-int64_t embeddingGradScratch(int64_t vocab, int64_t width);
-/// Accumulates in f32 scratch per column in id order, rounds once.
+/// Floats of scratch embeddingGrad needs for n ids (sort keys).
+int64_t embeddingGradScratch(int64_t n);
+/// Sums each id's rows in f32 in row order (the CPU kernel's order),
+/// rounds once: the ids sorted with their rows, a block per id
+/// (CudaNative.cu).
 cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
                           float *scratch, int64_t n, int64_t vocab, int64_t width,
                           long long *badPos, cudaStream_t s);

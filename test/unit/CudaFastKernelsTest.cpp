@@ -276,7 +276,7 @@ TEST_F(CudaFastKernelsTest, Bf16EmbeddingAndItsGradient) {
   for (int64_t i = 0; i < n; ++i)
     ids[i] = (int32_t)((i * 7) % vocab);
   Dev<uint16_t> bt(table.bits), bdy(dy.bits), by(n * width), bdt(vocab * width);
-  Dev<float> fdy(dy.wide), fdt(vocab * width), scratch(nat::embeddingGradScratch(vocab, width));
+  Dev<float> fdy(dy.wide), fdt(vocab * width), scratch(nat::embeddingGradScratch(n));
   Dev<int32_t> dids(ids);
   Dev<long long> bad(std::vector<long long>{LLONG_MAX});
   ASSERT_EQ(nat::embedding(FloatKind::BF16, bt.get(), dids.get(), by.get(), n, vocab, width,
@@ -292,6 +292,47 @@ TEST_F(CudaFastKernelsTest, Bf16EmbeddingAndItsGradient) {
             cudaSuccess);
   expectBitwise(bdt.host(), roundOnGpu(fdt, vocab * width), "embedding_grad");
   EXPECT_EQ(bad.host()[0], LLONG_MAX);
+}
+
+TEST_F(CudaFastKernelsTest, EmbeddingGradientSortedRunsAreTheReferenceBitwise) {
+  // The sorted kernel sums each id's rows in row order in f32, as the
+  // reference (one thread per column over every row, CudaKernels.h) and
+  // the CPU: the same bits. n not a power of two and past one block of
+  // the sort, one id taking a third of the rows (a run longer than the
+  // eight-row prefetch), ids never seen (their rows zero), and out-of-range
+  // ids reported at their first position and skipped.
+  const int64_t vocab = 300, width = 40, n = 5000;
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i)
+    ids[i] = i % 3 == 0 ? 17 : (int32_t)((i * 131) % 250);
+  ids[4321] = 300; // out of range: reported, skipped
+  ids[4400] = -2;
+  auto dy = randomVec(n * width, 91);
+  Dev<int32_t> dids(ids);
+  Dev<float> fdy(dy), ref(vocab * width), got(vocab * width),
+      scratch(nat::embeddingGradScratch(n));
+  Dev<long long> badRef(std::vector<long long>{LLONG_MAX}), bad(std::vector<long long>{LLONG_MAX});
+  ASSERT_EQ(gpu::embeddingGrad(dids.get(), fdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(nat::embeddingGrad(FloatKind::F32, dids.get(), fdy.get(), got.get(), scratch.get(), n,
+                               vocab, width, bad.get(), 0),
+            cudaSuccess);
+  expectBitwise(got.host(), ref.host(), "sorted embedding_grad (f32)");
+  EXPECT_EQ(bad.host()[0], 4321);
+  EXPECT_EQ(badRef.host()[0], 4321);
+  auto g = got.host();
+  for (int64_t c = 0; c < width; ++c)
+    EXPECT_EQ(g[299 * width + c], 0.f) << "an id never seen: zero";
+  // bf16 storage: the f32 sums rounded once.
+  Bf16Vec dyb(dy);
+  Dev<uint16_t> bdy(dyb.bits), bgot(vocab * width);
+  Dev<float> wdy(dyb.wide);
+  ASSERT_EQ(gpu::embeddingGrad(dids.get(), wdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
+            cudaSuccess);
+  ASSERT_EQ(nat::embeddingGrad(FloatKind::BF16, dids.get(), bdy.get(), bgot.get(), scratch.get(),
+                               n, vocab, width, bad.get(), 0),
+            cudaSuccess);
+  expectBitwise(bgot.host(), roundOnGpu(ref, vocab * width), "sorted embedding_grad (bf16)");
 }
 
 TEST_F(CudaFastKernelsTest, Bf16RowwiseSoftmaxLayerNormAgainstCpu) {
@@ -383,8 +424,9 @@ TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
   for (bool staged : {false, true}) {
   gpu::Gemm gemm;
   ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
-  if (staged)
+  if (staged) {
     ASSERT_TRUE(gemm.reserveStaging(1 << 20).isOk());
+  }
   for (auto [batch, m, n, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 48, 80},
                                 {3, 5, 7, 9},
                                 {1, 256, 768, 768},
