@@ -1058,40 +1058,9 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     auto sx = op.in(0).shape;
     auto perm = op.iv("perm");
     out = fromCuda([=](cudaStream_t s) { return transpose(x, sx, perm, y, s); }, n);
-  } else if (n == "slice" || n == "slice_grad") {
-    bool grad = n == "slice_grad";
-    const Buffer &whole = grad ? o0 : op.in(0), &part = grad ? op.in(0) : o0;
-    int64_t dim = op.i("dim", 0), outer, inner, off = op.i("offset", 0);
-    rules::around(whole.shape, dim, outer, inner);
-    int64_t full = whole.shape[dim], len = part.shape[dim];
-    const float *x = r.in(0);
-    float *y = r.out(0);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return grad ? sliceGrad(x, y, outer, full, len, inner, off, s)
-                      : slice(x, y, outer, full, len, inner, off, s);
-        },
-        n);
-  } else if (n == "concat") {
-    int64_t dim = op.i("dim", 0), outer, inner;
-    rules::around(o0.shape, dim, outer, inner);
-    int64_t full = o0.shape[dim];
-    std::vector<std::tuple<const float *, int64_t, int64_t>> parts; // ptr, len, offset
-    int64_t off = 0;
-    for (size_t i = 0; i < op.inst.in.size(); ++i) {
-      int64_t len = op.in(i).shape[dim];
-      parts.emplace_back(r.in(i), len, off);
-      off += len;
-    }
-    float *y = r.out(0);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          for (auto [p, len, o] : parts)
-            if (cudaError_t e = place(p, y, outer, full, len, inner, o, s))
-              return e;
-          return cudaSuccess;
-        },
-        n);
+  } else if (n == "slice" || n == "slice_grad" || n == "concat") {
+    // The native kernels' pitched copies (CudaNative.cu), f32 too.
+    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "reduce_sum" || n == "reduce_mean") {
     rules::Shape kept = op.in(0).shape;
     int64_t count = 1;

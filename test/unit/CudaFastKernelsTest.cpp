@@ -267,6 +267,22 @@ TEST_F(CudaFastKernelsTest, Bf16BroadcastBiasSumToAndDataMovement) {
             cudaSuccess);
   ASSERT_EQ(gpu::transpose(fbig.get(), so, {2, 0, 1}, fout.get(), 0), cudaSuccess);
   expectBitwise(bout.host(), roundOnGpu(fout, 96), "transpose");
+  // Rows of 64 bytes and more go through pitched copies (a q/k/v split:
+  // [37, 3 x 48] -> the middle [37, 48], and back into a zeroed whole):
+  // the same elements as the per-element kernel of the f32 path.
+  const int64_t rows = 37, part = 48;
+  Bf16Vec qkv(randomVec(rows * 3 * part, 5));
+  Dev<uint16_t> bq(qkv.bits), bk(rows * part), bg(rows * 3 * part);
+  Dev<float> fq(qkv.wide), fk(rows * part), fg(rows * 3 * part);
+  ASSERT_EQ(nat::slice(FloatKind::BF16, bq.get(), bk.get(), rows, 3 * part, part, 1, part, 0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::slice(fq.get(), fk.get(), rows, 3 * part, part, 1, part, 0), cudaSuccess);
+  expectBitwise(bk.host(), roundOnGpu(fk, rows * part), "slice, pitched");
+  ASSERT_EQ(nat::sliceGrad(FloatKind::BF16, bk.get(), bg.get(), rows, 3 * part, part, 1, part,
+                           0),
+            cudaSuccess);
+  ASSERT_EQ(gpu::sliceGrad(fk.get(), fg.get(), rows, 3 * part, part, 1, part, 0), cudaSuccess);
+  expectBitwise(bg.host(), roundOnGpu(fg, rows * 3 * part), "slice_grad, pitched");
 }
 
 TEST_F(CudaFastKernelsTest, Bf16EmbeddingAndItsGradient) {
