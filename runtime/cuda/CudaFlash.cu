@@ -425,7 +425,9 @@ cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y
 // accumulators, so only the K/V (forward, dq) or Q/dY (dk/dv) tile loads
 // need the whole block. Elementwise work (scaling, masks, exp, the running
 // max and sum) reads the f32 products from shared memory, two lanes per
-// row. The products' operands are the stored bf16 / f16 values, exact
+// row taking alternate columns (adjacent banks). The kernels are compiled
+// for D = 64 and 128 as constants (every loop over D unrolled) and for
+// any other D at run time. The products' operands are the stored bf16 / f16 values, exact
 // in f32; the probabilities P and the score gradients dS are rounded to
 // the storage type before they multiply V, dY, K or Q (FlashAttention-2
 // does the same), one rounding each: docs/RUNTIME.md and
@@ -455,9 +457,9 @@ using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
 /// into a kTile x D shared tile of the storage type, row stride ld
 /// (D + 8); rows past T are 0.
 template <typename T>
-__device__ void loadTileTc(T *dst, const T *src, const Dims &a, int64_t b, int64_t r0,
-                           int64_t ldRow, int64_t col, int ld) {
-  int D = (int)a.D;
+__device__ __forceinline__ void loadTileTc(T *dst, const T *src, const Dims &a, int64_t b,
+                                           int64_t r0, int64_t ldRow, int64_t col, int ld,
+                                           int D) {
   // 16-byte moves (8 elements) where the source rows allow them: D is a
   // multiple of 16 here and ld = D + 8, so every shared row starts 16-byte
   // aligned. One 2-byte load per element (and a division per element) made
@@ -500,7 +502,7 @@ __device__ void loadTileTc(T *dst, const T *src, const Dims &a, int64_t b, int64
 /// times B^T, B the 64 x D tile b (stride ldb): the warp's 16 rows of
 /// A B^T.
 template <typename T>
-__device__ void productABt(float *out, const T *a, int lda, const T *b, int ldb, int D) {
+__device__ __forceinline__ void productABt(float *out, const T *a, int lda, const T *b, int ldb, int D) {
 #pragma unroll
   for (int n = 0; n < kTile / 16; ++n) {
     FragC acc;
@@ -519,7 +521,7 @@ __device__ void productABt(float *out, const T *a, int lda, const T *b, int ldb,
 /// acc[n] += A (the warp's 16 x 64 rows of p, stride kLdP) times the
 /// 64 x D tile b (stride ldb), for n < D / 16.
 template <typename T>
-__device__ void accumulateAB(FragC (&acc)[kMaxHeadDim / 16], const T *p, const T *b, int ldb,
+__device__ __forceinline__ void accumulateAB(FragC (&acc)[kMaxHeadDim / 16], const T *p, const T *b, int ldb,
                              int D) {
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
@@ -549,11 +551,12 @@ size_t tcDkvSmem(int64_t D) {
          2 * sizeof(uint16_t) * kTile * kLdP + 2 * sizeof(float) * kTile;
 }
 
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsTc)
     forwardTcKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
   extern __shared__ __align__(128) unsigned char smTc[];
-  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  // KD: the head dimension at compile time (64, 128), 0: at run time.
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8, LDO = D + 4;
   T *Qs = reinterpret_cast<T *>(smTc), *Ks = Qs + kTile * LDT, *Vs = Ks + kTile * LDT;
   float *Ss = reinterpret_cast<float *>(Vs + kTile * LDT);
   T *Ps = reinterpret_cast<T *>(Ss + kTile * kLdS);
@@ -565,7 +568,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int r = warp * 16 + lane / 2, side = lane % 2; // this lane's row, which half of its columns
   int64_t t0 = qt * kTile, trow = t0 + r;
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
   for (int i = threadIdx.x; i < kTile * LDO; i += blockDim.x)
     Os[i] = 0.f;
   for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
@@ -575,15 +578,15 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads(); // Q, O, m, l ready; the previous K, V no longer read
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
     __syncthreads();
     productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
     __syncwarp();
     float *srow = Ss + r * kLdS;
     float tmax = -INFINITY;
     for (int c = 0; c < kTile / 2; ++c) {
-      int j = side * (kTile / 2) + c;
+      int j = 2 * c + side; // interleaved: the two lanes of a row in adjacent banks
       int64_t jj = j0 + j;
       bool ok = jj < a.T && (!a.causal || jj <= trow);
       float sc = ok ? srow[j] * a.scale : -INFINITY;
@@ -595,7 +598,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     float alpha = m == -INFINITY ? 0.f : expf(m - mNew);
     float psum = 0.f;
     for (int c = 0; c < kTile / 2; ++c) {
-      int j = side * (kTile / 2) + c;
+      int j = 2 * c + side; // interleaved: the two lanes of a row in adjacent banks
       float p = srow[j] == -INFINITY ? 0.f : expf(srow[j] - mNew);
       Ps[r * kLdP + j] = cvt<T>(p);
       psum += p;
@@ -633,12 +636,13 @@ __global__ void __launch_bounds__(kThreadsTc)
 
 /// dq over one (b, h, query tile) on the tensor cores:
 /// dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsTc)
     dqTcKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                const float *delta, T *dq) {
   extern __shared__ __align__(128) unsigned char smTc[];
-  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  // KD: the head dimension at compile time (64, 128), 0: at run time.
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8, LDO = D + 4;
   T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *Ks = DYs + kTile * LDT,
     *Vs = Ks + kTile * LDT;
   float *Ss = reinterpret_cast<float *>(Vs + kTile * LDT), *DPs = Ss + kTile * kLdS;
@@ -653,8 +657,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   bool valid = trow < a.T;
   int64_t sr = (b * a.H + h) * a.T + trow;
   float lr = valid ? lse[sr] : 0.f, dl = valid ? delta[sr] : 0.f;
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
-  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT);
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
   FragC acc[kMaxHeadDim / 16];
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
@@ -662,14 +666,14 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads();
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
     __syncthreads();
     productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
     productABt(DPs + warp * 16 * kLdS, DYs + warp * 16 * LDT, LDT, Vs, LDT, D);
     __syncwarp();
     for (int c = 0; c < kTile / 2; ++c) {
-      int j = side * (kTile / 2) + c;
+      int j = 2 * c + side; // interleaved: the two lanes of a row in adjacent banks
       int64_t jj = j0 + j;
       bool ok = valid && jj < a.T && (!a.causal || jj <= trow);
       float ds = 0.f;
@@ -698,12 +702,13 @@ __global__ void __launch_bounds__(kThreadsTc)
 /// in order: dv_j = sum_t p_tj dy_t, dk_j = scale sum_t p_tj (dy_t . v_j -
 /// delta_t) q_t. The warp's rows are key rows: it forms S^T = K Q^T and
 /// dP^T = V dY^T, so P^T and dS^T multiply dY and Q directly.
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsTc)
     dkvTcKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                 const float *delta, T *dk, T *dv) {
   extern __shared__ __align__(128) unsigned char smTc[];
-  int D = (int)a.D, LDT = D + 8, LDO = D + 4;
+  // KD: the head dimension at compile time (64, 128), 0: at run time.
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8, LDO = D + 4;
   T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *Qs = Vs + kTile * LDT,
     *DYs = Qs + kTile * LDT;
   float *Ss = reinterpret_cast<float *>(DYs + kTile * LDT), *DPs = Ss + kTile * kLdS;
@@ -716,8 +721,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   int r = warp * 16 + lane / 2, side = lane % 2; // r: a key row
   int64_t j0 = kt * kTile, jj = j0 + r;
   bool valid = jj < a.T;
-  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT);
-  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT);
+  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
   FragC accK[kMaxHeadDim / 16], accV[kMaxHeadDim / 16];
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
@@ -730,8 +735,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
       int64_t t0 = qt * kTile;
       __syncthreads(); // the previous query tile is no longer read
-      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT);
-      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT);
+      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
       for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
         int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
         Lq[i] = t < a.T ? lse[sr] : 0.f;
@@ -742,7 +747,7 @@ __global__ void __launch_bounds__(kThreadsTc)
       productABt(DPs + warp * 16 * kLdS, Vs + warp * 16 * LDT, LDT, DYs, LDT, D);
       __syncwarp();
       for (int c = 0; c < kTile / 2; ++c) {
-        int tr = side * (kTile / 2) + c;
+        int tr = 2 * c + side; // interleaved, as in the forward
         int64_t tt = t0 + tr;
         bool ok = valid && tt < a.T && (!a.causal || jj <= tt);
         float p = 0.f, ds = 0.f;
@@ -782,15 +787,19 @@ __global__ void __launch_bounds__(kThreadsTc)
 template <typename T>
 cudaError_t forwardTc(const void *q, const void *k, const void *v, void *y, float *lse,
                       const Dims &a, cudaStream_t s) {
-  return launchForward<T>(forwardTcKernel<T>, tcFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a,
-                          s);
+  auto kernel = a.D == 64 ? forwardTcKernel<T, 64> : a.D == 128 ? forwardTcKernel<T, 128>
+                                                                : forwardTcKernel<T, 0>;
+  return launchForward<T>(kernel, tcFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a, s);
 }
 
 template <typename T>
 cudaError_t backwardTc(const void *q, const void *k, const void *v, const void *y,
                        const float *lse, const void *dy, void *dq, void *dk, void *dv,
                        float *delta, const Dims &a, cudaStream_t s) {
-  return launchBackward<T>(dqTcKernel<T>, tcDqSmem(a.D), dkvTcKernel<T>, tcDkvSmem(a.D),
+  auto dq64 = a.D == 64 ? dqTcKernel<T, 64> : a.D == 128 ? dqTcKernel<T, 128> : dqTcKernel<T, 0>;
+  auto dkv64 =
+      a.D == 64 ? dkvTcKernel<T, 64> : a.D == 128 ? dkvTcKernel<T, 128> : dkvTcKernel<T, 0>;
+  return launchBackward<T>(dq64, tcDqSmem(a.D), dkv64, tcDkvSmem(a.D),
                            kThreadsTc, q, k, v, y, lse, dy, dq, dk, dv, delta, a, s);
 }
 
