@@ -74,9 +74,9 @@ Dims dims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal, int64_t k
 /// Loads rows r0.. of a [B, T, ld] tensor's head slice (b, column offset
 /// col) into a kTile x D shared tile with stride D + 1; rows past T are 0.
 template <typename T>
-__device__ void loadTile(float *dst, const T *src, const Dims &a, int64_t b, int64_t r0,
-                         int64_t ldRow, int64_t col) {
-  int64_t D = a.D, SD = D + 1;
+__device__ __forceinline__ void loadTile(float *dst, const T *src, const Dims &a, int64_t b,
+                                         int64_t r0, int64_t ldRow, int64_t col, int64_t D) {
+  int64_t SD = D + 1;
   // f32 operands: 16-byte loads (4 elements), all of a thread's issued
   // before its first store (at most 8 a thread), where the rows allow.
   if (sizeof(T) == 4 && D % 4 == 0 && ldRow % 4 == 0 && col % 4 == 0 &&
@@ -125,11 +125,11 @@ __device__ __forceinline__ float dotShared(const float *x, const float *y, int64
 
 /// The forward pass over one (b, h, query tile). Writes y and the row
 /// log-sum-exp (when lse is not null).
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     forwardKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
   extern __shared__ float sm[];
-  int64_t D = a.D, SD = D + 1;
+  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
   float *Qs = sm, *Ks = Qs + kTile * SD, *Vs = Ks + kTile * SD, *Ps = Vs + kTile * SD;
   // Longest (causal) tiles first: they start in the first wave.
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kvh = h / (a.H / a.KV);
   int row = threadIdx.x / kParts, part = threadIdx.x % kParts;
   int64_t t0 = qt * kTile, trow = t0 + row;
-  loadTile(Qs, q, a, b, t0, a.C, h * D);
+  loadTile(Qs, q, a, b, t0, a.C, h * D, D);
   float m = -INFINITY, l = 0.f, o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads(); // the previous tile's K, V, P are no longer read
-    loadTile(Ks, k, a, b, j0, a.KC, kvh * D);
-    loadTile(Vs, v, a, b, j0, a.KC, kvh * D);
+    loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
+    loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
     __syncthreads();
     float sc[kCols], tmax = -INFINITY;
 #pragma unroll
@@ -212,12 +212,12 @@ __global__ void deltaKernel(Dims a, const T *y, const T *dy, float *delta) {
 }
 
 /// dq over one (b, h, query tile): dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     dqKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
              const float *delta, T *dq) {
   extern __shared__ float sm[];
-  int64_t D = a.D, SD = D + 1;
+  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
   float *Qs = sm, *DYs = Qs + kTile * SD, *Ks = DYs + kTile * SD, *Vs = Ks + kTile * SD,
         *DSs = Vs + kTile * SD;
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kThreadsF)
   bool valid = trow < a.T;
   int64_t sr = (b * a.H + h) * a.T + trow;
   float lr = valid ? lse[sr] : 0.f, dl = valid ? delta[sr] : 0.f;
-  loadTile(Qs, q, a, b, t0, a.C, h * D);
-  loadTile(DYs, dy, a, b, t0, a.C, h * D);
+  loadTile(Qs, q, a, b, t0, a.C, h * D, D);
+  loadTile(DYs, dy, a, b, t0, a.C, h * D, D);
   float acc[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads();
-    loadTile(Ks, k, a, b, j0, a.KC, kvh * D);
-    loadTile(Vs, v, a, b, j0, a.KC, kvh * D);
+    loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
+    loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
@@ -276,12 +276,12 @@ __global__ void __launch_bounds__(kThreadsF)
 /// dk, dv over one (b, kv head, key tile): over the query heads of the
 /// group, then the query tiles that see the key tile, in order:
 /// dv_j = sum_t p_tj dy_t, dk_j = scale sum_t p_tj (dy_t . v_j - delta_t) q_t.
-template <typename T>
+template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     dkvKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
               const float *delta, T *dk, T *dv) {
   extern __shared__ float sm[];
-  int64_t D = a.D, SD = D + 1;
+  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
   float *Ks = sm, *Vs = Ks + kTile * SD, *Qs = Vs + kTile * SD, *DYs = Qs + kTile * SD,
         *Ps = DYs + kTile * SD, *DSs = Ps + kTile * (kTile + 1), *Ls = DSs + kTile * (kTile + 1),
         *Dl = Ls + kTile;
@@ -290,8 +290,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int row = threadIdx.x / kParts, part = threadIdx.x % kParts;
   int64_t j0 = kt * kTile, jj = j0 + row;
   bool valid = jj < a.T;
-  loadTile(Ks, k, a, b, j0, a.KC, kvh * D);
-  loadTile(Vs, v, a, b, j0, a.KC, kvh * D);
+  loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
+  loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
   float accK[kDims], accV[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -302,8 +302,8 @@ __global__ void __launch_bounds__(kThreadsF)
     for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
       int64_t t0 = qt * kTile;
       __syncthreads(); // the previous query tile is no longer read
-      loadTile(Qs, q, a, b, t0, a.C, h * D);
-      loadTile(DYs, dy, a, b, t0, a.C, h * D);
+      loadTile(Qs, q, a, b, t0, a.C, h * D, D);
+      loadTile(DYs, dy, a, b, t0, a.C, h * D, D);
       for (int64_t i = threadIdx.x; i < kTile; i += blockDim.x) {
         int64_t t = t0 + i, r = (b * a.H + h) * a.T + t;
         Ls[i] = t < a.T ? lse[r] : 0.f;
@@ -405,14 +405,18 @@ cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv
 template <typename T>
 cudaError_t forwardT(const void *q, const void *k, const void *v, void *y, float *lse,
                      const Dims &a, cudaStream_t s) {
-  return launchForward<T>(forwardKernel<T>, fwdSmem(a.D), kThreadsF, q, k, v, y, lse, a, s);
+  auto kernel = a.D == 64 ? forwardKernel<T, 64> : a.D == 128 ? forwardKernel<T, 128>
+                                                              : forwardKernel<T, 0>;
+  return launchForward<T>(kernel, fwdSmem(a.D), kThreadsF, q, k, v, y, lse, a, s);
 }
 
 template <typename T>
 cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y,
                       const float *lse, const void *dy, void *dq, void *dk, void *dv,
                       float *delta, const Dims &a, cudaStream_t s) {
-  return launchBackward<T>(dqKernel<T>, dqSmem(a.D), dkvKernel<T>, dkvSmem(a.D), kThreadsF, q,
+  auto dqK = a.D == 64 ? dqKernel<T, 64> : a.D == 128 ? dqKernel<T, 128> : dqKernel<T, 0>;
+  auto dkvK = a.D == 64 ? dkvKernel<T, 64> : a.D == 128 ? dkvKernel<T, 128> : dkvKernel<T, 0>;
+  return launchBackward<T>(dqK, dqSmem(a.D), dkvK, dkvSmem(a.D), kThreadsF, q,
                            k, v, y, lse, dy, dq, dk, dv, delta, a, s);
 }
 
