@@ -83,6 +83,6 @@ done
 # checkpoint resume, stages 0-3 at N = 2, 3, 4 host-staged, bf16 oracle),
 # run there by gpu-check.sh with --gpu.
 python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
-mkdir -p "$K/bench" && cp bench/gpt2_gpu.py "$K/bench/"
+mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py "$K/bench/"
 cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
 du -sh "$K"
