@@ -110,7 +110,13 @@ def main():
     gpt = os.path.join(ROOT, "examples", "gpt_small.mlir")
 
     # cpu-vs-cuda: the MLP and the GPT, f32.
-    for model, name, lr in ((mlp(24), "mlp", 1e-2), (gpt, "gpt", 3e-3)):
+    # The MLP at lr 1e-3: at 1e-2 its training is chaotic (a loss at ln 2,
+    # AdamW's normalized steps on near-zero gradients): the CPU against
+    # itself with another OpenBLAS kernel differed by 6.9e-2 over 20 steps
+    # with clipping (1.1e-5 over 10 without), and the H100 by 1.9e-2 (issue
+    # 9's first GPU run of this script); at 1e-3 the CPU against itself is
+    # within 1e-7, so 1e-5 measures the backend, not the conditioning.
+    for model, name, lr in ((mlp(24), "mlp", 1e-3), (gpt, "gpt", 3e-3)):
         plan = compile_plan(model, name, "optimizer=adamw max-grad-norm=1.0")
         check(f"cpu-vs-cuda {name}", run(plan, f"{name}_cuda", 20, lr),
               run(plan, f"{name}_cpu", 20, lr, device="cpu"), 1e-5)
@@ -150,14 +156,14 @@ def main():
 
     # staged N: stages 0-3 at N = 2, 3, 4 on the one device.
     one = compile_plan(mlp(24), "mlp1", "optimizer=adamw")
-    ref = run(one, "mlp1", 10, 1e-2)
+    ref = run(one, "mlp1", 10, 1e-3)
     for n in (2, 3, 4):
         model = mlp(24 // n)
         for stage in (0, 1, 2, 3):
             plan = compile_plan(model, f"mlp_n{n}_s{stage}",
                                 f"optimizer=adamw world-size={n} stage={stage}")
             check(f"staged N={n} stage {stage}",
-                  run(plan, f"mlp_n{n}_s{stage}", 10, 1e-2, nproc=n,
+                  run(plan, f"mlp_n{n}_s{stage}", 10, 1e-3, nproc=n,
                       env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
 
     # nccl: four emulated GPUs, one per rank (a real run needs four GPUs).
@@ -166,11 +172,11 @@ def main():
     nccl = {"CUDAEMU_DEVICES": "4", "FSDP_CUDA_COMM": "nccl"}
     model = mlp(6)
     z3 = compile_plan(model, "nccl_z3", "optimizer=adamw world-size=4 stage=3")
-    eager = run(z3, "nccl_z3", 10, 1e-2, nproc=4, env=nccl)
+    eager = run(z3, "nccl_z3", 10, 1e-3, nproc=4, env=nccl)
     check("nccl N=4 stage 3", eager, ref, 1e-5)
     hsdp = compile_plan(model, "nccl_hsdp", "optimizer=adamw world-size=4 mesh=2x2 stage=3")
-    check("nccl N=4 mesh 2x2", run(hsdp, "nccl_hsdp", 10, 1e-2, nproc=4, env=nccl), ref, 1e-5)
-    graphs = run(z3, "nccl_graphs", 10, 1e-2, nproc=4, env=nccl, extra=["--cuda-graphs"])
+    check("nccl N=4 mesh 2x2", run(hsdp, "nccl_hsdp", 10, 1e-3, nproc=4, env=nccl), ref, 1e-5)
+    graphs = run(z3, "nccl_graphs", 10, 1e-3, nproc=4, env=nccl, extra=["--cuda-graphs"])
     if graphs is not None and eager is not None:
         same = graphs == eager
         print(f"nccl --cuda-graphs == eager bitwise: {'ok' if same else 'MISMATCH'}")
