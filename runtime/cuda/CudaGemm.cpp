@@ -403,25 +403,17 @@ void Gemm::stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool tra
 Status Gemm::runStaged(FloatKind t, const void *a, const void *b, void *c, int64_t m,
                        int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
   Operands o = operands(m, n, k, transA, transB);
-  auto *next = static_cast<uint8_t *>(stage_);
-  // An operand whose rows are misaligned is copied into staging with its
-  // rows padded; an aligned one is used where it is (its ld unchanged).
-  auto stageIn = [&](const void *src, int64_t rows, int64_t ld, const void *&use) -> Status {
-    if (ld % 8 == 0) {
-      use = src;
-      return Status::ok();
-    }
-    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(next, (size_t)padded(ld) * 2, src, (size_t)ld * 2,
-                                      (size_t)ld * 2, (size_t)rows, cudaMemcpyDeviceToDevice,
-                                      s));
-    use = next;
-    next += stagedBytes(rows, ld);
-    return Status::ok();
-  };
-  const void *sa, *sb;
-  FSDP_RETURN_IF_ERROR(stageIn(a, o.rowsA, o.ldA, sa));
-  FSDP_RETURN_IF_ERROR(stageIn(b, o.rowsB, o.ldB, sb));
-  void *sc = o.ldC % 8 ? static_cast<void *>(next) : c;
+  // Where each operand is read and C written (stagedPointers, as warm()
+  // planned it); a misaligned operand is first copied there, its rows padded.
+  const void *sa = a, *sb = b;
+  void *sc = c;
+  stagedPointers(m, n, k, transA, transB, sa, sb, sc);
+  for (auto [src, dst, rows, ld] :
+       {std::tuple{a, sa, o.rowsA, o.ldA}, std::tuple{b, sb, o.rowsB, o.ldB}})
+    if (dst != src)
+      FSDP_CUDA_CHECK(cudaMemcpy2DAsync(const_cast<void *>(dst), (size_t)padded(ld) * 2, src,
+                                        (size_t)ld * 2, (size_t)ld * 2, (size_t)rows,
+                                        cudaMemcpyDeviceToDevice, s));
   // Every ld is a multiple of 8 now: the padded plan (its lds are the
   // padded row lengths, those of aligned operands unchanged).
   Plan *p;
