@@ -71,6 +71,13 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     mp.lossScaleBackoffFactor = options.lossScaleBackoffFactor;
     pm.addPass(createFsdpMixedPrecision(mp));
   }
+  // After mixed precision (the zero padding is made in the compute dtype),
+  // before autodiff (the padded head's backward is derived by the rules).
+  if (options.padClasses != 0) {
+    FsdpPadClassesOptions pad;
+    pad.multiple = options.padClasses;
+    pm.addPass(createFsdpPadClasses(pad));
+  }
   pm.addPass(createFsdpAutodiff());
   bool searched = false; // fsdp-search-schedule ran (and applied offloads)
   // Accumulation clones the differentiated step; the optimizer and the

@@ -83,6 +83,12 @@ struct FsdpPipelineOptions
       llvm::cl::desc("loss scale factor after an overflow, a power of two "
                      "below 1 (default 0.5)"),
       llvm::cl::init(0.5)};
+  Option<int64_t> padClasses{
+      *this, "pad-classes",
+      llvm::cl::desc("widen a classifier head feeding cross_entropy to a "
+                     "multiple of this many columns (llm.c's 50257 -> 50304: "
+                     "aligned rows for its GEMMs); 0 disables"),
+      llvm::cl::init(64)};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

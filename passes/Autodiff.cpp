@@ -362,7 +362,7 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
         accumulate(o.getLogits(),
                    create<CrossEntropyGradOp>(loc, o.getLogits().getType(),
                                               o.getLogits(), o.getLabels(),
-                                              dy));
+                                              dy, o.getClassesAttr()));
         return success();
       })
       .Case([&](MseLossOp o) {

@@ -92,7 +92,8 @@ int64_t integerRange(Value v) {
       else if (auto e = dyn_cast<EmbeddingOp>(user))
         return cast<RankedTensorType>(e.getTable().getType()).getShape()[0];
       else if (auto c = dyn_cast<CrossEntropyOp>(user))
-        return cast<RankedTensorType>(c.getLogits().getType()).getShape().back();
+        return c.getClasses() ? (int64_t)*c.getClasses()
+                              : cast<RankedTensorType>(c.getLogits().getType()).getShape().back();
     }
   }
   return 0;

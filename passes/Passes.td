@@ -105,6 +105,36 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpPadClasses : Pass<"fsdp-pad-classes", "::mlir::ModuleOp"> {
+  let summary = "widens a classifier head to a multiple of 64 columns";
+  let description = [{
+    llm.c's padded vocabulary (50257 -> 50304), as a rewrite of the model
+    function before fsdp-autodiff: a `matmul` by a [V, C] (or [C, V])
+    weight whose only user is `cross_entropy` (through reshapes) multiplies
+    by the weight concatenated with zero rows up to a multiple of
+    `multiple`, and the cross-entropy gets `classes = V`, which leaves the
+    padding columns out of the softmax and gives them a zero gradient. The
+    loss and every gradient are the unpadded head's; the head's GEMMs and
+    the cross-entropy kernels run on rows of aligned width. Padding is
+    skipped when it would add more than V/16 columns.
+
+    ```mlir
+    %z = fsdp.fill {value = 0.0 : f64} : tensor<5x64xf32>
+    %wp = fsdp.concat %w, %z dim = 0 : (tensor<251x64xf32>, tensor<5x64xf32>) -> tensor<256x64xf32>
+    %l = fsdp.matmul %h, %wp transpose_rhs : (tensor<32x64xf32>, tensor<256x64xf32>) -> tensor<32x256xf32>
+    %ce = fsdp.cross_entropy %l, %y {classes = 251 : i64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+    ```
+  }];
+  let options = [
+    Option<"multiple", "multiple", "int64_t", /*default=*/"64",
+           "pad the class dimension to a multiple of this (0: off)">,
+  ];
+  let statistics = [
+    Statistic<"numPadded", "padded", "Classifier heads padded">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpAutodiff : Pass<"fsdp-autodiff", "::mlir::ModuleOp"> {
   let summary = "derives the training step: loss and every parameter gradient";
   let description = [{

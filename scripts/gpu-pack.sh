@@ -77,6 +77,9 @@ for b in 16 32; do
     "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
       --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=$d plan=$P/gpt2_${d}_b$b.plan report=false"
   done
+  # The LM head unpadded (pad-classes=0: 50257 columns), for comparison.
+  [ $b = 16 ] && "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
+    --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 pad-classes=0 plan=$P/gpt2_bf16_b16_unpadded.plan report=false"
   rm -f "$P/gpt2_b$b.mlir"
 done
 # test/e2e/cuda_emu.py's plans (issue 9's matrix: cpu-vs-cuda, features,

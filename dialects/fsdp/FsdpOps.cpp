@@ -587,6 +587,18 @@ LogicalResult CastOp::verify() {
   return success();
 }
 
+/// `classes = K` on a cross-entropy: the first K of the logits' V columns
+/// are the classes (the rest padding), so 1 <= K <= V.
+static LogicalResult verifyClasses(Operation *op, RankedTensorType logits,
+                                   std::optional<uint64_t> classes) {
+  int64_t v = logits.getShape().back();
+  if (classes && ((int64_t)*classes < 1 || (int64_t)*classes > v))
+    return op->emitOpError() << "classes = " << (int64_t)*classes
+                             << " must lie in [1, " << v
+                             << "] (the logits' last dimension)";
+  return success();
+}
+
 LogicalResult CrossEntropyOp::verify() {
   auto l = rt(getLogits()), y = rt(getLabels());
   if (l.getRank() < 2)
@@ -602,7 +614,17 @@ LogicalResult CrossEntropyOp::verify() {
   // precision) are widened by the kernels, the loss computed in f32 as
   // autocast's float32 cross-entropy computes it from logits.float(),
   // without an f32 copy of them.
-  return success();
+  return verifyClasses(*this, l, getClasses());
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  auto l = rt(getLogits()), y = rt(getLabels());
+  if (l.getRank() < 2 || y.getShape() != l.getShape().drop_back())
+    return emitOpError() << "expected logits [..., classes] and labels of "
+                            "their leading shape, found "
+                         << shapeStr(l.getShape()) << " and "
+                         << shapeStr(y.getShape());
+  return verifyClasses(*this, l, getClasses());
 }
 
 static LogicalResult verifyPairLoss(Operation *op) {

@@ -712,11 +712,18 @@ def Fsdp_CrossEntropyOp : Fsdp_Op<"cross_entropy", [Pure]> {
     `logits` is [..., V] and `labels` has the leading shape [...]; the loss
     is the mean over all positions of `-log softmax(logits)[label]`.
 
+    With `classes = K` (K <= V) only the first K columns are classes: the
+    columns from K on are padding (fsdp-pad-classes widens the LM head's
+    output to a multiple of 64 columns so its GEMMs run on aligned rows),
+    left out of the softmax; labels must lie in [0, K).
+
     ```mlir
     %l = fsdp.cross_entropy %logits, %labels : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+    %p = fsdp.cross_entropy %padded, %labels {classes = 251 : i64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels);
+  let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
+                       OptionalAttr<I64Attr>:$classes);
   let results = (outs Fsdp_Scalar:$result);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -907,16 +914,19 @@ def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
     [Pure, AllTypesMatch<["logits", "result"]>]> {
   let summary = "VJP of cross_entropy: (softmax - onehot) * dloss / count";
   let description = [{
+    `classes` as on cross_entropy: the padding columns' gradient is 0.
+
     ```mlir
     %dl = fsdp.cross_entropy_grad %logits, %labels, %dloss : tensor<32x256xf32>, tensor<32xi32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       Fsdp_Scalar:$grad);
+                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
     $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
   }];
+  let hasVerifier = 1;
 }
 
 class Fsdp_PairLossGradOp<string mnemonic, string sum>

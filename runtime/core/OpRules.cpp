@@ -517,6 +517,10 @@ const std::unordered_map<std::string, Check> &checks() {
         return FSDP_ERROR(op.inst.op, ": expected [..., classes] logits and integer labels");
       Shape lead(l.shape.begin(), l.shape.end() - 1);
       FSDP_RETURN_IF_ERROR(expectShape(op, y, lead, "labels"));
+      int64_t classes = op.i("classes", l.shape.back());
+      if (op.attrError.empty() && (classes < 1 || classes > l.shape.back()))
+        return FSDP_ERROR(op.inst.op, ": classes = ", classes, " must lie in [1, ",
+                          l.shape.back(), "] (the logits' last dimension)");
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
         return expectShape(op, op.out(0), l.shape, "a result");

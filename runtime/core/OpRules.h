@@ -130,6 +130,11 @@ inline int64_t rowsOf(const Buffer &b) {
   return b.numel() / (d > 1 ? d : 1);
 }
 
+/// cross_entropy(_grad)'s classes: the first `classes` columns of each row
+/// of the logits (the rest padding, fsdp-pad-classes); all of them when the
+/// attribute is absent. checkInstruction has checked 1 <= classes <= last dim.
+inline int64_t ceClasses(const Op &op) { return op.i("classes", lastDim(op.in(0))); }
+
 /// matmul dimensions from shapes and flags.
 struct MM {
   int64_t batch, m, n, k;

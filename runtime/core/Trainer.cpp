@@ -854,8 +854,9 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                     (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
                     verdict(plan.memory.hostPeakLive, m.hostPeakLive));
       if (int64_t scratch = device.scratchHighWater())
-        std::printf("f32 scratch for bf16/f16 instructions (outside the arena): "
-                    "%lld B\n", (long long)scratch);
+        std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
+                    "on cuda also the GEMM workspace and staging): %lld B\n",
+                    (long long)scratch);
       if (plan.worldSize > 1)
         std::printf("communication: %s sent per rank per step\n",
                     human((double)commPerStep).c_str());

@@ -25,6 +25,7 @@ namespace fsdp::cpu {
 namespace {
 
 using rules::around;
+using rules::ceClasses;
 using rules::lastDim;
 using rules::matmulDims;
 using rules::MM;
@@ -92,10 +93,10 @@ template <typename I> Status runEmbeddingGrad(const Run &r) {
 
 template <typename I> Status runCrossEntropy(const Run &r, bool grad) {
   const Buffer &l = r.op.in(0);
-  int64_t classes = lastDim(l), rows = rowsOf(l);
-  int64_t bad =
-      grad ? crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(0), rows, classes)
-           : crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes);
+  int64_t stride = lastDim(l), rows = rowsOf(l), classes = ceClasses(r.op);
+  int64_t bad = grad ? crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(0), rows,
+                                                  classes, stride)
+                     : crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride);
   if (bad >= 0)
     return FSDP_ERROR(r.op.inst.op, ": label ", (int64_t)r.in<I>(1)[bad], " at position ", bad,
                       " is outside [0, ", classes, ")");

@@ -734,14 +734,15 @@ void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
 
 template <typename T, typename I>
 int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
-                     int64_t classes) {
+                     int64_t classes, int64_t stride) {
+  stride = stride ? stride : classes;
   for (int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes)
       return r;
   std::vector<double> per(rows);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
-    const T *lr = logits + r * classes;
+    const T *lr = logits + r * stride;
     T mx = *std::max_element(lr, lr + classes);
     T sum = 0;
     for (int64_t c = 0; c < classes; ++c)
@@ -757,18 +758,20 @@ int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
 
 template <typename T, typename I>
 int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
-                         T *dlogits, int64_t rows, int64_t classes) {
+                         T *dlogits, int64_t rows, int64_t classes, int64_t stride) {
+  stride = stride ? stride : classes;
   for (int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes)
       return r;
   T f = *dloss / T(rows);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
-    T *dr = dlogits + r * classes;
-    softmaxRow(logits + r * classes, dr, classes);
+    T *dr = dlogits + r * stride;
+    softmaxRow(logits + r * stride, dr, classes);
     for (int64_t c = 0; c < classes; ++c)
       dr[c] *= f;
     dr[labels[r]] -= f;
+    std::fill(dr + classes, dr + stride, T(0));
   }
   return -1;
 }
@@ -949,13 +952,13 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
   template void sliceGrad<T>(const T *, T *, int64_t, int64_t, int64_t,        \
                              int64_t, int64_t);                                \
   template int64_t crossEntropy<T, int32_t>(const T *, const int32_t *, T *,   \
-                                            int64_t, int64_t);                 \
+                                            int64_t, int64_t, int64_t);        \
   template int64_t crossEntropy<T, int64_t>(const T *, const int64_t *, T *,   \
-                                            int64_t, int64_t);                 \
+                                            int64_t, int64_t, int64_t);        \
   template int64_t crossEntropyGrad<T, int32_t>(                               \
-      const T *, const int32_t *, const T *, T *, int64_t, int64_t);           \
+      const T *, const int32_t *, const T *, T *, int64_t, int64_t, int64_t);  \
   template int64_t crossEntropyGrad<T, int64_t>(                               \
-      const T *, const int64_t *, const T *, T *, int64_t, int64_t);           \
+      const T *, const int64_t *, const T *, T *, int64_t, int64_t, int64_t);  \
   template void mseLoss<T>(const T *, const T *, T *, int64_t);                \
   template void mseLossGrad<T>(const T *, const T *, const T *, T *, int64_t); \
   template void bceWithLogits<T>(const T *, const T *, T *, int64_t);          \

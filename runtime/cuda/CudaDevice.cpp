@@ -449,8 +449,7 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
         f = std::max(f, op.in(i).numel());
   } else if (n == "attention_grad") {
     const auto &s = op.in(0).shape;
-    f = std::max(attentionGradScratch(s[0], s[1], op.i("heads", 1)),
-                 flash::backwardScratch(s[0], s[1], op.i("heads", 1)));
+    f = flash::backwardScratch(s[0], s[1], op.i("heads", 1)); // the tiled kernels run it
   } else if (n == "layer_norm_grad" || n == "layer_norm_grad_acc") {
     f = std::max(2 * rules::rowsOf(op.in(0)),
                  native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
@@ -848,14 +847,16 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
         n);
   } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
     const Buffer &l = op.in(0);
-    int64_t classes = rules::lastDim(l), rows = rules::rowsOf(l);
+    int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
+    int64_t classes = rules::ceClasses(op);
     const void *logits = v(0);
     const int32_t *labels = r.in<int32_t>(1);
     if (n == "cross_entropy") {
       float *y = r.out(0);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return native::crossEntropy(t, logits, labels, y, sd, rows, classes, bad, s);
+            return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad,
+                                        s);
           },
           n);
     } else {
@@ -863,7 +864,8 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
       void *y = w(0);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, bad, s);
+            return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride,
+                                            bad, s);
           },
           n);
     }
@@ -1100,21 +1102,22 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
         n);
   } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
     const Buffer &l = op.in(0);
-    int64_t classes = rules::lastDim(l), rows = rules::rowsOf(l);
+    int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
+    int64_t classes = rules::ceClasses(op);
     const float *logits = r.in(0);
     const int32_t *labels = r.in<int32_t>(1);
     float *y = r.out(0);
     if (n == "cross_entropy")
       out = fromCuda(
           [=](cudaStream_t s) {
-            return crossEntropy(logits, labels, y, sd, rows, classes, bad, s);
+            return crossEntropy(logits, labels, y, sd, rows, classes, stride, bad, s);
           },
           n);
     else {
       const float *dl = r.in(2);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return crossEntropyGrad(logits, labels, dl, y, rows, classes, bad, s);
+            return crossEntropyGrad(logits, labels, dl, y, rows, classes, stride, bad, s);
           },
           n);
     }

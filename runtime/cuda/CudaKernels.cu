@@ -697,10 +697,13 @@ cudaError_t reduceSum(int64_t n, F term, double scale, float *out, double *parti
   return cudaGetLastError();
 }
 
+// Row r of the logits starts at r * stride; its first `classes` columns are
+// the classes, the rest (fsdp-pad-classes' padding) are left out of the
+// softmax and get a zero gradient.
 __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *perRow,
-                            int64_t classes, long long *badPos) {
+                            int64_t classes, int64_t stride, long long *badPos) {
   __shared__ float sh[32];
-  const float *lr = logits + blockIdx.x * classes;
+  const float *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   bool bad = label < 0 || label >= classes;
   float mx, sum;
@@ -713,17 +716,17 @@ __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *
 }
 
 __global__ void ceGradKernel(const float *logits, const int32_t *labels, const float *dloss,
-                             float *dlogits, int64_t rows, int64_t classes,
+                             float *dlogits, int64_t rows, int64_t classes, int64_t stride,
                              long long *badPos) {
   __shared__ float sh[32];
-  const float *lr = logits + blockIdx.x * classes;
-  float *dr = dlogits + blockIdx.x * classes;
+  const float *lr = logits + blockIdx.x * stride;
+  float *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   float mx, sum;
   rowMaxSumExp(lr, classes, sh, mx, sum);
   float f = *dloss / (float)rows;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    dr[c] = expf(lr[c] - mx) / sum * f - (c == label ? f : 0.f);
+  for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
+    dr[c] = c < classes ? expf(lr[c] - mx) / sum * f - (c == label ? f : 0.f) : 0.f;
   if (threadIdx.x == 0 && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
 }
@@ -733,22 +736,23 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
 int64_t reductionScratch() { return kReduceBlocks; }
 
 cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
-                         cudaStream_t s) {
-  if (rows <= 0)
+                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
+                         long long *badPos, cudaStream_t s) {
+  if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, badPos);
+  ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, stride,
+                                                  badPos);
   finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
   return cudaGetLastError();
 }
 
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
-                             float *dlogits, int64_t rows, int64_t classes,
+                             float *dlogits, int64_t rows, int64_t classes, int64_t stride,
                              long long *badPos, cudaStream_t s) {
-  if (rows <= 0)
+  if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   ceGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, dloss, dlogits, rows,
-                                                   classes, badPos);
+                                                   classes, stride, badPos);
   return cudaGetLastError();
 }
 

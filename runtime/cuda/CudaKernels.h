@@ -132,13 +132,15 @@ cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t
                   int64_t inner, int64_t offset, cudaStream_t s);
 
 /// Mean cross-entropy over rows into *loss; a label outside [0, classes)
-/// records its row in *badPos. `scratch`: rows doubles (per-row losses,
-/// summed in a fixed order).
+/// records its row in *badPos. Row r starts at r * stride (stride >=
+/// classes: columns from `classes` on are padding, outside the softmax,
+/// and their gradient is written as 0). `scratch`: rows doubles (per-row
+/// losses, summed in a fixed order).
 cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
-                         cudaStream_t s);
+                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
+                         long long *badPos, cudaStream_t s);
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
-                             float *dlogits, int64_t rows, int64_t classes,
+                             float *dlogits, int64_t rows, int64_t classes, int64_t stride,
                              long long *badPos, cudaStream_t s);
 /// `partial`: reductionScratch() doubles (fixed-order two-stage sums).
 int64_t reductionScratch();

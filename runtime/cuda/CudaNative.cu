@@ -618,17 +618,61 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
-template <typename T>
+/// Folds v into a thread's running (max, sum of exp(x - max)).
+__device__ __forceinline__ void absorb(MaxSum &a, float v) {
+  if (v > a.m) {
+    a.s = a.s * expf(a.m - v) + 1.f;
+    a.m = v;
+  } else if (v != -INFINITY) { // exp(-inf) adds 0; -inf - -inf would be NaN
+    a.s += expf(v - a.m);
+  }
+}
+
+/// 16 bytes of a row: kVec<T> elements, loaded or stored as one uint4
+/// (moved to and from T[] by memcpy, not by a cast pointer: reading a
+/// uint4 through a T* is undefined, and the emulator's host compiler did
+/// miscompile it).
+template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
+template <typename T> __device__ __forceinline__ void ld16(const T *p, float *v) {
+  uint4 u = *reinterpret_cast<const uint4 *>(p);
+  T e[kVec<T>];
+  memcpy(e, &u, sizeof(u));
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    v[i] = ld(e + i);
+}
+template <typename T> __device__ __forceinline__ void st16(T *p, const float *v) {
+  T e[kVec<T>];
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    st(e + i, v[i]);
+  uint4 u;
+  memcpy(&u, e, sizeof(u));
+  *reinterpret_cast<uint4 *>(p) = u;
+}
+
+/// The block's (max, sum of exp) over xr[0, cols). Vec: xr is 16-byte
+/// aligned and readable up to cols rounded up to kVec<T> (a padded row):
+/// each thread reads 16-byte chunks, the elements past cols skipped.
+/// Threads combine in a fixed order (lanes by butterfly, then warps in
+/// index order).
+template <bool Vec, typename T>
 __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
   MaxSum a{-INFINITY, 0.f};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = ld(xr + c);
-    if (v > a.m) {
-      a.s = a.s * expf(a.m - v) + 1.f;
-      a.m = v;
-    } else if (v != -INFINITY) { // exp(-inf) adds 0; -inf - -inf would be NaN
-      a.s += expf(v - a.m);
+  if constexpr (Vec) {
+    constexpr int N = kVec<T>;
+    int64_t chunks = (cols + N - 1) / N;
+    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+      float v[N];
+      ld16(xr + k * N, v);
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (k * N + i < cols)
+          absorb(a, v[i]);
     }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      absorb(a, ld(xr + c));
   }
   for (int o = 16; o > 0; o >>= 1) {
     MaxSum b{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)};
@@ -645,14 +689,18 @@ __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
   return r;
 }
 
-template <typename T>
+// Row r of the logits starts at r * stride; its first `classes` columns are
+// the classes, the rest (fsdp-pad-classes' padding) are left out of the
+// softmax and get a zero gradient. Vec: stride is a multiple of kVec<T>
+// and the rows are 16-byte aligned (a padded head's rows are).
+template <bool Vec, typename T>
 __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perRow,
-                            int64_t classes, long long *badPos) {
+                            int64_t classes, int64_t stride, long long *badPos) {
   __shared__ MaxSum sh[32];
-  const T *lr = logits + blockIdx.x * classes;
+  const T *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   bool bad = label < 0 || label >= classes;
-  MaxSum ms = rowMaxSumOnline(lr, classes, sh);
+  MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
@@ -660,17 +708,33 @@ __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perR
   }
 }
 
-template <typename T>
+template <bool Vec, typename T>
 __global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
-                             T *dlogits, int64_t rows, int64_t classes, long long *badPos) {
+                             T *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                             long long *badPos) {
   __shared__ MaxSum sh[32];
-  const T *lr = logits + blockIdx.x * classes;
-  T *dr = dlogits + blockIdx.x * classes;
+  const T *lr = logits + blockIdx.x * stride;
+  T *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
-  MaxSum ms = rowMaxSumOnline(lr, classes, sh);
+  MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
   float f = *dloss / (float)rows;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-    st(dr + c, expf(ld(lr + c) - ms.m) / ms.s * f - (c == label ? f : 0.f));
+  auto grad = [&](int64_t c, float x) {
+    return c < classes ? expf(x - ms.m) / ms.s * f - (c == label ? f : 0.f) : 0.f;
+  };
+  if constexpr (Vec) {
+    constexpr int N = kVec<T>;
+    for (int64_t k = threadIdx.x; k < stride / N; k += blockDim.x) {
+      float v[N];
+      ld16(lr + k * N, v);
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        v[i] = grad(k * N + i, v[i]);
+      st16(dr + k * N, v);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
+      st(dr + c, grad(c, c < classes ? ld(lr + c) : 0.f));
+  }
   if (threadIdx.x == 0 && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
 }
@@ -685,26 +749,40 @@ __global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
     *out = (float)(acc / (double)n);
 }
 
+/// The padded-row fast path: 16-byte aligned rows of a whole number of
+/// 16-byte chunks.
+template <typename T> bool vectorRows(const void *a, const void *b, int64_t stride) {
+  return stride % kVec<T> == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
 template <typename T>
 cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss,
-                          double *scratch, int64_t rows, int64_t classes, long long *badPos,
-                          cudaStream_t s) {
-  if (rows <= 0 || rows > INT32_MAX)
+                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
+                          long long *badPos, cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  ceRowKernel<T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch, classes,
-                                                     badPos);
+  if (vectorRows<T>(logits, logits, stride))
+    ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
+                                                             classes, stride, badPos);
+  else
+    ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
+                                                              classes, stride, badPos);
   meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
-                              void *dlogits, int64_t rows, int64_t classes, long long *badPos,
-                              cudaStream_t s) {
-  if (rows <= 0 || rows > INT32_MAX)
+                              void *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                              long long *badPos, cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  ceGradKernel<T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, dloss,
-                                                      mp<T>(dlogits), rows, classes, badPos);
+  if (vectorRows<T>(logits, dlogits, stride))
+    ceGradKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
+  else
+    ceGradKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
   return cudaGetLastError();
 }
 
@@ -852,16 +930,16 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
   FSDP_NATIVE_DISPATCH(t, residualLayerNormT, a, b, g, beta, sum, y, rows, cols, eps, s);
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
-                         cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, crossEntropyT, logits, labels, loss, scratch, rows, classes, badPos,
-                       s);
+                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
+                         long long *badPos, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyT, logits, labels, loss, scratch, rows, classes, stride,
+                       badPos, s);
 }
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
-                             long long *badPos, cudaStream_t s) {
+                             int64_t stride, long long *badPos, cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes,
-                       badPos, s);
+                       stride, badPos, s);
 }
 cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,

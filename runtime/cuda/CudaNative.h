@@ -105,15 +105,18 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
 /// Fused softmax + cross-entropy over the vocabulary, reading the logits in
 /// their storage dtype (no f32 copy of the logits is written): one online
 /// max / sum-of-exp pass per row, the per-row losses in `scratch` (rows
-/// doubles), then their mean in a fixed order into *loss (f32).
+/// doubles), then their mean in a fixed order into *loss (f32). Row r
+/// starts at r * stride; columns from `classes` on are padding (left out;
+/// fsdp-pad-classes). Rows of 16-byte aligned, whole 16-byte chunks (a
+/// padded head's) are read 16 bytes per load.
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, long long *badPos,
-                         cudaStream_t s);
-/// dlogits (dtype t) = (softmax - onehot) * dloss / rows, one read pass for
-/// the row statistics and one read + write pass.
+                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
+                         long long *badPos, cudaStream_t s);
+/// dlogits (dtype t) = (softmax - onehot) * dloss / rows, 0 in the padding
+/// columns; one read pass for the row statistics and one read + write pass.
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
-                             long long *badPos, cudaStream_t s);
+                             int64_t stride, long long *badPos, cudaStream_t s);
 
 // --- optimizer -----------------------------------------------------------------
 

@@ -404,34 +404,52 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
   std::vector<int32_t> labels(rows);
   for (int64_t r = 0; r < rows; ++r)
     labels[r] = (int32_t)((r * 7919) % classes);
-  Dev<uint16_t> bl(logits.bits), bd(rows * classes);
-  Dev<int32_t> dl(labels);
-  Dev<float> loss(1), dloss(std::vector<float>{1.5f});
-  Dev<double> perRow(rows);
-  Dev<long long> bad(std::vector<long long>{LLONG_MAX});
-  ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(),
-                              rows, classes, bad.get(), 0),
-            cudaSuccess);
+  labels[1] = (int32_t)classes - 1; // the last class, next to the padding
   float wl = 0, dlh = 1.5f;
   cpu::crossEntropy(logits.wide.data(), labels.data(), &wl, rows, classes);
-  // The sum of exp over `classes` terms in another order (an online
-  // max/sum), relative n u, then log: absolute error about classes * u.
-  expectF32Near(loss.host(), {wl}, 16, 4.0 * classes * kU, "cross_entropy (f32 loss)");
-  ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
-                                  rows, classes, bad.get(), 0),
-            cudaSuccess);
   std::vector<float> wd(rows * classes);
   cpu::crossEntropyGrad(logits.wide.data(), labels.data(), &dlh, wd.data(), rows, classes);
-  // softmax entries: relative error ~ classes u (the row sum), times 1.5/rows
-  expectBf16Near(bd.host(), wd, {4.0 * classes * kU * 1.5 / rows}, "cross_entropy_grad");
-  EXPECT_EQ(bad.host()[0], LLONG_MAX);
-  // A bad label is recorded, not a crash.
-  labels[5] = (int32_t)classes;
-  Dev<int32_t> dl2(labels);
-  ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl2.get(), loss.get(), perRow.get(),
-                              rows, classes, bad.get(), 0),
-            cudaSuccess);
-  EXPECT_EQ(bad.host()[0], 5);
+  // Rows of `classes` elements (unaligned: the scalar path), and the same
+  // logits in rows padded to 50304 (fsdp-pad-classes: 16-byte chunks) with
+  // large values in the padding columns, which must not enter the softmax,
+  // and a poisoned gradient buffer, whose padding columns must become 0.
+  for (int64_t stride : {classes, int64_t(50304)}) {
+    SCOPED_TRACE("row stride " + std::to_string(stride));
+    std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+    Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0)); // NaN
+    Dev<int32_t> dl(labels);
+    Dev<float> loss(1), dloss(std::vector<float>{1.5f});
+    Dev<double> perRow(rows);
+    Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+    ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(),
+                                rows, classes, stride, bad.get(), 0),
+              cudaSuccess);
+    // The sum of exp over `classes` terms in another order (an online
+    // max/sum), relative n u, then log: absolute error about classes * u.
+    expectF32Near(loss.host(), {wl}, 16, 4.0 * classes * kU, "cross_entropy (f32 loss)");
+    ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
+                                    rows, classes, stride, bad.get(), 0),
+              cudaSuccess);
+    std::vector<uint16_t> got = bd.host(), inRows(rows * classes);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(got.begin() + r * stride, classes, inRows.begin() + r * classes);
+      for (int64_t c = classes; c < stride; ++c)
+        ASSERT_EQ(got[r * stride + c], 0) << "padding column " << c << " of row " << r;
+    }
+    // softmax entries: relative error ~ classes u (the row sum), times 1.5/rows
+    expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / rows}, "cross_entropy_grad");
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
+    // A bad label is recorded, not a crash; a label in the padding is bad.
+    std::vector<int32_t> badLabels = labels;
+    badLabels[5] = (int32_t)classes;
+    Dev<int32_t> dl2(badLabels);
+    ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl2.get(), loss.get(), perRow.get(),
+                                rows, classes, stride, bad.get(), 0),
+              cudaSuccess);
+    EXPECT_EQ(bad.host()[0], 5);
+  }
 }
 
 TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {

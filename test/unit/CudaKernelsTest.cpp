@@ -422,17 +422,47 @@ TEST_F(CudaKernelsTest, LossesAndTheirGradients) {
   float wl;
   std::vector<float> wg(rows * classes);
   ASSERT_EQ(gpu::crossEntropy(dl.get(), dlab.get(), loss.get(), scratch.get(), rows, classes,
-                              bad.get(), 0),
+                              classes, bad.get(), 0),
             cudaSuccess);
   ASSERT_EQ(cpu::crossEntropy(logits.data(), labels.data(), &wl, rows, classes), -1);
   expectNear(loss.host(), {wl}, 4.0 * classes + 16, constant(1, 4 * classes * kU * 8), "ce");
   float dls = 1.5f;
   ASSERT_EQ(gpu::crossEntropyGrad(dl.get(), dlab.get(), one.get(), g.get(), rows, classes,
-                                  bad.get(), 0),
+                                  classes, bad.get(), 0),
             cudaSuccess);
   cpu::crossEntropyGrad(logits.data(), labels.data(), &dls, wg.data(), rows, classes);
   expectNear(g.host(), wg, 4.0 * classes + 16, constant(wg.size(), 8 * kU), "ce_grad");
   EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  {
+    // Rows padded to 64 columns (fsdp-pad-classes): the padding, holding
+    // large values, is outside the softmax, and its gradient is 0.
+    const int64_t stride = 64;
+    std::vector<float> padded(rows * stride, 50.f), pg(rows * stride, NAN);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(logits.begin() + r * classes, classes, padded.begin() + r * stride);
+    Dev<float> dp(padded), gp(pg), lp(1);
+    ASSERT_EQ(gpu::crossEntropy(dp.get(), dlab.get(), lp.get(), scratch.get(), rows, classes,
+                                stride, bad.get(), 0),
+              cudaSuccess);
+    expectNear(lp.host(), {wl}, 4.0 * classes + 16, constant(1, 4 * classes * kU * 8),
+               "padded ce");
+    ASSERT_EQ(gpu::crossEntropyGrad(dp.get(), dlab.get(), one.get(), gp.get(), rows, classes,
+                                    stride, bad.get(), 0),
+              cudaSuccess);
+    std::vector<float> want(rows * stride, 0.f);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(wg.begin() + r * classes, classes, want.begin() + r * stride);
+    expectNear(gp.host(), want, 4.0 * classes + 16, constant(want.size(), 8 * kU),
+               "padded ce_grad");
+    // The CPU kernel with the same stride: the same values.
+    float cl = 0;
+    std::vector<float> cg(rows * stride, NAN);
+    ASSERT_EQ(cpu::crossEntropy(padded.data(), labels.data(), &cl, rows, classes, stride), -1);
+    EXPECT_EQ(cl, wl);
+    cpu::crossEntropyGrad(padded.data(), labels.data(), &dls, cg.data(), rows, classes, stride);
+    EXPECT_EQ(cg, want);
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  }
 
   auto x = randomVec(n, 24), t = randomVec(n, 25);
   std::vector<float> t01(n);

@@ -678,3 +678,17 @@ func.func @f(%a: tensor<4x8xf32>) {
   %0 = fsdp.dropout %a {p = 0.5 : f64, id = -1 : i64} : tensor<4x8xf32>
   return
 }
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>) {
+  // expected-error @+1 {{classes = 257 must lie in [1, 256] (the logits' last dimension)}}
+  %0 = fsdp.cross_entropy %l, %y {classes = 257 : i64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>) {
+  // expected-error @+1 {{classes = 0 must lie in [1, 256] (the logits' last dimension)}}
+  %0 = fsdp.cross_entropy_grad %l, %y, %g {classes = 0 : i64} : tensor<32x256xf32>, tensor<32xi32>
+  return
+}
