@@ -82,10 +82,19 @@ for b in 16 32; do
     --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 pad-classes=0 plan=$P/gpt2_bf16_b16_unpadded.plan report=false"
   rm -f "$P/gpt2_b$b.mlir"
 done
+# The FSDP2 tutorial MLP at hidden 4096 for bench/mlp_gpu.py (issue 10).
+if [ "$EMU" != 1 ]; then
+  python3 examples/gen_models.py mlp --hidden 4096 --blocks 8 --batch 1024 -o "$P/mlp_h4096.mlir"
+  for d in bf16 f32; do
+    "$OPT" "$P/mlp_h4096.mlir" -o /dev/null \
+      --fsdp-pipeline="optimizer=adamw param-dtype=$d plan=$P/mlp_${d}_h4096_b1024.plan report=false"
+  done
+  rm -f "$P/mlp_h4096.mlir"
+fi
 # test/e2e/cuda_emu.py's plans (issue 9's matrix: cpu-vs-cuda, features,
 # checkpoint resume, stages 0-3 at N = 2, 3, 4 host-staged, bf16 oracle),
 # run there by gpu-check.sh with --gpu.
 python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
-mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py "$K/bench/"
+mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py bench/mlp_gpu.py "$K/bench/"
 cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
 du -sh "$K"

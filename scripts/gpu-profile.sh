@@ -5,7 +5,8 @@
 # eager at B=16 (fsdp-run alone at B=32), a per-instruction profile of
 # GPT-2 in bf16 and f32 (fsdp-run --trace on cuda synchronizes after every
 # instruction: each span is the GPU's time), and test/e2e/cuda_emu.py's
-# matrix (--gpu). Logs, traces and bench JSON go to $OUT; summarize traces
+# matrix (--gpu), then GPT-2 at B=32 and the FSDP2 tutorial MLP at hidden
+# 4096 (bench/mlp_gpu.py). Logs, traces and bench JSON go to $OUT; summarize traces
 # here with scripts/trace-summary.py. Prints a summary line per step.
 # QUICK=1: no PyTorch runs, no matrix, no B=32 (a short lease).
 set -uo pipefail
@@ -53,4 +54,8 @@ grep -E "ok$|MISMATCH|skipped|match" "$OUT/issue9_matrix.log" | tail -25
 step bench_b32 120 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 32 --steps 20 --skip-torch --json "$OUT/bench_b32.json"
 grep -E "tok/s" "$OUT/bench_b32.log"
+# The FSDP2 tutorial MLP (hidden 4096, 8 blocks, 1024 rows) beside PyTorch.
+step mlp_bench 200 "$PY" "$K/bench/mlp_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+  --steps 20 --json "$OUT/mlp_bench.json"
+grep -E "rows/s" "$OUT/mlp_bench.log"
 exit $fail

@@ -4,6 +4,7 @@
 // RUN: fsdp-opt %s --split-input-file -fsdp-pad-classes=multiple=0 | FileCheck %s --check-prefix=OFF
 // RUN: fsdp-opt %s --split-input-file --fsdp-pipeline="report=false" | FileCheck %s --check-prefix=PIPE
 // RUN: fsdp-opt %s --split-input-file --fsdp-pipeline="pad-classes=0 report=false" | FileCheck %s --check-prefix=PIPEOFF
+// RUN: fsdp-opt %s --split-input-file -fsdp-pad-classes -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-plan-memory | FileCheck %s --check-prefix=MEM
 // RUN: not fsdp-opt %s --split-input-file -fsdp-pad-classes=multiple=-1 2>&1 | FileCheck %s --check-prefix=BAD
 
 // A tied LM head over an odd vocabulary of 251 (GPT-2's 50257 in small):
@@ -34,6 +35,11 @@ fsdp.param @wte : tensor<251x16xf32> init("normal", 0.02)
 // BF16: %[[Z:.+]] = fsdp.fill {value = 0.000000e+00 : f64} : tensor<5x16xbf16>
 // BF16: fsdp.concat %{{.+}}, %[[Z]] dim = 0 : (tensor<251x16xbf16>, tensor<5x16xbf16>) -> tensor<256x16xbf16>
 // BF16: fsdp.cross_entropy {{.+}} {classes = 251 : i64} : (tensor<2x4x256xbf16>, tensor<2x4xi32>) -> tensor<f32>
+// The logits' gradient is planned over the logits (through the reshape):
+// nothing reads them after it.
+// MEM-LABEL: func.func @train_step
+// MEM: fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs {fsdp.offsets = array<i64: [[L:[0-9]+]]>} : (tensor<8x16xf32>, tensor<256x16xf32>) -> tensor<8x256xf32>
+// MEM: fsdp.cross_entropy_grad {{.+}} {classes = 251 : i64, fsdp.offsets = array<i64: [[L]]>}
 // OFF-NOT: fsdp.concat
 // OFF-NOT: classes
 // PIPE: fsdp.cross_entropy_grad {{.+}} {classes = 251 : i64{{.*}}} : tensor<2x4x256xf32>
