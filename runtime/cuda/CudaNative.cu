@@ -542,6 +542,155 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
   }
 }
 
+// --- layer norm with the row in registers -------------------------------------------
+//
+// The kernels above stream each row from memory once per pass (the
+// statistics' two passes, then the output), and the backward's per-warp dg
+// / db partials are read and written in global memory for every row. For
+// rows of at most 32 * CPL columns the kernels below hold a row (and the
+// partials) in registers: lane l owns columns l, l + 32, ... as above and
+// adds in the same order, so their results are bitwise those of the
+// streaming kernels (the tests check it); only the memory traffic
+// changes.
+
+template <typename T, int CPL>
+__device__ __forceinline__ void loadRowReg(const T *r, int64_t cols, int lane, float (&v)[CPL]) {
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) {
+    int64_t c = lane + 32 * i;
+    v[i] = c < cols ? ld(r + c) : 0.f;
+  }
+}
+
+template <int CPL>
+__device__ __forceinline__ void rowStatsReg(const float (&v)[CPL], int64_t cols, float eps,
+                                            int lane, float &mean, float &rstd) {
+  float sum = 0;
+#pragma unroll
+  for (int i = 0; i < CPL; ++i)
+    if (lane + 32 * i < cols)
+      sum += v[i];
+  mean = warpAllSum(sum) / (float)cols;
+  float var = 0;
+#pragma unroll
+  for (int i = 0; i < CPL; ++i)
+    if (lane + 32 * i < cols) {
+      float d = v[i] - mean;
+      var += d * d;
+    }
+  var = warpAllSum(var) / (float)cols;
+  rstd = 1.f / sqrtf(var + eps);
+}
+
+template <typename T, int CPL>
+__global__ void layerNormRegKernel(const T *x, const T *g, const T *b, T *y, int64_t rows,
+                                   int64_t cols, float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    float v[CPL], mean, rstd;
+    loadRowReg(x + r * cols, cols, lane, v);
+    rowStatsReg(v, cols, eps, lane, mean, rstd);
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      int64_t c = lane + 32 * i;
+      if (c < cols)
+        st(y + r * cols + c, (v[i] - mean) * rstd * ld(g + c) + ld(b + c));
+    }
+  }
+}
+
+template <typename T, int CPL>
+__global__ void residualLayerNormRegKernel(const T *a, const T *b, const T *g, const T *beta,
+                                           T *sum, T *y, int64_t rows, int64_t cols,
+                                           float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    int64_t o = r * cols;
+    float v[CPL], mean, rstd;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      int64_t c = lane + 32 * i;
+      v[i] = 0.f;
+      if (c < cols) {
+        T rounded; // the stored sum, as the streaming kernel reads it back
+        st(&rounded, ld(a + o + c) + ld(b + o + c));
+        sum[o + c] = rounded;
+        v[i] = ld(&rounded);
+      }
+    }
+    rowStatsReg(v, cols, eps, lane, mean, rstd);
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      int64_t c = lane + 32 * i;
+      if (c < cols)
+        st(y + o + c, (v[i] - mean) * rstd * ld(g + c) + ld(beta + c));
+    }
+  }
+}
+
+template <typename T, int CPL>
+__global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *dx,
+                                       float *partial, int64_t rows, int64_t cols, float eps,
+                                       int64_t W, const T *acc) {
+  int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (w >= W)
+    return;
+  float pg[CPL], pb[CPL];
+#pragma unroll
+  for (int i = 0; i < CPL; ++i)
+    pg[i] = pb[i] = 0.f;
+  for (int64_t r = w; r < rows; r += W) {
+    float xv[CPL], dv[CPL], mean, rstd;
+    loadRowReg(x + r * cols, cols, lane, xv);
+    loadRowReg(dy + r * cols, cols, lane, dv);
+    rowStatsReg(xv, cols, eps, lane, mean, rstd);
+    float s1 = 0, s2 = 0;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      int64_t c = lane + 32 * i;
+      if (c < cols) {
+        float xhat = (xv[i] - mean) * rstd, d = dv[i], dyg = d * ld(g + c);
+        s1 += dyg;
+        s2 += dyg * xhat;
+        pg[i] += d * xhat;
+        pb[i] += d;
+      }
+    }
+    float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      int64_t c = lane + 32 * i;
+      if (c < cols) {
+        float xhat = (xv[i] - mean) * rstd;
+        float v = rstd * (dv[i] * ld(g + c) - m1 - xhat * m2);
+        st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
+      }
+    }
+  }
+  float *pgw = partial + w * 2 * cols, *pbw = pgw + cols;
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) {
+    int64_t c = lane + 32 * i;
+    if (c < cols) {
+      pgw[c] = pg[i];
+      pbw[c] = pb[i];
+    }
+  }
+}
+
+/// Rows of at most 32 * CPL columns run the register kernels, for the
+/// smallest CPL in {8, 32} that holds them.
+inline int lnRegCpl(int64_t cols, LayerNormImpl impl) {
+  if (impl == LayerNormImpl::Streaming || cols > 32 * 32)
+    return 0;
+  return cols <= 32 * 8 ? 8 : 32;
+}
+
 template <typename T>
 cudaError_t softmaxT(const void *x, void *y, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0)
@@ -562,29 +711,48 @@ cudaError_t softmaxGradT(const void *y, const void *dy, void *dx, int64_t rows, 
 
 template <typename T>
 cudaError_t layerNormT(const void *x, const void *g, const void *b, void *y, int64_t rows,
-                       int64_t cols, double eps, cudaStream_t s) {
+                       int64_t cols, double eps, cudaStream_t s, LayerNormImpl impl) {
   if (rows <= 0)
     return cudaSuccess;
-  layerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(b),
-                                                             mp<T>(y), rows, cols, (float)eps);
+  int cpl = lnRegCpl(cols, impl);
+  if (cpl == 8)
+    layerNormRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
+  else if (cpl == 32)
+    layerNormRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
+  else
+    layerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t residualLayerNormT(const void *a, const void *b, const void *g, const void *beta,
                                void *sum, void *y, int64_t rows, int64_t cols, double eps,
-                               cudaStream_t s) {
+                               cudaStream_t s, LayerNormImpl impl) {
   if (rows <= 0)
     return cudaSuccess;
-  residualLayerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
-      cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols, (float)eps);
+  int cpl = lnRegCpl(cols, impl);
+  if (cpl == 8)
+    residualLayerNormRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
+        (float)eps);
+  else if (cpl == 32)
+    residualLayerNormRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
+        (float)eps);
+  else
+    residualLayerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
+        (float)eps);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *dxv, void *dgv,
                            void *dbv, float *partial, int64_t rows, int64_t cols, double eps,
-                           cudaStream_t s, const void *acc) {
+                           cudaStream_t s, const void *acc, LayerNormImpl impl) {
   T *dg = mp<T>(dgv), *db = mp<T>(dbv);
   if (rows <= 0) {
     if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(T) * cols, s))
@@ -592,9 +760,20 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
     return cudaMemsetAsync(db, 0, sizeof(T) * cols, s);
   }
   int64_t W = lnGradWarps(rows);
-  layerNormGradWarpKernel<T><<<(unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads,
-                               0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), partial,
-                                       rows, cols, (float)eps, W, cp<T>(acc));
+  unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  int cpl = lnRegCpl(cols, impl);
+  if (cpl == 8)
+    layerNormGradRegKernel<T, 8><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
+                                                            mp<T>(dxv), partial, rows, cols,
+                                                            (float)eps, W, cp<T>(acc));
+  else if (cpl == 32)
+    layerNormGradRegKernel<T, 32><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
+                                                             mp<T>(dxv), partial, rows, cols,
+                                                             (float)eps, W, cp<T>(acc));
+  else
+    layerNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
+                                                         mp<T>(dxv), partial, rows, cols,
+                                                         (float)eps, W, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
   // The warps' partials, [W, 2 cols], summed per column (CudaCommon.cuh).
@@ -911,8 +1090,9 @@ cudaError_t softmaxGrad(FloatKind t, const void *y, const void *dy, void *dx, in
   FSDP_NATIVE_DISPATCH(t, softmaxGradT, y, dy, dx, rows, cols, s);
 }
 cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, void *y,
-                      int64_t rows, int64_t cols, double eps, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, layerNormT, x, g, b, y, rows, cols, eps, s);
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s,
+                      LayerNormImpl impl) {
+  FSDP_NATIVE_DISPATCH(t, layerNormT, x, g, b, y, rows, cols, eps, s, impl);
 }
 int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
   int64_t w = lnGradWarps(rows);
@@ -920,14 +1100,14 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
-                          double eps, cudaStream_t s, const void *acc) {
+                          double eps, cudaStream_t s, const void *acc, LayerNormImpl impl) {
   FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s,
-                       acc);
+                       acc, impl);
 }
 cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const void *g,
                               const void *beta, void *sum, void *y, int64_t rows, int64_t cols,
-                              double eps, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, residualLayerNormT, a, b, g, beta, sum, y, rows, cols, eps, s);
+                              double eps, cudaStream_t s, LayerNormImpl impl) {
+  FSDP_NATIVE_DISPATCH(t, residualLayerNormT, a, b, g, beta, sum, y, rows, cols, eps, s, impl);
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,

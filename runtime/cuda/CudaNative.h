@@ -80,10 +80,17 @@ cudaError_t softmax(FloatKind t, const void *x, void *y, int64_t rows, int64_t c
 cudaError_t softmaxGrad(FloatKind t, const void *y, const void *dy, void *dx, int64_t rows,
                         int64_t cols, cudaStream_t s);
 
+/// Which layer-norm kernels run: Auto holds a row of at most 1024 columns
+/// (and the backward's dg / db partials) in registers, Streaming reads the
+/// row from memory in every pass (any width). Both give the same bits; the
+/// tests compare them.
+enum class LayerNormImpl { Auto, Streaming };
+
 /// Fused layer norm forward (two-pass mean / biased variance per row, as
 /// the CPU kernel).
 cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, void *y,
-                      int64_t rows, int64_t cols, double eps, cudaStream_t s);
+                      int64_t rows, int64_t cols, double eps, cudaStream_t s,
+                      LayerNormImpl impl = LayerNormImpl::Auto);
 /// Floats of scratch layerNormGrad needs: per-warp partial column sums of
 /// dg and db (a fixed number of warps for a given row count).
 int64_t layerNormGradScratch(int64_t rows, int64_t cols);
@@ -94,13 +101,15 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols);
 /// in f32 before dx's one rounding.
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
-                          double eps, cudaStream_t s, const void *acc = nullptr);
+                          double eps, cudaStream_t s, const void *acc = nullptr,
+                          LayerNormImpl impl = LayerNormImpl::Auto);
 /// residual_layer_norm: sum = a + b (rounded to t and stored), then the
 /// layer norm of the stored sum, one warp per row (as the CPU's add, then
 /// layer_norm).
 cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const void *g,
                               const void *beta, void *sum, void *y, int64_t rows, int64_t cols,
-                              double eps, cudaStream_t s);
+                              double eps, cudaStream_t s,
+                              LayerNormImpl impl = LayerNormImpl::Auto);
 
 /// Fused softmax + cross-entropy over the vocabulary, reading the logits in
 /// their storage dtype (no f32 copy of the logits is written): one online

@@ -578,6 +578,59 @@ TEST_F(CudaFastKernelsTest, Bf16FusedResidualLayerNormAgainstCpu) {
   expectBf16Near(ddb.host(), wdb, {4.0 * rows * kU * mdy * rows}, "layer_norm_grad_acc d_beta");
 }
 
+TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) {
+  // The register kernels (rows of <= 256 and <= 1024 columns) add the same
+  // terms in the same order as the streaming ones: the same bits, for the
+  // forward, the residual form and the backward with and without acc, at
+  // widths around each limit (and one past the last, where both paths are
+  // the streaming kernel), and with more rows than the backward's 4096
+  // warps (a warp's dg / db partials summed over several rows). The values
+  // against the CPU: the tests above.
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {37, 7}, {37, 256}, {37, 257}, {37, 768}, {37, 1000}, {37, 1024}, {37, 1025},
+           {4099, 72}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
+    Bf16Vec x(randomVec(rows * cols, 51, 2.f)), b(randomVec(rows * cols, 52)),
+        g(randomVec(cols, 53)), beta(randomVec(cols, 54)), dy(randomVec(rows * cols, 55)),
+        acc(randomVec(rows * cols, 56));
+    Dev<uint16_t> dx(x.bits), db(b.bits), dg(g.bits), dbeta(beta.bits), ddy(dy.bits),
+        dacc(acc.bits);
+    std::vector<uint16_t> got[2][7];
+    for (int k = 0; k < 2; ++k) {
+      auto impl = k ? nat::LayerNormImpl::Streaming : nat::LayerNormImpl::Auto;
+      Dev<uint16_t> y(rows * cols), sum(rows * cols), y2(rows * cols), gx(rows * cols),
+          gg(cols), gb(cols), gx2(rows * cols);
+      Dev<float> scratch(nat::layerNormGradScratch(rows, cols));
+      ASSERT_EQ(nat::layerNorm(FloatKind::BF16, dx.get(), dg.get(), dbeta.get(), y.get(), rows,
+                               cols, 1e-5, 0, impl),
+                cudaSuccess);
+      ASSERT_EQ(nat::residualLayerNorm(FloatKind::BF16, dx.get(), db.get(), dg.get(),
+                                       dbeta.get(), sum.get(), y2.get(), rows, cols, 1e-5, 0,
+                                       impl),
+                cudaSuccess);
+      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dx.get(), dg.get(), ddy.get(), gx.get(),
+                                   gg.get(), gb.get(), scratch.get(), rows, cols, 1e-5, 0,
+                                   nullptr, impl),
+                cudaSuccess);
+      got[k][4] = gg.host();
+      got[k][5] = gb.host();
+      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dx.get(), dg.get(), ddy.get(), gx2.get(),
+                                   gg.get(), gb.get(), scratch.get(), rows, cols, 1e-5, 0,
+                                   dacc.get(), impl),
+                cudaSuccess);
+      got[k][0] = y.host();
+      got[k][1] = sum.host();
+      got[k][2] = y2.host();
+      got[k][3] = gx.host();
+      got[k][6] = gx2.host();
+    }
+    const char *what[7] = {"layer_norm", "residual sum", "residual_layer_norm", "dx",
+                           "d_gamma", "d_beta", "dx + acc"};
+    for (int i = 0; i < 7; ++i)
+      expectBitwise(got[0][i], got[1][i], what[i]);
+  }
+}
+
 TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
   gpu::Gemm gemm;
   ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
