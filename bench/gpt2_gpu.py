@@ -114,47 +114,60 @@ def torch_runs(batch, steps, modes):
         torch.cuda.reset_peak_memory_stats()
         model = GPT().to(dev)
         assert sum(p.numel() for p in model.parameters()) == N_PARAMS
-        step_model = model
-        if mode == "fsdp2":
-            import torch.distributed as dist
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29517")
-            if not dist.is_initialized():
-                dist.init_process_group("nccl", rank=0, world_size=1)
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for b in model.blocks:
-                fully_shard(b, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
-        if mode in ("compile", "fsdp2"):
-            step_model = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
         idx = torch.randint(0, V, (batch, T), device=dev)
         tgt = torch.randint(0, V, (batch, T), device=dev)
-
-        def step():
-            if mode in ("fsdp2", "fp32"):
-                loss = step_model(idx, tgt)
-            else:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = step_model(idx, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - t0) * 1000 / steps
-        name = {"fp32": "pytorch fp32 eager (TF32 off)", "eager": "pytorch bf16 eager (SDPA)", "compile": "pytorch bf16 + compile",
-                "fsdp2": "pytorch FSDP2 world 1 bf16 + compile"}[mode]
-        results.append((name, ms, torch.cuda.max_memory_allocated()))
-        del model, opt, step_model
+        ms = time_torch_mode(model, model.blocks, mode, (idx, tgt), steps, weight_decay=0.1)
+        results.append((TORCH_MODE_NAMES[mode], ms, torch.cuda.max_memory_allocated()))
+        del model
     return results
+
+
+TORCH_MODE_NAMES = {"fp32": "pytorch fp32 eager (TF32 off)", "eager": "pytorch bf16 eager (SDPA)",
+                    "compile": "pytorch bf16 + compile",
+                    "fsdp2": "pytorch FSDP2 world 1 bf16 + compile"}
+
+
+def time_torch_mode(model, blocks, mode, inputs, steps, port="29517", **adamw):
+    """ms per training step of `model(*inputs)` (a loss) under `mode`: fp32
+    eager, bf16 autocast eager, bf16 autocast + torch.compile, or FSDP2
+    fully_shard at world size 1 (each of `blocks`, then the root; bf16
+    parameters, f32 reduction) + torch.compile; fused AdamW (lr 1e-4,
+    `adamw`), 3 warm-up steps, then the mean over `steps`."""
+    import torch
+    step_model = model
+    if mode == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", port)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", rank=0, world_size=1)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for b in blocks:
+            fully_shard(b, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    if mode in ("compile", "fsdp2"):
+        step_model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, **adamw)
+
+    def step():
+        if mode in ("fsdp2", "fp32"):
+            loss = step_model(*inputs)
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step_model(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000 / steps
 
 
 def main():

@@ -21,10 +21,9 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_gpu import PEAK_FLOPS, run_fsdp  # noqa: E402
+from gpt2_gpu import PEAK_FLOPS, TORCH_MODE_NAMES, run_fsdp, time_torch_mode  # noqa: E402
 
 
 def report(name, ms, a, params, peak, base=None):
@@ -77,47 +76,12 @@ def torch_runs(a, modes):
         torch.cuda.reset_peak_memory_stats()
         model = MLP().to(dev)
         params = sum(p.numel() for p in model.parameters())
-        step_model = model
-        if mode == "fsdp2":
-            import torch.distributed as dist
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29519")
-            if not dist.is_initialized():
-                dist.init_process_group("nccl", rank=0, world_size=1)
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for b in model.layers:
-                fully_shard(b, mp_policy=mp)
-            fully_shard(model, mp_policy=mp)
-        if mode in ("compile", "fsdp2"):
-            step_model = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         x = torch.randn(a.batch, a.hidden, device=dev)
         y = (x.sum(1, keepdim=True) > 0).float()
-
-        def step():
-            if mode in ("fsdp2", "fp32"):
-                loss = step_model(x, y)
-            else:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = step_model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - t0) * 1000 / a.steps
-        name = {"fp32": "pytorch fp32 eager (TF32 off)", "eager": "pytorch bf16 autocast eager",
-                "compile": "pytorch bf16 + compile",
-                "fsdp2": "pytorch FSDP2 world 1 bf16 + compile"}[mode]
-        out.append((name, ms, params, torch.cuda.max_memory_allocated()))
-        del model, opt, step_model
+        ms = time_torch_mode(model, model.layers, mode, (x, y), a.steps, port="29519")
+        out.append((TORCH_MODE_NAMES[mode].replace("bf16 eager (SDPA)", "bf16 autocast eager"),
+                    ms, params, torch.cuda.max_memory_allocated()))
+        del model
     return out
 
 

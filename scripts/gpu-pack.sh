@@ -91,6 +91,11 @@ if [ "$EMU" != 1 ]; then
   done
   rm -f "$P/mlp_h4096.mlir"
 fi
+# Issue 10's bf16-vs-f32 track on the GPU: the small GPT on text tokens
+# (llm.c format, the GPL-3 text every Debian system ships), 200 steps,
+# test/e2e/mixed_precision.py text --device cuda (plans compiled here).
+python3 tools/make_tokens.py /usr/share/common-licenses/GPL-3 -o "$P/text.bin" > /dev/null
+python3 test/e2e/mixed_precision.py "$B/bin" text "$P/text.bin" --compile-only "$P/text" > /dev/null
 # test/e2e/cuda_emu.py's plans (issue 9's matrix: cpu-vs-cuda, features,
 # checkpoint resume, stages 0-3 at N = 2, 3, 4 host-staged, bf16 oracle),
 # run there by gpu-check.sh with --gpu.

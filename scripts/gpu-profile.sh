@@ -51,6 +51,11 @@ done
 [ "${QUICK:-0}" = 1 ] && exit $fail
 step issue9_matrix 240 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 grep -E "ok$|MISMATCH|skipped|match" "$OUT/issue9_matrix.log" | tail -25
+# Issue 10: the bf16 GPU run tracks the f32 GPU run and the CPU bf16 run
+# (200 steps of the small GPT on text, 50-step windows within D u).
+step bf16_text_track 240 "$PY" "$K/../test/e2e/mixed_precision.py" "$K/bin" text "$P/text.bin" \
+  --device cuda --plans "$P/text"
+grep -E "ok$|MISMATCH|tolerance|pass" "$OUT/bf16_text_track.log"
 step bench_b32 120 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 32 --steps 20 --skip-torch --json "$OUT/bench_b32.json"
 grep -E "tok/s" "$OUT/bench_b32.log"

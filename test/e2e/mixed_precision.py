@@ -3,6 +3,13 @@
 
 usage: mixed_precision.py BIN_DIR shards          (a) N ranks == 1 rank, (d) comm, memory
        mixed_precision.py BIN_DIR text TOKENS.bin  (b) 200 steps of the small GPT, bf16 vs f32
+           [--device cuda] [--plans DIR | --compile-only DIR]
+       --device cuda: (b) on the GPU (issue 10: the bf16 GPU run tracks the
+         f32 GPU run), and the bf16 plan on the CPU as well: the GPU's bf16
+         run tracks the CPU's within the same D u (both round at the same D
+         places; only the order of f32 sums differs). --compile-only writes
+         the two plans to DIR (here, where fsdp-opt is) and --plans runs
+         them (on the GPU machine, which has no fsdp-opt).
 
 The tolerance, derived from bf16 arithmetic. bf16 keeps 8 significant bits,
 so rounding to nearest has unit roundoff u = 2^-8: every bf16 result x~ of
@@ -275,30 +282,59 @@ def check_shards(bindir, tmp):
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
 
 
-def check_text(bindir, tmp, tokens, dtype="bf16", label="b"):
+def window_means(losses):
+    return [sum(losses[w * 50:(w + 1) * 50]) / 50 for w in range(4)]
+
+
+def check_text(bindir, tmp, tokens, dtype="bf16", label="b", device="cpu", plans=None,
+               compile_only=None):
     """The small GPT on text, 200 steps, `dtype` vs f32: 50-step window means
-    within D u (u of `dtype`), and the `dtype` run learns."""
+    within D u (u of `dtype`), and the `dtype` run learns. With device cuda,
+    both runs on the GPU, and the `dtype` run on the GPU against the CPU's."""
     failures = 0
     model = os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir")
     runs = {}
     depth = None
     scaler = ""
+    args = ["--data", tokens, "--lr", "1e-3", "--schedule", "cosine", "--warmup", "10",
+            "--threads", "2"]
+    dev = ["--device", device] if device != "cpu" else []
+    if compile_only:
+        os.makedirs(compile_only, exist_ok=True)
     for dt in ("f32", dtype):
-        path = os.path.join(tmp, f"{dt}.plan")
-        plan = compile_plan(bindir, model, path, f"max-grad-norm=1.0 param-dtype={dt}")
+        path = os.path.join(plans or compile_only or tmp, f"text_{dt}.plan")
+        if plans:
+            with open(path) as f:
+                plan = json.load(f)
+        else:
+            plan = compile_plan(bindir, model, path, f"max-grad-norm=1.0 param-dtype={dt}")
+        if compile_only:
+            continue
         if dt == dtype:
             depth = rounding_depth(plan, dtype)
-        rows, _ = run_rows(bindir, path, 1, 200,
-                           ["--data", tokens, "--lr", "1e-3", "--schedule", "cosine",
-                            "--warmup", "10", "--threads", "2"])
+        rows, _ = run_rows(bindir, path, 1, 200, args + dev)
         runs[dt] = [r["loss"] for r in rows]
         if dt == dtype and "loss_scale" in rows[-1]:
             skipped = sum(bool(r["skipped"]) for r in rows)
             scaler = (f"; the loss scaler skipped {skipped} step(s), final scale "
                       f"{rows[-1]['loss_scale']:g}")
+        if dt == dtype and device != "cpu":
+            rows, _ = run_rows(bindir, path, 1, 200, args)
+            runs["cpu"] = [r["loss"] for r in rows]
+    if compile_only:
+        print(f"plans in {compile_only}")
+        return 0
     rtol = depth * UNIT_ROUNDOFF[dtype]
-    print(f"({label}) gpt_small on text, 200 steps: D = {depth} {dtype} roundings before the "
-          f"loss, tolerance D u = {rtol:.4f} on 50-step window means{scaler}")
+    print(f"({label}) gpt_small on text, 200 steps{' on ' + device if dev else ''}: D = {depth} "
+          f"{dtype} roundings before the loss, tolerance D u = {rtol:.4f} on 50-step window "
+          f"means{scaler}")
+    if "cpu" in runs:
+        for w, (a, b) in enumerate(zip(window_means(runs[dtype]), window_means(runs["cpu"]))):
+            rel = abs(a - b) / b
+            ok = rel <= rtol
+            failures += not ok
+            print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss {dtype} cpu {b:.4f} "
+                  f"{device} {a:.4f} rel diff {rel:.4f}  {'ok' if ok else 'MISMATCH'}")
     # The premise of the D u bound: a smooth f32 trajectory (see (b) above).
     # A spike is a step whose loss exceeds 1.5 times the lowest loss so far
     # (the spikes seen at 2e-3 and 3e-3 were 1.7-1.8 times it).
@@ -329,7 +365,12 @@ def main():
         if mode == "shards":
             failures = check_shards(bindir, tmp)
         elif mode == "text":
-            failures = check_text(bindir, tmp, sys.argv[3])
+            opts = dict(zip(sys.argv[4::2], sys.argv[5::2]))
+            if len(sys.argv[4:]) % 2 or set(opts) - {"--device", "--plans", "--compile-only"}:
+                raise SystemExit(__doc__)
+            failures = check_text(bindir, tmp, sys.argv[3], device=opts.get("--device", "cpu"),
+                                  plans=opts.get("--plans"),
+                                  compile_only=opts.get("--compile-only"))
         else:
             raise SystemExit(__doc__)
     print("mixed precision checks pass" if not failures
