@@ -332,6 +332,29 @@ TEST(KernelsTest, LossGradients) {
   std::vector<int32_t> bad{0, 7, 0, 0, 0};
   double loss;
   EXPECT_EQ((crossEntropy<double, int32_t>(logits.data(), bad.data(), &loss, r, c)), 1);
+  {
+    // Rows padded to 8 columns (fsdp-pad-classes: classes = 7, stride 8):
+    // the padding, holding a large value, is outside the softmax (the same
+    // loss and gradient bit for bit) and its gradient is written 0; a
+    // label in the padding is a bad label.
+    const int64_t stride = 8;
+    std::vector<double> padded(r * stride, 40.0), pg(r * stride, NAN);
+    for (int64_t i = 0; i < r; ++i)
+      std::copy_n(logits.begin() + i * c, c, padded.begin() + i * stride);
+    double unpadded, got;
+    crossEntropy<double, int32_t>(logits.data(), labels.data(), &unpadded, r, c);
+    ASSERT_EQ((crossEntropy<double, int32_t>(padded.data(), labels.data(), &got, r, c, stride)),
+              -1);
+    EXPECT_EQ(got, unpadded);
+    crossEntropyGrad<double, int32_t>(padded.data(), labels.data(), dl.data(), pg.data(), r, c,
+                                      stride);
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < c; ++j)
+        EXPECT_EQ(pg[i * stride + j], dlog[i * c + j]) << i << "," << j;
+      EXPECT_EQ(pg[i * stride + c], 0.0) << "padding of row " << i;
+    }
+    EXPECT_EQ((crossEntropy<double, int32_t>(padded.data(), bad.data(), &got, r, c, stride)), 1);
+  }
 
   std::vector<double> x = randomVec(9, 14, 3.0), t(9), dx(9);
   for (int i = 0; i < 9; ++i)
