@@ -1,7 +1,8 @@
 //===- flash_bench.cpp - the attention kernels' speed on one GPU ----------===//
 //
-// Times runtime/cuda/CudaFlash's forward and backward (both
-// implementations: CUDA cores and tensor cores) on GPT-2's attention shape
+// Times runtime/cuda/CudaFlash's forward and backward (the three
+// implementations: CUDA cores, WMMA tensor cores with the score tiles in
+// shared memory, mma.sync with them in registers) on GPT-2's attention shape
 // and prints ms per call and TFLOP/s (the causal products only: 2 B H T^2
 // D for the forward's two GEMMs halved by the mask, 2.5x that for the
 // backward), with the CUDA-core kernels as the reference measured in the
@@ -83,8 +84,10 @@ int main(int argc, char **argv) {
   std::printf("%-13s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
               "TFLOP/s");
   double ref = 0;
-  for (flash::Impl impl : {flash::Impl::CudaCores, flash::Impl::TensorCores}) {
-    const char *name = impl == flash::Impl::CudaCores ? "CUDA cores" : "tensor cores";
+  for (flash::Impl impl : {flash::Impl::CudaCores, flash::Impl::TensorCores, flash::Impl::Mma}) {
+    const char *name = impl == flash::Impl::CudaCores     ? "CUDA cores"
+                       : impl == flash::Impl::TensorCores ? "WMMA"
+                                                          : "mma.sync";
     auto fwd = [&] {
       return flash::forward(FloatKind::BF16, q, k, v, y, lse, B, T, C, H, true, H, 0, impl);
     };

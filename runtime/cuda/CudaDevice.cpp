@@ -138,6 +138,11 @@ public:
     gemm = std::make_unique<Gemm>();
     const char *tune = std::getenv("FSDP_CUDA_GEMM_TUNE"); // CudaGemm.h: setTuning
     gemm->setTuning(tune && std::string(tune) == "1");
+    // The attention kernels (CudaFlash.h): auto unless the user A/Bs them.
+    if (const char *attn = std::getenv("FSDP_CUDA_ATTENTION"))
+      if (!flash::parseImpl(attn, attention))
+        return FSDP_ERROR("FSDP_CUDA_ATTENTION=", attn,
+                          " is not one of auto, cores, wmma, mma");
     return gemm->init(32ull << 20, allowTf32);
   }
 
@@ -389,6 +394,7 @@ private:
   CudaStream compute, comm;
   std::unique_ptr<Gemm> gemm;
   cudaGraphExec_t stepGraph = nullptr; ///< the captured step (beginCapture)
+  flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
   long long *badPos = nullptr;
   Scratch scratch;
   std::vector<Launch> launches;
@@ -753,13 +759,22 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
             kv = op.i("kv_heads", heads);
     bool causal = op.b("causal");
     FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv));
+    // An implementation named by FSDP_CUDA_ATTENTION that cannot take this
+    // op's dtype or head dimension: refused at build, not at run.
+    flash::Impl impl = attention;
+    if ((impl == flash::Impl::TensorCores || impl == flash::Impl::Mma) &&
+        (t == FloatKind::F32 || (C / heads) % 16))
+      return FSDP_ERROR(n, ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
+                           "f16 storage with a head dimension that is a multiple of 16 (this op: ",
+                        t == FloatKind::F32 ? "f32" : "16-bit", ", head dimension ", C / heads,
+                        ")");
     const void *q = v(0), *k = v(1), *vv = v(2);
     if (n == "attention") {
       void *y = w(0);
       float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
       out = fromCuda(
           [=](cudaStream_t s) {
-            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s);
+            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s, impl);
           },
           n);
     } else {
@@ -769,7 +784,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
       out = fromCuda(
           [=](cudaStream_t s) {
             return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads,
-                                   causal, kv, s);
+                                   causal, kv, s, impl);
           },
           n);
     }

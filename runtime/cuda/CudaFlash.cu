@@ -15,9 +15,11 @@
 #include "runtime/cuda/CudaFlash.h"
 
 #include "runtime/cuda/CudaCheck.h"
+#include "runtime/cuda/CudaMma.cuh"
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -807,10 +809,311 @@ cudaError_t backwardTc(const void *q, const void *k, const void *v, const void *
                            kThreadsTc, q, k, v, y, lse, dy, dq, dk, dv, delta, a, s);
 }
 
-/// The tensor-core kernels take 16-bit storage and D a multiple of 16.
-bool tensorCores(FloatKind t, const Dims &a, Impl impl) {
-  bool can = t != FloatKind::F32 && a.D % 16 == 0;
-  return impl == Impl::TensorCores ? can : impl == Impl::Auto && can;
+// ---------------------------------------------------------------------------
+// Register-tile kernels (mma.sync, bf16 / f16 storage, D a multiple of 16):
+// FlashAttention-2's layout. The same tiles, online softmax, backward split
+// and roundings as the WMMA kernels above (P and dS rounded to the storage
+// type before their products), but a warp's scores, probabilities and
+// output rows never leave its registers: the m16n8k16 accumulators of a
+// 16 x 64 score block are, two n-tiles at a time, the A operand of the
+// next product (CudaMma.cuh), each lane owns two rows (g and g + 8) and
+// reduces over the four lanes of its quad. Shared memory holds only the
+// operand tiles, read with ldmatrix. The WMMA kernels stored every score
+// and output tile to shared memory and read it back (37 TFLOP/s for
+// GPT-2's attention on the H100, 30 of its 107 ms bf16 step).
+
+constexpr int kNt = kTile / 8;                   // 8-column n-tiles of a 64-wide score block
+constexpr int kMaxDt = (int)kMaxHeadDim / 8;     // n-tiles of a D-wide accumulator: 16
+constexpr int kMaxKs = (int)kMaxHeadDim / 16;    // 16-deep k steps over D: 8
+
+/// s (16 x 64, this warp's rows) = A B^T: A the warp's 16 rows at `a`, B
+/// the 64 rows of the tile at `b` (both row-major, stride ld, D columns).
+template <typename T>
+__device__ __forceinline__ void scoresMma(float (&s)[kNt][4], const T *a, const T *b, int ld,
+                                          int D, int lane) {
+#pragma unroll
+  for (int n = 0; n < kNt; ++n)
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kMaxKs; ++kk) {
+    if (kk * 16 >= D)
+      break;
+    uint32_t af[4];
+    mma::loadA(af, a + kk * 16, ld, lane);
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      uint32_t bf[4];
+      mma::loadBt(bf, b + np * 16 * ld + kk * 16, ld, lane);
+      mma::mma16816<T>(s[2 * np], af, bf);
+      mma::mma16816<T>(s[2 * np + 1], af, bf + 2);
+    }
+  }
+}
+
+/// acc (16 x D) += P B: P the warp's 16 x 64 block in accumulator layout
+/// (rounded to T here), B the 64 x D tile at `b` (row-major, stride ld).
+template <typename T>
+__device__ __forceinline__ void accumulateMma(float (&acc)[kMaxDt][4], const float (&p)[kNt][4],
+                                              const T *b, int ld, int D, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kNt / 2; ++kk) {
+    uint32_t af[4];
+    mma::accToA<T>(af, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < kMaxDt / 2; ++np) {
+      if (np * 16 >= D)
+        break;
+      uint32_t bf[4];
+      mma::loadB(bf, b + kk * 16 * ld + np * 16, ld, lane);
+      mma::mma16816<T>(acc[2 * np], af, bf);
+      mma::mma16816<T>(acc[2 * np + 1], af, bf + 2);
+    }
+  }
+}
+
+/// Stores rows r0 (floats 0, 1 of each n-tile) and r0 + 8 (floats 2, 3)
+/// of a 16 x D accumulator times `mul`, columns 2 q, 2 q + 1 of each
+/// n-tile, to out[row * ldo + col] (rows < rows only).
+template <typename T>
+__device__ __forceinline__ void storeAcc(T *out, int64_t ldo, const float (&acc)[kMaxDt][4],
+                                         float mul0, float mul1, int64_t r0, int64_t rows,
+                                         int D, int lane) {
+  int q = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kMaxDt; ++n) {
+    if (n * 8 >= D)
+      break;
+    int c = n * 8 + 2 * q;
+    if (r0 < rows) {
+      out[r0 * ldo + c] = cvt<T>(acc[n][0] * mul0);
+      out[r0 * ldo + c + 1] = cvt<T>(acc[n][1] * mul0);
+    }
+    if (r0 + 8 < rows) {
+      out[(r0 + 8) * ldo + c] = cvt<T>(acc[n][2] * mul1);
+      out[(r0 + 8) * ldo + c + 1] = cvt<T>(acc[n][3] * mul1);
+    }
+  }
+}
+
+size_t mmaFwdSmem(int64_t D) { return 3 * tcTile(D); }
+size_t mmaDqSmem(int64_t D) { return 4 * tcTile(D); }
+size_t mmaDkvSmem(int64_t D) { return 4 * tcTile(D) + 2 * sizeof(float) * kTile; }
+
+template <typename T, int KD>
+__global__ void __launch_bounds__(kThreadsTc)
+    forwardMmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
+  T *Qs = reinterpret_cast<T *>(smTc), *Ks = Qs + kTile * LDT, *Vs = Ks + kTile * LDT;
+  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
+  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t t0 = qt * kTile, row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  float o[kMaxDt][4];
+#pragma unroll
+  for (int n = 0; n < kMaxDt; ++n)
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
+    __syncthreads(); // the previous K, V no longer read
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+    __syncthreads();
+    float s[kNt][4];
+    scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kNt; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
+        bool ok = key < a.T && (!a.causal || key <= r);
+        s[n][i] = ok ? s[n][i] * a.scale : -INFINITY;
+        tmax[i / 2] = fmaxf(tmax[i / 2], s[n][i]);
+      }
+    float alpha[2], mNew[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      tmax[e] = rowMax4(tmax[e]);
+      mNew[e] = fmaxf(m[e], tmax[e]);
+      alpha[e] = m[e] == -INFINITY ? 0.f : expf(m[e] - mNew[e]);
+    }
+#pragma unroll
+    for (int n = 0; n < kNt; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float p = s[n][i] == -INFINITY ? 0.f : expf(s[n][i] - mNew[i / 2]);
+        s[n][i] = p;
+        psum[i / 2] += p;
+      }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      l[e] = l[e] * alpha[e] + rowSum4(psum[e]);
+      m[e] = mNew[e];
+    }
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    accumulateMma(o, s, Vs, LDT, D, lane);
+  }
+  float inv[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    inv[e] = l[e] > 0.f ? 1.f / l[e] : 0.f;
+  storeAcc(y + b * a.T * a.C + h * D, a.C, o, inv[0], inv[1], row[0], a.T, D, lane);
+  if (lse && qd == 0)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (row[e] < a.T)
+        lse[(b * a.H + h) * a.T + row[e]] = m[e] + logf(l[e]);
+}
+
+/// dq over one (b, h, query tile), registers: dq_t = scale sum_j p_tj
+/// (dy_t . v_j - delta_t) k_j.
+template <typename T, int KD>
+__global__ void __launch_bounds__(kThreadsTc)
+    dqMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                const float *delta, T *dq) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
+  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *Ks = DYs + kTile * LDT,
+    *Vs = Ks + kTile * LDT;
+  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
+  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t t0 = qt * kTile, row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+  float lr[2], dl[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    int64_t sr = (b * a.H + h) * a.T + row[e];
+    lr[e] = row[e] < a.T ? lse[sr] : 0.f;
+    dl[e] = row[e] < a.T ? delta[sr] : 0.f;
+  }
+  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+  float acc[kMaxDt][4];
+#pragma unroll
+  for (int n = 0; n < kMaxDt; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
+    __syncthreads();
+    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+    __syncthreads();
+    float s[kNt][4], dp[kNt][4];
+    scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
+    scoresMma(dp, DYs + warp * 16 * LDT, Vs, LDT, D, lane);
+#pragma unroll
+    for (int n = 0; n < kNt; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
+        bool ok = r < a.T && key < a.T && (!a.causal || key <= r);
+        s[n][i] = ok ? expf(s[n][i] * a.scale - lr[i / 2]) * (dp[n][i] - dl[i / 2]) : 0.f;
+      }
+    accumulateMma(acc, s, Ks, LDT, D, lane);
+  }
+  storeAcc(dq + b * a.T * a.C + h * D, a.C, acc, a.scale, a.scale, row[0], a.T, D, lane);
+}
+
+/// dk, dv over one (b, kv head, key tile), registers; the warp's rows are
+/// key rows: S^T = K Q^T and dP^T = V dY^T, so P^T and dS^T multiply dY
+/// and Q directly. Query heads of the group, then query tiles, in order.
+template <typename T, int KD>
+__global__ void __launch_bounds__(kThreadsTc)
+    dkvMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                 const float *delta, T *dk, T *dv) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
+  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *Qs = Vs + kTile * LDT,
+    *DYs = Qs + kTile * LDT;
+  float *Lq = reinterpret_cast<float *>(DYs + kTile * LDT), *Dq = Lq + kTile;
+  int64_t kt = (int64_t)(blockIdx.x % a.tiles);
+  int64_t kvh = (blockIdx.x / a.tiles) % a.KV, b = blockIdx.x / (a.tiles * a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t j0 = kt * kTile, key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
+  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+  float accK[kMaxDt][4], accV[kMaxDt][4];
+#pragma unroll
+  for (int n = 0; n < kMaxDt; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      accK[n][i] = accV[n][i] = 0.f;
+  int64_t group = a.H / a.KV;
+  for (int64_t gi = 0; gi < group; ++gi) {
+    int64_t h = kvh * group + gi;
+    for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
+      int64_t t0 = qt * kTile;
+      __syncthreads(); // the previous query tile is no longer read
+      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
+        Lq[i] = t < a.T ? lse[sr] : 0.f;
+        Dq[i] = t < a.T ? delta[sr] : 0.f;
+      }
+      __syncthreads();
+      float st[kNt][4], dpt[kNt][4];
+      scoresMma(st, Ks + warp * 16 * LDT, Qs, LDT, D, lane);
+      scoresMma(dpt, Vs + warp * 16 * LDT, DYs, LDT, D, lane);
+#pragma unroll
+      for (int n = 0; n < kNt; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          int c = n * 8 + 2 * qd + (i & 1);
+          int64_t tt = t0 + c, jj = key[i / 2];
+          bool ok = jj < a.T && tt < a.T && (!a.causal || jj <= tt);
+          float p = ok ? expf(st[n][i] * a.scale - Lq[c]) : 0.f;
+          st[n][i] = p;
+          dpt[n][i] = ok ? p * (dpt[n][i] - Dq[c]) : 0.f;
+        }
+      accumulateMma(accV, st, DYs, LDT, D, lane);
+      accumulateMma(accK, dpt, Qs, LDT, D, lane);
+    }
+  }
+  storeAcc(dk + b * a.T * a.KC + kvh * D, a.KC, accK, a.scale, a.scale, key[0], a.T, D, lane);
+  storeAcc(dv + b * a.T * a.KC + kvh * D, a.KC, accV, 1.f, 1.f, key[0], a.T, D, lane);
+}
+
+template <typename T>
+cudaError_t forwardMma(const void *q, const void *k, const void *v, void *y, float *lse,
+                       const Dims &a, cudaStream_t s) {
+  auto kernel = a.D == 64 ? forwardMmaKernel<T, 64> : a.D == 128 ? forwardMmaKernel<T, 128>
+                                                                 : forwardMmaKernel<T, 0>;
+  return launchForward<T>(kernel, mmaFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a, s);
+}
+
+template <typename T>
+cudaError_t backwardMma(const void *q, const void *k, const void *v, const void *y,
+                        const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                        float *delta, const Dims &a, cudaStream_t s) {
+  auto dqK = a.D == 64 ? dqMmaKernel<T, 64> : a.D == 128 ? dqMmaKernel<T, 128> : dqMmaKernel<T, 0>;
+  auto dkvK =
+      a.D == 64 ? dkvMmaKernel<T, 64> : a.D == 128 ? dkvMmaKernel<T, 128> : dkvMmaKernel<T, 0>;
+  return launchBackward<T>(dqK, mmaDqSmem(a.D), dkvK, mmaDkvSmem(a.D), kThreadsTc, q, k, v, y,
+                           lse, dy, dq, dk, dv, delta, a, s);
+}
+
+/// The tensor-core kernels (WMMA or mma.sync) take 16-bit storage and D a
+/// multiple of 16.
+bool tensorCoresApply(FloatKind t, const Dims &a) { return t != FloatKind::F32 && a.D % 16 == 0; }
+
+/// The implementation that runs: Auto is the register-tile (mma.sync)
+/// kernels where tensor cores apply, else the CUDA-core ones.
+Impl resolve(FloatKind t, const Dims &a, Impl impl) {
+  if (impl == Impl::Auto)
+    return tensorCoresApply(t, a) ? Impl::Mma : Impl::CudaCores;
+  return impl;
 }
 
 } // namespace
@@ -833,19 +1136,38 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads) {
 
 int64_t backwardScratch(int64_t B, int64_t T, int64_t heads) { return B * heads * T; }
 
+bool parseImpl(const char *name, Impl &impl) {
+  static const struct {
+    const char *name;
+    Impl impl;
+  } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::TensorCores},
+                {"mma", Impl::Mma}};
+  for (const auto &n : kNames)
+    if (name && std::string(name) == n.name) {
+      impl = n.impl;
+      return true;
+    }
+  return false;
+}
+
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
                     int64_t kvHeads, cudaStream_t s, Impl impl) {
   if (!check(B, T, C, heads, kvHeads))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads);
-  if (impl == Impl::TensorCores && !tensorCores(t, a, impl))
+  impl = resolve(t, a, impl);
+  if (impl != Impl::CudaCores && !tensorCoresApply(t, a))
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (tensorCores(t, a, impl))
-    return t == FloatKind::BF16 ? forwardTc<__nv_bfloat16>(q, k, v, y, lse, a, s)
-                                : forwardTc<__half>(q, k, v, y, lse, a, s);
+  bool bf = t == FloatKind::BF16;
+  if (impl == Impl::Mma)
+    return bf ? forwardMma<__nv_bfloat16>(q, k, v, y, lse, a, s)
+              : forwardMma<__half>(q, k, v, y, lse, a, s);
+  if (impl == Impl::TensorCores)
+    return bf ? forwardTc<__nv_bfloat16>(q, k, v, y, lse, a, s)
+              : forwardTc<__half>(q, k, v, y, lse, a, s);
   switch (t) {
   case FloatKind::F32:
     return forwardT<float>(q, k, v, y, lse, a, s);
@@ -864,14 +1186,18 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
   if (!check(B, T, C, heads, kvHeads))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads);
-  if (impl == Impl::TensorCores && !tensorCores(t, a, impl))
+  impl = resolve(t, a, impl);
+  if (impl != Impl::CudaCores && !tensorCoresApply(t, a))
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (tensorCores(t, a, impl))
-    return t == FloatKind::BF16
-               ? backwardTc<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
-               : backwardTc<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
+  bool bf = t == FloatKind::BF16;
+  if (impl == Impl::Mma)
+    return bf ? backwardMma<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
+              : backwardMma<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
+  if (impl == Impl::TensorCores)
+    return bf ? backwardTc<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
+              : backwardTc<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   switch (t) {
   case FloatKind::F32:
     return backwardT<float>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);

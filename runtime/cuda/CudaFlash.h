@@ -19,12 +19,14 @@
 //      its group and over the query tiles, in that fixed order.
 // Deterministic: every sum runs in a fixed order.
 //
-// Two implementations of the same tiling: the tile products on the CUDA
+// Three implementations of the same tiling: the tile products on the CUDA
 // cores (f32 FMAs; every dtype and head dimension, and the only f32 path)
-// and on the tensor cores (WMMA, bf16 / f16 storage with D a multiple of
-// 16; P and dS are rounded to the storage type before their products, as
-// FlashAttention-2 does). Impl::Auto takes the tensor cores where they
-// apply. See docs/RUNTIME.md.
+// and on the tensor cores (bf16 / f16 storage with D a multiple of 16; P
+// and dS are rounded to the storage type before their products, as
+// FlashAttention-2 does), either through WMMA with the score tiles in
+// shared memory, or through mma.sync with scores, probabilities and
+// accumulators in registers (FlashAttention-2's layout). Impl::Auto takes
+// the mma.sync kernels where they apply. See docs/RUNTIME.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,10 +45,17 @@ constexpr int64_t kMaxHeadDim = 128;
 /// divide heads, D <= kMaxHeadDim, grid limits); else why not.
 Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads);
 
-/// Which kernels run: Auto (tensor cores where they apply), or one of them
-/// (tests compare both with the CPU; TensorCores where they do not apply
-/// is cudaErrorInvalidValue).
-enum class Impl { Auto, CudaCores, TensorCores };
+/// Which kernels run: Auto (Mma where tensor cores apply, else CudaCores),
+/// or one of them (tests compare each with the CPU; TensorCores or Mma
+/// where they do not apply is cudaErrorInvalidValue):
+///   CudaCores    f32 FMAs, every dtype and D;
+///   TensorCores  WMMA, score and output tiles through shared memory;
+///   Mma          mma.sync with the tiles in registers (FlashAttention-2).
+enum class Impl { Auto, CudaCores, TensorCores, Mma };
+
+/// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma (false for
+/// anything else).
+bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
 /// receives each (b, h, t) row's log-sum-exp (B*H*T floats, index

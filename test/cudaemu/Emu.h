@@ -272,4 +272,93 @@ void mma_sync(fragment<accumulator, M, N, K, TC> &d, const fragment<matrix_a, M,
 } // namespace wmma
 } // namespace nvcuda
 
+// --- mma.sync / ldmatrix (runtime/cuda/CudaMma.cuh) --------------------------------
+// Unlike WMMA these fragments are not opaque: PTX specifies which lane
+// holds which element (PTX ISA, "Matrix Fragments for mma.m16n8k16" and
+// "ldmatrix"), and the kernels read and write fragment registers
+// directly (an accumulator becomes the next product's A operand). So
+// here each lane holds exactly its own registers, as on the GPU, and the
+// warp-collective instructions gather the warp's registers through a
+// per-warp scratch between two warp barriers. A kernel that assumes the
+// wrong layout gets wrong products here as it would on a GPU.
+#define FSDP_CUDAEMU_MMA 1
+namespace cudaemu {
+/// Fails the launch unless p is a 16-byte aligned row of 16 bytes inside
+/// the block's dynamic shared memory (ldmatrix's operand).
+void checkLdmatrixRow(const void *p);
+
+inline unsigned flatThread() {
+  return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y;
+}
+inline float bitsToFloat(uint16_t h, bool bf16) {
+  if (bf16) {
+    uint32_t w = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &w, 4);
+    return f;
+  }
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+
+/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8 i .. 8 i + 7
+/// name the rows of matrix i; register i of lane l receives matrix i's
+/// row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 (low half first), or
+/// with .trans its elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+inline void ldmatrixX4(uint32_t (&r)[4], const void *row, bool trans) {
+  static const uint16_t *rows[32][32];
+  unsigned t = flatThread(), lane = t % 32;
+  checkLdmatrixRow(row);
+  rows[t / 32 % 32][lane] = static_cast<const uint16_t *>(row);
+  syncWarp(0xffffffffu); // every lane has named its row
+  const uint16_t *const *w = rows[t / 32 % 32];
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    if (!trans) {
+      lo = w[i * 8 + lane / 4][2 * (lane % 4)];
+      hi = w[i * 8 + lane / 4][2 * (lane % 4) + 1];
+    } else {
+      lo = w[i * 8 + 2 * (lane % 4)][lane / 4];
+      hi = w[i * 8 + 2 * (lane % 4) + 1][lane / 4];
+    }
+    r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+  }
+  syncWarp(0xffffffffu); // every lane has read (the rows may change after)
+}
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32
+/// d = a b + d. A (16 x 16): register j of lane l = 4 g + q holds row
+/// g + 8 (j % 2), columns 2 q + 8 (j / 2) and + 1; B (16 x 8): register j
+/// holds rows 2 q + 8 j and + 1 of column g; C/D (16 x 8): element i is
+/// row g + 8 (i / 2), column 2 q + i % 2. Accumulates in f32 in k order.
+inline void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16) {
+  static uint32_t sa[32][32][4], sb[32][32][2];
+  unsigned t = flatThread(), lane = t % 32, w = t / 32 % 32;
+  std::memcpy(sa[w][lane], a, sizeof a);
+  std::memcpy(sb[w][lane], b, sizeof b);
+  syncWarp(0xffffffffu); // every lane has published its operands
+  auto half = [](uint32_t reg, int hi) { return (uint16_t)(hi ? reg >> 16 : reg & 0xffffu); };
+  auto A = [&](int row, int col) {
+    return bitsToFloat(half(sa[w][(row % 8) * 4 + (col % 8) / 2][(row >= 8) + 2 * (col >= 8)],
+                            col % 2),
+                       bf16);
+  };
+  auto B = [&](int k, int col) {
+    return bitsToFloat(half(sb[w][col * 4 + (k % 8) / 2][k >= 8], k % 2), bf16);
+  };
+  float out[4];
+  int g = (int)lane / 4, q = (int)lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    int row = g + 8 * (i / 2), col = 2 * q + i % 2;
+    float s = d[i];
+    for (int k = 0; k < 16; ++k)
+      s += A(row, k) * B(k, col);
+    out[i] = s;
+  }
+  syncWarp(0xffffffffu); // every lane has read the operands
+  std::memcpy(d, out, sizeof out);
+}
+} // namespace cudaemu
+
 #endif // FSDP_TEST_CUDAEMU_EMU_H

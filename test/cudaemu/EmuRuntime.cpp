@@ -526,6 +526,15 @@ uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane) {
 
 void *dynamicShared() { return blk.shared.data(); }
 
+void checkLdmatrixRow(const void *p) {
+  auto *c = static_cast<const unsigned char *>(p);
+  const unsigned char *lo = blk.shared.data(), *hi = lo + blk.shared.size();
+  if ((reinterpret_cast<uintptr_t>(p) & 15) || c < lo || c + 16 > hi)
+    failLaunch("ldmatrix in block " + std::to_string(gBlockIdx.x) + ", thread " +
+               std::to_string(self()) +
+               ": a row address that is not a 16-byte aligned row of dynamic shared memory");
+}
+
 
 // --- launches -----------------------------------------------------------------------------------
 namespace {

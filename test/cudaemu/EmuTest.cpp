@@ -5,8 +5,9 @@
 // what emu_transform.py makes of `k<<<...>>>`): barriers and shuffles
 // that work, a deadlock, a bad shuffle mask, a missing barrier, the
 // dynamic shared memory opt-in, copies outside allocations, stream capture
-// rules and graphs that replay the captured arguments, and (stream threads)
-// a race between streams that only an event wait prevents.
+// rules and graphs that replay the captured arguments, mma.sync and
+// ldmatrix against the PTX fragment tables, and (stream threads) a race
+// between streams that only an event wait prevents.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -164,6 +166,119 @@ TEST(CudaEmu, DynamicSharedMemoryAbove48KiBNeedsTheOptIn) {
   cudaemu::launch(nullptr, 1, 1025, 0, nullptr, [=](auto... a) { smemKernel(a...); }, out);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   cudaFree(out);
+}
+
+// mma.sync m16n8k16 and ldmatrix x4 against the PTX ISA's fragment
+// tables, written out here element by element (not through the backend's
+// CudaMma.cuh helpers): A (16 x 16) in shared memory row-major with 24
+// elements a row, Bt (8 x 16, B's transpose) likewise. Small integers:
+// every product and sum is exact in f32.
+uint16_t bf16Bits(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, 4);
+  return (uint16_t)(w >> 16); // exact for the small integers used
+}
+
+void mmaSpecKernel(float *d, uint32_t *lm, uint32_t *lmt) {
+  const uint16_t *A = static_cast<const uint16_t *>(cudaemu::dynamicShared());
+  const uint16_t *Bt = A + 16 * 24;
+  unsigned lane = threadIdx.x, g = lane >> 2, q = lane % 4;
+  auto pack = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; };
+  // A: a_i at row g (i in 0, 1, 4, 5) or g + 8, column 2 q + (i & 1),
+  // + 8 for i >= 4; register j holds a_2j (low) and a_2j+1.
+  uint32_t a[4], b[2];
+  for (int j = 0; j < 4; ++j) {
+    int i = 2 * j, row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+    int col = 2 * q + (i >= 4 ? 8 : 0);
+    a[j] = pack(A[row * 24 + col], A[row * 24 + col + 1]);
+  }
+  // B: b_i at row (k) 2 q + (i & 1), + 8 for i >= 2, column g.
+  for (int j = 0; j < 2; ++j) {
+    int k = 2 * q + (j ? 8 : 0);
+    b[j] = pack(Bt[g * 24 + k], Bt[g * 24 + k + 1]);
+  }
+  float c[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  cudaemu::mma16816(c, a, b, true);
+  // C: c_i at row g (i < 2) or g + 8, column 2 q + (i & 1).
+  for (int i = 0; i < 4; ++i)
+    d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * q + (i & 1)] = c[i];
+  // ldmatrix x4 over A's four 8 x 8 quarters: lane l names row l % 8 of
+  // quarter l / 8 (rows + 8 for odd quarters, columns + 8 for the last two).
+  const uint16_t *rowp = A + ((lane % 8) + (lane / 8 % 2) * 8) * 24 + (lane / 16) * 8;
+  uint32_t r[4];
+  cudaemu::ldmatrixX4(r, rowp, false);
+  for (int i = 0; i < 4; ++i)
+    lm[lane * 4 + i] = r[i];
+  cudaemu::ldmatrixX4(r, rowp, true);
+  for (int i = 0; i < 4; ++i)
+    lmt[lane * 4 + i] = r[i];
+}
+
+TEST(CudaEmu, MmaAndLdmatrixFollowThePtxFragmentTables) {
+  float Af[16][16], Btf[8][16];
+  std::vector<uint16_t> sm(16 * 24 + 8 * 24, 0);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) {
+      Af[r][c] = (float)((r * 7 + c * 3) % 11 - 5);
+      sm[r * 24 + c] = bf16Bits(Af[r][c]);
+    }
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 16; ++k) {
+      Btf[n][k] = (float)((n * 5 + k) % 9 - 4);
+      sm[16 * 24 + n * 24 + k] = bf16Bits(Btf[n][k]);
+    }
+  float *d = devAlloc<float>(16 * 8);
+  uint32_t *lm = devAlloc<uint32_t>(128), *lmt = devAlloc<uint32_t>(128);
+  // The kernel copies its operands into dynamic shared memory first.
+  uint16_t *src = devAlloc<uint16_t>(sm.size());
+  ASSERT_EQ(cudaMemcpy(src, sm.data(), sm.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  size_t n = sm.size();
+  cudaemu::launch(nullptr, 1, 32, n * 2, nullptr,
+                  [=](auto... x) {
+                    uint16_t *s = static_cast<uint16_t *>(cudaemu::dynamicShared());
+                    for (size_t i = threadIdx.x; i < n; i += 32)
+                      s[i] = src[i];
+                    __syncwarp();
+                    mmaSpecKernel(x...);
+                  },
+                  d, lm, lmt);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> got(16 * 8);
+  std::vector<uint32_t> gl(128), glt(128);
+  ASSERT_EQ(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gl.data(), lm, 512, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(glt.data(), lmt, 512, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c) {
+      float want = 0.5f;
+      for (int k = 0; k < 16; ++k)
+        want += Af[r][k] * Btf[c][k];
+      EXPECT_EQ(got[r * 8 + c], want) << "D[" << r << "][" << c << "]";
+    }
+  // ldmatrix: register i of lane l = 4 g + q holds quarter i's (row g,
+  // columns 2 q, 2 q + 1); .trans: its (row 2 q, column g), (2 q + 1, g).
+  // Quarter i covers rows 8 (i % 2) .., columns 8 (i / 2) .. of A.
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) {
+      int g = l / 4, q = l % 4, r0 = 8 * (i % 2), c0 = 8 * (i / 2);
+      uint32_t want = bf16Bits(Af[r0 + g][c0 + 2 * q]) |
+                      (uint32_t)bf16Bits(Af[r0 + g][c0 + 2 * q + 1]) << 16;
+      uint32_t wantT = bf16Bits(Af[r0 + 2 * q][c0 + g]) |
+                       (uint32_t)bf16Bits(Af[r0 + 2 * q + 1][c0 + g]) << 16;
+      EXPECT_EQ(gl[l * 4 + i], want) << "lane " << l << " register " << i;
+      EXPECT_EQ(glt[l * 4 + i], wantT) << "lane " << l << " register " << i << " (.trans)";
+    }
+  // A row outside dynamic shared memory (or misaligned) fails the launch.
+  cudaemu::launch(nullptr, 1, 32, 64, nullptr,
+                  [=](auto...) {
+                    uint32_t r[4];
+                    cudaemu::ldmatrixX4(r, static_cast<char *>(cudaemu::dynamicShared()) + 2,
+                                        false);
+                  },
+                  0);
+  EXPECT_NE(cudaGetLastError(), cudaSuccess);
+  for (void *p : {(void *)d, (void *)lm, (void *)lmt, (void *)src})
+    cudaFree(p);
 }
 
 TEST(CudaEmu, CopiesMustStayInsideAnAllocation) {

@@ -770,12 +770,16 @@ TEST_F(CudaFastKernelsTest, ColumnSumAgainstCpu) {
 void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
                bool causal, uint32_t seed,
                gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
-  bool tc = impl == gpu::flash::Impl::TensorCores ||
-            (impl == gpu::flash::Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
+  using gpu::flash::Impl;
+  bool tc = impl == Impl::TensorCores || impl == Impl::Mma ||
+            (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
                                     << (t == FloatKind::BF16 ? " bf16" : " f32")
-                                    << (tc ? " tensor cores" : " CUDA cores"));
+                                    << (impl == Impl::TensorCores ? " WMMA"
+                                        : impl == Impl::Mma       ? " mma.sync"
+                                        : tc                      ? " auto (mma.sync)"
+                                                                  : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
   auto q0 = randomVec(B * T * C, seed), k0 = randomVec(B * T * KC, seed + 1),
        v0 = randomVec(B * T * KC, seed + 2), dy0 = randomVec(B * T * C, seed + 3);
@@ -888,7 +892,7 @@ TEST_F(CudaFastKernelsTest, FlashAttentionAgainstCpuF32AndBf16) {
 TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
   // The WMMA kernels (bf16, D a multiple of 16), the same shapes as the
   // CUDA-core kernels' test where they apply, plus the tail of a long
-  // causal sequence; Impl::Auto picks them for bf16.
+  // causal sequence; and Impl::Auto (the mma.sync kernels for bf16) once.
   using gpu::flash::Impl;
   for (bool causal : {true, false}) {
     flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::TensorCores);
@@ -898,6 +902,40 @@ TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
     flashCase(FloatKind::BF16, 1, 200, 3, 3, 32, causal, 61, Impl::Auto);
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::TensorCores);
+}
+
+TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
+  // The mma.sync kernels (bf16, D a multiple of 16; what Impl::Auto runs
+  // for bf16): every fragment of theirs is read and written by lane, so a
+  // wrong fragment layout gives wrong rows or columns here. Shapes: a tile
+  // smaller than one n-tile pair, tails and grouped-query, D = 128 (the
+  // compile-time 128 kernels), GPT-2's heads, a run-time D (48: three k
+  // steps, three n-tile pairs), the long causal tail.
+  using gpu::flash::Impl;
+  for (bool causal : {true, false}) {
+    flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::Mma);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::Mma);
+    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::Mma);
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::Mma);
+    flashCase(FloatKind::BF16, 1, 77, 2, 2, 48, causal, 63, Impl::Mma);
+  }
+  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Mma);
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
+  using gpu::flash::Impl;
+  Impl impl = Impl::CudaCores;
+  ASSERT_TRUE(gpu::flash::parseImpl("mma", impl));
+  EXPECT_EQ(impl, Impl::Mma);
+  ASSERT_TRUE(gpu::flash::parseImpl("wmma", impl));
+  EXPECT_EQ(impl, Impl::TensorCores);
+  ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
+  EXPECT_EQ(impl, Impl::CudaCores);
+  ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
+  EXPECT_EQ(impl, Impl::Auto);
+  EXPECT_FALSE(gpu::flash::parseImpl("flash3", impl));
+  EXPECT_FALSE(gpu::flash::parseImpl(nullptr, impl));
+  EXPECT_EQ(impl, Impl::Auto); // unchanged by a refused name
 }
 
 /// Forward and backward of one attention with every operand and result
@@ -949,9 +987,12 @@ TEST_F(CudaFastKernelsTest, FlashAttentionMisalignedOperands) {
   auto s16 = flashAtOffset(FloatKind::BF16, Impl::TensorCores, bits, B, T, heads, C, 1);
   auto a32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 0);
   auto s32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 1);
+  auto am = flashAtOffset(FloatKind::BF16, Impl::Mma, bits, B, T, heads, C, 0);
+  auto sm = flashAtOffset(FloatKind::BF16, Impl::Mma, bits, B, T, heads, C, 1);
   for (int i = 0; i < 4; ++i) {
     expectBitwise(s16[i], a16[i], what[i]);
     expectBitwise(s32[i], a32[i], what[i]);
+    expectBitwise(sm[i], am[i], what[i]);
   }
 }
 
@@ -977,6 +1018,13 @@ TEST_F(CudaFastKernelsTest, FlashAttentionRejectsBadShapes) {
   EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, nullptr, nullptr, nullptr, nullptr, nullptr,
                                  nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 32, 4,
                                  false, 4, 0, Impl::TensorCores),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                8, 64, 4, false, 4, 0, Impl::Mma),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 32, 4,
+                                 false, 4, 0, Impl::Mma),
             cudaErrorInvalidValue);
 }
 
