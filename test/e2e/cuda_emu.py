@@ -193,12 +193,16 @@ def main():
     gpt251 = os.path.join(tmp, "gpt_v251.mlir")
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "-o", gpt251], check=True)
-    for model, tag, vocab, extra in ((gpt, "gpt_bf16", 256, ""),
-                                     (gpt251, "gpt_bf16_v251", 251, ""),
-                                     (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0")):
+    # Attention runs the mma.sync kernels (FSDP_CUDA_ATTENTION=auto); the
+    # WMMA ones once more, on the first plan.
+    for model, tag, vocab, extra, attn in (
+            (gpt, "gpt_bf16", 256, "", "auto"),
+            (gpt, "gpt_bf16_wmma", 256, "", "wmma"),
+            (gpt251, "gpt_bf16_v251", 251, "", "auto"),
+            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto")):
         plan = compile_plan(model, tag,
                             "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16" + extra)
-        if run(plan, tag + "_cuda", 10, 3e-3) is None:
+        if run(plan, tag + "_cuda", 10, 3e-3, env={"FSDP_CUDA_ATTENTION": attn}) is None:
             continue
         r = subprocess.run([torch_python, os.path.join(ROOT, "test", "oracle", "bf16_ref.py"),
                             "--model", "gpt", "--vocab", str(vocab), "--plan", plan,
@@ -206,11 +210,28 @@ def main():
                            capture_output=True, text=True)
         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
-        what = f"vocab {vocab}" + (", unpadded" if extra else "")
+        what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
+            (f", {attn} attention" if attn != "auto" else "")
         print(f"bf16 cuda ({what}) vs the PyTorch bf16 oracle (within D u per step): {verdict}")
         if verdict != "ok":
             print(r.stdout[-3000:], r.stderr[-2000:])
             failures.append(f"bf16 {what}")
+
+    # A kernel choice the backend does not have, or tensor-core kernels for
+    # an f32 plan: refused with the reason, before the first step.
+    if mode != "--compile-only":
+        f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw")
+        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma"),
+                           ("mma", "names tensor-core kernels")):
+            r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
+                               env=dict(os.environ, FSDP_CUDA_ATTENTION=attn),
+                               capture_output=True, text=True)
+            ok = r.returncode == 1 and want in r.stderr
+            print(f"FSDP_CUDA_ATTENTION={attn} on an f32 plan refused: "
+                  f"{'ok' if ok else 'MISMATCH'}")
+            if not ok:
+                print(r.returncode, r.stderr[-1000:])
+                failures.append(f"attention choice {attn}")
 
     if failures:
         print("FAILED:", ", ".join(failures))
