@@ -33,10 +33,11 @@ step bench_b16 200 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --p
   $([ "${QUICK:-0}" = 1 ] && echo --skip-torch)
 grep -E "tok/s" "$OUT/bench_b16.log"
 # The bf16 GPT-2 step with cuBLASLt tuning, without GEMM staging
-# (CudaGemm.h), and with the LM head unpadded (pad-classes=0, 50257
-# columns: staged GEMMs), for comparison; PyTorch's cuBLAS on the LM
-# head's GEMMs at 50257 and 50304 columns.
-for v in FSDP_CUDA_GEMM_TUNE=1 FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1; do
+# (CudaGemm.h), with the LM head unpadded (pad-classes=0, 50257
+# columns: staged GEMMs), and with attention on the WMMA kernels instead
+# of the mma.sync ones (CudaFlash.h), for comparison; PyTorch's cuBLAS on
+# the LM head's GEMMs at 50257 and 50304 columns.
+for v in FSDP_CUDA_GEMM_TUNE=1 FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   plan="$P/gpt2_bf16_b16.plan"
   [ "$v" = UNPADDED=1 ] && plan="$P/gpt2_bf16_b16_unpadded.plan"
   step "variant_${v%%=*}" 90 env "$v" "$K/bin/fsdp-run" "$plan" --device cuda \

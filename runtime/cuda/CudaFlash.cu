@@ -826,6 +826,29 @@ constexpr int kNt = kTile / 8;                   // 8-column n-tiles of a 64-wid
 constexpr int kMaxDt = (int)kMaxHeadDim / 8;     // n-tiles of a D-wide accumulator: 16
 constexpr int kMaxKs = (int)kMaxHeadDim / 16;    // 16-deep k steps over D: 8
 
+/// loadTileTc's tile, its 16-byte moves issued as cp.async (the caller
+/// commits and waits: the copies land while the block computes on the
+/// other buffer); rows past T and operands the 16-byte path cannot take
+/// are stored directly, visible after the caller's barrier as the copies.
+template <typename T>
+__device__ __forceinline__ void loadTileAsync(T *dst, const T *src, const Dims &a, int64_t b,
+                                              int64_t r0, int64_t ldRow, int64_t col, int ld,
+                                              int D) {
+  if (ldRow % 8 == 0 && col % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    int vecs = D / 8, total = kTile * vecs;
+    for (int i = threadIdx.x; i < total; i += kThreadsTc) {
+      int r = i / vecs, d = (i - r * vecs) * 8;
+      int64_t t = r0 + r;
+      if (t < a.T)
+        mma::cpAsync16(dst + r * ld + d, src + (b * a.T + t) * ldRow + col + d);
+      else
+        *reinterpret_cast<uint4 *>(dst + r * ld + d) = uint4{0u, 0u, 0u, 0u};
+    }
+    return;
+  }
+  loadTileTc(dst, src, a, b, r0, ldRow, col, ld, D);
+}
+
 /// s (16 x 64, this warp's rows) = A B^T: A the warp's 16 rows at `a`, B
 /// the 64 rows of the tile at `b` (both row-major, stride ld, D columns).
 template <typename T>
@@ -895,42 +918,61 @@ __device__ __forceinline__ void storeAcc(T *out, int64_t ldo, const float (&acc)
   }
 }
 
-size_t mmaFwdSmem(int64_t D) { return 3 * tcTile(D); }
-size_t mmaDqSmem(int64_t D) { return 4 * tcTile(D); }
-size_t mmaDkvSmem(int64_t D) { return 4 * tcTile(D) + 2 * sizeof(float) * kTile; }
+// Two buffers of the streamed tiles (K, V; or Q, dY and their rows' lse
+// and delta): the next tile's copies fly while the block computes.
+size_t mmaFwdSmem(int64_t D) { return 5 * tcTile(D); }
+size_t mmaDqSmem(int64_t D) { return 6 * tcTile(D); }
+size_t mmaDkvSmem(int64_t D) { return 6 * tcTile(D) + 4 * sizeof(float) * kTile; }
 
 template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsTc)
     forwardMmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  T *Qs = reinterpret_cast<T *>(smTc), *Ks = Qs + kTile * LDT, *Vs = Ks + kTile * LDT;
+  // Q, then K and V twice (buffer it % 2 holds key tile it).
+  T *Qs = reinterpret_cast<T *>(smTc), *KV = Qs + kTile * LDT;
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
   int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
   int64_t kvh = h / (a.H / a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t t0 = qt * kTile, row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
   float o[kMaxDt][4];
 #pragma unroll
   for (int n = 0; n < kMaxDt; ++n)
     o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
-  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
-    __syncthreads(); // the previous K, V no longer read
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
-    __syncthreads();
+  int64_t nTiles = (kEnd + kTile - 1) / kTile;
+  auto issue = [&](int64_t it) {
+    T *Kb = KV + (it % 2) * 2 * kTile * LDT;
+    loadTileAsync(Kb, k, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    mma::cpAsyncCommit();
+  };
+  loadTileAsync(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  issue(0); // one group: Q and the first K, V
+  for (int64_t it = 0; it < nTiles; ++it) {
+    if (it + 1 < nTiles) {
+      issue(it + 1); // into the buffer iteration it - 1 read (its barrier passed)
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    __syncthreads(); // tile it (every thread's copies) is in shared memory
+    int64_t j0 = it * kTile;
+    const T *Ks = KV + (it % 2) * 2 * kTile * LDT, *Vs = Ks + kTile * LDT;
     float s[kNt][4];
     scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
     float tmax[2] = {-INFINITY, -INFINITY};
+    // Masks only where the tile crosses the diagonal or the end (uniform
+    // over the block: every interior tile skips the compares).
+    bool masked = j0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
 #pragma unroll
     for (int n = 0; n < kNt; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
-        bool ok = key < a.T && (!a.causal || key <= r);
+        bool ok = !masked || (key < a.T && (!a.causal || key <= r));
         s[n][i] = ok ? s[n][i] * a.scale : -INFINITY;
         tmax[i / 2] = fmaxf(tmax[i / 2], s[n][i]);
       }
@@ -962,6 +1004,7 @@ __global__ void __launch_bounds__(kThreadsTc)
       o[n][3] *= alpha[1];
     }
     accumulateMma(o, s, Vs, LDT, D, lane);
+    __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
   float inv[2];
 #pragma unroll
@@ -983,8 +1026,8 @@ __global__ void __launch_bounds__(kThreadsTc)
                 const float *delta, T *dq) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *Ks = DYs + kTile * LDT,
-    *Vs = Ks + kTile * LDT;
+  // Q, dY, then K and V twice (buffer it % 2 holds key tile it).
+  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *KV = DYs + kTile * LDT;
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
   int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
   int64_t kvh = h / (a.H / a.KV);
@@ -997,30 +1040,45 @@ __global__ void __launch_bounds__(kThreadsTc)
     lr[e] = row[e] < a.T ? lse[sr] : 0.f;
     dl[e] = row[e] < a.T ? delta[sr] : 0.f;
   }
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
-  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
   float acc[kMaxDt][4];
 #pragma unroll
   for (int n = 0; n < kMaxDt; ++n)
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
-  for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
-    __syncthreads();
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
-    __syncthreads();
+  int64_t nTiles = (kEnd + kTile - 1) / kTile;
+  auto issue = [&](int64_t it) {
+    T *Kb = KV + (it % 2) * 2 * kTile * LDT;
+    loadTileAsync(Kb, k, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    mma::cpAsyncCommit();
+  };
+  loadTileAsync(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  loadTileAsync(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+  issue(0); // one group: Q, dY and the first K, V
+  for (int64_t it = 0; it < nTiles; ++it) {
+    if (it + 1 < nTiles) {
+      issue(it + 1);
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    __syncthreads(); // tile it is in shared memory
+    int64_t j0 = it * kTile;
+    const T *Ks = KV + (it % 2) * 2 * kTile * LDT, *Vs = Ks + kTile * LDT;
     float s[kNt][4], dp[kNt][4];
     scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
     scoresMma(dp, DYs + warp * 16 * LDT, Vs, LDT, D, lane);
+    bool masked = j0 + kTile > a.T || t0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
 #pragma unroll
     for (int n = 0; n < kNt; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
-        bool ok = r < a.T && key < a.T && (!a.causal || key <= r);
+        bool ok = !masked || (r < a.T && key < a.T && (!a.causal || key <= r));
         s[n][i] = ok ? expf(s[n][i] * a.scale - lr[i / 2]) * (dp[n][i] - dl[i / 2]) : 0.f;
       }
     accumulateMma(acc, s, Ks, LDT, D, lane);
+    __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
   storeAcc(dq + b * a.T * a.C + h * D, a.C, acc, a.scale, a.scale, row[0], a.T, D, lane);
 }
@@ -1034,52 +1092,69 @@ __global__ void __launch_bounds__(kThreadsTc)
                  const float *delta, T *dk, T *dv) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *Qs = Vs + kTile * LDT,
-    *DYs = Qs + kTile * LDT;
-  float *Lq = reinterpret_cast<float *>(DYs + kTile * LDT), *Dq = Lq + kTile;
+  // K, V, then Q and dY twice (buffer it % 2 holds step it's query tile),
+  // then lse and delta of those rows twice.
+  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *QD = Vs + kTile * LDT;
+  float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
   int64_t kt = (int64_t)(blockIdx.x % a.tiles);
   int64_t kvh = (blockIdx.x / a.tiles) % a.KV, b = blockIdx.x / (a.tiles * a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t j0 = kt * kTile, key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
-  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
   float accK[kMaxDt][4], accV[kMaxDt][4];
 #pragma unroll
   for (int n = 0; n < kMaxDt; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       accK[n][i] = accV[n][i] = 0.f;
-  int64_t group = a.H / a.KV;
-  for (int64_t gi = 0; gi < group; ++gi) {
-    int64_t h = kvh * group + gi;
-    for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
-      int64_t t0 = qt * kTile;
-      __syncthreads(); // the previous query tile is no longer read
-      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
-      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
-      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-        int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
-        Lq[i] = t < a.T ? lse[sr] : 0.f;
-        Dq[i] = t < a.T ? delta[sr] : 0.f;
-      }
-      __syncthreads();
-      float st[kNt][4], dpt[kNt][4];
-      scoresMma(st, Ks + warp * 16 * LDT, Qs, LDT, D, lane);
-      scoresMma(dpt, Vs + warp * 16 * LDT, DYs, LDT, D, lane);
-#pragma unroll
-      for (int n = 0; n < kNt; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          int c = n * 8 + 2 * qd + (i & 1);
-          int64_t tt = t0 + c, jj = key[i / 2];
-          bool ok = jj < a.T && tt < a.T && (!a.causal || jj <= tt);
-          float p = ok ? expf(st[n][i] * a.scale - Lq[c]) : 0.f;
-          st[n][i] = p;
-          dpt[n][i] = ok ? p * (dpt[n][i] - Dq[c]) : 0.f;
-        }
-      accumulateMma(accV, st, DYs, LDT, D, lane);
-      accumulateMma(accK, dpt, Qs, LDT, D, lane);
+  // Steps: the group's query heads in order, each over the query tiles
+  // that see this key tile, in order.
+  int64_t group = a.H / a.KV, q0 = a.causal ? kt : 0, perHead = a.tiles - q0;
+  int64_t steps = group * perHead;
+  auto issue = [&](int64_t it) {
+    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
+    T *Qb = QD + (it % 2) * 2 * kTile * LDT;
+    float *Lb = LD + (it % 2) * 2 * kTile;
+    loadTileAsync(Qb, q, a, b, t0, a.C, h * D, LDT, D);
+    loadTileAsync(Qb + kTile * LDT, dy, a, b, t0, a.C, h * D, LDT, D);
+    mma::cpAsyncCommit();
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
+      Lb[i] = t < a.T ? lse[sr] : 0.f;
+      Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
     }
+  };
+  loadTileAsync(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
+  loadTileAsync(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+  issue(0); // one group: K, V and the first Q, dY
+  for (int64_t it = 0; it < steps; ++it) {
+    if (it + 1 < steps) {
+      issue(it + 1);
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    __syncthreads(); // step it's tiles are in shared memory
+    int64_t t0 = (q0 + it % perHead) * kTile;
+    const T *Qs = QD + (it % 2) * 2 * kTile * LDT, *DYs = Qs + kTile * LDT;
+    const float *Lq = LD + (it % 2) * 2 * kTile, *Dq = Lq + kTile;
+    float st[kNt][4], dpt[kNt][4];
+    scoresMma(st, Ks + warp * 16 * LDT, Qs, LDT, D, lane);
+    scoresMma(dpt, Vs + warp * 16 * LDT, DYs, LDT, D, lane);
+    bool masked = j0 + kTile > a.T || t0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
+#pragma unroll
+    for (int n = 0; n < kNt; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int c = n * 8 + 2 * qd + (i & 1);
+        int64_t tt = t0 + c, jj = key[i / 2];
+        bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+        float p = ok ? expf(st[n][i] * a.scale - Lq[c]) : 0.f;
+        st[n][i] = p;
+        dpt[n][i] = ok ? p * (dpt[n][i] - Dq[c]) : 0.f;
+      }
+    accumulateMma(accV, st, DYs, LDT, D, lane);
+    accumulateMma(accK, dpt, Qs, LDT, D, lane);
+    __syncthreads(); // buffer it % 2 is free for step it + 2
   }
   storeAcc(dk + b * a.T * a.KC + kvh * D, a.KC, accK, a.scale, a.scale, key[0], a.T, D, lane);
   storeAcc(dv + b * a.T * a.KC + kvh * D, a.KC, accV, 1.f, 1.f, key[0], a.T, D, lane);

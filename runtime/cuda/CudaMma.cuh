@@ -1,7 +1,7 @@
 //===- CudaMma.cuh - warp-level tensor-core primitives ------------*- CUDA -*-===//
 //
-// mma.sync m16n8k16 (bf16 / f16 operands, f32 accumulators) and ldmatrix
-// x4, as PTX. Unlike WMMA's opaque fragments, PTX specifies which lane holds
+// mma.sync m16n8k16 (bf16 / f16 operands, f32 accumulators), ldmatrix x4
+// and cp.async (16-byte global -> shared copies in commit groups), as PTX. Unlike WMMA's opaque fragments, PTX specifies which lane holds
 // which element, so a kernel can keep products in registers and turn an
 // accumulator into the next product's A operand without shared memory
 // (FlashAttention-2's layout). Fragments, for lane l = 4 g + q:
@@ -56,9 +56,28 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   const uint32_t bb[2] = {b[0], b[1]};
   ::cudaemu::mma16816(d, a, bb, std::is_same_v<T, __nv_bfloat16>);
 }
+__device__ __forceinline__ void cpAsync16(void *smem, const void *gmem) {
+  ::cudaemu::cpAsync(smem, gmem, 16);
+}
+__device__ __forceinline__ void cpAsyncCommit() { ::cudaemu::cpAsyncCommit(); }
+template <int N> __device__ __forceinline__ void cpAsyncWait() { ::cudaemu::cpAsyncWait(N); }
 #else
 __device__ __forceinline__ uint32_t sharedAddress(const void *p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+/// 16 bytes global -> shared without passing through registers (L2 only,
+/// .cg); complete after the cp.async.wait_group that covers its group.
+__device__ __forceinline__ void cpAsync16(void *smem, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sharedAddress(smem)),
+               "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of this thread's committed groups are in flight.
+template <int N> __device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void ldmatrixX4(uint32_t (&r)[4], const void *row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

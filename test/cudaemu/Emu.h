@@ -287,6 +287,16 @@ namespace cudaemu {
 /// the block's dynamic shared memory (ldmatrix's operand).
 void checkLdmatrixRow(const void *p);
 
+/// cp.async.cg.shared.global (n = 16; also 4, 8): queued for the calling
+/// thread, and copied only when a cp.async.wait_group lets its group
+/// complete, so shared memory read before the wait still holds what it
+/// held (the poison of a fresh block) and a missing wait shows.
+void cpAsync(void *dst, const void *src, size_t n);
+/// cp.async.commit_group: the thread's queued copies become one group.
+void cpAsyncCommit();
+/// cp.async.wait_group N: completes all but the newest N committed groups.
+void cpAsyncWait(int pending);
+
 inline unsigned flatThread() {
   return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y;
 }

@@ -352,6 +352,18 @@ struct BlockState {
   std::vector<std::vector<int>> warpWaiters;
   std::vector<uint64_t> slots;
   std::vector<unsigned char> shared;
+  // per thread: cp.async copies not yet committed, and committed groups
+  // not yet waited for (performed at cp.async.wait_group, oldest first)
+  struct AsyncCopy {
+    void *dst;
+    const void *src;
+    size_t n;
+  };
+  struct ThreadAsync {
+    std::vector<AsyncCopy> open;
+    std::deque<std::vector<AsyncCopy>> groups;
+  };
+  std::vector<ThreadAsync> async;
   const std::function<void()> *body = nullptr;
   std::string error;
   bool reverse = false;
@@ -443,6 +455,7 @@ bool runBlock(dim3 dims) {
   blk.exited.assign(warps, 0);
   blk.warpWaiters.assign(warps, {});
   blk.slots.assign((size_t)warps * 64, 0);
+  blk.async.assign(n, {});
   std::fill(blk.shared.begin(), blk.shared.end(), (unsigned char)0xff);
   while (!blk.ready.empty() && blk.error.empty()) {
     Fiber &f = blk.fibers[blk.ready.front()];
@@ -525,6 +538,35 @@ uint64_t warpExchange(unsigned mask, uint64_t bits, int srcLane) {
 }
 
 void *dynamicShared() { return blk.shared.data(); }
+
+void cpAsync(void *dst, const void *src, size_t n) {
+  auto *c = static_cast<unsigned char *>(dst);
+  const unsigned char *lo = blk.shared.data(), *hi = lo + blk.shared.size();
+  if ((n != 4 && n != 8 && n != 16) || (reinterpret_cast<uintptr_t>(dst) % n) ||
+      (reinterpret_cast<uintptr_t>(src) % n) || c < lo || c + n > hi) {
+    failLaunch("cp.async in block " + std::to_string(gBlockIdx.x) + ", thread " +
+               std::to_string(self()) + ": " + std::to_string(n) +
+               " bytes to a destination outside dynamic shared memory, or a misaligned "
+               "source or destination");
+    return;
+  }
+  blk.async[self()].open.push_back({dst, src, n});
+}
+
+void cpAsyncCommit() {
+  auto &t = blk.async[self()];
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void cpAsyncWait(int pending) {
+  auto &t = blk.async[self()];
+  while ((int)t.groups.size() > pending) {
+    for (const auto &c : t.groups.front())
+      std::memcpy(c.dst, c.src, c.n);
+    t.groups.pop_front();
+  }
+}
 
 void checkLdmatrixRow(const void *p) {
   auto *c = static_cast<const unsigned char *>(p);

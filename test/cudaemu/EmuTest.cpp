@@ -6,7 +6,7 @@
 // that work, a deadlock, a bad shuffle mask, a missing barrier, the
 // dynamic shared memory opt-in, copies outside allocations, stream capture
 // rules and graphs that replay the captured arguments, mma.sync and
-// ldmatrix against the PTX fragment tables, and (stream threads) a race
+// ldmatrix against the PTX fragment tables, cp.async landing at its wait, and (stream threads) a race
 // between streams that only an event wait prevents.
 //
 //===----------------------------------------------------------------------===//
@@ -278,6 +278,49 @@ TEST(CudaEmu, MmaAndLdmatrixFollowThePtxFragmentTables) {
                                         false);
                   },
                   0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
+}
+
+// cp.async lands only when a wait covers its group: before the wait the
+// shared slot still holds the block's poison (0xff bytes).
+void cpAsyncKernel(const uint32_t *src, uint32_t *out) {
+  uint32_t *sm = static_cast<uint32_t *>(cudaemu::dynamicShared());
+  int t = threadIdx.x;
+  cudaemu::cpAsync(sm + 4 * t, src + 4 * t, 16);
+  cudaemu::cpAsyncCommit();
+  cudaemu::cpAsync(sm + 128 + 4 * t, src + 128 + 4 * t, 16);
+  cudaemu::cpAsyncCommit();
+  out[t] = sm[4 * t];             // no wait: poison
+  cudaemu::cpAsyncWait(1);        // the first group only
+  out[32 + t] = sm[4 * t];        // landed
+  out[64 + t] = sm[128 + 4 * t];  // still poison
+  cudaemu::cpAsyncWait(0);
+  out[96 + t] = sm[128 + 4 * t];  // landed
+}
+
+TEST(CudaEmu, CpAsyncLandsAtItsWait) {
+  std::vector<uint32_t> h(256);
+  std::iota(h.begin(), h.end(), 1u);
+  uint32_t *src = devAlloc<uint32_t>(256), *out = devAlloc<uint32_t>(128);
+  ASSERT_EQ(cudaMemcpy(src, h.data(), 1024, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaemu::launch(nullptr, 1, 32, 1024, nullptr, [=](auto... a) { cpAsyncKernel(a...); }, src,
+                  out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<uint32_t> got(128);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, 512, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(got[t], 0xffffffffu) << t;
+    EXPECT_EQ(got[32 + t], h[4 * t]) << t;
+    EXPECT_EQ(got[64 + t], 0xffffffffu) << t;
+    EXPECT_EQ(got[96 + t], h[128 + 4 * t]) << t;
+  }
+  cudaFree(src);
+  cudaFree(out);
+  // A destination outside dynamic shared memory fails the launch.
+  uint32_t *g = devAlloc<uint32_t>(8);
+  cudaemu::launch(nullptr, 1, 32, 64, nullptr,
+                  [=](auto...) { cudaemu::cpAsync(g, g + 4, 16); }, 0);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
   EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
 }
