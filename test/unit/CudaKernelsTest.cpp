@@ -594,22 +594,32 @@ TEST_F(CudaKernelsTest, CastsRoundToNearestEven) {
   auto x = randomVec(500, 30, 100.f);
   x.push_back(65520.f); // rounds to inf in f16
   x.push_back(-0.f);
-  const int64_t n = x.size();
-  Dev<float> dx(x), back(n);
-  Dev<uint16_t> h(n);
-  for (auto kind : {gpu::FloatKind::BF16, gpu::FloatKind::F16}) {
-    ASSERT_EQ(gpu::cast(dx.get(), gpu::FloatKind::F32, h.get(), kind, n, 0), cudaSuccess);
-    ASSERT_EQ(gpu::cast(h.get(), kind, back.get(), gpu::FloatKind::F32, n, 0), cudaSuccess);
-    auto bits = h.host();
-    auto got = back.host();
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t want = kind == gpu::FloatKind::BF16 ? cpu::floatToBf16(x[i])
-                                                   : cpu::floatToHalf(x[i]);
-      EXPECT_EQ(bits[i], want) << "element " << i << " (" << x[i] << ")";
-      float wf = kind == gpu::FloatKind::BF16 ? cpu::bf16ToFloat(want) : cpu::halfToFloat(want);
-      EXPECT_EQ(std::memcmp(&got[i], &wf, 4), 0) << "element " << i;
+  // Aligned operands take the 16-byte kernel (502 = 62 x 8 + a tail of 6;
+  // 5: the tail alone), an operand one element off the scalar one.
+  for (int64_t n : {(int64_t)x.size(), (int64_t)5})
+    for (int64_t off : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " offset " << off);
+      std::vector<float> xo(n + off, 7.f);
+      std::copy(x.begin(), x.begin() + n, xo.begin() + off);
+      Dev<float> dx(xo), back(n + off);
+      Dev<uint16_t> h(n + off);
+      for (auto kind : {gpu::FloatKind::BF16, gpu::FloatKind::F16}) {
+        ASSERT_EQ(gpu::cast(dx.get() + off, gpu::FloatKind::F32, h.get() + off, kind, n, 0),
+                  cudaSuccess);
+        ASSERT_EQ(gpu::cast(h.get() + off, kind, back.get() + off, gpu::FloatKind::F32, n, 0),
+                  cudaSuccess);
+        auto bits = h.host();
+        auto got = back.host();
+        for (int64_t i = 0; i < n; ++i) {
+          uint16_t want = kind == gpu::FloatKind::BF16 ? cpu::floatToBf16(x[i])
+                                                       : cpu::floatToHalf(x[i]);
+          EXPECT_EQ(bits[off + i], want) << "element " << i << " (" << x[i] << ")";
+          float wf =
+              kind == gpu::FloatKind::BF16 ? cpu::bf16ToFloat(want) : cpu::halfToFloat(want);
+          EXPECT_EQ(std::memcmp(&got[off + i], &wf, 4), 0) << "element " << i;
+        }
+      }
     }
-  }
 }
 
 } // namespace
