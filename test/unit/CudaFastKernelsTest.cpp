@@ -56,18 +56,20 @@ std::vector<float> randomVec(int64_t n, uint32_t seed, float scale = 1.f) {
 struct Bf16Vec {
   std::vector<uint16_t> bits;
   std::vector<float> wide;
-  explicit Bf16Vec(const std::vector<float> &x) : bits(x.size()), wide(x.size()) {
+  /// half: f16 bits instead of bf16.
+  explicit Bf16Vec(const std::vector<float> &x, bool half = false)
+      : bits(x.size()), wide(x.size()) {
     for (size_t i = 0; i < x.size(); ++i) {
-      bits[i] = cpu::floatToBf16(x[i]);
-      wide[i] = cpu::bf16ToFloat(bits[i]);
+      bits[i] = half ? cpu::floatToHalf(x[i]) : cpu::floatToBf16(x[i]);
+      wide[i] = half ? cpu::halfToFloat(bits[i]) : cpu::bf16ToFloat(bits[i]);
     }
   }
 };
 
-std::vector<float> widen(const std::vector<uint16_t> &b) {
+std::vector<float> widen(const std::vector<uint16_t> &b, bool half = false) {
   std::vector<float> f(b.size());
   for (size_t i = 0; i < b.size(); ++i)
-    f[i] = cpu::bf16ToFloat(b[i]);
+    f[i] = half ? cpu::halfToFloat(b[i]) : cpu::bf16ToFloat(b[i]);
   return f;
 }
 
@@ -103,14 +105,16 @@ double maxAbs(const std::vector<float> &v) {
 }
 
 /// bf16 results against the unrounded CPU f32 values (see the file comment);
-/// delta: the f32 bound, per element or one for all.
+/// delta: the f32 bound, per element or one for all. half: f16 results
+/// (unit roundoff 2^-11).
 void expectBf16Near(const std::vector<uint16_t> &got, const std::vector<float> &want,
-                    const std::vector<double> &delta, const char *what) {
+                    const std::vector<double> &delta, const char *what, bool half = false) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  const double u = half ? 1.0 / (1 << 11) : kUb;
   for (size_t i = 0; i < got.size(); ++i) {
     double d = delta.size() == 1 ? delta[0] : delta[i];
-    double g = cpu::bf16ToFloat(got[i]);
-    double tol = kUb * (std::fabs(want[i]) + d) + d;
+    double g = half ? cpu::halfToFloat(got[i]) : cpu::bf16ToFloat(got[i]);
+    double tol = u * (std::fabs(want[i]) + d) + d;
     EXPECT_LE(std::fabs(g - want[i]), tol)
         << what << " element " << i << ": gpu " << g << ", cpu " << want[i];
   }
@@ -775,7 +779,9 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
             (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
-                                    << (t == FloatKind::BF16 ? " bf16" : " f32")
+                                    << (t == FloatKind::BF16  ? " bf16"
+                                        : t == FloatKind::F16 ? " f16"
+                                                              : " f32")
                                     << (impl == Impl::TensorCores ? " WMMA"
                                         : impl == Impl::Mma       ? " mma.sync"
                                         : tc                      ? " auto (mma.sync)"
@@ -783,8 +789,10 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   int64_t C = heads * D, KC = kv * D;
   auto q0 = randomVec(B * T * C, seed), k0 = randomVec(B * T * KC, seed + 1),
        v0 = randomVec(B * T * KC, seed + 2), dy0 = randomVec(B * T * C, seed + 3);
-  bool bf = t == FloatKind::BF16;
-  Bf16Vec q(q0), k(k0), v(v0), dy(dy0);
+  // bf: 16-bit storage (bf16, or f16 when half), rounding unit u16.
+  bool bf = t != FloatKind::F32, half = t == FloatKind::F16;
+  const double u16 = half ? 1.0 / (1 << 11) : kUb;
+  Bf16Vec q(q0, half), k(k0, half), v(v0, half), dy(dy0, half);
   // The CPU reference on exactly the values the GPU reads.
   const auto &qw = bf ? q.wide : q0, &kw = bf ? k.wide : k0, &vw = bf ? v.wide : v0,
              &dyw = bf ? dy.wide : dy0;
@@ -815,7 +823,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
     if (bf) {
       std::vector<uint16_t> h(n);
       EXPECT_EQ(cudaMemcpy(h.data(), p, 2 * n, cudaMemcpyDeviceToHost), cudaSuccess);
-      return std::make_pair(widen(h), h);
+      return std::make_pair(widen(h, half), h);
     }
     EXPECT_EQ(cudaMemcpy(f.data(), p, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
     return std::make_pair(f, std::vector<uint16_t>());
@@ -836,7 +844,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   auto check = [&](void *p, const std::vector<float> &want, double delta, const char *what) {
     auto [f, bits] = fetch(p, want.size());
     if (bf)
-      expectBf16Near(bits, want, {delta}, what);
+      expectBf16Near(bits, want, {delta}, what, half);
     else
       expectF32Near(f, want, 0, delta, what);
   };
@@ -848,10 +856,10 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   // |dy|).
   double scale = 1 / std::sqrt((double)D), group = (double)(heads / kv);
   double dsmag = 2 * D * maxAbs(dyw) * maxAbs(vw);
-  double tcY = tc ? kUb * maxAbs(vw) : 0;
-  double tcDq = tc ? kUb * scale * dsmag * maxAbs(kw) : 0;
-  double tcDk = tc ? kUb * scale * dsmag * maxAbs(qw) * T * group : 0;
-  double tcDv = tc ? kUb * T * group * maxAbs(dyw) : 0;
+  double tcY = tc ? u16 * maxAbs(vw) : 0;
+  double tcDq = tc ? u16 * scale * dsmag * maxAbs(kw) : 0;
+  double tcDk = tc ? u16 * scale * dsmag * maxAbs(qw) * T * group : 0;
+  double tcDv = tc ? u16 * T * group * maxAbs(dyw) : 0;
   check(y, wy, 16 * n * kU * mag + tcY, "flash attention");
   // The log-sum-exp stays f32: the scores' error (D terms of |q||k|), the
   // sum's (T terms) and the log's, relative to the row's magnitude.
@@ -861,7 +869,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   // delta = dy . y, where the CPU reference forms delta from P and dP:
   // |delta error| <= D |dy| |y| 2^-8, which moves dq by scale |k| times it
   // and dk by scale |q| times it per query row and head of the group.
-  double ddelta = bf ? D * maxAbs(dyw) * maxAbs(wy) * std::ldexp(1.0, -8) : 0;
+  double ddelta = bf ? D * maxAbs(dyw) * maxAbs(wy) * u16 : 0;
   ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
                                  B, T, C, heads, causal, kv, 0, impl),
             cudaSuccess);
@@ -920,6 +928,12 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
     flashCase(FloatKind::BF16, 1, 77, 2, 2, 48, causal, 63, Impl::Mma);
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Mma);
+  // f16 storage: the f16 mma.sync and the f16 packing of P and dS (bounds
+  // with f16's unit roundoff), and WMMA's f16 instance beside it.
+  for (Impl impl : {Impl::Mma, Impl::TensorCores}) {
+    flashCase(FloatKind::F16, 1, 100, 4, 2, 64, true, 73, impl);
+    flashCase(FloatKind::F16, 1, 70, 2, 2, 32, false, 79, impl);
+  }
 }
 
 TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
