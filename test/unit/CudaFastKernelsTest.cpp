@@ -865,9 +865,9 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   // sum's (T terms) and the log's, relative to the row's magnitude.
   double lmag = maxAbs(qw) * maxAbs(kw) * std::sqrt((double)D) + std::log((double)T) + 1;
   expectF32Near(lse.host(), wlse, 0, 16 * n * kU * lmag, "flash lse");
-  // The backward reads the y it stored (rounded to bf16) for each row's
-  // delta = dy . y, where the CPU reference forms delta from P and dP:
-  // |delta error| <= D |dy| |y| 2^-8, which moves dq by scale |k| times it
+  // The backward reads the y it stored (rounded to bf16 / f16) for each
+  // row's delta = dy . y, where the CPU reference forms delta from P and
+  // dP: |delta error| <= D |dy| |y| u16, which moves dq by scale |k| times it
   // and dk by scale |q| times it per query row and head of the group.
   double ddelta = bf ? D * maxAbs(dyw) * maxAbs(wy) * u16 : 0;
   ASSERT_EQ(gpu::flash::backward(t, dq, dk, dv, y, lse.get(), ddy, gq, gk, gv, scratch.get(),
