@@ -102,4 +102,13 @@ python3 test/e2e/mixed_precision.py "$B/bin" text "$P/text.bin" --compile-only "
 python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
 mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py bench/mlp_gpu.py "$K/bench/"
 cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
-du -sh "$K"
+# The device tool carries at most 64 MiB: the binaries without their
+# symbol tables (their CUDA fat binaries, about 12 MB each, stay), and a
+# clear failure here rather than a refused carry there.
+strip --strip-unneeded "$K"/bin/*
+bytes=$(du -sb "$K" | cut -f1)
+echo "$K: $((bytes / 1048576)) MiB ($bytes bytes)"
+if [ "$bytes" -gt $((64 * 1048576)) ]; then
+  echo "gpu-pack: $K is over the device tool's 64 MiB carry limit" >&2
+  exit 1
+fi

@@ -583,7 +583,7 @@ TEST_F(CudaFastKernelsTest, Bf16FusedResidualLayerNormAgainstCpu) {
 }
 
 TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) {
-  // The register kernels (rows of <= 256 and <= 1024 columns) add the same
+  // The register kernels (rows of <= 256, <= 768 and <= 1024 columns) add the same
   // terms in the same order as the streaming ones: the same bits, for the
   // forward, the residual form and the backward with and without acc, at
   // widths around each limit (and one past the last, where both paths are
@@ -591,7 +591,7 @@ TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) 
   // warps (a warp's dg / db partials summed over several rows). The values
   // against the CPU: the tests above.
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
-           {37, 7}, {37, 256}, {37, 257}, {37, 768}, {37, 1000}, {37, 1024}, {37, 1025},
+           {37, 7}, {37, 256}, {37, 257}, {37, 768}, {37, 769}, {37, 1000}, {37, 1024}, {37, 1025},
            {4099, 72}}) {
     SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
     Bf16Vec x(randomVec(rows * cols, 51, 2.f)), b(randomVec(rows * cols, 52)),
