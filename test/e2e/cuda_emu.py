@@ -219,8 +219,8 @@ def main():
 
     # A kernel choice the backend does not have, or tensor-core kernels for
     # an f32 plan: refused with the reason, before the first step.
+    f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw") # in the GPU kit too
     if mode != "--compile-only":
-        f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw")
         for attn, want in (("flash3", "is not one of auto, cores, wmma, mma"),
                            ("mma", "names tensor-core kernels")):
             r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
