@@ -3,8 +3,9 @@
 # change to the CUDA backend: the three backend suites, FlashBench, GPT-2
 # 124M (T=1024) through bench/gpt2_gpu.py beside PyTorch fp32 and bf16
 # eager at B=16 (fsdp-run alone at B=32), a per-instruction profile of
-# GPT-2 in bf16 and f32 (fsdp-run --trace on cuda synchronizes after every
-# instruction: each span is the GPU's time), and test/e2e/cuda_emu.py's
+# GPT-2 in bf16 and f32 (fsdp-run --trace on cuda: each span the GPU's
+# time between events on the compute stream; bf16 once more with
+# --trace-sync: each instruction alone), and test/e2e/cuda_emu.py's
 # matrix (--gpu), then GPT-2 at B=32 and the FSDP2 tutorial MLP at hidden
 # 4096 (bench/mlp_gpu.py). Logs, traces and bench JSON go to $OUT; summarize traces
 # here with scripts/trace-summary.py. Prints a summary line per step.
@@ -49,6 +50,10 @@ for d in bf16 f32; do
   step "trace_$d" 90 "$K/bin/fsdp-run" "$P/gpt2_${d}_b16.plan" --device cuda --steps 3 --lr 1e-4 \
     --trace "$OUT/trace_$d.json"
 done
+# The same bf16 step synchronized after every instruction (each op alone):
+# the difference to trace_bf16 is what overlap and queueing hide.
+step trace_sync_bf16 90 "$K/bin/fsdp-run" "$P/gpt2_bf16_b16.plan" --device cuda --steps 3 \
+  --lr 1e-4 --trace "$OUT/trace_sync_bf16.json" --trace-sync
 [ "${QUICK:-0}" = 1 ] && exit $fail
 step issue9_matrix 240 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 grep -E "ok$|MISMATCH|skipped|match" "$OUT/issue9_matrix.log" | tail -25

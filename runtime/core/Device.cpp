@@ -22,6 +22,12 @@ Status Device::beginCapture() {
   return FSDP_ERROR("device ", name(), " cannot capture a step (CUDA graphs need --device cuda)");
 }
 Status Device::endCapture(bool) { return FSDP_ERROR("device ", name(), " captures no step"); }
+Status Device::stampCompute(int64_t) {
+  return FSDP_ERROR("device ", name(), " cannot time its compute stream");
+}
+Status Device::stampGapMs(int64_t, int64_t, double &) {
+  return FSDP_ERROR("device ", name(), " has no timing stamps");
+}
 Status Device::replay() { return FSDP_ERROR("device ", name(), " has no captured step"); }
 
 } // namespace fsdp

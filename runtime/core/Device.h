@@ -168,7 +168,9 @@ public:
   /// (CUDA graphs).
   virtual bool canCapture() const { return false; }
   /// True when run() only enqueues (CUDA): the host's clock then times a
-  /// launch, not the work, and --trace synchronizes after each instruction.
+  /// launch, not the work, so --trace times the compute stream with the
+  /// stamps below (or, with --trace-sync or on a device without stamps,
+  /// synchronizes after each instruction).
   virtual bool enqueuesAsync() const { return false; }
   /// From now on, work enqueued on the compute stream (and on the streams
   /// joining it through events) is recorded, not run.
@@ -177,6 +179,17 @@ public:
   virtual Status endCapture(bool keep);
   /// Enqueues the recorded step on the compute stream.
   virtual Status replay();
+
+  // --- device-side timing: [Note: stamped trace] in Executor.cpp -----------
+  /// True when the device can time its own compute stream (CUDA events).
+  virtual bool stampsCompute() const { return false; }
+  /// Enqueues timing stamp `k` (>= 0) on the compute stream: it completes,
+  /// and takes the device's time, when the work enqueued before it has.
+  /// Re-stamping k replaces the earlier one.
+  virtual Status stampCompute(int64_t k);
+  /// After synchronize(): the device time from stamp `a` to stamp `b`, in
+  /// milliseconds (both stamped since the last synchronize).
+  virtual Status stampGapMs(int64_t a, int64_t b, double &ms);
 
   // --- measurements ---------------------------------------------------------
   /// Device memory used outside the arena so far (CPU: the f32 scratch of

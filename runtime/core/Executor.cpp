@@ -391,14 +391,31 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   ++stepsRun;
   if (capturing)
     FSDP_RETURN_IF_ERROR(dev.beginCapture());
+  // [Note: stamped trace]
+  // On a device that only enqueues (CUDA), the host's clock around run()
+  // times a launch. So --trace stamps the compute stream before the first
+  // instruction and after each one (CUDA events, no host wait): after the
+  // step's synchronize, instruction i's span is the device time between
+  // stamps i and i + 1, the step running as it does untraced (overlap
+  // included; a wait's span is the time compute stood still). The spans
+  // are placed on the host's clock by the last stamp, taken as the time
+  // the step's synchronize returned (the comm track's spans are host
+  // times). --trace-sync instead synchronizes after every instruction:
+  // each instruction's cost alone, without overlap.
+  const bool stamped = tracing && dev.enqueuesAsync() && !traceSync && dev.stampsCompute();
+  const size_t traceFrom = computeEvents.size();
+  if (stamped && !captured)
+    FSDP_RETURN_IF_ERROR(dev.stampCompute(0));
   for (size_t i = 0; i < plan.program.size() && !captured; ++i) {
     const Instruction &inst = plan.program[i];
     double t0 = tracing ? nowUs() : 0;
     traceIndex = (int64_t)i;
     Status st = collective[i] ? runCollective(inst) : dev.run((int64_t)i);
-    // An asynchronous device's span is its work's only after a synchronize
-    // (a profile: the step runs slower and without overlap).
-    if (tracing && st && dev.enqueuesAsync())
+    if (stamped && st)
+      st = dev.stampCompute((int64_t)i + 1);
+    // Without stamps, an asynchronous device's span is its work's only
+    // after a synchronize (the step runs slower and without overlap).
+    else if (tracing && st && dev.enqueuesAsync())
       st = dev.synchronize();
     if (tracing) {
       // A collective's span here is its issue (async) or the whole blocking
@@ -444,6 +461,18 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   }
   if (!synced)
     return Status::error("step " + std::to_string(step) + ": " + synced.message());
+  if (stamped) {
+    const double end = nowUs();
+    const int64_t last = (int64_t)plan.program.size();
+    for (size_t k = traceFrom; k < computeEvents.size(); ++k) {
+      TraceEvent &ev = computeEvents[k];
+      double durMs = 0, toEndMs = 0;
+      FSDP_RETURN_IF_ERROR(dev.stampGapMs(ev.index, ev.index + 1, durMs));
+      FSDP_RETURN_IF_ERROR(dev.stampGapMs(ev.index, last, toEndMs));
+      ev.startUs = end - 1e3 * toEndMs;
+      ev.durUs = 1e3 * durMs;
+    }
+  }
   float sumsq = 0;
   for (const Binding &b : plan.outputs) {
     if (b.role == "loss")

@@ -119,8 +119,15 @@ public:
   Status getParamElement(const Param &p, int64_t i, float &value) const;
   Status setParamElement(const Param &p, int64_t i, float value);
 
-  /// Records every instruction's span from now on (see TraceEvent).
-  void setTracing(bool on) { tracing = on; }
+  /// Records every instruction's span from now on (see TraceEvent). On an
+  /// asynchronous device the compute spans are the device's own times
+  /// ([Note: stamped trace] in Executor.cpp), or with `syncEach` (or a
+  /// device without timing stamps) the host's around a synchronize after
+  /// every instruction: each instruction alone, no overlap.
+  void setTracing(bool on, bool syncEach = false) {
+    tracing = on;
+    traceSync = syncEach;
+  }
   /// Runs the first step as usual, captures the second and replays the
   /// capture from then on ([Note: step capture] in Executor.cpp). An error
   /// where the device cannot capture or a collective runs host code.
@@ -168,7 +175,7 @@ private:
   /// on the comm stream that completes them.
   std::map<int64_t, std::unique_ptr<Event>> inFlight;
 
-  bool tracing = false;
+  bool tracing = false, traceSync = false;
   bool captureSteps = false; ///< setStepCapture
   bool captured = false;     ///< the device holds the step's capture
   int64_t stepsRun = 0;

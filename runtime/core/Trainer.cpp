@@ -83,8 +83,11 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        instruction on the compute thread, each collective on
                        the communication thread, every rank) as Chrome trace
                        JSON: open it in ui.perfetto.dev beside fsdp-sim's
-                       predicted one. cuda: every instruction is synchronized
-                       (its span is the GPU's time; no overlap: a profile)
+                       predicted one. cuda: each instruction's span is the
+                       GPU's time between timing events on the compute stream
+                       (the step runs as it does untraced)
+  --trace-sync         with --trace on cuda: synchronize after every
+                       instruction instead (each one's cost alone, no overlap)
   --calibrate          no plan: time this machine's kernels and (with --nproc N)
                        collectives and print the device profile fsdp-sim reads
   --json               one JSON object per step instead of the human line
@@ -146,6 +149,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     }
     if (a == "--cuda-graphs") {
       opt.cudaGraphs = true;
+      continue;
+    }
+    if (a == "--trace-sync") {
+      opt.traceSync = true;
       continue;
     }
     if (a == "--json" || a == "--quiet") {
@@ -252,6 +259,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("no plan file given");
   if (opt.saveEvery > 0 && opt.ckptDir.empty())
     return FSDP_ERROR("--save-every needs --ckpt-dir");
+  if (opt.traceSync && opt.trace.empty())
+    return FSDP_ERROR("--trace-sync needs --trace FILE");
   if ((!opt.evalData.empty() || evalBatchesSet) && opt.evalEvery == 0)
     return FSDP_ERROR("--eval-data and --eval-batches need --eval-every N");
   if (opt.evalEvery > 0 && opt.evalData.empty() && opt.data != "synthetic")
@@ -632,7 +641,7 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                 human((double)plan.arenaBytes).c_str());
 
   bool tty = isatty(2) && !opt.json && root;
-  ex.setTracing(!opt.trace.empty());
+  ex.setTracing(!opt.trace.empty(), opt.traceSync);
   if (opt.cudaGraphs)
     FSDP_RETURN_IF_ERROR(ex.setStepCapture(true));
   std::vector<double> losses, lrs, times, scales;

@@ -42,6 +42,7 @@ struct TrainOptions {
   int64_t keep = 0;       ///< --keep M newest checkpoints (0: all)
   std::string resume;     ///< --resume DIR: latest complete checkpoint there
   std::string trace;      ///< --trace FILE: measured timeline (Chrome JSON)
+  bool traceSync = false; ///< --trace-sync: synchronize after each instruction
   bool calibrate = false; ///< --calibrate: print this machine's profile
   int64_t evalEvery = 0;   ///< --eval-every N: validation loss every N steps (0: off)
   std::string evalData;    ///< --eval-data SPEC (default: held-out synthetic)

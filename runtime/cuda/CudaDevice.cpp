@@ -112,6 +112,8 @@ public:
       cudaStreamSynchronize(comm.s);
     if (stepGraph)
       cudaGraphExecDestroy(stepGraph);
+    for (cudaEvent_t e : stamps)
+      cudaEventDestroy(e);
     gemm.reset();
     for (void *p : {(void *)arena, (void *)scratch.f, (void *)scratch.d, (void *)scratch.wide,
                     (void *)badPos})
@@ -323,6 +325,29 @@ public:
     return Status::ok();
   }
 
+  // [Note: stamped trace] in runtime/core/Executor.cpp: timing events on
+  // the compute stream, created on first use and kept (one per stamp).
+  bool stampsCompute() const override { return true; }
+  Status stampCompute(int64_t k) override {
+    if (k < 0)
+      return FSDP_ERROR("timing stamp ", k, " is negative");
+    while ((int64_t)stamps.size() <= k) {
+      cudaEvent_t e = nullptr;
+      FSDP_CUDA_CHECK(cudaEventCreate(&e)); // with timing
+      stamps.push_back(e);
+    }
+    FSDP_CUDA_CHECK(cudaEventRecord(stamps[k], compute.s));
+    return Status::ok();
+  }
+  Status stampGapMs(int64_t a, int64_t b, double &ms) override {
+    if (a < 0 || b < 0 || a >= (int64_t)stamps.size() || b >= (int64_t)stamps.size())
+      return FSDP_ERROR("timing stamps ", a, " and ", b, ": only ", stamps.size(), " exist");
+    float f = 0;
+    FSDP_CUDA_CHECK(cudaEventElapsedTime(&f, stamps[a], stamps[b]));
+    ms = f;
+    return Status::ok();
+  }
+
   int64_t scratchHighWater() const override {
     return scratch.fN * (int64_t)sizeof(float) + scratch.dN * (int64_t)sizeof(double) +
            scratch.wideBytes +
@@ -394,6 +419,7 @@ private:
   CudaStream compute, comm;
   std::unique_ptr<Gemm> gemm;
   cudaGraphExec_t stepGraph = nullptr; ///< the captured step (beginCapture)
+  std::vector<cudaEvent_t> stamps;     ///< stampCompute's timing events
   flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
   long long *badPos = nullptr;
   Scratch scratch;

@@ -954,15 +954,24 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   CUstream_st *st = resolve(s);
   std::lock_guard<std::mutex> g(captureMu);
   e->recorded = true;
-  e->when = std::chrono::steady_clock::now();
   e->capture = st->capture;
   e->captureId = st->capture ? st->capture->id : 0;
   e->stream = st;
   e->seq = st->capture ? st->lastOp : 0;
   if (threadedStreams() && !st->capture && st != &legacyStream) {
-    std::lock_guard<std::mutex> l(st->mu);
-    e->execSeq = st->issued; // complete with the work issued before it
+    {
+      std::lock_guard<std::mutex> l(st->mu);
+      if (!(e->flags & cudaEventDisableTiming)) {
+        // A timing event takes the time the stream reaches it, not the
+        // host's issue time (what cudaEventElapsedTime measures on a GPU).
+        st->queue.push_back([e] { e->when = std::chrono::steady_clock::now(); });
+        ++st->issued;
+      }
+      e->execSeq = st->issued; // complete with the work issued before it
+    }
+    st->cv.notify_all();
   } else {
+    e->when = std::chrono::steady_clock::now(); // eager: the work before it has run
     e->execSeq = 0;
   }
   return cudaSuccess;
@@ -1031,6 +1040,12 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event without timing");
   if (!a->recorded || !b->recorded)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an unrecorded event");
+  for (cudaEvent_t e : {a, b})
+    if (e->execSeq) { // threads: the stream must have reached it
+      std::lock_guard<std::mutex> l(e->stream->mu);
+      if (e->stream->completed < e->execSeq)
+        return cudaErrorNotReady; // not sticky, as on a GPU
+    }
   *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
   return cudaSuccess;
 }

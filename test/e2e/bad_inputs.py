@@ -302,6 +302,7 @@ def main():
         check("option: --save-every without --ckpt-dir", [mlp, "--save-every", "2"], "--ckpt-dir")
         check("option: --resume with --init-from", [mlp, "--resume", tmp, "--init-from", mlp], "pick one")
         check("option: --keep -1", [mlp, "--keep", "-1", "--ckpt-dir", tmp], "--keep")
+        check("option: --trace-sync without --trace", [mlp, "--trace-sync"], "needs --trace FILE")
 
         # --- data files (llm.c token format)
         def tokens(magic=20240520, version=1, n=1000, body=None, count=None):

@@ -122,6 +122,44 @@ def main():
         check(f"cpu-vs-cuda {name}", run(plan, f"{name}_cuda", 20, lr),
               run(plan, f"{name}_cpu", 20, lr, device="cpu"), 1e-5)
 
+    # --trace on cuda ([Note: stamped trace] in runtime/core/Executor.cpp):
+    # one compute span per instruction per step, each the device time
+    # between two timing events, so a step's spans tile it (no gap, no
+    # overlap beyond the events' float milliseconds); with --trace-sync
+    # they are host times around a synchronize each (in order, gaps
+    # allowed).
+    if mode != "--compile-only":
+        plan = os.path.join(plan_dir or tmp, "mlp.plan")
+        with open(plan) as f:
+            n_inst = len(json.load(f)["program"])
+        for flag in ("", "--trace-sync"):
+            trace = os.path.join(tmp, f"trace{flag}.json")
+            r = subprocess.run([emu_run, plan, "--device", "cuda", "--steps", "3", "--quiet",
+                                "--trace", trace] + ([flag] if flag else []),
+                               capture_output=True, text=True)
+            problems = [] if r.returncode == 0 else [f"rc {r.returncode}: {r.stderr[-800:]}"]
+            spans = [] if problems else [e for e in json.load(open(trace))["traceEvents"]
+                                         if e["ph"] == "X" and e["tid"] == 0]
+            for st in (1, 2, 3):
+                s = sorted((e for e in spans if e["args"]["step"] == st),
+                           key=lambda e: e["args"]["instruction"])
+                if [e["args"]["instruction"] for e in s] != list(range(n_inst)):
+                    problems.append(f"step {st}: {len(s)} spans for {n_inst} instructions")
+                    continue
+                if min(e["dur"] for e in s) < 0:
+                    problems.append(f"step {st}: a negative span")
+                gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(s, s[1:])]
+                if not flag and max(abs(g) for g in gaps) > 1.0:
+                    problems.append(f"step {st}: stamped spans do not tile the step "
+                                    f"(largest gap {max(gaps, key=abs):.2f} us)")
+                if flag and min(gaps) < -1.0:
+                    problems.append(f"step {st}: synchronized spans overlap ({min(gaps):.2f} us)")
+            name = f"trace {'--trace-sync' if flag else 'stamped'}"
+            print(f"{name}: {n_inst} spans a step, 3 steps: "
+                  f"{'ok' if not problems else 'MISMATCH ' + '; '.join(problems)}")
+            if problems:
+                failures.append(name)
+
     # features: the GPT with each schedule whose CUDA path is its own
     # (recompute re-runs kernels, activation offload copies on the comm
     # stream, per-micro-batch reduce-scatters, dropout's counter-based

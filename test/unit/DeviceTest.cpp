@@ -240,6 +240,50 @@ TEST_P(DeviceConformance, RunsInstructionsOnTheArena) {
   EXPECT_EQ(read(plan, 0), (std::vector<float>{1, 2, 3, 4, 5})) << "inputs unchanged";
 }
 
+/// [Note: stamped trace]: a device that times its compute stream measures
+/// the time between two stamps there (here a 40 ms host wait between them:
+/// the stream idle, then stamped after it); one that cannot says so.
+TEST_P(DeviceConformance, TimingStampsMeasureTheComputeStream) {
+  Plan plan = vectorPlan(4, 5,
+                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  bind(plan);
+  double ms = -1;
+  if (!dev->stampsCompute()) {
+    Status st = dev->stampCompute(0);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("cannot time"), std::string::npos) << st.message();
+    EXPECT_FALSE(dev->stampGapMs(0, 1, ms).isOk());
+    return;
+  }
+  for (int round = 0; round < 2; ++round) { // a second round re-stamps the same slots
+    ASSERT_TRUE(dev->stampCompute(0).isOk());
+    ASSERT_TRUE(dev->run(0).isOk());
+    ASSERT_TRUE(dev->stampCompute(1).isOk());
+    ASSERT_TRUE(dev->synchronize().isOk()); // stamp 1 taken before the sleep starts
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    ASSERT_TRUE(dev->run(1).isOk());
+    ASSERT_TRUE(dev->stampCompute(2).isOk());
+    ASSERT_TRUE(dev->stampCompute(3).isOk());
+    ASSERT_TRUE(dev->synchronize().isOk());
+    double a = -1, b = -1, c = -1, whole = -1;
+    ASSERT_TRUE(dev->stampGapMs(0, 1, a).isOk());
+    ASSERT_TRUE(dev->stampGapMs(1, 2, b).isOk());
+    ASSERT_TRUE(dev->stampGapMs(2, 3, c).isOk());
+    ASSERT_TRUE(dev->stampGapMs(0, 3, whole).isOk());
+    EXPECT_GE(a, 0);
+    EXPECT_GE(b, 40 - 0.5) << "the 40 ms between stamps 1 and 2"; // event resolution ~0.5 us
+    EXPECT_LT(a, b);
+    EXPECT_GE(c, 0);
+    EXPECT_LT(c, b);
+    EXPECT_NEAR(whole, a + b + c, 0.01);
+    EXPECT_EQ(read(plan, 3), (std::vector<float>(5, 0.f))) << "zeros in, zeros out";
+  }
+  Status st = dev->stampGapMs(0, 4, ms);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("only 4 exist"), std::string::npos) << st.message();
+  EXPECT_FALSE(dev->stampCompute(-1).isOk());
+}
+
 /// [Note: step capture]: a device that captures records the work instead
 /// of running it, and each replay runs it on the arena's current contents;
 /// one that cannot says so.
