@@ -899,12 +899,12 @@ __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perR
   }
 }
 
+/// Row blockIdx.x of the gradient from `lr`, its logits: global memory,
+/// or the block's shared-memory copy of them (ceGradCachedKernel).
 template <bool Vec, typename T>
-__global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
-                             T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos) {
-  __shared__ MaxSum sh[32];
-  const T *lr = logits + blockIdx.x * stride;
+__device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss, T *dlogits,
+                          int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                          MaxSum *sh) {
   T *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
@@ -928,6 +928,41 @@ __global__ void ceGradKernel(const T *logits, const int32_t *labels, const float
   }
   if (threadIdx.x == 0 && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
+}
+
+/// Two reads of the logits (the row statistics, then the gradient).
+template <bool Vec, typename T>
+__global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
+                             T *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                             long long *badPos) {
+  __shared__ MaxSum sh[32];
+  ceGradRow<Vec>(logits + blockIdx.x * stride, labels, dloss, dlogits, rows, classes, stride,
+                 badPos, sh);
+}
+
+/// Rows of at most this many bytes are read once, into shared memory (two
+/// blocks an SM on Hopper's 227 KB): the statistics and the gradient then
+/// read the copy, so the gradient costs one read of the logits and one
+/// write instead of two reads and a write. GPT-2's padded bf16 row is
+/// 50304 x 2 = 98 KB.
+constexpr int64_t kCeRowCacheBytes = 112 << 10;
+
+/// ceGradKernel<true> from a shared-memory copy of the row: the same
+/// threads combine the same values in the same order, so the same bits.
+/// The copy is taken before any write, so dlogits may be logits (in place).
+template <typename T>
+__global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const float *dloss,
+                                   T *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                                   long long *badPos) {
+  extern __shared__ uint4 ceRow[];
+  __shared__ MaxSum sh[32];
+  const uint4 *src = reinterpret_cast<const uint4 *>(logits + blockIdx.x * stride);
+#pragma unroll 4
+  for (int64_t k = threadIdx.x; k < stride / kVec<T>; k += blockDim.x)
+    ceRow[k] = src[k];
+  __syncthreads();
+  ceGradRow<true>(reinterpret_cast<const T *>(ceRow), labels, dloss, dlogits, rows, classes,
+                  stride, badPos, sh);
 }
 
 __global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
@@ -965,10 +1000,18 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
 template <typename T>
 cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
                               void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                              long long *badPos, cudaStream_t s) {
+                              long long *badPos, bool cacheRow, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  if (vectorRows<T>(logits, dlogits, stride))
+  const size_t rowBytes = (size_t)stride * sizeof(T);
+  if (cacheRow && vectorRows<T>(logits, dlogits, stride) && rowBytes <= kCeRowCacheBytes) {
+    if (cudaError_t e = cudaFuncSetAttribute(ceGradCachedKernel<T>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)kCeRowCacheBytes))
+      return e;
+    ceGradCachedKernel<T><<<(unsigned)rows, kThreads, rowBytes, s>>>(
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
+  } else if (vectorRows<T>(logits, dlogits, stride))
     ceGradKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
         cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
   else
@@ -1129,9 +1172,9 @@ cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels,
 }
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
-                             int64_t stride, long long *badPos, cudaStream_t s) {
+                             int64_t stride, long long *badPos, cudaStream_t s, bool cacheRow) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes,
-                       stride, badPos, s);
+                       stride, badPos, cacheRow, s);
 }
 cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,

@@ -122,10 +122,16 @@ cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
                          long long *badPos, cudaStream_t s);
 /// dlogits (dtype t) = (softmax - onehot) * dloss / rows, 0 in the padding
-/// columns; one read pass for the row statistics and one read + write pass.
+/// columns; dlogits may be logits (in place). A row of 16-byte chunks of
+/// at most 112 KB (GPT-2's padded bf16 head: 98 KB) is read once into
+/// shared memory, and the statistics and the gradient read that copy: one
+/// read and one write of the logits. Otherwise (or with cacheRow false) a
+/// read pass for the statistics and a read + write pass. Same bits either
+/// way.
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
-                             int64_t stride, long long *badPos, cudaStream_t s);
+                             int64_t stride, long long *badPos, cudaStream_t s,
+                             bool cacheRow = true);
 
 // --- optimizer -----------------------------------------------------------------
 

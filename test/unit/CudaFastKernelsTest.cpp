@@ -445,6 +445,20 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
     // softmax entries: relative error ~ classes u (the row sum), times 1.5/rows
     expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / rows}, "cross_entropy_grad");
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
+    // The padded rows (98 KB) take the shared-memory row copy: the same
+    // bits as the two-read kernel, and in place (dlogits = logits, as
+    // fsdp-plan-memory places the LM head's gradient) the same again.
+    Dev<uint16_t> twoRead(std::vector<uint16_t>(rows * stride, 0x7fc0));
+    ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(),
+                                    twoRead.get(), rows, classes, stride, bad.get(), 0,
+                                    /*cacheRow=*/false),
+              cudaSuccess);
+    EXPECT_EQ(twoRead.host(), got) << "the row copy changed the result";
+    Dev<uint16_t> inPlace(rowsBits);
+    ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, inPlace.get(), dl.get(), dloss.get(),
+                                    inPlace.get(), rows, classes, stride, bad.get(), 0),
+              cudaSuccess);
+    EXPECT_EQ(inPlace.host(), got) << "in place";
     // A bad label is recorded, not a crash; a label in the padding is bad.
     std::vector<int32_t> badLabels = labels;
     badLabels[5] = (int32_t)classes;
