@@ -145,6 +145,29 @@ ArrayRef<int64_t> shapeOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
 
+/// The name an op's calibrated per-unit cost is kept under: the packed
+/// attention ops (fsdp.attention_qkv) run attention's kernels.
+StringRef costName(StringRef name) {
+  if (name == "attention_qkv")
+    return "attention";
+  if (name == "attention_qkv_grad")
+    return "attention_grad";
+  return name;
+}
+
+/// A [B, T, C] value of an attention op's queries' shape (q, or for the
+/// packed forms y), or null for other ops.
+Value attentionQuery(Operation *op) {
+  StringRef name = op->getName().stripDialect();
+  if (name == "attention" || name == "attention_grad")
+    return op->getOperand(0);
+  if (name == "attention_qkv")
+    return op->getResult(0);
+  if (name == "attention_qkv_grad")
+    return op->getOperand(1);
+  return nullptr;
+}
+
 double flopsOf(Operation *op) {
   if (isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp>(op)) {
     ArrayRef<int64_t> lhs = shapeOf(op->getOperand(0));
@@ -152,10 +175,10 @@ double flopsOf(Operation *op) {
     return 2.0 * double(numel(shapeOf(op->getResult(0)))) * double(k);
   }
   StringRef name = op->getName().stripDialect();
-  if (name == "attention" || name == "attention_grad") {
-    ArrayRef<int64_t> q = shapeOf(op->getOperand(0)); // [B, T, C]
-    double f = 4.0 * q[0] * q[1] * q[1] * q[2];        // Q K^T and P V
-    return f * (name == "attention_grad" ? 2.5 : 1.0);
+  if (Value q = attentionQuery(op)) {
+    ArrayRef<int64_t> s = shapeOf(q);           // [B, T, C]
+    double f = 4.0 * s[0] * s[1] * s[1] * s[2]; // Q K^T and P V
+    return f * (costName(name) == "attention_grad" ? 2.5 : 1.0);
   }
   return 0.0;
 }
@@ -181,11 +204,11 @@ SmallVector<StringRef> epilogueOps(Operation *op) {
 }
 
 double unitsOf(Operation *op, Value firstIn) {
-  ArrayRef<int64_t> s = shapeOf(firstIn);
-  StringRef name = op->getName().stripDialect();
-  if (name == "attention" || name == "attention_grad")
+  if (Value q = attentionQuery(op)) {
+    ArrayRef<int64_t> s = shapeOf(q);
     return double(s[0]) * s[1] * s[1] * s[2];
-  return double(numel(s));
+  }
+  return double(numel(shapeOf(firstIn)));
 }
 
 /// True when a group of `span` consecutive ranks (the groups tile the
@@ -468,7 +491,7 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       work = bytesOf(op->getResult(0)) / p.hostLinkBytesPerS;
     auto per = p.secondsPerUnit.find(isa<SetParamOp, SetStateOp, SetUnitOp>(op)
                                          ? StringRef("copy")
-                                         : name);
+                                         : costName(name));
     if (per != p.secondsPerUnit.end() && firstIn)
       work = std::max(work, unitsOf(op, firstIn) * per->second);
     // A fused instruction's folded ops: on a CPU (a profile with per-unit

@@ -28,6 +28,16 @@
 //   forward and its layernorm backward accumulating into dinp).
 // - Slice gradients: a tree of adds summing slice_grads that tile one
 //   dimension becomes one concat of the pieces (no zero-filled copies).
+// - Packed attention: an `attention` whose q, k, v are the slices [0, C),
+//   [C, C + KC), [C + KC, C + 2 KC) of the last dimension of one rank-3
+//   tensor %x (GPT-2's fused q/k/v projection) becomes
+//   `attention_qkv %x`: the kernels read the three column ranges in place
+//   (row stride C + 2 KC) instead of from copies. Its `attention_grad`
+//   on the same slices, whose dq, dk, dv are read only by one concat of
+//   them in that order along the last dimension (the slice-gradient sum
+//   above), becomes `attention_qkv_grad %x, ...`, which writes the
+//   concat's result in place. Slices left unread go. Same arithmetic on
+//   the same values: the same bits.
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
@@ -107,6 +117,85 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     for (AddOp a : llvm::reverse(adds))
       if (!erased.contains(a))
         fuseSliceGradSum(a, erased);
+    // After the slice-gradient sums: their concats are what the packed
+    // gradient replaces.
+    SmallVector<AttentionOp> attentions;
+    SmallVector<AttentionGradOp> attentionGrads;
+    getOperation().walk([&](Operation *op) {
+      if (auto a = dyn_cast<AttentionOp>(op))
+        attentions.push_back(a);
+      else if (auto g = dyn_cast<AttentionGradOp>(op))
+        attentionGrads.push_back(g);
+    });
+    SmallVector<SliceOp> slices;
+    for (AttentionOp a : attentions)
+      fusePackedAttention(a, slices);
+    for (AttentionGradOp g : attentionGrads)
+      fusePackedAttentionGrad(g, slices);
+    for (SliceOp s : slices) // each once (packedSource)
+      if (s->use_empty())
+        s.erase();
+  }
+
+  /// The rank-3 tensor whose last dimension q, k and v are the slices
+  /// [0, C), [C, C + KC), [C + KC, C + 2 KC) of, covering it; else null.
+  /// The slices are appended to `slices` (candidates to erase).
+  static Value packedSource(Value q, Value k, Value v, SmallVectorImpl<SliceOp> &slices) {
+    auto sq = q.getDefiningOp<SliceOp>(), sk = k.getDefiningOp<SliceOp>(),
+         sv = v.getDefiningOp<SliceOp>();
+    if (!sq || !sk || !sv)
+      return nullptr;
+    Value x = sq.getInput();
+    auto xt = cast<RankedTensorType>(x.getType());
+    if (sk.getInput() != x || sv.getInput() != x || xt.getRank() != 3)
+      return nullptr;
+    int64_t c = cast<RankedTensorType>(q.getType()).getShape()[2],
+            kc = cast<RankedTensorType>(k.getType()).getShape()[2];
+    if (sq.getDim() != 2 || sk.getDim() != 2 || sv.getDim() != 2 || sq.getOffset() != 0 ||
+        (int64_t)sk.getOffset() != c || (int64_t)sv.getOffset() != c + kc ||
+        xt.getShape()[2] != c + 2 * kc)
+      return nullptr;
+    for (SliceOp s : {sq, sk, sv})
+      if (!llvm::is_contained(slices, s))
+        slices.push_back(s);
+    return x;
+  }
+
+  void fusePackedAttention(AttentionOp att, SmallVectorImpl<SliceOp> &slices) {
+    Value x = packedSource(att.getQ(), att.getK(), att.getV(), slices);
+    if (!x)
+      return;
+    OpBuilder b(att);
+    auto fused = b.create<AttentionQkvOp>(att.getLoc(), att->getResultTypes(), x,
+                                          att.getHeadsAttr(), att.getCausalAttr(),
+                                          att.getKvHeadsAttr());
+    keepMarks(att, fused);
+    att->replaceAllUsesWith(fused->getResults());
+    att.erase();
+    ++numFused;
+  }
+
+  void fusePackedAttentionGrad(AttentionGradOp g, SmallVectorImpl<SliceOp> &slices) {
+    Value dq = g.getDQ(), dk = g.getDK(), dv = g.getDV();
+    if (!dq.hasOneUse() || !dk.hasOneUse() || !dv.hasOneUse())
+      return;
+    auto concat = dyn_cast<ConcatOp>(*dq.getUsers().begin());
+    if (!concat || concat.getDim() != 2 || concat.getInputs().size() != 3 ||
+        concat.getInputs()[0] != dq || concat.getInputs()[1] != dk ||
+        concat.getInputs()[2] != dv)
+      return;
+    Value x = packedSource(g.getQ(), g.getK(), g.getV(), slices);
+    if (!x || x.getType() != concat.getResult().getType())
+      return;
+    OpBuilder b(g);
+    auto fused = b.create<AttentionQkvGradOp>(g.getLoc(), x.getType(), x, g.getY(), g.getLse(),
+                                              g.getGrad(), g.getHeadsAttr(), g.getCausalAttr(),
+                                              g.getKvHeadsAttr());
+    keepMarks(g, fused);
+    concat.getResult().replaceAllUsesWith(fused.getDQkv());
+    concat.erase();
+    g.erase();
+    ++numFused;
   }
 
   /// A tree of adds (each inner one read only by the next) whose leaves

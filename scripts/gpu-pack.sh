@@ -77,9 +77,12 @@ for b in 16 32; do
     "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
       --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=$d plan=$P/gpt2_${d}_b$b.plan report=false"
   done
-  # The LM head unpadded (pad-classes=0: 50257 columns), for comparison.
+  # The LM head unpadded (pad-classes=0: 50257 columns), for comparison;
+  # and ZeRO-3 at world size 1 (issue 10: at stage 0's speed).
   [ $b = 16 ] && "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
     --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 pad-classes=0 plan=$P/gpt2_bf16_b16_unpadded.plan report=false"
+  [ $b = 16 ] && "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
+    --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 stage=3 plan=$P/gpt2_bf16_b16_zero3.plan report=false"
   rm -f "$P/gpt2_b$b.mlir"
 done
 # The FSDP2 tutorial MLP at hidden 4096 for bench/mlp_gpu.py (issue 10).

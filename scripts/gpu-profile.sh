@@ -36,11 +36,13 @@ grep -E "tok/s" "$OUT/bench_b16.log"
 # The bf16 GPT-2 step with cuBLASLt tuning, without GEMM staging
 # (CudaGemm.h), with the LM head unpadded (pad-classes=0, 50257
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
-# of the mma.sync ones (CudaFlash.h), for comparison; PyTorch's cuBLAS on
-# the LM head's GEMMs at 50257 and 50304 columns.
-for v in FSDP_CUDA_GEMM_TUNE=1 FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
+# of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
+# (issue 10: stage 0's speed), for comparison; PyTorch's cuBLAS on the LM
+# head's GEMMs at 50257 and 50304 columns.
+for v in FSDP_CUDA_GEMM_TUNE=1 FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma ZERO3=1; do
   plan="$P/gpt2_bf16_b16.plan"
   [ "$v" = UNPADDED=1 ] && plan="$P/gpt2_bf16_b16_unpadded.plan"
+  [ "$v" = ZERO3=1 ] && plan="$P/gpt2_bf16_b16_zero3.plan"
   step "variant_${v%%=*}" 90 env "$v" "$K/bin/fsdp-run" "$plan" --device cuda \
     --steps 12 --lr 1e-4 --quiet
   echo "$v: $(grep -E "ms/step|tuning" "$OUT/variant_${v%%=*}.log" | tr '\n' ' ')"

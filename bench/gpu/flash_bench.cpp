@@ -2,7 +2,9 @@
 //
 // Times runtime/cuda/CudaFlash's forward and backward (the three
 // implementations: CUDA cores, WMMA tensor cores with the score tiles in
-// shared memory, mma.sync with them in registers) on GPT-2's attention shape
+// shared memory, mma.sync with them in registers; mma.sync once more on q,
+// k, v read in place from one packed [B, T, 3C] tensor, as
+// fsdp.attention_qkv runs it) on GPT-2's attention shape
 // and prints ms per call and TFLOP/s (the causal products only: 2 B H T^2
 // D for the forward's two GEMMs halved by the mask, 2.5x that for the
 // backward), with the CUDA-core kernels as the reference measured in the
@@ -73,8 +75,17 @@ int main(int argc, char **argv) {
     return fail("cudaMalloc", e);
   if (cudaError_t e = cudaMalloc(&scratch, sizeof(float) * flash::backwardScratch(B, T, H)))
     return fail("cudaMalloc", e);
-  void *q = buf[0], *k = buf[1], *v = buf[2], *dy = buf[3], *y = buf[4], *dq = buf[5],
-       *dk = buf[6], *dv = buf[7];
+  // q, k, v side by side in one [B, T, 3C] tensor (fsdp.attention_qkv: the
+  // kernels read them at row stride 3C) and its gradient.
+  void *qkv = nullptr, *dqkv = nullptr;
+  for (void **p : {&qkv, &dqkv})
+    if (cudaError_t e = cudaMalloc(p, 6 * n))
+      return fail("cudaMalloc", e);
+  for (int i = 0; i < 3; ++i)
+    if (cudaError_t e = cudaMemcpy((char *)qkv + 2 * n * i, host.data(), 2 * n,
+                                   cudaMemcpyHostToDevice))
+      return fail("cudaMemcpy", e);
+  void *dy = buf[3], *y = buf[4];
   cudaEvent_t t0, t1;
   cudaEventCreate(&t0);
   cudaEventCreate(&t1);
@@ -84,16 +95,30 @@ int main(int argc, char **argv) {
   std::printf("%-13s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
               "TFLOP/s");
   double ref = 0;
-  for (flash::Impl impl : {flash::Impl::CudaCores, flash::Impl::TensorCores, flash::Impl::Mma}) {
-    const char *name = impl == flash::Impl::CudaCores     ? "CUDA cores"
-                       : impl == flash::Impl::TensorCores ? "WMMA"
-                                                          : "mma.sync";
+  struct Variant {
+    const char *name;
+    flash::Impl impl;
+    bool packed;
+  };
+  for (Variant var : {Variant{"CUDA cores", flash::Impl::CudaCores, false},
+                      Variant{"WMMA", flash::Impl::Wmma, false},
+                      Variant{"mma.sync", flash::Impl::Mma, false},
+                      Variant{"mma.sync qkv", flash::Impl::Mma, true}}) {
+    const char *name = var.name;
+    flash::Impl impl = var.impl;
+    char *pq = (char *)qkv, *pd = (char *)dqkv;
+    const int64_t cb = 2 * C; // one C-wide column range, in bytes
+    void *q = var.packed ? pq : buf[0], *k = var.packed ? pq + cb : buf[1],
+         *v = var.packed ? pq + 2 * cb : buf[2], *dq = var.packed ? pd : buf[5],
+         *dk = var.packed ? pd + cb : buf[6], *dv = var.packed ? pd + 2 * cb : buf[7];
+    flash::Layout rows = var.packed ? flash::Layout{3 * C, 3 * C, 0} : flash::Layout{};
     auto fwd = [&] {
-      return flash::forward(FloatKind::BF16, q, k, v, y, lse, B, T, C, H, true, H, 0, impl);
+      return flash::forward(FloatKind::BF16, q, k, v, y, lse, B, T, C, H, true, H, 0, impl,
+                            rows);
     };
     auto bwd = [&] {
       return flash::backward(FloatKind::BF16, q, k, v, y, lse, dy, dq, dk, dv, scratch, B, T, C,
-                             H, true, H, 0, impl);
+                             H, true, H, 0, impl, rows);
     };
     for (int w = 0; w < 2; ++w) // warm-up (and the shared-memory opt-in)
       if (cudaError_t e = fwd(); e || (e = bwd()))
@@ -126,6 +151,8 @@ int main(int argc, char **argv) {
   }
   for (auto p : buf)
     cudaFree(p);
+  cudaFree(qkv);
+  cudaFree(dqkv);
   cudaFree(lse);
   cudaFree(scratch);
   return 0;

@@ -375,6 +375,39 @@ LogicalResult AttentionGradOp::verify() {
   return expectLse(*this, rt(getQ()), getHeads(), getLse());
 }
 
+/// attention_qkv(_grad): `qkv` [B, T, C + 2 G D] against y [B, T, C] of
+/// its element type (C = heads * D), as attention's q, k, v would be.
+static LogicalResult verifyPackedAttention(Operation *op, RankedTensorType qkv,
+                                           RankedTensorType y, int64_t heads,
+                                           std::optional<int64_t> kvHeads) {
+  if (qkv.getRank() != 3 || y.getRank() != 3)
+    return op->emitOpError() << "expected qkv and y of rank 3 [batch, seq, width], found "
+                             << typeStr(qkv) << " and " << typeStr(y);
+  if (failed(verifyAttention(op, y, y, heads, std::nullopt)))
+    return failure();
+  int64_t kv = kvHeads.value_or(heads);
+  if (kv <= 0 || heads % kv != 0)
+    return op->emitOpError() << "expected kv_heads to divide heads = " << heads
+                             << ", found kv_heads = " << kv;
+  int64_t c = y.getShape()[2], d = c / heads;
+  return expectType(op, "qkv (q, k and v side by side)", qkv,
+                    {y.getShape()[0], y.getShape()[1], c + 2 * kv * d}, y.getElementType());
+}
+
+LogicalResult AttentionQkvOp::verify() {
+  RankedTensorType y = rt(getResult());
+  if (failed(verifyPackedAttention(*this, rt(getQkv()), y, getHeads(), getKvHeads())))
+    return failure();
+  return getLse() ? expectLse(*this, y, getHeads(), getLse()) : success();
+}
+
+LogicalResult AttentionQkvGradOp::verify() {
+  RankedTensorType y = rt(getY());
+  if (failed(verifyPackedAttention(*this, rt(getQkv()), y, getHeads(), getKvHeads())))
+    return failure();
+  return expectLse(*this, y, getHeads(), getLse());
+}
+
 /// Shared by rms_norm and rms_norm_grad.
 static LogicalResult verifyRmsNorm(Operation *op, RankedTensorType x,
                                    RankedTensorType w, double epsilon) {

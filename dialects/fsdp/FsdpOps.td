@@ -467,6 +467,32 @@ def Fsdp_AttentionOp : Fsdp_Op<"attention",
   }];
 }
 
+def Fsdp_AttentionQkvOp : Fsdp_Op<"attention_qkv", [Pure]> {
+  let summary = "attention on q, k and v read in place from one packed tensor";
+  let description = [{
+    `fsdp.attention` of three column ranges of `qkv`, [B, T, C + 2 G D]
+    (C = heads * D, G = kv_heads or heads): q is columns [0, C), k
+    [C, C + G D) and v [C + G D, C + 2 G D). fsdp-fuse-epilogues forms it
+    from an attention whose operands are those three slices of one tensor
+    (GPT-2's fused q/k/v projection), so the kernels read them in place at
+    row stride C + 2 G D instead of from three copies. Results as
+    attention's: y [B, T, C] in qkv's element type, and the optional f32
+    log-sum-exp [B, heads, T].
+
+    ```mlir
+    %y, %lse = fsdp.attention_qkv %qkv heads = 4 causal : tensor<2x16x192xbf16> -> tensor<2x16x64xbf16>, tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$qkv, I64Attr:$heads, UnitAttr:$causal,
+                       OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs Fsdp_FloatTensor:$result, Optional<Fsdp_F32Tensor>:$lse);
+  let assemblyFormat = [{
+    $qkv `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
+    attr-dict `:` type($qkv) `->` type($result) (`,` type($lse)^)?
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_RmsNormOp : Fsdp_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "RMS normalization over the last dimension (Llama's RMSNorm)";
   let description = [{
@@ -925,6 +951,29 @@ def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
     $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_AttentionQkvGradOp : Fsdp_Op<"attention_qkv_grad",
+    [Pure, AllTypesMatch<["qkv", "d_qkv"]>, AllTypesMatch<["y", "grad"]>]> {
+  let summary = "VJP of attention_qkv: the packed tensor's gradient";
+  let description = [{
+    `fsdp.attention_grad` of attention_qkv: dq, dk and dv written into the
+    column ranges of one gradient of `qkv`'s type (the concat that
+    fsdp-autodiff's slice gradients become), in place.
+
+    ```mlir
+    %dqkv = fsdp.attention_qkv_grad %qkv, %y, %lse, %dy heads = 4 causal : tensor<2x16x192xbf16>, tensor<2x16x64xbf16>, tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$qkv, Fsdp_FloatTensor:$y, Fsdp_F32Tensor:$lse,
+                       Fsdp_FloatTensor:$grad, I64Attr:$heads, UnitAttr:$causal,
+                       OptionalAttr<I64Attr>:$kv_heads);
+  let results = (outs Fsdp_FloatTensor:$d_qkv);
+  let assemblyFormat = [{
+    $qkv `,` $y `,` $lse `,` $grad `heads` `=` $heads (`kv_heads` `=` $kv_heads^)? (`causal` $causal^)?
+    attr-dict `:` type($qkv) `,` type($y) `,` type($lse)
   }];
   let hasVerifier = 1;
 }

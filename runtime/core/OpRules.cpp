@@ -344,6 +344,36 @@ const std::unordered_map<std::string, Check> &checks() {
     };
     m["attention"] = checkAttention;
     m["attention_grad"] = checkAttention;
+    // attention_qkv (qkv -> y [, lse]) and attention_qkv_grad (qkv, y, lse,
+    // dy -> dqkv): y and dy are [B, T, C] with C = heads * D; qkv and dqkv
+    // [B, T, C + 2 kv_heads * D] (q, k, v side by side); lse f32 [B, heads, T].
+    auto checkPackedAttention = [](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      bool grad = op.inst.op == "attention_qkv_grad";
+      const Shape &s = grad ? op.in(1).shape : op.out(0).shape;
+      int64_t heads = op.i("heads", 0);
+      if (s.size() != 3 || heads <= 0 || s[2] % heads)
+        return FSDP_ERROR(op.inst.op, ": expected a [B, T, C] ", grad ? "y" : "result",
+                          " with heads dividing C, found ", shapeStr(s), " and heads = ", heads);
+      int64_t kv = op.i("kv_heads", heads);
+      if (!op.attrError.empty())
+        return FSDP_ERROR(op.inst.op, ": ", op.attrError);
+      if (kv <= 0 || heads % kv)
+        return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
+                          ", found kv_heads = ", kv);
+      Shape ps{s[0], s[1], s[2] + 2 * kv * (s[2] / heads)}, ls{s[0], heads, s[1]};
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(0), ps, "qkv (q, k, v side by side)"));
+      if (grad) {
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), ls, "lse"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "a gradient"));
+        return expectShape(op, op.out(0), ps, "d_qkv");
+      }
+      if (op.inst.out.size() == 2)
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), ls, "lse"));
+      return Status::ok();
+    };
+    m["attention_qkv"] = checkPackedAttention;
+    m["attention_qkv_grad"] = checkPackedAttention;
     m["silu"] = checkSame;
     m["silu_grad"] = checkSame;
     // rms_norm (x, w -> y) and rms_norm_grad (x, w, dy -> dx, dw).

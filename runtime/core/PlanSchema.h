@@ -92,6 +92,8 @@ inline constexpr OpSchema kOps[] = {
     {"layer_norm_grad_acc", 4, 3, OpKind::Compute},  // x, gamma, dy, acc -> dx + acc, ...
     {"attention", 3, 1, OpKind::Compute, 0, 1}, // + the log-sum-exp
     {"attention_grad", 6, 3, OpKind::Compute},  // q, k, v, y, lse, dy
+    {"attention_qkv", 1, 1, OpKind::Compute, 0, 1}, // packed q|k|v; + the log-sum-exp
+    {"attention_qkv_grad", 4, 1, OpKind::Compute},  // qkv, y, lse, dy -> dqkv
     {"silu", 1, 1, OpKind::Compute},
     {"silu_grad", 2, 1, OpKind::Compute},
     {"rms_norm", 2, 1, OpKind::Compute},

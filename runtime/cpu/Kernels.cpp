@@ -454,22 +454,24 @@ constexpr int64_t kQueryBlock = 256;
 template <typename T>
 void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
                int64_t Tn, int64_t C, int64_t heads, bool causal,
-               int64_t kvHeads) {
+               int64_t kvHeads, AttentionRows rows_) {
   int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
   int64_t group = heads / kvh, Ck = kvh * D;
+  const int64_t lq = rows_.q ? rows_.q : C, lkv = rows_.kv ? rows_.kv : Ck,
+                ly = rows_.y ? rows_.y : C;
   T scale = T(1) / std::sqrt(T(D));
   int64_t bq = std::min(Tn, kQueryBlock);
   std::vector<T> s(bq * Tn);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < heads; ++h) {
-      const T *qh = q + b * Tn * C + h * D;
-      const T *kh = k + b * Tn * Ck + (h / group) * D;
-      const T *vh = v + b * Tn * Ck + (h / group) * D;
-      T *yh = y + b * Tn * C + h * D;
+      const T *qh = q + b * Tn * lq + h * D;
+      const T *kh = k + b * Tn * lkv + (h / group) * D;
+      const T *vh = v + b * Tn * lkv + (h / group) * D;
+      T *yh = y + b * Tn * ly + h * D;
       for (int64_t t0 = 0; t0 < Tn; t0 += bq) {
         int64_t rows = std::min(bq, Tn - t0);
         int64_t end = causal ? t0 + rows : Tn; // keys the block sees
-        gemmLd(false, true, rows, end, D, scale, qh + t0 * C, C, kh, Ck, T(0),
+        gemmLd(false, true, rows, end, D, scale, qh + t0 * lq, lq, kh, lkv, T(0),
                s.data(), end);
 #pragma omp parallel for if (rows * end > kParallelGrain)
         for (int64_t r = 0; r < rows; ++r) {
@@ -489,8 +491,8 @@ void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
           if (lse)
             lse[(b * heads + h) * Tn + t0 + r] = mx + std::log(sum);
         }
-        gemmLd(false, false, rows, D, end, T(1), s.data(), end, vh, Ck, T(0),
-               yh + t0 * C, C);
+        gemmLd(false, false, rows, D, end, T(1), s.data(), end, vh, lkv, T(0),
+               yh + t0 * ly, ly);
       }
     }
 }
@@ -504,28 +506,33 @@ void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
 template <typename T>
 void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
                    const T *dy, T *dq, T *dk, T *dv, int64_t B, int64_t Tn,
-                   int64_t C, int64_t heads, bool causal, int64_t kvHeads) {
+                   int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+                   AttentionRows rows_) {
   int64_t D = C / heads, kvh = kvHeadsOr(kvHeads, heads);
   int64_t group = heads / kvh, Ck = kvh * D;
+  const int64_t lq = rows_.q ? rows_.q : C, lkv = rows_.kv ? rows_.kv : Ck,
+                ly = rows_.y ? rows_.y : C;
   T scale = T(1) / std::sqrt(T(D));
-  std::fill(dq, dq + B * Tn * C, T(0));
-  std::fill(dk, dk + B * Tn * Ck, T(0));
-  std::fill(dv, dv + B * Tn * Ck, T(0));
+  for (int64_t r = 0; r < B * Tn; ++r) {
+    std::fill(dq + r * lq, dq + r * lq + C, T(0));
+    std::fill(dk + r * lkv, dk + r * lkv + Ck, T(0));
+    std::fill(dv + r * lkv, dv + r * lkv + Ck, T(0));
+  }
   int64_t bq = std::min(Tn, kQueryBlock);
   std::vector<T> p(bq * Tn), ds(bq * Tn);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < heads; ++h) {
       int64_t hk = h / group;
-      const T *qh = q + b * Tn * C + h * D, *dyh = dy + b * Tn * C + h * D;
-      const T *kh = k + b * Tn * Ck + hk * D, *vh = v + b * Tn * Ck + hk * D;
-      T *dqh = dq + b * Tn * C + h * D;
-      T *dkh = dk + b * Tn * Ck + hk * D, *dvh = dv + b * Tn * Ck + hk * D;
+      const T *qh = q + b * Tn * lq + h * D, *dyh = dy + b * Tn * ly + h * D;
+      const T *kh = k + b * Tn * lkv + hk * D, *vh = v + b * Tn * lkv + hk * D;
+      T *dqh = dq + b * Tn * lq + h * D;
+      T *dkh = dk + b * Tn * lkv + hk * D, *dvh = dv + b * Tn * lkv + hk * D;
       for (int64_t t0 = 0; t0 < Tn; t0 += bq) {
         int64_t rows = std::min(bq, Tn - t0);
         int64_t end = causal ? t0 + rows : Tn;
-        gemmLd(false, true, rows, end, D, scale, qh + t0 * C, C, kh, Ck, T(0),
+        gemmLd(false, true, rows, end, D, scale, qh + t0 * lq, lq, kh, lkv, T(0),
                p.data(), end);
-        gemmLd(false, true, rows, end, D, T(1), dyh + t0 * C, C, vh, Ck, T(0),
+        gemmLd(false, true, rows, end, D, T(1), dyh + t0 * ly, ly, vh, lkv, T(0),
                ds.data(), end);
 #pragma omp parallel for if (rows * end > kParallelGrain)
         for (int64_t r = 0; r < rows; ++r) {
@@ -542,12 +549,12 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
           std::fill(pr + rend, pr + end, T(0));
           std::fill(dr + rend, dr + end, T(0));
         }
-        gemmLd(true, false, end, D, rows, T(1), p.data(), end, dyh + t0 * C,
-               C, T(1), dvh, Ck);
-        gemmLd(false, false, rows, D, end, T(1), ds.data(), end, kh, Ck, T(0),
-               dqh + t0 * C, C);
-        gemmLd(true, false, end, D, rows, T(1), ds.data(), end, qh + t0 * C,
-               C, T(1), dkh, Ck);
+        gemmLd(true, false, end, D, rows, T(1), p.data(), end, dyh + t0 * ly,
+               ly, T(1), dvh, lkv);
+        gemmLd(false, false, rows, D, end, T(1), ds.data(), end, kh, lkv, T(0),
+               dqh + t0 * lq, lq);
+        gemmLd(true, false, end, D, rows, T(1), ds.data(), end, qh + t0 * lq,
+               lq, T(1), dkh, lkv);
       }
     }
 }
@@ -923,10 +930,11 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
                                  T *, int64_t, int64_t, double);               \
   template void attention<T>(const T *, const T *, const T *, T *, T *,       \
                              int64_t, int64_t, int64_t, int64_t, bool,         \
-                             int64_t);                                         \
+                             int64_t, AttentionRows);                          \
   template void attentionGrad<T>(const T *, const T *, const T *, const T *,   \
                                  const T *, T *, T *, T *, int64_t, int64_t,   \
-                                 int64_t, int64_t, bool, int64_t);             \
+                                 int64_t, int64_t, bool, int64_t,              \
+                                 AttentionRows);                               \
   template void silu<T>(const T *, T *, int64_t);                              \
   template void siluGrad<T>(const T *, const T *, T *, int64_t);               \
   template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t,        \

@@ -85,14 +85,22 @@ void layerNormGrad(const T *x, const T *g, const T *dy, T *dx, T *dg, T *db,
 /// may be null in the forward) is each query row's log-sum-exp of its
 /// scaled, masked scores; the backward pass forms the probabilities from
 /// it as exp(S - lse).
+/// `rows`: the operands' row strides in elements (q and dq; k, v, dk and
+/// dv; y and dy), 0 for dense rows; attention_qkv reads q, k, v as column
+/// ranges of one packed [B, T, C + 2 kvHeads D] tensor and writes the
+/// gradients into the packed gradient's.
+struct AttentionRows {
+  int64_t q = 0, kv = 0, y = 0;
+};
 template <typename T>
 void attention(const T *q, const T *k, const T *v, T *y, T *lse, int64_t B,
                int64_t Tn, int64_t C, int64_t heads, bool causal,
-               int64_t kvHeads = 0);
+               int64_t kvHeads = 0, AttentionRows rows = {});
 template <typename T>
 void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
                    const T *dy, T *dq, T *dk, T *dv, int64_t B, int64_t Tn,
-                   int64_t C, int64_t heads, bool causal, int64_t kvHeads = 0);
+                   int64_t C, int64_t heads, bool causal, int64_t kvHeads = 0,
+                   AttentionRows rows = {});
 
 /// SiLU, x * sigmoid(x), and its VJP.
 template <typename T> void silu(const T *x, T *y, int64_t n);

@@ -479,8 +479,8 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
     for (size_t i = 0; i < staged.size(); ++i)
       if (staged[i])
         f = std::max(f, op.in(i).numel());
-  } else if (n == "attention_grad") {
-    const auto &s = op.in(0).shape;
+  } else if (n == "attention_grad" || n == "attention_qkv_grad") {
+    const auto &s = op.in(n == "attention_grad" ? 0 : 1).shape; // q or y: [B, T, C]
     f = flash::backwardScratch(s[0], s[1], op.i("heads", 1)); // the tiled kernels run it
   } else if (n == "layer_norm_grad" || n == "layer_norm_grad_acc") {
     f = std::max(2 * rules::rowsOf(op.in(0)),
@@ -513,8 +513,35 @@ bool nativeOp(const std::string &n) {
       "matmul_gelu_grad", "slice", "slice_grad",
       "concat", "transpose", "broadcast",
       "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "copy",
-      "reshape", "attention", "attention_grad"};
+      "reshape", "attention", "attention_grad", "attention_qkv", "attention_qkv_grad"};
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
+}
+
+/// attention(_grad) and attention_qkv(_grad): B, T, C (= heads * D, q's
+/// and y's width) and kv_heads * D; `packed` for the qkv forms (q, k, v
+/// side by side in one tensor, whose row stride is C + 2 kv_heads D).
+struct AttentionShape {
+  int64_t B = 0, T = 0, C = 0, heads = 1, kv = 1, KC = 0;
+  bool packed = false;
+};
+bool attentionShape(const Plan &plan, const Instruction &inst, AttentionShape &a) {
+  a.packed = inst.op == "attention_qkv" || inst.op == "attention_qkv_grad";
+  // y: the result of attention_qkv, the second operand of its gradient.
+  int64_t id = !a.packed ? inst.in[0] : inst.op == "attention_qkv" ? inst.out[0] : inst.in[1];
+  const std::vector<int64_t> &y = plan.buffers[id].shape;
+  a.heads = inst.attrs.value("heads", (int64_t)1);
+  a.kv = inst.attrs.value("kv_heads", a.heads);
+  if (y.size() != 3 || a.heads <= 0 || a.kv <= 0)
+    return false;
+  a.B = y[0];
+  a.T = y[1];
+  a.C = y[2];
+  a.KC = a.kv * (a.C / a.heads);
+  return true;
+}
+flash::Layout attentionLayout(const AttentionShape &a) {
+  int64_t w = a.C + 2 * a.KC;
+  return a.packed ? flash::Layout{w, w, 0} : flash::Layout{};
 }
 
 /// Whether `inst` can run natively on its narrow storage: every float
@@ -550,22 +577,23 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   // log-sum-exp.
   for (size_t i = 0; i < inst.in.size(); ++i)
     if (!visit(inst.in[i], (inst.op == "cross_entropy_grad" && i == 2) ||
-                               (inst.op == "attention_grad" && i == 4)))
+                               (inst.op == "attention_grad" && i == 4) ||
+                               (inst.op == "attention_qkv_grad" && i == 2)))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i)
     if (!visit(inst.out[i], (inst.op == "cross_entropy" && i == 0) ||
-                                (inst.op == "attention" && i == 1)))
+                                ((inst.op == "attention" || inst.op == "attention_qkv") &&
+                                 i == 1)))
       return false;
   if (narrow == DType::F32)
     return false;
-  if (inst.op == "attention" || inst.op == "attention_grad") {
+  if (inst.op.rfind("attention", 0) == 0) {
     // Beyond the tiled kernel's limits (head dimension > 128, its grid)
     // the widened f32 kernels run it: decided here, so prepare sizes the
     // widening scratch for it.
-    const std::vector<int64_t> &q = plan.buffers[inst.in[0]].shape;
-    int64_t heads = inst.attrs.value("heads", (int64_t)1),
-            kv = inst.attrs.value("kv_heads", (int64_t)0);
-    if (q.size() != 3 || !flash::check(q[0], q[1], q[2], heads, kv).isOk())
+    AttentionShape a;
+    if (!attentionShape(plan, inst, a) ||
+        !flash::check(a.B, a.T, a.C, a.heads, a.kv, attentionLayout(a)).isOk())
       return false;
   }
   t = floatKind(narrow);
@@ -779,38 +807,50 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     out = [=](cudaStream_t s) {
       return g->run(t, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
     };
-  } else if (n == "attention" || n == "attention_grad") {
-    const auto &sh = op.in(0).shape;
-    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1),
-            kv = op.i("kv_heads", heads);
+  } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
+             n == "attention_qkv_grad") {
+    AttentionShape a;
+    if (!attentionShape(op.plan, op.inst, a))
+      return FSDP_ERROR(n, ": not a [B, T, C] attention"); // OpRules checked it
+    const int64_t B = a.B, T = a.T, C = a.C, heads = a.heads, kv = a.kv;
+    const flash::Layout rows = attentionLayout(a);
     bool causal = op.b("causal");
-    FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv));
+    FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv, rows));
     // An implementation named by FSDP_CUDA_ATTENTION that cannot take this
     // op's dtype or head dimension: refused at build, not at run.
     flash::Impl impl = attention;
-    if ((impl == flash::Impl::TensorCores || impl == flash::Impl::Mma) &&
+    if ((impl == flash::Impl::Wmma || impl == flash::Impl::Mma) &&
         (t == FloatKind::F32 || (C / heads) % 16))
       return FSDP_ERROR(n, ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
                            "f16 storage with a head dimension that is a multiple of 16 (this op: ",
                         t == FloatKind::F32 ? "f32" : "16-bit", ", head dimension ", C / heads,
                         ")");
-    const void *q = v(0), *k = v(1), *vv = v(2);
-    if (n == "attention") {
+    // The packed forms: q, k, v (and dq, dk, dv) are the column ranges
+    // [0, C), [C, C + KC), [C + KC, C + 2 KC) of one tensor, in place.
+    const int64_t esz = t == FloatKind::F32 ? 4 : 2;
+    auto cols = [&](uint8_t *p, int64_t c) { return (void *)(p + c * esz); };
+    uint8_t *in0 = r.in<uint8_t>(0);
+    const void *q = in0, *k = a.packed ? cols(in0, C) : v(1),
+               *vv = a.packed ? cols(in0, C + a.KC) : v(2);
+    if (n == "attention" || n == "attention_qkv") {
       void *y = w(0);
       float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
       out = fromCuda(
           [=](cudaStream_t s) {
-            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s, impl);
+            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s, impl,
+                                  rows);
           },
           n);
     } else {
-      const void *y = v(3), *dy = v(5);
-      const float *lse = r.in<float>(4);
-      void *dq = w(0), *dk = w(1), *dv = w(2);
+      const void *y = a.packed ? v(1) : v(3), *dy = a.packed ? v(3) : v(5);
+      const float *lse = r.in<float>(a.packed ? 2 : 4);
+      uint8_t *out0 = r.out<uint8_t>(0);
+      void *dq = out0, *dk = a.packed ? cols(out0, C) : w(1),
+           *dv = a.packed ? cols(out0, C + a.KC) : w(2);
       out = fromCuda(
           [=](cudaStream_t s) {
             return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads,
-                                   causal, kv, s, impl);
+                                   causal, kv, s, impl, rows);
           },
           n);
     }
@@ -1067,7 +1107,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     out = fromCuda(
         [=](cudaStream_t s) { return rmsNormGrad(xp, w, dy, dx, dw, sf, rows, cols, eps, s); },
         n);
-  } else if (n == "attention" || n == "attention_grad") {
+  } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
+             n == "attention_qkv_grad") {
     // The tiled kernels (CudaFlash.h) at every T: the one-row-per-block
     // reference kernels (CudaKernels.h, the tests' baseline) took 28 ms
     // forward and 137 ms backward per GPT-2 layer at B=16, T=1024 on an H100.
@@ -1324,7 +1365,7 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
       "matmul_gelu_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
-      "attention_grad", "silu", "silu_grad", "rms_norm",
+      "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",

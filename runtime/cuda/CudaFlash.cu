@@ -52,13 +52,17 @@ __device__ __forceinline__ float rowMax4(float v) {
   return v;
 }
 
+/// The problem's sizes; ldq, ldkv, ldy are the operands' row strides
+/// (flash::Layout, 0 resolved to the dense ones).
 struct Dims {
   int64_t B, T, C, H, KV, D, KC, tiles;
+  int64_t ldq, ldkv, ldy;
   bool causal;
   float scale;
 };
 
-Dims dims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads) {
+Dims dims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal, int64_t kvHeads,
+          Layout rows) {
   Dims a;
   a.B = B;
   a.T = T;
@@ -67,6 +71,9 @@ Dims dims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal, int64_t k
   a.KV = kvHeads > 0 ? kvHeads : heads;
   a.D = C / heads;
   a.KC = a.KV * a.D;
+  a.ldq = rows.q ? rows.q : C;
+  a.ldkv = rows.kv ? rows.kv : a.KC;
+  a.ldy = rows.y ? rows.y : C;
   a.tiles = (T + kTile - 1) / kTile;
   a.causal = causal;
   a.scale = 1.f / sqrtf((float)a.D); // as the reference kernels
@@ -139,7 +146,7 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kvh = h / (a.H / a.KV);
   int row = threadIdx.x / kParts, part = threadIdx.x % kParts;
   int64_t t0 = qt * kTile, trow = t0 + row;
-  loadTile(Qs, q, a, b, t0, a.C, h * D, D);
+  loadTile(Qs, q, a, b, t0, a.ldq, h * D, D);
   float m = -INFINITY, l = 0.f, o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -147,8 +154,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads(); // the previous tile's K, V, P are no longer read
-    loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
-    loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
+    loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
+    loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
     __syncthreads();
     float sc[kCols], tmax = -INFINITY;
 #pragma unroll
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(kThreadsF)
   for (int i = 0; i < kDims; ++i) {
     int64_t d = part + kParts * i;
     if (valid && d < D)
-      st(y + (b * a.T + trow) * a.C + h * D + d, o[i] * inv);
+      st(y + (b * a.T + trow) * a.ldy + h * D + d, o[i] * inv);
   }
   if (lse && valid && part == 0)
     lse[(b * a.H + h) * a.T + trow] = m + logf(l);
@@ -206,7 +213,7 @@ __global__ void deltaKernel(Dims a, const T *y, const T *dy, float *delta) {
   if (r >= a.B * a.H * a.T)
     return;
   int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
-  int64_t at = (b * a.T + t) * a.C + h * a.D;
+  int64_t at = (b * a.T + t) * a.ldy + h * a.D;
   float acc = 0.f;
   for (int64_t d = 0; d < a.D; ++d)
     acc += ld(dy + at + d) * ld(y + at + d);
@@ -230,8 +237,8 @@ __global__ void __launch_bounds__(kThreadsF)
   bool valid = trow < a.T;
   int64_t sr = (b * a.H + h) * a.T + trow;
   float lr = valid ? lse[sr] : 0.f, dl = valid ? delta[sr] : 0.f;
-  loadTile(Qs, q, a, b, t0, a.C, h * D, D);
-  loadTile(DYs, dy, a, b, t0, a.C, h * D, D);
+  loadTile(Qs, q, a, b, t0, a.ldq, h * D, D);
+  loadTile(DYs, dy, a, b, t0, a.ldy, h * D, D);
   float acc[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -239,8 +246,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads();
-    loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
-    loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
+    loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
+    loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
@@ -271,7 +278,7 @@ __global__ void __launch_bounds__(kThreadsF)
   for (int i = 0; i < kDims; ++i) {
     int64_t d = part + kParts * i;
     if (valid && d < D)
-      st(dq + (b * a.T + trow) * a.C + h * D + d, acc[i] * a.scale);
+      st(dq + (b * a.T + trow) * a.ldq + h * D + d, acc[i] * a.scale);
   }
 }
 
@@ -292,8 +299,8 @@ __global__ void __launch_bounds__(kThreadsF)
   int row = threadIdx.x / kParts, part = threadIdx.x % kParts;
   int64_t j0 = kt * kTile, jj = j0 + row;
   bool valid = jj < a.T;
-  loadTile(Ks, k, a, b, j0, a.KC, kvh * D, D);
-  loadTile(Vs, v, a, b, j0, a.KC, kvh * D, D);
+  loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
+  loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
   float accK[kDims], accV[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i)
@@ -304,8 +311,8 @@ __global__ void __launch_bounds__(kThreadsF)
     for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
       int64_t t0 = qt * kTile;
       __syncthreads(); // the previous query tile is no longer read
-      loadTile(Qs, q, a, b, t0, a.C, h * D, D);
-      loadTile(DYs, dy, a, b, t0, a.C, h * D, D);
+      loadTile(Qs, q, a, b, t0, a.ldq, h * D, D);
+      loadTile(DYs, dy, a, b, t0, a.ldy, h * D, D);
       for (int64_t i = threadIdx.x; i < kTile; i += blockDim.x) {
         int64_t t = t0 + i, r = (b * a.H + h) * a.T + t;
         Ls[i] = t < a.T ? lse[r] : 0.f;
@@ -346,7 +353,7 @@ __global__ void __launch_bounds__(kThreadsF)
   for (int i = 0; i < kDims; ++i) {
     int64_t d = part + kParts * i;
     if (valid && d < D) {
-      int64_t at = (b * a.T + jj) * a.KC + kvh * D + d;
+      int64_t at = (b * a.T + jj) * a.ldkv + kvh * D + d;
       st(dk + at, accK[i] * a.scale);
       st(dv + at, accV[i]);
     }
@@ -404,23 +411,16 @@ cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t forwardT(const void *q, const void *k, const void *v, void *y, float *lse,
-                     const Dims &a, cudaStream_t s) {
-  auto kernel = a.D == 64 ? forwardKernel<T, 64> : a.D == 128 ? forwardKernel<T, 128>
-                                                              : forwardKernel<T, 0>;
-  return launchForward<T>(kernel, fwdSmem(a.D), kThreadsF, q, k, v, y, lse, a, s);
-}
-
-template <typename T>
-cudaError_t backwardT(const void *q, const void *k, const void *v, const void *y,
-                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                      float *delta, const Dims &a, cudaStream_t s) {
-  auto dqK = a.D == 64 ? dqKernel<T, 64> : a.D == 128 ? dqKernel<T, 128> : dqKernel<T, 0>;
-  auto dkvK = a.D == 64 ? dkvKernel<T, 64> : a.D == 128 ? dkvKernel<T, 128> : dkvKernel<T, 0>;
-  return launchBackward<T>(dqK, dqSmem(a.D), dkvK, dkvSmem(a.D), kThreadsF, q,
-                           k, v, y, lse, dy, dq, dk, dv, delta, a, s);
-}
+/// The CUDA-core kernels for launchForward / launchBackward (forwardWith).
+struct CoresKernels {
+  static constexpr int kThreads = kThreadsF;
+  template <typename T, int KD> static auto fwd() { return forwardKernel<T, KD>; }
+  template <typename T, int KD> static auto dq() { return dqKernel<T, KD>; }
+  template <typename T, int KD> static auto dkv() { return dkvKernel<T, KD>; }
+  static size_t fwdBytes(int64_t D) { return fwdSmem(D); }
+  static size_t dqBytes(int64_t D) { return dqSmem(D); }
+  static size_t dkvBytes(int64_t D) { return dkvSmem(D); }
+};
 
 // ---------------------------------------------------------------------------
 // Tensor-core kernels (bf16 / f16 storage, D a multiple of 16): the same
@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int r = warp * 16 + lane / 2, side = lane % 2; // this lane's row, which half of its columns
   int64_t t0 = qt * kTile, trow = t0 + r;
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  loadTileTc(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
   for (int i = threadIdx.x; i < kTile * LDO; i += blockDim.x)
     Os[i] = 0.f;
   for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
@@ -584,8 +584,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads(); // Q, O, m, l ready; the previous K, V no longer read
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Ks, k, a, b, j0, a.ldkv, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.ldkv, kvh * D, LDT, D);
     __syncthreads();
     productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
     __syncwarp();
@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   float l = Ls[r], inv = l > 0.f ? 1.f / l : 0.f;
   for (int d = side; d < D; d += 2)
     if (valid)
-      y[(b * a.T + trow) * a.C + h * D + d] = cvt<T>(Os[r * LDO + d] * inv);
+      y[(b * a.T + trow) * a.ldy + h * D + d] = cvt<T>(Os[r * LDO + d] * inv);
   if (lse && valid && side == 0)
     lse[(b * a.H + h) * a.T + trow] = Ms[r] + logf(l);
 }
@@ -663,8 +663,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   bool valid = trow < a.T;
   int64_t sr = (b * a.H + h) * a.T + trow;
   float lr = valid ? lse[sr] : 0.f, dl = valid ? delta[sr] : 0.f;
-  loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
-  loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+  loadTileTc(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
+  loadTileTc(DYs, dy, a, b, t0, a.ldy, h * D, LDT, D);
   FragC acc[kMaxHeadDim / 16];
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
@@ -672,8 +672,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
   for (int64_t j0 = 0; j0 < kEnd; j0 += kTile) {
     __syncthreads();
-    loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-    loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+    loadTileTc(Ks, k, a, b, j0, a.ldkv, kvh * D, LDT, D);
+    loadTileTc(Vs, v, a, b, j0, a.ldkv, kvh * D, LDT, D);
     __syncthreads();
     productABt(Ss + warp * 16 * kLdS, Qs + warp * 16 * LDT, LDT, Ks, LDT, D);
     productABt(DPs + warp * 16 * kLdS, DYs + warp * 16 * LDT, LDT, Vs, LDT, D);
@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   __syncwarp();
   for (int d = side; d < D; d += 2)
     if (valid)
-      dq[(b * a.T + trow) * a.C + h * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
+      dq[(b * a.T + trow) * a.ldq + h * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
 }
 
 /// dk, dv over one (b, kv head, key tile) on the tensor cores, over the
@@ -727,8 +727,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   int r = warp * 16 + lane / 2, side = lane % 2; // r: a key row
   int64_t j0 = kt * kTile, jj = j0 + r;
   bool valid = jj < a.T;
-  loadTileTc(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-  loadTileTc(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+  loadTileTc(Ks, k, a, b, j0, a.ldkv, kvh * D, LDT, D);
+  loadTileTc(Vs, v, a, b, j0, a.ldkv, kvh * D, LDT, D);
   FragC accK[kMaxHeadDim / 16], accV[kMaxHeadDim / 16];
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
@@ -741,8 +741,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     for (int64_t qt = a.causal ? kt : 0; qt < a.tiles; ++qt) {
       int64_t t0 = qt * kTile;
       __syncthreads(); // the previous query tile is no longer read
-      loadTileTc(Qs, q, a, b, t0, a.C, h * D, LDT, D);
-      loadTileTc(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+      loadTileTc(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
+      loadTileTc(DYs, dy, a, b, t0, a.ldy, h * D, LDT, D);
       for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
         int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
         Lq[i] = t < a.T ? lse[sr] : 0.f;
@@ -778,7 +778,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   __syncwarp();
   for (int d = side; d < D; d += 2)
     if (valid)
-      dk[(b * a.T + jj) * a.KC + kvh * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
+      dk[(b * a.T + jj) * a.ldkv + kvh * D + d] = cvt<T>(Os[r * LDO + d] * a.scale);
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n)
@@ -787,27 +787,19 @@ __global__ void __launch_bounds__(kThreadsTc)
   __syncwarp();
   for (int d = side; d < D; d += 2)
     if (valid)
-      dv[(b * a.T + jj) * a.KC + kvh * D + d] = cvt<T>(Os[r * LDO + d]);
+      dv[(b * a.T + jj) * a.ldkv + kvh * D + d] = cvt<T>(Os[r * LDO + d]);
 }
 
-template <typename T>
-cudaError_t forwardTc(const void *q, const void *k, const void *v, void *y, float *lse,
-                      const Dims &a, cudaStream_t s) {
-  auto kernel = a.D == 64 ? forwardTcKernel<T, 64> : a.D == 128 ? forwardTcKernel<T, 128>
-                                                                : forwardTcKernel<T, 0>;
-  return launchForward<T>(kernel, tcFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a, s);
-}
-
-template <typename T>
-cudaError_t backwardTc(const void *q, const void *k, const void *v, const void *y,
-                       const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                       float *delta, const Dims &a, cudaStream_t s) {
-  auto dq64 = a.D == 64 ? dqTcKernel<T, 64> : a.D == 128 ? dqTcKernel<T, 128> : dqTcKernel<T, 0>;
-  auto dkv64 =
-      a.D == 64 ? dkvTcKernel<T, 64> : a.D == 128 ? dkvTcKernel<T, 128> : dkvTcKernel<T, 0>;
-  return launchBackward<T>(dq64, tcDqSmem(a.D), dkv64, tcDkvSmem(a.D),
-                           kThreadsTc, q, k, v, y, lse, dy, dq, dk, dv, delta, a, s);
-}
+/// The WMMA kernels (Impl::Wmma) for forwardWith / backwardWith.
+struct WmmaKernels {
+  static constexpr int kThreads = kThreadsTc;
+  template <typename T, int KD> static auto fwd() { return forwardTcKernel<T, KD>; }
+  template <typename T, int KD> static auto dq() { return dqTcKernel<T, KD>; }
+  template <typename T, int KD> static auto dkv() { return dkvTcKernel<T, KD>; }
+  static size_t fwdBytes(int64_t D) { return tcFwdSmem(D); }
+  static size_t dqBytes(int64_t D) { return tcDqSmem(D); }
+  static size_t dkvBytes(int64_t D) { return tcDkvSmem(D); }
+};
 
 // ---------------------------------------------------------------------------
 // Register-tile kernels (mma.sync, bf16 / f16 storage, D a multiple of 16):
@@ -945,11 +937,11 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t nTiles = (kEnd + kTile - 1) / kTile;
   auto issue = [&](int64_t it) {
     T *Kb = KV + (it % 2) * 2 * kTile * LDT;
-    loadTileAsync(Kb, k, a, b, it * kTile, a.KC, kvh * D, LDT, D);
-    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    loadTileAsync(Kb, k, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
+    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
     mma::cpAsyncCommit();
   };
-  loadTileAsync(Qs, q, a, b, t0, a.C, h * D, LDT, D);
+  loadTileAsync(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
   issue(0); // one group: Q and the first K, V
   for (int64_t it = 0; it < nTiles; ++it) {
     if (it + 1 < nTiles) {
@@ -1010,7 +1002,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
   for (int e = 0; e < 2; ++e)
     inv[e] = l[e] > 0.f ? 1.f / l[e] : 0.f;
-  storeAcc(y + b * a.T * a.C + h * D, a.C, o, inv[0], inv[1], row[0], a.T, D, lane);
+  storeAcc(y + b * a.T * a.ldy + h * D, a.ldy, o, inv[0], inv[1], row[0], a.T, D, lane);
   if (lse && qd == 0)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
@@ -1048,12 +1040,12 @@ __global__ void __launch_bounds__(kThreadsTc)
   int64_t nTiles = (kEnd + kTile - 1) / kTile;
   auto issue = [&](int64_t it) {
     T *Kb = KV + (it % 2) * 2 * kTile * LDT;
-    loadTileAsync(Kb, k, a, b, it * kTile, a.KC, kvh * D, LDT, D);
-    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.KC, kvh * D, LDT, D);
+    loadTileAsync(Kb, k, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
+    loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
     mma::cpAsyncCommit();
   };
-  loadTileAsync(Qs, q, a, b, t0, a.C, h * D, LDT, D);
-  loadTileAsync(DYs, dy, a, b, t0, a.C, h * D, LDT, D);
+  loadTileAsync(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
+  loadTileAsync(DYs, dy, a, b, t0, a.ldy, h * D, LDT, D);
   issue(0); // one group: Q, dY and the first K, V
   for (int64_t it = 0; it < nTiles; ++it) {
     if (it + 1 < nTiles) {
@@ -1080,7 +1072,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     accumulateMma(acc, s, Ks, LDT, D, lane);
     __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
-  storeAcc(dq + b * a.T * a.C + h * D, a.C, acc, a.scale, a.scale, row[0], a.T, D, lane);
+  storeAcc(dq + b * a.T * a.ldq + h * D, a.ldq, acc, a.scale, a.scale, row[0], a.T, D, lane);
 }
 
 /// dk, dv over one (b, kv head, key tile), registers; the warp's rows are
@@ -1114,8 +1106,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     T *Qb = QD + (it % 2) * 2 * kTile * LDT;
     float *Lb = LD + (it % 2) * 2 * kTile;
-    loadTileAsync(Qb, q, a, b, t0, a.C, h * D, LDT, D);
-    loadTileAsync(Qb + kTile * LDT, dy, a, b, t0, a.C, h * D, LDT, D);
+    loadTileAsync(Qb, q, a, b, t0, a.ldq, h * D, LDT, D);
+    loadTileAsync(Qb + kTile * LDT, dy, a, b, t0, a.ldy, h * D, LDT, D);
     mma::cpAsyncCommit();
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
@@ -1123,8 +1115,8 @@ __global__ void __launch_bounds__(kThreadsTc)
       Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
-  loadTileAsync(Ks, k, a, b, j0, a.KC, kvh * D, LDT, D);
-  loadTileAsync(Vs, v, a, b, j0, a.KC, kvh * D, LDT, D);
+  loadTileAsync(Ks, k, a, b, j0, a.ldkv, kvh * D, LDT, D);
+  loadTileAsync(Vs, v, a, b, j0, a.ldkv, kvh * D, LDT, D);
   issue(0); // one group: K, V and the first Q, dY
   for (int64_t it = 0; it < steps; ++it) {
     if (it + 1 < steps) {
@@ -1156,27 +1148,64 @@ __global__ void __launch_bounds__(kThreadsTc)
     accumulateMma(accK, dpt, Qs, LDT, D, lane);
     __syncthreads(); // buffer it % 2 is free for step it + 2
   }
-  storeAcc(dk + b * a.T * a.KC + kvh * D, a.KC, accK, a.scale, a.scale, key[0], a.T, D, lane);
-  storeAcc(dv + b * a.T * a.KC + kvh * D, a.KC, accV, 1.f, 1.f, key[0], a.T, D, lane);
+  storeAcc(dk + b * a.T * a.ldkv + kvh * D, a.ldkv, accK, a.scale, a.scale, key[0], a.T, D, lane);
+  storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV, 1.f, 1.f, key[0], a.T, D, lane);
 }
 
-template <typename T>
-cudaError_t forwardMma(const void *q, const void *k, const void *v, void *y, float *lse,
-                       const Dims &a, cudaStream_t s) {
-  auto kernel = a.D == 64 ? forwardMmaKernel<T, 64> : a.D == 128 ? forwardMmaKernel<T, 128>
-                                                                 : forwardMmaKernel<T, 0>;
-  return launchForward<T>(kernel, mmaFwdSmem(a.D), kThreadsTc, q, k, v, y, lse, a, s);
+/// The mma.sync kernels (Impl::Mma) for forwardWith / backwardWith.
+struct MmaKernels {
+  static constexpr int kThreads = kThreadsTc;
+  template <typename T, int KD> static auto fwd() { return forwardMmaKernel<T, KD>; }
+  template <typename T, int KD> static auto dq() { return dqMmaKernel<T, KD>; }
+  template <typename T, int KD> static auto dkv() { return dkvMmaKernel<T, KD>; }
+  static size_t fwdBytes(int64_t D) { return mmaFwdSmem(D); }
+  static size_t dqBytes(int64_t D) { return mmaDqSmem(D); }
+  static size_t dkvBytes(int64_t D) { return mmaDkvSmem(D); }
+};
+
+/// One implementation's (K: CoresKernels, WmmaKernels, MmaKernels) forward
+/// and backward on storage T, its kernels compiled for D = 64 or 128 where
+/// D is one of them, else its run-time-D instance.
+template <typename K, typename T>
+cudaError_t forwardWith(const void *q, const void *k, const void *v, void *y, float *lse,
+                        const Dims &a, cudaStream_t s) {
+  auto kernel = a.D == 64    ? K::template fwd<T, 64>()
+                : a.D == 128 ? K::template fwd<T, 128>()
+                             : K::template fwd<T, 0>();
+  return launchForward<T>(kernel, K::fwdBytes(a.D), K::kThreads, q, k, v, y, lse, a, s);
 }
 
-template <typename T>
-cudaError_t backwardMma(const void *q, const void *k, const void *v, const void *y,
-                        const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                        float *delta, const Dims &a, cudaStream_t s) {
-  auto dqK = a.D == 64 ? dqMmaKernel<T, 64> : a.D == 128 ? dqMmaKernel<T, 128> : dqMmaKernel<T, 0>;
-  auto dkvK =
-      a.D == 64 ? dkvMmaKernel<T, 64> : a.D == 128 ? dkvMmaKernel<T, 128> : dkvMmaKernel<T, 0>;
-  return launchBackward<T>(dqK, mmaDqSmem(a.D), dkvK, mmaDkvSmem(a.D), kThreadsTc, q, k, v, y,
-                           lse, dy, dq, dk, dv, delta, a, s);
+template <typename K, typename T>
+cudaError_t backwardWith(const void *q, const void *k, const void *v, const void *y,
+                         const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                         float *delta, const Dims &a, cudaStream_t s) {
+  auto dqK = a.D == 64    ? K::template dq<T, 64>()
+             : a.D == 128 ? K::template dq<T, 128>()
+                          : K::template dq<T, 0>();
+  auto dkvK = a.D == 64    ? K::template dkv<T, 64>()
+              : a.D == 128 ? K::template dkv<T, 128>()
+                           : K::template dkv<T, 0>();
+  return launchBackward<T>(dqK, K::dqBytes(a.D), dkvK, K::dkvBytes(a.D), K::kThreads, q, k, v,
+                           y, lse, dy, dq, dk, dv, delta, a, s);
+}
+
+/// f(K{}, T{}) for the implementation `impl` (resolved: not Auto) and the
+/// storage type of `t`; the tensor-core ones take bf16 or f16 only.
+template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
+  bool bf = t == FloatKind::BF16;
+  if (impl == Impl::Mma)
+    return bf ? f(MmaKernels{}, __nv_bfloat16{}) : f(MmaKernels{}, __half{});
+  if (impl == Impl::Wmma)
+    return bf ? f(WmmaKernels{}, __nv_bfloat16{}) : f(WmmaKernels{}, __half{});
+  switch (t) {
+  case FloatKind::F32:
+    return f(CoresKernels{}, float{});
+  case FloatKind::BF16:
+    return f(CoresKernels{}, __nv_bfloat16{});
+  case FloatKind::F16:
+    return f(CoresKernels{}, __half{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 /// The tensor-core kernels (WMMA or mma.sync) take 16-bit storage and D a
@@ -1193,12 +1222,16 @@ Impl resolve(FloatKind t, const Dims &a, Impl impl) {
 
 } // namespace
 
-Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads) {
+Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads, Layout rows) {
   int64_t kv = kvHeads > 0 ? kvHeads : heads;
   if (B < 0 || T < 0 || C <= 0 || heads <= 0 || C % heads || kv <= 0 || heads % kv)
     return FSDP_ERROR("attention: shape B=", B, " T=", T, " C=", C, " heads=", heads,
                       " kv_heads=", kv, " is not one the tiled CUDA kernel takes (heads must "
                       "divide C, kv_heads divide heads)");
+  if ((rows.q && rows.q < C) || (rows.kv && rows.kv < kv * (C / heads)) ||
+      (rows.y && rows.y < C) || rows.q < 0 || rows.kv < 0 || rows.y < 0)
+    return FSDP_ERROR("attention: row strides q ", rows.q, ", kv ", rows.kv, ", y ", rows.y,
+                      " are shorter than the rows they hold (C=", C, ")");
   if (C / heads > kMaxHeadDim)
     return FSDP_ERROR("attention: head dimension ", C / heads,
                       " exceeds the tiled CUDA kernel's limit ", kMaxHeadDim);
@@ -1215,7 +1248,7 @@ bool parseImpl(const char *name, Impl &impl) {
   static const struct {
     const char *name;
     Impl impl;
-  } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::TensorCores},
+  } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
                 {"mma", Impl::Mma}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
@@ -1227,61 +1260,37 @@ bool parseImpl(const char *name, Impl &impl) {
 
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
-                    int64_t kvHeads, cudaStream_t s, Impl impl) {
-  if (!check(B, T, C, heads, kvHeads))
+                    int64_t kvHeads, cudaStream_t s, Impl impl, Layout rows) {
+  if (!check(B, T, C, heads, kvHeads, rows))
     return cudaErrorInvalidValue;
-  Dims a = dims(B, T, C, heads, causal, kvHeads);
+  Dims a = dims(B, T, C, heads, causal, kvHeads, rows);
   impl = resolve(t, a, impl);
   if (impl != Impl::CudaCores && !tensorCoresApply(t, a))
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  bool bf = t == FloatKind::BF16;
-  if (impl == Impl::Mma)
-    return bf ? forwardMma<__nv_bfloat16>(q, k, v, y, lse, a, s)
-              : forwardMma<__half>(q, k, v, y, lse, a, s);
-  if (impl == Impl::TensorCores)
-    return bf ? forwardTc<__nv_bfloat16>(q, k, v, y, lse, a, s)
-              : forwardTc<__half>(q, k, v, y, lse, a, s);
-  switch (t) {
-  case FloatKind::F32:
-    return forwardT<float>(q, k, v, y, lse, a, s);
-  case FloatKind::BF16:
-    return forwardT<__nv_bfloat16>(q, k, v, y, lse, a, s);
-  case FloatKind::F16:
-    return forwardT<__half>(q, k, v, y, lse, a, s);
-  }
-  return cudaErrorInvalidValue;
+  return withKernels(impl, t, [&](auto kernels, auto elem) {
+    return forwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, a, s);
+  });
 }
 
 cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
                      float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
-                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl) {
-  if (!check(B, T, C, heads, kvHeads))
+                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl,
+                     Layout rows) {
+  if (!check(B, T, C, heads, kvHeads, rows))
     return cudaErrorInvalidValue;
-  Dims a = dims(B, T, C, heads, causal, kvHeads);
+  Dims a = dims(B, T, C, heads, causal, kvHeads, rows);
   impl = resolve(t, a, impl);
   if (impl != Impl::CudaCores && !tensorCoresApply(t, a))
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  bool bf = t == FloatKind::BF16;
-  if (impl == Impl::Mma)
-    return bf ? backwardMma<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
-              : backwardMma<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
-  if (impl == Impl::TensorCores)
-    return bf ? backwardTc<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
-              : backwardTc<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
-  switch (t) {
-  case FloatKind::F32:
-    return backwardT<float>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
-  case FloatKind::BF16:
-    return backwardT<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
-  case FloatKind::F16:
-    return backwardT<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
-  }
-  return cudaErrorInvalidValue;
+  return withKernels(impl, t, [&](auto kernels, auto elem) {
+    return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,
+                                                           scratch, a, s);
+  });
 }
 
 } // namespace fsdp::cuda::flash

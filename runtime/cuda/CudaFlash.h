@@ -41,17 +41,31 @@ namespace fsdp::cuda::flash {
 /// The largest head dimension D the kernels take.
 constexpr int64_t kMaxHeadDim = 128;
 
+/// Row strides, in elements, of the [B, T, *] operands: q and dq, k, v, dk
+/// and dv, y and dy. 0 is the dense layout (C, kv_heads * D, C). Packed
+/// attention (fsdp.attention_qkv) reads q, k and v as column ranges of one
+/// [B, T, C + 2 kv_heads D] tensor, and writes dq, dk and dv into its
+/// gradient: all five at that stride, no copies.
+struct Layout {
+  int64_t q = 0, kv = 0, y = 0;
+};
+
 /// Ok when the kernels take these dimensions (heads divide C, kv_heads
-/// divide heads, D <= kMaxHeadDim, grid limits); else why not.
-Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads);
+/// divide heads, D <= kMaxHeadDim, grid limits; row strides at least the
+/// rows they hold); else why not.
+Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
+             Layout rows = {});
 
 /// Which kernels run: Auto (Mma where tensor cores apply, else CudaCores),
-/// or one of them (tests compare each with the CPU; TensorCores or Mma
-/// where they do not apply is cudaErrorInvalidValue):
-///   CudaCores    f32 FMAs, every dtype and D;
-///   TensorCores  WMMA, score and output tiles through shared memory;
-///   Mma          mma.sync with the tiles in registers (FlashAttention-2).
-enum class Impl { Auto, CudaCores, TensorCores, Mma };
+/// or one of them (tests compare each with the CPU; Wmma or Mma where they
+/// do not apply is cudaErrorInvalidValue):
+///   CudaCores  f32 FMAs, every dtype and D;
+///   Wmma       tensor cores through WMMA, score and output tiles through
+///              shared memory;
+///   Mma        tensor cores through mma.sync, the tiles in registers
+///              (FlashAttention-2).
+enum class Impl { Auto, CudaCores, Wmma, Mma };
+
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma (false for
 /// anything else).
@@ -62,7 +76,8 @@ bool parseImpl(const char *name, Impl &impl);
 /// (b * H + h) * T + t).
 cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, void *y,
                     float *lse, int64_t B, int64_t T, int64_t C, int64_t heads, bool causal,
-                    int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto);
+                    int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto,
+                    Layout rows = {});
 
 /// Floats of scratch backward() needs: B * heads * T (each row's delta).
 int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
@@ -72,7 +87,8 @@ int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
 cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,
                      const float *lse, const void *dy, void *dq, void *dk, void *dv,
                      float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
-                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto);
+                     bool causal, int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto,
+                     Layout rows = {});
 
 } // namespace fsdp::cuda::flash
 

@@ -7,14 +7,16 @@ bad options, bad data and checkpoint files and a bad environment. Every
 case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
 print "fsdp-run: error" and name the problem (a substring given per case).
 
-usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD_PLAN]]
+usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD_PLAN
+                     [UNFUSED_GPT_PLAN]]]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
-(token inputs, slices, attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
+(token inputs, fused kernels, packed attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
 (shard views with a rank stride); LLAMA_PLAN: a one-rank Llama plan (rope,
 rms_norm, grouped-query attention with 4 heads over 2 key/value heads);
 OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
-arena). Without the optional plans their cases are skipped, and the
+arena); UNFUSED_GPT_PLAN: the GPT plan with fuse-epilogues=false (slices).
+Without the optional plans their cases are skipped, and the
 summary says so.
 """
 import copy
@@ -92,15 +94,19 @@ PLAN_CASES = [
     ("memory is an array", "mlp", setter(lambda p: p.update(memory=[1])), "memory: expected an object"),
     ("transpose_rhs \"yes\"", "mlp", setter(lambda p: first(p, "matmul")["attrs"].update(transpose_rhs="yes")), "transpose_rhs: expected true or false"),
     ("async \"yes\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update({"async": "yes"})), "async"),
-    ("heads 2.5", "gpt", setter(lambda p: first(p, "attention")["attrs"].update(heads=2.5)), "heads"),
+    ("heads 2.5", "gpt", setter(lambda p: first(p, "attention_qkv")["attrs"].update(heads=2.5)), "heads"),
+    ("attention_qkv kv_heads 3 of 4 heads", "gpt", setter(lambda p: first(p, "attention_qkv")["attrs"].update(kv_heads=3)), "expected kv_heads to divide heads = 4"),
+    ("attention_qkv on q alone", "gpt", setter(lambda p: first(p, "attention_qkv")["in"].__setitem__(0, first(p, "attention_qkv")["out"][0])), "expected qkv (q, k, v side by side) of shape"),
+    ("attention_qkv_grad lse of y's shape", "gpt", setter(lambda p: first(p, "attention_qkv_grad")["in"].__setitem__(2, first(p, "attention_qkv_grad")["in"][1])), "expected lse of shape"),
+    ("attention_qkv_grad without lse", "gpt", setter(lambda p: first(p, "attention_qkv_grad")["in"].pop(2)), "attention_qkv_grad: expected 4 inputs and 1 outputs, found 3"),
     ("kv_heads 2.5", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=2.5)), "kv_heads: expected an integer"),
     ("kv_heads 3 of 4 heads", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=3)), "expected kv_heads to divide heads = 4"),
     ("kv_heads dropped", "llama", setter(lambda p: first(p, "attention_grad")["attrs"].pop("kv_heads")), "expected k of shape"),
-    ("attention_grad without y and lse (an older plan)", "gpt", setter(lambda p: first(p, "attention_grad").update(**{"in": first(p, "attention_grad")["in"][:3] + first(p, "attention_grad")["in"][5:]})), "attention_grad: expected 6 inputs and 3 outputs, found 4"),
+    ("attention_grad without y and lse (an older plan)", "llama", setter(lambda p: first(p, "attention_grad").update(**{"in": first(p, "attention_grad")["in"][:3] + first(p, "attention_grad")["in"][5:]})), "attention_grad: expected 6 inputs and 3 outputs, found 4"),
     ("matmul_bias pre-activation without gelu", "gpt", setter(lambda p: next(i for i in p["program"] if i["op"] == "matmul_bias" and len(i["out"]) == 2)["attrs"].pop("gelu")), "a pre-activation output needs the gelu attribute"),
     ("matmul_gelu_grad bias gradient of the wrong shape", "gpt", setter(lambda p: first(p, "matmul_gelu_grad")["out"].__setitem__(1, first(p, "matmul_gelu_grad")["out"][0])), "matmul_gelu_grad: expected a bias gradient of shape"),
     ("residual_layer_norm without its sum output", "gpt", setter(lambda p: first(p, "residual_layer_norm")["out"].pop(0)), "residual_layer_norm: expected 4 inputs and 2 outputs, found 4 and 1"),
-    ("lse of q's shape", "gpt", setter(lambda p: first(p, "attention_grad")["in"].__setitem__(4, first(p, "attention_grad")["in"][0])), "expected lse of shape"),
+    ("lse of q's shape", "llama", setter(lambda p: first(p, "attention_grad")["in"].__setitem__(4, first(p, "attention_grad")["in"][0])), "expected lse of shape"),
     ("theta \"1e4\"", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta="1e4")), "theta: expected a finite number"),
     ("theta missing", "llama", setter(lambda p: first(p, "rope_grad")["attrs"].pop("theta")), "missing attribute theta"),
     ("theta 0.5", "llama", setter(lambda p: first(p, "rope")["attrs"].update(theta=0.5)), "expected a number > 1"),
@@ -122,11 +128,11 @@ PLAN_CASES = [
     ("rank 9 shape", "mlp", setter(lambda p: p["buffers"][3].update(shape=[1] * 9)), "shape"),
     ("param flat_offset INT64_MAX", "sharded", setter(lambda p: p["params"][0].update(flat_offset=I64_MAX)), "flat_offset"),
     ("param flat_offset past its unit", "sharded", setter(lambda p: p["params"][0].update(flat_offset=10 ** 9)), "does not fit its unit"),
-    ("slice offset INT64_MAX", "gpt", setter(lambda p: first(p, "slice")["attrs"].update(offset=I64_MAX)), "out of bounds"),
+    ("slice offset INT64_MAX", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=I64_MAX)), "out of bounds"),
     ("cross_entropy classes 0", "gpt", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes=0)), "classes = 0 must lie in [1, 256]"),
     ("cross_entropy_grad classes past the logits", "gpt", setter(lambda p: first(p, "cross_entropy_grad")["attrs"].update(classes=257)), "classes = 257 must lie in [1, 256]"),
     ("cross_entropy classes \"251\"", "gpt", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes="251")), "classes: expected an integer"),
-    ("slice offset -1", "gpt", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
+    ("slice offset -1", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
     ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
     ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),
     ("rank_stride on a non-view", "mlp", setter(lambda p: p["buffers"][3].update(rank_stride=4)), "rank stride but is not a view"),
@@ -213,10 +219,11 @@ def main():
     bindir, mlp, gpt, sharded = sys.argv[1:5]
     llama = sys.argv[5] if len(sys.argv) > 5 else None
     offload = sys.argv[6] if len(sys.argv) > 6 else None
+    unfused = sys.argv[7] if len(sys.argv) > 7 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
     for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
-                      ("offload", offload)):
+                      ("offload", offload), ("gpt_unfused", unfused)):
         if path is None:
             continue
         with open(path) as f:
@@ -427,7 +434,7 @@ def main():
         check("env: RANK=-1", [mlp, "--steps", "1"], "RANK", env={"RANK": "-1", "WORLD_SIZE": "2"})
 
     print(f"{count} bad inputs, {count - failures} rejected cleanly"
-          + (f" ({skipped} Llama plan cases skipped: no LLAMA_PLAN given)" if skipped else ""))
+          + (f" ({skipped} plan cases skipped: an optional plan not given)" if skipped else ""))
     print("all bad inputs rejected cleanly" if not failures else f"FAIL: {failures} case(s)")
     return 1 if failures else 0
 

@@ -789,14 +789,14 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                bool causal, uint32_t seed,
                gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
   using gpu::flash::Impl;
-  bool tc = impl == Impl::TensorCores || impl == Impl::Mma ||
+  bool tc = impl == Impl::Wmma || impl == Impl::Mma ||
             (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
                                     << (t == FloatKind::BF16  ? " bf16"
                                         : t == FloatKind::F16 ? " f16"
                                                               : " f32")
-                                    << (impl == Impl::TensorCores ? " WMMA"
+                                    << (impl == Impl::Wmma ? " WMMA"
                                         : impl == Impl::Mma       ? " mma.sync"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
@@ -917,13 +917,13 @@ TEST_F(CudaFastKernelsTest, TensorCoreFlashAttentionAgainstCpu) {
   // causal sequence; and Impl::Auto (the mma.sync kernels for bf16) once.
   using gpu::flash::Impl;
   for (bool causal : {true, false}) {
-    flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::TensorCores);
-    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::TensorCores);
-    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::TensorCores);
-    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::TensorCores);
+    flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::Wmma);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::Wmma);
+    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::Wmma);
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::Wmma);
     flashCase(FloatKind::BF16, 1, 200, 3, 3, 32, causal, 61, Impl::Auto);
   }
-  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::TensorCores);
+  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Wmma);
 }
 
 TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
@@ -944,7 +944,7 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Mma);
   // f16 storage: the f16 mma.sync and the f16 packing of P and dS (bounds
   // with f16's unit roundoff), and WMMA's f16 instance beside it.
-  for (Impl impl : {Impl::Mma, Impl::TensorCores}) {
+  for (Impl impl : {Impl::Mma, Impl::Wmma}) {
     flashCase(FloatKind::F16, 1, 100, 4, 2, 64, true, 73, impl);
     flashCase(FloatKind::F16, 1, 70, 2, 2, 32, false, 79, impl);
   }
@@ -956,7 +956,7 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   ASSERT_TRUE(gpu::flash::parseImpl("mma", impl));
   EXPECT_EQ(impl, Impl::Mma);
   ASSERT_TRUE(gpu::flash::parseImpl("wmma", impl));
-  EXPECT_EQ(impl, Impl::TensorCores);
+  EXPECT_EQ(impl, Impl::Wmma);
   ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
   EXPECT_EQ(impl, Impl::CudaCores);
   ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
@@ -1011,8 +1011,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionMisalignedOperands) {
     wide.push_back(randomVec(n, seed));
   }
   using gpu::flash::Impl;
-  auto a16 = flashAtOffset(FloatKind::BF16, Impl::TensorCores, bits, B, T, heads, C, 0);
-  auto s16 = flashAtOffset(FloatKind::BF16, Impl::TensorCores, bits, B, T, heads, C, 1);
+  auto a16 = flashAtOffset(FloatKind::BF16, Impl::Wmma, bits, B, T, heads, C, 0);
+  auto s16 = flashAtOffset(FloatKind::BF16, Impl::Wmma, bits, B, T, heads, C, 1);
   auto a32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 0);
   auto s32 = flashAtOffset(FloatKind::F32, Impl::CudaCores, wide, B, T, heads, C, 1);
   auto am = flashAtOffset(FloatKind::BF16, Impl::Mma, bits, B, T, heads, C, 0);
@@ -1022,6 +1022,86 @@ TEST_F(CudaFastKernelsTest, FlashAttentionMisalignedOperands) {
     expectBitwise(s32[i], a32[i], what[i]);
     expectBitwise(sm[i], am[i], what[i]);
   }
+}
+
+/// Forward and backward of one attention on q, k, v as column ranges of a
+/// packed [B, T, C + 2 KC] tensor (fsdp.attention_qkv: row strides, no
+/// copies) and on dense copies of them: y, lse, and dq, dk, dv (written
+/// into the packed gradient's column ranges, which start poisoned) the
+/// same bits.
+template <typename E>
+void expectPackedEqualsDense(FloatKind t, gpu::flash::Impl impl, const std::vector<E> &qkv,
+                             const std::vector<E> &dyBits, int64_t B, int64_t T, int64_t heads,
+                             int64_t kvHeads, int64_t C, bool causal) {
+  const int64_t D = C / heads, KC = kvHeads * D, W = C + 2 * KC, rows = B * T;
+  // Dense copies of the three column ranges.
+  std::vector<E> q(rows * C), k(rows * KC), v(rows * KC);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(qkv.begin() + r * W, C, q.begin() + r * C);
+    std::copy_n(qkv.begin() + r * W + C, KC, k.begin() + r * KC);
+    std::copy_n(qkv.begin() + r * W + C + KC, KC, v.begin() + r * KC);
+  }
+  Dev<E> dq_(q), dk_(k), dv_(v), dy(dyBits), y(rows * C), gq(rows * C), gk(rows * KC),
+      gv(rows * KC);
+  Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
+  ASSERT_EQ(gpu::flash::forward(t, dq_.get(), dk_.get(), dv_.get(), y.get(), lse.get(), B, T, C,
+                                heads, causal, kvHeads, 0, impl),
+            cudaSuccess);
+  ASSERT_EQ(gpu::flash::backward(t, dq_.get(), dk_.get(), dv_.get(), y.get(), lse.get(),
+                                 dy.get(), gq.get(), gk.get(), gv.get(), scratch.get(), B, T, C,
+                                 heads, causal, kvHeads, 0, impl),
+            cudaSuccess);
+  const E poison = (E)0x7fc1; // bf16 / f16 bits: a NaN
+  Dev<E> packed(qkv), py(rows * C), pg(std::vector<E>(rows * W, poison));
+  Dev<float> plse(B * heads * T);
+  gpu::flash::Layout L{W, W, 0};
+  E *base = packed.get(), *g = pg.get();
+  ASSERT_EQ(gpu::flash::forward(t, base, base + C, base + C + KC, py.get(), plse.get(), B, T, C,
+                                heads, causal, kvHeads, 0, impl, L),
+            cudaSuccess);
+  ASSERT_EQ(gpu::flash::backward(t, base, base + C, base + C + KC, py.get(), plse.get(),
+                                 dy.get(), g, g + C, g + C + KC, scratch.get(), B, T, C, heads,
+                                 causal, kvHeads, 0, impl, L),
+            cudaSuccess);
+  expectBitwise(py.host(), y.host(), "y");
+  EXPECT_EQ(plse.host(), lse.host()) << "lse";
+  std::vector<E> got = pg.host(), wq = gq.host(), wk = gk.host(), wv = gv.host();
+  std::vector<E> want(rows * W);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(wq.begin() + r * C, C, want.begin() + r * W);
+    std::copy_n(wk.begin() + r * KC, KC, want.begin() + r * W + C);
+    std::copy_n(wv.begin() + r * KC, KC, want.begin() + r * W + C + KC);
+  }
+  expectBitwise(got, want, "dqkv");
+}
+
+TEST_F(CudaFastKernelsTest, FlashAttentionReadsPackedQkv) {
+  using gpu::flash::Impl;
+  struct Case {
+    int64_t B, T, heads, kv, D;
+    bool causal;
+  };
+  // GPT-2's heads (D = 64, a tail tile), grouped-query with a run-time D
+  // of 48, D = 128.
+  for (Case c : {Case{2, 80, 4, 4, 64, true}, Case{1, 70, 4, 2, 48, false},
+                 Case{1, 65, 2, 1, 128, true}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " heads=" +
+                 std::to_string(c.heads) + " kv=" + std::to_string(c.kv) + " D=" +
+                 std::to_string(c.D));
+    const int64_t C = c.heads * c.D, W = C + 2 * c.kv * c.D, rows = c.B * c.T;
+    std::vector<float> qkv = randomVec(rows * W, 91, 2.f), dy = randomVec(rows * C, 92);
+    for (Impl impl : {Impl::Mma, Impl::Wmma, Impl::CudaCores}) {
+      SCOPED_TRACE(impl == Impl::Mma ? "mma.sync" : impl == Impl::Wmma ? "WMMA" : "CUDA cores");
+      expectPackedEqualsDense(FloatKind::BF16, impl, Bf16Vec(qkv).bits, Bf16Vec(dy).bits, c.B,
+                              c.T, c.heads, c.kv, C, c.causal);
+    }
+    expectPackedEqualsDense(FloatKind::F32, Impl::CudaCores, qkv, dy, c.B, c.T, c.heads, c.kv,
+                            C, c.causal);
+  }
+  // A stride shorter than its rows is refused.
+  EXPECT_FALSE(gpu::flash::check(1, 8, 64, 4, 4, gpu::flash::Layout{32, 0, 0}).isOk());
+  EXPECT_FALSE(gpu::flash::check(1, 8, 64, 4, 2, gpu::flash::Layout{0, 16, 0}).isOk());
+  EXPECT_TRUE(gpu::flash::check(1, 8, 64, 4, 2, gpu::flash::Layout{128, 128, 64}).isOk());
 }
 
 TEST_F(CudaFastKernelsTest, FlashAttentionBeyondTheRowKernelsLimit) {
@@ -1041,11 +1121,11 @@ TEST_F(CudaFastKernelsTest, FlashAttentionRejectsBadShapes) {
   // The tensor-core kernels take neither f32 nor D % 16 != 0 (D = 8).
   using gpu::flash::Impl;
   EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
-                                8, 64, 4, false, 4, 0, Impl::TensorCores),
+                                8, 64, 4, false, 4, 0, Impl::Wmma),
             cudaErrorInvalidValue);
   EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, nullptr, nullptr, nullptr, nullptr, nullptr,
                                  nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 32, 4,
-                                 false, 4, 0, Impl::TensorCores),
+                                 false, 4, 0, Impl::Wmma),
             cudaErrorInvalidValue);
   EXPECT_EQ(gpu::flash::forward(FloatKind::F32, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
                                 8, 64, 4, false, 4, 0, Impl::Mma),

@@ -160,6 +160,55 @@ func.func @slice_grads(%q: tensor<2x4xf32>, %k: tensor<2x4xf32>, %v: tensor<2x4x
   return %t, %gap, %twice : tensor<2x12xf32>, tensor<2x12xf32>, tensor<2x12xf32>
 }
 
+// -----
+
+// Attention on the three column ranges of one projection: attention_qkv
+// reads them in place; its gradient, whose dq, dk, dv only the concat
+// reads, writes the concat's result; the slices go. Grouped-query (KC = 8
+// of C = 16) keeps kv_heads.
+// CHECK-LABEL: func.func @packed
+// CHECK-NOT: fsdp.slice
+// CHECK: %[[Y:.*]], %[[L:.*]] = fsdp.attention_qkv %arg0 heads = 4 kv_heads = 2 causal : tensor<2x8x32xf32> -> tensor<2x8x16xf32>, tensor<2x4x8xf32>
+// CHECK-NEXT: %[[D:.*]] = fsdp.attention_qkv_grad %arg0, %[[Y]], %[[L]], %arg1 heads = 4 kv_heads = 2 causal : tensor<2x8x32xf32>, tensor<2x8x16xf32>, tensor<2x4x8xf32>
+// CHECK-NOT: fsdp.concat
+// CHECK: return %[[Y]], %[[D]]
+func.func @packed(%x: tensor<2x8x32xf32>, %dy: tensor<2x8x16xf32>) -> (tensor<2x8x16xf32>, tensor<2x8x32xf32>) {
+  %q = fsdp.slice %x dim = 2 offset = 0 : tensor<2x8x32xf32> -> tensor<2x8x16xf32>
+  %k = fsdp.slice %x dim = 2 offset = 16 : tensor<2x8x32xf32> -> tensor<2x8x8xf32>
+  %v = fsdp.slice %x dim = 2 offset = 24 : tensor<2x8x32xf32> -> tensor<2x8x8xf32>
+  %y, %lse = fsdp.attention %q, %k, %v heads = 4 kv_heads = 2 causal : tensor<2x8x16xf32>, tensor<2x8x8xf32> -> tensor<2x4x8xf32>
+  %dq, %dk, %dv = fsdp.attention_grad %q, %k, %v, %y, %lse, %dy heads = 4 kv_heads = 2 causal : tensor<2x8x16xf32>, tensor<2x8x8xf32>
+  %d = fsdp.concat %dq, %dk, %dv dim = 2 : (tensor<2x8x16xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>) -> tensor<2x8x32xf32>
+  return %y, %d : tensor<2x8x16xf32>, tensor<2x8x32xf32>
+}
+
+// -----
+
+// Not packed: k and v swapped (v first) in the source tensor; and a
+// forward that is packed whose gradient's dq is read elsewhere too (the
+// gradient stays on the slices, which stay).
+// CHECK-LABEL: func.func @not_packed
+// CHECK: fsdp.attention %{{.*}}, %{{.*}}, %{{.*}} heads = 2
+// CHECK: fsdp.attention_qkv %arg1 heads = 2
+// CHECK: fsdp.attention_grad
+// CHECK: fsdp.concat
+func.func @not_packed(%x: tensor<1x4x24xf32>, %z: tensor<1x4x24xf32>, %dy: tensor<1x4x8xf32>)
+    -> (tensor<1x4x8xf32>, tensor<1x4x8xf32>, tensor<1x4x24xf32>, tensor<1x4x8xf32>) {
+  %q = fsdp.slice %x dim = 2 offset = 0 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %v = fsdp.slice %x dim = 2 offset = 8 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %k = fsdp.slice %x dim = 2 offset = 16 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %y = fsdp.attention %q, %k, %v heads = 2 : tensor<1x4x8xf32>
+  %q2 = fsdp.slice %z dim = 2 offset = 0 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %k2 = fsdp.slice %z dim = 2 offset = 8 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %v2 = fsdp.slice %z dim = 2 offset = 16 : tensor<1x4x24xf32> -> tensor<1x4x8xf32>
+  %y2, %lse = fsdp.attention %q2, %k2, %v2 heads = 2 : tensor<1x4x8xf32> -> tensor<1x2x4xf32>
+  %dq, %dk, %dv = fsdp.attention_grad %q2, %k2, %v2, %y2, %lse, %dy heads = 2 : tensor<1x4x8xf32>
+  %d = fsdp.concat %dq, %dk, %dv dim = 2 : (tensor<1x4x8xf32>, tensor<1x4x8xf32>, tensor<1x4x8xf32>) -> tensor<1x4x24xf32>
+  return %y, %y2, %d, %dq : tensor<1x4x8xf32>, tensor<1x4x8xf32>, tensor<1x4x24xf32>, tensor<1x4x8xf32>
+}
+
+// -----
+
 // The whole pipeline on the small GPT, where every linear layer with a bias is
 // fused (4 per block forward; the MLP's GELU joins its first), the LM
 // head (no bias) is not; the backward's GELU gradient is fused with its
@@ -167,18 +216,22 @@ func.func @slice_grads(%q: tensor<2x4xf32>, %k: tensor<2x4xf32>, %v: tensor<2x4x
 // GPT-LABEL: func.func @train_step
 // GPT-NOT: fsdp.bias_add
 // GPT-NOT: fsdp.gelu
+// GPT-NOT: fsdp.slice
+// GPT: fsdp.attention_qkv {{.*}} heads = 4 causal
 // GPT: fsdp.matmul_bias {{.*}} transpose_rhs gelu {{.*}} -> (tensor<{{.*}}>, tensor<{{.*}}>)
 // GPT: fsdp.residual_layer_norm
 // GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
+// GPT: fsdp.attention_qkv_grad
 // GPT: fsdp.layer_norm_grad_acc
-// GPT: fsdp.concat %d_q, %d_k, %d_v dim = 2
 // GPT-NOT: fsdp.slice_grad
+// GPT-NOT: fsdp.concat
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias
 // OFF-NOT: fsdp.matmul_gelu_grad
 // OFF-NOT: fsdp.residual_layer_norm
 // OFF-NOT: fsdp.layer_norm_grad_acc
+// OFF-NOT: fsdp.attention_qkv
 // OFF: return
 
 // Selective recomputation recomputes the MLP's GELU in the backward pass
@@ -189,6 +242,8 @@ func.func @slice_grads(%q: tensor<2x4xf32>, %k: tensor<2x4xf32>, %v: tensor<2x4x
 // SEL: %{{.*}}, %[[PRE:.*]] = fsdp.matmul_bias {{.*}} transpose_rhs gelu
 // SEL: fsdp.gelu %[[PRE]] {{{.*}}fsdp.recompute
 // SEL: fsdp.matmul_gelu_grad {{.*}}, %[[PRE]]
+// SEL: fsdp.attention_qkv {{.*}}fsdp.recompute
+// SEL: fsdp.attention_qkv_grad
 // SEL: return
 
 // bf16 compute: the fused kernels on bf16 operands.
