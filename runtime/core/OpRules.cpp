@@ -312,21 +312,27 @@ const std::unordered_map<std::string, Check> &checks() {
     // lse, dy -> dq, dk, dv): q, y, dy and dq are [B, T, heads*D]; k, v, dk
     // and dv [B, T, kv_heads*D] (kv_heads = heads when absent); lse is f32
     // [B, heads, T].
-    auto checkAttention = [](const Op &op) {
-      FSDP_RETURN_IF_ERROR(expectAllF32(op));
-      const Shape &s = op.in(0).shape;
-      int64_t heads = op.i("heads", 0);
+    // heads and kv_heads of an attention op whose queries are [B, T, C]
+    // (`s`): heads divides C, kv_heads (default heads) divides heads.
+    auto attentionHeads = [](const Op &op, const Shape &s, const char *what, int64_t &heads,
+                             int64_t &kv) {
+      heads = op.i("heads", 0);
       if (s.size() != 3 || heads <= 0 || s[2] % heads)
-        return FSDP_ERROR(op.inst.op,
-                          ": expected [B, T, C] operands with heads "
-                          "dividing C, found ",
-                          shapeStr(s), " and heads = ", heads);
-      int64_t kv = op.i("kv_heads", heads);
+        return FSDP_ERROR(op.inst.op, ": expected [B, T, C] ", what,
+                          " with heads dividing C, found ", shapeStr(s), " and heads = ", heads);
+      kv = op.i("kv_heads", heads);
       if (!op.attrError.empty())
         return FSDP_ERROR(op.inst.op, ": ", op.attrError);
       if (kv <= 0 || heads % kv)
         return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
                           ", found kv_heads = ", kv);
+      return Status::ok();
+    };
+    auto checkAttention = [attentionHeads](const Op &op) {
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      int64_t heads, kv;
+      FSDP_RETURN_IF_ERROR(attentionHeads(op, s, "operands", heads, kv));
       Shape ks{s[0], s[1], kv * (s[2] / heads)}, ls{s[0], heads, s[1]};
       bool grad = op.inst.op == "attention_grad";
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), ks, "k"));
@@ -347,20 +353,12 @@ const std::unordered_map<std::string, Check> &checks() {
     // attention_qkv (qkv -> y [, lse]) and attention_qkv_grad (qkv, y, lse,
     // dy -> dqkv): y and dy are [B, T, C] with C = heads * D; qkv and dqkv
     // [B, T, C + 2 kv_heads * D] (q, k, v side by side); lse f32 [B, heads, T].
-    auto checkPackedAttention = [](const Op &op) {
+    auto checkPackedAttention = [attentionHeads](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       bool grad = op.inst.op == "attention_qkv_grad";
       const Shape &s = grad ? op.in(1).shape : op.out(0).shape;
-      int64_t heads = op.i("heads", 0);
-      if (s.size() != 3 || heads <= 0 || s[2] % heads)
-        return FSDP_ERROR(op.inst.op, ": expected a [B, T, C] ", grad ? "y" : "result",
-                          " with heads dividing C, found ", shapeStr(s), " and heads = ", heads);
-      int64_t kv = op.i("kv_heads", heads);
-      if (!op.attrError.empty())
-        return FSDP_ERROR(op.inst.op, ": ", op.attrError);
-      if (kv <= 0 || heads % kv)
-        return FSDP_ERROR(op.inst.op, ": expected kv_heads to divide heads = ", heads,
-                          ", found kv_heads = ", kv);
+      int64_t heads, kv;
+      FSDP_RETURN_IF_ERROR(attentionHeads(op, s, grad ? "y" : "result", heads, kv));
       Shape ps{s[0], s[1], s[2] + 2 * kv * (s[2] / heads)}, ls{s[0], heads, s[1]};
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(0), ps, "qkv (q, k, v side by side)"));
       if (grad) {
