@@ -259,33 +259,32 @@ const std::unordered_map<std::string, Exec> &table() {
     // attention_qkv(_grad): q, k, v are column ranges [0, C), [C, C + KC),
     // [C + KC, C + 2 KC) of the packed rows, read (and their gradients
     // written) in place at the packed row stride.
-    auto packedRows = [](const Run &r, const Shape &y, int64_t &heads, int64_t &kv,
-                         int64_t &kc, AttentionRows &rows) {
-      heads = r.op.i("heads", 1);
-      kv = r.op.i("kv_heads", heads);
-      kc = kv * (y[2] / heads);
-      rows = AttentionRows{y[2] + 2 * kc, y[2] + 2 * kc, 0};
-    };
-    m["attention_qkv"] = [packedRows](const Run &r) {
-      const Shape &y = r.op.out(0).shape;
-      int64_t heads, kv, kc;
+    struct Packed {
+      int64_t heads, kv, kc; // kc = kv_heads * D, the width of k and of v
       AttentionRows rows;
-      packedRows(r, y, heads, kv, kc, rows);
+    };
+    auto packed = [](const Run &r, const Shape &y) {
+      int64_t heads = r.op.i("heads", 1), kv = r.op.i("kv_heads", heads);
+      int64_t kc = kv * (y[2] / heads), w = y[2] + 2 * kc;
+      return Packed{heads, kv, kc, AttentionRows{w, w, 0}};
+    };
+    m["attention_qkv"] = [packed](const Run &r) {
+      const Shape &y = r.op.out(0).shape;
+      Packed p = packed(r, y);
       const float *qkv = r.in(0);
-      attention<float>(qkv, qkv + y[2], qkv + y[2] + kc, r.out(0),
-                       r.op.inst.out.size() > 1 ? r.out(1) : nullptr, y[0], y[1], y[2], heads,
-                       r.op.b("causal"), kv, rows);
+      attention<float>(qkv, qkv + y[2], qkv + y[2] + p.kc, r.out(0),
+                       r.op.inst.out.size() > 1 ? r.out(1) : nullptr, y[0], y[1], y[2], p.heads,
+                       r.op.b("causal"), p.kv, p.rows);
       return Status::ok();
     };
-    m["attention_qkv_grad"] = [packedRows](const Run &r) {
+    m["attention_qkv_grad"] = [packed](const Run &r) {
       const Shape &y = r.op.in(1).shape;
-      int64_t heads, kv, kc;
-      AttentionRows rows;
-      packedRows(r, y, heads, kv, kc, rows);
+      Packed p = packed(r, y);
       const float *qkv = r.in(0);
       float *d = r.out(0);
-      attentionGrad<float>(qkv, qkv + y[2], qkv + y[2] + kc, r.in(2), r.in(3), d, d + y[2],
-                           d + y[2] + kc, y[0], y[1], y[2], heads, r.op.b("causal"), kv, rows);
+      attentionGrad<float>(qkv, qkv + y[2], qkv + y[2] + p.kc, r.in(2), r.in(3), d, d + y[2],
+                           d + y[2] + p.kc, y[0], y[1], y[2], p.heads, r.op.b("causal"), p.kv,
+                           p.rows);
       return Status::ok();
     };
     m["silu"] = [](const Run &r) {
