@@ -33,7 +33,8 @@ def last_forward_unit(p):
     by_buffer = {u["buffer"]: u["padded_numel"] for u in p["units"]}
     prog = p["program"]
     loss = next(i for i, inst in enumerate(prog)
-                if inst["op"] in ("mse_loss", "bce_with_logits", "cross_entropy"))
+                if inst["op"] in ("mse_loss", "bce_with_logits", "cross_entropy",
+                                   "cross_entropy_fused"))
     gathered = {inst["out"][0]: by_buffer[inst["in"][0]] for inst in prog[:loss]
                 if inst["op"] == "all_gather" and inst["in"][0] in by_buffer}
     root = lambda b: root(p["buffers"][b]["alias_of"]) if "alias_of" in p["buffers"][b] else b

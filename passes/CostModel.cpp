@@ -152,6 +152,8 @@ StringRef costName(StringRef name) {
     return "attention";
   if (name == "attention_qkv_grad")
     return "attention_grad";
+  if (name == "cross_entropy_fused") // then its gradient: epilogueOps
+    return "cross_entropy";
   return name;
 }
 
@@ -199,6 +201,8 @@ SmallVector<StringRef> epilogueOps(Operation *op) {
     ops.append({"add", "layer_norm"});
   } else if (isa<LayerNormGradAccOp>(op)) {
     ops.append({"layer_norm_grad", "add"});
+  } else if (isa<CrossEntropyFusedOp>(op)) {
+    ops.push_back("cross_entropy_grad");
   }
   return ops;
 }
@@ -505,8 +509,11 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       for (StringRef e : epilogueOps(op)) {
         auto it = p.secondsPerUnit.find(e);
         double perUnit = it == p.secondsPerUnit.end() ? 0.0 : it->second;
-        work += std::max(double(numel(shapeOf(op->getResult(0)))) * perUnit,
-                         2 * bytesOf(op->getResult(0)) / p.memBytesPerS);
+        // The pass's result: the fused cross-entropy's gradient (its
+        // result 0 is the loss), else the op's first result.
+        Value out = op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
+        work += std::max(double(numel(shapeOf(out))) * perUnit,
+                         2 * bytesOf(out) / p.memBytesPerS);
       }
     double cost = (p.opOverheadS + work) * compWork;
     // fsdp-offload-activations' async copies run on the communication

@@ -91,9 +91,12 @@ int64_t integerRange(Value v) {
         work.push_back(user->getResult(0));
       else if (auto e = dyn_cast<EmbeddingOp>(user))
         return cast<RankedTensorType>(e.getTable().getType()).getShape()[0];
-      else if (auto c = dyn_cast<CrossEntropyOp>(user))
-        return c.getClasses() ? (int64_t)*c.getClasses()
-                              : cast<RankedTensorType>(c.getLogits().getType()).getShape().back();
+      else if (isa<CrossEntropyOp, CrossEntropyGradOp, CrossEntropyFusedOp>(user) &&
+               user->getOperand(1) == cur) {
+        auto classes = user->getAttrOfType<IntegerAttr>("classes");
+        return classes ? classes.getInt()
+                       : cast<RankedTensorType>(user->getOperand(0).getType()).getShape().back();
+      }
     }
   }
   return 0;

@@ -38,6 +38,12 @@
 //   above), becomes `attention_qkv_grad %x, ...`, which writes the
 //   concat's result in place. Slices left unread go. Same arithmetic on
 //   the same values: the same bits.
+// - Classifier: a `cross_entropy` and its `cross_entropy_grad` on the same
+//   logits, when nothing reads the loss before the gradient, become one
+//   `cross_entropy_fused` where the gradient was (llm.c's fused
+//   classifier): one read of the [tokens, vocabulary] logits instead of
+//   two. The kernels compute the loss and the gradient from the same row
+//   statistics the two ops computed: the same bits.
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
@@ -127,6 +133,10 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       else if (auto g = dyn_cast<AttentionGradOp>(op))
         attentionGrads.push_back(g);
     });
+    SmallVector<CrossEntropyGradOp> ceGrads;
+    getOperation().walk([&](CrossEntropyGradOp g) { ceGrads.push_back(g); });
+    for (CrossEntropyGradOp g : ceGrads)
+      fuseClassifier(g);
     SmallVector<SliceOp> slices;
     for (AttentionOp a : attentions)
       fusePackedAttention(a, slices);
@@ -195,6 +205,44 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     concat.getResult().replaceAllUsesWith(fused.getDQkv());
     concat.erase();
     g.erase();
+    ++numFused;
+  }
+
+  /// `%l = cross_entropy %x, %y` and `%dx = cross_entropy_grad %x, %y,
+  /// %s` (same labels and classes, one block, the loss first) where
+  /// nothing reads %l before the gradient: `%l, %dx = cross_entropy_fused
+  /// %x, %y, %s` where the gradient was. The loss is computed later, from
+  /// the same row statistics as the gradient; every operand is defined
+  /// there and nothing between needed it. Several cross-entropies of %x
+  /// (an ambiguous pairing) fuse none.
+  void fuseClassifier(CrossEntropyGradOp g) {
+    Value x = g.getLogits();
+    CrossEntropyOp ce;
+    for (Operation *u : x.getUsers()) {
+      auto c = dyn_cast<CrossEntropyOp>(u);
+      if (!c || c.getLabels() != g.getLabels())
+        continue;
+      if (ce)
+        return;
+      ce = c;
+    }
+    if (!ce || ce->getBlock() != g->getBlock() || !ce->isBeforeInBlock(g) ||
+        ce.getClassesAttr() != g.getClassesAttr())
+      return;
+    for (Operation *u : ce.getResult().getUsers()) {
+      Operation *at = g->getBlock()->findAncestorOpInBlock(*u);
+      if (!at || !g->isBeforeInBlock(at))
+        return;
+    }
+    OpBuilder b(g);
+    auto fused = b.create<CrossEntropyFusedOp>(
+        g.getLoc(), TypeRange{ce.getResult().getType(), g.getResult().getType()}, x,
+        g.getLabels(), g.getGrad(), g.getClassesAttr());
+    keepMarks(g, fused);
+    ce.getResult().replaceAllUsesWith(fused.getLoss());
+    g.getResult().replaceAllUsesWith(fused.getDLogits());
+    g.erase();
+    ce.erase();
     ++numFused;
   }
 

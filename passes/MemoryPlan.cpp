@@ -190,16 +190,17 @@ static bool canAccumulateInPlace(Value acc,
   return !alias.count(acc) && !isStorageAlias(def);
 }
 
-/// True when cross_entropy_grad may write its result over its logits: the
-/// logits are a buffer of their own (computed, not storage, an input or a
-/// view; reshapes of it read by nothing else count as it) and nothing
+/// True when `g`, a cross_entropy_grad or cross_entropy_fused, may write its
+/// gradient over its logits `l`: the logits are a buffer of their own
+/// (computed, not storage, an input or a view; reshapes of it read by
+/// nothing else count as it) and nothing
 /// reads them after it; their only other readers are cross-entropies
 /// before it. The kernels (CPU and CUDA) read a row's statistics before
 /// writing any of it, and each element before writing it, so they run in
 /// place.
-static bool canOverwriteLogits(CrossEntropyGradOp g,
+static bool canOverwriteLogits(Operation *g, Value l,
                                const llvm::DenseMap<Value, AliasInfo> &alias) {
-  Value l = g.getLogits(), root = l;
+  Value root = l;
   while (auto r = root.getDefiningOp<ReshapeOp>()) {
     root = r.getInput();
     if (!root.hasOneUse())
@@ -208,7 +209,7 @@ static bool canOverwriteLogits(CrossEntropyGradOp g,
   if (isa<BlockArgument>(root) || alias.count(root) || isStorageAlias(root.getDefiningOp()))
     return false;
   return llvm::all_of(l.getUsers(), [&](Operation *u) {
-    return u == g.getOperation() ||
+    return u == g ||
            (isa<CrossEntropyOp>(u) && u->getBlock() == g->getBlock() &&
             u->isBeforeInBlock(g));
   });
@@ -401,11 +402,14 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       // Gradient accumulation: acc + g written over acc.
       alias[add.getResult()] = {add.getLhs(), {}, 0, 0};
     else if (auto g = dyn_cast<CrossEntropyGradOp>(op);
-             g && canOverwriteLogits(g, alias))
+             g && canOverwriteLogits(g, g.getLogits(), alias))
       // llm.c's fused classifier: the logits' gradient overwrites the
       // logits (the largest activation of a language model, [tokens,
       // vocabulary]), so the two never take memory at once.
       alias[g.getResult()] = {g.getLogits(), {}, 0, 0};
+    else if (auto f = dyn_cast<CrossEntropyFusedOp>(op);
+             f && canOverwriteLogits(f, f.getLogits(), alias))
+      alias[f.getDLogits()] = {f.getLogits(), {}, 0, 0};
     else if (auto ar = dyn_cast<AllReduceOp>(op)) {
       // In place only into a buffer of its own that nobody else reads.
       Value in = ar.getInput();

@@ -119,7 +119,7 @@ step gpt_f16_track "$PY" -c '
 import json, sys
 plan = json.load(open(sys.argv[3])); bufs = plan["buffers"]; D = 0
 for i in plan["program"]:
-    if i["op"] in ("cross_entropy", "mse_loss", "bce_with_logits"): break
+    if i["op"] in ("cross_entropy", "cross_entropy_fused", "mse_loss", "bce_with_logits"): break
     if i["op"] not in ("all_gather", "wait") and any(bufs[o]["dtype"] == "f16" for o in i["out"]): D += 1
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 ma, mb = sum(a["losses"]) / 30, sum(b["losses"]) / 30

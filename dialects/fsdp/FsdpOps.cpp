@@ -650,15 +650,21 @@ LogicalResult CrossEntropyOp::verify() {
   return verifyClasses(*this, l, getClasses());
 }
 
-LogicalResult CrossEntropyGradOp::verify() {
-  auto l = rt(getLogits()), y = rt(getLabels());
+/// cross_entropy_grad and cross_entropy_fused: logits [..., classes],
+/// labels of their leading shape, `classes` within the last dimension.
+template <typename OpT> static LogicalResult verifyCrossEntropyGrad(OpT op) {
+  auto l = rt(op.getLogits()), y = rt(op.getLabels());
   if (l.getRank() < 2 || y.getShape() != l.getShape().drop_back())
-    return emitOpError() << "expected logits [..., classes] and labels of "
-                            "their leading shape, found "
-                         << shapeStr(l.getShape()) << " and "
-                         << shapeStr(y.getShape());
-  return verifyClasses(*this, l, getClasses());
+    return op.emitOpError() << "expected logits [..., classes] and labels of "
+                               "their leading shape, found "
+                            << shapeStr(l.getShape()) << " and "
+                            << shapeStr(y.getShape());
+  return verifyClasses(op, l, op.getClasses());
 }
+
+LogicalResult CrossEntropyGradOp::verify() { return verifyCrossEntropyGrad(*this); }
+
+LogicalResult CrossEntropyFusedOp::verify() { return verifyCrossEntropyGrad(*this); }
 
 static LogicalResult verifyPairLoss(Operation *op) {
   auto a = rt(op->getOperand(0)), b = rt(op->getOperand(1));

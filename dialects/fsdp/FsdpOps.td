@@ -955,6 +955,31 @@ def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
   let hasVerifier = 1;
 }
 
+def Fsdp_CrossEntropyFusedOp : Fsdp_Op<"cross_entropy_fused",
+    [Pure, AllTypesMatch<["logits", "d_logits"]>]> {
+  let summary = "cross_entropy and its gradient in one pass over the logits";
+  let description = [{
+    llm.c's fused classifier: `loss` is `fsdp.cross_entropy %logits,
+    %labels` and `d_logits` is `fsdp.cross_entropy_grad %logits, %labels,
+    %grad`, both from one read of each row of the logits (the row's max
+    and sum of exponentials serve both). fsdp-fuse-epilogues forms it
+    when the loss is read only after its gradient (the step returns it),
+    so `%grad` (the seed, or the loss scale) is known before the loss.
+    `classes` as on cross_entropy.
+
+    ```mlir
+    %l, %dl = fsdp.cross_entropy_fused %logits, %labels, %dloss : tensor<32x256xbf16>, tensor<32xi32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
+                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes);
+  let results = (outs Fsdp_Scalar:$loss, Fsdp_FloatTensor:$d_logits);
+  let assemblyFormat = [{
+    $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_AttentionQkvGradOp : Fsdp_Op<"attention_qkv_grad",
     [Pure, AllTypesMatch<["qkv", "d_qkv"]>, AllTypesMatch<["y", "grad"]>]> {
   let summary = "VJP of attention_qkv: the packed tensor's gradient";

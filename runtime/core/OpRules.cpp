@@ -538,9 +538,14 @@ const std::unordered_map<std::string, Check> &checks() {
                             shapeStr(op.out(0).shape), " ", dtypeName(op.out(0).dtype));
         return Status::ok();
       };
+    // grad: cross_entropy_grad (one result, the gradient) or
+    // cross_entropy_fused (two: the loss, then the gradient).
     auto checkCE = [](const Op &op, bool grad) {
       const Buffer &l = op.in(0), &y = op.in(1);
+      bool fused = op.inst.out.size() == 2;
       FSDP_RETURN_IF_ERROR(expectF32(op, {&l, &op.out(0)}));
+      if (fused)
+        FSDP_RETURN_IF_ERROR(expectF32(op, {&op.out(1)}));
       if (l.shape.size() < 2 || !isInt(y.dtype))
         return FSDP_ERROR(op.inst.op, ": expected [..., classes] logits and integer labels");
       Shape lead(l.shape.begin(), l.shape.end() - 1);
@@ -551,12 +556,15 @@ const std::unordered_map<std::string, Check> &checks() {
                           l.shape.back(), "] (the logits' last dimension)");
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
-        return expectShape(op, op.out(0), l.shape, "a result");
+        if (fused)
+          FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), {}, "a scalar loss"));
+        return expectShape(op, op.out(fused ? 1 : 0), l.shape, "a result");
       }
       return expectShape(op, op.out(0), {}, "a scalar loss");
     };
     m["cross_entropy"] = [checkCE](const Op &op) { return checkCE(op, false); };
     m["cross_entropy_grad"] = [checkCE](const Op &op) { return checkCE(op, true); };
+    m["cross_entropy_fused"] = [checkCE](const Op &op) { return checkCE(op, true); };
     auto checkPair = [](const Op &op, bool grad) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), op.in(0).shape, "a target"));

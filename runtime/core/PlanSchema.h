@@ -116,6 +116,7 @@ inline constexpr OpSchema kOps[] = {
     {"to_device", 1, 1, OpKind::Compute}, // host arena -> device arena
     {"cross_entropy", 2, 1, OpKind::Compute},
     {"cross_entropy_grad", 3, 1, OpKind::Compute},
+    {"cross_entropy_fused", 3, 2, OpKind::Compute}, // (loss, d_logits)
     {"mse_loss", 2, 1, OpKind::Compute},
     {"mse_loss_grad", 3, 1, OpKind::Compute},
     {"bce_with_logits", 2, 1, OpKind::Compute},

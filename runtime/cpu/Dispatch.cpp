@@ -91,12 +91,19 @@ template <typename I> Status runEmbeddingGrad(const Run &r) {
   return Status::ok();
 }
 
-template <typename I> Status runCrossEntropy(const Run &r, bool grad) {
+/// cross_entropy (loss), cross_entropy_grad (grad) or cross_entropy_fused
+/// (both: the loss into out(0), then the gradient into out(1), the two
+/// kernels one after the other, so the same bits as the unfused ops; in
+/// place too, as the forward only reads the logits).
+template <typename I> Status runCrossEntropy(const Run &r, bool loss, bool grad) {
   const Buffer &l = r.op.in(0);
   int64_t stride = lastDim(l), rows = rowsOf(l), classes = ceClasses(r.op);
-  int64_t bad = grad ? crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(0), rows,
-                                                  classes, stride)
-                     : crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride);
+  int64_t bad = -1;
+  if (loss)
+    bad = crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride);
+  if (grad && bad < 0)
+    bad = crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(loss ? 1 : 0), rows,
+                                     classes, stride);
   if (bad >= 0)
     return FSDP_ERROR(r.op.inst.op, ": label ", (int64_t)r.in<I>(1)[bad], " at position ", bad,
                       " is outside [0, ", classes, ")");
@@ -409,14 +416,15 @@ const std::unordered_map<std::string, Exec> &table() {
       }
       return Status::ok();
     };
-    m["cross_entropy"] = [](const Run &r) {
-      return r.op.in(1).dtype == DType::I32 ? runCrossEntropy<int32_t>(r, false)
-                                            : runCrossEntropy<int64_t>(r, false);
+    auto crossEntropyRun = [](bool loss, bool grad) -> Exec {
+      return [loss, grad](const Run &r) {
+        return r.op.in(1).dtype == DType::I32 ? runCrossEntropy<int32_t>(r, loss, grad)
+                                              : runCrossEntropy<int64_t>(r, loss, grad);
+      };
     };
-    m["cross_entropy_grad"] = [](const Run &r) {
-      return r.op.in(1).dtype == DType::I32 ? runCrossEntropy<int32_t>(r, true)
-                                            : runCrossEntropy<int64_t>(r, true);
-    };
+    m["cross_entropy"] = crossEntropyRun(true, false);
+    m["cross_entropy_grad"] = crossEntropyRun(false, true);
+    m["cross_entropy_fused"] = crossEntropyRun(true, true);
     m["mse_loss"] = [](const Run &r) {
       mseLoss<float>(r.in(0), r.in(1), r.out(0), r.op.in(0).numel());
       return Status::ok();

@@ -494,7 +494,7 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
     f = native::embeddingGradScratch(op.in(0).numel());
   } else if (n == "rms_norm_grad") {
     f = rules::rowsOf(op.in(0));
-  } else if (n == "cross_entropy") {
+  } else if (n == "cross_entropy" || n == "cross_entropy_fused") {
     d = std::max<int64_t>(rules::rowsOf(op.in(0)), reductionScratch());
   } else if (n == "mse_loss" || n == "bce_with_logits") {
     d = reductionScratch();
@@ -512,8 +512,8 @@ bool nativeOp(const std::string &n) {
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
       "matmul_gelu_grad", "slice", "slice_grad",
       "concat", "transpose", "broadcast",
-      "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "copy",
-      "reshape", "attention", "attention_grad", "attention_qkv", "attention_qkv_grad"};
+      "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
+      "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv", "attention_qkv_grad"};
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
 }
 
@@ -547,7 +547,7 @@ flash::Layout attentionLayout(const AttentionShape &a) {
 /// Whether `inst` can run natively on its narrow storage: every float
 /// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
 /// output) and its incoming gradient (cross_entropy_grad's third input),
-/// which are f32 scalars.
+/// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
 bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   static const bool enabled = [] {
     const char *e = std::getenv("FSDP_CUDA_NATIVE");
@@ -576,12 +576,16 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   // f32 whatever the storage dtype: the loss scalars and attention's
   // log-sum-exp.
   for (size_t i = 0; i < inst.in.size(); ++i)
-    if (!visit(inst.in[i], (inst.op == "cross_entropy_grad" && i == 2) ||
+    if (!visit(inst.in[i], ((inst.op == "cross_entropy_grad" ||
+                             inst.op == "cross_entropy_fused") &&
+                            i == 2) ||
                                (inst.op == "attention_grad" && i == 4) ||
                                (inst.op == "attention_qkv_grad" && i == 2)))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i)
-    if (!visit(inst.out[i], (inst.op == "cross_entropy" && i == 0) ||
+    if (!visit(inst.out[i], ((inst.op == "cross_entropy" ||
+                              inst.op == "cross_entropy_fused") &&
+                             i == 0) ||
                                 ((inst.op == "attention" || inst.op == "attention_qkv") &&
                                  i == 1)))
       return false;
@@ -926,13 +930,24 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
                      : native::broadcastTo(t, x, si, y, so, s);
         },
         n);
-  } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
+  } else if (n == "cross_entropy" || n == "cross_entropy_grad" ||
+             n == "cross_entropy_fused") {
     const Buffer &l = op.in(0);
     int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
     int64_t classes = rules::ceClasses(op);
     const void *logits = v(0);
     const int32_t *labels = r.in<int32_t>(1);
-    if (n == "cross_entropy") {
+    if (n == "cross_entropy_fused") {
+      const float *dl = r.in(2);
+      float *loss = r.out(0);
+      void *y = w(1);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
+                                             stride, bad, s);
+          },
+          n);
+    } else if (n == "cross_entropy") {
       float *y = r.out(0);
       out = fromCuda(
           [=](cudaStream_t s) {
@@ -1182,6 +1197,23 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return cast(x, floatKind(from), y, floatKind(to), numel, s);
         },
         n);
+  } else if (n == "cross_entropy_fused") {
+    // f32: the two kernels in turn (the same bits as unfused; the fused
+    // one-read kernel is the narrow dtypes' speed path, CudaNative.h).
+    const Buffer &l = op.in(0);
+    int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
+    int64_t classes = rules::ceClasses(op);
+    const float *logits = r.in(0), *dl = r.in(2);
+    const int32_t *labels = r.in<int32_t>(1);
+    float *loss = r.out(0), *y = r.out(1);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          cudaError_t e = crossEntropy(logits, labels, loss, sd, rows, classes, stride, bad, s);
+          return e != cudaSuccess
+                     ? e
+                     : crossEntropyGrad(logits, labels, dl, y, rows, classes, stride, bad, s);
+        },
+        n);
   } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
     const Buffer &l = op.in(0);
     int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
@@ -1368,7 +1400,8 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
-      "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "mse_loss", "mse_loss_grad",
+      "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "cross_entropy_fused",
+      "mse_loss", "mse_loss_grad",
       "bce_with_logits", "bce_with_logits_grad", "sgd_update", "sgd_momentum_update",
       "adamw_update", "squared_norm", "clip_coef", "grad_coef", "pack", "to_host",
       "to_device"};

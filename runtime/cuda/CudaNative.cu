@@ -901,13 +901,21 @@ __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perR
 
 /// Row blockIdx.x of the gradient from `lr`, its logits: global memory,
 /// or the block's shared-memory copy of them (ceGradCachedKernel).
+/// With perRow (cross_entropy_fused) the row's loss term is written there
+/// too, from the same statistics and as ceRowKernel<Vec> computes it.
 template <bool Vec, typename T>
 __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss, T *dlogits,
                           int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                          MaxSum *sh) {
+                          MaxSum *sh, double *perRow = nullptr) {
   T *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
+  bool badLabel = label < 0 || label >= classes;
+  // The label's logit is read before the statistics' barriers, so before
+  // any thread writes the row (in place, lr may be dr).
+  float atLabel = perRow && threadIdx.x == 0 && !badLabel ? ld(lr + label) : 0.f;
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
+  if (perRow && threadIdx.x == 0)
+    perRow[blockIdx.x] = badLabel ? 0.0 : (double)(logf(ms.s) + ms.m - atLabel);
   float f = *dloss / (float)rows;
   auto grad = [&](int64_t c, float x) {
     return c < classes ? expf(x - ms.m) / ms.s * f - (c == label ? f : 0.f) : 0.f;
@@ -926,7 +934,7 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
     for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
       st(dr + c, grad(c, c < classes ? ld(lr + c) : 0.f));
   }
-  if (threadIdx.x == 0 && (label < 0 || label >= classes))
+  if (threadIdx.x == 0 && badLabel)
     atomicMin(badPos, (long long)blockIdx.x);
 }
 
@@ -934,10 +942,10 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
 template <bool Vec, typename T>
 __global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
                              T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos) {
+                             long long *badPos, double *perRow) {
   __shared__ MaxSum sh[32];
   ceGradRow<Vec>(logits + blockIdx.x * stride, labels, dloss, dlogits, rows, classes, stride,
-                 badPos, sh);
+                 badPos, sh, perRow);
 }
 
 /// Rows of at most this many bytes are read once, into shared memory (two
@@ -953,7 +961,7 @@ constexpr int64_t kCeRowCacheBytes = 112 << 10;
 template <typename T>
 __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const float *dloss,
                                    T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                                   long long *badPos) {
+                                   long long *badPos, double *perRow) {
   extern __shared__ uint4 ceRow[];
   __shared__ MaxSum sh[32];
   const uint4 *src = reinterpret_cast<const uint4 *>(logits + blockIdx.x * stride);
@@ -962,7 +970,7 @@ __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const
     ceRow[k] = src[k];
   __syncthreads();
   ceGradRow<true>(reinterpret_cast<const T *>(ceRow), labels, dloss, dlogits, rows, classes,
-                  stride, badPos, sh);
+                  stride, badPos, sh, perRow);
 }
 
 __global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
@@ -997,12 +1005,14 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
   return cudaGetLastError();
 }
 
+/// The gradient kernels; with perRow (cross_entropy_fused) they also
+/// write each row's loss term, the fused path only where ceRowKernel would
+/// take the same (vector) path, so the loss has the unfused bits: else
+/// the caller runs crossEntropyT first.
 template <typename T>
-cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
-                              void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                              long long *badPos, bool cacheRow, cudaStream_t s) {
-  if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
-    return cudaErrorInvalidValue;
+cudaError_t launchCeGrad(const void *logits, const int32_t *labels, const float *dloss,
+                         void *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                         long long *badPos, bool cacheRow, double *perRow, cudaStream_t s) {
   const size_t rowBytes = (size_t)stride * sizeof(T);
   if (cacheRow && vectorRows<T>(logits, dlogits, stride) && rowBytes <= kCeRowCacheBytes) {
     if (cudaError_t e = cudaFuncSetAttribute(ceGradCachedKernel<T>,
@@ -1010,13 +1020,46 @@ cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const f
                                              (int)kCeRowCacheBytes))
       return e;
     ceGradCachedKernel<T><<<(unsigned)rows, kThreads, rowBytes, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
   } else if (vectorRows<T>(logits, dlogits, stride))
     ceGradKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
   else
     ceGradKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
+                              void *dlogits, int64_t rows, int64_t classes, int64_t stride,
+                              long long *badPos, bool cacheRow, cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
+    return cudaErrorInvalidValue;
+  return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos,
+                         cacheRow, nullptr, s);
+}
+
+template <typename T>
+cudaError_t crossEntropyFusedT(const void *logits, const int32_t *labels, const float *dloss,
+                               float *loss, void *dlogits, double *scratch, int64_t rows,
+                               int64_t classes, int64_t stride, long long *badPos, bool cacheRow,
+                               cudaStream_t s) {
+  if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
+    return cudaErrorInvalidValue;
+  if (!vectorRows<T>(logits, dlogits, stride) && vectorRows<T>(logits, logits, stride)) {
+    // The forward would read 16 bytes at a time and the gradient cannot
+    // (dlogits misaligned): the two kernels, as unfused.
+    if (cudaError_t e = crossEntropyT<T>(logits, labels, loss, scratch, rows, classes, stride,
+                                         badPos, s))
+      return e;
+    return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos,
+                           cacheRow, nullptr, s);
+  }
+  if (cudaError_t e = launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride,
+                                      badPos, cacheRow, scratch, s))
+    return e;
+  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
   return cudaGetLastError();
 }
 
@@ -1175,6 +1218,13 @@ cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *lab
                              int64_t stride, long long *badPos, cudaStream_t s, bool cacheRow) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes,
                        stride, badPos, cacheRow, s);
+}
+cudaError_t crossEntropyFused(FloatKind t, const void *logits, const int32_t *labels,
+                              const float *dloss, float *loss, void *dlogits, double *scratch,
+                              int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                              cudaStream_t s, bool cacheRow) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyFusedT, logits, labels, dloss, loss, dlogits, scratch,
+                       rows, classes, stride, badPos, cacheRow, s);
 }
 cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,

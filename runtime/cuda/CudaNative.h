@@ -132,6 +132,15 @@ cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *lab
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
                              int64_t stride, long long *badPos, cudaStream_t s,
                              bool cacheRow = true);
+/// cross_entropy_fused: the loss (as crossEntropy, `scratch` its rows'
+/// terms) and dlogits (as crossEntropyGrad) from one read of each row: the
+/// gradient kernel writes each row's loss term from the statistics it
+/// computed for the gradient, then the mean. Same bits as the two calls;
+/// dlogits may be logits (in place).
+cudaError_t crossEntropyFused(FloatKind t, const void *logits, const int32_t *labels,
+                              const float *dloss, float *loss, void *dlogits, double *scratch,
+                              int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                              cudaStream_t s, bool cacheRow = true);
 
 // --- optimizer -----------------------------------------------------------------
 

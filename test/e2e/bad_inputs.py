@@ -15,7 +15,8 @@ MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
 (shard views with a rank stride); LLAMA_PLAN: a one-rank Llama plan (rope,
 rms_norm, grouped-query attention with 4 heads over 2 key/value heads);
 OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
-arena); UNFUSED_GPT_PLAN: the GPT plan with fuse-epilogues=false (slices).
+arena); UNFUSED_GPT_PLAN: the GPT plan with fuse-epilogues=false (slices, the
+cross-entropy and its gradient as two ops).
 Without the optional plans their cases are skipped, and the
 summary says so.
 """
@@ -129,9 +130,13 @@ PLAN_CASES = [
     ("param flat_offset INT64_MAX", "sharded", setter(lambda p: p["params"][0].update(flat_offset=I64_MAX)), "flat_offset"),
     ("param flat_offset past its unit", "sharded", setter(lambda p: p["params"][0].update(flat_offset=10 ** 9)), "does not fit its unit"),
     ("slice offset INT64_MAX", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=I64_MAX)), "out of bounds"),
-    ("cross_entropy classes 0", "gpt", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes=0)), "classes = 0 must lie in [1, 256]"),
-    ("cross_entropy_grad classes past the logits", "gpt", setter(lambda p: first(p, "cross_entropy_grad")["attrs"].update(classes=257)), "classes = 257 must lie in [1, 256]"),
-    ("cross_entropy classes \"251\"", "gpt", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes="251")), "classes: expected an integer"),
+    ("cross_entropy classes 0", "gpt_unfused", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes=0)), "classes = 0 must lie in [1, 256]"),
+    ("cross_entropy_grad classes past the logits", "gpt_unfused", setter(lambda p: first(p, "cross_entropy_grad")["attrs"].update(classes=257)), "classes = 257 must lie in [1, 256]"),
+    ("cross_entropy classes \"251\"", "gpt_unfused", setter(lambda p: first(p, "cross_entropy")["attrs"].update(classes="251")), "classes: expected an integer"),
+    ("cross_entropy_fused classes 0", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["attrs"].update(classes=0)), "classes = 0 must lie in [1, 256]"),
+    ("cross_entropy_fused gradient of the loss's shape", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["out"].__setitem__(1, first(p, "cross_entropy_fused")["out"][0])), "cross_entropy_fused: expected a result of shape"),
+    ("cross_entropy_fused loss of the logits' shape", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["out"].__setitem__(0, first(p, "cross_entropy_fused")["in"][0])), "cross_entropy_fused: expected a scalar loss"),
+    ("cross_entropy_fused without its seed", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["in"].pop(2)), "cross_entropy_fused: expected 3 inputs and 2 outputs, found 2"),
     ("slice offset -1", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
     ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
     ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),

@@ -88,7 +88,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 U = 2.0 ** -8
 GLOBAL_BATCH = 12
-LOSS_OPS = {"cross_entropy", "mse_loss", "bce_with_logits"}
+LOSS_OPS = {"cross_entropy", "cross_entropy_fused", "mse_loss", "bce_with_logits"}
 
 
 def gen(args, path):

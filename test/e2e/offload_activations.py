@@ -154,7 +154,8 @@ def main():
                     i = bufs[i]["alias_of"]
                 return i
             logits = {root(ins["in"][0]) for ins in prog
-                      if ins["op"] in ("cross_entropy", "mse_loss", "bce_with_logits")}
+                      if ins["op"] in ("cross_entropy", "cross_entropy_fused", "mse_loss",
+                                       "bce_with_logits")}
             copied = {root(ins["in"][0]) for ins in prog if ins["op"] == "to_host"}
             report(logits and not (logits & copied),
                    f"(c) {what}: the loss's input is not copied")

@@ -459,6 +459,25 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
                                     inPlace.get(), rows, classes, stride, bad.get(), 0),
               cudaSuccess);
     EXPECT_EQ(inPlace.host(), got) << "in place";
+    // cross_entropy_fused: the loss and the gradient from one pass, the
+    // same bits as the two kernels, cached row or not, and in place.
+    for (bool cache : {true, false})
+      for (bool inPlaceFused : {false, true}) {
+        SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") +
+                     (inPlaceFused ? ", in place" : ""));
+        Dev<uint16_t> src(rowsBits), dst(std::vector<uint16_t>(rows * stride, 0x7fc0));
+        Dev<float> fusedLoss(std::vector<float>{-1.f});
+        Dev<double> fusedRows(std::vector<double>(rows, -7.0));
+        void *to = inPlaceFused ? (void *)src.get() : (void *)dst.get();
+        ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), dl.get(), dloss.get(),
+                                         fusedLoss.get(), to, fusedRows.get(), rows, classes,
+                                         stride, bad.get(), 0, cache),
+                  cudaSuccess);
+        EXPECT_EQ(fusedLoss.host(), loss.host()) << "the fused loss";
+        EXPECT_EQ(fusedRows.host(), perRow.host()) << "the rows' loss terms";
+        EXPECT_EQ((inPlaceFused ? src : dst).host(), got) << "the fused gradient";
+      }
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
     // A bad label is recorded, not a crash; a label in the padding is bad.
     std::vector<int32_t> badLabels = labels;
     badLabels[5] = (int32_t)classes;
@@ -467,6 +486,12 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
                                 rows, classes, stride, bad.get(), 0),
               cudaSuccess);
     EXPECT_EQ(bad.host()[0], 5);
+    Dev<long long> bad2(std::vector<long long>{LLONG_MAX});
+    ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, bl.get(), dl2.get(), dloss.get(),
+                                     loss.get(), bd.get(), perRow.get(), rows, classes, stride,
+                                     bad2.get(), 0),
+              cudaSuccess);
+    EXPECT_EQ(bad2.host()[0], 5) << "the fused kernel's bad label";
   }
 }
 

@@ -209,10 +209,53 @@ func.func @not_packed(%x: tensor<1x4x24xf32>, %z: tensor<1x4x24xf32>, %dy: tenso
 
 // -----
 
+// The classifier: cross_entropy and its gradient on the same logits and
+// labels become one cross_entropy_fused where the gradient was (the
+// padded head's `classes` kept); the loss, read only by the return,
+// comes from it.
+// CHECK-LABEL: func.func @classifier
+// CHECK-NOT: fsdp.cross_entropy %
+// CHECK: %[[S:.*]] = fsdp.fill
+// CHECK-NEXT: %[[L:.*]], %[[D:.*]] = fsdp.cross_entropy_fused %arg0, %arg1, %[[S]] {classes = 250 : i64} : tensor<8x256xbf16>, tensor<8xi32>
+// CHECK-NOT: fsdp.cross_entropy_grad
+// CHECK: return %[[L]], %[[D]]
+func.func @classifier(%x: tensor<8x256xbf16>, %y: tensor<8xi32>) -> (tensor<f32>, tensor<8x256xbf16>) {
+  %l = fsdp.cross_entropy %x, %y {classes = 250 : i64} : (tensor<8x256xbf16>, tensor<8xi32>) -> tensor<f32>
+  %s = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  %d = fsdp.cross_entropy_grad %x, %y, %s {classes = 250 : i64} : tensor<8x256xbf16>, tensor<8xi32>
+  return %l, %d : tensor<f32>, tensor<8x256xbf16>
+}
+
+// -----
+
+// Not fused: the loss read before the gradient (its seed depends on it);
+// other labels; two cross-entropies of the same logits and labels (which
+// one pairs with the gradient is ambiguous).
+// CHECK-LABEL: func.func @classifier_not_fused
+// CHECK-NOT: fsdp.cross_entropy_fused
+// CHECK: return
+func.func @classifier_not_fused(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %z: tensor<8xi32>)
+    -> (tensor<8x256xf32>, tensor<8x256xf32>, tensor<8x256xf32>, tensor<f32>, tensor<f32>) {
+  %l = fsdp.cross_entropy %x, %y : (tensor<8x256xf32>, tensor<8xi32>) -> tensor<f32>
+  %s = fsdp.neg %l : tensor<f32>
+  %d = fsdp.cross_entropy_grad %x, %y, %s : tensor<8x256xf32>, tensor<8xi32>
+  %s2 = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  %d2 = fsdp.cross_entropy_grad %x, %z, %s2 : tensor<8x256xf32>, tensor<8xi32>
+  %x3 = fsdp.neg %x : tensor<8x256xf32>
+  %l3 = fsdp.cross_entropy %x3, %y : (tensor<8x256xf32>, tensor<8xi32>) -> tensor<f32>
+  %l4 = fsdp.cross_entropy %x3, %y : (tensor<8x256xf32>, tensor<8xi32>) -> tensor<f32>
+  %d3 = fsdp.cross_entropy_grad %x3, %y, %s2 : tensor<8x256xf32>, tensor<8xi32>
+  %t = fsdp.add %l3, %l4 : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  return %d, %d2, %d3, %l, %t : tensor<8x256xf32>, tensor<8x256xf32>, tensor<8x256xf32>, tensor<f32>, tensor<f32>
+}
+
+// -----
+
 // The whole pipeline on the small GPT, where every linear layer with a bias is
 // fused (4 per block forward; the MLP's GELU joins its first), the LM
 // head (no bias) is not; the backward's GELU gradient is fused with its
-// bias gradient.
+// bias gradient; the loss and the logits' gradient are one
+// cross_entropy_fused.
 // GPT-LABEL: func.func @train_step
 // GPT-NOT: fsdp.bias_add
 // GPT-NOT: fsdp.gelu
@@ -220,11 +263,14 @@ func.func @not_packed(%x: tensor<1x4x24xf32>, %z: tensor<1x4x24xf32>, %dy: tenso
 // GPT: fsdp.attention_qkv {{.*}} heads = 4 causal
 // GPT: fsdp.matmul_bias {{.*}} transpose_rhs gelu {{.*}} -> (tensor<{{.*}}>, tensor<{{.*}}>)
 // GPT: fsdp.residual_layer_norm
+// GPT-NOT: fsdp.cross_entropy %
+// GPT: fsdp.cross_entropy_fused
 // GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
 // GPT: fsdp.attention_qkv_grad
 // GPT: fsdp.layer_norm_grad_acc
 // GPT-NOT: fsdp.slice_grad
 // GPT-NOT: fsdp.concat
+// GPT-NOT: fsdp.cross_entropy_grad
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias

@@ -42,7 +42,10 @@ fsdp.param @wte : tensor<251x16xf32> init("normal", 0.02)
 // MEM: fsdp.cross_entropy_grad {{.+}} {classes = 251 : i64, fsdp.offsets = array<i64: [[L]]>}
 // OFF-NOT: fsdp.concat
 // OFF-NOT: classes
-// PIPE: fsdp.cross_entropy_grad {{.+}} {classes = 251 : i64{{.*}}} : tensor<2x4x256xf32>
+// The pipeline fuses the loss and its gradient, still in place: the
+// gradient (the fused op's second offset) is placed on the logits.
+// PIPE: fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs {fsdp.offsets = array<i64: [[PL:[0-9]+]]>} : (tensor<8x16xf32>, tensor<256x16xf32>) -> tensor<8x256xf32>
+// PIPE: fsdp.cross_entropy_fused {{.+}} {classes = 251 : i64, fsdp.offsets = array<i64: {{[0-9]+}}, [[PL]]>} : tensor<2x4x256xf32>
 // PIPEOFF-NOT: classes
 // BAD: fsdp-pad-classes: multiple=-1 must be >= 0 (0 disables)
 func.func @model(%ids: tensor<2x4xi32> {fsdp.role = "input"}, %y: tensor<2x4xi32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
