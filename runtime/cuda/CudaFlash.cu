@@ -3,12 +3,16 @@
 // Layout of every kernel: a block of 256 threads owns a tile of 64 rows (query
 // rows in the forward and dq kernels, key rows in the dk/dv kernel); four
 // adjacent lanes share a row: lane `part` of a row scores the tile's
-// columns part, part + 4, ... and owns the output dimensions part,
-// part + 4, ... of the row. Row reductions over the four lanes are two
+// columns part, part + 4, ... and owns the output dimensions of the row's
+// 16-byte chunks part, part + 4, ... (dimensions 4 part .. 4 part + 3, ...). Row reductions over the four lanes are two
 // butterfly shuffles (a fixed order). Tiles are stored in shared memory as
-// f32 with a padded row stride (D + 1) so that the eight rows a warp reads
-// at once fall in distinct banks. Dynamic shared memory: up to ~166 KB at
-// D = 128 (opted in per kernel; H100 allows 227 KB).
+// f32 with a padded row stride (tileStride: an odd number of 16-byte
+// chunks) and read 16 bytes at a time, conflict-free: each product loads a
+// chunk of its row operand once for the lane's 16 columns (the scores), or
+// a column's weight once for the lane's chunks (P V, dS K, P^T dY, dS^T Q),
+// so a 16-byte load feeds 4 to 16 FMAs instead of two scalar loads one.
+// Every sum runs in the order of the scalar loops before. Dynamic shared memory:
+// up to ~167 KB at D = 128 (opted in per kernel; H100 allows 227 KB).
 //
 //===----------------------------------------------------------------------===//
 
@@ -80,14 +84,51 @@ Dims dims(int64_t B, int64_t T, int64_t C, int64_t heads, bool causal, int64_t k
   return a;
 }
 
+/// The row stride (floats) of the shared f32 tiles for head dimension D:
+/// whole 16-byte chunks (D rounded up to a multiple of 4) plus at least
+/// one chunk, an odd number of chunks in all. The eight rows a warp reads
+/// at once (the same chunk of each) then start in distinct 4-bank groups,
+/// so a 16-byte load of them has no bank conflict.
+__host__ __device__ constexpr int64_t tileStride(int64_t D) {
+  return 4 * (((D + 3) / 4 + 1) | 1);
+}
+/// The row stride of the 64 x 64 probability / score-gradient tiles.
+constexpr int kPS = kTile + 4;
+/// 16-byte chunks of the dimensions a lane owns: 8 (kDims / 4).
+constexpr int kChunks = kDims / 4;
+
+__device__ __forceinline__ float4 lds4(const float *p) {
+  return *reinterpret_cast<const float4 *>(p);
+}
+/// acc += x . y over one 16-byte chunk, in dimension order.
+__device__ __forceinline__ void dot4(float &acc, float4 x, float4 y) {
+  acc += x.x * y.x;
+  acc += x.y * y.y;
+  acc += x.z * y.z;
+  acc += x.w * y.w;
+}
+/// acc += w * y, elementwise.
+__device__ __forceinline__ void axpy4(float4 &acc, float w, float4 y) {
+  acc.x += w * y.x;
+  acc.y += w * y.y;
+  acc.z += w * y.z;
+  acc.w += w * y.w;
+}
+__device__ __forceinline__ float at4(const float4 &v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+
 /// Loads rows r0.. of a [B, T, ld] tensor's head slice (b, column offset
-/// col) into a kTile x D shared tile with stride D + 1; rows past T are 0.
+/// col) into a kTile x D shared tile of row stride tileStride(D); rows past
+/// T, and the columns from D to the next multiple of 4, are 0 (so the
+/// 16-byte dot products over whole chunks add only 0 x 0 beyond D).
 template <typename T>
 __device__ __forceinline__ void loadTile(float *dst, const T *src, const Dims &a, int64_t b,
                                          int64_t r0, int64_t ldRow, int64_t col, int64_t D) {
-  int64_t SD = D + 1;
-  // f32 operands: 16-byte loads (4 elements), all of a thread's issued
-  // before its first store (at most 8 a thread), where the rows allow.
+  const int64_t SD = tileStride(D);
+  // f32 operands: 16-byte loads and stores (4 elements), all of a thread's
+  // loads issued before its first store (at most 8 a thread), where the
+  // rows allow.
   if (sizeof(T) == 4 && D % 4 == 0 && ldRow % 4 == 0 && col % 4 == 0 &&
       (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
     constexpr int kMaxVecs = kTile * (int)(kMaxHeadDim / 4) / kThreadsF;
@@ -110,26 +151,16 @@ __device__ __forceinline__ void loadTile(float *dst, const T *src, const Dims &a
       int i = (int)threadIdx.x + j * kThreadsF;
       if (i < total) {
         int r = i / vecs, d = (i - r * vecs) * 4;
-        float *o = dst + r * SD + d; // odd row stride: four scalar stores
-        o[0] = buf[j].x;
-        o[1] = buf[j].y;
-        o[2] = buf[j].z;
-        o[3] = buf[j].w;
+        *reinterpret_cast<float4 *>(dst + r * SD + d) = buf[j];
       }
     }
     return;
   }
-  for (int64_t i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-    int64_t r = i / D, d = i % D, t = r0 + r;
-    dst[r * SD + d] = t < a.T ? ld(src + (b * a.T + t) * ldRow + col + d) : 0.f;
+  const int64_t D4 = (D + 3) / 4 * 4;
+  for (int64_t i = threadIdx.x; i < kTile * D4; i += blockDim.x) {
+    int64_t r = i / D4, d = i % D4, t = r0 + r;
+    dst[r * SD + d] = t < a.T && d < D ? ld(src + (b * a.T + t) * ldRow + col + d) : 0.f;
   }
-}
-
-__device__ __forceinline__ float dotShared(const float *x, const float *y, int64_t D) {
-  float acc = 0;
-  for (int64_t d = 0; d < D; ++d)
-    acc += x[d] * y[d];
-  return acc;
 }
 
 /// The forward pass over one (b, h, query tile). Writes y and the row
@@ -137,8 +168,10 @@ __device__ __forceinline__ float dotShared(const float *x, const float *y, int64
 template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     forwardKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
-  extern __shared__ float sm[];
-  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
+  extern __shared__ float4 smem4[];
+  float *sm = reinterpret_cast<float *>(smem4);
+  // KD: D at compile time, 0: at run time; NC: its 16-byte chunks.
+  const int64_t D = KD > 0 ? KD : a.D, SD = tileStride(D), NC = (D + 3) / 4;
   float *Qs = sm, *Ks = Qs + kTile * SD, *Vs = Ks + kTile * SD, *Ps = Vs + kTile * SD;
   // Longest (causal) tiles first: they start in the first wave.
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
@@ -157,14 +190,24 @@ __global__ void __launch_bounds__(kThreadsF)
     loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
     loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
     __syncthreads();
-    float sc[kCols], tmax = -INFINITY;
+    // Scores of the lane's 16 columns: the row's chunk of Q read once for
+    // all of them (16-byte loads; each score in dimension order).
+    float sc[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      sc[c] = 0.f;
+    for (int64_t ch = 0; ch < NC; ++ch) {
+      float4 x = lds4(Qs + row * SD + 4 * ch);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        dot4(sc[c], x, lds4(Ks + (part + kParts * c) * SD + 4 * ch));
+    }
+    float tmax = -INFINITY;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      int j = part + kParts * c;
-      int64_t jj = j0 + j;
+      int64_t jj = j0 + part + kParts * c;
       bool ok = jj < a.T && (!a.causal || jj <= trow);
-      float s = dotShared(Qs + row * SD, Ks + j * SD, D) * a.scale;
-      sc[c] = ok ? s : -INFINITY;
+      sc[c] = ok ? sc[c] * a.scale : -INFINITY;
       tmax = fmaxf(tmax, sc[c]);
     }
     tmax = rowMax4(tmax);
@@ -174,33 +217,46 @@ __global__ void __launch_bounds__(kThreadsF)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       float p = sc[c] == -INFINITY ? 0.f : expf(sc[c] - mNew);
-      Ps[row * (kTile + 1) + part + kParts * c] = p;
+      Ps[row * kPS + part + kParts * c] = p;
       psum += p;
     }
     psum = rowSum4(psum);
     l = l * alpha + psum;
     m = mNew;
     __syncthreads();
-    const float *pr = Ps + row * (kTile + 1);
+    // P V over the lane's chunks (part, part + 4, ...): each column's
+    // probability read once for all of them.
+    const float *pr = Ps + row * kPS;
+    float4 acc[kChunks];
 #pragma unroll
-    for (int i = 0; i < kDims; ++i) {
-      int64_t d = part + kParts * i;
-      if (d < D) {
-        float acc = 0.f;
-        for (int j = 0; j < kTile; ++j)
-          acc += pr[j] * Vs[j * SD + d];
-        o[i] = o[i] * alpha + acc;
+    for (int i = 0; i < kChunks; ++i)
+      acc[i] = float4{0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < kTile; ++j) {
+      float p = pr[j];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        int64_t ch = part + kParts * i;
+        if (i * kParts < NC && ch < NC)
+          axpy4(acc[i], p, lds4(Vs + j * SD + 4 * ch));
       }
     }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i)
+      if (i * kParts < NC)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o[4 * i + e] = o[4 * i + e] * alpha + at4(acc[i], e);
   }
   bool valid = trow < a.T;
   float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-  for (int i = 0; i < kDims; ++i) {
-    int64_t d = part + kParts * i;
-    if (valid && d < D)
-      st(y + (b * a.T + trow) * a.ldy + h * D + d, o[i] * inv);
-  }
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int64_t d = 4 * (part + kParts * i) + e;
+      if (i * kParts < NC && valid && d < D)
+        st(y + (b * a.T + trow) * a.ldy + h * D + d, o[4 * i + e] * inv);
+    }
   if (lse && valid && part == 0)
     lse[(b * a.H + h) * a.T + trow] = m + logf(l);
 }
@@ -225,8 +281,9 @@ template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     dqKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
              const float *delta, T *dq) {
-  extern __shared__ float sm[];
-  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
+  extern __shared__ float4 smem4[];
+  float *sm = reinterpret_cast<float *>(smem4);
+  const int64_t D = KD > 0 ? KD : a.D, SD = tileStride(D), NC = (D + 3) / 4;
   float *Qs = sm, *DYs = Qs + kTile * SD, *Ks = DYs + kTile * SD, *Vs = Ks + kTile * SD,
         *DSs = Vs + kTile * SD;
   int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
@@ -249,6 +306,20 @@ __global__ void __launch_bounds__(kThreadsF)
     loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
     loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
     __syncthreads();
+    // q . k and dy . v of the lane's 16 columns, the row's chunks read once.
+    float s[kCols], dp[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      s[c] = dp[c] = 0.f;
+    for (int64_t ch = 0; ch < NC; ++ch) {
+      float4 x = lds4(Qs + row * SD + 4 * ch), g = lds4(DYs + row * SD + 4 * ch);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        int64_t j = part + kParts * c;
+        dot4(s[c], x, lds4(Ks + j * SD + 4 * ch));
+        dot4(dp[c], g, lds4(Vs + j * SD + 4 * ch));
+      }
+    }
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       int j = part + kParts * c;
@@ -256,30 +327,41 @@ __global__ void __launch_bounds__(kThreadsF)
       bool ok = valid && jj < a.T && (!a.causal || jj <= trow);
       float ds = 0.f;
       if (ok) {
-        float p = expf(dotShared(Qs + row * SD, Ks + j * SD, D) * a.scale - lr);
-        ds = p * (dotShared(DYs + row * SD, Vs + j * SD, D) - dl);
+        float p = expf(s[c] * a.scale - lr);
+        ds = p * (dp[c] - dl);
       }
-      DSs[row * (kTile + 1) + j] = ds;
+      DSs[row * kPS + j] = ds;
     }
     __syncthreads();
-    const float *dr = DSs + row * (kTile + 1);
+    const float *dr = DSs + row * kPS;
+    float4 sacc[kChunks];
 #pragma unroll
-    for (int i = 0; i < kDims; ++i) {
-      int64_t d = part + kParts * i;
-      if (d < D) {
-        float sacc = 0.f;
-        for (int j = 0; j < kTile; ++j)
-          sacc += dr[j] * Ks[j * SD + d];
-        acc[i] += sacc;
+    for (int i = 0; i < kChunks; ++i)
+      sacc[i] = float4{0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < kTile; ++j) {
+      float w = dr[j];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        int64_t ch = part + kParts * i;
+        if (i * kParts < NC && ch < NC)
+          axpy4(sacc[i], w, lds4(Ks + j * SD + 4 * ch));
       }
     }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i)
+      if (i * kParts < NC)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc[4 * i + e] += at4(sacc[i], e);
   }
 #pragma unroll
-  for (int i = 0; i < kDims; ++i) {
-    int64_t d = part + kParts * i;
-    if (valid && d < D)
-      st(dq + (b * a.T + trow) * a.ldq + h * D + d, acc[i] * a.scale);
-  }
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int64_t d = 4 * (part + kParts * i) + e;
+      if (i * kParts < NC && valid && d < D)
+        st(dq + (b * a.T + trow) * a.ldq + h * D + d, acc[4 * i + e] * a.scale);
+    }
 }
 
 /// dk, dv over one (b, kv head, key tile): over the query heads of the
@@ -289,10 +371,11 @@ template <typename T, int KD>
 __global__ void __launch_bounds__(kThreadsF)
     dkvKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
               const float *delta, T *dk, T *dv) {
-  extern __shared__ float sm[];
-  const int64_t D = KD > 0 ? KD : a.D, SD = D + 1; // KD: D at compile time, 0: at run time
+  extern __shared__ float4 smem4[];
+  float *sm = reinterpret_cast<float *>(smem4);
+  const int64_t D = KD > 0 ? KD : a.D, SD = tileStride(D), NC = (D + 3) / 4;
   float *Ks = sm, *Vs = Ks + kTile * SD, *Qs = Vs + kTile * SD, *DYs = Qs + kTile * SD,
-        *Ps = DYs + kTile * SD, *DSs = Ps + kTile * (kTile + 1), *Ls = DSs + kTile * (kTile + 1),
+        *Ps = DYs + kTile * SD, *DSs = Ps + kTile * kPS, *Ls = DSs + kTile * kPS,
         *Dl = Ls + kTile;
   int64_t kt = (int64_t)(blockIdx.x % a.tiles);
   int64_t kvh = (blockIdx.x / a.tiles) % a.KV, b = blockIdx.x / (a.tiles * a.KV);
@@ -319,6 +402,21 @@ __global__ void __launch_bounds__(kThreadsF)
         Dl[i] = t < a.T ? delta[r] : 0.f;
       }
       __syncthreads();
+      // q . k and dy . v of the lane's 16 query rows, the key row's chunks
+      // read once for all of them.
+      float s[kCols], dp[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        s[c] = dp[c] = 0.f;
+      for (int64_t ch = 0; ch < NC; ++ch) {
+        float4 kx = lds4(Ks + row * SD + 4 * ch), vx = lds4(Vs + row * SD + 4 * ch);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          int64_t tr = part + kParts * c;
+          dot4(s[c], lds4(Qs + tr * SD + 4 * ch), kx);
+          dot4(dp[c], lds4(DYs + tr * SD + 4 * ch), vx);
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         int tr = part + kParts * c;
@@ -326,44 +424,58 @@ __global__ void __launch_bounds__(kThreadsF)
         bool ok = valid && tt < a.T && (!a.causal || jj <= tt);
         float p = 0.f, ds = 0.f;
         if (ok) {
-          p = expf(dotShared(Qs + tr * SD, Ks + row * SD, D) * a.scale - Ls[tr]);
-          ds = p * (dotShared(DYs + tr * SD, Vs + row * SD, D) - Dl[tr]);
+          p = expf(s[c] * a.scale - Ls[tr]);
+          ds = p * (dp[c] - Dl[tr]);
         }
-        Ps[row * (kTile + 1) + tr] = p;
-        DSs[row * (kTile + 1) + tr] = ds;
+        Ps[row * kPS + tr] = p;
+        DSs[row * kPS + tr] = ds;
       }
       __syncthreads();
-      const float *pr = Ps + row * (kTile + 1), *dr = DSs + row * (kTile + 1);
+      const float *pr = Ps + row * kPS, *dr = DSs + row * kPS;
+      float4 sv[kChunks], sk[kChunks];
 #pragma unroll
-      for (int i = 0; i < kDims; ++i) {
-        int64_t d = part + kParts * i;
-        if (d < D) {
-          float sv = 0.f, sk = 0.f;
-          for (int t = 0; t < kTile; ++t) {
-            sv += pr[t] * DYs[t * SD + d];
-            sk += dr[t] * Qs[t * SD + d];
+      for (int i = 0; i < kChunks; ++i)
+        sv[i] = sk[i] = float4{0.f, 0.f, 0.f, 0.f};
+      for (int t = 0; t < kTile; ++t) {
+        float pw = pr[t], dw = dr[t];
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) {
+          int64_t ch = part + kParts * i;
+          if (i * kParts < NC && ch < NC) {
+            axpy4(sv[i], pw, lds4(DYs + t * SD + 4 * ch));
+            axpy4(sk[i], dw, lds4(Qs + t * SD + 4 * ch));
           }
-          accV[i] += sv;
-          accK[i] += sk;
         }
       }
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i)
+        if (i * kParts < NC)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            accV[4 * i + e] += at4(sv[i], e);
+            accK[4 * i + e] += at4(sk[i], e);
+          }
     }
   }
 #pragma unroll
-  for (int i = 0; i < kDims; ++i) {
-    int64_t d = part + kParts * i;
-    if (valid && d < D) {
-      int64_t at = (b * a.T + jj) * a.ldkv + kvh * D + d;
-      st(dk + at, accK[i] * a.scale);
-      st(dv + at, accV[i]);
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int64_t d = 4 * (part + kParts * i) + e;
+      if (i * kParts < NC && valid && d < D) {
+        int64_t at = (b * a.T + jj) * a.ldkv + kvh * D + d;
+        st(dk + at, accK[4 * i + e] * a.scale);
+        st(dv + at, accV[4 * i + e]);
+      }
     }
-  }
 }
 
-size_t fwdSmem(int64_t D) { return sizeof(float) * (3 * kTile * (D + 1) + kTile * (kTile + 1)); }
-size_t dqSmem(int64_t D) { return sizeof(float) * (4 * kTile * (D + 1) + kTile * (kTile + 1)); }
+size_t fwdSmem(int64_t D) {
+  return sizeof(float) * (3 * kTile * tileStride(D) + kTile * kPS);
+}
+size_t dqSmem(int64_t D) { return sizeof(float) * (4 * kTile * tileStride(D) + kTile * kPS); }
 size_t dkvSmem(int64_t D) {
-  return sizeof(float) * (4 * kTile * (D + 1) + 2 * kTile * (kTile + 1) + 2 * kTile);
+  return sizeof(float) * (4 * kTile * tileStride(D) + 2 * kTile * kPS + 2 * kTile);
 }
 
 template <typename K> cudaError_t optIn(K kernel, size_t bytes) {

@@ -933,6 +933,10 @@ TEST_F(CudaFastKernelsTest, FlashAttentionAgainstCpuF32AndBf16) {
       flashCase(t, 1, 100, 4, 2, 64, causal, 31);   // tails, grouped-query
       flashCase(t, 1, 130, 2, 1, 128, causal, 47);  // the largest head dim, MQA
       flashCase(t, 2, 256, 12, 12, 64, causal, 59); // GPT-2's head shape
+      // Run-time head dims: 30 (not whole 16-byte chunks: the tiles' zero
+      // columns), 36 (an even chunk count: the padded stride).
+      flashCase(t, 1, 70, 3, 3, 30, causal, 53);
+      flashCase(t, 1, 66, 2, 1, 36, causal, 57);
     }
 }
 
