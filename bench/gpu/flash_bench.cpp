@@ -85,12 +85,24 @@ int main(int argc, char **argv) {
     if (cudaError_t e = cudaMemcpy((char *)qkv + 2 * n * i, host.data(), 2 * n,
                                    cudaMemcpyHostToDevice))
       return fail("cudaMemcpy", e);
-  void *dy = buf[3], *y = buf[4];
+  // The same values in f32 (the f32 plans' attention: the CUDA cores).
+  std::vector<float> wide(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = uint32_t(host[i]) << 16;
+    std::memcpy(&wide[i], &bits, 4);
+  }
+  void *buf32[8] = {};
+  for (auto &p : buf32)
+    if (cudaError_t e = cudaMalloc(&p, 4 * n))
+      return fail("cudaMalloc", e);
+  for (int i = 0; i < 4; ++i)
+    if (cudaError_t e = cudaMemcpy(buf32[i], wide.data(), 4 * n, cudaMemcpyHostToDevice))
+      return fail("cudaMemcpy", e);
   cudaEvent_t t0, t1;
   cudaEventCreate(&t0);
   cudaEventCreate(&t1);
   double fwdFlops = 2.0 * B * H * T * T * D; // 4 B H T^2 D, halved by the mask
-  std::printf("attention B=%lld T=%lld heads=%lld D=%lld bf16 causal\n", (long long)B,
+  std::printf("attention B=%lld T=%lld heads=%lld D=%lld bf16 (last row f32) causal\n", (long long)B,
               (long long)T, (long long)H, (long long)D);
   std::printf("%-13s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
               "TFLOP/s");
@@ -98,27 +110,32 @@ int main(int argc, char **argv) {
   struct Variant {
     const char *name;
     flash::Impl impl;
-    bool packed;
+    bool packed, f32;
   };
-  for (Variant var : {Variant{"CUDA cores", flash::Impl::CudaCores, false},
-                      Variant{"WMMA", flash::Impl::Wmma, false},
-                      Variant{"mma.sync", flash::Impl::Mma, false},
-                      Variant{"mma.sync qkv", flash::Impl::Mma, true}}) {
+  // The last row: f32 operands (an f32 plan's attention), against the bf16
+  // CUDA-core row like the others.
+  for (Variant var : {Variant{"CUDA cores", flash::Impl::CudaCores, false, false},
+                      Variant{"WMMA", flash::Impl::Wmma, false, false},
+                      Variant{"mma.sync", flash::Impl::Mma, false, false},
+                      Variant{"mma.sync qkv", flash::Impl::Mma, true, false},
+                      Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;
     char *pq = (char *)qkv, *pd = (char *)dqkv;
     const int64_t cb = 2 * C; // one C-wide column range, in bytes
-    void *q = var.packed ? pq : buf[0], *k = var.packed ? pq + cb : buf[1],
-         *v = var.packed ? pq + 2 * cb : buf[2], *dq = var.packed ? pd : buf[5],
-         *dk = var.packed ? pd + cb : buf[6], *dv = var.packed ? pd + 2 * cb : buf[7];
+    void *const *b = var.f32 ? buf32 : buf;
+    void *q = var.packed ? pq : b[0], *k = var.packed ? pq + cb : b[1],
+         *v = var.packed ? pq + 2 * cb : b[2], *dq = var.packed ? pd : b[5],
+         *dk = var.packed ? pd + cb : b[6], *dv = var.packed ? pd + 2 * cb : b[7],
+         *dyv = b[3], *yv = b[4];
+    FloatKind t = var.f32 ? FloatKind::F32 : FloatKind::BF16;
     flash::Layout rows = var.packed ? flash::Layout{3 * C, 3 * C, 0} : flash::Layout{};
     auto fwd = [&] {
-      return flash::forward(FloatKind::BF16, q, k, v, y, lse, B, T, C, H, true, H, 0, impl,
-                            rows);
+      return flash::forward(t, q, k, v, yv, lse, B, T, C, H, true, H, 0, impl, rows);
     };
     auto bwd = [&] {
-      return flash::backward(FloatKind::BF16, q, k, v, y, lse, dy, dq, dk, dv, scratch, B, T, C,
-                             H, true, H, 0, impl, rows);
+      return flash::backward(t, q, k, v, yv, lse, dyv, dq, dk, dv, scratch, B, T, C, H, true,
+                             H, 0, impl, rows);
     };
     for (int w = 0; w < 2; ++w) // warm-up (and the shared-memory opt-in)
       if (cudaError_t e = fwd(); e || (e = bwd()))
@@ -150,6 +167,8 @@ int main(int argc, char **argv) {
                 ref / msFB);
   }
   for (auto p : buf)
+    cudaFree(p);
+  for (auto p : buf32)
     cudaFree(p);
   cudaFree(qkv);
   cudaFree(dqkv);
