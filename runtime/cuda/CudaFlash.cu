@@ -118,6 +118,47 @@ __device__ __forceinline__ float at4(const float4 &v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
 }
 
+/// acc[i] = sum over the tile's rows j, in order, of w[j] times the lane's
+/// chunk i of row j (chunks part, part + 4, ... below NC): each weight read
+/// once for all the lane's chunks (P V, dS K, P^T dY, dS^T Q).
+__device__ __forceinline__ void weightedChunks(float4 (&acc)[kChunks], const float *w,
+                                               const float *tile, int64_t SD, int64_t NC,
+                                               int part) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+    acc[i] = float4{0.f, 0.f, 0.f, 0.f};
+  for (int j = 0; j < kTile; ++j) {
+    float x = w[j];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      int64_t ch = part + kParts * i;
+      if (i * kParts < NC && ch < NC)
+        axpy4(acc[i], x, lds4(tile + j * SD + 4 * ch));
+    }
+  }
+}
+
+/// The backward's two products per column of the lane (part, part + 4,
+/// ...): s[c] = a . x_col and dp[c] = b . y_col (a, b: the lane's row; x,
+/// y: tiles), each in dimension order; a chunk of a and b read once for
+/// all the columns.
+__device__ __forceinline__ void pairScores(float (&s)[kCols], float (&dp)[kCols],
+                                           const float *a, const float *b, const float *x,
+                                           const float *y, int64_t SD, int64_t NC, int part) {
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+    s[c] = dp[c] = 0.f;
+  for (int64_t ch = 0; ch < NC; ++ch) {
+    float4 ar = lds4(a + 4 * ch), br = lds4(b + 4 * ch);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      int64_t col = part + kParts * c;
+      dot4(s[c], ar, lds4(x + col * SD + 4 * ch));
+      dot4(dp[c], br, lds4(y + col * SD + 4 * ch));
+    }
+  }
+}
+
 /// Loads rows r0.. of a [B, T, ld] tensor's head slice (b, column offset
 /// col) into a kTile x D shared tile of row stride tileStride(D); rows past
 /// T, and the columns from D to the next multiple of 4, are 0 (so the
@@ -226,20 +267,8 @@ __global__ void __launch_bounds__(kThreadsF)
     __syncthreads();
     // P V over the lane's chunks (part, part + 4, ...): each column's
     // probability read once for all of them.
-    const float *pr = Ps + row * kPS;
     float4 acc[kChunks];
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i)
-      acc[i] = float4{0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < kTile; ++j) {
-      float p = pr[j];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        int64_t ch = part + kParts * i;
-        if (i * kParts < NC && ch < NC)
-          axpy4(acc[i], p, lds4(Vs + j * SD + 4 * ch));
-      }
-    }
+    weightedChunks(acc, Ps + row * kPS, Vs, SD, NC, part);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i)
       if (i * kParts < NC)
@@ -306,20 +335,9 @@ __global__ void __launch_bounds__(kThreadsF)
     loadTile(Ks, k, a, b, j0, a.ldkv, kvh * D, D);
     loadTile(Vs, v, a, b, j0, a.ldkv, kvh * D, D);
     __syncthreads();
-    // q . k and dy . v of the lane's 16 columns, the row's chunks read once.
+    // q . k and dy . v of the lane's 16 columns.
     float s[kCols], dp[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-      s[c] = dp[c] = 0.f;
-    for (int64_t ch = 0; ch < NC; ++ch) {
-      float4 x = lds4(Qs + row * SD + 4 * ch), g = lds4(DYs + row * SD + 4 * ch);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        int64_t j = part + kParts * c;
-        dot4(s[c], x, lds4(Ks + j * SD + 4 * ch));
-        dot4(dp[c], g, lds4(Vs + j * SD + 4 * ch));
-      }
-    }
+    pairScores(s, dp, Qs + row * SD, DYs + row * SD, Ks, Vs, SD, NC, part);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       int j = part + kParts * c;
@@ -333,20 +351,8 @@ __global__ void __launch_bounds__(kThreadsF)
       DSs[row * kPS + j] = ds;
     }
     __syncthreads();
-    const float *dr = DSs + row * kPS;
     float4 sacc[kChunks];
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i)
-      sacc[i] = float4{0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < kTile; ++j) {
-      float w = dr[j];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        int64_t ch = part + kParts * i;
-        if (i * kParts < NC && ch < NC)
-          axpy4(sacc[i], w, lds4(Ks + j * SD + 4 * ch));
-      }
-    }
+    weightedChunks(sacc, DSs + row * kPS, Ks, SD, NC, part);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i)
       if (i * kParts < NC)
@@ -402,21 +408,9 @@ __global__ void __launch_bounds__(kThreadsF)
         Dl[i] = t < a.T ? delta[r] : 0.f;
       }
       __syncthreads();
-      // q . k and dy . v of the lane's 16 query rows, the key row's chunks
-      // read once for all of them.
+      // k . q and v . dy of the lane's 16 query rows.
       float s[kCols], dp[kCols];
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-        s[c] = dp[c] = 0.f;
-      for (int64_t ch = 0; ch < NC; ++ch) {
-        float4 kx = lds4(Ks + row * SD + 4 * ch), vx = lds4(Vs + row * SD + 4 * ch);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          int64_t tr = part + kParts * c;
-          dot4(s[c], lds4(Qs + tr * SD + 4 * ch), kx);
-          dot4(dp[c], lds4(DYs + tr * SD + 4 * ch), vx);
-        }
-      }
+      pairScores(s, dp, Ks + row * SD, Vs + row * SD, Qs, DYs, SD, NC, part);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         int tr = part + kParts * c;
@@ -431,22 +425,9 @@ __global__ void __launch_bounds__(kThreadsF)
         DSs[row * kPS + tr] = ds;
       }
       __syncthreads();
-      const float *pr = Ps + row * kPS, *dr = DSs + row * kPS;
       float4 sv[kChunks], sk[kChunks];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i)
-        sv[i] = sk[i] = float4{0.f, 0.f, 0.f, 0.f};
-      for (int t = 0; t < kTile; ++t) {
-        float pw = pr[t], dw = dr[t];
-#pragma unroll
-        for (int i = 0; i < kChunks; ++i) {
-          int64_t ch = part + kParts * i;
-          if (i * kParts < NC && ch < NC) {
-            axpy4(sv[i], pw, lds4(DYs + t * SD + 4 * ch));
-            axpy4(sk[i], dw, lds4(Qs + t * SD + 4 * ch));
-          }
-        }
-      }
+      weightedChunks(sv, Ps + row * kPS, DYs, SD, NC, part);
+      weightedChunks(sk, DSs + row * kPS, Qs, SD, NC, part);
 #pragma unroll
       for (int i = 0; i < kChunks; ++i)
         if (i * kParts < NC)
