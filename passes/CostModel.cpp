@@ -171,7 +171,7 @@ Value attentionQuery(Operation *op) {
 }
 
 double flopsOf(Operation *op) {
-  if (isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp>(op)) {
+  if (isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp, MatmulBiasGradOp>(op)) {
     ArrayRef<int64_t> lhs = shapeOf(op->getOperand(0));
     int64_t k = op->hasAttr("transpose_lhs") ? lhs[lhs.size() - 2] : lhs.back();
     return 2.0 * double(numel(shapeOf(op->getResult(0)))) * double(k);
@@ -203,6 +203,8 @@ SmallVector<StringRef> epilogueOps(Operation *op) {
     ops.append({"layer_norm_grad", "add"});
   } else if (isa<CrossEntropyFusedOp>(op)) {
     ops.push_back("cross_entropy_grad");
+  } else if (isa<MatmulBiasGradOp>(op)) {
+    ops.push_back("sum_to");
   }
   return ops;
 }
@@ -356,7 +358,7 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
     }
     last[t.key] = pos;
     update(pos, 1);
-    if (pos >= n && isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp>(t.op))
+    if (pos >= n && isa<MatmulOp, MatmulBiasOp, MatmulGeluGradOp, MatmulBiasGradOp>(t.op))
       cold[t.op] += double(t.bytes) * coldFraction(p, dist * scale);
   }
   return cold;
@@ -509,9 +511,11 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       for (StringRef e : epilogueOps(op)) {
         auto it = p.secondsPerUnit.find(e);
         double perUnit = it == p.secondsPerUnit.end() ? 0.0 : it->second;
-        // The pass's result: the fused cross-entropy's gradient (its
-        // result 0 is the loss), else the op's first result.
-        Value out = op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
+        // The pass's tensor: the fused cross-entropy's gradient (its
+        // result 0 is the loss), the bias gradient's input dy, else the
+        // op's first result.
+        Value out = isa<MatmulBiasGradOp>(op) ? op->getOperand(0)
+                                              : op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
         work += std::max(double(numel(shapeOf(out))) * perUnit,
                          2 * bytesOf(out) / p.memBytesPerS);
       }

@@ -19,7 +19,10 @@
 //   matmul(a, b)` is rank 2 and `%dp` its only reader becomes
 //   `%dp = matmul_gelu_grad(a, b, %pre)`; a `sum_to` of `%dp` to its last
 //   dimension (the bias gradient fsdp-autodiff writes) becomes the fused
-//   op's second result.
+//   op's second result. A linear layer without GELU: `%db = sum_to %dy`
+//   and its weight gradient `%dw = matmul %dy, %x transpose_lhs` become
+//   `%dw, %db = matmul_bias_grad %dy, %x transpose_lhs` (cuBLASLt's BGRADB
+//   epilogue: dy is read once).
 // - Residual stream: `%s = add(a, b)` (one shape) read first by
 //   `layer_norm(%s)` becomes `%s, %y = residual_layer_norm(a, b, ...)`; an
 //   add of layer_norm_grad's input gradient (read by nothing else) and
@@ -112,6 +115,11 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       fuseForward(b);
     for (GeluGradOp g : geluGrads)
       fuseBackward(g);
+    // After the GELU gradients: the bias gradients they took are gone.
+    SmallVector<SumToOp> biasGrads;
+    getOperation().walk([&](SumToOp s) { biasGrads.push_back(s); });
+    for (SumToOp s : biasGrads)
+      fuseBiasGrad(s);
     for (LayerNormOp n : norms)
       fuseResidualNorm(n);
     for (LayerNormGradOp n : normGrads)
@@ -205,6 +213,63 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     concat.getResult().replaceAllUsesWith(fused.getDQkv());
     concat.erase();
     g.erase();
+    ++numFused;
+  }
+
+  /// `%db = sum_to %dy` ([M, N] -> [N]) and `%dw = matmul %dy, %x
+  /// transpose_lhs` (rank 2, the only such matmul of %dy, one block):
+  /// `%dw, %db = matmul_bias_grad %dy, %x transpose_lhs` (a linear layer's
+  /// weight and bias gradients, one read of dy), where the first of the two
+  /// was when %x is defined before it, else where the second was when
+  /// nothing reads the first's result in between.
+  void fuseBiasGrad(SumToOp st) {
+    Value dy = st.getInput();
+    auto dt = cast<RankedTensorType>(dy.getType());
+    auto bt = cast<RankedTensorType>(st.getResult().getType());
+    if (dt.getRank() != 2 || bt.getRank() != 1 || bt.getShape()[0] != dt.getShape()[1] ||
+        bt.getElementType() != dt.getElementType())
+      return;
+    MatmulOp mm;
+    for (Operation *u : dy.getUsers()) {
+      auto m = dyn_cast<MatmulOp>(u);
+      if (!m || m.getLhs() != dy || !m.getTransposeLhs() || m.getTransposeRhs() ||
+          m->getBlock() != st->getBlock() ||
+          cast<RankedTensorType>(m.getRhs().getType()).getRank() != 2 ||
+          cast<RankedTensorType>(m.getType()).getElementType() != dt.getElementType())
+        continue;
+      if (mm)
+        return; // two weight gradients of one dy: ambiguous
+      mm = m;
+    }
+    if (!mm)
+      return;
+    Block *block = st->getBlock();
+    bool mmFirst = mm->isBeforeInBlock(st);
+    Operation *first = mmFirst ? mm.getOperation() : st.getOperation(),
+              *second = mmFirst ? st.getOperation() : mm.getOperation();
+    Value x = mm.getRhs();
+    Operation *at = nullptr;
+    Operation *xDef = x.getDefiningOp();
+    Operation *xAt = xDef ? block->findAncestorOpInBlock(*xDef) : nullptr;
+    if (!xAt || xAt->isBeforeInBlock(first)) {
+      at = first;
+    } else {
+      for (Operation *u : first->getResult(0).getUsers()) {
+        Operation *ua = block->findAncestorOpInBlock(*u);
+        if (!ua || !second->isBeforeInBlock(ua))
+          return;
+      }
+      at = second;
+    }
+    OpBuilder b(at);
+    auto fused = b.create<MatmulBiasGradOp>(
+        mm.getLoc(), TypeRange{mm.getType(), st.getResult().getType()}, dy, x,
+        b.getUnitAttr(), UnitAttr());
+    keepMarks(mm, fused);
+    mm.getResult().replaceAllUsesWith(fused.getResult());
+    st.getResult().replaceAllUsesWith(fused.getBiasGrad());
+    mm.erase();
+    st.erase();
     ++numFused;
   }
 

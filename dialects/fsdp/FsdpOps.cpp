@@ -299,6 +299,20 @@ LogicalResult MatmulGeluGradOp::verify() {
   return success();
 }
 
+LogicalResult MatmulBiasGradOp::verify() {
+  if (!getTransposeLhs() || getTransposeRhs())
+    return emitOpError() << "expected transpose_lhs and not transpose_rhs (the weight "
+                            "gradient lhs^T rhs)";
+  auto a = rt(getLhs()), b = rt(getRhs());
+  SmallVector<int64_t> shape;
+  if (failed(verifyFusedMatmul(*this, a, b, true, false, shape)))
+    return failure();
+  Type et = a.getElementType();
+  if (failed(expectType(*this, "result", rt(getResult()), shape, et)))
+    return failure();
+  return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[0]}, et);
+}
+
 /// Shared by the layer norms: x of rank >= 1, gamma (and beta) [C], a
 /// positive epsilon.
 static LogicalResult verifyLayerNorm(Operation *op, RankedTensorType x, Value gamma,

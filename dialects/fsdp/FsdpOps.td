@@ -347,6 +347,31 @@ def Fsdp_MatmulGeluGradOp : Fsdp_Op<"matmul_gelu_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Fsdp_MatmulBiasGradOp : Fsdp_Op<"matmul_bias_grad", [Pure]> {
+  let summary = "a linear layer's weight gradient with its bias gradient";
+  let description = [{
+    `result = op(lhs) x op(rhs)` for rank-2 operands with `transpose_lhs`
+    (and not `transpose_rhs`), so `result = lhs^T rhs` [N, K] from lhs
+    [M, N] and rhs [M, K]: the weight gradient `dy^T x` of a linear layer
+    (`x W^T + b`); `bias_grad` is the sum of `lhs` over its rows ([N], as
+    `fsdp.sum_to`), the bias gradient, taken from the same operand in the
+    same kernel (cuBLASLt's BGRADB epilogue, as llm.c and PyTorch use it).
+    Written by fsdp-fuse-epilogues.
+
+    ```mlir
+    %dw, %db = fsdp.matmul_bias_grad %dy, %x transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>) -> (tensor<64x128xf32>, tensor<64xf32>)
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+  let results = (outs Fsdp_FloatTensor:$result, Fsdp_FloatTensor:$bias_grad);
+  let assemblyFormat = [{
+    $lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_LayerNormOp : Fsdp_Op<"layer_norm", [Pure, AllTypesMatch<["input", "result"]>,
                                              AllTypesMatch<["gamma", "beta"]>]> {
   let summary = "layer normalization over the last dimension";

@@ -274,6 +274,13 @@ const std::unordered_map<std::string, Check> &checks() {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), {d.n}, "a bias gradient"));
       return Status::ok();
     };
+    m["matmul_bias_grad"] = [fusedDims](const Op &op) {
+      if (!op.b("transpose_lhs") || op.b("transpose_rhs"))
+        return FSDP_ERROR("matmul_bias_grad: expected transpose_lhs and not transpose_rhs");
+      MM d;
+      FSDP_RETURN_IF_ERROR(fusedDims(op, d));
+      return expectShape(op, op.out(1), {d.m}, "a bias gradient");
+    };
     m["layer_norm"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), {lastDim(op.in(0))}, "gamma"));

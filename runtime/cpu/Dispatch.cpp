@@ -219,6 +219,15 @@ const std::unordered_map<std::string, Exec> &table() {
         sumTo<float>(dx, r.op.out(0).shape, r.out(1), r.op.out(1).shape);
       return Status::ok();
     };
+    // A linear layer's weight gradient dy^T x, then its bias gradient (the
+    // sum of dy over its rows) with sum_to's kernel.
+    m["matmul_bias_grad"] = [](const Run &r) {
+      MM d;
+      FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
+      matmul<float>(r.in(0), r.in(1), r.out(0), 1, d.m, d.n, d.k, true, false);
+      sumTo<float>(r.in(0), r.op.in(0).shape, r.out(1), r.op.out(1).shape);
+      return Status::ok();
+    };
     m["layer_norm"] = [](const Run &r) {
       layerNorm<float>(r.in(0), r.in(1), r.in(2), r.out(0), rowsOf(r.op.in(0)), lastDim(r.op.in(0)),
                        r.op.f("epsilon", 1e-5));

@@ -487,6 +487,8 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
                  native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
   } else if (n == "sum_to") {
     f = native::sumToScratch(op.in(0).shape, op.out(0).shape);
+  } else if (n == "matmul_bias_grad") { // the unfused fallback's bias gradient
+    f = native::sumToScratch(op.in(0).shape, op.out(1).shape);
   } else if (n == "matmul_gelu_grad") { // the unfused fallback's bias gradient
     f = native::sumToScratch({rules::rowsOf(op.out(0)), rules::lastDim(op.out(0))},
                              {rules::lastDim(op.out(0))});
@@ -510,7 +512,7 @@ bool nativeOp(const std::string &n) {
       "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
       "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
-      "matmul_gelu_grad", "slice", "slice_grad",
+      "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad",
       "concat", "transpose", "broadcast",
       "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
       "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv", "attention_qkv_grad"};
@@ -606,9 +608,9 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
 
 } // namespace
 
-/// matmul_bias and matmul_gelu_grad (fsdp-fuse-epilogues) on storage of
-/// dtype t: one cuBLASLt GEMM with its epilogue (BIAS, GELU_AUX_BIAS /
-/// GELU_BIAS, DGELU / DGELU_BGRAD) where cuBLASLt has an algorithm for it,
+/// matmul_bias, matmul_gelu_grad and matmul_bias_grad (fsdp-fuse-epilogues)
+/// on storage of dtype t: one cuBLASLt GEMM with its epilogue (BIAS,
+/// GELU_AUX_BIAS / GELU_BIAS, DGELU / DGELU_BGRAD, BGRADB) where cuBLASLt has an algorithm for it,
 /// chosen at prepare; otherwise the GEMM, then the unfused ops' kernels
 /// over the result, as runtime/cpu does.
 Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
@@ -617,7 +619,8 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   const std::string &n = op.inst.op;
   rules::MM d;
   FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
-  const void *a = r.in<void>(0), *b = r.in<void>(1), *third = r.in<void>(2);
+  const void *a = r.in<void>(0), *b = r.in<void>(1),
+             *third = op.inst.in.size() > 2 ? r.in<void>(2) : nullptr;
   void *c = r.out<void>(0);
   void *second = op.inst.out.size() > 1 ? r.out<void>(1) : nullptr;
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
@@ -629,6 +632,9 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
     e.kind = gelu ? Epilogue::GeluAuxBias : Epilogue::Bias;
     e.bias = third;
     e.aux = second;
+  } else if (n == "matmul_bias_grad") {
+    e.kind = Epilogue::BGradA; // the sum over k of op(A) = dy^T: dy's column sums
+    e.biasGrad = second;
   } else {
     e.kind = Epilogue::DGelu;
     e.aux = const_cast<void *>(third);
@@ -649,6 +655,8 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
       err = native::biasAdd(t, c, third, pre, m, nn, s);
       if (err == cudaSuccess && gelu)
         err = native::unary(t, native::UnaryKind::Gelu, pre, c, m * nn, 1.0, s);
+    } else if (n == "matmul_bias_grad") {
+      err = native::sumTo(t, a, Shape{k, m}, second, Shape{m}, sf, s); // a = dy [k, m]
     } else {
       err = native::unaryGrad(t, native::UnaryGradKind::Gelu, third, c, c, m * nn, s);
       if (err == cudaSuccess && second)
@@ -798,7 +806,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
           return native::layerNormGrad(t, xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
         },
         n);
-  } else if (n == "matmul_bias" || n == "matmul_gelu_grad") {
+  } else if (n == "matmul_bias" || n == "matmul_gelu_grad" || n == "matmul_bias_grad") {
     return buildFusedMatmul(op, t, base, rank, out);
   } else if (n == "matmul") {
     rules::MM d;
@@ -1078,7 +1086,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     out = fromCuda([=](cudaStream_t s) { return biasAdd(x, b, y, rows, cols, s); }, n);
-  } else if (n == "matmul_bias" || n == "matmul_gelu_grad") {
+  } else if (n == "matmul_bias" || n == "matmul_gelu_grad" || n == "matmul_bias_grad") {
     return buildFusedMatmul(op, FloatKind::F32, base, rank, out);
   } else if (n == "matmul") {
     rules::MM d;
@@ -1395,7 +1403,7 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "add", "sub", "mul", "div", "neg", "scale", "dropout", "fill", "copy", "relu", "gelu",
       "softmax",
       "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
-      "matmul_gelu_grad", "layer_norm",
+      "matmul_gelu_grad", "matmul_bias_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
       "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",

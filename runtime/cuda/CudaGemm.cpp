@@ -112,7 +112,15 @@ Status setEpiloguePointers(cublasLtMatmulDesc_t desc, Epilogue kind, bool keepAu
 /// The key's epilogue code: kind << 2 | keeps aux | writes a bias gradient.
 int epilogueCode(const EpilogueArgs &e) {
   return (int(e.kind) << 2) | (e.kind == Epilogue::GeluAuxBias && e.aux ? 1 : 0) |
-         (e.kind == Epilogue::DGelu && e.biasGrad ? 2 : 0);
+         ((e.kind == Epilogue::DGelu || e.kind == Epilogue::BGradA) && e.biasGrad ? 2 : 0);
+}
+
+/// The epilogue's bias-vector pointer: the gradient it writes, or the bias
+/// it reads.
+void *biasPointer(const EpilogueArgs &e) {
+  return e.kind == Epilogue::DGelu || e.kind == Epilogue::BGradA
+             ? e.biasGrad
+             : const_cast<void *>(e.bias);
 }
 
 } // namespace
@@ -166,9 +174,15 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
                         ") to be a multiple of 8 (the aux leading dimension)");
     if (kindOf == Epilogue::DGelu && k == 1)
       return FSDP_ERROR("cuBLASLt's DGELU epilogues do not support k = 1");
+    if (kindOf == Epilogue::BGradA && !biasGrad)
+      return FSDP_ERROR("a BGradA epilogue without its bias gradient");
+    // BGradA: our A is cuBLASLt's second operand (B), so its bias
+    // gradient (the sum over k of op(B), D's n x m columns) is BGRADB.
     uint32_t code = kindOf == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS
                     : kindOf == Epilogue::GeluAuxBias
                         ? (keepAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+                    : kindOf == Epilogue::BGradA
+                        ? CUBLASLT_EPILOGUE_BGRADB
                         : (biasGrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU);
     FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &code, sizeof(code)));
@@ -285,7 +299,7 @@ Gemm::Key Gemm::key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k,
                     bool transB, const void *a, const void *b, const void *c,
                     const EpilogueArgs &ep, bool pad) {
   size_t e = elemBytes(t);
-  const void *bias = ep.kind == Epilogue::DGelu ? ep.biasGrad : ep.bias;
+  const void *bias = biasPointer(ep);
   return Key{(int)t,          batch,          m,
              n,               k,              transA,
              transB,          alignment(a, e), alignment(b, e),
@@ -335,7 +349,7 @@ Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t m, 
   Plan *p;
   FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p));
   int code = epilogueCode(e);
-  void *bias = const_cast<void *>(e.kind == Epilogue::DGelu ? e.biasGrad : e.bias);
+  void *bias = biasPointer(e);
   FSDP_RETURN_IF_ERROR(
       setEpiloguePointers(p->desc, e.kind, code & 1, code & 2, bias, e.aux));
   float alpha = 1.f, beta = 0.f;

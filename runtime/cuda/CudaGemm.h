@@ -58,14 +58,18 @@ namespace fsdp::cuda {
 ///                GELU_BIAS, the pre-activation not kept);
 /// - DGelu:       C = AB * gelu_tanh'(aux), and with a non-null biasGrad
 ///                ([n]) its sum over the m rows (DGELU_BGRAD).
+/// - BGradA:      C = AB, and biasGrad ([m]) = the sum over k of op(A)
+///                (a linear layer's weight gradient dW = dY^T X with its
+///                bias gradient, the column sums of dY: llm.c's and
+///                PyTorch's BGRADB on the swapped cuBLASLt operands).
 /// aux is [m, n] row-major like C (cuBLASLt: column-major n x m, leading
 /// dimension n, which must be a multiple of 8).
-enum class Epilogue : int { None, Bias, GeluAuxBias, DGelu };
+enum class Epilogue : int { None, Bias, GeluAuxBias, DGelu, BGradA };
 struct EpilogueArgs {
   Epilogue kind = Epilogue::None;
   const void *bias = nullptr; ///< Bias, GeluAuxBias
   void *aux = nullptr;        ///< GeluAuxBias: written; DGelu: read
-  void *biasGrad = nullptr;   ///< DGelu: written when not null
+  void *biasGrad = nullptr;   ///< DGelu: written when not null; BGradA: written
 };
 
 class Gemm {

@@ -262,7 +262,11 @@ struct Epi {
   bool gelu = false;   // x := GELU(x)
   bool auxOut = false; // writes the GELU input to the aux matrix
   bool dgelu = false;  // multiplies by GELU'(aux)
-  bool bgrad = false;  // writes the bias gradient
+  bool bgrad = false;  // writes the bias gradient (of the result: DGELU_BGRAD)
+  bool bgradA = false; // writes the bias gradient of op(A): sum over k, m values
+  bool bgradB = false; // writes the bias gradient of op(B): sum over k, n values
+  /// Whether the epilogue reads or writes the bias pointer.
+  bool biasVector() const { return bias || bgrad || bgradA || bgradB; }
 };
 Epi epiOf(uint32_t e) {
   Epi r;
@@ -297,9 +301,19 @@ Epi epiOf(uint32_t e) {
   case CUBLASLT_EPILOGUE_DGELU_BGRAD:
     r.dgelu = r.bgrad = true;
     break;
+  // "BGRADA: Apply Bias gradient to the input matrix A. The bias size
+  // corresponds to the number of rows of the matrix D. The reduction
+  // happens over the GEMM's "k" dimension." BGRADB the same for B and the
+  // number of columns of D. D = op(A) op(B) is written unchanged.
+  case CUBLASLT_EPILOGUE_BGRADA:
+    r.bgradA = true;
+    break;
+  case CUBLASLT_EPILOGUE_BGRADB:
+    r.bgradB = true;
+    break;
   default:
-    // The ReLU bit-mask epilogues (RELU_AUX*, DRELU*) and BGRADA / BGRADB
-    // are not emulated: CUBLAS_STATUS_NOT_SUPPORTED.
+    // The ReLU bit-mask epilogues (RELU_AUX*, DRELU*) are not emulated:
+    // CUBLAS_STATUS_NOT_SUPPORTED.
     r.known = false;
   }
   return r;
@@ -462,7 +476,7 @@ cublasStatus_t resolve(const Desc *desc, const Layout *la, const Layout *lb,
   int32_t auxAttr = desc->get<int32_t>(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE);
   p.biasType = biasAttr == -1 ? p.d.type : biasAttr;
   p.auxType = auxAttr == -1 ? p.d.type : auxAttr;
-  if (p.epi.bias || p.epi.bgrad) {
+  if (p.epi.biasVector()) {
     // BIAS_DATA_TYPE: "Bias vector elements are the same type as the
     // elements of output matrix (Dtype)" with exceptions only for IMMA and
     // fp8 kernels; BIAS_POINTER: "Bias gradient vector elements are the
@@ -602,6 +616,22 @@ void compute(const Problem &p, float alpha, float beta, const void *A, const voi
     if (p.epi.bgrad)
       for (int64_t i = 0; i < p.m; ++i)
         store(p.biasType, bias, biasOff + i, bgrad[size_t(i)]);
+    // BGRADA / BGRADB: sums of the (widened) operand over k, in k order,
+    // in f32, rounded once to the bias type.
+    if (p.epi.bgradA)
+      for (int64_t i = 0; i < p.m; ++i) {
+        float t = 0.f;
+        for (int64_t q = 0; q < p.k; ++q)
+          t += opA[size_t(i + q * p.m)];
+        store(p.biasType, bias, biasOff + i, t);
+      }
+    if (p.epi.bgradB)
+      for (int64_t j = 0; j < p.n; ++j) {
+        float t = 0.f;
+        for (int64_t q = 0; q < p.k; ++q)
+          t += opB[size_t(q + j * p.k)];
+        store(p.biasType, bias, biasOff + j, t);
+      }
   }
 }
 
@@ -851,7 +881,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
         desc->get<const void *>(CUBLASLT_MATMUL_DESC_BIAS_POINTER));
     uint32_t alAux = alignmentOf(
         desc->get<const void *>(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER));
-    if (((p.epi.bias || p.epi.bgrad) && alBias < elemBytes(p.biasType)) ||
+    if ((p.epi.biasVector() && alBias < elemBytes(p.biasType)) ||
         ((p.epi.auxOut || p.epi.dgelu) && alAux < elemBytes(p.auxType)))
       return CUBLAS_STATUS_NOT_SUPPORTED;
     // MAX_WAVES_COUNT: "Selecting a non-zero value will exclude algorithms
@@ -936,7 +966,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle,
       return CUBLAS_STATUS_INVALID_VALUE;
     void *bias = desc->get<void *>(CUBLASLT_MATMUL_DESC_BIAS_POINTER);
     void *aux = desc->get<void *>(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
-    if (((p.epi.bias || p.epi.bgrad) && !bias) || ((p.epi.auxOut || p.epi.dgelu) && !aux))
+    if ((p.epi.biasVector() && !bias) || ((p.epi.auxOut || p.epi.dgelu) && !aux))
       return CUBLAS_STATUS_INVALID_VALUE;
     // Alignment. The heuristic chose the algorithm for the alignments the
     // preference promised (MIN_ALIGNMENT_*) and for the epilogue pointer
@@ -955,7 +985,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle,
                    !alignedTo(C, elemBytes(p.c.type)))) ||
         !alignedTo(D, hi(algo->data[kAlgoAlignCD])) || !alignedTo(D, elemBytes(p.d.type)))
       return CUBLAS_STATUS_INVALID_VALUE;
-    if (((p.epi.bias || p.epi.bgrad) &&
+    if ((p.epi.biasVector() &&
          (!alignedTo(bias, lo(algo->data[kAlgoAlignEpi])) ||
           !alignedTo(bias, elemBytes(p.biasType)))) ||
         ((p.epi.auxOut || p.epi.dgelu) && (!alignedTo(aux, hi(algo->data[kAlgoAlignEpi])) ||

@@ -7,8 +7,9 @@ accumulation),
 compiles the model with fuse-epilogues=true and =false, runs both for S
 steps on N ranks and checks that
   - the per-step losses and the final parameters are bitwise equal (the
-    CPU kernels of matmul_bias, matmul_gelu_grad, residual_layer_norm and
-    layer_norm_grad_acc run the unfused ops' kernels in the same order);
+    CPU kernels of matmul_bias, matmul_gelu_grad, matmul_bias_grad,
+    residual_layer_norm, layer_norm_grad_acc, attention_qkv(_grad) and
+    cross_entropy_fused run the unfused ops' kernels in the same order);
   - the fused plan has fused ops and fewer instructions, and plans a peak
     no larger than the unfused one;
   - fsdp-run measures exactly the predicted arena high-water and peak
@@ -27,7 +28,8 @@ sys.path.insert(0, HERE)
 from recompute import GLOBAL_BATCH, compile_plan, control, differs, run  # noqa: E402
 from shard_equivalence import gen  # noqa: E402
 
-FUSED = ("matmul_bias", "matmul_gelu_grad", "residual_layer_norm", "layer_norm_grad_acc")
+FUSED = ("matmul_bias", "matmul_gelu_grad", "matmul_bias_grad", "residual_layer_norm",
+         "layer_norm_grad_acc", "attention_qkv", "attention_qkv_grad", "cross_entropy_fused")
 
 
 def main():

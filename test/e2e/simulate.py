@@ -372,7 +372,8 @@ def lru_cold_bytes(plan, curve, scale):
             j = next(j for j in range(1, len(xs)) if d <= xs[j])
             w = (math.log(d) - math.log(xs[j - 1])) / (math.log(xs[j]) - math.log(xs[j - 1]))
             f = ys[j - 1] + (ys[j] - ys[j - 1]) * w
-        if plan["program"][i]["op"] in ("matmul", "matmul_bias", "matmul_gelu_grad"):
+        if plan["program"][i]["op"] in ("matmul", "matmul_bias", "matmul_gelu_grad",
+                                        "matmul_bias_grad"):
             cold[i] = cold.get(i, 0.0) + nbytes * f
     return cold
 

@@ -674,6 +674,52 @@ TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) 
   }
 }
 
+TEST_F(CudaFastKernelsTest, Bf16WeightGradientWithItsBiasGradient) {
+  // matmul_bias_grad: dw = dy^T x and db = the column sums of dy, one
+  // cuBLASLt GEMM with the BGRADB epilogue (our A is its B).
+  gpu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
+  const int64_t M = 37, N = 40, K = 48; // dy [M, N], x [M, K], dw [N, K]
+  Bf16Vec y(randomVec(M * N, 51, 2.f)), x(randomVec(M * K, 52));
+  Dev<uint16_t> ddy(y.bits), dx(x.bits), ddw(std::vector<uint16_t>(N * K, 0x7fc0)),
+      ddb(std::vector<uint16_t>(N, 0x7fc0));
+  gpu::EpilogueArgs e{gpu::Epilogue::BGradA, nullptr, nullptr, ddb.get()};
+  ASSERT_TRUE(gemm.warmEpilogue(FloatKind::BF16, N, K, M, true, false, ddy.get(), dx.get(),
+                                ddw.get(), e));
+  ASSERT_TRUE(
+      gemm.run(FloatKind::BF16, ddy.get(), dx.get(), ddw.get(), N, K, M, true, false, e, 0)
+          .isOk());
+  std::vector<float> want(N * K), mag(N * K), wantDb(N, 0.f);
+  std::vector<double> magDb(N, 0.0);
+  cpu::matmul(y.wide.data(), x.wide.data(), want.data(), 1, N, K, M, true, false);
+  std::vector<float> ay(y.wide), ax(x.wide);
+  for (float &v : ay)
+    v = std::fabs(v);
+  for (float &v : ax)
+    v = std::fabs(v);
+  cpu::matmul(ay.data(), ax.data(), mag.data(), 1, N, K, M, true, false);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < N; ++c) {
+      wantDb[c] += y.wide[r * N + c];
+      magDb[c] += std::fabs(y.wide[r * N + c]);
+    }
+  // The GEMM within M 2^-22 sum|a b| (tensor cores) + M u (the CPU's sum);
+  // the bias gradient: M exact bf16 terms summed in f32 in any order,
+  // twice (GPU and CPU), M u sum|dy| each.
+  std::vector<double> dW(N * K), dB(N);
+  for (int64_t i = 0; i < N * K; ++i)
+    dW[i] = (M * std::ldexp(1.0, -22) + (M + 1) * kU) * mag[i];
+  for (int64_t c = 0; c < N; ++c)
+    dB[c] = 2 * M * kU * magDb[c];
+  expectBf16Near(ddw.host(), want, dW, "BGRADB weight gradient");
+  expectBf16Near(ddb.host(), wantDb, dB, "BGRADB bias gradient");
+  // No bias-gradient pointer: refused (the device would run the GEMM and
+  // sum_to's kernel).
+  gpu::EpilogueArgs none{gpu::Epilogue::BGradA, nullptr, nullptr, nullptr};
+  EXPECT_FALSE(gemm.warmEpilogue(FloatKind::BF16, N, K, M, true, false, ddy.get(), dx.get(),
+                                 ddw.get(), none));
+}
+
 TEST_F(CudaFastKernelsTest, Bf16GemmEpiloguesAgainstCpu) {
   gpu::Gemm gemm;
   ASSERT_TRUE(gemm.init(32 << 20, false).isOk());

@@ -506,6 +506,41 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
   }
 }
 
+/// matmul_bias_grad (a linear layer's weight gradient dy^T x with its bias
+/// gradient, the column sums of dy) against matmul transpose_lhs + sum_to
+/// on the same device: bitwise on the CPU (the same kernels in turn); on
+/// CUDA one cuBLASLt GEMM with the BGRADB epilogue (or the GEMM and
+/// sum_to's kernel), each sum in its own order: 2 m u sum|terms|.
+TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
+  const int64_t m = 9, n = 16, k = 12;
+  // 0 dy [m,n], 1 x [m,k], 2 dw [n,k], 3 db [n], 4 matmul, 5 sum_to.
+  Plan plan = matrixPlan({{m, n}, {m, k}, {n, k}, {n}, {n, k}, {n}},
+                         {inst("matmul_bias_grad", {0, 1}, {2, 3}, {{"transpose_lhs", true}}),
+                          inst("matmul", {0, 1}, {4}, {{"transpose_lhs", true}}),
+                          inst("sum_to", {0}, {5})});
+  auto host = bindFillRun(plan, {0, 1}, [](size_t i, int id) {
+    return (float)std::sin(0.41 * double(i) + id) * 1.5f;
+  });
+  bool exact = GetParam() == "cpu";
+  const double u = 1.0 / (1 << 24);
+  std::vector<float> fw = read(plan, 2), uw = read(plan, 4), fb = read(plan, 3),
+                     ub = read(plan, 5);
+  for (int64_t i = 0; i < n; ++i) {
+    double magB = 0;
+    for (int64_t r = 0; r < m; ++r)
+      magB += std::fabs(host[0][r * n + i]);
+    EXPECT_LE(std::fabs((double)fb[i] - ub[i]), exact ? 0.0 : 2 * m * u * magB)
+        << "bias gradient element " << i;
+    for (int64_t j = 0; j < k; ++j) {
+      double mag = 0;
+      for (int64_t r = 0; r < m; ++r)
+        mag += std::fabs(host[0][r * n + i]) * std::fabs(host[1][r * k + j]);
+      EXPECT_LE(std::fabs((double)fw[i * k + j] - uw[i * k + j]), exact ? 0.0 : 2 * m * u * mag)
+          << "weight gradient element " << i << ", " << j;
+    }
+  }
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

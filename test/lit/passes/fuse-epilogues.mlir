@@ -209,6 +209,29 @@ func.func @not_packed(%x: tensor<1x4x24xf32>, %z: tensor<1x4x24xf32>, %dy: tenso
 
 // -----
 
+// A linear layer's bias gradient (sum_to of dy over its rows) and its
+// weight gradient (dy^T x) become one matmul_bias_grad where the first of
+// them was; a dy with two weight gradients, and a sum over the other
+// dimension, are left alone.
+// CHECK-LABEL: func.func @bias_grad
+// CHECK: %[[W:.*]], %[[B:.*]] = fsdp.matmul_bias_grad %arg0, %arg1 transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>) -> (tensor<6x4xf32>, tensor<6xf32>)
+// CHECK-NOT: fsdp.sum_to %arg0
+// CHECK: fsdp.sum_to %arg2
+// CHECK: fsdp.matmul %arg2, %arg1 transpose_lhs
+// CHECK: fsdp.matmul %arg2, %arg1 transpose_lhs
+// CHECK: return %[[W]], %[[B]]
+func.func @bias_grad(%dy: tensor<8x6xf32>, %x: tensor<8x4xf32>, %dz: tensor<8x6xf32>)
+    -> (tensor<6x4xf32>, tensor<6xf32>, tensor<6xf32>, tensor<6x4xf32>, tensor<6x4xf32>) {
+  %db = fsdp.sum_to %dy : tensor<8x6xf32> -> tensor<6xf32>
+  %dw = fsdp.matmul %dy, %x transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>) -> tensor<6x4xf32>
+  %db2 = fsdp.sum_to %dz : tensor<8x6xf32> -> tensor<6xf32>
+  %dw2 = fsdp.matmul %dz, %x transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>) -> tensor<6x4xf32>
+  %dw3 = fsdp.matmul %dz, %x transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>) -> tensor<6x4xf32>
+  return %dw, %db, %db2, %dw2, %dw3 : tensor<6x4xf32>, tensor<6xf32>, tensor<6xf32>, tensor<6x4xf32>, tensor<6x4xf32>
+}
+
+// -----
+
 // The classifier: cross_entropy and its gradient on the same logits and
 // labels become one cross_entropy_fused where the gradient was (the
 // padded head's `classes` kept); the loss, read only by the return,
@@ -266,11 +289,13 @@ func.func @classifier_not_fused(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %z: te
 // GPT-NOT: fsdp.cross_entropy %
 // GPT: fsdp.cross_entropy_fused
 // GPT: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}>, tensor<{{[0-9]+}}xf32>)
+// GPT: fsdp.matmul_bias_grad
 // GPT: fsdp.attention_qkv_grad
 // GPT: fsdp.layer_norm_grad_acc
 // GPT-NOT: fsdp.slice_grad
 // GPT-NOT: fsdp.concat
 // GPT-NOT: fsdp.cross_entropy_grad
+// GPT-NOT: fsdp.sum_to {{.*}} -> tensor<{{[0-9]+}}xf32>
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias
