@@ -31,6 +31,24 @@ namespace json = llvm::json;
 
 namespace {
 
+/// An optimizer update's optional operands, marked by name in the plan
+/// (they follow the required ones in this order): skip_nonfinite,
+/// grad_scale.
+void markUpdateOperands(Operation *op, json::Object &attrs) {
+  auto mark = [&](auto u) {
+    if (u.getSkipNonfinite())
+      attrs["skip_nonfinite"] = true;
+    if (u.getGradScale())
+      attrs["grad_scale"] = true;
+  };
+  if (auto a = dyn_cast<AdamwUpdateOp>(op))
+    mark(a);
+  else if (auto m = dyn_cast<SgdMomentumUpdateOp>(op))
+    mark(m);
+  else if (auto g = dyn_cast<SgdUpdateOp>(op))
+    mark(g);
+}
+
 /// The plan's dtype name of an element type (runtime/core/PlanSchema.h);
 /// "" when the plan format has none.
 std::string dtypeOf(Type t) {
@@ -316,6 +334,10 @@ void ExportPlanPass::runOnOperation() {
         }
         attrs[name] = std::move(v);
       }
+      // An update's optional operands follow lr (and step) in order,
+      // skip_nonfinite then grad_scale; the runtime knows them by these
+      // marks (docs/PLAN_FORMAT.md).
+      markUpdateOperands(&op, attrs);
       instr["attrs"] = std::move(attrs);
     }
     instr["in"] = std::move(in);

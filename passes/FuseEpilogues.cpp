@@ -47,6 +47,13 @@
 //   classifier): one read of the [tokens, vocabulary] logits instead of
 //   two. The kernels compute the loss and the gradient from the same row
 //   statistics the two ops computed: the same bits.
+// - Optimizer: `%c = mul %g, %coef` (%coef from clip_coef or grad_coef:
+//   global-norm clipping, loss-scale unscaling) read only as an update's
+//   gradient becomes that update's `grad_scale %coef` operand (PyTorch's
+//   fused AdamW grad_scale, llm.c's AdamW grad_scale): the clipped
+//   gradient is never written and read back (8 bytes an element of every
+//   gradient a step), one kernel a unit less. The update multiplies
+//   first, as the mul did: the same bits.
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
@@ -153,6 +160,42 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     for (SliceOp s : slices) // each once (packedSource)
       if (s->use_empty())
         s.erase();
+    SmallVector<MulOp> muls;
+    getOperation().walk([&](MulOp m) { muls.push_back(m); });
+    for (MulOp m : muls)
+      fuseGradScale(m);
+  }
+
+  /// `%c = mul %g, %coef` (%coef a clip_coef / grad_coef scalar, %g of
+  /// the product's type) whose only reader is an update's gradient operand
+  /// (an update without grad_scale): the update reads %g with `grad_scale
+  /// %coef`. The update is where it was; %g and %coef are defined before
+  /// the mul, so before it.
+  void fuseGradScale(MulOp mul) {
+    Operation *coef = mul.getRhs().getDefiningOp();
+    if (!coef || !isa<ClipCoefOp, GradCoefOp>(coef) ||
+        mul.getLhs().getType() != mul.getResult().getType() || !mul->hasOneUse())
+      return;
+    OpOperand &use = *mul->getUses().begin();
+    Operation *upd = use.getOwner();
+    if (use.getOperandNumber() != 1)
+      return;
+    auto fold = [&](auto op) {
+      if (op.getGradScale())
+        return false;
+      op.getGradScaleMutable().assign(mul.getRhs());
+      op.getGradMutable().assign(mul.getLhs());
+      return true;
+    };
+    bool done = false;
+    if (auto a = dyn_cast<AdamwUpdateOp>(upd))
+      done = fold(a);
+    else if (auto sm = dyn_cast<SgdMomentumUpdateOp>(upd))
+      done = fold(sm);
+    else if (auto sg = dyn_cast<SgdUpdateOp>(upd))
+      done = fold(sg);
+    if (done)
+      mul.erase();
   }
 
   /// The rank-3 tensor whose last dimension q, k and v are the slices

@@ -184,7 +184,7 @@ void InsertOptimizerPass::runOnOperation() {
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
       Type t = param.getType();
       auto upd = b.create<AdamwUpdateOp>(
-          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount, skip,
+          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount, skip, /*grad_scale=*/Value(),
           b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
           b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(),
           IntegerAttr());
@@ -196,7 +196,7 @@ void InsertOptimizerPass::runOnOperation() {
       Value bv = b.create<GetStateOp>(ploc, buf.getType(), symRef(buf));
       Type t = param.getType();
       auto upd = b.create<SgdMomentumUpdateOp>(
-          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount, skip,
+          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount, skip, /*grad_scale=*/Value(),
           b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
           b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           nesterov ? b.getUnitAttr() : UnitAttr());
@@ -204,7 +204,7 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {
       Value np = b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr,
-                                       skip, b.getF64FloatAttr(decayOf(param)),
+                                       skip, /*grad_scale=*/Value(), b.getF64FloatAttr(decayOf(param)),
                                        IntegerAttr(), IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }

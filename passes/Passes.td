@@ -617,7 +617,10 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       `layer_norm_grad_acc(..., acc)` (the residual stream, llm.c's fused
       residual forward and accumulating layernorm backward);
     - a sum of slice_grads tiling one dimension (the gradient of q, k and v
-      sliced from one projection) becomes one concat of the pieces.
+      sliced from one projection) becomes one concat of the pieces;
+    - `mul(g, c)` with c a `clip_coef` / `grad_coef`, read only as an
+      optimizer update's gradient, becomes that update's `grad_scale c`
+      (the product is never written).
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order). Runs after fsdp-schedule
     (after fsdp-recompute, whose selective recomputation it leaves alone),

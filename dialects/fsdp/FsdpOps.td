@@ -1052,7 +1052,7 @@ def Fsdp_BceWithLogitsGradOp : Fsdp_PairLossGradOp<"bce_with_logits_grad",
 //===----------------------------------------------------------------------===//
 
 def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
-    [Pure, AllTypesMatch<["param", "grad", "new_param"]>]> {
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "new_param"]>]> {
   let summary = "one plain SGD step: p' = p - lr * (g + weight_decay * p)";
   let description = [{
     Elementwise, so it applies unchanged to a shard of the parameter.
@@ -1061,6 +1061,13 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
     when `%s` (the global squared norm of the scaled gradients) is inf or
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
+
+    With `grad_scale %c` (fsdp-fuse-epilogues) the gradient is multiplied
+    by the scalar `%c` first (the clipping or loss-scale factor of
+    fsdp.clip_coef / fsdp.grad_coef, in f32): the update of `g * %c`
+    without the product in memory, as PyTorch's fused optimizers take
+    `grad_scale` and llm.c's AdamW its grad_scale. Bitwise the update of
+    fsdp.mul's product.
 
     With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
     weight decay applies only to the elements whose position in their
@@ -1076,17 +1083,18 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
                        Fsdp_Scalar:$lr,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
+                       Optional<Fsdp_Scalar>:$grad_scale,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
                        OptionalAttr<I64Attr>:$shard_stride);
   let results = (outs Fsdp_FloatTensor:$new_param);
   let assemblyFormat = [{
-    $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
   }];
 }
 
 def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
-    [Pure, AllTypesMatch<["param", "grad", "buffer", "new_param", "new_buffer"]>]> {
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "buffer", "new_param", "new_buffer"]>]> {
   let summary = "one SGD step with momentum (PyTorch semantics)";
   let description = [{
     g' = g + weight_decay * p; buf = g' on step 1, else momentum * buf +
@@ -1097,6 +1105,13 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     when `%s` (the global squared norm of the scaled gradients) is inf or
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
+
+    With `grad_scale %c` (fsdp-fuse-epilogues) the gradient is multiplied
+    by the scalar `%c` first (the clipping or loss-scale factor of
+    fsdp.clip_coef / fsdp.grad_coef, in f32): the update of `g * %c`
+    without the product in memory, as PyTorch's fused optimizers take
+    `grad_scale` and llm.c's AdamW its grad_scale. Bitwise the update of
+    fsdp.mul's product.
 
     With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
     weight decay applies only to the elements whose position in their
@@ -1113,6 +1128,7 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        Fsdp_FloatTensor:$buffer, Fsdp_Scalar:$lr,
                        Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
+                       Optional<Fsdp_Scalar>:$grad_scale,
                        F64Attr:$momentum,
                        DefaultValuedAttr<F64Attr, "0.0">:$dampening,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
@@ -1121,11 +1137,11 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        UnitAttr:$nesterov);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
   let assemblyFormat = [{
-    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
   }];
 }
 
-def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
+def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments,
     AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq", "new_param",
                    "new_exp_avg", "new_exp_avg_sq"]>]> {
   let summary = "one AdamW step (decoupled weight decay, bias correction)";
@@ -1138,6 +1154,13 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
     when `%s` (the global squared norm of the scaled gradients) is inf or
     NaN: every result equals its input, as PyTorch's fused optimizers do
     with GradScaler's `found_inf`.
+
+    With `grad_scale %c` (fsdp-fuse-epilogues) the gradient is multiplied
+    by the scalar `%c` first (the clipping or loss-scale factor of
+    fsdp.clip_coef / fsdp.grad_coef, in f32): the update of `g * %c`
+    without the product in memory, as PyTorch's fused optimizers take
+    `grad_scale` and llm.c's AdamW its grad_scale. Bitwise the update of
+    fsdp.mul's product.
 
     With `decay_numel = D` (fsdp-shard, `weight-decay-params=matrices`) the
     weight decay applies only to the elements whose position in their
@@ -1154,6 +1177,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
                        Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
                        Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
+                       Optional<Fsdp_Scalar>:$grad_scale,
                        DefaultValuedAttr<F64Attr, "0.9">:$beta1,
                        DefaultValuedAttr<F64Attr, "0.999">:$beta2,
                        DefaultValuedAttr<F64Attr, "1e-8">:$eps,
@@ -1163,7 +1187,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure,
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
                       Fsdp_FloatTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
   }];
 }
 

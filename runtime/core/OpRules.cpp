@@ -610,9 +610,20 @@ const std::unordered_map<std::string, Check> &checks() {
                                           "operand's ", n, " elements (a shard), found ",
                               op.inst.attrs.value("shard_stride", nlohmann::json()).dump());
         }
-        size_t skip = scalars + (hasStep ? 2 : 1); // skip_nonfinite, optional
-        if (op.inst.in.size() > skip && op.in(skip).numel() != 1)
+        // skip_nonfinite, then grad_scale: optional, each marked.
+        size_t required = scalars + (hasStep ? 2 : 1);
+        UpdateExtras extra = updateExtras(op, required);
+        if (!op.attrError.empty())
+          return FSDP_ERROR(op.inst.op, ": ", op.attrError);
+        size_t marked = required + (extra.skip >= 0) + (extra.scale >= 0);
+        if (op.inst.in.size() != marked)
+          return FSDP_ERROR(op.inst.op, ": ", op.inst.in.size(), " operands, expected ", marked,
+                            ": its ", required, " required ones, then skip_nonfinite and "
+                            "grad_scale where their attributes (true) mark them");
+        if (extra.skip >= 0 && op.in(extra.skip).numel() != 1)
           return FSDP_ERROR(op.inst.op, ": expected a scalar skip_nonfinite operand");
+        if (extra.scale >= 0 && op.in(extra.scale).numel() != 1)
+          return FSDP_ERROR(op.inst.op, ": expected a scalar grad_scale operand");
         return Status::ok();
       };
     };

@@ -122,10 +122,11 @@ inline constexpr OpSchema kOps[] = {
     {"mse_loss_grad", 3, 1, OpKind::Compute},
     {"bce_with_logits", 2, 1, OpKind::Compute},
     {"bce_with_logits_grad", 3, 1, OpKind::Compute},
-    // + skip_nonfinite (dynamic loss scaling)
-    {"sgd_update", 3, 1, OpKind::Compute, 1},
-    {"sgd_momentum_update", 5, 2, OpKind::Compute, 1},
-    {"adamw_update", 6, 3, OpKind::Compute, 1},
+    // + skip_nonfinite (dynamic loss scaling), then grad_scale, each
+    // marked by an attribute of its name (OpRules.h: updateExtras)
+    {"sgd_update", 3, 1, OpKind::Compute, 2},
+    {"sgd_momentum_update", 5, 2, OpKind::Compute, 2},
+    {"adamw_update", 6, 3, OpKind::Compute, 2},
     {"squared_norm", -1, 1, OpKind::Compute},
     {"clip_coef", 1, 1, OpKind::Compute},
     {"grad_coef", 2, 1, OpKind::Compute},

@@ -452,8 +452,11 @@ const std::unordered_map<std::string, Exec> &table() {
     };
     // skip_nonfinite (dynamic loss scaling): when the global squared norm
     // of the scaled gradients overflowed, every result is its input.
-    auto skipped = [](const Run &r, size_t skipAt, int nOut) {
-      if (r.op.inst.in.size() <= skipAt || std::isfinite(*r.in((int)skipAt)))
+    // grad_scale (fsdp-fuse-epilogues' folded clipping / unscaling): the
+    // gradient times that scalar, 1 without it.
+    auto skipped = [](const Run &r, size_t required, int nOut) {
+      int at = rules::updateExtras(r.op, required).skip;
+      if (at < 0 || std::isfinite(*r.in(at)))
         return false;
       int64_t n = r.op.in(0).numel();
       for (int i = 0; i < nOut; ++i) {
@@ -482,36 +485,43 @@ const std::unordered_map<std::string, Exec> &table() {
       update(0, k, decay);
       update(k, n - k, 0.0);
     };
-    m["sgd_update"] = [skipped, inTwoParts](const Run &r) {
-      if (skipped(r, 3, 1))
+    auto gradScale = [](const Run &r, size_t required) {
+      int at = rules::updateExtras(r.op, required).scale;
+      return at < 0 ? 1.f : *r.in(at);
+    };
+    m["sgd_update"] = [skipped, inTwoParts, gradScale](const Run &r) {
+      if (skipped(r, rules::kSgdOperands, 1))
         return Status::ok();
+      float gs = gradScale(r, rules::kSgdOperands);
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
-        sgdUpdate<float>(r.in(0) + at, r.in(1) + at, r.out(0) + at, count, *r.in(2), wd);
+        sgdUpdate<float>(r.in(0) + at, r.in(1) + at, r.out(0) + at, count, *r.in(2), wd, gs);
       });
       return Status::ok();
     };
-    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts](const Run &r) {
-      if (skipped(r, 5, 2))
+    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
+      if (skipped(r, rules::kSgdMomentumOperands, 2))
         return Status::ok();
+      float gs = gradScale(r, rules::kSgdMomentumOperands);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
         sgdMomentumUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.out(0) + at,
                                  r.out(1) + at, count, *r.in(3), step, r.op.f("momentum", 0),
-                                 r.op.f("dampening", 0), wd, r.op.b("nesterov"));
+                                 r.op.f("dampening", 0), wd, r.op.b("nesterov"), gs);
       });
       return Status::ok();
     };
-    m["adamw_update"] = [skipped, stepCount, inTwoParts](const Run &r) {
-      if (skipped(r, 6, 3))
+    m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
+      if (skipped(r, rules::kAdamwOperands, 3))
         return Status::ok();
+      float gs = gradScale(r, rules::kAdamwOperands);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
       inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
         adamwUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.in(3) + at,
                            r.out(0) + at, r.out(1) + at, r.out(2) + at, count, *r.in(4), step,
                            r.op.f("beta1", 0.9), r.op.f("beta2", 0.999), r.op.f("eps", 1e-8),
-                           wd);
+                           wd, gs);
       });
       return Status::ok();
     };

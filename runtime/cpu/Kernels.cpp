@@ -819,11 +819,12 @@ void bceWithLogitsGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n) {
 }
 
 template <typename T>
-void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd) {
+void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd,
+               T gradScale) {
   T tlr = (T)lr, twd = (T)wd;
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    T d = g[i];
+    T d = g[i] * gradScale;
     if (wd != 0)
       d += twd * p[i];
     np[i] = p[i] - tlr * d;
@@ -833,11 +834,12 @@ void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd) {
 template <typename T>
 void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
                        int64_t n, double lr, int64_t step, double momentum,
-                       double dampening, double wd, bool nesterov) {
+                       double dampening, double wd, bool nesterov,
+                       T gradScale) {
   T tlr = (T)lr, tm = (T)momentum, td = (T)(1 - dampening), twd = (T)wd;
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    T d = g[i];
+    T d = g[i] * gradScale;
     if (wd != 0)
       d += twd * p[i];
     // torch: the first step clones the gradient into the buffer.
@@ -851,7 +853,7 @@ void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
 template <typename T>
 void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
-                 double beta2, double eps, double wd) {
+                 double beta2, double eps, double wd, T gradScale) {
   // Scalars as torch computes them (Python floats, i.e. double).
   double bc1 = 1 - std::pow(beta1, (double)step);
   double bc2 = 1 - std::pow(beta2, (double)step);
@@ -868,8 +870,9 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
   for (int64_t i = 0; i < n; ++i) {
     T pi = p[i] * decay;
     // torch 1.13: exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-    T mi = m[i] * b1 + oneMinusB1 * g[i];
-    T vi = v[i] * b2 + oneMinusB2 * g[i] * g[i];
+    T gi = g[i] * gradScale;
+    T mi = m[i] * b1 + oneMinusB1 * gi;
+    T vi = v[i] * b2 + oneMinusB2 * gi * gi;
     T denom = std::sqrt(vi) / bc2Sqrt + teps;
     np[i] = pi - stepSize * (mi / denom);
     nm[i] = mi;
@@ -973,13 +976,13 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
   template void bceWithLogitsGrad<T>(const T *, const T *, const T *, T *,     \
                                      int64_t);                                 \
   template void sgdUpdate<T>(const T *, const T *, T *, int64_t, double,       \
-                             double);                                          \
+                             double, T);                                       \
   template void sgdMomentumUpdate<T>(const T *, const T *, const T *, T *,     \
                                      T *, int64_t, double, int64_t, double,    \
-                                     double, double, bool);                    \
+                                     double, double, bool, T);                 \
   template void adamwUpdate<T>(const T *, const T *, const T *, const T *,     \
                                T *, T *, T *, int64_t, double, int64_t,        \
-                               double, double, double, double);                \
+                               double, double, double, double, T);             \
   template double squaredNorm<T>(const T *, int64_t);
 
 FSDP_INSTANTIATE(float)

@@ -159,17 +159,20 @@ template <typename T> void bceWithLogits(const T *x, const T *t, T *loss, int64_
 template <typename T>
 void bceWithLogitsGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n);
 
-// Optimizers: in place allowed (p == newP, m == newM, ...).
+// Optimizers: in place allowed (p == newP, m == newM, ...). The gradient
+// is g[i] * gradScale (the update ops' grad_scale operand; 1 is exact).
 template <typename T>
-void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd);
+void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd,
+               T gradScale = T(1));
 template <typename T>
 void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
                        int64_t n, double lr, int64_t step, double momentum,
-                       double dampening, double wd, bool nesterov);
+                       double dampening, double wd, bool nesterov,
+                       T gradScale = T(1));
 template <typename T>
 void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
-                 double beta2, double eps, double wd);
+                 double beta2, double eps, double wd, T gradScale = T(1));
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
 /// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and

@@ -1205,44 +1205,30 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return cast(x, floatKind(from), y, floatKind(to), numel, s);
         },
         n);
-  } else if (n == "cross_entropy_fused") {
-    // f32: the two kernels in turn (the same bits as unfused; the fused
-    // one-read kernel is the narrow dtypes' speed path, CudaNative.h).
-    const Buffer &l = op.in(0);
-    int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
-    int64_t classes = rules::ceClasses(op);
-    const float *logits = r.in(0), *dl = r.in(2);
-    const int32_t *labels = r.in<int32_t>(1);
-    float *loss = r.out(0), *y = r.out(1);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          cudaError_t e = crossEntropy(logits, labels, loss, sd, rows, classes, stride, bad, s);
-          return e != cudaSuccess
-                     ? e
-                     : crossEntropyGrad(logits, labels, dl, y, rows, classes, stride, bad, s);
-        },
-        n);
-  } else if (n == "cross_entropy" || n == "cross_entropy_grad") {
+  } else if (n == "cross_entropy" || n == "cross_entropy_grad" ||
+             n == "cross_entropy_fused") {
+    // f32: cross_entropy_fused runs the two kernels in turn (the same bits
+    // as unfused; the fused one-read kernel is the narrow dtypes' speed
+    // path, CudaNative.h).
     const Buffer &l = op.in(0);
     int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
     int64_t classes = rules::ceClasses(op);
     const float *logits = r.in(0);
     const int32_t *labels = r.in<int32_t>(1);
-    float *y = r.out(0);
-    if (n == "cross_entropy")
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return crossEntropy(logits, labels, y, sd, rows, classes, stride, bad, s);
-          },
-          n);
-    else {
-      const float *dl = r.in(2);
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return crossEntropyGrad(logits, labels, dl, y, rows, classes, stride, bad, s);
-          },
-          n);
-    }
+    bool fused = n == "cross_entropy_fused", lossOnly = n == "cross_entropy";
+    float *loss = n == "cross_entropy_grad" ? nullptr : r.out(0);
+    float *dx = lossOnly ? nullptr : r.out(fused ? 1 : 0);
+    const float *dl = lossOnly ? nullptr : r.in(2);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          cudaError_t e = loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride,
+                                              bad, s)
+                               : cudaSuccess;
+          return e != cudaSuccess || !dx ? e
+                                         : crossEntropyGrad(logits, labels, dl, dx, rows,
+                                                            classes, stride, bad, s);
+        },
+        n);
   } else if (n == "mse_loss" || n == "bce_with_logits") {
     const float *x = r.in(0), *t = r.in(1);
     float *y = r.out(0);
@@ -1269,13 +1255,15 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double wd = op.f("weight_decay", 0);
     // weight-decay-params=matrices: the decayed prefix, then the rest.
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    const float *skip = op.inst.in.size() > 3 ? r.in(3) : nullptr;
+    rules::UpdateExtras x = rules::updateExtras(op, rules::kSgdOperands);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = k ? sgdUpdate(p, g, np, k, lr, wd, s, skip) : cudaSuccess;
+          cudaError_t e = k ? sgdUpdate(p, g, np, k, lr, wd, s, skip, gs) : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
-                     : sgdUpdate(p + k, g + k, np + k, cnt - k, lr, 0.0, s, skip);
+                     : sgdUpdate(p + k, g + k, np + k, cnt - k, lr, 0.0, s, skip, gs);
         },
         n);
   } else if (n == "sgd_momentum_update") {
@@ -1284,16 +1272,18 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    const float *skip = op.inst.in.size() > 5 ? r.in(5) : nullptr;
+    rules::UpdateExtras x = rules::updateExtras(op, rules::kSgdMomentumOperands);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
           cudaError_t e = k ? sgdMomentumUpdate(p, g, buf, np, nb, k, lr, step, m, damp, wd,
-                                                nesterov, s, skip)
+                                                nesterov, s, skip, gs)
                             : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
                      : sgdMomentumUpdate(p + k, g + k, buf + k, np + k, nb + k, cnt - k, lr,
-                                         step, m, damp, 0.0, nesterov, s, skip);
+                                         step, m, damp, 0.0, nesterov, s, skip, gs);
         },
         n);
   } else if (n == "adamw_update") {
@@ -1304,22 +1294,25 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     // The fused kernel (CudaNative.h): the reference's math with the
-    // scalars formed once per thread; an optional seventh operand is
-    // skip_nonfinite (loss scaling: skip the update when it is inf/NaN).
+    // scalars formed once per thread; optional operands after `step`:
+    // skip_nonfinite (loss scaling: skip the update when it is inf/NaN),
+    // grad_scale (the gradient times it: clipping / unscaling folded in).
     // weight-decay-params=matrices: the decayed prefix, then the rest.
-    const float *skip = op.inst.in.size() > 6 ? r.in(6) : nullptr;
+    rules::UpdateExtras x = rules::updateExtras(op, rules::kAdamwOperands);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     FloatKind gk = floatKind(op.in(1).dtype);
     const void *gv = r.in<void>(1);
     const void *gRest = r.in<uint8_t>(1) + k * dtypeSize(op.in(1).dtype);
     out = fromCuda(
         [=](cudaStream_t s) {
           cudaError_t e = k ? native::adamw(p, gv, gk, m, v, np, nm, nv, k, lr, step, b1, b2,
-                                            eps, wd, nullptr, skip, s)
+                                            eps, wd, gs, skip, s)
                             : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
                      : native::adamw(p + k, gRest, gk, m + k, v + k, np + k, nm + k, nv + k,
-                                     cnt - k, lr, step, b1, b2, eps, 0.0, nullptr, skip, s);
+                                     cnt - k, lr, step, b1, b2, eps, 0.0, gs, skip, s);
         },
         n);
     (void)g;

@@ -159,6 +159,34 @@ __device__ __forceinline__ void pairScores(float (&s)[kCols], float (&dp)[kCols]
   }
 }
 
+/// acc[4 i + e] = acc[4 i + e] * keep + add[i].e over the lane's chunks
+/// (i below NC / 4): keep = 1 is a plain sum (exact: the same bits as
+/// acc + add), the forward passes its rescale.
+__device__ __forceinline__ void addChunks(float (&acc)[kDims], const float4 (&add)[kChunks],
+                                          float keep, int64_t NC) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+    if (i * kParts < NC)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[4 * i + e] = acc[4 * i + e] * keep + at4(add[i], e);
+}
+
+/// Stores acc * mul to the lane's dimensions (chunks part, part + 4, ...)
+/// below D of the row at `dst`.
+template <typename T>
+__device__ __forceinline__ void storeChunks(T *dst, const float (&acc)[kDims], float mul,
+                                            int part, int64_t NC, int64_t D) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int64_t d = 4 * (part + kParts * i) + e;
+      if (i * kParts < NC && d < D)
+        st(dst + d, acc[4 * i + e] * mul);
+    }
+}
+
 /// Loads rows r0.. of a [B, T, ld] tensor's head slice (b, column offset
 /// col) into a kTile x D shared tile of row stride tileStride(D); rows past
 /// T, and the columns from D to the next multiple of 4, are 0 (so the
@@ -269,23 +297,12 @@ __global__ void __launch_bounds__(kThreadsF)
     // probability read once for all of them.
     float4 acc[kChunks];
     weightedChunks(acc, Ps + row * kPS, Vs, SD, NC, part);
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i)
-      if (i * kParts < NC)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o[4 * i + e] = o[4 * i + e] * alpha + at4(acc[i], e);
+    addChunks(o, acc, alpha, NC);
   }
   bool valid = trow < a.T;
   float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int64_t d = 4 * (part + kParts * i) + e;
-      if (i * kParts < NC && valid && d < D)
-        st(y + (b * a.T + trow) * a.ldy + h * D + d, o[4 * i + e] * inv);
-    }
+  if (valid)
+    storeChunks(y + (b * a.T + trow) * a.ldy + h * D, o, inv, part, NC, D);
   if (lse && valid && part == 0)
     lse[(b * a.H + h) * a.T + trow] = m + logf(l);
 }
@@ -353,21 +370,10 @@ __global__ void __launch_bounds__(kThreadsF)
     __syncthreads();
     float4 sacc[kChunks];
     weightedChunks(sacc, DSs + row * kPS, Ks, SD, NC, part);
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i)
-      if (i * kParts < NC)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc[4 * i + e] += at4(sacc[i], e);
+    addChunks(acc, sacc, 1.f, NC);
   }
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int64_t d = 4 * (part + kParts * i) + e;
-      if (i * kParts < NC && valid && d < D)
-        st(dq + (b * a.T + trow) * a.ldq + h * D + d, acc[4 * i + e] * a.scale);
-    }
+  if (valid)
+    storeChunks(dq + (b * a.T + trow) * a.ldq + h * D, acc, a.scale, part, NC, D);
 }
 
 /// dk, dv over one (b, kv head, key tile): over the query heads of the
@@ -428,27 +434,15 @@ __global__ void __launch_bounds__(kThreadsF)
       float4 sv[kChunks], sk[kChunks];
       weightedChunks(sv, Ps + row * kPS, DYs, SD, NC, part);
       weightedChunks(sk, DSs + row * kPS, Qs, SD, NC, part);
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i)
-        if (i * kParts < NC)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            accV[4 * i + e] += at4(sv[i], e);
-            accK[4 * i + e] += at4(sk[i], e);
-          }
+      addChunks(accV, sv, 1.f, NC);
+      addChunks(accK, sk, 1.f, NC);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int64_t d = 4 * (part + kParts * i) + e;
-      if (i * kParts < NC && valid && d < D) {
-        int64_t at = (b * a.T + jj) * a.ldkv + kvh * D + d;
-        st(dk + at, accK[4 * i + e] * a.scale);
-        st(dv + at, accV[4 * i + e]);
-      }
-    }
+  if (valid) {
+    int64_t at = (b * a.T + jj) * a.ldkv + kvh * D;
+    storeChunks(dk + at, accK, a.scale, part, NC, D);
+    storeChunks(dv + at, accV, 1.f, part, NC, D);
+  }
 }
 
 size_t fwdSmem(int64_t D) {

@@ -845,7 +845,7 @@ cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double 
 // --- optimizers --------------------------------------------------------------------------
 
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
-                      double wd, cudaStream_t s, const float *skip) {
+                      double wd, cudaStream_t s, const float *skip, const float *gradScale) {
   float twd = (float)wd;
   bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
@@ -853,7 +853,9 @@ cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, cons
       np[i] = p[i];
       return;
     }
-    float d = g[i];
+    // __fmul_rn: the product rounded on its own (never contracted into the
+    // decay's FMA), as the mul it replaces.
+    float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     if (decay)
       d += twd * p[i];
     np[i] = p[i] - *lr * d;
@@ -863,7 +865,7 @@ cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, cons
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
                               float *nbuf, int64_t n, const float *lr, const float *step,
                               double momentum, double dampening, double wd, bool nesterov,
-                              cudaStream_t s, const float *skip) {
+                              cudaStream_t s, const float *skip, const float *gradScale) {
   float tm = (float)momentum, td = (float)(1 - dampening), twd = (float)wd;
   bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
@@ -872,7 +874,9 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
       nbuf[i] = buf[i];
       return;
     }
-    float d = g[i];
+    // __fmul_rn: the product rounded on its own (never contracted into the
+    // decay's FMA), as the mul it replaces.
+    float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     if (decay)
       d += twd * p[i];
     float b = *step < 2.f ? d : tm * buf[i] + td * d; // step 1: torch clones the gradient

@@ -155,14 +155,19 @@ cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, f
 
 // Optimizers (in place allowed); lr and step are device scalars. `skip`
 // (nullable): when *skip is inf or NaN (an overflowed loss-scaled step)
-// every result is its input. adamw_update runs native::adamw (fused, with
-// its own skip); adamwUpdate is its f32 reference in the tests.
+// every result is its input. `gradScale` (nullable, a device scalar): the
+// gradient is g * *gradScale (the ops' grad_scale operand), rounded before
+// anything else reads it, as fsdp.mul's product. adamw_update runs
+// native::adamw (fused, with its own skip and scale); adamwUpdate is its
+// f32 reference in the tests.
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
-                      double wd, cudaStream_t s, const float *skip = nullptr);
+                      double wd, cudaStream_t s, const float *skip = nullptr,
+                      const float *gradScale = nullptr);
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
                               float *nbuf, int64_t n, const float *lr, const float *step,
                               double momentum, double dampening, double wd, bool nesterov,
-                              cudaStream_t s, const float *skip = nullptr);
+                              cudaStream_t s, const float *skip = nullptr,
+                              const float *gradScale = nullptr);
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,

@@ -1090,7 +1090,7 @@ __global__ void adamwKernel(const float *p, const G *g, const float *m, const fl
   FSDP_GRID_STRIDE(i, n) {
     float gi = ld(g + i);
     if (scaled)
-      gi *= gs;
+      gi = __fmul_rn(gi, gs); // rounded on its own, as fsdp.mul's product
     float pi = p[i] * decay;
     float mi = m[i] * b1 + omb1 * gi;
     float vi = v[i] * b2 + omb2 * gi * gi;

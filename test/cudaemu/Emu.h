@@ -167,6 +167,7 @@ inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 using std::isfinite;
 using std::isinf;
 using std::isnan;

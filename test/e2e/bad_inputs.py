@@ -11,7 +11,8 @@ usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD
                      [UNFUSED_GPT_PLAN]]]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
-(token inputs, fused kernels, packed attention); SHARDED_PLAN: a 2-rank stage-2 MLP plan
+(token inputs, fused kernels, packed attention, clipping folded into the
+updates as grad_scale); SHARDED_PLAN: a 2-rank stage-2 MLP plan
 (shard views with a rank stride); LLAMA_PLAN: a one-rank Llama plan (rope,
 rms_norm, grouped-query attention with 4 heads over 2 key/value heads);
 OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
@@ -195,6 +196,16 @@ PLAN_CASES = [
      "decay_numel must be an integer in [0, 2^48]"),
     ("adamw shard_stride 5", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(decay_numel=4, shard_stride=5)),
      "shard_stride must be 0 (the whole unit) or the operand's"),
+    # grad_scale (the clipping factor folded into the update): its operand
+    # and its mark go together
+    ("adamw grad_scale mark dropped", "gpt", setter(lambda p: first(p, "adamw_update")["attrs"].pop("grad_scale")),
+     "operands, expected 6"),
+    ("adamw grad_scale mark not a bool", "gpt", setter(lambda p: first(p, "adamw_update")["attrs"].update(grad_scale="yes")),
+     "attribute grad_scale: expected true or false"),
+    ("adamw skip_nonfinite marked, no operand", "gpt", setter(lambda p: first(p, "adamw_update")["attrs"].update(skip_nonfinite=True)),
+     "operands, expected 8"),
+    ("adamw grad_scale operand a vector", "gpt", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(
+        6, first(p, "adamw_update")["in"][1])), "expected a scalar grad_scale operand"),
     ("unknown op", "mlp", setter(lambda p: first(p, "relu").update(op="frobnicate")), "unknown op"),
     ("live buffers overlap", "mlp", setter(overlap_two), "overlap in memory while both are live"),
 ]

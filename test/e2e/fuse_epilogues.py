@@ -9,8 +9,11 @@ steps on N ranks and checks that
   - the per-step losses and the final parameters are bitwise equal (the
     CPU kernels of matmul_bias, matmul_gelu_grad, matmul_bias_grad,
     residual_layer_norm, layer_norm_grad_acc, attention_qkv(_grad) and
-    cross_entropy_fused run the unfused ops' kernels in the same order);
-  - the fused plan has fused ops and fewer instructions, and plans a peak
+    cross_entropy_fused run the unfused ops' kernels in the same order,
+    and an update with grad_scale multiplies its gradient first, as the
+    clipping mul did);
+  - the fused plan has fused ops, every optimizer update reads the
+    clipping factor as its grad_scale (no mul), fewer instructions, and plans a peak
     no larger than the unfused one;
   - fsdp-run measures exactly the predicted arena high-water and peak
     live bytes for both plans.
@@ -67,14 +70,20 @@ def main():
                 fused = sum(op in FUSED for op in ops(plans["true"]))
                 unfused_left = sum(op in FUSED for op in ops(plans["false"]))
                 fewer = len(ops(plans["true"])) < len(ops(plans["false"]))
+                # The clipping factor folded into every update (grad_scale).
+                scaled = lambda p: sum(1 for i in p["program"] if i["op"].endswith("_update")
+                                       and i["attrs"].get("grad_scale") is True)
+                updates = sum(1 for i in plans["true"]["program"] if i["op"].endswith("_update"))
+                folded = scaled(plans["true"]) == updates > 0 and scaled(plans["false"]) == 0
                 peak_t, peak_f = plans["true"]["memory"]["peak"], plans["false"]["memory"]["peak"]
-                ok = (not bad and fused > 0 and unfused_left == 0 and fewer
+                ok = (not bad and fused > 0 and unfused_left == 0 and fewer and folded
                       and peak_t <= peak_f and measured_ok)
                 failures += not ok
                 print(f"  N={n} {config:<44} {fused:2d} fused ops, "
                       f"{len(ops(plans['false'])) - len(ops(plans['true'])):3d} fewer instr, "
                       f"peak {peak_f} -> {peak_t} B"
                       + (f" DIFFERS in {', '.join(bad[:3])}" if bad else "")
+                      + ("" if folded else " | clipping not folded into every update")
                       + ("" if measured_ok else " | measured != predicted")
                       + f"  {'ok' if ok else 'MISMATCH'}")
     if failures:

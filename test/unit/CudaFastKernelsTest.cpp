@@ -1269,6 +1269,25 @@ TEST_F(CudaFastKernelsTest, FusedAdamWFoundInfAndGradScale) {
                          nullptr, inf.get(), 0),
               cudaSuccess);
     expectBitwise(bp.host(), p, "skipped step in place: param");
+    // grad_scale on an f32 gradient (the clipping mul folded into the
+    // update): bitwise the update of the product rounded to f32.
+    const float clip = 0.3712f;
+    std::vector<float> prod(n);
+    for (int64_t i = 0; i < n; ++i)
+      prod[i] = g[i] * clip;
+    Dev<float> cp(p), cm(m), cv(v), qp(p), qm(m), qv(v), dprod(prod),
+        dclip(std::vector<float>{clip});
+    ASSERT_EQ(nat::adamw(cp.get(), dg.get(), FloatKind::F32, cm.get(), cv.get(), cp.get(),
+                         cm.get(), cv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         dclip.get(), nullptr, 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::adamw(qp.get(), dprod.get(), FloatKind::F32, qm.get(), qv.get(), qp.get(),
+                         qm.get(), qv.get(), n, lr.get(), st.get(), 0.9, 0.95, 1e-8, 0.1,
+                         nullptr, nullptr, 0),
+              cudaSuccess);
+    expectBitwise(cp.host(), qp.host(), "grad_scale: param");
+    expectBitwise(cm.host(), qm.host(), "grad_scale: exp_avg");
+    expectBitwise(cv.host(), qv.host(), "grad_scale: exp_avg_sq");
   }
 }
 

@@ -590,6 +590,49 @@ TEST_F(CudaKernelsTest, LossScalingCoefficientAndSkippedUpdates) {
       << "sgd with a finite norm: the update, as without a skip operand";
 }
 
+// grad_scale (fsdp-fuse-epilogues folds the clipping mul into the
+// update): the update of g with *gradScale is bitwise the update of the
+// product g * scale rounded to f32 (fsdp.mul's), also where the weight
+// decay's FMA could have absorbed an unrounded product.
+TEST_F(CudaKernelsTest, GradScaleUpdatesTheRoundedProduct) {
+  const int64_t n = 1031;
+  auto p = randomVec(n, 71), g = randomVec(n, 72), b = randomVec(n, 73);
+  auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  for (float scale : {0.3712f, 1.f / 65536, 0.f}) {
+    std::vector<float> prod(n);
+    for (int64_t i = 0; i < n; ++i)
+      prod[i] = g[i] * scale;
+    Dev<float> dp(p), dg(g), dprod(prod), db(b), sc(std::vector<float>{scale}),
+        lr(std::vector<float>{1e-2f}), st(std::vector<float>{3.f}), a(n), ab(n), c(n), cb(n);
+    ASSERT_EQ(gpu::sgdUpdate(dp.get(), dg.get(), a.get(), n, lr.get(), 0.1, 0, nullptr,
+                             sc.get()),
+              cudaSuccess);
+    ASSERT_EQ(gpu::sgdUpdate(dp.get(), dprod.get(), c.get(), n, lr.get(), 0.1, 0), cudaSuccess);
+    EXPECT_TRUE(same(a.host(), c.host())) << "sgd, grad_scale " << scale;
+    for (bool nesterov : {false, true}) {
+      ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dg.get(), db.get(), a.get(), ab.get(), n,
+                                       lr.get(), st.get(), 0.9, 0.1, 0.1, nesterov, 0, nullptr,
+                                       sc.get()),
+                cudaSuccess);
+      ASSERT_EQ(gpu::sgdMomentumUpdate(dp.get(), dprod.get(), db.get(), c.get(), cb.get(), n,
+                                       lr.get(), st.get(), 0.9, 0.1, 0.1, nesterov, 0),
+                cudaSuccess);
+      EXPECT_TRUE(same(a.host(), c.host()) && same(ab.host(), cb.host()))
+          << "momentum, grad_scale " << scale << ", nesterov " << nesterov;
+    }
+    // The CPU kernels with the same scale: within the FMA slack of the
+    // unscaled comparison above (OptimizerSlack.h) of the product.
+    std::vector<float> wp(n), wb(n);
+    cpu::sgdMomentumUpdate(p.data(), g.data(), b.data(), wp.data(), wb.data(), n, 1e-2f, 3, 0.9,
+                           0.1, 0.1, true, scale);
+    fsdp::test::SgdMomentumSlack ss(p, prod, b, 1e-2, 3, 0.9, 0.1, 0.1, true);
+    expectNear(a.host(), wp, 4, ss.p, "momentum against the CPU's grad_scale");
+    expectNear(ab.host(), wb, 4, ss.buf, "momentum buffer against the CPU's grad_scale");
+  }
+}
+
 TEST_F(CudaKernelsTest, CastsRoundToNearestEven) {
   auto x = randomVec(500, 30, 100.f);
   x.push_back(65520.f); // rounds to inf in f16

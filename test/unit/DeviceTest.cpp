@@ -541,6 +541,54 @@ TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
   }
 }
 
+/// An optimizer update with grad_scale (fsdp-fuse-epilogues folds the
+/// clipping mul into it) against the mul and the update of its product, on
+/// the same device: bitwise on both (the update rounds the product first,
+/// as the mul does). AdamW also with skip_nonfinite (finite: not skipped)
+/// before grad_scale.
+TEST_P(DeviceConformance, UpdatesWithGradScaleMatchTheClippingMul) {
+  const int64_t n = 1000;
+  // 0 p, 1 g, 2 m, 3 v, 4 lr, 5 step, 6 coef, 7 sumsq, 8 g * coef;
+  // results: fused 9-11, 15, 17-18; unfused 12-14, 16, 19-20.
+  std::vector<std::vector<int64_t>> shapes(21, {n});
+  for (int s : {4, 5, 6, 7})
+    shapes[s] = {};
+  nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  nlohmann::json scaled = adam;
+  scaled["skip_nonfinite"] = true;
+  scaled["grad_scale"] = true;
+  nlohmann::json mom = {{"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.1},
+                        {"nesterov", true}};
+  nlohmann::json momScaled = mom;
+  momScaled["grad_scale"] = true;
+  Plan plan = matrixPlan(
+      shapes, {inst("mul", {1, 6}, {8}),
+               inst("adamw_update", {0, 1, 2, 3, 4, 5, 7, 6}, {9, 10, 11}, scaled),
+               inst("adamw_update", {0, 8, 2, 3, 4, 5}, {12, 13, 14}, adam),
+               inst("sgd_update", {0, 1, 4, 6}, {15}, {{"weight_decay", 0.1}, {"grad_scale", true}}),
+               inst("sgd_update", {0, 8, 4}, {16}, {{"weight_decay", 0.1}}),
+               inst("sgd_momentum_update", {0, 1, 2, 4, 5, 6}, {17, 18}, momScaled),
+               inst("sgd_momentum_update", {0, 8, 2, 4, 5}, {19, 20}, mom)});
+  bindFillRun(plan, {0, 1, 2, 3, 4, 5, 6, 7}, [](size_t i, int id) {
+    switch (id) {
+    case 3: return (float)std::fabs(std::sin(0.3 * double(i))) + 0.01f; // v >= 0
+    case 4: return 1e-2f;                                                  // lr
+    case 5: return 3.f;                                                    // step
+    case 6: return 0.3712f;                                                // coef
+    case 7: return 4.f;                                                    // sumsq
+    default: return (float)std::sin(0.37 * double(i) + id) * 1.5f;
+    }
+  });
+  auto same = [&](int a, int b) {
+    std::vector<float> x = read(plan, a), y = read(plan, b);
+    return std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  EXPECT_TRUE(same(9, 12) && same(10, 13) && same(11, 14)) << "adamw_update grad_scale";
+  EXPECT_TRUE(same(15, 16)) << "sgd_update grad_scale";
+  EXPECT_TRUE(same(17, 19) && same(18, 20)) << "sgd_momentum_update grad_scale";
+  EXPECT_FALSE(same(9, 0)) << "the update ran";
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

@@ -588,6 +588,46 @@ TEST(KernelsTest, SgdMomentumFirstStepClonesTheGradient) {
   EXPECT_DOUBLE_EQ(p[0], 0.95 - 0.1 * (0.5 + 0.9 * b2));
 }
 
+// grad_scale: each update of g with a scale is bitwise the update of the
+// product g * scale rounded to f32 (the clipping mul it replaces).
+TEST(KernelsTest, UpdatesWithGradScaleUpdateTheRoundedProduct) {
+  const int64_t n = 1000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = d(rng);
+    g[i] = d(rng);
+    m[i] = d(rng);
+    v[i] = std::fabs(d(rng));
+  }
+  auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
+    return std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  for (float scale : {0.3712f, 1.f / 65536, 0.f}) {
+    std::vector<float> prod(n);
+    for (int64_t i = 0; i < n; ++i)
+      prod[i] = g[i] * scale;
+    std::vector<float> a(n), am(n), av(n), b(n), bm(n), bv(n);
+    adamwUpdate<float>(p.data(), g.data(), m.data(), v.data(), a.data(), am.data(), av.data(),
+                       n, 1e-3, 3, 0.9, 0.95, 1e-8, 0.1, scale);
+    adamwUpdate<float>(p.data(), prod.data(), m.data(), v.data(), b.data(), bm.data(),
+                       bv.data(), n, 1e-3, 3, 0.9, 0.95, 1e-8, 0.1);
+    EXPECT_TRUE(same(a, b) && same(am, bm) && same(av, bv)) << "adamw, scale " << scale;
+    sgdMomentumUpdate<float>(p.data(), g.data(), m.data(), a.data(), am.data(), n, 1e-2, 3, 0.9,
+                             0.1, 0.1, true, scale);
+    sgdMomentumUpdate<float>(p.data(), prod.data(), m.data(), b.data(), bm.data(), n, 1e-2, 3,
+                             0.9, 0.1, 0.1, true);
+    EXPECT_TRUE(same(a, b) && same(am, bm)) << "sgd momentum, scale " << scale;
+    sgdUpdate<float>(p.data(), g.data(), a.data(), n, 1e-2, 0.1, scale);
+    sgdUpdate<float>(p.data(), prod.data(), b.data(), n, 1e-2, 0.1);
+    EXPECT_TRUE(same(a, b)) << "sgd, scale " << scale;
+    // and not the update of the unscaled gradient
+    sgdUpdate<float>(p.data(), g.data(), b.data(), n, 1e-2, 0.1);
+    EXPECT_FALSE(same(a, b)) << "sgd, scale " << scale << " ignored";
+  }
+}
+
 TEST(KernelsTest, HalfAndBfloat16RoundToNearestEven) {
   EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);

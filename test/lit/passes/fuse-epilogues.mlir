@@ -1,7 +1,7 @@
 // RUN: fsdp-opt %s -split-input-file -fsdp-fuse-epilogues | FileCheck %s
 // RUN: fsdp-opt %s -split-input-file -fsdp-fuse-epilogues | fsdp-opt -split-input-file | FileCheck %s
-// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 report=false" | FileCheck %s --check-prefix=GPT
-// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 report=false fuse-epilogues=false" | FileCheck %s --check-prefix=OFF
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw max-grad-norm=1.0 report=false" | FileCheck %s --check-prefix=GPT
+// RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw max-grad-norm=1.0 report=false fuse-epilogues=false" | FileCheck %s --check-prefix=OFF
 // RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 recompute=selective report=false" | FileCheck %s --check-prefix=SEL
 // RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 param-dtype=bf16 report=false" | FileCheck %s --check-prefix=BF16
 
@@ -274,6 +274,45 @@ func.func @classifier_not_fused(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %z: te
 
 // -----
 
+// The optimizer: a gradient times the clipping factor, read only by its
+// update, becomes the update's grad_scale (no product in memory); with
+// loss scaling (grad_coef) beside skip_nonfinite, on every update op. A
+// product someone else reads, or a factor that is not clip_coef /
+// grad_coef, stays a mul.
+// CHECK-LABEL: func.func @optimizer
+// CHECK: %[[N:.*]] = fsdp.squared_norm
+// CHECK-NEXT: %[[C:.*]] = fsdp.clip_coef %[[N]]
+// CHECK-NOT: fsdp.mul %arg0
+// CHECK: fsdp.adamw_update %arg2, %arg0, %arg3, %arg3, %arg4, %arg5 grad_scale %[[C]] {{{.*}}} : tensor<64xf32>
+// CHECK: %[[K:.*]] = fsdp.grad_coef %[[N]], %arg6
+// CHECK: fsdp.sgd_momentum_update %arg2, %arg1, %arg3, %arg4, %arg5 skip_nonfinite %[[N]] grad_scale %[[K]] {momentum = {{.*}}} : tensor<64xf32>
+// CHECK: %[[M:.*]] = fsdp.mul %arg0, %[[K]]
+// CHECK: fsdp.sgd_update %arg2, %[[M]], %arg4 : tensor<64xf32>
+// CHECK: %[[F:.*]] = fsdp.mul %arg1, %arg4
+// CHECK: fsdp.sgd_update %arg2, %[[F]], %arg4 : tensor<64xf32>
+// CHECK: fsdp.sgd_update %arg2, %arg1, %arg4 grad_scale %[[K]] : tensor<64xf32>
+// CHECK: return %{{.*}}, %[[M]]
+func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>, %m: tensor<64xf32>,
+                     %lr: tensor<f32>, %step: tensor<f32>, %scale: tensor<f32>)
+    -> (tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>) {
+  %n = fsdp.squared_norm %g, %h : tensor<64xf32>, tensor<64xf32>
+  %c = fsdp.clip_coef %n {max_norm = 1.0 : f64} : tensor<f32>
+  %gc = fsdp.mul %g, %c : (tensor<64xf32>, tensor<f32>) -> tensor<64xf32>
+  %a:3 = fsdp.adamw_update %p, %gc, %m, %m, %lr, %step {weight_decay = 0.1 : f64} : tensor<64xf32>
+  %k = fsdp.grad_coef %n, %scale {max_norm = 1.0 : f64} : tensor<f32>
+  %hk = fsdp.mul %h, %k : (tensor<64xf32>, tensor<f32>) -> tensor<64xf32>
+  %b:2 = fsdp.sgd_momentum_update %p, %hk, %m, %lr, %step skip_nonfinite %n {momentum = 0.9 : f64} : tensor<64xf32>
+  %gk = fsdp.mul %g, %k : (tensor<64xf32>, tensor<f32>) -> tensor<64xf32>
+  %s1 = fsdp.sgd_update %p, %gk, %lr : tensor<64xf32>
+  %hl = fsdp.mul %h, %lr : (tensor<64xf32>, tensor<f32>) -> tensor<64xf32>
+  %s2 = fsdp.sgd_update %p, %hl, %lr : tensor<64xf32>
+  %hk2 = fsdp.mul %h, %k : (tensor<64xf32>, tensor<f32>) -> tensor<64xf32>
+  %s3 = fsdp.sgd_update %p, %hk2, %lr : tensor<64xf32>
+  return %a#0, %b#0, %s1, %s2, %s3, %gk : tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>, tensor<64xf32>
+}
+
+// -----
+
 // The whole pipeline on the small GPT, where every linear layer with a bias is
 // fused (4 per block forward; the MLP's GELU joins its first), the LM
 // head (no bias) is not; the backward's GELU gradient is fused with its
@@ -296,6 +335,9 @@ func.func @classifier_not_fused(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %z: te
 // GPT-NOT: fsdp.concat
 // GPT-NOT: fsdp.cross_entropy_grad
 // GPT-NOT: fsdp.sum_to {{.*}} -> tensor<{{[0-9]+}}xf32>
+// GPT: %[[CLIP:.*]] = fsdp.clip_coef
+// GPT-NOT: fsdp.mul
+// GPT: fsdp.adamw_update {{.*}} grad_scale %[[CLIP]]
 // GPT: return
 // OFF-LABEL: func.func @train_step
 // OFF-NOT: fsdp.matmul_bias
@@ -303,6 +345,9 @@ func.func @classifier_not_fused(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %z: te
 // OFF-NOT: fsdp.residual_layer_norm
 // OFF-NOT: fsdp.layer_norm_grad_acc
 // OFF-NOT: fsdp.attention_qkv
+// OFF: %[[CLIP:.*]] = fsdp.clip_coef
+// OFF: fsdp.mul {{.*}}, %[[CLIP]]
+// OFF-NOT: grad_scale
 // OFF: return
 
 // Selective recomputation recomputes the MLP's GELU in the backward pass
