@@ -203,9 +203,9 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {
-      Value np = b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr,
-                                       skip, /*grad_scale=*/Value(), b.getF64FloatAttr(decayOf(param)),
-                                       IntegerAttr(), IntegerAttr());
+      Value np =
+          b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr, skip, /*grad_scale=*/Value(),
+                                b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }
     ++numUpdates;

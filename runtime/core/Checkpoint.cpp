@@ -342,7 +342,8 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
   position.step = index["step"];
   position.schedule = index["schedule"];
   const json &seed = index["seed"];
-  position.seed = seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
+  position.seed =
+      seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
   json &data = index["data"];
   position.data = data.is_object() && data.contains("spec") && data["spec"].is_string()
                       ? data["spec"].get<std::string>()

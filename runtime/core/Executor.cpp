@@ -439,7 +439,8 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (!inFlight.empty()) {
       (void)dev.endCapture(false);
       inFlight.clear();
-      return FSDP_ERROR("step ", step, ": the plan left an async collective or copy without a wait");
+      return FSDP_ERROR("step ", step,
+                        ": the plan left an async collective or copy without a wait");
     }
     FSDP_RETURN_IF_ERROR(dev.endCapture(true));
     captured = true;

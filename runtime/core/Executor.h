@@ -4,9 +4,9 @@
 // the plan's arena_bytes), initializes parameters and optimizer state
 // through host copies, and runs the program instruction by instruction:
 // compute ops on the device's compute stream, collectives through the
-// communicator on its comm stream ([Note: streams and events]). It also measures memory for real (see
-// [Note: memory measurement] in Executor.cpp) so the compiler's prediction
-// is checked, not echoed.
+// communicator on its comm stream ([Note: streams and events]). It also measures memory for real
+// (see [Note: memory measurement] in Executor.cpp) so the compiler's prediction is checked, not
+// echoed.
 //
 //===----------------------------------------------------------------------===//
 

@@ -612,7 +612,7 @@ const std::unordered_map<std::string, Check> &checks() {
         }
         // skip_nonfinite, then grad_scale: optional, each marked.
         size_t required = scalars + (hasStep ? 2 : 1);
-        UpdateExtras extra = updateExtras(op, required);
+        UpdateExtras extra = updateExtras(op);
         if (!op.attrError.empty())
           return FSDP_ERROR(op.inst.op, ": ", op.attrError);
         size_t marked = required + (extra.skip >= 0) + (extra.scale >= 0);

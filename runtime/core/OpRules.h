@@ -116,24 +116,23 @@ inline int64_t decayedCount(const Op &op, int64_t shard) {
   return left < 0 ? 0 : left > n ? n : left;
 }
 
-/// An optimizer update's optional operands, after its `required` ones (p,
-/// g, the states, lr, and step), each marked by an attribute of its name
-/// (true) and in this order: skip_nonfinite, then grad_scale; -1 when
-/// absent. The plan check holds the count to the marks.
+/// An optimizer update's optional operands, after its required ones (p, g,
+/// the states, lr, and step: the schema's numInputs), each marked by an
+/// attribute of its name (true) and in this order: skip_nonfinite, then
+/// grad_scale; -1 when absent. The plan check holds the count to the marks.
 struct UpdateExtras {
   int skip = -1, scale = -1;
 };
-inline UpdateExtras updateExtras(const Op &op, size_t required) {
+inline UpdateExtras updateExtras(const Op &op) {
   UpdateExtras e;
-  int next = (int)required;
+  const OpSchema *schema = findOp(op.inst.op);
+  int next = schema ? schema->numInputs : (int)op.inst.in.size();
   if (op.b("skip_nonfinite"))
     e.skip = next++;
   if (op.b("grad_scale"))
     e.scale = next;
   return e;
 }
-/// The required operands of sgd_update, sgd_momentum_update, adamw_update.
-constexpr size_t kSgdOperands = 3, kSgdMomentumOperands = 5, kAdamwOperands = 6;
 
 /// gelu / gelu_grad: the exact (erf) form rather than the tanh one.
 inline bool geluExact(const Op &op) { return op.s("approximate", "tanh") == "none"; }

@@ -318,7 +318,11 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
       double bytes = 4.0 * shard * n;
       double ar = 0, ag = 0;
       FSDP_RETURN_IF_ERROR(timeCollective(
-          comm, [&] { return comm.allReduce(buf.data(), buf.data(), shard * n, DType::F32, ReduceOp::Sum); }, ar));
+          comm,
+          [&] {
+            return comm.allReduce(buf.data(), buf.data(), shard * n, DType::F32, ReduceOp::Sum);
+          },
+          ar));
       FSDP_RETURN_IF_ERROR(timeCollective(
           comm, [&] { return comm.allGather(buf.data(), out.data(), shard, DType::F32); }, ag));
       coef.push_back({2.0 * (n - 1), 2.0 * (n - 1) / n * bytes});

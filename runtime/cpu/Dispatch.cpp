@@ -454,8 +454,8 @@ const std::unordered_map<std::string, Exec> &table() {
     // of the scaled gradients overflowed, every result is its input.
     // grad_scale (fsdp-fuse-epilogues' folded clipping / unscaling): the
     // gradient times that scalar, 1 without it.
-    auto skipped = [](const Run &r, size_t required, int nOut) {
-      int at = rules::updateExtras(r.op, required).skip;
+    auto skipped = [](const Run &r, int nOut) {
+      int at = rules::updateExtras(r.op).skip;
       if (at < 0 || std::isfinite(*r.in(at)))
         return false;
       int64_t n = r.op.in(0).numel();
@@ -485,23 +485,23 @@ const std::unordered_map<std::string, Exec> &table() {
       update(0, k, decay);
       update(k, n - k, 0.0);
     };
-    auto gradScale = [](const Run &r, size_t required) {
-      int at = rules::updateExtras(r.op, required).scale;
+    auto gradScale = [](const Run &r) {
+      int at = rules::updateExtras(r.op).scale;
       return at < 0 ? 1.f : *r.in(at);
     };
     m["sgd_update"] = [skipped, inTwoParts, gradScale](const Run &r) {
-      if (skipped(r, rules::kSgdOperands, 1))
+      if (skipped(r, 1))
         return Status::ok();
-      float gs = gradScale(r, rules::kSgdOperands);
+      float gs = gradScale(r);
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
         sgdUpdate<float>(r.in(0) + at, r.in(1) + at, r.out(0) + at, count, *r.in(2), wd, gs);
       });
       return Status::ok();
     };
     m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
-      if (skipped(r, rules::kSgdMomentumOperands, 2))
+      if (skipped(r, 2))
         return Status::ok();
-      float gs = gradScale(r, rules::kSgdMomentumOperands);
+      float gs = gradScale(r);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
@@ -512,9 +512,9 @@ const std::unordered_map<std::string, Exec> &table() {
       return Status::ok();
     };
     m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
-      if (skipped(r, rules::kAdamwOperands, 3))
+      if (skipped(r, 3))
         return Status::ok();
-      float gs = gradScale(r, rules::kAdamwOperands);
+      float gs = gradScale(r);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
       inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {

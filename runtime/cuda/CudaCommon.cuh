@@ -197,7 +197,8 @@ constexpr int kColTile = 32, kColWarps = 8, kColBlocksWanted = 1024;
 inline int64_t columnSumChunks(int64_t rows, int64_t cols) {
   int64_t tiles = (cols + kColTile - 1) / kColTile;
   int64_t byRows = (rows + 255) / 256; // at least 256 rows a chunk
-  return std::max<int64_t>(1, std::min<int64_t>(byRows, kColBlocksWanted / std::max<int64_t>(tiles, 1)));
+  return std::max<int64_t>(
+      1, std::min<int64_t>(byRows, kColBlocksWanted / std::max<int64_t>(tiles, 1)));
 }
 
 /// f32 scratch the two passes need (0: one pass).
@@ -252,8 +253,8 @@ cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t
     return cudaGetLastError();
   }
   int64_t chunk = (rows + p - 1) / p;
-  columnSumKernel<TI, float><<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn,
-                                                                         chunk);
+  columnSumKernel<TI, float>
+      <<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
   if (cudaError_t e = cudaGetLastError())
     return e;
   columnSumKernel<float, TO><<<dim3(tiles, 1), block, 0, s>>>(partial, out, p, cols, cols, p);

@@ -508,14 +508,16 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
 /// The ops with a kernel on narrow storage (CudaNative.h, CudaFlash.h,
 /// cuBLASLt), and the operand slots that stay f32 scalars in them.
 bool nativeOp(const std::string &n) {
+  // clang-format off
   static const char *ops[] = {
       "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
       "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
-      "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad",
-      "concat", "transpose", "broadcast",
-      "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
-      "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv", "attention_qkv_grad"};
+      "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad", "concat", "transpose",
+      "broadcast", "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
+      "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv",
+      "attention_qkv_grad"};
+  // clang-format on
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
 }
 
@@ -1255,7 +1257,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double wd = op.f("weight_decay", 0);
     // weight-decay-params=matrices: the decayed prefix, then the rest.
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    rules::UpdateExtras x = rules::updateExtras(op, rules::kSgdOperands);
+    rules::UpdateExtras x = rules::updateExtras(op);
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
@@ -1272,7 +1274,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    rules::UpdateExtras x = rules::updateExtras(op, rules::kSgdMomentumOperands);
+    rules::UpdateExtras x = rules::updateExtras(op);
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
@@ -1298,7 +1300,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     // skip_nonfinite (loss scaling: skip the update when it is inf/NaN),
     // grad_scale (the gradient times it: clipping / unscaling folded in).
     // weight-decay-params=matrices: the decayed prefix, then the rest.
-    rules::UpdateExtras x = rules::updateExtras(op, rules::kAdamwOperands);
+    rules::UpdateExtras x = rules::updateExtras(op);
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     FloatKind gk = floatKind(op.in(1).dtype);

@@ -4,8 +4,8 @@
 // rows in the forward and dq kernels, key rows in the dk/dv kernel); four
 // adjacent lanes share a row: lane `part` of a row scores the tile's
 // columns part, part + 4, ... and owns the output dimensions of the row's
-// 16-byte chunks part, part + 4, ... (dimensions 4 part .. 4 part + 3, ...). Row reductions over the four lanes are two
-// butterfly shuffles (a fixed order). Tiles are stored in shared memory as
+// 16-byte chunks part, part + 4, ... (dimensions 4 part .. 4 part + 3, ...). Row reductions over
+// the four lanes are two butterfly shuffles (a fixed order). Tiles are stored in shared memory as
 // f32 with a padded row stride (tileStride: an odd number of 16-byte
 // chunks) and read 16 bytes at a time, conflict-free: each product loads a
 // chunk of its row operand once for the lane's 16 columns (the scores), or
@@ -595,7 +595,8 @@ __device__ __forceinline__ void loadTileTc(T *dst, const T *src, const Dims &a, 
 /// times B^T, B the 64 x D tile b (stride ldb): the warp's 16 rows of
 /// A B^T.
 template <typename T>
-__device__ __forceinline__ void productABt(float *out, const T *a, int lda, const T *b, int ldb, int D) {
+__device__ __forceinline__ void productABt(float *out, const T *a, int lda, const T *b, int ldb,
+                                           int D) {
 #pragma unroll
   for (int n = 0; n < kTile / 16; ++n) {
     FragC acc;
@@ -614,8 +615,8 @@ __device__ __forceinline__ void productABt(float *out, const T *a, int lda, cons
 /// acc[n] += A (the warp's 16 x 64 rows of p, stride kLdP) times the
 /// 64 x D tile b (stride ldb), for n < D / 16.
 template <typename T>
-__device__ __forceinline__ void accumulateAB(FragC (&acc)[kMaxHeadDim / 16], const T *p, const T *b, int ldb,
-                             int D) {
+__device__ __forceinline__ void accumulateAB(FragC (&acc)[kMaxHeadDim / 16], const T *p, const T *b,
+                                             int ldb, int D) {
 #pragma unroll
   for (int n = 0; n < (int)kMaxHeadDim / 16; ++n) {
     if (n * 16 >= D)

@@ -238,10 +238,13 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
   else
     FSDP_CUBLAS_CHECK(st);
   if (found == 0)
-    return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [",
-                      k, ", ", n, "] ", t == FloatKind::F32 ? "float32" : t == FloatKind::BF16 ? "bf16" : "f16", " GEMM (transA ", transA, ", transB ", transB,
-                      ") within a ", wsBytes_, "-byte workspace with ", alA, "/", alB, "/",
-                      alC, "-byte-aligned A/B/C");
+    return FSDP_ERROR("cuBLASLt has no algorithm for a ", batch, " x [", m, ", ", k, "] x [", k,
+                      ", ", n, "] ",
+                      t == FloatKind::F32    ? "float32"
+                      : t == FloatKind::BF16 ? "bf16"
+                                             : "f16",
+                      " GEMM (transA ", transA, ", transB ", transB, ") within a ", wsBytes_,
+                      "-byte workspace with ", alA, "/", alB, "/", alC, "-byte-aligned A/B/C");
   p->algo = result.algo;
   if (tuning && found > 1)
     FSDP_RETURN_IF_ERROR(pickFastest(*p, results, found, tuneA, tuneB, tuneC));

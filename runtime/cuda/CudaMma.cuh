@@ -1,9 +1,9 @@
 //===- CudaMma.cuh - warp-level tensor-core primitives ------------*- CUDA -*-===//
 //
 // mma.sync m16n8k16 (bf16 / f16 operands, f32 accumulators), ldmatrix x4
-// and cp.async (16-byte global -> shared copies in commit groups), as PTX. Unlike WMMA's opaque fragments, PTX specifies which lane holds
-// which element, so a kernel can keep products in registers and turn an
-// accumulator into the next product's A operand without shared memory
+// and cp.async (16-byte global -> shared copies in commit groups), as PTX. Unlike WMMA's opaque
+// fragments, PTX specifies which lane holds which element, so a kernel can keep products in
+// registers and turn an accumulator into the next product's A operand without shared memory
 // (FlashAttention-2's layout). Fragments, for lane l = 4 g + q:
 //   A (16 x 16, row):  register j holds row g + 8 (j % 2), columns
 //                      2 q + 8 (j / 2) and + 1 (low half first);

@@ -95,47 +95,50 @@ TEST_P(CommTest, CollectivesMatchAReference) {
   // 600001 elements (2.4 MB): larger than a shared-memory slot (at most
   // 2 MiB), so every collective is chunked.
   for (int64_t shardSize : {5, 704, 4097, 600001}) {
-  std::string err = runRanks(n, freshDir(backend + std::to_string(n) + "-" + std::to_string(shardSize)), 30,
-                             [&](int r, Communicator &comm) -> std::string {
-    auto value = [](int rank, int64_t i, int round) {
-      return (float)((rank + 1) * 0.5 + i * 0.25 + round);
-    };
-    for (int round = 0; round < 6; ++round) {
-      // Alternate buffer sizes, as consecutive units of a model do.
-      int64_t shard = round % 2 ? 11 : shardSize;
-      std::vector<float> whole(n * shard), mine(shard), gathered(n * shard);
-      for (int64_t i = 0; i < n * shard; ++i)
-        whole[i] = value(r, i, round);
-      // Skew the ranks as compute between collectives does in a real step.
-      std::this_thread::sleep_for(std::chrono::milliseconds((r * 7 + round * 3) % 5));
-      if (!comm.reduceScatter(whole.data(), mine.data(), shard, DType::F32,
-                              round % 2 ? ReduceOp::Mean : ReduceOp::Sum))
-        return "reduce_scatter failed";
-      for (int64_t i = 0; i < shard; ++i) {
-        double want = 0;
-        for (int q = 0; q < n; ++q)
-          want += value(q, r * shard + i, round);
-        if (round % 2)
-          want /= n;
-        if (std::fabs(mine[i] - want) > 1e-5)
-          return "reduce_scatter: rank " + std::to_string(r) + " element " +
-                 std::to_string(i) + " is " + std::to_string(mine[i]) +
-                 ", expected " + std::to_string(want);
-      }
-      if (!comm.allGather(mine.data(), gathered.data(), shard, DType::F32))
-        return "all_gather failed";
-      std::vector<float> sum = whole;
-      if (!comm.allReduce(sum.data(), sum.data(), (int64_t)sum.size(), DType::F32, ReduceOp::Sum))
-        return "all_reduce failed";
-      for (int64_t i = 0; i < n * shard; ++i) {
-        float want = sum[i] / (round % 2 ? n : 1);
-        if (std::fabs(gathered[i] - want) > 1e-5)
-          return "all_gather/all_reduce disagree at " + std::to_string(i);
-      }
-    }
-    return "";
-  }, 0, backend);
-  EXPECT_EQ(err, "") << "shards of " << shardSize;
+    std::string err = runRanks(
+        n, freshDir(backend + std::to_string(n) + "-" + std::to_string(shardSize)), 30,
+        [&](int r, Communicator &comm) -> std::string {
+          auto value = [](int rank, int64_t i, int round) {
+            return (float)((rank + 1) * 0.5 + i * 0.25 + round);
+          };
+          for (int round = 0; round < 6; ++round) {
+            // Alternate buffer sizes, as consecutive units of a model do.
+            int64_t shard = round % 2 ? 11 : shardSize;
+            std::vector<float> whole(n * shard), mine(shard), gathered(n * shard);
+            for (int64_t i = 0; i < n * shard; ++i)
+              whole[i] = value(r, i, round);
+            // Skew the ranks as compute between collectives does in a real step.
+            std::this_thread::sleep_for(std::chrono::milliseconds((r * 7 + round * 3) % 5));
+            if (!comm.reduceScatter(whole.data(), mine.data(), shard, DType::F32,
+                                    round % 2 ? ReduceOp::Mean : ReduceOp::Sum))
+              return "reduce_scatter failed";
+            for (int64_t i = 0; i < shard; ++i) {
+              double want = 0;
+              for (int q = 0; q < n; ++q)
+                want += value(q, r * shard + i, round);
+              if (round % 2)
+                want /= n;
+              if (std::fabs(mine[i] - want) > 1e-5)
+                return "reduce_scatter: rank " + std::to_string(r) + " element " +
+                       std::to_string(i) + " is " + std::to_string(mine[i]) + ", expected " +
+                       std::to_string(want);
+            }
+            if (!comm.allGather(mine.data(), gathered.data(), shard, DType::F32))
+              return "all_gather failed";
+            std::vector<float> sum = whole;
+            if (!comm.allReduce(sum.data(), sum.data(), (int64_t)sum.size(), DType::F32,
+                                ReduceOp::Sum))
+              return "all_reduce failed";
+            for (int64_t i = 0; i < n * shard; ++i) {
+              float want = sum[i] / (round % 2 ? n : 1);
+              if (std::fabs(gathered[i] - want) > 1e-5)
+                return "all_gather/all_reduce disagree at " + std::to_string(i);
+            }
+          }
+          return "";
+        },
+        0, backend);
+    EXPECT_EQ(err, "") << "shards of " << shardSize;
   }
   // The segments were unlinked once mapped: nothing of this process is
   // left in /dev/shm ([Note: shared-memory collectives]).
@@ -213,22 +216,25 @@ TEST_P(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
   std::signal(SIGPIPE, SIG_IGN); // as fsdp-run does: EPIPE, not death
   std::atomic<bool> sawError{false};
   auto start = std::chrono::steady_clock::now();
-  std::string err = runRanks(2, freshDir("dead" + GetParam()), 3, [&](int r, Communicator &comm) -> std::string {
-    // Both meet once; then rank 1 leaves and its context is destroyed.
-    if (!comm.barrier())
-      return r == 0 ? "barrier failed" : "";
-    if (r == 1)
-      return "";
-    std::vector<float> v(1000, 1.0f);
-    for (int i = 0; i < 3; ++i) {
-      Status st = comm.allReduce(v.data(), v.data(), 1000, DType::F32, ReduceOp::Sum);
-      if (!st) {
-        sawError = st.message().find("all_reduce failed") != std::string::npos;
-        return "";
-      }
-    }
-    return "the collectives succeeded without a peer";
-  }, 0, GetParam());
+  std::string err = runRanks(
+      2, freshDir("dead" + GetParam()), 3,
+      [&](int r, Communicator &comm) -> std::string {
+        // Both meet once; then rank 1 leaves and its context is destroyed.
+        if (!comm.barrier())
+          return r == 0 ? "barrier failed" : "";
+        if (r == 1)
+          return "";
+        std::vector<float> v(1000, 1.0f);
+        for (int i = 0; i < 3; ++i) {
+          Status st = comm.allReduce(v.data(), v.data(), 1000, DType::F32, ReduceOp::Sum);
+          if (!st) {
+            sawError = st.message().find("all_reduce failed") != std::string::npos;
+            return "";
+          }
+        }
+        return "the collectives succeeded without a peer";
+      },
+      0, GetParam());
   // Either the collective fails (the usual case) or, if the peer was
   // faster still, the barrier does: an error both ways, never a hang.
   EXPECT_TRUE(err.empty() || err == "barrier failed") << err;

@@ -43,6 +43,11 @@ std::vector<float> randomVec(int64_t n, uint32_t seed, float scale = 1.f) {
   return v;
 }
 
+/// Bitwise equal (NaNs and signed zeros included).
+bool same(const std::vector<float> &x, const std::vector<float> &y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+}
+
 /// A device copy of a host vector (or n uninitialised elements), freed at
 /// scope exit.
 template <typename T> class Dev {
@@ -553,9 +558,6 @@ TEST_F(CudaKernelsTest, LossScalingCoefficientAndSkippedUpdates) {
       }
   const int64_t n = 513;
   auto p = randomVec(n, 61), g = randomVec(n, 62), b = randomVec(n, 63);
-  auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
   Dev<float> dg(g), lr(std::vector<float>{1e-2f}), st(std::vector<float>{3.f}),
       inf(std::vector<float>{INFINITY}), nan(std::vector<float>{NAN}),
       fin(std::vector<float>{4.f});
@@ -597,9 +599,6 @@ TEST_F(CudaKernelsTest, LossScalingCoefficientAndSkippedUpdates) {
 TEST_F(CudaKernelsTest, GradScaleUpdatesTheRoundedProduct) {
   const int64_t n = 1031;
   auto p = randomVec(n, 71), g = randomVec(n, 72), b = randomVec(n, 73);
-  auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
   for (float scale : {0.3712f, 1.f / 65536, 0.f}) {
     std::vector<float> prod(n);
     for (int64_t i = 0; i < n; ++i)

@@ -562,13 +562,14 @@ TEST_P(DeviceConformance, UpdatesWithGradScaleMatchTheClippingMul) {
   nlohmann::json momScaled = mom;
   momScaled["grad_scale"] = true;
   Plan plan = matrixPlan(
-      shapes, {inst("mul", {1, 6}, {8}),
-               inst("adamw_update", {0, 1, 2, 3, 4, 5, 7, 6}, {9, 10, 11}, scaled),
-               inst("adamw_update", {0, 8, 2, 3, 4, 5}, {12, 13, 14}, adam),
-               inst("sgd_update", {0, 1, 4, 6}, {15}, {{"weight_decay", 0.1}, {"grad_scale", true}}),
-               inst("sgd_update", {0, 8, 4}, {16}, {{"weight_decay", 0.1}}),
-               inst("sgd_momentum_update", {0, 1, 2, 4, 5, 6}, {17, 18}, momScaled),
-               inst("sgd_momentum_update", {0, 8, 2, 4, 5}, {19, 20}, mom)});
+      shapes,
+      {inst("mul", {1, 6}, {8}),
+       inst("adamw_update", {0, 1, 2, 3, 4, 5, 7, 6}, {9, 10, 11}, scaled),
+       inst("adamw_update", {0, 8, 2, 3, 4, 5}, {12, 13, 14}, adam),
+       inst("sgd_update", {0, 1, 4, 6}, {15}, {{"weight_decay", 0.1}, {"grad_scale", true}}),
+       inst("sgd_update", {0, 8, 4}, {16}, {{"weight_decay", 0.1}}),
+       inst("sgd_momentum_update", {0, 1, 2, 4, 5, 6}, {17, 18}, momScaled),
+       inst("sgd_momentum_update", {0, 8, 2, 4, 5}, {19, 20}, mom)});
   bindFillRun(plan, {0, 1, 2, 3, 4, 5, 6, 7}, [](size_t i, int id) {
     switch (id) {
     case 3: return (float)std::fabs(std::sin(0.3 * double(i))) + 0.01f; // v >= 0

@@ -105,10 +105,13 @@ TEST(SafeTensorsFuzzRegression, OverlappingRanges) {
                  "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                  std::string(8, '\0')), "overlap");
   TensorMap m;
-  ASSERT_TRUE(parseSafeTensors("x.safetensors",
-                               st("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                                  "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}}",
-                                  std::string(8, '\0')), m).isOk());
+  ASSERT_TRUE(
+      parseSafeTensors("x.safetensors",
+                       st("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                          "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}}",
+                          std::string(8, '\0')),
+                       m)
+          .isOk());
   EXPECT_EQ(m.size(), 2u);
 }
 
