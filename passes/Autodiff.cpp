@@ -241,6 +241,15 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
         //   (1,1): dA = B^T dC^T        dB = dC^T A^T
         Value a = o.getLhs(), bm = o.getRhs();
         bool ta = o.getTransposeLhs(), tb = o.getTransposeRhs();
+        // An f32 product of bf16 / f16 operands is fsdp-fuse-epilogues'
+        // (after this pass); its adjoint would need a cast of dC first.
+        Type inElem = cast<RankedTensorType>(a.getType()).getElementType();
+        if (cast<RankedTensorType>(o.getType()).getElementType() != inElem) {
+          o.emitOpError() << "has no differentiation rule for an f32 product of "
+                          << inElem
+                          << " operands (cast the result in the model instead)";
+          return failure();
+        }
         auto mm = [&](Value x, Value y, bool tx, bool ty, Type t) {
           ++emitted;
           auto m = b.create<MatmulOp>(loc, t, x, y);

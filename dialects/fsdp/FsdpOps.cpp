@@ -235,6 +235,15 @@ static LogicalResult verifyGeluForm(Operation *op, llvm::StringRef form) {
 LogicalResult GeluOp::verify() { return verifyGeluForm(*this, getApproximate()); }
 LogicalResult GeluGradOp::verify() { return verifyGeluForm(*this, getApproximate()); }
 
+/// The element type a matmul's product may have on operands of element
+/// type `in`, given the result `r` found: `in`, or f32 for bf16 / f16
+/// operands (the f32 accumulation written unrounded: fsdp-fuse-epilogues
+/// folds a cast of the product to f32 into it).
+static Type productType(Type in, RankedTensorType r) {
+  Type out = r.getElementType();
+  return out.isF32() && (in.isBF16() || in.isF16()) ? out : in;
+}
+
 LogicalResult MatmulOp::verify() {
   auto a = rt(getLhs()), b = rt(getRhs());
   if (a.getElementType() != b.getElementType())
@@ -246,7 +255,7 @@ LogicalResult MatmulOp::verify() {
   if (!shape)
     return emitOpError() << why;
   return expectType(*this, "result", rt(getResult()), *shape,
-                    a.getElementType());
+                    productType(a.getElementType(), rt(getResult())));
 }
 
 /// Shared by the fused matmuls: rank-2 operands of one element type, and
@@ -307,7 +316,8 @@ LogicalResult MatmulBiasGradOp::verify() {
   SmallVector<int64_t> shape;
   if (failed(verifyFusedMatmul(*this, a, b, true, false, shape)))
     return failure();
-  Type et = a.getElementType();
+  // Both results of one type: the operands', or f32 (productType).
+  Type et = productType(a.getElementType(), rt(getResult()));
   if (failed(expectType(*this, "result", rt(getResult()), shape, et)))
     return failure();
   return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[0]}, et);

@@ -278,6 +278,11 @@ def Fsdp_MatmulOp : Fsdp_Op<"matmul", [Pure]> {
     over the leading dimension, which must agree. `transpose_lhs` /
     `transpose_rhs` transpose the last two dimensions of that operand first.
     A PyTorch `Linear` (weight [out, in]) is `matmul %x, %w transpose_rhs`.
+    The result has the operands' element type, or f32 for bf16 / f16
+    operands: the f32 accumulation written without rounding it to the
+    operands' type (fsdp-fuse-epilogues writes such a matmul where the
+    product was only cast to f32, e.g. a weight gradient into the f32
+    gradient; models and fsdp-autodiff do not).
 
     ```mlir
     %y = fsdp.matmul %x, %w transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
@@ -356,7 +361,8 @@ def Fsdp_MatmulBiasGradOp : Fsdp_Op<"matmul_bias_grad", [Pure]> {
     (`x W^T + b`); `bias_grad` is the sum of `lhs` over its rows ([N], as
     `fsdp.sum_to`), the bias gradient, taken from the same operand in the
     same kernel (cuBLASLt's BGRADB epilogue, as llm.c and PyTorch use it).
-    Written by fsdp-fuse-epilogues.
+    Both results have the operands' element type, or both f32 for bf16 /
+    f16 operands (as `fsdp.matmul`). Written by fsdp-fuse-epilogues.
 
     ```mlir
     %dw, %db = fsdp.matmul_bias_grad %dy, %x transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>) -> (tensor<64x128xf32>, tensor<64xf32>)

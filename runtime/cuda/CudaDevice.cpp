@@ -552,6 +552,20 @@ flash::Layout attentionLayout(const AttentionShape &a) {
 /// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
 /// output) and its incoming gradient (cross_entropy_grad's third input),
 /// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
+/// A matmul or matmul_bias_grad whose results are f32 and operands not
+/// (the dialect admits bf16 / f16 operands there).
+bool productF32(const Plan &plan, const Instruction &inst) {
+  if (inst.op != "matmul" && inst.op != "matmul_bias_grad")
+    return false;
+  auto dtype = [&](int64_t id) {
+    return id >= 0 && id < (int64_t)plan.buffers.size() ? plan.buffers[id].dtype : DType::I64;
+  };
+  for (int64_t id : inst.out)
+    if (dtype(id) != DType::F32)
+      return false;
+  return !inst.in.empty() && rules::isNarrowFloat(dtype(inst.in[0]));
+}
+
 bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   static const bool enabled = [] {
     const char *e = std::getenv("FSDP_CUDA_NATIVE");
@@ -586,13 +600,18 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
                                (inst.op == "attention_grad" && i == 4) ||
                                (inst.op == "attention_qkv_grad" && i == 2)))
       return false;
-  for (size_t i = 0; i < inst.out.size(); ++i)
+  for (size_t i = 0; i < inst.out.size(); ++i) {
+    // An f32 product of narrow operands (fsdp-fuse-epilogues' widened
+    // weight gradients): cuBLASLt writes it (GemmType).
+    if (productF32(plan, inst))
+      continue;
     if (!visit(inst.out[i], ((inst.op == "cross_entropy" ||
                               inst.op == "cross_entropy_fused") &&
                              i == 0) ||
                                 ((inst.op == "attention" || inst.op == "attention_qkv") &&
                                  i == 1)))
       return false;
+  }
   if (narrow == DType::F32)
     return false;
   if (inst.op.rfind("attention", 0) == 0) {
@@ -643,14 +662,17 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
     e.biasGrad = second;
   }
   Gemm *g = gemm.get();
-  if (g->warmEpilogue(t, m, nn, k, ta, tb, a, b, c, e)) {
-    out = [=](cudaStream_t s) { return g->run(t, a, b, c, m, nn, k, ta, tb, e, s); };
+  // matmul_bias_grad may return f32 from narrow operands (productF32).
+  const bool f32Out = t != FloatKind::F32 && op.out(0).dtype == DType::F32;
+  GemmType gt{t, f32Out ? FloatKind::F32 : t};
+  if (g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {
+    out = [=](cudaStream_t s) { return g->run(gt, a, b, c, m, nn, k, ta, tb, e, s); };
     return Status::ok();
   }
-  FSDP_RETURN_IF_ERROR(g->warm(t, 1, m, nn, k, ta, tb, a, b, c));
+  FSDP_RETURN_IF_ERROR(g->warm(gt, 1, m, nn, k, ta, tb, a, b, c));
   Shape full{m, nn}, row{nn};
   out = [=](cudaStream_t s) -> Status {
-    FSDP_RETURN_IF_ERROR(g->run(t, a, b, c, 1, m, nn, k, ta, tb, s));
+    FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, 1, m, nn, k, ta, tb, s));
     cudaError_t err;
     if (n == "matmul_bias") {
       void *pre = second ? second : c;
@@ -658,7 +680,7 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
       if (err == cudaSuccess && gelu)
         err = native::unary(t, native::UnaryKind::Gelu, pre, c, m * nn, 1.0, s);
     } else if (n == "matmul_bias_grad") {
-      err = native::sumTo(t, a, Shape{k, m}, second, Shape{m}, sf, s); // a = dy [k, m]
+      err = native::sumTo(t, a, Shape{k, m}, second, Shape{m}, sf, s, f32Out); // a = dy [k, m]
     } else {
       err = native::unaryGrad(t, native::UnaryGradKind::Gelu, third, c, c, m * nn, s);
       if (err == cudaSuccess && second)
@@ -817,9 +839,10 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     void *c = w(0);
     bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
     Gemm *g = gemm.get();
-    FSDP_RETURN_IF_ERROR(g->warm(t, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
+    GemmType gt{t, op.out(0).dtype == DType::F32 ? FloatKind::F32 : t}; // productF32
+    FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
     out = [=](cudaStream_t s) {
-      return g->run(t, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
+      return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
     };
   } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
              n == "attention_qkv_grad") {

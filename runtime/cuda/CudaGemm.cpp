@@ -138,8 +138,8 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
   Operands o = operands(m, n, k, transA, transB);
   int64_t ldA = pad ? padded(o.ldA) : o.ldA, ldB = pad ? padded(o.ldB) : o.ldB,
           ldC = pad ? padded(o.ldC) : o.ldC;
-  FloatKind t = (FloatKind)kind;
-  cudaDataType_t dt = dataType(t);
+  FloatKind t = FloatKind(kind & 15), tOut = FloatKind(kind >> 4);
+  cudaDataType_t dt = dataType(t), dtOut = dataType(tOut);
   auto p = std::make_unique<Plan>();
   // f32 accumulation whatever the storage; TF32 only for f32 operands
   // and only when allowed.
@@ -162,7 +162,7 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
   // Second operand (A): op N -> k x m (ld k); op T -> m x k (ld m).
   FSDP_RETURN_IF_ERROR(transA ? layout(p->lb, dt, m, k, ldA, nb, m * k)
                               : layout(p->lb, dt, k, m, ldA, nb, m * k));
-  FSDP_RETURN_IF_ERROR(layout(p->lc, dt, n, m, ldC, nb, m * n));
+  FSDP_RETURN_IF_ERROR(layout(p->lc, dtOut, n, m, ldC, nb, m * n));
   // The epilogue (see the header). Row-major C [m, n] is column-major
   // n x m: the bias runs along cuBLASLt's rows (length n, broadcast over
   // the m columns), and its gradient sums over them.
@@ -187,7 +187,7 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
     FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &code, sizeof(code)));
     if (kindOf != Epilogue::DGelu || biasGrad) {
-      int32_t bt = dt;
+      int32_t bt = dtOut; // the bias (gradient) has C's type
       FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
@@ -243,7 +243,7 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
                       t == FloatKind::F32    ? "float32"
                       : t == FloatKind::BF16 ? "bf16"
                                              : "f16",
-                      " GEMM (transA ", transA, ", transB ", transB, ") within a ", wsBytes_,
+                      tOut != t ? " -> float32" : "", " GEMM (transA ", transA, ", transB ", transB, ") within a ", wsBytes_,
                       "-byte workspace with ", alA, "/", alB, "/", alC, "-byte-aligned A/B/C");
   p->algo = result.algo;
   if (tuning && found > 1)
@@ -298,21 +298,32 @@ Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_
   return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s);
 }
 
-Gemm::Key Gemm::key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+Gemm::Key Gemm::key(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                     bool transB, const void *a, const void *b, const void *c,
                     const EpilogueArgs &ep, bool pad) {
-  size_t e = elemBytes(t);
+  size_t e = elemBytes(t.in), eOut = elemBytes(t.out);
   const void *bias = biasPointer(ep);
-  return Key{(int)t,          batch,          m,
-             n,               k,              transA,
-             transB,          alignment(a, e), alignment(b, e),
-             alignment(c, e), epilogueCode(ep), alignment(bias, e),
-             alignment(ep.aux, e), pad};
+  return Key{int(t.in) | int(t.out) << 4,
+             batch,
+             m,
+             n,
+             k,
+             transA,
+             transB,
+             alignment(a, e),
+             alignment(b, e),
+             alignment(c, eOut),
+             epilogueCode(ep),
+             alignment(bias, eOut),
+             alignment(ep.aux, eOut),
+             pad};
 }
 
-size_t Gemm::stagingNeed(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k,
+size_t Gemm::stagingNeed(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k,
                          bool transA, bool transB) {
-  if (t == FloatKind::F32 || batch != 1 || m <= 0 || n <= 0 || k <= 0)
+  // Staging copies 16-bit rows: an f32 product is never staged (nor are
+  // its operands: the f32 row of C may be misaligned the same way).
+  if (t.in == FloatKind::F32 || t.out != t.in || batch != 1 || m <= 0 || n <= 0 || k <= 0)
     return 0;
   Operands o = operands(m, n, k, transA, transB);
   size_t need = 0;
@@ -335,7 +346,7 @@ Status Gemm::reserveStaging(size_t bytes) {
   return Status::ok();
 }
 
-bool Gemm::warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool transA,
+bool Gemm::warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA,
                         bool transB, const void *a, const void *b, const void *c,
                         const EpilogueArgs &e) {
   if (m <= 0 || n <= 0 || k <= 0)
@@ -344,7 +355,7 @@ bool Gemm::warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool trans
   return plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p).isOk();
 }
 
-Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
                  int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s) {
   if (m <= 0 || n <= 0 || k <= 0)
     return FSDP_ERROR("a GEMM epilogue on an empty product ([", m, ", ", k, "] x [", k, ", ",
@@ -362,7 +373,7 @@ Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t m, 
   return Status::ok();
 }
 
-Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+Status Gemm::warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                   bool transB, const void *a, const void *b, const void *c) {
   if (batch <= 0 || m <= 0 || n <= 0 || k <= 0)
     return Status::ok();
@@ -378,12 +389,12 @@ Status Gemm::warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, b
   return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p, a, b, cc);
 }
 
-Status Gemm::run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
+Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
                  int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return Status::ok();
   if (k == 0) // an empty contraction: C = 0, as cpu::matmul
-    return cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t) * batch * m * n, s),
+    return cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t.out) * batch * m * n, s),
                       "cudaMemsetAsync", __FILE__, __LINE__);
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
@@ -417,7 +428,7 @@ void Gemm::stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool tra
     c = next;
 }
 
-Status Gemm::runStaged(FloatKind t, const void *a, const void *b, void *c, int64_t m,
+Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m,
                        int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
   Operands o = operands(m, n, k, transA, transB);
   // Where each operand is read and C written (stagedPointers, as warm()

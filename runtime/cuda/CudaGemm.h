@@ -22,7 +22,9 @@
 // rounding may differ by up to about k * 2^-22 * sum|a_i b_i| (Higham's
 // gamma_k with a unit of 2^-23); the one rounding to bf16 may then land on
 // the neighbouring value: one bf16 ulp (<= 2^-7 |c|). CudaFastKernelsTest
-// derives its tolerance from exactly these two terms.
+// derives its tolerance from exactly these two terms. A GemmType with an
+// f32 output writes that f32 sum unrounded (C, D and an epilogue's bias
+// vector in f32; cuBLAS's 16BF/16F-in, 32F-out row of its type table).
 //
 // Leading dimensions: cuBLASLt's fast 16-bit kernels need every row of
 // every operand 16-byte aligned; a row-major dimension that is not a
@@ -72,6 +74,16 @@ struct EpilogueArgs {
   void *biasGrad = nullptr;   ///< DGelu: written when not null; BGradA: written
 };
 
+/// A GEMM's storage types: A and B of type `in`, C of type `out`: one
+/// type, or bf16 / f16 operands with an f32 product (the f32 accumulation
+/// written unrounded: a mixed-precision weight gradient straight into the
+/// f32 gradient). The bias (gradient) of an epilogue has C's type.
+struct GemmType {
+  FloatKind in, out;
+  GemmType(FloatKind t) : in(t), out(t) {} // NOLINT: one type is the common case
+  GemmType(FloatKind a, FloatKind c) : in(a), out(c) {}
+};
+
 class Gemm {
 public:
   Gemm();
@@ -84,7 +96,7 @@ public:
   size_t workspaceBytes() const { return wsBytes_; }
   /// Bytes of staging a GEMM of this shape pads its misaligned operands in
   /// (see the file comment; 0: none needs it).
-  static size_t stagingNeed(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k,
+  static size_t stagingNeed(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k,
                             bool transA, bool transB);
   /// Allocates staging of at least `bytes` (once: the maximum over a plan).
   Status reserveStaging(size_t bytes);
@@ -102,18 +114,18 @@ public:
 
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
              int64_t k, bool transA, bool transB, cudaStream_t s);
-  /// The same on operands and result of dtype `t` (f32 accumulation).
-  Status run(FloatKind t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
+  /// The same on operands and result of types `t` (f32 accumulation).
+  Status run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
              int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s);
   /// The same with an epilogue (batch 1). An error when cuBLASLt has no
   /// algorithm for it; warmEpilogue tells beforehand.
-  Status run(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+  Status run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
              int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s);
   /// Builds the descriptors and asks the heuristic for this shape now (at
   /// prepare), so the first step does not. Pass the pointers run() will get
   /// (only their alignment is used); null stands for 256-byte-aligned ones
   /// (cudaMalloc's).
-  Status warm(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+  Status warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
               bool transB, const void *a = nullptr, const void *b = nullptr,
               const void *c = nullptr);
   /// warm() for a GEMM with epilogue `e` (its pointers as run() will get
@@ -121,12 +133,12 @@ public:
   /// types, shapes and alignments, or an aux leading dimension n that is
   /// not a multiple of 8); the caller then runs the GEMM and the epilogue's
   /// own kernels instead.
-  bool warmEpilogue(FloatKind t, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+  bool warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
                     const void *a, const void *b, const void *c, const EpilogueArgs &e);
 
 private:
   struct Plan;
-  /// dtype, batch, m, n, k, transA, transB, the byte alignments of the
+  /// the types (in | out << 4), batch, m, n, k, transA, transB, the byte alignments of the
   /// row-major A, B and C pointers, the epilogue (kind, whether it writes
   /// a bias gradient / keeps the aux matrix) and the alignments of its
   /// bias and aux pointers.
@@ -134,7 +146,7 @@ private:
   /// of 8 elements (the staged GEMM).
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool, uint32_t,
                          uint32_t, uint32_t, int, uint32_t, uint32_t, bool>;
-  static Key key(FloatKind t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+  static Key key(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
                  bool transB, const void *a, const void *b, const void *c,
                  const EpilogueArgs &e = {}, bool padded = false);
   /// The plan of `key`, built on first use; with tuning on and the
@@ -148,7 +160,7 @@ private:
   void stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool transB,
                       const void *&a, const void *&b, void *&c) const;
   /// run() through staging (stagingNeed > 0, reserved): batch 1.
-  Status runStaged(FloatKind t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+  Status runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
                    int64_t k, bool transA, bool transB, cudaStream_t s);
 
   void *handle_ = nullptr; // cublasLtHandle_t

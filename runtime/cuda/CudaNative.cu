@@ -191,13 +191,13 @@ cudaError_t broadcastToT(const void *inv, const Shape &si, void *outv, const Sha
   });
 }
 
-template <typename T>
+template <typename T, typename TO = T>
 cudaError_t sumToT(const void *inv, const Shape &si, void *outv, const Shape &so, float *scratch,
                    cudaStream_t s) {
   if (!fits(si) || so.size() > si.size())
     return cudaErrorInvalidValue;
   const T *in = cp<T>(inv);
-  T *out = mp<T>(outv);
+  TO *out = mp<TO>(outv);
   // The common case (bias gradients: a sum over the leading dims): the
   // column sum of CudaCommon.cuh.
   int64_t rows, cols;
@@ -1149,7 +1149,11 @@ int64_t sumToScratch(const Shape &si, const Shape &so) {
   return leadingRowsSum(si, so, rows, cols) ? columnSumScratch(rows, cols) : 0;
 }
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
-                  float *scratch, cudaStream_t s) {
+                  float *scratch, cudaStream_t s, bool outF32) {
+  if (outF32 && t == FloatKind::BF16)
+    return sumToT<__nv_bfloat16, float>(in, si, out, so, scratch, s);
+  if (outF32 && t == FloatKind::F16)
+    return sumToT<__half, float>(in, si, out, so, scratch, s);
   FSDP_NATIVE_DISPATCH(t, sumToT, in, si, out, so, scratch, s);
 }
 cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,

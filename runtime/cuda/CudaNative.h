@@ -50,9 +50,11 @@ cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
 /// sum_to, summing in f32: the reference order (row-major over the summed
 /// dims), except that a sum over the leading dims (bias gradients) runs as a two-pass
 /// column sum with sumToScratch(si, so) floats of scratch (0: none needed).
+/// outF32: `out` is f32 whatever t (the sum unrounded; matmul_bias_grad's
+/// f32 bias gradient of bf16 / f16 operands).
 int64_t sumToScratch(const Shape &si, const Shape &so);
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
-                  float *scratch, cudaStream_t s);
+                  float *scratch, cudaStream_t s, bool outF32 = false);
 cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
                       const std::vector<int64_t> &perm, void *y, cudaStream_t s);
 cudaError_t slice(FloatKind t, const void *x, void *y, int64_t outer, int64_t full,

@@ -713,6 +713,25 @@ TEST_F(CudaFastKernelsTest, Bf16WeightGradientWithItsBiasGradient) {
     dB[c] = 2 * M * kU * magDb[c];
   expectBf16Near(ddw.host(), want, dW, "BGRADB weight gradient");
   expectBf16Near(ddb.host(), wantDb, dB, "BGRADB bias gradient");
+  // f32 results of the bf16 operands (GemmType{BF16, F32}: the weight and
+  // bias gradients of a mixed-precision plan, fsdp-fuse-epilogues'
+  // widened products): the same sums, unrounded: no bf16 ulp.
+  Dev<float> fdw(std::vector<float>(N * K, NAN)), fdb(std::vector<float>(N, NAN)),
+      fmm(std::vector<float>(N * K, NAN));
+  gpu::EpilogueArgs ef{gpu::Epilogue::BGradA, nullptr, nullptr, fdb.get()};
+  const gpu::GemmType toF32{FloatKind::BF16, FloatKind::F32};
+  ASSERT_TRUE(
+      gemm.warmEpilogue(toF32, N, K, M, true, false, ddy.get(), dx.get(), fdw.get(), ef));
+  ASSERT_TRUE(gemm.run(toF32, ddy.get(), dx.get(), fdw.get(), N, K, M, true, false, ef, 0).isOk());
+  ASSERT_TRUE(gemm.warm(toF32, 1, N, K, M, true, false, ddy.get(), dx.get(), fmm.get()).isOk());
+  ASSERT_TRUE(gemm.run(toF32, ddy.get(), dx.get(), fmm.get(), 1, N, K, M, true, false, 0).isOk());
+  std::vector<float> gw = fdw.host(), gb = fdb.host(), gm = fmm.host();
+  for (int64_t i = 0; i < N * K; ++i) {
+    EXPECT_LE(std::fabs((double)gw[i] - want[i]), dW[i]) << "f32 BGRADB weight gradient " << i;
+    EXPECT_LE(std::fabs((double)gm[i] - want[i]), dW[i]) << "f32 product " << i;
+  }
+  for (int64_t c = 0; c < N; ++c)
+    EXPECT_LE(std::fabs((double)gb[c] - wantDb[c]), dB[c]) << "f32 BGRADB bias gradient " << c;
   // No bias-gradient pointer: refused (the device would run the GEMM and
   // sum_to's kernel).
   gpu::EpilogueArgs none{gpu::Epilogue::BGradA, nullptr, nullptr, nullptr};
@@ -833,17 +852,23 @@ TEST_F(CudaFastKernelsTest, ColumnSumAgainstCpu) {
     EXPECT_EQ(need > 0, rows > 256) << "two passes from 256 rows on";
     Dev<float> scratch(std::max<int64_t>(need, 1)), dx(x), f1(cols), f2(cols);
     Dev<uint16_t> dxb(xb.bits), b1(cols);
+    Dev<float> wide(cols); // bf16 in, the f32 sum unrounded (outF32)
     ASSERT_EQ(nat::sumTo(FloatKind::F32, dx.get(), c.in, f1.get(), c.out, scratch.get(), 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::sumTo(FloatKind::BF16, dxb.get(), c.in, wide.get(), c.out, scratch.get(), 0,
+                         /*outF32=*/true),
               cudaSuccess);
     ASSERT_EQ(nat::sumTo(FloatKind::F32, dx.get(), c.in, f2.get(), c.out, scratch.get(), 0),
               cudaSuccess);
     ASSERT_EQ(nat::sumTo(FloatKind::BF16, dxb.get(), c.in, b1.get(), c.out, scratch.get(), 0),
               cudaSuccess);
-    auto got = f1.host(), again = f2.host();
+    auto got = f1.host(), again = f2.host(), gotW = wide.host();
     auto gotB = b1.host();
     for (int64_t j = 0; j < cols; ++j) {
       double tol = rows * kU * mag[j];
       EXPECT_LE(std::fabs(got[j] - exactF[j]), tol) << "f32 column " << j << " rows " << rows;
+      EXPECT_LE(std::fabs(gotW[j] - exactB[j]), tol)
+          << "bf16 column summed into f32, column " << j << " rows " << rows;
       EXPECT_LE(std::fabs(cpu::bf16ToFloat(gotB[j]) - exactB[j]),
                 tol + kUb * (std::fabs(exactB[j]) + tol))
           << "bf16 column " << j << " rows " << rows;

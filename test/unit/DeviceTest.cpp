@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/core/Bf16.h"
 #include "runtime/core/Comm.h"
 #include "runtime/core/Device.h"
 #include "runtime/core/OpRules.h"
@@ -17,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -539,6 +541,127 @@ TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
           << "weight gradient element " << i << ", " << j;
     }
   }
+}
+
+/// fsdp-fuse-epilogues' widened products: matmul and matmul_bias_grad on
+/// bf16 operands with f32 results (the f32 accumulation unrounded) against
+/// the f32 ops on the widened operands and the bf16 ops. The CPU widens and
+/// runs the f32 kernels: bitwise the f32 ops, and rounded to bf16 bitwise
+/// the bf16 ones. On CUDA (one cuBLASLt GEMM with D in f32, BGRADB's bias
+/// gradient in f32): each product within m (2^-22 + 2^-24) sum|a_i b_i| of
+/// the f32 GEMM's (CudaGemm.h: the tensor cores' f32 sum, and the f32
+/// GEMM's own), each bias gradient within 2 m u sum|dy| of sum_to's; the
+/// bf16 results within that plus one bf16 ulp of the f32 ones. And the f32
+/// results take the native path, not f32 copies of the operands: the
+/// device's scratch is that of the bf16 plan.
+TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
+  const int64_t m = 24, n = 16, k = 8;
+  // 0 dy [m,n] bf16, 1 x [m,k] bf16, 2 dw [n,k] f32, 3 db [n] f32, 4 dw bf16,
+  // 5 db bf16, 6 matmul f32, 7 matmul bf16, 8 dy f32, 9 x f32, 10 dw f32
+  // (f32 operands), 11 db f32 (sum_to).
+  const std::vector<std::vector<int64_t>> shapes{{m, n}, {m, k}, {n, k}, {n},    {n, k}, {n},
+                                                 {n, k}, {n, k}, {m, n}, {m, k}, {n, k}, {n}};
+  const std::vector<int> narrow{0, 1, 4, 5, 7};
+  auto typed = [&](std::vector<Instruction> program) {
+    Plan p = matrixPlan(shapes, std::move(program));
+    int64_t offset = 0;
+    for (size_t i = 0; i < p.buffers.size(); ++i) {
+      Buffer &b = p.buffers[i];
+      bool bf = std::find(narrow.begin(), narrow.end(), (int)i) != narrow.end();
+      b.dtype = bf ? DType::BF16 : DType::F32;
+      b.bytes = b.numel() * (bf ? 2 : 4);
+      b.offset = offset;
+      offset += (b.bytes + 63) / 64 * 64;
+    }
+    p.arenaBytes = offset;
+    return p;
+  };
+  nlohmann::json tl{{"transpose_lhs", true}};
+  Instruction fusedF32 = inst("matmul_bias_grad", {0, 1}, {2, 3}, tl),
+              fusedBf16 = inst("matmul_bias_grad", {0, 1}, {4, 5}, tl);
+  Plan plan = typed({fusedF32, fusedBf16, inst("matmul", {0, 1}, {6}, tl),
+                     inst("matmul", {0, 1}, {7}, tl), inst("matmul", {8, 9}, {10}, tl),
+                     inst("sum_to", {8}, {11})});
+  // Operands exact in bf16; the f32 copies hold the same values.
+  std::vector<uint16_t> dy(m * n), x(m * k);
+  std::vector<float> dy32(m * n), x32(m * k);
+  for (int64_t i = 0; i < m * n; ++i)
+    dy32[i] = widenBf16(dy[i] = roundToBf16((float)std::sin(0.61 * double(i)) * 1.7f));
+  for (int64_t i = 0; i < m * k; ++i)
+    x32[i] = widenBf16(x[i] = roundToBf16((float)std::cos(0.29 * double(i) + 1) * 0.9f));
+  bind(plan);
+  auto put = [&](int id, const void *src) {
+    ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src,
+                                  plan.buffers[id].bytes)
+                    .isOk());
+  };
+  put(0, dy.data());
+  put(1, x.data());
+  put(8, dy32.data());
+  put(9, x32.data());
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    Status st = dev->run(i);
+    ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+  }
+  ASSERT_TRUE(dev->synchronize().isOk());
+  auto readBf16 = [&](int id) {
+    std::vector<uint16_t> h(plan.buffers[id].numel());
+    EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                plan.buffers[id].bytes)
+                    .isOk());
+    std::vector<float> f(h.size());
+    for (size_t i = 0; i < h.size(); ++i)
+      f[i] = widenBf16(h[i]);
+    return f;
+  };
+  const bool exact = GetParam() == "cpu";
+  const double u = std::ldexp(1.0, -24), tc = std::ldexp(1.0, -22);
+  std::vector<float> dwF = read(plan, 2), dbF = read(plan, 3), mmF = read(plan, 6),
+                     dw32 = read(plan, 10), db32 = read(plan, 11);
+  std::vector<float> dwB = readBf16(4), dbB = readBf16(5), mmB = readBf16(7);
+  auto check = [&](const std::vector<float> &f32, const std::vector<float> &ref,
+                   const std::vector<float> &bf16, auto magOf, double perTerm, const char *what) {
+    for (size_t i = 0; i < f32.size(); ++i) {
+      double slack = m * perTerm * magOf(i);
+      EXPECT_LE(std::fabs((double)f32[i] - ref[i]), exact ? 0.0 : slack)
+          << what << " element " << i << ": " << f32[i] << " vs the f32 op's " << ref[i];
+      // The bf16 result: the f32 one rounded (CPU: bitwise; CUDA: within
+      // the sums' slack and one bf16 ulp, 2^-7 of the magnitude).
+      float rounded = widenBf16(roundToBf16(f32[i]));
+      EXPECT_LE(std::fabs((double)bf16[i] - rounded),
+                exact ? 0.0 : 2 * slack + std::ldexp(std::fabs((double)f32[i]) + slack, -7))
+          << what << " element " << i << ": bf16 " << bf16[i] << " vs rounded " << rounded;
+    }
+  };
+  auto magW = [&](size_t i) {
+    double s = 0;
+    for (int64_t r = 0; r < m; ++r)
+      s += std::fabs(dy32[r * n + i / k]) * std::fabs(x32[r * k + i % k]);
+    return s;
+  };
+  auto magB = [&](size_t i) {
+    double s = 0;
+    for (int64_t r = 0; r < m; ++r)
+      s += std::fabs(dy32[r * n + i]);
+    return s;
+  };
+  check(dwF, dw32, dwB, magW, tc + u, "matmul_bias_grad weight gradient");
+  check(dbF, db32, dbB, magB, 2 * u, "matmul_bias_grad bias gradient");
+  check(mmF, dw32, mmB, magW, tc + u, "matmul");
+  if (exact)
+    return;
+  // Native: the f32 results cost no more scratch than the bf16 ones.
+  auto scratchOf = [&](std::vector<Instruction> program) {
+    std::unique_ptr<Device> d;
+    EXPECT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    Plan p = typed(std::move(program));
+    EXPECT_TRUE(d->allocateArena(p.arenaBytes, 0).isOk());
+    EXPECT_TRUE(d->prepare(p, 0).isOk());
+    return d->scratchHighWater();
+  };
+  EXPECT_EQ(scratchOf({fusedF32, inst("matmul", {0, 1}, {6}, tl)}),
+            scratchOf({fusedBf16, inst("matmul", {0, 1}, {7}, tl)}))
+      << "an f32 product of bf16 operands ran on widened f32 copies";
 }
 
 /// An optimizer update with grad_scale (fsdp-fuse-epilogues folds the

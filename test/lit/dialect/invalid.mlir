@@ -104,6 +104,30 @@ func.func @f(%a: tensor<4x8xf32>, %b: tensor<4xf32>) {
 }
 
 // -----
+// An f32 product is admitted for bf16 / f16 operands only (fsdp-fuse-
+// epilogues' widened products), not the other way round or to f16.
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>) {
+  // expected-error @+1 {{expected result of type 'tensor<4x4xf32>', found 'tensor<4x4xbf16>'}}
+  %0 = fsdp.matmul %a, %b : (tensor<4x8xf32>, tensor<8x4xf32>) -> tensor<4x4xbf16>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xbf16>, %b: tensor<8x4xbf16>) {
+  // expected-error @+1 {{expected result of type 'tensor<4x4xbf16>', found 'tensor<4x4xf16>'}}
+  %0 = fsdp.matmul %a, %b : (tensor<4x8xbf16>, tensor<8x4xbf16>) -> tensor<4x4xf16>
+  return
+}
+
+// -----
+// matmul_bias_grad's results: one type.
+func.func @f(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>) {
+  // expected-error @+1 {{expected bias_grad of type 'tensor<6xf32>', found 'tensor<6xbf16>'}}
+  %0, %1 = fsdp.matmul_bias_grad %dy, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> (tensor<6x4xf32>, tensor<6xbf16>)
+  return
+}
+
+// -----
 // Tests the matmul shape checks.
 func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) {
   // expected-error @+1 {{expected contracting sizes to agree, found 8 (lhs) and 4 (rhs)}}

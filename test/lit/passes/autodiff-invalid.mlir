@@ -72,3 +72,16 @@ func.func @model(%x: tensor<1x4x8xf32>) -> tensor<f32> attributes {fsdp.model} {
   %l = fsdp.reduce_sum %lse dims = [0, 1, 2] : tensor<1x2x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tests that an f32 product of bf16 operands (fsdp-fuse-epilogues writes
+// them, after autodiff) has no differentiation rule.
+fsdp.param @w : tensor<4x4xbf16> init("zeros")
+func.func @model(%x: tensor<2x4xbf16>, %t: tensor<2x4xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4x4xbf16>
+  // expected-error @+1 {{has no differentiation rule for an f32 product of 'bf16' operands (cast the result in the model instead)}}
+  %y = fsdp.matmul %x, %w : (tensor<2x4xbf16>, tensor<4x4xbf16>) -> tensor<2x4xf32>
+  %l = fsdp.mse_loss %y, %t : tensor<2x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -209,6 +209,50 @@ func.func @not_packed(%x: tensor<1x4x24xf32>, %z: tensor<1x4x24xf32>, %dy: tenso
 
 // -----
 
+// Widened products: a bf16 matmul (and a matmul_bias_grad, both of whose
+// results are) read only by a cast to f32 returns f32 itself, where the
+// matmul was. Not when the bf16 product has another reader, not for one
+// result of a matmul_bias_grad, not for a cast to bf16 or of an f32
+// product, not for another op's result.
+// CHECK-LABEL: func.func @widened
+// CHECK: %[[W:.*]], %[[B:.*]] = fsdp.matmul_bias_grad %arg0, %arg1 transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> (tensor<6x4xf32>, tensor<6xf32>)
+// CHECK-NEXT: %[[P:.*]] = fsdp.matmul %arg0, %arg1 transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xf32>
+// CHECK-NEXT: %[[Q:.*]] = fsdp.matmul %arg0, %arg1 transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xbf16>
+// CHECK-NEXT: %[[QF:.*]] = fsdp.cast %[[Q]] : tensor<6x4xbf16> -> tensor<6x4xf32>
+// CHECK-NEXT: %[[W2:.*]], %[[B2:.*]] = fsdp.matmul_bias_grad %arg2, %arg1 transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> (tensor<6x4xbf16>, tensor<6xbf16>)
+// CHECK-NEXT: fsdp.cast %[[W2]] : tensor<6x4xbf16> -> tensor<6x4xf32>
+// CHECK-NEXT: %[[R:.*]] = fsdp.matmul %arg0, %arg1 transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xbf16>
+// CHECK-NEXT: fsdp.cast %[[R]] : tensor<6x4xbf16> -> tensor<6x4xf16>
+// CHECK-NEXT: %[[F:.*]] = fsdp.matmul %arg3, %arg3 transpose_lhs : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+// CHECK-NEXT: fsdp.cast %[[F]] : tensor<4x4xf32> -> tensor<4x4xbf16>
+// CHECK-NEXT: %[[D:.*]] = fsdp.add %arg0, %arg2
+// CHECK-NEXT: fsdp.cast %[[D]] : tensor<8x6xbf16> -> tensor<8x6xf32>
+// CHECK-NOT: fsdp.cast
+// CHECK: return %[[W]], %[[B]], %[[P]], %[[QF]], %[[Q]], %[[B2]]
+func.func @widened(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>, %dz: tensor<8x6xbf16>,
+                   %y: tensor<8x4xf32>)
+    -> (tensor<6x4xf32>, tensor<6xf32>, tensor<6x4xf32>, tensor<6x4xf32>, tensor<6x4xbf16>,
+        tensor<6xbf16>, tensor<6x4xf32>, tensor<6x4xf16>, tensor<4x4xbf16>, tensor<8x6xf32>) {
+  %w, %b = fsdp.matmul_bias_grad %dy, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> (tensor<6x4xbf16>, tensor<6xbf16>)
+  %wf = fsdp.cast %w : tensor<6x4xbf16> -> tensor<6x4xf32>
+  %bf = fsdp.cast %b : tensor<6xbf16> -> tensor<6xf32>
+  %p = fsdp.matmul %dy, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xbf16>
+  %pf = fsdp.cast %p : tensor<6x4xbf16> -> tensor<6x4xf32>
+  %q = fsdp.matmul %dy, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xbf16>
+  %qf = fsdp.cast %q : tensor<6x4xbf16> -> tensor<6x4xf32>
+  %w2, %b2 = fsdp.matmul_bias_grad %dz, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> (tensor<6x4xbf16>, tensor<6xbf16>)
+  %w2f = fsdp.cast %w2 : tensor<6x4xbf16> -> tensor<6x4xf32>
+  %r = fsdp.matmul %dy, %x transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>) -> tensor<6x4xbf16>
+  %rh = fsdp.cast %r : tensor<6x4xbf16> -> tensor<6x4xf16>
+  %f = fsdp.matmul %y, %y transpose_lhs : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+  %fb = fsdp.cast %f : tensor<4x4xf32> -> tensor<4x4xbf16>
+  %d = fsdp.add %dy, %dz : (tensor<8x6xbf16>, tensor<8x6xbf16>) -> tensor<8x6xbf16>
+  %df = fsdp.cast %d : tensor<8x6xbf16> -> tensor<8x6xf32>
+  return %wf, %bf, %pf, %qf, %q, %b2, %w2f, %rh, %fb, %df : tensor<6x4xf32>, tensor<6xf32>, tensor<6x4xf32>, tensor<6x4xf32>, tensor<6x4xbf16>, tensor<6xbf16>, tensor<6x4xf32>, tensor<6x4xf16>, tensor<4x4xbf16>, tensor<8x6xf32>
+}
+
+// -----
+
 // A linear layer's bias gradient (sum_to of dy over its rows) and its
 // weight gradient (dy^T x) become one matmul_bias_grad where the first of
 // them was; a dy with two weight gradients, and a sum over the other
@@ -366,4 +410,7 @@ func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>,
 // BF16-LABEL: func.func @train_step
 // BF16: fsdp.matmul_bias {{.*}} gelu {{.*}} : (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>)
 // BF16: fsdp.matmul_gelu_grad {{.*}}xbf16>)
+// The weight gradients straight into f32 (widened products):
+// BF16: fsdp.matmul {{.*}} transpose_lhs {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> tensor<{{.*}}xf32>
+// BF16: fsdp.matmul_bias_grad {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xf32>, tensor<{{.*}}xf32>)
 // BF16: return
