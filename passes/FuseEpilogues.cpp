@@ -54,11 +54,11 @@
 //   gradient is never written and read back (8 bytes an element of every
 //   gradient a step), one kernel a unit less. The update multiplies
 //   first, as the mul did: the same bits.
-// - Widened products: a matmul (or matmul_bias_grad) on bf16 / f16 whose
-//   product is read only by a cast to f32 (mixed precision's weight
-//   gradients, cast for the f32 reduction) returns f32 itself: the f32
-//   accumulation is written unrounded (cuBLASLt's D type, llm.c keeps no
-//   such copy either), one kernel and 6 bytes an element less. Not the
+// - Widened products: a matmul (or matmul_bias_grad, or a layer norm
+//   gradient's d_gamma and d_beta) on bf16 / f16 whose result is read only
+//   by a cast to f32 (mixed precision's parameter gradients, cast for the
+//   f32 reduction) returns f32 itself: the f32 sum is written unrounded
+//   (cuBLASLt's D type), one kernel and 6 bytes an element less. Not the
 //   same bits: one bf16 rounding less.
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
@@ -182,61 +182,47 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// `%w = cast %p : bf16 -> f32` (or f16) where `%p` is the product of a
-  /// matmul (or both results of a matmul_bias_grad, each read only by such
-  /// a cast) and read by nothing else: the matmul returns f32 and the
-  /// casts go. The GEMM accumulates in f32 either way; the product is no
-  /// longer rounded to bf16 and widened back, and never written and read
-  /// in between (a mixed-precision plan's weight gradients, cast for the
-  /// f32 reduction and update: 6 bytes an element of every gradient a
-  /// step). Where the cast's result was, cast(round(x)) becomes x: the
-  /// values differ by that rounding, the plan is more exact, not the same
-  /// bits (PyTorch's autocast and FSDP2 round the gradient to bf16 first).
+  /// matmul (or both results of a matmul_bias_grad, or the d_gamma and
+  /// d_beta of a layer norm gradient, each read only by such a cast) and
+  /// read by nothing else: the op returns f32 there and the casts go. The
+  /// kernels sum in f32 either way; the sum is no longer rounded to bf16
+  /// and widened back, and never written and read in between (a
+  /// mixed-precision plan's parameter gradients, cast for the f32
+  /// reduction and update: 6 bytes an element of every gradient a step, a
+  /// kernel each). Where the cast's result was, cast(round(x)) becomes x:
+  /// the values differ by that rounding, the plan is more exact, not the
+  /// same bits (PyTorch's autocast and FSDP2 round the gradient to bf16
+  /// first). The op keeps its place; only its result types change.
   void fuseWidenedProduct(CastOp c, DenseSet<Operation *> &erased) {
-    auto narrowToF32 = [](Value from, Value to) {
-      Type a = cast<RankedTensorType>(from.getType()).getElementType(),
-           b = cast<RankedTensorType>(to.getType()).getElementType();
-      return (a.isBF16() || a.isF16()) && b.isF32();
-    };
-    Value p = c.getInput();
-    if (!p.hasOneUse() || !narrowToF32(p, c.getResult()))
+    Operation *op = c.getInput().getDefiningOp();
+    SmallVector<unsigned, 2> results;
+    if (isa_and_nonnull<MatmulOp>(op))
+      results = {0};
+    else if (isa_and_nonnull<MatmulBiasGradOp>(op))
+      results = {0, 1}; // BGRADB's bias gradient has the product's type
+    else if (isa_and_nonnull<LayerNormGradOp, LayerNormGradAccOp>(op))
+      results = {1, 2}; // d_gamma and d_beta: one type
+    else
       return;
-    auto widened = [](Value v) { return RankedTensorType::get(
-        cast<RankedTensorType>(v.getType()).getShape(), Float32Type::get(v.getContext())); };
-    // The fused op stands where the matmul stood (the schedule's place).
-    if (auto mm = p.getDefiningOp<MatmulOp>()) {
-      OpBuilder b(mm);
-      auto f = b.create<MatmulOp>(mm.getLoc(), widened(p), mm.getLhs(), mm.getRhs(),
-                                  mm.getTransposeLhsAttr(), mm.getTransposeRhsAttr());
-      keepMarks(mm, f);
-      c.getResult().replaceAllUsesWith(f.getResult());
-      c.erase();
-      mm.erase();
-      ++numFused;
-      return;
-    }
-    auto bg = p.getDefiningOp<MatmulBiasGradOp>();
-    if (!bg)
-      return;
-    // Both results or neither: cuBLASLt's bias gradient has the product's
-    // type (BGRADB's bias data type is D's).
-    CastOp casts[2];
-    for (int i = 0; i < 2; ++i) {
-      Value r = bg->getResult(i);
-      casts[i] = r.hasOneUse() ? dyn_cast<CastOp>(*r.getUsers().begin()) : CastOp();
-      if (!casts[i] || !narrowToF32(r, casts[i].getResult()))
+    SmallVector<CastOp, 2> casts;
+    for (unsigned i : results) {
+      Value r = op->getResult(i);
+      auto user = r.hasOneUse() ? dyn_cast<CastOp>(*r.getUsers().begin()) : CastOp();
+      if (!user)
         return;
+      Type from = cast<RankedTensorType>(r.getType()).getElementType(),
+           to = cast<RankedTensorType>(user.getType()).getElementType();
+      if (!(from.isBF16() || from.isF16()) || !to.isF32())
+        return;
+      casts.push_back(user);
     }
-    OpBuilder b(bg);
-    auto f = b.create<MatmulBiasGradOp>(
-        bg.getLoc(), TypeRange{widened(bg.getResult()), widened(bg.getBiasGrad())},
-        bg.getLhs(), bg.getRhs(), bg.getTransposeLhsAttr(), bg.getTransposeRhsAttr());
-    keepMarks(bg, f);
-    for (int i = 0; i < 2; ++i) {
-      casts[i].getResult().replaceAllUsesWith(f->getResult(i));
-      erased.insert(casts[i]);
-      casts[i].erase();
+    for (auto [i, cst] : llvm::zip(results, casts)) {
+      Value r = op->getResult(i);
+      r.setType(cst.getType());
+      cst.getResult().replaceAllUsesWith(r);
+      erased.insert(cst);
+      cst.erase();
     }
-    bg.erase();
     ++numFused;
   }
 

@@ -60,6 +60,23 @@ static void printAttentionGradTypes(OpAsmPrinter &printer, Operation *op,
   printAttentionTypes(printer, op, qType, kType);
 }
 
+/// The layer norm gradients' d_gamma / d_beta type: gamma's, unless
+/// `-> type` follows (f32 for a narrow gamma; the verifier checks it).
+static ParseResult parseParamGradTypes(OpAsmParser &parser, Type gamma, Type &dGamma,
+                                       Type &dBeta) {
+  dGamma = gamma;
+  if (succeeded(parser.parseOptionalArrow()) && parser.parseType(dGamma))
+    return failure();
+  dBeta = dGamma;
+  return success();
+}
+
+static void printParamGradTypes(OpAsmPrinter &printer, Operation *, Type gamma, Type dGamma,
+                                Type) {
+  if (dGamma != gamma)
+    printer << "-> " << dGamma; // the printer has put a space before the directive
+}
+
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.cpp.inc"
 
@@ -348,9 +365,28 @@ LogicalResult ResidualLayerNormOp::verify() {
                          getEpsilon().convertToDouble());
 }
 
+/// d_gamma / d_beta of the layer norm gradients: gamma's type, or f32 for
+/// a bf16 / f16 gamma (productType: the f32 sums unrounded).
+static LogicalResult verifyParamGrads(Operation *op, Value gamma, Value dGamma, Value dBeta) {
+  auto g = rt(gamma);
+  if (failed(expectType(op, "d_gamma", rt(dGamma), g.getShape(),
+                        productType(g.getElementType(), rt(dGamma)))))
+    return failure();
+  return expectType(op, "d_beta", rt(dBeta), g.getShape(), rt(dGamma).getElementType());
+}
+
+LogicalResult LayerNormGradOp::verify() {
+  if (failed(verifyLayerNorm(*this, rt(getInput()), getGamma(), Value(),
+                             getEpsilon().convertToDouble())))
+    return failure();
+  return verifyParamGrads(*this, getGamma(), getDGamma(), getDBeta());
+}
+
 LogicalResult LayerNormGradAccOp::verify() {
-  return verifyLayerNorm(*this, rt(getInput()), getGamma(), Value(),
-                         getEpsilon().convertToDouble());
+  if (failed(verifyLayerNorm(*this, rt(getInput()), getGamma(), Value(),
+                             getEpsilon().convertToDouble())))
+    return failure();
+  return verifyParamGrads(*this, getGamma(), getDGamma(), getDBeta());
 }
 
 /// Shared by attention and attention_grad: q is [B, T, heads*D]; k and v

@@ -426,14 +426,14 @@ def Fsdp_ResidualLayerNormOp : Fsdp_Op<"residual_layer_norm",
 }
 
 def Fsdp_LayerNormGradAccOp : Fsdp_Op<"layer_norm_grad_acc",
-    [Pure, AllTypesMatch<["input", "grad", "acc", "d_input"]>,
-     AllTypesMatch<["gamma", "d_gamma", "d_beta"]>]> {
+    [Pure, AllTypesMatch<["input", "grad", "acc", "d_input"]>]> {
   let summary = "layer_norm_grad whose input gradient is added to another";
   let description = [{
     As `fsdp.layer_norm_grad`, but `d_input` is `acc` plus the layer
     norm's input gradient: the residual stream's gradient accumulated in
     the same kernel (llm.c's layernorm_backward, dinp +=). Written by
-    fsdp-fuse-epilogues.
+    fsdp-fuse-epilogues. `d_gamma` and `d_beta` have gamma's type, or f32
+    for a bf16 / f16 gamma, as in `fsdp.layer_norm_grad`.
 
     ```mlir
     %dx, %dg, %db = fsdp.layer_norm_grad_acc %x, %g, %dy, %dres {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
@@ -446,6 +446,7 @@ def Fsdp_LayerNormGradAccOp : Fsdp_Op<"layer_norm_grad_acc",
                       Fsdp_FloatTensor:$d_beta);
   let assemblyFormat = [{
     $input `,` $gamma `,` $grad `,` $acc attr-dict `:` type($input) `,` type($gamma)
+    custom<ParamGradTypes>(ref(type($gamma)), type($d_gamma), type($d_beta))
   }];
   let hasVerifier = 1;
 }
@@ -886,11 +887,14 @@ def Fsdp_RopeGradOp : Fsdp_Op<"rope_grad", [Pure, AllTypesMatch<["grad", "result
 }
 
 def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
-    [Pure, AllTypesMatch<["input", "grad", "d_input"]>,
-     AllTypesMatch<["gamma", "d_gamma", "d_beta"]>]> {
+    [Pure, AllTypesMatch<["input", "grad", "d_input"]>]> {
   let summary = "VJP of layer_norm: gradients of input, gamma and beta";
   let description = [{
     Recomputes the mean and inverse standard deviation from `input`.
+    `d_gamma` and `d_beta` have gamma's type, or f32 for a bf16 / f16
+    gamma: the f32 column sums unrounded (fsdp-fuse-epilogues writes them
+    where the gradients were only cast to f32), printed as
+    `-> tensor<..xf32>` after the types.
 
     ```mlir
     %dx, %dg, %db = fsdp.layer_norm_grad %x, %g, %dy {epsilon = 1.000000e-05 : f64} : tensor<8x64xf32>, tensor<64xf32>
@@ -903,7 +907,9 @@ def Fsdp_LayerNormGradOp : Fsdp_Op<"layer_norm_grad",
                       Fsdp_FloatTensor:$d_beta);
   let assemblyFormat = [{
     $input `,` $gamma `,` $grad attr-dict `:` type($input) `,` type($gamma)
+    custom<ParamGradTypes>(ref(type($gamma)), type($d_gamma), type($d_beta))
   }];
+  let hasVerifier = 1;
 }
 
 def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",

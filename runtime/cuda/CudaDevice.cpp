@@ -552,18 +552,27 @@ flash::Layout attentionLayout(const AttentionShape &a) {
 /// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
 /// output) and its incoming gradient (cross_entropy_grad's third input),
 /// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
-/// A matmul or matmul_bias_grad whose results are f32 and operands not
-/// (the dialect admits bf16 / f16 operands there).
-bool productF32(const Plan &plan, const Instruction &inst) {
-  if (inst.op != "matmul" && inst.op != "matmul_bias_grad")
-    return false;
+/// Whether output `i` of `inst` is an f32 result of narrow operands that
+/// the native kernels write (the dialect's widened products): every
+/// result of a matmul / matmul_bias_grad (all of them f32), or d_gamma
+/// and d_beta of a layer norm gradient (both f32). Anything else with an
+/// f32 output runs widened.
+bool productF32(const Plan &plan, const Instruction &inst, size_t i) {
   auto dtype = [&](int64_t id) {
     return id >= 0 && id < (int64_t)plan.buffers.size() ? plan.buffers[id].dtype : DType::I64;
   };
-  for (int64_t id : inst.out)
-    if (dtype(id) != DType::F32)
-      return false;
-  return !inst.in.empty() && rules::isNarrowFloat(dtype(inst.in[0]));
+  if (inst.in.empty() || !rules::isNarrowFloat(dtype(inst.in[0])))
+    return false;
+  if (inst.op == "matmul" || inst.op == "matmul_bias_grad") {
+    for (int64_t id : inst.out)
+      if (dtype(id) != DType::F32)
+        return false;
+    return true;
+  }
+  if ((inst.op == "layer_norm_grad" || inst.op == "layer_norm_grad_acc") && (i == 1 || i == 2))
+    return inst.out.size() == 3 && dtype(inst.out[1]) == DType::F32 &&
+           dtype(inst.out[2]) == DType::F32;
+  return false;
 }
 
 bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
@@ -603,7 +612,7 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   for (size_t i = 0; i < inst.out.size(); ++i) {
     // An f32 product of narrow operands (fsdp-fuse-epilogues' widened
     // weight gradients): cuBLASLt writes it (GemmType).
-    if (productF32(plan, inst))
+    if (productF32(plan, inst, i))
       continue;
     if (!visit(inst.out[i], ((inst.op == "cross_entropy" ||
                               inst.op == "cross_entropy_fused") &&
@@ -713,9 +722,11 @@ Status CudaDevice::buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, i
   } else {
     void *o2 = r.out<void>(2);
     float *sf = scratch.f;
+    const bool f32Params = t != FloatKind::F32 && op.out(1).dtype == DType::F32; // widened
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::layerNormGrad(t, i0, i1, i2, o0, o1, o2, sf, rows, cols, eps, s, i3);
+          return native::layerNormGrad(t, i0, i1, i2, o0, o1, o2, sf, rows, cols, eps, s, i3,
+                                       native::LayerNormImpl::Auto, f32Params);
         },
         n);
   }
@@ -825,9 +836,11 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     const void *xp = v(0), *g = v(1), *dy = v(2);
     void *dx = w(0), *dg = w(1), *db = w(2);
     double eps = op.f("epsilon", 1e-5);
+    const bool f32Params = op.out(1).dtype == DType::F32; // widened (t is narrow here)
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::layerNormGrad(t, xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
+          return native::layerNormGrad(t, xp, g, dy, dx, dg, db, sf, rows, cols, eps, s, nullptr,
+                                       native::LayerNormImpl::Auto, f32Params);
         },
         n);
   } else if (n == "matmul_bias" || n == "matmul_gelu_grad" || n == "matmul_bias_grad") {

@@ -757,15 +757,16 @@ cudaError_t residualLayerNormT(const void *a, const void *b, const void *g, cons
   return cudaGetLastError();
 }
 
-template <typename T>
+/// TP: the type of dg and db (T, or float: paramGradsF32).
+template <typename T, typename TP = T>
 cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *dxv, void *dgv,
                            void *dbv, float *partial, int64_t rows, int64_t cols, double eps,
                            cudaStream_t s, const void *acc, LayerNormImpl impl) {
-  T *dg = mp<T>(dgv), *db = mp<T>(dbv);
+  TP *dg = mp<TP>(dgv), *db = mp<TP>(dbv);
   if (rows <= 0) {
-    if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(T) * cols, s))
+    if (cudaError_t e = cudaMemsetAsync(dg, 0, sizeof(TP) * cols, s))
       return e;
-    return cudaMemsetAsync(db, 0, sizeof(T) * cols, s);
+    return cudaMemsetAsync(db, 0, sizeof(TP) * cols, s);
   }
   int64_t W = lnGradWarps(rows);
   unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -1202,7 +1203,14 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
-                          double eps, cudaStream_t s, const void *acc, LayerNormImpl impl) {
+                          double eps, cudaStream_t s, const void *acc, LayerNormImpl impl,
+                          bool paramGradsF32) {
+  if (paramGradsF32 && t == FloatKind::BF16)
+    return layerNormGradT<__nv_bfloat16, float>(x, g, dy, dx, dg, db, scratch, rows, cols, eps,
+                                                s, acc, impl);
+  if (paramGradsF32 && t == FloatKind::F16)
+    return layerNormGradT<__half, float>(x, g, dy, dx, dg, db, scratch, rows, cols, eps, s, acc,
+                                         impl);
   FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s,
                        acc, impl);
 }

@@ -100,11 +100,13 @@ int64_t layerNormGradScratch(int64_t rows, int64_t cols);
 /// again, dx, and this warp's partial dg / db (registers -> scratch); a
 /// second kernel sums the partials per column in warp order. No atomics.
 /// With `acc` (layer_norm_grad_acc), dx = acc + the input gradient, added
-/// in f32 before dx's one rounding.
+/// in f32 before dx's one rounding. paramGradsF32: dg and db are f32
+/// whatever t (the column sums unrounded; fsdp-fuse-epilogues' widened
+/// gamma / beta gradients).
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
                           double eps, cudaStream_t s, const void *acc = nullptr,
-                          LayerNormImpl impl = LayerNormImpl::Auto);
+                          LayerNormImpl impl = LayerNormImpl::Auto, bool paramGradsF32 = false);
 /// residual_layer_norm: sum = a + b (rounded to t and stored), then the
 /// layer norm of the stored sum, one warp per row (as the CPU's add, then
 /// layer_norm).

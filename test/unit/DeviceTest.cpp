@@ -413,6 +413,34 @@ Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes,
   return p;
 }
 
+/// matrixPlan with the buffers `bf16` in bf16, the others f32.
+Plan mixedPlan(const std::vector<std::vector<int64_t>> &shapes, const std::vector<int> &bf16,
+               std::vector<Instruction> program) {
+  Plan p = matrixPlan(shapes, std::move(program));
+  int64_t offset = 0;
+  for (size_t i = 0; i < p.buffers.size(); ++i) {
+    Buffer &b = p.buffers[i];
+    bool narrow = std::find(bf16.begin(), bf16.end(), (int)i) != bf16.end();
+    b.dtype = narrow ? DType::BF16 : DType::F32;
+    b.bytes = b.numel() * (narrow ? 2 : 4);
+    b.offset = offset;
+    offset += (b.bytes + 63) / 64 * 64;
+  }
+  p.arenaBytes = offset;
+  return p;
+}
+
+/// The runtime scratch a fresh device of `device` reserves at prepare for
+/// `plan` (CudaDevice: f32 copies of the operands an instruction runs
+/// widened on, beside the GEMM workspace).
+int64_t preparedScratch(const std::string &device, const Plan &plan) {
+  std::unique_ptr<Device> d;
+  EXPECT_TRUE(createDevice(device, DeviceOptions{}, d).isOk());
+  EXPECT_TRUE(d->allocateArena(plan.arenaBytes, 0).isOk());
+  EXPECT_TRUE(d->prepare(plan, 0).isOk());
+  return d->scratchHighWater();
+}
+
 /// matmul_bias (gelu, with its pre-activation) and matmul_gelu_grad (with
 /// the bias gradient) against matmul, bias_add, gelu / matmul, gelu_grad,
 /// sum_to on the same device and inputs. n = 16 lets cuBLASLt run the
@@ -561,20 +589,8 @@ TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
   // (f32 operands), 11 db f32 (sum_to).
   const std::vector<std::vector<int64_t>> shapes{{m, n}, {m, k}, {n, k}, {n},    {n, k}, {n},
                                                  {n, k}, {n, k}, {m, n}, {m, k}, {n, k}, {n}};
-  const std::vector<int> narrow{0, 1, 4, 5, 7};
   auto typed = [&](std::vector<Instruction> program) {
-    Plan p = matrixPlan(shapes, std::move(program));
-    int64_t offset = 0;
-    for (size_t i = 0; i < p.buffers.size(); ++i) {
-      Buffer &b = p.buffers[i];
-      bool bf = std::find(narrow.begin(), narrow.end(), (int)i) != narrow.end();
-      b.dtype = bf ? DType::BF16 : DType::F32;
-      b.bytes = b.numel() * (bf ? 2 : 4);
-      b.offset = offset;
-      offset += (b.bytes + 63) / 64 * 64;
-    }
-    p.arenaBytes = offset;
-    return p;
+    return mixedPlan(shapes, {0, 1, 4, 5, 7}, std::move(program));
   };
   nlohmann::json tl{{"transpose_lhs", true}};
   Instruction fusedF32 = inst("matmul_bias_grad", {0, 1}, {2, 3}, tl),
@@ -651,17 +667,91 @@ TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
   if (exact)
     return;
   // Native: the f32 results cost no more scratch than the bf16 ones.
-  auto scratchOf = [&](std::vector<Instruction> program) {
-    std::unique_ptr<Device> d;
-    EXPECT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
-    Plan p = typed(std::move(program));
-    EXPECT_TRUE(d->allocateArena(p.arenaBytes, 0).isOk());
-    EXPECT_TRUE(d->prepare(p, 0).isOk());
-    return d->scratchHighWater();
-  };
-  EXPECT_EQ(scratchOf({fusedF32, inst("matmul", {0, 1}, {6}, tl)}),
-            scratchOf({fusedBf16, inst("matmul", {0, 1}, {7}, tl)}))
+  EXPECT_EQ(preparedScratch(GetParam(), typed({fusedF32, inst("matmul", {0, 1}, {6}, tl)})),
+            preparedScratch(GetParam(), typed({fusedBf16, inst("matmul", {0, 1}, {7}, tl)})))
       << "an f32 product of bf16 operands ran on widened f32 copies";
+}
+
+/// layer_norm_grad and layer_norm_grad_acc on bf16 with f32 d_gamma /
+/// d_beta (fsdp-fuse-epilogues' widened parameter gradients) against the
+/// same ops with bf16 ones, on the same device: the kernels sum the same
+/// f32 partials in the same order and only the last store differs, so
+/// the bf16 results are the f32 ones rounded, bitwise, and d_input is the
+/// same bits; on the CPU (widened f32 kernels) the f32 results are also
+/// bitwise the f32 op's on the widened operands. On CUDA the f32 results
+/// take the native kernels (the scratch of the bf16 plan).
+TEST_P(DeviceConformance, WidenedLayerNormGradientsAreTheUnroundedSums) {
+  const int64_t rows = 40, cols = 24;
+  // 0 x, 1 gamma, 2 dy, 3 acc (bf16); 4-6 dx, dg, db with f32 dg/db;
+  // 7-9 all bf16; 10-12 the _acc op with f32 dg/db; 13-15 all bf16;
+  // 16 x, 17 gamma, 18 dy f32 (the widened values); 19-21 the f32 op.
+  const std::vector<std::vector<int64_t>> shapes{
+      {rows, cols}, {cols}, {rows, cols}, {rows, cols}, {rows, cols}, {cols},
+      {cols},       {rows, cols}, {cols}, {cols},       {rows, cols}, {cols},
+      {cols},       {rows, cols}, {cols}, {cols},       {rows, cols}, {cols},
+      {rows, cols}, {rows, cols}, {cols}, {cols}};
+  auto typed = [&](std::vector<Instruction> program) {
+    return mixedPlan(shapes, {0, 1, 2, 3, 4, 7, 8, 9, 10, 13, 14, 15}, std::move(program));
+  };
+  nlohmann::json eps{{"epsilon", 1e-5}};
+  Instruction gradF32 = inst("layer_norm_grad", {0, 1, 2}, {4, 5, 6}, eps),
+              gradBf16 = inst("layer_norm_grad", {0, 1, 2}, {7, 8, 9}, eps),
+              accF32 = inst("layer_norm_grad_acc", {0, 1, 2, 3}, {10, 11, 12}, eps),
+              accBf16 = inst("layer_norm_grad_acc", {0, 1, 2, 3}, {13, 14, 15}, eps);
+  Plan plan = typed({gradF32, gradBf16, accF32, accBf16,
+                     inst("layer_norm_grad", {16, 17, 18}, {19, 20, 21}, eps)});
+  std::vector<std::vector<uint16_t>> bits(4);
+  std::vector<std::vector<float>> wide(3);
+  for (int id = 0; id < 4; ++id) {
+    bits[id].resize(plan.buffers[id].numel());
+    for (size_t i = 0; i < bits[id].size(); ++i) {
+      bits[id][i] = roundToBf16((float)std::sin(0.53 * double(i) + 1.7 * id) * (id == 1 ? 1.1f : 2.f));
+      if (id < 3)
+        wide[id].push_back(widenBf16(bits[id][i]));
+    }
+  }
+  bind(plan);
+  auto put = [&](int id, const void *src) {
+    ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src,
+                                  plan.buffers[id].bytes)
+                    .isOk());
+  };
+  for (int id = 0; id < 4; ++id)
+    put(id, bits[id].data());
+  for (int id = 0; id < 3; ++id)
+    put(16 + id, wide[id].data());
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    Status st = dev->run(i);
+    ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+  }
+  ASSERT_TRUE(dev->synchronize().isOk());
+  auto raw = [&](int id) {
+    std::vector<uint16_t> h(plan.buffers[id].numel());
+    EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                plan.buffers[id].bytes)
+                    .isOk());
+    return h;
+  };
+  auto rounded = [](const std::vector<float> &v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      r[i] = roundToBf16(v[i]);
+    return r;
+  };
+  EXPECT_EQ(raw(4), raw(7)) << "layer_norm_grad: d_input";
+  EXPECT_EQ(rounded(read(plan, 5)), raw(8)) << "layer_norm_grad: d_gamma";
+  EXPECT_EQ(rounded(read(plan, 6)), raw(9)) << "layer_norm_grad: d_beta";
+  EXPECT_EQ(raw(10), raw(13)) << "layer_norm_grad_acc: d_input";
+  EXPECT_EQ(rounded(read(plan, 11)), raw(14)) << "layer_norm_grad_acc: d_gamma";
+  EXPECT_EQ(rounded(read(plan, 12)), raw(15)) << "layer_norm_grad_acc: d_beta";
+  if (GetParam() == "cpu") {
+    EXPECT_EQ(read(plan, 5), read(plan, 20)) << "d_gamma: the f32 op's";
+    EXPECT_EQ(read(plan, 6), read(plan, 21)) << "d_beta: the f32 op's";
+    return;
+  }
+  EXPECT_EQ(preparedScratch(GetParam(), typed({gradF32, accF32})),
+            preparedScratch(GetParam(), typed({gradBf16, accBf16})))
+      << "f32 layer-norm parameter gradients ran on widened f32 copies";
 }
 
 /// An optimizer update with grad_scale (fsdp-fuse-epilogues folds the

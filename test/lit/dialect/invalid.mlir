@@ -128,6 +128,21 @@ func.func @f(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>) {
 }
 
 // -----
+// A layer norm's parameter gradients: gamma's type or f32, one type.
+func.func @f(%x: tensor<4x8xbf16>, %g: tensor<8xbf16>, %dy: tensor<4x8xbf16>) {
+  // expected-error @+1 {{expected d_gamma of type 'tensor<8xbf16>', found 'tensor<8xf16>'}}
+  %0:3 = fsdp.layer_norm_grad %x, %g, %dy : tensor<4x8xbf16>, tensor<8xbf16> -> tensor<8xf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xf32>, %g: tensor<8xf32>, %dy: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected d_beta of type 'tensor<8xf32>', found 'tensor<8xbf16>'}}
+  %0:3 = "fsdp.layer_norm_grad"(%x, %g, %dy) : (tensor<4x8xf32>, tensor<8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xbf16>)
+  return
+}
+
+// -----
 // Tests the matmul shape checks.
 func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) {
   // expected-error @+1 {{expected contracting sizes to agree, found 8 (lhs) and 4 (rhs)}}

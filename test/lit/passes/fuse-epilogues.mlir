@@ -253,6 +253,29 @@ func.func @widened(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>, %dz: tensor<8x6x
 
 // -----
 
+// A layer norm gradient's d_gamma and d_beta, both read only by casts to
+// f32: the op returns them in f32 (printed after `->`); not when one of
+// them has another reader.
+// CHECK-LABEL: func.func @widened_norm
+// CHECK: %[[DX:.*]], %[[DG:.*]], %[[DB:.*]] = fsdp.layer_norm_grad %arg0, %arg1, %arg2 : tensor<4x8xbf16>, tensor<8xbf16> -> tensor<8xf32>
+// CHECK-NEXT: %[[DX2:.*]], %[[DG2:.*]], %[[DB2:.*]] = fsdp.layer_norm_grad %arg0, %arg1, %arg2 : tensor<4x8xbf16>, tensor<8xbf16>
+// CHECK-NEXT: fsdp.cast %[[DG2]]
+// CHECK-NEXT: fsdp.cast %[[DB2]]
+// CHECK-NOT: fsdp.cast
+// CHECK: return %[[DX]], %[[DG]], %[[DB]],
+func.func @widened_norm(%x: tensor<4x8xbf16>, %g: tensor<8xbf16>, %dy: tensor<4x8xbf16>)
+    -> (tensor<4x8xbf16>, tensor<8xf32>, tensor<8xf32>, tensor<4x8xbf16>, tensor<8xf32>, tensor<8xf32>, tensor<8xbf16>) {
+  %dx, %dg, %db = fsdp.layer_norm_grad %x, %g, %dy {epsilon = 1.0e-05 : f64} : tensor<4x8xbf16>, tensor<8xbf16>
+  %dgf = fsdp.cast %dg : tensor<8xbf16> -> tensor<8xf32>
+  %dbf = fsdp.cast %db : tensor<8xbf16> -> tensor<8xf32>
+  %dx2, %dg2, %db2 = fsdp.layer_norm_grad %x, %g, %dy {epsilon = 1.0e-05 : f64} : tensor<4x8xbf16>, tensor<8xbf16>
+  %dg2f = fsdp.cast %dg2 : tensor<8xbf16> -> tensor<8xf32>
+  %db2f = fsdp.cast %db2 : tensor<8xbf16> -> tensor<8xf32>
+  return %dx, %dgf, %dbf, %dx2, %dg2f, %db2f, %db2 : tensor<4x8xbf16>, tensor<8xf32>, tensor<8xf32>, tensor<4x8xbf16>, tensor<8xf32>, tensor<8xf32>, tensor<8xbf16>
+}
+
+// -----
+
 // A linear layer's bias gradient (sum_to of dy over its rows) and its
 // weight gradient (dy^T x) become one matmul_bias_grad where the first of
 // them was; a dy with two weight gradients, and a sum over the other
@@ -413,4 +436,5 @@ func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>,
 // The weight gradients straight into f32 (widened products):
 // BF16: fsdp.matmul {{.*}} transpose_lhs {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> tensor<{{.*}}xf32>
 // BF16: fsdp.matmul_bias_grad {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xf32>, tensor<{{.*}}xf32>)
+// BF16: fsdp.layer_norm_grad_acc {{.*}}: tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16> -> tensor<{{.*}}xf32>
 // BF16: return
