@@ -548,10 +548,6 @@ flash::Layout attentionLayout(const AttentionShape &a) {
   return a.packed ? flash::Layout{w, w, 0} : flash::Layout{};
 }
 
-/// Whether `inst` can run natively on its narrow storage: every float
-/// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
-/// output) and its incoming gradient (cross_entropy_grad's third input),
-/// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
 /// Whether output `i` of `inst` is an f32 result of narrow operands that
 /// the native kernels write (the dialect's widened products): every
 /// result of a matmul / matmul_bias_grad (all of them f32), or d_gamma
@@ -575,6 +571,11 @@ bool productF32(const Plan &plan, const Instruction &inst, size_t i) {
   return false;
 }
 
+/// Whether `inst` can run natively on its narrow storage: every float
+/// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
+/// output) and its incoming gradient (cross_entropy_grad's third input),
+/// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
+/// And the f32 results of productF32.
 bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   static const bool enabled = [] {
     const char *e = std::getenv("FSDP_CUDA_NATIVE");
@@ -610,8 +611,9 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
                                (inst.op == "attention_qkv_grad" && i == 2)))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i) {
-    // An f32 product of narrow operands (fsdp-fuse-epilogues' widened
-    // weight gradients): cuBLASLt writes it (GemmType).
+    // An f32 result of narrow operands (fsdp-fuse-epilogues' widened
+    // parameter gradients): cuBLASLt (GemmType) or the layer-norm kernel
+    // writes it.
     if (productF32(plan, inst, i))
       continue;
     if (!visit(inst.out[i], ((inst.op == "cross_entropy" ||
@@ -1477,7 +1479,10 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     rules::MM mm;
     if (inst.op == "matmul" && native && t != FloatKind::F32 && stagingOn &&
         rules::matmulDims(op, mm).isOk())
-      stage = std::max(stage, Gemm::stagingNeed(t, mm.batch, mm.m, mm.n, mm.k,
+      stage = std::max(stage, Gemm::stagingNeed(GemmType{t, op.out(0).dtype == DType::F32
+                                                                ? FloatKind::F32
+                                                                : t},
+                                                mm.batch, mm.m, mm.n, mm.k,
                                                 op.b("transpose_lhs"), op.b("transpose_rhs")));
   }
   if (stage)
