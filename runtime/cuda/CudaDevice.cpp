@@ -571,6 +571,12 @@ bool productF32(const Plan &plan, const Instruction &inst, size_t i) {
   return false;
 }
 
+/// The types of an instruction's GEMM on narrow storage t: t, or an f32
+/// product (productF32) when its first result is f32.
+GemmType gemmTypeOf(FloatKind t, const Buffer &result) {
+  return {t, t != FloatKind::F32 && result.dtype == DType::F32 ? FloatKind::F32 : t};
+}
+
 /// Whether `inst` can run natively on its narrow storage: every float
 /// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
 /// output) and its incoming gradient (cross_entropy_grad's third input),
@@ -674,8 +680,8 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   }
   Gemm *g = gemm.get();
   // matmul_bias_grad may return f32 from narrow operands (productF32).
-  const bool f32Out = t != FloatKind::F32 && op.out(0).dtype == DType::F32;
-  GemmType gt{t, f32Out ? FloatKind::F32 : t};
+  const GemmType gt = gemmTypeOf(t, op.out(0));
+  const bool f32Out = gt.out != gt.in;
   if (g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {
     out = [=](cudaStream_t s) { return g->run(gt, a, b, c, m, nn, k, ta, tb, e, s); };
     return Status::ok();
@@ -854,7 +860,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     void *c = w(0);
     bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
     Gemm *g = gemm.get();
-    GemmType gt{t, op.out(0).dtype == DType::F32 ? FloatKind::F32 : t}; // productF32
+    const GemmType gt = gemmTypeOf(t, op.out(0));
     FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
     out = [=](cudaStream_t s) {
       return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
@@ -1479,11 +1485,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     rules::MM mm;
     if (inst.op == "matmul" && native && t != FloatKind::F32 && stagingOn &&
         rules::matmulDims(op, mm).isOk())
-      stage = std::max(stage, Gemm::stagingNeed(GemmType{t, op.out(0).dtype == DType::F32
-                                                                ? FloatKind::F32
-                                                                : t},
-                                                mm.batch, mm.m, mm.n, mm.k,
-                                                op.b("transpose_lhs"), op.b("transpose_rhs")));
+      stage = std::max(stage, Gemm::stagingNeed(gemmTypeOf(t, op.out(0)), mm.batch, mm.m, mm.n,
+                                                mm.k, op.b("transpose_lhs"),
+                                                op.b("transpose_rhs")));
   }
   if (stage)
     FSDP_RETURN_IF_ERROR(gemm->reserveStaging(stage));

@@ -243,8 +243,9 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
                       t == FloatKind::F32    ? "float32"
                       : t == FloatKind::BF16 ? "bf16"
                                              : "f16",
-                      tOut != t ? " -> float32" : "", " GEMM (transA ", transA, ", transB ", transB, ") within a ", wsBytes_,
-                      "-byte workspace with ", alA, "/", alB, "/", alC, "-byte-aligned A/B/C");
+                      tOut != t ? " -> float32" : "", " GEMM (transA ", transA, ", transB ", transB,
+                      ") within a ", wsBytes_, "-byte workspace with ", alA, "/", alB, "/", alC,
+                      "-byte-aligned A/B/C");
   p->algo = result.algo;
   if (tuning && found > 1)
     FSDP_RETURN_IF_ERROR(pickFastest(*p, results, found, tuneA, tuneB, tuneC));

@@ -31,6 +31,16 @@ namespace {
   }                                                                            \
   return cudaErrorInvalidValue
 
+/// FSDP_NATIVE_DISPATCH, but fn<T, float> when `outF32` and t is narrow:
+/// the kernels of fsdp-fuse-epilogues' widened results (f32 outputs of
+/// bf16 / f16 inputs).
+#define FSDP_NATIVE_DISPATCH_F32_OUT(outF32, t, fn, ...)                      \
+  if ((outF32) && (t) == FloatKind::BF16)                                      \
+    return fn<__nv_bfloat16, float>(__VA_ARGS__);                              \
+  if ((outF32) && (t) == FloatKind::F16)                                       \
+    return fn<__half, float>(__VA_ARGS__);                                     \
+  FSDP_NATIVE_DISPATCH(t, fn, __VA_ARGS__)
+
 template <typename T> const T *cp(const void *p) { return static_cast<const T *>(p); }
 template <typename T> T *mp(void *p) { return static_cast<T *>(p); }
 
@@ -1151,11 +1161,7 @@ int64_t sumToScratch(const Shape &si, const Shape &so) {
 }
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
                   float *scratch, cudaStream_t s, bool outF32) {
-  if (outF32 && t == FloatKind::BF16)
-    return sumToT<__nv_bfloat16, float>(in, si, out, so, scratch, s);
-  if (outF32 && t == FloatKind::F16)
-    return sumToT<__half, float>(in, si, out, so, scratch, s);
-  FSDP_NATIVE_DISPATCH(t, sumToT, in, si, out, so, scratch, s);
+  FSDP_NATIVE_DISPATCH_F32_OUT(outF32, t, sumToT, in, si, out, so, scratch, s);
 }
 cudaError_t transpose(FloatKind t, const void *x, const Shape &sx,
                       const std::vector<int64_t> &perm, void *y, cudaStream_t s) {
@@ -1205,14 +1211,8 @@ cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void 
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,
                           double eps, cudaStream_t s, const void *acc, LayerNormImpl impl,
                           bool paramGradsF32) {
-  if (paramGradsF32 && t == FloatKind::BF16)
-    return layerNormGradT<__nv_bfloat16, float>(x, g, dy, dx, dg, db, scratch, rows, cols, eps,
-                                                s, acc, impl);
-  if (paramGradsF32 && t == FloatKind::F16)
-    return layerNormGradT<__half, float>(x, g, dy, dx, dg, db, scratch, rows, cols, eps, s, acc,
-                                         impl);
-  FSDP_NATIVE_DISPATCH(t, layerNormGradT, x, g, dy, dx, dg, db, scratch, rows, cols, eps, s,
-                       acc, impl);
+  FSDP_NATIVE_DISPATCH_F32_OUT(paramGradsF32, t, layerNormGradT, x, g, dy, dx, dg, db, scratch,
+                               rows, cols, eps, s, acc, impl);
 }
 cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const void *g,
                               const void *beta, void *sum, void *y, int64_t rows, int64_t cols,

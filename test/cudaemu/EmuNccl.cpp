@@ -319,14 +319,16 @@ ncclResult_t collective(int kind, const void *in, void *out, size_t count, ncclD
   if (es == 0)
     return failed(c, ncclInvalidArgument, std::string(what) + ": unsupported datatype");
   if (op != ncclSum && op != ncclAvg)
-    return failed(c, ncclInvalidArgument, std::string(what) + ": only ncclSum and ncclAvg are emulated");
+    return failed(c, ncclInvalidArgument,
+                  std::string(what) + ": only ncclSum and ncclAvg are emulated");
   size_t n = (size_t)c->nranks;
   size_t inBytes = (kind == kReduceScatter ? n * count : count) * es;
   size_t outBytes = (kind == kAllGather ? n * count : count) * es;
   if (cudaemu::checkDevicePointer(in, inBytes, what) != cudaSuccess ||
       cudaemu::checkDevicePointer(out, outBytes, what) != cudaSuccess)
     return failed(c, ncclInvalidArgument,
-                  std::string(what) + ": a buffer is not device memory of the size the call implies");
+                  std::string(what) +
+                      ": a buffer is not device memory of the size the call implies");
   // In place is only NCCL's: recvbuff + rank * count for all-gather,
   // sendbuff + rank * recvcount for reduce-scatter; any other overlap is
   // undefined.
@@ -385,7 +387,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
                   "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
                       std::to_string(nranks) + " (the emulator takes up to 64 ranks)");
   if (std::strncmp(id.internal, "/cudaemu-nccl-", 14) != 0)
-    return failed(nullptr, ncclInvalidArgument, "ncclCommInitRank: not a unique id from ncclGetUniqueId");
+    return failed(nullptr, ncclInvalidArgument,
+                  "ncclCommInitRank: not a unique id from ncclGetUniqueId");
   auto *c = new ncclComm;
   c->nranks = nranks;
   c->rank = rank;

@@ -613,8 +613,9 @@ void launchGrid(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t
   char buf[200];
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
       grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-    std::snprintf(buf, sizeof buf, "invalid launch configuration: grid (%u,%u,%u), block (%u,%u,%u)",
-                  grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    std::snprintf(buf, sizeof buf,
+                  "invalid launch configuration: grid (%u,%u,%u), block (%u,%u,%u)", grid.x, grid.y,
+                  grid.z, block.x, block.y, block.z);
     fail(cudaErrorInvalidConfiguration, buf);
     return;
   }
@@ -655,7 +656,9 @@ void stickyError(cudaError_t e) {
 cudaError_t takeSticky() { return (cudaError_t)sticky.load(); }
 void clearSticky() { sticky.store(0); }
 
-cudaError_t enqueue(cudaStream_t s, std::function<void()> op) { return enqueueOn(s, std::move(op)); }
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+  return enqueueOn(s, std::move(op));
+}
 bool runsAtIssue(cudaStream_t s) {
   std::lock_guard<std::mutex> g(captureMu);
   return !resolve(s)->capture && (!threadedStreams() || !s);
@@ -679,7 +682,8 @@ cudaError_t cudaGetDeviceCount(int *count) {
 cudaError_t cudaSetDevice(int d) {
   int n = 0;
   cudaGetDeviceCount(&n);
-  return d >= 0 && d < n ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+  return d >= 0 && d < n ? cudaSuccess
+                         : fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
 }
 cudaError_t cudaGetDevice(int *d) {
   *d = 0;
@@ -771,7 +775,8 @@ static cudaError_t freeAlloc(void *p, bool pinned, const char *call) {
   std::lock_guard<std::mutex> g(allocMu);
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs.end() || it->second.pinned != pinned)
-    return fail(cudaErrorInvalidValue, std::string(call) + ": not a pointer its allocator returned");
+    return fail(cudaErrorInvalidValue,
+                std::string(call) + ": not a pointer its allocator returned");
   if (!pinned)
     deviceBytes -= it->second.bytes;
   allocs.erase(it);

@@ -6,8 +6,8 @@
 // that work, a deadlock, a bad shuffle mask, a missing barrier, the
 // dynamic shared memory opt-in, copies outside allocations, stream capture
 // rules and graphs that replay the captured arguments, mma.sync and
-// ldmatrix against the PTX fragment tables, cp.async landing at its wait, and (stream threads) a race
-// between streams that only an event wait prevents.
+// ldmatrix against the PTX fragment tables, cp.async landing at its wait, and (stream threads) a
+// race between streams that only an event wait prevents.
 //
 //===----------------------------------------------------------------------===//
 

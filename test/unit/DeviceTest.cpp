@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -595,9 +596,9 @@ TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
   nlohmann::json tl{{"transpose_lhs", true}};
   Instruction fusedF32 = inst("matmul_bias_grad", {0, 1}, {2, 3}, tl),
               fusedBf16 = inst("matmul_bias_grad", {0, 1}, {4, 5}, tl);
-  Plan plan = typed({fusedF32, fusedBf16, inst("matmul", {0, 1}, {6}, tl),
-                     inst("matmul", {0, 1}, {7}, tl), inst("matmul", {8, 9}, {10}, tl),
-                     inst("sum_to", {8}, {11})});
+  Plan plan =
+      typed({fusedF32, fusedBf16, inst("matmul", {0, 1}, {6}, tl), inst("matmul", {0, 1}, {7}, tl),
+             inst("matmul", {8, 9}, {10}, tl), inst("sum_to", {8}, {11})});
   // Operands exact in bf16; the f32 copies hold the same values.
   std::vector<uint16_t> dy(m * n), x(m * k);
   std::vector<float> dy32(m * n), x32(m * k);
@@ -605,66 +606,84 @@ TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
     dy32[i] = widenBf16(dy[i] = roundToBf16((float)std::sin(0.61 * double(i)) * 1.7f));
   for (int64_t i = 0; i < m * k; ++i)
     x32[i] = widenBf16(x[i] = roundToBf16((float)std::cos(0.29 * double(i) + 1) * 0.9f));
-  bind(plan);
-  auto put = [&](int id, const void *src) {
-    ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src,
-                                  plan.buffers[id].bytes)
-                    .isOk());
-  };
-  put(0, dy.data());
-  put(1, x.data());
-  put(8, dy32.data());
-  put(9, x32.data());
-  for (size_t i = 0; i < plan.program.size(); ++i) {
-    Status st = dev->run(i);
-    ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
-  }
-  ASSERT_TRUE(dev->synchronize().isOk());
-  auto readBf16 = [&](int id) {
-    std::vector<uint16_t> h(plan.buffers[id].numel());
-    EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
-                                plan.buffers[id].bytes)
-                    .isOk());
-    std::vector<float> f(h.size());
-    for (size_t i = 0; i < h.size(); ++i)
-      f[i] = widenBf16(h[i]);
-    return f;
-  };
-  const bool exact = GetParam() == "cpu";
-  const double u = std::ldexp(1.0, -24), tc = std::ldexp(1.0, -22);
-  std::vector<float> dwF = read(plan, 2), dbF = read(plan, 3), mmF = read(plan, 6),
-                     dw32 = read(plan, 10), db32 = read(plan, 11);
-  std::vector<float> dwB = readBf16(4), dbB = readBf16(5), mmB = readBf16(7);
-  auto check = [&](const std::vector<float> &f32, const std::vector<float> &ref,
-                   const std::vector<float> &bf16, auto magOf, double perTerm, const char *what) {
-    for (size_t i = 0; i < f32.size(); ++i) {
-      double slack = m * perTerm * magOf(i);
-      EXPECT_LE(std::fabs((double)f32[i] - ref[i]), exact ? 0.0 : slack)
-          << what << " element " << i << ": " << f32[i] << " vs the f32 op's " << ref[i];
-      // The bf16 result: the f32 one rounded (CPU: bitwise; CUDA: within
-      // the sums' slack and one bf16 ulp, 2^-7 of the magnitude).
-      float rounded = widenBf16(roundToBf16(f32[i]));
-      EXPECT_LE(std::fabs((double)bf16[i] - rounded),
-                exact ? 0.0 : 2 * slack + std::ldexp(std::fabs((double)f32[i]) + slack, -7))
-          << what << " element " << i << ": bf16 " << bf16[i] << " vs rounded " << rounded;
+  // On the emulator also with its heuristic declining every epilogue
+  // (CUDAEMU_EPILOGUES=0): the GEMM then the f32 column sum, the device's
+  // fallback when cuBLASLt has no BGRADB algorithm for these types. A GPU
+  // ignores the variable (the same run twice).
+  struct Unset {
+    ~Unset() { unsetenv("CUDAEMU_EPILOGUES"); }
+  } unset;
+  for (bool fallback : {false, true}) {
+    if (fallback) {
+      if (GetParam() == "cpu")
+        break;
+      setenv("CUDAEMU_EPILOGUES", "0", 1);
+      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
     }
-  };
-  auto magW = [&](size_t i) {
-    double s = 0;
-    for (int64_t r = 0; r < m; ++r)
-      s += std::fabs(dy32[r * n + i / k]) * std::fabs(x32[r * k + i % k]);
-    return s;
-  };
-  auto magB = [&](size_t i) {
-    double s = 0;
-    for (int64_t r = 0; r < m; ++r)
-      s += std::fabs(dy32[r * n + i]);
-    return s;
-  };
-  check(dwF, dw32, dwB, magW, tc + u, "matmul_bias_grad weight gradient");
-  check(dbF, db32, dbB, magB, 2 * u, "matmul_bias_grad bias gradient");
-  check(mmF, dw32, mmB, magW, tc + u, "matmul");
-  if (exact)
+    const char *where = fallback ? " (epilogues declined)" : "";
+    bind(plan);
+    auto put = [&](int id, const void *src) {
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src, plan.buffers[id].bytes)
+              .isOk());
+    };
+    put(0, dy.data());
+    put(1, x.data());
+    put(8, dy32.data());
+    put(9, x32.data());
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      Status st = dev->run(i);
+      ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+    }
+    ASSERT_TRUE(dev->synchronize().isOk());
+    auto readBf16 = [&](int id) {
+      std::vector<uint16_t> h(plan.buffers[id].numel());
+      EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                  plan.buffers[id].bytes)
+                      .isOk());
+      std::vector<float> f(h.size());
+      for (size_t i = 0; i < h.size(); ++i)
+        f[i] = widenBf16(h[i]);
+      return f;
+    };
+    const bool exact = GetParam() == "cpu";
+    const double u = std::ldexp(1.0, -24), tc = std::ldexp(1.0, -22);
+    std::vector<float> dwF = read(plan, 2), dbF = read(plan, 3), mmF = read(plan, 6),
+                       dw32 = read(plan, 10), db32 = read(plan, 11);
+    std::vector<float> dwB = readBf16(4), dbB = readBf16(5), mmB = readBf16(7);
+    auto check = [&](const std::vector<float> &f32, const std::vector<float> &ref,
+                     const std::vector<float> &bf16, auto magOf, double perTerm, const char *what) {
+      for (size_t i = 0; i < f32.size(); ++i) {
+        double slack = m * perTerm * magOf(i);
+        EXPECT_LE(std::fabs((double)f32[i] - ref[i]), exact ? 0.0 : slack)
+            << what << where << " element " << i << ": " << f32[i] << " vs the f32 op's " << ref[i];
+        // The bf16 result: the f32 one rounded (CPU: bitwise; CUDA: within
+        // the sums' slack and one bf16 ulp, 2^-7 of the magnitude).
+        float rounded = widenBf16(roundToBf16(f32[i]));
+        EXPECT_LE(std::fabs((double)bf16[i] - rounded),
+                  exact ? 0.0 : 2 * slack + std::ldexp(std::fabs((double)f32[i]) + slack, -7))
+            << what << where << " element " << i << ": bf16 " << bf16[i] << " vs rounded "
+            << rounded;
+      }
+    };
+    auto magW = [&](size_t i) {
+      double s = 0;
+      for (int64_t r = 0; r < m; ++r)
+        s += std::fabs(dy32[r * n + i / k]) * std::fabs(x32[r * k + i % k]);
+      return s;
+    };
+    auto magB = [&](size_t i) {
+      double s = 0;
+      for (int64_t r = 0; r < m; ++r)
+        s += std::fabs(dy32[r * n + i]);
+      return s;
+    };
+    check(dwF, dw32, dwB, magW, tc + u, "matmul_bias_grad weight gradient");
+    check(dbF, db32, dbB, magB, 2 * u, "matmul_bias_grad bias gradient");
+    check(mmF, dw32, mmB, magW, tc + u, "matmul");
+  }
+  unsetenv("CUDAEMU_EPILOGUES"); // the scratch below: with the epilogues
+  if (GetParam() == "cpu")
     return;
   // Native: the f32 results cost no more scratch than the bf16 ones.
   EXPECT_EQ(preparedScratch(GetParam(), typed({fusedF32, inst("matmul", {0, 1}, {6}, tl)})),
@@ -686,10 +705,10 @@ TEST_P(DeviceConformance, WidenedLayerNormGradientsAreTheUnroundedSums) {
   // 7-9 all bf16; 10-12 the _acc op with f32 dg/db; 13-15 all bf16;
   // 16 x, 17 gamma, 18 dy f32 (the widened values); 19-21 the f32 op.
   const std::vector<std::vector<int64_t>> shapes{
-      {rows, cols}, {cols}, {rows, cols}, {rows, cols}, {rows, cols}, {cols},
-      {cols},       {rows, cols}, {cols}, {cols},       {rows, cols}, {cols},
-      {cols},       {rows, cols}, {cols}, {cols},       {rows, cols}, {cols},
-      {rows, cols}, {rows, cols}, {cols}, {cols}};
+      {rows, cols}, {cols},       {rows, cols}, {rows, cols}, {rows, cols}, {cols},
+      {cols},       {rows, cols}, {cols},       {cols},       {rows, cols}, {cols},
+      {cols},       {rows, cols}, {cols},       {cols},       {rows, cols}, {cols},
+      {rows, cols}, {rows, cols}, {cols},       {cols}};
   auto typed = [&](std::vector<Instruction> program) {
     return mixedPlan(shapes, {0, 1, 2, 3, 4, 7, 8, 9, 10, 13, 14, 15}, std::move(program));
   };
@@ -705,7 +724,8 @@ TEST_P(DeviceConformance, WidenedLayerNormGradientsAreTheUnroundedSums) {
   for (int id = 0; id < 4; ++id) {
     bits[id].resize(plan.buffers[id].numel());
     for (size_t i = 0; i < bits[id].size(); ++i) {
-      bits[id][i] = roundToBf16((float)std::sin(0.53 * double(i) + 1.7 * id) * (id == 1 ? 1.1f : 2.f));
+      bits[id][i] =
+          roundToBf16((float)std::sin(0.53 * double(i) + 1.7 * id) * (id == 1 ? 1.1f : 2.f));
       if (id < 3)
         wide[id].push_back(widenBf16(bits[id][i]));
     }
