@@ -60,8 +60,9 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // derived. With the defaults (f32, f32) it is left out, so the pipeline
   // is exactly what it was before.
   if (options.paramDtype != "f32" || options.reduceDtype != "f32" ||
-      !options.lossScale.empty()) {
+      !options.lossScale.empty() || options.stochasticRounding) {
     FsdpMixedPrecisionOptions mp;
+    mp.stochasticRounding = options.stochasticRounding;
     mp.paramDtype = options.paramDtype;
     mp.reduceDtype = options.reduceDtype;
     mp.lossScale = options.lossScale;

@@ -59,6 +59,13 @@ struct FsdpPipelineOptions
       llvm::cl::desc("dtype of the gradient reduce-scatter / all-reduce: "
                      "f32 | bf16 | f16"),
       llvm::cl::init("f32")};
+  Option<bool> stochasticRounding{
+      *this, "stochastic-rounding",
+      llvm::cl::desc("round the f32 master parameters to bf16 stochastically "
+                     "(unbiased, keyed by --seed, step and element) where "
+                     "they are cast for compute, as llm.c; param-dtype=bf16 "
+                     "only (default false: to nearest even)"),
+      llvm::cl::init(false)};
   Option<std::string> lossScale{
       *this, "loss-scale",
       llvm::cl::desc("dynamic | none: dynamic loss scaling as PyTorch's "

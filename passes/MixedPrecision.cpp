@@ -158,6 +158,12 @@ void MixedPrecisionPass::runOnOperation() {
       return signalPassFailure();
     }
   }
+  if (stochasticRounding && !isa<BFloat16Type>(compute)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: stochastic-rounding=true rounds the master "
+           "parameters to bf16; it needs param-dtype=bf16";
+    return signalPassFailure();
+  }
   Type f32 = Float32Type::get(ctx);
   for (ParamOp p : module.getOps<ParamOp>())
     if (p.getTensorType().getElementType() != f32) {
@@ -170,6 +176,8 @@ void MixedPrecisionPass::runOnOperation() {
   SmallVector<NamedAttribute> policy{
       b.getNamedAttr("param_dtype", TypeAttr::get(compute)),
       b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))};
+  if (stochasticRounding)
+    policy.push_back(b.getNamedAttr(kStochasticRoundingAttrName, b.getUnitAttr()));
   if (scaling == "dynamic")
     policy.push_back(b.getNamedAttr(
         kLossScaleAttrName,

@@ -53,6 +53,10 @@ constexpr llvm::StringLiteral kMixedPrecisionAttrName = "fsdp.mixed_precision";
 /// {init, growth_factor, backoff_factor (f64, powers of two),
 /// growth_interval (i64)}.
 constexpr llvm::StringLiteral kLossScaleAttrName = "loss_scale";
+/// The entry of `fsdp.mixed_precision` (a unit attribute) that asks
+/// fsdp-shard to round trainable units' master parameters to bf16
+/// stochastically (fsdp.cast {stochastic, key}).
+constexpr llvm::StringLiteral kStochasticRoundingAttrName = "stochastic_rounding";
 /// The dynamic-loss-scaling policy of `module`, or null.
 inline DictionaryAttr getLossScalePolicy(ModuleOp module) {
   auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName);

@@ -38,6 +38,16 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
       that dtype, and casts the reduced shard to f32 right before the
       unit's f32 update (before the squared norm with clipping).
 
+    `stochastic-rounding=true` (bf16 only; the policy carries
+    `stochastic_rounding`): fsdp-shard marks each trainable unit's cast of
+    its master parameters `{stochastic, key = unit}`, so the bf16 copy the
+    step computes with is the f32 master rounded up with probability equal
+    to the fraction dropped (unbiased; llm.c's stochastic_rounding). The
+    draw is keyed by the run's seed, the step, the unit and the element's
+    index in the unit, so N ranks round exactly as one rank, and both
+    gathers of a step (stage 3's forward and backward) see one copy.
+    Frozen units and the casts of activations round to nearest.
+
     `param-dtype=f32` (the pipeline's default) leaves the model as it is;
     with `reduce-dtype=bf16` only the gradient reduction changes.
 
@@ -84,6 +94,10 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
            "compute dtype of parameters and activations: bf16 | f16 | f32">,
     Option<"reduceDtype", "reduce-dtype", "std::string", /*default=*/"\"f32\"",
            "dtype of the gradient reduce-scatter / all-reduce: f32 | bf16 | f16">,
+    Option<"stochasticRounding", "stochastic-rounding", "bool", /*default=*/"false",
+           "round the master parameters to bf16 stochastically (unbiased) "
+           "where they are cast for compute, as llm.c writes its bf16 "
+           "parameters; param-dtype=bf16 only">,
     Option<"lossScale", "loss-scale", "std::string", /*default=*/"\"\"",
            "dynamic | none (default: dynamic with f16, none otherwise)">,
     Option<"lossScaleInit", "loss-scale-init", "double", /*default=*/"65536.0",

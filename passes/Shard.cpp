@@ -60,6 +60,7 @@ struct UnitInfo {
   SmallVector<int64_t> offsets;
   int64_t decayNumel = 0; ///< the leading elements weight decay applies to
   int64_t numel = 0;
+  int64_t index = 0; ///< position among the units (the stochastic rounding's key)
   UnitOp op;
 };
 
@@ -234,7 +235,10 @@ void ShardPass::runOnOperation() {
     }
   }
   for (auto [p, name] : llvm::zip(params, names)) {
+    bool first = !units.count(name);
     UnitInfo &u = units[name];
+    if (first)
+      u.index = (int64_t)units.size() - 1;
     u.name = name;
     u.frozen = p.getFrozen();
     u.params.push_back(p);
@@ -346,6 +350,7 @@ void ShardPass::runOnOperation() {
   // Mixed precision (fsdp-mixed-precision): gradients are packed and
   // reduced in reduce_dtype; null keeps each unit's own dtype.
   Type reduceElem;
+  bool stochastic = false; // round trainable units' master casts stochastically
   if (auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName)) {
     auto r = mp.getAs<TypeAttr>("reduce_dtype");
     if (!r || !isa<FloatType>(r.getValue())) {
@@ -355,6 +360,7 @@ void ShardPass::runOnOperation() {
       return signalPassFailure();
     }
     reduceElem = r.getValue();
+    stochastic = mp.get(kStochasticRoundingAttrName) != nullptr;
   }
   auto withElem = [](Type t, Type elem) {
     return RankedTensorType::get(cast<RankedTensorType>(t).getShape(), elem);
@@ -530,8 +536,15 @@ void ShardPass::runOnOperation() {
     b.setInsertionPoint(before);
     Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
                                   symOf(u));
-    if (elemOf(s) != elem) // cast the shard, then gather half the bytes
-      s = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
+    if (elemOf(s) != elem) { // cast the shard, then gather half the bytes
+      auto c = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
+      if (stochastic && !u.frozen && elemOf(s).isF32() && elem.isBF16()) {
+        c.setStochastic(true);
+        c.setKey(u.index);
+        c.setSharded(u.op.getSharded() && shards > 1);
+      }
+      s = c;
+    }
     if (!u.op.getSharded() || shards == 1)
       return s;
     if (eff != 3)

@@ -677,6 +677,16 @@ LogicalResult CastOp::verify() {
     return emitOpError() << "expected the shape to be kept, found "
                          << shapeStr(a.getShape()) << " -> "
                          << shapeStr(r.getShape());
+  if (getStochastic()) {
+    if (!a.getElementType().isF32() || !r.getElementType().isBF16())
+      return emitOpError() << "stochastic rounding converts f32 to bf16, found "
+                           << a.getElementType() << " -> " << r.getElementType();
+    if (!getKey() || (int64_t)*getKey() < 0)
+      return emitOpError() << "stochastic rounding needs `key`, an integer >= 0";
+  } else if (getKey() || getSharded()) {
+    return emitOpError() << "`key` and `sharded` are the stochastic rounding's; this cast "
+                            "rounds to nearest";
+  }
   return success();
 }
 

@@ -722,11 +722,22 @@ def Fsdp_CastOp : Fsdp_Op<"cast", [Pure]> {
   let description = [{
     Rounds to nearest even when narrowing.
 
+    `stochastic` (f32 -> bf16 only; fsdp-shard sets it on a unit's master
+    parameters under fsdp-mixed-precision's stochastic-rounding=true, as
+    llm.c writes its bf16 parameters): rounds up with probability equal to
+    the fraction dropped, so the expected bf16 value is the f32 one. The
+    draw of element g is a pure function of the run's seed, the step, `key`
+    (the unit) and g, its index in the unit's flat parameters: with
+    `sharded` the input is this rank's shard, so g = shard index x the
+    shard's size + i (runtime/core/StochasticRounding.h).
+
     ```mlir
     %y = fsdp.cast %x : tensor<4x8xf32> -> tensor<4x8xbf16>
+    %p = fsdp.cast %w {stochastic, key = 3 : i64} : tensor<96xf32> -> tensor<96xbf16>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input);
+  let arguments = (ins Fsdp_FloatTensor:$input, UnitAttr:$stochastic,
+                       OptionalAttr<I64Attr>:$key, UnitAttr:$sharded);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;

@@ -158,9 +158,14 @@ public:
   virtual Status synchronize() = 0;
 
   /// The step's seed, number and data rank, and whether it trains: what a
-  /// dropout instruction reads (runtime/core/Dropout.h). Set by the
-  /// executor before it runs a step or an evaluation.
-  void setDropoutContext(const DropoutContext &c) { dropoutCtx = c; }
+  /// dropout instruction and a stochastic cast read (runtime/core/Dropout.h,
+  /// StochasticRounding.h). Set by the executor before it runs, captures or
+  /// replays a step or an evaluation; a device whose kernels read it from
+  /// device memory (CUDA: a replayed graph) copies it there.
+  virtual Status setDropoutContext(const DropoutContext &c) {
+    dropoutCtx = c;
+    return Status::ok();
+  }
   const DropoutContext &dropoutContext() const { return dropoutCtx; }
 
   // --- whole-step capture: [Note: step capture] in Executor.cpp -------------

@@ -386,7 +386,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     FSDP_RETURN_IF_ERROR(writeBuffer(b.buffer, &v));
   }
   currentStep = step;
-  dev.setDropoutContext({runSeed, step, comm.rank(), true});
+  FSDP_RETURN_IF_ERROR(dev.setDropoutContext({runSeed, step, comm.rank(), true}));
   const bool capturing = captureSteps && !captured && stepsRun >= 1;
   ++stepsRun;
   if (capturing)
@@ -526,7 +526,7 @@ Status Executor::evaluate(float &loss) {
   if (lossBuf < 0)
     return FSDP_ERROR("evaluate: the plan has no loss output");
   // Evaluation runs the model as nn.Module.eval() would: no dropout.
-  dev.setDropoutContext({runSeed, currentStep, comm.rank(), false});
+  FSDP_RETURN_IF_ERROR(dev.setDropoutContext({runSeed, currentStep, comm.rank(), false}));
   int64_t end = -1;
   for (size_t i = 0; i < plan.program.size(); ++i)
     if (!collective[i] && std::find(plan.program[i].out.begin(), plan.program[i].out.end(),

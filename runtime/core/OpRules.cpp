@@ -533,6 +533,17 @@ const std::unordered_map<std::string, Check> &checks() {
     m["cast"] = [](const Op &op) {
       if (op.in(0).numel() != op.out(0).numel() || isInt(op.in(0).dtype) || isInt(op.out(0).dtype))
         return FSDP_ERROR("cast: expected float tensors of one size");
+      bool stochastic = op.b("stochastic"), sharded = op.b("sharded");
+      int64_t key = op.i("key", -1);
+      if (!op.attrError.empty())
+        return Status::error(op.attrError);
+      if (!stochastic && (sharded || op.inst.attrs.contains("key")))
+        return FSDP_ERROR("cast: `key` and `sharded` belong to stochastic rounding");
+      if (stochastic && (op.in(0).dtype != DType::F32 || op.out(0).dtype != DType::BF16))
+        return FSDP_ERROR("cast: stochastic rounding converts f32 to bf16, found ",
+                          dtypeName(op.in(0).dtype), " -> ", dtypeName(op.out(0).dtype));
+      if (stochastic && key < 0)
+        return FSDP_ERROR("cast: stochastic rounding needs `key`, an integer >= 0, found ", key);
       return Status::ok();
     };
     // fsdp-offload's copies between the arenas (Plan.cpp checks the

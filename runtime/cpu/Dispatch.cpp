@@ -10,6 +10,7 @@
 #include "runtime/cpu/Dispatch.h"
 
 #include "runtime/core/Bf16.h"
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/cpu/Kernels.h"
 
@@ -407,6 +408,14 @@ const std::unordered_map<std::string, Exec> &table() {
     m["cast"] = [](const Run &r) {
       int64_t n = r.op.out(0).numel();
       DType from = r.op.in(0).dtype, to = r.op.out(0).dtype;
+      if (r.op.b("stochastic") && r.dropout.training) {
+        // Evaluation rounds to nearest (the closest bf16 model).
+        const DropoutContext &c = r.dropout;
+        uint64_t first = r.op.b("sharded") ? (uint64_t)(r.rank * n) : 0;
+        castBf16Stochastic(r.in(0), r.out<uint16_t>(0), n,
+                           stochasticRoundingKey(c.seed, c.step, r.op.i("key", 0)), first);
+        return Status::ok();
+      }
       if (from == to || from == DType::F32 || to == DType::F32) {
         // One step, vectorized (mixed-precision plans cast a lot).
         convert(r.in<uint8_t>(0), from, r.out<uint8_t>(0), to, n);

@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/StochasticRounding.h"
 
 #include "runtime/core/Bf16.h"
 
@@ -209,6 +210,12 @@ void dropout(const T *x, T *y, int64_t n, uint64_t key, uint64_t first, uint32_t
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i)
     y[i] = dropoutKeep(key, first + (uint64_t)i, threshold) ? x[i] * s : T(0);
+}
+
+void castBf16Stochastic(const float *x, uint16_t *y, int64_t n, uint64_t key, uint64_t first) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = roundToBf16Stochastic(x[i], key, first + (uint64_t)i);
 }
 
 template <typename T> void fill(T *y, int64_t n, double v) {

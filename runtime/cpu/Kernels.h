@@ -50,6 +50,9 @@ template <typename T> void scale(const T *x, T *y, int64_t n, double f);
 template <typename T>
 void dropout(const T *x, T *y, int64_t n, uint64_t key, uint64_t first, uint32_t threshold,
              double scale);
+/// f32 -> bf16 bits rounded stochastically (runtime/core/StochasticRounding.h):
+/// element i draws with global index first + i.
+void castBf16Stochastic(const float *x, uint16_t *y, int64_t n, uint64_t key, uint64_t first);
 template <typename T> void fill(T *y, int64_t n, double v);
 template <typename T> void relu(const T *x, T *y, int64_t n);
 template <typename T> void reluGrad(const T *x, const T *dy, T *dx, int64_t n);

@@ -116,7 +116,7 @@ public:
       cudaEventDestroy(e);
     gemm.reset();
     for (void *p : {(void *)arena, (void *)scratch.f, (void *)scratch.d, (void *)scratch.wide,
-                    (void *)badPos})
+                    (void *)badPos, (void *)stepCtx})
       if (p)
         cudaFree(p);
     if (hostArena)
@@ -196,6 +196,13 @@ public:
     if (bytes > 0)
       FSDP_RETURN_IF_ERROR(hostToDevice(dst, src, (size_t)bytes));
     return Status::ok();
+  }
+  Status setDropoutContext(const DropoutContext &c) override {
+    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
+    if (!stepCtx)
+      return Status::ok();
+    uint64_t v[2] = {c.seed, (uint64_t)c.step};
+    return copyToDevice(stepCtx, v, sizeof v);
   }
   Status copyToHost(void *dst, const void *src, int64_t bytes) override {
     FSDP_RETURN_IF_ERROR(idle());
@@ -422,6 +429,10 @@ private:
   std::vector<cudaEvent_t> stamps;     ///< stampCompute's timing events
   flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
   long long *badPos = nullptr;
+  /// {seed, step} of the running step in device memory, for the kernels a
+  /// replayed graph must see the step of (stochastic casts); allocated by
+  /// prepare() when the plan has one, written by setDropoutContext.
+  uint64_t *stepCtx = nullptr;
   Scratch scratch;
   std::vector<Launch> launches;
   /// fsdp-offload's pinned host arena, at offsets from hostStart on.
@@ -1243,8 +1254,17 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     void *y = r.out<uint8_t>(0);
     DType from = op.in(0).dtype, to = o0.dtype;
     size_t bytes = (size_t)o0.bytes;
+    // Stochastic (f32 -> bf16, checked at load): the key from the device's
+    // step context; an evaluation rounds to nearest, as on the CPU.
+    const bool stochastic = op.b("stochastic");
+    const int64_t unit = op.i("key", 0);
+    const uint64_t first = op.b("sharded") ? (uint64_t)(rank * numel) : 0;
+    const uint64_t *ctx = stepCtx;
     out = fromCuda(
         [=](cudaStream_t s) {
+          if (stochastic && dropoutContext().training)
+            return castBf16Stochastic(static_cast<const float *>(x), y, numel, ctx, unit, first,
+                                      s);
           if (from == to)
             return x == y ? cudaSuccess
                           : cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s);
@@ -1497,6 +1517,11 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.d, sizeof(double) * dN));
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
+  if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(),
+                              [](const Instruction &i) { return i.attrs.contains("stochastic"); })) {
+    FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
+    FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));
+  }
   scratch.fN = fN;
   scratch.dN = dN;
   scratch.wideBytes = wide;

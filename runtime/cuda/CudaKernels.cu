@@ -11,6 +11,7 @@
 
 #include "runtime/cuda/CudaCommon.cuh"
 #include "runtime/core/Dropout.h"
+#include "runtime/core/StochasticRounding.h"
 
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -986,6 +987,30 @@ cudaError_t castTo(const A *x, B *y, int64_t n, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/// Stochastic f32 -> bf16: the key once a thread, 8 elements per step in
+/// 16-byte moves when x and y are 16-byte aligned, one otherwise.
+__global__ void castBf16StochasticKernel(const float *x, uint16_t *y, int64_t n,
+                                         const uint64_t *ctx, int64_t unit, uint64_t first) {
+  const uint64_t key = stochasticRoundingKey(ctx[0], (int64_t)ctx[1], unit);
+  const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) % 16) == 0;
+  const int64_t octs = vec ? n / 8 : 0;
+  FSDP_GRID_STRIDE(i, octs) {
+    float f[8];
+    load8(x + 8 * i, f);
+    uint16_t b[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      b[k] = roundToBf16Stochastic(f[k], key, first + (uint64_t)(8 * i + k));
+    uint4 u;
+    memcpy(&u, b, 16);
+    reinterpret_cast<uint4 *>(y)[i] = u;
+  }
+  FSDP_GRID_STRIDE(j, n - 8 * octs) {
+    int64_t e = 8 * octs + j;
+    y[e] = roundToBf16Stochastic(x[e], key, first + (uint64_t)e);
+  }
+}
+
 template <typename A>
 cudaError_t castFrom(const A *x, void *y, FloatKind to, int64_t n, cudaStream_t s) {
   if (to == FloatKind::F32)
@@ -995,6 +1020,15 @@ cudaError_t castFrom(const A *x, void *y, FloatKind to, int64_t n, cudaStream_t 
   return castTo(x, static_cast<__half *>(y), n, s);
 }
 } // namespace
+
+cudaError_t castBf16Stochastic(const float *x, void *y, int64_t n, const uint64_t *ctx,
+                               int64_t unit, uint64_t first, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  castBf16StochasticKernel<<<gridFor((n + 7) / 8), kThreads, 0, s>>>(
+      x, static_cast<uint16_t *>(y), n, ctx, unit, first);
+  return cudaGetLastError();
+}
 
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
                  cudaStream_t s) {

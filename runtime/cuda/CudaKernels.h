@@ -187,6 +187,12 @@ cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double 
 /// Element type conversion, round to nearest even (as cpu::floatToBf16).
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
                  cudaStream_t s);
+/// f32 -> bf16 rounded stochastically (runtime/core/StochasticRounding.h),
+/// element i drawing as global element first + i, the key from ctx =
+/// {seed, step} in device memory (so a replayed CUDA graph reads the step's):
+/// cpu::castBf16Stochastic's bits.
+cudaError_t castBf16Stochastic(const float *x, void *y, int64_t n, const uint64_t *ctx,
+                               int64_t unit, uint64_t first, cudaStream_t s);
 
 } // namespace fsdp::cuda
 

@@ -14,6 +14,7 @@
 #include "runtime/core/Device.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/PlanSchema.h"
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/devices/Devices.h"
 
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -946,6 +948,120 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
 }
 
 // cuda runs where a GPU is and skips (with the reason) elsewhere.
+/// fsdp.cast {stochastic} (f32 -> bf16, runtime/core/StochasticRounding.h):
+/// every device writes the header's bits for every element (so the CPU and
+/// the GPU, eager and replayed, agree bit for bit); a rank's shard
+/// (`sharded`, shard index 1) draws what the whole vector draws there; each
+/// result is x truncated or one bf16 ulp further from zero, up with
+/// probability the fraction dropped (binomial bound below); the draw changes
+/// with the step and an evaluation rounds to nearest.
+TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
+  // 4 values x 4096 draws each, then the special cases.
+  const int64_t per = 4096;
+  const float base[4] = {1.0f + 0x1p-9f,           // dropped fraction 1/4 of an ulp (2^-7)
+                         -3.0f - 0x1p-7f,          // 1/2 (negative: away from zero)
+                         0x1.1234p-20f + 0x1p-35f, // a small one, about 0.1 of an ulp
+                         1.0f};                    // exact: never moves
+  std::vector<float> x;
+  for (float b : base)
+    x.insert(x.end(), per, b);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {inf, -inf, std::nanf(""), 0.0f, -0.0f, 0x1.fffffep127f})
+    x.push_back(v);
+  const int64_t n = (int64_t)x.size(), half = n / 2;
+  ASSERT_EQ(n % 2, 0);
+  const int64_t unit = 3;
+  Plan plan = mixedPlan({{n}, {n}}, {1},
+                        {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}})});
+  auto bits = [&](const Plan &p, int64_t id) {
+    std::vector<uint16_t> v(p.buffers[id].numel());
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + p.buffers[id].offset, v.size() * 2).isOk());
+    return v;
+  };
+  auto expected = [&](int64_t step, int64_t from, int64_t count) {
+    std::vector<uint16_t> e(count);
+    uint64_t key = stochasticRoundingKey(77, step, unit);
+    for (int64_t i = 0; i < count; ++i)
+      e[i] = roundToBf16Stochastic(x[from + i], key, (uint64_t)(from + i));
+    return e;
+  };
+  bind(plan);
+  write(plan, 0, x);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<uint16_t> got = bits(plan, 1), want = expected(5, 0, n);
+  ASSERT_EQ(got, want);
+
+  // Truncated or one ulp up in magnitude, up with probability f: the count of
+  // ups among `per` independent draws is Binomial(per, f); 6 standard
+  // deviations (+1) bound it (the draws are a fixed hash: the test is
+  // deterministic, the bound says how far a correct rounding can be off).
+  for (int v = 0; v < 4; ++v) {
+    uint32_t u;
+    std::memcpy(&u, &base[v], 4);
+    const double f = (u & 0xFFFF) / 65536.0;
+    int64_t ups = 0;
+    for (int64_t i = v * per; i < (v + 1) * per; ++i) {
+      ASSERT_TRUE(got[i] == (u >> 16) || got[i] == (u >> 16) + 1) << i;
+      ups += got[i] != (u >> 16);
+    }
+    EXPECT_LE(std::fabs(ups - per * f), 6 * std::sqrt(per * f * (1 - f)) + 1)
+        << "value " << v << ": " << ups << " ups of " << per << ", fraction " << f;
+  }
+  const int64_t s0 = 4 * per;
+  EXPECT_EQ(got[s0], 0x7f80);     // inf
+  EXPECT_EQ(got[s0 + 1], 0xff80); // -inf
+  EXPECT_TRUE((got[s0 + 2] & 0x7fff) > 0x7f80) << "NaN stays NaN";
+  EXPECT_EQ(got[s0 + 3], 0x0000);
+  EXPECT_EQ(got[s0 + 4], 0x8000);
+
+  // Another step draws again; an evaluation rounds to nearest.
+  ASSERT_TRUE(dev->setDropoutContext({77, 6, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<uint16_t> next = bits(plan, 1);
+  EXPECT_EQ(next, expected(6, 0, n));
+  EXPECT_NE(next, got);
+  ASSERT_TRUE(dev->setDropoutContext({77, 6, 0, false}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<uint16_t> nearest = bits(plan, 1);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(x[i]))
+      ASSERT_EQ(nearest[i], roundToBf16(x[i])) << i;
+
+  // A captured step replays with the step it is replayed at.
+  if (dev->canCapture()) {
+    ASSERT_TRUE(dev->setDropoutContext({77, 8, 0, true}).isOk());
+    ASSERT_TRUE(dev->beginCapture().isOk());
+    ASSERT_TRUE(dev->run(0).isOk());
+    ASSERT_TRUE(dev->endCapture(true).isOk());
+    ASSERT_TRUE(dev->synchronize().isOk());
+    ASSERT_TRUE(dev->setDropoutContext({77, 9, 0, true}).isOk());
+    ASSERT_TRUE(dev->replay().isOk());
+    ASSERT_TRUE(dev->synchronize().isOk());
+    EXPECT_EQ(bits(plan, 1), expected(9, 0, n));
+  }
+
+  // The second half as shard 1 of two: the same bits as the whole vector's.
+  Plan shardPlan =
+      mixedPlan({{half}, {half}}, {1},
+                {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}, {"sharded", true}})});
+  std::unique_ptr<Device> d2;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
+  dev.swap(d2);
+  ASSERT_TRUE(checkInstruction(shardPlan, shardPlan.program[0]).isOk());
+  ASSERT_TRUE(dev->allocateArena(shardPlan.arenaBytes, 0).isOk());
+  ASSERT_TRUE(dev->prepare(shardPlan, 1).isOk());
+  write(shardPlan, 0, std::vector<float>(x.begin() + half, x.end()));
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(bits(shardPlan, 1), std::vector<uint16_t>(want.begin() + half, want.end()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
                          ::testing::Values(std::string("cpu"), std::string("cuda")),
                          [](const auto &info) { return info.param; });

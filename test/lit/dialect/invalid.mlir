@@ -439,6 +439,27 @@ func.func @f(%x: tensor<4x8xf32>) {
 }
 
 // -----
+func.func @f(%x: tensor<8xf32>) {
+  // expected-error @+1 {{stochastic rounding converts f32 to bf16, found 'f32' -> 'f16'}}
+  %0 = fsdp.cast %x {stochastic, key = 0 : i64} : tensor<8xf32> -> tensor<8xf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<8xf32>) {
+  // expected-error @+1 {{stochastic rounding needs `key`, an integer >= 0}}
+  %0 = fsdp.cast %x {stochastic} : tensor<8xf32> -> tensor<8xbf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<8xf32>) {
+  // expected-error @+1 {{`key` and `sharded` are the stochastic rounding's; this cast rounds to nearest}}
+  %0 = fsdp.cast %x {sharded} : tensor<8xf32> -> tensor<8xbf16>
+  return
+}
+
+// -----
 func.func @f(%l: tensor<32x256xf32>, %y: tensor<16xi32>) {
   // expected-error @+1 {{expected labels of shape 32 (the logits without the class dimension), found 16}}
   %0 = fsdp.cross_entropy %l, %y : (tensor<32x256xf32>, tensor<16xi32>) -> tensor<f32>
