@@ -361,11 +361,6 @@ Status Executor::setStepCapture(bool on) {
         return FSDP_ERROR("the plan offloads its optimizer: the update runs on the host "
                           "between the step's device work, which a CUDA graph cannot "
                           "replay (run without --cuda-graphs)");
-    for (const Instruction &inst : plan.program)
-      if (inst.op == "dropout" && inst.attrs.value("p", 0.0) > 0)
-        return FSDP_ERROR("the plan has dropout, whose mask changes every step: a "
-                          "captured step would replay the first step's mask (run "
-                          "without --cuda-graphs)");
   }
   captureSteps = on;
   return Status::ok();

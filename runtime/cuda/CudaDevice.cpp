@@ -430,8 +430,9 @@ private:
   flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
   long long *badPos = nullptr;
   /// {seed, step} of the running step in device memory, for the kernels a
-  /// replayed graph must see the step of (stochastic casts); allocated by
-  /// prepare() when the plan has one, written by setDropoutContext.
+  /// replayed graph must see the step of (dropout, stochastic casts);
+  /// allocated by prepare() when the plan has one, written by
+  /// setDropoutContext.
   uint64_t *stepCtx = nullptr;
   Scratch scratch;
   std::vector<Launch> launches;
@@ -1098,21 +1099,22 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     double f = op.f("factor", 1.0);
     out = fromCuda([=](cudaStream_t s) { return scale(x, y, numel, f, s); }, n);
   } else if (n == "dropout") {
-    // The mask's key changes every step: read the step's context at launch
-    // (the executor refuses --cuda-graphs for a plan with dropout).
+    // The mask's key changes every step: the kernel reads the step from the
+    // device's context word (a replayed graph draws the step's mask); an
+    // evaluation (never captured) is the identity.
     const float *x = r.in(0);
     float *y = r.out(0);
     double p = op.f("p", 0);
     int64_t id = op.i("id", 0), micro = op.i("micro", 0), count = op.i("micro_count", 1);
     uint32_t threshold = dropoutThreshold(p);
+    const uint64_t *ctx = stepCtx;
     out = fromCuda(
         [=](cudaStream_t s) {
           const DropoutContext &c = dropoutContext();
           if (!c.training || p == 0)
             return scale(x, y, numel, 1.0, s);
-          return dropout(x, y, numel, dropoutKey(c.seed, c.step, id),
-                         (uint64_t)((c.dataRank * count + micro) * numel), threshold,
-                         1.0 / (1.0 - p), s);
+          return dropout(x, y, numel, ctx, id, (uint64_t)((c.dataRank * count + micro) * numel),
+                         threshold, 1.0 / (1.0 - p), s);
         },
         n);
   } else if (n == "fill") {
@@ -1517,8 +1519,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.d, sizeof(double) * dN));
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
-  if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(),
-                              [](const Instruction &i) { return i.attrs.contains("stochastic"); })) {
+  if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
+        return i.op == "dropout" || i.attrs.contains("stochastic");
+      })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));
   }

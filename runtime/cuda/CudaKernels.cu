@@ -87,12 +87,25 @@ cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s)
   return forEach(n, s, [=] __device__(int64_t i) { y[i] = x[i] * ff; });
 }
 
-cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t key, uint64_t first,
-                    uint32_t threshold, double scale, cudaStream_t s) {
-  float sc = (float)scale;
-  return forEach(n, s, [=] __device__(int64_t i) {
-    y[i] = dropoutKeep(key, first + (uint64_t)i, threshold) ? x[i] * sc : 0.f;
-  });
+namespace {
+/// The key once a thread (from the step context in device memory), then the
+/// grid-stride loop over the elements.
+__global__ void dropoutKernel(const float *x, float *y, int64_t n, const uint64_t *ctx,
+                              int64_t id, uint64_t first, uint32_t threshold, float scale) {
+  const uint64_t key = dropoutKey(ctx[0], (int64_t)ctx[1], id);
+  FSDP_GRID_STRIDE(i, n) {
+    y[i] = dropoutKeep(key, first + (uint64_t)i, threshold) ? x[i] * scale : 0.f;
+  }
+}
+} // namespace
+
+cudaError_t dropout(const float *x, float *y, int64_t n, const uint64_t *ctx, int64_t id,
+                    uint64_t first, uint32_t threshold, double scale, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  dropoutKernel<<<gridFor(n), kThreads, 0, s>>>(x, y, n, ctx, id, first, threshold,
+                                                (float)scale);
+  return cudaGetLastError();
 }
 
 cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s) {

@@ -49,9 +49,11 @@ cudaError_t sumTo(const float *in, const Shape &si, float *out, const Shape &so,
 cudaError_t neg(const float *x, float *y, int64_t n, cudaStream_t s);
 cudaError_t scale(const float *x, float *y, int64_t n, double f, cudaStream_t s);
 /// y = x * keep / (1 - p) (`scale`), keep from runtime/core/Dropout.h for
-/// global elements first .. first + n - 1: the CPU kernel's mask, bit for bit.
-cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t key, uint64_t first,
-                    uint32_t threshold, double scale, cudaStream_t s);
+/// global elements first .. first + n - 1 with the key of op `id` at the
+/// step ctx = {seed, step} (device memory, so a replayed CUDA graph draws
+/// the step's mask): the CPU kernel's mask, bit for bit.
+cudaError_t dropout(const float *x, float *y, int64_t n, const uint64_t *ctx, int64_t id,
+                    uint64_t first, uint32_t threshold, double scale, cudaStream_t s);
 cudaError_t fill(float *y, int64_t n, double v, cudaStream_t s);
 /// y[i] = word for i < n (bit patterns: the arena's sentinel).
 cudaError_t fillWords(uint32_t *y, int64_t n, uint32_t word, cudaStream_t s);

@@ -13,6 +13,8 @@ processes). Not a GPU result: it checks the backend's logic.
                 0-3: every loss within 1e-5 of the one-rank run
   features      recompute, activation offload, per-micro-batch reduction
                 and dropout on the GPT, 6 steps, against the CPU (1e-5);
+                dropout with --cuda-graphs bitwise eager (the replays
+                read each step's key from device memory);
                 a 2-rank checkpoint resumed bitwise the uninterrupted run
   nccl          CUDAEMU_DEVICES=4, so the backend takes NCCL: ZeRO-3 at 4
                 ranks and HSDP 2x2 (ncclCommSplit) within 1e-5 of one
@@ -174,8 +176,17 @@ def main():
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
         plan = compile_plan(model, tag, f"optimizer=adamw {options}")
-        check(f"feature {name}", run(plan, f"{tag}_cuda", 6, 3e-3),
-              run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
+        eager = run(plan, f"{tag}_cuda", 6, 3e-3)
+        check(f"feature {name}", eager, run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
+    # Dropout under --cuda-graphs: each replay reads its step's key from the
+    # device's step word, so the replayed steps 3-6 are bitwise eager's (a
+    # key frozen at capture would repeat step 2's mask).
+    graphs = run(plan, "dropout_graphs", 6, 3e-3, extra=["--cuda-graphs"])
+    if eager is not None and graphs is not None:
+        same = graphs == eager
+        print(f"dropout --cuda-graphs == eager, bitwise: {'ok' if same else 'MISMATCH'}")
+        if not same:
+            failures.append("dropout --cuda-graphs")
 
     # checkpoints: 2 ranks (ZeRO-3) save at step 3 and resume to 6, bitwise
     # the uninterrupted run (optimizer state through the device's copies).

@@ -120,9 +120,11 @@ TEST_F(CudaKernelsTest, UnaryElementwise) {
         "neg");
   check(gpu::scale(dx.get(), out.get(), n, 0.37, 0),
         [&] { cpu::scale(x.data(), want.data(), n, 0.37); }, 1, "scale");
-  // The same mask bit for bit (runtime/core/Dropout.h on both sides).
-  check(gpu::dropout(dx.get(), out.get(), n, fsdp::dropoutKey(7, 3, 2), 12345,
-                     fsdp::dropoutThreshold(0.3), 1.0 / 0.7, 0),
+  // The same mask bit for bit (runtime/core/Dropout.h on both sides); the
+  // GPU reads {seed 7, step 3} from device memory.
+  Dev<uint64_t> ctx(std::vector<uint64_t>{7, 3});
+  check(gpu::dropout(dx.get(), out.get(), n, ctx.get(), 2, 12345, fsdp::dropoutThreshold(0.3),
+                     1.0 / 0.7, 0),
         [&] {
           cpu::dropout(x.data(), want.data(), n, fsdp::dropoutKey(7, 3, 2), 12345,
                        fsdp::dropoutThreshold(0.3), 1.0 / 0.7);
