@@ -206,6 +206,16 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
                    create<SiluGradOp>(loc, dyTy, o.getInput(), dy));
         return success();
       })
+      .Case([&](SwigluOp o) {
+        ++emitted;
+        auto g = b.create<SwigluGradOp>(loc, TypeRange{dyTy, dyTy}, o.getGate(),
+                                        o.getUp(), dy);
+        if (act(o.getGate()))
+          accumulate(o.getGate(), g.getDGate());
+        if (act(o.getUp()))
+          accumulate(o.getUp(), g.getDUp());
+        return success();
+      })
       .Case([&](RmsNormOp o) {
         ++emitted;
         auto g = b.create<RmsNormGradOp>(

@@ -146,7 +146,8 @@ ArrayRef<int64_t> shapeOf(Value v) {
 }
 
 /// The name an op's calibrated per-unit cost is kept under: the packed
-/// attention ops (fsdp.attention_qkv) run attention's kernels.
+/// attention ops (fsdp.attention_qkv) run attention's kernels, SwiGLU's
+/// silu's.
 StringRef costName(StringRef name) {
   if (name == "attention_qkv")
     return "attention";
@@ -154,6 +155,10 @@ StringRef costName(StringRef name) {
     return "attention_grad";
   if (name == "cross_entropy_fused") // then its gradient: epilogueOps
     return "cross_entropy";
+  if (name == "swiglu") // an exp per element, as silu's (the mul is free)
+    return "silu";
+  if (name == "swiglu_grad")
+    return "silu_grad";
   return name;
 }
 

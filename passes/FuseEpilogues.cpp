@@ -134,6 +134,16 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     getOperation().walk([&](SumToOp s) { biasGrads.push_back(s); });
     for (SumToOp s : biasGrads)
       fuseBiasGrad(s);
+    // SwiGLU: the backward pattern first (it frees silu(g) of its backward
+    // reader), then the forward one.
+    SmallVector<SiluGradOp> siluGrads;
+    getOperation().walk([&](SiluGradOp g) { siluGrads.push_back(g); });
+    for (SiluGradOp g : siluGrads)
+      fuseSwigluGrad(g);
+    SmallVector<SiluOp> silus;
+    getOperation().walk([&](SiluOp s) { silus.push_back(s); });
+    for (SiluOp s : silus)
+      fuseSwiglu(s);
     for (LayerNormOp n : norms)
       fuseResidualNorm(n);
     for (LayerNormGradOp n : normGrads)
@@ -529,6 +539,79 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     lg.getDBeta().replaceAllUsesWith(fused.getDBeta());
     add.erase();
     lg.erase();
+    ++numFused;
+  }
+
+  /// Autodiff's VJP of `%h = mul(silu(%g), %u)`: `%t = mul(%dh, %u)`,
+  /// `%du = mul(%dh, %s)` with %s a silu of %g (the forward's, or its
+  /// recomputed clone), `%dg = silu_grad(%g, %t)`, %t read by nothing else,
+  /// one type throughout: `%dg, %du = swiglu_grad(%g, %u, %dh)` at the first
+  /// of the three, which recomputes silu(%g) instead of reading %s; a silu
+  /// left unread goes.
+  void fuseSwigluGrad(SiluGradOp sg) {
+    Value g = sg.getInput();
+    Type t = sg.getResult().getType();
+    auto m1 = sg.getGrad().getDefiningOp<MulOp>();
+    if (!m1 || !m1.getResult().hasOneUse() || m1->getBlock() != sg->getBlock() ||
+        m1.getLhs().getType() != t || m1.getRhs().getType() != t || m1.getType() != t)
+      return;
+    for (auto [dh, u] : {std::pair(m1.getLhs(), m1.getRhs()), std::pair(m1.getRhs(), m1.getLhs())}) {
+      for (Operation *user : dh.getUsers()) {
+        auto m2 = dyn_cast<MulOp>(user);
+        if (!m2 || m2 == m1 || m2->getBlock() != sg->getBlock() || m2.getType() != t)
+          continue;
+        Value other = m2.getLhs() == dh ? m2.getRhs() : m2.getLhs();
+        auto silu = other.getDefiningOp<SiluOp>();
+        if (!silu || silu.getInput() != g || other == dh)
+          continue;
+        Operation *at = m1;
+        for (Operation *op : {m2.getOperation(), sg.getOperation()})
+          if (op->isBeforeInBlock(at))
+            at = op;
+        auto before = [&](Value v) {
+          Operation *d = v.getDefiningOp();
+          return !d || d->getBlock() != at->getBlock() || d->isBeforeInBlock(at);
+        };
+        if (!before(g) || !before(u) || !before(dh))
+          continue;
+        OpBuilder b(at);
+        auto fused = b.create<SwigluGradOp>(sg.getLoc(), TypeRange{t, t}, g, u, dh);
+        keepMarks(sg, fused);
+        sg.getResult().replaceAllUsesWith(fused.getDGate());
+        m2.getResult().replaceAllUsesWith(fused.getDUp());
+        sg.erase();
+        m1.erase();
+        m2.erase();
+        if (silu->use_empty())
+          silu.erase();
+        ++numFused;
+        return;
+      }
+    }
+  }
+
+  /// `%h = mul(silu(%g), %u)` (either order, one type) where the silu is read
+  /// by nothing else (its backward reader fused above): `%h = swiglu(%g,
+  /// %u)`; silu(%g) is neither written nor kept for the backward pass.
+  void fuseSwiglu(SiluOp silu) {
+    Value s = silu.getResult();
+    if (!s.hasOneUse())
+      return;
+    auto m = dyn_cast<MulOp>(*s.getUsers().begin());
+    Type t = s.getType();
+    if (!m || m->getBlock() != silu->getBlock() || m.getLhs().getType() != t ||
+        m.getRhs().getType() != t || m.getType() != t ||
+        m->hasAttr(kRecomputeAttrName) != silu->hasAttr(kRecomputeAttrName))
+      return;
+    Value u = m.getLhs() == s ? m.getRhs() : m.getLhs();
+    if (u == s)
+      return; // silu(g)^2
+    OpBuilder b(m);
+    auto fused = b.create<SwigluOp>(m.getLoc(), t, silu.getInput(), u);
+    keepMarks(m, fused);
+    m.getResult().replaceAllUsesWith(fused.getResult());
+    m.erase();
+    silu.erase();
     ++numFused;
   }
 

@@ -614,7 +614,7 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
 }
 
 def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
-  let summary = "folds bias_add, gelu, gelu_grad, residual adds and slice-gradient sums into fewer kernels";
+  let summary = "folds bias_add, gelu, gelu_grad, residual adds, SwiGLU and slice-gradient sums into fewer kernels";
   let description = [{
     The elementwise ops after a rank-2 matmul run in the matmul's kernel
     (cuBLASLt's BIAS, GELU_AUX_BIAS and DGELU_BGRAD epilogues on the GPU):
@@ -634,7 +634,12 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       sliced from one projection) becomes one concat of the pieces;
     - `mul(g, c)` with c a `clip_coef` / `grad_coef`, read only as an
       optimizer update's gradient, becomes that update's `grad_scale c`
-      (the product is never written).
+      (the product is never written);
+    - SwiGLU (Llama's MLP): autodiff's VJP of `mul(silu(g), u)` (two muls
+      and a silu_grad) becomes `swiglu_grad(g, u, dh)`, and then the
+      forward `mul(silu(g), u)` becomes `swiglu(g, u)`: silu(g) is neither
+      written nor kept for the backward pass (one [tokens, ffn] tensor per
+      layer less at the peak without recomputation).
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order). Runs after fsdp-schedule
     (after fsdp-recompute, whose selective recomputation it leaves alone),

@@ -204,6 +204,23 @@ def Fsdp_SiluOp : Fsdp_UnaryOp<"silu",
     "SiLU (swish), x * sigmoid(x); Llama's SwiGLU MLP is silu(gate) * up",
     "%y = fsdp.silu %x : tensor<4x8xf32>">;
 
+def Fsdp_SwigluOp : Fsdp_Op<"swiglu", [Pure, SameOperandsAndResultType]> {
+  let summary = "SwiGLU's gate: silu(gate) * up in one pass (fsdp-fuse-epilogues)";
+  let description = [{
+    What fsdp-fuse-epilogues makes of `fsdp.mul (fsdp.silu %g), %u` when
+    its backward pass fuses into `fsdp.swiglu_grad`: silu(gate) is never
+    stored, so the step neither writes nor keeps it for the backward pass
+    (one [tokens, ffn] tensor per layer less; Llama's MLP).
+
+    ```mlir
+    %h = fsdp.swiglu %g, %u : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$gate, Fsdp_FloatTensor:$up);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$gate `,` $up attr-dict `:` type($result)";
+}
+
 def Fsdp_ScaleOp : Fsdp_Op<"scale", [Pure, SameOperandsAndResultType]> {
   let summary = "multiplies every element by a constant";
   let description = [{
@@ -859,6 +876,24 @@ def Fsdp_SoftmaxGradOp : Fsdp_PointwiseGradOp<"softmax_grad",
     "VJP of softmax given its output y: y * (dy - sum(dy * y))">;
 def Fsdp_SiluGradOp : Fsdp_PointwiseGradOp<"silu_grad",
     "VJP of silu: dy * s (1 + x (1 - s)), s = sigmoid(x)">;
+
+def Fsdp_SwigluGradOp : Fsdp_Op<"swiglu_grad",
+    [Pure, AllTypesMatch<["gate", "up", "grad", "d_gate", "d_up"]>]> {
+  let summary = "VJP of swiglu: d_gate = silu_grad(gate, dy * up), d_up = dy * silu(gate)";
+  let description = [{
+    The fused backward of `fsdp.swiglu` (fsdp-fuse-epilogues folds the two
+    `fsdp.mul`s and the `fsdp.silu_grad` autodiff derives): reads gate, up
+    and dy once, recomputes silu(gate) instead of reading a saved copy.
+
+    ```mlir
+    %dg, %du = fsdp.swiglu_grad %g, %u, %dy : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$gate, Fsdp_FloatTensor:$up,
+                       Fsdp_FloatTensor:$grad);
+  let results = (outs Fsdp_FloatTensor:$d_gate, Fsdp_FloatTensor:$d_up);
+  let assemblyFormat = "$gate `,` $up `,` $grad attr-dict `:` type($gate)";
+}
 
 def Fsdp_RmsNormGradOp : Fsdp_Op<"rms_norm_grad",
     [Pure, AllTypesMatch<["input", "grad", "d_input"]>,

@@ -381,6 +381,14 @@ const std::unordered_map<std::string, Check> &checks() {
     m["attention_qkv_grad"] = checkPackedAttention;
     m["silu"] = checkSame;
     m["silu_grad"] = checkSame;
+    m["swiglu"] = checkSame;
+    m["swiglu_grad"] = [](const Op &op) { // both gradients of the operands' size
+      FSDP_RETURN_IF_ERROR(checkSame(op));
+      if (op.out(1).numel() != op.out(0).numel())
+        return FSDP_ERROR("swiglu_grad: expected d_up of ", op.out(0).numel(),
+                          " elements, found ", op.out(1).numel());
+      return Status::ok();
+    };
     // rms_norm (x, w -> y) and rms_norm_grad (x, w, dy -> dx, dw).
     auto checkRmsNorm = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));

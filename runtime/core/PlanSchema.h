@@ -96,7 +96,9 @@ inline constexpr OpSchema kOps[] = {
     {"attention_qkv", 1, 1, OpKind::Compute, 0, 1}, // packed q|k|v; + the log-sum-exp
     {"attention_qkv_grad", 4, 1, OpKind::Compute},  // qkv, y, lse, dy -> dqkv
     {"silu", 1, 1, OpKind::Compute},
+    {"swiglu", 2, 1, OpKind::Compute},      // gate, up -> silu(gate) * up
     {"silu_grad", 2, 1, OpKind::Compute},
+    {"swiglu_grad", 3, 2, OpKind::Compute}, // gate, up, dy -> d_gate, d_up
     {"rms_norm", 2, 1, OpKind::Compute},
     {"rms_norm_grad", 3, 2, OpKind::Compute},
     {"rope", 1, 1, OpKind::Compute},

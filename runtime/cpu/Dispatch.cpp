@@ -312,6 +312,14 @@ const std::unordered_map<std::string, Exec> &table() {
       siluGrad<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
       return Status::ok();
     };
+    m["swiglu"] = [](const Run &r) {
+      swiglu<float>(r.in(0), r.in(1), r.out(0), r.op.out(0).numel());
+      return Status::ok();
+    };
+    m["swiglu_grad"] = [](const Run &r) {
+      swigluGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.out(1), r.op.out(0).numel());
+      return Status::ok();
+    };
     m["rms_norm"] = [](const Run &r) {
       rmsNorm<float>(r.in(0), r.in(1), r.out(0), rowsOf(r.op.in(0)), lastDim(r.op.in(0)),
                      r.op.f("epsilon", 1e-6));

@@ -568,17 +568,39 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
 
 // SiLU: y = x s, s = sigmoid(x) = 1 / (1 + exp(-x)); for x -> -inf,
 // exp(-x) overflows to inf and s to 0, which is the limit.
+// One definition each, so swiglu(_grad) computes bitwise what silu, mul
+// and silu_grad compute one after the other.
+template <typename T> inline T siluOf(T x) { return x / (T(1) + std::exp(-x)); }
+template <typename T> inline T siluGradOf(T x, T dy) {
+  T s = T(1) / (T(1) + std::exp(-x));
+  return dy * s * (T(1) + x * (T(1) - s));
+}
+
 template <typename T> void silu(const T *x, T *y, int64_t n) {
 #pragma omp parallel for if (n > kParallelGrain / 8)
   for (int64_t i = 0; i < n; ++i)
-    y[i] = x[i] / (T(1) + std::exp(-x[i]));
+    y[i] = siluOf(x[i]);
 }
 
 template <typename T> void siluGrad(const T *x, const T *dy, T *dx, int64_t n) {
 #pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = siluGradOf(x[i], dy[i]);
+}
+
+template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = siluOf(g[i]) * u[i];
+}
+
+template <typename T>
+void swigluGrad(const T *g, const T *u, const T *dy, T *dg, T *du, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain / 8)
   for (int64_t i = 0; i < n; ++i) {
-    T s = T(1) / (T(1) + std::exp(-x[i]));
-    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+    T gi = g[i], ui = u[i], d = dy[i]; // dg / du may overwrite g / u
+    dg[i] = siluGradOf(gi, d * ui);
+    du[i] = d * siluOf(gi);
   }
 }
 
@@ -947,6 +969,8 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
                                  AttentionRows);                               \
   template void silu<T>(const T *, T *, int64_t);                              \
   template void siluGrad<T>(const T *, const T *, T *, int64_t);               \
+  template void swiglu<T>(const T *, const T *, T *, int64_t);                 \
+  template void swigluGrad<T>(const T *, const T *, const T *, T *, T *, int64_t); \
   template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t,        \
                            double);                                            \
   template void rmsNormGrad<T>(const T *, const T *, const T *, T *, T *,      \

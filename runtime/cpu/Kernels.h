@@ -108,6 +108,12 @@ void attentionGrad(const T *q, const T *k, const T *v, const T *lse,
 /// SiLU, x * sigmoid(x), and its VJP.
 template <typename T> void silu(const T *x, T *y, int64_t n);
 template <typename T> void siluGrad(const T *x, const T *dy, T *dx, int64_t n);
+/// y = silu(g) * u: bitwise silu then mul.
+template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n);
+/// dg = silu_grad(g, dy * u), du = dy * silu(g): bitwise the two muls and
+/// silu_grad autodiff derives for mul(silu(g), u).
+template <typename T>
+void swigluGrad(const T *g, const T *u, const T *dy, T *dg, T *du, int64_t n);
 
 /// RMSNorm over rows of `cols`: y = x / sqrt(mean(x^2) + eps) * w.
 template <typename T>

@@ -414,6 +414,8 @@ private:
     return hostToDevice(badPos, &none, sizeof(none));
   }
   Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
+  void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                           Launch &out);
@@ -523,7 +525,8 @@ bool nativeOp(const std::string &n) {
   // clang-format off
   static const char *ops[] = {
       "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
-      "gelu_grad", "silu_grad", "bias_add", "softmax", "softmax_grad", "layer_norm",
+      "gelu_grad", "silu_grad", "swiglu", "swiglu_grad", "bias_add", "softmax", "softmax_grad",
+      "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
       "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad", "concat", "transpose",
       "broadcast", "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
@@ -809,6 +812,8 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     unaryGrad(rules::geluExact(op) ? UG::GeluExact : UG::Gelu);
   else if (n == "silu_grad")
     unaryGrad(UG::Silu);
+  else if (n == "swiglu" || n == "swiglu_grad")
+    swigluLaunch(op, t, base, rank, out);
   else if (n == "fill") {
     void *y = w(0);
     double val = op.f("value", 0);
@@ -1038,6 +1043,22 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
   return Status::ok();
 }
 
+void CudaDevice::swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                              Launch &out) {
+  auto at = [&](int64_t id) { return base + bufferOffset(op.plan, id, rank); };
+  const void *g = at(op.inst.in[0]), *u = at(op.inst.in[1]);
+  void *y = at(op.inst.out[0]);
+  int64_t n = op.out(0).numel();
+  if (op.inst.op == "swiglu") {
+    out = fromCuda([=](cudaStream_t s) { return native::swiglu(t, g, u, y, n, s); }, "swiglu");
+    return;
+  }
+  const void *dy = at(op.inst.in[2]);
+  void *du = at(op.inst.out[1]);
+  out = fromCuda([=](cudaStream_t s) { return native::swigluGrad(t, g, u, dy, y, du, n, s); },
+                 "swiglu_grad");
+}
+
 Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
@@ -1093,6 +1114,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     unaryGrad(rules::geluExact(op) ? geluExactGrad : geluGrad);
   else if (n == "silu_grad")
     unaryGrad(siluGrad);
+  else if (n == "swiglu" || n == "swiglu_grad")
+    swigluLaunch(op, FloatKind::F32, base, rank, out);
   else if (n == "scale") {
     const float *x = r.in(0);
     float *y = r.out(0);
@@ -1466,7 +1489,8 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
       "matmul_gelu_grad", "matmul_bias_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
-      "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "rms_norm",
+      "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "swiglu",
+      "swiglu_grad", "rms_norm",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "cross_entropy_fused",

@@ -136,6 +136,31 @@ cudaError_t unaryGradT(UnaryGradKind k, const void *xv, const void *dyv, void *d
   return cudaErrorInvalidValue;
 }
 
+// SwiGLU in the CPU kernels' arithmetic (runtime/cpu/Kernels.cpp: siluOf,
+// siluGradOf), in f32 whatever T stores.
+template <typename T>
+cudaError_t swigluT(const void *gv, const void *uv, void *yv, int64_t n, cudaStream_t s) {
+  const T *g = cp<T>(gv), *u = cp<T>(uv);
+  T *y = mp<T>(yv);
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = ld(g + i);
+    st(y + i, v / (1.f + expf(-v)) * ld(u + i));
+  });
+}
+
+template <typename T>
+cudaError_t swigluGradT(const void *gv, const void *uv, const void *dyv, void *dgv, void *duv,
+                        int64_t n, cudaStream_t s) {
+  const T *g = cp<T>(gv), *u = cp<T>(uv), *dy = cp<T>(dyv);
+  T *dg = mp<T>(dgv), *du = mp<T>(duv);
+  return forEach(n, s, [=] __device__(int64_t i) {
+    float v = ld(g + i), d = ld(dy + i), t = d * ld(u + i); // read before dg / du are written
+    float e = 1.f + expf(-v), sg = 1.f / e;
+    st(dg + i, t * sg * (1.f + v * (1.f - sg)));
+    st(du + i, d * (v / e));
+  });
+}
+
 template <typename T> cudaError_t fillT(void *yv, int64_t n, double v, cudaStream_t s) {
   T *y = mp<T>(yv);
   float fv = (float)v;
@@ -1139,6 +1164,14 @@ cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, d
 cudaError_t unaryGrad(FloatKind t, UnaryGradKind k, const void *x, const void *dy, void *dx,
                       int64_t n, cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, unaryGradT, k, x, dy, dx, n, s);
+}
+cudaError_t swiglu(FloatKind t, const void *g, const void *u, void *y, int64_t n,
+                   cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, swigluT, g, u, y, n, s);
+}
+cudaError_t swigluGrad(FloatKind t, const void *g, const void *u, const void *dy, void *dg,
+                       void *du, int64_t n, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, swigluGradT, g, u, dy, dg, du, n, s);
 }
 cudaError_t fill(FloatKind t, void *y, int64_t n, double v, cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, fillT, y, n, v, s);

@@ -39,6 +39,12 @@ cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, d
 /// dx = f'(x) dy.
 cudaError_t unaryGrad(FloatKind t, UnaryGradKind k, const void *x, const void *dy, void *dx,
                       int64_t n, cudaStream_t s);
+/// y = silu(g) * u (f32 arithmetic, rounded once to t).
+cudaError_t swiglu(FloatKind t, const void *g, const void *u, void *y, int64_t n,
+                   cudaStream_t s);
+/// dg = silu'(g) dy u, du = dy silu(g): one read of g, u, dy.
+cudaError_t swigluGrad(FloatKind t, const void *g, const void *u, const void *dy, void *dg,
+                       void *du, int64_t n, cudaStream_t s);
 cudaError_t fill(FloatKind t, void *y, int64_t n, double v, cudaStream_t s);
 /// out = a (op) b with NumPy broadcasting; a contiguous same-shape fast path.
 cudaError_t binary(FloatKind t, BinaryKind k, const void *a, const Shape &sa, const void *b,

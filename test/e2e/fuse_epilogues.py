@@ -8,8 +8,9 @@ compiles the model with fuse-epilogues=true and =false, runs both for S
 steps on N ranks and checks that
   - the per-step losses and the final parameters are bitwise equal (the
     CPU kernels of matmul_bias, matmul_gelu_grad, matmul_bias_grad,
-    residual_layer_norm, layer_norm_grad_acc, attention_qkv(_grad) and
-    cross_entropy_fused run the unfused ops' kernels in the same order,
+    residual_layer_norm, layer_norm_grad_acc, attention_qkv(_grad),
+    cross_entropy_fused and swiglu(_grad) run the unfused ops' kernels (or
+    their arithmetic, one definition) in the same order,
     and an update with grad_scale multiplies its gradient first, as the
     clipping mul did);
   - the fused plan has fused ops, every optimizer update reads the
@@ -32,7 +33,8 @@ from recompute import GLOBAL_BATCH, compile_plan, control, differs, run  # noqa:
 from shard_equivalence import gen  # noqa: E402
 
 FUSED = ("matmul_bias", "matmul_gelu_grad", "matmul_bias_grad", "residual_layer_norm",
-         "layer_norm_grad_acc", "attention_qkv", "attention_qkv_grad", "cross_entropy_fused")
+         "layer_norm_grad_acc", "attention_qkv", "attention_qkv_grad", "cross_entropy_fused",
+         "swiglu", "swiglu_grad")
 
 
 def main():

@@ -220,6 +220,43 @@ TEST_F(CudaFastKernelsTest, Bf16ElementwiseIsTheWidenedPathBitwise) {
   expectBitwise(fo2.host(), fout.host(), "f32 gelu");
 }
 
+/// swiglu / swiglu_grad (fsdp-fuse-epilogues' SwiGLU): on bf16 storage the
+/// f32 kernel's result rounded once (bitwise: both compute in f32 from the
+/// same widened values); the f32 kernel against the CPU's (its expf and
+/// division within 8 ulps of the result per term: the gradient's
+/// magnitude is bounded by |dy| (|u| + 1.1 |g| + 1) and the product's by
+/// |g u|, so the slack is 8 u of those bounds).
+TEST_F(CudaFastKernelsTest, Bf16SwigluIsTheWidenedPathBitwise) {
+  const int64_t n = 3000;
+  Bf16Vec g(randomVec(n, 11, 4.f)), u(randomVec(n, 12)), dy(randomVec(n, 13));
+  Dev<uint16_t> bg(g.bits), bu(u.bits), bdy(dy.bits), by(n), bdg(n), bdu(n);
+  Dev<float> fg(g.wide), fu(u.wide), fdy(dy.wide), fy(n), fdg(n), fdu(n);
+  ASSERT_EQ(nat::swiglu(FloatKind::BF16, bg.get(), bu.get(), by.get(), n, 0), cudaSuccess);
+  ASSERT_EQ(nat::swiglu(FloatKind::F32, fg.get(), fu.get(), fy.get(), n, 0), cudaSuccess);
+  expectBitwise(by.host(), roundOnGpu(fy, n), "swiglu");
+  ASSERT_EQ(nat::swigluGrad(FloatKind::BF16, bg.get(), bu.get(), bdy.get(), bdg.get(), bdu.get(),
+                            n, 0),
+            cudaSuccess);
+  ASSERT_EQ(nat::swigluGrad(FloatKind::F32, fg.get(), fu.get(), fdy.get(), fdg.get(), fdu.get(),
+                            n, 0),
+            cudaSuccess);
+  expectBitwise(bdg.host(), roundOnGpu(fdg, n), "swiglu_grad d_gate");
+  expectBitwise(bdu.host(), roundOnGpu(fdu, n), "swiglu_grad d_up");
+  std::vector<float> y(n), dg(n), du(n);
+  cpu::swiglu(g.wide.data(), u.wide.data(), y.data(), n);
+  cpu::swigluGrad(g.wide.data(), u.wide.data(), dy.wide.data(), dg.data(), du.data(), n);
+  std::vector<double> sy(n), sg(n), su(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double a = std::fabs(g.wide[i]), b = std::fabs(u.wide[i]), d = std::fabs(dy.wide[i]);
+    sy[i] = 8 * kU * a * b;
+    sg[i] = 8 * kU * d * (b * (1.1 * a + 1) + 1);
+    su[i] = 8 * kU * d * a;
+  }
+  expectF32Near(fy.host(), y, 0, sy, "swiglu vs cpu");
+  expectF32Near(fdg.host(), dg, 0, sg, "swiglu_grad d_gate vs cpu");
+  expectF32Near(fdu.host(), du, 0, su, "swiglu_grad d_up vs cpu");
+}
+
 TEST_F(CudaFastKernelsTest, Bf16BroadcastBiasSumToAndDataMovement) {
   gpu::Shape sa{4, 1, 8}, sb{3, 1}, so{4, 3, 8};
   Bf16Vec a(randomVec(32, 3)), b(randomVec(3, 4)), big(randomVec(96, 5));

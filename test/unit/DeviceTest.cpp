@@ -948,6 +948,36 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
 }
 
 // cuda runs where a GPU is and skips (with the reason) elsewhere.
+/// swiglu and swiglu_grad against silu, mul, mul, silu_grad (what
+/// autodiff derives for mul(silu(g), u)) on the same device and inputs: the
+/// CPU computes each with the unfused kernels' arithmetic (bitwise); CUDA's
+/// kernels evaluate the same f32 expressions, which a compiler may contract
+/// differently (an fma in 1 + x (1 - s)): within 4 f32 ulps of the result
+/// plus 4 ulps of each term's bound (|g u|; |dy| (|u| (1.1 |g| + 1) + 1)).
+TEST_P(DeviceConformance, SwigluMatchesTheUnfusedOps) {
+  const int64_t n = 777;
+  // 0 g, 1 u, 2 dh | 3 s, 4 h, 5 t, 6 dg, 7 du | 8 h2, 9 dg2, 10 du2
+  Plan plan = vectorPlan(11, n,
+                         {inst("silu", {0}, {3}), inst("mul", {3, 1}, {4}),
+                          inst("mul", {2, 1}, {5}), inst("silu_grad", {0, 5}, {6}),
+                          inst("mul", {2, 3}, {7}), inst("swiglu", {0, 1}, {8}),
+                          inst("swiglu_grad", {0, 1, 2}, {9, 10})});
+  auto host = bindFillRun(plan, {0, 1, 2}, [](size_t i, int id) {
+    return (float)(std::sin(0.37 * (double)i + id) * (id == 0 ? 6.0 : 1.5));
+  });
+  const bool exact = GetParam() == "cpu";
+  for (auto [fused, unfused, what] : {std::tuple(8, 4, "swiglu"), std::tuple(9, 6, "d_gate"),
+                                      std::tuple(10, 7, "d_up")}) {
+    std::vector<float> a = read(plan, fused), b = read(plan, unfused);
+    for (int64_t i = 0; i < n; ++i) {
+      double g = std::fabs(host[0][i]), u = std::fabs(host[1][i]), d = std::fabs(host[2][i]);
+      double term = fused == 8 ? g * u : fused == 9 ? d * (u * (1.1 * g + 1) + 1) : d * g;
+      double tol = exact ? 0.0 : 4 * 0x1p-24 * (std::fabs(b[i]) + term);
+      ASSERT_LE(std::fabs((double)a[i] - b[i]), tol) << what << " element " << i;
+    }
+  }
+}
+
 /// fsdp.cast {stochastic} (f32 -> bf16, runtime/core/StochasticRounding.h):
 /// every device writes the header's bits for every element (so the CPU and
 /// the GPU, eager and replayed, agree bit for bit); a rank's shard

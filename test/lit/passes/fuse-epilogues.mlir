@@ -4,6 +4,8 @@
 // RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw max-grad-norm=1.0 report=false fuse-epilogues=false" | FileCheck %s --check-prefix=OFF
 // RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 recompute=selective report=false" | FileCheck %s --check-prefix=SEL
 // RUN: fsdp-opt %fsdp_src/examples/gpt_small.mlir --fsdp-pipeline="world-size=2 stage=3 param-dtype=bf16 report=false" | FileCheck %s --check-prefix=BF16
+// RUN: fsdp-opt %fsdp_src/examples/llama_small.mlir --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw param-dtype=bf16 report=false" | FileCheck %s --check-prefix=LLAMA
+// RUN: fsdp-opt %fsdp_src/examples/llama_small.mlir --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw recompute=selective report=false" | FileCheck %s --check-prefix=LLAMA
 
 // A linear layer + GELU whose pre-activation the backward pass reads: one
 // kernel with two results; the backward's matmul + gelu_grad + bias
@@ -85,6 +87,47 @@ func.func @not_fused(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf3
   %db = fsdp.sum_to %dp : tensor<8x16xf32> -> tensor<16xf32>
   return %h, %m, %e, %bh, %dx, %keep, %db : tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32>,
       tensor<2x8x16xf32>, tensor<8x16xf32>, tensor<1x16xf32>, tensor<16xf32>
+}
+
+// -----
+
+// The Llama's MLPs, in bf16 and with selective recomputation (which re-runs
+// the silu in the backward pass): every silu and silu_grad fused.
+// LLAMA-NOT: fsdp.silu
+// LLAMA: fsdp.swiglu %{{.*}} : tensor<
+// LLAMA: fsdp.swiglu %{{.*}} : tensor<
+// LLAMA: fsdp.swiglu_grad
+// LLAMA: fsdp.swiglu_grad
+// LLAMA-NOT: fsdp.silu
+
+// SwiGLU: autodiff's VJP of mul(silu(g), u) (mul(dh, u), mul(dh, s),
+// silu_grad(g, .)) becomes one swiglu_grad, after which the forward's silu
+// is read only by its mul: one swiglu, silu(g) never stored. Left alone: a
+// silu read by something else too (its mul stays), and a silu squared.
+// CHECK-LABEL: func.func @swiglu
+// CHECK-NEXT: %[[H:.*]] = fsdp.swiglu %arg0, %arg1 : tensor<4x8xf32>
+// CHECK-NEXT: %[[DG:.*]], %[[DU:.*]] = fsdp.swiglu_grad %arg0, %arg1, %arg2 : tensor<4x8xf32>
+// CHECK-NEXT: %[[S2:.*]] = fsdp.silu %arg1
+// CHECK-NEXT: fsdp.mul %[[S2]], %arg0
+// CHECK-NEXT: fsdp.neg %[[S2]]
+// CHECK-NEXT: %[[S3:.*]] = fsdp.silu %arg0
+// CHECK-NEXT: fsdp.mul %[[S3]], %[[S3]]
+// CHECK: return %[[H]], %[[DG]], %[[DU]]
+func.func @swiglu(%g: tensor<4x8xf32>, %u: tensor<4x8xf32>, %dh: tensor<4x8xf32>)
+    -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>,
+        tensor<4x8xf32>) {
+  %s = fsdp.silu %g : tensor<4x8xf32>
+  %h = fsdp.mul %s, %u : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %t = fsdp.mul %dh, %u : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %du = fsdp.mul %dh, %s : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %dg = fsdp.silu_grad %g, %t : tensor<4x8xf32>
+  %s2 = fsdp.silu %u : tensor<4x8xf32>
+  %h2 = fsdp.mul %s2, %g : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %n2 = fsdp.neg %s2 : tensor<4x8xf32>
+  %s3 = fsdp.silu %g : tensor<4x8xf32>
+  %sq = fsdp.mul %s3, %s3 : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %h, %dg, %du, %h2, %n2, %sq : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>,
+      tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
 }
 
 // -----
