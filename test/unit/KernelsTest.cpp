@@ -318,6 +318,29 @@ TEST(KernelsTest, SiluAndItsGradient) {
   }, dx, "silu");
 }
 
+TEST(KernelsTest, SwigluAndItsGradient) {
+  const int64_t n = 19;
+  std::vector<double> g = randomVec(n, 32, 3.0), u = randomVec(n, 33), dy = randomVec(n, 34);
+  std::vector<double> y(n), s(n), dg(n), du(n);
+  g[0] = -800; // silu(-800) = -0: no NaN in either gradient
+  swiglu<double>(g.data(), u.data(), y.data(), n);
+  silu<double>(g.data(), s.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_EQ(y[i], s[i] * u[i]) << i; // silu then mul, bitwise
+  swigluGrad<double>(g.data(), u.data(), dy.data(), dg.data(), du.data(), n);
+  EXPECT_EQ(dg[0], 0.0);
+  checkVjp(g, dy, [&] {
+    std::vector<double> o(n);
+    swiglu<double>(g.data(), u.data(), o.data(), n);
+    return o;
+  }, dg, "swiglu d_gate");
+  checkVjp(u, dy, [&] {
+    std::vector<double> o(n);
+    swiglu<double>(g.data(), u.data(), o.data(), n);
+    return o;
+  }, du, "swiglu d_up");
+}
+
 TEST(KernelsTest, LossGradients) {
   int64_t r = 5, c = 7;
   std::vector<double> logits = randomVec(r * c, 13), dl{1.7}, dlog(r * c);

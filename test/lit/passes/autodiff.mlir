@@ -141,3 +141,26 @@ func.func @model(%x: tensor<2x4x8xf32>, %y: tensor<2x4x8xf32>) -> tensor<f32> at
   // CHECK: fsdp.set_grad @wk
   return %l : tensor<f32>
 }
+
+// -----
+
+// swiglu (which fsdp-fuse-epilogues writes, and a model may too): one
+// swiglu_grad gives both operands' gradients.
+fsdp.param @wg : tensor<8x4xf32> init("normal", 0.02)
+fsdp.param @wu : tensor<8x4xf32> init("normal", 0.02)
+// CHECK-LABEL: func.func @train_step
+// CHECK: %[[G:.+]] = fsdp.matmul %{{.+}}, %[[WG:.+]] transpose_rhs
+// CHECK: %[[U:.+]] = fsdp.matmul %{{.+}}, %[[WU:.+]] transpose_rhs
+// CHECK: %[[H:.+]] = fsdp.swiglu %[[G]], %[[U]] : tensor<16x8xf32>
+// CHECK: %[[DG:[a-z_0-9]+]], %[[DU:[a-z_0-9]+]] = fsdp.swiglu_grad %[[G]], %[[U]], %{{.+}} : tensor<16x8xf32>
+// CHECK-DAG: fsdp.matmul %[[DG]], %{{.+}} transpose_lhs
+// CHECK-DAG: fsdp.matmul %[[DU]], %{{.+}} transpose_lhs
+func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %wg = fsdp.get_param @wg : tensor<8x4xf32>
+  %wu = fsdp.get_param @wu : tensor<8x4xf32>
+  %g = fsdp.matmul %x, %wg transpose_rhs : (tensor<16x4xf32>, tensor<8x4xf32>) -> tensor<16x8xf32>
+  %u = fsdp.matmul %x, %wu transpose_rhs : (tensor<16x4xf32>, tensor<8x4xf32>) -> tensor<16x8xf32>
+  %h = fsdp.swiglu %g, %u : tensor<16x8xf32>
+  %l = fsdp.mse_loss %h, %y : tensor<16x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
