@@ -509,7 +509,8 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
   } else if (n == "embedding_grad") {
     f = native::embeddingGradScratch(op.in(0).numel());
   } else if (n == "rms_norm_grad") {
-    f = rules::rowsOf(op.in(0));
+    f = std::max(rules::rowsOf(op.in(0)),
+                 native::rmsNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
   } else if (n == "cross_entropy" || n == "cross_entropy_fused") {
     d = std::max<int64_t>(rules::rowsOf(op.in(0)), reductionScratch());
   } else if (n == "mse_loss" || n == "bce_with_logits") {
@@ -531,7 +532,7 @@ bool nativeOp(const std::string &n) {
       "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad", "concat", "transpose",
       "broadcast", "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
       "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv",
-      "attention_qkv_grad"};
+      "attention_qkv_grad", "rms_norm", "rms_norm_grad", "rope", "rope_grad"};
   // clang-format on
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
 }
@@ -814,7 +815,36 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     unaryGrad(UG::Silu);
   else if (n == "swiglu" || n == "swiglu_grad")
     swigluLaunch(op, t, base, rank, out);
-  else if (n == "fill") {
+  else if (n == "rms_norm") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const void *xp = v(0), *g = v(1);
+    void *y = w(0);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
+  } else if (n == "rms_norm_grad") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const void *xp = v(0), *g = v(1), *dy = v(2);
+    void *dx = w(0), *dg = w(1);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::rmsNormGrad(t, xp, g, dy, dx, dg, sf, rows, cols, eps, s);
+        },
+        n);
+  } else if (n == "rope" || n == "rope_grad") {
+    const auto &sh = op.in(0).shape;
+    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
+    double theta = op.f("theta", 1e4);
+    const void *x = v(0);
+    void *y = w(0);
+    bool grad = n == "rope_grad";
+    out = fromCuda(
+        [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, theta, grad, s); },
+        n);
+  } else if (n == "fill") {
     void *y = w(0);
     double val = op.f("value", 0);
     out = fromCuda([=](cudaStream_t s) { return native::fill(t, y, numel, val, s); }, n);
@@ -1204,14 +1234,10 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
         },
         n);
   } else if (n == "rms_norm_grad") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const float *xp = r.in(0), *w = r.in(1), *dy = r.in(2);
-    float *dx = r.out(0), *dw = r.out(1);
-    double eps = op.f("epsilon", 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) { return rmsNormGrad(xp, w, dy, dx, dw, sf, rows, cols, eps, s); },
-        n);
+    // The warp-per-row kernel with partial column sums (CudaNative.h): the
+    // reference kernel's one thread per column over every row (the tests'
+    // baseline) leaves most of the GPU idle for dw.
+    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
              n == "attention_qkv_grad") {
     // The tiled kernels (CudaFlash.h) at every T: the one-row-per-block

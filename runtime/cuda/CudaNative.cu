@@ -831,6 +831,112 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
   return columnSum(partial + cols, db, W, cols, 2 * cols, more, s);
 }
 
+// --- rms norm and rope (Llama) ------------------------------------------------------
+//
+// One warp per row, as the layer-norm kernels above: the row's 1 / rms from
+// a warp-wide sum of squares, the backward's dw as per-warp partial column
+// sums (each column owned by one lane) summed per column afterwards in warp
+// order (columnSum): a fixed order, no atomics. The CPU kernels' formulas
+// (runtime/cpu/Kernels.cpp rmsNorm, rmsNormGrad), in f32.
+
+template <typename T>
+__device__ __forceinline__ float rowRstdWarp(const T *xr, int64_t cols, float eps, int lane) {
+  float ss = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    float v = ld(xr + c);
+    ss += v * v;
+  }
+  return 1.f / sqrtf(warpAllSum(ss) / (float)cols + eps);
+}
+
+template <typename T>
+__global__ void rmsNormWarpKernel(const T *x, const T *w, T *y, int64_t rows, int64_t cols,
+                                  float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    const T *xr = x + r * cols;
+    float rstd = rowRstdWarp(xr, cols, eps, lane);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(y + r * cols + c, ld(xr + c) * rstd * ld(w + c));
+  }
+}
+
+/// Warp w handles rows w, w + W, ...; partial + w * cols is its running dw.
+template <typename T>
+__global__ void rmsNormGradWarpKernel(const T *x, const T *w, const T *dy, T *dx,
+                                      float *partial, int64_t rows, int64_t cols, float eps,
+                                      int64_t W) {
+  int64_t wi = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (wi >= W)
+    return;
+  float *pw = partial + wi * cols;
+  for (int64_t c = lane; c < cols; c += 32)
+    pw[c] = 0.f;
+  for (int64_t r = wi; r < rows; r += W) {
+    const T *xr = x + r * cols, *dyr = dy + r * cols;
+    float rstd = rowRstdWarp(xr, cols, eps, lane);
+    float dot = 0;
+    for (int64_t c = lane; c < cols; c += 32) {
+      float xhat = ld(xr + c) * rstd, d = ld(dyr + c);
+      dot += d * ld(w + c) * xhat;
+      pw[c] += d * xhat;
+    }
+    float m = warpAllSum(dot) / (float)cols;
+    for (int64_t c = lane; c < cols; c += 32)
+      st(dx + r * cols + c, rstd * (ld(dyr + c) * ld(w + c) - ld(xr + c) * rstd * m));
+  }
+}
+
+template <typename T>
+cudaError_t rmsNormT(const void *x, const void *w, void *y, int64_t rows, int64_t cols,
+                     double eps, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  rmsNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(w), mp<T>(y), rows,
+                                                           cols, (float)eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx, void *dwv,
+                         float *partial, int64_t rows, int64_t cols, double eps,
+                         cudaStream_t s) {
+  T *dw = mp<T>(dwv);
+  if (rows <= 0)
+    return cudaMemsetAsync(dw, 0, sizeof(T) * cols, s);
+  int64_t W = lnGradWarps(rows);
+  unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  rmsNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx),
+                                                     partial, rows, cols, (float)eps, W);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  return columnSum(partial, dw, W, cols, cols, partial + W * cols, s);
+}
+
+/// Rotates each (i, i + D/2) pair of every head by sign * t * theta^(-2i/D),
+/// the angle, cosine and sine in double as the CPU kernel's, rounded to
+/// float; the pair read before it is written (in place is fine).
+template <typename T>
+cudaError_t ropeT(const void *xv, void *yv, int64_t B, int64_t Tn, int64_t C, int64_t heads,
+                  double theta, double sign, cudaStream_t s) {
+  const T *x = cp<T>(xv);
+  T *y = mp<T>(yv);
+  int64_t D = C / heads, half = D / 2;
+  return forEach(B * Tn * heads * half, s, [=] __device__(int64_t idx) {
+    int64_t i = idx % half, h = (idx / half) % heads, t = (idx / (half * heads)) % Tn,
+            b = idx / (half * heads * Tn);
+    double ang = (double)t * pow(theta, -2.0 * (double)i / (double)D);
+    float c = (float)cos(ang), sn = (float)(sign * sin(ang));
+    int64_t o = (b * Tn + t) * C + h * D;
+    float x1 = ld(x + o + i), x2 = ld(x + o + i + half);
+    st(y + o + i, x1 * c - x2 * sn);
+    st(y + o + i + half, x2 * c + x1 * sn);
+  });
+}
+
 // --- softmax + cross-entropy over a vocabulary -------------------------------------
 
 /// Online (max, sum of exp(x - max)) of one block's row, combined in a
@@ -1251,6 +1357,23 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
                               const void *beta, void *sum, void *y, int64_t rows, int64_t cols,
                               double eps, cudaStream_t s, LayerNormImpl impl) {
   FSDP_NATIVE_DISPATCH(t, residualLayerNormT, a, b, g, beta, sum, y, rows, cols, eps, s, impl);
+}
+cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t rows,
+                    int64_t cols, double eps, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, rmsNormT, x, w, y, rows, cols, eps, s);
+}
+int64_t rmsNormGradScratch(int64_t rows, int64_t cols) {
+  int64_t w = lnGradWarps(rows);
+  return w * cols + columnSumScratch(w, cols);
+}
+cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
+                        void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
+                        cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, rmsNormGradT, x, w, dy, dx, dw, scratch, rows, cols, eps, s);
+}
+cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int64_t C,
+                 int64_t heads, double theta, bool grad, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, ropeT, x, y, B, T, C, heads, theta, grad ? -1.0 : 1.0, s);
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,

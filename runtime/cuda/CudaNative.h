@@ -121,6 +121,21 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
                               double eps, cudaStream_t s,
                               LayerNormImpl impl = LayerNormImpl::Auto);
 
+/// RMS norm (Llama): y = x / rms(x) * w, one warp per row, f32 arithmetic.
+cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t rows,
+                    int64_t cols, double eps, cudaStream_t s);
+/// Floats of scratch rmsNormGrad needs: per-warp partial column sums of dw.
+int64_t rmsNormGradScratch(int64_t rows, int64_t cols);
+/// RMS norm backward: dx per row (one warp), dw as per-warp partials summed
+/// per column in warp order (no atomics; the same bits every run).
+cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
+                        void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
+                        cudaStream_t s);
+/// Rotary embedding of [B, T, C] (heads of C / heads), or its gradient (the
+/// inverse rotation), in the CPU kernel's angles.
+cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int64_t C,
+                 int64_t heads, double theta, bool grad, cudaStream_t s);
+
 /// Fused softmax + cross-entropy over the vocabulary, reading the logits in
 /// their storage dtype (no f32 copy of the logits is written): one online
 /// max / sum-of-exp pass per row, the per-row losses in `scratch` (rows

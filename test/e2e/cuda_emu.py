@@ -27,7 +27,8 @@ processes). Not a GPU result: it checks the backend's logic.
                 step by step by test/oracle/bf16_ref.py (PyTorch's bf16
                 module from our parameters before each step: the loss
                 within D u, u = 2^-8, D the bf16 roundings before it), the
-                oracle the CPU's bf16 path meets
+                oracle the CPU's bf16 path meets; the small Llama in bf16
+                (rms_norm, rope, swiglu native) within D u of the CPU
 
 usage: cuda_emu.py BIN_DIR TORCH_PYTHON
        cuda_emu.py BIN_DIR TORCH_PYTHON --compile-only PLAN_DIR
@@ -265,6 +266,25 @@ def main():
         if verdict != "ok":
             print(r.stdout[-3000:], r.stderr[-2000:])
             failures.append(f"bf16 {what}")
+
+    # The Llama in bf16 (rms_norm, rope and swiglu on the native kernels):
+    # every step within D u of the CPU's bf16 run, D the bf16 roundings
+    # before the loss (both round at the same places; only f32 summation
+    # orders differ: test/e2e/mixed_precision.py's argument).
+    plan = compile_plan(os.path.join(ROOT, "examples", "llama_small.mlir"), "llama_bf16",
+                        "optimizer=adamw param-dtype=bf16")
+    if mode != "--compile-only":
+        with open(plan) as f:
+            p = json.load(f)
+        depth = 0
+        for inst in p["program"]:
+            if inst["op"] in ("cross_entropy", "cross_entropy_fused"):
+                break
+            if inst["op"] not in ("all_gather", "wait") and any(
+                    p["buffers"][o]["dtype"] == "bf16" for o in inst["out"]):
+                depth += 1
+        check(f"bf16 llama cuda vs cpu (D = {depth})", run(plan, "llama_bf16_cuda", 6, 1e-3),
+              run(plan, "llama_bf16_cpu", 6, 1e-3, device="cpu"), depth * 2.0 ** -8)
 
     # A kernel choice the backend does not have, or tensor-core kernels for
     # an f32 plan: refused with the reason, before the first step.

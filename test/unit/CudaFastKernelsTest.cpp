@@ -257,6 +257,84 @@ TEST_F(CudaFastKernelsTest, Bf16SwigluIsTheWidenedPathBitwise) {
   expectF32Near(fdu.host(), du, 0, su, "swiglu_grad d_up vs cpu");
 }
 
+/// The Llama's row kernels (rms_norm, rms_norm_grad, rope, rope_grad) on bf16
+/// storage: the f32 kernel's results on the widened values, rounded once
+/// (bitwise: one arithmetic, f32 inside); the f32 kernels against the CPU's.
+/// Bounds: the row's sum of squares is within (cols + 2) u of its value, so
+/// 1/rms within (cols / 2 + 4) u; y = x r w and dx = r (dy w - xhat m) move by
+/// (cols + 16) u of their terms' magnitudes (m, a mean of cols products, by
+/// cols u of sum |dy w xhat| / cols); dw, a sum over rows, by (rows + cols +
+/// 16) u of sum |dy xhat|. rope: the f32 kernels may contract x1 c - x2 s
+/// into an fma: 2 u of |x1 c| + |x2 s|.
+TEST_F(CudaFastKernelsTest, Bf16RmsNormAndRopeAreTheWidenedPathBitwise) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 1024}, {5000, 48}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const int64_t n = rows * cols;
+    Bf16Vec x(randomVec(n, 41, 2.f)), w(randomVec(cols, 42)), dy(randomVec(n, 43));
+    Dev<uint16_t> bx(x.bits), bw(w.bits), bdy(dy.bits), by(n), bdx(n), bdw(cols);
+    Dev<float> fx(x.wide), fw(w.wide), fdy(dy.wide), fy(n), fdx(n), fdw(cols);
+    Dev<float> scratch(nat::rmsNormGradScratch(rows, cols));
+    ASSERT_EQ(nat::rmsNorm(FloatKind::BF16, bx.get(), bw.get(), by.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::rmsNorm(FloatKind::F32, fx.get(), fw.get(), fy.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    expectBitwise(by.host(), roundOnGpu(fy, n), "rms_norm");
+    ASSERT_EQ(nat::rmsNormGrad(FloatKind::BF16, bx.get(), bw.get(), bdy.get(), bdx.get(),
+                               bdw.get(), scratch.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::rmsNormGrad(FloatKind::F32, fx.get(), fw.get(), fdy.get(), fdx.get(),
+                               fdw.get(), scratch.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    expectBitwise(bdx.host(), roundOnGpu(fdx, n), "rms_norm_grad dx");
+    expectBitwise(bdw.host(), roundOnGpu(fdw, cols), "rms_norm_grad dw");
+    // The f32 kernels against the CPU's.
+    std::vector<float> y(n), dx(n), dw(cols);
+    cpu::rmsNorm(x.wide.data(), w.wide.data(), y.data(), rows, cols, 1e-5);
+    cpu::rmsNormGrad(x.wide.data(), w.wide.data(), dy.wide.data(), dx.data(), dw.data(), rows,
+                     cols, 1e-5);
+    std::vector<double> sy(n), sdx(n), sdw(cols, 0.0);
+    const double k = (cols + 16) * kU;
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0, dot = 0;
+      for (int64_t c = 0; c < cols; ++c)
+        ss += (double)x.wide[r * cols + c] * x.wide[r * cols + c];
+      double rs = 1 / std::sqrt(ss / cols + 1e-5);
+      for (int64_t c = 0; c < cols; ++c)
+        dot += std::fabs(dy.wide[r * cols + c] * w.wide[c] * x.wide[r * cols + c] * rs);
+      for (int64_t c = 0; c < cols; ++c) {
+        int64_t i = r * cols + c;
+        double xh = std::fabs(x.wide[i] * rs), dyw = std::fabs(dy.wide[i] * w.wide[c]);
+        sy[i] = k * xh * std::fabs(w.wide[c]);
+        sdx[i] = 2 * k * rs * (dyw + xh * dot / cols);
+        sdw[c] += (rows + cols + 16) * kU * std::fabs(dy.wide[i]) * xh;
+      }
+    }
+    expectF32Near(fy.host(), y, 0, sy, "rms_norm vs cpu");
+    expectF32Near(fdx.host(), dx, 0, sdx, "rms_norm_grad dx vs cpu");
+    expectF32Near(fdw.host(), dw, 0, sdw, "rms_norm_grad dw vs cpu");
+  }
+  const int64_t B = 2, T = 9, C = 64, H = 4;
+  Bf16Vec x(randomVec(B * T * C, 44));
+  Dev<uint16_t> bx(x.bits), by(B * T * C);
+  Dev<float> fx(x.wide), fy(B * T * C), ref(B * T * C);
+  for (bool grad : {false, true}) {
+    const char *what = grad ? "rope_grad" : "rope";
+    ASSERT_EQ(nat::rope(FloatKind::BF16, bx.get(), by.get(), B, T, C, H, 1e4, grad, 0),
+              cudaSuccess);
+    ASSERT_EQ(nat::rope(FloatKind::F32, fx.get(), fy.get(), B, T, C, H, 1e4, grad, 0),
+              cudaSuccess);
+    expectBitwise(by.host(), roundOnGpu(fy, B * T * C), what);
+    ASSERT_EQ((grad ? gpu::ropeGrad : gpu::rope)(fx.get(), ref.get(), B, T, C, H, 1e4, 0),
+              cudaSuccess);
+    expectBitwise(fy.host(), ref.host(), what);
+    std::vector<float> want(B * T * C);
+    (grad ? cpu::ropeGrad<float> : cpu::rope<float>)(x.wide.data(), want.data(), B, T, C, H,
+                                                      1e4);
+    // |x1 c| + |x2 s| <= |x1| + |x2| <= 2 max|x|.
+    expectF32Near(fy.host(), want, 0, 2 * kU * 2 * maxAbs(x.wide), what);
+  }
+}
+
 TEST_F(CudaFastKernelsTest, Bf16BroadcastBiasSumToAndDataMovement) {
   gpu::Shape sa{4, 1, 8}, sb{3, 1}, so{4, 3, 8};
   Bf16Vec a(randomVec(32, 3)), b(randomVec(3, 4)), big(randomVec(96, 5));
