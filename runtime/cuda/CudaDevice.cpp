@@ -39,7 +39,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 namespace fsdp::cuda {
@@ -119,6 +121,10 @@ public:
                     (void *)badPos, (void *)stepCtx})
       if (p)
         cudaFree(p);
+    for (auto &[key, t] : ropeTables) {
+      cudaFree(t.first);
+      cudaFree(t.second);
+    }
     if (hostArena)
       cudaFreeHost(hostArena);
     if (compute.s)
@@ -436,6 +442,10 @@ private:
   /// allocated by prepare() when the plan has one, written by
   /// setDropoutContext.
   uint64_t *stepCtx = nullptr;
+  /// The rotary embedding's cos / sin tables in device memory, one per (T,
+  /// head dim, theta) the plan's rope instructions use (native::ropeAngles).
+  std::map<std::tuple<int64_t, int64_t, double>, std::pair<float *, float *>> ropeTables;
+  Status ropeTable(int64_t T, int64_t D, double theta, const float *&cs, const float *&sn);
   Scratch scratch;
   std::vector<Launch> launches;
   /// fsdp-offload's pinned host arena, at offsets from hostStart on.
@@ -837,12 +847,13 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
   } else if (n == "rope" || n == "rope_grad") {
     const auto &sh = op.in(0).shape;
     int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
-    double theta = op.f("theta", 1e4);
+    const float *cs = nullptr, *sn = nullptr;
+    FSDP_RETURN_IF_ERROR(ropeTable(T, C / heads, op.f("theta", 1e4), cs, sn));
     const void *x = v(0);
     void *y = w(0);
     bool grad = n == "rope_grad";
     out = fromCuda(
-        [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, theta, grad, s); },
+        [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, cs, sn, grad, s); },
         n);
   } else if (n == "fill") {
     void *y = w(0);
@@ -1073,6 +1084,26 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
   return Status::ok();
 }
 
+Status CudaDevice::ropeTable(int64_t T, int64_t D, double theta, const float *&cs,
+                             const float *&sn) {
+  auto key = std::make_tuple(T, D, theta);
+  auto it = ropeTables.find(key);
+  if (it == ropeTables.end()) {
+    std::vector<float> c, s;
+    native::ropeAngles(T, D, theta, c, s);
+    float *dc = nullptr, *ds = nullptr;
+    size_t bytes = sizeof(float) * std::max<size_t>(c.size(), 1);
+    FSDP_CUDA_CHECK(cudaMalloc(&dc, bytes));
+    FSDP_CUDA_CHECK(cudaMalloc(&ds, bytes));
+    it = ropeTables.emplace(key, std::make_pair(dc, ds)).first;
+    FSDP_CUDA_CHECK(cudaMemcpy(dc, c.data(), sizeof(float) * c.size(), cudaMemcpyHostToDevice));
+    FSDP_CUDA_CHECK(cudaMemcpy(ds, s.data(), sizeof(float) * s.size(), cudaMemcpyHostToDevice));
+  }
+  cs = it->second.first;
+  sn = it->second.second;
+  return Status::ok();
+}
+
 void CudaDevice::swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                               Launch &out) {
   auto at = [&](int64_t id) { return base + bufferOffset(op.plan, id, rank); };
@@ -1245,18 +1276,9 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     // forward and 137 ms backward per GPT-2 layer at B=16, T=1024 on an H100.
     return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "rope" || n == "rope_grad") {
-    const auto &sh = op.in(0).shape;
-    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
-    double theta = op.f("theta", 1e4);
-    const float *x = r.in(0);
-    float *y = r.out(0);
-    bool grad = n == "rope_grad";
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return grad ? ropeGrad(x, y, B, T, C, heads, theta, s)
-                      : rope(x, y, B, T, C, heads, theta, s);
-        },
-        n);
+    // The table-driven kernel (CudaNative.h); the reference kernels
+    // (CudaKernels.h, the tests' baseline) compute the angles per pair.
+    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "embedding") {
     const Buffer &t = op.in(0);
     int64_t vocab = t.shape[0], width = t.shape[1], cnt = op.in(1).numel();

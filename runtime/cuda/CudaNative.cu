@@ -16,6 +16,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
+#include <vector>
+
 namespace fsdp::cuda::native {
 namespace {
 
@@ -916,24 +919,26 @@ cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx,
   return columnSum(partial, dw, W, cols, cols, partial + W * cols, s);
 }
 
-/// Rotates each (i, i + D/2) pair of every head by sign * t * theta^(-2i/D),
-/// the angle, cosine and sine in double as the CPU kernel's, rounded to
-/// float; the pair read before it is written (in place is fine).
+/// Rotates each (i, i + D/2) pair of every head of row t by sign * t *
+/// theta^(-2i/D), reading the angle's cosine and sine from tables [T, D/2]
+/// made on the host at prepare (ropeAngles: the CPU kernel's values), so
+/// the kernel moves bytes only (computing them here took double-precision
+/// pow, cos and sin per pair, every layer, every step). The pair is read
+/// before it is written (in place is fine).
 template <typename T>
 cudaError_t ropeT(const void *xv, void *yv, int64_t B, int64_t Tn, int64_t C, int64_t heads,
-                  double theta, double sign, cudaStream_t s) {
+                  const float *cs, const float *sn, float sign, cudaStream_t s) {
   const T *x = cp<T>(xv);
   T *y = mp<T>(yv);
   int64_t D = C / heads, half = D / 2;
   return forEach(B * Tn * heads * half, s, [=] __device__(int64_t idx) {
     int64_t i = idx % half, h = (idx / half) % heads, t = (idx / (half * heads)) % Tn,
             b = idx / (half * heads * Tn);
-    double ang = (double)t * pow(theta, -2.0 * (double)i / (double)D);
-    float c = (float)cos(ang), sn = (float)(sign * sin(ang));
+    float c = cs[t * half + i], sg = sign * sn[t * half + i];
     int64_t o = (b * Tn + t) * C + h * D;
     float x1 = ld(x + o + i), x2 = ld(x + o + i + half);
-    st(y + o + i, x1 * c - x2 * sn);
-    st(y + o + i + half, x2 * c + x1 * sn);
+    st(y + o + i, x1 * c - x2 * sg);
+    st(y + o + i + half, x2 * c + x1 * sg);
   });
 }
 
@@ -1371,9 +1376,23 @@ cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *d
                         cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, rmsNormGradT, x, w, dy, dx, dw, scratch, rows, cols, eps, s);
 }
+void ropeAngles(int64_t T, int64_t D, double theta, std::vector<float> &cs,
+                std::vector<float> &sn) {
+  int64_t half = D / 2;
+  cs.assign(T * half, 0.f);
+  sn.assign(T * half, 0.f);
+  for (int64_t i = 0; i < half; ++i) {
+    double freq = std::pow(theta, -2.0 * (double)i / (double)D);
+    for (int64_t t = 0; t < T; ++t) {
+      double a = (double)t * freq;
+      cs[t * half + i] = (float)std::cos(a);
+      sn[t * half + i] = (float)std::sin(a);
+    }
+  }
+}
 cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int64_t C,
-                 int64_t heads, double theta, bool grad, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, ropeT, x, y, B, T, C, heads, theta, grad ? -1.0 : 1.0, s);
+                 int64_t heads, const float *cs, const float *sn, bool grad, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, ropeT, x, y, B, T, C, heads, cs, sn, grad ? -1.f : 1.f, s);
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,

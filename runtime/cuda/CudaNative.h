@@ -28,6 +28,8 @@
 
 #include "runtime/cuda/CudaKernels.h"
 
+#include <vector>
+
 namespace fsdp::cuda::native {
 
 enum class UnaryKind { Neg, Scale, Relu, Gelu, GeluExact, Silu };
@@ -131,10 +133,14 @@ int64_t rmsNormGradScratch(int64_t rows, int64_t cols);
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
                         void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
                         cudaStream_t s);
+/// The rotary embedding's cos / sin of t * theta^(-2i/D), [T, D/2] each, as
+/// the CPU kernel computes them (double, rounded to float).
+void ropeAngles(int64_t T, int64_t D, double theta, std::vector<float> &cs,
+                std::vector<float> &sn);
 /// Rotary embedding of [B, T, C] (heads of C / heads), or its gradient (the
-/// inverse rotation), in the CPU kernel's angles.
+/// inverse rotation), with ropeAngles' tables in device memory.
 cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int64_t C,
-                 int64_t heads, double theta, bool grad, cudaStream_t s);
+                 int64_t heads, const float *cs, const float *sn, bool grad, cudaStream_t s);
 
 /// Fused softmax + cross-entropy over the vocabulary, reading the logits in
 /// their storage dtype (no f32 copy of the logits is written): one online
