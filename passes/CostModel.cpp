@@ -206,6 +206,10 @@ SmallVector<StringRef> epilogueOps(Operation *op) {
     ops.append({"add", "layer_norm"});
   } else if (isa<LayerNormGradAccOp>(op)) {
     ops.append({"layer_norm_grad", "add"});
+  } else if (isa<ResidualRmsNormOp>(op)) {
+    ops.append({"add", "rms_norm"});
+  } else if (isa<RmsNormGradAccOp>(op)) {
+    ops.append({"rms_norm_grad", "add"});
   } else if (isa<CrossEntropyFusedOp>(op)) {
     ops.push_back("cross_entropy_grad");
   } else if (isa<MatmulBiasGradOp>(op)) {
@@ -510,7 +514,8 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
     // are part of the one kernel (fsdp-sim's compute_cost). A fused layer
     // norm is nothing but its passes there (no GEMM), so its own roofline
     // is not counted on top of them.
-    if (!p.secondsPerUnit.empty() && isa<ResidualLayerNormOp, LayerNormGradAccOp>(op))
+    if (!p.secondsPerUnit.empty() &&
+        isa<ResidualLayerNormOp, LayerNormGradAccOp, ResidualRmsNormOp, RmsNormGradAccOp>(op))
       work = 0;
     if (!p.secondsPerUnit.empty())
       for (StringRef e : epilogueOps(op)) {

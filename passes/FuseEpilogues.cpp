@@ -115,6 +115,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     SmallVector<GeluGradOp> geluGrads;
     SmallVector<LayerNormOp> norms;
     SmallVector<LayerNormGradOp> normGrads;
+    SmallVector<RmsNormOp> rmsNorms;
+    SmallVector<RmsNormGradOp> rmsNormGrads;
     getOperation().walk([&](Operation *op) {
       if (auto b = dyn_cast<BiasAddOp>(op))
         biases.push_back(b);
@@ -124,6 +126,10 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
         norms.push_back(n);
       else if (auto n = dyn_cast<LayerNormGradOp>(op))
         normGrads.push_back(n);
+      else if (auto n = dyn_cast<RmsNormOp>(op))
+        rmsNorms.push_back(n);
+      else if (auto n = dyn_cast<RmsNormGradOp>(op))
+        rmsNormGrads.push_back(n);
     });
     for (BiasAddOp b : biases)
       fuseForward(b);
@@ -147,6 +153,10 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     for (LayerNormOp n : norms)
       fuseResidualNorm(n);
     for (LayerNormGradOp n : normGrads)
+      fuseNormGradAcc(n);
+    for (RmsNormOp n : rmsNorms)
+      fuseResidualNorm(n);
+    for (RmsNormGradOp n : rmsNormGrads)
       fuseNormGradAcc(n);
     // Outermost sums first: an inner add of a tree is erased with it.
     SmallVector<AddOp> adds;
@@ -484,22 +494,36 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   /// same block and pass: `%s, %y = residual_layer_norm %a, %b, ...` where
   /// the layer norm was (nothing reads %s before it).
   void fuseResidualNorm(LayerNormOp ln) {
-    auto add = ln.getInput().getDefiningOp<AddOp>();
-    if (!add || !sameShapedAdd(add) || add->getBlock() != ln->getBlock() ||
-        add->hasAttr(kRecomputeAttrName) != ln->hasAttr(kRecomputeAttrName))
+    fuseResidual(ln, [&](OpBuilder &b, AddOp add, Type t) {
+      return b.create<ResidualLayerNormOp>(ln.getLoc(), TypeRange{t, t}, add.getLhs(),
+                                           add.getRhs(), ln.getGamma(), ln.getBeta(),
+                                           ln.getEpsilonAttr());
+    });
+  }
+  void fuseResidualNorm(RmsNormOp rn) {
+    fuseResidual(rn, [&](OpBuilder &b, AddOp add, Type t) {
+      return b.create<ResidualRmsNormOp>(rn.getLoc(), TypeRange{t, t}, add.getLhs(),
+                                         add.getRhs(), rn.getWeight(), rn.getEpsilonAttr());
+    });
+  }
+
+  /// `norm(add(a, b), ...)` (a layer or RMS norm whose input is a
+  /// same-shaped add read by nothing before it): `make` builds the residual
+  /// form returning (a + b, the norm).
+  template <typename Norm, typename Make> void fuseResidual(Norm norm, Make make) {
+    auto add = norm.getInput().template getDefiningOp<AddOp>();
+    if (!add || !sameShapedAdd(add) || add->getBlock() != norm->getBlock() ||
+        add->hasAttr(kRecomputeAttrName) != norm->hasAttr(kRecomputeAttrName))
       return;
     for (Operation *user : add.getResult().getUsers())
-      if (user != ln && (user->getBlock() != ln->getBlock() || user->isBeforeInBlock(ln)))
+      if (user != norm && (user->getBlock() != norm->getBlock() || user->isBeforeInBlock(norm)))
         return;
-    OpBuilder b(ln);
-    Type t = add.getResult().getType();
-    auto fused = b.create<ResidualLayerNormOp>(ln.getLoc(), TypeRange{t, t}, add.getLhs(),
-                                               add.getRhs(), ln.getGamma(), ln.getBeta(),
-                                               ln.getEpsilonAttr());
-    keepMarks(ln, fused);
-    ln.getResult().replaceAllUsesWith(fused.getResult());
+    OpBuilder b(norm);
+    auto fused = make(b, add, add.getResult().getType());
+    keepMarks(norm, fused);
+    norm.getResult().replaceAllUsesWith(fused.getResult());
     add.getResult().replaceAllUsesWith(fused.getSum());
-    ln.erase();
+    norm.erase();
     add.erase();
     ++numFused;
   }
@@ -510,35 +534,58 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   /// %acc is defined before it, else where the add was when nothing reads
   /// %dg or %db before the add.
   void fuseNormGradAcc(LayerNormGradOp lg) {
-    Value dx = lg.getDInput();
+    fuseGradAcc(lg, {lg.getDGamma(), lg.getDBeta()}, [&](OpBuilder &b, Value acc) {
+      auto fused = b.create<LayerNormGradAccOp>(
+          lg.getLoc(),
+          TypeRange{lg.getDInput().getType(), lg.getDGamma().getType(),
+                    lg.getDBeta().getType()},
+          lg.getInput(), lg.getGamma(), lg.getGrad(), acc, lg.getEpsilonAttr());
+      lg.getDGamma().replaceAllUsesWith(fused.getDGamma());
+      lg.getDBeta().replaceAllUsesWith(fused.getDBeta());
+      return fused;
+    });
+  }
+  void fuseNormGradAcc(RmsNormGradOp rg) {
+    fuseGradAcc(rg, {rg.getDWeight()}, [&](OpBuilder &b, Value acc) {
+      auto fused = b.create<RmsNormGradAccOp>(
+          rg.getLoc(), TypeRange{rg.getDInput().getType(), rg.getDWeight().getType()},
+          rg.getInput(), rg.getWeight(), rg.getGrad(), acc, rg.getEpsilonAttr());
+      rg.getDWeight().replaceAllUsesWith(fused.getDWeight());
+      return fused;
+    });
+  }
+
+  /// A norm gradient `g` whose input gradient is read only by a same-shaped
+  /// add: `make` builds the accumulating form at the chosen place (and
+  /// moves the parameter gradients `params` to it); the add's result
+  /// becomes its d_input.
+  template <typename Grad, typename Make>
+  void fuseGradAcc(Grad g, std::initializer_list<Value> params, Make make) {
+    Value dx = g.getDInput();
     if (!dx.hasOneUse())
       return;
     auto add = dyn_cast<AddOp>(*dx.getUsers().begin());
-    if (!add || !sameShapedAdd(add) || add->getBlock() != lg->getBlock() ||
-        add->hasAttr(kRecomputeAttrName) != lg->hasAttr(kRecomputeAttrName))
+    if (!add || !sameShapedAdd(add) || add->getBlock() != g->getBlock() ||
+        add->hasAttr(kRecomputeAttrName) != g->hasAttr(kRecomputeAttrName))
       return;
     Value acc = add.getLhs() == dx ? add.getRhs() : add.getLhs();
     if (acc == dx)
       return; // dx + dx
-    Operation *at = lg;
+    Operation *at = g;
     Operation *def = acc.getDefiningOp();
-    if (def && def->getBlock() == lg->getBlock() && !def->isBeforeInBlock(lg)) {
-      for (Value v : {lg.getDGamma(), lg.getDBeta()})
+    if (def && def->getBlock() == g->getBlock() && !def->isBeforeInBlock(g)) {
+      for (Value v : params)
         for (Operation *user : v.getUsers())
           if (user->getBlock() != add->getBlock() || user->isBeforeInBlock(add))
             return;
       at = add;
     }
     OpBuilder b(at);
-    auto fused = b.create<LayerNormGradAccOp>(
-        lg.getLoc(), TypeRange{dx.getType(), lg.getDGamma().getType(), lg.getDBeta().getType()},
-        lg.getInput(), lg.getGamma(), lg.getGrad(), acc, lg.getEpsilonAttr());
-    keepMarks(lg, fused);
+    auto fused = make(b, acc);
+    keepMarks(g, fused);
     add.getResult().replaceAllUsesWith(fused.getDInput());
-    lg.getDGamma().replaceAllUsesWith(fused.getDGamma());
-    lg.getDBeta().replaceAllUsesWith(fused.getDBeta());
     add.erase();
-    lg.erase();
+    g.erase();
     ++numFused;
   }
 

@@ -492,6 +492,14 @@ LogicalResult RmsNormGradOp::verify() {
                        getEpsilon().convertToDouble());
 }
 
+LogicalResult ResidualRmsNormOp::verify() {
+  return verifyRmsNorm(*this, rt(getLhs()), rt(getWeight()), getEpsilon().convertToDouble());
+}
+
+LogicalResult RmsNormGradAccOp::verify() {
+  return verifyRmsNorm(*this, rt(getInput()), rt(getWeight()), getEpsilon().convertToDouble());
+}
+
 /// Shared by rope and rope_grad: [B, T, heads*D] with D even, theta > 1
 /// (theta <= 1 would not decrease the frequencies with i).
 static LogicalResult verifyRope(Operation *op, RankedTensorType x,

@@ -442,6 +442,49 @@ def Fsdp_ResidualLayerNormOp : Fsdp_Op<"residual_layer_norm",
   let hasVerifier = 1;
 }
 
+def Fsdp_ResidualRmsNormOp : Fsdp_Op<"residual_rms_norm",
+    [Pure, AllTypesMatch<["lhs", "rhs", "sum", "result"]>]> {
+  let summary = "a residual add and the RMS norm of the sum, in one kernel";
+  let description = [{
+    `sum = lhs + rhs` (same shapes) and `result = rms_norm(sum, weight)`
+    (see `fsdp.rms_norm`): a Llama's residual stream, as
+    `fsdp.residual_layer_norm` is GPT's. Written by fsdp-fuse-epilogues.
+
+    ```mlir
+    %s, %y = fsdp.residual_rms_norm %x, %h, %w epsilon = 1.000000e-05 : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
+                       Fsdp_FloatTensor:$weight, F64Attr:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$sum, Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $weight `epsilon` `=` $epsilon attr-dict `:` type($lhs) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_RmsNormGradAccOp : Fsdp_Op<"rms_norm_grad_acc",
+    [Pure, AllTypesMatch<["input", "grad", "acc", "d_input"]>,
+     AllTypesMatch<["weight", "d_weight"]>]> {
+  let summary = "rms_norm_grad whose input gradient is added to another";
+  let description = [{
+    As `fsdp.rms_norm_grad`, but `d_input` is `acc` plus the norm's input
+    gradient: the residual stream's gradient accumulated in the same
+    kernel. Written by fsdp-fuse-epilogues.
+
+    ```mlir
+    %dx, %dw = fsdp.rms_norm_grad_acc %x, %w, %dy, %dres epsilon = 1.000000e-05 : tensor<8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, Fsdp_FloatTensor:$weight,
+                       Fsdp_FloatTensor:$grad, Fsdp_FloatTensor:$acc, F64Attr:$epsilon);
+  let results = (outs Fsdp_FloatTensor:$d_input, Fsdp_FloatTensor:$d_weight);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $grad `,` $acc `epsilon` `=` $epsilon attr-dict `:` type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_LayerNormGradAccOp : Fsdp_Op<"layer_norm_grad_acc",
     [Pure, AllTypesMatch<["input", "grad", "acc", "d_input"]>]> {
   let summary = "layer_norm_grad whose input gradient is added to another";

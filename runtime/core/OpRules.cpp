@@ -405,14 +405,33 @@ const std::unordered_map<std::string, Check> &checks() {
                           ": attribute epsilon: expected a positive "
                           "number, found ",
                           eps);
-      if (op.inst.in.size() == 3) {
+      if (op.inst.in.size() >= 3) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), s, "a gradient"));
         FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), c, "d_weight"));
       }
+      if (op.inst.in.size() == 4)
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), s, "an accumulated gradient"));
       return expectShape(op, op.out(0), s, "a result");
     };
     m["rms_norm"] = checkRmsNorm;
     m["rms_norm_grad"] = checkRmsNorm;
+    m["rms_norm_grad_acc"] = checkRmsNorm; // x, w, dy, acc -> dx + acc, dw
+    m["residual_rms_norm"] = [](const Op &op) { // a, b, w -> a + b, y
+      FSDP_RETURN_IF_ERROR(expectAllF32(op));
+      const Shape &s = op.in(0).shape;
+      if (s.empty())
+        return FSDP_ERROR(op.inst.op, ": expected an input of rank >= 1, found a scalar");
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), s, "a right operand"));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {s.back()}, "a weight"));
+      double eps = op.f("epsilon", 0);
+      if (!op.attrError.empty())
+        return Status::error(op.attrError);
+      if (!(eps > 0))
+        return FSDP_ERROR(op.inst.op, ": attribute epsilon: expected a positive number, found ",
+                          eps);
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), s, "a sum"));
+      return expectShape(op, op.out(1), s, "a result");
+    };
     // rope / rope_grad: [B, T, heads*D] -> the same, D even, theta > 1.
     auto checkRope = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));

@@ -101,6 +101,8 @@ inline constexpr OpSchema kOps[] = {
     {"swiglu_grad", 3, 2, OpKind::Compute}, // gate, up, dy -> d_gate, d_up
     {"rms_norm", 2, 1, OpKind::Compute},
     {"rms_norm_grad", 3, 2, OpKind::Compute},
+    {"residual_rms_norm", 3, 2, OpKind::Compute}, // a, b, w -> a + b, y
+    {"rms_norm_grad_acc", 4, 2, OpKind::Compute}, // x, w, dy, acc -> dx + acc, dw
     {"rope", 1, 1, OpKind::Compute},
     {"rope_grad", 1, 1, OpKind::Compute},
     {"embedding", 2, 1, OpKind::Compute},

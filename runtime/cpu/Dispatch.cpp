@@ -325,6 +325,22 @@ const std::unordered_map<std::string, Exec> &table() {
                      r.op.f("epsilon", 1e-6));
       return Status::ok();
     };
+    // The fused residual stream of a Llama (fsdp-fuse-epilogues): the add's
+    // and the norm's kernels in order, so f32 is bitwise the unfused plan.
+    m["residual_rms_norm"] = [](const Run &r) {
+      const Shape &x = r.op.in(0).shape;
+      binary<float>(BinaryKind::Add, r.in(0), x, r.in(1), x, r.out(0), x);
+      rmsNorm<float>(r.out(0), r.in(2), r.out(1), rowsOf(r.op.in(0)), lastDim(r.op.in(0)),
+                     r.op.f("epsilon", 1e-6));
+      return Status::ok();
+    };
+    m["rms_norm_grad_acc"] = [](const Run &r) {
+      const Shape &x = r.op.in(0).shape;
+      rmsNormGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.out(1), rowsOf(r.op.in(0)),
+                         lastDim(r.op.in(0)), r.op.f("epsilon", 1e-6));
+      binary<float>(BinaryKind::Add, r.in(3), x, r.out(0), x, r.out(0), x);
+      return Status::ok();
+    };
     m["rms_norm_grad"] = [](const Run &r) {
       rmsNormGrad<float>(r.in(0), r.in(1), r.in(2), r.out(0), r.out(1), rowsOf(r.op.in(0)),
                          lastDim(r.op.in(0)), r.op.f("epsilon", 1e-6));

@@ -518,7 +518,7 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
                              {rules::lastDim(op.out(0))});
   } else if (n == "embedding_grad") {
     f = native::embeddingGradScratch(op.in(0).numel());
-  } else if (n == "rms_norm_grad") {
+  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
     f = std::max(rules::rowsOf(op.in(0)),
                  native::rmsNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
   } else if (n == "cross_entropy" || n == "cross_entropy_fused") {
@@ -542,7 +542,8 @@ bool nativeOp(const std::string &n) {
       "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad", "concat", "transpose",
       "broadcast", "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
       "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv",
-      "attention_qkv_grad", "rms_norm", "rms_norm_grad", "rope", "rope_grad"};
+      "attention_qkv_grad", "rms_norm", "rms_norm_grad", "residual_rms_norm",
+      "rms_norm_grad_acc", "rope", "rope_grad"};
   // clang-format on
   return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
 }
@@ -833,15 +834,27 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     double eps = op.f("epsilon", 1e-6);
     out = fromCuda(
         [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
-  } else if (n == "rms_norm_grad") {
+  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
     const Buffer &x = op.in(0);
     int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
     const void *xp = v(0), *g = v(1), *dy = v(2);
+    const void *acc = n == "rms_norm_grad_acc" ? v(3) : nullptr;
     void *dx = w(0), *dg = w(1);
     double eps = op.f("epsilon", 1e-6);
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::rmsNormGrad(t, xp, g, dy, dx, dg, sf, rows, cols, eps, s);
+          return native::rmsNormGrad(t, xp, g, dy, dx, dg, sf, rows, cols, eps, s, acc);
+        },
+        n);
+  } else if (n == "residual_rms_norm") {
+    const Buffer &x = op.in(0);
+    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+    const void *a = v(0), *b = v(1), *g = v(2);
+    void *sum = w(0), *y = w(1);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::residualRmsNorm(t, a, b, g, sum, y, rows, cols, eps, s);
         },
         n);
   } else if (n == "rope" || n == "rope_grad") {
@@ -1264,8 +1277,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return layerNormGrad(xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
         },
         n);
-  } else if (n == "rms_norm_grad") {
-    // The warp-per-row kernel with partial column sums (CudaNative.h): the
+  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc" || n == "residual_rms_norm") {
+    // The warp-per-row kernels with partial column sums (CudaNative.h): the
     // reference kernel's one thread per column over every row (the tests'
     // baseline) leaves most of the GPU idle for dw.
     return buildNative(op, FloatKind::F32, base, rank, out);
@@ -1538,7 +1551,7 @@ bool CudaDevice::implementsOp(const std::string &op) const {
       "matmul_gelu_grad", "matmul_bias_grad", "layer_norm",
       "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
       "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "swiglu",
-      "swiglu_grad", "rms_norm",
+      "swiglu_grad", "rms_norm", "residual_rms_norm", "rms_norm_grad_acc",
       "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
       "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
       "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "cross_entropy_fused",

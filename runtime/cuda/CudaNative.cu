@@ -866,11 +866,31 @@ __global__ void rmsNormWarpKernel(const T *x, const T *w, T *y, int64_t rows, in
   }
 }
 
+/// sum = a + b rounded to T, y = rms_norm(sum): each lane reads back only
+/// the sum elements it wrote (as residualLayerNormWarpKernel).
+template <typename T>
+__global__ void residualRmsNormWarpKernel(const T *a, const T *b, const T *w, T *sum, T *y,
+                                          int64_t rows, int64_t cols, float eps) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  int lane = threadIdx.x & 31;
+  for (int64_t r = warp; r < rows; r += nw) {
+    int64_t o = r * cols;
+    for (int64_t c = lane; c < cols; c += 32)
+      st(sum + o + c, ld(a + o + c) + ld(b + o + c));
+    float rstd = rowRstdWarp(sum + o, cols, eps, lane);
+    for (int64_t c = lane; c < cols; c += 32)
+      st(y + o + c, ld(sum + o + c) * rstd * ld(w + c));
+  }
+}
+
 /// Warp w handles rows w, w + W, ...; partial + w * cols is its running dw.
+/// With acc (rms_norm_grad_acc), dx = acc + the input gradient, added in
+/// f32 before dx's one rounding.
 template <typename T>
 __global__ void rmsNormGradWarpKernel(const T *x, const T *w, const T *dy, T *dx,
                                       float *partial, int64_t rows, int64_t cols, float eps,
-                                      int64_t W) {
+                                      int64_t W, const T *acc) {
   int64_t wi = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int lane = threadIdx.x & 31;
   if (wi >= W)
@@ -888,8 +908,10 @@ __global__ void rmsNormGradWarpKernel(const T *x, const T *w, const T *dy, T *dx
       pw[c] += d * xhat;
     }
     float m = warpAllSum(dot) / (float)cols;
-    for (int64_t c = lane; c < cols; c += 32)
-      st(dx + r * cols + c, rstd * (ld(dyr + c) * ld(w + c) - ld(xr + c) * rstd * m));
+    for (int64_t c = lane; c < cols; c += 32) {
+      float v = rstd * (ld(dyr + c) * ld(w + c) - ld(xr + c) * rstd * m);
+      st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
+    }
   }
 }
 
@@ -904,16 +926,27 @@ cudaError_t rmsNormT(const void *x, const void *w, void *y, int64_t rows, int64_
 }
 
 template <typename T>
+cudaError_t residualRmsNormT(const void *a, const void *b, const void *w, void *sum, void *y,
+                             int64_t rows, int64_t cols, double eps, cudaStream_t s) {
+  if (rows <= 0)
+    return cudaSuccess;
+  residualRmsNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+      cp<T>(a), cp<T>(b), cp<T>(w), mp<T>(sum), mp<T>(y), rows, cols, (float)eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx, void *dwv,
                          float *partial, int64_t rows, int64_t cols, double eps,
-                         cudaStream_t s) {
+                         cudaStream_t s, const void *acc) {
   T *dw = mp<T>(dwv);
   if (rows <= 0)
     return cudaMemsetAsync(dw, 0, sizeof(T) * cols, s);
   int64_t W = lnGradWarps(rows);
   unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
   rmsNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx),
-                                                     partial, rows, cols, (float)eps, W);
+                                                     partial, rows, cols, (float)eps, W,
+                                                     cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
   return columnSum(partial, dw, W, cols, cols, partial + W * cols, s);
@@ -1373,8 +1406,12 @@ int64_t rmsNormGradScratch(int64_t rows, int64_t cols) {
 }
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
                         void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
-                        cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, rmsNormGradT, x, w, dy, dx, dw, scratch, rows, cols, eps, s);
+                        cudaStream_t s, const void *acc) {
+  FSDP_NATIVE_DISPATCH(t, rmsNormGradT, x, w, dy, dx, dw, scratch, rows, cols, eps, s, acc);
+}
+cudaError_t residualRmsNorm(FloatKind t, const void *a, const void *b, const void *w, void *sum,
+                            void *y, int64_t rows, int64_t cols, double eps, cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(t, residualRmsNormT, a, b, w, sum, y, rows, cols, eps, s);
 }
 void ropeAngles(int64_t T, int64_t D, double theta, std::vector<float> &cs,
                 std::vector<float> &sn) {

@@ -129,10 +129,16 @@ cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t 
 /// Floats of scratch rmsNormGrad needs: per-warp partial column sums of dw.
 int64_t rmsNormGradScratch(int64_t rows, int64_t cols);
 /// RMS norm backward: dx per row (one warp), dw as per-warp partials summed
-/// per column in warp order (no atomics; the same bits every run).
+/// per column in warp order (no atomics; the same bits every run). With
+/// `acc` (rms_norm_grad_acc), dx = acc + the input gradient, added in f32
+/// before dx's one rounding.
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
                         void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
-                        cudaStream_t s);
+                        cudaStream_t s, const void *acc = nullptr);
+/// residual_rms_norm: sum = a + b (rounded to t and stored), then the RMS
+/// norm of the stored sum, one warp per row (as the CPU's add, then rms_norm).
+cudaError_t residualRmsNorm(FloatKind t, const void *a, const void *b, const void *w, void *sum,
+                            void *y, int64_t rows, int64_t cols, double eps, cudaStream_t s);
 /// The rotary embedding's cos / sin of t * theta^(-2i/D), [T, D/2] each, as
 /// the CPU kernel computes them (double, rounded to float).
 void ropeAngles(int64_t T, int64_t D, double theta, std::vector<float> &cs,

@@ -9,7 +9,8 @@ steps on N ranks and checks that
   - the per-step losses and the final parameters are bitwise equal (the
     CPU kernels of matmul_bias, matmul_gelu_grad, matmul_bias_grad,
     residual_layer_norm, layer_norm_grad_acc, attention_qkv(_grad),
-    cross_entropy_fused and swiglu(_grad) run the unfused ops' kernels (or
+    cross_entropy_fused, swiglu(_grad), residual_rms_norm and
+    rms_norm_grad_acc run the unfused ops' kernels (or
     their arithmetic, one definition) in the same order,
     and an update with grad_scale multiplies its gradient first, as the
     clipping mul did);
@@ -34,7 +35,7 @@ from shard_equivalence import gen  # noqa: E402
 
 FUSED = ("matmul_bias", "matmul_gelu_grad", "matmul_bias_grad", "residual_layer_norm",
          "layer_norm_grad_acc", "attention_qkv", "attention_qkv_grad", "cross_entropy_fused",
-         "swiglu", "swiglu_grad")
+         "swiglu", "swiglu_grad", "residual_rms_norm", "rms_norm_grad_acc")
 
 
 def main():

@@ -313,6 +313,36 @@ TEST_F(CudaFastKernelsTest, Bf16RmsNormAndRopeAreTheWidenedPathBitwise) {
     expectF32Near(fy.host(), y, 0, sy, "rms_norm vs cpu");
     expectF32Near(fdx.host(), dx, 0, sdx, "rms_norm_grad dx vs cpu");
     expectF32Near(fdw.host(), dw, 0, sdw, "rms_norm_grad dw vs cpu");
+    // The residual forms (fsdp-fuse-epilogues): the sum a + b rounded once
+    // (the CPU's bits), the norm of the stored sum; dx + acc in f32,
+    // rounded once. Each the f32 kernel's result rounded.
+    Bf16Vec b(randomVec(n, 45)), acc(randomVec(n, 46));
+    Dev<uint16_t> bb(b.bits), bacc(acc.bits), bsum(n);
+    Dev<float> fb(b.wide), facc(acc.wide), fsum(n);
+    ASSERT_EQ(nat::residualRmsNorm(FloatKind::BF16, bx.get(), bb.get(), bw.get(), bsum.get(),
+                                   by.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    std::vector<float> sum(n);
+    for (int64_t i = 0; i < n; ++i)
+      sum[i] = x.wide[i] + b.wide[i];
+    Bf16Vec sumB(sum);
+    expectBitwise(bsum.host(), sumB.bits, "residual_rms_norm sum");
+    Dev<float> fsumB(sumB.wide);
+    ASSERT_EQ(nat::rmsNorm(FloatKind::F32, fsumB.get(), fw.get(), fy.get(), rows, cols, 1e-5, 0),
+              cudaSuccess);
+    expectBitwise(by.host(), roundOnGpu(fy, n), "residual_rms_norm");
+    ASSERT_EQ(nat::rmsNormGrad(FloatKind::BF16, bx.get(), bw.get(), bdy.get(), bdx.get(),
+                               bdw.get(), scratch.get(), rows, cols, 1e-5, 0, bacc.get()),
+              cudaSuccess);
+    ASSERT_EQ(nat::rmsNormGrad(FloatKind::F32, fx.get(), fw.get(), fdy.get(), fdx.get(),
+                               fdw.get(), scratch.get(), rows, cols, 1e-5, 0, facc.get()),
+              cudaSuccess);
+    expectBitwise(bdx.host(), roundOnGpu(fdx, n), "rms_norm_grad_acc dx");
+    std::vector<float> fdxAcc = fdx.host();
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(fdxAcc[i], dx[i] + acc.wide[i], sdx[i] + kU * (std::fabs(dx[i]) +
+                                                                 std::fabs(acc.wide[i])))
+          << "rms_norm_grad_acc dx vs cpu + acc, element " << i;
   }
   const int64_t B = 2, T = 9, C = 64, H = 4;
   Bf16Vec x(randomVec(B * T * C, 44));

@@ -439,6 +439,20 @@ func.func @f(%x: tensor<4x8xf32>) {
 }
 
 // -----
+func.func @f(%a: tensor<4x8xf32>, %w: tensor<4xf32>) {
+  // expected-error @+1 {{weight}}
+  %s, %y = fsdp.residual_rms_norm %a, %a, %w epsilon = 1.000000e-05 : tensor<4x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<4x8xf32>, %w: tensor<8xf32>) {
+  // expected-error @+1 {{expected a positive, finite epsilon, found 0}}
+  %dx, %dw = fsdp.rms_norm_grad_acc %a, %w, %a, %a epsilon = 0.000000e+00 : tensor<4x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
 func.func @f(%x: tensor<8xf32>) {
   // expected-error @+1 {{stochastic rounding converts f32 to bf16, found 'f32' -> 'f16'}}
   %0 = fsdp.cast %x {stochastic, key = 0 : i64} : tensor<8xf32> -> tensor<8xf16>

@@ -93,12 +93,34 @@ func.func @not_fused(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>, %b: tensor<16xf3
 
 // The Llama's MLPs, in bf16 and with selective recomputation (which re-runs
 // the silu in the backward pass): every silu and silu_grad fused.
+// Its residual stream as GPT's: residual_rms_norm, rms_norm_grad_acc.
 // LLAMA-NOT: fsdp.silu
+// LLAMA: fsdp.residual_rms_norm
 // LLAMA: fsdp.swiglu %{{.*}} : tensor<
 // LLAMA: fsdp.swiglu %{{.*}} : tensor<
 // LLAMA: fsdp.swiglu_grad
+// LLAMA: fsdp.rms_norm_grad_acc
 // LLAMA: fsdp.swiglu_grad
 // LLAMA-NOT: fsdp.silu
+
+// The RMS norm's residual forms, as the layer norm's (@residual below):
+// an add read first by an rms_norm, an rms_norm_grad's input gradient
+// added to the residual's gradient.
+// CHECK-LABEL: func.func @residual_rms
+// CHECK-NEXT: %[[S:.*]], %[[Y:.*]] = fsdp.residual_rms_norm %arg0, %arg1, %arg2 epsilon = 1.000000e-05 : tensor<4x8xf32>, tensor<8xf32>
+// CHECK-NEXT: %[[DX:.*]], %[[DW:.*]] = fsdp.rms_norm_grad_acc %[[S]], %arg2, %arg3, %arg4 epsilon = 1.000000e-05 : tensor<4x8xf32>, tensor<8xf32>
+// CHECK-NEXT: return %[[S]], %[[Y]], %[[DX]], %[[DW]]
+func.func @residual_rms(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %w: tensor<8xf32>,
+                        %dy: tensor<4x8xf32>, %res: tensor<4x8xf32>)
+    -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>) {
+  %s = fsdp.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %y = fsdp.rms_norm %s, %w epsilon = 1.000000e-05 : tensor<4x8xf32>, tensor<8xf32>
+  %dx, %dw = fsdp.rms_norm_grad %s, %w, %dy epsilon = 1.000000e-05 : tensor<4x8xf32>, tensor<8xf32>
+  %t = fsdp.add %res, %dx : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %s, %y, %t, %dw : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>
+}
+
+// -----
 
 // SwiGLU: autodiff's VJP of mul(silu(g), u) (mul(dh, u), mul(dh, s),
 // silu_grad(g, .)) becomes one swiglu_grad, after which the forward's silu
