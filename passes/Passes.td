@@ -629,7 +629,8 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       first) becomes `residual_layer_norm(a, b, ...)` returning the sum and
       the norm, and `add(layer_norm_grad's input gradient, acc)` becomes
       `layer_norm_grad_acc(..., acc)` (the residual stream, llm.c's fused
-      residual forward and accumulating layernorm backward);
+      residual forward and accumulating layernorm backward); the same for
+      an RMS norm: `residual_rms_norm`, `rms_norm_grad_acc` (a Llama's);
     - a sum of slice_grads tiling one dimension (the gradient of q, k and v
       sliced from one projection) becomes one concat of the pieces;
     - `mul(g, c)` with c a `clip_coef` / `grad_coef`, read only as an
