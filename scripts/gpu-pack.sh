@@ -94,6 +94,15 @@ if [ "$EMU" != 1 ]; then
   done
   rm -f "$P/mlp_h4096.mlir"
 fi
+# A Llama of about 0.95B parameters in bf16 (rms_norm, rope, SwiGLU native;
+# no Llama step has run on a GPU yet): gpu-profile.sh's llama_bf16 step.
+if [ "$EMU" != 1 ]; then
+  python3 examples/gen_models.py llama --vocab 32000 --ctx 2048 --layers 16 --heads 16 \
+    --kv-heads 16 --width 2048 --ffn 5632 --batch 4 -o "$P/llama1b.mlir"
+  "$OPT" "$P/llama1b.mlir" -o /dev/null \
+    --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 plan=$P/llama1b_bf16.plan report=false"
+  rm -f "$P/llama1b.mlir"
+fi
 # Issue 10's bf16-vs-f32 track on the GPU: the small GPT on text tokens
 # (llm.c format, the GPL-3 text every Debian system ships), 200 steps,
 # test/e2e/mixed_precision.py text --device cuda (plans compiled here).

@@ -18,7 +18,8 @@
 #   7. the f32 trace and the bf16 trace synchronized after each op;
 #   8. test/e2e/cuda_emu.py's matrix (--gpu) and the bf16-vs-f32 text track;
 #   9. PyTorch bf16 + torch.compile at B=32 side by side; the FSDP2
-#      tutorial MLP at hidden 4096 (bench/mlp_gpu.py); the LM-head probe.
+#      tutorial MLP at hidden 4096 (bench/mlp_gpu.py); the LM-head probe;
+#  10. a ~0.95B Llama in bf16, 10 steps (its first GPU run).
 # Summarize traces here with scripts/trace-summary.py.
 # QUICK=1: steps 1-4 only.
 set -uo pipefail
@@ -88,4 +89,8 @@ step torch_compile_b32 180 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-
 step mlp_bench 150 "$PY" "$K/bench/mlp_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --steps 20 --json "$OUT/mlp_bench.json" && grep -E "rows/s" "$OUT/mlp_bench.log"
 step lm_head_probe 45 "$PY" "$K/bench/lm_head_probe.py" && cat "$OUT/lm_head_probe.log"
+# A Llama (~0.95B, bf16, B=4, T=2048): its first GPU steps (tokens/s, the
+# arena measured == predicted), last so it never costs the GPT-2 numbers.
+step llama_bf16 60 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
+  --lr 1e-4 --log-every 5 && tail -4 "$OUT/llama_bf16.log"
 exit $fail
