@@ -1252,18 +1252,14 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
     Gemm *g = gemm.get();
     out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
-  } else if (n == "layer_norm" || n == "rms_norm") {
+  } else if (n == "layer_norm") {
     const Buffer &x = op.in(0);
     int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const float *xp = r.in(0), *g = r.in(1), *b = n == "layer_norm" ? r.in(2) : nullptr;
+    const float *xp = r.in(0), *g = r.in(1), *b = r.in(2);
     float *y = r.out(0);
-    double eps = op.f("epsilon", n == "layer_norm" ? 1e-5 : 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return b ? layerNorm(xp, g, b, y, rows, cols, eps, s)
-                   : rmsNorm(xp, g, y, rows, cols, eps, s);
-        },
-        n);
+    double eps = op.f("epsilon", 1e-5);
+    out = fromCuda([=](cudaStream_t s) { return layerNorm(xp, g, b, y, rows, cols, eps, s); },
+                   n);
   } else if (n == "residual_layer_norm" || n == "layer_norm_grad_acc") {
     return buildResidualNorm(op, FloatKind::F32, base, rank, out);
   } else if (n == "layer_norm_grad") {
@@ -1277,7 +1273,8 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return layerNormGrad(xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
         },
         n);
-  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc" || n == "residual_rms_norm") {
+  } else if (n == "rms_norm" || n == "rms_norm_grad" || n == "rms_norm_grad_acc" ||
+             n == "residual_rms_norm") {
     // The warp-per-row kernels with partial column sums (CudaNative.h): the
     // reference kernel's one thread per column over every row (the tests'
     // baseline) leaves most of the GPU idle for dw.
@@ -1605,7 +1602,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
   if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
-        return i.op == "dropout" || i.attrs.contains("stochastic");
+        return i.op == "dropout" || (i.op == "cast" && i.attrs.value("stochastic", false));
       })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));

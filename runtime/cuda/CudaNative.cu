@@ -852,35 +852,27 @@ __device__ __forceinline__ float rowRstdWarp(const T *xr, int64_t cols, float ep
   return 1.f / sqrtf(warpAllSum(ss) / (float)cols + eps);
 }
 
+/// y = rms_norm(x); with b (residual_rms_norm) x = a + b is first rounded
+/// to T and stored in `sum`, and the norm reads the stored sum back (each
+/// lane only the elements it wrote: no synchronisation), as the CPU's add,
+/// then rms_norm.
 template <typename T>
-__global__ void rmsNormWarpKernel(const T *x, const T *w, T *y, int64_t rows, int64_t cols,
-                                  float eps) {
-  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  int lane = threadIdx.x & 31;
-  for (int64_t r = warp; r < rows; r += nw) {
-    const T *xr = x + r * cols;
-    float rstd = rowRstdWarp(xr, cols, eps, lane);
-    for (int64_t c = lane; c < cols; c += 32)
-      st(y + r * cols + c, ld(xr + c) * rstd * ld(w + c));
-  }
-}
-
-/// sum = a + b rounded to T, y = rms_norm(sum): each lane reads back only
-/// the sum elements it wrote (as residualLayerNormWarpKernel).
-template <typename T>
-__global__ void residualRmsNormWarpKernel(const T *a, const T *b, const T *w, T *sum, T *y,
-                                          int64_t rows, int64_t cols, float eps) {
+__global__ void rmsNormWarpKernel(const T *a, const T *b, const T *w, T *sum, T *y,
+                                  int64_t rows, int64_t cols, float eps) {
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
     int64_t o = r * cols;
+    const T *xr = a + o;
+    if (b) {
+      for (int64_t c = lane; c < cols; c += 32)
+        st(sum + o + c, ld(a + o + c) + ld(b + o + c));
+      xr = sum + o;
+    }
+    float rstd = rowRstdWarp(xr, cols, eps, lane);
     for (int64_t c = lane; c < cols; c += 32)
-      st(sum + o + c, ld(a + o + c) + ld(b + o + c));
-    float rstd = rowRstdWarp(sum + o, cols, eps, lane);
-    for (int64_t c = lane; c < cols; c += 32)
-      st(y + o + c, ld(sum + o + c) * rstd * ld(w + c));
+      st(y + o + c, ld(xr + c) * rstd * ld(w + c));
   }
 }
 
@@ -915,22 +907,13 @@ __global__ void rmsNormGradWarpKernel(const T *x, const T *w, const T *dy, T *dx
   }
 }
 
+/// rms_norm (b and sum null) or residual_rms_norm.
 template <typename T>
-cudaError_t rmsNormT(const void *x, const void *w, void *y, int64_t rows, int64_t cols,
-                     double eps, cudaStream_t s) {
+cudaError_t rmsNormT(const void *a, const void *b, const void *w, void *sum, void *y,
+                     int64_t rows, int64_t cols, double eps, cudaStream_t s) {
   if (rows <= 0)
     return cudaSuccess;
-  rmsNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(w), mp<T>(y), rows,
-                                                           cols, (float)eps);
-  return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t residualRmsNormT(const void *a, const void *b, const void *w, void *sum, void *y,
-                             int64_t rows, int64_t cols, double eps, cudaStream_t s) {
-  if (rows <= 0)
-    return cudaSuccess;
-  residualRmsNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+  rmsNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
       cp<T>(a), cp<T>(b), cp<T>(w), mp<T>(sum), mp<T>(y), rows, cols, (float)eps);
   return cudaGetLastError();
 }
@@ -1398,7 +1381,7 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
 }
 cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t rows,
                     int64_t cols, double eps, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, rmsNormT, x, w, y, rows, cols, eps, s);
+  FSDP_NATIVE_DISPATCH(t, rmsNormT, x, nullptr, w, nullptr, y, rows, cols, eps, s);
 }
 int64_t rmsNormGradScratch(int64_t rows, int64_t cols) {
   int64_t w = lnGradWarps(rows);
@@ -1411,7 +1394,7 @@ cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *d
 }
 cudaError_t residualRmsNorm(FloatKind t, const void *a, const void *b, const void *w, void *sum,
                             void *y, int64_t rows, int64_t cols, double eps, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, residualRmsNormT, a, b, w, sum, y, rows, cols, eps, s);
+  FSDP_NATIVE_DISPATCH(t, rmsNormT, a, b, w, sum, y, rows, cols, eps, s);
 }
 void ropeAngles(int64_t T, int64_t D, double theta, std::vector<float> &cs,
                 std::vector<float> &sn) {

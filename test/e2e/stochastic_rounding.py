@@ -42,6 +42,7 @@ unit's flat parameters (runtime/core/StochasticRounding.h).
     each step's draw read from device memory) bitwise the eager run.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -164,7 +165,7 @@ def check_text(bindir, tmp, tokens):
             print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} bf16 "
                   f"{label:<10} {a:.4f} rel diff {rel(a, b):.4f}  {'ok' if ok else 'MISMATCH'}")
         last = sum(runs[label][150:]) / 50
-        ok = last < 0.6 * mp.math.log(256)
+        ok = last < 0.6 * math.log(256)
         failures += not ok
         print(f"  bf16 {label} last-window mean {last:.4f} < 0.6 ln 256: "
               f"{'ok' if ok else 'MISMATCH'}")
