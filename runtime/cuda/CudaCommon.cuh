@@ -28,6 +28,33 @@ __device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); 
 __device__ __forceinline__ void st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
+// One AdamW update, shared by the fused kernel (CudaNative.cu) and its f32
+// reference (CudaKernels.cu). Every operation is rounded on its own, in
+// cpu::adamwUpdate's order: nvcc contracts a * b + c into an FMA where it
+// chooses, and the two kernels, written with the same expressions, were
+// contracted differently (different bits on an H200). The scalars are
+// torch's (doubles), computed once per thread.
+struct AdamwScalars {
+  float stepSize, bc2Sqrt, decay, b1, b2, omb1, omb2, eps;
+};
+__device__ __forceinline__ AdamwScalars adamwScalars(const float *lrp, const float *stepp,
+                                                     double beta1, double beta2, double eps,
+                                                     double wd) {
+  double t = trunc((double)*stepp), l = (double)*lrp;
+  return {(float)(l / (1 - pow(beta1, t))), (float)sqrt(1 - pow(beta2, t)),
+          (float)(1 - l * wd), (float)beta1, (float)beta2, (float)(1 - beta1),
+          (float)(1 - beta2), (float)eps};
+}
+__device__ __forceinline__ void adamwElement(const AdamwScalars &c, float p, float g, float m,
+                                             float v, float &np, float &nm, float &nv) {
+  float pi = __fmul_rn(p, c.decay);
+  float mi = __fadd_rn(__fmul_rn(m, c.b1), __fmul_rn(c.omb1, g));
+  float vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.omb2, g), g));
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2Sqrt), c.eps);
+  np = __fsub_rn(pi, __fmul_rn(c.stepSize, __fdiv_rn(mi, denom)));
+  nm = mi;
+  nv = vi;
+}
 constexpr int kReduceBlocks = 256; // stage-1 blocks of a two-stage reduction
 
 unsigned gridFor(int64_t n) {

@@ -904,22 +904,11 @@ cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const fl
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
                         double wd, cudaStream_t s) {
-  float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
-        omb2 = (float)(1 - beta2), teps = (float)eps;
   return forEach(n, s, [=] __device__(int64_t i) {
-    // the scalars as torch computes them (doubles), per element: cheap
-    // beside the memory traffic, and no host round trip for the step
-    double t = trunc((double)*step), l = (double)*lr;
-    float stepSize = (float)(l / (1 - pow(beta1, t)));
-    float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
-    float decay = (float)(1 - l * wd);
-    float pi = p[i] * decay;
-    float mi = m[i] * b1 + omb1 * g[i];
-    float vi = v[i] * b2 + omb2 * g[i] * g[i];
-    float denom = sqrtf(vi) / bc2Sqrt + teps;
-    np[i] = pi - stepSize * (mi / denom);
-    nm[i] = mi;
-    nv[i] = vi;
+    // the scalars per element: cheap beside the memory traffic, and no
+    // host round trip for the step
+    AdamwScalars c = adamwScalars(lr, step, beta1, beta2, eps, wd);
+    adamwElement(c, p[i], g[i], m[i], v[i], np[i], nm[i], nv[i]);
   });
 }
 

@@ -1241,26 +1241,14 @@ __global__ void adamwKernel(const float *p, const G *g, const float *m, const fl
     }
     return;
   }
-  // The scalars as torch computes them (doubles), once per thread.
-  double t = trunc((double)*stepp), l = (double)*lrp;
-  float stepSize = (float)(l / (1 - pow(beta1, t)));
-  float bc2Sqrt = (float)sqrt(1 - pow(beta2, t));
-  float decay = (float)(1 - l * wd);
-  float b1 = (float)beta1, b2 = (float)beta2, omb1 = (float)(1 - beta1),
-        omb2 = (float)(1 - beta2);
+  AdamwScalars c = adamwScalars(lrp, stepp, beta1, beta2, eps, wd);
   float gs = gradScale ? *gradScale : 1.f;
   bool scaled = gradScale != nullptr;
   FSDP_GRID_STRIDE(i, n) {
     float gi = ld(g + i);
     if (scaled)
       gi = __fmul_rn(gi, gs); // rounded on its own, as fsdp.mul's product
-    float pi = p[i] * decay;
-    float mi = m[i] * b1 + omb1 * gi;
-    float vi = v[i] * b2 + omb2 * gi * gi;
-    float denom = sqrtf(vi) / bc2Sqrt + eps;
-    np[i] = pi - stepSize * (mi / denom);
-    nm[i] = mi;
-    nv[i] = vi;
+    adamwElement(c, p[i], gi, m[i], v[i], np[i], nm[i], nv[i]);
   }
 }
 

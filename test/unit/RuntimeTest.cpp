@@ -67,6 +67,26 @@ TEST(InitTest, ShardsInitializeLikeTheWholeTensor) {
     ASSERT_LE(std::fabs(x), 0.5f);
 }
 
+// A tensor large enough for initParam to split it over threads (more than
+// one grain of 2^20 elements per thread, with an odd length and offset):
+// every element is still initValue's, as one thread would write it.
+TEST(InitTest, LargeTensorsSplitOverThreadsGiveTheSameBits) {
+  Param p;
+  p.name = "layers.3.mlp.weight";
+  p.init = "normal";
+  p.scale = 0.02;
+  const int64_t first = 777, count = 3 * (int64_t(1) << 20) + 12345;
+  p.shape = {first + count};
+  std::vector<float> v(count);
+  initParam(p, 42, first, count, v.data());
+  for (int64_t i = 0; i < count; ++i)
+    ASSERT_EQ(v[i], initValue(p, 42, first + i)) << "element " << i;
+  p.init = "uniform";
+  initParam(p, 42, first, count, v.data());
+  for (int64_t i = 0; i < count; i += 4099)
+    ASSERT_EQ(v[i], initValue(p, 42, first + i)) << "element " << i;
+}
+
 TEST(SafeTensorsTest, RoundTripAndTruncation) {
   std::string path = tempPath("a.safetensors");
   TensorMap m;
