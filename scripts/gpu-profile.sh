@@ -69,18 +69,21 @@ step bf16_text_track 150 "$PY" "$K/../test/e2e/mixed_precision.py" "$K/bin" text
   grep -E "ok$|MISMATCH|tolerance|pass" "$L/bf16_text_track.log"
 # A Llama (~0.95B, bf16, B=4, T=2048): its first GPU steps (tokens/s, the
 # arena measured == predicted).
-step llama_bf16 60 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
+step llama_bf16 120 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
   --lr 1e-4 --log-every 5 && tail -4 "$L/llama_bf16.log"
 step bench_b16 150 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 16 --steps 20 --torch-modes fp32,eager --json "$L/bench_b16.json" &&
   grep -E "tok/s" "$L/bench_b16.log"
 step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
-# The bf16 GPT-2 step with cuBLASLt tuning, without GEMM staging
+# The bf16 GPT-2 step with the cross-entropy gradient reading the logits
+# twice (no shared-memory row copy), with matmul_gelu_grad's bias gradient
+# as a column sum (not cuBLASLt's DGELU_BGRAD), with cuBLASLt tuning, without GEMM staging
 # (CudaGemm.h), with the LM head unpadded (pad-classes=0, 50257
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
 # of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
 # (issue 10: stage 0's speed), for comparison.
-for v in ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
+for v in FSDP_CUDA_CE_CACHE=0 FSDP_CUDA_DGELU_BGRAD=0 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
+  FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   plan="$P/gpt2_bf16_b16.plan"
   [ "$v" = UNPADDED=1 ] && plan="$P/gpt2_bf16_b16_unpadded.plan"
   [ "$v" = ZERO3=1 ] && plan="$P/gpt2_bf16_b16_zero3.plan"

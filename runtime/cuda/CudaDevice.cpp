@@ -151,6 +151,10 @@ public:
       if (!flash::parseImpl(attn, attention))
         return FSDP_ERROR("FSDP_CUDA_ATTENTION=", attn,
                           " is not one of auto, cores, wmma, mma");
+    if (const char *ce = std::getenv("FSDP_CUDA_CE_CACHE"))
+      ceCacheRow = std::string(ce) != "0";
+    if (const char *bg = std::getenv("FSDP_CUDA_DGELU_BGRAD"))
+      dgeluBgrad = std::string(bg) != "0";
     return gemm->init(32ull << 20, allowTf32);
   }
 
@@ -436,6 +440,14 @@ private:
   cudaGraphExec_t stepGraph = nullptr; ///< the captured step (beginCapture)
   std::vector<cudaEvent_t> stamps;     ///< stampCompute's timing events
   flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
+  /// FSDP_CUDA_CE_CACHE=0: the cross-entropy gradient reads the logits
+  /// twice from global memory instead of one read into shared memory (the
+  /// same bits; an A/B of occupancy against bytes, gpu-profile.sh).
+  bool ceCacheRow = true;
+  /// FSDP_CUDA_DGELU_BGRAD=0: matmul_gelu_grad's bias gradient as a column
+  /// sum after the DGELU GEMM instead of cuBLASLt's DGELU_BGRAD epilogue
+  /// (an A/B of the epilogue's reduction, gpu-profile.sh).
+  bool dgeluBgrad = true;
   long long *badPos = nullptr;
   /// {seed, step} of the running step in device memory, for the kernels a
   /// replayed graph must see the step of (dropout, stochastic casts);
@@ -703,18 +715,26 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   } else {
     e.kind = Epilogue::DGelu;
     e.aux = const_cast<void *>(third);
-    e.biasGrad = second;
+    e.biasGrad = dgeluBgrad ? second : nullptr;
   }
   Gemm *g = gemm.get();
   // matmul_bias_grad may return f32 from narrow operands (productF32).
   const GemmType gt = gemmTypeOf(t, op.out(0));
   const bool f32Out = gt.out != gt.in;
+  Shape full{m, nn}, row{nn};
   if (g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {
+    if (e.kind == Epilogue::DGelu && second && !e.biasGrad) { // FSDP_CUDA_DGELU_BGRAD=0
+      out = [=](cudaStream_t s) -> Status {
+        FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, m, nn, k, ta, tb, e, s));
+        return cudaStatus(native::sumTo(t, c, full, second, row, sf, s), n.c_str(), __FILE__,
+                          __LINE__);
+      };
+      return Status::ok();
+    }
     out = [=](cudaStream_t s) { return g->run(gt, a, b, c, m, nn, k, ta, tb, e, s); };
     return Status::ok();
   }
   FSDP_RETURN_IF_ERROR(g->warm(gt, 1, m, nn, k, ta, tb, a, b, c));
-  Shape full{m, nn}, row{nn};
   out = [=](cudaStream_t s) -> Status {
     FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, 1, m, nn, k, ta, tb, s));
     cudaError_t err;
@@ -1062,6 +1082,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     int64_t classes = rules::ceClasses(op);
     const void *logits = v(0);
     const int32_t *labels = r.in<int32_t>(1);
+    const bool cache = ceCacheRow;
     if (n == "cross_entropy_fused") {
       const float *dl = r.in(2);
       float *loss = r.out(0);
@@ -1069,7 +1090,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
       out = fromCuda(
           [=](cudaStream_t s) {
             return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
-                                             stride, bad, s);
+                                             stride, bad, s, cache);
           },
           n);
     } else if (n == "cross_entropy") {
@@ -1086,7 +1107,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
       out = fromCuda(
           [=](cudaStream_t s) {
             return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride,
-                                            bad, s);
+                                            bad, s, cache);
           },
           n);
     }

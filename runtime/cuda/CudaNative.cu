@@ -542,8 +542,14 @@ __global__ void residualLayerNormWarpKernel(const T *a, const T *b, const T *g, 
   }
 }
 
-/// The number of warps of layerNormGrad (and rows of its partials).
+/// The number of warps of rmsNormGrad (and rows of its partials).
 int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 4096)); }
+/// The rows of layerNormGrad's dg / db partials: partial w sums rows w,
+/// w + W, ... (1024: 6 MB of partials for GPT-2's 768 columns, where 4096
+/// warps' partials moved half as many bytes as the tensors).
+int64_t lnGradPartials(int64_t rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(rows, 1024));
+}
 
 /// Warp w handles rows w, w + W, ...; partial + w * 2 * cols holds its
 /// running dg (first cols) and db (next cols), each column owned by one
@@ -568,7 +574,7 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
       float xhat = (ld(xr + c) - mean) * rstd, d = ld(dyr + c), dyg = d * ld(g + c);
       s1 += dyg;
       s2 += dyg * xhat;
-      pg[c] += d * xhat;
+      pg[c] = __fadd_rn(pg[c], __fmul_rn(d, xhat)); // as layerNormGradColumnsKernel
       pb[c] += d;
     }
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
@@ -585,11 +591,12 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
 // The kernels above stream each row from memory once per pass (the
 // statistics' two passes, then the output), and the backward's per-warp dg
 // / db partials are read and written in global memory for every row. For
-// rows of at most 32 * CPL columns the kernels below hold a row (and the
-// partials) in registers: lane l owns columns l, l + 32, ... as above and
-// adds in the same order, so their results are bitwise those of the
-// streaming kernels (the tests check it); only the memory traffic
-// changes.
+// rows of at most 32 * CPL columns the kernels below hold a row in
+// registers: lane l owns columns l, l + 32, ... as above and adds in the
+// same order, so their results are bitwise those of the streaming kernels
+// (the tests check it); only the memory traffic changes. The backward's dg
+// / db partials come from a column-parallel kernel over the stored row
+// statistics, with the streaming kernel's sums in its order.
 
 template <typename T, int CPL>
 __device__ __forceinline__ void loadRowReg(const T *r, int64_t cols, int lane, float (&v)[CPL]) {
@@ -670,19 +677,20 @@ __global__ void residualLayerNormRegKernel(const T *a, const T *b, const T *g, c
   }
 }
 
+/// The backward's dx with the row in registers: one warp per row, as the
+/// forward (no dg / db partials in registers: with them the kernel needed
+/// 198 registers a thread, one block per multiprocessor, and ran GPT-2's
+/// [16384, 768] bf16 at 0.25 ms, a tenth of the H200's bandwidth). Lane 0
+/// stores the row's mean and rstd in `stats` for
+/// layerNormGradColumnsKernel.
 template <typename T, int CPL>
 __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *dx,
-                                       float *partial, int64_t rows, int64_t cols, float eps,
-                                       int64_t W, const T *acc) {
-  int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+                                       float *stats, int64_t rows, int64_t cols, float eps,
+                                       const T *acc) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
-  if (w >= W)
-    return;
-  float pg[CPL], pb[CPL];
-#pragma unroll
-  for (int i = 0; i < CPL; ++i)
-    pg[i] = pb[i] = 0.f;
-  for (int64_t r = w; r < rows; r += W) {
+  for (int64_t r = warp; r < rows; r += nw) {
     float xv[CPL], dv[CPL], mean, rstd;
     loadRowReg(x + r * cols, cols, lane, xv);
     loadRowReg(dy + r * cols, cols, lane, dv);
@@ -692,11 +700,9 @@ __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *d
     for (int i = 0; i < CPL; ++i) {
       int64_t c = lane + 32 * i;
       if (c < cols) {
-        float xhat = (xv[i] - mean) * rstd, d = dv[i], dyg = d * ld(g + c);
+        float xhat = (xv[i] - mean) * rstd, dyg = dv[i] * ld(g + c);
         s1 += dyg;
         s2 += dyg * xhat;
-        pg[i] += d * xhat;
-        pb[i] += d;
       }
     }
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
@@ -709,15 +715,35 @@ __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *d
         st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
       }
     }
-  }
-  float *pgw = partial + w * 2 * cols, *pbw = pgw + cols;
-#pragma unroll
-  for (int i = 0; i < CPL; ++i) {
-    int64_t c = lane + 32 * i;
-    if (c < cols) {
-      pgw[c] = pg[i];
-      pbw[c] = pb[i];
+    if (lane == 0) {
+      stats[2 * r] = mean;
+      stats[2 * r + 1] = rstd;
     }
+  }
+}
+
+/// dg / db partials from the rows' stored statistics, one thread per
+/// (partial w, column c), consecutive threads on consecutive columns
+/// (coalesced): partial + w * 2 * cols holds the sums over rows w, w + W,
+/// ... in that order of dy * xhat (first cols) and dy (next cols), the
+/// streaming kernel's per-warp partials bitwise (the same statistics, the
+/// same products rounded on their own, the same order).
+template <typename T>
+__global__ void layerNormGradColumnsKernel(const T *x, const T *dy, const float *stats,
+                                           float *partial, int64_t rows, int64_t cols,
+                                           int64_t W) {
+  FSDP_GRID_STRIDE(i, W * cols) {
+    int64_t w = i / cols, c = i - w * cols;
+    float pg = 0.f, pb = 0.f;
+#pragma unroll 4
+    for (int64_t r = w; r < rows; r += W) {
+      float xhat = (ld(x + r * cols + c) - stats[2 * r]) * stats[2 * r + 1];
+      float d = ld(dy + r * cols + c);
+      pg = __fadd_rn(pg, __fmul_rn(d, xhat));
+      pb += d;
+    }
+    partial[w * 2 * cols + c] = pg;
+    partial[w * 2 * cols + cols + c] = pb;
   }
 }
 
@@ -806,29 +832,32 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
       return e;
     return cudaMemsetAsync(db, 0, sizeof(TP) * cols, s);
   }
-  int64_t W = lnGradWarps(rows);
-  unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  int64_t W = lnGradPartials(rows);
+  float *more = partial + W * 2 * cols, *stats = more + columnSumScratch(W, cols);
   int cpl = lnRegCpl(cols, impl);
-  if (cpl == 8)
-    layerNormGradRegKernel<T, 8><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
-                                                            mp<T>(dxv), partial, rows, cols,
-                                                            (float)eps, W, cp<T>(acc));
-  else if (cpl == 24)
-    layerNormGradRegKernel<T, 24><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
-                                                             mp<T>(dxv), partial, rows, cols,
-                                                             (float)eps, W, cp<T>(acc));
-  else if (cpl == 32)
-    layerNormGradRegKernel<T, 32><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
-                                                             mp<T>(dxv), partial, rows, cols,
-                                                             (float)eps, W, cp<T>(acc));
-  else
+  if (cpl == 0) {
+    unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
     layerNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
                                                          mp<T>(dxv), partial, rows, cols,
                                                          (float)eps, W, cp<T>(acc));
+  } else {
+    if (cpl == 8)
+      layerNormGradRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
+          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+    else if (cpl == 24)
+      layerNormGradRegKernel<T, 24><<<warpGrid(rows), kThreads, 0, s>>>(
+          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+    else
+      layerNormGradRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
+          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+    layerNormGradColumnsKernel<T><<<gridFor(W * cols), kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W);
+  }
   if (cudaError_t e = cudaGetLastError())
     return e;
-  // The warps' partials, [W, 2 cols], summed per column (CudaCommon.cuh).
-  float *more = partial + W * 2 * cols;
+  // The partials, [W, 2 cols], summed per column (CudaCommon.cuh).
   if (cudaError_t e = columnSum(partial, dg, W, cols, 2 * cols, more, s))
     return e;
   return columnSum(partial + cols, db, W, cols, 2 * cols, more, s);
@@ -1352,8 +1381,8 @@ cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, 
   FSDP_NATIVE_DISPATCH(t, layerNormT, x, g, b, y, rows, cols, eps, s, impl);
 }
 int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
-  int64_t w = lnGradWarps(rows);
-  return w * 2 * cols + columnSumScratch(w, cols);
+  int64_t w = lnGradPartials(rows);
+  return w * 2 * cols + columnSumScratch(w, cols) + 2 * std::max<int64_t>(rows, 0);
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,

@@ -16,6 +16,8 @@ processes). Not a GPU result: it checks the backend's logic.
                 dropout with --cuda-graphs bitwise eager (the replays
                 read each step's key from device memory);
                 a 2-rank checkpoint resumed bitwise the uninterrupted run
+  nccl N=1      ZeRO-3 at world size 1 with FSDP_CUDA_COMM=nccl (a one-rank
+                NCCL communicator) within 1e-5 of one rank;
   nccl          CUDAEMU_DEVICES=4, so the backend takes NCCL: ZeRO-3 at 4
                 ranks and HSDP 2x2 (ncclCommSplit) within 1e-5 of one
                 rank, and --cuda-graphs (NCCL calls captured) bitwise the
@@ -216,6 +218,13 @@ def main():
             check(f"staged N={n} stage {stage}",
                   run(plan, f"mlp_n{n}_s{stage}", 10, 1e-3, nproc=n,
                       env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
+
+    # nccl at world size 1 (runs on one real GPU too): ZeRO-3's collectives
+    # through a one-rank NCCL communicator (its unique id through the
+    # rendezvous), against the one rank of the default path.
+    z31 = compile_plan(mlp(24), "nccl_n1_z3", "optimizer=adamw stage=3")
+    check("nccl N=1 stage 3", run(z31, "nccl_n1_z3", 10, 1e-3, env={"FSDP_CUDA_COMM": "nccl"}),
+          ref, 1e-5)
 
     # nccl: four emulated GPUs, one per rank (a real run needs four GPUs).
     if mode == "--gpu":
