@@ -58,7 +58,7 @@ for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do step "$t" 90 "$K/bin
 # bf16 autocast + torch.compile on the same card.
 step bench_b32 180 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 32 --steps 20 --torch-modes compile --json "$L/bench_b32.json" && grep -E "tok/s" "$L/bench_b32.log"
-step issue9_matrix 200 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
+step issue9_matrix 120 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 grep -E "ok$|MISMATCH|skipped|match" "$L/issue9_matrix.log" 2>/dev/null | tail -25
 step trace_bf16 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b16.plan" --device cuda --steps 3 --lr 1e-4 \
   --trace "$L/trace_bf16.json"
@@ -69,7 +69,7 @@ step bf16_text_track 150 "$PY" "$K/../test/e2e/mixed_precision.py" "$K/bin" text
   grep -E "ok$|MISMATCH|tolerance|pass" "$L/bf16_text_track.log"
 # A Llama (~0.95B, bf16, B=4, T=2048): its first GPU steps (tokens/s, the
 # arena measured == predicted).
-step llama_bf16 120 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
+step llama_bf16 90 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
   --lr 1e-4 --log-every 5 && tail -4 "$L/llama_bf16.log"
 step bench_b16 150 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 16 --steps 20 --torch-modes fp32,eager --json "$L/bench_b16.json" &&
@@ -97,7 +97,7 @@ step trace_f32 60 "$K/bin/fsdp-run" "$P/gpt2_f32_b16.plan" --device cuda --steps
 step trace_sync_bf16 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b16.plan" --device cuda --steps 3 \
   --lr 1e-4 --trace "$L/trace_sync_bf16.json" --trace-sync
 # The FSDP2 tutorial MLP (hidden 4096, 8 blocks, 1024 rows) beside PyTorch.
-step mlp_bench 150 "$PY" "$K/bench/mlp_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+step mlp_bench 90 "$PY" "$K/bench/mlp_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --steps 20 --json "$L/mlp_bench.json" && grep -E "rows/s" "$L/mlp_bench.log"
 step lm_head_probe 45 "$PY" "$K/bench/lm_head_probe.py" && cat "$L/lm_head_probe.log"
 bundle
