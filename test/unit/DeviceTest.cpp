@@ -462,15 +462,16 @@ int64_t preparedScratch(const std::string &device, const Plan &plan) {
 /// |x| dt / 2; gelu' = (1 + t) / 2 + x (1 - t^2) c (1 + 3a x^2) / 2 by at most
 /// dt (1/2 + |x| c (1 + 3a x^2)) (c = sqrt(2/pi), a = 0.044715).
 TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
-  // n = 16: cuBLASLt's epilogues; 12 (not a multiple of 8): the GEMM, then
-  // the unfused kernels; 16 again with FSDP_CUDA_DGELU_BGRAD=0: the DGELU
-  // epilogue, then a column sum for the bias gradient.
+  // n = 16: cuBLASLt's epilogues (DGELU, then a column sum for the bias
+  // gradient); 12 (not a multiple of 8): the GEMM, then the unfused
+  // kernels; 16 again with FSDP_CUDA_DGELU_BGRAD=1: the DGELU_BGRAD
+  // epilogue.
   for (int pass = 0; pass < 3; ++pass) {
     const int64_t n = pass == 1 ? 12 : 16;
     SCOPED_TRACE("pass " + std::to_string(pass));
     if (pass > 0) { // a device allocates its arena once: a fresh one per plan
       if (pass == 2)
-        ::setenv("FSDP_CUDA_DGELU_BGRAD", "0", 1);
+        ::setenv("FSDP_CUDA_DGELU_BGRAD", "1", 1);
       Status made = createDevice(GetParam(), DeviceOptions{}, dev);
       ::unsetenv("FSDP_CUDA_DGELU_BGRAD");
       ASSERT_TRUE(made.isOk()) << made.message();
