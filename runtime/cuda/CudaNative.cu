@@ -542,11 +542,10 @@ __global__ void residualLayerNormWarpKernel(const T *a, const T *b, const T *g, 
   }
 }
 
-/// The number of warps of rmsNormGrad (and rows of its partials).
-int64_t lnGradWarps(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 4096)); }
-/// The rows of layerNormGrad's dg / db partials: partial w sums rows w,
-/// w + W, ... (1024: 6 MB of partials for GPT-2's 768 columns, where 4096
-/// warps' partials moved half as many bytes as the tensors).
+/// The rows of layerNormGrad's dg / db (and rmsNormGrad's dw) partials:
+/// partial w sums rows w, w + W, ... (1024: 6 MB of partials for GPT-2's
+/// 768 columns, where 4096 warps' partials moved half as many bytes as the
+/// tensors).
 int64_t lnGradPartials(int64_t rows) {
   return std::max<int64_t>(1, std::min<int64_t>(rows, 1024));
 }
@@ -905,34 +904,48 @@ __global__ void rmsNormWarpKernel(const T *a, const T *b, const T *w, T *sum, T 
   }
 }
 
-/// Warp w handles rows w, w + W, ...; partial + w * cols is its running dw.
-/// With acc (rms_norm_grad_acc), dx = acc + the input gradient, added in
-/// f32 before dx's one rounding.
+/// rms_norm_grad's dx, one warp per row over all rows (no dw partials: a
+/// partial per warp read and written for every row was the layer norm's
+/// cost too, see layerNormGradRegKernel); lane 0 stores the row's rstd for
+/// rmsNormGradColumnsKernel. With acc (rms_norm_grad_acc), dx = acc + the
+/// input gradient, added in f32 before dx's one rounding.
 template <typename T>
-__global__ void rmsNormGradWarpKernel(const T *x, const T *w, const T *dy, T *dx,
-                                      float *partial, int64_t rows, int64_t cols, float eps,
-                                      int64_t W, const T *acc) {
-  int64_t wi = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+__global__ void rmsNormGradRowKernel(const T *x, const T *w, const T *dy, T *dx,
+                                     float *rstdOut, int64_t rows, int64_t cols, float eps,
+                                     const T *acc) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
-  if (wi >= W)
-    return;
-  float *pw = partial + wi * cols;
-  for (int64_t c = lane; c < cols; c += 32)
-    pw[c] = 0.f;
-  for (int64_t r = wi; r < rows; r += W) {
+  for (int64_t r = warp; r < rows; r += nw) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
     float rstd = rowRstdWarp(xr, cols, eps, lane);
     float dot = 0;
-    for (int64_t c = lane; c < cols; c += 32) {
-      float xhat = ld(xr + c) * rstd, d = ld(dyr + c);
-      dot += d * ld(w + c) * xhat;
-      pw[c] += d * xhat;
-    }
+    for (int64_t c = lane; c < cols; c += 32)
+      dot += ld(dyr + c) * ld(w + c) * (ld(xr + c) * rstd);
     float m = warpAllSum(dot) / (float)cols;
     for (int64_t c = lane; c < cols; c += 32) {
       float v = rstd * (ld(dyr + c) * ld(w + c) - ld(xr + c) * rstd * m);
       st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
     }
+    if (lane == 0)
+      rstdOut[r] = rstd;
+  }
+}
+
+/// dw partials from the stored rstd, one thread per (partial p, column c),
+/// consecutive threads on consecutive columns: partial + p * cols holds
+/// the sum over rows p, p + W, ... in that order of dy * xhat, each
+/// product rounded on its own. A fixed order: no atomics.
+template <typename T>
+__global__ void rmsNormGradColumnsKernel(const T *x, const T *dy, const float *rstd,
+                                         float *partial, int64_t rows, int64_t cols, int64_t W) {
+  FSDP_GRID_STRIDE(i, W * cols) {
+    int64_t p = i / cols, c = i - p * cols;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int64_t r = p; r < rows; r += W)
+      acc = __fadd_rn(acc, __fmul_rn(ld(dy + r * cols + c), ld(x + r * cols + c) * rstd[r]));
+    partial[p * cols + c] = acc;
   }
 }
 
@@ -954,14 +967,17 @@ cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx,
   T *dw = mp<T>(dwv);
   if (rows <= 0)
     return cudaMemsetAsync(dw, 0, sizeof(T) * cols, s);
-  int64_t W = lnGradWarps(rows);
-  unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  rmsNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx),
-                                                     partial, rows, cols, (float)eps, W,
-                                                     cp<T>(acc));
+  int64_t W = lnGradPartials(rows);
+  float *more = partial + W * cols, *rstd = more + columnSumScratch(W, cols);
+  rmsNormGradRowKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
+      cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx), rstd, rows, cols, (float)eps, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  return columnSum(partial, dw, W, cols, cols, partial + W * cols, s);
+  rmsNormGradColumnsKernel<T><<<gridFor(W * cols), kThreads, 0, s>>>(cp<T>(x), cp<T>(dy), rstd,
+                                                                     partial, rows, cols, W);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  return columnSum(partial, dw, W, cols, cols, more, s);
 }
 
 /// Rotates each (i, i + D/2) pair of every head of row t by sign * t *
@@ -1401,8 +1417,8 @@ cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t 
   FSDP_NATIVE_DISPATCH(t, rmsNormT, x, nullptr, w, nullptr, y, rows, cols, eps, s);
 }
 int64_t rmsNormGradScratch(int64_t rows, int64_t cols) {
-  int64_t w = lnGradWarps(rows);
-  return w * cols + columnSumScratch(w, cols);
+  int64_t w = lnGradPartials(rows);
+  return w * cols + columnSumScratch(w, cols) + std::max<int64_t>(rows, 0);
 }
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
                         void *dw, float *scratch, int64_t rows, int64_t cols, double eps,
