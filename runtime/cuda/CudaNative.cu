@@ -550,31 +550,25 @@ int64_t lnGradPartials(int64_t rows) {
   return std::max<int64_t>(1, std::min<int64_t>(rows, 1024));
 }
 
-/// Warp w handles rows w, w + W, ...; partial + w * 2 * cols holds its
-/// running dg (first cols) and db (next cols), each column owned by one
-/// lane: a fixed order, no atomics.
+/// The backward's dx, one warp per row over all rows, streaming the row;
+/// lane 0 stores the row's mean and rstd in `stats` for
+/// normGradColumnsKernel (which computes dg / db).
 template <typename T>
 __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *dx,
-                                        float *partial, int64_t rows, int64_t cols, float eps,
-                                        int64_t W, const T *acc) {
-  int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+                                        float *stats, int64_t rows, int64_t cols, float eps,
+                                        const T *acc) {
+  int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
-  if (w >= W)
-    return;
-  float *pg = partial + w * 2 * cols, *pb = pg + cols;
-  for (int64_t c = lane; c < cols; c += 32)
-    pg[c] = pb[c] = 0.f;
-  for (int64_t r = w; r < rows; r += W) {
+  for (int64_t r = warp; r < rows; r += nw) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
     float mean, rstd;
     rowStatsWarp(xr, cols, eps, lane, mean, rstd);
     float s1 = 0, s2 = 0;
     for (int64_t c = lane; c < cols; c += 32) {
-      float xhat = (ld(xr + c) - mean) * rstd, d = ld(dyr + c), dyg = d * ld(g + c);
+      float xhat = (ld(xr + c) - mean) * rstd, dyg = ld(dyr + c) * ld(g + c);
       s1 += dyg;
       s2 += dyg * xhat;
-      pg[c] = __fadd_rn(pg[c], __fmul_rn(d, xhat)); // as layerNormGradColumnsKernel
-      pb[c] += d;
     }
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
     for (int64_t c = lane; c < cols; c += 32) {
@@ -582,20 +576,51 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
       float v = rstd * (ld(dyr + c) * ld(g + c) - m1 - xhat * m2);
       st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
     }
+    if (lane == 0) {
+      stats[2 * r] = mean;
+      stats[2 * r + 1] = rstd;
+    }
+  }
+}
+
+/// The norms' parameter-gradient partials from the rows' stored
+/// statistics (stats[2 r] = mean, 0 for rms_norm, whose x - 0 is x
+/// exactly; stats[2 r + 1] = rstd), one thread per (partial w, column c),
+/// consecutive threads on consecutive columns (coalesced): the sums over
+/// rows w, w + W, ... in that order of dy * xhat, each product rounded on
+/// its own, at partial + w * stride, and with Bias (layer_norm's db) of dy
+/// at partial + w * stride + cols. A fixed order: no atomics.
+template <typename T, bool Bias>
+__global__ void normGradColumnsKernel(const T *x, const T *dy, const float *stats,
+                                      float *partial, int64_t rows, int64_t cols, int64_t W,
+                                      int64_t stride) {
+  FSDP_GRID_STRIDE(i, W * cols) {
+    int64_t w = i / cols, c = i - w * cols;
+    float pg = 0.f, pb = 0.f;
+#pragma unroll 4
+    for (int64_t r = w; r < rows; r += W) {
+      float xhat = (ld(x + r * cols + c) - stats[2 * r]) * stats[2 * r + 1];
+      float d = ld(dy + r * cols + c);
+      pg = __fadd_rn(pg, __fmul_rn(d, xhat));
+      if (Bias)
+        pb += d;
+    }
+    partial[w * stride + c] = pg;
+    if (Bias)
+      partial[w * stride + cols + c] = pb;
   }
 }
 
 // --- layer norm with the row in registers -------------------------------------------
 //
 // The kernels above stream each row from memory once per pass (the
-// statistics' two passes, then the output), and the backward's per-warp dg
-// / db partials are read and written in global memory for every row. For
+// statistics' two passes, then the output). For
 // rows of at most 32 * CPL columns the kernels below hold a row in
 // registers: lane l owns columns l, l + 32, ... as above and adds in the
 // same order, so their results are bitwise those of the streaming kernels
-// (the tests check it); only the memory traffic changes. The backward's dg
-// / db partials come from a column-parallel kernel over the stored row
-// statistics, with the streaming kernel's sums in its order.
+// (the tests check it); only the memory traffic changes. Both backward
+// kernels compute dx only; dg / db come from normGradColumnsKernel over
+// the row statistics they store.
 
 template <typename T, int CPL>
 __device__ __forceinline__ void loadRowReg(const T *r, int64_t cols, int lane, float (&v)[CPL]) {
@@ -680,8 +705,7 @@ __global__ void residualLayerNormRegKernel(const T *a, const T *b, const T *g, c
 /// forward (no dg / db partials in registers: with them the kernel needed
 /// 198 registers a thread, one block per multiprocessor, and ran GPT-2's
 /// [16384, 768] bf16 at 0.25 ms, a tenth of the H200's bandwidth). Lane 0
-/// stores the row's mean and rstd in `stats` for
-/// layerNormGradColumnsKernel.
+/// stores the row's mean and rstd in `stats` for normGradColumnsKernel.
 template <typename T, int CPL>
 __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *dx,
                                        float *stats, int64_t rows, int64_t cols, float eps,
@@ -718,31 +742,6 @@ __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *d
       stats[2 * r] = mean;
       stats[2 * r + 1] = rstd;
     }
-  }
-}
-
-/// dg / db partials from the rows' stored statistics, one thread per
-/// (partial w, column c), consecutive threads on consecutive columns
-/// (coalesced): partial + w * 2 * cols holds the sums over rows w, w + W,
-/// ... in that order of dy * xhat (first cols) and dy (next cols), the
-/// streaming kernel's per-warp partials bitwise (the same statistics, the
-/// same products rounded on their own, the same order).
-template <typename T>
-__global__ void layerNormGradColumnsKernel(const T *x, const T *dy, const float *stats,
-                                           float *partial, int64_t rows, int64_t cols,
-                                           int64_t W) {
-  FSDP_GRID_STRIDE(i, W * cols) {
-    int64_t w = i / cols, c = i - w * cols;
-    float pg = 0.f, pb = 0.f;
-#pragma unroll 4
-    for (int64_t r = w; r < rows; r += W) {
-      float xhat = (ld(x + r * cols + c) - stats[2 * r]) * stats[2 * r + 1];
-      float d = ld(dy + r * cols + c);
-      pg = __fadd_rn(pg, __fmul_rn(d, xhat));
-      pb += d;
-    }
-    partial[w * 2 * cols + c] = pg;
-    partial[w * 2 * cols + cols + c] = pb;
   }
 }
 
@@ -834,26 +833,23 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
   int64_t W = lnGradPartials(rows);
   float *more = partial + W * 2 * cols, *stats = more + columnSumScratch(W, cols);
   int cpl = lnRegCpl(cols, impl);
-  if (cpl == 0) {
-    unsigned grid = (unsigned)((W + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    layerNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy),
-                                                         mp<T>(dxv), partial, rows, cols,
-                                                         (float)eps, W, cp<T>(acc));
-  } else {
-    if (cpl == 8)
-      layerNormGradRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
-          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-    else if (cpl == 24)
-      layerNormGradRegKernel<T, 24><<<warpGrid(rows), kThreads, 0, s>>>(
-          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-    else
-      layerNormGradRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
-          cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-    if (cudaError_t e = cudaGetLastError())
-      return e;
-    layerNormGradColumnsKernel<T><<<gridFor(W * cols), kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W);
-  }
+  unsigned grid = warpGrid(rows);
+  if (cpl == 8)
+    layerNormGradRegKernel<T, 8><<<grid, kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+  else if (cpl == 24)
+    layerNormGradRegKernel<T, 24><<<grid, kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+  else if (cpl == 32)
+    layerNormGradRegKernel<T, 32><<<grid, kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+  else
+    layerNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(
+        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  normGradColumnsKernel<T, true><<<gridFor(W * cols), kThreads, 0, s>>>(
+      cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W, 2 * cols);
   if (cudaError_t e = cudaGetLastError())
     return e;
   // The partials, [W, 2 cols], summed per column (CudaCommon.cuh).
@@ -865,10 +861,10 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
 // --- rms norm and rope (Llama) ------------------------------------------------------
 //
 // One warp per row, as the layer-norm kernels above: the row's 1 / rms from
-// a warp-wide sum of squares, the backward's dw as per-warp partial column
-// sums (each column owned by one lane) summed per column afterwards in warp
-// order (columnSum): a fixed order, no atomics. The CPU kernels' formulas
-// (runtime/cpu/Kernels.cpp rmsNorm, rmsNormGrad), in f32.
+// a warp-wide sum of squares; the backward's dw from normGradColumnsKernel's
+// partials summed per column (columnSum): a fixed order, no atomics. The
+// CPU kernels' formulas (runtime/cpu/Kernels.cpp rmsNorm, rmsNormGrad), in
+// f32.
 
 template <typename T>
 __device__ __forceinline__ float rowRstdWarp(const T *xr, int64_t cols, float eps, int lane) {
@@ -906,12 +902,12 @@ __global__ void rmsNormWarpKernel(const T *a, const T *b, const T *w, T *sum, T 
 
 /// rms_norm_grad's dx, one warp per row over all rows (no dw partials: a
 /// partial per warp read and written for every row was the layer norm's
-/// cost too, see layerNormGradRegKernel); lane 0 stores the row's rstd for
-/// rmsNormGradColumnsKernel. With acc (rms_norm_grad_acc), dx = acc + the
+/// cost too, see layerNormGradRegKernel); lane 0 stores the row's rstd
+/// (and a mean of 0) for normGradColumnsKernel. With acc (rms_norm_grad_acc), dx = acc + the
 /// input gradient, added in f32 before dx's one rounding.
 template <typename T>
 __global__ void rmsNormGradRowKernel(const T *x, const T *w, const T *dy, T *dx,
-                                     float *rstdOut, int64_t rows, int64_t cols, float eps,
+                                     float *stats, int64_t rows, int64_t cols, float eps,
                                      const T *acc) {
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -927,25 +923,10 @@ __global__ void rmsNormGradRowKernel(const T *x, const T *w, const T *dy, T *dx,
       float v = rstd * (ld(dyr + c) * ld(w + c) - ld(xr + c) * rstd * m);
       st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
     }
-    if (lane == 0)
-      rstdOut[r] = rstd;
-  }
-}
-
-/// dw partials from the stored rstd, one thread per (partial p, column c),
-/// consecutive threads on consecutive columns: partial + p * cols holds
-/// the sum over rows p, p + W, ... in that order of dy * xhat, each
-/// product rounded on its own. A fixed order: no atomics.
-template <typename T>
-__global__ void rmsNormGradColumnsKernel(const T *x, const T *dy, const float *rstd,
-                                         float *partial, int64_t rows, int64_t cols, int64_t W) {
-  FSDP_GRID_STRIDE(i, W * cols) {
-    int64_t p = i / cols, c = i - p * cols;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int64_t r = p; r < rows; r += W)
-      acc = __fadd_rn(acc, __fmul_rn(ld(dy + r * cols + c), ld(x + r * cols + c) * rstd[r]));
-    partial[p * cols + c] = acc;
+    if (lane == 0) {
+      stats[2 * r] = 0.f; // normGradColumnsKernel's mean
+      stats[2 * r + 1] = rstd;
+    }
   }
 }
 
@@ -968,13 +949,13 @@ cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx,
   if (rows <= 0)
     return cudaMemsetAsync(dw, 0, sizeof(T) * cols, s);
   int64_t W = lnGradPartials(rows);
-  float *more = partial + W * cols, *rstd = more + columnSumScratch(W, cols);
+  float *more = partial + W * cols, *stats = more + columnSumScratch(W, cols);
   rmsNormGradRowKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
-      cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx), rstd, rows, cols, (float)eps, cp<T>(acc));
+      cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx), stats, rows, cols, (float)eps, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  rmsNormGradColumnsKernel<T><<<gridFor(W * cols), kThreads, 0, s>>>(cp<T>(x), cp<T>(dy), rstd,
-                                                                     partial, rows, cols, W);
+  normGradColumnsKernel<T, false><<<gridFor(W * cols), kThreads, 0, s>>>(
+      cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W, cols);
   if (cudaError_t e = cudaGetLastError())
     return e;
   return columnSum(partial, dw, W, cols, cols, more, s);
@@ -1418,7 +1399,7 @@ cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t 
 }
 int64_t rmsNormGradScratch(int64_t rows, int64_t cols) {
   int64_t w = lnGradPartials(rows);
-  return w * cols + columnSumScratch(w, cols) + std::max<int64_t>(rows, 0);
+  return w * cols + columnSumScratch(w, cols) + 2 * std::max<int64_t>(rows, 0);
 }
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
                         void *dw, float *scratch, int64_t rows, int64_t cols, double eps,

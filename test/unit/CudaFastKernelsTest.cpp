@@ -780,7 +780,7 @@ TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) 
   // forward, the residual form and the backward with and without acc, at
   // widths around each limit (and one past the last, where both paths are
   // the streaming kernel), and with more rows than the backward's 1024
-  // warps, or partials (dg / db partials summed over several rows). The values
+  // partials (dg / db partials summed over several rows). The values
   // against the CPU: the tests above.
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
            {37, 7}, {37, 256}, {37, 257}, {37, 768}, {37, 769}, {37, 1000}, {37, 1024}, {37, 1025},
