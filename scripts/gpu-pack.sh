@@ -113,7 +113,7 @@ python3 test/e2e/mixed_precision.py "$B/bin" text "$P/text.bin" --compile-only "
 # run there by gpu-check.sh with --gpu.
 python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
 mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py bench/mlp_gpu.py "$K/bench/"
-cp scripts/gpu-check.sh scripts/gpu-profile.sh "$K/"
+cp scripts/gpu-check.sh scripts/gpu-profile.sh scripts/gpu-ncu.sh scripts/ncu-summary.py "$K/"
 # The device tool carries at most 64 MiB: the binaries without their
 # symbol tables (their CUDA fat binaries, about 12 MB each, stay), and a
 # clear failure here rather than a refused carry there.

@@ -82,14 +82,21 @@ step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
 # of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
 # (issue 10: stage 0's speed), for comparison.
-for v in FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
+for v in BASE=1 FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_THREADS=512 FSDP_CUDA_CE_THREADS=1024 FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
   FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   plan="$P/gpt2_bf16_b16.plan"
   [ "$v" = UNPADDED=1 ] && plan="$P/gpt2_bf16_b16_unpadded.plan"
   [ "$v" = ZERO3=1 ] && plan="$P/gpt2_bf16_b16_zero3.plan"
-  step "variant_${v%%=*}" 45 env "$v" "$K/bin/fsdp-run" "$plan" --device cuda \
-    --steps 12 --lr 1e-4 --quiet && echo "$v: $(grep -E "ms/step|tuning" "$L/variant_${v%%=*}.log" | tr '\n' ' ')"
+  step "variant_${v//=/_}" 45 env "$v" "$K/bin/fsdp-run" "$plan" --device cuda \
+    --steps 12 --lr 1e-4 --quiet && echo "$v: $(grep -E "ms/step|tuning" "$L/variant_${v//=/_}.log" | tr '\n' ' ')"
 done
+# Every kernel's device time over the last of two B=16 bf16 steps, summed
+# per kernel name (Nsight Compute, one pass, clocks left alone).
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+step ncu_b16 90 bash -c "'$NCU' --clock-control none --metrics gpu__time_duration.sum --csv \
+  --page raw '$K/bin/fsdp-run' '$P/gpt2_bf16_b16.plan' --device cuda --steps 2 --lr 1e-4 \
+  --quiet > '$L/ncu_b16.csv' && python3 '$K/ncu-summary.py' '$L/ncu_b16.csv'" &&
+  head -25 "$L/ncu_b16.log"
 step trace_f32 60 "$K/bin/fsdp-run" "$P/gpt2_f32_b16.plan" --device cuda --steps 3 --lr 1e-4 \
   --trace "$L/trace_f32.json"
 # The same bf16 step synchronized after every instruction (each op alone):

@@ -118,6 +118,8 @@ int main(int argc, char **argv) {
                       Variant{"WMMA", flash::Impl::Wmma, false, false},
                       Variant{"mma.sync", flash::Impl::Mma, false, false},
                       Variant{"mma.sync qkv", flash::Impl::Mma, true, false},
+                      Variant{"mma tight", flash::Impl::MmaTight, false, false},
+                      Variant{"mma tight2", flash::Impl::MmaTight2, false, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

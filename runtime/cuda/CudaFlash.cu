@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -307,19 +308,47 @@ __global__ void __launch_bounds__(kThreadsF)
     lse[(b * a.H + h) * a.T + trow] = m + logf(l);
 }
 
-/// delta = dy_t . y_t per (b, h, t), one thread per row, from the stored
-/// (rounded, for bf16 / f16) output y, as FlashAttention-2's backward.
+/// delta = dy_t . y_t per (b, h, t), from the stored (rounded, for bf16 /
+/// f16) output y, as FlashAttention-2's backward. Eight lanes per row: lane
+/// j of a row sums the dimensions of its 8-element chunks j, j + 8, ... in
+/// order (16-byte loads where the rows are aligned), then three butterfly
+/// shuffles add the lanes in a fixed order. (One thread per row read each
+/// row 2 bytes at a time, rows apart across the warp: 104 us for GPT-2's
+/// B=16 on the H200, an eighth of its bandwidth.)
+constexpr int kDeltaLanes = 8;
 template <typename T>
-__global__ void deltaKernel(Dims a, const T *y, const T *dy, float *delta) {
-  int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= a.B * a.H * a.T)
-    return;
-  int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
-  int64_t at = (b * a.T + t) * a.ldy + h * a.D;
+__global__ void deltaKernel(Dims a, const T *y, const T *dy, float *delta, bool vec) {
+  int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t r = gid / kDeltaLanes;
+  int j = (int)(gid % kDeltaLanes);
+  bool live = r < a.B * a.H * a.T; // whole warps stay for the shuffles
   float acc = 0.f;
-  for (int64_t d = 0; d < a.D; ++d)
-    acc += ld(dy + at + d) * ld(y + at + d);
-  delta[r] = acc;
+  if (live) {
+    int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
+    int64_t at = (b * a.T + t) * a.ldy + h * a.D;
+    for (int64_t d0 = 8 * j; d0 < a.D; d0 += 8 * kDeltaLanes) {
+      if constexpr (sizeof(T) == 2) {
+        if (vec) { // one 16-byte load of each operand
+          uint4 yv = *reinterpret_cast<const uint4 *>(y + at + d0);
+          uint4 dv = *reinterpret_cast<const uint4 *>(dy + at + d0);
+          T ye[8], de[8]; // by memcpy: reading a uint4 through a T * is undefined
+          memcpy(ye, &yv, 16);
+          memcpy(de, &dv, 16);
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            acc += ld(de + e) * ld(ye + e);
+          continue;
+        }
+      }
+      for (int64_t d = d0; d < d0 + 8 && d < a.D; ++d)
+        acc += ld(dy + at + d) * ld(y + at + d);
+    }
+  }
+#pragma unroll
+  for (int o = kDeltaLanes / 2; o > 0; o /= 2)
+    acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (live && j == 0)
+    delta[r] = acc;
 }
 
 /// dq over one (b, h, query tile): dq_t = scale sum_j p_tj (dy_t . v_j - delta_t) k_j.
@@ -460,11 +489,13 @@ template <typename K> cudaError_t optIn(K kernel, size_t bytes) {
 /// Launches one implementation's forward kernel (a block per (b, h, query
 /// tile), `threads` threads, `sm` bytes of dynamic shared memory).
 template <typename T, typename Kernel>
-cudaError_t launchForward(Kernel kernel, size_t sm, int threads, const void *q, const void *k,
-                          const void *v, void *y, float *lse, const Dims &a, cudaStream_t s) {
+cudaError_t launchForward(Kernel kernel, size_t sm, int threads, int64_t rowsPerBlock,
+                          const void *q, const void *k, const void *v, void *y, float *lse,
+                          const Dims &a, cudaStream_t s) {
   if (cudaError_t e = optIn(kernel, sm))
     return e;
-  kernel<<<(unsigned)(a.B * a.H * a.tiles), threads, sm, s>>>(
+  int64_t blocks = a.B * a.H * ((a.T + rowsPerBlock - 1) / rowsPerBlock);
+  kernel<<<(unsigned)blocks, threads, sm, s>>>(
       a, static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v),
       static_cast<T *>(y), lse);
   return cudaGetLastError();
@@ -474,23 +505,27 @@ cudaError_t launchForward(Kernel kernel, size_t sm, int threads, const void *q, 
 /// kernel (a block per (b, h, query tile)) and its dk/dv kernel (a block
 /// per (b, kv head, key tile)).
 template <typename T, typename DqKernel, typename DkvKernel>
-cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv, int threads,
+cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv, int threads, int64_t dqRows,
                            const void *q, const void *k, const void *v, const void *y,
                            const float *lse, const void *dy, void *dq, void *dk, void *dv,
                            float *delta, const Dims &a, cudaStream_t s) {
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
   int64_t rows = a.B * a.H * a.T;
-  deltaKernel<T><<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(a, static_cast<const T *>(y),
-                                                                DY, delta);
+  // 16-byte loads: 16-bit storage, D and the row stride multiples of 8,
+  // both tensors 16-byte aligned.
+  bool vec = sizeof(T) == 2 && a.D % 8 == 0 && a.ldy % 8 == 0 &&
+             ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
+  deltaKernel<T><<<(unsigned)((rows * kDeltaLanes + 255) / 256), 256, 0, s>>>(
+      a, static_cast<const T *>(y), DY, delta, vec);
   if (cudaError_t e = cudaGetLastError())
     return e;
   if (cudaError_t e = optIn(dqK, smq))
     return e;
   if (cudaError_t e = optIn(dkvK, smkv))
     return e;
-  dqK<<<(unsigned)(a.B * a.H * a.tiles), threads, smq, s>>>(a, Q, K, V, DY, lse, delta,
-                                                           static_cast<T *>(dq));
+  int64_t dqBlocks = a.B * a.H * ((a.T + dqRows - 1) / dqRows);
+  dqK<<<(unsigned)dqBlocks, threads, smq, s>>>(a, Q, K, V, DY, lse, delta, static_cast<T *>(dq));
   if (cudaError_t e = cudaGetLastError())
     return e;
   dkvK<<<(unsigned)(a.B * a.KV * a.tiles), threads, smkv, s>>>(
@@ -505,7 +540,9 @@ struct CoresKernels {
   template <typename T, int KD> static auto dq() { return dqKernel<T, KD>; }
   template <typename T, int KD> static auto dkv() { return dkvKernel<T, KD>; }
   static size_t fwdBytes(int64_t D) { return fwdSmem(D); }
+  static int64_t fwdRows(int64_t) { return kTile; }
   static size_t dqBytes(int64_t D) { return dqSmem(D); }
+  static int64_t dqRows(int64_t) { return kTile; }
   static size_t dkvBytes(int64_t D) { return dkvSmem(D); }
 };
 
@@ -885,7 +922,9 @@ struct WmmaKernels {
   template <typename T, int KD> static auto dq() { return dqTcKernel<T, KD>; }
   template <typename T, int KD> static auto dkv() { return dkvTcKernel<T, KD>; }
   static size_t fwdBytes(int64_t D) { return tcFwdSmem(D); }
+  static int64_t fwdRows(int64_t) { return kTile; }
   static size_t dqBytes(int64_t D) { return tcDqSmem(D); }
+  static int64_t dqRows(int64_t) { return kTile; }
   static size_t dkvBytes(int64_t D) { return tcDkvSmem(D); }
 };
 
@@ -901,6 +940,12 @@ struct WmmaKernels {
 // operand tiles, read with ldmatrix. The WMMA kernels stored every score
 // and output tile to shared memory and read it back (37 TFLOP/s for
 // GPT-2's attention on the H100, 30 of its 107 ms bf16 step).
+
+/// The register kernels' softmax runs in base 2: exp(x) = exp2(x log2 e),
+/// the score scale and log2 e folded into one multiply-add before each
+/// exp2 (a single MUFU.EX2; expf is a multi-instruction sequence, and the
+/// softmax's instructions, not the tensor cores, bounded these kernels).
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 constexpr int kNt = kTile / 8;                   // 8-column n-tiles of a 64-wide score block
 constexpr int kMaxDt = (int)kMaxHeadDim / 8;     // n-tiles of a D-wide accumulator: 16
@@ -974,6 +1019,67 @@ __device__ __forceinline__ void accumulateMma(float (&acc)[kMaxDt][4], const flo
   }
 }
 
+/// scoresMma for MT m-tiles at once (rows a, a + 16 ld, ...) over NT
+/// 8-column n-tiles (the NT * 8 rows of b): each B
+/// fragment (a key tile's rows) is loaded once for the MT products, so a
+/// warp owning 32 rows reads the key tile from shared memory half as often
+/// per product, and has twice the independent tensor-core work in flight.
+template <int MT, int NT = kNt, typename T>
+__device__ __forceinline__ void scoresMmaN(float (&s)[MT][NT][4], const T *a, const T *b,
+                                           int ld, int D, int lane) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kMaxKs; ++kk) {
+    if (kk * 16 >= D)
+      break;
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+      mma::loadA(af[i], a + i * 16 * ld + kk * 16, ld, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bf[4];
+      mma::loadBt(bf, b + np * 16 * ld + kk * 16, ld, lane);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma::mma16816<T>(s[i][2 * np], af[i], bf);
+        mma::mma16816<T>(s[i][2 * np + 1], af[i], bf + 2);
+      }
+    }
+  }
+}
+
+/// accumulateMma for MT m-tiles at once (each B fragment loaded once),
+/// over NT * 8 rows of b.
+template <int MT, int NT = kNt, typename T>
+__device__ __forceinline__ void accumulateMmaN(float (&acc)[MT][kMaxDt][4],
+                                               const float (&p)[MT][NT][4], const T *b, int ld,
+                                               int D, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+      mma::accToA<T>(af[i], p[i][2 * kk], p[i][2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < kMaxDt / 2; ++np) {
+      if (np * 16 >= D)
+        break;
+      uint32_t bf[4];
+      mma::loadB(bf, b + kk * 16 * ld + np * 16, ld, lane);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma::mma16816<T>(acc[i][2 * np], af[i], bf);
+        mma::mma16816<T>(acc[i][2 * np + 1], af[i], bf + 2);
+      }
+    }
+  }
+}
+
 /// Stores rows r0 (floats 0, 1 of each n-tile) and r0 + 8 (floats 2, 3)
 /// of a 16 x D accumulator times `mul`, columns 2 q, 2 q + 1 of each
 /// n-tile, to out[row * ldo + col] (rows < rows only).
@@ -999,29 +1105,40 @@ __device__ __forceinline__ void storeAcc(T *out, int64_t ldo, const float (&acc)
 }
 
 // Two buffers of the streamed tiles (K, V; or Q, dY and their rows' lse
-// and delta): the next tile's copies fly while the block computes.
-size_t mmaFwdSmem(int64_t D) { return 5 * tcTile(D); }
-size_t mmaDqSmem(int64_t D) { return 6 * tcTile(D); }
+// and delta): the next tile's copies fly while the block computes. (The
+// forward's: MmaKernels::fwdBytes, its Q tile MT tiles high.)
 size_t mmaDkvSmem(int64_t D) { return 6 * tcTile(D) + 4 * sizeof(float) * kTile; }
 
-template <typename T, int KD>
-__global__ void __launch_bounds__(kThreadsTc)
+/// The forward over one (b, h, block of 64 MT query rows): warp w owns the
+/// MT 16-row m-tiles of rows 16 MT w .. 16 MT (w + 1) - 1 (MT = 2:
+/// FlashAttention-2's 32 rows a warp, each key fragment feeding two
+/// products).
+template <typename T, int KD, int MT = 1>
+__global__ void __launch_bounds__(kThreadsTc, MT == 2 ? 3 : 4)
     forwardMmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  // Q, then K and V twice (buffer it % 2 holds key tile it).
-  T *Qs = reinterpret_cast<T *>(smTc), *KV = Qs + kTile * LDT;
-  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
-  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  const float sl2 = a.scale * kLog2e; // scores to base-2 exponents
+  constexpr int QR = kTile * MT;      // the block's query rows
+  // Q (QR rows), then K and V twice (buffer it % 2 holds key tile it).
+  T *Qs = reinterpret_cast<T *>(smTc), *KV = Qs + QR * LDT;
+  const int64_t qTiles = (a.T + QR - 1) / QR;
+  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles);
+  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
   int64_t kvh = h / (a.H / a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t t0 = qt * kTile, row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
-  float o[kMaxDt][4];
+  int64_t t0 = qt * QR, w0 = t0 + warp * 16 * MT;
+  float o[MT][kMaxDt][4];
 #pragma unroll
-  for (int n = 0; n < kMaxDt; ++n)
-    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n)
+      o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+    m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.f;
+  int64_t kEnd = a.causal && t0 + QR < a.T ? t0 + QR : a.T;
   int64_t nTiles = (kEnd + kTile - 1) / kTile;
   auto issue = [&](int64_t it) {
     T *Kb = KV + (it % 2) * 2 * kTile * LDT;
@@ -1029,7 +1146,9 @@ __global__ void __launch_bounds__(kThreadsTc)
     loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
     mma::cpAsyncCommit();
   };
-  loadTileAsync(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+    loadTileAsync(Qs + i * kTile * LDT, q, a, b, t0 + i * kTile, a.ldq, h * D, LDT, D);
   issue(0); // one group: Q and the first K, V
   for (int64_t it = 0; it < nTiles; ++it) {
     if (it + 1 < nTiles) {
@@ -1041,90 +1160,110 @@ __global__ void __launch_bounds__(kThreadsTc)
     __syncthreads(); // tile it (every thread's copies) is in shared memory
     int64_t j0 = it * kTile;
     const T *Ks = KV + (it % 2) * 2 * kTile * LDT, *Vs = Ks + kTile * LDT;
-    float s[kNt][4];
-    scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
-    float tmax[2] = {-INFINITY, -INFINITY};
+    float s[MT][kNt][4];
+    scoresMmaN<MT>(s, Qs + warp * 16 * MT * LDT, Ks, LDT, D, lane);
     // Masks only where the tile crosses the diagonal or the end (uniform
-    // over the block: every interior tile skips the compares).
+    // over the block: every interior tile skips the compares). The row
+    // maximum of the raw scores, scaled once (the scale is positive and
+    // rounding is monotonic: the maximum of the scaled scores).
     bool masked = j0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
+    for (int mt = 0; mt < MT; ++mt) {
+      float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
-        bool ok = !masked || (key < a.T && (!a.causal || key <= r));
-        s[n][i] = ok ? s[n][i] * a.scale : -INFINITY;
-        tmax[i / 2] = fmaxf(tmax[i / 2], s[n][i]);
-      }
-    float alpha[2], mNew[2], psum[2] = {0.f, 0.f};
+      for (int n = 0; n < kNt; ++n)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      tmax[e] = rowMax4(tmax[e]);
-      mNew[e] = fmaxf(m[e], tmax[e]);
-      alpha[e] = m[e] == -INFINITY ? 0.f : expf(m[e] - mNew[e]);
-    }
+        for (int i = 0; i < 4; ++i) {
+          int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = w0 + 16 * mt + g + 8 * (i / 2);
+          if (masked && !(key < a.T && (!a.causal || key <= r)))
+            s[mt][n][i] = -INFINITY;
+          tmax[i / 2] = fmaxf(tmax[i / 2], s[mt][n][i]);
+        }
+      float alpha[2], mUse[2], psum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float p = s[n][i] == -INFINITY ? 0.f : expf(s[n][i] - mNew[i / 2]);
-        s[n][i] = p;
-        psum[i / 2] += p;
+      for (int e = 0; e < 2; ++e) {
+        float mNew = fmaxf(m[mt][e], rowMax4(tmax[e]) * sl2);
+        // A row with every key masked so far keeps m = -inf: exponents
+        // against 0 (exp2(-inf) = 0), not -inf - -inf.
+        mUse[e] = mNew == -INFINITY ? 0.f : mNew;
+        alpha[e] = exp2f(m[mt][e] - mUse[e]);
+        m[mt][e] = mNew;
       }
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      l[e] = l[e] * alpha[e] + rowSum4(psum[e]);
-      m[e] = mNew[e];
-    }
+      for (int n = 0; n < kNt; ++n)
 #pragma unroll
-    for (int n = 0; n < kMaxDt; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+        for (int i = 0; i < 4; ++i) {
+          float p = exp2f(fmaf(s[mt][n][i], sl2, -mUse[i / 2]));
+          s[mt][n][i] = p;
+          psum[i / 2] += p;
+        }
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        l[mt][e] = l[mt][e] * alpha[e] + rowSum4(psum[e]);
+#pragma unroll
+      for (int n = 0; n < kMaxDt; ++n) {
+        o[mt][n][0] *= alpha[0];
+        o[mt][n][1] *= alpha[0];
+        o[mt][n][2] *= alpha[1];
+        o[mt][n][3] *= alpha[1];
+      }
     }
-    accumulateMma(o, s, Vs, LDT, D, lane);
+    accumulateMmaN<MT>(o, s, Vs, LDT, D, lane);
     __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
-  float inv[2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e)
-    inv[e] = l[e] > 0.f ? 1.f / l[e] : 0.f;
-  storeAcc(y + b * a.T * a.ldy + h * D, a.ldy, o, inv[0], inv[1], row[0], a.T, D, lane);
-  if (lse && qd == 0)
+  for (int mt = 0; mt < MT; ++mt) {
+    int64_t r0 = w0 + 16 * mt + g;
+    float inv[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      if (row[e] < a.T)
-        lse[(b * a.H + h) * a.T + row[e]] = m[e] + logf(l[e]);
+      inv[e] = l[mt][e] > 0.f ? 1.f / l[mt][e] : 0.f;
+    storeAcc(y + b * a.T * a.ldy + h * D, a.ldy, o[mt], inv[0], inv[1], r0, a.T, D, lane);
+    if (lse && qd == 0) // natural-log units (m is in base 2)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (r0 + 8 * e < a.T)
+          lse[(b * a.H + h) * a.T + r0 + 8 * e] = (m[mt][e] + log2f(l[mt][e])) * kLn2;
+  }
 }
 
-/// dq over one (b, h, query tile), registers: dq_t = scale sum_j p_tj
-/// (dy_t . v_j - delta_t) k_j.
-template <typename T, int KD>
-__global__ void __launch_bounds__(kThreadsTc)
+/// dq over one (b, h, block of 64 MT query rows), registers: dq_t = scale
+/// sum_j p_tj (dy_t . v_j - delta_t) k_j. As the forward, warp w owns MT
+/// m-tiles; with MT = 2 each key tile is taken in two halves of 32 keys
+/// (the score and dP blocks of 32 rows x 32 keys fit the registers beside
+/// the 32 x D accumulator), the same tile loads and barriers.
+template <typename T, int KD, int MinBlocks = 1, int MT = 1>
+__global__ void __launch_bounds__(kThreadsTc, MinBlocks)
     dqMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                 const float *delta, T *dq) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  // Q, dY, then K and V twice (buffer it % 2 holds key tile it).
-  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + kTile * LDT, *KV = DYs + kTile * LDT;
-  int64_t qt = a.tiles - 1 - (int64_t)(blockIdx.x % a.tiles);
-  int64_t h = (blockIdx.x / a.tiles) % a.H, b = blockIdx.x / (a.tiles * a.H);
+  const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
+  constexpr int QR = kTile * MT, NT = MT == 1 ? kNt : kNt / 2, HALVES = kNt / NT;
+  // Q, dY (QR rows each), then K and V twice (buffer it % 2 holds key tile it).
+  T *Qs = reinterpret_cast<T *>(smTc), *DYs = Qs + QR * LDT, *KV = DYs + QR * LDT;
+  const int64_t qTiles = (a.T + QR - 1) / QR;
+  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles);
+  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
   int64_t kvh = h / (a.H / a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t t0 = qt * kTile, row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
-  float lr[2], dl[2];
+  int64_t t0 = qt * QR, w0 = t0 + warp * 16 * MT;
+  float lr[MT][2], dl[MT][2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    int64_t sr = (b * a.H + h) * a.T + row[e];
-    lr[e] = row[e] < a.T ? lse[sr] : 0.f;
-    dl[e] = row[e] < a.T ? delta[sr] : 0.f;
-  }
-  float acc[kMaxDt][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int n = 0; n < kMaxDt; ++n)
-    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  int64_t kEnd = a.causal && t0 + kTile < a.T ? t0 + kTile : a.T;
+    for (int e = 0; e < 2; ++e) {
+      int64_t r = w0 + 16 * mt + g + 8 * e, sr = (b * a.H + h) * a.T + r;
+      lr[mt][e] = r < a.T ? lse[sr] * kLog2e : 0.f;
+      dl[mt][e] = r < a.T ? delta[sr] : 0.f;
+    }
+  float acc[MT][kMaxDt][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n)
+      acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  int64_t kEnd = a.causal && t0 + QR < a.T ? t0 + QR : a.T;
   int64_t nTiles = (kEnd + kTile - 1) / kTile;
   auto issue = [&](int64_t it) {
     T *Kb = KV + (it % 2) * 2 * kTile * LDT;
@@ -1132,8 +1271,11 @@ __global__ void __launch_bounds__(kThreadsTc)
     loadTileAsync(Kb + kTile * LDT, v, a, b, it * kTile, a.ldkv, kvh * D, LDT, D);
     mma::cpAsyncCommit();
   };
-  loadTileAsync(Qs, q, a, b, t0, a.ldq, h * D, LDT, D);
-  loadTileAsync(DYs, dy, a, b, t0, a.ldy, h * D, LDT, D);
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    loadTileAsync(Qs + i * kTile * LDT, q, a, b, t0 + i * kTile, a.ldq, h * D, LDT, D);
+    loadTileAsync(DYs + i * kTile * LDT, dy, a, b, t0 + i * kTile, a.ldy, h * D, LDT, D);
+  }
   issue(0); // one group: Q, dY and the first K, V
   for (int64_t it = 0; it < nTiles; ++it) {
     if (it + 1 < nTiles) {
@@ -1143,35 +1285,46 @@ __global__ void __launch_bounds__(kThreadsTc)
       mma::cpAsyncWait<0>();
     }
     __syncthreads(); // tile it is in shared memory
-    int64_t j0 = it * kTile;
     const T *Ks = KV + (it % 2) * 2 * kTile * LDT, *Vs = Ks + kTile * LDT;
-    float s[kNt][4], dp[kNt][4];
-    scoresMma(s, Qs + warp * 16 * LDT, Ks, LDT, D, lane);
-    scoresMma(dp, DYs + warp * 16 * LDT, Vs, LDT, D, lane);
-    bool masked = j0 + kTile > a.T || t0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
+    for (int hf = 0; hf < HALVES; ++hf) {
+      int64_t j0 = it * kTile + hf * NT * 8;
+      float s[MT][NT][4], dp[MT][NT][4];
+      scoresMmaN<MT, NT>(s, Qs + warp * 16 * MT * LDT, Ks + hf * NT * 8 * LDT, LDT, D, lane);
+      scoresMmaN<MT, NT>(dp, DYs + warp * 16 * MT * LDT, Vs + hf * NT * 8 * LDT, LDT, D, lane);
+      bool masked =
+          j0 + NT * 8 > a.T || t0 + QR > a.T || (a.causal && j0 + NT * 8 - 1 > t0);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = row[i / 2];
-        bool ok = !masked || (r < a.T && key < a.T && (!a.causal || key <= r));
-        s[n][i] = ok ? expf(s[n][i] * a.scale - lr[i / 2]) * (dp[n][i] - dl[i / 2]) : 0.f;
-      }
-    accumulateMma(acc, s, Ks, LDT, D, lane);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            int64_t key = j0 + n * 8 + 2 * qd + (i & 1), r = w0 + 16 * mt + g + 8 * (i / 2);
+            bool ok = !masked || (r < a.T && key < a.T && (!a.causal || key <= r));
+            float p = exp2f(fmaf(s[mt][n][i], sl2, -lr[mt][i / 2]));
+            s[mt][n][i] = ok ? p * (dp[mt][n][i] - dl[mt][i / 2]) : 0.f;
+          }
+      accumulateMmaN<MT, NT>(acc, s, Ks + hf * NT * 8 * LDT, LDT, D, lane);
+    }
     __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
-  storeAcc(dq + b * a.T * a.ldq + h * D, a.ldq, acc, a.scale, a.scale, row[0], a.T, D, lane);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    storeAcc(dq + b * a.T * a.ldq + h * D, a.ldq, acc[mt], a.scale, a.scale,
+             w0 + 16 * mt + g, a.T, D, lane);
 }
 
 /// dk, dv over one (b, kv head, key tile), registers; the warp's rows are
 /// key rows: S^T = K Q^T and dP^T = V dY^T, so P^T and dS^T multiply dY
 /// and Q directly. Query heads of the group, then query tiles, in order.
-template <typename T, int KD>
-__global__ void __launch_bounds__(kThreadsTc)
+template <typename T, int KD, int MinBlocks = 1>
+__global__ void __launch_bounds__(kThreadsTc, MinBlocks)
     dkvMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                  const float *delta, T *dk, T *dv) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
+  const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
   // K, V, then Q and dY twice (buffer it % 2 holds step it's query tile),
   // then lse and delta of those rows twice.
   T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *QD = Vs + kTile * LDT;
@@ -1199,7 +1352,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     mma::cpAsyncCommit();
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
-      Lb[i] = t < a.T ? lse[sr] : 0.f;
+      Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
       Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
@@ -1228,7 +1381,7 @@ __global__ void __launch_bounds__(kThreadsTc)
         int c = n * 8 + 2 * qd + (i & 1);
         int64_t tt = t0 + c, jj = key[i / 2];
         bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
-        float p = ok ? expf(st[n][i] * a.scale - Lq[c]) : 0.f;
+        float p = ok ? exp2f(fmaf(st[n][i], sl2, -Lq[c])) : 0.f;
         st[n][i] = p;
         dpt[n][i] = ok ? p * (dpt[n][i] - Dq[c]) : 0.f;
       }
@@ -1240,14 +1393,30 @@ __global__ void __launch_bounds__(kThreadsTc)
   storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV, 1.f, 1.f, key[0], a.T, D, lane);
 }
 
-/// The mma.sync kernels (Impl::Mma) for forwardWith / backwardWith.
-struct MmaKernels {
+/// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
+/// (Tight false: registers as the compiler chooses, 166 for dq and 222 for
+/// dk / dv at D = 64, so 3 and 2 blocks a multiprocessor) or Impl::MmaTight
+/// (at D = 64, launch bounds for 4 dq blocks and 3 dk / dv blocks, 128 and
+/// 168 registers: a little spilled, more warps to hide latency).
+template <bool Tight, int DqMT = 1> struct MmaKernels {
   static constexpr int kThreads = kThreadsTc;
-  template <typename T, int KD> static auto fwd() { return forwardMmaKernel<T, KD>; }
-  template <typename T, int KD> static auto dq() { return dqMmaKernel<T, KD>; }
-  template <typename T, int KD> static auto dkv() { return dkvMmaKernel<T, KD>; }
-  static size_t fwdBytes(int64_t D) { return mmaFwdSmem(D); }
-  static size_t dqBytes(int64_t D) { return mmaDqSmem(D); }
+  /// Query m-tiles a warp owns in the forward: 2 for Tight at D = 64.
+  static constexpr int fwdTiles(int64_t D) { return Tight && D == 64 ? 2 : 1; }
+  template <typename T, int KD> static auto fwd() {
+    return forwardMmaKernel<T, KD, fwdTiles(KD)>;
+  }
+  static int64_t fwdRows(int64_t D) { return kTile * fwdTiles(D); }
+  template <typename T, int KD> static auto dq() {
+    return dqMmaKernel<T, KD, dqTiles(KD) == 2 ? 3 : Tight && KD == 64 ? 4 : 1, dqTiles(KD)>;
+  }
+  template <typename T, int KD> static auto dkv() {
+    return dkvMmaKernel<T, KD, Tight && KD == 64 ? 3 : 1>;
+  }
+  static size_t fwdBytes(int64_t D) { return (4 + fwdTiles(D)) * tcTile(D); }
+  /// Query m-tiles a warp owns in dq: DqMT at D = 64 (Tight only).
+  static constexpr int dqTiles(int64_t D) { return Tight && D == 64 ? DqMT : 1; }
+  static int64_t dqRows(int64_t D) { return kTile * dqTiles(D); }
+  static size_t dqBytes(int64_t D) { return (4 + 2 * dqTiles(D)) * tcTile(D); }
   static size_t dkvBytes(int64_t D) { return mmaDkvSmem(D); }
 };
 
@@ -1260,7 +1429,8 @@ cudaError_t forwardWith(const void *q, const void *k, const void *v, void *y, fl
   auto kernel = a.D == 64    ? K::template fwd<T, 64>()
                 : a.D == 128 ? K::template fwd<T, 128>()
                              : K::template fwd<T, 0>();
-  return launchForward<T>(kernel, K::fwdBytes(a.D), K::kThreads, q, k, v, y, lse, a, s);
+  return launchForward<T>(kernel, K::fwdBytes(a.D), K::kThreads, K::fwdRows(a.D), q, k, v, y,
+                          lse, a, s);
 }
 
 template <typename K, typename T>
@@ -1273,7 +1443,8 @@ cudaError_t backwardWith(const void *q, const void *k, const void *v, const void
   auto dkvK = a.D == 64    ? K::template dkv<T, 64>()
               : a.D == 128 ? K::template dkv<T, 128>()
                            : K::template dkv<T, 0>();
-  return launchBackward<T>(dqK, K::dqBytes(a.D), dkvK, K::dkvBytes(a.D), K::kThreads, q, k, v,
+  return launchBackward<T>(dqK, K::dqBytes(a.D), dkvK, K::dkvBytes(a.D), K::kThreads,
+                           K::dqRows(a.D), q, k, v,
                            y, lse, dy, dq, dk, dv, delta, a, s);
 }
 
@@ -1282,7 +1453,11 @@ cudaError_t backwardWith(const void *q, const void *k, const void *v, const void
 template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
   bool bf = t == FloatKind::BF16;
   if (impl == Impl::Mma)
-    return bf ? f(MmaKernels{}, __nv_bfloat16{}) : f(MmaKernels{}, __half{});
+    return bf ? f(MmaKernels<false>{}, __nv_bfloat16{}) : f(MmaKernels<false>{}, __half{});
+  if (impl == Impl::MmaTight)
+    return bf ? f(MmaKernels<true>{}, __nv_bfloat16{}) : f(MmaKernels<true>{}, __half{});
+  if (impl == Impl::MmaTight2)
+    return bf ? f(MmaKernels<true, 2>{}, __nv_bfloat16{}) : f(MmaKernels<true, 2>{}, __half{});
   if (impl == Impl::Wmma)
     return bf ? f(WmmaKernels{}, __nv_bfloat16{}) : f(WmmaKernels{}, __half{});
   switch (t) {
@@ -1301,10 +1476,13 @@ template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
 bool tensorCoresApply(FloatKind t, const Dims &a) { return t != FloatKind::F32 && a.D % 16 == 0; }
 
 /// The implementation that runs: Auto is the register-tile (mma.sync)
-/// kernels where tensor cores apply, else the CUDA-core ones.
+/// kernels where tensor cores apply, in their Tight form (at GPT-2's
+/// D = 64 on the H200: the forward 0.193 vs 0.209 ms, forward + backward
+/// 0.859 vs 0.910, the B=32 step 70.90 vs 71.39 ms), else the CUDA-core
+/// ones.
 Impl resolve(FloatKind t, const Dims &a, Impl impl) {
   if (impl == Impl::Auto)
-    return tensorCoresApply(t, a) ? Impl::Mma : Impl::CudaCores;
+    return tensorCoresApply(t, a) ? Impl::MmaTight : Impl::CudaCores;
   return impl;
 }
 
@@ -1324,7 +1502,7 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads, La
     return FSDP_ERROR("attention: head dimension ", C / heads,
                       " exceeds the tiled CUDA kernel's limit ", kMaxHeadDim);
   int64_t tiles = (T + kTile - 1) / kTile;
-  if (B * heads * tiles > INT32_MAX || B * T * heads * 2 > ((int64_t)1 << 40))
+  if (B * heads * tiles > INT32_MAX || B * T * heads > ((int64_t)1 << 35))
     return FSDP_ERROR("attention: B=", B, " T=", T, " heads=", heads,
                       " exceeds the tiled CUDA kernel's grid");
   return Status::ok();
@@ -1337,7 +1515,8 @@ bool parseImpl(const char *name, Impl &impl) {
     const char *name;
     Impl impl;
   } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
-                {"mma", Impl::Mma}};
+                {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
+                {"mma-tight2", Impl::MmaTight2}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;

@@ -63,12 +63,17 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///   Wmma       tensor cores through WMMA, score and output tiles through
 ///              shared memory;
 ///   Mma        tensor cores through mma.sync, the tiles in registers
-///              (FlashAttention-2).
-enum class Impl { Auto, CudaCores, Wmma, Mma };
+///              (FlashAttention-2);
+///   MmaTight   Mma at D = 64 with 32 query rows a warp in the forward
+///              (two m-tiles: each key fragment feeds two products) and
+///              the backward's kernels bounded to fewer registers (more
+///              blocks a multiprocessor, a little spilled);
+///   MmaTight2  MmaTight with dq also at 32 query rows a warp.
+enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2 };
 
 
-/// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma (false for
-/// anything else).
+/// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
+/// mma-tight2 (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,

@@ -17,6 +17,9 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
 #include <vector>
 
 namespace fsdp::cuda::native {
@@ -490,35 +493,164 @@ __global__ void softmaxGradWarpKernel(const T *y, const T *dy, T *dx, int64_t ro
   }
 }
 
-/// Row mean and 1/sqrt(biased variance + eps), two passes (cpu rowStats).
+// --- layer norm: lanes own 16-byte chunks ------------------------------------------
+//
+// One warp per row. The row is cut into chunks of kVec<T> elements (16
+// bytes: 8 bf16 / f16, 4 f32); lane l owns chunks l, l + 32, ... and adds
+// its elements chunk by chunk in column order, then the warp adds the
+// lanes with butterfly shuffles: a fixed order. Where every row's chunks
+// are whole and 16-byte aligned (cols a multiple of kVec, the tensors
+// aligned: `vec`), a chunk is one 16-byte load or store; else it is read
+// element by element in the same order, so the bits do not depend on it.
+// (Lanes owning single columns l, l + 32, ... made 2-byte loads: GPT-2's
+// B=16 layer-norm backward ran at a quarter of the H200's bandwidth.)
+
+/// 16 bytes of a row: kVec<T> elements, loaded or stored as one uint4
+/// (moved to and from T[] by memcpy, not by a cast pointer: reading a
+/// uint4 through a T* is undefined, and the emulator's host compiler did
+/// miscompile it).
+template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
+template <typename T> __device__ __forceinline__ void ld16(const T *p, float *v) {
+  uint4 u = *reinterpret_cast<const uint4 *>(p);
+  T e[kVec<T>];
+  memcpy(e, &u, sizeof(u));
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    v[i] = ld(e + i);
+}
+template <typename T> __device__ __forceinline__ void st16(T *p, const float *v) {
+  T e[kVec<T>];
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    st(e + i, v[i]);
+  uint4 u;
+  memcpy(&u, e, sizeof(u));
+  *reinterpret_cast<uint4 *>(p) = u;
+}
+
+/// v = the chunk of `row` at column c0, 0 past cols.
+template <typename T>
+__device__ __forceinline__ void loadChunk(const T *row, int64_t c0, int64_t cols, bool vec,
+                                          float (&v)[kVec<T>]) {
+  constexpr int V = kVec<T>;
+  if (vec) {
+    ld16(row + c0, v);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    v[i] = c0 + i < cols ? ld(row + c0 + i) : 0.f;
+}
+
+/// Stores v (rounded to T) to the chunk of `row` at column c0, below cols.
+template <typename T>
+__device__ __forceinline__ void storeChunk(T *row, int64_t c0, int64_t cols, bool vec,
+                                           const float (&v)[kVec<T>]) {
+  constexpr int V = kVec<T>;
+  if (vec) {
+    st16(row + c0, v);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (c0 + i < cols)
+      st(row + c0 + i, v[i]);
+}
+
+/// Whether the norm kernels take 16-byte chunks: cols a multiple of
+/// kVec<T> and every pointer 16-byte aligned (nullptr allowed).
+template <typename T> bool chunkAligned(int64_t cols, std::initializer_list<const void *> ps) {
+  if (cols % kVec<T>)
+    return false;
+  for (const void *p : ps)
+    if (reinterpret_cast<uintptr_t>(p) & 15)
+      return false;
+  return true;
+}
+
+// The norms' per-element arithmetic, every operation rounded on its own
+// (__fmul_rn and friends): nvcc contracts a * b + c into one FMA or not
+// depending on the code around it, so the register and streaming kernels
+// (and the aligned and element-wise loads) gave dx + acc different bits in
+// a few elements on the H200 until each step was spelled out.
+__device__ __forceinline__ float lnXhat(float x, float mean, float rstd) {
+  return __fmul_rn(__fsub_rn(x, mean), rstd);
+}
+__device__ __forceinline__ float lnSquare(float acc, float x, float mean) {
+  float d = __fsub_rn(x, mean);
+  return __fadd_rn(acc, __fmul_rn(d, d));
+}
+/// layer_norm's output: xhat * g + b.
+__device__ __forceinline__ float lnOut(float x, float mean, float rstd, float g, float b) {
+  return __fadd_rn(__fmul_rn(lnXhat(x, mean, rstd), g), b);
+}
+/// layer_norm_grad's dx: rstd (dy g - m1 - xhat m2).
+__device__ __forceinline__ float lnDx(float x, float dy, float g, float mean, float rstd,
+                                      float m1, float m2) {
+  float xhat = lnXhat(x, mean, rstd);
+  return __fmul_rn(rstd, __fsub_rn(__fsub_rn(__fmul_rn(dy, g), m1), __fmul_rn(xhat, m2)));
+}
+
+/// Row mean and 1/sqrt(biased variance + eps), two passes (cpu rowStats),
+/// streaming the row.
 template <typename T>
 __device__ __forceinline__ void rowStatsWarp(const T *xr, int64_t cols, float eps, int lane,
-                                             float &mean, float &rstd) {
+                                             bool vec, float &mean, float &rstd) {
+  constexpr int V = kVec<T>;
   float sum = 0;
-  for (int64_t c = lane; c < cols; c += 32)
-    sum += ld(xr + c);
+  for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+    float v[V];
+    loadChunk(xr, c0, cols, vec, v);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (c0 + i < cols)
+        sum += v[i];
+  }
   mean = warpAllSum(sum) / (float)cols;
   float var = 0;
-  for (int64_t c = lane; c < cols; c += 32) {
-    float d = ld(xr + c) - mean;
-    var += d * d;
+  for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+    float v[V];
+    loadChunk(xr, c0, cols, vec, v);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (c0 + i < cols)
+        var = lnSquare(var, v[i], mean);
   }
   var = warpAllSum(var) / (float)cols;
   rstd = 1.f / sqrtf(var + eps);
 }
 
+/// out = (x - mean) * rstd * g + b over one chunk.
+template <typename T>
+__device__ __forceinline__ void normChunk(float (&out)[kVec<T>], const float (&x)[kVec<T>],
+                                          const T *g, const T *b, int64_t c0, int64_t cols,
+                                          bool vec, float mean, float rstd) {
+  constexpr int V = kVec<T>;
+  float gv[V], bv[V];
+  loadChunk(g, c0, cols, vec, gv);
+  loadChunk(b, c0, cols, vec, bv);
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    out[i] = lnOut(x[i], mean, rstd, gv[i], bv[i]);
+}
+
 template <typename T>
 __global__ void layerNormWarpKernel(const T *x, const T *g, const T *b, T *y, int64_t rows,
-                                    int64_t cols, float eps) {
+                                    int64_t cols, float eps, bool vec) {
+  constexpr int V = kVec<T>;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
     const T *xr = x + r * cols;
     float mean, rstd;
-    rowStatsWarp(xr, cols, eps, lane, mean, rstd);
-    for (int64_t c = lane; c < cols; c += 32)
-      st(y + r * cols + c, (ld(xr + c) - mean) * rstd * ld(g + c) + ld(b + c));
+    rowStatsWarp(xr, cols, eps, lane, vec, mean, rstd);
+    for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+      float v[V], o[V];
+      loadChunk(xr, c0, cols, vec, v);
+      normChunk(o, v, g, b, c0, cols, vec, mean, rstd);
+      storeChunk(y + r * cols, c0, cols, vec, o);
+    }
   }
 }
 
@@ -527,18 +659,30 @@ __global__ void layerNormWarpKernel(const T *x, const T *g, const T *b, T *y, in
 template <typename T>
 __global__ void residualLayerNormWarpKernel(const T *a, const T *b, const T *g, const T *beta,
                                             T *sum, T *y, int64_t rows, int64_t cols,
-                                            float eps) {
+                                            float eps, bool vec) {
+  constexpr int V = kVec<T>;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
     int64_t o = r * cols;
-    for (int64_t c = lane; c < cols; c += 32)
-      st(sum + o + c, ld(a + o + c) + ld(b + o + c));
+    for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+      float av[V], bv[V];
+      loadChunk(a + o, c0, cols, vec, av);
+      loadChunk(b + o, c0, cols, vec, bv);
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        av[i] += bv[i];
+      storeChunk(sum + o, c0, cols, vec, av);
+    }
     float mean, rstd;
-    rowStatsWarp(sum + o, cols, eps, lane, mean, rstd);
-    for (int64_t c = lane; c < cols; c += 32)
-      st(y + o + c, (ld(sum + o + c) - mean) * rstd * ld(g + c) + ld(beta + c));
+    rowStatsWarp(sum + o, cols, eps, lane, vec, mean, rstd);
+    for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+      float v[V], out[V];
+      loadChunk(sum + o, c0, cols, vec, v);
+      normChunk(out, v, g, beta, c0, cols, vec, mean, rstd);
+      storeChunk(y + o, c0, cols, vec, out);
+    }
   }
 }
 
@@ -550,31 +694,70 @@ int64_t lnGradPartials(int64_t rows) {
   return std::max<int64_t>(1, std::min<int64_t>(rows, 1024));
 }
 
+/// The backward's dx terms over one chunk: s1 += dy g, s2 += dy g xhat (the
+/// first pass), or (dx) out = rstd (dy g - m1 - xhat m2) [+ acc].
+template <typename T>
+__device__ __forceinline__ void gradSums(const float (&x)[kVec<T>], const float (&dy)[kVec<T>],
+                                         const T *g, int64_t c0, int64_t cols, bool vec,
+                                         float mean, float rstd, float &s1, float &s2) {
+  constexpr int V = kVec<T>;
+  float gv[V];
+  loadChunk(g, c0, cols, vec, gv);
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (c0 + i < cols) {
+      float dyg = __fmul_rn(dy[i], gv[i]);
+      s1 = __fadd_rn(s1, dyg);
+      s2 = __fadd_rn(s2, __fmul_rn(dyg, lnXhat(x[i], mean, rstd)));
+    }
+}
+template <typename T>
+__device__ __forceinline__ void gradChunk(float (&out)[kVec<T>], const float (&x)[kVec<T>],
+                                          const float (&dy)[kVec<T>], const T *g,
+                                          const T *accRow, int64_t c0, int64_t cols, bool vec,
+                                          float mean, float rstd, float m1, float m2) {
+  constexpr int V = kVec<T>;
+  float gv[V], av[V] = {};
+  loadChunk(g, c0, cols, vec, gv);
+  if (accRow)
+    loadChunk(accRow, c0, cols, vec, av);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float v = lnDx(x[i], dy[i], gv[i], mean, rstd, m1, m2);
+    out[i] = accRow ? __fadd_rn(av[i], v) : v;
+  }
+}
+
 /// The backward's dx, one warp per row over all rows, streaming the row;
 /// lane 0 stores the row's mean and rstd in `stats` for
 /// normGradColumnsKernel (which computes dg / db).
 template <typename T>
 __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *dx,
                                         float *stats, int64_t rows, int64_t cols, float eps,
-                                        const T *acc) {
+                                        const T *acc, bool vec) {
+  constexpr int V = kVec<T>;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
     float mean, rstd;
-    rowStatsWarp(xr, cols, eps, lane, mean, rstd);
+    rowStatsWarp(xr, cols, eps, lane, vec, mean, rstd);
     float s1 = 0, s2 = 0;
-    for (int64_t c = lane; c < cols; c += 32) {
-      float xhat = (ld(xr + c) - mean) * rstd, dyg = ld(dyr + c) * ld(g + c);
-      s1 += dyg;
-      s2 += dyg * xhat;
+    for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+      float xv[V], dv[V];
+      loadChunk(xr, c0, cols, vec, xv);
+      loadChunk(dyr, c0, cols, vec, dv);
+      gradSums(xv, dv, g, c0, cols, vec, mean, rstd, s1, s2);
     }
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
-    for (int64_t c = lane; c < cols; c += 32) {
-      float xhat = (ld(xr + c) - mean) * rstd;
-      float v = rstd * (ld(dyr + c) * ld(g + c) - m1 - xhat * m2);
-      st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
+    for (int64_t c0 = lane * V; c0 < cols; c0 += 32 * V) {
+      float xv[V], dv[V], out[V];
+      loadChunk(xr, c0, cols, vec, xv);
+      loadChunk(dyr, c0, cols, vec, dv);
+      gradChunk(out, xv, dv, g, acc ? acc + r * cols : nullptr, c0, cols, vec, mean, rstd, m1,
+                m2);
+      storeChunk(dx + r * cols, c0, cols, vec, out);
     }
     if (lane == 0) {
       stats[2 * r] = mean;
@@ -585,87 +768,144 @@ __global__ void layerNormGradWarpKernel(const T *x, const T *g, const T *dy, T *
 
 /// The norms' parameter-gradient partials from the rows' stored
 /// statistics (stats[2 r] = mean, 0 for rms_norm, whose x - 0 is x
-/// exactly; stats[2 r + 1] = rstd), one thread per (partial w, column c),
-/// consecutive threads on consecutive columns (coalesced): the sums over
-/// rows w, w + W, ... in that order of dy * xhat, each product rounded on
-/// its own, at partial + w * stride, and with Bias (layer_norm's db) of dy
-/// at partial + w * stride + cols. A fixed order: no atomics.
+/// exactly; stats[2 r + 1] = rstd), one thread per (partial w, chunk of
+/// kVec<T> columns), consecutive threads on consecutive chunks (coalesced
+/// 16-byte loads where `vec`): for each column, the sum over rows w, w + W,
+/// ... in that order of dy * xhat, each product rounded on its own, at
+/// partial + w * stride, and with Bias (layer_norm's db) of dy at
+/// partial + w * stride + cols. A fixed order: no atomics.
 template <typename T, bool Bias>
 __global__ void normGradColumnsKernel(const T *x, const T *dy, const float *stats,
                                       float *partial, int64_t rows, int64_t cols, int64_t W,
-                                      int64_t stride) {
-  FSDP_GRID_STRIDE(i, W * cols) {
-    int64_t w = i / cols, c = i - w * cols;
-    float pg = 0.f, pb = 0.f;
+                                      int64_t stride, bool vec) {
+  constexpr int V = kVec<T>;
+  const int64_t chunks = (cols + V - 1) / V;
+  FSDP_GRID_STRIDE(i, W * chunks) {
+    int64_t w = i / chunks, c0 = (i - w * chunks) * V;
+    float pg[V], pb[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      pg[e] = pb[e] = 0.f;
 #pragma unroll 4
     for (int64_t r = w; r < rows; r += W) {
-      float xhat = (ld(x + r * cols + c) - stats[2 * r]) * stats[2 * r + 1];
-      float d = ld(dy + r * cols + c);
-      pg = __fadd_rn(pg, __fmul_rn(d, xhat));
-      if (Bias)
-        pb += d;
+      float xv[V], dv[V], mean = stats[2 * r], rstd = stats[2 * r + 1];
+      loadChunk(x + r * cols, c0, cols, vec, xv);
+      loadChunk(dy + r * cols, c0, cols, vec, dv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        pg[e] = __fadd_rn(pg[e], __fmul_rn(dv[e], lnXhat(xv[e], mean, rstd)));
+        if (Bias)
+          pb[e] += dv[e];
+      }
     }
-    partial[w * stride + c] = pg;
-    if (Bias)
-      partial[w * stride + cols + c] = pb;
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (c0 + e < cols) {
+        partial[w * stride + c0 + e] = pg[e];
+        if (Bias)
+          partial[w * stride + cols + c0 + e] = pb[e];
+      }
   }
 }
 
 // --- layer norm with the row in registers -------------------------------------------
 //
 // The kernels above stream each row from memory once per pass (the
-// statistics' two passes, then the output). For
-// rows of at most 32 * CPL columns the kernels below hold a row in
-// registers: lane l owns columns l, l + 32, ... as above and adds in the
-// same order, so their results are bitwise those of the streaming kernels
-// (the tests check it); only the memory traffic changes. Both backward
-// kernels compute dx only; dg / db come from normGradColumnsKernel over
-// the row statistics they store.
+// statistics' two passes, then the output). For rows of at most 32 * CPL
+// columns the kernels below hold a row in registers: lane l owns the same
+// chunks as above (CPL / kVec<T> of them) and adds in the same order, so
+// their results are bitwise those of the streaming kernels (the tests
+// check it); only the memory traffic changes. Both backward kernels
+// compute dx only; dg / db come from normGradColumnsKernel over the row
+// statistics they store.
 
-template <typename T, int CPL>
-__device__ __forceinline__ void loadRowReg(const T *r, int64_t cols, int lane, float (&v)[CPL]) {
+/// The raw bits of the chunk of `row` at column c0 (T's zero past cols):
+/// the register kernels keep their rows packed, CPL / kVec<T> 16-byte
+/// chunks a lane (12 registers for 768 bf16 columns, half the widened
+/// floats), and widen a chunk where they use it (exact, cheap).
+template <typename T>
+__device__ __forceinline__ uint4 rawChunk(const T *row, int64_t c0, int64_t cols, bool vec) {
+  if (vec && c0 < cols)
+    return *reinterpret_cast<const uint4 *>(row + c0);
+  T e[kVec<T>];
 #pragma unroll
-  for (int i = 0; i < CPL; ++i) {
-    int64_t c = lane + 32 * i;
-    v[i] = c < cols ? ld(r + c) : 0.f;
-  }
+  for (int i = 0; i < kVec<T>; ++i)
+    if (c0 + i < cols)
+      e[i] = row[c0 + i];
+    else
+      st(e + i, 0.f);
+  uint4 u;
+  memcpy(&u, e, sizeof(u));
+  return u;
+}
+template <typename T>
+__device__ __forceinline__ void widen(const uint4 &u, float (&v)[kVec<T>]) {
+  T e[kVec<T>];
+  memcpy(e, &u, sizeof(u));
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    v[i] = ld(e + i);
 }
 
-template <int CPL>
-__device__ __forceinline__ void rowStatsReg(const float (&v)[CPL], int64_t cols, float eps,
+/// A lane's chunks k = 0 .. NCH - 1 of a row (columns (lane + 32 k) kVec).
+template <typename T, int NCH>
+__device__ __forceinline__ void loadRowReg(const T *r, int64_t cols, int lane, bool vec,
+                                           uint4 (&raw)[NCH]) {
+#pragma unroll
+  for (int k = 0; k < NCH; ++k)
+    raw[k] = rawChunk(r, (int64_t)(lane + 32 * k) * kVec<T>, cols, vec);
+}
+
+template <typename T, int NCH>
+__device__ __forceinline__ void rowStatsReg(const uint4 (&raw)[NCH], int64_t cols, float eps,
                                             int lane, float &mean, float &rstd) {
+  constexpr int V = kVec<T>;
   float sum = 0;
 #pragma unroll
-  for (int i = 0; i < CPL; ++i)
-    if (lane + 32 * i < cols)
-      sum += v[i];
+  for (int k = 0; k < NCH; ++k) {
+    float v[V];
+    widen<T>(raw[k], v);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if ((lane + 32 * k) * V + i < cols)
+        sum += v[i];
+  }
   mean = warpAllSum(sum) / (float)cols;
   float var = 0;
 #pragma unroll
-  for (int i = 0; i < CPL; ++i)
-    if (lane + 32 * i < cols) {
-      float d = v[i] - mean;
-      var += d * d;
-    }
+  for (int k = 0; k < NCH; ++k) {
+    float v[V];
+    widen<T>(raw[k], v);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if ((lane + 32 * k) * V + i < cols)
+        var = lnSquare(var, v[i], mean);
+  }
   var = warpAllSum(var) / (float)cols;
   rstd = 1.f / sqrtf(var + eps);
 }
 
 template <typename T, int CPL>
 __global__ void layerNormRegKernel(const T *x, const T *g, const T *b, T *y, int64_t rows,
-                                   int64_t cols, float eps) {
+                                   int64_t cols, float eps, bool vec) {
+  constexpr int V = kVec<T>, NCH = CPL / V;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
-    float v[CPL], mean, rstd;
-    loadRowReg(x + r * cols, cols, lane, v);
-    rowStatsReg(v, cols, eps, lane, mean, rstd);
+    uint4 raw[NCH];
+    float mean, rstd;
+    loadRowReg(x + r * cols, cols, lane, vec, raw);
+    rowStatsReg<T>(raw, cols, eps, lane, mean, rstd);
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      int64_t c = lane + 32 * i;
-      if (c < cols)
-        st(y + r * cols + c, (v[i] - mean) * rstd * ld(g + c) + ld(b + c));
+    for (int k = 0; k < NCH; ++k) {
+      int64_t c0 = (lane + 32 * k) * V;
+      if (c0 < cols) {
+        float t[V], o[V];
+        widen<T>(raw[k], t);
+        normChunk(o, t, g, b, c0, cols, vec, mean, rstd);
+        storeChunk(y + r * cols, c0, cols, vec, o);
+      }
     }
   }
 }
@@ -673,30 +913,44 @@ __global__ void layerNormRegKernel(const T *x, const T *g, const T *b, T *y, int
 template <typename T, int CPL>
 __global__ void residualLayerNormRegKernel(const T *a, const T *b, const T *g, const T *beta,
                                            T *sum, T *y, int64_t rows, int64_t cols,
-                                           float eps) {
+                                           float eps, bool vec) {
+  constexpr int V = kVec<T>, NCH = CPL / V;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
     int64_t o = r * cols;
-    float v[CPL], mean, rstd;
+    uint4 raw[NCH], rb[NCH];
+    float mean, rstd;
+    loadRowReg(a + o, cols, lane, vec, raw);
+    loadRowReg(b + o, cols, lane, vec, rb);
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      int64_t c = lane + 32 * i;
-      v[i] = 0.f;
-      if (c < cols) {
-        T rounded; // the stored sum, as the streaming kernel reads it back
-        st(&rounded, ld(a + o + c) + ld(b + o + c));
-        sum[o + c] = rounded;
-        v[i] = ld(&rounded);
+    for (int k = 0; k < NCH; ++k) {
+      int64_t c0 = (lane + 32 * k) * V;
+      float av[V], bv[V];
+      widen<T>(raw[k], av);
+      widen<T>(rb[k], bv);
+      T rounded[V]; // the stored sum, as the streaming kernel reads it back
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        st(rounded + i, c0 + i < cols ? av[i] + bv[i] : 0.f);
+      memcpy(&raw[k], rounded, sizeof(uint4));
+      if (c0 < cols) {
+        float t[V];
+        widen<T>(raw[k], t);
+        storeChunk(sum + o, c0, cols, vec, t);
       }
     }
-    rowStatsReg(v, cols, eps, lane, mean, rstd);
+    rowStatsReg<T>(raw, cols, eps, lane, mean, rstd);
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      int64_t c = lane + 32 * i;
-      if (c < cols)
-        st(y + o + c, (v[i] - mean) * rstd * ld(g + c) + ld(beta + c));
+    for (int k = 0; k < NCH; ++k) {
+      int64_t c0 = (lane + 32 * k) * V;
+      if (c0 < cols) {
+        float t[V], out[V];
+        widen<T>(raw[k], t);
+        normChunk(out, t, g, beta, c0, cols, vec, mean, rstd);
+        storeChunk(y + o, c0, cols, vec, out);
+      }
     }
   }
 }
@@ -704,38 +958,55 @@ __global__ void residualLayerNormRegKernel(const T *a, const T *b, const T *g, c
 /// The backward's dx with the row in registers: one warp per row, as the
 /// forward (no dg / db partials in registers: with them the kernel needed
 /// 198 registers a thread, one block per multiprocessor, and ran GPT-2's
-/// [16384, 768] bf16 at 0.25 ms, a tenth of the H200's bandwidth). Lane 0
-/// stores the row's mean and rstd in `stats` for normGradColumnsKernel.
+/// [16384, 768] bf16 at 0.25 ms, a tenth of the H200's bandwidth). x, dy
+/// and acc are all loaded before the first reduction (one memory round
+/// trip a row). Lane 0 stores the row's mean and rstd in `stats` for
+/// normGradColumnsKernel.
 template <typename T, int CPL>
 __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *dx,
                                        float *stats, int64_t rows, int64_t cols, float eps,
-                                       const T *acc) {
+                                       const T *acc, bool vec) {
+  constexpr int V = kVec<T>, NCH = CPL / V;
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   int lane = threadIdx.x & 31;
   for (int64_t r = warp; r < rows; r += nw) {
-    float xv[CPL], dv[CPL], mean, rstd;
-    loadRowReg(x + r * cols, cols, lane, xv);
-    loadRowReg(dy + r * cols, cols, lane, dv);
-    rowStatsReg(xv, cols, eps, lane, mean, rstd);
+    uint4 xr[NCH], dr[NCH], ar[NCH];
+    float mean, rstd;
+    loadRowReg(x + r * cols, cols, lane, vec, xr);
+    loadRowReg(dy + r * cols, cols, lane, vec, dr);
+    if (acc)
+      loadRowReg(acc + r * cols, cols, lane, vec, ar);
+    rowStatsReg<T>(xr, cols, eps, lane, mean, rstd);
     float s1 = 0, s2 = 0;
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      int64_t c = lane + 32 * i;
-      if (c < cols) {
-        float xhat = (xv[i] - mean) * rstd, dyg = dv[i] * ld(g + c);
-        s1 += dyg;
-        s2 += dyg * xhat;
+    for (int k = 0; k < NCH; ++k) {
+      int64_t c0 = (lane + 32 * k) * V;
+      if (c0 < cols) {
+        float xt[V], dt[V];
+        widen<T>(xr[k], xt);
+        widen<T>(dr[k], dt);
+        gradSums(xt, dt, g, c0, cols, vec, mean, rstd, s1, s2);
       }
     }
     float m1 = warpAllSum(s1) / (float)cols, m2 = warpAllSum(s2) / (float)cols;
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      int64_t c = lane + 32 * i;
-      if (c < cols) {
-        float xhat = (xv[i] - mean) * rstd;
-        float v = rstd * (dv[i] * ld(g + c) - m1 - xhat * m2);
-        st(dx + r * cols + c, acc ? ld(acc + r * cols + c) + v : v);
+    for (int k = 0; k < NCH; ++k) {
+      int64_t c0 = (lane + 32 * k) * V;
+      if (c0 < cols) {
+        float xt[V], dt[V], gv[V], out[V];
+        widen<T>(xr[k], xt);
+        widen<T>(dr[k], dt);
+        loadChunk(g, c0, cols, vec, gv);
+        float av[V] = {};
+        if (acc)
+          widen<T>(ar[k], av);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          float v = lnDx(xt[i], dt[i], gv[i], mean, rstd, m1, m2);
+          out[i] = acc ? __fadd_rn(av[i], v) : v;
+        }
+        storeChunk(dx + r * cols, c0, cols, vec, out);
       }
     }
     if (lane == 0) {
@@ -748,6 +1019,7 @@ __global__ void layerNormGradRegKernel(const T *x, const T *g, const T *dy, T *d
 /// Rows of at most 32 * CPL columns run the register kernels, for the
 /// smallest CPL in {8, 24, 32} that holds them (24: GPT-2's 768 columns
 /// without the 8 idle slots of 32, which cost the backward 198 registers).
+/// CPL is a multiple of every kVec<T> (8, 4): whole chunks per lane.
 inline int lnRegCpl(int64_t cols, LayerNormImpl impl) {
   if (impl == LayerNormImpl::Streaming || cols > 32 * 32)
     return 0;
@@ -772,24 +1044,22 @@ cudaError_t softmaxGradT(const void *y, const void *dy, void *dx, int64_t rows, 
   return cudaGetLastError();
 }
 
+/// The register kernel K<CPL> for lnRegCpl's CPL (8, 24, 32), else the
+/// streaming one.
+template <typename F> F lnKernel(int cpl, F reg8, F reg24, F reg32, F streaming) {
+  return cpl == 8 ? reg8 : cpl == 24 ? reg24 : cpl == 32 ? reg32 : streaming;
+}
+
 template <typename T>
 cudaError_t layerNormT(const void *x, const void *g, const void *b, void *y, int64_t rows,
                        int64_t cols, double eps, cudaStream_t s, LayerNormImpl impl) {
   if (rows <= 0)
     return cudaSuccess;
-  int cpl = lnRegCpl(cols, impl);
-  if (cpl == 8)
-    layerNormRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
-  else if (cpl == 24)
-    layerNormRegKernel<T, 24><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
-  else if (cpl == 32)
-    layerNormRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
-  else
-    layerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols, (float)eps);
+  auto kernel = lnKernel(lnRegCpl(cols, impl), layerNormRegKernel<T, 8>,
+                         layerNormRegKernel<T, 24>, layerNormRegKernel<T, 32>,
+                         layerNormWarpKernel<T>);
+  kernel<<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(b), mp<T>(y), rows, cols,
+                                             (float)eps, chunkAligned<T>(cols, {x, g, b, y}));
   return cudaGetLastError();
 }
 
@@ -799,23 +1069,25 @@ cudaError_t residualLayerNormT(const void *a, const void *b, const void *g, cons
                                cudaStream_t s, LayerNormImpl impl) {
   if (rows <= 0)
     return cudaSuccess;
-  int cpl = lnRegCpl(cols, impl);
-  if (cpl == 8)
-    residualLayerNormRegKernel<T, 8><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
-        (float)eps);
-  else if (cpl == 24)
-    residualLayerNormRegKernel<T, 24><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
-        (float)eps);
-  else if (cpl == 32)
-    residualLayerNormRegKernel<T, 32><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
-        (float)eps);
-  else
-    residualLayerNormWarpKernel<T><<<warpGrid(rows), kThreads, 0, s>>>(
-        cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta), mp<T>(sum), mp<T>(y), rows, cols,
-        (float)eps);
+  auto kernel = lnKernel(lnRegCpl(cols, impl), residualLayerNormRegKernel<T, 8>,
+                         residualLayerNormRegKernel<T, 24>, residualLayerNormRegKernel<T, 32>,
+                         residualLayerNormWarpKernel<T>);
+  kernel<<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(a), cp<T>(b), cp<T>(g), cp<T>(beta),
+                                             mp<T>(sum), mp<T>(y), rows, cols, (float)eps,
+                                             chunkAligned<T>(cols, {a, b, g, beta, sum, y}));
+  return cudaGetLastError();
+}
+
+/// normGradColumnsKernel over W partials of [rows, cols] (one thread per
+/// partial and chunk).
+template <typename T, bool Bias>
+cudaError_t normGradColumns(const void *x, const void *dy, const float *stats, float *partial,
+                            int64_t rows, int64_t cols, int64_t W, int64_t stride,
+                            cudaStream_t s) {
+  int64_t chunks = (cols + kVec<T> - 1) / kVec<T>;
+  normGradColumnsKernel<T, Bias><<<gridFor(W * chunks), kThreads, 0, s>>>(
+      cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W, stride,
+      chunkAligned<T>(cols, {x, dy}));
   return cudaGetLastError();
 }
 
@@ -832,25 +1104,15 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
   }
   int64_t W = lnGradPartials(rows);
   float *more = partial + W * 2 * cols, *stats = more + columnSumScratch(W, cols);
-  int cpl = lnRegCpl(cols, impl);
-  unsigned grid = warpGrid(rows);
-  if (cpl == 8)
-    layerNormGradRegKernel<T, 8><<<grid, kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-  else if (cpl == 24)
-    layerNormGradRegKernel<T, 24><<<grid, kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-  else if (cpl == 32)
-    layerNormGradRegKernel<T, 32><<<grid, kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
-  else
-    layerNormGradWarpKernel<T><<<grid, kThreads, 0, s>>>(
-        cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats, rows, cols, (float)eps, cp<T>(acc));
+  auto kernel = lnKernel(lnRegCpl(cols, impl), layerNormGradRegKernel<T, 8>,
+                         layerNormGradRegKernel<T, 24>, layerNormGradRegKernel<T, 32>,
+                         layerNormGradWarpKernel<T>);
+  kernel<<<warpGrid(rows), kThreads, 0, s>>>(cp<T>(x), cp<T>(g), cp<T>(dy), mp<T>(dxv), stats,
+                                             rows, cols, (float)eps, cp<T>(acc),
+                                             chunkAligned<T>(cols, {x, g, dy, dxv, acc}));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  normGradColumnsKernel<T, true><<<gridFor(W * cols), kThreads, 0, s>>>(
-      cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W, 2 * cols);
-  if (cudaError_t e = cudaGetLastError())
+  if (cudaError_t e = normGradColumns<T, true>(x, dy, stats, partial, rows, cols, W, 2 * cols, s))
     return e;
   // The partials, [W, 2 cols], summed per column (CudaCommon.cuh).
   if (cudaError_t e = columnSum(partial, dg, W, cols, 2 * cols, more, s))
@@ -954,9 +1216,7 @@ cudaError_t rmsNormGradT(const void *x, const void *w, const void *dy, void *dx,
       cp<T>(x), cp<T>(w), cp<T>(dy), mp<T>(dx), stats, rows, cols, (float)eps, cp<T>(acc));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  normGradColumnsKernel<T, false><<<gridFor(W * cols), kThreads, 0, s>>>(
-      cp<T>(x), cp<T>(dy), stats, partial, rows, cols, W, cols);
-  if (cudaError_t e = cudaGetLastError())
+  if (cudaError_t e = normGradColumns<T, false>(x, dy, stats, partial, rows, cols, W, cols, s))
     return e;
   return columnSum(partial, dw, W, cols, cols, more, s);
 }
@@ -986,6 +1246,12 @@ cudaError_t ropeT(const void *xv, void *yv, int64_t B, int64_t Tn, int64_t C, in
 
 // --- softmax + cross-entropy over a vocabulary -------------------------------------
 
+/// exp(x) as exp2(x log2 e): one multiply and the MUFU.EX2 instruction
+/// (a few ulp; expf is a longer sequence, and the vocabulary-wide
+/// cross-entropy, 824M exponentials a GPT-2 step at B=16, was bounded by
+/// its instructions as much as by its bytes). exp(-inf) is 0.
+__device__ __forceinline__ float expQuick(float x) { return exp2f(x * 1.4426950408889634f); }
+
 /// Online (max, sum of exp(x - max)) of one block's row, combined in a
 /// fixed order (lanes by butterfly, then warps in index order).
 struct MaxSum {
@@ -995,40 +1261,38 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   float m = fmaxf(a.m, b.m);
   if (m == -INFINITY)
     return {m, 0.f};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, a.s * expQuick(a.m - m) + b.s * expQuick(b.m - m)};
 }
 
 /// Folds v into a thread's running (max, sum of exp(x - max)).
 __device__ __forceinline__ void absorb(MaxSum &a, float v) {
   if (v > a.m) {
-    a.s = a.s * expf(a.m - v) + 1.f;
+    a.s = a.s * expQuick(a.m - v) + 1.f;
     a.m = v;
   } else if (v != -INFINITY) { // exp(-inf) adds 0; -inf - -inf would be NaN
-    a.s += expf(v - a.m);
+    a.s += expQuick(v - a.m);
   }
 }
 
-/// 16 bytes of a row: kVec<T> elements, loaded or stored as one uint4
-/// (moved to and from T[] by memcpy, not by a cast pointer: reading a
-/// uint4 through a T* is undefined, and the emulator's host compiler did
-/// miscompile it).
-template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
-template <typename T> __device__ __forceinline__ void ld16(const T *p, float *v) {
-  uint4 u = *reinterpret_cast<const uint4 *>(p);
-  T e[kVec<T>];
-  memcpy(e, &u, sizeof(u));
+/// Folds n values at once: the running max moves (and the sum is rescaled)
+/// at most once, then each value adds its exponential in order.
+template <int N>
+__device__ __forceinline__ void absorbChunk(MaxSum &a, const float (&v)[N], int n) {
+  float cm = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kVec<T>; ++i)
-    v[i] = ld(e + i);
-}
-template <typename T> __device__ __forceinline__ void st16(T *p, const float *v) {
-  T e[kVec<T>];
+  for (int i = 0; i < N; ++i)
+    if (i < n)
+      cm = fmaxf(cm, v[i]);
+  if (cm > a.m) {
+    a.s *= expQuick(a.m - cm); // 0 while a.m is -inf (a.s is 0 then)
+    a.m = cm;
+  }
+  if (a.m == -INFINITY) // every value so far -inf
+    return;
 #pragma unroll
-  for (int i = 0; i < kVec<T>; ++i)
-    st(e + i, v[i]);
-  uint4 u;
-  memcpy(&u, e, sizeof(u));
-  *reinterpret_cast<uint4 *>(p) = u;
+  for (int i = 0; i < N; ++i)
+    if (i < n)
+      a.s += expQuick(v[i] - a.m);
 }
 
 /// The block's (max, sum of exp) over xr[0, cols). Vec: xr is 16-byte
@@ -1045,10 +1309,7 @@ __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
     for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
       float v[N];
       ld16(xr + k * N, v);
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (k * N + i < cols)
-          absorb(a, v[i]);
+      absorbChunk(a, v, cols - k * N < N ? (int)(cols - k * N) : N);
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
@@ -1105,9 +1366,9 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
   if (perRow && threadIdx.x == 0)
     perRow[blockIdx.x] = badLabel ? 0.0 : (double)(logf(ms.s) + ms.m - atLabel);
-  float f = *dloss / (float)rows;
+  float f = *dloss / (float)rows, inv = f / ms.s; // one division a row
   auto grad = [&](int64_t c, float x) {
-    return c < classes ? expf(x - ms.m) / ms.s * f - (c == label ? f : 0.f) : 0.f;
+    return c < classes ? expQuick(x - ms.m) * inv - (c == label ? f : 0.f) : 0.f;
   };
   if constexpr (Vec) {
     constexpr int N = kVec<T>;
@@ -1185,11 +1446,11 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   if (vectorRows<T>(logits, logits, stride))
-    ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
-                                                             classes, stride, badPos);
+    ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
+        cp<T>(logits), labels, scratch, classes, stride, badPos);
   else
-    ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
-                                                              classes, stride, badPos);
+    ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
+        cp<T>(logits), labels, scratch, classes, stride, badPos);
   meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
   return cudaGetLastError();
 }

@@ -789,28 +789,31 @@ TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) 
     Bf16Vec x(randomVec(rows * cols, 51, 2.f)), b(randomVec(rows * cols, 52)),
         g(randomVec(cols, 53)), beta(randomVec(cols, 54)), dy(randomVec(rows * cols, 55)),
         acc(randomVec(rows * cols, 56));
-    Dev<uint16_t> dx(x.bits), db(b.bits), dg(g.bits), dbeta(beta.bits), ddy(dy.bits),
-        dacc(acc.bits);
-    std::vector<uint16_t> got[2][7];
-    for (int k = 0; k < 2; ++k) {
-      auto impl = k ? nat::LayerNormImpl::Streaming : nat::LayerNormImpl::Auto;
+    std::vector<uint16_t> shifted(x.bits.size() + 1, 0);
+    std::copy(x.bits.begin(), x.bits.end(), shifted.begin() + 1);
+    Dev<uint16_t> dxa(x.bits), dxs(shifted), db(b.bits), dg(g.bits), dbeta(beta.bits),
+        ddy(dy.bits), dacc(acc.bits);
+    std::vector<uint16_t> got[3][7];
+    for (int k = 0; k < 3; ++k) {
+      auto impl = k == 1 ? nat::LayerNormImpl::Streaming : nat::LayerNormImpl::Auto;
+      uint16_t *dxp = k == 2 ? dxs.get() + 1 : dxa.get();
       Dev<uint16_t> y(rows * cols), sum(rows * cols), y2(rows * cols), gx(rows * cols),
           gg(cols), gb(cols), gx2(rows * cols);
       Dev<float> scratch(nat::layerNormGradScratch(rows, cols));
-      ASSERT_EQ(nat::layerNorm(FloatKind::BF16, dx.get(), dg.get(), dbeta.get(), y.get(), rows,
+      ASSERT_EQ(nat::layerNorm(FloatKind::BF16, dxp, dg.get(), dbeta.get(), y.get(), rows,
                                cols, 1e-5, 0, impl),
                 cudaSuccess);
-      ASSERT_EQ(nat::residualLayerNorm(FloatKind::BF16, dx.get(), db.get(), dg.get(),
+      ASSERT_EQ(nat::residualLayerNorm(FloatKind::BF16, dxp, db.get(), dg.get(),
                                        dbeta.get(), sum.get(), y2.get(), rows, cols, 1e-5, 0,
                                        impl),
                 cudaSuccess);
-      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dx.get(), dg.get(), ddy.get(), gx.get(),
+      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dxp, dg.get(), ddy.get(), gx.get(),
                                    gg.get(), gb.get(), scratch.get(), rows, cols, 1e-5, 0,
                                    nullptr, impl),
                 cudaSuccess);
       got[k][4] = gg.host();
       got[k][5] = gb.host();
-      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dx.get(), dg.get(), ddy.get(), gx2.get(),
+      ASSERT_EQ(nat::layerNormGrad(FloatKind::BF16, dxp, dg.get(), ddy.get(), gx2.get(),
                                    gg.get(), gb.get(), scratch.get(), rows, cols, 1e-5, 0,
                                    dacc.get(), impl),
                 cudaSuccess);
@@ -822,8 +825,10 @@ TEST_F(CudaFastKernelsTest, LayerNormRegisterKernelsAreTheStreamingOnesBitwise) 
     }
     const char *what[7] = {"layer_norm", "residual sum", "residual_layer_norm", "dx",
                            "d_gamma", "d_beta", "dx + acc"};
-    for (int i = 0; i < 7; ++i)
+    for (int i = 0; i < 7; ++i) {
       expectBitwise(got[0][i], got[1][i], what[i]);
+      expectBitwise(got[0][i], got[2][i], what[i]);
+    }
   }
 }
 
@@ -1038,7 +1043,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                bool causal, uint32_t seed,
                gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
   using gpu::flash::Impl;
-  bool tc = impl == Impl::Wmma || impl == Impl::Mma ||
+  bool tc = impl == Impl::Wmma || impl == Impl::Mma || impl == Impl::MmaTight ||
+            impl == Impl::MmaTight2 ||
             (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
@@ -1047,6 +1053,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                                               : " f32")
                                     << (impl == Impl::Wmma ? " WMMA"
                                         : impl == Impl::Mma       ? " mma.sync"
+                                        : impl == Impl::MmaTight  ? " mma.sync tight"
+                                        : impl == Impl::MmaTight2 ? " mma.sync tight2"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1195,11 +1203,69 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
     flashCase(FloatKind::BF16, 1, 77, 2, 2, 48, causal, 63, Impl::Mma);
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Mma);
+  // MmaTight (and MmaTight2): two m-tiles a warp in the forward (and dq),
+  // launch bounds, at D = 64 (their only different instances): GPT-2's
+  // heads, the long causal tail, grouped-query with a partial tile.
+  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2}) {
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, impl);
+    flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, impl);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, impl);
+  }
   // f16 storage: the f16 mma.sync and the f16 packing of P and dS (bounds
   // with f16's unit roundoff), and WMMA's f16 instance beside it.
   for (Impl impl : {Impl::Mma, Impl::Wmma}) {
     flashCase(FloatKind::F16, 1, 100, 4, 2, 64, true, 73, impl);
     flashCase(FloatKind::F16, 1, 70, 2, 2, 32, false, 79, impl);
+  }
+}
+
+TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
+  // MmaTight (32 query rows a warp in the forward) and MmaTight2 (also in
+  // dq, each key tile in two 32-key halves) run every row's products,
+  // exponentials and sums in Mma's order: the same bits for y, lse, dq,
+  // dk and dv. (The CPU bounds above are loose enough to miss a wrong key
+  // half in dq; this is not.) Shapes: GPT-2's heads, a grouped-query
+  // partial tile, the long causal tail past one 128-row block.
+  using gpu::flash::Impl;
+  struct Shape {
+    int64_t B, T, heads, kv;
+    bool causal;
+  };
+  for (Shape sh : {Shape{2, 256, 12, 12, true}, Shape{1, 100, 4, 2, false},
+                   Shape{1, 1100, 2, 2, true}}) {
+    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads));
+    const int64_t D = 64, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
+                  nkv = sh.B * sh.T * KC, rows = sh.B * sh.heads * sh.T;
+    Bf16Vec q(randomVec(n, 81)), k(randomVec(nkv, 82)), v(randomVec(nkv, 83)),
+        dy(randomVec(n, 84));
+    Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
+    std::vector<uint16_t> got[3][5];
+    std::vector<float> lses[3];
+    int i = 0;
+    for (Impl impl : {Impl::Mma, Impl::MmaTight, Impl::MmaTight2}) {
+      Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
+      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(sh.B, sh.T, sh.heads));
+      ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
+                                    lse.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0,
+                                    impl),
+                cudaSuccess);
+      ASSERT_EQ(gpu::flash::backward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
+                                     lse.get(), ddy.get(), gq.get(), gk.get(), gv.get(),
+                                     scratch.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv,
+                                     0, impl),
+                cudaSuccess);
+      got[i][0] = y.host();
+      got[i][1] = gq.host();
+      got[i][2] = gk.host();
+      got[i][3] = gv.host();
+      lses[i++] = lse.host();
+    }
+    const char *what[4] = {"y", "dq", "dk", "dv"};
+    for (int j = 1; j < 3; ++j) {
+      for (int o = 0; o < 4; ++o)
+        expectBitwise(got[j][o], got[0][o], what[o]);
+      expectBitwise(lses[j], lses[0], "lse");
+    }
   }
 }
 
@@ -1210,6 +1276,10 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   EXPECT_EQ(impl, Impl::Mma);
   ASSERT_TRUE(gpu::flash::parseImpl("wmma", impl));
   EXPECT_EQ(impl, Impl::Wmma);
+  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight", impl));
+  EXPECT_EQ(impl, Impl::MmaTight);
+  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight2", impl));
+  EXPECT_EQ(impl, Impl::MmaTight2);
   ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
   EXPECT_EQ(impl, Impl::CudaCores);
   ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
