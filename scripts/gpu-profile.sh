@@ -9,6 +9,8 @@
 # and bundled into $OUT/logs.tgz after each step: what a step wrote comes
 # back even when the command is cut off.
 #   1. the three backend suites (every kernel against the CPU kernels);
+#      then, with PICK_ATTENTION="v ...", the fastest FSDP_CUDA_ATTENTION
+#      value at B=32 for the steps after them;
 #   2. GPT-2 124M (T=1024) bf16 at B=32, eager and as a CUDA graph, beside
 #      PyTorch bf16 + torch.compile on the same card (issue 10's headline);
 #   3. test/e2e/cuda_emu.py's matrix (--gpu: issue 9's done-when);
@@ -19,8 +21,9 @@
 #      eager (issue 9's f32 ratio);
 #   8. FlashBench, variants of the bf16 step (cuBLASLt tuning, no GEMM
 #      staging, the LM head unpadded, WMMA attention, ZeRO-3 at world size
-#      1), the f32 trace, the synchronized bf16 trace, the FSDP2 tutorial
-#      MLP, the LM-head probe.
+#      1), every kernel's time under Nsight Compute (ncu_b16), the f32
+#      trace, the synchronized bf16 trace, the FSDP2 tutorial MLP, the
+#      LM-head probe.
 # Summarize traces here with scripts/trace-summary.py.
 # ONLY="name ..." runs just the named steps (a rerun after a fix).
 set -uo pipefail
@@ -54,6 +57,24 @@ step() { # name limit command...: the log in $L/name.log; skipped when
 { nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; } \
   > "$L/gpu.txt" 2>&1; cat "$L/gpu.txt"
 for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do step "$t" 90 "$K/bin/$t"; done
+# PICK_ATTENTION="v ...": the GPT-2 B=32 step timed under each
+# FSDP_CUDA_ATTENTION value (12 steps), the later steps run under the
+# fastest; skipped when a suite failed (a variant may be wrong there).
+if [ -n "${PICK_ATTENTION:-}" ] && [ "$fail" = 0 ]; then
+  best= bms=
+  for v in $PICK_ATTENTION; do
+    ms=$(FSDP_CUDA_ATTENTION=$v timeout 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b32.plan" --device cuda \
+      --steps 12 --lr 1e-4 --quiet 2>&1 | sed -n 's/.*| \([0-9.]*\) ms\/step.*/\1/p')
+    echo "pick: FSDP_CUDA_ATTENTION=$v ${ms:-failed} ms/step (B=32)" | tee -a "$L/pick.log"
+    if [ -n "$ms" ] && { [ -z "$bms" ] || awk "BEGIN { exit !($ms < $bms) }"; }; then
+      bms=$ms best=$v
+    fi
+  done
+  [ -n "$best" ] && export FSDP_CUDA_ATTENTION=$best && echo "pick: the steps below run with FSDP_CUDA_ATTENTION=$best" | tee -a "$L/pick.log"
+  bundle
+elif [ -n "${PICK_ATTENTION:-}" ]; then
+  echo "pick skipped: a suite failed" | tee -a "$L/pick.log"
+fi
 # fsdp-run bf16 (eager and CUDA graph) and f32 where planned, then PyTorch
 # bf16 autocast + torch.compile on the same card.
 step bench_b32 180 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \

@@ -120,6 +120,7 @@ int main(int argc, char **argv) {
                       Variant{"mma.sync qkv", flash::Impl::Mma, true, false},
                       Variant{"mma tight", flash::Impl::MmaTight, false, false},
                       Variant{"mma tight2", flash::Impl::MmaTight2, false, false},
+                      Variant{"mma tight3", flash::Impl::MmaTight3, false, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

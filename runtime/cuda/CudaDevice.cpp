@@ -150,7 +150,7 @@ public:
     if (const char *attn = std::getenv("FSDP_CUDA_ATTENTION"))
       if (!flash::parseImpl(attn, attention))
         return FSDP_ERROR("FSDP_CUDA_ATTENTION=", attn,
-                          " is not one of auto, cores, wmma, mma, mma-tight, mma-tight2");
+                          " is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3");
     if (const char *ce = std::getenv("FSDP_CUDA_CE_CACHE"))
       ceCacheRow = std::string(ce) == "1";
     if (const char *bg = std::getenv("FSDP_CUDA_DGELU_BGRAD"))
@@ -972,7 +972,8 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     // op's dtype or head dimension: refused at build, not at run.
     flash::Impl impl = attention;
     if ((impl == flash::Impl::Wmma || impl == flash::Impl::Mma ||
-         impl == flash::Impl::MmaTight || impl == flash::Impl::MmaTight2) &&
+         impl == flash::Impl::MmaTight || impl == flash::Impl::MmaTight2 ||
+         impl == flash::Impl::MmaTight3) &&
         (t == FloatKind::F32 || (C / heads) % 16))
       return FSDP_ERROR(n, ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
                            "f16 storage with a head dimension that is a multiple of 16 (this op: ",

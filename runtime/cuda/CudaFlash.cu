@@ -505,7 +505,7 @@ cudaError_t launchForward(Kernel kernel, size_t sm, int threads, int64_t rowsPer
 /// kernel (a block per (b, h, query tile)) and its dk/dv kernel (a block
 /// per (b, kv head, key tile)).
 template <typename T, typename DqKernel, typename DkvKernel>
-cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv, int threads, int64_t dqRows,
+cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv, int threads, int64_t dqRows, int64_t dkvRows,
                            const void *q, const void *k, const void *v, const void *y,
                            const float *lse, const void *dy, void *dq, void *dk, void *dv,
                            float *delta, const Dims &a, cudaStream_t s) {
@@ -528,7 +528,8 @@ cudaError_t launchBackward(DqKernel dqK, size_t smq, DkvKernel dkvK, size_t smkv
   dqK<<<(unsigned)dqBlocks, threads, smq, s>>>(a, Q, K, V, DY, lse, delta, static_cast<T *>(dq));
   if (cudaError_t e = cudaGetLastError())
     return e;
-  dkvK<<<(unsigned)(a.B * a.KV * a.tiles), threads, smkv, s>>>(
+  int64_t dkvBlocks = a.B * a.KV * ((a.T + dkvRows - 1) / dkvRows);
+  dkvK<<<(unsigned)dkvBlocks, threads, smkv, s>>>(
       a, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv));
   return cudaGetLastError();
 }
@@ -544,6 +545,7 @@ struct CoresKernels {
   static size_t dqBytes(int64_t D) { return dqSmem(D); }
   static int64_t dqRows(int64_t) { return kTile; }
   static size_t dkvBytes(int64_t D) { return dkvSmem(D); }
+  static int64_t dkvRows(int64_t) { return kTile; }
 };
 
 // ---------------------------------------------------------------------------
@@ -926,6 +928,7 @@ struct WmmaKernels {
   static size_t dqBytes(int64_t D) { return tcDqSmem(D); }
   static int64_t dqRows(int64_t) { return kTile; }
   static size_t dkvBytes(int64_t D) { return tcDkvSmem(D); }
+  static int64_t dkvRows(int64_t) { return kTile; }
 };
 
 // ---------------------------------------------------------------------------
@@ -1107,7 +1110,6 @@ __device__ __forceinline__ void storeAcc(T *out, int64_t ldo, const float (&acc)
 // Two buffers of the streamed tiles (K, V; or Q, dY and their rows' lse
 // and delta): the next tile's copies fly while the block computes. (The
 // forward's: MmaKernels::fwdBytes, its Q tile MT tiles high.)
-size_t mmaDkvSmem(int64_t D) { return 6 * tcTile(D) + 4 * sizeof(float) * kTile; }
 
 /// The forward over one (b, h, block of 64 MT query rows): warp w owns the
 /// MT 16-row m-tiles of rows 16 MT w .. 16 MT (w + 1) - 1 (MT = 2:
@@ -1315,33 +1317,44 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
              w0 + 16 * mt + g, a.T, D, lane);
 }
 
-/// dk, dv over one (b, kv head, key tile), registers; the warp's rows are
-/// key rows: S^T = K Q^T and dP^T = V dY^T, so P^T and dS^T multiply dY
-/// and Q directly. Query heads of the group, then query tiles, in order.
-template <typename T, int KD, int MinBlocks = 1>
+/// dk, dv over one (b, kv head, block of 64 MT key rows), registers; the
+/// warp's rows are key rows (MT m-tiles, as the forward's query rows):
+/// S^T = K Q^T and dP^T = V dY^T, so P^T and dS^T multiply dY and Q
+/// directly. Query heads of the group, then query tiles, in order; with
+/// MT = 2 each query tile is taken in two halves of 32 queries (the score
+/// blocks fit the registers beside the two 32 x D accumulators), the
+/// same tile loads and barriers, the same order of every sum.
+template <typename T, int KD, int MinBlocks = 1, int MT = 1>
 __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
     dkvMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                  const float *delta, T *dk, T *dv) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
   const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
-  // K, V, then Q and dY twice (buffer it % 2 holds step it's query tile),
-  // then lse and delta of those rows twice.
-  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + kTile * LDT, *QD = Vs + kTile * LDT;
+  constexpr int KR = kTile * MT, NT = MT == 1 ? kNt : kNt / 2, HALVES = kNt / NT;
+  // K, V (KR rows each), then Q and dY twice (buffer it % 2 holds step it's
+  // query tile), then lse and delta of those rows twice.
+  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + KR * LDT, *QD = Vs + KR * LDT;
   float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
-  int64_t kt = (int64_t)(blockIdx.x % a.tiles);
-  int64_t kvh = (blockIdx.x / a.tiles) % a.KV, b = blockIdx.x / (a.tiles * a.KV);
+  const int64_t kTiles = (a.T + KR - 1) / KR;
+  int64_t kt = (int64_t)(blockIdx.x % kTiles);
+  int64_t kvh = (blockIdx.x / kTiles) % a.KV, b = blockIdx.x / (kTiles * a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t j0 = kt * kTile, key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
-  float accK[kMaxDt][4], accV[kMaxDt][4];
+  int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
 #pragma unroll
-  for (int n = 0; n < kMaxDt; ++n)
+  for (int mt = 0; mt < MT; ++mt)
+    key[mt][0] = w0 + 16 * mt + g, key[mt][1] = w0 + 16 * mt + g + 8;
+  float accK[MT][kMaxDt][4], accV[MT][kMaxDt][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      accK[n][i] = accV[n][i] = 0.f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        accK[mt][n][i] = accV[mt][n][i] = 0.f;
   // Steps: the group's query heads in order, each over the query tiles
-  // that see this key tile, in order.
-  int64_t group = a.H / a.KV, q0 = a.causal ? kt : 0, perHead = a.tiles - q0;
+  // that see this key block, in order.
+  int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
   int64_t steps = group * perHead;
   auto issue = [&](int64_t it) {
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
@@ -1356,8 +1369,11 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
       Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
-  loadTileAsync(Ks, k, a, b, j0, a.ldkv, kvh * D, LDT, D);
-  loadTileAsync(Vs, v, a, b, j0, a.ldkv, kvh * D, LDT, D);
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    loadTileAsync(Ks + i * kTile * LDT, k, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
+    loadTileAsync(Vs + i * kTile * LDT, v, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
+  }
   issue(0); // one group: K, V and the first Q, dY
   for (int64_t it = 0; it < steps; ++it) {
     if (it + 1 < steps) {
@@ -1370,27 +1386,38 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
     int64_t t0 = (q0 + it % perHead) * kTile;
     const T *Qs = QD + (it % 2) * 2 * kTile * LDT, *DYs = Qs + kTile * LDT;
     const float *Lq = LD + (it % 2) * 2 * kTile, *Dq = Lq + kTile;
-    float st[kNt][4], dpt[kNt][4];
-    scoresMma(st, Ks + warp * 16 * LDT, Qs, LDT, D, lane);
-    scoresMma(dpt, Vs + warp * 16 * LDT, DYs, LDT, D, lane);
-    bool masked = j0 + kTile > a.T || t0 + kTile > a.T || (a.causal && j0 + kTile - 1 > t0);
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
+    for (int hf = 0; hf < HALVES; ++hf) {
+      const int c0 = hf * NT * 8; // the half's first query column in the tile
+      float st[MT][NT][4], dpt[MT][NT][4];
+      scoresMmaN<MT, NT>(st, Ks + warp * 16 * MT * LDT, Qs + c0 * LDT, LDT, D, lane);
+      scoresMmaN<MT, NT>(dpt, Vs + warp * 16 * MT * LDT, DYs + c0 * LDT, LDT, D, lane);
+      bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0 + c0);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int c = n * 8 + 2 * qd + (i & 1);
-        int64_t tt = t0 + c, jj = key[i / 2];
-        bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
-        float p = ok ? exp2f(fmaf(st[n][i], sl2, -Lq[c])) : 0.f;
-        st[n][i] = p;
-        dpt[n][i] = ok ? p * (dpt[n][i] - Dq[c]) : 0.f;
-      }
-    accumulateMma(accV, st, DYs, LDT, D, lane);
-    accumulateMma(accK, dpt, Qs, LDT, D, lane);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            int c = c0 + n * 8 + 2 * qd + (i & 1);
+            int64_t tt = t0 + c, jj = key[mt][i / 2];
+            bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+            float p = ok ? exp2f(fmaf(st[mt][n][i], sl2, -Lq[c])) : 0.f;
+            st[mt][n][i] = p;
+            dpt[mt][n][i] = ok ? p * (dpt[mt][n][i] - Dq[c]) : 0.f;
+          }
+      accumulateMmaN<MT, NT>(accV, st, DYs + c0 * LDT, LDT, D, lane);
+      accumulateMmaN<MT, NT>(accK, dpt, Qs + c0 * LDT, LDT, D, lane);
+    }
     __syncthreads(); // buffer it % 2 is free for step it + 2
   }
-  storeAcc(dk + b * a.T * a.ldkv + kvh * D, a.ldkv, accK, a.scale, a.scale, key[0], a.T, D, lane);
-  storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV, 1.f, 1.f, key[0], a.T, D, lane);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    int64_t r0 = w0 + 16 * mt + g;
+    storeAcc(dk + b * a.T * a.ldkv + kvh * D, a.ldkv, accK[mt], a.scale, a.scale, r0, a.T, D,
+             lane);
+    storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV[mt], 1.f, 1.f, r0, a.T, D, lane);
+  }
 }
 
 /// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
@@ -1398,7 +1425,7 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
 /// dk / dv at D = 64, so 3 and 2 blocks a multiprocessor) or Impl::MmaTight
 /// (at D = 64, launch bounds for 4 dq blocks and 3 dk / dv blocks, 128 and
 /// 168 registers: a little spilled, more warps to hide latency).
-template <bool Tight, int DqMT = 1> struct MmaKernels {
+template <bool Tight, int DqMT = 1, int DkvMT = 1> struct MmaKernels {
   static constexpr int kThreads = kThreadsTc;
   /// Query m-tiles a warp owns in the forward: 2 for Tight at D = 64.
   static constexpr int fwdTiles(int64_t D) { return Tight && D == 64 ? 2 : 1; }
@@ -1410,14 +1437,19 @@ template <bool Tight, int DqMT = 1> struct MmaKernels {
     return dqMmaKernel<T, KD, dqTiles(KD) == 2 ? 3 : Tight && KD == 64 ? 4 : 1, dqTiles(KD)>;
   }
   template <typename T, int KD> static auto dkv() {
-    return dkvMmaKernel<T, KD, Tight && KD == 64 ? 3 : 1>;
+    return dkvMmaKernel<T, KD, dkvTiles(KD) == 2 ? 2 : Tight && KD == 64 ? 3 : 1, dkvTiles(KD)>;
   }
   static size_t fwdBytes(int64_t D) { return (4 + fwdTiles(D)) * tcTile(D); }
   /// Query m-tiles a warp owns in dq: DqMT at D = 64 (Tight only).
   static constexpr int dqTiles(int64_t D) { return Tight && D == 64 ? DqMT : 1; }
   static int64_t dqRows(int64_t D) { return kTile * dqTiles(D); }
   static size_t dqBytes(int64_t D) { return (4 + 2 * dqTiles(D)) * tcTile(D); }
-  static size_t dkvBytes(int64_t D) { return mmaDkvSmem(D); }
+  /// Key m-tiles a warp owns in dk / dv: DkvMT at D = 64 (Tight only).
+  static constexpr int dkvTiles(int64_t D) { return Tight && D == 64 ? DkvMT : 1; }
+  static int64_t dkvRows(int64_t D) { return kTile * dkvTiles(D); }
+  static size_t dkvBytes(int64_t D) {
+    return (4 + 2 * dkvTiles(D)) * tcTile(D) + 4 * sizeof(float) * kTile;
+  }
 };
 
 /// One implementation's (K: CoresKernels, WmmaKernels, MmaKernels) forward
@@ -1444,7 +1476,7 @@ cudaError_t backwardWith(const void *q, const void *k, const void *v, const void
               : a.D == 128 ? K::template dkv<T, 128>()
                            : K::template dkv<T, 0>();
   return launchBackward<T>(dqK, K::dqBytes(a.D), dkvK, K::dkvBytes(a.D), K::kThreads,
-                           K::dqRows(a.D), q, k, v,
+                           K::dqRows(a.D), K::dkvRows(a.D), q, k, v,
                            y, lse, dy, dq, dk, dv, delta, a, s);
 }
 
@@ -1458,6 +1490,9 @@ template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
     return bf ? f(MmaKernels<true>{}, __nv_bfloat16{}) : f(MmaKernels<true>{}, __half{});
   if (impl == Impl::MmaTight2)
     return bf ? f(MmaKernels<true, 2>{}, __nv_bfloat16{}) : f(MmaKernels<true, 2>{}, __half{});
+  if (impl == Impl::MmaTight3)
+    return bf ? f(MmaKernels<true, 2, 2>{}, __nv_bfloat16{})
+              : f(MmaKernels<true, 2, 2>{}, __half{});
   if (impl == Impl::Wmma)
     return bf ? f(WmmaKernels{}, __nv_bfloat16{}) : f(WmmaKernels{}, __half{});
   switch (t) {
@@ -1516,7 +1551,7 @@ bool parseImpl(const char *name, Impl &impl) {
     Impl impl;
   } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
                 {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
-                {"mma-tight2", Impl::MmaTight2}};
+                {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;

@@ -68,12 +68,13 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              (two m-tiles: each key fragment feeds two products) and
 ///              the backward's kernels bounded to fewer registers (more
 ///              blocks a multiprocessor, a little spilled);
-///   MmaTight2  MmaTight with dq also at 32 query rows a warp.
-enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2 };
+///   MmaTight2  MmaTight with dq also at 32 query rows a warp;
+///   MmaTight3  MmaTight2 with dk / dv also at 32 key rows a warp.
+enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2, MmaTight3 };
 
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
-/// mma-tight2 (false for anything else).
+/// mma-tight2, mma-tight3 (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,

@@ -1044,7 +1044,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
   using gpu::flash::Impl;
   bool tc = impl == Impl::Wmma || impl == Impl::Mma || impl == Impl::MmaTight ||
-            impl == Impl::MmaTight2 ||
+            impl == Impl::MmaTight2 || impl == Impl::MmaTight3 ||
             (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
@@ -1055,6 +1055,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                         : impl == Impl::Mma       ? " mma.sync"
                                         : impl == Impl::MmaTight  ? " mma.sync tight"
                                         : impl == Impl::MmaTight2 ? " mma.sync tight2"
+                                        : impl == Impl::MmaTight3 ? " mma.sync tight3"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1206,7 +1207,7 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
   // MmaTight (and MmaTight2): two m-tiles a warp in the forward (and dq),
   // launch bounds, at D = 64 (their only different instances): GPT-2's
   // heads, the long causal tail, grouped-query with a partial tile.
-  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2}) {
+  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3}) {
     flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, impl);
     flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, impl);
     flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, impl);
@@ -1220,8 +1221,9 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
 }
 
 TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
-  // MmaTight (32 query rows a warp in the forward) and MmaTight2 (also in
-  // dq, each key tile in two 32-key halves) run every row's products,
+  // MmaTight (32 query rows a warp in the forward), MmaTight2 (also in
+  // dq, each key tile in two 32-key halves) and MmaTight3 (also 32 key rows
+  // a warp in dk / dv, query tiles in halves) run every row's products,
   // exponentials and sums in Mma's order: the same bits for y, lse, dq,
   // dk and dv. (The CPU bounds above are loose enough to miss a wrong key
   // half in dq; this is not.) Shapes: GPT-2's heads, a grouped-query
@@ -1239,10 +1241,10 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
     Bf16Vec q(randomVec(n, 81)), k(randomVec(nkv, 82)), v(randomVec(nkv, 83)),
         dy(randomVec(n, 84));
     Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
-    std::vector<uint16_t> got[3][5];
-    std::vector<float> lses[3];
+    std::vector<uint16_t> got[4][5];
+    std::vector<float> lses[4];
     int i = 0;
-    for (Impl impl : {Impl::Mma, Impl::MmaTight, Impl::MmaTight2}) {
+    for (Impl impl : {Impl::Mma, Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3}) {
       Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
       Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(sh.B, sh.T, sh.heads));
       ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
@@ -1261,7 +1263,7 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
       lses[i++] = lse.host();
     }
     const char *what[4] = {"y", "dq", "dk", "dv"};
-    for (int j = 1; j < 3; ++j) {
+    for (int j = 1; j < 4; ++j) {
       for (int o = 0; o < 4; ++o)
         expectBitwise(got[j][o], got[0][o], what[o]);
       expectBitwise(lses[j], lses[0], "lse");
@@ -1280,6 +1282,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   EXPECT_EQ(impl, Impl::MmaTight);
   ASSERT_TRUE(gpu::flash::parseImpl("mma-tight2", impl));
   EXPECT_EQ(impl, Impl::MmaTight2);
+  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight3", impl));
+  EXPECT_EQ(impl, Impl::MmaTight3);
   ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
   EXPECT_EQ(impl, Impl::CudaCores);
   ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
