@@ -977,53 +977,18 @@ __device__ __forceinline__ void loadTileAsync(T *dst, const T *src, const Dims &
   loadTileTc(dst, src, a, b, r0, ldRow, col, ld, D);
 }
 
-/// s (16 x 64, this warp's rows) = A B^T: A the warp's 16 rows at `a`, B
-/// the 64 rows of the tile at `b` (both row-major, stride ld, D columns).
-template <typename T>
-__device__ __forceinline__ void scoresMma(float (&s)[kNt][4], const T *a, const T *b, int ld,
-                                          int D, int lane) {
+/// Zeroes MT m-tiles of 16 x D accumulators.
+template <int MT> __device__ __forceinline__ void zeroAcc(float (&acc)[MT][kMaxDt][4]) {
 #pragma unroll
-  for (int n = 0; n < kNt; ++n)
-    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-  for (int kk = 0; kk < kMaxKs; ++kk) {
-    if (kk * 16 >= D)
-      break;
-    uint32_t af[4];
-    mma::loadA(af, a + kk * 16, ld, lane);
-#pragma unroll
-    for (int np = 0; np < kNt / 2; ++np) {
-      uint32_t bf[4];
-      mma::loadBt(bf, b + np * 16 * ld + kk * 16, ld, lane);
-      mma::mma16816<T>(s[2 * np], af, bf);
-      mma::mma16816<T>(s[2 * np + 1], af, bf + 2);
-    }
-  }
+    for (int n = 0; n < kMaxDt; ++n)
+      acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
 }
 
-/// acc (16 x D) += P B: P the warp's 16 x 64 block in accumulator layout
-/// (rounded to T here), B the 64 x D tile at `b` (row-major, stride ld).
-template <typename T>
-__device__ __forceinline__ void accumulateMma(float (&acc)[kMaxDt][4], const float (&p)[kNt][4],
-                                              const T *b, int ld, int D, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < kNt / 2; ++kk) {
-    uint32_t af[4];
-    mma::accToA<T>(af, p[2 * kk], p[2 * kk + 1]);
-#pragma unroll
-    for (int np = 0; np < kMaxDt / 2; ++np) {
-      if (np * 16 >= D)
-        break;
-      uint32_t bf[4];
-      mma::loadB(bf, b + kk * 16 * ld + np * 16, ld, lane);
-      mma::mma16816<T>(acc[2 * np], af, bf);
-      mma::mma16816<T>(acc[2 * np + 1], af, bf + 2);
-    }
-  }
-}
-
-/// scoresMma for MT m-tiles at once (rows a, a + 16 ld, ...) over NT
-/// 8-column n-tiles (the NT * 8 rows of b): each B
+/// s (MT m-tiles of 16 rows x NT * 8 columns) = A B^T: A the warp's rows
+/// at a, a + 16 ld, ..., B the NT * 8 rows at b (both row-major, stride
+/// ld, D columns): each B
 /// fragment (a key tile's rows) is loaded once for the MT products, so a
 /// warp owning 32 rows reads the key tile from shared memory half as often
 /// per product, and has twice the independent tensor-core work in flight.
@@ -1056,8 +1021,10 @@ __device__ __forceinline__ void scoresMmaN(float (&s)[MT][NT][4], const T *a, co
   }
 }
 
-/// accumulateMma for MT m-tiles at once (each B fragment loaded once),
-/// over NT * 8 rows of b.
+/// acc (MT m-tiles, 16 x D each) += P B: P the warp's blocks in
+/// accumulator layout (rounded to T here), B the NT * 8 x D rows at b
+/// (row-major, stride ld); each B fragment loaded once for the MT
+/// products.
 template <int MT, int NT = kNt, typename T>
 __device__ __forceinline__ void accumulateMmaN(float (&acc)[MT][kMaxDt][4],
                                                const float (&p)[MT][NT][4], const T *b, int ld,
@@ -1131,11 +1098,7 @@ __global__ void __launch_bounds__(kThreadsTc, MT == 2 ? 3 : 4)
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t t0 = qt * QR, w0 = t0 + warp * 16 * MT;
   float o[MT][kMaxDt][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int n = 0; n < kMaxDt; ++n)
-      o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
+  zeroAcc(o);
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
@@ -1260,11 +1223,7 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
       dl[mt][e] = r < a.T ? delta[sr] : 0.f;
     }
   float acc[MT][kMaxDt][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < kMaxDt; ++n)
-      acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  zeroAcc(acc);
   int64_t kEnd = a.causal && t0 + QR < a.T ? t0 + QR : a.T;
   int64_t nTiles = (kEnd + kTile - 1) / kTile;
   auto issue = [&](int64_t it) {
@@ -1345,13 +1304,8 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   for (int mt = 0; mt < MT; ++mt)
     key[mt][0] = w0 + 16 * mt + g, key[mt][1] = w0 + 16 * mt + g + 8;
   float accK[MT][kMaxDt][4], accV[MT][kMaxDt][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < kMaxDt; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        accK[mt][n][i] = accV[mt][n][i] = 0.f;
+  zeroAcc(accK);
+  zeroAcc(accV);
   // Steps: the group's query heads in order, each over the query tiles
   // that see this key block, in order.
   int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
@@ -1511,13 +1465,14 @@ template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
 bool tensorCoresApply(FloatKind t, const Dims &a) { return t != FloatKind::F32 && a.D % 16 == 0; }
 
 /// The implementation that runs: Auto is the register-tile (mma.sync)
-/// kernels where tensor cores apply, in their Tight form (at GPT-2's
-/// D = 64 on the H200: the forward 0.193 vs 0.209 ms, forward + backward
-/// 0.859 vs 0.910, the B=32 step 70.90 vs 71.39 ms), else the CUDA-core
-/// ones.
+/// kernels where tensor cores apply, as MmaTight3 (32 rows a warp in all
+/// three kernels at D = 64; on the H200 at GPT-2's shape, FlashBench B=16
+/// forward + backward 0.830 ms against Mma's 0.903, MmaTight's 0.847 and
+/// MmaTight2's 0.839; the B=32 step 68.82 ms against 70.08 and 70.45 in
+/// the same call), else the CUDA-core ones.
 Impl resolve(FloatKind t, const Dims &a, Impl impl) {
   if (impl == Impl::Auto)
-    return tensorCoresApply(t, a) ? Impl::MmaTight : Impl::CudaCores;
+    return tensorCoresApply(t, a) ? Impl::MmaTight3 : Impl::CudaCores;
   return impl;
 }
 
