@@ -155,6 +155,8 @@ public:
       ceCacheRow = std::string(ce) == "1";
     if (const char *bg = std::getenv("FSDP_CUDA_DGELU_BGRAD"))
       dgeluBgrad = std::string(bg) == "1";
+    if (const char *bg = std::getenv("FSDP_CUDA_BIAS_BGRAD"))
+      biasBgrad = std::string(bg) != "0";
     return gemm->init(32ull << 20, allowTf32);
   }
 
@@ -451,6 +453,13 @@ private:
   /// against 5.24 on the H200 (the epilogue's reduction ran the GEMM at a
   /// third of its rate). FSDP_CUDA_DGELU_BGRAD=1 takes the epilogue.
   bool dgeluBgrad = false;
+  /// matmul_bias_grad's bias gradient from cuBLASLt's BGRADB epilogue
+  /// (default), or with FSDP_CUDA_BIAS_BGRAD=0 from sum_to's column-sum
+  /// kernel after a plain GEMM: an A/B. On the H200 the epilogue's GEMMs
+  /// ran split-K with a separate bias-gradient kernel and split-K
+  /// reduction (1.15 ms of GPT-2's B=16 step, session 11); the DGELU case
+  /// above was twice as fast without its epilogue. Not yet measured.
+  bool biasBgrad = true;
   long long *badPos = nullptr;
   /// {seed, step} of the running step in device memory, for the kernels a
   /// replayed graph must see the step of (dropout, stochastic casts);
@@ -725,7 +734,9 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   const GemmType gt = gemmTypeOf(t, op.out(0));
   const bool f32Out = gt.out != gt.in;
   Shape full{m, nn}, row{nn};
-  if (g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {
+  // FSDP_CUDA_BIAS_BGRAD=0: matmul_bias_grad as the GEMM, then sum_to.
+  const bool epilogue = n != "matmul_bias_grad" || biasBgrad;
+  if (epilogue && g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {
     if (e.kind == Epilogue::DGelu && second && !e.biasGrad) { // the bias gradient after
       out = [=](cudaStream_t s) -> Status {
         FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, m, nn, k, ta, tb, e, s));

@@ -91,9 +91,9 @@ cudaError_t softmaxGrad(FloatKind t, const void *y, const void *dy, void *dx, in
                         int64_t cols, cudaStream_t s);
 
 /// Which layer-norm kernels run: Auto holds a row of at most 1024 columns
-/// (and the backward's dg / db partials) in registers, Streaming reads the
-/// row from memory in every pass (any width). Both give the same bits; the
-/// tests compare them.
+/// in registers (packed, in the 16-byte chunks its lanes own), Streaming
+/// reads the row from memory in every pass (any width). Both give the same
+/// bits; the tests compare them.
 enum class LayerNormImpl { Auto, Streaming };
 
 /// Fused layer norm forward (two-pass mean / biased variance per row, as
@@ -101,12 +101,13 @@ enum class LayerNormImpl { Auto, Streaming };
 cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, void *y,
                       int64_t rows, int64_t cols, double eps, cudaStream_t s,
                       LayerNormImpl impl = LayerNormImpl::Auto);
-/// Floats of scratch layerNormGrad needs: per-warp partial column sums of
-/// dg and db (a fixed number of warps for a given row count).
+/// Floats of scratch layerNormGrad needs: min(rows, 1024) partial column
+/// sums of dg and db, their column sum's scratch, each row's mean and rstd.
 int64_t layerNormGradScratch(int64_t rows, int64_t cols);
-/// Fused layer norm backward: one pass per row computes the row statistics
-/// again, dx, and this warp's partial dg / db (registers -> scratch); a
-/// second kernel sums the partials per column in warp order. No atomics.
+/// Fused layer norm backward: a warp per row computes the row statistics
+/// again and dx, storing the row's mean and rstd; a column-parallel kernel
+/// sums dg / db terms into min(rows, 1024) partials (rows w, w + W, ...
+/// in order), then the partials are summed per column in order. No atomics.
 /// With `acc` (layer_norm_grad_acc), dx = acc + the input gradient, added
 /// in f32 before dx's one rounding. paramGradsF32: dg and db are f32
 /// whatever t (the column sums unrounded; fsdp-fuse-epilogues' widened
@@ -126,10 +127,12 @@ cudaError_t residualLayerNorm(FloatKind t, const void *a, const void *b, const v
 /// RMS norm (Llama): y = x / rms(x) * w, one warp per row, f32 arithmetic.
 cudaError_t rmsNorm(FloatKind t, const void *x, const void *w, void *y, int64_t rows,
                     int64_t cols, double eps, cudaStream_t s);
-/// Floats of scratch rmsNormGrad needs: per-warp partial column sums of dw.
+/// Floats of scratch rmsNormGrad needs: min(rows, 1024) partial column
+/// sums of dw, their column sum's scratch, each row's statistics (0, rstd).
 int64_t rmsNormGradScratch(int64_t rows, int64_t cols);
-/// RMS norm backward: dx per row (one warp), dw as per-warp partials summed
-/// per column in warp order (no atomics; the same bits every run). With
+/// RMS norm backward: dx per row (one warp), dw as the layer norm's dg:
+/// fixed-order column partials summed per column (no atomics; the same
+/// bits every run). With
 /// `acc` (rms_norm_grad_acc), dx = acc + the input gradient, added in f32
 /// before dx's one rounding.
 cudaError_t rmsNormGrad(FloatKind t, const void *x, const void *w, const void *dy, void *dx,
