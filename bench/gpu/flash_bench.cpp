@@ -73,7 +73,10 @@ int main(int argc, char **argv) {
   float *lse = nullptr, *scratch = nullptr;
   if (cudaError_t e = cudaMalloc(&lse, sizeof(float) * B * H * T))
     return fail("cudaMalloc", e);
-  if (cudaError_t e = cudaMalloc(&scratch, sizeof(float) * flash::backwardScratch(B, T, H)))
+  // The largest need: the fused backward's dq partials.
+  if (cudaError_t e = cudaMalloc(&scratch, sizeof(float) * flash::backwardScratch(
+                                                        FloatKind::BF16, B, T, C, H, true,
+                                                        flash::Impl::MmaFused)))
     return fail("cudaMalloc", e);
   // q, k, v side by side in one [B, T, 3C] tensor (fsdp.attention_qkv: the
   // kernels read them at row stride 3C) and its gradient.
@@ -121,6 +124,8 @@ int main(int argc, char **argv) {
                       Variant{"mma tight", flash::Impl::MmaTight, false, false},
                       Variant{"mma tight2", flash::Impl::MmaTight2, false, false},
                       Variant{"mma tight3", flash::Impl::MmaTight3, false, false},
+                      Variant{"mma fused", flash::Impl::MmaFused, false, false},
+                      Variant{"mma fused qkv", flash::Impl::MmaFused, true, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

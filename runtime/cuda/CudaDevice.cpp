@@ -150,7 +150,8 @@ public:
     if (const char *attn = std::getenv("FSDP_CUDA_ATTENTION"))
       if (!flash::parseImpl(attn, attention))
         return FSDP_ERROR("FSDP_CUDA_ATTENTION=", attn,
-                          " is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3");
+                          " is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, "
+                          "mma-tight3, mma-fused");
     if (const char *ce = std::getenv("FSDP_CUDA_CE_CACHE"))
       ceCacheRow = std::string(ce) == "1";
     if (const char *bg = std::getenv("FSDP_CUDA_DGELU_BGRAD"))
@@ -519,7 +520,7 @@ std::vector<bool> packStaged(const Op &op, int64_t rank) {
 
 /// Scratch sizes an instruction needs (floats, doubles), by the reference
 /// kernels or the native ones, whichever runs it, on shard `rank`.
-void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
+void scratchNeeds(const Op &op, int64_t rank, flash::Impl attention, int64_t &f, int64_t &d) {
   const std::string &n = op.inst.op;
   f = d = 0;
   if (n == "pack") {
@@ -528,8 +529,12 @@ void scratchNeeds(const Op &op, int64_t rank, int64_t &f, int64_t &d) {
       if (staged[i])
         f = std::max(f, op.in(i).numel());
   } else if (n == "attention_grad" || n == "attention_qkv_grad") {
-    const auto &s = op.in(n == "attention_grad" ? 0 : 1).shape; // q or y: [B, T, C]
-    f = flash::backwardScratch(s[0], s[1], op.i("heads", 1)); // the tiled kernels run it
+    // The tiled kernels run it, on its storage (a widened f32 copy runs the
+    // CUDA-core kernels, whose need is the smaller).
+    const Buffer &y = op.in(n == "attention_grad" ? 0 : 1); // q or y: [B, T, C]
+    if (y.shape.size() == 3)
+      f = flash::backwardScratch(floatKind(y.dtype), y.shape[0], y.shape[1], y.shape[2],
+                                 op.i("heads", 1), op.b("causal"), attention);
   } else if (n == "layer_norm_grad" || n == "layer_norm_grad_acc") {
     f = std::max(2 * rules::rowsOf(op.in(0)),
                  native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));
@@ -982,10 +987,7 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     // An implementation named by FSDP_CUDA_ATTENTION that cannot take this
     // op's dtype or head dimension: refused at build, not at run.
     flash::Impl impl = attention;
-    if ((impl == flash::Impl::Wmma || impl == flash::Impl::Mma ||
-         impl == flash::Impl::MmaTight || impl == flash::Impl::MmaTight2 ||
-         impl == flash::Impl::MmaTight3) &&
-        (t == FloatKind::F32 || (C / heads) % 16))
+    if (flash::tensorCoreImpl(impl) && (t == FloatKind::F32 || (C / heads) % 16))
       return FSDP_ERROR(n, ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
                            "f16 storage with a head dimension that is a multiple of 16 (this op: ",
                         t == FloatKind::F32 ? "f32" : "16-bit", ", head dimension ", C / heads,
@@ -1612,7 +1614,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
       continue;
     Op op{plan, inst};
     int64_t f, d;
-    scratchNeeds(op, shard, f, d);
+    scratchNeeds(op, shard, attention, f, d);
     FloatKind t;
     const bool narrow = rules::needsWidening(plan, inst),
                native = narrow && nativeKind(plan, inst, t);

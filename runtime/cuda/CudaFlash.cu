@@ -1374,6 +1374,240 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   }
 }
 
+/// Rows of dq partial sums (b, query head) keeps from the key blocks before
+/// kb (blocks of KR = kTile * m key rows): key block k adds to query tiles
+/// q0(k) .. tiles - 1 (q0(k) = k m when causal, else 0), kTile rows each.
+__host__ __device__ inline int64_t partRowsBefore(const Dims &a, int64_t m, int64_t kb) {
+  int64_t tiles = kb * a.tiles - (a.causal ? m * kb * (kb - 1) / 2 : 0);
+  return tiles * kTile;
+}
+/// All of (b, query head)'s partial rows, and its key blocks.
+__host__ __device__ inline int64_t keyBlocks(const Dims &a, int64_t m) {
+  return (a.T + kTile * m - 1) / (kTile * m);
+}
+__host__ __device__ inline int64_t partRows(const Dims &a, int64_t m) {
+  return partRowsBefore(a, m, keyBlocks(a, m));
+}
+
+/// Two rounded values (pack2) into 16-bit shared memory at p (4-byte
+/// aligned); by memcpy under the emulator (a host compiler may reorder a
+/// store through another type's pointer).
+template <typename T> __device__ __forceinline__ void store2(T *p, uint32_t v) {
+#ifdef FSDP_CUDAEMU_MMA
+  memcpy(p, &v, 4);
+#else
+  *reinterpret_cast<uint32_t *>(p) = v;
+#endif
+}
+
+/// The backward in one pass over (b, kv head, block of KR = 64 MT key rows):
+/// dk, dv as dkvMmaKernel (the same products in the same order: the same
+/// bits), and the block's share of dq, dS K over its KR keys, for each
+/// query tile: each P and dS is computed once for the three gradients,
+/// where dqMmaKernel recomputes the scores, P and dP. dS^T, rounded to T as
+/// it is for dK, goes to shared memory key-major; after a barrier warp w
+/// takes query rows 16 w .. 16 w + 15 of the tile against all KR keys (dS
+/// through ldmatrix .trans) and stores its 16 x D f32 sums to dqPart (rows
+/// partRowsBefore(kb) + t - 64 q0(kb) of (b, h)). dqReduceKernel adds the
+/// key blocks' partials in key-block order: deterministic, no atomics.
+template <typename T, int KD, int MinBlocks = 1, int MT = 1>
+__global__ void __launch_bounds__(kThreadsTc, MinBlocks)
+    bwdFusedMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                      const float *delta, T *dk, T *dv, float *dqPart) {
+  extern __shared__ __align__(128) unsigned char smTc[];
+  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
+  const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
+  constexpr int KR = kTile * MT, NT = MT == 1 ? kNt : kNt / 2, HALVES = kNt / NT;
+  // K, V (KR rows each), then Q and dY twice (buffer it % 2 holds step it's
+  // query tile), lse and delta of those rows twice, then dS^T (KR x kTile).
+  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + KR * LDT, *QD = Vs + KR * LDT;
+  float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
+  T *DS = reinterpret_cast<T *>(LD + 4 * kTile);
+  const int64_t kTiles = (a.T + KR - 1) / KR;
+  int64_t kt = (int64_t)(blockIdx.x % kTiles);
+  int64_t kvh = (blockIdx.x / kTiles) % a.KV, b = blockIdx.x / (kTiles * a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    key[mt][0] = w0 + 16 * mt + g, key[mt][1] = w0 + 16 * mt + g + 8;
+  float accK[MT][kMaxDt][4], accV[MT][kMaxDt][4];
+  zeroAcc(accK);
+  zeroAcc(accV);
+  int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
+  int64_t steps = group * perHead;
+  const int64_t partBH = partRows(a, MT), partKb = partRowsBefore(a, MT, kt) - q0 * kTile;
+  auto issue = [&](int64_t it) {
+    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
+    T *Qb = QD + (it % 2) * 2 * kTile * LDT;
+    float *Lb = LD + (it % 2) * 2 * kTile;
+    loadTileAsync(Qb, q, a, b, t0, a.ldq, h * D, LDT, D);
+    loadTileAsync(Qb + kTile * LDT, dy, a, b, t0, a.ldy, h * D, LDT, D);
+    mma::cpAsyncCommit();
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
+      Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
+      Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    loadTileAsync(Ks + i * kTile * LDT, k, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
+    loadTileAsync(Vs + i * kTile * LDT, v, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
+  }
+  issue(0); // one group: K, V and the first Q, dY
+  for (int64_t it = 0; it < steps; ++it) {
+    if (it + 1 < steps) {
+      issue(it + 1);
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    __syncthreads(); // step it's tiles are in shared memory
+    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
+    const T *Qs = QD + (it % 2) * 2 * kTile * LDT, *DYs = Qs + kTile * LDT;
+    const float *Lq = LD + (it % 2) * 2 * kTile, *Dq = Lq + kTile;
+#pragma unroll
+    for (int hf = 0; hf < HALVES; ++hf) {
+      const int c0 = hf * NT * 8; // the half's first query column in the tile
+      float st[MT][NT][4], dpt[MT][NT][4];
+      scoresMmaN<MT, NT>(st, Ks + warp * 16 * MT * LDT, Qs + c0 * LDT, LDT, D, lane);
+      scoresMmaN<MT, NT>(dpt, Vs + warp * 16 * MT * LDT, DYs + c0 * LDT, LDT, D, lane);
+      bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0 + c0);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            int c = c0 + n * 8 + 2 * qd + (i & 1);
+            int64_t tt = t0 + c, jj = key[mt][i / 2];
+            bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+            float p = ok ? exp2f(fmaf(st[mt][n][i], sl2, -Lq[c])) : 0.f;
+            st[mt][n][i] = p;
+            dpt[mt][n][i] = ok ? p * (dpt[mt][n][i] - Dq[c]) : 0.f;
+          }
+      // dS^T for the tile's dq: the warp's key rows, the half's columns.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            store2(DS + (warp * 16 * MT + 16 * mt + g + 8 * e) * kLdP + c0 + n * 8 + 2 * qd,
+                   mma::pack2<T>(dpt[mt][n][2 * e], dpt[mt][n][2 * e + 1]));
+      accumulateMmaN<MT, NT>(accV, st, DYs + c0 * LDT, LDT, D, lane);
+      accumulateMmaN<MT, NT>(accK, dpt, Qs + c0 * LDT, LDT, D, lane);
+    }
+    __syncthreads(); // the tile's dS^T (every warp's key rows) is in DS
+    float dqa[kMaxDt][4];
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n)
+      dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; ++kk) {
+      uint32_t af[4];
+      mma::loadAt(af, DS + kk * 16 * kLdP + warp * 16, kLdP, lane);
+#pragma unroll
+      for (int np = 0; np < kMaxDt / 2; ++np) {
+        if (np * 16 >= D)
+          break;
+        uint32_t bf[4];
+        mma::loadB(bf, Ks + kk * 16 * LDT + np * 16, LDT, lane);
+        mma::mma16816<T>(dqa[2 * np], af, bf);
+        mma::mma16816<T>(dqa[2 * np + 1], af, bf + 2);
+      }
+    }
+    float *dst = dqPart + ((b * a.H + h) * partBH + partKb + t0 + warp * 16 + g) * D;
+#pragma unroll
+    for (int n = 0; n < kMaxDt; ++n) {
+      if (n * 8 >= D)
+        break;
+      int c = n * 8 + 2 * qd;
+      *reinterpret_cast<float2 *>(dst + c) = float2{dqa[n][0], dqa[n][1]};
+      *reinterpret_cast<float2 *>(dst + 8 * D + c) = float2{dqa[n][2], dqa[n][3]};
+    }
+    __syncthreads(); // buffer it % 2 and DS are free for step it + 1
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    int64_t r0 = w0 + 16 * mt + g;
+    storeAcc(dk + b * a.T * a.ldkv + kvh * D, a.ldkv, accK[mt], a.scale, a.scale, r0, a.T, D,
+             lane);
+    storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV[mt], 1.f, 1.f, r0, a.T, D, lane);
+  }
+}
+
+/// dq = scale * (the sum over key blocks 0, 1, ... of their partials), a
+/// thread per 4 dimensions of a row (D a multiple of 16 here): the key
+/// blocks of KR = 64 m rows that see row t (all, or those up to t / KR when
+/// causal), in order.
+template <typename T>
+__global__ void dqReduceKernel(Dims a, int64_t m, const float *part, T *dq) {
+  const int64_t D4 = a.D / 4, KR = kTile * m;
+  int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= a.B * a.H * a.T * D4)
+    return;
+  int64_t d = (gid % D4) * 4, r = gid / D4, t = r % a.T, bh = r / a.T;
+  int64_t h = bh % a.H, b = bh / a.H;
+  int64_t last = a.causal ? t / KR : keyBlocks(a, m) - 1;
+  const float *base = part + bh * partRows(a, m) * a.D + d;
+  float4 s = float4{0.f, 0.f, 0.f, 0.f};
+  for (int64_t kb = 0; kb <= last; ++kb) {
+    int64_t row = partRowsBefore(a, m, kb) + t - (a.causal ? kb * KR : 0);
+    float4 p = *reinterpret_cast<const float4 *>(base + row * a.D);
+    s.x += p.x;
+    s.y += p.y;
+    s.z += p.z;
+    s.w += p.w;
+  }
+  T *out = dq + (b * a.T + t) * a.ldq + h * a.D + d;
+  out[0] = cvt<T>(s.x * a.scale);
+  out[1] = cvt<T>(s.y * a.scale);
+  out[2] = cvt<T>(s.z * a.scale);
+  out[3] = cvt<T>(s.w * a.scale);
+}
+
+/// The floats before the partials in the fused backward's scratch (each
+/// row's delta, rounded up to whole 16-byte chunks).
+int64_t deltaFloats(const Dims &a) { return (a.B * a.H * a.T + 3) / 4 * 4; }
+
+/// The fused backward (Impl::MmaFused): delta, bwdFusedMmaKernel (32 key
+/// rows a warp at D = 64, as MmaTight3's dk / dv; 16 elsewhere), the dq
+/// reduction.
+template <typename T>
+cudaError_t backwardFused(const void *q, const void *k, const void *v, const void *y,
+                          const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                          float *scratch, const Dims &a, cudaStream_t s) {
+  const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
+          *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
+  float *delta = scratch, *part = scratch + deltaFloats(a);
+  int64_t rows = a.B * a.H * a.T;
+  bool vec = a.D % 8 == 0 && a.ldy % 8 == 0 &&
+             ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
+  deltaKernel<T><<<(unsigned)((rows * kDeltaLanes + 255) / 256), 256, 0, s>>>(
+      a, static_cast<const T *>(y), DY, delta, vec);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  const int m = a.D == 64 ? 2 : 1;
+  auto kernel = a.D == 64    ? bwdFusedMmaKernel<T, 64, 2, 2>
+                : a.D == 128 ? bwdFusedMmaKernel<T, 128, 1, 1>
+                             : bwdFusedMmaKernel<T, 0, 1, 1>;
+  size_t sm = (4 + 2 * m) * tcTile(a.D) + 4 * sizeof(float) * kTile +
+              sizeof(uint16_t) * kTile * m * kLdP;
+  if (cudaError_t e = optIn(kernel, sm))
+    return e;
+  int64_t blocks = a.B * a.KV * keyBlocks(a, m);
+  kernel<<<(unsigned)blocks, kThreadsTc, sm, s>>>(a, Q, K, V, DY, lse, delta, static_cast<T *>(dk),
+                                                  static_cast<T *>(dv), part);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  int64_t threads = rows * (a.D / 4);
+  dqReduceKernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(a, m, part,
+                                                                      static_cast<T *>(dq));
+  return cudaGetLastError();
+}
+
 /// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
 /// (Tight false: registers as the compiler chooses, 166 for dq and 222 for
 /// dk / dv at D = 64, so 3 and 2 blocks a multiprocessor) or Impl::MmaTight
@@ -1444,7 +1678,7 @@ template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
     return bf ? f(MmaKernels<true>{}, __nv_bfloat16{}) : f(MmaKernels<true>{}, __half{});
   if (impl == Impl::MmaTight2)
     return bf ? f(MmaKernels<true, 2>{}, __nv_bfloat16{}) : f(MmaKernels<true, 2>{}, __half{});
-  if (impl == Impl::MmaTight3)
+  if (impl == Impl::MmaTight3 || impl == Impl::MmaFused) // MmaFused: MmaTight3's forward
     return bf ? f(MmaKernels<true, 2, 2>{}, __nv_bfloat16{})
               : f(MmaKernels<true, 2, 2>{}, __half{});
   if (impl == Impl::Wmma)
@@ -1498,7 +1732,17 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads, La
   return Status::ok();
 }
 
-int64_t backwardScratch(int64_t B, int64_t T, int64_t heads) { return B * heads * T; }
+bool tensorCoreImpl(Impl impl) { return impl != Impl::Auto && impl != Impl::CudaCores; }
+
+int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
+                        bool causal, Impl impl) {
+  if (B <= 0 || T <= 0 || heads <= 0 || C <= 0 || C % heads)
+    return std::max<int64_t>(0, B * heads * T);
+  Dims a = dims(B, T, C, heads, causal, heads, {});
+  if (resolve(t, a, impl) != Impl::MmaFused)
+    return B * heads * T;
+  return deltaFloats(a) + B * heads * partRows(a, a.D == 64 ? 2 : 1) * a.D;
+}
 
 bool parseImpl(const char *name, Impl &impl) {
   static const struct {
@@ -1506,7 +1750,8 @@ bool parseImpl(const char *name, Impl &impl) {
     Impl impl;
   } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
                 {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
-                {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3}};
+                {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
+                {"mma-fused", Impl::MmaFused}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -1544,6 +1789,10 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
+  if (impl == Impl::MmaFused)
+    return t == FloatKind::BF16
+               ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
+               : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
   return withKernels(impl, t, [&](auto kernels, auto elem) {
     return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,
                                                            scratch, a, s);

@@ -69,12 +69,21 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              the backward's kernels bounded to fewer registers (more
 ///              blocks a multiprocessor, a little spilled);
 ///   MmaTight2  MmaTight with dq also at 32 query rows a warp;
-///   MmaTight3  MmaTight2 with dk / dv also at 32 key rows a warp.
-enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2, MmaTight3 };
+///   MmaTight3  MmaTight2 with dk / dv also at 32 key rows a warp;
+///   MmaFused   MmaTight3's forward; the backward in one pass over key
+///              blocks (dk, dv as MmaTight3's, bit for bit, and each key
+///              block's share of dq, dS K, into f32 partial sums that a
+///              second kernel adds in key-block order): P and dS computed
+///              once, not twice. Scratch: the partials (backwardScratch).
+enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2, MmaTight3, MmaFused };
+
+/// True for the tensor-core implementations (bf16 / f16 storage, D a
+/// multiple of 16): all but Auto and CudaCores.
+bool tensorCoreImpl(Impl impl);
 
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
-/// mma-tight2, mma-tight3 (false for anything else).
+/// mma-tight2, mma-tight3, mma-fused (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
@@ -85,8 +94,13 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
                     int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto,
                     Layout rows = {});
 
-/// Floats of scratch backward() needs: B * heads * T (each row's delta).
-int64_t backwardScratch(int64_t B, int64_t T, int64_t heads);
+/// Floats of scratch backward() needs for storage t and implementation
+/// impl: B * heads * T (each row's delta), and for MmaFused also the dq
+/// partial sums: per (b, head), D floats for each query row of each key
+/// block of 128 rows (64 where D != 64) that sees it (about T^2 / 256 rows
+/// causal; for GPT-2 at T = 1024, 4608 rows: 1.18 MB a head).
+int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
+                        bool causal, Impl impl = Impl::Auto);
 
 /// dq, dk, dv from the forward's inputs, its output y and log-sum-exp lse
 /// (as forward() wrote them) and dy.

@@ -116,6 +116,16 @@ __device__ __forceinline__ void loadA(uint32_t (&r)[4], const T *tile, int ld, i
   ldmatrixX4(r, tile + (lane % 16) * ld + (lane / 16) * 8);
 }
 
+/// The A fragment of A = M^T for the 16 x 16 block of M at `tile`
+/// (row-major, `ld` elements per row, rows 16-byte aligned; A's rows are
+/// M's columns): ldmatrix .trans, matrix j from M's rows 8 (j / 2) .. + 7
+/// at column 8 (j % 2). (dS in dS K, from dS^T kept key-major.)
+template <typename T>
+__device__ __forceinline__ void loadAt(uint32_t (&r)[4], const T *tile, int ld, int lane) {
+  int m = lane / 8;
+  ldmatrixX4Trans(r, tile + ((lane % 8) + (m >> 1) * 8) * ld + (m & 1) * 8);
+}
+
 /// B fragments of two adjacent 8-column n-tiles for one 16-deep k step,
 /// where B[k][n] = M[n][k] for the row-major M at `tile` (rows n .. n + 15,
 /// columns k .. k + 15): r[0..1] is n-tile 0, r[2..3] n-tile 1. (K in

@@ -253,10 +253,12 @@ def main():
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "-o", gpt251], check=True)
     # Attention runs the mma.sync kernels (FSDP_CUDA_ATTENTION=auto); the
-    # WMMA ones once more, on the first plan.
+    # WMMA ones and the one-pass backward (mma-fused: its dq partials in the
+    # device scratch sized for it) once more, on the first plan.
     for model, tag, vocab, extra, attn in (
             (gpt, "gpt_bf16", 256, "", "auto"),
             (gpt, "gpt_bf16_wmma", 256, "", "wmma"),
+            (gpt, "gpt_bf16_fused", 256, "", "mma-fused"),
             (gpt251, "gpt_bf16_v251", 251, "", "auto"),
             (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto")):
         plan = compile_plan(model, tag,
@@ -299,7 +301,7 @@ def main():
     # an f32 plan: refused with the reason, before the first step.
     f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw") # in the GPU kit too
     if mode != "--compile-only":
-        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3"),
+        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused"),
                            ("mma", "names tensor-core kernels")):
             r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
                                env=dict(os.environ, FSDP_CUDA_ATTENTION=attn),

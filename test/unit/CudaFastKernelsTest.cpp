@@ -1043,8 +1043,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                bool causal, uint32_t seed,
                gpu::flash::Impl impl = gpu::flash::Impl::CudaCores) {
   using gpu::flash::Impl;
-  bool tc = impl == Impl::Wmma || impl == Impl::Mma || impl == Impl::MmaTight ||
-            impl == Impl::MmaTight2 || impl == Impl::MmaTight3 ||
+  bool tc = gpu::flash::tensorCoreImpl(impl) ||
             (impl == Impl::Auto && t != FloatKind::F32 && D % 16 == 0);
   SCOPED_TRACE(::testing::Message() << "T=" << T << " heads=" << heads << " kv=" << kv
                                     << " D=" << D << " causal=" << causal
@@ -1056,6 +1055,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                         : impl == Impl::MmaTight  ? " mma.sync tight"
                                         : impl == Impl::MmaTight2 ? " mma.sync tight2"
                                         : impl == Impl::MmaTight3 ? " mma.sync tight3"
+                                        : impl == Impl::MmaFused  ? " mma.sync fused"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1103,7 +1103,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   void *dq = upload(q, q0), *dk = upload(k, k0), *dv = upload(v, v0), *ddy = upload(dy, dy0);
   void *y = alloc(B * T * C), *gq = alloc(B * T * C), *gk = alloc(B * T * KC),
        *gv = alloc(B * T * KC);
-  Dev<float> scratch(gpu::flash::backwardScratch(B, T, heads)), lse(B * heads * T);
+  Dev<float> scratch(gpu::flash::backwardScratch(t, B, T, C, heads, causal, impl)),
+      lse(B * heads * T);
   ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, lse.get(), B, T, C, heads, causal, kv, 0,
                                 impl),
             cudaSuccess);
@@ -1207,17 +1208,68 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
   // MmaTight (and MmaTight2): two m-tiles a warp in the forward (and dq),
   // launch bounds, at D = 64 (their only different instances): GPT-2's
   // heads, the long causal tail, grouped-query with a partial tile.
-  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3}) {
+  // MmaFused (the one-pass backward, dq from per-key-block partials): the
+  // Mma shapes (D = 128 and run-time D: 64-row key blocks).
+  for (bool causal : {true, false}) {
+    flashCase(FloatKind::BF16, 2, 9, 4, 4, 16, causal, 15, Impl::MmaFused);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::MmaFused);
+    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::MmaFused);
+    flashCase(FloatKind::BF16, 1, 77, 2, 2, 48, causal, 63, Impl::MmaFused);
+  }
+  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3, Impl::MmaFused}) {
     flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, impl);
     flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, impl);
     flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, impl);
   }
   // f16 storage: the f16 mma.sync and the f16 packing of P and dS (bounds
   // with f16's unit roundoff), and WMMA's f16 instance beside it.
-  for (Impl impl : {Impl::Mma, Impl::Wmma}) {
+  for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::Wmma}) {
     flashCase(FloatKind::F16, 1, 100, 4, 2, 64, true, 73, impl);
     flashCase(FloatKind::F16, 1, 70, 2, 2, 32, false, 79, impl);
   }
+}
+
+/// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
+/// (dS = P (dP - delta), max over k's dimensions), in double from the
+/// values the GPU reads: what rounding dS and summing it in another order
+/// can move dq by.
+std::vector<double> dqTermSums(const std::vector<float> &q, const std::vector<float> &k,
+                               const std::vector<float> &v, const std::vector<float> &dy,
+                               int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
+                               bool causal) {
+  const int64_t C = heads * D, KC = kv * D;
+  const double scale = 1 / std::sqrt((double)D);
+  std::vector<double> out(B * heads * T), p(T), dp(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t kh = h / (heads / kv);
+      for (int64_t t = 0; t < T; ++t) {
+        const float *qt = &q[(b * T + t) * C + h * D], *dyt = &dy[(b * T + t) * C + h * D];
+        int64_t n = causal ? t + 1 : T;
+        double mx = -1e300, sum = 0, delta = 0, kmax = 0, acc = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const float *kj = &k[(b * T + j) * KC + kh * D], *vj = &v[(b * T + j) * KC + kh * D];
+          double s = 0, d = 0;
+          for (int64_t e = 0; e < D; ++e)
+            s += (double)qt[e] * kj[e], d += (double)dyt[e] * vj[e];
+          p[j] = s * scale;
+          dp[j] = d;
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j < n; ++j)
+          sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = 0; j < n; ++j)
+          delta += (p[j] /= sum) * dp[j];
+        for (int64_t j = 0; j < n; ++j) {
+          kmax = 0;
+          for (int64_t e = 0; e < D; ++e)
+            kmax = std::max(kmax, (double)std::fabs(k[(b * T + j) * KC + kh * D + e]));
+          acc += std::fabs(p[j] * (dp[j] - delta)) * kmax;
+        }
+        out[(b * heads + h) * T + t] = scale * acc;
+      }
+    }
+  return out;
 }
 
 TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
@@ -1226,48 +1278,82 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
   // a warp in dk / dv, query tiles in halves) run every row's products,
   // exponentials and sums in Mma's order: the same bits for y, lse, dq,
   // dk and dv. (The CPU bounds above are loose enough to miss a wrong key
-  // half in dq; this is not.) Shapes: GPT-2's heads, a grouped-query
-  // partial tile, the long causal tail past one 128-row block.
+  // half in dq; this is not.) MmaFused runs MmaTight3's forward and dk / dv
+  // (the same bits) and sums dq in another order: per key block of 128,
+  // then the blocks. Its dq is held to what that allows against Mma's:
+  // each side's f32 sum of at most T + 16 terms (error <= (T + 16) u32 S
+  // each, S = scale sum_j |dS_tj| |k_j|, dqTermSums), a dS that could round
+  // the other way (one bf16 step, <= 2 u16 |dS|, if the scores' products
+  // differ in their last bit: <= 2 u16 S), and the two final roundings to
+  // bf16 (<= u16 (|a| + |b|)).
+  // Shapes: GPT-2's heads, a grouped-query partial tile, the long causal
+  // tail past one 128-row block (nine key blocks), a D = 128 one (the
+  // fused kernel's 64-row key blocks).
   using gpu::flash::Impl;
   struct Shape {
-    int64_t B, T, heads, kv;
+    int64_t B, T, heads, kv, D;
     bool causal;
   };
-  for (Shape sh : {Shape{2, 256, 12, 12, true}, Shape{1, 100, 4, 2, false},
-                   Shape{1, 1100, 2, 2, true}}) {
-    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads));
-    const int64_t D = 64, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
+  for (Shape sh : {Shape{2, 256, 12, 12, 64, true}, Shape{1, 100, 4, 2, 64, false},
+                   Shape{1, 1100, 2, 2, 64, true}, Shape{1, 200, 2, 1, 128, true}}) {
+    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads) +
+                 ", D " + std::to_string(sh.D));
+    const int64_t D = sh.D, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
                   nkv = sh.B * sh.T * KC, rows = sh.B * sh.heads * sh.T;
     Bf16Vec q(randomVec(n, 81)), k(randomVec(nkv, 82)), v(randomVec(nkv, 83)),
         dy(randomVec(n, 84));
     Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
-    std::vector<uint16_t> got[4][5];
-    std::vector<float> lses[4];
-    int i = 0;
-    for (Impl impl : {Impl::Mma, Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3}) {
+    std::vector<uint16_t> got[5][4];
+    std::vector<float> lses[5];
+    const Impl impls[5] = {Impl::Mma, Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3,
+                           Impl::MmaFused};
+    for (int i = 0; i < 5; ++i) {
       Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
-      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(sh.B, sh.T, sh.heads));
+      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(
+                                FloatKind::BF16, sh.B, sh.T, C, sh.heads, sh.causal, impls[i]));
       ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
                                     lse.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0,
-                                    impl),
+                                    impls[i]),
                 cudaSuccess);
       ASSERT_EQ(gpu::flash::backward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
                                      lse.get(), ddy.get(), gq.get(), gk.get(), gv.get(),
                                      scratch.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv,
-                                     0, impl),
+                                     0, impls[i]),
                 cudaSuccess);
       got[i][0] = y.host();
       got[i][1] = gq.host();
       got[i][2] = gk.host();
       got[i][3] = gv.host();
-      lses[i++] = lse.host();
+      lses[i] = lse.host();
     }
     const char *what[4] = {"y", "dq", "dk", "dv"};
-    for (int j = 1; j < 4; ++j) {
+    // The tight variants exist at D = 64 only (elsewhere they are Mma).
+    for (int j = 1; j < 5; ++j) {
+      SCOPED_TRACE(j == 4 ? "fused" : "tight " + std::to_string(j));
       for (int o = 0; o < 4; ++o)
-        expectBitwise(got[j][o], got[0][o], what[o]);
+        if (j < 4 || o != 1)
+          expectBitwise(got[j][o], got[0][o], what[o]);
       expectBitwise(lses[j], lses[0], "lse");
     }
+    std::vector<double> S = dqTermSums(q.wide, k.wide, v.wide, dy.wide, sh.B, sh.T, sh.heads,
+                                       sh.kv, D, sh.causal);
+    const std::vector<float> a = widen(got[4][1]), b = widen(got[0][1]);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t bt = i / C, h = (i % C) / D, bb = bt / sh.T, t = bt % sh.T;
+      double s = S[(bb * sh.heads + h) * sh.T + t];
+      double tol = 1.01 * ((2 * kUb + 2 * (sh.T + 16) * kU) * s +
+                           kUb * (std::fabs(a[i]) + std::fabs(b[i]))) +
+                   1e-30;
+      double err = std::fabs((double)a[i] - b[i]);
+      worst = std::max(worst, err / tol);
+      if (err > tol && bad++ < 5)
+        ADD_FAILURE() << "fused dq[" << i << "] = " << a[i] << ", Mma's " << b[i]
+                      << ", allowed " << tol;
+    }
+    EXPECT_EQ(bad, 0) << "fused dq elements outside the bound (worst " << worst << " of it)";
+    std::printf("fused dq: worst difference %.3f of its bound\n", worst);
   }
 }
 
@@ -1284,6 +1370,11 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   EXPECT_EQ(impl, Impl::MmaTight2);
   ASSERT_TRUE(gpu::flash::parseImpl("mma-tight3", impl));
   EXPECT_EQ(impl, Impl::MmaTight3);
+  ASSERT_TRUE(gpu::flash::parseImpl("mma-fused", impl));
+  EXPECT_EQ(impl, Impl::MmaFused);
+  EXPECT_TRUE(gpu::flash::tensorCoreImpl(Impl::MmaFused));
+  EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::Auto));
+  EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::CudaCores));
   ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
   EXPECT_EQ(impl, Impl::CudaCores);
   ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
@@ -1307,7 +1398,8 @@ std::vector<std::vector<E>> flashAtOffset(FloatKind t, gpu::flash::Impl impl,
     d.push_back(std::make_unique<Dev<E>>(bits));
   }
   Dev<E> y(n + off), dq(n + off), dk(n + off), dv(n + off);
-  Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
+  Dev<float> lse(B * heads * T),
+      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, true, impl));
   E *p[8] = {d[0]->get() + off, d[1]->get() + off, d[2]->get() + off, d[3]->get() + off,
              y.get() + off,     dq.get() + off,     dk.get() + off,     dv.get() + off};
   EXPECT_EQ(gpu::flash::forward(t, p[0], p[1], p[2], p[4], lse.get(), B, T, C, heads, true,
@@ -1370,7 +1462,8 @@ void expectPackedEqualsDense(FloatKind t, gpu::flash::Impl impl, const std::vect
   }
   Dev<E> dq_(q), dk_(k), dv_(v), dy(dyBits), y(rows * C), gq(rows * C), gk(rows * KC),
       gv(rows * KC);
-  Dev<float> lse(B * heads * T), scratch(gpu::flash::backwardScratch(B, T, heads));
+  Dev<float> lse(B * heads * T),
+      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, causal, impl));
   ASSERT_EQ(gpu::flash::forward(t, dq_.get(), dk_.get(), dv_.get(), y.get(), lse.get(), B, T, C,
                                 heads, causal, kvHeads, 0, impl),
             cudaSuccess);
@@ -1417,8 +1510,11 @@ TEST_F(CudaFastKernelsTest, FlashAttentionReadsPackedQkv) {
                  std::to_string(c.D));
     const int64_t C = c.heads * c.D, W = C + 2 * c.kv * c.D, rows = c.B * c.T;
     std::vector<float> qkv = randomVec(rows * W, 91, 2.f), dy = randomVec(rows * C, 92);
-    for (Impl impl : {Impl::Mma, Impl::Wmma, Impl::CudaCores}) {
-      SCOPED_TRACE(impl == Impl::Mma ? "mma.sync" : impl == Impl::Wmma ? "WMMA" : "CUDA cores");
+    for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::Wmma, Impl::CudaCores}) {
+      SCOPED_TRACE(impl == Impl::Mma        ? "mma.sync"
+                   : impl == Impl::MmaFused ? "mma.sync fused"
+                   : impl == Impl::Wmma     ? "WMMA"
+                                            : "CUDA cores");
       expectPackedEqualsDense(FloatKind::BF16, impl, Bf16Vec(qkv).bits, Bf16Vec(dy).bits, c.B,
                               c.T, c.heads, c.kv, C, c.causal);
     }
