@@ -807,7 +807,52 @@ cudaError_t bceWithLogitsGrad(const float *x, const float *t, const float *dl, f
   });
 }
 
-int64_t squaredNormScratch(int64_t tensors) { return kReduceBlocks + tensors; }
+namespace {
+
+/// Stage-1 blocks of squaredNorm: enough 16-byte loads in flight to reach
+/// the memory's bandwidth on a large GPU (the gradient norm reads every
+/// gradient once a step).
+constexpr int kNormBlocks = 1024;
+
+/// partial[block] = the block's share of sum_i x_i^2, each square and sum
+/// in double (a float's square is exact there): 16-byte loads where x is
+/// 16-byte aligned, then the tail. The partition is fixed (kNormBlocks x
+/// kThreads threads, each over a fixed grid stride): the same sum every run.
+__global__ void squaresPartial(const float *x, int64_t n, double *partial) {
+  __shared__ double sh[32];
+  double acc = 0;
+  const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
+                stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t n4 = (reinterpret_cast<uintptr_t>(x) & 15) == 0 ? n / 4 : 0;
+  const float4 *x4 = reinterpret_cast<const float4 *>(x);
+  for (int64_t i = first; i < n4; i += stride) {
+    float4 v = x4[i];
+    acc += (double)v.x * v.x;
+    acc += (double)v.y * v.y;
+    acc += (double)v.z * v.z;
+    acc += (double)v.w * v.w;
+  }
+  for (int64_t i = 4 * n4 + first; i < n; i += stride)
+    acc += (double)x[i] * x[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    partial[blockIdx.x] = acc;
+}
+
+/// *total = sum(partial[0..n)) in double, one block (fixed order).
+__global__ void finishSumDouble(const double *partial, int64_t n, double *total) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += partial[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    *total = acc;
+}
+
+} // namespace
+
+int64_t squaredNormScratch(int64_t tensors) { return kNormBlocks + tensors; }
 
 cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<int64_t> &ns,
                         float *out, double *partial, cudaStream_t s) {
@@ -815,22 +860,14 @@ cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<
     return cudaErrorInvalidValue;
   if (xs.empty())
     return fill(out, 1, 0.0, s);
-  // partial[0..kReduceBlocks) per tensor, then the per-tensor totals are
-  // summed by a chain of finishSum calls into partial[kReduceBlocks + i].
+  // partial[0..kNormBlocks) per tensor (in stream order: each tensor's
+  // stage 2 has read them before the next one's stage 1 writes), its total
+  // in partial[kNormBlocks + i], then the totals summed into out.
   for (size_t i = 0; i < xs.size(); ++i) {
-    const float *x = xs[i];
-    partialSums<<<kReduceBlocks, kThreads, 0, s>>>(
-        ns[i], [=] __device__(int64_t j) { return (double)x[j] * (double)x[j]; }, partial);
-    // the tensor's sum, kept in double
-    auto total = partial + kReduceBlocks + i;
-    mapKernel<<<1, 1, 0, s>>>(1, [=] __device__(int64_t) {
-      double acc = 0;
-      for (int b = 0; b < kReduceBlocks; ++b)
-        acc += partial[b];
-      *total = acc;
-    });
+    squaresPartial<<<kNormBlocks, kThreads, 0, s>>>(xs[i], ns[i], partial);
+    finishSumDouble<<<1, kThreads, 0, s>>>(partial, kNormBlocks, partial + kNormBlocks + i);
   }
-  finishSum<<<1, kThreads, 0, s>>>(partial + kReduceBlocks, (int64_t)xs.size(), 1.0, out);
+  finishSum<<<1, kThreads, 0, s>>>(partial + kNormBlocks, (int64_t)xs.size(), 1.0, out);
   return cudaGetLastError();
 }
 

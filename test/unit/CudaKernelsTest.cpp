@@ -537,6 +537,27 @@ TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
             cudaSuccess);
   float want = (float)(cpu::squaredNorm(p.data(), n) + cpu::squaredNorm(g.data(), n));
   expectNear(out.host(), {want}, 2, {}, "squared_norm (double sums)");
+  {
+    // The 16-byte path with a tail (1, 5, and one element past a whole
+    // grid stride of 4-vectors), and the scalar path (a tensor one float
+    // past a 16-byte boundary) over several grid strides. Every square and
+    // sum is in double: the f32 result within 2 ulps of the CPU's.
+    std::vector<int64_t> lens = {1, 5, 1024 * 256 * 4 + 3, 3000001};
+    std::vector<std::unique_ptr<Dev<float>>> ts;
+    std::vector<const float *> ptrs;
+    double sum = 0;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      auto x = randomVec(lens[i] + 1, 400 + (uint32_t)i);
+      int64_t off = i == 3 ? 1 : 0;
+      sum += cpu::squaredNorm(x.data() + off, lens[i]);
+      ts.push_back(std::make_unique<Dev<float>>(x));
+      ptrs.push_back(ts.back()->get() + off);
+    }
+    Dev<double> part(gpu::squaredNormScratch((int64_t)lens.size()));
+    Dev<float> o(1);
+    ASSERT_EQ(gpu::squaredNorm(ptrs, lens, o.get(), part.get(), 0), cudaSuccess);
+    expectNear(o.host(), {(float)sum}, 2, {}, "squared_norm, tails and misaligned");
+  }
   ASSERT_EQ(gpu::clipCoef(out.get(), coef.get(), 1.0, 0), cudaSuccess);
   float c = (float)std::min(1.0, 1.0 / (std::sqrt((double)want) + 1e-6));
   expectNear(coef.host(), {c}, 4, {}, "clip_coef");
