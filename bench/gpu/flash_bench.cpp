@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
                       Variant{"mma tight3", flash::Impl::MmaTight3, false, false},
                       Variant{"mma fused", flash::Impl::MmaFused, false, false},
                       Variant{"mma fused qkv", flash::Impl::MmaFused, true, false},
+                      Variant{"mma fused64", flash::Impl::MmaFused64, false, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

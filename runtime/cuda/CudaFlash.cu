@@ -1572,13 +1572,18 @@ __global__ void dqReduceKernel(Dims a, int64_t m, const float *part, T *dq) {
 /// row's delta, rounded up to whole 16-byte chunks).
 int64_t deltaFloats(const Dims &a) { return (a.B * a.H * a.T + 3) / 4 * 4; }
 
-/// The fused backward (Impl::MmaFused): delta, bwdFusedMmaKernel (32 key
-/// rows a warp at D = 64, as MmaTight3's dk / dv; 16 elsewhere), the dq
-/// reduction.
+/// Key m-tiles a warp owns in the fused backward: 2 for MmaFused at D = 64
+/// (key blocks of 128, as MmaTight3's dk / dv), else 1 (blocks of 64;
+/// MmaFused64 at D = 64 bounded to 3 blocks a multiprocessor, as
+/// MmaTight's dk / dv).
+int fusedTiles(Impl impl, int64_t D) { return impl == Impl::MmaFused && D == 64 ? 2 : 1; }
+
+/// The fused backward (Impl::MmaFused, MmaFused64): delta,
+/// bwdFusedMmaKernel (m key m-tiles a warp, fusedTiles), the dq reduction.
 template <typename T>
 cudaError_t backwardFused(const void *q, const void *k, const void *v, const void *y,
                           const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                          float *scratch, const Dims &a, cudaStream_t s) {
+                          float *scratch, const Dims &a, int m, cudaStream_t s) {
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
   float *delta = scratch, *part = scratch + deltaFloats(a);
@@ -1589,8 +1594,8 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
       a, static_cast<const T *>(y), DY, delta, vec);
   if (cudaError_t e = cudaGetLastError())
     return e;
-  const int m = a.D == 64 ? 2 : 1;
-  auto kernel = a.D == 64    ? bwdFusedMmaKernel<T, 64, 2, 2>
+  auto kernel = a.D == 64    ? (m == 2 ? bwdFusedMmaKernel<T, 64, 2, 2>
+                                       : bwdFusedMmaKernel<T, 64, 3, 1>)
                 : a.D == 128 ? bwdFusedMmaKernel<T, 128, 1, 1>
                              : bwdFusedMmaKernel<T, 0, 1, 1>;
   size_t sm = (4 + 2 * m) * tcTile(a.D) + 4 * sizeof(float) * kTile +
@@ -1678,7 +1683,7 @@ template <typename F> cudaError_t withKernels(Impl impl, FloatKind t, F &&f) {
     return bf ? f(MmaKernels<true>{}, __nv_bfloat16{}) : f(MmaKernels<true>{}, __half{});
   if (impl == Impl::MmaTight2)
     return bf ? f(MmaKernels<true, 2>{}, __nv_bfloat16{}) : f(MmaKernels<true, 2>{}, __half{});
-  if (impl == Impl::MmaTight3 || impl == Impl::MmaFused) // MmaFused: MmaTight3's forward
+  if (impl == Impl::MmaTight3 || impl == Impl::MmaFused || impl == Impl::MmaFused64)
     return bf ? f(MmaKernels<true, 2, 2>{}, __nv_bfloat16{})
               : f(MmaKernels<true, 2, 2>{}, __half{});
   if (impl == Impl::Wmma)
@@ -1739,9 +1744,10 @@ int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t he
   if (B <= 0 || T <= 0 || heads <= 0 || C <= 0 || C % heads)
     return std::max<int64_t>(0, B * heads * T);
   Dims a = dims(B, T, C, heads, causal, heads, {});
-  if (resolve(t, a, impl) != Impl::MmaFused)
+  impl = resolve(t, a, impl);
+  if (impl != Impl::MmaFused && impl != Impl::MmaFused64)
     return B * heads * T;
-  return deltaFloats(a) + B * heads * partRows(a, a.D == 64 ? 2 : 1) * a.D;
+  return deltaFloats(a) + B * heads * partRows(a, fusedTiles(impl, a.D)) * a.D;
 }
 
 bool parseImpl(const char *name, Impl &impl) {
@@ -1751,7 +1757,7 @@ bool parseImpl(const char *name, Impl &impl) {
   } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
                 {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
                 {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
-                {"mma-fused", Impl::MmaFused}};
+                {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -1789,10 +1795,12 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (impl == Impl::MmaFused)
+  if (impl == Impl::MmaFused || impl == Impl::MmaFused64) {
+    int m = fusedTiles(impl, a.D);
     return t == FloatKind::BF16
-               ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s)
-               : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, s);
+               ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, m, s)
+               : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, m, s);
+  }
   return withKernels(impl, t, [&](auto kernels, auto elem) {
     return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,
                                                            scratch, a, s);

@@ -74,8 +74,21 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              blocks (dk, dv as MmaTight3's, bit for bit, and each key
 ///              block's share of dq, dS K, into f32 partial sums that a
 ///              second kernel adds in key-block order): P and dS computed
-///              once, not twice. Scratch: the partials (backwardScratch).
-enum class Impl { Auto, CudaCores, Wmma, Mma, MmaTight, MmaTight2, MmaTight3, MmaFused };
+///              once, not twice. Scratch: the partials (backwardScratch);
+///   MmaFused64 MmaFused with key blocks of 64 at D = 64 (16 key rows a
+///              warp, launch bounds for 3 blocks a multiprocessor, as
+///              MmaTight's dk / dv; twice the partials).
+enum class Impl {
+  Auto,
+  CudaCores,
+  Wmma,
+  Mma,
+  MmaTight,
+  MmaTight2,
+  MmaTight3,
+  MmaFused,
+  MmaFused64
+};
 
 /// True for the tensor-core implementations (bf16 / f16 storage, D a
 /// multiple of 16): all but Auto and CudaCores.
@@ -83,7 +96,8 @@ bool tensorCoreImpl(Impl impl);
 
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
-/// mma-tight2, mma-tight3, mma-fused (false for anything else).
+/// mma-tight2, mma-tight3, mma-fused, mma-fused64 (false for anything
+/// else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
@@ -97,8 +111,9 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
 /// Floats of scratch backward() needs for storage t and implementation
 /// impl: B * heads * T (each row's delta), and for MmaFused also the dq
 /// partial sums: per (b, head), D floats for each query row of each key
-/// block of 128 rows (64 where D != 64) that sees it (about T^2 / 256 rows
-/// causal; for GPT-2 at T = 1024, 4608 rows: 1.18 MB a head).
+/// block of 128 rows (64 for MmaFused64 and where D != 64) that sees it
+/// (about T^2 / 256 rows causal; for GPT-2 at T = 1024, 4608 rows: 1.18 MB
+/// a head; MmaFused64: 8704 rows, 2.2 MB).
 int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
                         bool causal, Impl impl = Impl::Auto);
 

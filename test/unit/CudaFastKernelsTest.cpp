@@ -1056,6 +1056,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                         : impl == Impl::MmaTight2 ? " mma.sync tight2"
                                         : impl == Impl::MmaTight3 ? " mma.sync tight3"
                                         : impl == Impl::MmaFused  ? " mma.sync fused"
+                                        : impl == Impl::MmaFused64 ? " mma.sync fused64"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1216,7 +1217,8 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
     flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, causal, 47, Impl::MmaFused);
     flashCase(FloatKind::BF16, 1, 77, 2, 2, 48, causal, 63, Impl::MmaFused);
   }
-  for (Impl impl : {Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3, Impl::MmaFused}) {
+  for (Impl impl :
+       {Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3, Impl::MmaFused, Impl::MmaFused64}) {
     flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, impl);
     flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, impl);
     flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, impl);
@@ -1280,7 +1282,8 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
   // dk and dv. (The CPU bounds above are loose enough to miss a wrong key
   // half in dq; this is not.) MmaFused runs MmaTight3's forward and dk / dv
   // (the same bits) and sums dq in another order: per key block of 128,
-  // then the blocks. Its dq is held to what that allows against Mma's:
+  // then the blocks (MmaFused64: blocks of 64, MmaTight's dk / dv). Their
+  // dq is held to what that allows against Mma's:
   // each side's f32 sum of at most T + 16 terms (error <= (T + 16) u32 S
   // each, S = scale sum_j |dS_tj| |k_j|, dqTermSums), a dS that could round
   // the other way (one bf16 step, <= 2 u16 |dS|, if the scores' products
@@ -1296,29 +1299,29 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
   };
   for (Shape sh : {Shape{2, 256, 12, 12, 64, true}, Shape{1, 100, 4, 2, 64, false},
                    Shape{1, 1100, 2, 2, 64, true}, Shape{1, 200, 2, 1, 128, true}}) {
-    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads) +
-                 ", D " + std::to_string(sh.D));
+    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads) + ", D " +
+                 std::to_string(sh.D));
     const int64_t D = sh.D, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
                   nkv = sh.B * sh.T * KC, rows = sh.B * sh.heads * sh.T;
-    Bf16Vec q(randomVec(n, 81)), k(randomVec(nkv, 82)), v(randomVec(nkv, 83)),
-        dy(randomVec(n, 84));
+    Bf16Vec q(randomVec(n, 81)), k(randomVec(nkv, 82)), v(randomVec(nkv, 83)), dy(randomVec(n, 84));
     Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
-    std::vector<uint16_t> got[5][4];
-    std::vector<float> lses[5];
-    const Impl impls[5] = {Impl::Mma, Impl::MmaTight, Impl::MmaTight2, Impl::MmaTight3,
-                           Impl::MmaFused};
-    for (int i = 0; i < 5; ++i) {
+    constexpr int kImpls = 6, kFirstFused = 4;
+    std::vector<uint16_t> got[kImpls][4];
+    std::vector<float> lses[kImpls];
+    const Impl impls[kImpls] = {Impl::Mma,       Impl::MmaTight, Impl::MmaTight2,
+                                Impl::MmaTight3, Impl::MmaFused, Impl::MmaFused64};
+    for (int i = 0; i < kImpls; ++i) {
       Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
-      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(
-                                FloatKind::BF16, sh.B, sh.T, C, sh.heads, sh.causal, impls[i]));
+      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(FloatKind::BF16, sh.B, sh.T, C,
+                                                                sh.heads, sh.causal, impls[i]));
       ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
                                     lse.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0,
                                     impls[i]),
                 cudaSuccess);
       ASSERT_EQ(gpu::flash::backward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
                                      lse.get(), ddy.get(), gq.get(), gk.get(), gv.get(),
-                                     scratch.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv,
-                                     0, impls[i]),
+                                     scratch.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0,
+                                     impls[i]),
                 cudaSuccess);
       got[i][0] = y.host();
       got[i][1] = gq.host();
@@ -1328,32 +1331,36 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
     }
     const char *what[4] = {"y", "dq", "dk", "dv"};
     // The tight variants exist at D = 64 only (elsewhere they are Mma).
-    for (int j = 1; j < 5; ++j) {
-      SCOPED_TRACE(j == 4 ? "fused" : "tight " + std::to_string(j));
+    for (int j = 1; j < kImpls; ++j) {
+      SCOPED_TRACE(j == 4 ? "fused" : j == 5 ? "fused64" : "tight " + std::to_string(j));
       for (int o = 0; o < 4; ++o)
-        if (j < 4 || o != 1)
+        if (j < kFirstFused || o != 1)
           expectBitwise(got[j][o], got[0][o], what[o]);
       expectBitwise(lses[j], lses[0], "lse");
     }
-    std::vector<double> S = dqTermSums(q.wide, k.wide, v.wide, dy.wide, sh.B, sh.T, sh.heads,
-                                       sh.kv, D, sh.causal);
-    const std::vector<float> a = widen(got[4][1]), b = widen(got[0][1]);
-    int64_t bad = 0;
-    double worst = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t bt = i / C, h = (i % C) / D, bb = bt / sh.T, t = bt % sh.T;
-      double s = S[(bb * sh.heads + h) * sh.T + t];
-      double tol = 1.01 * ((2 * kUb + 2 * (sh.T + 16) * kU) * s +
-                           kUb * (std::fabs(a[i]) + std::fabs(b[i]))) +
-                   1e-30;
-      double err = std::fabs((double)a[i] - b[i]);
-      worst = std::max(worst, err / tol);
-      if (err > tol && bad++ < 5)
-        ADD_FAILURE() << "fused dq[" << i << "] = " << a[i] << ", Mma's " << b[i]
-                      << ", allowed " << tol;
+    std::vector<double> S =
+        dqTermSums(q.wide, k.wide, v.wide, dy.wide, sh.B, sh.T, sh.heads, sh.kv, D, sh.causal);
+    for (int j = kFirstFused; j < kImpls; ++j) {
+      SCOPED_TRACE(j == 4 ? "fused dq" : "fused64 dq");
+      const std::vector<float> a = widen(got[j][1]), b = widen(got[0][1]);
+      int64_t bad = 0;
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t bt = i / C, h = (i % C) / D, bb = bt / sh.T, t = bt % sh.T;
+        double s = S[(bb * sh.heads + h) * sh.T + t];
+        double tol = 1.01 * ((2 * kUb + 2 * (sh.T + 16) * kU) * s +
+                             kUb * (std::fabs(a[i]) + std::fabs(b[i]))) +
+                     1e-30;
+        double err = std::fabs((double)a[i] - b[i]);
+        worst = std::max(worst, err / tol);
+        if (err > tol && bad++ < 5)
+          ADD_FAILURE() << "fused dq[" << i << "] = " << a[i] << ", Mma's " << b[i] << ", allowed "
+                        << tol;
+      }
+      EXPECT_EQ(bad, 0) << "fused dq elements outside the bound (worst " << worst << " of it)";
+      std::printf("%s dq: worst difference %.3f of its bound\n", j == 4 ? "fused" : "fused64",
+                  worst);
     }
-    EXPECT_EQ(bad, 0) << "fused dq elements outside the bound (worst " << worst << " of it)";
-    std::printf("fused dq: worst difference %.3f of its bound\n", worst);
   }
 }
 
@@ -1372,6 +1379,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   EXPECT_EQ(impl, Impl::MmaTight3);
   ASSERT_TRUE(gpu::flash::parseImpl("mma-fused", impl));
   EXPECT_EQ(impl, Impl::MmaFused);
+  ASSERT_TRUE(gpu::flash::parseImpl("mma-fused64", impl));
+  EXPECT_EQ(impl, Impl::MmaFused64);
   EXPECT_TRUE(gpu::flash::tensorCoreImpl(Impl::MmaFused));
   EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::Auto));
   EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::CudaCores));
