@@ -383,6 +383,41 @@ __global__ void embedKeysKernel(const int32_t *ids, uint64_t *keys, int64_t n, i
   }
 }
 
+/// Keys a block sorts in shared memory: every step (k, j) with j below
+/// kSortChunk / 2 exchanges keys inside one chunk, so those steps run in
+/// one launch per k (and one for every k up to kSortChunk) instead of one
+/// launch a step (105 launches, 0.28 ms of GPT-2's step on the H200, for
+/// its 16384 tokens; 10 now).
+constexpr int64_t kSortChunk = 2048;
+
+/// The bitonic sort's steps (k, j) for k = kFirst, 2 kFirst, ..., kLast
+/// and j from min(k, chunk) / 2 down to 1, on each block's chunk of
+/// min(kSortChunk, padded) keys in shared memory: the same compare-exchanges
+/// as bitonicStep (direction from the key's global index), so the same
+/// result as the global steps.
+__global__ void bitonicLocal(uint64_t *keys, int64_t padded, int64_t kFirst, int64_t kLast) {
+  __shared__ uint64_t sk[kSortChunk];
+  const int64_t C = padded < kSortChunk ? padded : kSortChunk, base = blockIdx.x * C;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    sk[i] = keys[base + i];
+  __syncthreads();
+  for (int64_t k = kFirst; k <= kLast; k <<= 1)
+    for (int64_t j = (k < C ? k : C) >> 1; j > 0; j >>= 1) {
+      for (int64_t p = threadIdx.x; p < C / 2; p += blockDim.x) {
+        int64_t i = (p / j) * 2 * j + p % j, l = i + j;
+        uint64_t a = sk[i], b = sk[l];
+        bool up = ((base + i) & k) == 0;
+        if ((a > b) == up) {
+          sk[i] = b;
+          sk[l] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    keys[base + i] = sk[i];
+}
+
 /// One compare-exchange step (k, j) of the bitonic sort over `padded` keys.
 __global__ void bitonicStep(uint64_t *keys, int64_t padded, int64_t k, int64_t j) {
   FSDP_GRID_STRIDE(i, padded) {
@@ -443,12 +478,23 @@ cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, f
   embedKeysKernel<<<gridFor(padded), kThreads, 0, s>>>(ids, keys, n, padded, vocab, badPos);
   if (cudaError_t e = cudaGetLastError())
     return e;
-  for (int64_t k = 2; k <= padded; k <<= 1)
-    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+  // Steps inside a chunk in shared memory (bitonicLocal), the others
+  // (j >= kSortChunk) one launch each, in the network's order.
+  const int64_t chunk = std::min(padded, kSortChunk);
+  const unsigned chunks = (unsigned)(padded / chunk);
+  bitonicLocal<<<chunks, kThreads, 0, s>>>(keys, padded, 2, chunk);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  for (int64_t k = 2 * chunk; k <= padded; k <<= 1) {
+    for (int64_t j = k >> 1; j >= chunk; j >>= 1) {
       bitonicStep<<<gridFor(padded), kThreads, 0, s>>>(keys, padded, k, j);
       if (cudaError_t e = cudaGetLastError())
         return e;
     }
+    bitonicLocal<<<chunks, kThreads, 0, s>>>(keys, padded, k, k);
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+  }
   unsigned blocks = (unsigned)std::min<int64_t>(n, 65535);
   embedSumRuns<T><<<blocks, kThreads, 0, s>>>(keys, cp<T>(dyv), dtable, n, vocab, width);
   return cudaGetLastError();

@@ -473,39 +473,48 @@ TEST_F(CudaFastKernelsTest, EmbeddingGradientSortedRunsAreTheReferenceBitwise) {
   // the CPU: the same bits. n not a power of two and past one block of
   // the sort, one id taking a third of the rows (a run longer than the
   // eight-row prefetch), ids never seen (their rows zero), and out-of-range
-  // ids reported at their first position and skipped.
-  const int64_t vocab = 300, width = 40, n = 5000;
-  std::vector<int32_t> ids(n);
-  for (int64_t i = 0; i < n; ++i)
-    ids[i] = i % 3 == 0 ? 17 : (int32_t)((i * 131) % 250);
-  ids[4321] = 300; // out of range: reported, skipped
-  ids[4400] = -2;
-  auto dy = randomVec(n * width, 91);
-  Dev<int32_t> dids(ids);
-  Dev<float> fdy(dy), ref(vocab * width), got(vocab * width),
-      scratch(nat::embeddingGradScratch(n));
-  Dev<long long> badRef(std::vector<long long>{LLONG_MAX}), bad(std::vector<long long>{LLONG_MAX});
-  ASSERT_EQ(gpu::embeddingGrad(dids.get(), fdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
-            cudaSuccess);
-  ASSERT_EQ(nat::embeddingGrad(FloatKind::F32, dids.get(), fdy.get(), got.get(), scratch.get(), n,
-                               vocab, width, bad.get(), 0),
-            cudaSuccess);
-  expectBitwise(got.host(), ref.host(), "sorted embedding_grad (f32)");
-  EXPECT_EQ(bad.host()[0], 4321);
-  EXPECT_EQ(badRef.host()[0], 4321);
-  auto g = got.host();
-  for (int64_t c = 0; c < width; ++c)
-    EXPECT_EQ(g[299 * width + c], 0.f) << "an id never seen: zero";
-  // bf16 storage: the f32 sums rounded once.
-  Bf16Vec dyb(dy);
-  Dev<uint16_t> bdy(dyb.bits), bgot(vocab * width);
-  Dev<float> wdy(dyb.wide);
-  ASSERT_EQ(gpu::embeddingGrad(dids.get(), wdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
-            cudaSuccess);
-  ASSERT_EQ(nat::embeddingGrad(FloatKind::BF16, dids.get(), bdy.get(), bgot.get(), scratch.get(),
-                               n, vocab, width, bad.get(), 0),
-            cudaSuccess);
-  expectBitwise(bgot.host(), roundOnGpu(ref, vocab * width), "sorted embedding_grad (bf16)");
+  // ids reported at their first position and skipped. n = 5000 and 20000:
+  // the sort's global steps (j >= 2048) between its shared-memory ones,
+  // over 4 and 16 chunks; 1500: one chunk, in shared memory only.
+  for (int64_t n : {int64_t(5000), int64_t(20000), int64_t(1500)}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const int64_t vocab = 300, width = 40, bad1 = n > 4400 ? 4321 : 1234,
+                  bad2 = n > 4400 ? 4400 : 1300;
+    std::vector<int32_t> ids(n);
+    for (int64_t i = 0; i < n; ++i)
+      ids[i] = i % 3 == 0 ? 17 : (int32_t)((i * 131) % 250);
+    ids[bad1] = 300; // out of range: reported, skipped
+    ids[bad2] = -2;
+    auto dy = randomVec(n * width, 91);
+    Dev<int32_t> dids(ids);
+    Dev<float> fdy(dy), ref(vocab * width), got(vocab * width),
+        scratch(nat::embeddingGradScratch(n));
+    Dev<long long> badRef(std::vector<long long>{LLONG_MAX}),
+        bad(std::vector<long long>{LLONG_MAX});
+    ASSERT_EQ(
+        gpu::embeddingGrad(dids.get(), fdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
+        cudaSuccess);
+    ASSERT_EQ(nat::embeddingGrad(FloatKind::F32, dids.get(), fdy.get(), got.get(), scratch.get(), n,
+                                 vocab, width, bad.get(), 0),
+              cudaSuccess);
+    expectBitwise(got.host(), ref.host(), "sorted embedding_grad (f32)");
+    EXPECT_EQ(bad.host()[0], bad1);
+    EXPECT_EQ(badRef.host()[0], bad1);
+    auto g = got.host();
+    for (int64_t c = 0; c < width; ++c)
+      EXPECT_EQ(g[299 * width + c], 0.f) << "an id never seen: zero";
+    // bf16 storage: the f32 sums rounded once.
+    Bf16Vec dyb(dy);
+    Dev<uint16_t> bdy(dyb.bits), bgot(vocab * width);
+    Dev<float> wdy(dyb.wide);
+    ASSERT_EQ(
+        gpu::embeddingGrad(dids.get(), wdy.get(), ref.get(), n, vocab, width, badRef.get(), 0),
+        cudaSuccess);
+    ASSERT_EQ(nat::embeddingGrad(FloatKind::BF16, dids.get(), bdy.get(), bgot.get(), scratch.get(),
+                                 n, vocab, width, bad.get(), 0),
+              cudaSuccess);
+    expectBitwise(bgot.host(), roundOnGpu(ref, vocab * width), "sorted embedding_grad (bf16)");
+  }
 }
 
 TEST_F(CudaFastKernelsTest, Bf16RowwiseSoftmaxLayerNormAgainstCpu) {
