@@ -100,6 +100,7 @@ step bench_b16 150 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --p
 step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
 # The bf16 GPT-2 step as it is (BASE), with matmul_bias_grad's bias
 # gradient as a column sum instead of cuBLASLt's BGRADB epilogue, with
+# that epilogue on algorithms without split-K (FSDP_CUDA_BGRAD_SPLITK=0), with
 # the one-pass attention backward (mma-fused: dk, dv and dq partials from
 # one P and dS; mma-fused64: key blocks of 64), with MmaTight attention (Auto: MmaTight3), with the cross-entropy gradient's shared-memory row
 # copy, with cuBLASLt's DGELU_BGRAD epilogue (the defaults before the H200
@@ -108,7 +109,7 @@ step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
 # of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
 # (issue 10: stage 0's speed), for comparison.
-for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
+for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_BGRAD_SPLITK=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
   FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   plan="$P/gpt2_bf16_b16.plan"
   [ "$v" = UNPADDED=1 ] && plan="$P/gpt2_bf16_b16_unpadded.plan"

@@ -146,6 +146,8 @@ public:
     gemm = std::make_unique<Gemm>();
     const char *tune = std::getenv("FSDP_CUDA_GEMM_TUNE"); // CudaGemm.h: setTuning
     gemm->setTuning(tune && std::string(tune) == "1");
+    const char *splitK = std::getenv("FSDP_CUDA_BGRAD_SPLITK"); // CudaGemm.h
+    gemm->setBiasGradSplitK(!(splitK && std::string(splitK) == "0"));
     // The attention kernels (CudaFlash.h): auto unless the user A/Bs them.
     if (const char *attn = std::getenv("FSDP_CUDA_ATTENTION"))
       if (!flash::parseImpl(attn, attention))

@@ -225,10 +225,30 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   cublasLtMatmulHeuristicResult_t &result = results[0];
   int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc,
-                                        p->la, p->lb, p->lc, p->lc, pref,
-                                        tuning ? kTuneCandidates : 1, results, &found);
+  auto ask = [&] {
+    return cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc,
+                                          p->la, p->lb, p->lc, p->lc, pref,
+                                          tuning ? kTuneCandidates : 1, results, &found);
+  };
+  // setBiasGradSplitK(false): a BGRADB GEMM without split-K where the
+  // heuristic has one, else as usual.
+  if (st == CUBLAS_STATUS_SUCCESS && kindOf == Epilogue::BGradA && !bgradSplitK_) {
+    uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                             &none, sizeof(none)) == CUBLAS_STATUS_SUCCESS &&
+        ask() == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      st = CUBLAS_STATUS_SUCCESS;
+    } else {
+      uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
+      found = 0;
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                &any, sizeof(any));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = ask();
+    }
+  } else if (st == CUBLAS_STATUS_SUCCESS) {
+    st = ask();
+  }
   cublasLtMatmulPreferenceDestroy(pref);
   // No algorithm for the problem is CUBLAS_STATUS_NOT_SUPPORTED with no
   // result (cublasLt.h), and a result is usable only when its own state

@@ -107,6 +107,13 @@ public:
   /// differently and their results differ in the last bits (cuBLASLt's
   /// algorithms sum in different orders); off by default.
   void setTuning(bool on) { tune_ = on; }
+  /// FSDP_CUDA_BGRAD_SPLITK=0: the bias-gradient (BGRADB) GEMMs ask the
+  /// heuristic for algorithms without split-K (REDUCTION_SCHEME_NONE),
+  /// falling back to any algorithm where there is none. cuBLASLt's first
+  /// choice for GPT-2's weight gradients split K and ran a separate bias
+  /// kernel and a split-K reduction (1.15 ms of a B=16 step on the H200);
+  /// for the A/B. On by default (the heuristic chooses).
+  void setBiasGradSplitK(bool on) { bgradSplitK_ = on; }
   /// GEMM shapes tuned so far, and those where a candidate other than the
   /// heuristic's first won.
   int tuned() const { return tuned_; }
@@ -169,6 +176,7 @@ private:
   void *stage_ = nullptr;
   size_t stageBytes_ = 0;
   bool tune_ = false;
+  bool bgradSplitK_ = true;
   int tuned_ = 0, tunedChanged_ = 0;
   bool tf32_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -557,12 +557,16 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
 /// pass with FSDP_CUDA_BIAS_BGRAD=0: the GEMM, then sum_to's kernel, so
 /// the bias gradient is sum_to's bits on every device.
 TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
-  for (int pass = 0; pass < 2; ++pass) {
+  // Pass 1: FSDP_CUDA_BIAS_BGRAD=0 (the column sum: sum_to's bits); pass
+  // 2: FSDP_CUDA_BGRAD_SPLITK=0 (the epilogue without split-K, or any
+  // algorithm where there is none: the epilogue's bounds).
+  const char *env[3] = {nullptr, "FSDP_CUDA_BIAS_BGRAD", "FSDP_CUDA_BGRAD_SPLITK"};
+  for (int pass = 0; pass < 3; ++pass) {
     SCOPED_TRACE("pass " + std::to_string(pass));
-    if (pass == 1) { // a device allocates its arena once: a fresh one per plan
-      ::setenv("FSDP_CUDA_BIAS_BGRAD", "0", 1);
+    if (pass > 0) { // a device allocates its arena once: a fresh one per plan
+      ::setenv(env[pass], "0", 1);
       Status made = createDevice(GetParam(), DeviceOptions{}, dev);
-      ::unsetenv("FSDP_CUDA_BIAS_BGRAD");
+      ::unsetenv(env[pass]);
       ASSERT_TRUE(made.isOk()) << made.message();
     }
     const int64_t m = 9, n = 16, k = 12;
