@@ -9,8 +9,8 @@
 # and bundled into $OUT/logs.tgz after each step: what a step wrote comes
 # back even when the command is cut off.
 #   1. the three backend suites (every kernel against the CPU kernels);
-#      then, with PICK_ATTENTION="v ...", the fastest FSDP_CUDA_ATTENTION
-#      value at B=32, for bench_b32;
+#      then, with PICK="..." / PICK_ATTENTION="v ...", the fastest of
+#      those settings at B=32, for bench_b32;
 #   2. GPT-2 124M (T=1024) bf16 at B=32, eager and as a CUDA graph, beside
 #      PyTorch bf16 + torch.compile on the same card (issue 10's headline);
 #   3. test/e2e/cuda_emu.py's matrix (--gpu: issue 9's done-when);
@@ -57,29 +57,35 @@ step() { # name limit command...: the log in $L/name.log; skipped when
 { nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; } \
   > "$L/gpu.txt" 2>&1; cat "$L/gpu.txt"
 for t in CudaKernelsTest CudaFastKernelsTest DeviceTest; do step "$t" 90 "$K/bin/$t"; done
-# PICK_ATTENTION="v ...": the GPT-2 B=32 step timed under each
-# FSDP_CUDA_ATTENTION value (12 steps), bench_b32 runs under the fastest
-# (only it: the tensor-core choices are refused for f32 plans, which the
-# other steps run); skipped when a suite failed (a variant may be wrong).
+# PICK="item ...": the GPT-2 B=32 step timed (12 steps) under each item,
+# BASE (the defaults) or VAR=VAL[,VAR=VAL...] (e.g.
+# FSDP_CUDA_ATTENTION=mma-fused,FSDP_CUDA_BIAS_BGRAD=0); bench_b32 runs
+# under the fastest (only it: the tensor-core attention choices are
+# refused for f32 plans, which the other steps run). PICK_ATTENTION="v
+# ..." adds FSDP_CUDA_ATTENTION=v for each v. Skipped when a suite failed
+# (a variant may be wrong).
+picks=${PICK:-}
+for v in ${PICK_ATTENTION:-}; do picks="$picks FSDP_CUDA_ATTENTION=$v"; done
 best=
-if [ -n "${PICK_ATTENTION:-}" ] && [ "$fail" = 0 ]; then
+if [ -n "$picks" ] && [ "$fail" = 0 ]; then
   bms=
-  for v in $PICK_ATTENTION; do
-    ms=$(FSDP_CUDA_ATTENTION=$v timeout 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b32.plan" --device cuda \
+  for item in $picks; do
+    envs=; [ "$item" != BASE ] && envs=${item//,/ }
+    ms=$(env $envs timeout 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b32.plan" --device cuda \
       --steps 12 --lr 1e-4 --quiet 2>&1 | sed -n 's/.*| \([0-9.]*\) ms\/step.*/\1/p')
-    echo "pick: FSDP_CUDA_ATTENTION=$v ${ms:-failed} ms/step (B=32)" | tee -a "$L/pick.log"
+    echo "pick: $item ${ms:-failed} ms/step (B=32)" | tee -a "$L/pick.log"
     if [ -n "$ms" ] && { [ -z "$bms" ] || awk "BEGIN { exit !($ms < $bms) }"; }; then
-      bms=$ms best=$v
+      bms=$ms best=$envs bestItem=$item
     fi
   done
-  [ -n "$best" ] && echo "pick: bench_b32 runs with FSDP_CUDA_ATTENTION=$best" | tee -a "$L/pick.log"
+  [ -n "$bms" ] && echo "pick: bench_b32 runs with $bestItem" | tee -a "$L/pick.log"
   bundle
-elif [ -n "${PICK_ATTENTION:-}" ]; then
+elif [ -n "$picks" ]; then
   echo "pick skipped: a suite failed" | tee -a "$L/pick.log"
 fi
 # fsdp-run bf16 (eager and CUDA graph) and f32 where planned, then PyTorch
 # bf16 autocast + torch.compile on the same card.
-step bench_b32 180 env ${best:+FSDP_CUDA_ATTENTION=$best} "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+step bench_b32 180 env $best "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 32 --steps 20 --torch-modes compile --json "$L/bench_b32.json" && grep -E "tok/s" "$L/bench_b32.log"
 step issue9_matrix 120 "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 grep -E "ok$|MISMATCH|skipped|match" "$L/issue9_matrix.log" 2>/dev/null | tail -25
