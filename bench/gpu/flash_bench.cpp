@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     return fail("cudaMalloc", e);
   // The largest need: the fused backward's dq partials.
   if (cudaError_t e = cudaMalloc(&scratch, sizeof(float) * flash::backwardScratch(
-                                                        FloatKind::BF16, B, T, C, H, true,
+                                                        FloatKind::BF16, B, T, C, H, H, true,
                                                         flash::Impl::MmaFused)))
     return fail("cudaMalloc", e);
   // q, k, v side by side in one [B, T, 3C] tensor (fsdp.attention_qkv: the

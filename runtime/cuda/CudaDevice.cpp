@@ -536,7 +536,8 @@ void scratchNeeds(const Op &op, int64_t rank, flash::Impl attention, int64_t &f,
     const Buffer &y = op.in(n == "attention_grad" ? 0 : 1); // q or y: [B, T, C]
     if (y.shape.size() == 3)
       f = flash::backwardScratch(floatKind(y.dtype), y.shape[0], y.shape[1], y.shape[2],
-                                 op.i("heads", 1), op.b("causal"), attention);
+                                 op.i("heads", 1), op.i("kv_heads", op.i("heads", 1)),
+                                 op.b("causal"), attention);
   } else if (n == "layer_norm_grad" || n == "layer_norm_grad_acc") {
     f = std::max(2 * rules::rowsOf(op.in(0)),
                  native::layerNormGradScratch(rules::rowsOf(op.in(0)), rules::lastDim(op.in(0))));

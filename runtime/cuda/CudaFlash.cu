@@ -1410,10 +1410,13 @@ template <typename T> __device__ __forceinline__ void store2(T *p, uint32_t v) {
 /// through ldmatrix .trans) and stores its 16 x D f32 sums to dqPart (rows
 /// partRowsBefore(kb) + t - 64 q0(kb) of (b, h)). dqReduceKernel adds the
 /// key blocks' partials in key-block order: deterministic, no atomics.
+/// The grid covers (b, kv head) pairs g0, g0 + 1, ... (g = b KV + kv head;
+/// backwardFused launches the pairs in chunks whose partials fit its
+/// scratch): dqPart holds query heads b H + h - g0 group onwards.
 template <typename T, int KD, int MinBlocks = 1, int MT = 1>
 __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
-    bwdFusedMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
-                      const float *delta, T *dk, T *dv, float *dqPart) {
+    bwdFusedMmaKernel(Dims a, int64_t g0, const T *q, const T *k, const T *v, const T *dy,
+                      const float *lse, const float *delta, T *dk, T *dv, float *dqPart) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
   const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
@@ -1424,8 +1427,8 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
   T *DS = reinterpret_cast<T *>(LD + 4 * kTile);
   const int64_t kTiles = (a.T + KR - 1) / KR;
-  int64_t kt = (int64_t)(blockIdx.x % kTiles);
-  int64_t kvh = (blockIdx.x / kTiles) % a.KV, b = blockIdx.x / (kTiles * a.KV);
+  int64_t kt = (int64_t)(blockIdx.x % kTiles), pair = g0 + (int64_t)(blockIdx.x / kTiles);
+  int64_t kvh = pair % a.KV, b = pair / a.KV;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
 #pragma unroll
@@ -1436,7 +1439,8 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   zeroAcc(accV);
   int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
   int64_t steps = group * perHead;
-  const int64_t partBH = partRows(a, MT), partKb = partRowsBefore(a, MT, kt) - q0 * kTile;
+  const int64_t partBH = partRows(a, MT), partKb = partRowsBefore(a, MT, kt) - q0 * kTile,
+                bh0 = g0 * group; // the chunk's first query head (b H + h)
   auto issue = [&](int64_t it) {
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     T *Qb = QD + (it % 2) * 2 * kTile * LDT;
@@ -1518,7 +1522,7 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
         mma::mma16816<T>(dqa[2 * np + 1], af, bf + 2);
       }
     }
-    float *dst = dqPart + ((b * a.H + h) * partBH + partKb + t0 + warp * 16 + g) * D;
+    float *dst = dqPart + ((b * a.H + h - bh0) * partBH + partKb + t0 + warp * 16 + g) * D;
 #pragma unroll
     for (int n = 0; n < kMaxDt; ++n) {
       if (n * 8 >= D)
@@ -1541,17 +1545,19 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
 /// dq = scale * (the sum over key blocks 0, 1, ... of their partials), a
 /// thread per 4 dimensions of a row (D a multiple of 16 here): the key
 /// blocks of KR = 64 m rows that see row t (all, or those up to t / KR when
-/// causal), in order.
+/// causal), in order; for `heads` query heads (b H + h) from bh0, whose
+/// partials start at part.
 template <typename T>
-__global__ void dqReduceKernel(Dims a, int64_t m, const float *part, T *dq) {
+__global__ void dqReduceKernel(Dims a, int64_t m, int64_t bh0, int64_t heads, const float *part,
+                               T *dq) {
   const int64_t D4 = a.D / 4, KR = kTile * m;
   int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (gid >= a.B * a.H * a.T * D4)
+  if (gid >= heads * a.T * D4)
     return;
-  int64_t d = (gid % D4) * 4, r = gid / D4, t = r % a.T, bh = r / a.T;
+  int64_t d = (gid % D4) * 4, r = gid / D4, t = r % a.T, local = r / a.T, bh = bh0 + local;
   int64_t h = bh % a.H, b = bh / a.H;
   int64_t last = a.causal ? t / KR : keyBlocks(a, m) - 1;
-  const float *base = part + bh * partRows(a, m) * a.D + d;
+  const float *base = part + local * partRows(a, m) * a.D + d;
   float4 s = float4{0.f, 0.f, 0.f, 0.f};
   for (int64_t kb = 0; kb <= last; ++kb) {
     int64_t row = partRowsBefore(a, m, kb) + t - (a.causal ? kb * KR : 0);
@@ -1572,6 +1578,21 @@ __global__ void dqReduceKernel(Dims a, int64_t m, const float *part, T *dq) {
 /// row's delta, rounded up to whole 16-byte chunks).
 int64_t deltaFloats(const Dims &a) { return (a.B * a.H * a.T + 3) / 4 * 4; }
 
+/// The most bytes of dq partials the fused backward keeps at once
+/// (setFusedScratchCap): (b, kv head) pairs run in chunks that fit.
+int64_t gFusedCapBytes = int64_t(512) << 20;
+
+/// Floats of partials one (b, kv head) pair writes (its group's query
+/// heads).
+int64_t pairFloats(const Dims &a, int m) { return (a.H / a.KV) * partRows(a, m) * a.D; }
+/// (b, kv head) pairs per chunk: as many as fit the cap, at least 0 (the
+/// fused backward does not apply: one pair's partials exceed the cap).
+int64_t pairsPerChunk(const Dims &a, int m) {
+  int64_t per = pairFloats(a, m);
+  return per > 0 ? std::min(a.B * a.KV, gFusedCapBytes / (int64_t)sizeof(float) / per)
+                 : a.B * a.KV;
+}
+
 /// Key m-tiles a warp owns in the fused backward: 2 for MmaFused at D = 64
 /// (key blocks of 128, as MmaTight3's dk / dv), else 1 (blocks of 64;
 /// MmaFused64 at D = 64 bounded to 3 blocks a multiprocessor, as
@@ -1587,6 +1608,9 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
   float *delta = scratch, *part = scratch + deltaFloats(a);
+  const int64_t chunk = pairsPerChunk(a, m), pairs = a.B * a.KV, group = a.H / a.KV;
+  if (chunk <= 0)
+    return cudaErrorInvalidValue; // backward() runs MmaTight3's kernels instead
   int64_t rows = a.B * a.H * a.T;
   bool vec = a.D % 8 == 0 && a.ldy % 8 == 0 &&
              ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
@@ -1602,15 +1626,22 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
               sizeof(uint16_t) * kTile * m * kLdP;
   if (cudaError_t e = optIn(kernel, sm))
     return e;
-  int64_t blocks = a.B * a.KV * keyBlocks(a, m);
-  kernel<<<(unsigned)blocks, kThreadsTc, sm, s>>>(a, Q, K, V, DY, lse, delta, static_cast<T *>(dk),
-                                                  static_cast<T *>(dv), part);
-  if (cudaError_t e = cudaGetLastError())
-    return e;
-  int64_t threads = rows * (a.D / 4);
-  dqReduceKernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(a, m, part,
-                                                                      static_cast<T *>(dq));
-  return cudaGetLastError();
+  // Chunks of (b, kv head) pairs, each the fused kernel then its dq
+  // reduction, the partials reused (stream order): the same sums in the
+  // same order whatever the chunking.
+  for (int64_t g0 = 0; g0 < pairs; g0 += chunk) {
+    int64_t n = std::min(chunk, pairs - g0);
+    kernel<<<(unsigned)(n * keyBlocks(a, m)), kThreadsTc, sm, s>>>(
+        a, g0, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv), part);
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+    int64_t threads = n * group * a.T * (a.D / 4);
+    dqReduceKernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(
+        a, m, g0 * group, n * group, part, static_cast<T *>(dq));
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+  }
+  return cudaSuccess;
 }
 
 /// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
@@ -1739,15 +1770,35 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads, La
 
 bool tensorCoreImpl(Impl impl) { return impl != Impl::Auto && impl != Impl::CudaCores; }
 
-int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
-                        bool causal, Impl impl) {
-  if (B <= 0 || T <= 0 || heads <= 0 || C <= 0 || C % heads)
-    return std::max<int64_t>(0, B * heads * T);
-  Dims a = dims(B, T, C, heads, causal, heads, {});
+int64_t setFusedScratchCap(int64_t bytes) {
+  int64_t was = gFusedCapBytes;
+  gFusedCapBytes = bytes;
+  return was;
+}
+
+namespace {
+/// The backward's implementation: resolve's, except that a fused one whose
+/// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
+/// kernels (the same dk, dv; dq summed per key tile).
+Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
   impl = resolve(t, a, impl);
+  if ((impl == Impl::MmaFused || impl == Impl::MmaFused64) &&
+      pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
+    return Impl::MmaTight3;
+  return impl;
+}
+} // namespace
+
+int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
+                        int64_t kvHeads, bool causal, Impl impl) {
+  if (!check(B, T, C, heads, kvHeads) || B <= 0 || T <= 0)
+    return std::max<int64_t>(0, B * heads * T);
+  Dims a = dims(B, T, C, heads, causal, kvHeads, {});
+  impl = resolveBackward(t, a, impl);
   if (impl != Impl::MmaFused && impl != Impl::MmaFused64)
     return B * heads * T;
-  return deltaFloats(a) + B * heads * partRows(a, fusedTiles(impl, a.D)) * a.D;
+  int m = fusedTiles(impl, a.D);
+  return deltaFloats(a) + pairsPerChunk(a, m) * pairFloats(a, m);
 }
 
 bool parseImpl(const char *name, Impl &impl) {
@@ -1790,7 +1841,7 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
   if (!check(B, T, C, heads, kvHeads, rows))
     return cudaErrorInvalidValue;
   Dims a = dims(B, T, C, heads, causal, kvHeads, rows);
-  impl = resolve(t, a, impl);
+  impl = resolveBackward(t, a, impl);
   if (impl != Impl::CudaCores && !tensorCoresApply(t, a))
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)

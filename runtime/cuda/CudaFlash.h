@@ -113,10 +113,18 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
 /// partial sums: per (b, head), D floats for each query row of each key
 /// block of 128 rows (64 for MmaFused64 and where D != 64) that sees it
 /// (about T^2 / 256 rows causal; for GPT-2 at T = 1024, 4608 rows: 1.18 MB
-/// a head; MmaFused64: 8704 rows, 2.2 MB).
+/// a head; MmaFused64: 8704 rows, 2.2 MB). The partials grow as T^2: the
+/// fused backward runs the (b, kv head) pairs in chunks whose partials
+/// fit setFusedScratchCap's bytes, and where one pair's do not (long
+/// sequences), MmaTight3's kernels instead.
 int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t heads,
-                        bool causal, Impl impl = Impl::Auto);
+                        int64_t kvHeads, bool causal, Impl impl = Impl::Auto);
 
+/// The most bytes of dq partials MmaFused / MmaFused64 keep at once
+/// (default 512 MiB: GPT-2 at B=32 in one chunk, 453 MB); returns the
+/// previous cap. Set it before backwardScratch and backward (tests force
+/// the chunked and the fallback paths with it).
+int64_t setFusedScratchCap(int64_t bytes);
 /// dq, dk, dv from the forward's inputs, its output y and log-sum-exp lse
 /// (as forward() wrote them) and dy.
 cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, const void *y,

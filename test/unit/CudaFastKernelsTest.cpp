@@ -1113,7 +1113,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
   void *dq = upload(q, q0), *dk = upload(k, k0), *dv = upload(v, v0), *ddy = upload(dy, dy0);
   void *y = alloc(B * T * C), *gq = alloc(B * T * C), *gk = alloc(B * T * KC),
        *gv = alloc(B * T * KC);
-  Dev<float> scratch(gpu::flash::backwardScratch(t, B, T, C, heads, causal, impl)),
+  Dev<float> scratch(gpu::flash::backwardScratch(t, B, T, C, heads, kv, causal, impl)),
       lse(B * heads * T);
   ASSERT_EQ(gpu::flash::forward(t, dq, dk, dv, y, lse.get(), B, T, C, heads, causal, kv, 0,
                                 impl),
@@ -1321,8 +1321,9 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
                                 Impl::MmaTight3, Impl::MmaFused, Impl::MmaFused64};
     for (int i = 0; i < kImpls; ++i) {
       Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
-      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(FloatKind::BF16, sh.B, sh.T, C,
-                                                                sh.heads, sh.causal, impls[i]));
+      Dev<float> lse(rows), scratch(gpu::flash::backwardScratch(
+                                FloatKind::BF16, sh.B, sh.T, C, sh.heads, sh.kv, sh.causal,
+                                impls[i]));
       ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
                                     lse.get(), sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0,
                                     impls[i]),
@@ -1373,6 +1374,55 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
   }
 }
 
+TEST_F(CudaFastKernelsTest, FusedBackwardChunksAndFallsBack) {
+  // MmaFused's dq partials grow as T^2, so the (b, kv head) pairs run in
+  // chunks that fit the scratch cap: any chunking gives the same bits (the
+  // same sums in the same order), the last chunk shorter (6 pairs by 4);
+  // one pair over the cap runs MmaTight3's kernels (their dq bits) with
+  // MmaTight3's scratch. Grouped-query (2 query heads a pair), a partial
+  // tile: T = 300 is 5 query tiles and 3 key blocks of 128, 576 partial
+  // rows a head: 2 x 576 x 64 floats a pair.
+  using gpu::flash::Impl;
+  const int64_t B = 3, T = 300, heads = 4, kv = 2, D = 64, C = heads * D, KC = kv * D,
+                n = B * T * C, nkv = B * T * KC, rows = B * heads * T;
+  const int64_t pairBytes = 4 * 2 * 576 * D, delta = (rows + 3) / 4 * 4;
+  Bf16Vec q(randomVec(n, 85)), k(randomVec(nkv, 86)), v(randomVec(nkv, 87)),
+      dy(randomVec(n, 88));
+  Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
+  auto run = [&](Impl impl, int64_t cap, int64_t wantScratch) {
+    int64_t was = gpu::flash::setFusedScratchCap(cap);
+    int64_t floats =
+        gpu::flash::backwardScratch(FloatKind::BF16, B, T, C, heads, kv, true, impl);
+    EXPECT_EQ(floats, wantScratch) << "scratch floats at a cap of " << cap;
+    Dev<uint16_t> y(n), gq(n), gk(nkv), gv(nkv);
+    Dev<float> lse(rows), scratch(floats);
+    EXPECT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
+                                  lse.get(), B, T, C, heads, true, kv, 0, impl),
+              cudaSuccess);
+    EXPECT_EQ(gpu::flash::backward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
+                                   lse.get(), ddy.get(), gq.get(), gk.get(), gv.get(),
+                                   scratch.get(), B, T, C, heads, true, kv, 0, impl),
+              cudaSuccess);
+    gpu::flash::setFusedScratchCap(was);
+    return std::vector<std::vector<uint16_t>>{gq.host(), gk.host(), gv.host()};
+  };
+  const int64_t big = int64_t(1) << 40;
+  auto whole = run(Impl::MmaFused, big, delta + 6 * pairBytes / 4);
+  auto fours = run(Impl::MmaFused, 4 * pairBytes + 100, delta + 4 * pairBytes / 4);
+  auto ones = run(Impl::MmaFused, pairBytes, delta + pairBytes / 4);
+  auto over = run(Impl::MmaFused, pairBytes - 1, rows);
+  auto tight = run(Impl::MmaTight3, big, rows);
+  const char *what[3] = {"dq", "dk", "dv"};
+  for (int o = 0; o < 3; ++o) {
+    expectBitwise(fours[o], whole[o], (std::string(what[o]) + ", chunks of 4 pairs").c_str());
+    expectBitwise(ones[o], whole[o], (std::string(what[o]) + ", one pair a chunk").c_str());
+    expectBitwise(over[o], tight[o], (std::string(what[o]) + ", over the cap").c_str());
+  }
+  // The fused dq is not MmaTight3's bits (another order): the fallback
+  // really ran the other kernels.
+  EXPECT_NE(whole[0], tight[0]);
+}
+
 TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   using gpu::flash::Impl;
   Impl impl = Impl::CudaCores;
@@ -1417,7 +1467,7 @@ std::vector<std::vector<E>> flashAtOffset(FloatKind t, gpu::flash::Impl impl,
   }
   Dev<E> y(n + off), dq(n + off), dk(n + off), dv(n + off);
   Dev<float> lse(B * heads * T),
-      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, true, impl));
+      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, heads, true, impl));
   E *p[8] = {d[0]->get() + off, d[1]->get() + off, d[2]->get() + off, d[3]->get() + off,
              y.get() + off,     dq.get() + off,     dk.get() + off,     dv.get() + off};
   EXPECT_EQ(gpu::flash::forward(t, p[0], p[1], p[2], p[4], lse.get(), B, T, C, heads, true,
@@ -1481,7 +1531,7 @@ void expectPackedEqualsDense(FloatKind t, gpu::flash::Impl impl, const std::vect
   Dev<E> dq_(q), dk_(k), dv_(v), dy(dyBits), y(rows * C), gq(rows * C), gk(rows * KC),
       gv(rows * KC);
   Dev<float> lse(B * heads * T),
-      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, causal, impl));
+      scratch(gpu::flash::backwardScratch(t, B, T, C, heads, kvHeads, causal, impl));
   ASSERT_EQ(gpu::flash::forward(t, dq_.get(), dk_.get(), dv_.get(), y.get(), lse.get(), B, T, C,
                                 heads, causal, kvHeads, 0, impl),
             cudaSuccess);
