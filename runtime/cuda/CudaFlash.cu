@@ -1410,13 +1410,17 @@ template <typename T> __device__ __forceinline__ void store2(T *p, uint32_t v) {
 /// through ldmatrix .trans) and stores its 16 x D f32 sums to dqPart (rows
 /// partRowsBefore(kb) + t - 64 q0(kb) of (b, h)). dqReduceKernel adds the
 /// key blocks' partials in key-block order: deterministic, no atomics.
-/// The grid covers (b, kv head) pairs g0, g0 + 1, ... (g = b KV + kv head;
-/// backwardFused launches the pairs in chunks whose partials fit its
-/// scratch): dqPart holds query heads b H + h - g0 group onwards.
+/// The grid covers (b, kv head) pairs g0 .. g0 + pairs - 1 (g = b KV + kv
+/// head; backwardFused launches the pairs in chunks whose partials fit its
+/// scratch): dqPart holds query heads b H + h - g0 group onwards. Key
+/// blocks in order, each for every pair: causal, the first blocks see the
+/// most queries, so the longest blocks start first and the grid's last
+/// wave is the shortest ones.
 template <typename T, int KD, int MinBlocks = 1, int MT = 1>
 __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
-    bwdFusedMmaKernel(Dims a, int64_t g0, const T *q, const T *k, const T *v, const T *dy,
-                      const float *lse, const float *delta, T *dk, T *dv, float *dqPart) {
+    bwdFusedMmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
+                      const T *dy, const float *lse, const float *delta, T *dk, T *dv,
+                      float *dqPart) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
   const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
@@ -1426,8 +1430,7 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + KR * LDT, *QD = Vs + KR * LDT;
   float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
   T *DS = reinterpret_cast<T *>(LD + 4 * kTile);
-  const int64_t kTiles = (a.T + KR - 1) / KR;
-  int64_t kt = (int64_t)(blockIdx.x % kTiles), pair = g0 + (int64_t)(blockIdx.x / kTiles);
+  int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
   int64_t kvh = pair % a.KV, b = pair / a.KV;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
@@ -1632,7 +1635,7 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
   for (int64_t g0 = 0; g0 < pairs; g0 += chunk) {
     int64_t n = std::min(chunk, pairs - g0);
     kernel<<<(unsigned)(n * keyBlocks(a, m)), kThreadsTc, sm, s>>>(
-        a, g0, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv), part);
+        a, g0, n, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv), part);
     if (cudaError_t e = cudaGetLastError())
       return e;
     int64_t threads = n * group * a.T * (a.D / 4);
