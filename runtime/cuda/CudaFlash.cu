@@ -1276,6 +1276,32 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
              w0 + 16 * mt + g, a.T, D, lane);
 }
 
+/// Rows of dq partial sums (b, query head) keeps from the key blocks before
+/// kb (blocks of KR = kTile * m key rows): key block k adds to query tiles
+/// q0(k) .. tiles - 1 (q0(k) = k m when causal, else 0), kTile rows each.
+__host__ __device__ inline int64_t partRowsBefore(const Dims &a, int64_t m, int64_t kb) {
+  int64_t tiles = kb * a.tiles - (a.causal ? m * kb * (kb - 1) / 2 : 0);
+  return tiles * kTile;
+}
+/// All of (b, query head)'s partial rows, and its key blocks.
+__host__ __device__ inline int64_t keyBlocks(const Dims &a, int64_t m) {
+  return (a.T + kTile * m - 1) / (kTile * m);
+}
+__host__ __device__ inline int64_t partRows(const Dims &a, int64_t m) {
+  return partRowsBefore(a, m, keyBlocks(a, m));
+}
+
+/// Two rounded values (pack2) into 16-bit shared memory at p (4-byte
+/// aligned); by memcpy under the emulator (a host compiler may reorder a
+/// store through another type's pointer).
+template <typename T> __device__ __forceinline__ void store2(T *p, uint32_t v) {
+#ifdef FSDP_CUDAEMU_MMA
+  memcpy(p, &v, 4);
+#else
+  *reinterpret_cast<uint32_t *>(p) = v;
+#endif
+}
+
 /// dk, dv over one (b, kv head, block of 64 MT key rows), registers; the
 /// warp's rows are key rows (MT m-tiles, as the forward's query rows):
 /// S^T = K Q^T and dP^T = V dY^T, so P^T and dS^T multiply dY and Q
@@ -1283,21 +1309,31 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
 /// MT = 2 each query tile is taken in two halves of 32 queries (the score
 /// blocks fit the registers beside the two 32 x D accumulators), the
 /// same tile loads and barriers, the same order of every sum.
-template <typename T, int KD, int MinBlocks = 1, int MT = 1>
-__global__ void __launch_bounds__(kThreadsTc, MinBlocks)
-    dkvMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
-                 const float *delta, T *dk, T *dv) {
+///
+/// Fused (bwdFusedMmaKernel, Impl::MmaFused): also the block's share of
+/// dq, dS K over its KR keys, for each query tile, so each P and dS is
+/// computed once for the three gradients (dqMmaKernel recomputes the
+/// scores, P and dP). dS^T, rounded to T as it is for dK, goes to shared
+/// memory key-major; after a barrier warp w takes query rows 16 w .. 16 w +
+/// 15 of the tile against all KR keys (dS through ldmatrix .trans) and
+/// stores its 16 x D f32 sums to dqPart (rows partRowsBefore(kb) + t -
+/// 64 q0(kb) of query head b H + h - bh0). dqReduceKernel adds the key
+/// blocks' partials in key-block order: deterministic, no atomics.
+template <typename T, int KD, int MT, bool Fused>
+__device__ __forceinline__ void dkvBody(const Dims &a, int64_t kt, int64_t kvh, int64_t b,
+                                        int64_t bh0, const T *q, const T *k, const T *v,
+                                        const T *dy, const float *lse, const float *delta, T *dk,
+                                        T *dv, float *dqPart) {
   extern __shared__ __align__(128) unsigned char smTc[];
   const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
   const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
   constexpr int KR = kTile * MT, NT = MT == 1 ? kNt : kNt / 2, HALVES = kNt / NT;
   // K, V (KR rows each), then Q and dY twice (buffer it % 2 holds step it's
-  // query tile), then lse and delta of those rows twice.
+  // query tile), then lse and delta of those rows twice; fused, then dS^T
+  // (KR x kTile).
   T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + KR * LDT, *QD = Vs + KR * LDT;
   float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
-  const int64_t kTiles = (a.T + KR - 1) / KR;
-  int64_t kt = (int64_t)(blockIdx.x % kTiles);
-  int64_t kvh = (blockIdx.x / kTiles) % a.KV, b = blockIdx.x / (kTiles * a.KV);
+  T *DS = reinterpret_cast<T *>(LD + 4 * kTile);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
 #pragma unroll
@@ -1310,6 +1346,13 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   // that see this key block, in order.
   int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
   int64_t steps = group * perHead;
+  // Fused: the partial rows of (b, the group's first query head) for this
+  // key block's first query tile; each head adds partRows.
+  int64_t partBase = 0, partHead = 0;
+  if constexpr (Fused) {
+    partHead = partRows(a, MT);
+    partBase = (b * a.H + kvh * group - bh0) * partHead + partRowsBefore(a, MT, kt);
+  }
   auto issue = [&](int64_t it) {
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     T *Qb = QD + (it % 2) * 2 * kTile * LDT;
@@ -1360,10 +1403,52 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
             st[mt][n][i] = p;
             dpt[mt][n][i] = ok ? p * (dpt[mt][n][i] - Dq[c]) : 0.f;
           }
+      if constexpr (Fused) { // dS^T for the tile's dq: the warp's key rows, the half's columns
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              store2(DS + (warp * 16 * MT + 16 * mt + g + 8 * e) * kLdP + c0 + n * 8 + 2 * qd,
+                     mma::pack2<T>(dpt[mt][n][2 * e], dpt[mt][n][2 * e + 1]));
+      }
       accumulateMmaN<MT, NT>(accV, st, DYs + c0 * LDT, LDT, D, lane);
       accumulateMmaN<MT, NT>(accK, dpt, Qs + c0 * LDT, LDT, D, lane);
     }
-    __syncthreads(); // buffer it % 2 is free for step it + 2
+    if constexpr (Fused) {
+      __syncthreads(); // the tile's dS^T (every warp's key rows) is in DS
+      float dqa[kMaxDt][4];
+#pragma unroll
+      for (int n = 0; n < kMaxDt; ++n)
+        dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KR / 16; ++kk) {
+        uint32_t af[4];
+        mma::loadAt(af, DS + kk * 16 * kLdP + warp * 16, kLdP, lane);
+#pragma unroll
+        for (int np = 0; np < kMaxDt / 2; ++np) {
+          if (np * 16 >= D)
+            break;
+          uint32_t bf[4];
+          mma::loadB(bf, Ks + kk * 16 * LDT + np * 16, LDT, lane);
+          mma::mma16816<T>(dqa[2 * np], af, bf);
+          mma::mma16816<T>(dqa[2 * np + 1], af, bf + 2);
+        }
+      }
+      float *dst = dqPart + (partBase + (it / perHead) * partHead + (it % perHead) * kTile +
+                             warp * 16 + g) *
+                                D;
+#pragma unroll
+      for (int n = 0; n < kMaxDt; ++n) {
+        if (n * 8 >= D)
+          break;
+        int c = n * 8 + 2 * qd;
+        *reinterpret_cast<float2 *>(dst + c) = float2{dqa[n][0], dqa[n][1]};
+        *reinterpret_cast<float2 *>(dst + 8 * D + c) = float2{dqa[n][2], dqa[n][3]};
+      }
+    }
+    __syncthreads(); // buffer it % 2 (and DS) are free for step it + 1
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -1374,175 +1459,31 @@ __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
   }
 }
 
-/// Rows of dq partial sums (b, query head) keeps from the key blocks before
-/// kb (blocks of KR = kTile * m key rows): key block k adds to query tiles
-/// q0(k) .. tiles - 1 (q0(k) = k m when causal, else 0), kTile rows each.
-__host__ __device__ inline int64_t partRowsBefore(const Dims &a, int64_t m, int64_t kb) {
-  int64_t tiles = kb * a.tiles - (a.causal ? m * kb * (kb - 1) / 2 : 0);
-  return tiles * kTile;
-}
-/// All of (b, query head)'s partial rows, and its key blocks.
-__host__ __device__ inline int64_t keyBlocks(const Dims &a, int64_t m) {
-  return (a.T + kTile * m - 1) / (kTile * m);
-}
-__host__ __device__ inline int64_t partRows(const Dims &a, int64_t m) {
-  return partRowsBefore(a, m, keyBlocks(a, m));
+/// dkvBody over one (b, kv head, key block): block index (b, kv head) major.
+template <typename T, int KD, int MinBlocks = 1, int MT = 1>
+__global__ void __launch_bounds__(kThreadsTc, MinBlocks)
+    dkvMmaKernel(Dims a, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                 const float *delta, T *dk, T *dv) {
+  const int64_t kTiles = (a.T + kTile * MT - 1) / (kTile * MT);
+  int64_t kt = (int64_t)(blockIdx.x % kTiles);
+  int64_t kvh = (blockIdx.x / kTiles) % a.KV, b = blockIdx.x / (kTiles * a.KV);
+  dkvBody<T, KD, MT, false>(a, kt, kvh, b, 0, q, k, v, dy, lse, delta, dk, dv, nullptr);
 }
 
-/// Two rounded values (pack2) into 16-bit shared memory at p (4-byte
-/// aligned); by memcpy under the emulator (a host compiler may reorder a
-/// store through another type's pointer).
-template <typename T> __device__ __forceinline__ void store2(T *p, uint32_t v) {
-#ifdef FSDP_CUDAEMU_MMA
-  memcpy(p, &v, 4);
-#else
-  *reinterpret_cast<uint32_t *>(p) = v;
-#endif
-}
-
-/// The backward in one pass over (b, kv head, block of KR = 64 MT key rows):
-/// dk, dv as dkvMmaKernel (the same products in the same order: the same
-/// bits), and the block's share of dq, dS K over its KR keys, for each
-/// query tile: each P and dS is computed once for the three gradients,
-/// where dqMmaKernel recomputes the scores, P and dP. dS^T, rounded to T as
-/// it is for dK, goes to shared memory key-major; after a barrier warp w
-/// takes query rows 16 w .. 16 w + 15 of the tile against all KR keys (dS
-/// through ldmatrix .trans) and stores its 16 x D f32 sums to dqPart (rows
-/// partRowsBefore(kb) + t - 64 q0(kb) of (b, h)). dqReduceKernel adds the
-/// key blocks' partials in key-block order: deterministic, no atomics.
-/// The grid covers (b, kv head) pairs g0 .. g0 + pairs - 1 (g = b KV + kv
-/// head; backwardFused launches the pairs in chunks whose partials fit its
-/// scratch): dqPart holds query heads b H + h - g0 group onwards. Key
-/// blocks in order, each for every pair: causal, the first blocks see the
-/// most queries, so the longest blocks start first and the grid's last
-/// wave is the shortest ones.
+/// The fused backward's kernel (dkvBody, Fused) over (b, kv head) pairs g0 ..
+/// g0 + pairs - 1 (g = b KV + kv head; backwardFused launches the pairs in
+/// chunks whose partials fit its scratch): dqPart holds query heads
+/// b H + h - g0 group onwards. Key blocks in order, each for every pair:
+/// causal, the first blocks see the most queries, so the longest blocks
+/// start first and the grid's last wave is the shortest ones.
 template <typename T, int KD, int MinBlocks = 1, int MT = 1>
 __global__ void __launch_bounds__(kThreadsTc, MinBlocks)
     bwdFusedMmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
                       const T *dy, const float *lse, const float *delta, T *dk, T *dv,
                       float *dqPart) {
-  extern __shared__ __align__(128) unsigned char smTc[];
-  const int D = KD > 0 ? KD : (int)a.D, LDT = D + 8;
-  const float sl2 = a.scale * kLog2e; // P = exp2(s sl2 - lse log2 e)
-  constexpr int KR = kTile * MT, NT = MT == 1 ? kNt : kNt / 2, HALVES = kNt / NT;
-  // K, V (KR rows each), then Q and dY twice (buffer it % 2 holds step it's
-  // query tile), lse and delta of those rows twice, then dS^T (KR x kTile).
-  T *Ks = reinterpret_cast<T *>(smTc), *Vs = Ks + KR * LDT, *QD = Vs + KR * LDT;
-  float *LD = reinterpret_cast<float *>(QD + 4 * kTile * LDT);
-  T *DS = reinterpret_cast<T *>(LD + 4 * kTile);
   int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
-  int64_t kvh = pair % a.KV, b = pair / a.KV;
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t j0 = kt * KR, w0 = j0 + warp * 16 * MT, key[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-    key[mt][0] = w0 + 16 * mt + g, key[mt][1] = w0 + 16 * mt + g + 8;
-  float accK[MT][kMaxDt][4], accV[MT][kMaxDt][4];
-  zeroAcc(accK);
-  zeroAcc(accV);
-  int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
-  int64_t steps = group * perHead;
-  const int64_t partBH = partRows(a, MT), partKb = partRowsBefore(a, MT, kt) - q0 * kTile,
-                bh0 = g0 * group; // the chunk's first query head (b H + h)
-  auto issue = [&](int64_t it) {
-    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
-    T *Qb = QD + (it % 2) * 2 * kTile * LDT;
-    float *Lb = LD + (it % 2) * 2 * kTile;
-    loadTileAsync(Qb, q, a, b, t0, a.ldq, h * D, LDT, D);
-    loadTileAsync(Qb + kTile * LDT, dy, a, b, t0, a.ldy, h * D, LDT, D);
-    mma::cpAsyncCommit();
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
-      Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
-      Lb[kTile + i] = t < a.T ? delta[sr] : 0.f;
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    loadTileAsync(Ks + i * kTile * LDT, k, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
-    loadTileAsync(Vs + i * kTile * LDT, v, a, b, j0 + i * kTile, a.ldkv, kvh * D, LDT, D);
-  }
-  issue(0); // one group: K, V and the first Q, dY
-  for (int64_t it = 0; it < steps; ++it) {
-    if (it + 1 < steps) {
-      issue(it + 1);
-      mma::cpAsyncWait<1>();
-    } else {
-      mma::cpAsyncWait<0>();
-    }
-    __syncthreads(); // step it's tiles are in shared memory
-    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
-    const T *Qs = QD + (it % 2) * 2 * kTile * LDT, *DYs = Qs + kTile * LDT;
-    const float *Lq = LD + (it % 2) * 2 * kTile, *Dq = Lq + kTile;
-#pragma unroll
-    for (int hf = 0; hf < HALVES; ++hf) {
-      const int c0 = hf * NT * 8; // the half's first query column in the tile
-      float st[MT][NT][4], dpt[MT][NT][4];
-      scoresMmaN<MT, NT>(st, Ks + warp * 16 * MT * LDT, Qs + c0 * LDT, LDT, D, lane);
-      scoresMmaN<MT, NT>(dpt, Vs + warp * 16 * MT * LDT, DYs + c0 * LDT, LDT, D, lane);
-      bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0 + c0);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            int c = c0 + n * 8 + 2 * qd + (i & 1);
-            int64_t tt = t0 + c, jj = key[mt][i / 2];
-            bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
-            float p = ok ? exp2f(fmaf(st[mt][n][i], sl2, -Lq[c])) : 0.f;
-            st[mt][n][i] = p;
-            dpt[mt][n][i] = ok ? p * (dpt[mt][n][i] - Dq[c]) : 0.f;
-          }
-      // dS^T for the tile's dq: the warp's key rows, the half's columns.
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            store2(DS + (warp * 16 * MT + 16 * mt + g + 8 * e) * kLdP + c0 + n * 8 + 2 * qd,
-                   mma::pack2<T>(dpt[mt][n][2 * e], dpt[mt][n][2 * e + 1]));
-      accumulateMmaN<MT, NT>(accV, st, DYs + c0 * LDT, LDT, D, lane);
-      accumulateMmaN<MT, NT>(accK, dpt, Qs + c0 * LDT, LDT, D, lane);
-    }
-    __syncthreads(); // the tile's dS^T (every warp's key rows) is in DS
-    float dqa[kMaxDt][4];
-#pragma unroll
-    for (int n = 0; n < kMaxDt; ++n)
-      dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KR / 16; ++kk) {
-      uint32_t af[4];
-      mma::loadAt(af, DS + kk * 16 * kLdP + warp * 16, kLdP, lane);
-#pragma unroll
-      for (int np = 0; np < kMaxDt / 2; ++np) {
-        if (np * 16 >= D)
-          break;
-        uint32_t bf[4];
-        mma::loadB(bf, Ks + kk * 16 * LDT + np * 16, LDT, lane);
-        mma::mma16816<T>(dqa[2 * np], af, bf);
-        mma::mma16816<T>(dqa[2 * np + 1], af, bf + 2);
-      }
-    }
-    float *dst = dqPart + ((b * a.H + h - bh0) * partBH + partKb + t0 + warp * 16 + g) * D;
-#pragma unroll
-    for (int n = 0; n < kMaxDt; ++n) {
-      if (n * 8 >= D)
-        break;
-      int c = n * 8 + 2 * qd;
-      *reinterpret_cast<float2 *>(dst + c) = float2{dqa[n][0], dqa[n][1]};
-      *reinterpret_cast<float2 *>(dst + 8 * D + c) = float2{dqa[n][2], dqa[n][3]};
-    }
-    __syncthreads(); // buffer it % 2 and DS are free for step it + 1
-  }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    int64_t r0 = w0 + 16 * mt + g;
-    storeAcc(dk + b * a.T * a.ldkv + kvh * D, a.ldkv, accK[mt], a.scale, a.scale, r0, a.T, D,
-             lane);
-    storeAcc(dv + b * a.T * a.ldkv + kvh * D, a.ldkv, accV[mt], 1.f, 1.f, r0, a.T, D, lane);
-  }
+  dkvBody<T, KD, MT, true>(a, kt, pair % a.KV, pair / a.KV, g0 * (a.H / a.KV), q, k, v, dy, lse,
+                           delta, dk, dv, dqPart);
 }
 
 /// dq = scale * (the sum over key blocks 0, 1, ... of their partials), a
