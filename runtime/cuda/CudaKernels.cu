@@ -681,15 +681,18 @@ cudaError_t sliceGrad(const float *dy, float *dx, int64_t outer, int64_t full, i
 
 namespace {
 
-/// Stage 2 of every fixed-order reduction: out = scale * sum(partial[0..n)).
-__global__ void finishSum(const double *partial, int64_t n, double scale, float *out) {
+/// Stage 2 of every fixed-order reduction: out = scale * sum(partial[0..n)),
+/// one block, rounded to Out once (double: kept, as squaredNorm's
+/// per-tensor totals).
+template <typename Out>
+__global__ void finishSum(const double *partial, int64_t n, double scale, Out *out) {
   __shared__ double sh[32];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
     acc += partial[i];
   acc = blockSum(acc, sh);
   if (threadIdx.x == 0)
-    *out = (float)(acc * scale);
+    *out = (Out)(acc * scale);
 }
 
 template <typename F>
@@ -839,17 +842,6 @@ __global__ void squaresPartial(const float *x, int64_t n, double *partial) {
     partial[blockIdx.x] = acc;
 }
 
-/// *total = sum(partial[0..n)) in double, one block (fixed order).
-__global__ void finishSumDouble(const double *partial, int64_t n, double *total) {
-  __shared__ double sh[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    acc += partial[i];
-  acc = blockSum(acc, sh);
-  if (threadIdx.x == 0)
-    *total = acc;
-}
-
 } // namespace
 
 int64_t squaredNormScratch(int64_t tensors) { return kNormBlocks + tensors; }
@@ -865,7 +857,7 @@ cudaError_t squaredNorm(const std::vector<const float *> &xs, const std::vector<
   // in partial[kNormBlocks + i], then the totals summed into out.
   for (size_t i = 0; i < xs.size(); ++i) {
     squaresPartial<<<kNormBlocks, kThreads, 0, s>>>(xs[i], ns[i], partial);
-    finishSumDouble<<<1, kThreads, 0, s>>>(partial, kNormBlocks, partial + kNormBlocks + i);
+    finishSum<<<1, kThreads, 0, s>>>(partial, kNormBlocks, 1.0, partial + kNormBlocks + i);
   }
   finishSum<<<1, kThreads, 0, s>>>(partial + kNormBlocks, (int64_t)xs.size(), 1.0, out);
   return cudaGetLastError();
