@@ -1647,6 +1647,23 @@ TEST_F(CudaFastKernelsTest, FusedAdamWFoundInfAndGradScale) {
     expectBitwise(ap.host(), rp.host(), "adamw param");
     expectBitwise(am.host(), rm.host(), "adamw exp_avg");
     expectBitwise(av.host(), rv.host(), "adamw exp_avg_sq");
+    {
+      // One float past 16-byte alignment (a shard's flat slice can start
+      // anywhere): the element-at-a-time path, the same bits.
+      std::vector<float> p1(n + 1), g1(n + 1), m1(n + 1), v1(n + 1);
+      std::copy(p.begin(), p.end(), p1.begin() + 1);
+      std::copy(g.begin(), g.end(), g1.begin() + 1);
+      std::copy(m.begin(), m.end(), m1.begin() + 1);
+      std::copy(v.begin(), v.end(), v1.begin() + 1);
+      Dev<float> op(p1), og(g1), om(m1), ov(v1);
+      ASSERT_EQ(nat::adamw(op.get() + 1, og.get() + 1, FloatKind::F32, om.get() + 1,
+                           ov.get() + 1, op.get() + 1, om.get() + 1, ov.get() + 1, n, lr.get(),
+                           st.get(), 0.9, 0.95, 1e-8, 0.1, nullptr, nullptr, 0),
+                cudaSuccess);
+      auto got = op.host();
+      expectBitwise(std::vector<float>(got.begin() + 1, got.end()), rp.host(),
+                    "adamw param, misaligned");
+    }
     // bf16 gradient times a scale: the CPU update on the widened, scaled
     // gradient (the f32 product is the same on both sides).
     Bf16Vec gb(g);
