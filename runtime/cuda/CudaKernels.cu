@@ -21,10 +21,42 @@ namespace fsdp::cuda {
 
 // --- elementwise ------------------------------------------------------------------
 
+namespace {
+__device__ __forceinline__ float applyF32(BinaryKind k, float x, float y) {
+  return k == BinaryKind::Add   ? x + y
+         : k == BinaryKind::Sub ? x - y
+         : k == BinaryKind::Mul ? x * y
+                                : x / y;
+}
+} // namespace
+
 cudaError_t binary(BinaryKind k, const float *a, const Shape &sa, const float *b,
                    const Shape &sb, float *out, const Shape &so, cudaStream_t s) {
   if (!fits(so) || !fits(sa) || !fits(sb))
     return cudaErrorInvalidValue;
+  if (sa == so && sb == so) {
+    // No broadcast (the tied embedding's two gradients, 0.25 ms with the
+    // index arithmetic on the H200): four elements a thread where the
+    // pointers are 16-byte aligned, then the tail; the same bits.
+    const int64_t n = count(so);
+    const bool vec = ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                       reinterpret_cast<uintptr_t>(out)) &
+                      15) == 0;
+    const int64_t n4 = vec ? n / 4 : 0;
+    if (n4 > 0)
+      if (cudaError_t e = forEach(n4, s, [=] __device__(int64_t i) {
+            float4 x = reinterpret_cast<const float4 *>(a)[i],
+                   y = reinterpret_cast<const float4 *>(b)[i];
+            reinterpret_cast<float4 *>(out)[i] =
+                float4{applyF32(k, x.x, y.x), applyF32(k, x.y, y.y), applyF32(k, x.z, y.z),
+                       applyF32(k, x.w, y.w)};
+          }))
+        return e;
+    return forEach(n - 4 * n4, s, [=] __device__(int64_t i) {
+      int64_t j = 4 * n4 + i;
+      out[j] = applyF32(k, a[j], b[j]);
+    });
+  }
   Dims d;
   d.rank = (int)so.size();
   for (int i = 0; i < d.rank; ++i)
@@ -34,11 +66,7 @@ cudaError_t binary(BinaryKind k, const float *a, const Shape &sa, const float *b
   return forEach(count(so), s, [=] __device__(int64_t i) {
     int64_t ia, ib;
     offsets(d, i, ia, ib);
-    float x = a[ia], y = b[ib];
-    out[i] = k == BinaryKind::Add   ? x + y
-             : k == BinaryKind::Sub ? x - y
-             : k == BinaryKind::Mul ? x * y
-                                    : x / y;
+    out[i] = applyF32(k, a[ia], b[ib]);
   });
 }
 

@@ -162,6 +162,27 @@ TEST_F(CudaKernelsTest, BroadcastBinarySumTo) {
     cpu::binary((cpu::BinaryKind)k, a.data(), sa, b.data(), sb, want.data(), so);
     expectNear(out.host(), want, 0, {}, "binary");
   }
+  {
+    // Equal shapes (no index arithmetic): four elements at a time with a
+    // tail (1003), and one float off 16-byte alignment (element by
+    // element): the CPU's bits for each kind.
+    const int64_t n = 1003;
+    auto x = randomVec(n + 1, 6), y = randomVec(n + 1, 7);
+    for (float &v : y)
+      v = v == 0.f ? 0.5f : v; // no division by zero
+    Dev<float> dx(x), dy(y), dout(n + 1);
+    std::vector<float> w(n);
+    for (int64_t off : {0, 1})
+      for (auto k : {0, 1, 2, 3}) {
+        ASSERT_EQ(gpu::binary((gpu::BinaryKind)k, dx.get() + off, {n}, dy.get() + off, {n},
+                              dout.get() + off, {n}, 0),
+                  cudaSuccess);
+        cpu::binary((cpu::BinaryKind)k, x.data() + off, {n}, y.data() + off, {n}, w.data(), {n});
+        auto got = dout.host();
+        expectNear(std::vector<float>(got.begin() + off, got.begin() + off + n), w, 0, {},
+                   off ? "binary, equal shapes, misaligned" : "binary, equal shapes");
+      }
+  }
   ASSERT_EQ(gpu::broadcastTo(db.get(), sb, out.get(), so, 0), cudaSuccess);
   cpu::broadcastTo(b.data(), sb, want.data(), so);
   expectNear(out.host(), want, 0, {}, "broadcast");
