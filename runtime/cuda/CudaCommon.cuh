@@ -234,10 +234,12 @@ inline int64_t columnSumScratch(int64_t rows, int64_t cols) {
   return p > 1 ? p * cols : 0;
 }
 
+/// out1 (the final pass of columnSumSplit): columns from `split` on go to
+/// out1[c - split] instead.
 template <typename TI, typename TO>
 __global__ void __launch_bounds__(kColTile *kColWarps)
     columnSumKernel(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
-                    int64_t chunkRows) {
+                    int64_t chunkRows, TO *out1 = nullptr, int64_t split = 0) {
   __shared__ float part[kColWarps][kColTile + 1];
   int x = threadIdx.x, y = threadIdx.y;
   int64_t c = blockIdx.x * (int64_t)kColTile + x;
@@ -260,23 +262,28 @@ __global__ void __launch_bounds__(kColTile *kColWarps)
     float t = 0;
     for (int j = 0; j < kColWarps; ++j)
       t += part[j][x];
-    st(out + blockIdx.y * cols + c, t);
+    if (out1 && c >= split)
+      st(out1 + (c - split), t);
+    else
+      st(out + blockIdx.y * cols + c, t);
   }
 }
 
 /// out[c] = sum_r in[r * ldIn + c] for c < cols (ldIn >= cols: the row
-/// stride of `in`); `partial`: columnSumScratch(rows, cols) floats.
+/// stride of `in`), except that with out1 the columns from `split` on go to
+/// out1[c - split] (two outputs, one sum: layer_norm_grad's dg and db);
+/// `partial`: columnSumScratch(rows, cols) floats.
 template <typename TI, typename TO>
-cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
-                      float *partial, cudaStream_t s) {
+cudaError_t columnSumSplit(const TI *in, TO *out, TO *out1, int64_t split, int64_t rows,
+                           int64_t cols, int64_t ldIn, float *partial, cudaStream_t s) {
   if (cols <= 0)
     return cudaSuccess;
   unsigned tiles = (unsigned)((cols + kColTile - 1) / kColTile);
   dim3 block(kColTile, kColWarps);
   int64_t p = columnSumChunks(rows, cols);
   if (p == 1) {
-    columnSumKernel<TI, TO><<<dim3(tiles, 1), block, 0, s>>>(in, out, rows, cols, ldIn,
-                                                                std::max<int64_t>(rows, 1));
+    columnSumKernel<TI, TO><<<dim3(tiles, 1), block, 0, s>>>(
+        in, out, rows, cols, ldIn, std::max<int64_t>(rows, 1), out1, split);
     return cudaGetLastError();
   }
   int64_t chunk = (rows + p - 1) / p;
@@ -284,8 +291,14 @@ cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t
       <<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
   if (cudaError_t e = cudaGetLastError())
     return e;
-  columnSumKernel<float, TO><<<dim3(tiles, 1), block, 0, s>>>(partial, out, p, cols, cols, p);
+  columnSumKernel<float, TO>
+      <<<dim3(tiles, 1), block, 0, s>>>(partial, out, p, cols, cols, p, out1, split);
   return cudaGetLastError();
+}
+template <typename TI, typename TO>
+cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
+                      float *partial, cudaStream_t s) {
+  return columnSumSplit<TI, TO>(in, out, nullptr, 0, rows, cols, ldIn, partial, s);
 }
 
 /// When sum_to(si -> so) sums exactly the leading dims (bias gradients):

@@ -1149,7 +1149,7 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
     return cudaMemsetAsync(db, 0, sizeof(TP) * cols, s);
   }
   int64_t W = lnGradPartials(rows);
-  float *more = partial + W * 2 * cols, *stats = more + columnSumScratch(W, cols);
+  float *more = partial + W * 2 * cols, *stats = more + columnSumScratch(W, 2 * cols);
   auto kernel = lnKernel(lnRegCpl(cols, impl), layerNormGradRegKernel<T, 8>,
                          layerNormGradRegKernel<T, 24>, layerNormGradRegKernel<T, 32>,
                          layerNormGradWarpKernel<T>);
@@ -1160,10 +1160,11 @@ cudaError_t layerNormGradT(const void *x, const void *g, const void *dy, void *d
     return e;
   if (cudaError_t e = normGradColumns<T, true>(x, dy, stats, partial, rows, cols, W, 2 * cols, s))
     return e;
-  // The partials, [W, 2 cols], summed per column (CudaCommon.cuh).
-  if (cudaError_t e = columnSum(partial, dg, W, cols, 2 * cols, more, s))
-    return e;
-  return columnSum(partial + cols, db, W, cols, 2 * cols, more, s);
+  // The partials, [W, 2 cols], summed per column (CudaCommon.cuh) in one
+  // column sum: dg the first cols, db the rest (one or two launches, not
+  // two or four; for GPT-2's 768 columns the same row chunks, so the same
+  // bits, as two sums of cols).
+  return columnSumSplit(partial, dg, db, cols, W, 2 * cols, 2 * cols, more, s);
 }
 
 // --- rms norm and rope (Llama) ------------------------------------------------------
@@ -1712,7 +1713,7 @@ cudaError_t layerNorm(FloatKind t, const void *x, const void *g, const void *b, 
 }
 int64_t layerNormGradScratch(int64_t rows, int64_t cols) {
   int64_t w = lnGradPartials(rows);
-  return w * 2 * cols + columnSumScratch(w, cols) + 2 * std::max<int64_t>(rows, 0);
+  return w * 2 * cols + columnSumScratch(w, 2 * cols) + 2 * std::max<int64_t>(rows, 0);
 }
 cudaError_t layerNormGrad(FloatKind t, const void *x, const void *g, const void *dy, void *dx,
                           void *dg, void *db, float *scratch, int64_t rows, int64_t cols,

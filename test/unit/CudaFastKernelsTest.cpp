@@ -518,8 +518,11 @@ TEST_F(CudaFastKernelsTest, EmbeddingGradientSortedRunsAreTheReferenceBitwise) {
 }
 
 TEST_F(CudaFastKernelsTest, Bf16RowwiseSoftmaxLayerNormAgainstCpu) {
-  for (int64_t cols : {int64_t(96), int64_t(768), int64_t(1000)}) {
-    const int64_t rows = 37;
+  // 4099 rows: more than the backward's 1024 dg / db partials, whose
+  // column sum then takes two passes (the second writes dg and db).
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {37, 96}, {37, 768}, {37, 1000}, {4099, 96}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
     Bf16Vec x(randomVec(rows * cols, 11, 2.f)), dy(randomVec(rows * cols, 12)),
         g(randomVec(cols, 13)), b(randomVec(cols, 14));
     Dev<uint16_t> bx(x.bits), bdy(dy.bits), bg(g.bits), bb(b.bits), by(rows * cols),
