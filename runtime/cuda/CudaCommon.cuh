@@ -13,6 +13,8 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -235,38 +237,73 @@ inline int64_t columnSumScratch(int64_t rows, int64_t cols) {
 }
 
 /// out1 (the final pass of columnSumSplit): columns from `split` on go to
-/// out1[c - split] instead.
-template <typename TI, typename TO>
+/// out1[c - split] instead. V: adjacent columns a thread (2 for 16-bit
+/// input whose rows allow 4-byte loads: a warp's load is then 128 bytes,
+/// not 64), each summed exactly as with V = 1 (the same rows in the same
+/// running sums): the same bits.
+template <typename TI, typename TO, int V = 1>
 __global__ void __launch_bounds__(kColTile *kColWarps)
     columnSumKernel(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,
                     int64_t chunkRows, TO *out1 = nullptr, int64_t split = 0) {
-  __shared__ float part[kColWarps][kColTile + 1];
+  __shared__ float part[kColWarps][kColTile * V + 1];
   int x = threadIdx.x, y = threadIdx.y;
-  int64_t c = blockIdx.x * (int64_t)kColTile + x;
+  int64_t c = (blockIdx.x * (int64_t)kColTile + x) * V;
   int64_t r0 = blockIdx.y * chunkRows, r1 = r0 + chunkRows < rows ? r0 + chunkRows : rows;
-  float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  if (c < cols) {
+  float a[V][4];
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    a[k][0] = a[k][1] = a[k][2] = a[k][3] = 0.f;
+  auto load = [&](int64_t r, float(&v)[V]) {
+    if constexpr (V == 1) {
+      v[0] = ld(in + r * ldIn + c);
+    } else {
+      static_assert(V == 2 && sizeof(TI) == 2, "two 16-bit columns a thread");
+      uint32_t w = *reinterpret_cast<const uint32_t *>(in + r * ldIn + c);
+      TI e[2]; // by memcpy: reading a uint32_t through a TI * is undefined
+      memcpy(e, &w, 4);
+      v[0] = ld(e);
+      v[1] = ld(e + 1);
+    }
+  };
+  if (c < cols) { // V = 2: cols is even, so c + 1 < cols too
     int64_t r = r0 + y;
     for (; r + 3 * kColWarps < r1; r += 4 * kColWarps) {
-      a0 += ld(in + r * ldIn + c);
-      a1 += ld(in + (r + kColWarps) * ldIn + c);
-      a2 += ld(in + (r + 2 * kColWarps) * ldIn + c);
-      a3 += ld(in + (r + 3 * kColWarps) * ldIn + c);
+      float v0[V], v1[V], v2[V], v3[V];
+      load(r, v0);
+      load(r + kColWarps, v1);
+      load(r + 2 * kColWarps, v2);
+      load(r + 3 * kColWarps, v3);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        a[k][0] += v0[k];
+        a[k][1] += v1[k];
+        a[k][2] += v2[k];
+        a[k][3] += v3[k];
+      }
     }
-    for (; r < r1; r += kColWarps)
-      a0 += ld(in + r * ldIn + c);
+    for (; r < r1; r += kColWarps) {
+      float v0[V];
+      load(r, v0);
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        a[k][0] += v0[k];
+    }
   }
-  part[y][x] = (a0 + a1) + (a2 + a3);
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    part[y][x * V + k] = (a[k][0] + a[k][1]) + (a[k][2] + a[k][3]);
   __syncthreads();
-  if (y == 0 && c < cols) {
-    float t = 0;
-    for (int j = 0; j < kColWarps; ++j)
-      t += part[j][x];
-    if (out1 && c >= split)
-      st(out1 + (c - split), t);
-    else
-      st(out + blockIdx.y * cols + c, t);
-  }
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (y == 0 && c + k < cols) {
+      float t = 0;
+      for (int j = 0; j < kColWarps; ++j)
+        t += part[j][x * V + k];
+      if (out1 && c + k >= split)
+        st(out1 + (c + k - split), t);
+      else
+        st(out + blockIdx.y * cols + c + k, t);
+    }
 }
 
 /// out[c] = sum_r in[r * ldIn + c] for c < cols (ldIn >= cols: the row
@@ -280,15 +317,34 @@ cudaError_t columnSumSplit(const TI *in, TO *out, TO *out1, int64_t split, int64
     return cudaSuccess;
   unsigned tiles = (unsigned)((cols + kColTile - 1) / kColTile);
   dim3 block(kColTile, kColWarps);
+  // Two 16-bit columns a thread where the rows allow 4-byte loads; the row
+  // chunks as for one (columnSumChunks): the same sums.
+  const bool pairs = sizeof(TI) == 2 && cols % 2 == 0 && ldIn % 2 == 0 &&
+                     (reinterpret_cast<uintptr_t>(in) & 3) == 0;
+  const unsigned pairTiles = (unsigned)((cols + 2 * kColTile - 1) / (2 * kColTile));
   int64_t p = columnSumChunks(rows, cols);
   if (p == 1) {
+    if constexpr (sizeof(TI) == 2)
+      if (pairs) {
+        columnSumKernel<TI, TO, 2><<<dim3(pairTiles, 1), block, 0, s>>>(
+            in, out, rows, cols, ldIn, std::max<int64_t>(rows, 1), out1, split);
+        return cudaGetLastError();
+      }
     columnSumKernel<TI, TO><<<dim3(tiles, 1), block, 0, s>>>(
         in, out, rows, cols, ldIn, std::max<int64_t>(rows, 1), out1, split);
     return cudaGetLastError();
   }
   int64_t chunk = (rows + p - 1) / p;
-  columnSumKernel<TI, float>
-      <<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
+  bool done = false;
+  if constexpr (sizeof(TI) == 2)
+    if (pairs) {
+      columnSumKernel<TI, float, 2>
+          <<<dim3(pairTiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
+      done = true;
+    }
+  if (!done)
+    columnSumKernel<TI, float>
+        <<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
   if (cudaError_t e = cudaGetLastError())
     return e;
   columnSumKernel<float, TO>

@@ -1002,9 +1002,11 @@ TEST_F(CudaFastKernelsTest, ColumnSumAgainstCpu) {
     gpu::Shape in, out;
   };
   // One pass (few rows), two passes (3000 rows, columns not a multiple of
-  // the 32-column tile), [B, T, C] -> [1, 1, C], and one column.
+  // the 32-column tile), [B, T, C] -> [1, 1, C], and one column; an even
+  // column count in one pass and in two (bf16: two columns a thread).
   for (const Case &c : {Case{{2, 7}, {7}}, Case{{3000, 70}, {70}}, Case{{5, 600, 33}, {1, 1, 33}},
-                        Case{{1000, 1}, {1}}}) {
+                        Case{{1000, 1}, {1}}, Case{{200, 66}, {66}},
+                        Case{{3, 700, 130}, {130}}}) {
     int64_t cols = c.out.back(), rows = 1;
     for (int64_t d : c.in)
       rows *= d;
@@ -1044,6 +1046,17 @@ TEST_F(CudaFastKernelsTest, ColumnSumAgainstCpu) {
           << "bf16 column " << j << " rows " << rows;
     }
     expectBitwise(got, again, "column sum, second run");
+    // bf16 one element off 4-byte alignment: one column a thread, where the
+    // aligned sum took two (even column counts); the same sums, the same
+    // bits.
+    std::vector<uint16_t> shifted(xb.bits.size() + 1, 0);
+    std::copy(xb.bits.begin(), xb.bits.end(), shifted.begin() + 1);
+    Dev<uint16_t> dsh(shifted);
+    Dev<float> wide1(cols);
+    ASSERT_EQ(nat::sumTo(FloatKind::BF16, dsh.get() + 1, c.in, wide1.get(), c.out,
+                         scratch.get(), 0, /*outF32=*/true),
+              cudaSuccess);
+    expectBitwise(wide1.host(), gotW, "bf16 column sum, one or two columns a thread");
   }
   // Two passes without scratch: refused, not run out of bounds.
   Dev<float> x(3000 * 70), y(70);
