@@ -17,6 +17,9 @@
 //   2. dq per (b, h, query tile), looping over key tiles, P = exp(S - lse);
 //   3. dk, dv per (b, kv head, key tile), looping over the query heads of
 //      its group and over the query tiles, in that fixed order.
+// Or (Impl::MmaFused) 2 and 3 in one pass per (b, kv head, key block),
+// each block's share of dq into f32 partials that a fourth kernel adds in
+// key-block order.
 // Deterministic: every sum runs in a fixed order.
 //
 // Three implementations of the same tiling: the tile products on the CUDA
