@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -315,41 +316,32 @@ cudaError_t columnSumSplit(const TI *in, TO *out, TO *out1, int64_t split, int64
                            int64_t cols, int64_t ldIn, float *partial, cudaStream_t s) {
   if (cols <= 0)
     return cudaSuccess;
-  unsigned tiles = (unsigned)((cols + kColTile - 1) / kColTile);
-  dim3 block(kColTile, kColWarps);
-  // Two 16-bit columns a thread where the rows allow 4-byte loads; the row
-  // chunks as for one (columnSumChunks): the same sums.
-  const bool pairs = sizeof(TI) == 2 && cols % 2 == 0 && ldIn % 2 == 0 &&
-                     (reinterpret_cast<uintptr_t>(in) & 3) == 0;
-  const unsigned pairTiles = (unsigned)((cols + 2 * kColTile - 1) / (2 * kColTile));
-  int64_t p = columnSumChunks(rows, cols);
-  if (p == 1) {
-    if constexpr (sizeof(TI) == 2)
-      if (pairs) {
-        columnSumKernel<TI, TO, 2><<<dim3(pairTiles, 1), block, 0, s>>>(
-            in, out, rows, cols, ldIn, std::max<int64_t>(rows, 1), out1, split);
+  // One pass of chunks row chunks into o (columns from `split` on into o1
+  // where given): two 16-bit columns a thread where the rows allow 4-byte
+  // loads, the same row chunks either way (columnSumChunks), so the same
+  // sums.
+  auto pass = [&](const auto *src, auto *o, auto *o1, int64_t r, int64_t ld, int64_t chunks,
+                  int64_t chunkRows) {
+    using I = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+    using O = std::remove_pointer_t<decltype(o)>;
+    unsigned tiles = (unsigned)((cols + kColTile - 1) / kColTile);
+    dim3 block(kColTile, kColWarps);
+    if constexpr (sizeof(I) == 2)
+      if (cols % 2 == 0 && ld % 2 == 0 && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+        columnSumKernel<I, O, 2><<<dim3((tiles + 1) / 2, (unsigned)chunks), block, 0, s>>>(
+            src, o, r, cols, ld, chunkRows, o1, split);
         return cudaGetLastError();
       }
-    columnSumKernel<TI, TO><<<dim3(tiles, 1), block, 0, s>>>(
-        in, out, rows, cols, ldIn, std::max<int64_t>(rows, 1), out1, split);
+    columnSumKernel<I, O><<<dim3(tiles, (unsigned)chunks), block, 0, s>>>(src, o, r, cols, ld,
+                                                                         chunkRows, o1, split);
     return cudaGetLastError();
-  }
-  int64_t chunk = (rows + p - 1) / p;
-  bool done = false;
-  if constexpr (sizeof(TI) == 2)
-    if (pairs) {
-      columnSumKernel<TI, float, 2>
-          <<<dim3(pairTiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
-      done = true;
-    }
-  if (!done)
-    columnSumKernel<TI, float>
-        <<<dim3(tiles, (unsigned)p), block, 0, s>>>(in, partial, rows, cols, ldIn, chunk);
-  if (cudaError_t e = cudaGetLastError())
+  };
+  int64_t p = columnSumChunks(rows, cols);
+  if (p == 1)
+    return pass(in, out, out1, rows, ldIn, 1, std::max<int64_t>(rows, 1));
+  if (cudaError_t e = pass(in, partial, (float *)nullptr, rows, ldIn, p, (rows + p - 1) / p))
     return e;
-  columnSumKernel<float, TO>
-      <<<dim3(tiles, 1), block, 0, s>>>(partial, out, p, cols, cols, p, out1, split);
-  return cudaGetLastError();
+  return pass((const float *)partial, out, out1, p, cols, 1, p);
 }
 template <typename TI, typename TO>
 cudaError_t columnSum(const TI *in, TO *out, int64_t rows, int64_t cols, int64_t ldIn,

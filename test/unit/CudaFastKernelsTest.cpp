@@ -1442,27 +1442,20 @@ TEST_F(CudaFastKernelsTest, FusedBackwardChunksAndFallsBack) {
 TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
   using gpu::flash::Impl;
   Impl impl = Impl::CudaCores;
-  ASSERT_TRUE(gpu::flash::parseImpl("mma", impl));
-  EXPECT_EQ(impl, Impl::Mma);
-  ASSERT_TRUE(gpu::flash::parseImpl("wmma", impl));
-  EXPECT_EQ(impl, Impl::Wmma);
-  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight", impl));
-  EXPECT_EQ(impl, Impl::MmaTight);
-  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight2", impl));
-  EXPECT_EQ(impl, Impl::MmaTight2);
-  ASSERT_TRUE(gpu::flash::parseImpl("mma-tight3", impl));
-  EXPECT_EQ(impl, Impl::MmaTight3);
-  ASSERT_TRUE(gpu::flash::parseImpl("mma-fused", impl));
-  EXPECT_EQ(impl, Impl::MmaFused);
-  ASSERT_TRUE(gpu::flash::parseImpl("mma-fused64", impl));
-  EXPECT_EQ(impl, Impl::MmaFused64);
+  const std::pair<const char *, Impl> names[] = {
+      {"mma", Impl::Mma},           {"wmma", Impl::Wmma},
+      {"mma-tight", Impl::MmaTight}, {"mma-tight2", Impl::MmaTight2},
+      {"mma-tight3", Impl::MmaTight3}, {"mma-fused", Impl::MmaFused},
+      {"mma-fused64", Impl::MmaFused64}, {"cores", Impl::CudaCores},
+      {"auto", Impl::Auto}};
+  for (const auto &[name, want] : names) {
+    ASSERT_TRUE(gpu::flash::parseImpl(name, impl)) << name;
+    EXPECT_EQ(impl, want) << name;
+  }
   EXPECT_TRUE(gpu::flash::tensorCoreImpl(Impl::MmaFused));
   EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::Auto));
   EXPECT_FALSE(gpu::flash::tensorCoreImpl(Impl::CudaCores));
-  ASSERT_TRUE(gpu::flash::parseImpl("cores", impl));
-  EXPECT_EQ(impl, Impl::CudaCores);
-  ASSERT_TRUE(gpu::flash::parseImpl("auto", impl));
-  EXPECT_EQ(impl, Impl::Auto);
+  // impl is Auto (the table's last name): a refused name leaves it.
   EXPECT_FALSE(gpu::flash::parseImpl("flash3", impl));
   EXPECT_FALSE(gpu::flash::parseImpl(nullptr, impl));
   EXPECT_EQ(impl, Impl::Auto); // unchanged by a refused name
