@@ -127,6 +127,9 @@ int main(int argc, char **argv) {
                       Variant{"mma fused", flash::Impl::MmaFused, false, false},
                       Variant{"mma fused qkv", flash::Impl::MmaFused, true, false},
                       Variant{"mma fused64", flash::Impl::MmaFused64, false, false},
+                      Variant{"wgmma", flash::Impl::Wgmma, false, false},
+                      Variant{"wgmma qkv", flash::Impl::Wgmma, true, false},
+                      Variant{"wgmma fused", flash::Impl::WgmmaFused, false, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

@@ -1588,6 +1588,303 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
   return cudaSuccess;
 }
 
+// --- wgmma (sm_90a): the forward on Hopper's warpgroup tensor cores ------------------------------
+//
+// One block is one warpgroup (128 threads) and owns 64 query rows of one
+// (b, h); it streams key / value tiles of 128 rows. S = Q K^T is four
+// wgmma m64n128k16 (A = Q, B = K, both K-major in shared memory), the
+// softmax runs on S in registers exactly as the mma.sync forward's (warp w
+// holds rows 16 w .. 16 w + 15 in the same accumulator layout), P is
+// rounded to the storage type into wgmma A fragments (registers), and
+// O += P V is eight wgmma m64n64k16 with V N-major in shared memory (no
+// transposed copy). Q, K and V tiles are stored as the canonical 128-byte
+// swizzled layout: rows of D = 64 elements (128 bytes), 16-byte chunk c of
+// row r at chunk c ^ (r % 8), eight-row groups 1024 bytes apart, so wgmma
+// reads them without bank conflicts and cp.async writes whole chunks.
+// The block's shared memory: Q 8 KiB, K and V twice (the next tile's
+// copies fly while the block computes) 64 KiB, 73 KiB with the 1024-byte
+// alignment the swizzle pattern needs: three blocks a multiprocessor.
+
+constexpr int kWgRows = 64;  // query rows of a block (a warpgroup: 4 warps x 16)
+constexpr int kWgKeys = 128; // keys of a streamed tile
+constexpr int kWgTileQ = kWgRows * 128, kWgTileKV = kWgKeys * 128; // bytes (D = 64)
+constexpr size_t kWgSmem = 1024 + kWgTileQ + 4 * kWgTileKV;
+
+/// Where element chunk c (elements 8 c .. 8 c + 7) of row r lives in a
+/// 128-byte swizzled tile of 64-element rows (bytes from the tile start).
+__host__ __device__ constexpr int sw128(int r, int c) {
+  return (r / 8) * 1024 + (r % 8) * 128 + ((c ^ (r % 8)) << 4);
+}
+
+/// The dynamic shared memory rounded up to the next 1024-byte boundary of
+/// the shared address space (the swizzle pattern's; kWgSmem has the room).
+__device__ __forceinline__ unsigned char *alignShared1024(unsigned char *p) {
+  uint32_t a = mma::sharedAddress(p);
+  return p + ((1024 - (a & 1023)) & 1023);
+}
+
+/// Rows r0 .. r0 + rows - 1 (64 elements each, from column col of rows of
+/// ldRow elements of (b, *)) into a 128-byte swizzled tile by cp.async
+/// (wgmmaApplies: every chunk 16-byte aligned); rows past T zero, stored
+/// (visible after the caller's barrier, as the copies after their wait).
+template <typename T>
+__device__ __forceinline__ void loadTileSw(unsigned char *dst, const T *src, const Dims &a,
+                                           int64_t b, int64_t r0, int rows, int64_t ldRow,
+                                           int64_t col) {
+  for (int i = threadIdx.x; i < rows * 8; i += kThreadsTc) {
+    int r = i / 8, c = i % 8;
+    unsigned char *d = dst + sw128(r, c);
+    int64_t t = r0 + r;
+    if (t < a.T)
+      mma::cpAsync16(d, src + (b * a.T + t) * ldRow + col + 8 * c);
+    else
+      *reinterpret_cast<uint4 *>(d) = uint4{0u, 0u, 0u, 0u};
+  }
+}
+
+/// K-major 128-byte swizzled operand (Q or K) at k step kk (columns
+/// 16 kk .. 16 kk + 15): eight-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t descKMajor(const unsigned char *tile, int kk) {
+  return mma::smemDesc(tile + 32 * kk, 16, 1024, 1);
+}
+/// V (keys x 64, N-major for P V: k = key, n = dimension) at k step kk
+/// (keys 16 kk .. 16 kk + 15): eight-key groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t descNMajor(const unsigned char *tile, int kk) {
+  return mma::smemDesc(tile + 2048 * kk, kWgTileKV, 1024, 1);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreadsTc, 3)
+    forwardWgmmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
+#if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smTc[];
+  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + kWgTileQ;
+  const float sl2 = a.scale * kLog2e;
+  const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
+  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
+  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
+  int64_t nTiles = (kEnd + kWgKeys - 1) / kWgKeys;
+  auto issue = [&](int64_t it) {
+    unsigned char *Kb = KV + (it % 2) * 2 * kWgTileKV;
+    loadTileSw(Kb, k, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+    loadTileSw(Kb + kWgTileKV, v, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+    mma::cpAsyncCommit();
+  };
+  loadTileSw(Qs, q, a, b, t0, kWgRows, a.ldq, h * 64);
+  issue(0); // one group: Q and the first K, V
+  for (int64_t it = 0; it < nTiles; ++it) {
+    if (it + 1 < nTiles) {
+      issue(it + 1); // into the buffer iteration it - 1 read (its barrier passed)
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    mma::fenceProxyAsync(); // this thread's copies and stores, before wgmma reads them
+    __syncthreads();        // tile it (every thread's) is in shared memory
+    int64_t j0 = it * kWgKeys;
+    const unsigned char *Ks = KV + (it % 2) * 2 * kWgTileKV, *Vs = Ks + kWgTileKV;
+    float s[64];
+    mma::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 128>::template ss<0, 0>(s, descKMajor(Qs, kk), descKMajor(Ks, kk), kk > 0);
+    mma::wgmmaCommit();
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(s);
+    // s[4 j + e]: row w0 + g + 8 (e / 2), key j0 + 8 j + 2 qd + e % 2. The
+    // softmax as forwardMmaKernel's (masks only on tiles that cross the
+    // diagonal or the end).
+    bool masked = j0 + kWgKeys > a.T || (a.causal && j0 + kWgKeys - 1 > t0);
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      int64_t key = j0 + 8 * (i / 4) + 2 * qd + (i & 1), r = w0 + g + 8 * (i / 2 % 2);
+      if (masked && !(key < a.T && (!a.causal || key <= r)))
+        s[i] = -INFINITY;
+      tmax[i / 2 % 2] = fmaxf(tmax[i / 2 % 2], s[i]);
+    }
+    float alpha[2], mUse[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mNew = fmaxf(m[e], rowMax4(tmax[e]) * sl2);
+      mUse[e] = mNew == -INFINITY ? 0.f : mNew;
+      alpha[e] = exp2f(m[e] - mUse[e]);
+      m[e] = mNew;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      float p = exp2f(fmaf(s[i], sl2, -mUse[i / 2 % 2]));
+      s[i] = p;
+      psum[i / 2 % 2] += p;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      l[e] = l[e] * alpha[e] + rowSum4(psum[e]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      o[i] *= alpha[i / 2 % 2];
+    // P (rounded to T) as A fragments: k step kk is keys 16 kk .. + 15,
+    // the accumulator n-tiles 2 kk and 2 kk + 1.
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      pa[kk][0] = mma::pack2<T>(s[8 * kk], s[8 * kk + 1]);
+      pa[kk][1] = mma::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = mma::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = mma::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    mma::fenceRegs(o);
+    mma::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      mma::Wgmma<T, 64>::template rs<1>(o, pa[kk], descNMajor(Vs, kk), 1);
+    mma::wgmmaCommit();
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(o);
+    __syncthreads(); // buffer it % 2 is free for tile it + 2
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    int64_t r = w0 + g + 8 * e;
+    float inv = l[e] > 0.f ? 1.f / l[e] : 0.f;
+    if (r < a.T) {
+      T *out = y + (b * a.T + r) * a.ldy + h * 64;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        out[8 * j + 2 * qd] = cvt<T>(o[4 * j + 2 * e] * inv);
+        out[8 * j + 2 * qd + 1] = cvt<T>(o[4 * j + 2 * e + 1] * inv);
+      }
+      if (lse && qd == 0) // natural-log units (m is in base 2)
+        lse[(b * a.H + h) * a.T + r] = (m[e] + log2f(l[e])) * kLn2;
+    }
+  }
+#else
+  __trap(); // wgmma needs sm_90a
+#endif
+}
+
+/// The wgmma forward applies at D = 64 with q, k, v 16-byte aligned and
+/// their row strides multiples of 8 elements (cp.async's whole chunks).
+bool wgmmaApplies(const Dims &a, const void *q, const void *k, const void *v) {
+  return a.D == 64 && a.ldq % 8 == 0 && a.ldkv % 8 == 0 &&
+         ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
+           reinterpret_cast<uintptr_t>(v)) &
+          15) == 0;
+}
+
+/// The wgmma forward (Impl::Wgmma / WgmmaFused where wgmmaApplies).
+template <typename T>
+cudaError_t forwardWgmma(const void *q, const void *k, const void *v, void *y, float *lse,
+                         const Dims &a, cudaStream_t s) {
+  return launchForward<T>(forwardWgmmaKernel<T>, kWgSmem, kThreadsTc, kWgRows, q, k, v, y, lse,
+                          a, s);
+}
+
+/// wgmmaProduct's kernel: the operands laid out as the descriptors say,
+/// one product, d stored row-major.
+template <typename T, int N>
+__global__ void __launch_bounds__(kThreadsTc)
+    wgmmaProductKernel(const T *a, const T *b, float *d, int swizzle, bool aRegs, bool bMn) {
+#if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smTc[];
+  unsigned char *As = alignShared1024(smTc), *Bs = As + 64 * 256;
+  // Layout parameters (bytes): W the swizzle width (0 none).
+  const int W = swizzle == 1 ? 128 : swizzle == 2 ? 64 : swizzle == 3 ? 32 : 0;
+  // A: 64 x 16, K-major. None: core matrices of 8 rows x 16 bytes, the two
+  // k halves LBO = 128 apart, eight-row groups SBO = 256 apart. W-byte:
+  // rows W apart (the first 32 bytes used), groups 8 W apart.
+  uint32_t aLbo = 128, aSbo = W ? 8 * W : 256;
+  auto aByte = [&](int r, int kk) {
+    int off = W ? (r % 8) * W + (r / 8) * aSbo + 2 * kk
+                : (r % 8) * 16 + (r / 8) * aSbo + (kk % 8) * 2 + (kk / 8) * aLbo;
+    return W == 128 ? off ^ ((off >> 7 & 7) << 4)
+           : W == 64 ? off ^ ((off >> 7 & 3) << 4)
+           : W == 32 ? off ^ ((off >> 7 & 1) << 4)
+                     : off;
+  };
+  // B: 16 x N. K-major as A (n the row). N-major: none: core matrices of 8
+  // k rows x 8 n (16 bytes), n groups SBO = 128 apart, k halves LBO = N 16
+  // apart; W-byte: rows of W / 2 n, k rows W apart, k groups SBO = 8 W
+  // apart, n blocks LBO = 16 W apart.
+  uint32_t bLbo, bSbo;
+  if (!bMn) {
+    bLbo = 128;
+    bSbo = W ? 8 * W : 256;
+  } else {
+    bLbo = W ? 16 * W : N * 16;
+    bSbo = W ? 8 * W : 128;
+  }
+  auto bByte = [&](int kk, int n) {
+    int off;
+    if (!bMn)
+      off = W ? (n % 8) * W + (n / 8) * bSbo + 2 * kk
+              : (n % 8) * 16 + (n / 8) * bSbo + (kk % 8) * 2 + (kk / 8) * bLbo;
+    else
+      off = W ? (n % (W / 2)) * 2 + (n / (W / 2)) * bLbo + (kk % 8) * W + (kk / 8) * bSbo
+              : (n % 8) * 2 + (n / 8) * bSbo + (kk % 8) * 16 + (kk / 8) * bLbo;
+    return W == 128 ? off ^ ((off >> 7 & 7) << 4)
+           : W == 64 ? off ^ ((off >> 7 & 3) << 4)
+           : W == 32 ? off ^ ((off >> 7 & 1) << 4)
+                     : off;
+  };
+  for (int i = threadIdx.x; i < 64 * 16; i += kThreadsTc)
+    memcpy(As + aByte(i / 16, i % 16), a + i, sizeof(T));
+  for (int i = threadIdx.x; i < 16 * N; i += kThreadsTc)
+    memcpy(Bs + bByte(i / N, i % N), b + i, sizeof(T));
+  mma::fenceProxyAsync();
+  __syncthreads();
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i)
+    acc[i] = 0.f;
+  uint64_t db = mma::smemDesc(Bs, bLbo, bSbo, swizzle);
+  mma::wgmmaFence();
+  if (aRegs) {
+    // mma.sync's A layout for the warp's rows 16 w .. 16 w + 15.
+    uint32_t af[4];
+    const T *rowLo = a + (16 * warp + g) * 16, *rowHi = rowLo + 8 * 16;
+    auto pack = [](T lo, T hi) {
+      uint16_t h[2];
+      memcpy(&h[0], &lo, 2);
+      memcpy(&h[1], &hi, 2);
+      return (uint32_t)h[0] | (uint32_t)h[1] << 16;
+    };
+    af[0] = pack(rowLo[2 * qd], rowLo[2 * qd + 1]);
+    af[1] = pack(rowHi[2 * qd], rowHi[2 * qd + 1]);
+    af[2] = pack(rowLo[2 * qd + 8], rowLo[2 * qd + 9]);
+    af[3] = pack(rowHi[2 * qd + 8], rowHi[2 * qd + 9]);
+    if (bMn)
+      mma::Wgmma<T, N>::template rs<1>(acc, af, db, 0);
+    else
+      mma::Wgmma<T, N>::template rs<0>(acc, af, db, 0);
+  } else {
+    uint64_t da = mma::smemDesc(As, aLbo, aSbo, swizzle);
+    if (bMn)
+      mma::Wgmma<T, N>::template ss<0, 1>(acc, da, db, 0);
+    else
+      mma::Wgmma<T, N>::template ss<0, 0>(acc, da, db, 0);
+  }
+  mma::wgmmaCommit();
+  mma::wgmmaWait<0>();
+  mma::fenceRegs(acc);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i)
+    d[(16 * warp + g + 8 * (i / 2 % 2)) * N + 8 * (i / 4) + 2 * qd + i % 2] = acc[i];
+#else
+  __trap(); // wgmma needs sm_90a
+#endif
+}
+
 /// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
 /// (Tight false: registers as the compiler chooses, 166 for dq and 222 for
 /// dk / dv at D = 64, so 3 and 2 blocks a multiprocessor) or Impl::MmaTight
@@ -1725,7 +2022,9 @@ namespace {
 /// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
-  impl = resolve(t, a, impl);
+  impl = impl == Impl::Wgmma        ? Impl::MmaTight3
+         : impl == Impl::WgmmaFused ? Impl::MmaFused
+                                    : resolve(t, a, impl);
   if ((impl == Impl::MmaFused || impl == Impl::MmaFused64) &&
       pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
@@ -1752,7 +2051,8 @@ bool parseImpl(const char *name, Impl &impl) {
   } kNames[] = {{"auto", Impl::Auto}, {"cores", Impl::CudaCores}, {"wmma", Impl::Wmma},
                 {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
                 {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
-                {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64}};
+                {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64},
+                {"wgmma", Impl::Wgmma}, {"wgmma-fused", Impl::WgmmaFused}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -1772,6 +2072,12 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
+  if (impl == Impl::Wgmma || impl == Impl::WgmmaFused) {
+    if (wgmmaApplies(a, q, k, v))
+      return t == FloatKind::BF16 ? forwardWgmma<__nv_bfloat16>(q, k, v, y, lse, a, s)
+                                  : forwardWgmma<__half>(q, k, v, y, lse, a, s);
+    impl = Impl::MmaTight3;
+  }
   return withKernels(impl, t, [&](auto kernels, auto elem) {
     return forwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, a, s);
   });
@@ -1800,6 +2106,27 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,
                                                            scratch, a, s);
   });
+}
+
+cudaError_t wgmmaProduct(FloatKind t, const void *a, const void *b, float *d, int n,
+                         int swizzle, bool aRegs, bool bNMajor, cudaStream_t s) {
+  if ((t != FloatKind::BF16 && t != FloatKind::F16) || (n != 64 && n != 128) || swizzle < 0 ||
+      swizzle > 3)
+    return cudaErrorInvalidValue;
+  auto run = [&](auto kernel, auto elem) {
+    using T = decltype(elem);
+    const size_t sm = 1024 + 64 * 256 + 16 * 1024 + 4096;
+    if (cudaError_t e = optIn(kernel, sm))
+      return e;
+    kernel<<<1, kThreadsTc, sm, s>>>(static_cast<const T *>(a), static_cast<const T *>(b), d,
+                                     swizzle, aRegs, bNMajor);
+    return cudaGetLastError();
+  };
+  if (t == FloatKind::BF16)
+    return n == 64 ? run(wgmmaProductKernel<__nv_bfloat16, 64>, __nv_bfloat16{})
+                   : run(wgmmaProductKernel<__nv_bfloat16, 128>, __nv_bfloat16{});
+  return n == 64 ? run(wgmmaProductKernel<__half, 64>, __half{})
+                 : run(wgmmaProductKernel<__half, 128>, __half{});
 }
 
 } // namespace fsdp::cuda::flash

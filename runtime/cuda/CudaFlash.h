@@ -80,7 +80,13 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              once, not twice. Scratch: the partials (backwardScratch);
 ///   MmaFused64 MmaFused with key blocks of 64 at D = 64 (16 key rows a
 ///              warp, launch bounds for 3 blocks a multiprocessor, as
-///              MmaTight's dk / dv; twice the partials).
+///              MmaTight's dk / dv; twice the partials);
+///   Wgmma      the forward at D = 64 on Hopper's warpgroup instructions
+///              (wgmma.mma_async, sm_90a: a warpgroup per 64 query rows,
+///              key tiles of 128, operands in 128-byte swizzled shared
+///              memory, P from registers); elsewhere MmaTight3's forward.
+///              The backward is MmaTight3's;
+///   WgmmaFused Wgmma's forward, MmaFused's backward.
 enum class Impl {
   Auto,
   CudaCores,
@@ -90,7 +96,9 @@ enum class Impl {
   MmaTight2,
   MmaTight3,
   MmaFused,
-  MmaFused64
+  MmaFused64,
+  Wgmma,
+  WgmmaFused
 };
 
 /// True for the tensor-core implementations (bf16 / f16 storage, D a
@@ -99,8 +107,8 @@ bool tensorCoreImpl(Impl impl);
 
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
-/// mma-tight2, mma-tight3, mma-fused, mma-fused64 (false for anything
-/// else).
+/// mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused
+/// (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
@@ -135,6 +143,17 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
                      float *scratch, int64_t B, int64_t T, int64_t C, int64_t heads,
                      bool causal, int64_t kvHeads, cudaStream_t s, Impl impl = Impl::Auto,
                      Layout rows = {});
+
+/// One wgmma.mma_async product (sm_90a), the primitive under Impl::Wgmma,
+/// for the tests (a wrong reading of the PTX ISA's operand layouts shows
+/// here first, named by its case): d (64 x n, f32, row-major) =
+/// a (64 x 16) b (16 x n), a and b row-major device arrays of storage t
+/// (bf16 or f16), n 64 or 128. The operands are laid into shared memory in
+/// the canonical layout of `swizzle` (0 none, 1 128-byte, 2 64-byte,
+/// 3 32-byte: smemDesc in CudaMma.cuh), b K-major or (bNMajor) N-major,
+/// a from shared memory (K-major) or (aRegs) from registers.
+cudaError_t wgmmaProduct(FloatKind t, const void *a, const void *b, float *d, int n,
+                         int swizzle, bool aRegs, bool bNMajor, cudaStream_t s);
 
 } // namespace fsdp::cuda::flash
 

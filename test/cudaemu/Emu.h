@@ -297,6 +297,27 @@ void checkLdmatrixRow(const void *p);
 /// complete, so shared memory read before the wait still holds what it
 /// held (the poison of a fresh block) and a missing wait shows.
 void cpAsync(void *dst, const void *src, size_t n);
+/// The offset of p in the block's dynamic shared memory (the emulated
+/// shared address; fails the launch if p is outside it).
+uint32_t sharedOffset(const void *p);
+/// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} for the calling
+/// thread of its warpgroup: queued, and performed at the wgmma.wait_group
+/// that covers its group, after every thread of the warpgroup arrives
+/// (then d, the shared-memory operands and the A registers queued here
+/// are read: reading d before the wait sees its old values, as changing
+/// an operand before the wait changes the product). a: the thread's four
+/// A registers (mma.sync's A layout for its warp's 16 rows), or null for
+/// A in shared memory at descriptor da. Descriptors are decoded as the
+/// PTX ISA's canonical layouts (runtime/cuda/CudaMma.cuh, smemDesc).
+void wgmma(float *d, int n, const uint32_t *a, uint64_t da, uint64_t db, bool accumulate,
+           bool tnspA, bool tnspB, bool bf16);
+/// wgmma.fence (checks the thread is in a whole warpgroup).
+void wgmmaFence();
+/// wgmma.commit_group: the thread's queued products become one group.
+void wgmmaCommit();
+/// wgmma.wait_group N: a warpgroup barrier, then all but the newest N
+/// committed groups are performed.
+void wgmmaWait(int pending);
 /// cp.async.commit_group: the thread's queued copies become one group.
 void cpAsyncCommit();
 /// cp.async.wait_group N: completes all but the newest N committed groups.

@@ -364,6 +364,21 @@ struct BlockState {
     std::deque<std::vector<AsyncCopy>> groups;
   };
   std::vector<ThreadAsync> async;
+  // per thread: wgmma products queued / committed, not yet waited for
+  // (performed at wgmma.wait_group); per warpgroup: threads at its barrier
+  struct WgmmaOp {
+    float *d;
+    int n;
+    bool aRegs, acc, tnspA, tnspB, bf16;
+    uint32_t a[4];
+    uint64_t da, db;
+  };
+  struct ThreadWgmma {
+    std::vector<WgmmaOp> open;
+    std::deque<std::vector<WgmmaOp>> groups;
+  };
+  std::vector<ThreadWgmma> wgmma;
+  std::vector<std::vector<int>> groupWaiters;
   const std::function<void()> *body = nullptr;
   std::string error;
   bool reverse = false;
@@ -410,6 +425,9 @@ void releaseBlockBarrier() {
 void fiberMain() {
   (*blk.body)();
   int i = self();
+  if (!blk.wgmma[i].open.empty() || !blk.wgmma[i].groups.empty())
+    failLaunch("thread " + std::to_string(i) + " of block " + std::to_string(gBlockIdx.x) +
+               " ended with wgmma products it never waited for (wgmma.wait_group)");
   --blk.live;
   blk.exited[i / 32] |= 1u << (i % 32);
   if (!blk.blockWaiters.empty() && (int)blk.blockWaiters.size() == blk.live)
@@ -456,6 +474,8 @@ bool runBlock(dim3 dims) {
   blk.warpWaiters.assign(warps, {});
   blk.slots.assign((size_t)warps * 64, 0);
   blk.async.assign(n, {});
+  blk.wgmma.assign(n, {});
+  blk.groupWaiters.assign((n + 127) / 128, {});
   std::fill(blk.shared.begin(), blk.shared.end(), (unsigned char)0xff);
   while (!blk.ready.empty() && blk.error.empty()) {
     Fiber &f = blk.fibers[blk.ready.front()];
@@ -566,6 +586,153 @@ void cpAsyncWait(int pending) {
       std::memcpy(c.dst, c.src, c.n);
     t.groups.pop_front();
   }
+}
+
+// --- wgmma (sm_90a) ------------------------------------------------------------------------------
+namespace {
+/// Fails the launch unless the calling thread is in a whole warpgroup
+/// (four warps, the first a multiple of four) none of whose threads ended.
+int warpgroupOf(const char *what) {
+  int i = self(), g = i / 128;
+  if ((size_t)(g + 1) * 128 > blk.fibers.size() ||
+      (blk.exited[4 * g] | blk.exited[4 * g + 1] | blk.exited[4 * g + 2] | blk.exited[4 * g + 3]))
+    failLaunch(std::string(what) + " in block " + std::to_string(gBlockIdx.x) + ", thread " +
+               std::to_string(i) + ": not every thread of its warpgroup (128) is there");
+  return g;
+}
+
+/// A barrier of the calling thread's warpgroup.
+void syncWarpgroup(const char *what) {
+  int i = self(), g = warpgroupOf(what);
+  auto &w = blk.groupWaiters[g];
+  w.push_back(i);
+  if (w.size() == 128) {
+    w.pop_back();
+    for (int j : w)
+      blk.ready.push_back(j);
+    w.clear();
+    return;
+  }
+  suspend();
+}
+
+/// The byte offset in dynamic shared memory of element (mn, k) of a
+/// 16-bit wgmma operand at descriptor desc (mn: the M or N index), as
+/// CudaMma.cuh's smemDesc describes the canonical layouts.
+size_t operandByte(uint64_t desc, int mn, int k, bool mnMajor) {
+  uint64_t start = (desc & 0x3FFFu) << 4, lbo = (desc >> 16 & 0x3FFFu) << 4,
+           sbo = (desc >> 32 & 0x3FFFu) << 4;
+  unsigned base = (unsigned)(desc >> 49 & 7u), mode = (unsigned)(desc >> 62);
+  if (base != 0) {
+    failLaunch("wgmma: a descriptor with a non-zero base offset (not emulated)");
+    return 0;
+  }
+  uint64_t width = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0, off;
+  if (!mnMajor)
+    off = width == 0 ? (mn % 8) * 16 + (mn / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo
+                     : (mn % 8) * width + (mn / 8) * sbo + 2 * k;
+  else if (width == 0)
+    off = (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo;
+  else
+    off = (mn % (width / 2)) * 2 + (mn / (width / 2)) * lbo + (k % 8) * width + (k / 8) * sbo;
+  uint64_t addr = start + off;
+  if (width == 128)
+    addr ^= (addr >> 7 & 7) << 4;
+  else if (width == 64)
+    addr ^= (addr >> 7 & 3) << 4;
+  else if (width == 32)
+    addr ^= (addr >> 7 & 1) << 4;
+  if (addr + 2 > blk.shared.size()) {
+    failLaunch("wgmma: an operand element outside dynamic shared memory (descriptor 0x" +
+               [&] {
+                 char b[20];
+                 std::snprintf(b, sizeof b, "%016llx", (unsigned long long)desc);
+                 return std::string(b);
+               }() + ")");
+    return 0;
+  }
+  return (size_t)addr;
+}
+
+float operandAt(size_t byte, bool bf16) {
+  uint16_t h;
+  std::memcpy(&h, blk.shared.data() + byte, 2);
+  return bitsToFloat(h, bf16);
+}
+
+/// Performs the calling thread's part (its d elements) of product o of
+/// its committed group g; every thread of the warpgroup is at the wait.
+void performWgmma(int i, size_t g, size_t o) {
+  const auto &op = blk.wgmma[i].groups[g][o];
+  int lead = i / 128 * 128, warpBase = i / 32 * 32, w = i % 128 / 32, lane = i % 32;
+  const auto &leadGroups = blk.wgmma[lead].groups;
+  if (leadGroups.size() <= g || leadGroups[g].size() <= o) {
+    failLaunch("wgmma: the threads of a warpgroup committed different products");
+    return;
+  }
+  const auto &l = leadGroups[g][o];
+  if (l.n != op.n || l.aRegs != op.aRegs || l.da != op.da || l.db != op.db || l.acc != op.acc ||
+      l.tnspA != op.tnspA || l.tnspB != op.tnspB || l.bf16 != op.bf16) {
+    failLaunch("wgmma: the threads of a warpgroup issued one product with different operands");
+    return;
+  }
+  auto A = [&](int r, int k) { // r: the row within the warp's 16
+    if (!op.aRegs)
+      return operandAt(operandByte(op.da, 16 * w + r, k, op.tnspA), op.bf16);
+    const auto &src = blk.wgmma[warpBase + (r % 8) * 4 + (k % 8) / 2].groups[g][o];
+    uint32_t reg = src.a[(r >= 8) + 2 * (k >= 8)];
+    return bitsToFloat((uint16_t)(k % 2 ? reg >> 16 : reg & 0xffffu), op.bf16);
+  };
+  int gr = lane / 4, q = lane % 4;
+  for (int e = 0; e < op.n / 2; ++e) {
+    int r = gr + 8 * (e / 2 % 2), col = 8 * (e / 4) + 2 * q + e % 2;
+    float s = op.acc ? op.d[e] : 0.f;
+    for (int k = 0; k < 16; ++k)
+      s += A(r, k) * operandAt(operandByte(op.db, col, k, op.tnspB), op.bf16);
+    op.d[e] = s;
+  }
+}
+} // namespace
+
+uint32_t sharedOffset(const void *p) {
+  auto *c = static_cast<const unsigned char *>(p);
+  const unsigned char *lo = blk.shared.data(), *hi = lo + blk.shared.size();
+  if (c < lo || c > hi)
+    failLaunch("a shared-memory address (descriptor) outside dynamic shared memory");
+  return (uint32_t)(c - lo);
+}
+
+void wgmma(float *d, int n, const uint32_t *a, uint64_t da, uint64_t db, bool accumulate,
+           bool tnspA, bool tnspB, bool bf16) {
+  warpgroupOf("wgmma.mma_async");
+  if (n % 8 || n < 8 || n > 256)
+    failLaunch("wgmma: N = " + std::to_string(n) + " is not a multiple of 8 in 8..256");
+  BlockState::WgmmaOp op{d, n, a != nullptr, accumulate, tnspA, tnspB, bf16, {}, da, db};
+  if (a)
+    std::memcpy(op.a, a, sizeof op.a);
+  blk.wgmma[self()].open.push_back(op);
+}
+
+void wgmmaFence() { warpgroupOf("wgmma.fence"); }
+
+void wgmmaCommit() {
+  warpgroupOf("wgmma.commit_group");
+  auto &t = blk.wgmma[self()];
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void wgmmaWait(int pending) {
+  int i = self();
+  syncWarpgroup("wgmma.wait_group"); // every thread has queued its operands
+  auto &t = blk.wgmma[i];
+  size_t done = t.groups.size() > (size_t)pending ? t.groups.size() - pending : 0;
+  for (size_t g = 0; g < done; ++g)
+    for (size_t o = 0; o < t.groups[g].size(); ++o)
+      performWgmma(i, g, o);
+  syncWarpgroup("wgmma.wait_group"); // every thread has read the others' A registers
+  for (size_t g = 0; g < done; ++g)
+    t.groups.pop_front();
 }
 
 void checkLdmatrixRow(const void *p) {

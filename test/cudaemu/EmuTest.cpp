@@ -6,7 +6,8 @@
 // that work, a deadlock, a bad shuffle mask, a missing barrier, the
 // dynamic shared memory opt-in, copies outside allocations, stream capture
 // rules and graphs that replay the captured arguments, mma.sync and
-// ldmatrix against the PTX fragment tables, cp.async landing at its wait, and (stream threads) a
+// ldmatrix against the PTX fragment tables, wgmma against the PTX canonical
+// shared-memory layouts, cp.async landing at its wait, and (stream threads) a
 // race between streams that only an event wait prevents.
 //
 //===----------------------------------------------------------------------===//
@@ -278,6 +279,119 @@ TEST(CudaEmu, MmaAndLdmatrixFollowThePtxFragmentTables) {
                                         false);
                   },
                   0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
+}
+
+// wgmma.mma_async against the PTX ISA's canonical shared-memory layouts,
+// written here from the ISA's own bf16 examples ("Canonical Layouts":
+// MN-major with no swizzle, 32- and 64-byte swizzles, their exact CuTe
+// layouts and LBO / SBO) and its K-major 128-byte form, not through
+// CudaMma.cuh: A (64 x 16) K-major 128-byte swizzled, B (16 x N) in each
+// example's layout, descriptors assembled by hand. Small integers: exact.
+struct WgmmaExample {
+  int n, swizzleBits, mode; // N; Swizzle<B,4,3>'s B; the descriptor's mode
+  uint32_t lbo, sbo;        // bytes
+  int (*elem)(int mn, int k); // the exact layout: element offset of (mn, k)
+};
+
+size_t swizzled(size_t byte, int bits) {
+  return byte ^ (((byte >> 7) & ((1u << bits) - 1)) << 4);
+}
+
+TEST(CudaEmu, WgmmaReadsThePtxCanonicalLayouts) {
+  const WgmmaExample examples[] = {
+      // ((8,1,2),(8,2)):((1,8,64),(8,128)), LBO 128, SBO 64 elements
+      {16, 0, 0, 256, 128,
+       [](int mn, int k) { return mn % 8 + (mn / 8) * 64 + (k % 8) * 8 + (k / 8) * 128; }},
+      // Swizzle<1,4,3> o ((8,2,2),(8,2)):((1,8,128),(16,256)), LBO 128, SBO 256
+      {32, 1, 3, 256, 512,
+       [](int mn, int k) {
+         return mn % 8 + (mn / 8 % 2) * 8 + (mn / 16) * 128 + (k % 8) * 16 + (k / 8) * 256;
+       }},
+      // Swizzle<2,4,3> o ((8,4,2),(8,2)):((1,8,256),(32,512)), LBO 256, SBO 512
+      {64, 2, 2, 512, 1024,
+       [](int mn, int k) {
+         return mn % 8 + (mn / 8 % 4) * 8 + (mn / 32) * 256 + (k % 8) * 32 + (k / 8) * 512;
+       }},
+  };
+  for (const WgmmaExample &ex : examples) {
+    SCOPED_TRACE("N-major B, N = " + std::to_string(ex.n));
+    const size_t bBase = 8192, bytes = bBase + 4096;
+    std::vector<uint8_t> sm(bytes, 0);
+    float Af[64][16], Bf[16][64];
+    auto put = [&](size_t byte, float v) {
+      uint16_t h = bf16Bits(v);
+      std::memcpy(&sm[byte], &h, 2);
+    };
+    // A: Swizzle<3,4,3> o ((8,m),(8,2)):((64,512),(1,8)) elements (SBO 1024 bytes).
+    for (int r = 0; r < 64; ++r)
+      for (int k = 0; k < 16; ++k) {
+        Af[r][k] = (float)((r * 5 + k * 3) % 7 - 3);
+        put(swizzled(2 * (size_t)((r % 8) * 64 + (r / 8) * 512 + k), 3), Af[r][k]);
+      }
+    for (int k = 0; k < 16; ++k)
+      for (int c = 0; c < ex.n; ++c) {
+        Bf[k][c] = (float)((k * 3 + c * 7) % 9 - 4);
+        put(bBase + swizzled(2 * (size_t)ex.elem(c, k), ex.swizzleBits), Bf[k][c]);
+      }
+    auto desc = [](size_t addr, uint32_t lbo, uint32_t sbo, int mode) {
+      return (uint64_t)(addr >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
+             (uint64_t)mode << 62;
+    };
+    uint64_t da = desc(0, 16, 1024, 1), db = desc(bBase, ex.lbo, ex.sbo, ex.mode);
+    uint8_t *src = devAlloc<uint8_t>(bytes);
+    float *d = devAlloc<float>(64 * 64);
+    ASSERT_EQ(cudaMemcpy(src, sm.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    int n = ex.n;
+    cudaemu::launch(nullptr, 1, 128, bytes, nullptr,
+                    [=](auto...) {
+                      uint8_t *s = static_cast<uint8_t *>(cudaemu::dynamicShared());
+                      for (size_t i = threadIdx.x; i < bytes; i += 128)
+                        s[i] = src[i];
+                      __syncthreads();
+                      float acc[32];
+                      for (float &x : acc)
+                        x = 1.f; // scale-d 1: d = A B + 1
+                      cudaemu::wgmmaFence();
+                      cudaemu::wgmma(acc, n, nullptr, da, db, true, false, true, true);
+                      cudaemu::wgmmaCommit();
+                      cudaemu::wgmmaWait(0);
+                      // d[4 j + e]: row 16 w + g + 8 (e / 2), column 8 j + 2 q + e % 2
+                      unsigned t = threadIdx.x, w = t / 32, g = t % 32 / 4, q = t % 4;
+                      for (int i = 0; i < n / 2; ++i)
+                        d[(16 * w + g + 8 * (i / 2 % 2)) * 64 + 8 * (i / 4) + 2 * q + i % 2] =
+                            acc[i];
+                    },
+                    0);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> got(64 * 64);
+    ASSERT_EQ(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    int bad = 0;
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < ex.n; ++c) {
+        float want = 1.f;
+        for (int k = 0; k < 16; ++k)
+          want += Af[r][k] * Bf[k][c];
+        if (got[r * 64 + c] != want && bad++ < 3)
+          ADD_FAILURE() << "D[" << r << "][" << c << "] = " << got[r * 64 + c] << ", want "
+                        << want;
+      }
+    cudaFree(src);
+    cudaFree(d);
+  }
+  // A product some thread of the warpgroup never waits for fails the
+  // launch, as does a warpgroup with a missing warp.
+  cudaemu::launch(nullptr, 1, 128, 1024, nullptr,
+                  [=](auto...) {
+                    float acc[8] = {};
+                    cudaemu::wgmma(acc, 16, nullptr, 0, 0, false, false, false, true);
+                    cudaemu::wgmmaCommit();
+                  },
+                  0);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
+  cudaemu::launch(nullptr, 1, 96, 1024, nullptr, [=](auto...) { cudaemu::wgmmaFence(); }, 0);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
   EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
 }

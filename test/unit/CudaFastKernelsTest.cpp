@@ -1082,6 +1082,8 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                         : impl == Impl::MmaTight3 ? " mma.sync tight3"
                                         : impl == Impl::MmaFused  ? " mma.sync fused"
                                         : impl == Impl::MmaFused64 ? " mma.sync fused64"
+                                        : impl == Impl::Wgmma      ? " wgmma"
+                                        : impl == Impl::WgmmaFused ? " wgmma fused"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1254,6 +1256,97 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
     flashCase(FloatKind::F16, 1, 100, 4, 2, 64, true, 73, impl);
     flashCase(FloatKind::F16, 1, 70, 2, 2, 32, false, 79, impl);
   }
+}
+
+TEST_F(CudaFastKernelsTest, WgmmaProductsMatchTheCpu) {
+  // The warpgroup product under Impl::Wgmma, one instruction at a time, in
+  // every operand layout the PTX ISA names for 16-bit types (no swizzle,
+  // 128-, 64- and 32-byte swizzles; B K-major and N-major; A in shared
+  // memory or registers), N = 64 and 128, bf16 and f16. A misread layout
+  // (descriptor fields, swizzle, fragment order) moves whole products to
+  // other rows, columns or k: errors of the size of the values, where the
+  // bound below is a few f32 units in the last place.
+  for (FloatKind t : {FloatKind::BF16, FloatKind::F16})
+    for (int n : {64, 128})
+      for (int swizzle = 0; swizzle < 4; ++swizzle)
+        for (bool aRegs : {false, true})
+          for (bool bN : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (t == FloatKind::BF16 ? "bf16" : "f16") << " n=" << n
+                         << " swizzle=" << swizzle << (aRegs ? " A in registers" : " A in smem")
+                         << (bN ? " B N-major" : " B K-major"));
+            bool half = t == FloatKind::F16;
+            uint32_t seed = 1000 + n + 10 * swizzle + 3 * aRegs + bN;
+            Bf16Vec a(randomVec(64 * 16, seed), half), b(randomVec(16 * n, seed + 7), half);
+            Dev<uint16_t> da(64 * 16), db(16 * n);
+            Dev<float> dd(64 * n);
+            ASSERT_EQ(cudaMemcpy(da.get(), a.bits.data(), 2 * a.bits.size(),
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(db.get(), b.bits.data(), 2 * b.bits.size(),
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+            ASSERT_EQ(gpu::flash::wgmmaProduct(t, da.get(), db.get(), dd.get(), n, swizzle,
+                                               aRegs, bN, nullptr),
+                      cudaSuccess);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<float> d(64 * n);
+            ASSERT_EQ(cudaMemcpy(d.data(), dd.get(), 4 * d.size(), cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+            // Products of 16-bit values are exact in f32; the 16 additions
+            // each round (to nearest, or toward zero where the tensor core
+            // truncates: under 2 units each), so |d - exact| <= 32 u32
+            // sum_k |a b| (u32 = 2^-24), with margin for the bound's
+            // second-order terms.
+            int bad = 0;
+            for (int r = 0; r < 64; ++r)
+              for (int c = 0; c < n; ++c) {
+                double exact = 0, mag = 0;
+                for (int k = 0; k < 16; ++k) {
+                  double p = (double)a.wide[r * 16 + k] * b.wide[k * n + c];
+                  exact += p;
+                  mag += std::fabs(p);
+                }
+                double err = std::fabs(d[r * n + c] - exact);
+                if (err > 33.0 * std::ldexp(1.0, -24) * mag && bad++ < 3)
+                  ADD_FAILURE() << "d[" << r << "][" << c << "] = " << d[r * n + c]
+                                << ", exact " << exact;
+              }
+            EXPECT_EQ(bad, 0);
+          }
+  // Refused, not run: f32, an N the kernel has no instance of, a swizzle
+  // mode outside the descriptor's two bits.
+  Dev<float> any(64 * 128);
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::F32, any.get(), any.get(), any.get(), 64, 0,
+                                     false, false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 96, 0,
+                                     false, false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 64, 4,
+                                     false, false, nullptr),
+            cudaErrorInvalidValue);
+}
+
+TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
+  // The wgmma forward (D = 64; Wgmma's backward is MmaTight3's, WgmmaFused's
+  // MmaFused's): GPT-2's heads (several key tiles of 128 and the diagonal
+  // inside one), grouped-query with a partial query block and a partial
+  // key tile, a sequence shorter than one tile, the long causal tail
+  // (1100 = 8 tiles of 128 + 76), f16 storage. D = 128 runs MmaTight3's
+  // forward. (FlashAttentionReadsPackedQkv: the packed layout's strides.)
+  using gpu::flash::Impl;
+  for (bool causal : {true, false}) {
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::Wgmma);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::Wgmma);
+    flashCase(FloatKind::BF16, 2, 9, 2, 2, 64, causal, 15, Impl::Wgmma);
+  }
+  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Wgmma);
+  flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::Wgmma);
+  for (Impl impl : {Impl::Wgmma, Impl::WgmmaFused})
+    flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, impl);
+  flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, Impl::WgmmaFused);
+  flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, Impl::WgmmaFused);
 }
 
 /// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
@@ -1446,7 +1539,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
       {"mma", Impl::Mma},           {"wmma", Impl::Wmma},
       {"mma-tight", Impl::MmaTight}, {"mma-tight2", Impl::MmaTight2},
       {"mma-tight3", Impl::MmaTight3}, {"mma-fused", Impl::MmaFused},
-      {"mma-fused64", Impl::MmaFused64}, {"cores", Impl::CudaCores},
+      {"mma-fused64", Impl::MmaFused64}, {"wgmma", Impl::Wgmma},
+      {"wgmma-fused", Impl::WgmmaFused}, {"cores", Impl::CudaCores},
       {"auto", Impl::Auto}};
   for (const auto &[name, want] : names) {
     ASSERT_TRUE(gpu::flash::parseImpl(name, impl)) << name;
@@ -1587,9 +1681,10 @@ TEST_F(CudaFastKernelsTest, FlashAttentionReadsPackedQkv) {
                  std::to_string(c.D));
     const int64_t C = c.heads * c.D, W = C + 2 * c.kv * c.D, rows = c.B * c.T;
     std::vector<float> qkv = randomVec(rows * W, 91, 2.f), dy = randomVec(rows * C, 92);
-    for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::Wmma, Impl::CudaCores}) {
+    for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::Wgmma, Impl::Wmma, Impl::CudaCores}) {
       SCOPED_TRACE(impl == Impl::Mma        ? "mma.sync"
                    : impl == Impl::MmaFused ? "mma.sync fused"
+                   : impl == Impl::Wgmma    ? "wgmma"
                    : impl == Impl::Wmma     ? "WMMA"
                                             : "CUDA cores");
       expectPackedEqualsDense(FloatKind::BF16, impl, Bf16Vec(qkv).bits, Bf16Vec(dy).bits, c.B,
