@@ -1541,51 +1541,8 @@ int64_t pairsPerChunk(const Dims &a, int m) {
 /// (key blocks of 128, as MmaTight3's dk / dv), else 1 (blocks of 64;
 /// MmaFused64 at D = 64 bounded to 3 blocks a multiprocessor, as
 /// MmaTight's dk / dv).
-int fusedTiles(Impl impl, int64_t D) { return impl == Impl::MmaFused && D == 64 ? 2 : 1; }
-
-/// The fused backward (Impl::MmaFused, MmaFused64): delta,
-/// bwdFusedMmaKernel (m key m-tiles a warp, fusedTiles), the dq reduction.
-template <typename T>
-cudaError_t backwardFused(const void *q, const void *k, const void *v, const void *y,
-                          const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                          float *scratch, const Dims &a, int m, cudaStream_t s) {
-  const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
-          *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
-  float *delta = scratch, *part = scratch + deltaFloats(a);
-  const int64_t chunk = pairsPerChunk(a, m), pairs = a.B * a.KV, group = a.H / a.KV;
-  if (chunk <= 0)
-    return cudaErrorInvalidValue; // backward() runs MmaTight3's kernels instead
-  int64_t rows = a.B * a.H * a.T;
-  bool vec = a.D % 8 == 0 && a.ldy % 8 == 0 &&
-             ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
-  deltaKernel<T><<<(unsigned)((rows * kDeltaLanes + 255) / 256), 256, 0, s>>>(
-      a, static_cast<const T *>(y), DY, delta, vec);
-  if (cudaError_t e = cudaGetLastError())
-    return e;
-  auto kernel = a.D == 64    ? (m == 2 ? bwdFusedMmaKernel<T, 64, 2, 2>
-                                       : bwdFusedMmaKernel<T, 64, 3, 1>)
-                : a.D == 128 ? bwdFusedMmaKernel<T, 128, 1, 1>
-                             : bwdFusedMmaKernel<T, 0, 1, 1>;
-  size_t sm = (4 + 2 * m) * tcTile(a.D) + 4 * sizeof(float) * kTile +
-              sizeof(uint16_t) * kTile * m * kLdP;
-  if (cudaError_t e = optIn(kernel, sm))
-    return e;
-  // Chunks of (b, kv head) pairs, each the fused kernel then its dq
-  // reduction, the partials reused (stream order): the same sums in the
-  // same order whatever the chunking.
-  for (int64_t g0 = 0; g0 < pairs; g0 += chunk) {
-    int64_t n = std::min(chunk, pairs - g0);
-    kernel<<<(unsigned)(n * keyBlocks(a, m)), kThreadsTc, sm, s>>>(
-        a, g0, n, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv), part);
-    if (cudaError_t e = cudaGetLastError())
-      return e;
-    int64_t threads = n * group * a.T * (a.D / 4);
-    dqReduceKernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(
-        a, m, g0 * group, n * group, part, static_cast<T *>(dq));
-    if (cudaError_t e = cudaGetLastError())
-      return e;
-  }
-  return cudaSuccess;
+int fusedTiles(Impl impl, int64_t D) {
+  return (impl == Impl::MmaFused || impl == Impl::WgmmaFused) && D == 64 ? 2 : 1;
 }
 
 // --- wgmma (sm_90a): the forward on Hopper's warpgroup tensor cores ------------------------------
@@ -1647,10 +1604,15 @@ __device__ __forceinline__ void loadTileSw(unsigned char *dst, const T *src, con
 __device__ __forceinline__ uint64_t descKMajor(const unsigned char *tile, int kk) {
   return mma::smemDesc(tile + 32 * kk, 16, 1024, 1);
 }
-/// V (keys x 64, N-major for P V: k = key, n = dimension) at k step kk
-/// (keys 16 kk .. 16 kk + 15): eight-key groups 1024 bytes apart.
+/// An M- or N-major operand from a 128-byte swizzled tile of `rows` rows
+/// whose rows are its k index (V in P V: k = key, n = dimension) at k step
+/// kk (rows 16 kk .. 16 kk + 15): eight-row groups 1024 bytes apart (the
+/// next 64 columns, LBO, would be a tile further: unused at 64).
+__device__ __forceinline__ uint64_t descNMajorRows(const unsigned char *tile, int kk, int rows) {
+  return mma::smemDesc(tile + 2048 * kk, rows * 128, 1024, 1);
+}
 __device__ __forceinline__ uint64_t descNMajor(const unsigned char *tile, int kk) {
-  return mma::smemDesc(tile + 2048 * kk, kWgTileKV, 1024, 1);
+  return descNMajorRows(tile, kk, kWgKeys);
 }
 
 template <typename T>
@@ -1885,6 +1847,248 @@ __global__ void __launch_bounds__(kThreadsTc)
 #endif
 }
 
+/// The one-pass backward on wgmma (Impl::WgmmaFused at D = 64), MmaFused's
+/// scheme on warpgroups: a block of two warpgroups per (b, kv head, block
+/// of 128 keys), warpgroup wg owning keys 64 wg .. 64 wg + 63 (the
+/// partial layout, key-block order and dqReduceKernel of MmaFused with
+/// key blocks of 128). For each query head of the group and each query
+/// tile of 64 that sees the block, in order:
+///   S^T = K Q^T and dP^T = V dY^T: m64n64k16 x 4 each, K / V (A) and
+///     Q / dY (B) K-major from shared memory;
+///   P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) in registers
+///     (the accumulator layout: key rows, query columns);
+///   dV += P^T dY and dK += dS^T Q: m64n64k16 x 4 each, P^T / dS^T
+///     rounded to the storage type as A fragments from registers, dY / Q
+///     N-major from shared memory;
+///   dS^T (rounded) into a 128-byte swizzled shared tile, key rows; after
+///     a barrier, the tile's dq partial dS K: m64n32k16 x 8 per warpgroup,
+///     warpgroup wg taking dimensions 32 wg .. 32 wg + 31, A = dS read
+///     M-major from the key-major tile (no transpose), B = K N-major;
+///     stored as f32 partials as MmaFused's.
+/// Shared memory: K, V 16 KiB each, Q and dY twice 32 KiB, lse and delta
+/// twice 1 KiB, dS^T 16 KiB, 82 KiB with the alignment: one block (eight
+/// warps) a multiprocessor, as the registers (four 64 x 64 f32
+/// accumulators a thread's share) allow.
+constexpr int kWgBwdThreads = 2 * kThreadsTc;
+constexpr int kWgTileKey = 128 * 128, kWgTileQry = 64 * 128; // bytes
+constexpr size_t kWgBwdSmem = 1024 + 2 * kWgTileKey + 4 * kWgTileQry + 4 * 64 * 4 + kWgTileKey;
+
+/// loadTileSw with the block's threads (kWgBwdThreads).
+template <typename T>
+__device__ __forceinline__ void loadTileSwAll(unsigned char *dst, const T *src, const Dims &a,
+                                              int64_t b, int64_t r0, int rows, int64_t ldRow,
+                                              int64_t col) {
+  for (int i = threadIdx.x; i < rows * 8; i += kWgBwdThreads) {
+    int r = i / 8, c = i % 8;
+    unsigned char *d = dst + sw128(r, c);
+    int64_t t = r0 + r;
+    if (t < a.T)
+      mma::cpAsync16(d, src + (b * a.T + t) * ldRow + col + 8 * c);
+    else
+      *reinterpret_cast<uint4 *>(d) = uint4{0u, 0u, 0u, 0u};
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWgBwdThreads, 1)
+    bwdWgmmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
+                   const T *dy, const float *lse, const float *delta, T *dk, T *dv,
+                   float *dqPart) {
+#if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smTc[];
+  constexpr int KR = 128, m = 2; // key rows of a block; MmaFused's m (partial layout)
+  unsigned char *Ks = alignShared1024(smTc), *Vs = Ks + kWgTileKey, *QD = Vs + kWgTileKey;
+  float *LD = reinterpret_cast<float *>(QD + 4 * kWgTileQry);
+  unsigned char *DS = reinterpret_cast<unsigned char *>(LD + 4 * 64);
+  const float sl2 = a.scale * kLog2e;
+  int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
+  int64_t kvh = pair % a.KV, b = pair / a.KV, bh0 = g0 * (a.H / a.KV);
+  int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32,
+      g = lane / 4, qd = lane % 4;
+  int64_t j0 = kt * KR, w0 = j0 + 64 * wg + 16 * warp;
+  float accK[32], accV[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    accK[i] = accV[i] = 0.f;
+  int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
+  int64_t steps = group * perHead;
+  int64_t partHead = partRows(a, m),
+          partBase = (b * a.H + kvh * group - bh0) * partHead + partRowsBefore(a, m, kt);
+  auto issue = [&](int64_t it) {
+    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
+    unsigned char *Qb = QD + (it % 2) * 2 * kWgTileQry;
+    float *Lb = LD + (it % 2) * 2 * 64;
+    loadTileSwAll(Qb, q, a, b, t0, 64, a.ldq, h * 64);
+    loadTileSwAll(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
+    mma::cpAsyncCommit();
+    for (int i = threadIdx.x; i < 64; i += kWgBwdThreads) {
+      int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
+      Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
+      Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
+    }
+  };
+  loadTileSwAll(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileSwAll(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
+  issue(0); // one group: K, V and the first Q, dY
+  const unsigned char *Kw = Ks + wg * 64 * 128, *Vw = Vs + wg * 64 * 128; // the warpgroup's keys
+  for (int64_t it = 0; it < steps; ++it) {
+    if (it + 1 < steps) {
+      issue(it + 1);
+      mma::cpAsyncWait<1>();
+    } else {
+      mma::cpAsyncWait<0>();
+    }
+    mma::fenceProxyAsync();
+    __syncthreads(); // step it's tiles are in shared memory
+    int64_t t0 = (q0 + it % perHead) * kTile;
+    const unsigned char *Qs = QD + (it % 2) * 2 * kWgTileQry, *DYs = Qs + kWgTileQry;
+    const float *Lq = LD + (it % 2) * 2 * 64, *Dq = Lq + 64;
+    float st[32], dpt[32];
+    mma::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 64>::template ss<0, 0>(st, descKMajor(Kw, kk), descKMajor(Qs, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 64>::template ss<0, 0>(dpt, descKMajor(Vw, kk), descKMajor(DYs, kk),
+                                           kk > 0);
+    mma::wgmmaCommit();
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(st);
+    mma::fenceRegs(dpt);
+    // st[4 j + e]: key w0 + g + 8 (e / 2), query t0 + 8 j + 2 qd + e % 2.
+    bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      int c = 8 * (i / 4) + 2 * qd + (i & 1);
+      int64_t tt = t0 + c, jj = w0 + g + 8 * (i / 2 % 2);
+      bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+      float p = ok ? exp2f(fmaf(st[i], sl2, -Lq[c])) : 0.f;
+      st[i] = p;
+      dpt[i] = ok ? p * (dpt[i] - Dq[c]) : 0.f;
+    }
+    uint32_t pa[4][4], sa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = mma::pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+        sa[kk][r] = mma::pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      }
+    // dS^T, rounded, into the key-major tile (pairs of query columns).
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      int c = 8 * (i / 4) + 2 * qd, r = 64 * wg + 16 * warp + g + 8 * (i / 2 % 2);
+      store2(reinterpret_cast<T *>(DS + sw128(r, c / 8) + 2 * (c % 8)), sa[i / 8][i % 8 / 2]);
+    }
+    mma::fenceRegs(accV);
+    mma::fenceRegs(accK);
+    mma::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 64>::template rs<1>(accV, pa[kk], descNMajorRows(DYs, kk, 64), 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 64>::template rs<1>(accK, sa[kk], descNMajorRows(Qs, kk, 64), 1);
+    mma::wgmmaCommit();
+    mma::fenceProxyAsync(); // this thread's dS^T stores, before the dq wgmma reads them
+    __syncthreads();        // every warpgroup's dS^T is in DS
+    // dq partial (64 queries x dimensions 32 wg ..): A = dS, M-major (the
+    // key-major tile read with its query columns as rows), B = K N-major
+    // from dimension 32 wg (64 bytes into each 128-byte row).
+    float dqa[16];
+    mma::wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      mma::Wgmma<T, 32>::template ss<1, 1>(dqa, descNMajorRows(DS, kk, 64),
+                                           descNMajorRows(Ks + 64 * wg, kk, KR), kk > 0);
+    mma::wgmmaCommit();
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(accV);
+    mma::fenceRegs(accK);
+    mma::fenceRegs(dqa);
+    // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension 32 wg + 8 j + 2 qd + e % 2.
+    float *dst = dqPart + (partBase + (it / perHead) * partHead + (it % perHead) * kTile +
+                           16 * warp + g) *
+                              64 +
+                 32 * wg + 2 * qd;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<float2 *>(dst + 8 * j) = float2{dqa[4 * j], dqa[4 * j + 1]};
+      *reinterpret_cast<float2 *>(dst + 8 * 64 + 8 * j) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
+    }
+    __syncthreads(); // buffer it % 2 and DS are free for step it + 1
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    int64_t r = w0 + g + 8 * e;
+    if (r < a.T) {
+      T *ok = dk + (b * a.T + r) * a.ldkv + kvh * 64, *ov = dv + (b * a.T + r) * a.ldkv + kvh * 64;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        ok[8 * j + 2 * qd] = cvt<T>(accK[4 * j + 2 * e] * a.scale);
+        ok[8 * j + 2 * qd + 1] = cvt<T>(accK[4 * j + 2 * e + 1] * a.scale);
+        ov[8 * j + 2 * qd] = cvt<T>(accV[4 * j + 2 * e]);
+        ov[8 * j + 2 * qd + 1] = cvt<T>(accV[4 * j + 2 * e + 1]);
+      }
+    }
+  }
+#else
+  __trap(); // wgmma needs sm_90a
+#endif
+}
+
+/// The fused backward (Impl::MmaFused, MmaFused64): delta,
+/// bwdFusedMmaKernel (m key m-tiles a warp, fusedTiles), the dq reduction.
+template <typename T>
+cudaError_t backwardFused(const void *q, const void *k, const void *v, const void *y,
+                          const float *lse, const void *dy, void *dq, void *dk, void *dv,
+                          float *scratch, const Dims &a, int m, bool wgmma, cudaStream_t s) {
+  const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
+          *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
+  float *delta = scratch, *part = scratch + deltaFloats(a);
+  const int64_t chunk = pairsPerChunk(a, m), pairs = a.B * a.KV, group = a.H / a.KV;
+  if (chunk <= 0)
+    return cudaErrorInvalidValue; // backward() runs MmaTight3's kernels instead
+  int64_t rows = a.B * a.H * a.T;
+  bool vec = a.D % 8 == 0 && a.ldy % 8 == 0 &&
+             ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
+  deltaKernel<T><<<(unsigned)((rows * kDeltaLanes + 255) / 256), 256, 0, s>>>(
+      a, static_cast<const T *>(y), DY, delta, vec);
+  if (cudaError_t e = cudaGetLastError())
+    return e;
+  auto kernel = a.D == 64    ? (m == 2 ? bwdFusedMmaKernel<T, 64, 2, 2>
+                                       : bwdFusedMmaKernel<T, 64, 3, 1>)
+                : a.D == 128 ? bwdFusedMmaKernel<T, 128, 1, 1>
+                             : bwdFusedMmaKernel<T, 0, 1, 1>;
+  size_t sm = (4 + 2 * m) * tcTile(a.D) + 4 * sizeof(float) * kTile +
+              sizeof(uint16_t) * kTile * m * kLdP;
+  int threads = kThreadsTc;
+  if (wgmma) { // bwdWgmmaKernel: MmaFused's partials and order at m = 2
+    kernel = bwdWgmmaKernel<T>;
+    sm = kWgBwdSmem;
+    threads = kWgBwdThreads;
+  }
+  if (cudaError_t e = optIn(kernel, sm))
+    return e;
+  // Chunks of (b, kv head) pairs, each the fused kernel then its dq
+  // reduction, the partials reused (stream order): the same sums in the
+  // same order whatever the chunking.
+  for (int64_t g0 = 0; g0 < pairs; g0 += chunk) {
+    int64_t n = std::min(chunk, pairs - g0);
+    kernel<<<(unsigned)(n * keyBlocks(a, m)), threads, sm, s>>>(
+        a, g0, n, Q, K, V, DY, lse, delta, static_cast<T *>(dk), static_cast<T *>(dv), part);
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+    int64_t threads = n * group * a.T * (a.D / 4);
+    dqReduceKernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(
+        a, m, g0 * group, n * group, part, static_cast<T *>(dq));
+    if (cudaError_t e = cudaGetLastError())
+      return e;
+  }
+  return cudaSuccess;
+}
+
 /// The mma.sync kernels for forwardWith / backwardWith: Impl::Mma
 /// (Tight false: registers as the compiler chooses, 166 for dq and 222 for
 /// dk / dv at D = 64, so 3 and 2 blocks a multiprocessor) or Impl::MmaTight
@@ -2018,15 +2222,19 @@ int64_t setFusedScratchCap(int64_t bytes) {
 }
 
 namespace {
+/// The one-pass backwards (dq from per-key-block partials).
+bool fusedImpl(Impl impl) {
+  return impl == Impl::MmaFused || impl == Impl::MmaFused64 || impl == Impl::WgmmaFused;
+}
+
 /// The backward's implementation: resolve's, except that a fused one whose
 /// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
-  impl = impl == Impl::Wgmma        ? Impl::MmaTight3
-         : impl == Impl::WgmmaFused ? Impl::MmaFused
-                                    : resolve(t, a, impl);
-  if ((impl == Impl::MmaFused || impl == Impl::MmaFused64) &&
-      pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
+  impl = impl == Impl::Wgmma                     ? Impl::MmaTight3
+         : impl == Impl::WgmmaFused && a.D != 64 ? Impl::MmaFused
+                                                 : resolve(t, a, impl);
+  if (fusedImpl(impl) && pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
   return impl;
 }
@@ -2038,7 +2246,7 @@ int64_t backwardScratch(FloatKind t, int64_t B, int64_t T, int64_t C, int64_t he
     return std::max<int64_t>(0, B * heads * T);
   Dims a = dims(B, T, C, heads, causal, kvHeads, {});
   impl = resolveBackward(t, a, impl);
-  if (impl != Impl::MmaFused && impl != Impl::MmaFused64)
+  if (!fusedImpl(impl))
     return B * heads * T;
   int m = fusedTiles(impl, a.D);
   return deltaFloats(a) + pairsPerChunk(a, m) * pairFloats(a, m);
@@ -2096,11 +2304,16 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (impl == Impl::MmaFused || impl == Impl::MmaFused64) {
+  if (fusedImpl(impl)) {
     int m = fusedTiles(impl, a.D);
-    return t == FloatKind::BF16
-               ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, m, s)
-               : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch, a, m, s);
+    // WgmmaFused where wgmmaApplies and dy's rows are whole chunks too,
+    // else MmaFused (the same partials and scratch).
+    bool wg = impl == Impl::WgmmaFused && wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
+              (reinterpret_cast<uintptr_t>(dy) & 15) == 0;
+    return t == FloatKind::BF16 ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv,
+                                                               scratch, a, m, wg, s)
+                                : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch,
+                                                        a, m, wg, s);
   }
   return withKernels(impl, t, [&](auto kernels, auto elem) {
     return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,

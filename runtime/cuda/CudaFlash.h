@@ -28,8 +28,10 @@
 // and dS are rounded to the storage type before their products, as
 // FlashAttention-2 does), either through WMMA with the score tiles in
 // shared memory, or through mma.sync with scores, probabilities and
-// accumulators in registers (FlashAttention-2's layout). Impl::Auto takes
-// the mma.sync kernels where they apply. See docs/RUNTIME.md.
+// accumulators in registers (FlashAttention-2's layout), or (Impl::Wgmma,
+// WgmmaFused at D = 64) through Hopper's warpgroup wgmma.mma_async with
+// the operands in 128-byte swizzled shared memory. Impl::Auto takes the
+// mma.sync kernels where they apply. See docs/RUNTIME.md.
 //
 //===----------------------------------------------------------------------===//
 

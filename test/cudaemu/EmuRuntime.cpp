@@ -683,12 +683,21 @@ void performWgmma(int i, size_t g, size_t o) {
     uint32_t reg = src.a[(r >= 8) + 2 * (k >= 8)];
     return bitsToFloat((uint16_t)(k % 2 ? reg >> 16 : reg & 0xffffu), op.bf16);
   };
+  // The thread's two rows of A and its n / 4 columns of B, read once.
   int gr = lane / 4, q = lane % 4;
+  float a[2][16], b[32][2][16];
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 16; ++k)
+      a[h][k] = A(gr + 8 * h, k);
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int c = 0; c < 2; ++c)
+      for (int k = 0; k < 16; ++k)
+        b[j][c][k] = operandAt(operandByte(op.db, 8 * j + 2 * q + c, k, op.tnspB), op.bf16);
   for (int e = 0; e < op.n / 2; ++e) {
-    int r = gr + 8 * (e / 2 % 2), col = 8 * (e / 4) + 2 * q + e % 2;
+    const float *x = a[e / 2 % 2], *y = b[e / 4][e % 2];
     float s = op.acc ? op.d[e] : 0.f;
     for (int k = 0; k < 16; ++k)
-      s += A(r, k) * operandAt(operandByte(op.db, col, k, op.tnspB), op.bf16);
+      s += x[k] * y[k];
     op.d[e] = s;
   }
 }

@@ -254,24 +254,32 @@ def main():
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "-o", gpt251], check=True)
     # Attention runs the mma.sync kernels (FSDP_CUDA_ATTENTION=auto); the
     # WMMA ones and the one-pass backward (mma-fused: its dq partials in the
-    # device scratch sized for it) once more, on the first plan.
-    for model, tag, vocab, extra, attn in (
-            (gpt, "gpt_bf16", 256, "", "auto"),
-            (gpt, "gpt_bf16_wmma", 256, "", "wmma"),
-            (gpt, "gpt_bf16_fused", 256, "", "mma-fused"),
-            (gpt251, "gpt_bf16_v251", 251, "", "auto"),
-            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto")):
+    # device scratch sized for it) once more, on the first plan; the wgmma
+    # forward and backward (wgmma-fused, D = 64 only) on a GPT with heads of
+    # 64 and 160 positions (two key tiles of 128, the second partial).
+    gpt64 = os.path.join(tmp, "gpt_d64.mlir")
+    gpt64_args = ["--ctx", "160", "--heads", "2", "--width", "128"]
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "gpt"] + gpt64_args + ["-o", gpt64], check=True)
+    for model, tag, vocab, extra, attn, shape in (
+            (gpt, "gpt_bf16", 256, "", "auto", []),
+            (gpt, "gpt_bf16_wmma", 256, "", "wmma", []),
+            (gpt, "gpt_bf16_fused", 256, "", "mma-fused", []),
+            (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args),
+            (gpt251, "gpt_bf16_v251", 251, "", "auto", []),
+            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [])):
         plan = compile_plan(model, tag,
                             "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16" + extra)
         if run(plan, tag + "_cuda", 10, 3e-3, env={"FSDP_CUDA_ATTENTION": attn}) is None:
             continue
         r = subprocess.run([torch_python, os.path.join(ROOT, "test", "oracle", "bf16_ref.py"),
-                            "--model", "gpt", "--vocab", str(vocab), "--plan", plan,
+                            "--model", "gpt", "--vocab", str(vocab)] + shape + ["--plan", plan,
                             "--dump-dir", os.path.join(tmp, tag + "_cuda")],
                            capture_output=True, text=True)
         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
         what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
+            (", heads of 64" if shape else "") + \
             (f", {attn} attention" if attn != "auto" else "")
         print(f"bf16 cuda ({what}) vs the PyTorch bf16 oracle (within D u per step): {verdict}")
         if verdict != "ok":
@@ -301,7 +309,7 @@ def main():
     # an f32 plan: refused with the reason, before the first step.
     f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw") # in the GPU kit too
     if mode != "--compile-only":
-        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64"),
+        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused"),
                            ("mma", "names tensor-core kernels")):
             r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
                                env=dict(os.environ, FSDP_CUDA_ATTENTION=attn),

@@ -29,6 +29,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -1345,8 +1346,14 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::Wgmma);
   for (Impl impl : {Impl::Wgmma, Impl::WgmmaFused})
     flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, impl);
-  flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, Impl::WgmmaFused);
-  flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, false, 31, Impl::WgmmaFused);
+  // WgmmaFused's backward on wgmma (D = 64): the same shapes.
+  for (bool causal : {true, false}) {
+    flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::WgmmaFused);
+    flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::WgmmaFused);
+    flashCase(FloatKind::BF16, 2, 9, 2, 2, 64, causal, 15, Impl::WgmmaFused);
+  }
+  flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::WgmmaFused);
+  flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::WgmmaFused);
 }
 
 /// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
@@ -1483,6 +1490,181 @@ TEST_F(CudaFastKernelsTest, RegisterTileVariantsGiveTheMmaBits) {
   }
 }
 
+/// What rounding and summation order can move each attention output by,
+/// in double from the values the GPU reads (P = softmax(q k^T scale),
+/// dS = P (dP - delta)): per (b, h, t) row Y = sum_j P_tj vmax_j and
+/// DQ = scale sum_j M_tj kmax_j; per (b, kv head, j) key row DK = scale
+/// sum_(h, t) M_tj qmax_t and DV = sum_(h, t) P_tj dymax_t (over the
+/// group's query heads); max over each vector's dimensions. M_tj = |dS_tj| +
+/// 2 (D + 16) u32 P_tj (sum_d |dy_td v_jd| + |delta_t|): |dS| and what its
+/// f32 inputs' other summation orders (dP over D, delta) may move it by.
+/// sigma: the largest |score| bound scale sum_d |q_td k_jd|.
+struct AttentionTermSums {
+  std::vector<double> Y, DQ, DK, DV;
+  double sigma = 0;
+};
+AttentionTermSums attentionTermSums(const std::vector<float> &q, const std::vector<float> &k,
+                                    const std::vector<float> &v, const std::vector<float> &dy,
+                                    int64_t B, int64_t T, int64_t heads, int64_t kv, int64_t D,
+                                    bool causal) {
+  const int64_t C = heads * D, KC = kv * D;
+  const double scale = 1 / std::sqrt((double)D), u32 = std::ldexp(1.0, -24);
+  AttentionTermSums r;
+  r.Y.assign(B * heads * T, 0);
+  r.DQ.assign(B * heads * T, 0);
+  r.DK.assign(B * kv * T, 0);
+  r.DV.assign(B * kv * T, 0);
+  auto vmax = [&](const float *x) {
+    double m = 0;
+    for (int64_t e = 0; e < D; ++e)
+      m = std::max(m, (double)std::fabs(x[e]));
+    return m;
+  };
+  std::vector<double> p(T), dp(T), dpAbs(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t kh = h / (heads / kv);
+      for (int64_t t = 0; t < T; ++t) {
+        const float *qt = &q[(b * T + t) * C + h * D], *dyt = &dy[(b * T + t) * C + h * D];
+        int64_t n = causal ? t + 1 : T;
+        double mx = -1e300, sum = 0, delta = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const float *kj = &k[(b * T + j) * KC + kh * D], *vj = &v[(b * T + j) * KC + kh * D];
+          double s = 0, sa = 0, d = 0, da = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            s += (double)qt[e] * kj[e], sa += std::fabs((double)qt[e] * kj[e]);
+            d += (double)dyt[e] * vj[e], da += std::fabs((double)dyt[e] * vj[e]);
+          }
+          p[j] = s * scale;
+          r.sigma = std::max(r.sigma, sa * scale);
+          dp[j] = d;
+          dpAbs[j] = da;
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j < n; ++j)
+          sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = 0; j < n; ++j)
+          delta += (p[j] /= sum) * dp[j];
+        double qm = vmax(qt), dym = vmax(dyt);
+        int64_t row = (b * heads + h) * T + t;
+        for (int64_t j = 0; j < n; ++j) {
+          const float *kj = &k[(b * T + j) * KC + kh * D], *vj = &v[(b * T + j) * KC + kh * D];
+          double m = std::fabs(p[j] * (dp[j] - delta)) +
+                     2 * (D + 16) * u32 * p[j] * (dpAbs[j] + std::fabs(delta));
+          int64_t key = (b * kv + kh) * T + j;
+          r.Y[row] += p[j] * vmax(vj);
+          r.DQ[row] += scale * m * vmax(kj);
+          r.DK[key] += scale * m * qm;
+          r.DV[key] += p[j] * dym;
+        }
+      }
+    }
+  return r;
+}
+
+TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
+  // The CPU bounds of WgmmaFlashAttentionAgainstCpu are worst cases loose
+  // enough to miss a wrong column block of dq; this holds the wgmma
+  // kernels to what their other instructions and orders allow against
+  // MmaFused's (the mma.sync kernels with dq partials in the same key
+  // blocks of 128). Forward: Wgmma's y and lse against MmaFused's (P
+  // rounded at other running maxima: each side's rounding, 2 u16 of Y;
+  // the scores' and sums' f32 orders; the final roundings). Backward:
+  // WgmmaFused's dq, dk, dv from MmaFused's own y and lse (the same
+  // inputs), against MmaFused's: each side's f32 sums of N terms (N = T
+  // for dq, T x group for dk / dv), a dS or P that may round the other
+  // way (2 u16), the scores' orders (sigma), the final roundings.
+  using gpu::flash::Impl;
+  struct Shape {
+    int64_t B, T, heads, kv;
+    bool causal;
+  };
+  const double kU32 = std::ldexp(1.0, -24);
+  for (Shape sh : {Shape{2, 256, 12, 12, true}, Shape{1, 100, 4, 2, false},
+                   Shape{1, 1100, 2, 2, true}, Shape{1, 9, 2, 2, false}}) {
+    SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads) +
+                 ", kv " + std::to_string(sh.kv) + (sh.causal ? ", causal" : ""));
+    const int64_t D = 64, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
+                  nkv = sh.B * sh.T * KC, rows = sh.B * sh.heads * sh.T,
+                  group = sh.heads / sh.kv;
+    Bf16Vec q(randomVec(n, 181)), k(randomVec(nkv, 182)), v(randomVec(nkv, 183)),
+        dy(randomVec(n, 184));
+    Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits);
+    auto scratchFor = [&](Impl impl) {
+      return gpu::flash::backwardScratch(FloatKind::BF16, sh.B, sh.T, C, sh.heads, sh.kv,
+                                         sh.causal, impl);
+    };
+    // MmaFused: forward and backward; Wgmma's forward; WgmmaFused's backward
+    // from MmaFused's y and lse.
+    Dev<uint16_t> y(n), yw(n), gq(n), gk(nkv), gv(nkv), wq(n), wk(nkv), wv(nkv);
+    Dev<float> lse(rows), lsew(rows), scratch(scratchFor(Impl::MmaFused)),
+        scratchW(scratchFor(Impl::WgmmaFused));
+    auto fwd = [&](Impl impl, uint16_t *out, float *l) {
+      ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), out, l, sh.B,
+                                    sh.T, C, sh.heads, sh.causal, sh.kv, 0, impl),
+                cudaSuccess);
+    };
+    auto bwd = [&](Impl impl, uint16_t *a, uint16_t *b, uint16_t *c, float *sc) {
+      ASSERT_EQ(gpu::flash::backward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), y.get(),
+                                     lse.get(), ddy.get(), a, b, c, sc, sh.B, sh.T, C, sh.heads,
+                                     sh.causal, sh.kv, 0, impl),
+                cudaSuccess);
+    };
+    fwd(Impl::MmaFused, y.get(), lse.get());
+    fwd(Impl::Wgmma, yw.get(), lsew.get());
+    bwd(Impl::MmaFused, gq.get(), gk.get(), gv.get(), scratch.get());
+    bwd(Impl::WgmmaFused, wq.get(), wk.get(), wv.get(), scratchW.get());
+    AttentionTermSums S =
+        attentionTermSums(q.wide, k.wide, v.wide, dy.wide, sh.B, sh.T, sh.heads, sh.kv, D,
+                          sh.causal);
+    // Compares a (wgmma) with b (mma.sync) element by element: rows of
+    // `width` elements, the row's (or key row's) term sum from `sums` at
+    // index sumOf(element), N terms summed.
+    auto compare = [&](const char *what, const std::vector<float> &a,
+                       const std::vector<float> &b, const std::vector<double> &sums,
+                       const std::function<int64_t(int64_t)> &sumOf, double N, double u16) {
+      double rel = 2 * kUb + 2 * (N + D + 32) * kU32 * (1 + S.sigma);
+      int64_t bad = 0;
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        double tol = 1.01 * (rel * sums[sumOf(i)] + u16 * (std::fabs(a[i]) + std::fabs(b[i]))) +
+                     1e-30;
+        double err = std::fabs((double)a[i] - b[i]);
+        worst = std::max(worst, err / tol);
+        if (!(err <= tol) && bad++ < 5)
+          ADD_FAILURE() << what << "[" << i << "] = " << a[i] << ", mma.sync's " << b[i]
+                        << ", allowed " << tol;
+      }
+      EXPECT_EQ(bad, 0) << what << " elements outside the bound (worst " << worst << " of it)";
+      std::printf("wgmma %s: worst difference %.3f of its bound\n", what, worst);
+    };
+    // [B, T, C] element i -> row (b, h, t); [B, T, KC] element i -> (b, kv head, j).
+    auto qRow = [&](int64_t i) {
+      int64_t bt = i / C, h = (i % C) / D;
+      return ((bt / sh.T) * sh.heads + h) * sh.T + bt % sh.T;
+    };
+    auto kRow = [&](int64_t i) {
+      int64_t bt = i / KC, h = (i % KC) / D;
+      return ((bt / sh.T) * sh.kv + h) * sh.T + bt % sh.T;
+    };
+    compare("y", widen(yw.host()), widen(y.host()), S.Y, qRow, (double)sh.T, kUb);
+    compare("dq", widen(wq.host()), widen(gq.host()), S.DQ, qRow, (double)sh.T, kUb);
+    compare("dk", widen(wk.host()), widen(gk.host()), S.DK, kRow, (double)(sh.T * group), kUb);
+    compare("dv", widen(wv.host()), widen(gv.host()), S.DV, kRow, (double)(sh.T * group), kUb);
+    // lse (f32, natural log): the scores' and the sum's orders, relative
+    // to the row's terms (1 + sigma), and one f32 rounding each side.
+    std::vector<float> la = lsew.host(), lb = lse.host();
+    for (int64_t i = 0; i < rows; ++i) {
+      double tol = 1.01 * (2 * (sh.T + D + 32) * kU32 * (1 + S.sigma) +
+                           2 * kU32 * (std::fabs(la[i]) + std::fabs(lb[i])));
+      if (!(std::fabs((double)la[i] - lb[i]) <= tol)) {
+        ADD_FAILURE() << "lse[" << i << "] = " << la[i] << ", mma.sync's " << lb[i];
+        break;
+      }
+    }
+  }
+}
+
 TEST_F(CudaFastKernelsTest, FusedBackwardChunksAndFallsBack) {
   // MmaFused's dq partials grow as T^2, so the (b, kv head) pairs run in
   // chunks that fit the scratch cap: any chunking gives the same bits (the
@@ -1516,20 +1698,27 @@ TEST_F(CudaFastKernelsTest, FusedBackwardChunksAndFallsBack) {
     return std::vector<std::vector<uint16_t>>{gq.host(), gk.host(), gv.host()};
   };
   const int64_t big = int64_t(1) << 40;
-  auto whole = run(Impl::MmaFused, big, delta + 6 * pairBytes / 4);
-  auto fours = run(Impl::MmaFused, 4 * pairBytes + 100, delta + 4 * pairBytes / 4);
-  auto ones = run(Impl::MmaFused, pairBytes, delta + pairBytes / 4);
-  auto over = run(Impl::MmaFused, pairBytes - 1, rows);
-  auto tight = run(Impl::MmaTight3, big, rows);
-  const char *what[3] = {"dq", "dk", "dv"};
-  for (int o = 0; o < 3; ++o) {
-    expectBitwise(fours[o], whole[o], (std::string(what[o]) + ", chunks of 4 pairs").c_str());
-    expectBitwise(ones[o], whole[o], (std::string(what[o]) + ", one pair a chunk").c_str());
-    expectBitwise(over[o], tight[o], (std::string(what[o]) + ", over the cap").c_str());
+  // WgmmaFused (the wgmma one-pass backward: the same partials, chunks and
+  // fallback; over the cap Wgmma's backward, MmaTight3's kernels, after
+  // the same wgmma forward).
+  for (auto [fused, unfused] : {std::pair{Impl::MmaFused, Impl::MmaTight3},
+                                std::pair{Impl::WgmmaFused, Impl::Wgmma}}) {
+    SCOPED_TRACE(fused == Impl::MmaFused ? "mma.sync fused" : "wgmma fused");
+    auto whole = run(fused, big, delta + 6 * pairBytes / 4);
+    auto fours = run(fused, 4 * pairBytes + 100, delta + 4 * pairBytes / 4);
+    auto ones = run(fused, pairBytes, delta + pairBytes / 4);
+    auto over = run(fused, pairBytes - 1, rows);
+    auto tight = run(unfused, big, rows);
+    const char *what[3] = {"dq", "dk", "dv"};
+    for (int o = 0; o < 3; ++o) {
+      expectBitwise(fours[o], whole[o], (std::string(what[o]) + ", chunks of 4 pairs").c_str());
+      expectBitwise(ones[o], whole[o], (std::string(what[o]) + ", one pair a chunk").c_str());
+      expectBitwise(over[o], tight[o], (std::string(what[o]) + ", over the cap").c_str());
+    }
+    // The fused dq is not MmaTight3's bits (another order): the fallback
+    // really ran the other kernels.
+    EXPECT_NE(whole[0], tight[0]);
   }
-  // The fused dq is not MmaTight3's bits (another order): the fallback
-  // really ran the other kernels.
-  EXPECT_NE(whole[0], tight[0]);
 }
 
 TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
@@ -1681,10 +1870,11 @@ TEST_F(CudaFastKernelsTest, FlashAttentionReadsPackedQkv) {
                  std::to_string(c.D));
     const int64_t C = c.heads * c.D, W = C + 2 * c.kv * c.D, rows = c.B * c.T;
     std::vector<float> qkv = randomVec(rows * W, 91, 2.f), dy = randomVec(rows * C, 92);
-    for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::Wgmma, Impl::Wmma, Impl::CudaCores}) {
-      SCOPED_TRACE(impl == Impl::Mma        ? "mma.sync"
-                   : impl == Impl::MmaFused ? "mma.sync fused"
-                   : impl == Impl::Wgmma    ? "wgmma"
+    for (Impl impl : {Impl::Mma, Impl::MmaFused, Impl::WgmmaFused, Impl::Wmma,
+                      Impl::CudaCores}) {
+      SCOPED_TRACE(impl == Impl::Mma          ? "mma.sync"
+                   : impl == Impl::MmaFused   ? "mma.sync fused"
+                   : impl == Impl::WgmmaFused ? "wgmma fused"
                    : impl == Impl::Wmma     ? "WMMA"
                                             : "CUDA cores");
       expectPackedEqualsDense(FloatKind::BF16, impl, Bf16Vec(qkv).bits, Bf16Vec(dy).bits, c.B,
