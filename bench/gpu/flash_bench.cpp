@@ -130,6 +130,8 @@ int main(int argc, char **argv) {
                       Variant{"wgmma", flash::Impl::Wgmma, false, false},
                       Variant{"wgmma qkv", flash::Impl::Wgmma, true, false},
                       Variant{"wgmma fused", flash::Impl::WgmmaFused, false, false},
+                      Variant{"wgmma fused qkv", flash::Impl::WgmmaFused, true, false},
+                      Variant{"wgmma fused64", flash::Impl::WgmmaFused64, false, false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;

@@ -1540,7 +1540,8 @@ int64_t pairsPerChunk(const Dims &a, int m) {
 /// Key m-tiles a warp owns in the fused backward: 2 for MmaFused at D = 64
 /// (key blocks of 128, as MmaTight3's dk / dv), else 1 (blocks of 64;
 /// MmaFused64 at D = 64 bounded to 3 blocks a multiprocessor, as
-/// MmaTight's dk / dv).
+/// MmaTight's dk / dv). The partial layout's m: WgmmaFused's is
+/// MmaFused's (2), WgmmaFused64's MmaFused64's (1).
 int fusedTiles(Impl impl, int64_t D) {
   return (impl == Impl::MmaFused || impl == Impl::WgmmaFused) && D == 64 ? 2 : 1;
 }
@@ -1755,53 +1756,59 @@ cudaError_t forwardWgmma(const void *q, const void *k, const void *v, void *y, f
 /// one product, d stored row-major.
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreadsTc)
-    wgmmaProductKernel(const T *a, const T *b, float *d, int swizzle, bool aRegs, bool bMn) {
+    wgmmaProductKernel(const T *a, const T *b, float *d, int swizzle, int aMode, bool bMn) {
 #if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smTc[];
   unsigned char *As = alignShared1024(smTc), *Bs = As + 64 * 256;
   // Layout parameters (bytes): W the swizzle width (0 none).
   const int W = swizzle == 1 ? 128 : swizzle == 2 ? 64 : swizzle == 3 ? 32 : 0;
-  // A: 64 x 16, K-major. None: core matrices of 8 rows x 16 bytes, the two
-  // k halves LBO = 128 apart, eight-row groups SBO = 256 apart. W-byte:
-  // rows W apart (the first 32 bytes used), groups 8 W apart.
-  uint32_t aLbo = 128, aSbo = W ? 8 * W : 256;
-  auto aByte = [&](int r, int kk) {
-    int off = W ? (r % 8) * W + (r / 8) * aSbo + 2 * kk
-                : (r % 8) * 16 + (r / 8) * aSbo + (kk % 8) * 2 + (kk / 8) * aLbo;
+  auto swz = [&](int off) {
     return W == 128 ? off ^ ((off >> 7 & 7) << 4)
            : W == 64 ? off ^ ((off >> 7 & 3) << 4)
            : W == 32 ? off ^ ((off >> 7 & 1) << 4)
                      : off;
   };
-  // B: 16 x N. K-major as A (n the row). N-major: none: core matrices of 8
-  // k rows x 8 n (16 bytes), n groups SBO = 128 apart, k halves LBO = N 16
-  // apart; W-byte: rows of W / 2 n, k rows W apart, k groups SBO = 8 W
-  // apart, n blocks LBO = 16 W apart.
-  uint32_t bLbo, bSbo;
-  if (!bMn) {
-    bLbo = 128;
-    bSbo = W ? 8 * W : 256;
-  } else {
-    bLbo = W ? 16 * W : N * 16;
-    bSbo = W ? 8 * W : 128;
-  }
-  auto bByte = [&](int kk, int n) {
+  // The canonical layouts (CudaMma.cuh, smemDesc) of a 16-deep operand
+  // with `rows` M / N rows. K-major: none: core matrices of 8 rows x 16
+  // bytes, the two k halves LBO = 128 apart, eight-row groups SBO = 256
+  // apart; W-byte: rows W apart (the first 32 bytes used), groups SBO =
+  // 8 W apart. MN-major: none: core matrices of 8 k rows x 8 mn (16
+  // bytes), mn groups SBO = 128 apart, k halves LBO = 16 rows apart;
+  // W-byte: k rows of W / 2 mn, W apart, k groups SBO = 8 W apart, mn
+  // blocks LBO = 16 W apart.
+  struct Lay {
+    uint32_t lbo, sbo;
+  };
+  auto lay = [&](bool mnMajor, int rows) {
+    return !mnMajor ? Lay{128u, W ? 8u * W : 256u}
+                    : Lay{W ? 16u * W : 16u * rows, W ? 8u * W : 128u};
+  };
+  auto byteOf = [&](bool mnMajor, Lay l, int mn, int kk) {
     int off;
-    if (!bMn)
-      off = W ? (n % 8) * W + (n / 8) * bSbo + 2 * kk
-              : (n % 8) * 16 + (n / 8) * bSbo + (kk % 8) * 2 + (kk / 8) * bLbo;
+    if (!mnMajor)
+      off = W ? (mn % 8) * W + (mn / 8) * l.sbo + 2 * kk
+              : (mn % 8) * 16 + (mn / 8) * l.sbo + (kk % 8) * 2 + (kk / 8) * l.lbo;
     else
-      off = W ? (n % (W / 2)) * 2 + (n / (W / 2)) * bLbo + (kk % 8) * W + (kk / 8) * bSbo
-              : (n % 8) * 2 + (n / 8) * bSbo + (kk % 8) * 16 + (kk / 8) * bLbo;
-    return W == 128 ? off ^ ((off >> 7 & 7) << 4)
-           : W == 64 ? off ^ ((off >> 7 & 3) << 4)
-           : W == 32 ? off ^ ((off >> 7 & 1) << 4)
-                     : off;
+      off = W ? (mn % (W / 2)) * 2 + (mn / (W / 2)) * l.lbo + (kk % 8) * W + (kk / 8) * l.sbo
+              : (mn % 8) * 2 + (mn / 8) * l.sbo + (kk % 8) * 16 + (kk / 8) * l.lbo;
+    return swz(off);
   };
+  // A: 64 x 16, K-major (aMode 0) or M-major (1); 2: registers.
+  const Lay la = lay(aMode == 1, 64);
+  // B: 16 x N. N = 32 N-major with 128-byte swizzling (rows of 64): the
+  // columns 32 .. 63 of a 64-wide tile, its first 32 columns poison, the
+  // descriptor 64 bytes into it (the backward's dq reads K so).
+  const bool upper = N == 32 && bMn && W == 128;
+  const Lay lb = lay(bMn, upper ? 64 : N);
   for (int i = threadIdx.x; i < 64 * 16; i += kThreadsTc)
-    memcpy(As + aByte(i / 16, i % 16), a + i, sizeof(T));
+    memcpy(As + byteOf(aMode == 1, la, i / 16, i % 16), a + i, sizeof(T));
+  if (upper) {
+    T poison = cvt<T>(1.0e4f);
+    for (int i = threadIdx.x; i < 16 * 32; i += kThreadsTc)
+      memcpy(Bs + byteOf(true, lb, i % 32, i / 32), &poison, sizeof(T));
+  }
   for (int i = threadIdx.x; i < 16 * N; i += kThreadsTc)
-    memcpy(Bs + bByte(i / N, i % N), b + i, sizeof(T));
+    memcpy(Bs + byteOf(bMn, lb, i % N + (upper ? 32 : 0), i / N), b + i, sizeof(T));
   mma::fenceProxyAsync();
   __syncthreads();
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
@@ -1809,9 +1816,9 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
   for (int i = 0; i < N / 2; ++i)
     acc[i] = 0.f;
-  uint64_t db = mma::smemDesc(Bs, bLbo, bSbo, swizzle);
+  uint64_t db = mma::smemDesc(Bs + (upper ? 64 : 0), lb.lbo, lb.sbo, swizzle);
   mma::wgmmaFence();
-  if (aRegs) {
+  if (aMode == 2) {
     // mma.sync's A layout for the warp's rows 16 w .. 16 w + 15.
     uint32_t af[4];
     const T *rowLo = a + (16 * warp + g) * 16, *rowHi = rowLo + 8 * 16;
@@ -1830,11 +1837,13 @@ __global__ void __launch_bounds__(kThreadsTc)
     else
       mma::Wgmma<T, N>::template rs<0>(acc, af, db, 0);
   } else {
-    uint64_t da = mma::smemDesc(As, aLbo, aSbo, swizzle);
-    if (bMn)
-      mma::Wgmma<T, N>::template ss<0, 1>(acc, da, db, 0);
+    uint64_t da = mma::smemDesc(As, la.lbo, la.sbo, swizzle);
+    if (aMode == 1)
+      bMn ? mma::Wgmma<T, N>::template ss<1, 1>(acc, da, db, 0)
+          : mma::Wgmma<T, N>::template ss<1, 0>(acc, da, db, 0);
     else
-      mma::Wgmma<T, N>::template ss<0, 0>(acc, da, db, 0);
+      bMn ? mma::Wgmma<T, N>::template ss<0, 1>(acc, da, db, 0)
+          : mma::Wgmma<T, N>::template ss<0, 0>(acc, da, db, 0);
   }
   mma::wgmmaCommit();
   mma::wgmmaWait<0>();
@@ -1865,20 +1874,25 @@ __global__ void __launch_bounds__(kThreadsTc)
 ///     warpgroup wg taking dimensions 32 wg .. 32 wg + 31, A = dS read
 ///     M-major from the key-major tile (no transpose), B = K N-major;
 ///     stored as f32 partials as MmaFused's.
-/// Shared memory: K, V 16 KiB each, Q and dY twice 32 KiB, lse and delta
-/// twice 1 KiB, dS^T 16 KiB, 82 KiB with the alignment: one block (eight
+/// Shared memory: K, V and dS^T 16 KiB each, Q and dY twice 32 KiB, lse
+/// and delta twice 1 KiB, 82 KiB with the alignment: one block (eight
 /// warps) a multiprocessor, as the registers (four 64 x 64 f32
-/// accumulators a thread's share) allow.
-constexpr int kWgBwdThreads = 2 * kThreadsTc;
-constexpr int kWgTileKey = 128 * 128, kWgTileQry = 64 * 128; // bytes
-constexpr size_t kWgBwdSmem = 1024 + 2 * kWgTileKey + 4 * kWgTileQry + 4 * 64 * 4 + kWgTileKey;
+/// accumulators a thread's share: 200 registers) allow.
+/// WG = 1 (Impl::WgmmaFused64): one warpgroup per key block of 64,
+/// MmaFused64's partials, its dq products m64n64k16 x 4; 58 KiB, two
+/// blocks (of four warps each, not in lockstep) a multiprocessor as the
+/// registers allow.
+template <int WG> constexpr int kWgBwdThreads = WG * kThreadsTc;
+constexpr int kWgTileQry = 64 * 128; // bytes: 64 rows of D = 64
+template <int WG>
+constexpr size_t kWgBwdSmem = 1024 + 3 * WG * kWgTileQry + 4 * kWgTileQry + 4 * 64 * 4;
 
-/// loadTileSw with the block's threads (kWgBwdThreads).
-template <typename T>
+/// loadTileSw with the block's NT threads.
+template <int NT, typename T>
 __device__ __forceinline__ void loadTileSwAll(unsigned char *dst, const T *src, const Dims &a,
                                               int64_t b, int64_t r0, int rows, int64_t ldRow,
                                               int64_t col) {
-  for (int i = threadIdx.x; i < rows * 8; i += kWgBwdThreads) {
+  for (int i = threadIdx.x; i < rows * 8; i += NT) {
     int r = i / 8, c = i % 8;
     unsigned char *d = dst + sw128(r, c);
     int64_t t = r0 + r;
@@ -1889,17 +1903,20 @@ __device__ __forceinline__ void loadTileSwAll(unsigned char *dst, const T *src, 
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kWgBwdThreads, 1)
+template <typename T, int WG>
+__global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     bwdWgmmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
                    const T *dy, const float *lse, const float *delta, T *dk, T *dv,
                    float *dqPart) {
 #if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smTc[];
-  constexpr int KR = 128, m = 2; // key rows of a block; MmaFused's m (partial layout)
-  unsigned char *Ks = alignShared1024(smTc), *Vs = Ks + kWgTileKey, *QD = Vs + kWgTileKey;
+  // KR key rows a block; m: MmaFused's (WG = 2) or MmaFused64's (WG = 1)
+  // partial layout; NQ dq dimensions a warpgroup; NT threads.
+  constexpr int KR = 64 * WG, m = WG, NQ = 64 / WG, NT = kWgBwdThreads<WG>;
+  constexpr int kTileKey = KR * 128; // bytes
+  unsigned char *Ks = alignShared1024(smTc), *Vs = Ks + kTileKey, *DS = Vs + kTileKey,
+                *QD = DS + kTileKey;
   float *LD = reinterpret_cast<float *>(QD + 4 * kWgTileQry);
-  unsigned char *DS = reinterpret_cast<unsigned char *>(LD + 4 * 64);
   const float sl2 = a.scale * kLog2e;
   int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
   int64_t kvh = pair % a.KV, b = pair / a.KV, bh0 = g0 * (a.H / a.KV);
@@ -1918,17 +1935,17 @@ __global__ void __launch_bounds__(kWgBwdThreads, 1)
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     unsigned char *Qb = QD + (it % 2) * 2 * kWgTileQry;
     float *Lb = LD + (it % 2) * 2 * 64;
-    loadTileSwAll(Qb, q, a, b, t0, 64, a.ldq, h * 64);
-    loadTileSwAll(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
+    loadTileSwAll<NT>(Qb, q, a, b, t0, 64, a.ldq, h * 64);
+    loadTileSwAll<NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
     mma::cpAsyncCommit();
-    for (int i = threadIdx.x; i < 64; i += kWgBwdThreads) {
+    for (int i = threadIdx.x; i < 64; i += NT) {
       int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
       Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
       Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
-  loadTileSwAll(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
-  loadTileSwAll(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileSwAll<NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileSwAll<NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
   issue(0); // one group: K, V and the first Q, dY
   const unsigned char *Kw = Ks + wg * 64 * 128, *Vw = Vs + wg * 64 * 128; // the warpgroup's keys
   for (int64_t it = 0; it < steps; ++it) {
@@ -1996,24 +2013,24 @@ __global__ void __launch_bounds__(kWgBwdThreads, 1)
     // dq partial (64 queries x dimensions 32 wg ..): A = dS, M-major (the
     // key-major tile read with its query columns as rows), B = K N-major
     // from dimension 32 wg (64 bytes into each 128-byte row).
-    float dqa[16];
+    float dqa[NQ / 2];
     mma::wgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      mma::Wgmma<T, 32>::template ss<1, 1>(dqa, descNMajorRows(DS, kk, 64),
-                                           descNMajorRows(Ks + 64 * wg, kk, KR), kk > 0);
+    for (int kk = 0; kk < KR / 16; ++kk)
+      mma::Wgmma<T, NQ>::template ss<1, 1>(dqa, descNMajorRows(DS, kk, 64),
+                                           descNMajorRows(Ks + 2 * NQ * wg, kk, KR), kk > 0);
     mma::wgmmaCommit();
     mma::wgmmaWait<0>();
     mma::fenceRegs(accV);
     mma::fenceRegs(accK);
     mma::fenceRegs(dqa);
-    // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension 32 wg + 8 j + 2 qd + e % 2.
+    // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension NQ wg + 8 j + 2 qd + e % 2.
     float *dst = dqPart + (partBase + (it / perHead) * partHead + (it % perHead) * kTile +
                            16 * warp + g) *
                               64 +
-                 32 * wg + 2 * qd;
+                 NQ * wg + 2 * qd;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < NQ / 8; ++j) {
       *reinterpret_cast<float2 *>(dst + 8 * j) = float2{dqa[4 * j], dqa[4 * j + 1]};
       *reinterpret_cast<float2 *>(dst + 8 * 64 + 8 * j) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
     }
@@ -2064,10 +2081,10 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
   size_t sm = (4 + 2 * m) * tcTile(a.D) + 4 * sizeof(float) * kTile +
               sizeof(uint16_t) * kTile * m * kLdP;
   int threads = kThreadsTc;
-  if (wgmma) { // bwdWgmmaKernel: MmaFused's partials and order at m = 2
-    kernel = bwdWgmmaKernel<T>;
-    sm = kWgBwdSmem;
-    threads = kWgBwdThreads;
+  if (wgmma) { // bwdWgmmaKernel: MmaFused's (m = 2) or MmaFused64's (m = 1) partials and order
+    kernel = m == 2 ? bwdWgmmaKernel<T, 2> : bwdWgmmaKernel<T, 1>;
+    sm = m == 2 ? kWgBwdSmem<2> : kWgBwdSmem<1>;
+    threads = m * kThreadsTc;
   }
   if (cudaError_t e = optIn(kernel, sm))
     return e;
@@ -2224,16 +2241,18 @@ int64_t setFusedScratchCap(int64_t bytes) {
 namespace {
 /// The one-pass backwards (dq from per-key-block partials).
 bool fusedImpl(Impl impl) {
-  return impl == Impl::MmaFused || impl == Impl::MmaFused64 || impl == Impl::WgmmaFused;
+  return impl == Impl::MmaFused || impl == Impl::MmaFused64 || impl == Impl::WgmmaFused ||
+         impl == Impl::WgmmaFused64;
 }
 
 /// The backward's implementation: resolve's, except that a fused one whose
 /// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
-  impl = impl == Impl::Wgmma                     ? Impl::MmaTight3
-         : impl == Impl::WgmmaFused && a.D != 64 ? Impl::MmaFused
-                                                 : resolve(t, a, impl);
+  impl = impl == Impl::Wgmma                       ? Impl::MmaTight3
+         : impl == Impl::WgmmaFused && a.D != 64   ? Impl::MmaFused
+         : impl == Impl::WgmmaFused64 && a.D != 64 ? Impl::MmaFused64
+                                                   : resolve(t, a, impl);
   if (fusedImpl(impl) && pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
   return impl;
@@ -2260,7 +2279,8 @@ bool parseImpl(const char *name, Impl &impl) {
                 {"mma", Impl::Mma}, {"mma-tight", Impl::MmaTight},
                 {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
                 {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64},
-                {"wgmma", Impl::Wgmma}, {"wgmma-fused", Impl::WgmmaFused}};
+                {"wgmma", Impl::Wgmma}, {"wgmma-fused", Impl::WgmmaFused},
+                {"wgmma-fused64", Impl::WgmmaFused64}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -2280,7 +2300,7 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (impl == Impl::Wgmma || impl == Impl::WgmmaFused) {
+  if (impl == Impl::Wgmma || impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) {
     if (wgmmaApplies(a, q, k, v))
       return t == FloatKind::BF16 ? forwardWgmma<__nv_bfloat16>(q, k, v, y, lse, a, s)
                                   : forwardWgmma<__half>(q, k, v, y, lse, a, s);
@@ -2306,9 +2326,10 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     return cudaSuccess;
   if (fusedImpl(impl)) {
     int m = fusedTiles(impl, a.D);
-    // WgmmaFused where wgmmaApplies and dy's rows are whole chunks too,
-    // else MmaFused (the same partials and scratch).
-    bool wg = impl == Impl::WgmmaFused && wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
+    // WgmmaFused (64) where wgmmaApplies and dy's rows are whole chunks
+    // too, else MmaFused (64): the same partials and scratch.
+    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) &&
+              wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
               (reinterpret_cast<uintptr_t>(dy) & 15) == 0;
     return t == FloatKind::BF16 ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv,
                                                                scratch, a, m, wg, s)
@@ -2322,9 +2343,9 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
 }
 
 cudaError_t wgmmaProduct(FloatKind t, const void *a, const void *b, float *d, int n,
-                         int swizzle, bool aRegs, bool bNMajor, cudaStream_t s) {
-  if ((t != FloatKind::BF16 && t != FloatKind::F16) || (n != 64 && n != 128) || swizzle < 0 ||
-      swizzle > 3)
+                         int swizzle, int aMode, bool bNMajor, cudaStream_t s) {
+  if ((t != FloatKind::BF16 && t != FloatKind::F16) || (n != 32 && n != 64 && n != 128) ||
+      swizzle < 0 || swizzle > 3 || aMode < 0 || aMode > 2)
     return cudaErrorInvalidValue;
   auto run = [&](auto kernel, auto elem) {
     using T = decltype(elem);
@@ -2332,14 +2353,16 @@ cudaError_t wgmmaProduct(FloatKind t, const void *a, const void *b, float *d, in
     if (cudaError_t e = optIn(kernel, sm))
       return e;
     kernel<<<1, kThreadsTc, sm, s>>>(static_cast<const T *>(a), static_cast<const T *>(b), d,
-                                     swizzle, aRegs, bNMajor);
+                                     swizzle, aMode, bNMajor);
     return cudaGetLastError();
   };
   if (t == FloatKind::BF16)
-    return n == 64 ? run(wgmmaProductKernel<__nv_bfloat16, 64>, __nv_bfloat16{})
-                   : run(wgmmaProductKernel<__nv_bfloat16, 128>, __nv_bfloat16{});
-  return n == 64 ? run(wgmmaProductKernel<__half, 64>, __half{})
-                 : run(wgmmaProductKernel<__half, 128>, __half{});
+    return n == 32   ? run(wgmmaProductKernel<__nv_bfloat16, 32>, __nv_bfloat16{})
+           : n == 64 ? run(wgmmaProductKernel<__nv_bfloat16, 64>, __nv_bfloat16{})
+                     : run(wgmmaProductKernel<__nv_bfloat16, 128>, __nv_bfloat16{});
+  return n == 32   ? run(wgmmaProductKernel<__half, 32>, __half{})
+         : n == 64 ? run(wgmmaProductKernel<__half, 64>, __half{})
+                   : run(wgmmaProductKernel<__half, 128>, __half{});
 }
 
 } // namespace fsdp::cuda::flash

@@ -88,7 +88,11 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              key tiles of 128, operands in 128-byte swizzled shared
 ///              memory, P from registers); elsewhere MmaTight3's forward.
 ///              The backward is MmaTight3's;
-///   WgmmaFused Wgmma's forward, MmaFused's backward.
+///   WgmmaFused Wgmma's forward; the one-pass backward on wgmma at D = 64
+///              (two warpgroups per key block of 128, MmaFused's partials),
+///              elsewhere MmaFused's;
+///   WgmmaFused64 WgmmaFused with one warpgroup per key block of 64
+///              (MmaFused64's partials; two blocks a multiprocessor).
 enum class Impl {
   Auto,
   CudaCores,
@@ -100,7 +104,8 @@ enum class Impl {
   MmaFused,
   MmaFused64,
   Wgmma,
-  WgmmaFused
+  WgmmaFused,
+  WgmmaFused64
 };
 
 /// True for the tensor-core implementations (bf16 / f16 storage, D a
@@ -109,8 +114,8 @@ bool tensorCoreImpl(Impl impl);
 
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
-/// mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused
-/// (false for anything else).
+/// mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused,
+/// wgmma-fused64 (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,
@@ -150,12 +155,15 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
 /// for the tests (a wrong reading of the PTX ISA's operand layouts shows
 /// here first, named by its case): d (64 x n, f32, row-major) =
 /// a (64 x 16) b (16 x n), a and b row-major device arrays of storage t
-/// (bf16 or f16), n 64 or 128. The operands are laid into shared memory in
-/// the canonical layout of `swizzle` (0 none, 1 128-byte, 2 64-byte,
-/// 3 32-byte: smemDesc in CudaMma.cuh), b K-major or (bNMajor) N-major,
-/// a from shared memory (K-major) or (aRegs) from registers.
+/// (bf16 or f16), n 32, 64 or 128. The operands are laid into shared
+/// memory in the canonical layout of `swizzle` (0 none, 1 128-byte,
+/// 2 64-byte, 3 32-byte: smemDesc in CudaMma.cuh), b K-major or (bNMajor)
+/// N-major, a from shared memory K-major (aMode 0) or M-major (1), or
+/// from registers (2). n = 32 N-major with 128-byte swizzling reads the
+/// upper 32 columns of a 64-wide tile (the descriptor 64 bytes into its
+/// rows, as WgmmaFused's dq reads K).
 cudaError_t wgmmaProduct(FloatKind t, const void *a, const void *b, float *d, int n,
-                         int swizzle, bool aRegs, bool bNMajor, cudaStream_t s);
+                         int swizzle, int aMode, bool bNMajor, cudaStream_t s);
 
 } // namespace fsdp::cuda::flash
 

@@ -1085,6 +1085,7 @@ void flashCase(FloatKind t, int64_t B, int64_t T, int64_t heads, int64_t kv, int
                                         : impl == Impl::MmaFused64 ? " mma.sync fused64"
                                         : impl == Impl::Wgmma      ? " wgmma"
                                         : impl == Impl::WgmmaFused ? " wgmma fused"
+                                        : impl == Impl::WgmmaFused64 ? " wgmma fused64"
                                         : tc                      ? " auto (mma.sync)"
                                                                   : " CUDA cores"));
   int64_t C = heads * D, KC = kv * D;
@@ -1262,22 +1263,27 @@ TEST_F(CudaFastKernelsTest, RegisterTileFlashAttentionAgainstCpu) {
 TEST_F(CudaFastKernelsTest, WgmmaProductsMatchTheCpu) {
   // The warpgroup product under Impl::Wgmma, one instruction at a time, in
   // every operand layout the PTX ISA names for 16-bit types (no swizzle,
-  // 128-, 64- and 32-byte swizzles; B K-major and N-major; A in shared
-  // memory or registers), N = 64 and 128, bf16 and f16. A misread layout
-  // (descriptor fields, swizzle, fragment order) moves whole products to
-  // other rows, columns or k: errors of the size of the values, where the
-  // bound below is a few f32 units in the last place.
+  // 128-, 64- and 32-byte swizzles; B K-major and N-major; A K-major or
+  // M-major in shared memory, or in registers), N = 32, 64 and 128, bf16
+  // and f16 (N = 32 N-major 128-byte swizzled: the upper half of a 64-wide
+  // tile, WgmmaFused's dq). A misread layout (descriptor fields, swizzle,
+  // fragment order) moves whole products to other rows, columns or k:
+  // errors of the size of the values, where the bound below is a few f32
+  // units in the last place.
   for (FloatKind t : {FloatKind::BF16, FloatKind::F16})
-    for (int n : {64, 128})
+    for (int n : {32, 64, 128})
       for (int swizzle = 0; swizzle < 4; ++swizzle)
-        for (bool aRegs : {false, true})
+        for (int aMode = 0; aMode < 3; ++aMode)
           for (bool bN : {false, true}) {
             SCOPED_TRACE(::testing::Message()
                          << (t == FloatKind::BF16 ? "bf16" : "f16") << " n=" << n
-                         << " swizzle=" << swizzle << (aRegs ? " A in registers" : " A in smem")
+                         << " swizzle=" << swizzle
+                         << (aMode == 2   ? " A in registers"
+                             : aMode == 1 ? " A M-major in smem"
+                                          : " A K-major in smem")
                          << (bN ? " B N-major" : " B K-major"));
             bool half = t == FloatKind::F16;
-            uint32_t seed = 1000 + n + 10 * swizzle + 3 * aRegs + bN;
+            uint32_t seed = 1000 + n + 10 * swizzle + 3 * aMode + bN;
             Bf16Vec a(randomVec(64 * 16, seed), half), b(randomVec(16 * n, seed + 7), half);
             Dev<uint16_t> da(64 * 16), db(16 * n);
             Dev<float> dd(64 * n);
@@ -1288,7 +1294,7 @@ TEST_F(CudaFastKernelsTest, WgmmaProductsMatchTheCpu) {
                                  cudaMemcpyHostToDevice),
                       cudaSuccess);
             ASSERT_EQ(gpu::flash::wgmmaProduct(t, da.get(), db.get(), dd.get(), n, swizzle,
-                                               aRegs, bN, nullptr),
+                                               aMode, bN, nullptr),
                       cudaSuccess);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             std::vector<float> d(64 * n);
@@ -1316,16 +1322,19 @@ TEST_F(CudaFastKernelsTest, WgmmaProductsMatchTheCpu) {
             EXPECT_EQ(bad, 0);
           }
   // Refused, not run: f32, an N the kernel has no instance of, a swizzle
-  // mode outside the descriptor's two bits.
+  // mode outside the descriptor's two bits, an A source it does not have.
   Dev<float> any(64 * 128);
-  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::F32, any.get(), any.get(), any.get(), 64, 0,
-                                     false, false, nullptr),
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::F32, any.get(), any.get(), any.get(), 64, 0, 0,
+                                     false, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 96, 0,
-                                     false, false, nullptr),
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 96, 0, 0,
+                                     false, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 64, 4,
-                                     false, false, nullptr),
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 64, 4, 0,
+                                     false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::flash::wgmmaProduct(FloatKind::BF16, any.get(), any.get(), any.get(), 64, 0, 3,
+                                     false, nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -1346,7 +1355,8 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::Wgmma);
   for (Impl impl : {Impl::Wgmma, Impl::WgmmaFused})
     flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, impl);
-  // WgmmaFused's backward on wgmma (D = 64): the same shapes.
+  // WgmmaFused's backward on wgmma (D = 64): the same shapes; and
+  // WgmmaFused64's (one warpgroup per key block of 64) on three.
   for (bool causal : {true, false}) {
     flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::WgmmaFused);
     flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, causal, 31, Impl::WgmmaFused);
@@ -1354,6 +1364,9 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::WgmmaFused);
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::WgmmaFused);
+  flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, true, 31, Impl::WgmmaFused64);
+  flashCase(FloatKind::F16, 1, 200, 4, 2, 64, false, 73, Impl::WgmmaFused64);
+  flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, Impl::WgmmaFused64);
 }
 
 /// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
@@ -1594,11 +1607,10 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
       return gpu::flash::backwardScratch(FloatKind::BF16, sh.B, sh.T, C, sh.heads, sh.kv,
                                          sh.causal, impl);
     };
-    // MmaFused: forward and backward; Wgmma's forward; WgmmaFused's backward
-    // from MmaFused's y and lse.
-    Dev<uint16_t> y(n), yw(n), gq(n), gk(nkv), gv(nkv), wq(n), wk(nkv), wv(nkv);
-    Dev<float> lse(rows), lsew(rows), scratch(scratchFor(Impl::MmaFused)),
-        scratchW(scratchFor(Impl::WgmmaFused));
+    // MmaFused's forward and Wgmma's; the backwards of MmaFused and
+    // WgmmaFused (MmaFused64 and WgmmaFused64) from MmaFused's y and lse.
+    Dev<uint16_t> y(n), yw(n);
+    Dev<float> lse(rows), lsew(rows);
     auto fwd = [&](Impl impl, uint16_t *out, float *l) {
       ASSERT_EQ(gpu::flash::forward(FloatKind::BF16, dq.get(), dk.get(), dv.get(), out, l, sh.B,
                                     sh.T, C, sh.heads, sh.causal, sh.kv, 0, impl),
@@ -1612,8 +1624,6 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
     };
     fwd(Impl::MmaFused, y.get(), lse.get());
     fwd(Impl::Wgmma, yw.get(), lsew.get());
-    bwd(Impl::MmaFused, gq.get(), gk.get(), gv.get(), scratch.get());
-    bwd(Impl::WgmmaFused, wq.get(), wk.get(), wv.get(), scratchW.get());
     AttentionTermSums S =
         attentionTermSums(q.wide, k.wide, v.wide, dy.wide, sh.B, sh.T, sh.heads, sh.kv, D,
                           sh.causal);
@@ -1648,9 +1658,19 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
       return ((bt / sh.T) * sh.kv + h) * sh.T + bt % sh.T;
     };
     compare("y", widen(yw.host()), widen(y.host()), S.Y, qRow, (double)sh.T, kUb);
-    compare("dq", widen(wq.host()), widen(gq.host()), S.DQ, qRow, (double)sh.T, kUb);
-    compare("dk", widen(wk.host()), widen(gk.host()), S.DK, kRow, (double)(sh.T * group), kUb);
-    compare("dv", widen(wv.host()), widen(gv.host()), S.DV, kRow, (double)(sh.T * group), kUb);
+    for (auto [wgImpl, ref] : {std::pair{Impl::WgmmaFused, Impl::MmaFused},
+                               std::pair{Impl::WgmmaFused64, Impl::MmaFused64}}) {
+      SCOPED_TRACE(wgImpl == Impl::WgmmaFused ? "wgmma fused" : "wgmma fused64");
+      Dev<uint16_t> gq(n), gk(nkv), gv(nkv), wq(n), wk(nkv), wv(nkv);
+      Dev<float> scratch(scratchFor(ref)), scratchW(scratchFor(wgImpl));
+      bwd(ref, gq.get(), gk.get(), gv.get(), scratch.get());
+      bwd(wgImpl, wq.get(), wk.get(), wv.get(), scratchW.get());
+      compare("dq", widen(wq.host()), widen(gq.host()), S.DQ, qRow, (double)sh.T, kUb);
+      compare("dk", widen(wk.host()), widen(gk.host()), S.DK, kRow, (double)(sh.T * group),
+              kUb);
+      compare("dv", widen(wv.host()), widen(gv.host()), S.DV, kRow, (double)(sh.T * group),
+              kUb);
+    }
     // lse (f32, natural log): the scores' and the sum's orders, relative
     // to the row's terms (1 + sigma), and one f32 rounding each side.
     std::vector<float> la = lsew.host(), lb = lse.host();
@@ -1729,7 +1749,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
       {"mma-tight", Impl::MmaTight}, {"mma-tight2", Impl::MmaTight2},
       {"mma-tight3", Impl::MmaTight3}, {"mma-fused", Impl::MmaFused},
       {"mma-fused64", Impl::MmaFused64}, {"wgmma", Impl::Wgmma},
-      {"wgmma-fused", Impl::WgmmaFused}, {"cores", Impl::CudaCores},
+      {"wgmma-fused", Impl::WgmmaFused}, {"wgmma-fused64", Impl::WgmmaFused64},
+      {"cores", Impl::CudaCores},
       {"auto", Impl::Auto}};
   for (const auto &[name, want] : names) {
     ASSERT_TRUE(gpu::flash::parseImpl(name, impl)) << name;
