@@ -1585,11 +1585,12 @@ __device__ __forceinline__ unsigned char *alignShared1024(unsigned char *p) {
 /// ldRow elements of (b, *)) into a 128-byte swizzled tile by cp.async
 /// (wgmmaApplies: every chunk 16-byte aligned); rows past T zero, stored
 /// (visible after the caller's barrier, as the copies after their wait).
-template <typename T>
+/// NT: the block's threads.
+template <int NT = kThreadsTc, typename T>
 __device__ __forceinline__ void loadTileSw(unsigned char *dst, const T *src, const Dims &a,
                                            int64_t b, int64_t r0, int rows, int64_t ldRow,
                                            int64_t col) {
-  for (int i = threadIdx.x; i < rows * 8; i += kThreadsTc) {
+  for (int i = threadIdx.x; i < rows * 8; i += NT) {
     int r = i / 8, c = i % 8;
     unsigned char *d = dst + sw128(r, c);
     int64_t t = r0 + r;
@@ -1887,22 +1888,6 @@ constexpr int kWgTileQry = 64 * 128; // bytes: 64 rows of D = 64
 template <int WG>
 constexpr size_t kWgBwdSmem = 1024 + 3 * WG * kWgTileQry + 4 * kWgTileQry + 4 * 64 * 4;
 
-/// loadTileSw with the block's NT threads.
-template <int NT, typename T>
-__device__ __forceinline__ void loadTileSwAll(unsigned char *dst, const T *src, const Dims &a,
-                                              int64_t b, int64_t r0, int rows, int64_t ldRow,
-                                              int64_t col) {
-  for (int i = threadIdx.x; i < rows * 8; i += NT) {
-    int r = i / 8, c = i % 8;
-    unsigned char *d = dst + sw128(r, c);
-    int64_t t = r0 + r;
-    if (t < a.T)
-      mma::cpAsync16(d, src + (b * a.T + t) * ldRow + col + 8 * c);
-    else
-      *reinterpret_cast<uint4 *>(d) = uint4{0u, 0u, 0u, 0u};
-  }
-}
-
 template <typename T, int WG>
 __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     bwdWgmmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
@@ -1935,8 +1920,8 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     unsigned char *Qb = QD + (it % 2) * 2 * kWgTileQry;
     float *Lb = LD + (it % 2) * 2 * 64;
-    loadTileSwAll<NT>(Qb, q, a, b, t0, 64, a.ldq, h * 64);
-    loadTileSwAll<NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
+    loadTileSw<NT>(Qb, q, a, b, t0, 64, a.ldq, h * 64);
+    loadTileSw<NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
     mma::cpAsyncCommit();
     for (int i = threadIdx.x; i < 64; i += NT) {
       int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
@@ -1944,8 +1929,8 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
       Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
-  loadTileSwAll<NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
-  loadTileSwAll<NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileSw<NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileSw<NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
   issue(0); // one group: K, V and the first Q, dY
   const unsigned char *Kw = Ks + wg * 64 * 128, *Vw = Vs + wg * 64 * 128; // the warpgroup's keys
   for (int64_t it = 0; it < steps; ++it) {
