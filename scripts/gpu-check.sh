@@ -15,6 +15,8 @@ mkdir -p "$OUT"
 EMU=${EMU:-0}
 if [ "$EMU" = 1 ]; then
   PY=${PY:-/usr/bin/python3}
+  # The emulated suites take minutes (CudaFastKernelsTest about three).
+  STEP_TIMEOUT=${STEP_TIMEOUT:-900}
 else
   PY=${PY:-/opt/torch/.venv/bin/python3}
 fi
