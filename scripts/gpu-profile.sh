@@ -123,14 +123,16 @@ step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
 # that epilogue on algorithms without split-K (FSDP_CUDA_BGRAD_SPLITK=0), with
 # the one-pass attention backward (mma-fused: dk, dv and dq partials from
 # one P and dS; mma-fused64: key blocks of 64), with the forward on
-# Hopper's wgmma (wgmma; wgmma-fused, wgmma-fused64: and the one-pass backward on it), with MmaTight attention (Auto: MmaTight3), with the cross-entropy gradient's shared-memory row
+# Hopper's wgmma (wgmma; wgmma-fused, wgmma-fused64: and the one-pass
+# backward on it; wgmma-serial: the forward without FlashAttention-3's
+# softmax / P V overlap), with MmaTight attention (Auto: MmaTight3), with the cross-entropy gradient's shared-memory row
 # copy, with cuBLASLt's DGELU_BGRAD epilogue (the defaults before the H200
 # run of 2026-11-27), with cuBLASLt tuning, without GEMM staging
 # (CudaGemm.h), with the LM head unpadded (pad-classes=0, 50257
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
 # of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
 # (issue 10: stage 0's speed), for comparison.
-for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_BGRAD_SPLITK=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=wgmma FSDP_CUDA_ATTENTION=wgmma-fused FSDP_CUDA_ATTENTION=wgmma-fused64 FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
+for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_BGRAD_SPLITK=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=wgmma FSDP_CUDA_ATTENTION=wgmma-fused FSDP_CUDA_ATTENTION=wgmma-fused64 FSDP_CUDA_ATTENTION=wgmma-serial FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
   FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   [ "$wgmma_ok" = 0 ] && [[ "$v" == *wgmma* ]] && { echo "$v skipped (wgmma cases failed)"; continue; }
   plan="$P/gpt2_bf16_b16.plan"

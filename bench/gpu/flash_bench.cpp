@@ -129,6 +129,7 @@ int main(int argc, char **argv) {
                       Variant{"mma fused64", flash::Impl::MmaFused64, false, false},
                       Variant{"wgmma", flash::Impl::Wgmma, false, false},
                       Variant{"wgmma qkv", flash::Impl::Wgmma, true, false},
+                      Variant{"wgmma serial", flash::Impl::WgmmaSerial, false, false},
                       Variant{"wgmma fused", flash::Impl::WgmmaFused, false, false},
                       Variant{"wgmma fused qkv", flash::Impl::WgmmaFused, true, false},
                       Variant{"wgmma fused64", flash::Impl::WgmmaFused64, false, false},

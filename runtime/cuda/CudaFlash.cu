@@ -1567,6 +1567,9 @@ constexpr int kWgRows = 64;  // query rows of a block (a warpgroup: 4 warps x 16
 constexpr int kWgKeys = 128; // keys of a streamed tile
 constexpr int kWgTileQ = kWgRows * 128, kWgTileKV = kWgKeys * 128; // bytes (D = 64)
 constexpr size_t kWgSmem = 1024 + kWgTileQ + 4 * kWgTileKV;
+// Blocks a multiprocessor the pipelined forward's launch bounds ask for
+// (its registers: S, P in flight and the next P beside O).
+constexpr int kWgPipeBlocks = 2;
 
 /// Where element chunk c (elements 8 c .. 8 c + 7) of row r lives in a
 /// 128-byte swizzled tile of 64-element rows (bytes from the tile start).
@@ -1617,6 +1620,79 @@ __device__ __forceinline__ uint64_t descNMajor(const unsigned char *tile, int kk
   return descNMajorRows(tile, kk, kWgKeys);
 }
 
+/// One key tile's online-softmax step of the wgmma forwards, on the
+/// m64n128 accumulator s of scores: s[4 j + e] is row w0 + g + 8 (e / 2),
+/// key j0 + 8 j + 2 qd + e % 2 (forwardMmaKernel's softmax on the same
+/// layout: masks only on tiles that cross the diagonal or the end; m in
+/// base 2). Updates the running max m and sum l, gives the factor alpha
+/// for the output's rows, and leaves P (f32) in s.
+__device__ __forceinline__ void wgSoftmax(float (&s)[64], const Dims &a, int64_t j0, int64_t t0,
+                                          int64_t w0, int g, int qd, float sl2, float (&m)[2],
+                                          float (&l)[2], float (&alpha)[2]) {
+  bool masked = j0 + kWgKeys > a.T || (a.causal && j0 + kWgKeys - 1 > t0);
+  float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    int64_t key = j0 + 8 * (i / 4) + 2 * qd + (i & 1), r = w0 + g + 8 * (i / 2 % 2);
+    if (masked && !(key < a.T && (!a.causal || key <= r)))
+      s[i] = -INFINITY;
+    tmax[i / 2 % 2] = fmaxf(tmax[i / 2 % 2], s[i]);
+  }
+  float mUse[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mNew = fmaxf(m[e], rowMax4(tmax[e]) * sl2);
+    mUse[e] = mNew == -INFINITY ? 0.f : mNew;
+    alpha[e] = exp2f(m[e] - mUse[e]);
+    m[e] = mNew;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    float p = exp2f(fmaf(s[i], sl2, -mUse[i / 2 % 2]));
+    s[i] = p;
+    psum[i / 2 % 2] += p;
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    l[e] = l[e] * alpha[e] + rowSum4(psum[e]);
+}
+
+/// P (wgSoftmax's s) rounded to T as wgmma A fragments: k step kk is keys
+/// 16 kk .. + 15, the accumulator n-tiles 2 kk, 2 kk + 1.
+template <typename T>
+__device__ __forceinline__ void wgPackP(const float (&s)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      pa[kk][r] = mma::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+/// The wgmma forwards' end: the thread's rows of O / l (the m64n64
+/// accumulator layout) into y, and their log-sum-exp (natural-log units;
+/// m is in base 2) into lse.
+template <typename T>
+__device__ __forceinline__ void wgStoreRows(const float (&o)[32], const float (&m)[2],
+                                            const float (&l)[2], const Dims &a, T *y,
+                                            float *lse, int64_t b, int64_t h, int64_t w0, int g,
+                                            int qd) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    int64_t r = w0 + g + 8 * e;
+    float inv = l[e] > 0.f ? 1.f / l[e] : 0.f;
+    if (r < a.T) {
+      T *out = y + (b * a.T + r) * a.ldy + h * 64;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        out[8 * j + 2 * qd] = cvt<T>(o[4 * j + 2 * e] * inv);
+        out[8 * j + 2 * qd + 1] = cvt<T>(o[4 * j + 2 * e + 1] * inv);
+      }
+      if (lse && qd == 0)
+        lse[(b * a.H + h) * a.T + r] = (m[e] + log2f(l[e])) * kLn2;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreadsTc, 3)
     forwardWgmmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
@@ -1664,48 +1740,13 @@ __global__ void __launch_bounds__(kThreadsTc, 3)
     mma::wgmmaCommit();
     mma::wgmmaWait<0>();
     mma::fenceRegs(s);
-    // s[4 j + e]: row w0 + g + 8 (e / 2), key j0 + 8 j + 2 qd + e % 2. The
-    // softmax as forwardMmaKernel's (masks only on tiles that cross the
-    // diagonal or the end).
-    bool masked = j0 + kWgKeys > a.T || (a.causal && j0 + kWgKeys - 1 > t0);
-    float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      int64_t key = j0 + 8 * (i / 4) + 2 * qd + (i & 1), r = w0 + g + 8 * (i / 2 % 2);
-      if (masked && !(key < a.T && (!a.causal || key <= r)))
-        s[i] = -INFINITY;
-      tmax[i / 2 % 2] = fmaxf(tmax[i / 2 % 2], s[i]);
-    }
-    float alpha[2], mUse[2], psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float mNew = fmaxf(m[e], rowMax4(tmax[e]) * sl2);
-      mUse[e] = mNew == -INFINITY ? 0.f : mNew;
-      alpha[e] = exp2f(m[e] - mUse[e]);
-      m[e] = mNew;
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      float p = exp2f(fmaf(s[i], sl2, -mUse[i / 2 % 2]));
-      s[i] = p;
-      psum[i / 2 % 2] += p;
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      l[e] = l[e] * alpha[e] + rowSum4(psum[e]);
+    float alpha[2];
+    uint32_t pa[8][4];
+    wgSoftmax(s, a, j0, t0, w0, g, qd, sl2, m, l, alpha);
+    wgPackP<T>(s, pa);
 #pragma unroll
     for (int i = 0; i < 32; ++i)
       o[i] *= alpha[i / 2 % 2];
-    // P (rounded to T) as A fragments: k step kk is keys 16 kk .. + 15,
-    // the accumulator n-tiles 2 kk and 2 kk + 1.
-    uint32_t pa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      pa[kk][0] = mma::pack2<T>(s[8 * kk], s[8 * kk + 1]);
-      pa[kk][1] = mma::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = mma::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = mma::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
     mma::fenceRegs(o);
     mma::wgmmaFence();
 #pragma unroll
@@ -1716,21 +1757,119 @@ __global__ void __launch_bounds__(kThreadsTc, 3)
     mma::fenceRegs(o);
     __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
+  wgStoreRows(o, m, l, a, y, lse, b, h, w0, g, qd);
+#else
+  __trap(); // wgmma needs sm_90a
+#endif
+}
+
+/// The wgmma forward with FlashAttention-3's intra-warpgroup overlap
+/// (Impl::Wgmma, WgmmaFused, WgmmaFused64; forwardWgmmaKernel, without
+/// it, is Impl::WgmmaSerial's): iteration it issues S = Q K_it^T and
+/// then O += P_{it-1} V_{it-1} as two wgmma groups, waits for the first
+/// only, and runs tile it's softmax on the multiprocessor's other units
+/// while the tensor cores compute the second; O is rescaled by tile it's
+/// alpha after that wait (O then holds the tiles before it, in the
+/// previous max's units). The products, softmax and roundings are
+/// forwardWgmmaKernel's, in the same order: the two give the same bits.
+/// K and V have rings of their own (two tiles each, the same 73 KiB):
+/// the top of iteration it copies K_{it+1} (over K_{it-1}, whose product
+/// iteration it - 1 waited for) and V_it (over V_{it-2}), one group that
+/// iteration it + 1 waits for.
+template <typename T>
+__global__ void __launch_bounds__(kThreadsTc, kWgPipeBlocks)
+    forwardWgmmaPipeKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
+#if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smTc[];
+  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + kWgTileQ;
+  const float sl2 = a.scale * kLog2e;
+  const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
+  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
+  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
+  int64_t kvh = h / (a.H / a.KV);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
+  float o[32];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    int64_t r = w0 + g + 8 * e;
-    float inv = l[e] > 0.f ? 1.f / l[e] : 0.f;
-    if (r < a.T) {
-      T *out = y + (b * a.T + r) * a.ldy + h * 64;
+  for (int i = 0; i < 32; ++i)
+    o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
+  int64_t nTiles = (kEnd + kWgKeys - 1) / kWgKeys;
+  auto kBuf = [&](int64_t it) { return KV + (it % 2) * kWgTileKV; };
+  auto vBuf = [&](int64_t it) { return KV + (2 + it % 2) * kWgTileKV; };
+  loadTileSw(Qs, q, a, b, t0, kWgRows, a.ldq, h * 64);
+  loadTileSw(kBuf(0), k, a, b, 0, kWgKeys, a.ldkv, kvh * 64);
+  mma::cpAsyncCommit();
+  // The top of iteration it: K_it and V_{it-1} are in shared memory
+  // (every thread's copies; every product of iteration it - 1 done), and
+  // K_{it+1} and V_it are on their way.
+  auto top = [&](int64_t it) {
+    mma::cpAsyncWait<0>();
+    mma::fenceProxyAsync(); // this thread's copies and stores, before wgmma reads them
+    __syncthreads();
+    if (it + 1 < nTiles)
+      loadTileSw(kBuf(it + 1), k, a, b, (it + 1) * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+    if (it < nTiles)
+      loadTileSw(vBuf(it), v, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+    mma::cpAsyncCommit();
+  };
+  auto scores = [&](float(&s)[64], int64_t it) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        out[8 * j + 2 * qd] = cvt<T>(o[4 * j + 2 * e] * inv);
-        out[8 * j + 2 * qd + 1] = cvt<T>(o[4 * j + 2 * e + 1] * inv);
-      }
-      if (lse && qd == 0) // natural-log units (m is in base 2)
-        lse[(b * a.H + h) * a.T + r] = (m[e] + log2f(l[e])) * kLn2;
-    }
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, 128>::template ss<0, 0>(s, descKMajor(Qs, kk), descKMajor(kBuf(it), kk),
+                                            kk > 0);
+    mma::wgmmaCommit();
+  };
+  auto pv = [&](const uint32_t(&p)[8][4], int64_t it) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      mma::Wgmma<T, 64>::template rs<1>(o, p[kk], descNMajor(vBuf(it), kk), 1);
+    mma::wgmmaCommit();
+  };
+  // Tile 0: S, its softmax (O is zero: no rescale).
+  uint32_t pa[8][4]; // P of tile it - 1 (A fragments)
+  float alpha[2];
+  {
+    top(0);
+    float s[64];
+    mma::wgmmaFence();
+    scores(s, 0);
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(s);
+    wgSoftmax(s, a, 0, t0, w0, g, qd, sl2, m, l, alpha);
+    wgPackP<T>(s, pa);
   }
+  // Tiles 1 .. nTiles - 1: S_it and P_{it-1} V_{it-1} in flight, then
+  // tile it's softmax while the second runs.
+  for (int64_t it = 1; it < nTiles; ++it) {
+    top(it);
+    float s[64];
+    mma::fenceRegs(o);
+    mma::wgmmaFence();
+    scores(s, it);
+    pv(pa, it - 1);
+    mma::wgmmaWait<1>(); // S only
+    mma::fenceRegs(s);
+    wgSoftmax(s, a, it * kWgKeys, t0, w0, g, qd, sl2, m, l, alpha);
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(o);
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      o[i] *= alpha[i / 2 % 2];
+    // P_it into the A fragments only now: they are the finished
+    // product's inputs (ptxas serializes wgmma whose input registers are
+    // written while it may still run).
+    wgPackP<T>(s, pa);
+  }
+  // The last tile's P V.
+  top(nTiles);
+  mma::fenceRegs(o);
+  mma::wgmmaFence();
+  pv(pa, nTiles - 1);
+  mma::wgmmaWait<0>();
+  mma::fenceRegs(o);
+  wgStoreRows(o, m, l, a, y, lse, b, h, w0, g, qd);
 #else
   __trap(); // wgmma needs sm_90a
 #endif
@@ -1745,12 +1884,13 @@ bool wgmmaApplies(const Dims &a, const void *q, const void *k, const void *v) {
           15) == 0;
 }
 
-/// The wgmma forward (Impl::Wgmma / WgmmaFused where wgmmaApplies).
+/// The wgmma forward where wgmmaApplies: pipelined (Impl::Wgmma,
+/// WgmmaFused, WgmmaFused64) or not (WgmmaSerial).
 template <typename T>
 cudaError_t forwardWgmma(const void *q, const void *k, const void *v, void *y, float *lse,
-                         const Dims &a, cudaStream_t s) {
-  return launchForward<T>(forwardWgmmaKernel<T>, kWgSmem, kThreadsTc, kWgRows, q, k, v, y, lse,
-                          a, s);
+                         const Dims &a, bool pipe, cudaStream_t s) {
+  return launchForward<T>(pipe ? forwardWgmmaPipeKernel<T> : forwardWgmmaKernel<T>, kWgSmem,
+                          kThreadsTc, kWgRows, q, k, v, y, lse, a, s);
 }
 
 /// wgmmaProduct's kernel: the operands laid out as the descriptors say,
@@ -1866,7 +2006,9 @@ __global__ void __launch_bounds__(kThreadsTc)
 ///   S^T = K Q^T and dP^T = V dY^T: m64n64k16 x 4 each, K / V (A) and
 ///     Q / dY (B) K-major from shared memory;
 ///   P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) in registers
-///     (the accumulator layout: key rows, query columns);
+///     (the accumulator layout: key rows, query columns); S^T and dP^T
+///     are two wgmma groups, and P^T's exponentials run while the tensor
+///     cores compute dP^T;
 ///   dV += P^T dY and dK += dS^T Q: m64n64k16 x 4 each, P^T / dS^T
 ///     rounded to the storage type as A fragments from registers, dY / Q
 ///     N-major from shared memory;
@@ -1950,25 +2092,29 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       mma::Wgmma<T, 64>::template ss<0, 0>(st, descKMajor(Kw, kk), descKMajor(Qs, kk), kk > 0);
+    mma::wgmmaCommit();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       mma::Wgmma<T, 64>::template ss<0, 0>(dpt, descKMajor(Vw, kk), descKMajor(DYs, kk),
                                            kk > 0);
     mma::wgmmaCommit();
-    mma::wgmmaWait<0>();
-    mma::fenceRegs(st);
-    mma::fenceRegs(dpt);
     // st[4 j + e]: key w0 + g + 8 (e / 2), query t0 + 8 j + 2 qd + e % 2.
     bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0);
+    auto ok = [&](int i) {
+      int64_t tt = t0 + 8 * (i / 4) + 2 * qd + (i & 1), jj = w0 + g + 8 * (i / 2 % 2);
+      return !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+    };
+    // P^T while the tensor cores compute dP^T (the second group).
+    mma::wgmmaWait<1>();
+    mma::fenceRegs(st);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      int c = 8 * (i / 4) + 2 * qd + (i & 1);
-      int64_t tt = t0 + c, jj = w0 + g + 8 * (i / 2 % 2);
-      bool ok = !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
-      float p = ok ? exp2f(fmaf(st[i], sl2, -Lq[c])) : 0.f;
-      st[i] = p;
-      dpt[i] = ok ? p * (dpt[i] - Dq[c]) : 0.f;
-    }
+    for (int i = 0; i < 32; ++i)
+      st[i] = ok(i) ? exp2f(fmaf(st[i], sl2, -Lq[8 * (i / 4) + 2 * qd + (i & 1)])) : 0.f;
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(dpt);
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      dpt[i] = ok(i) ? st[i] * (dpt[i] - Dq[8 * (i / 4) + 2 * qd + (i & 1)]) : 0.f;
     uint32_t pa[4][4], sa[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -2234,10 +2380,10 @@ bool fusedImpl(Impl impl) {
 /// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
-  impl = impl == Impl::Wgmma                       ? Impl::MmaTight3
-         : impl == Impl::WgmmaFused && a.D != 64   ? Impl::MmaFused
-         : impl == Impl::WgmmaFused64 && a.D != 64 ? Impl::MmaFused64
-                                                   : resolve(t, a, impl);
+  impl = impl == Impl::Wgmma || impl == Impl::WgmmaSerial ? Impl::MmaTight3
+         : impl == Impl::WgmmaFused && a.D != 64                  ? Impl::MmaFused
+         : impl == Impl::WgmmaFused64 && a.D != 64                ? Impl::MmaFused64
+                                                                  : resolve(t, a, impl);
   if (fusedImpl(impl) && pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
   return impl;
@@ -2265,7 +2411,7 @@ bool parseImpl(const char *name, Impl &impl) {
                 {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
                 {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64},
                 {"wgmma", Impl::Wgmma}, {"wgmma-fused", Impl::WgmmaFused},
-                {"wgmma-fused64", Impl::WgmmaFused64}};
+                {"wgmma-fused64", Impl::WgmmaFused64}, {"wgmma-serial", Impl::WgmmaSerial}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -2285,10 +2431,12 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
     return cudaErrorInvalidValue;
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
-  if (impl == Impl::Wgmma || impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) {
+  if (impl == Impl::Wgmma || impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64 ||
+      impl == Impl::WgmmaSerial) {
+    bool pipe = impl != Impl::WgmmaSerial;
     if (wgmmaApplies(a, q, k, v))
-      return t == FloatKind::BF16 ? forwardWgmma<__nv_bfloat16>(q, k, v, y, lse, a, s)
-                                  : forwardWgmma<__half>(q, k, v, y, lse, a, s);
+      return t == FloatKind::BF16 ? forwardWgmma<__nv_bfloat16>(q, k, v, y, lse, a, pipe, s)
+                                  : forwardWgmma<__half>(q, k, v, y, lse, a, pipe, s);
     impl = Impl::MmaTight3;
   }
   return withKernels(impl, t, [&](auto kernels, auto elem) {

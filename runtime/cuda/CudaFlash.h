@@ -87,7 +87,12 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///              (wgmma.mma_async, sm_90a: a warpgroup per 64 query rows,
 ///              key tiles of 128, operands in 128-byte swizzled shared
 ///              memory, P from registers); elsewhere MmaTight3's forward.
-///              The backward is MmaTight3's;
+///              The backward is MmaTight3's. The forward overlaps each
+///              key tile's softmax with the previous tile's P V on the
+///              tensor cores (FlashAttention-3's intra-warpgroup
+///              pipelining): the same bits as WgmmaSerial's;
+///   WgmmaSerial Wgmma without the overlap (each product waited for
+///              before the softmax that follows it);
 ///   WgmmaFused Wgmma's forward; the one-pass backward on wgmma at D = 64
 ///              (two warpgroups per key block of 128, MmaFused's partials),
 ///              elsewhere MmaFused's;
@@ -105,7 +110,8 @@ enum class Impl {
   MmaFused64,
   Wgmma,
   WgmmaFused,
-  WgmmaFused64
+  WgmmaFused64,
+  WgmmaSerial
 };
 
 /// True for the tensor-core implementations (bf16 / f16 storage, D a
@@ -115,7 +121,7 @@ bool tensorCoreImpl(Impl impl);
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
 /// mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused,
-/// wgmma-fused64 (false for anything else).
+/// wgmma-fused64, wgmma-serial (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,

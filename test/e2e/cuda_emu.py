@@ -309,7 +309,7 @@ def main():
     # an f32 plan: refused with the reason, before the first step.
     f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw") # in the GPU kit too
     if mode != "--compile-only":
-        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused, wgmma-fused64"),
+        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused, wgmma-fused64, wgmma-serial"),
                            ("mma", "names tensor-core kernels")):
             r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
                                env=dict(os.environ, FSDP_CUDA_ATTENTION=attn),

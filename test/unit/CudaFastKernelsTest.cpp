@@ -1367,6 +1367,60 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   flashCase(FloatKind::BF16, 1, 100, 4, 2, 64, true, 31, Impl::WgmmaFused64);
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, false, 73, Impl::WgmmaFused64);
   flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, Impl::WgmmaFused64);
+  // WgmmaSerial (the forward without the overlap) on two.
+  flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, true, 59, Impl::WgmmaSerial);
+  flashCase(FloatKind::F16, 1, 200, 4, 2, 64, false, 73, Impl::WgmmaSerial);
+}
+
+TEST_F(CudaFastKernelsTest, WgmmaPipelinedForwardGivesTheSerialBits) {
+  // Wgmma's forward overlaps tile it's softmax with tile it - 1's P V and
+  // rescales O after it; WgmmaSerial's waits for each product. The same
+  // products and roundings in the same order: y and lse must be equal bit
+  // for bit (a wrong alpha, a P from the wrong tile or a V buffer copied
+  // over while its product still reads it changes them). One key tile,
+  // two, the diagonal inside a tile, a partial last tile, grouped-query
+  // heads, the long causal tail, f16. (WgmmaFlashAttentionAgainstCpu
+  // holds WgmmaSerial against the CPU.)
+  using gpu::flash::Impl;
+  struct Shape {
+    int64_t B, T, heads, kv;
+    bool causal, half;
+  };
+  for (const Shape &sh : {Shape{2, 256, 12, 12, true, false}, Shape{2, 256, 12, 12, false, false},
+                          Shape{1, 300, 4, 2, false, false}, Shape{1, 100, 4, 2, true, false},
+                          Shape{2, 9, 2, 2, false, false}, Shape{1, 1100, 2, 2, true, false},
+                          Shape{1, 200, 4, 2, true, true}}) {
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) + " heads=" +
+                 std::to_string(sh.heads) + "/" + std::to_string(sh.kv) +
+                 (sh.causal ? " causal" : "") + (sh.half ? " f16" : ""));
+    const int64_t D = 64, C = sh.heads * D, n = sh.B * sh.T * C, nkv = sh.B * sh.T * sh.kv * D,
+                  rows = sh.B * sh.heads * sh.T;
+    FloatKind t = sh.half ? FloatKind::F16 : FloatKind::BF16;
+    Bf16Vec q(randomVec(n, 191, 2.f), sh.half), k(randomVec(nkv, 192, 2.f), sh.half),
+        v(randomVec(nkv, 193), sh.half);
+    Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits);
+    auto run = [&](Impl impl, std::vector<uint16_t> &y, std::vector<float> &lse) {
+      Dev<uint16_t> dy(n);
+      Dev<float> dl(rows);
+      ASSERT_EQ(gpu::flash::forward(t, dq.get(), dk.get(), dv.get(), dy.get(), dl.get(), sh.B,
+                                    sh.T, C, sh.heads, sh.causal, sh.kv, 0, impl),
+                cudaSuccess);
+      y = dy.host();
+      lse = dl.host();
+    };
+    std::vector<uint16_t> yp, ys;
+    std::vector<float> lp, ls;
+    run(Impl::Wgmma, yp, lp);
+    run(Impl::WgmmaSerial, ys, ls);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (yp[i] != ys[i] && bad++ < 5)
+        ADD_FAILURE() << "y[" << i << "]: pipelined bits " << yp[i] << ", serial " << ys[i];
+    for (int64_t i = 0; i < rows; ++i)
+      if (std::memcmp(&lp[i], &ls[i], sizeof(float)) && bad++ < 5)
+        ADD_FAILURE() << "lse[" << i << "]: pipelined " << lp[i] << ", serial " << ls[i];
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 /// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
@@ -1750,7 +1804,7 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
       {"mma-tight3", Impl::MmaTight3}, {"mma-fused", Impl::MmaFused},
       {"mma-fused64", Impl::MmaFused64}, {"wgmma", Impl::Wgmma},
       {"wgmma-fused", Impl::WgmmaFused}, {"wgmma-fused64", Impl::WgmmaFused64},
-      {"cores", Impl::CudaCores},
+      {"wgmma-serial", Impl::WgmmaSerial}, {"cores", Impl::CudaCores},
       {"auto", Impl::Auto}};
   for (const auto &[name, want] : names) {
     ASSERT_TRUE(gpu::flash::parseImpl(name, impl)) << name;
