@@ -114,10 +114,19 @@ step bf16_text_track 150 "$PY" "$K/../test/e2e/mixed_precision.py" "$K/bin" text
 # arena measured == predicted).
 step llama_bf16 90 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
   --lr 1e-4 --log-every 5 && tail -4 "$L/llama_bf16.log"
+# The same with the wgmma forward at D = 128 (dropped if its cases failed).
+if [ "$wgmma_ok" = 1 ]; then
+  step llama_bf16_wgmma 90 env FSDP_CUDA_ATTENTION=wgmma "$K/bin/fsdp-run" \
+    "$P/llama1b_bf16.plan" --device cuda --steps 10 --lr 1e-4 --log-every 5 &&
+    tail -4 "$L/llama_bf16_wgmma.log"
+fi
 step bench_b16 150 "$PY" "$K/bench/gpt2_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --batch 16 --steps 20 --torch-modes fp32,eager --json "$L/bench_b16.json" &&
   grep -E "tok/s" "$L/bench_b16.log"
 step FlashBench 45 "$K/bin/FlashBench" && cat "$L/FlashBench.log"
+# Llama's heads (D = 128: the wgmma forward's second geometry), the
+# shape of the ~1B Llama at B = 4.
+step FlashBench_d128 45 "$K/bin/FlashBench" 4 2048 16 128 && cat "$L/FlashBench_d128.log"
 # The bf16 GPT-2 step as it is (BASE), with matmul_bias_grad's bias
 # gradient as a column sum instead of cuBLASLt's BGRADB epilogue, with
 # that epilogue on algorithms without split-K (FSDP_CUDA_BGRAD_SPLITK=0), with

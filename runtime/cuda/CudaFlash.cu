@@ -1549,8 +1549,9 @@ int fusedTiles(Impl impl, int64_t D) {
 // --- wgmma (sm_90a): the forward on Hopper's warpgroup tensor cores ------------------------------
 //
 // One block is one warpgroup (128 threads) and owns 64 query rows of one
-// (b, h); it streams key / value tiles of 128 rows. S = Q K^T is four
-// wgmma m64n128k16 (A = Q, B = K, both K-major in shared memory), the
+// (b, h); it streams key / value tiles of 128 rows (at D = 64; at D = 128
+// tiles of 64 rows, each row two 64-element column blocks: WgFwd). S = Q
+// K^T is four wgmma m64n128k16 (A = Q, B = K, both K-major in shared memory), the
 // softmax runs on S in registers exactly as the mma.sync forward's (warp w
 // holds rows 16 w .. 16 w + 15 in the same accumulator layout), P is
 // rounded to the storage type into wgmma A fragments (registers), and
@@ -1561,15 +1562,24 @@ int fusedTiles(Impl impl, int64_t D) {
 // reads them without bank conflicts and cp.async writes whole chunks.
 // The block's shared memory: Q 8 KiB, K and V twice (the next tile's
 // copies fly while the block computes) 64 KiB, 73 KiB with the 1024-byte
-// alignment the swizzle pattern needs: three blocks a multiprocessor.
+// alignment the swizzle pattern needs: three blocks a multiprocessor
+// (at D = 128: Q 16 KiB, 81 KiB, two blocks).
 
-constexpr int kWgRows = 64;  // query rows of a block (a warpgroup: 4 warps x 16)
-constexpr int kWgKeys = 128; // keys of a streamed tile
-constexpr int kWgTileQ = kWgRows * 128, kWgTileKV = kWgKeys * 128; // bytes (D = 64)
-constexpr size_t kWgSmem = 1024 + kWgTileQ + 4 * kWgTileKV;
-// Blocks a multiprocessor the pipelined forward's launch bounds ask for
-// (its registers: S, P in flight and the next P beside O).
-constexpr int kWgPipeBlocks = 2;
+constexpr int kWgRows = 64; // query rows of a block (a warpgroup: 4 warps x 16)
+/// The wgmma forward's geometry at head dimension D (64 or 128): Keys keys
+/// a streamed tile (128 at D = 64, 64 at D = 128: the same 16 KiB K or V
+/// tile), tiles of D / 64 column blocks of 64 elements (rows of 128 bytes,
+/// each block its own swizzled sub-tile), shared memory for Q and two K
+/// and two V tiles, and the blocks a multiprocessor the launch bounds ask
+/// for: the serial kernel at D = 64 three (168 registers, 73 KiB), the
+/// pipelined one two (S, P in flight and O: 222 registers); at D = 128
+/// two (81 KiB each).
+template <int D> struct WgFwd {
+  static constexpr int Keys = D == 64 ? 128 : 64;
+  static constexpr int TileQ = kWgRows * 2 * D, TileKV = Keys * 2 * D; // bytes
+  static constexpr size_t Smem = 1024 + TileQ + 4 * TileKV;
+  static constexpr int SerialBlocks = D == 64 ? 3 : 2, PipeBlocks = 2;
+};
 
 /// Where element chunk c (elements 8 c .. 8 c + 7) of row r lives in a
 /// 128-byte swizzled tile of 64-element rows (bytes from the tile start).
@@ -1578,7 +1588,8 @@ __host__ __device__ constexpr int sw128(int r, int c) {
 }
 
 /// The dynamic shared memory rounded up to the next 1024-byte boundary of
-/// the shared address space (the swizzle pattern's; kWgSmem has the room).
+/// the shared address space (the swizzle pattern's; WgFwd::Smem and
+/// kWgBwdSmem have the room).
 __device__ __forceinline__ unsigned char *alignShared1024(unsigned char *p) {
   uint32_t a = mma::sharedAddress(p);
   return p + ((1024 - (a & 1023)) & 1023);
@@ -1604,35 +1615,48 @@ __device__ __forceinline__ void loadTileSw(unsigned char *dst, const T *src, con
   }
 }
 
+/// loadTileSw for rows of D elements (D / 64 column blocks, each a
+/// swizzled sub-tile of `rows` rows, block c at c * rows * 128 bytes).
+template <int D, int NT = kThreadsTc, typename T>
+__device__ __forceinline__ void loadTileD(unsigned char *dst, const T *src, const Dims &a,
+                                          int64_t b, int64_t r0, int rows, int64_t ldRow,
+                                          int64_t col) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+    loadTileSw<NT>(dst + c * rows * 128, src, a, b, r0, rows, ldRow, col + 64 * c);
+}
+
 /// K-major 128-byte swizzled operand (Q or K) at k step kk (columns
 /// 16 kk .. 16 kk + 15): eight-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t descKMajor(const unsigned char *tile, int kk) {
   return mma::smemDesc(tile + 32 * kk, 16, 1024, 1);
 }
+/// ... of a D-wide tile (loadTileD's) of `rows` rows, k step kk of D / 16.
+__device__ __forceinline__ uint64_t descKMajorD(const unsigned char *tile, int kk, int rows) {
+  return descKMajor(tile + (kk / 4) * rows * 128, kk % 4);
+}
 /// An M- or N-major operand from a 128-byte swizzled tile of `rows` rows
 /// whose rows are its k index (V in P V: k = key, n = dimension) at k step
-/// kk (rows 16 kk .. 16 kk + 15): eight-row groups 1024 bytes apart (the
-/// next 64 columns, LBO, would be a tile further: unused at 64).
+/// kk (rows 16 kk .. 16 kk + 15): eight-row groups 1024 bytes apart, the
+/// next 64 columns (LBO) a sub-tile further (loadTileD's layout).
 __device__ __forceinline__ uint64_t descNMajorRows(const unsigned char *tile, int kk, int rows) {
   return mma::smemDesc(tile + 2048 * kk, rows * 128, 1024, 1);
 }
-__device__ __forceinline__ uint64_t descNMajor(const unsigned char *tile, int kk) {
-  return descNMajorRows(tile, kk, kWgKeys);
-}
 
 /// One key tile's online-softmax step of the wgmma forwards, on the
-/// m64n128 accumulator s of scores: s[4 j + e] is row w0 + g + 8 (e / 2),
+/// m64nK accumulator s of scores: s[4 j + e] is row w0 + g + 8 (e / 2),
 /// key j0 + 8 j + 2 qd + e % 2 (forwardMmaKernel's softmax on the same
 /// layout: masks only on tiles that cross the diagonal or the end; m in
 /// base 2). Updates the running max m and sum l, gives the factor alpha
 /// for the output's rows, and leaves P (f32) in s.
-__device__ __forceinline__ void wgSoftmax(float (&s)[64], const Dims &a, int64_t j0, int64_t t0,
-                                          int64_t w0, int g, int qd, float sl2, float (&m)[2],
-                                          float (&l)[2], float (&alpha)[2]) {
-  bool masked = j0 + kWgKeys > a.T || (a.causal && j0 + kWgKeys - 1 > t0);
+template <int K>
+__device__ __forceinline__ void wgSoftmax(float (&s)[K / 2], const Dims &a, int64_t j0,
+                                          int64_t t0, int64_t w0, int g, int qd, float sl2,
+                                          float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  bool masked = j0 + K > a.T || (a.causal && j0 + K - 1 > t0);
   float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < K / 2; ++i) {
     int64_t key = j0 + 8 * (i / 4) + 2 * qd + (i & 1), r = w0 + g + 8 * (i / 2 % 2);
     if (masked && !(key < a.T && (!a.causal || key <= r)))
       s[i] = -INFINITY;
@@ -1647,7 +1671,7 @@ __device__ __forceinline__ void wgSoftmax(float (&s)[64], const Dims &a, int64_t
     m[e] = mNew;
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < K / 2; ++i) {
     float p = exp2f(fmaf(s[i], sl2, -mUse[i / 2 % 2]));
     s[i] = p;
     psum[i / 2 % 2] += p;
@@ -1659,20 +1683,20 @@ __device__ __forceinline__ void wgSoftmax(float (&s)[64], const Dims &a, int64_t
 
 /// P (wgSoftmax's s) rounded to T as wgmma A fragments: k step kk is keys
 /// 16 kk .. + 15, the accumulator n-tiles 2 kk, 2 kk + 1.
-template <typename T>
-__device__ __forceinline__ void wgPackP(const float (&s)[64], uint32_t (&pa)[8][4]) {
+template <typename T, int K>
+__device__ __forceinline__ void wgPackP(const float (&s)[K / 2], uint32_t (&pa)[K / 16][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
+  for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r)
       pa[kk][r] = mma::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-/// The wgmma forwards' end: the thread's rows of O / l (the m64n64
+/// The wgmma forwards' end: the thread's rows of O / l (the m64nD
 /// accumulator layout) into y, and their log-sum-exp (natural-log units;
 /// m is in base 2) into lse.
-template <typename T>
-__device__ __forceinline__ void wgStoreRows(const float (&o)[32], const float (&m)[2],
+template <typename T, int D>
+__device__ __forceinline__ void wgStoreRows(const float (&o)[D / 2], const float (&m)[2],
                                             const float (&l)[2], const Dims &a, T *y,
                                             float *lse, int64_t b, int64_t h, int64_t w0, int g,
                                             int qd) {
@@ -1681,9 +1705,9 @@ __device__ __forceinline__ void wgStoreRows(const float (&o)[32], const float (&
     int64_t r = w0 + g + 8 * e;
     float inv = l[e] > 0.f ? 1.f / l[e] : 0.f;
     if (r < a.T) {
-      T *out = y + (b * a.T + r) * a.ldy + h * 64;
+      T *out = y + (b * a.T + r) * a.ldy + h * D;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < D / 8; ++j) {
         out[8 * j + 2 * qd] = cvt<T>(o[4 * j + 2 * e] * inv);
         out[8 * j + 2 * qd + 1] = cvt<T>(o[4 * j + 2 * e + 1] * inv);
       }
@@ -1693,12 +1717,16 @@ __device__ __forceinline__ void wgStoreRows(const float (&o)[32], const float (&
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreadsTc, 3)
+/// The wgmma forward without the overlap (Impl::WgmmaSerial): each
+/// product waited for before the softmax or the next tile that follows.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreadsTc, WgFwd<D>::SerialBlocks)
     forwardWgmmaKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
 #if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using G = WgFwd<D>;
+  constexpr int K = G::Keys;
   extern __shared__ __align__(128) unsigned char smTc[];
-  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + kWgTileQ;
+  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + G::TileQ;
   const float sl2 = a.scale * kLog2e;
   const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
   int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
@@ -1706,20 +1734,20 @@ __global__ void __launch_bounds__(kThreadsTc, 3)
   int64_t kvh = h / (a.H / a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
-  float o[32];
+  float o[D / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i)
+  for (int i = 0; i < D / 2; ++i)
     o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
-  int64_t nTiles = (kEnd + kWgKeys - 1) / kWgKeys;
+  int64_t nTiles = (kEnd + K - 1) / K;
   auto issue = [&](int64_t it) {
-    unsigned char *Kb = KV + (it % 2) * 2 * kWgTileKV;
-    loadTileSw(Kb, k, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
-    loadTileSw(Kb + kWgTileKV, v, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+    unsigned char *Kb = KV + (it % 2) * 2 * G::TileKV;
+    loadTileD<D>(Kb, k, a, b, it * K, K, a.ldkv, kvh * D);
+    loadTileD<D>(Kb + G::TileKV, v, a, b, it * K, K, a.ldkv, kvh * D);
     mma::cpAsyncCommit();
   };
-  loadTileSw(Qs, q, a, b, t0, kWgRows, a.ldq, h * 64);
+  loadTileD<D>(Qs, q, a, b, t0, kWgRows, a.ldq, h * D);
   issue(0); // one group: Q and the first K, V
   for (int64_t it = 0; it < nTiles; ++it) {
     if (it + 1 < nTiles) {
@@ -1730,34 +1758,34 @@ __global__ void __launch_bounds__(kThreadsTc, 3)
     }
     mma::fenceProxyAsync(); // this thread's copies and stores, before wgmma reads them
     __syncthreads();        // tile it (every thread's) is in shared memory
-    int64_t j0 = it * kWgKeys;
-    const unsigned char *Ks = KV + (it % 2) * 2 * kWgTileKV, *Vs = Ks + kWgTileKV;
-    float s[64];
+    const unsigned char *Ks = KV + (it % 2) * 2 * G::TileKV, *Vs = Ks + G::TileKV;
+    float s[K / 2];
     mma::wgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 128>::template ss<0, 0>(s, descKMajor(Qs, kk), descKMajor(Ks, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::Wgmma<T, K>::template ss<0, 0>(s, descKMajorD(Qs, kk, kWgRows),
+                                          descKMajorD(Ks, kk, K), kk > 0);
     mma::wgmmaCommit();
     mma::wgmmaWait<0>();
     mma::fenceRegs(s);
     float alpha[2];
-    uint32_t pa[8][4];
-    wgSoftmax(s, a, j0, t0, w0, g, qd, sl2, m, l, alpha);
-    wgPackP<T>(s, pa);
+    uint32_t pa[K / 16][4];
+    wgSoftmax<K>(s, a, it * K, t0, w0, g, qd, sl2, m, l, alpha);
+    wgPackP<T, K>(s, pa);
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
+    for (int i = 0; i < D / 2; ++i)
       o[i] *= alpha[i / 2 % 2];
     mma::fenceRegs(o);
     mma::wgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      mma::Wgmma<T, 64>::template rs<1>(o, pa[kk], descNMajor(Vs, kk), 1);
+    for (int kk = 0; kk < K / 16; ++kk)
+      mma::Wgmma<T, D>::template rs<1>(o, pa[kk], descNMajorRows(Vs, kk, K), 1);
     mma::wgmmaCommit();
     mma::wgmmaWait<0>();
     mma::fenceRegs(o);
     __syncthreads(); // buffer it % 2 is free for tile it + 2
   }
-  wgStoreRows(o, m, l, a, y, lse, b, h, w0, g, qd);
+  wgStoreRows<T, D>(o, m, l, a, y, lse, b, h, w0, g, qd);
 #else
   __trap(); // wgmma needs sm_90a
 #endif
@@ -1772,16 +1800,18 @@ __global__ void __launch_bounds__(kThreadsTc, 3)
 /// alpha after that wait (O then holds the tiles before it, in the
 /// previous max's units). The products, softmax and roundings are
 /// forwardWgmmaKernel's, in the same order: the two give the same bits.
-/// K and V have rings of their own (two tiles each, the same 73 KiB):
+/// K and V have rings of their own (two tiles each, the same memory):
 /// the top of iteration it copies K_{it+1} (over K_{it-1}, whose product
 /// iteration it - 1 waited for) and V_it (over V_{it-2}), one group that
 /// iteration it + 1 waits for.
-template <typename T>
-__global__ void __launch_bounds__(kThreadsTc, kWgPipeBlocks)
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreadsTc, WgFwd<D>::PipeBlocks)
     forwardWgmmaPipeKernel(Dims a, const T *q, const T *k, const T *v, T *y, float *lse) {
 #if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using G = WgFwd<D>;
+  constexpr int K = G::Keys;
   extern __shared__ __align__(128) unsigned char smTc[];
-  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + kWgTileQ;
+  unsigned char *Qs = alignShared1024(smTc), *KV = Qs + G::TileQ;
   const float sl2 = a.scale * kLog2e;
   const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
   int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
@@ -1789,17 +1819,17 @@ __global__ void __launch_bounds__(kThreadsTc, kWgPipeBlocks)
   int64_t kvh = h / (a.H / a.KV);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
   int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
-  float o[32];
+  float o[D / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i)
+  for (int i = 0; i < D / 2; ++i)
     o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
-  int64_t nTiles = (kEnd + kWgKeys - 1) / kWgKeys;
-  auto kBuf = [&](int64_t it) { return KV + (it % 2) * kWgTileKV; };
-  auto vBuf = [&](int64_t it) { return KV + (2 + it % 2) * kWgTileKV; };
-  loadTileSw(Qs, q, a, b, t0, kWgRows, a.ldq, h * 64);
-  loadTileSw(kBuf(0), k, a, b, 0, kWgKeys, a.ldkv, kvh * 64);
+  int64_t nTiles = (kEnd + K - 1) / K;
+  auto kBuf = [&](int64_t it) { return KV + (it % 2) * G::TileKV; };
+  auto vBuf = [&](int64_t it) { return KV + (2 + it % 2) * G::TileKV; };
+  loadTileD<D>(Qs, q, a, b, t0, kWgRows, a.ldq, h * D);
+  loadTileD<D>(kBuf(0), k, a, b, 0, K, a.ldkv, kvh * D);
   mma::cpAsyncCommit();
   // The top of iteration it: K_it and V_{it-1} are in shared memory
   // (every thread's copies; every product of iteration it - 1 done), and
@@ -1809,58 +1839,58 @@ __global__ void __launch_bounds__(kThreadsTc, kWgPipeBlocks)
     mma::fenceProxyAsync(); // this thread's copies and stores, before wgmma reads them
     __syncthreads();
     if (it + 1 < nTiles)
-      loadTileSw(kBuf(it + 1), k, a, b, (it + 1) * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+      loadTileD<D>(kBuf(it + 1), k, a, b, (it + 1) * K, K, a.ldkv, kvh * D);
     if (it < nTiles)
-      loadTileSw(vBuf(it), v, a, b, it * kWgKeys, kWgKeys, a.ldkv, kvh * 64);
+      loadTileD<D>(vBuf(it), v, a, b, it * K, K, a.ldkv, kvh * D);
     mma::cpAsyncCommit();
   };
-  auto scores = [&](float(&s)[64], int64_t it) {
+  auto scores = [&](float(&s)[K / 2], int64_t it) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 128>::template ss<0, 0>(s, descKMajor(Qs, kk), descKMajor(kBuf(it), kk),
-                                            kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::Wgmma<T, K>::template ss<0, 0>(s, descKMajorD(Qs, kk, kWgRows),
+                                          descKMajorD(kBuf(it), kk, K), kk > 0);
     mma::wgmmaCommit();
   };
-  auto pv = [&](const uint32_t(&p)[8][4], int64_t it) {
+  auto pv = [&](const uint32_t(&p)[K / 16][4], int64_t it) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      mma::Wgmma<T, 64>::template rs<1>(o, p[kk], descNMajor(vBuf(it), kk), 1);
+    for (int kk = 0; kk < K / 16; ++kk)
+      mma::Wgmma<T, D>::template rs<1>(o, p[kk], descNMajorRows(vBuf(it), kk, K), 1);
     mma::wgmmaCommit();
   };
   // Tile 0: S, its softmax (O is zero: no rescale).
-  uint32_t pa[8][4]; // P of tile it - 1 (A fragments)
+  uint32_t pa[K / 16][4]; // P of tile it - 1 (A fragments)
   float alpha[2];
   {
     top(0);
-    float s[64];
+    float s[K / 2];
     mma::wgmmaFence();
     scores(s, 0);
     mma::wgmmaWait<0>();
     mma::fenceRegs(s);
-    wgSoftmax(s, a, 0, t0, w0, g, qd, sl2, m, l, alpha);
-    wgPackP<T>(s, pa);
+    wgSoftmax<K>(s, a, 0, t0, w0, g, qd, sl2, m, l, alpha);
+    wgPackP<T, K>(s, pa);
   }
   // Tiles 1 .. nTiles - 1: S_it and P_{it-1} V_{it-1} in flight, then
   // tile it's softmax while the second runs.
   for (int64_t it = 1; it < nTiles; ++it) {
     top(it);
-    float s[64];
+    float s[K / 2];
     mma::fenceRegs(o);
     mma::wgmmaFence();
     scores(s, it);
     pv(pa, it - 1);
     mma::wgmmaWait<1>(); // S only
     mma::fenceRegs(s);
-    wgSoftmax(s, a, it * kWgKeys, t0, w0, g, qd, sl2, m, l, alpha);
+    wgSoftmax<K>(s, a, it * K, t0, w0, g, qd, sl2, m, l, alpha);
     mma::wgmmaWait<0>();
     mma::fenceRegs(o);
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
+    for (int i = 0; i < D / 2; ++i)
       o[i] *= alpha[i / 2 % 2];
     // P_it into the A fragments only now: they are the finished
     // product's inputs (ptxas serializes wgmma whose input registers are
     // written while it may still run).
-    wgPackP<T>(s, pa);
+    wgPackP<T, K>(s, pa);
   }
   // The last tile's P V.
   top(nTiles);
@@ -1869,16 +1899,17 @@ __global__ void __launch_bounds__(kThreadsTc, kWgPipeBlocks)
   pv(pa, nTiles - 1);
   mma::wgmmaWait<0>();
   mma::fenceRegs(o);
-  wgStoreRows(o, m, l, a, y, lse, b, h, w0, g, qd);
+  wgStoreRows<T, D>(o, m, l, a, y, lse, b, h, w0, g, qd);
 #else
   __trap(); // wgmma needs sm_90a
 #endif
 }
 
-/// The wgmma forward applies at D = 64 with q, k, v 16-byte aligned and
-/// their row strides multiples of 8 elements (cp.async's whole chunks).
+/// The wgmma forward applies at D = 64 or 128 with q, k, v 16-byte
+/// aligned and their row strides multiples of 8 elements (cp.async's
+/// whole chunks).
 bool wgmmaApplies(const Dims &a, const void *q, const void *k, const void *v) {
-  return a.D == 64 && a.ldq % 8 == 0 && a.ldkv % 8 == 0 &&
+  return (a.D == 64 || a.D == 128) && a.ldq % 8 == 0 && a.ldkv % 8 == 0 &&
          ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
            reinterpret_cast<uintptr_t>(v)) &
           15) == 0;
@@ -1886,11 +1917,17 @@ bool wgmmaApplies(const Dims &a, const void *q, const void *k, const void *v) {
 
 /// The wgmma forward where wgmmaApplies: pipelined (Impl::Wgmma,
 /// WgmmaFused, WgmmaFused64) or not (WgmmaSerial).
+template <typename T, int D>
+cudaError_t forwardWgmmaD(const void *q, const void *k, const void *v, void *y, float *lse,
+                          const Dims &a, bool pipe, cudaStream_t s) {
+  return launchForward<T>(pipe ? forwardWgmmaPipeKernel<T, D> : forwardWgmmaKernel<T, D>,
+                          WgFwd<D>::Smem, kThreadsTc, kWgRows, q, k, v, y, lse, a, s);
+}
 template <typename T>
 cudaError_t forwardWgmma(const void *q, const void *k, const void *v, void *y, float *lse,
                          const Dims &a, bool pipe, cudaStream_t s) {
-  return launchForward<T>(pipe ? forwardWgmmaPipeKernel<T> : forwardWgmmaKernel<T>, kWgSmem,
-                          kThreadsTc, kWgRows, q, k, v, y, lse, a, s);
+  return a.D == 64 ? forwardWgmmaD<T, 64>(q, k, v, y, lse, a, pipe, s)
+                   : forwardWgmmaD<T, 128>(q, k, v, y, lse, a, pipe, s);
 }
 
 /// wgmmaProduct's kernel: the operands laid out as the descriptors say,
@@ -2461,7 +2498,7 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     int m = fusedTiles(impl, a.D);
     // WgmmaFused (64) where wgmmaApplies and dy's rows are whole chunks
     // too, else MmaFused (64): the same partials and scratch.
-    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) &&
+    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) && a.D == 64 &&
               wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
               (reinterpret_cast<uintptr_t>(dy) & 15) == 0;
     return t == FloatKind::BF16 ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv,

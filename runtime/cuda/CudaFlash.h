@@ -28,8 +28,9 @@
 // and dS are rounded to the storage type before their products, as
 // FlashAttention-2 does), either through WMMA with the score tiles in
 // shared memory, or through mma.sync with scores, probabilities and
-// accumulators in registers (FlashAttention-2's layout), or (Impl::Wgmma,
-// WgmmaFused at D = 64) through Hopper's warpgroup wgmma.mma_async with
+// accumulators in registers (FlashAttention-2's layout), or (Impl::Wgmma
+// and the others named Wgmma: the forward at D = 64 and 128, the backward
+// at D = 64) through Hopper's warpgroup wgmma.mma_async with
 // the operands in 128-byte swizzled shared memory. Impl::Auto takes the
 // mma.sync kernels where they apply. See docs/RUNTIME.md.
 //
@@ -83,10 +84,11 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///   MmaFused64 MmaFused with key blocks of 64 at D = 64 (16 key rows a
 ///              warp, launch bounds for 3 blocks a multiprocessor, as
 ///              MmaTight's dk / dv; twice the partials);
-///   Wgmma      the forward at D = 64 on Hopper's warpgroup instructions
-///              (wgmma.mma_async, sm_90a: a warpgroup per 64 query rows,
-///              key tiles of 128, operands in 128-byte swizzled shared
-///              memory, P from registers); elsewhere MmaTight3's forward.
+///   Wgmma      the forward at D = 64 and 128 on Hopper's warpgroup
+///              instructions (wgmma.mma_async, sm_90a: a warpgroup per 64
+///              query rows, key tiles of 128 (64 at D = 128), operands in
+///              128-byte swizzled shared memory, P from registers);
+///              elsewhere MmaTight3's forward.
 ///              The backward is MmaTight3's. The forward overlaps each
 ///              key tile's softmax with the previous tile's P V on the
 ///              tensor cores (FlashAttention-3's intra-warpgroup

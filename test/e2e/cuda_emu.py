@@ -290,9 +290,7 @@ def main():
     # every step within D u of the CPU's bf16 run, D the bf16 roundings
     # before the loss (both round at the same places; only f32 summation
     # orders differ: test/e2e/mixed_precision.py's argument).
-    plan = compile_plan(os.path.join(ROOT, "examples", "llama_small.mlir"), "llama_bf16",
-                        "optimizer=adamw param-dtype=bf16")
-    if mode != "--compile-only":
+    def bf16_depth(plan):
         with open(plan) as f:
             p = json.load(f)
         depth = 0
@@ -302,8 +300,29 @@ def main():
             if inst["op"] not in ("all_gather", "wait") and any(
                     p["buffers"][o]["dtype"] == "bf16" for o in inst["out"]):
                 depth += 1
+        return depth
+
+    plan = compile_plan(os.path.join(ROOT, "examples", "llama_small.mlir"), "llama_bf16",
+                        "optimizer=adamw param-dtype=bf16")
+    if mode != "--compile-only":
+        depth = bf16_depth(plan)
         check(f"bf16 llama cuda vs cpu (D = {depth})", run(plan, "llama_bf16_cuda", 6, 1e-3),
               run(plan, "llama_bf16_cpu", 6, 1e-3, device="cpu"), depth * 2.0 ** -8)
+
+    # The wgmma forward at head dimension 128 (key tiles of 64, rows of two
+    # column blocks) in a Llama with grouped-query heads of 128 and rope,
+    # 96 positions (two key tiles, the second partial), against the CPU.
+    llama128 = os.path.join(tmp, "llama_d128.mlir")
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "llama", "--vocab", "256", "--ctx", "96",
+                        "--layers", "1", "--heads", "2", "--kv-heads", "1", "--width", "256",
+                        "--ffn", "256", "--batch", "2", "-o", llama128], check=True)
+    plan = compile_plan(llama128, "llama_bf16_d128", "optimizer=adamw param-dtype=bf16")
+    if mode != "--compile-only":
+        depth = bf16_depth(plan)
+        check(f"bf16 llama, heads of 128, wgmma attention, cuda vs cpu (D = {depth})",
+              run(plan, "llama_d128_wgmma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "wgmma"}),
+              run(plan, "llama_d128_cpu", 4, 1e-3, device="cpu"), depth * 2.0 ** -8)
 
     # A kernel choice the backend does not have, or tensor-core kernels for
     # an f32 plan: refused with the reason, before the first step.

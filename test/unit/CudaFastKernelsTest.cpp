@@ -1339,12 +1339,12 @@ TEST_F(CudaFastKernelsTest, WgmmaProductsMatchTheCpu) {
 }
 
 TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
-  // The wgmma forward (D = 64; Wgmma's backward is MmaTight3's, WgmmaFused's
-  // MmaFused's): GPT-2's heads (several key tiles of 128 and the diagonal
+  // The wgmma forward (D = 64 and 128; Wgmma's backward is MmaTight3's,
+  // WgmmaFused's MmaFused's): GPT-2's heads (several key tiles of 128 and the diagonal
   // inside one), grouped-query with a partial query block and a partial
   // key tile, a sequence shorter than one tile, the long causal tail
-  // (1100 = 8 tiles of 128 + 76), f16 storage. D = 128 runs MmaTight3's
-  // forward. (FlashAttentionReadsPackedQkv: the packed layout's strides.)
+  // (1100 = 8 tiles of 128 + 76), f16 storage; D = 128 below.
+  // (FlashAttentionReadsPackedQkv: the packed layout's strides.)
   using gpu::flash::Impl;
   for (bool causal : {true, false}) {
     flashCase(FloatKind::BF16, 2, 256, 12, 12, 64, causal, 59, Impl::Wgmma);
@@ -1353,8 +1353,13 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   }
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Wgmma);
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::Wgmma);
+  // D = 128 (key tiles of 64, rows of two column blocks): several tiles
+  // and a partial one, grouped-query heads, f16; WgmmaFused's backward
+  // there is MmaFused's.
   for (Impl impl : {Impl::Wgmma, Impl::WgmmaFused})
     flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, impl);
+  flashCase(FloatKind::BF16, 2, 200, 4, 4, 128, false, 53, Impl::Wgmma);
+  flashCase(FloatKind::F16, 1, 100, 4, 2, 128, true, 61, Impl::WgmmaSerial);
   // WgmmaFused's backward on wgmma (D = 64): the same shapes; and
   // WgmmaFused64's (one warpgroup per key block of 64) on three.
   for (bool causal : {true, false}) {
@@ -1379,21 +1384,24 @@ TEST_F(CudaFastKernelsTest, WgmmaPipelinedForwardGivesTheSerialBits) {
   // for bit (a wrong alpha, a P from the wrong tile or a V buffer copied
   // over while its product still reads it changes them). One key tile,
   // two, the diagonal inside a tile, a partial last tile, grouped-query
-  // heads, the long causal tail, f16. (WgmmaFlashAttentionAgainstCpu
-  // holds WgmmaSerial against the CPU.)
+  // heads, the long causal tail, f16; D = 128 (key tiles of 64).
+  // (WgmmaFlashAttentionAgainstCpu holds WgmmaSerial against the CPU.)
   using gpu::flash::Impl;
   struct Shape {
     int64_t B, T, heads, kv;
     bool causal, half;
+    int64_t D = 64;
   };
   for (const Shape &sh : {Shape{2, 256, 12, 12, true, false}, Shape{2, 256, 12, 12, false, false},
                           Shape{1, 300, 4, 2, false, false}, Shape{1, 100, 4, 2, true, false},
                           Shape{2, 9, 2, 2, false, false}, Shape{1, 1100, 2, 2, true, false},
-                          Shape{1, 200, 4, 2, true, true}}) {
+                          Shape{1, 200, 4, 2, true, true}, Shape{1, 300, 4, 2, true, false, 128},
+                          Shape{2, 70, 2, 2, false, true, 128}}) {
     SCOPED_TRACE("B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) + " heads=" +
                  std::to_string(sh.heads) + "/" + std::to_string(sh.kv) +
-                 (sh.causal ? " causal" : "") + (sh.half ? " f16" : ""));
-    const int64_t D = 64, C = sh.heads * D, n = sh.B * sh.T * C, nkv = sh.B * sh.T * sh.kv * D,
+                 (sh.causal ? " causal" : "") + (sh.half ? " f16" : "") +
+                 " D=" + std::to_string(sh.D));
+    const int64_t D = sh.D, C = sh.heads * D, n = sh.B * sh.T * C, nkv = sh.B * sh.T * sh.kv * D,
                   rows = sh.B * sh.heads * sh.T;
     FloatKind t = sh.half ? FloatKind::F16 : FloatKind::BF16;
     Bf16Vec q(randomVec(n, 191, 2.f), sh.half), k(randomVec(nkv, 192, 2.f), sh.half),
@@ -1640,18 +1648,22 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
   // WgmmaFused's dq, dk, dv from MmaFused's own y and lse (the same
   // inputs), against MmaFused's: each side's f32 sums of N terms (N = T
   // for dq, T x group for dk / dv), a dS or P that may round the other
-  // way (2 u16), the scores' orders (sigma), the final roundings.
+  // way (2 u16), the scores' orders (sigma), the final roundings. At D =
+  // 128 the forward only (the wgmma backward is D = 64's).
   using gpu::flash::Impl;
   struct Shape {
     int64_t B, T, heads, kv;
     bool causal;
+    int64_t D = 64;
   };
   const double kU32 = std::ldexp(1.0, -24);
   for (Shape sh : {Shape{2, 256, 12, 12, true}, Shape{1, 100, 4, 2, false},
-                   Shape{1, 1100, 2, 2, true}, Shape{1, 9, 2, 2, false}}) {
+                   Shape{1, 1100, 2, 2, true}, Shape{1, 9, 2, 2, false},
+                   Shape{2, 200, 4, 4, true, 128}, Shape{1, 130, 4, 2, false, 128}}) {
     SCOPED_TRACE("T " + std::to_string(sh.T) + ", heads " + std::to_string(sh.heads) +
-                 ", kv " + std::to_string(sh.kv) + (sh.causal ? ", causal" : ""));
-    const int64_t D = 64, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
+                 ", kv " + std::to_string(sh.kv) + (sh.causal ? ", causal" : "") + ", D " +
+                 std::to_string(sh.D));
+    const int64_t D = sh.D, C = sh.heads * D, KC = sh.kv * D, n = sh.B * sh.T * C,
                   nkv = sh.B * sh.T * KC, rows = sh.B * sh.heads * sh.T,
                   group = sh.heads / sh.kv;
     Bf16Vec q(randomVec(n, 181)), k(randomVec(nkv, 182)), v(randomVec(nkv, 183)),
@@ -1714,6 +1726,8 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
     compare("y", widen(yw.host()), widen(y.host()), S.Y, qRow, (double)sh.T, kUb);
     for (auto [wgImpl, ref] : {std::pair{Impl::WgmmaFused, Impl::MmaFused},
                                std::pair{Impl::WgmmaFused64, Impl::MmaFused64}}) {
+      if (D != 64)
+        break;
       SCOPED_TRACE(wgImpl == Impl::WgmmaFused ? "wgmma fused" : "wgmma fused64");
       Dev<uint16_t> gq(n), gk(nkv), gv(nkv), wq(n), wk(nkv), wv(nkv);
       Dev<float> scratch(scratchFor(ref)), scratchW(scratchFor(wgImpl));
