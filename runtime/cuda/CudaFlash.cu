@@ -1571,14 +1571,15 @@ constexpr int kWgRows = 64; // query rows of a block (a warpgroup: 4 warps x 16)
 /// tile), tiles of D / 64 column blocks of 64 elements (rows of 128 bytes,
 /// each block its own swizzled sub-tile), shared memory for Q and two K
 /// and two V tiles, and the blocks a multiprocessor the launch bounds ask
-/// for: the serial kernel at D = 64 three (168 registers, 73 KiB), the
-/// pipelined one two (S, P in flight and O: 222 registers); at D = 128
-/// two (81 KiB each).
+/// for: three at D = 64 (73 KiB; ptxas fits both kernels, the pipelined
+/// one's S, in-flight P and O included, in 168 registers without spills:
+/// at two blocks it took 222), two at D = 128 (81 KiB; 181 and 156
+/// registers).
 template <int D> struct WgFwd {
   static constexpr int Keys = D == 64 ? 128 : 64;
   static constexpr int TileQ = kWgRows * 2 * D, TileKV = Keys * 2 * D; // bytes
   static constexpr size_t Smem = 1024 + TileQ + 4 * TileKV;
-  static constexpr int SerialBlocks = D == 64 ? 3 : 2, PipeBlocks = 2;
+  static constexpr int SerialBlocks = D == 64 ? 3 : 2, PipeBlocks = SerialBlocks;
 };
 
 /// Where element chunk c (elements 8 c .. 8 c + 7) of row r lives in a
@@ -1717,6 +1718,29 @@ __device__ __forceinline__ void wgStoreRows(const float (&o)[D / 2], const float
   }
 }
 
+/// What a wgmma forward block owns: the 64 query rows t0 .. of (b, h)
+/// (the longest causal rows first), the thread's first row w0 (warp w:
+/// rows 16 w ..) and accumulator coordinates g, qd, the kv head, and the
+/// key tiles of `keys` rows it visits.
+struct WgQueryBlock {
+  int64_t t0, w0, h, b, kvh, nTiles;
+  int g, qd;
+  __device__ WgQueryBlock(const Dims &a, int keys) {
+    const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
+    int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles);
+    h = (blockIdx.x / qTiles) % a.H;
+    b = blockIdx.x / (qTiles * a.H);
+    kvh = h / (a.H / a.KV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    g = lane / 4;
+    qd = lane % 4;
+    t0 = qt * kWgRows;
+    w0 = t0 + warp * 16;
+    int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
+    nTiles = (kEnd + keys - 1) / keys;
+  }
+};
+
 /// The wgmma forward without the overlap (Impl::WgmmaSerial): each
 /// product waited for before the softmax or the next tile that follows.
 template <typename T, int D>
@@ -1728,19 +1752,14 @@ __global__ void __launch_bounds__(kThreadsTc, WgFwd<D>::SerialBlocks)
   extern __shared__ __align__(128) unsigned char smTc[];
   unsigned char *Qs = alignShared1024(smTc), *KV = Qs + G::TileQ;
   const float sl2 = a.scale * kLog2e;
-  const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
-  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
-  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
-  int64_t kvh = h / (a.H / a.KV);
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
+  const WgQueryBlock qb(a, K);
+  const int64_t t0 = qb.t0, w0 = qb.w0, h = qb.h, b = qb.b, kvh = qb.kvh, nTiles = qb.nTiles;
+  const int g = qb.g, qd = qb.qd;
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
-  int64_t nTiles = (kEnd + K - 1) / K;
   auto issue = [&](int64_t it) {
     unsigned char *Kb = KV + (it % 2) * 2 * G::TileKV;
     loadTileD<D>(Kb, k, a, b, it * K, K, a.ldkv, kvh * D);
@@ -1813,19 +1832,14 @@ __global__ void __launch_bounds__(kThreadsTc, WgFwd<D>::PipeBlocks)
   extern __shared__ __align__(128) unsigned char smTc[];
   unsigned char *Qs = alignShared1024(smTc), *KV = Qs + G::TileQ;
   const float sl2 = a.scale * kLog2e;
-  const int64_t qTiles = (a.T + kWgRows - 1) / kWgRows;
-  int64_t qt = qTiles - 1 - (int64_t)(blockIdx.x % qTiles); // longest causal rows first
-  int64_t h = (blockIdx.x / qTiles) % a.H, b = blockIdx.x / (qTiles * a.H);
-  int64_t kvh = h / (a.H / a.KV);
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-  int64_t t0 = qt * kWgRows, w0 = t0 + warp * 16;
+  const WgQueryBlock qb(a, K);
+  const int64_t t0 = qb.t0, w0 = qb.w0, h = qb.h, b = qb.b, kvh = qb.kvh, nTiles = qb.nTiles;
+  const int g = qb.g, qd = qb.qd;
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  int64_t kEnd = a.causal && t0 + kWgRows < a.T ? t0 + kWgRows : a.T;
-  int64_t nTiles = (kEnd + K - 1) / K;
   auto kBuf = [&](int64_t it) { return KV + (it % 2) * G::TileKV; };
   auto vBuf = [&](int64_t it) { return KV + (2 + it % 2) * G::TileKV; };
   loadTileD<D>(Qs, q, a, b, t0, kWgRows, a.ldq, h * D);

@@ -320,9 +320,23 @@ def main():
     plan = compile_plan(llama128, "llama_bf16_d128", "optimizer=adamw param-dtype=bf16")
     if mode != "--compile-only":
         depth = bf16_depth(plan)
-        check(f"bf16 llama, heads of 128, wgmma attention, cuda vs cpu (D = {depth})",
-              run(plan, "llama_d128_wgmma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "wgmma"}),
+        wg = run(plan, "llama_d128_wgmma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "wgmma"})
+        check(f"bf16 llama, heads of 128, wgmma attention, cuda vs cpu (D = {depth})", wg,
               run(plan, "llama_d128_cpu", 4, 1e-3, device="cpu"), depth * 2.0 ** -8)
+        # On the emulator (whose tensor-core products sum each k step in
+        # order, mma.sync's and wgmma's alike) the wgmma forward at D = 128
+        # walks MmaTight3's key tiles of 64 with its softmax: the same
+        # bits. The CPU bound above is loose; this catches a wgmma kernel
+        # that reads a wrong column block. (Not on a GPU: there the two
+        # instructions' accumulation orders may differ.)
+        if mode != "--gpu" and wg is not None:
+            mt = run(plan, "llama_d128_mma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "mma-tight3"})
+            ok = wg == mt
+            print(f"bf16 llama, heads of 128: wgmma == mma-tight3 bitwise on the emulator: "
+                  f"{'ok' if ok else 'MISMATCH'}")
+            if not ok:
+                print(wg, mt)
+                failures.append("llama d128 wgmma bits")
 
     # A kernel choice the backend does not have, or tensor-core kernels for
     # an f32 plan: refused with the reason, before the first step.
