@@ -1573,7 +1573,7 @@ constexpr int kWgRows = 64; // query rows of a block (a warpgroup: 4 warps x 16)
 /// and two V tiles, and the blocks a multiprocessor the launch bounds ask
 /// for: three at D = 64 (73 KiB; ptxas fits both kernels, the pipelined
 /// one's S, in-flight P and O included, in 168 registers without spills:
-/// at two blocks it took 222), two at D = 128 (81 KiB; 181 and 156
+/// at two blocks it took 222), two at D = 128 (81 KiB; 154 and 156
 /// registers).
 template <int D> struct WgFwd {
   static constexpr int Keys = D == 64 ? 128 : 64;
