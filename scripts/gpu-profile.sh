@@ -114,9 +114,10 @@ step bf16_text_track 150 "$PY" "$K/../test/e2e/mixed_precision.py" "$K/bin" text
 # arena measured == predicted).
 step llama_bf16 90 "$K/bin/fsdp-run" "$P/llama1b_bf16.plan" --device cuda --steps 10 \
   --lr 1e-4 --log-every 5 && tail -4 "$L/llama_bf16.log"
-# The same with the wgmma forward at D = 128 (dropped if its cases failed).
+# The same on the wgmma kernels at D = 128, forward and backward (dropped
+# if their cases failed).
 if [ "$wgmma_ok" = 1 ]; then
-  step llama_bf16_wgmma 90 env FSDP_CUDA_ATTENTION=wgmma "$K/bin/fsdp-run" \
+  step llama_bf16_wgmma 90 env FSDP_CUDA_ATTENTION=wgmma-fused "$K/bin/fsdp-run" \
     "$P/llama1b_bf16.plan" --device cuda --steps 10 --lr 1e-4 --log-every 5 &&
     tail -4 "$L/llama_bf16_wgmma.log"
 fi

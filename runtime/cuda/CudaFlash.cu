@@ -1919,11 +1919,14 @@ __global__ void __launch_bounds__(kThreadsTc, WgFwd<D>::PipeBlocks)
 #endif
 }
 
-/// The wgmma forward applies at D = 64 or 128 with q, k, v 16-byte
-/// aligned and their row strides multiples of 8 elements (cp.async's
-/// whole chunks).
+/// The head dimensions of the wgmma kernels.
+bool wgmmaDim(int64_t D) { return D == 64 || D == 128; }
+
+/// The wgmma kernels apply at D = 64 or 128 with q, k, v 16-byte aligned
+/// and their row strides multiples of 8 elements (cp.async's whole
+/// chunks).
 bool wgmmaApplies(const Dims &a, const void *q, const void *k, const void *v) {
-  return (a.D == 64 || a.D == 128) && a.ldq % 8 == 0 && a.ldkv % 8 == 0 &&
+  return wgmmaDim(a.D) && a.ldq % 8 == 0 && a.ldkv % 8 == 0 &&
          ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
            reinterpret_cast<uintptr_t>(v)) &
           15) == 0;
@@ -2048,7 +2051,8 @@ __global__ void __launch_bounds__(kThreadsTc)
 #endif
 }
 
-/// The one-pass backward on wgmma (Impl::WgmmaFused at D = 64), MmaFused's
+/// The one-pass backward on wgmma (Impl::WgmmaFused at D = 64; D = 128
+/// below), MmaFused's
 /// scheme on warpgroups: a block of two warpgroups per (b, kv head, block
 /// of 128 keys), warpgroup wg owning keys 64 wg .. 64 wg + 63 (the
 /// partial layout, key-block order and dqReduceKernel of MmaFused with
@@ -2076,12 +2080,18 @@ __global__ void __launch_bounds__(kThreadsTc)
 /// MmaFused64's partials, its dq products m64n64k16 x 4; 58 KiB, two
 /// blocks (of four warps each, not in lockstep) a multiprocessor as the
 /// registers allow.
+/// D = 128 (WG = 1 only: MmaFused's and MmaFused64's partials are both
+/// key blocks of 64 there): K and V rows of two 64-element column blocks
+/// (loadTileD's sub-tiles), S^T and dP^T over 8 k steps, dV and dK
+/// m64n128k16, dq in two m64n64 halves (one per column block of K), each
+/// waited for and stored before the next; K, V 16 KiB, dS^T 8 KiB, Q
+/// and dY twice 64 KiB: 106 KiB, two blocks a multiprocessor.
 template <int WG> constexpr int kWgBwdThreads = WG * kThreadsTc;
-constexpr int kWgTileQry = 64 * 128; // bytes: 64 rows of D = 64
-template <int WG>
-constexpr size_t kWgBwdSmem = 1024 + 3 * WG * kWgTileQry + 4 * kWgTileQry + 4 * 64 * 4;
+template <int WG, int D>
+constexpr size_t kWgBwdSmem = 1024 + 2 * (64 * WG) * 2 * D + (64 * WG) * 128 +
+                              4 * 64 * 2 * D + 4 * 64 * 4;
 
-template <typename T, int WG>
+template <typename T, int WG, int D>
 __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     bwdWgmmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
                    const T *dy, const float *lse, const float *delta, T *dk, T *dv,
@@ -2089,11 +2099,14 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
 #if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smTc[];
   // KR key rows a block; m: MmaFused's (WG = 2) or MmaFused64's (WG = 1)
-  // partial layout; NQ dq dimensions a warpgroup; NT threads.
-  constexpr int KR = 64 * WG, m = WG, NQ = 64 / WG, NT = kWgBwdThreads<WG>;
-  constexpr int kTileKey = KR * 128; // bytes
+  // partial layout; NQ dq dimensions a warpgroup, NH of them a dq
+  // product; NT threads.
+  static_assert(D == 64 || (D == 128 && WG == 1));
+  constexpr int KR = 64 * WG, m = WG, NQ = D / WG, NH = NQ < 64 ? NQ : 64,
+                NT = kWgBwdThreads<WG>;
+  constexpr int kTileKey = KR * 2 * D, kTileDS = KR * 128, kWgTileQry = 64 * 2 * D; // bytes
   unsigned char *Ks = alignShared1024(smTc), *Vs = Ks + kTileKey, *DS = Vs + kTileKey,
-                *QD = DS + kTileKey;
+                *QD = DS + kTileDS;
   float *LD = reinterpret_cast<float *>(QD + 4 * kWgTileQry);
   const float sl2 = a.scale * kLog2e;
   int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
@@ -2101,9 +2114,9 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
   int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32,
       g = lane / 4, qd = lane % 4;
   int64_t j0 = kt * KR, w0 = j0 + 64 * wg + 16 * warp;
-  float accK[32], accV[32];
+  float accK[D / 2], accV[D / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i)
+  for (int i = 0; i < D / 2; ++i)
     accK[i] = accV[i] = 0.f;
   int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
   int64_t steps = group * perHead;
@@ -2113,8 +2126,8 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
     unsigned char *Qb = QD + (it % 2) * 2 * kWgTileQry;
     float *Lb = LD + (it % 2) * 2 * 64;
-    loadTileSw<NT>(Qb, q, a, b, t0, 64, a.ldq, h * 64);
-    loadTileSw<NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * 64);
+    loadTileD<D, NT>(Qb, q, a, b, t0, 64, a.ldq, h * D);
+    loadTileD<D, NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * D);
     mma::cpAsyncCommit();
     for (int i = threadIdx.x; i < 64; i += NT) {
       int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
@@ -2122,8 +2135,8 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
       Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
     }
   };
-  loadTileSw<NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * 64);
-  loadTileSw<NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * 64);
+  loadTileD<D, NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * D);
+  loadTileD<D, NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * D);
   issue(0); // one group: K, V and the first Q, dY
   const unsigned char *Kw = Ks + wg * 64 * 128, *Vw = Vs + wg * 64 * 128; // the warpgroup's keys
   for (int64_t it = 0; it < steps; ++it) {
@@ -2141,13 +2154,14 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     float st[32], dpt[32];
     mma::wgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 64>::template ss<0, 0>(st, descKMajor(Kw, kk), descKMajor(Qs, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::Wgmma<T, 64>::template ss<0, 0>(st, descKMajorD(Kw, kk, KR), descKMajorD(Qs, kk, 64),
+                                           kk > 0);
     mma::wgmmaCommit();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 64>::template ss<0, 0>(dpt, descKMajor(Vw, kk), descKMajor(DYs, kk),
-                                           kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::Wgmma<T, 64>::template ss<0, 0>(dpt, descKMajorD(Vw, kk, KR),
+                                           descKMajorD(DYs, kk, 64), kk > 0);
     mma::wgmmaCommit();
     // st[4 j + e]: key w0 + g + 8 (e / 2), query t0 + 8 j + 2 qd + e % 2.
     bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0);
@@ -2185,36 +2199,43 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     mma::wgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 64>::template rs<1>(accV, pa[kk], descNMajorRows(DYs, kk, 64), 1);
+      mma::Wgmma<T, D>::template rs<1>(accV, pa[kk], descNMajorRows(DYs, kk, 64), 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      mma::Wgmma<T, 64>::template rs<1>(accK, sa[kk], descNMajorRows(Qs, kk, 64), 1);
+      mma::Wgmma<T, D>::template rs<1>(accK, sa[kk], descNMajorRows(Qs, kk, 64), 1);
     mma::wgmmaCommit();
     mma::fenceProxyAsync(); // this thread's dS^T stores, before the dq wgmma reads them
     __syncthreads();        // every warpgroup's dS^T is in DS
-    // dq partial (64 queries x dimensions 32 wg ..): A = dS, M-major (the
-    // key-major tile read with its query columns as rows), B = K N-major
-    // from dimension 32 wg (64 bytes into each 128-byte row).
-    float dqa[NQ / 2];
-    mma::wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < KR / 16; ++kk)
-      mma::Wgmma<T, NQ>::template ss<1, 1>(dqa, descNMajorRows(DS, kk, 64),
-                                           descNMajorRows(Ks + 2 * NQ * wg, kk, KR), kk > 0);
-    mma::wgmmaCommit();
-    mma::wgmmaWait<0>();
-    mma::fenceRegs(accV);
-    mma::fenceRegs(accK);
-    mma::fenceRegs(dqa);
-    // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension NQ wg + 8 j + 2 qd + e % 2.
+    // dq partial (64 queries x dimensions NQ wg ..), NH dimensions a
+    // product: A = dS, M-major (the key-major tile read with its query
+    // columns as rows), B = K N-major: at D = 64 from dimension 32 wg (64
+    // bytes into each 128-byte row), at D = 128 column block c.
     float *dst = dqPart + (partBase + (it / perHead) * partHead + (it % perHead) * kTile +
                            16 * warp + g) *
-                              64 +
+                              D +
                  NQ * wg + 2 * qd;
 #pragma unroll
-    for (int j = 0; j < NQ / 8; ++j) {
-      *reinterpret_cast<float2 *>(dst + 8 * j) = float2{dqa[4 * j], dqa[4 * j + 1]};
-      *reinterpret_cast<float2 *>(dst + 8 * 64 + 8 * j) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
+    for (int c = 0; c < NQ / NH; ++c) {
+      float dqa[NH / 2];
+      mma::wgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < KR / 16; ++kk)
+        mma::Wgmma<T, NH>::template ss<1, 1>(
+            dqa, descNMajorRows(DS, kk, 64),
+            descNMajorRows(Ks + (WG == 2 ? 2 * NQ * wg : c * KR * 128), kk, KR), kk > 0);
+      mma::wgmmaCommit();
+      mma::wgmmaWait<0>();
+      mma::fenceRegs(accV);
+      mma::fenceRegs(accK);
+      mma::fenceRegs(dqa);
+      // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension
+      // NQ wg + NH c + 8 j + 2 qd + e % 2.
+#pragma unroll
+      for (int j = 0; j < NH / 8; ++j) {
+        float *p = dst + NH * c + 8 * j;
+        *reinterpret_cast<float2 *>(p) = float2{dqa[4 * j], dqa[4 * j + 1]};
+        *reinterpret_cast<float2 *>(p + 8 * D) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
+      }
     }
     __syncthreads(); // buffer it % 2 and DS are free for step it + 1
   }
@@ -2222,9 +2243,9 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
   for (int e = 0; e < 2; ++e) {
     int64_t r = w0 + g + 8 * e;
     if (r < a.T) {
-      T *ok = dk + (b * a.T + r) * a.ldkv + kvh * 64, *ov = dv + (b * a.T + r) * a.ldkv + kvh * 64;
+      T *ok = dk + (b * a.T + r) * a.ldkv + kvh * D, *ov = dv + (b * a.T + r) * a.ldkv + kvh * D;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < D / 8; ++j) {
         ok[8 * j + 2 * qd] = cvt<T>(accK[4 * j + 2 * e] * a.scale);
         ok[8 * j + 2 * qd + 1] = cvt<T>(accK[4 * j + 2 * e + 1] * a.scale);
         ov[8 * j + 2 * qd] = cvt<T>(accV[4 * j + 2 * e]);
@@ -2264,8 +2285,11 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
               sizeof(uint16_t) * kTile * m * kLdP;
   int threads = kThreadsTc;
   if (wgmma) { // bwdWgmmaKernel: MmaFused's (m = 2) or MmaFused64's (m = 1) partials and order
-    kernel = m == 2 ? bwdWgmmaKernel<T, 2> : bwdWgmmaKernel<T, 1>;
-    sm = m == 2 ? kWgBwdSmem<2> : kWgBwdSmem<1>;
+    // (at D = 128 both fused impls have m = 1: fusedTiles)
+    kernel = m == 2 ? bwdWgmmaKernel<T, 2, 64>
+             : a.D == 64 ? bwdWgmmaKernel<T, 1, 64>
+                         : bwdWgmmaKernel<T, 1, 128>;
+    sm = m == 2 ? kWgBwdSmem<2, 64> : a.D == 64 ? kWgBwdSmem<1, 64> : kWgBwdSmem<1, 128>;
     threads = m * kThreadsTc;
   }
   if (cudaError_t e = optIn(kernel, sm))
@@ -2432,8 +2456,8 @@ bool fusedImpl(Impl impl) {
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
   impl = impl == Impl::Wgmma || impl == Impl::WgmmaSerial ? Impl::MmaTight3
-         : impl == Impl::WgmmaFused && a.D != 64                  ? Impl::MmaFused
-         : impl == Impl::WgmmaFused64 && a.D != 64                ? Impl::MmaFused64
+         : impl == Impl::WgmmaFused && !wgmmaDim(a.D)             ? Impl::MmaFused
+         : impl == Impl::WgmmaFused64 && !wgmmaDim(a.D)           ? Impl::MmaFused64
                                                                   : resolve(t, a, impl);
   if (fusedImpl(impl) && pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
@@ -2512,7 +2536,7 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     int m = fusedTiles(impl, a.D);
     // WgmmaFused (64) where wgmmaApplies and dy's rows are whole chunks
     // too, else MmaFused (64): the same partials and scratch.
-    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) && a.D == 64 &&
+    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) &&
               wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
               (reinterpret_cast<uintptr_t>(dy) & 15) == 0;
     return t == FloatKind::BF16 ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv,

@@ -29,8 +29,7 @@
 // FlashAttention-2 does), either through WMMA with the score tiles in
 // shared memory, or through mma.sync with scores, probabilities and
 // accumulators in registers (FlashAttention-2's layout), or (Impl::Wgmma
-// and the others named Wgmma: the forward at D = 64 and 128, the backward
-// at D = 64) through Hopper's warpgroup wgmma.mma_async with
+// and the others named Wgmma, at D = 64 and 128) through Hopper's warpgroup wgmma.mma_async with
 // the operands in 128-byte swizzled shared memory. Impl::Auto takes the
 // mma.sync kernels where they apply. See docs/RUNTIME.md.
 //
@@ -96,8 +95,9 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///   WgmmaSerial Wgmma without the overlap (each product waited for
 ///              before the softmax that follows it);
 ///   WgmmaFused Wgmma's forward; the one-pass backward on wgmma at D = 64
-///              (two warpgroups per key block of 128, MmaFused's partials),
-///              elsewhere MmaFused's;
+///              (two warpgroups per key block of 128, MmaFused's partials)
+///              and D = 128 (one warpgroup per key block of 64, the
+///              partials MmaFused's are there), elsewhere MmaFused's;
 ///   WgmmaFused64 WgmmaFused with one warpgroup per key block of 64
 ///              (MmaFused64's partials; two blocks a multiprocessor).
 enum class Impl {

@@ -309,9 +309,10 @@ def main():
         check(f"bf16 llama cuda vs cpu (D = {depth})", run(plan, "llama_bf16_cuda", 6, 1e-3),
               run(plan, "llama_bf16_cpu", 6, 1e-3, device="cpu"), depth * 2.0 ** -8)
 
-    # The wgmma forward at head dimension 128 (key tiles of 64, rows of two
-    # column blocks) in a Llama with grouped-query heads of 128 and rope,
-    # 96 positions (two key tiles, the second partial), against the CPU.
+    # The wgmma kernels at head dimension 128 (key tiles of 64, rows of two
+    # column blocks; wgmma-fused: the backward too) in a Llama with
+    # grouped-query heads of 128 and rope, 96 positions (two key tiles, the
+    # second partial), against the CPU.
     llama128 = os.path.join(tmp, "llama_d128.mlir")
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "llama", "--vocab", "256", "--ctx", "96",
@@ -320,23 +321,26 @@ def main():
     plan = compile_plan(llama128, "llama_bf16_d128", "optimizer=adamw param-dtype=bf16")
     if mode != "--compile-only":
         depth = bf16_depth(plan)
-        wg = run(plan, "llama_d128_wgmma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "wgmma"})
-        check(f"bf16 llama, heads of 128, wgmma attention, cuda vs cpu (D = {depth})", wg,
-              run(plan, "llama_d128_cpu", 4, 1e-3, device="cpu"), depth * 2.0 ** -8)
+        cpu128 = run(plan, "llama_d128_cpu", 4, 1e-3, device="cpu")
         # On the emulator (whose tensor-core products sum each k step in
         # order, mma.sync's and wgmma's alike) the wgmma forward at D = 128
-        # walks MmaTight3's key tiles of 64 with its softmax: the same
-        # bits. The CPU bound above is loose; this catches a wgmma kernel
-        # that reads a wrong column block. (Not on a GPU: there the two
-        # instructions' accumulation orders may differ.)
-        if mode != "--gpu" and wg is not None:
-            mt = run(plan, "llama_d128_mma", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": "mma-tight3"})
-            ok = wg == mt
-            print(f"bf16 llama, heads of 128: wgmma == mma-tight3 bitwise on the emulator: "
-                  f"{'ok' if ok else 'MISMATCH'}")
-            if not ok:
-                print(wg, mt)
-                failures.append("llama d128 wgmma bits")
+        # walks MmaTight3's key tiles of 64 with its softmax, and the wgmma
+        # backward MmaFused's key blocks and partials: the same bits. The
+        # CPU bound is loose; this catches a wgmma kernel that reads a
+        # wrong column block. (Not on a GPU: there the two instructions'
+        # accumulation orders may differ.)
+        for attn, ref in (("wgmma", "mma-tight3"), ("wgmma-fused", "mma-fused")):
+            wg = run(plan, f"llama_d128_{attn}", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": attn})
+            check(f"bf16 llama, heads of 128, {attn} attention, cuda vs cpu (D = {depth})", wg,
+                  cpu128, depth * 2.0 ** -8)
+            if mode != "--gpu" and wg is not None:
+                mt = run(plan, f"llama_d128_{ref}", 4, 1e-3, env={"FSDP_CUDA_ATTENTION": ref})
+                ok = wg == mt
+                print(f"bf16 llama, heads of 128: {attn} == {ref} bitwise on the emulator: "
+                      f"{'ok' if ok else 'MISMATCH'}")
+                if not ok:
+                    print(wg, mt)
+                    failures.append(f"llama d128 {attn} bits")
 
     # A kernel choice the backend does not have, or tensor-core kernels for
     # an f32 plan: refused with the reason, before the first step.

@@ -1354,12 +1354,15 @@ TEST_F(CudaFastKernelsTest, WgmmaFlashAttentionAgainstCpu) {
   flashCase(FloatKind::BF16, 1, 1100, 2, 2, 64, true, 67, Impl::Wgmma);
   flashCase(FloatKind::F16, 1, 200, 4, 2, 64, true, 73, Impl::Wgmma);
   // D = 128 (key tiles of 64, rows of two column blocks): several tiles
-  // and a partial one, grouped-query heads, f16; WgmmaFused's backward
-  // there is MmaFused's.
+  // and a partial one, grouped-query heads, f16; the wgmma backward there
+  // (WgmmaFused and WgmmaFused64: one warpgroup per key block of 64, dq
+  // in two halves).
   for (Impl impl : {Impl::Wgmma, Impl::WgmmaFused})
     flashCase(FloatKind::BF16, 1, 130, 2, 1, 128, true, 47, impl);
   flashCase(FloatKind::BF16, 2, 200, 4, 4, 128, false, 53, Impl::Wgmma);
   flashCase(FloatKind::F16, 1, 100, 4, 2, 128, true, 61, Impl::WgmmaSerial);
+  flashCase(FloatKind::BF16, 2, 200, 4, 4, 128, false, 53, Impl::WgmmaFused);
+  flashCase(FloatKind::F16, 1, 100, 4, 2, 128, true, 61, Impl::WgmmaFused64);
   // WgmmaFused's backward on wgmma (D = 64): the same shapes; and
   // WgmmaFused64's (one warpgroup per key block of 64) on three.
   for (bool causal : {true, false}) {
@@ -1649,7 +1652,7 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
   // inputs), against MmaFused's: each side's f32 sums of N terms (N = T
   // for dq, T x group for dk / dv), a dS or P that may round the other
   // way (2 u16), the scores' orders (sigma), the final roundings. At D =
-  // 128 the forward only (the wgmma backward is D = 64's).
+  // 128 MmaFused's and MmaFused64's partials are both key blocks of 64.
   using gpu::flash::Impl;
   struct Shape {
     int64_t B, T, heads, kv;
@@ -1726,8 +1729,6 @@ TEST_F(CudaFastKernelsTest, WgmmaAgreesWithMma) {
     compare("y", widen(yw.host()), widen(y.host()), S.Y, qRow, (double)sh.T, kUb);
     for (auto [wgImpl, ref] : {std::pair{Impl::WgmmaFused, Impl::MmaFused},
                                std::pair{Impl::WgmmaFused64, Impl::MmaFused64}}) {
-      if (D != 64)
-        break;
       SCOPED_TRACE(wgImpl == Impl::WgmmaFused ? "wgmma fused" : "wgmma fused64");
       Dev<uint16_t> gq(n), gk(nkv), gv(nkv), wq(n), wk(nkv), wv(nkv);
       Dev<float> scratch(scratchFor(ref)), scratchW(scratchFor(wgImpl));
