@@ -135,14 +135,15 @@ step FlashBench_d128 45 "$K/bin/FlashBench" 4 2048 16 128 && cat "$L/FlashBench_
 # one P and dS; mma-fused64: key blocks of 64), with the forward on
 # Hopper's wgmma (wgmma; wgmma-fused, wgmma-fused64: and the one-pass
 # backward on it; wgmma-serial: the forward without FlashAttention-3's
-# softmax / P V overlap), with MmaTight attention (Auto: MmaTight3), with the cross-entropy gradient's shared-memory row
+# softmax / P V overlap; wgmma-fused-serial, wgmma-fused64-serial:
+# neither that nor the backward's pipelining across query tiles), with MmaTight attention (Auto: MmaTight3), with the cross-entropy gradient's shared-memory row
 # copy, with cuBLASLt's DGELU_BGRAD epilogue (the defaults before the H200
 # run of 2026-11-27), with cuBLASLt tuning, without GEMM staging
 # (CudaGemm.h), with the LM head unpadded (pad-classes=0, 50257
 # columns: staged GEMMs), and with attention on the WMMA kernels instead
 # of the mma.sync ones (CudaFlash.h), and the ZeRO-3 plan at world size 1
 # (issue 10: stage 0's speed), for comparison.
-for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_BGRAD_SPLITK=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=wgmma FSDP_CUDA_ATTENTION=wgmma-fused FSDP_CUDA_ATTENTION=wgmma-fused64 FSDP_CUDA_ATTENTION=wgmma-serial FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
+for v in BASE=1 FSDP_CUDA_BIAS_BGRAD=0 FSDP_CUDA_BGRAD_SPLITK=0 FSDP_CUDA_ATTENTION=mma-fused FSDP_CUDA_ATTENTION=mma-fused64 FSDP_CUDA_ATTENTION=wgmma FSDP_CUDA_ATTENTION=wgmma-fused FSDP_CUDA_ATTENTION=wgmma-fused64 FSDP_CUDA_ATTENTION=wgmma-serial FSDP_CUDA_ATTENTION=wgmma-fused-serial FSDP_CUDA_ATTENTION=wgmma-fused64-serial FSDP_CUDA_ATTENTION=mma-tight FSDP_CUDA_CE_CACHE=1 FSDP_CUDA_DGELU_BGRAD=1 ZERO3=1 FSDP_CUDA_GEMM_TUNE=1 \
   FSDP_CUDA_GEMM_STAGING=0 UNPADDED=1 FSDP_CUDA_ATTENTION=wmma; do
   [ "$wgmma_ok" = 0 ] && [[ "$v" == *wgmma* ]] && { echo "$v skipped (wgmma cases failed)"; continue; }
   plan="$P/gpt2_bf16_b16.plan"

@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
   double fwdFlops = 2.0 * B * H * T * T * D; // 4 B H T^2 D, halved by the mask
   std::printf("attention B=%lld T=%lld heads=%lld D=%lld bf16 (last row f32) causal\n", (long long)B,
               (long long)T, (long long)H, (long long)D);
-  std::printf("%-13s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
+  std::printf("%-20s %10s %9s %11s %9s\n", "kernels", "fwd ms", "TFLOP/s", "fwd+bwd ms",
               "TFLOP/s");
   double ref = 0;
   struct Variant {
@@ -133,6 +133,9 @@ int main(int argc, char **argv) {
                       Variant{"wgmma fused", flash::Impl::WgmmaFused, false, false},
                       Variant{"wgmma fused qkv", flash::Impl::WgmmaFused, true, false},
                       Variant{"wgmma fused64", flash::Impl::WgmmaFused64, false, false},
+                      Variant{"wgmma fused serial", flash::Impl::WgmmaFusedSerial, false, false},
+                      Variant{"wgmma fused64 serial", flash::Impl::WgmmaFused64Serial, false,
+                              false},
                       Variant{"cores f32", flash::Impl::CudaCores, false, true}}) {
     const char *name = var.name;
     flash::Impl impl = var.impl;
@@ -177,7 +180,7 @@ int main(int argc, char **argv) {
     msFB /= kReps;
     if (!ref)
       ref = msFB;
-    std::printf("%-13s %10.3f %9.1f %11.3f %9.1f  (%.2fx the CUDA cores)\n", name, msF,
+    std::printf("%-20s %10.3f %9.1f %11.3f %9.1f  (%.2fx the CUDA cores)\n", name, msF,
                 fwdFlops / (msF * 1e-3) / 1e12, msFB, 3.5 * fwdFlops / (msFB * 1e-3) / 1e12,
                 ref / msFB);
   }

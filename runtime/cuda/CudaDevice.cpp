@@ -154,7 +154,8 @@ public:
         return FSDP_ERROR("FSDP_CUDA_ATTENTION=", attn,
                           " is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, "
                           "mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused, "
-                          "wgmma-fused64, wgmma-serial");
+                          "wgmma-fused64, wgmma-serial, wgmma-fused-serial, "
+                          "wgmma-fused64-serial");
     if (const char *ce = std::getenv("FSDP_CUDA_CE_CACHE"))
       ceCacheRow = std::string(ce) == "1";
     if (const char *bg = std::getenv("FSDP_CUDA_DGELU_BGRAD"))

@@ -1543,7 +1543,10 @@ int64_t pairsPerChunk(const Dims &a, int m) {
 /// MmaTight's dk / dv). The partial layout's m: WgmmaFused's is
 /// MmaFused's (2), WgmmaFused64's MmaFused64's (1).
 int fusedTiles(Impl impl, int64_t D) {
-  return (impl == Impl::MmaFused || impl == Impl::WgmmaFused) && D == 64 ? 2 : 1;
+  return (impl == Impl::MmaFused || impl == Impl::WgmmaFused || impl == Impl::WgmmaFusedSerial) &&
+                 D == 64
+             ? 2
+             : 1;
 }
 
 // --- wgmma (sm_90a): the forward on Hopper's warpgroup tensor cores ------------------------------
@@ -2051,9 +2054,159 @@ __global__ void __launch_bounds__(kThreadsTc)
 #endif
 }
 
-/// The one-pass backward on wgmma (Impl::WgmmaFused at D = 64; D = 128
-/// below), MmaFused's
-/// scheme on warpgroups: a block of two warpgroups per (b, kv head, block
+// The wgmma backwards' common pieces (bwdWgmmaKernel, bwdWgmmaPipeKernel).
+// A thread's share of an m64n64 S^T or dP^T accumulator: element i is key
+// row w0 + g + 8 (i / 2 % 2), query t0 + 8 (i / 4) + 2 qd + i % 2.
+
+/// Whether the step's key block (keys from j0) and query tile (from t0)
+/// need the mask (they cross the diagonal or the end).
+__device__ __forceinline__ bool wgBwdMasked(const Dims &a, int64_t j0, int keys, int64_t t0) {
+  return j0 + keys > a.T || t0 + kTile > a.T || (a.causal && j0 + keys - 1 > t0);
+}
+/// Whether element i counts (inside T and, causal, on or below the
+/// diagonal).
+__device__ __forceinline__ bool wgBwdKeep(const Dims &a, bool masked, int64_t t0, int64_t w0,
+                                          int g, int qd, int i) {
+  int64_t tt = t0 + 8 * (i / 4) + 2 * qd + (i & 1), jj = w0 + g + 8 * (i / 2 % 2);
+  return !masked || (jj < a.T && tt < a.T && (!a.causal || jj <= tt));
+}
+
+/// S^T = K Q^T (or dP^T = V dY^T) as one wgmma group: m64n64k16 x D / 16,
+/// A the warpgroup's 64 rows of a `rows`-row key tile, B a query tile of
+/// 64, both K-major (loadTileD's layout).
+template <typename T, int D>
+__device__ __forceinline__ void wgIssueScoresT(float (&acc)[32], const unsigned char *keys,
+                                               int rows, const unsigned char *qry) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::Wgmma<T, 64>::template ss<0, 0>(acc, descKMajorD(keys, kk, rows),
+                                         descKMajorD(qry, kk, 64), kk > 0);
+  mma::wgmmaCommit();
+}
+
+/// P^T = exp2(S^T scale log2 e - lse log2 e) where ok allows, else 0
+/// (lq: the query tile's lse in base 2).
+template <typename Ok>
+__device__ __forceinline__ void wgBwdP(float (&st)[32], const Ok &ok, const float *lq, int qd,
+                                       float sl2) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    st[i] = ok(i) ? exp2f(fmaf(st[i], sl2, -lq[8 * (i / 4) + 2 * qd + (i & 1)])) : 0.f;
+}
+
+/// dS^T = P^T (dP^T - delta) where ok allows, else 0 (dl: the query
+/// tile's delta).
+template <typename Ok>
+__device__ __forceinline__ void wgBwdDS(float (&dpt)[32], const float (&pt)[32], const Ok &ok,
+                                        const float *dl, int qd) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    dpt[i] = ok(i) ? pt[i] * (dpt[i] - dl[8 * (i / 4) + 2 * qd + (i & 1)]) : 0.f;
+}
+
+/// A thread's P^T or dS^T fragments (wgPackP's: key rows r0 + g and
+/// r0 + g + 8) into a key-major 128-byte swizzled tile, pairs of query
+/// columns.
+template <typename T>
+__device__ __forceinline__ void wgStoreKeyMajor(unsigned char *tile, const uint32_t (&f)[4][4],
+                                                int r0, int g, int qd) {
+#pragma unroll
+  for (int i = 0; i < 32; i += 2) {
+    int c = 8 * (i / 4) + 2 * qd, r = r0 + g + 8 * (i / 2 % 2);
+    store2(reinterpret_cast<T *>(tile + sw128(r, c / 8) + 2 * (c % 8)), f[i / 8][i % 8 / 2]);
+  }
+}
+
+/// A dq product's m64nN accumulator (element 4 j + e: the tile's query row
+/// 16 warp + g + 8 (e / 2), column 8 j + 2 qd + e % 2) into f32 partial
+/// rows of D floats; dst is the thread's first row and column.
+template <int N, int D>
+__device__ __forceinline__ void wgStoreDq(float *dst, const float (&dqa)[N / 2]) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    float *p = dst + 8 * j;
+    *reinterpret_cast<float2 *>(p) = float2{dqa[4 * j], dqa[4 * j + 1]};
+    *reinterpret_cast<float2 *>(p + 8 * D) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
+  }
+}
+
+/// The end of a wgmma backward: the thread's key rows w0 + g, w0 + g + 8
+/// of dK (times the scale) and dV (the m64nD accumulator layout).
+template <typename T, int D>
+__device__ __forceinline__ void wgStoreKV(const float (&accK)[D / 2], const float (&accV)[D / 2],
+                                          const Dims &a, int64_t b, int64_t kvh, int64_t w0,
+                                          int g, int qd, T *dk, T *dv) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    int64_t r = w0 + g + 8 * e;
+    if (r < a.T) {
+      T *ok = dk + (b * a.T + r) * a.ldkv + kvh * D, *ov = dv + (b * a.T + r) * a.ldkv + kvh * D;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        ok[8 * j + 2 * qd] = cvt<T>(accK[4 * j + 2 * e] * a.scale);
+        ok[8 * j + 2 * qd + 1] = cvt<T>(accK[4 * j + 2 * e + 1] * a.scale);
+        ov[8 * j + 2 * qd] = cvt<T>(accV[4 * j + 2 * e]);
+        ov[8 * j + 2 * qd + 1] = cvt<T>(accV[4 * j + 2 * e + 1]);
+      }
+    }
+  }
+}
+
+/// A wgmma backward block's coordinates: key block kt of `keys` (64 a
+/// warpgroup) rows from j0 of (b, kv head kvh), the thread's warpgroup,
+/// warp and lane parts, its first key row w0; the query tiles it visits
+/// (from q0, perHead a head, steps in all) and where its dq partials go
+/// (partBase, partHead a head; layout m).
+struct WgKeyBlock {
+  int64_t kvh, b, j0, w0, q0, perHead, steps, partHead, partBase;
+  int wg, warp, g, qd;
+  __device__ WgKeyBlock(const Dims &a, int64_t g0, int64_t pairs, int keys, int m) {
+    int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
+    kvh = pair % a.KV;
+    b = pair / a.KV;
+    wg = threadIdx.x / 128;
+    warp = threadIdx.x % 128 / 32;
+    int lane = threadIdx.x % 32;
+    g = lane / 4;
+    qd = lane % 4;
+    j0 = kt * keys;
+    w0 = j0 + 64 * wg + 16 * warp;
+    int64_t group = a.H / a.KV, bh0 = g0 * group;
+    q0 = a.causal ? j0 / kTile : 0;
+    perHead = a.tiles - q0;
+    steps = group * perHead;
+    partHead = partRows(a, m);
+    partBase = (b * a.H + kvh * group - bh0) * partHead + partRowsBefore(a, m, kt);
+  }
+};
+
+/// Step it's query tile for a wgmma backward block (NT threads): Q and dY
+/// (one cp.async group) into Qb and Qb + tileBytes, lse (base 2) and
+/// delta into Lb and Lb + 64.
+template <int D, int NT, typename T>
+__device__ __forceinline__ void wgBwdLoadStep(unsigned char *Qb, int tileBytes, float *Lb,
+                                              const T *q, const T *dy, const float *lse,
+                                              const float *delta, const Dims &a,
+                                              const WgKeyBlock &kb, int64_t it) {
+  int64_t h = kb.kvh * (a.H / a.KV) + it / kb.perHead, t0 = (kb.q0 + it % kb.perHead) * kTile;
+  loadTileD<D, NT>(Qb, q, a, kb.b, t0, 64, a.ldq, h * D);
+  loadTileD<D, NT>(Qb + tileBytes, dy, a, kb.b, t0, 64, a.ldy, h * D);
+  mma::cpAsyncCommit();
+  for (int i = threadIdx.x; i < 64; i += NT) {
+    int64_t t = t0 + i, sr = (kb.b * a.H + h) * a.T + t;
+    Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f;
+    Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
+  }
+}
+
+template <int WG> constexpr int kWgBwdThreads = WG * kThreadsTc;
+template <int WG, int D>
+constexpr size_t kWgBwdSmem = 1024 + 2 * (64 * WG) * 2 * D + (64 * WG) * 128 +
+                              4 * 64 * 2 * D + 4 * 64 * 4;
+
+/// The one-pass backward on wgmma (Impl::WgmmaFusedSerial at D = 64,
+/// bwdWgmmaPipeKernel's reference; every wgmma-fused one at D = 128
+/// below), MmaFused's scheme on warpgroups: a block of two warpgroups per (b, kv head, block
 /// of 128 keys), warpgroup wg owning keys 64 wg .. 64 wg + 63 (the
 /// partial layout, key-block order and dqReduceKernel of MmaFused with
 /// key blocks of 128). For each query head of the group and each query
@@ -2076,7 +2229,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 /// and delta twice 1 KiB, 82 KiB with the alignment: one block (eight
 /// warps) a multiprocessor, as the registers (four 64 x 64 f32
 /// accumulators a thread's share: 200 registers) allow.
-/// WG = 1 (Impl::WgmmaFused64): one warpgroup per key block of 64,
+/// WG = 1 (Impl::WgmmaFused64Serial): one warpgroup per key block of 64,
 /// MmaFused64's partials, its dq products m64n64k16 x 4; 58 KiB, two
 /// blocks (of four warps each, not in lockstep) a multiprocessor as the
 /// registers allow.
@@ -2086,11 +2239,6 @@ __global__ void __launch_bounds__(kThreadsTc)
 /// m64n128k16, dq in two m64n64 halves (one per column block of K), each
 /// waited for and stored before the next; K, V 16 KiB, dS^T 8 KiB, Q
 /// and dY twice 64 KiB: 106 KiB, two blocks a multiprocessor.
-template <int WG> constexpr int kWgBwdThreads = WG * kThreadsTc;
-template <int WG, int D>
-constexpr size_t kWgBwdSmem = 1024 + 2 * (64 * WG) * 2 * D + (64 * WG) * 128 +
-                              4 * 64 * 2 * D + 4 * 64 * 4;
-
 template <typename T, int WG, int D>
 __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     bwdWgmmaKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
@@ -2109,31 +2257,18 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
                 *QD = DS + kTileDS;
   float *LD = reinterpret_cast<float *>(QD + 4 * kWgTileQry);
   const float sl2 = a.scale * kLog2e;
-  int64_t kt = (int64_t)blockIdx.x / pairs, pair = g0 + (int64_t)blockIdx.x % pairs;
-  int64_t kvh = pair % a.KV, b = pair / a.KV, bh0 = g0 * (a.H / a.KV);
-  int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32,
-      g = lane / 4, qd = lane % 4;
-  int64_t j0 = kt * KR, w0 = j0 + 64 * wg + 16 * warp;
+  const WgKeyBlock kb(a, g0, pairs, KR, m);
+  const int64_t kvh = kb.kvh, b = kb.b, j0 = kb.j0, w0 = kb.w0, q0 = kb.q0,
+                perHead = kb.perHead, steps = kb.steps, partHead = kb.partHead,
+                partBase = kb.partBase;
+  const int wg = kb.wg, warp = kb.warp, g = kb.g, qd = kb.qd;
   float accK[D / 2], accV[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     accK[i] = accV[i] = 0.f;
-  int64_t group = a.H / a.KV, q0 = a.causal ? j0 / kTile : 0, perHead = a.tiles - q0;
-  int64_t steps = group * perHead;
-  int64_t partHead = partRows(a, m),
-          partBase = (b * a.H + kvh * group - bh0) * partHead + partRowsBefore(a, m, kt);
   auto issue = [&](int64_t it) {
-    int64_t h = kvh * group + it / perHead, t0 = (q0 + it % perHead) * kTile;
-    unsigned char *Qb = QD + (it % 2) * 2 * kWgTileQry;
-    float *Lb = LD + (it % 2) * 2 * 64;
-    loadTileD<D, NT>(Qb, q, a, b, t0, 64, a.ldq, h * D);
-    loadTileD<D, NT>(Qb + kWgTileQry, dy, a, b, t0, 64, a.ldy, h * D);
-    mma::cpAsyncCommit();
-    for (int i = threadIdx.x; i < 64; i += NT) {
-      int64_t t = t0 + i, sr = (b * a.H + h) * a.T + t;
-      Lb[i] = t < a.T ? lse[sr] * kLog2e : 0.f; // base 2
-      Lb[64 + i] = t < a.T ? delta[sr] : 0.f;
-    }
+    wgBwdLoadStep<D, NT>(QD + (it % 2) * 2 * kWgTileQry, kWgTileQry, LD + (it % 2) * 2 * 64, q,
+                         dy, lse, delta, a, kb, it);
   };
   loadTileD<D, NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * D);
   loadTileD<D, NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * D);
@@ -2153,17 +2288,12 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     const float *Lq = LD + (it % 2) * 2 * 64, *Dq = Lq + 64;
     float st[32], dpt[32];
     mma::wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      mma::Wgmma<T, 64>::template ss<0, 0>(st, descKMajorD(Kw, kk, KR), descKMajorD(Qs, kk, 64),
-                                           kk > 0);
-    mma::wgmmaCommit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      mma::Wgmma<T, 64>::template ss<0, 0>(dpt, descKMajorD(Vw, kk, KR),
-                                           descKMajorD(DYs, kk, 64), kk > 0);
-    mma::wgmmaCommit();
-    // st[4 j + e]: key w0 + g + 8 (e / 2), query t0 + 8 j + 2 qd + e % 2.
+    wgIssueScoresT<T, D>(st, Kw, KR, Qs);
+    wgIssueScoresT<T, D>(dpt, Vw, KR, DYs);
+    // The mask, P^T and dS^T written out here, not through wgBwdMasked,
+    // wgBwdKeep, wgBwdP and wgBwdDS as bwdWgmmaPipeKernel's: the same
+    // arithmetic, but through the helpers ptxas took 255 registers and
+    // spilled at D = 128 (240 and none like this).
     bool masked = j0 + KR > a.T || t0 + kTile > a.T || (a.causal && j0 + KR - 1 > t0);
     auto ok = [&](int i) {
       int64_t tt = t0 + 8 * (i / 4) + 2 * qd + (i & 1), jj = w0 + g + 8 * (i / 2 % 2);
@@ -2181,19 +2311,10 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
     for (int i = 0; i < 32; ++i)
       dpt[i] = ok(i) ? st[i] * (dpt[i] - Dq[8 * (i / 4) + 2 * qd + (i & 1)]) : 0.f;
     uint32_t pa[4][4], sa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = mma::pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-        sa[kk][r] = mma::pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
-      }
+    wgPackP<T, 64>(st, pa);
+    wgPackP<T, 64>(dpt, sa);
     // dS^T, rounded, into the key-major tile (pairs of query columns).
-#pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      int c = 8 * (i / 4) + 2 * qd, r = 64 * wg + 16 * warp + g + 8 * (i / 2 % 2);
-      store2(reinterpret_cast<T *>(DS + sw128(r, c / 8) + 2 * (c % 8)), sa[i / 8][i % 8 / 2]);
-    }
+    wgStoreKeyMajor<T>(DS, sa, 64 * wg + 16 * warp, g, qd);
     mma::fenceRegs(accV);
     mma::fenceRegs(accK);
     mma::wgmmaFence();
@@ -2228,31 +2349,180 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
       mma::fenceRegs(accV);
       mma::fenceRegs(accK);
       mma::fenceRegs(dqa);
-      // dqa[4 j + e]: query row 16 warp + g + 8 (e / 2), dimension
-      // NQ wg + NH c + 8 j + 2 qd + e % 2.
-#pragma unroll
-      for (int j = 0; j < NH / 8; ++j) {
-        float *p = dst + NH * c + 8 * j;
-        *reinterpret_cast<float2 *>(p) = float2{dqa[4 * j], dqa[4 * j + 1]};
-        *reinterpret_cast<float2 *>(p + 8 * D) = float2{dqa[4 * j + 2], dqa[4 * j + 3]};
-      }
+      wgStoreDq<NH, D>(dst + NH * c, dqa);
     }
     __syncthreads(); // buffer it % 2 and DS are free for step it + 1
   }
+  wgStoreKV<T, D>(accK, accV, a, b, kvh, w0, g, qd, dk, dv);
+#else
+  __trap(); // wgmma needs sm_90a
+#endif
+}
+
+/// bwdWgmmaKernel at D = 64 pipelined across steps (Impl::WgmmaFused and
+/// WgmmaFused64 at D = 64; the same products, sums and order, so the same
+/// bits): while step it's dV, dK and dq run on the tensor cores, the
+/// warpgroup computes step it + 1's P^T. Iteration it issues four groups,
+///   S^T(it + 1), then dV += P^T(it) dY(it) and dK += dS^T(it) Q(it),
+///   then dq(it) = dS(it) K, then dP^T(it + 1),
+/// waits for the first (wgmma.wait_group 3) and runs P^T(it + 1)'s
+/// exponentials while the other three compute, waits for dV, dK and dq
+/// (wait_group 1) and stores dq's partial while dP^T runs, then forms
+/// dS^T(it + 1). P^T and dS^T go to shared memory (key-major tiles, two
+/// of each, alternating by step) and dV / dK read their A from there, not
+/// from registers: the registers hold S^T, dP^T, the dK and dV
+/// accumulators and dq's, not also two steps' A fragments. Q and dY are
+/// three buffers (step it's read by dV and dK, step it + 1's by S^T and
+/// dP^T, step it + 2's arriving), so one barrier an iteration covers
+/// every reuse. Shared memory: K, V 16 KiB, P^T and dS^T twice 16 KiB, Q
+/// and dY three times 16 KiB, lse and delta three times 512 B: 147 KiB,
+/// one block a multiprocessor (WG = 2); WG = 1 99 KiB, two. ptxas: 202
+/// registers (WG = 2) and 213 (WG = 1), no spills, no wgmma serialized;
+/// the last step is peeled off the loop so that every wgmma in it is
+/// unconditional (with the step's products behind an `if`, ptxas
+/// serialized them, C7515).
+template <int WG>
+constexpr size_t kWgBwdPipeSmem = 1024 + 2 * (64 * WG) * 128 + 4 * (64 * WG) * 128 +
+                                  6 * 64 * 128 + 6 * 64 * 4;
+
+template <typename T, int WG>
+__global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
+    bwdWgmmaPipeKernel(Dims a, int64_t g0, int64_t pairs, const T *q, const T *k, const T *v,
+                       const T *dy, const float *lse, const float *delta, T *dk, T *dv,
+                       float *dqPart) {
+#if defined(FSDP_CUDAEMU_MMA) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smTc[];
+  constexpr int D = 64, KR = 64 * WG, m = WG, NQ = D / WG, NT = kWgBwdThreads<WG>;
+  constexpr int kTileKey = KR * 128, kWgTileQry = 64 * 128; // bytes
+  unsigned char *Ks = alignShared1024(smTc), *Vs = Ks + kTileKey, *PT = Vs + kTileKey,
+                *DS = PT + 2 * kTileKey, *QD = DS + 2 * kTileKey;
+  float *LD = reinterpret_cast<float *>(QD + 6 * kWgTileQry);
+  const float sl2 = a.scale * kLog2e;
+  const WgKeyBlock kb(a, g0, pairs, KR, m);
+  const int64_t kvh = kb.kvh, b = kb.b, j0 = kb.j0, w0 = kb.w0, q0 = kb.q0,
+                perHead = kb.perHead, steps = kb.steps, partHead = kb.partHead,
+                partBase = kb.partBase;
+  const int wg = kb.wg, warp = kb.warp, g = kb.g, qd = kb.qd;
+  float accK[D / 2], accV[D / 2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    int64_t r = w0 + g + 8 * e;
-    if (r < a.T) {
-      T *ok = dk + (b * a.T + r) * a.ldkv + kvh * D, *ov = dv + (b * a.T + r) * a.ldkv + kvh * D;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        ok[8 * j + 2 * qd] = cvt<T>(accK[4 * j + 2 * e] * a.scale);
-        ok[8 * j + 2 * qd + 1] = cvt<T>(accK[4 * j + 2 * e + 1] * a.scale);
-        ov[8 * j + 2 * qd] = cvt<T>(accV[4 * j + 2 * e]);
-        ov[8 * j + 2 * qd + 1] = cvt<T>(accV[4 * j + 2 * e + 1]);
-      }
-    }
+  for (int i = 0; i < D / 2; ++i)
+    accK[i] = accV[i] = 0.f;
+  auto qTile = [&](int64_t it) { return QD + (it % 3) * 2 * kWgTileQry; };
+  auto lTile = [&](int64_t it) { return LD + (it % 3) * 2 * 64; };
+  auto issue = [&](int64_t it) {
+    wgBwdLoadStep<D, NT>(qTile(it), kWgTileQry, lTile(it), q, dy, lse, delta, a, kb, it);
+  };
+  // P^T (from st) and dS^T (from dpt), rounded, into tiles `buf`.
+  auto stash = [&](const float (&st)[32], const float (&dpt)[32], int buf) {
+    uint32_t f[4][4];
+    wgPackP<T, 64>(st, f);
+    wgStoreKeyMajor<T>(PT + buf * kTileKey, f, 64 * wg + 16 * warp, g, qd);
+    wgPackP<T, 64>(dpt, f);
+    wgStoreKeyMajor<T>(DS + buf * kTileKey, f, 64 * wg + 16 * warp, g, qd);
+  };
+  loadTileSw<NT>(Ks, k, a, b, j0, KR, a.ldkv, kvh * D);
+  loadTileSw<NT>(Vs, v, a, b, j0, KR, a.ldkv, kvh * D);
+  issue(0); // one group: K, V and the first Q, dY
+  if (steps > 1) {
+    issue(1);
+    mma::cpAsyncWait<1>();
+  } else {
+    mma::cpAsyncWait<0>();
   }
+  mma::fenceProxyAsync();
+  __syncthreads(); // step 0's tiles are in shared memory
+  const unsigned char *Kw = Ks + wg * 64 * 128, *Vw = Vs + wg * 64 * 128; // the warpgroup's keys
+  float st[32], dpt[32];
+  { // step 0's P^T and dS^T, as bwdWgmmaKernel's
+    int64_t t0 = q0 * kTile;
+    bool masked = wgBwdMasked(a, j0, KR, t0);
+    auto ok = [&](int i) { return wgBwdKeep(a, masked, t0, w0, g, qd, i); };
+    mma::wgmmaFence();
+    wgIssueScoresT<T, D>(st, Kw, KR, qTile(0));
+    wgIssueScoresT<T, D>(dpt, Vw, KR, qTile(0) + kWgTileQry);
+    mma::wgmmaWait<1>();
+    mma::fenceRegs(st);
+    wgBwdP(st, ok, lTile(0), qd, sl2);
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(dpt);
+    wgBwdDS(dpt, st, ok, lTile(0) + 64, qd);
+    stash(st, dpt, 0);
+  }
+  // Step it's start: step it + 1's tiles and step it's P^T, dS^T in
+  // shared memory (every warpgroup's; step it - 1's products are done),
+  // step it + 2's tiles on their way into step it - 1's buffers.
+  auto begin = [&](int64_t it) {
+    mma::cpAsyncWait<0>();   // step it + 1's Q, dY
+    mma::fenceProxyAsync(); // with this thread's P^T, dS^T stores, before wgmma reads them
+    __syncthreads();
+    if (it + 2 < steps)
+      issue(it + 2);
+    mma::fenceRegs(accV);
+    mma::fenceRegs(accK);
+    mma::wgmmaFence();
+  };
+  // Step it's dV += P^T dY, dK += dS^T Q (one group), then dq = dS K (A =
+  // dS M-major from the key-major tile, B = K N-major from dimension NQ
+  // wg, as bwdWgmmaKernel's; another).
+  auto products = [&](int64_t it, float (&dqa)[NQ / 2]) {
+    const unsigned char *Qs = qTile(it), *DYs = Qs + kWgTileQry,
+                        *PTs = PT + (it % 2) * kTileKey, *DSs = DS + (it % 2) * kTileKey;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, D>::template ss<0, 1>(accV, descKMajor(PTs + wg * 64 * 128, kk),
+                                          descNMajorRows(DYs, kk, 64), 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma::Wgmma<T, D>::template ss<0, 1>(accK, descKMajor(DSs + wg * 64 * 128, kk),
+                                          descNMajorRows(Qs, kk, 64), 1);
+    mma::wgmmaCommit();
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; ++kk)
+      mma::Wgmma<T, NQ>::template ss<1, 1>(dqa, descNMajorRows(DSs, kk, 64),
+                                           descNMajorRows(Ks + 2 * NQ * wg, kk, KR), kk > 0);
+    mma::wgmmaCommit();
+  };
+  auto storeDq = [&](int64_t it, const float (&dqa)[NQ / 2]) {
+    wgStoreDq<NQ, D>(dqPart + (partBase + (it / perHead) * partHead + (it % perHead) * kTile +
+                               16 * warp + g) *
+                                  D +
+                         NQ * wg + 2 * qd,
+                     dqa);
+  };
+  for (int64_t it = 0; it + 1 < steps; ++it) {
+    begin(it);
+    const unsigned char *Qn = qTile(it + 1);
+    float dqa[NQ / 2];
+    wgIssueScoresT<T, D>(st, Kw, KR, Qn); // S^T(it + 1)
+    products(it, dqa);
+    wgIssueScoresT<T, D>(dpt, Vw, KR, Qn + kWgTileQry); // dP^T(it + 1)
+    int64_t t0 = (q0 + (it + 1) % perHead) * kTile;
+    bool masked = wgBwdMasked(a, j0, KR, t0);
+    auto ok = [&](int i) { return wgBwdKeep(a, masked, t0, w0, g, qd, i); };
+    mma::wgmmaWait<3>(); // S^T(it + 1)
+    mma::fenceRegs(st);
+    wgBwdP(st, ok, lTile(it + 1), qd, sl2);
+    mma::wgmmaWait<1>(); // dV, dK, dq(it)
+    mma::fenceRegs(accV);
+    mma::fenceRegs(accK);
+    mma::fenceRegs(dqa);
+    storeDq(it, dqa);
+    mma::wgmmaWait<0>(); // dP^T(it + 1)
+    mma::fenceRegs(dpt);
+    wgBwdDS(dpt, st, ok, lTile(it + 1) + 64, qd);
+    stash(st, dpt, (it + 1) % 2);
+  }
+  { // the last step: its products only
+    float dqa[NQ / 2];
+    begin(steps - 1);
+    products(steps - 1, dqa);
+    mma::wgmmaWait<0>();
+    mma::fenceRegs(accV);
+    mma::fenceRegs(accK);
+    mma::fenceRegs(dqa);
+    storeDq(steps - 1, dqa);
+  }
+  wgStoreKV<T, D>(accK, accV, a, b, kvh, w0, g, qd, dk, dv);
 #else
   __trap(); // wgmma needs sm_90a
 #endif
@@ -2263,7 +2533,8 @@ __global__ void __launch_bounds__(kWgBwdThreads<WG>, WG == 2 ? 1 : 2)
 template <typename T>
 cudaError_t backwardFused(const void *q, const void *k, const void *v, const void *y,
                           const float *lse, const void *dy, void *dq, void *dk, void *dv,
-                          float *scratch, const Dims &a, int m, bool wgmma, cudaStream_t s) {
+                          float *scratch, const Dims &a, int m, bool wgmma, bool pipe,
+                          cudaStream_t s) {
   const T *Q = static_cast<const T *>(q), *K = static_cast<const T *>(k),
           *V = static_cast<const T *>(v), *DY = static_cast<const T *>(dy);
   float *delta = scratch, *part = scratch + deltaFloats(a);
@@ -2286,10 +2557,14 @@ cudaError_t backwardFused(const void *q, const void *k, const void *v, const voi
   int threads = kThreadsTc;
   if (wgmma) { // bwdWgmmaKernel: MmaFused's (m = 2) or MmaFused64's (m = 1) partials and order
     // (at D = 128 both fused impls have m = 1: fusedTiles)
-    kernel = m == 2 ? bwdWgmmaKernel<T, 2, 64>
-             : a.D == 64 ? bwdWgmmaKernel<T, 1, 64>
+    // pipe: bwdWgmmaPipeKernel at D = 64 (the same bits).
+    pipe = pipe && a.D == 64;
+    kernel = m == 2      ? (pipe ? bwdWgmmaPipeKernel<T, 2> : bwdWgmmaKernel<T, 2, 64>)
+             : a.D == 64 ? (pipe ? bwdWgmmaPipeKernel<T, 1> : bwdWgmmaKernel<T, 1, 64>)
                          : bwdWgmmaKernel<T, 1, 128>;
-    sm = m == 2 ? kWgBwdSmem<2, 64> : a.D == 64 ? kWgBwdSmem<1, 64> : kWgBwdSmem<1, 128>;
+    sm = m == 2      ? (pipe ? kWgBwdPipeSmem<2> : kWgBwdSmem<2, 64>)
+         : a.D == 64 ? (pipe ? kWgBwdPipeSmem<1> : kWgBwdSmem<1, 64>)
+                     : kWgBwdSmem<1, 128>;
     threads = m * kThreadsTc;
   }
   if (cudaError_t e = optIn(kernel, sm))
@@ -2448,17 +2723,20 @@ namespace {
 /// The one-pass backwards (dq from per-key-block partials).
 bool fusedImpl(Impl impl) {
   return impl == Impl::MmaFused || impl == Impl::MmaFused64 || impl == Impl::WgmmaFused ||
-         impl == Impl::WgmmaFused64;
+         impl == Impl::WgmmaFused64 || impl == Impl::WgmmaFusedSerial ||
+         impl == Impl::WgmmaFused64Serial;
 }
 
 /// The backward's implementation: resolve's, except that a fused one whose
 /// single (b, kv head) pair's partials exceed the cap runs MmaTight3's
 /// kernels (the same dk, dv; dq summed per key tile).
 Impl resolveBackward(FloatKind t, const Dims &a, Impl impl) {
+  bool two = impl == Impl::WgmmaFused || impl == Impl::WgmmaFusedSerial,
+       one = impl == Impl::WgmmaFused64 || impl == Impl::WgmmaFused64Serial;
   impl = impl == Impl::Wgmma || impl == Impl::WgmmaSerial ? Impl::MmaTight3
-         : impl == Impl::WgmmaFused && !wgmmaDim(a.D)             ? Impl::MmaFused
-         : impl == Impl::WgmmaFused64 && !wgmmaDim(a.D)           ? Impl::MmaFused64
-                                                                  : resolve(t, a, impl);
+         : two && !wgmmaDim(a.D)                           ? Impl::MmaFused
+         : one && !wgmmaDim(a.D)                           ? Impl::MmaFused64
+                                                           : resolve(t, a, impl);
   if (fusedImpl(impl) && pairsPerChunk(a, fusedTiles(impl, a.D)) <= 0)
     return Impl::MmaTight3;
   return impl;
@@ -2486,7 +2764,9 @@ bool parseImpl(const char *name, Impl &impl) {
                 {"mma-tight2", Impl::MmaTight2}, {"mma-tight3", Impl::MmaTight3},
                 {"mma-fused", Impl::MmaFused}, {"mma-fused64", Impl::MmaFused64},
                 {"wgmma", Impl::Wgmma}, {"wgmma-fused", Impl::WgmmaFused},
-                {"wgmma-fused64", Impl::WgmmaFused64}, {"wgmma-serial", Impl::WgmmaSerial}};
+                {"wgmma-fused64", Impl::WgmmaFused64}, {"wgmma-serial", Impl::WgmmaSerial},
+                {"wgmma-fused-serial", Impl::WgmmaFusedSerial},
+                {"wgmma-fused64-serial", Impl::WgmmaFused64Serial}};
   for (const auto &n : kNames)
     if (name && std::string(name) == n.name) {
       impl = n.impl;
@@ -2507,8 +2787,10 @@ cudaError_t forward(FloatKind t, const void *q, const void *k, const void *v, vo
   if (B * heads * a.tiles == 0)
     return cudaSuccess;
   if (impl == Impl::Wgmma || impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64 ||
-      impl == Impl::WgmmaSerial) {
-    bool pipe = impl != Impl::WgmmaSerial;
+      impl == Impl::WgmmaSerial || impl == Impl::WgmmaFusedSerial ||
+      impl == Impl::WgmmaFused64Serial) {
+    bool pipe = impl != Impl::WgmmaSerial && impl != Impl::WgmmaFusedSerial &&
+                impl != Impl::WgmmaFused64Serial;
     if (wgmmaApplies(a, q, k, v))
       return t == FloatKind::BF16 ? forwardWgmma<__nv_bfloat16>(q, k, v, y, lse, a, pipe, s)
                                   : forwardWgmma<__half>(q, k, v, y, lse, a, pipe, s);
@@ -2536,13 +2818,16 @@ cudaError_t backward(FloatKind t, const void *q, const void *k, const void *v, c
     int m = fusedTiles(impl, a.D);
     // WgmmaFused (64) where wgmmaApplies and dy's rows are whole chunks
     // too, else MmaFused (64): the same partials and scratch.
-    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64) &&
+    // The serial ones: bwdWgmmaKernel at D = 64 too, not pipelined.
+    bool serial = impl == Impl::WgmmaFusedSerial || impl == Impl::WgmmaFused64Serial;
+    bool wg = (impl == Impl::WgmmaFused || impl == Impl::WgmmaFused64 || serial) &&
               wgmmaApplies(a, q, k, v) && a.ldy % 8 == 0 &&
               (reinterpret_cast<uintptr_t>(dy) & 15) == 0;
+    bool pipe = wg && !serial;
     return t == FloatKind::BF16 ? backwardFused<__nv_bfloat16>(q, k, v, y, lse, dy, dq, dk, dv,
-                                                               scratch, a, m, wg, s)
+                                                               scratch, a, m, wg, pipe, s)
                                 : backwardFused<__half>(q, k, v, y, lse, dy, dq, dk, dv, scratch,
-                                                        a, m, wg, s);
+                                                        a, m, wg, pipe, s);
   }
   return withKernels(impl, t, [&](auto kernels, auto elem) {
     return backwardWith<decltype(kernels), decltype(elem)>(q, k, v, y, lse, dy, dq, dk, dv,

@@ -97,9 +97,16 @@ Status check(int64_t B, int64_t T, int64_t C, int64_t heads, int64_t kvHeads,
 ///   WgmmaFused Wgmma's forward; the one-pass backward on wgmma at D = 64
 ///              (two warpgroups per key block of 128, MmaFused's partials)
 ///              and D = 128 (one warpgroup per key block of 64, the
-///              partials MmaFused's are there), elsewhere MmaFused's;
+///              partials MmaFused's are there), elsewhere MmaFused's. At
+///              D = 64 the backward is pipelined across query tiles (the
+///              next tile's P^T computed while this tile's dV, dK and dq
+///              run on the tensor cores): the same bits as
+///              WgmmaFusedSerial's;
 ///   WgmmaFused64 WgmmaFused with one warpgroup per key block of 64
-///              (MmaFused64's partials; two blocks a multiprocessor).
+///              (MmaFused64's partials; two blocks a multiprocessor);
+///   WgmmaFusedSerial, WgmmaFused64Serial WgmmaFused, WgmmaFused64
+///              without either overlap (WgmmaSerial's forward, the
+///              backward not pipelined across query tiles).
 enum class Impl {
   Auto,
   CudaCores,
@@ -113,7 +120,9 @@ enum class Impl {
   Wgmma,
   WgmmaFused,
   WgmmaFused64,
-  WgmmaSerial
+  WgmmaSerial,
+  WgmmaFusedSerial,
+  WgmmaFused64Serial
 };
 
 /// True for the tensor-core implementations (bf16 / f16 storage, D a
@@ -123,7 +132,8 @@ bool tensorCoreImpl(Impl impl);
 
 /// Parses FSDP_CUDA_ATTENTION's values: auto, cores, wmma, mma, mma-tight,
 /// mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused,
-/// wgmma-fused64, wgmma-serial (false for anything else).
+/// wgmma-fused64, wgmma-serial, wgmma-fused-serial, wgmma-fused64-serial
+/// (false for anything else).
 bool parseImpl(const char *name, Impl &impl);
 
 /// y = softmax(q k^T / sqrt(D) [+ causal mask]) v. `lse`, when not null,

@@ -286,6 +286,25 @@ def main():
             print(r.stdout[-3000:], r.stderr[-2000:])
             failures.append(f"bf16 {what}")
 
+    # The pipelined wgmma kernels at D = 64 (wgmma-fused, wgmma-fused64: the
+    # forward's softmax beside P V, the backward's next P^T beside this
+    # query tile's dV, dK and dq products) train to their unpipelined
+    # twins' losses bit for bit: the same products, roundings and order.
+    plan = compile_plan(gpt64, "gpt_bf16_d64_pipe",
+                        "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16")
+    for attn in ("wgmma-fused", "wgmma-fused64"):
+        piped = run(plan, f"gpt64_{attn}", 4, 3e-3, env={"FSDP_CUDA_ATTENTION": attn})
+        serial = run(plan, f"gpt64_{attn}_serial", 4, 3e-3,
+                     env={"FSDP_CUDA_ATTENTION": attn + "-serial"})
+        if piped is None or serial is None:
+            continue
+        ok = len(piped) == 4 and piped == serial
+        print(f"bf16 gpt, heads of 64: {attn} == {attn}-serial bitwise: "
+              f"{'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            print(piped, serial)
+            failures.append(f"gpt d64 {attn} pipelined bits")
+
     # The Llama in bf16 (rms_norm, rope and swiglu on the native kernels):
     # every step within D u of the CPU's bf16 run, D the bf16 roundings
     # before the loss (both round at the same places; only f32 summation
@@ -346,7 +365,7 @@ def main():
     # an f32 plan: refused with the reason, before the first step.
     f32 = compile_plan(gpt, "gpt_f32_attn", "optimizer=adamw") # in the GPU kit too
     if mode != "--compile-only":
-        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused, wgmma-fused64, wgmma-serial"),
+        for attn, want in (("flash3", "is not one of auto, cores, wmma, mma, mma-tight, mma-tight2, mma-tight3, mma-fused, mma-fused64, wgmma, wgmma-fused, wgmma-fused64, wgmma-serial, wgmma-fused-serial, wgmma-fused64-serial"),
                            ("mma", "names tensor-core kernels")):
             r = subprocess.run([emu_run, f32, "--steps", "1", "--device", "cuda", "--quiet"],
                                env=dict(os.environ, FSDP_CUDA_ATTENTION=attn),

@@ -1434,6 +1434,64 @@ TEST_F(CudaFastKernelsTest, WgmmaPipelinedForwardGivesTheSerialBits) {
   }
 }
 
+TEST_F(CudaFastKernelsTest, WgmmaPipelinedBackwardGivesTheSerialBits) {
+  // WgmmaFused's backward at D = 64 computes query tile it + 1's P^T while
+  // tile it's dV, dK and dq run, with P^T and dS^T through shared memory
+  // (two buffers each) and Q / dY in three; WgmmaFusedSerial's waits for
+  // each step's products (P^T and dS^T from registers). The same products,
+  // roundings and order: dq, dk and dv must be equal bit for bit (a P^T
+  // from the wrong step, a buffer overwritten while a product still reads
+  // it, a dq stored before its wait change them). Both block shapes (two
+  // warpgroups a key block of 128, and WgmmaFused64's one a block of 64),
+  // from the same y and lse; one query tile (the pipeline's last step
+  // only), several, the diagonal inside a tile, a partial last tile,
+  // grouped-query heads (steps across heads), the long causal tail, f16.
+  using gpu::flash::Impl;
+  struct Shape {
+    int64_t B, T, heads, kv;
+    bool causal, half;
+  };
+  for (const Shape &sh : {Shape{2, 256, 12, 12, true, false}, Shape{1, 256, 4, 4, false, false},
+                          Shape{1, 300, 4, 2, false, false}, Shape{1, 100, 4, 2, true, false},
+                          Shape{2, 9, 2, 2, false, false}, Shape{1, 1100, 2, 2, true, false},
+                          Shape{1, 200, 4, 2, true, true}}) {
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) + " heads=" +
+                 std::to_string(sh.heads) + "/" + std::to_string(sh.kv) +
+                 (sh.causal ? " causal" : "") + (sh.half ? " f16" : ""));
+    const int64_t D = 64, C = sh.heads * D, n = sh.B * sh.T * C, nkv = sh.B * sh.T * sh.kv * D,
+                  rows = sh.B * sh.heads * sh.T;
+    FloatKind t = sh.half ? FloatKind::F16 : FloatKind::BF16;
+    Bf16Vec q(randomVec(n, 201, 2.f), sh.half), k(randomVec(nkv, 202, 2.f), sh.half),
+        v(randomVec(nkv, 203), sh.half), dy(randomVec(n, 204), sh.half);
+    Dev<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), ddy(dy.bits), y(n);
+    Dev<float> lse(rows);
+    ASSERT_EQ(gpu::flash::forward(t, dq.get(), dk.get(), dv.get(), y.get(), lse.get(), sh.B,
+                                  sh.T, C, sh.heads, sh.causal, sh.kv, 0, Impl::WgmmaFused),
+              cudaSuccess);
+    auto run = [&](Impl impl) {
+      Dev<uint16_t> gq(n), gk(nkv), gv(nkv);
+      Dev<float> scratch(gpu::flash::backwardScratch(t, sh.B, sh.T, C, sh.heads, sh.kv,
+                                                     sh.causal, impl));
+      EXPECT_EQ(gpu::flash::backward(t, dq.get(), dk.get(), dv.get(), y.get(), lse.get(),
+                                     ddy.get(), gq.get(), gk.get(), gv.get(), scratch.get(),
+                                     sh.B, sh.T, C, sh.heads, sh.causal, sh.kv, 0, impl),
+                cudaSuccess);
+      return std::vector<std::vector<uint16_t>>{gq.host(), gk.host(), gv.host()};
+    };
+    for (auto [pipe, serial] : {std::pair{Impl::WgmmaFused, Impl::WgmmaFusedSerial},
+                                std::pair{Impl::WgmmaFused64, Impl::WgmmaFused64Serial}}) {
+      SCOPED_TRACE(pipe == Impl::WgmmaFused ? "wgmma fused" : "wgmma fused64");
+      auto a = run(pipe), b = run(serial);
+      const char *what[3] = {"dq", "dk", "dv"};
+      for (int o = 0; o < 3; ++o) {
+        expectBitwise(a[o], b[o], what[o]);
+        // Not all zero: the products really ran.
+        EXPECT_NE(std::count(a[o].begin(), a[o].end(), uint16_t(0)), (long)a[o].size());
+      }
+    }
+  }
+}
+
 /// Per (b, h, t) row of attention's backward, scale * sum_j |dS_tj| |k_j|
 /// (dS = P (dP - delta), max over k's dimensions), in double from the
 /// values the GPU reads: what rounding dS and summing it in another order
@@ -1819,7 +1877,8 @@ TEST_F(CudaFastKernelsTest, FlashAttentionImplNames) {
       {"mma-tight3", Impl::MmaTight3}, {"mma-fused", Impl::MmaFused},
       {"mma-fused64", Impl::MmaFused64}, {"wgmma", Impl::Wgmma},
       {"wgmma-fused", Impl::WgmmaFused}, {"wgmma-fused64", Impl::WgmmaFused64},
-      {"wgmma-serial", Impl::WgmmaSerial}, {"cores", Impl::CudaCores},
+      {"wgmma-serial", Impl::WgmmaSerial}, {"wgmma-fused-serial", Impl::WgmmaFusedSerial},
+      {"wgmma-fused64-serial", Impl::WgmmaFused64Serial}, {"cores", Impl::CudaCores},
       {"auto", Impl::Auto}};
   for (const auto &[name, want] : names) {
     ASSERT_TRUE(gpu::flash::parseImpl(name, impl)) << name;
