@@ -2054,7 +2054,10 @@ __global__ void __launch_bounds__(kThreadsTc)
 #endif
 }
 
-// The wgmma backwards' common pieces (bwdWgmmaKernel, bwdWgmmaPipeKernel).
+// The wgmma backwards' common pieces (bwdWgmmaKernel, bwdWgmmaPipeKernel;
+// wgBwdMasked, wgBwdKeep, wgBwdP and wgBwdDS are bwdWgmmaPipeKernel's
+// only: bwdWgmmaKernel writes the same arithmetic out, which ptxas fits
+// at D = 128 without spilling).
 // A thread's share of an m64n64 S^T or dP^T accumulator: element i is key
 // row w0 + g + 8 (i / 2 % 2), query t0 + 8 (i / 4) + 2 qd + i % 2.
 
