@@ -1746,9 +1746,10 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   }
   if (gemm->tuned() > 0)
     std::fprintf(stderr,
-                 "fsdp-run: cuBLASLt tuning (FSDP_CUDA_GEMM_TUNE=1): %d GEMM shapes timed, "
-                 "another algorithm than the heuristic's first won for %d\n",
-                 gemm->tuned(), gemm->tunedChanged());
+                 "fsdp-run: cuBLASLt tuning (FSDP_CUDA_GEMM_TUNE=1): %d GEMM shapes timed "
+                 "(%d with an epilogue), another algorithm than the heuristic's first won "
+                 "for %d\n",
+                 gemm->tuned(), gemm->tunedEpilogue(), gemm->tunedChanged());
   return Status::ok();
 }
 

@@ -125,8 +125,8 @@ void *biasPointer(const EpilogueArgs &e) {
 
 } // namespace
 
-Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tuneB,
-                  void *tuneC) {
+Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tuneB, void *tuneC,
+                  const EpilogueArgs *tuneEpi) {
   auto it = plans_.find(key);
   if (it != plans_.end()) {
     out = it->second.get();
@@ -219,9 +219,10 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
   for (const auto &[attr, al] : aligns)
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
-  // Tuning (setTuning; plain GEMMs warmed with their pointers): the
-  // heuristic's first kTuneCandidates, each timed on the real operands.
-  const bool tuning = tune_ && epi == 0 && tuneA && tuneB && tuneC;
+  // Tuning (setTuning; GEMMs warmed with their pointers, an epilogue's
+  // too): the heuristic's first kTuneCandidates, each timed on the real
+  // operands.
+  const bool tuning = tune_ && tuneA && tuneB && tuneC && (epi == 0 || tuneEpi);
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   cublasLtMatmulHeuristicResult_t &result = results[0];
   int found = 0;
@@ -268,17 +269,25 @@ Status Gemm::plan(const Key &key, Plan *&out, const void *tuneA, const void *tun
                       "-byte-aligned A/B/C");
   p->algo = result.algo;
   if (tuning && found > 1)
-    FSDP_RETURN_IF_ERROR(pickFastest(*p, results, found, tuneA, tuneB, tuneC));
+    FSDP_RETURN_IF_ERROR(pickFastest(*p, results, found, tuneA, tuneB, tuneC, tuneEpi));
   out = p.get();
   plans_.emplace(key, std::move(p));
   return Status::ok();
 }
 
 Status Gemm::pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results, int found,
-                         const void *a, const void *b, void *c) {
+                         const void *a, const void *b, void *c, const EpilogueArgs *epi) {
   // At prepare, before any step: the legacy stream, one warm-up and three
   // timed runs per candidate, the fastest kept (the heuristic's order on
-  // ties). Candidates that fail to run are skipped.
+  // ties). Candidates that fail to run are skipped. An epilogue runs on
+  // its real bias / aux pointers: it reads and writes them as C (the
+  // device tunes before the arena is filled, so what it writes there is
+  // overwritten before the first step).
+  if (epi) {
+    int code = epilogueCode(*epi);
+    FSDP_RETURN_IF_ERROR(
+        setEpiloguePointers(p.desc, epi->kind, code & 1, code & 2, biasPointer(*epi), epi->aux));
+  }
   cudaEvent_t e0, e1;
   FSDP_CUDA_CHECK(cudaEventCreate(&e0));
   FSDP_CUDA_CHECK(cudaEventCreate(&e1));
@@ -308,7 +317,11 @@ Status Gemm::pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results
   cudaEventDestroy(e1);
   if (chosen > 0)
     p.algo = results[chosen].algo;
-  ++tuned_;
+  if (chosen >= 0) { // a shape counts as tuned when a candidate ran
+    ++tuned_;
+    if (epi && epi->kind != Epilogue::None)
+      ++tunedEpilogue_;
+  }
   if (chosen > 0)
     ++tunedChanged_;
   return Status::ok();
@@ -373,7 +386,11 @@ bool Gemm::warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA
   if (m <= 0 || n <= 0 || k <= 0)
     return false; // degenerate: the unfused kernels handle it
   Plan *p;
-  return plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p).isOk();
+  // Tuned (setTuning) where every pointer is given, on them.
+  const bool all = a && b && c;
+  return plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p, all ? a : nullptr,
+              all ? b : nullptr, const_cast<void *>(c), &e)
+      .isOk();
 }
 
 Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,

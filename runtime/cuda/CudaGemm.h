@@ -101,11 +101,12 @@ public:
   /// Allocates staging of at least `bytes` (once: the maximum over a plan).
   Status reserveStaging(size_t bytes);
   size_t stagingBytes() const { return stageBytes_; }
-  /// Autotuning (FSDP_CUDA_GEMM_TUNE=1): warm() times the heuristic's first
-  /// 8 algorithms for a plain GEMM on its real operands and keeps the
-  /// fastest. The choice rests on timings, so two runs may choose
-  /// differently and their results differ in the last bits (cuBLASLt's
-  /// algorithms sum in different orders); off by default.
+  /// Autotuning (FSDP_CUDA_GEMM_TUNE=1): warm() and warmEpilogue() time the
+  /// heuristic's first 8 algorithms for a GEMM on its real operands (and
+  /// its epilogue's bias / aux pointers) and keep the fastest. The choice
+  /// rests on timings, so two runs may choose differently and their
+  /// results differ in the last bits (cuBLASLt's algorithms sum in
+  /// different orders); off by default.
   void setTuning(bool on) { tune_ = on; }
   /// FSDP_CUDA_BGRAD_SPLITK=0: the bias-gradient (BGRADB) GEMMs ask the
   /// heuristic for algorithms without split-K (REDUCTION_SCHEME_NONE),
@@ -114,9 +115,10 @@ public:
   /// kernel and a split-K reduction (1.15 ms of a B=16 step on the H200);
   /// for the A/B. On by default (the heuristic chooses).
   void setBiasGradSplitK(bool on) { bgradSplitK_ = on; }
-  /// GEMM shapes tuned so far, and those where a candidate other than the
-  /// heuristic's first won.
+  /// GEMM shapes tuned so far, those of them with an epilogue, and those
+  /// where a candidate other than the heuristic's first won.
   int tuned() const { return tuned_; }
+  int tunedEpilogue() const { return tunedEpilogue_; }
   int tunedChanged() const { return tunedChanged_; }
 
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
@@ -159,11 +161,11 @@ private:
   /// The plan of `key`, built on first use; with tuning on and the
   /// operands given (warm), its algorithm is the fastest candidate timed
   /// on them.
-  Status plan(const Key &key, Plan *&out, const void *tuneA = nullptr,
-              const void *tuneB = nullptr, void *tuneC = nullptr);
+  Status plan(const Key &key, Plan *&out, const void *tuneA = nullptr, const void *tuneB = nullptr,
+              void *tuneC = nullptr, const EpilogueArgs *tuneEpi = nullptr);
   static constexpr int kTuneCandidates = 8;
   Status pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results, int found,
-                     const void *a, const void *b, void *c);
+                     const void *a, const void *b, void *c, const EpilogueArgs *epi);
   void stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool transB,
                       const void *&a, const void *&b, void *&c) const;
   /// run() through staging (stagingNeed > 0, reserved): batch 1.
@@ -177,7 +179,7 @@ private:
   size_t stageBytes_ = 0;
   bool tune_ = false;
   bool bgradSplitK_ = true;
-  int tuned_ = 0, tunedChanged_ = 0;
+  int tuned_ = 0, tunedEpilogue_ = 0, tunedChanged_ = 0;
   bool tf32_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

@@ -31,6 +31,9 @@ processes). Not a GPU result: it checks the backend's logic.
                 within D u, u = 2^-8, D the bf16 roundings before it), the
                 oracle the CPU's bf16 path meets; the small Llama in bf16
                 (rms_norm, rope, swiglu native) within D u of the CPU
+  tuning        the bf16 GPT with FSDP_CUDA_GEMM_TUNE=1: epilogue GEMMs
+                timed too, the oracle's bound, and on the emulator the
+                untuned run's losses bitwise
 
 usage: cuda_emu.py BIN_DIR TORCH_PYTHON
        cuda_emu.py BIN_DIR TORCH_PYTHON --compile-only PLAN_DIR
@@ -44,6 +47,7 @@ nccl section needs a GPU per rank and is skipped there.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,6 +78,8 @@ def main():
                             f"--fsdp-pipeline={options} plan={plan} report=false"], check=True)
         return plan
 
+    stderr_of = {}
+
     def run(plan, name, steps, lr, device="cuda", nproc=1, env=None, extra=()):
         if mode == "--compile-only" or (mode == "--gpu" and "CUDAEMU_DEVICES" in (env or {})):
             return None
@@ -86,6 +92,7 @@ def main():
         cmd += list(extra)
         r = subprocess.run(cmd, env=dict(os.environ, **(env or {})), capture_output=True,
                            text=True)
+        stderr_of[name] = r.stderr
         if r.returncode != 0:
             print(f"{name}: fsdp-run failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
             failures.append(name)
@@ -249,6 +256,7 @@ def main():
     # pads the head to 256 columns (fsdp-pad-classes: the cross-entropy
     # kernels' padded-row path); with pad-classes=0 the logits GEMMs run on
     # padded copies in staging (CudaGemm.h).
+    trained = {}
     gpt251 = os.path.join(tmp, "gpt_v251.mlir")
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "-o", gpt251], check=True)
@@ -261,17 +269,24 @@ def main():
     gpt64_args = ["--ctx", "160", "--heads", "2", "--width", "128"]
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt"] + gpt64_args + ["-o", gpt64], check=True)
-    for model, tag, vocab, extra, attn, shape in (
-            (gpt, "gpt_bf16", 256, "", "auto", []),
-            (gpt, "gpt_bf16_wmma", 256, "", "wmma", []),
-            (gpt, "gpt_bf16_fused", 256, "", "mma-fused", []),
-            (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args),
-            (gpt251, "gpt_bf16_v251", 251, "", "auto", []),
-            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [])):
+    # gpt_bf16_tuned: FSDP_CUDA_GEMM_TUNE=1, every GEMM (the epilogue ones
+    # too) timed at prepare on its real operands, in the arena before it is
+    # filled.
+    tune = {"FSDP_CUDA_GEMM_TUNE": "1"}
+    for model, tag, vocab, extra, attn, shape, env in (
+            (gpt, "gpt_bf16", 256, "", "auto", [], {}),
+            (gpt, "gpt_bf16_tuned", 256, "", "auto", [], tune),
+            (gpt, "gpt_bf16_wmma", 256, "", "wmma", [], {}),
+            (gpt, "gpt_bf16_fused", 256, "", "mma-fused", [], {}),
+            (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args, {}),
+            (gpt251, "gpt_bf16_v251", 251, "", "auto", [], {}),
+            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [], {})):
         plan = compile_plan(model, tag,
                             "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16" + extra)
-        if run(plan, tag + "_cuda", 10, 3e-3, env={"FSDP_CUDA_ATTENTION": attn}) is None:
+        losses = run(plan, tag + "_cuda", 10, 3e-3, env=dict(env, FSDP_CUDA_ATTENTION=attn))
+        if losses is None:
             continue
+        trained[tag] = losses
         r = subprocess.run([torch_python, os.path.join(ROOT, "test", "oracle", "bf16_ref.py"),
                             "--model", "gpt", "--vocab", str(vocab)] + shape + ["--plan", plan,
                             "--dump-dir", os.path.join(tmp, tag + "_cuda")],
@@ -280,11 +295,28 @@ def main():
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
         what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
             (", heads of 64" if shape else "") + \
-            (f", {attn} attention" if attn != "auto" else "")
+            (f", {attn} attention" if attn != "auto" else "") + \
+            (", cuBLASLt tuned" if env else "")
         print(f"bf16 cuda ({what}) vs the PyTorch bf16 oracle (within D u per step): {verdict}")
         if verdict != "ok":
             print(r.stdout[-3000:], r.stderr[-2000:])
             failures.append(f"bf16 {what}")
+
+    # Tuning timed the epilogue GEMMs (the plan's matmul_bias /
+    # matmul_gelu_grad / matmul_bias_grad) as well as the plain ones; on the
+    # emulator (one algorithm, offered twice) the losses are the untuned
+    # run's bits: what the timing runs wrote in the arena was overwritten.
+    if "gpt_bf16_tuned" in trained:
+        m = re.search(r"(\d+) GEMM shapes timed \((\d+) with an epilogue\)",
+                      stderr_of.get("gpt_bf16_tuned_cuda", ""))
+        ok = m is not None and int(m.group(2)) > 0 and int(m.group(1)) > int(m.group(2))
+        if mode != "--gpu":
+            ok = ok and trained["gpt_bf16_tuned"] == trained.get("gpt_bf16")
+        print(f"bf16 gpt, cuBLASLt tuning: {m.group(0) if m else 'no tuning line'}"
+              + ("" if mode == "--gpu" else ", the untuned losses bitwise")
+              + f": {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append("cuBLASLt tuning")
 
     # The pipelined wgmma kernels at D = 64 (wgmma-fused, wgmma-fused64: the
     # forward's softmax beside P V, the backward's next P^T beside this
