@@ -33,7 +33,8 @@
 // gradients are packed and reduced in the module's reduce_dtype and cast
 // to the master dtype right before the unit's update.
 // Every rank runs this same program, so collectives are issued in the same
-// order everywhere by construction.
+// order everywhere by construction. ShardRewrite below runs these steps,
+// one method each, in this order.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,6 +43,8 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
+
+#include <optional>
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPSHARD
@@ -75,61 +78,284 @@ bool isUpdateOp(Operation *op) {
   return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
 }
 
+/// The reads of one unit in one micro-batch and one dtype: its gets, and
+/// the first and last uses on each side of the micro-batch's loss.
+struct Reads {
+  SmallVector<GetParamOp> gets;
+  Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
+  Operation *lastForwardUse = nullptr;
+  int64_t lossIdx = -1;
+};
+
+RankedTensorType withElem(Type t, Type elem) {
+  return RankedTensorType::get(cast<RankedTensorType>(t).getShape(), elem);
+}
+Type elemOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
+FlatSymbolRefAttr symOf(UnitInfo &u) { return FlatSymbolRefAttr::get(u.op.getSymNameAttr()); }
+RankedTensorType fullTy(UnitInfo &u) { return cast<RankedTensorType>(u.op.getType()); }
+RankedTensorType shardTy(UnitInfo &u) { return cast<RankedTensorType>(u.op.getShardType()); }
+/// Whether v is the factor gradients are multiplied by before their update.
+bool isCoef(Value v) {
+  Operation *d = v.getDefiningOp();
+  return d && isa<ClipCoefOp, GradCoefOp>(d);
+}
+/// What a parameter read stands for: the read, or its only user when that
+/// is a cast (fsdp-mixed-precision: a read in the cast's dtype).
+Value readValue(GetParamOp get) {
+  if (get->hasOneUse())
+    if (auto c = dyn_cast<CastOp>(*get->getUsers().begin()))
+      return c.getResult();
+  return get.getResult();
+}
+
 struct ShardPass : mlir::fsdp::impl::FsdpShardBase<ShardPass> {
   using Base::Base;
 
   void runOnOperation() override;
 };
 
+/// The pass options fsdp-shard reads (Passes.td).
+struct ShardOptions {
+  int64_t worldSize, stage, reshardUnits;
+  std::string mesh, reshardAfterForward, offload;
+};
+
+/// One run of fsdp-shard over a module: the algorithm of the file comment,
+/// one method per step, called in order by run(). What a step finds (the
+/// units, program order, the updates, the reads, the flat gradients) is
+/// kept in members for the steps after it.
+class ShardRewrite {
+public:
+  ShardRewrite(ModuleOp module, const ShardOptions &options)
+      : options(options), module(module), ctx(module.getContext()), b(ctx) {}
+  LogicalResult run();
+  /// Collectives inserted (the pass's statistic).
+  int64_t collectives = 0;
+
+private:
+  LogicalResult checkStep();
+  LogicalResult readOptions();
+  LogicalResult buildUnits();
+  void mergeRecomputedCasts();
+  LogicalResult analyzeStep();
+  LogicalResult findUpdates();
+  void collectReads();
+  bool keepsForwardGather(const Reads &r);
+  void shardNarrowUnits();
+  Value gather(UnitInfo &u, Operation *before, Type elem);
+  Value regather(Value full, Operation *lastFwd, Operation *firstBwd);
+  void chooseKeptGathers();
+  void rewriteReads();
+  LogicalResult collectGradientTerms();
+  bool narrowable(Value v, Type packElem);
+  Value narrow(Value v, Type packElem);
+  LogicalResult reduceGradients();
+  void eraseOptimizerSection();
+  void toMaster(UnitInfo &u, Value &g, Location loc);
+  void clipGradients(Location loc);
+  void updateUnits(Location loc);
+
+  void renumber();
+  int64_t microOf(Operation *op);
+  Value allGather(Location loc, Type ty, Value in, StringAttr group);
+  Value reduceScatter(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
+  Value allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
+
+  const ShardOptions &options;
+  ModuleOp module;
+  MLIRContext *ctx;
+  OpBuilder b;
+  func::FuncOp step;
+  Block *body = nullptr;
+  func::ReturnOp ret;
+
+  // The mesh and the stage (readOptions).
+  int64_t world = 1, replicas = 1, shards = 1;
+  int64_t eff = 0; ///< the stage as run: 1 and 2 are 0 with one shard
+  int64_t reshardTo = 1;
+  bool reshard = false;
+  int64_t hpz = 0; ///< the intermediate group's size (1 < G < S), or 0
+  StringAttr shardGroup, replicaGroup, reshardGroup;
+
+  // 1. Units.
+  llvm::MapVector<StringRef, UnitInfo> units;
+  llvm::DenseMap<StringAttr, std::pair<UnitInfo *, int64_t>> where;
+  std::vector<std::string> names; // keeps StringRef keys alive
+  DictionaryAttr optDict;
+  bool matricesOnly = false;
+
+  // Program order, micro-batches, precision (analyzeStep).
+  DenseMap<Operation *, int64_t> index;
+  SmallVector<int64_t> lossIdx;
+  int64_t numMicro = 0;
+  bool reducePerMicro = false;
+  Type reduceElem;
+  bool stochastic = false; // round trainable units' master casts stochastically
+
+  // The optimizer section (findUpdates).
+  SmallVector<Update> updates;
+  llvm::DenseMap<StringAttr, Update *> updateOf;
+  // The factor every gradient is multiplied by before its update: clipping
+  // (fsdp.clip_coef) or loss-scale unscaling (fsdp.grad_coef, maybe also
+  // clipping); rebuilt below over the flat gradients.
+  Operation *clipCoef = nullptr;
+  DenseSet<Operation *> optimizerOps; // erased after the rewrite
+  FloatAttr maxNorm;
+  Value oldSumsq;  // skip_nonfinite of the updates and a step result
+  Value lossScale; // fsdp.grad_coef's scale (an argument): null for clip_coef
+  // What the per-unit update needs from the first per-parameter one (all
+  // share options and lr/step): they are erased before it is built.
+  std::optional<OperationName> updName;
+  SmallVector<NamedAttribute> updAttrs;
+  SmallVector<Value> updOperands;
+  unsigned updResults = 0;
+  // State kinds by operand position of the update op.
+  SmallVector<std::pair<unsigned, std::string>> stateSlots;
+
+  // 2. Reads.
+  llvm::MapVector<std::tuple<UnitInfo *, int64_t, Type>, Reads> reads;
+  // The gathers of a unit sharded at stage 1/2, by dtype: one per step,
+  // read by every micro-batch (the parameters do not change within it).
+  llvm::DenseMap<std::pair<UnitInfo *, Type>, Value> stepGather;
+  llvm::DenseSet<UnitInfo *> keepGather;
+
+  // 3. Gradients.
+  int64_t rounds = 1;
+  llvm::DenseMap<StringAttr, SmallVector<Value>> termsOf;
+  SmallVector<Operation *> perParamAccum; // replaced by the per-unit sums
+  llvm::MapVector<UnitInfo *, Value> flatGrad;
+  // Per-parameter casts to f32 of bf16 gradients that a bf16 pack reads
+  // past: erased with the per-parameter updates once nothing reads them.
+  llvm::SetVector<Operation *> maybeDead;
+};
+
 void ShardPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  MLIRContext *ctx = &getContext();
-  // 65536 ranks: the runtime's bound too (Plan.cpp kMaxWorld).
-  if (worldSize < 1 || worldSize > 65536 || stage < 0 || stage > 3) {
-    mlir::emitError(module.getLoc()) << "fsdp-shard needs world-size in 1..65536 "
-                          "and stage in 0..3, found world-size="
-                       << worldSize.getValue() << " stage=" << stage.getValue();
-    return signalPassFailure();
+  ShardOptions options{worldSize, stage, reshardUnits, mesh, reshardAfterForward, offload};
+  ShardRewrite rewrite(getOperation(), options);
+  LogicalResult result = rewrite.run();
+  numCollectives += rewrite.collectives;
+  if (failed(result))
+    signalPassFailure();
+}
+
+LogicalResult ShardRewrite::run() {
+  if (failed(checkStep()) || failed(readOptions()))
+    return failure();
+  // 1. Units.
+  if (failed(buildUnits()))
+    return failure();
+  mergeRecomputedCasts();
+  // Program order, the loss, the optimizer section.
+  if (failed(analyzeStep()) || failed(findUpdates()))
+    return failure();
+  // 2. Reads become views of the gathered units.
+  collectReads();
+  shardNarrowUnits();
+  chooseKeptGathers();
+  rewriteReads();
+  // 3. Gradients packed per unit and reduced.
+  if (failed(collectGradientTerms()) || failed(reduceGradients()))
+    return failure();
+  // 4. One update per unit, at the end of the step.
+  eraseOptimizerSection();
+  b.setInsertionPoint(ret);
+  Location loc = step.getLoc();
+  if (oldSumsq) // clipCoef itself is erased by now
+    clipGradients(loc);
+  updateUnits(loc);
+  // The loss every rank reports is the global mean.
+  if (world > 1) {
+    Value loss = ret.getOperand(0);
+    ret.setOperand(0, allReduce(loc, loss.getType(), loss, "mean", StringAttr()));
   }
-  auto step = getTrainStep(module, "fsdp-autodiff and fsdp-insert-optimizer");
+  return success();
+}
+
+Value ShardRewrite::allGather(Location loc, Type ty, Value in, StringAttr group) {
+  ++collectives;
+  return b.create<AllGatherOp>(loc, ty, in, UnitAttr(), group).getResult();
+}
+
+Value ShardRewrite::reduceScatter(Location loc, Type ty, Value in, StringRef reduce,
+                                  StringAttr group) {
+  ++collectives;
+  return b.create<ReduceScatterOp>(loc, ty, in, b.getStringAttr(reduce), UnitAttr(), group)
+      .getResult();
+}
+
+Value ShardRewrite::allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group) {
+  ++collectives;
+  return b.create<AllReduceOp>(loc, ty, in, b.getStringAttr(reduce), UnitAttr(), group).getResult();
+}
+
+/// index: each op's position in the step (again after insertions).
+void ShardRewrite::renumber() {
+  index.clear();
+  for (auto [i, op] : llvm::enumerate(*body))
+    index[&op] = i;
+}
+
+/// The micro-batch an op of the forward pass belongs to: the number of
+/// losses computed before it (its own comes after it).
+int64_t ShardRewrite::microOf(Operation *op) {
+  int64_t k = llvm::upper_bound(lossIdx, index[op] - 1) - lossIdx.begin();
+  return std::min(k, numMicro - 1);
+}
+
+/// The step to rewrite: autodiffed, with an optimizer, not yet sharded.
+LogicalResult ShardRewrite::checkStep() {
+  // 65536 ranks: the runtime's bound too (Plan.cpp kMaxWorld).
+  if (options.worldSize < 1 || options.worldSize > 65536 || options.stage < 0 ||
+      options.stage > 3) {
+    mlir::emitError(module.getLoc()) << "fsdp-shard needs world-size in 1..65536 "
+                                        "and stage in 0..3, found world-size="
+                                     << options.worldSize << " stage=" << options.stage;
+    return failure();
+  }
+  step = getTrainStep(module, "fsdp-autodiff and fsdp-insert-optimizer");
   if (!step)
-    return signalPassFailure();
+    return failure();
   if (!module.getOps<UnitOp>().empty()) {
     mlir::emitError(module.getLoc()) << "the module is already sharded";
-    return signalPassFailure();
+    return failure();
   }
-  Block &body = step.getBody().front();
-  auto ret = cast<func::ReturnOp>(body.getTerminator());
-  for (Operation &op : body)
+  body = &step.getBody().front();
+  ret = cast<func::ReturnOp>(body->getTerminator());
+  for (Operation &op : *body)
     if (isa<SetGradOp>(op)) {
       op.emitOpError() << "fsdp-shard needs an optimizer: with optimizer=none "
                           "the step outputs whole gradients";
-      return signalPassFailure();
+      return failure();
     }
+  return success();
+}
 
-  const int64_t world = worldSize;
+/// The mesh (R replicas x S shards), the stage as run and where
+/// parameters reshard after the forward pass, from the pass options.
+LogicalResult ShardRewrite::readOptions() {
+  world = options.worldSize;
   // The mesh: R replicas x S shards, rank r = replica * S + shard.
-  int64_t replicas = 1, shards = world;
-  if (!mesh.empty()) {
-    StringRef text = mesh, r, sh;
+  shards = world;
+  if (!options.mesh.empty()) {
+    StringRef text = options.mesh, r, sh;
     std::tie(r, sh) = text.split('x');
     if (r.getAsInteger(10, replicas) || sh.getAsInteger(10, shards) ||
         replicas < 1 || shards < 1 || replicas > world || shards > world ||
         replicas * shards != world) {
-      mlir::emitError(module.getLoc())
-          << "fsdp-shard: mesh='" << mesh.getValue()
-          << "' must be RxS with R*S = world-size (" << world << ")";
-      return signalPassFailure();
+      mlir::emitError(module.getLoc()) << "fsdp-shard: mesh='" << options.mesh
+                                       << "' must be RxS with R*S = world-size (" << world << ")";
+      return failure();
     }
   }
   // With one shard per replica there is nothing to shard: stages 1 and 2
   // are stage 0.
-  const int64_t eff = (shards == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
+  const int64_t stage = options.stage;
+  eff = (shards == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
   // reshard-after-forward: true (to the S ranks of the shard group), false
   // (keep the gathered unit: 1 rank) or G ranks (hpZ: 1 < G < S).
-  int64_t reshardTo = shards;
+  reshardTo = shards;
   {
-    StringRef v = reshardAfterForward;
+    StringRef v = options.reshardAfterForward;
     bool ok = true;
     if (v == "true")
       reshardTo = shards;
@@ -143,64 +369,38 @@ void ShardPass::runOnOperation() {
           << "fsdp-shard: reshard-after-forward='" << v
           << "' must be true, false or a number of ranks G dividing the "
           << shards << " ranks of the shard group";
-      return signalPassFailure();
+      return failure();
     }
   }
-  if (reshardUnits < -1) {
-    mlir::emitError(module.getLoc())
-        << "fsdp-shard: reshard-units=" << reshardUnits.getValue()
-        << " must be a number of units (0 or more), or -1 for all";
-    return signalPassFailure();
+  if (options.reshardUnits < -1) {
+    mlir::emitError(module.getLoc()) << "fsdp-shard: reshard-units=" << options.reshardUnits
+                                     << " must be a number of units (0 or more), or -1 for all";
+    return failure();
   }
+  StringRef offload = options.offload;
   if (offload != "none" && offload != "optimizer") {
     mlir::emitError(module.getLoc())
-        << "fsdp-shard: offload='" << offload.getValue()
-        << "' must be none or optimizer"
-        << (offload == "auto" ? " (auto needs memory-budget: the schedule search decides)"
-                              : "");
-    return signalPassFailure();
+        << "fsdp-shard: offload='" << offload << "' must be none or optimizer"
+        << (offload == "auto" ? " (auto needs memory-budget: the schedule search decides)" : "");
+    return failure();
   }
-  const bool reshard = reshardTo > 1;
+  reshard = reshardTo > 1;
   // The intermediate group (hpZ), if any: 1 < G < S.
-  const int64_t hpz =
-      (eff == 3 && reshardTo > 1 && reshardTo < shards) ? reshardTo : 0;
-  OpBuilder b(ctx);
+  hpz = (eff == 3 && reshardTo > 1 && reshardTo < shards) ? reshardTo : 0;
   // The group a collective on one mesh axis runs over; none (every rank)
   // when that axis is the whole world.
-  const StringAttr shardGroup =
-      replicas > 1 ? b.getStringAttr("shard") : StringAttr();
-  const StringAttr replicaGroup =
-      shards > 1 ? b.getStringAttr("replica") : StringAttr();
-  const StringAttr reshardGroup = b.getStringAttr("reshard");
-  auto allGather = [&](Location loc, Type ty, Value in, StringAttr group) {
-    ++numCollectives;
-    return b.create<AllGatherOp>(loc, ty, in, UnitAttr(), group).getResult();
-  };
-  auto reduceScatter = [&](Location loc, Type ty, Value in, StringRef reduce,
-                           StringAttr group) {
-    ++numCollectives;
-    return b
-        .create<ReduceScatterOp>(loc, ty, in, b.getStringAttr(reduce),
-                                 UnitAttr(), group)
-        .getResult();
-  };
-  auto allReduce = [&](Location loc, Type ty, Value in, StringRef reduce,
-                       StringAttr group) {
-    ++numCollectives;
-    return b
-        .create<AllReduceOp>(loc, ty, in, b.getStringAttr(reduce), UnitAttr(),
-                             group)
-        .getResult();
-  };
-  module->setAttr(kMeshAttrName,
-                  MeshAttr::get(&getContext(), replicas, shards, hpz));
+  shardGroup = replicas > 1 ? b.getStringAttr("shard") : StringAttr();
+  replicaGroup = shards > 1 ? b.getStringAttr("replica") : StringAttr();
+  reshardGroup = b.getStringAttr("reshard");
+  module->setAttr(kMeshAttrName, MeshAttr::get(ctx, replicas, shards, hpz));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
   module->setAttr("fsdp.reshard_after_forward", b.getBoolAttr(reshard));
+  return success();
+}
 
-  // --- 1. Units. ----------------------------------------------------------
-  llvm::MapVector<StringRef, UnitInfo> units;
-  llvm::DenseMap<StringAttr, std::pair<UnitInfo *, int64_t>> where;
-  std::vector<std::string> names; // keeps StringRef keys alive
+/// 1. Units: the parameters grouped by unit (frozen ones apart), each
+/// unit an fsdp.unit of numel padded to a multiple of S.
+LogicalResult ShardRewrite::buildUnits() {
   SmallVector<ParamOp> params(module.getOps<ParamOp>());
   names.reserve(params.size());
   for (ParamOp p : params) {
@@ -212,9 +412,9 @@ void ShardPass::runOnOperation() {
   // weight-decay-params=matrices (fsdp-insert-optimizer): a unit packs its
   // matrices first, so weight decay covers a prefix of its flat
   // parameters (decay_numel on the per-unit update).
-  auto optDict = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer");
+  optDict = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer");
   auto policy = optDict ? optDict.getAs<StringAttr>("weight_decay_params") : StringAttr();
-  const bool matricesOnly = policy && policy.getValue() == "matrices";
+  matricesOnly = policy && policy.getValue() == "matrices";
   if (matricesOnly) {
     // Within each unit only: units keep the order of their first
     // parameter, parameters of a kind keep theirs.
@@ -249,7 +449,7 @@ void ShardPass::runOnOperation() {
   }
   if (units.empty()) {
     mlir::emitError(module.getLoc()) << "the model has no parameters to shard";
-    return signalPassFailure();
+    return failure();
   }
   b.setInsertionPointAfter(params.back());
   for (auto &[key, u] : units) {
@@ -260,7 +460,7 @@ void ShardPass::runOnOperation() {
                         << p.getTensorType().getElementType()
                         << " but unit '" << u.name << "' holds " << elem
                         << "; a unit packs one dtype";
-        return signalPassFailure();
+        return failure();
       }
     int64_t padded = (u.numel + shards - 1) / shards * shards;
     SmallVector<Attribute> refs;
@@ -276,20 +476,16 @@ void ShardPass::runOnOperation() {
     for (auto [p, off] : llvm::zip(u.params, u.offsets))
       where[p.getSymNameAttr()] = {&u, off};
   }
-  auto symOf = [](UnitInfo &u) {
-    return FlatSymbolRefAttr::get(u.op.getSymNameAttr());
-  };
-  auto fullTy = [](UnitInfo &u) { return cast<RankedTensorType>(u.op.getType()); };
-  auto shardTy = [](UnitInfo &u) {
-    return cast<RankedTensorType>(u.op.getShardType());
-  };
+  return success();
+}
 
-  // fsdp-recompute clones a read's cast (fsdp-mixed-precision) into the
-  // backward pass, so the read has several casts to one dtype. They compute
-  // bitwise the same value: keep the first, so the read is a read in that
-  // dtype and the unit is gathered in it (bf16: half the bytes) in both
-  // passes, as without recomputation.
-  for (Operation &op : body) {
+/// fsdp-recompute clones a read's cast (fsdp-mixed-precision) into the
+/// backward pass, so the read has several casts to one dtype. They compute
+/// bitwise the same value: keep the first, so the read is a read in that
+/// dtype and the unit is gathered in it (bf16: half the bytes) in both
+/// passes, as without recomputation.
+void ShardRewrite::mergeRecomputedCasts() {
+  for (Operation &op : *body) {
     auto get = dyn_cast<GetParamOp>(op);
     if (!get || get->hasOneUse() || get->use_empty())
       continue;
@@ -297,8 +493,7 @@ void ShardPass::runOnOperation() {
     bool allCasts = true;
     for (Operation *user : get->getUsers()) {
       auto c = dyn_cast<CastOp>(user);
-      if (!c || c->getBlock() != &body ||
-          (first && c.getType() != first.getType())) {
+      if (!c || c->getBlock() != body || (first && c.getType() != first.getType())) {
         allCasts = false;
         break;
       }
@@ -313,74 +508,54 @@ void ShardPass::runOnOperation() {
         user->erase();
       }
   }
+}
 
-  // --- Analysis: program order, the loss, the optimizer section. ---------
-  DenseMap<Operation *, int64_t> index;
-  for (auto [i, op] : llvm::enumerate(body))
-    index[&op] = i;
+/// Program order, where each micro-batch's forward pass ends, how
+/// gradients are accumulated and reduced, and the precision policy.
+LogicalResult ShardRewrite::analyzeStep() {
+  renumber();
   // With gradient accumulation (fsdp-grad-accum) the step runs K
   // micro-batches, each a forward pass up to its own loss and a backward
   // pass; the loss returned is their mean. lossIdx[k] is where micro-batch
   // k's forward pass ends.
-  SmallVector<int64_t> lossIdx;
   for (Value term : accumTerms(ret.getOperand(0))) {
     Operation *def = term.getDefiningOp();
     lossIdx.push_back(def ? index[def] : -1);
   }
   llvm::sort(lossIdx);
-  const int64_t numMicro = lossIdx.size();
-  // The micro-batch an op of the forward pass belongs to: the number of
-  // losses computed before it (its own comes after it).
-  auto microOf = [&](Operation *op) {
-    int64_t k = llvm::upper_bound(lossIdx, index[op] - 1) - lossIdx.begin();
-    return std::min(k, numMicro - 1);
-  };
-  bool reducePerMicro = false;
+  numMicro = lossIdx.size();
   if (auto accum = step->getAttrOfType<DictionaryAttr>(kGradAccumAttrName)) {
     auto mode = accum.getAs<StringAttr>("reduce");
     if (!mode || (mode.getValue() != "step" && mode.getValue() != "microbatch")) {
       step.emitOpError() << "has an invalid " << kGradAccumAttrName
                          << " attribute: expected reduce = \"step\" or "
                             "\"microbatch\"";
-      return signalPassFailure();
+      return failure();
     }
     reducePerMicro = mode.getValue() == "microbatch";
   }
 
   // Mixed precision (fsdp-mixed-precision): gradients are packed and
   // reduced in reduce_dtype; null keeps each unit's own dtype.
-  Type reduceElem;
-  bool stochastic = false; // round trainable units' master casts stochastically
   if (auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName)) {
     auto r = mp.getAs<TypeAttr>("reduce_dtype");
     if (!r || !isa<FloatType>(r.getValue())) {
       mlir::emitError(module.getLoc())
           << "has an invalid " << kMixedPrecisionAttrName
           << " attribute: expected reduce_dtype = a float type";
-      return signalPassFailure();
+      return failure();
     }
     reduceElem = r.getValue();
     stochastic = mp.get(kStochasticRoundingAttrName) != nullptr;
   }
-  auto withElem = [](Type t, Type elem) {
-    return RankedTensorType::get(cast<RankedTensorType>(t).getShape(), elem);
-  };
-  auto elemOf = [](Value v) {
-    return cast<RankedTensorType>(v.getType()).getElementType();
-  };
+  return success();
+}
 
-  SmallVector<Update> updates;
-  llvm::DenseMap<StringAttr, Update *> updateOf;
-  // The factor every gradient is multiplied by before its update: clipping
-  // (fsdp.clip_coef) or loss-scale unscaling (fsdp.grad_coef, maybe also
-  // clipping); rebuilt below over the flat gradients.
-  Operation *clipCoef = nullptr;
-  auto isCoef = [](Value v) {
-    Operation *d = v.getDefiningOp();
-    return d && isa<ClipCoefOp, GradCoefOp>(d);
-  };
-  DenseSet<Operation *> optimizerOps; // erased after the rewrite
-  for (Operation &op : body) {
+/// The per-parameter optimizer section: each update with its gradient
+/// (before clipping), the clipping / unscaling factor, and what the
+/// per-unit updates copy from the first update.
+LogicalResult ShardRewrite::findUpdates() {
+  for (Operation &op : *body) {
     if (isa<ClipCoefOp, GradCoefOp>(op))
       clipCoef = &op;
     if (!isUpdateOp(&op))
@@ -389,7 +564,7 @@ void ShardPass::runOnOperation() {
     if (!get) {
       op.emitOpError() << "expected the parameter operand to be read with "
                           "fsdp.get_param";
-      return signalPassFailure();
+      return failure();
     }
     Update u;
     u.op = &op;
@@ -413,13 +588,10 @@ void ShardPass::runOnOperation() {
   if (updates.empty()) {
     mlir::emitError(step.getLoc()) << "no optimizer updates to shard: run "
                         "fsdp-insert-optimizer first";
-    return signalPassFailure();
+    return failure();
   }
   for (Update &u : updates)
     updateOf[u.param] = &u;
-  FloatAttr maxNorm;
-  Value oldSumsq;   // skip_nonfinite of the updates and a step result
-  Value lossScale;  // fsdp.grad_coef's scale (an argument): null for clip_coef
   if (clipCoef) {
     oldSumsq = clipCoef->getOperand(0);
     if (isa<GradCoefOp>(clipCoef))
@@ -429,41 +601,28 @@ void ShardPass::runOnOperation() {
     if (Operation *sq = clipCoef->getOperand(0).getDefiningOp())
       optimizerOps.insert(sq);
   }
-  // The per-parameter updates are erased below: keep what the per-unit
-  // update needs from the first one (all share options and lr/step).
   Operation *templ = updates.front().op;
-  OperationName updName = templ->getName();
-  SmallVector<NamedAttribute> updAttrs(templ->getAttrs());
-  SmallVector<Value> updOperands(templ->getOperands());
-  unsigned updResults = templ->getNumResults();
-  // State kinds by operand position of the update op.
-  SmallVector<std::pair<unsigned, std::string>> stateSlots;
+  updName = templ->getName();
+  updAttrs.assign(templ->getAttrs().begin(), templ->getAttrs().end());
+  updOperands.assign(templ->getOperands().begin(), templ->getOperands().end());
+  updResults = templ->getNumResults();
   for (auto [i, v] : llvm::enumerate(templ->getOperands()))
     if (auto gs = v.getDefiningOp<GetStateOp>()) {
       auto st = module.lookupSymbol<StateOp>(gs.getNameAttr());
       stateSlots.push_back({(unsigned)i, st.getKind().str()});
     }
+  return success();
+}
 
-  // --- 2. Parameter reads become views of the unit's flat parameters. ----
-  // autodiff reuses the forward's reads in backward, so a read's uses are
-  // split by position: uses after the loss (of the read's micro-batch) are
-  // backward uses. Each micro-batch gathers for itself. A read whose only
-  // user is a cast (fsdp-mixed-precision) is a read in the cast's dtype:
-  // the unit is cast once, before its all-gather, and gathered in it.
-  auto readValue = [](GetParamOp get) -> Value {
-    if (get->hasOneUse())
-      if (auto c = dyn_cast<CastOp>(*get->getUsers().begin()))
-        return c.getResult();
-    return get.getResult();
-  };
-  struct Reads {
-    SmallVector<GetParamOp> gets;
-    Operation *firstForwardUse = nullptr, *firstBackwardUse = nullptr;
-    Operation *lastForwardUse = nullptr;
-    int64_t lossIdx = -1;
-  };
-  llvm::MapVector<std::tuple<UnitInfo *, int64_t, Type>, Reads> reads;
-  for (Operation &op : body) {
+// --- 2. Parameter reads become views of the unit's flat parameters. ----
+
+/// autodiff reuses the forward's reads in backward, so a read's uses are
+/// split by position: uses after the loss (of the read's micro-batch) are
+/// backward uses. Each micro-batch gathers for itself. A read whose only
+/// user is a cast (fsdp-mixed-precision) is a read in the cast's dtype:
+/// the unit is cast once, before its all-gather, and gathered in it.
+void ShardRewrite::collectReads() {
+  for (Operation &op : *body) {
     auto get = dyn_cast<GetParamOp>(op);
     if (!get || optimizerOps.contains(get))
       continue;
@@ -482,33 +641,37 @@ void ShardPass::runOnOperation() {
         r.lastForwardUse = user;
     }
   }
-  // A unit whose backward reads come before any other unit is gathered
-  // again (the last unit of the forward: its backward starts right after
-  // the loss) keeps its forward gather instead of resharding and
-  // gathering the same bytes again; FSDP2 does not reshard the root
-  // either. Nothing else is gathered in between, so this holds one unit's
-  // parameters across the loss and saves an all-gather.
-  auto keepsForwardGather = [&](const Reads &r) {
-    if (!r.firstForwardUse || !r.firstBackwardUse)
-      return false;
-    int64_t lo = index[r.lastForwardUse], hi = index[r.firstBackwardUse];
-    for (auto &[key, other] : reads) {
-      if (&other == &r)
-        continue;
-      for (Operation *use : {other.firstForwardUse, other.firstBackwardUse})
-        if (use && index[use] > lo && index[use] < hi)
-          return false;
-    }
-    return true;
-  };
-  // Mixed precision at stages 1/2 (ZeRO's layout): a trainable unit read
-  // only in a narrower compute dtype keeps just its f32 master shard, like
-  // stage 3, and is gathered once per step in the compute dtype (the
-  // persistent bf16 copy of DeepSpeed's ZeRO-1/2, held from the first
-  // read to the last instead of across the step boundary); the new
-  // parameters are then not all-gathered in f32 after the update. Memory
-  // (2 + 4/N) Psi instead of 4 Psi for the parameters, half the gathered
-  // bytes; gradients stay as the stage says.
+}
+
+/// A unit whose backward reads come before any other unit is gathered
+/// again (the last unit of the forward: its backward starts right after
+/// the loss) keeps its forward gather instead of resharding and
+/// gathering the same bytes again; FSDP2 does not reshard the root
+/// either. Nothing else is gathered in between, so this holds one unit's
+/// parameters across the loss and saves an all-gather.
+bool ShardRewrite::keepsForwardGather(const Reads &r) {
+  if (!r.firstForwardUse || !r.firstBackwardUse)
+    return false;
+  int64_t lo = index[r.lastForwardUse], hi = index[r.firstBackwardUse];
+  for (auto &[key, other] : reads) {
+    if (&other == &r)
+      continue;
+    for (Operation *use : {other.firstForwardUse, other.firstBackwardUse})
+      if (use && index[use] > lo && index[use] < hi)
+        return false;
+  }
+  return true;
+}
+
+/// Mixed precision at stages 1/2 (ZeRO's layout): a trainable unit read
+/// only in a narrower compute dtype keeps just its f32 master shard, like
+/// stage 3, and is gathered once per step in the compute dtype (the
+/// persistent bf16 copy of DeepSpeed's ZeRO-1/2, held from the first
+/// read to the last instead of across the step boundary); the new
+/// parameters are then not all-gathered in f32 after the update. Memory
+/// (2 + 4/N) Psi instead of 4 Psi for the parameters, half the gathered
+/// bytes; gradients stay as the stage says.
+void ShardRewrite::shardNarrowUnits() {
   if (eff == 1 || eff == 2) {
     llvm::DenseMap<UnitInfo *, bool> narrowOnly;
     for (auto &[key, r] : reads) {
@@ -523,62 +686,60 @@ void ShardPass::runOnOperation() {
     // host, so every trainable unit takes this layout, f32 too: the device
     // keeps only the once-per-step gather, ZeRO-Offload's stage 1/2.
     for (auto &[u, narrow] : narrowOnly)
-      if ((narrow || offload == "optimizer") && !u->frozen)
+      if ((narrow || options.offload == "optimizer") && !u->frozen)
         u->op.setSharded(true);
   }
-  // The gathers of a unit sharded at stage 1/2, by dtype: one per step,
-  // read by every micro-batch (the parameters do not change within it).
-  llvm::DenseMap<std::pair<UnitInfo *, Type>, Value> stepGather;
-  auto gather = [&](UnitInfo &u, Operation *before, Type elem) -> Value {
-    if (eff != 3 && u.op.getSharded())
-      if (Value v = stepGather.lookup({&u, elem}))
-        return v;
-    b.setInsertionPoint(before);
-    Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(),
-                                  symOf(u));
-    if (elemOf(s) != elem) { // cast the shard, then gather half the bytes
-      auto c = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
-      if (stochastic && !u.frozen && elemOf(s).isF32() && elem.isBF16()) {
-        c.setStochastic(true);
-        c.setKey(u.index);
-        c.setSharded(u.op.getSharded() && shards > 1);
-      }
-      s = c;
+}
+
+/// The unit's parameters in dtype `elem` before `before`: its storage,
+/// cast to elem if need be (the shard, before its all-gather), gathered
+/// where it is sharded (once a step at stages 1/2).
+Value ShardRewrite::gather(UnitInfo &u, Operation *before, Type elem) {
+  if (eff != 3 && u.op.getSharded())
+    if (Value v = stepGather.lookup({&u, elem}))
+      return v;
+  b.setInsertionPoint(before);
+  Value s = b.create<GetUnitOp>(before->getLoc(), u.op.getStorageType(), symOf(u));
+  if (elemOf(s) != elem) { // cast the shard, then gather half the bytes
+    auto c = b.create<CastOp>(before->getLoc(), withElem(s.getType(), elem), s);
+    if (stochastic && !u.frozen && elemOf(s).isF32() && elem.isBF16()) {
+      c.setStochastic(true);
+      c.setKey(u.index);
+      c.setSharded(u.op.getSharded() && shards > 1);
     }
-    if (!u.op.getSharded() || shards == 1)
-      return s;
-    if (eff != 3)
-      return stepGather[{&u, elem}] = allGather(
-                 before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
-    return allGather(before->getLoc(), withElem(fullTy(u), elem), s,
-                     shardGroup);
-  };
-  // hpZ: after the unit's last forward read this rank copies its 1/G of
-  // the gathered parameters (its index in the reshard group picks which),
-  // the gathered buffer is freed, and the backward gathers the G copies
-  // within the reshard group. The copy is in the gathered dtype, so a bf16
-  // policy keeps 2 bytes per element.
-  auto regather = [&](Value full, Operation *lastFwd,
-                      Operation *firstBwd) -> Value {
-    auto fullTy = cast<RankedTensorType>(full.getType());
-    auto partTy = RankedTensorType::get({fullTy.getNumElements() / hpz},
-                                        fullTy.getElementType());
-    b.setInsertionPointAfter(lastFwd);
-    Value part = b.create<ShardViewOp>(lastFwd->getLoc(), partTy, full,
-                                       reshardGroup);
-    part = b.create<PackOp>(lastFwd->getLoc(), partTy, ValueRange{part},
-                            b.getDenseI64ArrayAttr({0}));
-    b.setInsertionPoint(firstBwd);
-    return allGather(firstBwd->getLoc(), fullTy, part, reshardGroup);
-  };
-  // reshard-units=K: only the first K units of the forward reshard; the
-  // later ones keep their forward gather for the backward (FSDP2's
-  // reshard_after_forward=False on the last blocks). All of them are
-  // live at the loss either way, so K trades K units' gathered bytes at
-  // the peak for K fewer backward all-gathers; the last units hold their
-  // gather for the shortest time.
-  llvm::DenseSet<UnitInfo *> keepGather;
-  if (eff == 3 && reshard && reshardUnits >= 0) {
+    s = c;
+  }
+  if (!u.op.getSharded() || shards == 1)
+    return s;
+  if (eff != 3)
+    return stepGather[{&u, elem}] =
+               allGather(before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
+  return allGather(before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
+}
+
+/// hpZ: after the unit's last forward read this rank copies its 1/G of
+/// the gathered parameters (its index in the reshard group picks which),
+/// the gathered buffer is freed, and the backward gathers the G copies
+/// within the reshard group. The copy is in the gathered dtype, so a bf16
+/// policy keeps 2 bytes per element.
+Value ShardRewrite::regather(Value full, Operation *lastFwd, Operation *firstBwd) {
+  auto fullType = cast<RankedTensorType>(full.getType());
+  auto partTy = RankedTensorType::get({fullType.getNumElements() / hpz}, fullType.getElementType());
+  b.setInsertionPointAfter(lastFwd);
+  Value part = b.create<ShardViewOp>(lastFwd->getLoc(), partTy, full, reshardGroup);
+  part = b.create<PackOp>(lastFwd->getLoc(), partTy, ValueRange{part}, b.getDenseI64ArrayAttr({0}));
+  b.setInsertionPoint(firstBwd);
+  return allGather(firstBwd->getLoc(), fullType, part, reshardGroup);
+}
+
+/// reshard-units=K: only the first K units of the forward reshard; the
+/// later ones keep their forward gather for the backward (FSDP2's
+/// reshard_after_forward=False on the last blocks). All of them are
+/// live at the loss either way, so K trades K units' gathered bytes at
+/// the peak for K fewer backward all-gathers; the last units hold their
+/// gather for the shortest time.
+void ShardRewrite::chooseKeptGathers() {
+  if (eff == 3 && reshard && options.reshardUnits >= 0) {
     llvm::MapVector<UnitInfo *, int64_t> firstRead;
     for (auto &[key, r] : reads)
       if (r.firstForwardUse) {
@@ -588,11 +749,17 @@ void ShardPass::runOnOperation() {
       }
     auto order = firstRead.takeVector();
     llvm::stable_sort(order, [](auto &a, auto &b) { return a.second < b.second; });
-    for (size_t i = reshardUnits; i < order.size(); ++i)
+    for (size_t i = options.reshardUnits; i < order.size(); ++i)
       keepGather.insert(order[i].first);
   }
   if (!keepGather.empty())
-    module->setAttr("fsdp.reshard_units", b.getI64IntegerAttr(reshardUnits));
+    module->setAttr("fsdp.reshard_units", b.getI64IntegerAttr(options.reshardUnits));
+}
+
+/// Each read becomes a view of its unit's gathered parameters, one view
+/// a read and phase: the forward's gather, and in the backward the same
+/// one, the reshard group's regather or a second gather.
+void ShardRewrite::rewriteReads() {
   for (auto &[key, r] : reads) {
     UnitInfo *u = std::get<0>(key);
     Type elem = std::get<2>(key);
@@ -641,15 +808,16 @@ void ShardPass::runOnOperation() {
       get.erase();
     }
   }
+}
 
-  // --- 3. Gradients: pack per unit, then reduce. ---------------------------
-  // With accum-reduce=microbatch each micro-batch's gradients are packed
-  // and reduced on their own, and the reduced (sharded) results summed in
-  // place: one round per micro-batch. Otherwise one round reduces the
-  // (accumulated) gradient once.
-  const int64_t rounds = reducePerMicro ? numMicro : 1;
-  llvm::DenseMap<StringAttr, SmallVector<Value>> termsOf;
-  SmallVector<Operation *> perParamAccum; // replaced by the per-unit sums
+// --- 3. Gradients: pack per unit, then reduce. ---------------------------
+
+/// With accum-reduce=microbatch each micro-batch's gradients are packed
+/// and reduced on their own, and the reduced (sharded) results summed in
+/// place: one round per micro-batch. Otherwise one round reduces the
+/// (accumulated) gradient once.
+LogicalResult ShardRewrite::collectGradientTerms() {
+  rounds = reducePerMicro ? numMicro : 1;
   for (Update &u : updates) {
     SmallVector<Value> terms{u.rawGrad};
     if (rounds > 1) {
@@ -658,7 +826,7 @@ void ShardPass::runOnOperation() {
         u.op->emitOpError() << "expected a gradient accumulated over "
                             << rounds << " micro-batches, found "
                             << terms.size() << " terms";
-        return signalPassFailure();
+        return failure();
       }
       // The chain scale((t0 + t1) + ...): erased once the update is.
       Operation *op = u.rawGrad.getDefiningOp();
@@ -669,15 +837,45 @@ void ShardPass::runOnOperation() {
     }
     termsOf[u.param] = terms;
   }
-  llvm::MapVector<UnitInfo *, Value> flatGrad;
-  // Per-parameter casts to f32 of bf16 gradients that a bf16 pack reads
-  // past: erased with the per-parameter updates once nothing reads them.
-  llvm::SetVector<Operation *> maybeDead;
+  return success();
+}
+
+/// A gradient that is a cast of a packElem value, or a sum of such
+/// (a tied parameter read twice), is taken in packElem: the sum of
+/// two bf16 values in bf16 (computed in f32, rounded once) is
+/// bitwise the f32 sum cast to bf16, without the f32 copies.
+bool ShardRewrite::narrowable(Value v, Type packElem) {
+  if (elemOf(v) == packElem)
+    return true;
+  if (auto c = v.getDefiningOp<CastOp>())
+    return elemOf(c.getInput()) == packElem;
+  auto add = v.getDefiningOp<AddOp>();
+  return add && !add->hasAttr(kAccumAttrName) && add.getLhs().getType() == add.getRhs().getType() &&
+         narrowable(add.getLhs(), packElem) && narrowable(add.getRhs(), packElem);
+}
+
+/// v in packElem (narrowable(v)): the casts it reads past are erased
+/// later if nothing else reads them.
+Value ShardRewrite::narrow(Value v, Type packElem) {
+  if (elemOf(v) == packElem)
+    return v;
+  Operation *def = v.getDefiningOp();
+  maybeDead.insert(def);
+  if (auto c = dyn_cast<CastOp>(def))
+    return c.getInput();
+  auto add = cast<AddOp>(def);
+  Value l = narrow(add.getLhs(), packElem), r = narrow(add.getRhs(), packElem);
+  return b.create<AddOp>(add.getLoc(), l.getType(), l, r);
+}
+
+/// Each unit's gradients packed into one flat buffer right after the
+/// last of them is computed (at stage 1, after the backward pass), in the
+/// dtype they are reduced in, then all-reduced (stage 0) or
+/// reduce-scattered (stages 1-3, and all-reduced over the replicas);
+/// micro-batch rounds summed in place, then averaged.
+LogicalResult ShardRewrite::reduceGradients() {
   for (int64_t round = 0; round < rounds; ++round) {
-    // Recompute program order after the insertions.
-    index.clear();
-    for (auto [i, op] : llvm::enumerate(body))
-      index[&op] = i;
+    renumber(); // after the insertions
     Operation *lastGradDef = nullptr;
     for (Update &u : updates)
       if (Operation *d = termsOf[u.param][round].getDefiningOp())
@@ -693,7 +891,7 @@ void ShardPass::runOnOperation() {
         Update *up = updateOf.lookup(p.getSymNameAttr());
         if (!up) {
           p.emitOpError() << "is trainable but has no optimizer update";
-          return signalPassFailure();
+          return failure();
         }
         Value term = termsOf[up->param][round];
         grads.push_back(term);
@@ -708,42 +906,17 @@ void ShardPass::runOnOperation() {
       if (after)
         b.setInsertionPointAfter(after);
       else
-        b.setInsertionPointToStart(&body);
+        b.setInsertionPointToStart(body);
       Location loc = u.params.front().getLoc();
       // The gradients in the dtype they are reduced in: a bf16 gradient
       // autodiff cast to f32 is packed as it was computed.
       Type master = fullTy(u).getElementType();
       Type packElem = reduceElem ? reduceElem : master;
-      // A gradient that is a cast of a packElem value, or a sum of such
-      // (a tied parameter read twice), is taken in packElem: the sum of
-      // two bf16 values in bf16 (computed in f32, rounded once) is
-      // bitwise the f32 sum cast to bf16, without the f32 copies.
-      std::function<bool(Value)> narrowable = [&](Value v) {
-        if (elemOf(v) == packElem)
-          return true;
-        if (auto c = v.getDefiningOp<CastOp>())
-          return elemOf(c.getInput()) == packElem;
-        auto add = v.getDefiningOp<AddOp>();
-        return add && !add->hasAttr(kAccumAttrName) &&
-               add.getLhs().getType() == add.getRhs().getType() &&
-               narrowable(add.getLhs()) && narrowable(add.getRhs());
-      };
-      std::function<Value(Value)> narrow = [&](Value v) -> Value {
-        if (elemOf(v) == packElem)
-          return v;
-        Operation *def = v.getDefiningOp();
-        maybeDead.insert(def);
-        if (auto c = dyn_cast<CastOp>(def))
-          return c.getInput();
-        auto add = cast<AddOp>(def);
-        Value l = narrow(add.getLhs()), r = narrow(add.getRhs());
-        return b.create<AddOp>(add.getLoc(), l.getType(), l, r);
-      };
       for (Value &g : grads) {
         if (elemOf(g) == packElem)
           continue;
-        if (narrowable(g))
-          g = narrow(g);
+        if (narrowable(g, packElem))
+          g = narrow(g, packElem);
         else
           g = b.create<CastOp>(loc, withElem(g.getType(), packElem), g);
       }
@@ -781,11 +954,16 @@ void ShardPass::runOnOperation() {
       mean->setAttr(kAccumAttrName, b.getUnitAttr());
       g = mean;
     }
+  return success();
+}
 
-  // --- 4. The update, once per unit on flat tensors. ----------------------
-  // Remove the per-parameter optimizer section (users first).
+// --- 4. The update, once per unit on flat tensors. ----------------------
+
+/// Removes the per-parameter optimizer section (users first), the
+/// per-parameter accumulation chains and state.
+void ShardRewrite::eraseOptimizerSection() {
   SmallVector<Operation *> dead;
-  for (Operation &op : llvm::reverse(body))
+  for (Operation &op : llvm::reverse(*body))
     if (optimizerOps.contains(&op))
       dead.push_back(&op);
   for (Operation *op : dead) {
@@ -800,56 +978,63 @@ void ShardPass::runOnOperation() {
       op->erase();
   for (StateOp s : llvm::make_early_inc_range(module.getOps<StateOp>()))
     s.erase();
+}
 
-  b.setInsertionPoint(ret);
-  Location loc = step.getLoc();
+/// A gradient reduced in another dtype than the master's is cast to it
+/// right before the unit's update (before the norm, with clipping), so
+/// only one unit's f32 gradient shard exists at a time.
+void ShardRewrite::toMaster(UnitInfo &u, Value &g, Location loc) {
+  Type master = fullTy(u).getElementType();
+  if (elemOf(g) != master)
+    g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
+}
+
+/// Clipping (or loss-scale unscaling) over the flat gradients: one squared
+/// norm over every unit's gradient (shard), all-reduced over the shards,
+/// and its factor applied to each.
+void ShardRewrite::clipGradients(Location loc) {
   auto scalarTy = RankedTensorType::get({}, b.getF32Type());
-  // A gradient reduced in another dtype than the master's is cast to it
-  // right before the unit's update (before the norm, with clipping), so
-  // only one unit's f32 gradient shard exists at a time.
-  auto toMaster = [&](UnitInfo &u, Value &g) {
-    Type master = fullTy(u).getElementType();
-    if (elemOf(g) != master)
-      g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
-  };
-  if (oldSumsq) { // clipCoef itself is erased by now
-    for (auto &[u, g] : flatGrad)
-      toMaster(*u, g);
-    SmallVector<Value> gs;
-    for (auto &[u, g] : flatGrad)
-      gs.push_back(g);
-    Value sq = b.create<SquaredNormOp>(loc, scalarTy, gs);
-    if (shards > 1 && eff != 0) {
-      // Each rank holds 1/S of every gradient: partial sums, then one
-      // scalar all-reduce over the shards (the replicas hold the same
-      // reduced shards), so the norm is over the whole gradient.
-      sq = allReduce(loc, scalarTy, sq, "sum", shardGroup);
-    }
-    Value coef;
-    if (lossScale) {
-      coef = b.create<GradCoefOp>(loc, scalarTy, sq, lossScale, maxNorm);
-      // The updates skip on the new (global) squared norm, and the step
-      // returns it in place of the per-parameter one.
-      for (Value &v : updOperands)
-        if (v == oldSumsq)
-          v = sq;
-      for (OpOperand &o : ret->getOpOperands())
-        if (o.getOperandNumber() > 0)
-          o.set(sq);
-    } else {
-      coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
-    }
-    for (auto &[u, g] : flatGrad)
-      g = b.create<MulOp>(loc, g.getType(), g, coef);
+  for (auto &[u, g] : flatGrad)
+    toMaster(*u, g, loc);
+  SmallVector<Value> gs;
+  for (auto &[u, g] : flatGrad)
+    gs.push_back(g);
+  Value sq = b.create<SquaredNormOp>(loc, scalarTy, gs);
+  if (shards > 1 && eff != 0) {
+    // Each rank holds 1/S of every gradient: partial sums, then one
+    // scalar all-reduce over the shards (the replicas hold the same
+    // reduced shards), so the norm is over the whole gradient.
+    sq = allReduce(loc, scalarTy, sq, "sum", shardGroup);
   }
+  Value coef;
+  if (lossScale) {
+    coef = b.create<GradCoefOp>(loc, scalarTy, sq, lossScale, maxNorm);
+    // The updates skip on the new (global) squared norm, and the step
+    // returns it in place of the per-parameter one.
+    for (Value &v : updOperands)
+      if (v == oldSumsq)
+        v = sq;
+    for (OpOperand &o : ret->getOpOperands())
+      if (o.getOperandNumber() > 0)
+        o.set(sq);
+  } else {
+    coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
+  }
+  for (auto &[u, g] : flatGrad)
+    g = b.create<MulOp>(loc, g.getType(), g, coef);
+}
 
+/// One update per unit on its flat parameters (whole at stage 0, this
+/// rank's shard otherwise), its state sharded alike; stages 1/2 with whole
+/// parameters all-gather the result.
+void ShardRewrite::updateUnits(Location loc) {
   Operation *lastState = nullptr;
   for (auto &[u, grad] : flatGrad) {
     RankedTensorType pTy = eff == 0 ? fullTy(*u) : shardTy(*u);
     // Stages 1/2 with whole parameters update this rank's shard of them
     // and all-gather the result.
     const bool wholeParams = eff != 0 && !u->op.getSharded();
-    toMaster(*u, grad);
+    toMaster(*u, grad, loc);
     Value p, full;
     if (wholeParams) {
       full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));
@@ -880,7 +1065,7 @@ void ShardPass::runOnOperation() {
     for (auto [i, slot] : llvm::enumerate(stateSlots))
       operands[slot.first] = b.create<GetStateOp>(
           loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
-    OperationState os(loc, updName);
+    OperationState os(loc, *updName);
     os.addOperands(operands);
     NamedAttrList attrs(updAttrs);
     if (matricesOnly) {
@@ -903,12 +1088,6 @@ void ShardPass::runOnOperation() {
     if (wholeParams)
       newP = allGather(loc, fullTy(*u), newP, shardGroup);
     b.create<SetUnitOp>(loc, symOf(*u), newP);
-  }
-
-  // The loss every rank reports is the global mean.
-  if (world > 1) {
-    Value loss = ret.getOperand(0);
-    ret.setOperand(0, allReduce(loc, loss.getType(), loss, "mean", StringAttr()));
   }
 }
 
