@@ -215,40 +215,122 @@ static bool canOverwriteLogits(Operation *g, Value l,
   });
 }
 
-FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
-                                             func::FuncOp step,
-                                             int64_t alignment, bool place) {
+namespace {
+/// One planMemory run: the algorithm of the file comment, one method per
+/// step, called in order by run(). What a step finds (the persistent
+/// cursors, instruction order, aliases, the transient buffers) is kept in
+/// members for the steps after it; the plan grows in `plan`.
+class MemoryPlanner {
+public:
+  MemoryPlanner(ModuleOp module, func::FuncOp step, int64_t alignment, bool place)
+      : module(module), step(step), alignment(alignment), place(place) {}
+  FailureOr<MemoryPlan> run();
+
+private:
+  int64_t addBuffer(PlannedBuffer b);
+  PlannedBuffer persistent(std::string name, RankedTensorType t, BufKind kind, bool host = false);
+  LogicalResult placeParams();
+  void placeState();
+  LogicalResult placeInputs();
+  LogicalResult numberInstructions();
+  void findAliases();
+  void markGrad(Value v);
+  void markGradients();
+  LogicalResult createBuffers();
+  FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>> resolve(Value v);
+  LogicalResult resolveAliases();
+  int64_t rootOf(int64_t id);
+  LogicalResult checkSides();
+  void touch(Value v, int64_t at);
+  void computeLiveness();
+  void placeTransients();
+  void measurePeak();
+
+  ModuleOp module;
+  func::FuncOp step;
+  Block *body = nullptr;
+  const int64_t alignment;
+  const bool place;
   MemoryPlan plan;
+
+  // 1. Persistent storage. Device storage counts from `cursor`, host
+  // storage (offloaded) from `hostCursor`: two arenas, one plan.
+  int64_t cursor = 0, hostCursor = 0;
+  llvm::StringSet<> offloaded;
+  SmallVector<UnitOp> unitOps;
+  int64_t persistentEnd = 0, hostPersistentEnd = 0;
+
+  // 2. Instructions and aliases.
+  SmallVector<int64_t> forwardEnds; ///< where each micro-batch's forward ends
+  int64_t end = 0;                  ///< the number of instructions
+  llvm::DenseMap<Value, AliasInfo> alias;
+  DenseSet<Value> gradValues;
+  SmallVector<int64_t> transient; ///< root buffers of the step's values
+};
+} // namespace
+
+FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module, func::FuncOp step, int64_t alignment,
+                                             bool place) {
+  return MemoryPlanner(module, step, alignment, place).run();
+}
+
+FailureOr<MemoryPlan> MemoryPlanner::run() {
   if (!step.getBody().hasOneBlock())
     return mlir::emitError(step.getLoc()) << "expected a single-block @train_step";
-  Block &body = step.getBody().front();
-  auto addBuffer = [&](PlannedBuffer b) {
-    plan.buffers.push_back(std::move(b));
-    return (int64_t)plan.buffers.size() - 1;
-  };
-  // Device storage counts from `cursor`, host storage (offloaded) from
-  // `hostCursor`: two arenas, one plan.
-  int64_t cursor = 0, hostCursor = 0;
-  auto persistent = [&](std::string name, RankedTensorType t, BufKind kind,
-                        bool host = false) {
-    PlannedBuffer b;
-    b.name = std::move(name);
-    b.type = t;
-    b.kind = kind;
-    b.persistent = true;
-    b.bytes = byteSize(t);
-    b.host = host;
-    int64_t &at = host ? hostCursor : cursor;
-    if (host) // device storage is aligned where its callers start a group
-      at = alignUp(at, alignment);
-    b.offset = at;
-    at += b.bytes;
-    return b;
-  };
+  body = &step.getBody().front();
+  // 1. Persistent storage.
+  if (failed(placeParams()))
+    return failure();
+  placeState();
+  if (failed(placeInputs()))
+    return failure();
+  // 2. Instructions and aliases.
+  if (failed(numberInstructions()))
+    return failure();
+  findAliases();
+  markGradients();
+  if (failed(createBuffers()) || failed(resolveAliases()))
+    return failure();
+  // 3. Liveness over root buffers.
+  if (failed(checkSides()))
+    return failure();
+  computeLiveness();
+  // 4. Placement, then the peak.
+  placeTransients();
+  measurePeak();
+  return std::move(plan);
+}
 
-  // --- 1. Persistent storage. ---------------------------------------------
-  llvm::StringSet<> offloaded;
-  SmallVector<UnitOp> unitOps(module.getOps<UnitOp>());
+int64_t MemoryPlanner::addBuffer(PlannedBuffer b) {
+  plan.buffers.push_back(std::move(b));
+  return (int64_t)plan.buffers.size() - 1;
+}
+
+/// A persistent buffer of type t at the cursor of its side, which it
+/// advances.
+PlannedBuffer MemoryPlanner::persistent(std::string name, RankedTensorType t, BufKind kind,
+                                        bool host) {
+  PlannedBuffer b;
+  b.name = std::move(name);
+  b.type = t;
+  b.kind = kind;
+  b.persistent = true;
+  b.bytes = byteSize(t);
+  b.host = host;
+  int64_t &at = host ? hostCursor : cursor;
+  if (host) // device storage is aligned where its callers start a group
+    at = alignUp(at, alignment);
+  b.offset = at;
+  at += b.bytes;
+  return b;
+}
+
+// --- 1. Persistent storage. ---------------------------------------------
+
+/// The parameters: one buffer per fsdp.unit (its flat parameters or its
+/// shard), or without units one per fsdp.param, packed in unit order.
+LogicalResult MemoryPlanner::placeParams() {
+  unitOps.assign(module.getOps<UnitOp>().begin(), module.getOps<UnitOp>().end());
   if (!unitOps.empty()) {
     llvm::StringMap<std::pair<int64_t, int64_t>> paramPlace;
     for (auto [u, unit] : llvm::enumerate(unitOps)) {
@@ -312,7 +394,11 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
           plan.units[u].flatNumel;
     }
   }
-  // Optimizer state, in the order of what it shadows.
+  return success();
+}
+
+/// Optimizer state, in the order of what it shadows.
+void MemoryPlanner::placeState() {
   llvm::StringMap<SmallVector<StateOp>> statesOf;
   for (StateOp s : module.getOps<StateOp>())
     statesOf[s.getParam()].push_back(s);
@@ -332,7 +418,11 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
                                         offloaded.contains(owner)));
       plan.symbolBuffer[s.getSymName()] = id;
     }
-  for (BlockArgument arg : body.getArguments()) {
+}
+
+/// The step's inputs, last; then where the persistent storage ends.
+LogicalResult MemoryPlanner::placeInputs() {
+  for (BlockArgument arg : body->getArguments()) {
     auto t = dyn_cast<RankedTensorType>(arg.getType());
     if (!t)
       return mlir::emitError(step.getLoc()) << "argument #" << arg.getArgNumber()
@@ -341,11 +431,17 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
     plan.valueBuffer[arg] = addBuffer(persistent(
         "arg" + std::to_string(arg.getArgNumber()), t, BufKind::Input));
   }
-  int64_t persistentEnd = alignUp(cursor, alignment);
-  int64_t hostPersistentEnd = alignUp(hostCursor, alignment);
+  persistentEnd = alignUp(cursor, alignment);
+  hostPersistentEnd = alignUp(hostCursor, alignment);
+  return success();
+}
 
-  // --- 2. Instructions and aliases. ---------------------------------------
-  auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
+// --- 2. Instructions and aliases. ---------------------------------------
+
+/// Every op but the storage aliases becomes an instruction, in order;
+/// forwardEnds are the instructions computing each micro-batch's loss.
+LogicalResult MemoryPlanner::numberInstructions() {
+  auto ret = dyn_cast<func::ReturnOp>(body->getTerminator());
   // The loss, and with loss scaling the squared gradient norm.
   if (!ret || ret.getNumOperands() < 1 || ret.getNumOperands() > 2)
     return mlir::emitError(step.getLoc()) << "expected @train_step to return the loss";
@@ -359,18 +455,20 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   DenseSet<Operation *> lossDefs;
   for (Value term : accumTerms(lossValue))
     lossDefs.insert(term.getDefiningOp());
-  SmallVector<int64_t> forwardEnds;
-  for (Operation &op : body.without_terminator()) {
+  for (Operation &op : body->without_terminator()) {
     if (isStorageAlias(&op))
       continue;
     if (lossDefs.contains(&op))
       forwardEnds.push_back(plan.numInstructions);
     plan.instrIndex[&op] = plan.numInstructions++;
   }
-  int64_t end = plan.numInstructions;
+  end = plan.numInstructions;
+  return success();
+}
 
-  llvm::DenseMap<Value, AliasInfo> alias;
-  for (Operation &op : body.without_terminator()) {
+/// The values that are windows of another (the file comment's step 2).
+void MemoryPlanner::findAliases() {
+  for (Operation &op : body->without_terminator()) {
     if (auto v = dyn_cast<ViewOp>(op))
       alias[v.getResult()] = {v.getInput(), {},
                               (int64_t)v.getOffset() * elemBytes(v.getResult()), 0};
@@ -433,34 +531,40 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         alias[written] = {{}, sym, 0, 0};
       }
   }
+}
 
-  // Values that carry gradients and communication buffers (the breakdown).
-  DenseSet<Value> gradValues;
-  std::function<void(Value)> markGrad = [&](Value v) {
-    if (!v || !gradValues.insert(v).second)
-      return;
-    Operation *d = v.getDefiningOp();
-    if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
-      markGrad(mul.getLhs());
-    else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
-      markGrad(d->getOperand(0)); // a cast: a gradient in another dtype
-    else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
-      for (Value in : d->getOperands())
-        markGrad(in);
-    else if (auto pack = dyn_cast_or_null<PackOp>(d))
-      for (Value in : pack.getInputs())
-        markGrad(in);
-  };
-  for (Operation &op : body) {
+/// Marks v, and what it was reduced, cast, accumulated or packed from,
+/// as gradient bytes.
+void MemoryPlanner::markGrad(Value v) {
+  if (!v || !gradValues.insert(v).second)
+    return;
+  Operation *d = v.getDefiningOp();
+  if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
+    markGrad(mul.getLhs());
+  else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
+    markGrad(d->getOperand(0));             // a cast: a gradient in another dtype
+  else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
+    for (Value in : d->getOperands())
+      markGrad(in);
+  else if (auto pack = dyn_cast_or_null<PackOp>(d))
+    for (Value in : pack.getInputs())
+      markGrad(in);
+}
+
+/// Values that carry gradients and communication buffers (the breakdown).
+void MemoryPlanner::markGradients() {
+  for (Operation &op : *body) {
     if (auto s = dyn_cast<SetGradOp>(op))
       markGrad(s.getValue());
     else if (isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op))
       markGrad(op.getOperand(1));
   }
+}
 
-  // Buffers for every non-alias result; aliases resolve to their root.
-  SmallVector<int64_t> transient;
-  for (Operation &op : body.without_terminator()) {
+/// Buffers for every non-alias result; aliases resolve to their root.
+/// Returns the transient ones in `transient`.
+LogicalResult MemoryPlanner::createBuffers() {
+  for (Operation &op : body->without_terminator()) {
     for (Value r : op.getResults()) {
       if (alias.count(r))
         continue;
@@ -498,46 +602,51 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       transient.push_back(id);
     }
   }
-  // Resolve aliases (views of views, packed gradients of an in-place
-  // all-reduce, ...) to root buffers. Each alias gets a buffer record of its
-  // own (its shape and dtype) that points at the root.
-  std::function<FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>>(Value)>
-      resolve = [&](Value v)
-      -> FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>> {
-    auto it = alias.find(v);
-    if (it == alias.end()) {
-      auto b = plan.valueBuffer.find(v);
-      if (b == plan.valueBuffer.end())
-        return failure();
-      int64_t id = b->second;
-      while (plan.buffers[id].aliasOf >= 0)
-        id = plan.buffers[id].aliasOf;
-      return std::make_tuple(id, (int64_t)0, (int64_t)0, (int64_t)0);
-    }
-    AliasInfo a = it->second;
-    int64_t root, off = a.byteOffset, stride = a.rankStride,
-                  period = a.rankPeriod;
-    if (a.symbol) {
-      auto s = plan.symbolBuffer.find(a.symbol.getValue());
-      if (s == plan.symbolBuffer.end())
-        return failure();
-      root = s->second;
-    } else {
-      auto r = resolve(a.base);
-      if (failed(r))
-        return failure();
-      root = std::get<0>(*r);
-      off += std::get<1>(*r);
-      // Strides over two different rank indices do not add up to one.
-      if (stride && std::get<2>(*r) && period != std::get<3>(*r))
-        return failure();
-      if (std::get<2>(*r))
-        period = std::get<3>(*r);
-      stride += std::get<2>(*r);
-    }
-    return std::make_tuple(root, off, stride, period);
-  };
-  for (Operation &op : body.without_terminator())
+  return success();
+}
+
+/// The root buffer of v, its byte offset there, and its rank stride and
+/// period (AliasInfo), through any chain of aliases; failure when v has
+/// no buffer or two rank strides do not compose.
+FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>> MemoryPlanner::resolve(Value v) {
+  auto it = alias.find(v);
+  if (it == alias.end()) {
+    auto b = plan.valueBuffer.find(v);
+    if (b == plan.valueBuffer.end())
+      return failure();
+    int64_t id = b->second;
+    while (plan.buffers[id].aliasOf >= 0)
+      id = plan.buffers[id].aliasOf;
+    return std::make_tuple(id, (int64_t)0, (int64_t)0, (int64_t)0);
+  }
+  AliasInfo a = it->second;
+  int64_t root, off = a.byteOffset, stride = a.rankStride, period = a.rankPeriod;
+  if (a.symbol) {
+    auto s = plan.symbolBuffer.find(a.symbol.getValue());
+    if (s == plan.symbolBuffer.end())
+      return failure();
+    root = s->second;
+  } else {
+    auto r = resolve(a.base);
+    if (failed(r))
+      return failure();
+    root = std::get<0>(*r);
+    off += std::get<1>(*r);
+    // Strides over two different rank indices do not add up to one.
+    if (stride && std::get<2>(*r) && period != std::get<3>(*r))
+      return failure();
+    if (std::get<2>(*r))
+      period = std::get<3>(*r);
+    stride += std::get<2>(*r);
+  }
+  return std::make_tuple(root, off, stride, period);
+}
+
+/// Resolve aliases (views of views, packed gradients of an in-place
+/// all-reduce, ...) to root buffers. Each alias gets a buffer record of its
+/// own (its shape and dtype) that points at the root.
+LogicalResult MemoryPlanner::resolveAliases() {
+  for (Operation &op : body->without_terminator())
     for (Value r : op.getResults()) {
       if (!alias.count(r))
         continue;
@@ -564,16 +673,21 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       b.name = rb.name + ".view" + std::to_string(off);
       plan.valueBuffer[r] = addBuffer(b);
     }
+  return success();
+}
 
-  // --- 3. Liveness over root buffers. --------------------------------------
-  auto rootOf = [&](int64_t id) {
-    while (plan.buffers[id].aliasOf >= 0)
-      id = plan.buffers[id].aliasOf;
-    return id;
-  };
-  // Every instruction reads and writes one side of memory, but for the
-  // copies between them (fsdp-offload places them).
-  for (Operation &op : body.without_terminator()) {
+// --- 3. Liveness over root buffers. --------------------------------------
+
+int64_t MemoryPlanner::rootOf(int64_t id) {
+  while (plan.buffers[id].aliasOf >= 0)
+    id = plan.buffers[id].aliasOf;
+  return id;
+}
+
+/// Every instruction reads and writes one side of memory, but for the
+/// copies between them (fsdp-offload places them).
+LogicalResult MemoryPlanner::checkSides() {
+  for (Operation &op : body->without_terminator()) {
     // A wait touches no memory: it orders the stream after an async
     // collective or copy, on whichever side that wrote.
     if (!plan.instrIndex.count(&op) || isa<WaitOp>(op))
@@ -605,29 +719,36 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         return op.emitOpError() << "writes " << sym << " across host and device memory";
     }
   }
+  return success();
+}
 
-  auto touch = [&](Value v, int64_t at) {
-    auto it = plan.valueBuffer.find(v);
-    if (it == plan.valueBuffer.end() || at < 0)
-      return;
-    PlannedBuffer &own = plan.buffers[it->second];
-    if (own.aliasOf >= 0) {
-      own.first = std::min(own.first, at);
-      own.last = std::max(own.last, at);
-    }
-    PlannedBuffer &root = plan.buffers[rootOf(it->second)];
-    if (root.persistent)
-      return;
-    root.first = std::min(root.first, at);
-    root.last = std::max(root.last, at);
-  };
+/// Widens v's buffer (and its root, if transient) to instruction `at`.
+void MemoryPlanner::touch(Value v, int64_t at) {
+  auto it = plan.valueBuffer.find(v);
+  if (it == plan.valueBuffer.end() || at < 0)
+    return;
+  PlannedBuffer &own = plan.buffers[it->second];
+  if (own.aliasOf >= 0) {
+    own.first = std::min(own.first, at);
+    own.last = std::max(own.last, at);
+  }
+  PlannedBuffer &root = plan.buffers[rootOf(it->second)];
+  if (root.persistent)
+    return;
+  root.first = std::min(root.first, at);
+  root.last = std::max(root.last, at);
+}
+
+/// Each buffer's first and last instruction; transient values live
+/// across a forward end are activations.
+void MemoryPlanner::computeLiveness() {
   // Every transient buffer and every alias starts unused.
   for (PlannedBuffer &b : plan.buffers)
     if (!b.persistent || b.aliasOf >= 0) {
       b.first = INT64_MAX;
       b.last = -1;
     }
-  for (Operation &op : body) {
+  for (Operation &op : *body) {
     auto it = plan.instrIndex.find(&op);
     int64_t at = it != plan.instrIndex.end() ? it->second : -2;
     for (Value r : op.getResults())
@@ -662,8 +783,11 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
         }))
       b.kind = BufKind::Activation;
   }
+}
 
-  // --- 4. Greedy-by-size placement of transient root buffers. --------------
+// --- 4. Greedy-by-size placement of transient root buffers. --------------
+
+void MemoryPlanner::placeTransients() {
   std::stable_sort(transient.begin(), transient.end(), [&](int64_t a, int64_t b) {
     const auto &x = plan.buffers[a], &y = plan.buffers[b];
     if (x.bytes != y.bytes)
@@ -704,8 +828,10 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
       b.aliasOf = rootOf(b.aliasOf);
       b.offset += plan.buffers[b.aliasOf].offset;
     }
+}
 
-  // --- Peak live bytes and breakdowns (root buffers only). ----------------
+/// Peak live bytes and breakdowns (root buffers only).
+void MemoryPlanner::measurePeak() {
   std::vector<int64_t> live(std::max<int64_t>(end, 1), 0),
       hostLive(live.size(), 0);
   std::vector<std::array<int64_t, kNumBufKinds>> liveKind(
@@ -738,7 +864,6 @@ FailureOr<MemoryPlan> mlir::fsdp::planMemory(ModuleOp module,
   }
   for (int k = 0; k < kNumBufKinds; ++k)
     plan.peakByKind[k] = liveKind[plan.peakInstr][k];
-  return plan;
 }
 
 MemoryPlanAnalysis::MemoryPlanAnalysis(Operation *op) : plan(failure()) {
