@@ -120,37 +120,14 @@ int64_t integerRange(Value v) {
   return 0;
 }
 
-struct ExportPlanPass : mlir::fsdp::impl::FsdpExportPlanBase<ExportPlanPass> {
-  using Base::Base;
-
-  void runOnOperation() override;
-};
-
-void ExportPlanPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  if (output.empty()) {
-    mlir::emitError(module.getLoc()) << "convert-fsdp-to-plan needs output=PATH";
-    return signalPassFailure();
-  }
-  auto step = getTrainStep(module, "fsdp-autodiff");
-  if (!step)
-    return signalPassFailure();
-  // The plan fsdp-plan-memory computed (preserved by it), or one planned
-  // now with the alignment it recorded (64 when it did not run), so the
-  // plan file and the IR's recorded offsets agree.
-  auto &analysis = getAnalysis<MemoryPlanAnalysis>();
-  markAllAnalysesPreserved();
-  if (failed(analysis.plan))
-    return signalPassFailure();
-  MemoryPlan &plan = *analysis.plan;
-
+/// "buffers": every planned buffer, its place, kind and live range.
+FailureOr<json::Array> buffersJson(const MemoryPlan &plan, Location loc) {
   json::Array buffers;
   for (auto [id, b] : llvm::enumerate(plan.buffers)) {
     std::string dt = dtypeOf(b.type.getElementType());
     if (dt.empty()) {
-      mlir::emitError(step.getLoc()) << "buffer " << b.name << " has unsupported type "
-                       << b.type;
-      return signalPassFailure();
+      mlir::emitError(loc) << "buffer " << b.name << " has unsupported type " << b.type;
+      return failure();
     }
     buffers.push_back(json::Object{
         {"id", (int64_t)id},
@@ -175,10 +152,12 @@ void ExportPlanPass::runOnOperation() {
         o["rank_period"] = b.rankPeriod;
     }
   }
+  return std::move(buffers);
+}
 
+/// "units": each unit's flat, padded and shard sizes and its storage.
+json::Array unitsJson(const MemoryPlan &plan) {
   json::Array units;
-  MeshAttr mesh = getMesh(module);
-  int64_t world = mesh ? mesh.getWorldSize() : 1;
   for (const PlannedUnit &u : plan.units) {
     units.push_back(json::Object{{"name", u.name},
                                  {"flat_numel", u.flatNumel},
@@ -190,9 +169,13 @@ void ExportPlanPass::runOnOperation() {
     if (u.buffer >= 0 && plan.buffers[u.buffer].host)
       (*units.back().getAsObject())["offloaded"] = true;
   }
+  return units;
+}
 
+/// "params": each parameter's shape, init and place in its unit.
+json::Array paramsJson(const MemoryPlan &plan) {
   json::Array params;
-  for (PlannedParam &p : plan.params) {
+  for (const PlannedParam &p : plan.params) {
     ParamOp op = p.op;
     json::Object o{{"name", op.getSymName().str()},
                    {"shape", shapeOf(op.getTensorType())},
@@ -205,7 +188,11 @@ void ExportPlanPass::runOnOperation() {
                    {"buffer", p.buffer}};
     params.push_back(std::move(o));
   }
+  return params;
+}
 
+/// "states": the optimizer state buffers and what each shadows.
+json::Array statesJson(ModuleOp module, const MemoryPlan &plan) {
   json::Array states;
   for (StateOp s : module.getOps<StateOp>()) {
     json::Object o{{"name", s.getSymName().str()},
@@ -218,9 +205,12 @@ void ExportPlanPass::runOnOperation() {
       o["param"] = s.getParam().str();
     states.push_back(std::move(o));
   }
+  return states;
+}
 
-  // Inputs: roles from the fsdp.role argument attributes; by position
-  // (input, target) when absent.
+/// "inputs": the step's arguments. Roles from the fsdp.role argument
+/// attributes; by position (input, target) when absent.
+FailureOr<json::Array> inputsJson(func::FuncOp step, const MemoryPlan &plan) {
   json::Array inputs;
   llvm::StringMap<int> roleCount;
   for (BlockArgument arg : step.getArguments()) {
@@ -234,14 +224,14 @@ void ExportPlanPass::runOnOperation() {
       mlir::emitError(step.getLoc())
           << "argument #" << arg.getArgNumber()
           << " has no fsdp.role (input, target, lr, step or loss_scale)";
-      return signalPassFailure();
+      return failure();
     }
     if (!llvm::is_contained({"input", "target", "lr", "step", "loss_scale"},
                             role)) {
       mlir::emitError(step.getLoc())
           << "argument #" << arg.getArgNumber() << " has unknown role \""
           << role << "\"; expected input, target, lr, step or loss_scale";
-      return signalPassFailure();
+      return failure();
     }
     int n = roleCount[role]++;
     json::Object o{{"name", n ? role + std::to_string(n) : role},
@@ -254,15 +244,20 @@ void ExportPlanPass::runOnOperation() {
         mlir::emitError(step.getLoc()) << "integer argument #" << arg.getArgNumber()
                          << " is neither embedding ids nor cross-entropy "
                             "labels; its value range is unknown";
-        return signalPassFailure();
+        return failure();
       }
       o["range"] = range;
     }
     inputs.push_back(std::move(o));
   }
+  return std::move(inputs);
+}
 
-  json::Array outputs;
-  json::Array program;
+/// "outputs" (the loss, loss scaling's squared norm, published gradients)
+/// and "program": every op that is not a storage alias, in order, with its
+/// buffers and attributes; write-backs to storage become copies.
+LogicalResult programJson(ModuleOp module, func::FuncOp step, const MemoryPlan &plan,
+                          json::Array &outputs, json::Array &program) {
   for (Operation &op : step.getBody().front()) {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       outputs.push_back(json::Object{
@@ -296,7 +291,7 @@ void ExportPlanPass::runOnOperation() {
       if (op.getDialect() != module->getContext()->getLoadedDialect<FsdpDialect>()) {
         op.emitOpError() << "cannot be lowered to the plan: only fsdp ops run "
                             "on the runtime";
-        return signalPassFailure();
+        return failure();
       }
       // Every op the runtime runs is in the plan schema with its arity: an
       // op added to the dialect but not to the schema is caught here, not
@@ -306,7 +301,7 @@ void ExportPlanPass::runOnOperation() {
       if (!schema) {
         op.emitOpError() << "has no entry in the plan schema "
                             "(runtime/core/PlanSchema.h): the runtime cannot run it";
-        return signalPassFailure();
+        return failure();
       }
       if (!::fsdp::acceptsArity(*schema, (int)op.getNumOperands(),
                                 (int)op.getNumResults())) {
@@ -314,7 +309,7 @@ void ExportPlanPass::runOnOperation() {
                          << op.getNumResults() << " result(s); the plan schema "
                          << "expects " << schema->numInputs << " and "
                          << schema->numOutputs;
-        return signalPassFailure();
+        return failure();
       }
       instr["op"] = name.str();
       for (Value v : op.getOperands())
@@ -330,7 +325,7 @@ void ExportPlanPass::runOnOperation() {
         if (!attrToJson(na.getValue(), v)) {
           op.emitOpError() << "attribute '" << name
                            << "' cannot be written to the plan";
-          return signalPassFailure();
+          return failure();
         }
         attrs[name] = std::move(v);
       }
@@ -344,7 +339,11 @@ void ExportPlanPass::runOnOperation() {
     instr["out"] = std::move(out);
     program.push_back(std::move(instr));
   }
+  return success();
+}
 
+/// "options": the optimizer's settings (fsdp-insert-optimizer).
+json::Object optionsJson(ModuleOp module) {
   json::Object options;
   if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
     for (NamedAttribute na : opt) {
@@ -354,11 +353,72 @@ void ExportPlanPass::runOnOperation() {
     }
   else
     options["optimizer"] = "none";
+  return options;
+}
 
+/// "memory": the totals and peaks by kind (docs/PLAN_FORMAT.md), and the
+/// host arena's when there is one.
+json::Object memoryJson(const MemoryPlan &plan) {
   auto byKind = [&](BufKind k, bool peak) {
     return peak ? plan.peakByKind[(int)k] : plan.totalByKind[(int)k];
   };
   auto maxLive = [&](BufKind k) { return plan.maxLiveByKind[(int)k]; };
+  json::Object memory{{"params", byKind(BufKind::Param, false)},
+                      {"state", byKind(BufKind::State, false)},
+                      {"inputs", byKind(BufKind::Input, false)},
+                      {"grads", maxLive(BufKind::Grad)},
+                      {"activations", maxLive(BufKind::Activation)},
+                      {"temps", byKind(BufKind::Temp, true)},
+                      {"comm", maxLive(BufKind::Comm)},
+                      {"grads_at_peak", byKind(BufKind::Grad, true)},
+                      {"activations_at_peak", byKind(BufKind::Activation, true)},
+                      {"peak_live", plan.peakLive},
+                      {"peak", plan.arenaBytes}};
+  if (plan.hostArenaBytes > 0)
+    memory["host"] = json::Object{{"params", plan.hostTotalByKind[(int)BufKind::Param]},
+                                  {"state", plan.hostTotalByKind[(int)BufKind::State]},
+                                  {"activations", plan.hostTotalByKind[(int)BufKind::Activation]},
+                                  {"peak_live", plan.hostPeakLive},
+                                  {"peak", plan.hostArenaBytes}};
+  return memory;
+}
+
+struct ExportPlanPass : mlir::fsdp::impl::FsdpExportPlanBase<ExportPlanPass> {
+  using Base::Base;
+
+  void runOnOperation() override;
+};
+
+void ExportPlanPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  if (output.empty()) {
+    mlir::emitError(module.getLoc()) << "convert-fsdp-to-plan needs output=PATH";
+    return signalPassFailure();
+  }
+  auto step = getTrainStep(module, "fsdp-autodiff");
+  if (!step)
+    return signalPassFailure();
+  // The plan fsdp-plan-memory computed (preserved by it), or one planned
+  // now with the alignment it recorded (64 when it did not run), so the
+  // plan file and the IR's recorded offsets agree.
+  auto &analysis = getAnalysis<MemoryPlanAnalysis>();
+  markAllAnalysesPreserved();
+  if (failed(analysis.plan))
+    return signalPassFailure();
+  MemoryPlan &plan = *analysis.plan;
+
+  // The sections that can fail, in order (the first error stops it).
+  FailureOr<json::Array> buffers = buffersJson(plan, step.getLoc());
+  if (failed(buffers))
+    return signalPassFailure();
+  FailureOr<json::Array> inputs = inputsJson(step, plan);
+  if (failed(inputs))
+    return signalPassFailure();
+  json::Array outputs, program;
+  if (failed(programJson(module, step, plan, outputs, program)))
+    return signalPassFailure();
+  MeshAttr mesh = getMesh(module);
+  int64_t world = mesh ? mesh.getWorldSize() : 1;
   int64_t stage = 0;
   if (auto s = module->getAttrOfType<IntegerAttr>("fsdp.stage"))
     stage = s.getInt();
@@ -371,38 +431,19 @@ void ExportPlanPass::runOnOperation() {
       {"model", modelName},
       {"world_size", world},
       {"stage", stage},
-      {"options", std::move(options)},
+      {"options", optionsJson(module)},
       {"arena_bytes", plan.arenaBytes},
-      {"memory",
-       json::Object{{"params", byKind(BufKind::Param, false)},
-                    {"state", byKind(BufKind::State, false)},
-                    {"inputs", byKind(BufKind::Input, false)},
-                    {"grads", maxLive(BufKind::Grad)},
-                    {"activations", maxLive(BufKind::Activation)},
-                    {"temps", byKind(BufKind::Temp, true)},
-                    {"comm", maxLive(BufKind::Comm)},
-                    {"grads_at_peak", byKind(BufKind::Grad, true)},
-                    {"activations_at_peak", byKind(BufKind::Activation, true)},
-                    {"peak_live", plan.peakLive},
-                    {"peak", plan.arenaBytes}}},
-      {"units", std::move(units)},
-      {"params", std::move(params)},
-      {"states", std::move(states)},
-      {"inputs", std::move(inputs)},
+      {"memory", memoryJson(plan)},
+      {"units", unitsJson(plan)},
+      {"params", paramsJson(plan)},
+      {"states", statesJson(module, plan)},
+      {"inputs", std::move(*inputs)},
       {"outputs", std::move(outputs)},
-      {"buffers", std::move(buffers)},
+      {"buffers", std::move(*buffers)},
       {"program", std::move(program)},
   };
-
-  if (plan.hostArenaBytes > 0) {
+  if (plan.hostArenaBytes > 0)
     root["host_arena_bytes"] = plan.hostArenaBytes;
-    (*root.getObject("memory"))["host"] = json::Object{
-        {"params", plan.hostTotalByKind[(int)BufKind::Param]},
-        {"state", plan.hostTotalByKind[(int)BufKind::State]},
-        {"activations", plan.hostTotalByKind[(int)BufKind::Activation]},
-        {"peak_live", plan.hostPeakLive},
-        {"peak", plan.hostArenaBytes}};
-  }
   // The schedule fsdp-search-schedule chose (docs/PLAN_FORMAT.md): for
   // people and tools; the runtime ignores it.
   if (auto strategy = module->getAttrOfType<DictionaryAttr>("fsdp.strategy")) {
