@@ -178,6 +178,29 @@ struct SearchSchedulePass
   DeviceProfile profile;
   int64_t evaluated = 0; ///< schedules compiled, planned and predicted
 
+  // What runOnOperation's steps find, in its order: the budget and the
+  // shard group (readOptions), each knob's values, searched or pinned
+  // (chooseKnobValues), and the candidates evaluated (searchUniform,
+  // walkPerUnit).
+  int64_t budget = 0;
+  int64_t shards = 1;
+  SmallVector<int64_t> groupings, depths;
+  SmallVector<std::string> recomputes, reshards, offloads;
+  SmallVector<bool> activationChoices;
+  std::vector<Leaf> leaves;
+
+  LogicalResult fail(const Twine &msg) {
+    mlir::emitError(getOperation().getLoc()) << msg;
+    return failure();
+  }
+  LogicalResult readOptions();
+  LogicalResult chooseKnobValues();
+  LogicalResult searchUniform();
+  LogicalResult walkPerUnit();
+  LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
+  LogicalResult failWithFloor();
+  void adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule, int64_t bestArena);
+
   /// The whole chain for one choice, on a clone of the pass's module.
   OwningOpRef<ModuleOp> build(const Choice &c) {
     OwningOpRef<ModuleOp> m = clone(getOperation());
@@ -187,6 +210,14 @@ struct SearchSchedulePass
         !schedule(*m, c.depth) || !finish(*m, c.offload, c.activations))
       return nullptr;
     return m;
+  }
+  /// build(c) into m, and its placed memory plan (the arena decides).
+  FailureOr<MemoryPlan> buildPlaced(const Choice &c, OwningOpRef<ModuleOp> &m) {
+    m = build(c);
+    if (!m)
+      return failure();
+    auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
+    return planMemory(*m, step, 64);
   }
 };
 
@@ -208,12 +239,26 @@ void printBreakdown(llvm::raw_ostream &os, const MemoryPlan &plan) {
 }
 
 void SearchSchedulePass::runOnOperation() {
+  leaves.clear();
+  if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
+      failed(walkPerUnit()))
+    return signalPassFailure();
+  Leaf *best = nullptr;
+  OwningOpRef<ModuleOp> bestModule;
+  int64_t bestArena = 0;
+  if (failed(pickByArena(best, bestModule, bestArena)))
+    return signalPassFailure();
+  if (!best) {
+    (void)failWithFloor();
+    return signalPassFailure();
+  }
+  adopt(*best, std::move(bestModule), bestArena);
+}
+
+/// The budget, the device profile and the shard group from the options,
+/// each checked.
+LogicalResult SearchSchedulePass::readOptions() {
   ModuleOp module = getOperation();
-  auto fail = [&](const Twine &msg) {
-    mlir::emitError(module.getLoc()) << msg;
-    signalPassFailure();
-  };
-  int64_t budget = 0;
   if (!parseByteSize(memoryBudget, budget))
     return fail("memory-budget='" + memoryBudget +
                 "' is not a positive size (bytes, or a number with KiB, MiB, "
@@ -228,7 +273,7 @@ void SearchSchedulePass::runOnOperation() {
     return fail("recompute='" + recompute +
                 "': expected none, selective or unit");
   // The shard group's size (fsdp-shard checks the mesh itself).
-  int64_t shards = worldSize;
+  shards = worldSize;
   if (!mesh.empty()) {
     int64_t r = 0;
     if (StringRef(mesh).split('x').first.getAsInteger(10, r) || r < 1 ||
@@ -243,21 +288,24 @@ void SearchSchedulePass::runOnOperation() {
     return fail("reshard-after-forward='" + reshardAfterForward +
                 "': expected true, false or a number of ranks");
   if (!getTrainStep(module, "fsdp-autodiff"))
-    return signalPassFailure();
+    return failure();
+  return success();
+}
 
-  // The knobs' values, searched or pinned.
-  SmallVector<int64_t> groupings{1, 2};
+/// The knobs' values, searched or pinned.
+LogicalResult SearchSchedulePass::chooseKnobValues() {
+  groupings.assign({1, 2});
   if (layersPerUnit > 0 || unitPolicy != "layer")
     groupings.assign(1, std::max<int64_t>(1, layersPerUnit));
   else if (unitsOf(1) == unitsOf(2))
     groupings.assign(1, 1); // fewer than two marked layers: nothing to merge
-  SmallVector<std::string> recomputes{"none", "selective", "unit"};
+  recomputes.assign({"none", "selective", "unit"});
   if (!recompute.empty())
     recomputes.assign(1, recompute);
   // Resharding after forward: not at all, to the shard group, or (hpZ) to
   // one node of the profile's link when that is a proper divisor of the
   // shard group: the backward's gathers then stay on the node's link.
-  SmallVector<std::string> reshards{"false", "true"};
+  reshards.assign({"false", "true"});
   int64_t node = profile.ranksPerNode;
   if (node > 1 && node < shards && shards % node == 0)
     reshards.push_back(std::to_string(node));
@@ -270,7 +318,7 @@ void SearchSchedulePass::runOnOperation() {
   // copies and a host update, which the cost model prices).
   if (offload != "none" && offload != "optimizer" && offload != "auto")
     return fail("offload='" + offload + "': expected none, optimizer or auto");
-  SmallVector<std::string> offloads{offload == "auto" ? "none" : offload.getValue()};
+  offloads.assign({offload == "auto" ? "none" : offload.getValue()});
   if (offload == "auto")
     offloads.push_back("optimizer");
   // Activation offload: pinned or searched the same way (it frees the
@@ -280,32 +328,35 @@ void SearchSchedulePass::runOnOperation() {
       offloadActivations != "auto")
     return fail("offload-activations='" + offloadActivations +
                 "': expected false, true or auto");
-  SmallVector<bool> activationChoices{offloadActivations == "true"};
+  activationChoices.assign({offloadActivations == "true"});
   if (offloadActivations == "auto")
     activationChoices.push_back(true);
-  SmallVector<int64_t> depths{0, 1, 2};
+  depths.assign({0, 1, 2});
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
   else if (!overlap)
     depths.assign(1, 0);
+  return success();
+}
 
-  // The tree: a clone per node, so each step runs once per distinct prefix.
-  std::vector<Leaf> leaves;
+/// The tree: a clone per node, so each step runs once per distinct prefix.
+LogicalResult SearchSchedulePass::searchUniform() {
+  ModuleOp module = getOperation();
   for (int64_t k : groupings) {
     OwningOpRef<ModuleOp> grouped = clone(module);
     if (!group(*grouped, k))
-      return signalPassFailure();
+      return failure();
     for (const std::string &rc : recomputes) {
       OwningOpRef<ModuleOp> recomputed = clone(*grouped);
       int64_t units = rc == "unit" ? int64_t(recomputeUnits) : -1;
       if (!recomputeStep(*recomputed, rc, units))
-        return signalPassFailure();
+        return failure();
       for (const std::string &reshard : reshards)
       for (const std::string &off : offloads) {
         OwningOpRef<ModuleOp> sharded = clone(*recomputed);
         int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
         if (!shard(*sharded, reshard, rsUnits, off))
-          return signalPassFailure();
+          return failure();
         for (int64_t depth : depths)
         for (bool acts : activationChoices) {
           Leaf leaf;
@@ -313,12 +364,12 @@ void SearchSchedulePass::runOnOperation() {
           bool last = depth == depths.back() && acts == activationChoices.back();
           OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
           if (!schedule(*m, depth) || !finish(*m, off, acts))
-            return signalPassFailure();
+            return failure();
           auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
           FailureOr<MemoryPlan> plan =
               planMemory(*m, step, /*alignment=*/64, /*place=*/false);
           if (failed(plan))
-            return signalPassFailure();
+            return failure();
           leaf.peakLive = plan->peakLive;
           leaf.predicted = predictStep(*m, step, *plan, profile);
           ++numCandidates;
@@ -328,14 +379,17 @@ void SearchSchedulePass::runOnOperation() {
       }
     }
   }
+  return success();
+}
 
-  // Per unit: recompute only the first K units, or reshard only the first
-  // K units. Where the uniform choice that saves nothing (recompute=none,
-  // reshard=false) does not fit and the one that saves on every unit
-  // (recompute=unit; reshard true or G) does, with the other knobs equal,
-  // the peak and the step are about linear in K: the best such
-  // combination by that estimate is compiled at the estimated K and
-  // walked to the smallest K that fits (a few steps), if it may beat the
+/// Per unit: recompute only the first K units, or reshard only the first
+/// K units. Where the uniform choice that saves nothing (recompute=none,
+/// reshard=false) does not fit and the one that saves on every unit
+/// (recompute=unit; reshard true or G) does, with the other knobs equal,
+/// the peak and the step are about linear in K: the best such
+/// combination by that estimate is compiled at the estimated K and
+/// walked to the smallest K that fits (a few steps), if it may beat the
+LogicalResult SearchSchedulePass::walkPerUnit() {
   // best uniform schedule. Each of the two knobs gets one such walk.
   auto same = [](const Choice &a, const Choice &b) {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
@@ -423,7 +477,7 @@ void SearchSchedulePass::runOnOperation() {
     int64_t &k = knob.unitsOf(leaf.choice);
     for (int tries = 0; tries < 4 && k >= 0 && k <= numUnits; ++tries) {
       if (!evaluate(leaf))
-        return signalPassFailure();
+        return failure();
       if (leaf.peakLive <= budget) {
         fit = leaf;
         leaves.push_back(leaf);
@@ -435,26 +489,24 @@ void SearchSchedulePass::runOnOperation() {
       }
     }
   }
+  return success();
+}
 
-  // Fastest first among those whose liveness fits; the arena decides.
+/// Fastest first among those whose liveness fits; the arena decides.
+/// best stays null when no arena fits.
+LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule,
+                                              int64_t &bestArena) {
   std::vector<Leaf *> order;
   for (Leaf &l : leaves)
     if (l.peakLive <= budget)
       order.push_back(&l);
-  llvm::stable_sort(order, [](Leaf *a, Leaf *b) {
-    return a->predicted.stepS < b->predicted.stepS;
-  });
-  Leaf *best = nullptr;
-  OwningOpRef<ModuleOp> bestModule;
-  int64_t bestArena = 0;
+  llvm::stable_sort(order,
+                    [](Leaf *a, Leaf *b) { return a->predicted.stepS < b->predicted.stepS; });
   for (Leaf *l : order) {
-    OwningOpRef<ModuleOp> m = build(l->choice);
-    if (!m)
-      return signalPassFailure();
-    auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-    FailureOr<MemoryPlan> plan = planMemory(*m, step, 64);
+    OwningOpRef<ModuleOp> m;
+    FailureOr<MemoryPlan> plan = buildPlaced(l->choice, m);
     if (failed(plan))
-      return signalPassFailure();
+      return failure();
     if (plan->arenaBytes <= budget) {
       best = l;
       bestModule = std::move(m);
@@ -462,44 +514,44 @@ void SearchSchedulePass::runOnOperation() {
       break;
     }
   }
+  return success();
+}
 
-  if (!best) {
-    // The floor: the smallest arena any candidate reaches (placed for the
-    // few with the smallest liveness).
-    std::vector<Leaf *> bySize;
-    for (Leaf &l : leaves)
-      bySize.push_back(&l);
-    llvm::stable_sort(bySize, [](Leaf *a, Leaf *b) {
-      return a->peakLive < b->peakLive;
-    });
-    std::optional<MemoryPlan> floorPlan;
-    Leaf *floorLeaf = nullptr;
-    for (size_t i = 0; i < bySize.size() && i < 3; ++i) {
-      OwningOpRef<ModuleOp> m = build(bySize[i]->choice);
-      if (!m)
-        return signalPassFailure();
-      auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-      FailureOr<MemoryPlan> plan = planMemory(*m, step, 64);
-      if (failed(plan))
-        return signalPassFailure();
-      if (!floorPlan || plan->arenaBytes < floorPlan->arenaBytes) {
-        floorPlan = std::move(*plan);
-        floorLeaf = bySize[i];
-      }
+/// No schedule fits: the error names the floor, the smallest arena any
+/// candidate reaches (placed for the few with the smallest liveness).
+LogicalResult SearchSchedulePass::failWithFloor() {
+  std::vector<Leaf *> bySize;
+  for (Leaf &l : leaves)
+    bySize.push_back(&l);
+  llvm::stable_sort(bySize, [](Leaf *a, Leaf *b) { return a->peakLive < b->peakLive; });
+  std::optional<MemoryPlan> floorPlan;
+  Leaf *floorLeaf = nullptr;
+  for (size_t i = 0; i < bySize.size() && i < 3; ++i) {
+    OwningOpRef<ModuleOp> m;
+    FailureOr<MemoryPlan> plan = buildPlaced(bySize[i]->choice, m);
+    if (failed(plan))
+      return failure();
+    if (!floorPlan || plan->arenaBytes < floorPlan->arenaBytes) {
+      floorPlan = std::move(*plan);
+      floorLeaf = bySize[i];
     }
-    std::string msg;
-    llvm::raw_string_ostream os(msg);
-    os << "no schedule fits memory-budget=" << memoryBudget << " ("
-       << budget << " bytes per rank); the smallest peak reachable is "
-       << formatBytes(floorPlan->arenaBytes) << " (" << floorPlan->arenaBytes
-       << " bytes), with " << floorLeaf->choice.str() << " (" << evaluated
-       << " schedules tried):";
-    printBreakdown(os, *floorPlan);
-    return fail(os.str());
   }
+  std::string msg;
+  llvm::raw_string_ostream os(msg);
+  os << "no schedule fits memory-budget=" << memoryBudget << " (" << budget
+     << " bytes per rank); the smallest peak reachable is " << formatBytes(floorPlan->arenaBytes)
+     << " (" << floorPlan->arenaBytes << " bytes), with " << floorLeaf->choice.str() << " ("
+     << evaluated << " schedules tried):";
+  printBreakdown(os, *floorPlan);
+  return fail(os.str());
+}
 
-  // Take the winner's body and attributes.
-  Choice c = best->choice;
+/// Takes the winner's body and attributes, records the choice
+/// (fsdp.strategy) and reports it.
+void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule,
+                               int64_t bestArena) {
+  ModuleOp module = getOperation();
+  const Choice &c = best.choice;
   module.getBodyRegion().takeBody(bestModule->getBodyRegion());
   for (NamedAttribute a : (*bestModule)->getAttrs())
     if (a.getName() != SymbolTable::getSymbolAttrName())
@@ -511,20 +563,16 @@ void SearchSchedulePass::runOnOperation() {
           b.getNamedAttr("layers_per_unit", b.getI64IntegerAttr(c.layersPerUnit)),
           b.getNamedAttr("recompute", b.getStringAttr(c.recompute)),
           b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
-          b.getNamedAttr("reshard_after_forward",
-                         b.getBoolAttr(c.reshard != "false")),
+          b.getNamedAttr("reshard_after_forward", b.getBoolAttr(c.reshard != "false")),
           b.getNamedAttr("reshard_units", b.getI64IntegerAttr(c.reshardUnits)),
           // hpZ (reshard-after-forward=G): G, as fsdp-shard recorded it on
           // the mesh; 0 otherwise.
-          b.getNamedAttr("reshard_group",
-                         b.getI64IntegerAttr(getMesh(module).getReshard())),
+          b.getNamedAttr("reshard_group", b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
-          b.getNamedAttr("predicted_step_s",
-                         b.getF64FloatAttr(best->predicted.stepS)),
-          b.getNamedAttr("exposed_comm_pct",
-                         b.getF64FloatAttr(best->predicted.exposedPct())),
+          b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
+          b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),
           b.getNamedAttr("budget", b.getI64IntegerAttr(budget)),
           b.getNamedAttr("profile", b.getStringAttr(profile.name)),
@@ -532,13 +580,12 @@ void SearchSchedulePass::runOnOperation() {
       }));
   if (report) {
     llvm::raw_ostream &os = llvm::errs();
-    os << "fsdp schedule search: " << evaluated << " candidates, budget "
-       << formatBytes(budget) << " per rank (" << profile.name << ")\n"
+    os << "fsdp schedule search: " << evaluated << " candidates, budget " << formatBytes(budget)
+       << " per rank (" << profile.name << ")\n"
        << "  chose " << c.str() << "\n"
        << llvm::format("  predicted step %.3f ms, exposed communication "
                        "%.1f%%, peak ",
-                       best->predicted.stepS * 1e3,
-                       best->predicted.exposedPct())
+                       best.predicted.stepS * 1e3, best.predicted.exposedPct())
        << formatBytes(bestArena) << " (" << bestArena << " bytes)\n";
   }
 }
