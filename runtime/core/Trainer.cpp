@@ -552,41 +552,69 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
   return writeFileAtomic(path, doc.dump());
 }
 
-Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
-  bool root = comm.rank() == 0;
-  if (!opt.save.empty())
-    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.save, "--save"));
-  if (!opt.trace.empty())
-    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.trace, "--trace"));
-  if (opt.calibrate) {
-    if (!opt.planPath.empty())
-      return FSDP_ERROR("--calibrate takes no plan (found '", opt.planPath, "')");
-    nlohmann::json profile;
-    FSDP_RETURN_IF_ERROR(device.calibrate(comm, profile));
+namespace {
+
+/// One fsdp-run training run, in the order run() calls its steps:
+/// loadPlan, resumeFrom, openData (or the gradient check), openDump,
+/// printHeader, a first validation, then for each step runStep (fill the
+/// batch, step, record, checkpoint, report, validate), and at the end
+/// writeOutputs (trace, dump folder, --save) and printSummary. What a step
+/// finds is kept in the members below it.
+class TrainingRun {
+public:
+  TrainingRun(const TrainOptions &opt, Communicator &comm, Device &device)
+      : opt(opt), comm(comm), device(device), root(comm.rank() == 0) {}
+
+  Status run() {
+    FSDP_RETURN_IF_ERROR(loadPlan());
+    FSDP_RETURN_IF_ERROR(resumeFrom());
+    FSDP_RETURN_IF_ERROR(openData());
+    if (opt.gradcheck > 0)
+      return gradCheck(opt, plan, *ex, *data, comm);
+    FSDP_RETURN_IF_ERROR(openDump());
+    printHeader();
+    FSDP_RETURN_IF_ERROR(startLoop());
+    if (evalSource)
+      FSDP_RETURN_IF_ERROR(validate(firstStep - 1));
+    for (int64_t s = firstStep; s <= opt.steps; ++s)
+      FSDP_RETURN_IF_ERROR(runStep(s));
+    MemoryMeasurement m = ex->measureMemory();
+    FSDP_RETURN_IF_ERROR(writeOutputs(m));
     if (root)
-      std::printf("%s\n", profile.dump(1).c_str());
+      printSummary(m);
     return Status::ok();
   }
-  Plan plan;
-  FSDP_RETURN_IF_ERROR(loadPlan(opt.planPath, plan));
-  Executor ex(plan, comm, device);
-  FSDP_RETURN_IF_ERROR(ex.init(opt.seed));
-  if (!opt.initFrom.empty()) {
-    // Headers only, then each rank its own slices: a rank's host memory
-    // stays bounded however large the checkpoint (InitFrom.h).
-    FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, ex));
+
+private:
+  /// The plan, its executor with initialized parameters, and --init-from.
+  Status loadPlan() {
+    FSDP_RETURN_IF_ERROR(fsdp::loadPlan(opt.planPath, plan));
+    ex = std::make_unique<Executor>(plan, comm, device);
+    FSDP_RETURN_IF_ERROR(ex->init(opt.seed));
+    if (!opt.initFrom.empty()) {
+      // Headers only, then each rank its own slices: a rank's host memory
+      // stays bounded however large the checkpoint (InitFrom.h).
+      FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, *ex));
+    }
+    // The schedule and data a checkpoint records, to resume exactly.
+    schedule = {{"lr", opt.lr},
+                {"schedule", opt.schedule},
+                {"warmup", opt.warmup},
+                {"min_lr", opt.minLr},
+                {"steps", opt.steps}};
+    return Status::ok();
   }
-  // The schedule and data a checkpoint records, to resume exactly.
-  nlohmann::json schedule = {{"lr", opt.lr}, {"schedule", opt.schedule},
-                             {"warmup", opt.warmup}, {"min_lr", opt.minLr},
-                             {"steps", opt.steps}};
-  int64_t firstStep = 1;
-  if (!opt.resume.empty()) {
+
+  /// --resume: the newest checkpoint's parameters, state, loss scale and
+  /// step.
+  Status resumeFrom() {
+    if (opt.resume.empty())
+      return Status::ok();
     std::string path;
     FSDP_RETURN_IF_ERROR(latestCheckpoint(opt.resume, path));
     TrainingPosition pos;
-    FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, ex, comm.rank(), pos));
-    FSDP_RETURN_IF_ERROR(ex.restoreLossScaler(pos.lossScale));
+    FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, *ex, comm.rank(), pos));
+    FSDP_RETURN_IF_ERROR(ex->restoreLossScaler(pos.lossScale));
     if (pos.step >= opt.steps)
       return FSDP_ERROR("--resume: the checkpoint '", path, "' is at step ", pos.step,
                         ", not before --steps ", opt.steps, ": nothing to run");
@@ -606,68 +634,71 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
                            "run's\n",
                    pos.schedule.dump().c_str());
     firstStep = pos.step + 1;
-  }
-  std::unique_ptr<DataSource> data;
-  FSDP_RETURN_IF_ERROR(makeDataSource(opt.data, plan, comm.rank(), comm.size(),
-                                      opt.seed, data));
-  if (opt.gradcheck > 0)
-    return gradCheck(opt, plan, ex, *data, comm);
-  // Validation (--eval-every): its own source, each evaluation from its
-  // first batch. Synthetic validation samples are held out: the same task
-  // drawn with another seed than training's.
-  std::unique_ptr<DataSource> evalSource;
-  if (opt.evalEvery > 0) {
-    std::string spec = opt.evalData.empty() ? "synthetic" : opt.evalData;
-    uint64_t evalSeed = spec == "synthetic" ? opt.seed ^ 0x5a17da7a5eedULL : opt.seed;
-    FSDP_RETURN_IF_ERROR(makeDataSource(spec, plan, comm.rank(), comm.size(), evalSeed,
-                                        evalSource));
+    return Status::ok();
   }
 
-  bool dump = !opt.dumpDir.empty();
-  TensorMap batches, trajectory;
-  if (dump) {
+  /// The training data source, and the validation one (--eval-every): its
+  /// own source, each evaluation from its first batch. Synthetic
+  /// validation samples are held out: the same task drawn with another
+  /// seed than training's.
+  Status openData() {
+    FSDP_RETURN_IF_ERROR(makeDataSource(opt.data, plan, comm.rank(), comm.size(), opt.seed, data));
+    if (opt.gradcheck > 0 || opt.evalEvery <= 0)
+      return Status::ok();
+    std::string spec = opt.evalData.empty() ? "synthetic" : opt.evalData;
+    uint64_t evalSeed = spec == "synthetic" ? opt.seed ^ 0x5a17da7a5eedULL : opt.seed;
+    return makeDataSource(spec, plan, comm.rank(), comm.size(), evalSeed, evalSource);
+  }
+
+  /// --dump-dir: the folder and the initial parameters.
+  Status openDump() {
+    dump = !opt.dumpDir.empty();
+    if (!dump)
+      return Status::ok();
     if (root)
       FSDP_RETURN_IF_ERROR(makeDir(opt.dumpDir));
     TensorMap init;
-    FSDP_RETURN_IF_ERROR(ex.gatherParams(init));
+    FSDP_RETURN_IF_ERROR(ex->gatherParams(init));
     if (root)
       FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/init.safetensors", init));
+    return Status::ok();
   }
-  if (root && !opt.quiet && !opt.json)
-    std::printf("fsdp-run: %s | model %s | %lld rank(s), stage %lld | %zu "
-                "instructions | arena %s per rank\n",
-                opt.planPath.c_str(), plan.model.c_str(), (long long)plan.worldSize,
-                (long long)plan.stage, plan.program.size(),
-                human((double)plan.arenaBytes).c_str());
 
-  bool tty = isatty(2) && !opt.json && root;
-  ex.setTracing(!opt.trace.empty(), opt.traceSync);
-  if (opt.cudaGraphs)
-    FSDP_RETURN_IF_ERROR(ex.setStepCapture(true));
-  std::vector<double> losses, lrs, times, scales;
-  std::vector<int64_t> skipped; // steps whose updates overflowed
-  const bool scaling = plan.lossScaling.enabled;
-  int64_t items = data->itemsPerStep() * comm.size();
-  double totalMs = 0;
-  int64_t commBefore = 0, commPerStep = 0;
-  // Fault injection for the failure tests: FSDP_FAULT_KILL_RANK=r and
-  // FSDP_FAULT_KILL_STEP=s make rank r kill itself at the start of step s.
-  int64_t killRank = -1, killStep = -1;
-  if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
-    killRank = std::atoll(r);
-  if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
-    killStep = std::atoll(k);
-  std::vector<int64_t> evalSteps;
-  std::vector<double> evalLosses;
-  // The validation loss after `at` steps: the mean over --eval-batches
-  // batches of the loss the plan computes (already the mean over ranks).
-  auto validate = [&](int64_t at) -> Status {
+  void printHeader() const {
+    if (root && !opt.quiet && !opt.json)
+      std::printf("fsdp-run: %s | model %s | %lld rank(s), stage %lld | %zu "
+                  "instructions | arena %s per rank\n",
+                  opt.planPath.c_str(), plan.model.c_str(), (long long)plan.worldSize,
+                  (long long)plan.stage, plan.program.size(),
+                  human((double)plan.arenaBytes).c_str());
+  }
+
+  /// Tracing, step capture, and the fault injection of the failure tests:
+  /// FSDP_FAULT_KILL_RANK=r and FSDP_FAULT_KILL_STEP=s make rank r kill
+  /// itself at the start of step s.
+  Status startLoop() {
+    tty = isatty(2) && !opt.json && root;
+    ex->setTracing(!opt.trace.empty(), opt.traceSync);
+    if (opt.cudaGraphs)
+      FSDP_RETURN_IF_ERROR(ex->setStepCapture(true));
+    scaling = plan.lossScaling.enabled;
+    items = data->itemsPerStep() * comm.size();
+    if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
+      killRank = std::atoll(r);
+    if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
+      killStep = std::atoll(k);
+    return Status::ok();
+  }
+
+  /// The validation loss after `at` steps: the mean over --eval-batches
+  /// batches of the loss the plan computes (already the mean over ranks).
+  Status validate(int64_t at) {
     auto t0 = std::chrono::steady_clock::now();
     double sum = 0;
     for (int64_t k = 1; k <= opt.evalBatches; ++k) {
-      FSDP_RETURN_IF_ERROR(ex.fillInputs(*evalSource, k));
+      FSDP_RETURN_IF_ERROR(ex->fillInputs(*evalSource, k));
       float l = 0;
-      FSDP_RETURN_IF_ERROR(ex.evaluate(l));
+      FSDP_RETURN_IF_ERROR(ex->evaluate(l));
       sum += l;
     }
     double loss = sum / (double)opt.evalBatches;
@@ -689,25 +720,27 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       std::fflush(stdout);
     }
     return Status::ok();
-  };
-  if (evalSource)
-    FSDP_RETURN_IF_ERROR(validate(firstStep - 1));
-  for (int64_t s = firstStep; s <= opt.steps; ++s) {
+  }
+
+  /// Step s: its batch, the step itself, the dump's record of it, a
+  /// checkpoint where one is due, its report, and a validation where one
+  /// is due.
+  Status runStep(int64_t s) {
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
     double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
-    FSDP_RETURN_IF_ERROR(ex.fillInputs(*data, s));
+    FSDP_RETURN_IF_ERROR(ex->fillInputs(*data, s));
     if (dump && root)
-      recordBatch(plan, ex, s, batches);
-    commBefore = ex.commBytes();
+      recordBatch(plan, *ex, s, batches);
+    int64_t commBefore = ex->commBytes();
     auto t0 = std::chrono::steady_clock::now();
     float loss = 0;
-    double scaleUsed = ex.lossScaler().scale;
-    FSDP_RETURN_IF_ERROR(ex.step(s, lr, loss));
+    double scaleUsed = ex->lossScaler().scale;
+    FSDP_RETURN_IF_ERROR(ex->step(s, lr, loss));
     double ms = std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
-    commPerStep = ex.commBytes() - commBefore;
+    commPerStep = ex->commBytes() - commBefore;
     if (!std::isfinite(loss))
       return FSDP_ERROR("the loss is not finite at step ", s, " (", loss,
                         "): lower the learning rate or enable clipping");
@@ -717,77 +750,88 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       // difference is checked where it arises instead of after 20 steps
       // of compounding.
       TensorMap now;
-      FSDP_RETURN_IF_ERROR(ex.gatherParams(now));
+      FSDP_RETURN_IF_ERROR(ex->gatherParams(now));
       for (auto &kv : now)
         trajectory["step" + std::to_string(s) + "." + kv.first] = std::move(kv.second);
     }
     if (!opt.ckptDir.empty() &&
         (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
-      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex.lossScalerState()};
-      FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, ex, comm, pos));
+      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex->lossScalerState()};
+      FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
     }
     losses.push_back(loss);
     lrs.push_back(lr);
     times.push_back(ms);
-    bool skip = scaling && ex.lossScaler().lastSkipped;
+    bool skip = scaling && ex->lossScaler().lastSkipped;
     if (scaling)
       scales.push_back(scaleUsed);
     if (skip)
       skipped.push_back(s);
     if (s > firstStep)
       totalMs += ms;
-    if (root) {
-      bool print = !opt.quiet && (s % opt.logEvery == 0 || s == firstStep || s == opt.steps);
-      if (opt.json) {
-        nlohmann::json j = {{"step", s}, {"loss", loss}, {"lr", lr}, {"ms", ms},
-                            {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
-                            {"arena_bytes", plan.arenaBytes},
-                            {"comm_bytes", commPerStep}};
-        if (scaling) {
-          j["loss_scale"] = scaleUsed;
-          j["skipped"] = skip;
-        }
-        std::printf("%s\n", j.dump().c_str());
-      } else if (print) {
-        if (tty)
-          std::fprintf(stderr, "\r\033[K");
-        std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
-                    (long long)s, (long long)opt.steps, loss, lr, ms,
-                    items / (ms / 1000), data->unit(),
-                    human((double)plan.arenaBytes).c_str());
-        if (skip)
-          std::printf("step %5lld: gradients overflowed at loss scale %g: update "
-                      "skipped, scale -> %g\n",
-                      (long long)s, scaleUsed, ex.lossScaler().scale);
-        std::fflush(stdout);
-      }
-      if (tty && !opt.quiet) {
-        int width = 30, done = (int)(width * s / opt.steps);
-        std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld loss %.4f", done,
-                     "##############################", width - done, "",
-                     (long long)s, (long long)opt.steps, loss);
-        if (s == opt.steps)
-          std::fprintf(stderr, "\r\033[K");
-        std::fflush(stderr);
-      }
-    }
+    if (root)
+      reportStep(s, loss, lr, ms, scaleUsed, skip);
     if (evalSource && (s % opt.evalEvery == 0 || s == opt.steps))
       FSDP_RETURN_IF_ERROR(validate(s));
+    return Status::ok();
   }
 
-  MemoryMeasurement m = ex.measureMemory();
-  if (!opt.trace.empty())
-    FSDP_RETURN_IF_ERROR(writeTrace(opt.trace, plan, ex, comm));
-  if (dump || !opt.save.empty()) {
+  /// Rank 0's line for step s (JSON, or text every --log-every steps) and
+  /// the progress bar on a terminal.
+  void reportStep(int64_t s, float loss, double lr, double ms, double scaleUsed, bool skip) const {
+    bool print = !opt.quiet && (s % opt.logEvery == 0 || s == firstStep || s == opt.steps);
+    if (opt.json) {
+      nlohmann::json j = {{"step", s},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"ms", ms},
+                          {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
+                          {"arena_bytes", plan.arenaBytes},
+                          {"comm_bytes", commPerStep}};
+      if (scaling) {
+        j["loss_scale"] = scaleUsed;
+        j["skipped"] = skip;
+      }
+      std::printf("%s\n", j.dump().c_str());
+    } else if (print) {
+      if (tty)
+        std::fprintf(stderr, "\r\033[K");
+      std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
+                  (long long)s, (long long)opt.steps, loss, lr, ms, items / (ms / 1000),
+                  data->unit(), human((double)plan.arenaBytes).c_str());
+      if (skip)
+        std::printf("step %5lld: gradients overflowed at loss scale %g: update "
+                    "skipped, scale -> %g\n",
+                    (long long)s, scaleUsed, ex->lossScaler().scale);
+      std::fflush(stdout);
+    }
+    if (tty && !opt.quiet) {
+      int width = 30, done = (int)(width * s / opt.steps);
+      std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld loss %.4f", done,
+                   "##############################", width - done, "", (long long)s,
+                   (long long)opt.steps, loss);
+      if (s == opt.steps)
+        std::fprintf(stderr, "\r\033[K");
+      std::fflush(stderr);
+    }
+  }
+
+  /// --trace, the dump folder's final parameters, batches, trajectory,
+  /// gradients and log, and --save.
+  Status writeOutputs(const MemoryMeasurement &m) {
+    if (!opt.trace.empty())
+      FSDP_RETURN_IF_ERROR(writeTrace(opt.trace, plan, *ex, comm));
+    if (!dump && opt.save.empty())
+      return Status::ok();
     TensorMap final;
-    FSDP_RETURN_IF_ERROR(ex.gatherParams(final));
+    FSDP_RETURN_IF_ERROR(ex->gatherParams(final));
     if (root && dump) {
       FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/final.safetensors", final));
       FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/batches.safetensors", batches));
       FSDP_RETURN_IF_ERROR(
           writeSafeTensors(opt.dumpDir + "/trajectory.safetensors", trajectory));
       TensorMap grads;
-      FSDP_RETURN_IF_ERROR(ex.gradOutputs(grads));
+      FSDP_RETURN_IF_ERROR(ex->gradOutputs(grads));
       if (!grads.empty())
         FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.dumpDir + "/grads.safetensors", grads));
       nlohmann::json log = {
@@ -813,10 +857,14 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       FSDP_RETURN_IF_ERROR(writeFileAtomic(opt.dumpDir + "/log.json", log.dump(1)));
     }
     if (root && !opt.save.empty())
-      FSDP_RETURN_IF_ERROR(writeSafeTensors(opt.save, final,
-                                            {{"format", "pt"}, {"producer", "fsdp-run"}}));
+      FSDP_RETURN_IF_ERROR(
+          writeSafeTensors(opt.save, final, {{"format", "pt"}, {"producer", "fsdp-run"}}));
+    return Status::ok();
   }
-  if (root) {
+
+  /// Rank 0's summary: the losses, the mean step time (steps 2..), the
+  /// predicted against the measured memory, communication, loss scaling.
+  void printSummary(const MemoryMeasurement &m) const {
     int64_t ran = (int64_t)times.size();
     double mean = ran > 1 ? totalMs / (ran - 1) : times[0];
     auto verdict = [](int64_t a, int64_t b) { return a == b ? "MATCH" : "MISMATCH"; };
@@ -838,43 +886,86 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       if (!evalLosses.empty())
         j["final_val_loss"] = evalLosses.back();
       std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("done: %lld steps | final loss %.6f (first %.6f) | %.2f ms/step "
-                  "(steps 2..) | %.0f %s/s\n",
-                  (long long)opt.steps, losses.back(), losses.front(), mean,
-                  items / (mean / 1000), data->unit());
-      if (!evalLosses.empty())
-        std::printf("validation: loss %.6f after step %lld (first %.6f after step %lld), "
-                    "%lld batch(es) each\n",
-                    evalLosses.back(), (long long)evalSteps.back(), evalLosses.front(),
-                    (long long)evalSteps.front(), (long long)opt.evalBatches);
-      std::printf("memory per rank: predicted peak %lld B (arena), measured "
-                  "high-water %lld B: %s | predicted peak live %lld B, measured "
-                  "%lld B: %s\n",
-                  (long long)plan.memory.peak, (long long)m.highWater,
-                  verdict(plan.memory.peak, m.highWater),
-                  (long long)plan.memory.peakLive, (long long)m.peakLive,
-                  verdict(plan.memory.peakLive, m.peakLive));
-      if (plan.hostArenaBytes > 0)
-        std::printf("host memory per rank (offloaded): predicted %lld B, measured "
-                    "high-water %lld B: %s | peak live %lld B, measured %lld B: %s\n",
-                    (long long)plan.memory.hostPeak, (long long)m.hostHighWater,
-                    verdict(plan.memory.hostPeak, m.hostHighWater),
-                    (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
-                    verdict(plan.memory.hostPeakLive, m.hostPeakLive));
-      if (int64_t scratch = device.scratchHighWater())
-        std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
-                    "on cuda also the GEMM workspace and staging): %lld B\n",
-                    (long long)scratch);
-      if (plan.worldSize > 1)
-        std::printf("communication: %s sent per rank per step\n",
-                    human((double)commPerStep).c_str());
-      if (scaling)
-        std::printf("loss scaling: %zu of %zu steps skipped (overflow), scale now %g\n",
-                    skipped.size(), times.size(), ex.lossScaler().scale);
+      return;
     }
+    std::printf("done: %lld steps | final loss %.6f (first %.6f) | %.2f ms/step "
+                "(steps 2..) | %.0f %s/s\n",
+                (long long)opt.steps, losses.back(), losses.front(), mean, items / (mean / 1000),
+                data->unit());
+    if (!evalLosses.empty())
+      std::printf("validation: loss %.6f after step %lld (first %.6f after step %lld), "
+                  "%lld batch(es) each\n",
+                  evalLosses.back(), (long long)evalSteps.back(), evalLosses.front(),
+                  (long long)evalSteps.front(), (long long)opt.evalBatches);
+    std::printf("memory per rank: predicted peak %lld B (arena), measured "
+                "high-water %lld B: %s | predicted peak live %lld B, measured "
+                "%lld B: %s\n",
+                (long long)plan.memory.peak, (long long)m.highWater,
+                verdict(plan.memory.peak, m.highWater), (long long)plan.memory.peakLive,
+                (long long)m.peakLive, verdict(plan.memory.peakLive, m.peakLive));
+    if (plan.hostArenaBytes > 0)
+      std::printf("host memory per rank (offloaded): predicted %lld B, measured "
+                  "high-water %lld B: %s | peak live %lld B, measured %lld B: %s\n",
+                  (long long)plan.memory.hostPeak, (long long)m.hostHighWater,
+                  verdict(plan.memory.hostPeak, m.hostHighWater),
+                  (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
+                  verdict(plan.memory.hostPeakLive, m.hostPeakLive));
+    if (int64_t scratch = device.scratchHighWater())
+      std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
+                  "on cuda also the GEMM workspace and staging): %lld B\n",
+                  (long long)scratch);
+    if (plan.worldSize > 1)
+      std::printf("communication: %s sent per rank per step\n", human((double)commPerStep).c_str());
+    if (scaling)
+      std::printf("loss scaling: %zu of %zu steps skipped (overflow), scale now %g\n",
+                  skipped.size(), times.size(), ex->lossScaler().scale);
   }
-  return Status::ok();
+
+  const TrainOptions &opt;
+  Communicator &comm;
+  Device &device;
+  const bool root; ///< rank 0 prints and writes the files
+
+  // loadPlan / resumeFrom
+  Plan plan; ///< the executor refers to it: never moved
+  std::unique_ptr<Executor> ex;
+  nlohmann::json schedule; ///< what a checkpoint records, to resume exactly
+  int64_t firstStep = 1;   ///< after the resumed checkpoint's step
+  // openData / openDump / startLoop
+  std::unique_ptr<DataSource> data, evalSource;
+  bool dump = false;    ///< --dump-dir
+  bool tty = false;     ///< rank 0's stderr is a terminal: a progress bar
+  bool scaling = false; ///< the plan scales its loss
+  int64_t items = 0;    ///< samples or tokens per step, all ranks
+  int64_t killRank = -1, killStep = -1;
+  // runStep / validate: what the run has measured
+  TensorMap batches, trajectory; ///< the dump's batches and parameters per step
+  std::vector<double> losses, lrs, times, scales;
+  std::vector<int64_t> skipped; ///< steps whose updates overflowed
+  double totalMs = 0;           ///< steps after the first
+  int64_t commPerStep = 0;      ///< the last step's bytes sent
+  std::vector<int64_t> evalSteps;
+  std::vector<double> evalLosses;
+};
+
+} // namespace
+
+Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
+  if (!opt.save.empty())
+    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.save, "--save"));
+  if (!opt.trace.empty())
+    FSDP_RETURN_IF_ERROR(checkOutputPath(opt.trace, "--trace"));
+  if (opt.calibrate) {
+    if (!opt.planPath.empty())
+      return FSDP_ERROR("--calibrate takes no plan (found '", opt.planPath, "')");
+    nlohmann::json profile;
+    FSDP_RETURN_IF_ERROR(device.calibrate(comm, profile));
+    if (comm.rank() == 0)
+      std::printf("%s\n", profile.dump(1).c_str());
+    return Status::ok();
+  }
+  TrainingRun run(opt, comm, device);
+  return run.run();
 }
 
 } // namespace fsdp

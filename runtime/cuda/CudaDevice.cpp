@@ -430,7 +430,19 @@ private:
     long long none = LLONG_MAX;
     return hostToDevice(badPos, &none, sizeof(none));
   }
+  /// Sets `out` to the f32 launch of one instruction over `base`: the
+  /// builder of its op's family (builders()).
   Status build(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  using Builder = Status (CudaDevice::*)(const Op &, uint8_t *, int64_t, Launch &);
+  static const std::unordered_map<std::string, Builder> &builders();
+  Status buildElementwise(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildMatmul(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildLayerNorm(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildNativeF32(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildPack(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
@@ -1177,14 +1189,74 @@ void CudaDevice::swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t 
                  "swiglu_grad");
 }
 
+/// The f32 builders by op name: which family builds each op, and so which
+/// ops the device implements (implementsOp). A family builder resolves the
+/// instruction's pointers, dimensions and attributes over `base` (the
+/// arena, or the widening scratch) and sets `out` to its launch.
+const std::unordered_map<std::string, CudaDevice::Builder> &CudaDevice::builders() {
+  static const std::unordered_map<std::string, Builder> table = [] {
+    std::unordered_map<std::string, Builder> m;
+    auto add = [&m](Builder b, std::initializer_list<const char *> ops) {
+      for (const char *op : ops)
+        m.emplace(op, b);
+    };
+    add(&CudaDevice::buildElementwise,
+        {"add", "sub", "mul", "div", "neg", "relu", "gelu", "silu", "relu_grad", "gelu_grad",
+         "silu_grad", "scale", "dropout", "fill", "softmax", "softmax_grad", "bias_add"});
+    add(&CudaDevice::buildMatmul,
+        {"matmul", "matmul_bias", "matmul_gelu_grad", "matmul_bias_grad"});
+    add(&CudaDevice::buildLayerNorm,
+        {"layer_norm", "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc"});
+    // The native kernels (CudaNative.h, CudaFlash.h) run f32 plans too:
+    // - rms_norm*: warp-per-row kernels with partial column sums; the
+    //   reference kernel's one thread per column over every row (the tests'
+    //   baseline) leaves most of the GPU idle for dw;
+    // - attention*: the tiled kernels at every T; the one-row-per-block
+    //   reference kernels (CudaKernels.h, the tests' baseline) took 28 ms
+    //   forward and 137 ms backward per GPT-2 layer at B=16, T=1024 on an H100;
+    // - rope*: the table-driven kernel; the reference kernels compute the
+    //   angles per pair;
+    // - embedding_grad: the sorted sum; sum_to: the column sum for bias
+    //   gradients; slice / slice_grad / concat: pitched copies; swiglu*.
+    add(&CudaDevice::buildNativeF32,
+        {"rms_norm", "rms_norm_grad", "rms_norm_grad_acc", "residual_rms_norm", "attention",
+         "attention_grad", "attention_qkv", "attention_qkv_grad", "rope", "rope_grad",
+         "embedding_grad", "sum_to", "slice", "slice_grad", "concat", "swiglu",
+         "swiglu_grad"});
+    add(&CudaDevice::buildLayout,
+        {"copy", "reshape", "transpose", "broadcast", "reduce_sum", "reduce_mean", "cast",
+         "embedding"});
+    add(&CudaDevice::buildPack, {"pack"});
+    add(&CudaDevice::buildLoss,
+        {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss",
+         "mse_loss_grad", "bce_with_logits", "bce_with_logits_grad"});
+    add(&CudaDevice::buildUpdate,
+        {"sgd_update", "sgd_momentum_update", "adamw_update", "squared_norm", "clip_coef",
+         "grad_coef"});
+    return m;
+  }();
+  return table;
+}
+
 Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  const std::string &n = op.inst.op;
+  for (size_t i = 0; i < op.inst.in.size(); ++i)
+    if (op.in(i).dtype == DType::I64)
+      return FSDP_ERROR(n, ": int64 ids / labels are not supported on CUDA yet (the compiler "
+                        "emits i32)");
+  auto it = builders().find(n);
+  if (it == builders().end())
+    return FSDP_ERROR("op '", n, "' has no CUDA kernel");
+  return (this->*(it->second))(op, base, rank, out);
+}
+
+/// Elementwise arithmetic and activations, their gradients, dropout, fill,
+/// softmax and the bias add (CudaKernels.h).
+Status CudaDevice::buildElementwise(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
   const Buffer &o0 = op.out(0);
   int64_t numel = o0.numel();
-  float *sf = scratch.f;
-  double *sd = scratch.d;
-  long long *bad = badPos;
   auto binaryKind = [&](BinaryKind k) {
     auto a = r.in(0), b = r.in(1);
     auto sa = op.in(0).shape, sb = op.in(1).shape, so = o0.shape;
@@ -1202,14 +1274,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *dx = r.out(0);
     out = fromCuda([=](cudaStream_t s) { return f(x, dy, dx, numel, s); }, n);
   };
-  bool i32 = true;
-  for (size_t i = 0; i < op.inst.in.size(); ++i)
-    if (op.in(i).dtype == DType::I64)
-      i32 = false;
-  if (!i32)
-    return FSDP_ERROR(n, ": int64 ids / labels are not supported on CUDA yet (the compiler "
-                      "emits i32)");
-
   if (n == "add")
     binaryKind(BinaryKind::Add);
   else if (n == "sub")
@@ -1232,8 +1296,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     unaryGrad(rules::geluExact(op) ? geluExactGrad : geluGrad);
   else if (n == "silu_grad")
     unaryGrad(siluGrad);
-  else if (n == "swiglu" || n == "swiglu_grad")
-    swigluLaunch(op, FloatKind::F32, base, rank, out);
   else if (n == "scale") {
     const float *x = r.in(0);
     float *y = r.out(0);
@@ -1262,16 +1324,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     double v = op.f("value", 0);
     out = fromCuda([=](cudaStream_t s) { return fill(y, numel, v, s); }, n);
-  } else if (n == "copy" || n == "reshape") {
-    uint8_t *dst = r.out<uint8_t>(0);
-    const uint8_t *src = r.in<uint8_t>(0);
-    size_t bytes = (size_t)o0.bytes;
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return dst == src ? cudaSuccess
-                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
-        },
-        n);
   } else if (n == "softmax" || n == "softmax_grad") {
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     const float *a = r.in(0), *b = n == "softmax" ? nullptr : r.in(1);
@@ -1286,72 +1338,95 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     out = fromCuda([=](cudaStream_t s) { return biasAdd(x, b, y, rows, cols, s); }, n);
-  } else if (n == "matmul_bias" || n == "matmul_gelu_grad" || n == "matmul_bias_grad") {
+  } else {
+    return FSDP_ERROR("op '", n, "' is not elementwise"); // a bug in builders()
+  }
+  return Status::ok();
+}
+
+/// matmul (cuBLASLt through Gemm), and the fused ones with their epilogues.
+Status CudaDevice::buildMatmul(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  if (op.inst.op != "matmul")
     return buildFusedMatmul(op, FloatKind::F32, base, rank, out);
-  } else if (n == "matmul") {
-    rules::MM d;
-    FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
-    const float *a = r.in(0), *b = r.in(1);
-    float *c = r.out(0);
-    bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
-    Gemm *g = gemm.get();
-    out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
-  } else if (n == "layer_norm") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+  Ptrs r{op, base, rank};
+  rules::MM d;
+  FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
+  const float *a = r.in(0), *b = r.in(1);
+  float *c = r.out(0);
+  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+  Gemm *g = gemm.get();
+  out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
+  return Status::ok();
+}
+
+/// layer_norm and its gradient (CudaKernels.h); the fused residual forms on
+/// the native kernels (buildResidualNorm).
+Status CudaDevice::buildLayerNorm(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  const std::string &n = op.inst.op;
+  if (n == "residual_layer_norm" || n == "layer_norm_grad_acc")
+    return buildResidualNorm(op, FloatKind::F32, base, rank, out);
+  Ptrs r{op, base, rank};
+  const Buffer &x = op.in(0);
+  int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+  double eps = op.f("epsilon", 1e-5);
+  if (n == "layer_norm") {
     const float *xp = r.in(0), *g = r.in(1), *b = r.in(2);
     float *y = r.out(0);
-    double eps = op.f("epsilon", 1e-5);
     out = fromCuda([=](cudaStream_t s) { return layerNorm(xp, g, b, y, rows, cols, eps, s); },
                    n);
-  } else if (n == "residual_layer_norm" || n == "layer_norm_grad_acc") {
-    return buildResidualNorm(op, FloatKind::F32, base, rank, out);
-  } else if (n == "layer_norm_grad") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const float *xp = r.in(0), *g = r.in(1), *dy = r.in(2);
-    float *dx = r.out(0), *dg = r.out(1), *db = r.out(2);
-    double eps = op.f("epsilon", 1e-5);
+    return Status::ok();
+  }
+  const float *xp = r.in(0), *g = r.in(1), *dy = r.in(2);
+  float *dx = r.out(0), *dg = r.out(1), *db = r.out(2);
+  float *sf = scratch.f;
+  out = fromCuda(
+      [=](cudaStream_t s) { return layerNormGrad(xp, g, dy, dx, dg, db, sf, rows, cols, eps, s); },
+      n);
+  return Status::ok();
+}
+
+/// The ops whose f32 kernels are the native ones (the reasons in builders()).
+Status CudaDevice::buildNativeF32(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  if (op.inst.op == "swiglu" || op.inst.op == "swiglu_grad") {
+    swigluLaunch(op, FloatKind::F32, base, rank, out);
+    return Status::ok();
+  }
+  return buildNative(op, FloatKind::F32, base, rank, out);
+}
+
+/// Copies, views, transposes, broadcasts and reductions over dimensions,
+/// casts between float dtypes (stochastic rounding included), and the
+/// embedding lookup.
+Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &o0 = op.out(0);
+  int64_t numel = o0.numel();
+  if (n == "copy" || n == "reshape") {
+    uint8_t *dst = r.out<uint8_t>(0);
+    const uint8_t *src = r.in<uint8_t>(0);
+    size_t bytes = (size_t)o0.bytes;
     out = fromCuda(
         [=](cudaStream_t s) {
-          return layerNormGrad(xp, g, dy, dx, dg, db, sf, rows, cols, eps, s);
+          return dst == src ? cudaSuccess
+                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
         },
         n);
-  } else if (n == "rms_norm" || n == "rms_norm_grad" || n == "rms_norm_grad_acc" ||
-             n == "residual_rms_norm") {
-    // The warp-per-row kernels with partial column sums (CudaNative.h): the
-    // reference kernel's one thread per column over every row (the tests'
-    // baseline) leaves most of the GPU idle for dw.
-    return buildNative(op, FloatKind::F32, base, rank, out);
-  } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
-             n == "attention_qkv_grad") {
-    // The tiled kernels (CudaFlash.h) at every T: the one-row-per-block
-    // reference kernels (CudaKernels.h, the tests' baseline) took 28 ms
-    // forward and 137 ms backward per GPT-2 layer at B=16, T=1024 on an H100.
-    return buildNative(op, FloatKind::F32, base, rank, out);
-  } else if (n == "rope" || n == "rope_grad") {
-    // The table-driven kernel (CudaNative.h); the reference kernels
-    // (CudaKernels.h, the tests' baseline) compute the angles per pair.
-    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "embedding") {
     const Buffer &t = op.in(0);
     int64_t vocab = t.shape[0], width = t.shape[1], cnt = op.in(1).numel();
     const float *table = r.in(0);
     const int32_t *ids = r.in<int32_t>(1);
     float *y = r.out(0);
+    long long *bad = badPos;
     out = fromCuda(
         [=](cudaStream_t s) { return embedding(table, ids, y, cnt, vocab, width, bad, s); }, n);
-  } else if (n == "embedding_grad") { // the native kernel's sorted sum (CudaNative.h)
-    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "transpose") {
     const float *x = r.in(0);
     float *y = r.out(0);
     auto sx = op.in(0).shape;
     auto perm = op.iv("perm");
     out = fromCuda([=](cudaStream_t s) { return transpose(x, sx, perm, y, s); }, n);
-  } else if (n == "slice" || n == "slice_grad" || n == "concat") {
-    // The native kernels' pitched copies (CudaNative.cu), f32 too.
-    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "reduce_sum" || n == "reduce_mean") {
     rules::Shape kept = op.in(0).shape;
     int64_t count = 1;
@@ -1369,8 +1444,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return e || !mean ? e : scale(y, y, numel, 1.0 / (double)count, s);
         },
         n);
-  } else if (n == "sum_to") { // the native kernel's column sum for bias gradients
-    return buildNative(op, FloatKind::F32, base, rank, out);
   } else if (n == "broadcast") {
     const float *x = r.in(0);
     float *y = r.out(0);
@@ -1398,8 +1471,74 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
           return cast(x, floatKind(from), y, floatKind(to), numel, s);
         },
         n);
-  } else if (n == "cross_entropy" || n == "cross_entropy_grad" ||
-             n == "cross_entropy_fused") {
+  } else {
+    return FSDP_ERROR("op '", n, "' is not a layout op"); // a bug in builders()
+  }
+  return Status::ok();
+}
+
+/// pack: inputs the memory plan placed inside the packed buffer are there
+/// already; the others are copied, in input order (the CPU's memmoves),
+/// through scratch where the source partly overlaps its destination
+/// (packStaged); the padding is zeroed.
+Status CudaDevice::buildPack(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  float *dst = r.out(0);
+  float *sf = scratch.f;
+  int64_t total = op.out(0).numel();
+  std::vector<int64_t> offs = op.iv("offsets");
+  std::vector<bool> staged = packStaged(op, rank);
+  std::vector<std::tuple<const float *, int64_t, int64_t, bool>> parts; // src, off, len, staged
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (size_t i = 0; i < offs.size(); ++i) {
+    int64_t len = op.in(i).numel();
+    if (staged[i] && len > scratch.fN) // scratchNeeds sized it: a bug if not
+      return FSDP_ERROR("pack: input ", i, " overlaps its destination and needs ", len,
+                        " floats of scratch, ", scratch.fN, " allocated");
+    parts.emplace_back(r.in(i), offs[i], len, staged[i]);
+    covered.push_back({offs[i], offs[i] + len});
+  }
+  std::sort(covered.begin(), covered.end());
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  int64_t at = 0;
+  for (auto [lo, hi] : covered) {
+    if (lo > at)
+      gaps.push_back({at, lo});
+    at = std::max(at, hi);
+  }
+  if (at < total)
+    gaps.push_back({at, total});
+  out = fromCuda(
+      [=](cudaStream_t s) {
+        for (auto [src, off, len, viaScratch] : parts) {
+          if (src == dst + off)
+            continue;
+          if (viaScratch) {
+            if (cudaError_t e = cudaMemcpyAsync(sf, src, sizeof(float) * len,
+                                                cudaMemcpyDeviceToDevice, s))
+              return e;
+            src = sf;
+          }
+          if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
+                                              cudaMemcpyDeviceToDevice, s))
+            return e;
+        }
+        for (auto [lo, hi] : gaps)
+          if (cudaError_t e = cudaMemsetAsync(dst + lo, 0, sizeof(float) * (hi - lo), s))
+            return e;
+        return cudaSuccess;
+      },
+      op.inst.op);
+  return Status::ok();
+}
+
+/// The losses and their gradients: cross entropy (unfused, or both halves
+/// of cross_entropy_fused in turn), MSE, BCE with logits.
+Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  double *sd = scratch.d;
+  if (n == "cross_entropy" || n == "cross_entropy_grad" || n == "cross_entropy_fused") {
     // f32: cross_entropy_fused runs the two kernels in turn (the same bits
     // as unfused; the fused one-read kernel is the narrow dtypes' speed
     // path, CudaNative.h).
@@ -1412,6 +1551,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *loss = n == "cross_entropy_grad" ? nullptr : r.out(0);
     float *dx = lossOnly ? nullptr : r.out(fused ? 1 : 0);
     const float *dl = lossOnly ? nullptr : r.in(2);
+    long long *bad = badPos;
     out = fromCuda(
         [=](cudaStream_t s) {
           cudaError_t e = loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride,
@@ -1435,6 +1575,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
   } else if (n == "mse_loss_grad" || n == "bce_with_logits_grad") {
     const float *x = r.in(0), *t = r.in(1), *dl = r.in(2);
     float *dx = r.out(0);
+    int64_t numel = op.out(0).numel();
     bool mse = n == "mse_loss_grad";
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -1442,11 +1583,23 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
                      : bceWithLogitsGrad(x, t, dl, dx, numel, s);
         },
         n);
-  } else if (n == "sgd_update") {
+  } else {
+    return FSDP_ERROR("op '", n, "' is not a loss"); // a bug in builders()
+  }
+  return Status::ok();
+}
+
+/// The optimizer updates over a flat shard (weight-decay-params=matrices:
+/// the decayed prefix, then the rest), and the gradient-norm ops clipping
+/// and loss scaling use.
+Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  double *sd = scratch.d;
+  if (n == "sgd_update") {
     const float *p = r.in(0), *g = r.in(1), *lr = r.in(2);
     float *np = r.out(0);
     double wd = op.f("weight_decay", 0);
-    // weight-decay-params=matrices: the decayed prefix, then the rest.
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     rules::UpdateExtras x = rules::updateExtras(op);
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
@@ -1480,8 +1633,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
         },
         n);
   } else if (n == "adamw_update") {
-    const float *p = r.in(0), *g = r.in(1), *m = r.in(2), *v = r.in(3), *lr = r.in(4),
-                *step = r.in(5);
+    const float *p = r.in(0), *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
     float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
@@ -1490,7 +1642,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     // scalars formed once per thread; optional operands after `step`:
     // skip_nonfinite (loss scaling: skip the update when it is inf/NaN),
     // grad_scale (the gradient times it: clipping / unscaling folded in).
-    // weight-decay-params=matrices: the decayed prefix, then the rest.
     rules::UpdateExtras x = rules::updateExtras(op);
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
@@ -1508,7 +1659,6 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
                                      cnt - k, lr, step, b1, b2, eps, 0.0, gs, skip, s);
         },
         n);
-    (void)g;
   } else if (n == "squared_norm") {
     std::vector<const float *> xs;
     std::vector<int64_t> ns;
@@ -1528,79 +1678,16 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
     float *y = r.out(0);
     double maxNorm = op.has("max_norm") ? op.f("max_norm", 1.0) : 0.0;
     out = fromCuda([=](cudaStream_t s) { return gradCoef(x, scale, y, maxNorm, s); }, n);
-  } else if (n == "pack") {
-    // Inputs the memory plan placed inside the packed buffer are there
-    // already; the others are copied, in input order (the CPU's memmoves),
-    // through scratch where the source partly overlaps its destination
-    // (packStaged); the padding is zeroed.
-    float *dst = r.out(0);
-    int64_t total = numel;
-    std::vector<int64_t> offs = op.iv("offsets");
-    std::vector<bool> staged = packStaged(op, rank);
-    std::vector<std::tuple<const float *, int64_t, int64_t, bool>> parts; // src, off, len, staged
-    std::vector<std::pair<int64_t, int64_t>> covered;
-    for (size_t i = 0; i < offs.size(); ++i) {
-      int64_t len = op.in(i).numel();
-      if (staged[i] && len > scratch.fN) // scratchNeeds sized it: a bug if not
-        return FSDP_ERROR("pack: input ", i, " overlaps its destination and needs ", len,
-                          " floats of scratch, ", scratch.fN, " allocated");
-      parts.emplace_back(r.in(i), offs[i], len, staged[i]);
-      covered.push_back({offs[i], offs[i] + len});
-    }
-    std::sort(covered.begin(), covered.end());
-    std::vector<std::pair<int64_t, int64_t>> gaps;
-    int64_t at = 0;
-    for (auto [lo, hi] : covered) {
-      if (lo > at)
-        gaps.push_back({at, lo});
-      at = std::max(at, hi);
-    }
-    if (at < total)
-      gaps.push_back({at, total});
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          for (auto [src, off, len, viaScratch] : parts) {
-            if (src == dst + off)
-              continue;
-            if (viaScratch) {
-              if (cudaError_t e = cudaMemcpyAsync(sf, src, sizeof(float) * len,
-                                                  cudaMemcpyDeviceToDevice, s))
-                return e;
-              src = sf;
-            }
-            if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
-                                                cudaMemcpyDeviceToDevice, s))
-              return e;
-          }
-          for (auto [lo, hi] : gaps)
-            if (cudaError_t e = cudaMemsetAsync(dst + lo, 0, sizeof(float) * (hi - lo), s))
-              return e;
-          return cudaSuccess;
-        },
-        n);
   } else {
-    return FSDP_ERROR("op '", n, "' has no CUDA kernel");
+    return FSDP_ERROR("op '", n, "' is not an update"); // a bug in builders()
   }
   return Status::ok();
 }
 
+/// The f32 builders' ops, and the host <-> device copies prepare() launches
+/// itself.
 bool CudaDevice::implementsOp(const std::string &op) const {
-  static const char *ops[] = {
-      "add", "sub", "mul", "div", "neg", "scale", "dropout", "fill", "copy", "relu", "gelu",
-      "softmax",
-      "relu_grad", "gelu_grad", "softmax_grad", "bias_add", "matmul", "matmul_bias",
-      "matmul_gelu_grad", "matmul_bias_grad", "layer_norm",
-      "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "attention",
-      "attention_grad", "attention_qkv", "attention_qkv_grad", "silu", "silu_grad", "swiglu",
-      "swiglu_grad", "rms_norm", "residual_rms_norm", "rms_norm_grad_acc",
-      "rms_norm_grad", "rope", "rope_grad", "embedding", "embedding_grad", "reshape",
-      "transpose", "slice", "slice_grad", "concat", "reduce_sum", "reduce_mean", "broadcast",
-      "sum_to", "cast", "cross_entropy", "cross_entropy_grad", "cross_entropy_fused",
-      "mse_loss", "mse_loss_grad",
-      "bce_with_logits", "bce_with_logits_grad", "sgd_update", "sgd_momentum_update",
-      "adamw_update", "squared_norm", "clip_coef", "grad_coef", "pack", "to_host",
-      "to_device"};
-  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+  return builders().count(op) > 0 || op == "to_host" || op == "to_device";
 }
 
 Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
