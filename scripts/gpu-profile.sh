@@ -81,35 +81,46 @@ if [ "$wgmma_ok" = 0 ]; then
   [ "$kept" != "$picks" ] && echo "pick: the wgmma settings dropped (their cases failed)"
   picks=$kept
 fi
-# Then the settings that beat BASE, each variable at its fastest value,
-# timed together (when two or more variables won): bench_b32 runs under
-# that combination if it is the fastest item.
+# Then the items that beat BASE timed together (when two or more can be):
+# fastest first, each one taken unless it sets a variable an item taken
+# before it sets (so each variable at its fastest value, and an item like
+# A=x,B=y joins as a whole); bench_b32 runs under that combination if it
+# is the fastest item.
 best=
 pickTime() { # item -> ms/step of 12 B=32 steps under it (empty: failed)
   local envs=; [ "$1" != BASE ] && envs=${1//,/ }
   env $envs timeout 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b32.plan" --device cuda \
     --steps 12 --lr 1e-4 --quiet 2>&1 | sed -n 's/.*| \([0-9.]*\) ms\/step.*/\1/p'
 }
+combine() { # lines "ms item" of the items faster than BASE -> the combination
+  local combo= taken=, ms item kv clash n=0
+  while read -r ms item; do
+    clash=0
+    for kv in ${item//,/ }; do [[ "$taken" == *",${kv%%=*},"* ]] && clash=1; done
+    [ "$clash" = 1 ] && continue
+    for kv in ${item//,/ }; do taken="$taken${kv%%=*},"; done
+    combo="$combo${combo:+,}$item" n=$((n + 1))
+  done < <(sort -g)
+  [ "$n" -ge 2 ] && echo "$combo"
+}
 faster() { [ -n "$1" ] && { [ -z "$2" ] || awk "BEGIN { exit !($1 < $2) }"; }; }
 if [ -n "$picks" ] && [ "$fail" = 0 ]; then
   bms= basems=
-  declare -A winMs winItem
+  winners=
   for item in $picks; do
     ms=$(pickTime "$item")
     echo "pick: $item ${ms:-failed} ms/step (B=32)" | tee -a "$L/pick.log"
     [ "$item" = BASE ] && basems=$ms
     if faster "$ms" "$bms"; then bms=$ms bestItem=$item; fi
-    if [ "$item" != BASE ] && [[ "$item" != *,* ]] && faster "$ms" "${winMs[${item%%=*}]:-}"; then
-      winMs[${item%%=*}]=$ms winItem[${item%%=*}]=$item
-    fi
+    [ "$item" != BASE ] && [ -n "$ms" ] && winners="$winners$ms $item"$'\n'
   done
   combo=
   if [ -n "$basems" ]; then
-    for var in $(printf '%s\n' "${!winItem[@]}" | sort); do
-      faster "${winMs[$var]}" "$basems" && combo="$combo${combo:+,}${winItem[$var]}"
-    done
+    combo=$(while read -r ms item; do
+      faster "$ms" "$basems" && echo "$ms $item"
+    done <<< "$winners" | combine)
   fi
-  if [[ "$combo" == *,* ]]; then
+  if [ -n "$combo" ]; then
     ms=$(pickTime "$combo")
     echo "pick: $combo (each winner together) ${ms:-failed} ms/step (B=32)" | tee -a "$L/pick.log"
     if faster "$ms" "$bms"; then bms=$ms bestItem=$combo; fi
