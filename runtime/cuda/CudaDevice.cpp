@@ -263,6 +263,8 @@ public:
     return Status::ok();
   }
   bool implementsOp(const std::string &op) const override;
+  /// Whether `op` has a kernel on bf16 / f16 storage (nativeBuilders()).
+  static bool hasNativeKernel(const std::string &op) { return nativeBuilders().count(op) > 0; }
 
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
@@ -445,7 +447,19 @@ private:
   Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  /// Sets `out` to the launch of one instruction on storage of dtype t:
+  /// the builder of its op's family (nativeBuilders()).
   Status buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  using NativeBuilder = Status (CudaDevice::*)(const Op &, FloatKind, uint8_t *, int64_t, Launch &);
+  static const std::unordered_map<std::string, NativeBuilder> &nativeBuilders();
+  Status buildNativeElementwise(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                Launch &out);
+  Status buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildNativeMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildAttention(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildRope(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                           Launch &out);
   Status buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
@@ -576,24 +590,6 @@ void scratchNeeds(const Op &op, int64_t rank, flash::Impl attention, int64_t &f,
   }
 }
 
-/// The ops with a kernel on narrow storage (CudaNative.h, CudaFlash.h,
-/// cuBLASLt), and the operand slots that stay f32 scalars in them.
-bool nativeOp(const std::string &n) {
-  // clang-format off
-  static const char *ops[] = {
-      "add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
-      "gelu_grad", "silu_grad", "swiglu", "swiglu_grad", "bias_add", "softmax", "softmax_grad",
-      "layer_norm",
-      "layer_norm_grad", "residual_layer_norm", "layer_norm_grad_acc", "matmul", "matmul_bias",
-      "matmul_gelu_grad", "matmul_bias_grad", "slice", "slice_grad", "concat", "transpose",
-      "broadcast", "sum_to", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad",
-      "cross_entropy_fused", "copy", "reshape", "attention", "attention_grad", "attention_qkv",
-      "attention_qkv_grad", "rms_norm", "rms_norm_grad", "residual_rms_norm",
-      "rms_norm_grad_acc", "rope", "rope_grad"};
-  // clang-format on
-  return std::find(std::begin(ops), std::end(ops), n) != std::end(ops);
-}
-
 /// attention(_grad) and attention_qkv(_grad): B, T, C (= heads * D, q's
 /// and y's width) and kv_heads * D; `packed` for the qkv forms (q, k, v
 /// side by side in one tensor, whose row stride is C + 2 kv_heads D).
@@ -660,7 +656,7 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
     const char *e = std::getenv("FSDP_CUDA_NATIVE");
     return !e || std::string(e) != "0";
   }();
-  if (!enabled || !nativeOp(inst.op))
+  if (!enabled || !CudaDevice::hasNativeKernel(inst.op))
     return false;
   DType narrow = DType::F32;
   auto visit = [&](int64_t id, bool scalarF32) {
@@ -824,15 +820,54 @@ Status CudaDevice::buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, i
   return Status::ok();
 }
 
+/// The builders on narrow storage by op name (CudaNative.h, CudaFlash.h,
+/// cuBLASLt): which ops run natively (nativeKind) and which family builds
+/// each. f32 plans take some of them too (buildNativeF32).
+const std::unordered_map<std::string, CudaDevice::NativeBuilder> &CudaDevice::nativeBuilders() {
+  static const std::unordered_map<std::string, NativeBuilder> table = [] {
+    std::unordered_map<std::string, NativeBuilder> m;
+    auto add = [&m](NativeBuilder b, std::initializer_list<const char *> ops) {
+      for (const char *op : ops)
+        m.emplace(op, b);
+    };
+    add(&CudaDevice::buildNativeElementwise,
+        {"add", "sub", "mul", "div", "neg", "scale", "relu", "gelu", "silu", "fill", "relu_grad",
+         "gelu_grad", "silu_grad", "swiglu", "swiglu_grad", "bias_add", "softmax", "softmax_grad"});
+    add(&CudaDevice::buildNativeNorm, {"layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
+                                       "rms_norm_grad_acc", "residual_rms_norm"});
+    add(&CudaDevice::buildResidualNorm, {"residual_layer_norm", "layer_norm_grad_acc"});
+    add(&CudaDevice::buildNativeMatmul, {"matmul"});
+    add(&CudaDevice::buildFusedMatmul, {"matmul_bias", "matmul_gelu_grad", "matmul_bias_grad"});
+    add(&CudaDevice::buildAttention,
+        {"attention", "attention_grad", "attention_qkv", "attention_qkv_grad"});
+    add(&CudaDevice::buildRope, {"rope", "rope_grad"});
+    add(&CudaDevice::buildNativeLayout,
+        {"copy", "reshape", "transpose", "broadcast", "sum_to", "slice", "slice_grad", "concat",
+         "embedding", "embedding_grad"});
+    add(&CudaDevice::buildNativeLoss,
+        {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused"});
+    return m;
+  }();
+  return table;
+}
+
 Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
                                Launch &out) {
+  auto it = nativeBuilders().find(op.inst.op);
+  if (it == nativeBuilders().end())
+    return FSDP_ERROR("op '", op.inst.op, "' has no native ", t == FloatKind::BF16 ? "bf16" : "f16",
+                      " CUDA kernel");
+  return (this->*(it->second))(op, t, base, rank, out);
+}
+
+/// Elementwise arithmetic and activations, their gradients, fill, the bias
+/// add and softmax, on storage of dtype t.
+Status CudaDevice::buildNativeElementwise(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                          Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
   const Buffer &o0 = op.out(0);
   int64_t numel = o0.numel();
-  float *sf = scratch.f;
-  double *sd = scratch.d;
-  long long *bad = badPos;
   auto v = [&](size_t i) { return r.in<void>(i); };
   auto w = [&](size_t i) { return r.out<void>(i); };
   auto binaryKind = [&](BinaryKind k) {
@@ -882,68 +917,15 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
     unaryGrad(UG::Silu);
   else if (n == "swiglu" || n == "swiglu_grad")
     swigluLaunch(op, t, base, rank, out);
-  else if (n == "rms_norm") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const void *xp = v(0), *g = v(1);
-    void *y = w(0);
-    double eps = op.f("epsilon", 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
-  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const void *xp = v(0), *g = v(1), *dy = v(2);
-    const void *acc = n == "rms_norm_grad_acc" ? v(3) : nullptr;
-    void *dx = w(0), *dg = w(1);
-    double eps = op.f("epsilon", 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return native::rmsNormGrad(t, xp, g, dy, dx, dg, sf, rows, cols, eps, s, acc);
-        },
-        n);
-  } else if (n == "residual_rms_norm") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
-    const void *a = v(0), *b = v(1), *g = v(2);
-    void *sum = w(0), *y = w(1);
-    double eps = op.f("epsilon", 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return native::residualRmsNorm(t, a, b, g, sum, y, rows, cols, eps, s);
-        },
-        n);
-  } else if (n == "rope" || n == "rope_grad") {
-    const auto &sh = op.in(0).shape;
-    int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
-    const float *cs = nullptr, *sn = nullptr;
-    FSDP_RETURN_IF_ERROR(ropeTable(T, C / heads, op.f("theta", 1e4), cs, sn));
-    const void *x = v(0);
-    void *y = w(0);
-    bool grad = n == "rope_grad";
-    out = fromCuda(
-        [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, cs, sn, grad, s); },
-        n);
-  } else if (n == "fill") {
+  else if (n == "fill") {
     void *y = w(0);
     double val = op.f("value", 0);
     out = fromCuda([=](cudaStream_t s) { return native::fill(t, y, numel, val, s); }, n);
-  } else if (n == "copy" || n == "reshape") {
-    uint8_t *dst = r.out<uint8_t>(0);
-    const uint8_t *src = r.in<uint8_t>(0);
-    size_t bytes = (size_t)o0.bytes;
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return dst == src ? cudaSuccess
-                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
-        },
-        n);
   } else if (n == "bias_add") {
     const void *x = v(0), *b = v(1);
     void *y = w(0);
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
-    out = fromCuda([=](cudaStream_t s) { return native::biasAdd(t, x, b, y, rows, cols, s); },
-                   n);
+    out = fromCuda([=](cudaStream_t s) { return native::biasAdd(t, x, b, y, rows, cols, s); }, n);
   } else if (n == "softmax" || n == "softmax_grad") {
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     const void *a = v(0), *b = n == "softmax" ? nullptr : v(1);
@@ -954,20 +936,55 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
                    : native::softmax(t, a, y, rows, cols, s);
         },
         n);
+  } else {
+    return FSDP_ERROR("op '", n, "' is not elementwise"); // a bug in nativeBuilders()
+  }
+  return Status::ok();
+}
+
+/// layer_norm and RMSNorm, forward and gradient, and the residual RMSNorm
+/// (the residual layer norms: buildResidualNorm).
+Status CudaDevice::buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                   Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &x = op.in(0);
+  int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
+  float *sf = scratch.f;
+  auto v = [&](size_t i) { return r.in<void>(i); };
+  auto w = [&](size_t i) { return r.out<void>(i); };
+  if (n == "rms_norm") {
+    const void *xp = v(0), *g = v(1);
+    void *y = w(0);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
+  } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
+    const void *xp = v(0), *g = v(1), *dy = v(2);
+    const void *acc = n == "rms_norm_grad_acc" ? v(3) : nullptr;
+    void *dx = w(0), *dg = w(1);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::rmsNormGrad(t, xp, g, dy, dx, dg, sf, rows, cols, eps, s, acc);
+        },
+        n);
+  } else if (n == "residual_rms_norm") {
+    const void *a = v(0), *b = v(1), *g = v(2);
+    void *sum = w(0), *y = w(1);
+    double eps = op.f("epsilon", 1e-6);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::residualRmsNorm(t, a, b, g, sum, y, rows, cols, eps, s);
+        },
+        n);
   } else if (n == "layer_norm") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
     const void *xp = v(0), *g = v(1), *b = v(2);
     void *y = w(0);
     double eps = op.f("epsilon", 1e-5);
     out = fromCuda(
-        [=](cudaStream_t s) { return native::layerNorm(t, xp, g, b, y, rows, cols, eps, s); },
-        n);
-  } else if (n == "residual_layer_norm" || n == "layer_norm_grad_acc") {
-    return buildResidualNorm(op, t, base, rank, out);
+        [=](cudaStream_t s) { return native::layerNorm(t, xp, g, b, y, rows, cols, eps, s); }, n);
   } else if (n == "layer_norm_grad") {
-    const Buffer &x = op.in(0);
-    int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
     const void *xp = v(0), *g = v(1), *dy = v(2);
     void *dx = w(0), *dg = w(1), *db = w(2);
     double eps = op.f("epsilon", 1e-5);
@@ -978,66 +995,123 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
                                        native::LayerNormImpl::Auto, f32Params);
         },
         n);
-  } else if (n == "matmul_bias" || n == "matmul_gelu_grad" || n == "matmul_bias_grad") {
-    return buildFusedMatmul(op, t, base, rank, out);
-  } else if (n == "matmul") {
-    rules::MM d;
-    FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
-    const void *a = v(0), *b = v(1);
-    void *c = w(0);
-    bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
-    Gemm *g = gemm.get();
-    const GemmType gt = gemmTypeOf(t, op.out(0));
-    FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
-    out = [=](cudaStream_t s) {
-      return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s);
-    };
-  } else if (n == "attention" || n == "attention_grad" || n == "attention_qkv" ||
-             n == "attention_qkv_grad") {
-    AttentionShape a;
-    if (!attentionShape(op.plan, op.inst, a))
-      return FSDP_ERROR(n, ": not a [B, T, C] attention"); // OpRules checked it
-    const int64_t B = a.B, T = a.T, C = a.C, heads = a.heads, kv = a.kv;
-    const flash::Layout rows = attentionLayout(a);
-    bool causal = op.b("causal");
-    FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv, rows));
-    // An implementation named by FSDP_CUDA_ATTENTION that cannot take this
-    // op's dtype or head dimension: refused at build, not at run.
-    flash::Impl impl = attention;
-    if (flash::tensorCoreImpl(impl) && (t == FloatKind::F32 || (C / heads) % 16))
-      return FSDP_ERROR(n, ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
-                           "f16 storage with a head dimension that is a multiple of 16 (this op: ",
-                        t == FloatKind::F32 ? "f32" : "16-bit", ", head dimension ", C / heads,
-                        ")");
-    // The packed forms: q, k, v (and dq, dk, dv) are the column ranges
-    // [0, C), [C, C + KC), [C + KC, C + 2 KC) of one tensor, in place.
-    const int64_t esz = t == FloatKind::F32 ? 4 : 2;
-    auto cols = [&](uint8_t *p, int64_t c) { return (void *)(p + c * esz); };
-    uint8_t *in0 = r.in<uint8_t>(0);
-    const void *q = in0, *k = a.packed ? cols(in0, C) : v(1),
-               *vv = a.packed ? cols(in0, C + a.KC) : v(2);
-    if (n == "attention" || n == "attention_qkv") {
-      void *y = w(0);
-      float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s, impl,
-                                  rows);
-          },
-          n);
-    } else {
-      const void *y = a.packed ? v(1) : v(3), *dy = a.packed ? v(3) : v(5);
-      const float *lse = r.in<float>(a.packed ? 2 : 4);
-      uint8_t *out0 = r.out<uint8_t>(0);
-      void *dq = out0, *dk = a.packed ? cols(out0, C) : w(1),
-           *dv = a.packed ? cols(out0, C + a.KC) : w(2);
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads,
-                                   causal, kv, s, impl, rows);
-          },
-          n);
-    }
+  } else {
+    return FSDP_ERROR("op '", n, "' is not a norm"); // a bug in nativeBuilders()
+  }
+  return Status::ok();
+}
+
+/// matmul on storage of dtype t (an f32 product where its result is f32,
+/// gemmTypeOf), its algorithm chosen at prepare.
+Status CudaDevice::buildNativeMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                     Launch &out) {
+  Ptrs r{op, base, rank};
+  rules::MM d;
+  FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
+  const void *a = r.in<void>(0), *b = r.in<void>(1);
+  void *c = r.out<void>(0);
+  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
+  Gemm *g = gemm.get();
+  const GemmType gt = gemmTypeOf(t, op.out(0));
+  FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
+  out = [=](cudaStream_t s) { return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
+  return Status::ok();
+}
+
+/// attention, attention_qkv and their gradients: the tiled kernels
+/// (CudaFlash.h) in the implementation FSDP_CUDA_ATTENTION names, or Auto.
+Status CudaDevice::buildAttention(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                  Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  float *sf = scratch.f;
+  auto v = [&](size_t i) { return r.in<void>(i); };
+  auto w = [&](size_t i) { return r.out<void>(i); };
+  AttentionShape a;
+  if (!attentionShape(op.plan, op.inst, a))
+    return FSDP_ERROR(n, ": not a [B, T, C] attention"); // OpRules checked it
+  const int64_t B = a.B, T = a.T, C = a.C, heads = a.heads, kv = a.kv;
+  const flash::Layout rows = attentionLayout(a);
+  bool causal = op.b("causal");
+  FSDP_RETURN_IF_ERROR(flash::check(B, T, C, heads, kv, rows));
+  // An implementation named by FSDP_CUDA_ATTENTION that cannot take this
+  // op's dtype or head dimension: refused at build, not at run.
+  flash::Impl impl = attention;
+  if (flash::tensorCoreImpl(impl) && (t == FloatKind::F32 || (C / heads) % 16))
+    return FSDP_ERROR(n,
+                      ": FSDP_CUDA_ATTENTION names tensor-core kernels, which take bf16 / "
+                      "f16 storage with a head dimension that is a multiple of 16 (this op: ",
+                      t == FloatKind::F32 ? "f32" : "16-bit", ", head dimension ", C / heads, ")");
+  // The packed forms: q, k, v (and dq, dk, dv) are the column ranges
+  // [0, C), [C, C + KC), [C + KC, C + 2 KC) of one tensor, in place.
+  const int64_t esz = t == FloatKind::F32 ? 4 : 2;
+  auto cols = [&](uint8_t *p, int64_t c) { return (void *)(p + c * esz); };
+  uint8_t *in0 = r.in<uint8_t>(0);
+  const void *q = in0, *k = a.packed ? cols(in0, C) : v(1),
+             *vv = a.packed ? cols(in0, C + a.KC) : v(2);
+  if (n == "attention" || n == "attention_qkv") {
+    void *y = w(0);
+    float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return flash::forward(t, q, k, vv, y, lse, B, T, C, heads, causal, kv, s, impl, rows);
+        },
+        n);
+    return Status::ok();
+  }
+  const void *y = a.packed ? v(1) : v(3), *dy = a.packed ? v(3) : v(5);
+  const float *lse = r.in<float>(a.packed ? 2 : 4);
+  uint8_t *out0 = r.out<uint8_t>(0);
+  void *dq = out0, *dk = a.packed ? cols(out0, C) : w(1),
+       *dv = a.packed ? cols(out0, C + a.KC) : w(2);
+  out = fromCuda(
+      [=](cudaStream_t s) {
+        return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv,
+                               s, impl, rows);
+      },
+      n);
+  return Status::ok();
+}
+
+/// rope and its gradient: the rotation by the cached cos / sin tables
+/// (ropeTable).
+Status CudaDevice::buildRope(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const auto &sh = op.in(0).shape;
+  int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
+  const float *cs = nullptr, *sn = nullptr;
+  FSDP_RETURN_IF_ERROR(ropeTable(T, C / heads, op.f("theta", 1e4), cs, sn));
+  const void *x = r.in<void>(0);
+  void *y = r.out<void>(0);
+  bool grad = n == "rope_grad";
+  out = fromCuda(
+      [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, cs, sn, grad, s); }, n);
+  return Status::ok();
+}
+
+/// Copies and views, transposes, broadcasts and column sums, slices and
+/// concatenation (pitched copies), the embedding lookup and its sorted
+/// gradient sum.
+Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                     Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  const Buffer &o0 = op.out(0);
+  float *sf = scratch.f;
+  long long *bad = badPos;
+  auto v = [&](size_t i) { return r.in<void>(i); };
+  auto w = [&](size_t i) { return r.out<void>(i); };
+  if (n == "copy" || n == "reshape") {
+    uint8_t *dst = r.out<uint8_t>(0);
+    const uint8_t *src = r.in<uint8_t>(0);
+    size_t bytes = (size_t)o0.bytes;
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return dst == src ? cudaSuccess
+                            : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+        },
+        n);
   } else if (n == "embedding") {
     const Buffer &tb = op.in(0);
     int64_t vocab = tb.shape[0], width = tb.shape[1], cnt = op.in(1).numel();
@@ -1110,45 +1184,53 @@ Status CudaDevice::buildNative(const Op &op, FloatKind t, uint8_t *base, int64_t
                      : native::broadcastTo(t, x, si, y, so, s);
         },
         n);
-  } else if (n == "cross_entropy" || n == "cross_entropy_grad" ||
-             n == "cross_entropy_fused") {
-    const Buffer &l = op.in(0);
-    int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
-    int64_t classes = rules::ceClasses(op);
-    const void *logits = v(0);
-    const int32_t *labels = r.in<int32_t>(1);
-    const bool cache = ceCacheRow;
-    if (n == "cross_entropy_fused") {
-      const float *dl = r.in(2);
-      float *loss = r.out(0);
-      void *y = w(1);
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
-                                             stride, bad, s, cache);
-          },
-          n);
-    } else if (n == "cross_entropy") {
-      float *y = r.out(0);
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad,
-                                        s);
-          },
-          n);
-    } else {
-      const float *dl = r.in(2);
-      void *y = w(0);
-      out = fromCuda(
-          [=](cudaStream_t s) {
-            return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride,
-                                            bad, s, cache);
-          },
-          n);
-    }
   } else {
-    return FSDP_ERROR("op '", n, "' has no native ", t == FloatKind::BF16 ? "bf16" : "f16",
-                      " CUDA kernel");
+    return FSDP_ERROR("op '", n, "' is not a layout op"); // a bug in nativeBuilders()
+  }
+  return Status::ok();
+}
+
+/// Cross entropy over the vocabulary on narrow logits (the loss and its
+/// incoming gradient f32): the loss, its gradient, or both in one read of
+/// the logits (cross_entropy_fused).
+Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
+                                   Launch &out) {
+  Ptrs r{op, base, rank};
+  const std::string &n = op.inst.op;
+  double *sd = scratch.d;
+  long long *bad = badPos;
+  const Buffer &l = op.in(0);
+  int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
+  int64_t classes = rules::ceClasses(op);
+  const void *logits = r.in<void>(0);
+  const int32_t *labels = r.in<int32_t>(1);
+  const bool cache = ceCacheRow;
+  if (n == "cross_entropy_fused") {
+    const float *dl = r.in(2);
+    float *loss = r.out(0);
+    void *y = r.out<void>(1);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
+                                           stride, bad, s, cache);
+        },
+        n);
+  } else if (n == "cross_entropy") {
+    float *y = r.out(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad, s);
+        },
+        n);
+  } else {
+    const float *dl = r.in(2);
+    void *y = r.out<void>(0);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride, bad, s,
+                                          cache);
+        },
+        n);
   }
   return Status::ok();
 }
@@ -1221,18 +1303,15 @@ const std::unordered_map<std::string, CudaDevice::Builder> &CudaDevice::builders
     add(&CudaDevice::buildNativeF32,
         {"rms_norm", "rms_norm_grad", "rms_norm_grad_acc", "residual_rms_norm", "attention",
          "attention_grad", "attention_qkv", "attention_qkv_grad", "rope", "rope_grad",
-         "embedding_grad", "sum_to", "slice", "slice_grad", "concat", "swiglu",
-         "swiglu_grad"});
-    add(&CudaDevice::buildLayout,
-        {"copy", "reshape", "transpose", "broadcast", "reduce_sum", "reduce_mean", "cast",
-         "embedding"});
+         "embedding_grad", "sum_to", "slice", "slice_grad", "concat", "swiglu", "swiglu_grad"});
+    add(&CudaDevice::buildLayout, {"copy", "reshape", "transpose", "broadcast", "reduce_sum",
+                                   "reduce_mean", "cast", "embedding"});
     add(&CudaDevice::buildPack, {"pack"});
     add(&CudaDevice::buildLoss,
-        {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss",
-         "mse_loss_grad", "bce_with_logits", "bce_with_logits_grad"});
-    add(&CudaDevice::buildUpdate,
-        {"sgd_update", "sgd_momentum_update", "adamw_update", "squared_norm", "clip_coef",
-         "grad_coef"});
+        {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss", "mse_loss_grad",
+         "bce_with_logits", "bce_with_logits_grad"});
+    add(&CudaDevice::buildUpdate, {"sgd_update", "sgd_momentum_update", "adamw_update",
+                                   "squared_norm", "clip_coef", "grad_coef"});
     return m;
   }();
   return table;
@@ -1243,7 +1322,7 @@ Status CudaDevice::build(const Op &op, uint8_t *base, int64_t rank, Launch &out)
   for (size_t i = 0; i < op.inst.in.size(); ++i)
     if (op.in(i).dtype == DType::I64)
       return FSDP_ERROR(n, ": int64 ids / labels are not supported on CUDA yet (the compiler "
-                        "emits i32)");
+                           "emits i32)");
   auto it = builders().find(n);
   if (it == builders().end())
     return FSDP_ERROR("op '", n, "' has no CUDA kernel");
@@ -1268,12 +1347,12 @@ Status CudaDevice::buildElementwise(const Op &op, uint8_t *base, int64_t rank, L
     float *y = r.out(0);
     out = fromCuda([=](cudaStream_t s) { return f(x, y, numel, s); }, n);
   };
-  auto unaryGrad = [&](cudaError_t (*f)(const float *, const float *, float *, int64_t,
-                                        cudaStream_t)) {
-    const float *x = r.in(0), *dy = r.in(1);
-    float *dx = r.out(0);
-    out = fromCuda([=](cudaStream_t s) { return f(x, dy, dx, numel, s); }, n);
-  };
+  auto unaryGrad =
+      [&](cudaError_t (*f)(const float *, const float *, float *, int64_t, cudaStream_t)) {
+        const float *x = r.in(0), *dy = r.in(1);
+        float *dx = r.out(0);
+        out = fromCuda([=](cudaStream_t s) { return f(x, dy, dx, numel, s); }, n);
+      };
   if (n == "add")
     binaryKind(BinaryKind::Add);
   else if (n == "sub")
@@ -1514,13 +1593,13 @@ Status CudaDevice::buildPack(const Op &op, uint8_t *base, int64_t rank, Launch &
           if (src == dst + off)
             continue;
           if (viaScratch) {
-            if (cudaError_t e = cudaMemcpyAsync(sf, src, sizeof(float) * len,
-                                                cudaMemcpyDeviceToDevice, s))
+            if (cudaError_t e =
+                    cudaMemcpyAsync(sf, src, sizeof(float) * len, cudaMemcpyDeviceToDevice, s))
               return e;
             src = sf;
           }
-          if (cudaError_t e = cudaMemcpyAsync(dst + off, src, sizeof(float) * len,
-                                              cudaMemcpyDeviceToDevice, s))
+          if (cudaError_t e =
+                  cudaMemcpyAsync(dst + off, src, sizeof(float) * len, cudaMemcpyDeviceToDevice, s))
             return e;
         }
         for (auto [lo, hi] : gaps)

@@ -29,8 +29,10 @@ processes). Not a GPU result: it checks the backend's logic.
                 step by step by test/oracle/bf16_ref.py (PyTorch's bf16
                 module from our parameters before each step: the loss
                 within D u, u = 2^-8, D the bf16 roundings before it), the
-                oracle the CPU's bf16 path meets; the small Llama in bf16
-                (rms_norm, rope, swiglu native) within D u of the CPU
+                oracle the CPU's bf16 path meets; with FSDP_CUDA_NATIVE=0
+                too (every op widened to its f32 kernel); the small Llama
+                in bf16 (rms_norm, rope, swiglu native) within D u of the
+                CPU
   tuning        the bf16 GPT with FSDP_CUDA_GEMM_TUNE=1: epilogue GEMMs
                 timed too, the oracle's bound, and on the emulator the
                 untuned run's losses bitwise
@@ -273,9 +275,15 @@ def main():
     # too) timed at prepare on its real operands, in the arena before it is
     # filled.
     tune = {"FSDP_CUDA_GEMM_TUNE": "1"}
+    # gpt_bf16_widened: FSDP_CUDA_NATIVE=0, every narrow instruction run as
+    # its f32 kernel over widened copies (the path the native ops take
+    # beyond their kernels' limits: every op with a native builder needs an
+    # f32 one too).
+    widened = {"FSDP_CUDA_NATIVE": "0"}
     for model, tag, vocab, extra, attn, shape, env in (
             (gpt, "gpt_bf16", 256, "", "auto", [], {}),
             (gpt, "gpt_bf16_tuned", 256, "", "auto", [], tune),
+            (gpt, "gpt_bf16_widened", 256, "", "auto", [], widened),
             (gpt, "gpt_bf16_wmma", 256, "", "wmma", [], {}),
             (gpt, "gpt_bf16_fused", 256, "", "mma-fused", [], {}),
             (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args, {}),
@@ -296,7 +304,8 @@ def main():
         what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
             (", heads of 64" if shape else "") + \
             (f", {attn} attention" if attn != "auto" else "") + \
-            (", cuBLASLt tuned" if env else "")
+            (", cuBLASLt tuned" if env == tune else "") + \
+            (", every op widened to f32" if env == widened else "")
         print(f"bf16 cuda ({what}) vs the PyTorch bf16 oracle (within D u per step): {verdict}")
         if verdict != "ok":
             print(r.stdout[-3000:], r.stderr[-2000:])
