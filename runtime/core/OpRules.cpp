@@ -9,6 +9,8 @@
 
 #include "runtime/core/OpRules.h"
 
+#include "runtime/core/ShapeRules.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -17,14 +19,7 @@
 namespace fsdp {
 namespace rules {
 
-std::string shapeStr(const Shape &s) {
-  if (s.empty())
-    return "scalar";
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i)
-    r += (i ? "x" : "") + std::to_string(s[i]);
-  return r;
-}
+std::string shapeStr(const Shape &s) { return shapes::name(s); }
 
 namespace {
 
@@ -53,20 +48,6 @@ Status expectAllF32(const Op &op) {
 
 bool isInt(DType t) { return t == DType::I32 || t == DType::I64; }
 
-/// NumPy broadcast of two shapes; false when incompatible.
-bool broadcast(const Shape &a, const Shape &b, Shape &out) {
-  size_t r = std::max(a.size(), b.size());
-  out.assign(r, 1);
-  for (size_t i = 0; i < r; ++i) {
-    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
-    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return false;
-    out[i] = da == 1 ? db : da;
-  }
-  return true;
-}
-
 Status checkSame(const Op &op) {
   FSDP_RETURN_IF_ERROR(expectAllF32(op));
   for (int64_t id : op.inst.in)
@@ -79,7 +60,7 @@ Status checkSame(const Op &op) {
 Status checkBinary(const Op &op) {
   FSDP_RETURN_IF_ERROR(expectAllF32(op));
   Shape s;
-  if (!broadcast(op.in(0).shape, op.in(1).shape, s))
+  if (!shapes::broadcast(op.in(0).shape, op.in(1).shape, s))
     return FSDP_ERROR(op.inst.op, ": shapes ", shapeStr(op.in(0).shape), " and ",
                       shapeStr(op.in(1).shape), " do not broadcast");
   return expectShape(op, op.out(0), s, "a result");
@@ -102,27 +83,16 @@ Status checkWindow(const Op &op, const Buffer &big, const Buffer &small) {
 } // namespace
 
 Status matmulDims(const Op &op, MM &d) {
-  const Shape &a = op.in(0).shape, &b = op.in(1).shape;
-  bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
-  if (a.size() != b.size() || (a.size() != 2 && a.size() != 3))
-    return FSDP_ERROR("matmul: expected operands of equal rank 2 or 3, found ", shapeStr(a),
-                      " and ", shapeStr(b));
-  size_t r = a.size();
-  d.batch = r == 3 ? a[0] : 1;
-  if (r == 3 && a[0] != b[0])
-    return FSDP_ERROR("matmul: expected equal batch sizes, found ", a[0], " and ", b[0]);
-  d.m = ta ? a[r - 1] : a[r - 2];
-  d.k = ta ? a[r - 2] : a[r - 1];
-  int64_t kb = tb ? b[r - 1] : b[r - 2];
-  d.n = tb ? b[r - 2] : b[r - 1];
-  if (d.k != kb)
-    return FSDP_ERROR("matmul: expected contracting sizes to agree, found ", d.k, " and ", kb);
-  Shape want;
-  if (r == 3)
-    want.push_back(d.batch);
-  want.push_back(d.m);
-  want.push_back(d.n);
-  return expectShape(op, op.out(0), want, "a result");
+  shapes::Matmul mm;
+  std::string why;
+  if (!shapes::matmul(op.in(0).shape, op.in(1).shape, op.b("transpose_lhs"), op.b("transpose_rhs"),
+                      mm, why))
+    return FSDP_ERROR(op.inst.op, ": ", why);
+  d.batch = mm.batch;
+  d.m = mm.m;
+  d.n = mm.n;
+  d.k = mm.k;
+  return expectShape(op, op.out(0), mm.result(), "a result");
 }
 
 // [Note: bf16 storage, f32 compute]
@@ -533,18 +503,14 @@ const std::unordered_map<std::string, Check> &checks() {
           return FSDP_ERROR(op.inst.op, ": bad dims");
         red[d] = true;
       }
-      Shape want;
-      for (size_t i = 0; i < s.size(); ++i)
-        if (!red[i])
-          want.push_back(s[i]);
-      return expectShape(op, op.out(0), want, "a result");
+      return expectShape(op, op.out(0), shapes::reduced(s, dims), "a result");
     };
     m["reduce_sum"] = checkReduce;
     m["reduce_mean"] = checkReduce;
     m["broadcast"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       Shape s;
-      if (!broadcast(op.in(0).shape, op.out(0).shape, s) || s != op.out(0).shape)
+      if (!shapes::broadcast(op.in(0).shape, op.out(0).shape, s) || s != op.out(0).shape)
         return FSDP_ERROR("broadcast: cannot broadcast ", shapeStr(op.in(0).shape), " to ",
                           shapeStr(op.out(0).shape));
       return Status::ok();
@@ -552,7 +518,7 @@ const std::unordered_map<std::string, Check> &checks() {
     m["sum_to"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       Shape s;
-      if (!broadcast(op.out(0).shape, op.in(0).shape, s) || s != op.in(0).shape)
+      if (!shapes::broadcast(op.out(0).shape, op.in(0).shape, s) || s != op.in(0).shape)
         return FSDP_ERROR("sum_to: ", shapeStr(op.out(0).shape), " does not broadcast to ",
                           shapeStr(op.in(0).shape));
       return Status::ok();

@@ -678,11 +678,24 @@ TEST(DispatchTest, RejectsMalformedInstructions) {
   Instruction mm{"matmul", {0, 1}, {2}};
   Status st = checkInstruction(plan, mm);
   ASSERT_FALSE(st.isOk());
-  EXPECT_NE(st.message().find("expected contracting sizes to agree, found 8 and 4"),
+  EXPECT_NE(st.message().find("matmul: expected contracting sizes to agree, found 8 (lhs) and 4 "
+                              "(rhs)"),
             std::string::npos)
       << st.message();
   mm.attrs["transpose_rhs"] = true;
   EXPECT_TRUE(checkInstruction(plan, mm).isOk());
+  // The dialect verifier's words (runtime/core/ShapeRules.h holds both).
+  Plan batched = planWith({{2, 4, 8}, {3, 8, 4}, {2, 4, 4}, {8, 4}});
+  Instruction bmm{"matmul", {0, 1}, {2}};
+  EXPECT_NE(checkInstruction(batched, bmm)
+                .message()
+                .find("matmul: expected equal batch sizes, found 2 and 3"),
+            std::string::npos);
+  bmm.in = {0, 3};
+  EXPECT_NE(checkInstruction(batched, bmm)
+                .message()
+                .find("matmul: expected operands of equal rank 2 or 3, found ranks 3 and 2"),
+            std::string::npos);
   Instruction unknown{"conv2d", {0}, {1}};
   EXPECT_NE(checkInstruction(plan, unknown).message().find("unknown op 'conv2d'"),
             std::string::npos);
