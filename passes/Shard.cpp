@@ -172,7 +172,6 @@ private:
   // The mesh and the stage (readOptions).
   int64_t world = 1, replicas = 1, shards = 1;
   int64_t eff = 0; ///< the stage as run: 1 and 2 are 0 with one shard
-  int64_t reshardTo = 1;
   bool reshard = false;
   int64_t hpz = 0; ///< the intermediate group's size (1 < G < S), or 0
   StringAttr shardGroup, replicaGroup, reshardGroup;
@@ -353,7 +352,7 @@ LogicalResult ShardRewrite::readOptions() {
   eff = (shards == 1 && (stage == 1 || stage == 2)) ? 0 : stage;
   // reshard-after-forward: true (to the S ranks of the shard group), false
   // (keep the gathered unit: 1 rank) or G ranks (hpZ: 1 < G < S).
-  reshardTo = shards;
+  int64_t reshardTo = shards;
   {
     StringRef v = options.reshardAfterForward;
     bool ok = true;
