@@ -206,8 +206,12 @@ bool readShape(Reader &r, const json &obj, std::vector<int64_t> &shape,
   return true;
 }
 
-Status validate(Plan &plan) {
-  int64_t nb = (int64_t)plan.buffers.size();
+/// Whether `id` names a buffer of the plan.
+bool validId(const Plan &plan, int64_t id) { return id >= 0 && id < (int64_t)plan.buffers.size(); }
+
+/// The mesh (replicas x shards = world size, the reshard group) and the
+/// arena size.
+Status validateMesh(const Plan &plan) {
   if (plan.worldSize < 1)
     return FSDP_ERROR("plan: world_size must be >= 1, found ", plan.worldSize);
   if (plan.meshReplicas * plan.meshShards != plan.worldSize)
@@ -222,8 +226,14 @@ Status validate(Plan &plan) {
                       ") and a divisor of it");
   if (plan.arenaBytes < 0)
     return FSDP_ERROR("plan: negative arena_bytes");
-  auto validId = [&](int64_t id) { return id >= 0 && id < nb; };
-  int64_t end = (int64_t)plan.program.size();
+  return Status::ok();
+}
+
+/// Each buffer: its id, bytes, alignment, rank stride and period, its
+/// place inside its arena (or the buffer it views), its live range.
+Status validateBuffers(const Plan &plan) {
+  const int64_t nb = (int64_t)plan.buffers.size();
+  const int64_t end = (int64_t)plan.program.size();
   for (int64_t i = 0; i < nb; ++i) {
     const Buffer &b = plan.buffers[i];
     std::string where = "buffer " + std::to_string(i) + " (" + b.name + ")";
@@ -257,7 +267,7 @@ Status validate(Plan &plan) {
                         ") reaches outside the ", b.host ? "host arena" : "arena", " of ",
                         b.host ? plan.hostArenaBytes : plan.arenaBytes, " bytes");
     if (b.aliasOf >= 0) {
-      if (!validId(b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
+      if (!validId(plan, b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
         return FSDP_ERROR("plan: ", where, " is a view of an invalid buffer ", b.aliasOf);
       const Buffer &base = plan.buffers[b.aliasOf];
       if (base.host != b.host)
@@ -272,8 +282,14 @@ Status validate(Plan &plan) {
       return FSDP_ERROR("plan: ", where, " has an invalid live range [", b.first,
                         ", ", b.last, "]");
   }
-  // The memory plan, verified: owners whose bytes intersect must not be
-  // live at the same time.
+  return Status::ok();
+}
+
+/// The memory plan, verified: owners whose bytes intersect must not be
+/// live at the same time.
+Status validateMemoryPlan(const Plan &plan) {
+  const int64_t nb = (int64_t)plan.buffers.size();
+  const int64_t end = (int64_t)plan.program.size();
   std::vector<int64_t> owners;
   for (int64_t i = 0; i < nb; ++i)
     if (plan.buffers[i].aliasOf < 0)
@@ -299,6 +315,12 @@ Status validate(Plan &plan) {
                           "memory plan is corrupt");
     }
   }
+  return Status::ok();
+}
+
+/// Each unit's sizes for the shard count, and its f32 storage in the
+/// arena its offloading names.
+Status validateUnits(const Plan &plan) {
   for (const Unit &u : plan.units) {
     int64_t padded;
     if (u.paddedNumel < u.flatNumel ||
@@ -308,7 +330,7 @@ Status validate(Plan &plan) {
                         u.flatNumel, " / ", u.paddedNumel, " / ", u.shardNumel,
                         ") for ", plan.meshShards, " shards");
     if (u.buffer >= 0) {
-      if (!validId(u.buffer))
+      if (!validId(plan, u.buffer))
         return FSDP_ERROR("plan: unit ", u.name, " has an invalid buffer");
       int64_t want = u.sharded ? u.shardNumel : u.paddedNumel;
       if (plan.buffers[u.buffer].dtype != DType::F32)
@@ -326,6 +348,11 @@ Status validate(Plan &plan) {
       return FSDP_ERROR("plan: unit ", u.name, " is offloaded but has no storage");
     }
   }
+  return Status::ok();
+}
+
+/// Each parameter: its unit, its place in it, dtype, storage and init.
+Status validateParams(const Plan &plan) {
   for (const Param &p : plan.params) {
     if (p.unit < 0 || p.unit >= (int64_t)plan.units.size())
       return FSDP_ERROR("plan: parameter ", p.name, " has an invalid unit");
@@ -338,7 +365,7 @@ Status validate(Plan &plan) {
       return FSDP_ERROR("plan: parameter ", p.name, " is ", dtypeName(p.dtype),
                         "; this runtime keeps parameters in f32");
     if (p.buffer >= 0) {
-      if (!validId(p.buffer) || plan.buffers[p.buffer].shape != p.shape ||
+      if (!validId(plan, p.buffer) || plan.buffers[p.buffer].shape != p.shape ||
           plan.buffers[p.buffer].dtype != p.dtype)
         return FSDP_ERROR("plan: parameter ", p.name,
                           " has a buffer of another shape or dtype");
@@ -348,47 +375,60 @@ Status validate(Plan &plan) {
     if (p.init != "normal" && p.init != "uniform" && p.init != "zeros" && p.init != "ones")
       return FSDP_ERROR("plan: parameter ", p.name, " has unknown init '", p.init, "'");
   }
+  return Status::ok();
+}
+
+/// Each optimizer state's buffer, f32.
+Status validateStates(const Plan &plan) {
   for (const State &s : plan.states) {
-    if (!validId(s.buffer))
+    if (!validId(plan, s.buffer))
       return FSDP_ERROR("plan: state ", s.name, " has an invalid buffer");
     if (plan.buffers[s.buffer].dtype != DType::F32)
       return FSDP_ERROR("plan: state ", s.name, " is ",
                         dtypeName(plan.buffers[s.buffer].dtype),
                         "; this runtime keeps optimizer state in f32");
   }
-  auto checkBindings = [&](const std::vector<Binding> &bs, const char *what) {
-    for (const Binding &b : bs) {
-      if (!validId(b.buffer))
-        return FSDP_ERROR("plan: ", what, " ", b.name, " has an invalid buffer");
-      static const char *roles[] = {"input", "target",     "lr",  "step",
-                                    "loss",  "loss_scale", "grad", "grad_sumsq"};
-      if (std::find(std::begin(roles), std::end(roles), b.role) == std::end(roles))
-        return FSDP_ERROR("plan: ", what, " ", b.name, " has unknown role '", b.role, "'");
-      const Buffer &buf = plan.buffers[b.buffer];
-      bool isInt = buf.dtype == DType::I32 || buf.dtype == DType::I64;
-      if ((b.role == "lr" || b.role == "step" || b.role == "loss" ||
-           b.role == "loss_scale" || b.role == "grad_sumsq") &&
-          (buf.numel() != 1 || buf.dtype != DType::F32))
-        return FSDP_ERROR("plan: ", what, " ", b.name, " must be an f32 scalar");
-      if (b.role == "input" || b.role == "target") {
-        if (buf.shape.empty() || buf.numel() < 1)
-          return FSDP_ERROR("plan: ", what, " ", b.name,
-                            " needs at least one element (a batch of >= 1)");
-        if (isInt && b.range < 1)
-          return FSDP_ERROR("plan: ", what, " ", b.name,
-                            " holds integers but has no range >= 1 (the "
-                            "vocabulary or class count)");
-        if (!isInt && buf.dtype != DType::F32)
-          return FSDP_ERROR("plan: ", what, " ", b.name, " is ",
-                            dtypeName(buf.dtype), "; expected f32 or an integer type");
-      }
-      if (b.role == "grad" && buf.dtype != DType::F32)
-        return FSDP_ERROR("plan: ", what, " ", b.name, " must be f32");
+  return Status::ok();
+}
+
+/// The inputs' or outputs' bindings (`what`): each one's buffer, a known
+/// role, and the dtype and shape the role needs.
+Status validateBindings(const Plan &plan, const std::vector<Binding> &bs, const char *what) {
+  for (const Binding &b : bs) {
+    if (!validId(plan, b.buffer))
+      return FSDP_ERROR("plan: ", what, " ", b.name, " has an invalid buffer");
+    static const char *roles[] = {"input", "target",     "lr",   "step",
+                                  "loss",  "loss_scale", "grad", "grad_sumsq"};
+    if (std::find(std::begin(roles), std::end(roles), b.role) == std::end(roles))
+      return FSDP_ERROR("plan: ", what, " ", b.name, " has unknown role '", b.role, "'");
+    const Buffer &buf = plan.buffers[b.buffer];
+    bool isInt = buf.dtype == DType::I32 || buf.dtype == DType::I64;
+    if ((b.role == "lr" || b.role == "step" || b.role == "loss" || b.role == "loss_scale" ||
+         b.role == "grad_sumsq") &&
+        (buf.numel() != 1 || buf.dtype != DType::F32))
+      return FSDP_ERROR("plan: ", what, " ", b.name, " must be an f32 scalar");
+    if (b.role == "input" || b.role == "target") {
+      if (buf.shape.empty() || buf.numel() < 1)
+        return FSDP_ERROR("plan: ", what, " ", b.name,
+                          " needs at least one element (a batch of >= 1)");
+      if (isInt && b.range < 1)
+        return FSDP_ERROR("plan: ", what, " ", b.name,
+                          " holds integers but has no range >= 1 (the "
+                          "vocabulary or class count)");
+      if (!isInt && buf.dtype != DType::F32)
+        return FSDP_ERROR("plan: ", what, " ", b.name, " is ", dtypeName(buf.dtype),
+                          "; expected f32 or an integer type");
     }
-    return Status::ok();
-  };
-  FSDP_RETURN_IF_ERROR(checkBindings(plan.inputs, "input"));
-  FSDP_RETURN_IF_ERROR(checkBindings(plan.outputs, "output"));
+    if (b.role == "grad" && buf.dtype != DType::F32)
+      return FSDP_ERROR("plan: ", what, " ", b.name, " must be f32");
+  }
+  return Status::ok();
+}
+
+/// The bindings, a loss output, and loss scaling all or nothing.
+Status validateIo(const Plan &plan) {
+  FSDP_RETURN_IF_ERROR(validateBindings(plan, plan.inputs, "input"));
+  FSDP_RETURN_IF_ERROR(validateBindings(plan, plan.outputs, "output"));
   bool hasLoss = false;
   for (const Binding &b : plan.outputs)
     hasLoss |= b.role == "loss";
@@ -408,11 +448,18 @@ Status validate(Plan &plan) {
                       "with role \"loss_scale\" and one output with role "
                       "\"grad_sumsq\"; found ",
                       on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
+  return Status::ok();
+}
+
+/// Each instruction: its buffers known and live, its arena (host or
+/// device, the copies crossing), and its op's rule (checkInstruction).
+Status validateProgram(const Plan &plan) {
+  const int64_t end = (int64_t)plan.program.size();
   for (int64_t i = 0; i < end; ++i) {
     const Instruction &inst = plan.program[i];
     for (const auto *ids : {&inst.in, &inst.out})
       for (int64_t id : *ids) {
-        if (!validId(id))
+        if (!validId(plan, id))
           return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
                             ") refers to unknown buffer ", id);
         const Buffer &b = plan.buffers[id];
@@ -453,6 +500,20 @@ Status validate(Plan &plan) {
                            st.message());
   }
   return Status::ok();
+}
+
+/// The plan as the runtime needs it, in order: mesh, buffers, the memory
+/// plan, units, parameters, states, bindings, program; the first error
+/// stops it.
+Status validate(Plan &plan) {
+  FSDP_RETURN_IF_ERROR(validateMesh(plan));
+  FSDP_RETURN_IF_ERROR(validateBuffers(plan));
+  FSDP_RETURN_IF_ERROR(validateMemoryPlan(plan));
+  FSDP_RETURN_IF_ERROR(validateUnits(plan));
+  FSDP_RETURN_IF_ERROR(validateParams(plan));
+  FSDP_RETURN_IF_ERROR(validateStates(plan));
+  FSDP_RETURN_IF_ERROR(validateIo(plan));
+  return validateProgram(plan);
 }
 
 } // namespace
