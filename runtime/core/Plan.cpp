@@ -505,7 +505,7 @@ Status validateProgram(const Plan &plan) {
 /// The plan as the runtime needs it, in order: mesh, buffers, the memory
 /// plan, units, parameters, states, bindings, program; the first error
 /// stops it.
-Status validate(Plan &plan) {
+Status validate(const Plan &plan) {
   FSDP_RETURN_IF_ERROR(validateMesh(plan));
   FSDP_RETURN_IF_ERROR(validateBuffers(plan));
   FSDP_RETURN_IF_ERROR(validateMemoryPlan(plan));
@@ -516,22 +516,34 @@ Status validate(Plan &plan) {
   return validateProgram(plan);
 }
 
-} // namespace
+/// f16's dynamic loss scaling: the initial scale and its growth and
+/// backoff, each a power of two.
+Status readLossScaling(Reader &r, const json &obj, LossScaling &l) {
+  l.enabled = true;
+  r.number(obj, "init", l.init, "loss_scale");
+  r.number(obj, "growth_factor", l.growthFactor, "loss_scale");
+  r.number(obj, "backoff_factor", l.backoffFactor, "loss_scale");
+  r.integer(obj, "growth_interval", l.growthInterval, "loss_scale", 1, INT64_C(1) << 40);
+  if (!r.status)
+    return r.status;
+  int e = 0;
+  // Powers of two in f32's normal range: scaling and unscaling are exact.
+  auto pow2 = [&](double v) { return std::frexp(v, &e) == 0.5; };
+  if (!(l.init >= 1 && l.init <= 0x1p127 && pow2(l.init)))
+    return FSDP_ERROR("plan: loss_scale.init = ", l.init,
+                      ": expected a power of two in [1, 2^127]");
+  if (!(l.growthFactor > 1 && pow2(l.growthFactor)) ||
+      !(l.backoffFactor > 0 && l.backoffFactor < 1 && pow2(l.backoffFactor)))
+    return FSDP_ERROR("plan: loss_scale: growth_factor (", l.growthFactor,
+                      ") must be a power of two > 1 and backoff_factor (", l.backoffFactor,
+                      ") one in (0, 1)");
+  return Status::ok();
+}
 
-Status parsePlan(const std::string &text, Plan &plan) {
-  int depth = jsonDepth(text);
-  if (depth > kMaxJsonDepth)
-    return FSDP_ERROR("plan: JSON nested ", depth, " levels deep (at most ",
-                      kMaxJsonDepth, " accepted)");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception &e) {
-    return FSDP_ERROR("plan: not valid JSON (truncated or corrupt?): ", e.what());
-  }
-  if (!j.is_object())
-    return FSDP_ERROR("plan: expected a JSON object");
-  Reader r;
+/// The header: format and version first (a plan for another runtime is
+/// refused before anything else is read), then the model, the mesh, the
+/// arena sizes, loss scaling and the compile options.
+Status readHeader(Reader &r, const json &j, Plan &plan) {
   std::string format;
   r.string(j, "format", format, "plan");
   if (!r.status)
@@ -560,54 +572,43 @@ Status parsePlan(const std::string &text, Plan &plan) {
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   r.integer(j, "host_arena_bytes", plan.hostArenaBytes, "plan", 0, kMaxBytes, false);
-  if (const json *ls = r.find(j, "loss_scale", "plan", false)) {
-    LossScaling &l = plan.lossScaling;
-    l.enabled = true;
-    r.number(*ls, "init", l.init, "loss_scale");
-    r.number(*ls, "growth_factor", l.growthFactor, "loss_scale");
-    r.number(*ls, "backoff_factor", l.backoffFactor, "loss_scale");
-    r.integer(*ls, "growth_interval", l.growthInterval, "loss_scale", 1, INT64_C(1) << 40);
-    if (!r.status)
-      return r.status;
-    int e = 0;
-    // Powers of two in f32's normal range: scaling and unscaling are exact.
-    auto pow2 = [&](double v) { return std::frexp(v, &e) == 0.5; };
-    if (!(l.init >= 1 && l.init <= 0x1p127 && pow2(l.init)))
-      return FSDP_ERROR("plan: loss_scale.init = ", l.init,
-                        ": expected a power of two in [1, 2^127]");
-    if (!(l.growthFactor > 1 && pow2(l.growthFactor)) ||
-        !(l.backoffFactor > 0 && l.backoffFactor < 1 && pow2(l.backoffFactor)))
-      return FSDP_ERROR("plan: loss_scale: growth_factor (", l.growthFactor,
-                        ") must be a power of two > 1 and backoff_factor (",
-                        l.backoffFactor, ") one in (0, 1)");
-  }
+  if (const json *ls = r.find(j, "loss_scale", "plan", false))
+    FSDP_RETURN_IF_ERROR(readLossScaling(r, *ls, plan.lossScaling));
   if (const json *o = r.find(j, "options", "plan", false)) {
     if (!o->is_object())
       return FSDP_ERROR("plan: options: expected an object, found ", o->type_name());
     plan.options = *o;
   }
+  return Status::ok();
+}
+
+/// The compiler's memory report (device and, with offload, host bytes).
+Status readMemory(Reader &r, const json &j, MemoryReport &memory) {
   if (const json *mem = r.find(j, "memory", "plan", true)) {
     auto field = [&](const char *k, int64_t &v) {
       r.integer(*mem, k, v, "memory", 0, kMaxBytes);
     };
-    field("params", plan.memory.params);
-    field("grads", plan.memory.grads);
-    field("state", plan.memory.state);
-    field("activations", plan.memory.activations);
-    field("temps", plan.memory.temps);
-    field("inputs", plan.memory.inputs);
-    field("comm", plan.memory.comm);
-    field("peak", plan.memory.peak);
-    field("peak_live", plan.memory.peakLive);
+    field("params", memory.params);
+    field("grads", memory.grads);
+    field("state", memory.state);
+    field("activations", memory.activations);
+    field("temps", memory.temps);
+    field("inputs", memory.inputs);
+    field("comm", memory.comm);
+    field("peak", memory.peak);
+    field("peak_live", memory.peakLive);
     if (const json *h = r.find(*mem, "host", "memory", false)) {
-      r.integer(*h, "params", plan.memory.hostParams, "memory.host", 0, kMaxBytes);
-      r.integer(*h, "state", plan.memory.hostState, "memory.host", 0, kMaxBytes);
-      r.integer(*h, "peak", plan.memory.hostPeak, "memory.host", 0, kMaxBytes);
-      r.integer(*h, "peak_live", plan.memory.hostPeakLive, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "params", memory.hostParams, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "state", memory.hostState, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "peak", memory.hostPeak, "memory.host", 0, kMaxBytes);
+      r.integer(*h, "peak_live", memory.hostPeakLive, "memory.host", 0, kMaxBytes);
     }
   }
-  if (!r.status)
-    return r.status;
+  return r.status;
+}
+
+/// The buffers: dtype, kind, place in the arena, lifetime, sharding.
+Status readBuffers(Reader &r, const json &j, Plan &plan) {
   // Program indices run from -1 (before the step) to the program's size.
   const int64_t kMaxIndex = INT64_C(1) << 40;
   if (const json *arr = r.objects(j, "buffers", "plan"))
@@ -643,6 +644,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
       b.host = space == "host";
       plan.buffers.push_back(b);
     }
+  return Status::ok();
+}
+
+/// The flat parameter units (FSDP's FlatParameter).
+Status readUnits(Reader &r, const json &j, Plan &plan) {
   if (const json *arr = r.objects(j, "units", "plan"))
     for (size_t i = 0; i < arr->size() && r.status; ++i) {
       const json &o = (*arr)[i];
@@ -658,6 +664,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.integer(o, "buffer", u.buffer, where, -1, INT64_MAX, false);
       plan.units.push_back(u);
     }
+  return Status::ok();
+}
+
+/// The parameters: shape, initializer and place in their unit.
+Status readParams(Reader &r, const json &j, Plan &plan) {
   if (const json *arr = r.objects(j, "params", "plan"))
     for (size_t i = 0; i < arr->size() && r.status; ++i) {
       const json &o = (*arr)[i];
@@ -677,6 +688,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.integer(o, "buffer", p.buffer, where, -1, INT64_MAX);
       plan.params.push_back(p);
     }
+  return Status::ok();
+}
+
+/// The optimizer states.
+Status readStates(Reader &r, const json &j, Plan &plan) {
   if (const json *arr = r.objects(j, "states", "plan"))
     for (size_t i = 0; i < arr->size() && r.status; ++i) {
       const json &o = (*arr)[i];
@@ -689,6 +705,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
       r.string(o, "unit", st.unit, where, false);
       plan.states.push_back(st);
     }
+  return Status::ok();
+}
+
+/// The step's inputs and outputs.
+Status readIo(Reader &r, const json &j, Plan &plan) {
   for (auto [key, list] : {std::make_pair("inputs", &plan.inputs),
                            std::make_pair("outputs", &plan.outputs)})
     if (const json *arr = r.objects(j, key, "plan"))
@@ -703,6 +724,11 @@ Status parsePlan(const std::string &text, Plan &plan) {
         r.integer(o, "range", b.range, where, 0, INT64_C(1) << 40, false);
         list->push_back(b);
       }
+  return Status::ok();
+}
+
+/// The program: one instruction per op, with its operands and attributes.
+Status readProgram(Reader &r, const json &j, Plan &plan) {
   if (const json *arr = r.objects(j, "program", "plan"))
     for (size_t i = 0; i < arr->size() && r.status; ++i) {
       const json &o = (*arr)[i];
@@ -719,6 +745,33 @@ Status parsePlan(const std::string &text, Plan &plan) {
       }
       plan.program.push_back(std::move(inst));
     }
+  return Status::ok();
+}
+
+} // namespace
+
+Status parsePlan(const std::string &text, Plan &plan) {
+  int depth = jsonDepth(text);
+  if (depth > kMaxJsonDepth)
+    return FSDP_ERROR("plan: JSON nested ", depth, " levels deep (at most ", kMaxJsonDepth,
+                      " accepted)");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception &e) {
+    return FSDP_ERROR("plan: not valid JSON (truncated or corrupt?): ", e.what());
+  }
+  if (!j.is_object())
+    return FSDP_ERROR("plan: expected a JSON object");
+  Reader r;
+  FSDP_RETURN_IF_ERROR(readHeader(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readMemory(r, j, plan.memory));
+  FSDP_RETURN_IF_ERROR(readBuffers(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readUnits(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readParams(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readStates(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readIo(r, j, plan));
+  FSDP_RETURN_IF_ERROR(readProgram(r, j, plan));
   if (!r.status)
     return r.status;
   return validate(plan);

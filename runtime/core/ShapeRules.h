@@ -99,6 +99,15 @@ template <typename S, typename D> std::vector<int64_t> kept(const S &shape, cons
   return out;
 }
 
+/// How many elements a reduction over `dims` folds into each result
+/// element (reduce_mean's divisor).
+template <typename S, typename D> int64_t reducedCount(const S &shape, const D &dims) {
+  int64_t count = 1;
+  for (int64_t d : dims)
+    count *= shape[d];
+  return count;
+}
+
 /// "4x8" (or "scalar") for messages.
 template <typename S> std::string name(const S &shape) {
   if (shape.size() == 0)

@@ -10,8 +10,9 @@
 #include "runtime/cpu/Dispatch.h"
 
 #include "runtime/core/Bf16.h"
-#include "runtime/core/StochasticRounding.h"
 #include "runtime/core/OpRules.h"
+#include "runtime/core/ShapeRules.h"
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/cpu/Kernels.h"
 
 #include <algorithm>
@@ -407,15 +408,12 @@ const std::unordered_map<std::string, Exec> &table() {
       return [mean](const Run &r) {
         // A reduction is sum_to the keep-dims shape, whose layout is that
         // of the dropped-dims result.
-        Shape kept = r.op.in(0).shape;
-        int64_t count = 1;
-        for (int64_t d : r.op.iv("dims")) {
-          count *= kept[d];
-          kept[d] = 1;
-        }
-        sumTo<float>(r.in(0), r.op.in(0).shape, r.out(0), kept);
+        const Shape &in = r.op.in(0).shape;
+        std::vector<int64_t> dims = r.op.iv("dims");
+        sumTo<float>(r.in(0), in, r.out(0), shapes::kept(in, dims));
         if (mean)
-          scale<float>(r.out(0), r.out(0), r.op.out(0).numel(), 1.0 / count);
+          scale<float>(r.out(0), r.out(0), r.op.out(0).numel(),
+                       1.0 / shapes::reducedCount(in, dims));
         return Status::ok();
       };
     };

@@ -25,6 +25,7 @@
 #include "runtime/cuda/CudaDevice.h"
 
 #include "runtime/core/OpRules.h"
+#include "runtime/core/ShapeRules.h"
 #include "runtime/cpu/Dispatch.h" // fsdp-offload's host instructions
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaComm.h"
@@ -521,6 +522,9 @@ struct Ptrs {
   template <typename T = float> T *out(size_t i) const {
     return reinterpret_cast<T *>(base + bufferOffset(op.plan, op.inst.out[i], rank));
   }
+  /// Untyped, for the 16-bit kernels that take the dtype as an argument.
+  void *v(size_t i) const { return in<void>(i); }
+  void *w(size_t i) const { return out<void>(i); }
 };
 
 Launch fromCuda(std::function<cudaError_t(cudaStream_t)> f, std::string what) {
@@ -726,10 +730,9 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   const std::string &n = op.inst.op;
   rules::MM d;
   FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
-  const void *a = r.in<void>(0), *b = r.in<void>(1),
-             *third = op.inst.in.size() > 2 ? r.in<void>(2) : nullptr;
-  void *c = r.out<void>(0);
-  void *second = op.inst.out.size() > 1 ? r.out<void>(1) : nullptr;
+  const void *a = r.v(0), *b = r.v(1), *third = op.inst.in.size() > 2 ? r.v(2) : nullptr;
+  void *c = r.w(0);
+  void *second = op.inst.out.size() > 1 ? r.w(1) : nullptr;
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
   int64_t m = d.m, nn = d.n, k = d.k;
   float *sf = scratch.f;
@@ -797,9 +800,8 @@ Status CudaDevice::buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, i
   const Buffer &x = op.in(0);
   int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
   double eps = op.f("epsilon", 1e-5);
-  const void *i0 = r.in<void>(0), *i1 = r.in<void>(1), *i2 = r.in<void>(2),
-             *i3 = r.in<void>(3);
-  void *o0 = r.out<void>(0), *o1 = r.out<void>(1);
+  const void *i0 = r.v(0), *i1 = r.v(1), *i2 = r.v(2), *i3 = r.v(3);
+  void *o0 = r.w(0), *o1 = r.w(1);
   if (n == "residual_layer_norm") {
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -807,7 +809,7 @@ Status CudaDevice::buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, i
         },
         n);
   } else {
-    void *o2 = r.out<void>(2);
+    void *o2 = r.w(2);
     float *sf = scratch.f;
     const bool f32Params = t != FloatKind::F32 && op.out(1).dtype == DType::F32; // widened
     out = fromCuda(
@@ -868,24 +870,22 @@ Status CudaDevice::buildNativeElementwise(const Op &op, FloatKind t, uint8_t *ba
   const std::string &n = op.inst.op;
   const Buffer &o0 = op.out(0);
   int64_t numel = o0.numel();
-  auto v = [&](size_t i) { return r.in<void>(i); };
-  auto w = [&](size_t i) { return r.out<void>(i); };
   auto binaryKind = [&](BinaryKind k) {
-    const void *a = v(0), *b = v(1);
+    const void *a = r.v(0), *b = r.v(1);
     auto sa = op.in(0).shape, sb = op.in(1).shape, so = o0.shape;
-    void *y = w(0);
+    void *y = r.w(0);
     out = fromCuda([=](cudaStream_t s) { return native::binary(t, k, a, sa, b, sb, y, so, s); },
                    n);
   };
   auto unary = [&](native::UnaryKind k, double factor) {
-    const void *x = v(0);
-    void *y = w(0);
+    const void *x = r.v(0);
+    void *y = r.w(0);
     out = fromCuda([=](cudaStream_t s) { return native::unary(t, k, x, y, numel, factor, s); },
                    n);
   };
   auto unaryGrad = [&](native::UnaryGradKind k) {
-    const void *x = v(0), *dy = v(1);
-    void *dx = w(0);
+    const void *x = r.v(0), *dy = r.v(1);
+    void *dx = r.w(0);
     out = fromCuda([=](cudaStream_t s) { return native::unaryGrad(t, k, x, dy, dx, numel, s); },
                    n);
   };
@@ -918,18 +918,18 @@ Status CudaDevice::buildNativeElementwise(const Op &op, FloatKind t, uint8_t *ba
   else if (n == "swiglu" || n == "swiglu_grad")
     swigluLaunch(op, t, base, rank, out);
   else if (n == "fill") {
-    void *y = w(0);
+    void *y = r.w(0);
     double val = op.f("value", 0);
     out = fromCuda([=](cudaStream_t s) { return native::fill(t, y, numel, val, s); }, n);
   } else if (n == "bias_add") {
-    const void *x = v(0), *b = v(1);
-    void *y = w(0);
+    const void *x = r.v(0), *b = r.v(1);
+    void *y = r.w(0);
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
     out = fromCuda([=](cudaStream_t s) { return native::biasAdd(t, x, b, y, rows, cols, s); }, n);
   } else if (n == "softmax" || n == "softmax_grad") {
     int64_t rows = rules::rowsOf(o0), cols = rules::lastDim(o0);
-    const void *a = v(0), *b = n == "softmax" ? nullptr : v(1);
-    void *y = w(0);
+    const void *a = r.v(0), *b = n == "softmax" ? nullptr : r.v(1);
+    void *y = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           return b ? native::softmaxGrad(t, a, b, y, rows, cols, s)
@@ -951,18 +951,16 @@ Status CudaDevice::buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int
   const Buffer &x = op.in(0);
   int64_t rows = rules::rowsOf(x), cols = rules::lastDim(x);
   float *sf = scratch.f;
-  auto v = [&](size_t i) { return r.in<void>(i); };
-  auto w = [&](size_t i) { return r.out<void>(i); };
   if (n == "rms_norm") {
-    const void *xp = v(0), *g = v(1);
-    void *y = w(0);
+    const void *xp = r.v(0), *g = r.v(1);
+    void *y = r.w(0);
     double eps = op.f("epsilon", 1e-6);
     out = fromCuda(
         [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
   } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
-    const void *xp = v(0), *g = v(1), *dy = v(2);
-    const void *acc = n == "rms_norm_grad_acc" ? v(3) : nullptr;
-    void *dx = w(0), *dg = w(1);
+    const void *xp = r.v(0), *g = r.v(1), *dy = r.v(2);
+    const void *acc = n == "rms_norm_grad_acc" ? r.v(3) : nullptr;
+    void *dx = r.w(0), *dg = r.w(1);
     double eps = op.f("epsilon", 1e-6);
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -970,8 +968,8 @@ Status CudaDevice::buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int
         },
         n);
   } else if (n == "residual_rms_norm") {
-    const void *a = v(0), *b = v(1), *g = v(2);
-    void *sum = w(0), *y = w(1);
+    const void *a = r.v(0), *b = r.v(1), *g = r.v(2);
+    void *sum = r.w(0), *y = r.w(1);
     double eps = op.f("epsilon", 1e-6);
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -979,14 +977,14 @@ Status CudaDevice::buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int
         },
         n);
   } else if (n == "layer_norm") {
-    const void *xp = v(0), *g = v(1), *b = v(2);
-    void *y = w(0);
+    const void *xp = r.v(0), *g = r.v(1), *b = r.v(2);
+    void *y = r.w(0);
     double eps = op.f("epsilon", 1e-5);
     out = fromCuda(
         [=](cudaStream_t s) { return native::layerNorm(t, xp, g, b, y, rows, cols, eps, s); }, n);
   } else if (n == "layer_norm_grad") {
-    const void *xp = v(0), *g = v(1), *dy = v(2);
-    void *dx = w(0), *dg = w(1), *db = w(2);
+    const void *xp = r.v(0), *g = r.v(1), *dy = r.v(2);
+    void *dx = r.w(0), *dg = r.w(1), *db = r.w(2);
     double eps = op.f("epsilon", 1e-5);
     const bool f32Params = op.out(1).dtype == DType::F32; // widened (t is narrow here)
     out = fromCuda(
@@ -1008,8 +1006,8 @@ Status CudaDevice::buildNativeMatmul(const Op &op, FloatKind t, uint8_t *base, i
   Ptrs r{op, base, rank};
   rules::MM d;
   FSDP_RETURN_IF_ERROR(rules::matmulDims(op, d));
-  const void *a = r.in<void>(0), *b = r.in<void>(1);
-  void *c = r.out<void>(0);
+  const void *a = r.v(0), *b = r.v(1);
+  void *c = r.w(0);
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
   Gemm *g = gemm.get();
   const GemmType gt = gemmTypeOf(t, op.out(0));
@@ -1025,8 +1023,6 @@ Status CudaDevice::buildAttention(const Op &op, FloatKind t, uint8_t *base, int6
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
   float *sf = scratch.f;
-  auto v = [&](size_t i) { return r.in<void>(i); };
-  auto w = [&](size_t i) { return r.out<void>(i); };
   AttentionShape a;
   if (!attentionShape(op.plan, op.inst, a))
     return FSDP_ERROR(n, ": not a [B, T, C] attention"); // OpRules checked it
@@ -1047,10 +1043,10 @@ Status CudaDevice::buildAttention(const Op &op, FloatKind t, uint8_t *base, int6
   const int64_t esz = t == FloatKind::F32 ? 4 : 2;
   auto cols = [&](uint8_t *p, int64_t c) { return (void *)(p + c * esz); };
   uint8_t *in0 = r.in<uint8_t>(0);
-  const void *q = in0, *k = a.packed ? cols(in0, C) : v(1),
-             *vv = a.packed ? cols(in0, C + a.KC) : v(2);
+  const void *q = in0, *k = a.packed ? cols(in0, C) : r.v(1),
+             *vv = a.packed ? cols(in0, C + a.KC) : r.v(2);
   if (n == "attention" || n == "attention_qkv") {
-    void *y = w(0);
+    void *y = r.w(0);
     float *lse = op.inst.out.size() > 1 ? r.out<float>(1) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -1059,11 +1055,11 @@ Status CudaDevice::buildAttention(const Op &op, FloatKind t, uint8_t *base, int6
         n);
     return Status::ok();
   }
-  const void *y = a.packed ? v(1) : v(3), *dy = a.packed ? v(3) : v(5);
+  const void *y = a.packed ? r.v(1) : r.v(3), *dy = a.packed ? r.v(3) : r.v(5);
   const float *lse = r.in<float>(a.packed ? 2 : 4);
   uint8_t *out0 = r.out<uint8_t>(0);
-  void *dq = out0, *dk = a.packed ? cols(out0, C) : w(1),
-       *dv = a.packed ? cols(out0, C + a.KC) : w(2);
+  void *dq = out0, *dk = a.packed ? cols(out0, C) : r.w(1),
+       *dv = a.packed ? cols(out0, C + a.KC) : r.w(2);
   out = fromCuda(
       [=](cudaStream_t s) {
         return flash::backward(t, q, k, vv, y, lse, dy, dq, dk, dv, sf, B, T, C, heads, causal, kv,
@@ -1082,8 +1078,8 @@ Status CudaDevice::buildRope(const Op &op, FloatKind t, uint8_t *base, int64_t r
   int64_t B = sh[0], T = sh[1], C = sh[2], heads = op.i("heads", 1);
   const float *cs = nullptr, *sn = nullptr;
   FSDP_RETURN_IF_ERROR(ropeTable(T, C / heads, op.f("theta", 1e4), cs, sn));
-  const void *x = r.in<void>(0);
-  void *y = r.out<void>(0);
+  const void *x = r.v(0);
+  void *y = r.w(0);
   bool grad = n == "rope_grad";
   out = fromCuda(
       [=](cudaStream_t s) { return native::rope(t, x, y, B, T, C, heads, cs, sn, grad, s); }, n);
@@ -1100,8 +1096,6 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
   const Buffer &o0 = op.out(0);
   float *sf = scratch.f;
   long long *bad = badPos;
-  auto v = [&](size_t i) { return r.in<void>(i); };
-  auto w = [&](size_t i) { return r.out<void>(i); };
   if (n == "copy" || n == "reshape") {
     uint8_t *dst = r.out<uint8_t>(0);
     const uint8_t *src = r.in<uint8_t>(0);
@@ -1115,9 +1109,9 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
   } else if (n == "embedding") {
     const Buffer &tb = op.in(0);
     int64_t vocab = tb.shape[0], width = tb.shape[1], cnt = op.in(1).numel();
-    const void *table = v(0);
+    const void *table = r.v(0);
     const int32_t *ids = r.in<int32_t>(1);
-    void *y = w(0);
+    void *y = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::embedding(t, table, ids, y, cnt, vocab, width, bad, s);
@@ -1126,16 +1120,16 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
   } else if (n == "embedding_grad") {
     int64_t vocab = o0.shape[0], width = o0.shape[1], cnt = op.in(0).numel();
     const int32_t *ids = r.in<int32_t>(0);
-    const void *dy = v(1);
-    void *dt = w(0);
+    const void *dy = r.v(1);
+    void *dt = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::embeddingGrad(t, ids, dy, dt, sf, cnt, vocab, width, bad, s);
         },
         n);
   } else if (n == "transpose") {
-    const void *x = v(0);
-    void *y = w(0);
+    const void *x = r.v(0);
+    void *y = r.w(0);
     auto sx = op.in(0).shape;
     auto perm = op.iv("perm");
     out = fromCuda([=](cudaStream_t s) { return native::transpose(t, x, sx, perm, y, s); }, n);
@@ -1145,8 +1139,8 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
     int64_t dim = op.i("dim", 0), outer, inner, off = op.i("offset", 0);
     rules::around(whole.shape, dim, outer, inner);
     int64_t full = whole.shape[dim], len = part.shape[dim];
-    const void *x = v(0);
-    void *y = w(0);
+    const void *x = r.v(0);
+    void *y = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           return grad ? native::sliceGrad(t, x, y, outer, full, len, inner, off, s)
@@ -1161,10 +1155,10 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
     int64_t off = 0;
     for (size_t i = 0; i < op.inst.in.size(); ++i) {
       int64_t len = op.in(i).shape[dim];
-      parts.emplace_back(v(i), len, off);
+      parts.emplace_back(r.v(i), len, off);
       off += len;
     }
-    void *y = w(0);
+    void *y = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           for (auto [p, len, o] : parts)
@@ -1174,8 +1168,8 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
         },
         n);
   } else if (n == "broadcast" || n == "sum_to") {
-    const void *x = v(0);
-    void *y = w(0);
+    const void *x = r.v(0);
+    void *y = r.w(0);
     auto si = op.in(0).shape, so = o0.shape;
     bool sum = n == "sum_to";
     out = fromCuda(
@@ -1202,13 +1196,13 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
   const Buffer &l = op.in(0);
   int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
   int64_t classes = rules::ceClasses(op);
-  const void *logits = r.in<void>(0);
+  const void *logits = r.v(0);
   const int32_t *labels = r.in<int32_t>(1);
   const bool cache = ceCacheRow;
   if (n == "cross_entropy_fused") {
     const float *dl = r.in(2);
     float *loss = r.out(0);
-    void *y = r.out<void>(1);
+    void *y = r.w(1);
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
@@ -1224,7 +1218,7 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
         n);
   } else {
     const float *dl = r.in(2);
-    void *y = r.out<void>(0);
+    void *y = r.w(0);
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride, bad, s,
@@ -1507,15 +1501,11 @@ Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch
     auto perm = op.iv("perm");
     out = fromCuda([=](cudaStream_t s) { return transpose(x, sx, perm, y, s); }, n);
   } else if (n == "reduce_sum" || n == "reduce_mean") {
-    rules::Shape kept = op.in(0).shape;
-    int64_t count = 1;
-    for (int64_t d : op.iv("dims")) {
-      count *= kept[d];
-      kept[d] = 1;
-    }
+    auto si = op.in(0).shape, dims = op.iv("dims");
+    auto kept = shapes::kept(si, dims);
+    int64_t count = shapes::reducedCount(si, dims);
     const float *x = r.in(0);
     float *y = r.out(0);
-    auto si = op.in(0).shape;
     bool mean = n == "reduce_mean";
     out = fromCuda(
         [=](cudaStream_t s) {
@@ -1725,7 +1715,7 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     FloatKind gk = floatKind(op.in(1).dtype);
-    const void *gv = r.in<void>(1);
+    const void *gv = r.v(1);
     const void *gRest = r.in<uint8_t>(1) + k * dtypeSize(op.in(1).dtype);
     out = fromCuda(
         [=](cudaStream_t s) {
