@@ -373,173 +373,188 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
   return cold;
 }
 
-} // namespace
+/// One instruction of the program as the simulation sees it.
+struct Item {
+  enum Kind { Compute, Collective, Wait } kind;
+  double cost = 0; ///< work at full speed
+  bool async = false;
+  Value buffer; ///< a wait's operand, an async collective's result
+};
 
-StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
-                                       const MemoryPlan &plan,
-                                       const DeviceProfile &p) {
-  int64_t world = 1, replicas = 1, shards = 1, reshard = 0;
-  if (MeshAttr mesh = getMesh(module)) {
-    world = mesh.getWorldSize();
-    replicas = mesh.getReplicas();
-    shards = mesh.getShards();
-    reshard = mesh.getReshard();
+/// What costing one instruction reads: the memory plan, the profile, the
+/// mesh's groups and whether each spans nodes, and the processor-sharing
+/// rates of ranks that share one host's cores.
+class StepCosting {
+public:
+  StepCosting(ModuleOp module, func::FuncOp step, const MemoryPlan &plan, const DeviceProfile &p)
+      : plan(plan), p(p) {
+    if (MeshAttr mesh = getMesh(module)) {
+      world = mesh.getWorldSize();
+      replicas = mesh.getReplicas();
+      shards = mesh.getShards();
+      reshard = mesh.getReshard();
+    }
+    interShard = crossesNodes(shards, world, p.ranksPerNode);
+    interReshard = crossesNodes(reshard, world, p.ranksPerNode);
+    interWorld = crossesNodes(world, world, p.ranksPerNode);
+    share = p.cpu && p.cores > 0;
+    cores = double(p.cores);
+    threads = double(std::max<int64_t>(1, p.threadsPerRank));
+    // A collective's calibrated time was measured with the ranks doing
+    // nothing else; a compute op's with one rank alone.
+    commWork = rate(false, true);
+    compWork = share ? std::min(1.0, cores / threads) : 1.0;
+    cold = gemmColdBytes(step, plan, p, share ? double(world) : 1.0);
   }
-  const bool interShard = crossesNodes(shards, world, p.ranksPerNode),
-             interReshard = crossesNodes(reshard, world, p.ranksPerNode),
-             interWorld = crossesNodes(world, world, p.ranksPerNode);
-  // Ranks sharing one host's cores (a CPU profile) share them by processor
-  // sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
-  // while D = N (p [compute busy] + q [a collective in flight]) threads
-  // want the C cores each runs at min(1, C / D) of its speed alone.
-  const bool share = p.cpu && p.cores > 0;
-  const double cores = double(p.cores),
-               threads = double(std::max<int64_t>(1, p.threadsPerRank)),
-               commThreads = 1.0;
-  auto rate = [&](bool comp, bool comm) {
+
+  /// Ranks sharing one host's cores (a CPU profile) share them by processor
+  /// sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
+  /// while D = N (p [compute busy] + q [a collective in flight]) threads
+  /// want the C cores each runs at min(1, C / D) of its speed alone.
+  double rate(bool comp, bool comm) const {
     if (!share || (!comp && !comm))
       return 1.0;
     return std::min(1.0, cores / (double(world) *
                                   (threads * comp + commThreads * comm)));
-  };
-  // A collective's calibrated time was measured with the ranks doing
-  // nothing else; a compute op's with one rank alone.
-  const double commWork = rate(false, true);
-  const double compWork = share ? std::min(1.0, cores / threads) : 1.0;
-  auto bytesOf = [&](Value v) -> double {
+  }
+
+  /// A collective over its group, by the alpha-beta model of its link.
+  Item collective(Operation *op) const;
+  /// A compute instruction (set_param / set_state / set_unit are copies),
+  /// or an async copy between the arenas queued on the communication
+  /// stream.
+  Item compute(Operation *op) const;
+
+private:
+  double bytesOf(Value v) const {
     auto it = plan.valueBuffer.find(v);
     return it == plan.valueBuffer.end() ? 0.0
                                         : double(plan.buffers[it->second].bytes);
-  };
-
-  const llvm::DenseMap<Operation *, double> cold =
-      gemmColdBytes(step, plan, p, share ? double(world) : 1.0);
-
-  // The program as the simulation sees it.
-  struct Item {
-    enum Kind { Compute, Collective, Wait } kind;
-    double cost = 0; ///< work at full speed
-    bool async = false;
-    Value buffer;    ///< a wait's operand, an async collective's result
-  };
-  SmallVector<Item> prog;
-  for (Operation &opRef : step.getBody().front()) {
-    Operation *op = &opRef;
-    if (isa<func::ReturnOp, SetGradOp>(op) || isStorageAlias(op))
-      continue;
-    if (isa<WaitOp>(op)) {
-      prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
-      continue;
-    }
-    StringRef name = op->getName().stripDialect();
-    if (isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op)) {
-      StringRef group = "world";
-      if (auto g = op->getAttrOfType<StringAttr>("group"))
-        group = g.getValue();
-      int64_t n = group == "shard"     ? shards
-                  : group == "replica" ? replicas
-                  : group == "reshard" ? reshard
-                                       : world;
-      // Shard and reshard groups are contiguous ranks, replica groups
-      // strided across all (so they span the world).
-      bool inter = group == "shard"     ? interShard
-                   : group == "reshard" ? interReshard
-                                        : interWorld;
-      Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
-      double cost = collectiveSeconds(name, n, int64_t(bytesOf(whole)), inter, p);
-      bool async = op->hasAttr("async");
-      prog.push_back({Item::Collective, cost * commWork, async,
-                      async ? op->getResult(0) : Value()});
-      continue;
-    }
-    // A compute instruction (set_param / set_state / set_unit are copies).
-    double bytes = 0;
-    Value firstIn;
-    if (auto [sym, v] = storageWrite(op); v) {
-      firstIn = v;
-      bytes = bytesOf(v);
-      auto it = plan.symbolBuffer.find(sym);
-      if (it != plan.symbolBuffer.end())
-        bytes += double(plan.buffers[it->second].bytes);
-    } else if (auto pack = dyn_cast<PackOp>(op)) {
-      // fsdp-sim's pack_bytes: the memory plan places most inputs where
-      // the packed buffer wants them (the runtime skips those), so only
-      // the others are read and written, and the padding is zeroed.
-      firstIn = op->getOperand(0);
-      auto bufOf = [&](Value v) -> const PlannedBuffer * {
-        auto it = plan.valueBuffer.find(v);
-        return it == plan.valueBuffer.end() ? nullptr : &plan.buffers[it->second];
-      };
-      const PlannedBuffer *o = bufOf(pack.getResult());
-      int64_t outBytes = o ? o->bytes : 0;
-      int64_t elem = outBytes / std::max<int64_t>(1, numel(shapeOf(pack.getResult())));
-      ArrayRef<int64_t> offsets = pack.getOffsets();
-      int64_t moved = 0, covered = 0;
-      for (auto [k, v] : llvm::enumerate(pack.getInputs())) {
-        const PlannedBuffer *b = bufOf(v);
-        int64_t n = b ? b->bytes : 0;
-        covered += n;
-        if (!b || !o || k >= offsets.size() ||
-            b->offset != o->offset + offsets[k] * elem)
-          moved += 2 * n;
-      }
-      bytes = double(moved + std::max<int64_t>(0, outBytes - covered));
-    } else {
-      for (Value v : op->getOperands())
-        bytes += bytesOf(v);
-      for (Value v : op->getResults())
-        bytes += bytesOf(v);
-      if (op->getNumOperands())
-        firstIn = op->getOperand(0);
-    }
-    double gemm = firstIn && isLowPrecision(firstIn) ? p.gemmFlopsPerSBf16
-                                                     : p.gemmFlopsPerS;
-    // fsdp-offload: a copy between the arenas runs at the host link's
-    // speed, the host's update at its memory's (fsdp-sim's compute_cost).
-    bool copy = isa<ToHostOp, ToDeviceOp>(op), onHost = op->hasAttr(kOnHostAttrName);
-    double mem = onHost && p.hostMemBytesPerS > 0 ? p.hostMemBytesPerS : p.memBytesPerS;
-    double gemmS = flopsOf(op) / gemm;
-    if (auto it = cold.find(op); it != cold.end())
-      gemmS += it->second / p.gemmColdBytesPerS;
-    double work = std::max(gemmS, bytes / mem);
-    if (copy && p.hostLinkBytesPerS > 0)
-      work = bytesOf(op->getResult(0)) / p.hostLinkBytesPerS;
-    auto per = p.secondsPerUnit.find(isa<SetParamOp, SetStateOp, SetUnitOp>(op)
-                                         ? StringRef("copy")
-                                         : costName(name));
-    if (per != p.secondsPerUnit.end() && firstIn)
-      work = std::max(work, unitsOf(op, firstIn) * per->second);
-    // A fused instruction's folded ops: on a CPU (a profile with per-unit
-    // costs) runtime/cpu runs each as a pass over the result; on a GPU they
-    // are part of the one kernel (fsdp-sim's compute_cost). A fused layer
-    // norm is nothing but its passes there (no GEMM), so its own roofline
-    // is not counted on top of them.
-    if (!p.secondsPerUnit.empty() &&
-        isa<ResidualLayerNormOp, LayerNormGradAccOp, ResidualRmsNormOp, RmsNormGradAccOp>(op))
-      work = 0;
-    if (!p.secondsPerUnit.empty())
-      for (StringRef e : epilogueOps(op)) {
-        auto it = p.secondsPerUnit.find(e);
-        double perUnit = it == p.secondsPerUnit.end() ? 0.0 : it->second;
-        // The pass's tensor: the fused cross-entropy's gradient (its
-        // result 0 is the loss), the bias gradient's input dy, else the
-        // op's first result.
-        Value out = isa<MatmulBiasGradOp>(op) ? op->getOperand(0)
-                                              : op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
-        work += std::max(double(numel(shapeOf(out))) * perUnit,
-                         2 * bytesOf(out) / p.memBytesPerS);
-      }
-    double cost = (p.opOverheadS + work) * compWork;
-    // fsdp-offload-activations' async copies run on the communication
-    // stream, queued with the collectives (fsdp-sim's loop does the same).
-    if (copy && op->hasAttr("async")) {
-      prog.push_back({Item::Collective, cost, true, op->getResult(0)});
-      continue;
-    }
-    prog.push_back({Item::Compute, cost});
   }
+  /// Bytes an instruction reads and writes, and its first input (which
+  /// picks the GEMM rate and the per-unit cost's count).
+  double bytesMoved(Operation *op, Value &firstIn) const;
 
-  // The two streams, event by event (fsdp-sim's loop).
+  const MemoryPlan &plan;
+  const DeviceProfile &p;
+  int64_t world = 1, replicas = 1, shards = 1, reshard = 0;
+  bool interShard = false, interReshard = false, interWorld = false;
+  bool share = false;
+  double cores = 0, threads = 1, commThreads = 1.0;
+  double commWork = 1, compWork = 1;
+  llvm::DenseMap<Operation *, double> cold;
+};
+
+Item StepCosting::collective(Operation *op) const {
+  StringRef group = "world";
+  if (auto g = op->getAttrOfType<StringAttr>("group"))
+    group = g.getValue();
+  int64_t n = group == "shard"     ? shards
+              : group == "replica" ? replicas
+              : group == "reshard" ? reshard
+                                   : world;
+  // Shard and reshard groups are contiguous ranks, replica groups
+  // strided across all (so they span the world).
+  bool inter = group == "shard" ? interShard : group == "reshard" ? interReshard : interWorld;
+  Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
+  double cost =
+      collectiveSeconds(op->getName().stripDialect(), n, int64_t(bytesOf(whole)), inter, p);
+  bool async = op->hasAttr("async");
+  return {Item::Collective, cost * commWork, async, async ? op->getResult(0) : Value()};
+}
+
+double StepCosting::bytesMoved(Operation *op, Value &firstIn) const {
+  double bytes = 0;
+  if (auto [sym, v] = storageWrite(op); v) {
+    firstIn = v;
+    bytes = bytesOf(v);
+    auto it = plan.symbolBuffer.find(sym);
+    if (it != plan.symbolBuffer.end())
+      bytes += double(plan.buffers[it->second].bytes);
+  } else if (auto pack = dyn_cast<PackOp>(op)) {
+    // fsdp-sim's pack_bytes: the memory plan places most inputs where
+    // the packed buffer wants them (the runtime skips those), so only
+    // the others are read and written, and the padding is zeroed.
+    firstIn = op->getOperand(0);
+    auto bufOf = [&](Value v) -> const PlannedBuffer * {
+      auto it = plan.valueBuffer.find(v);
+      return it == plan.valueBuffer.end() ? nullptr : &plan.buffers[it->second];
+    };
+    const PlannedBuffer *o = bufOf(pack.getResult());
+    int64_t outBytes = o ? o->bytes : 0;
+    int64_t elem = outBytes / std::max<int64_t>(1, numel(shapeOf(pack.getResult())));
+    ArrayRef<int64_t> offsets = pack.getOffsets();
+    int64_t moved = 0, covered = 0;
+    for (auto [k, v] : llvm::enumerate(pack.getInputs())) {
+      const PlannedBuffer *b = bufOf(v);
+      int64_t n = b ? b->bytes : 0;
+      covered += n;
+      if (!b || !o || k >= offsets.size() || b->offset != o->offset + offsets[k] * elem)
+        moved += 2 * n;
+    }
+    bytes = double(moved + std::max<int64_t>(0, outBytes - covered));
+  } else {
+    for (Value v : op->getOperands())
+      bytes += bytesOf(v);
+    for (Value v : op->getResults())
+      bytes += bytesOf(v);
+    if (op->getNumOperands())
+      firstIn = op->getOperand(0);
+  }
+  return bytes;
+}
+
+Item StepCosting::compute(Operation *op) const {
+  Value firstIn;
+  double bytes = bytesMoved(op, firstIn);
+  double gemm = firstIn && isLowPrecision(firstIn) ? p.gemmFlopsPerSBf16 : p.gemmFlopsPerS;
+  // fsdp-offload: a copy between the arenas runs at the host link's
+  // speed, the host's update at its memory's (fsdp-sim's compute_cost).
+  bool copy = isa<ToHostOp, ToDeviceOp>(op), onHost = op->hasAttr(kOnHostAttrName);
+  double mem = onHost && p.hostMemBytesPerS > 0 ? p.hostMemBytesPerS : p.memBytesPerS;
+  double gemmS = flopsOf(op) / gemm;
+  if (auto it = cold.find(op); it != cold.end())
+    gemmS += it->second / p.gemmColdBytesPerS;
+  double work = std::max(gemmS, bytes / mem);
+  if (copy && p.hostLinkBytesPerS > 0)
+    work = bytesOf(op->getResult(0)) / p.hostLinkBytesPerS;
+  auto per = p.secondsPerUnit.find(isa<SetParamOp, SetStateOp, SetUnitOp>(op)
+                                       ? StringRef("copy")
+                                       : costName(op->getName().stripDialect()));
+  if (per != p.secondsPerUnit.end() && firstIn)
+    work = std::max(work, unitsOf(op, firstIn) * per->second);
+  // A fused instruction's folded ops: on a CPU (a profile with per-unit
+  // costs) runtime/cpu runs each as a pass over the result; on a GPU they
+  // are part of the one kernel (fsdp-sim's compute_cost). A fused layer
+  // norm is nothing but its passes there (no GEMM), so its own roofline
+  // is not counted on top of them.
+  if (!p.secondsPerUnit.empty() &&
+      isa<ResidualLayerNormOp, LayerNormGradAccOp, ResidualRmsNormOp, RmsNormGradAccOp>(op))
+    work = 0;
+  if (!p.secondsPerUnit.empty())
+    for (StringRef e : epilogueOps(op)) {
+      auto it = p.secondsPerUnit.find(e);
+      double perUnit = it == p.secondsPerUnit.end() ? 0.0 : it->second;
+      // The pass's tensor: the fused cross-entropy's gradient (its
+      // result 0 is the loss), the bias gradient's input dy, else the
+      // op's first result.
+      Value out = isa<MatmulBiasGradOp>(op) ? op->getOperand(0)
+                                            : op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
+      work += std::max(double(numel(shapeOf(out))) * perUnit, 2 * bytesOf(out) / p.memBytesPerS);
+    }
+  double cost = (p.opOverheadS + work) * compWork;
+  // fsdp-offload-activations' async copies run on the communication
+  // stream, queued with the collectives (fsdp-sim's loop does the same).
+  if (copy && op->hasAttr("async"))
+    return {Item::Collective, cost, true, op->getResult(0)};
+  return {Item::Compute, cost};
+}
+
+/// The two streams, event by event (fsdp-sim's loop): compute runs `prog`
+/// in order and stalls at a wait whose collective is in flight or at a
+/// blocking collective; the communication stream runs its queue one
+/// collective at a time; both slow down by `c.rate` while they overlap.
+StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   StepPrediction r;
   struct Queued {
     size_t index;
@@ -583,7 +598,7 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
       queue.front().start = t;
     if (!running && queue.empty())
       break;
-    double rt = rate(running, !queue.empty());
+    double rt = c.rate(running, !queue.empty());
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
     double dt = std::min(dtC, dtM);
@@ -623,6 +638,28 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step,
   }
   r.stepS = t;
   return r;
+}
+
+} // namespace
+
+StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const MemoryPlan &plan,
+                                       const DeviceProfile &p) {
+  StepCosting costing(module, step, plan, p);
+  // The program as the simulation sees it: the plan's instructions (the
+  // storage aliases, set_grad and the return are none).
+  SmallVector<Item> prog;
+  for (Operation &opRef : step.getBody().front()) {
+    Operation *op = &opRef;
+    if (isa<func::ReturnOp, SetGradOp>(op) || isStorageAlias(op))
+      continue;
+    if (isa<WaitOp>(op))
+      prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
+    else if (isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op))
+      prog.push_back(costing.collective(op));
+    else
+      prog.push_back(costing.compute(op));
+  }
+  return simulate(prog, costing);
 }
 
 bool mlir::fsdp::parseByteSize(StringRef text, int64_t &bytes) {
