@@ -81,31 +81,22 @@ struct MixedPrecisionPass
   using Base::Base;
 
   void runOnOperation() override;
+
+private:
+  /// Resolves loss-scale (f16's default is dynamic) into `scaling` and
+  /// checks its factors.
+  LogicalResult checkLossScaling(ModuleOp module, Type compute, Type reduce, StringRef &scaling);
+  /// Records the policy as the module's `fsdp.mixed_precision` attribute.
+  void recordPolicy(ModuleOp module, Type compute, Type reduce, StringRef scaling);
+  /// Retypes the model function's ops to `compute` (the file comment's
+  /// dataflow rule) and casts where the dtypes meet.
+  void retypeModel(func::FuncOp model, Type compute);
 };
 
-void MixedPrecisionPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  MLIRContext *ctx = &getContext();
-  Type compute = parseDtype(ctx, module, "param-dtype", paramDtype);
-  if (!compute)
-    return signalPassFailure();
-  Type reduce = parseDtype(ctx, module, "reduce-dtype", reduceDtype);
-  if (!reduce)
-    return signalPassFailure();
-  if (module.lookupSymbol(kTrainStepName)) {
-    mlir::emitError(module.getLoc())
-        << "fsdp-mixed-precision runs before fsdp-autodiff (it retypes the "
-           "model, and the backward pass is derived from it); @"
-        << kTrainStepName << " already exists";
-    return signalPassFailure();
-  }
-  if (module->hasAttr(kMixedPrecisionAttrName)) {
-    mlir::emitError(module.getLoc())
-        << "fsdp-mixed-precision already ran on this module";
-    return signalPassFailure();
-  }
+LogicalResult MixedPrecisionPass::checkLossScaling(ModuleOp module, Type compute, Type reduce,
+                                                   StringRef &scaling) {
   // Dynamic loss scaling: f16's default, optional otherwise.
-  StringRef scaling = lossScale;
+  scaling = lossScale;
   if (scaling.empty())
     scaling = isa<Float16Type>(compute) || isa<Float16Type>(reduce) ? "dynamic"
                                                                      : "none";
@@ -113,7 +104,7 @@ void MixedPrecisionPass::runOnOperation() {
     mlir::emitError(module.getLoc())
         << "fsdp-mixed-precision: loss-scale='" << scaling
         << "': expected dynamic or none";
-    return signalPassFailure();
+    return failure();
   }
   // Powers of two, so that scaling, unscaling and every change of the
   // scale round nothing (the runtime refuses other factors too).
@@ -133,13 +124,13 @@ void MixedPrecisionPass::runOnOperation() {
           << "fsdp-mixed-precision: loss-scale-init=" << (double)lossScaleInit
           << " must be a power of two in [1, 2^127] (so scaling and "
              "unscaling round nothing)";
-      return signalPassFailure();
+      return failure();
     }
     if (lossScaleGrowthInterval < 1) {
       mlir::emitError(module.getLoc())
           << "fsdp-mixed-precision: loss-scale-growth-interval="
           << (int64_t)lossScaleGrowthInterval << " must be at least 1";
-      return signalPassFailure();
+      return failure();
     }
     if (!powerOfTwo(lossScaleGrowthFactor) || lossScaleGrowthFactor <= 1.0 ||
         lossScaleGrowthFactor > 0x1p64) {
@@ -147,7 +138,7 @@ void MixedPrecisionPass::runOnOperation() {
           << "fsdp-mixed-precision: loss-scale-growth-factor="
           << show(lossScaleGrowthFactor)
           << " must be a power of two in [2, 2^64]";
-      return signalPassFailure();
+      return failure();
     }
     if (!powerOfTwo(lossScaleBackoffFactor) || lossScaleBackoffFactor >= 1.0 ||
         lossScaleBackoffFactor < 0x1p-64) {
@@ -155,24 +146,15 @@ void MixedPrecisionPass::runOnOperation() {
           << "fsdp-mixed-precision: loss-scale-backoff-factor="
           << show(lossScaleBackoffFactor)
           << " must be a power of two in [2^-64, 1/2]";
-      return signalPassFailure();
+      return failure();
     }
   }
-  if (stochasticRounding && !isa<BFloat16Type>(compute)) {
-    mlir::emitError(module.getLoc())
-        << "fsdp-mixed-precision: stochastic-rounding=true rounds the master "
-           "parameters to bf16; it needs param-dtype=bf16";
-    return signalPassFailure();
-  }
-  Type f32 = Float32Type::get(ctx);
-  for (ParamOp p : module.getOps<ParamOp>())
-    if (p.getTensorType().getElementType() != f32) {
-      p.emitOpError() << "is " << p.getTensorType().getElementType()
-                      << ": with mixed precision parameters are the f32 "
-                         "master copy (the compute dtype is param-dtype)";
-      return signalPassFailure();
-    }
-  OpBuilder b(ctx);
+  return success();
+}
+
+void MixedPrecisionPass::recordPolicy(ModuleOp module, Type compute, Type reduce,
+                                      StringRef scaling) {
+  OpBuilder b(module.getContext());
   SmallVector<NamedAttribute> policy{
       b.getNamedAttr("param_dtype", TypeAttr::get(compute)),
       b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))};
@@ -190,15 +172,17 @@ void MixedPrecisionPass::runOnOperation() {
              b.getNamedAttr("backoff_factor",
                             b.getF64FloatAttr(lossScaleBackoffFactor))})));
   module->setAttr(kMixedPrecisionAttrName, b.getDictionaryAttr(policy));
-  if (compute == f32)
-    return; // only the reduce dtype changes (fsdp-shard reads it)
+}
 
+/// The one function marked `fsdp.model`, with a single block; null (after
+/// reporting) otherwise.
+func::FuncOp findModel(ModuleOp module) {
   func::FuncOp model;
   for (auto fn : module.getOps<func::FuncOp>())
     if (fn->hasAttr(kModelAttrName)) {
       if (model) {
         mlir::emitError(fn.getLoc()) << "more than one model function";
-        return signalPassFailure();
+        return {};
       }
       model = fn;
     }
@@ -206,8 +190,14 @@ void MixedPrecisionPass::runOnOperation() {
     mlir::emitError(module.getLoc())
         << "no model function with a single block: mark one func.func with "
            "the `fsdp.model` attribute";
-    return signalPassFailure();
+    return {};
   }
+  return model;
+}
+
+void MixedPrecisionPass::retypeModel(func::FuncOp model, Type compute) {
+  OpBuilder b(model.getContext());
+  Type f32 = Float32Type::get(model.getContext());
   Block &body = model.getBody().front();
   auto retype = [&](Type t, Type elem) {
     auto rt = cast<RankedTensorType>(t);
@@ -278,6 +268,52 @@ void MixedPrecisionPass::runOnOperation() {
         ++numRetyped;
       }
   }
+}
+
+void MixedPrecisionPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  MLIRContext *ctx = &getContext();
+  Type compute = parseDtype(ctx, module, "param-dtype", paramDtype);
+  if (!compute)
+    return signalPassFailure();
+  Type reduce = parseDtype(ctx, module, "reduce-dtype", reduceDtype);
+  if (!reduce)
+    return signalPassFailure();
+  if (module.lookupSymbol(kTrainStepName)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision runs before fsdp-autodiff (it retypes the "
+           "model, and the backward pass is derived from it); @"
+        << kTrainStepName << " already exists";
+    return signalPassFailure();
+  }
+  if (module->hasAttr(kMixedPrecisionAttrName)) {
+    mlir::emitError(module.getLoc()) << "fsdp-mixed-precision already ran on this module";
+    return signalPassFailure();
+  }
+  StringRef scaling;
+  if (failed(checkLossScaling(module, compute, reduce, scaling)))
+    return signalPassFailure();
+  if (stochasticRounding && !isa<BFloat16Type>(compute)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: stochastic-rounding=true rounds the master "
+           "parameters to bf16; it needs param-dtype=bf16";
+    return signalPassFailure();
+  }
+  Type f32 = Float32Type::get(ctx);
+  for (ParamOp p : module.getOps<ParamOp>())
+    if (p.getTensorType().getElementType() != f32) {
+      p.emitOpError() << "is " << p.getTensorType().getElementType()
+                      << ": with mixed precision parameters are the f32 "
+                         "master copy (the compute dtype is param-dtype)";
+      return signalPassFailure();
+    }
+  recordPolicy(module, compute, reduce, scaling);
+  if (compute == f32)
+    return; // only the reduce dtype changes (fsdp-shard reads it)
+  func::FuncOp model = findModel(module);
+  if (!model)
+    return signalPassFailure();
+  retypeModel(model, compute);
 }
 
 } // namespace
