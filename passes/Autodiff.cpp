@@ -56,6 +56,7 @@ private:
   /// Adds `g` to the adjoint of `v` (if `v` needs one).
   void accumulate(Value v, Value g);
   LogicalResult differentiate(Operation *op, Value dy);
+  LogicalResult differentiateMatmul(MatmulOp o, Value dy);
 
   // Builders for the handful of ops many rules share.
   Value sumTo(Location loc, Value g, Type target) {
@@ -129,6 +130,48 @@ void Differentiator::accumulate(Value v, Value g) {
     return;
   }
   slot = create<AddOp>(g.getLoc(), v.getType(), slot, g);
+}
+
+/// C = op(A) op(B). With the flags (ta, tb) the adjoints are again single
+/// matmuls; see the table in docs/AUTODIFF.md:
+///   (0,0): dA = dC B^T          dB = A^T dC
+///   (0,1): dA = dC B            dB = dC^T A
+///   (1,0): dA = B dC^T          dB = A dC
+///   (1,1): dA = B^T dC^T        dB = dC^T A^T
+LogicalResult Differentiator::differentiateMatmul(MatmulOp o, Value dy) {
+  Location loc = o.getLoc();
+  Value a = o.getLhs(), bm = o.getRhs();
+  bool ta = o.getTransposeLhs(), tb = o.getTransposeRhs();
+  // An f32 product of bf16 / f16 operands is fsdp-fuse-epilogues'
+  // (after this pass); its adjoint would need a cast of dC first.
+  Type inElem = cast<RankedTensorType>(a.getType()).getElementType();
+  if (cast<RankedTensorType>(o.getType()).getElementType() != inElem) {
+    o.emitOpError() << "has no differentiation rule for an f32 product of " << inElem
+                    << " operands (cast the result in the model instead)";
+    return failure();
+  }
+  auto mm = [&](Value x, Value y, bool tx, bool ty, Type t) {
+    ++emitted;
+    auto m = b.create<MatmulOp>(loc, t, x, y);
+    if (tx)
+      m.setTransposeLhs(true);
+    if (ty)
+      m.setTransposeRhs(true);
+    return m.getResult();
+  };
+  if (active.contains(a)) {
+    Value da =
+        !ta ? (!tb ? mm(dy, bm, false, true, a.getType()) : mm(dy, bm, false, false, a.getType()))
+            : (!tb ? mm(bm, dy, false, true, a.getType()) : mm(bm, dy, true, true, a.getType()));
+    accumulate(a, da);
+  }
+  if (active.contains(bm)) {
+    Value db =
+        !ta ? (!tb ? mm(a, dy, true, false, bm.getType()) : mm(dy, a, true, false, bm.getType()))
+            : (!tb ? mm(a, dy, false, false, bm.getType()) : mm(dy, a, true, true, bm.getType()));
+    accumulate(bm, db);
+  }
+  return success();
 }
 
 LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
@@ -242,49 +285,7 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
           accumulate(o.getBias(), sumTo(loc, dy, o.getBias().getType()));
         return success();
       })
-      .Case([&](MatmulOp o) {
-        // C = op(A) op(B). With the flags (ta, tb) the adjoints are again
-        // single matmuls; see the table in docs/AUTODIFF.md:
-        //   (0,0): dA = dC B^T          dB = A^T dC
-        //   (0,1): dA = dC B            dB = dC^T A
-        //   (1,0): dA = B dC^T          dB = A dC
-        //   (1,1): dA = B^T dC^T        dB = dC^T A^T
-        Value a = o.getLhs(), bm = o.getRhs();
-        bool ta = o.getTransposeLhs(), tb = o.getTransposeRhs();
-        // An f32 product of bf16 / f16 operands is fsdp-fuse-epilogues'
-        // (after this pass); its adjoint would need a cast of dC first.
-        Type inElem = cast<RankedTensorType>(a.getType()).getElementType();
-        if (cast<RankedTensorType>(o.getType()).getElementType() != inElem) {
-          o.emitOpError() << "has no differentiation rule for an f32 product of "
-                          << inElem
-                          << " operands (cast the result in the model instead)";
-          return failure();
-        }
-        auto mm = [&](Value x, Value y, bool tx, bool ty, Type t) {
-          ++emitted;
-          auto m = b.create<MatmulOp>(loc, t, x, y);
-          if (tx)
-            m.setTransposeLhs(true);
-          if (ty)
-            m.setTransposeRhs(true);
-          return m.getResult();
-        };
-        if (act(a)) {
-          Value da = !ta ? (!tb ? mm(dy, bm, false, true, a.getType())
-                                : mm(dy, bm, false, false, a.getType()))
-                         : (!tb ? mm(bm, dy, false, true, a.getType())
-                                : mm(bm, dy, true, true, a.getType()));
-          accumulate(a, da);
-        }
-        if (act(bm)) {
-          Value db = !ta ? (!tb ? mm(a, dy, true, false, bm.getType())
-                                : mm(dy, a, true, false, bm.getType()))
-                         : (!tb ? mm(a, dy, false, false, bm.getType())
-                                : mm(dy, a, true, true, bm.getType()));
-          accumulate(bm, db);
-        }
-        return success();
-      })
+      .Case([&](MatmulOp o) { return differentiateMatmul(o, dy); })
       .Case([&](LayerNormOp o) {
         ++emitted;
         auto g = b.create<LayerNormGradOp>(
