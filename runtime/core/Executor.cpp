@@ -51,15 +51,26 @@ double nowUs() {
 }
 } // namespace
 
-double scheduledLr(const std::string &schedule, double lr, double minLr,
-                   int64_t warmup, int64_t steps, int64_t step) {
-  if (warmup > 0 && step <= warmup)
-    return lr * (double)step / (double)warmup;
-  if (schedule == "cosine" && steps > warmup) {
-    double progress = (double)(step - warmup) / (double)(steps - warmup);
-    return minLr + 0.5 * (lr - minLr) * (1 + std::cos(M_PI * progress));
+const char *lrScheduleKinds() { return "constant, cosine, linear or wsd"; }
+
+bool isLrScheduleKind(const std::string &kind) {
+  return kind == "constant" || kind == "cosine" || kind == "linear" || kind == "wsd";
+}
+
+double scheduledLr(const LrSchedule &s, int64_t step) {
+  if (s.warmup > 0 && step <= s.warmup)
+    return s.lr * (double)step / (double)s.warmup;
+  if (s.kind == "cosine" && s.steps > s.warmup) {
+    double progress = (double)(step - s.warmup) / (double)(s.steps - s.warmup);
+    return s.minLr + 0.5 * (s.lr - s.minLr) * (1 + std::cos(M_PI * progress));
   }
-  return lr;
+  // linear, and wsd's decay: the fraction of the decay's span left at
+  // `step`, from 1 just before it starts to 0 at the last step.
+  int64_t span = s.kind == "linear" ? s.steps - s.warmup : s.kind == "wsd" ? s.decaySteps : 0;
+  if (span <= 0)
+    return s.lr;
+  double left = std::clamp((double)(s.steps - step) / (double)span, 0.0, 1.0);
+  return s.minLr + (s.lr - s.minLr) * left;
 }
 
 Executor::Executor(const Plan &plan, Communicator &comm, Device &device)

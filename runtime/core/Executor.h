@@ -187,11 +187,28 @@ private:
   LossScaler scaler;
 };
 
-/// The learning rate of `step` (1-based) for the schedule: "constant" (with
-/// linear warmup) or "cosine" (linear warmup, then cosine decay to minLr at
-/// the last step).
-double scheduledLr(const std::string &schedule, double lr, double minLr,
-                   int64_t warmup, int64_t steps, int64_t step);
+/// A learning-rate schedule over a run of `steps` steps: linear warmup from
+/// 0 over the first `warmup` steps to the peak `lr`, then
+///   constant  lr;
+///   cosine    minLr + (lr - minLr) (1 + cos(pi (t - W) / (steps - W))) / 2;
+///   linear    minLr + (lr - minLr) (steps - t) / (steps - W)
+///             (Hugging Face's get_linear_schedule_with_warmup, with a floor);
+///   wsd       warmup-stable-decay: lr until the last `decaySteps` steps,
+///             then minLr + (lr - minLr) (steps - t) / decaySteps.
+/// Each decay reaches minLr at the last step.
+struct LrSchedule {
+  std::string kind = "constant"; ///< constant | cosine | linear | wsd
+  double lr = 1e-3, minLr = 0;
+  int64_t warmup = 0, steps = 1, decaySteps = 0;
+};
+
+/// The schedule's kinds, for messages: "constant, cosine, linear or wsd".
+const char *lrScheduleKinds();
+bool isLrScheduleKind(const std::string &kind);
+
+/// The learning rate of `step` (1-based; lr t / W during warmup, so the
+/// first step does not run at 0).
+double scheduledLr(const LrSchedule &s, int64_t step);
 
 } // namespace fsdp
 

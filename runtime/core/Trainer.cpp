@@ -28,11 +28,17 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
 
   --steps N            steps to run (default 10)
   --lr F               peak learning rate (default 1e-3)
-  --schedule S         constant | cosine (default constant). Warmup is linear
-                       from 0: lr * t / W for t <= W. cosine then decays as
-                       min_lr + (lr - min_lr) (1 + cos(pi (t - W) / (steps - W))) / 2
+  --schedule S         constant | cosine | linear | wsd (default constant).
+                       Warmup is linear from 0: lr * t / W for t <= W (t from 1).
+                       Then constant stays at lr; cosine decays as
+                       min_lr + (lr - min_lr) (1 + cos(pi (t - W) / (steps - W))) / 2;
+                       linear as min_lr + (lr - min_lr) (steps - t) / (steps - W);
+                       wsd (warmup-stable-decay) stays at lr, then decays
+                       linearly to min_lr over the last D steps. Each decay
+                       reaches min_lr at the last step.
   --warmup W           warmup steps (default 0)
-  --min-lr F           floor of the cosine schedule (default 0)
+  --min-lr F           floor of the decaying schedules (default 0)
+  --decay-steps D      wsd's decay steps (default: a tenth of --steps, at least 1)
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
   --device D           cpu (default) or cuda: the backend that runs the plan
@@ -117,14 +123,12 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     v = std::strtod(s, &end);
     return *s && !*end && errno == 0 && std::isfinite(v);
   };
-  static const char *valued[] = {"--steps",     "--lr",        "--schedule",
-                                 "--warmup",    "--min-lr",    "--seed",
-                                 "--data",      "--threads",   "--log-every",
-                                 "--dump-dir",  "--init-from", "--save",
-                                 "--gradcheck", "--gradcheck-tol",
-                                 "--ckpt-dir",  "--save-every", "--keep",
-                                 "--resume",    "--trace",     "--device",    "--comm",
-                                 "--eval-every", "--eval-data", "--eval-batches"};
+  static const char *valued[] = {
+      "--steps",       "--lr",         "--schedule",   "--warmup",    "--min-lr",
+      "--decay-steps", "--seed",       "--data",       "--threads",   "--log-every",
+      "--dump-dir",    "--init-from",  "--save",       "--gradcheck", "--gradcheck-tol",
+      "--ckpt-dir",    "--save-every", "--keep",       "--resume",    "--trace",
+      "--device",      "--comm",       "--eval-every", "--eval-data", "--eval-batches"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -181,8 +185,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.lr = dv;
     } else if (a == "--schedule") {
       opt.schedule = v;
-      if (opt.schedule != "constant" && opt.schedule != "cosine")
-        return FSDP_ERROR("--schedule must be constant or cosine, found '", v, "'");
+      if (!isLrScheduleKind(opt.schedule))
+        return FSDP_ERROR("--schedule must be ", lrScheduleKinds(), ", found '", v, "'");
     } else if (a == "--warmup") {
       if (!toInt(v, iv) || iv < 0)
         return badValue();
@@ -191,6 +195,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       if (!toDouble(v, dv) || dv < 0)
         return badValue();
       opt.minLr = dv;
+    } else if (a == "--decay-steps") {
+      if (!toInt(v, iv) || iv < 1)
+        return badValue();
+      opt.decaySteps = iv;
     } else if (a == "--seed") {
       if (!toInt(v, iv) || iv < 0)
         return badValue();
@@ -270,8 +278,17 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("--gradcheck does not train: --eval-every has nothing to do");
   if (!opt.resume.empty() && !opt.initFrom.empty())
     return FSDP_ERROR("--resume and --init-from both set the parameters: pick one");
-  if (opt.schedule == "cosine" && opt.minLr > opt.lr)
+  if (opt.schedule != "constant" && opt.minLr > opt.lr)
     return FSDP_ERROR("--min-lr (", opt.minLr, ") exceeds --lr (", opt.lr, ")");
+  if (opt.decaySteps >= 0 && opt.schedule != "wsd")
+    return FSDP_ERROR("--decay-steps is wsd's (warmup-stable-decay); --schedule is ", opt.schedule);
+  if (opt.schedule == "wsd") {
+    if (opt.decaySteps < 0)
+      opt.decaySteps = std::max<int64_t>(1, opt.steps / 10);
+    if (opt.warmup + opt.decaySteps > opt.steps)
+      return FSDP_ERROR("--schedule wsd: --warmup ", opt.warmup, " and --decay-steps ",
+                        opt.decaySteps, " exceed --steps ", opt.steps);
+  }
   return Status::ok();
 }
 
@@ -602,6 +619,9 @@ private:
                 {"warmup", opt.warmup},
                 {"min_lr", opt.minLr},
                 {"steps", opt.steps}};
+    if (opt.schedule == "wsd")
+      schedule["decay_steps"] = opt.decaySteps;
+    lrSchedule = {opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, opt.decaySteps};
     return Status::ok();
   }
 
@@ -728,7 +748,7 @@ private:
   Status runStep(int64_t s) {
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
-    double lr = scheduledLr(opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, s);
+    double lr = scheduledLr(lrSchedule, s);
     FSDP_RETURN_IF_ERROR(ex->fillInputs(*data, s));
     if (dump && root)
       recordBatch(plan, *ex, s, batches);
@@ -930,6 +950,7 @@ private:
   Plan plan; ///< the executor refers to it: never moved
   std::unique_ptr<Executor> ex;
   nlohmann::json schedule; ///< what a checkpoint records, to resume exactly
+  LrSchedule lrSchedule;
   int64_t firstStep = 1;   ///< after the resumed checkpoint's step
   // openData / openDump / startLoop
   std::unique_ptr<DataSource> data, evalSource;

@@ -28,6 +28,7 @@ struct TrainOptions {
   std::string schedule = "constant";
   int64_t warmup = 0;
   double minLr = 0;
+  int64_t decaySteps = -1; ///< --decay-steps (wsd); -1: a tenth of the steps
   uint64_t seed = 1234;
   std::string data = "synthetic";
   int threads = 0;

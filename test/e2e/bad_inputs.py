@@ -309,7 +309,17 @@ def main():
         check("option: --steps without value", [mlp, "--steps"], "needs a value")
         check("option: --nproc 0", [mlp, "--nproc", "0"], "--nproc")
         check("option: --nproc 99999", [mlp, "--nproc", "99999"], "--nproc")
-        check("option: --schedule linear", [mlp, "--schedule", "linear"], "--schedule")
+        check("option: --schedule exponential", [mlp, "--schedule", "exponential"],
+              "--schedule must be constant, cosine, linear or wsd")
+        check("option: --decay-steps 0", [mlp, "--schedule", "wsd", "--decay-steps", "0"],
+              "--decay-steps")
+        check("option: --decay-steps with cosine", [mlp, "--schedule", "cosine", "--decay-steps", "3"],
+              "--decay-steps is wsd's")
+        check("option: wsd longer than the run",
+              [mlp, "--schedule", "wsd", "--steps", "10", "--warmup", "5", "--decay-steps", "6"],
+              "exceed --steps 10")
+        check("option: --min-lr above --lr (linear)",
+              [mlp, "--schedule", "linear", "--lr", "0.1", "--min-lr", "0.2"], "exceeds --lr")
         check("option: --device tpu", [mlp, "--device", "tpu"], "--device must be cpu or cuda")
         check("option: --comm tcp", [mlp, "--nproc", "2", "--comm", "tcp"],
               "--comm must be auto, shm or gloo")

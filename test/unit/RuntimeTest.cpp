@@ -143,10 +143,35 @@ TEST(SafeTensorsTest, WritesOnlyRegularFiles) {
 }
 
 TEST(ScheduleTest, WarmupThenCosine) {
-  EXPECT_DOUBLE_EQ(scheduledLr("constant", 1.0, 0, 0, 10, 5), 1.0);
-  EXPECT_DOUBLE_EQ(scheduledLr("constant", 1.0, 0, 4, 10, 2), 0.5);
-  EXPECT_DOUBLE_EQ(scheduledLr("cosine", 1.0, 0.1, 0, 10, 10), 0.1);
-  EXPECT_NEAR(scheduledLr("cosine", 1.0, 0.0, 2, 12, 7), 0.5, 1e-12);
+  auto lr = [](const char *kind, double minLr, int64_t warmup, int64_t steps, int64_t t) {
+    return scheduledLr(LrSchedule{kind, 1.0, minLr, warmup, steps, 0}, t);
+  };
+  EXPECT_DOUBLE_EQ(lr("constant", 0, 0, 10, 5), 1.0);
+  EXPECT_DOUBLE_EQ(lr("constant", 0, 4, 10, 2), 0.5);
+  EXPECT_DOUBLE_EQ(lr("cosine", 0.1, 0, 10, 10), 0.1);
+  EXPECT_NEAR(lr("cosine", 0.0, 2, 12, 7), 0.5, 1e-12);
+}
+
+// Linear (Hugging Face's get_linear_schedule_with_warmup with a floor) and
+// warmup-stable-decay: the warmup they share, the value at each end of the
+// decay, a midpoint, and no step outside [min_lr, lr].
+TEST(ScheduleTest, LinearAndWarmupStableDecay) {
+  LrSchedule lin{"linear", 2.0, 0.5, 4, 24, 0};
+  EXPECT_DOUBLE_EQ(scheduledLr(lin, 1), 0.5);   // 2 * 1 / 4
+  EXPECT_DOUBLE_EQ(scheduledLr(lin, 4), 2.0);   // the peak, at the warmup's end
+  EXPECT_DOUBLE_EQ(scheduledLr(lin, 14), 1.25); // half way: 0.5 + 1.5 * 10 / 20
+  EXPECT_DOUBLE_EQ(scheduledLr(lin, 24), 0.5);  // the floor, at the last step
+  LrSchedule wsd{"wsd", 2.0, 0.5, 4, 24, 6};
+  EXPECT_DOUBLE_EQ(scheduledLr(wsd, 2), 1.0);
+  for (int64_t t = 4; t <= 18; ++t) // stable until the last 6 steps
+    EXPECT_DOUBLE_EQ(scheduledLr(wsd, t), 2.0) << "step " << t;
+  EXPECT_DOUBLE_EQ(scheduledLr(wsd, 21), 1.25); // 0.5 + 1.5 * 3 / 6
+  EXPECT_DOUBLE_EQ(scheduledLr(wsd, 24), 0.5);
+  for (const LrSchedule &s : {lin, wsd})
+    for (int64_t t = 5; t <= 24; ++t) {
+      EXPECT_LE(scheduledLr(s, t), scheduledLr(s, t - 1)) << s.kind << " step " << t;
+      EXPECT_GE(scheduledLr(s, t), 0.5) << s.kind << " step " << t;
+    }
 }
 
 TEST(DataTest, TokenFileErrors) {
