@@ -264,7 +264,9 @@ LogicalResult programJson(ModuleOp module, func::FuncOp step, const MemoryPlan &
           {"name", "loss"},
           {"role", "loss"},
           {"buffer", plan.valueBuffer.lookup(ret.getOperand(0))}});
-      if (ret.getNumOperands() > 1) // loss scaling: the overflow signal
+      // The squared gradient norm, with clipping or loss scaling (its
+      // overflow signal).
+      if (ret.getNumOperands() > 1)
         outputs.push_back(json::Object{
             {"name", "grad_sumsq"},
             {"role", "grad_sumsq"},

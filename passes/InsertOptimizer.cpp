@@ -168,6 +168,11 @@ void InsertOptimizerPass::runOnOperation() {
                                       b.getF64FloatAttr(maxGradNorm));
     for (Value &g : grads)
       g = b.create<MulOp>(loc, g.getType(), g, coef);
+    // The step returns the squared norm too: fsdp-run reports the gradient
+    // norm of every step, as clip_grad_norm_ returns it.
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    ret->insertOperands(ret.getNumOperands(), sumsq);
+    step.setType(FunctionType::get(ctx, step.getArgumentTypes(), ret.getOperandTypes()));
   }
 
   for (auto [set, grad] : llvm::zip(sets, grads)) {

@@ -442,7 +442,7 @@ LogicalResult MemoryPlanner::placeInputs() {
 /// forwardEnds are the instructions computing each micro-batch's loss.
 LogicalResult MemoryPlanner::numberInstructions() {
   auto ret = dyn_cast<func::ReturnOp>(body->getTerminator());
-  // The loss, and with loss scaling the squared gradient norm.
+  // The loss, and with clipping or loss scaling the squared gradient norm.
   if (!ret || ret.getNumOperands() < 1 || ret.getNumOperands() > 2)
     return mlir::emitError(step.getLoc()) << "expected @train_step to return the loss";
   // The forward pass ends at the loss (before any all-reduce of it); with

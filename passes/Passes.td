@@ -253,7 +253,10 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     rate and the 1-based step count become arguments of `@train_step`
     (roles "lr" and "step") so that fsdp-run chooses the schedule. With
     `max-grad-norm` > 0 the gradients are first scaled by the global-norm
-    clipping factor (torch.nn.utils.clip_grad_norm_ semantics).
+    clipping factor (torch.nn.utils.clip_grad_norm_ semantics), and the
+    step returns the squared global norm after the loss (fsdp-run reports
+    the norm, as clip_grad_norm_ returns it; with loss scaling it is the
+    overflow signal too).
 
     Before: `@train_step` with `fsdp.set_grad` ops. After: no `fsdp.set_grad`
     remains (unless optimizer=none); each trainable parameter is written

@@ -1008,17 +1008,19 @@ void ShardRewrite::clipGradients(Location loc) {
   Value coef;
   if (lossScale) {
     coef = b.create<GradCoefOp>(loc, scalarTy, sq, lossScale, maxNorm);
-    // The updates skip on the new (global) squared norm, and the step
-    // returns it in place of the per-parameter one.
+    // The updates skip on the new (global) squared norm.
     for (Value &v : updOperands)
       if (v == oldSumsq)
         v = sq;
-    for (OpOperand &o : ret->getOpOperands())
-      if (o.getOperandNumber() > 0)
-        o.set(sq);
   } else {
     coef = b.create<ClipCoefOp>(loc, scalarTy, sq, maxNorm);
   }
+  // The step returns the global squared norm in place of the
+  // per-parameter one (loss scaling's overflow signal, the norm fsdp-run
+  // reports).
+  for (OpOperand &o : ret->getOpOperands())
+    if (o.getOperandNumber() > 0)
+      o.set(sq);
   for (auto &[u, g] : flatGrad)
     g = b.create<MulOp>(loc, g.getType(), g, coef);
 }

@@ -494,12 +494,12 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     else if (b.role == "grad_sumsq")
       FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, &sumsq));
   }
+  // The scale this step's gradients carry (1 without loss scaling).
+  gradNorm = std::sqrt((double)sumsq) / (ls.enabled ? scaler.scale : 1.0);
   if (ls.enabled) {
     // GradScaler.update: back off after an overflow (the updates skipped
     // themselves), grow after growthInterval clean steps.
     scaler.lastSkipped = !std::isfinite(sumsq);
-    scaler.lastGradNorm = scaler.lastSkipped ? (double)sumsq
-                                             : std::sqrt((double)sumsq) / scaler.scale;
     if (scaler.lastSkipped) {
       ++scaler.skippedSteps;
       scaler.growthTracker = 0;
@@ -531,6 +531,11 @@ Status Executor::step(int64_t step, double lr, float &loss) {
 // training with evaluations is bitwise training without; test/lit/e2e/
 // eval.test). Liveness and the arena are the step's: the prefix touches a
 // subset of its buffers, so the measured high-water cannot grow.
+bool Executor::hasGradNorm() const {
+  return std::any_of(plan.outputs.begin(), plan.outputs.end(),
+                     [](const Binding &b) { return b.role == "grad_sumsq"; });
+}
+
 Status Executor::evaluate(float &loss) {
   int64_t lossBuf = -1;
   for (const Binding &b : plan.outputs)

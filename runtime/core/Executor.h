@@ -81,9 +81,14 @@ public:
     int64_t growthTracker = 0;
     int64_t skippedSteps = 0;
     bool lastSkipped = false; ///< the last step overflowed (updates skipped)
-    double lastGradNorm = 0;  ///< its unscaled global gradient norm
   };
   const LossScaler &lossScaler() const { return scaler; }
+  /// Whether the plan returns the squared gradient norm (clipping or loss
+  /// scaling), and the last step's global gradient norm: of the unscaled
+  /// gradients, before clipping (what clip_grad_norm_ returns), inf or NaN
+  /// when they overflowed.
+  bool hasGradNorm() const;
+  double lastGradNorm() const { return gradNorm; }
   /// The scaler's checkpoint record, and its restore (validated).
   nlohmann::json lossScalerState() const;
   Status restoreLossScaler(const nlohmann::json &state);
@@ -185,6 +190,7 @@ private:
   int64_t currentStep = 0, traceIndex = 0;
   uint64_t runSeed = 0; ///< init's seed: dropout masks are keyed by it
   LossScaler scaler;
+  double gradNorm = 0;
 };
 
 /// A learning-rate schedule over a run of `steps` steps: linear warmup from

@@ -444,10 +444,11 @@ Status validateIo(const Plan &plan) {
           sumsqOut = count(plan.outputs, "grad_sumsq");
   bool on = plan.lossScaling.enabled;
   if (scaleIn != (on ? 1 : 0) || sumsqOut != (on ? 1 : 0))
-    return FSDP_ERROR("plan: loss scaling needs \"loss_scale\" and one input "
-                      "with role \"loss_scale\" and one output with role "
-                      "\"grad_sumsq\"; found ",
-                      on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
+    if (on || scaleIn != 0 || sumsqOut != 1) // clipping returns the norm alone
+      return FSDP_ERROR("plan: loss scaling needs \"loss_scale\" and one input "
+                        "with role \"loss_scale\" and one output with role "
+                        "\"grad_sumsq\"; found ",
+                        on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
   return Status::ok();
 }
 

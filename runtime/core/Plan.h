@@ -122,7 +122,8 @@ struct MemoryReport {
 /// runtime's GradScaler. The step reads the scale (input role
 /// "loss_scale") and returns the global squared norm of the scaled
 /// gradients (output role "grad_sumsq"); inf/NaN means the step overflowed
-/// and its updates were skipped.
+/// and its updates were skipped. A plan that clips returns "grad_sumsq"
+/// without loss scaling too (the squared norm fsdp-run reports).
 struct LossScaling {
   bool enabled = false;
   double init = 65536.0, growthFactor = 2.0, backoffFactor = 0.5;

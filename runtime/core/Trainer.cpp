@@ -97,6 +97,9 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --calibrate          no plan: time this machine's kernels and (with --nproc N)
                        collectives and print the device profile fsdp-sim reads
   --json               one JSON object per step instead of the human line
+                       (plans that clip or scale the loss add the step's global
+                       gradient norm before clipping: "norm" in the line,
+                       "grad_norm" in JSON, "grad_norms" in --dump-dir's log.json)
   --quiet              only the summary
   --gradcheck K        plans compiled with optimizer=none: compare K sampled
                        elements per parameter with central finite differences
@@ -702,6 +705,7 @@ private:
     if (opt.cudaGraphs)
       FSDP_RETURN_IF_ERROR(ex->setStepCapture(true));
     scaling = plan.lossScaling.enabled;
+    normed = ex->hasGradNorm();
     items = data->itemsPerStep() * comm.size();
     if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
       killRank = std::atoll(r);
@@ -781,6 +785,8 @@ private:
     }
     losses.push_back(loss);
     lrs.push_back(lr);
+    if (normed)
+      norms.push_back(ex->lastGradNorm());
     times.push_back(ms);
     bool skip = scaling && ex->lossScaler().lastSkipped;
     if (scaling)
@@ -808,6 +814,8 @@ private:
                           {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
                           {"arena_bytes", plan.arenaBytes},
                           {"comm_bytes", commPerStep}};
+      if (normed)
+        j["grad_norm"] = ex->lastGradNorm();
       if (scaling) {
         j["loss_scale"] = scaleUsed;
         j["skipped"] = skip;
@@ -816,8 +824,11 @@ private:
     } else if (print) {
       if (tty)
         std::fprintf(stderr, "\r\033[K");
-      std::printf("step %5lld/%lld | loss %.6f | lr %.2e | %8.2f ms | %9.0f %s/s | mem %s\n",
-                  (long long)s, (long long)opt.steps, loss, lr, ms, items / (ms / 1000),
+      char norm[48] = ""; // the global gradient norm, before clipping
+      if (normed)
+        std::snprintf(norm, sizeof norm, " | norm %.4g", ex->lastGradNorm());
+      std::printf("step %5lld/%lld | loss %.6f | lr %.2e%s | %8.2f ms | %9.0f %s/s | mem %s\n",
+                  (long long)s, (long long)opt.steps, loss, lr, norm, ms, items / (ms / 1000),
                   data->unit(), human((double)plan.arenaBytes).c_str());
       if (skip)
         std::printf("step %5lld: gradients overflowed at loss scale %g: update "
@@ -866,6 +877,8 @@ private:
             {"predicted_host_peak", plan.memory.hostPeak},
             {"measured_host_high_water", m.hostHighWater}}},
           {"comm_bytes_per_step", commPerStep}};
+      if (normed)
+        log["grad_norms"] = norms;
       if (scaling) {
         log["loss_scales"] = scales;
         log["skipped_steps"] = skipped;
@@ -961,7 +974,8 @@ private:
   int64_t killRank = -1, killStep = -1;
   // runStep / validate: what the run has measured
   TensorMap batches, trajectory; ///< the dump's batches and parameters per step
-  std::vector<double> losses, lrs, times, scales;
+  std::vector<double> losses, lrs, times, scales, norms;
+  bool normed = false;          ///< the plan returns the gradient norm (clipping, loss scaling)
   std::vector<int64_t> skipped; ///< steps whose updates overflowed
   double totalMs = 0;           ///< steps after the first
   int64_t commPerStep = 0;      ///< the last step's bytes sent

@@ -5,7 +5,8 @@ For every mesh R x S given (R replicas of S shards, N = R*S ranks) and every
 stage, compiles the model for per-rank batch G / N with `mesh=RxS`, runs it
 on N local ranks and checks:
   1. losses: every step within RTOL (relative) of the one-rank run of the
-     same model at global batch G (and under SGD the consolidated final
+     same model at global batch G, the gradient norms as
+     shard_equivalence.norms_match says (and under SGD the consolidated final
      parameters within 1e-4 of each tensor's largest value; under AdamW see
      shard_equivalence.py for why parameters are not compared);
   2. communication: the bytes each rank sent per step equal the formula
@@ -88,7 +89,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         ref_model = os.path.join(tmp, "g.mlir")
         se.gen(kind, se.GLOBAL_BATCH, ref_model)
-        ref_losses, ref_params, _ = se.run(bindir, ref_model, tmp, "ref", 1, "stage=0",
+        ref_losses, ref_norms, ref_params, _ = se.run(bindir, ref_model, tmp, "ref", 1, "stage=0",
                                            steps, optimizer)
         print(f"{kind} ({optimizer}): one-rank reference, global batch {se.GLOBAL_BATCH}, "
               f"{steps} steps, losses {ref_losses[0]:.6f} .. {ref_losses[-1]:.6f}")
@@ -103,8 +104,8 @@ def main():
             for stage, reshard in configs:
                 tag = f"m{r}x{s}s{stage}r{reshard}"
                 pipe = f"stage={stage} mesh={r}x{s} reshard-after-forward={reshard}"
-                losses, params, comm = se.run(bindir, model, tmp, tag, n, pipe, steps,
-                                              optimizer)
+                losses, norms, params, comm = se.run(bindir, model, tmp, tag, n, pipe,
+                                                     steps, optimizer)
                 with open(os.path.join(tmp, tag + ".plan")) as f:
                     plan = json.load(f)
                 units = [u["padded_numel"] for u in plan["units"] if not u["frozen"]]
@@ -121,21 +122,23 @@ def main():
                 mem = plan["memory"]
                 loss_err, param_err = se.differences(losses, ref_losses, params, ref_params)
                 ok_loss = len(losses) == len(ref_losses) and loss_err <= rtol
+                ok_norm, _, norm_err = se.norms_match(norms, ref_norms, rtol)
                 ok_param = not compare_params or param_err <= 1e-4
                 ok_comm = (want_comm < comm <= want_comm + extra if extra
                            else comm == want_comm)
                 ok_mem = mem["params"] == want_params and (
                     not optimizer.startswith("adamw") or mem["state"] == want_state)
-                ok = ok_loss and ok_param and ok_comm and ok_mem
+                ok = ok_loss and ok_norm and ok_param and ok_comm and ok_mem
                 failures += not ok
                 formula_text = (f"formula {want_comm}" if not extra else
                                 f"formula {want_comm} + up to {extra} regathered")
                 print(f"  mesh {r}x{s} stage={stage} reshard={reshard} "
-                      f"loss rel diff {loss_err:.2e} "
+                      f"loss rel diff {loss_err:.2e} norm {norm_err:.1e} "
                       f"param diff {param_err:.2e} comm {comm} B ({formula_text}) "
                       f"params {mem['params']} B state {mem['state']} B  "
                       f"{'ok' if ok else 'MISMATCH'}"
-                      + ("" if ok_loss else " [losses]") + ("" if ok_param else " [params]")
+                      + ("" if ok_loss else " [losses]") + ("" if ok_norm else " [norms]")
+                      + ("" if ok_param else " [params]")
                       + ("" if ok_comm else " [comm]") + ("" if ok_mem else " [memory]"))
     print("all hybrid-sharded runs match the one-rank run" if not failures
           else f"FAIL: {failures} configuration(s) differ")

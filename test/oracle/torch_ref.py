@@ -446,6 +446,13 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     skipped_ours = set(log.get("skipped_steps", []))
     scaler_ok, skipped_seen = True, 0
     FLT_MAX = 3.4028234663852886e38
+    # fsdp-run's gradient norm (log.json "grad_norms", plans that clip)
+    # against clip_grad_norm_'s total norm in float64: apart by at most
+    # sqrt(P) delta (each gradient element is within delta of float64's,
+    # and | |a| - |b| | <= |a - b|) plus float32's sum of P squares
+    # (relative P u at most, halved by the square root) and the root's
+    # own rounding.
+    norm_worst, norm_rel = None, 0.0
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
         with torch.no_grad():
@@ -495,6 +502,11 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         if mgn > 0:
             norm = math.sqrt(sum((g * g).sum().item() for g in grads.values()))
             clip = min(1.0, mgn / (norm + 1e-6))
+            if not ls and "grad_norms" in log:
+                allowed = math.sqrt(P) * delta + norm * (P * U32 / 2 + 2 * U32)
+                ratio = abs(log["grad_norms"][step - 1] - norm) / allowed
+                norm_worst = max(norm_worst or 0.0, ratio)
+                norm_rel = max(norm_rel, abs(log["grad_norms"][step - 1] - norm) / norm)
             # our coefficient's relative error is at most |dg| / |g|
             dclip = clip * min(1.0, math.sqrt(P) * delta / max(norm, 1e-300)) if clip < 1 else 0.0
         for n in params:
@@ -518,6 +530,12 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                  if check.kind == "adamw" else "")
         lines.append(f"  {n:<40} max |diff| / allowed {worst[n]:.3f}{extra}")
     ok = all(w <= 1.0 for w in worst.values())
+    if norm_worst is not None:
+        lines.append(f"gradient norms vs clip_grad_norm_'s in float64, every step: "
+                     f"{'MATCH' if norm_worst <= 1.0 else 'MISMATCH'} (worst "
+                     f"{norm_worst:.2e} of the allowed difference, relative difference "
+                     f"{norm_rel:.2e})")
+        ok = ok and norm_worst <= 1.0
     if ls:
         lines.append(f"loss scaling: {skipped_seen} of {log['steps']} steps skipped "
                      f"(overflow), Adam/momentum step count = applied steps; scale and "
