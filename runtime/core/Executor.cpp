@@ -69,8 +69,10 @@ double scheduledLr(const LrSchedule &s, int64_t step) {
   int64_t span = s.kind == "linear" ? s.steps - s.warmup : s.kind == "wsd" ? s.decaySteps : 0;
   if (span <= 0)
     return s.lr;
-  double left = std::clamp((double)(s.steps - step) / (double)span, 0.0, 1.0);
-  return s.minLr + (s.lr - s.minLr) * left;
+  double left = std::min((double)(s.steps - step) / (double)span, 1.0);
+  if (left >= 1)
+    return s.lr; // before the decay: the peak itself, not min + (lr - min) rounded
+  return s.minLr + (s.lr - s.minLr) * std::max(left, 0.0);
 }
 
 Executor::Executor(const Plan &plan, Communicator &comm, Device &device)
@@ -494,7 +496,8 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     else if (b.role == "grad_sumsq")
       FSDP_RETURN_IF_ERROR(readBuffer(b.buffer, &sumsq));
   }
-  // The scale this step's gradients carry (1 without loss scaling).
+  // The norm of the gradients before clipping; under loss scaling they
+  // carry this step's scale, which the norm reported leaves out.
   gradNorm = std::sqrt((double)sumsq) / (ls.enabled ? scaler.scale : 1.0);
   if (ls.enabled) {
     // GradScaler.update: back off after an overflow (the updates skipped
@@ -516,6 +519,11 @@ Status Executor::step(int64_t step, double lr, float &loss) {
   return Status::ok();
 }
 
+bool Executor::hasGradNorm() const {
+  return std::any_of(plan.outputs.begin(), plan.outputs.end(),
+                     [](const Binding &b) { return b.role == "grad_sumsq"; });
+}
+
 // [Note: evaluation]
 // A plan holds one program, the training step; there is no separate
 // forward-only program to keep in step with it. Evaluation runs the
@@ -531,11 +539,6 @@ Status Executor::step(int64_t step, double lr, float &loss) {
 // training with evaluations is bitwise training without; test/lit/e2e/
 // eval.test). Liveness and the arena are the step's: the prefix touches a
 // subset of its buffers, so the measured high-water cannot grow.
-bool Executor::hasGradNorm() const {
-  return std::any_of(plan.outputs.begin(), plan.outputs.end(),
-                     [](const Binding &b) { return b.role == "grad_sumsq"; });
-}
-
 Status Executor::evaluate(float &loss) {
   int64_t lossBuf = -1;
   for (const Binding &b : plan.outputs)

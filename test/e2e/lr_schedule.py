@@ -25,7 +25,9 @@ peak. fsdp-run evaluates the closed form (a few roundings), and log.json
 prints doubles exactly. The bound used is 1e-12 of the peak: a schedule
 off by one step moves some step by at least (lr - min_lr) / S, 1e10 times
 more. The script also checks that each kind's values differ from the
-others' (a schedule silently falling back to another would not pass).
+others' (a schedule silently falling back to another would not pass), and
+that the steps at the peak (the warmup's last, constant's, wsd's stable
+phase) are the peak exactly.
 """
 import json
 import os
@@ -93,6 +95,12 @@ def main():
         ref = torch_lrs(kind)
         worst = max(abs(a - b) for a, b in zip(ours, ref))
         ok = len(ours) == S and worst <= 1e-12 * LR
+        # After the warmup, constant and wsd's stable phase run at the peak
+        # itself, bit for bit.
+        stable = {"constant": S, "wsd": S - D}.get(kind, W)
+        if any(ours[t - 1] != LR for t in range(W, stable + 1)):
+            print(f"FAIL {kind}: a step of its stable phase is not the peak {LR!r} exactly")
+            ok = False
         seen[kind] = ours
         print(f"{'ok' if ok else 'FAIL':4} {kind:<9} {S} steps vs torch.optim.lr_scheduler: "
               f"max |diff| {worst:.2e} (bound {1e-12 * LR:.0e}); last lr {ours[-1]:.6g}")

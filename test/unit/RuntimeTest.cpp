@@ -167,6 +167,11 @@ TEST(ScheduleTest, LinearAndWarmupStableDecay) {
     EXPECT_DOUBLE_EQ(scheduledLr(wsd, t), 2.0) << "step " << t;
   EXPECT_DOUBLE_EQ(scheduledLr(wsd, 21), 1.25); // 0.5 + 1.5 * 3 / 6
   EXPECT_DOUBLE_EQ(scheduledLr(wsd, 24), 0.5);
+  // The stable phase is the peak bit for bit (0.001 + 0.009 rounds to
+  // 0.010000000000000002), as a constant schedule would give it.
+  LrSchedule odd{"wsd", 0.01, 0.001, 0, 8, 3};
+  for (int64_t t = 1; t <= 5; ++t)
+    EXPECT_EQ(scheduledLr(odd, t), 0.01) << "step " << t;
   for (const LrSchedule &s : {lin, wsd})
     for (int64_t t = 5; t <= 24; ++t) {
       EXPECT_LE(scheduledLr(s, t), scheduledLr(s, t - 1)) << s.kind << " step " << t;
