@@ -146,30 +146,21 @@ void InsertOptimizerPass::runOnOperation() {
   for (SetGradOp set : sets)
     grads.push_back(set.getValue());
   // With dynamic loss scaling the gradients are `scale` times too large:
-  // one factor unscales (and clips) them, the updates are skipped when the
-  // squared norm overflowed, and the step returns it (the runtime's
-  // found_inf, read with the loss, that drives the scale).
+  // one factor unscales (and clips) them, and the updates are skipped when
+  // the squared norm overflowed. Either way the step returns the squared
+  // norm after the loss: the runtime's found_inf that drives the scale,
+  // and the gradient norm fsdp-run reports (what clip_grad_norm_ returns).
   Value lossScale = findRoleArgument(step, "loss_scale"), skip;
-  if (lossScale) {
+  if (lossScale || maxGradNorm > 0) {
     Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
-    Value coef = b.create<GradCoefOp>(
-        loc, scalarTy, sumsq, lossScale,
-        maxGradNorm > 0 ? b.getF64FloatAttr(maxGradNorm) : FloatAttr());
+    FloatAttr maxNorm = maxGradNorm > 0 ? b.getF64FloatAttr(maxGradNorm) : FloatAttr();
+    Value coef = lossScale
+                     ? b.create<GradCoefOp>(loc, scalarTy, sumsq, lossScale, maxNorm).getResult()
+                     : b.create<ClipCoefOp>(loc, scalarTy, sumsq, maxNorm).getResult();
     for (Value &g : grads)
       g = b.create<MulOp>(loc, g.getType(), g, coef);
-    skip = sumsq;
-    auto ret = cast<func::ReturnOp>(body.getTerminator());
-    ret->insertOperands(ret.getNumOperands(), sumsq);
-    step.setType(FunctionType::get(ctx, step.getArgumentTypes(),
-                                   ret.getOperandTypes()));
-  } else if (maxGradNorm > 0) {
-    Value sumsq = b.create<SquaredNormOp>(loc, scalarTy, grads);
-    Value coef = b.create<ClipCoefOp>(loc, scalarTy, sumsq,
-                                      b.getF64FloatAttr(maxGradNorm));
-    for (Value &g : grads)
-      g = b.create<MulOp>(loc, g.getType(), g, coef);
-    // The step returns the squared norm too: fsdp-run reports the gradient
-    // norm of every step, as clip_grad_norm_ returns it.
+    if (lossScale)
+      skip = sumsq;
     auto ret = cast<func::ReturnOp>(body.getTerminator());
     ret->insertOperands(ret.getNumOperands(), sumsq);
     step.setType(FunctionType::get(ctx, step.getArgumentTypes(), ret.getOperandTypes()));

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace fsdp {
 
@@ -51,10 +52,21 @@ double nowUs() {
 }
 } // namespace
 
-const char *lrScheduleKinds() { return "constant, cosine, linear or wsd"; }
+namespace {
+const char *const kLrScheduleKinds[] = {"constant", "cosine", "linear", "wsd"};
+} // namespace
+
+std::string lrScheduleKinds() {
+  std::string out;
+  const size_t n = std::size(kLrScheduleKinds);
+  for (size_t i = 0; i < n; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kLrScheduleKinds[i];
+  return out;
+}
 
 bool isLrScheduleKind(const std::string &kind) {
-  return kind == "constant" || kind == "cosine" || kind == "linear" || kind == "wsd";
+  return std::find(std::begin(kLrScheduleKinds), std::end(kLrScheduleKinds), kind) !=
+         std::end(kLrScheduleKinds);
 }
 
 double scheduledLr(const LrSchedule &s, int64_t step) {

@@ -209,7 +209,7 @@ struct LrSchedule {
 };
 
 /// The schedule's kinds, for messages: "constant, cosine, linear or wsd".
-const char *lrScheduleKinds();
+std::string lrScheduleKinds();
 bool isLrScheduleKind(const std::string &kind);
 
 /// The learning rate of `step` (1-based; lr t / W during warmup, so the

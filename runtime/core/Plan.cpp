@@ -442,13 +442,13 @@ Status validateIo(const Plan &plan) {
   };
   int64_t scaleIn = count(plan.inputs, "loss_scale"),
           sumsqOut = count(plan.outputs, "grad_sumsq");
+  // A plan that clips returns the squared norm without loss scaling.
   bool on = plan.lossScaling.enabled;
-  if (scaleIn != (on ? 1 : 0) || sumsqOut != (on ? 1 : 0))
-    if (on || scaleIn != 0 || sumsqOut != 1) // clipping returns the norm alone
-      return FSDP_ERROR("plan: loss scaling needs \"loss_scale\" and one input "
-                        "with role \"loss_scale\" and one output with role "
-                        "\"grad_sumsq\"; found ",
-                        on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
+  if (scaleIn != (on ? 1 : 0) || sumsqOut > 1 || (on && sumsqOut != 1))
+    return FSDP_ERROR("plan: loss scaling needs \"loss_scale\" and one input "
+                      "with role \"loss_scale\" and one output with role "
+                      "\"grad_sumsq\"; found ",
+                      on ? "the policy" : "no policy", ", ", scaleIn, " and ", sumsqOut);
   return Status::ok();
 }
 

@@ -191,6 +191,9 @@ PLAN_CASES = [
     ("integer input range missing", "gpt", setter(lambda p: int_input(p).pop("range")), "range >= 1"),
     ("input batch of 0", "mlp", setter(lambda p: buf(p, p["inputs"][0]).update(shape=[0, buf(p, p["inputs"][0])["shape"][1]], bytes=0)), "at least one element"),
     ("no loss output", "mlp", setter(lambda p: p.update(outputs=[])), "loss"),
+    # a clipped plan returns one squared gradient norm without loss scaling
+    ("two grad_sumsq outputs without loss scaling", "gpt", setter(lambda p: p["outputs"].append(
+        next(b for b in p["outputs"] if b["role"] == "grad_sumsq"))), "found no policy, 0 and 2"),
     # the optimizer's step operand must hold the update count (the fuzzer
     # found a NaN there cast to an integer): wired to the lr buffer instead
     ("adamw step operand reads the lr", "mlp", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(
