@@ -379,10 +379,9 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
         return success();
       })
       .Case([&](CrossEntropyOp o) {
-        accumulate(o.getLogits(),
-                   create<CrossEntropyGradOp>(loc, o.getLogits().getType(),
-                                              o.getLogits(), o.getLabels(),
-                                              dy, o.getClassesAttr()));
+        accumulate(o.getLogits(), create<CrossEntropyGradOp>(
+                                      loc, o.getLogits().getType(), o.getLogits(), o.getLabels(),
+                                      dy, o.getClassesAttr(), o.getLabelSmoothingAttr()));
         return success();
       })
       .Case([&](MseLossOp o) {

@@ -397,7 +397,7 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// `%l = cross_entropy %x, %y` and `%dx = cross_entropy_grad %x, %y,
-  /// %s` (same labels and classes, one block, the loss first) where
+  /// %s` (same labels, classes and smoothing, one block, the loss first) where
   /// nothing reads %l before the gradient: `%l, %dx = cross_entropy_fused
   /// %x, %y, %s` where the gradient was. The loss is computed later, from
   /// the same row statistics as the gradient; every operand is defined
@@ -415,7 +415,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       ce = c;
     }
     if (!ce || ce->getBlock() != g->getBlock() || !ce->isBeforeInBlock(g) ||
-        ce.getClassesAttr() != g.getClassesAttr())
+        ce.getClassesAttr() != g.getClassesAttr() ||
+        ce.getLabelSmoothingAttr() != g.getLabelSmoothingAttr())
       return;
     for (Operation *u : ce.getResult().getUsers()) {
       Operation *at = g->getBlock()->findAncestorOpInBlock(*u);
@@ -424,8 +425,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     }
     OpBuilder b(g);
     auto fused = b.create<CrossEntropyFusedOp>(
-        g.getLoc(), TypeRange{ce.getResult().getType(), g.getResult().getType()}, x,
-        g.getLabels(), g.getGrad(), g.getClassesAttr());
+        g.getLoc(), TypeRange{ce.getResult().getType(), g.getResult().getType()}, x, g.getLabels(),
+        g.getGrad(), g.getClassesAttr(), g.getLabelSmoothingAttr());
     keepMarks(g, fused);
     ce.getResult().replaceAllUsesWith(fused.getLoss());
     g.getResult().replaceAllUsesWith(fused.getDLogits());

@@ -700,13 +700,21 @@ LogicalResult CastOp::verify() {
 
 /// `classes = K` on a cross-entropy: the first K of the logits' V columns
 /// are the classes (the rest padding), so 1 <= K <= V.
+/// `classes` within the logits' last dimension and `label_smoothing` in
+/// [0, 1] (PyTorch's range), on cross_entropy and its gradients.
 static LogicalResult verifyClasses(Operation *op, RankedTensorType logits,
-                                   std::optional<uint64_t> classes) {
+                                   std::optional<uint64_t> classes,
+                                   std::optional<APFloat> smoothing) {
   int64_t v = logits.getShape().back();
   if (classes && ((int64_t)*classes < 1 || (int64_t)*classes > v))
     return op->emitOpError() << "classes = " << (int64_t)*classes
                              << " must lie in [1, " << v
                              << "] (the logits' last dimension)";
+  if (smoothing) {
+    double e = smoothing->convertToDouble();
+    if (!(e >= 0.0 && e <= 1.0))
+      return op->emitOpError() << "label_smoothing = " << e << " must lie in [0, 1]";
+  }
   return success();
 }
 
@@ -725,7 +733,7 @@ LogicalResult CrossEntropyOp::verify() {
   // precision) are widened by the kernels, the loss computed in f32 as
   // autocast's float32 cross-entropy computes it from logits.float(),
   // without an f32 copy of them.
-  return verifyClasses(*this, l, getClasses());
+  return verifyClasses(*this, l, getClasses(), getLabelSmoothing());
 }
 
 /// cross_entropy_grad and cross_entropy_fused: logits [..., classes],
@@ -737,7 +745,7 @@ template <typename OpT> static LogicalResult verifyCrossEntropyGrad(OpT op) {
                                "their leading shape, found "
                             << shapeStr(l.getShape()) << " and "
                             << shapeStr(y.getShape());
-  return verifyClasses(op, l, op.getClasses());
+  return verifyClasses(op, l, op.getClasses(), op.getLabelSmoothing());
 }
 
 LogicalResult CrossEntropyGradOp::verify() { return verifyCrossEntropyGrad(*this); }

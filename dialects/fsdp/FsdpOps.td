@@ -846,13 +846,20 @@ def Fsdp_CrossEntropyOp : Fsdp_Op<"cross_entropy", [Pure]> {
     output to a multiple of 64 columns so its GEMMs run on aligned rows),
     left out of the softmax; labels must lie in [0, K).
 
+    With `label_smoothing = e` (0 <= e <= 1, PyTorch's `label_smoothing`)
+    the target of each position is (1 - e) on its label plus e / K on every
+    class: the loss is (1 - e) (-log p[label]) + e mean_c (-log p[c]), the
+    mean over the K classes (padding columns are not classes).
+
     ```mlir
     %l = fsdp.cross_entropy %logits, %labels : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
     %p = fsdp.cross_entropy %padded, %labels {classes = 251 : i64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+    %s = fsdp.cross_entropy %logits, %labels {label_smoothing = 1.000000e-01 : f64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       OptionalAttr<I64Attr>:$classes);
+                       OptionalAttr<I64Attr>:$classes,
+                       OptionalAttr<F64Attr>:$label_smoothing);
   let results = (outs Fsdp_Scalar:$result);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -1064,16 +1071,19 @@ def Fsdp_SliceGradOp : Fsdp_Op<"slice_grad", [Pure]> {
 
 def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
     [Pure, AllTypesMatch<["logits", "result"]>]> {
-  let summary = "VJP of cross_entropy: (softmax - onehot) * dloss / count";
+  let summary = "VJP of cross_entropy: (softmax - target) * dloss / count";
   let description = [{
-    `classes` as on cross_entropy: the padding columns' gradient is 0.
+    `classes` and `label_smoothing` as on cross_entropy: the target is the
+    one-hot label, or (1 - e) onehot + e / K with smoothing; the padding
+    columns' gradient is 0.
 
     ```mlir
     %dl = fsdp.cross_entropy_grad %logits, %labels, %dloss : tensor<32x256xf32>, tensor<32xi32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes);
+                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes,
+                       OptionalAttr<F64Attr>:$label_smoothing);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
     $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
@@ -1091,14 +1101,15 @@ def Fsdp_CrossEntropyFusedOp : Fsdp_Op<"cross_entropy_fused",
     and sum of exponentials serve both). fsdp-fuse-epilogues forms it
     when the loss is read only after its gradient (the step returns it),
     so `%grad` (the seed, or the loss scale) is known before the loss.
-    `classes` as on cross_entropy.
+    `classes` and `label_smoothing` as on cross_entropy.
 
     ```mlir
     %l, %dl = fsdp.cross_entropy_fused %logits, %labels, %dloss : tensor<32x256xbf16>, tensor<32xi32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes);
+                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes,
+                       OptionalAttr<F64Attr>:$label_smoothing);
   let results = (outs Fsdp_Scalar:$loss, Fsdp_FloatTensor:$d_logits);
   let assemblyFormat = [{
     $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)

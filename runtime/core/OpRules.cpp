@@ -565,6 +565,9 @@ const std::unordered_map<std::string, Check> &checks() {
       if (op.attrError.empty() && (classes < 1 || classes > l.shape.back()))
         return FSDP_ERROR(op.inst.op, ": classes = ", classes, " must lie in [1, ",
                           l.shape.back(), "] (the logits' last dimension)");
+      double smoothing = op.f("label_smoothing", 0);
+      if (op.attrError.empty() && !(smoothing >= 0 && smoothing <= 1))
+        return FSDP_ERROR(op.inst.op, ": label_smoothing = ", smoothing, " must lie in [0, 1]");
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
         if (fused)

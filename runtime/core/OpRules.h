@@ -152,6 +152,10 @@ inline int64_t rowsOf(const Buffer &b) {
 /// of the logits (the rest padding, fsdp-pad-classes); all of them when the
 /// attribute is absent. checkInstruction has checked 1 <= classes <= last dim.
 inline int64_t ceClasses(const Op &op) { return op.i("classes", lastDim(op.in(0))); }
+/// cross_entropy(_grad / _fused)'s label_smoothing e (0 when absent; the
+/// target is (1 - e) onehot + e / classes). checkInstruction has checked
+/// 0 <= e <= 1.
+inline double ceSmoothing(const Op &op) { return op.f("label_smoothing", 0); }
 
 /// matmul dimensions from shapes and flags.
 struct MM {

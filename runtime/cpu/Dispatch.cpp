@@ -28,6 +28,7 @@ namespace {
 
 using rules::around;
 using rules::ceClasses;
+using rules::ceSmoothing;
 using rules::lastDim;
 using rules::matmulDims;
 using rules::MM;
@@ -100,12 +101,13 @@ template <typename I> Status runEmbeddingGrad(const Run &r) {
 template <typename I> Status runCrossEntropy(const Run &r, bool loss, bool grad) {
   const Buffer &l = r.op.in(0);
   int64_t stride = lastDim(l), rows = rowsOf(l), classes = ceClasses(r.op);
+  double smoothing = ceSmoothing(r.op);
   int64_t bad = -1;
   if (loss)
-    bad = crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride);
+    bad = crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride, smoothing);
   if (grad && bad < 0)
     bad = crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(loss ? 1 : 0), rows,
-                                     classes, stride);
+                                     classes, stride, smoothing);
   if (bad >= 0)
     return FSDP_ERROR(r.op.inst.op, ": label ", (int64_t)r.in<I>(1)[bad], " at position ", bad,
                       " is outside [0, ", classes, ")");

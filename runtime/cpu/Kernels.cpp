@@ -769,8 +769,8 @@ void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
 }
 
 template <typename T, typename I>
-int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
-                     int64_t classes, int64_t stride) {
+int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows, int64_t classes,
+                     int64_t stride, double smoothing) {
   stride = stride ? stride : classes;
   for (int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes)
@@ -783,7 +783,17 @@ int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
     T sum = 0;
     for (int64_t c = 0; c < classes; ++c)
       sum += std::exp(lr[c] - mx);
-    per[r] = (double)(std::log(sum) + mx - lr[labels[r]]);
+    if (smoothing == 0) {
+      per[r] = (double)(std::log(sum) + mx - lr[labels[r]]);
+      continue;
+    }
+    // -log p[c] = lse - x[c]: (1 - e) of the label's plus e of their mean
+    // over the classes, which is lse - mean(x).
+    double lse = (double)(std::log(sum) + mx), xs = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      xs += (double)lr[c];
+    per[r] =
+        (1 - smoothing) * (lse - (double)lr[labels[r]]) + smoothing * (lse - xs / (double)classes);
   }
   double total = 0;
   for (double v : per)
@@ -793,20 +803,26 @@ int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
 }
 
 template <typename T, typename I>
-int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
-                         T *dlogits, int64_t rows, int64_t classes, int64_t stride) {
+int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss, T *dlogits, int64_t rows,
+                         int64_t classes, int64_t stride, double smoothing) {
   stride = stride ? stride : classes;
   for (int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes)
       return r;
   T f = *dloss / T(rows);
+  // The target: (1 - e) on the label, e / K on every class.
+  T onLabel = smoothing == 0 ? f : (T)((1 - smoothing) * (double)f);
+  T uniform = (T)(smoothing * (double)f / (double)classes);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     T *dr = dlogits + r * stride;
     softmaxRow(logits + r * stride, dr, classes);
     for (int64_t c = 0; c < classes; ++c)
       dr[c] *= f;
-    dr[labels[r]] -= f;
+    if (smoothing != 0)
+      for (int64_t c = 0; c < classes; ++c)
+        dr[c] -= uniform;
+    dr[labels[r]] -= onLabel;
     std::fill(dr + classes, dr + stride, T(0));
   }
   return -1;
@@ -994,13 +1010,15 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
   template void sliceGrad<T>(const T *, T *, int64_t, int64_t, int64_t,        \
                              int64_t, int64_t);                                \
   template int64_t crossEntropy<T, int32_t>(const T *, const int32_t *, T *,   \
-                                            int64_t, int64_t, int64_t);        \
+                                            int64_t, int64_t, int64_t, double); \
   template int64_t crossEntropy<T, int64_t>(const T *, const int64_t *, T *,   \
-                                            int64_t, int64_t, int64_t);        \
-  template int64_t crossEntropyGrad<T, int32_t>(                               \
-      const T *, const int32_t *, const T *, T *, int64_t, int64_t, int64_t);  \
-  template int64_t crossEntropyGrad<T, int64_t>(                               \
-      const T *, const int64_t *, const T *, T *, int64_t, int64_t, int64_t);  \
+                                            int64_t, int64_t, int64_t, double); \
+  template int64_t crossEntropyGrad<T, int32_t>(const T *, const int32_t *,    \
+                                                const T *, T *, int64_t,       \
+                                                int64_t, int64_t, double);     \
+  template int64_t crossEntropyGrad<T, int64_t>(const T *, const int64_t *,    \
+                                                const T *, T *, int64_t,       \
+                                                int64_t, int64_t, double);     \
   template void mseLoss<T>(const T *, const T *, T *, int64_t);                \
   template void mseLossGrad<T>(const T *, const T *, const T *, T *, int64_t); \
   template void bceWithLogits<T>(const T *, const T *, T *, int64_t);          \

@@ -155,12 +155,15 @@ void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
 /// Cross-entropy mean over `rows`; returns the first bad label index or -1.
 /// Row r starts at r * stride (0: classes); the columns from `classes` on
 /// are padding (fsdp-pad-classes): left out of the softmax, gradient 0.
+/// `smoothing` e in [0, 1]: the target is (1 - e) on the label plus e /
+/// classes on each class (PyTorch's label_smoothing); e = 0 is the plain
+/// one-hot loss, computed as without the option (the same bits).
 template <typename T, typename I>
-int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows,
-                     int64_t classes, int64_t stride = 0);
+int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows, int64_t classes,
+                     int64_t stride = 0, double smoothing = 0);
 template <typename T, typename I>
-int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss,
-                         T *dlogits, int64_t rows, int64_t classes, int64_t stride = 0);
+int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss, T *dlogits, int64_t rows,
+                         int64_t classes, int64_t stride = 0, double smoothing = 0);
 template <typename T> void mseLoss(const T *x, const T *t, T *loss, int64_t n);
 template <typename T>
 void mseLossGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n);

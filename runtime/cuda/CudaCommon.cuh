@@ -113,6 +113,27 @@ template <typename T> __device__ T blockSum(T v, T *sh) {
   return sh[0];
 }
 
+/// A label-smoothed cross-entropy row term (smoothing e): -log p[label]
+/// = lse - x[label] weighted 1 - e, plus e times the mean over the
+/// `classes` classes of -log p[c], which is lse - rowSum / classes. The
+/// CPU kernels' formula (runtime/cpu/Kernels.cpp), in double.
+__device__ inline double smoothedCeTerm(double lse, double atLabel, double rowSum, int64_t classes,
+                                        double e) {
+  return (1 - e) * (lse - atLabel) + e * (lse - rowSum / (double)classes);
+}
+
+/// The gradient's two target weights, as the CPU kernels round them: the
+/// label's (1 - e) f and every class's e f / classes (f = dloss / rows);
+/// f and 0 without smoothing.
+struct CeTarget {
+  float onLabel, uniform;
+};
+__device__ inline CeTarget ceTarget(float f, int64_t classes, double e) {
+  if (e == 0)
+    return {f, 0.f};
+  return {(float)((1 - e) * (double)f), (float)(e * (double)f / (double)classes)};
+}
+
 __device__ float blockMax(float v, float *sh) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warpMax(v);

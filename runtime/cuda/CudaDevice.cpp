@@ -1196,6 +1196,7 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
   const Buffer &l = op.in(0);
   int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
   int64_t classes = rules::ceClasses(op);
+  double e = rules::ceSmoothing(op);
   const void *logits = r.v(0);
   const int32_t *labels = r.in<int32_t>(1);
   const bool cache = ceCacheRow;
@@ -1206,14 +1207,14 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
-                                           stride, bad, s, cache);
+                                           stride, bad, s, cache, e);
         },
         n);
   } else if (n == "cross_entropy") {
     float *y = r.out(0);
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad, s);
+          return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad, s, e);
         },
         n);
   } else {
@@ -1222,7 +1223,7 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride, bad, s,
-                                          cache);
+                                          cache, e);
         },
         n);
   }
@@ -1614,6 +1615,7 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
     const Buffer &l = op.in(0);
     int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
     int64_t classes = rules::ceClasses(op);
+    double e = rules::ceSmoothing(op);
     const float *logits = r.in(0);
     const int32_t *labels = r.in<int32_t>(1);
     bool fused = n == "cross_entropy_fused", lossOnly = n == "cross_entropy";
@@ -1623,12 +1625,12 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
     long long *bad = badPos;
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride,
-                                              bad, s)
-                               : cudaSuccess;
-          return e != cudaSuccess || !dx ? e
-                                         : crossEntropyGrad(logits, labels, dl, dx, rows,
-                                                            classes, stride, bad, s);
+          cudaError_t err =
+              loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride, bad, s, e)
+                   : cudaSuccess;
+          return err != cudaSuccess || !dx
+                     ? err
+                     : crossEntropyGrad(logits, labels, dl, dx, rows, classes, stride, bad, s, e);
         },
         n);
   } else if (n == "mse_loss" || n == "bce_with_logits") {

@@ -745,24 +745,36 @@ cudaError_t reduceSum(int64_t n, F term, double scale, float *out, double *parti
 // Row r of the logits starts at r * stride; its first `classes` columns are
 // the classes, the rest (fsdp-pad-classes' padding) are left out of the
 // softmax and get a zero gradient.
+// With label smoothing e the row's term and gradient take the smoothed
+// target (smoothedCeTerm, ceTarget).
 __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *perRow,
-                            int64_t classes, int64_t stride, long long *badPos) {
+                            int64_t classes, int64_t stride, long long *badPos, double e) {
   __shared__ float sh[32];
+  __shared__ double shd[32];
   const float *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   bool bad = label < 0 || label >= classes;
   float mx, sum;
   rowMaxSumExp(lr, classes, sh, mx, sum);
+  double xs = 0;
+  if (e != 0) {
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+      xs += (double)lr[c];
+    xs = blockSum(xs, shd);
+  }
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
-    perRow[blockIdx.x] = bad ? 0.0 : (double)(logf(sum) + mx - lr[label]);
+    perRow[blockIdx.x] = bad ? 0.0
+                         : e == 0
+                             ? (double)(logf(sum) + mx - lr[label])
+                             : smoothedCeTerm((double)(logf(sum) + mx), lr[label], xs, classes, e);
   }
 }
 
 __global__ void ceGradKernel(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos) {
+                             long long *badPos, double e) {
   __shared__ float sh[32];
   const float *lr = logits + blockIdx.x * stride;
   float *dr = dlogits + blockIdx.x * stride;
@@ -770,8 +782,10 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
   float mx, sum;
   rowMaxSumExp(lr, classes, sh, mx, sum);
   float f = *dloss / (float)rows;
+  CeTarget t = ceTarget(f, classes, e);
   for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
-    dr[c] = c < classes ? expf(lr[c] - mx) / sum * f - (c == label ? f : 0.f) : 0.f;
+    dr[c] =
+        c < classes ? expf(lr[c] - mx) / sum * f - t.uniform - (c == label ? t.onLabel : 0.f) : 0.f;
   if (threadIdx.x == 0 && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
 }
@@ -780,24 +794,24 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
 
 int64_t reductionScratch() { return kReduceBlocks; }
 
-cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, cudaStream_t s) {
+cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss, double *scratch,
+                         int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                         cudaStream_t s, double smoothing) {
   if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, stride,
-                                                  badPos);
+  ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, stride, badPos,
+                                                  smoothing);
   finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
   return cudaGetLastError();
 }
 
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, cudaStream_t s) {
+                             long long *badPos, cudaStream_t s, double smoothing) {
   if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  ceGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, dloss, dlogits, rows,
-                                                   classes, stride, badPos);
+  ceGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, dloss, dlogits, rows, classes,
+                                                   stride, badPos, smoothing);
   return cudaGetLastError();
 }
 

@@ -137,13 +137,14 @@ cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t
 /// records its row in *badPos. Row r starts at r * stride (stride >=
 /// classes: columns from `classes` on are padding, outside the softmax,
 /// and their gradient is written as 0). `scratch`: rows doubles (per-row
-/// losses, summed in a fixed order).
-cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss,
-                         double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, cudaStream_t s);
+/// losses, summed in a fixed order). `smoothing` e: label smoothing, the
+/// target (1 - e) onehot + e / classes (the CPU kernels' arithmetic).
+cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss, double *scratch,
+                         int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                         cudaStream_t s, double smoothing = 0);
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, cudaStream_t s);
+                             long long *badPos, cudaStream_t s, double smoothing = 0);
 /// `partial`: reductionScratch() doubles (fixed-order two-stage sums).
 int64_t reductionScratch();
 cudaError_t mseLoss(const float *x, const float *t, float *loss, double *partial, int64_t n,

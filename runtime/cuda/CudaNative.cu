@@ -1377,22 +1377,58 @@ __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
   return r;
 }
 
+/// The block's sum of xr[0, cols) in double (label smoothing's mean
+/// logit), read as rowMaxSumOnline<Vec> reads the row; every thread gets
+/// it, after a barrier (so a row written in place afterwards is safe).
+template <bool Vec, typename T> __device__ double rowSumD(const T *xr, int64_t cols, double *sh) {
+  double a = 0;
+  if constexpr (Vec) {
+    constexpr int N = kVec<T>;
+    int64_t chunks = (cols + N - 1) / N;
+    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+      float v[N];
+      ld16(xr + k * N, v);
+      int n = cols - k * N < N ? (int)(cols - k * N) : N;
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (i < n)
+          a += (double)v[i];
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      a += (double)ld(xr + c);
+  }
+  return blockSum(a, sh);
+}
+
+/// A row's loss term from its statistics: -log p[label], or with label
+/// smoothing e the smoothed term (rowSum: the row's sum of logits).
+__device__ inline double ceRowTerm(MaxSum ms, float atLabel, double rowSum, int64_t classes,
+                                   double e) {
+  if (e == 0)
+    return (double)(logf(ms.s) + ms.m - atLabel);
+  return smoothedCeTerm((double)(logf(ms.s) + ms.m), atLabel, rowSum, classes, e);
+}
+
 // Row r of the logits starts at r * stride; its first `classes` columns are
 // the classes, the rest (fsdp-pad-classes' padding) are left out of the
 // softmax and get a zero gradient. Vec: stride is a multiple of kVec<T>
-// and the rows are 16-byte aligned (a padded head's rows are).
+// and the rows are 16-byte aligned (a padded head's rows are). e: label
+// smoothing.
 template <bool Vec, typename T>
-__global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perRow,
-                            int64_t classes, int64_t stride, long long *badPos) {
+__global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perRow, int64_t classes,
+                            int64_t stride, long long *badPos, double e) {
   __shared__ MaxSum sh[32];
+  __shared__ double shd[32];
   const T *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   bool bad = label < 0 || label >= classes;
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
+  double xs = e != 0 ? rowSumD<Vec>(lr, classes, shd) : 0.0;
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
-    perRow[blockIdx.x] = bad ? 0.0 : (double)(logf(ms.s) + ms.m - ld(lr + label));
+    perRow[blockIdx.x] = bad ? 0.0 : ceRowTerm(ms, ld(lr + label), xs, classes, e);
   }
 }
 
@@ -1403,19 +1439,22 @@ __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perR
 template <bool Vec, typename T>
 __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss, T *dlogits,
                           int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                          MaxSum *sh, double *perRow = nullptr) {
+                          MaxSum *sh, double *shd, double e, double *perRow = nullptr) {
   T *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
   bool badLabel = label < 0 || label >= classes;
-  // The label's logit is read before the statistics' barriers, so before
-  // any thread writes the row (in place, lr may be dr).
+  // The label's logit (and the row sum) are read before the statistics'
+  // barriers, so before any thread writes the row (in place, lr may be dr).
   float atLabel = perRow && threadIdx.x == 0 && !badLabel ? ld(lr + label) : 0.f;
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
+  double xs = perRow && e != 0 ? rowSumD<Vec>(lr, classes, shd) : 0.0;
   if (perRow && threadIdx.x == 0)
-    perRow[blockIdx.x] = badLabel ? 0.0 : (double)(logf(ms.s) + ms.m - atLabel);
+    perRow[blockIdx.x] = badLabel ? 0.0 : ceRowTerm(ms, atLabel, xs, classes, e);
   float f = *dloss / (float)rows, inv = f / ms.s; // one division a row
+  CeTarget t = ceTarget(f, classes, e);
   auto grad = [&](int64_t c, float x) {
-    return c < classes ? expQuick(x - ms.m) * inv - (c == label ? f : 0.f) : 0.f;
+    return c < classes ? expQuick(x - ms.m) * inv - t.uniform - (c == label ? t.onLabel : 0.f)
+                       : 0.f;
   };
   if constexpr (Vec) {
     constexpr int N = kVec<T>;
@@ -1437,12 +1476,13 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
 
 /// Two reads of the logits (the row statistics, then the gradient).
 template <bool Vec, typename T>
-__global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss,
-                             T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, double *perRow) {
+__global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss, T *dlogits,
+                             int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                             double e, double *perRow) {
   __shared__ MaxSum sh[32];
+  __shared__ double shd[32];
   ceGradRow<Vec>(logits + blockIdx.x * stride, labels, dloss, dlogits, rows, classes, stride,
-                 badPos, sh, perRow);
+                 badPos, sh, shd, e, perRow);
 }
 
 /// Rows of at most this many bytes are read once, into shared memory (two
@@ -1458,16 +1498,17 @@ constexpr int64_t kCeRowCacheBytes = 112 << 10;
 template <typename T>
 __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const float *dloss,
                                    T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                                   long long *badPos, double *perRow) {
+                                   long long *badPos, double e, double *perRow) {
   extern __shared__ uint4 ceRow[];
   __shared__ MaxSum sh[32];
+  __shared__ double shd[32];
   const uint4 *src = reinterpret_cast<const uint4 *>(logits + blockIdx.x * stride);
 #pragma unroll 4
   for (int64_t k = threadIdx.x; k < stride / kVec<T>; k += blockDim.x)
     ceRow[k] = src[k];
   __syncthreads();
-  ceGradRow<true>(reinterpret_cast<const T *>(ceRow), labels, dloss, dlogits, rows, classes,
-                  stride, badPos, sh, perRow);
+  ceGradRow<true>(reinterpret_cast<const T *>(ceRow), labels, dloss, dlogits, rows, classes, stride,
+                  badPos, sh, shd, e, perRow);
 }
 
 __global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
@@ -1487,17 +1528,17 @@ template <typename T> bool vectorRows(const void *a, const void *b, int64_t stri
 }
 
 template <typename T>
-cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss,
-                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                          long long *badPos, cudaStream_t s) {
+cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss, double *scratch,
+                          int64_t rows, int64_t classes, int64_t stride, long long *badPos,
+                          double e, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   if (vectorRows<T>(logits, logits, stride))
-    ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, scratch, classes, stride, badPos);
+    ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
+                                                             classes, stride, badPos, e);
   else
-    ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, scratch, classes, stride, badPos);
+    ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
+                                                              classes, stride, badPos, e);
   meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
   return cudaGetLastError();
 }
@@ -1509,7 +1550,8 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
 template <typename T>
 cudaError_t launchCeGrad(const void *logits, const int32_t *labels, const float *dloss,
                          void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, bool cacheRow, double *perRow, cudaStream_t s) {
+                         long long *badPos, double e, bool cacheRow, double *perRow,
+                         cudaStream_t s) {
   const size_t rowBytes = (size_t)stride * sizeof(T);
   if (cacheRow && vectorRows<T>(logits, dlogits, stride) && rowBytes <= kCeRowCacheBytes) {
     if (cudaError_t e = cudaFuncSetAttribute(ceGradCachedKernel<T>,
@@ -1517,45 +1559,45 @@ cudaError_t launchCeGrad(const void *logits, const int32_t *labels, const float 
                                              (int)kCeRowCacheBytes))
       return e;
     ceGradCachedKernel<T><<<(unsigned)rows, kThreads, rowBytes, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
   } else if (vectorRows<T>(logits, dlogits, stride))
     ceGradKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
   else
     ceGradKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
                               void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                              long long *badPos, bool cacheRow, cudaStream_t s) {
+                              long long *badPos, double e, bool cacheRow, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos,
-                         cacheRow, nullptr, s);
+  return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e, cacheRow,
+                         nullptr, s);
 }
 
 template <typename T>
 cudaError_t crossEntropyFusedT(const void *logits, const int32_t *labels, const float *dloss,
                                float *loss, void *dlogits, double *scratch, int64_t rows,
-                               int64_t classes, int64_t stride, long long *badPos, bool cacheRow,
-                               cudaStream_t s) {
+                               int64_t classes, int64_t stride, long long *badPos, double e,
+                               bool cacheRow, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   if (!vectorRows<T>(logits, dlogits, stride) && vectorRows<T>(logits, logits, stride)) {
     // The forward would read 16 bytes at a time and the gradient cannot
     // (dlogits misaligned): the two kernels, as unfused.
-    if (cudaError_t e = crossEntropyT<T>(logits, labels, loss, scratch, rows, classes, stride,
-                                         badPos, s))
-      return e;
-    return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos,
+    if (cudaError_t err =
+            crossEntropyT<T>(logits, labels, loss, scratch, rows, classes, stride, badPos, e, s))
+      return err;
+    return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e,
                            cacheRow, nullptr, s);
   }
-  if (cudaError_t e = launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride,
-                                      badPos, cacheRow, scratch, s))
-    return e;
+  if (cudaError_t err = launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride,
+                                        badPos, e, cacheRow, scratch, s))
+    return err;
   meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
   return cudaGetLastError();
 }
@@ -1764,22 +1806,23 @@ cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int6
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, cudaStream_t s) {
+                         long long *badPos, cudaStream_t s, double smoothing) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyT, logits, labels, loss, scratch, rows, classes, stride,
-                       badPos, s);
+                       badPos, smoothing, s);
 }
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
-                             int64_t stride, long long *badPos, cudaStream_t s, bool cacheRow) {
-  FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes,
-                       stride, badPos, cacheRow, s);
+                             int64_t stride, long long *badPos, cudaStream_t s, bool cacheRow,
+                             double smoothing) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes, stride,
+                       badPos, smoothing, cacheRow, s);
 }
 cudaError_t crossEntropyFused(FloatKind t, const void *logits, const int32_t *labels,
                               const float *dloss, float *loss, void *dlogits, double *scratch,
                               int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                              cudaStream_t s, bool cacheRow) {
-  FSDP_NATIVE_DISPATCH(t, crossEntropyFusedT, logits, labels, dloss, loss, dlogits, scratch,
-                       rows, classes, stride, badPos, cacheRow, s);
+                              cudaStream_t s, bool cacheRow, double smoothing) {
+  FSDP_NATIVE_DISPATCH(t, crossEntropyFusedT, logits, labels, dloss, loss, dlogits, scratch, rows,
+                       classes, stride, badPos, smoothing, cacheRow, s);
 }
 cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,

@@ -179,12 +179,18 @@ def main():
     # stream, per-micro-batch reduce-scatters, dropout's counter-based
     # mask kernel), 6 steps against the CPU device.
     gptd = os.path.join(tmp, "gpt_dropout.mlir")
+    # Label smoothing on a vocabulary of 251 padded to 256 (the smoothed
+    # cross-entropy kernels' padded rows); in bf16 below too.
+    gptls = os.path.join(tmp, "gpt_v251_ls.mlir")
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt", "--dropout", "0.1", "-o", gptd], check=True)
+        subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "--label-smoothing", "0.1",
+                        "-o", gptls], check=True)
     for name, model, options in (
             ("recompute=unit", gpt, "recompute=unit"),
             ("offload-activations", gpt, "offload-activations=true"),
             ("grad-accum=2 microbatch", gpt, "grad-accum=2 accum-reduce=microbatch"),
+            ("label smoothing 0.1", gptls, "max-grad-norm=1.0"),
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
         plan = compile_plan(model, tag, f"optimizer=adamw {options}")
@@ -288,7 +294,8 @@ def main():
             (gpt, "gpt_bf16_fused", 256, "", "mma-fused", [], {}),
             (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args, {}),
             (gpt251, "gpt_bf16_v251", 251, "", "auto", [], {}),
-            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [], {})):
+            (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [], {}),
+            (gptls, "gpt_bf16_v251_ls", 251, "", "auto", ["--label-smoothing", "0.1"], {})):
         plan = compile_plan(model, tag,
                             "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16" + extra)
         losses = run(plan, tag + "_cuda", 10, 3e-3, env=dict(env, FSDP_CUDA_ATTENTION=attn))
@@ -302,7 +309,8 @@ def main():
         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
         what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
-            (", heads of 64" if shape else "") + \
+            (", heads of 64" if "--heads" in shape else "") + \
+            (", label smoothing 0.1" if "--label-smoothing" in shape else "") + \
             (f", {attn} attention" if attn != "auto" else "") + \
             (", cuBLASLt tuned" if env == tune else "") + \
             (", every op widened to f32" if env == widened else "")

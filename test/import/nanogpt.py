@@ -2,7 +2,8 @@
 causal-mask buffer, split + view + transpose attention, dropout, tied LM
 head, nanoGPT's initialization), for fsdp-import. Sizes from the environment
 (FSDP_IMPORT_VOCAB, _CTX, _LAYERS, _HEADS, _WIDTH, _BATCH): the defaults are
-examples/gpt_small.mlir's."""
+examples/gpt_small.mlir's. FSDP_IMPORT_LABEL_SMOOTHING sets the loss's
+label_smoothing (0 by default)."""
 import math
 import os
 
@@ -42,6 +43,7 @@ class Config:
     n_embd = env("WIDTH", 64)
     batch = env("BATCH", 4)
     dropout = float(os.environ.get("FSDP_IMPORT_DROPOUT", "0"))
+    label_smoothing = float(os.environ.get("FSDP_IMPORT_LABEL_SMOOTHING", "0"))
 
 
 class CausalSelfAttention(nn.Module):
@@ -142,7 +144,8 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         if targets is None:  # fsdp-import --loss cross_entropy appends it
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                               label_smoothing=self.config.label_smoothing)
 
 
 def model():

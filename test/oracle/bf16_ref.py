@@ -88,9 +88,12 @@ def main():
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--dump-dir", required=True)
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="the cross-entropy's label smoothing (as torch_ref.py)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    torch_ref.LABEL_SMOOTHING["e"] = args.label_smoothing
     with open(args.plan) as f:
         plan = json.load(f)
     with open(f"{args.dump_dir}/log.json") as f:

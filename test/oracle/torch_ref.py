@@ -43,6 +43,10 @@ DTYPES = {"F32": torch.float32, "I32": torch.int32, "I64": torch.int64,
 # the step being replayed (set by the loops below); one rank, no
 # micro-batches, so an element's global index is its flat index.
 DROPOUT = {"p": 0.0, "seed": 1234, "step": 0}
+# The cross-entropy's label smoothing (gen_models.py gpt --label-smoothing),
+# given here rather than read from the plan, so a compiler that dropped
+# the attribute fails the comparison.
+LABEL_SMOOTHING = {"e": 0.0}
 M64 = (1 << 64) - 1
 
 
@@ -170,7 +174,8 @@ class GPT(nn.Module):
             x = x + drop(b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x)), approximate="tanh")),
                          2 + 2 * i)
         logits = tr.ln_f(x) @ tr.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1),
+                               label_smoothing=LABEL_SMOOTHING["e"])
 
 
 class Llama(nn.Module):
@@ -262,7 +267,8 @@ class Llama(nn.Module):
             h = self.rms_norm(x, layer.post_attention_layernorm)
             x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         logits = self.lm_head(self.rms_norm(x, m.norm))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1),
+                               label_smoothing=LABEL_SMOOTHING["e"])
 
 
 def load_script(path):
@@ -584,10 +590,14 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="the model's dropout p (gen_models.py --dropout)")
     ap.add_argument("--seed", type=int, default=1234, help="fsdp-run's --seed")
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="the cross-entropy's label smoothing (gen_models.py gpt "
+                    "--label-smoothing)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     DROPOUT["p"], DROPOUT["seed"] = args.dropout, args.seed
+    LABEL_SMOOTHING["e"] = args.label_smoothing
 
     with open(args.plan) as f:
         plan = json.load(f)

@@ -661,6 +661,77 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
   }
 }
 
+// Label smoothing 0.1 on bf16 logits, both row layouts (unaligned rows:
+// the scalar path; padded rows of 16-byte chunks: the vector path and the
+// shared-memory row copy): the CPU kernel's smoothed loss and gradient
+// within the bounds of the unsmoothed test above (the smoothed term adds
+// the row's sum of logits in double), the fused kernel bit for bit the two
+// kernels (cached or not, in place), and a loss that is not the
+// unsmoothed one.
+TEST_F(CudaFastKernelsTest, CrossEntropyLabelSmoothing) {
+  const int64_t rows = 9, classes = 1001;
+  const double e = 0.1;
+  Bf16Vec logits(randomVec(rows * classes, 27, 3.f));
+  std::vector<int32_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    labels[r] = (int32_t)((r * 389) % classes);
+  labels[2] = (int32_t)classes - 1;
+  float wl = 0, plain = 0, dlh = 1.5f;
+  cpu::crossEntropy(logits.wide.data(), labels.data(), &wl, rows, classes, 0, e);
+  cpu::crossEntropy(logits.wide.data(), labels.data(), &plain, rows, classes);
+  ASSERT_GT(std::fabs(wl - plain), 1e-2);
+  std::vector<float> wd(rows * classes);
+  cpu::crossEntropyGrad(logits.wide.data(), labels.data(), &dlh, wd.data(), rows, classes, 0, e);
+  for (int64_t stride : {classes, int64_t(1024)}) {
+    SCOPED_TRACE("row stride " + std::to_string(stride));
+    std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+    Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0));
+    Dev<int32_t> dl(labels);
+    Dev<float> loss(1), dloss(std::vector<float>{1.5f});
+    Dev<double> perRow(rows);
+    Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+    ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(), rows,
+                                classes, stride, bad.get(), 0, e),
+              cudaSuccess);
+    expectF32Near(loss.host(), {wl}, 16, 4.0 * classes * kU, "smoothed cross_entropy");
+    ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
+                                    rows, classes, stride, bad.get(), 0, true, e),
+              cudaSuccess);
+    std::vector<uint16_t> got = bd.host(), inRows(rows * classes);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(got.begin() + r * stride, classes, inRows.begin() + r * classes);
+      for (int64_t c = classes; c < stride; ++c)
+        ASSERT_EQ(got[r * stride + c], 0) << "padding column " << c << " of row " << r;
+    }
+    expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / rows}, "smoothed cross_entropy_grad");
+    Dev<uint16_t> twoRead(std::vector<uint16_t>(rows * stride, 0x7fc0));
+    ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), twoRead.get(),
+                                    rows, classes, stride, bad.get(), 0,
+                                    /*cacheRow=*/false, e),
+              cudaSuccess);
+    EXPECT_EQ(twoRead.host(), got) << "the row copy changed the result";
+    for (bool cache : {true, false})
+      for (bool inPlaceFused : {false, true}) {
+        SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") +
+                     (inPlaceFused ? ", in place" : ""));
+        Dev<uint16_t> src(rowsBits), dst(std::vector<uint16_t>(rows * stride, 0x7fc0));
+        Dev<float> fusedLoss(std::vector<float>{-1.f});
+        Dev<double> fusedRows(std::vector<double>(rows, -7.0));
+        void *to = inPlaceFused ? (void *)src.get() : (void *)dst.get();
+        ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), dl.get(), dloss.get(),
+                                         fusedLoss.get(), to, fusedRows.get(), rows, classes,
+                                         stride, bad.get(), 0, cache, e),
+                  cudaSuccess);
+        EXPECT_EQ(fusedLoss.host(), loss.host()) << "the fused loss";
+        EXPECT_EQ(fusedRows.host(), perRow.host()) << "the rows' loss terms";
+        EXPECT_EQ((inPlaceFused ? src : dst).host(), got) << "the fused gradient";
+      }
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  }
+}
+
 TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
   // Without staging, and with it (rows not a multiple of 8 elements are
   // multiplied as padded copies: CudaGemm.h): the same bound either way.

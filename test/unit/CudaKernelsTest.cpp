@@ -490,6 +490,26 @@ TEST_F(CudaKernelsTest, LossesAndTheirGradients) {
     cpu::crossEntropyGrad(padded.data(), labels.data(), &dls, cg.data(), rows, classes, stride);
     EXPECT_EQ(cg, want);
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
+
+    // Label smoothing 0.1 on the padded rows: the CPU kernel's value and
+    // gradient within the same bounds (the smoothed term adds double
+    // arithmetic on the same row statistics), and not the unsmoothed ones.
+    const double e = 0.1;
+    float sl = 0;
+    std::vector<float> sg(rows * stride, NAN);
+    ASSERT_EQ(cpu::crossEntropy(padded.data(), labels.data(), &sl, rows, classes, stride, e), -1);
+    cpu::crossEntropyGrad(padded.data(), labels.data(), &dls, sg.data(), rows, classes, stride, e);
+    ASSERT_GT(std::fabs(sl - wl), 1e-3);
+    ASSERT_EQ(gpu::crossEntropy(dp.get(), dlab.get(), lp.get(), scratch.get(), rows, classes,
+                                stride, bad.get(), 0, e),
+              cudaSuccess);
+    expectNear(lp.host(), {sl}, 4.0 * classes + 16, constant(1, 4 * classes * kU * 8),
+               "smoothed ce");
+    ASSERT_EQ(gpu::crossEntropyGrad(dp.get(), dlab.get(), one.get(), gp.get(), rows, classes,
+                                    stride, bad.get(), 0, e),
+              cudaSuccess);
+    expectNear(gp.host(), sg, 4.0 * classes + 16, constant(sg.size(), 8 * kU), "smoothed ce_grad");
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
   }
 
   auto x = randomVec(n, 24), t = randomVec(n, 25);

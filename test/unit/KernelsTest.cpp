@@ -341,6 +341,73 @@ TEST(KernelsTest, SwigluAndItsGradient) {
   }, du, "swiglu d_up");
 }
 
+// Label smoothing e (PyTorch's label_smoothing): the loss is (1 - e) of
+// -log p[label] plus e of the mean over the classes of -log p[c], here
+// written out from log-softmax independently of the kernel's lse - mean(x)
+// form; its gradient matches finite differences, each row's gradient sums
+// to 0 (softmax and the target both sum to 1), the padding columns are left
+// out (classes 7 of 8 columns) and e = 0 is the unsmoothed loss bit for bit.
+TEST(KernelsTest, CrossEntropyLabelSmoothing) {
+  const int64_t r = 5, c = 7, stride = 8;
+  std::vector<double> logits = randomVec(r * stride, 41, 2.0), dl{1.3};
+  for (int64_t i = 0; i < r; ++i)
+    logits[i * stride + c] = 50.0; // padding: outside the softmax
+  std::vector<int32_t> labels{0, 3, 6, 3, 1};
+  for (double e : {0.0, 0.1, 0.5, 1.0}) {
+    SCOPED_TRACE("smoothing " + std::to_string(e));
+    double want = 0;
+    for (int64_t i = 0; i < r; ++i) {
+      const double *x = logits.data() + i * stride;
+      double mx = *std::max_element(x, x + c), z = 0;
+      for (int64_t j = 0; j < c; ++j)
+        z += std::exp(x[j] - mx);
+      double nllLabel = -(x[labels[i]] - mx - std::log(z)), nllMean = 0;
+      for (int64_t j = 0; j < c; ++j)
+        nllMean += -(x[j] - mx - std::log(z)) / c;
+      want += ((1 - e) * nllLabel + e * nllMean) / r;
+    }
+    double got;
+    ASSERT_EQ((crossEntropy<double, int32_t>(logits.data(), labels.data(), &got, r, c, stride, e)),
+              -1);
+    EXPECT_NEAR(got, want, 1e-14 * std::abs(want));
+    std::vector<double> g(r * stride, NAN);
+    ASSERT_EQ((crossEntropyGrad<double, int32_t>(logits.data(), labels.data(), dl.data(), g.data(),
+                                                 r, c, stride, e)),
+              -1);
+    for (int64_t i = 0; i < r; ++i) {
+      double rowSum = 0;
+      for (int64_t j = 0; j < c; ++j)
+        rowSum += g[i * stride + j];
+      EXPECT_NEAR(rowSum, 0.0, 1e-14) << "row " << i; // 7 terms of |g| < 1, rounded
+      EXPECT_EQ(g[i * stride + c], 0.0) << "padding of row " << i;
+    }
+    checkVjp(
+        logits, dl,
+        [&] {
+          std::vector<double> o(1);
+          crossEntropy<double, int32_t>(logits.data(), labels.data(), o.data(), r, c, stride, e);
+          return o;
+        },
+        g, "cross_entropy label_smoothing");
+    if (e == 0) {
+      double plain;
+      std::vector<double> pg(r * stride);
+      crossEntropy<double, int32_t>(logits.data(), labels.data(), &plain, r, c, stride);
+      crossEntropyGrad<double, int32_t>(logits.data(), labels.data(), dl.data(), pg.data(), r, c,
+                                        stride);
+      EXPECT_EQ(got, plain);
+      EXPECT_EQ(g, pg);
+    }
+  }
+  // Smoothing moves the loss: e = 0.1 differs from e = 0 by more than
+  // rounding (the test above would pass a kernel that ignored e only if
+  // the two coincided).
+  double l0, l1;
+  crossEntropy<double, int32_t>(logits.data(), labels.data(), &l0, r, c, stride, 0.0);
+  crossEntropy<double, int32_t>(logits.data(), labels.data(), &l1, r, c, stride, 0.1);
+  EXPECT_GT(std::abs(l1 - l0), 1e-3);
+}
+
 TEST(KernelsTest, LossGradients) {
   int64_t r = 5, c = 7;
   std::vector<double> logits = randomVec(r * c, 13), dl{1.7}, dlog(r * c);

@@ -766,3 +766,24 @@ func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>) {
   %0 = fsdp.cross_entropy_grad %l, %y, %g {classes = 0 : i64} : tensor<32x256xf32>, tensor<32xi32>
   return
 }
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>) {
+  // expected-error @+1 {{label_smoothing = 1.500000e+00 must lie in [0, 1]}}
+  %0 = fsdp.cross_entropy %l, %y {label_smoothing = 1.5 : f64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>) {
+  // expected-error @+1 {{label_smoothing = -1.000000e-01 must lie in [0, 1]}}
+  %0 = fsdp.cross_entropy_grad %l, %y, %g {label_smoothing = -0.1 : f64} : tensor<32x256xf32>, tensor<32xi32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>) {
+  // expected-error @+1 {{label_smoothing = nan must lie in [0, 1]}}
+  %0:2 = fsdp.cross_entropy_fused %l, %y, %g {label_smoothing = 0x7FF8000000000000 : f64} : tensor<32x256xf32>, tensor<32xi32>
+  return
+}

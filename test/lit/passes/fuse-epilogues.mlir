@@ -503,3 +503,18 @@ func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>,
 // BF16: fsdp.matmul_bias_grad {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xf32>, tensor<{{.*}}xf32>)
 // BF16: fsdp.layer_norm_grad_acc {{.*}}: tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16> -> tensor<{{.*}}xf32>
 // BF16: return
+
+// -----
+
+// Not fused: the loss and the gradient smooth the labels differently
+// (a gradient that is not the loss's).
+// CHECK-LABEL: func.func @classifier_smoothing_differs
+// CHECK-NOT: fsdp.cross_entropy_fused
+// CHECK: fsdp.cross_entropy %arg0, %arg1 {label_smoothing = 1.000000e-01 : f64}
+// CHECK: fsdp.cross_entropy_grad %arg0, %arg1, %{{.+}} {label_smoothing = 2.000000e-01 : f64}
+func.func @classifier_smoothing_differs(%x: tensor<8x256xf32>, %y: tensor<8xi32>) -> (tensor<f32>, tensor<8x256xf32>) {
+  %l = fsdp.cross_entropy %x, %y {label_smoothing = 0.1 : f64} : (tensor<8x256xf32>, tensor<8xi32>) -> tensor<f32>
+  %s = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  %d = fsdp.cross_entropy_grad %x, %y, %s {label_smoothing = 0.2 : f64} : tensor<8x256xf32>, tensor<8xi32>
+  return %l, %d : tensor<f32>, tensor<8x256xf32>
+}
