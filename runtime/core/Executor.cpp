@@ -54,20 +54,24 @@ double nowUs() {
 
 namespace {
 const char *const kLrScheduleKinds[] = {"constant", "cosine", "linear", "wsd"};
-} // namespace
+const char *const kLrDecayShapes[] = {"linear", "cosine", "1-sqrt"};
 
-std::string lrScheduleKinds() {
+template <size_t N> std::string listOf(const char *const (&names)[N]) {
   std::string out;
-  const size_t n = std::size(kLrScheduleKinds);
-  for (size_t i = 0; i < n; ++i)
-    out += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kLrScheduleKinds[i];
+  for (size_t i = 0; i < N; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + names[i];
   return out;
 }
 
-bool isLrScheduleKind(const std::string &kind) {
-  return std::find(std::begin(kLrScheduleKinds), std::end(kLrScheduleKinds), kind) !=
-         std::end(kLrScheduleKinds);
+template <size_t N> bool isOneOf(const char *const (&names)[N], const std::string &name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
 }
+} // namespace
+
+std::string lrScheduleKinds() { return listOf(kLrScheduleKinds); }
+bool isLrScheduleKind(const std::string &kind) { return isOneOf(kLrScheduleKinds, kind); }
+std::string lrDecayShapes() { return listOf(kLrDecayShapes); }
+bool isLrDecayShape(const std::string &shape) { return isOneOf(kLrDecayShapes, shape); }
 
 double scheduledLr(const LrSchedule &s, int64_t step) {
   if (s.warmup > 0 && step <= s.warmup)
@@ -84,7 +88,12 @@ double scheduledLr(const LrSchedule &s, int64_t step) {
   double left = std::min((double)(s.steps - step) / (double)span, 1.0);
   if (left >= 1)
     return s.lr; // before the decay: the peak itself, not min + (lr - min) rounded
-  return s.minLr + (s.lr - s.minLr) * std::max(left, 0.0);
+  left = std::max(left, 0.0);
+  if (s.kind == "wsd" && s.decayShape == "cosine")
+    return s.minLr + 0.5 * (s.lr - s.minLr) * (1 + std::cos(M_PI * (1 - left)));
+  if (s.kind == "wsd" && s.decayShape == "1-sqrt")
+    return s.minLr + (s.lr - s.minLr) * (1 - std::sqrt(1 - left));
+  return s.minLr + (s.lr - s.minLr) * left;
 }
 
 Executor::Executor(const Plan &plan, Communicator &comm, Device &device)

@@ -206,11 +206,18 @@ struct LrSchedule {
   std::string kind = "constant"; ///< constant | cosine | linear | wsd
   double lr = 1e-3, minLr = 0;
   int64_t warmup = 0, steps = 1, decaySteps = 0;
+  /// wsd's decay from lr to minLr over its decaySteps, with f the fraction
+  /// of them done: linear (1 - f), cosine ((1 + cos(pi f)) / 2) or 1-sqrt
+  /// (1 - sqrt(f), the cooldown of Hagele et al. 2024).
+  std::string decayShape = "linear";
 };
 
 /// The schedule's kinds, for messages: "constant, cosine, linear or wsd".
 std::string lrScheduleKinds();
 bool isLrScheduleKind(const std::string &kind);
+/// wsd's decay shapes, for messages: "linear, cosine or 1-sqrt".
+std::string lrDecayShapes();
+bool isLrDecayShape(const std::string &shape);
 
 /// The learning rate of `step` (1-based; lr t / W during warmup, so the
 /// first step does not run at 0).

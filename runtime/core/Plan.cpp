@@ -558,9 +558,10 @@ Status readHeader(Reader &r, const json &j, Plan &plan) {
   if (version > kPlanVersion)
     return FSDP_ERROR("plan version ", version, " is newer than this runtime (",
                       kPlanVersion, "): rebuild fsdp-run");
-  if (version < kPlanVersion)
-    return FSDP_ERROR("plan version ", version, " is older than this runtime (",
-                      kPlanVersion, "): recompile the model with fsdp-opt");
+  if (version < kOldestPlanVersion)
+    return FSDP_ERROR("plan version ", version, " is older than this runtime reads (",
+                      kOldestPlanVersion, " to ", kPlanVersion,
+                      "): recompile the model with fsdp-opt");
   plan.version = (int)version;
   r.string(j, "model", plan.model, "plan", false);
   r.integer(j, "world_size", plan.worldSize, "plan", 1, kMaxWorld);

@@ -19,9 +19,17 @@ namespace fsdp {
 
 /// The "format" field of every plan file.
 inline constexpr std::string_view kPlanFormat = "fsdp-plan";
-/// The plan format version. The runtime rejects a newer version, and an
-/// older one until a migration exists; the compiler writes this one.
-inline constexpr int kPlanVersion = 1;
+/// The plan format version the compiler writes. The runtime rejects a
+/// newer version (its plans may mean what this runtime cannot do), and one
+/// older than kOldestPlanVersion (no migration exists).
+///   1: the first format.
+///   2: cross_entropy's `label_smoothing`, and a clipped plan's
+///      `grad_sumsq` output without loss scaling. A runtime of version 1
+///      would have ignored the attribute (a silently different loss), so
+///      the bump makes it refuse these plans; a version 1 plan has neither
+///      and means the same here, so it is still read.
+inline constexpr int kPlanVersion = 2;
+inline constexpr int kOldestPlanVersion = 1;
 
 enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
 

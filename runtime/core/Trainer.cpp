@@ -34,11 +34,14 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        min_lr + (lr - min_lr) (1 + cos(pi (t - W) / (steps - W))) / 2;
                        linear as min_lr + (lr - min_lr) (steps - t) / (steps - W);
                        wsd (warmup-stable-decay) stays at lr, then decays
-                       linearly to min_lr over the last D steps. Each decay
-                       reaches min_lr at the last step.
+                       to min_lr over the last D steps (--decay-shape). Each
+                       decay reaches min_lr at the last step.
   --warmup W           warmup steps (default 0)
   --min-lr F           floor of the decaying schedules (default 0)
   --decay-steps D      wsd's decay steps (default: a tenth of --steps, at least 1)
+  --decay-shape S      wsd's decay, f the fraction of its steps done: linear
+                       (1 - f, default), cosine ((1 + cos(pi f)) / 2) or 1-sqrt
+                       (1 - sqrt(f), Hagele et al. 2024's cooldown)
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
   --device D           cpu (default) or cuda: the backend that runs the plan
@@ -126,12 +129,13 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     v = std::strtod(s, &end);
     return *s && !*end && errno == 0 && std::isfinite(v);
   };
-  static const char *valued[] = {
-      "--steps",       "--lr",         "--schedule",   "--warmup",    "--min-lr",
-      "--decay-steps", "--seed",       "--data",       "--threads",   "--log-every",
-      "--dump-dir",    "--init-from",  "--save",       "--gradcheck", "--gradcheck-tol",
-      "--ckpt-dir",    "--save-every", "--keep",       "--resume",    "--trace",
-      "--device",      "--comm",       "--eval-every", "--eval-data", "--eval-batches"};
+  static const char *valued[] = {"--steps",     "--lr",          "--schedule",    "--warmup",
+                                 "--min-lr",    "--decay-steps", "--decay-shape", "--seed",
+                                 "--data",      "--threads",     "--log-every",   "--dump-dir",
+                                 "--init-from", "--save",        "--gradcheck",   "--gradcheck-tol",
+                                 "--ckpt-dir",  "--save-every",  "--keep",        "--resume",
+                                 "--trace",     "--device",      "--comm",        "--eval-every",
+                                 "--eval-data", "--eval-batches"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -198,6 +202,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       if (!toDouble(v, dv) || dv < 0)
         return badValue();
       opt.minLr = dv;
+    } else if (a == "--decay-shape") {
+      if (!isLrDecayShape(v))
+        return FSDP_ERROR("--decay-shape must be ", lrDecayShapes(), ", found '", v, "'");
+      opt.decayShape = v;
     } else if (a == "--decay-steps") {
       if (!toInt(v, iv) || iv < 1)
         return badValue();
@@ -285,6 +293,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("--min-lr (", opt.minLr, ") exceeds --lr (", opt.lr, ")");
   if (opt.decaySteps >= 0 && opt.schedule != "wsd")
     return FSDP_ERROR("--decay-steps is wsd's (warmup-stable-decay); --schedule is ", opt.schedule);
+  if (!opt.decayShape.empty() && opt.schedule != "wsd")
+    return FSDP_ERROR("--decay-shape is wsd's (warmup-stable-decay); --schedule is ", opt.schedule);
   if (opt.schedule == "wsd") {
     if (opt.decaySteps < 0)
       opt.decaySteps = std::max<int64_t>(1, opt.steps / 10);
@@ -296,6 +306,23 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
 }
 
 namespace {
+
+/// What a checkpoint records of the LR schedule (TrainingPosition's
+/// `schedule`): a resumed run with another record is told so. wsd's decay
+/// length only where it means something.
+nlohmann::json scheduleRecord(const LrSchedule &s) {
+  nlohmann::json j = {{"lr", s.lr},
+                      {"schedule", s.kind},
+                      {"warmup", s.warmup},
+                      {"min_lr", s.minLr},
+                      {"steps", s.steps}};
+  if (s.kind == "wsd") {
+    j["decay_steps"] = s.decaySteps;
+    if (s.decayShape != "linear") // checkpoints from before --decay-shape stay the same run
+      j["decay_shape"] = s.decayShape;
+  }
+  return j;
+}
 
 std::string human(double bytes) {
   const char *u[] = {"B", "KiB", "MiB", "GiB"};
@@ -616,15 +643,16 @@ private:
       // stays bounded however large the checkpoint (InitFrom.h).
       FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, *ex));
     }
-    // The schedule and data a checkpoint records, to resume exactly.
-    schedule = {{"lr", opt.lr},
-                {"schedule", opt.schedule},
-                {"warmup", opt.warmup},
-                {"min_lr", opt.minLr},
-                {"steps", opt.steps}};
-    if (opt.schedule == "wsd")
-      schedule["decay_steps"] = opt.decaySteps;
-    lrSchedule = {opt.schedule, opt.lr, opt.minLr, opt.warmup, opt.steps, opt.decaySteps};
+    // The schedule, and the record of it a checkpoint keeps to resume
+    // exactly (written from the schedule itself).
+    lrSchedule = {opt.schedule,
+                  opt.lr,
+                  opt.minLr,
+                  opt.warmup,
+                  opt.steps,
+                  opt.decaySteps,
+                  opt.decayShape.empty() ? "linear" : opt.decayShape};
+    schedule = scheduleRecord(lrSchedule);
     return Status::ok();
   }
 

@@ -29,6 +29,7 @@ struct TrainOptions {
   int64_t warmup = 0;
   double minLr = 0;
   int64_t decaySteps = -1; ///< --decay-steps (wsd); -1: a tenth of the steps
+  std::string decayShape;  ///< --decay-shape (wsd); empty: linear
   uint64_t seed = 1234;
   std::string data = "synthetic";
   int threads = 0;

@@ -294,7 +294,7 @@ def main():
             with open(path, "w") as f:
                 json.dump(mutate(plans[key]), f)
             check("plan: " + name, [path, "--steps", "1"], expect)
-        deep = '{"format": "fsdp-plan", "version": 1, "options": ' + "[" * 200000 + "]" * 200000 + "}"
+        deep = '{"format": "fsdp-plan", "version": 2, "options": ' + "[" * 200000 + "]" * 200000 + "}"
         check("plan: JSON nested 200000 deep", [write(os.path.join(tmp, "deep.plan"), deep.encode()), "--steps", "1"], "nested")
         check("plan: truncated", [write(os.path.join(tmp, "t.plan"), open(mlp, "rb").read()[:1000]), "--steps", "1"], "not valid JSON")
         check("plan: empty file", [write(os.path.join(tmp, "e.plan"), b""), "--steps", "1"], "not valid JSON")
@@ -321,6 +321,10 @@ def main():
               "--decay-steps")
         check("option: --decay-steps with cosine", [mlp, "--schedule", "cosine", "--decay-steps", "3"],
               "--decay-steps is wsd's")
+        check("option: --decay-shape exp", [mlp, "--schedule", "wsd", "--decay-shape", "exp"],
+              "--decay-shape must be linear, cosine or 1-sqrt, found 'exp'")
+        check("option: --decay-shape with linear", [mlp, "--schedule", "linear", "--decay-shape", "cosine"],
+              "--decay-shape is wsd's")
         check("option: wsd longer than the run",
               [mlp, "--schedule", "wsd", "--steps", "10", "--warmup", "5", "--decay-steps", "6"],
               "exceed --steps 10")

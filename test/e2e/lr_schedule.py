@@ -16,6 +16,11 @@ phase, each stepped from its phase's start (fsdp-run's step t counts from
                    (Hugging Face's get_linear_schedule_with_warmup, floored);
   wsd              the peak until step S - D, then LinearLR(1, min_lr/lr,
                    total_iters=D) after t - (S - D);
+  wsd cosine       (--decay-shape cosine) the same, then
+                   CosineAnnealingLR(T_max=D, eta_min=min_lr) after t - (S - D);
+  wsd 1-sqrt       (--decay-shape 1-sqrt) the same, then LambdaLR with
+                   min/lr + (1 - min/lr) (1 - sqrt(k / D)) after k = t - (S - D)
+                   (Hagele et al. 2024's cooldown, written out);
   constant         the peak.
 
 Tolerance: torch's schedulers are chainable (each value the previous one
@@ -30,6 +35,7 @@ that the steps at the peak (the warmup's last, constant's, wsd's stable
 phase) are the peak exactly.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,9 +68,18 @@ def torch_lrs(kind):
         elif kind == "linear":
             out.append(after(lambda o: torch.optim.lr_scheduler.LinearLR(
                 o, start_factor=1.0, end_factor=MIN_LR / LR, total_iters=S - W), t - W))
+        elif t <= S - D:  # wsd's stable phase
+            out.append(LR)
         elif kind == "wsd":
-            out.append(LR if t <= S - D else after(lambda o: torch.optim.lr_scheduler.LinearLR(
+            out.append(after(lambda o: torch.optim.lr_scheduler.LinearLR(
                 o, start_factor=1.0, end_factor=MIN_LR / LR, total_iters=D), t - (S - D)))
+        elif kind == "wsd-cosine":
+            out.append(after(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(
+                o, T_max=D, eta_min=MIN_LR), t - (S - D)))
+        elif kind == "wsd-1-sqrt":
+            r = MIN_LR / LR
+            out.append(after(lambda o: torch.optim.lr_scheduler.LambdaLR(
+                o, lambda k: r + (1 - r) * (1 - math.sqrt(k / D))), t - (S - D)))
     return out
 
 
@@ -80,15 +95,18 @@ def main():
                     f"--fsdp-pipeline=optimizer=sgd plan={plan} report=false"], check=True)
     failures = 0
     seen = {}
-    for kind in ("constant", "cosine", "linear", "wsd"):
+    for kind in ("constant", "cosine", "linear", "wsd", "wsd-cosine", "wsd-1-sqrt"):
         dump = os.path.join(work, kind)
+        base, _, shape = kind.partition("-")
         args = [os.path.join(bindir, "fsdp-run"), plan, "--threads", "1", "--quiet",
                 "--steps", str(S), "--lr", str(LR), "--warmup", str(W),
-                "--schedule", kind, "--dump-dir", dump]
+                "--schedule", base, "--dump-dir", dump]
         if kind != "constant":
             args += ["--min-lr", str(MIN_LR)]
-        if kind == "wsd":
+        if base == "wsd":
             args += ["--decay-steps", str(D)]
+        if shape:
+            args += ["--decay-shape", shape]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(dump, "log.json")) as f:
             ours = json.load(f)["lr"]
@@ -97,14 +115,41 @@ def main():
         ok = len(ours) == S and worst <= 1e-12 * LR
         # After the warmup, constant and wsd's stable phase run at the peak
         # itself, bit for bit.
-        stable = {"constant": S, "wsd": S - D}.get(kind, W)
+        stable = S if kind == "constant" else S - D if base == "wsd" else W
         if any(ours[t - 1] != LR for t in range(W, stable + 1)):
             print(f"FAIL {kind}: a step of its stable phase is not the peak {LR!r} exactly")
             ok = False
         seen[kind] = ours
-        print(f"{'ok' if ok else 'FAIL':4} {kind:<9} {S} steps vs torch.optim.lr_scheduler: "
+        print(f"{'ok' if ok else 'FAIL':4} {kind:<10} {S} steps vs torch.optim.lr_scheduler: "
               f"max |diff| {worst:.2e} (bound {1e-12 * LR:.0e}); last lr {ours[-1]:.6g}")
         failures += not ok
+    # A checkpoint in wsd's 1-sqrt decay (step S - D + 3), resumed: the
+    # remaining steps' rates are the uninterrupted run's bit for bit (the
+    # checkpoint records the shape); resumed with another shape, fsdp-run
+    # says the schedule changed.
+    ck = os.path.join(work, "wsd-ck")
+    base = [os.path.join(bindir, "fsdp-run"), plan, "--threads", "1", "--quiet", "--lr", str(LR),
+            "--warmup", str(W), "--schedule", "wsd", "--min-lr", str(MIN_LR), "--decay-steps",
+            str(D)]
+    at = S - D + 3
+    subprocess.run(base + ["--steps", str(S), "--decay-shape", "1-sqrt", "--ckpt-dir", ck,
+                           "--save-every", str(at)], check=True, stdout=subprocess.DEVNULL)
+    ck = os.path.join(ck, f"step-{at:08d}")
+    dump = os.path.join(work, "wsd-resumed")
+    r = subprocess.run(base + ["--steps", str(S), "--decay-shape", "1-sqrt", "--resume", ck,
+                               "--dump-dir", dump], check=True, capture_output=True, text=True)
+    with open(os.path.join(dump, "log.json")) as f:
+        resumed = json.load(f)["lr"]
+    same = resumed == seen["wsd-1-sqrt"][at:] and "another schedule" not in r.stderr
+    print(f"{'ok' if same else 'FAIL':4} wsd-1-sqrt resumed at step {at}: steps {at + 1}-{S} "
+          f"{'equal' if same else 'differ from'} the uninterrupted run's bit for bit")
+    failures += not same
+    r = subprocess.run(base + ["--steps", str(S), "--resume", ck], capture_output=True,
+                       text=True)
+    noted = r.returncode == 0 and "another schedule" in r.stderr
+    print(f"{'ok' if noted else 'FAIL':4} resumed with the linear shape: "
+          f"{'the change is noted' if noted else 'no note: ' + r.stderr[-300:]}")
+    failures += not noted
     kinds = list(seen)
     for i, a in enumerate(kinds):
         for b in kinds[i + 1:]:

@@ -172,7 +172,24 @@ TEST(ScheduleTest, LinearAndWarmupStableDecay) {
   LrSchedule odd{"wsd", 0.01, 0.001, 0, 8, 3};
   for (int64_t t = 1; t <= 5; ++t)
     EXPECT_EQ(scheduledLr(odd, t), 0.01) << "step " << t;
-  for (const LrSchedule &s : {lin, wsd})
+  // wsd's other decay shapes over its last 6 steps, f = (t - 18) / 6 done:
+  // cosine (1 + cos(pi f)) / 2 and 1-sqrt 1 - sqrt(f), the same stable
+  // phase and ends.
+  LrSchedule cosTail = wsd, sqrtTail = wsd;
+  cosTail.decayShape = "cosine";
+  sqrtTail.decayShape = "1-sqrt";
+  EXPECT_DOUBLE_EQ(scheduledLr(cosTail, 21), 1.25);             // f = 1/2: (1 + 0) / 2
+  EXPECT_DOUBLE_EQ(scheduledLr(cosTail, 20), 0.5 + 1.5 * 0.75); // f = 1/3: cos = 1/2
+  EXPECT_DOUBLE_EQ(scheduledLr(sqrtTail, 19), 0.5 + 1.5 * (1 - std::sqrt(1.0 / 6)));
+  EXPECT_DOUBLE_EQ(scheduledLr(sqrtTail, 22), 0.5 + 1.5 * (1 - std::sqrt(4.0 / 6)));
+  for (const LrSchedule &s : {cosTail, sqrtTail}) {
+    EXPECT_EQ(scheduledLr(s, 18), 2.0) << s.decayShape;
+    EXPECT_DOUBLE_EQ(scheduledLr(s, 24), 0.5) << s.decayShape;
+  }
+  // 1-sqrt drops fastest at first, cosine slowest (f = 1/6).
+  EXPECT_LT(scheduledLr(sqrtTail, 19), scheduledLr(wsd, 19));
+  EXPECT_GT(scheduledLr(cosTail, 19), scheduledLr(wsd, 19));
+  for (const LrSchedule &s : {lin, wsd, cosTail, sqrtTail})
     for (int64_t t = 5; t <= 24; ++t) {
       EXPECT_LE(scheduledLr(s, t), scheduledLr(s, t - 1)) << s.kind << " step " << t;
       EXPECT_GE(scheduledLr(s, t), 0.5) << s.kind << " step " << t;
@@ -225,7 +242,7 @@ TEST(PlanTest, RejectsWhatIsWrong) {
   plan = Plan();
   EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"version\": 7}", plan)
                 .message()
-                .find("plan version 7 is newer than this runtime (1)"),
+                .find("plan version 7 is newer than this runtime (2)"),
             std::string::npos);
   plan = Plan();
   EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"vers", plan).message().find("not valid JSON"),

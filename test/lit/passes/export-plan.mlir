@@ -45,7 +45,7 @@
 // CHECK: "name": "layers.0"
 // CHECK: "flat_numel": 32
 // CHECK: "name": "root"
-// CHECK: "version": 1
+// CHECK: "version": 2
 // CHECK: "world_size": 1
 
 // PROGRAM: "program": [
