@@ -1342,26 +1342,40 @@ __device__ __forceinline__ void absorbChunk(MaxSum &a, const float (&v)[N], int 
       a.s += expQuick(v[i] - a.m);
 }
 
-/// The block's (max, sum of exp) over xr[0, cols). Vec: xr is 16-byte
-/// aligned and readable up to cols rounded up to kVec<T> (a padded row):
-/// each thread reads 16-byte chunks, the elements past cols skipped.
-/// Threads combine in a fixed order (lanes by butterfly, then warps in
-/// index order).
-template <bool Vec, typename T>
-__device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
-  MaxSum a{-INFINITY, 0.f};
+/// Calls f(v, n) for this thread's share of the row xr[0, cols), n values
+/// in v at a time. Vec: xr is 16-byte aligned and readable up to cols
+/// rounded up to kVec<T> (a padded row): 16-byte chunks, the elements past
+/// cols left out (n < kVec<T> on the last); else one element at a time.
+template <bool Vec, typename T, typename F>
+__device__ __forceinline__ void forRowShare(const T *xr, int64_t cols, F &&f) {
   if constexpr (Vec) {
     constexpr int N = kVec<T>;
     int64_t chunks = (cols + N - 1) / N;
     for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
       float v[N];
       ld16(xr + k * N, v);
-      absorbChunk(a, v, cols - k * N < N ? (int)(cols - k * N) : N);
+      f(v, cols - k * N < N ? (int)(cols - k * N) : N);
     }
   } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      absorb(a, ld(xr + c));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float v[1] = {ld(xr + c)};
+      f(v, 1);
+    }
   }
+}
+
+/// The block's (max, sum of exp) over xr[0, cols), read by forRowShare.
+/// Threads combine in a fixed order (lanes by butterfly, then warps in
+/// index order).
+template <bool Vec, typename T>
+__device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
+  MaxSum a{-INFINITY, 0.f};
+  forRowShare<Vec>(xr, cols, [&](const auto &v, int n) {
+    if constexpr (Vec)
+      absorbChunk(a, v, n);
+    else
+      absorb(a, v[0]);
+  });
   for (int o = 16; o > 0; o >>= 1) {
     MaxSum b{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)};
     a = combine(a, b);
@@ -1382,22 +1396,10 @@ __device__ MaxSum rowMaxSumOnline(const T *xr, int64_t cols, MaxSum *sh) {
 /// it, after a barrier (so a row written in place afterwards is safe).
 template <bool Vec, typename T> __device__ double rowSumD(const T *xr, int64_t cols, double *sh) {
   double a = 0;
-  if constexpr (Vec) {
-    constexpr int N = kVec<T>;
-    int64_t chunks = (cols + N - 1) / N;
-    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
-      float v[N];
-      ld16(xr + k * N, v);
-      int n = cols - k * N < N ? (int)(cols - k * N) : N;
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (i < n)
-          a += (double)v[i];
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      a += (double)ld(xr + c);
-  }
+  forRowShare<Vec>(xr, cols, [&](const auto &v, int n) {
+    for (int i = 0; i < n; ++i)
+      a += (double)v[i];
+  });
   return blockSum(a, sh);
 }
 

@@ -568,6 +568,45 @@ TEST_F(CudaFastKernelsTest, Bf16RowwiseSoftmaxLayerNormAgainstCpu) {
   }
 }
 
+/// The first `classes` columns of each of `rows` rows of `stride` (the
+/// gradient without fsdp-pad-classes' padding) into inRows; the padding
+/// columns must have been written 0.
+void classColumns(const std::vector<uint16_t> &got, int64_t rows, int64_t classes, int64_t stride,
+                  std::vector<uint16_t> &inRows) {
+  inRows.assign(rows * classes, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(got.begin() + r * stride, classes, inRows.begin() + r * classes);
+    for (int64_t c = classes; c < stride; ++c)
+      ASSERT_EQ(got[r * stride + c], 0) << "padding column " << c << " of row " << r;
+  }
+}
+
+/// cross_entropy_fused on the bf16 rows `rowsBits` (label smoothing e):
+/// the loss, the rows' loss terms and the gradient bit for bit the two
+/// kernels' (`loss`, `perRow`, `grad`), with the row cached in shared
+/// memory or read twice, into another buffer or in place.
+void expectFusedEqualsUnfused(const std::vector<uint16_t> &rowsBits, const int32_t *labels,
+                              const float *dloss, const std::vector<float> &loss,
+                              const std::vector<double> &perRow, const std::vector<uint16_t> &grad,
+                              int64_t rows, int64_t classes, int64_t stride, long long *bad,
+                              double e) {
+  for (bool cache : {true, false})
+    for (bool inPlace : {false, true}) {
+      SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") + (inPlace ? ", in place" : ""));
+      Dev<uint16_t> src(rowsBits), dst(std::vector<uint16_t>(rows * stride, 0x7fc0));
+      Dev<float> fusedLoss(std::vector<float>{-1.f});
+      Dev<double> fusedRows(std::vector<double>(rows, -7.0));
+      void *to = inPlace ? (void *)src.get() : (void *)dst.get();
+      ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), labels, dloss, fusedLoss.get(),
+                                       to, fusedRows.get(), rows, classes, stride, bad, 0, cache,
+                                       e),
+                cudaSuccess);
+      EXPECT_EQ(fusedLoss.host(), loss) << "the fused loss";
+      EXPECT_EQ(fusedRows.host(), perRow) << "the rows' loss terms";
+      EXPECT_EQ((inPlace ? src : dst).host(), grad) << "the fused gradient";
+    }
+}
+
 TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
   const int64_t rows = 33, classes = 50257; // GPT-2's vocabulary: odd, not a multiple of 8
   Bf16Vec logits(randomVec(rows * classes, 21, 3.f));
@@ -602,12 +641,8 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
     ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
                                     rows, classes, stride, bad.get(), 0),
               cudaSuccess);
-    std::vector<uint16_t> got = bd.host(), inRows(rows * classes);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(got.begin() + r * stride, classes, inRows.begin() + r * classes);
-      for (int64_t c = classes; c < stride; ++c)
-        ASSERT_EQ(got[r * stride + c], 0) << "padding column " << c << " of row " << r;
-    }
+    std::vector<uint16_t> got = bd.host(), inRows;
+    ASSERT_NO_FATAL_FAILURE(classColumns(got, rows, classes, stride, inRows));
     // softmax entries: relative error ~ classes u (the row sum), times 1.5/rows
     expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / rows}, "cross_entropy_grad");
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
@@ -627,22 +662,8 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
     EXPECT_EQ(inPlace.host(), got) << "in place";
     // cross_entropy_fused: the loss and the gradient from one pass, the
     // same bits as the two kernels, cached row or not, and in place.
-    for (bool cache : {true, false})
-      for (bool inPlaceFused : {false, true}) {
-        SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") +
-                     (inPlaceFused ? ", in place" : ""));
-        Dev<uint16_t> src(rowsBits), dst(std::vector<uint16_t>(rows * stride, 0x7fc0));
-        Dev<float> fusedLoss(std::vector<float>{-1.f});
-        Dev<double> fusedRows(std::vector<double>(rows, -7.0));
-        void *to = inPlaceFused ? (void *)src.get() : (void *)dst.get();
-        ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), dl.get(), dloss.get(),
-                                         fusedLoss.get(), to, fusedRows.get(), rows, classes,
-                                         stride, bad.get(), 0, cache),
-                  cudaSuccess);
-        EXPECT_EQ(fusedLoss.host(), loss.host()) << "the fused loss";
-        EXPECT_EQ(fusedRows.host(), perRow.host()) << "the rows' loss terms";
-        EXPECT_EQ((inPlaceFused ? src : dst).host(), got) << "the fused gradient";
-      }
+    expectFusedEqualsUnfused(rowsBits, dl.get(), dloss.get(), loss.host(), perRow.host(), got, rows,
+                             classes, stride, bad.get(), 0.0);
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
     // A bad label is recorded, not a crash; a label in the padding is bad.
     std::vector<int32_t> badLabels = labels;
@@ -699,12 +720,8 @@ TEST_F(CudaFastKernelsTest, CrossEntropyLabelSmoothing) {
     ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
                                     rows, classes, stride, bad.get(), 0, true, e),
               cudaSuccess);
-    std::vector<uint16_t> got = bd.host(), inRows(rows * classes);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(got.begin() + r * stride, classes, inRows.begin() + r * classes);
-      for (int64_t c = classes; c < stride; ++c)
-        ASSERT_EQ(got[r * stride + c], 0) << "padding column " << c << " of row " << r;
-    }
+    std::vector<uint16_t> got = bd.host(), inRows;
+    ASSERT_NO_FATAL_FAILURE(classColumns(got, rows, classes, stride, inRows));
     expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / rows}, "smoothed cross_entropy_grad");
     Dev<uint16_t> twoRead(std::vector<uint16_t>(rows * stride, 0x7fc0));
     ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), twoRead.get(),
@@ -712,22 +729,8 @@ TEST_F(CudaFastKernelsTest, CrossEntropyLabelSmoothing) {
                                     /*cacheRow=*/false, e),
               cudaSuccess);
     EXPECT_EQ(twoRead.host(), got) << "the row copy changed the result";
-    for (bool cache : {true, false})
-      for (bool inPlaceFused : {false, true}) {
-        SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") +
-                     (inPlaceFused ? ", in place" : ""));
-        Dev<uint16_t> src(rowsBits), dst(std::vector<uint16_t>(rows * stride, 0x7fc0));
-        Dev<float> fusedLoss(std::vector<float>{-1.f});
-        Dev<double> fusedRows(std::vector<double>(rows, -7.0));
-        void *to = inPlaceFused ? (void *)src.get() : (void *)dst.get();
-        ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), dl.get(), dloss.get(),
-                                         fusedLoss.get(), to, fusedRows.get(), rows, classes,
-                                         stride, bad.get(), 0, cache, e),
-                  cudaSuccess);
-        EXPECT_EQ(fusedLoss.host(), loss.host()) << "the fused loss";
-        EXPECT_EQ(fusedRows.host(), perRow.host()) << "the rows' loss terms";
-        EXPECT_EQ((inPlaceFused ? src : dst).host(), got) << "the fused gradient";
-      }
+    expectFusedEqualsUnfused(rowsBits, dl.get(), dloss.get(), loss.host(), perRow.host(), got, rows,
+                             classes, stride, bad.get(), e);
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
   }
 }
