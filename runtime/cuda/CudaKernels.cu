@@ -784,8 +784,8 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
   float f = *dloss / (float)rows;
   CeTarget t = ceTarget(f, classes, e);
   for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
-    dr[c] =
-        c < classes ? expf(lr[c] - mx) / sum * f - t.uniform - (c == label ? t.onLabel : 0.f) : 0.f;
+    dr[c] = c < classes ? expf(lr[c] - mx) / sum * f - (t.uniform + (c == label ? t.onLabel : 0.f))
+                        : 0.f;
   if (threadIdx.x == 0 && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
 }

@@ -1455,7 +1455,9 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
   float f = *dloss / (float)rows, inv = f / ms.s; // one division a row
   CeTarget t = ceTarget(f, classes, e);
   auto grad = [&](int64_t c, float x) {
-    return c < classes ? expQuick(x - ms.m) * inv - t.uniform - (c == label ? t.onLabel : 0.f)
+    // One subtraction, as without smoothing (uniform is 0 then): the same
+    // bits, whether or not the compiler contracts it into an FMA.
+    return c < classes ? expQuick(x - ms.m) * inv - (t.uniform + (c == label ? t.onLabel : 0.f))
                        : 0.f;
   };
   if constexpr (Vec) {
