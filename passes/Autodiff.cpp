@@ -101,6 +101,20 @@ void withLogSumExp(func::FuncOp fn) {
   }
 }
 
+/// Gives every fsdp.cross_entropy with ignore_index and no normalizer one:
+/// fsdp.count_labels of its labels, the kept positions (PyTorch's mean
+/// over them). fsdp-grad-accum and fsdp-shard make the count global.
+void withLabelCounts(func::FuncOp fn) {
+  fn.walk([&](CrossEntropyOp o) {
+    auto ignore = o.getIgnoreIndexAttr();
+    if (!ignore || o.getNormalizer())
+      return;
+    OpBuilder b(o);
+    Value n = b.create<CountLabelsOp>(o.getLoc(), o.getLabels(), ignore, IntegerAttr());
+    o.getNormalizerMutable().assign(n);
+  });
+}
+
 void Differentiator::markActive() {
   fn.walk([&](Operation *op) {
     if (auto get = dyn_cast<GetParamOp>(op)) {
@@ -381,7 +395,8 @@ LogicalResult Differentiator::differentiate(Operation *op, Value dy) {
       .Case([&](CrossEntropyOp o) {
         accumulate(o.getLogits(), create<CrossEntropyGradOp>(
                                       loc, o.getLogits().getType(), o.getLogits(), o.getLabels(),
-                                      dy, o.getClassesAttr(), o.getLabelSmoothingAttr()));
+                                      dy, o.getNormalizer(), o.getClassesAttr(),
+                                      o.getLabelSmoothingAttr(), o.getIgnoreIndexAttr()));
         return success();
       })
       .Case([&](MseLossOp o) {
@@ -430,6 +445,7 @@ LogicalResult Differentiator::run(int64_t &numGradOps, int64_t &numGrads) {
                              << loss.getType();
 
   withLogSumExp(fn);
+  withLabelCounts(fn);
   markActive();
   b.setInsertionPoint(ret);
   if (active.contains(loss)) {

@@ -397,11 +397,10 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// `%l = cross_entropy %x, %y` and `%dx = cross_entropy_grad %x, %y,
-  /// %s` (same labels, classes and smoothing, one block, the loss first) where
-  /// nothing reads %l before the gradient: `%l, %dx = cross_entropy_fused
-  /// %x, %y, %s` where the gradient was. The loss is computed later, from
-  /// the same row statistics as the gradient; every operand is defined
-  /// there and nothing between needed it. Several cross-entropies of %x
+  /// %s` (same labels, classes, smoothing, ignore_index and normalizer, one block, the loss first)
+  /// where nothing reads %l before the gradient: `%l, %dx = cross_entropy_fused %x, %y, %s` where
+  /// the gradient was. The loss is computed later, from the same row statistics as the gradient;
+  /// every operand is defined there and nothing between needed it. Several cross-entropies of %x
   /// (an ambiguous pairing) fuse none.
   void fuseClassifier(CrossEntropyGradOp g) {
     Value x = g.getLogits();
@@ -416,7 +415,9 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     }
     if (!ce || ce->getBlock() != g->getBlock() || !ce->isBeforeInBlock(g) ||
         ce.getClassesAttr() != g.getClassesAttr() ||
-        ce.getLabelSmoothingAttr() != g.getLabelSmoothingAttr())
+        ce.getLabelSmoothingAttr() != g.getLabelSmoothingAttr() ||
+        ce.getIgnoreIndexAttr() != g.getIgnoreIndexAttr() ||
+        ce.getNormalizer() != g.getNormalizer())
       return;
     for (Operation *u : ce.getResult().getUsers()) {
       Operation *at = g->getBlock()->findAncestorOpInBlock(*u);
@@ -426,7 +427,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     OpBuilder b(g);
     auto fused = b.create<CrossEntropyFusedOp>(
         g.getLoc(), TypeRange{ce.getResult().getType(), g.getResult().getType()}, x, g.getLabels(),
-        g.getGrad(), g.getClassesAttr(), g.getLabelSmoothingAttr());
+        g.getGrad(), g.getNormalizer(), g.getClassesAttr(), g.getLabelSmoothingAttr(),
+        g.getIgnoreIndexAttr());
     keepMarks(g, fused);
     ce.getResult().replaceAllUsesWith(fused.getLoss());
     g.getResult().replaceAllUsesWith(fused.getDLogits());

@@ -13,7 +13,9 @@
 // (acc = acc + g_k, marked fsdp.accum so that the memory planner adds in
 // place and the micro-batch gradient dies at once), and scaled by 1/K
 // right after the last one: the mean over K*B rows, as one batch of K*B
-// rows gives when the model's loss is a mean over its rows.
+// rows gives when the model's loss is a mean over its rows. A
+// cross-entropy's kept-label count (ignore_index) is counted once over the
+// whole step and divided by K, so the mean stays the step's kept mean.
 //
 //===----------------------------------------------------------------------===//
 
@@ -164,6 +166,28 @@ void GradAccumPass::runOnOperation() {
   for (auto [arg, view] : llvm::zip(body.getArguments(), first))
     if (view != arg)
       arg.replaceAllUsesExcept(view, view.getDefiningOp());
+  // A cross-entropy's kept-label count (ignore_index) is the whole step's,
+  // over K: counted once on the argument, shared by every micro-batch (so
+  // each one's loss is its kept sum over the step's mean count, and their
+  // mean is the step's kept mean).
+  for (Operation *op : ops) {
+    auto count = dyn_cast<CountLabelsOp>(op);
+    if (!count)
+      continue;
+    Value v = count.getLabels();
+    while (auto r = v.getDefiningOp<ReshapeOp>())
+      v = r.getInput();
+    auto mb = v.getDefiningOp<MicrobatchOp>();
+    if (!mb || !isa<BlockArgument>(mb.getInput())) {
+      count.emitOpError() << "counts labels that are not an argument of @" << kTrainStepName
+                          << " (or a reshape of one): fsdp-grad-accum cannot count them over "
+                             "the step's micro-batches";
+      return signalPassFailure();
+    }
+    count.getLabelsMutable().assign(mb.getInput());
+    count.setDivisorAttr(b.getI64IntegerAttr(k));
+  }
+  llvm::erase_if(ops, [](Operation *op) { return isa<CountLabelsOp>(op); });
   SmallVector<Value> grads;
   for (SetGradOp s : sets)
     grads.push_back(s.getValue());

@@ -26,7 +26,8 @@
 //    whole unit (stage 0) or on this rank's shard (stages 1-3), with the
 //    optimizer state sharded the same way; stages 1/2 all-gather the new
 //    parameters. Clipping sums squared norms over shards and all-reduces
-//    the scalar.
+//    the scalar. The loss is all-reduced (mean), and so is a
+//    cross-entropy's kept-label count (ignore_index), right after it.
 // Mixed precision (fsdp-mixed-precision ran before autodiff): a read whose
 // only user is a cast is a read in the cast's dtype, so the unit is cast
 // once (the shard before its all-gather at stage 3) and gathered in it;
@@ -266,6 +267,15 @@ LogicalResult ShardRewrite::run() {
   if (world > 1) {
     Value loss = ret.getOperand(0);
     ret.setOperand(0, allReduce(loc, loss.getType(), loss, "mean", StringAttr()));
+    // So is a cross-entropy's kept-label count (ignore_index): each rank's
+    // loss divides its kept sum by the ranks' mean count, and the mean of
+    // those losses is the global kept mean.
+    SmallVector<CountLabelsOp> counts(body->getOps<CountLabelsOp>());
+    for (CountLabelsOp count : counts) {
+      b.setInsertionPointAfter(count);
+      Value mean = allReduce(count.getLoc(), count.getType(), count, "mean", StringAttr());
+      count.getResult().replaceAllUsesExcept(mean, mean.getDefiningOp());
+    }
   }
   return success();
 }

@@ -718,6 +718,20 @@ static LogicalResult verifyClasses(Operation *op, RankedTensorType logits,
   return success();
 }
 
+/// A normalizer only with ignore_index (it divides by the kept count).
+static LogicalResult verifyIgnore(Operation *op, std::optional<uint64_t> ignore, Value normalizer) {
+  if (normalizer && !ignore)
+    return op->emitOpError() << "has a normalizer but no ignore_index (without one the loss is "
+                                "the mean over all positions)";
+  return success();
+}
+
+LogicalResult CountLabelsOp::verify() {
+  if (auto d = getDivisor(); d && (int64_t)*d < 1)
+    return emitOpError() << "divisor = " << (int64_t)*d << " must be >= 1";
+  return success();
+}
+
 LogicalResult CrossEntropyOp::verify() {
   auto l = rt(getLogits()), y = rt(getLabels());
   if (l.getRank() < 2)
@@ -733,6 +747,8 @@ LogicalResult CrossEntropyOp::verify() {
   // precision) are widened by the kernels, the loss computed in f32 as
   // autocast's float32 cross-entropy computes it from logits.float(),
   // without an f32 copy of them.
+  if (failed(verifyIgnore(*this, getIgnoreIndex(), getNormalizer())))
+    return failure();
   return verifyClasses(*this, l, getClasses(), getLabelSmoothing());
 }
 
@@ -745,6 +761,8 @@ template <typename OpT> static LogicalResult verifyCrossEntropyGrad(OpT op) {
                                "their leading shape, found "
                             << shapeStr(l.getShape()) << " and "
                             << shapeStr(y.getShape());
+  if (failed(verifyIgnore(op, op.getIgnoreIndex(), op.getNormalizer())))
+    return failure();
   return verifyClasses(op, l, op.getClasses(), op.getLabelSmoothing());
 }
 

@@ -851,17 +851,35 @@ def Fsdp_CrossEntropyOp : Fsdp_Op<"cross_entropy", [Pure]> {
     class: the loss is (1 - e) (-log p[label]) + e mean_c (-log p[c]), the
     mean over the K classes (padding columns are not classes).
 
+    With `ignore_index = I` (PyTorch's `ignore_index`, e.g. -100 for the
+    prompt and padding positions of fine-tuning data) a position whose
+    label is I adds nothing to the loss and gets a zero gradient, and the
+    loss is the sum over the other positions divided by their count. That
+    count comes from `normalizer`, an f32 scalar: fsdp-autodiff computes it
+    with fsdp.count_labels over the step's labels, and fsdp-grad-accum and
+    fsdp-shard make it the count over every micro-batch and every rank
+    (divided by K micro-batches and N ranks, whose mean the step takes), so
+    the loss is the mean over every kept position of the global batch, N
+    ranks == 1 rank. A normalizer of 0 (every label ignored) gives a loss
+    and gradient of 0. Without ignore_index every label must lie in
+    [0, classes) and the loss is the mean over all positions.
+
     ```mlir
     %l = fsdp.cross_entropy %logits, %labels : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
     %p = fsdp.cross_entropy %padded, %labels {classes = 251 : i64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
     %s = fsdp.cross_entropy %logits, %labels {label_smoothing = 1.000000e-01 : f64} : (tensor<32x256xf32>, tensor<32xi32>) -> tensor<f32>
+    %m = fsdp.cross_entropy %logits, %labels, %count {ignore_index = -100 : i64} : (tensor<32x256xf32>, tensor<32xi32>, tensor<f32>) -> tensor<f32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
+                       Optional<Fsdp_Scalar>:$normalizer,
                        OptionalAttr<I64Attr>:$classes,
-                       OptionalAttr<F64Attr>:$label_smoothing);
+                       OptionalAttr<F64Attr>:$label_smoothing,
+                       OptionalAttr<I64Attr>:$ignore_index);
   let results = (outs Fsdp_Scalar:$result);
-  let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = [{
+    $logits `,` $labels (`,` $normalizer^)? attr-dict `:` functional-type(operands, results)
+  }];
   let hasVerifier = 1;
 }
 
@@ -1073,20 +1091,23 @@ def Fsdp_CrossEntropyGradOp : Fsdp_Op<"cross_entropy_grad",
     [Pure, AllTypesMatch<["logits", "result"]>]> {
   let summary = "VJP of cross_entropy: (softmax - target) * dloss / count";
   let description = [{
-    `classes` and `label_smoothing` as on cross_entropy: the target is the
-    one-hot label, or (1 - e) onehot + e / K with smoothing; the padding
-    columns' gradient is 0.
+    `classes`, `label_smoothing`, `ignore_index` and `normalizer` as on
+    cross_entropy: the target is the one-hot label, or (1 - e) onehot + e / K
+    with smoothing; the padding columns' gradient is 0, and so is an ignored
+    position's row.
 
     ```mlir
     %dl = fsdp.cross_entropy_grad %logits, %labels, %dloss : tensor<32x256xf32>, tensor<32xi32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes,
-                       OptionalAttr<F64Attr>:$label_smoothing);
+                       Fsdp_Scalar:$grad, Optional<Fsdp_Scalar>:$normalizer,
+                       OptionalAttr<I64Attr>:$classes,
+                       OptionalAttr<F64Attr>:$label_smoothing,
+                       OptionalAttr<I64Attr>:$ignore_index);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
-    $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
+    $logits `,` $labels `,` $grad (`,` $normalizer^)? attr-dict `:` type($logits) `,` type($labels)
   }];
   let hasVerifier = 1;
 }
@@ -1101,18 +1122,21 @@ def Fsdp_CrossEntropyFusedOp : Fsdp_Op<"cross_entropy_fused",
     and sum of exponentials serve both). fsdp-fuse-epilogues forms it
     when the loss is read only after its gradient (the step returns it),
     so `%grad` (the seed, or the loss scale) is known before the loss.
-    `classes` and `label_smoothing` as on cross_entropy.
+    `classes`, `label_smoothing`, `ignore_index` and `normalizer` as on
+    cross_entropy.
 
     ```mlir
     %l, %dl = fsdp.cross_entropy_fused %logits, %labels, %dloss : tensor<32x256xbf16>, tensor<32xi32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$logits, Fsdp_IntTensor:$labels,
-                       Fsdp_Scalar:$grad, OptionalAttr<I64Attr>:$classes,
-                       OptionalAttr<F64Attr>:$label_smoothing);
+                       Fsdp_Scalar:$grad, Optional<Fsdp_Scalar>:$normalizer,
+                       OptionalAttr<I64Attr>:$classes,
+                       OptionalAttr<F64Attr>:$label_smoothing,
+                       OptionalAttr<I64Attr>:$ignore_index);
   let results = (outs Fsdp_Scalar:$loss, Fsdp_FloatTensor:$d_logits);
   let assemblyFormat = [{
-    $logits `,` $labels `,` $grad attr-dict `:` type($logits) `,` type($labels)
+    $logits `,` $labels `,` $grad (`,` $normalizer^)? attr-dict `:` type($logits) `,` type($labels)
   }];
   let hasVerifier = 1;
 }
@@ -1301,6 +1325,28 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
   }];
+}
+
+def Fsdp_CountLabelsOp : Fsdp_Op<"count_labels", [Pure]> {
+  let summary = "how many labels a cross-entropy keeps, over a divisor";
+  let description = [{
+    The number of elements of `labels` that differ from `ignore_index`,
+    divided by `divisor` (the step's micro-batches), as an f32 scalar: the
+    `normalizer` of a cross-entropy with `ignore_index`. Inserted by
+    fsdp-autodiff; fsdp-grad-accum makes it count the whole step's labels
+    (`divisor = K`) and fsdp-shard takes its mean over the ranks. Exact
+    while the kept labels of a micro-batch over all ranks number at most
+    2^24 (f32's integers); beyond that within an f32 rounding.
+
+    ```mlir
+    %n = fsdp.count_labels %labels {ignore_index = -100 : i64} : tensor<8x64xi32>
+    ```
+  }];
+  let arguments = (ins Fsdp_IntTensor:$labels, I64Attr:$ignore_index,
+                       OptionalAttr<I64Attr>:$divisor);
+  let results = (outs Fsdp_Scalar:$result);
+  let assemblyFormat = "$labels attr-dict `:` type($labels)";
+  let hasVerifier = 1;
 }
 
 def Fsdp_SquaredNormOp : Fsdp_Op<"squared_norm", [Pure]> {

@@ -114,10 +114,10 @@ private:
 /// around at the end of the file.
 class TokenFile final : public DataSource {
 public:
-  TokenFile(const Plan &plan, const Binding &x, const Binding &y, int64_t rank,
-            int64_t world, std::vector<uint16_t> tokens)
-      : plan(plan), x(x), y(y), rank(rank), world(world),
-        tokens(std::move(tokens)) {}
+  TokenFile(const Plan &plan, const Binding &x, const Binding &y, int64_t rank, int64_t world,
+            std::vector<uint16_t> tokens, std::vector<uint16_t> mask, int64_t ignore)
+      : plan(plan), x(x), y(y), rank(rank), world(world), tokens(std::move(tokens)),
+        mask(std::move(mask)), ignore(ignore) {}
   Status fill(int64_t step, uint8_t *(*addr)(void *, int64_t), void *ctx) override {
     const Buffer &bx = plan.buffers[x.buffer], &by = plan.buffers[y.buffer];
     int64_t rows = bx.shape[0], T = bx.numel() / rows;
@@ -128,12 +128,13 @@ public:
       int64_t start = w * T;
       for (int64_t j = 0; j < T; ++j) {
         int64_t a = tokens[start + j], b = tokens[start + j + 1];
-        if (a >= x.range || b >= y.range)
+        bool masked = !mask.empty() && mask[start + j + 1] == 0;
+        if (a >= x.range || (b >= y.range && !masked))
           return FSDP_ERROR("token ", std::max(a, b), " at position ",
                             start + j, " of the data file is outside the "
                             "model's vocabulary of ", std::min(x.range, y.range));
         storeInt(bx, xs, i * T + j, a);
-        storeInt(by, ys, i * T + j, b);
+        storeInt(by, ys, i * T + j, masked ? ignore : b);
       }
     }
     return Status::ok();
@@ -146,6 +147,8 @@ private:
   Binding x, y;
   int64_t rank, world;
   std::vector<uint16_t> tokens;
+  std::vector<uint16_t> mask; ///< empty, or one entry a token: 0 = not a target
+  int64_t ignore;             ///< the label written for a masked target
 };
 
 /// Sizes the sources divide by and write: a batch of at least one row,
@@ -232,9 +235,27 @@ Status writeTokenFile(const std::string &path,
   return writeFileAtomic(path, bytes);
 }
 
-Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
-                      int64_t world, uint64_t seed,
-                      std::unique_ptr<DataSource> &out) {
+Status planIgnoreIndex(const Plan &plan, bool &found, int64_t &index) {
+  found = false;
+  for (const Instruction &inst : plan.program) {
+    if (inst.op.rfind("cross_entropy", 0) != 0)
+      continue;
+    auto it = inst.attrs.find("ignore_index");
+    if (it == inst.attrs.end() || !it->is_number_integer())
+      continue;
+    int64_t v = it->get<int64_t>();
+    if (found && v != index)
+      return FSDP_ERROR("the plan's cross-entropies disagree on ignore_index (", index, " and ", v,
+                        "): --loss-mask cannot say which to write");
+    found = true;
+    index = v;
+  }
+  return Status::ok();
+}
+
+Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank, int64_t world,
+                      uint64_t seed, std::unique_ptr<DataSource> &out,
+                      const std::string &lossMask) {
   const Binding *x = findRole(plan, "input"), *y = findRole(plan, "target");
   if (!x || !y)
     return FSDP_ERROR("the plan needs exactly one input and one target binding "
@@ -251,6 +272,8 @@ Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
     return FSDP_ERROR("token inputs need a vocabulary: the bindings ", x->name,
                       " and ", y->name, " have range ", x->range, " and ",
                       y->range, " (expected >= 1)");
+  if (spec == "synthetic" && !lossMask.empty())
+    return FSDP_ERROR("--loss-mask marks positions of a token file: it needs --data FILE");
   if (spec == "synthetic") {
     if (tokens) {
       out = std::make_unique<SyntheticTokens>(plan, *x, *y, rank, seed);
@@ -268,14 +291,20 @@ Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
   if (!tokens)
     return FSDP_ERROR("a token file feeds models whose input and target are "
                       "integer [B, T] tensors");
-  std::vector<uint16_t> toks;
+  std::vector<uint16_t> toks, mask;
   FSDP_RETURN_IF_ERROR(readTokenFile(spec, toks));
-  return makeTokenDataSource(spec, std::move(toks), plan, rank, world, out);
+  if (!lossMask.empty()) {
+    FSDP_RETURN_IF_ERROR(readTokenFile(lossMask, mask));
+    if (mask.size() != toks.size())
+      return FSDP_ERROR("--loss-mask ", lossMask, " has ", mask.size(), " entries; the data file ",
+                        spec, " has ", toks.size(), " tokens (expected one entry a token)");
+  }
+  return makeTokenDataSource(spec, std::move(toks), plan, rank, world, out, std::move(mask));
 }
 
-Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> toks,
-                           const Plan &plan, int64_t rank, int64_t world,
-                           std::unique_ptr<DataSource> &out) {
+Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> toks, const Plan &plan,
+                           int64_t rank, int64_t world, std::unique_ptr<DataSource> &out,
+                           std::vector<uint16_t> mask) {
   const Binding *x = findRole(plan, "input"), *y = findRole(plan, "target");
   if (!x || !y)
     return FSDP_ERROR("the plan needs exactly one input and one target binding "
@@ -296,7 +325,19 @@ Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> toks,
   if ((int64_t)toks.size() < T + 1)
     return FSDP_ERROR(name, ": ", toks.size(), " tokens are fewer than one "
                       "window of ", T + 1);
-  out = std::make_unique<TokenFile>(plan, *x, *y, rank, world, std::move(toks));
+  bool hasIgnore = false;
+  int64_t ignore = 0;
+  FSDP_RETURN_IF_ERROR(planIgnoreIndex(plan, hasIgnore, ignore));
+  if (!mask.empty() && !hasIgnore)
+    return FSDP_ERROR("--loss-mask needs a plan whose cross_entropy has ignore_index (the label "
+                      "it writes for a masked position); this plan's has none");
+  if (!mask.empty() && mask.size() != toks.size())
+    return FSDP_ERROR(name, ": the loss mask has ", mask.size(), " entries for ", toks.size(),
+                      " tokens");
+  if (!mask.empty() && !isIntBuffer(by))
+    return FSDP_ERROR("--loss-mask needs integer targets");
+  out = std::make_unique<TokenFile>(plan, *x, *y, rank, world, std::move(toks), std::move(mask),
+                                    ignore);
   return Status::ok();
 }
 

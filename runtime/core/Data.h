@@ -33,17 +33,25 @@ public:
   virtual int64_t itemsPerStep() const = 0;
 };
 
-/// `spec` is "synthetic" or the path of a token file.
-Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank,
-                      int64_t world, uint64_t seed,
-                      std::unique_ptr<DataSource> &out);
+/// `spec` is "synthetic" or the path of a token file. `lossMask`: the
+/// path of a token file of the same length whose 0 entries mark the
+/// tokens that are not targets (fine-tuning's prompt and padding): the
+/// label predicting such a token is written as the plan's cross-entropy
+/// ignore_index (the plan must have one); empty: every label counts.
+Status makeDataSource(const std::string &spec, const Plan &plan, int64_t rank, int64_t world,
+                      uint64_t seed, std::unique_ptr<DataSource> &out,
+                      const std::string &lossMask = "");
 
 /// The token-file source on tokens already read (`name` for messages);
 /// makeDataSource's file path ends here. Checks the plan's input / target
 /// shapes itself.
-Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> tokens,
-                           const Plan &plan, int64_t rank, int64_t world,
-                           std::unique_ptr<DataSource> &out);
+Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> tokens, const Plan &plan,
+                           int64_t rank, int64_t world, std::unique_ptr<DataSource> &out,
+                           std::vector<uint16_t> mask = {});
+
+/// The ignore_index of the plan's cross-entropies (all must agree);
+/// false when none has one.
+Status planIgnoreIndex(const Plan &plan, bool &found, int64_t &index);
 
 /// Reads a token file in llm.c's format: 256 little-endian int32 (magic
 /// 20240520, version 1, token count), then exactly that many little-endian

@@ -568,6 +568,21 @@ const std::unordered_map<std::string, Check> &checks() {
       double smoothing = op.f("label_smoothing", 0);
       if (op.attrError.empty() && !(smoothing >= 0 && smoothing <= 1))
         return FSDP_ERROR(op.inst.op, ": label_smoothing = ", smoothing, " must lie in [0, 1]");
+      // ignore_index and its normalizer (the last input) come together.
+      size_t required = grad ? 3 : 2;
+      bool hasNorm = op.inst.in.size() > required, hasIgnore = op.has("ignore_index");
+      if (hasNorm != hasIgnore)
+        return FSDP_ERROR(op.inst.op, hasIgnore ? ": ignore_index needs the kept-label count "
+                                                  "input (fsdp.count_labels) after the others"
+                                                : ": a normalizer input without ignore_index");
+      if (hasIgnore) {
+        int64_t ignore = op.i("ignore_index", 0);
+        if (op.attrError.empty() && (ignore < INT32_MIN || ignore > INT32_MAX))
+          return FSDP_ERROR(op.inst.op, ": ignore_index = ", ignore, " does not fit 32 bits");
+        FSDP_RETURN_IF_ERROR(expectF32(op, {&op.in(required)}));
+        FSDP_RETURN_IF_ERROR(
+            expectShape(op, op.in(required), {}, "a scalar normalizer (the kept-label count)"));
+      }
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
         if (fused)
@@ -579,9 +594,39 @@ const std::unordered_map<std::string, Check> &checks() {
     m["cross_entropy"] = [checkCE](const Op &op) { return checkCE(op, false); };
     m["cross_entropy_grad"] = [checkCE](const Op &op) { return checkCE(op, true); };
     m["cross_entropy_fused"] = [checkCE](const Op &op) { return checkCE(op, true); };
+    m["count_labels"] = [](const Op &op) {
+      if (!isInt(op.in(0).dtype))
+        return FSDP_ERROR("count_labels: expected integer labels, found ",
+                          dtypeName(op.in(0).dtype));
+      FSDP_RETURN_IF_ERROR(expectF32(op, {&op.out(0)}));
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(0), {}, "a scalar count"));
+      if (!op.has("ignore_index"))
+        return FSDP_ERROR("count_labels: missing ignore_index");
+      int64_t ignore = op.i("ignore_index", 0), divisor = op.i("divisor", 1);
+      if (op.attrError.empty() && (ignore < INT32_MIN || ignore > INT32_MAX))
+        return FSDP_ERROR("count_labels: ignore_index = ", ignore, " does not fit 32 bits");
+      if (op.attrError.empty() && divisor < 1)
+        return FSDP_ERROR("count_labels: divisor = ", divisor, " must be >= 1");
+      return Status::ok();
+    };
     auto checkPair = [](const Op &op, bool grad) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), op.in(0).shape, "a target"));
+      // ignore_index and its normalizer (the last input) come together.
+      size_t required = grad ? 3 : 2;
+      bool hasNorm = op.inst.in.size() > required, hasIgnore = op.has("ignore_index");
+      if (hasNorm != hasIgnore)
+        return FSDP_ERROR(op.inst.op, hasIgnore ? ": ignore_index needs the kept-label count "
+                                                  "input (fsdp.count_labels) after the others"
+                                                : ": a normalizer input without ignore_index");
+      if (hasIgnore) {
+        int64_t ignore = op.i("ignore_index", 0);
+        if (op.attrError.empty() && (ignore < INT32_MIN || ignore > INT32_MAX))
+          return FSDP_ERROR(op.inst.op, ": ignore_index = ", ignore, " does not fit 32 bits");
+        FSDP_RETURN_IF_ERROR(expectF32(op, {&op.in(required)}));
+        FSDP_RETURN_IF_ERROR(
+            expectShape(op, op.in(required), {}, "a scalar normalizer (the kept-label count)"));
+      }
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
         return expectShape(op, op.out(0), op.in(0).shape, "a result");

@@ -157,6 +157,27 @@ inline int64_t ceClasses(const Op &op) { return op.i("classes", lastDim(op.in(0)
 /// 0 <= e <= 1.
 inline double ceSmoothing(const Op &op) { return op.f("label_smoothing", 0); }
 
+/// cross_entropy(_grad / _fused)'s ignore_index: a label equal to `index`
+/// adds nothing to the loss and gets a zero gradient row, and the loss
+/// divides by the f32 scalar input `normalizer` (the kept-label count,
+/// count_labels) instead of the row count. checkInstruction has checked
+/// that the two come together and that the index fits an int32.
+struct CeIgnore {
+  bool on = false;
+  int32_t index = 0;
+  int normalizer = -1; ///< the input holding the count
+};
+inline CeIgnore ceIgnore(const Op &op) {
+  CeIgnore c;
+  const OpSchema *schema = findOp(op.inst.op);
+  if (!op.has("ignore_index") || !schema || (int)op.inst.in.size() <= schema->numInputs)
+    return c;
+  c.on = true;
+  c.index = (int32_t)op.i("ignore_index", 0);
+  c.normalizer = schema->numInputs;
+  return c;
+}
+
 /// matmul dimensions from shapes and flags.
 struct MM {
   int64_t batch, m, n, k;

@@ -28,6 +28,9 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 ///      would have ignored the attribute (a silently different loss), so
 ///      the bump makes it refuse these plans; a version 1 plan has neither
 ///      and means the same here, so it is still read.
+///      cross_entropy's `ignore_index` came later within version 2: its
+///      plans always hold count_labels, which an older runtime refuses
+///      as an unknown op.
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 
@@ -94,17 +97,17 @@ inline constexpr OpSchema kOps[] = {
     {"matmul", 2, 1, OpKind::Compute},
     {"matmul_bias", 3, 1, OpKind::Compute, 0, 1},      // + the pre-activation (gelu)
     {"matmul_gelu_grad", 3, 1, OpKind::Compute, 0, 1}, // + the bias gradient
-    {"matmul_bias_grad", 2, 2, OpKind::Compute},        // (d_weight, d_bias)
+    {"matmul_bias_grad", 2, 2, OpKind::Compute},       // (d_weight, d_bias)
     {"layer_norm", 3, 1, OpKind::Compute},
     {"layer_norm_grad", 3, 3, OpKind::Compute},
-    {"residual_layer_norm", 4, 2, OpKind::Compute},  // a, b, gamma, beta -> a + b, y
-    {"layer_norm_grad_acc", 4, 3, OpKind::Compute},  // x, gamma, dy, acc -> dx + acc, ...
-    {"attention", 3, 1, OpKind::Compute, 0, 1}, // + the log-sum-exp
-    {"attention_grad", 6, 3, OpKind::Compute},  // q, k, v, y, lse, dy
+    {"residual_layer_norm", 4, 2, OpKind::Compute}, // a, b, gamma, beta -> a + b, y
+    {"layer_norm_grad_acc", 4, 3, OpKind::Compute}, // x, gamma, dy, acc -> dx + acc, ...
+    {"attention", 3, 1, OpKind::Compute, 0, 1},     // + the log-sum-exp
+    {"attention_grad", 6, 3, OpKind::Compute},      // q, k, v, y, lse, dy
     {"attention_qkv", 1, 1, OpKind::Compute, 0, 1}, // packed q|k|v; + the log-sum-exp
     {"attention_qkv_grad", 4, 1, OpKind::Compute},  // qkv, y, lse, dy -> dqkv
     {"silu", 1, 1, OpKind::Compute},
-    {"swiglu", 2, 1, OpKind::Compute},      // gate, up -> silu(gate) * up
+    {"swiglu", 2, 1, OpKind::Compute}, // gate, up -> silu(gate) * up
     {"silu_grad", 2, 1, OpKind::Compute},
     {"swiglu_grad", 3, 2, OpKind::Compute}, // gate, up, dy -> d_gate, d_up
     {"rms_norm", 2, 1, OpKind::Compute},
@@ -127,9 +130,11 @@ inline constexpr OpSchema kOps[] = {
     {"cast", 1, 1, OpKind::Compute},
     {"to_host", 1, 1, OpKind::Compute},   // device arena -> host arena
     {"to_device", 1, 1, OpKind::Compute}, // host arena -> device arena
-    {"cross_entropy", 2, 1, OpKind::Compute},
-    {"cross_entropy_grad", 3, 1, OpKind::Compute},
-    {"cross_entropy_fused", 3, 2, OpKind::Compute}, // (loss, d_logits)
+    // + the kept-label count with ignore_index (count_labels)
+    {"cross_entropy", 2, 1, OpKind::Compute, 1},
+    {"cross_entropy_grad", 3, 1, OpKind::Compute, 1},
+    {"cross_entropy_fused", 3, 2, OpKind::Compute, 1}, // (loss, d_logits)
+    {"count_labels", 1, 1, OpKind::Compute},
     {"mse_loss", 2, 1, OpKind::Compute},
     {"mse_loss_grad", 3, 1, OpKind::Compute},
     {"bce_with_logits", 2, 1, OpKind::Compute},

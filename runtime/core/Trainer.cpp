@@ -44,6 +44,12 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        (1 - sqrt(f), Hagele et al. 2024's cooldown)
   --seed N             seed of the parameter init and synthetic data (default 1234)
   --data SPEC          synthetic (default) or the path of an llm.c token file
+  --loss-mask FILE     with --data FILE: a token file of the same length whose
+                       0 entries mark tokens that are not targets (a prompt,
+                       padding): their labels become the plan's ignore_index
+                       (cross_entropy's, e.g. -100), left out of the loss,
+                       which is the mean over the kept labels of the whole
+                       step (every rank and micro-batch)
   --device D           cpu (default) or cuda: the backend that runs the plan
   --comm C             auto (default), shm or gloo: how ranks exchange data on
                        the host. shm: shared memory, all ranks on this machine;
@@ -129,13 +135,13 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     v = std::strtod(s, &end);
     return *s && !*end && errno == 0 && std::isfinite(v);
   };
-  static const char *valued[] = {"--steps",     "--lr",          "--schedule",    "--warmup",
-                                 "--min-lr",    "--decay-steps", "--decay-shape", "--seed",
-                                 "--data",      "--threads",     "--log-every",   "--dump-dir",
-                                 "--init-from", "--save",        "--gradcheck",   "--gradcheck-tol",
-                                 "--ckpt-dir",  "--save-every",  "--keep",        "--resume",
-                                 "--trace",     "--device",      "--comm",        "--eval-every",
-                                 "--eval-data", "--eval-batches"};
+  static const char *valued[] = {
+      "--steps",         "--lr",          "--schedule",   "--warmup",     "--min-lr",
+      "--decay-steps",   "--decay-shape", "--seed",       "--data",       "--threads",
+      "--log-every",     "--dump-dir",    "--init-from",  "--save",       "--gradcheck",
+      "--gradcheck-tol", "--ckpt-dir",    "--save-every", "--keep",       "--resume",
+      "--trace",         "--device",      "--comm",       "--eval-every", "--eval-data",
+      "--eval-batches",  "--loss-mask"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -216,6 +222,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.seed = (uint64_t)iv;
     } else if (a == "--data") {
       opt.data = v;
+    } else if (a == "--loss-mask") {
+      opt.lossMask = v;
     } else if (a == "--device") {
       if (std::strcmp(v, "cpu") != 0 && std::strcmp(v, "cuda") != 0)
         return FSDP_ERROR("--device must be cpu or cuda, found '", v, "'");
@@ -693,7 +701,8 @@ private:
   /// validation samples are held out: the same task drawn with another
   /// seed than training's.
   Status openData() {
-    FSDP_RETURN_IF_ERROR(makeDataSource(opt.data, plan, comm.rank(), comm.size(), opt.seed, data));
+    FSDP_RETURN_IF_ERROR(
+        makeDataSource(opt.data, plan, comm.rank(), comm.size(), opt.seed, data, opt.lossMask));
     if (opt.gradcheck > 0 || opt.evalEvery <= 0)
       return Status::ok();
     std::string spec = opt.evalData.empty() ? "synthetic" : opt.evalData;

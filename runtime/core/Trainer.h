@@ -32,6 +32,7 @@ struct TrainOptions {
   std::string decayShape;  ///< --decay-shape (wsd); empty: linear
   uint64_t seed = 1234;
   std::string data = "synthetic";
+  std::string lossMask; ///< --loss-mask FILE: 0 entries are not targets
   int threads = 0;
   int64_t logEvery = 1;
   std::string dumpDir;

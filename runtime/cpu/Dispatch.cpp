@@ -102,12 +102,15 @@ template <typename I> Status runCrossEntropy(const Run &r, bool loss, bool grad)
   const Buffer &l = r.op.in(0);
   int64_t stride = lastDim(l), rows = rowsOf(l), classes = ceClasses(r.op);
   double smoothing = ceSmoothing(r.op);
+  rules::CeIgnore ig = rules::ceIgnore(r.op);
+  const float *norm = ig.on ? r.in(ig.normalizer) : nullptr;
   int64_t bad = -1;
   if (loss)
-    bad = crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride, smoothing);
+    bad = crossEntropy<float, I>(r.in(0), r.in<I>(1), r.out(0), rows, classes, stride, smoothing,
+                                 norm, ig.index);
   if (grad && bad < 0)
     bad = crossEntropyGrad<float, I>(r.in(0), r.in<I>(1), r.in(2), r.out(loss ? 1 : 0), rows,
-                                     classes, stride, smoothing);
+                                     classes, stride, smoothing, norm, ig.index);
   if (bad >= 0)
     return FSDP_ERROR(r.op.inst.op, ": label ", (int64_t)r.in<I>(1)[bad], " at position ", bad,
                       " is outside [0, ", classes, ")");
@@ -463,6 +466,14 @@ const std::unordered_map<std::string, Exec> &table() {
         return r.op.in(1).dtype == DType::I32 ? runCrossEntropy<int32_t>(r, loss, grad)
                                               : runCrossEntropy<int64_t>(r, loss, grad);
       };
+    };
+    m["count_labels"] = [](const Run &r) {
+      int64_t n = r.op.in(0).numel(), ignore = r.op.i("ignore_index", 0),
+              divisor = r.op.i("divisor", 1);
+      *r.out(0) = r.op.in(0).dtype == DType::I32
+                      ? countLabels(r.in<int32_t>(0), n, ignore, divisor)
+                      : countLabels(r.in<int64_t>(0), n, ignore, divisor);
+      return Status::ok();
     };
     m["cross_entropy"] = crossEntropyRun(true, false);
     m["cross_entropy_grad"] = crossEntropyRun(false, true);

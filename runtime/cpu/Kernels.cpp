@@ -770,14 +770,17 @@ void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
 
 template <typename T, typename I>
 int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows, int64_t classes,
-                     int64_t stride, double smoothing) {
+                     int64_t stride, double smoothing, const T *normalizer, int64_t ignore) {
   stride = stride ? stride : classes;
+  auto skipped = [&](int64_t r) { return normalizer && (int64_t)labels[r] == ignore; };
   for (int64_t r = 0; r < rows; ++r)
-    if (labels[r] < 0 || labels[r] >= classes)
+    if ((labels[r] < 0 || labels[r] >= classes) && !skipped(r))
       return r;
   std::vector<double> per(rows);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
+    if (skipped(r))
+      continue; // per[r] stays 0
     const T *lr = logits + r * stride;
     T mx = *std::max_element(lr, lr + classes);
     T sum = 0;
@@ -798,24 +801,43 @@ int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows, in
   double total = 0;
   for (double v : per)
     total += v;
-  *loss = (T)(total / rows);
+  if (!normalizer)
+    *loss = (T)(total / rows);
+  else
+    *loss = *normalizer > 0 ? (T)(total / (double)*normalizer) : T(0);
   return -1;
 }
 
+template <typename I>
+float countLabels(const I *labels, int64_t n, int64_t ignore, int64_t divisor) {
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i)
+    kept += (int64_t)labels[i] != ignore;
+  return (float)((double)kept / (double)divisor);
+}
+template float countLabels<int32_t>(const int32_t *, int64_t, int64_t, int64_t);
+template float countLabels<int64_t>(const int64_t *, int64_t, int64_t, int64_t);
+
 template <typename T, typename I>
 int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss, T *dlogits, int64_t rows,
-                         int64_t classes, int64_t stride, double smoothing) {
+                         int64_t classes, int64_t stride, double smoothing, const T *normalizer,
+                         int64_t ignore) {
   stride = stride ? stride : classes;
+  auto skipped = [&](int64_t r) { return normalizer && (int64_t)labels[r] == ignore; };
   for (int64_t r = 0; r < rows; ++r)
-    if (labels[r] < 0 || labels[r] >= classes)
+    if ((labels[r] < 0 || labels[r] >= classes) && !skipped(r))
       return r;
-  T f = *dloss / T(rows);
+  T f = !normalizer ? *dloss / T(rows) : *normalizer > 0 ? *dloss / *normalizer : T(0);
   // The target: (1 - e) on the label, e / K on every class.
   T onLabel = smoothing == 0 ? f : (T)((1 - smoothing) * (double)f);
   T uniform = (T)(smoothing * (double)f / (double)classes);
 #pragma omp parallel for if (rows * classes > kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     T *dr = dlogits + r * stride;
+    if (skipped(r)) {
+      std::fill(dr, dr + stride, T(0));
+      continue;
+    }
     softmaxRow(logits + r * stride, dr, classes);
     for (int64_t c = 0; c < classes; ++c)
       dr[c] *= f;
@@ -951,87 +973,73 @@ uint16_t floatToHalf(float f) { return roundToHalf(f); }
 float halfToFloat(uint16_t h) { return widenHalf(h); }
 
 // Explicit instantiations: float for the runtime, double for the tests.
-#define FSDP_INSTANTIATE(T)                                                    \
-  template void binary<T>(BinaryKind, const T *, const Shape &, const T *,     \
-                          const Shape &, T *, const Shape &);                  \
-  template void broadcastTo<T>(const T *, const Shape &, T *, const Shape &);  \
-  template void sumTo<T>(const T *, const Shape &, T *, const Shape &);        \
-  template void neg<T>(const T *, T *, int64_t);                               \
-  template void scale<T>(const T *, T *, int64_t, double);                     \
-  template void fill<T>(T *, int64_t, double);                                 \
-  template void dropout<T>(const T *, T *, int64_t, uint64_t, uint64_t, uint32_t,     \
-                           double);                                            \
-  template void relu<T>(const T *, T *, int64_t);                              \
-  template void reluGrad<T>(const T *, const T *, T *, int64_t);               \
-  template void gelu<T>(const T *, T *, int64_t);                              \
-  template void geluGrad<T>(const T *, const T *, T *, int64_t);               \
-  template void geluExact<T>(const T *, T *, int64_t);                         \
-  template void geluExactGrad<T>(const T *, const T *, T *, int64_t);          \
-  template void softmax<T>(const T *, T *, int64_t, int64_t);                  \
-  template void softmaxGrad<T>(const T *, const T *, T *, int64_t, int64_t);   \
-  template void biasAdd<T>(const T *, const T *, T *, int64_t, int64_t);       \
-  template void matmul<T>(const T *, const T *, T *, int64_t, int64_t,         \
-                          int64_t, int64_t, bool, bool);                       \
-  template void layerNorm<T>(const T *, const T *, const T *, T *, int64_t,    \
-                             int64_t, double);                                 \
-  template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *,    \
-                                 T *, int64_t, int64_t, double);               \
-  template void attention<T>(const T *, const T *, const T *, T *, T *,       \
-                             int64_t, int64_t, int64_t, int64_t, bool,         \
-                             int64_t, AttentionRows);                          \
-  template void attentionGrad<T>(const T *, const T *, const T *, const T *,   \
-                                 const T *, T *, T *, T *, int64_t, int64_t,   \
-                                 int64_t, int64_t, bool, int64_t,              \
-                                 AttentionRows);                               \
-  template void silu<T>(const T *, T *, int64_t);                              \
-  template void siluGrad<T>(const T *, const T *, T *, int64_t);               \
-  template void swiglu<T>(const T *, const T *, T *, int64_t);                 \
-  template void swigluGrad<T>(const T *, const T *, const T *, T *, T *, int64_t); \
-  template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t,        \
-                           double);                                            \
-  template void rmsNormGrad<T>(const T *, const T *, const T *, T *, T *,      \
-                               int64_t, int64_t, double);                      \
-  template void rope<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,    \
-                        double);                                               \
-  template void ropeGrad<T>(const T *, T *, int64_t, int64_t, int64_t,         \
-                            int64_t, double);                                  \
-  template int64_t embedding<T, int32_t>(const T *, const int32_t *, T *,      \
-                                         int64_t, int64_t, int64_t);           \
-  template int64_t embedding<T, int64_t>(const T *, const int64_t *, T *,      \
-                                         int64_t, int64_t, int64_t);           \
-  template int64_t embeddingGrad<T, int32_t>(const int32_t *, const T *, T *,  \
-                                             int64_t, int64_t, int64_t);       \
-  template int64_t embeddingGrad<T, int64_t>(const int64_t *, const T *, T *,  \
-                                             int64_t, int64_t, int64_t);       \
-  template void transpose<T>(const T *, const Shape &,                         \
-                             const std::vector<int64_t> &, T *);               \
-  template void slice<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,   \
-                         int64_t);                                             \
-  template void sliceGrad<T>(const T *, T *, int64_t, int64_t, int64_t,        \
-                             int64_t, int64_t);                                \
-  template int64_t crossEntropy<T, int32_t>(const T *, const int32_t *, T *,   \
-                                            int64_t, int64_t, int64_t, double); \
-  template int64_t crossEntropy<T, int64_t>(const T *, const int64_t *, T *,   \
-                                            int64_t, int64_t, int64_t, double); \
-  template int64_t crossEntropyGrad<T, int32_t>(const T *, const int32_t *,    \
-                                                const T *, T *, int64_t,       \
-                                                int64_t, int64_t, double);     \
-  template int64_t crossEntropyGrad<T, int64_t>(const T *, const int64_t *,    \
-                                                const T *, T *, int64_t,       \
-                                                int64_t, int64_t, double);     \
-  template void mseLoss<T>(const T *, const T *, T *, int64_t);                \
-  template void mseLossGrad<T>(const T *, const T *, const T *, T *, int64_t); \
-  template void bceWithLogits<T>(const T *, const T *, T *, int64_t);          \
-  template void bceWithLogitsGrad<T>(const T *, const T *, const T *, T *,     \
-                                     int64_t);                                 \
-  template void sgdUpdate<T>(const T *, const T *, T *, int64_t, double,       \
-                             double, T);                                       \
-  template void sgdMomentumUpdate<T>(const T *, const T *, const T *, T *,     \
-                                     T *, int64_t, double, int64_t, double,    \
-                                     double, double, bool, T);                 \
-  template void adamwUpdate<T>(const T *, const T *, const T *, const T *,     \
-                               T *, T *, T *, int64_t, double, int64_t,        \
-                               double, double, double, double, T);             \
+#define FSDP_INSTANTIATE(T)                                                                        \
+  template void binary<T>(BinaryKind, const T *, const Shape &, const T *, const Shape &, T *,     \
+                          const Shape &);                                                          \
+  template void broadcastTo<T>(const T *, const Shape &, T *, const Shape &);                      \
+  template void sumTo<T>(const T *, const Shape &, T *, const Shape &);                            \
+  template void neg<T>(const T *, T *, int64_t);                                                   \
+  template void scale<T>(const T *, T *, int64_t, double);                                         \
+  template void fill<T>(T *, int64_t, double);                                                     \
+  template void dropout<T>(const T *, T *, int64_t, uint64_t, uint64_t, uint32_t, double);         \
+  template void relu<T>(const T *, T *, int64_t);                                                  \
+  template void reluGrad<T>(const T *, const T *, T *, int64_t);                                   \
+  template void gelu<T>(const T *, T *, int64_t);                                                  \
+  template void geluGrad<T>(const T *, const T *, T *, int64_t);                                   \
+  template void geluExact<T>(const T *, T *, int64_t);                                             \
+  template void geluExactGrad<T>(const T *, const T *, T *, int64_t);                              \
+  template void softmax<T>(const T *, T *, int64_t, int64_t);                                      \
+  template void softmaxGrad<T>(const T *, const T *, T *, int64_t, int64_t);                       \
+  template void biasAdd<T>(const T *, const T *, T *, int64_t, int64_t);                           \
+  template void matmul<T>(const T *, const T *, T *, int64_t, int64_t, int64_t, int64_t, bool,     \
+                          bool);                                                                   \
+  template void layerNorm<T>(const T *, const T *, const T *, T *, int64_t, int64_t, double);      \
+  template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *, T *, int64_t, int64_t, \
+                                 double);                                                          \
+  template void attention<T>(const T *, const T *, const T *, T *, T *, int64_t, int64_t, int64_t, \
+                             int64_t, bool, int64_t, AttentionRows);                               \
+  template void attentionGrad<T>(const T *, const T *, const T *, const T *, const T *, T *, T *,  \
+                                 T *, int64_t, int64_t, int64_t, int64_t, bool, int64_t,           \
+                                 AttentionRows);                                                   \
+  template void silu<T>(const T *, T *, int64_t);                                                  \
+  template void siluGrad<T>(const T *, const T *, T *, int64_t);                                   \
+  template void swiglu<T>(const T *, const T *, T *, int64_t);                                     \
+  template void swigluGrad<T>(const T *, const T *, const T *, T *, T *, int64_t);                 \
+  template void rmsNorm<T>(const T *, const T *, T *, int64_t, int64_t, double);                   \
+  template void rmsNormGrad<T>(const T *, const T *, const T *, T *, T *, int64_t, int64_t,        \
+                               double);                                                            \
+  template void rope<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t, double);               \
+  template void ropeGrad<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t, double);           \
+  template int64_t embedding<T, int32_t>(const T *, const int32_t *, T *, int64_t, int64_t,        \
+                                         int64_t);                                                 \
+  template int64_t embedding<T, int64_t>(const T *, const int64_t *, T *, int64_t, int64_t,        \
+                                         int64_t);                                                 \
+  template int64_t embeddingGrad<T, int32_t>(const int32_t *, const T *, T *, int64_t, int64_t,    \
+                                             int64_t);                                             \
+  template int64_t embeddingGrad<T, int64_t>(const int64_t *, const T *, T *, int64_t, int64_t,    \
+                                             int64_t);                                             \
+  template void transpose<T>(const T *, const Shape &, const std::vector<int64_t> &, T *);         \
+  template void slice<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t);             \
+  template void sliceGrad<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t);         \
+  template int64_t crossEntropy<T, int32_t>(const T *, const int32_t *, T *, int64_t, int64_t,     \
+                                            int64_t, double, const T *, int64_t);                  \
+  template int64_t crossEntropy<T, int64_t>(const T *, const int64_t *, T *, int64_t, int64_t,     \
+                                            int64_t, double, const T *, int64_t);                  \
+  template int64_t crossEntropyGrad<T, int32_t>(const T *, const int32_t *, const T *, T *,        \
+                                                int64_t, int64_t, int64_t, double, const T *,      \
+                                                int64_t);                                          \
+  template int64_t crossEntropyGrad<T, int64_t>(const T *, const int64_t *, const T *, T *,        \
+                                                int64_t, int64_t, int64_t, double, const T *,      \
+                                                int64_t);                                          \
+  template void mseLoss<T>(const T *, const T *, T *, int64_t);                                    \
+  template void mseLossGrad<T>(const T *, const T *, const T *, T *, int64_t);                     \
+  template void bceWithLogits<T>(const T *, const T *, T *, int64_t);                              \
+  template void bceWithLogitsGrad<T>(const T *, const T *, const T *, T *, int64_t);               \
+  template void sgdUpdate<T>(const T *, const T *, T *, int64_t, double, double, T);               \
+  template void sgdMomentumUpdate<T>(const T *, const T *, const T *, T *, T *, int64_t, double,   \
+                                     int64_t, double, double, double, bool, T);                    \
+  template void adamwUpdate<T>(const T *, const T *, const T *, const T *, T *, T *, T *, int64_t, \
+                               double, int64_t, double, double, double, double, T);                \
   template double squaredNorm<T>(const T *, int64_t);
 
 FSDP_INSTANTIATE(float)

@@ -158,12 +158,22 @@ void sliceGrad(const T *dy, T *dx, int64_t outer, int64_t full, int64_t len,
 /// `smoothing` e in [0, 1]: the target is (1 - e) on the label plus e /
 /// classes on each class (PyTorch's label_smoothing); e = 0 is the plain
 /// one-hot loss, computed as without the option (the same bits).
+/// With `normalizer` (PyTorch's ignore_index): a row whose label is
+/// `ignore` adds 0 to the loss and gets a zero gradient row, and the loss
+/// is the kept rows' sum over *normalizer (the kept-label count; <= 0: a
+/// loss and gradient of 0) instead of the mean over `rows`.
 template <typename T, typename I>
 int64_t crossEntropy(const T *logits, const I *labels, T *loss, int64_t rows, int64_t classes,
-                     int64_t stride = 0, double smoothing = 0);
+                     int64_t stride = 0, double smoothing = 0, const T *normalizer = nullptr,
+                     int64_t ignore = 0);
 template <typename T, typename I>
 int64_t crossEntropyGrad(const T *logits, const I *labels, const T *dloss, T *dlogits, int64_t rows,
-                         int64_t classes, int64_t stride = 0, double smoothing = 0);
+                         int64_t classes, int64_t stride = 0, double smoothing = 0,
+                         const T *normalizer = nullptr, int64_t ignore = 0);
+/// count_labels: how many of the n labels differ from `ignore`, over
+/// `divisor`, rounded once to float.
+template <typename I>
+float countLabels(const I *labels, int64_t n, int64_t ignore, int64_t divisor);
 template <typename T> void mseLoss(const T *x, const T *t, T *loss, int64_t n);
 template <typename T>
 void mseLossGrad(const T *x, const T *t, const T *dl, T *dx, int64_t n);

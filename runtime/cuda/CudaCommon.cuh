@@ -134,6 +134,22 @@ __device__ inline CeTarget ceTarget(float f, int64_t classes, double e) {
   return {(float)((1 - e) * (double)f), (float)(e * (double)f / (double)classes)};
 }
 
+/// ignore_index (CeIgnore): whether a row with this label is left out.
+__device__ inline bool ceSkip(CeIgnore ig, int32_t label) { return ig.count && label == ig.index; }
+/// The gradient's factor f: dloss / rows, or with ignore_index dloss / the
+/// kept count (0 for a count of 0), as the CPU kernels compute it.
+__device__ inline float ceFactor(const float *dloss, int64_t rows, CeIgnore ig) {
+  if (!ig.count)
+    return *dloss / (float)rows;
+  float n = *ig.count;
+  return n > 0 ? *dloss / n : 0.f;
+}
+/// The loss from its rows' sum with ignore_index: over the kept count.
+__device__ inline float ceKeptMean(double sum, CeIgnore ig) {
+  float n = *ig.count;
+  return n > 0 ? (float)(sum / (double)n) : 0.f;
+}
+
 __device__ float blockMax(float v, float *sh) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warpMax(v);

@@ -527,6 +527,12 @@ struct Ptrs {
   void *w(size_t i) const { return out<void>(i); }
 };
 
+/// A cross-entropy's ignore_index for the kernels (off without one).
+CeIgnore ceIgnoreOf(const Ptrs &r) {
+  rules::CeIgnore c = rules::ceIgnore(r.op);
+  return c.on ? CeIgnore{r.in(c.normalizer), c.index} : CeIgnore{};
+}
+
 Launch fromCuda(std::function<cudaError_t(cudaStream_t)> f, std::string what) {
   return [f = std::move(f), what = std::move(what)](cudaStream_t s) {
     return cudaStatus(f(s), what.c_str(), __FILE__, __LINE__);
@@ -653,7 +659,8 @@ GemmType gemmTypeOf(FloatKind t, const Buffer &result) {
 /// Whether `inst` can run natively on its narrow storage: every float
 /// operand has one dtype t (bf16 or f16), but the loss (cross_entropy's
 /// output) and its incoming gradient (cross_entropy_grad's third input),
-/// which are f32 scalars, as cross_entropy_fused's loss and gradient are.
+/// which are f32 scalars, as cross_entropy_fused's loss and gradient are,
+/// and so is the kept-label count after them (ignore_index).
 /// And the f32 results of productF32.
 bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   static const bool enabled = [] {
@@ -683,11 +690,11 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
   // f32 whatever the storage dtype: the loss scalars and attention's
   // log-sum-exp.
   for (size_t i = 0; i < inst.in.size(); ++i)
-    if (!visit(inst.in[i], ((inst.op == "cross_entropy_grad" ||
-                             inst.op == "cross_entropy_fused") &&
-                            i == 2) ||
-                               (inst.op == "attention_grad" && i == 4) ||
-                               (inst.op == "attention_qkv_grad" && i == 2)))
+    if (!visit(inst.in[i],
+               ((inst.op == "cross_entropy_grad" || inst.op == "cross_entropy_fused") && i >= 2) ||
+                   (inst.op == "cross_entropy" && i == 2) ||
+                   (inst.op == "attention_grad" && i == 4) ||
+                   (inst.op == "attention_qkv_grad" && i == 2)))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i) {
     // An f32 result of narrow operands (fsdp-fuse-epilogues' widened
@@ -1197,6 +1204,7 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
   int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
   int64_t classes = rules::ceClasses(op);
   double e = rules::ceSmoothing(op);
+  CeIgnore ig = ceIgnoreOf(r);
   const void *logits = r.v(0);
   const int32_t *labels = r.in<int32_t>(1);
   const bool cache = ceCacheRow;
@@ -1207,14 +1215,15 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyFused(t, logits, labels, dl, loss, y, sd, rows, classes,
-                                           stride, bad, s, cache, e);
+                                           stride, bad, s, cache, e, ig);
         },
         n);
   } else if (n == "cross_entropy") {
     float *y = r.out(0);
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad, s, e);
+          return native::crossEntropy(t, logits, labels, y, sd, rows, classes, stride, bad, s, e,
+                                      ig);
         },
         n);
   } else {
@@ -1223,7 +1232,7 @@ Status CudaDevice::buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int
     out = fromCuda(
         [=](cudaStream_t s) {
           return native::crossEntropyGrad(t, logits, labels, dl, y, rows, classes, stride, bad, s,
-                                          cache, e);
+                                          cache, e, ig);
         },
         n);
   }
@@ -1304,7 +1313,7 @@ const std::unordered_map<std::string, CudaDevice::Builder> &CudaDevice::builders
     add(&CudaDevice::buildPack, {"pack"});
     add(&CudaDevice::buildLoss,
         {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss", "mse_loss_grad",
-         "bce_with_logits", "bce_with_logits_grad"});
+         "bce_with_logits", "bce_with_logits_grad", "count_labels"});
     add(&CudaDevice::buildUpdate, {"sgd_update", "sgd_momentum_update", "adamw_update",
                                    "squared_norm", "clip_coef", "grad_coef"});
     return m;
@@ -1616,6 +1625,7 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
     int64_t stride = rules::lastDim(l), rows = rules::rowsOf(l);
     int64_t classes = rules::ceClasses(op);
     double e = rules::ceSmoothing(op);
+    CeIgnore ig = ceIgnoreOf(r);
     const float *logits = r.in(0);
     const int32_t *labels = r.in<int32_t>(1);
     bool fused = n == "cross_entropy_fused", lossOnly = n == "cross_entropy";
@@ -1626,13 +1636,20 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
     out = fromCuda(
         [=](cudaStream_t s) {
           cudaError_t err =
-              loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride, bad, s, e)
+              loss ? crossEntropy(logits, labels, loss, sd, rows, classes, stride, bad, s, e, ig)
                    : cudaSuccess;
-          return err != cudaSuccess || !dx
-                     ? err
-                     : crossEntropyGrad(logits, labels, dl, dx, rows, classes, stride, bad, s, e);
+          return err != cudaSuccess || !dx ? err
+                                           : crossEntropyGrad(logits, labels, dl, dx, rows, classes,
+                                                              stride, bad, s, e, ig);
         },
         n);
+  } else if (n == "count_labels") {
+    const int32_t *labels = r.in<int32_t>(0);
+    float *y = r.out(0);
+    int64_t cnt = op.in(0).numel(), divisor = op.i("divisor", 1);
+    int32_t ignore = (int32_t)op.i("ignore_index", 0);
+    out = fromCuda([=](cudaStream_t s) { return countLabels(labels, cnt, ignore, divisor, y, s); },
+                   n);
   } else if (n == "mse_loss" || n == "bce_with_logits") {
     const float *x = r.in(0), *t = r.in(1);
     float *y = r.out(0);

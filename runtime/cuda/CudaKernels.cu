@@ -747,13 +747,16 @@ cudaError_t reduceSum(int64_t n, F term, double scale, float *out, double *parti
 // softmax and get a zero gradient.
 // With label smoothing e the row's term and gradient take the smoothed
 // target (smoothedCeTerm, ceTarget).
+// With ignore_index (ig) a skipped row's term and gradient are 0.
 __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *perRow,
-                            int64_t classes, int64_t stride, long long *badPos, double e) {
+                            int64_t classes, int64_t stride, long long *badPos, double e,
+                            CeIgnore ig) {
   __shared__ float sh[32];
   __shared__ double shd[32];
   const float *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
-  bool bad = label < 0 || label >= classes;
+  bool skip = ceSkip(ig, label);
+  bool bad = !skip && (label < 0 || label >= classes);
   float mx, sum;
   rowMaxSumExp(lr, classes, sh, mx, sum);
   double xs = 0;
@@ -765,7 +768,7 @@ __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
-    perRow[blockIdx.x] = bad ? 0.0
+    perRow[blockIdx.x] = bad || skip ? 0.0
                          : e == 0
                              ? (double)(logf(sum) + mx - lr[label])
                              : smoothedCeTerm((double)(logf(sum) + mx), lr[label], xs, classes, e);
@@ -774,20 +777,43 @@ __global__ void ceRowKernel(const float *logits, const int32_t *labels, double *
 
 __global__ void ceGradKernel(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, double e) {
+                             long long *badPos, double e, CeIgnore ig) {
   __shared__ float sh[32];
   const float *lr = logits + blockIdx.x * stride;
   float *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
+  bool skip = ceSkip(ig, label);
   float mx, sum;
   rowMaxSumExp(lr, classes, sh, mx, sum);
-  float f = *dloss / (float)rows;
+  float f = ceFactor(dloss, rows, ig);
   CeTarget t = ceTarget(f, classes, e);
   for (int64_t c = threadIdx.x; c < stride; c += blockDim.x)
-    dr[c] = c < classes ? expf(lr[c] - mx) / sum * f - (t.uniform + (c == label ? t.onLabel : 0.f))
-                        : 0.f;
-  if (threadIdx.x == 0 && (label < 0 || label >= classes))
+    dr[c] = c < classes && !skip
+                ? expf(lr[c] - mx) / sum * f - (t.uniform + (c == label ? t.onLabel : 0.f))
+                : 0.f;
+  if (threadIdx.x == 0 && !skip && (label < 0 || label >= classes))
     atomicMin(badPos, (long long)blockIdx.x);
+}
+
+__global__ void keptMeanKernel(const double *perRow, int64_t n, CeIgnore ig, float *out) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += perRow[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    *out = ceKeptMean(acc, ig);
+}
+
+__global__ void countLabelsKernel(const int32_t *labels, int64_t n, int32_t ignore, int64_t divisor,
+                                  float *out) {
+  __shared__ double sh[32];
+  double kept = 0; // exact: counts below 2^53
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    kept += labels[i] != ignore ? 1.0 : 0.0;
+  kept = blockSum(kept, sh);
+  if (threadIdx.x == 0)
+    *out = (float)(kept / (double)divisor);
 }
 
 } // namespace
@@ -796,22 +822,33 @@ int64_t reductionScratch() { return kReduceBlocks; }
 
 cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss, double *scratch,
                          int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                         cudaStream_t s, double smoothing) {
+                         cudaStream_t s, double smoothing, CeIgnore ignore) {
   if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, stride, badPos,
-                                                  smoothing);
-  finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
+                                                  smoothing, ignore);
+  if (ignore.count)
+    keptMeanKernel<<<1, kThreads, 0, s>>>(scratch, rows, ignore, loss);
+  else
+    finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t countLabels(const int32_t *labels, int64_t n, int32_t ignore, int64_t divisor,
+                        float *out, cudaStream_t s) {
+  if (n < 0 || divisor < 1)
+    return cudaErrorInvalidValue;
+  countLabelsKernel<<<1, kThreads, 0, s>>>(labels, n, ignore, divisor, out);
   return cudaGetLastError();
 }
 
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, cudaStream_t s, double smoothing) {
+                             long long *badPos, cudaStream_t s, double smoothing, CeIgnore ignore) {
   if (rows <= 0 || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   ceGradKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, dloss, dlogits, rows, classes,
-                                                   stride, badPos, smoothing);
+                                                   stride, badPos, smoothing, ignore);
   return cudaGetLastError();
 }
 

@@ -133,6 +133,21 @@ cudaError_t sliceGrad(const float *dy, float *dx, int64_t outer, int64_t full, i
 cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t len,
                   int64_t inner, int64_t offset, cudaStream_t s);
 
+/// cross_entropy's ignore_index on the kernels: a row whose label is
+/// `index` adds 0 to the loss and gets a zero gradient row (its label is
+/// not range-checked), and the loss and gradient divide by *count (a
+/// device f32: the kept-label count, count_labels; <= 0 gives 0) instead
+/// of the row count. `count` null: off.
+struct CeIgnore {
+  const float *count = nullptr;
+  int32_t index = 0;
+};
+
+/// count_labels: *out = (the labels differing from `ignore`) / divisor,
+/// rounded once to f32, as the CPU kernel computes it.
+cudaError_t countLabels(const int32_t *labels, int64_t n, int32_t ignore, int64_t divisor,
+                        float *out, cudaStream_t s);
+
 /// Mean cross-entropy over rows into *loss; a label outside [0, classes)
 /// records its row in *badPos. Row r starts at r * stride (stride >=
 /// classes: columns from `classes` on are padding, outside the softmax,
@@ -141,10 +156,11 @@ cudaError_t place(const float *x, float *y, int64_t outer, int64_t full, int64_t
 /// target (1 - e) onehot + e / classes (the CPU kernels' arithmetic).
 cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss, double *scratch,
                          int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                         cudaStream_t s, double smoothing = 0);
+                         cudaStream_t s, double smoothing = 0, CeIgnore ignore = {});
 cudaError_t crossEntropyGrad(const float *logits, const int32_t *labels, const float *dloss,
                              float *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                             long long *badPos, cudaStream_t s, double smoothing = 0);
+                             long long *badPos, cudaStream_t s, double smoothing = 0,
+                             CeIgnore ignore = {});
 /// `partial`: reductionScratch() doubles (fixed-order two-stage sums).
 int64_t reductionScratch();
 cudaError_t mseLoss(const float *x, const float *t, float *loss, double *partial, int64_t n,

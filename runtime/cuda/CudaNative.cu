@@ -1416,21 +1416,22 @@ __device__ inline double ceRowTerm(MaxSum ms, float atLabel, double rowSum, int6
 // the classes, the rest (fsdp-pad-classes' padding) are left out of the
 // softmax and get a zero gradient. Vec: stride is a multiple of kVec<T>
 // and the rows are 16-byte aligned (a padded head's rows are). e: label
-// smoothing.
+// smoothing; ig: ignore_index (a skipped row's term and gradient are 0).
 template <bool Vec, typename T>
 __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perRow, int64_t classes,
-                            int64_t stride, long long *badPos, double e) {
+                            int64_t stride, long long *badPos, double e, CeIgnore ig) {
   __shared__ MaxSum sh[32];
   __shared__ double shd[32];
   const T *lr = logits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
-  bool bad = label < 0 || label >= classes;
+  bool skip = ceSkip(ig, label);
+  bool bad = !skip && (label < 0 || label >= classes);
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
   double xs = e != 0 ? rowSumD<Vec>(lr, classes, shd) : 0.0;
   if (threadIdx.x == 0) {
     if (bad)
       atomicMin(badPos, (long long)blockIdx.x);
-    perRow[blockIdx.x] = bad ? 0.0 : ceRowTerm(ms, ld(lr + label), xs, classes, e);
+    perRow[blockIdx.x] = bad || skip ? 0.0 : ceRowTerm(ms, ld(lr + label), xs, classes, e);
   }
 }
 
@@ -1441,24 +1442,27 @@ __global__ void ceRowKernel(const T *logits, const int32_t *labels, double *perR
 template <bool Vec, typename T>
 __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss, T *dlogits,
                           int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                          MaxSum *sh, double *shd, double e, double *perRow = nullptr) {
+                          MaxSum *sh, double *shd, double e, CeIgnore ig,
+                          double *perRow = nullptr) {
   T *dr = dlogits + blockIdx.x * stride;
   int32_t label = labels[blockIdx.x];
-  bool badLabel = label < 0 || label >= classes;
+  bool skip = ceSkip(ig, label);
+  bool badLabel = !skip && (label < 0 || label >= classes);
   // The label's logit (and the row sum) are read before the statistics'
   // barriers, so before any thread writes the row (in place, lr may be dr).
-  float atLabel = perRow && threadIdx.x == 0 && !badLabel ? ld(lr + label) : 0.f;
+  float atLabel = perRow && threadIdx.x == 0 && !badLabel && !skip ? ld(lr + label) : 0.f;
   MaxSum ms = rowMaxSumOnline<Vec>(lr, classes, sh);
   double xs = perRow && e != 0 ? rowSumD<Vec>(lr, classes, shd) : 0.0;
   if (perRow && threadIdx.x == 0)
-    perRow[blockIdx.x] = badLabel ? 0.0 : ceRowTerm(ms, atLabel, xs, classes, e);
-  float f = *dloss / (float)rows, inv = f / ms.s; // one division a row
+    perRow[blockIdx.x] = badLabel || skip ? 0.0 : ceRowTerm(ms, atLabel, xs, classes, e);
+  float f = ceFactor(dloss, rows, ig), inv = f / ms.s; // one division a row
   CeTarget t = ceTarget(f, classes, e);
   auto grad = [&](int64_t c, float x) {
     // One subtraction, as without smoothing (uniform is 0 then): the same
     // bits, whether or not the compiler contracts it into an FMA.
-    return c < classes ? expQuick(x - ms.m) * inv - (t.uniform + (c == label ? t.onLabel : 0.f))
-                       : 0.f;
+    return c < classes && !skip
+               ? expQuick(x - ms.m) * inv - (t.uniform + (c == label ? t.onLabel : 0.f))
+               : 0.f;
   };
   if constexpr (Vec) {
     constexpr int N = kVec<T>;
@@ -1482,11 +1486,11 @@ __device__ void ceGradRow(const T *lr, const int32_t *labels, const float *dloss
 template <bool Vec, typename T>
 __global__ void ceGradKernel(const T *logits, const int32_t *labels, const float *dloss, T *dlogits,
                              int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                             double e, double *perRow) {
+                             double e, CeIgnore ig, double *perRow) {
   __shared__ MaxSum sh[32];
   __shared__ double shd[32];
   ceGradRow<Vec>(logits + blockIdx.x * stride, labels, dloss, dlogits, rows, classes, stride,
-                 badPos, sh, shd, e, perRow);
+                 badPos, sh, shd, e, ig, perRow);
 }
 
 /// Rows of at most this many bytes are read once, into shared memory (two
@@ -1502,7 +1506,7 @@ constexpr int64_t kCeRowCacheBytes = 112 << 10;
 template <typename T>
 __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const float *dloss,
                                    T *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                                   long long *badPos, double e, double *perRow) {
+                                   long long *badPos, double e, CeIgnore ig, double *perRow) {
   extern __shared__ uint4 ceRow[];
   __shared__ MaxSum sh[32];
   __shared__ double shd[32];
@@ -1512,17 +1516,19 @@ __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const
     ceRow[k] = src[k];
   __syncthreads();
   ceGradRow<true>(reinterpret_cast<const T *>(ceRow), labels, dloss, dlogits, rows, classes, stride,
-                  badPos, sh, shd, e, perRow);
+                  badPos, sh, shd, e, ig, perRow);
 }
 
-__global__ void meanOfRows(const double *perRow, int64_t n, float *out) {
+/// The loss: the rows' terms summed in a fixed order, over the rows (or
+/// with ignore_index over the kept count).
+__global__ void meanOfRows(const double *perRow, int64_t n, CeIgnore ig, float *out) {
   __shared__ double sh[32];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
     acc += perRow[i];
   acc = blockSum(acc, sh);
   if (threadIdx.x == 0)
-    *out = (float)(acc / (double)n);
+    *out = ig.count ? ceKeptMean(acc, ig) : (float)(acc / (double)n);
 }
 
 /// The padded-row fast path: 16-byte aligned rows of a whole number of
@@ -1534,16 +1540,16 @@ template <typename T> bool vectorRows(const void *a, const void *b, int64_t stri
 template <typename T>
 cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss, double *scratch,
                           int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                          double e, cudaStream_t s) {
+                          double e, CeIgnore ig, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   if (vectorRows<T>(logits, logits, stride))
     ceRowKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
-                                                             classes, stride, badPos, e);
+                                                             classes, stride, badPos, e, ig);
   else
     ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
-                                                              classes, stride, badPos, e);
-  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
+                                                              classes, stride, badPos, e, ig);
+  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
   return cudaGetLastError();
 }
 
@@ -1554,7 +1560,7 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
 template <typename T>
 cudaError_t launchCeGrad(const void *logits, const int32_t *labels, const float *dloss,
                          void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, double e, bool cacheRow, double *perRow,
+                         long long *badPos, double e, CeIgnore ig, bool cacheRow, double *perRow,
                          cudaStream_t s) {
   const size_t rowBytes = (size_t)stride * sizeof(T);
   if (cacheRow && vectorRows<T>(logits, dlogits, stride) && rowBytes <= kCeRowCacheBytes) {
@@ -1563,46 +1569,47 @@ cudaError_t launchCeGrad(const void *logits, const int32_t *labels, const float 
                                              (int)kCeRowCacheBytes))
       return e;
     ceGradCachedKernel<T><<<(unsigned)rows, kThreads, rowBytes, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, ig, perRow);
   } else if (vectorRows<T>(logits, dlogits, stride))
     ceGradKernel<true, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, ig, perRow);
   else
     ceGradKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(
-        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, perRow);
+        cp<T>(logits), labels, dloss, mp<T>(dlogits), rows, classes, stride, badPos, e, ig, perRow);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t crossEntropyGradT(const void *logits, const int32_t *labels, const float *dloss,
                               void *dlogits, int64_t rows, int64_t classes, int64_t stride,
-                              long long *badPos, double e, bool cacheRow, cudaStream_t s) {
+                              long long *badPos, double e, CeIgnore ig, bool cacheRow,
+                              cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
-  return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e, cacheRow,
-                         nullptr, s);
+  return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e, ig,
+                         cacheRow, nullptr, s);
 }
 
 template <typename T>
 cudaError_t crossEntropyFusedT(const void *logits, const int32_t *labels, const float *dloss,
                                float *loss, void *dlogits, double *scratch, int64_t rows,
                                int64_t classes, int64_t stride, long long *badPos, double e,
-                               bool cacheRow, cudaStream_t s) {
+                               CeIgnore ig, bool cacheRow, cudaStream_t s) {
   if (rows <= 0 || rows > INT32_MAX || classes <= 0 || stride < classes)
     return cudaErrorInvalidValue;
   if (!vectorRows<T>(logits, dlogits, stride) && vectorRows<T>(logits, logits, stride)) {
     // The forward would read 16 bytes at a time and the gradient cannot
     // (dlogits misaligned): the two kernels, as unfused.
-    if (cudaError_t err =
-            crossEntropyT<T>(logits, labels, loss, scratch, rows, classes, stride, badPos, e, s))
+    if (cudaError_t err = crossEntropyT<T>(logits, labels, loss, scratch, rows, classes, stride,
+                                           badPos, e, ig, s))
       return err;
-    return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e,
+    return launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride, badPos, e, ig,
                            cacheRow, nullptr, s);
   }
   if (cudaError_t err = launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride,
-                                        badPos, e, cacheRow, scratch, s))
+                                        badPos, e, ig, cacheRow, scratch, s))
     return err;
-  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, loss);
+  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
   return cudaGetLastError();
 }
 
@@ -1810,23 +1817,23 @@ cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int6
 }
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, cudaStream_t s, double smoothing) {
+                         long long *badPos, cudaStream_t s, double smoothing, CeIgnore ignore) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyT, logits, labels, loss, scratch, rows, classes, stride,
-                       badPos, smoothing, s);
+                       badPos, smoothing, ignore, s);
 }
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
                              int64_t stride, long long *badPos, cudaStream_t s, bool cacheRow,
-                             double smoothing) {
+                             double smoothing, CeIgnore ignore) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyGradT, logits, labels, dloss, dlogits, rows, classes, stride,
-                       badPos, smoothing, cacheRow, s);
+                       badPos, smoothing, ignore, cacheRow, s);
 }
 cudaError_t crossEntropyFused(FloatKind t, const void *logits, const int32_t *labels,
                               const float *dloss, float *loss, void *dlogits, double *scratch,
                               int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                              cudaStream_t s, bool cacheRow, double smoothing) {
+                              cudaStream_t s, bool cacheRow, double smoothing, CeIgnore ignore) {
   FSDP_NATIVE_DISPATCH(t, crossEntropyFusedT, logits, labels, dloss, loss, dlogits, scratch, rows,
-                       classes, stride, badPos, smoothing, cacheRow, s);
+                       classes, stride, badPos, smoothing, ignore, cacheRow, s);
 }
 cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float *m,
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,

@@ -160,9 +160,11 @@ cudaError_t rope(FloatKind t, const void *x, void *y, int64_t B, int64_t T, int6
 /// padded head's) are read 16 bytes per load. `smoothing` e: label
 /// smoothing (the target (1 - e) onehot + e / classes; e != 0 adds a pass
 /// for each row's sum of logits), as the CPU kernels compute it.
+/// `ignore`: ignore_index (CeIgnore), on the three kernels alike.
 cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels, float *loss,
                          double *scratch, int64_t rows, int64_t classes, int64_t stride,
-                         long long *badPos, cudaStream_t s, double smoothing = 0);
+                         long long *badPos, cudaStream_t s, double smoothing = 0,
+                         CeIgnore ignore = {});
 /// dlogits (dtype t) = (softmax - target) * dloss / rows, 0 in the padding
 /// columns; dlogits may be logits (in place). A row of 16-byte chunks of
 /// at most 112 KB (GPT-2's padded bf16 head: 98 KB) is read once into
@@ -173,7 +175,7 @@ cudaError_t crossEntropy(FloatKind t, const void *logits, const int32_t *labels,
 cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *labels,
                              const float *dloss, void *dlogits, int64_t rows, int64_t classes,
                              int64_t stride, long long *badPos, cudaStream_t s,
-                             bool cacheRow = true, double smoothing = 0);
+                             bool cacheRow = true, double smoothing = 0, CeIgnore ignore = {});
 /// cross_entropy_fused: the loss (as crossEntropy, `scratch` its rows'
 /// terms) and dlogits (as crossEntropyGrad) from one read of each row: the
 /// gradient kernel writes each row's loss term from the statistics it
@@ -182,7 +184,8 @@ cudaError_t crossEntropyGrad(FloatKind t, const void *logits, const int32_t *lab
 cudaError_t crossEntropyFused(FloatKind t, const void *logits, const int32_t *labels,
                               const float *dloss, float *loss, void *dlogits, double *scratch,
                               int64_t rows, int64_t classes, int64_t stride, long long *badPos,
-                              cudaStream_t s, bool cacheRow = true, double smoothing = 0);
+                              cudaStream_t s, bool cacheRow = true, double smoothing = 0,
+                              CeIgnore ignore = {});
 
 // --- optimizer -----------------------------------------------------------------
 

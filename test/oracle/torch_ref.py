@@ -47,6 +47,13 @@ DROPOUT = {"p": 0.0, "seed": 1234, "step": 0}
 # given here rather than read from the plan, so a compiler that dropped
 # the attribute fails the comparison.
 LABEL_SMOOTHING = {"e": 0.0}
+# The cross-entropy's ignore_index (gen_models.py gpt --ignore-index,
+# fsdp-run --loss-mask), given here too. None: no label is ignored (a
+# label out of range is an error, as in fsdp-run). "blocks" = K > 1 is a
+# deliberately wrong normalization for the tests' negative control: the
+# mean over K equal row blocks of each block's kept mean (what a per-rank
+# or per-micro-batch mean gives), not PyTorch's mean over the batch.
+IGNORE = {"index": None, "blocks": 1}
 M64 = (1 << 64) - 1
 
 
@@ -174,8 +181,7 @@ class GPT(nn.Module):
             x = x + drop(b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x)), approximate="tanh")),
                          2 + 2 * i)
         logits = tr.ln_f(x) @ tr.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1),
-                               label_smoothing=LABEL_SMOOTHING["e"])
+        return cross_entropy(logits, targets)
 
 
 class Llama(nn.Module):
@@ -267,8 +273,20 @@ class Llama(nn.Module):
             h = self.rms_norm(x, layer.post_attention_layernorm)
             x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         logits = self.lm_head(self.rms_norm(x, m.norm))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.long().view(-1),
-                               label_smoothing=LABEL_SMOOTHING["e"])
+        return cross_entropy(logits, targets)
+
+
+def cross_entropy(logits, targets):
+    """F.cross_entropy over all positions with the options above."""
+    x, y = logits.view(-1, logits.size(-1)), targets.long().view(-1)
+    kw = {"label_smoothing": LABEL_SMOOTHING["e"]}
+    if IGNORE["index"] is None:
+        return F.cross_entropy(x, y, ignore_index=-(1 << 62), **kw)  # nothing ignored
+    k = IGNORE["blocks"]
+    if k == 1:
+        return F.cross_entropy(x, y, ignore_index=IGNORE["index"], **kw)
+    return sum(F.cross_entropy(xb, yb, ignore_index=IGNORE["index"], **kw)
+               for xb, yb in zip(x.chunk(k), y.chunk(k))) / k
 
 
 def load_script(path):
@@ -593,11 +611,16 @@ def main():
     ap.add_argument("--label-smoothing", type=float, default=0.0,
                     help="the cross-entropy's label smoothing (gen_models.py gpt "
                     "--label-smoothing)")
+    ap.add_argument("--ignore-index", type=int, default=None,
+                    help="the cross-entropy's ignore_index (gen_models.py gpt --ignore-index)")
+    ap.add_argument("--wrong-ignore-blocks", type=int, default=1,
+                    help="negative control: normalize by K row blocks' kept means")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     DROPOUT["p"], DROPOUT["seed"] = args.dropout, args.seed
     LABEL_SMOOTHING["e"] = args.label_smoothing
+    IGNORE["index"], IGNORE["blocks"] = args.ignore_index, args.wrong_ignore_blocks
 
     with open(args.plan) as f:
         plan = json.load(f)

@@ -787,3 +787,32 @@ func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>) {
   %0:2 = fsdp.cross_entropy_fused %l, %y, %g {label_smoothing = 0x7FF8000000000000 : f64} : tensor<32x256xf32>, tensor<32xi32>
   return
 }
+
+// -----
+// A normalizer divides by the kept-label count: only with ignore_index.
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %n: tensor<f32>) {
+  // expected-error @+1 {{has a normalizer but no ignore_index}}
+  %0 = fsdp.cross_entropy %l, %y, %n : (tensor<32x256xf32>, tensor<32xi32>, tensor<f32>) -> tensor<f32>
+  return
+}
+
+// -----
+func.func @f(%l: tensor<32x256xf32>, %y: tensor<32xi32>, %g: tensor<f32>, %n: tensor<f32>) {
+  // expected-error @+1 {{has a normalizer but no ignore_index}}
+  %0 = fsdp.cross_entropy_grad %l, %y, %g, %n : tensor<32x256xf32>, tensor<32xi32>
+  return
+}
+
+// -----
+func.func @f(%y: tensor<32xi32>) {
+  // expected-error @+1 {{divisor = 0 must be >= 1}}
+  %0 = fsdp.count_labels %y {ignore_index = -100 : i64, divisor = 0 : i64} : tensor<32xi32>
+  return
+}
+
+// -----
+func.func @f(%y: tensor<32xf32>) {
+  // expected-error @+1 {{operand #0 must be ranked tensor of 32-bit signless integer or 64-bit signless integer values}}
+  %0 = fsdp.count_labels %y {ignore_index = -100 : i64} : tensor<32xf32>
+  return
+}
