@@ -589,7 +589,7 @@ void expectFusedEqualsUnfused(const std::vector<uint16_t> &rowsBits, const int32
                               const float *dloss, const std::vector<float> &loss,
                               const std::vector<double> &perRow, const std::vector<uint16_t> &grad,
                               int64_t rows, int64_t classes, int64_t stride, long long *bad,
-                              double e) {
+                              double e, fsdp::cuda::CeIgnore ig = {}) {
   for (bool cache : {true, false})
     for (bool inPlace : {false, true}) {
       SCOPED_TRACE(std::string(cache ? "row cached" : "two reads") + (inPlace ? ", in place" : ""));
@@ -598,8 +598,8 @@ void expectFusedEqualsUnfused(const std::vector<uint16_t> &rowsBits, const int32
       Dev<double> fusedRows(std::vector<double>(rows, -7.0));
       void *to = inPlace ? (void *)src.get() : (void *)dst.get();
       ASSERT_EQ(nat::crossEntropyFused(FloatKind::BF16, src.get(), labels, dloss, fusedLoss.get(),
-                                       to, fusedRows.get(), rows, classes, stride, bad, 0, cache,
-                                       e),
+                                       to, fusedRows.get(), rows, classes, stride, bad, 0, cache, e,
+                                       ig),
                 cudaSuccess);
       EXPECT_EQ(fusedLoss.host(), loss) << "the fused loss";
       EXPECT_EQ(fusedRows.host(), perRow) << "the rows' loss terms";
@@ -732,6 +732,73 @@ TEST_F(CudaFastKernelsTest, CrossEntropyLabelSmoothing) {
     expectFusedEqualsUnfused(rowsBits, dl.get(), dloss.get(), loss.host(), perRow.host(), got, rows,
                              classes, stride, bad.get(), e);
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
+  }
+}
+
+// ignore_index -100 on bf16 logits, both row layouts, without and with
+// label smoothing: the CPU kernel's loss and gradient (over a normalizer
+// of 6.5, a count from other ranks too) within the unmasked test's bounds,
+// the ignored rows' gradient exactly 0 in every column, -100 not a bad
+// label, the fused kernel bit for bit the two kernels (cached or not, in
+// place), and a loss that is not the unmasked one.
+TEST_F(CudaFastKernelsTest, CrossEntropyIgnoreIndex) {
+  const int64_t rows = 9, classes = 1001;
+  Bf16Vec logits(randomVec(rows * classes, 28, 3.f));
+  std::vector<int32_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    labels[r] = (int32_t)((r * 389) % classes);
+  labels[0] = labels[3] = labels[8] = -100;
+  const float norm = 6.5f, dlh = 1.5f;
+  Dev<float> dnorm(std::vector<float>{norm});
+  fsdp::cuda::CeIgnore ig{dnorm.get(), -100};
+  for (double e : {0.0, 0.1}) {
+    SCOPED_TRACE("smoothing " + std::to_string(e));
+    float wl = 0;
+    ASSERT_EQ(
+        cpu::crossEntropy(logits.wide.data(), labels.data(), &wl, rows, classes, 0, e, &norm, -100),
+        -1);
+    std::vector<float> wd(rows * classes);
+    cpu::crossEntropyGrad(logits.wide.data(), labels.data(), &dlh, wd.data(), rows, classes, 0, e,
+                          &norm, -100);
+    for (int64_t stride : {classes, int64_t(1024)}) {
+      SCOPED_TRACE("row stride " + std::to_string(stride));
+      std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+      Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0));
+      Dev<int32_t> dl(labels);
+      Dev<float> loss(1), dloss(std::vector<float>{dlh});
+      Dev<double> perRow(rows);
+      Dev<long long> bad(std::vector<long long>{LLONG_MAX});
+      ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(),
+                                  rows, classes, stride, bad.get(), 0, e, ig),
+                cudaSuccess);
+      expectF32Near(loss.host(), {wl}, 16, 4.0 * classes * kU, "ignore_index cross_entropy");
+      ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(), bd.get(),
+                                      rows, classes, stride, bad.get(), 0, true, e, ig),
+                cudaSuccess);
+      std::vector<uint16_t> got = bd.host(), inRows;
+      for (int64_t r : {0, 3, 8})
+        for (int64_t c = 0; c < stride; ++c)
+          ASSERT_EQ(got[r * stride + c], 0) << "ignored row " << r << ", column " << c;
+      ASSERT_NO_FATAL_FAILURE(classColumns(got, rows, classes, stride, inRows));
+      expectBf16Near(inRows, wd, {4.0 * classes * kU * 1.5 / norm},
+                     "ignore_index cross_entropy_grad");
+      Dev<uint16_t> twoRead(std::vector<uint16_t>(rows * stride, 0x7fc0));
+      ASSERT_EQ(nat::crossEntropyGrad(FloatKind::BF16, bl.get(), dl.get(), dloss.get(),
+                                      twoRead.get(), rows, classes, stride, bad.get(), 0,
+                                      /*cacheRow=*/false, e, ig),
+                cudaSuccess);
+      EXPECT_EQ(twoRead.host(), got) << "the row copy changed the result";
+      expectFusedEqualsUnfused(rowsBits, dl.get(), dloss.get(), loss.host(), perRow.host(), got,
+                               rows, classes, stride, bad.get(), e, ig);
+      EXPECT_EQ(bad.host()[0], LLONG_MAX) << "-100 is not a bad label with ignore_index";
+      // Unmasked, -100 is a bad label (row 0).
+      ASSERT_EQ(nat::crossEntropy(FloatKind::BF16, bl.get(), dl.get(), loss.get(), perRow.get(),
+                                  rows, classes, stride, bad.get(), 0, e),
+                cudaSuccess);
+      EXPECT_EQ(bad.host()[0], 0);
+    }
   }
 }
 

@@ -510,6 +510,42 @@ TEST_F(CudaKernelsTest, LossesAndTheirGradients) {
               cudaSuccess);
     expectNear(gp.host(), sg, 4.0 * classes + 16, constant(sg.size(), 8 * kU), "smoothed ce_grad");
     EXPECT_EQ(bad.host()[0], LLONG_MAX);
+
+    // ignore_index -100 on rows 1 and 4 (a count of 3, as if other ranks
+    // kept more): count_labels bit for bit the CPU's, the loss and
+    // gradient within the same bounds of the CPU kernel's, the ignored
+    // rows' gradient exactly 0 (padding included), -100 not a bad label.
+    std::vector<int32_t> masked = labels;
+    masked[1] = masked[4] = -100;
+    Dev<int32_t> dmask(masked);
+    Dev<float> count(1);
+    ASSERT_EQ(gpu::countLabels(dmask.get(), rows, -100, 2, count.get(), 0), cudaSuccess);
+    EXPECT_EQ(count.host()[0], cpu::countLabels(masked.data(), rows, -100, 2));
+    const float norm = 7.5f;
+    Dev<float> dnorm(std::vector<float>{norm});
+    gpu::CeIgnore ig{dnorm.get(), -100};
+    float il = 0;
+    std::vector<float> ig32(rows * stride, NAN);
+    ASSERT_EQ(cpu::crossEntropy(padded.data(), masked.data(), &il, rows, classes, stride, 0.0,
+                                &norm, -100),
+              -1);
+    cpu::crossEntropyGrad(padded.data(), masked.data(), &dls, ig32.data(), rows, classes, stride,
+                          0.0, &norm, -100);
+    ASSERT_EQ(gpu::crossEntropy(dp.get(), dmask.get(), lp.get(), scratch.get(), rows, classes,
+                                stride, bad.get(), 0, 0.0, ig),
+              cudaSuccess);
+    expectNear(lp.host(), {il}, 4.0 * classes + 16, constant(1, 4 * classes * kU * 8),
+               "ignore_index ce");
+    ASSERT_EQ(gpu::crossEntropyGrad(dp.get(), dmask.get(), one.get(), gp.get(), rows, classes,
+                                    stride, bad.get(), 0, 0.0, ig),
+              cudaSuccess);
+    std::vector<float> igGot = gp.host();
+    expectNear(igGot, ig32, 4.0 * classes + 16, constant(ig32.size(), 8 * kU),
+               "ignore_index ce_grad");
+    for (int64_t r : {1, 4})
+      for (int64_t c = 0; c < stride; ++c)
+        ASSERT_EQ(igGot[r * stride + c], 0.f) << "ignored row " << r << ", column " << c;
+    EXPECT_EQ(bad.host()[0], LLONG_MAX);
   }
 
   auto x = randomVec(n, 24), t = randomVec(n, 25);

@@ -408,6 +408,119 @@ TEST(KernelsTest, CrossEntropyLabelSmoothing) {
   EXPECT_GT(std::abs(l1 - l0), 1e-3);
 }
 
+// ignore_index (PyTorch's): a row whose label is the index adds nothing
+// to the loss and gets a zero gradient row (padding included), its label
+// is not range-checked (-100), and the loss is the kept rows' sum over the
+// normalizer. With the normalizer the kept count the result is the plain
+// loss of the kept rows alone (bit for bit with one kept row set and the
+// same order of summation: computed here on the kept rows as a batch of
+// their own); with another normalizer (a global count) the loss and
+// gradient scale by count / normalizer; a normalizer of 0 gives 0 and a
+// zero gradient. The gradient matches finite differences, with smoothing
+// too. countLabels counts what differs from the index, over the divisor.
+TEST(KernelsTest, CrossEntropyIgnoreIndex) {
+  const int64_t r = 6, c = 7, stride = 8;
+  std::vector<double> logits = randomVec(r * stride, 43, 2.0), dl{1.3};
+  for (int64_t i = 0; i < r; ++i)
+    logits[i * stride + c] = 50.0; // padding
+  std::vector<int32_t> labels{2, -100, 6, -100, 0, 5};
+  std::vector<int64_t> kept{0, 2, 4, 5};
+  EXPECT_EQ(countLabels(labels.data(), r, -100, 1), 4.0f);
+  EXPECT_EQ(countLabels(labels.data(), r, -100, 3), (float)(4.0 / 3.0));
+  EXPECT_EQ(countLabels(labels.data(), r, 5, 1), 5.0f);
+  std::vector<int64_t> labels64(labels.begin(), labels.end());
+  EXPECT_EQ(countLabels(labels64.data(), r, -100, 2), 2.0f);
+  // The kept rows as a batch of their own.
+  std::vector<double> keptLogits;
+  std::vector<int32_t> keptLabels;
+  for (int64_t i : kept) {
+    keptLogits.insert(keptLogits.end(), logits.begin() + i * stride,
+                      logits.begin() + (i + 1) * stride);
+    keptLabels.push_back(labels[i]);
+  }
+  for (double e : {0.0, 0.1}) {
+    SCOPED_TRACE("smoothing " + std::to_string(e));
+    double want, got;
+    crossEntropy<double, int32_t>(keptLogits.data(), keptLabels.data(), &want, 4, c, stride, e);
+    const double four = 4;
+    ASSERT_EQ((crossEntropy<double, int32_t>(logits.data(), labels.data(), &got, r, c, stride, e,
+                                             &four, -100)),
+              -1);
+    EXPECT_NEAR(got, want, 1e-15 * std::abs(want));
+    std::vector<double> g(r * stride, NAN), wantG(4 * stride);
+    ASSERT_EQ((crossEntropyGrad<double, int32_t>(logits.data(), labels.data(), dl.data(), g.data(),
+                                                 r, c, stride, e, &four, -100)),
+              -1);
+    crossEntropyGrad<double, int32_t>(keptLogits.data(), keptLabels.data(), dl.data(), wantG.data(),
+                                      4, c, stride, e);
+    for (int64_t i = 0, k = 0; i < r; ++i) {
+      bool isKept = labels[i] != -100;
+      for (int64_t j = 0; j < stride; ++j)
+        if (isKept)
+          EXPECT_EQ(g[i * stride + j], wantG[k * stride + j]) << i << "," << j;
+        else
+          EXPECT_EQ(g[i * stride + j], 0.0) << "ignored row " << i << ", column " << j;
+      k += isKept;
+    }
+    checkVjp(
+        logits, dl,
+        [&] {
+          std::vector<double> o(1);
+          crossEntropy<double, int32_t>(logits.data(), labels.data(), o.data(), r, c, stride, e,
+                                        &four, -100);
+          return o;
+        },
+        g, "cross_entropy ignore_index");
+    // A global count of 10 (other ranks' rows): 4/10 of the local mean.
+    const double ten = 10;
+    double scaled;
+    std::vector<double> g10(r * stride);
+    crossEntropy<double, int32_t>(logits.data(), labels.data(), &scaled, r, c, stride, e, &ten,
+                                  -100);
+    crossEntropyGrad<double, int32_t>(logits.data(), labels.data(), dl.data(), g10.data(), r, c,
+                                      stride, e, &ten, -100);
+    EXPECT_NEAR(scaled, want * 0.4, 1e-15 * std::abs(want));
+    for (int64_t i = 0; i < r * stride; ++i)
+      EXPECT_NEAR(g10[i], g[i] * 0.4, 1e-15) << i;
+  }
+  // Every label ignored: count 0, loss 0, gradient 0.
+  std::vector<int32_t> none(r, -100);
+  const double zero = 0;
+  double l = NAN;
+  std::vector<double> g0(r * stride, NAN);
+  ASSERT_EQ(
+      (crossEntropy<double, int32_t>(logits.data(), none.data(), &l, r, c, stride, 0, &zero, -100)),
+      -1);
+  ASSERT_EQ((crossEntropyGrad<double, int32_t>(logits.data(), none.data(), dl.data(), g0.data(), r,
+                                               c, stride, 0, &zero, -100)),
+            -1);
+  EXPECT_EQ(l, 0.0);
+  for (double v : g0)
+    EXPECT_EQ(v, 0.0);
+  // Without ignore_index -100 is a bad label (row 1); with it, a label
+  // outside the classes that is not the index still is (row 3: 7).
+  double loss;
+  EXPECT_EQ((crossEntropy<double, int32_t>(logits.data(), labels.data(), &loss, r, c, stride)), 1);
+  std::vector<int32_t> bad = labels;
+  bad[3] = 7;
+  const double three = 3;
+  EXPECT_EQ((crossEntropy<double, int32_t>(logits.data(), bad.data(), &loss, r, c, stride, 0,
+                                           &three, -100)),
+            3);
+  std::vector<double> gb(r * stride);
+  EXPECT_EQ((crossEntropyGrad<double, int32_t>(logits.data(), bad.data(), dl.data(), gb.data(), r,
+                                               c, stride, 0, &three, -100)),
+            3);
+  // An ignore_index inside the classes (a pad token's id) leaves those
+  // rows out too.
+  std::vector<int32_t> pad{2, 3, 6, 3, 0, 5};
+  const double four = 4;
+  double padded, want;
+  crossEntropy<double, int32_t>(logits.data(), pad.data(), &padded, r, c, stride, 0, &four, 3);
+  crossEntropy<double, int32_t>(keptLogits.data(), keptLabels.data(), &want, 4, c, stride);
+  EXPECT_NEAR(padded, want, 1e-15 * std::abs(want));
+}
+
 TEST(KernelsTest, LossGradients) {
   int64_t r = 5, c = 7;
   std::vector<double> logits = randomVec(r * c, 13), dl{1.7}, dlog(r * c);
