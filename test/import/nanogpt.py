@@ -3,7 +3,8 @@ causal-mask buffer, split + view + transpose attention, dropout, tied LM
 head, nanoGPT's initialization), for fsdp-import. Sizes from the environment
 (FSDP_IMPORT_VOCAB, _CTX, _LAYERS, _HEADS, _WIDTH, _BATCH): the defaults are
 examples/gpt_small.mlir's. FSDP_IMPORT_LABEL_SMOOTHING sets the loss's
-label_smoothing (0 by default)."""
+label_smoothing (0 by default), FSDP_IMPORT_IGNORE_INDEX its ignore_index
+(not passed by default)."""
 import math
 import os
 
@@ -44,6 +45,9 @@ class Config:
     batch = env("BATCH", 4)
     dropout = float(os.environ.get("FSDP_IMPORT_DROPOUT", "0"))
     label_smoothing = float(os.environ.get("FSDP_IMPORT_LABEL_SMOOTHING", "0"))
+    # nanoGPT itself passes ignore_index=-1; set, it is passed here too.
+    ignore_index = (int(os.environ["FSDP_IMPORT_IGNORE_INDEX"])
+                    if "FSDP_IMPORT_IGNORE_INDEX" in os.environ else None)
 
 
 class CausalSelfAttention(nn.Module):
@@ -144,8 +148,9 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         if targets is None:  # fsdp-import --loss cross_entropy appends it
             return logits
+        kw = {} if self.config.ignore_index is None else {"ignore_index": self.config.ignore_index}
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                               label_smoothing=self.config.label_smoothing)
+                               label_smoothing=self.config.label_smoothing, **kw)
 
 
 def model():
