@@ -145,7 +145,13 @@ PLAN_CASES = [
     ("cross_entropy label_smoothing \"0.1\"", "gpt_unfused", setter(lambda p: first(p, "cross_entropy")["attrs"].update(label_smoothing="0.1")), "label_smoothing: expected a finite number"),
     ("cross_entropy_fused gradient of the loss's shape", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["out"].__setitem__(1, first(p, "cross_entropy_fused")["out"][0])), "cross_entropy_fused: expected a result of shape"),
     ("cross_entropy_fused loss of the logits' shape", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["out"].__setitem__(0, first(p, "cross_entropy_fused")["in"][0])), "cross_entropy_fused: expected a scalar loss"),
-    ("cross_entropy_fused without its seed", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["in"].pop(2)), "cross_entropy_fused: expected 3 inputs and 2 outputs, found 2"),
+    ("cross_entropy_fused without its seed", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["in"].pop(2)), "cross_entropy_fused: expected 3-4 inputs and 2 outputs, found 2"),
+    ("cross_entropy_fused ignore_index without its count", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["attrs"].update(ignore_index=-100)), "ignore_index needs the kept-label count input"),
+    ("cross_entropy_fused count without ignore_index", "gpt", setter(lambda p: first(p, "cross_entropy_fused")["in"].append(first(p, "cross_entropy_fused")["in"][2])), "a normalizer input without ignore_index"),
+    ("cross_entropy_fused ignore_index 2^40", "gpt", setter(lambda p: (first(p, "cross_entropy_fused")["attrs"].update(ignore_index=2 ** 40), first(p, "cross_entropy_fused")["in"].append(first(p, "cross_entropy_fused")["in"][2]))), "ignore_index = 1099511627776 does not fit 32 bits"),
+    ("cross_entropy_grad ignore_index \"-100\"", "gpt_unfused", setter(lambda p: (first(p, "cross_entropy_grad")["attrs"].update(ignore_index="-100"), first(p, "cross_entropy_grad")["in"].append(first(p, "cross_entropy_grad")["in"][2]))), "ignore_index: expected an integer"),
+    ("cross_entropy_grad count of the logits' shape", "gpt_unfused", setter(lambda p: (first(p, "cross_entropy_grad")["attrs"].update(ignore_index=-100), first(p, "cross_entropy_grad")["in"].append(first(p, "cross_entropy_grad")["in"][0]))), "a scalar normalizer"),
+    ("cross_entropy_fused two counts", "gpt", setter(lambda p: (first(p, "cross_entropy_fused")["attrs"].update(ignore_index=-100), first(p, "cross_entropy_fused")["in"].extend([first(p, "cross_entropy_fused")["in"][2]] * 2))), "cross_entropy_fused: expected 3-4 inputs"),
     ("slice offset -1", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
     ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
     ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),
@@ -373,6 +379,15 @@ def main():
         check("data: --eval-data missing", [gpt, "--steps", "1", "--eval-every", "1", "--eval-data",
               os.path.join(tmp, "nope.bin")], "nope.bin")
         check("data: a token file for the MLP", [mlp, "--steps", "1", "--data", os.path.join(tmp, "vocab.bin")], "token")
+        good = write(os.path.join(tmp, "good.bin"), tokens(n=5000))
+        check("data: --loss-mask for a plan without ignore_index", [gpt, "--steps", "1", "--data", good,
+              "--loss-mask", good], "needs a plan whose cross_entropy has ignore_index")
+        check("data: --loss-mask of another length", [gpt, "--steps", "1", "--data", good, "--loss-mask",
+              write(os.path.join(tmp, "mask.bin"), tokens(n=4999))], "4999 entries; the data file")
+        check("data: --loss-mask missing", [gpt, "--steps", "1", "--data", good, "--loss-mask",
+              os.path.join(tmp, "nomask.bin")], "nomask.bin")
+        check("data: --loss-mask with synthetic data", [gpt, "--steps", "1", "--loss-mask", good],
+              "it needs --data FILE")
 
         # --- checkpoints (--init-from)
         name = plans["mlp"]["params"][0]["name"]

@@ -11,8 +11,9 @@ processes). Not a GPU result: it checks the backend's logic.
   staged N      the MLP (global batch 24) at N = 2, 3, 4 ranks sharing the
                 one device through the host-staged communicator, stages
                 0-3: every loss within 1e-5 of the one-rank run
-  features      recompute, activation offload, per-micro-batch reduction
-                and dropout on the GPT, 6 steps, against the CPU (1e-5);
+  features      recompute, activation offload, per-micro-batch reduction,
+                label smoothing, ignore_index with a loss mask (1 rank and
+                2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
                 dropout with --cuda-graphs bitwise eager (the replays
                 read each step's key from device memory);
                 a 2-rank checkpoint resumed bitwise the uninterrupted run
@@ -196,6 +197,31 @@ def main():
         plan = compile_plan(model, tag, f"optimizer=adamw {options}")
         eager = run(plan, f"{tag}_cuda", 6, 3e-3)
         check(f"feature {name}", eager, run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
+    # ignore_index -100 with a loss mask on text (half of each line masked:
+    # the kernels' skipped rows and the kept-count normalizer, count_labels
+    # over 2 micro-batches), against the CPU; then ZeRO-3 on 2 ranks sharing
+    # the device (the count's all-reduce) against the same CPU run.
+    gptii = os.path.join(tmp, "gpt_ii.mlir")
+    gptii1 = os.path.join(tmp, "gpt_ii_b2.mlir")
+    text, mask = os.path.join(tmp, "gpl.bin"), os.path.join(tmp, "gpl.mask")
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "gpt", "--ignore-index", "-100", "-o", gptii],
+                       check=True)
+        subprocess.run([sys.executable, GEN, "gpt", "--ignore-index", "-100", "--batch", "2",
+                        "-o", gptii1], check=True)
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_tokens.py"),
+                        "/usr/share/common-licenses/GPL-3", "-o", text, "--loss-mask", mask],
+                       check=True)
+    masked = ["--data", text, "--loss-mask", mask]
+    iiplan = compile_plan(gptii, "gpt_ii", "optimizer=adamw grad-accum=2 max-grad-norm=1.0")
+    ref = run(iiplan, "ii_cpu", 6, 3e-3, device="cpu", extra=masked)
+    check("feature ignore_index + loss mask", run(iiplan, "ii_cuda", 6, 3e-3, extra=masked), ref,
+          1e-5)
+    iiplan = compile_plan(gptii1, "gpt_ii_n2",
+                          "optimizer=adamw world-size=2 stage=3 grad-accum=2 max-grad-norm=1.0")
+    check("feature ignore_index + loss mask, 2 ranks",
+          run(iiplan, "ii_n2", 6, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}, extra=masked),
+          ref, 1e-5)
     # Dropout under --cuda-graphs: each replay reads its step's key from the
     # device's step word, so the replayed steps 3-6 are bitwise eager's (a
     # key frozen at capture would repeat step 2's mask).

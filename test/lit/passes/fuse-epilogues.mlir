@@ -518,3 +518,32 @@ func.func @classifier_smoothing_differs(%x: tensor<8x256xf32>, %y: tensor<8xi32>
   %d = fsdp.cross_entropy_grad %x, %y, %s {label_smoothing = 0.2 : f64} : tensor<8x256xf32>, tensor<8xi32>
   return %l, %d : tensor<f32>, tensor<8x256xf32>
 }
+
+// -----
+
+// ignore_index: fused when the loss and the gradient ignore the same
+// label and divide by the same count (the fused op keeps both); not when
+// the counts differ.
+// CHECK-LABEL: func.func @classifier_ignore_index
+// CHECK: %[[N:.+]] = fsdp.count_labels %arg1
+// CHECK: %{{.+}}, %{{.+}} = fsdp.cross_entropy_fused %arg0, %arg1, %{{.+}}, %[[N]] {ignore_index = -100 : i64} : tensor<8x256xf32>, tensor<8xi32>
+func.func @classifier_ignore_index(%x: tensor<8x256xf32>, %y: tensor<8xi32>) -> (tensor<f32>, tensor<8x256xf32>) {
+  %n = fsdp.count_labels %y {ignore_index = -100 : i64} : tensor<8xi32>
+  %l = fsdp.cross_entropy %x, %y, %n {ignore_index = -100 : i64} : (tensor<8x256xf32>, tensor<8xi32>, tensor<f32>) -> tensor<f32>
+  %s = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  %d = fsdp.cross_entropy_grad %x, %y, %s, %n {ignore_index = -100 : i64} : tensor<8x256xf32>, tensor<8xi32>
+  return %l, %d : tensor<f32>, tensor<8x256xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @classifier_ignore_count_differs
+// CHECK-NOT: fsdp.cross_entropy_fused
+// CHECK: fsdp.cross_entropy %arg0, %arg1, %arg2 {ignore_index = -100 : i64}
+// CHECK: fsdp.cross_entropy_grad %arg0, %arg1, %{{.+}}, %arg3 {ignore_index = -100 : i64}
+func.func @classifier_ignore_count_differs(%x: tensor<8x256xf32>, %y: tensor<8xi32>, %n: tensor<f32>, %m: tensor<f32>) -> (tensor<f32>, tensor<8x256xf32>) {
+  %l = fsdp.cross_entropy %x, %y, %n {ignore_index = -100 : i64} : (tensor<8x256xf32>, tensor<8xi32>, tensor<f32>) -> tensor<f32>
+  %s = fsdp.fill {value = 1.0 : f64} : tensor<f32>
+  %d = fsdp.cross_entropy_grad %x, %y, %s, %m {ignore_index = -100 : i64} : tensor<8x256xf32>, tensor<8xi32>
+  return %l, %d : tensor<f32>, tensor<8x256xf32>
+}
