@@ -94,6 +94,7 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        training's) or an llm.c token file (needed when --data
                        is a file); each evaluation reads its first batches
   --eval-batches K     batches per evaluation (default 4)
+  --eval-loss-mask FILE  --loss-mask for --eval-data's token file
   --trace FILE         write the measured timeline of every step (each
                        instruction on the compute thread, each collective on
                        the communication thread, every rank) as Chrome trace
@@ -136,12 +137,12 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return *s && !*end && errno == 0 && std::isfinite(v);
   };
   static const char *valued[] = {
-      "--steps",         "--lr",          "--schedule",   "--warmup",     "--min-lr",
-      "--decay-steps",   "--decay-shape", "--seed",       "--data",       "--threads",
-      "--log-every",     "--dump-dir",    "--init-from",  "--save",       "--gradcheck",
-      "--gradcheck-tol", "--ckpt-dir",    "--save-every", "--keep",       "--resume",
-      "--trace",         "--device",      "--comm",       "--eval-every", "--eval-data",
-      "--eval-batches",  "--loss-mask"};
+      "--steps",         "--lr",          "--schedule",      "--warmup",     "--min-lr",
+      "--decay-steps",   "--decay-shape", "--seed",          "--data",       "--threads",
+      "--log-every",     "--dump-dir",    "--init-from",     "--save",       "--gradcheck",
+      "--gradcheck-tol", "--ckpt-dir",    "--save-every",    "--keep",       "--resume",
+      "--trace",         "--device",      "--comm",          "--eval-every", "--eval-data",
+      "--eval-batches",  "--loss-mask",   "--eval-loss-mask"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -267,6 +268,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.evalEvery = iv;
     } else if (a == "--eval-data") {
       opt.evalData = v;
+    } else if (a == "--eval-loss-mask") {
+      opt.evalLossMask = v;
     } else if (a == "--eval-batches") {
       if (!toInt(v, iv) || iv < 1 || iv > 1000000)
         return badValue();
@@ -288,8 +291,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("--save-every needs --ckpt-dir");
   if (opt.traceSync && opt.trace.empty())
     return FSDP_ERROR("--trace-sync needs --trace FILE");
-  if ((!opt.evalData.empty() || evalBatchesSet) && opt.evalEvery == 0)
-    return FSDP_ERROR("--eval-data and --eval-batches need --eval-every N");
+  if ((!opt.evalData.empty() || evalBatchesSet || !opt.evalLossMask.empty()) && opt.evalEvery == 0)
+    return FSDP_ERROR("--eval-data, --eval-batches and --eval-loss-mask need --eval-every N");
   if (opt.evalEvery > 0 && opt.evalData.empty() && opt.data != "synthetic")
     return FSDP_ERROR("--eval-every: training reads the token file '", opt.data,
                       "'; name the held-out one with --eval-data");
@@ -707,7 +710,8 @@ private:
       return Status::ok();
     std::string spec = opt.evalData.empty() ? "synthetic" : opt.evalData;
     uint64_t evalSeed = spec == "synthetic" ? opt.seed ^ 0x5a17da7a5eedULL : opt.seed;
-    return makeDataSource(spec, plan, comm.rank(), comm.size(), evalSeed, evalSource);
+    return makeDataSource(spec, plan, comm.rank(), comm.size(), evalSeed, evalSource,
+                          opt.evalLossMask);
   }
 
   /// --dump-dir: the folder and the initial parameters.

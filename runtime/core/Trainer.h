@@ -49,6 +49,7 @@ struct TrainOptions {
   bool calibrate = false; ///< --calibrate: print this machine's profile
   int64_t evalEvery = 0;   ///< --eval-every N: validation loss every N steps (0: off)
   std::string evalData;    ///< --eval-data SPEC (default: held-out synthetic)
+  std::string evalLossMask; ///< --eval-loss-mask FILE (--loss-mask for evalData)
   int64_t evalBatches = 4; ///< --eval-batches K: batches averaged per evaluation
   int64_t gradcheck = 0; ///< elements sampled per parameter; 0 = off
   double gradcheckTol = 2e-2;

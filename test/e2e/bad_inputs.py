@@ -388,6 +388,11 @@ def main():
               os.path.join(tmp, "nomask.bin")], "nomask.bin")
         check("data: --loss-mask with synthetic data", [gpt, "--steps", "1", "--loss-mask", good],
               "it needs --data FILE")
+        check("data: --eval-loss-mask without --eval-every", [gpt, "--steps", "1", "--data", good,
+              "--eval-loss-mask", good], "need --eval-every")
+        check("data: --eval-loss-mask for a plan without ignore_index", [gpt, "--steps", "1", "--data",
+              good, "--eval-every", "1", "--eval-data", good, "--eval-loss-mask", good],
+              "needs a plan whose cross_entropy has ignore_index")
 
         # --- checkpoints (--init-from)
         name = plans["mlp"]["params"][0]["name"]

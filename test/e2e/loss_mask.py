@@ -11,6 +11,8 @@ mean would differ), the small GPT with ignore_index -100, clipped, AdamW:
             rows: ZeRO-3 2x2x2, ZeRO-2 2x2x2 reducing each micro-batch,
             ZeRO-1 2x1x4, stage 0 4x1x2, HSDP 2x2 with 2 micro-batches of
             1) gives its losses within RTOL (relative; summation order);
+  eval      --eval-loss-mask: one masked evaluation batch before the
+            first step is step 1's loss, bit for bit;
   mask      the masked losses are not the unmasked run's (the mask acts);
   resume    a run checkpointed at step 3 and resumed gives steps 4-6 bit
             for bit (the mask follows the data position);
@@ -83,6 +85,22 @@ def main():
                   f"(bound {rtol:g}): {'ok' if ok else 'MISMATCH'}")
             if not ok:
                 failures.append(name)
+
+        # --eval-loss-mask: one evaluation batch of the training data before
+        # the first step is step 1's forward pass on the same batch.
+        ev = subprocess.run([os.path.join(bindir, "fsdp-run"), plan(8, "", "ref"), "--steps", "1",
+                             "--threads", "1", "--data", data, "--loss-mask", mask,
+                             "--eval-every", "1", "--eval-batches", "1", "--eval-data", data,
+                             "--eval-loss-mask", mask, "--json"],
+                            check=True, capture_output=True, text=True, timeout=300).stdout
+        evals = [r for r in (json.loads(l) for l in ev.splitlines() if l.startswith("{"))
+                 if r.get("eval")]
+        val = evals[0]["val_loss"] if evals else None
+        ok = val == ref[0]
+        print(f"eval: the masked validation loss before step 1 is step 1's loss, bitwise "
+              f"({val} vs {ref[0]}): {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append("eval")
 
         plain = [r["loss"] for r in run(plan(8, "", "ref"), masked=None)]
         moved = min(abs(a - b) / abs(b) for a, b in zip(ref, plain))
