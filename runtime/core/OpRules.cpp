@@ -612,21 +612,6 @@ const std::unordered_map<std::string, Check> &checks() {
     auto checkPair = [](const Op &op, bool grad) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       FSDP_RETURN_IF_ERROR(expectShape(op, op.in(1), op.in(0).shape, "a target"));
-      // ignore_index and its normalizer (the last input) come together.
-      size_t required = grad ? 3 : 2;
-      bool hasNorm = op.inst.in.size() > required, hasIgnore = op.has("ignore_index");
-      if (hasNorm != hasIgnore)
-        return FSDP_ERROR(op.inst.op, hasIgnore ? ": ignore_index needs the kept-label count "
-                                                  "input (fsdp.count_labels) after the others"
-                                                : ": a normalizer input without ignore_index");
-      if (hasIgnore) {
-        int64_t ignore = op.i("ignore_index", 0);
-        if (op.attrError.empty() && (ignore < INT32_MIN || ignore > INT32_MAX))
-          return FSDP_ERROR(op.inst.op, ": ignore_index = ", ignore, " does not fit 32 bits");
-        FSDP_RETURN_IF_ERROR(expectF32(op, {&op.in(required)}));
-        FSDP_RETURN_IF_ERROR(
-            expectShape(op, op.in(required), {}, "a scalar normalizer (the kept-label count)"));
-      }
       if (grad) {
         FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), {}, "a scalar gradient"));
         return expectShape(op, op.out(0), op.in(0).shape, "a result");

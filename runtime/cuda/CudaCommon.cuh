@@ -150,6 +150,18 @@ __device__ inline float ceKeptMean(double sum, CeIgnore ig) {
   return n > 0 ? (float)(sum / (double)n) : 0.f;
 }
 
+/// The loss from its n rows' terms (one block): their sum in a fixed
+/// order, over n, or with ignore_index over the kept count.
+__global__ void ceMeanOfRows(const double *perRow, int64_t n, CeIgnore ig, float *out) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += perRow[i];
+  acc = blockSum(acc, sh);
+  if (threadIdx.x == 0)
+    *out = ig.count ? ceKeptMean(acc, ig) : (float)(acc / (double)n);
+}
+
 __device__ float blockMax(float v, float *sh) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warpMax(v);

@@ -795,16 +795,6 @@ __global__ void ceGradKernel(const float *logits, const int32_t *labels, const f
     atomicMin(badPos, (long long)blockIdx.x);
 }
 
-__global__ void keptMeanKernel(const double *perRow, int64_t n, CeIgnore ig, float *out) {
-  __shared__ double sh[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    acc += perRow[i];
-  acc = blockSum(acc, sh);
-  if (threadIdx.x == 0)
-    *out = ceKeptMean(acc, ig);
-}
-
 __global__ void countLabelsKernel(const int32_t *labels, int64_t n, int32_t ignore, int64_t divisor,
                                   float *out) {
   __shared__ double sh[32];
@@ -828,7 +818,7 @@ cudaError_t crossEntropy(const float *logits, const int32_t *labels, float *loss
   ceRowKernel<<<(unsigned)rows, kThreads, 0, s>>>(logits, labels, scratch, classes, stride, badPos,
                                                   smoothing, ignore);
   if (ignore.count)
-    keptMeanKernel<<<1, kThreads, 0, s>>>(scratch, rows, ignore, loss);
+    ceMeanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ignore, loss);
   else
     finishSum<<<1, kThreads, 0, s>>>(scratch, rows, 1.0 / (double)rows, loss);
   return cudaGetLastError();

@@ -1519,18 +1519,6 @@ __global__ void ceGradCachedKernel(const T *logits, const int32_t *labels, const
                   badPos, sh, shd, e, ig, perRow);
 }
 
-/// The loss: the rows' terms summed in a fixed order, over the rows (or
-/// with ignore_index over the kept count).
-__global__ void meanOfRows(const double *perRow, int64_t n, CeIgnore ig, float *out) {
-  __shared__ double sh[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    acc += perRow[i];
-  acc = blockSum(acc, sh);
-  if (threadIdx.x == 0)
-    *out = ig.count ? ceKeptMean(acc, ig) : (float)(acc / (double)n);
-}
-
 /// The padded-row fast path: 16-byte aligned rows of a whole number of
 /// 16-byte chunks.
 template <typename T> bool vectorRows(const void *a, const void *b, int64_t stride) {
@@ -1549,7 +1537,7 @@ cudaError_t crossEntropyT(const void *logits, const int32_t *labels, float *loss
   else
     ceRowKernel<false, T><<<(unsigned)rows, kThreads, 0, s>>>(cp<T>(logits), labels, scratch,
                                                               classes, stride, badPos, e, ig);
-  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
+  ceMeanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
   return cudaGetLastError();
 }
 
@@ -1609,7 +1597,7 @@ cudaError_t crossEntropyFusedT(const void *logits, const int32_t *labels, const 
   if (cudaError_t err = launchCeGrad<T>(logits, labels, dloss, dlogits, rows, classes, stride,
                                         badPos, e, ig, cacheRow, scratch, s))
     return err;
-  meanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
+  ceMeanOfRows<<<1, kThreads, 0, s>>>(scratch, rows, ig, loss);
   return cudaGetLastError();
 }
 

@@ -585,6 +585,17 @@ void classColumns(const std::vector<uint16_t> &got, int64_t rows, int64_t classe
 /// the loss, the rows' loss terms and the gradient bit for bit the two
 /// kernels' (`loss`, `perRow`, `grad`), with the row cached in shared
 /// memory or read twice, into another buffer or in place.
+/// `rows` rows of `classes` bf16 logits laid out at `stride` (>= classes),
+/// the padding columns holding 40, a large value that must not enter the
+/// softmax (fsdp-pad-classes' padded head).
+std::vector<uint16_t> padRows(const std::vector<uint16_t> &bits, int64_t rows, int64_t classes,
+                              int64_t stride) {
+  std::vector<uint16_t> out(rows * stride, cpu::floatToBf16(40.f));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(bits.begin() + r * classes, classes, out.begin() + r * stride);
+  return out;
+}
+
 void expectFusedEqualsUnfused(const std::vector<uint16_t> &rowsBits, const int32_t *labels,
                               const float *dloss, const std::vector<float> &loss,
                               const std::vector<double> &perRow, const std::vector<uint16_t> &grad,
@@ -624,9 +635,7 @@ TEST_F(CudaFastKernelsTest, FusedCrossEntropyReadsBf16Logits) {
   // and a poisoned gradient buffer, whose padding columns must become 0.
   for (int64_t stride : {classes, int64_t(50304)}) {
     SCOPED_TRACE("row stride " + std::to_string(stride));
-    std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+    std::vector<uint16_t> rowsBits = padRows(logits.bits, rows, classes, stride);
     Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0)); // NaN
     Dev<int32_t> dl(labels);
     Dev<float> loss(1), dloss(std::vector<float>{1.5f});
@@ -705,9 +714,7 @@ TEST_F(CudaFastKernelsTest, CrossEntropyLabelSmoothing) {
   cpu::crossEntropyGrad(logits.wide.data(), labels.data(), &dlh, wd.data(), rows, classes, 0, e);
   for (int64_t stride : {classes, int64_t(1024)}) {
     SCOPED_TRACE("row stride " + std::to_string(stride));
-    std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+    std::vector<uint16_t> rowsBits = padRows(logits.bits, rows, classes, stride);
     Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0));
     Dev<int32_t> dl(labels);
     Dev<float> loss(1), dloss(std::vector<float>{1.5f});
@@ -762,9 +769,7 @@ TEST_F(CudaFastKernelsTest, CrossEntropyIgnoreIndex) {
                           &norm, -100);
     for (int64_t stride : {classes, int64_t(1024)}) {
       SCOPED_TRACE("row stride " + std::to_string(stride));
-      std::vector<uint16_t> rowsBits(rows * stride, cpu::floatToBf16(40.f));
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(logits.bits.begin() + r * classes, classes, rowsBits.begin() + r * stride);
+      std::vector<uint16_t> rowsBits = padRows(logits.bits, rows, classes, stride);
       Dev<uint16_t> bl(rowsBits), bd(std::vector<uint16_t>(rows * stride, 0x7fc0));
       Dev<int32_t> dl(labels);
       Dev<float> loss(1), dloss(std::vector<float>{dlh});
