@@ -15,8 +15,7 @@ namespace mlir::fsdp {
 
 struct FsdpPipelineOptions
     : public PassPipelineOptions<FsdpPipelineOptions> {
-  Option<std::string> optimizer{*this, "optimizer",
-                                llvm::cl::desc("sgd | adamw | none"),
+  Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("sgd | adamw | lamb | none"),
                                 llvm::cl::init("adamw")};
   Option<double> momentum{*this, "momentum", llvm::cl::desc("SGD momentum"),
                           llvm::cl::init(0.0)};
@@ -24,10 +23,9 @@ struct FsdpPipelineOptions
                            llvm::cl::desc("SGD dampening"), llvm::cl::init(0.0)};
   Option<bool> nesterov{*this, "nesterov", llvm::cl::desc("SGD Nesterov"),
                         llvm::cl::init(false)};
-  Option<double> weightDecay{
-      *this, "weight-decay",
-      llvm::cl::desc("weight decay (default 0.01 AdamW, 0 SGD)"),
-      llvm::cl::init(-1.0)};
+  Option<double> weightDecay{*this, "weight-decay",
+                             llvm::cl::desc("weight decay (default 0.01 AdamW and LAMB, 0 SGD)"),
+                             llvm::cl::init(-1.0)};
   Option<std::string> weightDecayParams{
       *this, "weight-decay-params",
       llvm::cl::desc("all | matrices (rank >= 2 only: no decay for biases and "

@@ -43,6 +43,10 @@ void markUpdateOperands(Operation *op, json::Object &attrs) {
   };
   if (auto a = dyn_cast<AdamwUpdateOp>(op))
     mark(a);
+  else if (auto l = dyn_cast<LambUpdateOp>(op))
+    mark(l);
+  else if (auto n = dyn_cast<LambNormsOp>(op); n && n.getGradScale())
+    attrs["grad_scale"] = true;
   else if (auto m = dyn_cast<SgdMomentumUpdateOp>(op))
     mark(m);
   else if (auto g = dyn_cast<SgdUpdateOp>(op))

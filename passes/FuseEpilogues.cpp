@@ -79,6 +79,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 #include <functional>
 
@@ -247,35 +248,35 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// `%c = mul %g, %coef` (%coef a clip_coef / grad_coef scalar, %g of
-  /// the product's type) whose only reader is an update's gradient operand
-  /// (an update without grad_scale): the update reads %g with `grad_scale
-  /// %coef`. The update is where it was; %g and %coef are defined before
-  /// the mul, so before it.
+  /// the product's type) whose readers are all updates' gradient operands
+  /// (updates without grad_scale; LAMB's norms and update both read it):
+  /// each reads %g with `grad_scale %coef`. The updates are where they
+  /// were; %g and %coef are defined before the mul, so before them.
   void fuseGradScale(MulOp mul) {
     Operation *coef = mul.getRhs().getDefiningOp();
     if (!coef || !isa<ClipCoefOp, GradCoefOp>(coef) ||
-        mul.getLhs().getType() != mul.getResult().getType() || !mul->hasOneUse())
+        mul.getLhs().getType() != mul.getResult().getType() || mul->use_empty())
       return;
-    OpOperand &use = *mul->getUses().begin();
-    Operation *upd = use.getOwner();
-    if (use.getOperandNumber() != 1)
-      return;
-    auto fold = [&](auto op) {
-      if (op.getGradScale())
+    auto foldable = [](OpOperand &use) {
+      Operation *u = use.getOwner();
+      auto free = [](auto op) { return !op.getGradScale(); };
+      if (use.getOperandNumber() != 1)
         return false;
-      op.getGradScaleMutable().assign(mul.getRhs());
-      op.getGradMutable().assign(mul.getLhs());
-      return true;
+      return TypeSwitch<Operation *, bool>(u)
+          .Case<AdamwUpdateOp, SgdMomentumUpdateOp, SgdUpdateOp, LambNormsOp, LambUpdateOp>(
+              [&](auto op) { return free(op); })
+          .Default([](Operation *) { return false; });
     };
-    bool done = false;
-    if (auto a = dyn_cast<AdamwUpdateOp>(upd))
-      done = fold(a);
-    else if (auto sm = dyn_cast<SgdMomentumUpdateOp>(upd))
-      done = fold(sm);
-    else if (auto sg = dyn_cast<SgdUpdateOp>(upd))
-      done = fold(sg);
-    if (done)
-      mul.erase();
+    if (!llvm::all_of(mul->getUses(), foldable))
+      return;
+    for (OpOperand &use : llvm::make_early_inc_range(mul->getUses()))
+      TypeSwitch<Operation *>(use.getOwner())
+          .Case<AdamwUpdateOp, SgdMomentumUpdateOp, SgdUpdateOp, LambNormsOp, LambUpdateOp>(
+              [&](auto op) {
+                op.getGradScaleMutable().assign(mul.getRhs());
+                op.getGradMutable().assign(mul.getLhs());
+              });
+    mul.erase();
   }
 
   /// The rank-3 tensor whose last dimension q, k and v are the slices

@@ -7,9 +7,11 @@
 // "step") rather than constants, so one plan serves any LR schedule. Every
 // update op is elementwise; this is what lets fsdp-shard later apply the
 // same update to a 1/N shard of a parameter (weight-update sharding). The
-// only non-elementwise part, the global gradient norm for clipping, is a
-// separate fsdp.squared_norm so that sharding can turn it into partial sums
-// plus a scalar all-reduce.
+// non-elementwise parts are separate ops that sum over their operand, so
+// that sharding can turn each into partial sums plus an all-reduce: the
+// global gradient norm for clipping (fsdp.squared_norm, a scalar) and
+// LAMB's per-parameter norms of the weights and the update
+// (fsdp.lamb_norms, two per parameter, read by fsdp.lamb_update).
 //
 //===----------------------------------------------------------------------===//
 
@@ -55,9 +57,9 @@ void InsertOptimizerPass::runOnOperation() {
   auto step = getTrainStep(module, "fsdp-autodiff");
   if (!step)
     return signalPassFailure();
-  if (optimizer != "sgd" && optimizer != "adamw" && optimizer != "none") {
-    mlir::emitError(module.getLoc()) << "unknown optimizer '" << optimizer
-                       << "': expected sgd, adamw or none";
+  if (optimizer != "sgd" && optimizer != "adamw" && optimizer != "lamb" && optimizer != "none") {
+    mlir::emitError(module.getLoc())
+        << "unknown optimizer '" << optimizer << "': expected sgd, adamw, lamb or none";
     return signalPassFailure();
   }
   if (maxGradNorm < 0 || momentum < 0 || eps <= 0 || beta1 < 0 ||
@@ -71,8 +73,7 @@ void InsertOptimizerPass::runOnOperation() {
         << "nesterov momentum requires momentum > 0 and zero dampening";
     return signalPassFailure();
   }
-  double wd = weightDecay >= 0 ? weightDecay.getValue()
-                               : (optimizer == "adamw" ? 0.01 : 0.0);
+  double wd = weightDecay >= 0 ? weightDecay.getValue() : (optimizer == "sgd" ? 0.0 : 0.01);
   if (weightDecayParams != "all" && weightDecayParams != "matrices") {
     mlir::emitError(module.getLoc())
         << "weight-decay-params must be all or matrices, found '"
@@ -116,6 +117,16 @@ void InsertOptimizerPass::runOnOperation() {
 
   SmallVector<SetGradOp> sets;
   step.walk([&](SetGradOp op) { sets.push_back(op); });
+  // LAMB's trust ratio divides f32 norms of the master weights: a model
+  // whose parameters are stored in 16 bits has no master to take them of.
+  for (SetGradOp set : sets)
+    if (auto param = module.lookupSymbol<ParamOp>(set.getNameAttr());
+        optimizer == "lamb" && param && !param.getTensorType().getElementType().isF32()) {
+      param.emitOpError() << "optimizer=lamb needs f32 parameters (the master copy; "
+                             "param-dtype=bf16|f16 gives the 16-bit compute), found "
+                          << param.getTensorType().getElementType();
+      return signalPassFailure();
+    }
   if (sets.empty()) {
     mlir::emitError(step.getLoc()) << "no fsdp.set_grad to update: nothing is trainable";
     return signalPassFailure();
@@ -173,7 +184,29 @@ void InsertOptimizerPass::runOnOperation() {
     auto symRef = [&](StateOp s) {
       return FlatSymbolRefAttr::get(s.getSymNameAttr());
     };
-    if (optimizer == "adamw") {
+    if (optimizer == "lamb") {
+      // The norms over the whole parameter (one segment), then the step;
+      // fsdp-shard rebuilds both over each unit's flat shard, its
+      // parameters as segments, with an all-reduce of the norms between.
+      StateOp m = createState(param, "exp_avg");
+      StateOp v = createState(param, "exp_avg_sq");
+      Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
+      Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
+      Type t = param.getType();
+      auto segments = b.getDenseI64ArrayAttr({0, param.getTensorType().getNumElements()});
+      auto normsTy = RankedTensorType::get({2}, b.getF32Type());
+      Value norms = b.create<LambNormsOp>(
+          ploc, normsTy, p, grad, mv, vv, stepCount, /*grad_scale=*/Value(), segments,
+          b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
+          b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
+      auto upd = b.create<LambUpdateOp>(
+          ploc, TypeRange{t, t, t}, p, grad, mv, vv, norms, lr, stepCount, skip,
+          /*grad_scale=*/Value(), segments, b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
+          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
+      b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
+      b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
+      b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
+    } else if (optimizer == "adamw") {
       StateOp m = createState(param, "exp_avg");
       StateOp v = createState(param, "exp_avg_sq");
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));

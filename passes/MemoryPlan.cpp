@@ -98,7 +98,7 @@ static bool isInPlaceWrite(Value v, FlatSymbolRefAttr sym) {
     return false;
   if (isa<AllGatherOp>(def))
     return true;
-  if (!isa<SgdUpdateOp, SgdMomentumUpdateOp, AdamwUpdateOp>(def))
+  if (!isa<SgdUpdateOp, SgdMomentumUpdateOp, AdamwUpdateOp, LambUpdateOp>(def))
     return false;
   unsigned idx = cast<OpResult>(v).getResultNumber();
   // Result 0 replaces operand 0 (the parameter); result k > 0 replaces the
@@ -556,7 +556,7 @@ void MemoryPlanner::markGradients() {
   for (Operation &op : *body) {
     if (auto s = dyn_cast<SetGradOp>(op))
       markGrad(s.getValue());
-    else if (isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op))
+    else if (isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambNormsOp, LambUpdateOp>(op))
       markGrad(op.getOperand(1));
   }
 }

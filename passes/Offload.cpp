@@ -88,7 +88,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     SmallVector<ToHostOp> gradCopies;
     OpBuilder b(&getContext());
     auto isUpdate = [](Operation *op) {
-      return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
+      return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambNormsOp, LambUpdateOp>(op);
     };
     for (Operation &opRef : llvm::make_early_inc_range(body)) {
       Operation *op = &opRef;

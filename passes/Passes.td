@@ -245,7 +245,7 @@ def FsdpGradAccum : Pass<"fsdp-grad-accum", "::mlir::ModuleOp"> {
 }
 
 def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
-  let summary = "adds SGD or AdamW updates, optimizer state and clipping";
+  let summary = "adds SGD, AdamW or LAMB updates, optimizer state and clipping";
   let description = [{
     Replaces every `fsdp.set_grad` of `@train_step` by an optimizer update
     at the end of the step. Optimizer state becomes `fsdp.state` symbols
@@ -269,19 +269,19 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"optimizer", "optimizer", "std::string", /*default=*/"\"adamw\"",
-           "sgd | adamw | none (none keeps fsdp.set_grad: the step outputs gradients)">,
+           "sgd | adamw | lamb | none (none keeps fsdp.set_grad: the step outputs gradients)">,
     Option<"momentum", "momentum", "double", /*default=*/"0.0", "SGD momentum">,
     Option<"dampening", "dampening", "double", /*default=*/"0.0", "SGD dampening">,
     Option<"nesterov", "nesterov", "bool", /*default=*/"false", "SGD Nesterov momentum">,
     Option<"weightDecay", "weight-decay", "double", /*default=*/"-1.0",
-           "weight decay (default: 0.01 for AdamW, 0 for SGD)">,
+           "weight decay (default: 0.01 for AdamW and LAMB, 0 for SGD)">,
     Option<"weightDecayParams", "weight-decay-params", "std::string",
            /*default=*/"\"all\"",
            "all | matrices: decay only parameters of rank >= 2 (no decay for "
            "biases and norm gains, nanoGPT's and llm.c's AdamW groups)">,
-    Option<"beta1", "beta1", "double", /*default=*/"0.9", "AdamW beta1">,
-    Option<"beta2", "beta2", "double", /*default=*/"0.999", "AdamW beta2">,
-    Option<"eps", "eps", "double", /*default=*/"1e-8", "AdamW epsilon">,
+    Option<"beta1", "beta1", "double", /*default=*/"0.9", "AdamW / LAMB beta1">,
+    Option<"beta2", "beta2", "double", /*default=*/"0.999", "AdamW / LAMB beta2">,
+    Option<"eps", "eps", "double", /*default=*/"1e-8", "AdamW / LAMB epsilon">,
     Option<"maxGradNorm", "max-grad-norm", "double", /*default=*/"0.0",
            "global-norm gradient clipping threshold (0: off)">,
   ];

@@ -76,7 +76,7 @@ struct Update {
 };
 
 bool isUpdateOp(Operation *op) {
-  return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp>(op);
+  return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(op);
 }
 
 /// The reads of one unit in one micro-batch and one dtype: its gets, and
@@ -155,6 +155,8 @@ private:
   void toMaster(UnitInfo &u, Value &g, Location loc);
   void clipGradients(Location loc);
   void updateUnits(Location loc);
+  Value lambNorms(UnitInfo &u, ArrayRef<Value> operands, NamedAttrList &attrs, RankedTensorType pTy,
+                  Location loc);
 
   void renumber();
   int64_t microOf(Operation *op);
@@ -588,6 +590,10 @@ LogicalResult ShardRewrite::findUpdates() {
     for (Value v : op.getOperands())
       if (auto gs = v.getDefiningOp<GetStateOp>())
         optimizerOps.insert(gs);
+    // LAMB's norms: rebuilt per unit by updateUnits.
+    if (auto lamb = dyn_cast<LambUpdateOp>(op))
+      if (Operation *norms = lamb.getNorms().getDefiningOp())
+        optimizerOps.insert(norms);
     for (Operation *user : op.getUsers())
       optimizerOps.insert(user);
     if (auto mul = op.getOperand(1).getDefiningOp<MulOp>())
@@ -1035,6 +1041,33 @@ void ShardRewrite::clipGradients(Location loc) {
     g = b.create<MulOp>(loc, g.getType(), g, coef);
 }
 
+/// LAMB's per-parameter norms for one unit's update: the unit's parameters
+/// are its segments, positions need the shard's stride, and a shard's
+/// partial sums are all-reduced over the shards (the replicas of a 2-D
+/// mesh hold the same shard: nothing to add across them), like the
+/// clipping norm's. `attrs` (the update's) gain the same layout.
+Value ShardRewrite::lambNorms(UnitInfo &u, ArrayRef<Value> operands, NamedAttrList &attrs,
+                              RankedTensorType pTy, Location loc) {
+  SmallVector<int64_t> segments(u.offsets);
+  segments.push_back(u.numel);
+  attrs.set("segments", b.getDenseI64ArrayAttr(segments));
+  if (eff != 0)
+    attrs.set("shard_stride", b.getI64IntegerAttr(pTy.getNumElements()));
+  auto normsTy = RankedTensorType::get({2 * (int64_t)u.params.size()}, b.getF32Type());
+  // p, g, m, v and the step (the update's operand 6); no skip: an
+  // overflowed step's norms are never applied.
+  OperationState os(loc, LambNormsOp::getOperationName());
+  os.addOperands({operands[0], operands[1], operands[2], operands[3], operands[6]});
+  for (NamedAttribute a : attrs)
+    if (a.getName() != LambUpdateOp::getOperandSegmentSizeAttr())
+      os.addAttribute(a.getName(), a.getValue());
+  os.addTypes(normsTy);
+  Value norms = b.create(os)->getResult(0);
+  if (shards > 1 && eff != 0)
+    norms = allReduce(loc, normsTy, norms, "sum", shardGroup);
+  return norms;
+}
+
 /// One update per unit on its flat parameters (whole at stage 0, this
 /// rank's shard otherwise), its state sharded alike; stages 1/2 with whole
 /// parameters all-gather the result.
@@ -1077,7 +1110,6 @@ void ShardRewrite::updateUnits(Location loc) {
       operands[slot.first] = b.create<GetStateOp>(
           loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
     OperationState os(loc, *updName);
-    os.addOperands(operands);
     NamedAttrList attrs(updAttrs);
     if (matricesOnly) {
       // The first update may be a vector's (weight_decay 0): the unit's
@@ -1089,6 +1121,9 @@ void ShardRewrite::updateUnits(Location loc) {
                   b.getI64IntegerAttr(eff == 0 ? 0 : pTy.getNumElements()));
       }
     }
+    if (*updName == OperationName(LambUpdateOp::getOperationName(), ctx))
+      operands[4] = lambNorms(*u, operands, attrs, pTy, loc);
+    os.addOperands(operands);
     os.addAttributes(attrs);
     os.addTypes(SmallVector<Type>(updResults, pTy));
     Operation *upd = b.create(os);

@@ -732,6 +732,52 @@ LogicalResult CountLabelsOp::verify() {
   return success();
 }
 
+/// LAMB's layout rules (fsdp.lamb_norms / fsdp.lamb_update): segments rise
+/// strictly from 0; the norms hold two sums per segment, in f32; a whole
+/// operand (no stride) covers every segment; the weight decay's prefix
+/// ends at a segment boundary, so a parameter decays (and adapts) whole.
+static LogicalResult verifyLamb(Operation *op, ArrayRef<int64_t> seg, Value param, Value norms,
+                                std::optional<uint64_t> decay, std::optional<uint64_t> stride) {
+  auto err = [&]() { return op->emitOpError(); };
+  std::string list;
+  llvm::raw_string_ostream os(list);
+  os << '[';
+  llvm::interleaveComma(seg, os);
+  os << ']';
+  if (seg.size() < 2 || seg.front() != 0)
+    return err() << "segments must start at 0 and name at least one parameter, found " << list;
+  for (size_t i = 1; i < seg.size(); ++i)
+    if (seg[i] <= seg[i - 1])
+      return err() << "segments must rise strictly, found " << list;
+  if (!rt(param).getElementType().isF32())
+    return err() << "expected f32 parameters (the master copy), found " << param.getType();
+  int64_t k = (int64_t)seg.size() - 1, n = rt(param).getNumElements();
+  auto nt = rt(norms);
+  if (!nt.getElementType().isF32() || nt.getRank() != 1 || nt.getShape()[0] != 2 * k)
+    return err() << "expected norms of type tensor<" << 2 * k << "xf32> (two sums for each of the "
+                 << k << " segments), found " << nt;
+  if ((!stride || *stride == 0) && seg.back() > n)
+    return err() << "segments end at " << seg.back() << " past the operand's " << n
+                 << " elements (no shard_stride: the operand is the whole unit)";
+  if (stride && *stride != 0 && (int64_t)*stride != n)
+    return err() << "shard_stride = " << (int64_t)*stride << " must be 0 or the operand's " << n
+                 << " elements";
+  if (decay && (int64_t)*decay < seg.back() && !llvm::is_contained(seg, (int64_t)*decay))
+    return err() << "decay_numel = " << (int64_t)*decay
+                 << " falls inside a segment: a parameter decays whole";
+  return success();
+}
+
+LogicalResult LambNormsOp::verify() {
+  return verifyLamb(*this, getSegments(), getParam(), getResult(), getDecayNumel(),
+                    getShardStride());
+}
+
+LogicalResult LambUpdateOp::verify() {
+  return verifyLamb(*this, getSegments(), getParam(), getNorms(), getDecayNumel(),
+                    getShardStride());
+}
+
 LogicalResult CrossEntropyOp::verify() {
   auto l = rt(getLogits()), y = rt(getLabels());
   if (l.getRank() < 2)

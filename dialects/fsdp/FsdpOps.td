@@ -1327,6 +1327,89 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
   }];
 }
 
+def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
+    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
+  let summary = "LAMB's per-parameter squared norms of the weights and the update";
+  let description = [{
+    The non-elementwise half of a LAMB step (fsdp.lamb_update is the
+    other). The operand holds parameters laid out as `segments`: s_0 = 0 <
+    s_1 < ... < s_K, parameter k at positions [s_k, s_{k+1}), positions
+    from s_K on are padding; element i of the operand is at position
+    shard_index * `shard_stride` + i (`shard_stride` absent or 0: the
+    operand is the whole unit). The result, f32 [2K], holds for each
+    parameter k the sum over the operand's elements of p^2 (entry k) and
+    of u^2 (entry K + k), where u is the update direction fsdp.lamb_update
+    computes: u = m_hat / (sqrt(v_hat) + eps) + wd * p with m' and v' the
+    new moments (AdamW's, from `grad` times `grad_scale` when present) and
+    wd the weight decay of the position (`decay_numel` as adamw_update's).
+    Padding adds nothing. The moments are not written.
+
+    Sums over a shard are partial: fsdp-shard all-reduces them over the
+    shard group, the per-shard partial sums plus a small all-reduce of
+    weight-update sharding's non-elementwise updates.
+
+    ```mlir
+    %n = fsdp.lamb_norms %p, %g, %m, %v, %step {segments = array<i64: 0, 32, 40>, weight_decay = 0.01 : f64} : tensor<40xf32> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
+                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_Scalar:$step,
+                       Optional<Fsdp_Scalar>:$grad_scale,
+                       DenseI64ArrayAttr:$segments,
+                       DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                       DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps,
+                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
+                       OptionalAttr<I64Attr>:$decay_numel,
+                       OptionalAttr<I64Attr>:$shard_stride);
+  let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $step (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
+    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq", "new_param",
+                   "new_exp_avg", "new_exp_avg_sq"]>]> {
+  let summary = "one LAMB step (layer-wise trust ratio over AdamW's direction)";
+  let description = [{
+    timm's Lamb (apex FusedLAMB's default): m' = b1 m + (1-b1) g; v' = b2
+    v + (1-b2) g^2; u = (m' / (1 - b1^t)) / (sqrt(v') / sqrt(1 - b2^t) +
+    eps) + wd * p; p' = p - lr * r_k * u with, for parameter k, r_k =
+    ||p_k|| / ||u_k|| when its weight decay is not 0 and both norms are
+    positive, else 1. The norms come from `norms`, fsdp.lamb_norms' [2K]
+    sums over the whole parameters (all-reduced when the operand is a
+    shard); `segments`, `shard_stride` and `decay_numel` as there.
+
+    `skip_nonfinite` and `grad_scale` as adamw_update's.
+
+    ```mlir
+    %p2, %m2, %v2 = fsdp.lamb_update %p, %g, %m, %v, %n, %lr, %step {segments = array<i64: 0, 40>} : tensor<40xf32>, tensor<2xf32>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
+                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_FloatTensor:$norms,
+                       Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
+                       Optional<Fsdp_Scalar>:$skip_nonfinite,
+                       Optional<Fsdp_Scalar>:$grad_scale,
+                       DenseI64ArrayAttr:$segments,
+                       DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                       DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                       DefaultValuedAttr<F64Attr, "1e-6">:$eps,
+                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
+                       OptionalAttr<I64Attr>:$decay_numel,
+                       OptionalAttr<I64Attr>:$shard_stride);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
+                      Fsdp_FloatTensor:$new_exp_avg_sq);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norms `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `,` type($norms)
+  }];
+  let hasVerifier = 1;
+}
+
 def Fsdp_CountLabelsOp : Fsdp_Op<"count_labels", [Pure]> {
   let summary = "how many labels a cross-entropy keeps, over a divisor";
   let description = [{

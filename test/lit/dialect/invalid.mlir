@@ -816,3 +816,46 @@ func.func @f(%y: tensor<32xf32>) {
   %0 = fsdp.count_labels %y {ignore_index = -100 : i64} : tensor<32xf32>
   return
 }
+
+// -----
+// LAMB's layout: segments rise strictly from 0.
+func.func @f(%p: tensor<40xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{segments must rise strictly, found [0, 32, 32, 40]}}
+  %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0, 32, 32, 40>} : tensor<40xf32> -> tensor<6xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<40xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{segments must start at 0 and name at least one parameter, found [0]}}
+  %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0>} : tensor<40xf32> -> tensor<0xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<40xf32>, %n: tensor<2xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{expected norms of type tensor<4xf32> (two sums for each of the 2 segments), found 'tensor<2xf32>'}}
+  %0:3 = fsdp.lamb_update %p, %p, %p, %p, %n, %s, %s {segments = array<i64: 0, 32, 40>} : tensor<40xf32>, tensor<2xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<40xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{segments end at 48 past the operand's 40 elements}}
+  %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0, 48>} : tensor<40xf32> -> tensor<2xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<20xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{decay_numel = 16 falls inside a segment: a parameter decays whole}}
+  %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0, 32, 40>, decay_numel = 16 : i64, shard_stride = 20 : i64} : tensor<20xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+func.func @f(%p: tensor<40xbf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{expected f32 parameters (the master copy), found 'tensor<40xbf16>'}}
+  %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0, 40>} : tensor<40xbf16> -> tensor<2xf32>
+  return
+}
