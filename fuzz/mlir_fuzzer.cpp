@@ -69,6 +69,8 @@ const char *const kOptions[] = {
     "report=false plan=PLAN",
     "optimizer=adamw offload-activations=true offload=optimizer world-size=2 stage=3 "
     "grad-accum=2 report=false",
+    "optimizer=lamb world-size=2 stage=3 max-grad-norm=1.0 weight-decay-params=matrices "
+    "report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

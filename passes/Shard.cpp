@@ -1070,24 +1070,36 @@ Value ShardRewrite::lambNorms(UnitInfo &u, ArrayRef<Value> operands, NamedAttrLi
 
 /// One update per unit on its flat parameters (whole at stage 0, this
 /// rank's shard otherwise), its state sharded alike; stages 1/2 with whole
-/// parameters all-gather the result.
+/// parameters all-gather the result. LAMB's units are prepared one ahead:
+/// unit i + 1's norms and their all-reduce are issued before unit i's
+/// update, so each small all-reduce runs behind the next unit's sums and
+/// this unit's update instead of stalling right before its own update.
 void ShardRewrite::updateUnits(Location loc) {
   Operation *lastState = nullptr;
-  for (auto &[u, grad] : flatGrad) {
-    RankedTensorType pTy = eff == 0 ? fullTy(*u) : shardTy(*u);
+  const bool lamb = *updName == OperationName(LambUpdateOp::getOperationName(), ctx);
+  struct Prepared {
+    UnitInfo *u;
+    RankedTensorType pTy;
+    bool wholeParams;
+    SmallVector<StateOp> states;
+    SmallVector<Value> operands;
+    NamedAttrList attrs;
+  };
+  auto prepare = [&](UnitInfo *u, Value &grad) {
+    Prepared pr{u, eff == 0 ? fullTy(*u) : shardTy(*u), false, {}, {}, {}};
+    RankedTensorType pTy = pr.pTy;
     // Stages 1/2 with whole parameters update this rank's shard of them
     // and all-gather the result.
-    const bool wholeParams = eff != 0 && !u->op.getSharded();
+    pr.wholeParams = eff != 0 && !u->op.getSharded();
     toMaster(*u, grad, loc);
-    Value p, full;
-    if (wholeParams) {
-      full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));
+    Value p;
+    if (pr.wholeParams) {
+      Value full = b.create<GetUnitOp>(loc, fullTy(*u), symOf(*u));
       p = b.create<ShardViewOp>(loc, pTy, full);
     } else {
       p = b.create<GetUnitOp>(loc, pTy, symOf(*u));
     }
     // State symbols mirror the unit (whole or shard).
-    SmallVector<StateOp> states;
     {
       OpBuilder mb(ctx);
       mb.setInsertionPointAfter(lastState ? lastState : u->op.getOperation());
@@ -1099,42 +1111,58 @@ void ShardRewrite::updateUnits(Location loc) {
         auto st = mb.create<StateOp>(
             loc, mb.getStringAttr(u->name + "." + kind), TypeAttr::get(pTy),
             symOf(*u), mb.getStringAttr(kind));
-        states.push_back(st);
+        pr.states.push_back(st);
         lastState = st;
       }
     }
-    SmallVector<Value> operands(updOperands);
-    operands[0] = p;
-    operands[1] = grad;
+    pr.operands.assign(updOperands.begin(), updOperands.end());
+    pr.operands[0] = p;
+    pr.operands[1] = grad;
     for (auto [i, slot] : llvm::enumerate(stateSlots))
-      operands[slot.first] = b.create<GetStateOp>(
-          loc, pTy, FlatSymbolRefAttr::get(states[i].getSymNameAttr()));
-    OperationState os(loc, *updName);
-    NamedAttrList attrs(updAttrs);
+      pr.operands[slot.first] =
+          b.create<GetStateOp>(loc, pTy, FlatSymbolRefAttr::get(pr.states[i].getSymNameAttr()));
+    pr.attrs.assign(updAttrs);
     if (matricesOnly) {
       // The first update may be a vector's (weight_decay 0): the unit's
       // decayed prefix takes the optimizer's weight decay.
-      attrs.set("weight_decay", optDict.get("weight_decay"));
+      pr.attrs.set("weight_decay", optDict.get("weight_decay"));
       if (u->decayNumel < u->numel) {
-        attrs.set("decay_numel", b.getI64IntegerAttr(u->decayNumel));
-        attrs.set("shard_stride",
-                  b.getI64IntegerAttr(eff == 0 ? 0 : pTy.getNumElements()));
+        pr.attrs.set("decay_numel", b.getI64IntegerAttr(u->decayNumel));
+        pr.attrs.set("shard_stride", b.getI64IntegerAttr(eff == 0 ? 0 : pTy.getNumElements()));
       }
     }
-    if (*updName == OperationName(LambUpdateOp::getOperationName(), ctx))
-      operands[4] = lambNorms(*u, operands, attrs, pTy, loc);
-    os.addOperands(operands);
-    os.addAttributes(attrs);
-    os.addTypes(SmallVector<Type>(updResults, pTy));
+    if (lamb)
+      pr.operands[4] = lambNorms(*u, pr.operands, pr.attrs, pTy, loc);
+    return pr;
+  };
+  auto finish = [&](Prepared &pr) {
+    UnitInfo *u = pr.u;
+    OperationState os(loc, *updName);
+    os.addOperands(pr.operands);
+    os.addAttributes(pr.attrs);
+    os.addTypes(SmallVector<Type>(updResults, pr.pTy));
     Operation *upd = b.create(os);
-    for (auto [i, st] : llvm::enumerate(states))
+    for (auto [i, st] : llvm::enumerate(pr.states))
       b.create<SetStateOp>(loc, FlatSymbolRefAttr::get(st.getSymNameAttr()),
                            upd->getResult(i + 1));
     Value newP = upd->getResult(0);
-    if (wholeParams)
+    if (pr.wholeParams)
       newP = allGather(loc, fullTy(*u), newP, shardGroup);
     b.create<SetUnitOp>(loc, symOf(*u), newP);
+  };
+  std::optional<Prepared> ahead;
+  for (auto &[u, grad] : flatGrad) {
+    Prepared pr = prepare(u, grad);
+    if (!lamb) {
+      finish(pr);
+      continue;
+    }
+    if (ahead)
+      finish(*ahead);
+    ahead = std::move(pr);
   }
+  if (ahead)
+    finish(*ahead);
 }
 
 } // namespace

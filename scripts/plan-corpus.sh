@@ -47,6 +47,8 @@ opts=(
   "optimizer=adamw world-size=4 stage=3 offload=optimizer"
   "optimizer=adamw world-size=4 stage=3 offload-activations=true"
   "optimizer=adamw world-size=4 stage=3 weight-decay-params=matrices weight-decay=0.1"
+  "optimizer=lamb world-size=4 stage=3 weight-decay-params=matrices max-grad-norm=1.0"
+  "optimizer=lamb world-size=4 stage=2 mesh=2x2 param-dtype=bf16 offload=optimizer"
   "optimizer=adamw world-size=4 stage=3 unit-policy=size min-unit-numel=1000"
   "optimizer=adamw world-size=4 stage=3 prefetch=false overlap=false"
   "optimizer=adamw world-size=1 stage=3 param-dtype=bf16 max-grad-norm=1.0"

@@ -134,8 +134,10 @@ compile examples/gpt_small.mlir "$W/gpt_small.plan" "optimizer=adamw max-grad-no
 compile examples/gpt_small.mlir "$W/gpt_unfused.plan" "optimizer=adamw fuse-epilogues=false"
 compile "$W/mlp.mlir" "$W/mlp2z2.plan" "optimizer=adamw world-size=2 stage=2"
 compile "$W/mlp.mlir" "$W/mlp1off.plan" "optimizer=adamw stage=3 offload=optimizer"
+compile "$W/mlp.mlir" "$W/mlp1lamb.plan" "optimizer=lamb max-grad-norm=1.0 weight-decay-params=matrices"
 python3 test/e2e/bad_inputs.py build-asan/bin "$W/mlp1.plan" "$W/gpt_small.plan" \
-  "$W/mlp2z2.plan" "$W/llama1.plan" "$W/mlp1off.plan" "$W/gpt_unfused.plan" >"$W/bad.log" 2>&1 || true
+  "$W/mlp2z2.plan" "$W/llama1.plan" "$W/mlp1off.plan" "$W/gpt_unfused.plan" \
+  "$W/mlp1lamb.plan" >"$W/bad.log" 2>&1 || true
 grep -q "bad inputs, " "$W/bad.log" || { cat "$W/bad.log" >&2; fail "bad_inputs.py did not run"; }
 bad=0
 while IFS= read -r line; do

@@ -667,6 +667,87 @@ const std::unordered_map<std::string, Check> &checks() {
     m["sgd_update"] = checkUpdate(0, false);
     m["sgd_momentum_update"] = checkUpdate(1, true);
     m["adamw_update"] = checkUpdate(2, true);
+    // LAMB: p, g, m, v, step -> the per-parameter sums [2K]; p, g, m, v,
+    // those sums, lr, step -> p, m, v. segments (required) bounds the unit's
+    // K parameters; shard_stride and decay_numel as adamw_update's, except
+    // that either may come alone (a shard always needs its positions).
+    auto checkLamb = [](bool update) {
+      return [update](const Op &op) {
+        const std::string &name = op.inst.op;
+        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+        int64_t n = op.in(0).numel();
+        for (int i = 1; i < 4; ++i)
+          if (op.in(i).numel() != n)
+            return FSDP_ERROR(name, ": operand ", i, " has ", op.in(i).numel(),
+                              " elements, the parameter ", n);
+        for (int i = 0; update && i < 3; ++i)
+          if (op.out(i).numel() != n)
+            return FSDP_ERROR(name, ": result ", i, " has the wrong size");
+        if (!op.has("segments"))
+          return FSDP_ERROR(name, ": missing attribute segments (the unit's parameter bounds)");
+        std::vector<int64_t> seg = op.iv("segments");
+        if (!op.attrError.empty())
+          return FSDP_ERROR(name, ": ", op.attrError);
+        bool rising = seg.size() >= 2 && seg[0] == 0 && seg.back() <= (int64_t(1) << 48);
+        for (size_t k = 1; rising && k < seg.size(); ++k)
+          rising = seg[k] > seg[k - 1];
+        if (!rising)
+          return FSDP_ERROR(name,
+                            ": segments must rise strictly from 0 to at most 2^48, with "
+                            "at least one parameter, found ",
+                            op.inst.attrs.at("segments").dump());
+        const int64_t K = (int64_t)seg.size() - 1;
+        FSDP_RETURN_IF_ERROR(expectShape(op, update ? op.in(4) : op.out(0), {2 * K},
+                                         "per-parameter sums (2 x the segments' K)"));
+        size_t required = update ? 7 : 5;
+        for (size_t i = 4 + update; i < required; ++i)
+          if (op.in(i).numel() != 1)
+            return FSDP_ERROR(name, ": expected scalar ", update ? "lr/step" : "step", " operands");
+        if (op.has("shard_stride")) {
+          int64_t stride = op.i("shard_stride", -1);
+          if (stride != 0 && stride != n)
+            return FSDP_ERROR(name,
+                              ": shard_stride must be 0 (the whole unit) or the "
+                              "operand's ",
+                              n, " elements (a shard), found ",
+                              op.inst.attrs.at("shard_stride").dump());
+        }
+        if (op.has("decay_numel")) {
+          int64_t d = op.i("decay_numel", -1);
+          if (!(d >= 0 && d <= (int64_t(1) << 48)))
+            return FSDP_ERROR(name, ": decay_numel must be an integer in [0, 2^48]");
+          // A parameter decays wholly or not at all (its trust ratio is
+          // one number).
+          if (d < seg.back() && !std::binary_search(seg.begin(), seg.end(), d)) {
+            auto at = std::upper_bound(seg.begin(), seg.end(), d) - 1;
+            return FSDP_ERROR(name, ": decay_numel = ", d, " falls inside parameter ",
+                              at - seg.begin(), " [", at[0], ", ", at[1],
+                              "); it must be one of the segments' bounds");
+          }
+        }
+        // lamb_norms has no skip (the update skips); grad_scale may come to both.
+        if (!update && op.b("skip_nonfinite"))
+          return FSDP_ERROR(name, ": skip_nonfinite is lamb_update's (the sums are not "
+                                  "skipped)");
+        UpdateExtras extra = updateExtras(op);
+        if (!op.attrError.empty())
+          return FSDP_ERROR(name, ": ", op.attrError);
+        size_t marked = required + (extra.skip >= 0) + (extra.scale >= 0);
+        if (op.inst.in.size() != marked)
+          return FSDP_ERROR(name, ": ", op.inst.in.size(), " operands, expected ", marked, ": its ",
+                            required, " required ones, then ",
+                            update ? "skip_nonfinite and grad_scale where their attributes "
+                                     "(true) mark them"
+                                   : "grad_scale where its attribute (true) marks it");
+        if (extra.skip >= 0 && op.in(extra.skip).numel() != 1)
+          return FSDP_ERROR(name, ": expected a scalar skip_nonfinite operand");
+        if (extra.scale >= 0 && op.in(extra.scale).numel() != 1)
+          return FSDP_ERROR(name, ": expected a scalar grad_scale operand");
+        return Status::ok();
+      };
+    };
+    m["lamb_norms"] = checkLamb(false);
+    m["lamb_update"] = checkLamb(true);
     m["squared_norm"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       return expectShape(op, op.out(0), {}, "a scalar");
@@ -773,6 +854,18 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
                       noptOut > 0 ? std::to_string(nout) + "-" + std::to_string(nout + noptOut)
                                   : std::to_string(nout),
                       " outputs, found ", inst.in.size(), " and ", inst.out.size());
+  if ((inst.op == "lamb_norms" || inst.op == "lamb_update") && needsWidening(plan, inst)) {
+    // Widening would run them on f32 copies; LAMB's states and its sums
+    // are f32 by design, and a narrow gradient is the compiler's to cast.
+    for (size_t i = 0; i < inst.in.size() + inst.out.size(); ++i) {
+      bool in = i < inst.in.size();
+      int64_t id = in ? inst.in[i] : inst.out[i - inst.in.size()];
+      if (id >= 0 && id < (int64_t)plan.buffers.size() && isNarrowFloat(plan.buffers[id].dtype))
+        return FSDP_ERROR(inst.op, ": expected f32 operands only, found ",
+                          dtypeName(plan.buffers[id].dtype), " ", in ? "operand " : "result ",
+                          in ? i : i - inst.in.size(), in && i == 1 ? " (the gradient)" : "");
+    }
+  }
   if (needsWidening(plan, inst)) {
     // See [Note: bf16 storage, f32 compute].
     Widened w = widen(plan, inst);

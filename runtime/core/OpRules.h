@@ -90,7 +90,7 @@ struct Op {
   }
   std::vector<int64_t> iv(const char *name) const {
     std::vector<int64_t> v;
-    if (const nlohmann::json *a = attr(name, isIntArray, "an array of integers"))
+    if (const nlohmann::json *a = attr(name, isIntArray, "an array of at most 4096 integers"))
       for (auto &e : *a)
         v.push_back(e.get<int64_t>());
     return v;
@@ -114,6 +114,25 @@ inline int64_t decayedCount(const Op &op, int64_t shard) {
     return n;
   int64_t left = op.i("decay_numel", 0) - shard * op.i("shard_stride", 0);
   return left < 0 ? 0 : left > n ? n : left;
+}
+
+/// lamb_norms / lamb_update: where the operand lies in its FSDP unit.
+/// Parameter k holds positions [segments[k], segments[k+1]) of the unit's
+/// flat layout (from segments.back() on: padding); element i of the
+/// operand is at position base + i, base = shard * shard_stride (0 without
+/// shard_stride); positions below decayNumel take weight decay (all of
+/// them without decay_numel). The plan check validated all three.
+struct LambLayout {
+  std::vector<int64_t> segments;
+  int64_t base = 0, decayNumel = INT64_MAX;
+};
+inline LambLayout lambLayout(const Op &op, int64_t shard) {
+  LambLayout l;
+  l.segments = op.iv("segments");
+  l.base = shard * op.i("shard_stride", 0);
+  if (op.has("decay_numel"))
+    l.decayNumel = op.i("decay_numel", 0);
+  return l;
 }
 
 /// An optimizer update's optional operands, after its required ones (p, g,

@@ -144,6 +144,11 @@ inline constexpr OpSchema kOps[] = {
     {"sgd_update", 3, 1, OpKind::Compute, 2},
     {"sgd_momentum_update", 5, 2, OpKind::Compute, 2},
     {"adamw_update", 6, 3, OpKind::Compute, 2},
+    // LAMB in two passes around an all-reduce of the per-parameter sums:
+    // p, g, m, v, step [+ grad_scale] -> [2K] (sum p^2, then sum u^2, per
+    // segment); p, g, m, v, those sums, lr, step [+ skip, grad_scale]
+    {"lamb_norms", 5, 1, OpKind::Compute, 1},
+    {"lamb_update", 7, 3, OpKind::Compute, 2},
     {"squared_norm", -1, 1, OpKind::Compute},
     {"clip_coef", 1, 1, OpKind::Compute},
     {"grad_coef", 2, 1, OpKind::Compute},

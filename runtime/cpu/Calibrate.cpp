@@ -272,6 +272,19 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
         adamwUpdate<float>(y.data(), dy.data(), m.data(), v.data(), y.data(), m.data(),
                            v.data(), n, 1e-3, 1, 0.9, 0.999, 1e-8, 0.01);
       });
+      // LAMB: one parameter per row, its two passes timed apart.
+      LambLayout lamb;
+      for (int64_t r = 0; r <= rows; ++r)
+        lamb.segments.push_back(r * cols);
+      std::vector<float> norms(2 * rows);
+      per("lamb_norms", n, [&] {
+        lambNorms<float>(y.data(), dy.data(), m.data(), v.data(), norms.data(), n, lamb, 1, 0.9,
+                         0.999, 1e-6, 0.01);
+      });
+      per("lamb_update", n, [&] {
+        lambUpdate<float>(y.data(), dy.data(), m.data(), v.data(), norms.data(), y.data(), m.data(),
+                          v.data(), n, lamb, 1e-3, 1, 0.9, 0.999, 1e-6, 0.01);
+      });
       Shape big{rows, cols}, row{cols};
       per("sum_to", n, [&] { sumTo<float>(dy.data(), big, dg.data(), row); });
       // Attention: B = 2, T = 128, C = 128 in 4 heads, causal.

@@ -569,6 +569,31 @@ const std::unordered_map<std::string, Exec> &table() {
       });
       return Status::ok();
     };
+    // LAMB: the sums of a unit's (or shard's) parameters, all-reduced by
+    // the plan between the two ops, then the update with their trust ratios.
+    auto lambLayout = [](const Run &r) {
+      rules::LambLayout l = rules::lambLayout(r.op, r.rank);
+      return LambLayout{std::move(l.segments), l.base, l.decayNumel};
+    };
+    m["lamb_norms"] = [stepCount, gradScale, lambLayout](const Run &r) {
+      int64_t step;
+      FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
+      lambNorms<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.op.in(0).numel(),
+                       lambLayout(r), step, r.op.f("beta1", 0.9), r.op.f("beta2", 0.999),
+                       r.op.f("eps", 1e-6), r.op.f("weight_decay", 0.01), gradScale(r));
+      return Status::ok();
+    };
+    m["lamb_update"] = [skipped, stepCount, gradScale, lambLayout](const Run &r) {
+      if (skipped(r, 3))
+        return Status::ok();
+      int64_t step;
+      FSDP_RETURN_IF_ERROR(stepCount(r, 6, step));
+      lambUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.in(4), r.out(0), r.out(1), r.out(2),
+                        r.op.in(0).numel(), lambLayout(r), *r.in(5), step, r.op.f("beta1", 0.9),
+                        r.op.f("beta2", 0.999), r.op.f("eps", 1e-6), r.op.f("weight_decay", 0.01),
+                        gradScale(r));
+      return Status::ok();
+    };
     m["squared_norm"] = [](const Run &r) {
       double s = 0;
       for (size_t i = 0; i < r.op.inst.in.size(); ++i)

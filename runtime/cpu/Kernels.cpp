@@ -947,6 +947,122 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
   }
 }
 
+namespace {
+
+/// LAMB's per-step scalars, formed as adamwUpdate forms its own: torch's
+/// doubles, each rounded once to T.
+template <typename T> struct LambScalars { T b1, b2, oneMinusB1, oneMinusB2, bc1, bc2Sqrt, eps; };
+template <typename T>
+LambScalars<T> lambScalars(int64_t step, double beta1, double beta2, double eps) {
+  double bc1 = 1 - std::pow(beta1, (double)step), bc2 = 1 - std::pow(beta2, (double)step);
+  return {(T)beta1, (T)beta2, (T)(1 - beta1), (T)(1 - beta2), (T)bc1, (T)std::sqrt(bc2), (T)eps};
+}
+
+/// One element's new moments and update direction u, each operation
+/// rounded on its own in this order (CudaKernels.cu's lambElement repeats
+/// it with explicit roundings). The decay term is added only where weight
+/// decay applies (timm adds it only for weight_decay != 0: no 0 * p, whose
+/// sign or NaN could show).
+template <typename T>
+inline T lambDirection(const LambScalars<T> &c, T p, T g, T m, T v, T gradScale, bool decay, T wd,
+                       T &nm, T &nv) {
+  T gi = g * gradScale;
+  T mi = m * c.b1 + c.oneMinusB1 * gi;
+  T vi = v * c.b2 + c.oneMinusB2 * gi * gi;
+  T denom = std::sqrt(vi) / c.bc2Sqrt + c.eps;
+  T u = (mi / c.bc1) / denom;
+  nm = mi;
+  nv = vi;
+  return decay ? u + wd * p : u;
+}
+
+/// lamb_norms sums each parameter's terms in chunks of this many elements
+/// (the chunks in parallel, their partial sums then in chunk order): the
+/// same bits for any thread count.
+constexpr int64_t kLambChunk = 1 << 12;
+
+} // namespace
+
+template <typename T>
+void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t n,
+               const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
+               double wd, T gradScale) {
+  const int64_t K = (int64_t)layout.segments.size() - 1;
+  const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
+  const T twd = (T)wd;
+  struct Chunk {
+    int64_t begin, end, segment;
+    bool decay;
+  };
+  std::vector<Chunk> chunks;
+  for (const LambPiece &pc : lambPieces(layout, n))
+    if (pc.segment >= 0) // padding adds nothing
+      for (int64_t b = pc.begin; b < pc.end; b += kLambChunk)
+        chunks.push_back({b, std::min(b + kLambChunk, pc.end), pc.segment, pc.decay && wd != 0});
+  std::vector<double> sumP(chunks.size()), sumU(chunks.size());
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t j = 0; j < (int64_t)chunks.size(); ++j) {
+    const Chunk ch = chunks[j];
+    const int64_t len = ch.end - ch.begin;
+    const T *pj = p + ch.begin, *gj = g + ch.begin, *mj = m + ch.begin, *vj = v + ch.begin;
+    T u[kLambChunk];
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) {
+      T nm, nv;
+      u[i] = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, ch.decay, twd, nm, nv);
+    }
+    // serial: a vectorized reduction's order would follow the alignment
+    double sp = 0, su = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      sp += (double)pj[i] * (double)pj[i];
+      su += (double)u[i] * (double)u[i];
+    }
+    sumP[j] = sp;
+    sumU[j] = su;
+  }
+  std::vector<double> segP(K > 0 ? K : 0), segU(segP.size());
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    segP[chunks[j].segment] += sumP[j];
+    segU[chunks[j].segment] += sumU[j];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    norms[k] = (T)segP[k];
+    norms[K + k] = (T)segU[k];
+  }
+}
+
+template <typename T>
+void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, T *np, T *nm, T *nv,
+                int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
+                double beta2, double eps, double wd, T gradScale) {
+  const int64_t K = (int64_t)layout.segments.size() - 1;
+  const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
+  const T twd = (T)wd, tlr = (T)lr;
+  for (const LambPiece &pc : lambPieces(layout, n)) {
+    // The trust ratio ||p|| / ||u|| of the whole parameter (the sums over
+    // every shard), only where weight decay applies (timm, apex).
+    T trust = T(1);
+    if (pc.segment >= 0 && wd != 0 && layout.segments[pc.segment] < layout.decayNumel) {
+      double pn = norms[pc.segment], un = norms[K + pc.segment];
+      if (pn > 0 && un > 0)
+        trust = (T)(std::sqrt(pn) / std::sqrt(un));
+    }
+    const bool decay = pc.decay && wd != 0;
+    const int64_t len = pc.end - pc.begin;
+    const T *pj = p + pc.begin, *gj = g + pc.begin, *mj = m + pc.begin, *vj = v + pc.begin;
+    T *npj = np + pc.begin, *nmj = nm + pc.begin, *nvj = nv + pc.begin;
+    // simd: as adamwUpdate's (element i read and written by iteration i only)
+#pragma omp parallel for simd if (len > kParallelGrain)
+    for (int64_t i = 0; i < len; ++i) {
+      T mi, vi;
+      T u = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, decay, twd, mi, vi);
+      npj[i] = pj[i] - tlr * (u * trust);
+      nmj[i] = mi;
+      nvj[i] = vi;
+    }
+  }
+}
+
 float gradCoef(float sumsq, float scale, double maxNorm) {
   double sc = scale;
   double c = 1.0;
@@ -1040,6 +1156,11 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
                                      int64_t, double, double, double, bool, T);                    \
   template void adamwUpdate<T>(const T *, const T *, const T *, const T *, T *, T *, T *, int64_t, \
                                double, int64_t, double, double, double, double, T);                \
+  template void lambNorms<T>(const T *, const T *, const T *, const T *, T *, int64_t,             \
+                             const LambLayout &, int64_t, double, double, double, double, T);      \
+  template void lambUpdate<T>(const T *, const T *, const T *, const T *, const T *, T *, T *,     \
+                              T *, int64_t, const LambLayout &, double, int64_t, double, double,   \
+                              double, double, T);                                                  \
   template double squaredNorm<T>(const T *, int64_t);
 
 FSDP_INSTANTIATE(float)

@@ -195,6 +195,69 @@ template <typename T>
 void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
                  double beta2, double eps, double wd, T gradScale = T(1));
+
+/// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
+/// correction, the trust ratio only where weight decay applies, no trust
+/// clipping) over an operand of n elements, a whole FSDP unit's flat
+/// parameters or one shard of them. Parameter k of the unit holds
+/// positions [segments[k], segments[k+1]) of its flat layout (segments[0]
+/// = 0, rising strictly, K = segments.size() - 1 >= 1); positions from
+/// segments[K] on are padding. Element i of the operand is at position
+/// base + i; a position below decayNumel takes weight decay (the unit packs
+/// its decayed parameters first; a parameter decays wholly or not at all).
+struct LambLayout {
+  std::vector<int64_t> segments;
+  int64_t base = 0;
+  int64_t decayNumel = INT64_MAX;
+};
+/// A run [begin, end) of operand elements with one parameter (`segment`,
+/// -1 for padding) and one weight decay (decay: wd applies).
+struct LambPiece {
+  int64_t begin, end, segment;
+  bool decay;
+};
+/// The operand's pieces in order, cut at the parameters' bounds and at
+/// decayNumel; every element with a position lies in exactly one.
+inline std::vector<LambPiece> lambPieces(const LambLayout &l, int64_t n) {
+  std::vector<LambPiece> out;
+  const int64_t lo = l.base, hi = l.base + n, K = (int64_t)l.segments.size() - 1;
+  auto add = [&](int64_t a, int64_t b, int64_t seg) {
+    a = a > lo ? a : lo;
+    b = b < hi ? b : hi;
+    if (a >= b)
+      return;
+    // decayNumel inside [a, b) only on padding or a malformed layout
+    // (the plan check refuses one inside a parameter): cut there too.
+    if (l.decayNumel > a && l.decayNumel < b) {
+      out.push_back({a - lo, l.decayNumel - lo, seg, true});
+      out.push_back({l.decayNumel - lo, b - lo, seg, false});
+    } else {
+      out.push_back({a - lo, b - lo, seg, a < l.decayNumel});
+    }
+  };
+  for (int64_t k = 0; k < K; ++k)
+    add(l.segments[k], l.segments[k + 1], k);
+  if (K >= 0)
+    add(l.segments[K], hi, -1);
+  return out;
+}
+/// lamb_norms: norms[k] = the sum of p^2 over this operand's elements of
+/// parameter k, norms[K + k] = the sum of u^2, u the update direction
+/// m_hat / (sqrt(v_hat) + eps) + wd p (of the moments this step would
+/// write: m and v are only read); both in double, in a fixed order, stored
+/// as T. A parameter outside the operand gets 0; padding adds nothing.
+template <typename T>
+void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t n,
+               const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
+               double wd, T gradScale = T(1));
+/// lamb_update: the moments as AdamW's, then p -= lr * trust_k * u with
+/// trust_k = sqrt(norms[k]) / sqrt(norms[K + k]) (the all-reduced sums of
+/// lamb_norms) where parameter k decays and both sums are positive, else 1
+/// (padding: 1). In place allowed.
+template <typename T>
+void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, T *np, T *nm, T *nv,
+                int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
+                double beta2, double eps, double wd, T gradScale = T(1));
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
 /// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and

@@ -597,6 +597,8 @@ void scratchNeeds(const Op &op, int64_t rank, flash::Impl attention, int64_t &f,
     d = reductionScratch();
   } else if (n == "squared_norm") {
     d = squaredNormScratch((int64_t)op.inst.in.size());
+  } else if (n == "lamb_norms") {
+    d = lambScratch();
   }
 }
 
@@ -1314,8 +1316,9 @@ const std::unordered_map<std::string, CudaDevice::Builder> &CudaDevice::builders
     add(&CudaDevice::buildLoss,
         {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss", "mse_loss_grad",
          "bce_with_logits", "bce_with_logits_grad", "count_labels"});
-    add(&CudaDevice::buildUpdate, {"sgd_update", "sgd_momentum_update", "adamw_update",
-                                   "squared_norm", "clip_coef", "grad_coef"});
+    add(&CudaDevice::buildUpdate,
+        {"sgd_update", "sgd_momentum_update", "adamw_update", "lamb_norms", "lamb_update",
+         "squared_norm", "clip_coef", "grad_coef"});
     return m;
   }();
   return table;
@@ -1747,6 +1750,37 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                                      cnt - k, lr, step, b1, b2, eps, 0.0, gs, skip, s);
         },
         n);
+  } else if (n == "lamb_norms" || n == "lamb_update") {
+    // The unit's parameter bounds and this shard's place among them
+    // (rules::lambLayout; the shard index as decayedCount's). f32 only:
+    // the plan check refuses narrow operands.
+    rules::LambLayout l = rules::lambLayout(op, rank);
+    const float *p = r.in(0), *g = r.in(1), *m = r.in(2), *v = r.in(3);
+    double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-6),
+           wd = op.f("weight_decay", 0.01);
+    int64_t cnt = op.in(0).numel();
+    rules::UpdateExtras x = rules::updateExtras(op);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
+    if (n == "lamb_norms") {
+      const float *step = r.in(4);
+      float *y = r.out(0);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return lambNorms(p, g, m, v, y, cnt, l.segments, l.base, l.decayNumel, step, b1, b2,
+                             eps, wd, gs, sd, s);
+          },
+          n);
+    } else {
+      const float *norms = r.in(4), *lr = r.in(5), *step = r.in(6);
+      float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return lambUpdate(p, g, m, v, norms, np, nm, nv, cnt, l.segments, l.base, l.decayNumel,
+                              lr, step, b1, b2, eps, wd, gs, skip, s);
+          },
+          n);
+    }
   } else if (n == "squared_norm") {
     std::vector<const float *> xs;
     std::vector<int64_t> ns;

@@ -9,9 +9,10 @@
 
 #include "runtime/cuda/CudaKernels.h"
 
-#include "runtime/cuda/CudaCommon.cuh"
 #include "runtime/core/Dropout.h"
 #include "runtime/core/StochasticRounding.h"
+#include "runtime/cpu/Kernels.h" // lambPieces: the CPU's walk of a LAMB layout
+#include "runtime/cuda/CudaCommon.cuh"
 
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -1008,6 +1009,153 @@ cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const fl
     AdamwScalars c = adamwScalars(lr, step, beta1, beta2, eps, wd);
     adamwElement(c, p[i], g[i], m[i], v[i], np[i], nm[i], nv[i]);
   });
+}
+
+namespace {
+
+/// LAMB's per-step scalars as cpu::lambScalars forms them (doubles, each
+/// rounded once to f32), per thread: no host round trip for the step.
+struct LambScalars {
+  float b1, b2, omb1, omb2, bc1, bc2Sqrt, eps;
+};
+__device__ __forceinline__ LambScalars lambScalars(const float *stepp, double beta1, double beta2,
+                                                   double eps) {
+  double t = trunc((double)*stepp);
+  return {(float)beta1,
+          (float)beta2,
+          (float)(1 - beta1),
+          (float)(1 - beta2),
+          (float)(1 - pow(beta1, t)),
+          (float)sqrt(1 - pow(beta2, t)),
+          (float)eps};
+}
+/// cpu::lambDirection, every operation rounded on its own (no FMA
+/// contraction: the CPU rounds each).
+__device__ __forceinline__ float lambElement(const LambScalars &c, float p, float g, float m,
+                                             float v, const float *gs, bool decay, float wd,
+                                             float &nm, float &nv) {
+  float gi = gs ? __fmul_rn(g, *gs) : g;
+  float mi = __fadd_rn(__fmul_rn(m, c.b1), __fmul_rn(c.omb1, gi));
+  float vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2Sqrt), c.eps);
+  float u = __fdiv_rn(__fdiv_rn(mi, c.bc1), denom);
+  nm = mi;
+  nv = vi;
+  return decay ? __fadd_rn(u, __fmul_rn(wd, p)) : u;
+}
+
+/// Stage-1 blocks of lamb_norms (one parameter at a time), as squaredNorm's.
+constexpr int kLambBlocks = 1024;
+
+/// partial[b] = block b's share of sum p^2 over one parameter's piece,
+/// partial[gridDim.x + b] that of u^2; the partition is fixed for a length.
+__global__ void lambSumsKernel(const float *p, const float *g, const float *m, const float *v,
+                               int64_t len, const float *step, double beta1, double beta2,
+                               double eps, const float *gs, bool decay, float wd, double *partial) {
+  __shared__ double sh[32];
+  LambScalars c = lambScalars(step, beta1, beta2, eps);
+  double sp = 0, su = 0;
+  FSDP_GRID_STRIDE(i, len) {
+    float nm, nv;
+    float u = lambElement(c, p[i], g[i], m[i], v[i], gs, decay, wd, nm, nv);
+    sp += (double)p[i] * p[i];
+    su += (double)u * u;
+  }
+  sp = blockSum(sp, sh);
+  su = blockSum(su, sh);
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = sp;
+    partial[gridDim.x + blockIdx.x] = su;
+  }
+}
+
+/// The layout's pieces, or false when a parameter has two (decayNumel
+/// inside it: the plan check refuses that).
+bool lambPiecesOnce(const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                    int64_t n, std::vector<cpu::LambPiece> &out) {
+  out = cpu::lambPieces(cpu::LambLayout{segments, base, decayNumel}, n);
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].segment >= 0 && out[i].segment == out[i - 1].segment)
+      return false;
+  return !segments.empty();
+}
+
+} // namespace
+
+int64_t lambScratch() { return 2 * kLambBlocks; }
+
+cudaError_t lambNorms(const float *p, const float *g, const float *m, const float *v, float *norms,
+                      int64_t n, const std::vector<int64_t> &segments, int64_t base,
+                      int64_t decayNumel, const float *step, double beta1, double beta2, double eps,
+                      double wd, const float *gradScale, double *partial, cudaStream_t s) {
+  std::vector<cpu::LambPiece> pieces;
+  if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
+    return cudaErrorInvalidValue;
+  const int64_t K = (int64_t)segments.size() - 1;
+  // the parameters outside this operand sum to 0
+  if (cudaError_t e = cudaMemsetAsync(norms, 0, sizeof(float) * 2 * K, s))
+    return e;
+  // One parameter at a time through `partial` (stream order: a piece's
+  // stage 2 has read it before the next piece's stage 1 writes).
+  for (const cpu::LambPiece &pc : pieces) {
+    if (pc.segment < 0)
+      continue; // padding adds nothing
+    int64_t len = pc.end - pc.begin;
+    unsigned blocks = (unsigned)std::min<int64_t>(kLambBlocks, (len + kThreads - 1) / kThreads);
+    lambSumsKernel<<<blocks, kThreads, 0, s>>>(p + pc.begin, g + pc.begin, m + pc.begin,
+                                               v + pc.begin, len, step, beta1, beta2, eps,
+                                               gradScale, pc.decay && wd != 0, (float)wd, partial);
+    finishSum<<<1, kThreads, 0, s>>>(partial, blocks, 1.0, norms + pc.segment);
+    finishSum<<<1, kThreads, 0, s>>>(partial + blocks, blocks, 1.0, norms + K + pc.segment);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t lambUpdate(const float *p, const float *g, const float *m, const float *v,
+                       const float *norms, float *np, float *nm, float *nv, int64_t n,
+                       const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                       const float *lr, const float *step, double beta1, double beta2, double eps,
+                       double wd, const float *gradScale, const float *skip, cudaStream_t s) {
+  std::vector<cpu::LambPiece> pieces;
+  if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
+    return cudaErrorInvalidValue;
+  const int64_t K = (int64_t)segments.size() - 1;
+  const float twd = (float)wd;
+  for (const cpu::LambPiece &pc : pieces) {
+    // cpu::lambUpdate's trust ratio, from the sums in device memory
+    // (double sqrt and divide: correctly rounded on both)
+    const float *pn = nullptr, *un = nullptr;
+    if (pc.segment >= 0 && wd != 0 && segments[pc.segment] < decayNumel) {
+      pn = norms + pc.segment;
+      un = norms + K + pc.segment;
+    }
+    const bool decay = pc.decay && wd != 0;
+    const float *pj = p + pc.begin, *gj = g + pc.begin, *mj = m + pc.begin, *vj = v + pc.begin;
+    float *npj = np + pc.begin, *nmj = nm + pc.begin, *nvj = nv + pc.begin;
+    cudaError_t e = forEach(pc.end - pc.begin, s, [=] __device__(int64_t i) {
+      if (skip && !isfinite(*skip)) {
+        npj[i] = pj[i];
+        nmj[i] = mj[i];
+        nvj[i] = vj[i];
+        return;
+      }
+      float trust = 1.f;
+      if (pn) {
+        double a = *pn, b = *un;
+        if (a > 0 && b > 0)
+          trust = (float)(sqrt(a) / sqrt(b));
+      }
+      LambScalars c = lambScalars(step, beta1, beta2, eps);
+      float mi, vi;
+      float u = lambElement(c, pj[i], gj[i], mj[i], vj[i], gradScale, decay, twd, mi, vi);
+      npj[i] = __fsub_rn(pj[i], __fmul_rn(*lr, __fmul_rn(u, trust)));
+      nmj[i] = mi;
+      nvj[i] = vi;
+    });
+    if (e != cudaSuccess)
+      return e;
+  }
+  return cudaSuccess;
 }
 
 // --- casts ----------------------------------------------------------------------------------

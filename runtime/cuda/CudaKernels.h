@@ -191,6 +191,23 @@ cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const fl
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,
                         double wd, cudaStream_t s);
+/// LAMB, cpu::lambNorms / cpu::lambUpdate's math on the layout
+/// cpu::LambLayout{segments, base, decayNumel} describes, each f32
+/// operation rounded as there (the same bits for the same scalars); step
+/// and lr are device scalars, gradScale and skip nullable ones (as above).
+/// lambNorms sums in double in a fixed order of its own (not the CPU's);
+/// `partial`: lambScratch() doubles. The layout must give each parameter
+/// one piece (decayNumel not inside one; cudaErrorInvalidValue otherwise).
+int64_t lambScratch();
+cudaError_t lambNorms(const float *p, const float *g, const float *m, const float *v, float *norms,
+                      int64_t n, const std::vector<int64_t> &segments, int64_t base,
+                      int64_t decayNumel, const float *step, double beta1, double beta2, double eps,
+                      double wd, const float *gradScale, double *partial, cudaStream_t s);
+cudaError_t lambUpdate(const float *p, const float *g, const float *m, const float *v,
+                       const float *norms, float *np, float *nm, float *nv, int64_t n,
+                       const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                       const float *lr, const float *step, double beta1, double beta2, double eps,
+                       double wd, const float *gradScale, const float *skip, cudaStream_t s);
 /// *out = sum over the tensors of x^2, accumulated in double in a fixed
 /// order. `partial`: squaredNormScratch(tensors) doubles.
 int64_t squaredNormScratch(int64_t tensors);

@@ -8,7 +8,7 @@ case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
 print "fsdp-run: error" and name the problem (a substring given per case).
 
 usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD_PLAN
-                     [UNFUSED_GPT_PLAN]]]
+                     [UNFUSED_GPT_PLAN [LAMB_PLAN]]]]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
 (token inputs, fused kernels, packed attention, clipping folded into the
@@ -17,7 +17,9 @@ updates as grad_scale); SHARDED_PLAN: a 2-rank stage-2 MLP plan
 rms_norm, grouped-query attention with 4 heads over 2 key/value heads);
 OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
 arena); UNFUSED_GPT_PLAN: the GPT plan with fuse-epilogues=false (slices, the
-cross-entropy and its gradient as two ops).
+cross-entropy and its gradient as two ops); LAMB_PLAN: a one-rank MLP plan
+with optimizer=lamb, clipping and weight-decay-params=matrices (lamb_norms
+and lamb_update with segments, decay_numel and grad_scale).
 Without the optional plans their cases are skipped, and the
 summary says so.
 """
@@ -152,6 +154,14 @@ PLAN_CASES = [
     ("cross_entropy_grad ignore_index \"-100\"", "gpt_unfused", setter(lambda p: (first(p, "cross_entropy_grad")["attrs"].update(ignore_index="-100"), first(p, "cross_entropy_grad")["in"].append(first(p, "cross_entropy_grad")["in"][2]))), "ignore_index: expected an integer"),
     ("cross_entropy_grad count of the logits' shape", "gpt_unfused", setter(lambda p: (first(p, "cross_entropy_grad")["attrs"].update(ignore_index=-100), first(p, "cross_entropy_grad")["in"].append(first(p, "cross_entropy_grad")["in"][0]))), "a scalar normalizer"),
     ("cross_entropy_fused two counts", "gpt", setter(lambda p: (first(p, "cross_entropy_fused")["attrs"].update(ignore_index=-100), first(p, "cross_entropy_fused")["in"].extend([first(p, "cross_entropy_fused")["in"][2]] * 2))), "cross_entropy_fused: expected 3-4 inputs"),
+    # LAMB's layout (segments, decay_numel at a parameter's bound, the sums' size)
+    ("lamb segments not rising", "lamb", setter(lambda p: first(p, "lamb_norms")["attrs"].update(segments=[0, 5, 5, 9])), "segments must rise strictly from 0"),
+    ("lamb segments 5000 entries", "lamb", setter(lambda p: first(p, "lamb_update")["attrs"].update(segments=list(range(5000)))), "an array of at most 4096 integers"),
+    ("lamb segments missing", "lamb", setter(lambda p: first(p, "lamb_update")["attrs"].pop("segments")), "missing attribute segments"),
+    ("lamb decay_numel inside a parameter", "lamb", setter(lambda p: first(p, "lamb_norms")["attrs"].update(decay_numel=1)), "falls inside parameter 0"),
+    ("lamb_update sums of the wrong size", "lamb", setter(lambda p: first(p, "lamb_update")["in"].__setitem__(4, first(p, "lamb_update")["in"][5])), "per-parameter sums"),
+    ("lamb_norms marked skip_nonfinite", "lamb", setter(lambda p: first(p, "lamb_norms")["attrs"].update(skip_nonfinite=True)), "skip_nonfinite is lamb_update's"),
+    ("lamb shard_stride 3", "lamb", setter(lambda p: first(p, "lamb_update")["attrs"].update(shard_stride=3)), "shard_stride must be 0"),
     ("slice offset -1", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
     ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
     ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),
@@ -253,10 +263,11 @@ def main():
     llama = sys.argv[5] if len(sys.argv) > 5 else None
     offload = sys.argv[6] if len(sys.argv) > 6 else None
     unfused = sys.argv[7] if len(sys.argv) > 7 else None
+    lamb = sys.argv[8] if len(sys.argv) > 8 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
     for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
-                      ("offload", offload), ("gpt_unfused", unfused)):
+                      ("offload", offload), ("gpt_unfused", unfused), ("lamb", lamb)):
         if path is None:
             continue
         with open(path) as f:

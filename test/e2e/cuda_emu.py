@@ -222,6 +222,20 @@ def main():
     check("feature ignore_index + loss mask, 2 ranks",
           run(iiplan, "ii_n2", 6, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}, extra=masked),
           ref, 1e-5)
+    # LAMB (gpu::lambNorms / lambUpdate, the trust ratio only where weight
+    # decay applies) against the CPU; then ZeRO-3 on 2 ranks sharing the
+    # device, the norms' all-reduce between the two ops, against the same
+    # CPU run of the global batch.
+    gpt2b = os.path.join(tmp, "gpt_b2.mlir")
+    if mode != "--gpu":
+        subprocess.run([sys.executable, GEN, "gpt", "--batch", "2", "-o", gpt2b], check=True)
+    lamb = "optimizer=lamb weight-decay=0.1 weight-decay-params=matrices max-grad-norm=1.0"
+    lplan = compile_plan(gpt, "gpt_lamb", lamb)
+    ref = run(lplan, "lamb_cpu", 6, 1e-2, device="cpu")
+    check("feature LAMB", run(lplan, "lamb_cuda", 6, 1e-2), ref, 1e-5)
+    lplan = compile_plan(gpt2b, "gpt_lamb_n2", f"{lamb} world-size=2 stage=3")
+    check("feature LAMB, 2 ranks",
+          run(lplan, "lamb_n2", 6, 1e-2, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
     # Dropout under --cuda-graphs: each replay reads its step's key from the
     # device's step word, so the replayed steps 3-6 are bitwise eager's (a
     # key frozen at capture would repeat step 2's mask).

@@ -29,7 +29,9 @@ the communicator counts them; // is the floor the counter applies per call):
             in the shard group, or with reshard-after-forward=G in the
             reshard group, (G-1)/G x 4 P)
   plus the loss (all-reduce of one float over N ranks) and, when sharded,
-  the clipping norm (all-reduce of one float over the shard group).
+  the clipping norm (all-reduce of one float over the shard group) and,
+  for LAMB, each unit's norms (all-reduce of two floats per parameter
+  over the shard group).
   (Ring volumes whatever the backend runs: Gloo's reduce-scatter over a
   group whose size is not a power of two moves twice (S-1)/S x 4 P,
   runtime/comm/GlooComm.cpp [Note: Gloo's reduce-scatter], but the counter
@@ -60,8 +62,9 @@ def ring_all_gather(n, shard):
     return (n - 1) * shard * 4
 
 
-def formula(stage, r, s, units):
-    """Bytes per rank per step for the plan's units (padded sizes)."""
+def formula(stage, r, s, units, lamb_norms=()):
+    """Bytes per rank per step for the plan's units (padded sizes) and
+    LAMB's norms (their sizes)."""
     n = r * s
     total = ring_all_reduce(n, 1)  # the loss
     if n == 1:
@@ -69,6 +72,7 @@ def formula(stage, r, s, units):
     if stage == 0 or s == 1:
         return total + sum(ring_all_reduce(n, p) for p in units)
     total += ring_all_reduce(s, 1)  # the clipping norm
+    total += sum(ring_all_reduce(s, k) for k in lamb_norms)
     for p in units:
         shard = p // s
         total += ring_reduce_scatter(s, shard) + ring_all_gather(s, shard)
@@ -84,7 +88,8 @@ def main():
     # Every N must divide the global batch (12 unless a mesh needs more).
     for r, s in meshes:
         se.GLOBAL_BATCH = se.GLOBAL_BATCH * (r * s) // math.gcd(se.GLOBAL_BATCH, r * s)
-    compare_params = not optimizer.startswith("adamw")
+    compare_params = optimizer.startswith("sgd")
+    moments = not optimizer.startswith("sgd")  # AdamW's and LAMB's m, v
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         ref_model = os.path.join(tmp, "g.mlir")
@@ -109,7 +114,11 @@ def main():
                 with open(os.path.join(tmp, tag + ".plan")) as f:
                     plan = json.load(f)
                 units = [u["padded_numel"] for u in plan["units"] if not u["frozen"]]
-                want_comm = formula(stage, r, s, units)
+                # LAMB: per unit, two floats per parameter (the norms' size
+                # comes from the plan; the oracle and lit check their layout).
+                lamb = [plan["buffers"][op["out"][0]]["shape"][0]
+                        for op in plan["program"] if op["op"] == "lamb_norms"]
+                want_comm = formula(stage, r, s, units, lamb)
                 # Resharding after forward gathers a unit again for backward
                 # when backward reads its parameters: at most once more each,
                 # within the shard group (true) or the reshard group (G).
@@ -127,7 +136,7 @@ def main():
                 ok_comm = (want_comm < comm <= want_comm + extra if extra
                            else comm == want_comm)
                 ok_mem = mem["params"] == want_params and (
-                    not optimizer.startswith("adamw") or mem["state"] == want_state)
+                    not moments or mem["state"] == want_state)
                 ok = ok_loss and ok_norm and ok_param and ok_comm and ok_mem
                 failures += not ok
                 formula_text = (f"formula {want_comm}" if not extra else

@@ -44,6 +44,9 @@ CONFIGS = [
     ("gpt", 4, "optimizer=adamw stage=3 reshard-after-forward=2 recompute=unit "
                "weight-decay-params=matrices"),
     ("gpt", 2, "optimizer=adamw stage=3 param-dtype=f16"),
+    # LAMB: both halves on the host, the norms' all-reduce on the device
+    ("gpt", 2, "optimizer=lamb stage=3 max-grad-norm=1.0 weight-decay=0.1 "
+               "weight-decay-params=matrices param-dtype=bf16"),
 ]
 
 

@@ -335,6 +335,38 @@ def decay_of(opts, p):
     return opts["weight_decay"]
 
 
+class Lamb(torch.optim.Optimizer):
+    """timm's Lamb (apex FusedLAMB's default: grad averaging, bias
+    correction, the trust ratio only where weight decay applies, no trust
+    clip, no clipping of its own), for the free-running comparison: torch
+    ships no LAMB. The same arithmetic, in the same order, as fsdp.lamb_update."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            wd = group["weight_decay"]
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                st["step"] += 1
+                t = st["step"]
+                st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                denom = (st["v"].sqrt() / math.sqrt(1 - b2 ** t)).add_(group["eps"])
+                u = (st["m"] / (1 - b1 ** t)).div_(denom)
+                if wd != 0:
+                    u.add_(p, alpha=wd)
+                    pn, un = p.norm(2.0), u.norm(2.0)
+                    if pn > 0 and un > 0:
+                        u.mul_(pn / un)
+                p.add_(u, alpha=-group["lr"])
+
+
 def make_optimizer(model, opts, lr):
     kind = opts.get("optimizer", "adamw")
     groups = {}
@@ -344,6 +376,8 @@ def make_optimizer(model, opts, lr):
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=lr,
                                  betas=(opts["beta1"], opts["beta2"]), eps=opts["eps"])
+    if kind == "lamb":
+        return Lamb(groups, lr=lr, betas=(opts["beta1"], opts["beta2"]), eps=opts["eps"])
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=opts["momentum"],
                                dampening=opts["dampening"],
@@ -396,6 +430,15 @@ class UpdateCheck:
     tighter E. For SGD the buffer is linear in the gradients: an error D_t
     at step t adds (1 - dampening) mu^k D_t to the buffer k steps later.
     On top: the float32 rounding of the update arithmetic itself.
+
+    LAMB moves by lr r u, u = AdamW's direction + wd theta (theta is ours,
+    exact), r = ||theta|| / ||u|| (where weight decay applies). u carries
+    AdamW's per-element bound E, so ||u|| is off by at most ||E||_2 = dU
+    (triangle inequality) and r by at most r dU / (||u|| - dU); the step
+    by lr (dr (|u| + E) + r E). The norms' own rounding: each is a sum of
+    squares accumulated in double, stored in f32 and summed over up to
+    S = 64 shards in f32 (relative S u), halved by the square root: r
+    within (S + 4) u, on top of the direction's f32 arithmetic.
     """
 
     def __init__(self, opts, params):
@@ -413,7 +456,7 @@ class UpdateCheck:
         """Returns (expected theta after the step, allowed |difference|)."""
         o, st, t = self.o, self.state[name], self.t
         wd = decay_of(o, theta)
-        if self.kind == "adamw":
+        if self.kind in ("adamw", "lamb"):
             b1, b2, eps = o["beta1"], o["beta2"], o["eps"]
             if not st:
                 st.update(m=torch.zeros_like(g), v=torch.zeros_like(g),
@@ -425,9 +468,22 @@ class UpdateCheck:
             mhat = st["m"] / (1 - b1 ** t)
             s = (st["v"] / (1 - b2 ** t)).sqrt()
             u = mhat / (s + eps)
-            expected = theta * (1 - lr * wd) - lr * u
             E = Dm * (1 + u.abs()) / ((s - Dm).clamp(min=0) + eps)
-            allowed = lr * torch.minimum(E, torch.full_like(E, 2 * self.ratio_bound(t)))
+            E = torch.minimum(E, torch.full_like(E, 2 * self.ratio_bound(t)))
+            if self.kind == "lamb":
+                u = u + wd * theta
+                r, dr = 1.0, 0.0
+                pn, un, dU = theta.norm().item(), u.norm().item(), E.norm().item()
+                if wd != 0 and pn > 0 and un > 0:
+                    r = pn / un
+                    dr = r * dU / (un - dU) if un > dU else math.inf
+                expected = theta - lr * r * u
+                allowed = lr * (dr * (u.abs() + E) + r * E)
+                arith = (lr * r * (2 * t + 8 + 64 + 4) * U32 * u.abs()
+                         + 4 * U32 * theta.abs())
+                return expected, allowed + arith
+            expected = theta * (1 - lr * wd) - lr * u
+            allowed = lr * E
             arith = lr * (2 * t + 6) * U32 * u.abs() + 4 * U32 * theta.abs()
             return expected, allowed + arith
         mu, damp, nesterov = o["momentum"], o["dampening"], bool(o["nesterov"])
@@ -542,7 +598,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
             got = ours[f"step{step}.{n}"].double()
             ratio = ((got - expected).abs() / allowed).max().item()
             worst[n] = max(worst[n], ratio)
-            if check.kind == "adamw" and step == log["steps"]:
+            if check.kind in ("adamw", "lamb") and step == log["steps"]:
                 generic = lr * 2 * check.ratio_bound(step)
                 tight[n] = int((allowed < 0.5 * generic).sum().item())
             theta[n] = got
@@ -551,7 +607,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     total = sum(p.numel() for p in params.values())
     for n in params:
         extra = (f"  {tight[n]}/{params[n].numel()} elements under a tight bound"
-                 if check.kind == "adamw" else "")
+                 if check.kind in ("adamw", "lamb") else "")
         lines.append(f"  {n:<40} max |diff| / allowed {worst[n]:.3f}{extra}")
     ok = all(w <= 1.0 for w in worst.values())
     if norm_worst is not None:
@@ -566,7 +622,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                      f"skips as GradScaler: {'MATCH' if scaler_ok else 'MISMATCH'}")
         ok = ok and scaler_ok
     losses_ok = loss_worst <= args.rtol
-    if check.kind == "adamw":
+    if check.kind in ("adamw", "lamb"):
         lines.append(f"  {sum(tight.values())}/{total} elements checked under the tight bound")
     worst_name = max(worst, key=worst.get)
     lines.append(f"updates: {'MATCH' if ok else 'MISMATCH'} (worst {worst_name}: "

@@ -640,6 +640,87 @@ TEST_F(CudaKernelsTest, OptimizersNormAndClip) {
   expectNear(coef.host(), {c}, 4, {}, "clip_coef");
 }
 
+// LAMB against the CPU on an odd-sized unit: four parameters (the last one
+// without weight decay) and padding, run whole and as shard 1 of 3 (stride
+// 999, its bounds inside parameters 1 and 3), with grad_scale. The sums
+// are each a double sum of nonnegative terms in another order (block
+// partials here, chunks there): within ~n 2^-53 relative before each side
+// rounds once to f32 (half an ulp, 2^-24 relative), so 1e-6 relative
+// is ample and still catches a wrong term or a wrong segment. The updates
+// are compared bitwise, given the same sums: every f32 operation is
+// rounded on its own in the CPU's order (__fmul_rn / __fdiv_rn / ...: no
+// FMA contraction), the trust ratio is a double sqrt and divide (correctly
+// rounded on both), and the scalars are the same doubles rounded once to
+// f32 (the GPU's pow may differ from glibc's in the last bit of a double,
+// which would flip an f32 rounding only on a near tie: not for these
+// inputs). The emulator runs the same f32 operations on the CPU.
+TEST_F(CudaKernelsTest, LambAgainstCpu) {
+  const std::vector<int64_t> seg{0, 301, 1000, 1003, 2777};
+  const int64_t stride = 999, unit = 3 * stride, K = 4, decayed = 1003;
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
+  const float lrv = 2e-3f, scale = 0.625f;
+  auto p = randomVec(unit, 81), g = randomVec(unit, 82), m = randomVec(unit, 83, 1e-2f),
+       v0 = randomVec(unit, 84, 1e-2f);
+  std::vector<float> v(unit);
+  for (int64_t i = 0; i < unit; ++i)
+    v[i] = v0[i] * v0[i];
+  Dev<float> lr(std::vector<float>{lrv}), gs(std::vector<float>{scale}),
+      skip(std::vector<float>{1.f}), inf(std::vector<float>{INFINITY}),
+      scratch(gpu::lambScratch() * 2); // doubles
+  double *partial = reinterpret_cast<double *>(scratch.get());
+  for (float step : {1.f, 3.f}) {
+    Dev<float> st(std::vector<float>{step});
+    for (int64_t shard : {-1, 1}) { // -1: the whole unit
+      int64_t at = shard < 0 ? 0 : shard * stride, n = shard < 0 ? unit : stride;
+      std::vector<float> hp(p.begin() + at, p.begin() + at + n),
+          hg(g.begin() + at, g.begin() + at + n), hm(m.begin() + at, m.begin() + at + n),
+          hv(v.begin() + at, v.begin() + at + n);
+      cpu::LambLayout layout{seg, at, decayed};
+      std::vector<float> want(2 * K);
+      cpu::lambNorms<float>(hp.data(), hg.data(), hm.data(), hv.data(), want.data(), n, layout,
+                            (int64_t)step, b1, b2, eps, wd, scale);
+      Dev<float> dp(hp), dg(hg), dm(hm), dv(hv), norms(2 * K);
+      ASSERT_EQ(gpu::lambNorms(dp.get(), dg.get(), dm.get(), dv.get(), norms.get(), n, seg, at,
+                               decayed, st.get(), b1, b2, eps, wd, gs.get(), partial, 0),
+                cudaSuccess);
+      std::vector<float> got = norms.host();
+      for (int64_t k = 0; k < 2 * K; ++k)
+        EXPECT_LE(std::fabs((double)got[k] - want[k]), 1e-6 * want[k])
+            << "sum " << k << ", shard " << shard << ", step " << step << ": gpu " << got[k]
+            << ", cpu " << want[k];
+      if (shard == 1) {
+        EXPECT_EQ(got[0], 0.f); // parameter 0 lies in shard 0
+      }
+      EXPECT_TRUE(same(dm.host(), hm) && same(dv.host(), hv)) << "lamb_norms wrote m or v";
+      // The update, in place, from the CPU's sums.
+      std::vector<float> wp(n), wm(n), wv(n);
+      cpu::lambUpdate<float>(hp.data(), hg.data(), hm.data(), hv.data(), want.data(), wp.data(),
+                             wm.data(), wv.data(), n, layout, lrv, (int64_t)step, b1, b2, eps, wd,
+                             scale);
+      Dev<float> sums(want);
+      ASSERT_EQ(gpu::lambUpdate(dp.get(), dg.get(), dm.get(), dv.get(), sums.get(), dp.get(),
+                                dm.get(), dv.get(), n, seg, at, decayed, lr.get(), st.get(), b1, b2,
+                                eps, wd, gs.get(), skip.get(), 0),
+                cudaSuccess);
+      EXPECT_TRUE(same(dp.host(), wp)) << "param, shard " << shard << ", step " << step;
+      EXPECT_TRUE(same(dm.host(), wm)) << "exp_avg, shard " << shard << ", step " << step;
+      EXPECT_TRUE(same(dv.host(), wv)) << "exp_avg_sq, shard " << shard << ", step " << step;
+      // skip_nonfinite inf: p, m and v through (into separate results)
+      Dev<float> op(n), om(n), ov(n);
+      ASSERT_EQ(gpu::lambUpdate(dp.get(), dg.get(), dm.get(), dv.get(), sums.get(), op.get(),
+                                om.get(), ov.get(), n, seg, at, decayed, lr.get(), st.get(), b1, b2,
+                                eps, wd, gs.get(), inf.get(), 0),
+                cudaSuccess);
+      EXPECT_TRUE(same(op.host(), wp) && same(om.host(), wm) && same(ov.host(), wv)) << "skip";
+    }
+  }
+  // A decay_numel inside a parameter has no one trust ratio: refused.
+  Dev<float> x(10), sums(4);
+  EXPECT_EQ(gpu::lambNorms(x.get(), x.get(), x.get(), x.get(), sums.get(), 10, {0, 5, 10}, 0, 3,
+                           lr.get(), b1, b2, eps, wd, nullptr, partial, 0),
+            cudaErrorInvalidValue);
+}
+
 // Dynamic loss scaling: grad_coef (bitwise: one correctly rounded double
 // sqrt and two divisions, as on the CPU), and the skipped updates of an
 // overflowed step (every result its input, bit for bit, in and out of

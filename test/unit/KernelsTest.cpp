@@ -831,6 +831,225 @@ TEST(KernelsTest, UpdatesWithGradScaleUpdateTheRoundedProduct) {
   }
 }
 
+// LAMB against a reference written per parameter, as timm's Lamb steps
+// each tensor: its own moments, update direction, norms and trust ratio.
+// The unit: A [0, 6), B [6, 10) (all zero at first: trust 1), C [10, 13)
+// decayed (decay_numel 13, a segment bound), D [13, 20) not, then 4
+// elements of padding, large so that summing them would show.
+TEST(KernelsTest, LambMatchesAPerParameterReference) {
+  const std::vector<int64_t> seg{0, 6, 10, 13, 20};
+  const int64_t K = 4, n = 24, decayed = 13;
+  const double lr = 2e-2, b1 = 0.9, b2 = 0.99, eps = 1e-6, wd = 0.05;
+  std::vector<double> p = randomVec(n, 61), m(n), v(n);
+  for (int64_t i = 6; i < 10; ++i)
+    p[i] = 0;
+  for (int64_t i = 20; i < n; ++i)
+    p[i] = 1e3 * (i - 19);
+  std::vector<double> want = p, wm = m, wv = v;
+  LambLayout layout{seg, 0, decayed};
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<double> g = randomVec(n, 70 + step);
+    double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+    std::vector<double> wantNorms(2 * K), u(n);
+    for (int64_t k = 0; k <= K; ++k) { // k == K: the padding
+      int64_t lo = seg[std::min(k, K)], hi = k < K ? seg[k + 1] : n;
+      bool decays = lo < decayed;
+      double pn = 0, un = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        wm[i] = b1 * wm[i] + (1 - b1) * g[i];
+        wv[i] = b2 * wv[i] + (1 - b2) * g[i] * g[i];
+        u[i] =
+            wm[i] / bc1 / (std::sqrt(wv[i]) / std::sqrt(bc2) + eps) + (decays ? wd * want[i] : 0.0);
+        pn += want[i] * want[i];
+        un += u[i] * u[i];
+      }
+      double trust = k < K && decays && pn > 0 && un > 0 ? std::sqrt(pn / un) : 1.0;
+      if (k < K) {
+        wantNorms[k] = pn;
+        wantNorms[K + k] = un;
+      }
+      for (int64_t i = lo; i < hi; ++i)
+        want[i] -= lr * trust * u[i];
+    }
+    std::vector<double> norms(2 * K, -1.0);
+    lambNorms<double>(p.data(), g.data(), m.data(), v.data(), norms.data(), n, layout, step, b1, b2,
+                      eps, wd);
+    for (int64_t k = 0; k < 2 * K; ++k)
+      EXPECT_NEAR(norms[k], wantNorms[k], 1e-12 * (1 + wantNorms[k]))
+          << "sum " << k << ", step " << step;
+    if (step == 1) {
+      EXPECT_EQ(norms[1], 0.0); // B is zero: trust 1, not 0 / ||u||
+    }
+    lambUpdate<double>(p.data(), g.data(), m.data(), v.data(), norms.data(), p.data(), m.data(),
+                       v.data(), n, layout, lr, step, b1, b2, eps, wd);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(p[i], want[i], 1e-12 * (1 + std::fabs(want[i])))
+          << "param " << i << ", step " << step;
+      EXPECT_NEAR(m[i], wm[i], 1e-14) << "exp_avg " << i;
+      EXPECT_NEAR(v[i], wv[i], 1e-14) << "exp_avg_sq " << i;
+    }
+  }
+  // Not AdamW: the trust ratio rescales the decayed parameters' steps.
+  std::vector<double> q = randomVec(n, 61, 3.0), g = randomVec(n, 90), qm(n), qv(n), am(n), av(n),
+                      a(n), norms(2 * K);
+  lambNorms<double>(q.data(), g.data(), qm.data(), qv.data(), norms.data(), n, layout, 1, b1, b2,
+                    eps, wd);
+  lambUpdate<double>(q.data(), g.data(), qm.data(), qv.data(), norms.data(), a.data(), am.data(),
+                     av.data(), n, layout, lr, 1, b1, b2, eps, wd);
+  double trustA = std::sqrt(norms[0] / norms[K]);
+  EXPECT_GT(std::fabs(trustA - 1), 0.1);
+  for (int64_t i = 0; i < 6; ++i) { // step 1: m_hat / sqrt(v_hat) = sign(g)
+    double u = (g[i] > 0 ? 1 : -1) / (1 + eps / std::fabs(g[i])) + wd * q[i];
+    EXPECT_NEAR(a[i], q[i] - lr * trustA * u, 1e-12) << i;
+  }
+}
+
+/// Bitwise equal.
+template <typename T> bool sameBits(const std::vector<T> &x, const std::vector<T> &y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+// FSDP runs LAMB on shards: each rank's lamb_norms, an all-reduce of the
+// sums, each rank's lamb_update. Three parameters (the last without decay)
+// and 3 elements of padding in 4 shards of 651, the shard bounds inside
+// parameters: the moments are the whole unit's bitwise, and so is the
+// parameter when the summed sums are the whole unit's. They may not be:
+// each shard's double sum is rounded to f32 before the (f32) all-reduce.
+// Each rounding is within u = 2^-24 relative and the terms are >= 0, so a
+// summed sum is within 4u (+ 3u for the 3 additions) of the exact one and
+// the whole unit's within u: 8u apart; trust = sqrt(pn) / sqrt(un), so
+// the two trusts are within 8u (halved by the roots, twice) plus one
+// rounding each: 10u. The step lr * (u * trust) then differs by < 12u of
+// itself, and the parameter by that plus one rounding: 16u |p - p'| + ulp.
+TEST(KernelsTest, LambShardsAreTheWholeUnit) {
+  const std::vector<int64_t> seg{0, 1000, 2500, 2601};
+  const int64_t S = 4, stride = 651, n = S * stride, K = 3, decayed = 2500;
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = i < seg[K] ? d(rng) : 0.f;
+    g[i] = i < seg[K] ? d(rng) * 1e-2f : 0.f;
+    m[i] = d(rng) * 1e-3f;
+    v[i] = std::fabs(d(rng)) * 1e-5f;
+  }
+  std::vector<float> whole(2 * K), wp(n), wm(n), wv(n);
+  lambNorms<float>(p.data(), g.data(), m.data(), v.data(), whole.data(), n,
+                   LambLayout{seg, 0, decayed}, 5, b1, b2, eps, wd);
+  lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), whole.data(), wp.data(), wm.data(),
+                    wv.data(), n, LambLayout{seg, 0, decayed}, lr, 5, b1, b2, eps, wd);
+  std::vector<float> summed(2 * K, 0.f);
+  for (int64_t s = 0; s < S; ++s) {
+    std::vector<float> part(2 * K, -1.f);
+    int64_t at = s * stride;
+    lambNorms<float>(p.data() + at, g.data() + at, m.data() + at, v.data() + at, part.data(),
+                     stride, LambLayout{seg, at, decayed}, 5, b1, b2, eps, wd);
+    for (int64_t k = 0; k < 2 * K; ++k)
+      summed[k] += part[k];
+  }
+  for (int64_t k = 0; k < 2 * K; ++k)
+    EXPECT_NEAR(summed[k], whole[k], 8.0 / (1 << 24) * whole[k]) << "sum " << k;
+  std::vector<float> sp(n), sm(n), sv(n);
+  for (int64_t s = 0; s < S; ++s) {
+    int64_t at = s * stride;
+    lambUpdate<float>(p.data() + at, g.data() + at, m.data() + at, v.data() + at, summed.data(),
+                      sp.data() + at, sm.data() + at, sv.data() + at, stride,
+                      LambLayout{seg, at, decayed}, lr, 5, b1, b2, eps, wd);
+  }
+  EXPECT_TRUE(sameBits(sm, wm) && sameBits(sv, wv));
+  if (sameBits(summed, whole)) {
+    EXPECT_TRUE(sameBits(sp, wp));
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      double ulp = std::nextafter(std::fabs(wp[i]), INFINITY) - std::fabs(wp[i]);
+      EXPECT_LE(std::fabs((double)sp[i] - wp[i]),
+                16.0 / (1 << 24) * std::fabs((double)p[i] - wp[i]) + ulp)
+          << "param " << i;
+    }
+  }
+  // The third parameter does not decay: AdamW's direction, trust 1
+  // whatever the sums.
+  for (int64_t i = 2500; i < 2601; ++i)
+    EXPECT_EQ(wp[i], sp[i]) << i;
+  // Given the whole unit's sums, each shard's update is the whole one's
+  // bitwise (the trust ratios are; each element's arithmetic is).
+  for (int64_t s = 0; s < S; ++s) {
+    int64_t at = s * stride;
+    lambUpdate<float>(p.data() + at, g.data() + at, m.data() + at, v.data() + at, whole.data(),
+                      sp.data() + at, sm.data() + at, sv.data() + at, stride,
+                      LambLayout{seg, at, decayed}, lr, 5, b1, b2, eps, wd);
+  }
+  EXPECT_TRUE(sameBits(sp, wp) && sameBits(sm, wm) && sameBits(sv, wv));
+  // And the decayed ones do move by their trust ratios: parameters 0
+  // and 1 with each other's sum of p^2 move otherwise.
+  std::vector<float> swapped = whole, xp(n), xm(n), xv(n);
+  std::swap(swapped[0], swapped[1]);
+  lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), swapped.data(), xp.data(), xm.data(),
+                    xv.data(), n, LambLayout{seg, 0, decayed}, lr, 5, b1, b2, eps, wd);
+  EXPECT_FALSE(sameBits(xp, wp));
+}
+
+// grad_scale is the update of the rounded product g * scale (bitwise, both
+// passes); the norms pass reads p, g, m, v and writes only the sums; a
+// decay_numel at a bound (0, or the end) is none or all of the unit.
+TEST(KernelsTest, LambGradScaleAndDecayBounds) {
+  const std::vector<int64_t> seg{0, 300, 301, 777};
+  const int64_t n = 800, K = 3;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = d(rng);
+    g[i] = d(rng);
+    m[i] = d(rng) * 0.1f;
+    v[i] = std::fabs(d(rng)) * 0.01f;
+  }
+  const std::vector<float> p0 = p, g0 = g, m0 = m, v0 = v;
+  LambLayout all{seg, 0, INT64_MAX};
+  for (float scale : {0.3712f, 1.f / 65536}) {
+    std::vector<float> prod(n);
+    for (int64_t i = 0; i < n; ++i)
+      prod[i] = g[i] * scale;
+    std::vector<float> na(2 * K), nb(2 * K), a(n), am(n), av(n), b(n), bm(n), bv(n);
+    lambNorms<float>(p.data(), g.data(), m.data(), v.data(), na.data(), n, all, 4, 0.9, 0.999, 1e-6,
+                     0.01, scale);
+    lambNorms<float>(p.data(), prod.data(), m.data(), v.data(), nb.data(), n, all, 4, 0.9, 0.999,
+                     1e-6, 0.01);
+    EXPECT_TRUE(sameBits(na, nb)) << "norms, scale " << scale;
+    lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), na.data(), a.data(), am.data(),
+                      av.data(), n, all, 1e-3, 4, 0.9, 0.999, 1e-6, 0.01, scale);
+    lambUpdate<float>(p.data(), prod.data(), m.data(), v.data(), na.data(), b.data(), bm.data(),
+                      bv.data(), n, all, 1e-3, 4, 0.9, 0.999, 1e-6, 0.01);
+    EXPECT_TRUE(sameBits(a, b) && sameBits(am, bm) && sameBits(av, bv)) << "scale " << scale;
+    lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), na.data(), b.data(), bm.data(),
+                      bv.data(), n, all, 1e-3, 4, 0.9, 0.999, 1e-6, 0.01);
+    EXPECT_FALSE(sameBits(am, bm)) << "scale " << scale << " ignored";
+  }
+  EXPECT_TRUE(sameBits(p, p0) && sameBits(g, g0) && sameBits(m, m0) && sameBits(v, v0))
+      << "lamb_norms wrote an operand";
+  // decay_numel = 777 (the last bound) is every parameter, 0 none of them;
+  // none is weight decay 0.
+  std::vector<float> x(2 * K), y(2 * K), z(2 * K);
+  lambNorms<float>(p.data(), g.data(), m.data(), v.data(), x.data(), n, all, 2, 0.9, 0.999, 1e-6,
+                   0.01);
+  lambNorms<float>(p.data(), g.data(), m.data(), v.data(), y.data(), n, LambLayout{seg, 0, 777}, 2,
+                   0.9, 0.999, 1e-6, 0.01);
+  EXPECT_TRUE(sameBits(x, y));
+  lambNorms<float>(p.data(), g.data(), m.data(), v.data(), y.data(), n, LambLayout{seg, 0, 0}, 2,
+                   0.9, 0.999, 1e-6, 0.01);
+  lambNorms<float>(p.data(), g.data(), m.data(), v.data(), z.data(), n, all, 2, 0.9, 0.999, 1e-6,
+                   0.0);
+  EXPECT_TRUE(sameBits(y, z));
+  EXPECT_FALSE(sameBits(x, y));
+  std::vector<float> a(n), am(n), av(n), b(n), bm(n), bv(n);
+  lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), x.data(), a.data(), am.data(),
+                    av.data(), n, LambLayout{seg, 0, 0}, 1e-3, 2, 0.9, 0.999, 1e-6, 0.01);
+  lambUpdate<float>(p.data(), g.data(), m.data(), v.data(), x.data(), b.data(), bm.data(),
+                    bv.data(), n, all, 1e-3, 2, 0.9, 0.999, 1e-6, 0.0);
+  EXPECT_TRUE(sameBits(a, b) && sameBits(am, bm) && sameBits(av, bv));
+}
+
 TEST(KernelsTest, HalfAndBfloat16RoundToNearestEven) {
   EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);
@@ -1096,6 +1315,57 @@ TEST(DispatchTest, BadTokenIdIsAnErrorNotACrash) {
   EXPECT_NE(st.message().find("token id 9 at position 1 is outside the vocabulary"),
             std::string::npos)
       << st.message();
+}
+
+// lamb_norms / lamb_update through the dispatch: the attributes reach the
+// kernels (segments, decay_numel, shard_stride with the rank as the shard
+// index, the hyperparameters, grad_scale), and skip_nonfinite copies p, m
+// and v through when its scalar is not finite.
+TEST(DispatchTest, LambRunsItsAttributes) {
+  const int64_t n = 50, K = 3;
+  const std::vector<int64_t> seg{0, 40, 70, 97}; // shard 1 of 2: [50, 100)
+  // 0 p, 1 g, 2 m, 3 v, 4 sums, 5 lr, 6 step, 7 skip, 8 grad scale,
+  // 9-11 new p, m, v
+  HostArena a(planWith({{n}, {n}, {n}, {n}, {2 * K}, {}, {}, {}, {}, {n}, {n}, {n}}));
+  a.fill({0, 1, 2, 3}, [](int64_t i, int id) {
+    return id == 3 ? 1e-3f * (float)(i % 7 + 1) : std::sin(0.37f * (float)(i + 13 * id));
+  });
+  *a.buf(5) = 5e-3f;
+  *a.buf(6) = 3.f;
+  *a.buf(7) = 1.f;
+  *a.buf(8) = 0.5f;
+  nlohmann::json attrs = {{"segments", seg},     {"decay_numel", 70}, {"shard_stride", n},
+                          {"beta1", 0.8},        {"beta2", 0.99},     {"eps", 1e-5},
+                          {"weight_decay", 0.1}, {"grad_scale", true}};
+  Instruction norms{"lamb_norms", {0, 1, 2, 3, 6, 8}, {4}, attrs};
+  ASSERT_EQ(checkMessage(a.plan, norms), "");
+  ASSERT_TRUE(runInstruction(a.plan, norms, a.arena.data(), 1).isOk());
+  std::vector<float> got(a.buf(4), a.buf(4) + 2 * K), want(2 * K);
+  LambLayout layout{seg, n, 70};
+  lambNorms<float>(a.buf(0), a.buf(1), a.buf(2), a.buf(3), want.data(), n, layout, 3, 0.8, 0.99,
+                   1e-5, 0.1, 0.5f);
+  EXPECT_TRUE(sameBits(got, want));
+  EXPECT_EQ(got[0], 0.f); // parameter 0 lies in shard 0
+  EXPECT_GT(got[1], 0.f);
+  attrs["skip_nonfinite"] = true;
+  Instruction update{"lamb_update", {0, 1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11}, attrs};
+  ASSERT_EQ(checkMessage(a.plan, update), "");
+  ASSERT_TRUE(runInstruction(a.plan, update, a.arena.data(), 1).isOk());
+  std::vector<float> wp(n), wm(n), wv(n);
+  lambUpdate<float>(a.buf(0), a.buf(1), a.buf(2), a.buf(3), a.buf(4), wp.data(), wm.data(),
+                    wv.data(), n, layout, 5e-3f, 3, 0.8, 0.99, 1e-5, 0.1, 0.5f);
+  EXPECT_EQ(std::memcmp(a.buf(9), wp.data(), 4 * n), 0);
+  EXPECT_EQ(std::memcmp(a.buf(10), wm.data(), 4 * n), 0);
+  EXPECT_EQ(std::memcmp(a.buf(11), wv.data(), 4 * n), 0);
+  EXPECT_NE(std::memcmp(a.buf(9), a.buf(0), 4 * n), 0);
+  for (float skip : {INFINITY, NAN}) {
+    *a.buf(7) = skip;
+    ASSERT_TRUE(runInstruction(a.plan, update, a.arena.data(), 1).isOk());
+    EXPECT_TRUE(a.same(9, 0) && a.same(10, 2) && a.same(11, 3)) << "skip " << skip;
+  }
+  *a.buf(6) = 0.5f; // not a step count
+  EXPECT_NE(runInstruction(a.plan, norms, a.arena.data(), 1).message().find("the step operand"),
+            std::string::npos);
 }
 
 } // namespace

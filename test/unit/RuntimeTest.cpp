@@ -292,4 +292,93 @@ TEST(PlanTest, CoreChecksEveryOpWithoutABackend) {
   EXPECT_NE(checkInstruction(plan, arity).message().find("expected 2 inputs"), std::string::npos);
 }
 
+/// LAMB's plan rules: the unit's segments, the sums' size, f32 operands,
+/// a decayed prefix that ends at a parameter bound, the optional operands.
+TEST(PlanTest, ChecksTheLambOps) {
+  // 0 p, 1 g, 2 m, 3 v [24]; 4 the sums [8]; 5 lr, 6 step, 7 skip, 8 scale;
+  // 9 sums of the wrong size [6]; 10 a bf16 gradient [24]
+  Plan plan;
+  std::vector<std::vector<int64_t>> shapes{{24}, {24}, {24}, {24}, {8}, {}, {}, {}, {}, {6}, {24}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Buffer b;
+    b.id = (int64_t)i;
+    b.shape = shapes[i];
+    b.dtype = i == 10 ? DType::BF16 : DType::F32;
+    b.bytes = shapeNumel(b.shape) * dtypeSize(b.dtype);
+    plan.buffers.push_back(b);
+  }
+  auto message = [&](const Instruction &inst) {
+    Status st = checkInstruction(plan, inst);
+    return st.isOk() ? std::string() : st.message();
+  };
+  auto has = [&](const Instruction &inst, const char *what) {
+    std::string m = message(inst);
+    EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
+  };
+  nlohmann::json attrs = {
+      {"segments", {0, 6, 10, 13, 20}}, {"decay_numel", 13}, {"shard_stride", 24}, {"eps", 1e-6},
+      {"skip_nonfinite", true},         {"grad_scale", true}};
+  Instruction update{"lamb_update", {0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 2, 3}, attrs};
+  EXPECT_EQ(message(update), "");
+  Instruction norms{"lamb_norms", {0, 1, 2, 3, 6, 8}, {4}, attrs};
+  norms.attrs.erase("skip_nonfinite");
+  EXPECT_EQ(message(norms), "");
+  // shard_stride and decay_numel each alone, and neither
+  Instruction bare = norms;
+  bare.attrs.erase("decay_numel");
+  EXPECT_EQ(message(bare), "");
+  bare.attrs.erase("shard_stride");
+  EXPECT_EQ(message(bare), "");
+  bare.attrs["decay_numel"] = 20;
+  EXPECT_EQ(message(bare), "");
+  bare.attrs["decay_numel"] = 30; // the padding decays too
+  EXPECT_EQ(message(bare), "");
+
+  Instruction bad = update;
+  bad.attrs["segments"] = {0, 6, 6, 13, 20};
+  has(bad, "lamb_update: segments must rise strictly from 0");
+  bad.attrs["segments"] = {1, 6, 10, 13, 20};
+  has(bad, "segments must rise strictly from 0");
+  bad.attrs["segments"] = {0};
+  has(bad, "segments must rise strictly from 0");
+  bad.attrs["segments"] = {0, 6, 10, (int64_t(1) << 48) + 1};
+  has(bad, "to at most 2^48");
+  bad.attrs["segments"] = {0, 6.5, 10};
+  has(bad, "attribute segments: expected an array of at most 4096 integers");
+  bad.attrs.erase("segments");
+  has(bad, "lamb_update: missing attribute segments");
+  bad = update;
+  bad.attrs["segments"] = {0, 6, 10, 20}; // K = 3: 6 sums
+  has(bad, "lamb_update: expected per-parameter sums (2 x the segments' K) of shape 6, found 8");
+  bad = norms;
+  bad.out = {9};
+  has(bad, "lamb_norms: expected per-parameter sums (2 x the segments' K) of shape 8, found 6");
+  bad = update;
+  bad.in[1] = 10;
+  has(bad, "lamb_update: expected f32 operands only, found bf16 operand 1 (the gradient)");
+  bad = norms;
+  bad.in[1] = 10;
+  has(bad, "lamb_norms: expected f32 operands only, found bf16 operand 1");
+  bad = update;
+  bad.attrs["decay_numel"] = 8;
+  has(bad, "lamb_update: decay_numel = 8 falls inside parameter 1 [6, 10)");
+  bad.attrs["decay_numel"] = -1;
+  has(bad, "decay_numel must be an integer in [0, 2^48]");
+  bad = update;
+  bad.attrs["shard_stride"] = 12;
+  has(bad, "shard_stride must be 0 (the whole unit) or the operand's 24 elements");
+  bad = norms;
+  bad.attrs["skip_nonfinite"] = true; // (7 inputs: the schema's arity refuses them)
+  has(bad, "lamb_norms: skip_nonfinite is lamb_update's");
+  bad = update;
+  bad.attrs.erase("skip_nonfinite"); // the skip operand is now unmarked
+  has(bad, "lamb_update: 9 operands, expected 8");
+  bad = update;
+  bad.in[5] = 4; // lr: the sums
+  has(bad, "lamb_update: expected scalar lr/step operands");
+  bad = update;
+  bad.out = {0, 2, 4};
+  has(bad, "lamb_update: result 2 has the wrong size");
+}
+
 } // namespace

@@ -2,7 +2,7 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 max-grad-norm=1.0" | FileCheck %s --check-prefix=SGDM
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd" | FileCheck %s --check-prefix=SGD
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=none" | FileCheck %s --check-prefix=NONE
-// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lion" 2>&1 | FileCheck %s --check-prefix=BAD
 
 // Tests that each trainable parameter gets state and one in-place update,
 // that lr/step become arguments, and that frozen parameters are left alone.
@@ -40,7 +40,7 @@ fsdp.param @f : tensor<8xf32> init("ones") frozen
 // NONE: fsdp.optimizer = {{.*}}optimizer = "none"
 // NONE: fsdp.set_grad @w
 
-// BAD: unknown optimizer 'lamb': expected sgd, adamw or none
+// BAD: unknown optimizer 'lion': expected sgd, adamw, lamb or none
 
 func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attributes {fsdp.model} {
   %w = fsdp.get_param @w : tensor<8x4xf32>
