@@ -1038,6 +1038,15 @@ void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, 
   const int64_t K = (int64_t)layout.segments.size() - 1;
   const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
   const T twd = (T)wd, tlr = (T)lr;
+  // The pieces cut into chunks as lamb_norms cuts them, so a unit of many
+  // small parameters runs in parallel too (one parallel loop per piece ran
+  // each below the grain, serially, and paid its set-up every time).
+  struct Chunk {
+    int64_t begin, end;
+    T trust;
+    bool decay;
+  };
+  std::vector<Chunk> chunks;
   for (const LambPiece &pc : lambPieces(layout, n)) {
     // The trust ratio ||p|| / ||u|| of the whole parameter (the sums over
     // every shard), only where weight decay applies (timm, apex).
@@ -1047,16 +1056,21 @@ void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, 
       if (pn > 0 && un > 0)
         trust = (T)(std::sqrt(pn) / std::sqrt(un));
     }
-    const bool decay = pc.decay && wd != 0;
-    const int64_t len = pc.end - pc.begin;
-    const T *pj = p + pc.begin, *gj = g + pc.begin, *mj = m + pc.begin, *vj = v + pc.begin;
-    T *npj = np + pc.begin, *nmj = nm + pc.begin, *nvj = nv + pc.begin;
+    for (int64_t b = pc.begin; b < pc.end; b += kLambChunk)
+      chunks.push_back({b, std::min(b + kLambChunk, pc.end), trust, pc.decay && wd != 0});
+  }
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t j = 0; j < (int64_t)chunks.size(); ++j) {
+    const Chunk ch = chunks[j];
+    const int64_t len = ch.end - ch.begin;
+    const T *pj = p + ch.begin, *gj = g + ch.begin, *mj = m + ch.begin, *vj = v + ch.begin;
+    T *npj = np + ch.begin, *nmj = nm + ch.begin, *nvj = nv + ch.begin;
     // simd: as adamwUpdate's (element i read and written by iteration i only)
-#pragma omp parallel for simd if (len > kParallelGrain)
+#pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
       T mi, vi;
-      T u = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, decay, twd, mi, vi);
-      npj[i] = pj[i] - tlr * (u * trust);
+      T u = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, ch.decay, twd, mi, vi);
+      npj[i] = pj[i] - tlr * (u * ch.trust);
       nmj[i] = mi;
       nvj[i] = vi;
     }
