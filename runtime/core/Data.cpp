@@ -334,8 +334,6 @@ Status makeTokenDataSource(const std::string &name, std::vector<uint16_t> toks, 
   if (!mask.empty() && mask.size() != toks.size())
     return FSDP_ERROR(name, ": the loss mask has ", mask.size(), " entries for ", toks.size(),
                       " tokens");
-  if (!mask.empty() && !isIntBuffer(by))
-    return FSDP_ERROR("--loss-mask needs integer targets");
   out = std::make_unique<TokenFile>(plan, *x, *y, rank, world, std::move(toks), std::move(mask),
                                     ignore);
   return Status::ok();
