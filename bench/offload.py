@@ -4,14 +4,17 @@
 1. Measured on this machine (CPU ranks, both arenas host memory): ms/step
    of the MLP (hidden 256 x 8 blocks, batch 64) and the small GPT at
    N = 2 and 4, stage 3, without and with offload, in one run (median of
-   steps 2..S, alternating the two plans R times); the device arena
+   steps 2..S, alternating the plans R times): without offload, offloaded
+   with the host updates after the backward pass (offload-overlap=false)
+   and offloaded with them beside it (the default); the device arena
    (predicted == measured) and the host arena.
 2. Predicted for H100 ranks (the h100 profile: PCIe 64 GB/s per direction,
    host memory 307/4 GB/s per rank): planned device peak, host arena and
    predicted step of GPT-2 124M (bf16, 8 ranks, stage 3), and of the
    Llama-2-7B-shaped GPT (32 x 4096, ctx 4096, bf16) and the
-   GPT-3-175B-shaped GPT under memory-budget=80GiB, with and without
-   offload: the schedule the search picks, or the floor when none fits.
+   GPT-3-175B-shaped GPT under memory-budget=80GiB, without offload and
+   offloaded with the host updates after / beside the backward pass: the
+   schedule the search picks, or the floor when none fits.
 
   bench/offload.py [BIN_DIR] [--steps 12] [--repeats 3] [--skip-cpu]
 """
@@ -25,6 +28,11 @@ import sys
 import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# (label, pipeline options): no offload; offloaded, updates after the
+# backward pass; offloaded, updates beside it (the default).
+VARIANTS = [("none", "offload=none"),
+            ("serial", "offload=optimizer offload-overlap=false"),
+            ("optimizer", "offload=optimizer")]
 GEN = os.path.join(ROOT, "examples", "gen_models.py")
 
 
@@ -62,14 +70,14 @@ def main():
             for name, model in models.items():
                 for n in (2, 4):
                     plans = {}
-                    for off in ("none", "optimizer"):
+                    for off, opts in VARIANTS:
                         plans[off] = os.path.join(tmp, f"{name}{n}{off}.plan")
-                        opt(model, f"optimizer=adamw world-size={n} stage=3 offload={off}",
+                        opt(model, f"optimizer=adamw world-size={n} stage=3 {opts}",
                             plans[off])
-                    times = {"none": [], "optimizer": []}
+                    times = {off: [] for off in plans}
                     last = {}
                     for _ in range(a.repeats):
-                        for off in ("none", "optimizer"):
+                        for off in plans:
                             out = subprocess.run(
                                 [b("fsdp-run"), plans[off], "--nproc", str(n), "--steps",
                                  str(a.steps), "--threads", "1", "--json"],
@@ -79,9 +87,12 @@ def main():
                             last[off] = [r for r in rows if r.get("summary")][0]
                     med = {k: statistics.median(v) for k, v in times.items()}
                     s0, s1 = last["none"], last["optimizer"]
-                    ok = (s1["measured_high_water"] == s1["predicted_peak"] and
-                          s1["measured_host_high_water"] == s1["predicted_host_peak"])
-                    print(f"  {name} N={n}: {med['none']:.1f} -> {med['optimizer']:.1f} ms/step "
+                    ok = all(s["measured_high_water"] == s["predicted_peak"] and
+                             s["measured_host_high_water"] == s["predicted_host_peak"]
+                             for s in (s1, last["serial"]))
+                    print(f"  {name} N={n}: {med['none']:.1f} -> serial {med['serial']:.1f} "
+                          f"(x{med['serial'] / med['none']:.2f}), overlapped "
+                          f"{med['optimizer']:.1f} ms/step "
                           f"(x{med['optimizer'] / med['none']:.2f}); device "
                           f"{s0['predicted_peak']:,} -> {s1['predicted_peak']:,} B "
                           f"(x{s1['predicted_peak'] / s0['predicted_peak']:.2f}), host "
@@ -102,24 +113,24 @@ def main():
                   f"{gib(int(host.group(1))) if host else 0:7.2f} GiB  step "
                   f"{float(step.group(1)):10.2f} ms" + (f"  [{chose.group(1)}]" if chose else ""))
         gpt2 = os.path.join(ROOT, "examples", "gpt2.mlir")
-        for off in ("none", "optimizer"):
-            row(f"GPT-2 124M N=8 offload={off}",
-                opt(gpt2, f"optimizer=adamw world-size=8 stage=3 param-dtype=bf16 "
-                          f"offload={off}", check=False))
+        for off, opts in VARIANTS:
+            row(f"GPT-2 124M N=8 {off}",
+                opt(gpt2, f"optimizer=adamw world-size=8 stage=3 param-dtype=bf16 {opts}",
+                    check=False))
         l7 = gen("l7", "gpt", "--vocab", "32000", "--ctx", "4096", "--layers", "32",
                  "--heads", "32", "--width", "4096", "--batch", "1")
         for n in (1, 2, 8):
-            for off in ("none", "optimizer"):
-                row(f"7B-shaped N={n} offload={off}",
+            for off, opts in VARIANTS:
+                row(f"7B-shaped N={n} {off}",
                     opt(l7, f"optimizer=adamw world-size={n} param-dtype=bf16 "
-                            f"memory-budget=80GiB offload={off}", check=False))
+                            f"memory-budget=80GiB {opts}", check=False))
         g175 = gen("g175", "gpt", "--vocab", "50257", "--ctx", "2048", "--layers", "96",
                    "--heads", "96", "--width", "12288", "--batch", "1")
         for n in (16, 64):
-            for off in ("none", "optimizer"):
-                row(f"175B-shaped N={n} offload={off}",
+            for off, opts in VARIANTS:
+                row(f"175B-shaped N={n} {off}",
                     opt(g175, f"optimizer=adamw world-size={n} param-dtype=bf16 "
-                              f"memory-budget=80GiB offload={off}", check=False))
+                              f"memory-budget=80GiB {opts}", check=False))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.fuseEpilogues = options.fuseEpilogues;
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
+  search.offloadOverlap = options.offloadOverlap;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -160,6 +161,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       (options.memoryBudget.empty() || options.offload == "optimizer")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
+    off.overlap = options.overlap && options.offloadOverlap;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

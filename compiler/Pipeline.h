@@ -127,7 +127,8 @@ struct FsdpPipelineOptions
       llvm::cl::desc("size policy: smallest unit, in elements"),
       llvm::cl::init(1000000)};
   Option<bool> overlap{*this, "overlap",
-                       llvm::cl::desc("async collectives overlapped with compute"),
+                       llvm::cl::desc("async collectives (and fsdp-offload's host updates) "
+                                      "overlapped with compute"),
                        llvm::cl::init(true)};
   Option<bool> prefetch{*this, "prefetch",
                         llvm::cl::desc("issue each all-gather one unit ahead"),
@@ -185,6 +186,12 @@ struct FsdpPipelineOptions
                      "update live on the host (ZeRO-Offload; fsdp-offload); "
                      "auto (with memory-budget): the search decides; none"),
       llvm::cl::init("none")};
+  Option<bool> offloadOverlap{
+      *this, "offload-overlap",
+      llvm::cl::desc("with offload=optimizer and overlap: each host update "
+                     "runs asynchronously beside the backward pass as soon "
+                     "as its gradient is on the host (false: all after it)"),
+      llvm::cl::init(true)};
   Option<std::string> offloadActivations{
       *this, "offload-activations",
       llvm::cl::desc("true: keep the activations the backward pass reads in "

@@ -375,10 +375,10 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
 
 /// One instruction of the program as the simulation sees it.
 struct Item {
-  enum Kind { Compute, Collective, Wait } kind;
+  enum Kind { Compute, Collective, Wait, Host } kind;
   double cost = 0; ///< work at full speed
   bool async = false;
-  Value buffer; ///< a wait's operand, an async collective's result
+  Value buffer; ///< a wait's operand, an async collective's or host update's result
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -411,11 +411,13 @@ public:
   /// sharing (fsdp-sim's simulate(): the same model, the same arithmetic):
   /// while D = N (p [compute busy] + q [a collective in flight]) threads
   /// want the C cores each runs at min(1, C / D) of its speed alone.
-  double rate(bool comp, bool comm) const {
-    if (!share || (!comp && !comm))
+  /// An async host update (fsdp-offload's overlap) runs on threads of
+  /// its own as many as compute's.
+  double rate(bool comp, bool comm, bool host = false) const {
+    if (!share || (!comp && !comm && !host))
       return 1.0;
-    return std::min(1.0, cores / (double(world) *
-                                  (threads * comp + commThreads * comm)));
+    return std::min(
+        1.0, cores / (double(world) * (threads * comp + commThreads * comm + threads * host)));
   }
 
   /// A collective over its group, by the alpha-beta model of its link.
@@ -547,20 +549,24 @@ Item StepCosting::compute(Operation *op) const {
   // stream, queued with the collectives (fsdp-sim's loop does the same).
   if (copy && op->hasAttr("async"))
     return {Item::Collective, cost, true, op->getResult(0)};
+  // fsdp-offload's async host update: on the host stream, one at a time.
+  if (onHost && op->hasAttr("async"))
+    return {Item::Host, cost, true, op->getResult(0)};
   return {Item::Compute, cost};
 }
 
-/// The two streams, event by event (fsdp-sim's loop): compute runs `prog`
-/// in order and stalls at a wait whose collective is in flight or at a
-/// blocking collective; the communication stream runs its queue one
-/// collective at a time; both slow down by `c.rate` while they overlap.
+/// The streams, event by event (fsdp-sim's loop): compute runs `prog` in
+/// order and stalls at a wait whose collective (or host update) is in
+/// flight or at a blocking collective; the communication stream runs its
+/// queue one collective at a time, the host stream its updates one at a
+/// time; all slow down by `c.rate` while they overlap.
 StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   StepPrediction r;
   struct Queued {
     size_t index;
     double left, start;
   };
-  std::deque<Queued> queue; // collectives issued and not done
+  std::deque<Queued> queue, host; // issued and not done
   llvm::DenseSet<Value> inFlight;
   double t = 0, cur = 0, curStart = 0, stallStart = 0;
   bool running = false;
@@ -578,6 +584,10 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           break;
         }
         ++i;
+      } else if (it.kind == Item::Host) {
+        host.push_back({i, it.cost, -1.0});
+        inFlight.insert(it.buffer);
+        ++i;
       } else if (it.kind == Item::Collective) {
         queue.push_back({i, it.cost, -1.0});
         if (it.async) {
@@ -594,17 +604,19 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         curStart = t;
       }
     }
-    if (!queue.empty() && queue.front().start < 0)
-      queue.front().start = t;
-    if (!running && queue.empty())
+    for (std::deque<Queued> *q : {&queue, &host})
+      if (!q->empty() && q->front().start < 0)
+        q->front().start = t;
+    if (!running && queue.empty() && host.empty())
       break;
-    double rt = c.rate(running, !queue.empty());
+    double rt = c.rate(running, !queue.empty(), !host.empty());
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
-    double dt = std::min(dtC, dtM);
+    double dtH = !host.empty() ? host.front().left / rt : HUGE_VAL;
+    double dt = std::min({dtC, dtM, dtH});
     t += dt;
     if (running) {
-      if (dtC <= dtM) {
+      if (dtC <= dt) {
         r.computeS += t - curStart;
         running = false;
         ++i;
@@ -613,7 +625,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
       }
     }
     if (!queue.empty()) {
-      if (dtM <= dtC) {
+      if (dtM <= dt) {
         Queued q = queue.front();
         queue.pop_front();
         const Item &it = prog[q.index];
@@ -633,6 +645,22 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         }
       } else {
         queue.front().left -= dt * rt;
+      }
+    }
+    if (!host.empty()) {
+      if (dtH <= dt) {
+        Queued q = host.front();
+        host.pop_front();
+        const Item &it = prog[q.index];
+        r.hostS += t - q.start;
+        inFlight.erase(it.buffer);
+        if (blockedOn && blockedOn == it.buffer) {
+          r.hostExposedS += t - stallStart;
+          blockedOn = Value();
+          ++i;
+        }
+      } else {
+        host.front().left -= dt * rt;
       }
     }
   }

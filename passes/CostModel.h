@@ -72,6 +72,9 @@ bool loadDeviceProfile(llvm::StringRef nameOrPath, DeviceProfile &profile,
 /// One rank's predicted step.
 struct StepPrediction {
   double stepS = 0, computeS = 0, commS = 0, exposedS = 0;
+  /// fsdp-offload's async host updates: their time on the host stream, and
+  /// the time compute waited for them.
+  double hostS = 0, hostExposedS = 0;
   double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
 };
 
@@ -83,7 +86,9 @@ struct StepPrediction {
 /// bytes. On a CPU profile the N ranks share the host's C cores: while
 /// D = N (threads per rank [compute busy] + 1 [a collective in flight])
 /// threads are runnable, each stream runs at min(1, C / D) of its speed
-/// alone. Matches fsdp-sim's simulate() step for step.
+/// alone. Async host updates (fsdp-offload's overlap) run on a third
+/// stream, one at a time, counted in D with as many threads as compute.
+/// Matches fsdp-sim's simulate() step for step.
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);
 

@@ -756,10 +756,16 @@ void MemoryPlanner::computeLiveness() {
     if (at >= 0 || isa<func::ReturnOp, SetGradOp>(op))
       for (Value v : op.getOperands())
         touch(v, at >= 0 ? at : end);
-    // An async collective reads its input until its wait returns.
+    // An async collective reads its input until its wait returns; an
+    // async host update (fsdp-offload's overlap) every operand.
     if (auto w = dyn_cast<WaitOp>(op))
-      if (Operation *c = w.getInput().getDefiningOp())
-        touch(c->getOperand(0), at);
+      if (Operation *c = w.getInput().getDefiningOp()) {
+        if (c->hasAttr(kOnHostAttrName))
+          for (Value v : c->getOperands())
+            touch(v, at);
+        else
+          touch(c->getOperand(0), at);
+      }
   }
   // A value defined by a storage alias (a view) whose users are
   // instructions: touched above through the users' operands. Buffers never

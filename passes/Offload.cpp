@@ -179,6 +179,121 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       }
       copy->moveAfter(def);
     }
+
+    // 4. Overlap: each update runs beside the rest of the step.
+    if (overlap)
+      overlapUpdates(body);
+  }
+
+  /// The storage symbol `v` reads, through views of it.
+  static FlatSymbolRefAttr readsSymbol(Value v) {
+    while (Operation *d = v.getDefiningOp()) {
+      if (!isa<ViewOp, ShardViewOp, ReshapeOp>(d))
+        break;
+      v = d->getOperand(0);
+    }
+    return storageRead(v);
+  }
+
+  /// Ops an update may take along when it moves up: storage reads, views
+  /// of them, and copies to the host of what is defined earlier.
+  static bool isMovable(Operation *op) {
+    return isa<GetUnitOp, GetStateOp, GetParamOp, ViewOp, ShardViewOp, ReshapeOp, ToHostOp>(op);
+  }
+
+  /// Widens `after` to the latest op in `body` that `v` needs before it:
+  /// its definition, or for a movable one what that needs in turn.
+  static void needs(Value v, Block &body, Operation *&after) {
+    Operation *d = v.getDefiningOp();
+    if (!d || d->getBlock() != &body)
+      return;
+    if (isMovable(d)) {
+      for (Value o : d->getOperands())
+        needs(o, body, after);
+      return;
+    }
+    if (!after || after->isBeforeInBlock(d))
+      after = d;
+  }
+
+  /// Moves the movable definitions `op` reads (operands first) right
+  /// before it where they come after it.
+  static void bringBefore(Operation *op, Block &body) {
+    for (Value v : op->getOperands()) {
+      Operation *d = v.getDefiningOp();
+      if (!d || d->getBlock() != &body || !isMovable(d) || d->isBeforeInBlock(op))
+        continue;
+      d->moveBefore(op);
+      bringBefore(d, body);
+    }
+  }
+
+  /// Step 4: each host update (not LAMB's norms: the device reads them at
+  /// once) moves up to right after the latest of its operands' definitions
+  /// and of the ops that still read the storage it overwrites in place, is
+  /// marked async, and is waited for right before the next async update
+  /// (the last one before the terminator).
+  void overlapUpdates(Block &body) {
+    SmallVector<Operation *> updates;
+    for (Operation &op : body)
+      if (op.hasAttr(kOnHostAttrName) && !op.hasAttr("async") &&
+          isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(op))
+        updates.push_back(&op);
+    if (updates.empty())
+      return;
+    OpBuilder b(&getContext());
+    for (Operation *op : updates) {
+      // The symbols it writes back in place.
+      llvm::SmallDenseSet<StringRef> written;
+      for (Value r : op->getResults())
+        for (Operation *u : r.getUsers())
+          if (auto [sym, v] = storageWrite(u); v)
+            written.insert(sym);
+      Operation *after = nullptr;
+      for (Value v : op->getOperands())
+        needs(v, body, after);
+      // Nothing between its new place and its old one may read what it
+      // overwrites.
+      for (Operation *o = op->getPrevNode(); o && o != after; o = o->getPrevNode()) {
+        bool reads = llvm::any_of(o->getOperands(), [&](Value v) {
+          FlatSymbolRefAttr sym = readsSymbol(v);
+          return sym && written.contains(sym.getValue());
+        });
+        if (reads) {
+          after = o;
+          break;
+        }
+      }
+      if (!after)
+        op->moveBefore(&body.front());
+      else if (after->isBeforeInBlock(op))
+        op->moveAfter(after);
+      bringBefore(op, body);
+      op->setAttr("async", b.getUnitAttr());
+      ++numAsync;
+    }
+    // Joins: in program order, each before the next async update or the
+    // first instruction reading one of its results (write-backs are no
+    // instruction), the last before the terminator.
+    llvm::sort(updates, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+    for (size_t k = 0; k < updates.size(); ++k) {
+      Operation *op = updates[k];
+      Operation *before = k + 1 < updates.size() ? updates[k + 1] : body.getTerminator();
+      for (Value r : op->getResults())
+        for (Operation *u : r.getUsers()) {
+          if (storageWrite(u).second || u->getBlock() != &body)
+            continue;
+          if (u->isBeforeInBlock(before))
+            before = u;
+        }
+      b.setInsertionPoint(before);
+      Value p = op->getResult(0);
+      auto wait = b.create<WaitOp>(op->getLoc(), p.getType(), p);
+      p.replaceUsesWithIf(wait.getResult(), [&](OpOperand &use) {
+        Operation *u = use.getOwner();
+        return u != wait && u->getBlock() == &body && wait->isBeforeInBlock(u);
+      });
+    }
   }
 };
 

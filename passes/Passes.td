@@ -500,6 +500,16 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     state (8 for AdamW) and pays one host-to-device copy of each shard per
     gather and one device-to-host copy of each gradient shard per step.
 
+    With `overlap` (the default) each update then runs beside the backward
+    pass instead of after it: it moves up to right after the last of its
+    operands is ready (its gradient's copy; with clipping or loss scaling
+    the coefficient, which comes after every gradient), is marked `async`
+    (the runtime's host stream runs it while compute goes on), and an
+    `fsdp.wait` on its parameter result joins it back right before the
+    next async update is issued (the last one before the step ends): one
+    update in flight, so the host arena holds one more gradient shard.
+    An update never moves above a read of the storage it overwrites.
+
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
     %d = fsdp.to_device %s : tensor<66xf32>
@@ -512,9 +522,13 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
   let options = [
     Option<"mode", "offload", "std::string", /*default=*/"\"optimizer\"",
            "optimizer (offload every trainable sharded unit) | none">,
+    Option<"overlap", "overlap", "bool", /*default=*/"true",
+           "run each host update asynchronously as soon as its operands are "
+           "ready (beside the backward pass), one in flight">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
+    Statistic<"numAsync", "async-updates", "Host updates made asynchronous">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
@@ -716,6 +730,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "true: every candidate offloads its saved activations "
            "(fsdp-offload-activations); auto: the search weighs candidates with "
            "and without; false">,
+    Option<"offloadOverlap", "offload-overlap", "bool", /*default=*/"true",
+           "with overlap: fsdp-offload's host updates run beside the backward "
+           "pass (fsdp-offload's overlap)">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

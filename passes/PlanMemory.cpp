@@ -158,12 +158,15 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
                                    "  compute                %12.3f ms\n"
                                    "  communication          %12.3f ms\n"
                                    "  exposed communication  %12.3f ms  %.1f%%\n",
-                                   p.stepS * 1e3, p.computeS * 1e3,
-                                   p.commS * 1e3, p.exposedS * 1e3,
-                                   p.exposedPct())
-                   << "  peak per rank          "
-                   << llvm::format("%14lld", (long long)plan->arenaBytes)
-                   << "  " << formatBytes(plan->arenaBytes) << "\n";
+                                   p.stepS * 1e3, p.computeS * 1e3, p.commS * 1e3, p.exposedS * 1e3,
+                                   p.exposedPct());
+      if (p.hostS > 0)
+        llvm::errs() << llvm::format("  host updates           %12.3f ms\n"
+                                     "  waited for them        %12.3f ms\n",
+                                     p.hostS * 1e3, p.hostExposedS * 1e3);
+      llvm::errs() << "  peak per rank          "
+                   << llvm::format("%14lld", (long long)plan->arenaBytes) << "  "
+                   << formatBytes(plan->arenaBytes) << "\n";
     }
   }
 };

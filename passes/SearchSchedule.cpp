@@ -145,6 +145,7 @@ struct SearchSchedulePass
       return true;
     FsdpOffloadOptions o;
     o.mode = off.str();
+    o.overlap = overlap && offloadOverlap;
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).

@@ -1020,7 +1020,8 @@ LogicalResult PackOp::verify() {
 LogicalResult WaitOp::verify() {
   Operation *def = getInput().getDefiningOp();
   if (!def || !def->hasAttr("async") ||
-      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp>(def))
-    return emitOpError() << "expected the result of an async collective or copy";
+      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp, AdamwUpdateOp,
+           SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(def))
+    return emitOpError() << "expected the result of an async collective, copy or host update";
   return success();
 }

@@ -1678,7 +1678,9 @@ def Fsdp_WaitOp : Fsdp_Op<"wait", [AllTypesMatch<["input", "result"]>]> {
     until the collective is done. The result is the same buffer (no copy).
     Inserted by fsdp-schedule; fsdp-offload-activations makes its copies
     between the arenas (`fsdp.to_host` / `fsdp.to_device` marked `async`)
-    asynchronous the same way.
+    asynchronous the same way, and fsdp-offload its host updates (an
+    update marked `fsdp.on_host` and `async` runs on the runtime's host
+    stream; the wait is on its parameter result).
 
     ```mlir
     %f = fsdp.all_gather %s {async} : tensor<66xf32> -> tensor<264xf32>

@@ -15,7 +15,7 @@
 //   enqueues instruction i of its program on the compute stream. Every
 //   instruction passed checkInstruction (runtime/core/OpRules.h) at load,
 //   so a device does not re-check shapes;
-// - two streams and events: [Note: streams and events].
+// - three streams and events: [Note: streams and events].
 //
 // [Note: streams and events]
 // A stream is an in-order queue of device work; an event marks a point in
@@ -29,13 +29,28 @@
 // in program order, so the order across ranks is the plan's (the
 // Communicator contract, Comm.h). An async copy between the arenas
 // (activation offload) goes the same way, through runOn(comm, i).
+// The host stream runs the offloaded optimizer's host instructions marked
+// async (fsdp-offload: each unit's update right after its gradient's
+// to_host copy) in program order on a host thread, so the update overlaps
+// the rest of the backward pass and its collectives:
+//   e = record(compute); wait(host, e);         // its gradient copied
+//   runOn(host, i, done);                       // the CPU kernel
+// and the plan's `wait` on its first output is wait(compute, done): what
+// compute enqueues after it (the copies of the new parameters back to the
+// device) runs after the update. The memory plan keeps every operand of an
+// async host update live until its wait.
 // - CPU: the compute stream is the calling thread (run() executes at once,
-//   so events on it are complete when recorded); the comm stream is a
-//   thread working through a queue; wait(compute, e) blocks the caller.
-// - CUDA (to come): a compute stream and a high-priority comm stream;
-//   events are cudaEvents, wait is cudaStreamWaitEvent, enqueue calls the
+//   so events on it are complete when recorded); the comm and host streams
+//   are each a thread working through a queue (HostWorker.h); wait(compute,
+//   e) blocks the caller, a wait between the two threads is a job blocking
+//   the waiting one.
+// - CUDA: a compute stream and a high-priority comm stream; events there
+//   are cudaEvents, wait is cudaStreamWaitEvent, enqueue calls the
 //   launcher at once from the host (NCCL enqueues on the stream it is
-//   given: Stream::nativeHandle()).
+//   given: Stream::nativeHandle()). The host stream is a host thread; its
+//   events are markers in its queue; wait(host, cudaEvent) is a job
+//   polling the event (under the NCCL watchdog), wait(compute, marker)
+//   blocks the caller until the host work is done.
 // Errors are sticky per stream, as CUDA's are: work after a failure on
 // the same stream is skipped, and the failure is returned by the wait on
 // an event after it and by synchronize.
@@ -76,9 +91,9 @@ public:
 
 /// How the caller configures a device (fsdp-run's options).
 struct DeviceOptions {
-  int threads = 0;         ///< CPU compute threads (0: the library default)
-  int64_t localRank = 0;   ///< which local accelerator (CUDA)
-  bool allowTf32 = false;  ///< CUDA: float32 GEMMs may use TF32 tensor cores
+  int threads = 0;        ///< CPU compute threads (0: the library default)
+  int64_t localRank = 0;  ///< which local accelerator (CUDA)
+  bool allowTf32 = false; ///< CUDA: float32 GEMMs may use TF32 tensor cores
 };
 
 class Device {
@@ -129,12 +144,14 @@ public:
   /// compute stream (a virtual call per instruction, none per element).
   virtual Status run(int64_t index) = 0;
   /// Enqueues instruction `index`, an async copy between the arenas
-  /// (fsdp-offload-activations' to_host / to_device marked async), on
-  /// `stream` instead of the compute stream, after the executor made
-  /// `stream` wait for compute; `done` completes when the copy has (the
-  /// plan's wait on its output joins it, as for a collective: [Note:
-  /// streams and events]). A copy depends on compute only: its input is
-  /// an activation or an earlier copy's output, never a collective's.
+  /// (fsdp-offload-activations' to_host / to_device marked async) on the
+  /// comm stream, or an async host instruction (fsdp-offload's update) on
+  /// the host stream, instead of the compute stream, after the executor
+  /// made `stream` wait for compute; `done` completes when the instruction
+  /// has (the plan's wait on its output joins it, as for a collective:
+  /// [Note: streams and events]). It depends on compute only: a copy's
+  /// input is an activation or an earlier copy's output, a host update's a
+  /// to_host copy's output or host state, never a collective's.
   virtual Status runOn(Stream &stream, int64_t index, std::unique_ptr<Event> &done) = 0;
   /// True when run() implements compute op `op` (PlanSchema.h's names).
   virtual bool implementsOp(const std::string &op) const = 0;
@@ -143,6 +160,9 @@ public:
   virtual Stream &computeStream() = 0;
   /// Collectives: one stream, so they run in program order.
   virtual Stream &commStream() = 0;
+  /// The offloaded optimizer's async host instructions, in program order,
+  /// on a host thread: they overlap device compute and collectives.
+  virtual Stream &hostStream() = 0;
   /// Enqueues host-issued `work` on `stream`: it runs (CPU) or launches
   /// its device work (CUDA) after everything enqueued there before. Its
   /// failure is sticky on the stream.
@@ -154,7 +174,8 @@ public:
   /// it already (the CPU device does: it blocks; CUDA reports it at
   /// synchronize).
   virtual Status wait(Stream &stream, Event &event) = 0;
-  /// Blocks the host until all streams are idle; their first failure.
+  /// Blocks the host until all streams are idle; their first failure
+  /// (compute, comm, host), after which the streams run work again.
   virtual Status synchronize() = 0;
 
   /// The step's seed, number and data rank, and whether it trains: what a

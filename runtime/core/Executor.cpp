@@ -25,7 +25,10 @@
 // which keeps the order). The memory plan keeps an async collective's
 // input and output alive until its wait, so the two streams never touch
 // the same bytes. The host waits for the device once, at the end of the
-// step.
+// step. An async host instruction (the offloaded optimizer's update) goes
+// the same way on the device's host stream: issued behind the compute
+// before it (its gradient's to_host copy), joined by its wait; the memory
+// plan keeps all its operands alive until that wait.
 //
 //===----------------------------------------------------------------------===//
 
@@ -136,9 +139,8 @@ int64_t Executor::commBytes() const {
 
 Status Executor::init(uint64_t seed) {
   if (comm.size() != plan.worldSize)
-    return FSDP_ERROR("the plan was compiled for ", plan.worldSize,
-                      " rank(s) but this job has ", comm.size(),
-                      ": recompile with world-size=", comm.size(),
+    return FSDP_ERROR("the plan was compiled for ", plan.worldSize, " rank(s) but this job has ",
+                      comm.size(), ": recompile with world-size=", comm.size(),
                       " or run with --nproc ", plan.worldSize);
   scaler = LossScaler{};
   runSeed = seed;
@@ -177,14 +179,13 @@ Status Executor::init(uint64_t seed) {
     std::vector<int64_t> ranks;
     for (int64_t j = 0; j < g; ++j)
       ranks.push_back(first + j);
-    FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g),
-                                       reshardComm));
+    FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g), reshardComm));
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   collective.clear();
   for (const Instruction &inst : plan.program)
-    collective.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst));
+    collective.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst));
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
@@ -241,17 +242,24 @@ Status Executor::init(uint64_t seed) {
     return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
   };
   int64_t n = (int64_t)plan.program.size();
-  std::map<int64_t, int64_t> asyncInput; // async output buffer -> its input
+  // async output buffer -> the inputs it reads until its wait
+  std::map<int64_t, std::vector<int64_t>> asyncInputs;
   for (int64_t i = 0; i < n; ++i) {
     const Instruction &inst = plan.program[i];
     std::vector<int64_t> touched(inst.in);
     touched.insert(touched.end(), inst.out.begin(), inst.out.end());
-    // An async collective or copy reads its input until its wait.
+    // An async collective or copy reads its input until its wait; an
+    // async host update every operand.
     if ((isCollectiveOp(inst.op) && inst.op != "wait" && inst.attrs.value("async", false)) ||
         isAsyncCopy(inst))
-      asyncInput[inst.out[0]] = inst.in[0];
-    if (inst.op == "wait" && asyncInput.count(inst.in[0]))
-      touched.push_back(asyncInput[inst.in[0]]);
+      asyncInputs[inst.out[0]] = {inst.in[0]};
+    else if (isAsyncHost(plan, inst))
+      asyncInputs[inst.out[0]] = inst.in;
+    if (inst.op == "wait") {
+      auto it = asyncInputs.find(inst.in[0]);
+      if (it != asyncInputs.end())
+        touched.insert(touched.end(), it->second.begin(), it->second.end());
+    }
     for (int64_t id : touched) {
       int64_t o = owner(id);
       first[o] = std::min(first[o], i);
@@ -283,7 +291,7 @@ Status Executor::runCollective(const Instruction &inst) {
     auto it = inFlight.find(inst.in[0]);
     if (it == inFlight.end())
       return FSDP_ERROR("wait on buffer ", inst.in[0],
-                        " but no collective or copy writing it is in flight");
+                        " but no collective, copy or host update writing it is in flight");
     Status st = dev.wait(compute, *it->second);
     inFlight.erase(it);
     return st;
@@ -292,11 +300,23 @@ Status Executor::runCollective(const Instruction &inst) {
     // Activation offload's copy between the arenas, on the comm stream
     // behind the compute that wrote its input; its wait joins it back.
     if (inFlight.count(inst.out[0]))
-      return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0],
-                        " is already in flight");
+      return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0], " is already in flight");
     std::unique_ptr<Event> ready = dev.record(compute), done;
     FSDP_RETURN_IF_ERROR(dev.wait(commStream, *ready));
     FSDP_RETURN_IF_ERROR(dev.runOn(commStream, &inst - plan.program.data(), done));
+    inFlight[inst.out[0]] = std::move(done);
+    return Status::ok();
+  }
+  if (isAsyncHost(plan, inst)) {
+    // The offloaded update on the host stream, behind the compute that
+    // copied its gradient to the host; its wait joins it back.
+    if (inFlight.count(inst.out[0]))
+      return FSDP_ERROR(inst.op, ": a host update writing buffer ", inst.out[0],
+                        " is already in flight");
+    Stream &hostStream = dev.hostStream();
+    std::unique_ptr<Event> ready = dev.record(compute), done;
+    FSDP_RETURN_IF_ERROR(dev.wait(hostStream, *ready));
+    FSDP_RETURN_IF_ERROR(dev.runOn(hostStream, &inst - plan.program.data(), done));
     inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }
@@ -385,7 +405,8 @@ Status Executor::fillInputs(DataSource &data, int64_t step) {
 Status Executor::setStepCapture(bool on) {
   if (on) {
     if (!dev.canCapture())
-      return FSDP_ERROR("device ", dev.name(), " cannot capture a step (CUDA graphs need "
+      return FSDP_ERROR("device ", dev.name(),
+                        " cannot capture a step (CUDA graphs need "
                         "--device cuda)");
     for (Communicator *c : {&comm, shardComm.get(), replicaComm.get(), reshardComm.get()})
       if (c && c->size() > 1 && !c->capturable())
@@ -456,19 +477,17 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (tracing) {
       // A collective's span here is its issue (async) or the whole blocking
       // call (sync); a wait's is the time compute stood still.
-      bool issue = collective[i] && inst.op != "wait" &&
-                   inst.attrs.value("async", false);
-      computeEvents.push_back({issue ? "issue " + inst.op : inst.op, 0, step,
-                               (int64_t)i, t0, nowUs() - t0});
+      bool issue = collective[i] && inst.op != "wait" && inst.attrs.value("async", false);
+      computeEvents.push_back(
+          {issue ? "issue " + inst.op : inst.op, 0, step, (int64_t)i, t0, nowUs() - t0});
     }
     if (!st) {
       if (capturing)
         (void)dev.endCapture(false);
       (void)dev.synchronize(); // nothing may run past the step
       inFlight.clear();
-      return Status::error("step " + std::to_string(step) + ", instruction #" +
-                           std::to_string(i) + " (" + inst.op + "): " +
-                           st.message());
+      return Status::error("step " + std::to_string(step) + ", instruction #" + std::to_string(i) +
+                           " (" + inst.op + "): " + st.message());
     }
   }
   if (capturing) {
@@ -476,7 +495,8 @@ Status Executor::step(int64_t step, double lr, float &loss) {
       (void)dev.endCapture(false);
       inFlight.clear();
       return FSDP_ERROR("step ", step,
-                        ": the plan left an async collective or copy without a wait");
+                        ": the plan left an async collective, copy or host update "
+                        "without a wait");
     }
     FSDP_RETURN_IF_ERROR(dev.endCapture(true));
     captured = true;
@@ -485,16 +505,17 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     Status st = dev.replay();
     if (!st) {
       (void)dev.synchronize();
-      return Status::error("step " + std::to_string(step) + " (the captured step): " +
-                           st.message());
+      return Status::error("step " + std::to_string(step) +
+                           " (the captured step): " + st.message());
     }
   }
   // The step's one host synchronization.
   Status synced = dev.synchronize();
   if (!inFlight.empty()) {
     inFlight.clear();
-    return FSDP_ERROR("step ", step, ": the plan left an async collective "
-                      "or copy without a wait");
+    return FSDP_ERROR("step ", step,
+                      ": the plan left an async collective, "
+                      "copy or host update without a wait");
   }
   if (!synced)
     return Status::error("step " + std::to_string(step) + ": " + synced.message());
@@ -529,7 +550,8 @@ Status Executor::step(int64_t step, double lr, float &loss) {
       scaler.growthTracker = 0;
       scaler.scale *= ls.backoffFactor;
       if (scaler.scale < 0x1p-126)
-        return FSDP_ERROR("step ", step, ": the gradients overflow at every loss scale "
+        return FSDP_ERROR("step ", step,
+                          ": the gradients overflow at every loss scale "
                           "(the scale fell below 2^-126): they are inf/NaN whatever the "
                           "scale; lower the learning rate or check the data");
     } else if (++scaler.growthTracker >= ls.growthInterval) {
@@ -711,8 +733,7 @@ MemoryMeasurement Executor::measureMemory() const {
   return m;
 }
 
-bool Executor::paramLocation(const Param &p, int64_t i, int64_t &buffer,
-                             int64_t &elem) const {
+bool Executor::paramLocation(const Param &p, int64_t i, int64_t &buffer, int64_t &elem) const {
   if (p.buffer >= 0) {
     buffer = p.buffer;
     elem = i;
@@ -758,8 +779,8 @@ Status Executor::gatherParams(TensorMap &out) {
         // A host all-gather of host copies (no stream: host buffers).
         std::vector<float> mine(unit.shardNumel);
         FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, mine.data()));
-        FSDP_RETURN_IF_ERROR(group("shard").allGather(mine.data(), flat.data(),
-                                                         unit.shardNumel, DType::F32));
+        FSDP_RETURN_IF_ERROR(
+            group("shard").allGather(mine.data(), flat.data(), unit.shardNumel, DType::F32));
       } else {
         FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, flat.data()));
       }
@@ -808,10 +829,11 @@ Status Executor::loadParams(const TensorMap &in) {
       return r + "]";
     };
     if (t.dtype != DType::F32 || t.shape != p.shape)
-      return FSDP_ERROR("tensor '", p.name, "' has shape ", shapeStr(t.shape),
-                        " and dtype ", dtypeName(t.dtype), " in the file; the model's "
-                        "parameter has shape ", shapeStr(p.shape), " and dtype ",
-                        dtypeName(p.dtype));
+      return FSDP_ERROR("tensor '", p.name, "' has shape ", shapeStr(t.shape), " and dtype ",
+                        dtypeName(t.dtype),
+                        " in the file; the model's "
+                        "parameter has shape ",
+                        shapeStr(p.shape), " and dtype ", dtypeName(p.dtype));
   }
   // Checked above: every parameter has an f32 tensor of its shape.
   return loadParams([&](const Param &p, int64_t first, int64_t count, float *out) {
@@ -838,8 +860,7 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
     if (p.buffer >= 0) {
       if (plan.buffers[p.buffer].bytes != 4 * p.numel())
         return FSDP_ERROR("parameter '", p.name, "': its buffer holds ",
-                          plan.buffers[p.buffer].bytes, " bytes, not ", p.numel(),
-                          " f32 values");
+                          plan.buffers[p.buffer].bytes, " bytes, not ", p.numel(), " f32 values");
       FSDP_RETURN_IF_ERROR(load(p, 0, p.numel(), address(p.buffer)));
       continue;
     }
@@ -850,8 +871,8 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
     int64_t lo = std::max(first, p.flatOffset);
     int64_t hi = std::min(first + count, p.flatOffset + p.numel());
     if (lo < hi)
-      FSDP_RETURN_IF_ERROR(load(p, lo - p.flatOffset, hi - p.flatOffset,
-                                address(u.buffer) + 4 * (lo - first)));
+      FSDP_RETURN_IF_ERROR(
+          load(p, lo - p.flatOffset, hi - p.flatOffset, address(u.buffer) + 4 * (lo - first)));
   }
   return Status::ok();
 }

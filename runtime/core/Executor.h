@@ -156,8 +156,13 @@ private:
   /// A copy between the arenas marked async (fsdp-offload-activations):
   /// run on the comm stream and waited for like a collective.
   static bool isAsyncCopy(const Instruction &inst) {
-    return (inst.op == "to_host" || inst.op == "to_device") &&
-           inst.attrs.value("async", false);
+    return (inst.op == "to_host" || inst.op == "to_device") && inst.attrs.value("async", false);
+  }
+  /// A host instruction marked async (fsdp-offload's update): run on the
+  /// host stream and waited for like a collective.
+  static bool isAsyncHost(const Plan &plan, const Instruction &inst) {
+    return !isCollectiveOp(inst.op) && inst.op != "to_host" && inst.op != "to_device" &&
+           !inst.out.empty() && plan.buffers[inst.out[0]].host && inst.attrs.value("async", false);
   }
 
   /// The communicator of a collective's group (see Plan::groupSize).
@@ -172,12 +177,14 @@ private:
   /// reshard-after-forward=G: the G ranks gathering the parts kept after
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
-  /// Per instruction: run by the communicator (PlanSchema.h's OpKind).
+  /// Per instruction: run by runCollective (a collective or wait, an
+  /// async copy or an async host instruction), not by Device::run.
   std::vector<bool> collective;
   int64_t peakLive = 0, hostPeakLive = 0;
 
-  /// Async collectives in flight, by the buffer their wait names: the event
-  /// on the comm stream that completes them.
+  /// Async collectives, copies and host updates in flight, by the buffer
+  /// their wait names: the event on the comm or host stream that completes
+  /// them.
   std::map<int64_t, std::unique_ptr<Event>> inFlight;
 
   bool tracing = false, traceSync = false;

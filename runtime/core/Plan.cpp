@@ -495,6 +495,17 @@ Status validateProgram(const Plan &plan) {
                             plan.buffers[id].name, ") is in ", want ? "device" : "host",
                             " memory");
       }
+    // Only work off the compute stream may be async: a collective (comm
+    // stream), a copy between the arenas (comm stream) or a host
+    // instruction (the offloaded update: the host stream). A non-boolean
+    // value is checkInstruction's to report.
+    auto async = inst.attrs.find("async");
+    if (async != inst.attrs.end() && async->is_boolean() && async->get<bool>() &&
+        !isCollectiveOp(inst.op) && inst.op != "to_host" && inst.op != "to_device" && !outHost)
+      return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
+                        ") is marked \"async\": true, but async is for collectives, copies "
+                        "between the arenas (to_host / to_device) and host instructions (the "
+                        "offloaded update, in host memory); this one is device compute");
     Status st = checkInstruction(plan, inst);
     if (!st)
       return Status::error("plan: instruction #" + std::to_string(i) + ": " +

@@ -10,10 +10,18 @@
 // compute event is free (compute already reached it). The memory plan keeps
 // an async collective's input and output alive until its wait, so the two
 // threads never touch the same bytes.
+// The host stream (the offloaded optimizer's async updates) is a second
+// such thread, in the same way; a wait between the comm and host threads
+// is a job on the waiting one that blocks on the other's marker. Its
+// kernels are the compute stream's (cpu::runInstruction: the same bits),
+// OpenMP regions started from a second thread; the kernels keep no shared
+// mutable state but the widened scratch's high-water mark, an atomic.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/CpuDevice.h"
+
+#include "runtime/core/HostWorker.h"
 
 #include "runtime/cpu/Calibrate.h"
 #include "runtime/cpu/Dispatch.h"
@@ -21,13 +29,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <future>
-#include <mutex>
-#include <thread>
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -37,54 +40,12 @@ namespace {
 
 class CpuStream final : public Stream {};
 
-/// An event: complete (compute stream), or a marker's future (comm stream).
+/// An event: complete (compute stream), or a marker's future on the comm
+/// or host stream's thread.
 class CpuEvent final : public Event {
 public:
   std::shared_future<Status> done; ///< invalid: complete, ok
-};
-
-/// The comm stream's thread and queue.
-class Worker {
-public:
-  Worker() : thread([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-  void push(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      jobs.push_back(std::move(job));
-    }
-    cv.notify_one();
-  }
-  /// The stream's first failure (worker thread only, or after a marker).
-  Status sticky;
-
-private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return stopping || !jobs.empty(); });
-        if (jobs.empty())
-          return;
-        job = std::move(jobs.front());
-        jobs.pop_front();
-      }
-      job();
-    }
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> jobs;
-  bool stopping = false;
-  std::thread thread; // last: starts after the members it uses
+  const Stream *on = nullptr;      ///< the worker stream of the marker
 };
 
 class CpuDevice final : public Device {
@@ -94,9 +55,18 @@ public:
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
     }
+    // OpenMP's thread count is per thread: the host stream's kernels use
+    // the compute stream's.
+    int n = threads;
+    hostWorker = std::make_unique<HostWorker>([n] {
+      if (n > 0)
+        omp_set_num_threads(n);
+    });
   }
   ~CpuDevice() override {
-    worker.reset(); // joins once the queued work has run
+    // Each joins once its queued work has run.
+    hostWorker.reset();
+    worker.reset();
     std::free(arena);
   }
 
@@ -146,6 +116,19 @@ public:
   Status runOn(Stream &stream, int64_t index, std::unique_ptr<Event> &done) override {
     if (index < 0 || index >= (int64_t)plan->program.size())
       return FSDP_ERROR("instruction #", index, " is not in the program");
+    if (&stream == &host) {
+      // The offloaded update on the host thread, overlapping what the
+      // caller runs next; `done` is its marker.
+      const Plan *p = plan;
+      uint8_t *a = arena;
+      int64_t shard = shardIndex;
+      DropoutContext ctx = dropoutContext();
+      hostWorker->pushWork([p, index, a, shard, ctx] {
+        return runInstruction(*p, p->program[index], a, shard, ctx);
+      });
+      done = record(host);
+      return Status::ok();
+    }
     // Both arenas are host memory here: the copy is a memcpy on the same
     // memory bus as compute, so there is nothing to overlap, and handing it
     // to the comm worker would cost thread handoffs per copy (its marker
@@ -161,6 +144,7 @@ public:
 
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
+  Stream &hostStream() override { return host; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
     if (&stream == &compute) {
@@ -169,19 +153,13 @@ public:
         computeSticky = work();
       return;
     }
-    Worker *w = worker.get();
-    w->push([w, work = std::move(work)] {
-      if (w->sticky)
-        w->sticky = work();
-    });
+    workerOf(stream)->pushWork(std::move(work));
   }
   std::unique_ptr<Event> record(Stream &stream) override {
     auto e = std::make_unique<CpuEvent>();
-    if (&stream == &comm) {
-      auto marker = std::make_shared<std::promise<Status>>();
-      e->done = marker->get_future().share();
-      Worker *w = worker.get();
-      w->push([w, marker] { marker->set_value(w->sticky); });
+    if (&stream != &compute) {
+      e->done = workerOf(stream)->marker();
+      e->on = &stream;
     }
     return e;
   }
@@ -189,18 +167,23 @@ public:
     auto &e = static_cast<CpuEvent &>(event);
     if (!e.done.valid())
       return computeSticky; // a compute event: already complete
-    if (&stream == &comm)
-      return Status::ok(); // comm events are ordered on comm anyway
-    return e.done.get();
+    if (&stream == e.on)
+      return Status::ok(); // ordered on its own stream anyway
+    if (&stream == &compute)
+      return e.done.get();
+    // One worker stream waits for the other's marker: a job blocking it.
+    workerOf(stream)->push([f = e.done] { f.wait(); });
+    return Status::ok();
   }
   Status synchronize() override {
-    CpuEvent e;
-    auto marker = std::make_shared<std::promise<Status>>();
-    e.done = marker->get_future().share();
-    Worker *w = worker.get();
-    w->push([w, marker] { marker->set_value(w->sticky); });
-    Status st = e.done.get();
-    return computeSticky ? st : computeSticky;
+    Status st = computeSticky;
+    Status commSt = worker->drain(), hostSt = hostWorker->drain();
+    if (st)
+      st = commSt;
+    if (st)
+      st = hostSt;
+    computeSticky = Status::ok();
+    return st;
   }
 
   int64_t scratchHighWater() const override { return widenedScratchHighWater(); }
@@ -214,9 +197,14 @@ private:
   int64_t size = 0;
   const Plan *plan = nullptr;
   int64_t shardIndex = 0;
-  CpuStream compute, comm;
+  HostWorker *workerOf(Stream &stream) {
+    return &stream == &host ? hostWorker.get() : worker.get();
+  }
+
+  CpuStream compute, comm, host;
   Status computeSticky;
-  std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+  std::unique_ptr<HostWorker> worker = std::make_unique<HostWorker>(); ///< comm
+  std::unique_ptr<HostWorker> hostWorker;
 };
 
 } // namespace

@@ -20,10 +20,23 @@
 // communication stream's host functions (host-staged collectives) are
 // reported there too (CudaComm.h).
 //
+// [Note: the CUDA host stream]
+// The offloaded optimizer's async updates run on a host thread
+// (HostWorker.h), the CPU kernels on the pinned host arena. An event is a
+// cudaEvent (compute, comm) or a marker in the host thread's queue. The
+// host stream waits for a cudaEvent (its gradient's to_host copy) in a job
+// that polls it under the NCCL watchdog, as idle() does, so a stalled rank
+// is an error, not a hang; the job holds the event (shared ownership: the
+// executor drops its handle right after the wait). A device stream waits
+// for a marker by blocking the caller until the host work is done, so
+// whatever is enqueued after it (the copies of the new parameters to the
+// device) is issued after the update wrote them.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/CudaDevice.h"
 
+#include "runtime/core/HostWorker.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/ShapeRules.h"
 #include "runtime/cpu/Dispatch.h" // fsdp-offload's host instructions
@@ -79,14 +92,25 @@ public:
   void *nativeHandle() const override { return s; }
 };
 
-class CudaEvent final : public Event {
-public:
+/// A cudaEvent, alive while an event or a host-stream job refers to it.
+struct EventHandle {
   cudaEvent_t e = nullptr;
-  ~CudaEvent() override {
+  ~EventHandle() {
     if (e)
       cudaEventDestroy(e);
   }
 };
+
+/// A point in a device stream (a cudaEvent) or in the host stream (a
+/// marker: valid `host`).
+class CudaEvent final : public Event {
+public:
+  std::shared_ptr<EventHandle> h = std::make_shared<EventHandle>();
+  std::shared_future<Status> host;
+};
+
+/// The host stream: its work runs on the device's HostWorker.
+class HostStream final : public Stream {};
 
 using Launch = std::function<Status(cudaStream_t)>;
 using rules::Op;
@@ -98,8 +122,8 @@ FloatKind floatKind(DType t) {
 /// Device scratch the launchers share (they run one at a time on the
 /// compute stream). Sizes are the maxima over the plan's instructions.
 struct Scratch {
-  float *f = nullptr;   // attention statistics, norm row statistics, pack staging
-  double *d = nullptr;  // reduction partials, per-row losses
+  float *f = nullptr;      // attention statistics, norm row statistics, pack staging
+  double *d = nullptr;     // reduction partials, per-row losses
   uint8_t *wide = nullptr; // widened f32 copies of bf16 instructions
   int64_t fN = 0, dN = 0, wideBytes = 0;
 };
@@ -109,6 +133,7 @@ public:
   explicit CudaDevice(int ordinal) : ordinal(ordinal) {}
   ~CudaDevice() override {
     cudaSetDevice(ordinal);
+    hostWorker.reset(); // joins once its queued work has run
     if (compute.s)
       cudaStreamSynchronize(compute.s);
     if (comm.s)
@@ -142,6 +167,8 @@ public:
     // behind a queue of compute kernels.
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&compute.s, cudaStreamNonBlocking, lo));
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&comm.s, cudaStreamNonBlocking, hi));
+    const int dev = ordinal;
+    hostWorker = std::make_unique<HostWorker>([dev] { cudaSetDevice(dev); });
     FSDP_CUDA_CHECK(cudaMalloc(&badPos, sizeof(long long)));
     FSDP_RETURN_IF_ERROR(resetBadPos());
     gemm = std::make_unique<Gemm>();
@@ -181,8 +208,10 @@ public:
       if (h != cudaSuccess) {
         cudaGetLastError();
         hostArena = nullptr;
-        return FSDP_ERROR("cannot pin ", hostBytes, " bytes of host memory for the "
-                          "offloaded optimizer (", cudaGetErrorString(h), ")");
+        return FSDP_ERROR("cannot pin ", hostBytes,
+                          " bytes of host memory for the "
+                          "offloaded optimizer (",
+                          cudaGetErrorString(h), ")");
       }
       hostStart = hostArenaStart(bytes);
       hostBytes_ = hostBytes;
@@ -255,6 +284,16 @@ public:
     return st;
   }
   Status runOn(Stream &stream, int64_t index, std::unique_ptr<Event> &done) override {
+    if (&stream == &host) {
+      if (index < 0 || index >= (int64_t)hostRuns.size() || !hostRuns[index])
+        return FSDP_ERROR("instruction #", index, " is not a prepared host instruction");
+      // [Note: the CUDA host stream]: the update on the host thread,
+      // without draining a device stream (the executor made the host
+      // stream wait for the compute that copied its gradient).
+      hostWorker->pushWork([run = hostRuns[index], ctx = dropoutContext()] { return run(ctx); });
+      done = record(host);
+      return Status::ok();
+    }
     if (index < 0 || index >= (int64_t)launches.size() || !launches[index])
       return FSDP_ERROR("instruction #", index, " is not a prepared instruction");
     auto *s = &static_cast<CudaStream &>(stream);
@@ -269,8 +308,13 @@ public:
 
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
+  Stream &hostStream() override { return host; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
+    if (&stream == &host) {
+      hostWorker->pushWork(std::move(work));
+      return;
+    }
     // The work launches device work on the stream (NCCL, or the host-staged
     // copies and host function) and returns at once.
     auto &s = static_cast<CudaStream &>(stream);
@@ -279,28 +323,44 @@ public:
   }
   std::unique_ptr<Event> record(Stream &stream) override {
     auto ev = std::make_unique<CudaEvent>();
+    if (&stream == &host) {
+      ev->host = hostWorker->marker();
+      return ev;
+    }
     auto &s = static_cast<CudaStream &>(stream);
-    cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+    cudaError_t e = cudaEventCreateWithFlags(&ev->h->e, cudaEventDisableTiming);
     if (e == cudaSuccess)
-      e = cudaEventRecord(ev->e, s.s);
+      e = cudaEventRecord(ev->h->e, s.s);
     if (e != cudaSuccess && s.sticky)
       s.sticky = cudaStatus(e, "cudaEventRecord", __FILE__, __LINE__);
     return ev;
   }
   Status wait(Stream &stream, Event &event) override {
-    auto &s = static_cast<CudaStream &>(stream);
     auto &ev = static_cast<CudaEvent &>(event);
-    if (ev.e)
-      FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.s, ev.e, 0));
+    if (&stream == &host) {
+      if (ev.host.valid() || !ev.h->e)
+        return Status::ok(); // ordered on the host stream anyway
+      // [Note: the CUDA host stream]: a job polling the event.
+      hostWorker->pushWork([this, h = ev.h] { return waitForEvent(h->e); });
+      return Status::ok();
+    }
+    if (ev.host.valid())
+      return ev.host.get(); // the host work is done: later device work sees it
+    auto &s = static_cast<CudaStream &>(stream);
+    if (ev.h->e)
+      FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.s, ev.h->e, 0));
     // Failures on the event's stream are known only at synchronize().
     return Status::ok();
   }
   Status synchronize() override {
     Status st = idle();
+    Status hostSt = hostWorker->drain();
     if (!compute.sticky)
       st = compute.sticky;
     else if (!comm.sticky)
       st = comm.sticky;
+    else if (st)
+      st = hostSt;
     compute.sticky = comm.sticky = Status::ok();
     if (!st)
       return st;
@@ -377,8 +437,7 @@ public:
 
   int64_t scratchHighWater() const override {
     return scratch.fN * (int64_t)sizeof(float) + scratch.dN * (int64_t)sizeof(double) +
-           scratch.wideBytes +
-           (int64_t)(gemm ? gemm->workspaceBytes() + gemm->stagingBytes() : 0);
+           scratch.wideBytes + (int64_t)(gemm ? gemm->workspaceBytes() + gemm->stagingBytes() : 0);
   }
 
 private:
@@ -395,8 +454,8 @@ private:
     // hang ([Note: the NCCL watchdog] in CudaComm.cpp).
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(limit));
+    const auto deadline =
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
     for (cudaStream_t s : {compute.s, comm.s})
       for (int polls = 0;; ++polls) {
         cudaError_t e = cudaStreamQuery(s);
@@ -419,6 +478,38 @@ private:
           std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     return takeAsyncCommError();
+  }
+  /// The host stream's wait for a device event: polled, like idle(), under
+  /// the NCCL watchdog (a dead or stalled rank is an error, not a hang).
+  Status waitForEvent(cudaEvent_t ev) {
+    const double limit = ncclWatchdogSeconds();
+    if (limit <= 0) {
+      FSDP_CUDA_CHECK(cudaEventSynchronize(ev));
+      return Status::ok();
+    }
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(limit));
+    for (int polls = 0;; ++polls) {
+      cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess)
+        return Status::ok();
+      if (e != cudaErrorNotReady)
+        FSDP_CUDA_CHECK(e);
+      Status async = (polls & 63) == 0 ? ncclAsyncError() : Status::ok();
+      if (!async || Clock::now() > deadline) {
+        abortNcclComms();
+        if (!async)
+          return FSDP_ERROR(async.message(), "; NCCL communicators aborted");
+        return FSDP_ERROR("the host stream's offloaded update waited more than ", limit,
+                          " s for the device (the collective timeout, FSDP_COMM_TIMEOUT_S): a "
+                          "rank is dead or stalled in a collective; NCCL communicators aborted");
+      }
+      if (polls < 1000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   /// A host -> device copy complete before any later work on either stream.
   /// Not a plain cudaMemcpy: from pageable memory it may return before its
@@ -461,18 +552,19 @@ private:
   Status buildRope(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   Status buildNativeLoss(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
-  Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
-                          Launch &out);
-  Status buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
-                           Launch &out);
+  Status buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
+  Status buildResidualNorm(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
 
   int ordinal;
   uint8_t *arena = nullptr;
   int64_t size = 0;
   CudaStream compute, comm;
+  HostStream host;
+  /// The host stream's thread ([Note: the CUDA host stream]).
+  std::unique_ptr<HostWorker> hostWorker;
   std::unique_ptr<Gemm> gemm;
-  cudaGraphExec_t stepGraph = nullptr; ///< the captured step (beginCapture)
-  std::vector<cudaEvent_t> stamps;     ///< stampCompute's timing events
+  cudaGraphExec_t stepGraph = nullptr;       ///< the captured step (beginCapture)
+  std::vector<cudaEvent_t> stamps;           ///< stampCompute's timing events
   flash::Impl attention = flash::Impl::Auto; ///< FSDP_CUDA_ATTENTION
   /// The cross-entropy gradient reads the logits twice from global memory
   /// (a statistics pass, then the gradient) rather than once into a 98 KB
@@ -504,6 +596,9 @@ private:
   Status ropeTable(int64_t T, int64_t D, double theta, const float *&cs, const float *&sn);
   Scratch scratch;
   std::vector<Launch> launches;
+  /// Per host instruction (fsdp-offload's update): its body on the host
+  /// stream (runOn), without the device drain of its launch.
+  std::vector<std::function<Status(const DropoutContext &)>> hostRuns;
   /// fsdp-offload's pinned host arena, at offsets from hostStart on.
   uint8_t *hostArena = nullptr;
   int64_t hostStart = 0, hostBytes_ = 0;
@@ -704,11 +799,9 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
     // writes it.
     if (productF32(plan, inst, i))
       continue;
-    if (!visit(inst.out[i], ((inst.op == "cross_entropy" ||
-                              inst.op == "cross_entropy_fused") &&
-                             i == 0) ||
-                                ((inst.op == "attention" || inst.op == "attention_qkv") &&
-                                 i == 1)))
+    if (!visit(inst.out[i],
+               ((inst.op == "cross_entropy" || inst.op == "cross_entropy_fused") && i == 0) ||
+                   ((inst.op == "attention" || inst.op == "attention_qkv") && i == 1)))
       return false;
   }
   if (narrow == DType::F32)
@@ -883,20 +976,17 @@ Status CudaDevice::buildNativeElementwise(const Op &op, FloatKind t, uint8_t *ba
     const void *a = r.v(0), *b = r.v(1);
     auto sa = op.in(0).shape, sb = op.in(1).shape, so = o0.shape;
     void *y = r.w(0);
-    out = fromCuda([=](cudaStream_t s) { return native::binary(t, k, a, sa, b, sb, y, so, s); },
-                   n);
+    out = fromCuda([=](cudaStream_t s) { return native::binary(t, k, a, sa, b, sb, y, so, s); }, n);
   };
   auto unary = [&](native::UnaryKind k, double factor) {
     const void *x = r.v(0);
     void *y = r.w(0);
-    out = fromCuda([=](cudaStream_t s) { return native::unary(t, k, x, y, numel, factor, s); },
-                   n);
+    out = fromCuda([=](cudaStream_t s) { return native::unary(t, k, x, y, numel, factor, s); }, n);
   };
   auto unaryGrad = [&](native::UnaryGradKind k) {
     const void *x = r.v(0), *dy = r.v(1);
     void *dx = r.w(0);
-    out = fromCuda([=](cudaStream_t s) { return native::unaryGrad(t, k, x, dy, dx, numel, s); },
-                   n);
+    out = fromCuda([=](cudaStream_t s) { return native::unaryGrad(t, k, x, dy, dx, numel, s); }, n);
   };
   using UK = native::UnaryKind;
   using UG = native::UnaryGradKind;
@@ -964,8 +1054,8 @@ Status CudaDevice::buildNativeNorm(const Op &op, FloatKind t, uint8_t *base, int
     const void *xp = r.v(0), *g = r.v(1);
     void *y = r.w(0);
     double eps = op.f("epsilon", 1e-6);
-    out = fromCuda(
-        [=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); }, n);
+    out = fromCuda([=](cudaStream_t s) { return native::rmsNorm(t, xp, g, y, rows, cols, eps, s); },
+                   n);
   } else if (n == "rms_norm_grad" || n == "rms_norm_grad_acc") {
     const void *xp = r.v(0), *g = r.v(1), *dy = r.v(2);
     const void *acc = n == "rms_norm_grad_acc" ? r.v(3) : nullptr;
@@ -1261,8 +1351,7 @@ Status CudaDevice::ropeTable(int64_t T, int64_t D, double theta, const float *&c
   return Status::ok();
 }
 
-void CudaDevice::swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank,
-                              Launch &out) {
+void CudaDevice::swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out) {
   auto at = [&](int64_t id) { return base + bufferOffset(op.plan, id, rank); };
   const void *g = at(op.inst.in[0]), *u = at(op.inst.in[1]);
   void *y = at(op.inst.out[0]);
@@ -1458,8 +1547,7 @@ Status CudaDevice::buildLayerNorm(const Op &op, uint8_t *base, int64_t rank, Lau
   if (n == "layer_norm") {
     const float *xp = r.in(0), *g = r.in(1), *b = r.in(2);
     float *y = r.out(0);
-    out = fromCuda([=](cudaStream_t s) { return layerNorm(xp, g, b, y, rows, cols, eps, s); },
-                   n);
+    out = fromCuda([=](cudaStream_t s) { return layerNorm(xp, g, b, y, rows, cols, eps, s); }, n);
     return Status::ok();
   }
   const float *xp = r.in(0), *g = r.in(1), *dy = r.in(2);
@@ -1545,11 +1633,9 @@ Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch
     out = fromCuda(
         [=](cudaStream_t s) {
           if (stochastic && dropoutContext().training)
-            return castBf16Stochastic(static_cast<const float *>(x), y, numel, ctx, unit, first,
-                                      s);
+            return castBf16Stochastic(static_cast<const float *>(x), y, numel, ctx, unit, first, s);
           if (from == to)
-            return x == y ? cudaSuccess
-                          : cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s);
+            return x == y ? cudaSuccess : cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s);
           return cast(x, floatKind(from), y, floatKind(to), numel, s);
         },
         n);
@@ -1719,8 +1805,8 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                             : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
-                     : sgdMomentumUpdate(p + k, g + k, buf + k, np + k, nb + k, cnt - k, lr,
-                                         step, m, damp, 0.0, nesterov, s, skip, gs);
+                     : sgdMomentumUpdate(p + k, g + k, buf + k, np + k, nb + k, cnt - k, lr, step,
+                                         m, damp, 0.0, nesterov, s, skip, gs);
         },
         n);
   } else if (n == "adamw_update") {
@@ -1741,8 +1827,8 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     const void *gRest = r.in<uint8_t>(1) + k * dtypeSize(op.in(1).dtype);
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = k ? native::adamw(p, gv, gk, m, v, np, nm, nv, k, lr, step, b1, b2,
-                                            eps, wd, gs, skip, s)
+          cudaError_t e = k ? native::adamw(p, gv, gk, m, v, np, nm, nv, k, lr, step, b1, b2, eps,
+                                            wd, gs, skip, s)
                             : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
@@ -1842,9 +1928,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     rules::MM mm;
     if (inst.op == "matmul" && native && t != FloatKind::F32 && stagingOn &&
         rules::matmulDims(op, mm).isOk())
-      stage = std::max(stage, Gemm::stagingNeed(gemmTypeOf(t, op.out(0)), mm.batch, mm.m, mm.n,
-                                                mm.k, op.b("transpose_lhs"),
-                                                op.b("transpose_rhs")));
+      stage =
+          std::max(stage, Gemm::stagingNeed(gemmTypeOf(t, op.out(0)), mm.batch, mm.m, mm.n, mm.k,
+                                            op.b("transpose_lhs"), op.b("transpose_rhs")));
   }
   if (stage)
     FSDP_RETURN_IF_ERROR(gemm->reserveStaging(stage));
@@ -1865,6 +1951,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   scratch.wideBytes = wide;
 
   launches.assign(plan.program.size(), Launch());
+  hostRuns.assign(plan.program.size(), nullptr);
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
     if (isCollectiveOp(inst.op))
@@ -1893,6 +1980,11 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
         FSDP_CUDA_CHECK(cudaStreamSynchronize(s));
         return cpu::runInstruction(plan, *ip, a, shard, dropoutContext(), h);
       };
+      // Marked async: the same body on the host stream, after the event
+      // it waits for ([Note: the CUDA host stream]).
+      hostRuns[i] = [ip, a, h, shard, &plan](const DropoutContext &ctx) -> Status {
+        return cpu::runInstruction(plan, *ip, a, shard, ctx, h);
+      };
       continue;
     }
     Status st;
@@ -1920,30 +2012,27 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
             if (isIn[sl]) {
               const Buffer &b = plan.buffers[w->ids[sl]];
               if (b.dtype == w->plan.buffers[sl].dtype) { // f32 or integer: bytes
-                FSDP_CUDA_CHECK(cudaMemcpyAsync(
-                    wideBase + w->plan.buffers[sl].offset,
-                    base + bufferOffset(plan, w->ids[sl], shard), (size_t)b.bytes,
-                    cudaMemcpyDeviceToDevice, s));
+                FSDP_CUDA_CHECK(cudaMemcpyAsync(wideBase + w->plan.buffers[sl].offset,
+                                                base + bufferOffset(plan, w->ids[sl], shard),
+                                                (size_t)b.bytes, cudaMemcpyDeviceToDevice, s));
                 continue;
               }
-              FSDP_CUDA_CHECK(cast(base + bufferOffset(plan, w->ids[sl], shard),
-                                   floatKind(b.dtype), wideBase + w->plan.buffers[sl].offset,
+              FSDP_CUDA_CHECK(cast(base + bufferOffset(plan, w->ids[sl], shard), floatKind(b.dtype),
+                                   wideBase + w->plan.buffers[sl].offset,
                                    floatKind(w->plan.buffers[sl].dtype), b.numel(), s));
             }
           FSDP_RETURN_IF_ERROR(body(s));
           for (int64_t sl : w->inst.out) {
             const Buffer &b = plan.buffers[w->ids[sl]];
             if (b.dtype == w->plan.buffers[sl].dtype) {
-              FSDP_CUDA_CHECK(cudaMemcpyAsync(
-                  base + bufferOffset(plan, w->ids[sl], shard),
-                  wideBase + w->plan.buffers[sl].offset, (size_t)b.bytes,
-                  cudaMemcpyDeviceToDevice, s));
+              FSDP_CUDA_CHECK(cudaMemcpyAsync(base + bufferOffset(plan, w->ids[sl], shard),
+                                              wideBase + w->plan.buffers[sl].offset,
+                                              (size_t)b.bytes, cudaMemcpyDeviceToDevice, s));
               continue;
             }
-            FSDP_CUDA_CHECK(cast(wideBase + w->plan.buffers[sl].offset,
-                                 floatKind(w->plan.buffers[sl].dtype),
-                                 base + bufferOffset(plan, w->ids[sl], shard),
-                                 floatKind(b.dtype), b.numel(), s));
+            FSDP_CUDA_CHECK(cast(
+                wideBase + w->plan.buffers[sl].offset, floatKind(w->plan.buffers[sl].dtype),
+                base + bufferOffset(plan, w->ids[sl], shard), floatKind(b.dtype), b.numel(), s));
           }
           return Status::ok();
         };

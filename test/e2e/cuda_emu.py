@@ -11,7 +11,8 @@ processes). Not a GPU result: it checks the backend's logic.
   staged N      the MLP (global batch 24) at N = 2, 3, 4 ranks sharing the
                 one device through the host-staged communicator, stages
                 0-3: every loss within 1e-5 of the one-rank run
-  features      recompute, activation offload, per-micro-batch reduction,
+  features      recompute, activation offload, optimizer offload (the host
+                updates on the host stream; 1 rank and 2), per-micro-batch reduction,
                 label smoothing, ignore_index with a loss mask (1 rank and
                 2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
                 dropout with --cuda-graphs bitwise eager (the replays
@@ -191,6 +192,8 @@ def main():
             ("recompute=unit", gpt, "recompute=unit"),
             ("offload-activations", gpt, "offload-activations=true"),
             ("grad-accum=2 microbatch", gpt, "grad-accum=2 accum-reduce=microbatch"),
+            # the host updates on the host stream beside the backward pass
+            ("optimizer offload", gpt, "stage=3 offload=optimizer"),
             ("label smoothing 0.1", gptls, "max-grad-norm=1.0"),
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
@@ -236,6 +239,15 @@ def main():
     lplan = compile_plan(gpt2b, "gpt_lamb_n2", f"{lamb} world-size=2 stage=3")
     check("feature LAMB, 2 ranks",
           run(lplan, "lamb_n2", 6, 1e-2, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
+    # Optimizer offload, ZeRO-3 on 2 ranks sharing the device: each rank's
+    # host updates on its host stream (waiting for its compute stream's
+    # gradient copies), against the CPU run of the global batch.
+    oref = run(compile_plan(gpt, "gpt_adamw", "optimizer=adamw"), "adamw_cpu", 6, 3e-3,
+               device="cpu")
+    oplan = compile_plan(gpt2b, "gpt_off_n2", "optimizer=adamw world-size=2 stage=3 "
+                         "offload=optimizer")
+    check("feature optimizer offload, 2 ranks",
+          run(oplan, "off_n2", 6, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), oref, 1e-5)
     # Dropout under --cuda-graphs: each replay reads its step's key from the
     # device's step word, so the replayed steps 3-6 are bitwise eager's (a
     # key frozen at capture would repeat step 2's mask).

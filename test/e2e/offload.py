@@ -22,7 +22,14 @@ configuration below, against the same plan without offload:
     plan without offload keeps whole parameters, it is refused by name and
     `fsdp-ckpt reshard` converts it, again bitwise;
 (d) refusals: stage 0 (no sharded storage to offload) is refused by name;
-(e) evaluation (--eval-every) gives the validation losses bitwise.
+(e) evaluation (--eval-every) gives the validation losses bitwise;
+(f) overlap (the default): every host update is an async instruction
+    joined by a wait on its parameter buffer, one in flight at a time, and
+    without clipping or f16 loss scaling (whose coefficient and overflow
+    check need every gradient) device compute of the backward pass follows
+    the first one, so the host updates run beside the backward pass; (a) and (b) above hold
+    for these plans (the runtime's host stream runs them), and the plan
+    compiled with overlap=false trains bitwise the same.
 """
 import json
 import os
@@ -129,6 +136,39 @@ def main():
             report(measured, f"(b) {what}: measured == predicted, device "
                              f"{s['measured_high_water']} B and host "
                              f"{s['measured_host_high_water']} B")
+            # (f)
+            prog = po["program"]
+            bufs = po["buffers"]
+            ups = [k for k, x in enumerate(prog)
+                   if x["op"] in ("adamw_update", "sgd_update", "sgd_momentum_update",
+                                  "lamb_update") and bufs[x["out"][0]].get("space") == "host"]
+            joined = True
+            for j, k in enumerate(ups):
+                waits = [w for w, x in enumerate(prog) if w > k and x["op"] == "wait"
+                         and x["in"][0] == prog[k]["out"][0]]
+                nxt = ups[j + 1] if j + 1 < len(ups) else len(prog)
+                joined &= bool(prog[k].get("attrs", {}).get("async")) and bool(waits) \
+                    and waits[0] < nxt
+            # Device compute issued after the first update: the backward
+            # pass it runs beside.
+            beside = sum(1 for x in prog[ups[0] + 1:] if ups and x["op"] not in
+                         ("wait", "to_host", "to_device", "all_gather", "reduce_scatter",
+                          "all_reduce") and bufs[x["out"][0]].get("space") != "host")
+            # Clipping's coefficient and f16's overflow check need every
+            # gradient: the updates come after them.
+            clipped = "max-grad-norm" in pipeline or "f16" in pipeline.replace("bf16", "")
+            report(len(ups) > 0 and joined and (beside > 0 or clipped),
+                   f"(f) {what}: {len(ups)} async host updates, each joined before the next; "
+                   + ("issued after the clipping coefficient / overflow check" if clipped else
+                      f"{beside} device instructions after the first"))
+            if i in (0, 6):
+                serial = compile_(model, n, pipeline + " overlap=false", "optimizer",
+                                  f"c{i}-serial")
+                got2, _ = train(serial, n, "--steps", "6", "--save", serial + ".st")
+                sp = json.load(open(serial))["program"]
+                report(got2 == ref and read(serial + ".st") == read(base + ".st") and
+                       not any(x.get("attrs", {}).get("async") for x in sp),
+                       f"(f) {what}: overlap=false (nothing async) trains bitwise the same")
 
         # (c) checkpoints, on the 2-rank bf16 stage-1 and the hpZ GPT plans.
         for i in (3, 6):

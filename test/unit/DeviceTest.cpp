@@ -9,9 +9,10 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/core/Device.h"
 #include "runtime/core/Bf16.h"
 #include "runtime/core/Comm.h"
-#include "runtime/core/Device.h"
+#include "runtime/core/Executor.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/PlanSchema.h"
 #include "runtime/core/StochasticRounding.h"
@@ -41,8 +42,7 @@ public:
       : inner(std::move(inner)), delayMs(delayMs), fail(fail) {}
   int64_t rank() const override { return inner->rank(); }
   int64_t size() const override { return inner->size(); }
-  Status allReduce(const void *in, void *out, int64_t n, DType t, ReduceOp op,
-                   Stream *s) override {
+  Status allReduce(const void *in, void *out, int64_t n, DType t, ReduceOp op, Stream *s) override {
     FSDP_RETURN_IF_ERROR(delay("all_reduce"));
     return inner->allReduce(in, out, n, t, op, s);
   }
@@ -203,8 +203,7 @@ TEST_P(DeviceConformance, FillsWordsOfBothArenasWithoutTouchingNeighbours) {
   const int64_t devBytes = 3 << 20, hostBytes = 8192;
   ASSERT_TRUE(dev->allocateArena(devBytes, hostBytes).isOk());
   const int64_t hostAt = hostArenaStart(devBytes);
-  for (auto [at, bytes] : {std::pair<int64_t, int64_t>{0, devBytes},
-                           {hostAt, hostBytes}}) {
+  for (auto [at, bytes] : {std::pair<int64_t, int64_t>{0, devBytes}, {hostAt, hostBytes}}) {
     std::vector<uint32_t> zeros(bytes / 4, 0u), got(bytes / 4);
     ASSERT_TRUE(dev->copyToDevice(dev->address(at), zeros.data(), bytes).isOk());
     const int64_t from = bytes == devBytes ? 4096 : 64, n = bytes - 2 * from;
@@ -232,8 +231,8 @@ TEST_P(DeviceConformance, ImplementsEveryComputeOpOfTheSchema) {
 TEST_P(DeviceConformance, RunsInstructionsOnTheArena) {
   // b2 = b0 + b1; b3 = 2.5 * b2; b4 = matmul([2,3] view of b0.., ...) is
   // left to the kernel tests: here the device's addressing and dispatch.
-  Plan plan = vectorPlan(4, 5,
-                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  Plan plan =
+      vectorPlan(4, 5, {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
   bind(plan);
   write(plan, 0, {1, 2, 3, 4, 5});
   write(plan, 1, {10, 20, 30, 40, 50});
@@ -249,8 +248,8 @@ TEST_P(DeviceConformance, RunsInstructionsOnTheArena) {
 /// the time between two stamps there (here a 40 ms host wait between them:
 /// the stream idle, then stamped after it); one that cannot says so.
 TEST_P(DeviceConformance, TimingStampsMeasureTheComputeStream) {
-  Plan plan = vectorPlan(4, 5,
-                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  Plan plan =
+      vectorPlan(4, 5, {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
   bind(plan);
   double ms = -1;
   if (!dev->stampsCompute()) {
@@ -293,8 +292,8 @@ TEST_P(DeviceConformance, TimingStampsMeasureTheComputeStream) {
 /// of running it, and each replay runs it on the arena's current contents;
 /// one that cannot says so.
 TEST_P(DeviceConformance, CapturedStepReplaysOnNewInputs) {
-  Plan plan = vectorPlan(4, 5,
-                         {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
+  Plan plan =
+      vectorPlan(4, 5, {inst("add", {0, 1}, {2}), inst("scale", {2}, {3}, {{"factor", 2.5}})});
   bind(plan);
   if (!dev->canCapture()) {
     Status st = dev->beginCapture();
@@ -344,8 +343,8 @@ TEST_P(DeviceConformance, RunsHostInstructionsAndCopiesBetweenArenas) {
   // b3 in the device arena, b1 and b2 in the host arena; a copy to the
   // host, an instruction there (CUDA: the CPU kernel on pinned memory,
   // after the compute stream drains) and a copy back, in stream order.
-  Plan plan = vectorPlan(4, 5, {inst("to_host", {0}, {1}), inst("add", {1, 1}, {2}),
-                                inst("to_device", {2}, {3})});
+  Plan plan = vectorPlan(
+      4, 5, {inst("to_host", {0}, {1}), inst("add", {1, 1}, {2}), inst("to_device", {2}, {3})});
   plan.buffers[1].host = plan.buffers[2].host = true;
   plan.buffers[1].offset = 0;
   plan.buffers[2].offset = 64;
@@ -401,8 +400,7 @@ TEST_P(DeviceConformance, PacksInputsThatPartlyOverlapTheirDestination) {
 }
 
 /// A plan of f32 matrices of the given shapes, each at a 64-byte offset.
-Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes,
-                std::vector<Instruction> program) {
+Plan matrixPlan(const std::vector<std::vector<int64_t>> &shapes, std::vector<Instruction> program) {
   Plan p = vectorPlan((int)shapes.size(), 1, std::move(program));
   int64_t offset = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -482,8 +480,21 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
     // 10 dh [m,n], 11 db [n], 12-13 the unfused product and gelu_grad,
     // 14 sum_to [n].
     Plan plan = matrixPlan(
-        {{m, k}, {n, k}, {n}, {m, n}, {m, n}, {m, n}, {m, n}, {m, n}, {m, n2}, {n2, n},
-         {m, n}, {n}, {m, n}, {m, n}, {n}},
+        {{m, k},
+         {n, k},
+         {n},
+         {m, n},
+         {m, n},
+         {m, n},
+         {m, n},
+         {m, n},
+         {m, n2},
+         {n2, n},
+         {m, n},
+         {n},
+         {m, n},
+         {m, n},
+         {n}},
         {inst("matmul_bias", {0, 1, 2}, {3, 4}, {{"transpose_rhs", true}, {"gelu", true}}),
          inst("matmul", {0, 1}, {5}, {{"transpose_rhs", true}}), inst("bias_add", {5, 2}, {6}),
          inst("gelu", {6}, {7}), inst("matmul_gelu_grad", {8, 9, 4}, {10, 11}),
@@ -513,19 +524,20 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
       for (size_t i = 0; i < f.size(); ++i) {
         double tol = exact ? 0.0 : slackOf((int64_t)i) + 8 * u * std::fabs(g[i]);
         EXPECT_LE(std::fabs((double)f[i] - g[i]), tol)
-            << what << " n=" << n << " element " << i << ": fused " << f[i] << ", unfused "
-            << g[i];
+            << what << " n=" << n << " element " << i << ": fused " << f[i] << ", unfused " << g[i];
       }
     };
     std::vector<float> pre = read(plan, 6);
-    compare(4, 6, [&](int64_t i) { return 2 * k * u * absDot(0, 1, i / n, i % n, k, true); },
-            "pre-activation");
-    compare(3, 7,
-            [&](int64_t i) {
-              return 1.13 * 2 * k * u * absDot(0, 1, i / n, i % n, k, true) +
-                     u * std::fabs(pre[i]) + 0.5 * dt * std::fabs(pre[i]);
-            },
-            "gelu");
+    compare(
+        4, 6, [&](int64_t i) { return 2 * k * u * absDot(0, 1, i / n, i % n, k, true); },
+        "pre-activation");
+    compare(
+        3, 7,
+        [&](int64_t i) {
+          return 1.13 * 2 * k * u * absDot(0, 1, i / n, i % n, k, true) + u * std::fabs(pre[i]) +
+                 0.5 * dt * std::fabs(pre[i]);
+        },
+        "gelu");
     // gelu'(pre) is at most 1.13 in magnitude; d the unfused product.
     std::vector<float> d = read(plan, 12);
     auto dhSlack = [&](int64_t i) {
@@ -536,16 +548,17 @@ TEST_P(DeviceConformance, FusedMatmulsMatchTheUnfusedOps) {
     // The sum over m rows of those, each side summed in its own order
     // (within m u sum_r |dh| of the exact sum).
     std::vector<float> dh = read(plan, 13);
-    compare(11, 14,
-            [&](int64_t c) {
-              double s = 0, mag = 0;
-              for (int64_t r = 0; r < m; ++r) {
-                s += dhSlack(r * n + c);
-                mag += std::fabs(dh[r * n + c]);
-              }
-              return s + 2 * m * u * mag;
-            },
-            "bias gradient");
+    compare(
+        11, 14,
+        [&](int64_t c) {
+          double s = 0, mag = 0;
+          for (int64_t r = 0; r < m; ++r) {
+            s += dhSlack(r * n + c);
+            mag += std::fabs(dh[r * n + c]);
+          }
+          return s + 2 * m * u * mag;
+        },
+        "bias gradient");
   }
 }
 
@@ -759,9 +772,9 @@ TEST_P(DeviceConformance, WidenedLayerNormGradientsAreTheUnroundedSums) {
   }
   bind(plan);
   auto put = [&](int id, const void *src) {
-    ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src,
-                                  plan.buffers[id].bytes)
-                    .isOk());
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src, plan.buffers[id].bytes)
+            .isOk());
   };
   for (int id = 0; id < 4; ++id)
     put(id, bits[id].data());
@@ -817,8 +830,8 @@ TEST_P(DeviceConformance, UpdatesWithGradScaleMatchTheClippingMul) {
   nlohmann::json scaled = adam;
   scaled["skip_nonfinite"] = true;
   scaled["grad_scale"] = true;
-  nlohmann::json mom = {{"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.1},
-                        {"nesterov", true}};
+  nlohmann::json mom = {
+      {"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.1}, {"nesterov", true}};
   nlohmann::json momScaled = mom;
   momScaled["grad_scale"] = true;
   Plan plan = matrixPlan(
@@ -832,12 +845,18 @@ TEST_P(DeviceConformance, UpdatesWithGradScaleMatchTheClippingMul) {
        inst("sgd_momentum_update", {0, 8, 2, 4, 5}, {19, 20}, mom)});
   bindFillRun(plan, {0, 1, 2, 3, 4, 5, 6, 7}, [](size_t i, int id) {
     switch (id) {
-    case 3: return (float)std::fabs(std::sin(0.3 * double(i))) + 0.01f; // v >= 0
-    case 4: return 1e-2f;                                                  // lr
-    case 5: return 3.f;                                                    // step
-    case 6: return 0.3712f;                                                // coef
-    case 7: return 4.f;                                                    // sumsq
-    default: return (float)std::sin(0.37 * double(i) + id) * 1.5f;
+    case 3:
+      return (float)std::fabs(std::sin(0.3 * double(i))) + 0.01f; // v >= 0
+    case 4:
+      return 1e-2f; // lr
+    case 5:
+      return 3.f; // step
+    case 6:
+      return 0.3712f; // coef
+    case 7:
+      return 4.f; // sumsq
+    default:
+      return (float)std::sin(0.37 * double(i) + id) * 1.5f;
     }
   });
   auto same = [&](int a, int b) {
@@ -863,8 +882,23 @@ TEST_P(DeviceConformance, FusedResidualLayerNormsMatchTheUnfusedOps) {
   // 0 a, 1 b, 2 gamma, 3 beta, 4 sum, 5 y, 6 add, 7 layer_norm, 8 dy, 9 acc,
   // 10 dx, 11 dg, 12 db, 13-15 layer_norm_grad, 16 add.
   Plan plan = matrixPlan(
-      {{rows, C}, {rows, C}, {C}, {C}, {rows, C}, {rows, C}, {rows, C}, {rows, C}, {rows, C},
-       {rows, C}, {rows, C}, {C}, {C}, {rows, C}, {C}, {C}, {rows, C}},
+      {{rows, C},
+       {rows, C},
+       {C},
+       {C},
+       {rows, C},
+       {rows, C},
+       {rows, C},
+       {rows, C},
+       {rows, C},
+       {rows, C},
+       {rows, C},
+       {C},
+       {C},
+       {rows, C},
+       {C},
+       {C},
+       {rows, C}},
       {inst("residual_layer_norm", {0, 1, 2, 3}, {4, 5}), inst("add", {0, 1}, {6}),
        inst("layer_norm", {6, 2, 3}, {7}), inst("layer_norm_grad_acc", {4, 2, 8, 9}, {10, 11, 12}),
        inst("layer_norm_grad", {4, 2, 8}, {13, 14, 15}), inst("add", {13, 9}, {16})});
@@ -982,17 +1016,17 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
 TEST_P(DeviceConformance, SwigluMatchesTheUnfusedOps) {
   const int64_t n = 777;
   // 0 g, 1 u, 2 dh | 3 s, 4 h, 5 t, 6 dg, 7 du | 8 h2, 9 dg2, 10 du2
-  Plan plan = vectorPlan(11, n,
-                         {inst("silu", {0}, {3}), inst("mul", {3, 1}, {4}),
-                          inst("mul", {2, 1}, {5}), inst("silu_grad", {0, 5}, {6}),
-                          inst("mul", {2, 3}, {7}), inst("swiglu", {0, 1}, {8}),
-                          inst("swiglu_grad", {0, 1, 2}, {9, 10})});
+  Plan plan =
+      vectorPlan(11, n,
+                 {inst("silu", {0}, {3}), inst("mul", {3, 1}, {4}), inst("mul", {2, 1}, {5}),
+                  inst("silu_grad", {0, 5}, {6}), inst("mul", {2, 3}, {7}),
+                  inst("swiglu", {0, 1}, {8}), inst("swiglu_grad", {0, 1, 2}, {9, 10})});
   auto host = bindFillRun(plan, {0, 1, 2}, [](size_t i, int id) {
     return (float)(std::sin(0.37 * (double)i + id) * (id == 0 ? 6.0 : 1.5));
   });
   const bool exact = GetParam() == "cpu";
-  for (auto [fused, unfused, what] : {std::tuple(8, 4, "swiglu"), std::tuple(9, 6, "d_gate"),
-                                      std::tuple(10, 7, "d_up")}) {
+  for (auto [fused, unfused, what] :
+       {std::tuple(8, 4, "swiglu"), std::tuple(9, 6, "d_gate"), std::tuple(10, 7, "d_up")}) {
     std::vector<float> a = read(plan, fused), b = read(plan, unfused);
     for (int64_t i = 0; i < n; ++i) {
       double g = std::fabs(host[0][i]), u = std::fabs(host[1][i]), d = std::fabs(host[2][i]);
@@ -1026,8 +1060,8 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   const int64_t n = (int64_t)x.size(), half = n / 2;
   ASSERT_EQ(n % 2, 0);
   const int64_t unit = 3;
-  Plan plan = mixedPlan({{n}, {n}}, {1},
-                        {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}})});
+  Plan plan =
+      mixedPlan({{n}, {n}}, {1}, {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}})});
   auto bits = [&](const Plan &p, int64_t id) {
     std::vector<uint16_t> v(p.buffers[id].numel());
     EXPECT_TRUE(
@@ -1115,6 +1149,355 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   ASSERT_TRUE(dev->run(0).isOk());
   ASSERT_TRUE(dev->synchronize().isOk());
   EXPECT_EQ(bits(shardPlan, 1), std::vector<uint16_t>(want.begin() + half, want.end()));
+}
+
+/// The host stream ([Note: streams and events]): work enqueued there runs
+/// after the compute event it waits for (it reads what a to_host copy
+/// wrote) and before a compute wait on its event returns (compute
+/// enqueued after the wait, a to_device copy, sees what it wrote), and
+/// issuing it does not block the caller.
+TEST_P(DeviceConformance, HostStreamIsOrderedByEvents) {
+  // 0: b0 = fill 3 (device); 1: to_host b0 -> b1; host job: b1 = 2 b1 + 1
+  // after a sleep; 2: to_device b1 -> b2.
+  Plan plan = vectorPlan(3, 8,
+                         {inst("fill", {}, {0}, {{"value", 3.0}}), inst("to_host", {0}, {1}),
+                          inst("to_device", {1}, {2})});
+  plan.buffers[1].host = true;
+  plan.buffers[1].offset = 0;
+  plan.buffers[2].offset = 64;
+  plan.arenaBytes = 96;
+  plan.hostArenaBytes = 64;
+  for (const Instruction &i : plan.program)
+    ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
+  ASSERT_TRUE(dev->allocateArena(plan.arenaBytes, plan.hostArenaBytes).isOk());
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  auto at = [&](int64_t id) { return dev->address(bufferOffset(plan, id, 0)); };
+  std::vector<float> zeros(16, 0.f);
+  ASSERT_TRUE(dev->copyToDevice(dev->address(0), zeros.data(), 64).isOk());
+  ASSERT_TRUE(dev->copyToDevice(at(1), zeros.data(), 64).isOk());
+  Stream &compute = dev->computeStream(), &host = dev->hostStream();
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->run(1).isOk());
+  auto ready = dev->record(compute);
+  ASSERT_TRUE(dev->wait(host, *ready).isOk());
+  ready.reset();                              // the device keeps what the queued wait needs
+  auto *h = reinterpret_cast<float *>(at(1)); // the host arena: host memory
+  std::vector<float> seen(8, -1.f);
+  auto t0 = std::chrono::steady_clock::now();
+  dev->enqueue(host, [h, &seen] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    for (int i = 0; i < 8; ++i) {
+      seen[i] = h[i];
+      h[i] = 2 * h[i] + 1;
+    }
+    return Status::ok();
+  });
+  auto done = dev->record(host);
+  double issueMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(issueMs, 45) << "issuing host-stream work waited for it";
+  ASSERT_TRUE(dev->wait(compute, *done).isOk());
+  ASSERT_TRUE(dev->run(2).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(seen, std::vector<float>(8, 3.0f)) << "the host job ran before the to_host copy";
+  std::vector<float> back(8);
+  ASSERT_TRUE(dev->copyToHost(back.data(), at(2), 32).isOk());
+  EXPECT_EQ(back, std::vector<float>(8, 7.0f)) << "compute after the wait missed the host job";
+}
+
+/// A failure on the host stream is sticky (later work there is skipped),
+/// comes back from the compute wait on an event after it and from
+/// synchronize, after which the stream runs work again.
+TEST_P(DeviceConformance, HostStreamFailuresAreStickyAndSynchronizeRecovers) {
+  Plan plan = vectorPlan(1, 4, {});
+  bind(plan);
+  Stream &host = dev->hostStream();
+  std::vector<int> order;
+  for (int k = 0; k < 4; ++k)
+    dev->enqueue(host, [k, &order] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(k % 2 ? 1 : 10));
+      order.push_back(k);
+      return Status::ok();
+    });
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+
+  dev->enqueue(host, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return FSDP_ERROR("host update: injected failure");
+  });
+  bool ranAfter = false;
+  dev->enqueue(host, [&ranAfter] {
+    ranAfter = true;
+    return Status::ok();
+  });
+  auto done = dev->record(host);
+  Status waited = dev->wait(dev->computeStream(), *done);
+  Status synced = dev->synchronize();
+  EXPECT_FALSE(waited.isOk()) << "the compute wait on the host stream returned before it failed";
+  EXPECT_NE(waited.message().find("injected failure"), std::string::npos) << waited.message();
+  EXPECT_FALSE(synced.isOk());
+  EXPECT_NE(synced.message().find("injected failure"), std::string::npos) << synced.message();
+  EXPECT_FALSE(ranAfter) << "work after a failure on the stream ran";
+
+  bool ranAgain = false;
+  dev->enqueue(host, [&ranAgain] {
+    ranAgain = true;
+    return Status::ok();
+  });
+  EXPECT_TRUE(dev->synchronize().isOk()) << "the failure outlived synchronize";
+  EXPECT_TRUE(ranAgain) << "the host stream did not recover after synchronize";
+}
+
+/// runOn(hostStream) runs a host instruction (the offloaded update) as
+/// run() does: the same kernel, the same bits.
+TEST_P(DeviceConformance, HostStreamUpdateMatchesRun) {
+  const int64_t n = 1000;
+  // host arena: 0-3 p, g, m, v (run); 4-7 the same (runOn host); 8 lr, 9 step
+  std::vector<std::vector<int64_t>> shapes(10, {n});
+  shapes[8] = shapes[9] = {};
+  nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  nlohmann::json async = adam;
+  async["async"] = true;
+  Plan plan = matrixPlan(shapes, {inst("adamw_update", {0, 1, 2, 3, 8, 9}, {0, 2, 3}, adam),
+                                  inst("adamw_update", {4, 5, 6, 7, 8, 9}, {4, 6, 7}, async)});
+  for (Buffer &b : plan.buffers)
+    b.host = true;
+  plan.hostArenaBytes = plan.arenaBytes;
+  plan.arenaBytes = 0;
+  for (const Instruction &i : plan.program)
+    ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
+  ASSERT_TRUE(dev->allocateArena(plan.arenaBytes, plan.hostArenaBytes).isOk());
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  auto at = [&](int64_t id) { return dev->address(bufferOffset(plan, id, 0)); };
+  for (int id = 0; id < 10; ++id) {
+    std::vector<float> v(plan.buffers[id].numel());
+    for (size_t i = 0; i < v.size(); ++i) {
+      int k = id < 8 ? id % 4 : id;
+      v[i] = k == 3   ? (float)std::fabs(std::sin(0.3 * double(i))) + 0.01f // v >= 0
+             : k == 8 ? 1e-2f                                               // lr
+             : k == 9 ? 3.f                                                 // step
+                      : (float)std::sin(0.37 * double(i) + k) * 1.5f;
+    }
+    ASSERT_TRUE(dev->copyToDevice(at(id), v.data(), v.size() * 4).isOk());
+  }
+  Stream &compute = dev->computeStream(), &host = dev->hostStream();
+  ASSERT_TRUE(dev->run(0).isOk());
+  auto ready = dev->record(compute);
+  ASSERT_TRUE(dev->wait(host, *ready).isOk());
+  std::unique_ptr<Event> done;
+  ASSERT_TRUE(dev->runOn(host, 1, done).isOk());
+  ASSERT_TRUE(done);
+  ASSERT_TRUE(dev->wait(compute, *done).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  for (int k : {0, 2, 3}) {
+    std::vector<float> a(n), b(n);
+    ASSERT_TRUE(dev->copyToHost(a.data(), at(k), n * 4).isOk());
+    ASSERT_TRUE(dev->copyToHost(b.data(), at(k + 4), n * 4).isOk());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * 4), 0) << "result " << k;
+    if (k == 0) {
+      EXPECT_NE(a[1], (float)std::sin(0.37 + 0) * 1.5f) << "the update ran";
+    }
+  }
+}
+
+/// An offloaded plan whose first unit's update is an async host
+/// instruction, and the executor running it (fsdp-offload's shape):
+///   0 g1 = x * x; 1 to_host g1 -> gh1; 2 adamw_update p1 (async);
+///   3 g2 = g1 * x; 4 to_host g2 -> gh2; 5 wait p1; 6 to_device p1 -> d1;
+///   7 q = d1 * d1; 8 adamw_update p2 (sync); 9 loss = fill 1.
+/// `async` false: the same update synchronous, without the wait;
+/// `wait` false: async without its wait (and without 6-7, which would
+/// read p1 while it is written).
+std::string offloadPlan(bool async, bool wait) {
+  const int64_t n = 64, vb = n * 4;
+  using nlohmann::json;
+  json buffers = json::array();
+  auto buf = [&](const char *name, const char *kind, bool host, int64_t offset, bool scalar,
+                 bool persistent) {
+    buffers.push_back({{"id", buffers.size()},
+                       {"name", name},
+                       {"kind", kind},
+                       {"space", host ? "host" : "device"},
+                       {"offset", offset},
+                       {"bytes", scalar ? 4 : vb},
+                       {"shape", scalar ? json::array() : json::array({n})},
+                       {"dtype", "f32"},
+                       {"persistent", persistent},
+                       {"first", -1},
+                       {"last", -1}});
+  };
+  // device: 0 x, 1 g1, 2 g2, 3 loss, 4 d1, 5 q
+  buf("x", "input", false, 0, false, true);
+  buf("g1", "grad", false, vb, false, false);
+  buf("g2", "grad", false, 2 * vb, false, false);
+  buf("loss", "activation", false, 3 * vb, true, false);
+  buf("d1", "activation", false, 3 * vb + 64, false, false);
+  buf("q", "activation", false, 4 * vb + 64, false, true);
+  // host: 6 p1, 7 m1, 8 v1, 9 p2, 10 m2, 11 v2, 12 lr, 13 step, 14 gh1, 15 gh2
+  const char *names[] = {"p1", "m1", "v1", "p2", "m2", "v2"};
+  for (int k = 0; k < 6; ++k)
+    buf(names[k], k % 3 ? "state" : "param", true, k * vb, false, true);
+  buf("lr", "input", true, 6 * vb, true, true);
+  buf("step", "input", true, 6 * vb + 64, true, true);
+  buf("gh1", "grad", true, 6 * vb + 128, false, false);
+  buf("gh2", "grad", true, 7 * vb + 128, false, false);
+  json adam = {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  json asyncAdam = adam;
+  if (async)
+    asyncAdam["async"] = true;
+  auto op = [](const char *name, std::vector<int64_t> in, std::vector<int64_t> out,
+               json attrs = json::object()) {
+    return json{{"op", name}, {"in", in}, {"out", out}, {"attrs", attrs}};
+  };
+  json program = {op("mul", {0, 0}, {1}), op("to_host", {1}, {14}),
+                  op("adamw_update", {6, 14, 7, 8, 12, 13}, {6, 7, 8}, asyncAdam),
+                  op("mul", {1, 0}, {2}), op("to_host", {2}, {15})};
+  if (async && wait)
+    program.push_back(op("wait", {6}, {6}));
+  if (wait) {
+    program.push_back(op("to_device", {6}, {4}));
+    program.push_back(op("mul", {4, 4}, {5}));
+  }
+  program.push_back(op("adamw_update", {9, 15, 10, 11, 12, 13}, {9, 10, 11}, adam));
+  program.push_back(op("fill", json::array(), {3}, {{"value", 1.0}}));
+  // Live ranges from the operands; an async host update's operands until
+  // its wait (what the compiler's memory plan does).
+  for (size_t i = 0; i < program.size(); ++i) {
+    std::vector<int64_t> ids = program[i]["in"];
+    for (int64_t o : program[i]["out"].get<std::vector<int64_t>>())
+      ids.push_back(o);
+    if (program[i]["op"] == "wait")
+      ids = program[2]["in"].get<std::vector<int64_t>>();
+    for (int64_t id : ids) {
+      json &b = buffers[id];
+      if (b["persistent"])
+        continue;
+      if (b["first"] == -1)
+        b["first"] = i;
+      b["last"] = i;
+    }
+  }
+  buffers[3]["last"] = program.size(); // the loss output
+  for (json &b : buffers)
+    if (b["persistent"])
+      b["first"] = -1, b["last"] = program.size();
+    else if (b["first"] == -1) // unused (d1 without the wait)
+      b["first"] = b["last"] = 0;
+  // The host arena's peak live: persistent 6 vectors + 2 scalars, and one
+  // gradient copy, two while the async update's input waits for its wait.
+  int64_t hostPeak = 6 * vb + 8 + (async && wait ? 2 : 1) * vb;
+  json units = json::array(), params = json::array(), states = json::array();
+  for (int u = 0; u < 2; ++u) {
+    std::string un = "u" + std::to_string(u);
+    units.push_back({{"name", un},
+                     {"flat_numel", n},
+                     {"padded_numel", n},
+                     {"shard_numel", n},
+                     {"sharded", false},
+                     {"buffer", -1}});
+    params.push_back({{"name", "w" + std::to_string(u)},
+                      {"shape", {n}},
+                      {"dtype", "f32"},
+                      {"init", "normal"},
+                      {"scale", 0.5},
+                      {"trainable", true},
+                      {"unit", u},
+                      {"flat_offset", 0},
+                      {"buffer", 6 + 3 * u}});
+    states.push_back({{"name", un + ".exp_avg"}, {"kind", "exp_avg"}, {"buffer", 7 + 3 * u}});
+    states.push_back({{"name", un + ".exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", 8 + 3 * u}});
+  }
+  json plan = {{"format", "fsdp-plan"},
+               {"version", 2},
+               {"model", "offload"},
+               {"world_size", 1},
+               {"stage", 0},
+               {"arena_bytes", 5 * vb + 64},
+               {"host_arena_bytes", 8 * vb + 128},
+               {"memory",
+                {{"params", 0},
+                 {"grads", 0},
+                 {"state", 0},
+                 {"activations", 0},
+                 {"temps", 0},
+                 {"inputs", 0},
+                 {"comm", 0},
+                 {"peak", 5 * vb + 64},
+                 {"peak_live", 0},
+                 {"host",
+                  {{"params", 2 * vb},
+                   {"state", 4 * vb},
+                   {"peak", 8 * vb + 128},
+                   {"peak_live", hostPeak}}}}},
+               {"units", units},
+               {"params", params},
+               {"states", states},
+               {"inputs",
+                {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+                 {{"name", "lr"}, {"role", "lr"}, {"buffer", 12}},
+                 {{"name", "step"}, {"role", "step"}, {"buffer", 13}}}},
+               {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}}},
+               {"buffers", buffers},
+               {"program", program}};
+  return plan.dump();
+}
+
+/// The executor runs an async host update on the host stream and joins it
+/// at its wait: the same bits as the synchronous update, over steps; its
+/// own host peak-live figure keeps the update's operands live until the
+/// wait (the compiler's peak_live); a step that leaves it in flight fails.
+TEST_P(DeviceConformance, ExecutorRunsAsyncHostUpdates) {
+  auto runSteps = [&](bool async, std::vector<std::vector<float>> &out, MemoryMeasurement &m) {
+    Plan plan;
+    Status st = parsePlan(offloadPlan(async, true), plan);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    std::unique_ptr<Device> d;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    auto comm = communicatorFor(GetParam());
+    Executor exec(plan, *comm, *d);
+    ASSERT_TRUE(exec.init(1234).isOk());
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
+    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+    for (int64_t s = 1; s <= 3; ++s) {
+      float loss = 0;
+      st = exec.step(s, 1e-2, loss);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+    for (int64_t id : {5, 6, 7, 8, 9, 10, 11}) {
+      out.emplace_back(plan.buffers[id].numel());
+      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
+    }
+    m = exec.measureMemory();
+    EXPECT_EQ(m.hostPeakLive, plan.memory.hostPeakLive)
+        << (async ? "async" : "sync") << ": the runtime's host peak live is not the compiler's";
+  };
+  std::vector<std::vector<float>> sync, async;
+  MemoryMeasurement ms, ma;
+  runSteps(false, sync, ms);
+  runSteps(true, async, ma);
+  ASSERT_EQ(sync.size(), async.size());
+  for (size_t k = 0; k < sync.size(); ++k)
+    EXPECT_EQ(std::memcmp(sync[k].data(), async[k].data(), sync[k].size() * 4), 0)
+        << "buffer #" << k << " differs between the sync and async update";
+  EXPECT_EQ(ma.hostPeakLive - ms.hostPeakLive, 64 * 4) << "gh1 lives until the wait";
+
+  Plan plan;
+  Status parsed = parsePlan(offloadPlan(true, false), plan);
+  ASSERT_TRUE(parsed.isOk()) << parsed.message();
+  std::unique_ptr<Device> d;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+  auto comm = communicatorFor(GetParam());
+  Executor exec(plan, *comm, *d);
+  ASSERT_TRUE(exec.init(1).isOk());
+  float loss = 0;
+  Status st = exec.step(1, 1e-2, loss);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("async collective, copy or host update without a wait"),
+            std::string::npos)
+      << st.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,

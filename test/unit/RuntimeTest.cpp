@@ -98,8 +98,7 @@ TEST(SafeTensorsTest, RoundTripAndTruncation) {
   m["w"] = t;
   ASSERT_TRUE(writeSafeTensors(path, m).isOk());
   // No temporary file is left behind.
-  for (auto &e : std::filesystem::directory_iterator(
-           std::filesystem::temp_directory_path()))
+  for (auto &e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path()))
     EXPECT_EQ(e.path().string().find(path + ".tmp"), std::string::npos);
   TensorMap back;
   ASSERT_TRUE(readSafeTensors(path, back).isOk());
@@ -125,8 +124,7 @@ TEST(SafeTensorsTest, WritesOnlyRegularFiles) {
   for (const std::string &target : {fifo, dir}) {
     Status st = writeFileAtomic(target, "data");
     ASSERT_FALSE(st.isOk()) << target;
-    EXPECT_NE(st.message().find("not a regular file"), std::string::npos)
-        << st.message();
+    EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st.message();
   }
   EXPECT_TRUE(std::filesystem::is_fifo(fifo));
   EXPECT_TRUE(std::filesystem::is_directory(dir));
@@ -218,14 +216,12 @@ TEST(DataTest, TokenFileErrors) {
   ASSERT_TRUE(writeTokenFile(path, toks).isOk());
   ASSERT_TRUE(makeDataSource(path, plan, 0, 1, 1, src).isOk());
   std::vector<uint8_t> mem(64);
-  auto addr = [](void *ctx, int64_t id) {
-    return static_cast<uint8_t *>(ctx) + id * 32;
-  };
+  auto addr = [](void *ctx, int64_t id) { return static_cast<uint8_t *>(ctx) + id * 32; };
   ASSERT_TRUE(src->fill(1, addr, mem.data()).isOk());
   const int32_t *x = reinterpret_cast<const int32_t *>(mem.data());
   const int32_t *y = x + 8;
-  EXPECT_EQ(x[5], 5); // second window starts at token 4
-  EXPECT_EQ(y[5], 6); // targets are shifted by one
+  EXPECT_EQ(x[5], 5);                  // second window starts at token 4
+  EXPECT_EQ(y[5], 6);                  // targets are shifted by one
   st = src->fill(7, addr, mem.data()); // windows 12, 13 reach ids >= 50
   ASSERT_FALSE(st.isOk());
   EXPECT_NE(st.message().find("outside the model's vocabulary of 50"), std::string::npos);
@@ -382,3 +378,123 @@ TEST(PlanTest, ChecksTheLambOps) {
 }
 
 } // namespace
+
+namespace {
+
+/// A one-rank offloaded plan: x (device) -> g = x * x -> to_host -> an
+/// adamw_update of a host parameter, marked async with `updateAttrs`, and
+/// its wait when `wait`; `mulAttrs` on the device mul.
+std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
+                          const nlohmann::json &mulAttrs = nlohmann::json::object()) {
+  using nlohmann::json;
+  const int64_t n = 16, vb = 64;
+  json program = {{{"op", "mul"}, {"in", {0, 0}}, {"out", {1}}, {"attrs", mulAttrs}},
+                  {{"op", "to_host"}, {"in", {1}}, {"out", {7}}},
+                  {{"op", "adamw_update"},
+                   {"in", {3, 7, 4, 5, 6, 8}},
+                   {"out", {3, 4, 5}},
+                   {"attrs", updateAttrs}}};
+  if (wait)
+    program.push_back({{"op", "wait"}, {"in", {3}}, {"out", {3}}});
+  program.push_back(
+      {{"op", "fill"}, {"in", json::array()}, {"out", {2}}, {"attrs", {{"value", 1.0}}}});
+  const int64_t end = (int64_t)program.size();
+  json buffers = json::array();
+  auto buf = [&](const char *name, const char *kind, bool host, int64_t offset, bool scalar,
+                 int64_t first, int64_t last) {
+    bool persistent = first < 0;
+    buffers.push_back({{"id", buffers.size()},
+                       {"name", name},
+                       {"kind", kind},
+                       {"space", host ? "host" : "device"},
+                       {"offset", offset},
+                       {"bytes", scalar ? 4 : vb},
+                       {"shape", scalar ? json::array() : json::array({n})},
+                       {"dtype", "f32"},
+                       {"persistent", persistent},
+                       {"first", persistent ? -1 : first},
+                       {"last", persistent ? end : last}});
+  };
+  buf("x", "input", false, 0, false, -1, 0);                    // 0
+  buf("g", "grad", false, vb, false, 0, 1);                     // 1
+  buf("loss", "activation", false, 2 * vb, true, end - 1, end); // 2
+  buf("p", "param", true, 0, false, -1, 0);                     // 3
+  buf("m", "state", true, vb, false, -1, 0);                    // 4
+  buf("v", "state", true, 2 * vb, false, -1, 0);                // 5
+  buf("lr", "input", true, 3 * vb, true, -1, 0);                // 6
+  buf("gh", "grad", true, 4 * vb, false, 1, wait ? 3 : 2);      // 7
+  buf("step", "input", true, 5 * vb, true, -1, 0);              // 8
+  json plan = {{"format", "fsdp-plan"},
+               {"version", 2},
+               {"world_size", 1},
+               {"stage", 0},
+               {"arena_bytes", 3 * vb},
+               {"host_arena_bytes", 6 * vb},
+               {"memory",
+                {{"params", 0},
+                 {"grads", 0},
+                 {"state", 0},
+                 {"activations", 0},
+                 {"temps", 0},
+                 {"inputs", 0},
+                 {"comm", 0},
+                 {"peak", 3 * vb},
+                 {"peak_live", 0}}},
+               {"units",
+                {{{"name", "u"},
+                  {"flat_numel", n},
+                  {"padded_numel", n},
+                  {"shard_numel", n},
+                  {"buffer", -1}}}},
+               {"params",
+                {{{"name", "w"},
+                  {"shape", {n}},
+                  {"dtype", "f32"},
+                  {"init", "zeros"},
+                  {"scale", 0.0},
+                  {"trainable", true},
+                  {"unit", 0},
+                  {"flat_offset", 0},
+                  {"buffer", 3}}}},
+               {"states", json::array()},
+               {"inputs",
+                {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+                 {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
+                 {{"name", "step"}, {"role", "step"}, {"buffer", 8}}}},
+               {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 2}}}},
+               {"buffers", buffers},
+               {"program", program}};
+  return plan.dump();
+}
+
+} // namespace
+
+/// "async": true belongs to work off the compute stream: collectives,
+/// copies between the arenas and host instructions (fsdp-offload's
+/// update, joined by a wait); on device compute it is refused at load.
+TEST(PlanTest, AsyncIsForCollectivesCopiesAndHostInstructions) {
+  nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}};
+  Plan plan;
+  Status st = parsePlan(offloadedPlan(adam, false), plan);
+  EXPECT_TRUE(st.isOk()) << st.message();
+  nlohmann::json async = adam;
+  async["async"] = true;
+  plan = Plan();
+  st = parsePlan(offloadedPlan(async, true), plan);
+  EXPECT_TRUE(st.isOk()) << "an async host update and its wait: " << st.message();
+  plan = Plan();
+  st = parsePlan(offloadedPlan(adam, false, {{"async", true}}), plan);
+  ASSERT_FALSE(st.isOk()) << "async device compute was accepted";
+  EXPECT_NE(st.message().find("instruction #0 (mul) is marked \"async\": true, but async is "
+                              "for collectives, copies between the arenas (to_host / "
+                              "to_device) and host instructions"),
+            std::string::npos)
+      << st.message();
+  plan = Plan();
+  EXPECT_TRUE(parsePlan(offloadedPlan(adam, false, {{"async", false}}), plan).isOk())
+      << "async false is the default";
+  plan = Plan();
+  async["async"] = "yes";
+  st = parsePlan(offloadedPlan(async, true), plan);
+  EXPECT_NE(st.message().find("attribute async: expected"), std::string::npos) << st.message();
+}

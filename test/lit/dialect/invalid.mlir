@@ -859,3 +859,12 @@ func.func @f(%p: tensor<40xbf16>, %s: tensor<f32>) {
   %0 = fsdp.lamb_norms %p, %p, %p, %p, %s {segments = array<i64: 0, 40>} : tensor<40xbf16> -> tensor<2xf32>
   return
 }
+
+// -----
+// A wait joins only async work: a host update not marked async has none.
+func.func @f(%p: tensor<8xf32>, %s: tensor<f32>) {
+  %0:3 = fsdp.adamw_update %p, %p, %p, %p, %s, %s {fsdp.on_host} : tensor<8xf32>
+  // expected-error @+1 {{expected the result of an async collective, copy or host update}}
+  %1 = fsdp.wait %0#0 : tensor<8xf32>
+  return
+}

@@ -198,6 +198,11 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
   %1:2 = fsdp.sgd_momentum_update %p, %p, %p, %lr, %step {momentum = 0.9 : f64, nesterov} : tensor<64xf32>
   // CHECK: fsdp.adamw_update %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {beta1 = 8.000000e-01 : f64} : tensor<64xf32>
   %2:3 = fsdp.adamw_update %p, %p, %p, %p, %lr, %step {beta1 = 0.8 : f64} : tensor<64xf32>
+  // fsdp-offload's overlapped host update and its join.
+  // CHECK: %[[U:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, fsdp.on_host} : tensor<64xf32>
+  // CHECK-NEXT: fsdp.wait %[[U]] : tensor<64xf32>
+  %u:3 = fsdp.adamw_update %p, %p, %p, %p, %lr, %step {async, fsdp.on_host} : tensor<64xf32>
+  %w = fsdp.wait %u#0 : tensor<64xf32>
   // CHECK: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<64xf32>, tensor<64xf32>
   %3 = fsdp.squared_norm %p, %p : tensor<64xf32>, tensor<64xf32>
   // CHECK: fsdp.clip_coef %{{.+}} {max_norm = 1.000000e+00 : f64} : tensor<f32>

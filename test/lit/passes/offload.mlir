@@ -1,5 +1,9 @@
-// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s
-// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-offload | FileCheck %s
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s --check-prefixes=CHECK,OVER
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-offload | FileCheck %s --check-prefixes=CHECK,OVER
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload=overlap=false | FileCheck %s --check-prefixes=CHECK,SERIAL
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer plan=%t.plan" -o /dev/null 2>/dev/null
+// RUN: python3 -c "import json, sys; p = json.load(open(sys.argv[1]))['program']; print(' '.join(i['op'] + ('@' + str(i['out'][0]) if i['op'] in ('wait', 'adamw_update') else '') + ('(async)' if i.get('attrs', {}).get('async') and i['op'] == 'adamw_update' else '') for i in p if i['op'] in ('adamw_update', 'wait', 'to_host')))" %t.plan | FileCheck %s --check-prefix=PLAN
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw max-grad-norm=1.0" -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s --check-prefix=CLIP
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=optimizer" -fsdp-offload | FileCheck %s --check-prefix=Z2
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule -fsdp-offload -fsdp-offload | FileCheck %s --check-prefix=SCHED
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-plan-memory="report=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
@@ -40,26 +44,66 @@ fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
 // CHECK-NOT: fsdp.to_device
 // CHECK: %[[GR:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<2xf32>
 // The gradient leaves the device as soon as it is final.
-// CHECK-NEXT: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
-// CHECK: %[[B2:.+]] = fsdp.get_unit @b.frozen
-// CHECK-NEXT: fsdp.all_gather %[[B2]]
-// CHECK: %[[GA:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
-// CHECK-NEXT: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
-// CHECK: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
-// CHECK-NEXT: %[[ST:.+]] = fsdp.to_host %arg3 : tensor<f32>
-// CHECK-NEXT: fsdp.adamw_update %{{.+}}, %[[GAH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
-// CHECK-NOT: fsdp.to_host
-// CHECK: fsdp.adamw_update %{{.+}}, %[[GRH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
-// CHECK-NOT: fsdp.to_
-// CHECK: return
+// SERIAL-NEXT: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
+// SERIAL: %[[B2:.+]] = fsdp.get_unit @b.frozen
+// SERIAL-NEXT: fsdp.all_gather %[[B2]]
+// SERIAL: %[[GA:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
+// SERIAL-NEXT: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
+// SERIAL: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
+// SERIAL-NEXT: %[[ST:.+]] = fsdp.to_host %arg3 : tensor<f32>
+// SERIAL-NEXT: fsdp.adamw_update %{{.+}}, %[[GAH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
+// SERIAL-NOT: fsdp.to_host
+// SERIAL: fsdp.adamw_update %{{.+}}, %[[GRH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {fsdp.on_host}
+// SERIAL-NOT: fsdp.to_
+// SERIAL-NOT: fsdp.wait
+// SERIAL: return
+// With overlap (the default) root's update runs beside a's backward: it
+// is issued async right after its gradient's copy, with the storage reads
+// and the copies of lr and step it takes along, and is joined right
+// before a's update is issued; a's is joined before the step returns.
+// OVER-NEXT: %[[R2:.+]] = fsdp.get_unit @root
+// OVER-NEXT: %[[GRH:.+]] = fsdp.to_host %[[GR]] : tensor<2xf32>
+// OVER: %[[LR:.+]] = fsdp.to_host %arg2 : tensor<f32>
+// OVER-NEXT: %[[ST:.+]] = fsdp.to_host %arg3 : tensor<f32>
+// OVER-NEXT: %[[RP:.+]], %{{.+}}, %{{.+}} = fsdp.adamw_update %[[R2]], %[[GRH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {async, fsdp.on_host}
+// OVER-NEXT: fsdp.relu_grad
+// OVER: %[[B2:.+]] = fsdp.get_unit @b.frozen
+// OVER-NEXT: fsdp.all_gather %[[B2]]
+// OVER: %[[GA:.+]] = fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
+// OVER: %[[GAH:.+]] = fsdp.to_host %[[GA]] : tensor<8xf32>
+// OVER: %[[RW:.+]] = fsdp.wait %[[RP]] : tensor<2xf32>
+// OVER-NEXT: %[[AP:.+]], %{{.+}}, %{{.+}} = fsdp.adamw_update %{{.+}}, %[[GAH]], %{{.+}}, %{{.+}}, %[[LR]], %[[ST]] {async, fsdp.on_host}
+// OVER-NOT: fsdp.to_
+// OVER: fsdp.set_unit @root = %[[RW]]
+// OVER: fsdp.wait %[[AP]] : tensor<8xf32>
+// OVER-NEXT: return
+
+// The plan: the updates are async host instructions, each joined by a
+// wait on its parameter buffer (the runtime's host stream).
+// PLAN: to_host to_host to_host adamw_update@[[R:[0-9]+]](async) wait@{{[0-9]+}} to_host wait@[[R]] adamw_update@[[A:[0-9]+]](async) wait@{{[0-9]+}} wait@[[A]]{{$}}
+
+// With clipping, every update reads the coefficient, known only after
+// the last gradient: they stay after it, async and joined one by one.
+// CLIP: fsdp.reduce_scatter {{.*}} -> tensor<8xf32>
+// CLIP: %[[C:.+]] = fsdp.clip_coef
+// CLIP: fsdp.mul %{{.+}}, %[[C]]
+// CLIP: %[[U1:.+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, fsdp.on_host}
+// CLIP-NEXT: fsdp.mul %{{.+}}, %[[C]]
+// CLIP: %[[W1:.+]] = fsdp.wait %[[U1]]
+// CLIP-NEXT: %[[U2:.+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, fsdp.on_host}
+// CLIP: fsdp.wait %[[U2]]
+// CLIP-NEXT: return
 
 // With fsdp-schedule the reduce-scatters are async and waited for at
 // their first read, the update: fsdp-offload waits for root's right before
-// the next reduce-scatter is issued (a's), and copies it there.
+// the next reduce-scatter is issued (a's), copies it there and issues
+// root's update, which then runs beside a's reduce-scatter.
 // SCHED-LABEL: func.func @train_step
 // SCHED: %[[RS1:.+]] = fsdp.reduce_scatter {{.*}}async{{.*}} -> tensor<2xf32>
 // SCHED: %[[W1:.+]] = fsdp.wait %[[RS1]]
+// SCHED-NEXT: fsdp.get_unit @root
 // SCHED-NEXT: fsdp.to_host %[[W1]] : tensor<2xf32>
+// SCHED: fsdp.adamw_update {{.*}} {async, fsdp.on_host}
 // SCHED-NEXT: %[[RS2:.+]] = fsdp.reduce_scatter {{.*}}async{{.*}} -> tensor<8xf32>
 // SCHED: %[[W2:.+]] = fsdp.wait %[[RS2]]
 // SCHED-NEXT: fsdp.to_host %[[W2]] : tensor<8xf32>
@@ -71,7 +115,7 @@ fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
 // Z2: fsdp.unit @b.frozen : {{.*}} frozen{{$}}
 // Z2-LABEL: func.func @train_step
 // Z2: fsdp.to_device
-// Z2: fsdp.sgd_update {{.*}} {fsdp.on_host}
+// Z2: fsdp.sgd_update {{.*}} {async, fsdp.on_host}
 
 // The device keeps only the frozen b's shard.
 // REPORT: parameters 32 32 B
