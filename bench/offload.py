@@ -3,7 +3,7 @@
 
 1. Measured on this machine (CPU ranks, both arenas host memory): ms/step
    of the MLP (hidden 256 x 8 blocks, batch 64) and the small GPT at
-   N = 2 and 4, stage 3, without and with offload, in one run (median of
+   N = 1, 2 and 4, and the MLP of 1024 x 4 at batch 16 at N = 1 and 2, stage 3, without and with offload, in one run (median of
    steps 2..S, alternating the plans R times): without offload, offloaded
    with the host updates after the backward pass (offload-overlap=false)
    and offloaded with them beside it (the default); the device arena
@@ -64,11 +64,15 @@ def main():
         if not a.skip_cpu:
             print("1. CPU ranks, measured (median ms/step of steps 2..; device arena "
                   "predicted == measured; host arena)")
-            models = {"mlp": gen("mlp", "mlp", "--hidden", "256", "--blocks", "8",
-                                 "--batch", "64"),
-                      "gpt": os.path.join(ROOT, "examples", "gpt_small.mlir")}
-            for name, model in models.items():
-                for n in (2, 4):
+            # (the MLP of 1024 x 4 at batch 16: an update as long as a
+            # third of the step, what the overlap is for)
+            models = {"mlp": (gen("mlp", "mlp", "--hidden", "256", "--blocks", "8",
+                                  "--batch", "64"), (1, 2, 4)),
+                      "gpt": (os.path.join(ROOT, "examples", "gpt_small.mlir"), (1, 2, 4)),
+                      "mlp1k": (gen("mlp1k", "mlp", "--hidden", "1024", "--blocks", "4",
+                                    "--batch", "16"), (1, 2))}
+            for name, (model, ns) in models.items():
+                for n in ns:
                     plans = {}
                     for off, opts in VARIANTS:
                         plans[off] = os.path.join(tmp, f"{name}{n}{off}.plan")

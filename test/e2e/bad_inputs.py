@@ -194,6 +194,10 @@ PLAN_CASES = [
     ("to_host writing device memory", "offload", setter(lambda p: first(p, "to_host")["out"].__setitem__(0, first(p, "to_host")["in"][0])), "is in device memory"),
     ("a host buffer moved to the device arena", "offload", setter(lambda p: p["buffers"][first(p, "to_host")["out"][0]].pop("space")), "reaches outside the arena"),
     ("matmul reading host memory", "offload", setter(lambda p: first(p, "matmul")["in"].__setitem__(1, first(p, "to_device")["in"][0])), "is in host memory"),
+    # the offloaded update on the host stream: async only where a stream can run it, and joined
+    ("a device matmul marked async", "offload", setter(lambda p: first(p, "matmul")["attrs"].update({"async": True})), "async is for collectives, copies"),
+    ("a host update's async dropped, its wait kept", "offload", setter(lambda p: first(p, "adamw_update")["attrs"].pop("async")), "no collective, copy or host update writing it is in flight"),
+    ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
         dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "keeps parameters in f32"),
