@@ -452,31 +452,12 @@ private:
     }
     // NCCL in use: poll, so that a dead or stalled peer is an error, not a
     // hang ([Note: the NCCL watchdog] in CudaComm.cpp).
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    const auto deadline =
-        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(limit));
     for (cudaStream_t s : {compute.s, comm.s})
-      for (int polls = 0;; ++polls) {
-        cudaError_t e = cudaStreamQuery(s);
-        if (e == cudaSuccess)
-          break;
-        if (e != cudaErrorNotReady)
-          FSDP_CUDA_CHECK(e);
-        Status async = (polls & 63) == 0 ? ncclAsyncError() : Status::ok();
-        if (!async || Clock::now() > deadline) {
-          abortNcclComms();
-          if (!async)
-            return FSDP_ERROR(async.message(), "; NCCL communicators aborted");
-          return FSDP_ERROR("the GPU streams did not drain within ", limit,
-                            " s (the collective timeout, FSDP_COMM_TIMEOUT_S): a rank is dead or "
-                            "stalled in a collective; NCCL communicators aborted");
-        }
-        if (polls < 1000)
-          std::this_thread::yield();
-        else
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      FSDP_RETURN_IF_ERROR(pollUnderWatchdog([s] { return cudaStreamQuery(s); }, deadline, limit,
+                                             "the GPU streams did not drain"));
     return takeAsyncCommError();
   }
   /// The host stream's wait for a device event: polled, like idle(), under
@@ -487,23 +468,34 @@ private:
       FSDP_CUDA_CHECK(cudaEventSynchronize(ev));
       return Status::ok();
     }
-    using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(limit));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(limit));
+    return pollUnderWatchdog([ev] { return cudaEventQuery(ev); }, deadline, limit,
+                             "the host stream's offloaded update did not see its gradient "
+                             "copy complete");
+  }
+  /// Polls `query` (a cudaStreamQuery / cudaEventQuery) until it reports
+  /// done: an NCCL communicator's asynchronous error or the deadline
+  /// aborts every NCCL communicator (so the work stuck behind a dead
+  /// peer's collective fails instead of hanging) and names `stalled`.
+  Status pollUnderWatchdog(const std::function<cudaError_t()> &query,
+                           std::chrono::steady_clock::time_point deadline, double limit,
+                           const char *stalled) {
     for (int polls = 0;; ++polls) {
-      cudaError_t e = cudaEventQuery(ev);
+      cudaError_t e = query();
       if (e == cudaSuccess)
         return Status::ok();
       if (e != cudaErrorNotReady)
         FSDP_CUDA_CHECK(e);
       Status async = (polls & 63) == 0 ? ncclAsyncError() : Status::ok();
-      if (!async || Clock::now() > deadline) {
+      if (!async || std::chrono::steady_clock::now() > deadline) {
         abortNcclComms();
         if (!async)
           return FSDP_ERROR(async.message(), "; NCCL communicators aborted");
-        return FSDP_ERROR("the host stream's offloaded update waited more than ", limit,
-                          " s for the device (the collective timeout, FSDP_COMM_TIMEOUT_S): a "
-                          "rank is dead or stalled in a collective; NCCL communicators aborted");
+        return FSDP_ERROR(stalled, " within ", limit,
+                          " s (the collective timeout, FSDP_COMM_TIMEOUT_S): a rank is dead or "
+                          "stalled in a collective; NCCL communicators aborted");
       }
       if (polls < 1000)
         std::this_thread::yield();
