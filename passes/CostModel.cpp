@@ -375,10 +375,10 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
 
 /// One instruction of the program as the simulation sees it.
 struct Item {
-  enum Kind { Compute, Collective, Wait, Host } kind;
+  enum Kind { Compute, Collective, Wait, Host, Copy } kind;
   double cost = 0; ///< work at full speed
   bool async = false;
-  Value buffer; ///< a wait's operand, an async collective's or host update's result
+  Value buffer; ///< a wait's operand, an async collective's, host update's or copy's result
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -423,8 +423,8 @@ public:
   /// A collective over its group, by the alpha-beta model of its link.
   Item collective(Operation *op) const;
   /// A compute instruction (set_param / set_state / set_unit are copies),
-  /// or an async copy between the arenas queued on the communication
-  /// stream.
+  /// an async copy between the arenas (on a GPU: the copy stream's) or an
+  /// async host update (the host stream's).
   Item compute(Operation *op) const;
 
 private:
@@ -545,10 +545,12 @@ Item StepCosting::compute(Operation *op) const {
       work += std::max(double(numel(shapeOf(out))) * perUnit, 2 * bytesOf(out) / p.memBytesPerS);
     }
   double cost = (p.opOverheadS + work) * compWork;
-  // fsdp-offload-activations' async copies run on the communication
-  // stream, queued with the collectives (fsdp-sim's loop does the same).
-  if (copy && op->hasAttr("async"))
-    return {Item::Collective, cost, true, op->getResult(0)};
+  // fsdp-offload-activations' async copies run on the GPU's copy stream,
+  // one at a time beside the collectives (the copy engines); a CPU device
+  // copies in place, on compute (CpuDevice::runOn; fsdp-sim's loop does
+  // the same).
+  if (copy && op->hasAttr("async") && !p.cpu)
+    return {Item::Copy, cost, true, op->getResult(0)};
   // fsdp-offload's async host update: on the host stream, one at a time.
   if (onHost && op->hasAttr("async"))
     return {Item::Host, cost, true, op->getResult(0)};
@@ -556,17 +558,19 @@ Item StepCosting::compute(Operation *op) const {
 }
 
 /// The streams, event by event (fsdp-sim's loop): compute runs `prog` in
-/// order and stalls at a wait whose collective (or host update) is in
-/// flight or at a blocking collective; the communication stream runs its
-/// queue one collective at a time, the host stream its updates one at a
-/// time; all slow down by `c.rate` while they overlap.
+/// order and stalls at a wait whose collective (or host update, or copy)
+/// is in flight or at a blocking collective; the communication stream runs
+/// its queue one collective at a time, the host stream its updates one at
+/// a time, the copy stream its copies one at a time; all slow down by
+/// `c.rate` while they overlap (the copy stream exists on a GPU only,
+/// where the rate is 1).
 StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   StepPrediction r;
   struct Queued {
     size_t index;
     double left, start;
   };
-  std::deque<Queued> queue, host; // issued and not done
+  std::deque<Queued> queue, host, copies; // issued and not done
   llvm::DenseSet<Value> inFlight;
   double t = 0, cur = 0, curStart = 0, stallStart = 0;
   bool running = false;
@@ -584,8 +588,8 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           break;
         }
         ++i;
-      } else if (it.kind == Item::Host) {
-        host.push_back({i, it.cost, -1.0});
+      } else if (it.kind == Item::Host || it.kind == Item::Copy) {
+        (it.kind == Item::Host ? host : copies).push_back({i, it.cost, -1.0});
         inFlight.insert(it.buffer);
         ++i;
       } else if (it.kind == Item::Collective) {
@@ -604,16 +608,17 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         curStart = t;
       }
     }
-    for (std::deque<Queued> *q : {&queue, &host})
+    for (std::deque<Queued> *q : {&queue, &host, &copies})
       if (!q->empty() && q->front().start < 0)
         q->front().start = t;
-    if (!running && queue.empty() && host.empty())
+    if (!running && queue.empty() && host.empty() && copies.empty())
       break;
     double rt = c.rate(running, !queue.empty(), !host.empty());
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
     double dtH = !host.empty() ? host.front().left / rt : HUGE_VAL;
-    double dt = std::min({dtC, dtM, dtH});
+    double dtY = !copies.empty() ? copies.front().left / rt : HUGE_VAL;
+    double dt = std::min({dtC, dtM, dtH, dtY});
     t += dt;
     if (running) {
       if (dtC <= dt) {
@@ -647,22 +652,27 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         queue.front().left -= dt * rt;
       }
     }
-    if (!host.empty()) {
-      if (dtH <= dt) {
-        Queued q = host.front();
-        host.pop_front();
-        const Item &it = prog[q.index];
-        r.hostS += t - q.start;
-        inFlight.erase(it.buffer);
-        if (blockedOn && blockedOn == it.buffer) {
-          r.hostExposedS += t - stallStart;
-          blockedOn = Value();
-          ++i;
-        }
-      } else {
-        host.front().left -= dt * rt;
+    // The host and copy streams: async work only, each joined by a wait.
+    auto advance = [&](std::deque<Queued> &q, double dtQ, double &busyS, double &waitedS) {
+      if (q.empty())
+        return;
+      if (dtQ > dt) {
+        q.front().left -= dt * rt;
+        return;
       }
-    }
+      Queued done = q.front();
+      q.pop_front();
+      const Item &it = prog[done.index];
+      busyS += t - done.start;
+      inFlight.erase(it.buffer);
+      if (blockedOn && blockedOn == it.buffer) {
+        waitedS += t - stallStart;
+        blockedOn = Value();
+        ++i;
+      }
+    };
+    advance(host, dtH, r.hostS, r.hostExposedS);
+    advance(copies, dtY, r.copyS, r.copyExposedS);
   }
   r.stepS = t;
   return r;

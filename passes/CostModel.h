@@ -75,6 +75,10 @@ struct StepPrediction {
   /// fsdp-offload's async host updates: their time on the host stream, and
   /// the time compute waited for them.
   double hostS = 0, hostExposedS = 0;
+  /// fsdp-offload-activations' async copies between the arenas on a GPU:
+  /// their time on the copy stream, and the time compute waited for them
+  /// (a CPU device copies in place: compute time there).
+  double copyS = 0, copyExposedS = 0;
   double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
 };
 
@@ -88,6 +92,9 @@ struct StepPrediction {
 /// threads are runnable, each stream runs at min(1, C / D) of its speed
 /// alone. Async host updates (fsdp-offload's overlap) run on a third
 /// stream, one at a time, counted in D with as many threads as compute.
+/// On a GPU profile async copies between the arenas (activation offload)
+/// run on a fourth, the copy stream (the copy engines), one at a time,
+/// beside the collectives; a CPU device copies in place on compute.
 /// Matches fsdp-sim's simulate() step for step.
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);

@@ -235,7 +235,7 @@ struct OffloadActivationsPass
     if (!async)
       return;
 
-    // --- 4. Overlap (the copies run on the communication stream). -------
+    // --- 4. Overlap (the copies run on the device's copy stream). -------
     // Device -> host: copy k is waited for right before copy k + D is
     // issued, or before the first non-forward op after it if sooner
     // (the forward pass ends there); until its wait the activation's

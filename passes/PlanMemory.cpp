@@ -164,6 +164,10 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
         llvm::errs() << llvm::format("  host updates           %12.3f ms\n"
                                      "  waited for them        %12.3f ms\n",
                                      p.hostS * 1e3, p.hostExposedS * 1e3);
+      if (p.copyS > 0)
+        llvm::errs() << llvm::format("  activation copies      %12.3f ms\n"
+                                     "  waited for them        %12.3f ms\n",
+                                     p.copyS * 1e3, p.copyExposedS * 1e3);
       llvm::errs() << "  peak per rank          "
                    << llvm::format("%14lld", (long long)plan->arenaBytes) << "  "
                    << formatBytes(plan->arenaBytes) << "\n";

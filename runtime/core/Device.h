@@ -15,7 +15,7 @@
 //   enqueues instruction i of its program on the compute stream. Every
 //   instruction passed checkInstruction (runtime/core/OpRules.h) at load,
 //   so a device does not re-check shapes;
-// - three streams and events: [Note: streams and events].
+// - four streams and events: [Note: streams and events].
 //
 // [Note: streams and events]
 // A stream is an in-order queue of device work; an event marks a point in
@@ -28,7 +28,10 @@
 // wait right after it. Every collective goes through the one comm stream
 // in program order, so the order across ranks is the plan's (the
 // Communicator contract, Comm.h). An async copy between the arenas
-// (activation offload) goes the same way, through runOn(comm, i).
+// (activation offload) goes the same way on the copy stream, through
+// runOn(copy, i): on a GPU the copy engines move it while the SMs compute
+// and NCCL communicates, so a copy never waits behind a collective and a
+// prefetching all-gather never waits behind a copy.
 // The host stream runs the offloaded optimizer's host instructions marked
 // async (fsdp-offload: each unit's update right after its gradient's
 // to_host copy) in program order on a host thread, so the update overlaps
@@ -44,7 +47,10 @@
 //   are each a thread working through a queue (HostWorker.h); wait(compute,
 //   e) blocks the caller, a wait between the two threads is a job blocking
 //   the waiting one.
-// - CUDA: a compute stream and a high-priority comm stream; events there
+// - CPU: the copy stream is the compute stream: both arenas are host
+//   memory, the copy a memcpy run in place (runOn).
+// - CUDA: a compute stream, a high-priority comm stream and a copy stream
+//   (cudaMemcpyAsync between the arenas); events there
 //   are cudaEvents, wait is cudaStreamWaitEvent, enqueue calls the
 //   launcher at once from the host (NCCL enqueues on the stream it is
 //   given: Stream::nativeHandle()). The host stream is a host thread; its
@@ -145,7 +151,7 @@ public:
   virtual Status run(int64_t index) = 0;
   /// Enqueues instruction `index`, an async copy between the arenas
   /// (fsdp-offload-activations' to_host / to_device marked async) on the
-  /// comm stream, or an async host instruction (fsdp-offload's update) on
+  /// copy stream, or an async host instruction (fsdp-offload's update) on
   /// the host stream, instead of the compute stream, after the executor
   /// made `stream` wait for compute; `done` completes when the instruction
   /// has (the plan's wait on its output joins it, as for a collective:
@@ -163,6 +169,9 @@ public:
   /// The offloaded optimizer's async host instructions, in program order,
   /// on a host thread: they overlap device compute and collectives.
   virtual Stream &hostStream() = 0;
+  /// Activation offload's async copies between the arenas, in program
+  /// order, beside compute and the collectives (CPU: the compute stream).
+  virtual Stream &copyStream() = 0;
   /// Enqueues host-issued `work` on `stream`: it runs (CPU) or launches
   /// its device work (CUDA) after everything enqueued there before. Its
   /// failure is sticky on the stream.
@@ -175,7 +184,7 @@ public:
   /// synchronize).
   virtual Status wait(Stream &stream, Event &event) = 0;
   /// Blocks the host until all streams are idle; their first failure
-  /// (compute, comm, host), after which the streams run work again.
+  /// (compute, comm, copy, host), after which the streams run work again.
   virtual Status synchronize() = 0;
 
   /// The step's seed, number and data rank, and whether it trains: what a

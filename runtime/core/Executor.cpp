@@ -28,7 +28,8 @@
 // step. An async host instruction (the offloaded optimizer's update) goes
 // the same way on the device's host stream: issued behind the compute
 // before it (its gradient's to_host copy), joined by its wait; the memory
-// plan keeps all its operands alive until that wait.
+// plan keeps all its operands alive until that wait. An async copy between
+// the arenas (activation offload) goes the same way on the copy stream.
 //
 //===----------------------------------------------------------------------===//
 
@@ -183,9 +184,9 @@ Status Executor::init(uint64_t seed) {
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
-  collective.clear();
+  offCompute.clear();
   for (const Instruction &inst : plan.program)
-    collective.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst));
+    offCompute.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst));
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
@@ -250,8 +251,7 @@ Status Executor::init(uint64_t seed) {
     touched.insert(touched.end(), inst.out.begin(), inst.out.end());
     // An async collective or copy reads its input until its wait; an
     // async host update every operand.
-    if ((isCollectiveOp(inst.op) && inst.op != "wait" && inst.attrs.value("async", false)) ||
-        isAsyncCopy(inst))
+    if ((isCollectiveOp(inst.op) && inst.op != "wait" && isAsync(inst)) || isAsyncCopy(inst))
       asyncInputs[inst.out[0]] = {inst.in[0]};
     else if (isAsyncHost(plan, inst))
       asyncInputs[inst.out[0]] = inst.in;
@@ -285,7 +285,7 @@ Status Executor::init(uint64_t seed) {
   return Status::ok();
 }
 
-Status Executor::runCollective(const Instruction &inst) {
+Status Executor::runOffCompute(const Instruction &inst) {
   Stream &compute = dev.computeStream(), &commStream = dev.commStream();
   if (inst.op == "wait") {
     auto it = inFlight.find(inst.in[0]);
@@ -297,13 +297,15 @@ Status Executor::runCollective(const Instruction &inst) {
     return st;
   }
   if (isAsyncCopy(inst)) {
-    // Activation offload's copy between the arenas, on the comm stream
-    // behind the compute that wrote its input; its wait joins it back.
+    // Activation offload's copy between the arenas, on the copy stream
+    // behind the compute that wrote its input (beside the collectives);
+    // its wait joins it back.
     if (inFlight.count(inst.out[0]))
       return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0], " is already in flight");
+    Stream &copyStream = dev.copyStream();
     std::unique_ptr<Event> ready = dev.record(compute), done;
-    FSDP_RETURN_IF_ERROR(dev.wait(commStream, *ready));
-    FSDP_RETURN_IF_ERROR(dev.runOn(commStream, &inst - plan.program.data(), done));
+    FSDP_RETURN_IF_ERROR(dev.wait(copyStream, *ready));
+    FSDP_RETURN_IF_ERROR(dev.runOn(copyStream, &inst - plan.program.data(), done));
     inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }
@@ -393,7 +395,7 @@ Status Executor::fillInputs(DataSource &data, int64_t step) {
 // the input buffers (batch, lr, step, loss scale) change, and those are
 // written before the step. So the device can record the step once (CUDA:
 // stream capture into a graph; the comm stream joins the recording through
-// the events of runCollective, and every async collective's wait joins it
+// the events of runOffCompute, and every async collective's wait joins it
 // back) and replay the recording, one launch per step instead of one per
 // kernel. The first step runs as usual (lazy initialisation: cuBLASLt,
 // NCCL's first collectives), the second is recorded and then replayed, and
@@ -467,7 +469,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     const Instruction &inst = plan.program[i];
     double t0 = tracing ? nowUs() : 0;
     traceIndex = (int64_t)i;
-    Status st = collective[i] ? runCollective(inst) : dev.run((int64_t)i);
+    Status st = offCompute[i] ? runOffCompute(inst) : dev.run((int64_t)i);
     if (stamped && st)
       st = dev.stampCompute((int64_t)i + 1);
     // Without stamps, an asynchronous device's span is its work's only
@@ -477,7 +479,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     if (tracing) {
       // A collective's span here is its issue (async) or the whole blocking
       // call (sync); a wait's is the time compute stood still.
-      bool issue = collective[i] && inst.op != "wait" && inst.attrs.value("async", false);
+      bool issue = offCompute[i] && inst.op != "wait" && isAsync(inst);
       computeEvents.push_back(
           {issue ? "issue " + inst.op : inst.op, 0, step, (int64_t)i, t0, nowUs() - t0});
     }
@@ -593,7 +595,7 @@ Status Executor::evaluate(float &loss) {
   FSDP_RETURN_IF_ERROR(dev.setDropoutContext({runSeed, currentStep, comm.rank(), false}));
   int64_t end = -1;
   for (size_t i = 0; i < plan.program.size(); ++i)
-    if (!collective[i] && std::find(plan.program[i].out.begin(), plan.program[i].out.end(),
+    if (!offCompute[i] && std::find(plan.program[i].out.begin(), plan.program[i].out.end(),
                                     lossBuf) != plan.program[i].out.end())
       end = (int64_t)i;
   if (end < 0)
@@ -629,7 +631,7 @@ Status Executor::evaluate(float &loss) {
   std::reverse(order.begin(), order.end());
   for (size_t i = end + 1; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
-    if (collective[i] && (inst.op == "wait" ? inst.in[0] : inst.out[0]) == lossBuf)
+    if (offCompute[i] && (inst.op == "wait" ? inst.in[0] : inst.out[0]) == lossBuf)
       order.push_back(i);
   }
   const bool wasTracing = tracing;
@@ -648,7 +650,7 @@ Status Executor::evaluate(float &loss) {
       if (!st)
         break;
     }
-    st = collective[i] ? runCollective(plan.program[i]) : dev.run((int64_t)i);
+    st = offCompute[i] ? runOffCompute(plan.program[i]) : dev.run((int64_t)i);
     if (!st)
       st = Status::error("evaluation, instruction #" + std::to_string(i) + " (" +
                          plan.program[i].op + "): " + st.message());

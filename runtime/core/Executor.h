@@ -152,17 +152,17 @@ private:
   uint8_t *address(int64_t bufferId) const;
   /// Where element i of `p` lives here: buffer and element index in it.
   bool paramLocation(const Param &p, int64_t i, int64_t &buffer, int64_t &elem) const;
-  Status runCollective(const Instruction &inst);
+  /// Issues what runs off the compute stream: a collective (comm stream),
+  /// an async copy (copy stream), an async host instruction (host stream),
+  /// or a wait joining one of them back.
+  Status runOffCompute(const Instruction &inst);
   /// A copy between the arenas marked async (fsdp-offload-activations):
-  /// run on the comm stream and waited for like a collective.
-  static bool isAsyncCopy(const Instruction &inst) {
-    return (inst.op == "to_host" || inst.op == "to_device") && inst.attrs.value("async", false);
-  }
+  /// run on the copy stream and waited for like a collective.
+  static bool isAsyncCopy(const Instruction &inst) { return isArenaCopy(inst.op) && isAsync(inst); }
   /// A host instruction marked async (fsdp-offload's update): run on the
   /// host stream and waited for like a collective.
   static bool isAsyncHost(const Plan &plan, const Instruction &inst) {
-    return !isCollectiveOp(inst.op) && inst.op != "to_host" && inst.op != "to_device" &&
-           !inst.out.empty() && plan.buffers[inst.out[0]].host && inst.attrs.value("async", false);
+    return isHostInstruction(plan, inst) && isAsync(inst);
   }
 
   /// The communicator of a collective's group (see Plan::groupSize).
@@ -177,9 +177,9 @@ private:
   /// reshard-after-forward=G: the G ranks gathering the parts kept after
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
-  /// Per instruction: run by runCollective (a collective or wait, an
+  /// Per instruction: run by runOffCompute (a collective or wait, an
   /// async copy or an async host instruction), not by Device::run.
-  std::vector<bool> collective;
+  std::vector<bool> offCompute;
   int64_t peakLive = 0, hostPeakLive = 0;
 
   /// Async collectives, copies and host updates in flight, by the buffer

@@ -479,6 +479,8 @@ Status validateProgram(const Plan &plan) {
                              st.message());
       continue;
     }
+    // (A collective with a host output counts as on the host here, to be
+    // refused below.)
     bool inHost = inst.op == "to_device" || (inst.op != "to_host" && !inst.out.empty() &&
                                              plan.buffers[inst.out[0]].host);
     bool outHost = inst.op == "to_host" || (inst.op != "to_device" && inHost);
@@ -496,12 +498,12 @@ Status validateProgram(const Plan &plan) {
                             " memory");
       }
     // Only work off the compute stream may be async: a collective (comm
-    // stream), a copy between the arenas (comm stream) or a host
+    // stream), a copy between the arenas (copy stream) or a host
     // instruction (the offloaded update: the host stream). A non-boolean
     // value is checkInstruction's to report.
     auto async = inst.attrs.find("async");
     if (async != inst.attrs.end() && async->is_boolean() && async->get<bool>() &&
-        !isCollectiveOp(inst.op) && inst.op != "to_host" && inst.op != "to_device" && !outHost)
+        !isCollectiveOp(inst.op) && !isArenaCopy(inst.op) && !isHostInstruction(plan, inst))
       return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
                         ") is marked \"async\": true, but async is for collectives, copies "
                         "between the arenas (to_host / to_device) and host instructions (the "

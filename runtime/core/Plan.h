@@ -195,6 +195,20 @@ inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
          (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
 }
 
+/// A copy between the two arenas: `to_host` (device -> host) or
+/// `to_device` (host -> device).
+inline bool isArenaCopy(const std::string &op) { return op == "to_host" || op == "to_device"; }
+/// A host instruction: work on the host arena run by the host's kernel
+/// (fsdp-offload's optimizer update), known by its first output in host
+/// memory; neither a copy between the arenas nor a collective (validation
+/// refuses a collective on host memory).
+inline bool isHostInstruction(const Plan &plan, const Instruction &inst) {
+  return !isCollectiveOp(inst.op) && !isArenaCopy(inst.op) && !inst.out.empty() &&
+         plan.buffers[inst.out[0]].host;
+}
+/// Marked `"async": true`: run off the compute stream, joined by a wait.
+inline bool isAsync(const Instruction &inst) { return inst.attrs.value("async", false); }
+
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a
 /// truncated file, out-of-range buffer ids, buffers outside the arena, two
 /// buffers whose memory and live ranges both overlap, and instructions whose

@@ -129,12 +129,13 @@ public:
       done = record(host);
       return Status::ok();
     }
-    // Both arenas are host memory here: the copy is a memcpy on the same
-    // memory bus as compute, so there is nothing to overlap, and handing it
-    // to the comm worker would cost thread handoffs per copy (its marker
-    // and the wait on it: the small GPT's step took 3.1-4.2 ms so against
-    // 2.7 in place). It runs at once on the caller, whose compute wrote its
-    // input already; `done` is a compute event, complete.
+    // The copy stream is the compute stream. Both arenas are host memory
+    // here: the copy is a memcpy on the same memory bus as compute, so
+    // there is nothing to overlap, and handing it to a worker thread would
+    // cost thread handoffs per copy (its marker and the wait on it: the
+    // small GPT's step took 3.1-4.2 ms so against 2.7 in place). It runs
+    // at once on the caller, whose compute wrote its input already; `done`
+    // is a compute event, complete.
     (void)stream;
     Status st = run(index);
     done = record(compute);
@@ -145,6 +146,8 @@ public:
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
   Stream &hostStream() override { return host; }
+  /// Copies run in place on the caller (runOn): compute's.
+  Stream &copyStream() override { return compute; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
     if (&stream == &compute) {

@@ -138,6 +138,8 @@ public:
       cudaStreamSynchronize(compute.s);
     if (comm.s)
       cudaStreamSynchronize(comm.s);
+    if (copy.s)
+      cudaStreamSynchronize(copy.s);
     if (stepGraph)
       cudaGraphExecDestroy(stepGraph);
     for (cudaEvent_t e : stamps)
@@ -157,6 +159,8 @@ public:
       cudaStreamDestroy(compute.s);
     if (comm.s)
       cudaStreamDestroy(comm.s);
+    if (copy.s)
+      cudaStreamDestroy(copy.s);
   }
 
   Status init(bool allowTf32) {
@@ -167,6 +171,10 @@ public:
     // behind a queue of compute kernels.
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&compute.s, cudaStreamNonBlocking, lo));
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&comm.s, cudaStreamNonBlocking, hi));
+    // Activation offload's copies between the arenas: DMA on the copy
+    // engines, beside the kernels and NCCL (its priority orders kernels
+    // only; a copy stream launches none).
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&copy.s, cudaStreamNonBlocking, lo));
     const int dev = ordinal;
     hostWorker = std::make_unique<HostWorker>([dev] { cudaSetDevice(dev); });
     FSDP_CUDA_CHECK(cudaMalloc(&badPos, sizeof(long long)));
@@ -309,6 +317,7 @@ public:
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
   Stream &hostStream() override { return host; }
+  Stream &copyStream() override { return copy; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
     if (&stream == &host) {
@@ -359,9 +368,11 @@ public:
       st = compute.sticky;
     else if (!comm.sticky)
       st = comm.sticky;
+    else if (!copy.sticky)
+      st = copy.sticky;
     else if (st)
       st = hostSt;
-    compute.sticky = comm.sticky = Status::ok();
+    compute.sticky = comm.sticky = copy.sticky = Status::ok();
     if (!st)
       return st;
     long long bad = LLONG_MAX;
@@ -441,13 +452,14 @@ public:
   }
 
 private:
-  /// Both streams idle; a CUDA error (asynchronous kernel faults, failed
+  /// The device streams idle; a CUDA error (asynchronous kernel faults, failed
   /// host-staged collectives) returned.
   Status idle() {
     const double limit = ncclWatchdogSeconds();
     if (limit <= 0) {
       FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
       FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(copy.s));
       return takeAsyncCommError();
     }
     // NCCL in use: poll, so that a dead or stalled peer is an error, not a
@@ -455,7 +467,7 @@ private:
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(limit));
-    for (cudaStream_t s : {compute.s, comm.s})
+    for (cudaStream_t s : {compute.s, comm.s, copy.s})
       FSDP_RETURN_IF_ERROR(pollUnderWatchdog([s] { return cudaStreamQuery(s); }, deadline, limit,
                                              "the GPU streams did not drain"));
     return takeAsyncCommError();
@@ -550,7 +562,7 @@ private:
   int ordinal;
   uint8_t *arena = nullptr;
   int64_t size = 0;
-  CudaStream compute, comm;
+  CudaStream compute, comm, copy;
   HostStream host;
   /// The host stream's thread ([Note: the CUDA host stream]).
   std::unique_ptr<HostWorker> hostWorker;
@@ -1887,7 +1899,7 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
 /// The f32 builders' ops, and the host <-> device copies prepare() launches
 /// itself.
 bool CudaDevice::implementsOp(const std::string &op) const {
-  return builders().count(op) > 0 || op == "to_host" || op == "to_device";
+  return builders().count(op) > 0 || isArenaCopy(op);
 }
 
 Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
@@ -1898,11 +1910,8 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   const char *stagingEnv = std::getenv("FSDP_CUDA_GEMM_STAGING");
   const bool stagingOn = !(stagingEnv && std::string(stagingEnv) == "0");
   // fsdp-offload: an instruction writing the host arena runs there.
-  auto onHost = [&](const Instruction &inst) {
-    return inst.op != "to_device" && !inst.out.empty() && plan.buffers[inst.out[0]].host;
-  };
   for (const Instruction &inst : plan.program) {
-    if (isCollectiveOp(inst.op) || onHost(inst) || inst.op == "to_device")
+    if (isCollectiveOp(inst.op) || isArenaCopy(inst.op) || isHostInstruction(plan, inst))
       continue;
     Op op{plan, inst};
     int64_t f, d;
@@ -1948,8 +1957,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     const Instruction &inst = plan.program[i];
     if (isCollectiveOp(inst.op))
       continue;
-    if (inst.op == "to_host" || inst.op == "to_device") {
-      // Asynchronous DMA on the compute stream, in program order.
+    if (isArenaCopy(inst.op)) {
+      // Asynchronous DMA on the stream it is given: compute's, in program
+      // order, or (marked async) the copy stream's (runOn).
       uint8_t *dst = address(bufferOffset(plan, inst.out[0], shard)),
               *src = address(bufferOffset(plan, inst.in[0], shard));
       size_t bytes = (size_t)plan.buffers[inst.out[0]].bytes;
@@ -1959,7 +1969,7 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
       };
       continue;
     }
-    if (onHost(inst)) {
+    if (isHostInstruction(plan, inst)) {
       // The update of an offloaded unit: the CPU backend's kernel on the
       // pinned arena, once the compute stream has drained (its inputs were
       // copied there, and no queued copy still reads what it overwrites):

@@ -11,7 +11,9 @@ processes). Not a GPU result: it checks the backend's logic.
   staged N      the MLP (global batch 24) at N = 2, 3, 4 ranks sharing the
                 one device through the host-staged communicator, stages
                 0-3: every loss within 1e-5 of the one-rank run
-  features      recompute, activation offload, optimizer offload (the host
+  features      recompute, activation offload (the copies on the copy
+                stream; 1 rank and 2, and --cuda-graphs bitwise eager),
+                optimizer offload (the host
                 updates on the host stream; 1 rank and 2), per-micro-batch reduction,
                 label smoothing, ignore_index with a loss mask (1 rank and
                 2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
@@ -177,7 +179,7 @@ def main():
                 failures.append(name)
 
     # features: the GPT with each schedule whose CUDA path is its own
-    # (recompute re-runs kernels, activation offload copies on the comm
+    # (recompute re-runs kernels, activation offload copies on the copy
     # stream, per-micro-batch reduce-scatters, dropout's counter-based
     # mask kernel), 6 steps against the CPU device.
     gptd = os.path.join(tmp, "gpt_dropout.mlir")
@@ -188,6 +190,7 @@ def main():
         subprocess.run([sys.executable, GEN, "gpt", "--dropout", "0.1", "-o", gptd], check=True)
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "251", "--label-smoothing", "0.1",
                         "-o", gptls], check=True)
+    feature_runs = {}  # name -> (plan, eager losses)
     for name, model, options in (
             ("recompute=unit", gpt, "recompute=unit"),
             ("offload-activations", gpt, "offload-activations=true"),
@@ -200,6 +203,7 @@ def main():
         plan = compile_plan(model, tag, f"optimizer=adamw {options}")
         eager = run(plan, f"{tag}_cuda", 6, 3e-3)
         check(f"feature {name}", eager, run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
+        feature_runs[name] = (plan, eager)
     # ignore_index -100 with a loss mask on text (half of each line masked:
     # the kernels' skipped rows and the kept-count normalizer, count_labels
     # over 2 micro-batches), against the CPU; then ZeRO-3 on 2 ranks sharing
@@ -248,15 +252,28 @@ def main():
                          "offload=optimizer")
     check("feature optimizer offload, 2 ranks",
           run(oplan, "off_n2", 6, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), oref, 1e-5)
+    # Activation offload, ZeRO-3 on 2 ranks sharing the device: the copies
+    # on each rank's copy stream beside its comm stream's all-gathers and
+    # reduce-scatters, against the same CPU run of the global batch.
+    aplan = compile_plan(gpt2b, "gpt_act_n2", "optimizer=adamw world-size=2 stage=3 "
+                         "offload-activations=true")
+    check("feature offload-activations, 2 ranks",
+          run(aplan, "act_n2", 6, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), oref, 1e-5)
     # Dropout under --cuda-graphs: each replay reads its step's key from the
     # device's step word, so the replayed steps 3-6 are bitwise eager's (a
-    # key frozen at capture would repeat step 2's mask).
-    graphs = run(plan, "dropout_graphs", 6, 3e-3, extra=["--cuda-graphs"])
-    if eager is not None and graphs is not None:
-        same = graphs == eager
-        print(f"dropout --cuda-graphs == eager, bitwise: {'ok' if same else 'MISMATCH'}")
-        if not same:
-            failures.append("dropout --cuda-graphs")
+    # key frozen at capture would repeat step 2's mask). Activation offload
+    # under --cuda-graphs: the copy stream joins the capture through each
+    # copy's events and leaves it at its wait.
+    for name in ("dropout 0.1", "offload-activations"):
+        plan, eager = feature_runs[name]
+        tag = name.split()[0].replace("-", "_")
+        graphs = run(plan, f"{tag}_graphs", 6, 3e-3, extra=["--cuda-graphs"])
+        if eager is not None and graphs is not None:
+            same = graphs == eager
+            print(f"{name.split()[0]} --cuda-graphs == eager, bitwise: "
+                  f"{'ok' if same else 'MISMATCH'}")
+            if not same:
+                failures.append(f"{name} --cuda-graphs")
 
     # checkpoints: 2 ranks (ZeRO-3) save at step 3 and resume to 6, bitwise
     # the uninterrupted run (optimizer state through the device's copies).

@@ -1308,8 +1308,10 @@ TEST_P(DeviceConformance, HostStreamUpdateMatchesRun) {
 ///   7 q = d1 * d1; 8 adamw_update p2 (sync); 9 loss = fill 1.
 /// `async` false: the same update synchronous, without the wait;
 /// `wait` false: async without its wait (and without 6-7, which would
-/// read p1 while it is written).
-std::string offloadPlan(bool async, bool wait) {
+/// read p1 while it is written); `asyncCopy`: the copy 4 async (activation
+/// offload's kind, on the copy stream), joined by a wait on gh2 before the
+/// last update.
+std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
   const int64_t n = 64, vb = n * 4;
   using nlohmann::json;
   json buffers = json::array();
@@ -1350,25 +1352,32 @@ std::string offloadPlan(bool async, bool wait) {
                json attrs = json::object()) {
     return json{{"op", name}, {"in", in}, {"out", out}, {"attrs", attrs}};
   };
+  json copyAttrs = json::object();
+  if (asyncCopy)
+    copyAttrs["async"] = true;
   json program = {op("mul", {0, 0}, {1}), op("to_host", {1}, {14}),
                   op("adamw_update", {6, 14, 7, 8, 12, 13}, {6, 7, 8}, asyncAdam),
-                  op("mul", {1, 0}, {2}), op("to_host", {2}, {15})};
+                  op("mul", {1, 0}, {2}), op("to_host", {2}, {15}, copyAttrs)};
   if (async && wait)
     program.push_back(op("wait", {6}, {6}));
   if (wait) {
     program.push_back(op("to_device", {6}, {4}));
     program.push_back(op("mul", {4, 4}, {5}));
   }
+  if (asyncCopy)
+    program.push_back(op("wait", {15}, {15}));
   program.push_back(op("adamw_update", {9, 15, 10, 11, 12, 13}, {9, 10, 11}, adam));
   program.push_back(op("fill", json::array(), {3}, {{"value", 1.0}}));
   // Live ranges from the operands; an async host update's operands until
-  // its wait (what the compiler's memory plan does).
+  // its wait, an async copy's input until its wait (what the compiler's
+  // memory plan does).
   for (size_t i = 0; i < program.size(); ++i) {
     std::vector<int64_t> ids = program[i]["in"];
     for (int64_t o : program[i]["out"].get<std::vector<int64_t>>())
       ids.push_back(o);
     if (program[i]["op"] == "wait")
-      ids = program[2]["in"].get<std::vector<int64_t>>();
+      ids = program[i]["in"][0] == 6 ? program[2]["in"].get<std::vector<int64_t>>()
+                                     : std::vector<int64_t>{2, 15};
     for (int64_t id : ids) {
       json &b = buffers[id];
       if (b["persistent"])
@@ -1498,6 +1507,140 @@ TEST_P(DeviceConformance, ExecutorRunsAsyncHostUpdates) {
   EXPECT_NE(st.message().find("async collective, copy or host update without a wait"),
             std::string::npos)
       << st.message();
+}
+
+/// The copy stream ([Note: streams and events]): activation offload's
+/// copies between the arenas, ordered by events with compute, never
+/// behind the collectives' stream.
+TEST_P(DeviceConformance, CopyStreamMovesBetweenTheArenasInOrder) {
+  // 0: b0 = fill 5 (device); 1: to_host b0 -> b1 (async); 2: to_device
+  // b1 -> b2 (async); 3: b3 = b2 + b2 (device).
+  nlohmann::json async = {{"async", true}};
+  Plan plan = vectorPlan(4, 8,
+                         {inst("fill", {}, {0}, {{"value", 5.0}}), inst("to_host", {0}, {1}, async),
+                          inst("to_device", {1}, {2}, async), inst("add", {2, 2}, {3})});
+  plan.buffers[1].host = true;
+  plan.buffers[1].offset = 0;
+  plan.buffers[2].offset = 64;
+  plan.buffers[3].offset = 128;
+  plan.arenaBytes = 192;
+  plan.hostArenaBytes = 64;
+  for (const Instruction &i : plan.program)
+    ASSERT_TRUE(checkInstruction(plan, i).isOk()) << checkInstruction(plan, i).message();
+  ASSERT_TRUE(dev->allocateArena(plan.arenaBytes, plan.hostArenaBytes).isOk());
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  Stream &compute = dev->computeStream(), &copy = dev->copyStream();
+  EXPECT_NE(&copy, &dev->commStream()) << "copies would queue behind the collectives";
+  EXPECT_NE(&copy, &dev->hostStream());
+  ASSERT_TRUE(dev->run(0).isOk());
+  auto ready = dev->record(compute);
+  ASSERT_TRUE(dev->wait(copy, *ready).isOk());
+  std::unique_ptr<Event> toHost, toDevice;
+  ASSERT_TRUE(dev->runOn(copy, 1, toHost).isOk());
+  ASSERT_TRUE(dev->runOn(copy, 2, toDevice).isOk()); // in order behind the first
+  ASSERT_TRUE(toHost && toDevice);
+  ASSERT_TRUE(dev->wait(compute, *toDevice).isOk());
+  ASSERT_TRUE(dev->run(3).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<float> back(8);
+  ASSERT_TRUE(dev->copyToHost(back.data(), dev->address(bufferOffset(plan, 3, 0)), 32).isOk());
+  EXPECT_EQ(back, std::vector<float>(8, 10.0f)) << "compute after the wait missed the copies";
+}
+
+/// A device that forwards everything to another and records the stream
+/// each runOn names: how the executor routes its async instructions.
+class RoutingProbe final : public Device {
+public:
+  explicit RoutingProbe(std::unique_ptr<Device> d) : in(std::move(d)) {}
+  std::vector<std::pair<int64_t, std::string>> routed; ///< instruction, stream
+
+  const char *name() const override { return in->name(); }
+  Status allocateArena(int64_t b, int64_t h) override { return in->allocateArena(b, h); }
+  uint8_t *address(int64_t offset) const override { return in->address(offset); }
+  uint8_t *arenaBase() const override { return in->arenaBase(); }
+  int64_t arenaBytes() const override { return in->arenaBytes(); }
+  Status copyToDevice(void *dst, const void *src, int64_t n) override {
+    return in->copyToDevice(dst, src, n);
+  }
+  Status copyToHost(void *dst, const void *src, int64_t n) override {
+    return in->copyToHost(dst, src, n);
+  }
+  Status fillWords(void *dst, uint32_t w, int64_t n) override { return in->fillWords(dst, w, n); }
+  Status prepare(const Plan &p, int64_t shard) override { return in->prepare(p, shard); }
+  Status run(int64_t i) override { return in->run(i); }
+  Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
+    // The copy stream first: on a CPU it is the compute stream.
+    routed.push_back({i, &s == &in->copyStream()      ? "copy"
+                         : &s == &in->hostStream()    ? "host"
+                         : &s == &in->commStream()    ? "comm"
+                         : &s == &in->computeStream() ? "compute"
+                                                      : "?"});
+    return in->runOn(s, i, done);
+  }
+  bool implementsOp(const std::string &op) const override { return in->implementsOp(op); }
+  Stream &computeStream() override { return in->computeStream(); }
+  Stream &commStream() override { return in->commStream(); }
+  Stream &hostStream() override { return in->hostStream(); }
+  Stream &copyStream() override { return in->copyStream(); }
+  void enqueue(Stream &s, std::function<Status()> w) override { in->enqueue(s, std::move(w)); }
+  std::unique_ptr<Event> record(Stream &s) override { return in->record(s); }
+  Status wait(Stream &s, Event &e) override { return in->wait(s, e); }
+  Status synchronize() override { return in->synchronize(); }
+  Status setDropoutContext(const DropoutContext &c) override {
+    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
+    return in->setDropoutContext(c);
+  }
+  bool enqueuesAsync() const override { return in->enqueuesAsync(); }
+  int64_t scratchHighWater() const override { return in->scratchHighWater(); }
+
+private:
+  std::unique_ptr<Device> in;
+};
+
+/// The executor issues an async copy on the copy stream and an async host
+/// update on the host stream (never on the collectives' stream), and the
+/// plan trains the same bits as with the copy synchronous.
+TEST_P(DeviceConformance, ExecutorRoutesAsyncCopiesToTheCopyStream) {
+  auto runSteps = [&](bool asyncCopy, std::vector<std::vector<float>> &out,
+                      std::vector<std::pair<int64_t, std::string>> &routed) {
+    Plan plan;
+    Status st = parsePlan(offloadPlan(true, true, asyncCopy), plan);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    std::unique_ptr<Device> d;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    RoutingProbe probe(std::move(d));
+    auto comm = communicatorFor(GetParam());
+    Executor exec(plan, *comm, probe);
+    ASSERT_TRUE(exec.init(1234).isOk());
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = (float)std::sin(0.17 * double(i)) * 0.9f;
+    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+    for (int64_t s = 1; s <= 3; ++s) {
+      float loss = 0;
+      st = exec.step(s, 1e-2, loss);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+    for (int64_t id : {5, 6, 7, 8, 9, 10, 11}) {
+      out.emplace_back(plan.buffers[id].numel());
+      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
+    }
+    routed = probe.routed;
+    EXPECT_EQ(exec.measureMemory().hostPeakLive, plan.memory.hostPeakLive);
+  };
+  std::vector<std::vector<float>> sync, async;
+  std::vector<std::pair<int64_t, std::string>> syncRouted, asyncRouted;
+  runSteps(false, sync, syncRouted);
+  runSteps(true, async, asyncRouted);
+  using R = std::vector<std::pair<int64_t, std::string>>;
+  // Three steps; instruction 2 is the async update, 4 the async copy.
+  EXPECT_EQ(syncRouted, (R{{2, "host"}, {2, "host"}, {2, "host"}}));
+  EXPECT_EQ(asyncRouted,
+            (R{{2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}}));
+  ASSERT_EQ(sync.size(), async.size());
+  for (size_t k = 0; k < sync.size(); ++k)
+    EXPECT_EQ(std::memcmp(sync[k].data(), async[k].data(), sync[k].size() * 4), 0)
+        << "buffer #" << k << " differs between the sync and async copy";
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
