@@ -555,7 +555,7 @@ def FsdpOffloadActivations : Pass<"fsdp-offload-activations", "::mlir::ModuleOp"
 
     The copies are exact, so training is bitwise unchanged; the device pays
     one copy each way per saved activation per step (on the GPU, DMA on the
-    compute stream). Runs after the schedule, the fusion and before
+    copy stream beside compute and the collectives). Runs after the schedule, the fusion and before
     fsdp-offload and fsdp-plan-memory, which places the host copies in the
     host arena.
 
@@ -575,7 +575,7 @@ def FsdpOffloadActivations : Pass<"fsdp-offload-activations", "::mlir::ModuleOp"
            "true: offload; false: nothing (auto is the memory-budget search's "
            "and refused here)">,
     Option<"overlap", "overlap", "bool", /*default=*/"true",
-           "async copies on the communication stream: device -> host waited "
+           "async copies on the device's copy stream: device -> host waited "
            "for two copies later, host -> device issued one copy ahead in "
            "the backward pass; false: in-order copies on the compute stream">,
   ];

@@ -324,7 +324,7 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
     offloads.push_back("optimizer");
   // Activation offload: pinned or searched the same way (it frees the
   // saved activations between the passes and costs two copies of each,
-  // overlapped with compute on the communication stream).
+  // overlapped with compute on the copy stream).
   if (offloadActivations != "false" && offloadActivations != "true" &&
       offloadActivations != "auto")
     return fail("offload-activations='" + offloadActivations +
