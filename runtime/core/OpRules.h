@@ -14,6 +14,7 @@
 #ifndef FSDP_RUNTIME_CORE_OPRULES_H
 #define FSDP_RUNTIME_CORE_OPRULES_H
 
+#include "runtime/core/LambLayout.h"
 #include "runtime/core/Plan.h"
 
 #include <cstdint>
@@ -116,16 +117,10 @@ inline int64_t decayedCount(const Op &op, int64_t shard) {
   return left < 0 ? 0 : left > n ? n : left;
 }
 
-/// lamb_norms / lamb_update: where the operand lies in its FSDP unit.
-/// Parameter k holds positions [segments[k], segments[k+1]) of the unit's
-/// flat layout (from segments.back() on: padding); element i of the
-/// operand is at position base + i, base = shard * shard_stride (0 without
-/// shard_stride); positions below decayNumel take weight decay (all of
-/// them without decay_numel). The plan check validated all three.
-struct LambLayout {
-  std::vector<int64_t> segments;
-  int64_t base = 0, decayNumel = INT64_MAX;
-};
+/// lamb_norms / lamb_update: where the operand lies in its FSDP unit
+/// (LambLayout.h) from its attributes: `segments`, base = shard *
+/// shard_stride (0 without shard_stride), decayNumel = decay_numel (all
+/// positions without it). The plan check validated all three.
 inline LambLayout lambLayout(const Op &op, int64_t shard) {
   LambLayout l;
   l.segments = op.iv("segments");

@@ -571,10 +571,7 @@ const std::unordered_map<std::string, Exec> &table() {
     };
     // LAMB: the sums of a unit's (or shard's) parameters, all-reduced by
     // the plan between the two ops, then the update with their trust ratios.
-    auto lambLayout = [](const Run &r) {
-      rules::LambLayout l = rules::lambLayout(r.op, r.rank);
-      return LambLayout{std::move(l.segments), l.base, l.decayNumel};
-    };
+    auto lambLayout = [](const Run &r) { return rules::lambLayout(r.op, r.rank); };
     m["lamb_norms"] = [stepCount, gradScale, lambLayout](const Run &r) {
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));

@@ -20,6 +20,8 @@
 #ifndef FSDP_RUNTIME_CPU_KERNELS_H
 #define FSDP_RUNTIME_CPU_KERNELS_H
 
+#include "runtime/core/LambLayout.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -199,48 +201,11 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust
 /// clipping) over an operand of n elements, a whole FSDP unit's flat
-/// parameters or one shard of them. Parameter k of the unit holds
-/// positions [segments[k], segments[k+1]) of its flat layout (segments[0]
-/// = 0, rising strictly, K = segments.size() - 1 >= 1); positions from
-/// segments[K] on are padding. Element i of the operand is at position
-/// base + i; a position below decayNumel takes weight decay (the unit packs
-/// its decayed parameters first; a parameter decays wholly or not at all).
-struct LambLayout {
-  std::vector<int64_t> segments;
-  int64_t base = 0;
-  int64_t decayNumel = INT64_MAX;
-};
-/// A run [begin, end) of operand elements with one parameter (`segment`,
-/// -1 for padding) and one weight decay (decay: wd applies).
-struct LambPiece {
-  int64_t begin, end, segment;
-  bool decay;
-};
-/// The operand's pieces in order, cut at the parameters' bounds and at
-/// decayNumel; every element with a position lies in exactly one.
-inline std::vector<LambPiece> lambPieces(const LambLayout &l, int64_t n) {
-  std::vector<LambPiece> out;
-  const int64_t lo = l.base, hi = l.base + n, K = (int64_t)l.segments.size() - 1;
-  auto add = [&](int64_t a, int64_t b, int64_t seg) {
-    a = a > lo ? a : lo;
-    b = b < hi ? b : hi;
-    if (a >= b)
-      return;
-    // decayNumel inside [a, b) only on padding or a malformed layout
-    // (the plan check refuses one inside a parameter): cut there too.
-    if (l.decayNumel > a && l.decayNumel < b) {
-      out.push_back({a - lo, l.decayNumel - lo, seg, true});
-      out.push_back({l.decayNumel - lo, b - lo, seg, false});
-    } else {
-      out.push_back({a - lo, b - lo, seg, a < l.decayNumel});
-    }
-  };
-  for (int64_t k = 0; k < K; ++k)
-    add(l.segments[k], l.segments[k + 1], k);
-  if (K >= 0)
-    add(l.segments[K], hi, -1);
-  return out;
-}
+/// parameters or one shard of them, laid out as a LambLayout says
+/// (runtime/core/LambLayout.h, shared with the plan check and CUDA).
+using ::fsdp::LambLayout;
+using ::fsdp::LambPiece;
+using ::fsdp::lambPieces;
 /// lamb_norms: norms[k] = the sum of p^2 over this operand's elements of
 /// parameter k, norms[K + k] = the sum of u^2, u the update direction
 /// m_hat / (sqrt(v_hat) + eps) + wd p (of the moments this step would

@@ -1844,7 +1844,7 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     // The unit's parameter bounds and this shard's place among them
     // (rules::lambLayout; the shard index as decayedCount's). f32 only:
     // the plan check refuses narrow operands.
-    rules::LambLayout l = rules::lambLayout(op, rank);
+    LambLayout l = rules::lambLayout(op, rank);
     const float *p = r.in(0), *g = r.in(1), *m = r.in(2), *v = r.in(3);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-6),
            wd = op.f("weight_decay", 0.01);

@@ -192,7 +192,7 @@ cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const fl
                         const float *step, double beta1, double beta2, double eps,
                         double wd, cudaStream_t s);
 /// LAMB, cpu::lambNorms / cpu::lambUpdate's math on the layout
-/// cpu::LambLayout{segments, base, decayNumel} describes, each f32
+/// LambLayout{segments, base, decayNumel} (runtime/core/LambLayout.h) describes, each f32
 /// operation rounded as there (the same bits for the same scalars); step
 /// and lr are device scalars, gradScale and skip nullable ones (as above).
 /// lambNorms sums in double in a fixed order of its own (not the CPU's);
