@@ -1452,46 +1452,116 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
   return plan.dump();
 }
 
+/// A device that forwards everything to another and records the stream
+/// each runOn names: how the executor routes its async instructions.
+class RoutingProbe final : public Device {
+public:
+  explicit RoutingProbe(std::unique_ptr<Device> d) : in(std::move(d)) {}
+  std::vector<std::pair<int64_t, std::string>> routed; ///< instruction, stream
+
+  const char *name() const override { return in->name(); }
+  Status allocateArena(int64_t b, int64_t h) override { return in->allocateArena(b, h); }
+  uint8_t *address(int64_t offset) const override { return in->address(offset); }
+  uint8_t *arenaBase() const override { return in->arenaBase(); }
+  int64_t arenaBytes() const override { return in->arenaBytes(); }
+  Status copyToDevice(void *dst, const void *src, int64_t n) override {
+    return in->copyToDevice(dst, src, n);
+  }
+  Status copyToHost(void *dst, const void *src, int64_t n) override {
+    return in->copyToHost(dst, src, n);
+  }
+  Status fillWords(void *dst, uint32_t w, int64_t n) override { return in->fillWords(dst, w, n); }
+  Status prepare(const Plan &p, int64_t shard) override { return in->prepare(p, shard); }
+  Status run(int64_t i) override { return in->run(i); }
+  Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
+    // The copy stream first: on a CPU it is the compute stream.
+    routed.push_back({i, &s == &in->copyStream()      ? "copy"
+                         : &s == &in->hostStream()    ? "host"
+                         : &s == &in->commStream()    ? "comm"
+                         : &s == &in->computeStream() ? "compute"
+                                                      : "?"});
+    return in->runOn(s, i, done);
+  }
+  bool implementsOp(const std::string &op) const override { return in->implementsOp(op); }
+  Stream &computeStream() override { return in->computeStream(); }
+  Stream &commStream() override { return in->commStream(); }
+  Stream &hostStream() override { return in->hostStream(); }
+  Stream &copyStream() override { return in->copyStream(); }
+  void enqueue(Stream &s, std::function<Status()> w) override { in->enqueue(s, std::move(w)); }
+  std::unique_ptr<Event> record(Stream &s) override { return in->record(s); }
+  Status wait(Stream &s, Event &e) override { return in->wait(s, e); }
+  Status synchronize() override { return in->synchronize(); }
+  Status setDropoutContext(const DropoutContext &c) override {
+    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
+    return in->setDropoutContext(c);
+  }
+  bool enqueuesAsync() const override { return in->enqueuesAsync(); }
+  int64_t scratchHighWater() const override { return in->scratchHighWater(); }
+
+private:
+  std::unique_ptr<Device> in;
+};
+
+/// What training offloadPlan(async, true, asyncCopy) for 3 steps on one
+/// device gives: buffers 5-11 after, the stream of each runOn the executor
+/// made (through a RoutingProbe), its memory measurement and the plan's
+/// host peak live.
+struct OffloadRun {
+  std::vector<std::vector<float>> buffers;
+  std::vector<std::pair<int64_t, std::string>> routed;
+  MemoryMeasurement memory;
+  int64_t plannedHostPeakLive = 0;
+};
+void trainOffloadPlan(const std::string &device, bool async, bool asyncCopy, OffloadRun &r) {
+  Plan plan;
+  Status st = parsePlan(offloadPlan(async, true, asyncCopy), plan);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  std::unique_ptr<Device> d;
+  ASSERT_TRUE(createDevice(device, DeviceOptions{}, d).isOk());
+  RoutingProbe probe(std::move(d));
+  auto comm = communicatorFor(device);
+  Executor exec(plan, *comm, probe);
+  ASSERT_TRUE(exec.init(1234).isOk());
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
+  ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+  for (int64_t s = 1; s <= 3; ++s) {
+    float loss = 0;
+    st = exec.step(s, 1e-2, loss);
+    ASSERT_TRUE(st.isOk()) << st.message();
+  }
+  for (int64_t id : {5, 6, 7, 8, 9, 10, 11}) {
+    r.buffers.emplace_back(plan.buffers[id].numel());
+    ASSERT_TRUE(exec.readBuffer(id, r.buffers.back().data()).isOk());
+  }
+  r.routed = probe.routed;
+  r.memory = exec.measureMemory();
+  r.plannedHostPeakLive = plan.memory.hostPeakLive;
+}
+/// The two runs' buffers hold the same bits.
+void expectSameBits(const OffloadRun &a, const OffloadRun &b, const char *what) {
+  ASSERT_EQ(a.buffers.size(), b.buffers.size());
+  for (size_t k = 0; k < a.buffers.size(); ++k)
+    EXPECT_EQ(std::memcmp(a.buffers[k].data(), b.buffers[k].data(), a.buffers[k].size() * 4), 0)
+        << "buffer #" << k << " differs between the sync and async " << what;
+}
+
 /// The executor runs an async host update on the host stream and joins it
 /// at its wait: the same bits as the synchronous update, over steps; its
 /// own host peak-live figure keeps the update's operands live until the
 /// wait (the compiler's peak_live); a step that leaves it in flight fails.
 TEST_P(DeviceConformance, ExecutorRunsAsyncHostUpdates) {
-  auto runSteps = [&](bool async, std::vector<std::vector<float>> &out, MemoryMeasurement &m) {
-    Plan plan;
-    Status st = parsePlan(offloadPlan(async, true), plan);
-    ASSERT_TRUE(st.isOk()) << st.message();
-    std::unique_ptr<Device> d;
-    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
-    auto comm = communicatorFor(GetParam());
-    Executor exec(plan, *comm, *d);
-    ASSERT_TRUE(exec.init(1234).isOk());
-    std::vector<float> x(64);
-    for (size_t i = 0; i < x.size(); ++i)
-      x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
-    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
-    for (int64_t s = 1; s <= 3; ++s) {
-      float loss = 0;
-      st = exec.step(s, 1e-2, loss);
-      ASSERT_TRUE(st.isOk()) << st.message();
-    }
-    for (int64_t id : {5, 6, 7, 8, 9, 10, 11}) {
-      out.emplace_back(plan.buffers[id].numel());
-      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
-    }
-    m = exec.measureMemory();
-    EXPECT_EQ(m.hostPeakLive, plan.memory.hostPeakLive)
-        << (async ? "async" : "sync") << ": the runtime's host peak live is not the compiler's";
-  };
-  std::vector<std::vector<float>> sync, async;
-  MemoryMeasurement ms, ma;
-  runSteps(false, sync, ms);
-  runSteps(true, async, ma);
-  ASSERT_EQ(sync.size(), async.size());
-  for (size_t k = 0; k < sync.size(); ++k)
-    EXPECT_EQ(std::memcmp(sync[k].data(), async[k].data(), sync[k].size() * 4), 0)
-        << "buffer #" << k << " differs between the sync and async update";
-  EXPECT_EQ(ma.hostPeakLive - ms.hostPeakLive, 64 * 4) << "gh1 lives until the wait";
+  OffloadRun sync, async;
+  trainOffloadPlan(GetParam(), false, false, sync);
+  trainOffloadPlan(GetParam(), true, false, async);
+  for (const OffloadRun *r : {&sync, &async})
+    EXPECT_EQ(r->memory.hostPeakLive, r->plannedHostPeakLive)
+        << (r == &sync ? "sync" : "async")
+        << ": the runtime's host peak live is not the compiler's";
+  expectSameBits(sync, async, "update");
+  EXPECT_EQ(async.memory.hostPeakLive - sync.memory.hostPeakLive, 64 * 4)
+      << "gh1 lives until the wait";
 
   Plan plan;
   Status parsed = parsePlan(offloadPlan(true, false), plan);
@@ -1547,100 +1617,20 @@ TEST_P(DeviceConformance, CopyStreamMovesBetweenTheArenasInOrder) {
   EXPECT_EQ(back, std::vector<float>(8, 10.0f)) << "compute after the wait missed the copies";
 }
 
-/// A device that forwards everything to another and records the stream
-/// each runOn names: how the executor routes its async instructions.
-class RoutingProbe final : public Device {
-public:
-  explicit RoutingProbe(std::unique_ptr<Device> d) : in(std::move(d)) {}
-  std::vector<std::pair<int64_t, std::string>> routed; ///< instruction, stream
-
-  const char *name() const override { return in->name(); }
-  Status allocateArena(int64_t b, int64_t h) override { return in->allocateArena(b, h); }
-  uint8_t *address(int64_t offset) const override { return in->address(offset); }
-  uint8_t *arenaBase() const override { return in->arenaBase(); }
-  int64_t arenaBytes() const override { return in->arenaBytes(); }
-  Status copyToDevice(void *dst, const void *src, int64_t n) override {
-    return in->copyToDevice(dst, src, n);
-  }
-  Status copyToHost(void *dst, const void *src, int64_t n) override {
-    return in->copyToHost(dst, src, n);
-  }
-  Status fillWords(void *dst, uint32_t w, int64_t n) override { return in->fillWords(dst, w, n); }
-  Status prepare(const Plan &p, int64_t shard) override { return in->prepare(p, shard); }
-  Status run(int64_t i) override { return in->run(i); }
-  Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
-    // The copy stream first: on a CPU it is the compute stream.
-    routed.push_back({i, &s == &in->copyStream()      ? "copy"
-                         : &s == &in->hostStream()    ? "host"
-                         : &s == &in->commStream()    ? "comm"
-                         : &s == &in->computeStream() ? "compute"
-                                                      : "?"});
-    return in->runOn(s, i, done);
-  }
-  bool implementsOp(const std::string &op) const override { return in->implementsOp(op); }
-  Stream &computeStream() override { return in->computeStream(); }
-  Stream &commStream() override { return in->commStream(); }
-  Stream &hostStream() override { return in->hostStream(); }
-  Stream &copyStream() override { return in->copyStream(); }
-  void enqueue(Stream &s, std::function<Status()> w) override { in->enqueue(s, std::move(w)); }
-  std::unique_ptr<Event> record(Stream &s) override { return in->record(s); }
-  Status wait(Stream &s, Event &e) override { return in->wait(s, e); }
-  Status synchronize() override { return in->synchronize(); }
-  Status setDropoutContext(const DropoutContext &c) override {
-    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
-    return in->setDropoutContext(c);
-  }
-  bool enqueuesAsync() const override { return in->enqueuesAsync(); }
-  int64_t scratchHighWater() const override { return in->scratchHighWater(); }
-
-private:
-  std::unique_ptr<Device> in;
-};
-
 /// The executor issues an async copy on the copy stream and an async host
 /// update on the host stream (never on the collectives' stream), and the
 /// plan trains the same bits as with the copy synchronous.
 TEST_P(DeviceConformance, ExecutorRoutesAsyncCopiesToTheCopyStream) {
-  auto runSteps = [&](bool asyncCopy, std::vector<std::vector<float>> &out,
-                      std::vector<std::pair<int64_t, std::string>> &routed) {
-    Plan plan;
-    Status st = parsePlan(offloadPlan(true, true, asyncCopy), plan);
-    ASSERT_TRUE(st.isOk()) << st.message();
-    std::unique_ptr<Device> d;
-    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
-    RoutingProbe probe(std::move(d));
-    auto comm = communicatorFor(GetParam());
-    Executor exec(plan, *comm, probe);
-    ASSERT_TRUE(exec.init(1234).isOk());
-    std::vector<float> x(64);
-    for (size_t i = 0; i < x.size(); ++i)
-      x[i] = (float)std::sin(0.17 * double(i)) * 0.9f;
-    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
-    for (int64_t s = 1; s <= 3; ++s) {
-      float loss = 0;
-      st = exec.step(s, 1e-2, loss);
-      ASSERT_TRUE(st.isOk()) << st.message();
-    }
-    for (int64_t id : {5, 6, 7, 8, 9, 10, 11}) {
-      out.emplace_back(plan.buffers[id].numel());
-      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
-    }
-    routed = probe.routed;
-    EXPECT_EQ(exec.measureMemory().hostPeakLive, plan.memory.hostPeakLive);
-  };
-  std::vector<std::vector<float>> sync, async;
-  std::vector<std::pair<int64_t, std::string>> syncRouted, asyncRouted;
-  runSteps(false, sync, syncRouted);
-  runSteps(true, async, asyncRouted);
+  OffloadRun sync, async;
+  trainOffloadPlan(GetParam(), true, false, sync);
+  trainOffloadPlan(GetParam(), true, true, async);
   using R = std::vector<std::pair<int64_t, std::string>>;
   // Three steps; instruction 2 is the async update, 4 the async copy.
-  EXPECT_EQ(syncRouted, (R{{2, "host"}, {2, "host"}, {2, "host"}}));
-  EXPECT_EQ(asyncRouted,
+  EXPECT_EQ(sync.routed, (R{{2, "host"}, {2, "host"}, {2, "host"}}));
+  EXPECT_EQ(async.routed,
             (R{{2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}}));
-  ASSERT_EQ(sync.size(), async.size());
-  for (size_t k = 0; k < sync.size(); ++k)
-    EXPECT_EQ(std::memcmp(sync[k].data(), async[k].data(), sync[k].size() * 4), 0)
-        << "buffer #" << k << " differs between the sync and async copy";
+  EXPECT_EQ(async.memory.hostPeakLive, async.plannedHostPeakLive);
+  expectSameBits(sync, async, "copy");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
