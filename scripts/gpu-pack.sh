@@ -83,6 +83,20 @@ for b in 16 32; do
     --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 pad-classes=0 plan=$P/gpt2_bf16_b16_unpadded.plan report=false"
   [ $b = 16 ] && "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
     --fsdp-pipeline="optimizer=adamw weight-decay=0.1 max-grad-norm=1.0 param-dtype=bf16 stage=3 plan=$P/gpt2_bf16_b16_zero3.plan report=false"
+  # Offload on one GPU (bench/offload_gpu.py, gpu-profile.sh's offload_b16):
+  # ZeRO-3 without offload, the optimizer offloaded with its host updates
+  # after / beside the backward pass, activations offloaded (copy stream),
+  # with and without unit recomputation. No clipping: with it every host
+  # update waits for the whole backward pass.
+  if [ $b = 16 ]; then
+    ob="optimizer=adamw weight-decay=0.1 param-dtype=bf16 stage=3 report=false"
+    for v in "none:" "serial:offload=optimizer offload-overlap=false" \
+             "overlap:offload=optimizer" "acts:offload-activations=true" \
+             "acts_unit:recompute=unit offload-activations=true"; do
+      "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
+        --fsdp-pipeline="$ob ${v#*:} plan=$P/offload_${v%%:*}.plan"
+    done
+  fi
   rm -f "$P/gpt2_b$b.mlir"
 done
 # The FSDP2 tutorial MLP at hidden 4096 for bench/mlp_gpu.py (issue 10).
@@ -112,12 +126,17 @@ python3 test/e2e/mixed_precision.py "$B/bin" text "$P/text.bin" --compile-only "
 # checkpoint resume, stages 0-3 at N = 2, 3, 4 host-staged, bf16 oracle),
 # run there by gpu-check.sh with --gpu.
 python3 test/e2e/cuda_emu.py "$B/bin" /usr/bin/python3 --compile-only "$P/e2e" > /dev/null
-mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py bench/mlp_gpu.py "$K/bench/"
+mkdir -p "$K/bench" && cp bench/gpt2_gpu.py bench/lm_head_probe.py bench/mlp_gpu.py \
+  bench/offload_gpu.py "$K/bench/"
+mkdir -p "$K/tools" && cp tools/fsdp-sim/fsdp-sim "$K/tools/" # the cost model, for offload_gpu.py
 cp scripts/gpu-check.sh scripts/gpu-profile.sh scripts/gpu-ncu.sh scripts/ncu-summary.py "$K/"
 # The device tool carries at most 64 MiB: the binaries without their
 # symbol tables (their CUDA fat binaries, about 12 MB each, stay), and a
 # clear failure here rather than a refused carry there.
 strip --strip-unneeded "$K"/bin/*
+# The plans are JSON (about 8 MB, a tenth of that compressed): packed, and
+# unpacked there by gpu-check.sh / gpu-profile.sh / gpu-ncu.sh.
+tar czf "$K/plans.tgz" -C "$K" plans && rm -rf "$K/plans"
 bytes=$(du -sb "$K" | cut -f1)
 echo "$K: $((bytes / 1048576)) MiB ($bytes bytes)"
 if [ "$bytes" -gt $((64 * 1048576)) ]; then

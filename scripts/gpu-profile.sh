@@ -24,7 +24,10 @@
 #      staging, the LM head unpadded, WMMA attention, ZeRO-3 at world size
 #      1), every kernel's time under Nsight Compute (ncu_b16), the f32
 #      trace, the synchronized bf16 trace, the FSDP2 tutorial MLP, the
-#      LM-head probe.
+#      LM-head probe;
+#   9. offload on the GPU (offload_b16): the optimizer's host updates
+#      after / beside the backward pass, activations on the copy stream,
+#      beside the cost model's prediction.
 # Summarize traces here with scripts/trace-summary.py.
 # ONLY="name ..." runs just the named steps (a rerun after a fix).
 set -uo pipefail
@@ -36,6 +39,7 @@ bundle() { tar czf "$OUT/logs.tgz.tmp" -C "$L" . && mv "$OUT/logs.tgz.tmp" "$OUT
 PY=${PY:-/opt/torch/.venv/bin/python3}
 SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+[ -d "$K/plans" ] || tar xzf "$K/plans.tgz" -C "$K" # packed by gpu-pack.sh
 P="$K/plans"
 BUDGET=${BUDGET:-480}
 fail=0
@@ -203,5 +207,11 @@ step trace_sync_bf16 60 "$K/bin/fsdp-run" "$P/gpt2_bf16_b16.plan" --device cuda 
 step mlp_bench 110 "$PY" "$K/bench/mlp_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --steps 20 --torch-modes eager,compile --json "$L/mlp_bench.json" && grep -E "rows/s" "$L/mlp_bench.log"
 step lm_head_probe 45 "$PY" "$K/bench/lm_head_probe.py" && cat "$L/lm_head_probe.log"
+# Offload on the GPU for the first time: GPT-2 bf16 B=16 ZeRO-3, no offload
+# / the optimizer's host updates after or beside the backward pass / the
+# activations on the copy stream, measured beside the h100 profile's
+# prediction (bench/offload_gpu.py).
+step offload_b16 150 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+  --sim "$K/tools/fsdp-sim" --steps 10 --repeats 2 && grep -vE "^\{" "$L/offload_b16.log"
 bundle
 exit $fail

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Offload on one GPU, measured beside the cost model's prediction.
+
+GPT-2 124M (T=1024) in bf16 at ZeRO-3 on one rank, the plans compiled by
+scripts/gpu-pack.sh (offload_<tag>.plan):
+  none       no offload (the stage-3 plan the others change)
+  serial     offload=optimizer, every host update after the backward pass
+  overlap    offload=optimizer, each update on the host stream beside it
+  acts       offload-activations=true (copies on the copy stream)
+  acts_unit  recompute=unit offload-activations=true
+Each plan runs --steps S (median ms/step of steps 3..S) R times,
+alternating the plans; printed beside fsdp-sim's prediction of the same
+plan on --profile (h100 by default: an H200's HBM is faster, so the
+prediction is for an H100) and its ratio to `none`, with the device and
+host peaks fsdp-run measured. --device cpu runs the same on CPU plans (a
+rehearsal; the cost model then needs a CPU profile).
+
+  python3 bench/offload_gpu.py --fsdp-run gpu-kit/bin/fsdp-run --plans gpu-kit/plans \\
+      --sim gpu-kit/tools/fsdp-sim [--steps 10 --repeats 2] [--device cuda|cpu]
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+TAGS = ("none", "serial", "overlap", "acts", "acts_unit")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsdp-run", required=True)
+    ap.add_argument("--plans", required=True)
+    ap.add_argument("--sim", required=True, help="tools/fsdp-sim")
+    ap.add_argument("--profile", default="h100")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    plans = {t: f"{a.plans}/offload_{t}.plan" for t in TAGS}
+    times = {t: [] for t in TAGS}
+    peaks = {}
+    for _ in range(a.repeats):
+        for t in TAGS:
+            r = subprocess.run([a.fsdp_run, plans[t], "--device", a.device, "--steps",
+                                str(a.steps), "--lr", "1e-4", "--json"],
+                               capture_output=True, text=True)
+            if r.returncode:
+                print(f"{t}: fsdp-run failed (rc {r.returncode}): {r.stderr.strip()[-600:]}",
+                      flush=True)
+                continue
+            lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+            steps = [x["ms"] for x in lines if "step" in x and "ms" in x and x["step"] >= 3]
+            if steps:
+                times[t].append(statistics.median(steps))
+            s = [x for x in lines if x.get("summary")]
+            if s:
+                peaks[t] = (s[0]["measured_high_water"], s[0].get("measured_host_high_water", 0))
+    pred = {}
+    for t in TAGS:
+        r = subprocess.run([sys.executable, a.sim, plans[t], "--profile", a.profile, "--json"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            d = json.loads(r.stdout)
+            pred[t] = (d[0] if isinstance(d, list) else d)["step_ms"]
+    base = statistics.median(times["none"]) if times["none"] else None
+    pbase = pred.get("none")
+    print(f"{'plan':10s} {'measured':>10s} {'/ none':>7s} {'predicted':>10s} {'/ none':>7s}"
+          f" {'device GiB':>10s} {'host GiB':>9s}")
+    rows = []
+    for t in TAGS:
+        m = statistics.median(times[t]) if times[t] else None
+        p = pred.get(t)
+        dev, host = peaks.get(t, (None, None))
+        row = {"plan": t, "measured_ms": m, "predicted_ms": p,
+               "device_peak": dev, "host_peak": host, "runs_ms": times[t]}
+        rows.append(row)
+        fmt = lambda x: f"{x:10.2f}" if x is not None else f"{'-':>10s}"
+        ratio = lambda x, b: f"{x / b:7.3f}" if x is not None and b else f"{'-':>7s}"
+        gib = lambda x: f"{x / 2**30:.2f}" if x is not None else "-"
+        print(f"{t:10s} {fmt(m)} {ratio(m, base)} {fmt(p)} {ratio(p, pbase)}"
+              f" {gib(dev):>10s} {gib(host):>9s}", flush=True)
+    print(json.dumps({"device": a.device, "profile": a.profile, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
