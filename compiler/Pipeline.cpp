@@ -40,6 +40,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
+  search.offloadNextStep = options.offloadNextStep;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -162,6 +163,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;
+    off.nextStep = options.offloadNextStep;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

@@ -192,6 +192,14 @@ struct FsdpPipelineOptions
                      "runs asynchronously beside the backward pass as soon "
                      "as its gradient is on the host (false: all after it)"),
       llvm::cl::init(true)};
+  Option<bool> offloadNextStep{
+      *this, "offload-next-step",
+      llvm::cl::desc("with offload=optimizer and overlap: the host updates are "
+                     "joined in the next step, each right before its unit's "
+                     "first use there, so they run beside the next step's "
+                     "forward pass (exact; with clipping or loss scaling they "
+                     "can start only after the whole backward pass)"),
+      llvm::cl::init(false)};
   Option<std::string> offloadActivations{
       *this, "offload-activations",
       llvm::cl::desc("true: keep the activations the backward pass reads in "

@@ -375,7 +375,10 @@ llvm::DenseMap<Operation *, double> gemmColdBytes(func::FuncOp step,
 
 /// One instruction of the program as the simulation sees it.
 struct Item {
-  enum Kind { Compute, Collective, Wait, Host, Copy } kind;
+  /// Barrier: the step's end, where the host waits for compute, the
+  /// collectives and the copies, not the host stream (a plan whose updates
+  /// are joined in the next step: see predictStep).
+  enum Kind { Compute, Collective, Wait, Host, Copy, Barrier } kind;
   double cost = 0; ///< work at full speed
   bool async = false;
   Value buffer; ///< a wait's operand, an async collective's, host update's or copy's result
@@ -577,11 +580,31 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   // What compute is blocked on: a wait's buffer, or a blocking collective.
   Value blockedOn;
   std::optional<size_t> blockedSync;
+  // A step's end (Item::Barrier) waits for the collectives and copies; the
+  // first one starts the step that is reported, the second ends it.
+  bool blockedBarrier = false;
+  SmallVector<double, 2> barriers;
   size_t i = 0;
+  auto passBarrier = [&] {
+    blockedBarrier = false;
+    ++i;
+    barriers.push_back(t);
+    if (barriers.size() > 1)
+      return;
+    r = StepPrediction();
+    for (std::deque<Queued> *q : {&queue, &host, &copies})
+      if (!q->empty() && q->front().start >= 0)
+        q->front().start = t;
+  };
   for (;;) {
-    while (!running && !blockedOn && !blockedSync && i < prog.size()) {
+    while (!running && !blockedOn && !blockedSync && !blockedBarrier && i < prog.size()) {
       const Item &it = prog[i];
-      if (it.kind == Item::Wait) {
+      if (it.kind == Item::Barrier) {
+        if (queue.empty() && copies.empty())
+          passBarrier();
+        else
+          blockedBarrier = true;
+      } else if (it.kind == Item::Wait) {
         if (inFlight.contains(it.buffer)) {
           blockedOn = it.buffer;
           stallStart = t;
@@ -673,8 +696,10 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     };
     advance(host, dtH, r.hostS, r.hostExposedS);
     advance(copies, dtY, r.copyS, r.copyExposedS);
+    if (blockedBarrier && queue.empty() && copies.empty())
+      passBarrier();
   }
-  r.stepS = t;
+  r.stepS = barriers.size() == 2 ? barriers[1] - barriers[0] : t;
   return r;
 }
 
@@ -686,16 +711,32 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
   // The program as the simulation sees it: the plan's instructions (the
   // storage aliases, set_grad and the return are none).
   SmallVector<Item> prog;
+  bool carried = false;
   for (Operation &opRef : step.getBody().front()) {
     Operation *op = &opRef;
     if (isa<func::ReturnOp, SetGradOp>(op) || isStorageAlias(op))
       continue;
-    if (isa<WaitOp>(op))
+    if (auto w = dyn_cast<WaitOp>(op); w && w->hasAttr("carried")) {
+      // fsdp-offload's next-step join: keyed by the update it joins.
+      Operation *u = carriedUpdate(w);
+      carried = true;
+      prog.push_back({Item::Wait, 0, false, u ? u->getResult(0) : Value()});
+    } else if (isa<WaitOp>(op))
       prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
     else if (isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op))
       prog.push_back(costing.collective(op));
     else
       prog.push_back(costing.compute(op));
+  }
+  if (carried) {
+    // Updates joined in the next step: the steady state is the second of
+    // two steps (the first joins nothing, as the runtime's first step),
+    // from the first step's end to the second's, each end waiting for
+    // compute, the collectives and the copies but not the host stream.
+    SmallVector<Item> once(prog);
+    prog.push_back({Item::Barrier, 0, false, Value()});
+    prog.append(once.begin(), once.end());
+    prog.push_back({Item::Barrier, 0, false, Value()});
   }
   return simulate(prog, costing);
 }

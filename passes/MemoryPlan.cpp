@@ -85,6 +85,18 @@ std::pair<StringRef, Value> mlir::fsdp::storageWrite(Operation *op) {
   return {StringRef(), Value()};
 }
 
+Operation *mlir::fsdp::carriedUpdate(WaitOp join) {
+  FlatSymbolRefAttr unit = storageRead(join.getInput());
+  if (!unit || !join->hasAttr("carried"))
+    return nullptr;
+  for (Operation &op : *join->getBlock())
+    if (op.hasAttr(kOnHostAttrName) && op.hasAttr("async") && op.getNumResults() > 0)
+      for (Operation *u : op.getResult(0).getUsers())
+        if (auto [sym, v] = storageWrite(u); v && sym == unit.getValue())
+          return &op;
+  return nullptr;
+}
+
 /// True when `v`, written back to symbol `sym`, can be computed in place in
 /// the storage of `sym`: it is an optimizer update result replacing the
 /// storage its operand read, or an all-gather into a unit's storage (the
@@ -266,6 +278,9 @@ private:
   llvm::DenseMap<Value, AliasInfo> alias;
   DenseSet<Value> gradValues;
   SmallVector<int64_t> transient; ///< root buffers of the step's values
+  /// Operands of updates joined in the next step: live through the step,
+  /// no activation.
+  llvm::DenseSet<int64_t> wholeStep;
 };
 } // namespace
 
@@ -757,8 +772,20 @@ void MemoryPlanner::computeLiveness() {
       for (Value v : op.getOperands())
         touch(v, at >= 0 ? at : end);
     // An async collective reads its input until its wait returns; an
-    // async host update (fsdp-offload's overlap) every operand.
-    if (auto w = dyn_cast<WaitOp>(op))
+    // async host update (fsdp-offload's overlap) every operand. One joined
+    // in the next step (carried) reads them from where the step issues it
+    // on, through the step's end, and in the next step up to its join: the
+    // whole step.
+    if (auto w = dyn_cast<WaitOp>(op); w && w->hasAttr("carried")) {
+      if (Operation *u = carriedUpdate(w))
+        for (Value v : u->getOperands()) {
+          touch(v, 0);
+          touch(v, end);
+          auto it = plan.valueBuffer.find(v);
+          if (it != plan.valueBuffer.end())
+            wholeStep.insert(rootOf(it->second));
+        }
+    } else if (auto w = dyn_cast<WaitOp>(op))
       if (Operation *c = w.getInput().getDefiningOp()) {
         if (c->hasAttr(kOnHostAttrName))
           for (Value v : c->getOperands())
@@ -783,7 +810,7 @@ void MemoryPlanner::computeLiveness() {
   // Activations: transient values computed in forward and read in backward.
   for (int64_t id : transient) {
     PlannedBuffer &b = plan.buffers[id];
-    if (b.kind == BufKind::Temp &&
+    if (b.kind == BufKind::Temp && !wholeStep.contains(id) &&
         llvm::any_of(forwardEnds, [&](int64_t forwardEnd) {
           return b.first <= forwardEnd && b.last > forwardEnd;
         }))

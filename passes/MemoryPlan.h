@@ -109,6 +109,10 @@ FlatSymbolRefAttr storageRead(Value v);
 /// no such write.
 std::pair<StringRef, Value> storageWrite(Operation *op);
 
+/// The async host update a carried `fsdp.wait` (fsdp-offload's next-step)
+/// joins: the one writing back the unit the wait reads; null if none.
+Operation *carriedUpdate(WaitOp join);
+
 /// Ops that become no instruction: reads of storage, in-place write-backs,
 /// and fsdp.set_grad (an output binding).
 bool isStorageAlias(Operation *op);

@@ -54,6 +54,12 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
                              : "");
       return signalPassFailure();
     }
+    if (nextStep && !overlap) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: next-step joins the async host updates in the next step: "
+             "it needs overlap";
+      return signalPassFailure();
+    }
     func::FuncOp step = getTrainStep(module, "fsdp-autodiff and fsdp-shard");
     if (!step)
       return signalPassFailure();
@@ -183,6 +189,9 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     // 4. Overlap: each update runs beside the rest of the step.
     if (overlap)
       overlapUpdates(body);
+    // 5. Next step: the updates run on beside the next step's forward.
+    if (nextStep)
+      carryUpdates(module, body);
   }
 
   /// The storage symbol `v` reads, through views of it.
@@ -293,6 +302,87 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
         Operation *u = use.getOwner();
         return u != wait && u->getBlock() == &body && wait->isBeforeInBlock(u);
       });
+    }
+  }
+
+  /// Step 5: an async update whose results only the write-backs read (and
+  /// whose storage nothing after it in the step reads) is joined in the
+  /// next step instead: its wait becomes `fsdp.wait {carried}` on a read
+  /// of its unit's storage, right before the first op of the step that
+  /// reads storage it writes or defines one of its operands. What a
+  /// previous run of the pass carried has no in-step wait and stays.
+  void carryUpdates(ModuleOp module, Block &body) {
+    SmallVector<Operation *> updates;
+    for (Operation &op : body)
+      if (op.hasAttr(kOnHostAttrName) && op.hasAttr("async"))
+        updates.push_back(&op);
+    OpBuilder b(&getContext());
+    for (Operation *op : updates) {
+      Value p = op->getResult(0);
+      SmallVector<WaitOp> waits;
+      llvm::SmallDenseSet<StringRef> written;
+      StringRef unit;
+      bool onlyWriteBacks = true;
+      for (Value r : op->getResults())
+        for (Operation *u : r.getUsers()) {
+          auto wait = dyn_cast<WaitOp>(u);
+          if (wait && r == p) {
+            waits.push_back(wait);
+            for (Operation *w : wait->getUsers())
+              onlyWriteBacks &= storageWrite(w).second != nullptr;
+            continue;
+          }
+          auto [sym, v] = storageWrite(u);
+          onlyWriteBacks &= v != nullptr;
+          if (v)
+            written.insert(sym);
+          if (v && r == p)
+            unit = sym;
+        }
+      for (WaitOp w : waits)
+        for (Operation *u : w->getUsers())
+          if (auto [sym, v] = storageWrite(u); v) {
+            written.insert(sym);
+            unit = sym;
+          }
+      if (waits.empty() || !onlyWriteBacks || unit.empty() || !module.lookupSymbol<UnitOp>(unit))
+        continue;
+      // Nothing after it in the step may read what it writes.
+      auto readsWritten = [&](Operation *o) {
+        return llvm::any_of(o->getOperands(), [&](Value v) {
+          FlatSymbolRefAttr sym = readsSymbol(v);
+          return sym && written.contains(sym.getValue());
+        });
+      };
+      bool readAfter = false;
+      for (Operation *o = op->getNextNode(); o && !readAfter; o = o->getNextNode())
+        readAfter = !isa<WaitOp>(o) && !storageWrite(o).second && readsWritten(o);
+      if (readAfter)
+        continue;
+      // Where the next step needs it done: the first op reading what it
+      // writes or defining one of its operands (it reads its unit itself).
+      llvm::SmallPtrSet<Operation *, 8> defs;
+      for (Value v : op->getOperands())
+        if (Operation *d = v.getDefiningOp())
+          defs.insert(d);
+      Operation *at = op;
+      for (Operation &o : body) {
+        if (&o == op || defs.contains(&o) || readsWritten(&o)) {
+          at = &o;
+          break;
+        }
+      }
+      for (WaitOp w : waits) {
+        w.getResult().replaceAllUsesWith(p);
+        w.erase();
+      }
+      b.setInsertionPoint(at);
+      auto read =
+          b.create<GetUnitOp>(op->getLoc(), module.lookupSymbol<UnitOp>(unit).getStorageType(),
+                              FlatSymbolRefAttr::get(&getContext(), unit));
+      auto join = b.create<WaitOp>(op->getLoc(), read.getType(), read);
+      join->setAttr("carried", b.getUnitAttr());
+      ++numCarried;
     }
   }
 };

@@ -510,6 +510,21 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     update in flight, so the host arena holds one more gradient shard.
     An update never moves above a read of the storage it overwrites.
 
+    With `next-step` (and overlap) no update is joined in its own step:
+    every wait on an update's parameter result is replaced by a carried
+    one at the top of the step, `fsdp.wait %s {carried}` on a read of the
+    unit's storage, right before the first instruction that reads storage
+    the update writes or computes one of its operands (the unit's
+    `to_device` in the forward pass). The runtime joins there the update
+    the previous step left running (nothing in the first step, or after
+    a checkpoint, evaluation or the end of training, which finish them).
+    So with clipping or loss scaling, whose updates can start only after
+    the whole backward pass, the host updates run beside the next step's
+    forward pass, each joined just before its unit is gathered: exact
+    training (DeepSpeed's delayed parameter update instead trains the
+    next step on the old parameters). The memory plan keeps each
+    update's operands (host buffers) live through the whole step.
+
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
     %d = fsdp.to_device %s : tensor<66xf32>
@@ -525,10 +540,15 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     Option<"overlap", "overlap", "bool", /*default=*/"true",
            "run each host update asynchronously as soon as its operands are "
            "ready (beside the backward pass), one in flight">,
+    Option<"nextStep", "next-step", "bool", /*default=*/"false",
+           "with overlap: the updates are not joined in their step but in "
+           "the next one, each right before the first instruction that "
+           "reads what it writes (beside the next step's forward pass)">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
     Statistic<"numAsync", "async-updates", "Host updates made asynchronous">,
+    Statistic<"numCarried", "carried-updates", "Host updates joined in the next step">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
@@ -733,6 +753,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadOverlap", "offload-overlap", "bool", /*default=*/"true",
            "with overlap: fsdp-offload's host updates run beside the backward "
            "pass (fsdp-offload's overlap)">,
+    Option<"offloadNextStep", "offload-next-step", "bool", /*default=*/"false",
+           "fsdp-offload's next-step: the host updates are joined in the next "
+           "step, beside its forward pass">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

@@ -146,6 +146,7 @@ struct SearchSchedulePass
     FsdpOffloadOptions o;
     o.mode = off.str();
     o.overlap = overlap && offloadOverlap;
+    o.nextStep = offloadNextStep;
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).

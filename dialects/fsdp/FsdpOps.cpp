@@ -1019,6 +1019,13 @@ LogicalResult PackOp::verify() {
 
 LogicalResult WaitOp::verify() {
   Operation *def = getInput().getDefiningOp();
+  if ((*this)->hasAttr("carried")) {
+    // fsdp-offload's next-step join: the previous step's update of a unit.
+    if (!isa_and_nonnull<GetUnitOp>(def))
+      return emitOpError() << "carried: expected a read of the unit whose previous-step "
+                              "host update it joins (fsdp.get_unit)";
+    return success();
+  }
   if (!def || !def->hasAttr("async") ||
       !isa<AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp, AdamwUpdateOp,
            SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(def))

@@ -1680,7 +1680,10 @@ def Fsdp_WaitOp : Fsdp_Op<"wait", [AllTypesMatch<["input", "result"]>]> {
     between the arenas (`fsdp.to_host` / `fsdp.to_device` marked `async`)
     asynchronous the same way, and fsdp-offload its host updates (an
     update marked `fsdp.on_host` and `async` runs on the runtime's host
-    stream; the wait is on its parameter result).
+    stream; the wait is on its parameter result). With `carried`
+    (fsdp-offload's next-step) the input is a read of a unit's storage and
+    the wait joins the async host update the previous step left running on
+    that unit (none in a step that follows none).
 
     ```mlir
     %f = fsdp.all_gather %s {async} : tensor<66xf32> -> tensor<264xf32>

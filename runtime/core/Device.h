@@ -186,6 +186,11 @@ public:
   /// Blocks the host until all streams are idle; their first failure
   /// (compute, comm, copy, host), after which the streams run work again.
   virtual Status synchronize() = 0;
+  /// Blocks the host until compute, the collectives and the copies are
+  /// idle, leaving the host stream's work running (host updates a plan
+  /// joins in the next step); their failures, if any, come at the wait
+  /// joining them or at synchronize().
+  virtual Status synchronizeDevice() { return synchronize(); }
 
   /// The step's seed, number and data rank, and whether it trains: what a
   /// dropout instruction and a stochastic cast read (runtime/core/Dropout.h,

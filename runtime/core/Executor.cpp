@@ -112,11 +112,34 @@ uint8_t *Executor::address(int64_t id) const {
   return dev.address(bufferOffset(plan, id, shardIndex()));
 }
 
+Status Executor::settle(int64_t id) const {
+  if (!carriedPending || !plan.buffers[id].host)
+    return Status::ok();
+  // The host stream drains; the events stay for the next step's joins
+  // (complete by then).
+  carriedPending = false;
+  return dev.synchronize();
+}
+
+Status Executor::finishCarried() {
+  if (!carriedPending)
+    return Status::ok();
+  carriedPending = false;
+  Status st = dev.synchronize();
+  inFlight.clear();
+  if (!st)
+    return Status::error("the host updates of the last step (joined in the next one): " +
+                         st.message());
+  return st;
+}
+
 Status Executor::readBuffer(int64_t id, void *host) const {
+  FSDP_RETURN_IF_ERROR(settle(id));
   return dev.copyToHost(host, address(id), plan.buffers[id].bytes);
 }
 
 Status Executor::writeBuffer(int64_t id, const void *host) {
+  FSDP_RETURN_IF_ERROR(settle(id));
   return dev.copyToDevice(address(id), host, plan.buffers[id].bytes);
 }
 
@@ -185,8 +208,12 @@ Status Executor::init(uint64_t seed) {
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   offCompute.clear();
-  for (const Instruction &inst : plan.program)
+  carriedBufs.clear();
+  for (const Instruction &inst : plan.program) {
     offCompute.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst));
+    if (isCarried(inst))
+      carriedBufs.insert(inst.in[0]);
+  }
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
@@ -255,6 +282,12 @@ Status Executor::init(uint64_t seed) {
       asyncInputs[inst.out[0]] = {inst.in[0]};
     else if (isAsyncHost(plan, inst))
       asyncInputs[inst.out[0]] = inst.in;
+    // One the next step joins reads its operands through the whole step.
+    if (isAsyncHost(plan, inst) && carriedBufs.count(inst.out[0]))
+      for (int64_t id : inst.in) {
+        first[owner(id)] = 0;
+        last[owner(id)] = n - 1;
+      }
     if (inst.op == "wait") {
       auto it = asyncInputs.find(inst.in[0]);
       if (it != asyncInputs.end())
@@ -289,6 +322,10 @@ Status Executor::runOffCompute(const Instruction &inst) {
   Stream &compute = dev.computeStream(), &commStream = dev.commStream();
   if (inst.op == "wait") {
     auto it = inFlight.find(inst.in[0]);
+    // A carried wait joins the previous step's update: none in the first
+    // step, nor after finishCarried.
+    if (it == inFlight.end() && isCarried(inst))
+      return Status::ok();
     if (it == inFlight.end())
       return FSDP_ERROR("wait on buffer ", inst.in[0],
                         " but no collective, copy or host update writing it is in flight");
@@ -488,6 +525,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
         (void)dev.endCapture(false);
       (void)dev.synchronize(); // nothing may run past the step
       inFlight.clear();
+      carriedPending = false;
       return Status::error("step " + std::to_string(step) + ", instruction #" + std::to_string(i) +
                            " (" + inst.op + "): " + st.message());
     }
@@ -511,9 +549,16 @@ Status Executor::step(int64_t step, double lr, float &loss) {
                            " (the captured step): " + st.message());
     }
   }
-  // The step's one host synchronization.
-  Status synced = dev.synchronize();
-  if (!inFlight.empty()) {
+  // The step's one host synchronization; host updates the next step
+  // joins (carried) run on.
+  Status synced = carriedBufs.empty() ? dev.synchronize() : dev.synchronizeDevice();
+  const bool onlyCarried = std::all_of(inFlight.begin(), inFlight.end(), [&](const auto &kv) {
+    return carriedBufs.count(kv.first) > 0;
+  });
+  carriedPending = !inFlight.empty() && onlyCarried;
+  if (!onlyCarried) {
+    (void)dev.synchronize();
+    carriedPending = false;
     inFlight.clear();
     return FSDP_ERROR("step ", step,
                       ": the plan left an async collective, "
@@ -585,6 +630,7 @@ bool Executor::hasGradNorm() const {
 // eval.test). Liveness and the arena are the step's: the prefix touches a
 // subset of its buffers, so the measured high-water cannot grow.
 Status Executor::evaluate(float &loss) {
+  FSDP_RETURN_IF_ERROR(finishCarried());
   int64_t lossBuf = -1;
   for (const Binding &b : plan.outputs)
     if (b.role == "loss")
@@ -761,6 +807,7 @@ Status Executor::getParamElement(const Param &p, int64_t i, float &value) const 
   int64_t b, e;
   if (!paramLocation(p, i, b, e))
     return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
+  FSDP_RETURN_IF_ERROR(settle(b));
   return dev.copyToHost(&value, address(b) + 4 * e, 4);
 }
 
@@ -768,10 +815,12 @@ Status Executor::setParamElement(const Param &p, int64_t i, float value) {
   int64_t b, e;
   if (!paramLocation(p, i, b, e))
     return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
+  FSDP_RETURN_IF_ERROR(settle(b));
   return dev.copyToDevice(address(b) + 4 * e, &value, 4);
 }
 
 Status Executor::gatherParams(TensorMap &out) {
+  FSDP_RETURN_IF_ERROR(finishCarried());
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const Unit &unit = plan.units[u];
     std::vector<float> flat;
@@ -805,6 +854,7 @@ Status Executor::gatherParams(TensorMap &out) {
 }
 
 Status Executor::loadParams(const TensorMap &in) {
+  FSDP_RETURN_IF_ERROR(finishCarried());
   // Strict, like PyTorch's load_state_dict: a tensor the model does not
   // have is as much a sign of the wrong file as a missing one.
   std::string extra;
@@ -845,6 +895,7 @@ Status Executor::loadParams(const TensorMap &in) {
 }
 
 Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
+  FSDP_RETURN_IF_ERROR(finishCarried());
   if (chunk < 1)
     return FSDP_ERROR("loadParams: chunk of ", chunk, " elements");
   std::vector<float> host;

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 namespace fsdp {
@@ -92,6 +93,12 @@ public:
   /// The scaler's checkpoint record, and its restore (validated).
   nlohmann::json lossScalerState() const;
   Status restoreLossScaler(const nlohmann::json &state);
+
+  /// Joins the host updates the last step left running (a plan compiled
+  /// with offload-next-step joins them in the next step): called before
+  /// anything outside a step reads or writes what they touch (evaluation,
+  /// parameters, checkpoints), and by the trainer after the last step.
+  Status finishCarried();
 
   /// Host copies of buffer `id` (its bytes, this rank's view).
   Status readBuffer(int64_t id, void *host) const;
@@ -186,6 +193,13 @@ private:
   /// their wait names: the event on the comm or host stream that completes
   /// them.
   std::map<int64_t, std::unique_ptr<Event>> inFlight;
+  /// The buffers of host updates the next step joins (carried waits:
+  /// fsdp-offload's next-step), and whether the last step left any running.
+  std::set<int64_t> carriedBufs;
+  mutable bool carriedPending = false;
+  /// Before host memory is read or written outside a step: the host
+  /// updates the last step left running finish first.
+  Status settle(int64_t id) const;
 
   bool tracing = false, traceSync = false;
   bool captureSteps = false; ///< setStepCapture

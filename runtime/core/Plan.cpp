@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace fsdp {
@@ -516,6 +517,68 @@ Status validateProgram(const Plan &plan) {
   return Status::ok();
 }
 
+/// fsdp-offload's next-step joins: each carried wait names the first
+/// output of one async host update later in the program that no wait of
+/// its own step joins; nothing before the join touches that update's
+/// buffers (the previous step's update may still run), and its transient
+/// operands are live through the whole step (no other buffer shares their
+/// memory at any instruction).
+Status validateCarried(const Plan &plan) {
+  const int64_t end = (int64_t)plan.program.size();
+  auto root = [&](int64_t id) {
+    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
+  };
+  std::set<int64_t> joined;
+  for (int64_t i = 0; i < end; ++i) {
+    const Instruction &w = plan.program[i];
+    auto c = w.attrs.find("carried");
+    if (c == w.attrs.end())
+      continue;
+    if (w.op != "wait" || !c->is_boolean())
+      return FSDP_ERROR("plan: instruction #", i, " (", w.op,
+                        "): \"carried\" is a boolean of a wait (fsdp-offload's next-step)");
+    if (!c->get<bool>())
+      continue;
+    int64_t b = w.in[0], q = i + 1;
+    while (q < end && !(isHostInstruction(plan, plan.program[q]) && isAsync(plan.program[q]) &&
+                        plan.program[q].out[0] == b))
+      ++q;
+    if (q == end)
+      return FSDP_ERROR("plan: instruction #", i, " (carried wait on buffer ", b,
+                        ") joins no async host update issued later in the program");
+    if (!joined.insert(b).second)
+      return FSDP_ERROR("plan: instruction #", i, ": a second carried wait on buffer ", b);
+    const Instruction &u = plan.program[q];
+    std::set<int64_t> used;
+    for (const auto *ids : {&u.in, &u.out})
+      for (int64_t id : *ids)
+        used.insert(root(id));
+    for (int64_t k = 0; k < end; ++k) {
+      const Instruction &o = plan.program[k];
+      if (k > q && o.op == "wait" && o.in[0] == b)
+        return FSDP_ERROR("plan: instruction #", k, " waits in its own step for host update #", q,
+                          ", which instruction #", i, " joins in the next step");
+      if (k >= i || o.op == "wait")
+        continue;
+      for (const auto *ids : {&o.in, &o.out})
+        for (int64_t id : *ids)
+          if (used.count(root(id)))
+            return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
+                              plan.buffers[id].name, ") before instruction #", i,
+                              " joins the previous step's host update #", q, " that uses it");
+    }
+    for (int64_t id : u.in) {
+      const Buffer &in = plan.buffers[root(id)];
+      if (!in.persistent && (in.first > 0 || in.last < end - 1))
+        return FSDP_ERROR("plan: buffer ", root(id), " (", in.name, "), read by host update #", q,
+                          " that the next step joins, must be live through the whole step "
+                          "[0, ",
+                          end - 1, "]; its live range is [", in.first, ", ", in.last, "]");
+    }
+  }
+  return Status::ok();
+}
+
 /// The plan as the runtime needs it, in order: mesh, buffers, the memory
 /// plan, units, parameters, states, bindings, program; the first error
 /// stops it.
@@ -527,7 +590,8 @@ Status validate(const Plan &plan) {
   FSDP_RETURN_IF_ERROR(validateParams(plan));
   FSDP_RETURN_IF_ERROR(validateStates(plan));
   FSDP_RETURN_IF_ERROR(validateIo(plan));
-  return validateProgram(plan);
+  FSDP_RETURN_IF_ERROR(validateProgram(plan));
+  return validateCarried(plan);
 }
 
 /// f16's dynamic loss scaling: the initial scale and its growth and

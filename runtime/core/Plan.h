@@ -208,6 +208,11 @@ inline bool isHostInstruction(const Plan &plan, const Instruction &inst) {
 }
 /// Marked `"async": true`: run off the compute stream, joined by a wait.
 inline bool isAsync(const Instruction &inst) { return inst.attrs.value("async", false); }
+/// A wait marked `"carried": true` (fsdp-offload's next-step): it joins the
+/// async host update that the previous step issued later in the program.
+inline bool isCarried(const Instruction &inst) {
+  return inst.op == "wait" && inst.attrs.value("carried", false);
+}
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a
 /// truncated file, out-of-range buffer ids, buffers outside the arena, two

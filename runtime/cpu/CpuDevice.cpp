@@ -188,6 +188,13 @@ public:
     computeSticky = Status::ok();
     return st;
   }
+  Status synchronizeDevice() override {
+    Status st = computeSticky, commSt = worker->drain();
+    if (st)
+      st = commSt;
+    computeSticky = Status::ok();
+    return st;
+  }
 
   int64_t scratchHighWater() const override { return widenedScratchHighWater(); }
   Status calibrate(Communicator &c, nlohmann::json &profile) override {

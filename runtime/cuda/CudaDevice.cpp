@@ -361,9 +361,12 @@ public:
     // Failures on the event's stream are known only at synchronize().
     return Status::ok();
   }
-  Status synchronize() override {
+  Status synchronize() override { return drain(true); }
+  Status synchronizeDevice() override { return drain(false); }
+  /// The device streams idle, and the host stream too with `host`.
+  Status drain(bool withHost) {
     Status st = idle();
-    Status hostSt = hostWorker->drain();
+    Status hostSt = withHost ? hostWorker->drain() : Status::ok();
     if (!compute.sticky)
       st = compute.sticky;
     else if (!comm.sticky)
