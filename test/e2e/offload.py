@@ -30,6 +30,14 @@ configuration below, against the same plan without offload:
     the first one, so the host updates run beside the backward pass; (a) and (b) above hold
     for these plans (the runtime's host stream runs them), and the plan
     compiled with overlap=false trains bitwise the same.
+(g) offload-next-step=true: every async host update is joined in the
+    next step instead (one "carried" wait, placed before the first
+    instruction that touches the update's buffers, and no wait in its own
+    step), the plan trains bitwise as without offload (losses and final
+    parameters), both arenas are measured == predicted, the host arena
+    holds every update's operands through the step (at least as large as
+    with overlap), and checkpoints (resumed bitwise) and evaluation
+    (validation losses bitwise) join the updates the last step left.
 """
 import json
 import os
@@ -170,6 +178,44 @@ def main():
                        not any(x.get("attrs", {}).get("async") for x in sp),
                        f"(f) {what}: overlap=false (nothing async) trains bitwise the same")
 
+            # (g)
+            carry = compile_(model, n, pipeline + " offload-next-step=true", "optimizer",
+                             f"c{i}-next")
+            got3, s3 = train(carry, n, "--steps", "6", "--save", carry + ".st")
+            pc = json.load(open(carry))
+            cp, cb = pc["program"], pc["buffers"]
+            cups = [k for k, x in enumerate(cp) if x.get("attrs", {}).get("async")
+                    and x["op"] not in ("to_host", "to_device", "all_gather", "reduce_scatter",
+                                        "all_reduce") and cb[x["out"][0]].get("space") == "host"]
+            placed = bool(cups)
+            for k in cups:
+                b = cp[k]["out"][0]
+                joins = [w for w, x in enumerate(cp) if x["op"] == "wait" and x["in"][0] == b]
+                touched = set(cp[k]["in"]) | set(cp[k]["out"])
+                first = min(j for j, x in enumerate(cp) if x["op"] != "wait"
+                            and touched & (set(x["in"]) | set(x["out"])))
+                placed &= (len(joins) == 1 and joins[0] < k and joins[0] <= first and
+                           cp[joins[0]]["attrs"].get("carried") is True)
+            measured3 = (s3["measured_high_water"] == s3["predicted_peak"] and
+                         s3["measured_host_high_water"] == s3["predicted_host_peak"] and
+                         s3["measured_host_peak_live"] == s3["predicted_host_peak_live"])
+            report(got3 == ref and read(carry + ".st") == read(base + ".st") and placed and
+                   measured3 and pc["host_arena_bytes"] >= po["host_arena_bytes"],
+                   f"(g) {what}: {len(cups)} host updates joined in the next step, trains "
+                   f"bitwise the same, host arena {pc['host_arena_bytes']} B (overlap: "
+                   f"{po['host_arena_bytes']} B) measured == predicted")
+
+        # (g) checkpoints and evaluation join what the last step left.
+        model, n, pipeline = CONFIGS[6]
+        carry = os.path.join(tmp, "c6-next.plan")
+        ref, _ = train(carry, n, "--steps", "8", "--save", carry + ".ref.st")
+        ck = os.path.join(tmp, "ck6-next")
+        train(carry, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2")
+        after, _ = train(carry, n, "--steps", "8", "--resume", ck, "--save", carry + ".res.st")
+        report(after == ref[4:] and read(carry + ".ref.st") == read(carry + ".res.st"),
+               f"(g) {model} N={n} offload-next-step: resumed losses 5-8 and final parameters "
+               f"bitwise equal")
+
         # (c) checkpoints, on the 2-rank bf16 stage-1 and the hpZ GPT plans.
         for i in (3, 6):
             model, n, pipeline = CONFIGS[i]
@@ -208,8 +254,10 @@ def main():
 
         # (e) evaluation: the forward slice copies the offloaded shards too.
         vals = {}
-        for off in ("none", "optimizer"):
-            plan = compile_("gpt", 2, "optimizer=adamw stage=3", off, f"ev-{off}")
+        for off in ("none", "optimizer", "next"):
+            plan = compile_("gpt", 2, "optimizer=adamw stage=3 max-grad-norm=1.0"
+                            + (" offload-next-step=true" if off == "next" else ""),
+                            "optimizer" if off == "next" else off, f"ev-{off}")
             out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--threads",
                                   "1", "--steps", "4", "--eval-every", "2", "--nproc", "2"],
                                  check=True, capture_output=True, text=True, timeout=300).stdout
@@ -217,6 +265,8 @@ def main():
             vals[off] = [r["val_loss"] for r in rows if r.get("eval")]
         report(len(vals["none"]) == 3 and vals["none"] == vals["optimizer"],
                f"(e) gpt N=2: validation losses bitwise equal ({len(vals['none'])} evaluations)")
+        report(vals["next"] == vals["none"],
+               "(g) gpt N=2 offload-next-step: validation losses bitwise equal")
 
         # (d)
         err = compile_("mlp", 2, "optimizer=adamw stage=0", "optimizer", "s0", check=False)

@@ -21,12 +21,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <limits>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -1310,8 +1313,10 @@ TEST_P(DeviceConformance, HostStreamUpdateMatchesRun) {
 /// `wait` false: async without its wait (and without 6-7, which would
 /// read p1 while it is written); `asyncCopy`: the copy 4 async (activation
 /// offload's kind, on the copy stream), joined by a wait on gh2 before the
-/// last update.
-std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
+/// last update; `carried` (with async, without wait): the update joined in
+/// the next step instead (fsdp-offload's next-step), by a carried wait on
+/// p1 first in the program, gh1 live through the step.
+std::string offloadPlan(bool async, bool wait, bool asyncCopy = false, bool carried = false) {
   const int64_t n = 64, vb = n * 4;
   using nlohmann::json;
   json buffers = json::array();
@@ -1368,6 +1373,8 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
     program.push_back(op("wait", {15}, {15}));
   program.push_back(op("adamw_update", {9, 15, 10, 11, 12, 13}, {9, 10, 11}, adam));
   program.push_back(op("fill", json::array(), {3}, {{"value", 1.0}}));
+  if (carried)
+    program.insert(program.begin(), op("wait", {6}, {6}, {{"carried", true}}));
   // Live ranges from the operands; an async host update's operands until
   // its wait, an async copy's input until its wait (what the compiler's
   // memory plan does).
@@ -1376,7 +1383,7 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
     for (int64_t o : program[i]["out"].get<std::vector<int64_t>>())
       ids.push_back(o);
     if (program[i]["op"] == "wait")
-      ids = program[i]["in"][0] == 6 ? program[2]["in"].get<std::vector<int64_t>>()
+      ids = program[i]["in"][0] == 6 ? program[carried ? 3 : 2]["in"].get<std::vector<int64_t>>()
                                      : std::vector<int64_t>{2, 15};
     for (int64_t id : ids) {
       json &b = buffers[id];
@@ -1388,6 +1395,8 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
     }
   }
   buffers[3]["last"] = program.size(); // the loss output
+  if (carried)
+    buffers[14]["last"] = program.size(); // read until the next step's join
   for (json &b : buffers)
     if (b["persistent"])
       b["first"] = -1, b["last"] = program.size();
@@ -1395,7 +1404,7 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false) {
       b["first"] = b["last"] = 0;
   // The host arena's peak live: persistent 6 vectors + 2 scalars, and one
   // gradient copy, two while the async update's input waits for its wait.
-  int64_t hostPeak = 6 * vb + 8 + (async && wait ? 2 : 1) * vb;
+  int64_t hostPeak = 6 * vb + 8 + ((async && wait) || carried ? 2 : 1) * vb;
   json units = json::array(), params = json::array(), states = json::array();
   for (int u = 0; u < 2; ++u) {
     std::string un = "u" + std::to_string(u);
@@ -1491,6 +1500,7 @@ public:
   std::unique_ptr<Event> record(Stream &s) override { return in->record(s); }
   Status wait(Stream &s, Event &e) override { return in->wait(s, e); }
   Status synchronize() override { return in->synchronize(); }
+  Status synchronizeDevice() override { return in->synchronizeDevice(); }
   Status setDropoutContext(const DropoutContext &c) override {
     FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
     return in->setDropoutContext(c);
@@ -1500,6 +1510,71 @@ public:
 
 private:
   std::unique_ptr<Device> in;
+};
+
+/// A RoutingProbe whose host stream, before the host instructions it
+/// names by their order (0: the first runOn on the host stream), waits at
+/// a gate the test opens (at most 20 s, then it notes that the gate was
+/// never opened): what runs behind a held host update shows what waits
+/// for it. Counts the host instructions done.
+class GatedHost final : public Device {
+public:
+  explicit GatedHost(std::unique_ptr<Device> d) : probe(std::move(d)) {}
+  std::map<int, std::promise<void>> gates;
+  std::atomic<int> hostDone{0};
+  std::atomic<bool> gateTimedOut{false};
+  int hostRuns = 0;
+
+  const char *name() const override { return probe.name(); }
+  Status allocateArena(int64_t b, int64_t h) override { return probe.allocateArena(b, h); }
+  uint8_t *address(int64_t offset) const override { return probe.address(offset); }
+  uint8_t *arenaBase() const override { return probe.arenaBase(); }
+  int64_t arenaBytes() const override { return probe.arenaBytes(); }
+  Status copyToDevice(void *dst, const void *src, int64_t n) override {
+    return probe.copyToDevice(dst, src, n);
+  }
+  Status copyToHost(void *dst, const void *src, int64_t n) override {
+    return probe.copyToHost(dst, src, n);
+  }
+  Status fillWords(void *dst, uint32_t w, int64_t n) override { return probe.fillWords(dst, w, n); }
+  Status prepare(const Plan &p, int64_t shard) override { return probe.prepare(p, shard); }
+  Status run(int64_t i) override { return probe.run(i); }
+  Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
+    const bool host = &s == &probe.hostStream();
+    auto gate = host ? gates.find(hostRuns++) : gates.end();
+    if (gate != gates.end())
+      probe.enqueue(s, [f = gate->second.get_future().share(), this]() {
+        if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+          gateTimedOut = true;
+        return Status::ok();
+      });
+    FSDP_RETURN_IF_ERROR(probe.runOn(s, i, done));
+    if (host)
+      probe.enqueue(s, [this] {
+        ++hostDone;
+        return Status::ok();
+      });
+    return Status::ok();
+  }
+  bool implementsOp(const std::string &op) const override { return probe.implementsOp(op); }
+  Stream &computeStream() override { return probe.computeStream(); }
+  Stream &commStream() override { return probe.commStream(); }
+  Stream &hostStream() override { return probe.hostStream(); }
+  Stream &copyStream() override { return probe.copyStream(); }
+  void enqueue(Stream &s, std::function<Status()> w) override { probe.enqueue(s, std::move(w)); }
+  std::unique_ptr<Event> record(Stream &s) override { return probe.record(s); }
+  Status wait(Stream &s, Event &e) override { return probe.wait(s, e); }
+  Status synchronize() override { return probe.synchronize(); }
+  Status synchronizeDevice() override { return probe.synchronizeDevice(); }
+  Status setDropoutContext(const DropoutContext &c) override {
+    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
+    return probe.setDropoutContext(c);
+  }
+  bool enqueuesAsync() const override { return probe.enqueuesAsync(); }
+  int64_t scratchHighWater() const override { return probe.scratchHighWater(); }
+
+private:
+  RoutingProbe probe;
 };
 
 /// What training offloadPlan(async, true, asyncCopy) for 3 steps on one
@@ -1631,6 +1706,57 @@ TEST_P(DeviceConformance, ExecutorRoutesAsyncCopiesToTheCopyStream) {
             (R{{2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}, {2, "host"}, {4, "copy"}}));
   EXPECT_EQ(async.memory.hostPeakLive, async.plannedHostPeakLive);
   expectSameBits(sync, async, "copy");
+}
+
+/// fsdp-offload's next-step: a step leaves its async host update running
+/// (step 1 returns while the update is held at a gate), the next step
+/// joins it at the carried wait, reading the host memory it writes outside
+/// a step (readBuffer: a checkpoint) first finishes it (step 3's update,
+/// held until 100 ms after the read began), and the plan trains the same
+/// bits as with the update synchronous; the runtime's host peak live keeps
+/// gh1 live through the step, as the plan does.
+TEST_P(DeviceConformance, ExecutorJoinsCarriedHostUpdatesInTheNextStep) {
+  OffloadRun sync;
+  trainOffloadPlan(GetParam(), false, false, sync);
+  Plan plan;
+  Status st = parsePlan(offloadPlan(true, false, false, true), plan);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  std::unique_ptr<Device> d;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+  GatedHost dev(std::move(d));
+  dev.gates[0], dev.gates[2];
+  auto comm = communicatorFor(GetParam());
+  Executor exec(plan, *comm, dev);
+  ASSERT_TRUE(exec.init(1234).isOk());
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
+  ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+  float loss = 0;
+  st = exec.step(1, 1e-2, loss);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  EXPECT_EQ(dev.hostDone.load(), 0) << "step 1 waited for its host update";
+  dev.gates[0].set_value();
+  for (int64_t s = 2; s <= 3; ++s) {
+    st = exec.step(s, 1e-2, loss);
+    ASSERT_TRUE(st.isOk()) << st.message();
+  }
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    dev.gates[2].set_value();
+  });
+  // The parameters and state (buffers 6-11; q is no output here).
+  sync.buffers.erase(sync.buffers.begin());
+  OffloadRun carried;
+  for (int64_t id : {6, 7, 8, 9, 10, 11}) {
+    carried.buffers.emplace_back(plan.buffers[id].numel());
+    ASSERT_TRUE(exec.readBuffer(id, carried.buffers.back().data()).isOk());
+  }
+  opener.join();
+  EXPECT_FALSE(dev.gateTimedOut.load()) << "the gate was never opened";
+  expectSameBits(sync, carried, "update joined in the next step");
+  EXPECT_EQ(exec.measureMemory().hostPeakLive, plan.memory.hostPeakLive);
+  EXPECT_TRUE(exec.finishCarried().isOk());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
