@@ -8,7 +8,7 @@ case must exit with status 1 or 2 (not a signal, not 0) within a timeout,
 print "fsdp-run: error" and name the problem (a substring given per case).
 
 usage: bad_inputs.py BIN_DIR MLP_PLAN GPT_PLAN SHARDED_PLAN [LLAMA_PLAN [OFFLOAD_PLAN
-                     [UNFUSED_GPT_PLAN [LAMB_PLAN]]]]
+                     [UNFUSED_GPT_PLAN [LAMB_PLAN [NEXT_STEP_PLAN]]]]]
 
 MLP_PLAN: a one-rank MLP plan (adamw); GPT_PLAN: a one-rank GPT plan
 (token inputs, fused kernels, packed attention, clipping folded into the
@@ -19,7 +19,8 @@ OFFLOAD_PLAN: a one-rank stage-3 MLP plan with offload=optimizer (a host
 arena); UNFUSED_GPT_PLAN: the GPT plan with fuse-epilogues=false (slices, the
 cross-entropy and its gradient as two ops); LAMB_PLAN: a one-rank MLP plan
 with optimizer=lamb, clipping and weight-decay-params=matrices (lamb_norms
-and lamb_update with segments, decay_numel and grad_scale).
+and lamb_update with segments, decay_numel and grad_scale); NEXT_STEP_PLAN:
+the offload plan with clipping and offload-next-step=true (carried waits).
 Without the optional plans their cases are skipped, and the
 summary says so.
 """
@@ -67,6 +68,34 @@ def overlap_two(plan):
 
 def host_buf(plan):
     return next(b for b in plan["buffers"] if b.get("space") == "host")
+
+
+def carried(plan):
+    """The first carried wait's index and the index of the update it joins."""
+    prog = plan["program"]
+    w = next(k for k, i in enumerate(prog) if i.get("attrs", {}).get("carried"))
+    u = next(k for k, i in enumerate(prog) if k > w and i["op"] == "adamw_update"
+             and i["out"][0] == prog[w]["in"][0])
+    return w, u
+
+
+def carried_after_first_use(p):
+    """Swaps the first carried wait with the instruction after it (the first
+    to touch what its update does), widening that one's buffers' live ranges
+    to its new place."""
+    w, _ = carried(p)
+    prog = p["program"]
+    prog[w], prog[w + 1] = prog[w + 1], prog[w]
+    for b in prog[w]["in"] + prog[w]["out"]:
+        if not p["buffers"][b].get("persistent"):
+            p["buffers"][b]["first"] = min(p["buffers"][b]["first"], w)
+
+
+def carried_grad_live_from_its_copy(p):
+    """The joined update's gradient live only from its copy to the host."""
+    prog = p["program"]
+    g = prog[carried(p)[1]]["in"][1]
+    p["buffers"][g]["first"] = next(k for k, i in enumerate(prog) if g in i["out"])
 
 
 def setter(fn):
@@ -197,6 +226,13 @@ PLAN_CASES = [
     # the offloaded update on the host stream: async only where a stream can run it, and joined
     ("a device matmul marked async", "offload", setter(lambda p: first(p, "matmul")["attrs"].update({"async": True})), "async is for collectives, copies"),
     ("a host update's async dropped, its wait kept", "offload", setter(lambda p: first(p, "adamw_update")["attrs"].pop("async")), "no collective, copy or host update writing it is in flight"),
+    # fsdp-offload's next-step: carried waits join the previous step's update
+    ("carried \"yes\"", "nextstep", setter(lambda p: p["program"][carried(p)[0]]["attrs"].update(carried="yes")), "\"carried\" is a boolean of a wait"),
+    ("carried on a matmul", "nextstep", setter(lambda p: first(p, "matmul")["attrs"].update(carried=True)), "\"carried\" is a boolean of a wait"),
+    ("a carried wait on no update's buffer", "nextstep", setter(lambda p: p["program"][carried(p)[0]].update({"in": [p["program"][carried(p)[1]]["out"][1]], "out": [p["program"][carried(p)[1]]["out"][1]]})), "joins no async host update issued later"),
+    ("a carried wait after the first use", "nextstep", setter(carried_after_first_use), "joins the previous step's host update"),
+    ("a carried update also joined in its step", "nextstep", setter(lambda p: p["program"].insert(carried(p)[1] + 1, {"op": "wait", "in": [p["program"][carried(p)[1]]["out"][0]] * 1, "out": [p["program"][carried(p)[1]]["out"][0]], "attrs": {}})), "waits in its own step"),
+    ("a carried update's gradient not live through the step", "nextstep", setter(carried_grad_live_from_its_copy), "must be live through the whole step"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
@@ -268,10 +304,12 @@ def main():
     offload = sys.argv[6] if len(sys.argv) > 6 else None
     unfused = sys.argv[7] if len(sys.argv) > 7 else None
     lamb = sys.argv[8] if len(sys.argv) > 8 else None
+    nextstep = sys.argv[9] if len(sys.argv) > 9 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
     for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
-                      ("offload", offload), ("gpt_unfused", unfused), ("lamb", lamb)):
+                      ("offload", offload), ("gpt_unfused", unfused), ("lamb", lamb),
+                      ("nextstep", nextstep)):
         if path is None:
             continue
         with open(path) as f:
