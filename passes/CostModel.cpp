@@ -590,7 +590,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     ++i;
     barriers.push_back(t);
     if (barriers.size() > 1)
-      return;
+      return; // the host updates left are the next step's
     r = StepPrediction();
     for (std::deque<Queued> *q : {&queue, &host, &copies})
       if (!q->empty() && q->front().start >= 0)
@@ -634,7 +634,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     for (std::deque<Queued> *q : {&queue, &host, &copies})
       if (!q->empty() && q->front().start < 0)
         q->front().start = t;
-    if (!running && queue.empty() && host.empty() && copies.empty())
+    if ((!running && queue.empty() && host.empty() && copies.empty()) || barriers.size() == 2)
       break;
     double rt = c.rate(running, !queue.empty(), !host.empty());
     double dtC = running ? cur / rt : HUGE_VAL;

@@ -237,6 +237,39 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     }
   }
 
+  /// Moves update `op` up to right after the latest of its operands'
+  /// definitions and of the ops that still read the storage it overwrites
+  /// in place (first in the block if none), with the movable definitions
+  /// it reads.
+  static void hoist(Operation *op, Block &body) {
+    // The symbols it writes back in place.
+    llvm::SmallDenseSet<StringRef> written;
+    for (Value r : op->getResults())
+      for (Operation *u : r.getUsers())
+        if (auto [sym, v] = storageWrite(u); v)
+          written.insert(sym);
+    Operation *after = nullptr;
+    for (Value v : op->getOperands())
+      needs(v, body, after);
+    // Nothing between its new place and its old one may read what it
+    // overwrites.
+    for (Operation *o = op->getPrevNode(); o && o != after; o = o->getPrevNode()) {
+      bool reads = llvm::any_of(o->getOperands(), [&](Value v) {
+        FlatSymbolRefAttr sym = readsSymbol(v);
+        return sym && written.contains(sym.getValue());
+      });
+      if (reads) {
+        after = o;
+        break;
+      }
+    }
+    if (!after)
+      op->moveBefore(&body.front());
+    else if (after->isBeforeInBlock(op))
+      op->moveAfter(after);
+    bringBefore(op, body);
+  }
+
   /// Step 4: each host update (not LAMB's norms: the device reads them at
   /// once) moves up to right after the latest of its operands' definitions
   /// and of the ops that still read the storage it overwrites in place, is
@@ -252,32 +285,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       return;
     OpBuilder b(&getContext());
     for (Operation *op : updates) {
-      // The symbols it writes back in place.
-      llvm::SmallDenseSet<StringRef> written;
-      for (Value r : op->getResults())
-        for (Operation *u : r.getUsers())
-          if (auto [sym, v] = storageWrite(u); v)
-            written.insert(sym);
-      Operation *after = nullptr;
-      for (Value v : op->getOperands())
-        needs(v, body, after);
-      // Nothing between its new place and its old one may read what it
-      // overwrites.
-      for (Operation *o = op->getPrevNode(); o && o != after; o = o->getPrevNode()) {
-        bool reads = llvm::any_of(o->getOperands(), [&](Value v) {
-          FlatSymbolRefAttr sym = readsSymbol(v);
-          return sym && written.contains(sym.getValue());
-        });
-        if (reads) {
-          after = o;
-          break;
-        }
-      }
-      if (!after)
-        op->moveBefore(&body.front());
-      else if (after->isBeforeInBlock(op))
-        op->moveAfter(after);
-      bringBefore(op, body);
+      hoist(op, body);
       op->setAttr("async", b.getUnitAttr());
       ++numAsync;
     }
@@ -312,6 +320,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
   /// reads storage it writes or defines one of its operands. What a
   /// previous run of the pass carried has no in-step wait and stays.
   void carryUpdates(ModuleOp module, Block &body) {
+    SmallVector<std::pair<Operation *, Operation *>> carried; // update, its join
     SmallVector<Operation *> updates;
     for (Operation &op : body)
       if (op.hasAttr(kOnHostAttrName) && op.hasAttr("async"))
@@ -382,8 +391,20 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
                               FlatSymbolRefAttr::get(&getContext(), unit));
       auto join = b.create<WaitOp>(op->getLoc(), read.getType(), read);
       join->setAttr("carried", b.getUnitAttr());
+      carried.push_back({op, join});
       ++numCarried;
     }
+    // The host stream runs the updates in issue order: those the next step
+    // needs first go first. Updates ready at one point (all of them after
+    // clipping's coefficient) would otherwise keep the backward pass's
+    // order, and the forward's first unit would wait for every update.
+    // Each moves up to where its operands are ready, the one needed last
+    // first, so that the one needed first ends up ahead of the others.
+    llvm::sort(carried, [](const auto &x, const auto &y) {
+      return y.second->isBeforeInBlock(x.second);
+    });
+    for (auto [op, join] : carried)
+      hoist(op, body);
   }
 };
 

@@ -91,6 +91,18 @@ def carried_after_first_use(p):
             p["buffers"][b]["first"] = min(p["buffers"][b]["first"], w)
 
 
+def join_carried_in_its_step(p):
+    """A wait on the joined update's buffer right after it, in place of
+    the instruction there (no index moves), or last."""
+    u = carried(p)[1]
+    b = p["program"][u]["out"][0]
+    w = {"op": "wait", "in": [b], "out": [b], "attrs": {}}
+    if u + 1 < len(p["program"]):
+        p["program"][u + 1] = w
+    else:
+        p["program"].append(w)
+
+
 def carried_grad_live_from_its_copy(p):
     """The joined update's gradient live only from its copy to the host."""
     prog = p["program"]
@@ -231,7 +243,7 @@ PLAN_CASES = [
     ("carried on a matmul", "nextstep", setter(lambda p: first(p, "matmul")["attrs"].update(carried=True)), "\"carried\" is a boolean of a wait"),
     ("a carried wait on no update's buffer", "nextstep", setter(lambda p: p["program"][carried(p)[0]].update({"in": [p["program"][carried(p)[1]]["out"][1]], "out": [p["program"][carried(p)[1]]["out"][1]]})), "joins no async host update issued later"),
     ("a carried wait after the first use", "nextstep", setter(carried_after_first_use), "joins the previous step's host update"),
-    ("a carried update also joined in its step", "nextstep", setter(lambda p: p["program"].insert(carried(p)[1] + 1, {"op": "wait", "in": [p["program"][carried(p)[1]]["out"][0]] * 1, "out": [p["program"][carried(p)[1]]["out"][0]], "attrs": {}})), "waits in its own step"),
+    ("a carried update also joined in its step", "nextstep", setter(join_carried_in_its_step), "waits in its own step"),
     ("a carried update's gradient not live through the step", "nextstep", setter(carried_grad_live_from_its_copy), "must be live through the whole step"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
