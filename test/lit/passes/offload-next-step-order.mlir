@@ -2,7 +2,8 @@
 
 // fsdp-offload's next-step issues the updates it joins in the next step in
 // the order that step needs them: here both wait for the clipping
-// coefficient, and the backward pass's order (@b's update first) would
+// coefficient, and overlap alone would issue @b's first (each update moves
+// up to right after the coefficient, the later one ahead), which would
 // make the forward's first unit (@a) wait for both; @a's update goes first.
 
 // CHECK-LABEL: func.func @train_step
@@ -35,14 +36,14 @@ module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 1>, fsdp.stage 
     %ga = fsdp.relu %y : tensor<8xf32>
     %n = fsdp.squared_norm %ga, %gb : tensor<8xf32>, tensor<8xf32>
     %c = fsdp.clip_coef %n {max_norm = 1.0 : f64} : tensor<f32>
-    %t = fsdp.get_unit @b : tensor<8xf32>
-    %bm = fsdp.get_state @b.exp_avg : tensor<8xf32>
-    %bv = fsdp.get_state @b.exp_avg_sq : tensor<8xf32>
-    %q, %bm2, %bv2 = fsdp.adamw_update %t, %gb, %bm, %bv, %lr, %step grad_scale %c : tensor<8xf32>
     %s = fsdp.get_unit @a : tensor<8xf32>
     %m = fsdp.get_state @a.exp_avg : tensor<8xf32>
     %v = fsdp.get_state @a.exp_avg_sq : tensor<8xf32>
     %p, %m2, %v2 = fsdp.adamw_update %s, %ga, %m, %v, %lr, %step grad_scale %c : tensor<8xf32>
+    %t = fsdp.get_unit @b : tensor<8xf32>
+    %bm = fsdp.get_state @b.exp_avg : tensor<8xf32>
+    %bv = fsdp.get_state @b.exp_avg_sq : tensor<8xf32>
+    %q, %bm2, %bv2 = fsdp.adamw_update %t, %gb, %bm, %bv, %lr, %step grad_scale %c : tensor<8xf32>
     fsdp.set_state @a.exp_avg = %m2 : tensor<8xf32>
     fsdp.set_state @a.exp_avg_sq = %v2 : tensor<8xf32>
     fsdp.set_unit @a = %p : tensor<8xf32>
