@@ -591,10 +591,10 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     barriers.push_back(t);
     if (barriers.size() > 1)
       return; // the host updates left are the next step's
+    // (The collectives and copies are done; the host updates running on
+    // count whole when they end in the reported step, as the ones that
+    // step leaves running are not: one step's worth.)
     r = StepPrediction();
-    for (std::deque<Queued> *q : {&queue, &host, &copies})
-      if (!q->empty() && q->front().start >= 0)
-        q->front().start = t;
   };
   for (;;) {
     while (!running && !blockedOn && !blockedSync && !blockedBarrier && i < prog.size()) {
