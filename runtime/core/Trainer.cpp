@@ -806,6 +806,10 @@ private:
                     std::chrono::steady_clock::now() - t0)
                     .count();
     commPerStep = ex->commBytes() - commBefore;
+    // Host updates joined in the next step (offload-next-step): the last
+    // step's finish here, their failure reported as the step's.
+    if (s == opt.steps)
+      FSDP_RETURN_IF_ERROR(ex->finishCarried());
     if (!std::isfinite(loss))
       return FSDP_ERROR("the loss is not finite at step ", s, " (", loss,
                         "): lower the learning rate or enable clipping");

@@ -199,6 +199,10 @@ def main():
             ("grad-accum=2 microbatch", gpt, "grad-accum=2 accum-reduce=microbatch"),
             # the host updates on the host stream beside the backward pass
             ("optimizer offload", gpt, "stage=3 offload=optimizer"),
+            # with clipping, joined in the next step: the host stream's
+            # updates outlive the step (Device::synchronizeDevice)
+            ("offload next-step", gpt, "stage=3 offload=optimizer max-grad-norm=1.0 "
+                                       "offload-next-step=true"),
             ("label smoothing 0.1", gptls, "max-grad-norm=1.0"),
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
@@ -283,7 +287,7 @@ def main():
     # data here; test/cudaemu/README.md). Emulator only.
     if mode != "--gpu":
         concurrent = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
-        for name in ("offload-activations", "optimizer offload"):
+        for name in ("offload-activations", "optimizer offload", "offload next-step"):
             plan, eager = feature_runs[name]
             tag = name.replace(" ", "_").replace("-", "_")
             got = run(plan, f"{tag}_threads", 6, 3e-3, env=concurrent)
