@@ -1461,12 +1461,11 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false, bool carr
   return plan.dump();
 }
 
-/// A device that forwards everything to another and records the stream
-/// each runOn names: how the executor routes its async instructions.
-class RoutingProbe final : public Device {
+/// A device that forwards everything to another: the base of the probes
+/// below, which see what the executor asks of a real device.
+class ForwardingDevice : public Device {
 public:
-  explicit RoutingProbe(std::unique_ptr<Device> d) : in(std::move(d)) {}
-  std::vector<std::pair<int64_t, std::string>> routed; ///< instruction, stream
+  explicit ForwardingDevice(std::unique_ptr<Device> d) : in(std::move(d)) {}
 
   const char *name() const override { return in->name(); }
   Status allocateArena(int64_t b, int64_t h) override { return in->allocateArena(b, h); }
@@ -1483,12 +1482,6 @@ public:
   Status prepare(const Plan &p, int64_t shard) override { return in->prepare(p, shard); }
   Status run(int64_t i) override { return in->run(i); }
   Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
-    // The copy stream first: on a CPU it is the compute stream.
-    routed.push_back({i, &s == &in->copyStream()      ? "copy"
-                         : &s == &in->hostStream()    ? "host"
-                         : &s == &in->commStream()    ? "comm"
-                         : &s == &in->computeStream() ? "compute"
-                                                      : "?"});
     return in->runOn(s, i, done);
   }
   bool implementsOp(const std::string &op) const override { return in->implementsOp(op); }
@@ -1508,73 +1501,58 @@ public:
   bool enqueuesAsync() const override { return in->enqueuesAsync(); }
   int64_t scratchHighWater() const override { return in->scratchHighWater(); }
 
-private:
+protected:
   std::unique_ptr<Device> in;
 };
 
-/// A RoutingProbe whose host stream, before the host instructions it
-/// names by their order (0: the first runOn on the host stream), waits at
-/// a gate the test opens (at most 20 s, then it notes that the gate was
-/// never opened): what runs behind a held host update shows what waits
-/// for it. Counts the host instructions done.
-class GatedHost final : public Device {
+/// Records the stream each runOn names: how the executor routes its async
+/// instructions.
+class RoutingProbe final : public ForwardingDevice {
 public:
-  explicit GatedHost(std::unique_ptr<Device> d) : probe(std::move(d)) {}
+  using ForwardingDevice::ForwardingDevice;
+  std::vector<std::pair<int64_t, std::string>> routed; ///< instruction, stream
+
+  Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
+    // The copy stream first: on a CPU it is the compute stream.
+    routed.push_back({i, &s == &in->copyStream()      ? "copy"
+                         : &s == &in->hostStream()    ? "host"
+                         : &s == &in->commStream()    ? "comm"
+                         : &s == &in->computeStream() ? "compute"
+                                                      : "?"});
+    return in->runOn(s, i, done);
+  }
+};
+
+/// Before the host instructions it names by their order (0: the first
+/// runOn on the host stream), the host stream waits at a gate the test
+/// opens (at most 20 s, then it notes that the gate was never opened):
+/// what runs behind a held host update shows what waits for it. Counts
+/// the host instructions done.
+class GatedHost final : public ForwardingDevice {
+public:
+  using ForwardingDevice::ForwardingDevice;
   std::map<int, std::promise<void>> gates;
   std::atomic<int> hostDone{0};
   std::atomic<bool> gateTimedOut{false};
   int hostRuns = 0;
 
-  const char *name() const override { return probe.name(); }
-  Status allocateArena(int64_t b, int64_t h) override { return probe.allocateArena(b, h); }
-  uint8_t *address(int64_t offset) const override { return probe.address(offset); }
-  uint8_t *arenaBase() const override { return probe.arenaBase(); }
-  int64_t arenaBytes() const override { return probe.arenaBytes(); }
-  Status copyToDevice(void *dst, const void *src, int64_t n) override {
-    return probe.copyToDevice(dst, src, n);
-  }
-  Status copyToHost(void *dst, const void *src, int64_t n) override {
-    return probe.copyToHost(dst, src, n);
-  }
-  Status fillWords(void *dst, uint32_t w, int64_t n) override { return probe.fillWords(dst, w, n); }
-  Status prepare(const Plan &p, int64_t shard) override { return probe.prepare(p, shard); }
-  Status run(int64_t i) override { return probe.run(i); }
   Status runOn(Stream &s, int64_t i, std::unique_ptr<Event> &done) override {
-    const bool host = &s == &probe.hostStream();
+    const bool host = &s == &in->hostStream();
     auto gate = host ? gates.find(hostRuns++) : gates.end();
     if (gate != gates.end())
-      probe.enqueue(s, [f = gate->second.get_future().share(), this]() {
+      in->enqueue(s, [f = gate->second.get_future().share(), this]() {
         if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
           gateTimedOut = true;
         return Status::ok();
       });
-    FSDP_RETURN_IF_ERROR(probe.runOn(s, i, done));
+    FSDP_RETURN_IF_ERROR(in->runOn(s, i, done));
     if (host)
-      probe.enqueue(s, [this] {
+      in->enqueue(s, [this] {
         ++hostDone;
         return Status::ok();
       });
     return Status::ok();
   }
-  bool implementsOp(const std::string &op) const override { return probe.implementsOp(op); }
-  Stream &computeStream() override { return probe.computeStream(); }
-  Stream &commStream() override { return probe.commStream(); }
-  Stream &hostStream() override { return probe.hostStream(); }
-  Stream &copyStream() override { return probe.copyStream(); }
-  void enqueue(Stream &s, std::function<Status()> w) override { probe.enqueue(s, std::move(w)); }
-  std::unique_ptr<Event> record(Stream &s) override { return probe.record(s); }
-  Status wait(Stream &s, Event &e) override { return probe.wait(s, e); }
-  Status synchronize() override { return probe.synchronize(); }
-  Status synchronizeDevice() override { return probe.synchronizeDevice(); }
-  Status setDropoutContext(const DropoutContext &c) override {
-    FSDP_RETURN_IF_ERROR(Device::setDropoutContext(c));
-    return probe.setDropoutContext(c);
-  }
-  bool enqueuesAsync() const override { return probe.enqueuesAsync(); }
-  int64_t scratchHighWater() const override { return probe.scratchHighWater(); }
-
-private:
-  RoutingProbe probe;
 };
 
 /// What training offloadPlan(async, true, asyncCopy) for 3 steps on one
