@@ -108,6 +108,11 @@ expect 0 "$W/llamagrad.plan" --gradcheck 2 --threads 1
 compile "$W/mlp.mlir" "$W/mlp2off.plan" "optimizer=adamw world-size=2 stage=2 max-grad-norm=1.0 offload=optimizer"
 expect 0 "$W/mlp2off.plan" --nproc 2 --steps 3 --threads 1 --ckpt-dir "$W/offck" --eval-every 2
 expect 0 "$W/mlp2off.plan" --nproc 2 --steps 5 --threads 1 --resume "$W/offck"
+# The same joined in the next step (offload-next-step): host updates that
+# outlive their step, finished for the checkpoint and the evaluation.
+compile "$W/mlp.mlir" "$W/mlp2next.plan" "optimizer=adamw world-size=2 stage=3 max-grad-norm=1.0 offload=optimizer offload-next-step=true"
+expect 0 "$W/mlp2next.plan" --nproc 2 --steps 3 --threads 1 --ckpt-dir "$W/nextck" --eval-every 2
+expect 0 "$W/mlp2next.plan" --nproc 2 --steps 5 --threads 1 --resume "$W/nextck"
 # f16 with dynamic loss scaling: f16 reductions, overflowed (skipped) steps
 # from a huge initial scale, the scaler's checkpoint and resume.
 compile "$W/mlp.mlir" "$W/mlpf16.plan" "optimizer=adamw param-dtype=f16 reduce-dtype=f16 \
@@ -135,9 +140,10 @@ compile examples/gpt_small.mlir "$W/gpt_unfused.plan" "optimizer=adamw fuse-epil
 compile "$W/mlp.mlir" "$W/mlp2z2.plan" "optimizer=adamw world-size=2 stage=2"
 compile "$W/mlp.mlir" "$W/mlp1off.plan" "optimizer=adamw stage=3 offload=optimizer"
 compile "$W/mlp.mlir" "$W/mlp1lamb.plan" "optimizer=lamb max-grad-norm=1.0 weight-decay-params=matrices"
+compile "$W/mlp.mlir" "$W/mlp1next.plan" "optimizer=adamw stage=3 offload=optimizer max-grad-norm=1.0 offload-next-step=true"
 python3 test/e2e/bad_inputs.py build-asan/bin "$W/mlp1.plan" "$W/gpt_small.plan" \
   "$W/mlp2z2.plan" "$W/llama1.plan" "$W/mlp1off.plan" "$W/gpt_unfused.plan" \
-  "$W/mlp1lamb.plan" >"$W/bad.log" 2>&1 || true
+  "$W/mlp1lamb.plan" "$W/mlp1next.plan" >"$W/bad.log" 2>&1 || true
 grep -q "bad inputs, " "$W/bad.log" || { cat "$W/bad.log" >&2; fail "bad_inputs.py did not run"; }
 bad=0
 while IFS= read -r line; do
