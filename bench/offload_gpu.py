@@ -8,6 +8,10 @@ scripts/gpu-pack.sh (offload_<tag>.plan):
   overlap    offload=optimizer, each update on the host stream beside it
   acts       offload-activations=true (copies on the copy stream)
   acts_unit  recompute=unit offload-activations=true
+  clip       offload=optimizer max-grad-norm=1.0 (the updates after the
+             backward pass: they need the global norm)
+  clip_next  the same with offload-next-step=true (joined in the next
+             step, beside its forward pass)
 Each plan runs --steps S (median ms/step of steps 3..S) R times,
 alternating the plans; printed beside fsdp-sim's prediction of the same
 plan on --profile (h100 by default: an H200's HBM is faster, so the
@@ -24,7 +28,7 @@ import statistics
 import subprocess
 import sys
 
-TAGS = ("none", "serial", "overlap", "acts", "acts_unit")
+TAGS = ("none", "serial", "overlap", "acts", "acts_unit", "clip", "clip_next")
 
 
 def main():

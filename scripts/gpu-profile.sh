@@ -26,8 +26,9 @@
 #      trace, the synchronized bf16 trace, the FSDP2 tutorial MLP, the
 #      LM-head probe;
 #   9. offload on the GPU (offload_b16): the optimizer's host updates
-#      after / beside the backward pass, activations on the copy stream,
-#      beside the cost model's prediction.
+#      after / beside the backward pass, with clipping joined in their
+#      step or the next (offload-next-step), activations on the copy
+#      stream, beside the cost model's prediction.
 # Summarize traces here with scripts/trace-summary.py.
 # ONLY="name ..." runs just the named steps (a rerun after a fix).
 set -uo pipefail
@@ -211,7 +212,7 @@ step lm_head_probe 45 "$PY" "$K/bench/lm_head_probe.py" && cat "$L/lm_head_probe
 # / the optimizer's host updates after or beside the backward pass / the
 # activations on the copy stream, measured beside the h100 profile's
 # prediction (bench/offload_gpu.py).
-step offload_b16 150 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+step offload_b16 200 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --sim "$K/tools/fsdp-sim" --steps 10 --repeats 2 && grep -vE "^\{" "$L/offload_b16.log"
 bundle
 exit $fail
