@@ -270,16 +270,20 @@ def main():
     # key frozen at capture would repeat step 2's mask). Activation offload
     # under --cuda-graphs: the copy stream joins the capture through each
     # copy's events and leaves it at its wait.
-    for name in ("dropout 0.1", "offload-activations"):
+    def same_as_eager(name, label, **how):
+        """Feature `name`'s plan run again (`how`: run()'s extra / env):
+        bitwise its eager run, printed as `label`."""
         plan, eager = feature_runs[name]
-        tag = name.split()[0].replace("-", "_")
-        graphs = run(plan, f"{tag}_graphs", 6, 3e-3, extra=["--cuda-graphs"])
-        if eager is not None and graphs is not None:
-            same = graphs == eager
-            print(f"{name.split()[0]} --cuda-graphs == eager, bitwise: "
-                  f"{'ok' if same else 'MISMATCH'}")
+        tag = "".join(c if c.isalnum() else "_" for c in label)
+        got = run(plan, tag, 6, 3e-3, **how)
+        if eager is not None and got is not None:
+            same = got == eager
+            print(f"{label} == eager, bitwise: {'ok' if same else 'MISMATCH'}")
             if not same:
-                failures.append(f"{name} --cuda-graphs")
+                failures.append(label)
+
+    for name in ("dropout 0.1", "offload-activations"):
+        same_as_eager(name, f"{name.split()[0]} --cuda-graphs", extra=["--cuda-graphs"])
     # The streams run concurrently, as on a GPU (CUDAEMU_STREAMS=threads,
     # each queued operation delayed by a random 0..200 us): the copy
     # stream's and the host stream's ordering by events on the plans that
@@ -288,15 +292,7 @@ def main():
     if mode != "--gpu":
         concurrent = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
         for name in ("offload-activations", "optimizer offload", "offload next-step"):
-            plan, eager = feature_runs[name]
-            tag = name.replace(" ", "_").replace("-", "_")
-            got = run(plan, f"{tag}_threads", 6, 3e-3, env=concurrent)
-            if eager is not None and got is not None:
-                same = got == eager
-                print(f"{name} on concurrent streams == eager, bitwise: "
-                      f"{'ok' if same else 'MISMATCH'}")
-                if not same:
-                    failures.append(f"{name} on concurrent streams")
+            same_as_eager(name, f"{name} on concurrent streams", env=concurrent)
 
     # checkpoints: 2 ranks (ZeRO-3) save at step 3 and resume to 6, bitwise
     # the uninterrupted run (optimizer state through the device's copies).
