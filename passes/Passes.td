@@ -518,7 +518,8 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     `to_device` in the forward pass). The runtime joins there the update
     the previous step left running (nothing in the first step, or after
     a checkpoint, evaluation or the end of training, which finish them).
-    So with clipping or loss scaling, whose updates can start only after
+    The updates are issued in the order the next step needs them (the
+    host stream runs them in issue order). So with clipping or loss scaling, whose updates can start only after
     the whole backward pass, the host updates run beside the next step's
     forward pass, each joined just before its unit is gathered: exact
     training (DeepSpeed's delayed parameter update instead trains the
