@@ -17,7 +17,13 @@ Two parts, one run:
    at 1, 8 and 64 ranks (8 per node), overlap vs next-step: the step, the
    host stream's time and how long compute waited for it, the host arena.
    Not measured on a GPU.
-2. measured on this machine (CPU device, one rank, --threads 1, so the
+2. the memory-budget search's choice (offload-next-step=auto, the
+   default): a Llama-2-7B-shaped GPT (32 layers, width 4096, ctx 4096,
+   vocab 32000, B=1) in bf16 with offload=optimizer under
+   memory-budget=80GiB at 1 and 8 ranks, with and without clipping: what
+   it chose, its predicted step against the in-step plan's
+   (offload-next-step=false), and both host arenas. Predicted only.
+3. measured on this machine (CPU device, one rank, --threads 1, so the
    host stream's thread has the second core): a small GPT with clipping,
    without offload, with overlap and with next-step, run alternately
    ROUNDS times; the median step of each run (steps 4 and later), then the
@@ -73,6 +79,31 @@ def main():
                 print(f"| {n} | {tag} | {d['step_ms']:.1f} ms | {d['host_ms']:.1f} / "
                       f"{d['host_exposed_ms']:.2f} ms | {p['host_arena_bytes'] / 2**30:.2f} GiB | "
                       f"{ratio:.2f}x |")
+
+        print()
+        print("The search's choice (h100 profile): Llama-2-7B-shaped GPT bf16 B=1 T=4096, "
+              "offload=optimizer, memory-budget=80GiB")
+        print("| ranks | clipping | chose next-step | step chosen / in-step | ratio | "
+              "host arena chosen / in-step |")
+        print("|---|---|---|---|---|---|")
+        big = os.path.join(tmp, "7b.mlir")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "gen_models.py"), "gpt",
+                        "--vocab", "32000", "--ctx", "4096", "--layers", "32", "--heads", "32",
+                        "--width", "4096", "--batch", "1", "-o", big], check=True)
+        for n in (1, 8):
+            for clip in ("1.0", "0"):
+                base = (f"optimizer=adamw world-size={n} param-dtype=bf16 memory-budget=80GiB "
+                        f"offload=optimizer max-grad-norm={clip}")
+                auto = compile_(big, base, os.path.join(tmp, "auto.plan"))
+                own = compile_(big, base + " offload-next-step=false",
+                               os.path.join(tmp, "own.plan"))
+                sa, so = auto["strategy"], own["strategy"]
+                print(f"| {n} | {'1.0' if clip != '0' else 'off'} | "
+                      f"{'yes' if sa['offload_next_step'] else 'no'} | "
+                      f"{sa['predicted_step_s'] * 1e3:.0f} / {so['predicted_step_s'] * 1e3:.0f} ms | "
+                      f"{so['predicted_step_s'] / sa['predicted_step_s']:.2f}x | "
+                      f"{auto['host_arena_bytes'] / 2**30:.1f} / "
+                      f"{own['host_arena_bytes'] / 2**30:.1f} GiB |")
 
         print()
         print("Measured, this machine (CPU, 1 rank, --threads 1): GPT vocab 512, ctx 32, "

@@ -40,7 +40,10 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
-  search.offloadNextStep = options.offloadNextStep;
+  search.offloadNextStep = options.offloadNextStep == NextStepMode::True    ? "true"
+                           : options.offloadNextStep == NextStepMode::False ? "false"
+                                                                            : "auto";
+  search.hostMemoryBudget = options.hostMemoryBudget;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -157,13 +160,14 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     pm.addPass(createFsdpOffloadActivations(oa));
   }
   // With a memory budget the search applied it to its choice (auto: if
-  // it chose it); without one fsdp-offload refuses auto by name.
-  if (options.offload != "none" &&
+  // it chose it, and next-step as it chose); without one fsdp-offload
+  // refuses auto by name, and offload-next-step=auto is false.
+  if (options.offload != "none" && !searched &&
       (options.memoryBudget.empty() || options.offload == "optimizer")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;
-    off.nextStep = options.offloadNextStep;
+    off.nextStep = options.offloadNextStep == NextStepMode::True;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;
@@ -171,6 +175,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   mem.simulate = options.simulate;
   mem.deviceProfile = options.deviceProfile;
   mem.ranksPerNode = options.ranksPerNode;
+  mem.hostMemoryBudget = options.hostMemoryBudget;
   pm.addPass(createFsdpPlanMemory(mem));
   if (!options.plan.empty()) {
     FsdpExportPlanOptions exp;

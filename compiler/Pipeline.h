@@ -13,6 +13,10 @@
 
 namespace mlir::fsdp {
 
+/// offload-next-step's values (an enum: a misspelt value is refused by the
+/// option parser, whether or not anything offloads).
+enum class NextStepMode { False, True, Auto };
+
 struct FsdpPipelineOptions
     : public PassPipelineOptions<FsdpPipelineOptions> {
   Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("sgd | adamw | lamb | none"),
@@ -154,6 +158,13 @@ struct FsdpPipelineOptions
                      "stay pinned) to minimise the predicted step time "
                      "(fsdp-search-schedule); empty: no search"),
       llvm::cl::init("")};
+  Option<std::string> hostMemoryBudget{
+      *this, "host-memory-budget",
+      llvm::cl::desc("largest host arena per rank (offload: master shards, "
+                     "optimizer state, gradient copies; 512GiB, bytes): with "
+                     "memory-budget the search keeps to it, without one a "
+                     "larger plan is an error; empty: no limit"),
+      llvm::cl::init("")};
   Option<std::string> deviceProfile{
       *this, "device-profile",
       llvm::cl::desc("cost model: h100 (built in) or a JSON from fsdp-run "
@@ -192,14 +203,19 @@ struct FsdpPipelineOptions
                      "runs asynchronously beside the backward pass as soon "
                      "as its gradient is on the host (false: all after it)"),
       llvm::cl::init(true)};
-  Option<bool> offloadNextStep{
+  Option<NextStepMode> offloadNextStep{
       *this, "offload-next-step",
-      llvm::cl::desc("with offload=optimizer and overlap: the host updates are "
-                     "joined in the next step, each right before its unit's "
+      llvm::cl::desc("with offload=optimizer and overlap: true joins the host "
+                     "updates in the next step, each right before its unit's "
                      "first use there, so they run beside the next step's "
-                     "forward pass (exact; with clipping or loss scaling they "
-                     "can start only after the whole backward pass)"),
-      llvm::cl::init(false)};
+                     "forward pass (exact; it costs host memory: with clipping "
+                     "or loss scaling the updates can start only after the "
+                     "whole backward pass); auto (the default): with "
+                     "memory-budget the search weighs both, without one false"),
+      llvm::cl::values(clEnumValN(NextStepMode::False, "false", "joined in their step"),
+                       clEnumValN(NextStepMode::True, "true", "joined in the next step"),
+                       clEnumValN(NextStepMode::Auto, "auto", "the search decides")),
+      llvm::cl::init(NextStepMode::Auto)};
   Option<std::string> offloadActivations{
       *this, "offload-activations",
       llvm::cl::desc("true: keep the activations the backward pass reads in "

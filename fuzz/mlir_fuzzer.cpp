@@ -7,8 +7,8 @@
 // and, for some option sets, the plan export) under one of a table of
 // option sets picked by a hash of the input: every ZeRO stage, several
 // world sizes, HSDP, recomputation, mixed precision with loss scaling,
-// gradient accumulation, optimizer and activation offload, the
-// memory-budget search. Diagnostics are
+// gradient accumulation, optimizer and activation offload (next-step
+// too), the memory-budget search (with a host budget). Diagnostics are
 // the expected outcome of most inputs and are dropped; a crash, a sanitizer
 // report or a hang is a finding. A custom mutator rewrites one number or
 // op name of the text three times in four, so mutants stay parseable.
@@ -71,6 +71,10 @@ const char *const kOptions[] = {
     "grad-accum=2 report=false",
     "optimizer=lamb world-size=2 stage=3 max-grad-norm=1.0 weight-decay-params=matrices "
     "report=false plan=PLAN",
+    "optimizer=adamw world-size=2 stage=3 offload=optimizer offload-next-step=true "
+    "max-grad-norm=1.0 report=false plan=PLAN",
+    "optimizer=adamw world-size=2 stage=3 memory-budget=1MiB offload=auto "
+    "host-memory-budget=256KiB max-grad-norm=1.0 report=false",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

@@ -718,7 +718,7 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
       continue;
     if (auto w = dyn_cast<WaitOp>(op); w && w->hasAttr("carried")) {
       // fsdp-offload's next-step join: keyed by the update it joins.
-      Operation *u = carriedUpdate(w);
+      Operation *u = plan.carried.lookup(op);
       carried = true;
       prog.push_back({Item::Wait, 0, false, u ? u->getResult(0) : Value()});
     } else if (isa<WaitOp>(op))

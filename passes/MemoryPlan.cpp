@@ -85,16 +85,38 @@ std::pair<StringRef, Value> mlir::fsdp::storageWrite(Operation *op) {
   return {StringRef(), Value()};
 }
 
-Operation *mlir::fsdp::carriedUpdate(WaitOp join) {
-  FlatSymbolRefAttr unit = storageRead(join.getInput());
-  if (!unit || !join->hasAttr("carried"))
-    return nullptr;
-  for (Operation &op : *join->getBlock())
+FailureOr<llvm::DenseMap<Operation *, Operation *>> mlir::fsdp::carriedJoins(func::FuncOp step) {
+  llvm::DenseMap<Operation *, Operation *> joins;
+  if (!step.getBody().hasOneBlock())
+    return joins;
+  Block &body = step.getBody().front();
+  // The units async host updates write back, and by which update.
+  llvm::StringMap<Operation *> updateOf;
+  bool any = false;
+  for (Operation &op : body) {
+    any |= op.hasAttr("carried");
     if (op.hasAttr(kOnHostAttrName) && op.hasAttr("async") && op.getNumResults() > 0)
       for (Operation *u : op.getResult(0).getUsers())
-        if (auto [sym, v] = storageWrite(u); v && sym == unit.getValue())
-          return &op;
-  return nullptr;
+        if (auto [sym, v] = storageWrite(u); v)
+          updateOf.try_emplace(sym, &op);
+  }
+  if (!any)
+    return joins;
+  for (Operation &op : body) {
+    auto w = dyn_cast<WaitOp>(op);
+    if (!w || !w->hasAttr("carried"))
+      continue;
+    FlatSymbolRefAttr unit = storageRead(w.getInput());
+    if (!unit)
+      return w.emitOpError("is carried (joined in the next step) but reads no unit");
+    auto it = updateOf.find(unit.getValue());
+    if (it == updateOf.end())
+      return w.emitOpError("is carried (joined in the next step) but no async host update "
+                           "writes back @")
+             << unit.getValue();
+    joins[&op] = it->second;
+  }
+  return joins;
 }
 
 /// True when `v`, written back to symbol `sym`, can be computed in place in
@@ -309,6 +331,10 @@ FailureOr<MemoryPlan> MemoryPlanner::run() {
   // 3. Liveness over root buffers.
   if (failed(checkSides()))
     return failure();
+  FailureOr<llvm::DenseMap<Operation *, Operation *>> joins = carriedJoins(step);
+  if (failed(joins))
+    return failure();
+  plan.carried = std::move(*joins);
   computeLiveness();
   // 4. Placement, then the peak.
   placeTransients();
@@ -776,15 +802,14 @@ void MemoryPlanner::computeLiveness() {
     // in the next step (carried) reads them from where the step issues it
     // on, through the step's end, and in the next step up to its join: the
     // whole step.
-    if (auto w = dyn_cast<WaitOp>(op); w && w->hasAttr("carried")) {
-      if (Operation *u = carriedUpdate(w))
-        for (Value v : u->getOperands()) {
-          touch(v, 0);
-          touch(v, end);
-          auto it = plan.valueBuffer.find(v);
-          if (it != plan.valueBuffer.end())
-            wholeStep.insert(rootOf(it->second));
-        }
+    if (Operation *u = plan.carried.lookup(&op)) {
+      for (Value v : u->getOperands()) {
+        touch(v, 0);
+        touch(v, end);
+        auto it = plan.valueBuffer.find(v);
+        if (it != plan.valueBuffer.end())
+          wholeStep.insert(rootOf(it->second));
+      }
     } else if (auto w = dyn_cast<WaitOp>(op))
       if (Operation *c = w.getInput().getDefiningOp()) {
         if (c->hasAttr(kOnHostAttrName))

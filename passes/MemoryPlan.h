@@ -98,6 +98,9 @@ struct MemoryPlan {
   int64_t hostArenaBytes = 0;
   int64_t hostPeakLive = 0;
   int64_t hostTotalByKind[kNumBufKinds] = {};
+  /// fsdp-offload's next-step: each carried `fsdp.wait` and the async host
+  /// update it joins (found once per plan: carriedJoins).
+  llvm::DenseMap<Operation *, Operation *> carried;
 };
 
 /// The symbol the storage read `v` (fsdp.get_param / get_state / get_unit)
@@ -109,9 +112,12 @@ FlatSymbolRefAttr storageRead(Value v);
 /// no such write.
 std::pair<StringRef, Value> storageWrite(Operation *op);
 
-/// The async host update a carried `fsdp.wait` (fsdp-offload's next-step)
-/// joins: the one writing back the unit the wait reads; null if none.
-Operation *carriedUpdate(WaitOp join);
+/// fsdp-offload's next-step: each carried `fsdp.wait` of `step` and the
+/// async host update it joins (the one writing back the unit the wait
+/// reads), found in one walk of the step. Fails with a diagnostic naming
+/// the unit when a carried wait joins no such update, or does not read a
+/// unit.
+FailureOr<llvm::DenseMap<Operation *, Operation *>> carriedJoins(func::FuncOp step);
 
 /// Ops that become no instruction: reads of storage, in-place write-backs,
 /// and fsdp.set_grad (an output binding).

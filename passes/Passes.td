@@ -724,14 +724,26 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
 
+    Offload: `offload=auto` weighs candidates with and without optimizer
+    offload, `offload-activations=auto` with and without activation
+    offload, and `offload-next-step=auto` (the default) each offloaded
+    candidate whose host updates are async both with the updates joined
+    in their step and in the next (fsdp-offload's next-step: exact, it
+    costs host memory only, each update's operands kept through the
+    step). Equal predicted steps go to the smaller host arena (when the
+    host stream bounds the step either way, next-step buys nothing).
+    `host-memory-budget` bounds the host arena of every candidate as
+    `memory-budget` bounds the device's.
+
     When nothing fits it fails with the smallest peak it reached, the
     schedule that reached it and what that peak is made of.
 
     Before: @train_step with the optimizer (no units grouped yet). After:
     as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
     recompute, recompute_units, reshard_after_forward, reshard_units,
-    reshard_group, prefetch_depth, predicted_step_s,
-    exposed_comm_pct, peak, budget, profile, candidates} on the module
+    reshard_group, prefetch_depth, offload, offload_activations,
+    offload_next_step, predicted_step_s, exposed_comm_pct, peak, budget,
+    host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
     ```
@@ -754,11 +766,15 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadOverlap", "offload-overlap", "bool", /*default=*/"true",
            "with overlap: fsdp-offload's host updates run beside the backward "
            "pass (fsdp-offload's overlap)">,
-    Option<"offloadNextStep", "offload-next-step", "bool", /*default=*/"false",
-           "fsdp-offload's next-step: the host updates are joined in the next "
-           "step, beside its forward pass">,
+    Option<"offloadNextStep", "offload-next-step", "std::string", /*default=*/"\"auto\"",
+           "fsdp-offload's next-step (the host updates are joined in the next "
+           "step, beside its forward pass): true, false, or auto: each "
+           "offloaded candidate with async updates is weighed both ways">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
+    Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",
+           "largest planned host arena per rank (offloaded candidates), as "
+           "memory-budget; empty: no limit">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",
            "h100 (built in) or a JSON from fsdp-run --calibrate">,
     Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",
@@ -816,7 +832,8 @@ def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
     activation is a transient value computed in the forward pass and read
     in the backward pass, or a forward value fsdp-recompute re-runs in the
     backward pass (its clones carry `fsdp.recompute`). With `report`, the
-    breakdown is printed to stderr.
+    breakdown is printed to stderr. With `host-memory-budget` a host arena
+    (fsdp-offload) larger than it is an error naming both sizes.
   }];
   let options = [
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
@@ -830,6 +847,9 @@ def FsdpPlanMemory : Pass<"fsdp-plan-memory", "::mlir::ModuleOp"> {
            "with simulate: h100 or a JSON from fsdp-run --calibrate">,
     Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",
            "with simulate: ranks on the intra-node link (-1: the profile's)">,
+    Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",
+           "largest host arena per rank (bytes or with a unit: 512GiB); a "
+           "larger one is an error; empty: no limit">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }

@@ -51,6 +51,24 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
     FailureOr<MemoryPlan> &plan = analysis.plan;
     if (failed(plan))
       return signalPassFailure();
+    if (!hostMemoryBudget.empty()) {
+      int64_t hostBudget = 0;
+      if (!parseByteSize(hostMemoryBudget, hostBudget)) {
+        mlir::emitError(module.getLoc())
+            << "host-memory-budget='" << hostMemoryBudget
+            << "' is not a positive size (bytes, or a number with KiB, MiB, GiB, TiB, KB, "
+               "MB, GB, TB: host-memory-budget=512GiB)";
+        return signalPassFailure();
+      }
+      if (plan->hostArenaBytes > hostBudget) {
+        mlir::emitError(module.getLoc())
+            << "the host arena (" << formatBytes(plan->hostArenaBytes) << ", "
+            << plan->hostArenaBytes
+            << " bytes per rank) exceeds host-memory-budget=" << hostMemoryBudget << " ("
+            << hostBudget << " bytes)";
+        return signalPassFailure();
+      }
+    }
 
     OpBuilder b(&getContext());
     auto offsetOf = [&](int64_t id) { return plan->buffers[id].offset; };

@@ -55,23 +55,26 @@ struct Choice {
   std::string offload = "none";
   /// fsdp-offload-activations: saved activations in host memory.
   bool activations = false;
+  /// fsdp-offload's next-step: the host updates joined in the next step.
+  bool nextStep = false;
 
   std::string str() const {
-    return "layers-per-unit=" + std::to_string(layersPerUnit) +
-           " recompute=" + recompute +
+    return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
            (units >= 0 ? " recompute-units=" + std::to_string(units) : "") +
            " reshard-after-forward=" + reshard +
-           (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits)
-                              : "") +
+           (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits) : "") +
            " prefetch-depth=" + std::to_string(depth) +
            (offload != "none" ? " offload=" + offload : "") +
-           (activations ? " offload-activations=true" : "");
+           (activations ? " offload-activations=true" : "") +
+           (nextStep ? " offload-next-step=true" : "");
   }
 };
 
 struct Leaf {
   Choice choice;
   int64_t peakLive = 0;
+  /// Peak live bytes of the host arena (offloaded candidates; else 0).
+  int64_t hostPeakLive = 0;
   StepPrediction predicted;
 };
 
@@ -132,7 +135,7 @@ struct SearchSchedulePass
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off, bool activations) {
+  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
     if (activations) {
@@ -146,7 +149,7 @@ struct SearchSchedulePass
     FsdpOffloadOptions o;
     o.mode = off.str();
     o.overlap = overlap && offloadOverlap;
-    o.nextStep = offloadNextStep;
+    o.nextStep = nextStep;
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).
@@ -172,10 +175,16 @@ struct SearchSchedulePass
     if (failed(plan))
       return false;
     leaf.peakLive = plan->peakLive;
+    leaf.hostPeakLive = plan->hostPeakLive;
     leaf.predicted = predictStep(*m, step, *plan, profile);
     ++numCandidates;
     ++evaluated;
     return true;
+  }
+  /// Its liveness fits both budgets (the device's, and the host's when
+  /// given).
+  bool fits(const Leaf &l) const {
+    return l.peakLive <= budget && (hostBudget < 0 || l.hostPeakLive <= hostBudget);
   }
   DeviceProfile profile;
   int64_t evaluated = 0; ///< schedules compiled, planned and predicted
@@ -185,10 +194,12 @@ struct SearchSchedulePass
   // (chooseKnobValues), and the candidates evaluated (searchUniform,
   // walkPerUnit).
   int64_t budget = 0;
+  int64_t hostBudget = -1;   ///< host-memory-budget in bytes; -1: none
+  int64_t bestHostArena = 0; ///< the chosen schedule's host arena (pickByArena)
   int64_t shards = 1;
   SmallVector<int64_t> groupings, depths;
   SmallVector<std::string> recomputes, reshards, offloads;
-  SmallVector<bool> activationChoices;
+  SmallVector<bool> activationChoices, nextStepChoices;
   std::vector<Leaf> leaves;
 
   LogicalResult fail(const Twine &msg) {
@@ -206,10 +217,9 @@ struct SearchSchedulePass
   /// The whole chain for one choice, on a clone of the pass's module.
   OwningOpRef<ModuleOp> build(const Choice &c) {
     OwningOpRef<ModuleOp> m = clone(getOperation());
-    if (!group(*m, c.layersPerUnit) ||
-        !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard, c.reshardUnits, c.offload) ||
-        !schedule(*m, c.depth) || !finish(*m, c.offload, c.activations))
+    if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
+        !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
+        !finish(*m, c.offload, c.activations, c.nextStep))
       return nullptr;
     return m;
   }
@@ -265,6 +275,10 @@ LogicalResult SearchSchedulePass::readOptions() {
     return fail("memory-budget='" + memoryBudget +
                 "' is not a positive size (bytes, or a number with KiB, MiB, "
                 "GiB, TiB, KB, MB, GB, TB: memory-budget=80GiB)");
+  if (!hostMemoryBudget.empty() && !parseByteSize(hostMemoryBudget, hostBudget))
+    return fail("host-memory-budget='" + hostMemoryBudget +
+                "' is not a positive size (bytes, or a number with KiB, MiB, GiB, "
+                "TiB, KB, MB, GB, TB: host-memory-budget=512GiB)");
   std::string error;
   if (!loadDeviceProfile(deviceProfile, profile, error))
     return fail(error);
@@ -333,6 +347,15 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   activationChoices.assign({offloadActivations == "true"});
   if (offloadActivations == "auto")
     activationChoices.push_back(true);
+  // Joining the host updates in the next step: pinned or weighed (auto).
+  // Only an offloaded candidate whose updates are async has the choice;
+  // it is exact and costs host memory only (each update's operands live
+  // through the step), so a tie goes to the smaller host arena.
+  if (offloadNextStep != "false" && offloadNextStep != "true" && offloadNextStep != "auto")
+    return fail("offload-next-step='" + offloadNextStep + "': expected false, true or auto");
+  nextStepChoices.assign({offloadNextStep == "true"});
+  if (offloadNextStep == "auto" && overlap && offloadOverlap)
+    nextStepChoices.push_back(true);
   depths.assign({0, 1, 2});
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -359,25 +382,30 @@ LogicalResult SearchSchedulePass::searchUniform() {
         int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
         if (!shard(*sharded, reshard, rsUnits, off))
           return failure();
+        // Next-step is fsdp-offload's option: without offload one leaf.
+        ArrayRef<bool> nextSteps =
+            off == "none" ? ArrayRef<bool>(nextStepChoices).take_front() : nextStepChoices;
         for (int64_t depth : depths)
-        for (bool acts : activationChoices) {
-          Leaf leaf;
-          leaf.choice = {k, rc, reshard, depth, units, rsUnits, off, acts};
-          bool last = depth == depths.back() && acts == activationChoices.back();
-          OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-          if (!schedule(*m, depth) || !finish(*m, off, acts))
-            return failure();
-          auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-          FailureOr<MemoryPlan> plan =
-              planMemory(*m, step, /*alignment=*/64, /*place=*/false);
-          if (failed(plan))
-            return failure();
-          leaf.peakLive = plan->peakLive;
-          leaf.predicted = predictStep(*m, step, *plan, profile);
-          ++numCandidates;
-          ++evaluated;
-          leaves.push_back(std::move(leaf));
-        }
+          for (bool acts : activationChoices)
+            for (bool ns : nextSteps) {
+              Leaf leaf;
+              leaf.choice = {k, rc, reshard, depth, units, rsUnits, off, acts, ns && off != "none"};
+              bool last = depth == depths.back() && acts == activationChoices.back() &&
+                          ns == nextSteps.back();
+              OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
+              if (!schedule(*m, depth) || !finish(*m, off, acts, leaf.choice.nextStep))
+                return failure();
+              auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
+              FailureOr<MemoryPlan> plan = planMemory(*m, step, /*alignment=*/64, /*place=*/false);
+              if (failed(plan))
+                return failure();
+              leaf.peakLive = plan->peakLive;
+              leaf.hostPeakLive = plan->hostPeakLive;
+              leaf.predicted = predictStep(*m, step, *plan, profile);
+              ++numCandidates;
+              ++evaluated;
+              leaves.push_back(std::move(leaf));
+            }
       }
     }
   }
@@ -394,10 +422,9 @@ LogicalResult SearchSchedulePass::searchUniform() {
 LogicalResult SearchSchedulePass::walkPerUnit() {
   // best uniform schedule. Each of the two knobs gets one such walk.
   auto same = [](const Choice &a, const Choice &b) {
-    return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
-           a.units == b.units && a.reshard == b.reshard &&
-           a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
-           a.offload == b.offload && a.activations == b.activations;
+    return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
+           a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
+           a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -407,7 +434,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
   };
   double bestUniform = std::numeric_limits<double>::infinity();
   for (Leaf &l : leaves)
-    if (l.peakLive <= budget)
+    if (fits(l))
       bestUniform = std::min(bestUniform, l.predicted.stepS);
   struct Knob {
     bool searched;
@@ -456,7 +483,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
         continue;
       for (const Choice &pc : knob.partners(l.choice)) {
         Leaf *all = find(pc);
-        if (!all || all->peakLive > budget || all->peakLive >= l.peakLive)
+        if (!all || !fits(*all) || all->peakLive >= l.peakLive)
           continue;
         int64_t numUnits = unitsOf(l.choice.layersPerUnit);
         double f = double(l.peakLive - budget) / double(l.peakLive - all->peakLive);
@@ -480,7 +507,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
     for (int tries = 0; tries < 4 && k >= 0 && k <= numUnits; ++tries) {
       if (!evaluate(leaf))
         return failure();
-      if (leaf.peakLive <= budget) {
+      if (fits(leaf)) {
         fit = leaf;
         leaves.push_back(leaf);
         --k;
@@ -500,19 +527,28 @@ LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp>
                                               int64_t &bestArena) {
   std::vector<Leaf *> order;
   for (Leaf &l : leaves)
-    if (l.peakLive <= budget)
+    if (fits(l))
       order.push_back(&l);
-  llvm::stable_sort(order,
-                    [](Leaf *a, Leaf *b) { return a->predicted.stepS < b->predicted.stepS; });
+  // Equal predicted steps (offload-next-step where the host stream bounds
+  // the step either way): the smaller host arena. Equal to the nanosecond:
+  // the model's sums of thousands of terms differ in their last bits when
+  // the same work is ordered differently.
+  auto ns = [](const Leaf *l) { return std::llround(l->predicted.stepS * 1e9); };
+  llvm::stable_sort(order, [&](Leaf *a, Leaf *b) {
+    if (ns(a) != ns(b))
+      return ns(a) < ns(b);
+    return a->hostPeakLive < b->hostPeakLive;
+  });
   for (Leaf *l : order) {
     OwningOpRef<ModuleOp> m;
     FailureOr<MemoryPlan> plan = buildPlaced(l->choice, m);
     if (failed(plan))
       return failure();
-    if (plan->arenaBytes <= budget) {
+    if (plan->arenaBytes <= budget && (hostBudget < 0 || plan->hostArenaBytes <= hostBudget)) {
       best = l;
       bestModule = std::move(m);
       bestArena = plan->arenaBytes;
+      bestHostArena = plan->hostArenaBytes;
       break;
     }
   }
@@ -522,9 +558,17 @@ LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp>
 /// No schedule fits: the error names the floor, the smallest arena any
 /// candidate reaches (placed for the few with the smallest liveness).
 LogicalResult SearchSchedulePass::failWithFloor() {
-  std::vector<Leaf *> bySize;
-  for (Leaf &l : leaves)
-    bySize.push_back(&l);
+  // The device floor: the smallest placed arena among the few candidates
+  // with the smallest liveness whose host arena meets host-memory-budget
+  // (liveness first, then placed). When none does, the host budget is
+  // what fails: its floor is the smallest host arena placed.
+  auto hostFits = [&](int64_t bytes) { return hostBudget < 0 || bytes <= hostBudget; };
+  std::vector<Leaf *> bySize, byHost;
+  for (Leaf &l : leaves) {
+    byHost.push_back(&l);
+    if (hostFits(l.hostPeakLive))
+      bySize.push_back(&l);
+  }
   llvm::stable_sort(bySize, [](Leaf *a, Leaf *b) { return a->peakLive < b->peakLive; });
   std::optional<MemoryPlan> floorPlan;
   Leaf *floorLeaf = nullptr;
@@ -533,17 +577,37 @@ LogicalResult SearchSchedulePass::failWithFloor() {
     FailureOr<MemoryPlan> plan = buildPlaced(bySize[i]->choice, m);
     if (failed(plan))
       return failure();
-    if (!floorPlan || plan->arenaBytes < floorPlan->arenaBytes) {
+    if (hostFits(plan->hostArenaBytes) &&
+        (!floorPlan || plan->arenaBytes < floorPlan->arenaBytes)) {
       floorPlan = std::move(*plan);
       floorLeaf = bySize[i];
     }
   }
+  if (!floorPlan) {
+    llvm::stable_sort(byHost, [](Leaf *a, Leaf *b) { return a->hostPeakLive < b->hostPeakLive; });
+    int64_t hostFloor = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < byHost.size() && i < 3; ++i) {
+      OwningOpRef<ModuleOp> m;
+      FailureOr<MemoryPlan> plan = buildPlaced(byHost[i]->choice, m);
+      if (failed(plan))
+        return failure();
+      if (plan->hostArenaBytes < hostFloor) {
+        hostFloor = plan->hostArenaBytes;
+        floorLeaf = byHost[i];
+      }
+    }
+    return fail("no schedule fits host-memory-budget=" + hostMemoryBudget + " (" +
+                Twine(hostBudget) + " bytes per rank); the smallest host arena reachable is " +
+                formatBytes(hostFloor) + " (" + Twine(hostFloor) + " bytes), with " +
+                floorLeaf->choice.str() + " (" + Twine(evaluated) + " schedules tried)");
+  }
   std::string msg;
   llvm::raw_string_ostream os(msg);
-  os << "no schedule fits memory-budget=" << memoryBudget << " (" << budget
-     << " bytes per rank); the smallest peak reachable is " << formatBytes(floorPlan->arenaBytes)
-     << " (" << floorPlan->arenaBytes << " bytes), with " << floorLeaf->choice.str() << " ("
-     << evaluated << " schedules tried):";
+  os << "no schedule fits memory-budget=" << memoryBudget << " (" << budget << " bytes per rank"
+     << (hostBudget >= 0 ? ", with host-memory-budget=" + hostMemoryBudget : std::string())
+     << "); the smallest peak reachable is " << formatBytes(floorPlan->arenaBytes) << " ("
+     << floorPlan->arenaBytes << " bytes), with " << floorLeaf->choice.str() << " (" << evaluated
+     << " schedules tried):";
   printBreakdown(os, *floorPlan);
   return fail(os.str());
 }
@@ -573,10 +637,13 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
+          b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),
           b.getNamedAttr("budget", b.getI64IntegerAttr(budget)),
+          b.getNamedAttr("host_peak", b.getI64IntegerAttr(bestHostArena)),
+          b.getNamedAttr("host_budget", b.getI64IntegerAttr(hostBudget)),
           b.getNamedAttr("profile", b.getStringAttr(profile.name)),
           b.getNamedAttr("candidates", b.getI64IntegerAttr(evaluated)),
       }));
@@ -588,7 +655,10 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
        << llvm::format("  predicted step %.3f ms, exposed communication "
                        "%.1f%%, peak ",
                        best.predicted.stepS * 1e3, best.predicted.exposedPct())
-       << formatBytes(bestArena) << " (" << bestArena << " bytes)\n";
+       << formatBytes(bestArena) << " (" << bestArena << " bytes)";
+    if (bestHostArena > 0)
+      os << ", host arena " << formatBytes(bestHostArena) << " (" << bestHostArena << " bytes)";
+    os << "\n";
   }
 }
 

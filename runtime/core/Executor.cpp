@@ -355,7 +355,30 @@ Status Executor::runOffCompute(const Instruction &inst) {
     Stream &hostStream = dev.hostStream();
     std::unique_ptr<Event> ready = dev.record(compute), done;
     FSDP_RETURN_IF_ERROR(dev.wait(hostStream, *ready));
+    // --trace: the update's span on the host track, stamped by the host
+    // stream's own thread (on both devices a host thread running its work
+    // in order): from when it starts the update (its gradient is on the
+    // host) to its end, kept under the step that issued it (with
+    // next-step the next step joins it).
+    std::shared_ptr<TraceEvent> span;
+    if (tracing) {
+      span = std::make_shared<TraceEvent>(TraceEvent{inst.op, 2, currentStep, traceIndex, 0, 0});
+      dev.enqueue(hostStream, [span] {
+        span->startUs = nowUs();
+        return Status::ok();
+      });
+    }
     FSDP_RETURN_IF_ERROR(dev.runOn(hostStream, &inst - plan.program.data(), done));
+    if (tracing) {
+      dev.enqueue(hostStream, [this, span] {
+        span->durUs = nowUs() - span->startUs;
+        std::lock_guard<std::mutex> l(traceMu);
+        commEvents.push_back(*span);
+        return Status::ok();
+      });
+      // The join waits for the stamp too: a span ends before its join does.
+      done = dev.record(hostStream);
+    }
     inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }

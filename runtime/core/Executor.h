@@ -30,8 +30,9 @@
 namespace fsdp {
 
 /// One span of the measured timeline (fsdp-run --trace): an instruction on
-/// the compute thread (track 0) or a collective on the communication
-/// thread (track 1). Times are microseconds of the monotonic clock, which
+/// the compute thread (track 0), a collective on the communication
+/// thread (track 1) or an async host update on the host stream (track 2,
+/// fsdp-offload's overlap). Times are microseconds of the monotonic clock, which
 /// all processes of one machine share.
 struct TraceEvent {
   std::string name;
@@ -144,7 +145,9 @@ public:
   /// capture from then on ([Note: step capture] in Executor.cpp). An error
   /// where the device cannot capture or a collective runs host code.
   Status setStepCapture(bool on);
-  /// The spans recorded so far, both streams (call between steps).
+  /// The spans recorded so far, every track (call between steps; with
+  /// carried host updates after finishCarried, or the last step's are
+  /// missing).
   std::vector<TraceEvent> traceEvents();
 
   MemoryMeasurement measureMemory() const;
@@ -207,6 +210,8 @@ private:
   int64_t stepsRun = 0;
   std::vector<TraceEvent> computeEvents; ///< main thread only
   std::mutex traceMu;                    ///< guards commEvents
+  /// Spans recorded on other threads: collectives (track 1) and async host
+  /// updates (track 2).
   std::vector<TraceEvent> commEvents;
   int64_t currentStep = 0, traceIndex = 0;
   uint64_t runSeed = 0; ///< init's seed: dropout masks are keyed by it

@@ -567,7 +567,8 @@ Status checkOutputPath(const std::string &path, const char *option) {
 
 /// Chrome trace JSON of every rank's spans, written by rank 0: each rank's
 /// events travel to rank 0 by broadcast (so it works across machines),
-/// one process per rank, threads "compute" and "communication". A
+/// one process per rank, threads "compute" and "communication", and
+/// "host" when the plan has async host updates (fsdp-offload). A
 /// collective's span also names its group and the whole buffer's bytes
 /// (fsdp-sim's predicted trace does the same).
 static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex,
@@ -575,17 +576,26 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
   nlohmann::json mine = nlohmann::json::array();
   for (const TraceEvent &e : ex.traceEvents()) {
     nlohmann::json args = {{"step", e.step}, {"instruction", e.index}};
-    if (e.track && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
+    if (e.track == 1 && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
       const Instruction &inst = plan.program[e.index];
       auto g = inst.attrs.find("group");
       args["group"] = g != inst.attrs.end() && g->is_string() ? g->get<std::string>() : "world";
       int64_t whole = inst.op == "all_gather" ? inst.out[0] : inst.in[0];
       args["bytes"] = plan.buffers[whole].bytes;
     }
-    mine.push_back({{"name", e.name}, {"cat", e.track ? "comm" : "compute"},
-                    {"ph", "X"}, {"pid", comm.rank()}, {"tid", e.track},
-                    {"ts", e.startUs}, {"dur", e.durUs}, {"args", std::move(args)}});
+    static const char *const kCategory[] = {"compute", "comm", "host"};
+    mine.push_back({{"name", e.name},
+                    {"cat", kCategory[e.track]},
+                    {"ph", "X"},
+                    {"pid", comm.rank()},
+                    {"tid", e.track},
+                    {"ts", e.startUs},
+                    {"dur", e.durUs},
+                    {"args", std::move(args)}});
   }
+  const bool host =
+      std::any_of(plan.program.begin(), plan.program.end(),
+                  [&](const Instruction &i) { return isHostInstruction(plan, i) && isAsync(i); });
   nlohmann::json all = nlohmann::json::array();
   for (int64_t r = 0; r < comm.size(); ++r) {
     std::string text = r == comm.rank() ? mine.dump() : std::string();
@@ -599,9 +609,13 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
       all.push_back(std::move(e));
     all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
                    {"args", {{"name", "rank " + std::to_string(r)}}}});
-    for (int t = 0; t < 2; ++t)
-      all.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", t},
-                     {"args", {{"name", t ? "communication" : "compute"}}}});
+    static const char *const kThread[] = {"compute", "communication", "host"};
+    for (int t = 0; t < (host ? 3 : 2); ++t)
+      all.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", r},
+                     {"tid", t},
+                     {"args", {{"name", kThread[t]}}}});
   }
   if (comm.rank() != 0)
     return Status::ok();

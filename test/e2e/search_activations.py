@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from search_common import pinned_knobs, train_losses
+
 
 def main():
     bindir, src = sys.argv[1], sys.argv[2]
@@ -68,23 +70,9 @@ def main():
         report("no schedule fits" in err, "(c) without activation offload nothing fits")
 
         # (d) the hand-compiled twin of the chosen schedule.
-        knobs = (f"layers-per-unit={s['layers_per_unit']} recompute={s['recompute']} "
-                 f"reshard-after-forward={'true' if s['reshard_after_forward'] else 'false'} "
-                 f"prefetch-depth={s['prefetch_depth']} offload-activations=true")
-        if s["recompute_units"] >= 0:
-            knobs += f" recompute-units={s['recompute_units']}"
-        if s["reshard_units"] >= 0:
-            knobs += f" reshard-units={s['reshard_units']}"
+        knobs = pinned_knobs(s) + " offload-activations=true"
         hand = compile_("hand", knobs)
-
-        def train(plan):
-            out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--nproc",
-                                  "2", "--threads", "1", "--steps", "4"],
-                                 check=True, capture_output=True, text=True, timeout=300).stdout
-            return [json.loads(l)["loss"] for l in out.splitlines()
-                    if l.startswith("{") and '"step"' in l and '"loss"' in l]
-
-        a, b = train(chosen), train(hand)
+        a, b = train_losses(bindir, chosen), train_losses(bindir, hand)
         report(len(a) == 4 and a == b, f"(d) {knobs}: bitwise equal to the hand-chosen plan")
 
     if failures:

@@ -424,6 +424,65 @@ def main():
            f"--measured with another plan's trace: exit {r.returncode}: "
            f"{r.stderr.strip()[:100]}")
 
+    # The measured host track (fsdp-offload's async updates): a 2-rank GPT
+    # with clipping and offload-next-step, 3 steps traced. Each rank has
+    # one host span per async update per step, named as the plan's, each
+    # starting after its issue started and ending before its join ended
+    # (a carried join, in the next step: the last step's are finished
+    # after it); the trace names the "host" thread (the MLP's above has
+    # none); --measured sums them (host) and counts compute standing at
+    # the joins (host waited) apart from compute.
+    hplan = os.path.join(work, "hostnext.plan")
+    subprocess.run([b("fsdp-opt"), gmodel, "-o", os.devnull,
+                    "--fsdp-pipeline=optimizer=adamw stage=3 world-size=2 offload=optimizer "
+                    f"offload-next-step=true max-grad-norm=1.0 plan={hplan} report=false"],
+                   check=True)
+    htrace = os.path.join(work, "hostnext.json")
+    subprocess.run([b("fsdp-run"), hplan, "--steps", "3", "--threads", "1", "--nproc", "2",
+                    "--quiet", "--trace", htrace], check=True, capture_output=True)
+    hp = json.load(open(hplan))
+    hprog = hp["program"]
+    updates = [i for i, inst in enumerate(hprog)
+               if inst.get("attrs", {}).get("async") and inst["out"] and
+               hp["buffers"][inst["out"][0]].get("space") == "host" and
+               inst["op"] not in ("to_host", "to_device", "wait")]
+    joins = {inst["in"][0]: i for i, inst in enumerate(hprog)
+             if inst["op"] == "wait" and inst.get("attrs", {}).get("carried")}
+    hdoc = json.load(open(htrace))["traceEvents"]
+    hev = [e for e in hdoc if e["ph"] == "X"]
+    span = {(e["pid"], e["tid"], e["args"]["step"], e["args"]["instruction"]): e for e in hev}
+    problems = []
+    for r in range(2):
+        host = [e for e in hev if e["pid"] == r and e["tid"] == 2]
+        if sorted((e["args"]["step"], e["args"]["instruction"]) for e in host) != \
+                [(st, i) for st in (1, 2, 3) for i in updates]:
+            problems.append(f"rank {r}: {len(host)} host spans for 3 x {len(updates)} updates")
+            continue
+        for e in host:
+            st, i = e["args"]["step"], e["args"]["instruction"]
+            issue = span.get((r, 0, st, i))
+            if e["name"] != hprog[i]["op"] or issue is None or e["ts"] < issue["ts"]:
+                problems.append(f"rank {r} step {st}: update {i} starts before its issue")
+            join = span.get((r, 0, st + 1, joins.get(hprog[i]["out"][0], -1)))
+            if st < 3 and (join is None or e["ts"] + e["dur"] > join["ts"] + join["dur"]):
+                problems.append(f"rank {r} step {st}: update {i} ends after its join")
+    names = sorted(e["args"]["name"] for e in hdoc if e["name"] == "thread_name" and e["pid"] == 0)
+    plain = sorted(e["args"]["name"] for e in json.load(open(trace))["traceEvents"]
+                   if e["name"] == "thread_name" and e["pid"] == 0)
+    r = subprocess.run([sys.executable, b("fsdp-sim"), hplan, "--profile", prof_path,
+                        "--measured", htrace, "--json"], capture_output=True, text=True)
+    hranks = json.loads(r.stdout)["measured"]["ranks"] if r.returncode == 0 else []
+    report(not problems and len(updates) > 0 and len(joins) == len(updates) and
+           names == ["communication", "compute", "host"] and
+           plain == ["communication", "compute"] and len(hranks) == 2 and
+           all(x["host_ms"] > 0 and x["host_waited_ms"] >= 0 and
+               x["compute_ms"] + x["issue_ms"] + x["blocked_ms"] + x["host_waited_ms"]
+               <= x["step_ms"] + eps for x in hranks),
+           f"measured host track: {len(updates)} updates x 3 steps per rank, each after its "
+           f"issue and before its join in the next step; --measured host "
+           f"{[round(x['host_ms'], 3) for x in hranks]} ms, compute + issue + blocked + host "
+           f"waited <= step" + (": " + "; ".join(problems[:3]) if problems else ""))
+
     check_cache_model(b, work, prof)
 
     bad = os.path.join(work, "bad.json")

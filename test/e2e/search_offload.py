@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""offload-next-step and host-memory-budget in the memory-budget search.
+
+usage: search_offload.py BIN_DIR SRC_DIR
+
+Compile only (h100 profile), a GPT of 4 layers at width 256, bf16, one
+rank, offload=optimizer, memory-budget=1GiB:
+(a) with clipping (max-grad-norm=1.0: every host update waits for the
+    global norm, so in their own step they start after the backward pass)
+    the default offload-next-step=auto chooses next-step: the plan is
+    offload-next-step=true's (same predicted step, carried waits in the
+    program), faster than offload-next-step=false's, and its strategy
+    records the choice and its host arena;
+(b) with a host-memory-budget that the next-step plan's host arena
+    exceeds and the in-step one meets, the search keeps the updates in
+    their step, within the budget;
+(c) below the in-step host arena nothing fits, and the error names the
+    host budget and the smallest host arena reached;
+(d) without clipping the two predict the same step (the host stream
+    bounds it either way) and the smaller host arena, in-step, is chosen;
+(e) without a memory budget auto means false, a host arena over
+    host-memory-budget is an error naming both sizes, and a misspelt
+    offload-next-step is refused by name.
+Trained: (f) the small GPT at 2 ranks with clipping: the search chooses
+next-step, and 4 steps train bitwise like the same schedule with the
+updates joined in their step.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from search_common import pinned_knobs, train_losses
+
+
+def main():
+    bindir, src = sys.argv[1], sys.argv[2]
+    failures = []
+
+    def report(ok, what):
+        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "gpt.mlir")
+        subprocess.run([sys.executable, os.path.join(src, "examples", "gen_models.py"), "gpt",
+                        "--vocab", "4096", "--ctx", "256", "--layers", "4", "--heads", "4",
+                        "--width", "256", "--batch", "2", "-o", model], check=True)
+
+        def compile_(tag, options, mlir=model, check=True):
+            plan = os.path.join(tmp, tag + ".plan")
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), mlir, "-o", os.devnull,
+                                f"--fsdp-pipeline=optimizer=adamw {options} plan={plan} "
+                                "report=false"], capture_output=True, text=True)
+            if check and r.returncode != 0:
+                raise SystemExit(f"fsdp-opt failed ({tag}): {r.stderr}")
+            return plan if r.returncode == 0 else r.stderr
+
+        def load(plan):
+            return json.load(open(plan))
+
+        def carried(p):
+            return sum(1 for i in p["program"] if i["op"] == "wait" and
+                       i.get("attrs", {}).get("carried"))
+
+        base = "param-dtype=bf16 memory-budget=1GiB offload=optimizer"
+        clip = base + " max-grad-norm=1.0"
+        auto, nxt, own = (load(compile_(t, f"{clip}{o}")) for t, o in
+                          (("auto", ""), ("next", " offload-next-step=true"),
+                           ("own", " offload-next-step=false")))
+        sa, sn, so = auto["strategy"], nxt["strategy"], own["strategy"]
+        report(sa["offload_next_step"] is True and sa["predicted_step_s"] == sn["predicted_step_s"]
+               and sn["predicted_step_s"] < so["predicted_step_s"] and carried(auto) > 0
+               and carried(own) == 0 and sa["host_peak"] == auto["host_arena_bytes"],
+               f"(a) clipping: chose next-step, predicted {sa['predicted_step_s'] * 1e3:.3f} ms "
+               f"against {so['predicted_step_s'] * 1e3:.3f} in-step, {carried(auto)} carried waits")
+        h_next, h_own = nxt["host_arena_bytes"], own["host_arena_bytes"]
+        if not h_own < h_next:
+            raise SystemExit(f"expected next-step's host arena ({h_next}) above in-step's ({h_own})")
+        mid = (h_own + h_next) // 2
+        b = load(compile_("hostmid", f"{clip} host-memory-budget={mid}"))
+        report(b["strategy"]["offload_next_step"] is False and b["host_arena_bytes"] <= mid and
+               b["strategy"]["host_budget"] == mid and carried(b) == 0,
+               f"(b) host-memory-budget={mid} (host arenas: in-step {h_own}, next-step "
+               f"{h_next}): in-step, host arena {b['host_arena_bytes']}")
+        err = compile_("hostlow", f"{clip} host-memory-budget={h_own - 1}", check=False)
+        report(f"no schedule fits host-memory-budget={h_own - 1}" in err and
+               f"({h_own} bytes)" in err,
+               "(c) below the in-step host arena: refused, naming the smallest host arena")
+        plain, plain_next = (load(compile_(t, f"{base}{o}")) for t, o in
+                             (("plain", ""), ("plain-next", " offload-next-step=true")))
+        tie = round(plain["strategy"]["predicted_step_s"] * 1e9) == round(
+            plain_next["strategy"]["predicted_step_s"] * 1e9)
+        report(tie and plain["strategy"]["offload_next_step"] is False and carried(plain) == 0 and
+               plain["host_arena_bytes"] < plain_next["host_arena_bytes"],
+               "(d) no clipping: the same predicted step, the smaller host arena (in-step)")
+        nb = load(compile_("nobudget", "param-dtype=bf16 offload=optimizer max-grad-norm=1.0"))
+        err = compile_("nobudget-host", "param-dtype=bf16 offload=optimizer max-grad-norm=1.0 "
+                       f"host-memory-budget={nb['host_arena_bytes'] - 1}", check=False)
+        err2 = compile_("misspelt", f"{clip} offload-next-step=maybe", check=False)
+        report(carried(nb) == 0 and "exceeds host-memory-budget" in err and
+               "offload-next-step" in err2 and "maybe" in err2,
+               "(e) no budget: in-step; host arena over host-memory-budget and "
+               "offload-next-step=maybe refused by name")
+
+        # (f) trained: the search's next-step choice against its in-step twin.
+        small = os.path.join(src, "examples", "gpt_small.mlir")
+        opts = "world-size=2 memory-budget=64MiB offload=optimizer max-grad-norm=1.0"
+        chosen = compile_("small-auto", opts, mlir=small)
+        s = load(chosen)["strategy"]
+        knobs = ("world-size=2 offload=optimizer max-grad-norm=1.0 " + pinned_knobs(s) +
+                 " offload-next-step=false")
+        twin = compile_("small-own", knobs, mlir=small)
+        a, b = train_losses(bindir, chosen), train_losses(bindir, twin)
+        report(s["offload_next_step"] is True and carried(load(chosen)) > 0 and
+               carried(load(twin)) == 0 and len(a) == 4 and a == b,
+               f"(f) small GPT, 2 ranks: chose next-step; 4 steps bitwise equal to {knobs}")
+
+    if failures:
+        print("FAILED:", "; ".join(failures))
+        return 1
+    print("all offload search checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
