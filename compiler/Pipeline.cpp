@@ -163,7 +163,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // it chose it, and next-step as it chose); without one fsdp-offload
   // refuses auto by name, and offload-next-step=auto is false.
   if (options.offload != "none" && !searched &&
-      (options.memoryBudget.empty() || options.offload == "optimizer")) {
+      (options.memoryBudget.empty() || options.offload != "auto")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;

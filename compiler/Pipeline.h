@@ -195,7 +195,10 @@ struct FsdpPipelineOptions
       *this, "offload",
       llvm::cl::desc("optimizer: master shards, optimizer state and the "
                      "update live on the host (ZeRO-Offload; fsdp-offload); "
-                     "auto (with memory-budget): the search decides; none"),
+                     "all: and the frozen units' storage, copied to the "
+                     "device before each use (DeepSpeed's offload_param for "
+                     "the weights a fine-tune does not train); auto (with "
+                     "memory-budget): the search decides; none"),
       llvm::cl::init("none")};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",

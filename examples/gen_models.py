@@ -26,12 +26,14 @@ class Emitter:
         self.lines = []
         self.params = []
         self.n = 0
+        self.frozen = set()  # units whose parameters are frozen (no gradient)
 
     def param(self, name, shape, init, scale=None, unit=None):
         ty = tensor(shape)
         init_s = f'init("{init}", {scale:.9g})' if scale is not None else f'init("{init}")'
         unit_s = f' unit "{unit}"' if unit else ""
-        self.params.append(f'  fsdp.param @"{name}" : {ty} {init_s}{unit_s}')
+        frozen_s = " frozen" if unit in self.frozen else ""
+        self.params.append(f'  fsdp.param @"{name}" : {ty} {init_s}{unit_s}{frozen_s}')
         return name
 
     def op(self, text):
@@ -118,13 +120,16 @@ def mlp(hidden=256, blocks=8, batch=64, drop=0.0):
 
 
 def gpt(vocab=256, ctx=32, layers=2, heads=4, width=64, batch=4, drop=0.0, smoothing=0.0,
-        ignore_index=None):
+        ignore_index=None, frozen_layers=0):
     """GPT-2 (pre-LN, tied token embedding / LM head, tanh GELU); with
     drop > 0 nanoGPT's dropouts outside attention (embeddings, the
     attention and MLP outputs); with smoothing > 0 the cross-entropy's
-    label smoothing."""
+    label smoothing; with frozen_layers = K the first K blocks' parameters
+    are frozen (fine-tuning the top of a pretrained model)."""
     assert width % heads == 0
+    assert 0 <= frozen_layers <= layers
     em = Emitter()
+    em.frozen = {f"transformer.h.{l}" for l in range(frozen_layers)}
     B, T, C, V = batch, ctx, width, vocab
     BT = B * T
     em.param("transformer.wte.weight", [V, C], "normal", 0.02)
@@ -189,7 +194,8 @@ def gpt(vocab=256, ctx=32, layers=2, heads=4, width=64, batch=4, drop=0.0, smoot
               f"--heads {heads} --width {C} --batch {B}"
               + (f" --dropout {drop}" if drop > 0 else "")
               + (f" --label-smoothing {smoothing}" if smoothing > 0 else "")
-              + (f" --ignore-index {ignore_index}" if ignore_index is not None else ""), ""]
+              + (f" --ignore-index {ignore_index}" if ignore_index is not None else "")
+              + (f" --frozen-layers {frozen_layers}" if frozen_layers else ""), ""]
     args = (f'%ids: {tensor([B, T], "i32")} {{fsdp.role = "input"}}, '
             f'%targets: {tensor([B, T], "i32")} {{fsdp.role = "target"}}')
     return module(header, em, args, loss)
@@ -294,6 +300,8 @@ def main():
     g.add_argument("--dropout", type=float, default=0.0)
     g.add_argument("--label-smoothing", type=float, default=0.0,
                    help="the cross-entropy's label smoothing, in [0, 1]")
+    g.add_argument("--frozen-layers", type=int, default=0,
+                   help="freeze the first K transformer blocks (no gradient, no update)")
     g.add_argument("--ignore-index", type=int, default=None,
                    help="the cross-entropy's ignore_index (labels to leave out, "
                    "e.g. -100; fsdp-run --loss-mask writes it)")
@@ -335,9 +343,11 @@ def main():
             ap.error("--dropout must be in [0, 1)")
         if a.kind == "gpt" and not 0 <= a.label_smoothing <= 1:
             ap.error("--label-smoothing must be in [0, 1]")
+        if a.kind == "gpt" and not 0 <= a.frozen_layers <= a.layers:
+            ap.error("--frozen-layers must be in [0, --layers]")
         text = mlp(a.hidden, a.blocks, a.batch, a.dropout) if a.kind == "mlp" else gpt(
             a.vocab, a.ctx, a.layers, a.heads, a.width, a.batch, a.dropout, a.label_smoothing,
-            a.ignore_index)
+            a.ignore_index, a.frozen_layers)
     with open(a.out, "w") as f:
         f.write(text)
     return 0

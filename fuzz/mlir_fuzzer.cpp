@@ -7,7 +7,7 @@
 // and, for some option sets, the plan export) under one of a table of
 // option sets picked by a hash of the input: every ZeRO stage, several
 // world sizes, HSDP, recomputation, mixed precision with loss scaling,
-// gradient accumulation, optimizer and activation offload (next-step
+// gradient accumulation, optimizer (also frozen units) and activation offload (next-step
 // too), the memory-budget search (with a host budget). Diagnostics are
 // the expected outcome of most inputs and are dropped; a crash, a sanitizer
 // report or a hang is a finding. A custom mutator rewrites one number or
@@ -75,6 +75,7 @@ const char *const kOptions[] = {
     "max-grad-norm=1.0 report=false plan=PLAN",
     "optimizer=adamw world-size=2 stage=3 memory-budget=1MiB offload=auto "
     "host-memory-budget=256KiB max-grad-norm=1.0 report=false",
+    "optimizer=adamw world-size=2 stage=2 offload=all report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

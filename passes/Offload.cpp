@@ -46,12 +46,10 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     ModuleOp module = getOperation();
     if (mode == "none")
       return;
-    if (mode != "optimizer") {
+    if (mode != "optimizer" && mode != "all") {
       mlir::emitError(module.getLoc())
-          << "fsdp-offload: offload='" << mode.getValue()
-          << "' must be none or optimizer"
-          << (mode == "auto" ? " (auto needs memory-budget: the schedule search decides)"
-                             : "");
+          << "fsdp-offload: offload='" << mode.getValue() << "' must be none, optimizer or all"
+          << (mode == "auto" ? " (auto needs memory-budget: the schedule search decides)" : "");
       return signalPassFailure();
     }
     if (nextStep && !overlap) {
@@ -64,17 +62,27 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     if (!step)
       return signalPassFailure();
 
-    // 1. Which storage moves: trainable units whose shard is their storage.
+    // 1. Which storage moves: trainable units whose shard is their storage
+    // and, with `all`, every frozen unit's storage (its shard at stage 3,
+    // else the whole unit): read only, it is copied to the device before
+    // each use like a trainable shard, and has no update.
     llvm::StringSet<> host;
-    int64_t units = 0;
+    int64_t units = 0, trainable = 0;
     for (UnitOp u : module.getOps<UnitOp>()) {
       ++units;
-      if (!u.getSharded() || u.getFrozen())
+      bool frozenToo = mode == "all" && u.getFrozen();
+      if (!frozenToo && (!u.getSharded() || u.getFrozen()))
         continue;
       u.setOffloaded(true);
       host.insert(u.getSymName());
+      trainable += !u.getFrozen();
+      // A frozen unit's parameters read one by one (fsdp.get_param of a
+      // whole unit's member) are host values too.
+      if (frozenToo)
+        for (Attribute p : u.getParams())
+          host.insert(cast<FlatSymbolRefAttr>(p).getValue());
     }
-    if (host.empty()) {
+    if (!trainable) {
       mlir::emitError(module.getLoc())
           << "fsdp-offload: offload=optimizer needs trainable units with "
              "sharded storage ("

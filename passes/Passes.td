@@ -462,9 +462,9 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "units of the forward reshard, the others keep their gather "
            "(-1: all reshard)">,
     Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
-           "optimizer: stages 1/2 keep every trainable unit as its master "
-           "shard (gathered once per step), the layout fsdp-offload moves "
-           "to host memory; none">,
+           "optimizer or all: stages 1/2 keep every trainable unit as its "
+           "master shard (gathered once per step), the layout fsdp-offload "
+           "moves to host memory; none">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
@@ -478,7 +478,12 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     ZeRO-Offload (DeepSpeed's `offload_optimizer`, FSDP2's
     CPUOffloadPolicy for the sharded parameters): every trainable unit
     with sharded storage (after fsdp-shard: stage 3, or stages 1/2 with
-    `offload=optimizer`) becomes `offloaded`. Its f32 master shard and the
+    `offload=optimizer`) becomes `offloaded`. With `offload=all` every
+    frozen unit does too (DeepSpeed's `offload_param` for the weights a
+    fine-tune does not train): its storage (the shard at stage 3, the
+    whole unit at stages 1/2, in its stored dtype) lives in the host arena
+    and is copied to the device before each use, as a trainable shard is;
+    it has no update. Its f32 master shard and the
     optimizer state shadowing it live in the host arena, and its update
     (`fsdp.adamw_update` / `sgd_*`) is marked `fsdp.on_host` and runs on
     the host. The pass then inserts the copies the placement needs:
@@ -537,7 +542,8 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"mode", "offload", "std::string", /*default=*/"\"optimizer\"",
-           "optimizer (offload every trainable sharded unit) | none">,
+           "optimizer (offload every trainable sharded unit) | all (and every "
+           "frozen unit's storage) | none">,
     Option<"overlap", "overlap", "bool", /*default=*/"true",
            "run each host update asynchronously as soon as its operands are "
            "ready (beside the backward pass), one in flight">,
@@ -756,8 +762,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
   let options = [
     Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
            "optimizer: every candidate offloads its optimizer (fsdp-offload), "
-           "so its peak is the device's; auto: candidates with and without "
-           "offload; none">,
+           "so its peak is the device's; all: and the frozen units' storage; "
+           "auto: candidates with each (all only with frozen parameters); none">,
     Option<"offloadActivations", "offload-activations", "std::string",
            /*default=*/"\"false\"",
            "true: every candidate offloads its saved activations "

@@ -51,7 +51,7 @@ struct Choice {
   /// reshard true or G: only the first `reshardUnits` units reshard (-1:
   /// all).
   int64_t reshardUnits = -1;
-  /// fsdp-offload: "none" or "optimizer".
+  /// fsdp-offload: "none", "optimizer" or "all".
   std::string offload = "none";
   /// fsdp-offload-activations: saved activations in host memory.
   bool activations = false;
@@ -329,14 +329,19 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
     reshards.assign(1, reshardAfterForward);
   else if (stage != 3)
     reshards.assign(1, "true"); // only stage 3 reshards
-  // Optimizer offload: pinned (none, optimizer) or searched (auto: both;
-  // it saves the device 4 + 8 bytes per parameter shard and costs host
-  // copies and a host update, which the cost model prices).
-  if (offload != "none" && offload != "optimizer" && offload != "auto")
-    return fail("offload='" + offload + "': expected none, optimizer or auto");
+  // Optimizer offload: pinned (none, optimizer, all) or searched (auto:
+  // each; it saves the device 4 + 8 bytes per parameter shard and costs
+  // host copies and a host update, which the cost model prices; `all`
+  // also moves the frozen units' storage, so it is a candidate only when
+  // the model has frozen parameters).
+  if (offload != "none" && offload != "optimizer" && offload != "all" && offload != "auto")
+    return fail("offload='" + offload + "': expected none, optimizer, all or auto");
   offloads.assign({offload == "auto" ? "none" : offload.getValue()});
-  if (offload == "auto")
+  if (offload == "auto") {
     offloads.push_back("optimizer");
+    if (llvm::any_of(getOperation().getOps<ParamOp>(), [](ParamOp p) { return p.getFrozen(); }))
+      offloads.push_back("all");
+  }
   // Activation offload: pinned or searched the same way (it frees the
   // saved activations between the passes and costs two copies of each,
   // overlapped with compute on the copy stream).

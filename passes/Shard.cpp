@@ -389,9 +389,9 @@ LogicalResult ShardRewrite::readOptions() {
     return failure();
   }
   StringRef offload = options.offload;
-  if (offload != "none" && offload != "optimizer") {
+  if (offload != "none" && offload != "optimizer" && offload != "all") {
     mlir::emitError(module.getLoc())
-        << "fsdp-shard: offload='" << offload << "' must be none or optimizer"
+        << "fsdp-shard: offload='" << offload << "' must be none, optimizer or all"
         << (offload == "auto" ? " (auto needs memory-budget: the schedule search decides)" : "");
     return failure();
   }
@@ -701,7 +701,7 @@ void ShardRewrite::shardNarrowUnits() {
     // host, so every trainable unit takes this layout, f32 too: the device
     // keeps only the once-per-step gather, ZeRO-Offload's stage 1/2.
     for (auto &[u, narrow] : narrowOnly)
-      if ((narrow || options.offload == "optimizer") && !u->frozen)
+      if ((narrow || options.offload != "none") && !u->frozen)
         u->op.setSharded(true);
   }
 }

@@ -7,6 +7,8 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=optimizer" -fsdp-offload | FileCheck %s --check-prefix=Z2
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule -fsdp-offload -fsdp-offload | FileCheck %s --check-prefix=SCHED
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-plan-memory="report=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload=offload=all | FileCheck %s --check-prefix=ALL
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=all" -fsdp-offload=offload=all | FileCheck %s --check-prefix=ALLZ2
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-offload 2>&1 | FileCheck %s --check-prefix=WHOLE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3" -fsdp-offload=offload=cpu 2>&1 | FileCheck %s --check-prefix=MODE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3 offload=gpu" 2>&1 | FileCheck %s --check-prefix=SHARDMODE
@@ -21,6 +23,25 @@
 // the learning rate and step made once before the first update. Running
 // the pass twice changes nothing (the memory-budget search runs it on its
 // candidates).
+
+// offload=all: the frozen b's storage moves too (no update, no state):
+// its shard at stage 3, copied to the device before each of its
+// all-gathers; at stage 2 the whole unit, each parameter copied to the
+// device before each device op reading it.
+// ALL: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] sharded frozen offloaded
+// ALL-LABEL: func.func @train_step
+// ALL: %[[B:.+]] = fsdp.get_unit @b.frozen
+// ALL-NEXT: %[[BD:.+]] = fsdp.to_device %[[B]] : tensor<8xf32>
+// ALL-NEXT: fsdp.all_gather %[[BD]]
+// ALL: %[[B2:.+]] = fsdp.get_unit @b.frozen
+// ALL-NEXT: %[[BD2:.+]] = fsdp.to_device %[[B2]] : tensor<8xf32>
+// ALL-NEXT: fsdp.all_gather %[[BD2]]
+// ALL-NOT: set_unit @b.frozen
+// ALLZ2: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] frozen offloaded
+// ALLZ2-LABEL: func.func @train_step
+// ALLZ2: fsdp.get_unit @b.frozen : tensor<16xf32>
+// ALLZ2: fsdp.to_device %{{.+}} : tensor<4x4xf32>
+// ALLZ2: fsdp.to_device %{{.+}} : tensor<4x4xf32>
 
 fsdp.param @wa : tensor<4x4xf32> init("normal", 0.5) unit "a"
 fsdp.param @wb : tensor<4x4xf32> init("normal", 0.5) unit "b" frozen
@@ -125,8 +146,8 @@ fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
 // REPORT-NEXT: optimizer state 80 80 B
 
 // WHOLE: fsdp-offload: offload=optimizer needs trainable units with sharded storage (3 unit(s), none sharded and trainable): use stage=3, or stage 1/2 on more than one shard with fsdp-shard's offload=optimizer
-// MODE: fsdp-offload: offload='cpu' must be none or optimizer
-// SHARDMODE: fsdp-shard: offload='gpu' must be none or optimizer
+// MODE: fsdp-offload: offload='cpu' must be none, optimizer or all
+// SHARDMODE: fsdp-shard: offload='gpu' must be none, optimizer or all
 
 func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
   %wa = fsdp.get_param @wa : tensor<4x4xf32>
