@@ -44,6 +44,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
                            : options.offloadNextStep == NextStepMode::False ? "false"
                                                                             : "auto";
   search.hostMemoryBudget = options.hostMemoryBudget;
+  search.frozenStorage = options.frozenStorage;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -129,6 +130,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.reshardUnits = options.reshardUnits;
       shard.mesh = options.mesh;
       shard.offload = options.offload;
+      shard.frozenStorage = options.frozenStorage;
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {
         FsdpScheduleOptions sched;

@@ -200,6 +200,14 @@ struct FsdpPipelineOptions
                      "the weights a fine-tune does not train); auto (with "
                      "memory-budget): the search decides; none"),
       llvm::cl::init("none")};
+  Option<std::string> frozenStorage{
+      *this, "frozen-storage",
+      llvm::cl::desc("compute: with param-dtype=bf16|f16 each frozen unit "
+                     "read only in that dtype stores it (rounded once instead "
+                     "of at every read: the same training, half its bytes, "
+                     "in device or, with offload=all, host memory); declared "
+                     "(default): its parameters' dtype"),
+      llvm::cl::init("declared")};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

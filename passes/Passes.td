@@ -433,6 +433,12 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     followed by the mean over R is the mean over all R*S ranks. With S = 1
     nothing is sharded (stages 1 and 2 are stage 0).
 
+    With `frozen-storage=compute` a frozen unit every read of which is in
+    one 16-bit compute dtype (fsdp-mixed-precision) stores that dtype: its
+    values rounded once, when stored, instead of by the cast before each
+    read (the same bits reach compute; the storage and its gathers are
+    half the bytes, and no cast is left).
+
     Before: per-parameter updates from fsdp-insert-optimizer. After: no
     `fsdp.get_param` / `fsdp.set_param` remain in @train_step; collectives
     are `fsdp.all_gather`, `fsdp.reduce_scatter`, `fsdp.all_reduce`.
@@ -465,6 +471,11 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "optimizer or all: stages 1/2 keep every trainable unit as its "
            "master shard (gathered once per step), the layout fsdp-offload "
            "moves to host memory; none">,
+    Option<"frozenStorage", "frozen-storage", "std::string", /*default=*/"\"declared\"",
+           "compute: a frozen unit read only in one 16-bit compute dtype "
+           "(fsdp-mixed-precision) stores it (each value rounded once, as "
+           "every read would round it: the same bits, half the bytes); "
+           "declared: its parameters' dtype">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
@@ -781,6 +792,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned host arena per rank (offloaded candidates), as "
            "memory-budget; empty: no limit">,
+    Option<"frozenStorage", "frozen-storage", "std::string", /*default=*/"\"declared\"",
+           "fsdp-shard's frozen-storage for every candidate">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",
            "h100 (built in) or a JSON from fsdp-run --calibrate">,
     Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",

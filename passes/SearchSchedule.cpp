@@ -122,6 +122,7 @@ struct SearchSchedulePass
     s.reshardUnits = units;
     s.mesh = mesh;
     s.offload = off.str();
+    s.frozenStorage = frozenStorage;
     return run(m, createFsdpShard(s));
   }
   bool schedule(ModuleOp m, int64_t depth) {

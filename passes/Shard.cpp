@@ -118,7 +118,7 @@ struct ShardPass : mlir::fsdp::impl::FsdpShardBase<ShardPass> {
 /// The pass options fsdp-shard reads (Passes.td).
 struct ShardOptions {
   int64_t worldSize, stage, reshardUnits;
-  std::string mesh, reshardAfterForward, offload;
+  std::string mesh, reshardAfterForward, offload, frozenStorage;
 };
 
 /// One run of fsdp-shard over a module: the algorithm of the file comment,
@@ -143,6 +143,7 @@ private:
   void collectReads();
   bool keepsForwardGather(const Reads &r);
   void shardNarrowUnits();
+  void narrowFrozenStorage();
   Value gather(UnitInfo &u, Operation *before, Type elem);
   Value regather(Value full, Operation *lastFwd, Operation *firstBwd);
   void chooseKeptGathers();
@@ -232,7 +233,8 @@ private:
 };
 
 void ShardPass::runOnOperation() {
-  ShardOptions options{worldSize, stage, reshardUnits, mesh, reshardAfterForward, offload};
+  ShardOptions options{worldSize,           stage,   reshardUnits, mesh,
+                       reshardAfterForward, offload, frozenStorage};
   ShardRewrite rewrite(getOperation(), options);
   LogicalResult result = rewrite.run();
   numCollectives += rewrite.collectives;
@@ -253,6 +255,7 @@ LogicalResult ShardRewrite::run() {
   // 2. Reads become views of the gathered units.
   collectReads();
   shardNarrowUnits();
+  narrowFrozenStorage();
   chooseKeptGathers();
   rewriteReads();
   // 3. Gradients packed per unit and reduced.
@@ -386,6 +389,11 @@ LogicalResult ShardRewrite::readOptions() {
   if (options.reshardUnits < -1) {
     mlir::emitError(module.getLoc()) << "fsdp-shard: reshard-units=" << options.reshardUnits
                                      << " must be a number of units (0 or more), or -1 for all";
+    return failure();
+  }
+  if (options.frozenStorage != "declared" && options.frozenStorage != "compute") {
+    mlir::emitError(module.getLoc()) << "fsdp-shard: frozen-storage='" << options.frozenStorage
+                                     << "' must be declared or compute";
     return failure();
   }
   StringRef offload = options.offload;
@@ -703,6 +711,33 @@ void ShardRewrite::shardNarrowUnits() {
     for (auto &[u, narrow] : narrowOnly)
       if ((narrow || options.offload != "none") && !u->frozen)
         u->op.setSharded(true);
+  }
+}
+
+/// frozen-storage=compute: a frozen unit every read of which is in one
+/// 16-bit float dtype (fsdp-mixed-precision's compute dtype) stores it.
+/// Each value is then rounded to nearest once, when it is stored, instead
+/// of at every read's cast: the same bits reach compute, the storage and
+/// its gathers are half the bytes, and no cast remains.
+void ShardRewrite::narrowFrozenStorage() {
+  if (options.frozenStorage != "compute")
+    return;
+  llvm::MapVector<UnitInfo *, Type> only;
+  llvm::DenseSet<UnitInfo *> mixed;
+  for (auto &[key, r] : reads) {
+    UnitInfo *u = std::get<0>(key);
+    if (!u->frozen || (!r.firstForwardUse && !r.firstBackwardUse))
+      continue;
+    auto [it, fresh] = only.try_emplace(u, std::get<2>(key));
+    if (!fresh && it->second != std::get<2>(key))
+      mixed.insert(u);
+  }
+  for (auto &[u, elem] : only) {
+    if (mixed.contains(u) || !isa<BFloat16Type, Float16Type>(elem) ||
+        !fullTy(*u).getElementType().isF32())
+      continue;
+    u->op.setTypeAttr(TypeAttr::get(withElem(fullTy(*u), elem)));
+    u->op.setShardTypeAttr(TypeAttr::get(withElem(shardTy(*u), elem)));
   }
 }
 

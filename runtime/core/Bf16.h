@@ -9,6 +9,8 @@
 #ifndef FSDP_RUNTIME_CORE_BF16_H
 #define FSDP_RUNTIME_CORE_BF16_H
 
+#include "runtime/core/PlanSchema.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -88,6 +90,31 @@ inline float widenHalf(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+/// f32 values to `n` elements of parameter storage dtype `t` (f32, bf16
+/// or f16; [Note: parameter storage dtypes] in Executor.cpp) at `dst`,
+/// rounded to nearest even. `dst` may be `src`: element i is written
+/// after source element i is read, onto bytes already read.
+inline void narrowParams(DType t, const float *src, int64_t n, void *dst) {
+  if (t == DType::F32) {
+    std::memmove(dst, src, (size_t)n * 4);
+    return;
+  }
+  auto *out = static_cast<uint16_t *>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = t == DType::BF16 ? roundToBf16(src[i]) : roundToHalf(src[i]);
+}
+
+/// `n` elements of parameter storage dtype `t` at `src` to f32 (exact).
+inline void widenParams(DType t, const void *src, int64_t n, float *dst) {
+  if (t == DType::F32) {
+    std::memmove(dst, src, (size_t)n * 4);
+    return;
+  }
+  const auto *in = static_cast<const uint16_t *>(src);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = t == DType::BF16 ? widenBf16(in[i]) : widenHalf(in[i]);
 }
 
 } // namespace fsdp

@@ -13,6 +13,8 @@
 
 #include "runtime/core/Checkpoint.h"
 
+#include "runtime/core/Bf16.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -382,8 +384,15 @@ public:
     if (it0 == t0->end())
       return FSDP_ERROR(path, ": rank 0's file has no tensor '", name, "'");
     int64_t bytes0 = (int64_t)it0->second.data.size();
-    bool whole = bytes0 == padded * 4;
-    if (!whole && bytes0 != shard * 4)
+    // f32, or a frozen unit's 16-bit storage ([Note: parameter storage
+    // dtypes] in Executor.cpp), widened.
+    DType dt = it0->second.dtype;
+    if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
+      return FSDP_ERROR(path, ": tensor '", name, "' is ", dtypeName(dt),
+                        ", not parameter storage (f32, bf16 or f16)");
+    int64_t esz = dtypeSize(dt);
+    bool whole = bytes0 == padded * esz;
+    if (!whole && bytes0 != shard * esz)
       return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0,
                         " bytes, neither its unit (", padded, " elements) nor a shard (",
                         shard, ")");
@@ -394,10 +403,10 @@ public:
       TensorMap *tr;
       FSDP_RETURN_IF_ERROR(rank(r, tr));
       auto it = tr->find(name);
-      if (it == tr->end() || (int64_t)it->second.data.size() < (at + len) * 4)
+      if (it == tr->end() || it->second.dtype != dt ||
+          (int64_t)it->second.data.size() < (at + len) * esz)
         return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
-      std::memcpy(dst + i, reinterpret_cast<const float *>(it->second.data.data()) + at,
-                  len * 4);
+      widenParams(dt, it->second.data.data() + at * esz, len, dst + i);
       i += len;
     }
     return Status::ok();
@@ -436,9 +445,10 @@ public:
               if (st.is_object() && st["kind"] == stateKind && st["unit"] == u["name"] &&
                   st["buffer"].is_number_integer())
                 storage = st["buffer"];
+          // A unit without optimizer state (a frozen one): its
+          // parameters have none of this kind.
           if (storage < 0)
-            return FSDP_ERROR(path, ": no ", stateKind, " state for unit ",
-                              u["name"].dump(), " (parameter ", name, ")");
+            continue;
         }
         if (!tensorOf(storage, tname))
           return FSDP_ERROR(path, ": no storage for parameter ", name);
@@ -572,10 +582,14 @@ Status reshardCheckpoint(const std::string &path, const Plan &target,
     for (const State &st : target.states)
       if (st.buffer == id) {
         unit = unitIndex(st.unit);
-        if (unit < 0 || !states.count(st.kind))
-          return FSDP_ERROR("cannot reshard: the target plan's state ", st.name, " (",
-                            st.kind, ") has no counterpart in ", path,
-                            " (another optimizer?)");
+        bool complete = unit >= 0 && states.count(st.kind);
+        for (const Param &p : target.params)
+          if (complete && p.unit == unit)
+            complete = states[st.kind].count(p.name) > 0;
+        if (!complete)
+          return FSDP_ERROR("cannot reshard: the target plan's state ", st.name, " (", st.kind,
+                            ") has no counterpart in ", path,
+                            " (another optimizer, or a unit frozen there?)");
         whole = flatOf(states[st.kind], unit);
       }
     if (whole.empty())
@@ -593,8 +607,12 @@ Status reshardCheckpoint(const std::string &path, const Plan &target,
       else if (b.numel() != (int64_t)whole.size())
         return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
                           " elements, neither whole nor a shard");
-      t.data.assign(reinterpret_cast<const uint8_t *>(src),
-                    reinterpret_cast<const uint8_t *>(src) + b.bytes);
+      // Narrowed to the buffer's dtype (a frozen unit's 16-bit storage).
+      if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
+          (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
+        return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");
+      t.data.resize(b.bytes);
+      narrowParams(b.dtype, src, b.numel(), t.data.data());
       files[r][tensorName(b)] = std::move(t);
     }
   }

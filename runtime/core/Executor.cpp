@@ -35,6 +35,7 @@
 
 #include "runtime/core/Executor.h"
 
+#include "runtime/core/Bf16.h"
 #include "runtime/core/Init.h"
 
 #include <algorithm>
@@ -54,6 +55,15 @@ double nowUs() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// [Note: parameter storage dtypes]
+// Trainable units store f32 (the master copy the update writes). A frozen
+// unit may store its compute dtype (fsdp-shard frozen-storage=compute):
+// bf16 or f16, each element the f32 value rounded to nearest even, as the
+// cast before each use would have rounded it. Initialization, --init-from
+// and setParamElement narrow f32 values into it; gatherParams (--save,
+// --dump-dir) and getParamElement widen them back, exactly.
+
 } // namespace
 
 namespace {
@@ -250,6 +260,8 @@ Status Executor::init(uint64_t seed) {
       if (lo < hi)
         initParam(p, seed, lo - p.flatOffset, hi - lo, host.data() + (lo - first));
     }
+    // [Note: parameter storage dtypes]: narrowed in place (2 bytes each).
+    narrowParams(plan.buffers[unit.buffer].dtype, host.data(), count, host.data());
     FSDP_RETURN_IF_ERROR(writeBuffer(unit.buffer, host.data()));
   }
   // Optimizer state starts at zero: filled where it lives (a host vector
@@ -831,7 +843,11 @@ Status Executor::getParamElement(const Param &p, int64_t i, float &value) const 
   if (!paramLocation(p, i, b, e))
     return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
   FSDP_RETURN_IF_ERROR(settle(b));
-  return dev.copyToHost(&value, address(b) + 4 * e, 4);
+  DType t = plan.buffers[b].dtype;
+  uint8_t raw[4];
+  FSDP_RETURN_IF_ERROR(dev.copyToHost(raw, address(b) + dtypeSize(t) * e, dtypeSize(t)));
+  widenParams(t, raw, 1, &value);
+  return Status::ok();
 }
 
 Status Executor::setParamElement(const Param &p, int64_t i, float value) {
@@ -839,7 +855,10 @@ Status Executor::setParamElement(const Param &p, int64_t i, float value) {
   if (!paramLocation(p, i, b, e))
     return FSDP_ERROR("parameter ", p.name, " element ", i, " is not on this rank");
   FSDP_RETURN_IF_ERROR(settle(b));
-  return dev.copyToDevice(address(b) + 4 * e, &value, 4);
+  DType t = plan.buffers[b].dtype;
+  uint8_t raw[4];
+  narrowParams(t, &value, 1, raw);
+  return dev.copyToDevice(address(b) + dtypeSize(t) * e, raw, dtypeSize(t));
 }
 
 Status Executor::gatherParams(TensorMap &out) {
@@ -849,15 +868,17 @@ Status Executor::gatherParams(TensorMap &out) {
     std::vector<float> flat;
     if (unit.buffer >= 0) {
       flat.resize(unit.paddedNumel);
-      if (unit.sharded) {
-        // A host all-gather of host copies (no stream: host buffers).
-        std::vector<float> mine(unit.shardNumel);
-        FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, mine.data()));
+      // Read as stored, widened ([Note: parameter storage dtypes]).
+      DType t = plan.buffers[unit.buffer].dtype;
+      std::vector<float> mine(unit.sharded ? unit.shardNumel : unit.paddedNumel);
+      std::vector<uint8_t> raw(plan.buffers[unit.buffer].bytes);
+      FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, raw.data()));
+      widenParams(t, raw.data(), (int64_t)mine.size(), mine.data());
+      if (unit.sharded) // a host all-gather of host copies (no stream: host buffers)
         FSDP_RETURN_IF_ERROR(
             group("shard").allGather(mine.data(), flat.data(), unit.shardNumel, DType::F32));
-      } else {
-        FSDP_RETURN_IF_ERROR(readBuffer(unit.buffer, flat.data()));
-      }
+      else
+        flat = std::move(mine);
     }
     for (const Param &p : plan.params) {
       if (p.unit != (int64_t)u)
@@ -922,13 +943,17 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
   if (chunk < 1)
     return FSDP_ERROR("loadParams: chunk of ", chunk, " elements");
   std::vector<float> host;
-  // Elements [lo, hi) of `p` to device address `to`, a chunk at a time.
-  auto load = [&](const Param &p, int64_t lo, int64_t hi, uint8_t *to) -> Status {
+  // Elements [lo, hi) of `p` to device address `to`, stored as `t`
+  // ([Note: parameter storage dtypes]), a chunk at a time.
+  auto load = [&](const Param &p, int64_t lo, int64_t hi, uint8_t *to,
+                  DType t = DType::F32) -> Status {
     for (int64_t at = lo; at < hi; at += chunk) {
       int64_t n = std::min(chunk, hi - at);
       host.resize((size_t)std::max<int64_t>((int64_t)host.size(), n));
       FSDP_RETURN_IF_ERROR(read(p, at, n, host.data()));
-      FSDP_RETURN_IF_ERROR(dev.copyToDevice(to + 4 * (at - lo), host.data(), 4 * n));
+      narrowParams(t, host.data(), n, host.data());
+      FSDP_RETURN_IF_ERROR(
+          dev.copyToDevice(to + dtypeSize(t) * (at - lo), host.data(), dtypeSize(t) * n));
     }
     return Status::ok();
   };
@@ -946,9 +971,10 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
     int64_t count = u.sharded ? u.shardNumel : u.paddedNumel;
     int64_t lo = std::max(first, p.flatOffset);
     int64_t hi = std::min(first + count, p.flatOffset + p.numel());
+    DType t = plan.buffers[u.buffer].dtype;
     if (lo < hi)
-      FSDP_RETURN_IF_ERROR(
-          load(p, lo - p.flatOffset, hi - p.flatOffset, address(u.buffer) + 4 * (lo - first)));
+      FSDP_RETURN_IF_ERROR(load(p, lo - p.flatOffset, hi - p.flatOffset,
+                                address(u.buffer) + dtypeSize(t) * (lo - first), t));
   }
   return Status::ok();
 }

@@ -334,10 +334,13 @@ Status validateUnits(const Plan &plan) {
       if (!validId(plan, u.buffer))
         return FSDP_ERROR("plan: unit ", u.name, " has an invalid buffer");
       int64_t want = u.sharded ? u.shardNumel : u.paddedNumel;
-      if (plan.buffers[u.buffer].dtype != DType::F32)
-        return FSDP_ERROR("plan: unit ", u.name, " storage is ",
-                          dtypeName(plan.buffers[u.buffer].dtype),
-                          "; this runtime keeps parameters in f32");
+      // Trainable storage is the f32 master the update writes; a frozen
+      // unit may store a 16-bit float ([Note: parameter storage dtypes]).
+      DType t = plan.buffers[u.buffer].dtype;
+      if (t != DType::F32 && !(u.frozen && (t == DType::BF16 || t == DType::F16)))
+        return FSDP_ERROR("plan: unit ", u.name, " storage is ", dtypeName(t),
+                          u.frozen ? "; a frozen unit stores f32, bf16 or f16"
+                                   : "; a trainable unit stores its f32 master copy");
       if (plan.buffers[u.buffer].numel() != want)
         return FSDP_ERROR("plan: unit ", u.name, " storage holds ",
                           plan.buffers[u.buffer].numel(), " elements, expected ", want);

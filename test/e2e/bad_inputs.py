@@ -248,7 +248,7 @@ PLAN_CASES = [
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
-        dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "keeps parameters in f32"),
+        dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "a trainable unit stores its f32 master copy"),
     # collectives move one float dtype (bf16 in mixed-precision plans)
     ("reduce_scatter f32 -> bf16", "sharded", setter(lambda p: (lambda b: b.update(dtype="bf16", shape=[b["shape"][0] * 2]))(
         p["buffers"][first(p, "reduce_scatter")["out"][0]])), "expected one float dtype in and out"),

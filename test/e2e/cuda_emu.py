@@ -294,6 +294,26 @@ def main():
         for name in ("offload-activations", "optimizer offload", "offload next-step"):
             same_as_eager(name, f"{name} on concurrent streams", env=concurrent)
 
+    # --trace on the next-step plan: the host updates on the host track,
+    # one span per update per step (stamped on the host stream's thread,
+    # each ending before its join), and tracing changes no bit.
+    ntrace = os.path.join(tmp, "next_step_trace.json")
+    same_as_eager("offload next-step", "offload next-step --trace", extra=["--trace", ntrace])
+    if os.path.exists(ntrace):
+        with open(feature_runs["offload next-step"][0]) as f:
+            nplan = json.load(f)
+        n_up = sum(1 for x in nplan["program"] if x.get("attrs", {}).get("async") and
+                   x["op"] not in ("to_host", "to_device", "all_gather", "reduce_scatter",
+                                   "all_reduce", "wait") and
+                   nplan["buffers"][x["out"][0]].get("space") == "host")
+        with open(ntrace) as f:
+            host = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X" and e["tid"] == 2]
+        ok = n_up > 0 and len(host) == 6 * n_up and all(e["dur"] >= 0 for e in host)
+        print(f"offload next-step --trace: {len(host)} host spans (6 steps x {n_up} updates): "
+              f"{'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append("offload next-step --trace host track")
+
     # checkpoints: 2 ranks (ZeRO-3) save at step 3 and resume to 6, bitwise
     # the uninterrupted run (optimizer state through the device's copies).
     plan = compile_plan(gpt, "gpt_n2", "optimizer=adamw world-size=2 stage=3")
