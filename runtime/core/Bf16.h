@@ -94,11 +94,10 @@ inline float widenHalf(uint16_t h) {
 
 /// f32 values to `n` elements of parameter storage dtype `t` (f32, bf16
 /// or f16; [Note: parameter storage dtypes] in Executor.cpp) at `dst`,
-/// rounded to nearest even. `dst` may be `src`: element i is written
-/// after source element i is read, onto bytes already read.
+/// rounded to nearest even. `dst` and `src` do not overlap.
 inline void narrowParams(DType t, const float *src, int64_t n, void *dst) {
   if (t == DType::F32) {
-    std::memmove(dst, src, (size_t)n * 4);
+    std::memcpy(dst, src, (size_t)n * 4);
     return;
   }
   auto *out = static_cast<uint16_t *>(dst);
@@ -106,10 +105,11 @@ inline void narrowParams(DType t, const float *src, int64_t n, void *dst) {
     out[i] = t == DType::BF16 ? roundToBf16(src[i]) : roundToHalf(src[i]);
 }
 
-/// `n` elements of parameter storage dtype `t` at `src` to f32 (exact).
+/// `n` elements of parameter storage dtype `t` at `src` to f32 (exact);
+/// `dst` and `src` do not overlap.
 inline void widenParams(DType t, const void *src, int64_t n, float *dst) {
   if (t == DType::F32) {
-    std::memmove(dst, src, (size_t)n * 4);
+    std::memcpy(dst, src, (size_t)n * 4);
     return;
   }
   const auto *in = static_cast<const uint16_t *>(src);

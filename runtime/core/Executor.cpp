@@ -260,9 +260,15 @@ Status Executor::init(uint64_t seed) {
       if (lo < hi)
         initParam(p, seed, lo - p.flatOffset, hi - lo, host.data() + (lo - first));
     }
-    // [Note: parameter storage dtypes]: narrowed in place (2 bytes each).
-    narrowParams(plan.buffers[unit.buffer].dtype, host.data(), count, host.data());
-    FSDP_RETURN_IF_ERROR(writeBuffer(unit.buffer, host.data()));
+    // [Note: parameter storage dtypes]: f32 as it is, else rounded.
+    DType t = plan.buffers[unit.buffer].dtype;
+    if (t == DType::F32) {
+      FSDP_RETURN_IF_ERROR(writeBuffer(unit.buffer, host.data()));
+      continue;
+    }
+    std::vector<uint8_t> stored((size_t)(count * dtypeSize(t)));
+    narrowParams(t, host.data(), count, stored.data());
+    FSDP_RETURN_IF_ERROR(writeBuffer(unit.buffer, stored.data()));
   }
   // Optimizer state starts at zero: filled where it lives (a host vector
   // of zeros copied over cost seconds for a billion-parameter model).
@@ -943,6 +949,7 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
   if (chunk < 1)
     return FSDP_ERROR("loadParams: chunk of ", chunk, " elements");
   std::vector<float> host;
+  std::vector<uint8_t> stored; // a 16-bit chunk
   // Elements [lo, hi) of `p` to device address `to`, stored as `t`
   // ([Note: parameter storage dtypes]), a chunk at a time.
   auto load = [&](const Param &p, int64_t lo, int64_t hi, uint8_t *to,
@@ -951,9 +958,13 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
       int64_t n = std::min(chunk, hi - at);
       host.resize((size_t)std::max<int64_t>((int64_t)host.size(), n));
       FSDP_RETURN_IF_ERROR(read(p, at, n, host.data()));
-      narrowParams(t, host.data(), n, host.data());
-      FSDP_RETURN_IF_ERROR(
-          dev.copyToDevice(to + dtypeSize(t) * (at - lo), host.data(), dtypeSize(t) * n));
+      const void *src = host.data();
+      if (t != DType::F32) {
+        stored.resize((size_t)(n * dtypeSize(t)));
+        narrowParams(t, host.data(), n, stored.data());
+        src = stored.data();
+      }
+      FSDP_RETURN_IF_ERROR(dev.copyToDevice(to + dtypeSize(t) * (at - lo), src, dtypeSize(t) * n));
     }
     return Status::ok();
   };
