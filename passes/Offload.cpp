@@ -76,11 +76,6 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       u.setOffloaded(true);
       host.insert(u.getSymName());
       trainable += !u.getFrozen();
-      // A frozen unit's parameters read one by one (fsdp.get_param of a
-      // whole unit's member) are host values too.
-      if (frozenToo)
-        for (Attribute p : u.getParams())
-          host.insert(cast<FlatSymbolRefAttr>(p).getValue());
     }
     if (!trainable) {
       mlir::emitError(module.getLoc())
