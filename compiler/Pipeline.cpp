@@ -24,6 +24,11 @@ static void addRecompute(OpPassManager &pm,
 /// With a memory budget, fsdp-search-schedule replaces fsdp-group-units,
 /// fsdp-recompute, fsdp-shard and fsdp-schedule and chooses their options;
 /// a knob the user gave a value is pinned (prefetch=false pins depth 0).
+/// The search's spelling of an AutoBool option.
+static std::string autoBoolName(AutoBool v) {
+  return v == AutoBool::True ? "true" : v == AutoBool::False ? "false" : "auto";
+}
+
 static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   FsdpSearchScheduleOptions search;
   search.memoryBudget = options.memoryBudget;
@@ -40,9 +45,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
-  search.offloadNextStep = options.offloadNextStep == NextStepMode::True    ? "true"
-                           : options.offloadNextStep == NextStepMode::False ? "false"
-                                                                            : "auto";
+  search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
+  search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
   search.frozenStorage = options.frozenStorage;
   if (options.layersPerUnit.hasValue())
@@ -169,7 +173,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;
-    off.nextStep = options.offloadNextStep == NextStepMode::True;
+    off.prefetch = options.overlap && options.offloadPrefetch != AutoBool::False;
+    off.nextStep = options.offloadNextStep == AutoBool::True;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

@@ -13,9 +13,10 @@
 
 namespace mlir::fsdp {
 
-/// offload-next-step's values (an enum: a misspelt value is refused by the
-/// option parser, whether or not anything offloads).
-enum class NextStepMode { False, True, Auto };
+/// offload-next-step's and offload-prefetch's values (an enum: a misspelt
+/// value is refused by the option parser, whether or not anything
+/// offloads).
+enum class AutoBool { False, True, Auto };
 
 struct FsdpPipelineOptions
     : public PassPipelineOptions<FsdpPipelineOptions> {
@@ -214,7 +215,19 @@ struct FsdpPipelineOptions
                      "runs asynchronously beside the backward pass as soon "
                      "as its gradient is on the host (false: all after it)"),
       llvm::cl::init(true)};
-  Option<NextStepMode> offloadNextStep{
+  Option<AutoBool> offloadPrefetch{
+      *this, "offload-prefetch",
+      llvm::cl::desc("with offload=optimizer|all and overlap: true runs each "
+                     "copy of offloaded storage to the device on the copy "
+                     "stream, issued one copy ahead of its use (it costs one "
+                     "more copy's device memory); false runs it on the compute "
+                     "stream right before its use; auto (the default): with "
+                     "memory-budget the search weighs both, without one true"),
+      llvm::cl::values(clEnumValN(AutoBool::False, "false", "copied at the use"),
+                       clEnumValN(AutoBool::True, "true", "copied one copy ahead"),
+                       clEnumValN(AutoBool::Auto, "auto", "the search decides")),
+      llvm::cl::init(AutoBool::Auto)};
+  Option<AutoBool> offloadNextStep{
       *this, "offload-next-step",
       llvm::cl::desc("with offload=optimizer and overlap: true joins the host "
                      "updates in the next step, each right before its unit's "
@@ -223,10 +236,10 @@ struct FsdpPipelineOptions
                      "or loss scaling the updates can start only after the "
                      "whole backward pass); auto (the default): with "
                      "memory-budget the search weighs both, without one false"),
-      llvm::cl::values(clEnumValN(NextStepMode::False, "false", "joined in their step"),
-                       clEnumValN(NextStepMode::True, "true", "joined in the next step"),
-                       clEnumValN(NextStepMode::Auto, "auto", "the search decides")),
-      llvm::cl::init(NextStepMode::Auto)};
+      llvm::cl::values(clEnumValN(AutoBool::False, "false", "joined in their step"),
+                       clEnumValN(AutoBool::True, "true", "joined in the next step"),
+                       clEnumValN(AutoBool::Auto, "auto", "the search decides")),
+      llvm::cl::init(AutoBool::Auto)};
   Option<std::string> offloadActivations{
       *this, "offload-activations",
       llvm::cl::desc("true: keep the activations the backward pass reads in "

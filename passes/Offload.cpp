@@ -95,6 +95,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     llvm::DenseSet<Value> onHost;
     llvm::DenseMap<Value, Value> hostCopy; // device value -> its to_host
     SmallVector<ToHostOp> gradCopies;
+    SmallVector<ToDeviceOp> storageCopies; // the copies this run placed
     OpBuilder b(&getContext());
     auto isUpdate = [](Operation *op) {
       return isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambNormsOp, LambUpdateOp>(op);
@@ -155,6 +156,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
         if (!copy) {
           b.setInsertionPoint(op);
           copy = b.create<ToDeviceOp>(op->getLoc(), v.getType(), v);
+          storageCopies.push_back(copy.getDefiningOp<ToDeviceOp>());
           ++numCopies;
         }
         use.set(copy);
@@ -195,6 +197,9 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     // 5. Next step: the updates run on beside the next step's forward.
     if (nextStep)
       carryUpdates(module, body);
+    // 6. Prefetch: the copies to the device run ahead on the copy stream.
+    if (prefetch)
+      prefetchCopies(body, storageCopies);
   }
 
   /// The storage symbol `v` reads, through views of it.
@@ -408,6 +413,94 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     });
     for (auto [op, join] : carried)
       hoist(op, body);
+  }
+
+  /// The storage symbols whose values update `op`'s results are written
+  /// back to (directly, or through a wait on them).
+  static llvm::SmallDenseSet<StringRef> writtenBy(Operation *op) {
+    llvm::SmallDenseSet<StringRef> written;
+    for (Value r : op->getResults())
+      for (Operation *u : r.getUsers()) {
+        if (auto [sym, v] = storageWrite(u); v)
+          written.insert(sym);
+        if (isa<WaitOp>(u))
+          for (Operation *w : u->getUsers())
+            if (auto [sym, v] = storageWrite(w); v)
+              written.insert(sym);
+      }
+    return written;
+  }
+
+  /// Whether `o` writes storage `sym` or bounds a write of it: a write-
+  /// back, a host update writing it (async, it writes from its issue to
+  /// its wait), that update's wait, or a carried wait on a read of it (the
+  /// previous step's update is joined there).
+  static bool boundsWriteOf(Operation *o, StringRef sym) {
+    if (auto [s, v] = storageWrite(o); v && s == sym)
+      return true;
+    if (auto wait = dyn_cast<WaitOp>(o)) {
+      Value in = wait.getInput();
+      FlatSymbolRefAttr r = readsSymbol(in);
+      if (o->hasAttr("carried") && r && r.getValue() == sym)
+        return true;
+      Operation *d = in.getDefiningOp();
+      return d && d->hasAttr(kOnHostAttrName) && writtenBy(d).contains(sym);
+    }
+    return o->hasAttr(kOnHostAttrName) && writtenBy(o).contains(sym);
+  }
+
+  /// Step 6: every copy of offloaded storage this run placed (each right
+  /// before the device op reading it) is marked async: the runtime runs it
+  /// on the copy stream (DMA beside compute and the collectives), and an
+  /// `fsdp.wait` right before its reader joins it (or before an update
+  /// writing its storage, if one comes first). In program order, each
+  /// is issued right after the previous copy's wait, where the previous
+  /// copy's reader starts (one copy in flight ahead of the one read:
+  /// FSDP's prefetch, for the host-to-device leg), the first at the top
+  /// of the step; never above a definition it reads (the storage read and
+  /// its views go along) nor above anything that writes its storage or
+  /// joins a write of it (an update, its wait, a carried wait), so it
+  /// copies the values the copy in place would have. The memory plan keeps
+  /// its device buffer from the issue: one more copy is live on the device.
+  void prefetchCopies(Block &body, ArrayRef<ToDeviceOp> copies) {
+    OpBuilder b(&getContext());
+    Operation *previous = nullptr; // the previous copy's wait
+    for (ToDeviceOp copy : copies) {
+      Operation *reader = nullptr;
+      for (Operation *u : copy->getUsers())
+        if (u->getBlock() == &body && (!reader || u->isBeforeInBlock(reader)))
+          reader = u;
+      FlatSymbolRefAttr sym = readsSymbol(copy.getInput());
+      if (!reader || !sym)
+        continue;
+      // Joined before its reader, or before a write of its storage that
+      // comes first (an update overlap placed right after the copy: it may
+      // not write what the copy still reads).
+      Operation *join = reader;
+      for (Operation *o = copy->getNextNode(); o && o != reader; o = o->getNextNode())
+        if (boundsWriteOf(o, sym.getValue())) {
+          join = o;
+          break;
+        }
+      b.setInsertionPoint(join);
+      auto wait = b.create<WaitOp>(copy.getLoc(), copy.getType(), copy.getResult());
+      copy.getResult().replaceAllUsesExcept(wait.getResult(), wait);
+      copy->setAttr("async", b.getUnitAttr());
+      ++numPrefetched;
+      Operation *after = previous;
+      needs(copy.getInput(), body, after);
+      for (Operation *o = copy->getPrevNode(); o && o != after; o = o->getPrevNode())
+        if (boundsWriteOf(o, sym.getValue())) {
+          after = o;
+          break;
+        }
+      if (!after)
+        copy->moveBefore(&body.front());
+      else if (after->isBeforeInBlock(copy))
+        copy->moveAfter(after);
+      bringBefore(copy, body);
+      previous = wait;
+    }
   }
 };
 

@@ -562,11 +562,17 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "with overlap: the updates are not joined in their step but in "
            "the next one, each right before the first instruction that "
            "reads what it writes (beside the next step's forward pass)">,
+    Option<"prefetch", "prefetch", "bool", /*default=*/"true",
+           "each copy of offloaded storage to the device runs async on the "
+           "copy stream, issued right after the previous one's wait (one "
+           "copy ahead); false: each runs on the compute stream right "
+           "before its reader">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
     Statistic<"numAsync", "async-updates", "Host updates made asynchronous">,
     Statistic<"numCarried", "carried-updates", "Host updates joined in the next step">,
+    Statistic<"numPrefetched", "prefetched-copies", "Copies to the device made asynchronous">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
@@ -783,6 +789,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadOverlap", "offload-overlap", "bool", /*default=*/"true",
            "with overlap: fsdp-offload's host updates run beside the backward "
            "pass (fsdp-offload's overlap)">,
+    Option<"offloadPrefetch", "offload-prefetch", "std::string", /*default=*/"\"auto\"",
+           "fsdp-offload's prefetch (with overlap: the copies to the device "
+           "run ahead on the copy stream): true, false, or auto: each "
+           "offloaded candidate is weighed both ways">,
     Option<"offloadNextStep", "offload-next-step", "std::string", /*default=*/"\"auto\"",
            "fsdp-offload's next-step (the host updates are joined in the next "
            "step, beside its forward pass): true, false, or auto: each "

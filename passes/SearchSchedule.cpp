@@ -57,6 +57,8 @@ struct Choice {
   bool activations = false;
   /// fsdp-offload's next-step: the host updates joined in the next step.
   bool nextStep = false;
+  /// fsdp-offload's prefetch: its copies to the device on the copy stream.
+  bool prefetch = false;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -66,7 +68,9 @@ struct Choice {
            " prefetch-depth=" + std::to_string(depth) +
            (offload != "none" ? " offload=" + offload : "") +
            (activations ? " offload-activations=true" : "") +
-           (nextStep ? " offload-next-step=true" : "");
+           (nextStep ? " offload-next-step=true" : "") +
+           (offload != "none" ? std::string(" offload-prefetch=") + (prefetch ? "true" : "false")
+                              : "");
   }
 };
 
@@ -136,7 +140,7 @@ struct SearchSchedulePass
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep) {
+  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
     if (activations) {
@@ -150,6 +154,7 @@ struct SearchSchedulePass
     FsdpOffloadOptions o;
     o.mode = off.str();
     o.overlap = overlap && offloadOverlap;
+    o.prefetch = prefetch;
     o.nextStep = nextStep;
     return run(m, createFsdpOffload(o));
   }
@@ -200,7 +205,7 @@ struct SearchSchedulePass
   int64_t shards = 1;
   SmallVector<int64_t> groupings, depths;
   SmallVector<std::string> recomputes, reshards, offloads;
-  SmallVector<bool> activationChoices, nextStepChoices;
+  SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices;
   std::vector<Leaf> leaves;
 
   LogicalResult fail(const Twine &msg) {
@@ -220,7 +225,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
-        !finish(*m, c.offload, c.activations, c.nextStep))
+        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch))
       return nullptr;
     return m;
   }
@@ -362,6 +367,14 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   nextStepChoices.assign({offloadNextStep == "true"});
   if (offloadNextStep == "auto" && overlap && offloadOverlap)
     nextStepChoices.push_back(true);
+  // Prefetching the copies to the device: pinned or weighed (auto). It
+  // costs one more copy's device memory; a tie (a CPU profile: the device
+  // copies in place either way) goes to the smaller peak, the first leaf.
+  if (offloadPrefetch != "false" && offloadPrefetch != "true" && offloadPrefetch != "auto")
+    return fail("offload-prefetch='" + offloadPrefetch + "': expected false, true or auto");
+  prefetchChoices.assign({offloadPrefetch == "true" && overlap});
+  if (offloadPrefetch == "auto" && overlap)
+    prefetchChoices.push_back(true);
   depths.assign({0, 1, 2});
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -391,27 +404,41 @@ LogicalResult SearchSchedulePass::searchUniform() {
         // Next-step is fsdp-offload's option: without offload one leaf.
         ArrayRef<bool> nextSteps =
             off == "none" ? ArrayRef<bool>(nextStepChoices).take_front() : nextStepChoices;
+        ArrayRef<bool> prefetches =
+            off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
         for (int64_t depth : depths)
           for (bool acts : activationChoices)
-            for (bool ns : nextSteps) {
-              Leaf leaf;
-              leaf.choice = {k, rc, reshard, depth, units, rsUnits, off, acts, ns && off != "none"};
-              bool last = depth == depths.back() && acts == activationChoices.back() &&
-                          ns == nextSteps.back();
-              OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-              if (!schedule(*m, depth) || !finish(*m, off, acts, leaf.choice.nextStep))
-                return failure();
-              auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-              FailureOr<MemoryPlan> plan = planMemory(*m, step, /*alignment=*/64, /*place=*/false);
-              if (failed(plan))
-                return failure();
-              leaf.peakLive = plan->peakLive;
-              leaf.hostPeakLive = plan->hostPeakLive;
-              leaf.predicted = predictStep(*m, step, *plan, profile);
-              ++numCandidates;
-              ++evaluated;
-              leaves.push_back(std::move(leaf));
-            }
+            for (bool ns : nextSteps)
+              for (bool pf : prefetches) {
+                Leaf leaf;
+                leaf.choice = {k,
+                               rc,
+                               reshard,
+                               depth,
+                               units,
+                               rsUnits,
+                               off,
+                               acts,
+                               ns && off != "none",
+                               pf && off != "none"};
+                bool last = depth == depths.back() && acts == activationChoices.back() &&
+                            ns == nextSteps.back() && pf == prefetches.back();
+                OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
+                if (!schedule(*m, depth) ||
+                    !finish(*m, off, acts, leaf.choice.nextStep, leaf.choice.prefetch))
+                  return failure();
+                auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
+                FailureOr<MemoryPlan> plan =
+                    planMemory(*m, step, /*alignment=*/64, /*place=*/false);
+                if (failed(plan))
+                  return failure();
+                leaf.peakLive = plan->peakLive;
+                leaf.hostPeakLive = plan->hostPeakLive;
+                leaf.predicted = predictStep(*m, step, *plan, profile);
+                ++numCandidates;
+                ++evaluated;
+                leaves.push_back(std::move(leaf));
+              }
       }
     }
   }
@@ -430,7 +457,8 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
   auto same = [](const Choice &a, const Choice &b) {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
-           a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep;
+           a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
+           a.prefetch == b.prefetch;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -644,6 +672,7 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),
+          b.getNamedAttr("offload_prefetch", b.getBoolAttr(c.prefetch)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),

@@ -24,6 +24,14 @@ rank, offload=optimizer, memory-budget=1GiB:
 Trained: (f) the small GPT at 2 ranks with clipping: the search chooses
 next-step, and 4 steps train bitwise like the same schedule with the
 updates joined in their step.
+(a)-(f) pin offload-prefetch=false. offload-prefetch (next-step false):
+(g) auto prefetches on the h100 profile: offload-prefetch=true's plan
+    (async copies to the device), faster than false's;
+(h) on a tiny GPT whose peak the prefetched copy raises, other knobs
+    pinned: a budget between the two arenas keeps the
+    copies at their use, one at the larger arena prefetches;
+(i) on the cpu profile (copies in place: the same step) the smaller peak
+    is chosen, and a misspelt offload-prefetch is refused by name.
 """
 import json
 import os
@@ -65,7 +73,10 @@ def main():
             return sum(1 for i in p["program"] if i["op"] == "wait" and
                        i.get("attrs", {}).get("carried"))
 
-        base = "param-dtype=bf16 memory-budget=1GiB offload=optimizer"
+        # (a)-(f) weigh next-step with the copies at their use: a carried
+        # join bounds a prefetched copy, so prefetch would tip the scales
+        # ((g)-(i) weigh offload-prefetch).
+        base = "param-dtype=bf16 memory-budget=1GiB offload=optimizer offload-prefetch=false"
         clip = base + " max-grad-norm=1.0"
         auto, nxt, own = (load(compile_(t, f"{clip}{o}")) for t, o in
                           (("auto", ""), ("next", " offload-next-step=true"),
@@ -96,7 +107,8 @@ def main():
         report(tie and plain["strategy"]["offload_next_step"] is False and carried(plain) == 0 and
                plain["host_arena_bytes"] < plain_next["host_arena_bytes"],
                "(d) no clipping: the same predicted step, the smaller host arena (in-step)")
-        nb = load(compile_("nobudget", "param-dtype=bf16 offload=optimizer max-grad-norm=1.0"))
+        nb = load(compile_("nobudget", "param-dtype=bf16 offload=optimizer max-grad-norm=1.0 "
+                           "offload-prefetch=false"))
         err = compile_("nobudget-host", "param-dtype=bf16 offload=optimizer max-grad-norm=1.0 "
                        f"host-memory-budget={nb['host_arena_bytes'] - 1}", check=False)
         err2 = compile_("misspelt", f"{clip} offload-next-step=maybe", check=False)
@@ -107,16 +119,66 @@ def main():
 
         # (f) trained: the search's next-step choice against its in-step twin.
         small = os.path.join(src, "examples", "gpt_small.mlir")
-        opts = "world-size=2 memory-budget=64MiB offload=optimizer max-grad-norm=1.0"
+        opts = ("world-size=2 memory-budget=64MiB offload=optimizer max-grad-norm=1.0 "
+                "offload-prefetch=false")
         chosen = compile_("small-auto", opts, mlir=small)
         s = load(chosen)["strategy"]
-        knobs = ("world-size=2 offload=optimizer max-grad-norm=1.0 " + pinned_knobs(s) +
-                 " offload-next-step=false")
+        knobs = ("world-size=2 offload=optimizer max-grad-norm=1.0 offload-prefetch=false " +
+                 pinned_knobs(s) + " offload-next-step=false")
         twin = compile_("small-own", knobs, mlir=small)
         a, b = train_losses(bindir, chosen), train_losses(bindir, twin)
         report(s["offload_next_step"] is True and carried(load(chosen)) > 0 and
                carried(load(twin)) == 0 and len(a) == 4 and a == b,
                f"(f) small GPT, 2 ranks: chose next-step; 4 steps bitwise equal to {knobs}")
+
+        # (g)-(i) offload-prefetch, next-step pinned false.
+        def async_copies(p):
+            return sum(1 for i in p["program"] if i["op"] == "to_device" and
+                       i.get("attrs", {}).get("async"))
+
+        pclip = ("param-dtype=bf16 memory-budget=1GiB offload=optimizer max-grad-norm=1.0 "
+                 "offload-next-step=false")
+        pa, pt, pf = (load(compile_(t, f"{pclip}{o}")) for t, o in
+                      (("pf-auto", ""), ("pf-true", " offload-prefetch=true"),
+                       ("pf-false", " offload-prefetch=false")))
+        sa, st_, sf = pa["strategy"], pt["strategy"], pf["strategy"]
+        report(sa["offload_prefetch"] is True and sf["offload_prefetch"] is False and
+               sa["predicted_step_s"] == st_["predicted_step_s"] < sf["predicted_step_s"] and
+               async_copies(pa) > 0 and async_copies(pf) == 0,
+               f"(g) h100 profile: auto prefetches ({async_copies(pa)} async copies), predicted "
+               f"{sa['predicted_step_s'] * 1e3:.3f} ms against {sf['predicted_step_s'] * 1e3:.3f} "
+               "ms")
+        # A model whose parameters the peak holds (width 16, 2 ranks, each
+        # unit recomputed and resharded): the prefetched copy raises it.
+        # With the other knobs pinned, a budget between the two arenas
+        # keeps the copies at their use; one at the larger prefetches.
+        tiny = os.path.join(tmp, "tiny.mlir")
+        subprocess.run([sys.executable, os.path.join(src, "examples", "gen_models.py"), "gpt",
+                        "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "2",
+                        "--width", "16", "--batch", "4", "-o", tiny], check=True)
+        tk = ("world-size=2 stage=3 offload=optimizer max-grad-norm=1.0 offload-next-step=false "
+              "layers-per-unit=1 recompute=unit reshard-after-forward=true prefetch-depth=0")
+        at, af = (load(compile_(f"tiny-{v}", f"{tk} offload-prefetch={v}", mlir=tiny))["arena_bytes"]
+                  for v in ("true", "false"))
+        mid = (at + af) // 2
+        pm, pt2 = (load(compile_(f"tiny-b{b}", f"{tk} memory-budget={b}", mlir=tiny))
+                   for b in (mid, at))
+        report(af < at and pm["strategy"]["offload_prefetch"] is False and
+               pm["arena_bytes"] == af and async_copies(pm) == 0 and
+               pt2["strategy"]["offload_prefetch"] is True and async_copies(pt2) > 0,
+               f"(h) arenas {af} B (copies at their use) and {at} B (prefetched): budget {mid} "
+               f"keeps the copies at their use, budget {at} prefetches")
+        cpu = os.path.join(tmp, "cpu.json")
+        with open(cpu, "w") as f:
+            json.dump({"name": "cpu-test", "kind": "cpu",
+                       "compute": {"gemm_flops_per_s": 1e11, "mem_bytes_per_s": 2e10,
+                                   "op_overhead_s": 2e-6, "host_link_bytes_per_s": 1e10}}, f)
+        pc = load(compile_("pf-cpu", f"{pclip} device-profile={cpu}"))
+        err = compile_("pf-misspelt", f"{pclip} offload-prefetch=maybe", check=False)
+        report(pc["strategy"]["offload_prefetch"] is False and async_copies(pc) == 0 and
+               "offload-prefetch" in err and "maybe" in err,
+               "(i) cpu profile (the device copies in place: a tie): the smaller peak, no "
+               "prefetch; offload-prefetch=maybe refused by name")
 
     if failures:
         print("FAILED:", "; ".join(failures))

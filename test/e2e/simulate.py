@@ -274,10 +274,14 @@ def main():
         check=True, capture_output=True, text=True).stdout)
         for tag, path in (("optimizer", oplan), ("none", nplan))}
     op = json.load(open(oplan))
-    # The copies on the compute track, the (async) host updates on the host's.
-    ospans = {e["args"]["instruction"]: e["dur"] * 1e-6
-              for e in json.load(open(otrace))["traceEvents"]
-              if e["ph"] == "X" and e["tid"] in (0, 2) and e["name"] != "wait"}
+    # The copies to the host on the compute track, those to the device
+    # (fsdp-offload's prefetch: async) on the copy track, the (async) host
+    # updates on the host's.
+    ospans, tracks = {}, {}
+    for e in json.load(open(otrace))["traceEvents"]:
+        if e["ph"] == "X" and e["tid"] in (0, 2, 3) and e["name"] != "wait":
+            ospans[e["args"]["instruction"]] = e["dur"] * 1e-6
+            tracks[e["args"]["instruction"]] = e["tid"]
     copies = hosts = 0
     ok = True
     for i, inst in enumerate(op["program"]):
@@ -286,6 +290,8 @@ def main():
             continue
         if inst["op"] in ("to_host", "to_device"):
             want = 5e-6 + out["bytes"] / 64e9
+            ok = ok and tracks.get(i) == (3 if inst["op"] == "to_device" else 0) and \
+                inst.get("attrs", {}).get("async", False) == (inst["op"] == "to_device")
             copies += 1
         elif out.get("space") == "host":
             nbytes = sum(op["buffers"][x]["bytes"] for x in inst["in"] + inst["out"])
@@ -332,8 +338,13 @@ def main():
     # two simulated, from one step's end to the next's) hides them behind
     # the next forward pass: shorter than with overlap, by at most the time
     # compute waited for them there; fsdp-opt and fsdp-sim agree on both.
+    # (Copies at their use: a carried join bounds a prefetched copy, so
+    # prefetch gains less with next-step; checked below.)
     clip = {}
-    for tag, extra in (("overlap", ""), ("next", " offload-next-step=true")):
+    for tag, extra in (("overlap", " offload-prefetch=false"),
+                       ("next", " offload-next-step=true offload-prefetch=false"),
+                       ("overlap-pf", " offload-prefetch=true"),
+                       ("next-pf", " offload-next-step=true offload-prefetch=true")):
         path = os.path.join(work, f"clip-{tag}.plan")
         opt = subprocess.run(
             [b("fsdp-opt"), gmodel, "-o", os.devnull,
@@ -359,6 +370,21 @@ def main():
            f"{ov['step_ms']:.4f} ms (fsdp-opt {ov['opt_step_ms']:.3f}); compute waited "
            f"{nx['host_exposed_ms']:.4f} ms for them, {ov['host_exposed_ms']:.4f} ms joined in "
            f"their step")
+
+    # fsdp-offload's prefetch: the copies of the offloaded shards to the
+    # device run on the copy stream, each issued one copy ahead. Without
+    # it they are compute (no copy-stream time); with it the step is
+    # shorter, by at most the copies' time (what it can hide), both with
+    # the updates joined in their step and in the next; the two tools
+    # agree.
+    for tag in ("overlap", "next"):
+        off, on = clip[tag], clip[tag + "-pf"]
+        report(off["copy_ms"] == 0 and on["copy_ms"] > 0 and
+               abs(on["opt_step_ms"] - on["step_ms"]) <= 6e-4 and
+               on["step_ms"] < off["step_ms"] <= on["step_ms"] + on["copy_ms"] + 1e-9,
+               f"offload-prefetch on h100 ({tag}): copies {on['copy_ms']:.4f} ms on the copy "
+               f"stream, {on['copy_exposed_ms']:.4f} ms exposed; step {on['step_ms']:.4f} ms "
+               f"(fsdp-opt {on['opt_step_ms']:.3f}) < {off['step_ms']:.4f} ms without")
 
     # Activation offload on the h100 profile: the async copies run on the
     # copy stream (the fourth track), each launch + bytes / the host link,

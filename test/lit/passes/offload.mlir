@@ -1,7 +1,8 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s --check-prefixes=CHECK,OVER
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload -fsdp-offload | FileCheck %s --check-prefixes=CHECK,OVER
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload=overlap=false | FileCheck %s --check-prefixes=CHECK,SERIAL
-// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer plan=%t.plan" -o /dev/null 2>/dev/null
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload="overlap=false prefetch=false" | FileCheck %s --check-prefix=NOPF
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-prefetch=false plan=%t.plan" -o /dev/null 2>/dev/null
 // RUN: python3 -c "import json, sys; p = json.load(open(sys.argv[1]))['program']; print(' '.join(i['op'] + ('@' + str(i['out'][0]) if i['op'] in ('wait', 'adamw_update') else '') + ('(async)' if i.get('attrs', {}).get('async') and i['op'] == 'adamw_update' else '') for i in p if i['op'] in ('adamw_update', 'wait', 'to_host')))" %t.plan | FileCheck %s --check-prefix=PLAN
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw max-grad-norm=1.0" -fsdp-shard="world-size=2 stage=3" -fsdp-offload | FileCheck %s --check-prefix=CLIP
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2 offload=optimizer" -fsdp-offload | FileCheck %s --check-prefix=Z2
@@ -31,17 +32,19 @@
 // ALL: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] sharded frozen offloaded
 // ALL-LABEL: func.func @train_step
 // ALL: %[[B:.+]] = fsdp.get_unit @b.frozen
-// ALL-NEXT: %[[BD:.+]] = fsdp.to_device %[[B]] : tensor<8xf32>
-// ALL-NEXT: fsdp.all_gather %[[BD]]
+// ALL-NEXT: %[[BD:.+]] = fsdp.to_device %[[B]] {async} : tensor<8xf32>
+// ALL: %[[BW:.+]] = fsdp.wait %[[BD]]
+// ALL: fsdp.all_gather %[[BW]]
 // ALL: %[[B2:.+]] = fsdp.get_unit @b.frozen
-// ALL-NEXT: %[[BD2:.+]] = fsdp.to_device %[[B2]] : tensor<8xf32>
-// ALL-NEXT: fsdp.all_gather %[[BD2]]
+// ALL-NEXT: %[[BD2:.+]] = fsdp.to_device %[[B2]] {async} : tensor<8xf32>
+// ALL: %[[BW2:.+]] = fsdp.wait %[[BD2]]
+// ALL-NEXT: fsdp.all_gather %[[BW2]]
 // ALL-NOT: set_unit @b.frozen
 // ALLZ2: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] frozen offloaded
 // ALLZ2-LABEL: func.func @train_step
 // ALLZ2: fsdp.get_unit @b.frozen : tensor<16xf32>
-// ALLZ2: fsdp.to_device %{{.+}} : tensor<4x4xf32>
-// ALLZ2: fsdp.to_device %{{.+}} : tensor<4x4xf32>
+// ALLZ2: fsdp.to_device %{{.+}} {async} : tensor<4x4xf32>
+// ALLZ2: fsdp.to_device %{{.+}} {async} : tensor<4x4xf32>
 
 fsdp.param @wa : tensor<4x4xf32> init("normal", 0.5) unit "a"
 fsdp.param @wb : tensor<4x4xf32> init("normal", 0.5) unit "b" frozen
@@ -51,14 +54,26 @@ fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
 // CHECK: fsdp.unit @b.frozen : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wb] sharded frozen{{$}}
 // CHECK: fsdp.unit @root : {{.*}} sharded offloaded
 // CHECK-LABEL: func.func @train_step
+// Each copy to the device runs on the copy stream (prefetch): issued right
+// after the previous copy's wait (the first at the top), waited for right
+// before its reader.
 // CHECK: %[[A:.+]] = fsdp.get_unit @a
-// CHECK-NEXT: %[[AD:.+]] = fsdp.to_device %[[A]] : tensor<8xf32>
-// CHECK-NEXT: fsdp.all_gather %[[AD]]
+// CHECK-NEXT: %[[AD:.+]] = fsdp.to_device %[[A]] {async} : tensor<8xf32>
+// CHECK-NEXT: %[[AW:.+]] = fsdp.wait %[[AD]]
+// CHECK-NEXT: %[[R:.+]] = fsdp.get_unit @root
+// CHECK-NEXT: %[[RD:.+]] = fsdp.to_device %[[R]] {async}
+// CHECK-NEXT: fsdp.all_gather %[[AW]]
 // CHECK: %[[B:.+]] = fsdp.get_unit @b.frozen
 // CHECK-NEXT: fsdp.all_gather %[[B]]
-// CHECK: %[[R:.+]] = fsdp.get_unit @root
-// CHECK-NEXT: %[[RD:.+]] = fsdp.to_device %[[R]]
-// CHECK-NEXT: fsdp.all_gather %[[RD]]
+// CHECK: %[[RW:.+]] = fsdp.wait %[[RD]]
+// CHECK-NEXT: fsdp.all_gather %[[RW]]
+// NOPF: %[[A:.+]] = fsdp.get_unit @a
+// NOPF-NEXT: %[[AD:.+]] = fsdp.to_device %[[A]] : tensor<8xf32>
+// NOPF-NEXT: fsdp.all_gather %[[AD]]
+// NOPF: %[[R:.+]] = fsdp.get_unit @root
+// NOPF-NEXT: %[[RD:.+]] = fsdp.to_device %[[R]] :
+// NOPF-NEXT: fsdp.all_gather %[[RD]]
+// NOPF-NOT: async}
 // CHECK: fsdp.mse_loss
 // The backward: root (the last unit) kept its gather, a's gradient needs
 // no parameter, the frozen b is gathered again, without a copy.

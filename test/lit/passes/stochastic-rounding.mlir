@@ -44,8 +44,9 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 
 // Optimizer offload: the master comes from the host arena first; the cast
 // still knows it reads this rank's shard.
-// OFFLOAD: %[[H:.+]] = fsdp.to_device %{{.+}} : tensor<20xf32>
-// OFFLOAD-NEXT: fsdp.cast %[[H]] {{{.*}}key = 0 : i64, sharded, stochastic} : tensor<20xf32> -> tensor<20xbf16>
+// OFFLOAD: %[[H:.+]] = fsdp.to_device %{{.+}} {async{{.*}}} : tensor<20xf32>
+// OFFLOAD: %[[HW:.+]] = fsdp.wait %[[H]]
+// OFFLOAD: fsdp.cast %[[HW]] {{{.*}}key = 0 : i64, sharded, stochastic} : tensor<20xf32> -> tensor<20xbf16>
 
 // NEAREST-NOT: stochastic
 
