@@ -77,6 +77,8 @@ const char *const kOptions[] = {
     "host-memory-budget=256KiB max-grad-norm=1.0 report=false",
     "optimizer=adamw world-size=2 stage=2 offload=all param-dtype=bf16 frozen-storage=compute "
     "report=false plan=PLAN",
+    "optimizer=adamw world-size=2 stage=3 recompute=unit grad-accum=2 offload=all "
+    "offload-next-step=true offload-prefetch=true max-grad-norm=1.0 report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

@@ -542,6 +542,23 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     next step on the old parameters). The memory plan keeps each
     update's operands (host buffers) live through the whole step.
 
+    With `prefetch` (the default) every copy of offloaded storage to the
+    device (a trainable shard, a frozen unit) is marked `async`: the
+    runtime runs it on the device's copy stream (DMA beside compute and
+    the collectives) and an `fsdp.wait` right before its reader joins it.
+    In program order each copy is issued right after the previous copy's
+    wait, the first at the top of the step: the next copy runs under the
+    compute reading this one (one copy in flight; FSDP2's prefetch, for
+    the host-to-device leg). A copy is never issued above a definition it
+    reads (its storage read and views go along) nor above an op that
+    writes its storage or joins a write of it (a write-back, a host
+    update, its wait, a carried wait), and an update of its storage that
+    comes before its reader (overlap placed it right after the copy) gets
+    the wait before it instead: the copy reads exactly what the copy in
+    place would have. The memory plan keeps the copy's device buffer live
+    from its issue, so one more copy is live on the device; the
+    memory-budget search weighs both (`offload-prefetch=auto`).
+
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
     %d = fsdp.to_device %s : tensor<66xf32>
