@@ -261,16 +261,24 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       needs(v, body, after);
     // Nothing between its new place and its old one may read what it
     // overwrites.
-    for (Operation *o = op->getPrevNode(); o && o != after; o = o->getPrevNode()) {
-      bool reads = llvm::any_of(o->getOperands(), [&](Value v) {
+    moveUp(op, body, after, [&](Operation *o) {
+      return llvm::any_of(o->getOperands(), [&](Value v) {
         FlatSymbolRefAttr sym = readsSymbol(v);
         return sym && written.contains(sym.getValue());
       });
-      if (reads) {
+    });
+  }
+
+  /// Moves `op` up to right after `after` (the top of `body` if null), or
+  /// only to right after the latest op between the two that `stops`, with
+  /// the movable definitions it reads.
+  static void moveUp(Operation *op, Block &body, Operation *after,
+                     llvm::function_ref<bool(Operation *)> stops) {
+    for (Operation *o = op->getPrevNode(); o && o != after; o = o->getPrevNode())
+      if (stops(o)) {
         after = o;
         break;
       }
-    }
     if (!after)
       op->moveBefore(&body.front());
     else if (after->isBeforeInBlock(op))
@@ -489,16 +497,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       ++numPrefetched;
       Operation *after = previous;
       needs(copy.getInput(), body, after);
-      for (Operation *o = copy->getPrevNode(); o && o != after; o = o->getPrevNode())
-        if (boundsWriteOf(o, sym.getValue())) {
-          after = o;
-          break;
-        }
-      if (!after)
-        copy->moveBefore(&body.front());
-      else if (after->isBeforeInBlock(copy))
-        copy->moveAfter(after);
-      bringBefore(copy, body);
+      moveUp(copy, body, after, [&](Operation *o) { return boundsWriteOf(o, sym.getValue()); });
       previous = wait;
     }
   }
