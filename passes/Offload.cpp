@@ -495,7 +495,10 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       copy.getResult().replaceAllUsesExcept(wait.getResult(), wait);
       copy->setAttr("async", b.getUnitAttr());
       ++numPrefetched;
-      Operation *after = previous;
+      // (A reader of two copies waits for both right before it: the second
+      // stays where it is.)
+      Operation *after =
+          !previous || previous->isBeforeInBlock(copy) ? previous : copy->getPrevNode();
       needs(copy.getInput(), body, after);
       moveUp(copy, body, after, [&](Operation *o) { return boundsWriteOf(o, sym.getValue()); });
       previous = wait;
