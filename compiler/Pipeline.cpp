@@ -21,14 +21,14 @@ static void addRecompute(OpPassManager &pm,
   pm.addPass(createFsdpRecompute(recompute));
 }
 
-/// With a memory budget, fsdp-search-schedule replaces fsdp-group-units,
-/// fsdp-recompute, fsdp-shard and fsdp-schedule and chooses their options;
-/// a knob the user gave a value is pinned (prefetch=false pins depth 0).
 /// The search's spelling of an AutoBool option.
 static std::string autoBoolName(AutoBool v) {
   return v == AutoBool::True ? "true" : v == AutoBool::False ? "false" : "auto";
 }
 
+/// With a memory budget, fsdp-search-schedule replaces fsdp-group-units,
+/// fsdp-recompute, fsdp-shard and fsdp-schedule and chooses their options;
+/// a knob the user gave a value is pinned (prefetch=false pins depth 0).
 static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   FsdpSearchScheduleOptions search;
   search.memoryBudget = options.memoryBudget;

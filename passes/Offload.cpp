@@ -251,11 +251,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
   /// it reads.
   static void hoist(Operation *op, Block &body) {
     // The symbols it writes back in place.
-    llvm::SmallDenseSet<StringRef> written;
-    for (Value r : op->getResults())
-      for (Operation *u : r.getUsers())
-        if (auto [sym, v] = storageWrite(u); v)
-          written.insert(sym);
+    llvm::SmallDenseSet<StringRef> written = writtenBy(op);
     Operation *after = nullptr;
     for (Value v : op->getOperands())
       needs(v, body, after);
