@@ -4,6 +4,7 @@
 
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaDevice.h"
+#include "runtime/cuda/CudaLibs.h"
 
 #include <nccl.h>
 
@@ -290,6 +291,7 @@ private:
 
 Status makeNccl(const JobEnv &job, double timeoutSeconds, std::unique_ptr<Communicator> host,
                 std::unique_ptr<Communicator> &out) {
+  FSDP_RETURN_IF_ERROR(loadNccl());
   ncclUniqueId id;
   std::shared_ptr<Communicator> shared(std::move(host));
   if (job.rank == 0)

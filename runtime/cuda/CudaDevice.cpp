@@ -45,6 +45,7 @@
 #include "runtime/cuda/CudaFlash.h"
 #include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaLibs.h"
 #include "runtime/cuda/CudaNative.h"
 
 #include <algorithm>
@@ -80,7 +81,7 @@ Status checkCudaDevice() {
   }
   if (n == 0)
     return FSDP_ERROR("--device cuda: the CUDA driver sees no GPU; use --device cpu");
-  return Status::ok();
+  return loadCublasLt(); // NCCL loads with the first NCCL communicator (CudaComm.cpp)
 }
 
 namespace {

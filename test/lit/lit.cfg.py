@@ -30,6 +30,10 @@ if shutil.which("nvidia-smi"):
     except (OSError, subprocess.SubprocessError):
         pass
 
+# The binaries were built with the CUDA backend (a CUDA toolkit was there).
+if os.path.exists(os.path.join(config.fsdp_tools_dir, "CudaLibsTest")):
+    config.available_features.add("cuda-backend")
+
 # Without a GPU, the CUDA backend's end-to-end tests run on the CPU
 # emulation of CUDA (test/cudaemu/README.md: fsdp-run-emu, the backend's
 # own code on fibers); %fsdp_run_cuda is the binary either way.
