@@ -382,6 +382,9 @@ struct Item {
   double cost = 0; ///< work at full speed
   bool async = false;
   Value buffer; ///< a wait's operand, an async collective's, host update's or copy's result
+  /// A wait the copy stream does instead of compute (fsdp-offload's copy-
+  /// stream join of a carried update, on a GPU): queued among the copies.
+  bool copyStream = false;
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -604,6 +607,11 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           passBarrier();
         else
           blockedBarrier = true;
+      } else if (it.kind == Item::Wait && it.copyStream) {
+        // The copies issued after it wait for its buffer; compute goes on.
+        if (inFlight.contains(it.buffer))
+          copies.push_back({i, 0.0, -1.0});
+        ++i;
       } else if (it.kind == Item::Wait) {
         if (inFlight.contains(it.buffer)) {
           blockedOn = it.buffer;
@@ -631,6 +639,12 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         curStart = t;
       }
     }
+    // A copy-stream join at the copy stream's front passes once what it
+    // waits for is done; until then the copies behind it wait.
+    auto isJoin = [&](const Queued &q) { return prog[q.index].kind == Item::Wait; };
+    while (!copies.empty() && isJoin(copies.front()) &&
+           !inFlight.contains(prog[copies.front().index].buffer))
+      copies.pop_front();
     for (std::deque<Queued> *q : {&queue, &host, &copies})
       if (!q->empty() && q->front().start < 0)
         q->front().start = t;
@@ -640,7 +654,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
     double dtH = !host.empty() ? host.front().left / rt : HUGE_VAL;
-    double dtY = !copies.empty() ? copies.front().left / rt : HUGE_VAL;
+    double dtY = !copies.empty() && !isJoin(copies.front()) ? copies.front().left / rt : HUGE_VAL;
     double dt = std::min({dtC, dtM, dtH, dtY});
     t += dt;
     if (running) {
@@ -677,7 +691,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     }
     // The host and copy streams: async work only, each joined by a wait.
     auto advance = [&](std::deque<Queued> &q, double dtQ, double &busyS, double &waitedS) {
-      if (q.empty())
+      if (q.empty() || isJoin(q.front()))
         return;
       if (dtQ > dt) {
         q.front().left -= dt * rt;
@@ -720,7 +734,9 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
       // fsdp-offload's next-step join: keyed by the update it joins.
       Operation *u = plan.carried.lookup(op);
       carried = true;
-      prog.push_back({Item::Wait, 0, false, u ? u->getResult(0) : Value()});
+      // (A CPU device copies in place: its copy stream is compute.)
+      prog.push_back({Item::Wait, 0, false, u ? u->getResult(0) : Value(),
+                      w->hasAttr("copy_stream") && !p.cpu});
     } else if (isa<WaitOp>(op))
       prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
     else if (isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op))

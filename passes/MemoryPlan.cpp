@@ -94,6 +94,8 @@ FailureOr<llvm::DenseMap<Operation *, Operation *>> mlir::fsdp::carriedJoins(fun
   llvm::StringMap<Operation *> updateOf;
   bool any = false;
   for (Operation &op : body) {
+    if (op.hasAttr("copy_stream") && !(isa<WaitOp>(op) && op.hasAttr("carried")))
+      return op.emitOpError("has copy_stream, which only a carried fsdp.wait may have");
     any |= op.hasAttr("carried");
     if (op.hasAttr(kOnHostAttrName) && op.hasAttr("async") && op.getNumResults() > 0)
       for (Operation *u : op.getResult(0).getUsers())
@@ -114,6 +116,20 @@ FailureOr<llvm::DenseMap<Operation *, Operation *>> mlir::fsdp::carriedJoins(fun
       return w.emitOpError("is carried (joined in the next step) but no async host update "
                            "writes back @")
              << unit.getValue();
+    if (w->hasAttr("copy_stream")) {
+      // The copy stream joins it for the copy of the unit right after it.
+      Operation *next = w->getNextNode();
+      while (next && isStorageAlias(next))
+        next = next->getNextNode();
+      auto copy = dyn_cast_or_null<ToDeviceOp>(next);
+      Value in = copy ? copy.getInput() : Value();
+      while (in && isa_and_nonnull<ViewOp, ShardViewOp, ReshapeOp>(in.getDefiningOp()))
+        in = in.getDefiningOp()->getOperand(0);
+      if (!copy || !copy->hasAttr("async") || storageRead(in) != unit)
+        return w.emitOpError("joins on the copy stream (copy_stream) but the next instruction "
+                             "is not an async fsdp.to_device of @")
+               << unit.getValue();
+    }
     joins[&op] = it->second;
   }
   return joins;

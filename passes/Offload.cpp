@@ -466,8 +466,23 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
   /// joins a write of it (an update, its wait, a carried wait), so it
   /// copies the values the copy in place would have. The memory plan keeps
   /// its device buffer from the issue: one more copy is live on the device.
+  ///
+  /// A carried wait right before a copy of its unit's storage (nothing but
+  /// storage reads between) goes with the copy and joins the copy stream
+  /// instead of compute (`copy_stream`): the copy waits for the previous
+  /// step's update, compute only for the copy, at its wait. That holds if
+  /// every other instruction touching the update's buffers is a later copy
+  /// of them (the copy stream runs in order), a host op (the host stream
+  /// too), or comes before the copy's new place or after its wait
+  /// (copyStreamJoinHolds).
   void prefetchCopies(Block &body, ArrayRef<ToDeviceOp> copies) {
     OpBuilder b(&getContext());
+    // The carried waits, by the unit they join.
+    llvm::DenseMap<StringRef, WaitOp> carriedOn;
+    for (Operation &o : body)
+      if (auto w = dyn_cast<WaitOp>(o); w && w->hasAttr("carried"))
+        if (FlatSymbolRefAttr r = readsSymbol(w.getInput()))
+          carriedOn[r.getValue()] = w;
     Operation *previous = nullptr; // the previous copy's wait
     for (ToDeviceOp copy : copies) {
       Operation *reader = nullptr;
@@ -496,9 +511,71 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       Operation *after =
           !previous || previous->isBeforeInBlock(copy) ? previous : copy->getPrevNode();
       needs(copy.getInput(), body, after);
-      moveUp(copy, body, after, [&](Operation *o) { return boundsWriteOf(o, sym.getValue()); });
+      WaitOp carried = carriedOn.lookup(sym.getValue());
+      if (carried &&
+          !copyStreamJoinHolds(body, carried, copy, after ? after->getNextNode() : &body.front(),
+                               wait, copies))
+        carried = nullptr;
+      moveUp(copy, body, after,
+             [&](Operation *o) { return o != carried && boundsWriteOf(o, sym.getValue()); });
+      if (carried) {
+        carried->moveBefore(copy);
+        bringBefore(carried, body);
+        carried->setAttr("copy_stream", b.getUnitAttr());
+        carriedOn.erase(sym.getValue());
+        ++numCopyStreamJoins;
+      }
       previous = wait;
     }
+  }
+
+  /// Whether carried wait `carried` may join on the copy stream right
+  /// before `copy` (a copy of its unit's storage, joined at `wait`), both
+  /// moving up to `from` at most: it comes before the copy with only
+  /// storage reads between, and from `from` to `wait` every instruction
+  /// that defines an operand of the update it joins, or reads or writes
+  /// storage that update writes, is a copy of that storage to the device
+  /// (async: the copy stream, after the join) or a host op (the host
+  /// stream, after the update).
+  static bool copyStreamJoinHolds(Block &body, WaitOp carried, ToDeviceOp copy, Operation *from,
+                                  WaitOp wait, ArrayRef<ToDeviceOp> copies) {
+    if (!carried->isBeforeInBlock(copy))
+      return false;
+    for (Operation *o = carried->getNextNode(); o != copy.getOperation(); o = o->getNextNode())
+      if (!isStorageAlias(o))
+        return false;
+    FailureOr<llvm::DenseMap<Operation *, Operation *>> joins =
+        carriedJoins(cast<func::FuncOp>(body.getParentOp()));
+    Operation *update = succeeded(joins) ? joins->lookup(carried) : nullptr;
+    if (!update)
+      return false;
+    llvm::SmallDenseSet<StringRef> written = writtenBy(update);
+    llvm::SmallPtrSet<Operation *, 8> defs;
+    for (Value v : update->getOperands())
+      if (Operation *d = v.getDefiningOp())
+        defs.insert(d);
+    auto touches = [&](Operation *o) {
+      if (defs.contains(o))
+        return true;
+      if (auto [sym, v] = storageWrite(o); v && written.contains(sym))
+        return true;
+      return llvm::any_of(o->getOperands(), [&](Value v) {
+        FlatSymbolRefAttr sym = readsSymbol(v);
+        return sym && written.contains(sym.getValue());
+      });
+    };
+    for (Operation *o = from; o && o != wait.getOperation(); o = o->getNextNode()) {
+      if (o == copy.getOperation() || isStorageAlias(o) || isa<WaitOp>(o) ||
+          o->hasAttr(kOnHostAttrName))
+        continue;
+      // (A copy this run placed is made async in its turn.)
+      if (auto c = dyn_cast<ToDeviceOp>(o);
+          c && (o->hasAttr("async") || llvm::is_contained(copies, c)))
+        continue;
+      if (touches(o))
+        return false;
+    }
+    return true;
   }
 };
 

@@ -559,6 +559,16 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     from its issue, so one more copy is live on the device; the
     memory-budget search weighs both (`offload-prefetch=auto`).
 
+    With both, a carried wait right before a copy of its unit goes along
+    with the copy and joins the copy stream instead of compute
+    (`fsdp.wait %s {carried, copy_stream}`): the copy stream waits for the
+    previous step's update, compute only for the copy (at its wait), so
+    compute runs on through the units whose updates are done. Only where
+    every other instruction touching that update's buffers (defining an
+    operand, reading or writing storage it writes) is a later copy of it,
+    a host op, or comes after the copy's wait; else the wait stays on
+    compute where it was.
+
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
     %d = fsdp.to_device %s : tensor<66xf32>
@@ -590,6 +600,8 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     Statistic<"numAsync", "async-updates", "Host updates made asynchronous">,
     Statistic<"numCarried", "carried-updates", "Host updates joined in the next step">,
     Statistic<"numPrefetched", "prefetched-copies", "Copies to the device made asynchronous">,
+    Statistic<"numCopyStreamJoins", "copy-stream-joins",
+              "Carried waits joining the copy stream instead of compute">,
   ];
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }

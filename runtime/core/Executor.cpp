@@ -347,7 +347,9 @@ Status Executor::runOffCompute(const Instruction &inst) {
     if (it == inFlight.end())
       return FSDP_ERROR("wait on buffer ", inst.in[0],
                         " but no collective, copy or host update writing it is in flight");
-    Status st = dev.wait(compute, *it->second);
+    // A copy-stream join (fsdp-offload): the copy that follows waits for
+    // the previous step's update, compute only for that copy.
+    Status st = dev.wait(isCopyStreamJoin(inst) ? dev.copyStream() : compute, *it->second);
     inFlight.erase(it);
     return st;
   }

@@ -520,6 +520,48 @@ Status validateProgram(const Plan &plan) {
   return Status::ok();
 }
 
+/// A carried wait at `i` joining host update #q on the copy stream: the next
+/// instruction is an async copy to the device of the update's storage
+/// (the copy stream runs it after the join) and, until that copy's wait,
+/// compute touches none of the update's buffers (`used`, their roots):
+/// only copies on the copy stream, host instructions (the host stream runs
+/// after the update) and waits may.
+static Status validateCopyStreamJoin(const Plan &plan, int64_t i, int64_t q,
+                                     const std::set<int64_t> &used) {
+  const int64_t end = (int64_t)plan.program.size();
+  auto root = [&](int64_t id) {
+    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
+  };
+  const int64_t b = plan.program[i].in[0];
+  const Instruction *copy = i + 1 < end ? &plan.program[i + 1] : nullptr;
+  if (!copy || copy->op != "to_device" || !isAsync(*copy) || root(copy->in[0]) != root(b))
+    return FSDP_ERROR("plan: instruction #", i, " (carried wait on buffer ", b,
+                      ") joins on the copy stream, but the next instruction is not an async "
+                      "to_device of that buffer");
+  int64_t joinAt = i + 2;
+  while (joinAt < end &&
+         !(plan.program[joinAt].op == "wait" && plan.program[joinAt].in[0] == copy->out[0]))
+    ++joinAt;
+  if (joinAt == end)
+    return FSDP_ERROR("plan: instruction #", i + 1,
+                      " (the async to_device after copy-stream join #", i, ") is never waited for");
+  for (int64_t k = i + 2; k < joinAt; ++k) {
+    const Instruction &o = plan.program[k];
+    if (o.op == "wait" || isHostInstruction(plan, o) || (isArenaCopy(o.op) && isAsync(o)))
+      continue;
+    for (const auto *ids : {&o.in, &o.out})
+      for (int64_t id : *ids)
+        if (used.count(root(id)))
+          return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
+                            plan.buffers[id].name, ") on compute after instruction #", i,
+                            " joins host update #", q,
+                            " on the copy stream and before the "
+                            "copy's wait #",
+                            joinAt);
+  }
+  return Status::ok();
+}
+
 /// fsdp-offload's next-step joins: each carried wait names the first
 /// output of one async host update later in the program that no wait of
 /// its own step joins; nothing before the join touches that update's
@@ -535,12 +577,14 @@ Status validateCarried(const Plan &plan) {
   for (int64_t i = 0; i < end; ++i) {
     const Instruction &w = plan.program[i];
     auto c = w.attrs.find("carried");
-    if (c == w.attrs.end())
-      continue;
-    if (w.op != "wait" || !c->is_boolean())
+    if (c != w.attrs.end() && (w.op != "wait" || !c->is_boolean()))
       return FSDP_ERROR("plan: instruction #", i, " (", w.op,
                         "): \"carried\" is a boolean of a wait (fsdp-offload's next-step)");
-    if (!c->get<bool>())
+    auto cs = w.attrs.find("copy_stream");
+    if (cs != w.attrs.end() && (!cs->is_boolean() || !isCarried(w)))
+      return FSDP_ERROR("plan: instruction #", i, " (", w.op,
+                        "): \"copy_stream\" is a boolean of a carried wait");
+    if (c == w.attrs.end() || !c->get<bool>())
       continue;
     int64_t b = w.in[0], q = i + 1;
     while (q < end && !(isHostInstruction(plan, plan.program[q]) && isAsync(plan.program[q]) &&
@@ -570,6 +614,8 @@ Status validateCarried(const Plan &plan) {
                               plan.buffers[id].name, ") before instruction #", i,
                               " joins the previous step's host update #", q, " that uses it");
     }
+    if (isCopyStreamJoin(w))
+      FSDP_RETURN_IF_ERROR(validateCopyStreamJoin(plan, i, q, used));
     for (int64_t id : u.in) {
       const Buffer &in = plan.buffers[root(id)];
       if (!in.persistent && (in.first > 0 || in.last < end - 1))

@@ -213,6 +213,11 @@ inline bool isAsync(const Instruction &inst) { return inst.attrs.value("async", 
 inline bool isCarried(const Instruction &inst) {
   return inst.op == "wait" && inst.attrs.value("carried", false);
 }
+/// A carried wait marked `"copy_stream": true`: the copy stream joins the
+/// update (the async copy of its unit that follows), not compute.
+inline bool isCopyStreamJoin(const Instruction &inst) {
+  return isCarried(inst) && inst.attrs.value("copy_stream", false);
+}
 
 /// Parses and validates a plan. Rejects a wrong format, a newer version, a
 /// truncated file, out-of-range buffer ids, buffers outside the arena, two

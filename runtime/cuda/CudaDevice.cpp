@@ -54,7 +54,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -199,6 +201,17 @@ public:
       dgeluBgrad = std::string(bg) == "1";
     if (const char *bg = std::getenv("FSDP_CUDA_BIAS_BGRAD"))
       biasBgrad = std::string(bg) != "0";
+    // A race check (cuda_emu.py): each host-stream update starts this many
+    // microseconds late, so a device stream that reads what an update
+    // writes without waiting for it reads the old values.
+    if (const char *d = std::getenv("FSDP_CUDA_HOST_DELAY_US")) {
+      char *end = nullptr;
+      long v = std::strtol(d, &end, 10);
+      if (!*d || *end || v < 0 || v > 10000000)
+        return FSDP_ERROR("FSDP_CUDA_HOST_DELAY_US=", d,
+                          ": expected microseconds in [0, 10000000]");
+      hostDelayUs = v;
+    }
     return gemm->init(32ull << 20, allowTf32);
   }
 
@@ -299,7 +312,11 @@ public:
       // [Note: the CUDA host stream]: the update on the host thread,
       // without draining a device stream (the executor made the host
       // stream wait for the compute that copied its gradient).
-      hostWorker->pushWork([run = hostRuns[index], ctx = dropoutContext()] { return run(ctx); });
+      hostWorker->pushWork([run = hostRuns[index], ctx = dropoutContext(), d = hostDelayUs] {
+        if (d > 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(d));
+        return run(ctx);
+      });
       done = record(host);
       return Status::ok();
     }
@@ -354,9 +371,24 @@ public:
       hostWorker->pushWork([this, h = ev.h] { return waitForEvent(h->e); });
       return Status::ok();
     }
-    if (ev.host.valid())
-      return ev.host.get(); // the host work is done: later device work sees it
     auto &s = static_cast<CudaStream &>(stream);
+    if (ev.host.valid()) {
+      // Compute joins host work on the issuing thread: once it is done,
+      // later device work sees it. Another device stream (fsdp-offload's
+      // copy-stream join of the previous step's update) must not hold the
+      // thread that issues compute: a host function on that stream waits
+      // instead, and only the stream stalls.
+      using namespace std::chrono_literals;
+      if (&stream == &compute || ev.host.wait_for(0s) == std::future_status::ready)
+        return ev.host.get();
+      auto *job = new HostJoin{ev.host, this};
+      cudaError_t e = cudaLaunchHostFunc(s.s, &CudaDevice::joinHost, job);
+      if (e != cudaSuccess) {
+        delete job;
+        return cudaStatus(e, "cudaLaunchHostFunc", __FILE__, __LINE__);
+      }
+      return Status::ok();
+    }
     if (ev.h->e)
       FSDP_CUDA_CHECK(cudaStreamWaitEvent(s.s, ev.h->e, 0));
     // Failures on the event's stream are known only at synchronize().
@@ -367,6 +399,11 @@ public:
   /// The device streams idle, and the host stream too with `host`.
   Status drain(bool withHost) {
     Status st = idle();
+    if (st) {
+      std::lock_guard<std::mutex> l(hostJoinMu);
+      st = hostJoinError;
+      hostJoinError = Status::ok();
+    }
     Status hostSt = withHost ? hostWorker->drain() : Status::ok();
     if (!compute.sticky)
       st = compute.sticky;
@@ -570,6 +607,30 @@ private:
   HostStream host;
   /// The host stream's thread ([Note: the CUDA host stream]).
   std::unique_ptr<HostWorker> hostWorker;
+  /// A device stream's wait for host work (wait() on a stream other than
+  /// compute): run by CUDA's host-function thread; the host work's failure
+  /// is kept for the next drain.
+  struct HostJoin {
+    std::shared_future<Status> done;
+    CudaDevice *dev;
+  };
+  static void CUDART_CB joinHost(void *p) {
+    std::unique_ptr<HostJoin> j(static_cast<HostJoin *>(p));
+    Status st;
+    try {
+      st = j->done.get();
+    } catch (const std::exception &e) {
+      st = FSDP_ERROR("the host work a device stream waited for never finished: ", e.what());
+    }
+    if (!st) {
+      std::lock_guard<std::mutex> l(j->dev->hostJoinMu);
+      if (j->dev->hostJoinError)
+        j->dev->hostJoinError = st;
+    }
+  }
+  std::mutex hostJoinMu;
+  Status hostJoinError;
+  long hostDelayUs = 0; ///< FSDP_CUDA_HOST_DELAY_US (a race check)
   std::unique_ptr<Gemm> gemm;
   cudaGraphExec_t stepGraph = nullptr;       ///< the captured step (beginCapture)
   std::vector<cudaEvent_t> stamps;           ///< stampCompute's timing events

@@ -110,6 +110,35 @@ def carried_grad_live_from_its_copy(p):
     p["buffers"][g]["first"] = next(k for k, i in enumerate(prog) if g in i["out"])
 
 
+def copy_stream_join(plan):
+    """The first carried wait joining on the copy stream, and the index of
+    the wait of the copy after it."""
+    prog = plan["program"]
+    w = next(k for k, i in enumerate(prog) if i.get("attrs", {}).get("copy_stream"))
+    out = prog[w + 1]["out"][0]
+    return w, next(k for k in range(w + 2, len(prog))
+                   if prog[k]["op"] == "wait" and prog[k]["in"][0] == out)
+
+
+def copy_stream_copy_on_compute(p):
+    """The copy after a copy-stream join made synchronous (compute's)."""
+    p["program"][copy_stream_join(p)[0] + 1]["attrs"]["async"] = False
+
+
+def copy_stream_join_compute_read(p):
+    """Between a copy-stream join and its copy's wait, another copy of the
+    joined unit's storage made synchronous (a compute read of it)."""
+    prog = p["program"]
+    w, j = copy_stream_join(p)
+    def root(b):
+        a = p["buffers"][b].get("alias_of", -1)
+        return a if a >= 0 else b
+    unit = root(prog[w]["in"][0])
+    k = next(k for k in range(w + 2, j)
+             if prog[k]["op"] == "to_device" and root(prog[k]["in"][0]) == unit)
+    prog[k]["attrs"]["async"] = False
+
+
 def setter(fn):
     """A mutation that edits a deep copy of the plan."""
     def apply(plan):
@@ -245,6 +274,11 @@ PLAN_CASES = [
     ("a carried wait after the first use", "nextstep", setter(carried_after_first_use), "joins the previous step's host update"),
     ("a carried update also joined in its step", "nextstep", setter(join_carried_in_its_step), "waits in its own step"),
     ("a carried update's gradient not live through the step", "nextstep", setter(carried_grad_live_from_its_copy), "must be live through the whole step"),
+    # ... and with prefetch, on the copy stream: the copy after it waits, not compute
+    ("copy_stream \"yes\"", "nextstep", setter(lambda p: p["program"][copy_stream_join(p)[0]]["attrs"].update(copy_stream="yes")), "\"copy_stream\" is a boolean of a carried wait"),
+    ("copy_stream on a wait not carried", "nextstep", setter(lambda p: p["program"][copy_stream_join(p)[1]]["attrs"].update(copy_stream=True)), "\"copy_stream\" is a boolean of a carried wait"),
+    ("a copy-stream join not followed by its copy", "nextstep", setter(copy_stream_copy_on_compute), "joins on the copy stream, but the next instruction is not an async to_device"),
+    ("compute reads a copy-stream-joined unit before the copy's wait", "nextstep", setter(copy_stream_join_compute_read), "on compute after instruction"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(

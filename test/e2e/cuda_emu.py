@@ -210,6 +210,15 @@ def main():
         eager = run(plan, f"{tag}_cuda", 6, 3e-3)
         check(f"feature {name}", eager, run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
         feature_runs[name] = (plan, eager)
+    # The next-step plan prefetches (the default): its carried joins are on
+    # the copy stream, so the CUDA device's wait of the copy stream for the
+    # host stream (a host function on the stream) is what ran above.
+    njoins = sum(1 for x in json.load(open(feature_runs["offload next-step"][0]))["program"]
+                 if x.get("attrs", {}).get("copy_stream"))
+    print(f"offload next-step: {njoins} carried joins on the copy stream: "
+          f"{'ok' if njoins > 0 else 'MISMATCH'}")
+    if njoins == 0:
+        failures.append("offload next-step copy-stream joins")
     # ignore_index -100 with a loss mask on text (half of each line masked:
     # the kernels' skipped rows and the kept-count normalizer, count_labels
     # over 2 micro-batches), against the CPU; then ZeRO-3 on 2 ranks sharing
@@ -288,11 +297,17 @@ def main():
     # each queued operation delayed by a random 0..200 us): the copy
     # stream's and the host stream's ordering by events on the plans that
     # use them, bitwise the eager runs (a missing event wait reads stale
-    # data here; test/cudaemu/README.md). Emulator only.
+    # data here; test/cudaemu/README.md). Emulator only. The next-step
+    # plan's host updates also start 0.3 s late (FSDP_CUDA_HOST_DELAY_US):
+    # a copy that did not wait on the copy stream for the previous step's
+    # update of its unit (the copy-stream join) would copy the old shard.
     if mode != "--gpu":
         concurrent = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
         for name in ("offload-activations", "optimizer offload", "offload next-step"):
-            same_as_eager(name, f"{name} on concurrent streams", env=concurrent)
+            env = dict(concurrent)
+            if name == "offload next-step":
+                env["FSDP_CUDA_HOST_DELAY_US"] = "300000"
+            same_as_eager(name, f"{name} on concurrent streams", env=env)
 
     # --trace on the next-step plan: the host updates on the host track,
     # one span per update per step (stamped on the host stream's thread,

@@ -7,9 +7,9 @@
 // make the forward's first unit (@a) wait for both; @a's update goes first.
 
 // CHECK-LABEL: func.func @train_step
-// CHECK: fsdp.wait %{{.+}} {carried}
+// CHECK: fsdp.wait %{{.+}} {carried, copy_stream}
 // CHECK: fsdp.to_device
-// CHECK: fsdp.wait %{{.+}} {carried}
+// CHECK: fsdp.wait %{{.+}} {carried, copy_stream}
 // CHECK: fsdp.clip_coef
 // CHECK: %[[A:.+]] = fsdp.get_unit @a
 // CHECK: fsdp.adamw_update %[[A]], {{.*}} {async, fsdp.on_host}

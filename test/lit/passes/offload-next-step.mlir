@@ -14,8 +14,8 @@
 // CHECK-LABEL: func.func @train_step
 // CHECK-NEXT: %[[S:.+]] = fsdp.get_unit @a
 // CHECK-NEXT: %[[R:.+]] = fsdp.get_unit @a
-// CHECK-NEXT: fsdp.wait %[[R]] {carried}
-// CHECK-NEXT: fsdp.to_device %[[S]]
+// CHECK-NEXT: fsdp.wait %[[R]] {carried, copy_stream}
+// CHECK-NEXT: fsdp.to_device %[[S]] {async}
 // CHECK-NOT: carried
 // CHECK: %[[P:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, fsdp.on_host}
 // CHECK-NOT: fsdp.wait %[[P]]
