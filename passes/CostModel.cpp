@@ -579,6 +579,9 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   std::deque<Queued> queue, host, copies; // issued and not done
   llvm::DenseSet<Value> inFlight;
   double t = 0, cur = 0, curStart = 0, stallStart = 0;
+  // Of compute's stall on a copy, the time that copy sat behind a join on
+  // the copy stream waiting for a host update: host exposure, not copy.
+  double heldByHostS = 0;
   bool running = false;
   // What compute is blocked on: a wait's buffer, or a blocking collective.
   Value blockedOn;
@@ -656,6 +659,11 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     double dtH = !host.empty() ? host.front().left / rt : HUGE_VAL;
     double dtY = !copies.empty() && !isJoin(copies.front()) ? copies.front().left / rt : HUGE_VAL;
     double dt = std::min({dtC, dtM, dtH, dtY});
+    if (blockedOn && !copies.empty() && isJoin(copies.front()) &&
+        llvm::any_of(copies, [&](const Queued &q) {
+          return !isJoin(q) && prog[q.index].buffer == blockedOn;
+        }))
+      heldByHostS += dt;
     t += dt;
     if (running) {
       if (dtC <= dt) {
@@ -703,7 +711,9 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
       busyS += t - done.start;
       inFlight.erase(it.buffer);
       if (blockedOn && blockedOn == it.buffer) {
-        waitedS += t - stallStart;
+        waitedS += t - stallStart - heldByHostS;
+        r.hostExposedS += heldByHostS;
+        heldByHostS = 0;
         blockedOn = Value();
         ++i;
       }

@@ -73,11 +73,13 @@ bool loadDeviceProfile(llvm::StringRef nameOrPath, DeviceProfile &profile,
 struct StepPrediction {
   double stepS = 0, computeS = 0, commS = 0, exposedS = 0;
   /// fsdp-offload's async host updates: their time on the host stream, and
-  /// the time compute waited for them.
+  /// the time compute waited for them (at their joins, or at the wait of a
+  /// copy held behind a copy-stream join until its update ended).
   double hostS = 0, hostExposedS = 0;
   /// fsdp-offload-activations' async copies between the arenas on a GPU:
   /// their time on the copy stream, and the time compute waited for them
-  /// (a CPU device copies in place: compute time there).
+  /// beyond the host part above (a CPU device copies in place: compute
+  /// time there).
   double copyS = 0, copyExposedS = 0;
   double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
 };

@@ -483,6 +483,11 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       if (auto w = dyn_cast<WaitOp>(o); w && w->hasAttr("carried"))
         if (FlatSymbolRefAttr r = readsSymbol(w.getInput()))
           carriedOn[r.getValue()] = w;
+    // The update each carried wait joins (moving ops keeps them).
+    llvm::DenseMap<Operation *, Operation *> updates;
+    if (!carriedOn.empty())
+      if (auto joins = carriedJoins(cast<func::FuncOp>(body.getParentOp())); succeeded(joins))
+        updates = std::move(*joins);
     Operation *previous = nullptr; // the previous copy's wait
     for (ToDeviceOp copy : copies) {
       Operation *reader = nullptr;
@@ -513,8 +518,8 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       needs(copy.getInput(), body, after);
       WaitOp carried = carriedOn.lookup(sym.getValue());
       if (carried &&
-          !copyStreamJoinHolds(body, carried, copy, after ? after->getNextNode() : &body.front(),
-                               wait, copies))
+          !copyStreamJoinHolds(carried, updates.lookup(carried), copy,
+                               after ? after->getNextNode() : &body.front(), wait, copies))
         carried = nullptr;
       moveUp(copy, body, after,
              [&](Operation *o) { return o != carried && boundsWriteOf(o, sym.getValue()); });
@@ -529,26 +534,20 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     }
   }
 
-  /// Whether carried wait `carried` may join on the copy stream right
-  /// before `copy` (a copy of its unit's storage, joined at `wait`), both
-  /// moving up to `from` at most: it comes before the copy with only
-  /// storage reads between, and from `from` to `wait` every instruction
-  /// that defines an operand of the update it joins, or reads or writes
-  /// storage that update writes, is a copy of that storage to the device
-  /// (async: the copy stream, after the join) or a host op (the host
+  /// Whether carried wait `carried`, which joins `update` (null: not
+  /// known), may join on the copy stream right before `copy` (a copy of its
+  /// unit's storage, joined at `wait`), both moving up to `from` at most: it comes before the copy
+  /// with only storage reads between, and from `from` to `wait` every instruction that defines an
+  /// operand of the update it joins, or reads or writes storage that update writes, is a copy of
+  /// that storage to the device (async: the copy stream, after the join) or a host op (the host
   /// stream, after the update).
-  static bool copyStreamJoinHolds(Block &body, WaitOp carried, ToDeviceOp copy, Operation *from,
-                                  WaitOp wait, ArrayRef<ToDeviceOp> copies) {
-    if (!carried->isBeforeInBlock(copy))
+  static bool copyStreamJoinHolds(WaitOp carried, Operation *update, ToDeviceOp copy,
+                                  Operation *from, WaitOp wait, ArrayRef<ToDeviceOp> copies) {
+    if (!update || !carried->isBeforeInBlock(copy))
       return false;
     for (Operation *o = carried->getNextNode(); o != copy.getOperation(); o = o->getNextNode())
       if (!isStorageAlias(o))
         return false;
-    FailureOr<llvm::DenseMap<Operation *, Operation *>> joins =
-        carriedJoins(cast<func::FuncOp>(body.getParentOp()));
-    Operation *update = succeeded(joins) ? joins->lookup(carried) : nullptr;
-    if (!update)
-      return false;
     llvm::SmallDenseSet<StringRef> written = writtenBy(update);
     llvm::SmallPtrSet<Operation *, 8> defs;
     for (Value v : update->getOperands())

@@ -284,9 +284,7 @@ Status Executor::init(uint64_t seed) {
 
   // The runtime's own liveness (see the note above).
   std::vector<int64_t> first(plan.buffers.size(), INT64_MAX), last(plan.buffers.size(), -1);
-  auto owner = [&](int64_t id) {
-    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
-  };
+  auto owner = [&](int64_t id) { return storageRoot(plan, id); };
   int64_t n = (int64_t)plan.program.size();
   // async output buffer -> the inputs it reads until its wait
   std::map<int64_t, std::vector<int64_t>> asyncInputs;

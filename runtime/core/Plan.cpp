@@ -529,9 +529,7 @@ Status validateProgram(const Plan &plan) {
 static Status validateCopyStreamJoin(const Plan &plan, int64_t i, int64_t q,
                                      const std::set<int64_t> &used) {
   const int64_t end = (int64_t)plan.program.size();
-  auto root = [&](int64_t id) {
-    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
-  };
+  auto root = [&](int64_t id) { return storageRoot(plan, id); };
   const int64_t b = plan.program[i].in[0];
   const Instruction *copy = i + 1 < end ? &plan.program[i + 1] : nullptr;
   if (!copy || copy->op != "to_device" || !isAsync(*copy) || root(copy->in[0]) != root(b))
@@ -570,9 +568,7 @@ static Status validateCopyStreamJoin(const Plan &plan, int64_t i, int64_t q,
 /// memory at any instruction).
 Status validateCarried(const Plan &plan) {
   const int64_t end = (int64_t)plan.program.size();
-  auto root = [&](int64_t id) {
-    return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
-  };
+  auto root = [&](int64_t id) { return storageRoot(plan, id); };
   std::set<int64_t> joined;
   for (int64_t i = 0; i < end; ++i) {
     const Instruction &w = plan.program[i];

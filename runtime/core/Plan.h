@@ -195,6 +195,12 @@ inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
          (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
 }
 
+/// The buffer whose memory `id` uses: the buffer it aliases (validation
+/// refuses chains), or itself.
+inline int64_t storageRoot(const Plan &plan, int64_t id) {
+  return plan.buffers[id].aliasOf >= 0 ? plan.buffers[id].aliasOf : id;
+}
+
 /// A copy between the two arenas: `to_host` (device -> host) or
 /// `to_device` (host -> device).
 inline bool isArenaCopy(const std::string &op) { return op == "to_host" || op == "to_device"; }
