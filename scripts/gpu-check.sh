@@ -57,6 +57,9 @@ step() { # name, command... (each step ends after STEP_TIMEOUT seconds: a
   fi
 }
 [ "$EMU" = 1 ] || nvidia-smi -L > "$OUT/gpu.txt" 2>&1
+# cuBLASLt and NCCL are opened with dlopen (the libraries named on
+# LD_LIBRARY_PATH above): each --device cuda run needs them.
+step libraries "$K/bin/CudaLibsTest"
 step kernels "$K/bin/CudaKernelsTest"
 step fast_kernels "$K/bin/CudaFastKernelsTest"
 # The attention kernels' speed, CUDA cores vs tensor cores (GPT-2's shape).

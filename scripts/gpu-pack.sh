@@ -26,6 +26,9 @@ else
     cp "$B/bin/$t" "$K/bin/"
   done
 fi
+# Whether dlopen finds cuBLASLt and NCCL there (runtime/cuda/CudaLibs.h):
+# the real libraries in both kits (the emulator's binaries bring their own).
+cp "$B/bin/CudaLibsTest" "$K/bin/"
 # Gloo and what it pulls in (absent there; 1.5 MB).
 for l in libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
   cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')" "$K/lib/"

@@ -62,7 +62,8 @@ step() { # name limit command...: the log in $L/name.log; skipped when
 }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; } \
   > "$L/gpu.txt" 2>&1; cat "$L/gpu.txt"
-for t in CudaKernelsTest DeviceTest; do step "$t" 90 "$K/bin/$t"; done
+# (CudaLibsTest: dlopen finds cuBLASLt and NCCL on LD_LIBRARY_PATH.)
+for t in CudaLibsTest CudaKernelsTest DeviceTest; do step "$t" 90 "$K/bin/$t"; done
 step CudaFastKernelsTest 90 "$K/bin/CudaFastKernelsTest" --gtest_filter='-*Wgmma*'
 # The wgmma (sm_90a) cases on their own: a misread operand layout fails
 # them or faults the context, which would fail every later case of the

@@ -79,13 +79,13 @@ TEST_F(CudaLibsTest, AMissingFileNamedInTheEnvironmentIsAnErrorNotAFallback) {
 }
 
 TEST_F(CudaLibsTest, ALibraryWithoutTheFunctionsIsRefusedByName) {
-  // OpenBLAS loads but exports no cuBLASLt or NCCL function.
-  EXPECT_EXIT(childLoad("FSDP_CUBLASLT_LIBRARY", "libopenblas.so.0", loadCublasLt),
+  // glibc's libm (on every machine, the GPU one too) loads but exports no
+  // cuBLASLt or NCCL function.
+  EXPECT_EXIT(childLoad("FSDP_CUBLASLT_LIBRARY", "libm.so.6", loadCublasLt),
               ::testing::ExitedWithCode(3),
-              "cuBLASLt 'libopenblas.so.0' has no cublasLtCreate.*FSDP_CUBLASLT_LIBRARY");
-  EXPECT_EXIT(childLoad("FSDP_NCCL_LIBRARY", "libopenblas.so.0", loadNccl),
-              ::testing::ExitedWithCode(3),
-              "NCCL 'libopenblas.so.0' has no ncclGetUniqueId.*FSDP_NCCL_LIBRARY");
+              "cuBLASLt 'libm\\.so\\.6' has no cublasLtCreate.*FSDP_CUBLASLT_LIBRARY");
+  EXPECT_EXIT(childLoad("FSDP_NCCL_LIBRARY", "libm.so.6", loadNccl), ::testing::ExitedWithCode(3),
+              "NCCL 'libm\\.so\\.6' has no ncclGetUniqueId.*FSDP_NCCL_LIBRARY");
 }
 
 TEST_F(CudaLibsTest, AForwarderWithoutItsLibraryReturnsNotInitialized) {
