@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libFuzzer smoke runs: builds the harnesses of fuzz/ (clang-19,
-# -fsanitize=fuzzer,address,undefined; the runtime's in build-fuzz/, runtime
-# only; the compiler's, mlir, in build-fuzz-mlir/ with the compiler) and fuzzes
+# -fsanitize=fuzzer,address,undefined; the runtime's in build-asan/, runtime
+# only (scripts/asan-build.sh); the compiler's, mlir, in build-fuzz-mlir/
+# with the compiler) and fuzzes
 # each named harness for a short time from its seed corpus in the repo
 # (fuzz/corpus/<name>/) with its dictionary. Fails on any crash, sanitizer
 # report, leak, timeout (> 10 s per input) or out-of-memory (> 2 GiB).
@@ -28,11 +29,9 @@ for h in "${HARNESSES[@]}"; do
   if [[ $h == mlir ]]; then mlir=1; else targets+=("${h}_fuzzer"); fi
 done
 if ((${#targets[@]})); then
-  cmake -G Ninja -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFSDP_RUNTIME_ONLY=ON -DFSDP_FUZZ=ON \
-    -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
-    -DCMAKE_DISABLE_FIND_PACKAGE_MLIR=ON -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON >/dev/null
-  cmake --build build-fuzz -j "$JOBS" --target "${targets[@]}"
+  # The runtime's harnesses: in sanitize-check.sh's build (built there
+  # already when CI gets here).
+  bash scripts/asan-build.sh "${targets[@]}"
 fi
 if ((mlir)); then
   # The compiler instrumented (the fsdp libraries; LLVM/MLIR are Debian's).
@@ -53,7 +52,7 @@ mkdir -p "$W"
 
 status=0
 for h in "${HARNESSES[@]}"; do
-  bin="build-fuzz/bin/${h}_fuzzer"
+  bin="build-asan/bin/${h}_fuzzer"
   [[ $h != mlir ]] || bin="build-fuzz-mlir/bin/${h}_fuzzer"
   secs="${FUZZ_SECONDS:-$([[ $h == plan ]] && echo 60 || echo 30)}"
   dict=()

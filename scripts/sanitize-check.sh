@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The runtime under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer):
-# builds build-asan/ (runtime only, -DFSDP_SANITIZE=address,undefined), runs
+# builds build-asan/ (scripts/asan-build.sh: runtime only, clang-19,
+# -fsanitize=address,undefined plus the fuzzers' coverage), runs
 # every runtime unit test and an end-to-end subset of fsdp-run on plans the
 # normal build's fsdp-opt compiles (1 rank and --nproc 2, ZeRO-3 and DDP, MLP
 # and a token model, a token file, --init-from / --save round trip, a
@@ -19,10 +20,7 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fsdp-ccache}"
 JOBS="${JOBS:-$(nproc)}"
 
 start=$(date +%s)
-cmake -G Ninja -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DFSDP_RUNTIME_ONLY=ON -DFSDP_SANITIZE=address,undefined \
-  -DCMAKE_DISABLE_FIND_PACKAGE_MLIR=ON -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON >/dev/null
-cmake --build build-asan -j "$JOBS"
+bash scripts/asan-build.sh
 echo "sanitizer build: $(( $(date +%s) - start )) s"
 
 # Reports exit with 23 so they cannot be confused with an expected error
