@@ -583,6 +583,13 @@ def main():
            f"{[round(x['host_ms'], 3) for x in hranks]} ms, compute + issue + blocked + host "
            f"waited <= step" + (": " + "; ".join(problems[:3]) if problems else ""))
 
+    # --measured on a GPU trace of a plan with prefetched copies: compute's
+    # stall at a copy's wait is copy_waited_ms, at a host update's join
+    # host_waited_ms, neither compute. A trace written here by hand (each
+    # instruction 10 us on the compute track, each copy's wait 5 ms, each
+    # join of a host update 2 ms, the collectives 10 us on their own
+    # track), so the sums are known exactly.
+    check_measured_copy_waits(b, work, os.path.join(work, "clip-next-pf.plan"))
     check_cache_model(b, work, prof)
 
     bad = os.path.join(work, "bad.json")
@@ -642,6 +649,54 @@ def lru_cold_bytes(plan, curve, scale):
                                         "matmul_bias_grad"):
             cold[i] = cold.get(i, 0.0) + nbytes * f
     return cold
+
+
+def check_measured_copy_waits(b, work, plan_path):
+    plan = json.load(open(plan_path))
+    prog = plan["program"]
+    colls = ("all_gather", "reduce_scatter", "all_reduce")
+    is_copy = lambda x: x["op"] in ("to_host", "to_device") and x.get("attrs", {}).get("async")
+    copy_out = {x["out"][0] for x in prog if is_copy(x)}
+    host_out = {x["out"][0] for x in prog
+                if x.get("attrs", {}).get("async") and x["op"] not in colls + ("wait",)
+                and not is_copy(x) and plan["buffers"][x["out"][0]].get("space") == "host"}
+    events, want = [], {"copy": 0.0, "host": 0.0, "compute": 0.0}
+    for rank in range(plan["world_size"]):
+        for step in range(4):
+            t = step * 1e6  # us
+            for i, x in enumerate(prog):
+                dur, name = 10.0, x["op"]
+                if x["op"] == "wait" and x["in"][0] in copy_out:
+                    dur, kind = 5000.0, "copy"
+                elif x["op"] == "wait" and x["in"][0] in host_out:
+                    dur, kind = 2000.0, "host"
+                elif x["op"] == "wait" or x.get("attrs", {}).get("async"):
+                    kind, name = None, (name if x["op"] == "wait" else "issue " + name)
+                else:
+                    kind = "compute"
+                args = {"step": step, "instruction": i}
+                events.append({"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": t,
+                               "dur": dur, "args": args})
+                if x["op"] in colls:
+                    events.append({"name": x["op"], "ph": "X", "pid": rank, "tid": 1, "ts": t,
+                                   "dur": dur, "args": args})
+                if step == 3 and rank == 0 and kind:
+                    want[kind] += dur * 1e-3
+                t += dur
+    trace = os.path.join(work, "copy-waits.json")
+    with open(trace, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    r = subprocess.run([sys.executable, b("fsdp-sim"), plan_path, "--profile", "h100",
+                        "--measured", trace, "--json"], capture_output=True, text=True)
+    got = json.loads(r.stdout)["measured"]["ranks"][0] if r.returncode == 0 else {}
+    ok = (r.returncode == 0 and want["copy"] > 0 and want["host"] > 0 and
+          all(abs(got.get(k, -1) - want[w]) <= 1e-6 for k, w in
+              (("copy_waited_ms", "copy"), ("host_waited_ms", "host"), ("compute_ms", "compute"))))
+    report(ok, f"--measured on a hand-written trace of the next-step + prefetch plan: copy waits "
+               f"{got.get('copy_waited_ms', -1):.3f} ms (want {want['copy']:.3f}), host joins "
+               f"{got.get('host_waited_ms', -1):.3f} (want {want['host']:.3f}), compute "
+               f"{got.get('compute_ms', -1):.3f} (want {want['compute']:.3f})"
+               + ("" if r.returncode == 0 else ": " + r.stderr[-300:]))
 
 
 def check_cache_model(b, work, prof):
