@@ -66,6 +66,8 @@ def run_fsdp(binary, plan, steps, data, extra=()):
             summary = json.loads(line)
     if summary is None:
         raise RuntimeError("fsdp-run printed no --json summary:\n" + out.stdout[-2000:])
+    if "device" in summary:  # the GPU and the cuBLASLt / NCCL files it ran with
+        print(f"  device {summary['device']} | comm {summary.get('comm')}", flush=True)
     peak = summary["predicted_peak"] + summary.get("scratch_outside_arena", 0)
     return summary["mean_step_ms"], peak, summary
 

@@ -43,6 +43,9 @@ public:
   /// Which implementation moves the data ("gloo", "shm", "nccl", ...):
   /// recorded in a calibrated profile, whose cost model depends on it.
   virtual const char *backend() const { return "local"; }
+  /// For the run's header: the backend, and the version and file of the
+  /// library it loaded where it loaded one (NCCL).
+  virtual std::string describe() const { return backend(); }
   // Buffers are device addresses of `count` / `shard` elements of `dtype`:
   // f32, or bf16 / f16 in mixed-precision plans. A backend sums narrow
   // floats as it can (Gloo: pairwise in f32, rounded to the dtype after

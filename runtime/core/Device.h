@@ -111,6 +111,10 @@ public:
   virtual ~Device() = default;
   /// "cpu", "cuda".
   virtual const char *name() const = 0;
+  /// For the run's header: which device and what computes on it (the GPU
+  /// and the versions and files of the CUDA libraries loaded; OpenBLAS's
+  /// build and the kernel it chose).
+  virtual std::string describe() const { return name(); }
 
   // --- memory -------------------------------------------------------------
   /// Allocates the arena (at least `bytes`, rounded up to the alignment;

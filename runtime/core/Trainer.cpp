@@ -749,6 +749,11 @@ private:
                   opt.planPath.c_str(), plan.model.c_str(), (long long)plan.worldSize,
                   (long long)plan.stage, plan.program.size(),
                   human((double)plan.arenaBytes).c_str());
+    // What runs it: on a GPU which libraries were loaded from where (the
+    // CUDA backend opens them at run time, so a figure names its versions).
+    if (root && !opt.quiet && !opt.json)
+      std::printf("fsdp-run: device %s | comm %s\n", device.describe().c_str(),
+                  comm.describe().c_str());
   }
 
   /// Tracing, step capture, and the fault injection of the failure tests:
@@ -961,14 +966,18 @@ private:
     double mean = ran > 1 ? totalMs / (ran - 1) : times[0];
     auto verdict = [](int64_t a, int64_t b) { return a == b ? "MATCH" : "MISMATCH"; };
     if (opt.json) {
-      nlohmann::json j = {{"summary", true}, {"steps", opt.steps},
-                          {"final_loss", losses.back()}, {"mean_step_ms", mean},
+      nlohmann::json j = {{"summary", true},
+                          {"steps", opt.steps},
+                          {"final_loss", losses.back()},
+                          {"mean_step_ms", mean},
                           {"predicted_peak", plan.memory.peak},
                           {"predicted_peak_live", plan.memory.peakLive},
                           {"measured_high_water", m.highWater},
                           {"measured_peak_live", m.peakLive},
                           {"comm_bytes_per_step", commPerStep},
-                          {"scratch_outside_arena", device.scratchHighWater()}};
+                          {"scratch_outside_arena", device.scratchHighWater()},
+                          {"device", device.describe()},
+                          {"comm", comm.describe()}};
       if (plan.hostArenaBytes > 0) {
         j["predicted_host_peak"] = plan.memory.hostPeak;
         j["predicted_host_peak_live"] = plan.memory.hostPeakLive;

@@ -33,6 +33,7 @@
 #include <cstring>
 
 extern "C" void openblas_set_num_threads(int);
+extern "C" char *openblas_get_config(void);
 
 namespace fsdp::cpu {
 
@@ -71,6 +72,10 @@ public:
   }
 
   const char *name() const override { return "cpu"; }
+  std::string describe() const override {
+    const char *blas = openblas_get_config(); // e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Zen ..."
+    return std::string("cpu (") + (blas ? blas : "OpenBLAS") + ")";
+  }
 
   Status allocateArena(int64_t bytes, int64_t hostBytes) override {
     size_t n;

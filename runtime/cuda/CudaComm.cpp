@@ -55,6 +55,9 @@ public:
   }
   int64_t rank() const override { return host->rank(); }
   int64_t size() const override { return host->size(); }
+  // The data moves over the host communicator.
+  const char *backend() const override { return host->backend(); }
+  std::string describe() const override { return "host-staged over " + host->describe(); }
 
   Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
                    Stream *stream) override {
@@ -221,6 +224,8 @@ public:
   }
   int64_t rank() const override { return r; }
   int64_t size() const override { return n; }
+  const char *backend() const override { return "nccl"; }
+  std::string describe() const override { return ncclDescription(); }
 
   Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
                    Stream *stream) override {

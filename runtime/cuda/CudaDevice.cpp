@@ -60,6 +60,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 namespace fsdp::cuda {
 
@@ -216,6 +217,35 @@ public:
   }
 
   const char *name() const override { return "cuda"; }
+  std::string describe() const override {
+    // "cuda:0 NVIDIA H200 (sm_90, 139.8 GiB, driver 13.0, runtime 13.0),
+    // cuBLASLt 13.1.0 (/path/libcublasLt.so.13)"; CUDA encodes a version as
+    // 1000 major + 10 minor.
+    std::vector<std::string> facts;
+    char buf[64];
+    cudaDeviceProp p{};
+    std::string s = "cuda:" + std::to_string(ordinal);
+    if (cudaGetDeviceProperties(&p, ordinal) == cudaSuccess) {
+      s += std::string(" ") + p.name;
+      facts.push_back("sm_" + std::to_string(p.major) + std::to_string(p.minor));
+      std::snprintf(buf, sizeof buf, "%.1f GiB", (double)p.totalGlobalMem / (1 << 30));
+      facts.push_back(buf);
+    }
+    int v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess) {
+      std::snprintf(buf, sizeof buf, "driver %d.%d", v / 1000, v % 1000 / 10);
+      facts.push_back(buf);
+    }
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess) {
+      std::snprintf(buf, sizeof buf, "runtime %d.%d", v / 1000, v % 1000 / 10);
+      facts.push_back(buf);
+    }
+    cudaGetLastError(); // (a failed query above is not the next call's error)
+    for (size_t i = 0; i < facts.size(); ++i)
+      s += (i ? ", " : " (") + facts[i] + (i + 1 == facts.size() ? ")" : "");
+    std::string lt = cublasLtDescription();
+    return lt.empty() ? s : s + ", " + lt;
+  }
 
   Status allocateArena(int64_t bytes, int64_t hostBytes) override {
     size_t n;

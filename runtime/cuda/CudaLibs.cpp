@@ -16,6 +16,7 @@
 #include <nccl.h>
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -40,6 +41,7 @@ namespace {
   X(cublasLtDestroy)                                                                               \
   X(cublasLtGetStatusName)                                                                         \
   X(cublasLtGetStatusString)                                                                       \
+  X(cublasLtGetVersion)                                                                            \
   X(cublasLtMatmul)                                                                                \
   X(cublasLtMatmulAlgoGetHeuristic)                                                                \
   X(cublasLtMatmulDescCreate)                                                                      \
@@ -61,6 +63,7 @@ namespace {
   X(ncclCommGetAsyncError)                                                                         \
   X(ncclGetErrorString)                                                                            \
   X(ncclGetLastError)                                                                              \
+  X(ncclGetVersion)                                                                                \
   X(ncclAllReduce)                                                                                 \
   X(ncclReduceScatter)                                                                             \
   X(ncclAllGather)
@@ -83,6 +86,7 @@ template <int N> struct Library {
   const char *const *names;
   std::once_flag once;
   Status status;
+  void *handle = nullptr;
   void *fn[N] = {};
 
   std::string file() const {
@@ -117,7 +121,16 @@ template <int N> struct Library {
                           ")? Name another file in ", env);
       }
     }
+    handle = h;
     return Status::ok();
+  }
+
+  /// The path the loader resolved the file to ("" before a load).
+  std::string path() const {
+    struct link_map *m = nullptr;
+    if (!handle || dlinfo(handle, RTLD_DI_LINKMAP, &m) != 0 || !m || !m->l_name)
+      return "";
+    return m->l_name;
   }
 
   Status ensure() {
@@ -149,6 +162,27 @@ Status loadNccl() { return nccl().ensure(); }
 std::string cublasLtLibraryName() { return lt().file(); }
 std::string ncclLibraryName() { return nccl().file(); }
 
+namespace {
+/// "13.1.0" from a version number major * 10000 + minor * 100 + patch
+/// (cuBLASLt's and, since 2.9, NCCL's encoding).
+std::string dotted(long long v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+} // namespace
+
+std::string cublasLtDescription() {
+  if (!lt().handle)
+    return "";
+  return "cuBLASLt " + dotted((long long)::cublasLtGetVersion()) + " (" + lt().path() + ")";
+}
+std::string ncclDescription() {
+  int v = 0;
+  if (!nccl().handle || ::ncclGetVersion(&v) != ncclSuccess)
+    return "";
+  return "NCCL " + dotted(v) + " (" + nccl().path() + ")";
+}
+
 } // namespace fsdp::cuda
 
 // The forwarders. `params` is the header's parameter list, `args` the call.
@@ -169,6 +203,7 @@ FSDP_FORWARD(lt, Lt, const char *CUBLASWINAPI, "cuBLASLt is not loaded", cublasL
              (cublasStatus_t s), (s))
 FSDP_FORWARD(lt, Lt, const char *CUBLASWINAPI, "cuBLASLt is not loaded", cublasLtGetStatusString,
              (cublasStatus_t s), (s))
+FSDP_FORWARD(lt, Lt, size_t CUBLASWINAPI, 0, cublasLtGetVersion, (void), ())
 FSDP_LT(cublasLtMatmul,
         (cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
          cublasLtMatrixLayout_t Adesc, const void *B, cublasLtMatrixLayout_t Bdesc,
@@ -220,6 +255,7 @@ FSDP_FORWARD(nccl, Nccl, const char *, "NCCL is not loaded", ncclGetErrorString,
              (r))
 FSDP_FORWARD(nccl, Nccl, const char *, "NCCL is not loaded", ncclGetLastError, (ncclComm_t comm),
              (comm))
+FSDP_NCCL(ncclGetVersion, (int *version), (version))
 FSDP_NCCL(ncclAllReduce,
           (const void *in, void *out, size_t count, ncclDataType_t type, ncclRedOp_t op,
            ncclComm_t comm, cudaStream_t stream),

@@ -44,6 +44,13 @@ Status loadNccl();
 std::string cublasLtLibraryName();
 std::string ncclLibraryName();
 
+/// What was loaded, for the run's header: "cuBLASLt 13.1.0 (/path/to/
+/// libcublasLt.so.13)", its version as the library reports it and the file
+/// the loader resolved; "" while the library is not loaded. The same for
+/// NCCL.
+std::string cublasLtDescription();
+std::string ncclDescription();
+
 } // namespace fsdp::cuda
 
 #endif // FSDP_RUNTIME_CUDA_CUDALIBS_H

@@ -14,5 +14,7 @@ Status loadCublasLt() { return Status::ok(); }
 Status loadNccl() { return Status::ok(); }
 std::string cublasLtLibraryName() { return "the emulator's cuBLASLt (EmuCublasLt.cpp)"; }
 std::string ncclLibraryName() { return "the emulator's NCCL (EmuNccl.cpp)"; }
+std::string cublasLtDescription() { return "cuBLASLt emulated (EmuCublasLt.cpp)"; }
+std::string ncclDescription() { return "NCCL emulated (EmuNccl.cpp)"; }
 
 } // namespace fsdp::cuda

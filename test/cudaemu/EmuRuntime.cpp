@@ -865,6 +865,26 @@ cudaError_t cudaGetDevice(int *d) {
   *d = 0;
   return cudaSuccess;
 }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  if (d < 0 || d >= n)
+    return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: no such device");
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "CUDA emulator");
+  p->major = 9; // the Hopper features the backend uses (wgmma, 227 KiB shared memory)
+  p->minor = 0;
+  p->totalGlobalMem = memoryLimit();
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
   if (least)
     *least = 0;

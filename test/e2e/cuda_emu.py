@@ -225,7 +225,10 @@ def main():
     # the device (the count's all-reduce) against the same CPU run.
     gptii = os.path.join(tmp, "gpt_ii.mlir")
     gptii1 = os.path.join(tmp, "gpt_ii_b2.mlir")
-    text, mask = os.path.join(tmp, "gpl.bin"), os.path.join(tmp, "gpl.mask")
+    # (The token files go with the plans: --compile-only writes them for
+    # the GPU machine, which has no make_tokens.py input to build them.)
+    text = os.path.join(plan_dir or tmp, "gpl.bin")
+    mask = os.path.join(plan_dir or tmp, "gpl.mask")
     if mode != "--gpu":
         subprocess.run([sys.executable, GEN, "gpt", "--ignore-index", "-100", "-o", gptii],
                        check=True)

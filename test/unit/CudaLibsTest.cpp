@@ -16,9 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <unistd.h>
 
 using namespace fsdp;
 using namespace fsdp::cuda;
@@ -66,6 +69,36 @@ TEST_F(CudaLibsTest, TheLibrariesTheBackendWasBuiltForLoadAndAnswer) {
   // Loading again returns the first outcome.
   EXPECT_TRUE(loadCublasLt().isOk());
   EXPECT_TRUE(loadNccl().isOk());
+}
+
+/// The file named in a description "NAME X.Y.Z (PATH)": its version's
+/// major and the path, which must exist and be the library's soname file
+/// (or a link to it) as the loader resolved it.
+void expectDescription(const std::string &d, const std::string &name, int major,
+                       const std::string &file) {
+  const std::string head = name + " " + std::to_string(major) + ".";
+  ASSERT_EQ(d.rfind(head, 0), 0u) << d;
+  size_t open = d.find(" (");
+  ASSERT_NE(open, std::string::npos) << d;
+  ASSERT_EQ(d.back(), ')') << d;
+  std::string version = d.substr(name.size() + 1, open - name.size() - 1);
+  EXPECT_EQ(std::count(version.begin(), version.end(), '.'), 2) << d;
+  std::string path = d.substr(open + 2, d.size() - open - 3);
+  EXPECT_EQ(path.front(), '/') << d;
+  EXPECT_EQ(path.substr(path.rfind('/') + 1), file) << d;
+  EXPECT_EQ(access(path.c_str(), R_OK), 0) << path;
+}
+
+TEST_F(CudaLibsTest, DescriptionsNameTheVersionAndTheFileLoaded) {
+  // Before a load there is nothing to describe (a child: this process may
+  // have loaded both already).
+  EXPECT_EXIT(std::exit(cublasLtDescription().empty() && ncclDescription().empty() ? 0 : 1),
+              ::testing::ExitedWithCode(0), "");
+  ASSERT_TRUE(loadCublasLt().isOk());
+  ASSERT_TRUE(loadNccl().isOk());
+  // The version the library reports: the headers' major (the soname's).
+  expectDescription(cublasLtDescription(), "cuBLASLt", CUBLAS_VER_MAJOR, cublasLtLibraryName());
+  expectDescription(ncclDescription(), "NCCL", NCCL_MAJOR, ncclLibraryName());
 }
 
 TEST_F(CudaLibsTest, AMissingFileNamedInTheEnvironmentIsAnErrorNotAFallback) {
