@@ -165,7 +165,7 @@ sys.exit(0 if len(a) == len(c) == 3 and d <= 1e-5 and a == g else 1)' "$OUT/d10/
 # stages 0-3 at N = 2, 3, 4 ranks sharing the GPU (host-staged) against one
 # rank (1e-5), bf16 against the PyTorch bf16 oracle. The repository is
 # beside the kit (the device tool sends it).
-# (The emulator takes longer than 300 s: 7.2 min alone in session 28's
+# (The emulator takes longer than 300 s: 5 to 7 min in session 28's
 # rehearsal, which 300 s cut after the bf16 checks.)
 STEP_TIMEOUT=$([ "$EMU" = 1 ] && echo 1800 || echo 300) step issue9_matrix "$PY" "$K/../test/e2e/cuda_emu.py" "$K/bin" "$PY" --gpu "$P/e2e"
 # Speed, for the record (no check): GPT-2 124M f32, one GPU.
