@@ -225,22 +225,27 @@ public:
     char buf[64];
     cudaDeviceProp p{};
     std::string s = "cuda:" + std::to_string(ordinal);
-    if (cudaGetDeviceProperties(&p, ordinal) == cudaSuccess) {
+    bool failed = false;
+    if (cudaGetDeviceProperties(&p, ordinal) != cudaSuccess) {
+      failed = true;
+    } else {
       s += std::string(" ") + p.name;
       facts.push_back("sm_" + std::to_string(p.major) + std::to_string(p.minor));
       std::snprintf(buf, sizeof buf, "%.1f GiB", (double)p.totalGlobalMem / (1 << 30));
       facts.push_back(buf);
     }
     int v = 0;
-    if (cudaDriverGetVersion(&v) == cudaSuccess) {
-      std::snprintf(buf, sizeof buf, "driver %d.%d", v / 1000, v % 1000 / 10);
+    for (auto [what, query] : {std::pair{"driver", &cudaDriverGetVersion},
+                               std::pair{"runtime", &cudaRuntimeGetVersion}}) {
+      if (query(&v) != cudaSuccess) {
+        failed = true;
+        continue;
+      }
+      std::snprintf(buf, sizeof buf, "%s %d.%d", what, v / 1000, v % 1000 / 10);
       facts.push_back(buf);
     }
-    if (cudaRuntimeGetVersion(&v) == cudaSuccess) {
-      std::snprintf(buf, sizeof buf, "runtime %d.%d", v / 1000, v % 1000 / 10);
-      facts.push_back(buf);
-    }
-    cudaGetLastError(); // (a failed query above is not the next call's error)
+    if (failed)
+      cudaGetLastError(); // (a failed query here is not the next call's error)
     for (size_t i = 0; i < facts.size(); ++i)
       s += (i ? ", " : " (") + facts[i] + (i + 1 == facts.size() ? ")" : "");
     std::string lt = cublasLtDescription();
