@@ -520,6 +520,17 @@ Status validateProgram(const Plan &plan) {
   return Status::ok();
 }
 
+/// The first operand (input, then output) of `inst` whose storage root is
+/// in `roots`, or -1.
+static int64_t firstUsedOperand(const Plan &plan, const Instruction &inst,
+                                const std::set<int64_t> &roots) {
+  for (const auto *ids : {&inst.in, &inst.out})
+    for (int64_t id : *ids)
+      if (roots.count(storageRoot(plan, id)))
+        return id;
+  return -1;
+}
+
 /// A carried wait at `i` joining host update #q on the copy stream: the next
 /// instruction is an async copy to the device of the update's storage
 /// (the copy stream runs it after the join) and, until that copy's wait,
@@ -547,15 +558,11 @@ static Status validateCopyStreamJoin(const Plan &plan, int64_t i, int64_t q,
     const Instruction &o = plan.program[k];
     if (o.op == "wait" || isHostInstruction(plan, o) || (isArenaCopy(o.op) && isAsync(o)))
       continue;
-    for (const auto *ids : {&o.in, &o.out})
-      for (int64_t id : *ids)
-        if (used.count(root(id)))
-          return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
-                            plan.buffers[id].name, ") on compute after instruction #", i,
-                            " joins host update #", q,
-                            " on the copy stream and before the "
-                            "copy's wait #",
-                            joinAt);
+    if (int64_t id = firstUsedOperand(plan, o, used); id >= 0)
+      return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
+                        plan.buffers[id].name, ") on compute after instruction #", i,
+                        " joins host update #", q, " on the copy stream and before the copy's wait #",
+                        joinAt);
   }
   return Status::ok();
 }
@@ -603,12 +610,10 @@ Status validateCarried(const Plan &plan) {
                           ", which instruction #", i, " joins in the next step");
       if (k >= i || o.op == "wait")
         continue;
-      for (const auto *ids : {&o.in, &o.out})
-        for (int64_t id : *ids)
-          if (used.count(root(id)))
-            return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
-                              plan.buffers[id].name, ") before instruction #", i,
-                              " joins the previous step's host update #", q, " that uses it");
+      if (int64_t id = firstUsedOperand(plan, o, used); id >= 0)
+        return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") uses buffer ", id, " (",
+                          plan.buffers[id].name, ") before instruction #", i,
+                          " joins the previous step's host update #", q, " that uses it");
     }
     if (isCopyStreamJoin(w))
       FSDP_RETURN_IF_ERROR(validateCopyStreamJoin(plan, i, q, used));
