@@ -45,6 +45,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
+  search.offloadNvme = options.offloadNvme;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
   search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
@@ -168,13 +169,16 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // With a memory budget the search applied it to its choice (auto: if
   // it chose it, and next-step as it chose); without one fsdp-offload
   // refuses auto by name, and offload-next-step=auto is false.
-  if (options.offload != "none" && !searched &&
-      (options.memoryBudget.empty() || options.offload != "auto")) {
+  // offload-nvme without offload reaches fsdp-offload, which says why not.
+  if ((options.offload != "none" && !searched &&
+       (options.memoryBudget.empty() || options.offload != "auto")) ||
+      (options.offloadNvme && options.offload == "none")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;
     off.prefetch = options.overlap && options.offloadPrefetch != AutoBool::False;
     off.nextStep = options.offloadNextStep == AutoBool::True;
+    off.nvme = options.offloadNvme;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

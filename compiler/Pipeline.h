@@ -209,6 +209,14 @@ struct FsdpPipelineOptions
                      "in device or, with offload=all, host memory); declared "
                      "(default): its parameters' dtype"),
       llvm::cl::init("declared")};
+  Option<bool> offloadNvme{*this, "offload-nvme",
+                           llvm::cl::desc("with offload=optimizer|all: ZeRO-Infinity's NVMe "
+                                          "offload; the offloaded units' optimizer state lives in "
+                                          "a per-rank swap file (fsdp-run --nvme-dir DIR), each "
+                                          "update reading it into the host arena and writing it "
+                                          "back (host memory: the master shards and one update's "
+                                          "state instead of all the state)"),
+                           llvm::cl::init(false)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

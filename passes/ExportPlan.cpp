@@ -146,7 +146,7 @@ FailureOr<json::Array> buffersJson(const MemoryPlan &plan, Location loc) {
         {"persistent", b.persistent},
     });
     if (b.host) // fsdp-offload's host arena ([Note: two arenas], Plan.h)
-      (*buffers.back().getAsObject())["space"] = "host";
+      (*buffers.back().getAsObject())["space"] = b.nvme ? "nvme" : "host";
     if (b.aliasOf >= 0) {
       json::Object &o = *buffers.back().getAsObject();
       o["alias_of"] = b.aliasOf;
@@ -339,6 +339,20 @@ LogicalResult programJson(ModuleOp module, func::FuncOp step, const MemoryPlan &
       // skip_nonfinite then grad_scale; the runtime knows them by these
       // marks (docs/PLAN_FORMAT.md).
       markUpdateOperands(&op, attrs);
+      // fsdp-offload's nvme: the instruction reads (and, updating in
+      // place, writes) staging buffers; the runtime moves each between
+      // the swap file and the host arena around it.
+      if (auto it = plan.swaps.find(&op); it != plan.swaps.end()) {
+        json::Array swaps;
+        for (const PlannedSwap &sw : it->second) {
+          for (json::Array *ids : {&in, &out})
+            for (json::Value &id : *ids)
+              if (id.getAsInteger() == sw.file)
+                id = sw.staging;
+          swaps.push_back(json::Array{sw.file, sw.staging, sw.write});
+        }
+        attrs["swap"] = std::move(swaps);
+      }
       instr["attrs"] = std::move(attrs);
     }
     instr["in"] = std::move(in);
@@ -386,6 +400,14 @@ json::Object memoryJson(const MemoryPlan &plan) {
                                   {"activations", plan.hostTotalByKind[(int)BufKind::Activation]},
                                   {"peak_live", plan.hostPeakLive},
                                   {"peak", plan.hostArenaBytes}};
+  if (plan.nvmeBytes > 0) {
+    // The staging buffers are state too: count what is live at once, not
+    // their sum.
+    json::Object &host = *memory["host"].getAsObject();
+    host["state"] = plan.hostPersistentState;
+    host["staging"] = plan.hostStagingPeak;
+    memory["nvme"] = json::Object{{"state", plan.nvmeState}, {"file", plan.nvmeBytes}};
+  }
   return memory;
 }
 
@@ -450,6 +472,8 @@ void ExportPlanPass::runOnOperation() {
   };
   if (plan.hostArenaBytes > 0)
     root["host_arena_bytes"] = plan.hostArenaBytes;
+  if (plan.nvmeBytes > 0)
+    root["nvme_bytes"] = plan.nvmeBytes;
   // The schedule fsdp-search-schedule chose (docs/PLAN_FORMAT.md): for
   // people and tools; the runtime ignores it.
   if (auto strategy = module->getAttrOfType<DictionaryAttr>("fsdp.strategy")) {

@@ -289,9 +289,11 @@ private:
   LogicalResult createBuffers();
   FailureOr<std::tuple<int64_t, int64_t, int64_t, int64_t>> resolve(Value v);
   LogicalResult resolveAliases();
+  LogicalResult planSwaps();
   int64_t rootOf(int64_t id);
   LogicalResult checkSides();
   void touch(Value v, int64_t at);
+  void touchStaging(Operation *op, int64_t at);
   void computeLiveness();
   void placeTransients();
   void measurePeak();
@@ -306,6 +308,8 @@ private:
   // 1. Persistent storage. Device storage counts from `cursor`, host
   // storage (offloaded) from `hostCursor`: two arenas, one plan.
   int64_t cursor = 0, hostCursor = 0;
+  /// fsdp-offload's nvme: state in the swap file counts from here.
+  int64_t nvmeCursor = 0;
   llvm::StringSet<> offloaded;
   SmallVector<UnitOp> unitOps;
   int64_t persistentEnd = 0, hostPersistentEnd = 0;
@@ -342,7 +346,7 @@ FailureOr<MemoryPlan> MemoryPlanner::run() {
     return failure();
   findAliases();
   markGradients();
-  if (failed(createBuffers()) || failed(resolveAliases()))
+  if (failed(createBuffers()) || failed(resolveAliases()) || failed(planSwaps()))
     return failure();
   // 3. Liveness over root buffers.
   if (failed(checkSides()))
@@ -469,12 +473,26 @@ void MemoryPlanner::placeState() {
   cursor = alignUp(cursor, alignment);
   for (StringRef owner : shadowOrder)
     for (StateOp s : statesOf.lookup(owner)) {
-      int64_t id = addBuffer(persistent(s.getSymName().str(),
-                                        cast<RankedTensorType>(s.getType()),
-                                        BufKind::State,
-                                        offloaded.contains(owner)));
+      auto t = cast<RankedTensorType>(s.getType());
+      if (s->hasAttr(kNvmeAttrName)) {
+        // In the swap file, each buffer aligned as in the arenas.
+        PlannedBuffer b;
+        b.name = s.getSymName().str();
+        b.type = t;
+        b.kind = BufKind::State;
+        b.persistent = b.host = b.nvme = true;
+        b.bytes = byteSize(t);
+        nvmeCursor = alignUp(nvmeCursor, alignment);
+        b.offset = nvmeCursor;
+        nvmeCursor += b.bytes;
+        plan.symbolBuffer[s.getSymName()] = addBuffer(b);
+        continue;
+      }
+      int64_t id =
+          addBuffer(persistent(s.getSymName().str(), t, BufKind::State, offloaded.contains(owner)));
       plan.symbolBuffer[s.getSymName()] = id;
     }
+  plan.nvmeBytes = alignUp(nvmeCursor, alignment);
 }
 
 /// The step's inputs, last; then where the persistent storage ends.
@@ -733,6 +751,62 @@ LogicalResult MemoryPlanner::resolveAliases() {
   return success();
 }
 
+/// fsdp-offload's nvme: each host instruction reading state kept in the
+/// swap file reads a staging buffer in the host arena instead, one per
+/// state buffer, live while the instruction is (through its wait when it
+/// is async); the runtime fills it from the file before the instruction
+/// and writes it back after, when the instruction updates it in place.
+/// Nothing else may touch that state: the device never sees it.
+LogicalResult MemoryPlanner::planSwaps() {
+  auto fileRoot = [&](Value v) -> int64_t {
+    auto it = plan.valueBuffer.find(v);
+    if (it == plan.valueBuffer.end())
+      return -1;
+    int64_t root = rootOf(it->second);
+    return plan.buffers[root].nvme ? root : -1;
+  };
+  for (Operation &op : body->without_terminator()) {
+    if (!plan.instrIndex.count(&op) || isa<WaitOp>(op))
+      continue;
+    SmallVector<PlannedSwap> swaps;
+    for (Value v : op.getOperands()) {
+      int64_t file = fileRoot(v);
+      if (file < 0 || llvm::any_of(swaps, [&](const PlannedSwap &s) { return s.file == file; }))
+        continue;
+      const PlannedBuffer &fb = plan.buffers[file];
+      if (!op.hasAttr(kOnHostAttrName) || plan.valueBuffer.lookup(v) != file)
+        return op.emitOpError() << "reads @" << fb.name
+                                << ", optimizer state kept in the swap file (offload-nvme): "
+                                   "only a host instruction may, and the whole buffer";
+      PlannedBuffer staging;
+      staging.name = fb.name + ".swap";
+      staging.type = fb.type;
+      staging.kind = BufKind::State;
+      staging.bytes = fb.bytes;
+      staging.host = true;
+      PlannedSwap s;
+      s.file = file;
+      s.staging = addBuffer(staging);
+      transient.push_back(s.staging);
+      swaps.push_back(s);
+    }
+    for (Value r : op.getResults()) {
+      int64_t file = fileRoot(r);
+      if (file < 0)
+        continue;
+      auto it = llvm::find_if(swaps, [&](const PlannedSwap &s) { return s.file == file; });
+      if (it == swaps.end())
+        return op.emitOpError() << "writes @" << plan.buffers[file].name
+                                << " in the swap file (offload-nvme) without reading it: "
+                                   "only an in-place update may";
+      it->write = true;
+    }
+    if (!swaps.empty())
+      plan.swaps[&op] = std::move(swaps);
+  }
+  return success();
+}
+
 // --- 3. Liveness over root buffers. --------------------------------------
 
 int64_t MemoryPlanner::rootOf(int64_t id) {
@@ -796,6 +870,18 @@ void MemoryPlanner::touch(Value v, int64_t at) {
   root.last = std::max(root.last, at);
 }
 
+/// Widens the staging buffers of `op`'s swaps (planSwaps) to `at`.
+void MemoryPlanner::touchStaging(Operation *op, int64_t at) {
+  auto it = plan.swaps.find(op);
+  if (it == plan.swaps.end() || at < 0)
+    return;
+  for (const PlannedSwap &s : it->second) {
+    PlannedBuffer &b = plan.buffers[s.staging];
+    b.first = std::min(b.first, at);
+    b.last = std::max(b.last, at);
+  }
+}
+
 /// Each buffer's first and last instruction; transient values live
 /// across a forward end are activations.
 void MemoryPlanner::computeLiveness() {
@@ -813,6 +899,7 @@ void MemoryPlanner::computeLiveness() {
     if (at >= 0 || isa<func::ReturnOp, SetGradOp>(op))
       for (Value v : op.getOperands())
         touch(v, at >= 0 ? at : end);
+    touchStaging(&op, at);
     // An async collective reads its input until its wait returns; an
     // async host update (fsdp-offload's overlap) every operand. One joined
     // in the next step (carried) reads them from where the step issues it
@@ -826,12 +913,17 @@ void MemoryPlanner::computeLiveness() {
         if (it != plan.valueBuffer.end())
           wholeStep.insert(rootOf(it->second));
       }
+      touchStaging(u, 0);
+      touchStaging(u, end);
+      for (const PlannedSwap &s : plan.swaps.lookup(u))
+        wholeStep.insert(s.staging);
     } else if (auto w = dyn_cast<WaitOp>(op))
       if (Operation *c = w.getInput().getDefiningOp()) {
-        if (c->hasAttr(kOnHostAttrName))
+        if (c->hasAttr(kOnHostAttrName)) {
           for (Value v : c->getOperands())
             touch(v, at);
-        else
+          touchStaging(c, at);
+        } else
           touch(c->getOperand(0), at);
       }
   }
@@ -906,18 +998,26 @@ void MemoryPlanner::placeTransients() {
 
 /// Peak live bytes and breakdowns (root buffers only).
 void MemoryPlanner::measurePeak() {
-  std::vector<int64_t> live(std::max<int64_t>(end, 1), 0),
-      hostLive(live.size(), 0);
+  std::vector<int64_t> live(std::max<int64_t>(end, 1), 0), hostLive(live.size(), 0),
+      stagingLive(live.size(), 0);
   std::vector<std::array<int64_t, kNumBufKinds>> liveKind(
       live.size(), std::array<int64_t, kNumBufKinds>{});
   for (const PlannedBuffer &b : plan.buffers) {
-    if (b.aliasOf >= 0)
+    if (b.nvme) // the swap file is no arena
+      plan.nvmeState += b.bytes;
+    if (b.aliasOf >= 0 || b.nvme)
       continue;
     if (b.host) {
       plan.hostTotalByKind[(int)b.kind] += b.bytes;
-      for (int64_t i = std::max<int64_t>(b.first, 0);
-           i <= std::min<int64_t>(b.last, end - 1); ++i)
+      bool staging = b.kind == BufKind::State && !b.persistent;
+      if (b.kind == BufKind::State && b.persistent)
+        plan.hostPersistentState += b.bytes;
+      for (int64_t i = std::max<int64_t>(b.first, 0); i <= std::min<int64_t>(b.last, end - 1);
+           ++i) {
         hostLive[i] += b.bytes;
+        if (staging)
+          stagingLive[i] += b.bytes;
+      }
       continue;
     }
     plan.totalByKind[(int)b.kind] += b.bytes;
@@ -929,6 +1029,7 @@ void MemoryPlanner::measurePeak() {
   }
   for (int64_t i = 0; i < (int64_t)live.size(); ++i) {
     plan.hostPeakLive = std::max(plan.hostPeakLive, hostLive[i]);
+    plan.hostStagingPeak = std::max(plan.hostStagingPeak, stagingLive[i]);
     if (live[i] > plan.peakLive) {
       plan.peakLive = live[i];
       plan.peakInstr = i;

@@ -49,6 +49,21 @@ struct PlannedBuffer {
   int64_t unit = -1;
   /// In the host arena (fsdp-offload): offsets count from its start.
   bool host = false;
+  /// Optimizer state in the swap file (fsdp-offload's nvme): `host` too
+  /// (host ops read it), but its offset counts from the file's start and
+  /// no arena holds it; each host instruction reading it reads a staging
+  /// copy instead (MemoryPlan::swaps).
+  bool nvme = false;
+};
+
+/// One state buffer a host instruction reads through the swap file
+/// (fsdp-offload's nvme): the runtime reads `file` into `staging` right
+/// before the instruction and, when the instruction writes it (`write`: an
+/// update's in-place result), writes `staging` back right after, in the
+/// same work item (on the host stream when the instruction is async).
+struct PlannedSwap {
+  int64_t file = -1, staging = -1;
+  bool write = false;
 };
 
 struct PlannedUnit {
@@ -98,6 +113,13 @@ struct MemoryPlan {
   int64_t hostArenaBytes = 0;
   int64_t hostPeakLive = 0;
   int64_t hostTotalByKind[kNumBufKinds] = {};
+  /// fsdp-offload's nvme: bytes of the per-rank swap file, and the swaps
+  /// of each host instruction that reads state kept there.
+  int64_t nvmeBytes = 0, nvmeState = 0; ///< the file, and the state in it
+  /// The host arena's persistent state (the rest of hostTotalByKind's
+  /// state is staging) and the most staging bytes live at once.
+  int64_t hostPersistentState = 0, hostStagingPeak = 0;
+  llvm::DenseMap<Operation *, SmallVector<PlannedSwap>> swaps;
   /// fsdp-offload's next-step: each carried `fsdp.wait` and the async host
   /// update it joins (found once per plan: carriedJoins).
   llvm::DenseMap<Operation *, Operation *> carried;

@@ -44,8 +44,15 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (mode == "none")
+    if (mode == "none") {
+      if (nvme) {
+        mlir::emitError(module.getLoc())
+            << "fsdp-offload: nvme keeps the offloaded optimizer state in a swap file: it "
+               "needs offload=optimizer or all";
+        return signalPassFailure();
+      }
       return;
+    }
     if (mode != "optimizer" && mode != "all") {
       mlir::emitError(module.getLoc())
           << "fsdp-offload: offload='" << mode.getValue() << "' must be none, optimizer or all"
@@ -58,6 +65,14 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
              "it needs overlap";
       return signalPassFailure();
     }
+    if (nvme && nextStep)
+      // Correct, but the host arena keeps every update's operands through
+      // the step (next-step), the staging copies included: nvme then saves
+      // no host memory and adds the file's traffic.
+      mlir::emitWarning(module.getLoc())
+          << "fsdp-offload: with next-step every update's staging copy of its state is live "
+             "through the whole step, so nvme saves no host memory here (it still trains the "
+             "same)";
     func::FuncOp step = getTrainStep(module, "fsdp-autodiff and fsdp-shard");
     if (!step)
       return signalPassFailure();
@@ -87,8 +102,13 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       return signalPassFailure();
     }
     for (StateOp s : module.getOps<StateOp>())
-      if (host.contains(s.getParam()))
+      if (host.contains(s.getParam())) {
         host.insert(s.getSymName());
+        // ZeRO-Infinity: the state lives in the swap file, each update
+        // reads and writes it through a staging buffer (fsdp-plan-memory).
+        if (nvme)
+          s->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
+      }
 
     // 2. Walk the step in order, placing every value.
     Block &body = step.getBody().front();

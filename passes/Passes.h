@@ -39,6 +39,10 @@ constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
 /// Marks the ops fsdp-offload runs on the host (optimizer updates of
 /// offloaded units): they read and write host memory only.
 constexpr llvm::StringLiteral kOnHostAttrName = "fsdp.on_host";
+/// Marks the optimizer state fsdp-offload's nvme keeps in the per-rank swap
+/// file (on fsdp.state): fsdp-plan-memory gives it a file offset instead of
+/// an arena's and each host instruction reading it a staging buffer.
+constexpr llvm::StringLiteral kNvmeAttrName = "fsdp.nvme";
 /// Marks the forward ops fsdp-recompute cloned into the backward pass.
 constexpr llvm::StringLiteral kRecomputeAttrName = "fsdp.recompute";
 /// On @train_step after fsdp-grad-accum: {micro_batches = K, reduce = "step"

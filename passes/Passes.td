@@ -569,6 +569,18 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     a host op, or comes after the copy's wait; else the wait stays on
     compute where it was.
 
+    With `nvme` (ZeRO-Infinity's optimizer offload to NVMe) the optimizer
+    state of the offloaded units (Adam's two moments, SGD's momentum)
+    leaves the host arena for a per-rank swap file: the pass marks each
+    such `fsdp.state` `fsdp.nvme`, and fsdp-plan-memory gives it an offset
+    in the file and every host instruction reading it a staging buffer in
+    the host arena, live while the update is in flight. The runtime reads
+    the state into the staging buffer right before the update and writes
+    it back right after, in the update's own work item (on the host stream
+    when it is async), so the host arena holds the master shards, the
+    gradient copies and one update's state in flight instead of all of
+    it: 4 bytes a parameter instead of 12 for AdamW.
+
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
     %d = fsdp.to_device %s : tensor<66xf32>
@@ -594,6 +606,10 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "copy stream, issued right after the previous one's wait (one "
            "copy ahead); false: each runs on the compute stream right "
            "before its reader">,
+    Option<"nvme", "nvme", "bool", /*default=*/"false",
+           "ZeRO-Infinity: the offloaded units' optimizer state lives in a "
+           "per-rank swap file (fsdp-run --nvme-dir), read into a staging "
+           "buffer of the host arena for each update and written back after">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
@@ -826,6 +842,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "fsdp-offload's next-step (the host updates are joined in the next "
            "step, beside its forward pass): true, false, or auto: each "
            "offloaded candidate with async updates is weighed both ways">,
+    Option<"offloadNvme", "offload-nvme", "bool", /*default=*/"false",
+           "fsdp-offload's nvme for every offloaded candidate: its optimizer "
+           "state in the per-rank swap file">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",

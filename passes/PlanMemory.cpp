@@ -151,7 +151,16 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
         // fsdp-offload: what lives in host memory instead.
         os << "  host (offloaded):\n";
         row("  parameters", plan->hostTotalByKind[(int)BufKind::Param]);
-        row("  optimizer state", plan->hostTotalByKind[(int)BufKind::State]);
+        if (plan->nvmeBytes > 0) {
+          // fsdp-offload's nvme: the state is in the swap file; the host
+          // arena holds the updates' staging copies of it.
+          row("  optimizer state", plan->hostPersistentState);
+          row("  state staging", plan->hostStagingPeak);
+          row("  state in swap file", plan->nvmeState);
+          row("  swap file (nvme)", plan->nvmeBytes);
+        } else {
+          row("  optimizer state", plan->hostTotalByKind[(int)BufKind::State]);
+        }
         // fsdp-offload-activations: the saved activations' copies (their
         // sum: the host arena reuses a copy's bytes once its backward read
         // is done).

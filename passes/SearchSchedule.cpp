@@ -156,6 +156,7 @@ struct SearchSchedulePass
     o.overlap = overlap && offloadOverlap;
     o.prefetch = prefetch;
     o.nextStep = nextStep;
+    o.nvme = offloadNvme;
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).

@@ -123,7 +123,7 @@ uint8_t *Executor::address(int64_t id) const {
 }
 
 Status Executor::settle(int64_t id) const {
-  if (!carriedPending || !plan.buffers[id].host)
+  if (!carriedPending || !(plan.buffers[id].host || plan.buffers[id].nvme))
     return Status::ok();
   // The host stream drains; the events stay for the next step's joins
   // (complete by then).
@@ -145,12 +145,57 @@ Status Executor::finishCarried() {
 
 Status Executor::readBuffer(int64_t id, void *host) const {
   FSDP_RETURN_IF_ERROR(settle(id));
-  return dev.copyToHost(host, address(id), plan.buffers[id].bytes);
+  const Buffer &b = plan.buffers[id];
+  if (b.nvme) // [Note: swap file]
+    return swap ? swap->read(b.offset, host, b.bytes)
+                : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
+  return dev.copyToHost(host, address(id), b.bytes);
 }
 
 Status Executor::writeBuffer(int64_t id, const void *host) {
   FSDP_RETURN_IF_ERROR(settle(id));
-  return dev.copyToDevice(address(id), host, plan.buffers[id].bytes);
+  const Buffer &b = plan.buffers[id];
+  if (b.nvme)
+    return swap ? swap->write(b.offset, host, b.bytes)
+                : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
+  return dev.copyToDevice(address(id), host, b.bytes);
+}
+
+Status Executor::runHostWithSwaps(const Instruction &inst, std::unique_ptr<Event> &done) {
+  Stream &hostStream = dev.hostStream();
+  const int64_t index = &inst - plan.program.data();
+  if (inst.swaps.empty())
+    return dev.runOn(hostStream, index, done);
+  // [Note: swap file] Each staging buffer is the host arena's (a host
+  // pointer on every device); the same host thread reads the state in,
+  // runs the update and writes it back, in that order.
+  struct Io {
+    int64_t offset, bytes;
+    uint8_t *staging;
+    bool write;
+  };
+  auto ios = std::make_shared<std::vector<Io>>();
+  for (const Swap &s : inst.swaps) {
+    const Buffer &f = plan.buffers[s.file];
+    ios->push_back({f.offset, f.bytes, address(s.staging), s.write});
+  }
+  const SwapFile *file = swap.get();
+  if (!file)
+    return FSDP_ERROR(inst.op, " reads optimizer state from the swap file, which is not open");
+  dev.enqueue(hostStream, [file, ios] {
+    for (const Io &io : *ios)
+      FSDP_RETURN_IF_ERROR(file->read(io.offset, io.staging, io.bytes));
+    return Status::ok();
+  });
+  FSDP_RETURN_IF_ERROR(dev.runOn(hostStream, index, done));
+  dev.enqueue(hostStream, [file, ios] {
+    for (const Io &io : *ios)
+      if (io.write)
+        FSDP_RETURN_IF_ERROR(file->write(io.offset, io.staging, io.bytes));
+    return Status::ok();
+  });
+  done = dev.record(hostStream);
+  return Status::ok();
 }
 
 Communicator &Executor::group(const std::string &name) {
@@ -216,11 +261,25 @@ Status Executor::init(uint64_t seed) {
     FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g), reshardComm));
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
+  // [Note: swap file]: created (zeros: the state's initial value) before
+  // anything is written to it; a plan without one has none.
+  swap.reset();
+  if (plan.nvmeBytes > 0) {
+    if (nvmeDir.empty())
+      return FSDP_ERROR("the plan keeps its optimizer state in a swap file (fsdp-offload's "
+                        "nvme, ",
+                        plan.nvmeBytes,
+                        " bytes a rank): give fsdp-run --nvme-dir DIR, "
+                        "a directory on a fast local disk");
+    swap = std::make_unique<SwapFile>();
+    FSDP_RETURN_IF_ERROR(swap->open(nvmeDir, comm.rank(), plan.nvmeBytes));
+  }
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   offCompute.clear();
   carriedBufs.clear();
   for (const Instruction &inst : plan.program) {
-    offCompute.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst));
+    offCompute.push_back(isCollectiveOp(inst.op) || isAsyncCopy(inst) || isAsyncHost(plan, inst) ||
+                         !inst.swaps.empty());
     if (isCarried(inst))
       carriedBufs.insert(inst.in[0]);
   }
@@ -273,6 +332,8 @@ Status Executor::init(uint64_t seed) {
   // Optimizer state starts at zero: filled where it lives (a host vector
   // of zeros copied over cost seconds for a billion-parameter model).
   for (const State &s : plan.states) {
+    if (plan.buffers[s.buffer].nvme)
+      continue; // the swap file starts as zeros
     int64_t bytes = plan.buffers[s.buffer].bytes;
     if (bytes % 4 == 0) {
       FSDP_RETURN_IF_ERROR(dev.fillWords(address(s.buffer), 0, bytes));
@@ -320,7 +381,7 @@ Status Executor::init(uint64_t seed) {
   std::vector<int64_t> live(std::max<int64_t>(n, 1), 0), hostLive(live.size(), 0);
   for (size_t id = 0; id < plan.buffers.size(); ++id) {
     const Buffer &b = plan.buffers[id];
-    if (b.aliasOf >= 0)
+    if (b.aliasOf >= 0 || b.nvme) // the swap file is in no arena
       continue;
     int64_t lo = b.persistent ? 0 : first[id], hi = b.persistent ? n - 1 : last[id];
     if (!b.persistent && last[id] < 0)
@@ -364,10 +425,11 @@ Status Executor::runOffCompute(const Instruction &inst) {
     inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }
-  if (isAsyncHost(plan, inst)) {
+  if (isAsyncHost(plan, inst) || !inst.swaps.empty()) {
     // The offloaded update on the host stream, behind the compute that
-    // copied its gradient to the host; its wait joins it back.
-    if (inFlight.count(inst.out[0]))
+    // copied its gradient to the host; its wait joins it back. One that
+    // swaps but is not async is joined at once.
+    if (isAsync(inst) && inFlight.count(inst.out[0]))
       return FSDP_ERROR(inst.op, ": a host update writing buffer ", inst.out[0],
                         " is already in flight");
     Stream &hostStream = dev.hostStream();
@@ -386,7 +448,7 @@ Status Executor::runOffCompute(const Instruction &inst) {
         return Status::ok();
       });
     }
-    FSDP_RETURN_IF_ERROR(dev.runOn(hostStream, &inst - plan.program.data(), done));
+    FSDP_RETURN_IF_ERROR(runHostWithSwaps(inst, done));
     if (tracing) {
       dev.enqueue(hostStream, [this, span] {
         span->durUs = nowUs() - span->startUs;
@@ -397,6 +459,8 @@ Status Executor::runOffCompute(const Instruction &inst) {
       // The join waits for the stamp too: a span ends before its join does.
       done = dev.record(hostStream);
     }
+    if (!isAsync(inst))
+      return dev.wait(compute, *done);
     inFlight[inst.out[0]] = std::move(done);
     return Status::ok();
   }

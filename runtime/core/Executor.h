@@ -18,6 +18,7 @@
 #include "runtime/core/Device.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
+#include "runtime/core/SwapFile.h"
 
 #include <cstdint>
 #include <functional>
@@ -100,6 +101,13 @@ public:
   /// anything outside a step reads or writes what they touch (evaluation,
   /// parameters, checkpoints), and by the trainer after the last step.
   Status finishCarried();
+
+  /// Where init() creates the swap file of a plan keeping optimizer state
+  /// on disk (fsdp-offload's nvme, [Note: swap file]); such a plan fails
+  /// init() without one.
+  void setNvmeDir(std::string dir) { nvmeDir = std::move(dir); }
+  /// The swap file (null without one).
+  const SwapFile *swapFile() const { return swap.get(); }
 
   /// Host copies of buffer `id` (its bytes, this rank's view).
   Status readBuffer(int64_t id, void *host) const;
@@ -187,8 +195,14 @@ private:
   /// reshard-after-forward=G: the G ranks gathering the parts kept after
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
+  std::string nvmeDir;
+  std::unique_ptr<SwapFile> swap;
+  /// The host stream's work for instruction `inst`: fill its staging
+  /// buffers from the swap file, run it, write back what it updated.
+  Status runHostWithSwaps(const Instruction &inst, std::unique_ptr<Event> &done);
   /// Per instruction: run by runOffCompute (a collective or wait, an
-  /// async copy or an async host instruction), not by Device::run.
+  /// async copy or a host instruction that is async or swaps), not by
+  /// Device::run.
   std::vector<bool> offCompute;
   int64_t peakLive = 0, hostPeakLive = 0;
 

@@ -259,18 +259,33 @@ Status validateBuffers(const Plan &plan) {
     // the period, if any): computed without overflow, every field being
     // bounded by the reader.
     int64_t hi;
-    if (__builtin_mul_overflow((b.rankPeriod ? b.rankPeriod : plan.meshShards) - 1,
-                               b.rankStride, &hi) ||
+    if (__builtin_mul_overflow((b.rankPeriod ? b.rankPeriod : plan.meshShards) - 1, b.rankStride,
+                               &hi) ||
         __builtin_add_overflow(hi, b.offset + b.bytes, &hi) ||
-        hi > (b.host ? plan.hostArenaBytes : plan.arenaBytes))
+        hi > (b.nvme   ? plan.nvmeBytes
+              : b.host ? plan.hostArenaBytes
+                       : plan.arenaBytes))
       return FSDP_ERROR("plan: ", where, " (offset ", b.offset, ", ", b.bytes,
-                        " bytes, rank stride ", b.rankStride,
-                        ") reaches outside the ", b.host ? "host arena" : "arena", " of ",
-                        b.host ? plan.hostArenaBytes : plan.arenaBytes, " bytes");
+                        " bytes, rank stride ", b.rankStride, ") reaches outside the ",
+                        b.nvme   ? "swap file"
+                        : b.host ? "host arena"
+                                 : "arena",
+                        " of ",
+                        b.nvme   ? plan.nvmeBytes
+                        : b.host ? plan.hostArenaBytes
+                                 : plan.arenaBytes,
+                        " bytes");
+    if (b.nvme && (!b.persistent || b.kind != BufferKind::State || b.aliasOf >= 0 || b.rankStride))
+      return FSDP_ERROR("plan: ", where,
+                        " is in the swap file (space \"nvme\"): only whole persistent "
+                        "optimizer state may be");
     if (b.aliasOf >= 0) {
       if (!validId(plan, b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
         return FSDP_ERROR("plan: ", where, " is a view of an invalid buffer ", b.aliasOf);
       const Buffer &base = plan.buffers[b.aliasOf];
+      if (base.nvme)
+        return FSDP_ERROR("plan: ", where, " is a view of buffer ", base.id,
+                          " in the swap file: nothing views it");
       if (base.host != b.host)
         return FSDP_ERROR("plan: ", where, " is a view in ", b.host ? "host" : "device",
                           " memory of buffer ", base.id, " in the other arena");
@@ -291,10 +306,21 @@ Status validateBuffers(const Plan &plan) {
 Status validateMemoryPlan(const Plan &plan) {
   const int64_t nb = (int64_t)plan.buffers.size();
   const int64_t end = (int64_t)plan.program.size();
-  std::vector<int64_t> owners;
+  std::vector<int64_t> owners, swapped;
   for (int64_t i = 0; i < nb; ++i)
-    if (plan.buffers[i].aliasOf < 0)
+    if (plan.buffers[i].nvme)
+      swapped.push_back(i);
+    else if (plan.buffers[i].aliasOf < 0)
       owners.push_back(i);
+  // The swap file's buffers are all persistent: none may meet another.
+  std::sort(swapped.begin(), swapped.end(),
+            [&](int64_t a, int64_t b) { return plan.buffers[a].offset < plan.buffers[b].offset; });
+  for (size_t x = 1; x < swapped.size(); ++x) {
+    const Buffer &a = plan.buffers[swapped[x - 1]], &b = plan.buffers[swapped[x]];
+    if (a.bytes && b.bytes && b.offset < a.offset + a.bytes)
+      return FSDP_ERROR("plan: buffers ", a.id, " (", a.name, ") and ", b.id, " (", b.name,
+                        ") overlap in the swap file: the memory plan is corrupt");
+  }
   // Both arenas in one offset range ([Note: two arenas]): the host
   // arena's buffers sort after the device arena's and never meet them.
   auto at = [&](int64_t id) { return bufferOffset(plan, id, 0); };
@@ -456,6 +482,43 @@ Status validateIo(const Plan &plan) {
   return Status::ok();
 }
 
+/// Instruction #i's swaps ([Note: swap file]): only a host instruction has
+/// them; each pairs a state buffer in the swap file with a staging buffer
+/// of its bytes and dtype in the host arena that the instruction reads
+/// (and writes, when written back), each file and staging buffer once.
+Status validateSwaps(const Plan &plan, int64_t i) {
+  const Instruction &inst = plan.program[i];
+  if (inst.swaps.empty())
+    return Status::ok();
+  if (!isHostInstruction(plan, inst))
+    return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
+                      ") has \"swap\" but is no host instruction: only the offloaded "
+                      "update reads state from the swap file");
+  std::set<int64_t> files, stagings;
+  for (const Swap &s : inst.swaps) {
+    std::string what = "plan: instruction #" + std::to_string(i) + " (" + inst.op + ") swap [" +
+                       std::to_string(s.file) + ", " + std::to_string(s.staging) + "]";
+    if (!validId(plan, s.file) || !plan.buffers[s.file].nvme)
+      return FSDP_ERROR(what, ": ", s.file, " is no buffer in the swap file");
+    if (!validId(plan, s.staging))
+      return FSDP_ERROR(what, ": unknown staging buffer ", s.staging);
+    const Buffer &f = plan.buffers[s.file], &t = plan.buffers[s.staging];
+    if (!t.host || t.persistent || t.aliasOf >= 0 || t.bytes != f.bytes || t.dtype != f.dtype)
+      return FSDP_ERROR(what, ": the staging buffer (", t.name,
+                        ") must be a transient host buffer of the state's ", f.bytes, " bytes (",
+                        dtypeName(f.dtype), ")");
+    if (!files.insert(s.file).second || !stagings.insert(s.staging).second)
+      return FSDP_ERROR(what, ": a state or staging buffer swapped twice");
+    auto has = [&](const std::vector<int64_t> &ids) {
+      return std::find(ids.begin(), ids.end(), s.staging) != ids.end();
+    };
+    if (!has(inst.in) || (s.write && !has(inst.out)))
+      return FSDP_ERROR(what, ": the instruction does not ", has(inst.in) ? "write" : "read",
+                        " its staging buffer");
+  }
+  return Status::ok();
+}
+
 /// Each instruction: its buffers known and live, its arena (host or
 /// device, the copies crossing), and its op's rule (checkInstruction).
 Status validateProgram(const Plan &plan) {
@@ -468,6 +531,11 @@ Status validateProgram(const Plan &plan) {
           return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
                             ") refers to unknown buffer ", id);
         const Buffer &b = plan.buffers[id];
+        if (b.nvme)
+          return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") names buffer ", id, " (",
+                            b.name,
+                            "), which is in the swap file: an instruction "
+                            "reads such state through a staging buffer (attrs \"swap\")");
         if (!b.persistent && (i < b.first || i > b.last))
           return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") uses buffer ",
                             id, " (", b.name, ") outside its live range [", b.first,
@@ -516,6 +584,7 @@ Status validateProgram(const Plan &plan) {
     if (!st)
       return Status::error("plan: instruction #" + std::to_string(i) + ": " +
                            st.message());
+    FSDP_RETURN_IF_ERROR(validateSwaps(plan, i));
   }
   return Status::ok();
 }
@@ -701,6 +770,7 @@ Status readHeader(Reader &r, const json &j, Plan &plan) {
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   r.integer(j, "host_arena_bytes", plan.hostArenaBytes, "plan", 0, kMaxBytes, false);
+  r.integer(j, "nvme_bytes", plan.nvmeBytes, "plan", 0, kMaxBytes, false);
   if (const json *ls = r.find(j, "loss_scale", "plan", false))
     FSDP_RETURN_IF_ERROR(readLossScaling(r, *ls, plan.lossScaling));
   if (const json *o = r.find(j, "options", "plan", false)) {
@@ -767,10 +837,11 @@ Status readBuffers(Reader &r, const json &j, Plan &plan) {
       r.integer(o, "rank_period", b.rankPeriod, where, 0, kMaxWorld, false);
       std::string space = "device";
       r.string(o, "space", space, where, false);
-      if (r.status && space != "device" && space != "host")
+      if (r.status && space != "device" && space != "host" && space != "nvme")
         return FSDP_ERROR("plan: ", where, ".space: '", space,
-                          "' (expected \"device\" or \"host\")");
+                          "' (expected \"device\", \"host\" or \"nvme\")");
       b.host = space == "host";
+      b.nvme = space == "nvme";
       plan.buffers.push_back(b);
     }
   return Status::ok();
@@ -871,6 +942,22 @@ Status readProgram(Reader &r, const json &j, Plan &plan) {
           return FSDP_ERROR("plan: ", where, ".attrs: expected an object, found ",
                             a->type_name());
         inst.attrs = *a;
+        // [Note: swap file]: [[file, staging, write], ...]
+        if (auto sw = a->find("swap"); sw != a->end()) {
+          if (!sw->is_array() || sw->size() > (size_t)kMaxOperands)
+            return FSDP_ERROR("plan: ", where,
+                              ".attrs.swap: expected an array of "
+                              "[file, staging, write] entries");
+          for (const json &e : *sw) {
+            if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() ||
+                !e[1].is_number_integer() || !e[2].is_boolean())
+              return FSDP_ERROR("plan: ", where,
+                                ".attrs.swap: expected [file, staging, "
+                                "write] (two buffer ids and a boolean), found ",
+                                e.dump());
+            inst.swaps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<bool>()});
+          }
+        }
       }
       plan.program.push_back(std::move(inst));
     }

@@ -53,6 +53,11 @@ struct Buffer {
   /// In the host arena (plan "space": "host", fsdp-offload); `offset`
   /// counts from its start. See [Note: two arenas].
   bool host = false;
+  /// Optimizer state in the per-rank swap file (plan "space": "nvme",
+  /// fsdp-offload's nvme); `offset` counts from the file's start. In
+  /// neither arena: no instruction names it, the host instructions that
+  /// read it name a staging buffer (Instruction::swaps). [Note: swap file]
+  bool nvme = false;
   std::string name;
   int64_t numel() const { return shapeNumel(shape); }
 };
@@ -103,11 +108,20 @@ struct Binding {
   int64_t range = 0;   ///< integer inputs: values lie in [0, range)
 };
 
+/// A state buffer in the swap file that a host instruction reads through
+/// its staging buffer in the host arena (attrs "swap": [file, staging,
+/// write]); `write`: the instruction updates it, so it is written back.
+struct Swap {
+  int64_t file = -1, staging = -1;
+  bool write = false;
+};
+
 /// One kernel or collective call.
 struct Instruction {
   std::string op; ///< dialect op name without "fsdp." (e.g. "matmul")
   std::vector<int64_t> in, out;
   nlohmann::json attrs = nlohmann::json::object();
+  std::vector<Swap> swaps; ///< attrs "swap", read by the loader
 };
 
 /// Predicted per-rank memory, in bytes, as the compiler computed it.
@@ -148,6 +162,9 @@ struct Plan {
   int64_t arenaBytes = 0;
   /// The host arena's size (plan "host_arena_bytes"; 0 without offload).
   int64_t hostArenaBytes = 0;
+  /// The swap file's size per rank (plan "nvme_bytes"; 0 without
+  /// fsdp-offload's nvme).
+  int64_t nvmeBytes = 0;
   std::vector<Buffer> buffers;
   std::vector<Param> params;
   std::vector<State> states;
@@ -172,6 +189,18 @@ struct Plan {
                                 : 0;
   }
 };
+
+// [Note: swap file]
+// With fsdp-offload's nvme (ZeRO-Infinity) the offloaded optimizer state
+// lives in a file per rank (nvme_bytes; fsdp-run --nvme-dir), not in an
+// arena. The compiler gives each host instruction reading such a state
+// buffer a staging buffer in the host arena instead and lists the pairs
+// in its "swap" attribute; the executor reads the file into the staging
+// buffers right before the instruction and writes the updated ones back
+// right after, in the same work item on the host stream, so an async
+// update's I/O runs beside device compute as its arithmetic does.
+// Checkpoints and initialization reach the state through the file too
+// (Executor::readBuffer / writeBuffer).
 
 // [Note: two arenas]
 // A plan with optimizer offload has two arenas: the device arena

@@ -76,6 +76,10 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        F32, BF16, F16 (widened exactly) and F64 (rounded to
                        nearest) load as torch's load_state_dict does. Each
                        rank reads only its own slice of every parameter
+  --nvme-dir DIR        where a plan compiled with offload-nvme=true keeps its
+                       optimizer state: one swap file a rank, reserved at start
+                       and unlinked at once (nothing is left behind); put it on
+                       a fast local disk
   --save FILE          write the final parameters (consolidated) as .safetensors
   --ckpt-dir DIR       write sharded training-state checkpoints (parameters,
                        optimizer state, step, schedule, data position) under
@@ -137,12 +141,12 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return *s && !*end && errno == 0 && std::isfinite(v);
   };
   static const char *valued[] = {
-      "--steps",         "--lr",          "--schedule",      "--warmup",     "--min-lr",
-      "--decay-steps",   "--decay-shape", "--seed",          "--data",       "--threads",
-      "--log-every",     "--dump-dir",    "--init-from",     "--save",       "--gradcheck",
-      "--gradcheck-tol", "--ckpt-dir",    "--save-every",    "--keep",       "--resume",
-      "--trace",         "--device",      "--comm",          "--eval-every", "--eval-data",
-      "--eval-batches",  "--loss-mask",   "--eval-loss-mask"};
+      "--steps",         "--lr",          "--schedule",       "--warmup",     "--min-lr",
+      "--decay-steps",   "--decay-shape", "--seed",           "--data",       "--threads",
+      "--log-every",     "--dump-dir",    "--init-from",      "--save",       "--gradcheck",
+      "--gradcheck-tol", "--ckpt-dir",    "--save-every",     "--keep",       "--resume",
+      "--trace",         "--device",      "--comm",           "--eval-every", "--eval-data",
+      "--eval-batches",  "--loss-mask",   "--eval-loss-mask", "--nvme-dir"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -246,6 +250,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.dumpDir = v;
     } else if (a == "--init-from") {
       opt.initFrom = v;
+    } else if (a == "--nvme-dir") {
+      opt.nvmeDir = v;
     } else if (a == "--save") {
       opt.save = v;
     } else if (a == "--ckpt-dir") {
@@ -662,6 +668,7 @@ private:
   Status loadPlan() {
     FSDP_RETURN_IF_ERROR(fsdp::loadPlan(opt.planPath, plan));
     ex = std::make_unique<Executor>(plan, comm, device);
+    ex->setNvmeDir(opt.nvmeDir);
     FSDP_RETURN_IF_ERROR(ex->init(opt.seed));
     if (!opt.initFrom.empty()) {
       // Headers only, then each rank its own slices: a rank's host memory
@@ -984,6 +991,12 @@ private:
         j["measured_host_high_water"] = m.hostHighWater;
         j["measured_host_peak_live"] = m.hostPeakLive;
       }
+      if (const SwapFile *f = ex->swapFile()) {
+        // fsdp-offload's nvme: the file's size and its traffic a step.
+        j["nvme_bytes"] = f->size();
+        j["nvme_read_bytes_per_step"] = f->bytesRead() / std::max<int64_t>(ran, 1);
+        j["nvme_written_bytes_per_step"] = f->bytesWritten() / std::max<int64_t>(ran, 1);
+      }
       if (!evalLosses.empty())
         j["final_val_loss"] = evalLosses.back();
       std::printf("%s\n", j.dump().c_str());
@@ -1011,6 +1024,12 @@ private:
                   verdict(plan.memory.hostPeak, m.hostHighWater),
                   (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
                   verdict(plan.memory.hostPeakLive, m.hostPeakLive));
+    if (const SwapFile *f = ex->swapFile())
+      std::printf("optimizer state on disk (offload-nvme): %s swap file per rank in %s, "
+                  "%s read and %s written per step\n",
+                  human((double)f->size()).c_str(), opt.nvmeDir.c_str(),
+                  human((double)f->bytesRead() / std::max<int64_t>(ran, 1)).c_str(),
+                  human((double)f->bytesWritten() / std::max<int64_t>(ran, 1)).c_str());
     if (int64_t scratch = device.scratchHighWater())
       std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
                   "on cuda also the GEMM workspace and staging): %lld B\n",

@@ -37,6 +37,7 @@ struct TrainOptions {
   int64_t logEvery = 1;
   std::string dumpDir;
   std::string initFrom;
+  std::string nvmeDir; ///< --nvme-dir: the swap file of fsdp-offload's nvme
   std::string save;
   bool json = false;
   bool quiet = false;

@@ -1,0 +1,93 @@
+//===- SwapFile.cpp - a rank's optimizer state on disk -------------------===//
+//
+// Plain pread / pwrite through the page cache: the kernel writes the pages
+// back and may keep clean ones while memory is free, but gives them back
+// under pressure, unlike the arenas (O_DIRECT would need 4 KiB-aligned
+// staging buffers and offsets; the planner aligns to 64 bytes).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/core/SwapFile.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace fsdp {
+
+SwapFile::~SwapFile() { close(); }
+
+void SwapFile::close() {
+  if (fd >= 0)
+    ::close(fd);
+  fd = -1;
+}
+
+Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
+  close();
+  struct stat st;
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return FSDP_ERROR("--nvme-dir '", dir, "' is not a directory (the swap file of the plan's ",
+                      "optimizer state, ", n, " bytes a rank, goes there)");
+  name = dir + "/fsdp-swap." + std::to_string(::getpid()) + ".rank" + std::to_string(rank);
+  fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return FSDP_ERROR("cannot create the swap file ", name, ": ", std::strerror(errno));
+  // Gone from the directory at once: the space is freed when the process
+  // ends, however it ends.
+  ::unlink(name.c_str());
+  bytes = n;
+  readTotal = writeTotal = 0;
+  if (n > 0) {
+    // Reserved whole now (zeros: the optimizer state's initial value).
+    int e = ::posix_fallocate(fd, 0, (off_t)n);
+    if (e == EOPNOTSUPP || e == EINVAL) // a file system without fallocate
+      e = ::ftruncate(fd, (off_t)n) == 0 ? 0 : errno;
+    if (e != 0) {
+      close();
+      return FSDP_ERROR("cannot reserve ", n, " bytes for the swap file in ", dir, ": ",
+                        std::strerror(e));
+    }
+  }
+  return Status::ok();
+}
+
+Status SwapFile::read(int64_t offset, void *dst, int64_t n) const {
+  if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
+    return FSDP_ERROR("swap file ", name, ": read of ", n, " bytes at ", offset, " outside its ",
+                      bytes, " bytes");
+  auto *p = static_cast<uint8_t *>(dst);
+  for (int64_t done = 0; done < n;) {
+    ssize_t k = ::pread(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      return FSDP_ERROR("swap file ", name, ": read at ", offset + done,
+                        " failed: ", k < 0 ? std::strerror(errno) : "unexpected end of file");
+    done += k;
+  }
+  __atomic_fetch_add(&readTotal, n, __ATOMIC_RELAXED);
+  return Status::ok();
+}
+
+Status SwapFile::write(int64_t offset, const void *src, int64_t n) const {
+  if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
+    return FSDP_ERROR("swap file ", name, ": write of ", n, " bytes at ", offset, " outside its ",
+                      bytes, " bytes");
+  const auto *p = static_cast<const uint8_t *>(src);
+  for (int64_t done = 0; done < n;) {
+    ssize_t k = ::pwrite(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      return FSDP_ERROR("swap file ", name, ": write at ", offset + done,
+                        " failed: ", k < 0 ? std::strerror(errno) : "no progress");
+    done += k;
+  }
+  __atomic_fetch_add(&writeTotal, n, __ATOMIC_RELAXED);
+  return Status::ok();
+}
+
+} // namespace fsdp

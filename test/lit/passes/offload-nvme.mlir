@@ -1,0 +1,65 @@
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload=nvme=true | FileCheck %s
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true plan=%t.plan" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
+// RUN: %python %s.py %t.plan | FileCheck %s --check-prefix=PLAN
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-overlap=false plan=%t.serial.plan report=false" -o /dev/null
+// RUN: %python %s.py %t.serial.plan | FileCheck %s --check-prefix=PLAN
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=sgd momentum=0.9 world-size=2 stage=2 offload=optimizer offload-nvme=true plan=%t.sgd.plan report=false" -o /dev/null
+// RUN: %python %s.py %t.sgd.plan | FileCheck %s --check-prefix=SGD
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-next-step=true report=false" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEXT
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload-nvme=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NONE
+
+// ZeRO-Infinity's optimizer offload to NVMe (fsdp-offload's nvme): the
+// offloaded units' AdamW moments are marked fsdp.nvme, the frozen unit b
+// has no state and the master shards stay in the host arena. In the plan
+// every state buffer is in space "nvme" with its own bytes of the swap
+// file, and each host update reads a staging buffer in the host arena
+// instead, listed in its "swap" attribute with the file buffer and
+// write-back flag; the host arena's state is the staging live at once
+// (a's two AdamW moments, 2 x 32 B: root's update is joined before a's
+// is issued), not all 80 B of it; the file aligns each buffer to 64 B.
+
+// CHECK: fsdp.unit @a : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wa] sharded offloaded
+// CHECK-DAG: fsdp.state @a.exp_avg : tensor<8xf32> of @a kind "exp_avg" {fsdp.nvme}
+// CHECK-DAG: fsdp.state @a.exp_avg_sq : tensor<8xf32> of @a kind "exp_avg_sq" {fsdp.nvme}
+// CHECK-DAG: fsdp.state @root.exp_avg : {{.*}} {fsdp.nvme}
+// CHECK-LABEL: func.func @train_step
+// CHECK: fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+
+// REPORT: host (offloaded):
+// REPORT-NEXT: parameters 40 40 B
+// REPORT-NEXT: optimizer state 0 0 B
+// REPORT-NEXT: state staging 64 64 B
+// REPORT-NEXT: state in swap file 80 80 B
+// REPORT-NEXT: swap file (nvme) 256 256 B
+
+// PLAN: nvme_bytes 256
+// PLAN-NEXT: state buffers in nvme: 4 of 4, disjoint, inside the file
+// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
+// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
+// PLAN-NEXT: no instruction names a swap-file buffer
+// PLAN-NEXT: memory.nvme.state 80 file 256 memory.host.state 0
+
+// SGD: nvme_bytes 128
+// SGD-NEXT: state buffers in nvme: 2 of 2, disjoint, inside the file
+// SGD-NEXT: sgd_momentum_update swaps 1: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
+
+// NEXT: warning: fsdp-offload: with next-step every update's staging copy of its state is live through the whole step, so nvme saves no host memory here
+
+// NONE: error: fsdp-offload: nvme keeps the offloaded optimizer state in a swap file: it needs offload=optimizer or all
+
+fsdp.param @wa : tensor<4x4xf32> init("normal", 0.5) unit "a"
+fsdp.param @wb : tensor<4x4xf32> init("normal", 0.5) unit "b" frozen
+fsdp.param @wr : tensor<1x4xf32> init("normal", 0.5)
+
+func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
+  %wa = fsdp.get_param @wa : tensor<4x4xf32>
+  %a = fsdp.matmul %x, %wa transpose_rhs : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+  %ra = fsdp.relu %a : tensor<2x4xf32>
+  %wb = fsdp.get_param @wb : tensor<4x4xf32>
+  %b = fsdp.matmul %ra, %wb transpose_rhs : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+  %rb = fsdp.relu %b : tensor<2x4xf32>
+  %wr = fsdp.get_param @wr : tensor<1x4xf32>
+  %o = fsdp.matmul %rb, %wr transpose_rhs : (tensor<2x4xf32>, tensor<1x4xf32>) -> tensor<2x1xf32>
+  %l = fsdp.mse_loss %o, %t : tensor<2x1xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -1,0 +1,36 @@
+"""Prints the swap-file layout of a plan compiled with offload-nvme=true
+(test/lit/passes/offload-nvme.mlir checks the lines)."""
+import json
+import sys
+
+p = json.load(open(sys.argv[1]))
+bufs = p["buffers"]
+print("nvme_bytes", p["nvme_bytes"])
+states = [bufs[s["buffer"]] for s in p["states"]]
+inside = [b for b in states if b.get("space") == "nvme"]
+spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in inside)
+disjoint = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+within = all(hi <= p["nvme_bytes"] for _, hi in spans)
+print(f"state buffers in nvme: {len(inside)} of {len(states)}"
+      + (", disjoint" if disjoint else ", OVERLAPPING")
+      + (", inside the file" if within else ", OUTSIDE the file"))
+for inst in p["program"]:
+    swaps = inst.get("attrs", {}).get("swap")
+    if not swaps:
+        continue
+    ok = []
+    for f, s, w in swaps:
+        fb, sb = bufs[f], bufs[s]
+        ok.append(fb.get("space") == "nvme" and sb.get("space") == "host"
+                  and not sb["persistent"] and sb["bytes"] == fb["bytes"] and w
+                  and s in inst["in"] and s in inst["out"])
+    print(f"{inst['op']} swaps {len(swaps)}: " + (
+        "file in nvme, staging host transient same bytes, read and written, "
+        "in the instruction's in and out" if all(ok) else f"BAD {swaps}"))
+named = [k for k, inst in enumerate(p["program"])
+         if any(bufs[i].get("space") == "nvme" for i in inst["in"] + inst["out"])]
+print("no instruction names a swap-file buffer" if not named
+      else f"instructions {named} name swap-file buffers")
+m = p["memory"]
+print("memory.nvme.state", m["nvme"]["state"], "file", m["nvme"]["file"],
+      "memory.host.state", m["host"]["state"])
