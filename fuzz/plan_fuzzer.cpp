@@ -35,9 +35,10 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <random>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -352,7 +353,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   ++stats.valid;
-  if (plan.arenaBytes > kMaxArena || plan.worldSize < 1 ||
+  if (plan.arenaBytes > kMaxArena || plan.nvmeBytes > kMaxArena || plan.worldSize < 1 ||
       plan.worldSize > kMaxWorld || plan.program.size() > kMaxProgram)
     return 0;
   ++stats.small;
@@ -364,6 +365,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!createDevice("cpu", DeviceOptions{}, device).isOk())
     return 0;
   Executor ex(plan, comm, *device);
+  // offload-nvme's swap file (unlinked as soon as it is open).
+  static const std::string tmp = std::filesystem::temp_directory_path().string();
+  ex.setNvmeDir(tmp);
   if (!ex.init(1234).isOk())
     return 0;
   ++stats.inited;

@@ -68,6 +68,13 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
             "': host_link_bytes_per_s and host_mem_bytes_per_s must be >= 0";
     return false;
   }
+  p.nvmeReadBytesPerS = c->getNumber("nvme_read_bytes_per_s").value_or(p.nvmeReadBytesPerS);
+  p.nvmeWriteBytesPerS = c->getNumber("nvme_write_bytes_per_s").value_or(p.nvmeWriteBytesPerS);
+  if (p.nvmeReadBytesPerS <= 0 || p.nvmeWriteBytesPerS <= 0) {
+    error = "device profile '" + nameOrPath.str() +
+            "': nvme_read_bytes_per_s and nvme_write_bytes_per_s must be > 0";
+    return false;
+  }
   if (p.gemmFlopsPerS <= 0 || p.gemmFlopsPerSBf16 <= 0 || p.memBytesPerS <= 0 ||
       p.opOverheadS < 0) {
     error = "device profile '" + nameOrPath.str() +
@@ -549,6 +556,13 @@ Item StepCosting::compute(Operation *op) const {
       Value out = isa<MatmulBiasGradOp>(op) ? op->getOperand(0)
                                             : op->getResult(isa<CrossEntropyFusedOp>(op) ? 1 : 0);
       work += std::max(double(numel(shapeOf(out))) * perUnit, 2 * bytesOf(out) / p.memBytesPerS);
+    }
+  // fsdp-offload's nvme: the update's state comes from the swap file and
+  // goes back, in the same host work (Executor::runHostWithSwaps).
+  if (auto it = plan.swaps.find(op); it != plan.swaps.end())
+    for (const PlannedSwap &s : it->second) {
+      double b = double(plan.buffers[s.file].bytes);
+      work += b / p.nvmeReadBytesPerS + (s.write ? b / p.nvmeWriteBytesPerS : 0.0);
     }
   double cost = (p.opOverheadS + work) * compWork;
   // fsdp-offload-activations' async copies run on the GPU's copy stream,

@@ -139,9 +139,10 @@ compile "$W/mlp.mlir" "$W/mlp2z2.plan" "optimizer=adamw world-size=2 stage=2"
 compile "$W/mlp.mlir" "$W/mlp1off.plan" "optimizer=adamw stage=3 offload=optimizer"
 compile "$W/mlp.mlir" "$W/mlp1lamb.plan" "optimizer=lamb max-grad-norm=1.0 weight-decay-params=matrices"
 compile "$W/mlp.mlir" "$W/mlp1next.plan" "optimizer=adamw stage=3 offload=optimizer max-grad-norm=1.0 offload-next-step=true"
+compile "$W/mlp.mlir" "$W/mlp1nvme.plan" "optimizer=adamw stage=3 offload=optimizer offload-nvme=true"
 python3 test/e2e/bad_inputs.py build-asan/bin "$W/mlp1.plan" "$W/gpt_small.plan" \
   "$W/mlp2z2.plan" "$W/llama1.plan" "$W/mlp1off.plan" "$W/gpt_unfused.plan" \
-  "$W/mlp1lamb.plan" "$W/mlp1next.plan" >"$W/bad.log" 2>&1 || true
+  "$W/mlp1lamb.plan" "$W/mlp1next.plan" "$W/mlp1nvme.plan" >"$W/bad.log" 2>&1 || true
 grep -q "bad inputs, " "$W/bad.log" || { cat "$W/bad.log" >&2; fail "bad_inputs.py did not run"; }
 bad=0
 while IFS= read -r line; do

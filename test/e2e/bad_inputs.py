@@ -267,6 +267,16 @@ PLAN_CASES = [
     # the offloaded update on the host stream: async only where a stream can run it, and joined
     ("a device matmul marked async", "offload", setter(lambda p: first(p, "matmul")["attrs"].update({"async": True})), "async is for collectives, copies"),
     ("a host update's async dropped, its wait kept", "offload", setter(lambda p: first(p, "adamw_update")["attrs"].pop("async")), "no collective, copy or host update writing it is in flight"),
+    # fsdp-offload's nvme: optimizer state in the swap file ([Note: swap file])
+    ("nvme_bytes 64", "nvme", setter(lambda p: p.update(nvme_bytes=64)), "reaches outside the swap file of 64 bytes"),
+    ("buffer space \"nvme\" on a parameter", "nvme", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(space="nvme", offset=0)), "only whole persistent optimizer state may be"),
+    ("an update naming its swap-file state", "nvme", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(2, first(p, "adamw_update")["attrs"]["swap"][0][0])), "which is in the swap file"),
+    ("swap entry of two fields", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"].__setitem__(0, [1, 2])), "expected [file, staging, write]"),
+    ("swap is an object", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap={"a": 1})), "attrs.swap: expected an array"),
+    ("swap from a host buffer", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(0, first(p, "adamw_update")["in"][0])), "is no buffer in the swap file"),
+    ("swap staging of other bytes (the lr copy)", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(1, first(p, "adamw_update")["in"][4])), "must be a transient host buffer of the state's"),
+    ("swap staging not written back", "nvme", setter(lambda p: first(p, "adamw_update")["out"].__setitem__(1, first(p, "adamw_update")["in"][0])), "does not write its staging buffer"),
+    ("swap on a device matmul", "nvme", setter(lambda p: first(p, "matmul")["attrs"].update(swap=first(p, "adamw_update")["attrs"]["swap"])), "is no host instruction"),
     # fsdp-offload's next-step: carried waits join the previous step's update
     ("carried \"yes\"", "nextstep", setter(lambda p: p["program"][carried(p)[0]]["attrs"].update(carried="yes")), "\"carried\" is a boolean of a wait"),
     ("carried on a matmul", "nextstep", setter(lambda p: first(p, "matmul")["attrs"].update(carried=True)), "\"carried\" is a boolean of a wait"),
@@ -351,11 +361,12 @@ def main():
     unfused = sys.argv[7] if len(sys.argv) > 7 else None
     lamb = sys.argv[8] if len(sys.argv) > 8 else None
     nextstep = sys.argv[9] if len(sys.argv) > 9 else None
+    nvme = sys.argv[10] if len(sys.argv) > 10 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
     for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
                       ("offload", offload), ("gpt_unfused", unfused), ("lamb", lamb),
-                      ("nextstep", nextstep)):
+                      ("nextstep", nextstep), ("nvme", nvme)):
         if path is None:
             continue
         with open(path) as f:
@@ -407,6 +418,10 @@ def main():
         check("plan: missing file", [os.path.join(tmp, "nope.plan")], "cannot open")
         check("plan: a directory", [tmp], "plan")
         check("plan: world size 1, run with 2 ranks", [mlp, "--steps", "1", "--nproc", "2"], "compiled for 1 rank")
+        if nvme:
+            check("nvme: no --nvme-dir", [nvme, "--steps", "1"], "give fsdp-run --nvme-dir")
+            check("nvme: --nvme-dir missing", [nvme, "--steps", "1", "--nvme-dir", os.path.join(tmp, "none")], "is not a directory")
+            check("nvme: --nvme-dir a file", [nvme, "--steps", "1", "--nvme-dir", mlp], "is not a directory")
 
         # --- options
         check("option: unknown --frobnicate", [mlp, "--frobnicate"], "unknown option")

@@ -12,6 +12,7 @@
 #include "runtime/core/OpRules.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
+#include "runtime/core/SwapFile.h"
 
 #include <gtest/gtest.h>
 
@@ -137,6 +138,47 @@ TEST(SafeTensorsTest, WritesOnlyRegularFiles) {
   EXPECT_EQ(back, "two");
   std::remove(fifo.c_str());
   std::remove(file.c_str());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SwapFileTest, ZerosRoundTripBoundsAndNothingLeftBehind) {
+  // fsdp-offload's nvme: the file starts as zeros (the optimizer state's
+  // initial value), reads back what was written at any offset, refuses a
+  // transfer outside it by name, and is gone from the directory while
+  // open (unlinked at once) and after.
+  std::string dir = tempPath("swapdir");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directory(dir);
+  {
+    SwapFile f;
+    ASSERT_TRUE(f.open(dir, 3, 4096).isOk());
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+    std::vector<float> z(1024, 1.0f);
+    ASSERT_TRUE(f.read(0, z.data(), 4096).isOk());
+    for (float v : z)
+      ASSERT_EQ(v, 0.0f);
+    std::vector<float> a(100), b(100);
+    for (int i = 0; i < 100; ++i)
+      a[i] = 0.25f * (float)i - 3.0f;
+    ASSERT_TRUE(f.write(1000, a.data(), 400).isOk());
+    ASSERT_TRUE(f.read(1000, b.data(), 400).isOk());
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(f.bytesRead(), 4096 + 400);
+    EXPECT_EQ(f.bytesWritten(), 400);
+    Status st = f.read(4000, b.data(), 400);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_NE(st.message().find("outside its 4096 bytes"), std::string::npos) << st.message();
+    EXPECT_FALSE(f.write(-4, a.data(), 4).isOk());
+    // Reopened: a new file, zeros again.
+    ASSERT_TRUE(f.open(dir, 3, 512).isOk());
+    ASSERT_TRUE(f.read(0, b.data(), 400).isOk());
+    EXPECT_EQ(b, std::vector<float>(100, 0.0f));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  SwapFile g;
+  Status st = g.open(dir + "/missing", 0, 64);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("is not a directory"), std::string::npos) << st.message();
   std::filesystem::remove_all(dir);
 }
 

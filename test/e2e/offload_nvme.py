@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Optimizer state on disk (offload-nvme=true, ZeRO-Infinity's optimizer
+offload to NVMe): the same training with less host memory.
+
+usage: offload_nvme.py BIN_DIR
+
+Keeping the offloaded optimizer state in a per-rank swap file moves bytes
+between the file and a staging buffer of the host arena around each
+update; the update itself is the same kernel on the same bytes. So, for
+every configuration below, against the same plan with the state in the
+host arena (offload=optimizer):
+(a) the losses of 6 steps and the final parameters are bitwise equal;
+(b) memory: every offloaded state buffer is in the swap file (none in the
+    host arena: memory.host.state = 0, memory.nvme.state = the host
+    plan's state bytes), the host arena shrinks by at least the state it
+    no longer holds less the staging live at once (not with next-step,
+    where every update's operands live through the step), the device
+    arena is the same, and fsdp-run measures both arenas' high-water and
+    peak live bytes equal to the plan's;
+(c) traffic: fsdp-run reports the swap file's size as the plan's
+    nvme_bytes, and per step reads exactly the bytes of every swap of
+    every instruction and writes back those of the updates;
+(d) nothing is left in --nvme-dir after a run;
+(e) checkpoints: 4 steps with --ckpt-dir, --resume to 8 gives the
+    uninterrupted run's losses and parameters bitwise; the checkpoint
+    resumes in the plan with the state in host memory and back (the same
+    shards), bitwise;
+(f) refusals: a plan with state on disk run without --nvme-dir, or with a
+    directory that does not exist, fails naming the flag / the directory;
+(g) the cost model (h100 profile, fsdp-sim and fsdp-opt simulate=true):
+    the host stream's busy time grows by exactly the swaps' bytes at the
+    profile's NVMe read and write rates, and the two tools agree on the
+    step.
+"""
+import re
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+
+# (model, ranks, pipeline options)
+CONFIGS = [
+    ("mlp", 1, "optimizer=adamw stage=3"),
+    ("mlp", 2, "optimizer=adamw stage=3 max-grad-norm=0.5"),
+    ("mlp", 3, "optimizer=sgd momentum=0.9 stage=2"),
+    ("mlp", 2, "optimizer=adamw stage=3 offload-overlap=false"),
+    ("gpt", 2, "optimizer=adamw stage=3 param-dtype=bf16 recompute=unit "
+               "weight-decay-params=matrices"),
+    # LAMB: its norms read the moments (read-only swaps), its update writes
+    ("gpt", 2, "optimizer=lamb stage=3 max-grad-norm=1.0 weight-decay=0.1 "
+               "weight-decay-params=matrices"),
+    ("gpt", 2, "optimizer=adamw stage=3 max-grad-norm=1.0 offload-next-step=true"),
+]
+
+
+def main():
+    bindir = sys.argv[1]
+    failures = []
+
+    def report(ok, what):
+        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {}
+        for name, args in (("mlp", ["mlp", "--hidden", "64", "--blocks", "4", "--batch", "16"]),
+                           ("gpt", ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2",
+                                    "--heads", "2", "--width", "16", "--batch", "4"])):
+            models[name] = os.path.join(tmp, name + ".mlir")
+            subprocess.run([sys.executable, GEN] + args + ["-o", models[name]], check=True)
+        swapdir = os.path.join(tmp, "nvme")
+        os.mkdir(swapdir)
+
+        def compile_(model, n, pipeline, nvme, tag):
+            plan = os.path.join(tmp, tag + ".plan")
+            subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                            f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                            f"offload-nvme={'true' if nvme else 'false'} plan={plan} "
+                            f"report=false"], check=True, capture_output=True, text=True)
+            return plan
+
+        def run(plan, n, *extra):
+            return subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json",
+                                   "--threads", "1", "--lr", "1e-2"] + list(extra)
+                                  + (["--nproc", str(n)] if n > 1 else []),
+                                  capture_output=True, text=True, timeout=300)
+
+        def train(plan, n, *extra):
+            r = run(plan, n, "--nvme-dir", swapdir, *extra)
+            if r.returncode != 0:
+                raise RuntimeError(f"fsdp-run {plan} failed: {r.stderr}")
+            rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+            losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
+            return losses, [x for x in rows if x.get("summary")][0]
+
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+
+        for i, (model, n, pipeline) in enumerate(CONFIGS):
+            what = f"{model} N={n} {pipeline}"
+            host = compile_(model, n, pipeline, False, f"c{i}-host")
+            disk = compile_(model, n, pipeline, True, f"c{i}-nvme")
+            ref, sh = train(host, n, "--steps", "6", "--save", host + ".st")
+            got, s = train(disk, n, "--steps", "6", "--save", disk + ".st")
+            # (a)
+            report(got == ref and len(got) == 6 and read(host + ".st") == read(disk + ".st"),
+                   f"(a) {what}: losses and final parameters bitwise equal")
+            # (b)
+            ph, pd = json.load(open(host)), json.load(open(disk))
+            mh, md = ph["memory"], pd["memory"]
+            bufs = pd["buffers"]
+            states = [bufs[x["buffer"]] for x in pd["states"]]
+            on_disk = all(b.get("space") == "nvme" for b in states) and bool(states)
+            freed = mh["host"]["state"] - md["host"]["staging"]
+            nextstep = "next-step" in pipeline
+            shrunk = (pd["host_arena_bytes"] == ph["host_arena_bytes"] if nextstep else
+                      pd["host_arena_bytes"] <= ph["host_arena_bytes"] - freed)
+            report(on_disk and md["host"]["state"] == 0 and
+                   md["nvme"]["state"] == mh["host"]["state"] and shrunk and
+                   pd["arena_bytes"] == ph["arena_bytes"],
+                   f"(b) {what}: {len(states)} state buffers, {md['nvme']['state']} B, in the "
+                   f"swap file; host arena {pd['host_arena_bytes']} B (state in host memory: "
+                   f"{ph['host_arena_bytes']} B" + (", next-step keeps every staging live)"
+                                                    if nextstep else ")"))
+            measured = (s["measured_high_water"] == s["predicted_peak"] and
+                        s["measured_peak_live"] == s["predicted_peak_live"] and
+                        s["measured_host_high_water"] == s["predicted_host_peak"] and
+                        s["measured_host_peak_live"] == s["predicted_host_peak_live"] and
+                        s["predicted_host_peak"] == pd["host_arena_bytes"])
+            report(measured, f"(b) {what}: measured == predicted, device "
+                             f"{s['measured_high_water']} B and host "
+                             f"{s['measured_host_high_water']} B")
+            # (c) per step: every swap read, the written ones written back
+            swaps = [sw for x in pd["program"] for sw in x.get("attrs", {}).get("swap", [])]
+            rd = sum(bufs[f]["bytes"] for f, _, _ in swaps)
+            wr = sum(bufs[f]["bytes"] for f, _, w in swaps if w)
+            report(s.get("nvme_bytes") == pd["nvme_bytes"] and
+                   s.get("nvme_read_bytes_per_step") == rd and
+                   s.get("nvme_written_bytes_per_step") == wr and wr > 0,
+                   f"(c) {what}: swap file {s.get('nvme_bytes')} B, {rd} B read and {wr} B "
+                   f"written a step ({len(swaps)} swaps)")
+            # (d)
+            report(os.listdir(swapdir) == [], f"(d) {what}: nothing left in --nvme-dir")
+
+        # (e) checkpoints on the 2-rank clipped MLP and the bf16 GPT.
+        for i in (1, 4):
+            model, n, pipeline = CONFIGS[i]
+            disk = os.path.join(tmp, f"c{i}-nvme.plan")
+            host = os.path.join(tmp, f"c{i}-host.plan")
+            ref, _ = train(disk, n, "--steps", "8", "--save", disk + ".ref.st")
+            ck = os.path.join(tmp, f"ck{i}")
+            train(disk, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2")
+            after, _ = train(disk, n, "--steps", "8", "--resume", ck, "--save", disk + ".res.st")
+            report(after == ref[4:] and read(disk + ".ref.st") == read(disk + ".res.st"),
+                   f"(e) {model} N={n}: resumed losses 5-8 and final parameters bitwise equal")
+            other, _ = train(host, n, "--steps", "8", "--resume", ck)
+            report(other == ref[4:], f"(e) {model} N={n}: the checkpoint of state on disk "
+                                     f"resumes with the state in host memory, bitwise")
+            ckh = os.path.join(tmp, f"ckh{i}")
+            train(host, n, "--steps", "4", "--ckpt-dir", ckh, "--save-every", "4")
+            back, _ = train(disk, n, "--steps", "8", "--resume", ckh)
+            report(back == ref[4:], f"(e) {model} N={n}: the host-memory checkpoint resumes "
+                                    f"with the state on disk, bitwise")
+
+        # (f)
+        disk = os.path.join(tmp, "c0-nvme.plan")
+        r = run(disk, 1, "--steps", "1")
+        report(r.returncode == 1 and "--nvme-dir" in r.stderr and "swap file" in r.stderr,
+               "(f) no --nvme-dir refused: " + r.stderr.strip().splitlines()[-1][-110:])
+        missing = os.path.join(tmp, "no-such-dir")
+        r = run(disk, 1, "--steps", "1", "--nvme-dir", missing)
+        report(r.returncode == 1 and "is not a directory" in r.stderr and missing in r.stderr,
+               "(f) a missing --nvme-dir refused: " + r.stderr.strip().splitlines()[-1][-80:])
+
+        # (g)
+        sim = os.path.join(HERE, "..", "..", "tools", "fsdp-sim", "fsdp-sim")
+        model, n, pipeline = CONFIGS[1]
+        disk, host = (os.path.join(tmp, f"c1-{t}.plan") for t in ("nvme", "host"))
+        out = subprocess.run([sys.executable, sim, disk, host, "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        sd, shost = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        pd = json.load(open(disk))
+        io_ms = 1e3 * sum(pd["buffers"][f]["bytes"] * (1 / 6.5e9 + (1 / 3.5e9 if w else 0))
+                          for x in pd["program"] for f, _, w in x.get("attrs", {}).get("swap", []))
+        grew = sd["host_ms"] - shost["host_ms"]
+        report(abs(grew - io_ms) <= 1e-9 + 1e-9 * io_ms and io_ms > 0,
+               f"(g) {model} N={n}: fsdp-sim's host stream {grew:.6f} ms busier = the swaps at "
+               f"6.5 / 3.5 GB/s ({io_ms:.6f} ms)")
+        r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                            f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                            f"offload-nvme=true report=false simulate=true"],
+                           capture_output=True, text=True)
+        m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+        h = re.search(r"host updates\s+([0-9.]+) ms", r.stderr)
+        report(m is not None and h is not None and abs(float(m.group(1)) - sd["step_ms"]) <= 6e-4
+               and abs(float(h.group(1)) - sd["host_ms"]) <= 6e-4,
+               f"(g) {model} N={n}: fsdp-opt simulate=true agrees (step "
+               f"{m.group(1) if m else '?'} ms, host {h.group(1) if h else '?'} ms; fsdp-sim "
+               f"{sd['step_ms']:.3f}, {sd['host_ms']:.3f})")
+
+    if failures:
+        print("FAILED:", "; ".join(failures))
+        return 1
+    print("all offload-nvme checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
