@@ -45,7 +45,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
-  search.offloadNvme = options.offloadNvme;
+  search.offloadNvme = autoBoolName(options.offloadNvme);
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
   search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
@@ -172,13 +172,13 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // offload-nvme without offload reaches fsdp-offload, which says why not.
   if ((options.offload != "none" && !searched &&
        (options.memoryBudget.empty() || options.offload != "auto")) ||
-      (options.offloadNvme && options.offload == "none")) {
+      (options.offloadNvme == AutoBool::True && options.offload == "none")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;
     off.prefetch = options.overlap && options.offloadPrefetch != AutoBool::False;
     off.nextStep = options.offloadNextStep == AutoBool::True;
-    off.nvme = options.offloadNvme;
+    off.nvme = options.offloadNvme == AutoBool::True;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

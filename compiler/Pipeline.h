@@ -209,14 +209,20 @@ struct FsdpPipelineOptions
                      "in device or, with offload=all, host memory); declared "
                      "(default): its parameters' dtype"),
       llvm::cl::init("declared")};
-  Option<bool> offloadNvme{*this, "offload-nvme",
-                           llvm::cl::desc("with offload=optimizer|all: ZeRO-Infinity's NVMe "
-                                          "offload; the offloaded units' optimizer state lives in "
-                                          "a per-rank swap file (fsdp-run --nvme-dir DIR), each "
-                                          "update reading it into the host arena and writing it "
-                                          "back (host memory: the master shards and one update's "
-                                          "state instead of all the state)"),
-                           llvm::cl::init(false)};
+  Option<AutoBool> offloadNvme{
+      *this, "offload-nvme",
+      llvm::cl::desc("with offload=optimizer|all: true is ZeRO-Infinity's NVMe "
+                     "offload; the offloaded units' optimizer state lives in "
+                     "a per-rank swap file (fsdp-run --nvme-dir DIR), each "
+                     "update reading it into the host arena and writing it "
+                     "back (host memory: the master shards and one update's "
+                     "state instead of all the state); auto: with "
+                     "memory-budget the search weighs both (host-memory-budget "
+                     "makes it win), without one false; false (the default)"),
+      llvm::cl::values(clEnumValN(AutoBool::False, "false", "state in host memory"),
+                       clEnumValN(AutoBool::True, "true", "state in the swap file"),
+                       clEnumValN(AutoBool::Auto, "auto", "the search decides")),
+      llvm::cl::init(AutoBool::False)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

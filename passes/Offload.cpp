@@ -65,7 +65,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
              "it needs overlap";
       return signalPassFailure();
     }
-    if (nvme && nextStep)
+    if (nvme && nextStep && warnings)
       // Correct, but the host arena keeps every update's operands through
       // the step (next-step), the staging copies included: nvme then saves
       // no host memory and adds the file's traffic.

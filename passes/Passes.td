@@ -606,6 +606,9 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "copy stream, issued right after the previous one's wait (one "
            "copy ahead); false: each runs on the compute stream right "
            "before its reader">,
+    Option<"warnings", "warnings", "bool", /*default=*/"true",
+           "warn where an option combination buys nothing (the memory-budget "
+           "search turns it off for its candidates)">,
     Option<"nvme", "nvme", "bool", /*default=*/"false",
            "ZeRO-Infinity: the offloaded units' optimizer state lives in a "
            "per-rank swap file (fsdp-run --nvme-dir), read into a staging "
@@ -842,9 +845,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "fsdp-offload's next-step (the host updates are joined in the next "
            "step, beside its forward pass): true, false, or auto: each "
            "offloaded candidate with async updates is weighed both ways">,
-    Option<"offloadNvme", "offload-nvme", "bool", /*default=*/"false",
-           "fsdp-offload's nvme for every offloaded candidate: its optimizer "
-           "state in the per-rank swap file">,
+    Option<"offloadNvme", "offload-nvme", "std::string", /*default=*/"\"false\"",
+           "fsdp-offload's nvme (the offloaded optimizer state in the per-rank "
+           "swap file): true, false, or auto: each offloaded candidate is "
+           "weighed both ways (host-memory-budget is what makes it win)">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",

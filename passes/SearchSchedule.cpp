@@ -59,6 +59,8 @@ struct Choice {
   bool nextStep = false;
   /// fsdp-offload's prefetch: its copies to the device on the copy stream.
   bool prefetch = false;
+  /// fsdp-offload's nvme: the offloaded optimizer state in the swap file.
+  bool nvme = false;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -70,7 +72,8 @@ struct Choice {
            (activations ? " offload-activations=true" : "") +
            (nextStep ? " offload-next-step=true" : "") +
            (offload != "none" ? std::string(" offload-prefetch=") + (prefetch ? "true" : "false")
-                              : "");
+                              : "") +
+           (nvme ? " offload-nvme=true" : "");
   }
 };
 
@@ -140,7 +143,8 @@ struct SearchSchedulePass
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch) {
+  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch,
+              bool nvme) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
     if (activations) {
@@ -156,7 +160,8 @@ struct SearchSchedulePass
     o.overlap = overlap && offloadOverlap;
     o.prefetch = prefetch;
     o.nextStep = nextStep;
-    o.nvme = offloadNvme;
+    o.nvme = nvme;
+    o.warnings = false;
     return run(m, createFsdpOffload(o));
   }
   /// Units after grouping K layers per unit (marked units plus root).
@@ -206,7 +211,7 @@ struct SearchSchedulePass
   int64_t shards = 1;
   SmallVector<int64_t> groupings, depths;
   SmallVector<std::string> recomputes, reshards, offloads;
-  SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices;
+  SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices, nvmeChoices;
   std::vector<Leaf> leaves;
 
   LogicalResult fail(const Twine &msg) {
@@ -226,7 +231,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
-        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch))
+        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch, c.nvme))
       return nullptr;
     return m;
   }
@@ -376,6 +381,15 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   prefetchChoices.assign({offloadPrefetch == "true" && overlap});
   if (offloadPrefetch == "auto" && overlap)
     prefetchChoices.push_back(true);
+  // The optimizer state on disk: pinned or weighed (auto). It only adds
+  // the swaps to the host updates, so it wins where host-memory-budget
+  // needs it, or where the host stream hides the swaps entirely (a tie
+  // goes to the smaller host arena).
+  if (offloadNvme != "false" && offloadNvme != "true" && offloadNvme != "auto")
+    return fail("offload-nvme='" + offloadNvme + "': expected false, true or auto");
+  nvmeChoices.assign({offloadNvme == "true"});
+  if (offloadNvme == "auto")
+    nvmeChoices.push_back(true);
   depths.assign({0, 1, 2});
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
@@ -407,39 +421,49 @@ LogicalResult SearchSchedulePass::searchUniform() {
             off == "none" ? ArrayRef<bool>(nextStepChoices).take_front() : nextStepChoices;
         ArrayRef<bool> prefetches =
             off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
+        ArrayRef<bool> nvmes =
+            off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
         for (int64_t depth : depths)
           for (bool acts : activationChoices)
             for (bool ns : nextSteps)
-              for (bool pf : prefetches) {
-                Leaf leaf;
-                leaf.choice = {k,
-                               rc,
-                               reshard,
-                               depth,
-                               units,
-                               rsUnits,
-                               off,
-                               acts,
-                               ns && off != "none",
-                               pf && off != "none"};
-                bool last = depth == depths.back() && acts == activationChoices.back() &&
-                            ns == nextSteps.back() && pf == prefetches.back();
-                OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                if (!schedule(*m, depth) ||
-                    !finish(*m, off, acts, leaf.choice.nextStep, leaf.choice.prefetch))
-                  return failure();
-                auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-                FailureOr<MemoryPlan> plan =
-                    planMemory(*m, step, /*alignment=*/64, /*place=*/false);
-                if (failed(plan))
-                  return failure();
-                leaf.peakLive = plan->peakLive;
-                leaf.hostPeakLive = plan->hostPeakLive;
-                leaf.predicted = predictStep(*m, step, *plan, profile);
-                ++numCandidates;
-                ++evaluated;
-                leaves.push_back(std::move(leaf));
-              }
+              for (bool pf : prefetches)
+                for (bool nv : nvmes) {
+                  // Weighed (auto), the state on disk with next-step is
+                  // dominated: every staging copy lives through the step, so
+                  // the host arena is next-step's without it, plus the swaps.
+                  if (nv && ns && nvmes.size() > 1)
+                    continue;
+                  Leaf leaf;
+                  leaf.choice = {k,
+                                 rc,
+                                 reshard,
+                                 depth,
+                                 units,
+                                 rsUnits,
+                                 off,
+                                 acts,
+                                 ns && off != "none",
+                                 pf && off != "none",
+                                 nv && off != "none"};
+                  bool last = depth == depths.back() && acts == activationChoices.back() &&
+                              ns == nextSteps.back() && pf == prefetches.back() &&
+                              nv == nvmes.back();
+                  OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
+                  if (!schedule(*m, depth) || !finish(*m, off, acts, leaf.choice.nextStep,
+                                                      leaf.choice.prefetch, leaf.choice.nvme))
+                    return failure();
+                  auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
+                  FailureOr<MemoryPlan> plan =
+                      planMemory(*m, step, /*alignment=*/64, /*place=*/false);
+                  if (failed(plan))
+                    return failure();
+                  leaf.peakLive = plan->peakLive;
+                  leaf.hostPeakLive = plan->hostPeakLive;
+                  leaf.predicted = predictStep(*m, step, *plan, profile);
+                  ++numCandidates;
+                  ++evaluated;
+                  leaves.push_back(std::move(leaf));
+                }
       }
     }
   }
@@ -459,7 +483,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
-           a.prefetch == b.prefetch;
+           a.prefetch == b.prefetch && a.nvme == b.nvme;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -674,6 +698,7 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),
           b.getNamedAttr("offload_prefetch", b.getBoolAttr(c.prefetch)),
+          b.getNamedAttr("offload_nvme", b.getBoolAttr(c.nvme)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),

@@ -147,7 +147,7 @@ Status Executor::readBuffer(int64_t id, void *host) const {
   FSDP_RETURN_IF_ERROR(settle(id));
   const Buffer &b = plan.buffers[id];
   if (b.nvme) // [Note: swap file]
-    return swap ? swap->read(b.offset, host, b.bytes)
+    return swap ? swap->read(b.offset, host, b.bytes, /*counted=*/false)
                 : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
   return dev.copyToHost(host, address(id), b.bytes);
 }
@@ -156,7 +156,7 @@ Status Executor::writeBuffer(int64_t id, const void *host) {
   FSDP_RETURN_IF_ERROR(settle(id));
   const Buffer &b = plan.buffers[id];
   if (b.nvme)
-    return swap ? swap->write(b.offset, host, b.bytes)
+    return swap ? swap->write(b.offset, host, b.bytes, /*counted=*/false)
                 : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
   return dev.copyToDevice(address(id), host, b.bytes);
 }

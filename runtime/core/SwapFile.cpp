@@ -54,7 +54,7 @@ Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
   return Status::ok();
 }
 
-Status SwapFile::read(int64_t offset, void *dst, int64_t n) const {
+Status SwapFile::read(int64_t offset, void *dst, int64_t n, bool counted) const {
   if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
     return FSDP_ERROR("swap file ", name, ": read of ", n, " bytes at ", offset, " outside its ",
                       bytes, " bytes");
@@ -68,11 +68,12 @@ Status SwapFile::read(int64_t offset, void *dst, int64_t n) const {
                         " failed: ", k < 0 ? std::strerror(errno) : "unexpected end of file");
     done += k;
   }
-  __atomic_fetch_add(&readTotal, n, __ATOMIC_RELAXED);
+  if (counted)
+    __atomic_fetch_add(&readTotal, n, __ATOMIC_RELAXED);
   return Status::ok();
 }
 
-Status SwapFile::write(int64_t offset, const void *src, int64_t n) const {
+Status SwapFile::write(int64_t offset, const void *src, int64_t n, bool counted) const {
   if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
     return FSDP_ERROR("swap file ", name, ": write of ", n, " bytes at ", offset, " outside its ",
                       bytes, " bytes");
@@ -86,7 +87,8 @@ Status SwapFile::write(int64_t offset, const void *src, int64_t n) const {
                         " failed: ", k < 0 ? std::strerror(errno) : "no progress");
     done += k;
   }
-  __atomic_fetch_add(&writeTotal, n, __ATOMIC_RELAXED);
+  if (counted)
+    __atomic_fetch_add(&writeTotal, n, __ATOMIC_RELAXED);
   return Status::ok();
 }
 

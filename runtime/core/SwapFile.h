@@ -37,11 +37,13 @@ public:
 
   /// Reads or writes `n` bytes at `offset`, all of them (short transfers
   /// and EINTR are retried); any other failure names the file and errno.
-  /// Safe from several threads at once (pread / pwrite).
-  Status read(int64_t offset, void *dst, int64_t n) const;
-  Status write(int64_t offset, const void *src, int64_t n) const;
+  /// Safe from several threads at once (pread / pwrite). `counted`: the
+  /// bytes count in bytesRead / bytesWritten (the training steps' swaps;
+  /// not checkpoints).
+  Status read(int64_t offset, void *dst, int64_t n, bool counted = true) const;
+  Status write(int64_t offset, const void *src, int64_t n, bool counted = true) const;
 
-  /// Bytes moved so far each way (for the run's summary).
+  /// Counted bytes moved so far each way (for the run's summary).
   int64_t bytesRead() const { return readTotal; }
   int64_t bytesWritten() const { return writeTotal; }
 

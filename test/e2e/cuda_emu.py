@@ -16,7 +16,9 @@ processes). Not a GPU result: it checks the backend's logic.
                 with optimizer offload also on concurrent streams,
                 CUDAEMU_STREAMS=threads, bitwise eager),
                 optimizer offload (the host
-                updates on the host stream; 1 rank and 2), per-micro-batch reduction,
+                updates on the host stream; 1 rank and 2; with the optimizer
+                state on disk, offload-nvme, also on concurrent streams),
+                per-micro-batch reduction,
                 label smoothing, ignore_index with a loss mask (1 rank and
                 2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
                 dropout with --cuda-graphs bitwise eager (the replays
@@ -210,6 +212,18 @@ def main():
         eager = run(plan, f"{tag}_cuda", 6, 3e-3)
         check(f"feature {name}", eager, run(plan, f"{tag}_cpu", 6, 3e-3, device="cpu"), 1e-5)
         feature_runs[name] = (plan, eager)
+    # Optimizer state on disk (offload-nvme): each update's swaps run in
+    # its work on the host stream (read, update, write back), against the
+    # CPU device; below also on concurrent streams, bitwise this run.
+    swapdir = os.path.join(tmp, "nvme")
+    os.makedirs(swapdir, exist_ok=True)
+    nvme = ["--nvme-dir", swapdir]
+    nplan = compile_plan(gpt, "gpt_nvme", "optimizer=adamw stage=3 offload=optimizer "
+                         "offload-nvme=true max-grad-norm=1.0")
+    neager = run(nplan, "nvme_cuda", 6, 3e-3, extra=nvme)
+    check("feature offload-nvme", neager,
+          run(nplan, "nvme_cpu", 6, 3e-3, device="cpu", extra=nvme), 1e-5)
+    feature_runs["offload-nvme"] = (nplan, neager)
     # The next-step plan prefetches (the default): its carried joins are on
     # the copy stream, so the CUDA device's wait of the copy stream for the
     # host stream (a host function on the stream) is what ran above.
@@ -306,11 +320,13 @@ def main():
     # update of its unit (the copy-stream join) would copy the old shard.
     if mode != "--gpu":
         concurrent = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
-        for name in ("offload-activations", "optimizer offload", "offload next-step"):
+        for name in ("offload-activations", "optimizer offload", "offload next-step",
+                     "offload-nvme"):
             env = dict(concurrent)
             if name == "offload next-step":
                 env["FSDP_CUDA_HOST_DELAY_US"] = "300000"
-            same_as_eager(name, f"{name} on concurrent streams", env=env)
+            same_as_eager(name, f"{name} on concurrent streams", env=env,
+                          extra=nvme if name == "offload-nvme" else ())
 
     # --trace on the next-step plan: the host updates on the host track,
     # one span per update per step (stamped on the host stream's thread,

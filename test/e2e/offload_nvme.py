@@ -30,7 +30,12 @@ host arena (offload=optimizer):
 (g) the cost model (h100 profile, fsdp-sim and fsdp-opt simulate=true):
     the host stream's busy time grows by exactly the swaps' bytes at the
     profile's NVMe read and write rates, and the two tools agree on the
-    step.
+    step;
+(h) the memory-budget search with offload-nvme=auto keeps the state in
+    host memory where it fits host-memory-budget (the swaps only add
+    time) and puts it on disk where only that fits, recording the choice
+    (strategy.offload_nvme), and the plan it chose trains as the plan
+    compiled with offload-nvme=true for the same schedule.
 """
 import re
 import json
@@ -156,9 +161,18 @@ def main():
             ref, _ = train(disk, n, "--steps", "8", "--save", disk + ".ref.st")
             ck = os.path.join(tmp, f"ck{i}")
             train(disk, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2")
-            after, _ = train(disk, n, "--steps", "8", "--resume", ck, "--save", disk + ".res.st")
+            after, sa = train(disk, n, "--steps", "8", "--resume", ck, "--save",
+                              disk + ".res.st")
             report(after == ref[4:] and read(disk + ".ref.st") == read(disk + ".res.st"),
                    f"(e) {model} N={n}: resumed losses 5-8 and final parameters bitwise equal")
+            # The summary's traffic is the steps' swaps, not the resume's
+            # writes of the state into the file.
+            pd = json.load(open(disk))
+            wr = sum(pd["buffers"][f]["bytes"] for x in pd["program"]
+                     for f, _, w in x.get("attrs", {}).get("swap", []) if w)
+            report(sa.get("nvme_written_bytes_per_step") == wr,
+                   f"(e) {model} N={n}: after a resume {sa.get('nvme_written_bytes_per_step')} B "
+                   f"written a step, the steps' swaps only ({wr} B)")
             other, _ = train(host, n, "--steps", "8", "--resume", ck)
             report(other == ref[4:], f"(e) {model} N={n}: the checkpoint of state on disk "
                                      f"resumes with the state in host memory, bitwise")
@@ -203,6 +217,39 @@ def main():
                f"(g) {model} N={n}: fsdp-opt simulate=true agrees (step "
                f"{m.group(1) if m else '?'} ms, host {h.group(1) if h else '?'} ms; fsdp-sim "
                f"{sd['step_ms']:.3f}, {sd['host_ms']:.3f})")
+
+        # (h)
+        def search(tag, nvme, host_budget=None):
+            plan = os.path.join(tmp, tag + ".plan")
+            subprocess.run([os.path.join(bindir, "fsdp-opt"), models["mlp"], "-o", os.devnull,
+                            "--fsdp-pipeline=world-size=2 optimizer=adamw stage=3 "
+                            f"memory-budget=64MiB offload=optimizer offload-nvme={nvme} "
+                            f"plan={plan} report=false"
+                            + (f" host-memory-budget={host_budget}" if host_budget else "")],
+                           check=True, capture_output=True, text=True)
+            return plan, json.load(open(plan))
+        _, free = search("auto-free", "auto")
+        pinned_plan, pinned = search("pinned", "true")
+        budget = (free["host_arena_bytes"] + pinned["host_arena_bytes"]) // 2
+        tight_plan, tight = search("auto-tight", "auto", budget)
+        report(free["strategy"]["offload_nvme"] is False and "nvme_bytes" not in free and
+               pinned["host_arena_bytes"] < free["host_arena_bytes"] and
+               tight["strategy"]["offload_nvme"] is True and tight.get("nvme_bytes", 0) > 0 and
+               tight["host_arena_bytes"] <= budget,
+               f"(h) mlp N=2 offload-nvme=auto: state in host memory without a host budget "
+               f"(host arena {free['host_arena_bytes']} B), on disk under "
+               f"host-memory-budget={budget} (host arena {tight['host_arena_bytes']} B)")
+        keys = ("layers_per_unit", "recompute", "recompute_units", "reshard_after_forward",
+                "reshard_units", "prefetch_depth", "offload", "offload_activations",
+                "offload_next_step", "offload_prefetch", "offload_nvme")
+        if all(tight["strategy"][k] == pinned["strategy"][k] for k in keys):
+            a, _ = train(tight_plan, 2, "--steps", "4")
+            b2, _ = train(pinned_plan, 2, "--steps", "4")
+            report(a == b2 and len(a) == 4, "(h) mlp N=2: the chosen plan trains bitwise as "
+                                            "offload-nvme=true's (the same schedule)")
+        else:
+            report(False, f"(h) mlp N=2: the search chose {tight['strategy']}, "
+                          f"offload-nvme=true {pinned['strategy']}")
 
     if failures:
         print("FAILED:", "; ".join(failures))
