@@ -45,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_lib import Checks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
@@ -67,12 +69,7 @@ CONFIGS = [
 
 def main():
     bindir = sys.argv[1]
-    failures = []
-
-    def report(ok, what):
-        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(what)
+    report = Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
@@ -274,11 +271,7 @@ def main():
         report(bool(line) and "needs trainable units with sharded storage" in line[0],
                "(d) stage 0 refused: " + (line[0].split("error: ")[-1][:90] if line else err))
 
-    if failures:
-        print("FAILED:", "; ".join(failures))
-        return 1
-    print("all offload checks passed")
-    return 0
+    return report.finish("all offload checks passed")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_lib import Checks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
@@ -49,12 +51,7 @@ CONFIGS = [
 
 def main():
     bindir = sys.argv[1]
-    failures = []
-
-    def report(ok, what):
-        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(what)
+    report = Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
@@ -173,11 +170,7 @@ def main():
                f"(c) gpt N=2: validation losses bitwise equal ({len(vals['false'])} "
                f"evaluations)")
 
-    if failures:
-        print("FAILED:", "; ".join(failures))
-        return 1
-    print("all activation offload checks passed")
-    return 0
+    return report.finish("all activation offload checks passed")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_lib import Checks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
@@ -51,12 +53,7 @@ DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 def main():
     bindir = sys.argv[1]
-    failures = []
-
-    def report(ok, what):
-        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(what)
+    report = Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
@@ -178,11 +175,7 @@ def main():
                "(d) without frozen parameters the floor is offload=optimizer's (all is no "
                "candidate); offload=everything refused by name")
 
-    if failures:
-        print("FAILED:", "; ".join(failures))
-        return 1
-    print("all frozen-offload checks passed")
-    return 0
+    return report.finish("all frozen-offload checks passed")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_lib import Checks, gen_models, run_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
 # (model, ranks, pipeline options)
 CONFIGS = [
@@ -64,20 +65,13 @@ CONFIGS = [
 
 def main():
     bindir = sys.argv[1]
-    failures = []
-
-    def report(ok, what):
-        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(what)
+    report = Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
-        models = {}
-        for name, args in (("mlp", ["mlp", "--hidden", "64", "--blocks", "4", "--batch", "16"]),
-                           ("gpt", ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2",
-                                    "--heads", "2", "--width", "16", "--batch", "4"])):
-            models[name] = os.path.join(tmp, name + ".mlir")
-            subprocess.run([sys.executable, GEN] + args + ["-o", models[name]], check=True)
+        models = gen_models(tmp, {
+            "mlp": ["mlp", "--hidden", "64", "--blocks", "4", "--batch", "16"],
+            "gpt": ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "2",
+                    "--width", "16", "--batch", "4"]})
         swapdir = os.path.join(tmp, "nvme")
         os.mkdir(swapdir)
 
@@ -96,12 +90,8 @@ def main():
                                   capture_output=True, text=True, timeout=300)
 
         def train(plan, n, *extra):
-            r = run(plan, n, "--nvme-dir", swapdir, *extra)
-            if r.returncode != 0:
-                raise RuntimeError(f"fsdp-run {plan} failed: {r.stderr}")
-            rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-            losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
-            return losses, [x for x in rows if x.get("summary")][0]
+            return run_json(bindir, plan, n, "--threads", "1", "--lr", "1e-2", "--nvme-dir",
+                            swapdir, *extra)
 
         def read(path):
             with open(path, "rb") as f:
@@ -251,11 +241,7 @@ def main():
             report(False, f"(h) mlp N=2: the search chose {tight['strategy']}, "
                           f"offload-nvme=true {pinned['strategy']}")
 
-    if failures:
-        print("FAILED:", "; ".join(failures))
-        return 1
-    print("all offload-nvme checks passed")
-    return 0
+    return report.finish("all offload-nvme checks passed")
 
 
 if __name__ == "__main__":

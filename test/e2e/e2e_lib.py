@@ -1,0 +1,54 @@
+"""Shared pieces of the end-to-end tests (test/e2e/*.py): the check
+reporter, the example models they generate, and a fsdp-run call read
+back through --json."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+
+
+class Checks:
+    """Prints each check as `what  ok|MISMATCH` and remembers the failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        print(f"{what}  {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            self.failures.append(what)
+
+    def finish(self, passed):
+        """The exit status: 1 after printing the failures, else 0 after
+        `passed`."""
+        if self.failures:
+            print("FAILED:", "; ".join(self.failures))
+            return 1
+        print(passed)
+        return 0
+
+
+def gen_models(tmp, specs):
+    """Writes each model {name: gen_models.py arguments} to tmp/name.mlir;
+    returns {name: path}."""
+    paths = {}
+    for name, args in specs.items():
+        paths[name] = os.path.join(tmp, name + ".mlir")
+        subprocess.run([sys.executable, GEN] + list(args) + ["-o", paths[name]], check=True)
+    return paths
+
+
+def run_json(bindir, plan, n, *args, timeout=300):
+    """fsdp-run PLAN --json ARGS on n ranks: (losses of the training
+    steps, the summary row); raises with fsdp-run's stderr if it fails."""
+    r = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json"] + list(args)
+                       + (["--nproc", str(n)] if n > 1 else []),
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"fsdp-run {plan} failed: {r.stderr}")
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
+    return losses, [x for x in rows if x.get("summary")][0]
