@@ -50,9 +50,10 @@ struct DeviceProfile {
   double hostLinkBytesPerS = 64e9, hostMemBytesPerS = 307e9 / 4;
   /// fsdp-offload's nvme: the swap file's read and write rates for one
   /// rank (one PCIe Gen4 NVMe drive a GPU, as a DGX H100's eight; also the
-  /// default of a profile that leaves them out: fsdp-run --calibrate does
-  /// not measure a disk). An update's swaps are read before it and the
-  /// updated state written after it, in its own host work.
+  /// default of a profile that leaves them out: fsdp-run --calibrate
+  /// measures them only with --nvme-dir). An update's swaps are read
+  /// before it and the updated state written after it, in its own host
+  /// work.
   double nvmeReadBytesPerS = 6.5e9, nvmeWriteBytesPerS = 3.5e9;
   /// Measured seconds per work unit of an op (calibrated CPU profiles).
   llvm::StringMap<double> secondsPerUnit;

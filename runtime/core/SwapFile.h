@@ -15,10 +15,14 @@
 
 #include "runtime/core/Status.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 
 namespace fsdp {
+
+class Communicator;
 
 class SwapFile {
 public:
@@ -43,6 +47,10 @@ public:
   Status read(int64_t offset, void *dst, int64_t n, bool counted = true) const;
   Status write(int64_t offset, const void *src, int64_t n, bool counted = true) const;
 
+  /// Makes what was written durable and drops the file's pages from the
+  /// page cache, so the next reads come from the disk (calibration).
+  Status sync() const;
+
   /// Counted bytes moved so far each way (for the run's summary).
   int64_t bytesRead() const { return readTotal; }
   int64_t bytesWritten() const { return writeTotal; }
@@ -54,6 +62,13 @@ private:
   std::string name;
   mutable int64_t readTotal = 0, writeTotal = 0;
 };
+
+/// fsdp-run --calibrate --nvme-dir DIR: the swap file's write (durable)
+/// and read (from the disk) rates, every rank of `comm` at once on its own
+/// file (ranks share a drive as they would in training), this rank's
+/// figures as the profile's compute.nvme_write_bytes_per_s /
+/// nvme_read_bytes_per_s (the cost model's, passes/CostModel.h).
+Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json &profile);
 
 } // namespace fsdp
 

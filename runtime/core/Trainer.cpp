@@ -7,6 +7,7 @@
 #include "runtime/core/Executor.h"
 #include "runtime/core/InitFrom.h"
 #include "runtime/core/SafeTensors.h"
+#include "runtime/core/SwapFile.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -109,7 +110,8 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --trace-sync         with --trace on cuda: synchronize after every
                        instruction instead (each one's cost alone, no overlap)
   --calibrate          no plan: time this machine's kernels and (with --nproc N)
-                       collectives and print the device profile fsdp-sim reads
+                       collectives and print the device profile fsdp-sim reads;
+                       with --nvme-dir also the swap file's disk rates there
   --json               one JSON object per step instead of the human line
                        (plans that clip or scale the loss add the step's global
                        gradient norm before clipping: "norm" in the line,
@@ -1082,6 +1084,8 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
       return FSDP_ERROR("--calibrate takes no plan (found '", opt.planPath, "')");
     nlohmann::json profile;
     FSDP_RETURN_IF_ERROR(device.calibrate(comm, profile));
+    if (!opt.nvmeDir.empty()) // offload-nvme's swap file on that disk
+      FSDP_RETURN_IF_ERROR(calibrateSwap(opt.nvmeDir, comm, profile));
     if (comm.rank() == 0)
       std::printf("%s\n", profile.dump(1).c_str());
     return Status::ok();

@@ -74,10 +74,20 @@ def main():
            f"--trace onto a directory: exit {r.returncode}")
 
     # Calibration.
-    out = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1", "--nproc", "2"],
+    swapdir = os.path.join(work, "nvme")
+    os.makedirs(swapdir, exist_ok=True)
+    out = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1", "--nproc", "2",
+                          "--nvme-dir", swapdir],
                          check=True, capture_output=True, text=True).stdout
     prof = json.loads(out)
     c, link = prof["compute"], prof["link"]
+    # --nvme-dir: the swap file's rates there (offload-nvme's cost), both
+    # ranks at once, their files gone after.
+    report(c.get("nvme_read_bytes_per_s", 0) > 0 and c.get("nvme_write_bytes_per_s", 0) > 0
+           and prof.get("nvme", {}).get("ranks") == 2 and os.listdir(swapdir) == [],
+           f"calibrated profile: swap file rates on --nvme-dir (read "
+           f"{c.get('nvme_read_bytes_per_s', 0) / 1e9:.2f}, write "
+           f"{c.get('nvme_write_bytes_per_s', 0) / 1e9:.2f} GB/s a rank), nothing left there")
     report(c["gemm_flops_per_s"] > 0 and c["mem_bytes_per_s"] > 0 and c["op_overhead_s"] >= 0
            and all(v > 0 for v in c["seconds_per_unit"].values()),
            "calibrated profile: positive GEMM rate, bandwidth and per-kernel costs")
