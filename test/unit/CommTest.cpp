@@ -19,11 +19,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <csignal>
 #include <cmath>
-#include <functional>
+#include <csignal>
 #include <filesystem>
+#include <functional>
 #include <netinet/in.h>
+#include <set>
+#include <string>
 #include <sys/socket.h>
 #include <thread>
 #include <tuple>
@@ -90,8 +92,22 @@ std::string runRanks(int n, const std::string &dir, double timeout,
 /// (backend, world size)
 class CommTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
+/// The /dev/shm entries named like this process's segments
+/// ("fsdp-<pid>-..."): a process of an earlier run that had this pid and
+/// was killed before unlinking (a dead-rank test) may have left some.
+static std::set<std::string> shmSegmentsOfThisPid() {
+  std::set<std::string> names;
+  std::string mine = "fsdp-" + std::to_string(::getpid()) + "-";
+  if (std::filesystem::exists("/dev/shm"))
+    for (auto &e : std::filesystem::directory_iterator("/dev/shm"))
+      if (e.path().filename().string().rfind(mine, 0) == 0)
+        names.insert(e.path().filename().string());
+  return names;
+}
+
 TEST_P(CommTest, CollectivesMatchAReference) {
   auto [backend, n] = GetParam();
+  const std::set<std::string> before = shmSegmentsOfThisPid();
   // 600001 elements (2.4 MB): larger than a shared-memory slot (at most
   // 2 MiB), so every collective is chunked.
   for (int64_t shardSize : {5, 704, 4097, 600001}) {
@@ -141,11 +157,10 @@ TEST_P(CommTest, CollectivesMatchAReference) {
     EXPECT_EQ(err, "") << "shards of " << shardSize;
   }
   // The segments were unlinked once mapped: nothing of this process is
-  // left in /dev/shm ([Note: shared-memory collectives]).
-  std::string mine = "fsdp-" + std::to_string(::getpid()) + "-";
-  if (std::filesystem::exists("/dev/shm"))
-    for (auto &e : std::filesystem::directory_iterator("/dev/shm"))
-      EXPECT_NE(e.path().filename().string().rfind(mine, 0), 0u) << e.path();
+  // left in /dev/shm ([Note: shared-memory collectives]); only what was
+  // there before it ran (pids are reused) may be.
+  for (const std::string &name : shmSegmentsOfThisPid())
+    EXPECT_TRUE(before.count(name)) << "/dev/shm/" << name << " left behind";
 }
 // [Note: Gloo buffers] The communicator keeps what it registers with Gloo
 // per (address, bytes). A plan reuses fixed arena addresses with new
