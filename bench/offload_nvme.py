@@ -14,7 +14,10 @@
    6.5 GB/s read, 3.5 GB/s write): the Llama-2-7B-shaped GPT (32 x 4096,
    ctx 4096, bf16) at 1 and 8 ranks and the GPT-3-175B-shaped GPT at 16 and
    64, under memory-budget=80GiB, offloaded with the state in host memory
-   and on disk: device peak, host arena, swap file, predicted step.
+   and on disk: device peak, host arena, swap file, predicted step, the
+   host stream's updates and the drive's swaps (each update's read runs
+   beside the previous update and its write beside the next: [Note: swap
+   pipeline]).
 
   bench/offload_nvme.py [BIN_DIR] [--steps 12] [--repeats 3] [--nvme-dir DIR] [--skip-cpu]
 """
@@ -113,12 +116,14 @@ def main():
             swap = re.search(r"swap file \(nvme\)\s+(\d+)", r.stderr)
             step = re.search(r"  step\s+([0-9.]+) ms", r.stderr)
             hostup = re.search(r"host updates\s+([0-9.]+) ms", r.stderr)
+            drive = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
             chose = re.search(r"chose (.*)", r.stderr)
             print(f"  {label:<26} device {gib(int(peak.group(1))):6.2f} GiB  host "
                   f"{gib(int(host)) if host else 0:7.2f} GiB  swap file "
                   f"{gib(int(swap.group(1))) if swap else 0:7.2f} GiB  step "
                   f"{float(step.group(1)):10.1f} ms  host updates "
-                  f"{float(hostup.group(1)) if hostup else 0:10.1f} ms"
+                  f"{float(hostup.group(1)) if hostup else 0:10.1f} ms  swaps "
+                  f"{float(drive.group(1)) if drive else 0:10.1f} ms"
                   + (f"  [{chose.group(1)}]" if chose else ""))
         l7 = gen("l7", "gpt", "--vocab", "32000", "--ctx", "4096", "--layers", "32",
                  "--heads", "32", "--width", "4096", "--batch", "1")

@@ -392,6 +392,9 @@ struct Item {
   /// A wait the copy stream does instead of compute (fsdp-offload's copy-
   /// stream join of a carried update, on a GPU): queued among the copies.
   bool copyStream = false;
+  /// An async host update's swaps (offload-nvme): seconds reading its state
+  /// from the drive before it and writing it back after.
+  double readS = 0, writeS = 0;
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -558,11 +561,13 @@ Item StepCosting::compute(Operation *op) const {
       work += std::max(double(numel(shapeOf(out))) * perUnit, 2 * bytesOf(out) / p.memBytesPerS);
     }
   // fsdp-offload's nvme: the update's state comes from the swap file and
-  // goes back, in the same host work (Executor::runHostWithSwaps).
+  // goes back (Executor::runHostWithSwaps): the drive's time, not cores'.
+  double readS = 0, writeS = 0;
   if (auto it = plan.swaps.find(op); it != plan.swaps.end())
     for (const PlannedSwap &s : it->second) {
       double b = double(plan.buffers[s.file].bytes);
-      work += b / p.nvmeReadBytesPerS + (s.write ? b / p.nvmeWriteBytesPerS : 0.0);
+      readS += b / p.nvmeReadBytesPerS;
+      writeS += s.write ? b / p.nvmeWriteBytesPerS : 0.0;
     }
   double cost = (p.opOverheadS + work) * compWork;
   // fsdp-offload-activations' async copies run on the GPU's copy stream,
@@ -571,10 +576,12 @@ Item StepCosting::compute(Operation *op) const {
   // the same).
   if (copy && op->hasAttr("async") && !p.cpu)
     return {Item::Copy, cost, true, op->getResult(0)};
-  // fsdp-offload's async host update: on the host stream, one at a time.
+  // fsdp-offload's async host update: on the host stream, one at a time,
+  // its swaps on the swap streams ([Note: swap pipeline]).
   if (onHost && op->hasAttr("async"))
-    return {Item::Host, cost, true, op->getResult(0)};
-  return {Item::Compute, cost};
+    return {Item::Host, cost, true, op->getResult(0), false, readS, writeS};
+  // One joined at once: its reads, it and its writes, one after another.
+  return {Item::Compute, cost + readS + writeS};
 }
 
 /// The streams, event by event (fsdp-sim's loop): compute runs `prog` in
@@ -591,6 +598,9 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     double left, start;
   };
   std::deque<Queued> queue, host, copies; // issued and not done
+  // offload-nvme's swap streams; the host updates whose reads are queued.
+  std::deque<Queued> ins, outs;
+  llvm::DenseSet<size_t> reading;
   llvm::DenseSet<Value> inFlight;
   double t = 0, cur = 0, curStart = 0, stallStart = 0;
   // Of compute's stall on a copy, the time that copy sat behind a join on
@@ -638,6 +648,10 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         ++i;
       } else if (it.kind == Item::Host || it.kind == Item::Copy) {
         (it.kind == Item::Host ? host : copies).push_back({i, it.cost, -1.0});
+        if (it.readS > 0) {
+          ins.push_back({i, it.readS, -1.0});
+          reading.insert(i);
+        }
         inFlight.insert(it.buffer);
         ++i;
       } else if (it.kind == Item::Collective) {
@@ -662,17 +676,24 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     while (!copies.empty() && isJoin(copies.front()) &&
            !inFlight.contains(prog[copies.front().index].buffer))
       copies.pop_front();
-    for (std::deque<Queued> *q : {&queue, &host, &copies})
-      if (!q->empty() && q->front().start < 0)
+    // A host update starts once its read is done.
+    const bool hostReady = !host.empty() && !reading.contains(host.front().index);
+    for (std::deque<Queued> *q : {&queue, &host, &copies, &ins, &outs})
+      if (!q->empty() && q->front().start < 0 && (q != &host || hostReady))
         q->front().start = t;
-    if ((!running && queue.empty() && host.empty() && copies.empty()) || barriers.size() == 2)
+    if ((!running && queue.empty() && host.empty() && copies.empty() && outs.empty()) ||
+        barriers.size() == 2)
       break;
-    double rt = c.rate(running, !queue.empty(), !host.empty());
+    double rt = c.rate(running, !queue.empty(), hostReady);
+    // The swap streams share the drive.
+    double io = !ins.empty() && !outs.empty() ? 0.5 : 1.0;
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
-    double dtH = !host.empty() ? host.front().left / rt : HUGE_VAL;
+    double dtH = hostReady ? host.front().left / rt : HUGE_VAL;
     double dtY = !copies.empty() && !isJoin(copies.front()) ? copies.front().left / rt : HUGE_VAL;
-    double dt = std::min({dtC, dtM, dtH, dtY});
+    double dtR = !ins.empty() ? ins.front().left / io : HUGE_VAL;
+    double dtW = !outs.empty() ? outs.front().left / io : HUGE_VAL;
+    double dt = std::min({dtC, dtM, dtH, dtY, dtR, dtW});
     if (blockedOn && !copies.empty() && isJoin(copies.front()) &&
         llvm::any_of(copies, [&](const Queued &q) {
           return !isJoin(q) && prog[q.index].buffer == blockedOn;
@@ -711,18 +732,34 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         queue.front().left -= dt * rt;
       }
     }
-    // The host and copy streams: async work only, each joined by a wait.
-    auto advance = [&](std::deque<Queued> &q, double dtQ, double &busyS, double &waitedS) {
-      if (q.empty() || isJoin(q.front()))
+    // The swap-in stream: a read done lets its update start.
+    if (!ins.empty()) {
+      if (dtR <= dt) {
+        r.swapS += t - ins.front().start;
+        reading.erase(ins.front().index);
+        ins.pop_front();
+      } else {
+        ins.front().left -= dt * io;
+      }
+    }
+    // The host, copy and swap-out streams: async work only, each joined by
+    // a wait (an update that writes back: by its write's).
+    auto advance = [&](std::deque<Queued> &q, double dtQ, double &busyS, double &waitedS,
+                       double speed) {
+      if (q.empty() || isJoin(q.front()) || dtQ == HUGE_VAL)
         return;
       if (dtQ > dt) {
-        q.front().left -= dt * rt;
+        q.front().left -= dt * speed;
         return;
       }
       Queued done = q.front();
       q.pop_front();
       const Item &it = prog[done.index];
       busyS += t - done.start;
+      if (&q == &host && it.writeS > 0) {
+        outs.push_back({done.index, it.writeS, -1.0});
+        return;
+      }
       inFlight.erase(it.buffer);
       if (blockedOn && blockedOn == it.buffer) {
         waitedS += t - stallStart - heldByHostS;
@@ -732,8 +769,9 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         ++i;
       }
     };
-    advance(host, dtH, r.hostS, r.hostExposedS);
-    advance(copies, dtY, r.copyS, r.copyExposedS);
+    advance(host, dtH, r.hostS, r.hostExposedS, rt);
+    advance(copies, dtY, r.copyS, r.copyExposedS, rt);
+    advance(outs, dtW, r.swapS, r.hostExposedS, io);
     if (blockedBarrier && queue.empty() && copies.empty())
       passBarrier();
   }

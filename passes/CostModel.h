@@ -88,6 +88,10 @@ struct StepPrediction {
   /// beyond the host part above (a CPU device copies in place: compute
   /// time there).
   double copyS = 0, copyExposedS = 0;
+  /// offload-nvme's swaps of async updates: the drive's busy time reading
+  /// state in and writing it back ([Note: swap pipeline]; compute's waits
+  /// on a write count in hostExposedS).
+  double swapS = 0;
   double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
 };
 
@@ -104,6 +108,11 @@ struct StepPrediction {
 /// On a GPU profile async copies between the arenas (activation offload)
 /// run on a fourth, the copy stream (the copy engines), one at a time,
 /// beside the collectives; a CPU device copies in place on compute.
+/// An async update that swaps (offload-nvme) reads its state on the
+/// swap-in stream from when it is issued, runs on the host stream once the
+/// read is done and writes back on the swap-out stream, which its wait
+/// joins (the runtime's [Note: swap pipeline]); the two swap streams share
+/// one drive, each at half its rate while both move data.
 /// Matches fsdp-sim's simulate() step for step.
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);

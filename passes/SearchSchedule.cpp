@@ -428,10 +428,13 @@ LogicalResult SearchSchedulePass::searchUniform() {
             for (bool ns : nextSteps)
               for (bool pf : prefetches)
                 for (bool nv : nvmes) {
-                  // Weighed (auto), the state on disk with next-step is
-                  // dominated: every staging copy lives through the step, so
-                  // the host arena is next-step's without it, plus the swaps.
-                  if (nv && ns && nvmes.size() > 1)
+                  // The state on disk with next-step, where either is
+                  // weighed (auto), is dominated: every staging copy lives
+                  // through the step, so the host arena is next-step's
+                  // without the disk, plus the swaps (offload-nvme=true
+                  // asks for the disk to save host memory; only a pinned
+                  // offload-next-step=true gets the pair).
+                  if (nv && ns && (nvmes.size() > 1 || nextSteps.size() > 1))
                     continue;
                   Leaf leaf;
                   leaf.choice = {k,

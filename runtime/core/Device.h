@@ -57,6 +57,12 @@
 //   events are markers in its queue; wait(host, cudaEvent) is a job
 //   polling the event (under the NCCL watchdog), wait(compute, marker)
 //   blocks the caller until the host work is done.
+// The swap-in and swap-out streams move offload-nvme's optimizer state
+// between the swap file and the host arena's staging buffers ([Note: swap
+// pipeline] in Executor.cpp): on every device each is a host thread of its
+// own, like the host stream (its events markers, a wait between host
+// threads a job blocking the waiting one), so a thread blocked in pread /
+// pwrite holds neither the update nor the other direction.
 // Errors are sticky per stream, as CUDA's are: work after a failure on
 // the same stream is skipped, and the failure is returned by the wait on
 // an event after it and by synchronize.
@@ -176,6 +182,12 @@ public:
   /// Activation offload's async copies between the arenas, in program
   /// order, beside compute and the collectives (CPU: the compute stream).
   virtual Stream &copyStream() = 0;
+  /// offload-nvme's reads of optimizer state from the swap file into the
+  /// host arena, and its writes back: host threads beside the host stream,
+  /// so the next update's state comes in and the last one's goes out while
+  /// the host stream runs this one ([Note: swap pipeline]).
+  virtual Stream &swapInStream() = 0;
+  virtual Stream &swapOutStream() = 0;
   /// Enqueues host-issued `work` on `stream`: it runs (CPU) or launches
   /// its device work (CUDA) after everything enqueued there before. Its
   /// failure is sticky on the stream.
@@ -188,10 +200,10 @@ public:
   /// synchronize).
   virtual Status wait(Stream &stream, Event &event) = 0;
   /// Blocks the host until all streams are idle; their first failure
-  /// (compute, comm, copy, host), after which the streams run work again.
+  /// (compute, comm, copy, host, swap-in, swap-out), after which the streams run work again.
   virtual Status synchronize() = 0;
   /// Blocks the host until compute, the collectives and the copies are
-  /// idle, leaving the host stream's work running (host updates a plan
+  /// idle, leaving the host and swap streams' work running (host updates a plan
   /// joins in the next step); their failures, if any, come at the wait
   /// joining them or at synchronize().
   virtual Status synchronizeDevice() { return synchronize(); }

@@ -161,40 +161,105 @@ Status Executor::writeBuffer(int64_t id, const void *host) {
   return dev.copyToDevice(address(id), host, b.bytes);
 }
 
-Status Executor::runHostWithSwaps(const Instruction &inst, std::unique_ptr<Event> &done) {
+// [Note: swap pipeline]
+// An instruction that swaps (Plan.h's [Note: swap file]) runs in three
+// stages on three host threads, each ordered after the one before by an
+// event:
+//   swap-in:  its staging buffers read from the file   (after `ready`)
+//   host:     the update itself                        (after the reads)
+//   swap-out: the updated staging written back         (after the update)
+// and its `done` (what the plan's wait joins) is the write's. So while the
+// host stream runs unit k's update, the swap-in stream is already reading
+// unit k+1's state (issued as soon as compute reached it) and the swap-out
+// stream writing unit k-1's: DeepSpeed's pipelined optimizer swapper, here
+// ordered by events rather than by the update loop. It is sound because a
+// read starts after `ready` (compute's event at the instruction: every
+// earlier user of its staging memory has been joined by then, the memory
+// plan keeping a staging buffer live to its instruction's wait) and after
+// the last write of the same state, if that write is still in flight.
+// A failed read fails the update and the write behind it (a wait between
+// host threads carries the failure): state the read did not bring is never
+// updated nor written back.
+void Executor::prepareSwaps() {
+  swapIo.assign(plan.program.size(), nullptr);
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    const Instruction &inst = plan.program[i];
+    if (inst.swaps.empty())
+      continue;
+    auto io = std::make_shared<SwapIo>();
+    for (const Swap &s : inst.swaps) {
+      const Buffer &f = plan.buffers[s.file];
+      io->parts.push_back({s.file, f.offset, f.bytes, address(s.staging), s.write});
+      io->writes = io->writes || s.write;
+    }
+    swapIo[i] = std::move(io);
+  }
+}
+
+Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
+                                  std::unique_ptr<Event> &done,
+                                  const std::shared_ptr<TraceEvent> &span) {
   Stream &hostStream = dev.hostStream();
   const int64_t index = &inst - plan.program.data();
-  if (inst.swaps.empty())
-    return dev.runOn(hostStream, index, done);
-  // [Note: swap file] Each staging buffer is the host arena's (a host
-  // pointer on every device); the same host thread reads the state in,
-  // runs the update and writes it back, in that order.
-  struct Io {
-    int64_t offset, bytes;
-    uint8_t *staging;
-    bool write;
-  };
-  auto ios = std::make_shared<std::vector<Io>>();
-  for (const Swap &s : inst.swaps) {
-    const Buffer &f = plan.buffers[s.file];
-    ios->push_back({f.offset, f.bytes, address(s.staging), s.write});
-  }
+  std::shared_ptr<const SwapIo> io = swapIo[index];
   const SwapFile *file = swap.get();
-  if (!file)
+  if (io && !file)
     return FSDP_ERROR(inst.op, " reads optimizer state from the swap file, which is not open");
-  dev.enqueue(hostStream, [file, ios] {
-    for (const Io &io : *ios)
-      FSDP_RETURN_IF_ERROR(file->read(io.offset, io.staging, io.bytes));
-    return Status::ok();
-  });
+  Stream &in = dev.swapInStream(), &out = dev.swapOutStream();
+  // One direction's transfers of this instruction, as stream work; with
+  // --trace a span on that direction's track.
+  auto transfer = [this, file, io, index, step = currentStep,
+                   traced = span != nullptr](bool write) {
+    return [this, file, io, index, step, traced, write]() -> Status {
+      const double start = traced ? nowUs() : 0;
+      for (const SwapIo::Part &p : io->parts)
+        if (!write)
+          FSDP_RETURN_IF_ERROR(file->read(p.offset, p.staging, p.bytes));
+        else if (p.write)
+          FSDP_RETURN_IF_ERROR(file->write(p.offset, p.staging, p.bytes));
+      if (traced) {
+        std::lock_guard<std::mutex> l(traceMu);
+        commEvents.push_back({write ? "swap_out" : "swap_in", write ? kSwapOutTrack : kSwapInTrack,
+                              step, index, start, nowUs() - start});
+      }
+      return Status::ok();
+    };
+  };
+  if (io) {
+    FSDP_RETURN_IF_ERROR(dev.wait(in, ready));
+    for (const SwapIo::Part &p : io->parts)
+      if (auto w = lastSwapWrite.find(p.file); w != lastSwapWrite.end()) {
+        FSDP_RETURN_IF_ERROR(dev.wait(in, *w->second));
+        lastSwapWrite.erase(w);
+      }
+    dev.enqueue(in, transfer(false));
+    std::unique_ptr<Event> read = dev.record(in);
+    FSDP_RETURN_IF_ERROR(dev.wait(hostStream, *read));
+  }
+  if (span)
+    dev.enqueue(hostStream, [span] {
+      span->startUs = nowUs();
+      return Status::ok();
+    });
   FSDP_RETURN_IF_ERROR(dev.runOn(hostStream, index, done));
-  dev.enqueue(hostStream, [file, ios] {
-    for (const Io &io : *ios)
-      if (io.write)
-        FSDP_RETURN_IF_ERROR(file->write(io.offset, io.staging, io.bytes));
+  if (span) {
+    dev.enqueue(hostStream, [this, span] {
+      span->durUs = nowUs() - span->startUs;
+      std::lock_guard<std::mutex> l(traceMu);
+      commEvents.push_back(*span);
+      return Status::ok();
+    });
+    // The join waits for the stamp too: a span ends before its join does.
+    done = dev.record(hostStream);
+  }
+  if (!io || !io->writes)
     return Status::ok();
-  });
-  done = dev.record(hostStream);
+  FSDP_RETURN_IF_ERROR(dev.wait(out, *done));
+  dev.enqueue(out, transfer(true));
+  done = dev.record(out);
+  for (const SwapIo::Part &p : io->parts)
+    if (p.write)
+      lastSwapWrite[p.file] = dev.record(out);
   return Status::ok();
 }
 
@@ -283,6 +348,8 @@ Status Executor::init(uint64_t seed) {
     if (isCarried(inst))
       carriedBufs.insert(inst.in[0]);
   }
+  prepareSwaps();
+  lastSwapWrite.clear();
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
@@ -438,27 +505,18 @@ Status Executor::runOffCompute(const Instruction &inst) {
     // --trace: the update's span on the host track, stamped by the host
     // stream's own thread (on both devices a host thread running its work
     // in order): from when it starts the update (its gradient is on the
-    // host) to its end, kept under the step that issued it (with
-    // next-step the next step joins it).
+    // host, its state read) to its end, kept under the step that issued it
+    // (with next-step the next step joins it). Its swaps have spans of
+    // their own on the swap-in and swap-out tracks.
+    // The span is stamped by jobs on the host stream around the update, so
+    // the join (`done`, recorded after them: the host stream's, or the
+    // write's behind it) waits for the stamps too.
+    const bool traced = tracing;
     std::shared_ptr<TraceEvent> span;
-    if (tracing) {
-      span = std::make_shared<TraceEvent>(TraceEvent{inst.op, 2, currentStep, traceIndex, 0, 0});
-      dev.enqueue(hostStream, [span] {
-        span->startUs = nowUs();
-        return Status::ok();
-      });
-    }
-    FSDP_RETURN_IF_ERROR(runHostWithSwaps(inst, done));
-    if (tracing) {
-      dev.enqueue(hostStream, [this, span] {
-        span->durUs = nowUs() - span->startUs;
-        std::lock_guard<std::mutex> l(traceMu);
-        commEvents.push_back(*span);
-        return Status::ok();
-      });
-      // The join waits for the stamp too: a span ends before its join does.
-      done = dev.record(hostStream);
-    }
+    if (traced)
+      span = std::make_shared<TraceEvent>(
+          TraceEvent{inst.op, kHostTrack, currentStep, traceIndex, 0, 0});
+    FSDP_RETURN_IF_ERROR(runHostWithSwaps(inst, *ready, done, span));
     if (!isAsync(inst))
       return dev.wait(compute, *done);
     inFlight[inst.out[0]] = std::move(done);
@@ -487,7 +545,7 @@ Status Executor::runOffCompute(const Instruction &inst) {
   if (tracing) {
     // The span on the comm stream: from when it starts running the
     // collective (not when it was queued) to its end.
-    TraceEvent ev{op, 1, currentStep, traceIndex, 0, 0};
+    TraceEvent ev{op, kCommTrack, currentStep, traceIndex, 0, 0};
     dev.enqueue(commStream, [this, job, ev]() mutable {
       ev.startUs = nowUs();
       Status st = job();

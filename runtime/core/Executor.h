@@ -32,9 +32,13 @@ namespace fsdp {
 
 /// One span of the measured timeline (fsdp-run --trace): an instruction on
 /// the compute thread (track 0), a collective on the communication
-/// thread (track 1) or an async host update on the host stream (track 2,
-/// fsdp-offload's overlap). Times are microseconds of the monotonic clock, which
-/// all processes of one machine share.
+/// thread (track 1), an async host update on the host stream (track 2,
+/// fsdp-offload's overlap), or an update's reads from and writes to the
+/// swap file (tracks 4 and 5, offload-nvme's [Note: swap pipeline]; track 3
+/// is fsdp-sim's copy stream). Times are microseconds of the monotonic
+/// clock, which all processes of one machine share.
+constexpr int kComputeTrack = 0, kCommTrack = 1, kHostTrack = 2, kSwapInTrack = 4,
+              kSwapOutTrack = 5;
 struct TraceEvent {
   std::string name;
   int track = 0;
@@ -197,9 +201,29 @@ private:
   std::unique_ptr<Communicator> reshardComm;
   std::string nvmeDir;
   std::unique_ptr<SwapFile> swap;
-  /// The host stream's work for instruction `inst`: fill its staging
-  /// buffers from the swap file, run it, write back what it updated.
-  Status runHostWithSwaps(const Instruction &inst, std::unique_ptr<Event> &done);
+  /// Host instruction `inst` on the host stream after `ready`, with its
+  /// staging buffers read from the swap file before it and the updated
+  /// ones written back after, on the swap streams ([Note: swap pipeline]);
+  /// `done` completes with the last of them. With `span`, its times.
+  Status runHostWithSwaps(const Instruction &inst, Event &ready, std::unique_ptr<Event> &done,
+                          const std::shared_ptr<TraceEvent> &span);
+  /// One swapping instruction's transfers, built once by prepareSwaps()
+  /// (at init) and shared with the swap streams' work.
+  struct SwapIo {
+    struct Part {
+      int64_t file, offset, bytes; ///< the state buffer, where it is in the file
+      uint8_t *staging;
+      bool write;
+    };
+    std::vector<Part> parts;
+    bool writes = false;
+  };
+  void prepareSwaps();
+  /// By instruction: its swaps, null where it has none.
+  std::vector<std::shared_ptr<const SwapIo>> swapIo;
+  /// By state buffer: its last write back while it may be in flight; the
+  /// next read of it waits for it.
+  std::map<int64_t, std::unique_ptr<Event>> lastSwapWrite;
   /// Per instruction: run by runOffCompute (a collective or wait, an
   /// async copy or a host instruction that is async or swaps), not by
   /// Device::run.

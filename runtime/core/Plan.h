@@ -196,9 +196,10 @@ struct Plan {
 // arena. The compiler gives each host instruction reading such a state
 // buffer a staging buffer in the host arena instead and lists the pairs
 // in its "swap" attribute; the executor reads the file into the staging
-// buffers right before the instruction and writes the updated ones back
-// right after, in the same work item on the host stream, so an async
-// update's I/O runs beside device compute as its arithmetic does.
+// buffers before the instruction runs and writes the updated ones back
+// after, on swap streams of their own ([Note: swap pipeline] in
+// Executor.cpp), so an async update's I/O runs beside device compute as
+// its arithmetic does, and beside the neighbouring units' updates.
 // Checkpoints and initialization reach the state through the file too
 // (Executor::readBuffer / writeBuffer).
 

@@ -575,8 +575,9 @@ Status checkOutputPath(const std::string &path, const char *option) {
 
 /// Chrome trace JSON of every rank's spans, written by rank 0: each rank's
 /// events travel to rank 0 by broadcast (so it works across machines),
-/// one process per rank, threads "compute" and "communication", and
-/// "host" when the plan has async host updates (fsdp-offload). A
+/// one process per rank, threads "compute" and "communication", "host"
+/// when the plan has async host updates (fsdp-offload), and "swap-in" and
+/// "swap-out" when it swaps optimizer state with a file (offload-nvme). A
 /// collective's span also names its group and the whole buffer's bytes
 /// (fsdp-sim's predicted trace does the same).
 static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex,
@@ -591,7 +592,7 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
       int64_t whole = inst.op == "all_gather" ? inst.out[0] : inst.in[0];
       args["bytes"] = plan.buffers[whole].bytes;
     }
-    static const char *const kCategory[] = {"compute", "comm", "host"};
+    static const char *const kCategory[] = {"compute", "comm", "host", "copy", "swap", "swap"};
     mine.push_back({{"name", e.name},
                     {"cat", kCategory[e.track]},
                     {"ph", "X"},
@@ -604,6 +605,13 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
   const bool host =
       std::any_of(plan.program.begin(), plan.program.end(),
                   [&](const Instruction &i) { return isHostInstruction(plan, i) && isAsync(i); });
+  const bool swaps = std::any_of(plan.program.begin(), plan.program.end(),
+                                 [](const Instruction &i) { return !i.swaps.empty(); });
+  std::vector<int> threads = {kComputeTrack, kCommTrack};
+  if (host || swaps)
+    threads.push_back(kHostTrack);
+  if (swaps)
+    threads.insert(threads.end(), {kSwapInTrack, kSwapOutTrack});
   nlohmann::json all = nlohmann::json::array();
   for (int64_t r = 0; r < comm.size(); ++r) {
     std::string text = r == comm.rank() ? mine.dump() : std::string();
@@ -617,8 +625,9 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
       all.push_back(std::move(e));
     all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
                    {"args", {{"name", "rank " + std::to_string(r)}}}});
-    static const char *const kThread[] = {"compute", "communication", "host"};
-    for (int t = 0; t < (host ? 3 : 2); ++t)
+    static const char *const kThread[] = {"compute", "communication", "host",
+                                          "copy",    "swap-in",       "swap-out"};
+    for (int t : threads)
       all.push_back({{"name", "thread_name"},
                      {"ph", "M"},
                      {"pid", r},

@@ -66,7 +66,9 @@ public:
   }
   ~CpuDevice() override {
     // Each joins once its queued work has run.
+    swapOutWorker.reset();
     hostWorker.reset();
+    swapInWorker.reset();
     worker.reset();
     std::free(arena);
   }
@@ -153,6 +155,8 @@ public:
   Stream &hostStream() override { return host; }
   /// Copies run in place on the caller (runOn): compute's.
   Stream &copyStream() override { return compute; }
+  Stream &swapInStream() override { return swapIn; }
+  Stream &swapOutStream() override { return swapOut; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
     if (&stream == &compute) {
@@ -179,17 +183,22 @@ public:
       return Status::ok(); // ordered on its own stream anyway
     if (&stream == &compute)
       return e.done.get();
-    // One worker stream waits for the other's marker: a job blocking it.
-    workerOf(stream)->push([f = e.done] { f.wait(); });
+    // One worker stream waits for the other's marker: a job blocking it,
+    // which fails it if the other had failed (an update does not run on
+    // state its read did not bring, nor is it written back).
+    workerOf(stream)->pushWork([f = e.done] { return f.get(); });
     return Status::ok();
   }
   Status synchronize() override {
     Status st = computeSticky;
-    Status commSt = worker->drain(), hostSt = hostWorker->drain();
-    if (st)
-      st = commSt;
-    if (st)
-      st = hostSt;
+    // The update waits for its reads, its writes for it: drained in that
+    // order, nothing is queued behind a drained stream.
+    for (HostWorker *w :
+         {worker.get(), swapInWorker.get(), hostWorker.get(), swapOutWorker.get()}) {
+      Status wSt = w->drain();
+      if (st)
+        st = wSt;
+    }
     computeSticky = Status::ok();
     return st;
   }
@@ -213,13 +222,18 @@ private:
   const Plan *plan = nullptr;
   int64_t shardIndex = 0;
   HostWorker *workerOf(Stream &stream) {
-    return &stream == &host ? hostWorker.get() : worker.get();
+    return &stream == &host      ? hostWorker.get()
+           : &stream == &swapIn  ? swapInWorker.get()
+           : &stream == &swapOut ? swapOutWorker.get()
+                                 : worker.get();
   }
 
-  CpuStream compute, comm, host;
+  CpuStream compute, comm, host, swapIn, swapOut;
   Status computeSticky;
   std::unique_ptr<HostWorker> worker = std::make_unique<HostWorker>(); ///< comm
   std::unique_ptr<HostWorker> hostWorker;
+  std::unique_ptr<HostWorker> swapInWorker = std::make_unique<HostWorker>();
+  std::unique_ptr<HostWorker> swapOutWorker = std::make_unique<HostWorker>();
 };
 
 } // namespace

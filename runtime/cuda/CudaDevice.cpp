@@ -105,15 +105,17 @@ struct EventHandle {
   }
 };
 
-/// A point in a device stream (a cudaEvent) or in the host stream (a
-/// marker: valid `host`).
+/// A point in a device stream (a cudaEvent) or in a host thread's stream
+/// (the host or a swap stream: a marker, valid `host`, in `on`'s queue).
 class CudaEvent final : public Event {
 public:
   std::shared_ptr<EventHandle> h = std::make_shared<EventHandle>();
   std::shared_future<Status> host;
+  const Stream *on = nullptr;
 };
 
-/// The host stream: its work runs on the device's HostWorker.
+/// The host stream or a swap stream: its work runs on a HostWorker of the
+/// device's.
 class HostStream final : public Stream {};
 
 using Launch = std::function<Status(cudaStream_t)>;
@@ -137,7 +139,10 @@ public:
   explicit CudaDevice(int ordinal) : ordinal(ordinal) {}
   ~CudaDevice() override {
     cudaSetDevice(ordinal);
-    hostWorker.reset(); // joins once its queued work has run
+    // Each joins once its queued work has run.
+    swapOutWorker.reset();
+    hostWorker.reset();
+    swapInWorker.reset();
     if (compute.s)
       cudaStreamSynchronize(compute.s);
     if (comm.s)
@@ -181,6 +186,9 @@ public:
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&copy.s, cudaStreamNonBlocking, lo));
     const int dev = ordinal;
     hostWorker = std::make_unique<HostWorker>([dev] { cudaSetDevice(dev); });
+    // The swap streams poll cudaEvents too (a read's wait for compute).
+    swapInWorker = std::make_unique<HostWorker>([dev] { cudaSetDevice(dev); });
+    swapOutWorker = std::make_unique<HostWorker>([dev] { cudaSetDevice(dev); });
     FSDP_CUDA_CHECK(cudaMalloc(&badPos, sizeof(long long)));
     FSDP_RETURN_IF_ERROR(resetBadPos());
     gemm = std::make_unique<Gemm>();
@@ -371,10 +379,12 @@ public:
   Stream &commStream() override { return comm; }
   Stream &hostStream() override { return host; }
   Stream &copyStream() override { return copy; }
+  Stream &swapInStream() override { return swapIn; }
+  Stream &swapOutStream() override { return swapOut; }
 
   void enqueue(Stream &stream, std::function<Status()> work) override {
-    if (&stream == &host) {
-      hostWorker->pushWork(std::move(work));
+    if (HostWorker *w = hostWorkerOf(stream)) {
+      w->pushWork(std::move(work));
       return;
     }
     // The work launches device work on the stream (NCCL, or the host-staged
@@ -385,8 +395,9 @@ public:
   }
   std::unique_ptr<Event> record(Stream &stream) override {
     auto ev = std::make_unique<CudaEvent>();
-    if (&stream == &host) {
-      ev->host = hostWorker->marker();
+    if (HostWorker *w = hostWorkerOf(stream)) {
+      ev->host = w->marker();
+      ev->on = &stream;
       return ev;
     }
     auto &s = static_cast<CudaStream &>(stream);
@@ -399,11 +410,20 @@ public:
   }
   Status wait(Stream &stream, Event &event) override {
     auto &ev = static_cast<CudaEvent &>(event);
-    if (&stream == &host) {
-      if (ev.host.valid() || !ev.h->e)
-        return Status::ok(); // ordered on the host stream anyway
+    if (HostWorker *w = hostWorkerOf(stream)) {
+      if (ev.host.valid()) {
+        if (ev.on == &stream)
+          return Status::ok(); // ordered on its own stream anyway
+        // One host thread waits for another's marker: a job blocking it,
+        // failing it if the other had failed (an update does not run on
+        // state its read did not bring, nor is it written back).
+        w->pushWork([f = ev.host] { return f.get(); });
+        return Status::ok();
+      }
+      if (!ev.h->e)
+        return Status::ok();
       // [Note: the CUDA host stream]: a job polling the event.
-      hostWorker->pushWork([this, h = ev.h] { return waitForEvent(h->e); });
+      w->pushWork([this, h = ev.h] { return waitForEvent(h->e); });
       return Status::ok();
     }
     auto &s = static_cast<CudaStream &>(stream);
@@ -439,7 +459,15 @@ public:
       st = hostJoinError;
       hostJoinError = Status::ok();
     }
-    Status hostSt = withHost ? hostWorker->drain() : Status::ok();
+    // The update waits for its reads, its writes for it: drained in that
+    // order, nothing is queued behind a drained stream.
+    Status hostSt;
+    if (withHost)
+      for (HostWorker *w : {swapInWorker.get(), hostWorker.get(), swapOutWorker.get()}) {
+        Status wSt = w->drain();
+        if (hostSt)
+          hostSt = wSt;
+      }
     if (!compute.sticky)
       st = compute.sticky;
     else if (!comm.sticky)
@@ -639,9 +667,17 @@ private:
   uint8_t *arena = nullptr;
   int64_t size = 0;
   CudaStream compute, comm, copy;
-  HostStream host;
+  HostStream host, swapIn, swapOut;
   /// The host stream's thread ([Note: the CUDA host stream]).
   std::unique_ptr<HostWorker> hostWorker;
+  /// The swap streams' threads (Device.h's swapInStream / swapOutStream).
+  std::unique_ptr<HostWorker> swapInWorker, swapOutWorker;
+  HostWorker *hostWorkerOf(Stream &s) const {
+    return &s == &host      ? hostWorker.get()
+           : &s == &swapIn  ? swapInWorker.get()
+           : &s == &swapOut ? swapOutWorker.get()
+                            : nullptr;
+  }
   /// A device stream's wait for host work (wait() on a stream other than
   /// compute): run by CUDA's host-function thread; the host work's failure
   /// is kept for the next drain.

@@ -28,9 +28,17 @@ host arena (offload=optimizer):
 (f) refusals: a plan with state on disk run without --nvme-dir, or with a
     directory that does not exist, fails naming the flag / the directory;
 (g) the cost model (h100 profile, fsdp-sim and fsdp-opt simulate=true):
-    the host stream's busy time grows by exactly the swaps' bytes at the
-    profile's NVMe read and write rates, and the two tools agree on the
-    step;
+    the host stream's busy time is the same as with the state in host
+    memory, the swap streams' is exactly the swaps' bytes at the profile's
+    NVMe read and write rates (the two streams share the drive, so its
+    busy time is their sum: [Note: swap pipeline]), the predicted trace
+    has every read on the swap-in track ending before its update starts
+    and every write on the swap-out track starting after it ends, and the
+    two tools agree on the step, the host and the swap time;
+(i) fsdp-run --trace of that plan: every update's read (swap-in thread)
+    ends before it starts and its write-back (swap-out thread) starts after
+    it ends, on every rank and step (how many reads ran ahead, beside the
+    previous update, is timing and only printed);
 (h) the memory-budget search with offload-nvme=auto keeps the state in
     host memory where it fits host-memory-budget (the swaps only add
     time) and puts it on disk where only that fits, recording the choice
@@ -193,20 +201,69 @@ def main():
         io_ms = 1e3 * sum(pd["buffers"][f]["bytes"] * (1 / 6.5e9 + (1 / 3.5e9 if w else 0))
                           for x in pd["program"] for f, _, w in x.get("attrs", {}).get("swap", []))
         grew = sd["host_ms"] - shost["host_ms"]
-        report(abs(grew - io_ms) <= 1e-9 + 1e-9 * io_ms and io_ms > 0,
-               f"(g) {model} N={n}: fsdp-sim's host stream {grew:.6f} ms busier = the swaps at "
-               f"6.5 / 3.5 GB/s ({io_ms:.6f} ms)")
+        report(abs(grew) <= 1e-9 and abs(sd["swap_ms"] - io_ms) <= 1e-9 + 1e-9 * io_ms
+               and io_ms > 0 and shost["swap_ms"] == 0,
+               f"(g) {model} N={n}: fsdp-sim's host stream as busy ({grew:+.6f} ms), the drive "
+               f"{sd['swap_ms']:.6f} ms = the swaps at 6.5 / 3.5 GB/s ({io_ms:.6f} ms)")
+        trace = os.path.join(tmp, "sim-trace.json")
+        subprocess.run([sys.executable, sim, disk, "--trace", trace], check=True,
+                       capture_output=True, text=True)
+        spans = {}
+        for e in json.load(open(trace))["traceEvents"]:
+            if e.get("ph") == "X" and e["tid"] in (2, 4, 5):
+                spans.setdefault(e["args"]["instruction"], {})[e["tid"]] = (
+                    e["ts"], e["ts"] + e["dur"])
+        swapping = [j for j, x in enumerate(pd["program"]) if x.get("attrs", {}).get("swap")]
+        ordered = [j for j in swapping if {2, 4, 5} <= spans.get(j, {}).keys()
+                   and spans[j][4][1] <= spans[j][2][0] + 1e-6
+                   and spans[j][2][1] <= spans[j][5][0] + 1e-6]
+        overlapped = sum(1 for a, b in zip(swapping, swapping[1:])
+                         if a in ordered and b in ordered
+                         and spans[b][4][0] < spans[a][2][1] - 1e-6)
+        report(swapping and ordered == swapping,
+               f"(g) {model} N={n}: the predicted trace reads each of the {len(swapping)} "
+               f"updates' state before it and writes it after ({len(ordered)} in order; "
+               f"{overlapped} reads start before the previous update ends)")
         r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
                             f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
                             f"offload-nvme=true report=false simulate=true"],
                            capture_output=True, text=True)
         m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
         h = re.search(r"host updates\s+([0-9.]+) ms", r.stderr)
-        report(m is not None and h is not None and abs(float(m.group(1)) - sd["step_ms"]) <= 6e-4
-               and abs(float(h.group(1)) - sd["host_ms"]) <= 6e-4,
+        w = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
+        report(m is not None and h is not None and w is not None
+               and abs(float(m.group(1)) - sd["step_ms"]) <= 6e-4
+               and abs(float(h.group(1)) - sd["host_ms"]) <= 6e-4
+               and abs(float(w.group(1)) - sd["swap_ms"]) <= 6e-4,
                f"(g) {model} N={n}: fsdp-opt simulate=true agrees (step "
-               f"{m.group(1) if m else '?'} ms, host {h.group(1) if h else '?'} ms; fsdp-sim "
-               f"{sd['step_ms']:.3f}, {sd['host_ms']:.3f})")
+               f"{m.group(1) if m else '?'} ms, host {h.group(1) if h else '?'} ms, swaps "
+               f"{w.group(1) if w else '?'} ms; fsdp-sim {sd['step_ms']:.3f}, "
+               f"{sd['host_ms']:.3f}, {sd['swap_ms']:.3f})")
+
+        # (i) the measured trace of the same plan
+        trace = os.path.join(tmp, "run-trace.json")
+        train(disk, n, "--steps", "4", "--trace", trace)
+        spans = {}  # (rank, step, instruction) -> {track: (start, end)}
+        for e in json.load(open(trace))["traceEvents"]:
+            if e.get("ph") == "X" and e["tid"] in (2, 4, 5):
+                key = (e["pid"], e["args"]["step"], e["args"]["instruction"])
+                spans.setdefault(key, {})[e["tid"]] = (e["ts"], e["ts"] + e["dur"])
+        writes = {j for j in swapping if any(w for _, _, w in pd["program"][j]["attrs"]["swap"])}
+        keys = [(r, st, j) for r in range(n) for st in range(1, 5) for j in swapping]
+        bad = [k for k in keys if not (
+            {2, 4} <= spans.get(k, {}).keys() and spans[k][4][1] <= spans[k][2][0]
+            and (k[2] not in writes or (5 in spans[k] and spans[k][2][1] <= spans[k][5][0])))]
+        ahead = sum(1 for r in range(n) for st in range(1, 5)
+                    for a, b in zip(swapping, swapping[1:])
+                    if not {(r, st, a), (r, st, b)} & set(bad)
+                    and spans[(r, st, b)][4][0] < spans[(r, st, a)][2][1])
+        names = json.load(open(trace))["traceEvents"]
+        threads = {e["args"]["name"] for e in names if e.get("name") == "thread_name"}
+        report(not bad and {"swap-in", "swap-out", "host"} <= threads,
+               f"(i) {model} N={n}: fsdp-run --trace: each of {len(keys)} updates (ranks x steps "
+               f"x swapping instructions) read on the swap-in thread before it ran and written "
+               f"back on the swap-out thread after ({len(bad)} out of order: {bad[:3]}); "
+               f"{ahead} reads started before the previous update ended")
 
         # (h)
         def search(tag, nvme, host_budget=None):

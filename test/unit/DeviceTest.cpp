@@ -30,6 +30,9 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -1009,6 +1012,89 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
   EXPECT_FALSE(ranAfter) << "work after a failure on the stream ran";
 }
 
+/// The swap streams ([Note: swap pipeline] in Executor.cpp): host threads
+/// of their own, so a read runs while the host stream is busy with an
+/// update (the swap-in stream's job completes a promise the host stream's
+/// job is blocked on: on one thread this would time out), ordered by
+/// events (the write after the update, the update after its read), and a
+/// failed read fails the update and the write behind it, never running
+/// them; synchronize drains all three and reports the failure.
+TEST_P(DeviceConformance, SwapStreamsRunBesideTheHostStreamInEventOrder) {
+  Plan plan = vectorPlan(2, 4, {});
+  bind(plan);
+  Stream &in = dev->swapInStream(), &out = dev->swapOutStream(), &host = dev->hostStream();
+  std::set<Stream *> streams = {
+      &in, &out, &host, &dev->computeStream(), &dev->commStream(), &dev->copyStream()};
+  EXPECT_EQ(streams.size(), &dev->copyStream() == &dev->computeStream() ? 5u : 6u)
+      << "a swap stream shares a thread with another stream";
+
+  std::promise<void> readDone;
+  std::atomic<bool> hostSawRead{false};
+  std::vector<std::string> order;
+  std::mutex mu;
+  auto log = [&](const char *what) {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(what);
+  };
+  // The host stream's update blocks until the swap-in stream's read has
+  // run: the two must be different threads.
+  dev->enqueue(host, [&, f = readDone.get_future().share()] {
+    hostSawRead = f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    log("update");
+    return Status::ok();
+  });
+  auto updated = dev->record(host);
+  dev->enqueue(in, [&] {
+    log("read");
+    readDone.set_value();
+    return Status::ok();
+  });
+  ASSERT_TRUE(dev->wait(out, *updated).isOk());
+  dev->enqueue(out, [&] {
+    log("write");
+    return Status::ok();
+  });
+  auto written = dev->record(out);
+  ASSERT_TRUE(dev->wait(dev->computeStream(), *written).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_TRUE(hostSawRead) << "the read did not run while the host stream was busy";
+  EXPECT_EQ(order, (std::vector<std::string>{"read", "update", "write"}));
+
+  // A failed read: the update waiting for it and the write behind that
+  // are skipped, and the failure comes back.
+  bool updateRan = false, writeRan = false;
+  dev->enqueue(in, [] { return FSDP_ERROR("injected read failure"); });
+  auto read = dev->record(in);
+  ASSERT_TRUE(dev->wait(host, *read).isOk());
+  dev->enqueue(host, [&] {
+    updateRan = true;
+    return Status::ok();
+  });
+  auto update = dev->record(host);
+  ASSERT_TRUE(dev->wait(out, *update).isOk());
+  dev->enqueue(out, [&] {
+    writeRan = true;
+    return Status::ok();
+  });
+  auto write = dev->record(out);
+  Status waited = dev->wait(dev->computeStream(), *write);
+  Status synced = dev->synchronize();
+  EXPECT_FALSE(waited.isOk() && synced.isOk()) << "the read's failure was lost";
+  for (const Status *st : {&waited, &synced})
+    if (!st->isOk())
+      EXPECT_NE(st->message().find("injected read failure"), std::string::npos) << st->message();
+  EXPECT_FALSE(updateRan) << "an update ran on state its read did not bring";
+  EXPECT_FALSE(writeRan) << "a write-back ran after a failed update";
+  // The streams run work again after synchronize.
+  bool again = false;
+  dev->enqueue(in, [&] {
+    again = true;
+    return Status::ok();
+  });
+  EXPECT_TRUE(dev->synchronize().isOk());
+  EXPECT_TRUE(again);
+}
+
 // cuda runs where a GPU is and skips (with the reason) elsewhere.
 /// swiglu and swiglu_grad against silu, mul, mul, silu_grad (what
 /// autodiff derives for mul(silu(g), u)) on the same device and inputs: the
@@ -1489,6 +1575,8 @@ public:
   Stream &commStream() override { return in->commStream(); }
   Stream &hostStream() override { return in->hostStream(); }
   Stream &copyStream() override { return in->copyStream(); }
+  Stream &swapInStream() override { return in->swapInStream(); }
+  Stream &swapOutStream() override { return in->swapOutStream(); }
   void enqueue(Stream &s, std::function<Status()> w) override { in->enqueue(s, std::move(w)); }
   std::unique_ptr<Event> record(Stream &s) override { return in->record(s); }
   Status wait(Stream &s, Event &e) override { return in->wait(s, e); }
