@@ -699,6 +699,9 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           return !isJoin(q) && prog[q.index].buffer == blockedOn;
         }))
       heldByHostS += dt;
+    // The drive is busy while either swap stream moves data.
+    if (!ins.empty() || !outs.empty())
+      r.swapS += dt;
     t += dt;
     if (running) {
       if (dtC <= dt) {
@@ -735,7 +738,6 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     // The swap-in stream: a read done lets its update start.
     if (!ins.empty()) {
       if (dtR <= dt) {
-        r.swapS += t - ins.front().start;
         reading.erase(ins.front().index);
         ins.pop_front();
       } else {
@@ -771,7 +773,8 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     };
     advance(host, dtH, r.hostS, r.hostExposedS, rt);
     advance(copies, dtY, r.copyS, r.copyExposedS, rt);
-    advance(outs, dtW, r.swapS, r.hostExposedS, io);
+    double writing = 0; // (the drive's time is counted above)
+    advance(outs, dtW, writing, r.hostExposedS, io);
     if (blockedBarrier && queue.empty() && copies.empty())
       passBarrier();
   }

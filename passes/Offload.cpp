@@ -306,7 +306,13 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
   /// once) moves up to right after the latest of its operands' definitions
   /// and of the ops that still read the storage it overwrites in place, is
   /// marked async, and is waited for right before the next async update
-  /// (the last one before the terminator).
+  /// (the last one before the terminator). With nvme, right before the one
+  /// after the next: two updates in flight, so the next one's state is read
+  /// from the swap file while this one runs and is written back ([Note:
+  /// swap pipeline] in runtime/core/Executor.cpp; a waited-for update would
+  /// leave the drive idle during every update and the host thread idle
+  /// during every swap), at the cost of one more update's staging buffers
+  /// and gradient copy in the host arena.
   void overlapUpdates(Block &body) {
     SmallVector<Operation *> updates;
     for (Operation &op : body)
@@ -321,13 +327,16 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       op->setAttr("async", b.getUnitAttr());
       ++numAsync;
     }
-    // Joins: in program order, each before the next async update or the
-    // first instruction reading one of its results (write-backs are no
-    // instruction), the last before the terminator.
+    // Joins: in program order, each before the next async update (with
+    // nvme the one after it) or the first instruction reading one of its
+    // results (write-backs are no instruction), the last before the
+    // terminator.
     llvm::sort(updates, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+    const size_t inFlight = nvme ? 2 : 1;
     for (size_t k = 0; k < updates.size(); ++k) {
       Operation *op = updates[k];
-      Operation *before = k + 1 < updates.size() ? updates[k + 1] : body.getTerminator();
+      Operation *before =
+          k + inFlight < updates.size() ? updates[k + inFlight] : body.getTerminator();
       for (Value r : op->getResults())
         for (Operation *u : r.getUsers()) {
           if (storageWrite(u).second || u->getBlock() != &body)

@@ -575,11 +575,14 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     such `fsdp.state` `fsdp.nvme`, and fsdp-plan-memory gives it an offset
     in the file and every host instruction reading it a staging buffer in
     the host arena, live while the update is in flight. The runtime reads
-    the state into the staging buffer right before the update and writes
-    it back right after, in the update's own work item (on the host stream
-    when it is async), so the host arena holds the master shards, the
-    gradient copies and one update's state in flight instead of all of
-    it: 4 bytes a parameter instead of 12 for AdamW.
+    the state into the staging buffer on a swap-in stream once compute
+    reaches the update and writes it back on a swap-out stream after it
+    ([Note: swap pipeline] in runtime/core/Executor.cpp); the pass keeps
+    two async updates in flight (each joined before the one after the
+    next), so one unit's state is read while the previous unit's update
+    runs. The host arena holds the master shards, the gradient copies and
+    two updates' state in flight instead of all of it: about 4 bytes a
+    parameter instead of 12 for AdamW.
 
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>

@@ -59,42 +59,35 @@ Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
   return Status::ok();
 }
 
-Status SwapFile::read(int64_t offset, void *dst, int64_t n, bool counted) const {
+Status SwapFile::transfer(bool write, int64_t offset, uint8_t *p, int64_t n, bool counted) const {
+  const char *what = write ? "write" : "read";
   if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
-    return FSDP_ERROR("swap file ", name, ": read of ", n, " bytes at ", offset, " outside its ",
-                      bytes, " bytes");
-  auto *p = static_cast<uint8_t *>(dst);
+    return FSDP_ERROR("swap file ", name, ": ", what, " of ", n, " bytes at ", offset,
+                      " outside its ", bytes, " bytes");
   for (int64_t done = 0; done < n;) {
-    ssize_t k = ::pread(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
+    ssize_t k = write ? ::pwrite(fd, p + done, (size_t)(n - done), (off_t)(offset + done))
+                      : ::pread(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
     if (k < 0 && errno == EINTR)
       continue;
     if (k <= 0)
-      return FSDP_ERROR("swap file ", name, ": read at ", offset + done,
-                        " failed: ", k < 0 ? std::strerror(errno) : "unexpected end of file");
+      return FSDP_ERROR("swap file ", name, ": ", what, " at ", offset + done, " failed: ",
+                        k < 0   ? std::strerror(errno)
+                        : write ? "no progress"
+                                : "unexpected end of file");
     done += k;
   }
   if (counted)
-    __atomic_fetch_add(&readTotal, n, __ATOMIC_RELAXED);
+    __atomic_fetch_add(write ? &writeTotal : &readTotal, n, __ATOMIC_RELAXED);
   return Status::ok();
 }
 
+Status SwapFile::read(int64_t offset, void *dst, int64_t n, bool counted) const {
+  return transfer(false, offset, static_cast<uint8_t *>(dst), n, counted);
+}
+
 Status SwapFile::write(int64_t offset, const void *src, int64_t n, bool counted) const {
-  if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
-    return FSDP_ERROR("swap file ", name, ": write of ", n, " bytes at ", offset, " outside its ",
-                      bytes, " bytes");
-  const auto *p = static_cast<const uint8_t *>(src);
-  for (int64_t done = 0; done < n;) {
-    ssize_t k = ::pwrite(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0)
-      return FSDP_ERROR("swap file ", name, ": write at ", offset + done,
-                        " failed: ", k < 0 ? std::strerror(errno) : "no progress");
-    done += k;
-  }
-  if (counted)
-    __atomic_fetch_add(&writeTotal, n, __ATOMIC_RELAXED);
-  return Status::ok();
+  // (transfer only passes the bytes to pwrite, which reads them)
+  return transfer(true, offset, static_cast<uint8_t *>(const_cast<void *>(src)), n, counted);
 }
 
 Status SwapFile::sync() const {

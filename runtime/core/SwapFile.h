@@ -57,6 +57,8 @@ public:
 
 private:
   void close();
+  /// read / write: pread or pwrite until all `n` bytes moved.
+  Status transfer(bool write, int64_t offset, uint8_t *p, int64_t n, bool counted) const;
   int fd = -1;
   int64_t bytes = 0;
   std::string name;

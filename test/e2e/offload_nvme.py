@@ -13,9 +13,10 @@ host arena (offload=optimizer):
 (b) memory: every offloaded state buffer is in the swap file (none in the
     host arena: memory.host.state = 0, memory.nvme.state = the host
     plan's state bytes), the host arena shrinks by at least the state it
-    no longer holds less the staging live at once (not with next-step,
-    where every update's operands live through the step), the device
-    arena is the same, and fsdp-run measures both arenas' high-water and
+    no longer holds less the staging live at once and one more gradient
+    copy (two updates in flight instead of one: [Note: swap pipeline]; not
+    with next-step, where every update's operands live through the step),
+    the device arena is the same, and fsdp-run measures both arenas' high-water and
     peak live bytes equal to the plan's;
 (c) traffic: fsdp-run reports the swap file's size as the plan's
     nvme_bytes, and per step reads exactly the bytes of every swap of
@@ -122,8 +123,10 @@ def main():
             on_disk = all(b.get("space") == "nvme" for b in states) and bool(states)
             freed = mh["host"]["state"] - md["host"]["staging"]
             nextstep = "next-step" in pipeline
+            grad_copy = max(b["bytes"] for b in bufs if b.get("space") == "host"
+                            and b["kind"] == "grad" and not b["persistent"])
             shrunk = (pd["host_arena_bytes"] == ph["host_arena_bytes"] if nextstep else
-                      pd["host_arena_bytes"] <= ph["host_arena_bytes"] - freed)
+                      pd["host_arena_bytes"] <= ph["host_arena_bytes"] - freed + grad_copy)
             report(on_disk and md["host"]["state"] == 0 and
                    md["nvme"]["state"] == mh["host"]["state"] and shrunk and
                    pd["arena_bytes"] == ph["arena_bytes"],

@@ -14,21 +14,28 @@
 // every state buffer is in space "nvme" with its own bytes of the swap
 // file, and each host update reads a staging buffer in the host arena
 // instead, listed in its "swap" attribute with the file buffer and
-// write-back flag; the host arena's state is the staging live at once
-// (a's two AdamW moments, 2 x 32 B: root's update is joined before a's
-// is issued), not all 80 B of it; the file aligns each buffer to 64 B.
+// write-back flag; the host arena's state is the staging live at once.
+// With the state on disk two updates are in flight ([Note: swap pipeline]:
+// root's is joined after a's is issued, so a's state is read while root's
+// update runs), so here that is all 80 B of it (a's two AdamW moments,
+// 2 x 32 B, and root's, 2 x 8 B); the file aligns each buffer to 64 B.
+// (A larger model keeps two units' staging of many: e2e/offload-nvme.test.)
 
 // CHECK: fsdp.unit @a : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wa] sharded offloaded
 // CHECK-DAG: fsdp.state @a.exp_avg : tensor<8xf32> of @a kind "exp_avg" {fsdp.nvme}
 // CHECK-DAG: fsdp.state @a.exp_avg_sq : tensor<8xf32> of @a kind "exp_avg_sq" {fsdp.nvme}
 // CHECK-DAG: fsdp.state @root.exp_avg : {{.*}} {fsdp.nvme}
 // CHECK-LABEL: func.func @train_step
-// CHECK: fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+// CHECK: %[[R:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+// CHECK-NOT: fsdp.wait %[[R]]
+// CHECK: %[[A:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+// CHECK: fsdp.wait %[[R]]
+// CHECK-NEXT: fsdp.wait %[[A]]
 
 // REPORT: host (offloaded):
 // REPORT-NEXT: parameters 40 40 B
 // REPORT-NEXT: optimizer state 0 0 B
-// REPORT-NEXT: state staging 64 64 B
+// REPORT-NEXT: state staging 80 80 B
 // REPORT-NEXT: state in swap file 80 80 B
 // REPORT-NEXT: swap file (nvme) 256 256 B
 
