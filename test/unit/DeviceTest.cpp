@@ -1825,6 +1825,183 @@ TEST_P(DeviceConformance, ExecutorJoinsCarriedHostUpdatesInTheNextStep) {
   EXPECT_TRUE(exec.finishCarried().isOk());
 }
 
+/// Two async AdamW updates whose moments are in the swap file (offload-
+/// nvme's shape, both in flight: [Note: swap pipeline]):
+///   0 g1 = x * x; 1 to_host g1 -> gh1; 2 g2 = g1 * x; 3 to_host g2 -> gh2;
+///   4 adamw_update p1 (async, swaps m1, v1 through staging 10, 11);
+///   5 adamw_update p2 (async, swaps m2, v2 through staging 12, 13);
+///   6 wait p1; 7 wait p2; 8 loss = fill 1.
+std::string nvmePlan() {
+  const int64_t n = 64, vb = n * 4;
+  using nlohmann::json;
+  json buffers = json::array();
+  auto buf = [&](const char *name, const char *kind, const char *space, int64_t offset, bool scalar,
+                 bool persistent, int64_t first, int64_t last) {
+    buffers.push_back({{"id", buffers.size()},
+                       {"name", name},
+                       {"kind", kind},
+                       {"space", space},
+                       {"offset", offset},
+                       {"bytes", scalar ? 4 : vb},
+                       {"shape", scalar ? json::array() : json::array({n})},
+                       {"dtype", "f32"},
+                       {"persistent", persistent},
+                       {"first", persistent ? -1 : first},
+                       {"last", persistent ? 9 : last}});
+  };
+  // device: 0 x, 1 g1, 2 g2, 3 loss
+  buf("x", "input", "device", 0, false, true, 0, 0);
+  buf("g1", "grad", "device", vb, false, false, 0, 2);
+  buf("g2", "grad", "device", 2 * vb, false, false, 2, 3);
+  buf("loss", "activation", "device", 3 * vb, true, false, 8, 9);
+  // host: 4 p1, 5 p2, 6 lr, 7 step, 8 gh1, 9 gh2, 10-13 staging of m1, v1,
+  // m2, v2 (live from their update to its wait)
+  buf("p1", "param", "host", 0, false, true, 0, 0);
+  buf("p2", "param", "host", vb, false, true, 0, 0);
+  buf("lr", "input", "host", 2 * vb, true, true, 0, 0);
+  buf("step", "input", "host", 2 * vb + 64, true, true, 0, 0);
+  buf("gh1", "grad", "host", 2 * vb + 128, false, false, 1, 6);
+  buf("gh2", "grad", "host", 3 * vb + 128, false, false, 3, 7);
+  for (int k = 0; k < 4; ++k)
+    buf(k % 2 ? "sv" : "sm", "temp", "host", (4 + k) * vb + 128, false, false, k < 2 ? 4 : 5,
+        k < 2 ? 6 : 7);
+  // the swap file: 14 m1, 15 v1, 16 m2, 17 v2
+  const char *names[] = {"m1", "v1", "m2", "v2"};
+  for (int k = 0; k < 4; ++k)
+    buf(names[k], "state", "nvme", k * vb, false, true, 0, 0);
+  json adam = {
+      {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}, {"async", true}};
+  auto op = [](const char *name, std::vector<int64_t> in, std::vector<int64_t> out,
+               json attrs = json::object()) {
+    return json{{"op", name}, {"in", in}, {"out", out}, {"attrs", attrs}};
+  };
+  json a1 = adam, a2 = adam;
+  a1["swap"] = {{14, 10, true}, {15, 11, true}};
+  a2["swap"] = {{16, 12, true}, {17, 13, true}};
+  json program = {op("mul", {0, 0}, {1}),
+                  op("to_host", {1}, {8}),
+                  op("mul", {1, 0}, {2}),
+                  op("to_host", {2}, {9}),
+                  op("adamw_update", {4, 8, 10, 11, 6, 7}, {4, 10, 11}, a1),
+                  op("adamw_update", {5, 9, 12, 13, 6, 7}, {5, 12, 13}, a2),
+                  op("wait", {4}, {4}),
+                  op("wait", {5}, {5}),
+                  op("fill", json::array(), {3}, {{"value", 1.0}})};
+  json units = json::array(), params = json::array(), states = json::array();
+  for (int u = 0; u < 2; ++u) {
+    std::string un = "u" + std::to_string(u);
+    units.push_back({{"name", un},
+                     {"flat_numel", n},
+                     {"padded_numel", n},
+                     {"shard_numel", n},
+                     {"sharded", false},
+                     {"buffer", -1}});
+    params.push_back({{"name", "w" + std::to_string(u)},
+                      {"shape", {n}},
+                      {"dtype", "f32"},
+                      {"init", "normal"},
+                      {"scale", 0.5},
+                      {"trainable", true},
+                      {"unit", u},
+                      {"flat_offset", 0},
+                      {"buffer", 4 + u}});
+    states.push_back({{"name", un + ".exp_avg"}, {"kind", "exp_avg"}, {"buffer", 14 + 2 * u}});
+    states.push_back(
+        {{"name", un + ".exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", 15 + 2 * u}});
+  }
+  json plan = {
+      {"format", "fsdp-plan"},
+      {"version", 2},
+      {"model", "offload-nvme"},
+      {"world_size", 1},
+      {"stage", 0},
+      {"arena_bytes", 4 * vb},
+      {"host_arena_bytes", 8 * vb + 128},
+      {"nvme_bytes", 4 * vb},
+      {"memory",
+       {{"params", 0},
+        {"grads", 0},
+        {"state", 0},
+        {"activations", 0},
+        {"temps", 0},
+        {"inputs", 0},
+        {"comm", 0},
+        {"peak", 4 * vb},
+        {"peak_live", 0},
+        {"host",
+         {{"params", 2 * vb}, {"state", 0}, {"peak", 8 * vb + 128}, {"peak_live", 8 * vb + 8}}}}},
+      {"units", units},
+      {"params", params},
+      {"states", states},
+      {"inputs",
+       {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+        {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
+        {{"name", "step"}, {"role", "step"}, {"buffer", 7}}}},
+      {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}}},
+      {"buffers", buffers},
+      {"program", program}};
+  return plan.dump();
+}
+
+/// [Note: swap pipeline]: with the first update held at a gate on the
+/// host stream (after its read), the executor still reads the second
+/// update's state from the swap file: the read runs on the swap-in stream,
+/// not behind the held update. Then both run and are written back, and a
+/// second step trains on from the written state (the same bits as the
+/// plan run without a gate).
+TEST_P(DeviceConformance, ExecutorReadsTheNextUpdatesStateWhileAnUpdateRuns) {
+  Plan plan;
+  Status st = parsePlan(nvmePlan(), plan);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  const int64_t vb = 64 * 4;
+  std::string dir = ::testing::TempDir();
+  auto train = [&](bool gated, std::vector<std::vector<float>> &out) {
+    std::unique_ptr<Device> d;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    GatedHost dev(std::move(d));
+    if (gated)
+      dev.gates[0];
+    auto comm = communicatorFor(GetParam());
+    Executor exec(plan, *comm, dev);
+    exec.setNvmeDir(dir);
+    ASSERT_TRUE(exec.init(1234).isOk());
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
+    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+    Status stepped;
+    float loss = 0;
+    std::thread stepper([&] { stepped = exec.step(1, 1e-2, loss); });
+    if (gated) {
+      // Both updates' reads, while the first update cannot have run.
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (exec.swapFile()->bytesRead() < 4 * vb && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(exec.swapFile()->bytesRead(), 4 * vb)
+          << "the second update's read waited for the first update";
+      EXPECT_EQ(dev.hostDone.load(), 0) << "the gate did not hold the first update";
+      dev.gates[0].set_value();
+    }
+    stepper.join();
+    ASSERT_TRUE(stepped.isOk()) << stepped.message();
+    EXPECT_EQ(dev.hostDone.load(), 2);
+    EXPECT_EQ(exec.swapFile()->bytesWritten(), 4 * vb);
+    ASSERT_TRUE(exec.step(2, 1e-2, loss).isOk());
+    EXPECT_FALSE(dev.gateTimedOut.load());
+    for (int64_t id : {4, 5, 14, 15, 16, 17}) {
+      out.emplace_back(64);
+      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
+    }
+  };
+  std::vector<std::vector<float>> held, free;
+  train(true, held);
+  train(false, free);
+  ASSERT_EQ(held.size(), free.size());
+  for (size_t k = 0; k < held.size(); ++k)
+    EXPECT_EQ(std::memcmp(held[k].data(), free[k].data(), 64 * 4), 0) << "buffer #" << k;
+  EXPECT_NE(free[2][0], 0.0f) << "the moments were not written back";
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
                          ::testing::Values(std::string("cpu"), std::string("cuda")),
                          [](const auto &info) { return info.param; });
