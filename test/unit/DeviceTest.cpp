@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1390,6 +1391,36 @@ TEST_P(DeviceConformance, HostStreamUpdateMatchesRun) {
   }
 }
 
+/// The plan fields of two unsharded units u0, u1 of `n` elements, each one
+/// parameter (w0, w1 at buffers `param`) with AdamW's two moments (at
+/// buffers `moment`: u0's exp_avg, exp_avg_sq, then u1's).
+void twoUnits(int64_t n, std::array<int64_t, 2> param, std::array<int64_t, 4> moment,
+              nlohmann::json &units, nlohmann::json &params, nlohmann::json &states) {
+  using nlohmann::json;
+  units = params = states = json::array();
+  for (int u = 0; u < 2; ++u) {
+    std::string un = "u" + std::to_string(u);
+    units.push_back({{"name", un},
+                     {"flat_numel", n},
+                     {"padded_numel", n},
+                     {"shard_numel", n},
+                     {"sharded", false},
+                     {"buffer", -1}});
+    params.push_back({{"name", "w" + std::to_string(u)},
+                      {"shape", {n}},
+                      {"dtype", "f32"},
+                      {"init", "normal"},
+                      {"scale", 0.5},
+                      {"trainable", true},
+                      {"unit", u},
+                      {"flat_offset", 0},
+                      {"buffer", param[u]}});
+    states.push_back({{"name", un + ".exp_avg"}, {"kind", "exp_avg"}, {"buffer", moment[2 * u]}});
+    states.push_back(
+        {{"name", un + ".exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", moment[2 * u + 1]}});
+  }
+}
+
 /// An offloaded plan whose first unit's update is an async host
 /// instruction, and the executor running it (fsdp-offload's shape):
 ///   0 g1 = x * x; 1 to_host g1 -> gh1; 2 adamw_update p1 (async);
@@ -1491,27 +1522,8 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false, bool carr
   // The host arena's peak live: persistent 6 vectors + 2 scalars, and one
   // gradient copy, two while the async update's input waits for its wait.
   int64_t hostPeak = 6 * vb + 8 + ((async && wait) || carried ? 2 : 1) * vb;
-  json units = json::array(), params = json::array(), states = json::array();
-  for (int u = 0; u < 2; ++u) {
-    std::string un = "u" + std::to_string(u);
-    units.push_back({{"name", un},
-                     {"flat_numel", n},
-                     {"padded_numel", n},
-                     {"shard_numel", n},
-                     {"sharded", false},
-                     {"buffer", -1}});
-    params.push_back({{"name", "w" + std::to_string(u)},
-                      {"shape", {n}},
-                      {"dtype", "f32"},
-                      {"init", "normal"},
-                      {"scale", 0.5},
-                      {"trainable", true},
-                      {"unit", u},
-                      {"flat_offset", 0},
-                      {"buffer", 6 + 3 * u}});
-    states.push_back({{"name", un + ".exp_avg"}, {"kind", "exp_avg"}, {"buffer", 7 + 3 * u}});
-    states.push_back({{"name", un + ".exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", 8 + 3 * u}});
-  }
+  json units, params, states;
+  twoUnits(n, {6, 9}, {7, 8, 10, 11}, units, params, states);
   json plan = {{"format", "fsdp-plan"},
                {"version", 2},
                {"model", "offload"},
@@ -1887,28 +1899,8 @@ std::string nvmePlan() {
                   op("wait", {4}, {4}),
                   op("wait", {5}, {5}),
                   op("fill", json::array(), {3}, {{"value", 1.0}})};
-  json units = json::array(), params = json::array(), states = json::array();
-  for (int u = 0; u < 2; ++u) {
-    std::string un = "u" + std::to_string(u);
-    units.push_back({{"name", un},
-                     {"flat_numel", n},
-                     {"padded_numel", n},
-                     {"shard_numel", n},
-                     {"sharded", false},
-                     {"buffer", -1}});
-    params.push_back({{"name", "w" + std::to_string(u)},
-                      {"shape", {n}},
-                      {"dtype", "f32"},
-                      {"init", "normal"},
-                      {"scale", 0.5},
-                      {"trainable", true},
-                      {"unit", u},
-                      {"flat_offset", 0},
-                      {"buffer", 4 + u}});
-    states.push_back({{"name", un + ".exp_avg"}, {"kind", "exp_avg"}, {"buffer", 14 + 2 * u}});
-    states.push_back(
-        {{"name", un + ".exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", 15 + 2 * u}});
-  }
+  json units, params, states;
+  twoUnits(n, {4, 5}, {14, 15, 16, 17}, units, params, states);
   json plan = {
       {"format", "fsdp-plan"},
       {"version", 2},
