@@ -46,6 +46,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
   search.offloadNvme = autoBoolName(options.offloadNvme);
+  search.offloadNvmeInFlight = options.offloadNvmeInFlight;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
   search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
@@ -179,6 +180,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.prefetch = options.overlap && options.offloadPrefetch != AutoBool::False;
     off.nextStep = options.offloadNextStep == AutoBool::True;
     off.nvme = options.offloadNvme == AutoBool::True;
+    off.nvmeInFlight = options.offloadNvmeInFlight;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

@@ -215,14 +215,22 @@ struct FsdpPipelineOptions
                      "offload; the offloaded units' optimizer state lives in "
                      "a per-rank swap file (fsdp-run --nvme-dir DIR), each "
                      "update reading it into the host arena and writing it "
-                     "back (host memory: the master shards and one update's "
-                     "state instead of all the state); auto: with "
+                     "back (host memory: the master shards and the updates' "
+                     "state in flight instead of all the state); auto: with "
                      "memory-budget the search weighs both (host-memory-budget "
                      "makes it win), without one false; false (the default)"),
       llvm::cl::values(clEnumValN(AutoBool::False, "false", "state in host memory"),
                        clEnumValN(AutoBool::True, "true", "state in the swap file"),
                        clEnumValN(AutoBool::Auto, "auto", "the search decides")),
       llvm::cl::init(AutoBool::False)};
+  Option<unsigned> offloadNvmeInFlight{
+      *this, "offload-nvme-in-flight",
+      llvm::cl::desc("with offload-nvme: the async updates in flight at once "
+                     "(1 to 8, default 2): 2 reads one unit's state from the "
+                     "swap file while the previous unit's update runs, for one "
+                     "more update's staging in host memory; 1 is the least "
+                     "host memory, the drive idle during each update"),
+      llvm::cl::init(2)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

@@ -65,6 +65,11 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
              "it needs overlap";
       return signalPassFailure();
     }
+    if (nvme && (nvmeInFlight < 1 || nvmeInFlight > 8)) {
+      mlir::emitError(module.getLoc()) << "fsdp-offload: nvme-in-flight=" << nvmeInFlight.getValue()
+                                       << " must be 1 to 8 (the async updates in flight at once)";
+      return signalPassFailure();
+    }
     if (nvme && nextStep && warnings)
       // Correct, but the host arena keeps every update's operands through
       // the step (next-step), the staging copies included: nvme then saves
@@ -332,7 +337,7 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     // results (write-backs are no instruction), the last before the
     // terminator.
     llvm::sort(updates, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
-    const size_t inFlight = nvme ? 2 : 1;
+    const size_t inFlight = nvme ? nvmeInFlight : 1;
     for (size_t k = 0; k < updates.size(); ++k) {
       Operation *op = updates[k];
       Operation *before =

@@ -578,9 +578,10 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     the state into the staging buffer on a swap-in stream once compute
     reaches the update and writes it back on a swap-out stream after it
     ([Note: swap pipeline] in runtime/core/Executor.cpp); the pass keeps
-    two async updates in flight (each joined before the one after the
-    next), so one unit's state is read while the previous unit's update
-    runs. The host arena holds the master shards, the gradient copies and
+    `nvme-in-flight` async updates in flight (default 2: each joined
+    before the one after the next), so one unit's state is read while the
+    previous unit's update runs; 1 joins each before the next is issued,
+    the least host memory. The host arena holds the master shards, the gradient copies and
     two updates' state in flight instead of all of it: about 4 bytes a
     parameter instead of 12 for AdamW.
 
@@ -616,6 +617,11 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "ZeRO-Infinity: the offloaded units' optimizer state lives in a "
            "per-rank swap file (fsdp-run --nvme-dir), read into a staging "
            "buffer of the host arena for each update and written back after">,
+    Option<"nvmeInFlight", "nvme-in-flight", "unsigned", /*default=*/"2",
+           "with nvme: async updates in flight at once, each joined before the "
+           "one this many after it is issued (1 to 8; 1: the least host "
+           "memory, the drive idle during each update; 2: the next one's "
+           "state is read while one runs, for one more update's staging)">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
@@ -852,6 +858,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "fsdp-offload's nvme (the offloaded optimizer state in the per-rank "
            "swap file): true, false, or auto: each offloaded candidate is "
            "weighed both ways (host-memory-budget is what makes it win)">,
+    Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "unsigned", /*default=*/"2",
+           "fsdp-offload's nvme-in-flight for the candidates with the state "
+           "on disk">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",

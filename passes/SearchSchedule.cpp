@@ -161,6 +161,7 @@ struct SearchSchedulePass
     o.prefetch = prefetch;
     o.nextStep = nextStep;
     o.nvme = nvme;
+    o.nvmeInFlight = offloadNvmeInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
   }

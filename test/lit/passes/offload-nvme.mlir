@@ -3,6 +3,9 @@
 // RUN: %python %s.py %t.plan | FileCheck %s --check-prefix=PLAN
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-overlap=false plan=%t.serial.plan report=false" -o /dev/null
 // RUN: %python %s.py %t.serial.plan | FileCheck %s --check-prefix=PLAN
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload="nvme=true nvme-in-flight=1" | FileCheck %s --check-prefix=ONE
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-in-flight=1" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT1
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-in-flight=0" -o /dev/null 2>&1 | FileCheck %s --check-prefix=ZERO
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=sgd momentum=0.9 world-size=2 stage=2 offload=optimizer offload-nvme=true plan=%t.sgd.plan report=false" -o /dev/null
 // RUN: %python %s.py %t.sgd.plan | FileCheck %s --check-prefix=SGD
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-next-step=true report=false" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEXT
@@ -31,6 +34,14 @@
 // CHECK: %[[A:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
 // CHECK: fsdp.wait %[[R]]
 // CHECK-NEXT: fsdp.wait %[[A]]
+
+// With nvme-in-flight=1 root's update is joined before a's is issued, and
+// the staging live at once is a's two moments only (2 x 32 B).
+// ONE: %[[R:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+// ONE: fsdp.wait %[[R]]
+// ONE: fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
+// REPORT1: state staging 64 64 B
+// ZERO: error: fsdp-offload: nvme-in-flight=0 must be 1 to 8
 
 // REPORT: host (offloaded):
 // REPORT-NEXT: parameters 40 40 B
