@@ -47,6 +47,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadOverlap = options.offloadOverlap;
   search.offloadNvme = autoBoolName(options.offloadNvme);
   search.offloadNvmeInFlight = options.offloadNvmeInFlight;
+  if (options.offloadPrefetchDepth.hasValue())
+    search.offloadPrefetchDepth = options.offloadPrefetchDepth;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
   search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
@@ -181,6 +183,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.nextStep = options.offloadNextStep == AutoBool::True;
     off.nvme = options.offloadNvme == AutoBool::True;
     off.nvmeInFlight = options.offloadNvmeInFlight;
+    off.prefetchDepth = options.offloadPrefetchDepth;
     pm.addPass(createFsdpOffload(off));
   }
   FsdpPlanMemoryOptions mem;

@@ -249,6 +249,14 @@ struct FsdpPipelineOptions
                        clEnumValN(AutoBool::True, "true", "copied one copy ahead"),
                        clEnumValN(AutoBool::Auto, "auto", "the search decides")),
       llvm::cl::init(AutoBool::Auto)};
+  Option<unsigned> offloadPrefetchDepth{
+      *this, "offload-prefetch-depth",
+      llvm::cl::desc("with offload-prefetch: the copies to the device in "
+                     "flight at once (1 to 8), each issued where the copy "
+                     "this many before it is read; each more costs one more "
+                     "copy's device memory. Unset: 1, or with memory-budget "
+                     "the search weighs 1 and 2"),
+      llvm::cl::init(1)};
   Option<AutoBool> offloadNextStep{
       *this, "offload-next-step",
       llvm::cl::desc("with offload=optimizer and overlap: true joins the host "

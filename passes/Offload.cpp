@@ -70,6 +70,12 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
                                        << " must be 1 to 8 (the async updates in flight at once)";
       return signalPassFailure();
     }
+    if (prefetch && (prefetchDepth < 1 || prefetchDepth > 8)) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: prefetch-depth=" << prefetchDepth.getValue()
+          << " must be 1 to 8 (the copies to the device in flight at once)";
+      return signalPassFailure();
+    }
     if (nvme && nextStep && warnings)
       // Correct, but the host arena keeps every update's operands through
       // the step (next-step), the staging copies included: nvme then saves
@@ -522,7 +528,8 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     if (!carriedOn.empty())
       if (auto joins = carriedJoins(cast<func::FuncOp>(body.getParentOp())); succeeded(joins))
         updates = std::move(*joins);
-    Operation *previous = nullptr; // the previous copy's wait
+    SmallVector<Operation *> waits; // the waits placed, in program order
+    Operation *lastCopy = nullptr;  // the copy placed before this one
     for (ToDeviceOp copy : copies) {
       Operation *reader = nullptr;
       for (Operation *u : copy->getUsers())
@@ -545,10 +552,19 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
       copy.getResult().replaceAllUsesExcept(wait.getResult(), wait);
       copy->setAttr("async", b.getUnitAttr());
       ++numPrefetched;
-      // (A reader of two copies waits for both right before it: the second
-      // stays where it is.)
+      // Issued where the copy `prefetch-depth` copies back is joined (its
+      // reader starts), so that many are in flight while it is read. (A
+      // reader of two copies waits for both right before it: where that
+      // join comes after this copy, the copy stays where it is.) Never above
+      // the copy before it: the copy stream runs in issue order, and the
+      // one read first goes first.
+      Operation *previous =
+          waits.size() >= prefetchDepth ? waits[waits.size() - prefetchDepth] : nullptr;
       Operation *after =
           !previous || previous->isBeforeInBlock(copy) ? previous : copy->getPrevNode();
+      if (lastCopy && lastCopy->isBeforeInBlock(copy) &&
+          (!after || after->isBeforeInBlock(lastCopy)))
+        after = lastCopy;
       needs(copy.getInput(), body, after);
       WaitOp carried = carriedOn.lookup(sym.getValue());
       if (carried &&
@@ -564,7 +580,8 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
         carriedOn.erase(sym.getValue());
         ++numCopyStreamJoins;
       }
-      previous = wait;
+      waits.push_back(wait);
+      lastCopy = copy;
     }
   }
 

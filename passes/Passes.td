@@ -546,18 +546,25 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     device (a trainable shard, a frozen unit) is marked `async`: the
     runtime runs it on the device's copy stream (DMA beside compute and
     the collectives) and an `fsdp.wait` right before its reader joins it.
-    In program order each copy is issued right after the previous copy's
-    wait, the first at the top of the step: the next copy runs under the
-    compute reading this one (one copy in flight; FSDP2's prefetch, for
-    the host-to-device leg). A copy is never issued above a definition it
+    In program order each copy is issued right after the wait of the copy
+    `prefetch-depth` copies before it (default 1: the previous one's), the
+    first ones at the top of the step, never above the copy before it (the
+    copy stream runs in issue order): the next copies run under the
+    compute reading this one (`prefetch-depth` copies in flight; FSDP2's
+    prefetch, for the host-to-device leg). A copy is never issued above a definition it
     reads (its storage read and views go along) nor above an op that
     writes its storage or joins a write of it (a write-back, a host
     update, its wait, a carried wait), and an update of its storage that
     comes before its reader (overlap placed it right after the copy) gets
     the wait before it instead: the copy reads exactly what the copy in
     place would have. The memory plan keeps the copy's device buffer live
-    from its issue, so one more copy is live on the device; the
-    memory-budget search weighs both (`offload-prefetch=auto`).
+    from its issue, so `prefetch-depth` more copies are live on the device;
+    the memory-budget search weighs prefetch (`offload-prefetch=auto`) and
+    tries its fastest prefetching schedules with 2 to 4 copies in flight
+    (unless `offload-prefetch-depth` pins it). More than one helps where
+    the copy stream would otherwise idle: behind a carried join (it runs
+    in order, so the copies queued behind one wait with it) or beside
+    compute that reads a small copy for long after a large one.
 
     With both, a carried wait right before a copy of its unit goes along
     with the copy and joins the copy stream instead of compute
@@ -610,6 +617,10 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "copy stream, issued right after the previous one's wait (one "
            "copy ahead); false: each runs on the compute stream right "
            "before its reader">,
+    Option<"prefetchDepth", "prefetch-depth", "unsigned", /*default=*/"1",
+           "with prefetch: copies to the device in flight at once (1 to 8), "
+           "each issued where the copy this many before it is joined; each "
+           "more is one more copy's device memory">,
     Option<"warnings", "warnings", "bool", /*default=*/"true",
            "warn where an option combination buys nothing (the memory-budget "
            "search turns it off for its candidates)">,
@@ -822,7 +833,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
     recompute, recompute_units, reshard_after_forward, reshard_units,
     reshard_group, prefetch_depth, offload, offload_activations,
-    offload_next_step, predicted_step_s, exposed_comm_pct, peak, budget,
+    offload_next_step, offload_prefetch, offload_prefetch_depth,
+    offload_nvme, predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -861,6 +873,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "unsigned", /*default=*/"2",
            "fsdp-offload's nvme-in-flight for the candidates with the state "
            "on disk">,
+    Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
+           "pin fsdp-offload's prefetch-depth for the prefetching candidates "
+           "(-1: 1, and the fastest few are tried with 2 to 4)">,
     Option<"memoryBudget", "memory-budget", "std::string", /*default=*/"\"\"",
            "largest planned peak per rank: bytes or with a unit (80GiB, 512MiB, 1.5GB)">,
     Option<"hostMemoryBudget", "host-memory-budget", "std::string", /*default=*/"\"\"",

@@ -59,6 +59,8 @@ struct Choice {
   bool nextStep = false;
   /// fsdp-offload's prefetch: its copies to the device on the copy stream.
   bool prefetch = false;
+  /// fsdp-offload's prefetch-depth: with prefetch, the copies in flight.
+  int64_t copiesInFlight = 1;
   /// fsdp-offload's nvme: the offloaded optimizer state in the swap file.
   bool nvme = false;
 
@@ -73,6 +75,7 @@ struct Choice {
            (nextStep ? " offload-next-step=true" : "") +
            (offload != "none" ? std::string(" offload-prefetch=") + (prefetch ? "true" : "false")
                               : "") +
+           (prefetch ? " offload-prefetch-depth=" + std::to_string(copiesInFlight) : "") +
            (nvme ? " offload-nvme=true" : "");
   }
 };
@@ -143,8 +146,8 @@ struct SearchSchedulePass
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch,
-              bool nvme) {
+  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch, bool nvme,
+              int64_t copiesInFlight) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
     if (activations) {
@@ -162,6 +165,7 @@ struct SearchSchedulePass
     o.nextStep = nextStep;
     o.nvme = nvme;
     o.nvmeInFlight = offloadNvmeInFlight;
+    o.prefetchDepth = copiesInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
   }
@@ -223,6 +227,7 @@ struct SearchSchedulePass
   LogicalResult chooseKnobValues();
   LogicalResult searchUniform();
   LogicalResult walkPerUnit();
+  LogicalResult deepenPrefetch();
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
   void adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule, int64_t bestArena);
@@ -232,7 +237,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
-        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch, c.nvme))
+        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch, c.nvme, c.copiesInFlight))
       return nullptr;
     return m;
   }
@@ -266,7 +271,7 @@ void printBreakdown(llvm::raw_ostream &os, const MemoryPlan &plan) {
 void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
-      failed(walkPerUnit()))
+      failed(walkPerUnit()) || failed(deepenPrefetch()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -448,13 +453,15 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  acts,
                                  ns && off != "none",
                                  pf && off != "none",
+                                 offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
                                  nv && off != "none"};
                   bool last = depth == depths.back() && acts == activationChoices.back() &&
                               ns == nextSteps.back() && pf == prefetches.back() &&
                               nv == nvmes.back();
                   OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                  if (!schedule(*m, depth) || !finish(*m, off, acts, leaf.choice.nextStep,
-                                                      leaf.choice.prefetch, leaf.choice.nvme))
+                  if (!schedule(*m, depth) ||
+                      !finish(*m, off, acts, leaf.choice.nextStep, leaf.choice.prefetch,
+                              leaf.choice.nvme, leaf.choice.copiesInFlight))
                     return failure();
                   auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
                   FailureOr<MemoryPlan> plan =
@@ -487,7 +494,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
-           a.prefetch == b.prefetch && a.nvme == b.nvme;
+           a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -578,6 +585,43 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
         break;
       } else {
         ++k;
+      }
+    }
+  }
+  return success();
+}
+
+/// Copies in flight (fsdp-offload's prefetch-depth), unless pinned: each
+/// of the fastest prefetching schedules that fit (three at most) is tried
+/// again with 2, 3 and 4 copies in flight, and each that fits and beats
+/// the fastest so far is kept. A deeper prefetch only costs device memory
+/// (one more copy live) and only gains where the copy stream would stand
+/// idle with copies left to make (behind a carried join, or beside compute
+/// that outruns one copy ahead), so refining the winners is enough:
+/// weighing it in every leaf would double the offloaded candidates.
+LogicalResult SearchSchedulePass::deepenPrefetch() {
+  if (offloadPrefetchDepth >= 0)
+    return success();
+  std::vector<size_t> order;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].choice.prefetch && fits(leaves[i]))
+      order.push_back(i);
+  llvm::stable_sort(order, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
+  order.resize(std::min<size_t>(order.size(), 3));
+  for (size_t i : order) {
+    Leaf leaf = leaves[i];
+    double fastest = leaf.predicted.stepS;
+    for (int64_t d = 2; d <= 4; ++d) {
+      leaf.choice.copiesInFlight = d;
+      if (!evaluate(leaf))
+        return failure();
+      if (!fits(leaf))
+        break; // a deeper one holds more
+      if (leaf.predicted.stepS < fastest) {
+        fastest = leaf.predicted.stepS;
+        leaves.push_back(leaf);
       }
     }
   }
@@ -702,6 +746,8 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),
           b.getNamedAttr("offload_prefetch", b.getBoolAttr(c.prefetch)),
+          b.getNamedAttr("offload_prefetch_depth",
+                         b.getI64IntegerAttr(c.prefetch ? c.copiesInFlight : 0)),
           b.getNamedAttr("offload_nvme", b.getBoolAttr(c.nvme)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),

@@ -205,6 +205,11 @@ def main():
             # updates outlive the step (Device::synchronizeDevice)
             ("offload next-step", gpt, "stage=3 offload=optimizer max-grad-norm=1.0 "
                                        "offload-next-step=true"),
+            # three copies to the device in flight on the copy stream, each
+            # behind its copy-stream join
+            ("offload next-step, 3 copies in flight", gpt,
+             "stage=3 offload=optimizer max-grad-norm=1.0 offload-next-step=true "
+             "offload-prefetch-depth=3"),
             ("label smoothing 0.1", gptls, "max-grad-norm=1.0"),
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
@@ -321,9 +326,9 @@ def main():
     if mode != "--gpu":
         concurrent = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
         for name in ("offload-activations", "optimizer offload", "offload next-step",
-                     "offload-nvme"):
+                     "offload next-step, 3 copies in flight", "offload-nvme"):
             env = dict(concurrent)
-            if name == "offload next-step":
+            if name.startswith("offload next-step"):
                 env["FSDP_CUDA_HOST_DELAY_US"] = "300000"
             same_as_eager(name, f"{name} on concurrent streams", env=env,
                           extra=nvme if name == "offload-nvme" else ())

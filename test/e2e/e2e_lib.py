@@ -52,3 +52,20 @@ def run_json(bindir, plan, n, *args, timeout=300):
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
     losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
     return losses, [x for x in rows if x.get("summary")][0]
+
+
+def copies_in_flight(plan):
+    """The most async copies to the device issued and not yet joined while
+    any other instruction of `plan` (a plan as JSON) runs: fsdp-offload's
+    prefetch-depth (a reader of two copies waits for both right before
+    it, the second issued there, so copies and waits themselves are not
+    counted)."""
+    pending, most = set(), 0
+    for inst in plan["program"]:
+        if inst["op"] == "to_device" and inst.get("attrs", {}).get("async"):
+            pending.add(inst["out"][0])
+        elif inst["op"] == "wait":
+            pending.discard(inst["in"][0])
+        elif inst["op"] != "to_device":
+            most = max(most, len(pending))
+    return most

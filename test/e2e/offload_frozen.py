@@ -17,7 +17,9 @@ configuration below, against the same plan without offload:
     stored dtype (its shard at stage 3, the whole unit at stages 1/2) and
     each trainable unit's f32 master shard, the device peak live bytes are
     at most offload=optimizer's (equal where the peak holds the frozen
-    unit's copy to the device instead), and fsdp-run measures both arenas
+    unit's copy to the device instead), as many copies to the device are
+    in flight at most as offload-prefetch-depth says (1 by default; the
+    last configuration has 3, and reaches 3), and fsdp-run measures both arenas
     equal to the plan;
 (c) 4 steps with checkpoints then --resume to 8 give the uninterrupted
     run's losses and parameters bitwise, and --eval-every gives the
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks
+from e2e_lib import Checks, copies_in_flight
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
@@ -47,6 +49,8 @@ CONFIGS = [
     (2, "optimizer=adamw stage=2 param-dtype=bf16"),
     (3, "optimizer=sgd momentum=0.9 stage=1"),
     (2, "optimizer=adamw stage=3 recompute=unit grad-accum=2"),
+    (2, "optimizer=adamw stage=3 max-grad-norm=1.0 offload-next-step=true "
+        "offload-prefetch-depth=3"),
 ]
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
@@ -113,7 +117,10 @@ def main():
             # fsdp-offload's prefetch (the default without a budget): every
             # copy of offloaded storage to the device is async (copy stream).
             copies = [i for i in po["program"] if i["op"] == "to_device"]
-            ok = (frozen and copies and all(i.get("attrs", {}).get("async") for i in copies) and all(u.get("offloaded") for u in units) and mo["params"] == 0 and
+            most = copies_in_flight(po)
+            depth = 3 if "offload-prefetch-depth=3" in pipeline else 1
+            ok = (frozen and copies and all(i.get("attrs", {}).get("async") for i in copies) and
+                  most == depth and all(u.get("offloaded") for u in units) and mo["params"] == 0 and
                   mo["state"] == 0 and host.get("params") == want and
                   mp["params"] == frozen_bytes and mo["peak_live"] <= mp["peak_live"] and
                   s["measured_high_water"] == s["predicted_peak"] and
@@ -121,7 +128,8 @@ def main():
                   s["measured_host_high_water"] == s["predicted_host_peak"] and
                   s["measured_host_peak_live"] == s["predicted_host_peak_live"])
             report(ok, f"(b) {what}: {len(frozen)} frozen of {len(units)} units offloaded, "
-                       f"{len(copies)} async copies to the device, device "
+                       f"{len(copies)} async copies to the device, at most {most} in flight "
+                       f"(expected {depth}), device "
                        f"params/state 0, host params {host.get('params')} B (expected {want}; "
                        f"offload=optimizer keeps the frozen {mp['params']} B on the device), "
                        f"device peak live {mo['peak_live']} <= {mp['peak_live']} B, both arenas "

@@ -32,6 +32,14 @@ updates joined in their step.
     copies at their use, one at the larger arena prefetches;
 (i) on the cpu profile (copies in place: the same step) the smaller peak
     is chosen, and a misspelt offload-prefetch is refused by name.
+Copies in flight (offload-prefetch-depth), on a GPT of 6 layers whose
+first 4 are frozen (kept on the device in bf16: only the 2 trainable
+shards are copied, at the end of the forward pass):
+(j) unpinned, the search tries its fastest prefetching schedules deeper
+    and keeps 2 copies in flight, predicted faster than the schedule it
+    chooses with 1 pinned; each plan has exactly as many in flight;
+(k) on the cpu profile (a tie) it stays at 1; a depth of 0 is refused by
+    name.
 """
 import json
 import os
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_lib import copies_in_flight
 from search_common import pinned_knobs, train_losses
 
 
@@ -179,6 +188,34 @@ def main():
                "offload-prefetch" in err and "maybe" in err,
                "(i) cpu profile (the device copies in place: a tie): the smaller peak, no "
                "prefetch; offload-prefetch=maybe refused by name")
+
+        # (j)-(k) copies in flight.
+        ft = os.path.join(tmp, "frozen4.mlir")
+        subprocess.run([sys.executable, os.path.join(src, "examples", "gen_models.py"), "gpt",
+                        "--vocab", "4096", "--ctx", "256", "--layers", "6", "--heads", "4",
+                        "--width", "256", "--batch", "2", "--frozen-layers", "4", "-o", ft],
+                       check=True)
+        fk = "param-dtype=bf16 memory-budget=1GiB offload=optimizer frozen-storage=compute"
+        da, d1 = (load(compile_(f"depth-{t}", f"{fk}{o}", mlir=ft)) for t, o in
+                  (("auto", ""), ("1", " offload-prefetch-depth=1")))
+        sa, s1 = da["strategy"], d1["strategy"]
+        report(sa["offload_prefetch"] is True and sa["offload_prefetch_depth"] == 2 and
+               s1["offload_prefetch_depth"] == 1 and
+               sa["predicted_step_s"] < s1["predicted_step_s"] and
+               copies_in_flight(da) == 2 and copies_in_flight(d1) == 1,
+               f"(j) copies in flight: the search keeps {sa['offload_prefetch_depth']} "
+               f"({copies_in_flight(da)} in its plan), predicted "
+               f"{sa['predicted_step_s'] * 1e3:.4f} ms against "
+               f"{s1['predicted_step_s'] * 1e3:.4f} ms with 1 pinned "
+               f"({copies_in_flight(d1)} in its plan)")
+        dc = load(compile_("depth-cpu", f"{fk} offload-prefetch=true device-profile={cpu}",
+                           mlir=ft))
+        err = compile_("depth-0", f"{fk} offload-prefetch-depth=0 offload-prefetch=true",
+                       mlir=ft, check=False)
+        report(dc["strategy"]["offload_prefetch_depth"] == 1 and copies_in_flight(dc) == 1 and
+               "prefetch-depth=0 must be 1 to 8" in err,
+               "(k) cpu profile (a tie): 1 copy in flight; offload-prefetch-depth=0 refused by "
+               "name")
 
     if failures:
         print("FAILED:", "; ".join(failures))

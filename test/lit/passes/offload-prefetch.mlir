@@ -1,5 +1,6 @@
 // RUN: fsdp-opt %s -fsdp-offload | FileCheck %s
 // RUN: fsdp-opt %s -fsdp-offload -fsdp-offload | FileCheck %s
+// RUN: fsdp-opt %s -fsdp-offload=prefetch-depth=2 | FileCheck %s --check-prefix=TWO
 
 // fsdp-offload's prefetch with one device op (%y) reading two offloaded
 // units, each updated (async, overlap) before %y in program order: the
@@ -7,6 +8,8 @@
 // @a's wait (one copy ahead, never above it); each copy is joined right
 // before the update that overwrites its storage, not at %y, so no update
 // writes what a copy still reads. Running the pass twice changes nothing.
+// With two copies in flight both go to the top, @a's first (the copy
+// stream runs in issue order), each still joined before its update.
 
 // CHECK-LABEL: func.func @train_step
 // CHECK-NEXT: %[[A:.+]] = fsdp.get_unit @a
@@ -19,6 +22,18 @@
 // CHECK-NEXT: %[[Q:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, fsdp.on_host}
 // CHECK-NEXT: fsdp.add %[[AW]], %[[BW]]
 // CHECK-NOT: fsdp.to_device
+
+// TWO-LABEL: func.func @train_step
+// TWO-NEXT: fsdp.get_unit @a
+// TWO-NEXT: %[[AD:.+]] = fsdp.to_device %{{.+}} {async}
+// TWO-NEXT: fsdp.get_unit @b
+// TWO-NEXT: %[[BD:.+]] = fsdp.to_device %{{.+}} {async}
+// TWO-NEXT: fsdp.relu
+// TWO: %[[AW:.+]] = fsdp.wait %[[AD]]
+// TWO-NEXT: fsdp.adamw_update {{.*}} {async, fsdp.on_host}
+// TWO: %[[BW:.+]] = fsdp.wait %[[BD]]
+// TWO-NEXT: fsdp.adamw_update {{.*}} {async, fsdp.on_host}
+// TWO-NEXT: fsdp.add %[[AW]], %[[BW]]
 
 module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 1>, fsdp.stage = 3 : i64} {
   fsdp.param @w : tensor<8xf32> init("normal", 5.000000e-01) unit "a"
