@@ -46,7 +46,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
   search.offloadNvme = autoBoolName(options.offloadNvme);
-  search.offloadNvmeInFlight = options.offloadNvmeInFlight;
+  if (options.offloadNvmeInFlight.hasValue())
+    search.offloadNvmeInFlight = options.offloadNvmeInFlight;
   if (options.offloadPrefetchDepth.hasValue())
     search.offloadPrefetchDepth = options.offloadPrefetchDepth;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);

@@ -229,7 +229,9 @@ struct FsdpPipelineOptions
                      "(1 to 8, default 2): 2 reads one unit's state from the "
                      "swap file while the previous unit's update runs, for one "
                      "more update's staging in host memory; 1 is the least "
-                     "host memory, the drive idle during each update"),
+                     "host memory, the drive idle during each update. Unset "
+                     "with memory-budget: the search also tries 1 where only "
+                     "that fits host-memory-budget, and 3 and 4"),
       llvm::cl::init(2)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",

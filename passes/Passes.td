@@ -824,7 +824,13 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     step). Equal predicted steps go to the smaller host arena (when the
     host stream bounds the step either way, next-step buys nothing).
     `host-memory-budget` bounds the host arena of every candidate as
-    `memory-budget` bounds the device's.
+    `memory-budget` bounds the device's. Two in-flight counts are refined
+    on the winners rather than weighed in every leaf (each costs memory
+    only): the fastest prefetching candidates are tried with 2 to 4 copies
+    to the device in flight (`offload-prefetch-depth`), and candidates with
+    the state on disk with 1 update in flight where only that fits
+    `host-memory-budget`, the fastest with 3 and 4
+    (`offload-nvme-in-flight`); a value given pins either.
 
     When nothing fits it fails with the smallest peak it reached, the
     schedule that reached it and what that peak is made of.
@@ -834,7 +840,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     recompute, recompute_units, reshard_after_forward, reshard_units,
     reshard_group, prefetch_depth, offload, offload_activations,
     offload_next_step, offload_prefetch, offload_prefetch_depth,
-    offload_nvme, predicted_step_s, exposed_comm_pct, peak, budget,
+    offload_nvme, offload_nvme_in_flight, predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -870,9 +876,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "fsdp-offload's nvme (the offloaded optimizer state in the per-rank "
            "swap file): true, false, or auto: each offloaded candidate is "
            "weighed both ways (host-memory-budget is what makes it win)">,
-    Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "unsigned", /*default=*/"2",
-           "fsdp-offload's nvme-in-flight for the candidates with the state "
-           "on disk">,
+    Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "int64_t", /*default=*/"-1",
+           "pin fsdp-offload's nvme-in-flight for the candidates with the state "
+           "on disk (-1: 2, then 1 where only that fits host-memory-budget and "
+           "3 or 4 for the fastest few)">,
     Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's prefetch-depth for the prefetching candidates "
            "(-1: 1, and the fastest few are tried with 2 to 4)">,

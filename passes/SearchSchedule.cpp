@@ -63,6 +63,8 @@ struct Choice {
   int64_t copiesInFlight = 1;
   /// fsdp-offload's nvme: the offloaded optimizer state in the swap file.
   bool nvme = false;
+  /// fsdp-offload's nvme-in-flight: with nvme, the async updates in flight.
+  int64_t nvmeInFlight = 2;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -76,7 +78,8 @@ struct Choice {
            (offload != "none" ? std::string(" offload-prefetch=") + (prefetch ? "true" : "false")
                               : "") +
            (prefetch ? " offload-prefetch-depth=" + std::to_string(copiesInFlight) : "") +
-           (nvme ? " offload-nvme=true" : "");
+           (nvme ? " offload-nvme=true offload-nvme-in-flight=" + std::to_string(nvmeInFlight)
+                 : "");
   }
 };
 
@@ -146,26 +149,25 @@ struct SearchSchedulePass
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
-  bool finish(ModuleOp m, StringRef off, bool activations, bool nextStep, bool prefetch, bool nvme,
-              int64_t copiesInFlight) {
+  bool finish(ModuleOp m, const Choice &c) {
     if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
       return false;
-    if (activations) {
+    if (c.activations) {
       FsdpOffloadActivationsOptions oa;
       oa.overlap = overlap;
       if (!run(m, createFsdpOffloadActivations(oa)))
         return false;
     }
-    if (off == "none")
+    if (c.offload == "none")
       return true;
     FsdpOffloadOptions o;
-    o.mode = off.str();
+    o.mode = c.offload;
     o.overlap = overlap && offloadOverlap;
-    o.prefetch = prefetch;
-    o.nextStep = nextStep;
-    o.nvme = nvme;
-    o.nvmeInFlight = offloadNvmeInFlight;
-    o.prefetchDepth = copiesInFlight;
+    o.prefetch = c.prefetch;
+    o.nextStep = c.nextStep;
+    o.nvme = c.nvme;
+    o.nvmeInFlight = c.nvmeInFlight;
+    o.prefetchDepth = c.copiesInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
   }
@@ -228,6 +230,7 @@ struct SearchSchedulePass
   LogicalResult searchUniform();
   LogicalResult walkPerUnit();
   LogicalResult deepenPrefetch();
+  LogicalResult tuneNvmeInFlight();
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
   void adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule, int64_t bestArena);
@@ -237,7 +240,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
-        !finish(*m, c.offload, c.activations, c.nextStep, c.prefetch, c.nvme, c.copiesInFlight))
+        !finish(*m, c))
       return nullptr;
     return m;
   }
@@ -271,7 +274,7 @@ void printBreakdown(llvm::raw_ostream &os, const MemoryPlan &plan) {
 void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
-      failed(walkPerUnit()) || failed(deepenPrefetch()))
+      failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -454,14 +457,13 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  ns && off != "none",
                                  pf && off != "none",
                                  offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
-                                 nv && off != "none"};
+                                 nv && off != "none",
+                                 offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2};
                   bool last = depth == depths.back() && acts == activationChoices.back() &&
                               ns == nextSteps.back() && pf == prefetches.back() &&
                               nv == nvmes.back();
                   OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                  if (!schedule(*m, depth) ||
-                      !finish(*m, off, acts, leaf.choice.nextStep, leaf.choice.prefetch,
-                              leaf.choice.nvme, leaf.choice.copiesInFlight))
+                  if (!schedule(*m, depth) || !finish(*m, leaf.choice))
                     return failure();
                   auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
                   FailureOr<MemoryPlan> plan =
@@ -494,7 +496,8 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
     return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
-           a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme;
+           a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
+           a.nvmeInFlight == b.nvmeInFlight;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -628,6 +631,57 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
   return success();
 }
 
+/// Updates in flight with the state on disk (fsdp-offload's
+/// nvme-in-flight), unless pinned. The candidates have 2: one unit's state
+/// read while the previous unit's update runs. Each such candidate that
+/// fits the device but not host-memory-budget is tried with 1 (one
+/// update's staging and gradient copy less in the host arena, the drive
+/// idle during each update), and the three fastest that fit with 3 and 4
+/// (more reads ahead, where the drive is not already busy throughout),
+/// each kept where it fits and, for the deeper ones, is faster.
+LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
+  if (offloadNvmeInFlight >= 0)
+    return success();
+  std::vector<size_t> tight, fastest;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const Leaf &l = leaves[i];
+    if (!l.choice.nvme)
+      continue;
+    if (fits(l))
+      fastest.push_back(i);
+    else if (l.peakLive <= budget)
+      tight.push_back(i);
+  }
+  llvm::stable_sort(fastest, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
+  fastest.resize(std::min<size_t>(fastest.size(), 3));
+  for (size_t i : tight) {
+    Leaf leaf = leaves[i];
+    leaf.choice.nvmeInFlight = 1;
+    if (!evaluate(leaf))
+      return failure();
+    if (fits(leaf))
+      leaves.push_back(leaf);
+  }
+  for (size_t i : fastest) {
+    Leaf leaf = leaves[i];
+    double best = leaf.predicted.stepS;
+    for (int64_t n = 3; n <= 4; ++n) {
+      leaf.choice.nvmeInFlight = n;
+      if (!evaluate(leaf))
+        return failure();
+      if (!fits(leaf))
+        break; // a deeper one holds more
+      if (leaf.predicted.stepS < best) {
+        best = leaf.predicted.stepS;
+        leaves.push_back(leaf);
+      }
+    }
+  }
+  return success();
+}
+
 /// Fastest first among those whose liveness fits; the arena decides.
 /// best stays null when no arena fits.
 LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule,
@@ -749,6 +803,8 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload_prefetch_depth",
                          b.getI64IntegerAttr(c.prefetch ? c.copiesInFlight : 0)),
           b.getNamedAttr("offload_nvme", b.getBoolAttr(c.nvme)),
+          b.getNamedAttr("offload_nvme_in_flight",
+                         b.getI64IntegerAttr(c.nvme ? c.nvmeInFlight : 0)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),

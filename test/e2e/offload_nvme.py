@@ -44,7 +44,10 @@ host arena (offload=optimizer):
     host memory where it fits host-memory-budget (the swaps only add
     time) and puts it on disk where only that fits, recording the choice
     (strategy.offload_nvme), and the plan it chose trains as the plan
-    compiled with offload-nvme=true for the same schedule.
+    compiled with offload-nvme=true for the same schedule; under a host
+    budget between the host arenas of 1 and 2 updates in flight it
+    chooses 1 (strategy.offload_nvme_in_flight), where with 2 pinned
+    nothing fits.
 """
 import re
 import json
@@ -269,14 +272,16 @@ def main():
                f"{ahead} reads started before the previous update ended")
 
         # (h)
-        def search(tag, nvme, host_budget=None):
+        def search(tag, nvme, host_budget=None, extra="", check=True):
             plan = os.path.join(tmp, tag + ".plan")
-            subprocess.run([os.path.join(bindir, "fsdp-opt"), models["mlp"], "-o", os.devnull,
-                            "--fsdp-pipeline=world-size=2 optimizer=adamw stage=3 "
-                            f"memory-budget=64MiB offload=optimizer offload-nvme={nvme} "
-                            f"plan={plan} report=false"
-                            + (f" host-memory-budget={host_budget}" if host_budget else "")],
-                           check=True, capture_output=True, text=True)
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models["mlp"], "-o", os.devnull,
+                                "--fsdp-pipeline=world-size=2 optimizer=adamw stage=3 "
+                                f"memory-budget=64MiB offload=optimizer offload-nvme={nvme} "
+                                f"plan={plan} report=false {extra}"
+                                + (f" host-memory-budget={host_budget}" if host_budget else "")],
+                               check=check, capture_output=True, text=True)
+            if r.returncode:
+                return None, r.stderr
             return plan, json.load(open(plan))
         _, free = search("auto-free", "auto")
         pinned_plan, pinned = search("pinned", "true")
@@ -291,7 +296,8 @@ def main():
                f"host-memory-budget={budget} (host arena {tight['host_arena_bytes']} B)")
         keys = ("layers_per_unit", "recompute", "recompute_units", "reshard_after_forward",
                 "reshard_units", "prefetch_depth", "offload", "offload_activations",
-                "offload_next_step", "offload_prefetch", "offload_nvme")
+                "offload_next_step", "offload_prefetch", "offload_nvme",
+                "offload_nvme_in_flight")
         if all(tight["strategy"][k] == pinned["strategy"][k] for k in keys):
             a, _ = train(tight_plan, 2, "--steps", "4")
             b2, _ = train(pinned_plan, 2, "--steps", "4")
@@ -300,6 +306,22 @@ def main():
         else:
             report(False, f"(h) mlp N=2: the search chose {tight['strategy']}, "
                           f"offload-nvme=true {pinned['strategy']}")
+        # One update in flight where only that fits the host budget.
+        one = {k: search(f"in-flight-{k}", "true", extra=f"offload-nvme-in-flight={k}")[1]
+               for k in (1, 2)}
+        budget1 = (one[1]["host_arena_bytes"] + one[2]["host_arena_bytes"]) // 2
+        _, tight1 = search("auto-tight-1", "auto", budget1)
+        _, err = search("pinned-2-tight", "auto", budget1, "offload-nvme-in-flight=2", check=False)
+        report(one[1]["host_arena_bytes"] < one[2]["host_arena_bytes"] and
+               tight1["strategy"]["offload_nvme"] is True and
+               tight1["strategy"]["offload_nvme_in_flight"] == 1 and
+               tight1["host_arena_bytes"] <= budget1 and
+               f"no schedule fits host-memory-budget={budget1}" in err,
+               f"(h) mlp N=2: host arenas {one[1]['host_arena_bytes']} B (1 update in flight) "
+               f"and {one[2]['host_arena_bytes']} B (2): under host-memory-budget={budget1} the "
+               f"search keeps the state on disk with "
+               f"{tight1['strategy']['offload_nvme_in_flight']} in flight; with 2 pinned "
+               "nothing fits")
 
     return report.finish("all offload-nvme checks passed")
 
