@@ -227,9 +227,13 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   };
   if (io) {
     FSDP_RETURN_IF_ERROR(dev.wait(in, ready));
+    // (One write's event guards every part it wrote: waited for once.)
+    const Event *waited = nullptr;
     for (const SwapIo::Part &p : io->parts)
       if (auto w = lastSwapWrite.find(p.file); w != lastSwapWrite.end()) {
-        FSDP_RETURN_IF_ERROR(dev.wait(in, *w->second));
+        if (w->second.get() != waited)
+          FSDP_RETURN_IF_ERROR(dev.wait(in, *w->second));
+        waited = w->second.get();
         lastSwapWrite.erase(w);
       }
     dev.enqueue(in, transfer(false));
@@ -257,9 +261,10 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   FSDP_RETURN_IF_ERROR(dev.wait(out, *done));
   dev.enqueue(out, transfer(true));
   done = dev.record(out);
+  std::shared_ptr<Event> written = dev.record(out);
   for (const SwapIo::Part &p : io->parts)
     if (p.write)
-      lastSwapWrite[p.file] = dev.record(out);
+      lastSwapWrite[p.file] = written;
   return Status::ok();
 }
 

@@ -221,9 +221,10 @@ private:
   void prepareSwaps();
   /// By instruction: its swaps, null where it has none.
   std::vector<std::shared_ptr<const SwapIo>> swapIo;
-  /// By state buffer: its last write back while it may be in flight; the
+  /// By state buffer: its last write back while it may be in flight (one
+  /// event per writing instruction, shared by the buffers it wrote); the
   /// next read of it waits for it.
-  std::map<int64_t, std::unique_ptr<Event>> lastSwapWrite;
+  std::map<int64_t, std::shared_ptr<Event>> lastSwapWrite;
   /// Per instruction: run by runOffCompute (a collective or wait, an
   /// async copy or a host instruction that is async or swaps), not by
   /// Device::run.
