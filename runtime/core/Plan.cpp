@@ -698,6 +698,67 @@ Status validateCarried(const Plan &plan) {
   return Status::ok();
 }
 
+/// [Note: async windows] An async instruction runs on a stream of its own
+/// from its issue to its wait: a collective (and every blocking one, queued
+/// behind it) on the comm stream, a copy between the arenas on the copy
+/// stream, a host update on the host stream. Work on any other stream in
+/// that window is not ordered with it, so none may write what it reads,
+/// nor read or write what it writes (by storage root: a view is its
+/// buffer). Work on its own stream runs in issue order after it. A host
+/// update the next step joins (carried) has no wait of its own in the step
+/// and is validateCarried's. Without this check a plan whose copy or
+/// collective overlaps a write of its source would train on whichever
+/// bytes the race left.
+static const char *asyncLane(const Plan &plan, const Instruction &x) {
+  if (isCollectiveOp(x.op))
+    return "comm";
+  if (isArenaCopy(x.op))
+    return isAsync(x) ? "copy" : "compute";
+  return isHostInstruction(plan, x) && isAsync(x) ? "host" : "compute";
+}
+
+Status validateAsyncWindows(const Plan &plan) {
+  const int64_t end = (int64_t)plan.program.size();
+  auto root = [&](int64_t id) { return storageRoot(plan, id); };
+  for (int64_t i = 0; i < end; ++i) {
+    const Instruction &a = plan.program[i];
+    const char *lane = asyncLane(plan, a);
+    if (a.op == "wait" || !isAsync(a) || a.out.empty() || std::string(lane) == "compute")
+      continue;
+    int64_t j = i + 1;
+    while (j < end && !(plan.program[j].op == "wait" && plan.program[j].in[0] == a.out[0]))
+      ++j;
+    if (j == end)
+      continue;
+    std::set<int64_t> reads, writes;
+    for (int64_t id : a.in)
+      reads.insert(root(id));
+    for (int64_t id : a.out)
+      writes.insert(root(id));
+    for (int64_t k = i + 1; k < j; ++k) {
+      const Instruction &o = plan.program[k];
+      if (o.op == "wait" || std::string(asyncLane(plan, o)) == lane)
+        continue;
+      auto race = [&](int64_t id, const char *what, const char *itDoes) {
+        return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") ", what, " buffer ", id, " (",
+                          plan.buffers[id].name, "), which async instruction #", i, " (", a.op,
+                          ", on the ", lane, " stream) ", itDoes, " until its wait #", j,
+                          ": the two are not ordered (join it before, or issue it after)");
+      };
+      for (int64_t id : o.out) {
+        if (writes.count(root(id)))
+          return race(id, "writes", "writes");
+        if (reads.count(root(id)))
+          return race(id, "writes", "reads");
+      }
+      for (int64_t id : o.in)
+        if (writes.count(root(id)))
+          return race(id, "reads", "writes");
+    }
+  }
+  return Status::ok();
+}
+
 /// The plan as the runtime needs it, in order: mesh, buffers, the memory
 /// plan, units, parameters, states, bindings, program; the first error
 /// stops it.
@@ -710,6 +771,7 @@ Status validate(const Plan &plan) {
   FSDP_RETURN_IF_ERROR(validateStates(plan));
   FSDP_RETURN_IF_ERROR(validateIo(plan));
   FSDP_RETURN_IF_ERROR(validateProgram(plan));
+  FSDP_RETURN_IF_ERROR(validateAsyncWindows(plan));
   return validateCarried(plan);
 }
 

@@ -139,6 +139,25 @@ def copy_stream_join_compute_read(p):
     prog[k]["attrs"]["async"] = False
 
 
+def async_copy_read_before_wait(p):
+    """The first async copy to the device whose wait is right before its
+    reader: the two swapped, so the reader reads the copy's output while
+    the copy stream may still write it ([Note: async windows])."""
+    prog = p["program"]
+    for i, c in enumerate(prog):
+        if c["op"] != "to_device" or not c.get("attrs", {}).get("async"):
+            continue
+        j = next(k for k in range(i + 1, len(prog))
+                 if prog[k]["op"] == "wait" and prog[k]["in"][0] == c["out"][0])
+        if j + 1 < len(prog) and c["out"][0] in prog[j + 1]["in"]:
+            prog[j], prog[j + 1] = prog[j + 1], prog[j]
+            for b in prog[j]["in"] + prog[j]["out"]:
+                if not p["buffers"][b].get("persistent"):
+                    p["buffers"][b]["first"] = min(p["buffers"][b]["first"], j)
+            return
+    raise SystemExit("no async copy read right after its wait")
+
+
 def setter(fn):
     """A mutation that edits a deep copy of the plan."""
     def apply(plan):
@@ -289,6 +308,7 @@ PLAN_CASES = [
     ("copy_stream on a wait not carried", "nextstep", setter(lambda p: p["program"][copy_stream_join(p)[1]]["attrs"].update(copy_stream=True)), "\"copy_stream\" is a boolean of a carried wait"),
     ("a copy-stream join not followed by its copy", "nextstep", setter(copy_stream_copy_on_compute), "joins on the copy stream, but the next instruction is not an async to_device"),
     ("compute reads a copy-stream-joined unit before the copy's wait", "nextstep", setter(copy_stream_join_compute_read), "on compute after instruction"),
+    ("an async copy's output read before its wait", "offload", setter(async_copy_read_before_wait), "which async instruction"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(

@@ -425,9 +425,11 @@ namespace {
 
 /// A one-rank offloaded plan: x (device) -> g = x * x -> to_host -> an
 /// adamw_update of a host parameter, marked async with `updateAttrs`, and
-/// its wait when `wait`; `mulAttrs` on the device mul.
+/// its wait when `wait`; `mulAttrs` on the device mul; `beforeWait` (with
+/// `wait`) placed between the update and its wait.
 std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
-                          const nlohmann::json &mulAttrs = nlohmann::json::object()) {
+                          const nlohmann::json &mulAttrs = nlohmann::json::object(),
+                          const nlohmann::json &beforeWait = nullptr) {
   using nlohmann::json;
   const int64_t n = 16, vb = 64;
   json program = {{{"op", "mul"}, {"in", {0, 0}}, {"out", {1}}, {"attrs", mulAttrs}},
@@ -436,11 +438,14 @@ std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
                    {"in", {3, 7, 4, 5, 6, 8}},
                    {"out", {3, 4, 5}},
                    {"attrs", updateAttrs}}};
+  if (wait && !beforeWait.is_null())
+    program.push_back(beforeWait);
   if (wait)
     program.push_back({{"op", "wait"}, {"in", {3}}, {"out", {3}}});
   program.push_back(
       {{"op", "fill"}, {"in", json::array()}, {"out", {2}}, {"attrs", {{"value", 1.0}}}});
   const int64_t end = (int64_t)program.size();
+  const int64_t waitAt = beforeWait.is_null() ? 3 : 4;
   json buffers = json::array();
   auto buf = [&](const char *name, const char *kind, bool host, int64_t offset, bool scalar,
                  int64_t first, int64_t last) {
@@ -464,7 +469,7 @@ std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
   buf("m", "state", true, vb, false, -1, 0);                    // 4
   buf("v", "state", true, 2 * vb, false, -1, 0);                // 5
   buf("lr", "input", true, 3 * vb, true, -1, 0);                // 6
-  buf("gh", "grad", true, 4 * vb, false, 1, wait ? 3 : 2);      // 7
+  buf("gh", "grad", true, 4 * vb, false, 1, wait ? waitAt : 2); // 7
   buf("step", "input", true, 5 * vb, true, -1, 0);              // 8
   json plan = {{"format", "fsdp-plan"},
                {"version", 2},
@@ -510,6 +515,41 @@ std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
 }
 
 } // namespace
+
+/// [Note: async windows] Nothing on another stream may write what an async
+/// instruction reads, nor touch what it writes, between its issue and its
+/// wait: here a host fill of the gradient copy the async update still
+/// reads, and a blocking host update rewriting its parameter, are refused
+/// naming both instructions; without them the plan loads.
+TEST(PlanTest, AsyncWindowsRefuseRacesBetweenStreams) {
+  nlohmann::json async = {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"async", true}};
+  nlohmann::json fill = {
+      {"op", "fill"}, {"in", nlohmann::json::array()}, {"out", {7}}, {"attrs", {{"value", 0.0}}}};
+  Plan plan;
+  Status st = parsePlan(offloadedPlan(async, true, nlohmann::json::object(), fill), plan);
+  ASSERT_FALSE(st.isOk()) << "a write of an async update's operand before its wait was accepted";
+  EXPECT_NE(st.message().find("instruction #3 (fill) writes buffer 7 (gh), which async "
+                              "instruction #2 (adamw_update, on the host stream) reads until "
+                              "its wait #4: the two are not ordered"),
+            std::string::npos)
+      << st.message();
+  nlohmann::json blocking = {{"op", "adamw_update"},
+                             {"in", {3, 7, 4, 5, 6, 8}},
+                             {"out", {3, 4, 5}},
+                             {"attrs", {{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}}}};
+  plan = Plan();
+  st = parsePlan(offloadedPlan(async, true, nlohmann::json::object(), blocking), plan);
+  ASSERT_FALSE(st.isOk()) << "a second update of the same parameter in the window was accepted";
+  EXPECT_NE(st.message().find("instruction #3 (adamw_update) writes buffer 3 (p), which async "
+                              "instruction #2 (adamw_update, on the host stream) writes"),
+            std::string::npos)
+      << st.message();
+  // The fill on the device's loss after the wait is in every variant:
+  // without the racing instruction the plan loads.
+  plan = Plan();
+  st = parsePlan(offloadedPlan(async, true), plan);
+  EXPECT_TRUE(st.isOk()) << st.message();
+}
 
 /// "async": true belongs to work off the compute stream: collectives,
 /// copies between the arenas and host instructions (fsdp-offload's
