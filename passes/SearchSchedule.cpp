@@ -633,8 +633,8 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
 
 /// Updates in flight with the state on disk (fsdp-offload's
 /// nvme-in-flight), unless pinned. The candidates have 2: one unit's state
-/// read while the previous unit's update runs. Each such candidate that
-/// fits the device but not host-memory-budget is tried with 1 (one
+/// read while the previous unit's update runs. The fastest such candidates
+/// that fit the device but not host-memory-budget are tried with 1 (one
 /// update's staging and gradient copy less in the host arena, the drive
 /// idle during each update), and the three fastest that fit with 3 and 4
 /// (more reads ahead, where the drive is not already busy throughout),
@@ -652,17 +652,24 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
     else if (l.peakLive <= budget)
       tight.push_back(i);
   }
-  llvm::stable_sort(fastest, [&](size_t a, size_t b) {
+  auto byStep = [&](size_t a, size_t b) {
     return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
-  });
+  };
+  llvm::stable_sort(fastest, byStep);
   fastest.resize(std::min<size_t>(fastest.size(), 3));
-  for (size_t i : tight) {
-    Leaf leaf = leaves[i];
+  // Fastest first, until three fit (eight tried at most: on a large model
+  // each is a whole compile).
+  llvm::stable_sort(tight, byStep);
+  int kept = 0;
+  for (size_t t = 0; t < tight.size() && t < 8 && kept < 3; ++t) {
+    Leaf leaf = leaves[tight[t]];
     leaf.choice.nvmeInFlight = 1;
     if (!evaluate(leaf))
       return failure();
-    if (fits(leaf))
+    if (fits(leaf)) {
       leaves.push_back(leaf);
+      ++kept;
+    }
   }
   for (size_t i : fastest) {
     Leaf leaf = leaves[i];
