@@ -17,6 +17,7 @@
 #include "runtime/core/PlanSchema.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/devices/Devices.h"
+#include "test/unit/TestPlans.h"
 
 #include <gtest/gtest.h>
 
@@ -1437,19 +1438,11 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false, bool carr
   const int64_t n = 64, vb = n * 4;
   using nlohmann::json;
   json buffers = json::array();
+  // (Live ranges from the program, below.)
   auto buf = [&](const char *name, const char *kind, bool host, int64_t offset, bool scalar,
                  bool persistent) {
-    buffers.push_back({{"id", buffers.size()},
-                       {"name", name},
-                       {"kind", kind},
-                       {"space", host ? "host" : "device"},
-                       {"offset", offset},
-                       {"bytes", scalar ? 4 : vb},
-                       {"shape", scalar ? json::array() : json::array({n})},
-                       {"dtype", "f32"},
-                       {"persistent", persistent},
-                       {"first", -1},
-                       {"last", -1}});
+    testplans::addF32Buffer(buffers, name, kind, host ? "host" : "device", offset, n, scalar,
+                            persistent, -1, -1);
   };
   // device: 0 x, 1 g1, 2 g2, 3 loss, 4 d1, 5 q
   buf("x", "input", false, 0, false, true);
@@ -1522,41 +1515,17 @@ std::string offloadPlan(bool async, bool wait, bool asyncCopy = false, bool carr
   // The host arena's peak live: persistent 6 vectors + 2 scalars, and one
   // gradient copy, two while the async update's input waits for its wait.
   int64_t hostPeak = 6 * vb + 8 + ((async && wait) || carried ? 2 : 1) * vb;
-  json units, params, states;
-  twoUnits(n, {6, 9}, {7, 8, 10, 11}, units, params, states);
-  json plan = {{"format", "fsdp-plan"},
-               {"version", 2},
-               {"model", "offload"},
-               {"world_size", 1},
-               {"stage", 0},
-               {"arena_bytes", 5 * vb + 64},
-               {"host_arena_bytes", 8 * vb + 128},
-               {"memory",
-                {{"params", 0},
-                 {"grads", 0},
-                 {"state", 0},
-                 {"activations", 0},
-                 {"temps", 0},
-                 {"inputs", 0},
-                 {"comm", 0},
-                 {"peak", 5 * vb + 64},
-                 {"peak_live", 0},
-                 {"host",
-                  {{"params", 2 * vb},
-                   {"state", 4 * vb},
-                   {"peak", 8 * vb + 128},
-                   {"peak_live", hostPeak}}}}},
-               {"units", units},
-               {"params", params},
-               {"states", states},
-               {"inputs",
-                {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
-                 {{"name", "lr"}, {"role", "lr"}, {"buffer", 12}},
-                 {{"name", "step"}, {"role", "step"}, {"buffer", 13}}}},
-               {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}}},
-               {"buffers", buffers},
-               {"program", program}};
-  return plan.dump();
+  testplans::OneRankPlan p;
+  p.arenaBytes = 5 * vb + 64;
+  p.hostArenaBytes = 8 * vb + 128;
+  p.hostMemory = {
+      {"params", 2 * vb}, {"state", 4 * vb}, {"peak", 8 * vb + 128}, {"peak_live", hostPeak}};
+  twoUnits(n, {6, 9}, {7, 8, 10, 11}, p.units, p.params, p.states);
+  p.inputs = {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+              {{"name", "lr"}, {"role", "lr"}, {"buffer", 12}},
+              {{"name", "step"}, {"role", "step"}, {"buffer", 13}}};
+  p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
+  return testplans::oneRankPlan(p, buffers, program);
 }
 
 /// A device that forwards everything to another: the base of the probes
@@ -1849,17 +1818,8 @@ std::string nvmePlan() {
   json buffers = json::array();
   auto buf = [&](const char *name, const char *kind, const char *space, int64_t offset, bool scalar,
                  bool persistent, int64_t first, int64_t last) {
-    buffers.push_back({{"id", buffers.size()},
-                       {"name", name},
-                       {"kind", kind},
-                       {"space", space},
-                       {"offset", offset},
-                       {"bytes", scalar ? 4 : vb},
-                       {"shape", scalar ? json::array() : json::array({n})},
-                       {"dtype", "f32"},
-                       {"persistent", persistent},
-                       {"first", persistent ? -1 : first},
-                       {"last", persistent ? 9 : last}});
+    testplans::addF32Buffer(buffers, name, kind, space, offset, n, scalar, persistent,
+                            persistent ? -1 : first, persistent ? 9 : last);
   };
   // device: 0 x, 1 g1, 2 g2, 3 loss
   buf("x", "input", "device", 0, false, true, 0, 0);
@@ -1899,40 +1859,18 @@ std::string nvmePlan() {
                   op("wait", {4}, {4}),
                   op("wait", {5}, {5}),
                   op("fill", json::array(), {3}, {{"value", 1.0}})};
-  json units, params, states;
-  twoUnits(n, {4, 5}, {14, 15, 16, 17}, units, params, states);
-  json plan = {
-      {"format", "fsdp-plan"},
-      {"version", 2},
-      {"model", "offload-nvme"},
-      {"world_size", 1},
-      {"stage", 0},
-      {"arena_bytes", 4 * vb},
-      {"host_arena_bytes", 8 * vb + 128},
-      {"nvme_bytes", 4 * vb},
-      {"memory",
-       {{"params", 0},
-        {"grads", 0},
-        {"state", 0},
-        {"activations", 0},
-        {"temps", 0},
-        {"inputs", 0},
-        {"comm", 0},
-        {"peak", 4 * vb},
-        {"peak_live", 0},
-        {"host",
-         {{"params", 2 * vb}, {"state", 0}, {"peak", 8 * vb + 128}, {"peak_live", 8 * vb + 8}}}}},
-      {"units", units},
-      {"params", params},
-      {"states", states},
-      {"inputs",
-       {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
-        {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
-        {{"name", "step"}, {"role", "step"}, {"buffer", 7}}}},
-      {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}}},
-      {"buffers", buffers},
-      {"program", program}};
-  return plan.dump();
+  testplans::OneRankPlan p;
+  p.arenaBytes = 4 * vb;
+  p.hostArenaBytes = 8 * vb + 128;
+  p.nvmeBytes = 4 * vb;
+  p.hostMemory = {
+      {"params", 2 * vb}, {"state", 0}, {"peak", 8 * vb + 128}, {"peak_live", 8 * vb + 8}};
+  twoUnits(n, {4, 5}, {14, 15, 16, 17}, p.units, p.params, p.states);
+  p.inputs = {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+              {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
+              {{"name", "step"}, {"role", "step"}, {"buffer", 7}}};
+  p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
+  return testplans::oneRankPlan(p, buffers, program);
 }
 
 /// [Note: swap pipeline]: with the first update held at a gate on the

@@ -13,6 +13,7 @@
 #include "runtime/core/Plan.h"
 #include "runtime/core/SafeTensors.h"
 #include "runtime/core/SwapFile.h"
+#include "test/unit/TestPlans.h"
 
 #include <gtest/gtest.h>
 
@@ -450,17 +451,8 @@ std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
   auto buf = [&](const char *name, const char *kind, bool host, int64_t offset, bool scalar,
                  int64_t first, int64_t last) {
     bool persistent = first < 0;
-    buffers.push_back({{"id", buffers.size()},
-                       {"name", name},
-                       {"kind", kind},
-                       {"space", host ? "host" : "device"},
-                       {"offset", offset},
-                       {"bytes", scalar ? 4 : vb},
-                       {"shape", scalar ? json::array() : json::array({n})},
-                       {"dtype", "f32"},
-                       {"persistent", persistent},
-                       {"first", persistent ? -1 : first},
-                       {"last", persistent ? end : last}});
+    testplans::addF32Buffer(buffers, name, kind, host ? "host" : "device", offset, n, scalar,
+                            persistent, persistent ? -1 : first, persistent ? end : last);
   };
   buf("x", "input", false, 0, false, -1, 0);                    // 0
   buf("g", "grad", false, vb, false, 0, 1);                     // 1
@@ -471,47 +463,25 @@ std::string offloadedPlan(const nlohmann::json &updateAttrs, bool wait,
   buf("lr", "input", true, 3 * vb, true, -1, 0);                // 6
   buf("gh", "grad", true, 4 * vb, false, 1, wait ? waitAt : 2); // 7
   buf("step", "input", true, 5 * vb, true, -1, 0);              // 8
-  json plan = {{"format", "fsdp-plan"},
-               {"version", 2},
-               {"world_size", 1},
-               {"stage", 0},
-               {"arena_bytes", 3 * vb},
-               {"host_arena_bytes", 6 * vb},
-               {"memory",
-                {{"params", 0},
-                 {"grads", 0},
-                 {"state", 0},
-                 {"activations", 0},
-                 {"temps", 0},
-                 {"inputs", 0},
-                 {"comm", 0},
-                 {"peak", 3 * vb},
-                 {"peak_live", 0}}},
-               {"units",
-                {{{"name", "u"},
-                  {"flat_numel", n},
-                  {"padded_numel", n},
-                  {"shard_numel", n},
-                  {"buffer", -1}}}},
-               {"params",
-                {{{"name", "w"},
-                  {"shape", {n}},
-                  {"dtype", "f32"},
-                  {"init", "zeros"},
-                  {"scale", 0.0},
-                  {"trainable", true},
-                  {"unit", 0},
-                  {"flat_offset", 0},
-                  {"buffer", 3}}}},
-               {"states", json::array()},
-               {"inputs",
-                {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
-                 {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
-                 {{"name", "step"}, {"role", "step"}, {"buffer", 8}}}},
-               {"outputs", {{{"name", "loss"}, {"role", "loss"}, {"buffer", 2}}}},
-               {"buffers", buffers},
-               {"program", program}};
-  return plan.dump();
+  testplans::OneRankPlan p;
+  p.arenaBytes = 3 * vb;
+  p.hostArenaBytes = 6 * vb;
+  p.units = {
+      {{"name", "u"}, {"flat_numel", n}, {"padded_numel", n}, {"shard_numel", n}, {"buffer", -1}}};
+  p.params = {{{"name", "w"},
+               {"shape", {n}},
+               {"dtype", "f32"},
+               {"init", "zeros"},
+               {"scale", 0.0},
+               {"trainable", true},
+               {"unit", 0},
+               {"flat_offset", 0},
+               {"buffer", 3}}};
+  p.inputs = {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+              {{"name", "lr"}, {"role", "lr"}, {"buffer", 6}},
+              {{"name", "step"}, {"role", "step"}, {"buffer", 8}}};
+  p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 2}}};
+  return testplans::oneRankPlan(p, buffers, program);
 }
 
 } // namespace
