@@ -12,6 +12,8 @@ scripts/gpu-pack.sh (offload_<tag>.plan):
              backward pass: they need the global norm)
   clip_next  the same with offload-next-step=true (joined in the next
              step, beside its forward pass)
+  clip_next_d4  the same with 4 copies to the device in flight
+             (offload-prefetch-depth=4, one copy ahead in the others)
 Each plan runs --steps S (median ms/step of steps 3..S) R times,
 alternating the plans; printed beside fsdp-sim's prediction of the same
 plan on --profile (h100 by default: an H200's HBM is faster, so the
@@ -28,7 +30,7 @@ import statistics
 import subprocess
 import sys
 
-TAGS = ("none", "serial", "overlap", "acts", "acts_unit", "clip", "clip_next")
+TAGS = ("none", "serial", "overlap", "acts", "acts_unit", "clip", "clip_next", "clip_next_d4")
 
 
 def main():
@@ -69,7 +71,7 @@ def main():
             pred[t] = (d[0] if isinstance(d, list) else d)["step_ms"]
     base = statistics.median(times["none"]) if times["none"] else None
     pbase = pred.get("none")
-    print(f"{'plan':10s} {'measured':>10s} {'/ none':>7s} {'predicted':>10s} {'/ none':>7s}"
+    print(f"{'plan':12s} {'measured':>10s} {'/ none':>7s} {'predicted':>10s} {'/ none':>7s}"
           f" {'device GiB':>10s} {'host GiB':>9s}")
     rows = []
     for t in TAGS:
@@ -82,7 +84,7 @@ def main():
         fmt = lambda x: f"{x:10.2f}" if x is not None else f"{'-':>10s}"
         ratio = lambda x, b: f"{x / b:7.3f}" if x is not None and b else f"{'-':>7s}"
         gib = lambda x: f"{x / 2**30:.2f}" if x is not None else "-"
-        print(f"{t:10s} {fmt(m)} {ratio(m, base)} {fmt(p)} {ratio(p, pbase)}"
+        print(f"{t:12s} {fmt(m)} {ratio(m, base)} {fmt(p)} {ratio(p, pbase)}"
               f" {gib(dev):>10s} {gib(host):>9s}", flush=True)
     print(json.dumps({"device": a.device, "profile": a.profile, "rows": rows}))
 

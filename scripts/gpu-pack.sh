@@ -91,14 +91,16 @@ for b in 16 32; do
   # after / beside the backward pass, activations offloaded (copy stream),
   # with and without unit recomputation. No clipping: with it every host
   # update waits for the whole backward pass; the clip pair has it, with
-  # the updates joined in their step and in the next (offload-next-step).
+  # the updates joined in their step and in the next (offload-next-step),
+  # and in the next with 4 copies to the device in flight.
   if [ $b = 16 ]; then
     ob="optimizer=adamw weight-decay=0.1 param-dtype=bf16 stage=3 report=false"
     for v in "none:" "serial:offload=optimizer offload-overlap=false" \
              "overlap:offload=optimizer" "acts:offload-activations=true" \
              "acts_unit:recompute=unit offload-activations=true" \
              "clip:offload=optimizer max-grad-norm=1.0" \
-             "clip_next:offload=optimizer max-grad-norm=1.0 offload-next-step=true"; do
+             "clip_next:offload=optimizer max-grad-norm=1.0 offload-next-step=true" \
+             "clip_next_d4:offload=optimizer max-grad-norm=1.0 offload-next-step=true offload-prefetch-depth=4"; do
       "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
         --fsdp-pipeline="$ob ${v#*:} plan=$P/offload_${v%%:*}.plan"
     done
