@@ -231,7 +231,7 @@ struct FsdpPipelineOptions
                      "more update's staging in host memory; 1 is the least "
                      "host memory, the drive idle during each update. Unset "
                      "with memory-budget: the search also tries 1 where only "
-                     "that fits host-memory-budget, and 3 and 4"),
+                     "that fits host-memory-budget"),
       llvm::cl::init(2)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",

@@ -829,8 +829,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     only): the fastest prefetching candidates are tried with 2 to 4 copies
     to the device in flight (`offload-prefetch-depth`), and candidates with
     the state on disk with 1 update in flight where only that fits
-    `host-memory-budget`, the fastest with 3 and 4
-    (`offload-nvme-in-flight`); a value given pins either.
+    `host-memory-budget` (`offload-nvme-in-flight`); a value given pins
+    either.
 
     When nothing fits it fails with the smallest peak it reached, the
     schedule that reached it and what that peak is made of.
@@ -878,8 +878,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "weighed both ways (host-memory-budget is what makes it win)">,
     Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-in-flight for the candidates with the state "
-           "on disk (-1: 2, then 1 where only that fits host-memory-budget and "
-           "3 or 4 for the fastest few)">,
+           "on disk (-1: 2, then 1 where only that fits host-memory-budget)">,
     Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's prefetch-depth for the prefetching candidates "
            "(-1: 1, and the fastest few are tried with 2 to 4)">,

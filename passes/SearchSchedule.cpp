@@ -636,30 +636,21 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
 /// read while the previous unit's update runs. The fastest such candidates
 /// that fit the device but not host-memory-budget are tried with 1 (one
 /// update's staging and gradient copy less in the host arena, the drive
-/// idle during each update), and the three fastest that fit with 3 and 4
-/// (more reads ahead, where the drive is not already busy throughout),
-/// each kept where it fits and, for the deeper ones, is faster.
+/// idle during each update) and kept where that fits. (More than 2 is not
+/// tried: with the drive shared by reads and writes it bounds the step
+/// already at 2 in every model priced so far, docs/BENCHMARKS.md.)
 LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
   if (offloadNvmeInFlight >= 0)
     return success();
-  std::vector<size_t> tight, fastest;
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const Leaf &l = leaves[i];
-    if (!l.choice.nvme)
-      continue;
-    if (fits(l))
-      fastest.push_back(i);
-    else if (l.peakLive <= budget)
+  std::vector<size_t> tight;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].choice.nvme && !fits(leaves[i]) && leaves[i].peakLive <= budget)
       tight.push_back(i);
-  }
-  auto byStep = [&](size_t a, size_t b) {
-    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
-  };
-  llvm::stable_sort(fastest, byStep);
-  fastest.resize(std::min<size_t>(fastest.size(), 3));
   // Fastest first, until three fit (eight tried at most: on a large model
   // each is a whole compile).
-  llvm::stable_sort(tight, byStep);
+  llvm::stable_sort(tight, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
   int kept = 0;
   for (size_t t = 0; t < tight.size() && t < 8 && kept < 3; ++t) {
     Leaf leaf = leaves[tight[t]];
@@ -669,21 +660,6 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
     if (fits(leaf)) {
       leaves.push_back(leaf);
       ++kept;
-    }
-  }
-  for (size_t i : fastest) {
-    Leaf leaf = leaves[i];
-    double best = leaf.predicted.stepS;
-    for (int64_t n = 3; n <= 4; ++n) {
-      leaf.choice.nvmeInFlight = n;
-      if (!evaluate(leaf))
-        return failure();
-      if (!fits(leaf))
-        break; // a deeper one holds more
-      if (leaf.predicted.stepS < best) {
-        best = leaf.predicted.stepS;
-        leaves.push_back(leaf);
-      }
     }
   }
   return success();
