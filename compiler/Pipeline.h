@@ -256,8 +256,8 @@ struct FsdpPipelineOptions
       llvm::cl::desc("with offload-prefetch: the copies to the device in "
                      "flight at once (1 to 8), each issued where the copy "
                      "this many before it is read; each more costs one more "
-                     "copy's device memory. Unset: 1, or with memory-budget "
-                     "the search weighs 1 and 2"),
+                     "copy's device memory. Unset: 1, and with memory-budget "
+                     "the search tries its fastest schedules with 2 to 4"),
       llvm::cl::init(1)};
   Option<AutoBool> offloadNextStep{
       *this, "offload-next-step",

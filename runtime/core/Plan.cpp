@@ -709,12 +709,16 @@ Status validateCarried(const Plan &plan) {
 /// and is validateCarried's. Without this check a plan whose copy or
 /// collective overlaps a write of its source would train on whichever
 /// bytes the race left.
-static const char *asyncLane(const Plan &plan, const Instruction &x) {
+enum class Lane { Compute, Comm, Copy, Host };
+static Lane laneOf(const Plan &plan, const Instruction &x) {
   if (isCollectiveOp(x.op))
-    return "comm";
+    return Lane::Comm;
   if (isArenaCopy(x.op))
-    return isAsync(x) ? "copy" : "compute";
-  return isHostInstruction(plan, x) && isAsync(x) ? "host" : "compute";
+    return isAsync(x) ? Lane::Copy : Lane::Compute;
+  return isHostInstruction(plan, x) && isAsync(x) ? Lane::Host : Lane::Compute;
+}
+static const char *laneName(Lane l) {
+  return l == Lane::Comm ? "comm" : l == Lane::Copy ? "copy" : l == Lane::Host ? "host" : "compute";
 }
 
 Status validateAsyncWindows(const Plan &plan) {
@@ -722,8 +726,8 @@ Status validateAsyncWindows(const Plan &plan) {
   auto root = [&](int64_t id) { return storageRoot(plan, id); };
   for (int64_t i = 0; i < end; ++i) {
     const Instruction &a = plan.program[i];
-    const char *lane = asyncLane(plan, a);
-    if (a.op == "wait" || !isAsync(a) || a.out.empty() || std::string(lane) == "compute")
+    const Lane lane = laneOf(plan, a);
+    if (a.op == "wait" || !isAsync(a) || a.out.empty() || lane == Lane::Compute)
       continue;
     int64_t j = i + 1;
     while (j < end && !(plan.program[j].op == "wait" && plan.program[j].in[0] == a.out[0]))
@@ -737,12 +741,12 @@ Status validateAsyncWindows(const Plan &plan) {
       writes.insert(root(id));
     for (int64_t k = i + 1; k < j; ++k) {
       const Instruction &o = plan.program[k];
-      if (o.op == "wait" || std::string(asyncLane(plan, o)) == lane)
+      if (o.op == "wait" || laneOf(plan, o) == lane)
         continue;
       auto race = [&](int64_t id, const char *what, const char *itDoes) {
         return FSDP_ERROR("plan: instruction #", k, " (", o.op, ") ", what, " buffer ", id, " (",
                           plan.buffers[id].name, "), which async instruction #", i, " (", a.op,
-                          ", on the ", lane, " stream) ", itDoes, " until its wait #", j,
+                          ", on the ", laneName(lane), " stream) ", itDoes, " until its wait #", j,
                           ": the two are not ordered (join it before, or issue it after)");
       };
       for (int64_t id : o.out) {
