@@ -472,8 +472,12 @@ void ExportPlanPass::runOnOperation() {
   };
   if (plan.hostArenaBytes > 0)
     root["host_arena_bytes"] = plan.hostArenaBytes;
-  if (plan.nvmeBytes > 0)
+  if (plan.nvmeBytes > 0) {
     root["nvme_bytes"] = plan.nvmeBytes;
+    // Each swapped buffer and its staging on whole blocks of this many
+    // bytes (MemoryPlan's ioAlign): the runtime may move them with O_DIRECT.
+    root["swap_alignment"] = plan.swapAlignment;
+  }
   // The schedule fsdp-search-schedule chose (docs/PLAN_FORMAT.md): for
   // people and tools; the runtime ignores it.
   if (auto strategy = module->getAttrOfType<DictionaryAttr>("fsdp.strategy")) {

@@ -475,16 +475,18 @@ void MemoryPlanner::placeState() {
     for (StateOp s : statesOf.lookup(owner)) {
       auto t = cast<RankedTensorType>(s.getType());
       if (s->hasAttr(kNvmeAttrName)) {
-        // In the swap file, each buffer aligned as in the arenas.
+        // In the swap file, each buffer on a block of its own
+        // (kSwapAlignment: the runtime's direct transfers).
         PlannedBuffer b;
         b.name = s.getSymName().str();
         b.type = t;
         b.kind = BufKind::State;
         b.persistent = b.host = b.nvme = true;
         b.bytes = byteSize(t);
-        nvmeCursor = alignUp(nvmeCursor, alignment);
+        b.ioAlign = std::max(alignment, ::fsdp::kSwapAlignment); // swapAlignment
+        nvmeCursor = alignUp(nvmeCursor, b.ioAlign);
         b.offset = nvmeCursor;
-        nvmeCursor += b.bytes;
+        nvmeCursor += b.extent();
         plan.symbolBuffer[s.getSymName()] = addBuffer(b);
         continue;
       }
@@ -492,7 +494,10 @@ void MemoryPlanner::placeState() {
           addBuffer(persistent(s.getSymName().str(), t, BufKind::State, offloaded.contains(owner)));
       plan.symbolBuffer[s.getSymName()] = id;
     }
-  plan.nvmeBytes = alignUp(nvmeCursor, alignment);
+  if (nvmeCursor > 0) {
+    plan.swapAlignment = std::max(alignment, ::fsdp::kSwapAlignment);
+    plan.nvmeBytes = alignUp(nvmeCursor, plan.swapAlignment);
+  }
 }
 
 /// The step's inputs, last; then where the persistent storage ends.
@@ -784,6 +789,7 @@ LogicalResult MemoryPlanner::planSwaps() {
       staging.kind = BufKind::State;
       staging.bytes = fb.bytes;
       staging.host = true;
+      staging.ioAlign = fb.ioAlign; // the file's blocks land on its own
       PlannedSwap s;
       s.file = file;
       s.staging = addBuffer(staging);
@@ -956,8 +962,8 @@ void MemoryPlanner::computeLiveness() {
 void MemoryPlanner::placeTransients() {
   std::stable_sort(transient.begin(), transient.end(), [&](int64_t a, int64_t b) {
     const auto &x = plan.buffers[a], &y = plan.buffers[b];
-    if (x.bytes != y.bytes)
-      return x.bytes > y.bytes;
+    if (x.extent() != y.extent())
+      return x.extent() > y.extent();
     return x.first < y.first;
   });
   // Each arena on its own.
@@ -974,17 +980,20 @@ void MemoryPlanner::placeTransients() {
     for (int64_t o : placed[side]) {
       const PlannedBuffer &p = plan.buffers[o];
       if (p.first <= b.last && b.first <= p.last)
-        busy.push_back({p.offset, p.offset + p.bytes});
+        busy.push_back({p.offset, p.offset + p.extent()});
     }
     llvm::sort(busy);
-    int64_t off = base[side];
+    // A swap's staging buffer starts on a block and reserves its last one
+    // whole (PlannedBuffer::ioAlign).
+    const int64_t align = std::max(alignment, b.ioAlign);
+    int64_t off = alignUp(base[side], align);
     for (auto [lo, hi] : busy) {
-      if (off + b.bytes <= lo)
+      if (off + b.extent() <= lo)
         break;
-      off = std::max(off, alignUp(hi, alignment));
+      off = std::max(off, alignUp(hi, align));
     }
     b.offset = off;
-    arena[side] = std::max(arena[side], off + b.bytes);
+    arena[side] = std::max(arena[side], off + b.extent());
     placed[side].push_back(id);
   }
   plan.arenaBytes = place ? std::max(arena[0], cursor) : 0;

@@ -54,6 +54,12 @@ struct PlannedBuffer {
   /// no arena holds it; each host instruction reading it reads a staging
   /// copy instead (MemoryPlan::swaps).
   bool nvme = false;
+  /// Nonzero (the swap file's buffers and their staging buffers): the
+  /// offset is a multiple of it and the bytes rounded up to it are
+  /// reserved, for the runtime's whole-block transfers (kSwapAlignment).
+  int64_t ioAlign = 0;
+  /// The bytes this buffer reserves: `bytes`, rounded up to ioAlign.
+  int64_t extent() const { return ioAlign ? (bytes + ioAlign - 1) / ioAlign * ioAlign : bytes; }
 };
 
 /// One state buffer a host instruction reads through the swap file
@@ -116,6 +122,9 @@ struct MemoryPlan {
   /// fsdp-offload's nvme: bytes of the per-rank swap file, and the swaps
   /// of each host instruction that reads state kept there.
   int64_t nvmeBytes = 0, nvmeState = 0; ///< the file, and the state in it
+  /// The ioAlign of every swapped buffer and staging buffer (the plan's
+  /// "swap_alignment"; 0 without the swap file).
+  int64_t swapAlignment = 0;
   /// The host arena's persistent state (the rest of hostTotalByKind's
   /// state is staging) and the most staging bytes live at once.
   int64_t hostPersistentState = 0, hostStagingPeak = 0;

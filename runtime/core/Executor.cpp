@@ -147,7 +147,7 @@ Status Executor::readBuffer(int64_t id, void *host) const {
   FSDP_RETURN_IF_ERROR(settle(id));
   const Buffer &b = plan.buffers[id];
   if (b.nvme) // [Note: swap file]
-    return swap ? swap->read(b.offset, host, b.bytes, /*counted=*/false)
+    return swap ? swap->read(b.offset, host, b.bytes)
                 : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
   return dev.copyToHost(host, address(id), b.bytes);
 }
@@ -156,7 +156,7 @@ Status Executor::writeBuffer(int64_t id, const void *host) {
   FSDP_RETURN_IF_ERROR(settle(id));
   const Buffer &b = plan.buffers[id];
   if (b.nvme)
-    return swap ? swap->write(b.offset, host, b.bytes, /*counted=*/false)
+    return swap ? swap->write(b.offset, host, b.bytes)
                 : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
   return dev.copyToDevice(address(id), host, b.bytes);
 }
@@ -214,9 +214,9 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
       const double start = traced ? nowUs() : 0;
       for (const SwapIo::Part &p : io->parts)
         if (!write)
-          FSDP_RETURN_IF_ERROR(file->read(p.offset, p.staging, p.bytes));
+          FSDP_RETURN_IF_ERROR(file->swapIn(p.offset, p.staging, p.bytes));
         else if (p.write)
-          FSDP_RETURN_IF_ERROR(file->write(p.offset, p.staging, p.bytes));
+          FSDP_RETURN_IF_ERROR(file->swapOut(p.offset, p.staging, p.bytes));
       if (traced) {
         std::lock_guard<std::mutex> l(traceMu);
         commEvents.push_back({write ? "swap_out" : "swap_in", write ? kSwapOutTrack : kSwapInTrack,
@@ -341,8 +341,16 @@ Status Executor::init(uint64_t seed) {
                         plan.nvmeBytes,
                         " bytes a rank): give fsdp-run --nvme-dir DIR, "
                         "a directory on a fast local disk");
+    // [Note: swap file I/O]: direct where every staging buffer is on a
+    // block (the host arena starts on a page: hostArenaStart).
+    bool stagingAligned = plan.swapAlignment > 0;
+    for (const Instruction &inst : plan.program)
+      for (const Swap &s : inst.swaps)
+        stagingAligned =
+            stagingAligned && (uintptr_t)address(s.staging) % (uintptr_t)plan.swapAlignment == 0;
     swap = std::make_unique<SwapFile>();
-    FSDP_RETURN_IF_ERROR(swap->open(nvmeDir, comm.rank(), plan.nvmeBytes));
+    FSDP_RETURN_IF_ERROR(swap->open(nvmeDir, comm.rank(), plan.nvmeBytes, nvmeIo,
+                                    plan.swapAlignment, stagingAligned));
   }
   FSDP_RETURN_IF_ERROR(dev.prepare(plan, shardIndex()));
   offCompute.clear();

@@ -110,6 +110,9 @@ public:
   /// on disk (fsdp-offload's nvme, [Note: swap file]); such a plan fails
   /// init() without one.
   void setNvmeDir(std::string dir) { nvmeDir = std::move(dir); }
+  /// How it is read and written (fsdp-run --nvme-io; [Note: swap file I/O]
+  /// in SwapFile.cpp): Auto by default.
+  void setNvmeIo(SwapIoMode mode) { nvmeIo = mode; }
   /// The swap file (null without one).
   const SwapFile *swapFile() const { return swap.get(); }
 
@@ -200,6 +203,7 @@ private:
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
   std::string nvmeDir;
+  SwapIoMode nvmeIo = SwapIoMode::Auto;
   std::unique_ptr<SwapFile> swap;
   /// Host instruction `inst` on the host stream after `ready`, with its
   /// staging buffers read from the swap file before it and the updated

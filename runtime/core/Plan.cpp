@@ -28,6 +28,9 @@ using json = nlohmann::json;
 /// is 256 TiB per rank), far below where int64 arithmetic on them could
 /// overflow (every product and sum below stays under 2^62).
 constexpr int64_t kMaxBytes = int64_t(1) << 48;
+/// The largest swap_alignment accepted (a huge page; drives need 512 or
+/// 4096).
+constexpr int64_t kMaxSwapAlignment = int64_t(2) << 20;
 constexpr int64_t kMaxDim = int64_t(1) << 40;
 constexpr int64_t kMaxRank = 8;
 constexpr int64_t kMaxWorld = 1 << 16;
@@ -210,8 +213,8 @@ bool readShape(Reader &r, const json &obj, std::vector<int64_t> &shape,
 /// Whether `id` names a buffer of the plan.
 bool validId(const Plan &plan, int64_t id) { return id >= 0 && id < (int64_t)plan.buffers.size(); }
 
-/// The mesh (replicas x shards = world size, the reshard group) and the
-/// arena size.
+/// The mesh (replicas x shards = world size, the reshard group), the
+/// arena size and the swap file's alignment.
 Status validateMesh(const Plan &plan) {
   if (plan.worldSize < 1)
     return FSDP_ERROR("plan: world_size must be >= 1, found ", plan.worldSize);
@@ -227,6 +230,14 @@ Status validateMesh(const Plan &plan) {
                       ") and a divisor of it");
   if (plan.arenaBytes < 0)
     return FSDP_ERROR("plan: negative arena_bytes");
+  // [Note: swap file]: whole blocks of a power of two, the file too.
+  const int64_t a = plan.swapAlignment;
+  if (a != 0 && (a < 64 || (a & (a - 1)) != 0))
+    return FSDP_ERROR("plan: swap_alignment ", a, " is not a power of two from 64 to ",
+                      kMaxSwapAlignment);
+  if (a != 0 && plan.nvmeBytes % a != 0)
+    return FSDP_ERROR("plan: nvme_bytes ", plan.nvmeBytes,
+                      " is not a multiple of the plan's swap_alignment ", a);
   return Status::ok();
 }
 
@@ -261,7 +272,7 @@ Status validateBuffers(const Plan &plan) {
     int64_t hi;
     if (__builtin_mul_overflow((b.rankPeriod ? b.rankPeriod : plan.meshShards) - 1, b.rankStride,
                                &hi) ||
-        __builtin_add_overflow(hi, b.offset + b.bytes, &hi) ||
+        __builtin_add_overflow(hi, b.offset + reservedBytes(plan, b), &hi) ||
         hi > (b.nvme   ? plan.nvmeBytes
               : b.host ? plan.hostArenaBytes
                        : plan.arenaBytes))
@@ -275,6 +286,10 @@ Status validateBuffers(const Plan &plan) {
                         : b.host ? plan.hostArenaBytes
                                  : plan.arenaBytes,
                         " bytes");
+    if ((b.nvme || b.swapStaging) && plan.swapAlignment > 0 && b.offset % plan.swapAlignment != 0)
+      return FSDP_ERROR("plan: ", where, " (", b.nvme ? "in the swap file" : "a swap's staging",
+                        ") has offset ", b.offset, ", not a multiple of the plan's swap_alignment ",
+                        plan.swapAlignment);
     if (b.nvme && (!b.persistent || b.kind != BufferKind::State || b.aliasOf >= 0 || b.rankStride))
       return FSDP_ERROR("plan: ", where,
                         " is in the swap file (space \"nvme\"): only whole persistent "
@@ -317,7 +332,7 @@ Status validateMemoryPlan(const Plan &plan) {
             [&](int64_t a, int64_t b) { return plan.buffers[a].offset < plan.buffers[b].offset; });
   for (size_t x = 1; x < swapped.size(); ++x) {
     const Buffer &a = plan.buffers[swapped[x - 1]], &b = plan.buffers[swapped[x]];
-    if (a.bytes && b.bytes && b.offset < a.offset + a.bytes)
+    if (a.bytes && b.bytes && b.offset < a.offset + reservedBytes(plan, a))
       return FSDP_ERROR("plan: buffers ", a.id, " (", a.name, ") and ", b.id, " (", b.name,
                         ") overlap in the swap file: the memory plan is corrupt");
   }
@@ -330,7 +345,7 @@ Status validateMemoryPlan(const Plan &plan) {
     const Buffer &a = plan.buffers[owners[x]];
     for (size_t y = x + 1; y < owners.size(); ++y) {
       const Buffer &b = plan.buffers[owners[y]];
-      if (at(b.id) >= at(a.id) + a.bytes)
+      if (at(b.id) >= at(a.id) + reservedBytes(plan, a))
         break;
       if (a.bytes == 0 || b.bytes == 0)
         continue;
@@ -837,6 +852,7 @@ Status readHeader(Reader &r, const json &j, Plan &plan) {
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   r.integer(j, "host_arena_bytes", plan.hostArenaBytes, "plan", 0, kMaxBytes, false);
   r.integer(j, "nvme_bytes", plan.nvmeBytes, "plan", 0, kMaxBytes, false);
+  r.integer(j, "swap_alignment", plan.swapAlignment, "plan", 0, kMaxSwapAlignment, false);
   if (const json *ls = r.find(j, "loss_scale", "plan", false))
     FSDP_RETURN_IF_ERROR(readLossScaling(r, *ls, plan.lossScaling));
   if (const json *o = r.find(j, "options", "plan", false)) {
@@ -1056,6 +1072,16 @@ Status parsePlan(const std::string &text, Plan &plan) {
   FSDP_RETURN_IF_ERROR(readProgram(r, j, plan));
   if (!r.status)
     return r.status;
+  // The staging buffers, where they are of the kind one must be (what
+  // validateSwaps refuses otherwise, by name).
+  for (const Instruction &inst : plan.program)
+    for (const Swap &s : inst.swaps)
+      if (validId(plan, s.staging) && validId(plan, s.file)) {
+        Buffer &t = plan.buffers[s.staging];
+        const Buffer &f = plan.buffers[s.file];
+        t.swapStaging = t.swapStaging || (f.nvme && t.host && !t.persistent && t.aliasOf < 0 &&
+                                          t.bytes == f.bytes && t.dtype == f.dtype);
+      }
   return validate(plan);
 }
 

@@ -58,6 +58,9 @@ struct Buffer {
   /// neither arena: no instruction names it, the host instructions that
   /// read it name a staging buffer (Instruction::swaps). [Note: swap file]
   bool nvme = false;
+  /// A swap's staging buffer (named as such by an instruction's "swap";
+  /// set when the plan is read). With nvme: see reservedBytes().
+  bool swapStaging = false;
   std::string name;
   int64_t numel() const { return shapeNumel(shape); }
 };
@@ -165,6 +168,11 @@ struct Plan {
   /// The swap file's size per rank (plan "nvme_bytes"; 0 without
   /// fsdp-offload's nvme).
   int64_t nvmeBytes = 0;
+  /// Plan "swap_alignment" (0 when absent, as in plans from before it):
+  /// every buffer in the swap file and every staging buffer starts at a
+  /// multiple of it and reserves its bytes rounded up to it, so the swaps
+  /// may move whole blocks (O_DIRECT). [Note: swap file]
+  int64_t swapAlignment = 0;
   std::vector<Buffer> buffers;
   std::vector<Param> params;
   std::vector<State> states;
@@ -217,12 +225,23 @@ struct Plan {
 /// arenas]), in bytes, for the rank holding shard `shard`
 /// (Plan::shardIndex).
 /// Where the host arena starts in that range: after a device arena of
-/// `arenaBytes`, at the next multiple of 64 (the planner's alignment).
-inline int64_t hostArenaStart(int64_t arenaBytes) { return (arenaBytes + 63) / 64 * 64; }
+/// `arenaBytes`, at the next multiple of kSwapAlignment (a page: the swap
+/// file's direct transfers land on the host arena's blocks).
+inline int64_t hostArenaStart(int64_t arenaBytes) {
+  return (arenaBytes + kSwapAlignment - 1) / kSwapAlignment * kSwapAlignment;
+}
 inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
   const Buffer &b = plan.buffers[id];
   return (b.host ? hostArenaStart(plan.arenaBytes) : 0) + b.offset +
          (b.rankPeriod ? shard % b.rankPeriod : shard) * b.rankStride;
+}
+
+/// The bytes buffer `b` of `plan` occupies: its own, but a buffer in the
+/// swap file or a swap's staging buffer reserves them rounded up to the
+/// plan's swap_alignment (the swaps move whole blocks).
+inline int64_t reservedBytes(const Plan &plan, const Buffer &b) {
+  const int64_t a = plan.swapAlignment;
+  return a > 0 && (b.nvme || b.swapStaging) ? (b.bytes + a - 1) / a * a : b.bytes;
 }
 
 /// The buffer whose memory `id` uses: the buffer it aliases (validation

@@ -34,6 +34,14 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 
+/// The swap file's I/O alignment (fsdp-offload's nvme, plan
+/// "swap_alignment"): every buffer in the swap file and every staging
+/// buffer of a swap starts at a multiple of it, and its bytes rounded up to
+/// it are reserved (in the file, and in the host arena while the staging
+/// buffer is live), so the runtime may move whole blocks with O_DIRECT
+/// (a page: at least the logical block size of the drives it meets).
+inline constexpr int64_t kSwapAlignment = 4096;
+
 enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
 
 struct DTypeInfo {

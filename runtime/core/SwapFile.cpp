@@ -1,26 +1,79 @@
 //===- SwapFile.cpp - a rank's optimizer state on disk -------------------===//
 //
-// Plain pread / pwrite through the page cache: the kernel writes the pages
-// back and may keep clean ones while memory is free, but gives them back
-// under pressure, unlike the arenas (O_DIRECT would need 4 KiB-aligned
-// staging buffers and offsets; the planner aligns to 64 bytes).
+// Two ways to move the state ([Note: swap file I/O]): O_DIRECT by default
+// where the plan and the file system allow it, pread / pwrite through the
+// page cache otherwise (or with --nvme-io buffered).
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/SwapFile.h"
 
 #include "runtime/core/Comm.h"
+#include "runtime/core/PlanSchema.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <memory>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
 namespace fsdp {
+
+// [Note: swap file I/O]
+// Through the page cache, every byte the swaps move is copied once more
+// by the kernel and the file's pages fill the host's free memory: a 7B
+// model's 49 GiB of moments a step on one rank, written back and read
+// again, would sit in the cache beside the host arena that
+// host-memory-budget sized without them (the kernel gives clean pages
+// back under pressure, but writes dirty ones first, on the swap's time).
+// With O_DIRECT (DeepSpeed's aio swapper does the same) the drive moves
+// the bytes straight between the file and the host arena's staging
+// buffers and the cache holds none of them. O_DIRECT needs the file
+// offset, the memory address and the length to be multiples of the
+// drive's logical block: the plan's swap_alignment (4096) gives each
+// swapped buffer and each staging buffer whole blocks of their own, and
+// the swaps move them whole (swapIn / swapOut round the length up). The
+// checkpoints' and initialization's exact transfers (read / write) bounce
+// through an aligned buffer, reading the end blocks first.
+// open() turns O_DIRECT on and moves one block each way before trusting
+// it: a file system without O_DIRECT (EINVAL), or a drive whose block is
+// larger than the alignment, fails there and not in a step. The CPU and
+// CUDA devices put the host arena on a page (hostArenaStart), which
+// stagingAligned confirms for the plan at hand.
+
+namespace {
+
+struct FreeDeleter {
+  void operator()(void *p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<uint8_t, FreeDeleter>;
+
+AlignedBytes alignedBytes(int64_t align, int64_t n) {
+  return AlignedBytes(static_cast<uint8_t *>(
+      std::aligned_alloc((size_t)align, (size_t)((n + align - 1) / align * align))));
+}
+
+int64_t roundUp(int64_t x, int64_t a) { return a > 0 ? (x + a - 1) / a * a : x; }
+
+} // namespace
+
+bool parseSwapIoMode(const std::string &text, SwapIoMode &mode) {
+  if (text == "auto")
+    mode = SwapIoMode::Auto;
+  else if (text == "direct")
+    mode = SwapIoMode::Direct;
+  else if (text == "buffered")
+    mode = SwapIoMode::Buffered;
+  else
+    return false;
+  return true;
+}
 
 SwapFile::~SwapFile() { close(); }
 
@@ -28,9 +81,12 @@ void SwapFile::close() {
   if (fd >= 0)
     ::close(fd);
   fd = -1;
+  isDirect = false;
+  note.clear();
 }
 
-Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
+Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n, SwapIoMode mode,
+                      int64_t align, bool stagingAligned) {
   close();
   struct stat st;
   if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -44,6 +100,7 @@ Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
   // ends, however it ends.
   ::unlink(name.c_str());
   bytes = n;
+  blockBytes = align > 0 && n % align == 0 ? align : 0;
   readTotal = writeTotal = 0;
   if (n > 0) {
     // Reserved whole now (zeros: the optimizer state's initial value).
@@ -56,14 +113,63 @@ Status SwapFile::open(const std::string &dir, int64_t rank, int64_t n) {
                         std::strerror(e));
     }
   }
+  if (mode == SwapIoMode::Buffered)
+    return Status::ok();
+  // [Note: swap file I/O]
+  std::string why;
+  if (align <= 0)
+    why = "the plan has no swap_alignment (compiled before direct I/O: recompile it)";
+  else if (blockBytes == 0)
+    why = "the file's " + std::to_string(n) + " bytes are not whole blocks of " +
+          std::to_string(align);
+  else if (!stagingAligned)
+    why =
+        "the host arena's staging buffers are not on " + std::to_string(align) + "-byte boundaries";
+  else
+    why = tryDirect();
+  if (why.empty())
+    return Status::ok();
+  if (mode == SwapIoMode::Direct) {
+    Status e = FSDP_ERROR("--nvme-io direct: the swap file in ", dir,
+                          " cannot be read and written with O_DIRECT: ", why,
+                          " (--nvme-io buffered goes through the page cache)");
+    close();
+    return e;
+  }
+  note = why;
   return Status::ok();
 }
 
-Status SwapFile::transfer(bool write, int64_t offset, uint8_t *p, int64_t n, bool counted) const {
+std::string SwapFile::tryDirect() {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0)
+    return std::string("the file system refuses O_DIRECT (") + std::strerror(errno) + ")";
+  // One block each way at the file's start (zeros, as it holds now).
+  AlignedBytes block = alignedBytes(blockBytes, blockBytes);
+  if (!block)
+    return "cannot allocate a " + std::to_string(blockBytes) + "-byte block";
+  ssize_t k = ::pread(fd, block.get(), (size_t)blockBytes, 0);
+  if (k == (ssize_t)blockBytes)
+    k = ::pwrite(fd, block.get(), (size_t)blockBytes, 0);
+  if (k == (ssize_t)blockBytes) {
+    isDirect = true;
+    return "";
+  }
+  std::string e = k < 0 ? std::strerror(errno) : "a short transfer";
+  (void)::fcntl(fd, F_SETFL, flags);
+  return "a direct transfer of one " + std::to_string(blockBytes) + "-byte block failed (" + e +
+         ")";
+}
+
+Status SwapFile::transfer(bool write, int64_t offset, uint8_t *p, int64_t n) const {
   const char *what = write ? "write" : "read";
   if (fd < 0 || offset < 0 || n < 0 || offset + n > bytes)
     return FSDP_ERROR("swap file ", name, ": ", what, " of ", n, " bytes at ", offset,
                       " outside its ", bytes, " bytes");
+  if (isDirect && (offset % blockBytes != 0 || n % blockBytes != 0 ||
+                   (uintptr_t)p % (uintptr_t)blockBytes != 0))
+    return FSDP_ERROR("swap file ", name, ": direct ", what, " of ", n, " bytes at ", offset,
+                      " is not in whole ", blockBytes, "-byte blocks");
   for (int64_t done = 0; done < n;) {
     ssize_t k = write ? ::pwrite(fd, p + done, (size_t)(n - done), (off_t)(offset + done))
                       : ::pread(fd, p + done, (size_t)(n - done), (off_t)(offset + done));
@@ -76,18 +182,77 @@ Status SwapFile::transfer(bool write, int64_t offset, uint8_t *p, int64_t n, boo
                                 : "unexpected end of file");
     done += k;
   }
-  if (counted)
-    __atomic_fetch_add(write ? &writeTotal : &readTotal, n, __ATOMIC_RELAXED);
   return Status::ok();
 }
 
-Status SwapFile::read(int64_t offset, void *dst, int64_t n, bool counted) const {
-  return transfer(false, offset, static_cast<uint8_t *>(dst), n, counted);
+Status SwapFile::swapIn(int64_t offset, void *staging, int64_t n) const {
+  FSDP_RETURN_IF_ERROR(
+      transfer(false, offset, static_cast<uint8_t *>(staging), roundUp(n, blockBytes)));
+  __atomic_fetch_add(&readTotal, n, __ATOMIC_RELAXED);
+  return Status::ok();
 }
 
-Status SwapFile::write(int64_t offset, const void *src, int64_t n, bool counted) const {
+Status SwapFile::swapOut(int64_t offset, const void *staging, int64_t n) const {
   // (transfer only passes the bytes to pwrite, which reads them)
-  return transfer(true, offset, static_cast<uint8_t *>(const_cast<void *>(src)), n, counted);
+  FSDP_RETURN_IF_ERROR(transfer(true, offset, static_cast<uint8_t *>(const_cast<void *>(staging)),
+                                roundUp(n, blockBytes)));
+  __atomic_fetch_add(&writeTotal, n, __ATOMIC_RELAXED);
+  return Status::ok();
+}
+
+Status SwapFile::bounced(bool write, int64_t offset, uint8_t *p, int64_t n) const {
+  if (offset < 0 || n < 0 || offset + n > bytes)
+    return FSDP_ERROR("swap file ", name, ": ", write ? "write" : "read", " of ", n, " bytes at ",
+                      offset, " outside its ", bytes, " bytes");
+  // Whole blocks around [offset, offset + n), a chunk at a time.
+  const int64_t chunk = std::max<int64_t>(blockBytes, int64_t(1) << 20);
+  AlignedBytes buf = alignedBytes(blockBytes, chunk);
+  if (!buf)
+    return FSDP_ERROR("swap file ", name, ": cannot allocate a ", chunk, "-byte bounce buffer");
+  const int64_t lo = offset / blockBytes * blockBytes, hi = roundUp(offset + n, blockBytes);
+  for (int64_t at = lo; at < hi; at += chunk) {
+    const int64_t len = std::min(chunk, hi - at);
+    const int64_t from = std::max(at, offset), to = std::min(at + len, offset + n);
+    // A write keeps the bytes around its own in the blocks it touches.
+    if (!write || from > at || to < at + len)
+      FSDP_RETURN_IF_ERROR(transfer(false, at, buf.get(), len));
+    if (!write) {
+      std::memcpy(p + (from - offset), buf.get() + (from - at), (size_t)(to - from));
+      continue;
+    }
+    std::memcpy(buf.get() + (from - at), p + (from - offset), (size_t)(to - from));
+    FSDP_RETURN_IF_ERROR(transfer(true, at, buf.get(), len));
+  }
+  return Status::ok();
+}
+
+Status SwapFile::read(int64_t offset, void *dst, int64_t n) const {
+  return isDirect ? bounced(false, offset, static_cast<uint8_t *>(dst), n)
+                  : transfer(false, offset, static_cast<uint8_t *>(dst), n);
+}
+
+Status SwapFile::write(int64_t offset, const void *src, int64_t n) const {
+  auto *p = static_cast<uint8_t *>(const_cast<void *>(src)); // only read from
+  return isDirect ? bounced(true, offset, p, n) : transfer(true, offset, p, n);
+}
+
+int64_t SwapFile::cachedBytes() const {
+  if (fd < 0 || bytes <= 0)
+    return fd < 0 ? -1 : 0;
+  void *m = ::mmap(nullptr, (size_t)bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED)
+    return -1;
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> resident((size_t)((bytes + page - 1) / page));
+  int64_t n = -1;
+  if (::mincore(m, (size_t)bytes, resident.data()) == 0) {
+    n = 0;
+    for (unsigned char r : resident)
+      n += (r & 1) ? page : 0;
+    n = std::min(n, bytes);
+  }
+  ::munmap(m, (size_t)bytes);
+  return n;
 }
 
 Status SwapFile::sync() const {
@@ -100,15 +265,18 @@ Status SwapFile::sync() const {
   return Status::ok();
 }
 
-Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json &profile) {
+Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json &profile,
+                     SwapIoMode mode) {
   // 64 MiB a rank in 4 MiB transfers, as the updates' swaps are a unit's
   // state each: written (and made durable), then read back from the disk.
   const int64_t total = int64_t(64) << 20, chunk = int64_t(4) << 20;
+  AlignedBytes buf = alignedBytes(kSwapAlignment, chunk);
+  if (!buf)
+    return FSDP_ERROR("cannot allocate the calibration's ", chunk, "-byte buffer");
   SwapFile f;
-  FSDP_RETURN_IF_ERROR(f.open(dir, comm.rank(), total));
-  std::vector<uint8_t> buf((size_t)chunk);
-  for (size_t i = 0; i < buf.size(); ++i) // not zeros: no sparse shortcut
-    buf[i] = (uint8_t)(i * 131 + 7);
+  FSDP_RETURN_IF_ERROR(f.open(dir, comm.rank(), total, mode, kSwapAlignment, true));
+  for (int64_t i = 0; i < chunk; ++i) // not zeros: no sparse shortcut
+    buf.get()[i] = (uint8_t)(i * 131 + 7);
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::max(std::chrono::duration<double>(b - a).count(), 1e-9);
@@ -116,18 +284,23 @@ Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json 
   FSDP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   for (int64_t off = 0; off < total; off += chunk)
-    FSDP_RETURN_IF_ERROR(f.write(off, buf.data(), chunk));
+    FSDP_RETURN_IF_ERROR(f.swapOut(off, buf.get(), chunk));
   FSDP_RETURN_IF_ERROR(f.sync());
   auto t1 = Clock::now();
   FSDP_RETURN_IF_ERROR(comm.barrier());
   auto t2 = Clock::now();
   for (int64_t off = 0; off < total; off += chunk)
-    FSDP_RETURN_IF_ERROR(f.read(off, buf.data(), chunk));
+    FSDP_RETURN_IF_ERROR(f.swapIn(off, buf.get(), chunk));
   auto t3 = Clock::now();
   nlohmann::json &c = profile["compute"];
   c["nvme_write_bytes_per_s"] = (double)total / seconds(t0, t1);
   c["nvme_read_bytes_per_s"] = (double)total / seconds(t2, t3);
-  profile["nvme"] = {{"dir", dir}, {"bytes_per_rank", total}, {"ranks", comm.size()}};
+  profile["nvme"] = {{"dir", dir},
+                     {"bytes_per_rank", total},
+                     {"ranks", comm.size()},
+                     {"io", f.direct() ? "direct" : "buffered"}};
+  if (!f.directNote().empty())
+    profile["nvme"]["io_note"] = f.directNote();
   return Status::ok();
 }
 

@@ -81,6 +81,11 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        optimizer state: one swap file a rank, reserved at start
                        and unlinked at once (nothing is left behind); put it on
                        a fast local disk
+  --nvme-io MODE       how the swap file is read and written: auto (default:
+                       O_DIRECT, past the page cache, where the plan and the
+                       file system allow it, else buffered, saying why),
+                       direct (O_DIRECT or an error) or buffered (pread /
+                       pwrite through the page cache)
   --save FILE          write the final parameters (consolidated) as .safetensors
   --ckpt-dir DIR       write sharded training-state checkpoints (parameters,
                        optimizer state, step, schedule, data position) under
@@ -148,7 +153,7 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       "--log-every",     "--dump-dir",    "--init-from",      "--save",       "--gradcheck",
       "--gradcheck-tol", "--ckpt-dir",    "--save-every",     "--keep",       "--resume",
       "--trace",         "--device",      "--comm",           "--eval-every", "--eval-data",
-      "--eval-batches",  "--loss-mask",   "--eval-loss-mask", "--nvme-dir"};
+      "--eval-batches",  "--loss-mask",   "--eval-loss-mask", "--nvme-dir",   "--nvme-io"};
   bool evalBatchesSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -254,6 +259,9 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.initFrom = v;
     } else if (a == "--nvme-dir") {
       opt.nvmeDir = v;
+    } else if (a == "--nvme-io") {
+      if (!parseSwapIoMode(v, opt.nvmeIo))
+        return FSDP_ERROR("--nvme-io: expected auto, direct or buffered, found '", v, "'");
     } else if (a == "--save") {
       opt.save = v;
     } else if (a == "--ckpt-dir") {
@@ -680,6 +688,7 @@ private:
     FSDP_RETURN_IF_ERROR(fsdp::loadPlan(opt.planPath, plan));
     ex = std::make_unique<Executor>(plan, comm, device);
     ex->setNvmeDir(opt.nvmeDir);
+    ex->setNvmeIo(opt.nvmeIo);
     FSDP_RETURN_IF_ERROR(ex->init(opt.seed));
     if (!opt.initFrom.empty()) {
       // Headers only, then each rank its own slices: a rank's host memory
@@ -1007,6 +1016,10 @@ private:
         j["nvme_bytes"] = f->size();
         j["nvme_read_bytes_per_step"] = f->bytesRead() / std::max<int64_t>(ran, 1);
         j["nvme_written_bytes_per_step"] = f->bytesWritten() / std::max<int64_t>(ran, 1);
+        j["nvme_io"] = f->direct() ? "direct" : "buffered";
+        j["nvme_cached_bytes"] = f->cachedBytes(); // the page cache's share
+        if (!f->directNote().empty())
+          j["nvme_io_note"] = f->directNote();
       }
       if (!evalLosses.empty())
         j["final_val_loss"] = evalLosses.back();
@@ -1037,10 +1050,14 @@ private:
                   verdict(plan.memory.hostPeakLive, m.hostPeakLive));
     if (const SwapFile *f = ex->swapFile())
       std::printf("optimizer state on disk (offload-nvme): %s swap file per rank in %s, "
-                  "%s read and %s written per step\n",
+                  "%s read and %s written per step, %s%s%s; %s of it in the page cache "
+                  "now\n",
                   human((double)f->size()).c_str(), opt.nvmeDir.c_str(),
                   human((double)f->bytesRead() / std::max<int64_t>(ran, 1)).c_str(),
-                  human((double)f->bytesWritten() / std::max<int64_t>(ran, 1)).c_str());
+                  human((double)f->bytesWritten() / std::max<int64_t>(ran, 1)).c_str(),
+                  f->direct() ? "direct I/O (O_DIRECT)" : "buffered I/O (page cache)",
+                  f->directNote().empty() ? "" : ": ", f->directNote().c_str(),
+                  f->cachedBytes() < 0 ? "unknown" : human((double)f->cachedBytes()).c_str());
     if (int64_t scratch = device.scratchHighWater())
       std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
                   "on cuda also the GEMM workspace and staging): %lld B\n",
@@ -1094,7 +1111,7 @@ Status train(const TrainOptions &opt, Communicator &comm, Device &device) {
     nlohmann::json profile;
     FSDP_RETURN_IF_ERROR(device.calibrate(comm, profile));
     if (!opt.nvmeDir.empty()) // offload-nvme's swap file on that disk
-      FSDP_RETURN_IF_ERROR(calibrateSwap(opt.nvmeDir, comm, profile));
+      FSDP_RETURN_IF_ERROR(calibrateSwap(opt.nvmeDir, comm, profile, opt.nvmeIo));
     if (comm.rank() == 0)
       std::printf("%s\n", profile.dump(1).c_str());
     return Status::ok();

@@ -12,6 +12,7 @@
 #include "runtime/core/Comm.h"
 #include "runtime/core/Device.h"
 #include "runtime/core/Plan.h"
+#include "runtime/core/SwapFile.h"
 
 #include <string>
 
@@ -38,6 +39,7 @@ struct TrainOptions {
   std::string dumpDir;
   std::string initFrom;
   std::string nvmeDir; ///< --nvme-dir: the swap file of fsdp-offload's nvme
+  SwapIoMode nvmeIo = SwapIoMode::Auto; ///< --nvme-io
   std::string save;
   bool json = false;
   bool quiet = false;

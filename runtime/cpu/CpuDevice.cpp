@@ -88,7 +88,10 @@ public:
     if (hostBytes > 0 && bytes >= 0)
       bytes = hostArenaStart(bytes) + hostBytes;
     FSDP_RETURN_IF_ERROR(arenaSize(bytes, arena != nullptr, n));
-    arena = static_cast<uint8_t *>(std::aligned_alloc(kArenaAlignment, n));
+    // On a page, so the host arena's start (hostArenaStart: a multiple of
+    // a page) is one too: the swap file's direct transfers need it.
+    arena = static_cast<uint8_t *>(std::aligned_alloc(
+        kSwapAlignment, (n + kSwapAlignment - 1) / kSwapAlignment * kSwapAlignment));
     if (!arena)
       return FSDP_ERROR("cannot allocate the arena of ", n, " bytes");
     size = (int64_t)n;

@@ -956,7 +956,8 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaMallocHost(void **p, size_t n) {
   *p = nullptr;
   size_t bytes = std::max<size_t>(n, 1);
-  void *m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  // Pinned memory is whole pages, as CUDA's is (O_DIRECT reads into it).
+  void *m = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (!m)
     return fail(cudaErrorMemoryAllocation, "cudaMallocHost: host allocation failed");
   std::lock_guard<std::mutex> g(allocMu);

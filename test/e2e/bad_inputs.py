@@ -287,7 +287,12 @@ PLAN_CASES = [
     ("a device matmul marked async", "offload", setter(lambda p: first(p, "matmul")["attrs"].update({"async": True})), "async is for collectives, copies"),
     ("a host update's async dropped, its wait kept", "offload", setter(lambda p: first(p, "adamw_update")["attrs"].pop("async")), "no collective, copy or host update writing it is in flight"),
     # fsdp-offload's nvme: optimizer state in the swap file ([Note: swap file])
-    ("nvme_bytes 64", "nvme", setter(lambda p: p.update(nvme_bytes=64)), "reaches outside the swap file of 64 bytes"),
+    ("nvme_bytes 4096", "nvme", setter(lambda p: p.update(nvme_bytes=4096)), "reaches outside the swap file of 4096 bytes"),
+    ("nvme_bytes 64 (not whole blocks)", "nvme", setter(lambda p: p.update(nvme_bytes=64)), "nvme_bytes 64 is not a multiple of the plan's swap_alignment 4096"),
+    ("swap_alignment 3", "nvme", setter(lambda p: p.update(swap_alignment=3)), "swap_alignment 3 is not a power of two"),
+    ("swap_alignment 2^30", "nvme", setter(lambda p: p.update(swap_alignment=1 << 30)), "swap_alignment"),
+    ("a staging buffer off its block", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]].update(offset=p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]]["offset"] - 64)), "not a multiple of the plan's swap_alignment"),
+    ("swap-file state off its block", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][0]].update(offset=p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][0]]["offset"] + 64)), "not a multiple of the plan's swap_alignment"),
     ("buffer space \"nvme\" on a parameter", "nvme", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(space="nvme", offset=0)), "only whole persistent optimizer state may be"),
     ("an update naming its swap-file state", "nvme", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(2, first(p, "adamw_update")["attrs"]["swap"][0][0])), "which is in the swap file"),
     ("swap entry of two fields", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"].__setitem__(0, [1, 2])), "expected [file, staging, write]"),
@@ -442,6 +447,12 @@ def main():
             check("nvme: no --nvme-dir", [nvme, "--steps", "1"], "give fsdp-run --nvme-dir")
             check("nvme: --nvme-dir missing", [nvme, "--steps", "1", "--nvme-dir", os.path.join(tmp, "none")], "is not a directory")
             check("nvme: --nvme-dir a file", [nvme, "--steps", "1", "--nvme-dir", mlp], "is not a directory")
+            check("nvme: --nvme-io fast", [nvme, "--steps", "1", "--nvme-dir", tmp, "--nvme-io", "fast"], "--nvme-io: expected auto, direct or buffered")
+            # A plan from before swap_alignment: direct I/O refused by name
+            # (auto runs it buffered: offload_nvme.py (j)).
+            old = json.load(open(nvme))
+            old.pop("swap_alignment")
+            check("nvme: --nvme-io direct, plan without swap_alignment", [write(os.path.join(tmp, "old-nvme.plan"), json.dumps(old).encode()), "--steps", "1", "--nvme-dir", tmp, "--nvme-io", "direct"], "no swap_alignment")
 
         # --- options
         check("option: unknown --frobnicate", [mlp, "--frobnicate"], "unknown option")

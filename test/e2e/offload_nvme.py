@@ -40,6 +40,14 @@ host arena (offload=optimizer):
     ends before it starts and its write-back (swap-out thread) starts after
     it ends, on every rank and step (how many reads ran ahead, beside the
     previous update, is timing and only printed);
+(j) direct I/O ([Note: swap file I/O]): where the directory takes O_DIRECT
+    (probed here first; skipped visibly elsewhere) every run above moved
+    the state with it and the page cache holds none of the swap file at
+    the end (fsdp-run's nvme_cached_bytes); --nvme-io buffered trains
+    bitwise the same, moving the same bytes, through the page cache; a
+    plan without swap_alignment (from before it) runs buffered under
+    auto, saying why, bitwise the same; every buffer in the swap file and
+    every staging buffer is on a 4096-byte block (checked in (b));
 (h) the memory-budget search with offload-nvme=auto keeps the state in
     host memory where it fits host-memory-budget (the swaps only add
     time) and puts it on disk where only that fits, recording the choice
@@ -51,6 +59,7 @@ host arena (offload=optimizer):
 """
 import re
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -75,17 +84,41 @@ CONFIGS = [
 ]
 
 
+def direct_io_works(d):
+    """Whether files in directory d can be read and written with O_DIRECT
+    (one page-aligned 4096-byte block each way)."""
+    path = os.path.join(d, ".direct-probe")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        os.ftruncate(fd, 4096)
+        block = mmap.mmap(-1, 4096)
+        return os.preadv(fd, [block], 0) == 4096 and os.pwritev(fd, [block], 0) == 4096
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def main():
     bindir = sys.argv[1]
     report = Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
         models = gen_models(tmp, {
-            "mlp": ["mlp", "--hidden", "64", "--blocks", "4", "--batch", "16"],
+            # Wide enough that a unit's state is many 4 KiB blocks (the
+            # swap's padding: [Note: swap file I/O]).
+            "mlp": ["mlp", "--hidden", "256", "--blocks", "4", "--batch", "16"],
             "gpt": ["gpt", "--vocab", "64", "--ctx", "8", "--layers", "2", "--heads", "2",
-                    "--width", "16", "--batch", "4"]})
+                    "--width", "64", "--batch", "4"]})
         swapdir = os.path.join(tmp, "nvme")
         os.mkdir(swapdir)
+        direct = direct_io_works(swapdir)
+        if not direct:
+            print(f"(j) SKIPPED: {swapdir} does not take O_DIRECT; the runs below are buffered")
 
         def compile_(model, n, pipeline, nvme, tag):
             plan = os.path.join(tmp, tag + ".plan")
@@ -109,6 +142,7 @@ def main():
             with open(path, "rb") as f:
                 return f.read()
 
+        disks = []  # (config, plan, losses, summary) with the state on disk
         for i, (model, n, pipeline) in enumerate(CONFIGS):
             what = f"{model} N={n} {pipeline}"
             host = compile_(model, n, pipeline, False, f"c{i}-host")
@@ -128,13 +162,23 @@ def main():
             nextstep = "next-step" in pipeline
             grad_copy = max(b["bytes"] for b in bufs if b.get("space") == "host"
                             and b["kind"] == "grad" and not b["persistent"])
-            shrunk = (pd["host_arena_bytes"] == ph["host_arena_bytes"] if nextstep else
-                      pd["host_arena_bytes"] <= ph["host_arena_bytes"] - freed + grad_copy)
+            # Each staging buffer starts on a block and reserves its last
+            # block whole (swap_alignment): less than 2 blocks more each.
+            align = pd["swap_alignment"]
+            staging = {st for x in pd["program"] for _, st, _ in x.get("attrs", {}).get("swap", [])}
+            pad = sum(2 * align - 64 for _ in staging)
+            shrunk = (ph["host_arena_bytes"] <= pd["host_arena_bytes"] <= ph["host_arena_bytes"] + pad
+                      if nextstep else
+                      pd["host_arena_bytes"] <= ph["host_arena_bytes"] - freed + grad_copy + pad)
+            blocks = align == 4096 and pd["nvme_bytes"] % align == 0 and all(
+                b["offset"] % align == 0 for b in bufs if b.get("space") == "nvme"
+                or b["id"] in staging)
             report(on_disk and md["host"]["state"] == 0 and
-                   md["nvme"]["state"] == mh["host"]["state"] and shrunk and
+                   md["nvme"]["state"] == mh["host"]["state"] and shrunk and blocks and
                    pd["arena_bytes"] == ph["arena_bytes"],
                    f"(b) {what}: {len(states)} state buffers, {md['nvme']['state']} B, in the "
-                   f"swap file; host arena {pd['host_arena_bytes']} B (state in host memory: "
+                   f"swap file, each with its staging on {align}-byte blocks; host arena "
+                   f"{pd['host_arena_bytes']} B (state in host memory: "
                    f"{ph['host_arena_bytes']} B" + (", next-step keeps every staging live)"
                                                     if nextstep else ")"))
             measured = (s["measured_high_water"] == s["predicted_peak"] and
@@ -156,6 +200,35 @@ def main():
                    f"written a step ({len(swaps)} swaps)")
             # (d)
             report(os.listdir(swapdir) == [], f"(d) {what}: nothing left in --nvme-dir")
+            # (j)
+            if direct:
+                report(s.get("nvme_io") == "direct" and s.get("nvme_cached_bytes") == 0,
+                       f"(j) {what}: {s.get('nvme_io')} I/O, {s.get('nvme_cached_bytes')} B of "
+                       f"the swap file in the page cache at the end")
+            disks.append((i, disk, ref, s))
+
+        # (j) buffered against direct, and a plan from before swap_alignment.
+        for i, disk, ref, s in (disks[1], disks[6]):
+            model, n, pipeline = CONFIGS[i]
+            what = f"{model} N={n} {pipeline}"
+            got, sb = train(disk, n, "--steps", "6", "--nvme-io", "buffered", "--save",
+                            disk + ".buffered.st")
+            report(got == ref and read(disk + ".buffered.st") == read(disk + ".st") and
+                   sb.get("nvme_io") == "buffered" and
+                   sb["nvme_read_bytes_per_step"] == s["nvme_read_bytes_per_step"] and
+                   sb["nvme_written_bytes_per_step"] == s["nvme_written_bytes_per_step"],
+                   f"(j) {what}: --nvme-io buffered trains bitwise as {s.get('nvme_io')}, the "
+                   f"same bytes a step ({sb.get('nvme_cached_bytes')} B of the file in the page "
+                   f"cache at the end)")
+            old = json.load(open(disk))
+            old.pop("swap_alignment")
+            with open(disk + ".old", "w") as f:
+                json.dump(old, f)
+            got, so = train(disk + ".old", n, "--steps", "6")
+            report(got == ref and so.get("nvme_io") == "buffered" and
+                   "no swap_alignment" in so.get("nvme_io_note", ""),
+                   f"(j) {what}: a plan without swap_alignment runs buffered under auto, "
+                   f"bitwise the same: {so.get('nvme_io_note')}")
 
         # (e) checkpoints on the 2-rank clipped MLP and the bf16 GPT.
         for i in (1, 4):

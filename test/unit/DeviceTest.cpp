@@ -181,6 +181,17 @@ TEST_P(DeviceConformance, ArenaIsAlignedAndSizedOnce) {
   EXPECT_TRUE(empty->allocateArena(0, 0).isOk()) << "a plan may need no arena";
   EXPECT_NE(empty->arenaBase(), nullptr);
   EXPECT_FALSE(empty->allocateArena(-1, 0).isOk());
+  // An offloading plan's host arena starts on a page (hostArenaStart), so
+  // the swap file's direct transfers reach its staging buffers
+  // ([Note: swap file I/O] in SwapFile.cpp), whatever the device arena's
+  // size.
+  for (int64_t devBytes : {0, 1000, 4096, 70000}) {
+    std::unique_ptr<Device> two;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, two).isOk());
+    ASSERT_TRUE(two->allocateArena(devBytes, 8192).isOk());
+    EXPECT_EQ((uintptr_t)two->address(hostArenaStart(devBytes)) % kSwapAlignment, 0u)
+        << "device arena of " << devBytes << " bytes";
+  }
 }
 
 TEST_P(DeviceConformance, HostCopiesRoundTripWithoutTouchingNeighbours) {

@@ -21,7 +21,9 @@
 // With the state on disk two updates are in flight ([Note: swap pipeline]:
 // root's is joined after a's is issued, so a's state is read while root's
 // update runs), so here that is all 80 B of it (a's two AdamW moments,
-// 2 x 32 B, and root's, 2 x 8 B); the file aligns each buffer to 64 B.
+// 2 x 32 B, and root's, 2 x 8 B); each buffer in the file and each staging
+// buffer has whole 4096-byte blocks of its own (swap_alignment: the
+// runtime's O_DIRECT transfers move them whole).
 // (A larger model keeps two units' staging of many: e2e/offload-nvme.test.)
 
 // CHECK: fsdp.unit @a : tensor<16xf32> shard tensor<8xf32> numel 16 params [@wa] sharded offloaded
@@ -48,18 +50,18 @@
 // REPORT-NEXT: optimizer state 0 0 B
 // REPORT-NEXT: state staging 80 80 B
 // REPORT-NEXT: state in swap file 80 80 B
-// REPORT-NEXT: swap file (nvme) 256 256 B
+// REPORT-NEXT: swap file (nvme) 16384 16.00 KiB
 
-// PLAN: nvme_bytes 256
-// PLAN-NEXT: state buffers in nvme: 4 of 4, disjoint, inside the file
-// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
-// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
+// PLAN: nvme_bytes 16384 swap_alignment 4096
+// PLAN-NEXT: state buffers in nvme: 4 of 4, on whole blocks, disjoint, inside the file
+// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes on whole blocks of the host arena, read and written, in the instruction's in and out
+// PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes on whole blocks of the host arena, read and written, in the instruction's in and out
 // PLAN-NEXT: no instruction names a swap-file buffer
-// PLAN-NEXT: memory.nvme.state 80 file 256 memory.host.state 0
+// PLAN-NEXT: memory.nvme.state 80 file 16384 memory.host.state 0
 
-// SGD: nvme_bytes 128
-// SGD-NEXT: state buffers in nvme: 2 of 2, disjoint, inside the file
-// SGD-NEXT: sgd_momentum_update swaps 1: file in nvme, staging host transient same bytes, read and written, in the instruction's in and out
+// SGD: nvme_bytes 8192 swap_alignment 4096
+// SGD-NEXT: state buffers in nvme: 2 of 2, on whole blocks, disjoint, inside the file
+// SGD-NEXT: sgd_momentum_update swaps 1: file in nvme, staging host transient same bytes on whole blocks of the host arena, read and written, in the instruction's in and out
 
 // NEXT: warning: fsdp-offload: with next-step every update's staging copy of its state is live through the whole step, so nvme saves no host memory here
 
