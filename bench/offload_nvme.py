@@ -7,9 +7,12 @@
    (offload=optimizer) and in the swap file (+ offload-nvme=true, the file in
    --nvme-dir), in one run (median of steps 2..S, alternating the plans R
    times); the host arena (predicted == measured), the swap file and its
-   traffic per step. The kernel's page cache sits between the file and the
-   disk here: with memory free, this measures the system calls and copies,
-   not a drive.
+   traffic per step. The state on disk runs both ways fsdp-run --nvme-io
+   offers: buffered (pread / pwrite through the kernel's page cache: with
+   memory free, the system calls and copies, not the drive) and direct
+   (O_DIRECT: the drive; [Note: swap file I/O]), with how much of the swap
+   file the page cache held at the end of each. Then fsdp-run --calibrate's
+   disk rates, both ways.
 2. Predicted for H100 ranks (h100 profile: one PCIe Gen4 NVMe drive a GPU,
    6.5 GB/s read, 3.5 GB/s write): the Llama-2-7B-shaped GPT (32 x 4096,
    ctx 4096, bf16) at 1 and 8 ranks and the GPT-3-175B-shaped GPT at 16 and
@@ -80,28 +83,46 @@ def main():
                     for tag, opts in VARIANTS:
                         plans[tag] = os.path.join(tmp, f"{name}{n}{tag}.plan")
                         opt(model, f"optimizer=adamw world-size={n} stage=3 {opts}", plans[tag])
-                    times = {t: [] for t in plans}
+                    runs = {"host": (plans["host"], []),
+                            "buffered": (plans["nvme"], ["--nvme-io", "buffered"]),
+                            "direct": (plans["nvme"], ["--nvme-io", "direct"])}
+                    times = {t: [] for t in runs}
                     last = {}
                     for _ in range(a.repeats):
-                        for t in plans:
+                        for t, (plan, flags) in runs.items():
                             out = subprocess.run(
-                                [b("fsdp-run"), plans[t], "--nproc", str(n), "--steps",
-                                 str(a.steps), "--threads", "1", "--json", "--nvme-dir", swapdir],
+                                [b("fsdp-run"), plan, "--nproc", str(n), "--steps",
+                                 str(a.steps), "--threads", "1", "--json", "--nvme-dir",
+                                 swapdir] + flags,
                                 check=True, capture_output=True, text=True).stdout
                             rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
                             times[t] += [r["ms"] for r in rows if "step" in r and "ms" in r][1:]
                             last[t] = [r for r in rows if r.get("summary")][0]
                     med = {k: statistics.median(v) for k, v in times.items()}
-                    h, d = last["host"], last["nvme"]
+                    h, d, db = last["host"], last["direct"], last["buffered"]
                     ok = all(s["measured_host_high_water"] == s["predicted_host_peak"] and
-                             s["measured_high_water"] == s["predicted_peak"] for s in (h, d))
-                    print(f"  {name} N={n}: {med['host']:.2f} -> {med['nvme']:.2f} ms/step "
-                          f"(x{med['nvme'] / med['host']:.2f}); host arena "
-                          f"{h['predicted_host_peak']:,} -> {d['predicted_host_peak']:,} B "
+                             s["measured_high_water"] == s["predicted_peak"] for s in (h, d, db))
+                    print(f"  {name} N={n}: host {med['host']:.2f}, nvme buffered "
+                          f"{med['buffered']:.2f} (x{med['buffered'] / med['host']:.2f}), "
+                          f"direct {med['direct']:.2f} ms/step (x{med['direct'] / med['host']:.2f}"
+                          f"); host arena {h['predicted_host_peak']:,} -> "
+                          f"{d['predicted_host_peak']:,} B "
                           f"(x{d['predicted_host_peak'] / h['predicted_host_peak']:.2f}); swap "
                           f"file {d['nvme_bytes']:,} B, {d['nvme_read_bytes_per_step']:,} B "
-                          f"read and {d['nvme_written_bytes_per_step']:,} B written a step; "
-                          f"measured == predicted: {'yes' if ok else 'NO'}")
+                          f"read and {d['nvme_written_bytes_per_step']:,} B written a step; in "
+                          f"the page cache at the end: buffered {db['nvme_cached_bytes']:,} B, "
+                          f"direct {d['nvme_cached_bytes']:,} B; measured == predicted: "
+                          f"{'yes' if ok else 'NO'}")
+            for io in ("buffered", "direct"):
+                for n in (1, 2):
+                    out = subprocess.run([b("fsdp-run"), "--calibrate", "--nproc", str(n),
+                                          "--nvme-dir", swapdir, "--nvme-io", io],
+                                         check=True, capture_output=True, text=True).stdout
+                    c = json.loads(out[out.index("{"):])
+                    print(f"  --calibrate --nvme-io {io}, {n} rank(s) at once: read "
+                          f"{c['compute']['nvme_read_bytes_per_s'] / 1e9:.2f} GB/s, write "
+                          f"{c['compute']['nvme_write_bytes_per_s'] / 1e9:.2f} GB/s a rank "
+                          f"({c['nvme']['io']})")
 
         print("2. H100 ranks, predicted (h100 profile, memory-budget=80GiB)")
 

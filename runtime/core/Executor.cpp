@@ -366,9 +366,11 @@ Status Executor::init(uint64_t seed) {
   {
     // See [Note: memory measurement]: every word starts as the sentinel,
     // in both arenas ([Note: two arenas]).
+    // The device arena ends before hostStart (on a page) where the device
+    // allocates it apart (CUDA: its size; the CPU's block holds both).
     int64_t hostStart = hostArenaStart(plan.arenaBytes);
     std::pair<int64_t, int64_t> ranges[] = {
-        {0, plan.hostArenaBytes > 0 ? hostStart : dev.arenaBytes()},
+        {0, plan.hostArenaBytes > 0 ? std::min(hostStart, dev.arenaBytes()) : dev.arenaBytes()},
         {hostStart, hostStart + plan.hostArenaBytes}};
     for (auto [from, to] : ranges)
       if (to - from >= 4)

@@ -209,7 +209,10 @@ struct Plan {
 // Executor.cpp), so an async update's I/O runs beside device compute as
 // its arithmetic does, and beside the neighbouring units' updates.
 // Checkpoints and initialization reach the state through the file too
-// (Executor::readBuffer / writeBuffer).
+// (Executor::readBuffer / writeBuffer). With the plan's swap_alignment
+// every swapped buffer and staging buffer has whole blocks of its own
+// (reservedBytes), which the swaps move whole: with O_DIRECT where the
+// file system allows ([Note: swap file I/O] in SwapFile.cpp).
 
 // [Note: two arenas]
 // A plan with optimizer offload has two arenas: the device arena
