@@ -213,13 +213,17 @@ Status SwapFile::bounced(bool write, int64_t offset, uint8_t *p, int64_t n) cons
   for (int64_t at = lo; at < hi; at += chunk) {
     const int64_t len = std::min(chunk, hi - at);
     const int64_t from = std::max(at, offset), to = std::min(at + len, offset + n);
-    // A write keeps the bytes around its own in the blocks it touches.
-    if (!write || from > at || to < at + len)
-      FSDP_RETURN_IF_ERROR(transfer(false, at, buf.get(), len));
     if (!write) {
+      FSDP_RETURN_IF_ERROR(transfer(false, at, buf.get(), len));
       std::memcpy(p + (from - offset), buf.get() + (from - at), (size_t)(to - from));
       continue;
     }
+    // A write keeps the bytes around its own in the end blocks it shares.
+    if (from > at)
+      FSDP_RETURN_IF_ERROR(transfer(false, at, buf.get(), blockBytes));
+    if (to < at + len)
+      FSDP_RETURN_IF_ERROR(
+          transfer(false, at + len - blockBytes, buf.get() + len - blockBytes, blockBytes));
     std::memcpy(buf.get() + (from - at), p + (from - offset), (size_t)(to - from));
     FSDP_RETURN_IF_ERROR(transfer(true, at, buf.get(), len));
   }

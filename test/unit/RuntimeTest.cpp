@@ -252,6 +252,20 @@ TEST(SwapFileTest, DirectIoMovesWholeBlocksPastThePageCache) {
     EXPECT_FALSE(f.read(3 * kBlock, back.data(), 2 * kBlock).isOk()); // past the end
     // Nothing of the file in the page cache.
     EXPECT_EQ(f.cachedBytes(), 0);
+    // Across the bounce buffer's 1 MiB chunks, both ends off a block.
+    const int64_t big = 3 << 20, at = 3 * kBlock + 7, n = (2 << 20) + 100;
+    ASSERT_TRUE(f.open(dir, 0, big, SwapIoMode::Direct, kBlock, true).isOk());
+    ASSERT_TRUE(f.direct());
+    std::vector<uint8_t> src((size_t)n), whole((size_t)big, 1);
+    for (int64_t i = 0; i < n; ++i)
+      src[(size_t)i] = (uint8_t)(i % 251 + 1);
+    ASSERT_TRUE(f.write(at, src.data(), n).isOk());
+    ASSERT_TRUE(f.read(0, whole.data(), big).isOk());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < big; ++i)
+      bad += whole[(size_t)i] != (i >= at && i < at + n ? src[(size_t)(i - at)] : 0);
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(f.cachedBytes(), 0);
   }
   {
     // No alignment in the plan, or staging not on blocks: auto says why.
