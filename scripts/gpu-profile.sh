@@ -28,7 +28,9 @@
 #   9. offload on the GPU (offload_b16): the optimizer's host updates
 #      after / beside the backward pass, with clipping joined in their
 #      step or the next (offload-next-step), activations on the copy
-#      stream, beside the cost model's prediction.
+#      stream, beside the cost model's prediction; nvme_b16: the AdamW
+#      moments in a swap file on the machine's disk, O_DIRECT against
+#      the page cache.
 # Summarize traces here with scripts/trace-summary.py.
 # ONLY="name ..." runs just the named steps (a rerun after a fix).
 set -uo pipefail
@@ -215,5 +217,12 @@ step lm_head_probe 45 "$PY" "$K/bench/lm_head_probe.py" && cat "$L/lm_head_probe
 # prediction (bench/offload_gpu.py).
 step offload_b16 200 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
   --sim "$K/tools/fsdp-sim" --steps 10 --repeats 2 && grep -vE "^\{" "$L/offload_b16.log"
+# The AdamW moments in a swap file (1 GB of state, read and written every
+# step) on this machine's disk: O_DIRECT into the pinned host arena
+# against the page cache (fsdp-run --nvme-io), beside no offload.
+mkdir -p /tmp/fsdp-nvme
+step nvme_b16 150 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
+  --sim "$K/tools/fsdp-sim" --steps 6 --repeats 1 --tags none,nvme_direct,nvme_buffered \
+  --nvme-dir /tmp/fsdp-nvme && grep -vE "^\{" "$L/nvme_b16.log"
 bundle
 exit $fail
