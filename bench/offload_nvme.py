@@ -11,8 +11,10 @@
    offers: buffered (pread / pwrite through the kernel's page cache: with
    memory free, the system calls and copies, not the drive) and direct
    (O_DIRECT: the drive; [Note: swap file I/O]), with how much of the swap
-   file the page cache held at the end of each. Then fsdp-run --calibrate's
-   disk rates, both ways.
+   file the page cache held at the end of each, the rates the direct swaps
+   ran at, and fsdp-sim's prediction of the host and direct runs on this
+   machine's profile (fsdp-run --calibrate --nvme-dir, direct). Then
+   fsdp-run --calibrate's disk rates, both ways.
 2. Predicted for H100 ranks (h100 profile: one PCIe Gen4 NVMe drive a GPU,
    6.5 GB/s read, 3.5 GB/s write): the Llama-2-7B-shaped GPT (32 x 4096,
    ctx 4096, bf16) at 1 and 8 ranks and the GPT-3-175B-shaped GPT at 16 and
@@ -35,6 +37,7 @@ import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 GEN = os.path.join(ROOT, "examples", "gen_models.py")
+SIM = os.path.join(ROOT, "tools", "fsdp-sim", "fsdp-sim")
 VARIANTS = [("host", "offload=optimizer"), ("nvme", "offload=optimizer offload-nvme=true")]
 
 
@@ -77,6 +80,24 @@ def main():
                       "mlp1k": (gen("mlp1k", "mlp", "--hidden", "1024", "--blocks", "4",
                                     "--batch", "16"), (1,)),
                       "gpt": (os.path.join(ROOT, "examples", "gpt_small.mlir"), (2,))}
+            # This machine's profile at each rank count, with the swap
+            # file's direct rates on this disk: the cost model's view of
+            # the runs below (fsdp-sim).
+            profiles = {}
+            for n in sorted({n for _, ns in models.values() for n in ns}):
+                out = subprocess.run([b("fsdp-run"), "--calibrate", "--nproc", str(n),
+                                      "--nvme-dir", swapdir, "--nvme-io", "direct"],
+                                     check=True, capture_output=True, text=True).stdout
+                profiles[n] = os.path.join(tmp, f"cpu{n}.json")
+                with open(profiles[n], "w") as f:
+                    f.write(out[out.index("{"):])
+
+            def sim(plan, n):
+                out = subprocess.run([sys.executable, SIM, plan, "--profile", profiles[n],
+                                      "--json"], check=True, capture_output=True,
+                                     text=True).stdout
+                d = json.loads(out)
+                return d[0] if isinstance(d, list) else d
             for name, (model, ns) in models.items():
                 for n in ns:
                     plans = {}
@@ -113,6 +134,23 @@ def main():
                           f"the page cache at the end: buffered {db['nvme_cached_bytes']:,} B, "
                           f"direct {d['nvme_cached_bytes']:,} B; measured == predicted: "
                           f"{'yes' if ok else 'NO'}")
+                    # The cost model on this machine's calibrated profile
+                    # against the measured steps, and the rates the direct
+                    # swaps ran at against --calibrate's.
+                    ph, pn = sim(plans["host"], n), sim(plans["nvme"], n)
+                    with open(profiles[n]) as f:
+                        c = json.load(f)["compute"]
+                    print(f"    predicted on this machine's profile: host {ph['step_ms']:.2f} "
+                          f"(measured x{med['host'] / ph['step_ms']:.2f}), nvme direct "
+                          f"{pn['step_ms']:.2f} ms/step (measured x"
+                          f"{med['direct'] / pn['step_ms']:.2f}; the drive busy "
+                          f"{pn['swap_ms']:.2f} ms); the direct swaps ran at "
+                          f"{d['nvme_read_bytes_per_step'] / d['nvme_read_seconds_per_step'] / 1e9:.2f}"
+                          f" GB/s reading and "
+                          f"{d['nvme_written_bytes_per_step'] / d['nvme_write_seconds_per_step'] / 1e9:.2f}"
+                          f" GB/s writing (calibrated "
+                          f"{c['nvme_read_bytes_per_s'] / 1e9:.2f} / "
+                          f"{c['nvme_write_bytes_per_s'] / 1e9:.2f})")
             for io in ("buffered", "direct"):
                 for n in (1, 2):
                     out = subprocess.run([b("fsdp-run"), "--calibrate", "--nproc", str(n),

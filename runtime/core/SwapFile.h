@@ -86,9 +86,14 @@ public:
   /// O_DIRECT none: [Note: swap file I/O].
   int64_t cachedBytes() const;
 
-  /// Counted bytes moved so far each way (for the run's summary).
+  /// Counted bytes moved so far each way (for the run's summary), and the
+  /// seconds the swaps spent moving them (each transfer's wall time on its
+  /// thread: the rate the drive gave the training, to set beside
+  /// --calibrate's and the cost model's).
   int64_t bytesRead() const { return readTotal; }
   int64_t bytesWritten() const { return writeTotal; }
+  double secondsReading() const { return readNs * 1e-9; }
+  double secondsWriting() const { return writeNs * 1e-9; }
 
 private:
   void close();
@@ -102,7 +107,9 @@ private:
   int64_t bytes = 0, blockBytes = 0; ///< blockBytes: the alignment, or 0
   bool isDirect = false;
   std::string name, note;
-  mutable int64_t readTotal = 0, writeTotal = 0;
+  mutable int64_t readTotal = 0, writeTotal = 0, readNs = 0, writeNs = 0;
+  /// swapIn / swapOut: the transfer, counted.
+  Status swap(bool write, int64_t offset, uint8_t *p, int64_t n) const;
 };
 
 /// fsdp-run --calibrate --nvme-dir DIR: the swap file's write (durable)

@@ -1018,6 +1018,9 @@ private:
         j["nvme_written_bytes_per_step"] = f->bytesWritten() / std::max<int64_t>(ran, 1);
         j["nvme_io"] = f->direct() ? "direct" : "buffered";
         j["nvme_cached_bytes"] = f->cachedBytes(); // the page cache's share
+        // The rates the swaps ran at (each transfer's time on its thread).
+        j["nvme_read_seconds_per_step"] = f->secondsReading() / std::max<int64_t>(ran, 1);
+        j["nvme_write_seconds_per_step"] = f->secondsWriting() / std::max<int64_t>(ran, 1);
         if (!f->directNote().empty())
           j["nvme_io_note"] = f->directNote();
       }
@@ -1058,6 +1061,11 @@ private:
                   f->direct() ? "direct I/O (O_DIRECT)" : "buffered I/O (page cache)",
                   f->directNote().empty() ? "" : ": ", f->directNote().c_str(),
                   f->cachedBytes() < 0 ? "unknown" : human((double)f->cachedBytes()).c_str());
+    if (const SwapFile *f = ex->swapFile(); f && f->secondsReading() > 0 && f->secondsWriting() > 0)
+      std::printf("the swaps ran at %.2f GB/s reading and %.2f GB/s writing (each transfer's "
+                  "time on its thread; --calibrate --nvme-dir measures the disk alone)\n",
+                  (double)f->bytesRead() / f->secondsReading() / 1e9,
+                  (double)f->bytesWritten() / f->secondsWriting() / 1e9);
     if (int64_t scratch = device.scratchHighWater())
       std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
                   "on cuda also the GEMM workspace and staging): %lld B\n",

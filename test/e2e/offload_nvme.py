@@ -20,7 +20,8 @@ host arena (offload=optimizer):
     peak live bytes equal to the plan's;
 (c) traffic: fsdp-run reports the swap file's size as the plan's
     nvme_bytes, and per step reads exactly the bytes of every swap of
-    every instruction and writes back those of the updates;
+    every instruction and writes back those of the updates, with the time
+    its transfers took each way;
 (d) nothing is left in --nvme-dir after a run;
 (e) checkpoints: 4 steps with --ckpt-dir, --resume to 8 gives the
     uninterrupted run's losses and parameters bitwise; the checkpoint
@@ -195,9 +196,13 @@ def main():
             wr = sum(bufs[f]["bytes"] for f, _, w in swaps if w)
             report(s.get("nvme_bytes") == pd["nvme_bytes"] and
                    s.get("nvme_read_bytes_per_step") == rd and
-                   s.get("nvme_written_bytes_per_step") == wr and wr > 0,
+                   s.get("nvme_written_bytes_per_step") == wr and wr > 0 and
+                   s.get("nvme_read_seconds_per_step", 0) > 0 and
+                   s.get("nvme_write_seconds_per_step", 0) > 0,
                    f"(c) {what}: swap file {s.get('nvme_bytes')} B, {rd} B read and {wr} B "
-                   f"written a step ({len(swaps)} swaps)")
+                   f"written a step ({len(swaps)} swaps) in "
+                   f"{1e3 * s.get('nvme_read_seconds_per_step', 0):.3f} and "
+                   f"{1e3 * s.get('nvme_write_seconds_per_step', 0):.3f} ms")
             # (d)
             report(os.listdir(swapdir) == [], f"(d) {what}: nothing left in --nvme-dir")
             # (j)
