@@ -471,19 +471,20 @@ void MemoryPlanner::placeState() {
     for (PlannedParam &p : plan.params)
       shadowOrder.push_back(p.op.getSymName());
   cursor = alignUp(cursor, alignment);
+  // The swap file's block (kSwapAlignment: the runtime's direct transfers).
+  const int64_t swapAlign = std::max(alignment, ::fsdp::kSwapAlignment);
   for (StringRef owner : shadowOrder)
     for (StateOp s : statesOf.lookup(owner)) {
       auto t = cast<RankedTensorType>(s.getType());
       if (s->hasAttr(kNvmeAttrName)) {
-        // In the swap file, each buffer on a block of its own
-        // (kSwapAlignment: the runtime's direct transfers).
+        // In the swap file, each buffer on blocks of its own.
         PlannedBuffer b;
         b.name = s.getSymName().str();
         b.type = t;
         b.kind = BufKind::State;
         b.persistent = b.host = b.nvme = true;
         b.bytes = byteSize(t);
-        b.ioAlign = std::max(alignment, ::fsdp::kSwapAlignment); // swapAlignment
+        b.ioAlign = swapAlign;
         nvmeCursor = alignUp(nvmeCursor, b.ioAlign);
         b.offset = nvmeCursor;
         nvmeCursor += b.extent();
@@ -495,7 +496,7 @@ void MemoryPlanner::placeState() {
       plan.symbolBuffer[s.getSymName()] = id;
     }
   if (nvmeCursor > 0) {
-    plan.swapAlignment = std::max(alignment, ::fsdp::kSwapAlignment);
+    plan.swapAlignment = swapAlign;
     plan.nvmeBytes = alignUp(nvmeCursor, plan.swapAlignment);
   }
 }

@@ -1051,7 +1051,8 @@ private:
                   verdict(plan.memory.hostPeak, m.hostHighWater),
                   (long long)plan.memory.hostPeakLive, (long long)m.hostPeakLive,
                   verdict(plan.memory.hostPeakLive, m.hostPeakLive));
-    if (const SwapFile *f = ex->swapFile())
+    if (const SwapFile *f = ex->swapFile()) {
+      const int64_t cached = f->cachedBytes(); // (a mapping and a mincore: once)
       std::printf("optimizer state on disk (offload-nvme): %s swap file per rank in %s, "
                   "%s read and %s written per step, %s%s%s; %s of it in the page cache "
                   "now\n",
@@ -1060,12 +1061,13 @@ private:
                   human((double)f->bytesWritten() / std::max<int64_t>(ran, 1)).c_str(),
                   f->direct() ? "direct I/O (O_DIRECT)" : "buffered I/O (page cache)",
                   f->directNote().empty() ? "" : ": ", f->directNote().c_str(),
-                  f->cachedBytes() < 0 ? "unknown" : human((double)f->cachedBytes()).c_str());
-    if (const SwapFile *f = ex->swapFile(); f && f->secondsReading() > 0 && f->secondsWriting() > 0)
-      std::printf("the swaps ran at %.2f GB/s reading and %.2f GB/s writing (each transfer's "
-                  "time on its thread; --calibrate --nvme-dir measures the disk alone)\n",
-                  (double)f->bytesRead() / f->secondsReading() / 1e9,
-                  (double)f->bytesWritten() / f->secondsWriting() / 1e9);
+                  cached < 0 ? "unknown" : human((double)cached).c_str());
+      if (f->secondsReading() > 0 && f->secondsWriting() > 0)
+        std::printf("the swaps ran at %.2f GB/s reading and %.2f GB/s writing (each transfer's "
+                    "time on its thread; --calibrate --nvme-dir measures the disk alone)\n",
+                    (double)f->bytesRead() / f->secondsReading() / 1e9,
+                    (double)f->bytesWritten() / f->secondsWriting() / 1e9);
+    }
     if (int64_t scratch = device.scratchHighWater())
       std::printf("runtime scratch outside the arena (f32 copies of bf16/f16 operands; "
                   "on cuda also the GEMM workspace and staging): %lld B\n",

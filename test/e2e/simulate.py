@@ -85,11 +85,15 @@ def main():
     c, link = prof["compute"], prof["link"]
     # --nvme-dir: the swap file's rates there (offload-nvme's cost), both
     # ranks at once, their files gone after.
+    # (and how it moved the bytes: direct, or buffered saying why)
+    io = prof.get("nvme", {}).get("io")
     report(c.get("nvme_read_bytes_per_s", 0) > 0 and c.get("nvme_write_bytes_per_s", 0) > 0
-           and prof.get("nvme", {}).get("ranks") == 2 and os.listdir(swapdir) == [],
+           and prof.get("nvme", {}).get("ranks") == 2 and os.listdir(swapdir) == []
+           and (io == "direct" or (io == "buffered" and prof["nvme"].get("io_note"))),
            f"calibrated profile: swap file rates on --nvme-dir (read "
            f"{c.get('nvme_read_bytes_per_s', 0) / 1e9:.2f}, write "
-           f"{c.get('nvme_write_bytes_per_s', 0) / 1e9:.2f} GB/s a rank), nothing left there")
+           f"{c.get('nvme_write_bytes_per_s', 0) / 1e9:.2f} GB/s a rank, {io} I/O), nothing "
+           "left there")
     report(c["gemm_flops_per_s"] > 0 and c["mem_bytes_per_s"] > 0 and c["op_overhead_s"] >= 0
            and all(v > 0 for v in c["seconds_per_unit"].values()),
            "calibrated profile: positive GEMM rate, bandwidth and per-kernel costs")
