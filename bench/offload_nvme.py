@@ -83,7 +83,9 @@ def main():
             # This machine's profile at each rank count, with the swap
             # file's direct rates on this disk: the cost model's view of
             # the runs below (fsdp-sim).
-            profiles = {}
+            # Each also as the model had it before the drive's duplex
+            # shares were measured: half and half.
+            profiles, halves = {}, {}
             for n in sorted({n for _, ns in models.values() for n in ns}):
                 out = subprocess.run([b("fsdp-run"), "--calibrate", "--nproc", str(n),
                                       "--nvme-dir", swapdir, "--nvme-io", "direct"],
@@ -91,11 +93,16 @@ def main():
                 profiles[n] = os.path.join(tmp, f"cpu{n}.json")
                 with open(profiles[n], "w") as f:
                     f.write(out[out.index("{"):])
+                half = json.loads(out[out.index("{"):])
+                half["compute"].update(nvme_duplex_read_share=0.5, nvme_duplex_write_share=0.5)
+                halves[n] = os.path.join(tmp, f"cpu{n}-half.json")
+                with open(halves[n], "w") as f:
+                    json.dump(half, f)
 
-            def sim(plan, n):
-                out = subprocess.run([sys.executable, SIM, plan, "--profile", profiles[n],
-                                      "--json"], check=True, capture_output=True,
-                                     text=True).stdout
+            def sim(plan, n, half=False):
+                out = subprocess.run([sys.executable, SIM, plan, "--profile",
+                                      (halves if half else profiles)[n], "--json"],
+                                     check=True, capture_output=True, text=True).stdout
                 d = json.loads(out)
                 return d[0] if isinstance(d, list) else d
             for name, (model, ns) in models.items():
@@ -138,13 +145,20 @@ def main():
                     # against the measured steps, and the rates the direct
                     # swaps ran at against --calibrate's.
                     ph, pn = sim(plans["host"], n), sim(plans["nvme"], n)
+                    p2 = sim(plans["nvme"], n, half=True)
                     with open(profiles[n]) as f:
                         c = json.load(f)["compute"]
                     print(f"    predicted on this machine's profile: host {ph['step_ms']:.2f} "
                           f"(measured x{med['host'] / ph['step_ms']:.2f}), nvme direct "
                           f"{pn['step_ms']:.2f} ms/step (measured x"
                           f"{med['direct'] / pn['step_ms']:.2f}; the drive busy "
-                          f"{pn['swap_ms']:.2f} ms); the direct swaps ran at "
+                          f"{pn['swap_ms']:.2f} ms, {pn['swap_duplex_ms']:.2f} of them reading "
+                          f"and writing at once at the calibrated duplex shares "
+                          f"{c['nvme_duplex_read_share']:.2f} / "
+                          f"{c['nvme_duplex_write_share']:.2f}; at half and half "
+                          f"{p2['step_ms']:.2f} ms/step, measured x"
+                          f"{med['direct'] / p2['step_ms']:.2f}, the drive {p2['swap_ms']:.2f} "
+                          f"ms); the direct swaps ran at "
                           f"{d['nvme_read_bytes_per_step'] / d['nvme_read_seconds_per_step'] / 1e9:.2f}"
                           f" GB/s reading and "
                           f"{d['nvme_written_bytes_per_step'] / d['nvme_write_seconds_per_step'] / 1e9:.2f}"
@@ -160,7 +174,11 @@ def main():
                     print(f"  --calibrate --nvme-io {io}, {n} rank(s) at once: read "
                           f"{c['compute']['nvme_read_bytes_per_s'] / 1e9:.2f} GB/s, write "
                           f"{c['compute']['nvme_write_bytes_per_s'] / 1e9:.2f} GB/s a rank "
-                          f"({c['nvme']['io']})")
+                          f"({c['nvme']['io']}); both at once "
+                          f"{c['nvme']['duplex_read_bytes_per_s'] / 1e9:.2f} / "
+                          f"{c['nvme']['duplex_write_bytes_per_s'] / 1e9:.2f} GB/s (shares "
+                          f"{c['compute']['nvme_duplex_read_share']:.2f} / "
+                          f"{c['compute']['nvme_duplex_write_share']:.2f})")
 
         print("2. H100 ranks, predicted (h100 profile, memory-budget=80GiB)")
 

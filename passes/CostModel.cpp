@@ -75,6 +75,16 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
             "': nvme_read_bytes_per_s and nvme_write_bytes_per_s must be > 0";
     return false;
   }
+  p.nvmeDuplexReadShare = c->getNumber("nvme_duplex_read_share").value_or(p.nvmeDuplexReadShare);
+  p.nvmeDuplexWriteShare = c->getNumber("nvme_duplex_write_share").value_or(p.nvmeDuplexWriteShare);
+  // (a NaN fails both comparisons: refused too)
+  if (!(p.nvmeDuplexReadShare > 0 && p.nvmeDuplexReadShare <= 1) ||
+      !(p.nvmeDuplexWriteShare > 0 && p.nvmeDuplexWriteShare <= 1)) {
+    error = "device profile '" + nameOrPath.str() +
+            "': nvme_duplex_read_share and nvme_duplex_write_share must be in (0, 1] "
+            "(the fraction of its rate a swap stream keeps while the other moves data)";
+    return false;
+  }
   if (p.gemmFlopsPerS <= 0 || p.gemmFlopsPerSBf16 <= 0 || p.memBytesPerS <= 0 ||
       p.opOverheadS < 0) {
     error = "device profile '" + nameOrPath.str() +
@@ -443,6 +453,10 @@ public:
   /// async host update (the host stream's).
   Item compute(Operation *op) const;
 
+  /// offload-nvme: the drive's duplex shares (DeviceProfile).
+  double readShare() const { return p.nvmeDuplexReadShare; }
+  double writeShare() const { return p.nvmeDuplexWriteShare; }
+
 private:
   double bytesOf(Value v) const {
     auto it = plan.valueBuffer.find(v);
@@ -685,14 +699,16 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         barriers.size() == 2)
       break;
     double rt = c.rate(running, !queue.empty(), hostReady);
-    // The swap streams share the drive.
-    double io = !ins.empty() && !outs.empty() ? 0.5 : 1.0;
+    // The swap streams share the drive: each at its duplex share while
+    // both move data.
+    const bool duplex = !ins.empty() && !outs.empty();
+    const double ioR = duplex ? c.readShare() : 1.0, ioW = duplex ? c.writeShare() : 1.0;
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
     double dtH = hostReady ? host.front().left / rt : HUGE_VAL;
     double dtY = !copies.empty() && !isJoin(copies.front()) ? copies.front().left / rt : HUGE_VAL;
-    double dtR = !ins.empty() ? ins.front().left / io : HUGE_VAL;
-    double dtW = !outs.empty() ? outs.front().left / io : HUGE_VAL;
+    double dtR = !ins.empty() ? ins.front().left / ioR : HUGE_VAL;
+    double dtW = !outs.empty() ? outs.front().left / ioW : HUGE_VAL;
     double dt = std::min({dtC, dtM, dtH, dtY, dtR, dtW});
     if (blockedOn && !copies.empty() && isJoin(copies.front()) &&
         llvm::any_of(copies, [&](const Queued &q) {
@@ -702,6 +718,8 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     // The drive is busy while either swap stream moves data.
     if (!ins.empty() || !outs.empty())
       r.swapS += dt;
+    if (duplex)
+      r.swapDuplexS += dt;
     t += dt;
     if (running) {
       if (dtC <= dt) {
@@ -741,7 +759,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         reading.erase(ins.front().index);
         ins.pop_front();
       } else {
-        ins.front().left -= dt * io;
+        ins.front().left -= dt * ioR;
       }
     }
     // The host, copy and swap-out streams: async work only, each joined by
@@ -774,7 +792,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     advance(host, dtH, r.hostS, r.hostExposedS, rt);
     advance(copies, dtY, r.copyS, r.copyExposedS, rt);
     double writing = 0; // (the drive's time is counted above)
-    advance(outs, dtW, writing, r.hostExposedS, io);
+    advance(outs, dtW, writing, r.hostExposedS, ioW);
     if (blockedBarrier && queue.empty() && copies.empty())
       passBarrier();
   }

@@ -55,6 +55,14 @@ struct DeviceProfile {
   /// before it and the updated state written after it, in its own host
   /// work.
   double nvmeReadBytesPerS = 6.5e9, nvmeWriteBytesPerS = 3.5e9;
+  /// The fraction of its rate above that each swap stream keeps while the
+  /// other one also moves data (the drive serves a read and a write at
+  /// once). 0.5 each (the default; a profile without them): the two share
+  /// the drive half and half, its busy time the sum of both alone.
+  /// fsdp-run --calibrate --nvme-dir measures them (a read and a write at
+  /// once); a share above 0.5 makes the drive do more together than
+  /// alone, as a disk with separate read and write queues does.
+  double nvmeDuplexReadShare = 0.5, nvmeDuplexWriteShare = 0.5;
   /// Measured seconds per work unit of an op (calibrated CPU profiles).
   llvm::StringMap<double> secondsPerUnit;
   /// The cache model (calibrated CPU profiles; [Note: the cache model] in
@@ -92,6 +100,9 @@ struct StepPrediction {
   /// state in and writing it back ([Note: swap pipeline]; compute's waits
   /// on a write count in hostExposedS).
   double swapS = 0;
+  /// Of swapS, the time both swap streams moved data at once (each at its
+  /// duplex share of its rate).
+  double swapDuplexS = 0;
   double exposedPct() const { return stepS > 0 ? 100.0 * exposedS / stepS : 0; }
 };
 
@@ -112,7 +123,8 @@ struct StepPrediction {
 /// swap-in stream from when it is issued, runs on the host stream once the
 /// read is done and writes back on the swap-out stream, which its wait
 /// joins (the runtime's [Note: swap pipeline]); the two swap streams share
-/// one drive, each at half its rate while both move data.
+/// one drive: while both move data each runs at the profile's duplex share
+/// of its rate (half and half by default).
 /// Matches fsdp-sim's simulate() step for step.
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);

@@ -192,7 +192,9 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
                                      "  waited for them        %12.3f ms\n",
                                      p.hostS * 1e3, p.hostExposedS * 1e3);
       if (p.swapS > 0)
-        llvm::errs() << llvm::format("  swaps (drive busy)     %12.3f ms\n", p.swapS * 1e3);
+        llvm::errs() << llvm::format("  swaps (drive busy)     %12.3f ms\n"
+                                     "  reads and writes at once %10.3f ms\n",
+                                     p.swapS * 1e3, p.swapDuplexS * 1e3);
       if (p.copyS > 0)
         llvm::errs() << llvm::format("  activation copies      %12.3f ms\n"
                                      "  waited for them        %12.3f ms\n",

@@ -12,6 +12,7 @@
 #include "runtime/core/PlanSchema.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -274,6 +276,39 @@ Status SwapFile::sync() const {
   return Status::ok();
 }
 
+Status SwapFile::settle(int64_t offset, int64_t n) const {
+  if (fd < 0)
+    return FSDP_ERROR("swap file: not open");
+  if (isDirect || n <= 0)
+    return Status::ok();
+  if (::sync_file_range(fd, (off64_t)offset, (off64_t)n,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+    return FSDP_ERROR("swap file ", name, ": sync_file_range failed: ", std::strerror(errno));
+  (void)::posix_fadvise(fd, (off_t)offset, (off_t)n, POSIX_FADV_DONTNEED); // advice only
+  return Status::ok();
+}
+
+namespace {
+
+/// One side of the calibration's duplex phase: the seconds (from the
+/// phase's start) at which each of its chunks finished.
+struct DuplexSide {
+  std::vector<double> ends;
+  Status status;
+};
+
+/// Of `side`'s chunks, the rate over those finished by `until` (its
+/// chunks are back to back, so bytes over the last one's end).
+double rateUntil(const DuplexSide &side, double until, int64_t chunk) {
+  size_t k = 0;
+  while (k < side.ends.size() && side.ends[k] <= until)
+    ++k;
+  return k == 0 ? 0.0 : double(k) * double(chunk) / std::max(side.ends[k - 1], 1e-9);
+}
+
+} // namespace
+
 Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json &profile,
                      SwapIoMode mode) {
   // 64 MiB a rank in 4 MiB transfers, as the updates' swaps are a unit's
@@ -307,13 +342,65 @@ Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json 
   for (int64_t off = 0; off < total; off += chunk)
     FSDP_RETURN_IF_ERROR(f.swapIn(off, buf.get(), chunk));
   auto t3 = Clock::now();
+  const double writeRate = (double)total / seconds(t0, t1);
+  const double readRate = (double)total / seconds(t2, t3);
+
+  // Duplex: a reader round and round the first half of the file (written
+  // above, its pages dropped) and a writer round and round the second,
+  // until each has moved half the file. Each one's rate is over the chunks
+  // it finished while the other still ran: until the slower one's last.
+  // Buffered, every chunk is settled (written back, dropped) so that
+  // neither side runs from the page cache.
+  FSDP_RETURN_IF_ERROR(f.sync());
+  AlignedBytes rbuf = alignedBytes(kSwapAlignment, chunk);
+  if (!rbuf)
+    return FSDP_ERROR("cannot allocate the calibration's ", chunk, "-byte buffer");
+  const int64_t half = total / 2;
+  std::atomic<int> halfway{0}; // sides that have moved half the file
+  std::atomic<bool> failed{false};
+  DuplexSide reads, writes;
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+  const auto t4 = Clock::now();
+  auto side = [&](bool write, DuplexSide &out) {
+    uint8_t *p = write ? buf.get() : rbuf.get();
+    for (int64_t moved = 0; halfway.load() < 2 && !failed.load(); moved += chunk) {
+      const int64_t off = (write ? half : 0) + moved % half;
+      Status st = write ? f.swapOut(off, p, chunk) : f.swapIn(off, p, chunk);
+      if (st)
+        st = f.settle(off, chunk);
+      if (!st) {
+        out.status = st;
+        failed = true;
+        return;
+      }
+      out.ends.push_back(seconds(t4, Clock::now()));
+      if (moved + chunk == half)
+        ++halfway;
+    }
+  };
+  std::thread reader(side, false, std::ref(reads));
+  side(true, writes);
+  reader.join();
+  FSDP_RETURN_IF_ERROR(reads.status);
+  FSDP_RETURN_IF_ERROR(writes.status);
+  const size_t k = size_t(half / chunk);
+  const double window = std::max(reads.ends.at(k - 1), writes.ends.at(k - 1));
+  const double duplexRead = rateUntil(reads, window, chunk);
+  const double duplexWrite = rateUntil(writes, window, chunk);
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+
   nlohmann::json &c = profile["compute"];
-  c["nvme_write_bytes_per_s"] = (double)total / seconds(t0, t1);
-  c["nvme_read_bytes_per_s"] = (double)total / seconds(t2, t3);
+  c["nvme_write_bytes_per_s"] = writeRate;
+  c["nvme_read_bytes_per_s"] = readRate;
+  // (above 1, within the timing's noise, is no contention: 1)
+  c["nvme_duplex_read_share"] = std::min(1.0, duplexRead / readRate);
+  c["nvme_duplex_write_share"] = std::min(1.0, duplexWrite / writeRate);
   profile["nvme"] = {{"dir", dir},
                      {"bytes_per_rank", total},
                      {"ranks", comm.size()},
-                     {"io", f.direct() ? "direct" : "buffered"}};
+                     {"io", f.direct() ? "direct" : "buffered"},
+                     {"duplex_read_bytes_per_s", duplexRead},
+                     {"duplex_write_bytes_per_s", duplexWrite}};
   if (!f.directNote().empty())
     profile["nvme"]["io_note"] = f.directNote();
   return Status::ok();

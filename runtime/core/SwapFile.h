@@ -80,6 +80,11 @@ public:
   /// Makes what was written durable and drops the file's pages from the
   /// page cache, so the next reads come from the disk (calibration).
   Status sync() const;
+  /// The same for `n` bytes at `offset` only, and nothing with O_DIRECT
+  /// (no page cache to write back or drop): the calibration's duplex
+  /// phase, between transfers of one range on two threads. Safe beside
+  /// swapIn / swapOut on other threads.
+  Status settle(int64_t offset, int64_t n) const;
 
   /// How many of the file's bytes the page cache holds now (mincore over
   /// a mapping of it; whole pages), or -1 where that cannot be told. With

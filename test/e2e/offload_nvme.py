@@ -36,7 +36,11 @@ host arena (offload=optimizer):
     busy time is their sum: [Note: swap pipeline]), the predicted trace
     has every read on the swap-in track ending before its update starts
     and every write on the swap-out track starting after it ends, and the
-    two tools agree on the step, the host and the swap time;
+    two tools agree on the step, the host and the swap time; with other
+    duplex shares (the fraction of its rate each swap stream keeps while
+    the other moves data) the drive is busy exactly R + W - D (share_r +
+    share_w - 1) (reads and writes alone, D both at once), a drive that
+    does both at full rate predicts no longer a step, and fsdp-opt agrees;
 (i) fsdp-run --trace of that plan: every update's read (swap-in thread)
     ends before it starts and its write-back (swap-out thread) starts after
     it ends, on every rank and step (how many reads ran ahead, beside the
@@ -323,6 +327,54 @@ def main():
                f"{m.group(1) if m else '?'} ms, host {h.group(1) if h else '?'} ms, swaps "
                f"{w.group(1) if w else '?'} ms; fsdp-sim {sd['step_ms']:.3f}, "
                f"{sd['host_ms']:.3f}, {sd['swap_ms']:.3f})")
+        # The drive's duplex shares: while both swap streams move data each
+        # runs at its share of its rate, so with R and W the reads' and
+        # writes' seconds alone and D the time both ran, the drive is busy
+        # R + W - D (share_r + share_w - 1): the sum at half and half (or
+        # any shares adding to 1), less where the drive does more at once.
+        rd_ms = 1e3 * sum(pd["buffers"][f]["bytes"] / 6.5e9
+                          for x in pd["program"] for f, _, w in x.get("attrs", {}).get("swap", []))
+        wr_ms = io_ms - rd_ms
+        h100 = json.loads(subprocess.run(
+            [sys.executable, "-c", "import importlib.machinery as m, json, sys; "
+             "print(json.dumps(m.SourceFileLoader('sim', sys.argv[1]).load_module()"
+             ".BUILTIN['h100']))", sim], check=True, capture_output=True, text=True).stdout)
+        steps = {}
+        for sr, sw in ((0.5, 0.5), (0.25, 0.75), (1.0, 1.0), (0.72, 0.87)):
+            prof = os.path.join(tmp, f"duplex-{sr}-{sw}.json")
+            with open(prof, "w") as f:
+                json.dump(dict(h100, name=f"duplex {sr}/{sw}", compute=dict(
+                    h100["compute"], nvme_duplex_read_share=sr,
+                    nvme_duplex_write_share=sw)), f)
+            x = json.loads(subprocess.run([sys.executable, sim, disk, "--profile", prof, "--json"],
+                                          check=True, capture_output=True, text=True).stdout)
+            steps[(sr, sw)] = x["step_ms"]
+            want = rd_ms + wr_ms - x["swap_duplex_ms"] * (sr + sw - 1)
+            report(x["swap_duplex_ms"] > 0 and abs(x["swap_ms"] - want) <= 1e-9 * want,
+                   f"(g) {model} N={n}, duplex shares {sr} / {sw}: the drive busy "
+                   f"{x['swap_ms']:.6f} ms = reads {rd_ms:.6f} + writes {wr_ms:.6f} - "
+                   f"{x['swap_duplex_ms']:.6f} ms at once x {sr + sw - 1:+.2f}")
+            if (sr, sw) != (0.72, 0.87):
+                continue
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                                f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                                f"offload-nvme=true report=false simulate=true "
+                                f"device-profile={prof}"], capture_output=True, text=True)
+            m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+            w = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
+            d = re.search(r"reads and writes at once\s+([0-9.]+) ms", r.stderr)
+            report(m and w and d and abs(float(m.group(1)) - x["step_ms"]) <= 6e-4
+                   and abs(float(w.group(1)) - x["swap_ms"]) <= 6e-4
+                   and abs(float(d.group(1)) - x["swap_duplex_ms"]) <= 6e-4,
+                   f"(g) {model} N={n}, duplex shares {sr} / {sw}: fsdp-opt simulate=true agrees "
+                   f"(step {m.group(1) if m else '?'}, drive {w.group(1) if w else '?'}, at once "
+                   f"{d.group(1) if d else '?'} ms; fsdp-sim {x['step_ms']:.3f}, "
+                   f"{x['swap_ms']:.3f}, {x['swap_duplex_ms']:.3f}) {r.stderr[-200:] if r.returncode else ''}")
+        report(steps[(1.0, 1.0)] <= steps[(0.5, 0.5)] * (1 + 1e-12)
+               and abs(steps[(0.5, 0.5)] - sd["step_ms"]) <= 1e-9 * sd["step_ms"],
+               f"(g) {model} N={n}: a drive that reads and writes at once at full rate "
+               f"predicts a step no longer ({steps[(1.0, 1.0)]:.4f} ms) than half and half "
+               f"({steps[(0.5, 0.5)]:.4f} ms, the h100 profile's {sd['step_ms']:.4f})")
 
         # (i) the measured trace of the same plan
         trace = os.path.join(tmp, "run-trace.json")

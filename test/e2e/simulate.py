@@ -4,7 +4,8 @@ they must say regardless of how fast this machine is (timings are checked
 against each other by bench/simulator.py, a benchmark, not here):
   - the measured trace has one compute span per instruction per step per
     rank and one communication span per collective per step per rank;
-  - a calibrated profile has positive rates and a link fit at N > 1;
+  - a calibrated profile has positive rates and a link fit at N > 1, and
+    with --nvme-dir the drive's rates and its duplex shares in (0, 1];
   - fsdp-sim: no overlap (overlap=false) means every collective is exposed;
     with overlap, exposed <= total communication; the step is at least the
     compute; one rank has no communication; peak memory is the plan's;
@@ -94,6 +95,16 @@ def main():
            f"{c.get('nvme_read_bytes_per_s', 0) / 1e9:.2f}, write "
            f"{c.get('nvme_write_bytes_per_s', 0) / 1e9:.2f} GB/s a rank, {io} I/O), nothing "
            "left there")
+    # A read and a write at once: the share of each solo rate kept, at
+    # most 1, the rates it came from beside them.
+    nv = prof.get("nvme", {})
+    dr, dw = nv.get("duplex_read_bytes_per_s", 0), nv.get("duplex_write_bytes_per_s", 0)
+    sr, sw = c.get("nvme_duplex_read_share", 0), c.get("nvme_duplex_write_share", 0)
+    report(dr > 0 and dw > 0 and 0 < sr <= 1 and 0 < sw <= 1
+           and math.isclose(sr, min(1.0, dr / c.get("nvme_read_bytes_per_s", 1)), rel_tol=1e-12)
+           and math.isclose(sw, min(1.0, dw / c.get("nvme_write_bytes_per_s", 1)), rel_tol=1e-12),
+           f"calibrated profile: a read and a write at once ran at {dr / 1e9:.2f} / "
+           f"{dw / 1e9:.2f} GB/s, duplex shares {sr:.2f} / {sw:.2f} of the solo rates")
     report(c["gemm_flops_per_s"] > 0 and c["mem_bytes_per_s"] > 0 and c["op_overhead_s"] >= 0
            and all(v > 0 for v in c["seconds_per_unit"].values()),
            "calibrated profile: positive GEMM rate, bandwidth and per-kernel costs")
@@ -811,6 +822,19 @@ def check_cache_model(b, work, prof):
            r2.returncode != 0 and "cache_curve" in r2.stderr,
            f"a cache curve whose distances decrease: fsdp-sim exit {r1.returncode}, fsdp-opt "
            f"exit {r2.returncode}: {r2.stderr.strip()[:120]}")
+    # So is a drive's duplex share outside (0, 1].
+    for key, v in (("nvme_duplex_read_share", 0.0), ("nvme_duplex_write_share", 1.25)):
+        bad = os.path.join(work, "share-bad.json")
+        open(bad, "w").write(json.dumps(dict(prof, compute=dict(base, **{key: v}))))
+        r1 = subprocess.run([sys.executable, b("fsdp-sim"), plan_path, "--profile", bad],
+                            capture_output=True, text=True)
+        r2 = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                             f"--fsdp-pipeline=world-size=2 simulate=true device-profile={bad}"],
+                            capture_output=True, text=True)
+        report(r1.returncode == 1 and key in r1.stderr and "(0, 1]" in r1.stderr and
+               r2.returncode != 0 and key in r2.stderr and "(0, 1]" in r2.stderr,
+               f"{key}={v}: fsdp-sim exit {r1.returncode}, fsdp-opt exit {r2.returncode}: "
+               f"{r1.stderr.strip()[-100:]}")
 
 
 if __name__ == "__main__":
