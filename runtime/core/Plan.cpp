@@ -719,7 +719,9 @@ Status validateCarried(const Plan &plan) {
 /// stream, a host update on the host stream. Work on any other stream in
 /// that window is not ordered with it, so none may write what it reads,
 /// nor read or write what it writes (by storage root: a view is its
-/// buffer). Work on its own stream runs in issue order after it. A host
+/// buffer; each of its buffers is live through its wait, so no other
+/// buffer shares their bytes in the window). Work on its own stream runs
+/// in issue order after it. A host
 /// update the next step joins (carried) has no wait of its own in the step
 /// and is validateCarried's. Without this check a plan whose copy or
 /// collective overlaps a write of its source would train on whichever
@@ -749,6 +751,20 @@ Status validateAsyncWindows(const Plan &plan) {
       ++j;
     if (j == end)
       continue;
+    // Its buffers live through the wait: another buffer's bytes may be
+    // the same as theirs only where the two are never live at once
+    // (validateMemoryPlan), so with this the check by root below sees
+    // every race in the window.
+    for (const auto *ids : {&a.in, &a.out})
+      for (int64_t id : *ids) {
+        const Buffer &b = plan.buffers[root(id)];
+        if (!b.persistent && b.last < j)
+          return FSDP_ERROR("plan: buffer ", b.id, " (", b.name, "), ",
+                            ids == &a.in ? "read" : "written", " by async instruction #", i, " (",
+                            a.op, ", on the ", laneName(lane), " stream) until its wait #", j,
+                            ", must be live through #", j, "; its live range is [", b.first, ", ",
+                            b.last, "] (another buffer could take its bytes while it is in use)");
+      }
     std::set<int64_t> reads, writes;
     for (int64_t id : a.in)
       reads.insert(root(id));

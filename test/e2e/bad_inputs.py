@@ -158,6 +158,25 @@ def async_copy_read_before_wait(p):
     raise SystemExit("no async copy read right after its wait")
 
 
+def async_input_freed_at_issue(p):
+    """The first async collective whose transient input nothing after it
+    reads: its live range cut to end at the issue, so another buffer could
+    take its bytes while the comm stream still reads them."""
+    prog, bufs = p["program"], p["buffers"]
+    for i, c in enumerate(prog):
+        if c["op"] not in ("all_gather", "reduce_scatter", "all_reduce") \
+                or not c.get("attrs", {}).get("async"):
+            continue
+        b = bufs[c["in"][0]]
+        if b["persistent"] or b.get("alias_of", -1) >= 0 or b["last"] <= i:
+            continue
+        if any(b["id"] in x["in"] + x["out"] for x in prog[i + 1:]):
+            continue
+        b["last"] = i
+        return
+    raise SystemExit("no async collective with a transient input read only by it")
+
+
 def setter(fn):
     """A mutation that edits a deep copy of the plan."""
     def apply(plan):
@@ -314,6 +333,7 @@ PLAN_CASES = [
     ("a copy-stream join not followed by its copy", "nextstep", setter(copy_stream_copy_on_compute), "joins on the copy stream, but the next instruction is not an async to_device"),
     ("compute reads a copy-stream-joined unit before the copy's wait", "nextstep", setter(copy_stream_join_compute_read), "on compute after instruction"),
     ("an async copy's output read before its wait", "offload", setter(async_copy_read_before_wait), "which async instruction"),
+    ("an async collective's input not live through its wait", "sharded", setter(async_input_freed_at_issue), "until its wait #"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
     ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
