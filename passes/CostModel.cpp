@@ -68,6 +68,13 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
             "': host_link_bytes_per_s and host_mem_bytes_per_s must be >= 0";
     return false;
   }
+  // The drive's fields: a number where given (fsdp-sim's checks too).
+  for (const char *key : {"nvme_read_bytes_per_s", "nvme_write_bytes_per_s",
+                          "nvme_duplex_read_share", "nvme_duplex_write_share"})
+    if (c->get(key) && !c->getNumber(key)) {
+      error = "device profile '" + nameOrPath.str() + "': compute." + key + " is not a number";
+      return false;
+    }
   p.nvmeReadBytesPerS = c->getNumber("nvme_read_bytes_per_s").value_or(p.nvmeReadBytesPerS);
   p.nvmeWriteBytesPerS = c->getNumber("nvme_write_bytes_per_s").value_or(p.nvmeWriteBytesPerS);
   if (p.nvmeReadBytesPerS <= 0 || p.nvmeWriteBytesPerS <= 0) {

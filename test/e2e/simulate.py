@@ -822,8 +822,10 @@ def check_cache_model(b, work, prof):
            r2.returncode != 0 and "cache_curve" in r2.stderr,
            f"a cache curve whose distances decrease: fsdp-sim exit {r1.returncode}, fsdp-opt "
            f"exit {r2.returncode}: {r2.stderr.strip()[:120]}")
-    # So is a drive's duplex share outside (0, 1].
-    for key, v in (("nvme_duplex_read_share", 0.0), ("nvme_duplex_write_share", 1.25)):
+    # So is a drive's duplex share outside (0, 1], or not a number.
+    for key, v, says in (("nvme_duplex_read_share", 0.0, "(0, 1]"),
+                         ("nvme_duplex_write_share", 1.25, "(0, 1]"),
+                         ("nvme_duplex_read_share", "0.7", "is not a number")):
         bad = os.path.join(work, "share-bad.json")
         open(bad, "w").write(json.dumps(dict(prof, compute=dict(base, **{key: v}))))
         r1 = subprocess.run([sys.executable, b("fsdp-sim"), plan_path, "--profile", bad],
@@ -831,9 +833,9 @@ def check_cache_model(b, work, prof):
         r2 = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
                              f"--fsdp-pipeline=world-size=2 simulate=true device-profile={bad}"],
                             capture_output=True, text=True)
-        report(r1.returncode == 1 and key in r1.stderr and "(0, 1]" in r1.stderr and
-               r2.returncode != 0 and key in r2.stderr and "(0, 1]" in r2.stderr,
-               f"{key}={v}: fsdp-sim exit {r1.returncode}, fsdp-opt exit {r2.returncode}: "
+        report(r1.returncode == 1 and key in r1.stderr and says in r1.stderr and
+               r2.returncode != 0 and key in r2.stderr and says in r2.stderr,
+               f"{key}={v!r}: fsdp-sim exit {r1.returncode}, fsdp-opt exit {r2.returncode}: "
                f"{r1.stderr.strip()[-100:]}")
 
 
