@@ -48,6 +48,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadNvme = autoBoolName(options.offloadNvme);
   if (options.offloadNvmeInFlight.hasValue())
     search.offloadNvmeInFlight = options.offloadNvmeInFlight;
+  search.offloadNvmeUnits = options.offloadNvmeUnits;
   if (options.offloadPrefetchDepth.hasValue())
     search.offloadPrefetchDepth = options.offloadPrefetchDepth;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
@@ -184,6 +185,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.nextStep = options.offloadNextStep == AutoBool::True;
     off.nvme = options.offloadNvme == AutoBool::True;
     off.nvmeInFlight = options.offloadNvmeInFlight;
+    off.nvmeUnits = options.offloadNvmeUnits;
     off.prefetchDepth = options.offloadPrefetchDepth;
     pm.addPass(createFsdpOffload(off));
   }

@@ -233,6 +233,17 @@ struct FsdpPipelineOptions
                      "with memory-budget: the search also tries 1 where only "
                      "that fits host-memory-budget"),
       llvm::cl::init(2)};
+  Option<int64_t> offloadNvmeUnits{
+      *this, "offload-nvme-units",
+      llvm::cl::desc("with offload-nvme: how many offloaded trainable units keep "
+                     "their state on disk, the first ones the step updates "
+                     "(the last layers: the backward pass left hides their "
+                     "swaps); the rest keep it in host memory: less drive "
+                     "time for more host memory. "
+                     "-1 (default): all; with memory-budget and "
+                     "host-memory-budget the search puts the fewest on disk "
+                     "that fit"),
+      llvm::cl::init(-1)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

@@ -112,14 +112,22 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
              "1/2 on more than one shard with fsdp-shard's offload=optimizer";
       return signalPassFailure();
     }
+    // With nvme, how many units' state goes to the swap file (step 7).
+    llvm::SmallVector<StringRef> trainableUnits;
+    for (UnitOp u : module.getOps<UnitOp>())
+      if (u.getOffloaded() && !u.getFrozen())
+        trainableUnits.push_back(u.getSymName());
+    const int64_t diskUnits = nvmeUnits < 0 ? int64_t(trainableUnits.size()) : int64_t(nvmeUnits);
+    if (nvme && (diskUnits < 1 || diskUnits > int64_t(trainableUnits.size()))) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: nvme-units=" << nvmeUnits.getValue() << " must be 1 to "
+          << trainableUnits.size()
+          << " (the offloaded trainable units whose state goes to the swap file), or -1 for all";
+      return signalPassFailure();
+    }
     for (StateOp s : module.getOps<StateOp>())
-      if (host.contains(s.getParam())) {
+      if (host.contains(s.getParam()))
         host.insert(s.getSymName());
-        // ZeRO-Infinity: the state lives in the swap file, each update
-        // reads and writes it through a staging buffer (fsdp-plan-memory).
-        if (nvme)
-          s->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
-      }
 
     // 2. Walk the step in order, placing every value.
     Block &body = step.getBody().front();
@@ -231,6 +239,47 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     // 6. Prefetch: the copies to the device run ahead on the copy stream.
     if (prefetch)
       prefetchCopies(body, storageCopies);
+    // 7. ZeRO-Infinity: the state of the first `diskUnits` units the step
+    // updates (all by default; the first have the most of the backward
+    // pass left to hide their swaps behind) lives in the swap file, each
+    // update reading and writing it through a staging buffer
+    // (fsdp-plan-memory). Their order: that of their updates, now that
+    // these have moved up to where their gradients are final.
+    if (nvme)
+      placeOnDisk(module, body, trainableUnits, diskUnits);
+  }
+
+  void placeOnDisk(ModuleOp module, Block &body, ArrayRef<StringRef> trainableUnits,
+                   int64_t diskUnits) {
+    llvm::StringSet<> trainable, seen, onDisk;
+    for (StringRef u : trainableUnits)
+      trainable.insert(u);
+    // The unit an update writes: its new parameters' write-back, through
+    // the update's wait.
+    auto unitOf = [&](Operation *update) -> StringRef {
+      for (Operation *u : update->getResult(0).getUsers()) {
+        if (isa<WaitOp>(u))
+          for (Operation *w : u->getUsers())
+            if (isa<SetUnitOp>(w))
+              return storageWrite(w).first;
+        if (isa<SetUnitOp>(u))
+          return storageWrite(u).first;
+      }
+      return StringRef();
+    };
+    SmallVector<StringRef> order;
+    for (Operation &op : body)
+      if (isa<AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(op))
+        if (StringRef sym = unitOf(&op); trainable.contains(sym) && seen.insert(sym).second)
+          order.push_back(sym);
+    for (StringRef u : trainableUnits) // (any not written back: last)
+      if (seen.insert(u).second)
+        order.push_back(u);
+    for (StringRef u : ArrayRef<StringRef>(order).take_front(diskUnits))
+      onDisk.insert(u);
+    for (StateOp s : module.getOps<StateOp>())
+      if (onDisk.contains(s.getParam()))
+        s->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
   }
 
   /// The storage symbol `v` reads, through views of it.

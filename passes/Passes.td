@@ -591,6 +591,12 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     the least host memory. The host arena holds the master shards, the gradient copies and
     two updates' state in flight instead of all of it: about 4 bytes a
     parameter instead of 12 for AdamW.
+    `nvme-units=K` keeps only the state of the first K offloaded trainable
+    units the step updates on disk (the backward pass's first: their
+    swaps have the most of it left to hide behind) and the rest in the
+    host arena:
+    between the two placements in host memory, with K/U of the drive's
+    traffic (-1, the default: every unit's).
 
     ```mlir
     %s = fsdp.get_unit @"layers.0" : tensor<66xf32>
@@ -633,6 +639,10 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "one this many after it is issued (1 to 8; 1: the least host "
            "memory, the drive idle during each update; 2: the next one's "
            "state is read while one runs, for one more update's staging)">,
+    Option<"nvmeUnits", "nvme-units", "int64_t", /*default=*/"-1",
+           "with nvme: how many offloaded trainable units keep their state in "
+           "the swap file, the first ones the step updates; the rest keep it "
+           "in host memory (-1: all)">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
@@ -830,7 +840,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     to the device in flight (`offload-prefetch-depth`), and candidates with
     the state on disk with 1 update in flight where only that fits
     `host-memory-budget` (`offload-nvme-in-flight`); a value given pins
-    either.
+    either. Under `host-memory-budget` the fastest candidates with the
+    state on disk that fit are also tried with fewer units' state there
+    (`offload-nvme-units`, the units updated first), the fewest that
+    still fit: the rest stays in host memory and off the drive.
 
     When nothing fits it fails with the smallest peak it reached, the
     schedule that reached it and what that peak is made of.
@@ -840,7 +853,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     recompute, recompute_units, reshard_after_forward, reshard_units,
     reshard_group, prefetch_depth, offload, offload_activations,
     offload_next_step, offload_prefetch, offload_prefetch_depth,
-    offload_nvme, offload_nvme_in_flight, predicted_step_s, exposed_comm_pct, peak, budget,
+    offload_nvme, offload_nvme_in_flight, offload_nvme_units, predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -879,6 +892,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-in-flight for the candidates with the state "
            "on disk (-1: 2, then 1 where only that fits host-memory-budget)">,
+    Option<"offloadNvmeUnits", "offload-nvme-units", "int64_t", /*default=*/"-1",
+           "pin fsdp-offload's nvme-units for the candidates with the state on "
+           "disk (-1: all, and with host-memory-budget the fewest that fit)">,
     Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's prefetch-depth for the prefetching candidates "
            "(-1: 1, and the fastest few are tried with 2 to 4)">,

@@ -65,6 +65,9 @@ struct Choice {
   bool nvme = false;
   /// fsdp-offload's nvme-in-flight: with nvme, the async updates in flight.
   int64_t nvmeInFlight = 2;
+  /// fsdp-offload's nvme-units: with nvme, the units keeping their state
+  /// on disk, the first ones updated (-1: all).
+  int64_t nvmeUnits = -1;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -79,7 +82,8 @@ struct Choice {
                               : "") +
            (prefetch ? " offload-prefetch-depth=" + std::to_string(copiesInFlight) : "") +
            (nvme ? " offload-nvme=true offload-nvme-in-flight=" + std::to_string(nvmeInFlight)
-                 : "");
+                 : "") +
+           (nvme && nvmeUnits >= 0 ? " offload-nvme-units=" + std::to_string(nvmeUnits) : "");
   }
 };
 
@@ -167,6 +171,11 @@ struct SearchSchedulePass
     o.nextStep = c.nextStep;
     o.nvme = c.nvme;
     o.nvmeInFlight = c.nvmeInFlight;
+    // (pinned: at most the units this candidate's grouping has)
+    int64_t trainable = 0;
+    for (UnitOp u : m.getOps<UnitOp>())
+      trainable += u.getSharded() && !u.getFrozen();
+    o.nvmeUnits = c.nvmeUnits < 0 ? -1 : std::min(c.nvmeUnits, std::max<int64_t>(trainable, 1));
     o.prefetchDepth = c.copiesInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
@@ -231,6 +240,7 @@ struct SearchSchedulePass
   LogicalResult walkPerUnit();
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
+  LogicalResult tuneNvmeUnits();
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
   void adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule, int64_t bestArena);
@@ -274,7 +284,8 @@ void printBreakdown(llvm::raw_ostream &os, const MemoryPlan &plan) {
 void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
-      failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()))
+      failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
+      failed(tuneNvmeUnits()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -458,7 +469,8 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  pf && off != "none",
                                  offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
                                  nv && off != "none",
-                                 offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2};
+                                 offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2,
+                                 nv && off != "none" ? int64_t(offloadNvmeUnits) : -1};
                   bool last = depth == depths.back() && acts == activationChoices.back() &&
                               ns == nextSteps.back() && pf == prefetches.back() &&
                               nv == nvmes.back();
@@ -497,7 +509,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
-           a.nvmeInFlight == b.nvmeInFlight;
+           a.nvmeInFlight == b.nvmeInFlight && a.nvmeUnits == b.nvmeUnits;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -665,6 +677,58 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
   return success();
 }
 
+/// The units whose state a module keeps on disk (fsdp-offload's nvme).
+static int64_t unitsOnDisk(ModuleOp m) {
+  llvm::StringSet<> units;
+  for (StateOp s : m.getOps<StateOp>())
+    if (s->hasAttr(kNvmeAttrName))
+      units.insert(s.getParam());
+  return int64_t(units.size());
+}
+
+/// Units keeping their state on disk (fsdp-offload's nvme-units), unless
+/// pinned, under host-memory-budget: the fastest few candidates with the
+/// state on disk that fit are tried with fewer units there, the fewest
+/// that still fit (halving the range: the host arena grows as units come
+/// back to it), which keeps the rest in host memory and takes their swaps
+/// off the drive. Without a host budget the state stays on disk whole, as
+/// offload-nvme asked.
+LogicalResult SearchSchedulePass::tuneNvmeUnits() {
+  if (offloadNvmeUnits >= 0 || hostBudget < 0)
+    return success();
+  std::vector<size_t> fit;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].choice.nvme && leaves[i].choice.nvmeUnits < 0 && fits(leaves[i]))
+      fit.push_back(i);
+  llvm::stable_sort(fit, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
+  for (size_t t = 0; t < fit.size() && t < 3; ++t) {
+    const Leaf base = leaves[fit[t]];
+    OwningOpRef<ModuleOp> m = build(base.choice);
+    if (!m)
+      return failure();
+    // All of them fit; find the fewest that do.
+    int64_t lo = 1, hi = unitsOnDisk(*m);
+    std::optional<Leaf> fewest;
+    while (lo < hi) {
+      Leaf l = base;
+      l.choice.nvmeUnits = lo + (hi - lo) / 2;
+      if (!evaluate(l))
+        return failure();
+      if (fits(l)) {
+        hi = l.choice.nvmeUnits;
+        fewest = l;
+      } else {
+        lo = l.choice.nvmeUnits + 1;
+      }
+    }
+    if (fewest)
+      leaves.push_back(*fewest);
+  }
+  return success();
+}
+
 /// Fastest first among those whose liveness fits; the arena decides.
 /// best stays null when no arena fits.
 LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule,
@@ -788,6 +852,9 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload_nvme", b.getBoolAttr(c.nvme)),
           b.getNamedAttr("offload_nvme_in_flight",
                          b.getI64IntegerAttr(c.nvme ? c.nvmeInFlight : 0)),
+          // the units whose state is on disk (all of them unless the
+          // search or offload-nvme-units kept some in host memory)
+          b.getNamedAttr("offload_nvme_units", b.getI64IntegerAttr(unitsOnDisk(module))),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),

@@ -60,7 +60,14 @@ host arena (offload=optimizer):
     compiled with offload-nvme=true for the same schedule; under a host
     budget between the host arenas of 1 and 2 updates in flight it
     chooses 1 (strategy.offload_nvme_in_flight), where with 2 pinned
-    nothing fits.
+    nothing fits;
+(k) part of the state on disk (offload-nvme-units=K): the state of the
+    first K units the step updates is in the swap file, the rest in host
+    memory, bitwise the same training, K units' bytes read a step and the
+    drive's predicted time below all-on-disk; K out of range refused; under
+    a host budget that some K fits but not the state in host memory, the
+    search keeps fewer units on disk than all, predicted faster, and its
+    plan trains as the one compiled with that K.
 """
 import re
 import json
@@ -452,6 +459,91 @@ def main():
                f"search keeps the state on disk with "
                f"{tight1['strategy']['offload_nvme_in_flight']} in flight; with 2 pinned "
                "nothing fits")
+
+        # (k) part of the state on disk: offload-nvme-units=K
+        def units_of(plan):
+            """The units of a plan's updates in program order, and those whose
+            state is in the swap file."""
+            bufs = plan["buffers"]
+            unit = {s["buffer"]: s["unit"] for s in plan["states"]}
+            order, seen = [], set()
+            for x in plan["program"]:
+                if x["op"].endswith("_update"):
+                    u = next((s["unit"] for s in plan["states"] if s["unit"] == bufs[x["out"][0]]["name"]), None)
+                    if u and u not in seen:
+                        seen.add(u)
+                        order.append(u)
+            disk = {unit[b["id"]] for b in bufs if b.get("space") == "nvme"}
+            return order, disk
+        model, n, pipeline = CONFIGS[1]
+        host = os.path.join(tmp, "c1-host.plan")
+        ph = json.load(open(host))
+        pall = json.load(open(os.path.join(tmp, "c1-nvme.plan")))
+        order, _ = units_of(pall)
+        ref, _ = train(host, n, "--steps", "4", "--save", host + ".k")
+        for k in (1, len(order) // 2):
+            plan = os.path.join(tmp, f"units-{k}.plan")
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                                f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                                f"offload-nvme=true offload-nvme-units={k} plan={plan} "
+                                "report=false simulate=true"],
+                               check=True, capture_output=True, text=True)
+            pk = json.load(open(plan))
+            _, disk = units_of(pk)
+            bufs = pk["buffers"]
+            want = sum(bufs[s["buffer"]]["bytes"] for s in pk["states"] if s["unit"] in disk)
+            swapped = sum(bufs[f]["bytes"] for x in pk["program"]
+                          for f, _, _ in x.get("attrs", {}).get("swap", []))
+            got, s = train(plan, n, "--steps", "4", "--save", plan + ".k")
+            report(got == ref and read(plan + ".k") == read(host + ".k")
+                   and disk == set(order[:k]) and pk["memory"]["nvme"]["state"] == want
+                   and swapped == want and s["nvme_read_bytes_per_step"] == want
+                   and pk["memory"]["host"]["state"] == ph["memory"]["host"]["state"] - want,
+                   f"(k) {model} N={n} offload-nvme-units={k}: the state of the first {k} of "
+                   f"{len(order)} units updated ({sorted(disk)}) on disk, {want} B, read a step; "
+                   f"the rest in host memory; losses and parameters bitwise the host plan's")
+            m = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
+            report(m and 0 <= float(m.group(1)) < sd["swap_ms"],
+                   f"(k) {model} N={n} offload-nvme-units={k}: the drive busy "
+                   f"{m.group(1) if m else '?'} ms a step, all units on disk {sd['swap_ms']:.3f}")
+        for k in (0, len(order) + 1):
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                                f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                                f"offload-nvme=true offload-nvme-units={k} report=false"],
+                               capture_output=True, text=True)
+            report(r.returncode != 0 and f"nvme-units={k} must be 1 to {len(order)}" in r.stderr,
+                   f"(k) offload-nvme-units={k} refused: "
+                   f"{(r.stderr.strip().splitlines() or [''])[0][-110:]}")
+        # The search under a host budget that all on disk fits but not half.
+        pinned_k = {}
+        for k in range(1, len(order) + 1):
+            pinned_k[k] = search(f"units-pinned-{k}", "true",
+                                 extra=f"offload-nvme-units={k}")[1]["host_arena_bytes"]
+        fit_k = [k for k in pinned_k if pinned_k[k] < free["host_arena_bytes"]]
+        k_best = min(fit_k)
+        budget_k = (pinned_k[k_best] + free["host_arena_bytes"]) // 2
+        part_plan, part = search("auto-part", "auto", budget_k)
+        pk_strategy = part["strategy"] if part else {}
+        same = all(pk_strategy.get(k) == pinned["strategy"][k] for k in keys if k != "offload_nvme")
+        report(pk_strategy.get("offload_nvme") is True
+               and pk_strategy.get("offload_nvme_units", 0) < len(order)
+               and part["host_arena_bytes"] <= budget_k
+               and pk_strategy["predicted_step_s"] < pinned["strategy"]["predicted_step_s"],
+               f"(k) mlp N=2 under host-memory-budget={budget_k} (host arenas: all state in "
+               f"host memory {free['host_arena_bytes']} B; on disk, by units "
+               f"{dict(sorted(pinned_k.items()))}): the search keeps "
+               f"{pk_strategy.get('offload_nvme_units')} of {len(order)} units' state on "
+               f"disk (host arena {part['host_arena_bytes'] if part else '?'} B), predicted "
+               f"{1e3 * pk_strategy.get('predicted_step_s', 0):.3f} ms against "
+               f"{1e3 * pinned['strategy']['predicted_step_s']:.3f} with all on disk")
+        if part and same:
+            again, _ = search("auto-part-pinned", "true", extra=(
+                f"offload-nvme-units={pk_strategy['offload_nvme_units']}"))
+            a, _ = train(part_plan, 2, "--steps", "4")
+            b2, _ = train(again, 2, "--steps", "4")
+            report(a == b2 and len(a) == 4,
+                   "(k) mlp N=2: the chosen plan trains bitwise as the one compiled with its "
+                   "offload-nvme-units pinned")
 
     return report.finish("all offload-nvme checks passed")
 
