@@ -10,6 +10,16 @@
 // RUN: %python %s.py %t.sgd.plan | FileCheck %s --check-prefix=SGD
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-next-step=true report=false" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NEXT
 // RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload-nvme=true" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NONE
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload="nvme=true nvme-units=1" | FileCheck %s --check-prefix=UNITS
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload="nvme=true nvme-units=3" 2>&1 | FileCheck %s --check-prefix=UNITS3
+
+// nvme-units=1: only the state of the unit updated first (root: its
+// gradient is final first in the backward pass) goes to the swap file.
+// UNITS: fsdp.state @a.exp_avg : tensor<8xf32> of @a kind "exp_avg"{{$}}
+// UNITS-NEXT: fsdp.state @a.exp_avg_sq : tensor<8xf32> of @a kind "exp_avg_sq"{{$}}
+// UNITS-NEXT: fsdp.state @root.exp_avg : tensor<2xf32> of @root kind "exp_avg" {fsdp.nvme}
+// UNITS-NEXT: fsdp.state @root.exp_avg_sq : tensor<2xf32> of @root kind "exp_avg_sq" {fsdp.nvme}
+// UNITS3: error: fsdp-offload: nvme-units=3 must be 1 to 2 (the offloaded trainable units whose state goes to the swap file), or -1 for all
 
 // ZeRO-Infinity's optimizer offload to NVMe (fsdp-offload's nvme): the
 // offloaded units' AdamW moments are marked fsdp.nvme, the frozen unit b
