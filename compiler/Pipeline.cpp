@@ -174,10 +174,12 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // With a memory budget the search applied it to its choice (auto: if
   // it chose it, and next-step as it chose); without one fsdp-offload
   // refuses auto by name, and offload-next-step=auto is false.
-  // offload-nvme without offload reaches fsdp-offload, which says why not.
+  // offload-nvme (or its units) without offload reaches fsdp-offload,
+  // which says why not.
   if ((options.offload != "none" && !searched &&
        (options.memoryBudget.empty() || options.offload != "auto")) ||
-      (options.offloadNvme == AutoBool::True && options.offload == "none")) {
+      ((options.offloadNvme == AutoBool::True || options.offloadNvmeUnits >= 0) &&
+       options.offload == "none")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
     off.overlap = options.overlap && options.offloadOverlap;

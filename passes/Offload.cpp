@@ -44,6 +44,12 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (nvmeUnits >= 0 && !nvme) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: nvme-units=" << nvmeUnits.getValue()
+          << " keeps part of the optimizer state on disk: it needs nvme (offload-nvme=true)";
+      return signalPassFailure();
+    }
     if (mode == "none") {
       if (nvme) {
         mlir::emitError(module.getLoc())

@@ -407,6 +407,9 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   // goes to the smaller host arena).
   if (offloadNvme != "false" && offloadNvme != "true" && offloadNvme != "auto")
     return fail("offload-nvme='" + offloadNvme + "': expected false, true or auto");
+  if (offloadNvmeUnits >= 0 && offloadNvme == "false")
+    return fail("offload-nvme-units=" + std::to_string(offloadNvmeUnits) +
+                " keeps part of the optimizer state on disk: it needs offload-nvme=true or auto");
   nvmeChoices.assign({offloadNvme == "true"});
   if (offloadNvme == "auto")
     nvmeChoices.push_back(true);

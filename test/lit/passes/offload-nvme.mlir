@@ -20,6 +20,12 @@
 // UNITS-NEXT: fsdp.state @root.exp_avg : tensor<2xf32> of @root kind "exp_avg" {fsdp.nvme}
 // UNITS-NEXT: fsdp.state @root.exp_avg_sq : tensor<2xf32> of @root kind "exp_avg_sq" {fsdp.nvme}
 // UNITS3: error: fsdp-offload: nvme-units=3 must be 1 to 2 (the offloaded trainable units whose state goes to the swap file), or -1 for all
+// Without the state on disk the option is an error, not ignored.
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme-units=1" -o /dev/null 2>&1 | FileCheck %s --check-prefix=UNITSOFF
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload-nvme-units=1" -o /dev/null 2>&1 | FileCheck %s --check-prefix=UNITSOFF
+// UNITSOFF: error: fsdp-offload: nvme-units=1 keeps part of the optimizer state on disk: it needs nvme (offload-nvme=true)
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 memory-budget=1GiB offload=optimizer offload-nvme-units=1" -o /dev/null 2>&1 | FileCheck %s --check-prefix=UNITSSEARCH
+// UNITSSEARCH: error: offload-nvme-units=1 keeps part of the optimizer state on disk: it needs offload-nvme=true or auto
 
 // ZeRO-Infinity's optimizer offload to NVMe (fsdp-offload's nvme): the
 // offloaded units' AdamW moments are marked fsdp.nvme, the frozen unit b
