@@ -64,7 +64,8 @@ host arena (offload=optimizer):
 (k) part of the state on disk (offload-nvme-units=K): the state of the
     first K units the step updates is in the swap file, the rest in host
     memory, bitwise the same training, K units' bytes read a step and the
-    drive's predicted time below all-on-disk; K out of range refused; under
+    drive's predicted time below all-on-disk, its checkpoint resuming with
+    the state in host memory bitwise; K out of range refused; under
     a host budget that some K fits but not the state in host memory, the
     search keeps fewer units on disk than all, predicted faster, and its
     plan trains as the one compiled with that K.
@@ -502,6 +503,16 @@ def main():
                    f"(k) {model} N={n} offload-nvme-units={k}: the state of the first {k} of "
                    f"{len(order)} units updated ({sorted(disk)}) on disk, {want} B, read a step; "
                    f"the rest in host memory; losses and parameters bitwise the host plan's")
+            if k > 1:
+                # A checkpoint of part of the state on disk resumes in the
+                # plan with all of it in host memory, bitwise.
+                ck = os.path.join(tmp, f"ck-units-{k}")
+                train(plan, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "4")
+                whole, _ = train(plan, n, "--steps", "8")
+                resumed, _ = train(host, n, "--steps", "8", "--resume", ck)
+                report(resumed == whole[4:] and len(resumed) == 4,
+                       f"(k) {model} N={n} offload-nvme-units={k}: its checkpoint resumes with "
+                       f"the state in host memory, bitwise")
             m = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
             report(m and 0 <= float(m.group(1)) < sd["swap_ms"],
                    f"(k) {model} N={n} offload-nvme-units={k}: the drive busy "
