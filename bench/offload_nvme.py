@@ -24,6 +24,10 @@
    beside the previous update and its write beside the next: [Note: swap
    pipeline]).
 
+3. The same 7B shape on one rank under host-memory-budget 28 to 80 GiB with
+   offload-nvme=auto: how many units' state the search keeps on disk
+   (offload-nvme-units), the predicted step, the host arena and the file.
+
   bench/offload_nvme.py [BIN_DIR] [--steps 12] [--repeats 3] [--nvme-dir DIR] [--skip-cpu]
 """
 import argparse
@@ -216,6 +220,27 @@ def main():
                 row(f"175B-shaped N={n} {tag}",
                     opt(g175, f"optimizer=adamw world-size={n} param-dtype=bf16 "
                               f"memory-budget=80GiB {opts}", check=False))
+
+        print("3. The 7B shape on one rank by host-memory-budget (offload-nvme=auto: the "
+              "search keeps the fewest units' state on disk that fit, offload-nvme-units)")
+        for hb in (28, 40, 48, 56, 64, 80):
+            plan = os.path.join(tmp, f"l7-{hb}.plan")
+            r = opt(l7, f"optimizer=adamw param-dtype=bf16 memory-budget=80GiB offload=optimizer "
+                        f"offload-nvme=auto host-memory-budget={hb}GiB", plan,
+                    check=False)
+            if r.returncode:
+                print(f"  {hb} GiB: nothing fits")
+                continue
+            with open(plan) as f:
+                p = json.load(f)
+            st = p["strategy"]
+            print(f"  {hb:3d} GiB: "
+                  + (f"state on disk, {st['offload_nvme_in_flight']} in flight, "
+                     f"{st['offload_nvme_units']} units there" if st["offload_nvme"]
+                     else "state in host memory")
+                  + f"; step {1e3 * st['predicted_step_s']:.1f} ms, host arena "
+                  f"{gib(p['host_arena_bytes']):.2f} GiB, swap file "
+                  f"{gib(p.get('nvme_bytes', 0)):.2f} GiB")
 
 
 if __name__ == "__main__":
