@@ -296,9 +296,12 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
       tcp ? freePort() : 0, backend);
   EXPECT_EQ(err, "");
   for (int r : {0, 2}) {
-    EXPECT_NE(messages[r].find("collective #4 (all_reduce): rank 1 did not arrive: "
-                               "it is alive but still computing after collective "
-                               "#3 (all_reduce)"),
+    // (On a loaded host the message may also say, between the two, that
+    // this rank itself was starved of CPU: true then, and beside the
+    // point here.)
+    EXPECT_NE(messages[r].find("collective #4 (all_reduce): "), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("rank 1 did not arrive: it is alive but still computing after "
+                               "collective #3 (all_reduce)"),
               std::string::npos)
         << messages[r];
     EXPECT_EQ(messages[r].find("rank 0 did not arrive"), std::string::npos) << messages[r];
