@@ -28,7 +28,16 @@
    offload-nvme=auto: how many units' state the search keeps on disk
    (offload-nvme-units), the predicted step, the host arena and the file.
 
+4. Reads ahead (offload-nvme-read-ahead=R: each update's state read from
+   where the update R before it is issued, the first R from the step's
+   start): measured on this machine, the MLP (hidden 256 x 8 blocks, batch
+   64, one rank) with the state on disk at R = 0, 1, 2 in one run
+   (alternating, median ms/step, the ratio to R = 0), the host arena and
+   fsdp-sim's prediction on this machine's profile; predicted for the 7B
+   shape on one H100 rank and the 175B shape on 64, R = 0, 1, 2.
+
   bench/offload_nvme.py [BIN_DIR] [--steps 12] [--repeats 3] [--nvme-dir DIR] [--skip-cpu]
+                        [--parts 1,2,3,4]
 """
 import argparse
 import json
@@ -52,7 +61,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--nvme-dir", default=None)
     ap.add_argument("--skip-cpu", action="store_true")
+    ap.add_argument("--parts", default="1,2,3,4")
     a = ap.parse_args()
+    parts = {int(x) for x in a.parts.split(",")}
     b = lambda t: os.path.join(a.bindir, t)
     gib = lambda x: x / 2**30
 
@@ -74,7 +85,7 @@ def main():
             subprocess.run([sys.executable, GEN] + list(args) + ["-o", path], check=True)
             return path
 
-        if not a.skip_cpu:
+        if not a.skip_cpu and 1 in parts:
             fs = subprocess.run(["stat", "-f", "-c", "%T", swapdir], capture_output=True,
                                 text=True).stdout.strip()
             print(f"1. CPU ranks, measured (--nvme-dir {swapdir}, file system {fs}; median "
@@ -184,7 +195,10 @@ def main():
                           f"{c['compute']['nvme_duplex_read_share']:.2f} / "
                           f"{c['compute']['nvme_duplex_write_share']:.2f})")
 
-        print("2. H100 ranks, predicted (h100 profile, memory-budget=80GiB)")
+        l7 = gen("l7", "gpt", "--vocab", "32000", "--ctx", "4096", "--layers", "32",
+                 "--heads", "32", "--width", "4096", "--batch", "1")
+        g175 = gen("g175", "gpt", "--vocab", "50257", "--ctx", "2048", "--layers", "96",
+                   "--heads", "96", "--width", "12288", "--batch", "1")
 
         def row(label, r):
             err = re.search(r"smallest peak reachable is ([0-9.]+ GiB)", r.stderr)
@@ -206,24 +220,23 @@ def main():
                   f"{float(hostup.group(1)) if hostup else 0:10.1f} ms  swaps "
                   f"{float(drive.group(1)) if drive else 0:10.1f} ms"
                   + (f"  [{chose.group(1)}]" if chose else ""))
-        l7 = gen("l7", "gpt", "--vocab", "32000", "--ctx", "4096", "--layers", "32",
-                 "--heads", "32", "--width", "4096", "--batch", "1")
-        for n in (1, 8):
+        if 2 in parts:
+            print("2. H100 ranks, predicted (h100 profile, memory-budget=80GiB)")
+        for n in ((1, 8) if 2 in parts else ()):
             for tag, opts in VARIANTS:
                 row(f"7B-shaped N={n} {tag}",
                     opt(l7, f"optimizer=adamw world-size={n} param-dtype=bf16 "
                             f"memory-budget=80GiB {opts}", check=False))
-        g175 = gen("g175", "gpt", "--vocab", "50257", "--ctx", "2048", "--layers", "96",
-                   "--heads", "96", "--width", "12288", "--batch", "1")
-        for n in (16, 64):
+        for n in ((16, 64) if 2 in parts else ()):
             for tag, opts in VARIANTS:
                 row(f"175B-shaped N={n} {tag}",
                     opt(g175, f"optimizer=adamw world-size={n} param-dtype=bf16 "
                               f"memory-budget=80GiB {opts}", check=False))
 
-        print("3. The 7B shape on one rank by host-memory-budget (offload-nvme=auto: the "
-              "search keeps the fewest units' state on disk that fit, offload-nvme-units)")
-        for hb in (28, 40, 48, 56, 64, 80):
+        if 3 in parts:
+            print("3. The 7B shape on one rank by host-memory-budget (offload-nvme=auto: the "
+                  "search keeps the fewest units' state on disk that fit, offload-nvme-units)")
+        for hb in ((28, 40, 48, 56, 64, 80) if 3 in parts else ()):
             plan = os.path.join(tmp, f"l7-{hb}.plan")
             r = opt(l7, f"optimizer=adamw param-dtype=bf16 memory-budget=80GiB offload=optimizer "
                         f"offload-nvme=auto host-memory-budget={hb}GiB", plan,
@@ -236,11 +249,60 @@ def main():
             st = p["strategy"]
             print(f"  {hb:3d} GiB: "
                   + (f"state on disk, {st['offload_nvme_in_flight']} in flight, "
+                     f"{st['offload_nvme_read_ahead']} read ahead, "
                      f"{st['offload_nvme_units']} units there" if st["offload_nvme"]
                      else "state in host memory")
                   + f"; step {1e3 * st['predicted_step_s']:.1f} ms, host arena "
                   f"{gib(p['host_arena_bytes']):.2f} GiB, swap file "
                   f"{gib(p.get('nvme_bytes', 0)):.2f} GiB")
+
+        if 4 not in parts:
+            return
+        print("4. Reads ahead (offload-nvme-read-ahead=R, the state on disk)")
+        aheads = (0, 1, 2)
+        if not a.skip_cpu:
+            model = gen("mlp-ra", "mlp", "--hidden", "256", "--blocks", "8", "--batch", "64")
+            out = subprocess.run([b("fsdp-run"), "--calibrate", "--nvme-dir", swapdir],
+                                 check=True, capture_output=True, text=True).stdout
+            prof = os.path.join(tmp, "cpu1-ra.json")
+            with open(prof, "w") as f:
+                f.write(out[out.index("{"):])
+            plans = {}
+            for r in aheads:
+                plans[r] = os.path.join(tmp, f"mlp-ra{r}.plan")
+                opt(model, "optimizer=adamw world-size=1 stage=3 offload=optimizer "
+                           f"offload-nvme=true offload-nvme-read-ahead={r}", plans[r])
+            times = {r: [] for r in aheads}
+            last = {}
+            for _ in range(a.repeats):
+                for r in aheads:
+                    out = subprocess.run(
+                        [b("fsdp-run"), plans[r], "--steps", str(a.steps), "--threads", "1",
+                         "--json", "--nvme-dir", swapdir], check=True, capture_output=True,
+                        text=True).stdout
+                    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+                    times[r] += [x["ms"] for x in rows if "step" in x and "ms" in x][1:]
+                    last[r] = [x for x in rows if x.get("summary")][0]
+            med = {r: statistics.median(v) for r, v in times.items()}
+            for r in aheads:
+                s = last[r]
+                d = json.loads(subprocess.run([sys.executable, SIM, plans[r], "--profile", prof,
+                                               "--json"], check=True, capture_output=True,
+                                              text=True).stdout)
+                d = d[0] if isinstance(d, list) else d
+                ok = (s["measured_host_high_water"] == s["predicted_host_peak"] and
+                      s["measured_high_water"] == s["predicted_peak"])
+                print(f"  mlp 256x8 N=1 R={r}: {med[r]:.2f} ms/step (x{med[r] / med[0]:.3f} of "
+                      f"R=0), host arena {s['predicted_host_peak']:,} B (measured == predicted: "
+                      f"{'yes' if ok else 'NO'}), {s.get('nvme_io', '?')} I/O; predicted on "
+                      f"this machine's profile {d['step_ms']:.2f} ms/step (measured "
+                      f"x{med[r] / d['step_ms']:.2f}), the drive busy {d['swap_ms']:.2f} ms")
+        for label, model, n in (("7B-shaped N=1", l7, 1), ("175B-shaped N=64", g175, 64)):
+            for r in aheads:
+                row(f"{label} R={r}",
+                    opt(model, f"optimizer=adamw world-size={n} param-dtype=bf16 "
+                               f"memory-budget=80GiB offload=optimizer offload-nvme=true "
+                               f"offload-nvme-read-ahead={r}", check=False))
 
 
 if __name__ == "__main__":

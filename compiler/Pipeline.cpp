@@ -48,6 +48,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadNvme = autoBoolName(options.offloadNvme);
   if (options.offloadNvmeInFlight.hasValue())
     search.offloadNvmeInFlight = options.offloadNvmeInFlight;
+  if (options.offloadNvmeReadAhead.hasValue())
+    search.offloadNvmeReadAhead = options.offloadNvmeReadAhead;
   search.offloadNvmeUnits = options.offloadNvmeUnits;
   if (options.offloadPrefetchDepth.hasValue())
     search.offloadPrefetchDepth = options.offloadPrefetchDepth;
@@ -187,6 +189,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.nextStep = options.offloadNextStep == AutoBool::True;
     off.nvme = options.offloadNvme == AutoBool::True;
     off.nvmeInFlight = options.offloadNvmeInFlight;
+    off.nvmeReadAhead = options.offloadNvmeReadAhead;
     off.nvmeUnits = options.offloadNvmeUnits;
     off.prefetchDepth = options.offloadPrefetchDepth;
     pm.addPass(createFsdpOffload(off));

@@ -233,6 +233,18 @@ struct FsdpPipelineOptions
                      "with memory-budget: the search also tries 1 where only "
                      "that fits host-memory-budget"),
       llvm::cl::init(2)};
+  Option<unsigned> offloadNvmeReadAhead{
+      *this, "offload-nvme-read-ahead",
+      llvm::cl::desc("with offload-nvme: each update's state is read from the "
+                     "swap file this many updates on disk ahead of its own "
+                     "(0 to 8, default 1): from where that earlier update is "
+                     "issued, the first ones from the step's start, so the "
+                     "drive reads during the forward pass and ahead of the "
+                     "gradients, for this many more updates' staging in host "
+                     "memory; 0 reads once compute reaches the update. Unset "
+                     "with memory-budget: the search also tries 0 where only "
+                     "that fits host-memory-budget"),
+      llvm::cl::init(1)};
   Option<int64_t> offloadNvmeUnits{
       *this, "offload-nvme-units",
       llvm::cl::desc("with offload-nvme: how many offloaded trainable units keep "

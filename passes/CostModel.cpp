@@ -412,6 +412,9 @@ struct Item {
   /// An async host update's swaps (offload-nvme): seconds reading its state
   /// from the drive before it and writing it back after.
   double readS = 0, writeS = 0;
+  /// Its reads issued ahead (nvme-read-ahead): once compute has passed
+  /// this item; -1: when it is issued.
+  int64_t readAt = -1;
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -647,8 +650,23 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     // step leaves running are not: one step's worth.)
     r = StepPrediction();
   };
+  // Reads ahead (nvme-read-ahead), by the item compute passes first.
+  std::vector<std::pair<int64_t, size_t>> ahead;
+  for (size_t k = 0; k < prog.size(); ++k)
+    if (prog[k].readS > 0 && prog[k].readAt >= 0)
+      ahead.push_back({prog[k].readAt, k});
+  llvm::stable_sort(ahead, [](auto &a, auto &b) { return a.first < b.first; });
+  size_t nextAhead = 0;
+  auto issueAhead = [&] {
+    for (; nextAhead < ahead.size() && ahead[nextAhead].first < int64_t(i); ++nextAhead) {
+      ins.push_back({ahead[nextAhead].second, prog[ahead[nextAhead].second].readS, -1.0});
+      reading.insert(ahead[nextAhead].second);
+    }
+  };
   for (;;) {
+    issueAhead();
     while (!running && !blockedOn && !blockedSync && !blockedBarrier && i < prog.size()) {
+      issueAhead();
       const Item &it = prog[i];
       if (it.kind == Item::Barrier) {
         if (queue.empty() && copies.empty())
@@ -669,7 +687,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         ++i;
       } else if (it.kind == Item::Host || it.kind == Item::Copy) {
         (it.kind == Item::Host ? host : copies).push_back({i, it.cost, -1.0});
-        if (it.readS > 0) {
+        if (it.readS > 0 && it.readAt < 0) {
           ins.push_back({i, it.readS, -1.0});
           reading.insert(i);
         }
@@ -691,6 +709,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         curStart = t;
       }
     }
+    issueAhead();
     // A copy-stream join at the copy stream's front passes once what it
     // waits for is done; until then the copies behind it wait.
     auto isJoin = [&](const Queued &q) { return prog[q.index].kind == Item::Wait; };
@@ -816,10 +835,12 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
   // storage aliases, set_grad and the return are none).
   SmallVector<Item> prog;
   bool carried = false;
+  llvm::DenseMap<Operation *, size_t> itemOf;
   for (Operation &opRef : step.getBody().front()) {
     Operation *op = &opRef;
     if (isa<func::ReturnOp, SetGradOp>(op) || isStorageAlias(op))
       continue;
+    itemOf[op] = prog.size();
     if (auto w = dyn_cast<WaitOp>(op); w && w->hasAttr("carried")) {
       // fsdp-offload's next-step join: keyed by the update it joins.
       Operation *u = plan.carried.lookup(op);
@@ -834,6 +855,10 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
     else
       prog.push_back(costing.compute(op));
   }
+  // nvme-read-ahead: where each read is issued (an earlier item).
+  for (auto [op, from] : plan.swapReadAt)
+    if (auto a = itemOf.find(op), f = itemOf.find(from); a != itemOf.end() && f != itemOf.end())
+      prog[a->second].readAt = int64_t(f->second);
   if (carried) {
     // Updates joined in the next step: the steady state is the second of
     // two steps (the first joins nothing, as the runtime's first step),
@@ -841,6 +866,10 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
     // compute, the collectives and the copies but not the host stream.
     SmallVector<Item> once(prog);
     prog.push_back({Item::Barrier, 0, false, Value()});
+    const int64_t second = int64_t(prog.size());
+    for (Item &it : once)
+      if (it.readAt >= 0)
+        it.readAt += second;
     prog.append(once.begin(), once.end());
     prog.push_back({Item::Barrier, 0, false, Value()});
   }

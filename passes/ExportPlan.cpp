@@ -352,6 +352,9 @@ LogicalResult programJson(ModuleOp module, func::FuncOp step, const MemoryPlan &
           swaps.push_back(json::Array{sw.file, sw.staging, sw.write});
         }
         attrs["swap"] = std::move(swaps);
+        // nvme-read-ahead: the reads issued after that earlier instruction.
+        if (Operation *from = plan.swapReadAt.lookup(&op))
+          attrs["swap_read_at"] = plan.instrIndex.lookup(from);
       }
       instr["attrs"] = std::move(attrs);
     }

@@ -811,6 +811,27 @@ LogicalResult MemoryPlanner::planSwaps() {
     if (!swaps.empty())
       plan.swaps[&op] = std::move(swaps);
   }
+  // fsdp-offload's nvme-read-ahead R: the reads of the k-th swapping
+  // instruction are issued after the (k-R)-th, the first R's after the
+  // step's first instruction, so the drive reads ahead of the gradients
+  // (and during the forward pass) instead of from when compute reaches
+  // each update; computeLiveness widens the staging back to there.
+  int64_t ahead = 0;
+  if (auto a = module->getAttrOfType<IntegerAttr>(kNvmeReadAheadAttrName))
+    ahead = a.getInt();
+  if (ahead > 0) {
+    SmallVector<Operation *> order;
+    Operation *first = nullptr;
+    for (Operation &op : body->without_terminator()) {
+      if (!first && plan.instrIndex.count(&op))
+        first = &op;
+      if (plan.swaps.count(&op) && op.hasAttr("async")) // (one joined at once: its own)
+        order.push_back(&op);
+    }
+    for (size_t k = 0; k < order.size(); ++k)
+      if (Operation *at = k >= size_t(ahead) ? order[k - ahead] : first; at && at != order[k])
+        plan.swapReadAt[order[k]] = at;
+  }
   return success();
 }
 
@@ -907,6 +928,8 @@ void MemoryPlanner::computeLiveness() {
       for (Value v : op.getOperands())
         touch(v, at >= 0 ? at : end);
     touchStaging(&op, at);
+    if (Operation *from = plan.swapReadAt.lookup(&op))
+      touchStaging(&op, plan.instrIndex.lookup(from));
     // An async collective reads its input until its wait returns; an
     // async host update (fsdp-offload's overlap) every operand. One joined
     // in the next step (carried) reads them from where the step issues it

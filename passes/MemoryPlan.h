@@ -129,6 +129,11 @@ struct MemoryPlan {
   /// state is staging) and the most staging bytes live at once.
   int64_t hostPersistentState = 0, hostStagingPeak = 0;
   llvm::DenseMap<Operation *, SmallVector<PlannedSwap>> swaps;
+  /// fsdp-offload's nvme-read-ahead: the instruction after which each
+  /// swapping instruction's reads are issued, earlier than it (absent: at
+  /// the instruction, once compute reaches it); its staging buffers are
+  /// live from there (the plan's "swap_read_at").
+  llvm::DenseMap<Operation *, Operation *> swapReadAt;
   /// fsdp-offload's next-step: each carried `fsdp.wait` and the async host
   /// update it joins (found once per plan: carriedJoins).
   llvm::DenseMap<Operation *, Operation *> carried;

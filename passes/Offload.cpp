@@ -76,6 +76,13 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
                                        << " must be 1 to 8 (the async updates in flight at once)";
       return signalPassFailure();
     }
+    if (nvme && nvmeReadAhead > 8) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: nvme-read-ahead=" << nvmeReadAhead.getValue()
+          << " must be 0 to 8 (the updates on disk ahead of its own each update's state is "
+             "read)";
+      return signalPassFailure();
+    }
     if (prefetch && (prefetchDepth < 1 || prefetchDepth > 8)) {
       mlir::emitError(module.getLoc())
           << "fsdp-offload: prefetch-depth=" << prefetchDepth.getValue()
@@ -286,6 +293,9 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     for (StateOp s : module.getOps<StateOp>())
       if (onDisk.contains(s.getParam()))
         s->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
+    // Where each read starts (fsdp-plan-memory places it).
+    module->setAttr(kNvmeReadAheadAttrName,
+                    IntegerAttr::get(IntegerType::get(&getContext(), 64), nvmeReadAhead));
   }
 
   /// The storage symbol `v` reads, through views of it.

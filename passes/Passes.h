@@ -43,6 +43,10 @@ constexpr llvm::StringLiteral kOnHostAttrName = "fsdp.on_host";
 /// file (on fsdp.state): fsdp-plan-memory gives it a file offset instead of
 /// an arena's and each host instruction reading it a staging buffer.
 constexpr llvm::StringLiteral kNvmeAttrName = "fsdp.nvme";
+/// On the module, with fsdp.nvme state: fsdp-offload's nvme-read-ahead,
+/// how many updates on disk ahead each one's state is read
+/// (fsdp-plan-memory's swap read points).
+constexpr llvm::StringLiteral kNvmeReadAheadAttrName = "fsdp.nvme_read_ahead";
 /// Marks the forward ops fsdp-recompute cloned into the backward pass.
 constexpr llvm::StringLiteral kRecomputeAttrName = "fsdp.recompute";
 /// On @train_step after fsdp-grad-accum: {micro_batches = K, reduce = "step"

@@ -591,6 +591,13 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     the least host memory. The host arena holds the master shards, the gradient copies and
     two updates' state in flight instead of all of it: about 4 bytes a
     parameter instead of 12 for AdamW.
+    `nvme-read-ahead=R` (default 1) issues each update's read R updates
+    on disk ahead, where the update R before it is issued (the first R at
+    the step's start, so the drive reads during the forward pass instead
+    of idling until the first gradient): fsdp-plan-memory keeps the
+    staging buffer live from there (the plan's `swap_read_at`), R more
+    updates' staging in the host arena; 0 reads once compute reaches the
+    update.
     `nvme-units=K` keeps only the state of the first K offloaded trainable
     units the step updates on disk (the backward pass's first: their
     swaps have the most of it left to hide behind) and the rest in the
@@ -639,6 +646,12 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "one this many after it is issued (1 to 8; 1: the least host "
            "memory, the drive idle during each update; 2: the next one's "
            "state is read while one runs, for one more update's staging)">,
+    Option<"nvmeReadAhead", "nvme-read-ahead", "unsigned", /*default=*/"1",
+           "with nvme: each update's state is read from the swap file this "
+           "many updates on disk ahead of its own (0 to 8): from where the "
+           "update this many before it is issued, the first ones from the "
+           "step's start (beside the forward pass), each one more update's "
+           "staging in host memory; 0: from when compute reaches the update">,
     Option<"nvmeUnits", "nvme-units", "int64_t", /*default=*/"-1",
            "with nvme: how many offloaded trainable units keep their state in "
            "the swap file, the first ones the step updates; the rest keep it "
@@ -853,7 +866,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     recompute, recompute_units, reshard_after_forward, reshard_units,
     reshard_group, prefetch_depth, offload, offload_activations,
     offload_next_step, offload_prefetch, offload_prefetch_depth,
-    offload_nvme, offload_nvme_in_flight, offload_nvme_units, predicted_step_s, exposed_comm_pct, peak, budget,
+    offload_nvme, offload_nvme_in_flight, offload_nvme_read_ahead, offload_nvme_units,
+    predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -892,6 +906,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeInFlight", "offload-nvme-in-flight", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-in-flight for the candidates with the state "
            "on disk (-1: 2, then 1 where only that fits host-memory-budget)">,
+    Option<"offloadNvmeReadAhead", "offload-nvme-read-ahead", "int64_t", /*default=*/"-1",
+           "pin fsdp-offload's nvme-read-ahead for the candidates with the "
+           "state on disk (-1: 1, then 0 with one update in flight where only "
+           "that fits host-memory-budget)">,
     Option<"offloadNvmeUnits", "offload-nvme-units", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-units for the candidates with the state on "
            "disk (-1: all, and with host-memory-budget the fewest that fit)">,

@@ -65,6 +65,8 @@ struct Choice {
   bool nvme = false;
   /// fsdp-offload's nvme-in-flight: with nvme, the async updates in flight.
   int64_t nvmeInFlight = 2;
+  /// fsdp-offload's nvme-read-ahead: with nvme, the updates each read runs ahead.
+  int64_t nvmeReadAhead = 1;
   /// fsdp-offload's nvme-units: with nvme, the units keeping their state
   /// on disk, the first ones updated (-1: all).
   int64_t nvmeUnits = -1;
@@ -81,7 +83,8 @@ struct Choice {
            (offload != "none" ? std::string(" offload-prefetch=") + (prefetch ? "true" : "false")
                               : "") +
            (prefetch ? " offload-prefetch-depth=" + std::to_string(copiesInFlight) : "") +
-           (nvme ? " offload-nvme=true offload-nvme-in-flight=" + std::to_string(nvmeInFlight)
+           (nvme ? " offload-nvme=true offload-nvme-in-flight=" + std::to_string(nvmeInFlight) +
+                       " offload-nvme-read-ahead=" + std::to_string(nvmeReadAhead)
                  : "") +
            (nvme && nvmeUnits >= 0 ? " offload-nvme-units=" + std::to_string(nvmeUnits) : "");
   }
@@ -171,6 +174,7 @@ struct SearchSchedulePass
     o.nextStep = c.nextStep;
     o.nvme = c.nvme;
     o.nvmeInFlight = c.nvmeInFlight;
+    o.nvmeReadAhead = c.nvmeReadAhead;
     // (pinned: at most the units this candidate's grouping has)
     int64_t trainable = 0;
     for (UnitOp u : m.getOps<UnitOp>())
@@ -473,6 +477,7 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
                                  nv && off != "none",
                                  offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2,
+                                 offloadNvmeReadAhead >= 0 ? int64_t(offloadNvmeReadAhead) : 1,
                                  nv && off != "none" ? int64_t(offloadNvmeUnits) : -1};
                   bool last = depth == depths.back() && acts == activationChoices.back() &&
                               ns == nextSteps.back() && pf == prefetches.back() &&
@@ -512,7 +517,8 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
-           a.nvmeInFlight == b.nvmeInFlight && a.nvmeUnits == b.nvmeUnits;
+           a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
+           a.nvmeUnits == b.nvmeUnits;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -649,13 +655,14 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
 /// Updates in flight with the state on disk (fsdp-offload's
 /// nvme-in-flight), unless pinned. The candidates have 2: one unit's state
 /// read while the previous unit's update runs. The fastest such candidates
-/// that fit the device but not host-memory-budget are tried with 1 (one
-/// update's staging and gradient copy less in the host arena, the drive
-/// idle during each update) and kept where that fits. (More than 2 is not
+/// that fit the device but not host-memory-budget are tried with 1 and no
+/// read ahead (nvme-read-ahead=0; each unpinned: two updates' staging and
+/// one gradient copy less in the host arena, the drive idle during each
+/// update and until compute reaches it) and kept where that fits. (More than 2 is not
 /// tried: with the drive shared by reads and writes it bounds the step
 /// already at 2 in every model priced so far, docs/BENCHMARKS.md.)
 LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
-  if (offloadNvmeInFlight >= 0)
+  if (offloadNvmeInFlight >= 0 && offloadNvmeReadAhead >= 0)
     return success();
   std::vector<size_t> tight;
   for (size_t i = 0; i < leaves.size(); ++i)
@@ -669,7 +676,10 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
   int kept = 0;
   for (size_t t = 0; t < tight.size() && t < 8 && kept < 3; ++t) {
     Leaf leaf = leaves[tight[t]];
-    leaf.choice.nvmeInFlight = 1;
+    if (offloadNvmeInFlight < 0)
+      leaf.choice.nvmeInFlight = 1;
+    if (offloadNvmeReadAhead < 0)
+      leaf.choice.nvmeReadAhead = 0;
     if (!evaluate(leaf))
       return failure();
     if (fits(leaf)) {
@@ -694,8 +704,9 @@ static int64_t unitsOnDisk(ModuleOp m) {
 /// state on disk that fit are tried with fewer units there, the fewest
 /// that still fit (halving the range: the host arena grows as units come
 /// back to it), which keeps the rest in host memory and takes their swaps
-/// off the drive. Without a host budget the state stays on disk whole, as
-/// offload-nvme asked.
+/// off the drive; and so again without the read ahead (nvme-read-ahead=0,
+/// unless pinned), whose staging may be what keeps a unit out. Without a
+/// host budget the state stays on disk whole, as offload-nvme asked.
 LogicalResult SearchSchedulePass::tuneNvmeUnits() {
   if (offloadNvmeUnits >= 0 || hostBudget < 0)
     return success();
@@ -711,23 +722,32 @@ LogicalResult SearchSchedulePass::tuneNvmeUnits() {
     OwningOpRef<ModuleOp> m = build(base.choice);
     if (!m)
       return failure();
-    // All of them fit; find the fewest that do.
-    int64_t lo = 1, hi = unitsOnDisk(*m);
-    std::optional<Leaf> fewest;
-    while (lo < hi) {
-      Leaf l = base;
-      l.choice.nvmeUnits = lo + (hi - lo) / 2;
-      if (!evaluate(l))
-        return failure();
-      if (fits(l)) {
-        hi = l.choice.nvmeUnits;
-        fewest = l;
-      } else {
-        lo = l.choice.nvmeUnits + 1;
+    // All of them fit; find the fewest that do. Unless pinned, also
+    // without the read ahead: its staging is host memory the units
+    // brought back to it may need more (a unit in host memory saves the
+    // drive more time than a read ahead hides).
+    SmallVector<int64_t, 2> aheads{base.choice.nvmeReadAhead};
+    if (offloadNvmeReadAhead < 0 && base.choice.nvmeReadAhead > 0)
+      aheads.push_back(0);
+    for (int64_t ahead : aheads) {
+      int64_t lo = 1, hi = unitsOnDisk(*m);
+      std::optional<Leaf> fewest;
+      while (lo < hi) {
+        Leaf l = base;
+        l.choice.nvmeReadAhead = ahead;
+        l.choice.nvmeUnits = lo + (hi - lo) / 2;
+        if (!evaluate(l))
+          return failure();
+        if (fits(l)) {
+          hi = l.choice.nvmeUnits;
+          fewest = l;
+        } else {
+          lo = l.choice.nvmeUnits + 1;
+        }
       }
+      if (fewest)
+        leaves.push_back(*fewest);
     }
-    if (fewest)
-      leaves.push_back(*fewest);
   }
   return success();
 }
@@ -855,6 +875,8 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("offload_nvme", b.getBoolAttr(c.nvme)),
           b.getNamedAttr("offload_nvme_in_flight",
                          b.getI64IntegerAttr(c.nvme ? c.nvmeInFlight : 0)),
+          b.getNamedAttr("offload_nvme_read_ahead",
+                         b.getI64IntegerAttr(c.nvme ? c.nvmeReadAhead : 0)),
           // the units whose state is on disk (all of them unless the
           // search or offload-nvme-units kept some in host memory)
           b.getNamedAttr("offload_nvme_units", b.getI64IntegerAttr(unitsOnDisk(module))),

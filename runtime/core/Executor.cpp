@@ -180,12 +180,25 @@ Status Executor::writeBuffer(int64_t id, const void *host) {
 // A failed read fails the update and the write behind it (a wait between
 // host threads carries the failure): state the read did not bring is never
 // updated nor written back.
+//
+// With a read ahead (the plan's swap_read_at, offload-nvme's read-ahead)
+// the reads are issued after an earlier instruction instead, with compute's
+// event there as `ready` (the memory plan keeps the staging live from
+// there), and the update's host-stream work waits for that read: the drive
+// reads the next units' state while compute is still on the gradients (and
+// the first ones' during the forward pass) instead of idling until
+// compute reaches each update. Reads are issued in program order either
+// way, so the swap-in stream's queue is the updates' order.
 void Executor::prepareSwaps() {
   swapIo.assign(plan.program.size(), nullptr);
+  readsAfter.assign(plan.program.size(), {});
+  readAhead.clear();
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &inst = plan.program[i];
     if (inst.swaps.empty())
       continue;
+    if (inst.swapReadAt >= 0)
+      readsAfter[inst.swapReadAt].push_back((int64_t)i);
     auto io = std::make_shared<SwapIo>();
     for (const Swap &s : inst.swaps) {
       const Buffer &f = plan.buffers[s.file];
@@ -194,6 +207,61 @@ void Executor::prepareSwaps() {
     }
     swapIo[i] = std::move(io);
   }
+}
+
+std::function<Status()> Executor::swapTransfer(int64_t index, bool write, bool traced) {
+  // One direction's transfers of an instruction, as stream work; with
+  // --trace a span on that direction's track.
+  return [this, file = swap.get(), io = swapIo[index], index, step = currentStep, traced,
+          write]() -> Status {
+    const double start = traced ? nowUs() : 0;
+    for (const SwapIo::Part &p : io->parts)
+      if (!write)
+        FSDP_RETURN_IF_ERROR(file->swapIn(p.offset, p.staging, p.bytes));
+      else if (p.write)
+        FSDP_RETURN_IF_ERROR(file->swapOut(p.offset, p.staging, p.bytes));
+    if (traced) {
+      std::lock_guard<std::mutex> l(traceMu);
+      commEvents.push_back({write ? "swap_out" : "swap_in", write ? kSwapOutTrack : kSwapInTrack,
+                            step, index, start, nowUs() - start});
+    }
+    return Status::ok();
+  };
+}
+
+Status Executor::issueSwapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read) {
+  if (!swap)
+    return FSDP_ERROR(plan.program[index].op,
+                      " reads optimizer state from the swap file, which is not open");
+  Stream &in = dev.swapInStream();
+  FSDP_RETURN_IF_ERROR(dev.wait(in, ready));
+  // After the last write of the state it reads, if still in flight (one
+  // write's event guards every part it wrote: waited for once).
+  const Event *waited = nullptr;
+  for (const SwapIo::Part &p : swapIo[index]->parts)
+    if (auto w = lastSwapWrite.find(p.file); w != lastSwapWrite.end()) {
+      if (w->second.get() != waited)
+        FSDP_RETURN_IF_ERROR(dev.wait(in, *w->second));
+      waited = w->second.get();
+      lastSwapWrite.erase(w);
+    }
+  dev.enqueue(in, swapTransfer(index, false, tracing));
+  read = dev.record(in);
+  return Status::ok();
+}
+
+Status Executor::readAheadAfter(int64_t i) {
+  if (readsAfter[i].empty())
+    return Status::ok();
+  // Compute's event after instruction i: every earlier user of the
+  // staging's bytes is joined by then (the plan keeps it live from i).
+  std::unique_ptr<Event> ready = dev.record(dev.computeStream());
+  for (int64_t k : readsAfter[i]) {
+    std::unique_ptr<Event> read;
+    FSDP_RETURN_IF_ERROR(issueSwapReads(k, *ready, read));
+    readAhead[k] = std::move(read);
+  }
+  return Status::ok();
 }
 
 Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
@@ -205,39 +273,16 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   const SwapFile *file = swap.get();
   if (io && !file)
     return FSDP_ERROR(inst.op, " reads optimizer state from the swap file, which is not open");
-  Stream &in = dev.swapInStream(), &out = dev.swapOutStream();
-  // One direction's transfers of this instruction, as stream work; with
-  // --trace a span on that direction's track.
-  auto transfer = [this, file, io, index, step = currentStep,
-                   traced = span != nullptr](bool write) {
-    return [this, file, io, index, step, traced, write]() -> Status {
-      const double start = traced ? nowUs() : 0;
-      for (const SwapIo::Part &p : io->parts)
-        if (!write)
-          FSDP_RETURN_IF_ERROR(file->swapIn(p.offset, p.staging, p.bytes));
-        else if (p.write)
-          FSDP_RETURN_IF_ERROR(file->swapOut(p.offset, p.staging, p.bytes));
-      if (traced) {
-        std::lock_guard<std::mutex> l(traceMu);
-        commEvents.push_back({write ? "swap_out" : "swap_in", write ? kSwapOutTrack : kSwapInTrack,
-                              step, index, start, nowUs() - start});
-      }
-      return Status::ok();
-    };
-  };
+  Stream &out = dev.swapOutStream();
   if (io) {
-    FSDP_RETURN_IF_ERROR(dev.wait(in, ready));
-    // (One write's event guards every part it wrote: waited for once.)
-    const Event *waited = nullptr;
-    for (const SwapIo::Part &p : io->parts)
-      if (auto w = lastSwapWrite.find(p.file); w != lastSwapWrite.end()) {
-        if (w->second.get() != waited)
-          FSDP_RETURN_IF_ERROR(dev.wait(in, *w->second));
-        waited = w->second.get();
-        lastSwapWrite.erase(w);
-      }
-    dev.enqueue(in, transfer(false));
-    std::unique_ptr<Event> read = dev.record(in);
+    // Read ahead after an earlier instruction, or now.
+    std::unique_ptr<Event> read;
+    if (auto it = readAhead.find(index); it != readAhead.end()) {
+      read = std::move(it->second);
+      readAhead.erase(it);
+    } else {
+      FSDP_RETURN_IF_ERROR(issueSwapReads(index, ready, read));
+    }
     FSDP_RETURN_IF_ERROR(dev.wait(hostStream, *read));
   }
   if (span)
@@ -259,7 +304,7 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   if (!io || !io->writes)
     return Status::ok();
   FSDP_RETURN_IF_ERROR(dev.wait(out, *done));
-  dev.enqueue(out, transfer(true));
+  dev.enqueue(out, swapTransfer(index, true, span != nullptr));
   done = dev.record(out);
   std::shared_ptr<Event> written = dev.record(out);
   for (const SwapIo::Part &p : io->parts)
@@ -452,6 +497,10 @@ Status Executor::init(uint64_t seed) {
       if (it != asyncInputs.end())
         touched.insert(touched.end(), it->second.begin(), it->second.end());
     }
+    // A read ahead fills its staging from the earlier instruction on.
+    if (inst.swapReadAt >= 0)
+      for (const Swap &s : inst.swaps)
+        first[owner(s.staging)] = std::min(first[owner(s.staging)], inst.swapReadAt);
     for (int64_t id : touched) {
       int64_t o = owner(id);
       first[o] = std::min(first[o], i);
@@ -685,6 +734,8 @@ Status Executor::step(int64_t step, double lr, float &loss) {
     double t0 = tracing ? nowUs() : 0;
     traceIndex = (int64_t)i;
     Status st = offCompute[i] ? runOffCompute(inst) : dev.run((int64_t)i);
+    if (st)
+      st = readAheadAfter((int64_t)i);
     if (stamped && st)
       st = dev.stampCompute((int64_t)i + 1);
     // Without stamps, an asynchronous device's span is its work's only
@@ -703,6 +754,7 @@ Status Executor::step(int64_t step, double lr, float &loss) {
         (void)dev.endCapture(false);
       (void)dev.synchronize(); // nothing may run past the step
       inFlight.clear();
+      readAhead.clear();
       carriedPending = false;
       return Status::error("step " + std::to_string(step) + ", instruction #" + std::to_string(i) +
                            " (" + inst.op + "): " + st.message());

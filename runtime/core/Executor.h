@@ -223,6 +223,17 @@ private:
     bool writes = false;
   };
   void prepareSwaps();
+  /// Instruction `index`'s reads of its swaps, as swap-in stream work after
+  /// `ready` and the last writes of its state; `read` is their event.
+  Status issueSwapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read);
+  /// The reads ahead issued after instruction i (swap_read_at == i).
+  Status readAheadAfter(int64_t i);
+  /// One direction's transfers of instruction `index`'s swaps.
+  std::function<Status()> swapTransfer(int64_t index, bool write, bool traced);
+  /// By instruction: the instructions whose reads are issued after it.
+  std::vector<std::vector<int64_t>> readsAfter;
+  /// By instruction: its reads issued ahead, not yet waited for.
+  std::map<int64_t, std::unique_ptr<Event>> readAhead;
   /// By instruction: its swaps, null where it has none.
   std::vector<std::shared_ptr<const SwapIo>> swapIo;
   /// By state buffer: its last write back while it may be in flight (one

@@ -503,8 +503,18 @@ Status validateIo(const Plan &plan) {
 /// (and writes, when written back), each file and staging buffer once.
 Status validateSwaps(const Plan &plan, int64_t i) {
   const Instruction &inst = plan.program[i];
-  if (inst.swaps.empty())
+  if (inst.swaps.empty()) {
+    if (inst.swapReadAt >= 0)
+      return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
+                        ") has \"swap_read_at\" but no \"swap\"");
     return Status::ok();
+  }
+  // Read ahead (offload-nvme's read-ahead): after an earlier instruction,
+  // each staging buffer live from there, so no other buffer has its
+  // bytes while the read fills it.
+  if (inst.swapReadAt >= i)
+    return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") swap_read_at ", inst.swapReadAt,
+                      ": a read ahead is issued after an earlier instruction (0 to ", i - 1, ")");
   if (!isHostInstruction(plan, inst))
     return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
                       ") has \"swap\" but is no host instruction: only the offloaded "
@@ -530,6 +540,11 @@ Status validateSwaps(const Plan &plan, int64_t i) {
     if (!has(inst.in) || (s.write && !has(inst.out)))
       return FSDP_ERROR(what, ": the instruction does not ", has(inst.in) ? "write" : "read",
                         " its staging buffer");
+    if (inst.swapReadAt >= 0 && t.first > inst.swapReadAt)
+      return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") reads its state after #",
+                        inst.swapReadAt, " (swap_read_at) into staging buffer ", s.staging, " (",
+                        t.name, "), whose live range [", t.first, ", ", t.last,
+                        "] starts later: another buffer could take its bytes while it is read");
   }
   return Status::ok();
 }
@@ -1056,6 +1071,8 @@ Status readProgram(Reader &r, const json &j, Plan &plan) {
             inst.swaps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<bool>()});
           }
         }
+        if (a->contains("swap_read_at"))
+          r.integer(*a, "swap_read_at", inst.swapReadAt, where + ".attrs", 0, INT64_MAX);
       }
       plan.program.push_back(std::move(inst));
     }

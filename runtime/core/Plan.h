@@ -125,6 +125,9 @@ struct Instruction {
   std::vector<int64_t> in, out;
   nlohmann::json attrs = nlohmann::json::object();
   std::vector<Swap> swaps; ///< attrs "swap", read by the loader
+  /// attrs "swap_read_at": the earlier instruction after which the swaps'
+  /// reads are issued (offload-nvme's read-ahead); -1: at this one.
+  int64_t swapReadAt = -1;
 };
 
 /// Predicted per-rank memory, in bytes, as the compiler computed it.

@@ -319,6 +319,11 @@ PLAN_CASES = [
     ("swap from a host buffer", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(0, first(p, "adamw_update")["in"][0])), "is no buffer in the swap file"),
     ("swap staging of other bytes (the lr copy)", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(1, first(p, "adamw_update")["in"][4])), "must be a transient host buffer of the state's"),
     ("swap staging not written back", "nvme", setter(lambda p: first(p, "adamw_update")["out"].__setitem__(1, first(p, "adamw_update")["in"][0])), "does not write its staging buffer"),
+    # offload-nvme's read ahead: after an earlier instruction, the staging live from there
+    ("swap_read_at at its own instruction", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap_read_at=p["program"].index(first(p, "adamw_update")))), "a read ahead is issued after an earlier instruction"),
+    ("swap_read_at -1", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap_read_at=-1)), "swap_read_at: expected an integer in [0,"),
+    ("swap_read_at before its staging is live", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]].update(first=p["program"].index(first(p, "adamw_update")))), "starts later: another buffer could take its bytes while it is read"),
+    ("swap_read_at without swap", "nvme", setter(lambda p: first(p, "matmul")["attrs"].update(swap_read_at=0)), "has \"swap_read_at\" but no \"swap\""),
     ("swap on a device matmul", "nvme", setter(lambda p: first(p, "matmul")["attrs"].update(swap=first(p, "adamw_update")["attrs"]["swap"])), "is no host instruction"),
     # fsdp-offload's next-step: carried waits join the previous step's update
     ("carried \"yes\"", "nextstep", setter(lambda p: p["program"][carried(p)[0]]["attrs"].update(carried="yes")), "\"carried\" is a boolean of a wait"),

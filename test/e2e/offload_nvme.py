@@ -58,9 +58,10 @@ host arena (offload=optimizer):
     time) and puts it on disk where only that fits, recording the choice
     (strategy.offload_nvme), and the plan it chose trains as the plan
     compiled with offload-nvme=true for the same schedule; under a host
-    budget between the host arenas of 1 and 2 updates in flight it
-    chooses 1 (strategy.offload_nvme_in_flight), where with 2 pinned
-    nothing fits;
+    budget between the host arenas of 1 update in flight without a read
+    ahead and 2 with one it chooses the first
+    (strategy.offload_nvme_in_flight, offload_nvme_read_ahead), where with
+    the second pinned nothing fits;
 (k) part of the state on disk (offload-nvme-units=K): the state of the
     first K units the step updates is in the swap file, the rest in host
     memory, bitwise the same training, K units' bytes read a step and the
@@ -68,7 +69,18 @@ host arena (offload=optimizer):
     the state in host memory bitwise; K out of range refused; under
     a host budget that some K fits but not the state in host memory, the
     search keeps fewer units on disk than all, predicted faster, and its
-    plan trains as the one compiled with that K.
+    plan trains as the one compiled with that K (the search also tries
+    each K without the read ahead, whose staging may be what keeps a unit
+    out of host memory);
+(l) the reads ahead (offload-nvme-read-ahead=R, default 1): with R = 0, 2
+    and 3 (MLP with clipping; GPT with next-step) the k-th async swapping
+    update's swap_read_at is the (k-R)-th's index (the first R: 0; none
+    with R = 0), each staging buffer is live from there, the losses and
+    final parameters are bitwise R = 1's, both arenas are measured ==
+    predicted and the host arena never shrinks as R grows; the cost model
+    (fsdp-sim, fsdp-opt agreeing) predicts a shorter step with R = 1 than
+    0, its first read starting by the end of the step's first instruction
+    rather than when compute reaches the update.
 """
 import re
 import json
@@ -444,22 +456,26 @@ def main():
         else:
             report(False, f"(h) mlp N=2: the search chose {tight['strategy']}, "
                           f"offload-nvme=true {pinned['strategy']}")
-        # One update in flight where only that fits the host budget.
-        one = {k: search(f"in-flight-{k}", "true", extra=f"offload-nvme-in-flight={k}")[1]
-               for k in (1, 2)}
+        # One update in flight and no read ahead where only that fits the
+        # host budget.
+        one = {k: search(f"in-flight-{k}", "true", extra=f"offload-nvme-in-flight={k} "
+                         f"offload-nvme-read-ahead={k - 1}")[1] for k in (1, 2)}
         budget1 = (one[1]["host_arena_bytes"] + one[2]["host_arena_bytes"]) // 2
         _, tight1 = search("auto-tight-1", "auto", budget1)
-        _, err = search("pinned-2-tight", "auto", budget1, "offload-nvme-in-flight=2", check=False)
+        _, err = search("pinned-2-tight", "auto", budget1,
+                        "offload-nvme-in-flight=2 offload-nvme-read-ahead=1", check=False)
         report(one[1]["host_arena_bytes"] < one[2]["host_arena_bytes"] and
                tight1["strategy"]["offload_nvme"] is True and
                tight1["strategy"]["offload_nvme_in_flight"] == 1 and
+               tight1["strategy"]["offload_nvme_read_ahead"] == 0 and
                tight1["host_arena_bytes"] <= budget1 and
                f"no schedule fits host-memory-budget={budget1}" in err,
-               f"(h) mlp N=2: host arenas {one[1]['host_arena_bytes']} B (1 update in flight) "
-               f"and {one[2]['host_arena_bytes']} B (2): under host-memory-budget={budget1} the "
-               f"search keeps the state on disk with "
-               f"{tight1['strategy']['offload_nvme_in_flight']} in flight; with 2 pinned "
-               "nothing fits")
+               f"(h) mlp N=2: host arenas {one[1]['host_arena_bytes']} B (1 update in flight, "
+               f"no read ahead) and {one[2]['host_arena_bytes']} B (2, one read ahead): under "
+               f"host-memory-budget={budget1} the search keeps the state on disk with "
+               f"{tight1['strategy']['offload_nvme_in_flight']} in flight and "
+               f"{tight1['strategy']['offload_nvme_read_ahead']} read ahead; with 2 and 1 "
+               "pinned nothing fits")
 
         # (k) part of the state on disk: offload-nvme-units=K
         def units_of(plan):
@@ -544,17 +560,96 @@ def main():
                f"host memory {free['host_arena_bytes']} B; on disk, by units "
                f"{dict(sorted(pinned_k.items()))}): the search keeps "
                f"{pk_strategy.get('offload_nvme_units')} of {len(order)} units' state on "
-               f"disk (host arena {part['host_arena_bytes'] if part else '?'} B), predicted "
+               f"disk, {pk_strategy.get('offload_nvme_read_ahead')} read ahead (host arena {part['host_arena_bytes'] if part else '?'} B), predicted "
                f"{1e3 * pk_strategy.get('predicted_step_s', 0):.3f} ms against "
                f"{1e3 * pinned['strategy']['predicted_step_s']:.3f} with all on disk")
         if part and same:
             again, _ = search("auto-part-pinned", "true", extra=(
-                f"offload-nvme-units={pk_strategy['offload_nvme_units']}"))
+                f"offload-nvme-units={pk_strategy['offload_nvme_units']} "
+                f"offload-nvme-read-ahead={pk_strategy['offload_nvme_read_ahead']}"))
             a, _ = train(part_plan, 2, "--steps", "4")
             b2, _ = train(again, 2, "--steps", "4")
             report(a == b2 and len(a) == 4,
                    "(k) mlp N=2: the chosen plan trains bitwise as the one compiled with its "
                    "offload-nvme-units pinned")
+
+        # (l) the reads ahead: offload-nvme-read-ahead=R
+        def read_points(plan):
+            """The async swapping updates' indices and their swap_read_at
+            (None: read at the update)."""
+            prog = plan["program"]
+            ups = [k for k, x in enumerate(prog) if x.get("attrs", {}).get("swap")
+                   and x["attrs"].get("async")]
+            return ups, [prog[k]["attrs"].get("swap_read_at") for k in ups]
+
+        for cfg in (1, 6):  # mlp N=2 with clipping; gpt N=2 next-step
+            model, n, pipeline = CONFIGS[cfg]
+            ref_plan = os.path.join(tmp, f"c{cfg}-nvme.plan")  # R = 1, the default
+            ref, _ = train(ref_plan, n, "--steps", "6", "--save", ref_plan + ".ra.st")
+            arenas = {1: json.load(open(ref_plan))["host_arena_bytes"]}
+            for ra in (0, 2, 3):
+                plan = compile_(model, n, f"{pipeline} offload-nvme-read-ahead={ra}", True,
+                                f"c{cfg}-ra{ra}")
+                p = json.load(open(plan))
+                ups, at = read_points(p)
+                want = [None] * len(ups) if ra == 0 else \
+                    [ups[k - ra] if k >= ra else 0 for k in range(len(ups))]
+                live = all(p["buffers"][st]["first"] <= (a if a is not None else k)
+                           for k, a in zip(ups, at)
+                           for _, st, _ in p["program"][k]["attrs"]["swap"])
+                got, s = train(plan, n, "--steps", "6", "--save", plan + ".st")
+                arenas[ra] = p["host_arena_bytes"]
+                measured = (s["measured_host_high_water"] == s["predicted_host_peak"] ==
+                            p["host_arena_bytes"] and
+                            s["measured_host_peak_live"] == s["predicted_host_peak_live"] and
+                            s["measured_high_water"] == s["predicted_peak"])
+                report(len(ups) > 1 and at == want and live and got == ref and len(got) == 6
+                       and read(plan + ".st") == read(ref_plan + ".ra.st") and measured,
+                       f"(l) {model} N={n} {pipeline} offload-nvme-read-ahead={ra}: the "
+                       f"{len(ups)} updates' reads issued after instructions {at} (each staging "
+                       f"live from there), losses and parameters bitwise R = 1's, host arena "
+                       f"measured == predicted {s['measured_host_high_water']} B")
+            report(arenas[0] <= arenas[1] <= arenas[2] <= arenas[3],
+                   f"(l) {model} N={n}: host arenas by read-ahead 0..3: "
+                   f"{[arenas[r] for r in range(4)]} B (each more staging live, never less)")
+
+        # The cost model: the reads ahead shorten the predicted step, the
+        # first update's read starting when compute passes the step's first
+        # instruction (beside the forward pass) rather than when it reaches
+        # the update; fsdp-sim and fsdp-opt agree.
+        model, n, pipeline = CONFIGS[1]
+        sims = {}
+        for ra in (0, 1):
+            plan = os.path.join(tmp, f"c1-ra{ra}.plan") if ra == 0 else \
+                os.path.join(tmp, "c1-nvme.plan")
+            trace = os.path.join(tmp, f"sim-ra{ra}.json")
+            out = subprocess.run([sys.executable, sim, plan, "--json", "--trace", trace],
+                                 check=True, capture_output=True, text=True).stdout
+            summary = [json.loads(l) for l in out.splitlines() if l.startswith("{")][0]
+            ev = [e for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X"]
+            ups, _ = read_points(json.load(open(plan)))
+            read0 = min(e["ts"] for e in ev if e["tid"] == 4
+                        and e["args"]["instruction"] == ups[0])
+            # compute reaching the first update: the end of the compute span
+            # just before it
+            reach = max(e["ts"] + e["dur"] for e in ev if e["tid"] == 0
+                        and e["args"]["instruction"] < ups[0])
+            first_end = min(e["ts"] + e["dur"] for e in ev if e["tid"] == 0)
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o", os.devnull,
+                                f"--fsdp-pipeline=world-size={n} {pipeline} offload=optimizer "
+                                f"offload-nvme=true offload-nvme-read-ahead={ra} report=false "
+                                f"simulate=true"], capture_output=True, text=True)
+            m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+            sims[ra] = (summary["step_ms"], read0, reach, first_end,
+                        float(m.group(1)) if m else None)
+        (s0, r0, reach0, _, o0), (s1, r1, _, first1, o1) = sims[0], sims[1]
+        report(s1 < s0 and r1 <= first1 + 1e-3 and r0 >= reach0 - 1e-3 and
+               o0 is not None and o1 is not None and abs(o0 - s0) <= 1e-3 * s0 + 1e-3
+               and abs(o1 - s1) <= 1e-3 * s1 + 1e-3,
+               f"(l) {model} N={n}: predicted step {s1:.4f} ms with one read ahead, {s0:.4f} "
+               f"without (fsdp-opt {o1}, {o0}); the first update's read starts at "
+               f"{r1:.1f} us (the first instruction ends at {first1:.1f}) instead of "
+               f"{r0:.1f} us (compute reaches the update at {reach0:.1f})")
 
     return report.finish("all offload-nvme checks passed")
 

@@ -1,8 +1,14 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload=nvme=true | FileCheck %s
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true plan=%t.plan" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
-// RUN: %python %s.py %t.plan | FileCheck %s --check-prefix=PLAN
+// RUN: %python %s.py %t.plan | FileCheck %s --check-prefixes=PLAN,AHEAD1
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-overlap=false plan=%t.serial.plan report=false" -o /dev/null
-// RUN: %python %s.py %t.serial.plan | FileCheck %s --check-prefix=PLAN
+// RUN: %python %s.py %t.serial.plan | FileCheck %s --check-prefixes=PLAN,AHEAD0
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-read-ahead=0 plan=%t.ra0.plan report=false" -o /dev/null
+// RUN: %python %s.py %t.ra0.plan | FileCheck %s --check-prefixes=PLAN,AHEAD0
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-read-ahead=2 plan=%t.ra2.plan report=false" -o /dev/null
+// RUN: %python %s.py %t.ra2.plan | FileCheck %s --check-prefixes=PLAN,AHEAD2
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-read-ahead=9" -o /dev/null 2>&1 | FileCheck %s --check-prefix=AHEAD9
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-in-flight=1 offload-nvme-read-ahead=0" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT10
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-offload="nvme=true nvme-in-flight=1" | FileCheck %s --check-prefix=ONE
 // RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-in-flight=1" -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT1
 // RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 offload=optimizer offload-nvme=true offload-nvme-in-flight=0" -o /dev/null 2>&1 | FileCheck %s --check-prefix=ZERO
@@ -53,12 +59,16 @@
 // CHECK: fsdp.wait %[[R]]
 // CHECK-NEXT: fsdp.wait %[[A]]
 
-// With nvme-in-flight=1 root's update is joined before a's is issued, and
-// the staging live at once is a's two moments only (2 x 32 B).
+// With nvme-in-flight=1 root's update is joined before a's is issued,
+// but a's state is read ahead from where root's update is issued (the
+// default nvme-read-ahead=1), so both units' staging is still live at
+// once (80 B); without the read ahead the staging live at once is a's two
+// moments only (2 x 32 B).
 // ONE: %[[R:[a-z_0-9]+]], %{{.+}}, %{{.+}} = fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
 // ONE: fsdp.wait %[[R]]
 // ONE: fsdp.adamw_update {{.*}} {async, {{.*}}fsdp.on_host}
-// REPORT1: state staging 64 64 B
+// REPORT1: state staging 80 80 B
+// REPORT10: state staging 64 64 B
 // ZERO: error: fsdp-offload: nvme-in-flight=0 must be 1 to 8
 
 // REPORT: host (offloaded):
@@ -74,6 +84,16 @@
 // PLAN-NEXT: adamw_update swaps 2: file in nvme, staging host transient same bytes on whole blocks of the host arena, read and written, in the instruction's in and out
 // PLAN-NEXT: no instruction names a swap-file buffer
 // PLAN-NEXT: memory.nvme.state 80 file 16384 memory.host.state 0
+
+// nvme-read-ahead (default 1): root's state (updated first) is read from
+// the step's start, beside the forward pass, a's from where root's update
+// is issued, each staging buffer live from its read; with 2 both from the
+// step's start; with 0, and for updates joined at once (offload-overlap=
+// false), each when compute reaches it.
+// AHEAD1: reads: start, update 0; each staging live from its read
+// AHEAD2: reads: start, start; each staging live from its read
+// AHEAD0: reads: own, own; each staging live from its read
+// AHEAD9: error: fsdp-offload: nvme-read-ahead=9 must be 0 to 8
 
 // SGD: nvme_bytes 8192 swap_alignment 4096
 // SGD-NEXT: state buffers in nvme: 2 of 2, on whole blocks, disjoint, inside the file

@@ -49,3 +49,17 @@ print("no instruction names a swap-file buffer" if not named
 m = p["memory"]
 print("memory.nvme.state", m["nvme"]["state"], "file", m["nvme"]["file"],
       "memory.host.state", m["host"]["state"])
+# Where each swapping instruction's reads are issued (nvme-read-ahead):
+# after the step's first instruction, after the n-th swapping update, or
+# at the instruction itself; and whether each staging buffer is live from
+# there.
+swapping = [k for k, inst in enumerate(p["program"]) if inst.get("attrs", {}).get("swap")]
+where, live = [], True
+for k in swapping:
+    a = p["program"][k]["attrs"]
+    at = a.get("swap_read_at")
+    where.append("own" if at is None else "start" if at == 0
+                 else f"update {swapping.index(at)}" if at in swapping else f"#{at}")
+    live = live and all(bufs[st]["first"] <= (k if at is None else at) for _, st, _ in a["swap"])
+print("reads:", ", ".join(where) + ";",
+      "each staging live from its read" if live else "A STAGING LIVE AFTER ITS READ")
