@@ -245,6 +245,7 @@ struct SearchSchedulePass
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
+  std::vector<size_t> tunable(std::vector<size_t> ids, size_t n) const;
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
   void adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModule, int64_t bestArena);
@@ -652,13 +653,37 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
   return success();
 }
 
+/// Of the leaves `ids`, the ones the nvme tunings below start from: the
+/// n/2 fastest, then the n/2 with the smallest host arenas (liveness) not
+/// among them. The host arena is what those tunings trade: with the state
+/// on disk the drive bounds the step, and a grouping predicted a little
+/// faster (larger units) can be one whose host arena no tuning brings
+/// under the budget, where a slightly slower one's can.
+std::vector<size_t> SearchSchedulePass::tunable(std::vector<size_t> ids, size_t n) const {
+  std::vector<size_t> byHost(ids);
+  llvm::stable_sort(ids, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
+  llvm::stable_sort(
+      byHost, [&](size_t a, size_t b) { return leaves[a].hostPeakLive < leaves[b].hostPeakLive; });
+  std::vector<size_t> out(ids.begin(), ids.begin() + std::min(ids.size(), n / 2));
+  for (size_t i : byHost) {
+    if (out.size() >= std::min(n, ids.size()))
+      break;
+    if (!llvm::is_contained(out, i))
+      out.push_back(i);
+  }
+  return out;
+}
+
 /// Updates in flight with the state on disk (fsdp-offload's
 /// nvme-in-flight), unless pinned. The candidates have 2: one unit's state
-/// read while the previous unit's update runs. The fastest such candidates
-/// that fit the device but not host-memory-budget are tried with 1 and no
-/// read ahead (nvme-read-ahead=0; each unpinned: two updates' staging and
-/// one gradient copy less in the host arena, the drive idle during each
-/// update and until compute reaches it) and kept where that fits. (More than 2 is not
+/// read while the previous unit's update runs, and one read ahead. Such
+/// candidates that fit the device but not host-memory-budget (the fastest
+/// and the smallest host arenas: tunable) are tried with 1 and no read
+/// ahead (nvme-read-ahead=0; each unpinned: two updates' staging and one
+/// gradient copy less in the host arena, the drive idle during each update
+/// and until compute reaches it) and kept where that fits. (More than 2 is not
 /// tried: with the drive shared by reads and writes it bounds the step
 /// already at 2 in every model priced so far, docs/BENCHMARKS.md.)
 LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
@@ -668,24 +693,18 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
   for (size_t i = 0; i < leaves.size(); ++i)
     if (leaves[i].choice.nvme && !fits(leaves[i]) && leaves[i].peakLive <= budget)
       tight.push_back(i);
-  // Fastest first, until three fit (eight tried at most: on a large model
-  // each is a whole compile).
-  llvm::stable_sort(tight, [&](size_t a, size_t b) {
-    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
-  });
-  int kept = 0;
-  for (size_t t = 0; t < tight.size() && t < 8 && kept < 3; ++t) {
-    Leaf leaf = leaves[tight[t]];
+  // Eight tried at most (on a large model each is a whole compile): the
+  // four fastest and the four smallest host arenas.
+  for (size_t t : tunable(tight, 8)) {
+    Leaf leaf = leaves[t];
     if (offloadNvmeInFlight < 0)
       leaf.choice.nvmeInFlight = 1;
     if (offloadNvmeReadAhead < 0)
       leaf.choice.nvmeReadAhead = 0;
     if (!evaluate(leaf))
       return failure();
-    if (fits(leaf)) {
+    if (fits(leaf))
       leaves.push_back(leaf);
-      ++kept;
-    }
   }
   return success();
 }
@@ -714,11 +733,10 @@ LogicalResult SearchSchedulePass::tuneNvmeUnits() {
   for (size_t i = 0; i < leaves.size(); ++i)
     if (leaves[i].choice.nvme && leaves[i].choice.nvmeUnits < 0 && fits(leaves[i]))
       fit.push_back(i);
-  llvm::stable_sort(fit, [&](size_t a, size_t b) {
-    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
-  });
-  for (size_t t = 0; t < fit.size() && t < 3; ++t) {
-    const Leaf base = leaves[fit[t]];
+  // The two fastest and the two with the smallest host arenas (the most
+  // room to bring units back).
+  for (size_t t : tunable(fit, 4)) {
+    const Leaf base = leaves[t];
     OwningOpRef<ModuleOp> m = build(base.choice);
     if (!m)
       return failure();
