@@ -243,7 +243,8 @@ struct FsdpPipelineOptions
                      "gradients, for this many more updates' staging in host "
                      "memory; 0 reads once compute reaches the update. Unset "
                      "with memory-budget: the search also tries 0 where only "
-                     "that fits host-memory-budget"),
+                     "that fits host-memory-budget, and up to 8 for its "
+                     "fastest schedules"),
       llvm::cl::init(1)};
   Option<int64_t> offloadNvmeUnits{
       *this, "offload-nvme-units",

@@ -909,7 +909,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeReadAhead", "offload-nvme-read-ahead", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-read-ahead for the candidates with the "
            "state on disk (-1: 1, then 0 with one update in flight where only "
-           "that fits host-memory-budget)">,
+           "that fits host-memory-budget, and up to 8 for the fastest few "
+           "where that fits and is faster)">,
     Option<"offloadNvmeUnits", "offload-nvme-units", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-units for the candidates with the state on "
            "disk (-1: all, and with host-memory-budget the fewest that fit)">,

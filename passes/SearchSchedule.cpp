@@ -245,6 +245,7 @@ struct SearchSchedulePass
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
+  LogicalResult deepenReadAhead();
   std::vector<size_t> tunable(std::vector<size_t> ids, size_t n) const;
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
@@ -290,7 +291,7 @@ void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
       failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
-      failed(tuneNvmeUnits()))
+      failed(tuneNvmeUnits()) || failed(deepenReadAhead()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -640,6 +641,41 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
     double fastest = leaf.predicted.stepS;
     for (int64_t d = 2; d <= 4; ++d) {
       leaf.choice.copiesInFlight = d;
+      if (!evaluate(leaf))
+        return failure();
+      if (!fits(leaf))
+        break; // a deeper one holds more
+      if (leaf.predicted.stepS < fastest) {
+        fastest = leaf.predicted.stepS;
+        leaves.push_back(leaf);
+      }
+    }
+  }
+  return success();
+}
+
+/// Reads ahead with the state on disk (fsdp-offload's nvme-read-ahead),
+/// unless pinned: each of such schedules that fit (the two fastest and the
+/// two smallest host arenas: tunable) is tried again reading 1, 2, 4 and 8
+/// updates ahead (those more
+/// than it has), and each that fits and beats the fastest so far is kept.
+/// Each more is one more update's staging in the host arena; it gains
+/// where the drive would stand idle until compute reaches an update (the
+/// forward pass: R reads run beside it).
+LogicalResult SearchSchedulePass::deepenReadAhead() {
+  if (offloadNvmeReadAhead >= 0)
+    return success();
+  std::vector<size_t> order;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].choice.nvme && fits(leaves[i]))
+      order.push_back(i);
+  for (size_t i : tunable(order, 4)) {
+    Leaf leaf = leaves[i];
+    double fastest = leaf.predicted.stepS;
+    for (int64_t r : {1, 2, 4, 8}) {
+      if (r <= leaf.choice.nvmeReadAhead)
+        continue;
+      leaf.choice.nvmeReadAhead = r;
       if (!evaluate(leaf))
         return failure();
       if (!fits(leaf))

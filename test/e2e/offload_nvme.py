@@ -80,7 +80,9 @@ host arena (offload=optimizer):
     predicted and the host arena never shrinks as R grows; the cost model
     (fsdp-sim, fsdp-opt agreeing) predicts a shorter step with R = 1 than
     0, its first read starting by the end of the step's first instruction
-    rather than when compute reaches the update.
+    rather than when compute reaches the update; the memory-budget search
+    (read-ahead unpinned) reads further ahead than 1 where that is
+    predicted faster and fits, for more host memory.
 """
 import re
 import json
@@ -434,7 +436,9 @@ def main():
                 return None, r.stderr
             return plan, json.load(open(plan))
         _, free = search("auto-free", "auto")
-        pinned_plan, pinned = search("pinned", "true")
+        # (one read ahead pinned: the search's deeper ones hold more host
+        # memory than the state in host memory does on this small model)
+        pinned_plan, pinned = search("pinned", "true", extra="offload-nvme-read-ahead=1")
         budget = (free["host_arena_bytes"] + pinned["host_arena_bytes"]) // 2
         tight_plan, tight = search("auto-tight", "auto", budget)
         report(free["strategy"]["offload_nvme"] is False and "nvme_bytes" not in free and
@@ -545,7 +549,8 @@ def main():
         pinned_k = {}
         for k in range(1, len(order) + 1):
             pinned_k[k] = search(f"units-pinned-{k}", "true",
-                                 extra=f"offload-nvme-units={k}")[1]["host_arena_bytes"]
+                                 extra=f"offload-nvme-units={k} offload-nvme-read-ahead=1"
+                                 )[1]["host_arena_bytes"]
         fit_k = [k for k in pinned_k if pinned_k[k] < free["host_arena_bytes"]]
         k_best = min(fit_k)
         budget_k = (pinned_k[k_best] + free["host_arena_bytes"]) // 2
@@ -650,6 +655,18 @@ def main():
                f"without (fsdp-opt {o1}, {o0}); the first update's read starts at "
                f"{r1:.1f} us (the first instruction ends at {first1:.1f}) instead of "
                f"{r0:.1f} us (compute reaches the update at {reach0:.1f})")
+
+        # The memory-budget search reads further ahead where that fits and
+        # is predicted faster (deepenReadAhead); with it pinned, it does not.
+        _, deep = search("ra-search", "true")
+        st, st1 = deep["strategy"], pinned["strategy"]
+        report(st["offload_nvme_read_ahead"] > 1 and st1["offload_nvme_read_ahead"] == 1 and
+               st["predicted_step_s"] < st1["predicted_step_s"] and
+               deep["host_arena_bytes"] > pinned["host_arena_bytes"],
+               f"(l) mlp N=2 memory-budget search: {st['offload_nvme_read_ahead']} read ahead, "
+               f"predicted {1e3 * st['predicted_step_s']:.3f} ms for a host arena of "
+               f"{deep['host_arena_bytes']} B; with 1 pinned {1e3 * st1['predicted_step_s']:.3f}"
+               f" ms, {pinned['host_arena_bytes']} B")
 
     return report.finish("all offload-nvme checks passed")
 
