@@ -34,7 +34,8 @@
    64, one rank) with the state on disk at R = 0, 1, 2 in one run
    (alternating, median ms/step, the ratio to R = 0), the host arena and
    fsdp-sim's prediction on this machine's profile; predicted for the 7B
-   shape on one H100 rank and the 175B shape on 64, R = 0, 1, 2.
+   shape on one H100 rank and the 175B shape on 64, R = 0, 1, 2 and the
+   memory-budget search's choice.
 
   bench/offload_nvme.py [BIN_DIR] [--steps 12] [--repeats 3] [--nvme-dir DIR] [--skip-cpu]
                         [--parts 1,2,3,4]
@@ -298,11 +299,12 @@ def main():
                       f"this machine's profile {d['step_ms']:.2f} ms/step (measured "
                       f"x{med[r] / d['step_ms']:.2f}), the drive busy {d['swap_ms']:.2f} ms")
         for label, model, n in (("7B-shaped N=1", l7, 1), ("175B-shaped N=64", g175, 64)):
-            for r in aheads:
-                row(f"{label} R={r}",
+            for r in aheads + (None,):  # (None: the search chooses)
+                row(f"{label} R={'search' if r is None else r}",
                     opt(model, f"optimizer=adamw world-size={n} param-dtype=bf16 "
-                               f"memory-budget=80GiB offload=optimizer offload-nvme=true "
-                               f"offload-nvme-read-ahead={r}", check=False))
+                               f"memory-budget=80GiB offload=optimizer offload-nvme=true"
+                               + (f" offload-nvme-read-ahead={r}" if r is not None else ""),
+                        check=False))
 
 
 if __name__ == "__main__":
