@@ -246,6 +246,8 @@ struct SearchSchedulePass
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
   LogicalResult deepenReadAhead();
+  LogicalResult deepen(Leaf leaf, ArrayRef<int64_t> values,
+                       llvm::function_ref<void(Choice &, int64_t)> set);
   std::vector<size_t> tunable(std::vector<size_t> ids, size_t n) const;
   LogicalResult pickByArena(Leaf *&best, OwningOpRef<ModuleOp> &bestModule, int64_t &bestArena);
   LogicalResult failWithFloor();
@@ -636,19 +638,27 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
     return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
   });
   order.resize(std::min<size_t>(order.size(), 3));
-  for (size_t i : order) {
-    Leaf leaf = leaves[i];
-    double fastest = leaf.predicted.stepS;
-    for (int64_t d = 2; d <= 4; ++d) {
-      leaf.choice.copiesInFlight = d;
-      if (!evaluate(leaf))
-        return failure();
-      if (!fits(leaf))
-        break; // a deeper one holds more
-      if (leaf.predicted.stepS < fastest) {
-        fastest = leaf.predicted.stepS;
-        leaves.push_back(leaf);
-      }
+  for (size_t i : order)
+    if (failed(deepen(leaves[i], {2, 3, 4}, [](Choice &c, int64_t d) { c.copiesInFlight = d; })))
+      return failure();
+  return success();
+}
+
+/// `leaf` tried again with each of `values` (deeper each) set by `set`:
+/// each that fits and beats the fastest so far is kept; the first that
+/// does not fit ends it (a deeper one holds more).
+LogicalResult SearchSchedulePass::deepen(Leaf leaf, ArrayRef<int64_t> values,
+                                         llvm::function_ref<void(Choice &, int64_t)> set) {
+  double fastest = leaf.predicted.stepS;
+  for (int64_t v : values) {
+    set(leaf.choice, v);
+    if (!evaluate(leaf))
+      return failure();
+    if (!fits(leaf))
+      break;
+    if (leaf.predicted.stepS < fastest) {
+      fastest = leaf.predicted.stepS;
+      leaves.push_back(leaf);
     }
   }
   return success();
@@ -657,8 +667,8 @@ LogicalResult SearchSchedulePass::deepenPrefetch() {
 /// Reads ahead with the state on disk (fsdp-offload's nvme-read-ahead),
 /// unless pinned: each of such schedules that fit (the two fastest and the
 /// two smallest host arenas: tunable) is tried again reading 1, 2, 4 and 8
-/// updates ahead (those more
-/// than it has), and each that fits and beats the fastest so far is kept.
+/// updates ahead (those more than it has), and each that fits and beats
+/// the fastest so far is kept.
 /// Each more is one more update's staging in the host arena; it gains
 /// where the drive would stand idle until compute reaches an update (the
 /// forward pass: R reads run beside it).
@@ -670,21 +680,12 @@ LogicalResult SearchSchedulePass::deepenReadAhead() {
     if (leaves[i].choice.nvme && fits(leaves[i]))
       order.push_back(i);
   for (size_t i : tunable(order, 4)) {
-    Leaf leaf = leaves[i];
-    double fastest = leaf.predicted.stepS;
-    for (int64_t r : {1, 2, 4, 8}) {
-      if (r <= leaf.choice.nvmeReadAhead)
-        continue;
-      leaf.choice.nvmeReadAhead = r;
-      if (!evaluate(leaf))
-        return failure();
-      if (!fits(leaf))
-        break; // a deeper one holds more
-      if (leaf.predicted.stepS < fastest) {
-        fastest = leaf.predicted.stepS;
-        leaves.push_back(leaf);
-      }
-    }
+    SmallVector<int64_t, 4> deeper;
+    for (int64_t r : {1, 2, 4, 8})
+      if (r > leaves[i].choice.nvmeReadAhead)
+        deeper.push_back(r);
+    if (failed(deepen(leaves[i], deeper, [](Choice &c, int64_t r) { c.nvmeReadAhead = r; })))
+      return failure();
   }
   return success();
 }
