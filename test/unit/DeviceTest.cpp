@@ -1823,7 +1823,10 @@ TEST_P(DeviceConformance, ExecutorJoinsCarriedHostUpdatesInTheNextStep) {
 ///   4 adamw_update p1 (async, swaps m1, v1 through staging 10, 11);
 ///   5 adamw_update p2 (async, swaps m2, v2 through staging 12, 13);
 ///   6 wait p1; 7 wait p2; 8 loss = fill 1.
-std::string nvmePlan() {
+/// With `readAt` >= 0 (offload-nvme's read-ahead) the first update is
+/// joined before the second is issued (5 wait p1, 6 adamw_update p2 with
+/// swap_read_at = readAt, its staging live from there, 7 wait p2).
+std::string nvmePlan(int64_t readAt = -1) {
   const int64_t n = 64, vb = n * 4;
   using nlohmann::json;
   json buffers = json::array();
@@ -1843,11 +1846,12 @@ std::string nvmePlan() {
   buf("p2", "param", "host", vb, false, true, 0, 0);
   buf("lr", "input", "host", 2 * vb, true, true, 0, 0);
   buf("step", "input", "host", 2 * vb + 64, true, true, 0, 0);
-  buf("gh1", "grad", "host", 2 * vb + 128, false, false, 1, 6);
+  const bool ahead = readAt >= 0;
+  buf("gh1", "grad", "host", 2 * vb + 128, false, false, 1, ahead ? 5 : 6);
   buf("gh2", "grad", "host", 3 * vb + 128, false, false, 3, 7);
   for (int k = 0; k < 4; ++k)
-    buf(k % 2 ? "sv" : "sm", "temp", "host", (4 + k) * vb + 128, false, false, k < 2 ? 4 : 5,
-        k < 2 ? 6 : 7);
+    buf(k % 2 ? "sv" : "sm", "temp", "host", (4 + k) * vb + 128, false, false,
+        k < 2 ? 4 : (ahead ? readAt : 5), k < 2 ? (ahead ? 5 : 6) : 7);
   // the swap file: 14 m1, 15 v1, 16 m2, 17 v2
   const char *names[] = {"m1", "v1", "m2", "v2"};
   for (int k = 0; k < 4; ++k)
@@ -1870,6 +1874,11 @@ std::string nvmePlan() {
                   op("wait", {4}, {4}),
                   op("wait", {5}, {5}),
                   op("fill", json::array(), {3}, {{"value", 1.0}})};
+  if (ahead) {
+    a2["swap_read_at"] = readAt;
+    program[5] = op("wait", {4}, {4});
+    program[6] = op("adamw_update", {5, 9, 12, 13, 6, 7}, {5, 12, 13}, a2);
+  }
   testplans::OneRankPlan p;
   p.arenaBytes = 4 * vb;
   p.hostArenaBytes = 8 * vb + 128;
@@ -1941,6 +1950,91 @@ TEST_P(DeviceConformance, ExecutorReadsTheNextUpdatesStateWhileAnUpdateRuns) {
   for (size_t k = 0; k < held.size(); ++k)
     EXPECT_EQ(std::memcmp(held[k].data(), free[k].data(), 64 * 4), 0) << "buffer #" << k;
   EXPECT_NE(free[2][0], 0.0f) << "the moments were not written back";
+}
+
+/// offload-nvme's read-ahead ([Note: swap pipeline]): the second update's
+/// read is issued after instruction `readAt`, not when compute reaches the
+/// update. With the first update held at a gate on the host stream,
+/// compute stands at its wait (#5), before the second update is issued:
+/// with a read ahead (after #0 or #4) its state is read all the same;
+/// without one (the same join, the read at the update) it is not, until
+/// the gate opens. Every way trains the same bits, two steps.
+TEST_P(DeviceConformance, ExecutorReadsAheadWhereThePlanSays) {
+  const int64_t vb = 64 * 4;
+  std::string dir = ::testing::TempDir();
+  auto train = [&](int64_t readAt, bool gated, bool readsAhead,
+                   std::vector<std::vector<float>> &out) {
+    Plan plan;
+    std::string text = nvmePlan(readAt < 0 ? 4 : readAt);
+    if (readAt < 0) { // the same program, read at the update
+      auto j = nlohmann::json::parse(text);
+      j["program"][6]["attrs"].erase("swap_read_at");
+      text = j.dump();
+    }
+    Status st = parsePlan(text, plan);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    std::unique_ptr<Device> d;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    GatedHost dev(std::move(d));
+    if (gated)
+      dev.gates[0];
+    auto comm = communicatorFor(GetParam());
+    Executor exec(plan, *comm, dev);
+    exec.setNvmeDir(dir);
+    ASSERT_TRUE(exec.init(1234).isOk());
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = (float)std::cos(0.17 * double(i)) * 0.9f;
+    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+    Status stepped;
+    float loss = 0;
+    std::thread stepper([&] { stepped = exec.step(1, 1e-2, loss); });
+    if (gated) {
+      if (readsAhead) {
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (exec.swapFile()->bytesRead() < 4 * vb && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_EQ(exec.swapFile()->bytesRead(), 4 * vb)
+            << "the second update's state was not read ahead of compute reaching it";
+      } else {
+        // (the first update's read; the second is not issued yet)
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (exec.swapFile()->bytesRead() < 2 * vb && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        EXPECT_EQ(exec.swapFile()->bytesRead(), 2 * vb)
+            << "without a read ahead the second update's state was read before compute "
+               "reached it";
+      }
+      EXPECT_EQ(dev.hostDone.load(), 0) << "the gate did not hold the first update";
+      dev.gates[0].set_value();
+    }
+    stepper.join();
+    ASSERT_TRUE(stepped.isOk()) << stepped.message();
+    EXPECT_EQ(exec.swapFile()->bytesWritten(), 4 * vb);
+    ASSERT_TRUE(exec.step(2, 1e-2, loss).isOk());
+    EXPECT_FALSE(dev.gateTimedOut.load());
+    // The runtime's own liveness: at #4-5 the parameters, lr and step,
+    // both gradient copies and the first update's staging, and with a
+    // read ahead the second's too (live from readAt), else not yet.
+    EXPECT_EQ(exec.measureMemory().hostPeakLive, (readAt < 0 ? 6 : 8) * vb + 8);
+    for (int64_t id : {4, 5, 14, 15, 16, 17}) {
+      out.emplace_back(64);
+      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
+    }
+  };
+  std::vector<std::vector<float>> ref;
+  train(-1, false, false, ref);
+  for (auto [readAt, gated] :
+       {std::pair<int64_t, bool>{-1, true}, {0, true}, {4, true}, {0, false}}) {
+    SCOPED_TRACE("swap_read_at " + std::to_string(readAt) + (gated ? ", gated" : ""));
+    std::vector<std::vector<float>> got;
+    train(readAt, gated, readAt >= 0, got);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t k = 0; k < got.size(); ++k)
+      EXPECT_EQ(std::memcmp(got[k].data(), ref[k].data(), 64 * 4), 0) << "buffer #" << k;
+  }
+  EXPECT_NE(ref[2][0], 0.0f) << "the moments were not written back";
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
