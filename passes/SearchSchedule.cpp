@@ -95,8 +95,20 @@ struct Leaf {
   int64_t peakLive = 0;
   /// Peak live bytes of the host arena (offloaded candidates; else 0).
   int64_t hostPeakLive = 0;
+  /// The units whose optimizer state is in the swap file (fsdp-offload's
+  /// nvme; else 0).
+  int64_t unitsOnDisk = 0;
   StepPrediction predicted;
 };
+
+/// The units whose state a module keeps on disk (fsdp-offload's nvme).
+static int64_t unitsOnDisk(ModuleOp m) {
+  llvm::StringSet<> units;
+  for (StateOp s : m.getOps<StateOp>())
+    if (s->hasAttr(kNvmeAttrName))
+      units.insert(s.getParam());
+  return int64_t(units.size());
+}
 
 struct SearchSchedulePass
     : mlir::fsdp::impl::FsdpSearchScheduleBase<SearchSchedulePass> {
@@ -200,15 +212,19 @@ struct SearchSchedulePass
   /// Compiles, plans (liveness) and predicts one choice.
   bool evaluate(Leaf &leaf) {
     OwningOpRef<ModuleOp> m = build(leaf.choice);
-    if (!m)
-      return false;
-    auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-    FailureOr<MemoryPlan> plan = planMemory(*m, step, 64, /*place=*/false);
+    return m && measure(leaf, *m);
+  }
+  /// `leaf`'s liveness (unplaced), units on disk and predicted step, from
+  /// its module `m`.
+  bool measure(Leaf &leaf, ModuleOp m) {
+    auto step = m.lookupSymbol<func::FuncOp>(kTrainStepName);
+    FailureOr<MemoryPlan> plan = planMemory(m, step, 64, /*place=*/false);
     if (failed(plan))
       return false;
     leaf.peakLive = plan->peakLive;
     leaf.hostPeakLive = plan->hostPeakLive;
-    leaf.predicted = predictStep(*m, step, *plan, profile);
+    leaf.unitsOnDisk = unitsOnDisk(m);
+    leaf.predicted = predictStep(m, step, *plan, profile);
     ++numCandidates;
     ++evaluated;
     return true;
@@ -489,16 +505,8 @@ LogicalResult SearchSchedulePass::searchUniform() {
                   OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
                   if (!schedule(*m, depth) || !finish(*m, leaf.choice))
                     return failure();
-                  auto step = m->lookupSymbol<func::FuncOp>(kTrainStepName);
-                  FailureOr<MemoryPlan> plan =
-                      planMemory(*m, step, /*alignment=*/64, /*place=*/false);
-                  if (failed(plan))
+                  if (!measure(leaf, *m))
                     return failure();
-                  leaf.peakLive = plan->peakLive;
-                  leaf.hostPeakLive = plan->hostPeakLive;
-                  leaf.predicted = predictStep(*m, step, *plan, profile);
-                  ++numCandidates;
-                  ++evaluated;
                   leaves.push_back(std::move(leaf));
                 }
       }
@@ -746,15 +754,6 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
   return success();
 }
 
-/// The units whose state a module keeps on disk (fsdp-offload's nvme).
-static int64_t unitsOnDisk(ModuleOp m) {
-  llvm::StringSet<> units;
-  for (StateOp s : m.getOps<StateOp>())
-    if (s->hasAttr(kNvmeAttrName))
-      units.insert(s.getParam());
-  return int64_t(units.size());
-}
-
 /// Units keeping their state on disk (fsdp-offload's nvme-units), unless
 /// pinned, under host-memory-budget: the fastest few candidates with the
 /// state on disk that fit are tried with fewer units there, the fewest
@@ -774,9 +773,6 @@ LogicalResult SearchSchedulePass::tuneNvmeUnits() {
   // room to bring units back).
   for (size_t t : tunable(fit, 4)) {
     const Leaf base = leaves[t];
-    OwningOpRef<ModuleOp> m = build(base.choice);
-    if (!m)
-      return failure();
     // All of them fit; find the fewest that do. Unless pinned, also
     // without the read ahead: its staging is host memory the units
     // brought back to it may need more (a unit in host memory saves the
@@ -785,7 +781,7 @@ LogicalResult SearchSchedulePass::tuneNvmeUnits() {
     if (offloadNvmeReadAhead < 0 && base.choice.nvmeReadAhead > 0)
       aheads.push_back(0);
     for (int64_t ahead : aheads) {
-      int64_t lo = 1, hi = unitsOnDisk(*m);
+      int64_t lo = 1, hi = base.unitsOnDisk;
       std::optional<Leaf> fewest;
       while (lo < hi) {
         Leaf l = base;
