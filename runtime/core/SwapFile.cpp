@@ -276,14 +276,14 @@ Status SwapFile::sync() const {
   return Status::ok();
 }
 
-Status SwapFile::settle(int64_t offset, int64_t n) const {
+Status SwapFile::settle(int64_t offset, int64_t n, bool written) const {
   if (fd < 0)
     return FSDP_ERROR("swap file: not open");
   if (isDirect || n <= 0)
     return Status::ok();
-  if (::sync_file_range(fd, (off64_t)offset, (off64_t)n,
-                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+  if (written && ::sync_file_range(fd, (off64_t)offset, (off64_t)n,
+                                   SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                       SYNC_FILE_RANGE_WAIT_AFTER) != 0)
     return FSDP_ERROR("swap file ", name, ": sync_file_range failed: ", std::strerror(errno));
   (void)::posix_fadvise(fd, (off_t)offset, (off_t)n, POSIX_FADV_DONTNEED); // advice only
   return Status::ok();
@@ -367,7 +367,7 @@ Status calibrateSwap(const std::string &dir, Communicator &comm, nlohmann::json 
       const int64_t off = (write ? half : 0) + moved % half;
       Status st = write ? f.swapOut(off, p, chunk) : f.swapIn(off, p, chunk);
       if (st)
-        st = f.settle(off, chunk);
+        st = f.settle(off, chunk, write);
       if (!st) {
         out.status = st;
         failed = true;

@@ -83,8 +83,9 @@ public:
   /// The same for `n` bytes at `offset` only, and nothing with O_DIRECT
   /// (no page cache to write back or drop): the calibration's duplex
   /// phase, between transfers of one range on two threads. Safe beside
-  /// swapIn / swapOut on other threads.
-  Status settle(int64_t offset, int64_t n) const;
+  /// swapIn / swapOut on other threads. A range only read (`written`
+  /// false) has nothing to write back: its pages are only dropped.
+  Status settle(int64_t offset, int64_t n, bool written = true) const;
 
   /// How many of the file's bytes the page cache holds now (mincore over
   /// a mapping of it; whole pages), or -1 where that cannot be told. With
