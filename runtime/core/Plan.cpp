@@ -546,6 +546,19 @@ Status validateSwaps(const Plan &plan, int64_t i) {
                         t.name, "), whose live range [", t.first, ", ", t.last,
                         "] starts later: another buffer could take its bytes while it is read");
   }
+  // Nothing else touches a staging buffer from the read point on: the
+  // read fills it on the swap-in thread beside those instructions.
+  if (inst.swapReadAt >= 0)
+    for (int64_t k = inst.swapReadAt; k < i; ++k)
+      for (const auto *ids : {&plan.program[k].in, &plan.program[k].out})
+        for (int64_t id : *ids)
+          for (const Swap &s : inst.swaps)
+            if (storageRoot(plan, id) == s.staging)
+              return FSDP_ERROR("plan: instruction #", k, " (", plan.program[k].op,
+                                ") uses staging buffer ", s.staging, " (",
+                                plan.buffers[s.staging].name, "), which instruction #", i, " (",
+                                inst.op, ") reads its state into from after #", inst.swapReadAt,
+                                " (swap_read_at): the two are not ordered");
   return Status::ok();
 }
 

@@ -2037,6 +2037,28 @@ TEST_P(DeviceConformance, ExecutorReadsAheadWhereThePlanSays) {
   EXPECT_NE(ref[2][0], 0.0f) << "the moments were not written back";
 }
 
+/// A plan whose instruction between a read ahead's point and its update
+/// writes the staging the read fills (a race on the swap-in thread) is
+/// refused by name; so is a read point at or after the update.
+TEST(PlanValidation, ReadAheadWindowIsTheStagingsOwn) {
+  auto j = nlohmann::json::parse(nvmePlan(0));
+  Plan ok, raced, late;
+  ASSERT_TRUE(parsePlan(j.dump(), ok).isOk());
+  auto race = j;
+  race["program"][3]["out"] = {12}; // to_host g2 into the second update's staging
+  Status st = parsePlan(race.dump(), raced);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("instruction #3 (to_host) uses staging buffer 12"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("from after #0 (swap_read_at)"), std::string::npos) << st.message();
+  j["program"][6]["attrs"]["swap_read_at"] = 6;
+  st = parsePlan(j.dump(), late);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("a read ahead is issued after an earlier instruction"),
+            std::string::npos)
+      << st.message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
                          ::testing::Values(std::string("cpu"), std::string("cuda")),
                          [](const auto &info) { return info.param; });
