@@ -270,9 +270,6 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   Stream &hostStream = dev.hostStream();
   const int64_t index = &inst - plan.program.data();
   std::shared_ptr<const SwapIo> io = swapIo[index];
-  const SwapFile *file = swap.get();
-  if (io && !file)
-    return FSDP_ERROR(inst.op, " reads optimizer state from the swap file, which is not open");
   Stream &out = dev.swapOutStream();
   if (io) {
     // Read ahead after an earlier instruction, or now.

@@ -1893,6 +1893,70 @@ std::string nvmePlan(int64_t readAt = -1) {
   return testplans::oneRankPlan(p, buffers, program);
 }
 
+/// What nvmeTwoSteps gives: buffers p1, p2, m1, v1, m2, v2 after two
+/// steps, and the executor's own host peak live.
+struct NvmeRun {
+  std::vector<std::vector<float>> buffers;
+  int64_t hostPeakLive = 0;
+};
+
+/// Waits (10 s at most) until `exec` has read at least `n` bytes of its
+/// swap file; the bytes read then.
+int64_t waitForReads(const Executor &exec, int64_t n) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (exec.swapFile()->bytesRead() < n && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return exec.swapFile()->bytesRead();
+}
+
+/// Trains `plan` (nvmePlan's buffers) two steps on `device`. With
+/// `whileHeld`, the first host update is held at a gate during step 1
+/// while it runs (it sees the executor and the count of host updates
+/// done), then released. Checks what every such run must give: both
+/// updates done and written back, the gate never timed out.
+void nvmeTwoSteps(const std::string &device, const Plan &plan,
+                  const std::function<void(const Executor &, int)> &whileHeld, NvmeRun &r) {
+  const int64_t vb = 64 * 4;
+  std::unique_ptr<Device> d;
+  ASSERT_TRUE(createDevice(device, DeviceOptions{}, d).isOk());
+  GatedHost dev(std::move(d));
+  if (whileHeld)
+    dev.gates[0];
+  auto comm = communicatorFor(device);
+  Executor exec(plan, *comm, dev);
+  exec.setNvmeDir(::testing::TempDir());
+  ASSERT_TRUE(exec.init(1234).isOk());
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
+  ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+  Status stepped;
+  float loss = 0;
+  std::thread stepper([&] { stepped = exec.step(1, 1e-2, loss); });
+  if (whileHeld) {
+    whileHeld(exec, dev.hostDone.load());
+    dev.gates[0].set_value();
+  }
+  stepper.join();
+  ASSERT_TRUE(stepped.isOk()) << stepped.message();
+  EXPECT_EQ(dev.hostDone.load(), 2);
+  EXPECT_EQ(exec.swapFile()->bytesWritten(), 4 * vb);
+  ASSERT_TRUE(exec.step(2, 1e-2, loss).isOk());
+  EXPECT_FALSE(dev.gateTimedOut.load());
+  r.hostPeakLive = exec.measureMemory().hostPeakLive;
+  for (int64_t id : {4, 5, 14, 15, 16, 17}) {
+    r.buffers.emplace_back(64);
+    ASSERT_TRUE(exec.readBuffer(id, r.buffers.back().data()).isOk());
+  }
+}
+
+void expectSameBuffers(const NvmeRun &a, const NvmeRun &b) {
+  ASSERT_EQ(a.buffers.size(), b.buffers.size());
+  for (size_t k = 0; k < a.buffers.size(); ++k)
+    EXPECT_EQ(std::memcmp(a.buffers[k].data(), b.buffers[k].data(), 64 * 4), 0) << "buffer #" << k;
+  EXPECT_NE(b.buffers[2][0], 0.0f) << "the moments were not written back";
+}
+
 /// [Note: swap pipeline]: with the first update held at a gate on the
 /// host stream (after its read), the executor still reads the second
 /// update's state from the swap file: the read runs on the swap-in stream,
@@ -1904,52 +1968,18 @@ TEST_P(DeviceConformance, ExecutorReadsTheNextUpdatesStateWhileAnUpdateRuns) {
   Status st = parsePlan(nvmePlan(), plan);
   ASSERT_TRUE(st.isOk()) << st.message();
   const int64_t vb = 64 * 4;
-  std::string dir = ::testing::TempDir();
-  auto train = [&](bool gated, std::vector<std::vector<float>> &out) {
-    std::unique_ptr<Device> d;
-    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
-    GatedHost dev(std::move(d));
-    if (gated)
-      dev.gates[0];
-    auto comm = communicatorFor(GetParam());
-    Executor exec(plan, *comm, dev);
-    exec.setNvmeDir(dir);
-    ASSERT_TRUE(exec.init(1234).isOk());
-    std::vector<float> x(64);
-    for (size_t i = 0; i < x.size(); ++i)
-      x[i] = (float)std::cos(0.21 * double(i)) * 0.8f;
-    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
-    Status stepped;
-    float loss = 0;
-    std::thread stepper([&] { stepped = exec.step(1, 1e-2, loss); });
-    if (gated) {
-      // Both updates' reads, while the first update cannot have run.
-      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (exec.swapFile()->bytesRead() < 4 * vb && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      EXPECT_EQ(exec.swapFile()->bytesRead(), 4 * vb)
-          << "the second update's read waited for the first update";
-      EXPECT_EQ(dev.hostDone.load(), 0) << "the gate did not hold the first update";
-      dev.gates[0].set_value();
-    }
-    stepper.join();
-    ASSERT_TRUE(stepped.isOk()) << stepped.message();
-    EXPECT_EQ(dev.hostDone.load(), 2);
-    EXPECT_EQ(exec.swapFile()->bytesWritten(), 4 * vb);
-    ASSERT_TRUE(exec.step(2, 1e-2, loss).isOk());
-    EXPECT_FALSE(dev.gateTimedOut.load());
-    for (int64_t id : {4, 5, 14, 15, 16, 17}) {
-      out.emplace_back(64);
-      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
-    }
-  };
-  std::vector<std::vector<float>> held, free;
-  train(true, held);
-  train(false, free);
-  ASSERT_EQ(held.size(), free.size());
-  for (size_t k = 0; k < held.size(); ++k)
-    EXPECT_EQ(std::memcmp(held[k].data(), free[k].data(), 64 * 4), 0) << "buffer #" << k;
-  EXPECT_NE(free[2][0], 0.0f) << "the moments were not written back";
+  NvmeRun held, free;
+  nvmeTwoSteps(
+      GetParam(), plan,
+      [&](const Executor &exec, int done) {
+        // Both updates' reads, while the first update cannot have run.
+        EXPECT_EQ(waitForReads(exec, 4 * vb), 4 * vb)
+            << "the second update's read waited for the first update";
+        EXPECT_EQ(done, 0) << "the gate did not hold the first update";
+      },
+      held);
+  nvmeTwoSteps(GetParam(), plan, nullptr, free);
+  expectSameBuffers(held, free);
 }
 
 /// offload-nvme's read-ahead ([Note: swap pipeline]): the second update's
@@ -1961,80 +1991,46 @@ TEST_P(DeviceConformance, ExecutorReadsTheNextUpdatesStateWhileAnUpdateRuns) {
 /// the gate opens. Every way trains the same bits, two steps.
 TEST_P(DeviceConformance, ExecutorReadsAheadWhereThePlanSays) {
   const int64_t vb = 64 * 4;
-  std::string dir = ::testing::TempDir();
-  auto train = [&](int64_t readAt, bool gated, bool readsAhead,
-                   std::vector<std::vector<float>> &out) {
-    Plan plan;
+  auto train = [&](int64_t readAt, bool gated, NvmeRun &out) {
     std::string text = nvmePlan(readAt < 0 ? 4 : readAt);
     if (readAt < 0) { // the same program, read at the update
       auto j = nlohmann::json::parse(text);
       j["program"][6]["attrs"].erase("swap_read_at");
       text = j.dump();
     }
+    Plan plan;
     Status st = parsePlan(text, plan);
     ASSERT_TRUE(st.isOk()) << st.message();
-    std::unique_ptr<Device> d;
-    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
-    GatedHost dev(std::move(d));
-    if (gated)
-      dev.gates[0];
-    auto comm = communicatorFor(GetParam());
-    Executor exec(plan, *comm, dev);
-    exec.setNvmeDir(dir);
-    ASSERT_TRUE(exec.init(1234).isOk());
-    std::vector<float> x(64);
-    for (size_t i = 0; i < x.size(); ++i)
-      x[i] = (float)std::cos(0.17 * double(i)) * 0.9f;
-    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
-    Status stepped;
-    float loss = 0;
-    std::thread stepper([&] { stepped = exec.step(1, 1e-2, loss); });
-    if (gated) {
-      if (readsAhead) {
-        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (exec.swapFile()->bytesRead() < 4 * vb && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        EXPECT_EQ(exec.swapFile()->bytesRead(), 4 * vb)
+    auto whileHeld = [&](const Executor &exec, int done) {
+      if (readAt >= 0) {
+        EXPECT_EQ(waitForReads(exec, 4 * vb), 4 * vb)
             << "the second update's state was not read ahead of compute reaching it";
       } else {
         // (the first update's read; the second is not issued yet)
-        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (exec.swapFile()->bytesRead() < 2 * vb && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        waitForReads(exec, 2 * vb);
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         EXPECT_EQ(exec.swapFile()->bytesRead(), 2 * vb)
             << "without a read ahead the second update's state was read before compute "
                "reached it";
       }
-      EXPECT_EQ(dev.hostDone.load(), 0) << "the gate did not hold the first update";
-      dev.gates[0].set_value();
-    }
-    stepper.join();
-    ASSERT_TRUE(stepped.isOk()) << stepped.message();
-    EXPECT_EQ(exec.swapFile()->bytesWritten(), 4 * vb);
-    ASSERT_TRUE(exec.step(2, 1e-2, loss).isOk());
-    EXPECT_FALSE(dev.gateTimedOut.load());
+      EXPECT_EQ(done, 0) << "the gate did not hold the first update";
+    };
+    nvmeTwoSteps(GetParam(), plan,
+                 gated ? std::function<void(const Executor &, int)>(whileHeld) : nullptr, out);
     // The runtime's own liveness: at #4-5 the parameters, lr and step,
     // both gradient copies and the first update's staging, and with a
     // read ahead the second's too (live from readAt), else not yet.
-    EXPECT_EQ(exec.measureMemory().hostPeakLive, (readAt < 0 ? 6 : 8) * vb + 8);
-    for (int64_t id : {4, 5, 14, 15, 16, 17}) {
-      out.emplace_back(64);
-      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
-    }
+    EXPECT_EQ(out.hostPeakLive, (readAt < 0 ? 6 : 8) * vb + 8);
   };
-  std::vector<std::vector<float>> ref;
-  train(-1, false, false, ref);
+  NvmeRun ref;
+  train(-1, false, ref);
   for (auto [readAt, gated] :
        {std::pair<int64_t, bool>{-1, true}, {0, true}, {4, true}, {0, false}}) {
     SCOPED_TRACE("swap_read_at " + std::to_string(readAt) + (gated ? ", gated" : ""));
-    std::vector<std::vector<float>> got;
-    train(readAt, gated, readAt >= 0, got);
-    ASSERT_EQ(got.size(), ref.size());
-    for (size_t k = 0; k < got.size(); ++k)
-      EXPECT_EQ(std::memcmp(got[k].data(), ref[k].data(), 64 * 4), 0) << "buffer #" << k;
+    NvmeRun got;
+    train(readAt, gated, got);
+    expectSameBuffers(got, ref);
   }
-  EXPECT_NE(ref[2][0], 0.0f) << "the moments were not written back";
 }
 
 /// A plan whose instruction between a read ahead's point and its update
