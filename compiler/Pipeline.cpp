@@ -51,6 +51,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   if (options.offloadNvmeReadAhead.hasValue())
     search.offloadNvmeReadAhead = options.offloadNvmeReadAhead;
   search.offloadNvmeUnits = options.offloadNvmeUnits;
+  search.offloadNvmeParams = options.offloadNvmeParams;
   if (options.offloadPrefetchDepth.hasValue())
     search.offloadPrefetchDepth = options.offloadPrefetchDepth;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
@@ -180,7 +181,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // which says why not.
   if ((options.offload != "none" && !searched &&
        (options.memoryBudget.empty() || options.offload != "auto")) ||
-      ((options.offloadNvme == AutoBool::True || options.offloadNvmeUnits >= 0) &&
+      ((options.offloadNvme == AutoBool::True || options.offloadNvmeUnits >= 0 ||
+        options.offloadNvmeParams) &&
        options.offload == "none")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
@@ -191,6 +193,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.nvmeInFlight = options.offloadNvmeInFlight;
     off.nvmeReadAhead = options.offloadNvmeReadAhead;
     off.nvmeUnits = options.offloadNvmeUnits;
+    off.nvmeParams = options.offloadNvmeParams;
     off.prefetchDepth = options.offloadPrefetchDepth;
     pm.addPass(createFsdpOffload(off));
   }

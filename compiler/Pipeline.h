@@ -257,6 +257,16 @@ struct FsdpPipelineOptions
                      "host-memory-budget the search puts the fewest on disk "
                      "that fit"),
       llvm::cl::init(-1)};
+  Option<bool> offloadNvmeParams{
+      *this, "offload-nvme-params",
+      llvm::cl::desc("with offload-nvme: ZeRO-Infinity's offload_param; the "
+                     "master shards of the units whose state is on disk (and "
+                     "with offload=all every frozen unit's storage) live in the "
+                     "swap file too, each copy to the device reading its bytes "
+                     "into a host staging buffer first: host memory holds no "
+                     "parameter of theirs, the drive reads them at every use "
+                     "(default false)"),
+      llvm::cl::init(false)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

@@ -339,17 +339,38 @@ LogicalResult programJson(ModuleOp module, func::FuncOp step, const MemoryPlan &
       // skip_nonfinite then grad_scale; the runtime knows them by these
       // marks (docs/PLAN_FORMAT.md).
       markUpdateOperands(&op, attrs);
+      // The join of an update whose result is in the swap file
+      // (nvme-params: the new master shard, in its staging until written
+      // back) names that staging, as the update does: the runtime knows an
+      // update in flight by its first output.
+      if (isa<WaitOp>(op)) {
+        Operation *joined = plan.carried.lookup(&op);
+        if (!joined)
+          joined = op.getOperand(0).getDefiningOp();
+        if (auto it = plan.swaps.find(joined); joined && it != plan.swaps.end())
+          for (const PlannedSwap &sw : it->second)
+            for (json::Array *ids : {&in, &out})
+              for (json::Value &id : *ids)
+                if (id.getAsInteger() == sw.operand)
+                  id = sw.view;
+      }
       // fsdp-offload's nvme: the instruction reads (and, updating in
       // place, writes) staging buffers; the runtime moves each between
-      // the swap file and the host arena around it.
+      // the swap file and the host arena around it. A copy to the device
+      // of part of a buffer there (nvme-params) reads from a view of its
+      // staging, which holds the blocks from byte `offset` of the file
+      // buffer on: [file, staging, write, offset].
       if (auto it = plan.swaps.find(&op); it != plan.swaps.end()) {
         json::Array swaps;
         for (const PlannedSwap &sw : it->second) {
           for (json::Array *ids : {&in, &out})
             for (json::Value &id : *ids)
-              if (id.getAsInteger() == sw.file)
-                id = sw.staging;
-          swaps.push_back(json::Array{sw.file, sw.staging, sw.write});
+              if (id.getAsInteger() == sw.operand)
+                id = sw.view;
+          json::Array entry{sw.file, sw.staging, sw.write};
+          if (sw.offset != 0 || plan.buffers[sw.staging].bytes != plan.buffers[sw.file].bytes)
+            entry.push_back(sw.offset);
+          swaps.push_back(std::move(entry));
         }
         attrs["swap"] = std::move(swaps);
         // nvme-read-ahead: the reads issued after that earlier instruction.
@@ -409,7 +430,8 @@ json::Object memoryJson(const MemoryPlan &plan) {
     json::Object &host = *memory["host"].getAsObject();
     host["state"] = plan.hostPersistentState;
     host["staging"] = plan.hostStagingPeak;
-    memory["nvme"] = json::Object{{"state", plan.nvmeState}, {"file", plan.nvmeBytes}};
+    memory["nvme"] = json::Object{
+        {"state", plan.nvmeState}, {"params", plan.nvmeParams}, {"file", plan.nvmeBytes}};
   }
   return memory;
 }

@@ -405,9 +405,22 @@ LogicalResult MemoryPlanner::placeParams() {
       pu.frozen = unit.getFrozen();
       if (unit.getOffloaded())
         offloaded.insert(unit.getSymName());
-      PlannedBuffer b = persistent(pu.name,
-                                   cast<RankedTensorType>(unit.getStorageType()),
-                                   BufKind::Param, unit.getOffloaded());
+      auto storage = cast<RankedTensorType>(unit.getStorageType());
+      PlannedBuffer b;
+      if (unit->hasAttr(kNvmeAttrName)) {
+        // fsdp-offload's nvme-params: in the swap file, on blocks of its own.
+        b.name = pu.name;
+        b.type = storage;
+        b.kind = BufKind::Param;
+        b.persistent = b.host = b.nvme = true;
+        b.bytes = byteSize(storage);
+        b.ioAlign = std::max(alignment, ::fsdp::kSwapAlignment);
+        nvmeCursor = alignUp(nvmeCursor, b.ioAlign);
+        b.offset = nvmeCursor;
+        nvmeCursor += b.extent();
+      } else {
+        b = persistent(pu.name, storage, BufKind::Param, unit.getOffloaded());
+      }
       b.unit = u;
       pu.buffer = addBuffer(b);
       plan.symbolBuffer[unit.getSymName()] = pu.buffer;
@@ -747,6 +760,7 @@ LogicalResult MemoryPlanner::resolveAliases() {
       b.kind = rb.kind;
       b.persistent = rb.persistent;
       b.host = rb.host;
+      b.nvme = rb.nvme; // (a view of storage in the swap file: planSwaps)
       b.aliasOf = root;
       b.rankStride = stride;
       b.rankPeriod = stride ? period : 0;
@@ -762,7 +776,11 @@ LogicalResult MemoryPlanner::resolveAliases() {
 /// state buffer, live while the instruction is (through its wait when it
 /// is async); the runtime fills it from the file before the instruction
 /// and writes it back after, when the instruction updates it in place.
-/// Nothing else may touch that state: the device never sees it.
+/// With nvme-params a unit's storage is in the file too: its update swaps
+/// it like its state, and each copy of it to the device (of the storage
+/// or of a view of it) reads the whole blocks its bytes span into a
+/// staging buffer and copies from a view of that. Nothing else may touch
+/// what is in the file: the device never sees it.
 LogicalResult MemoryPlanner::planSwaps() {
   auto fileRoot = [&](Value v) -> int64_t {
     auto it = plan.valueBuffer.find(v);
@@ -775,15 +793,24 @@ LogicalResult MemoryPlanner::planSwaps() {
     if (!plan.instrIndex.count(&op) || isa<WaitOp>(op))
       continue;
     SmallVector<PlannedSwap> swaps;
+    const bool copy = isa<ToDeviceOp>(op);
     for (Value v : op.getOperands()) {
       int64_t file = fileRoot(v);
       if (file < 0 || llvm::any_of(swaps, [&](const PlannedSwap &s) { return s.file == file; }))
         continue;
       const PlannedBuffer &fb = plan.buffers[file];
-      if (!op.hasAttr(kOnHostAttrName) || plan.valueBuffer.lookup(v) != file)
-        return op.emitOpError() << "reads @" << fb.name
-                                << ", optimizer state kept in the swap file (offload-nvme): "
-                                   "only a host instruction may, and the whole buffer";
+      const int64_t named = plan.valueBuffer.lookup(v);
+      const PlannedBuffer &nb = plan.buffers[named];
+      const char *what = fb.kind == BufKind::Param
+                             ? "parameters kept in the swap file (offload-nvme-params)"
+                             : "optimizer state kept in the swap file (offload-nvme)";
+      if (!(op.hasAttr(kOnHostAttrName) && named == file) &&
+          !(copy && (named == file || nb.rankStride == 0)))
+        return op.emitOpError() << "reads @" << fb.name << ", " << what
+                                << ": only a host instruction may (the whole buffer), or a copy "
+                                   "to the device (the buffer or a view of it on every rank)";
+      PlannedSwap s;
+      s.file = s.operand = file;
       PlannedBuffer staging;
       staging.name = fb.name + ".swap";
       staging.type = fb.type;
@@ -791,10 +818,31 @@ LogicalResult MemoryPlanner::planSwaps() {
       staging.bytes = fb.bytes;
       staging.host = true;
       staging.ioAlign = fb.ioAlign; // the file's blocks land on its own
-      PlannedSwap s;
-      s.file = file;
-      s.staging = addBuffer(staging);
+      if (named != file) {
+        // The whole blocks the view's bytes span (nb.offset: from the
+        // file buffer's start until placeTransients).
+        const int64_t lo = nb.offset / fb.ioAlign * fb.ioAlign;
+        const int64_t hi = alignUp(nb.offset + nb.bytes, fb.ioAlign);
+        const int64_t elem = std::max<int64_t>(byteSize(fb.type) / fb.type.getNumElements(), 1);
+        staging.name = fb.name + ".swap" + std::to_string(lo);
+        staging.type = RankedTensorType::get({(hi - lo) / elem}, fb.type.getElementType());
+        staging.bytes = hi - lo;
+        s.offset = lo;
+        s.operand = named;
+      }
+      s.staging = s.view = addBuffer(staging);
       transient.push_back(s.staging);
+      if (named != file) {
+        PlannedBuffer view;
+        view.name = staging.name + ".view" + std::to_string(nb.offset - s.offset);
+        view.type = nb.type;
+        view.kind = BufKind::State;
+        view.bytes = nb.bytes;
+        view.host = true;
+        view.aliasOf = s.staging;
+        view.offset = nb.offset - s.offset; // relative for now
+        s.view = addBuffer(view);
+      }
       swaps.push_back(s);
     }
     for (Value r : op.getResults()) {
@@ -802,7 +850,7 @@ LogicalResult MemoryPlanner::planSwaps() {
       if (file < 0)
         continue;
       auto it = llvm::find_if(swaps, [&](const PlannedSwap &s) { return s.file == file; });
-      if (it == swaps.end())
+      if (it == swaps.end() || copy || it->operand != file)
         return op.emitOpError() << "writes @" << plan.buffers[file].name
                                 << " in the swap file (offload-nvme) without reading it: "
                                    "only an in-place update may";
@@ -815,7 +863,9 @@ LogicalResult MemoryPlanner::planSwaps() {
   // instruction are issued after the (k-R)-th, the first R's after the
   // step's first instruction, so the drive reads ahead of the gradients
   // (and during the forward pass) instead of from when compute reaches
-  // each update; computeLiveness widens the staging back to there.
+  // each update; computeLiveness widens the staging back to there. With
+  // nvme-params the copies of storage on disk to the device count among
+  // them: each is read while the copies before it run.
   int64_t ahead = 0;
   if (auto a = module->getAttrOfType<IntegerAttr>(kNvmeReadAheadAttrName))
     ahead = a.getInt();
@@ -825,8 +875,8 @@ LogicalResult MemoryPlanner::planSwaps() {
     for (Operation &op : body->without_terminator()) {
       if (!first && plan.instrIndex.count(&op))
         first = &op;
-      if (plan.swaps.count(&op) && op.hasAttr("async")) // (one joined at once: its own)
-        order.push_back(&op);
+      if (plan.swaps.count(&op) && (op.hasAttr("async") || isa<ToDeviceOp>(op)))
+        order.push_back(&op); // (an update joined at once reads at its own)
     }
     for (size_t k = 0; k < order.size(); ++k)
       if (Operation *at = k >= size_t(ahead) ? order[k - ahead] : first; at && at != order[k])
@@ -903,11 +953,12 @@ void MemoryPlanner::touchStaging(Operation *op, int64_t at) {
   auto it = plan.swaps.find(op);
   if (it == plan.swaps.end() || at < 0)
     return;
-  for (const PlannedSwap &s : it->second) {
-    PlannedBuffer &b = plan.buffers[s.staging];
-    b.first = std::min(b.first, at);
-    b.last = std::max(b.last, at);
-  }
+  for (const PlannedSwap &s : it->second)
+    for (int64_t id : {s.staging, s.view}) {
+      PlannedBuffer &b = plan.buffers[id];
+      b.first = std::min(b.first, at);
+      b.last = std::max(b.last, at);
+    }
 }
 
 /// Each buffer's first and last instruction; transient values live
@@ -953,8 +1004,10 @@ void MemoryPlanner::computeLiveness() {
           for (Value v : c->getOperands())
             touch(v, at);
           touchStaging(c, at);
-        } else
+        } else {
           touch(c->getOperand(0), at);
+          touchStaging(c, at); // (an async copy of storage on disk)
+        }
       }
   }
   // A value defined by a storage alias (a view) whose users are
@@ -1036,8 +1089,8 @@ void MemoryPlanner::measurePeak() {
   std::vector<std::array<int64_t, kNumBufKinds>> liveKind(
       live.size(), std::array<int64_t, kNumBufKinds>{});
   for (const PlannedBuffer &b : plan.buffers) {
-    if (b.nvme) // the swap file is no arena
-      plan.nvmeState += b.bytes;
+    if (b.nvme && b.aliasOf < 0) // the swap file is no arena
+      (b.kind == BufKind::Param ? plan.nvmeParams : plan.nvmeState) += b.bytes;
     if (b.aliasOf >= 0 || b.nvme)
       continue;
     if (b.host) {

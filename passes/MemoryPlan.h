@@ -70,6 +70,13 @@ struct PlannedBuffer {
 struct PlannedSwap {
   int64_t file = -1, staging = -1;
   bool write = false;
+  /// A copy to the device of part of `file` (nvme-params: a view of a
+  /// unit's storage) reads only the whole blocks that part spans: from
+  /// byte `offset` of `file` (a multiple of its ioAlign), the staging's
+  /// bytes; the instruction names `view` (a view of `staging`) where it
+  /// named `operand` (the view of `file`). Whole: offset 0, operand ==
+  /// file, view == staging.
+  int64_t offset = 0, operand = -1, view = -1;
 };
 
 struct PlannedUnit {
@@ -121,7 +128,8 @@ struct MemoryPlan {
   int64_t hostTotalByKind[kNumBufKinds] = {};
   /// fsdp-offload's nvme: bytes of the per-rank swap file, and the swaps
   /// of each host instruction that reads state kept there.
-  int64_t nvmeBytes = 0, nvmeState = 0; ///< the file, and the state in it
+  /// the file, the state and the parameters (nvme-params) in it
+  int64_t nvmeBytes = 0, nvmeState = 0, nvmeParams = 0;
   /// The ioAlign of every swapped buffer and staging buffer (the plan's
   /// "swap_alignment"; 0 without the swap file).
   int64_t swapAlignment = 0;

@@ -50,6 +50,12 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
           << " keeps part of the optimizer state on disk: it needs nvme (offload-nvme=true)";
       return signalPassFailure();
     }
+    if (nvmeParams && !nvme) {
+      mlir::emitError(module.getLoc())
+          << "fsdp-offload: nvme-params puts the master shards in the swap file with the "
+             "optimizer state: it needs nvme (offload-nvme=true)";
+      return signalPassFailure();
+    }
     if (mode == "none") {
       if (nvme) {
         mlir::emitError(module.getLoc())
@@ -293,6 +299,13 @@ struct OffloadPass : mlir::fsdp::impl::FsdpOffloadBase<OffloadPass> {
     for (StateOp s : module.getOps<StateOp>())
       if (onDisk.contains(s.getParam()))
         s->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
+    // ZeRO-Infinity's offload_param: those units' master shards too, and
+    // every offloaded frozen unit's storage (read only: its copies to the
+    // device are its only readers).
+    if (nvmeParams)
+      for (UnitOp u : module.getOps<UnitOp>())
+        if (u.getOffloaded() && (onDisk.contains(u.getSymName()) || u.getFrozen()))
+          u->setAttr(kNvmeAttrName, UnitAttr::get(&getContext()));
     // Where each read starts (fsdp-plan-memory places it).
     module->setAttr(kNvmeReadAheadAttrName,
                     IntegerAttr::get(IntegerType::get(&getContext(), 64), nvmeReadAhead));

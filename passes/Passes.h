@@ -40,8 +40,9 @@ constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
 /// offloaded units): they read and write host memory only.
 constexpr llvm::StringLiteral kOnHostAttrName = "fsdp.on_host";
 /// Marks the optimizer state fsdp-offload's nvme keeps in the per-rank swap
-/// file (on fsdp.state): fsdp-plan-memory gives it a file offset instead of
-/// an arena's and each host instruction reading it a staging buffer.
+/// file (on fsdp.state; with nvme-params also on fsdp.unit: its storage):
+/// fsdp-plan-memory gives it a file offset instead of an arena's and each
+/// instruction reading it a staging buffer.
 constexpr llvm::StringLiteral kNvmeAttrName = "fsdp.nvme";
 /// On the module, with fsdp.nvme state: fsdp-offload's nvme-read-ahead,
 /// how many updates on disk ahead each one's state is read

@@ -598,6 +598,14 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
     staging buffer live from there (the plan's `swap_read_at`), R more
     updates' staging in the host arena; 0 reads once compute reaches the
     update.
+    `nvme-params` (ZeRO-Infinity's offload_param) puts the master shards of
+    the units whose state is on disk in the swap file too (with
+    `offload=all` also every frozen unit's storage): the host arena then
+    holds no parameter of theirs. fsdp-plan-memory gives each copy of such
+    storage to the device (`fsdp.to_device`, of the shard or of a view of
+    it) a staging buffer of the whole blocks its bytes span, read from the
+    file first, and the update reads and writes the shard like its state;
+    the reads ahead count these copies among the swapping instructions.
     `nvme-units=K` keeps only the state of the first K offloaded trainable
     units the step updates on disk (the backward pass's first: their
     swaps have the most of it left to hide behind) and the rest in the
@@ -656,6 +664,11 @@ def FsdpOffload : Pass<"fsdp-offload", "::mlir::ModuleOp"> {
            "with nvme: how many offloaded trainable units keep their state in "
            "the swap file, the first ones the step updates; the rest keep it "
            "in host memory (-1: all)">,
+    Option<"nvmeParams", "nvme-params", "bool", /*default=*/"false",
+           "with nvme: the master shards of the units whose state is on disk "
+           "(and with offload=all every frozen unit's storage) live in the swap "
+           "file too (ZeRO-Infinity's offload_param): each copy to the device "
+           "reads its bytes into a staging buffer first">,
   ];
   let statistics = [
     Statistic<"numCopies", "copies", "Host/device copies inserted">,
@@ -914,6 +927,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeUnits", "offload-nvme-units", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-units for the candidates with the state on "
            "disk (-1: all, and with host-memory-budget the fewest that fit)">,
+    Option<"offloadNvmeParams", "offload-nvme-params", "bool", /*default=*/"false",
+           "fsdp-offload's nvme-params for the candidates with the state on "
+           "disk (their master shards in the swap file too)">,
     Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's prefetch-depth for the prefetching candidates "
            "(-1: 1, and the fastest few are tried with 2 to 4)">,

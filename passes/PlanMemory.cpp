@@ -155,8 +155,11 @@ struct PlanMemoryPass : mlir::fsdp::impl::FsdpPlanMemoryBase<PlanMemoryPass> {
           // fsdp-offload's nvme: the state is in the swap file; the host
           // arena holds the updates' staging copies of it.
           row("  optimizer state", plan->hostPersistentState);
-          row("  state staging", plan->hostStagingPeak);
+          row(plan->nvmeParams ? "  staging (state, params)" : "  state staging",
+              plan->hostStagingPeak);
           row("  state in swap file", plan->nvmeState);
+          if (plan->nvmeParams)
+            row("  params in swap file", plan->nvmeParams);
           row("  swap file (nvme)", plan->nvmeBytes);
         } else {
           row("  optimizer state", plan->hostTotalByKind[(int)BufKind::State]);

@@ -192,6 +192,7 @@ struct SearchSchedulePass
     for (UnitOp u : m.getOps<UnitOp>())
       trainable += u.getSharded() && !u.getFrozen();
     o.nvmeUnits = c.nvmeUnits < 0 ? -1 : std::min(c.nvmeUnits, std::max<int64_t>(trainable, 1));
+    o.nvmeParams = c.nvme && offloadNvmeParams;
     o.prefetchDepth = c.copiesInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
@@ -434,6 +435,9 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   if (offloadNvmeUnits >= 0 && offloadNvme == "false")
     return fail("offload-nvme-units=" + std::to_string(offloadNvmeUnits) +
                 " keeps part of the optimizer state on disk: it needs offload-nvme=true or auto");
+  if (offloadNvmeParams && offloadNvme == "false")
+    return fail("offload-nvme-params puts the master shards on disk with the optimizer state: "
+                "it needs offload-nvme=true or auto");
   nvmeChoices.assign({offloadNvme == "true"});
   if (offloadNvme == "auto")
     nvmeChoices.push_back(true);

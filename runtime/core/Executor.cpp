@@ -145,20 +145,28 @@ Status Executor::finishCarried() {
 
 Status Executor::readBuffer(int64_t id, void *host) const {
   FSDP_RETURN_IF_ERROR(settle(id));
-  const Buffer &b = plan.buffers[id];
-  if (b.nvme) // [Note: swap file]
-    return swap ? swap->read(b.offset, host, b.bytes)
-                : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
-  return dev.copyToHost(host, address(id), b.bytes);
+  return readBytes(id, 0, host, plan.buffers[id].bytes);
 }
 
 Status Executor::writeBuffer(int64_t id, const void *host) {
   FSDP_RETURN_IF_ERROR(settle(id));
+  return writeBytes(id, 0, host, plan.buffers[id].bytes);
+}
+
+Status Executor::readBytes(int64_t id, int64_t at, void *host, int64_t n) const {
+  const Buffer &b = plan.buffers[id];
+  if (b.nvme) // [Note: swap file]
+    return swap ? swap->read(b.offset + at, host, n)
+                : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
+  return dev.copyToHost(host, address(id) + at, n);
+}
+
+Status Executor::writeBytes(int64_t id, int64_t at, const void *host, int64_t n) {
   const Buffer &b = plan.buffers[id];
   if (b.nvme)
-    return swap ? swap->write(b.offset, host, b.bytes)
+    return swap ? swap->write(b.offset + at, host, n)
                 : FSDP_ERROR("buffer ", b.name, " is in the swap file, which is not open");
-  return dev.copyToDevice(address(id), host, b.bytes);
+  return dev.copyToDevice(address(id) + at, host, n);
 }
 
 // [Note: swap pipeline]
@@ -201,8 +209,11 @@ void Executor::prepareSwaps() {
       readsAfter[inst.swapReadAt].push_back((int64_t)i);
     auto io = std::make_shared<SwapIo>();
     for (const Swap &s : inst.swaps) {
+      // (A copy of part of a unit's storage: the staging's blocks from
+      // s.offset on; otherwise all of it, s.offset 0.)
       const Buffer &f = plan.buffers[s.file];
-      io->parts.push_back({s.file, f.offset, f.bytes, address(s.staging), s.write});
+      io->parts.push_back({s.file, f.offset + s.offset, plan.buffers[s.staging].bytes,
+                           address(s.staging), s.write});
       io->writes = io->writes || s.write;
     }
     swapIo[i] = std::move(io);
@@ -232,7 +243,7 @@ std::function<Status()> Executor::swapTransfer(int64_t index, bool write, bool t
 Status Executor::issueSwapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read) {
   if (!swap)
     return FSDP_ERROR(plan.program[index].op,
-                      " reads optimizer state from the swap file, which is not open");
+                      " reads from the swap file (offload-nvme), which is not open");
   Stream &in = dev.swapInStream();
   FSDP_RETURN_IF_ERROR(dev.wait(in, ready));
   // After the last write of the state it reads, if still in flight (one
@@ -264,6 +275,49 @@ Status Executor::readAheadAfter(int64_t i) {
   return Status::ok();
 }
 
+Status Executor::swapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read) {
+  // Read ahead after an earlier instruction, or now.
+  if (auto it = readAhead.find(index); it != readAhead.end()) {
+    read = std::move(it->second);
+    readAhead.erase(it);
+    return Status::ok();
+  }
+  return issueSwapReads(index, ready, read);
+}
+
+Status Executor::runCopyWithSwaps(const Instruction &inst) {
+  // [Note: parameters on disk]
+  // With offload-nvme-params a copy of a unit's storage (or of a view of
+  // it) to the device copies from a staging buffer that the swap-in
+  // stream fills from the file first: after compute's event here, or read
+  // ahead after an earlier instruction (the plan's swap_read_at, so that
+  // the drive reads the next copies' bytes while this one runs). The copy
+  // waits for that read on its own stream: on the CPU device (whose copy
+  // stream is the compute stream) the issuing thread blocks until the
+  // bytes are there; on CUDA a host function holds the copy stream only.
+  // The read also waits for the last write-back of the same file buffer
+  // still in flight (issueSwapReads), so a copy never reads a master shard
+  // its update is still writing (next-step's updates write in the next
+  // step, beside the forward pass's copies).
+  const int64_t index = &inst - plan.program.data();
+  Stream &compute = dev.computeStream();
+  std::unique_ptr<Event> ready = dev.record(compute), read;
+  FSDP_RETURN_IF_ERROR(swapReads(index, *ready, read));
+  if (!isAsyncCopy(inst)) {
+    FSDP_RETURN_IF_ERROR(dev.wait(compute, *read));
+    return dev.run(index);
+  }
+  if (inFlight.count(inst.out[0]))
+    return FSDP_ERROR(inst.op, ": a copy writing buffer ", inst.out[0], " is already in flight");
+  Stream &copyStream = dev.copyStream();
+  std::unique_ptr<Event> done;
+  FSDP_RETURN_IF_ERROR(dev.wait(copyStream, *ready));
+  FSDP_RETURN_IF_ERROR(dev.wait(copyStream, *read));
+  FSDP_RETURN_IF_ERROR(dev.runOn(copyStream, index, done));
+  inFlight[inst.out[0]] = std::move(done);
+  return Status::ok();
+}
+
 Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
                                   std::unique_ptr<Event> &done,
                                   const std::shared_ptr<TraceEvent> &span) {
@@ -272,14 +326,8 @@ Status Executor::runHostWithSwaps(const Instruction &inst, Event &ready,
   std::shared_ptr<const SwapIo> io = swapIo[index];
   Stream &out = dev.swapOutStream();
   if (io) {
-    // Read ahead after an earlier instruction, or now.
     std::unique_ptr<Event> read;
-    if (auto it = readAhead.find(index); it != readAhead.end()) {
-      read = std::move(it->second);
-      readAhead.erase(it);
-    } else {
-      FSDP_RETURN_IF_ERROR(issueSwapReads(index, ready, read));
-    }
+    FSDP_RETURN_IF_ERROR(swapReads(index, ready, read));
     FSDP_RETURN_IF_ERROR(dev.wait(hostStream, *read));
   }
   if (span)
@@ -540,6 +588,8 @@ Status Executor::runOffCompute(const Instruction &inst) {
     inFlight.erase(it);
     return st;
   }
+  if (isArenaCopy(inst.op) && !inst.swaps.empty())
+    return runCopyWithSwaps(inst);
   if (isAsyncCopy(inst)) {
     // Activation offload's copy between the arenas, on the copy stream
     // behind the compute that wrote its input (beside the collectives);
@@ -1037,7 +1087,7 @@ Status Executor::getParamElement(const Param &p, int64_t i, float &value) const 
   FSDP_RETURN_IF_ERROR(settle(b));
   DType t = plan.buffers[b].dtype;
   uint8_t raw[4];
-  FSDP_RETURN_IF_ERROR(dev.copyToHost(raw, address(b) + dtypeSize(t) * e, dtypeSize(t)));
+  FSDP_RETURN_IF_ERROR(readBytes(b, dtypeSize(t) * e, raw, dtypeSize(t)));
   widenParams(t, raw, 1, &value);
   return Status::ok();
 }
@@ -1050,7 +1100,7 @@ Status Executor::setParamElement(const Param &p, int64_t i, float value) {
   DType t = plan.buffers[b].dtype;
   uint8_t raw[4];
   narrowParams(t, &value, 1, raw);
-  return dev.copyToDevice(address(b) + dtypeSize(t) * e, raw, dtypeSize(t));
+  return writeBytes(b, dtypeSize(t) * e, raw, dtypeSize(t));
 }
 
 Status Executor::gatherParams(TensorMap &out) {
@@ -1136,9 +1186,10 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
     return FSDP_ERROR("loadParams: chunk of ", chunk, " elements");
   std::vector<float> host;
   std::vector<uint8_t> stored; // a 16-bit chunk
-  // Elements [lo, hi) of `p` to device address `to`, stored as `t`
-  // ([Note: parameter storage dtypes]), a chunk at a time.
-  auto load = [&](const Param &p, int64_t lo, int64_t hi, uint8_t *to,
+  // Elements [lo, hi) of `p` to byte `to` of buffer `id` (in the swap
+  // file with offload-nvme-params), stored as `t` ([Note: parameter
+  // storage dtypes]), a chunk at a time.
+  auto load = [&](const Param &p, int64_t lo, int64_t hi, int64_t id, int64_t to,
                   DType t = DType::F32) -> Status {
     for (int64_t at = lo; at < hi; at += chunk) {
       int64_t n = std::min(chunk, hi - at);
@@ -1150,7 +1201,7 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
         narrowParams(t, host.data(), n, stored.data());
         src = stored.data();
       }
-      FSDP_RETURN_IF_ERROR(dev.copyToDevice(to + dtypeSize(t) * (at - lo), src, dtypeSize(t) * n));
+      FSDP_RETURN_IF_ERROR(writeBytes(id, to + dtypeSize(t) * (at - lo), src, dtypeSize(t) * n));
     }
     return Status::ok();
   };
@@ -1159,7 +1210,7 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
       if (plan.buffers[p.buffer].bytes != 4 * p.numel())
         return FSDP_ERROR("parameter '", p.name, "': its buffer holds ",
                           plan.buffers[p.buffer].bytes, " bytes, not ", p.numel(), " f32 values");
-      FSDP_RETURN_IF_ERROR(load(p, 0, p.numel(), address(p.buffer)));
+      FSDP_RETURN_IF_ERROR(load(p, 0, p.numel(), p.buffer, 0));
       continue;
     }
     // The part of the parameter in this rank's slice of its unit.
@@ -1170,8 +1221,8 @@ Status Executor::loadParams(const ParamReader &read, int64_t chunk) {
     int64_t hi = std::min(first + count, p.flatOffset + p.numel());
     DType t = plan.buffers[u.buffer].dtype;
     if (lo < hi)
-      FSDP_RETURN_IF_ERROR(load(p, lo - p.flatOffset, hi - p.flatOffset,
-                                address(u.buffer) + dtypeSize(t) * (lo - first), t));
+      FSDP_RETURN_IF_ERROR(
+          load(p, lo - p.flatOffset, hi - p.flatOffset, u.buffer, dtypeSize(t) * (lo - first), t));
   }
   return Status::ok();
 }

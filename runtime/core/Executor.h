@@ -119,6 +119,10 @@ public:
   /// Host copies of buffer `id` (its bytes, this rank's view).
   Status readBuffer(int64_t id, void *host) const;
   Status writeBuffer(int64_t id, const void *host);
+  /// `n` bytes from byte `at` of buffer `id`, in its arena or the swap
+  /// file (no settle: the caller's).
+  Status readBytes(int64_t id, int64_t at, void *host, int64_t n) const;
+  Status writeBytes(int64_t id, int64_t at, const void *host, int64_t n);
 
   /// Every parameter, whole (sharded units are all-gathered): a collective,
   /// so every rank must call it.
@@ -226,6 +230,12 @@ private:
   /// Instruction `index`'s reads of its swaps, as swap-in stream work after
   /// `ready` and the last writes of its state; `read` is their event.
   Status issueSwapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read);
+  /// Instruction `index`'s reads: those read ahead, or issued now after
+  /// `ready`.
+  Status swapReads(int64_t index, Event &ready, std::unique_ptr<Event> &read);
+  /// A copy to the device of storage on disk (offload-nvme-params): its
+  /// staging read first ([Note: parameters on disk]).
+  Status runCopyWithSwaps(const Instruction &inst);
   /// The reads ahead issued after instruction i (swap_read_at == i).
   Status readAheadAfter(int64_t i);
   /// One direction's transfers of instruction `index`'s swaps.

@@ -286,21 +286,26 @@ Status validateBuffers(const Plan &plan) {
                         : b.host ? plan.hostArenaBytes
                                  : plan.arenaBytes,
                         " bytes");
-    if ((b.nvme || b.swapStaging) && plan.swapAlignment > 0 && b.offset % plan.swapAlignment != 0)
+    if ((b.nvme || b.swapStaging) && b.aliasOf < 0 && plan.swapAlignment > 0 &&
+        b.offset % plan.swapAlignment != 0)
       return FSDP_ERROR("plan: ", where, " (", b.nvme ? "in the swap file" : "a swap's staging",
                         ") has offset ", b.offset, ", not a multiple of the plan's swap_alignment ",
                         plan.swapAlignment);
-    if (b.nvme && (!b.persistent || b.kind != BufferKind::State || b.aliasOf >= 0 || b.rankStride))
+    // Optimizer state, or a unit's storage (offload-nvme-params) and the
+    // views of it its copies to the device stood for.
+    if (b.nvme && (!b.persistent || (b.kind != BufferKind::State && b.kind != BufferKind::Param) ||
+                   b.rankStride))
       return FSDP_ERROR("plan: ", where,
-                        " is in the swap file (space \"nvme\"): only whole persistent "
-                        "optimizer state may be");
+                        " is in the swap file (space \"nvme\"): only persistent optimizer "
+                        "state and parameters may be");
     if (b.aliasOf >= 0) {
       if (!validId(plan, b.aliasOf) || plan.buffers[b.aliasOf].aliasOf >= 0)
         return FSDP_ERROR("plan: ", where, " is a view of an invalid buffer ", b.aliasOf);
       const Buffer &base = plan.buffers[b.aliasOf];
-      if (base.nvme)
-        return FSDP_ERROR("plan: ", where, " is a view of buffer ", base.id,
-                          " in the swap file: nothing views it");
+      if (base.nvme != b.nvme)
+        return FSDP_ERROR("plan: ", where, " is a view ", b.nvme ? "in" : "outside",
+                          " the swap file of buffer ", base.id, ", which is ",
+                          base.nvme ? "in" : "not in", " it");
       if (base.host != b.host)
         return FSDP_ERROR("plan: ", where, " is a view in ", b.host ? "host" : "device",
                           " memory of buffer ", base.id, " in the other arena");
@@ -323,9 +328,11 @@ Status validateMemoryPlan(const Plan &plan) {
   const int64_t end = (int64_t)plan.program.size();
   std::vector<int64_t> owners, swapped;
   for (int64_t i = 0; i < nb; ++i)
-    if (plan.buffers[i].nvme)
+    if (plan.buffers[i].aliasOf >= 0)
+      continue;
+    else if (plan.buffers[i].nvme)
       swapped.push_back(i);
-    else if (plan.buffers[i].aliasOf < 0)
+    else
       owners.push_back(i);
   // The swap file's buffers are all persistent: none may meet another.
   std::sort(swapped.begin(), swapped.end(),
@@ -385,10 +392,15 @@ Status validateUnits(const Plan &plan) {
       if (plan.buffers[u.buffer].numel() != want)
         return FSDP_ERROR("plan: unit ", u.name, " storage holds ",
                           plan.buffers[u.buffer].numel(), " elements, expected ", want);
-      if (u.offloaded != plan.buffers[u.buffer].host)
+      // (Offloaded: in the host arena, or with offload-nvme-params in the
+      // swap file.)
+      const Buffer &s = plan.buffers[u.buffer];
+      if (u.offloaded != (s.host || s.nvme))
         return FSDP_ERROR("plan: unit ", u.name, " is ",
                           u.offloaded ? "offloaded" : "not offloaded", " but its storage is in ",
-                          plan.buffers[u.buffer].host ? "host" : "device", " memory");
+                          s.nvme   ? "the swap file"
+                          : s.host ? "host memory"
+                                   : "device memory");
     } else if (u.offloaded) {
       return FSDP_ERROR("plan: unit ", u.name, " is offloaded but has no storage");
     }
@@ -497,10 +509,12 @@ Status validateIo(const Plan &plan) {
   return Status::ok();
 }
 
-/// Instruction #i's swaps ([Note: swap file]): only a host instruction has
-/// them; each pairs a state buffer in the swap file with a staging buffer
-/// of its bytes and dtype in the host arena that the instruction reads
-/// (and writes, when written back), each file and staging buffer once.
+/// Instruction #i's swaps ([Note: swap file]): only a host instruction or
+/// a copy to the device has them; each pairs a buffer in the swap file
+/// with a staging buffer of its bytes and dtype in the host arena that the
+/// instruction reads (and writes, when written back), each file and
+/// staging buffer once. A copy may read part of it: whole blocks from an
+/// offset on, into a staging buffer of those bytes it reads a view of.
 Status validateSwaps(const Plan &plan, int64_t i) {
   const Instruction &inst = plan.program[i];
   if (inst.swaps.empty()) {
@@ -515,27 +529,45 @@ Status validateSwaps(const Plan &plan, int64_t i) {
   if (inst.swapReadAt >= i)
     return FSDP_ERROR("plan: instruction #", i, " (", inst.op, ") swap_read_at ", inst.swapReadAt,
                       ": a read ahead is issued after an earlier instruction (0 to ", i - 1, ")");
-  if (!isHostInstruction(plan, inst))
+  const bool copy = inst.op == "to_device";
+  if (!isHostInstruction(plan, inst) && !copy)
     return FSDP_ERROR("plan: instruction #", i, " (", inst.op,
-                      ") has \"swap\" but is no host instruction: only the offloaded "
-                      "update reads state from the swap file");
+                      ") has \"swap\" but is no host instruction nor a copy to the device: "
+                      "only the offloaded update and the copies of parameters on disk read the "
+                      "swap file");
   std::set<int64_t> files, stagings;
   for (const Swap &s : inst.swaps) {
     std::string what = "plan: instruction #" + std::to_string(i) + " (" + inst.op + ") swap [" +
                        std::to_string(s.file) + ", " + std::to_string(s.staging) + "]";
-    if (!validId(plan, s.file) || !plan.buffers[s.file].nvme)
+    if (!validId(plan, s.file) || !plan.buffers[s.file].nvme || plan.buffers[s.file].aliasOf >= 0)
       return FSDP_ERROR(what, ": ", s.file, " is no buffer in the swap file");
     if (!validId(plan, s.staging))
       return FSDP_ERROR(what, ": unknown staging buffer ", s.staging);
     const Buffer &f = plan.buffers[s.file], &t = plan.buffers[s.staging];
-    if (!t.host || t.persistent || t.aliasOf >= 0 || t.bytes != f.bytes || t.dtype != f.dtype)
+    const bool whole = s.offset == 0 && t.bytes == f.bytes;
+    if (!t.host || t.persistent || t.aliasOf >= 0 || t.dtype != f.dtype ||
+        (!whole && (!copy || s.write)))
       return FSDP_ERROR(what, ": the staging buffer (", t.name,
-                        ") must be a transient host buffer of the state's ", f.bytes, " bytes (",
-                        dtypeName(f.dtype), ")");
+                        ") must be a transient host buffer of the file buffer's ", f.bytes,
+                        " bytes (", dtypeName(f.dtype), ")",
+                        copy && !s.write ? ", or of whole blocks of them" : "");
+    if (!whole) {
+      // Part of it (a copy of a view): whole blocks inside its own.
+      const int64_t a = plan.swapAlignment;
+      if (a <= 0 || s.offset < 0 || s.offset % a != 0 || t.bytes % a != 0 ||
+          s.offset > reservedBytes(plan, f) - t.bytes)
+        return FSDP_ERROR(what, ": reads ", t.bytes, " bytes from byte ", s.offset, " of ", f.name,
+                          " (", reservedBytes(plan, f),
+                          " bytes reserved): not whole blocks of the swap_alignment ", a,
+                          " inside it");
+    }
+    if (s.write && copy)
+      return FSDP_ERROR(what, ": a copy to the device writes nothing back");
     if (!files.insert(s.file).second || !stagings.insert(s.staging).second)
       return FSDP_ERROR(what, ": a state or staging buffer swapped twice");
     auto has = [&](const std::vector<int64_t> &ids) {
-      return std::find(ids.begin(), ids.end(), s.staging) != ids.end();
+      return std::any_of(ids.begin(), ids.end(),
+                         [&](int64_t id) { return storageRoot(plan, id) == s.staging; });
     };
     if (!has(inst.in) || (s.write && !has(inst.out)))
       return FSDP_ERROR(what, ": the instruction does not ", has(inst.in) ? "write" : "read",
@@ -645,7 +677,9 @@ static int64_t firstUsedOperand(const Plan &plan, const Instruction &inst,
 
 /// A carried wait at `i` joining host update #q on the copy stream: the next
 /// instruction is an async copy to the device of the update's storage
-/// (the copy stream runs it after the join) and, until that copy's wait,
+/// (the copy stream runs it after the join; with offload-nvme-params it
+/// reads a staging of the same file buffer, read after the update's
+/// write-back of it) and, until that copy's wait,
 /// compute touches none of the update's buffers (`used`, their roots):
 /// only copies on the copy stream, host instructions (the host stream runs
 /// after the update) and waits may.
@@ -655,7 +689,16 @@ static Status validateCopyStreamJoin(const Plan &plan, int64_t i, int64_t q,
   auto root = [&](int64_t id) { return storageRoot(plan, id); };
   const int64_t b = plan.program[i].in[0];
   const Instruction *copy = i + 1 < end ? &plan.program[i + 1] : nullptr;
-  if (!copy || copy->op != "to_device" || !isAsync(*copy) || root(copy->in[0]) != root(b))
+  // (The update's storage on disk: the file buffer b stages.)
+  auto fileOf = [&](const Instruction &inst, int64_t staging) {
+    for (const Swap &s : inst.swaps)
+      if (s.staging == staging)
+        return s.file;
+    return int64_t(-1);
+  };
+  const int64_t file = fileOf(plan.program[q], root(b));
+  if (!copy || copy->op != "to_device" || !isAsync(*copy) ||
+      (root(copy->in[0]) != root(b) && (file < 0 || file != fileOf(*copy, root(copy->in[0])))))
     return FSDP_ERROR("plan: instruction #", i, " (carried wait on buffer ", b,
                       ") joins on the copy stream, but the next instruction is not an async "
                       "to_device of that buffer");
@@ -1075,13 +1118,16 @@ Status readProgram(Reader &r, const json &j, Plan &plan) {
                               ".attrs.swap: expected an array of "
                               "[file, staging, write] entries");
           for (const json &e : *sw) {
-            if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() ||
-                !e[1].is_number_integer() || !e[2].is_boolean())
+            if (!e.is_array() || (e.size() != 3 && e.size() != 4) || !e[0].is_number_integer() ||
+                !e[1].is_number_integer() || !e[2].is_boolean() ||
+                (e.size() == 4 && !e[3].is_number_integer()))
               return FSDP_ERROR("plan: ", where,
                                 ".attrs.swap: expected [file, staging, "
-                                "write] (two buffer ids and a boolean), found ",
+                                "write] or [file, staging, write, offset] (two buffer ids, a "
+                                "boolean and a byte offset), found ",
                                 e.dump());
-            inst.swaps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<bool>()});
+            inst.swaps.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<bool>(),
+                                  e.size() == 4 ? e[3].get<int64_t>() : 0});
           }
         }
         if (a->contains("swap_read_at"))
@@ -1125,8 +1171,8 @@ Status parsePlan(const std::string &text, Plan &plan) {
       if (validId(plan, s.staging) && validId(plan, s.file)) {
         Buffer &t = plan.buffers[s.staging];
         const Buffer &f = plan.buffers[s.file];
-        t.swapStaging = t.swapStaging || (f.nvme && t.host && !t.persistent && t.aliasOf < 0 &&
-                                          t.bytes == f.bytes && t.dtype == f.dtype);
+        t.swapStaging = t.swapStaging || (f.nvme && f.aliasOf < 0 && t.host && !t.persistent &&
+                                          t.aliasOf < 0 && t.dtype == f.dtype);
       }
   return validate(plan);
 }

@@ -53,10 +53,11 @@ struct Buffer {
   /// In the host arena (plan "space": "host", fsdp-offload); `offset`
   /// counts from its start. See [Note: two arenas].
   bool host = false;
-  /// Optimizer state in the per-rank swap file (plan "space": "nvme",
+  /// Optimizer state, or with offload-nvme-params a unit's storage (and
+  /// views of it), in the per-rank swap file (plan "space": "nvme",
   /// fsdp-offload's nvme); `offset` counts from the file's start. In
-  /// neither arena: no instruction names it, the host instructions that
-  /// read it name a staging buffer (Instruction::swaps). [Note: swap file]
+  /// neither arena: no instruction names it, the instructions that read
+  /// it name a staging buffer (Instruction::swaps). [Note: swap file]
   bool nvme = false;
   /// A swap's staging buffer (named as such by an instruction's "swap";
   /// set when the plan is read). With nvme: see reservedBytes().
@@ -111,12 +112,17 @@ struct Binding {
   int64_t range = 0;   ///< integer inputs: values lie in [0, range)
 };
 
-/// A state buffer in the swap file that a host instruction reads through
-/// its staging buffer in the host arena (attrs "swap": [file, staging,
-/// write]); `write`: the instruction updates it, so it is written back.
+/// A buffer in the swap file that an instruction reads through its
+/// staging buffer in the host arena (attrs "swap": [file, staging, write]
+/// or [file, staging, write, offset]); `write`: the instruction updates
+/// it, so it is written back. A copy to the device of part of a unit's
+/// storage on disk (offload-nvme-params) reads only the staging's bytes
+/// from byte `offset` of the file buffer on (whole blocks), and names a
+/// view of the staging.
 struct Swap {
   int64_t file = -1, staging = -1;
   bool write = false;
+  int64_t offset = 0;
 };
 
 /// One kernel or collective call.
@@ -211,6 +217,11 @@ struct Plan {
 // after, on swap streams of their own ([Note: swap pipeline] in
 // Executor.cpp), so an async update's I/O runs beside device compute as
 // its arithmetic does, and beside the neighbouring units' updates.
+// With offload-nvme-params a unit's storage (its master shard) is in the
+// file too: its update swaps it like the state, and each copy of it (or
+// of a view of it) to the device reads the whole blocks its bytes span
+// into a staging buffer first, the copy reading a view of that; such a
+// read has an offset into the file buffer (Swap::offset).
 // Checkpoints and initialization reach the state through the file too
 // (Executor::readBuffer / writeBuffer). With the plan's swap_alignment
 // every swapped buffer and staging buffer has whole blocks of its own
@@ -247,7 +258,7 @@ inline int64_t bufferOffset(const Plan &plan, int64_t id, int64_t shard) {
 /// plan's swap_alignment (the swaps move whole blocks).
 inline int64_t reservedBytes(const Plan &plan, const Buffer &b) {
   const int64_t a = plan.swapAlignment;
-  return a > 0 && (b.nvme || b.swapStaging) ? (b.bytes + a - 1) / a * a : b.bytes;
+  return a > 0 && (b.nvme || b.swapStaging) && b.aliasOf < 0 ? (b.bytes + a - 1) / a * a : b.bytes;
 }
 
 /// The buffer whose memory `id` uses: the buffer it aliases (validation
