@@ -415,6 +415,10 @@ struct Item {
   /// Its reads issued ahead (nvme-read-ahead): once compute has passed
   /// this item; -1: when it is issued.
   int64_t readAt = -1;
+  /// A copy of storage on disk to the device (offload-nvme-params): it
+  /// starts once its read (readS) is done, on compute (a CPU device, or
+  /// not async) or on the copy stream ([Note: parameters on disk]).
+  bool readFirst = false;
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -586,20 +590,23 @@ Item StepCosting::compute(Operation *op) const {
     }
   // fsdp-offload's nvme: the update's state comes from the swap file and
   // goes back (Executor::runHostWithSwaps): the drive's time, not cores'.
+  // (A copy of part of a unit on disk reads its staging's blocks.)
   double readS = 0, writeS = 0;
   if (auto it = plan.swaps.find(op); it != plan.swaps.end())
     for (const PlannedSwap &s : it->second) {
-      double b = double(plan.buffers[s.file].bytes);
-      readS += b / p.nvmeReadBytesPerS;
-      writeS += s.write ? b / p.nvmeWriteBytesPerS : 0.0;
+      readS += double(plan.buffers[s.staging].bytes) / p.nvmeReadBytesPerS;
+      writeS += s.write ? double(plan.buffers[s.file].bytes) / p.nvmeWriteBytesPerS : 0.0;
     }
   double cost = (p.opOverheadS + work) * compWork;
   // fsdp-offload-activations' async copies run on the GPU's copy stream,
   // one at a time beside the collectives (the copy engines); a CPU device
   // copies in place, on compute (CpuDevice::runOn; fsdp-sim's loop does
-  // the same).
+  // the same). One of storage on disk first waits for its read.
+  const bool readFirst = copy && readS > 0;
   if (copy && op->hasAttr("async") && !p.cpu)
-    return {Item::Copy, cost, true, op->getResult(0)};
+    return {Item::Copy, cost, true, op->getResult(0), false, readS, 0.0, -1, readFirst};
+  if (readFirst)
+    return {Item::Compute, cost, false, Value(), false, readS, 0.0, -1, true};
   // fsdp-offload's async host update: on the host stream, one at a time,
   // its swaps on the swap streams ([Note: swap pipeline]).
   if (onHost && op->hasAttr("async"))
@@ -625,6 +632,10 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   // offload-nvme's swap streams; the host updates whose reads are queued.
   std::deque<Queued> ins, outs;
   llvm::DenseSet<size_t> reading;
+  // Items whose read is issued; compute stalled at a copy whose read is
+  // not done (offload-nvme-params).
+  std::vector<bool> readIssued(prog.size(), false);
+  bool blockedRead = false;
   llvm::DenseSet<Value> inFlight;
   double t = 0, cur = 0, curStart = 0, stallStart = 0;
   // Of compute's stall on a copy, the time that copy sat behind a join on
@@ -661,11 +672,13 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     for (; nextAhead < ahead.size() && ahead[nextAhead].first < int64_t(i); ++nextAhead) {
       ins.push_back({ahead[nextAhead].second, prog[ahead[nextAhead].second].readS, -1.0});
       reading.insert(ahead[nextAhead].second);
+      readIssued[ahead[nextAhead].second] = true;
     }
   };
   for (;;) {
     issueAhead();
-    while (!running && !blockedOn && !blockedSync && !blockedBarrier && i < prog.size()) {
+    while (!running && !blockedOn && !blockedSync && !blockedBarrier && !blockedRead &&
+           i < prog.size()) {
       issueAhead();
       const Item &it = prog[i];
       if (it.kind == Item::Barrier) {
@@ -690,6 +703,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         if (it.readS > 0 && it.readAt < 0) {
           ins.push_back({i, it.readS, -1.0});
           reading.insert(i);
+          readIssued[i] = true;
         }
         inFlight.insert(it.buffer);
         ++i;
@@ -704,6 +718,20 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           break;
         }
       } else {
+        if (it.readFirst) {
+          // A copy of storage on disk: its read now, if not ahead, and
+          // compute waits for it (the runtime's runCopyWithSwaps).
+          if (!readIssued[i]) {
+            ins.push_back({i, it.readS, -1.0});
+            reading.insert(i);
+            readIssued[i] = true;
+          }
+          if (reading.contains(i)) {
+            blockedRead = true;
+            stallStart = t;
+            break;
+          }
+        }
         running = true;
         cur = it.cost;
         curStart = t;
@@ -716,12 +744,17 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     while (!copies.empty() && isJoin(copies.front()) &&
            !inFlight.contains(prog[copies.front().index].buffer))
       copies.pop_front();
-    // A host update starts once its read is done.
+    // A host update starts once its read is done, and so does a copy of
+    // storage on disk.
     const bool hostReady = !host.empty() && !reading.contains(host.front().index);
+    const bool copyReady =
+        !copies.empty() && !isJoin(copies.front()) && !reading.contains(copies.front().index);
     for (std::deque<Queued> *q : {&queue, &host, &copies, &ins, &outs})
-      if (!q->empty() && q->front().start < 0 && (q != &host || hostReady))
+      if (!q->empty() && q->front().start < 0 && (q != &host || hostReady) &&
+          (q != &copies || copyReady))
         q->front().start = t;
-    if ((!running && queue.empty() && host.empty() && copies.empty() && outs.empty()) ||
+    if ((!running && queue.empty() && host.empty() && copies.empty() && outs.empty() &&
+         ins.empty()) ||
         barriers.size() == 2)
       break;
     double rt = c.rate(running, !queue.empty(), hostReady);
@@ -732,7 +765,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
     double dtH = hostReady ? host.front().left / rt : HUGE_VAL;
-    double dtY = !copies.empty() && !isJoin(copies.front()) ? copies.front().left / rt : HUGE_VAL;
+    double dtY = copyReady ? copies.front().left / rt : HUGE_VAL;
     double dtR = !ins.empty() ? ins.front().left / ioR : HUGE_VAL;
     double dtW = !outs.empty() ? outs.front().left / ioW : HUGE_VAL;
     double dt = std::min({dtC, dtM, dtH, dtY, dtR, dtW});
@@ -782,8 +815,14 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     // The swap-in stream: a read done lets its update start.
     if (!ins.empty()) {
       if (dtR <= dt) {
-        reading.erase(ins.front().index);
+        const size_t read = ins.front().index;
+        reading.erase(read);
         ins.pop_front();
+        // Compute waited for a copy's bytes from the drive.
+        if (blockedRead && read == i) {
+          r.copyExposedS += t - stallStart;
+          blockedRead = false;
+        }
       } else {
         ins.front().left -= dt * ioR;
       }

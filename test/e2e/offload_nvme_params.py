@@ -33,10 +33,20 @@ with only the state on disk (offload-nvme=true):
     safetensors file of the final parameters loads them into the file
     (the next step's loss is the same in both placements);
 (f) refusals: offload-nvme-params without offload-nvme is refused by
-    name, by fsdp-opt and by the memory-budget search.
+    name, by fsdp-opt and by the memory-budget search;
+(g) the cost model (h100 profile; fsdp-sim and fsdp-opt simulate=true
+    agree on the step, the host stream and the drive): the drive is busy
+    exactly every staging's bytes at the NVMe read rate plus the written
+    ones at the write rate (half and half duplex shares; an update joined
+    at once swaps on compute's time, as before), the predicted
+    trace reads each copy's blocks before the copy starts (on the copy
+    stream, or on compute when the copy is not async), and reading ahead
+    (R = 1, 2) predicts a shorter step than R = 0 (the copies' reads
+    run beside the previous copies instead of stalling compute).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -216,6 +226,58 @@ def main():
                      "offload-nvme-params=true")
         report(r.returncode != 0 and "offload-nvme-params" in r.stderr,
                "(f) and by the memory-budget search: " + said(r))
+
+        # (g) the cost model
+        sim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                           "fsdp-sim", "fsdp-sim")
+        steps = {}
+        for tag, (model, n, pipeline), extra in (
+                ("R=0", CONFIGS[1], "offload-nvme-read-ahead=0"),
+                ("R=1", CONFIGS[1], ""), ("R=2", CONFIGS[1], "offload-nvme-read-ahead=2"),
+                ("sync copies", CONFIGS[3], "")):
+            plan = compile_(model, n, pipeline, True, "g" + tag.replace(" ", "").replace("=", ""),
+                            extra)
+            p = json.load(open(plan))
+            out = subprocess.run([sys.executable, sim, plan, "--json", "--trace", plan + ".trace"],
+                                 check=True, capture_output=True, text=True).stdout
+            sd = [json.loads(l) for l in out.splitlines() if l.startswith("{")][0]
+            steps[tag] = sd["step_ms"]
+            io_ms = 1e3 * sum(p["buffers"][sw[1]]["bytes"] / 6.5e9 +
+                              (p["buffers"][sw[0]]["bytes"] / 3.5e9 if sw[2] else 0.0)
+                              for _, x in swapping(p) for sw in x["attrs"]["swap"]
+                              if x["op"] == "to_device" or x["attrs"].get("async"))
+            r = fsdp_opt(model, n, f"{pipeline} offload=optimizer offload-nvme=true "
+                         f"offload-nvme-params=true {extra} simulate=true")
+            m = re.search(r"step\s+([0-9.]+) ms", r.stderr)
+            h = re.search(r"host updates\s+([0-9.]+) ms", r.stderr)
+            w = re.search(r"swaps \(drive busy\)\s+([0-9.]+) ms", r.stderr)
+            # (no host stream line where every update is joined at once)
+            agree = (m is not None and w is not None and
+                     abs(float(m.group(1)) - sd["step_ms"]) <= 6e-4 and
+                     abs((float(h.group(1)) if h else 0.0) - sd["host_ms"]) <= 6e-4 and
+                     abs(float(w.group(1)) - sd["swap_ms"]) <= 6e-4)
+            spans = {}
+            for e in json.load(open(plan + ".trace"))["traceEvents"]:
+                # (the copy's own span: compute's stall before it is a "wait")
+                if e.get("ph") == "X" and (e["tid"] == 4 or e["tid"] in (0, 3) and
+                                           e["name"] == "to_device"):
+                    spans.setdefault((e["args"]["instruction"], e["tid"]), []).append(
+                        (e["ts"], e["ts"] + e["dur"]))
+            copies = [j for j, x in swapping(p) if x["op"] == "to_device"]
+            async_ = any(x["attrs"].get("async") for j, x in swapping(p) if j in copies)
+            ordered = [j for j in copies if (j, 4) in spans and (j, 3 if async_ else 0) in spans
+                       and max(e for _, e in spans[(j, 4)]) <=
+                       min(s for s, _ in spans[(j, 3 if async_ else 0)]) + 1e-6]
+            report(agree and abs(sd["swap_ms"] - io_ms) <= 1e-9 + 1e-9 * io_ms and copies and
+                   ordered == copies,
+                   f"(g) {tag}: fsdp-opt simulate=true agrees with fsdp-sim (step "
+                   f"{sd['step_ms']:.4f} ms, host {sd['host_ms']:.4f}, drive {sd['swap_ms']:.4f} "
+                   f"ms = the stagings read and the shards written back at 6.5 / 3.5 GB/s), "
+                   f"each of {len(copies)} {'async' if async_ else 'sync'} copies' blocks read "
+                   f"before it starts")
+        report(steps["R=2"] <= steps["R=1"] < steps["R=0"],
+               f"(g) reading ahead predicts shorter steps: R=0 {steps['R=0']:.4f} ms, R=1 "
+               f"{steps['R=1']:.4f}, R=2 {steps['R=2']:.4f}")
 
     return report.finish("all nvme-params checks passed")
 
