@@ -545,6 +545,8 @@ Status validateSwaps(const Plan &plan, int64_t i) {
       return FSDP_ERROR(what, ": unknown staging buffer ", s.staging);
     const Buffer &f = plan.buffers[s.file], &t = plan.buffers[s.staging];
     const bool whole = s.offset == 0 && t.bytes == f.bytes;
+    if (s.write && copy)
+      return FSDP_ERROR(what, ": a copy to the device writes nothing back");
     if (!t.host || t.persistent || t.aliasOf >= 0 || t.dtype != f.dtype ||
         (!whole && (!copy || s.write)))
       return FSDP_ERROR(what, ": the staging buffer (", t.name,
@@ -561,8 +563,6 @@ Status validateSwaps(const Plan &plan, int64_t i) {
                           " bytes reserved): not whole blocks of the swap_alignment ", a,
                           " inside it");
     }
-    if (s.write && copy)
-      return FSDP_ERROR(what, ": a copy to the device writes nothing back");
     if (!files.insert(s.file).second || !stagings.insert(s.staging).second)
       return FSDP_ERROR(what, ": a state or staging buffer swapped twice");
     auto has = [&](const std::vector<int64_t> &ids) {
@@ -1171,8 +1171,12 @@ Status parsePlan(const std::string &text, Plan &plan) {
       if (validId(plan, s.staging) && validId(plan, s.file)) {
         Buffer &t = plan.buffers[s.staging];
         const Buffer &f = plan.buffers[s.file];
+        // (of the file buffer's bytes, or of whole blocks of them)
+        const int64_t a = plan.swapAlignment;
+        const bool size = (s.offset == 0 && t.bytes == f.bytes) ||
+                          (a > 0 && s.offset % a == 0 && t.bytes % a == 0);
         t.swapStaging = t.swapStaging || (f.nvme && f.aliasOf < 0 && t.host && !t.persistent &&
-                                          t.aliasOf < 0 && t.dtype == f.dtype);
+                                          t.aliasOf < 0 && t.dtype == f.dtype && size);
       }
   return validate(plan);
 }

@@ -312,18 +312,31 @@ PLAN_CASES = [
     ("swap_alignment 2^30", "nvme", setter(lambda p: p.update(swap_alignment=1 << 30)), "swap_alignment"),
     ("a staging buffer off its block", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]].update(offset=p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]]["offset"] - 64)), "not a multiple of the plan's swap_alignment"),
     ("swap-file state off its block", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][0]].update(offset=p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][0]]["offset"] + 64)), "not a multiple of the plan's swap_alignment"),
-    ("buffer space \"nvme\" on a parameter", "nvme", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(space="nvme", offset=0)), "only whole persistent optimizer state may be"),
+    ("buffer space \"nvme\" on a parameter", "nvme", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(space="nvme", offset=0)), "is a view outside the swap file of buffer"),
     ("an update naming its swap-file state", "nvme", setter(lambda p: first(p, "adamw_update")["in"].__setitem__(2, first(p, "adamw_update")["attrs"]["swap"][0][0])), "which is in the swap file"),
     ("swap entry of two fields", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"].__setitem__(0, [1, 2])), "expected [file, staging, write]"),
     ("swap is an object", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap={"a": 1})), "attrs.swap: expected an array"),
     ("swap from a host buffer", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(0, first(p, "adamw_update")["in"][0])), "is no buffer in the swap file"),
-    ("swap staging of other bytes (the lr copy)", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(1, first(p, "adamw_update")["in"][4])), "must be a transient host buffer of the state's"),
+    ("swap staging of other bytes (the lr copy)", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].__setitem__(1, first(p, "adamw_update")["in"][4])), "must be a transient host buffer of the file buffer's"),
     ("swap staging not written back", "nvme", setter(lambda p: first(p, "adamw_update")["out"].__setitem__(1, first(p, "adamw_update")["in"][0])), "does not write its staging buffer"),
     # offload-nvme's read ahead: after an earlier instruction, the staging live from there
     ("swap_read_at at its own instruction", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap_read_at=p["program"].index(first(p, "adamw_update")))), "a read ahead is issued after an earlier instruction"),
     ("swap_read_at -1", "nvme", setter(lambda p: first(p, "adamw_update")["attrs"].update(swap_read_at=-1)), "swap_read_at: expected an integer in [0,"),
     ("swap_read_at before its staging is live", "nvme", setter(lambda p: p["buffers"][first(p, "adamw_update")["attrs"]["swap"][0][1]].update(first=p["program"].index(first(p, "adamw_update")))), "starts later: another buffer could take its bytes while it is read"),
     ("swap_read_at without swap", "nvme", setter(lambda p: first(p, "matmul")["attrs"].update(swap_read_at=0)), "has \"swap_read_at\" but no \"swap\""),
+    # offload-nvme-params: the units' storage in the swap file too, each copy
+    # to the device reading the blocks of a view of it ([Note: parameters on disk])
+    ("a copy's swap written back", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(2, True)), "a copy to the device writes nothing back"),
+    ("a copy's swap off a block", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(3, 64)), "not whole blocks of the swap_alignment 4096"),
+    ("a copy's swap past its buffer", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(3, 1 << 20)), "not whole blocks of the swap_alignment 4096 inside it"),
+    ("a copy's swap offset -4096", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(3, -4096)), "not whole blocks"),
+    ("a swap offset that is a string", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(3, "0")), "[file, staging, write, offset]"),
+    ("a swap of five fields", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].append(0)), "[file, staging, write, offset]"),
+    ("a copy reading its swap-file view", "nvmep", setter(lambda p: first(p, "to_device")["in"].__setitem__(0, next(b["id"] for b in p["buffers"] if b.get("space") == "nvme" and "alias_of" in b))), "which is in the swap file"),
+    ("a copy not reading its staging", "nvmep", setter(lambda p: first(p, "to_device")["attrs"]["swap"][0].__setitem__(1, p["program"][1]["attrs"]["swap"][0][1])), "does not read its staging buffer"),
+    ("a unit on disk not offloaded", "nvmep", setter(lambda p: p["units"][0].update(offloaded=False)), "is not offloaded but its storage is in the swap file"),
+    ("a swap-file view of a host buffer", "nvmep", setter(lambda p: next(b for b in p["buffers"] if b.get("space") == "nvme" and "alias_of" in b).update(alias_of=next(b["id"] for b in p["buffers"] if b.get("space") == "host" and "alias_of" not in b))), "is a view in the swap file of buffer"),
+    ("a partial swap on an update", "nvmep", setter(lambda p: first(p, "adamw_update")["attrs"]["swap"][0].append(4096)), "must be a transient host buffer of the file buffer's"),
     ("swap on a device matmul", "nvme", setter(lambda p: first(p, "matmul")["attrs"].update(swap=first(p, "adamw_update")["attrs"]["swap"])), "is no host instruction"),
     # fsdp-offload's next-step: carried waits join the previous step's update
     ("carried \"yes\"", "nextstep", setter(lambda p: p["program"][carried(p)[0]]["attrs"].update(carried="yes")), "\"carried\" is a boolean of a wait"),
@@ -412,11 +425,12 @@ def main():
     lamb = sys.argv[8] if len(sys.argv) > 8 else None
     nextstep = sys.argv[9] if len(sys.argv) > 9 else None
     nvme = sys.argv[10] if len(sys.argv) > 10 else None
+    nvmep = sys.argv[11] if len(sys.argv) > 11 else None
     run_bin = os.path.join(bindir, "fsdp-run")
     plans = {}
     for key, path in (("mlp", mlp), ("gpt", gpt), ("sharded", sharded), ("llama", llama),
                       ("offload", offload), ("gpt_unfused", unfused), ("lamb", lamb),
-                      ("nextstep", nextstep), ("nvme", nvme)):
+                      ("nextstep", nextstep), ("nvme", nvme), ("nvmep", nvmep)):
         if path is None:
             continue
         with open(path) as f:
