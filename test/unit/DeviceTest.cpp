@@ -2055,6 +2055,146 @@ TEST(PlanValidation, ReadAheadWindowIsTheStagingsOwn) {
       << st.message();
 }
 
+/// offload-nvme-params' shape ([Note: parameters on disk]): a parameter
+/// p whose master copy is in the swap file (`onDisk`) or in the host arena:
+///   0 to_device p -> w (from p's staging 7 when on disk; async with
+///     `asyncCopy`, joined at 1, else 1 is a fill of the loss);
+///   2 g = w * x; 3 to_host g -> gh;
+///   4 adamw_update p (async; swaps its moments m, v through staging 10,
+///     11, and p through staging 9 when on disk); 5 wait p; 6 fill loss.
+std::string paramOnDiskPlan(bool onDisk, bool asyncCopy) {
+  const int64_t n = 64, vb = n * 4;
+  using nlohmann::json;
+  json buffers = json::array();
+  auto buf = [&](const char *name, const char *kind, const char *space, int64_t offset, bool scalar,
+                 bool persistent, int64_t first, int64_t last) {
+    testplans::addF32Buffer(buffers, name, kind, space, offset, n, scalar, persistent,
+                            persistent ? -1 : first, persistent ? 6 : last);
+  };
+  // device: 0 x, 1 w, 2 g, 3 loss
+  buf("x", "input", "device", 0, false, true, 0, 0);
+  buf("w", "temp", "device", vb, false, false, 0, 2);
+  buf("g", "grad", "device", 2 * vb, false, false, 2, 3);
+  buf("loss", "activation", "device", 3 * vb, true, false, 1, 6);
+  // host: 4 lr, 5 step, 6 gh, 7 p's staging for the copy, 8 (unused),
+  // 9-11 the update's staging of p, m, v
+  buf("lr", "input", "host", 0, true, true, 0, 0);
+  buf("step", "input", "host", 64, true, true, 0, 0);
+  buf("gh", "grad", "host", 128, false, false, 3, 5);
+  buf("p.copy", "temp", "host", vb + 128, false, false, 0, asyncCopy ? 1 : 0);
+  buf("unused", "temp", "host", 2 * vb + 128, false, false, 0, 0);
+  for (int k = 0; k < 3; ++k)
+    buf(k == 0   ? "p.swap"
+        : k == 1 ? "m.swap"
+                 : "v.swap",
+        "temp", "host", (3 + k) * vb + 128, false, false, 4, 5);
+  // 12 p (on disk, or persistent in the host arena past the staging), 13
+  // m, 14 v in the swap file
+  buf("p", "param", onDisk ? "nvme" : "host", onDisk ? 0 : 6 * vb + 128, false, true, 0, 0);
+  buf("m", "state", "nvme", vb, false, true, 0, 0);
+  buf("v", "state", "nvme", 2 * vb, false, true, 0, 0);
+  json adam = {
+      {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}, {"async", true}};
+  auto op = [](const char *name, std::vector<int64_t> in, std::vector<int64_t> out,
+               json attrs = json::object()) {
+    return json{{"op", name}, {"in", in}, {"out", out}, {"attrs", attrs}};
+  };
+  json copy = json::object(), update = adam;
+  if (asyncCopy)
+    copy["async"] = true;
+  if (onDisk) {
+    copy["swap"] = {{12, 7, false}};
+    update["swap"] = {{12, 9, true}, {13, 10, true}, {14, 11, true}};
+  } else {
+    update["swap"] = {{13, 10, true}, {14, 11, true}};
+  }
+  const int64_t p = onDisk ? 9 : 12;
+  json program = {op("to_device", {onDisk ? 7 : 12}, {1}, copy),
+                  asyncCopy ? op("wait", {1}, {1})
+                            : op("fill", json::array(), {3}, {{"value", 1.0}}),
+                  op("mul", {1, 0}, {2}),
+                  op("to_host", {2}, {6}),
+                  op("adamw_update", {p, 6, 10, 11, 4, 5}, {p, 10, 11}, update),
+                  op("wait", {p}, {p}),
+                  op("fill", json::array(), {3}, {{"value", 1.0}})};
+  testplans::OneRankPlan plan;
+  plan.arenaBytes = 4 * vb;
+  plan.hostArenaBytes = 7 * vb + 128;
+  plan.nvmeBytes = 3 * vb;
+  plan.units = json::array({{{"name", "u0"},
+                             {"flat_numel", n},
+                             {"padded_numel", n},
+                             {"shard_numel", n},
+                             {"sharded", false},
+                             {"buffer", -1}}});
+  plan.params = json::array({{{"name", "w0"},
+                              {"shape", {n}},
+                              {"dtype", "f32"},
+                              {"init", "normal"},
+                              {"scale", 0.5},
+                              {"trainable", true},
+                              {"unit", 0},
+                              {"flat_offset", 0},
+                              {"buffer", 12}}});
+  plan.states = json::array({{{"name", "u0.exp_avg"}, {"kind", "exp_avg"}, {"buffer", 13}},
+                             {{"name", "u0.exp_avg_sq"}, {"kind", "exp_avg_sq"}, {"buffer", 14}}});
+  plan.inputs = {{{"name", "x"}, {"role", "input"}, {"buffer", 0}},
+                 {{"name", "lr"}, {"role", "lr"}, {"buffer", 4}},
+                 {{"name", "step"}, {"role", "step"}, {"buffer", 5}}};
+  plan.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
+  return testplans::oneRankPlan(plan, buffers, program);
+}
+
+/// [Note: parameters on disk]: a copy of a parameter kept in the swap file
+/// reads it into its staging first and copies that, sync on compute or
+/// async on the copy stream (on CUDA a host function holds the copy stream
+/// for the read); the update reads and writes the parameter with its
+/// state, and the next step's copy reads what it wrote. Three steps train
+/// the same bits as with the parameter in the host arena, and each step
+/// reads the parameter twice (the copy, the update) and writes it once.
+TEST_P(DeviceConformance, ExecutorCopiesParametersFromTheSwapFile) {
+  const int64_t vb = 64 * 4;
+  auto train = [&](bool onDisk, bool asyncCopy, std::vector<std::vector<float>> &out) {
+    Plan plan;
+    Status st = parsePlan(paramOnDiskPlan(onDisk, asyncCopy), plan);
+    ASSERT_TRUE(st.isOk()) << st.message();
+    std::unique_ptr<Device> dev;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+    auto comm = communicatorFor(GetParam());
+    Executor exec(plan, *comm, *dev);
+    exec.setNvmeDir(::testing::TempDir());
+    ASSERT_TRUE(exec.init(1234).isOk());
+    std::vector<float> x(64);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = (float)std::cos(0.37 * double(i)) * 0.9f;
+    ASSERT_TRUE(exec.writeBuffer(0, x.data()).isOk());
+    float loss = 0;
+    for (int s = 1; s <= 3; ++s) {
+      st = exec.step(s, 1e-2, loss);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+    // Per step: the state read and written; on disk the parameter too,
+    // read twice (its copy and its update) and written once.
+    EXPECT_EQ(exec.swapFile()->bytesRead(), 3 * (onDisk ? 4 : 2) * vb);
+    EXPECT_EQ(exec.swapFile()->bytesWritten(), 3 * (onDisk ? 3 : 2) * vb);
+    for (int64_t id : {12, 13, 14}) {
+      out.emplace_back(64);
+      ASSERT_TRUE(exec.readBuffer(id, out.back().data()).isOk());
+    }
+  };
+  std::vector<std::vector<float>> ref;
+  train(false, false, ref);
+  EXPECT_NE(ref[1][0], 0.0f) << "the moments were not written back";
+  for (bool asyncCopy : {false, true}) {
+    SCOPED_TRACE(asyncCopy ? "async copy" : "sync copy");
+    std::vector<std::vector<float>> got;
+    train(true, asyncCopy, got);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t k = 0; k < got.size(); ++k)
+      EXPECT_EQ(std::memcmp(got[k].data(), ref[k].data(), 64 * 4), 0) << "buffer #" << k;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceConformance,
                          ::testing::Values(std::string("cpu"), std::string("cuda")),
                          [](const auto &info) { return info.param; });
