@@ -51,7 +51,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   if (options.offloadNvmeReadAhead.hasValue())
     search.offloadNvmeReadAhead = options.offloadNvmeReadAhead;
   search.offloadNvmeUnits = options.offloadNvmeUnits;
-  search.offloadNvmeParams = options.offloadNvmeParams;
+  search.offloadNvmeParams = autoBoolName(options.offloadNvmeParams);
   if (options.offloadPrefetchDepth.hasValue())
     search.offloadPrefetchDepth = options.offloadPrefetchDepth;
   search.offloadPrefetch = autoBoolName(options.offloadPrefetch);
@@ -182,7 +182,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   if ((options.offload != "none" && !searched &&
        (options.memoryBudget.empty() || options.offload != "auto")) ||
       ((options.offloadNvme == AutoBool::True || options.offloadNvmeUnits >= 0 ||
-        options.offloadNvmeParams) &&
+        options.offloadNvmeParams == AutoBool::True) &&
        options.offload == "none")) {
     FsdpOffloadOptions off;
     off.mode = options.offload;
@@ -193,7 +193,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     off.nvmeInFlight = options.offloadNvmeInFlight;
     off.nvmeReadAhead = options.offloadNvmeReadAhead;
     off.nvmeUnits = options.offloadNvmeUnits;
-    off.nvmeParams = options.offloadNvmeParams;
+    off.nvmeParams = options.offloadNvmeParams == AutoBool::True;
     off.prefetchDepth = options.offloadPrefetchDepth;
     pm.addPass(createFsdpOffload(off));
   }

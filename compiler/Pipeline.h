@@ -257,16 +257,21 @@ struct FsdpPipelineOptions
                      "host-memory-budget the search puts the fewest on disk "
                      "that fit"),
       llvm::cl::init(-1)};
-  Option<bool> offloadNvmeParams{
+  Option<AutoBool> offloadNvmeParams{
       *this, "offload-nvme-params",
-      llvm::cl::desc("with offload-nvme: ZeRO-Infinity's offload_param; the "
-                     "master shards of the units whose state is on disk (and "
-                     "with offload=all every frozen unit's storage) live in the "
-                     "swap file too, each copy to the device reading its bytes "
-                     "into a host staging buffer first: host memory holds no "
-                     "parameter of theirs, the drive reads them at every use "
-                     "(default false)"),
-      llvm::cl::init(false)};
+      llvm::cl::desc("with offload-nvme: true is ZeRO-Infinity's offload_param; "
+                     "the master shards of the units whose state is on disk "
+                     "(and with offload=all every frozen unit's storage) live "
+                     "in the swap file too, each copy to the device reading "
+                     "its bytes into a host staging buffer first: host memory "
+                     "holds no parameter of theirs, the drive reads them at "
+                     "every use; auto: with memory-budget the search puts them "
+                     "there where only that fits host-memory-budget, without "
+                     "one false; false (the default)"),
+      llvm::cl::values(clEnumValN(AutoBool::False, "false", "master shards in host memory"),
+                       clEnumValN(AutoBool::True, "true", "master shards in the swap file"),
+                       clEnumValN(AutoBool::Auto, "auto", "the search decides")),
+      llvm::cl::init(AutoBool::False)};
   Option<bool> offloadOverlap{
       *this, "offload-overlap",
       llvm::cl::desc("with offload=optimizer and overlap: each host update "

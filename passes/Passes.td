@@ -880,7 +880,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     reshard_group, prefetch_depth, offload, offload_activations,
     offload_next_step, offload_prefetch, offload_prefetch_depth,
     offload_nvme, offload_nvme_in_flight, offload_nvme_read_ahead, offload_nvme_units,
-    predicted_step_s, exposed_comm_pct, peak, budget,
+    offload_nvme_params, predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module
     (convert-fsdp-to-plan writes it as the plan's `strategy`).
 
@@ -927,9 +927,11 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"offloadNvmeUnits", "offload-nvme-units", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's nvme-units for the candidates with the state on "
            "disk (-1: all, and with host-memory-budget the fewest that fit)">,
-    Option<"offloadNvmeParams", "offload-nvme-params", "bool", /*default=*/"false",
+    Option<"offloadNvmeParams", "offload-nvme-params", "std::string", /*default=*/"\"false\"",
            "fsdp-offload's nvme-params for the candidates with the state on "
-           "disk (their master shards in the swap file too)">,
+           "disk (their master shards in the swap file too): false, true "
+           "(pinned) or auto (with host-memory-budget, tried where the "
+           "state on disk alone does not fit it)">,
     Option<"offloadPrefetchDepth", "offload-prefetch-depth", "int64_t", /*default=*/"-1",
            "pin fsdp-offload's prefetch-depth for the prefetching candidates "
            "(-1: 1, and the fastest few are tried with 2 to 4)">,

@@ -70,6 +70,9 @@ struct Choice {
   /// fsdp-offload's nvme-units: with nvme, the units keeping their state
   /// on disk, the first ones updated (-1: all).
   int64_t nvmeUnits = -1;
+  /// fsdp-offload's nvme-params: with nvme, those units' master shards on
+  /// disk too.
+  bool nvmeParams = false;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -86,7 +89,8 @@ struct Choice {
            (nvme ? " offload-nvme=true offload-nvme-in-flight=" + std::to_string(nvmeInFlight) +
                        " offload-nvme-read-ahead=" + std::to_string(nvmeReadAhead)
                  : "") +
-           (nvme && nvmeUnits >= 0 ? " offload-nvme-units=" + std::to_string(nvmeUnits) : "");
+           (nvme && nvmeUnits >= 0 ? " offload-nvme-units=" + std::to_string(nvmeUnits) : "") +
+           (nvme && nvmeParams ? " offload-nvme-params=true" : "");
   }
 };
 
@@ -192,7 +196,7 @@ struct SearchSchedulePass
     for (UnitOp u : m.getOps<UnitOp>())
       trainable += u.getSharded() && !u.getFrozen();
     o.nvmeUnits = c.nvmeUnits < 0 ? -1 : std::min(c.nvmeUnits, std::max<int64_t>(trainable, 1));
-    o.nvmeParams = c.nvme && offloadNvmeParams;
+    o.nvmeParams = c.nvme && c.nvmeParams;
     o.prefetchDepth = c.copiesInFlight;
     o.warnings = false;
     return run(m, createFsdpOffload(o));
@@ -250,6 +254,9 @@ struct SearchSchedulePass
   SmallVector<std::string> recomputes, reshards, offloads;
   SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices, nvmeChoices;
   std::vector<Leaf> leaves;
+  /// The host-memory tunings' tries that fit the device but not the host
+  /// budget: not candidates, but failWithFloor's host floor counts them.
+  std::vector<Leaf> hostUnfit;
 
   LogicalResult fail(const Twine &msg) {
     mlir::emitError(getOperation().getLoc()) << msg;
@@ -262,6 +269,7 @@ struct SearchSchedulePass
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
+  LogicalResult tuneNvmeParams();
   LogicalResult deepenReadAhead();
   LogicalResult deepen(Leaf leaf, ArrayRef<int64_t> values,
                        llvm::function_ref<void(Choice &, int64_t)> set);
@@ -308,9 +316,10 @@ void printBreakdown(llvm::raw_ostream &os, const MemoryPlan &plan) {
 
 void SearchSchedulePass::runOnOperation() {
   leaves.clear();
+  hostUnfit.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
       failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
-      failed(tuneNvmeUnits()) || failed(deepenReadAhead()))
+      failed(tuneNvmeParams()) || failed(tuneNvmeUnits()) || failed(deepenReadAhead()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -435,7 +444,9 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   if (offloadNvmeUnits >= 0 && offloadNvme == "false")
     return fail("offload-nvme-units=" + std::to_string(offloadNvmeUnits) +
                 " keeps part of the optimizer state on disk: it needs offload-nvme=true or auto");
-  if (offloadNvmeParams && offloadNvme == "false")
+  if (offloadNvmeParams != "false" && offloadNvmeParams != "true" && offloadNvmeParams != "auto")
+    return fail("offload-nvme-params='" + offloadNvmeParams + "': expected false, true or auto");
+  if (offloadNvmeParams != "false" && offloadNvme == "false")
     return fail("offload-nvme-params puts the master shards on disk with the optimizer state: "
                 "it needs offload-nvme=true or auto");
   nvmeChoices.assign({offloadNvme == "true"});
@@ -502,7 +513,8 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  nv && off != "none",
                                  offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2,
                                  offloadNvmeReadAhead >= 0 ? int64_t(offloadNvmeReadAhead) : 1,
-                                 nv && off != "none" ? int64_t(offloadNvmeUnits) : -1};
+                                 nv && off != "none" ? int64_t(offloadNvmeUnits) : -1,
+                                 nv && off != "none" && offloadNvmeParams == "true"};
                   bool last = depth == depths.back() && acts == activationChoices.back() &&
                               ns == nextSteps.back() && pf == prefetches.back() &&
                               nv == nvmes.back();
@@ -534,7 +546,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
            a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
-           a.nvmeUnits == b.nvmeUnits;
+           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -754,6 +766,50 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
       return failure();
     if (fits(leaf))
       leaves.push_back(leaf);
+    else if (leaf.peakLive <= budget)
+      hostUnfit.push_back(leaf);
+  }
+  return success();
+}
+
+/// The master shards on disk too (fsdp-offload's nvme-params), where
+/// offload-nvme-params=auto and host-memory-budget: the candidates with
+/// the state on disk that fit the device but not the host budget (the
+/// fastest and the smallest host arenas: tunable) are tried with their
+/// shards on disk too, as they are and (unless pinned) with one update in
+/// flight and no read ahead, and kept where that fits: the host arena loses the shards
+/// for the staging of the copies and updates in flight, the drive reads
+/// every unit at every use. tuneNvmeUnits then brings back to host memory
+/// the units that fit there.
+LogicalResult SearchSchedulePass::tuneNvmeParams() {
+  if (offloadNvmeParams != "auto" || hostBudget < 0)
+    return success();
+  std::vector<size_t> tight;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].choice.nvme && !leaves[i].choice.nvmeParams && !fits(leaves[i]) &&
+        leaves[i].peakLive <= budget)
+      tight.push_back(i);
+  for (size_t t : tunable(tight, 8)) {
+    // As it is, and (unless pinned) with 1 update in flight and no read
+    // ahead: the staging of the shards is what the two add.
+    SmallVector<Leaf, 2> tries{leaves[t]};
+    if ((offloadNvmeInFlight < 0 && leaves[t].choice.nvmeInFlight > 1) ||
+        (offloadNvmeReadAhead < 0 && leaves[t].choice.nvmeReadAhead > 0)) {
+      tries.push_back(leaves[t]);
+      if (offloadNvmeInFlight < 0)
+        tries.back().choice.nvmeInFlight = 1;
+      if (offloadNvmeReadAhead < 0)
+        tries.back().choice.nvmeReadAhead = 0;
+    }
+    for (Leaf &leaf : tries) {
+      leaf.choice.nvmeParams = true;
+      if (!evaluate(leaf))
+        return failure();
+      if (fits(leaf))
+        leaves.push_back(leaf);
+      else if (leaf.peakLive <= budget)
+        hostUnfit.push_back(leaf);
+    }
   }
   return success();
 }
@@ -855,6 +911,8 @@ LogicalResult SearchSchedulePass::failWithFloor() {
     if (hostFits(l.hostPeakLive))
       bySize.push_back(&l);
   }
+  for (Leaf &l : hostUnfit)
+    byHost.push_back(&l);
   llvm::stable_sort(bySize, [](Leaf *a, Leaf *b) { return a->peakLive < b->peakLive; });
   std::optional<MemoryPlan> floorPlan;
   Leaf *floorLeaf = nullptr;
@@ -935,6 +993,8 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           // the units whose state is on disk (all of them unless the
           // search or offload-nvme-units kept some in host memory)
           b.getNamedAttr("offload_nvme_units", b.getI64IntegerAttr(unitsOnDisk(module))),
+          // and their master shards there too (offload-nvme-params)
+          b.getNamedAttr("offload_nvme_params", b.getBoolAttr(c.nvme && c.nvmeParams)),
           b.getNamedAttr("predicted_step_s", b.getF64FloatAttr(best.predicted.stepS)),
           b.getNamedAttr("exposed_comm_pct", b.getF64FloatAttr(best.predicted.exposedPct())),
           b.getNamedAttr("peak", b.getI64IntegerAttr(bestArena)),

@@ -42,7 +42,14 @@ with only the state on disk (offload-nvme=true):
     trace reads each copy's blocks before the copy starts (on the copy
     stream, or on compute when the copy is not async), and reading ahead
     (R = 1, 2) predicts a shorter step than R = 0 (the copies' reads
-    run beside the previous copies instead of stalling compute).
+    run beside the previous copies instead of stalling compute);
+(h) the memory-budget search with offload-nvme-params=auto: under a
+    host-memory-budget between the leanest host arena with the shards on
+    disk and the leanest without, it puts them on disk (strategy
+    offload_nvme_params) within the budget, and that plan trains bitwise
+    as the state-on-disk plan; with room for the shards in host memory it
+    keeps them there; below both it fails naming a floor no higher than
+    the leanest plan with the shards on disk.
 """
 import json
 import os
@@ -278,6 +285,42 @@ def main():
         report(steps["R=2"] <= steps["R=1"] < steps["R=0"],
                f"(g) reading ahead predicts shorter steps: R=0 {steps['R=0']:.4f} ms, R=1 "
                f"{steps['R=1']:.4f}, R=2 {steps['R=2']:.4f}")
+
+        # (h) the search
+        lean = "offload-nvme-in-flight=1 offload-nvme-read-ahead=0"
+        arenas = {}
+        for params in (False, True):
+            plan = compile_("mlp", 1, CONFIGS[0][2], params, f"lean{params}", lean)
+            arenas[params] = json.load(open(plan))["host_arena_bytes"]
+        ref, _ = train(os.path.join(tmp, "c0-state.plan"), 1, "--steps", "6")
+        for budget, want in (((arenas[True] + arenas[False]) // 2, True),
+                             (arenas[False] + 4096, False)):
+            plan = os.path.join(tmp, f"h{budget}.plan")
+            r = fsdp_opt("mlp", 1, "optimizer=adamw memory-budget=64MiB offload=optimizer "
+                         f"offload-nvme=true offload-nvme-params=auto host-memory-budget={budget}",
+                         plan)
+            if r.returncode != 0:
+                report(False, f"(h) host budget {budget} B: the search failed: {said(r)}")
+                continue
+            p = json.load(open(plan))
+            st = p["strategy"]
+            got, s = train(plan, 1, "--steps", "6")
+            report(st["offload_nvme_params"] == want and p["host_arena_bytes"] <= budget and
+                   s["measured_host_high_water"] == p["host_arena_bytes"] and got == ref,
+                   f"(h) host budget {budget} B (the leanest host arenas: {arenas[True]} B with "
+                   f"the shards on disk, {arenas[False]} B without): the search keeps them "
+                   f"{'on disk' if st['offload_nvme_params'] else 'in host memory'} "
+                   f"({p['host_arena_bytes']} B, {st['offload_nvme_in_flight']} in flight, read "
+                   f"ahead {st['offload_nvme_read_ahead']}), training bitwise as the state-on-disk "
+                   f"plan")
+        r = fsdp_opt("mlp", 1, "optimizer=adamw memory-budget=64MiB offload=optimizer "
+                     f"offload-nvme=true offload-nvme-params=auto host-memory-budget="
+                     f"{arenas[True] // 2}")
+        m = re.search(r"smallest host arena reachable is [^(]*\((\d+) bytes\)", r.stderr)
+        report(r.returncode != 0 and m is not None and int(m.group(1)) <= arenas[True],
+               f"(h) host budget {arenas[True] // 2} B: refused, the floor named "
+               f"({m.group(1) if m else '?'} B) no higher than the shards on disk's "
+               f"{arenas[True]} B")
 
     return report.finish("all nvme-params checks passed")
 
