@@ -1053,9 +1053,13 @@ private:
                   verdict(plan.memory.hostPeakLive, m.hostPeakLive));
     if (const SwapFile *f = ex->swapFile()) {
       const int64_t cached = f->cachedBytes(); // (a mapping and a mincore: once)
-      std::printf("optimizer state on disk (offload-nvme): %s swap file per rank in %s, "
+      const bool params = std::any_of(plan.buffers.begin(), plan.buffers.end(), [](const Buffer &b) {
+        return b.nvme && b.kind == BufferKind::Param;
+      });
+      std::printf("optimizer state %son disk (offload-nvme%s): %s swap file per rank in %s, "
                   "%s read and %s written per step, %s%s%s; %s of it in the page cache "
                   "now\n",
+                  params ? "and parameters " : "", params ? "-params" : "",
                   human((double)f->size()).c_str(), opt.nvmeDir.c_str(),
                   human((double)f->bytesRead() / std::max<int64_t>(ran, 1)).c_str(),
                   human((double)f->bytesWritten() / std::max<int64_t>(ran, 1)).c_str(),
