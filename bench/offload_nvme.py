@@ -37,8 +37,18 @@
    shape on one H100 rank and the 175B shape on 64, R = 0, 1, 2 and the
    memory-budget search's choice.
 
+5. Parameters on disk too (offload-nvme-params=true, ZeRO-Infinity's
+   offload_param): measured on this machine, the MLP (hidden 256 x 8
+   blocks, batch 64, one rank; hidden 1024 x 4, batch 16) with the state on
+   disk and with the state and the master shards there, alternating
+   (median ms/step, the ratio), the host arena (measured == predicted), the
+   file's traffic per step and fsdp-sim's prediction on this machine's
+   profile; predicted for the 7B shape on one H100 rank by
+   host-memory-budget with offload-nvme-params=auto, and the 175B shape on
+   64 ranks both ways.
+
   bench/offload_nvme.py [BIN_DIR] [--steps 12] [--repeats 3] [--nvme-dir DIR] [--skip-cpu]
-                        [--parts 1,2,3,4]
+                        [--parts 1,2,3,4,5]
 """
 import argparse
 import json
@@ -62,7 +72,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--nvme-dir", default=None)
     ap.add_argument("--skip-cpu", action="store_true")
-    ap.add_argument("--parts", default="1,2,3,4")
+    ap.add_argument("--parts", default="1,2,3,4,5")
     a = ap.parse_args()
     parts = {int(x) for x in a.parts.split(",")}
     b = lambda t: os.path.join(a.bindir, t)
@@ -257,6 +267,8 @@ def main():
                   f"{gib(p['host_arena_bytes']):.2f} GiB, swap file "
                   f"{gib(p.get('nvme_bytes', 0)):.2f} GiB")
 
+        if 5 in parts:
+            params_on_disk(a, b, opt, gen, row, swapdir, tmp, l7, g175)
         if 4 not in parts:
             return
         print("4. Reads ahead (offload-nvme-read-ahead=R, the state on disk)")
@@ -305,6 +317,82 @@ def main():
                                f"memory-budget=80GiB offload=optimizer offload-nvme=true"
                                + (f" offload-nvme-read-ahead={r}" if r is not None else ""),
                         check=False))
+
+
+def params_on_disk(a, b, opt, gen, row, swapdir, tmp, l7, g175):
+    """Part 5: the master shards on disk too (offload-nvme-params)."""
+    gib = lambda x: x / 2**30
+    print("5. Parameters on disk too (offload-nvme-params: the master shards in the swap file)")
+    if not a.skip_cpu:
+        out = subprocess.run([b("fsdp-run"), "--calibrate", "--nvme-dir", swapdir],
+                             check=True, capture_output=True, text=True).stdout
+        prof = os.path.join(tmp, "cpu1-params.json")
+        with open(prof, "w") as f:
+            f.write(out[out.index("{"):])
+        models = {"mlp 256x8": gen("mlp-p", "mlp", "--hidden", "256", "--blocks", "8",
+                                   "--batch", "64"),
+                  "mlp 1024x4": gen("mlp1k-p", "mlp", "--hidden", "1024", "--blocks", "4",
+                                    "--batch", "16")}
+        for name, model in models.items():
+            plans = {}
+            for tag, extra in (("state", "false"), ("state+params", "true")):
+                plans[tag] = os.path.join(tmp, f"{name.replace(' ', '')}-{extra}.plan")
+                opt(model, "optimizer=adamw world-size=1 stage=3 offload=optimizer "
+                           f"offload-nvme=true offload-nvme-params={extra}", plans[tag])
+            times = {t: [] for t in plans}
+            last = {}
+            for _ in range(a.repeats):
+                for t, plan in plans.items():
+                    out = subprocess.run(
+                        [b("fsdp-run"), plan, "--steps", str(a.steps), "--threads", "1",
+                         "--json", "--nvme-dir", swapdir], check=True, capture_output=True,
+                        text=True).stdout
+                    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+                    times[t] += [x["ms"] for x in rows if "step" in x and "ms" in x][1:]
+                    last[t] = [x for x in rows if x.get("summary")][0]
+            med = {t: statistics.median(v) for t, v in times.items()}
+            for t, plan in plans.items():
+                s = last[t]
+                d = json.loads(subprocess.run([sys.executable, SIM, plan, "--profile", prof,
+                                               "--json"], check=True, capture_output=True,
+                                              text=True).stdout)
+                d = d[0] if isinstance(d, list) else d
+                ok = (s["measured_host_high_water"] == s["predicted_host_peak"] and
+                      s["measured_high_water"] == s["predicted_peak"])
+                print(f"  {name} N=1 {t:<12}: {med[t]:7.2f} ms/step (x{med[t] / med['state']:.3f})"
+                      f", host arena {s['predicted_host_peak']:,} B (measured == predicted: "
+                      f"{'yes' if ok else 'NO'}), {s['nvme_read_bytes_per_step']:,} B read / "
+                      f"{s['nvme_written_bytes_per_step']:,} B written a step, "
+                      f"{s.get('nvme_io', '?')} I/O; predicted {d['step_ms']:.2f} ms/step "
+                      f"(measured x{med[t] / d['step_ms']:.2f})")
+    print("  7B shape, one H100 rank, by host-memory-budget (offload-nvme=auto "
+          "offload-nvme-params=auto)")
+    for hb in (8, 12, 16, 20, 24, 28):
+        plan = os.path.join(tmp, f"l7p-{hb}.plan")
+        r = opt(l7, "optimizer=adamw param-dtype=bf16 memory-budget=80GiB offload=optimizer "
+                    f"offload-nvme=auto offload-nvme-params=auto host-memory-budget={hb}GiB",
+                plan, check=False)
+        if r.returncode:
+            floor = re.search(r"smallest host arena reachable is ([0-9.]+ GiB)", r.stderr)
+            print(f"  {hb:3d} GiB: nothing fits (the smallest host arena: "
+                  f"{floor.group(1) if floor else '?'})")
+            continue
+        with open(plan) as f:
+            p = json.load(f)
+        st = p["strategy"]
+        print(f"  {hb:3d} GiB: "
+              + (f"state{' and master shards' if st.get('offload_nvme_params') else ''} on "
+                 f"disk, {st['offload_nvme_in_flight']} in flight, "
+                 f"{st['offload_nvme_read_ahead']} read ahead, {st['offload_nvme_units']} units"
+                 if st["offload_nvme"] else "state in host memory")
+              + f"; step {1e3 * st['predicted_step_s']:.1f} ms, host arena "
+              f"{gib(p['host_arena_bytes']):.2f} GiB, swap file "
+              f"{gib(p.get('nvme_bytes', 0)):.2f} GiB")
+    for extra in ("false", "true"):
+        row(f"175B-shaped N=64 params {extra}",
+            opt(g175, "optimizer=adamw world-size=64 param-dtype=bf16 memory-budget=80GiB "
+                      f"offload=optimizer offload-nvme=true offload-nvme-params={extra}",
+                check=False))
 
 
 if __name__ == "__main__":
