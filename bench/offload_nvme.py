@@ -285,18 +285,7 @@ def main():
                 plans[r] = os.path.join(tmp, f"mlp-ra{r}.plan")
                 opt(model, "optimizer=adamw world-size=1 stage=3 offload=optimizer "
                            f"offload-nvme=true offload-nvme-read-ahead={r}", plans[r])
-            times = {r: [] for r in aheads}
-            last = {}
-            for _ in range(a.repeats):
-                for r in aheads:
-                    out = subprocess.run(
-                        [b("fsdp-run"), plans[r], "--steps", str(a.steps), "--threads", "1",
-                         "--json", "--nvme-dir", swapdir], check=True, capture_output=True,
-                        text=True).stdout
-                    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-                    times[r] += [x["ms"] for x in rows if "step" in x and "ms" in x][1:]
-                    last[r] = [x for x in rows if x.get("summary")][0]
-            med = {r: statistics.median(v) for r, v in times.items()}
+            med, last = alternate(a, b, plans, swapdir)
             for r in aheads:
                 s = last[r]
                 d = json.loads(subprocess.run([sys.executable, SIM, plans[r], "--profile", prof,
@@ -319,6 +308,23 @@ def main():
                         check=False))
 
 
+def alternate(a, b, plans, swapdir):
+    """Runs each of `plans` ({key: plan}) a.steps steps on one rank, in
+    turn, a.repeats times: ({key: the median ms/step of steps 2..}, {key:
+    the last run's summary row})."""
+    times = {k: [] for k in plans}
+    last = {}
+    for _ in range(a.repeats):
+        for k, plan in plans.items():
+            out = subprocess.run(
+                [b("fsdp-run"), plan, "--steps", str(a.steps), "--threads", "1", "--json",
+                 "--nvme-dir", swapdir], check=True, capture_output=True, text=True).stdout
+            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            times[k] += [x["ms"] for x in rows if "step" in x and "ms" in x][1:]
+            last[k] = [x for x in rows if x.get("summary")][0]
+    return {k: statistics.median(v) for k, v in times.items()}, last
+
+
 def params_on_disk(a, b, opt, gen, row, swapdir, tmp, l7, g175):
     """Part 5: the master shards on disk too (offload-nvme-params)."""
     gib = lambda x: x / 2**30
@@ -339,18 +345,7 @@ def params_on_disk(a, b, opt, gen, row, swapdir, tmp, l7, g175):
                 plans[tag] = os.path.join(tmp, f"{name.replace(' ', '')}-{extra}.plan")
                 opt(model, "optimizer=adamw world-size=1 stage=3 offload=optimizer "
                            f"offload-nvme=true offload-nvme-params={extra}", plans[tag])
-            times = {t: [] for t in plans}
-            last = {}
-            for _ in range(a.repeats):
-                for t, plan in plans.items():
-                    out = subprocess.run(
-                        [b("fsdp-run"), plan, "--steps", str(a.steps), "--threads", "1",
-                         "--json", "--nvme-dir", swapdir], check=True, capture_output=True,
-                        text=True).stdout
-                    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-                    times[t] += [x["ms"] for x in rows if "step" in x and "ms" in x][1:]
-                    last[t] = [x for x in rows if x.get("summary")][0]
-            med = {t: statistics.median(v) for t, v in times.items()}
+            med, last = alternate(a, b, plans, swapdir)
             for t, plan in plans.items():
                 s = last[t]
                 d = json.loads(subprocess.run([sys.executable, SIM, plan, "--profile", prof,

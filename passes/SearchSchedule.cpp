@@ -270,6 +270,7 @@ struct SearchSchedulePass
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
   LogicalResult tuneNvmeParams();
+  bool keepIfFits(Leaf leaf);
   LogicalResult deepenReadAhead();
   LogicalResult deepen(Leaf leaf, ArrayRef<int64_t> values,
                        llvm::function_ref<void(Choice &, int64_t)> set);
@@ -762,14 +763,23 @@ LogicalResult SearchSchedulePass::tuneNvmeInFlight() {
       leaf.choice.nvmeInFlight = 1;
     if (offloadNvmeReadAhead < 0)
       leaf.choice.nvmeReadAhead = 0;
-    if (!evaluate(leaf))
+    if (!keepIfFits(leaf))
       return failure();
-    if (fits(leaf))
-      leaves.push_back(leaf);
-    else if (leaf.peakLive <= budget)
-      hostUnfit.push_back(leaf);
   }
   return success();
+}
+
+/// A host-memory tuning's try: evaluated, kept as a candidate where it
+/// fits, else remembered for the host floor where it fits the device.
+/// False when it cannot be evaluated.
+bool SearchSchedulePass::keepIfFits(Leaf leaf) {
+  if (!evaluate(leaf))
+    return false;
+  if (fits(leaf))
+    leaves.push_back(std::move(leaf));
+  else if (leaf.peakLive <= budget)
+    hostUnfit.push_back(std::move(leaf));
+  return true;
 }
 
 /// The master shards on disk too (fsdp-offload's nvme-params), where
@@ -803,12 +813,8 @@ LogicalResult SearchSchedulePass::tuneNvmeParams() {
     }
     for (Leaf &leaf : tries) {
       leaf.choice.nvmeParams = true;
-      if (!evaluate(leaf))
+      if (!keepIfFits(leaf))
         return failure();
-      if (fits(leaf))
-        leaves.push_back(leaf);
-      else if (leaf.peakLive <= budget)
-        hostUnfit.push_back(leaf);
     }
   }
   return success();

@@ -54,6 +54,17 @@ def run_json(bindir, plan, n, *args, timeout=300):
     return losses, [x for x in rows if x.get("summary")][0]
 
 
+def arenas_as_planned(s, plan=None):
+    """Whether fsdp-run's summary row `s` measured both arenas' high-water
+    and peak live bytes equal to the plan's prediction, and (with `plan`,
+    a plan as JSON) the predicted host peak is the plan's host arena."""
+    return (s["measured_high_water"] == s["predicted_peak"] and
+            s["measured_peak_live"] == s["predicted_peak_live"] and
+            s["measured_host_high_water"] == s["predicted_host_peak"] and
+            s["measured_host_peak_live"] == s["predicted_host_peak_live"] and
+            (plan is None or s["predicted_host_peak"] == plan["host_arena_bytes"]))
+
+
 def copies_in_flight(plan):
     """The most async copies to the device issued and not yet joined while
     any other instruction of `plan` (a plan as JSON) runs: fsdp-offload's

@@ -92,7 +92,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks, gen_models, run_json
+from e2e_lib import Checks, arenas_as_planned, gen_models, run_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -208,11 +208,7 @@ def main():
                    f"{pd['host_arena_bytes']} B (state in host memory: "
                    f"{ph['host_arena_bytes']} B" + (", next-step keeps every staging live)"
                                                     if nextstep else ")"))
-            measured = (s["measured_high_water"] == s["predicted_peak"] and
-                        s["measured_peak_live"] == s["predicted_peak_live"] and
-                        s["measured_host_high_water"] == s["predicted_host_peak"] and
-                        s["measured_host_peak_live"] == s["predicted_host_peak_live"] and
-                        s["predicted_host_peak"] == pd["host_arena_bytes"])
+            measured = arenas_as_planned(s, pd)
             report(measured, f"(b) {what}: measured == predicted, device "
                              f"{s['measured_high_water']} B and host "
                              f"{s['measured_host_high_water']} B")

@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks, gen_models, run_json
+from e2e_lib import Checks, arenas_as_planned, gen_models, run_json
 
 # (model, ranks, pipeline options)
 CONFIGS = [
@@ -145,11 +145,7 @@ def main():
                    f"no instruction names it; host arena {pb['host_arena_bytes']} B (with the "
                    f"master shards in it: {ps['host_arena_bytes']} B, staging "
                    f"+{staging_more} B{', next-step keeps every staging live' if nextstep else ''})")
-            measured = (s["measured_high_water"] == s["predicted_peak"] and
-                        s["measured_peak_live"] == s["predicted_peak_live"] and
-                        s["measured_host_high_water"] == s["predicted_host_peak"] and
-                        s["measured_host_peak_live"] == s["predicted_host_peak_live"] and
-                        s["predicted_host_peak"] == pb["host_arena_bytes"])
+            measured = arenas_as_planned(s, pb)
             report(measured, f"(b) {what}: measured == predicted, device "
                              f"{s['measured_high_water']} B and host "
                              f"{s['measured_host_high_water']} B")
