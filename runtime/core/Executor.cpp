@@ -426,11 +426,15 @@ Status Executor::init(uint64_t seed) {
   swap.reset();
   if (plan.nvmeBytes > 0) {
     if (nvmeDir.empty())
-      return FSDP_ERROR("the plan keeps its optimizer state in a swap file (fsdp-offload's "
-                        "nvme, ",
-                        plan.nvmeBytes,
-                        " bytes a rank): give fsdp-run --nvme-dir DIR, "
-                        "a directory on a fast local disk");
+      return FSDP_ERROR(
+          "the plan keeps its optimizer state",
+          std::any_of(plan.buffers.begin(), plan.buffers.end(),
+                      [](const Buffer &b) { return b.nvme && b.kind == BufferKind::Param; })
+              ? " and parameters"
+              : "",
+          " in a swap file (fsdp-offload's nvme, ", plan.nvmeBytes,
+          " bytes a rank): give fsdp-run --nvme-dir DIR, "
+          "a directory on a fast local disk");
     // [Note: swap file I/O]: direct where every staging buffer is on a
     // block (the host arena starts on a page: hostArenaStart).
     bool stagingAligned = plan.swapAlignment > 0;

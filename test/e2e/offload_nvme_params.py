@@ -33,7 +33,8 @@ with only the state on disk (offload-nvme=true):
     safetensors file of the final parameters loads them into the file
     (the next step's loss is the same in both placements);
 (f) refusals: offload-nvme-params without offload-nvme is refused by
-    name, by fsdp-opt and by the memory-budget search;
+    name, by fsdp-opt and by the memory-budget search; a plan with the
+    parameters on disk run without --nvme-dir names both and the flag;
 (g) the cost model (h100 profile; fsdp-sim and fsdp-opt simulate=true
     agree on the step, the host stream and the drive): the drive is busy
     exactly every staging's bytes at the NVMe read rate plus the written
@@ -229,6 +230,11 @@ def main():
                      "offload-nvme-params=true")
         report(r.returncode != 0 and "offload-nvme-params" in r.stderr,
                "(f) and by the memory-budget search: " + said(r))
+        r = subprocess.run([os.path.join(bindir, "fsdp-run"), os.path.join(tmp, "c0-both.plan"),
+                            "--steps", "1"], capture_output=True, text=True, timeout=120)
+        report(r.returncode == 1 and "optimizer state and parameters in a swap file" in r.stderr
+               and "--nvme-dir" in r.stderr,
+               "(f) such a plan without --nvme-dir is refused: " + r.stderr.strip()[-110:])
 
         # (g) the cost model
         sim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
