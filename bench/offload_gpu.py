@@ -20,6 +20,9 @@ scripts/gpu-pack.sh (offload_<tag>.plan):
              the pinned host arena, or through the page cache (fsdp-run
              --nvme-io); the row adds how much of the file the page cache
              held at the end
+  nvmep_direct  offload-nvme-params=true too (offload_nvmep.plan): the
+             master shards in the swap file as well, each copy to the
+             device reading them, O_DIRECT
 Each plan runs --steps S (median ms/step of steps 3..S) R times,
 alternating the plans; printed beside fsdp-sim's prediction of the same
 plan on --profile (h100 by default: an H200's HBM is faster, so the
@@ -29,7 +32,7 @@ rehearsal; the cost model then needs a CPU profile).
 
   python3 bench/offload_gpu.py --fsdp-run gpu-kit/bin/fsdp-run --plans gpu-kit/plans \\
       --sim gpu-kit/tools/fsdp-sim [--steps 10 --repeats 2] [--device cuda|cpu]
-      [--tags none,nvme_direct,nvme_buffered --nvme-dir /tmp/fsdp-nvme]
+      [--tags none,nvme_direct,nvme_buffered,nvmep_direct --nvme-dir /tmp/fsdp-nvme]
 """
 import argparse
 import json
@@ -40,7 +43,8 @@ import sys
 TAGS = ("none", "serial", "overlap", "acts", "acts_unit", "clip", "clip_next", "clip_next_d4")
 # Runs of another tag's plan with fsdp-run flags of their own.
 RUNS = {"nvme_direct": ("nvme", ["--nvme-io", "direct"]),
-        "nvme_buffered": ("nvme", ["--nvme-io", "buffered"])}
+        "nvme_buffered": ("nvme", ["--nvme-io", "buffered"]),
+        "nvmep_direct": ("nvmep", ["--nvme-io", "direct"])}
 
 
 def main():

@@ -101,7 +101,8 @@ for b in 16 32; do
              "clip:offload=optimizer max-grad-norm=1.0" \
              "clip_next:offload=optimizer max-grad-norm=1.0 offload-next-step=true" \
              "clip_next_d4:offload=optimizer max-grad-norm=1.0 offload-next-step=true offload-prefetch-depth=4" \
-             "nvme:offload=optimizer offload-nvme=true"; do
+             "nvme:offload=optimizer offload-nvme=true" \
+             "nvmep:offload=optimizer offload-nvme=true offload-nvme-params=true"; do
       "$OPT" "$P/gpt2_b$b.mlir" -o /dev/null \
         --fsdp-pipeline="$ob ${v#*:} plan=$P/offload_${v%%:*}.plan"
     done

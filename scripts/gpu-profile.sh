@@ -30,7 +30,8 @@
 #      step or the next (offload-next-step), activations on the copy
 #      stream, beside the cost model's prediction; nvme_b16: the AdamW
 #      moments in a swap file on the machine's disk, O_DIRECT against
-#      the page cache.
+#      the page cache, and with the master shards there too
+#      (offload-nvme-params).
 # Summarize traces here with scripts/trace-summary.py.
 # ONLY="name ..." runs just the named steps (a rerun after a fix).
 set -uo pipefail
@@ -222,7 +223,7 @@ step offload_b16 200 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run
 # against the page cache (fsdp-run --nvme-io), beside no offload.
 mkdir -p /tmp/fsdp-nvme
 step nvme_b16 150 "$PY" "$K/bench/offload_gpu.py" --fsdp-run "$K/bin/fsdp-run" --plans "$P" \
-  --sim "$K/tools/fsdp-sim" --steps 6 --repeats 1 --tags none,nvme_direct,nvme_buffered \
+  --sim "$K/tools/fsdp-sim" --steps 6 --repeats 1 --tags none,nvme_direct,nvme_buffered,nvmep_direct \
   --nvme-dir /tmp/fsdp-nvme && grep -vE "^\{" "$L/nvme_b16.log"
 bundle
 exit $fail
