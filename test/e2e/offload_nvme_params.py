@@ -43,7 +43,11 @@ with only the state on disk (offload-nvme=true):
     trace reads each copy's blocks before the copy starts (on the copy
     stream, or on compute when the copy is not async), and reading ahead
     (R = 1, 2) predicts a shorter step than R = 0 (the copies' reads
-    run beside the previous copies instead of stalling compute);
+    run beside the previous copies instead of stalling compute); and
+    fsdp-run --trace of such a plan (sync and async copies, two ranks,
+    four steps): every copy's read on the swap-in thread ends before the
+    copy's span on compute does (a CPU device copies in place once the
+    read is done), and every update's read before the update starts;
 (h) the memory-budget search with offload-nvme-params=auto: under a
     host-memory-budget between the leanest host arena with the shards on
     disk and the leanest without, it puts them on disk (strategy
@@ -284,6 +288,30 @@ def main():
                    f"ms = the stagings read and the shards written back at 6.5 / 3.5 GB/s), "
                    f"each of {len(copies)} {'async' if async_ else 'sync'} copies' blocks read "
                    f"before it starts")
+        for tag, i in (("async copies", 1), ("sync copies", 3)):
+            model, n, pipeline = CONFIGS[i]
+            plan = os.path.join(tmp, f"c{i}-both.plan")
+            trace = os.path.join(tmp, f"run-trace{i}.json")
+            train(plan, n, "--steps", "4", "--trace", trace)
+            p = json.load(open(trace))
+            spans = {}  # (rank, step, instruction) -> {track: (start, end)}
+            for e in p["traceEvents"]:
+                if e.get("ph") == "X" and e["tid"] in (0, 2, 4):
+                    key = (e["pid"], e["args"]["step"], e["args"]["instruction"])
+                    spans.setdefault(key, {})[e["tid"]] = (e["ts"], e["ts"] + e["dur"])
+            pb = json.load(open(plan))
+            copies = [j for j, x in swapping(pb) if x["op"] == "to_device"]
+            updates = [j for j, x in swapping(pb) if x["op"] != "to_device" and
+                       x["attrs"].get("async")]
+            keys = [(r, st, j) for r in range(n) for st in range(1, 5) for j in copies + updates]
+            bad = [k for k in keys if not (
+                {4, 0 if k[2] in copies else 2} <= spans.get(k, {}).keys() and
+                (spans[k][4][1] <= spans[k][0][1] if k[2] in copies
+                 else spans[k][4][1] <= spans[k][2][0]))]
+            report(not bad and copies,
+                   f"(g) fsdp-run --trace, {tag} (N={n}): each of {len(keys)} copies and updates "
+                   f"(ranks x steps x instructions) read on the swap-in thread before it copied "
+                   f"or ran ({len(bad)} out of order: {bad[:3]})")
         report(steps["R=2"] <= steps["R=1"] < steps["R=0"],
                f"(g) reading ahead predicts shorter steps: R=0 {steps['R=0']:.4f} ms, R=1 "
                f"{steps['R=1']:.4f}, R=2 {steps['R=2']:.4f}")
