@@ -2057,37 +2057,39 @@ TEST(PlanValidation, ReadAheadWindowIsTheStagingsOwn) {
 
 /// offload-nvme-params' shape ([Note: parameters on disk]): a parameter
 /// p whose master copy is in the swap file (`onDisk`) or in the host arena:
-///   0 to_device p -> w (from p's staging 7 when on disk; async with
-///     `asyncCopy`, joined at 1, else 1 is a fill of the loss);
-///   2 g = w * x; 3 to_host g -> gh;
-///   4 adamw_update p (async; swaps its moments m, v through staging 10,
-///     11, and p through staging 9 when on disk); 5 wait p; 6 fill loss.
-std::string paramOnDiskPlan(bool onDisk, bool asyncCopy) {
+///   0 fill loss;
+///   1 to_device p -> w (from p's staging 7 when on disk, read ahead after
+///     #0 with `readAhead`; async with `asyncCopy`, joined at 2, else 2
+///     fills the loss again);
+///   3 g = w * x; 4 to_host g -> gh;
+///   5 adamw_update p (async; swaps its moments m, v through staging 10,
+///     11, and p through staging 9 when on disk); 6 wait p; 7 fill loss.
+std::string paramOnDiskPlan(bool onDisk, bool asyncCopy, bool readAhead = false) {
   const int64_t n = 64, vb = n * 4;
   using nlohmann::json;
   json buffers = json::array();
   auto buf = [&](const char *name, const char *kind, const char *space, int64_t offset, bool scalar,
                  bool persistent, int64_t first, int64_t last) {
     testplans::addF32Buffer(buffers, name, kind, space, offset, n, scalar, persistent,
-                            persistent ? -1 : first, persistent ? 6 : last);
+                            persistent ? -1 : first, persistent ? 7 : last);
   };
   // device: 0 x, 1 w, 2 g, 3 loss
   buf("x", "input", "device", 0, false, true, 0, 0);
-  buf("w", "temp", "device", vb, false, false, 0, 2);
-  buf("g", "grad", "device", 2 * vb, false, false, 2, 3);
-  buf("loss", "activation", "device", 3 * vb, true, false, 1, 6);
+  buf("w", "temp", "device", vb, false, false, 1, 3);
+  buf("g", "grad", "device", 2 * vb, false, false, 3, 4);
+  buf("loss", "activation", "device", 3 * vb, true, false, 0, 7);
   // host: 4 lr, 5 step, 6 gh, 7 p's staging for the copy, 8 (unused),
   // 9-11 the update's staging of p, m, v
   buf("lr", "input", "host", 0, true, true, 0, 0);
   buf("step", "input", "host", 64, true, true, 0, 0);
-  buf("gh", "grad", "host", 128, false, false, 3, 5);
-  buf("p.copy", "temp", "host", vb + 128, false, false, 0, asyncCopy ? 1 : 0);
+  buf("gh", "grad", "host", 128, false, false, 4, 6);
+  buf("p.copy", "temp", "host", vb + 128, false, false, readAhead ? 0 : 1, asyncCopy ? 2 : 1);
   buf("unused", "temp", "host", 2 * vb + 128, false, false, 0, 0);
   for (int k = 0; k < 3; ++k)
     buf(k == 0   ? "p.swap"
         : k == 1 ? "m.swap"
                  : "v.swap",
-        "temp", "host", (3 + k) * vb + 128, false, false, 4, 5);
+        "temp", "host", (3 + k) * vb + 128, false, false, 5, 6);
   // 12 p (on disk, or persistent in the host arena past the staging), 13
   // m, 14 v in the swap file
   buf("p", "param", onDisk ? "nvme" : "host", onDisk ? 0 : 6 * vb + 128, false, true, 0, 0);
@@ -2104,12 +2106,15 @@ std::string paramOnDiskPlan(bool onDisk, bool asyncCopy) {
     copy["async"] = true;
   if (onDisk) {
     copy["swap"] = {{12, 7, false}};
+    if (readAhead)
+      copy["swap_read_at"] = 0;
     update["swap"] = {{12, 9, true}, {13, 10, true}, {14, 11, true}};
   } else {
     update["swap"] = {{13, 10, true}, {14, 11, true}};
   }
   const int64_t p = onDisk ? 9 : 12;
-  json program = {op("to_device", {onDisk ? 7 : 12}, {1}, copy),
+  json program = {op("fill", json::array(), {3}, {{"value", 1.0}}),
+                  op("to_device", {onDisk ? 7 : 12}, {1}, copy),
                   asyncCopy ? op("wait", {1}, {1})
                             : op("fill", json::array(), {3}, {{"value", 1.0}}),
                   op("mul", {1, 0}, {2}),
@@ -2151,12 +2156,15 @@ std::string paramOnDiskPlan(bool onDisk, bool asyncCopy) {
 /// for the read); the update reads and writes the parameter with its
 /// state, and the next step's copy reads what it wrote. Three steps train
 /// the same bits as with the parameter in the host arena, and each step
-/// reads the parameter twice (the copy, the update) and writes it once.
+/// reads the parameter twice (the copy, the update) and writes it once;
+/// so too with the copy's read issued ahead, after the instruction before
+/// it (swap_read_at).
 TEST_P(DeviceConformance, ExecutorCopiesParametersFromTheSwapFile) {
   const int64_t vb = 64 * 4;
-  auto train = [&](bool onDisk, bool asyncCopy, std::vector<std::vector<float>> &out) {
+  auto train = [&](bool onDisk, bool asyncCopy, bool readAhead,
+                   std::vector<std::vector<float>> &out) {
     Plan plan;
-    Status st = parsePlan(paramOnDiskPlan(onDisk, asyncCopy), plan);
+    Status st = parsePlan(paramOnDiskPlan(onDisk, asyncCopy, readAhead), plan);
     ASSERT_TRUE(st.isOk()) << st.message();
     std::unique_ptr<Device> dev;
     ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
@@ -2183,12 +2191,14 @@ TEST_P(DeviceConformance, ExecutorCopiesParametersFromTheSwapFile) {
     }
   };
   std::vector<std::vector<float>> ref;
-  train(false, false, ref);
+  train(false, false, false, ref);
   EXPECT_NE(ref[1][0], 0.0f) << "the moments were not written back";
-  for (bool asyncCopy : {false, true}) {
-    SCOPED_TRACE(asyncCopy ? "async copy" : "sync copy");
+  for (auto [asyncCopy, readAhead] :
+       {std::pair<bool, bool>{false, false}, {true, false}, {false, true}, {true, true}}) {
+    SCOPED_TRACE(std::string(asyncCopy ? "async copy" : "sync copy") +
+                 (readAhead ? ", read ahead" : ""));
     std::vector<std::vector<float>> got;
-    train(true, asyncCopy, got);
+    train(true, asyncCopy, readAhead, got);
     ASSERT_EQ(got.size(), ref.size());
     for (size_t k = 0; k < got.size(); ++k)
       EXPECT_EQ(std::memcmp(got[k].data(), ref[k].data(), 64 * 4), 0) << "buffer #" << k;
