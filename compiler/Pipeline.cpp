@@ -70,6 +70,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.prefetchDepth = 0;
   else if (options.prefetchDepth.hasValue())
     search.prefetchDepth = options.prefetchDepth;
+  if (options.backwardPrefetch.hasValue())
+    search.backwardPrefetch = options.backwardPrefetch;
   pm.addPass(createFsdpSearchSchedule(search));
 }
 
@@ -149,6 +151,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
         FsdpScheduleOptions sched;
         sched.prefetch = options.prefetch;
         sched.prefetchDepth = options.prefetchDepth;
+        sched.backwardPrefetch = options.backwardPrefetch;
         pm.addPass(createFsdpSchedule(sched));
       }
     }

@@ -147,6 +147,14 @@ struct FsdpPipelineOptions
       *this, "prefetch-depth",
       llvm::cl::desc("with prefetch: parameter all-gathers in flight at once"),
       llvm::cl::init(1)};
+  Option<std::string> backwardPrefetch{
+      *this, "backward-prefetch",
+      llvm::cl::desc("with prefetch, where the backward pass's all-gathers are "
+                     "issued (FSDP's BackwardPrefetch): pre (BACKWARD_PRE: while "
+                     "the unit after computes its gradients), post "
+                     "(BACKWARD_POST: once its parameters are dead, one unit "
+                     "fewer gathered at once) or none (where read)"),
+      llvm::cl::init("pre")};
   Option<int64_t> layersPerUnit{
       *this, "layers-per-unit",
       llvm::cl::desc("layer policy: consecutive layers merged into one unit"),

@@ -771,6 +771,12 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
            "issue each all-gather ahead of its use (prefetch-depth units)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"1",
            "with prefetch: parameter all-gathers in flight at once (0: none)">,
+    Option<"backwardPrefetch", "backward-prefetch", "std::string",
+           /*default=*/"\"pre\"",
+           "with prefetch, the backward pass's gathers (FSDP's BackwardPrefetch): "
+           "pre (before the unit after it computes its gradients), post (once "
+           "that unit's parameters are dead: one unit fewer gathered at once) "
+           "or none (where read)">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
@@ -969,6 +975,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "reshard-after-forward is searched)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",
            "pin the prefetch depth (-1: search 0, 1, 2)">,
+    Option<"backwardPrefetch", "backward-prefetch", "std::string", /*default=*/"\"\"",
+           "pin the backward gathers' placement: pre | post | none (empty: "
+           "search pre and, at depth 1, post)">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
            "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
     Option<"report", "report", "bool", /*default=*/"false",

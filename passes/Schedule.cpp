@@ -13,6 +13,14 @@
 // same program, so the cross-rank order of collectives is identical.
 // (3) Waits move up to bound what is in flight: `depth` gathers and one
 // other collective (one collective without prefetch).
+// `backward-prefetch` (FSDP1's BackwardPrefetch) sets where step (2) puts
+// the backward pass's gathers: `pre` as above (BACKWARD_PRE: unit k-1
+// travels while unit k's gradients are computed, both gathered at once),
+// `post` just after the last read of the parameters `depth` gathers back
+// (BACKWARD_POST: unit k-1 is gathered once unit k's parameters are dead,
+// into their memory, so the backward holds `depth` units instead of
+// `depth` + 1, for less overlap), `none` where they are read (the forward
+// still prefetches).
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,6 +81,12 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           << "prefetch-depth must be >= 0, found " << depth;
       return signalPassFailure();
     }
+    if (!llvm::is_contained({"pre", "post", "none"}, backwardPrefetch.getValue())) {
+      mlir::emitError(module.getLoc())
+          << "backward-prefetch='" << backwardPrefetch
+          << "': expected pre (FSDP's BACKWARD_PRE), post (BACKWARD_POST) or none";
+      return signalPassFailure();
+    }
     // Where each micro-batch's forward pass ends: its loss (before the
     // all-reduce of it that fsdp-shard appends).
     Value lossValue = body.getTerminator()->getNumOperands()
@@ -91,7 +105,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           losses.push_back(body.findAncestorOpInBlock(*def));
     llvm::SmallPtrSet<Operation *, 16> chained;
     if (depth > 0)
-      hoistGathers(collectives, waitOf, depth, losses, chained);
+      hoistGathers(body, collectives, waitOf, depth, losses, chained);
     // In flight at once. Without prefetch: one collective (the
     // smallest-memory schedule). With prefetch: `depth` parameter
     // all-gathers plus one other collective (a reduce-scatter or an
@@ -122,10 +136,79 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     }
   }
 
-  void hoistGathers(ArrayRef<Operation *> collectives,
+  /// The unit read (fsdp.get_unit) a parameter all-gather gathers, read
+  /// directly or cast to the compute dtype first (fsdp-mixed-precision:
+  /// `cast` is set, and moves with the gather); null for other collectives.
+  static GetUnitOp unitReadOf(Operation *c, Operation *&cast) {
+    auto gather = dyn_cast<AllGatherOp>(c);
+    cast = gather ? gather.getInput().getDefiningOp<CastOp>() : nullptr;
+    Value shard = cast ? cast->getOperand(0) : gather ? gather.getInput() : Value();
+    auto read = shard ? shard.getDefiningOp<GetUnitOp>() : GetUnitOp();
+    if (!read || (cast && !cast->hasOneUse()))
+      return GetUnitOp();
+    return read;
+  }
+
+  /// The backward pass's parameter gathers. fsdp-shard gathers each unit
+  /// again in every micro-batch's forward pass and (resharded units) in its
+  /// backward, right before the reads; the backward follows the micro-batch's
+  /// loss and comes before the next micro-batch's forward. So a gather after
+  /// the last loss is a backward one, and between two losses a unit's gather
+  /// is a backward one when the same unit is gathered again before the next
+  /// loss (the next micro-batch's forward gather, which every unit with a
+  /// forward read has).
+  static llvm::SmallPtrSet<Operation *, 16> backwardGathers(ArrayRef<Operation *> collectives,
+                                                            ArrayRef<Operation *> losses) {
+    llvm::SmallPtrSet<Operation *, 16> out;
+    auto window = [&](Operation *op) {
+      int64_t w = 0;
+      for (Operation *loss : losses)
+        w += loss->getBlock() == op->getBlock() && loss->isBeforeInBlock(op);
+      return w;
+    };
+    int64_t last = int64_t(losses.size());
+    for (size_t i = 0; i < collectives.size(); ++i) {
+      Operation *castOp;
+      GetUnitOp read = unitReadOf(collectives[i], castOp);
+      if (!read)
+        continue;
+      int64_t w = window(read);
+      if (w == 0)
+        continue;
+      bool backward = w == last;
+      for (size_t j = i + 1; !backward && j < collectives.size(); ++j) {
+        GetUnitOp later = unitReadOf(collectives[j], castOp);
+        backward = later && later.getNameAttr() == read.getNameAttr() && window(later) == w;
+      }
+      if (backward)
+        out.insert(collectives[i]);
+    }
+    return out;
+  }
+
+  /// The last op of `body` that reads `v` or a view of it (the gathered
+  /// parameters' last use: their buffer is free after it).
+  static Operation *lastReader(Block &body, Value v) {
+    Operation *last = nullptr;
+    SmallVector<Value> work{v};
+    while (!work.empty()) {
+      Value cur = work.pop_back_val();
+      for (Operation *user : cur.getUsers()) {
+        if (isa<ViewOp, ReshapeOp, ShardViewOp, WaitOp>(user)) {
+          work.append(user->result_begin(), user->result_end());
+          continue;
+        }
+        Operation *u = body.findAncestorOpInBlock(*user);
+        if (u && (!last || last->isBeforeInBlock(u)))
+          last = u;
+      }
+    }
+    return last;
+  }
+
+  void hoistGathers(Block &body, ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
-                    ArrayRef<Operation *> losses,
-                    llvm::SmallPtrSetImpl<Operation *> &chained) {
+                    ArrayRef<Operation *> losses, llvm::SmallPtrSetImpl<Operation *> &chained) {
     // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
     // all-gathers (those reading unit storage) form one chain in program
     // order, forward and backward. Each moves up to just after the wait of
@@ -135,25 +218,35 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // so it travels while unit k's gradients are computed. Every rank runs
     // this same program, so the collectives' order is still the same on
     // every rank; gathers keep their order among themselves.
+    // Backward gathers other than BACKWARD_PRE's, found before any moves.
+    llvm::SmallPtrSet<Operation *, 16> backward;
+    if (backwardPrefetch != "pre")
+      backward = backwardGathers(collectives, losses);
     SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
-      auto gather = dyn_cast<AllGatherOp>(c);
-      // The unit's shard, read directly or cast to the compute dtype first
-      // (fsdp-mixed-precision): the cast moves with the gather.
-      Operation *castOp = gather ? gather.getInput().getDefiningOp<CastOp>()
-                                 : nullptr;
-      Value shard = castOp ? castOp->getOperand(0)
-                           : gather ? gather.getInput() : Value();
-      auto read = shard ? shard.getDefiningOp<GetUnitOp>() : GetUnitOp();
-      if (!read || (castOp && !castOp->hasOneUse()))
+      Operation *castOp;
+      GetUnitOp read = unitReadOf(c, castOp);
+      if (!read)
         continue;
+      auto gather = cast<AllGatherOp>(c);
       chained.insert(c);
       Operation *anchor =
           waits.empty() ? nullptr
                         : waits[waits.size() >= size_t(depth)
                                     ? waits.size() - depth
                                     : 0];
+      if (backward.contains(c)) {
+        if (backwardPrefetch == "none") {
+          anchor = nullptr; // gathered where it is read
+        } else if (anchor) {
+          // BACKWARD_POST: once the parameters of the gather `depth` back
+          // are dead (never above its wait: anchor is that wait).
+          Operation *dead = lastReader(body, cast<WaitOp>(anchor).getResult());
+          if (dead && anchor->isBeforeInBlock(dead))
+            anchor = dead;
+        }
+      }
       // Never above the chain's previous gather (gathers keep their order).
       if (anchor && prevGather && anchor->isBeforeInBlock(prevGather))
         anchor = prevGather;

@@ -73,6 +73,8 @@ struct Choice {
   /// fsdp-offload's nvme-params: with nvme, those units' master shards on
   /// disk too.
   bool nvmeParams = false;
+  /// fsdp-schedule's backward-prefetch: with depth > 0, pre, post or none.
+  std::string backward = "pre";
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -80,6 +82,7 @@ struct Choice {
            " reshard-after-forward=" + reshard +
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits) : "") +
            " prefetch-depth=" + std::to_string(depth) +
+           (depth > 0 && backward != "pre" ? " backward-prefetch=" + backward : "") +
            (offload != "none" ? " offload=" + offload : "") +
            (activations ? " offload-activations=true" : "") +
            (nextStep ? " offload-next-step=true" : "") +
@@ -161,12 +164,13 @@ struct SearchSchedulePass
     s.frozenStorage = frozenStorage;
     return run(m, createFsdpShard(s));
   }
-  bool schedule(ModuleOp m, int64_t depth) {
+  bool schedule(ModuleOp m, int64_t depth, StringRef backward) {
     if (!overlap)
       return true;
     FsdpScheduleOptions sched;
     sched.prefetch = depth > 0;
     sched.prefetchDepth = depth;
+    sched.backwardPrefetch = backward.str();
     return run(m, createFsdpSchedule(sched));
   }
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
@@ -283,7 +287,7 @@ struct SearchSchedulePass
   OwningOpRef<ModuleOp> build(const Choice &c) {
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth) ||
+        !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth, c.backward) ||
         !finish(*m, c))
       return nullptr;
     return m;
@@ -458,6 +462,12 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
     depths.assign(1, prefetchDepth);
   else if (!overlap)
     depths.assign(1, 0);
+  // Where the backward gathers go: pinned, or pre at every depth and
+  // post at depth 1 too (BACKWARD_POST: one unit's gathered parameters
+  // fewer at the backward's peak than pre, more overlap than depth 0).
+  if (!backwardPrefetch.empty() &&
+      !llvm::is_contained({"pre", "post", "none"}, backwardPrefetch.getValue()))
+    return fail("backward-prefetch='" + backwardPrefetch + "': expected pre, post or none");
   return success();
 }
 
@@ -486,7 +496,17 @@ LogicalResult SearchSchedulePass::searchUniform() {
             off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
         ArrayRef<bool> nvmes =
             off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
-        for (int64_t depth : depths)
+        SmallVector<std::pair<int64_t, std::string>> schedules;
+        for (int64_t depth : depths) {
+          if (!backwardPrefetch.empty()) {
+            schedules.push_back({depth, backwardPrefetch});
+            continue;
+          }
+          schedules.push_back({depth, "pre"});
+          if (depth == 1)
+            schedules.push_back({depth, "post"});
+        }
+        for (auto &[depth, backward] : schedules)
           for (bool acts : activationChoices)
             for (bool ns : nextSteps)
               for (bool pf : prefetches)
@@ -516,11 +536,13 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                  offloadNvmeReadAhead >= 0 ? int64_t(offloadNvmeReadAhead) : 1,
                                  nv && off != "none" ? int64_t(offloadNvmeUnits) : -1,
                                  nv && off != "none" && offloadNvmeParams == "true"};
-                  bool last = depth == depths.back() && acts == activationChoices.back() &&
-                              ns == nextSteps.back() && pf == prefetches.back() &&
-                              nv == nvmes.back();
+                  leaf.choice.backward = backward;
+                  bool last = depth == schedules.back().first &&
+                              backward == schedules.back().second &&
+                              acts == activationChoices.back() && ns == nextSteps.back() &&
+                              pf == prefetches.back() && nv == nvmes.back();
                   OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                  if (!schedule(*m, depth) || !finish(*m, leaf.choice))
+                  if (!schedule(*m, depth, backward) || !finish(*m, leaf.choice))
                     return failure();
                   if (!measure(leaf, *m))
                     return failure();
@@ -547,7 +569,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
            a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
-           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams;
+           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams && a.backward == b.backward;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -985,6 +1007,7 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           // the mesh; 0 otherwise.
           b.getNamedAttr("reshard_group", b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
+          b.getNamedAttr("backward_prefetch", b.getStringAttr(c.backward)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),

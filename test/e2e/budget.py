@@ -4,7 +4,7 @@
 Compiles a small GPT (4 layers) for N ranks at stage 3 with every schedule
 the search considers, chosen by hand (layers-per-unit 1|2, recompute
 none|selective|unit, reshard-after-forward false|true, prefetch-depth
-0|1|2), and predicts each with fsdp-sim (h100). Then, for budgets taken
+0|1|2, and at depth 1 backward-prefetch pre|post), and predicts each with fsdp-sim (h100). Then, for budgets taken
 from those plans' own peaks (each distinct peak, largest first), compiles
 with memory-budget=B and checks that
   - the chosen plan's peak is <= B;
@@ -17,7 +17,8 @@ with memory-budget=B and checks that
 A budget one byte below the smallest peak fails, naming that peak as the
 floor. Budget-chosen plans (loosest and tightest budget) and a
 prefetch-depth=2 plan train on N ranks with losses bitwise equal to the
-hand-chosen plan of the same strategy (and depth 2 equal to depth 1).
+hand-chosen plan of the same strategy (and depth 2 equal to depth 1, and
+backward-prefetch=post equal to pre).
 
 usage: budget.py BIN_DIR SRC_DIR N [PIPELINE OPTION ...]
 """
@@ -63,13 +64,15 @@ def main():
 
         # --- Every strategy by hand. ------------------------------------------
         hand = {}
-        for k, rc, rs, d in itertools.product((1, 2), ("none", "selective", "unit"),
-                                              ("false", "true"), (0, 1, 2)):
-            key = (k, rc, rs == "true", d)
-            tag = f"k{k}-{rc}-{rs}-{d}"
+        # (prefetch depth, backward-prefetch): the search's schedules.
+        depths = ((0, "pre"), (1, "pre"), (1, "post"), (2, "pre"))
+        for k, rc, rs, (d, bp) in itertools.product((1, 2), ("none", "selective", "unit"),
+                                                    ("false", "true"), depths):
+            key = (k, rc, rs == "true", d, bp)
+            tag = f"k{k}-{rc}-{rs}-{d}-{bp}"
             plan, r = compile_plan(tag, f"layers-per-unit={k} recompute={rc} "
                                         f"reshard-after-forward={rs} prefetch-depth={d} "
-                                        "simulate=true report=false")
+                                        f"backward-prefetch={bp} simulate=true report=false")
             s = json.loads(subprocess.run([sim, plan, "--json"], check=True,
                                           capture_output=True, text=True).stdout)
             cxx = float(re.search(r"step\s+([0-9.]+) ms", r.stderr).group(1))
@@ -155,7 +158,7 @@ def main():
             p = load(plan)
             st = p["strategy"]
             key = (st["layers_per_unit"], st["recompute"], st["reshard_after_forward"],
-                   st["prefetch_depth"])
+                   st["prefetch_depth"], st["backward_prefetch"])
             units = st["recompute_units"]
             rs_units = st["reshard_units"]
             fits = [step for _, peak, step in hand.values()
@@ -169,10 +172,11 @@ def main():
                 key = key + (units, rs_units)
                 if key not in hand:
                     plan_k, _ = compile_plan(
-                        f"k{key[0]}-{key[1]}{units}-{key[2]}{rs_units}-{key[3]}",
+                        f"k{key[0]}-{key[1]}{units}-{key[2]}{rs_units}-{key[3]}{key[4]}",
                         f"layers-per-unit={key[0]} recompute={key[1]} recompute-units={units} "
                         f"reshard-after-forward={'true' if key[2] else 'false'} "
-                        f"reshard-units={rs_units} prefetch-depth={key[3]} report=false")
+                        f"reshard-units={rs_units} prefetch-depth={key[3]} "
+                        f"backward-prefetch={key[4]} report=false")
                     hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
                 ok = step_ms <= best * (1 + 1e-9)
             else:
@@ -187,7 +191,9 @@ def main():
                   + (f" recompute-units={units}" if units >= 0 else "") + " "
                   f"reshard-after-forward={'true' if key[2] else 'false'} "
                   + (f"reshard-units={rs_units} " if rs_units >= 0 else "") +
-                  f"prefetch-depth={key[3]} step {step_ms:.6f} ms "
+                  f"prefetch-depth={key[3]}"
+                  + (f" backward-prefetch={key[4]}" if key[4] != "pre" and key[3] else "") +
+                  f" step {step_ms:.6f} ms "
                   f"(best by hand {best:.6f})"
                   + ("" if ok else " NOT THE BEST FIT")
                   + ("" if ok_same else " NOT THE HAND PLAN"))
@@ -225,8 +231,10 @@ def main():
                   "loosest budget"),
                  (os.path.join(tmp, f"budget{floor}.plan"), hand[chosen_at[floor]][0],
                   "tightest budget"),
-                 (hand[(1, "none", True, 2)][0], hand[(1, "none", True, 1)][0],
-                  "prefetch-depth=2 vs 1")]
+                 (hand[(1, "none", True, 2, "pre")][0], hand[(1, "none", True, 1, "pre")][0],
+                  "prefetch-depth=2 vs 1"),
+                 (hand[(1, "unit", True, 1, "post")][0], hand[(1, "unit", True, 1, "pre")][0],
+                  "backward-prefetch=post vs pre")]
         for a, b, what in pairs:
             ta, tb = train(a, "a"), train(b, "b")
             equal = ta[0] == tb[0] and ta[1] == tb[1]
