@@ -51,7 +51,7 @@ const char *const kOptions[] = {
     "optimizer=adamw world-size=3 stage=2 max-grad-norm=1.0 report=false",
     "optimizer=adamw world-size=2 stage=1 grad-accum=2 report=false",
     "optimizer=adamw world-size=4 mesh=2x2 stage=3 report=false plan=PLAN",
-    "optimizer=adamw world-size=2 stage=3 recompute=unit report=false",
+    "optimizer=adamw world-size=2 stage=3 recompute=unit backward-prefetch=none report=false",
     "optimizer=adamw world-size=2 stage=3 recompute=selective reshard-after-forward=false "
     "report=false",
     "optimizer=adamw world-size=2 stage=3 param-dtype=bf16 report=false plan=PLAN",
@@ -62,7 +62,7 @@ const char *const kOptions[] = {
     "optimizer=adamw world-size=3 stage=3 unit-policy=size min-unit-numel=64 "
     "weight-decay-params=matrices report=false simulate=true",
     "optimizer=adamw world-size=2 stage=3 grad-accum=2 accum-reduce=microbatch "
-    "prefetch-depth=2 report=false",
+    "prefetch-depth=2 backward-prefetch=post report=false",
     "optimizer=sgd world-size=2 stage=3 reshard-after-forward=2 report=false",
     "optimizer=adamw fuse-epilogues=false world-size=2 stage=2 report=false",
     "optimizer=adamw world-size=2 stage=3 recompute=unit offload-activations=true "

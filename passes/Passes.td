@@ -755,6 +755,18 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     themselves; every rank runs the same program, so every rank issues the
     collectives in the same order.
 
+    `backward-prefetch` (FSDP1's BackwardPrefetch) places the backward
+    pass's gathers: `pre` (BACKWARD_PRE, the default) as above; `post`
+    (BACKWARD_POST) right after the last read of the parameters gathered
+    `prefetch-depth` gathers earlier, so unit k-1 is gathered once unit
+    k's parameters are dead (after its input gradient; it still travels
+    beside unit k's weight gradient and ahead of its reduce-scatter) and
+    the memory plan can give it their bytes: the backward holds D units'
+    gathered parameters instead of D + 1, for less overlap; `none` where
+    they are read (the forward still prefetches). A backward gather is one
+    after its micro-batch's loss whose unit is gathered again before the
+    next loss (the next micro-batch's forward), or any after the last loss.
+
     Before: synchronous collectives from fsdp-shard. After: every
     collective carries `async` and is read only through `fsdp.wait`.
 
@@ -843,9 +855,12 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     arena) is at most `memory-budget`. The candidates: `layers-per-unit`
     1 or 2 (unit size: bucket of the collectives), `recompute` none,
     selective or unit, `reshard-after-forward` true or false (stage 3)
-    and `prefetch-depth` 0, 1 or 2 (with overlap). An option given a value
-    pins that knob. Candidates share work: each grouping is recomputed
-    once, sharded once per reshard choice and scheduled once per depth.
+    and `prefetch-depth` 0, 1 or 2 (with overlap), at depth 1 with
+    `backward-prefetch` pre or post (BACKWARD_POST: one unit's gathered
+    parameters fewer at the backward's peak, for less overlap). An option
+    given a value pins that knob. Candidates share work: each grouping is
+    recomputed once, sharded once per reshard choice and scheduled once
+    per depth and backward placement.
     Per unit: where recompute=none does not fit and unit does, recomputing
     only the first K units (`recompute-units`, their backward runs last)
     is estimated by interpolation and, if it may beat the best uniform

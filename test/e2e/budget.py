@@ -64,15 +64,20 @@ def main():
 
         # --- Every strategy by hand. ------------------------------------------
         hand = {}
-        # (prefetch depth, backward-prefetch): the search's schedules.
+        # (prefetch depth, backward-prefetch): the search's schedules, or
+        # each depth with backward-prefetch as pinned by `extra`.
         depths = ((0, "pre"), (1, "pre"), (1, "post"), (2, "pre"))
+        pinned = re.search(r"backward-prefetch=(\w+)", extra)
+        if pinned:
+            depths = tuple((d, pinned.group(1)) for d in (0, 1, 2))
         for k, rc, rs, (d, bp) in itertools.product((1, 2), ("none", "selective", "unit"),
                                                     ("false", "true"), depths):
             key = (k, rc, rs == "true", d, bp)
             tag = f"k{k}-{rc}-{rs}-{d}-{bp}"
             plan, r = compile_plan(tag, f"layers-per-unit={k} recompute={rc} "
                                         f"reshard-after-forward={rs} prefetch-depth={d} "
-                                        f"backward-prefetch={bp} simulate=true report=false")
+                                        + ("" if pinned else f"backward-prefetch={bp} ") +
+                                        "simulate=true report=false")
             s = json.loads(subprocess.run([sim, plan, "--json"], check=True,
                                           capture_output=True, text=True).stdout)
             cxx = float(re.search(r"step\s+([0-9.]+) ms", r.stderr).group(1))
@@ -176,7 +181,7 @@ def main():
                         f"layers-per-unit={key[0]} recompute={key[1]} recompute-units={units} "
                         f"reshard-after-forward={'true' if key[2] else 'false'} "
                         f"reshard-units={rs_units} prefetch-depth={key[3]} "
-                        f"backward-prefetch={key[4]} report=false")
+                        + ("" if pinned else f"backward-prefetch={key[4]} ") + "report=false")
                     hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
                 ok = step_ms <= best * (1 + 1e-9)
             else:
@@ -233,8 +238,9 @@ def main():
                   "tightest budget"),
                  (hand[(1, "none", True, 2, "pre")][0], hand[(1, "none", True, 1, "pre")][0],
                   "prefetch-depth=2 vs 1"),
+                 ] + ([] if pinned else [
                  (hand[(1, "unit", True, 1, "post")][0], hand[(1, "unit", True, 1, "pre")][0],
-                  "backward-prefetch=post vs pre")]
+                  "backward-prefetch=post vs pre")])
         for a, b, what in pairs:
             ta, tb = train(a, "a"), train(b, "b")
             equal = ta[0] == tb[0] and ta[1] == tb[1]

@@ -10,7 +10,8 @@ def pinned_knobs(s):
     plan's `strategy` (the schedule compiled by hand, without a budget)."""
     knobs = (f"layers-per-unit={s['layers_per_unit']} recompute={s['recompute']} "
              f"reshard-after-forward={'true' if s['reshard_after_forward'] else 'false'} "
-             f"prefetch-depth={s['prefetch_depth']}")
+             f"prefetch-depth={s['prefetch_depth']} "
+             f"backward-prefetch={s['backward_prefetch']}")
     if s["recompute_units"] >= 0:
         knobs += f" recompute-units={s['recompute_units']}"
     if s["reshard_units"] >= 0:

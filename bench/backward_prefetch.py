@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""backward-prefetch pre | post | none side by side (docs/BENCHMARKS.md).
+
+FSDP's BackwardPrefetch: pre (BACKWARD_PRE, the default) issues unit k-1's
+all-gather as soon as unit k's has arrived, so it travels while unit k
+computes its gradients (both units gathered at once); post (BACKWARD_POST)
+issues it right after unit k's last read of its parameters (one unit
+gathered in the backward, less overlap); none where it is read.
+
+1. Predicted (h100 profile, fsdp-opt simulate=true; not run on a GPU): for
+   each GPT shape and world size at stage 3, every other knob at its
+   default, the step (exposed communication) and planned peak per rank.
+2. Measured on this machine's CPU ranks: a GPT (8 layers, width 256) at
+   stage 3 on 2 ranks (shared-memory collectives), the three modes
+   alternated ROUNDS times in one run: median step time, its ratio to
+   pre's, and the arena fsdp-run measured (== planned).
+
+  bench/backward_prefetch.py [--bin build/bin] [--models gpt2,1.3b,7b]
+                             [--ranks 8,64] [--rounds 3] [--steps 20]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from budget import GEN, MODELS, ROOT, gib  # noqa: E402
+
+MODES = ("pre", "post", "none")
+
+
+def predicted(a, tmp):
+    print("| model | N | " + " | ".join(f"{m}: step ms (exposed %), peak GiB" for m in MODES)
+          + " | post vs pre: step, peak |")
+    print("|---|---|" + "---|" * (len(MODES) + 1))
+    for key in a.models.split(","):
+        label, args = MODELS[key]
+        model = os.path.join(ROOT, "examples", "gpt2.mlir")
+        if args:
+            model = os.path.join(tmp, key + ".mlir")
+            subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
+        for n in [int(x) for x in a.ranks.split(",")]:
+            cells, got = [], {}
+            for m in MODES:
+                r = subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
+                                    f"--fsdp-pipeline=world-size={n} optimizer=adamw stage=3 "
+                                    f"param-dtype=bf16 simulate=true backward-prefetch={m}"],
+                                   capture_output=True, text=True, check=True)
+                step = float(re.search(r"\n  step\s+([0-9.]+) ms", r.stderr).group(1))
+                exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%",
+                                      r.stderr).group(1))
+                peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
+                got[m] = (step, peak)
+                cells.append(f"{step:.1f} ({exp:.1f}), {gib(peak)}")
+            ratio = got["post"][0] / got["pre"][0]
+            saved = (got["pre"][1] - got["post"][1]) / 2**30
+            print(f"| {label} | {n} | " + " | ".join(cells) +
+                  f" | x{ratio:.3f}, -{saved:.2f} GiB |", flush=True)
+
+
+def measured(a, tmp):
+    model = os.path.join(tmp, "gpt8.mlir")
+    subprocess.run([sys.executable, GEN, "gpt", "--vocab", "512", "--ctx", "64", "--layers", "8",
+                    "--heads", "4", "--width", "256", "--batch", "4", "-o", model], check=True)
+    plans = {}
+    for m in MODES:
+        plans[m] = os.path.join(tmp, f"gpt8-{m}.plan")
+        subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
+                        f"--fsdp-pipeline=world-size=2 optimizer=adamw stage=3 "
+                        f"backward-prefetch={m} plan={plans[m]} report=false"], check=True)
+    times = {m: [] for m in MODES}
+    arena = {}
+    for _ in range(a.rounds):
+        for m in MODES:
+            out = subprocess.run([os.path.join(a.bin, "fsdp-run"), plans[m], "--json", "--nproc",
+                                  "2", "--threads", "1", "--steps", str(a.steps)],
+                                 capture_output=True, text=True, check=True).stdout
+            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            steps = [r["ms"] for r in rows if "step" in r and "ms" in r][2:]  # warm
+            times[m].append(statistics.median(steps))
+            s = [r for r in rows if r.get("summary")][0]
+            arena[m] = (s["measured_high_water"], s["predicted_peak"])
+    print("\n| mode | median step ms per round | vs pre (median) | arena measured (planned) |")
+    print("|---|---|---|---|")
+    pre = statistics.median(times["pre"])
+    for m in MODES:
+        med = statistics.median(times[m])
+        print(f"| {m} | {', '.join(f'{t:.2f}' for t in times[m])} | x{med / pre:.3f} | "
+              f"{arena[m][0]} ({arena[m][1]}) |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--models", default="gpt2,1.3b,7b")
+    ap.add_argument("--ranks", default="8,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        predicted(a, tmp)
+        measured(a, tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
