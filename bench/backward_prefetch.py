@@ -10,13 +10,17 @@ gathered in the backward, less overlap); none where it is read.
 1. Predicted (h100 profile, fsdp-opt simulate=true; not run on a GPU): for
    each GPT shape and world size at stage 3, every other knob at its
    default, the step (exposed communication) and planned peak per rank.
-2. Measured on this machine's CPU ranks: a GPT (8 layers, width 256) at
+2. The memory-budget search on the 175B shape (h100, bf16) under each
+   budget, backward-prefetch pinned to pre (the search as it was) and
+   free (post weighed at depth 1): predicted step, peak, strategy.
+3. Measured on this machine's CPU ranks: a GPT (8 layers, width 256) at
    stage 3 on 2 ranks (shared-memory collectives), the three modes
    alternated ROUNDS times in one run: median step time, its ratio to
    pre's, and the arena fsdp-run measured (== planned).
 
-  bench/backward_prefetch.py [--bin build/bin] [--models gpt2,1.3b,7b]
-                             [--ranks 8,64] [--rounds 3] [--steps 20]
+  bench/backward_prefetch.py [--bin build/bin] [--models gpt2,7b,175b]
+                             [--ranks 8,64,1024] [--search-ranks 64,1024]
+                             [--budgets 80GiB,72GiB,68GiB,64GiB] [--rounds 3] [--steps 20]
 """
 import argparse
 import json
@@ -63,6 +67,48 @@ def predicted(a, tmp):
                   f" | x{ratio:.3f}, -{saved:.2f} GiB |", flush=True)
 
 
+def searched(a, tmp):
+    """The memory-budget search on the 175B shape, backward-prefetch pinned
+    to pre (the search before it weighed post) and free."""
+    label, args = MODELS["175b"]
+    model = os.path.join(tmp, "175b.mlir")
+    subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
+    print(f"\n{label}, memory-budget search (h100, bf16):\n")
+    print("| N | budget | pre pinned: step ms, peak GiB, strategy | searched: step ms, peak GiB, "
+          "strategy | speed-up |")
+    print("|---|---|---|---|---|")
+
+    def strategy(s):
+        what = [f"{s['layers_per_unit']} layer(s) a unit", f"recompute {s['recompute']}"
+                + (f" (first {s['recompute_units']})" if s["recompute_units"] >= 0 else ""),
+                f"reshard {s['reshard_group'] or str(s['reshard_after_forward']).lower()}"
+                + (f" (first {s['reshard_units']})" if s["reshard_units"] >= 0 else ""),
+                f"depth {s['prefetch_depth']}"]
+        if s["prefetch_depth"] and s["backward_prefetch"] != "pre":
+            what.append(s["backward_prefetch"])
+        return ", ".join(what)
+
+    for n in [int(x) for x in a.search_ranks.split(",")]:
+        for budget in a.budgets.split(","):
+            cells, steps = [], []
+            for pin in ("backward-prefetch=pre", ""):
+                plan = os.path.join(tmp, "s.plan")
+                r = subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
+                                    f"--fsdp-pipeline=world-size={n} optimizer=adamw "
+                                    f"param-dtype=bf16 memory-budget={budget} {pin} "
+                                    f"plan={plan} report=false"], capture_output=True, text=True)
+                if r.returncode:
+                    cells.append("does not fit")
+                    steps.append(None)
+                    continue
+                with open(plan) as f:
+                    s = json.load(f)["strategy"]
+                steps.append(s["predicted_step_s"] * 1e3)
+                cells.append(f"{steps[-1]:.0f}, {gib(s['peak'])}, {strategy(s)}")
+            up = f"x{steps[0] / steps[1]:.3f}" if None not in steps else "-"
+            print(f"| {n} | {budget} | {cells[0]} | {cells[1]} | {up} |", flush=True)
+
+
 def measured(a, tmp):
     model = os.path.join(tmp, "gpt8.mlir")
     subprocess.run([sys.executable, GEN, "gpt", "--vocab", "512", "--ctx", "64", "--layers", "8",
@@ -98,13 +144,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
-    ap.add_argument("--models", default="gpt2,1.3b,7b")
-    ap.add_argument("--ranks", default="8,64")
+    ap.add_argument("--models", default="gpt2,7b,175b")
+    ap.add_argument("--ranks", default="8,64,1024")
+    ap.add_argument("--search-ranks", default="64,1024")
+    ap.add_argument("--budgets", default="80GiB,72GiB,68GiB,64GiB")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         predicted(a, tmp)
+        searched(a, tmp)
         measured(a, tmp)
     return 0
 

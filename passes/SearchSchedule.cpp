@@ -24,11 +24,12 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 
+#include "llvm/Support/raw_ostream.h"
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
-#include "llvm/Support/raw_ostream.h"
 
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPSEARCHSCHEDULE
@@ -620,7 +621,11 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
       Choice choice;
       double stepS;
     };
-    std::optional<Estimate> est;
+    // The best estimate for each backward-prefetch placement: the
+    // interpolation cannot tell pre from post apart reliably (post's
+    // smaller peak moves K, its lost overlap changes the slope), so each
+    // is walked.
+    std::map<std::string, Estimate> ests;
     size_t uniformLeaves = leaves.size();
     for (size_t i = 0; i < uniformLeaves; ++i) {
       Leaf &l = leaves[i];
@@ -635,31 +640,32 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
         Choice c = pc;
         knob.unitsOf(c) = std::min<int64_t>(numUnits, std::ceil(f * numUnits));
         double t = l.predicted.stepS + f * (all->predicted.stepS - l.predicted.stepS);
-        if (t < bestUniform && (!est || t < est->stepS))
-          est = Estimate{c, t};
+        auto it = ests.find(c.backward);
+        if (t < bestUniform && (it == ests.end() || t < it->second.stepS))
+          ests.insert_or_assign(c.backward, Estimate{c, t});
       }
     }
-    if (!est)
-      continue;
-    // Up while it does not fit, then down while it does: at most 4. Every
-    // K that fits by liveness is kept: the arena (placement adds
-    // fragmentation) may reject the smallest.
-    Leaf leaf;
-    leaf.choice = est->choice;
-    std::optional<Leaf> fit;
-    int64_t numUnits = unitsOf(leaf.choice.layersPerUnit);
-    int64_t &k = knob.unitsOf(leaf.choice);
-    for (int tries = 0; tries < 4 && k >= 0 && k <= numUnits; ++tries) {
-      if (!evaluate(leaf))
-        return failure();
-      if (fits(leaf)) {
-        fit = leaf;
-        leaves.push_back(leaf);
-        --k;
-      } else if (fit) {
-        break;
-      } else {
-        ++k;
+    for (auto &[placement, est] : ests) {
+      // Up while it does not fit, then down while it does: at most 4.
+      // Every K that fits by liveness is kept: the arena (placement adds
+      // fragmentation) may reject the smallest.
+      Leaf leaf;
+      leaf.choice = est.choice;
+      std::optional<Leaf> fit;
+      int64_t numUnits = unitsOf(leaf.choice.layersPerUnit);
+      int64_t &k = knob.unitsOf(leaf.choice);
+      for (int tries = 0; tries < 4 && k >= 0 && k <= numUnits; ++tries) {
+        if (!evaluate(leaf))
+          return failure();
+        if (fits(leaf)) {
+          fit = leaf;
+          leaves.push_back(leaf);
+          --k;
+        } else if (fit) {
+          break;
+        } else {
+          ++k;
+        }
       }
     }
   }
