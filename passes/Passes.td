@@ -764,8 +764,8 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     the memory plan can give it their bytes: the backward holds D units'
     gathered parameters instead of D + 1, for less overlap; `none` where
     they are read (the forward still prefetches). A backward gather is one
-    after its micro-batch's loss whose unit is gathered again before the
-    next loss (the next micro-batch's forward), or any after the last loss.
+    after a micro-batch's loss and before the next micro-batch's first op
+    (its `fsdp.microbatch` slices: fsdp-grad-accum runs them in sequence).
 
     Before: synchronous collectives from fsdp-shard. After: every
     collective carries `async` and is read only through `fsdp.wait`.

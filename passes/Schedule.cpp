@@ -149,39 +149,32 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     return read;
   }
 
-  /// The backward pass's parameter gathers. fsdp-shard gathers each unit
-  /// again in every micro-batch's forward pass and (resharded units) in its
-  /// backward, right before the reads; the backward follows the micro-batch's
-  /// loss and comes before the next micro-batch's forward. So a gather after
-  /// the last loss is a backward one, and between two losses a unit's gather
-  /// is a backward one when the same unit is gathered again before the next
-  /// loss (the next micro-batch's forward gather, which every unit with a
-  /// forward read has).
-  static llvm::SmallPtrSet<Operation *, 16> backwardGathers(ArrayRef<Operation *> collectives,
-                                                            ArrayRef<Operation *> losses) {
+  /// The backward pass's parameter gathers: those after a micro-batch's
+  /// loss and before the next micro-batch's first op. fsdp-grad-accum runs
+  /// the micro-batches in sequence, each (after the first) opening with its
+  /// fsdp.microbatch slices of the step's inputs, and fsdp-shard gathers a
+  /// unit right before the read it serves, so a gather between a loss and
+  /// the next fsdp.microbatch serves that micro-batch's backward pass (its
+  /// gradients or a recomputation), and one after a fsdp.microbatch the
+  /// next micro-batch's forward.
+  static llvm::SmallPtrSet<Operation *, 16>
+  backwardGathers(Block &body, ArrayRef<Operation *> collectives, ArrayRef<Operation *> losses) {
     llvm::SmallPtrSet<Operation *, 16> out;
-    auto window = [&](Operation *op) {
-      int64_t w = 0;
-      for (Operation *loss : losses)
-        w += loss->getBlock() == op->getBlock() && loss->isBeforeInBlock(op);
-      return w;
-    };
-    int64_t last = int64_t(losses.size());
-    for (size_t i = 0; i < collectives.size(); ++i) {
+    llvm::SmallPtrSet<Operation *, 16> lossSet(losses.begin(), losses.end());
+    bool backward = false; // after a loss, before the next micro-batch
+    llvm::SmallPtrSet<Operation *, 16> gathers;
+    for (Operation *c : collectives) {
       Operation *castOp;
-      GetUnitOp read = unitReadOf(collectives[i], castOp);
-      if (!read)
-        continue;
-      int64_t w = window(read);
-      if (w == 0)
-        continue;
-      bool backward = w == last;
-      for (size_t j = i + 1; !backward && j < collectives.size(); ++j) {
-        GetUnitOp later = unitReadOf(collectives[j], castOp);
-        backward = later && later.getNameAttr() == read.getNameAttr() && window(later) == w;
-      }
-      if (backward)
-        out.insert(collectives[i]);
+      if (unitReadOf(c, castOp))
+        gathers.insert(c);
+    }
+    for (Operation &op : body) {
+      if (lossSet.contains(&op))
+        backward = true;
+      else if (isa<MicrobatchOp>(op))
+        backward = false;
+      else if (backward && gathers.contains(&op))
+        out.insert(&op);
     }
     return out;
   }
@@ -221,7 +214,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // Backward gathers other than BACKWARD_PRE's, found before any moves.
     llvm::SmallPtrSet<Operation *, 16> backward;
     if (backwardPrefetch != "pre")
-      backward = backwardGathers(collectives, losses);
+      backward = backwardGathers(body, collectives, losses);
     SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
