@@ -66,6 +66,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   if (options.reshardAfterForward.hasValue())
     search.reshardAfterForward = options.reshardAfterForward;
   search.reshardUnits = options.reshardUnits;
+  if (options.reshardAfterBackward.hasValue())
+    search.reshardAfterBackward = options.reshardAfterBackward ? "true" : "false";
   if (options.prefetch.hasValue() && !options.prefetch)
     search.prefetchDepth = 0;
   else if (options.prefetchDepth.hasValue())
@@ -143,6 +145,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.stage = options.stage;
       shard.reshardAfterForward = options.reshardAfterForward;
       shard.reshardUnits = options.reshardUnits;
+      shard.reshardAfterBackward = options.reshardAfterBackward;
       shard.mesh = options.mesh;
       shard.offload = options.offload;
       shard.frozenStorage = options.frozenStorage;

@@ -124,6 +124,13 @@ struct FsdpPipelineOptions
                      "first K units of the forward reshard, the later ones "
                      "keep their gather for the backward (-1: all reshard)"),
       llvm::cl::init(-1)};
+  Option<bool> reshardAfterBackward{
+      *this, "reshard-after-backward",
+      llvm::cl::desc("stage 3 with grad-accum: false keeps each unit's last gather "
+                     "of a micro-batch for the next one's forward (FSDP2's "
+                     "set_reshard_after_backward(False)): fewer all-gathers, the "
+                     "units gathered across micro-batches"),
+      llvm::cl::init(true)};
   Option<std::string> unitPolicy{*this, "unit-policy",
                                  llvm::cl::desc("layer | size | none"),
                                  llvm::cl::init("layer")};

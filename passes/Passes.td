@@ -420,6 +420,14 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
       G = 1 false. `reshard-units=K` reshards only the first K units of
       the forward (per unit, like FSDP2's reshard_after_forward on each
       module): the later units keep their forward gather.
+      With gradient accumulation every micro-batch gathers each unit for
+      itself; `reshard-after-backward=false` (FSDP2's
+      `set_reshard_after_backward(False)`) lets a micro-batch's forward
+      read the unit's last gather of the micro-batch before (its backward
+      gather, or with reshard-after-forward=false its forward one): K - 1
+      forward all-gathers of every unit fewer over K micro-batches (with
+      reshard-after-forward=false one gather a unit a step), for the units
+      staying gathered across each micro-batch boundary.
     Global-norm clipping becomes a squared norm over the local shards plus
     a scalar all-reduce. With more than one rank the loss is all-reduced
     (mean) so every rank reports the global loss.
@@ -467,6 +475,11 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "stage 3 with reshard-after-forward true or G: only the first K "
            "units of the forward reshard, the others keep their gather "
            "(-1: all reshard)">,
+    Option<"reshardAfterBackward", "reshard-after-backward", "bool", /*default=*/"true",
+           "stage 3 with gradient accumulation: false keeps each unit's last "
+           "gather of a micro-batch for the next micro-batch's forward "
+           "(FSDP2's set_reshard_after_backward(False)): fewer all-gathers, "
+           "the units gathered across the micro-batch boundary">,
     Option<"offload", "offload", "std::string", /*default=*/"\"none\"",
            "optimizer or all: stages 1/2 keep every trainable unit as its "
            "master shard (gathered once per step), the layout fsdp-offload "
@@ -988,6 +1001,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"reshardUnits", "reshard-units", "int64_t", /*default=*/"-1",
            "pin the units that reshard (-1: all, or searched when "
            "reshard-after-forward is searched)">,
+    Option<"reshardAfterBackward", "reshard-after-backward", "std::string",
+           /*default=*/"\"\"",
+           "pin: true | false (empty: with gradient accumulation at stage 3, "
+           "search both; else true)">,
     Option<"prefetchDepth", "prefetch-depth", "int64_t", /*default=*/"-1",
            "pin the prefetch depth (-1: search 0, 1, 2)">,
     Option<"backwardPrefetch", "backward-prefetch", "std::string", /*default=*/"\"\"",

@@ -76,12 +76,16 @@ struct Choice {
   bool nvmeParams = false;
   /// fsdp-schedule's backward-prefetch: with depth > 0, pre, post or none.
   std::string backward = "pre";
+  /// fsdp-shard's reshard-after-backward: false keeps each unit's last
+  /// gather of a micro-batch for the next one (gradient accumulation).
+  bool reshardAfterBackward = true;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
            (units >= 0 ? " recompute-units=" + std::to_string(units) : "") +
            " reshard-after-forward=" + reshard +
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits) : "") +
+           (reshardAfterBackward ? "" : " reshard-after-backward=false") +
            " prefetch-depth=" + std::to_string(depth) +
            (depth > 0 && backward != "pre" ? " backward-prefetch=" + backward : "") +
            (offload != "none" ? " offload=" + offload : "") +
@@ -154,8 +158,9 @@ struct SearchSchedulePass
     r.units = units;
     return run(m, createFsdpRecompute(r));
   }
-  bool shard(ModuleOp m, StringRef reshard, int64_t units, StringRef off) {
+  bool shard(ModuleOp m, StringRef reshard, int64_t units, StringRef off, bool rab) {
     FsdpShardOptions s;
+    s.reshardAfterBackward = rab;
     s.worldSize = worldSize;
     s.stage = stage;
     s.reshardAfterForward = reshard.str();
@@ -258,6 +263,7 @@ struct SearchSchedulePass
   SmallVector<int64_t> groupings, depths;
   SmallVector<std::string> recomputes, reshards, offloads;
   SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices, nvmeChoices;
+  SmallVector<bool> rabChoices; ///< reshard-after-backward's values
   std::vector<Leaf> leaves;
   /// The host-memory tunings' tries that fit the device but not the host
   /// budget: not candidates, but failWithFloor's host floor counts them.
@@ -288,8 +294,8 @@ struct SearchSchedulePass
   OwningOpRef<ModuleOp> build(const Choice &c) {
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
-        !shard(*m, c.reshard, c.reshardUnits, c.offload) || !schedule(*m, c.depth, c.backward) ||
-        !finish(*m, c))
+        !shard(*m, c.reshard, c.reshardUnits, c.offload, c.reshardAfterBackward) ||
+        !schedule(*m, c.depth, c.backward) || !finish(*m, c))
       return nullptr;
     return m;
   }
@@ -401,6 +407,16 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
     reshards.assign(1, reshardAfterForward);
   else if (stage != 3)
     reshards.assign(1, "true"); // only stage 3 reshards
+  // Keeping each unit's gather across micro-batches: only gradient
+  // accumulation at stage 3 has the choice (fewer gathers, the units
+  // gathered across each micro-batch boundary).
+  if (!reshardAfterBackward.empty() && reshardAfterBackward != "true" &&
+      reshardAfterBackward != "false")
+    return fail("reshard-after-backward='" + reshardAfterBackward + "': expected true or false");
+  rabChoices.assign({reshardAfterBackward != "false"});
+  auto step = getTrainStep(getOperation(), "fsdp-autodiff");
+  if (reshardAfterBackward.empty() && stage == 3 && step && step->hasAttr(kGradAccumAttrName))
+    rabChoices.push_back(false);
   // Optimizer offload: pinned (none, optimizer, all) or searched (auto:
   // each; it saves the device 4 + 8 bytes per parameter shard and costs
   // host copies and a host update, which the cost model prices; `all`
@@ -485,71 +501,73 @@ LogicalResult SearchSchedulePass::searchUniform() {
       if (!recomputeStep(*recomputed, rc, units))
         return failure();
       for (const std::string &reshard : reshards)
-      for (const std::string &off : offloads) {
-        OwningOpRef<ModuleOp> sharded = clone(*recomputed);
-        int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
-        if (!shard(*sharded, reshard, rsUnits, off))
-          return failure();
-        // Next-step is fsdp-offload's option: without offload one leaf.
-        ArrayRef<bool> nextSteps =
-            off == "none" ? ArrayRef<bool>(nextStepChoices).take_front() : nextStepChoices;
-        ArrayRef<bool> prefetches =
-            off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
-        ArrayRef<bool> nvmes =
-            off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
-        SmallVector<std::pair<int64_t, std::string>> schedules;
-        for (int64_t depth : depths) {
-          if (!backwardPrefetch.empty()) {
-            schedules.push_back({depth, backwardPrefetch});
-            continue;
+        for (const std::string &off : offloads)
+          for (bool rab : rabChoices) {
+            OwningOpRef<ModuleOp> sharded = clone(*recomputed);
+            int64_t rsUnits = reshard != "false" ? int64_t(reshardUnits) : -1;
+            if (!shard(*sharded, reshard, rsUnits, off, rab))
+              return failure();
+            // Next-step is fsdp-offload's option: without offload one leaf.
+            ArrayRef<bool> nextSteps =
+                off == "none" ? ArrayRef<bool>(nextStepChoices).take_front() : nextStepChoices;
+            ArrayRef<bool> prefetches =
+                off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
+            ArrayRef<bool> nvmes =
+                off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
+            SmallVector<std::pair<int64_t, std::string>> schedules;
+            for (int64_t depth : depths) {
+              if (!backwardPrefetch.empty()) {
+                schedules.push_back({depth, backwardPrefetch});
+                continue;
+              }
+              schedules.push_back({depth, "pre"});
+              if (depth == 1)
+                schedules.push_back({depth, "post"});
+            }
+            for (auto &[depth, backward] : schedules)
+              for (bool acts : activationChoices)
+                for (bool ns : nextSteps)
+                  for (bool pf : prefetches)
+                    for (bool nv : nvmes) {
+                      // The state on disk with next-step, where either is
+                      // weighed (auto), is dominated: every staging copy lives
+                      // through the step, so the host arena is next-step's
+                      // without the disk, plus the swaps (offload-nvme=true
+                      // asks for the disk to save host memory; only a pinned
+                      // offload-next-step=true gets the pair).
+                      if (nv && ns && (nvmes.size() > 1 || nextSteps.size() > 1))
+                        continue;
+                      Leaf leaf;
+                      leaf.choice = {k,
+                                     rc,
+                                     reshard,
+                                     depth,
+                                     units,
+                                     rsUnits,
+                                     off,
+                                     acts,
+                                     ns && off != "none",
+                                     pf && off != "none",
+                                     offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
+                                     nv && off != "none",
+                                     offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2,
+                                     offloadNvmeReadAhead >= 0 ? int64_t(offloadNvmeReadAhead) : 1,
+                                     nv && off != "none" ? int64_t(offloadNvmeUnits) : -1,
+                                     nv && off != "none" && offloadNvmeParams == "true"};
+                      leaf.choice.backward = backward;
+                      leaf.choice.reshardAfterBackward = rab;
+                      bool last = depth == schedules.back().first &&
+                                  backward == schedules.back().second &&
+                                  acts == activationChoices.back() && ns == nextSteps.back() &&
+                                  pf == prefetches.back() && nv == nvmes.back();
+                      OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
+                      if (!schedule(*m, depth, backward) || !finish(*m, leaf.choice))
+                        return failure();
+                      if (!measure(leaf, *m))
+                        return failure();
+                      leaves.push_back(std::move(leaf));
+                    }
           }
-          schedules.push_back({depth, "pre"});
-          if (depth == 1)
-            schedules.push_back({depth, "post"});
-        }
-        for (auto &[depth, backward] : schedules)
-          for (bool acts : activationChoices)
-            for (bool ns : nextSteps)
-              for (bool pf : prefetches)
-                for (bool nv : nvmes) {
-                  // The state on disk with next-step, where either is
-                  // weighed (auto), is dominated: every staging copy lives
-                  // through the step, so the host arena is next-step's
-                  // without the disk, plus the swaps (offload-nvme=true
-                  // asks for the disk to save host memory; only a pinned
-                  // offload-next-step=true gets the pair).
-                  if (nv && ns && (nvmes.size() > 1 || nextSteps.size() > 1))
-                    continue;
-                  Leaf leaf;
-                  leaf.choice = {k,
-                                 rc,
-                                 reshard,
-                                 depth,
-                                 units,
-                                 rsUnits,
-                                 off,
-                                 acts,
-                                 ns && off != "none",
-                                 pf && off != "none",
-                                 offloadPrefetchDepth >= 0 ? int64_t(offloadPrefetchDepth) : 1,
-                                 nv && off != "none",
-                                 offloadNvmeInFlight >= 0 ? int64_t(offloadNvmeInFlight) : 2,
-                                 offloadNvmeReadAhead >= 0 ? int64_t(offloadNvmeReadAhead) : 1,
-                                 nv && off != "none" ? int64_t(offloadNvmeUnits) : -1,
-                                 nv && off != "none" && offloadNvmeParams == "true"};
-                  leaf.choice.backward = backward;
-                  bool last = depth == schedules.back().first &&
-                              backward == schedules.back().second &&
-                              acts == activationChoices.back() && ns == nextSteps.back() &&
-                              pf == prefetches.back() && nv == nvmes.back();
-                  OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                  if (!schedule(*m, depth, backward) || !finish(*m, leaf.choice))
-                    return failure();
-                  if (!measure(leaf, *m))
-                    return failure();
-                  leaves.push_back(std::move(leaf));
-                }
-      }
     }
   }
   return success();
@@ -570,7 +588,8 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
            a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
-           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams && a.backward == b.backward;
+           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams && a.backward == b.backward &&
+           a.reshardAfterBackward == b.reshardAfterBackward;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -1009,6 +1028,7 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("recompute_units", b.getI64IntegerAttr(c.units)),
           b.getNamedAttr("reshard_after_forward", b.getBoolAttr(c.reshard != "false")),
           b.getNamedAttr("reshard_units", b.getI64IntegerAttr(c.reshardUnits)),
+          b.getNamedAttr("reshard_after_backward", b.getBoolAttr(c.reshardAfterBackward)),
           // hpZ (reshard-after-forward=G): G, as fsdp-shard recorded it on
           // the mesh; 0 otherwise.
           b.getNamedAttr("reshard_group", b.getI64IntegerAttr(getMesh(module).getReshard())),

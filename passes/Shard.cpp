@@ -119,6 +119,7 @@ struct ShardPass : mlir::fsdp::impl::FsdpShardBase<ShardPass> {
 struct ShardOptions {
   int64_t worldSize, stage, reshardUnits;
   std::string mesh, reshardAfterForward, offload, frozenStorage;
+  bool reshardAfterBackward = true;
 };
 
 /// One run of fsdp-shard over a module: the algorithm of the file comment,
@@ -233,8 +234,8 @@ private:
 };
 
 void ShardPass::runOnOperation() {
-  ShardOptions options{worldSize,           stage,   reshardUnits, mesh,
-                       reshardAfterForward, offload, frozenStorage};
+  ShardOptions options{worldSize,           stage,   reshardUnits,  mesh,
+                       reshardAfterForward, offload, frozenStorage, reshardAfterBackward};
   ShardRewrite rewrite(getOperation(), options);
   LogicalResult result = rewrite.run();
   numCollectives += rewrite.collectives;
@@ -808,8 +809,15 @@ void ShardRewrite::chooseKeptGathers() {
 
 /// Each read becomes a view of its unit's gathered parameters, one view
 /// a read and phase: the forward's gather, and in the backward the same
-/// one, the reshard group's regather or a second gather.
+/// one, the reshard group's regather or a second gather. Without
+/// reshard-after-backward (FSDP2's set_reshard_after_backward(False), for
+/// gradient accumulation) a micro-batch's forward reads the previous
+/// micro-batch's last gather of the unit instead of gathering it again:
+/// nothing writes a unit's storage before the optimizer, after the last
+/// micro-batch, so the gathered values are the same.
 void ShardRewrite::rewriteReads() {
+  // (unit, gathered dtype) -> the last gather a later micro-batch may read.
+  llvm::DenseMap<std::pair<UnitInfo *, Type>, Value> carried;
   for (auto &[key, r] : reads) {
     UnitInfo *u = std::get<0>(key);
     Type elem = std::get<2>(key);
@@ -817,8 +825,9 @@ void ShardRewrite::rewriteReads() {
       continue; // read but unused
     Value fwd, bwd;
     if (eff == 3) {
+      auto kept = options.reshardAfterBackward ? carried.end() : carried.find({u, elem});
       if (r.firstForwardUse)
-        fwd = gather(*u, r.firstForwardUse, elem);
+        fwd = kept != carried.end() ? kept->second : gather(*u, r.firstForwardUse, elem);
       if (r.firstBackwardUse) {
         if (fwd && (!reshard || keepsForwardGather(r) || keepGather.contains(u)))
           bwd = fwd;
@@ -827,6 +836,7 @@ void ShardRewrite::rewriteReads() {
         else
           bwd = gather(*u, r.firstBackwardUse, elem);
       }
+      carried[{u, elem}] = bwd ? bwd : fwd;
     } else {
       Operation *first = r.firstForwardUse ? r.firstForwardUse : r.firstBackwardUse;
       if (r.firstForwardUse && r.firstBackwardUse &&
