@@ -11,7 +11,8 @@ def pinned_knobs(s):
     knobs = (f"layers-per-unit={s['layers_per_unit']} recompute={s['recompute']} "
              f"reshard-after-forward={'true' if s['reshard_after_forward'] else 'false'} "
              f"prefetch-depth={s['prefetch_depth']} "
-             f"backward-prefetch={s['backward_prefetch']}")
+             f"backward-prefetch={s['backward_prefetch']} "
+             f"reshard-after-backward={'true' if s['reshard_after_backward'] else 'false'}")
     if s["recompute_units"] >= 0:
         knobs += f" recompute-units={s['recompute_units']}"
     if s["reshard_units"] >= 0:
