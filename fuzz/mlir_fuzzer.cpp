@@ -68,7 +68,7 @@ const char *const kOptions[] = {
     "optimizer=adamw world-size=2 stage=3 recompute=unit offload-activations=true "
     "report=false plan=PLAN",
     "optimizer=adamw offload-activations=true offload=optimizer world-size=2 stage=3 "
-    "grad-accum=2 report=false",
+    "grad-accum=2 reshard-after-backward=false report=false",
     "optimizer=lamb world-size=2 stage=3 max-grad-norm=1.0 weight-decay-params=matrices "
     "report=false plan=PLAN",
     "optimizer=adamw world-size=2 stage=3 offload=optimizer offload-next-step=true "
