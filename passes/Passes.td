@@ -871,9 +871,11 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     and `prefetch-depth` 0, 1 or 2 (with overlap), at depth 1 with
     `backward-prefetch` pre or post (BACKWARD_POST: one unit's gathered
     parameters fewer at the backward's peak, for less overlap). An option
-    given a value pins that knob. Candidates share work: each grouping is
-    recomputed once, sharded once per reshard choice and scheduled once
-    per depth and backward placement.
+    given a value pins that knob. With gradient accumulation at stage 3
+    `reshard-after-backward` true and false are candidates too (false:
+    fewer gathers, the units gathered across micro-batches). Candidates
+    share work: each grouping is recomputed once, sharded once per reshard
+    choice and scheduled once per depth and backward placement.
     Per unit: where recompute=none does not fit and unit does, recomputing
     only the first K units (`recompute-units`, their backward runs last)
     is estimated by interpolation and, if it may beat the best uniform
