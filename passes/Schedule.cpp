@@ -234,9 +234,12 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           anchor = nullptr; // gathered where it is read
         } else if (anchor) {
           // BACKWARD_POST: once the parameters of the gather `depth` back
-          // are dead (never above its wait: anchor is that wait).
+          // are dead (never above its wait: anchor is that wait). Where
+          // they outlive this gather's reads (kept for the next
+          // micro-batch: reshard-after-backward=false) nothing is freed
+          // by waiting, and it stays BACKWARD_PRE's.
           Operation *dead = lastReader(body, cast<WaitOp>(anchor).getResult());
-          if (dead && anchor->isBeforeInBlock(dead))
+          if (dead && anchor->isBeforeInBlock(dead) && dead->isBeforeInBlock(read))
             anchor = dead;
         }
       }

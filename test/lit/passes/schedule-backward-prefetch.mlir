@@ -3,6 +3,7 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="backward-prefetch=post prefetch-depth=2" | FileCheck %s --check-prefix=POST2
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=backward-prefetch=none | FileCheck %s --check-prefix=NONE
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule=backward-prefetch=none | FileCheck %s --check-prefix=ACCUM
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3 reshard-after-backward=false" -fsdp-schedule=backward-prefetch=post | FileCheck %s --check-prefix=KEEPPOST
 // RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 backward-prefetch=post plan=%t.post.plan"
 // RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw world-size=2 stage=3 plan=%t.pre.plan"
 // RUN: %python -c "import json, sys; g = lambda f: [i['op'] for i in json.load(open(f))['program']]; a, b = g(sys.argv[1]), g(sys.argv[2]); print('pipeline', a != b, sorted(a) == sorted(b))" %t.post.plan %t.pre.plan | FileCheck %s --check-prefix=PIPE
@@ -106,6 +107,28 @@ fsdp.param @w4 : tensor<8x8xf32> init("normal", 0.02) unit "layers.3"
 // ACCUM: fsdp.get_unit @layers.2
 // ACCUM-NEXT: %[[C2:.+]] = fsdp.all_gather
 // ACCUM-NEXT: fsdp.wait %[[C2]]
+
+// post with reshard-after-backward=false: the first micro-batch's
+// backward gathers stay for the second micro-batch's forward, so waiting
+// for the last read of layers.2 frees nothing and layers.1's gather is
+// issued as pre issues it (right after layers.2's arrives); in the last
+// micro-batch they die, and post waits for layers.2's last read.
+// KEEPPOST-LABEL: func.func @train_step
+// KEEPPOST: fsdp.mse_loss
+// KEEPPOST-NEXT: fsdp.get_unit @layers.2
+// KEEPPOST-NEXT: %[[B2:.+]] = fsdp.all_gather
+// KEEPPOST: fsdp.wait %[[B2]]
+// KEEPPOST-NEXT: fsdp.get_unit @layers.1
+// KEEPPOST-NEXT: fsdp.all_gather
+// KEEPPOST: fsdp.microbatch %arg0 index = 1
+// KEEPPOST: fsdp.mse_loss
+// KEEPPOST-NEXT: fsdp.get_unit @layers.2
+// KEEPPOST-NEXT: %[[C2:.+]] = fsdp.all_gather
+// KEEPPOST: %[[X2:.+]] = fsdp.wait %[[C2]]
+// KEEPPOST-NEXT: %[[V2:.+]] = fsdp.view %[[X2]]
+// KEEPPOST-NEXT: fsdp.matmul %{{.+}}, %[[V2]]
+// KEEPPOST-NEXT: fsdp.get_unit @layers.1
+// KEEPPOST-NEXT: fsdp.all_gather
 
 // The pipeline option reaches the schedule: the same instructions in
 // another order.
