@@ -25,7 +25,6 @@ gathered in the backward, less overlap); none where it is read.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from budget import GEN, MODELS, ROOT, gib  # noqa: E402
+from budget import GEN, MODELS, ROOT, gib, model_file, simulate  # noqa: E402
 
 MODES = ("pre", "post", "none")
 
@@ -43,22 +42,13 @@ def predicted(a, tmp):
           + " | post vs pre: step, peak |")
     print("|---|---|" + "---|" * (len(MODES) + 1))
     for key in a.models.split(","):
-        label, args = MODELS[key]
-        model = os.path.join(ROOT, "examples", "gpt2.mlir")
-        if args:
-            model = os.path.join(tmp, key + ".mlir")
-            subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
+        label = MODELS[key][0]
+        model = model_file(key, tmp)
         for n in [int(x) for x in a.ranks.split(",")]:
             cells, got = [], {}
             for m in MODES:
-                r = subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
-                                    f"--fsdp-pipeline=world-size={n} optimizer=adamw stage=3 "
-                                    f"param-dtype=bf16 simulate=true backward-prefetch={m}"],
-                                   capture_output=True, text=True, check=True)
-                step = float(re.search(r"\n  step\s+([0-9.]+) ms", r.stderr).group(1))
-                exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%",
-                                      r.stderr).group(1))
-                peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
+                step, exp, peak = simulate(a.bin, model, f"world-size={n} optimizer=adamw stage=3 "
+                                           f"param-dtype=bf16 backward-prefetch={m}")
                 got[m] = (step, peak)
                 cells.append(f"{step:.1f} ({exp:.1f}), {gib(peak)}")
             ratio = got["post"][0] / got["pre"][0]
@@ -70,9 +60,8 @@ def predicted(a, tmp):
 def searched(a, tmp):
     """The memory-budget search on the 175B shape, backward-prefetch pinned
     to pre (the search before it weighed post) and free."""
-    label, args = MODELS["175b"]
-    model = os.path.join(tmp, "175b.mlir")
-    subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
+    label = MODELS["175b"][0]
+    model = model_file("175b", tmp)
     print(f"\n{label}, memory-budget search (h100, bf16):\n")
     print("| N | budget | pre pinned: step ms, peak GiB, strategy | searched: step ms, peak GiB, "
           "strategy | speed-up |")

@@ -15,6 +15,7 @@ command.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,29 @@ MODELS = {
 
 def gib(b):
     return f"{b / 2**30:.2f}"
+
+
+def model_file(key, tmp):
+    """MODELS[key]'s model text: examples/gpt2.mlir, or written to tmp."""
+    args = MODELS[key][1]
+    if not args:
+        return os.path.join(ROOT, "examples", "gpt2.mlir")
+    path = os.path.join(tmp, key + ".mlir")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", path], check=True)
+    return path
+
+
+def simulate(bindir, model, pipeline):
+    """fsdp-opt MODEL --fsdp-pipeline="PIPELINE simulate=true": the predicted
+    step (ms), exposed communication (%) and planned peak per rank (bytes)."""
+    r = subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
+                        f"--fsdp-pipeline={pipeline} simulate=true"],
+                       capture_output=True, text=True, check=True)
+    step = float(re.search(r"\n  step\s+([0-9.]+) ms", r.stderr).group(1))
+    exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%", r.stderr).group(1))
+    peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
+    return step, exp, peak
 
 
 def main():

@@ -13,14 +13,12 @@ none, layers-per-unit 1, prefetch-depth 1); fsdp-opt ... simulate=true.
 """
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from budget import GEN, MODELS, ROOT, gib  # noqa: E402
+from budget import MODELS, ROOT, gib, model_file, simulate  # noqa: E402
 
 
 def main():
@@ -38,23 +36,15 @@ def main():
     print("|---|---|" + "---|" * len(modes))
     with tempfile.TemporaryDirectory() as tmp:
         for key in a.models.split(","):
-            label, args = MODELS[key]
-            model = os.path.join(ROOT, "examples", "gpt2.mlir")
-            if args:
-                model = os.path.join(tmp, key + ".mlir")
-                subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
+            label = MODELS[key][0]
+            model = model_file(key, tmp)
             for n in [int(x) for x in a.ranks.split(",")]:
                 cells = []
                 for m in modes:
-                    r = subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
-                                        f"--fsdp-pipeline=world-size={n} optimizer=adamw "
-                                        f"simulate=true ranks-per-node={a.node} "
-                                        f"reshard-after-forward={m} {a.extra}"],
-                                       capture_output=True, text=True, check=True)
-                    step = float(re.search(r"\n  step\s+([0-9.]+) ms", r.stderr).group(1))
-                    exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%",
-                                          r.stderr).group(1))
-                    peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
+                    step, exp, peak = simulate(a.bin, model,
+                                               f"world-size={n} optimizer=adamw "
+                                               f"ranks-per-node={a.node} "
+                                               f"reshard-after-forward={m} {a.extra}")
                     cells.append(f"{step:.1f} ({exp:.1f}), {gib(peak)}")
                 print(f"| {label} | {n} | " + " | ".join(cells) + " |", flush=True)
     return 0

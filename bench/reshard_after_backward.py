@@ -16,7 +16,6 @@ unit's last gather of a micro-batch for the next micro-batch's forward.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from budget import GEN, MODELS, ROOT, gib  # noqa: E402
+from budget import GEN, MODELS, ROOT, gib, model_file, simulate  # noqa: E402
 
 SHAPES = [("gpt2", 8, 4), ("gpt2", 64, 8), ("1.3b", 64, 8), ("7b", 64, 8)]
 
@@ -34,30 +33,18 @@ def predicted(a, tmp):
           "(exposed %), peak GiB, gathers | false: step ms (exposed %), peak GiB, gathers | "
           "step ratio |")
     print("|---|---|---|---|---|---|---|")
-    models = {}
     for key, n, k in SHAPES:
-        label, args = MODELS[key]
-        if key not in models:
-            models[key] = os.path.join(ROOT, "examples", "gpt2.mlir")
-            if args:
-                models[key] = os.path.join(tmp, key + ".mlir")
-                subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", models[key]],
-                               check=True)
+        label = MODELS[key][0]
+        model = model_file(key, tmp)
         for raf in ("true", "false"):
             cells, steps = [], []
             for rab in ("true", "false"):
                 plan = os.path.join(tmp, "p.plan")
-                r = subprocess.run([os.path.join(a.bin, "fsdp-opt"), models[key], "-o",
-                                    os.devnull,
-                                    f"--fsdp-pipeline=world-size={n} optimizer=adamw stage=3 "
-                                    f"param-dtype=bf16 grad-accum={k} simulate=true "
-                                    f"reshard-after-forward={raf} reshard-after-backward={rab} "
-                                    f"plan={plan}"],
-                                   capture_output=True, text=True, check=True)
-                step = float(re.search(r"\n  step\s+([0-9.]+) ms", r.stderr).group(1))
-                exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%",
-                                      r.stderr).group(1))
-                peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
+                step, exp, peak = simulate(a.bin, model,
+                                           f"world-size={n} optimizer=adamw stage=3 "
+                                           f"param-dtype=bf16 grad-accum={k} "
+                                           f"reshard-after-forward={raf} "
+                                           f"reshard-after-backward={rab} plan={plan}")
                 with open(plan) as f:
                     g = sum(1 for i in json.load(f)["program"] if i["op"] == "all_gather")
                 steps.append(step)

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks, arenas_as_planned
+from e2e_lib import Checks, arenas_measured_as_planned, train_saved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
@@ -78,17 +78,7 @@ def main():
                 return json.load(f)
 
         def train(plan, n, tag):
-            save = os.path.join(tmp, tag + ".safetensors")
-            r = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--steps", "4",
-                                "--lr", "1e-2", "--threads", "1", "--save", save]
-                               + (["--nproc", str(n)] if n > 1 else []),
-                               capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise SystemExit(f"fsdp-run failed ({tag}): {r.stderr}")
-            rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-            losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
-            with open(save, "rb") as f:
-                return losses, f.read(), [x for x in rows if x.get("summary")][0]
+            return train_saved(bindir, plan, n, os.path.join(tmp, tag + ".safetensors"))
 
         for i, (n, pipeline) in enumerate(CONFIGS):
             runs, plans = {}, {}
@@ -103,13 +93,7 @@ def main():
                 report(losses == base[0] and params == base[1] and len(losses) == 4,
                        f"(a) n={n} {pipeline} backward-prefetch={mode}: losses "
                        f"{' '.join(f'{x:.6f}' for x in losses)} and parameters bitwise pre's")
-            def as_planned(s, plan):
-                if "measured_host_high_water" in s:  # offloaded: both arenas
-                    return arenas_as_planned(s, plan)
-                return (s["measured_high_water"] == s["predicted_peak"] and
-                        s["measured_peak_live"] == s["predicted_peak_live"])
-
-            report(all(as_planned(runs[m][2], plans[m]) for m in MODES),
+            report(all(arenas_measured_as_planned(runs[m][2], plans[m]) for m in MODES),
                    f"(b) n={n} {pipeline}: arenas measured == planned (pre, post, none)")
             peak = {m: plans[m]["memory"]["peak_live"] for m in MODES}
             ordered = peak["none"] <= peak["post"] <= peak["pre"]

@@ -65,6 +65,32 @@ def arenas_as_planned(s, plan=None):
             (plan is None or s["predicted_host_peak"] == plan["host_arena_bytes"]))
 
 
+def arenas_measured_as_planned(s, plan):
+    """arenas_as_planned where the plan has a host arena (offload); else
+    whether the device arena's high-water and peak live bytes are the
+    plan's."""
+    if "measured_host_high_water" in s:
+        return arenas_as_planned(s, plan)
+    return (s["measured_high_water"] == s["predicted_peak"] and
+            s["measured_peak_live"] == s["predicted_peak_live"])
+
+
+def train_saved(bindir, plan, n, save, steps=4, timeout=300):
+    """fsdp-run PLAN for `steps` steps (lr 1e-2, one thread a rank) on n
+    ranks, --save SAVE: (losses, the saved parameters' bytes, the summary
+    row); exits with fsdp-run's stderr if it fails."""
+    r = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--steps", str(steps),
+                        "--lr", "1e-2", "--threads", "1", "--save", save]
+                       + (["--nproc", str(n)] if n > 1 else []),
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"fsdp-run {plan} failed: {r.stderr}")
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
+    with open(save, "rb") as f:
+        return losses, f.read(), [x for x in rows if x.get("summary")][0]
+
+
 def copies_in_flight(plan):
     """The most async copies to the device issued and not yet joined while
     any other instruction of `plan` (a plan as JSON) runs: fsdp-offload's

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks, arenas_as_planned
+from e2e_lib import Checks, arenas_measured_as_planned, train_saved
 from search_common import pinned_knobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,23 +66,7 @@ def main():
                 return plan, json.load(f), r.stderr
 
         def train(plan, n, tag):
-            save = os.path.join(tmp, tag + ".safetensors")
-            r = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--steps", "4",
-                                "--lr", "1e-2", "--threads", "1", "--save", save]
-                               + (["--nproc", str(n)] if n > 1 else []),
-                               capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise SystemExit(f"fsdp-run failed ({tag}): {r.stderr}")
-            rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-            losses = [x["loss"] for x in rows if "step" in x and "loss" in x]
-            with open(save, "rb") as f:
-                return losses, f.read(), [x for x in rows if x.get("summary")][0]
-
-        def as_planned(s, plan):
-            if "measured_host_high_water" in s:
-                return arenas_as_planned(s, plan)
-            return (s["measured_high_water"] == s["predicted_peak"] and
-                    s["measured_peak_live"] == s["predicted_peak_live"])
+            return train_saved(bindir, plan, n, os.path.join(tmp, tag + ".safetensors"))
 
         def gathers(plan):
             return sum(1 for i in plan["program"] if i["op"] == "all_gather")
@@ -99,7 +83,7 @@ def main():
             report(lt == lf and pt == pf and len(lf) == 4,
                    f"(a) {what}: losses {' '.join(f'{x:.6f}' for x in lf)} and parameters "
                    "bitwise reshard-after-backward=true's")
-            report(all(as_planned(runs[r][2], plans[r]) for r in runs),
+            report(all(arenas_measured_as_planned(runs[r][2], plans[r]) for r in runs),
                    f"(b) {what}: arenas measured == planned (true, false)")
             u = len(plans["true"]["units"])  # every unit of the GPT is read in its forward
             gt, gf = gathers(plans["true"]), gathers(plans["false"])
