@@ -149,7 +149,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     return read;
   }
 
-  /// The backward pass's parameter gathers: those after a micro-batch's
+  /// The backward pass's all-gathers: those after a micro-batch's
   /// loss and before the next micro-batch's first op. fsdp-grad-accum runs
   /// the micro-batches in sequence, each (after the first) opening with its
   /// fsdp.microbatch slices of the step's inputs, and fsdp-shard gathers a
@@ -157,23 +157,17 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
   /// the next fsdp.microbatch serves that micro-batch's backward pass (its
   /// gradients or a recomputation), and one after a fsdp.microbatch the
   /// next micro-batch's forward.
-  static llvm::SmallPtrSet<Operation *, 16>
-  backwardGathers(Block &body, ArrayRef<Operation *> collectives, ArrayRef<Operation *> losses) {
+  static llvm::SmallPtrSet<Operation *, 16> backwardGathers(Block &body,
+                                                            ArrayRef<Operation *> losses) {
     llvm::SmallPtrSet<Operation *, 16> out;
     llvm::SmallPtrSet<Operation *, 16> lossSet(losses.begin(), losses.end());
     bool backward = false; // after a loss, before the next micro-batch
-    llvm::SmallPtrSet<Operation *, 16> gathers;
-    for (Operation *c : collectives) {
-      Operation *castOp;
-      if (unitReadOf(c, castOp))
-        gathers.insert(c);
-    }
     for (Operation &op : body) {
       if (lossSet.contains(&op))
         backward = true;
       else if (isa<MicrobatchOp>(op))
         backward = false;
-      else if (backward && gathers.contains(&op))
+      else if (backward && isa<AllGatherOp>(op))
         out.insert(&op);
     }
     return out;
@@ -214,7 +208,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // Backward gathers other than BACKWARD_PRE's, found before any moves.
     llvm::SmallPtrSet<Operation *, 16> backward;
     if (backwardPrefetch != "pre")
-      backward = backwardGathers(body, collectives, losses);
+      backward = backwardGathers(body, losses);
     SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
