@@ -99,6 +99,14 @@ struct FsdpPipelineOptions
                      "multiple of this many columns (llm.c's 50257 -> 50304: "
                      "aligned rows for its GEMMs); 0 disables"),
       llvm::cl::init(64)};
+  Option<std::string> lossChunks{
+      *this, "loss-chunks",
+      llvm::cl::desc("compute the classifier head and its cross-entropy in "
+                     "this many row chunks, so the [tokens, V] logits are "
+                     "never whole (Liger's fused linear cross-entropy): a "
+                     "count (1: off) or auto (chunks whose logits are about "
+                     "the size of the f32 weight gradient)"),
+      llvm::cl::init("1")};
   Option<int64_t> worldSize{*this, "world-size",
                             llvm::cl::desc("ranks of the 1-D mesh"),
                             llvm::cl::init(1)};

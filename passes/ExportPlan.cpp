@@ -102,14 +102,14 @@ bool attrToJson(Attribute attr, json::Value &out) {
 }
 
 /// The number of classes an integer input indexes, found by following it
-/// (through reshapes and micro-batch views) to an embedding table or to
-/// cross-entropy logits.
+/// (through reshapes, micro-batch views and fsdp-chunk-loss's row views)
+/// to an embedding table or to cross-entropy logits.
 int64_t integerRange(Value v) {
   SmallVector<Value> work{v};
   while (!work.empty()) {
     Value cur = work.pop_back_val();
     for (Operation *user : cur.getUsers()) {
-      if (isa<ReshapeOp, MicrobatchOp>(user))
+      if (isa<ReshapeOp, MicrobatchOp, ViewOp>(user))
         work.push_back(user->getResult(0));
       else if (auto e = dyn_cast<EmbeddingOp>(user))
         return cast<RankedTensorType>(e.getTable().getType()).getShape()[0];

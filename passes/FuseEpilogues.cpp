@@ -667,12 +667,12 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// An add of two operands of the result's type (no broadcast) that is not
-  /// fsdp-grad-accum's accumulation (the memory plan may run that one in
-  /// place over its accumulator).
+  /// fsdp-grad-accum's or fsdp-chunk-loss's accumulation (the memory plan
+  /// may run those in place over their accumulator).
   static bool sameShapedAdd(AddOp add) {
     Type t = add.getResult().getType();
     return add.getLhs().getType() == t && add.getRhs().getType() == t &&
-           !add->hasAttr(kAccumAttrName);
+           !add->hasAttr(kAccumAttrName) && !add->hasAttr(kChunkAccumAttrName);
   }
 
   void fuseForward(BiasAddOp bias) {

@@ -235,7 +235,7 @@ static bool canAccumulateInPlace(Value acc,
   }
   if (isa<ReduceScatterOp, AllReduceOp>(def))
     return true;
-  if (def->hasAttr(kAccumAttrName) && isa<AddOp>(def))
+  if ((def->hasAttr(kAccumAttrName) || def->hasAttr(kChunkAccumAttrName)) && isa<AddOp>(def))
     return true;
   return !alias.count(acc) && !isStorageAlias(def);
 }
@@ -589,9 +589,10 @@ void MemoryPlanner::findAliases() {
           m.getInput(), {},
           (int64_t)m.getIndex() * byteSize(cast<RankedTensorType>(m.getType())), 0};
     else if (auto add = dyn_cast<AddOp>(op);
-             add && add->hasAttr(kAccumAttrName) &&
+             add && (add->hasAttr(kAccumAttrName) || add->hasAttr(kChunkAccumAttrName)) &&
              canAccumulateInPlace(add.getLhs(), alias))
-      // Gradient accumulation: acc + g written over acc.
+      // Gradient accumulation (over micro-batches, or over fsdp-chunk-loss's
+      // chunks): acc + g written over acc.
       alias[add.getResult()] = {add.getLhs(), {}, 0, 0};
     else if (auto g = dyn_cast<CrossEntropyGradOp>(op);
              g && canOverwriteLogits(g, g.getLogits(), alias))
@@ -637,8 +638,8 @@ void MemoryPlanner::markGrad(Value v) {
     markGrad(mul.getLhs());
   else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
     markGrad(d->getOperand(0));             // a cast: a gradient in another dtype
-  else if (d && d->hasAttr(kAccumAttrName)) // accumulated micro-batches
-    for (Value in : d->getOperands())
+  else if (d && (d->hasAttr(kAccumAttrName) || d->hasAttr(kChunkAccumAttrName)))
+    for (Value in : d->getOperands()) // accumulated micro-batches or chunks
       markGrad(in);
   else if (auto pack = dyn_cast_or_null<PackOp>(d))
     for (Value in : pack.getInputs())

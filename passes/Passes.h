@@ -36,6 +36,10 @@ inline func::FuncOp getTrainStep(ModuleOp module, llvm::StringRef prerequisites)
 /// Marks the adds and 1/K scales fsdp-grad-accum emits to accumulate
 /// micro-batch gradients and losses.
 constexpr llvm::StringLiteral kAccumAttrName = "fsdp.accum";
+/// Marks the adds fsdp-chunk-loss emits to sum the chunks' weight (and
+/// bias) gradient terms: the memory plan runs them in place over their
+/// accumulator, as it does fsdp.accum's.
+constexpr llvm::StringLiteral kChunkAccumAttrName = "fsdp.chunk_accum";
 /// Marks the ops fsdp-offload runs on the host (optimizer updates of
 /// offloaded units): they read and write host memory only.
 constexpr llvm::StringLiteral kOnHostAttrName = "fsdp.on_host";

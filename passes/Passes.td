@@ -292,6 +292,65 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
 }
 
+def FsdpChunkLoss : Pass<"fsdp-chunk-loss", "::mlir::ModuleOp"> {
+  let summary = "computes the LM head and its cross-entropy in row chunks (no [tokens, V] logits)";
+  let description = [{
+    Liger-Kernel's fused linear cross-entropy, as a rewrite of the
+    differentiated step: the classifier head `%l = matmul %h, %w` feeding
+    `cross_entropy %l, %y`, its gradient `cross_entropy_grad %l, %y, %s`
+    and that gradient's readers (the input gradient `matmul %dl, %w`, the
+    weight gradient `matmul %dl, %h transpose_lhs`, a bias gradient
+    `sum_to %dl`) are computed for `chunks` slices of the rows (tokens) in
+    turn. Chunk i reads rows [r_i, r_i + m_i) of %h and %y through views (no
+    copies), computes its [m_i, V] logits, loss, logits gradient, its rows
+    of the input gradient and its term of the weight (and bias) gradient,
+    and the next chunk starts once its logits are dead: the memory plan
+    gives every chunk the same few [m_i, V] bytes instead of one [tokens,
+    V] buffer, the largest activation of a language model (GPT-2 at B=32,
+    T=1024: 3.3 GB in bf16).
+
+    The input-gradient rows are concatenated; the weight- and bias-gradient
+    terms are summed in f32 (the operands' type for f32 models), in place
+    (marked `fsdp.chunk_accum`), and cast back where the unchunked gradient
+    was narrower. Losses: with a `normalizer` (ignore_index) each chunk's
+    is its kept sum over the step's count and they add up; without, chunk
+    i's mean is weighed by m_i / tokens, and so is its gradient's seed. The
+    same values as the unchunked head up to the order of the sums (the
+    weight gradient's over rows, the loss's over chunks): not bitwise.
+
+    The head's backward now runs before the step's loss is known, so
+    fsdp-fuse-epilogues fuses each chunk's cross-entropy and gradient
+    (cross_entropy_fused), and the passes that split the step at its loss
+    count the head's backward with the forward pass. `chunks` is a
+    positive count (1: off; at most one chunk per row) or `auto`: the
+    fewest rows, a power of two, whose [rows, V] logits take at least the
+    f32 weight gradient's [V, C] bytes (4 C / logit bytes rows; 2048 for
+    GPT-2 in bf16). Smaller chunks would save less than the accumulator
+    every chunk holds and pass over it once more each (Liger's rule, logits
+    the size of the head's input, makes 4x more passes over it for GPT-2).
+    A count > 1 on a step without such a head is an error; auto leaves a
+    step without one alone.
+
+    ```mlir
+    %hf = fsdp.reshape %h : tensor<128x64xf32> -> tensor<8192xf32>
+    %h0 = fsdp.view %hf offset = 0 : tensor<8192xf32> -> tensor<64x64xf32>
+    %y0 = fsdp.view %y offset = 0 : tensor<128xi32> -> tensor<64xi32>
+    %l0 = fsdp.matmul %h0, %w transpose_rhs : (tensor<64x64xf32>, tensor<256x64xf32>) -> tensor<64x256xf32>
+    %c0 = fsdp.cross_entropy %l0, %y0 : (tensor<64x256xf32>, tensor<64xi32>) -> tensor<f32>
+    %d0 = fsdp.cross_entropy_grad %l0, %y0, %s : tensor<64x256xf32>, tensor<64xi32>
+    ```
+  }];
+  let options = [
+    Option<"chunks", "chunks", "std::string", /*default=*/"\"1\"",
+           "row chunks of the classifier head and its loss: a count >= 1 "
+           "(1: off) or auto (chunk logits about the f32 weight gradient's size)">,
+  ];
+  let statistics = [
+    Statistic<"numChunked", "chunked", "Classifier heads chunked">,
+  ];
+  let dependentDialects = ["::mlir::fsdp::FsdpDialect"];
+}
+
 def FsdpGroupUnits : Pass<"fsdp-group-units", "::mlir::ModuleOp"> {
   let summary = "auto-wrap: assigns every parameter to an FSDP unit";
   let description = [{

@@ -1556,17 +1556,20 @@ def Fsdp_SetUnitOp : Fsdp_SymbolWriteOp<"set_unit"> {
 }
 
 def Fsdp_ViewOp : Fsdp_Op<"view", [Pure]> {
-  let summary = "a parameter seen inside its unit's flat buffer";
+  let summary = "a window of a flat buffer: a parameter in its unit, a chunk of rows";
   let description = [{
     Elements [offset, offset + numel(result)) of the flat input, reshaped.
     No copy: the memory plan makes the result an alias of the input.
+    fsdp-shard views each parameter in its unit's buffer; fsdp-chunk-loss
+    views rows of the head's input and of the (integer) labels.
 
     ```mlir
     %w = fsdp.view %flat offset = 32 : tensor<264xf32> -> tensor<8x4xf32>
+    %y = fsdp.view %labels offset = 64 : tensor<128xi32> -> tensor<32xi32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$offset);
-  let results = (outs Fsdp_FloatTensor:$result);
+  let arguments = (ins Fsdp_AnyTensor:$input, I64Attr:$offset);
+  let results = (outs Fsdp_AnyTensor:$result);
   let assemblyFormat = "$input `offset` `=` $offset attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
 }
