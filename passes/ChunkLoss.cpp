@@ -333,9 +333,7 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
     auto scaled = [&](Value v, double f) -> Value {
       return b.create<ScaleOp>(loc, v.getType(), v, b.getF64FloatAttr(f)).getResult();
     };
-    Value seedEqual;
-    if (!normalizer && equal)
-      seedEqual = scaled(g.getGrad(), 1.0 / k);
+    DenseMap<int64_t, Value> seeds; // by rows: the seed x rows / M
 
     // Sums in f32 for narrow operands.
     auto accType = [](Value result) {
@@ -355,9 +353,13 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
       Value logits = li.getResult();
       if (h.bias)
         logits = b.create<BiasAddOp>(loc, logits.getType(), logits, h.bias.getBias()).getResult();
-      Value seed = normalizer ? g.getGrad()
-                   : equal    ? seedEqual
-                              : scaled(g.getGrad(), double(n) / m);
+      Value seed = g.getGrad();
+      if (!normalizer) {
+        Value &s = seeds[n];
+        if (!s)
+          s = scaled(g.getGrad(), double(n) / m);
+        seed = s;
+      }
       auto ce = b.create<CrossEntropyOp>(loc, h.ce.getResult().getType(), logits, yi, normalizer,
                                          h.ce.getClassesAttr(), h.ce.getLabelSmoothingAttr(),
                                          h.ce.getIgnoreIndexAttr());
