@@ -103,6 +103,14 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
     pm.addPass(createFsdpPadClasses(pad));
   }
   pm.addPass(createFsdpAutodiff());
+  // On the differentiated step, before accumulation clones it (each
+  // micro-batch's loss is then read only after its head's backward), so
+  // every later pass and the memory-budget search see the chunked head.
+  if (options.lossChunks != "1") {
+    FsdpChunkLossOptions chunk;
+    chunk.chunks = options.lossChunks;
+    pm.addPass(createFsdpChunkLoss(chunk));
+  }
   bool searched = false; // fsdp-search-schedule ran (and applied offloads)
   // Accumulation clones the differentiated step; the optimizer and the
   // sharding after it see one gradient per parameter. With the defaults
@@ -125,14 +133,6 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.eps = options.eps;
   opt.maxGradNorm = options.maxGradNorm;
   pm.addPass(createFsdpInsertOptimizer(opt));
-  // On the whole differentiated step (every micro-batch's head), before
-  // the units are grouped and sharded, so every later pass and the
-  // memory-budget search see the chunked head.
-  if (options.lossChunks != "1") {
-    FsdpChunkLossOptions chunk;
-    chunk.chunks = options.lossChunks;
-    pm.addPass(createFsdpChunkLoss(chunk));
-  }
   // Sharding rewrites the optimizer's updates; without an optimizer the
   // step outputs whole gradients and is not sharded (asking for several
   // ranks then reaches fsdp-shard, which says why it cannot).

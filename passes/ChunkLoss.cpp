@@ -43,6 +43,11 @@
 // sum_to [V] (a bias gradient -> sum). Anything else, with chunks > 1
 // asked for, is an error naming the op; `auto` leaves such a head alone.
 //
+// Order: after fsdp-autodiff, before fsdp-grad-accum (which clones the
+// chunked head into every micro-batch; after it, micro-batch k's loss is
+// summed right after its forward, before its gradient, which the rewrite
+// refuses).
+//
 // Placement: the whole chunked head goes where the cross-entropy gradient
 // was (after the seed), so the forward logits are made in the backward's
 // first position. The loss is then defined after the head's backward:
@@ -196,6 +201,8 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
       Operation *at = g->getBlock()->findAncestorOpInBlock(*u);
       if (!at || !g->isBeforeInBlock(at)) {
         os << "the loss is read by '" << u->getName() << "' before its gradient";
+        if (u->hasAttr(kAccumAttrName))
+          os << " (fsdp-grad-accum's sum: run fsdp-chunk-loss before it)";
         return false;
       }
     }
@@ -342,7 +349,7 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
     };
     SmallVector<SmallVector<Value>> rowParts(h.rowReaders.size());
     SmallVector<Value> sums(h.sumReaders.size());
-    SmallVector<Value> losses;
+    SmallVector<std::pair<Value, int64_t>> losses; // (loss, rows)
     Value x = h.mm.getResult();
     for (int64_t i = 0; i < k; ++i) {
       int64_t r = i * rowsPer, n = std::min(rowsPer, m - r);
@@ -363,8 +370,7 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
       auto ce = b.create<CrossEntropyOp>(loc, h.ce.getResult().getType(), logits, yi, normalizer,
                                          h.ce.getClassesAttr(), h.ce.getLabelSmoothingAttr(),
                                          h.ce.getIgnoreIndexAttr());
-      losses.push_back(normalizer || equal ? ce.getResult()
-                                           : scaled(ce.getResult(), double(n) / m));
+      losses.push_back({ce.getResult(), n});
       Value dl = b.create<CrossEntropyGradOp>(loc, logits.getType(), logits, yi, seed, normalizer,
                                               g.getClassesAttr(), g.getLabelSmoothingAttr(),
                                               g.getIgnoreIndexAttr())
@@ -401,11 +407,16 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
       }
     }
 
-    // The loss: the chunks' sum (kept sums over the step's count, or means
-    // weighed by their rows), or their mean for equal chunks.
-    Value loss = losses.front();
-    for (Value l : ArrayRef<Value>(losses).drop_front())
-      loss = b.create<AddOp>(loc, loss.getType(), loss, l).getResult();
+    // The loss, after every chunk's gradient (so fsdp-fuse-epilogues fuses
+    // each chunk's pair): the chunks' sum (kept sums over the step's
+    // count, or means weighed by their rows), or their mean for equal
+    // chunks.
+    auto term = [&](std::pair<Value, int64_t> l) {
+      return normalizer || equal ? l.first : scaled(l.first, double(l.second) / m);
+    };
+    Value loss = term(losses.front());
+    for (auto l : ArrayRef(losses).drop_front())
+      loss = b.create<AddOp>(loc, loss.getType(), loss, term(l)).getResult();
     if (!normalizer && equal)
       loss = scaled(loss, 1.0 / k);
     h.ce.getResult().replaceAllUsesWith(loss);

@@ -318,7 +318,10 @@ def FsdpChunkLoss : Pass<"fsdp-chunk-loss", "::mlir::ModuleOp"> {
     same values as the unchunked head up to the order of the sums (the
     weight gradient's over rows, the loss's over chunks): not bitwise.
 
-    The head's backward now runs before the step's loss is known, so
+    Runs after fsdp-autodiff and before fsdp-grad-accum (which then clones
+    the chunked head into every micro-batch; after it, a micro-batch's
+    loss is summed before its gradient and the head is refused). The
+    head's backward now runs before the step's loss is known, so
     fsdp-fuse-epilogues fuses each chunk's cross-entropy and gradient
     (cross_entropy_fused), and the passes that split the step at its loss
     count the head's backward with the forward pass. `chunks` is a

@@ -32,7 +32,6 @@ fsdp.param @wte : tensor<256x16xf32> init("normal", 0.02)
 // CHECK: %[[L0:.+]] = fsdp.matmul %[[H0]], %[[W]] transpose_rhs : (tensor<3x16xf32>, tensor<256x16xf32>) -> tensor<3x256xf32>
 // CHECK: %[[S3:.+]] = fsdp.scale %[[SEED]] {factor = 3.750000e-01 : f64} : tensor<f32>
 // CHECK: %[[C0:.+]] = fsdp.cross_entropy %[[L0]], %[[Y0]] : (tensor<3x256xf32>, tensor<3xi32>) -> tensor<f32>
-// CHECK: %[[C0S:.+]] = fsdp.scale %[[C0]] {factor = 3.750000e-01 : f64} : tensor<f32>
 // CHECK: %[[D0:.+]] = fsdp.cross_entropy_grad %[[L0]], %[[Y0]], %[[S3]] : tensor<3x256xf32>, tensor<3xi32>
 // CHECK: %[[DH0:.+]] = fsdp.matmul %[[D0]], %[[W]] : (tensor<3x256xf32>, tensor<256x16xf32>) -> tensor<3x16xf32>
 // CHECK: %[[DW0:.+]] = fsdp.matmul %[[D0]], %[[H0]] transpose_lhs : (tensor<3x256xf32>, tensor<3x16xf32>) -> tensor<256x16xf32>
@@ -41,7 +40,6 @@ fsdp.param @wte : tensor<256x16xf32> init("normal", 0.02)
 // CHECK: %[[L1:.+]] = fsdp.matmul %[[H1]], %[[W]] transpose_rhs
 // CHECK-NOT: fsdp.scale %[[SEED]]
 // CHECK: %[[C1:.+]] = fsdp.cross_entropy %[[L1]], %[[Y1]]
-// CHECK: %[[C1S:.+]] = fsdp.scale %[[C1]] {factor = 3.750000e-01 : f64} : tensor<f32>
 // CHECK: %[[D1:.+]] = fsdp.cross_entropy_grad %[[L1]], %[[Y1]], %[[S3]]
 // CHECK: %[[DH1:.+]] = fsdp.matmul %[[D1]], %[[W]]
 // CHECK: %[[DW1:.+]] = fsdp.matmul %[[D1]], %[[H1]] transpose_lhs
@@ -51,12 +49,16 @@ fsdp.param @wte : tensor<256x16xf32> init("normal", 0.02)
 // CHECK: %[[L2:.+]] = fsdp.matmul %[[H2]], %[[W]] transpose_rhs : (tensor<2x16xf32>, tensor<256x16xf32>) -> tensor<2x256xf32>
 // CHECK: %[[S2:.+]] = fsdp.scale %[[SEED]] {factor = 2.500000e-01 : f64} : tensor<f32>
 // CHECK: %[[C2:.+]] = fsdp.cross_entropy %[[L2]], %[[Y2]]
-// CHECK: %[[C2S:.+]] = fsdp.scale %[[C2]] {factor = 2.500000e-01 : f64} : tensor<f32>
 // CHECK: %[[D2:.+]] = fsdp.cross_entropy_grad %[[L2]], %[[Y2]], %[[S2]]
 // CHECK: %[[DH2:.+]] = fsdp.matmul %[[D2]], %[[W]]
 // CHECK: %[[DW2:.+]] = fsdp.matmul %[[D2]], %[[H2]] transpose_lhs
 // CHECK: %[[ACC2:.+]] = fsdp.add %[[ACC1]], %[[DW2]] {fsdp.chunk_accum}
+// The loss comes after every chunk's gradient (fsdp-fuse-epilogues then
+// fuses each chunk's pair): the means weighed by 3/8, 3/8 and 2/8.
+// CHECK: %[[C0S:.+]] = fsdp.scale %[[C0]] {factor = 3.750000e-01 : f64} : tensor<f32>
+// CHECK: %[[C1S:.+]] = fsdp.scale %[[C1]] {factor = 3.750000e-01 : f64} : tensor<f32>
 // CHECK: %[[LA:.+]] = fsdp.add %[[C0S]], %[[C1S]]
+// CHECK: %[[C2S:.+]] = fsdp.scale %[[C2]] {factor = 2.500000e-01 : f64} : tensor<f32>
 // CHECK: %[[LOSS:.+]] = fsdp.add %[[LA]], %[[C2S]]
 // CHECK: %[[DH:.+]] = fsdp.concat %[[DH0]], %[[DH1]], %[[DH2]] dim = 0 : (tensor<3x16xf32>, tensor<3x16xf32>, tensor<2x16xf32>) -> tensor<8x16xf32>
 // CHECK: %[[DH3:.+]] = fsdp.reshape %[[DH]] : tensor<8x16xf32> -> tensor<2x4x16xf32>
