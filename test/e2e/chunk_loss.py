@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The LM head and its cross-entropy in row chunks (loss-chunks,
+fsdp-chunk-loss) with the rest of the compiler and the runtime.
+
+usage: chunk_loss.py BIN_DIR
+
+(a) With every pass that meets the chunked head (ZeRO 1-3, reshard-after-
+    forward=false, unit recomputation, activation and optimizer offload,
+    gradient accumulation reducing each micro-batch, bf16 with clipping,
+    the unfused ops, the memory-budget search), loss-chunks=3 trains as
+    loss-chunks=1: the losses of 6 steps within 1e-5 relative (the same
+    values summed in another order; PyTorch checks the values themselves
+    in test/lit/e2e/chunk-loss.test), and fsdp-run measures the arenas the
+    plan predicts.
+(b) The plan has K fused cross-entropies a micro-batch, each over its
+    chunk's rows (the counts of --chunks, auto's rule).
+(c) Memory, on a GPT whose logits dominate (vocabulary 4096, 512 rows a
+    step): the planned peak with K chunks is at most the unchunked one
+    less the logits rows no longer held, (M - m) V 4 bytes, plus what the
+    chunks add (a weight-gradient term, V C 4, and the input gradient's
+    rows before their concat, M C 4); measured == planned. A smaller peak
+    for more chunks down to auto's.
+(d) Refusals: loss-chunks=0 or a word, a count on a model without a
+    cross-entropy head; auto there compiles unchanged.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from e2e_lib import Checks, arenas_measured_as_planned, gen_models, run_json
+
+# (ranks, pipeline options); every one with loss-chunks=1 and =3.
+CONFIGS = [
+    (1, "optimizer=adamw max-grad-norm=1.0"),
+    (2, "optimizer=adamw stage=3"),
+    (2, "optimizer=adamw stage=2 reshard-after-forward=false"),
+    (2, "optimizer=adamw stage=1 recompute=unit"),
+    (2, "optimizer=adamw stage=3 offload-activations=true offload=optimizer"),
+    (2, "optimizer=sgd momentum=0.9 stage=3 grad-accum=2 accum-reduce=microbatch"),
+    (2, "optimizer=adamw stage=3 param-dtype=bf16 max-grad-norm=1.0"),
+    (2, "optimizer=adamw stage=3 fuse-epilogues=false"),
+    (2, "optimizer=adamw stage=3 memory-budget=64MiB"),
+]
+
+
+def main():
+    bindir = sys.argv[1]
+    report = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        models = gen_models(tmp, {
+            "gpt": ["gpt", "--vocab", "256", "--ctx", "32", "--layers", "2", "--heads", "2",
+                    "--width", "32", "--batch", "4"],
+            "big": ["gpt", "--vocab", "4096", "--ctx", "64", "--layers", "2", "--heads", "2",
+                    "--width", "32", "--batch", "8"],
+            "mlp": ["mlp", "--hidden", "32", "--blocks", "2", "--batch", "8"],
+        })
+
+        def compile_(model, tag, n, pipeline, ok=True):
+            plan = os.path.join(tmp, tag + ".plan")
+            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), models[model], "-o",
+                                os.devnull, f"--fsdp-pipeline=world-size={n} {pipeline} "
+                                f"plan={plan} report=false"], capture_output=True, text=True)
+            if not ok:
+                return r
+            if r.returncode != 0:
+                raise SystemExit(f"fsdp-opt failed ({tag}): {r.stderr}")
+            with open(plan) as f:
+                return plan, json.load(f)
+
+        def fused(plan):
+            """Rows of each fused cross-entropy's logits, in program order."""
+            return [plan["buffers"][i["in"][0]]["shape"][0] for i in plan["program"]
+                    if i["op"] == "cross_entropy_fused"]
+
+        # --- (a) and (b): every pass around the chunked head. ---------------
+        for i, (n, pipeline) in enumerate(CONFIGS):
+            runs, plans = {}, {}
+            for k in (1, 3):
+                path, plans[k] = compile_("gpt", f"a{i}-{k}", n, f"{pipeline} loss-chunks={k}")
+                runs[k] = run_json(bindir, path, n, "--steps", "6", "--lr", "3e-3",
+                                   "--threads", "1")
+            (l1, s1), (l3, s3) = runs[1], runs[3]
+            worst = max(abs(a - b) / abs(b) for a, b in zip(l3, l1))
+            report(len(l1) == len(l3) == 6 and worst <= 1e-5,
+                   f"(a) n={n} {pipeline}: 6 losses of 3 chunks vs 1, worst relative "
+                   f"difference {worst:.2g}")
+            report(arenas_measured_as_planned(s3, plans[3]) and
+                   arenas_measured_as_planned(s1, plans[1]),
+                   f"(a) n={n} {pipeline}: arenas measured == planned")
+            micro = 2 if "grad-accum=2" in pipeline else 1
+            rows = 4 * 32  # a micro-batch's tokens (the model's batch)
+            want = [(rows + 2) // 3] * 2 + [rows - 2 * ((rows + 2) // 3)]
+            got = fused(plans[3])
+            if "fuse-epilogues=false" in pipeline:
+                got = [plans[3]["buffers"][x["in"][0]]["shape"][0] for x in plans[3]["program"]
+                       if x["op"] == "cross_entropy_grad"]
+            report(got == want * micro, f"(b) n={n} {pipeline}: cross-entropies over rows {got}")
+
+        # --- (c) memory on a vocabulary-dominated GPT. ------------------------
+        M, V, C = 8 * 64, 4096, 32
+        peak = {}
+        for k in ("1", "2", "8", "auto"):
+            path, plan = compile_("big", f"c-{k}", 2, f"optimizer=adamw stage=3 loss-chunks={k}")
+            _, s = run_json(bindir, path, 2, "--steps", "2", "--threads", "1")
+            report(arenas_measured_as_planned(s, plan),
+                   f"(c) loss-chunks={k}: arenas measured == planned ({s['measured_high_water']})")
+            peak[k] = (plan["arena_bytes"], len(fused(plan)))
+        base = peak["1"][0]
+        for k in ("2", "8", "auto"):
+            chunks = peak[k][1]
+            m = -(-M // chunks)
+            bound = base - (M - m) * V * 4 + V * C * 4 + M * C * 4
+            report(peak[k][0] <= bound,
+                   f"(c) loss-chunks={k} ({chunks} chunks of {m} rows): peak {base} -> "
+                   f"{peak[k][0]} bytes (at most {bound})")
+        report(peak["auto"][1] == M // (4 * C // 4) and
+               peak["1"][0] > peak["2"][0] > peak["8"][0] >= peak["auto"][0],
+               f"(c) auto: {peak['auto'][1]} chunks of {4 * C // 4} rows (the f32 weight "
+               f"gradient's bytes); peaks {peak['1'][0]} > {peak['2'][0]} > {peak['8'][0]} "
+               f">= {peak['auto'][0]}")
+
+        # --- (d) refusals. -------------------------------------------------
+        for bad, want in (("0", "chunks='0' is not a positive chunk count or auto"),
+                          ("many", "chunks='many' is not a positive chunk count or auto")):
+            r = compile_("gpt", "d-" + bad, 1, f"loss-chunks={bad}", ok=False)
+            report(r.returncode != 0 and want in r.stderr,
+                   f"(d) loss-chunks={bad}: refused ({want})")
+        r = compile_("mlp", "d-mlp", 1, "loss-chunks=2", ok=False)
+        report(r.returncode != 0 and "has no cross_entropy (with its gradient)" in r.stderr,
+               "(d) loss-chunks=2 on an MLP with an MSE loss: refused")
+        r = compile_("mlp", "d-mlp-auto", 1, "loss-chunks=auto", ok=False)
+        report(r.returncode == 0, "(d) loss-chunks=auto on the MLP: compiles, nothing to chunk")
+    return report.finish("all loss-chunks checks passed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
