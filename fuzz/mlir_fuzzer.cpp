@@ -49,12 +49,13 @@ const char *const kOptions[] = {
     "optimizer=adamw report=false",
     "optimizer=sgd momentum=0.9 world-size=2 stage=3 report=false plan=PLAN",
     "optimizer=adamw world-size=3 stage=2 max-grad-norm=1.0 report=false",
-    "optimizer=adamw world-size=2 stage=1 grad-accum=2 report=false",
+    "optimizer=adamw world-size=2 stage=1 grad-accum=2 loss-chunks=auto report=false",
     "optimizer=adamw world-size=4 mesh=2x2 stage=3 report=false plan=PLAN",
     "optimizer=adamw world-size=2 stage=3 recompute=unit backward-prefetch=none report=false",
     "optimizer=adamw world-size=2 stage=3 recompute=selective reshard-after-forward=false "
     "report=false",
-    "optimizer=adamw world-size=2 stage=3 param-dtype=bf16 report=false plan=PLAN",
+    "optimizer=adamw world-size=2 stage=3 param-dtype=bf16 loss-chunks=3 report=false "
+    "plan=PLAN",
     "optimizer=adamw param-dtype=f16 loss-scale=dynamic report=false",
     "optimizer=adamw world-size=2 stage=3 offload=optimizer report=false plan=PLAN",
     "optimizer=adamw world-size=2 stage=3 memory-budget=1MiB report=false",

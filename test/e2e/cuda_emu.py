@@ -19,7 +19,8 @@ processes). Not a GPU result: it checks the backend's logic.
                 updates on the host stream; 1 rank and 2; with the optimizer
                 state on disk, offload-nvme, also on concurrent streams),
                 per-micro-batch reduction,
-                label smoothing, ignore_index with a loss mask (1 rank and
+                label smoothing, the loss in 3 row chunks (loss-chunks),
+                ignore_index with a loss mask (1 rank and
                 2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
                 dropout with --cuda-graphs bitwise eager (the replays
                 read each step's key from device memory);
@@ -211,6 +212,9 @@ def main():
              "stage=3 offload=optimizer max-grad-norm=1.0 offload-next-step=true "
              "offload-prefetch-depth=3"),
             ("label smoothing 0.1", gptls, "max-grad-norm=1.0"),
+            # the head in 3 row chunks: views of the input and labels,
+            # chunk-sized GEMMs, in-place weight-gradient sums, a concat
+            ("loss-chunks=3", gptls, "max-grad-norm=1.0 stage=3 loss-chunks=3"),
             ("dropout 0.1", gptd, "")):
         tag = "".join(c if c.isalnum() else "_" for c in name)
         plan = compile_plan(model, tag, f"optimizer=adamw {options}")
@@ -442,7 +446,9 @@ def main():
             (gpt64, "gpt_bf16_d64_wgmma", 256, "", "wgmma-fused", gpt64_args, {}),
             (gpt251, "gpt_bf16_v251", 251, "", "auto", [], {}),
             (gpt251, "gpt_bf16_v251_unpadded", 251, " pad-classes=0", "auto", [], {}),
-            (gptls, "gpt_bf16_v251_ls", 251, "", "auto", ["--label-smoothing", "0.1"], {})):
+            (gptls, "gpt_bf16_v251_ls", 251, "", "auto", ["--label-smoothing", "0.1"], {}),
+            (gptls, "gpt_bf16_v251_ls_chunks", 251, " loss-chunks=3", "auto",
+             ["--label-smoothing", "0.1"], {})):
         plan = compile_plan(model, tag,
                             "optimizer=adamw max-grad-norm=1.0 param-dtype=bf16" + extra)
         losses = run(plan, tag + "_cuda", 10, 3e-3, env=dict(env, FSDP_CUDA_ATTENTION=attn))
@@ -455,7 +461,8 @@ def main():
                            capture_output=True, text=True)
         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         verdict = "ok" if r.returncode == 0 and last == "MATCH" else "MISMATCH"
-        what = f"vocab {vocab}" + (", unpadded" if extra else "") + \
+        what = f"vocab {vocab}" + (", unpadded" if "pad-classes=0" in extra else "") + \
+            (", loss in 3 chunks" if "loss-chunks" in extra else "") + \
             (", heads of 64" if "--heads" in shape else "") + \
             (", label smoothing 0.1" if "--label-smoothing" in shape else "") + \
             (f", {attn} attention" if attn != "auto" else "") + \
