@@ -611,10 +611,23 @@ void MemoryPlanner::findAliases() {
     } else if (auto pack = dyn_cast<PackOp>(op)) {
       for (auto [in, off] : llvm::zip(pack.getInputs(), pack.getOffsets())) {
         Operation *d = in.getDefiningOp();
-        if (!d || !in.hasOneUse() || isStorageAlias(d) ||
-            isa<AllReduceOp, PackOp>(d) || alias.count(in))
+        if (!d || !in.hasOneUse() || isStorageAlias(d) || isa<AllReduceOp, PackOp>(d))
           continue;
-        alias[in] = {pack.getResult(), {}, off * elemBytes(in), 0};
+        // fsdp-chunk-loss's in-place sum of a weight gradient's terms:
+        // its first term, the bytes every add writes over, goes in the pack.
+        Value v = in;
+        while (auto add = v.getDefiningOp<AddOp>()) {
+          auto it = alias.find(v);
+          if (!add->hasAttr(kChunkAccumAttrName) || it == alias.end() ||
+              it->second.base != add.getLhs() || it->second.byteOffset != 0)
+            break;
+          v = add.getLhs();
+        }
+        Operation *vd = v.getDefiningOp();
+        if (alias.count(v) || !vd || !v.hasOneUse() || isStorageAlias(vd) ||
+            v.getType() != in.getType())
+          continue;
+        alias[v] = {pack.getResult(), {}, off * elemBytes(in), 0};
       }
     }
     Value written;

@@ -19,7 +19,9 @@ usage: chunk_loss.py BIN_DIR
     less the logits rows no longer held, (M - m) V 4 bytes, plus what the
     chunks add (a weight-gradient term, V C 4, and the input gradient's
     rows before their concat, M C 4); measured == planned. A smaller peak
-    for more chunks down to auto's.
+    for more chunks down to auto's. The same bound for a Llama's untied
+    head (its weight gradient summed in place inside the unit's packed
+    gradient).
 (d) Refusals: loss-chunks=0 or a word, a count on a model without a
     cross-entropy head; auto there compiles unchanged.
 """
@@ -55,6 +57,8 @@ def main():
             "big": ["gpt", "--vocab", "4096", "--ctx", "64", "--layers", "2", "--heads", "2",
                     "--width", "32", "--batch", "8"],
             "mlp": ["mlp", "--hidden", "32", "--blocks", "2", "--batch", "8"],
+            "llama": ["llama", "--vocab", "4096", "--ctx", "64", "--layers", "2", "--heads", "2",
+                      "--kv-heads", "1", "--width", "32", "--ffn", "64", "--batch", "8"],
         })
 
         def compile_(model, tag, n, pipeline, ok=True):
@@ -115,6 +119,27 @@ def main():
             report(peak[k][0] <= bound,
                    f"(c) loss-chunks={k} ({chunks} chunks of {m} rows): peak {base} -> "
                    f"{peak[k][0]} bytes (at most {bound})")
+        # Llama's untied head: its weight gradient's sum is placed in the
+        # unit's packed gradient (no copy), so the same bound holds.
+        lbase = None
+        for k in ("1", "2", "8"):
+            path, plan = compile_("llama", f"c-llama-{k}", 2,
+                                  f"optimizer=adamw stage=3 loss-chunks={k}")
+            _, s = run_json(bindir, path, 2, "--steps", "2", "--threads", "1")
+            chunks = len(fused(plan))
+            lbase = lbase or plan["arena_bytes"]
+            m = -(-M // chunks)
+            bound = lbase - (M - m) * V * 4 + V * C * 4 + M * C * 4
+            packs = {i["out"][0] for i in plan["program"] if i["op"] == "pack"}
+            sums = [plan["buffers"][i["out"][0]] for i in plan["program"]
+                    if i["op"] == "add" and plan["buffers"][i["out"][0]]["shape"] == [V, C]]
+            placed = all(b.get("alias_of") in packs for b in sums)
+            report(arenas_measured_as_planned(s, plan) and plan["arena_bytes"] <= bound and
+                   len(sums) == chunks - 1 and placed,
+                   f"(c) llama, loss-chunks={k} ({chunks} chunks): peak {lbase} -> "
+                   f"{plan['arena_bytes']} bytes (at most {bound}), measured == planned; "
+                   f"{len(sums)} in-place sums of the head's weight gradient, "
+                   f"{'in' if placed else 'NOT in'} its unit's packed gradient")
         report(peak["auto"][1] == M // (4 * C // 4) and
                peak["1"][0] > peak["2"][0] > peak["8"][0] >= peak["auto"][0],
                f"(c) auto: {peak['auto'][1]} chunks of {4 * C // 4} rows (the f32 weight "
