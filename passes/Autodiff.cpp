@@ -154,6 +154,11 @@ void Differentiator::accumulate(Value v, Value g) {
 ///   (1,1): dA = B^T dC^T        dB = dC^T A^T
 LogicalResult Differentiator::differentiateMatmul(MatmulOp o, Value dy) {
   Location loc = o.getLoc();
+  if (o.getAcc()) {
+    o.emitOpError() << "has no differentiation rule with an accumulator (acc is "
+                       "fsdp-fuse-epilogues'; add the product to it in the model instead)";
+    return failure();
+  }
   Value a = o.getLhs(), bm = o.getRhs();
   bool ta = o.getTransposeLhs(), tb = o.getTransposeRhs();
   // An f32 product of bf16 / f16 operands is fsdp-fuse-epilogues'

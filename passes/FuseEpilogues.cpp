@@ -200,6 +200,38 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     for (CastOp c : casts)
       if (!gone.contains(c))
         fuseWidenedProduct(c, gone);
+    // After that (a term's product is f32 now): products only added to
+    // fsdp-chunk-loss's running sums accumulate into them.
+    SmallVector<AddOp> sums;
+    getOperation().walk([&](AddOp a) {
+      if (a->hasAttr(kChunkAccumAttrName))
+        sums.push_back(a);
+    });
+    for (AddOp a : sums)
+      fuseAccumulate(a);
+  }
+
+  /// `%s = add %acc, %p {fsdp.chunk_accum}` where `%p` is a rank-2 matmul's
+  /// product of the sum's type read by nothing else: `%s = matmul ... acc
+  /// %acc` (a GEMM with beta = 1), still marked, which the memory plan runs
+  /// in place over %acc: no buffer for the product, one pass over the sum
+  /// instead of a write, two reads and a write.
+  void fuseAccumulate(AddOp add) {
+    auto mm = add.getRhs().getDefiningOp<MatmulOp>();
+    Type t = add.getResult().getType();
+    if (!mm || mm.getAcc() || !add.getRhs().hasOneUse() || mm->getBlock() != add->getBlock() ||
+        cast<RankedTensorType>(mm.getLhs().getType()).getRank() != 2 || mm.getType() != t ||
+        add.getLhs().getType() != t)
+      return;
+    OpBuilder b(add);
+    auto fused = b.create<MatmulOp>(add.getLoc(), t, mm.getLhs(), mm.getRhs(), mm.getTransposeLhs(),
+                                    mm.getTransposeRhs(), add.getLhs());
+    fused->setAttr(kChunkAccumAttrName, b.getUnitAttr());
+    keepMarks(mm, fused);
+    add.getResult().replaceAllUsesWith(fused.getResult());
+    add.erase();
+    mm.erase();
+    ++numFused;
   }
 
   /// `%w = cast %p : bf16 -> f32` (or f16) where `%p` is the product of a

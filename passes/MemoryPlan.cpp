@@ -237,6 +237,8 @@ static bool canAccumulateInPlace(Value acc,
     return true;
   if ((def->hasAttr(kAccumAttrName) || def->hasAttr(kChunkAccumAttrName)) && isa<AddOp>(def))
     return true;
+  if (auto mm = dyn_cast<MatmulOp>(def); mm && mm.getAcc()) // an earlier acc += a b
+    return true;
   return !alias.count(acc) && !isStorageAlias(def);
 }
 
@@ -594,6 +596,10 @@ void MemoryPlanner::findAliases() {
       // Gradient accumulation (over micro-batches, or over fsdp-chunk-loss's
       // chunks): acc + g written over acc.
       alias[add.getResult()] = {add.getLhs(), {}, 0, 0};
+    else if (auto mm = dyn_cast<MatmulOp>(op);
+             mm && mm.getAcc() && canAccumulateInPlace(mm.getAcc(), alias))
+      // acc + a b, a GEMM with beta = 1, written over acc.
+      alias[mm.getResult()] = {mm.getAcc(), {}, 0, 0};
     else if (auto g = dyn_cast<CrossEntropyGradOp>(op);
              g && canOverwriteLogits(g, g.getLogits(), alias))
       // llm.c's fused classifier: the logits' gradient overwrites the
@@ -616,12 +622,16 @@ void MemoryPlanner::findAliases() {
         // fsdp-chunk-loss's in-place sum of a weight gradient's terms:
         // its first term, the bytes every add writes over, goes in the pack.
         Value v = in;
-        while (auto add = v.getDefiningOp<AddOp>()) {
+        while (Operation *vd = v.getDefiningOp()) {
+          Value acc;
+          if (auto add = dyn_cast<AddOp>(vd); add && add->hasAttr(kChunkAccumAttrName))
+            acc = add.getLhs();
+          else if (auto mm = dyn_cast<MatmulOp>(vd); mm && mm->hasAttr(kChunkAccumAttrName))
+            acc = mm.getAcc();
           auto it = alias.find(v);
-          if (!add->hasAttr(kChunkAccumAttrName) || it == alias.end() ||
-              it->second.base != add.getLhs() || it->second.byteOffset != 0)
+          if (!acc || it == alias.end() || it->second.base != acc || it->second.byteOffset != 0)
             break;
-          v = add.getLhs();
+          v = acc;
         }
         Operation *vd = v.getDefiningOp();
         if (alias.count(v) || !vd || !v.hasOneUse() || isStorageAlias(vd) ||
@@ -651,6 +661,8 @@ void MemoryPlanner::markGrad(Value v) {
     markGrad(mul.getLhs());
   else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
     markGrad(d->getOperand(0));             // a cast: a gradient in another dtype
+  else if (auto mm = dyn_cast_or_null<MatmulOp>(d); mm && mm.getAcc())
+    markGrad(mm.getAcc()); // a chunk's weight-gradient term added by the GEMM
   else if (d && (d->hasAttr(kAccumAttrName) || d->hasAttr(kChunkAccumAttrName)))
     for (Value in : d->getOperands()) // accumulated micro-batches or chunks
       markGrad(in);

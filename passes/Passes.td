@@ -898,9 +898,16 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       and a silu_grad) becomes `swiglu_grad(g, u, dh)`, and then the
       forward `mul(silu(g), u)` becomes `swiglu(g, u)`: silu(g) is neither
       written nor kept for the backward pass (one [tokens, ffn] tensor per
-      layer less at the peak without recomputation).
+      layer less at the peak without recomputation);
+    - `add(acc, matmul(a, b)) {fsdp.chunk_accum}` (fsdp-chunk-loss's sum of
+      a weight gradient's terms), the product read by nothing else and of
+      the sum's type (after the f32 products above), becomes `matmul a, b
+      acc acc` (a GEMM with beta = 1), run in place over the sum: no [V, C]
+      buffer for the product.
     f32 losses are bitwise those of the unfused step (the CPU kernels
-    compute the replaced ops in the same order). Runs after fsdp-schedule
+    compute the replaced ops in the same order), except where a product
+    accumulates into a sum (the GEMM adds its blocks of the contraction to
+    the sum one by one). Runs after fsdp-schedule
     (after fsdp-recompute, whose selective recomputation it leaves alone),
     just before the memory plan.
 

@@ -271,8 +271,17 @@ LogicalResult MatmulOp::verify() {
                            getTransposeRhs(), why);
   if (!shape)
     return emitOpError() << why;
-  return expectType(*this, "result", rt(getResult()), *shape,
-                    productType(a.getElementType(), rt(getResult())));
+  if (failed(expectType(*this, "result", rt(getResult()), *shape,
+                        productType(a.getElementType(), rt(getResult())))))
+    return failure();
+  if (Value acc = getAcc()) {
+    if (a.getRank() != 2)
+      return emitOpError() << "accumulates (acc) only rank-2 products, found rank " << a.getRank();
+    if (rt(acc) != rt(getResult()))
+      return emitOpError() << "expected acc of the result's type " << getResult().getType()
+                           << ", found " << acc.getType();
+  }
+  return success();
 }
 
 /// Shared by the fused matmuls: rank-2 operands of one element type, and

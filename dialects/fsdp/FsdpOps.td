@@ -301,15 +301,29 @@ def Fsdp_MatmulOp : Fsdp_Op<"matmul", [Pure]> {
     product was only cast to f32, e.g. a weight gradient into the f32
     gradient; models and fsdp-autodiff do not).
 
+    With `acc` (rank-2 operands; the result's type): `acc + op(lhs) x
+    op(rhs)`, a GEMM with beta = 1. fsdp-fuse-epilogues writes it where a
+    product was only added to a running sum (fsdp-chunk-loss's weight
+    gradient over row chunks): the memory plan then runs it in place over
+    `acc`, with no buffer for the product.
+
     ```mlir
     %y = fsdp.matmul %x, %w transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
+    %s = fsdp.matmul %dl, %h acc %s0 transpose_lhs : (tensor<8x128xf32>, tensor<8x64xf32>, tensor<128x64xf32>) -> tensor<128x64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
-                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs,
+                       Optional<Fsdp_FloatTensor>:$acc);
   let results = (outs Fsdp_FloatTensor:$result);
+  let builders = [
+    // The plain product (no transposes set, no accumulator).
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$lhs, "::mlir::Value":$rhs), [{
+      build($_builder, $_state, result, lhs, rhs, false, false, ::mlir::Value());
+    }]>
+  ];
   let assemblyFormat = [{
-    $lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    $lhs `,` $rhs (`acc` $acc^)? (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
     attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -215,7 +215,14 @@ const std::unordered_map<std::string, Check> &checks() {
     m["matmul"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));
       MM d;
-      return matmulDims(op, d);
+      FSDP_RETURN_IF_ERROR(matmulDims(op, d));
+      if (op.inst.in.size() > 2) { // acc + a b (rank 2): the accumulator is the result's shape
+        if (op.in(0).shape.size() != 2)
+          return FSDP_ERROR("matmul: an accumulator takes rank-2 operands, found ",
+                            shapeStr(op.in(0).shape));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), op.out(0).shape, "an accumulator"));
+      }
+      return Status::ok();
     };
     // The fused matmuls (fsdp-fuse-epilogues): rank-2 products only.
     auto fusedDims = [](const Op &op, MM &d) {

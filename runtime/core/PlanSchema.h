@@ -102,7 +102,7 @@ inline constexpr OpSchema kOps[] = {
     {"gelu_grad", 2, 1, OpKind::Compute},
     {"softmax_grad", 2, 1, OpKind::Compute},
     {"bias_add", 2, 1, OpKind::Compute},
-    {"matmul", 2, 1, OpKind::Compute},
+    {"matmul", 2, 1, OpKind::Compute, 1},              // + an accumulator: acc + a b
     {"matmul_bias", 3, 1, OpKind::Compute, 0, 1},      // + the pre-activation (gelu)
     {"matmul_gelu_grad", 3, 1, OpKind::Compute, 0, 1}, // + the bias gradient
     {"matmul_bias_grad", 2, 2, OpKind::Compute},       // (d_weight, d_bias)

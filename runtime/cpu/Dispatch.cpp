@@ -194,8 +194,13 @@ const std::unordered_map<std::string, Exec> &table() {
     m["matmul"] = [](const Run &r) {
       MM d;
       FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
+      // acc + a b: the GEMM adds to the result, which starts as acc (in
+      // place when the plan put the result on it).
+      bool acc = r.op.inst.in.size() > 2;
+      if (acc && r.in(2) != r.out(0))
+        std::memmove(r.out(0), r.in(2), sizeof(float) * r.op.out(0).numel());
       matmul<float>(r.in(0), r.in(1), r.out(0), d.batch, d.m, d.n, d.k, r.op.b("transpose_lhs"),
-                    r.op.b("transpose_rhs"));
+                    r.op.b("transpose_rhs"), acc);
       return Status::ok();
     };
     // The fused matmuls run the GEMM, then the ops fsdp-fuse-epilogues

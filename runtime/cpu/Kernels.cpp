@@ -360,19 +360,19 @@ void gemmLd(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
               beta, c, ldc);
 }
 
-/// c = op(a) op(b), contiguous row-major operands.
+/// c = op(a) op(b) (+ c with accumulate), contiguous row-major operands.
 template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T *a,
-          const T *b, T *c) {
-  gemmLd(ta, tb, m, n, k, T(1), a, ta ? m : k, b, tb ? k : n, T(0), c, n);
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T *a, const T *b, T *c,
+          bool accumulate) {
+  gemmLd(ta, tb, m, n, k, T(1), a, ta ? m : k, b, tb ? k : n, T(accumulate ? 1 : 0), c, n);
 }
 } // namespace
 
 template <typename T>
-void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m, int64_t n,
-            int64_t k, bool transA, bool transB) {
+void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB, bool accumulate) {
   for (int64_t i = 0; i < batch; ++i)
-    gemm(transA, transB, m, n, k, a + i * m * k, b + i * k * n, c + i * m * n);
+    gemm(transA, transB, m, n, k, a + i * m * k, b + i * k * n, c + i * m * n, accumulate);
 }
 
 namespace {
@@ -1122,7 +1122,7 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
   template void softmaxGrad<T>(const T *, const T *, T *, int64_t, int64_t);                       \
   template void biasAdd<T>(const T *, const T *, T *, int64_t, int64_t);                           \
   template void matmul<T>(const T *, const T *, T *, int64_t, int64_t, int64_t, int64_t, bool,     \
-                          bool);                                                                   \
+                          bool, bool);                                                             \
   template void layerNorm<T>(const T *, const T *, const T *, T *, int64_t, int64_t, double);      \
   template void layerNormGrad<T>(const T *, const T *, const T *, T *, T *, T *, int64_t, int64_t, \
                                  double);                                                          \

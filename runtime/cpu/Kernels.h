@@ -71,10 +71,11 @@ template <typename T>
 void biasAdd(const T *x, const T *b, T *y, int64_t rows, int64_t cols);
 
 /// C[b] = op(A[b]) op(B[b]) for b < batch; A is [m,k] ([k,m] if transA),
-/// B is [k,n] ([n,k] if transB).
+/// B is [k,n] ([n,k] if transB). With `accumulate`, C[b] += the product
+/// (the BLAS's beta = 1).
 template <typename T>
-void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m,
-            int64_t n, int64_t k, bool transA, bool transB);
+void matmul(const T *a, const T *b, T *c, int64_t batch, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB, bool accumulate = false);
 
 template <typename T>
 void layerNorm(const T *x, const T *g, const T *b, T *y, int64_t rows,

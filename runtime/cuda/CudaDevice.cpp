@@ -931,7 +931,9 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
                ((inst.op == "cross_entropy_grad" || inst.op == "cross_entropy_fused") && i >= 2) ||
                    (inst.op == "cross_entropy" && i == 2) ||
                    (inst.op == "attention_grad" && i == 4) ||
-                   (inst.op == "attention_qkv_grad" && i == 2)))
+                   (inst.op == "attention_qkv_grad" && i == 2) ||
+                   // an f32 product's accumulator is f32 too
+                   (inst.op == "matmul" && i == 2 && productF32(plan, inst, 0))))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i) {
     // An f32 result of narrow operands (fsdp-fuse-epilogues' widened
@@ -1251,7 +1253,14 @@ Status CudaDevice::buildNativeMatmul(const Op &op, FloatKind t, uint8_t *base, i
   Gemm *g = gemm.get();
   const GemmType gt = gemmTypeOf(t, op.out(0));
   FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
-  out = [=](cudaStream_t s) { return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
+  // acc + a b: C starts as acc (copied unless the plan put C on it), beta = 1.
+  const void *acc = op.inst.in.size() > 2 ? r.v(2) : nullptr;
+  size_t bytes = (gt.out == FloatKind::F32 ? 4 : 2) * op.out(0).numel();
+  out = [=](cudaStream_t s) -> Status {
+    if (acc && acc != c)
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(c, acc, bytes, cudaMemcpyDeviceToDevice, s));
+    return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc != nullptr);
+  };
   return Status::ok();
 }
 
@@ -1670,7 +1679,14 @@ Status CudaDevice::buildMatmul(const Op &op, uint8_t *base, int64_t rank, Launch
   float *c = r.out(0);
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
   Gemm *g = gemm.get();
-  out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s); };
+  // acc + a b: C starts as acc (copied unless the plan put C on it), beta = 1.
+  const float *acc = op.inst.in.size() > 2 ? r.in(2) : nullptr;
+  size_t bytes = sizeof(float) * op.out(0).numel();
+  out = [=](cudaStream_t s) -> Status {
+    if (acc && acc != c)
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(c, acc, bytes, cudaMemcpyDeviceToDevice, s));
+    return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc != nullptr);
+  };
   return Status::ok();
 }
 

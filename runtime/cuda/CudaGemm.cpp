@@ -327,9 +327,9 @@ Status Gemm::pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results
   return Status::ok();
 }
 
-Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_t m,
-                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
-  return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s);
+Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
+                 int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
+  return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s, accumulate);
 }
 
 Gemm::Key Gemm::key(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
@@ -428,20 +428,21 @@ Status Gemm::warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bo
 }
 
 Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
-                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
+                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return Status::ok();
-  if (k == 0) // an empty contraction: C = 0, as cpu::matmul
-    return cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t.out) * batch * m * n, s),
-                      "cudaMemsetAsync", __FILE__, __LINE__);
+  if (k == 0) // an empty contraction: C = 0 (C += 0), as cpu::matmul
+    return accumulate ? Status::ok()
+                      : cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t.out) * batch * m * n, s),
+                                   "cudaMemsetAsync", __FILE__, __LINE__);
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
   if (need && need <= stageBytes_)
-    return runStaged(t, a, b, c, m, n, k, transA, transB, s);
+    return runStaged(t, a, b, c, m, n, k, transA, transB, s, accumulate);
   Plan *p;
   FSDP_RETURN_IF_ERROR(plan(key(t, batch, m, n, k, transA, transB, a, b, c), p));
-  float alpha = 1.f, beta = 0.f;
+  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
                                    b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
                                    ws_, wsBytes_, s));
@@ -466,8 +467,8 @@ void Gemm::stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool tra
     c = next;
 }
 
-Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m,
-                       int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s) {
+Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
+                       int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
   Operands o = operands(m, n, k, transA, transB);
   // Where each operand is read and C written (stagedPointers, as warm()
   // planned it); a misaligned operand is first copied there, its rows padded.
@@ -480,11 +481,15 @@ Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_
       FSDP_CUDA_CHECK(cudaMemcpy2DAsync(const_cast<void *>(dst), (size_t)padded(ld) * 2, src,
                                         (size_t)ld * 2, (size_t)ld * 2, (size_t)rows,
                                         cudaMemcpyDeviceToDevice, s));
+  // Accumulating into a staged C: its rows are copied in first.
+  if (accumulate && sc != c)
+    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(sc, (size_t)padded(n) * 2, c, (size_t)n * 2, (size_t)n * 2,
+                                      (size_t)m, cudaMemcpyDeviceToDevice, s));
   // Every ld is a multiple of 8 now: the padded plan (its lds are the
   // padded row lengths, those of aligned operands unchanged).
   Plan *p;
   FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, sa, sb, sc, {}, true), p));
-  float alpha = 1.f, beta = 0.f;
+  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
                                    sb, p->la, sa, p->lb, &beta, sc, p->lc, sc, p->lc, &p->algo,
                                    ws_, wsBytes_, s));

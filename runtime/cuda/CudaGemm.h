@@ -121,11 +121,12 @@ public:
   int tunedEpilogue() const { return tunedEpilogue_; }
   int tunedChanged() const { return tunedChanged_; }
 
+  /// C = op(A) op(B), or with `accumulate` C += op(A) op(B) (beta = 1).
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
-             int64_t k, bool transA, bool transB, cudaStream_t s);
+             int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate = false);
   /// The same on operands and result of types `t` (f32 accumulation).
-  Status run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
-             int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s);
+  Status run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m, int64_t n,
+             int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate = false);
   /// The same with an epilogue (batch 1). An error when cuBLASLt has no
   /// algorithm for it; warmEpilogue tells beforehand.
   Status run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
@@ -170,7 +171,7 @@ private:
                       const void *&a, const void *&b, void *&c) const;
   /// run() through staging (stagingNeed > 0, reserved): batch 1.
   Status runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
-                   int64_t k, bool transA, bool transB, cudaStream_t s);
+                   int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate);
 
   void *handle_ = nullptr; // cublasLtHandle_t
   void *ws_ = nullptr;

@@ -215,6 +215,8 @@ PLAN_CASES = [
     ("kv_heads 3 of 4 heads", "llama", setter(lambda p: first(p, "attention")["attrs"].update(kv_heads=3)), "expected kv_heads to divide heads = 4"),
     ("kv_heads dropped", "llama", setter(lambda p: first(p, "attention_grad")["attrs"].pop("kv_heads")), "expected k of shape"),
     ("attention_grad without y and lse (an older plan)", "llama", setter(lambda p: first(p, "attention_grad").update(**{"in": first(p, "attention_grad")["in"][:3] + first(p, "attention_grad")["in"][5:]})), "attention_grad: expected 6 inputs and 3 outputs, found 4"),
+    ("matmul accumulator of the wrong shape", "mlp", setter(lambda p: first(p, "matmul")["in"].append(first(p, "matmul")["in"][0])), "matmul: expected an accumulator of shape"),
+    ("matmul with four inputs", "mlp", setter(lambda p: first(p, "matmul")["in"].extend(first(p, "matmul")["out"] * 2)), "matmul"),
     ("matmul_bias pre-activation without gelu", "gpt", setter(lambda p: next(i for i in p["program"] if i["op"] == "matmul_bias" and len(i["out"]) == 2)["attrs"].pop("gelu")), "a pre-activation output needs the gelu attribute"),
     ("matmul_gelu_grad bias gradient of the wrong shape", "gpt", setter(lambda p: first(p, "matmul_gelu_grad")["out"].__setitem__(1, first(p, "matmul_gelu_grad")["out"][0])), "matmul_gelu_grad: expected a bias gradient of shape"),
     ("matmul_bias_grad without transpose_lhs", "gpt", setter(lambda p: first(p, "matmul_bias_grad")["attrs"].pop("transpose_lhs")), "matmul_bias_grad: expected transpose_lhs and not transpose_rhs"),

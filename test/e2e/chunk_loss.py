@@ -16,12 +16,12 @@ usage: chunk_loss.py BIN_DIR
     chunk's rows (the counts of --chunks, auto's rule).
 (c) Memory, on a GPT whose logits dominate (vocabulary 4096, 512 rows a
     step): the planned peak with K chunks is at most the unchunked one
-    less the logits rows no longer held, (M - m) V 4 bytes, plus what the
-    chunks add (a weight-gradient term, V C 4, and the input gradient's
-    rows before their concat, M C 4); measured == planned. A smaller peak
-    for more chunks down to auto's. The same bound for a Llama's untied
-    head (its weight gradient summed in place inside the unit's packed
-    gradient).
+    less the logits rows no longer held, (M - m) V 4 bytes, plus the input
+    gradient's rows before their concat (M C 4): each chunk's weight-
+    gradient term is a GEMM accumulating into the sum in place (matmul
+    acc; a term of its own would add V C 4); measured == planned. A
+    smaller peak for more chunks down to auto's. The same bound for a
+    Llama's untied head, whose sum is in the unit's packed gradient.
 (d) Refusals: loss-chunks=0 or a word, a count on a model without a
     cross-entropy head; auto there compiles unchanged.
 """
@@ -115,7 +115,7 @@ def main():
         for k in ("2", "8", "auto"):
             chunks = peak[k][1]
             m = -(-M // chunks)
-            bound = base - (M - m) * V * 4 + V * C * 4 + M * C * 4
+            bound = base - (M - m) * V * 4 + M * C * 4
             report(peak[k][0] <= bound,
                    f"(c) loss-chunks={k} ({chunks} chunks of {m} rows): peak {base} -> "
                    f"{peak[k][0]} bytes (at most {bound})")
@@ -129,10 +129,12 @@ def main():
             chunks = len(fused(plan))
             lbase = lbase or plan["arena_bytes"]
             m = -(-M // chunks)
-            bound = lbase - (M - m) * V * 4 + V * C * 4 + M * C * 4
+            bound = lbase - (M - m) * V * 4 + M * C * 4
             packs = {i["out"][0] for i in plan["program"] if i["op"] == "pack"}
+            # acc += dl^T h: a matmul with an accumulator (fsdp-fuse-epilogues)
             sums = [plan["buffers"][i["out"][0]] for i in plan["program"]
-                    if i["op"] == "add" and plan["buffers"][i["out"][0]]["shape"] == [V, C]]
+                    if i["op"] == "matmul" and len(i["in"]) == 3 and
+                    plan["buffers"][i["out"][0]]["shape"] == [V, C]]
             placed = all(b.get("alias_of") in packs for b in sums)
             report(arenas_measured_as_planned(s, plan) and plan["arena_bytes"] <= bound and
                    len(sums) == chunks - 1 and placed,

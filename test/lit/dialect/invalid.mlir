@@ -113,6 +113,21 @@ func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>) {
 }
 
 // -----
+// An accumulator has the result's type, and rank-2 products only.
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>, %c: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected acc of the result's type 'tensor<4x4xf32>', found 'tensor<4x8xf32>'}}
+  %0 = fsdp.matmul %a, %b acc %c : (tensor<4x8xf32>, tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+  return
+}
+
+// -----
+func.func @f(%a: tensor<2x4x8xf32>, %b: tensor<2x8x4xf32>, %c: tensor<2x4x4xf32>) {
+  // expected-error @+1 {{accumulates (acc) only rank-2 products, found rank 3}}
+  %0 = fsdp.matmul %a, %b acc %c : (tensor<2x4x8xf32>, tensor<2x8x4xf32>, tensor<2x4x4xf32>) -> tensor<2x4x4xf32>
+  return
+}
+
+// -----
 func.func @f(%a: tensor<4x8xbf16>, %b: tensor<8x4xbf16>) {
   // expected-error @+1 {{expected result of type 'tensor<4x4xbf16>', found 'tensor<4x4xf16>'}}
   %0 = fsdp.matmul %a, %b : (tensor<4x8xbf16>, tensor<8x4xbf16>) -> tensor<4x4xf16>

@@ -70,6 +70,9 @@ func.func @structure(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %m: tensor
                      %t: tensor<256x64xf32>, %ids: tensor<2x16xi32>, %xt: tensor<2x64x16xf32>) {
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
   %0 = fsdp.matmul %m, %w transpose_rhs : (tensor<32x64xf32>, tensor<128x64xf32>) -> tensor<32x128xf32>
+  // CHECK: fsdp.matmul %{{.+}}, %{{.+}} acc %{{.+}} transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %acc = fsdp.matmul %m, %0 transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>) -> tensor<64x128xf32>
+  %acc2 = fsdp.matmul %m, %0 acc %acc transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
   %1 = fsdp.matmul %x, %x transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs transpose_rhs

@@ -85,3 +85,16 @@ func.func @model(%x: tensor<2x4xbf16>, %t: tensor<2x4xf32>) -> tensor<f32> attri
   %l = fsdp.mse_loss %y, %t : tensor<2x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// The accumulating matmul (acc) is fsdp-fuse-epilogues': autodiff has no
+// rule for it.
+fsdp.param @w : tensor<4x8xf32> init("normal", 0.02)
+func.func @model(%x: tensor<6x4xf32> {fsdp.role = "input"}, %y: tensor<6xi32> {fsdp.role = "target"}, %a: tensor<6x8xf32> {fsdp.role = "input"}) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<4x8xf32>
+  // expected-error @+1 {{has no differentiation rule with an accumulator}}
+  %p = fsdp.matmul %x, %w acc %a : (tensor<6x4xf32>, tensor<4x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+  %loss = fsdp.cross_entropy %p, %y : (tensor<6x8xf32>, tensor<6xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}

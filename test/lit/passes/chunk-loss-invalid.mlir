@@ -44,3 +44,4 @@ func.func @model(%x: tensor<6x8xf32> {fsdp.role = "input"}, %y: tensor<6xi32> {f
   %loss = fsdp.cross_entropy %l, %y : (tensor<6x8xf32>, tensor<6xi32>) -> tensor<f32>
   return %loss : tensor<f32>
 }
+

@@ -4,6 +4,7 @@
 // RUN: fsdp-opt %s --split-input-file -fsdp-autodiff -fsdp-chunk-loss=chunks=auto | FileCheck %s --check-prefix=AUTO
 // RUN: fsdp-opt %s --split-input-file -fsdp-autodiff -fsdp-chunk-loss | FileCheck %s --check-prefix=OFF
 // RUN: fsdp-opt %s --split-input-file --fsdp-pipeline="loss-chunks=2 report=false" | FileCheck %s --check-prefix=PIPE
+// RUN: fsdp-opt %s --split-input-file --fsdp-pipeline="loss-chunks=2 report=false fuse-epilogues=false" | FileCheck %s --check-prefix=UNFUSED
 // RUN: not fsdp-opt %s --split-input-file -fsdp-autodiff -fsdp-chunk-loss=chunks=0 2>&1 | FileCheck %s --check-prefix=BADN
 // RUN: not fsdp-opt %s --split-input-file -fsdp-autodiff -fsdp-chunk-loss=chunks=two 2>&1 | FileCheck %s --check-prefix=BADS
 // RUN: not fsdp-opt %s --split-input-file -fsdp-chunk-loss=chunks=2 2>&1 | FileCheck %s --check-prefix=NOSTEP
@@ -97,9 +98,20 @@ fsdp.param @wte : tensor<256x16xf32> init("normal", 0.02)
 // read after its gradient); the model function (evaluation) is unchunked.
 // PIPE-LABEL: func.func @model
 // PIPE: fsdp.cross_entropy %{{.+}} : (tensor<2x4x256xf32>, tensor<2x4xi32>)
+// The second chunk's weight-gradient term is a GEMM accumulating into the
+// first's (acc), in place: the same offset, no buffer for the term.
+// Unfused, the term has a buffer of its own and an add writes the sum in
+// place.
 // PIPE-LABEL: func.func @train_step
-// PIPE-COUNT-2: fsdp.cross_entropy_fused %{{.+}} : tensor<4x256xf32>, tensor<4xi32>
+// PIPE: fsdp.cross_entropy_fused %{{.+}} : tensor<4x256xf32>, tensor<4xi32>
+// PIPE: %[[T0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[AT:[0-9]+]]>} : (tensor<4x256xf32>, tensor<4x16xf32>) -> tensor<256x16xf32>
+// PIPE: fsdp.cross_entropy_fused %{{.+}} : tensor<4x256xf32>, tensor<4xi32>
+// PIPE: fsdp.matmul %{{.+}}, %{{.+}} acc %[[T0]] transpose_lhs {fsdp.chunk_accum, fsdp.offsets = array<i64: [[AT]]>} : (tensor<4x256xf32>, tensor<4x16xf32>, tensor<256x16xf32>) -> tensor<256x16xf32>
 // PIPE-NOT: fsdp.cross_entropy_fused
+// UNFUSED-LABEL: func.func @train_step
+// UNFUSED: %[[T0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[AT:[0-9]+]]>}
+// UNFUSED: %[[T1:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[AT1:[0-9]+]]>}
+// UNFUSED: fsdp.add %[[T0]], %[[T1]] {fsdp.chunk_accum, fsdp.offsets = array<i64: [[AT]]>}
 func.func @model(%ids: tensor<2x4xi32> {fsdp.role = "input"}, %y: tensor<2x4xi32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
   %e = fsdp.get_param @wte : tensor<256x16xf32>
   %x = fsdp.embedding %e, %ids : (tensor<256x16xf32>, tensor<2x4xi32>) -> tensor<2x4x16xf32>
