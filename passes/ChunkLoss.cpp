@@ -24,8 +24,9 @@
 // views are aliases (no copies of %h or %y); the input-gradient rows are
 // concatenated (an [M, C] copy: C << V); the weight-gradient terms are
 // summed in place, in f32 for bf16 / f16 operands (fsdp-fuse-epilogues then
-// makes each term's matmul write f32), then cast back where the unchunked
-// gradient was narrower (or replace its cast to f32).
+// makes each term's matmul write f32 and accumulate into the sum: a GEMM
+// with beta = 1, no buffer for the term), then cast back where the
+// unchunked gradient was narrower (or replace its cast to f32).
 //
 // Losses and seeds. With a normalizer (ignore_index: the loss is the kept
 // sum over the step's count) each chunk's loss is its kept sum over that
@@ -157,8 +158,9 @@ struct ChunkLossPass : mlir::fsdp::impl::FsdpChunkLossBase<ChunkLossPass> {
     }
     // auto: the fewest rows, a power of two, whose [rows, V] logits take
     // at least the f32 weight gradient's [V, C] bytes (4 C / logit bytes
-    // rows). Smaller chunks would save less than the accumulator every
-    // chunk already holds, and pass over it (V x C) once more each.
+    // rows). Each chunk's weight-gradient GEMM reads and writes the [V, C]
+    // f32 sum: smaller chunks would move more bytes of it than of their
+    // own logits.
     int64_t want = (4 * h.width + h.logitBytes - 1) / h.logitBytes;
     int64_t p = 1;
     while (p < want)

@@ -328,9 +328,11 @@ def FsdpChunkLoss : Pass<"fsdp-chunk-loss", "::mlir::ModuleOp"> {
     positive count (1: off; at most one chunk per row) or `auto`: the
     fewest rows, a power of two, whose [rows, V] logits take at least the
     f32 weight gradient's [V, C] bytes (4 C / logit bytes rows; 2048 for
-    GPT-2 in bf16). Smaller chunks would save less than the accumulator
-    every chunk holds and pass over it once more each (Liger's rule, logits
-    the size of the head's input, makes 4x more passes over it for GPT-2).
+    GPT-2 in bf16). Every chunk's weight-gradient GEMM reads and writes
+    the f32 sum (fsdp-fuse-epilogues makes it accumulate in place): with
+    smaller chunks that traffic would outgrow the chunk's own logits'
+    (Liger's rule, logits the size of the head's input, passes over the
+    sum 4x as often for GPT-2).
     A count > 1 on a step without such a head is an error; auto leaves a
     step without one alone.
 
