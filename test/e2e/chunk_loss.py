@@ -24,6 +24,9 @@ usage: chunk_loss.py BIN_DIR
     Llama's untied head, whose sum is in the unit's packed gradient.
 (d) Refusals: loss-chunks=0 or a word, a count on a model without a
     cross-entropy head; auto there compiles unchanged.
+(e) Evaluation (--eval-every: the slice of the step the loss depends on)
+    with 3 chunks: validation losses within 1e-5 of 1 chunk's, and the
+    training losses bitwise those of a run without evaluations.
 """
 import json
 import os
@@ -101,6 +104,25 @@ def main():
                 got = [plans[3]["buffers"][x["in"][0]]["shape"][0] for x in plans[3]["program"]
                        if x["op"] == "cross_entropy_grad"]
             report(got == want * micro, f"(b) n={n} {pipeline}: cross-entropies over rows {got}")
+
+        # --- (e) evaluation: the loss's slice of the chunked step. ------------
+        evals, trained = {}, {}
+        for k in (1, 3):
+            path, _ = compile_("gpt", f"e-{k}", 2, f"optimizer=adamw stage=3 loss-chunks={k}")
+            out = subprocess.run([os.path.join(bindir, "fsdp-run"), path, "--json", "--nproc",
+                                  "2", "--steps", "4", "--lr", "3e-3", "--threads", "1",
+                                  "--eval-every", "2"], capture_output=True, text=True,
+                                 check=True).stdout
+            rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+            evals[k] = [r["val_loss"] for r in rows if r.get("eval")]
+            trained[k] = [r["loss"] for r in rows if "loss" in r and not r.get("eval")]
+        plain, _ = run_json(bindir, compile_("gpt", "e-3", 2, "optimizer=adamw stage=3 "
+                                             "loss-chunks=3")[0], 2, "--steps", "4", "--lr",
+                            "3e-3", "--threads", "1")
+        worst = max(abs(a - b) / abs(b) for a, b in zip(evals[3], evals[1]))
+        report(len(evals[3]) == len(evals[1]) == 3 and worst <= 1e-5 and trained[3] == plain,
+               f"(e) --eval-every 2 with 3 chunks: validation losses within {worst:.2g} of 1 "
+               "chunk's, training bitwise training without evaluations")
 
         # --- (c) memory on a vocabulary-dominated GPT. ------------------------
         M, V, C = 8 * 64, 4096, 32
