@@ -855,6 +855,68 @@ TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
   }
 }
 
+TEST_F(CudaFastKernelsTest, GemmAccumulatesIntoItsResult) {
+  // matmul's accumulator (fsdp-chunk-loss's weight-gradient sum, fused by
+  // fsdp-fuse-epilogues): C += op(A) op(B), cuBLASLt's beta = 1, for a bf16
+  // product and an f32 product of bf16 operands; staged (odd row lengths:
+  // C is copied into the padded staging before the GEMM adds to it) and
+  // not. Against the CPU's sgemm with beta = 1.
+  for (bool staged : {false, true}) {
+    gpu::Gemm gemm;
+    ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
+    if (staged) {
+      ASSERT_TRUE(gemm.reserveStaging(1 << 20).isOk());
+    }
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 48, 80},
+                           {37, 61, 53}, // every row length odd: A, B and C staged
+                           {256, 64, 32}})
+      for (bool ta : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                     (ta ? " transpose_lhs" : "") + (staged ? " staged" : ""));
+        Bf16Vec a(randomVec(m * k, 21)), b(randomVec(k * n, 22)), c0(randomVec(m * n, 23));
+        std::vector<float> aa(a.wide.size()), ab(b.wide.size());
+        for (size_t i = 0; i < aa.size(); ++i)
+          aa[i] = std::fabs(a.wide[i]);
+        for (size_t i = 0; i < ab.size(); ++i)
+          ab[i] = std::fabs(b.wide[i]);
+        std::vector<float> want = c0.wide, mag(m * n, 0.f);
+        cpu::matmul(a.wide.data(), b.wide.data(), want.data(), 1, m, n, k, ta, false, true);
+        cpu::matmul(aa.data(), ab.data(), mag.data(), 1, m, n, k, ta, false);
+        // The product's bound (Bf16GemmWithinTheTensorCoreBound), then the
+        // sum's rounding: u |c0 + ab| each side.
+        std::vector<double> delta(mag.size());
+        for (size_t i = 0; i < mag.size(); ++i)
+          delta[i] = (k * std::ldexp(1.0, -22) + k * kU) * mag[i] +
+                     2 * kU * (std::fabs(c0.wide[i]) + mag[i]);
+        Dev<uint16_t> da(a.bits), db(b.bits), dc(c0.bits);
+        ASSERT_TRUE(
+            gemm.warm(FloatKind::BF16, 1, m, n, k, ta, false, da.get(), db.get(), dc.get()).isOk());
+        auto st = gemm.run(FloatKind::BF16, da.get(), db.get(), dc.get(), 1, m, n, k, ta, false, 0,
+                           /*accumulate=*/true);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        expectBf16Near(dc.host(), want, delta, "bf16 c += a b");
+        gpu::GemmType wide(FloatKind::BF16, FloatKind::F32);
+        Dev<float> fc(c0.wide);
+        st = gemm.run(wide, da.get(), db.get(), fc.get(), 1, m, n, k, ta, false, 0, true);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        expectF32Near(fc.host(), want, 0, delta, "f32 c += bf16 a b");
+        // Without accumulate the same GEMM overwrites C.
+        std::vector<float> product(m * n);
+        cpu::matmul(a.wide.data(), b.wide.data(), product.data(), 1, m, n, k, ta, false);
+        st = gemm.run(wide, da.get(), db.get(), fc.get(), 1, m, n, k, ta, false, 0);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        expectF32Near(fc.host(), product, 0, delta, "f32 c = bf16 a b");
+      }
+    // An empty contraction adds nothing (and without accumulate zeroes C).
+    Dev<float> keep(std::vector<float>{1.f, -2.f, 3.f, 4.f});
+    Dev<uint16_t> none(1);
+    ASSERT_TRUE(gemm.run(gpu::GemmType(FloatKind::BF16, FloatKind::F32), none.get(), none.get(),
+                         keep.get(), 1, 2, 2, 0, false, false, 0, true)
+                    .isOk());
+    EXPECT_EQ(keep.host(), (std::vector<float>{1.f, -2.f, 3.f, 4.f}));
+  }
+}
+
 TEST_F(CudaFastKernelsTest, TunedGemmsWithinTheTensorCoreBound) {
   // FSDP_CUDA_GEMM_TUNE: warm() times the heuristic's candidates on the
   // operands and keeps the fastest; any of them computes the same product
