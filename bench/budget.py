@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,25 @@ def simulate(bindir, model, pipeline):
     exp = float(re.search(r"exposed communication\s+[0-9.]+ ms\s+([0-9.]+)%", r.stderr).group(1))
     peak = int(re.search(r"peak per rank\s+([0-9]+)", r.stderr).group(1))
     return step, exp, peak
+
+
+def alternated(bindir, plans, rounds, steps, nproc=2):
+    """Runs every plan of {name: path} on nproc CPU ranks (one thread a
+    rank) `rounds` times, alternating them, each for `steps` steps: {name:
+    the median step (ms, after the first two) of each round}, and {name:
+    fsdp-run's summary row of its last run}."""
+    times = {k: [] for k in plans}
+    summary = {}
+    for _ in range(rounds):
+        for k, plan in plans.items():
+            out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--json", "--nproc",
+                                  str(nproc), "--threads", "1", "--steps", str(steps)],
+                                 capture_output=True, text=True, check=True).stdout
+            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            times[k].append(statistics.median([r["ms"] for r in rows
+                                               if "step" in r and "ms" in r][2:]))
+            summary[k] = [r for r in rows if r.get("summary")][0]
+    return times, summary
 
 
 def main():

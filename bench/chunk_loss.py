@@ -25,7 +25,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from budget import GEN, ROOT, gib, simulate  # noqa: E402
+from budget import GEN, ROOT, alternated, gib, simulate  # noqa: E402
 
 SHAPES = [
     ("GPT-2 124M, B=32 T=1024, 1 rank", "gpt",
@@ -72,17 +72,7 @@ def measured(a, tmp):
         subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
                         f"--fsdp-pipeline=world-size=2 stage=3 optimizer=adamw loss-chunks={k} "
                         f"plan={plans[k]} report=false"], check=True)
-    times = {k: [] for k in plans}
-    summary = {}
-    for _ in range(a.rounds):
-        for k in plans:
-            out = subprocess.run([os.path.join(a.bin, "fsdp-run"), plans[k], "--json",
-                                  "--nproc", "2", "--threads", "1", "--steps", str(a.steps)],
-                                 capture_output=True, text=True, check=True).stdout
-            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            times[k].append(statistics.median([r["ms"] for r in rows
-                                               if "step" in r and "ms" in r][2:]))
-            summary[k] = [r for r in rows if r.get("summary")][0]
+    times, summary = alternated(a.bin, plans, a.rounds, a.steps)
     print("\n| loss-chunks | median step ms per round | vs 1 (median) | arena measured "
           "(planned) | vs 1 |")
     print("|---|---|---|---|---|")

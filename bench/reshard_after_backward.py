@@ -23,7 +23,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from budget import GEN, MODELS, ROOT, gib, model_file, simulate  # noqa: E402
+from budget import GEN, MODELS, ROOT, alternated, gib, model_file, simulate  # noqa: E402
 
 SHAPES = [("gpt2", 8, 4), ("gpt2", 64, 8), ("1.3b", 64, 8), ("7b", 64, 8)]
 
@@ -64,17 +64,7 @@ def measured(a, tmp):
                         f"--fsdp-pipeline=world-size=2 optimizer=adamw stage=3 grad-accum=4 "
                         f"reshard-after-backward={rab} plan={plans[rab]} report=false"],
                        check=True)
-    times = {r: [] for r in plans}
-    summary = {}
-    for _ in range(a.rounds):
-        for rab in plans:
-            out = subprocess.run([os.path.join(a.bin, "fsdp-run"), plans[rab], "--json",
-                                  "--nproc", "2", "--threads", "1", "--steps", str(a.steps)],
-                                 capture_output=True, text=True, check=True).stdout
-            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            times[rab].append(statistics.median([r["ms"] for r in rows
-                                                 if "step" in r and "ms" in r][2:]))
-            summary[rab] = [r for r in rows if r.get("summary")][0]
+    times, summary = alternated(a.bin, plans, a.rounds, a.steps)
     print("\n| reshard-after-backward | median step ms per round | vs true (median) | "
           "bytes a step | arena measured (planned) |")
     print("|---|---|---|---|---|")
