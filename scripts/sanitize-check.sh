@@ -164,5 +164,10 @@ echo "sanitizer bad-input table: $(grep -oE '^[0-9]+ bad inputs, [0-9]+ rejected
 python3 test/e2e/checkpoint.py build-asan/bin "$W/ckpt" "$OPT" >"$W/ckpt.log" 2>&1 ||
   { cat "$W/ckpt.log" >&2; fail "checkpoint checks failed under the sanitizers"; }
 echo "sanitizer checkpoints: $(tail -n 1 "$W/ckpt.log")"
+# Checkpoints written by a second thread while training runs
+# (test/e2e/async_save.py: the snapshot, the writer, rank 0's wait).
+python3 test/e2e/async_save.py build-asan/bin "$W/async" "$OPT" >"$W/async.log" 2>&1 ||
+  { cat "$W/async.log" >&2; fail "async-save checks failed under the sanitizers"; }
+echo "sanitizer async checkpoints: $(tail -n 1 "$W/async.log")"
 echo "sanitizer end-to-end: $(( $(date +%s) - t0 )) s"
 echo "sanitize-check: ok, no sanitizer reports ($(( $(date +%s) - start )) s in all)"

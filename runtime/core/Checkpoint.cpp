@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include <thread>
 
 namespace fsdp {
 
@@ -145,41 +147,66 @@ Status commit(const std::string &path, const json &index, int64_t step) {
 
 } // namespace
 
-Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
-                      Executor &ex, Communicator &comm,
-                      const TrainingPosition &position) {
-  std::string path = dir + "/" + stepDirName(position.step);
+namespace {
+
+/// Save, step 1 (every rank): rank 0 replaces a leftover of a save that died
+/// (no COMMIT) with an empty directory; the barrier after it lets every
+/// rank write into it.
+Status prepareStepDir(const std::string &path, Communicator &comm) {
   if (comm.rank() == 0) {
-    // A leftover of a save that died (no COMMIT) is replaced.
     std::error_code ec;
     if (fs::exists(path, ec) && !fs::exists(path + "/" + kCommitFile, ec))
       fs::remove_all(path, ec);
     FSDP_RETURN_IF_ERROR(makeDirs(path));
   }
-  // Every rank needs the directory before writing into it.
-  FSDP_RETURN_IF_ERROR(comm.barrier());
-  TensorMap mine;
+  return comm.barrier();
+}
+
+/// Save, step 2: this rank's saved buffers, copied to host memory (into
+/// `mine`'s tensors where an earlier snapshot left them: no allocation, no
+/// page faults the second time).
+Status snapshot(const Plan &plan, Executor &ex, TensorMap &mine) {
   for (int64_t id : savedBuffers(plan)) {
     const Buffer &b = plan.buffers[id];
-    Tensor t;
+    Tensor &t = mine[tensorName(b)];
     t.dtype = b.dtype;
     t.shape = b.shape;
     t.data.resize(b.bytes);
     FSDP_RETURN_IF_ERROR(ex.readBuffer(id, t.data.data()));
-    mine[tensorName(b)] = std::move(t);
   }
-  FSDP_RETURN_IF_ERROR(writeSafeTensors(
-      path + "/" + rankFileName(comm.rank(), comm.size()), mine,
-      {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(position.step)}}));
-  maybeDieDuringSave(comm.rank(), position.step);
-  // [Note: commit] Every rank's file is renamed into place (and fsynced)
-  // before the barrier; only then does rank 0 write the index and COMMIT.
-  FSDP_RETURN_IF_ERROR(comm.barrier());
-  if (comm.rank() != 0)
-    return Status::ok();
-  FSDP_RETURN_IF_ERROR(commit(path, makeIndex(plan, position), position.step));
-  // Retention: the newest `keep` committed checkpoints stay; older ones and
-  // uncommitted leftovers older than this one go.
+  return Status::ok();
+}
+
+/// Fault injection for the asynchronous-save test: FSDP_FAULT_SLOW_SAVE_MS=t
+/// delays every rank's file by t ms, so that the steps after the save run
+/// while it is written (the snapshot must not change under them).
+void maybeSlowSave() {
+  if (const char *t = std::getenv("FSDP_FAULT_SLOW_SAVE_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(t)));
+}
+
+/// Fault injection for the failed-background-write test:
+/// FSDP_FAULT_SAVE_ERROR_RANK=r makes rank r's asynchronous writes fail.
+bool injectedSaveFailure(int64_t rank) {
+  const char *r = std::getenv("FSDP_FAULT_SAVE_ERROR_RANK");
+  return r && std::atoll(r) == rank;
+}
+
+/// Save, step 3: this rank's file, durable when this returns (fsync, rename,
+/// fsync of the directory).
+Status writeRankFile(const std::string &path, int64_t rank, int64_t world, int64_t step,
+                     const TensorMap &mine) {
+  maybeSlowSave();
+  return writeSafeTensors(path + "/" + rankFileName(rank, world), mine,
+                          {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(step)}});
+}
+
+/// Save, step 4 (rank 0, once every rank's file is durable): the index and
+/// COMMIT, then retention: the newest `keep` committed checkpoints stay;
+/// older ones and uncommitted leftovers older than this one go.
+Status commitAndRetain(const std::string &dir, const std::string &path, int64_t keep,
+                       const json &index, int64_t step) {
+  FSDP_RETURN_IF_ERROR(commit(path, index, step));
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto &e : fs::directory_iterator(dir, ec)) {
@@ -189,7 +216,7 @@ Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
     if (!e.is_directory() || std::sscanf(name.c_str(), "step-%lld%c", &s, &tail) != 1)
       continue;
     bool committed = fs::exists(e.path() / kCommitFile);
-    if (!committed && s < position.step)
+    if (!committed && s < step)
       fs::remove_all(e.path(), ec);
     else if (committed)
       found.push_back({s, e.path().string()});
@@ -199,6 +226,138 @@ Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
     for (size_t i = (size_t)keep; i < found.size(); ++i)
       fs::remove_all(found[i].second, ec);
   return Status::ok();
+}
+
+/// The marker a rank whose background write failed leaves beside its file,
+/// holding the error: rank 0 stops waiting for that file and reports it.
+std::string failedMarker(const std::string &rankFile) { return rankFile + ".failed"; }
+
+} // namespace
+
+Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan, Executor &ex,
+                      Communicator &comm, const TrainingPosition &position) {
+  std::string path = dir + "/" + stepDirName(position.step);
+  FSDP_RETURN_IF_ERROR(prepareStepDir(path, comm));
+  TensorMap mine;
+  FSDP_RETURN_IF_ERROR(snapshot(plan, ex, mine));
+  FSDP_RETURN_IF_ERROR(writeRankFile(path, comm.rank(), comm.size(), position.step, mine));
+  maybeDieDuringSave(comm.rank(), position.step);
+  // [Note: commit] Every rank's file is renamed into place (and fsynced)
+  // before the barrier; only then does rank 0 write the index and COMMIT.
+  FSDP_RETURN_IF_ERROR(comm.barrier());
+  if (comm.rank() != 0)
+    return Status::ok();
+  return commitAndRetain(dir, path, keep, makeIndex(plan, position), position.step);
+}
+
+// [Note: async save] AsyncCheckpointer::save blocks the training thread
+// only for what must see the state of this step: the directory and its
+// barrier, and the snapshot of this rank's buffers into host memory. A
+// thread then writes the rank's file (as saveCheckpoint does), and on rank
+// 0 waits for every rank's file to be durable before the index and COMMIT.
+// That wait cannot be a barrier: the training thread owns the communicator
+// and every collective must be issued in the same order on every rank
+// (Comm.h), so a second thread's barrier would interleave with the step's
+// collectives differently on each rank. The ranks meet in the checkpoint's
+// directory instead, which they already share (rank 0 writes the index of
+// every rank's file there): a rank's file appears under its name only by a
+// rename after fsync, so its presence means it is durable, and a rank whose
+// write failed leaves `<file>.failed` with the error, which rank 0 reports.
+// One save is in flight at a time: the next save (and finish, at the end
+// of training) first waits for the one before. A rank that dies mid-save
+// leaves no COMMIT (rank 0 waits; the launcher stops the job, or the
+// training thread's next collective fails and the wait is cancelled), so
+// the previous checkpoint stays the newest complete one, as with a
+// synchronous save.
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = true;
+  }
+  wake.notify_all();
+  if (worker.joinable())
+    worker.join();
+}
+
+Status AsyncCheckpointer::join() {
+  if (worker.joinable())
+    worker.join();
+  Status st = std::move(result);
+  result = Status::ok();
+  return st;
+}
+
+Status AsyncCheckpointer::save(const std::string &dir, int64_t keep, const Plan &plan, Executor &ex,
+                               Communicator &comm, const TrainingPosition &position) {
+  auto t = std::chrono::steady_clock::now();
+  FSDP_RETURN_IF_ERROR(join());
+  waitMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  std::string path = dir + "/" + stepDirName(position.step);
+  FSDP_RETURN_IF_ERROR(prepareStepDir(path, comm));
+  // The staging copy stays allocated for the run (as DCP's cached staging
+  // does): the thread below is done with it (joined above).
+  FSDP_RETURN_IF_ERROR(snapshot(plan, ex, staging));
+  int64_t rank = comm.rank(), world = comm.size(), step = position.step;
+  json index = rank == 0 ? makeIndex(plan, position) : json();
+  worker = std::thread([this, dir, path, keep, rank, world, step, index = std::move(index)] {
+    result = writeInBackground(dir, path, keep, rank, world, step, index, staging);
+  });
+  return Status::ok();
+}
+
+Status AsyncCheckpointer::writeInBackground(const std::string &dir, const std::string &path,
+                                            int64_t keep, int64_t rank, int64_t world, int64_t step,
+                                            const json &index, const TensorMap &mine) {
+  std::string file = path + "/" + rankFileName(rank, world);
+  Status st =
+      injectedSaveFailure(rank)
+          ? FSDP_ERROR("cannot write '", file, "': injected failure (FSDP_FAULT_SAVE_ERROR_RANK)")
+          : writeRankFile(path, rank, world, step, mine);
+  if (!st) {
+    (void)writeFileAtomic(failedMarker(file), st.message() + "\n");
+    return st;
+  }
+  maybeDieDuringSave(rank, step);
+  if (rank != 0)
+    return Status::ok();
+  for (int64_t r = 0; r < world; ++r) {
+    std::string other = path + "/" + rankFileName(r, world);
+    for (;;) {
+      std::error_code ec;
+      if (fs::exists(other, ec))
+        break;
+      if (fs::exists(failedMarker(other), ec)) {
+        std::ifstream in(failedMarker(other));
+        std::string why((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!why.empty() && why.back() == '\n')
+          why.pop_back();
+        return FSDP_ERROR("checkpoint ", path, " not committed: rank ", r,
+                          " could not write its file: ", why);
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      if (wake.wait_for(lock, std::chrono::milliseconds(10), [&] { return cancelled; }))
+        return FSDP_ERROR("checkpoint ", path, " not committed: the run stopped before rank ", r,
+                          "'s file was written");
+    }
+  }
+  return commitAndRetain(dir, path, keep, index, step);
+}
+
+Status AsyncCheckpointer::finish(Communicator &comm) {
+  if (!worker.joinable())
+    return join();
+  // Every rank reaches this point alive (the barrier fails on a dead or
+  // stalled peer, FSDP_COMM_TIMEOUT_S) before rank 0 waits for the files.
+  Status alive = comm.barrier();
+  if (!alive) {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = true;
+    wake.notify_all();
+  }
+  Status st = join();
+  FSDP_RETURN_IF_ERROR(alive);
+  return st;
 }
 
 Status latestCheckpoint(const std::string &dir, std::string &path) {

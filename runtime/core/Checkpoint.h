@@ -22,7 +22,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 namespace fsdp {
 
@@ -46,6 +49,48 @@ struct TrainingPosition {
 Status saveCheckpoint(const std::string &dir, int64_t keep, const Plan &plan,
                       Executor &ex, Communicator &comm,
                       const TrainingPosition &position);
+
+/// Checkpoints written in the background (`fsdp-run --async-save`, like
+/// torch.distributed.checkpoint.async_save): save() blocks only for the
+/// directory's barrier and a snapshot of this rank's buffers in host memory;
+/// a thread writes the file, and on rank 0 commits once every rank's file
+/// is durable. [Note: async save] in Checkpoint.cpp.
+class AsyncCheckpointer {
+public:
+  AsyncCheckpointer() = default;
+  AsyncCheckpointer(const AsyncCheckpointer &) = delete;
+  AsyncCheckpointer &operator=(const AsyncCheckpointer &) = delete;
+  /// Stops rank 0's wait for other ranks' files (no COMMIT) and joins.
+  ~AsyncCheckpointer();
+
+  /// Waits for the save in flight (its error, if it failed), then starts
+  /// the save of `position.step` (every rank calls it: one barrier).
+  Status save(const std::string &dir, int64_t keep, const Plan &plan, Executor &ex,
+              Communicator &comm, const TrainingPosition &position);
+  /// The end of training (every rank calls it: one barrier): the save in
+  /// flight is complete, committed on rank 0, when this returns ok.
+  Status finish(Communicator &comm);
+  /// Whether a save is in flight.
+  bool busy() const { return worker.joinable(); }
+  /// How long the last save() waited for the one before it (ms).
+  double lastWaitMs() const { return waitMs; }
+
+private:
+  Status join();
+  Status writeInBackground(const std::string &dir, const std::string &path, int64_t keep,
+                           int64_t rank, int64_t world, int64_t step, const nlohmann::json &index,
+                           const TensorMap &mine);
+
+  /// This rank's state as of the save in flight, in host memory (kept for
+  /// the next save).
+  TensorMap staging;
+  std::thread worker;
+  Status result = Status::ok();
+  std::mutex mu;
+  std::condition_variable wake;
+  bool cancelled = false;
+  double waitMs = 0;
+};
 
 /// The newest committed checkpoint under `dir` (a checkpoint directory
 /// itself is accepted too); an error when there is none.

@@ -88,6 +88,16 @@ Status readSafeTensorsRange(int fd, const std::string &path, uint64_t offset,
 /// Writes `bytes` to `path` atomically (temp file + fsync + rename).
 Status writeFileAtomic(const std::string &path, const std::string &bytes);
 
+/// A span of bytes in memory, one piece of a file being written.
+struct Bytes {
+  const void *data;
+  size_t size;
+};
+
+/// Writes the concatenation of `pieces` to `path` atomically, without
+/// copying them into one buffer first.
+Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces);
+
 } // namespace fsdp
 
 #endif // FSDP_RUNTIME_CORE_SAFETENSORS_H

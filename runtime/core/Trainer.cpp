@@ -93,6 +93,11 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        --save-every steps (docs/CHECKPOINTS.md)
   --save-every K       checkpoint every K steps (needs --ckpt-dir)
   --keep M             keep the newest M checkpoints (default 0: all)
+  --async-save         write checkpoints in the background: a save blocks
+                       training only for a copy of this rank's state into
+                       host memory; the file is written, and the checkpoint
+                       committed, while the next steps run (one save in
+                       flight; the end of training waits for the last)
   --resume DIR         continue from the newest complete checkpoint in DIR
                        (or that checkpoint directory): bitwise the run that
                        was not interrupted, with the same plan and --steps
@@ -170,6 +175,10 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     }
     if (a == "--calibrate") {
       opt.calibrate = true;
+      continue;
+    }
+    if (a == "--async-save") {
+      opt.asyncSave = true;
       continue;
     }
     if (a == "--allow-tf32") {
@@ -305,6 +314,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
     return FSDP_ERROR("no plan file given");
   if (opt.saveEvery > 0 && opt.ckptDir.empty())
     return FSDP_ERROR("--save-every needs --ckpt-dir");
+  if (opt.asyncSave && opt.ckptDir.empty())
+    return FSDP_ERROR("--async-save needs --ckpt-dir");
   if (opt.traceSync && opt.trace.empty())
     return FSDP_ERROR("--trace-sync needs --trace FILE");
   if ((!opt.evalData.empty() || evalBatchesSet || !opt.evalLossMask.empty()) && opt.evalEvery == 0)
@@ -677,6 +688,12 @@ public:
       FSDP_RETURN_IF_ERROR(runStep(s));
     MemoryMeasurement m = ex->measureMemory();
     FSDP_RETURN_IF_ERROR(writeOutputs(m));
+    if (saver.busy()) { // the last checkpoint, written while the outputs were
+      auto t = std::chrono::steady_clock::now();
+      FSDP_RETURN_IF_ERROR(saver.finish(comm));
+      finishMs =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+    }
     if (root)
       printSummary(m);
     return Status::ok();
@@ -837,6 +854,7 @@ private:
   /// checkpoint where one is due, its report, and a validation where one
   /// is due.
   Status runStep(int64_t s) {
+    saveMs = -1;
     if (comm.rank() == killRank && s == killStep)
       std::raise(SIGKILL);
     double lr = scheduledLr(lrSchedule, s);
@@ -872,7 +890,15 @@ private:
     if (!opt.ckptDir.empty() &&
         (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
       TrainingPosition pos{s, opt.seed, schedule, opt.data, ex->lossScalerState()};
-      FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
+      auto t = std::chrono::steady_clock::now();
+      if (opt.asyncSave)
+        FSDP_RETURN_IF_ERROR(saver.save(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
+      else
+        FSDP_RETURN_IF_ERROR(saveCheckpoint(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
+      saveMs =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+      saveBlockingMs += saveMs;
+      ++saves;
     }
     losses.push_back(loss);
     lrs.push_back(lr);
@@ -905,6 +931,11 @@ private:
                           {std::string(data->unit()) + "_per_s", items / (ms / 1000)},
                           {"arena_bytes", plan.arenaBytes},
                           {"comm_bytes", commPerStep}};
+      if (saveMs >= 0) { // this step saved a checkpoint: the time it held training
+        j["save_ms"] = saveMs;
+        if (opt.asyncSave) // of which waiting for the save before to finish
+          j["save_wait_ms"] = saver.lastWaitMs();
+      }
       if (normed)
         j["grad_norm"] = ex->lastGradNorm();
       if (scaling) {
@@ -1026,6 +1057,11 @@ private:
       }
       if (!evalLosses.empty())
         j["final_val_loss"] = evalLosses.back();
+      if (saves > 0) {
+        j["checkpoints"] = saves;
+        j["save_blocking_ms"] = saveBlockingMs;
+        j["save_finish_ms"] = finishMs;
+      }
       std::printf("%s\n", j.dump().c_str());
       return;
     }
@@ -1078,6 +1114,15 @@ private:
                   (long long)scratch);
     if (plan.worldSize > 1)
       std::printf("communication: %s sent per rank per step\n", human((double)commPerStep).c_str());
+    if (saves > 0)
+      std::printf("checkpoints: %lld saved, %.1f ms holding training in all (%s)\n",
+                  (long long)saves, saveBlockingMs,
+                  opt.asyncSave
+                      ? ("--async-save: snapshots; then " + std::to_string((int)finishMs) +
+                         " ms waiting for the last one at the end")
+                            .c_str()
+                      : "written in the step loop; --async-save writes them in the "
+                        "background");
     if (scaling)
       std::printf("loss scaling: %zu of %zu steps skipped (overflow), scale now %g\n",
                   skipped.size(), times.size(), ex->lossScaler().scale);
@@ -1110,6 +1155,12 @@ private:
   int64_t commPerStep = 0;      ///< the last step's bytes sent
   std::vector<int64_t> evalSteps;
   std::vector<double> evalLosses;
+  // checkpoints: the time they held the training thread
+  AsyncCheckpointer saver; ///< --async-save
+  int64_t saves = 0;
+  double saveMs = -1;        ///< this step's save (-1: none)
+  double saveBlockingMs = 0; ///< every save's, on the training thread
+  double finishMs = 0;       ///< --async-save: the wait for the last one
 };
 
 } // namespace

@@ -46,6 +46,7 @@ struct TrainOptions {
   std::string ckptDir;    ///< --ckpt-dir: where checkpoints go
   int64_t saveEvery = 0;  ///< --save-every K (0: only --ckpt-dir's final one)
   int64_t keep = 0;       ///< --keep M newest checkpoints (0: all)
+  bool asyncSave = false; ///< --async-save: checkpoints written in the background
   std::string resume;     ///< --resume DIR: latest complete checkpoint there
   std::string trace;      ///< --trace FILE: measured timeline (Chrome JSON)
   bool traceSync = false; ///< --trace-sync: synchronize after each instruction

@@ -540,6 +540,7 @@ def main():
         check("option: two plans", [mlp, gpt], "unexpected argument")
         check("option: no plan", ["--steps", "1"], "no plan")
         check("option: --save-every without --ckpt-dir", [mlp, "--save-every", "2"], "--ckpt-dir")
+        check("option: --async-save without --ckpt-dir", [mlp, "--async-save"], "--ckpt-dir")
         check("option: --resume with --init-from", [mlp, "--resume", tmp, "--init-from", mlp], "pick one")
         check("option: --keep -1", [mlp, "--keep", "-1", "--ckpt-dir", tmp], "--keep")
         check("option: --trace-sync without --trace", [mlp, "--trace-sync"], "needs --trace FILE")
