@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <thread>
 
@@ -192,13 +193,17 @@ bool injectedSaveFailure(int64_t rank) {
   return r && std::atoll(r) == rank;
 }
 
+/// The metadata of a rank's file.
+std::map<std::string, std::string> shardMetadata(int64_t step) {
+  return {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(step)}};
+}
+
 /// Save, step 3: this rank's file, durable when this returns (fsync, rename,
 /// fsync of the directory).
 Status writeRankFile(const std::string &path, int64_t rank, int64_t world, int64_t step,
                      const TensorMap &mine) {
   maybeSlowSave();
-  return writeSafeTensors(path + "/" + rankFileName(rank, world), mine,
-                          {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(step)}});
+  return writeSafeTensors(path + "/" + rankFileName(rank, world), mine, shardMetadata(step));
 }
 
 /// Save, step 4 (rank 0, once every rank's file is durable): the index and
@@ -297,23 +302,63 @@ Status AsyncCheckpointer::save(const std::string &dir, int64_t keep, const Plan 
   FSDP_RETURN_IF_ERROR(prepareStepDir(path, comm));
   // The staging copy stays allocated for the run (as DCP's cached staging
   // does): the thread below is done with it (joined above).
-  FSDP_RETURN_IF_ERROR(snapshot(plan, ex, staging));
+  FSDP_RETURN_IF_ERROR(stage(plan, ex, position.step));
   int64_t rank = comm.rank(), world = comm.size(), step = position.step;
   json index = rank == 0 ? makeIndex(plan, position) : json();
   worker = std::thread([this, dir, path, keep, rank, world, step, index = std::move(index)] {
-    result = writeInBackground(dir, path, keep, rank, world, step, index, staging);
+    result = writeInBackground(dir, path, keep, rank, world, step, index);
   });
+  return Status::ok();
+}
+
+Status AsyncCheckpointer::stage(const Plan &plan, Executor &ex, int64_t step) {
+  // The file a synchronous save writes (writeSafeTensors of a TensorMap:
+  // tensors in name order), laid out in one buffer as it will be on disk,
+  // aligned for O_DIRECT.
+  std::map<std::string, int64_t> byName;
+  for (int64_t id : savedBuffers(plan))
+    byName[tensorName(plan.buffers[id])] = id;
+  std::vector<TensorMeta> metas;
+  size_t bytes = 0;
+  for (auto &[name, id] : byName) {
+    const Buffer &b = plan.buffers[id];
+    metas.push_back({name, b.dtype, b.shape, b.bytes});
+    bytes += (size_t)b.bytes;
+  }
+  std::string header = safeTensorsHeader(metas, shardMetadata(step));
+  imageBytes = header.size() + bytes;
+  size_t padded = (imageBytes + kDirectWriteAlign - 1) / kDirectWriteAlign * kDirectWriteAlign;
+  if (padded > imageCapacity) {
+    // In 2 MiB pages where the kernel has them (transparent huge pages on
+    // madvise): the first snapshot faults each page in, 512 times fewer.
+    constexpr size_t kHuge = size_t(2) << 20;
+    size_t alloc = (padded + kHuge - 1) / kHuge * kHuge;
+    image.reset(static_cast<uint8_t *>(std::aligned_alloc(kHuge, alloc)));
+    imageCapacity = image ? alloc : 0;
+    if (!image)
+      return FSDP_ERROR("--async-save: cannot allocate ", alloc,
+                        " bytes of host memory for the checkpoint's staging copy");
+    (void)::madvise(image.get(), alloc, MADV_HUGEPAGE);
+  }
+  std::memcpy(image.get(), header.data(), header.size());
+  std::memset(image.get() + imageBytes, 0, padded - imageBytes); // the block's tail
+  size_t at = header.size();
+  for (auto &[name, id] : byName) {
+    FSDP_RETURN_IF_ERROR(ex.readBuffer(id, image.get() + at));
+    at += (size_t)plan.buffers[id].bytes;
+  }
   return Status::ok();
 }
 
 Status AsyncCheckpointer::writeInBackground(const std::string &dir, const std::string &path,
                                             int64_t keep, int64_t rank, int64_t world, int64_t step,
-                                            const json &index, const TensorMap &mine) {
+                                            const json &index) {
   std::string file = path + "/" + rankFileName(rank, world);
+  maybeSlowSave();
   Status st =
       injectedSaveFailure(rank)
           ? FSDP_ERROR("cannot write '", file, "': injected failure (FSDP_FAULT_SAVE_ERROR_RANK)")
-          : writeRankFile(path, rank, world, step, mine);
+          : writeFileAtomicDirect(file, image.get(), imageBytes, direct);
   if (!st) {
     (void)writeFileAtomic(failedMarker(file), st.message() + "\n");
     return st;

@@ -23,6 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -74,16 +76,25 @@ public:
   bool busy() const { return worker.joinable(); }
   /// How long the last save() waited for the one before it (ms).
   double lastWaitMs() const { return waitMs; }
+  /// Whether the last file written went past the page cache (O_DIRECT);
+  /// read it when no save is in flight.
+  bool wroteDirect() const { return direct; }
 
 private:
   Status join();
+  /// This rank's file of `step`, as it will be on disk, into `image`.
+  Status stage(const Plan &plan, Executor &ex, int64_t step);
   Status writeInBackground(const std::string &dir, const std::string &path, int64_t keep,
-                           int64_t rank, int64_t world, int64_t step, const nlohmann::json &index,
-                           const TensorMap &mine);
+                           int64_t rank, int64_t world, int64_t step, const nlohmann::json &index);
 
-  /// This rank's state as of the save in flight, in host memory (kept for
-  /// the next save).
-  TensorMap staging;
+  struct Free {
+    void operator()(uint8_t *p) const { std::free(p); }
+  };
+  /// This rank's file as of the save in flight, in host memory aligned for
+  /// O_DIRECT (kept for the next save).
+  std::unique_ptr<uint8_t, Free> image;
+  size_t imageBytes = 0, imageCapacity = 0;
+  bool direct = false; ///< the last file went past the page cache
   std::thread worker;
   Status result = Status::ok();
   std::mutex mu;

@@ -30,7 +30,14 @@ Status writeFileAtomic(const std::string &path, const std::string &bytes) {
   return writeFileAtomic(path, {{bytes.data(), bytes.size()}});
 }
 
-Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces) {
+namespace {
+
+/// writeFileAtomic and writeFileAtomicDirect: `pieces` into a temporary
+/// file, fsync, rename over `path`, fsync of the directory. `direct`: try
+/// O_DIRECT (the pieces are aligned), then cut the file to `size`; set to
+/// whether the bytes went past the page cache.
+Status writeAtomic(const std::string &path, const std::vector<Bytes> &pieces, bool &direct,
+                   int64_t size) {
   // Only regular files are written: renaming over a FIFO, a device node or
   // a directory would replace it (or fail late, after all the writing).
   struct stat st;
@@ -40,28 +47,48 @@ Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   // O_EXCL | O_NOFOLLOW: never write through a link planted at the name.
   ::unlink(tmp.c_str());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
+  int fd = direct ? ::open(tmp.c_str(), flags | O_DIRECT, 0644) : -1;
+  if (fd < 0) { // no O_DIRECT here (EINVAL: tmpfs, some FUSE file systems)
+    direct = false;
+    fd = ::open(tmp.c_str(), flags, 0644);
+  }
   if (fd < 0)
     return FSDP_ERROR("cannot create '", tmp, "': ", std::strerror(errno));
+  auto fail = [&](const char *what) {
+    int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return FSDP_ERROR("cannot ", what, " '", tmp, "': ", std::strerror(e));
+  };
   for (const Bytes &piece : pieces) {
     size_t done = 0;
     while (done < piece.size) {
-      // At most 4 MiB a call: the page cache takes one large write at a
-      // third of the rate it takes the same bytes in pieces (measured on
-      // the CI machine's ext4: 368 MB/s in 64 MiB writes, 1.2 GB/s in 1 MiB).
+      // Buffered, at most 4 MiB a call: the page cache takes one large
+      // write at a third of the rate it takes the same bytes in pieces
+      // (measured on the CI machine's ext4: 368 MB/s in 64 MiB writes, 1.2
+      // GB/s in 1 MiB). Direct, 16 MiB (aligned; 558 MB/s against 366 in
+      // 4 MiB there).
+      size_t most = size_t(direct ? 16 : 4) << 20;
       ssize_t w = ::write(fd, static_cast<const char *>(piece.data) + done,
-                          std::min<size_t>(piece.size - done, size_t(4) << 20));
+                          std::min(piece.size - done, most));
       if (w < 0 && errno == EINTR)
         continue;
-      if (w < 0) {
-        int e = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        return FSDP_ERROR("cannot write '", tmp, "': ", std::strerror(e));
+      if (w < 0 && errno == EINVAL && direct) {
+        // A device block larger than the alignment: the rest buffered.
+        direct = false;
+        int fl = ::fcntl(fd, F_GETFL);
+        if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
+          return fail("write");
+        continue;
       }
+      if (w < 0)
+        return fail("write");
       done += (size_t)w;
     }
   }
+  if (size >= 0 && ::ftruncate(fd, size) != 0)
+    return fail("truncate");
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     ::unlink(tmp.c_str());
     return FSDP_ERROR("cannot flush '", tmp, "'");
@@ -86,25 +113,50 @@ Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces
   return Status::ok();
 }
 
-Status writeSafeTensors(const std::string &path, const TensorMap &tensors,
-                        const std::map<std::string, std::string> &metadata) {
+} // namespace
+
+Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces) {
+  bool direct = false;
+  return writeAtomic(path, pieces, direct, -1);
+}
+
+Status writeFileAtomicDirect(const std::string &path, const void *data, size_t n, bool &direct) {
+  if (reinterpret_cast<uintptr_t>(data) % kDirectWriteAlign != 0)
+    return FSDP_ERROR("writeFileAtomicDirect: the buffer is not aligned to ", kDirectWriteAlign,
+                      " bytes");
+  size_t padded = (n + kDirectWriteAlign - 1) / kDirectWriteAlign * kDirectWriteAlign;
+  direct = true;
+  return writeAtomic(path, {{data, padded}}, direct, (int64_t)n);
+}
+
+std::string safeTensorsHeader(const std::vector<TensorMeta> &tensors,
+                              const std::map<std::string, std::string> &metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty())
     header["__metadata__"] = metadata;
   int64_t offset = 0;
-  for (auto &[name, t] : tensors) {
-    header[name] = {{"dtype", stName(t.dtype)},
-                    {"shape", t.shape},
-                    {"data_offsets", {offset, offset + (int64_t)t.data.size()}}};
-    offset += (int64_t)t.data.size();
+  for (const TensorMeta &t : tensors) {
+    header[t.name] = {{"dtype", stName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
   }
   std::string h = header.dump();
   while (h.size() % 8)
     h += ' ';
+  uint64_t len = h.size();
+  return std::string(reinterpret_cast<const char *>(&len), 8) + h;
+}
+
+Status writeSafeTensors(const std::string &path, const TensorMap &tensors,
+                        const std::map<std::string, std::string> &metadata) {
+  std::vector<TensorMeta> metas;
+  for (auto &[name, t] : tensors)
+    metas.push_back({name, t.dtype, t.shape, (int64_t)t.data.size()});
+  std::string h = safeTensorsHeader(metas, metadata);
   // Written piece by piece from the tensors themselves: no second copy of
   // the file in memory (a checkpoint shard can be most of a host's RAM).
-  uint64_t len = h.size();
-  std::vector<Bytes> pieces = {{&len, 8}, {h.data(), h.size()}};
+  std::vector<Bytes> pieces = {{h.data(), h.size()}};
   for (auto &[name, t] : tensors)
     pieces.push_back({t.data.data(), t.data.size()});
   return writeFileAtomic(path, pieces);

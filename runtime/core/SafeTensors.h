@@ -28,6 +28,20 @@ using TensorMap = std::map<std::string, Tensor>;
 
 Status writeSafeTensors(const std::string &path, const TensorMap &tensors,
                         const std::map<std::string, std::string> &metadata = {});
+
+/// A tensor as a header describes it (its bytes follow in header order).
+struct TensorMeta {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t bytes;
+};
+
+/// The first bytes of a .safetensors file holding `tensors` in this order
+/// (name order, as writeSafeTensors writes a TensorMap): the 8-byte length
+/// and the JSON header, padded with spaces to a multiple of 8.
+std::string safeTensorsHeader(const std::vector<TensorMeta> &tensors,
+                              const std::map<std::string, std::string> &metadata = {});
 /// Reads a .safetensors file. Every header field is checked (header length
 /// within the file and at most kMaxSafeTensorsHeader, a JSON object,
 /// dtype / shape / data_offsets of the right types, shape x dtype size
@@ -97,6 +111,14 @@ struct Bytes {
 /// Writes the concatenation of `pieces` to `path` atomically, without
 /// copying them into one buffer first.
 Status writeFileAtomic(const std::string &path, const std::vector<Bytes> &pieces);
+
+/// Writes `n` bytes at `data` to `path` atomically like writeFileAtomic,
+/// past the page cache (O_DIRECT) where the file system takes it: `data`
+/// must be aligned to kDirectWriteAlign and readable up to `n` rounded up
+/// to it (the file is cut back to `n`). Elsewhere (no O_DIRECT, a larger
+/// block) the same bytes go through the page cache. `direct` tells which.
+constexpr size_t kDirectWriteAlign = 4096;
+Status writeFileAtomicDirect(const std::string &path, const void *data, size_t n, bool &direct);
 
 } // namespace fsdp
 

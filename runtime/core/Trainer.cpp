@@ -1061,6 +1061,8 @@ private:
         j["checkpoints"] = saves;
         j["save_blocking_ms"] = saveBlockingMs;
         j["save_finish_ms"] = finishMs;
+        if (opt.asyncSave)
+          j["save_io"] = saver.wroteDirect() ? "direct" : "buffered";
       }
       std::printf("%s\n", j.dump().c_str());
       return;
@@ -1114,15 +1116,15 @@ private:
                   (long long)scratch);
     if (plan.worldSize > 1)
       std::printf("communication: %s sent per rank per step\n", human((double)commPerStep).c_str());
-    if (saves > 0)
+    if (saves > 0) {
+      std::string how = "written in the step loop; --async-save writes them in the background";
+      if (opt.asyncSave)
+        how = std::string("--async-save: snapshots, written ") +
+              (saver.wroteDirect() ? "past the page cache (O_DIRECT)" : "through the page cache") +
+              "; then " + std::to_string((int)finishMs) + " ms waiting for the last at the end";
       std::printf("checkpoints: %lld saved, %.1f ms holding training in all (%s)\n",
-                  (long long)saves, saveBlockingMs,
-                  opt.asyncSave
-                      ? ("--async-save: snapshots; then " + std::to_string((int)finishMs) +
-                         " ms waiting for the last one at the end")
-                            .c_str()
-                      : "written in the step loop; --async-save writes them in the "
-                        "background");
+                  (long long)saves, saveBlockingMs, how.c_str());
+    }
     if (scaling)
       std::printf("loss scaling: %zu of %zu steps skipped (overflow), scale now %g\n",
                   skipped.size(), times.size(), ex->lossScaler().scale);

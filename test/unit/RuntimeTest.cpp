@@ -145,6 +145,38 @@ TEST(SafeTensorsTest, WritesOnlyRegularFiles) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(SafeTensorsTest, DirectWritesCutToSize) {
+  // writeFileAtomicDirect (--async-save's writer): sizes that are not a
+  // multiple of the block come out cut to size, in the temp directory and
+  // in /dev/shm (tmpfs: O_DIRECT since Linux 6.6, the page cache before);
+  // an unaligned buffer is an error, not an EINVAL half way.
+  constexpr size_t kCap = 3 * kDirectWriteAlign;
+  auto *buf = static_cast<uint8_t *>(std::aligned_alloc(kDirectWriteAlign, kCap));
+  for (size_t i = 0; i < kCap; ++i)
+    buf[i] = (uint8_t)(i * 7 + 1);
+  std::vector<std::string> dirs = {std::filesystem::temp_directory_path().string()};
+  if (std::filesystem::is_directory("/dev/shm"))
+    dirs.push_back("/dev/shm");
+  for (const std::string &dir : dirs)
+    for (size_t n :
+         {size_t(1), kDirectWriteAlign, kDirectWriteAlign + 5, 2 * kDirectWriteAlign + 4095}) {
+      std::string path = dir + "/fsdp-direct-" + std::to_string(::getpid()) + ".bin";
+      bool direct = false;
+      Status st = writeFileAtomicDirect(path, buf, n, direct);
+      ASSERT_TRUE(st.isOk()) << dir << " n=" << n << ": " << st.message();
+      std::ifstream in(path, std::ios::binary);
+      std::string back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      ASSERT_EQ(back.size(), n) << dir;
+      EXPECT_EQ(std::memcmp(back.data(), buf, n), 0) << dir << " n=" << n;
+      std::remove(path.c_str());
+    }
+  bool direct = false;
+  Status st = writeFileAtomicDirect(tempPath("unaligned.bin"), buf + 1, 10, direct);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("not aligned"), std::string::npos) << st.message();
+  std::free(buf);
+}
+
 TEST(SwapFileTest, ZerosRoundTripBoundsAndNothingLeftBehind) {
   // fsdp-offload's nvme: the file starts as zeros (the optimizer state's
   // initial value), reads back what was written at any offset, refuses a
