@@ -283,6 +283,15 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   wake.notify_all();
   if (worker.joinable())
     worker.join();
+  releaseImage();
+}
+
+void AsyncCheckpointer::releaseImage() {
+  if (pinnedOn && image)
+    (void)pinnedOn->unpinHost(image.get());
+  pinnedOn = nullptr;
+  image.reset();
+  imageCapacity = 0;
 }
 
 Status AsyncCheckpointer::join() {
@@ -329,16 +338,21 @@ Status AsyncCheckpointer::stage(const Plan &plan, Executor &ex, int64_t step) {
   imageBytes = header.size() + bytes;
   size_t padded = (imageBytes + kDirectWriteAlign - 1) / kDirectWriteAlign * kDirectWriteAlign;
   if (padded > imageCapacity) {
+    releaseImage();
     // In 2 MiB pages where the kernel has them (transparent huge pages on
     // madvise): the first snapshot faults each page in, 512 times fewer.
     constexpr size_t kHuge = size_t(2) << 20;
     size_t alloc = (padded + kHuge - 1) / kHuge * kHuge;
     image.reset(static_cast<uint8_t *>(std::aligned_alloc(kHuge, alloc)));
-    imageCapacity = image ? alloc : 0;
     if (!image)
       return FSDP_ERROR("--async-save: cannot allocate ", alloc,
                         " bytes of host memory for the checkpoint's staging copy");
+    imageCapacity = alloc;
     (void)::madvise(image.get(), alloc, MADV_HUGEPAGE);
+    // Page-locked for the device's copies into it (a GPU's DMA at the
+    // link's rate; nothing on CPU ranks). Not fatal: pageable works, slower.
+    if (ex.device().pinHost(image.get(), (int64_t)alloc))
+      pinnedOn = &ex.device();
   }
   std::memcpy(image.get(), header.data(), header.size());
   std::memset(image.get() + imageBytes, 0, padded - imageBytes); // the block's tail

@@ -79,6 +79,8 @@ public:
   /// Whether the last file written went past the page cache (O_DIRECT);
   /// read it when no save is in flight.
   bool wroteDirect() const { return direct; }
+  /// Whether the staging image is page-locked for the device's copies.
+  bool pinned() const { return pinnedOn != nullptr; }
 
 private:
   Status join();
@@ -94,6 +96,9 @@ private:
   /// O_DIRECT (kept for the next save).
   std::unique_ptr<uint8_t, Free> image;
   size_t imageBytes = 0, imageCapacity = 0;
+  /// The device `image` is page-locked for (null: pageable).
+  Device *pinnedOn = nullptr;
+  void releaseImage();
   bool direct = false; ///< the last file went past the page cache
   std::thread worker;
   Status result = Status::ok();

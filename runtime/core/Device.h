@@ -147,6 +147,19 @@ public:
   virtual Status copyToDevice(void *dst, const void *src, int64_t bytes) = 0;
   /// Device -> host, after all work enqueued before it.
   virtual Status copyToHost(void *dst, const void *src, int64_t bytes) = 0;
+  /// Page-locks `bytes` of host memory at `p` that copyToHost will fill
+  /// often (--async-save's staging image), so that those copies run at the
+  /// link's rate instead of through a bounce buffer; unpinHost before it is
+  /// freed. An error (nothing pinned) where the device's memory is host
+  /// memory: there is nothing to gain.
+  virtual Status pinHost(void *p, int64_t bytes) {
+    (void)p, (void)bytes;
+    return FSDP_ERROR(name(), ": host memory is this device's memory; nothing to pin");
+  }
+  virtual Status unpinHost(void *p) {
+    (void)p;
+    return FSDP_ERROR(name(), ": nothing was pinned");
+  }
   /// Sets the `bytes / 4` words at device address `dst` to `word`,
   /// synchronously like copyToDevice (the arenas' sentinel before a run).
   virtual Status fillWords(void *dst, uint32_t word, int64_t bytes) = 0;

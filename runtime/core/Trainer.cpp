@@ -1061,8 +1061,10 @@ private:
         j["checkpoints"] = saves;
         j["save_blocking_ms"] = saveBlockingMs;
         j["save_finish_ms"] = finishMs;
-        if (opt.asyncSave)
+        if (opt.asyncSave) {
           j["save_io"] = saver.wroteDirect() ? "direct" : "buffered";
+          j["save_pinned"] = saver.pinned(); // the staging image, for the device's copies
+        }
       }
       std::printf("%s\n", j.dump().c_str());
       return;

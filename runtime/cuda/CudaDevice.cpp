@@ -322,6 +322,14 @@ public:
       FSDP_CUDA_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyDefault));
     return Status::ok();
   }
+  Status pinHost(void *p, int64_t bytes) override {
+    FSDP_CUDA_CHECK(cudaHostRegister(p, (size_t)bytes, cudaHostRegisterDefault));
+    return Status::ok();
+  }
+  Status unpinHost(void *p) override {
+    FSDP_CUDA_CHECK(cudaHostUnregister(p));
+    return Status::ok();
+  }
   /// A kernel on the device arena (a 70 GB arena's sentinel: tens of ms,
   /// not 70k copies); the pinned host arena is filled by the host.
   Status fillWords(void *dst, uint32_t word, int64_t bytes) override {

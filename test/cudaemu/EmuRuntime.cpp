@@ -120,6 +120,7 @@ cudaError_t fail(cudaError_t e, const std::string &why) {
 struct Alloc {
   size_t bytes;
   bool pinned;
+  bool registered = false; ///< cudaHostRegister: the caller's memory
 };
 std::mutex allocMu;
 std::map<uintptr_t, Alloc> allocs; // by base address
@@ -971,7 +972,7 @@ static cudaError_t freeAlloc(void *p, bool pinned, const char *call) {
     return cudaSuccess;
   std::lock_guard<std::mutex> g(allocMu);
   auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
-  if (it == allocs.end() || it->second.pinned != pinned)
+  if (it == allocs.end() || it->second.pinned != pinned || it->second.registered)
     return fail(cudaErrorInvalidValue,
                 std::string(call) + ": not a pointer its allocator returned");
   if (!pinned)
@@ -981,6 +982,35 @@ static cudaError_t freeAlloc(void *p, bool pinned, const char *call) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) { return freeAlloc(p, false, "cudaFree"); }
+// Registered host memory is pinned memory the caller owns: copies may use
+// it as they use cudaMallocHost's; it must not overlap another allocation
+// and is unregistered by its base address.
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned) {
+  if (!p || n == 0)
+    return fail(cudaErrorInvalidValue, "cudaHostRegister: a null pointer or no bytes");
+  std::lock_guard<std::mutex> g(allocMu);
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  auto next = allocs.lower_bound(v);
+  bool overlaps = next != allocs.end() && next->first < v + n;
+  if (next != allocs.begin()) {
+    auto prev = std::prev(next);
+    overlaps |= prev->first + prev->second.bytes > v;
+  }
+  if (overlaps)
+    return fail(cudaErrorHostMemoryAlreadyRegistered,
+                "cudaHostRegister: the range overlaps an allocation or registration");
+  allocs[v] = Alloc{n, true, true};
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *p) {
+  std::lock_guard<std::mutex> g(allocMu);
+  auto it = allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocs.end() || !it->second.registered)
+    return fail(cudaErrorHostMemoryNotRegistered,
+                "cudaHostUnregister: not the base of a registered range");
+  allocs.erase(it);
+  return cudaSuccess;
+}
 cudaError_t cudaFreeHost(void *p) { return freeAlloc(p, true, "cudaFreeHost"); }
 cudaError_t cudaMemGetInfo(size_t *freeB, size_t *total) {
   std::lock_guard<std::mutex> g(allocMu);

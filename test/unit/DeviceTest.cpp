@@ -215,6 +215,29 @@ TEST_P(DeviceConformance, HostCopiesRoundTripWithoutTouchingNeighbours) {
   EXPECT_EQ(back, fill);
 }
 
+TEST_P(DeviceConformance, CopiesIntoPinnedHostMemory) {
+  // --async-save's staging image: page-locked where the device pins
+  // (cuda), refused where host memory is the device's (cpu); either way
+  // copies into it land, and unpinning leaves it ordinary memory.
+  ASSERT_TRUE(dev->allocateArena(1 << 16, 0).isOk());
+  std::vector<uint8_t> pattern(1 << 16);
+  for (size_t i = 0; i < pattern.size(); ++i)
+    pattern[i] = (uint8_t)(i * 31 + 7);
+  ASSERT_TRUE(dev->copyToDevice(dev->arenaBase(), pattern.data(), 1 << 16).isOk());
+  auto *host = static_cast<uint8_t *>(std::aligned_alloc(4096, 1 << 16));
+  Status pin = dev->pinHost(host, 1 << 16);
+  EXPECT_EQ(pin.isOk(), std::string(dev->name()) != "cpu") << pin.message();
+  ASSERT_TRUE(dev->copyToHost(host + 5, dev->arenaBase() + 3, 40000).isOk());
+  EXPECT_EQ(std::memcmp(host + 5, pattern.data() + 3, 40000), 0);
+  if (pin.isOk()) {
+    // Registered twice, or unregistered at another address: refused.
+    EXPECT_FALSE(dev->pinHost(host + 4096, 4096).isOk());
+    EXPECT_FALSE(dev->unpinHost(host + 4096).isOk());
+    EXPECT_TRUE(dev->unpinHost(host).isOk());
+  }
+  std::free(host);
+}
+
 TEST_P(DeviceConformance, FillsWordsOfBothArenasWithoutTouchingNeighbours) {
   // The arenas' sentinel (Executor::prepare): device and host arena,
   // word patterns kept bit for bit (a NaN pattern too), the words around
