@@ -163,9 +163,9 @@ Status prepareStepDir(const std::string &path, Communicator &comm) {
   return comm.barrier();
 }
 
-/// Save, step 2: this rank's saved buffers, copied to host memory (into
-/// `mine`'s tensors where an earlier snapshot left them: no allocation, no
-/// page faults the second time).
+/// Save, step 2 (synchronous saves): this rank's saved buffers, copied to
+/// host memory. --async-save stages into its file image instead
+/// (AsyncCheckpointer::stage).
 Status snapshot(const Plan &plan, Executor &ex, TensorMap &mine) {
   for (int64_t id : savedBuffers(plan)) {
     const Buffer &b = plan.buffers[id];
