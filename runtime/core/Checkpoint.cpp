@@ -22,12 +22,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <thread>
+#include <unistd.h>
 
 namespace fsdp {
 
@@ -124,17 +127,20 @@ json makeIndex(const Plan &plan, const TrainingPosition &position) {
   for (int64_t r = 0; r < plan.worldSize; ++r)
     files.push_back(rankFileName(r, plan.worldSize));
   json index = {{"format", "fsdp-checkpoint"},
-          {"version", kCheckpointVersion},
-          {"model", plan.model},
-          {"world_size", plan.worldSize},
-          {"mesh", {plan.meshReplicas, plan.meshShards}},
-          {"stage", plan.stage},
-          {"step", position.step},
-          {"seed", std::to_string(position.seed)},
-          {"schedule", position.schedule},
-          {"data", {{"spec", position.data}, {"next_step", position.step + 1}}},
-          {"files", files},
-          {"shard_map", shardMap(plan)}};
+                {"version", kCheckpointVersion},
+                {"model", plan.model},
+                {"world_size", plan.worldSize},
+                {"mesh", {plan.meshReplicas, plan.meshShards}},
+                {"stage", plan.stage},
+                {"step", position.step},
+                {"seed", std::to_string(position.seed)},
+                {"schedule", position.schedule},
+                {"data",
+                 {{"spec", position.data},
+                  {"next_step", position.step + 1},
+                  {"items_per_step", position.itemsPerStep}}},
+                {"files", files},
+                {"shard_map", shardMap(plan)}};
   if (!position.lossScale.is_null())
     index["loss_scale"] = position.lossScale;
   return index;
@@ -506,204 +512,246 @@ Status readCheckpointIndex(const std::string &path, json &index) {
   return Status::ok();
 }
 
-Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
-                      int64_t rank, TrainingPosition &position) {
-  json index;
-  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
-  int64_t world = index["world_size"], stage = index["stage"];
-  // Written before meshes existed: a 1-D mesh.
-  std::vector<int64_t> mesh = {1, world};
-  if (index.contains("mesh")) {
-    const json &m = index["mesh"];
-    if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() ||
-        !m[1].is_number_integer() || m[0].get<int64_t>() * m[1].get<int64_t>() != world)
-      return FSDP_ERROR(path, "/index.json: mesh must be [replicas, shards] holding "
-                        "world_size ranks");
-    mesh = {m[0].get<int64_t>(), m[1].get<int64_t>()};
-  }
-  if (world != plan.worldSize || stage != plan.stage || mesh[0] != plan.meshReplicas)
-    return FSDP_ERROR("checkpoint '", path, "' was written for ", world,
-                      " rank(s) (mesh ", mesh[0], "x", mesh[1], ") at stage ", stage,
-                      "; this plan is for ", plan.worldSize, " rank(s) (mesh ",
-                      plan.meshReplicas, "x", plan.meshShards, ") at stage ", plan.stage,
-                      " (reshard it offline, or resume with the plan it was written for)");
-  // The same buffers, by id, name, size and dtype: another model or another
-  // compilation of it is refused before any byte is loaded.
-  std::vector<int64_t> ids = savedBuffers(plan);
-  const json &saved = index["shard_map"]["buffers"];
-  if (saved.size() != ids.size())
-    return FSDP_ERROR("checkpoint '", path, "' holds ", saved.size(),
-                      " buffers per rank; this plan has ", ids.size(),
-                      ": it was written for another model or plan");
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const Buffer &b = plan.buffers[ids[i]];
-    if (saved[i]["id"] != b.id || saved[i]["name"] != b.name ||
-        saved[i]["bytes"] != b.bytes || saved[i]["dtype"] != dtypeName(b.dtype))
-      return FSDP_ERROR("checkpoint '", path, "': buffer ", b.id, " (", b.name,
-                        ") differs from the plan's (", saved[i].dump(), " vs ", b.bytes,
-                        " bytes of ", dtypeName(b.dtype),
-                        "): it was written for another model or plan (fsdp-ckpt "
-                        "reshard converts between plans of one model)");
-  }
-  std::string file = path + "/" + index["files"][rank].get<std::string>();
-  TensorMap tensors;
-  FSDP_RETURN_IF_ERROR(readSafeTensors(file, tensors));
-  for (int64_t id : ids) {
-    const Buffer &b = plan.buffers[id];
-    auto it = tensors.find(tensorName(b));
-    if (it == tensors.end())
-      return FSDP_ERROR(file, ": no tensor '", tensorName(b), "'");
-    if (it->second.dtype != b.dtype || (int64_t)it->second.data.size() != b.bytes)
-      return FSDP_ERROR(file, ": tensor '", tensorName(b), "' has ",
-                        it->second.data.size(), " bytes of ", dtypeName(it->second.dtype),
-                        ", the plan's buffer ", b.bytes, " bytes of ", dtypeName(b.dtype));
-    FSDP_RETURN_IF_ERROR(ex.writeBuffer(id, it->second.data.data()));
-  }
-  position.step = index["step"];
-  position.schedule = index["schedule"];
-  const json &seed = index["seed"];
-  position.seed =
-      seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
-  json &data = index["data"];
-  position.data = data.is_object() && data.contains("spec") && data["spec"].is_string()
-                      ? data["spec"].get<std::string>()
-                      : "";
-  if (index.contains("loss_scale"))
-    position.lossScale = index["loss_scale"];
-  return Status::ok();
-}
+// [Note: resharding on load]
+// A checkpoint's shard map says, for every parameter, which unit holds it
+// and where (flat_offset), and for every unit how it was padded and cut
+// (padded_numel, shard_numel); optimizer state shares its unit's flat
+// layout. So any element of a parameter or of its state is found without
+// the plan that wrote it: in rank r's file at f % shard, with
+// r = f / shard (a sharded unit), or in rank 0's (a whole one). A rank of
+// the new plan walks its own saved buffers in its own layout, and for each
+// piece asks the parameters that overlap it for exactly those elements:
+// only its own slices' bytes are read (pread), never whole files, and
+// padding stays zero. This is what PyTorch DCP's load does with a
+// state_dict of DTensors; here the layouts are the shard map's. Offline
+// resharding (fsdp-ckpt reshard) builds every target rank's file the same
+// way. The result does not depend on the path taken: an element is copied,
+// widened to f32 and narrowed to its new storage dtype (exact for the
+// same dtype), so a resharded load equals the offline conversion byte for
+// byte.
 
 namespace {
 
-/// Reads a checkpoint's tensors back in the model's terms: whole parameters
-/// and, per optimizer-state kind, whole per-parameter state, from the shard
-/// map alone (no plan, no ranks).
-class CheckpointReader {
+/// A checkpoint's rank files, each opened and its header read (and checked
+/// against the file's size) on first use; only the byte ranges asked for
+/// are read, and counted.
+class RankFiles {
+public:
+  RankFiles(std::string dir, const json &index) : dir(std::move(dir)) {
+    for (const json &f : index["files"])
+      names.push_back(f.get<std::string>());
+    files.resize(names.size());
+  }
+  ~RankFiles() {
+    for (File &f : files)
+      if (f.fd >= 0)
+        ::close(f.fd);
+  }
+  RankFiles(const RankFiles &) = delete;
+  RankFiles &operator=(const RankFiles &) = delete;
+
+  std::string path(int64_t r) const { return dir + "/" + names[r]; }
+
+  /// Where tensor `name` lies in rank r's file.
+  Status find(int64_t r, const std::string &name, const TensorEntry *&e) {
+    File *f;
+    FSDP_RETURN_IF_ERROR(open(r, f));
+    auto it = f->header.tensors.find(name);
+    if (it == f->header.tensors.end())
+      return FSDP_ERROR(path(r), ": no tensor '", name, "'");
+    e = &it->second;
+    return Status::ok();
+  }
+  /// `n` bytes at byte `offset` of rank r's file.
+  Status read(int64_t r, uint64_t offset, void *dst, size_t n) {
+    File *f;
+    FSDP_RETURN_IF_ERROR(open(r, f));
+    bytesRead += n;
+    return readSafeTensorsRange(f->fd, path(r), offset, dst, n);
+  }
+  /// The rank files' sizes, all together.
+  uint64_t totalBytes() const {
+    uint64_t total = 0;
+    std::error_code ec;
+    for (size_t r = 0; r < names.size(); ++r) {
+      uintmax_t n = fs::file_size(path((int64_t)r), ec);
+      total += ec ? 0 : (uint64_t)n;
+    }
+    return total;
+  }
+
+  uint64_t bytesRead = 0;
+
+private:
+  struct File {
+    int fd = -1;
+    SafeTensorsHeader header;
+  };
+  Status open(int64_t r, File *&out) {
+    if (r < 0 || r >= (int64_t)files.size())
+      return FSDP_ERROR(dir, ": a shard on rank ", r, " of ", files.size());
+    File &f = files[r];
+    if (f.fd < 0) {
+      FSDP_RETURN_IF_ERROR(readSafeTensorsHeader(path(r), f.header));
+      f.fd = ::open(path(r).c_str(), O_RDONLY | O_CLOEXEC);
+      if (f.fd < 0)
+        return FSDP_ERROR("cannot open '", path(r), "': ", std::strerror(errno));
+    }
+    out = &f;
+    return Status::ok();
+  }
+
+  std::string dir;
+  std::vector<std::string> names;
+  std::vector<File> files;
+};
+
+/// What an index records beside the buffers.
+TrainingPosition positionOf(const json &index) {
+  TrainingPosition pos;
+  pos.step = index["step"];
+  const json &seed = index["seed"];
+  pos.seed = seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
+  pos.schedule = index["schedule"];
+  const json &data = index["data"];
+  if (data.is_object() && data.contains("spec") && data["spec"].is_string())
+    pos.data = data["spec"];
+  if (data.is_object() && data.contains("items_per_step") &&
+      data["items_per_step"].is_number_integer())
+    pos.itemsPerStep = data["items_per_step"];
+  if (index.contains("loss_scale"))
+    pos.lossScale = index["loss_scale"];
+  return pos;
+}
+
+/// Reads a checkpoint in the model's terms ([Note: resharding on load]):
+/// elements of a parameter, or of its optimizer state of one kind, from
+/// the shard map alone (no plan, no ranks), a range at a time.
+class ShardMapReader {
 public:
   Status open(const std::string &p) {
     path = p;
     FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
-    world = index["world_size"];
-    ranks.assign(world, TensorMap());
-    loaded.assign(world, false);
-    return Status::ok();
-  }
-
-  /// Elements [offset, offset + numel) of a unit-level flat buffer of
-  /// `padded` elements saved as tensor `name`: on every rank whole, or as
-  /// rank r's shard [r * shard, (r + 1) * shard) (told apart by its size).
-  Status flat(const std::string &name, int64_t shard, int64_t padded, int64_t offset,
-              int64_t numel, float *dst) {
-    if (offset < 0 || numel < 0 || offset > padded - numel || shard < 1)
-      return FSDP_ERROR(path, ": a range of ", name, " lies outside its unit");
-    TensorMap *t0;
-    FSDP_RETURN_IF_ERROR(rank(0, t0));
-    auto it0 = t0->find(name);
-    if (it0 == t0->end())
-      return FSDP_ERROR(path, ": rank 0's file has no tensor '", name, "'");
-    int64_t bytes0 = (int64_t)it0->second.data.size();
-    // f32, or a frozen unit's 16-bit storage ([Note: parameter storage
-    // dtypes] in Executor.cpp), widened.
-    DType dt = it0->second.dtype;
-    if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
-      return FSDP_ERROR(path, ": tensor '", name, "' is ", dtypeName(dt),
-                        ", not parameter storage (f32, bf16 or f16)");
-    int64_t esz = dtypeSize(dt);
-    bool whole = bytes0 == padded * esz;
-    if (!whole && bytes0 != shard * esz)
-      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0,
-                        " bytes, neither its unit (", padded, " elements) nor a shard (",
-                        shard, ")");
-    for (int64_t i = 0; i < numel;) {
-      int64_t f = offset + i;
-      int64_t r = whole ? 0 : f / shard, at = whole ? f : f % shard;
-      int64_t len = std::min(numel - i, (whole ? padded : shard) - at);
-      TensorMap *tr;
-      FSDP_RETURN_IF_ERROR(rank(r, tr));
-      auto it = tr->find(name);
-      if (it == tr->end() || it->second.dtype != dt ||
-          (int64_t)it->second.data.size() < (at + len) * esz)
-        return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
-      widenParams(dt, it->second.data.data() + at * esz, len, dst + i);
-      i += len;
+    files = std::make_unique<RankFiles>(path, index);
+    const json &map = index["shard_map"];
+    for (const json &p : map["params"]) {
+      Source s;
+      s.shape = p["shape"].get<std::vector<int64_t>>();
+      for (int64_t d : s.shape)
+        if (d < 0 || __builtin_mul_overflow(s.numel, d, &s.numel) || s.numel > (INT64_C(1) << 46))
+          return FSDP_ERROR(path, ": parameter ", p["name"].get<std::string>(), " has a bad shape");
+      s.unit = p["unit"];
+      s.offset = p["flat_offset"];
+      s.buffer = p["buffer"];
+      params[p["name"]] = std::move(s);
     }
     return Status::ok();
   }
 
-  /// Whole parameters (`stateKind` empty) or whole per-parameter optimizer
-  /// state of one kind, under the parameters' names.
-  Status tensors(const std::string &stateKind, TensorMap &out) {
-    json &map = index["shard_map"];
-    for (const json &p : map["params"]) {
-      std::string name = p["name"];
-      std::vector<int64_t> shape = p["shape"];
-      int64_t numel = 1;
-      for (int64_t d : shape)
-        if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > (INT64_C(1) << 46))
-          return FSDP_ERROR(path, ": parameter ", name, " has a bad shape");
-      int64_t unit = p["unit"], offset = p["flat_offset"], buffer = p["buffer"];
+  struct Source {
+    std::vector<int64_t> shape;
+    int64_t numel = 1, unit = -1, offset = 0, buffer = -1;
+  };
+  /// The parameters by name, as the checkpoint's plan had them.
+  const std::map<std::string, Source> &sourceParams() const { return params; }
+
+  /// Whether the checkpoint holds parameter `name`'s optimizer state of
+  /// `kind` (a frozen unit holds none).
+  bool hasState(const std::string &kind, const std::string &name) {
+    Where w;
+    return locate(kind, name, w) && w.buffer >= 0;
+  }
+
+  /// Elements [first, first + count) of parameter `name` (`kind` empty) or
+  /// of its optimizer state of `kind`, widened to f32.
+  Status read(const std::string &kind, const std::string &name, int64_t first, int64_t count,
+              float *dst) {
+    auto it = params.find(name);
+    if (it == params.end())
+      return FSDP_ERROR(path, " has no parameter '", name, "'");
+    if (first < 0 || count < 0 || first > it->second.numel - count)
+      return FSDP_ERROR(path, ": elements [", first, ", ", first + count, ") of ", name,
+                        " lie outside it");
+    Where w;
+    if (!locate(kind, name, w))
+      return FSDP_ERROR(path, ": parameter ", name, " names a bad unit");
+    if (w.buffer < 0)
+      return FSDP_ERROR(path, " has no ", kind, " state for parameter ", name);
+    std::string tensor;
+    if (!tensorOf(w.buffer, tensor))
+      return FSDP_ERROR(path, ": no storage for parameter ", name);
+    return flat(tensor, w.shard, w.padded, w.offset + first, count, dst);
+  }
+
+  /// Whole parameters (`kind` empty) or whole per-parameter optimizer state
+  /// of one kind, under the parameters' names.
+  Status tensors(const std::string &kind, TensorMap &out) {
+    for (const auto &[name, s] : params) {
+      if (!kind.empty() && !hasState(kind, name))
+        continue; // a frozen unit: no state of this kind
       Tensor t;
-      t.shape = shape;
-      t.data.resize(numel * 4);
-      float *dst = reinterpret_cast<float *>(t.data.data());
-      std::string tname;
-      if (stateKind.empty() && buffer >= 0) {
-        if (!tensorOf(buffer, tname))
-          return FSDP_ERROR(path, ": no storage for parameter ", name);
-        FSDP_RETURN_IF_ERROR(flat(tname, numel, numel, 0, numel, dst));
-      } else {
-        if (unit < 0 || unit >= (int64_t)map["units"].size())
-          return FSDP_ERROR(path, ": parameter ", name, " names a bad unit");
-        json &u = map["units"][unit];
-        int64_t storage = u["buffer"];
-        if (!stateKind.empty()) {
-          storage = -1;
-          if (map.contains("states") && map["states"].is_array())
-            for (json &st : map["states"])
-              if (st.is_object() && st["kind"] == stateKind && st["unit"] == u["name"] &&
-                  st["buffer"].is_number_integer())
-                storage = st["buffer"];
-          // A unit without optimizer state (a frozen one): its
-          // parameters have none of this kind.
-          if (storage < 0)
-            continue;
-        }
-        if (!tensorOf(storage, tname))
-          return FSDP_ERROR(path, ": no storage for parameter ", name);
-        FSDP_RETURN_IF_ERROR(flat(tname, u["shard_numel"], u["padded_numel"], offset, numel, dst));
-      }
+      t.shape = s.shape;
+      t.data.resize(s.numel * 4);
+      FSDP_RETURN_IF_ERROR(read(kind, name, 0, s.numel, reinterpret_cast<float *>(t.data.data())));
       out[name] = std::move(t);
     }
     return Status::ok();
   }
 
   /// The optimizer-state kinds the checkpoint holds (exp_avg, ...).
-  std::vector<std::string> stateKinds() {
+  std::vector<std::string> stateKinds() const {
     std::vector<std::string> kinds;
-    json &map = index["shard_map"];
+    const json &map = index["shard_map"];
     if (map.contains("states") && map["states"].is_array())
-      for (json &st : map["states"])
-        if (st.is_object() && st["kind"].is_string() &&
+      for (const json &st : map["states"])
+        if (st.is_object() && st.contains("kind") && st["kind"].is_string() &&
             std::find(kinds.begin(), kinds.end(), st["kind"]) == kinds.end())
           kinds.push_back(st["kind"]);
     return kinds;
   }
 
+  std::string path;
   json index;
+  std::unique_ptr<RankFiles> files;
 
 private:
-  Status rank(int64_t r, TensorMap *&out) {
-    if (r < 0 || r >= world)
-      return FSDP_ERROR(path, ": a shard on rank ", r, " of ", world);
-    if (!loaded[r]) {
-      FSDP_RETURN_IF_ERROR(
-          readSafeTensors(path + "/" + index["files"][r].get<std::string>(), ranks[r]));
-      loaded[r] = true;
+  /// Where a parameter's elements lie: buffer `buffer` (-1: no such
+  /// state), a flat layout of `padded` elements cut in shards of `shard`,
+  /// the parameter at `offset`.
+  struct Where {
+    int64_t buffer = -1, shard = 0, padded = 0, offset = 0;
+  };
+  /// False: the shard map names a unit that is not there.
+  bool locate(const std::string &kind, const std::string &name, Where &w) {
+    const Source &s = params.at(name);
+    json &map = index["shard_map"];
+    json *states = map.contains("states") && map["states"].is_array() ? &map["states"] : nullptr;
+    auto stateOf = [&](const char *field, const std::string &of) -> int64_t {
+      if (states)
+        for (const json &st : *states)
+          if (st.is_object() && st.value("kind", json()) == kind && st.value(field, json()) == of &&
+              st["buffer"].is_number_integer())
+            return st["buffer"];
+      return -1;
+    };
+    // A parameter's own buffer (unsharded plans), or state shadowing it.
+    int64_t own = kind.empty() ? s.buffer : stateOf("param", name);
+    if (own >= 0) {
+      w = {own, s.numel, s.numel, 0};
+      return true;
     }
-    out = &ranks[r];
-    return Status::ok();
+    if (s.unit < 0 || s.unit >= (int64_t)map["units"].size())
+      return false;
+    const json &u = map["units"][s.unit];
+    int64_t buffer = kind.empty() ? u["buffer"].get<int64_t>()
+                                  : (u.contains("name") && u["name"].is_string()
+                                         ? stateOf("unit", u["name"].get<std::string>())
+                                         : -1);
+    w = {buffer, u["shard_numel"], u["padded_numel"], s.offset};
+    return true;
   }
-  bool tensorOf(int64_t bufferId, std::string &name) {
+
+  bool tensorOf(int64_t bufferId, std::string &name) const {
     for (const json &b : index["shard_map"]["buffers"])
       if (b["id"] == bufferId) {
         name = b["tensor"];
@@ -712,132 +760,272 @@ private:
     return false;
   }
 
-  std::string path;
-  int64_t world = 0;
-  std::vector<TensorMap> ranks;
-  std::vector<bool> loaded;
+  /// Elements [offset, offset + numel) of a flat buffer of `padded`
+  /// elements saved as tensor `name`: on every rank whole, or as rank r's
+  /// shard [r * shard, (r + 1) * shard) (told apart by its size).
+  Status flat(const std::string &name, int64_t shard, int64_t padded, int64_t offset, int64_t numel,
+              float *dst) {
+    if (offset < 0 || numel < 0 || offset > padded - numel || shard < 1)
+      return FSDP_ERROR(path, ": a range of ", name, " lies outside its unit");
+    const TensorEntry *e0;
+    FSDP_RETURN_IF_ERROR(files->find(0, name, e0));
+    // f32, or a frozen unit's 16-bit storage ([Note: parameter storage
+    // dtypes] in Executor.cpp), widened.
+    DType dt;
+    if (!parseSafetensorsDType(e0->dtype, dt) ||
+        (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16))
+      return FSDP_ERROR(path, ": tensor '", name, "' is ", e0->dtype,
+                        ", not parameter storage (F32, BF16 or F16)");
+    int64_t esz = dtypeSize(dt), bytes0 = (int64_t)(e0->end - e0->begin);
+    bool whole = bytes0 == padded * esz;
+    if (!whole && bytes0 != shard * esz)
+      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0, " bytes, neither its unit (",
+                        padded, " elements) nor a shard (", shard, ")");
+    for (int64_t i = 0; i < numel;) {
+      int64_t f = offset + i;
+      int64_t r = whole ? 0 : f / shard, at = whole ? f : f % shard;
+      int64_t len = std::min(numel - i, (whole ? padded : shard) - at);
+      const TensorEntry *e;
+      FSDP_RETURN_IF_ERROR(files->find(r, name, e));
+      if (e->dtype != e0->dtype || (int64_t)(e->end - e->begin) < (at + len) * esz)
+        return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
+      uint64_t from = e->begin + (uint64_t)(at * esz);
+      if (dt == DType::F32) {
+        FSDP_RETURN_IF_ERROR(files->read(r, from, dst + i, (size_t)(len * esz)));
+      } else {
+        scratch.resize((size_t)(len * esz));
+        FSDP_RETURN_IF_ERROR(files->read(r, from, scratch.data(), scratch.size()));
+        widenParams(dt, scratch.data(), len, dst + i);
+      }
+      i += len;
+    }
+    return Status::ok();
+  }
+
+  std::map<std::string, Source> params;
+  std::vector<uint8_t> scratch;
 };
+
+/// Refuses a checkpoint of another model: every parameter of `target` by
+/// name, with its shape, and no other.
+Status checkSameModel(const ShardMapReader &src, const Plan &target) {
+  const auto &params = src.sourceParams();
+  for (const Param &p : target.params) {
+    auto it = params.find(p.name);
+    if (it == params.end())
+      return FSDP_ERROR("checkpoint '", src.path, "' has no parameter '", p.name,
+                        "' the plan needs: it was written for another model");
+    if (it->second.shape != p.shape)
+      return FSDP_ERROR("checkpoint '", src.path, "': parameter '", p.name,
+                        "' has another shape there ", json(it->second.shape).dump(),
+                        " than in the plan ", json(p.shape).dump(),
+                        ": it was written for another model");
+  }
+  if (params.size() != target.params.size())
+    return FSDP_ERROR("checkpoint '", src.path, "' holds ", params.size(), " parameters, the plan ",
+                      target.params.size(), ": it was written for another model");
+  return Status::ok();
+}
+
+/// Rank `rank`'s bytes of the target plan's saved buffer `id`, assembled
+/// from `src` ([Note: resharding on load]) a piece at a time: `sink(at,
+/// bytes, n)` receives bytes [at, at + n) of the buffer, every byte once.
+using PieceSink = std::function<Status(int64_t at, const void *bytes, int64_t n)>;
+
+Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64_t rank,
+                      const PieceSink &sink) {
+  const Buffer &b = target.buffers[id];
+  // What the buffer holds: a unit's parameters, one parameter, or the
+  // optimizer state of either (`kind`).
+  std::string kind;
+  int64_t unit = -1;
+  const Param *own = nullptr;
+  auto paramNamed = [&](const std::string &name) -> const Param * {
+    for (const Param &p : target.params)
+      if (p.name == name)
+        return &p;
+    return nullptr;
+  };
+  for (size_t u = 0; u < target.units.size(); ++u)
+    if (target.units[u].buffer == id)
+      unit = (int64_t)u;
+  for (const Param &p : target.params)
+    if (p.buffer == id)
+      own = &p;
+  for (const State &st : target.states)
+    if (st.buffer == id) {
+      kind = st.kind;
+      for (size_t u = 0; u < target.units.size(); ++u)
+        if (!st.unit.empty() && target.units[u].name == st.unit)
+          unit = (int64_t)u;
+      if (!st.param.empty())
+        own = paramNamed(st.param);
+    }
+  if (unit < 0 && !own)
+    return FSDP_ERROR("cannot reshard: the plan's persistent buffer ", b.id, " (", b.name,
+                      ") is neither parameter storage nor optimizer state");
+  if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
+      (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
+    return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");
+  // The parameters it holds, and the elements [lo, hi) of the flat layout
+  // they share that this rank stores.
+  std::vector<const Param *> members;
+  int64_t lo = 0, hi = 0;
+  if (own) {
+    members.push_back(own);
+    hi = own->numel();
+  } else {
+    const Unit &u = target.units[unit];
+    for (const Param &p : target.params)
+      if (p.unit == unit)
+        members.push_back(&p);
+    if (b.numel() == u.shardNumel && u.shardNumel != u.paddedNumel)
+      lo = target.shardIndex(rank) * u.shardNumel, hi = lo + u.shardNumel;
+    else
+      hi = u.paddedNumel;
+  }
+  if (hi - lo != b.numel())
+    return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
+                      " elements, neither whole nor a shard");
+  for (const Param *p : members)
+    if (!kind.empty() && !src.hasState(kind, p->name))
+      return FSDP_ERROR("cannot reshard: the plan's state ", b.name, " (", kind,
+                        ") has no counterpart for parameter ", p->name, " in ", src.path,
+                        " (another optimizer, or a unit frozen there?)");
+  const int64_t esz = dtypeSize(b.dtype), piece = kLoadPieceBytes / 4;
+  std::vector<float> vals;
+  std::vector<uint8_t> narrow;
+  for (int64_t at = lo; at < hi; at += piece) {
+    int64_t n = std::min(piece, hi - at);
+    vals.assign((size_t)n, 0.0f); // padding stays zero
+    for (const Param *p : members) {
+      int64_t from = own ? 0 : p->flatOffset;
+      int64_t a = std::max(at, from), z = std::min(at + n, from + p->numel());
+      if (a < z)
+        FSDP_RETURN_IF_ERROR(src.read(kind, p->name, a - from, z - a, vals.data() + (a - at)));
+    }
+    const void *bytes = vals.data();
+    if (b.dtype != DType::F32) {
+      narrow.resize((size_t)(n * esz));
+      narrowParams(b.dtype, vals.data(), n, narrow.data());
+      bytes = narrow.data();
+    }
+    FSDP_RETURN_IF_ERROR(sink((at - lo) * esz, bytes, n * esz));
+  }
+  return Status::ok();
+}
+
+/// "2 rank(s) (mesh 1x2) at stage 3".
+std::string layoutName(int64_t world, int64_t replicas, int64_t shards, int64_t stage) {
+  return std::to_string(world) + " rank(s) (mesh " + std::to_string(replicas) + "x" +
+         std::to_string(shards) + ") at stage " + std::to_string(stage);
+}
 
 } // namespace
 
+Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, int64_t rank,
+                      TrainingPosition &position, LoadReport *report) {
+  ShardMapReader src;
+  FSDP_RETURN_IF_ERROR(src.open(path));
+  const json &index = src.index;
+  int64_t world = index["world_size"], stage = index["stage"];
+  // Written before meshes existed: a 1-D mesh.
+  std::vector<int64_t> mesh = {1, world};
+  if (index.contains("mesh")) {
+    const json &m = index["mesh"];
+    if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer() ||
+        m[0].get<int64_t>() * m[1].get<int64_t>() != world)
+      return FSDP_ERROR(path, "/index.json: mesh must be [replicas, shards] holding "
+                              "world_size ranks");
+    mesh = {m[0].get<int64_t>(), m[1].get<int64_t>()};
+  }
+  // The same layout: the same buffers, by id, name, size and dtype, on
+  // the same mesh at the same stage. Then this rank's file holds exactly
+  // its buffers.
+  std::vector<int64_t> ids = savedBuffers(plan);
+  const json &saved = index["shard_map"]["buffers"];
+  bool same = world == plan.worldSize && stage == plan.stage && mesh[0] == plan.meshReplicas &&
+              saved.size() == ids.size();
+  for (size_t i = 0; same && i < ids.size(); ++i) {
+    const Buffer &b = plan.buffers[ids[i]];
+    same = saved[i]["id"] == b.id && saved[i]["name"] == b.name && saved[i]["bytes"] == b.bytes &&
+           saved[i]["dtype"] == dtypeName(b.dtype);
+  }
+  FSDP_RETURN_IF_ERROR(ex.finishCarried());
+  if (same) {
+    std::vector<uint8_t> piece;
+    for (int64_t id : ids) {
+      const Buffer &b = plan.buffers[id];
+      const TensorEntry *e;
+      FSDP_RETURN_IF_ERROR(src.files->find(rank, tensorName(b), e));
+      DType dt;
+      if (!parseSafetensorsDType(e->dtype, dt) || dt != b.dtype ||
+          (int64_t)(e->end - e->begin) != b.bytes)
+        return FSDP_ERROR(src.files->path(rank), ": tensor '", tensorName(b), "' has ",
+                          e->end - e->begin, " bytes of ", e->dtype, ", the plan's buffer ",
+                          b.bytes, " bytes of ", dtypeName(b.dtype));
+      for (int64_t at = 0; at < b.bytes; at += kLoadPieceBytes) {
+        int64_t n = std::min(kLoadPieceBytes, b.bytes - at);
+        piece.resize((size_t)n);
+        FSDP_RETURN_IF_ERROR(src.files->read(rank, e->begin + at, piece.data(), (size_t)n));
+        FSDP_RETURN_IF_ERROR(ex.writeBytes(id, at, piece.data(), n));
+      }
+    }
+  } else {
+    FSDP_RETURN_IF_ERROR(checkSameModel(src, plan));
+    for (int64_t id : ids)
+      FSDP_RETURN_IF_ERROR(
+          assembleBuffer(src, plan, id, rank, [&](int64_t at, const void *bytes, int64_t n) {
+            return ex.writeBytes(id, at, bytes, n);
+          }));
+  }
+  position = positionOf(index);
+  if (report) {
+    report->resharded = !same;
+    report->from = layoutName(world, mesh[0], mesh[1], stage);
+    report->to = layoutName(plan.worldSize, plan.meshReplicas, plan.meshShards, plan.stage);
+    report->readBytes = src.files->bytesRead;
+    report->checkpointBytes = src.files->totalBytes();
+  }
+  return Status::ok();
+}
+
 Status exportCheckpoint(const std::string &path, TensorMap &params) {
-  CheckpointReader reader;
+  ShardMapReader reader;
   FSDP_RETURN_IF_ERROR(reader.open(path));
   return reader.tensors("", params);
 }
 
-Status reshardCheckpoint(const std::string &path, const Plan &target,
-                         const std::string &outDir) {
-  CheckpointReader reader;
-  FSDP_RETURN_IF_ERROR(reader.open(path));
-  TensorMap params;
-  FSDP_RETURN_IF_ERROR(reader.tensors("", params));
-  std::map<std::string, TensorMap> states;
-  for (const std::string &kind : reader.stateKinds())
-    FSDP_RETURN_IF_ERROR(reader.tensors(kind, states[kind]));
-  // The target's parameters by name, with the same shapes.
-  for (const Param &p : target.params) {
-    auto it = params.find(p.name);
-    if (it == params.end())
-      return FSDP_ERROR(path, " has no parameter '", p.name, "' the target plan needs");
-    if (it->second.shape != p.shape)
-      return FSDP_ERROR(path, ": parameter '", p.name, "' has another shape than in "
-                        "the target plan");
-  }
-  if (params.size() != target.params.size())
-    return FSDP_ERROR(path, " holds ", params.size(), " parameters, the target plan ",
-                      target.params.size(), ": another model");
-  // One whole flat buffer per target unit and per state kind it holds, in
-  // the target's layout (padding zero), then cut into each rank's bytes.
-  auto flatOf = [&](const TensorMap &source, int64_t unit) {
-    const Unit &u = target.units[unit];
-    std::vector<float> flatBuf(u.paddedNumel, 0.0f);
-    for (const Param &p : target.params)
-      if (p.unit == unit)
-        std::memcpy(flatBuf.data() + p.flatOffset, source.at(p.name).data.data(),
-                    p.numel() * 4);
-    return flatBuf;
-  };
-  auto unitIndex = [&](const std::string &name) -> int64_t {
-    for (size_t u = 0; u < target.units.size(); ++u)
-      if (target.units[u].name == name)
-        return (int64_t)u;
-    return -1;
-  };
-  json index;
-  FSDP_RETURN_IF_ERROR(readCheckpointIndex(path, index));
-  TrainingPosition pos;
-  pos.step = index["step"];
-  pos.seed = index["seed"].is_string()
-                 ? std::strtoull(index["seed"].get<std::string>().c_str(), nullptr, 10)
-                 : 0;
-  pos.schedule = index["schedule"];
-  pos.data = index["data"].is_object() && index["data"].contains("spec") &&
-                     index["data"]["spec"].is_string()
-                 ? index["data"]["spec"].get<std::string>()
-                 : "";
-  if (index.contains("loss_scale"))
-    pos.lossScale = index["loss_scale"];
+Status reshardCheckpoint(const std::string &path, const Plan &target, const std::string &outDir) {
+  ShardMapReader src;
+  FSDP_RETURN_IF_ERROR(src.open(path));
+  FSDP_RETURN_IF_ERROR(checkSameModel(src, target));
+  TrainingPosition pos = positionOf(src.index);
   std::string out = outDir + "/" + stepDirName(pos.step);
   std::error_code ec;
   if (fs::exists(out, ec))
     return FSDP_ERROR("'", out, "' exists: reshard into a new directory");
   FSDP_RETURN_IF_ERROR(makeDirs(out));
-  std::vector<TensorMap> files(target.worldSize);
-  for (int64_t id : savedBuffers(target)) {
-    const Buffer &b = target.buffers[id];
-    std::vector<float> whole;
-    int64_t unit = -1, shard = 0;
-    for (size_t u = 0; u < target.units.size(); ++u)
-      if (target.units[u].buffer == id)
-        unit = (int64_t)u, whole = flatOf(params, unit);
-    for (const Param &p : target.params)
-      if (p.buffer == id) {
-        const Tensor &t = params.at(p.name);
-        whole.assign(reinterpret_cast<const float *>(t.data.data()),
-                     reinterpret_cast<const float *>(t.data.data()) + p.numel());
-      }
-    for (const State &st : target.states)
-      if (st.buffer == id) {
-        unit = unitIndex(st.unit);
-        bool complete = unit >= 0 && states.count(st.kind);
-        for (const Param &p : target.params)
-          if (complete && p.unit == unit)
-            complete = states[st.kind].count(p.name) > 0;
-        if (!complete)
-          return FSDP_ERROR("cannot reshard: the target plan's state ", st.name, " (", st.kind,
-                            ") has no counterpart in ", path,
-                            " (another optimizer, or a unit frozen there?)");
-        whole = flatOf(states[st.kind], unit);
-      }
-    if (whole.empty())
-      return FSDP_ERROR("cannot reshard: the target plan's persistent buffer ", b.id,
-                        " (", b.name, ") is neither parameter storage nor optimizer state");
-    if (unit >= 0)
-      shard = target.units[unit].shardNumel;
-    for (int64_t r = 0; r < target.worldSize; ++r) {
+  // One target rank's file at a time: host memory holds one rank's state.
+  for (int64_t r = 0; r < target.worldSize; ++r) {
+    TensorMap file;
+    for (int64_t id : savedBuffers(target)) {
+      const Buffer &b = target.buffers[id];
       Tensor t;
       t.dtype = b.dtype;
       t.shape = b.shape;
-      const float *src = whole.data();
-      if (b.numel() == shard && shard != (int64_t)whole.size())
-        src += target.shardIndex(r) * shard;
-      else if (b.numel() != (int64_t)whole.size())
-        return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
-                          " elements, neither whole nor a shard");
-      // Narrowed to the buffer's dtype (a frozen unit's 16-bit storage).
-      if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
-          (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
-        return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");
       t.data.resize(b.bytes);
-      narrowParams(b.dtype, src, b.numel(), t.data.data());
-      files[r][tensorName(b)] = std::move(t);
+      FSDP_RETURN_IF_ERROR(
+          assembleBuffer(src, target, id, r, [&](int64_t at, const void *bytes, int64_t n) {
+            std::memcpy(t.data.data() + at, bytes, (size_t)n);
+            return Status::ok();
+          }));
+      file[tensorName(b)] = std::move(t);
     }
-  }
-  for (int64_t r = 0; r < target.worldSize; ++r)
     FSDP_RETURN_IF_ERROR(writeSafeTensors(
-        out + "/" + rankFileName(r, target.worldSize), files[r],
+        out + "/" + rankFileName(r, target.worldSize), file,
         {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(pos.step)}}));
+  }
   return commit(out, makeIndex(target, pos), pos.step);
 }
 

@@ -43,6 +43,20 @@ struct TrainingPosition {
   /// The dynamic loss scaler (plans with loss scaling): {scale,
   /// growth_tracker, skipped_steps}; null otherwise.
   nlohmann::json lossScale;
+  /// Samples or tokens one step trained on, all ranks together (0:
+  /// unknown, a checkpoint written before it was recorded).
+  int64_t itemsPerStep = 0;
+};
+
+/// How loadCheckpoint restored this rank's buffers.
+struct LoadReport {
+  /// Written for another layout (world size, mesh, stage, unit grouping
+  /// or storage dtypes) and resharded on load; `from` says what it was
+  /// written for ("2 rank(s) (mesh 1x2) at stage 3").
+  bool resharded = false;
+  std::string from, to; ///< the checkpoint's layout, and the plan's
+  /// Bytes this rank read of the rank files, and their total size.
+  uint64_t readBytes = 0, checkpointBytes = 0;
 };
 
 /// Writes the checkpoint of `position.step` under `dir` (every rank calls
@@ -112,11 +126,20 @@ private:
 /// itself is accepted too); an error when there is none.
 Status latestCheckpoint(const std::string &dir, std::string &path);
 
-/// Restores this rank's buffers from the checkpoint at `path` after checking
-/// that it was written for this plan (world size, stage, every saved
-/// buffer's name, size and dtype).
-Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
-                      int64_t rank, TrainingPosition &position);
+/// Restores this rank's buffers from the checkpoint at `path`. Written for
+/// this plan's layout (world size, mesh, stage, every saved buffer's id,
+/// name, size and dtype), each buffer is read from this rank's file.
+/// Written for another layout of the same model and optimizer, it is
+/// resharded on load ([Note: resharding on load]): this rank reads only
+/// the byte ranges of its own slices from whichever rank files hold them.
+/// Another model (a parameter's name or shape) or optimizer (a state kind
+/// the plan needs) is an error. Host memory is bounded by a piece of
+/// kLoadPieceBytes, not by the checkpoint.
+Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, int64_t rank,
+                      TrainingPosition &position, LoadReport *report = nullptr);
+
+/// The piece a load reads and writes at a time (16 MiB).
+constexpr int64_t kLoadPieceBytes = int64_t(16) << 20;
 
 /// Reads the index of the checkpoint at `path`.
 Status readCheckpointIndex(const std::string &path, nlohmann::json &index);
@@ -128,8 +151,10 @@ Status exportCheckpoint(const std::string &path, TensorMap &params);
 /// Converts the checkpoint at `path` (any world size and stage) into one
 /// for the `target` plan (another world size, stage or unit grouping of the
 /// same model and optimizer), written as `outDir/step-NNNNNNNN/`, without
-/// running the model: parameters and optimizer state are consolidated per
-/// parameter from the shard map and cut again in the target's layout.
+/// running the model: each target rank's buffers are assembled from the
+/// ranges of the source's rank files that hold them (the shard map says
+/// where every parameter and its optimizer state lie), the same way
+/// loadCheckpoint reshards on load.
 Status reshardCheckpoint(const std::string &path, const Plan &target,
                          const std::string &outDir);
 

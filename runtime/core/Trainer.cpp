@@ -733,13 +733,23 @@ private:
     std::string path;
     FSDP_RETURN_IF_ERROR(latestCheckpoint(opt.resume, path));
     TrainingPosition pos;
-    FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, *ex, comm.rank(), pos));
+    FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, *ex, comm.rank(), pos, &resumed));
     FSDP_RETURN_IF_ERROR(ex->restoreLossScaler(pos.lossScale));
     if (pos.step >= opt.steps)
       return FSDP_ERROR("--resume: the checkpoint '", path, "' is at step ", pos.step,
                         ", not before --steps ", opt.steps, ": nothing to run");
-    if (root && !opt.quiet && !opt.json)
+    if (root && !opt.quiet && !opt.json) {
       std::printf("resuming from %s (step %lld)\n", path.c_str(), (long long)pos.step);
+      if (resumed.resharded)
+        std::printf("resharded on load: written for %s, this plan is for %s; rank 0 read "
+                    "%s of the checkpoint's %s\n",
+                    resumed.from.c_str(), resumed.to.c_str(),
+                    human((double)resumed.readBytes).c_str(),
+                    human((double)resumed.checkpointBytes).c_str());
+    }
+    resumedPath = path;
+    resumedStep = pos.step;
+    resumedItems = pos.itemsPerStep;
     // Another schedule, seed or data source is allowed (fine-tuning on),
     // but then the run is not the one that was interrupted: say so.
     // --steps may grow on resume; it shapes the constant schedule not at all.
@@ -811,6 +821,15 @@ private:
     scaling = plan.lossScaling.enabled;
     normed = ex->hasGradNorm();
     items = data->itemsPerStep() * comm.size();
+    // Another global batch (a resharded plan whose per-rank batch was not
+    // scaled with the world size): the continuation trains on other
+    // batches than the interrupted run would have.
+    if (root && resumedItems > 0 && resumedItems != items)
+      std::fprintf(stderr,
+                   "fsdp-run: note: the checkpoint's run trained on %lld %s per step, "
+                   "this one on %lld: the continuation reads other batches (keep "
+                   "the per-rank batch times the world size)\n",
+                   (long long)resumedItems, data->unit(), (long long)items);
     if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
       killRank = std::atoll(r);
     if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
@@ -889,7 +908,7 @@ private:
     }
     if (!opt.ckptDir.empty() &&
         (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
-      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex->lossScalerState()};
+      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex->lossScalerState(), items};
       auto t = std::chrono::steady_clock::now();
       if (opt.asyncSave)
         FSDP_RETURN_IF_ERROR(saver.save(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
@@ -1036,6 +1055,13 @@ private:
                           {"scratch_outside_arena", device.scratchHighWater()},
                           {"device", device.describe()},
                           {"comm", comm.describe()}};
+      if (!resumedPath.empty())
+        j["resumed"] = {{"path", resumedPath},
+                        {"step", resumedStep},
+                        {"resharded", resumed.resharded},
+                        {"written_for", resumed.from},
+                        {"rank0_read_bytes", resumed.readBytes},
+                        {"checkpoint_bytes", resumed.checkpointBytes}};
       if (plan.hostArenaBytes > 0) {
         j["predicted_host_peak"] = plan.memory.hostPeak;
         j["predicted_host_peak_live"] = plan.memory.hostPeakLive;
@@ -1143,6 +1169,9 @@ private:
   nlohmann::json schedule; ///< what a checkpoint records, to resume exactly
   LrSchedule lrSchedule;
   int64_t firstStep = 1;   ///< after the resumed checkpoint's step
+  LoadReport resumed;      ///< how --resume loaded it
+  std::string resumedPath;
+  int64_t resumedStep = -1, resumedItems = 0;
   // openData / openDump / startLoop
   std::unique_ptr<DataSource> data, evalSource;
   bool dump = false;    ///< --dump-dir

@@ -11,7 +11,10 @@ steps against 4 steps with --ckpt-dir, then --resume to 8. The losses of
 steps 5-8 and the final parameters must be bitwise identical. A rank killed
 while the step-4 checkpoint is being written leaves step 2 usable, and the
 resumed run is again bitwise the uninterrupted one. `fsdp-ckpt export`
-gives the parameters --save gives. Corrupt, truncated and mismatched
+gives the parameters --save gives. A checkpoint converted to another world
+size, stage, mesh or storage dtype offline (`fsdp-ckpt reshard`) and the
+same checkpoint resharded on load (`--resume` with the other plan) give
+bitwise the same run, and a rank reads only its slices. Corrupt, truncated and mismatched
 checkpoints are clear errors (exit 1).
 """
 import json
@@ -73,17 +76,28 @@ def main():
                     losses[j["step"]] = j["loss"]
         return r, losses
 
+    def summary(r):
+        """The run's JSON summary line (the one without a step)."""
+        for line in r.stdout.splitlines():
+            if line.startswith("{") and "step" not in json.loads(line):
+                return json.loads(line)
+        return {}
+
+    def same_files(a, b):
+        return open(a, "rb").read() == open(b, "rb").read()
+
     m = model("m", 16, 4)
     # Stages 1/2 with bf16 compute keep f32 master shards (ZeRO's mixed-
     # precision layout): a checkpoint holds those shards.
     configs = [(1, 0, "")] + [(2, s, "") for s in range(4)] + \
         [(2, s, " param-dtype=bf16") for s in (1, 2)]
-    plans = {}
+    plans, refs = {}, {}
     for n, stage, extra in configs:
         tag = f"n{n}s{stage}" + ("bf16" if extra else "")
         p = plans[tag] = plan(m, tag, n, stage, extra)
         full = os.path.join(work, tag + ".full.safetensors")
         _, ref = train(p, n, "--steps", "8", "--save", full)
+        refs[tag] = ref
         ck = os.path.join(work, tag + ".ck")
         train(p, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "2", "--keep", "1")
         kept = sorted(os.listdir(ck))
@@ -139,31 +153,43 @@ def main():
             f"plan={tgt} report=false"])
         out = os.path.join(work, tag + ".ck")
         sh([ckpt, "reshard", rck, "--plan", tgt, out])
-        _, after = train(tgt, n, "--steps", "8", "--resume", out)
+        off, on = os.path.join(work, tag + ".off.st"), os.path.join(work, tag + ".on.st")
+        _, after = train(tgt, n, "--steps", "8", "--resume", out, "--save", off)
         worst = max(abs(after[s] - cont[s]) / abs(cont[s]) for s in range(5, 9))
         report(sorted(after) == [5, 6, 7, 8] and worst <= 1e-6,
                f"resharded 2 ranks stage 3 -> {n} rank(s) stage {stage}: losses 5-8 "
                f"within {worst:.1e} of the 2-rank continuation")
+        # Resharded on load, from the 2-rank checkpoint itself: every rank
+        # holds the bytes the offline conversion gave it, so the run is
+        # bitwise the one resumed from the converted checkpoint.
+        r, online = train(tgt, n, "--steps", "8", "--resume", rck, "--save", on)
+        res = summary(r).get("resumed", {})
+        report(online == after and same_files(on, off) and res.get("resharded") is True
+               and res.get("written_for") == "2 rank(s) (mesh 1x2) at stage 3",
+               f"2 ranks stage 3 -> {n} rank(s) stage {stage}, resharded on load: losses 5-8 "
+               f"and final parameters bitwise those resumed from the offline conversion ({res})")
         a, b = os.path.join(work, tag + ".a.st"), os.path.join(work, tag + ".b.st")
         sh([ckpt, "export", rck, a])
         sh([ckpt, "export", out, b])
         report(tensors(a) == tensors(b), f"resharded to {n} rank(s): parameters unchanged")
     # An f32 stage-2 checkpoint (whole parameters) on the bf16 stage-2
-    # plan (f32 master shards): refused on resume, converted offline.
+    # plan (f32 master shards): the same world size and stage, other
+    # buffers. Converted offline, and resharded on load.
     f32ck = os.path.join(work, "n2s2.ck")
-    r, _ = train(plans["n2s2bf16"], 2, "--steps", "8", "--resume", f32ck, check=False)
-    report(r.returncode == 1 and "another model or plan" in r.stderr,
-           f"an f32 stage-2 checkpoint on a bf16 stage-2 plan: exit {r.returncode}: "
-           f"{(r.stderr.strip().splitlines() or [''])[0][:160]}")
     conv = os.path.join(work, "n2s2-to-bf16.ck")
     sh([ckpt, "reshard", f32ck, "--plan", plans["n2s2bf16"], conv])
     a, b = os.path.join(work, "conv.a.st"), os.path.join(work, "conv.b.st")
     sh([ckpt, "export", f32ck, a])
     sh([ckpt, "export", conv, b])
-    r, after = train(plans["n2s2bf16"], 2, "--steps", "6", "--resume", conv)
+    off, on = os.path.join(work, "conv.off.st"), os.path.join(work, "conv.on.st")
+    r, after = train(plans["n2s2bf16"], 2, "--steps", "6", "--resume", conv, "--save", off)
     report(tensors(a) == tensors(b) and sorted(after) == [5, 6],
            "reshard f32 stage 2 -> bf16 stage 2 (master shards): parameters unchanged, "
            "training resumes")
+    r, online = train(plans["n2s2bf16"], 2, "--steps", "6", "--resume", f32ck, "--save", on)
+    report(online == after and same_files(on, off) and summary(r)["resumed"]["resharded"],
+           "f32 stage 2 -> bf16 stage 2, resharded on load: losses 5-6 and final parameters "
+           "bitwise those resumed from the offline conversion")
     # Hybrid sharding (mesh 2x2, ZeRO-3 inside each replica): exact resume,
     # and the 2-rank checkpoint resharded onto it.
     hs = plan(model("hs", 16, 3), "hs", 4, 3, " mesh=2x2")
@@ -183,11 +209,35 @@ def main():
     report(sorted(hafter) == [5, 6, 7, 8] and worst <= 1e-6,
            f"resharded 2 ranks stage 3 -> mesh 2x2 stage 3: losses 5-8 within "
            f"{worst:.1e} of the 2-rank continuation")
+    # The mesh 2x2 checkpoint on a 1-D 4-rank ZeRO-3 plan, resharded on
+    # load: each rank reads its quarter of one replica's state, no more
+    # than the data of its file in the offline conversion (the 2x2
+    # checkpoint holds two replicas: 8 such quarters).
     flat4 = plan(os.path.join(work, "hs.mlir"), "hs-flat", 4, 3)
-    r, _ = train(flat4, 4, "--steps", "8", "--resume", hck, check=False)
-    report(r.returncode == 1 and "mesh 2x2" in r.stderr,
-           f"a mesh 2x2 checkpoint on a 1-D 4-rank plan: exit {r.returncode}: "
-           f"{(r.stderr.strip().splitlines() or [''])[0][:160]}")
+    fout = os.path.join(work, "hs-flat.ck")
+    sh([ckpt, "reshard", hck, "--plan", flat4, fout])
+    off, on = os.path.join(work, "hs-flat.off.st"), os.path.join(work, "hs-flat.on.st")
+    _, after = train(flat4, 4, "--steps", "8", "--resume", fout, "--save", off)
+    r, online = train(flat4, 4, "--steps", "8", "--resume", hck, "--save", on)
+    res = summary(r).get("resumed", {})
+    rank0 = sum(len(v) for v in tensors(os.path.join(
+        fout, "step-00000004", "rank-00000-of-00004.safetensors")).values())
+    worst = max(abs(online[s] - href[s]) / abs(href[s]) for s in range(5, 9))
+    report(online == after and same_files(on, off) and worst <= 1e-6,
+           f"mesh 2x2 -> 1-D 4 ranks stage 3, resharded on load: bitwise the offline "
+           f"conversion's run, losses 5-8 within {worst:.1e} of the 2x2 run")
+    report(res.get("written_for") == "4 rank(s) (mesh 2x2) at stage 3"
+           and 0 < res.get("rank0_read_bytes", 0) <= rank0
+           and 8 * res["rank0_read_bytes"] <= res["checkpoint_bytes"],
+           f"resharded on load, rank 0 read {res.get('rank0_read_bytes')} bytes: at most its "
+           f"shard ({rank0}) and an eighth of the checkpoint ({res.get('checkpoint_bytes')})")
+    # The text output says so.
+    r = sh([run, flat4, "--threads", "1", "--lr", "1e-2", "--nproc", "4", "--steps", "5",
+            "--resume", hck])
+    report("resharded on load: written for 4 rank(s) (mesh 2x2) at stage 3, this plan is for "
+           "4 rank(s) (mesh 1x4) at stage 3" in r.stdout,
+           "the text output names both layouts: " +
+           next((l for l in r.stdout.splitlines() if "resharded" in l), "(no line)"))
 
     r = sh([ckpt, "reshard", rck, "--plan", other, os.path.join(work, "rs-other")], check=False)
     report(r.returncode == 1 and "another shape" in r.stderr,
@@ -217,8 +267,19 @@ def main():
         shutil.copytree(good, dst)
         return dst, os.path.join(dst, "step-00000004")
 
-    bad("wrong world size", good, plans["n1s0"], 1, "was written for 2 rank(s)")
-    bad("wrong stage", good, plans["n2s2"], 2, "at stage 3")
+    # Another world size resumes (resharded on load); the global batch
+    # changed with it (1 rank of 4 rows, not 2), and stderr says so.
+    r, after = train(plans["n1s0"], 1, "--steps", "6", "--resume", good)
+    report(r.returncode == 0 and sorted(after) == [5, 6] and
+           "trained on 8 samples per step, this one on 4" in r.stderr,
+           f"another world size and global batch: resumes, with a note: "
+           f"{(r.stderr.strip().splitlines() or ['(none)'])[0][:160]}")
+    r, after = train(plans["n2s2"], 2, "--steps", "8", "--resume", good)
+    ref = refs["n2s3"]
+    worst = max(abs(after[s] - ref[s]) / abs(ref[s]) for s in range(5, 9))
+    report(r.returncode == 0 and "note" not in r.stderr and worst <= 1e-6,
+           f"another stage (3 -> 2), resharded on load: losses 5-8 within {worst:.1e} of the "
+           f"uninterrupted stage-3 run, no note")
     bad("another model", good, other, 2, "another model")
     d, s4 = copy("missing")
     os.remove(os.path.join(s4, "rank-00001-of-00002.safetensors"))
@@ -227,6 +288,8 @@ def main():
     f = os.path.join(s4, "rank-00000-of-00002.safetensors")
     os.truncate(f, os.path.getsize(f) - 10)
     bad("a truncated shard file", d, p, 2, "rank-00000-of-00002.safetensors")
+    bad("a truncated shard file, resharded on load", d, plans["n1s0"], 1,
+        "rank-00000-of-00002.safetensors")
     d, s4 = copy("index")
     open(os.path.join(s4, "index.json"), "w").write("{not json")
     bad("a corrupt index", d, p, 2, "not valid JSON")

@@ -19,8 +19,8 @@ configuration below, against the same plan without offload:
     uninterrupted run's losses and parameters bitwise, and the checkpoint
     of the offloaded plan resumes in the plan without offload (the layout
     is the same shards) with the same losses; at stage 2 in f32, where the
-    plan without offload keeps whole parameters, it is refused by name and
-    `fsdp-ckpt reshard` converts it, again bitwise;
+    plan without offload keeps whole parameters, `fsdp-ckpt reshard`
+    converts it and `--resume` reshards it on load, both bitwise;
 (d) refusals: stage 0 (no sharded storage to offload) is refused by name;
 (e) evaluation (--eval-every) gives the validation losses bitwise;
 (f) overlap (the default): every host update is an async instruction
@@ -226,24 +226,23 @@ def main():
                                      f"without offload, losses bitwise equal")
 
         # (c) stages 1/2 in f32: offload keeps the master shard where the
-        # plan without it keeps whole parameters, so that plan refuses the
-        # checkpoint by name, and `fsdp-ckpt reshard` converts it.
+        # plan without it keeps whole parameters: another layout, which
+        # `--resume` reshards on load and `fsdp-ckpt reshard` converts.
         model, n, pipeline = CONFIGS[2]
         off, base = (os.path.join(tmp, f"c2-{t}.plan") for t in ("off", "none"))
         ref, _ = train(off, n, "--steps", "8")
         ck, ckr = os.path.join(tmp, "ck2"), os.path.join(tmp, "ck2r")
         train(off, n, "--steps", "4", "--ckpt-dir", ck, "--save-every", "4")
-        r = subprocess.run([os.path.join(bindir, "fsdp-run"), base, "--steps", "8", "--resume",
-                            ck, "--nproc", str(n), "--threads", "1", "--quiet"],
-                           capture_output=True, text=True, timeout=300)
-        report(r.returncode == 1 and "fsdp-ckpt reshard" in r.stderr,
-               f"(c) {model} N={n} {pipeline}: the plan without offload refuses the "
-               f"offloaded checkpoint, naming fsdp-ckpt reshard")
         subprocess.run([os.path.join(bindir, "fsdp-ckpt"), "reshard", ck, "--plan", base, ckr],
                        check=True, capture_output=True)
-        after, _ = train(base, n, "--steps", "8", "--resume", ckr)
+        after, _ = train(base, n, "--steps", "8", "--resume", ckr, "--save", ckr + ".st")
         report(after == ref[4:], f"(c) {model} N={n} {pipeline}: resharded for the plan "
                                  f"without offload, losses 5-8 bitwise equal")
+        online, summary = train(base, n, "--steps", "8", "--resume", ck, "--save", ck + ".st")
+        report(online == ref[4:] and summary["resumed"]["resharded"]
+               and read(ck + ".st") == read(ckr + ".st"),
+               f"(c) {model} N={n} {pipeline}: resharded on load by the plan without offload, "
+               f"losses 5-8 and final parameters bitwise equal")
 
         # (e) evaluation: the forward slice copies the offloaded shards too.
         vals = {}
