@@ -608,19 +608,20 @@ private:
 
 /// What an index records beside the buffers.
 TrainingPosition positionOf(const json &index) {
+  // Fields an older or hand-edited index may lack read as absent (null);
+  // readCheckpointIndex checked `step`.
   TrainingPosition pos;
   pos.step = index["step"];
-  const json &seed = index["seed"];
+  const json seed = index.value("seed", json());
   pos.seed = seed.is_string() ? std::strtoull(seed.get<std::string>().c_str(), nullptr, 10) : 0;
-  pos.schedule = index["schedule"];
-  const json &data = index["data"];
+  pos.schedule = index.value("schedule", json());
+  const json data = index.value("data", json());
   if (data.is_object() && data.contains("spec") && data["spec"].is_string())
     pos.data = data["spec"];
   if (data.is_object() && data.contains("items_per_step") &&
       data["items_per_step"].is_number_integer())
     pos.itemsPerStep = data["items_per_step"];
-  if (index.contains("loss_scale"))
-    pos.lossScale = index["loss_scale"];
+  pos.lossScale = index.value("loss_scale", json());
   return pos;
 }
 
@@ -628,6 +629,10 @@ TrainingPosition positionOf(const json &index) {
 /// elements of a parameter, or of its optimizer state of one kind, from
 /// the shard map alone (no plan, no ranks), a range at a time.
 class ShardMapReader {
+  /// Bounds a shard map's sizes and offsets, so that sums of them cannot
+  /// overflow (2^46 f32 elements: 256 TiB).
+  static constexpr int64_t kMaxElems = INT64_C(1) << 46;
+
 public:
   Status open(const std::string &p) {
     path = p;
@@ -638,11 +643,14 @@ public:
       Source s;
       s.shape = p["shape"].get<std::vector<int64_t>>();
       for (int64_t d : s.shape)
-        if (d < 0 || __builtin_mul_overflow(s.numel, d, &s.numel) || s.numel > (INT64_C(1) << 46))
+        if (d < 0 || __builtin_mul_overflow(s.numel, d, &s.numel) || s.numel > kMaxElems)
           return FSDP_ERROR(path, ": parameter ", p["name"].get<std::string>(), " has a bad shape");
       s.unit = p["unit"];
       s.offset = p["flat_offset"];
       s.buffer = p["buffer"];
+      if (s.offset < 0 || s.offset > kMaxElems)
+        return FSDP_ERROR(path, ": parameter ", p["name"].get<std::string>(),
+                          " has a bad flat_offset");
       params[p["name"]] = std::move(s);
     }
     return Status::ok();
@@ -721,7 +729,8 @@ private:
   struct Where {
     int64_t buffer = -1, shard = 0, padded = 0, offset = 0;
   };
-  /// False: the shard map names a unit that is not there.
+  /// False: the shard map names a unit that is not there, or one whose
+  /// sizes are out of range.
   bool locate(const std::string &kind, const std::string &name, Where &w) {
     const Source &s = params.at(name);
     json &map = index["shard_map"];
@@ -730,7 +739,7 @@ private:
       if (states)
         for (const json &st : *states)
           if (st.is_object() && st.value("kind", json()) == kind && st.value(field, json()) == of &&
-              st["buffer"].is_number_integer())
+              st.value("buffer", json()).is_number_integer())
             return st["buffer"];
       return -1;
     };
@@ -748,7 +757,7 @@ private:
                                          ? stateOf("unit", u["name"].get<std::string>())
                                          : -1);
     w = {buffer, u["shard_numel"], u["padded_numel"], s.offset};
-    return true;
+    return w.shard >= 1 && w.shard <= kMaxElems && w.padded >= 0 && w.padded <= kMaxElems;
   }
 
   bool tensorOf(int64_t bufferId, std::string &name) const {

@@ -733,7 +733,10 @@ private:
     std::string path;
     FSDP_RETURN_IF_ERROR(latestCheckpoint(opt.resume, path));
     TrainingPosition pos;
+    auto t0 = std::chrono::steady_clock::now();
     FSDP_RETURN_IF_ERROR(loadCheckpoint(path, plan, *ex, comm.rank(), pos, &resumed));
+    loadMs =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     FSDP_RETURN_IF_ERROR(ex->restoreLossScaler(pos.lossScale));
     if (pos.step >= opt.steps)
       return FSDP_ERROR("--resume: the checkpoint '", path, "' is at step ", pos.step,
@@ -1061,7 +1064,8 @@ private:
                         {"resharded", resumed.resharded},
                         {"written_for", resumed.from},
                         {"rank0_read_bytes", resumed.readBytes},
-                        {"checkpoint_bytes", resumed.checkpointBytes}};
+                        {"checkpoint_bytes", resumed.checkpointBytes},
+                        {"rank0_load_ms", loadMs}};
       if (plan.hostArenaBytes > 0) {
         j["predicted_host_peak"] = plan.memory.hostPeak;
         j["predicted_host_peak_live"] = plan.memory.hostPeakLive;
@@ -1172,6 +1176,7 @@ private:
   LoadReport resumed;      ///< how --resume loaded it
   std::string resumedPath;
   int64_t resumedStep = -1, resumedItems = 0;
+  double loadMs = 0; ///< rank 0's loadCheckpoint
   // openData / openDump / startLoop
   std::unique_ptr<DataSource> data, evalSource;
   bool dump = false;    ///< --dump-dir
