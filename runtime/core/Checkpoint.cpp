@@ -428,7 +428,7 @@ Status AsyncCheckpointer::finish(Communicator &comm) {
 Status latestCheckpoint(const std::string &dir, std::string &path) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    return FSDP_ERROR("--resume: '", dir, "' is not a directory");
+    return FSDP_ERROR("'", dir, "' is not a directory");
   if (fs::exists(fs::path(dir) / kCommitFile, ec)) {
     path = dir;
     return Status::ok();
@@ -445,7 +445,7 @@ Status latestCheckpoint(const std::string &dir, std::string &path) {
     }
   }
   if (best < 0)
-    return FSDP_ERROR("--resume: no complete checkpoint in '", dir,
+    return FSDP_ERROR("no complete checkpoint in '", dir,
                       "' (a checkpoint is complete once its COMMIT file exists)");
   return Status::ok();
 }
@@ -997,6 +997,33 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
     report->checkpointBytes = src.files->totalBytes();
   }
   return Status::ok();
+}
+
+bool isTrainingCheckpoint(const std::string &path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    return false;
+  if (fs::exists(fs::path(path) / kIndexFile, ec))
+    return true;
+  for (const auto &e : fs::directory_iterator(path, ec)) {
+    long long s;
+    char tail;
+    if (e.is_directory(ec) &&
+        std::sscanf(e.path().filename().string().c_str(), "step-%lld%c", &s, &tail) == 1)
+      return true;
+  }
+  return false;
+}
+
+Status initParamsFromCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
+                                std::string &used) {
+  FSDP_RETURN_IF_ERROR(latestCheckpoint(path, used));
+  ShardMapReader src;
+  FSDP_RETURN_IF_ERROR(src.open(used));
+  FSDP_RETURN_IF_ERROR(checkSameModel(src, plan));
+  return ex.loadParams([&](const Param &p, int64_t first, int64_t count, float *out) {
+    return src.read("", p.name, first, count, out);
+  });
 }
 
 Status exportCheckpoint(const std::string &path, TensorMap &params) {

@@ -141,6 +141,19 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
 /// The piece a load reads and writes at a time (16 MiB).
 constexpr int64_t kLoadPieceBytes = int64_t(16) << 20;
 
+/// Whether `path` is a directory of fsdp-run checkpoints (holding
+/// step-NNNNNNNN directories) or one checkpoint (holding index.json).
+bool isTrainingCheckpoint(const std::string &path);
+
+/// fsdp-run --init-from a training checkpoint: the parameters of the newest
+/// committed checkpoint under `path` (`used` names it), whatever its
+/// layout, each rank reading only its slices as resharding on load does.
+/// Only the parameters: the optimizer (any, also another one), the step,
+/// the schedule and the data start fresh, as from a .safetensors file.
+/// Another model is an error.
+Status initParamsFromCheckpoint(const std::string &path, const Plan &plan, Executor &ex,
+                                std::string &used);
+
 /// Reads the index of the checkpoint at `path`.
 Status readCheckpointIndex(const std::string &path, nlohmann::json &index);
 

@@ -76,7 +76,10 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        parameter of the model and vice versa, shapes equal;
                        F32, BF16, F16 (widened exactly) and F64 (rounded to
                        nearest) load as torch's load_state_dict does. Each
-                       rank reads only its own slice of every parameter
+                       rank reads only its own slice of every parameter.
+                       Or an fsdp-run checkpoint directory (--ckpt-dir, any
+                       world size and stage): the newest committed one's
+                       parameters, without its optimizer state or step
   --nvme-dir DIR        where a plan compiled with offload-nvme=true keeps its
                        optimizer state: one swap file a rank, reserved at start
                        and unlinked at once (nothing is left behind); put it on
@@ -709,8 +712,18 @@ private:
     FSDP_RETURN_IF_ERROR(ex->init(opt.seed));
     if (!opt.initFrom.empty()) {
       // Headers only, then each rank its own slices: a rank's host memory
-      // stays bounded however large the checkpoint (InitFrom.h).
-      FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, *ex));
+      // stays bounded however large the checkpoint (InitFrom.h). A
+      // training checkpoint's parameters come through its shard map.
+      if (isTrainingCheckpoint(opt.initFrom)) {
+        std::string used;
+        FSDP_RETURN_IF_ERROR(initParamsFromCheckpoint(opt.initFrom, plan, *ex, used));
+        if (root && !opt.quiet && !opt.json)
+          std::printf("parameters from the training checkpoint %s (the optimizer state, "
+                      "step and schedule start fresh)\n",
+                      used.c_str());
+      } else {
+        FSDP_RETURN_IF_ERROR(initParamsFrom(opt.initFrom, plan, *ex));
+      }
     }
     // The schedule, and the record of it a checkpoint keeps to resume
     // exactly (written from the schedule itself).

@@ -239,6 +239,27 @@ def main():
            "the text output names both layouts: " +
            next((l for l in r.stdout.splitlines() if "resharded" in l), "(no line)"))
 
+    # --init-from a training checkpoint directory: its parameters only, in
+    # any layout, under another optimizer (fine-tuning with SGD from the
+    # 2-rank AdamW checkpoint, on 1 rank): bitwise the run started from its
+    # export (the same f32 values); another model is refused.
+    sgd1 = os.path.join(work, "init-sgd.plan")
+    sh([opt, os.path.join(work, "rs-n1s0.mlir"), "-o", os.devnull,
+        f"--fsdp-pipeline=optimizer=sgd momentum=0.9 plan={sgd1} report=false"])
+    exported = os.path.join(work, "rs.export.st")
+    sh([ckpt, "export", rck, exported])
+    _, from_file = train(sgd1, 1, "--steps", "3", "--init-from", exported)
+    r, from_dir = train(sgd1, 1, "--steps", "3", "--init-from", rck)
+    report(from_dir == from_file and sorted(from_dir) == [1, 2, 3],
+           "--init-from a 2-rank ZeRO-3 AdamW checkpoint directory on a 1-rank SGD plan: "
+           "losses 1-3 bitwise those from its export")
+    r = sh([run, sgd1, "--threads", "1", "--steps", "1", "--init-from", rck], check=True)
+    report("parameters from the training checkpoint " + os.path.join(rck, "step-00000004")
+           in r.stdout, "--init-from a checkpoint directory names the checkpoint it used")
+    r, _ = train(other, 2, "--steps", "1", "--init-from", rck, check=False)
+    report(r.returncode == 1 and "another model" in r.stderr,
+           f"--init-from a checkpoint of another model: exit {r.returncode}")
+
     r = sh([ckpt, "reshard", rck, "--plan", other, os.path.join(work, "rs-other")], check=False)
     report(r.returncode == 1 and "another shape" in r.stderr,
            f"reshard onto another model: exit {r.returncode}: {r.stderr.strip()[:120]}")
