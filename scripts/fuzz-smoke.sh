@@ -7,7 +7,7 @@
 # (fuzz/corpus/<name>/) with its dictionary. Fails on any crash, sanitizer
 # report, leak, timeout (> 10 s per input) or out-of-memory (> 2 GiB).
 #
-# Usage: scripts/fuzz-smoke.sh [HARNESS...]   (default: plan safetensors tokens mlir)
+# Usage: scripts/fuzz-smoke.sh [HARNESS...]   (default: plan safetensors tokens checkpoint mlir)
 #   FUZZ_SECONDS=N   seconds per harness (default 60 for plan, 30 for the others)
 #   FUZZ_KEEP=DIR    keep the grown corpora and any crash inputs in DIR
 # The plan harness first replays fuzz/crashes/*.json, the reproducers of
@@ -20,7 +20,7 @@ export CCACHE_BASEDIR="$PWD"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fsdp-ccache}"
 JOBS="${JOBS:-$(nproc)}"
 HARNESSES=("$@")
-((${#HARNESSES[@]})) || HARNESSES=(plan safetensors tokens mlir)
+((${#HARNESSES[@]})) || HARNESSES=(plan safetensors tokens checkpoint mlir)
 
 start=$(date +%s)
 targets=()

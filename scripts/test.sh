@@ -41,5 +41,5 @@ bash scripts/sanitize-check.sh build/bin/fsdp-opt
 
 # libFuzzer smoke runs (clang-19): each harness a short time from its seed
 # corpus (fuzz/README.md): plan 60 s (after replaying fuzz/crashes/),
-# safetensors, tokens and the compiler's mlir harness 30 s each.
+# safetensors, tokens, checkpoint and the compiler's mlir harness 30 s each.
 bash scripts/fuzz-smoke.sh

@@ -551,6 +551,7 @@ public:
   RankFiles &operator=(const RankFiles &) = delete;
 
   std::string path(int64_t r) const { return dir + "/" + names[r]; }
+  int64_t world() const { return (int64_t)names.size(); }
 
   /// Where tensor `name` lies in rank r's file.
   Status find(int64_t r, const std::string &name, const TensorEntry *&e) {
@@ -671,7 +672,9 @@ public:
   }
 
   /// Elements [first, first + count) of parameter `name` (`kind` empty) or
-  /// of its optimizer state of `kind`, widened to f32.
+  /// of its optimizer state of `kind`, widened to f32. A null `dst` makes
+  /// the checks a read makes first (bounding what a caller allocates for
+  /// it by the files' sizes), reading nothing.
   Status read(const std::string &kind, const std::string &name, int64_t first, int64_t count,
               float *dst) {
     auto it = params.find(name);
@@ -699,6 +702,7 @@ public:
         continue; // a frozen unit: no state of this kind
       Tensor t;
       t.shape = s.shape;
+      FSDP_RETURN_IF_ERROR(read(kind, name, 0, s.numel, nullptr)); // before allocating
       t.data.resize(s.numel * 4);
       FSDP_RETURN_IF_ERROR(read(kind, name, 0, s.numel, reinterpret_cast<float *>(t.data.data())));
       out[name] = std::move(t);
@@ -771,7 +775,9 @@ private:
 
   /// Elements [offset, offset + numel) of a flat buffer of `padded`
   /// elements saved as tensor `name`: on every rank whole, or as rank r's
-  /// shard [r * shard, (r + 1) * shard) (told apart by its size).
+  /// shard [r * shard, (r + 1) * shard) (told apart by its size). A null
+  /// `dst` checks the range against rank 0's header and the world size,
+  /// reading nothing.
   Status flat(const std::string &name, int64_t shard, int64_t padded, int64_t offset, int64_t numel,
               float *dst) {
     if (offset < 0 || numel < 0 || offset > padded - numel || shard < 1)
@@ -790,6 +796,10 @@ private:
     if (!whole && bytes0 != shard * esz)
       return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0, " bytes, neither its unit (",
                         padded, " elements) nor a shard (", shard, ")");
+    if (!whole && numel > 0 && (offset + numel - 1) / shard >= files->world())
+      return FSDP_ERROR(path, ": a range of ", name, " lies past the last rank's shard");
+    if (!dst)
+      return Status::ok(); // check only
     for (int64_t i = 0; i < numel;) {
       int64_t f = offset + i;
       int64_t r = whole ? 0 : f / shard, at = whole ? f : f % shard;
