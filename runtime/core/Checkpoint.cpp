@@ -138,7 +138,8 @@ json makeIndex(const Plan &plan, const TrainingPosition &position) {
                 {"data",
                  {{"spec", position.data},
                   {"next_step", position.step + 1},
-                  {"items_per_step", position.itemsPerStep}}},
+                  {"items_per_step", position.itemsPerStep},
+                  {"rows_consumed", position.rowsConsumed}}},
                 {"files", files},
                 {"shard_map", shardMap(plan)}};
   if (!position.lossScale.is_null())
@@ -622,6 +623,9 @@ TrainingPosition positionOf(const json &index) {
   if (data.is_object() && data.contains("items_per_step") &&
       data["items_per_step"].is_number_integer())
     pos.itemsPerStep = data["items_per_step"];
+  if (data.is_object() && data.contains("rows_consumed") &&
+      data["rows_consumed"].is_number_integer() && data["rows_consumed"].get<int64_t>() >= 0)
+    pos.rowsConsumed = data["rows_consumed"];
   pos.lossScale = index.value("loss_scale", json());
   return pos;
 }

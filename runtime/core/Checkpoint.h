@@ -46,6 +46,9 @@ struct TrainingPosition {
   /// Samples or tokens one step trained on, all ranks together (0:
   /// unknown, a checkpoint written before it was recorded).
   int64_t itemsPerStep = 0;
+  /// Rows of a token file's stream consumed so far (DataSource::
+  /// consumedAfter); -1: a source keyed by the step alone, or unknown.
+  int64_t rowsConsumed = -1;
 };
 
 /// How loadCheckpoint restored this rank's buffers.

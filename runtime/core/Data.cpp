@@ -123,8 +123,14 @@ public:
     int64_t rows = bx.shape[0], T = bx.numel() / rows;
     int64_t windows = ((int64_t)tokens.size() - 1) / T;
     uint8_t *xs = addr(ctx, x.buffer), *ys = addr(ctx, y.buffer);
+    // Row `origin + (step - originStep - 1) x world x rows + rank x rows +
+    // i` of the stream, modulo its windows (in 128 bits: no overflow).
+    __int128 first = (__int128)originRows + (__int128)(step - originStep - 1) * world * rows +
+                     (__int128)rank * rows;
     for (int64_t i = 0; i < rows; ++i) {
-      int64_t w = ((step - 1) * world * rows + rank * rows + i) % windows;
+      int64_t w = (int64_t)((first + i) % windows);
+      if (w < 0)
+        w += windows;
       int64_t start = w * T;
       for (int64_t j = 0; j < T; ++j) {
         int64_t a = tokens[start + j], b = tokens[start + j + 1];
@@ -141,11 +147,19 @@ public:
   }
   const char *unit() const override { return "tokens"; }
   int64_t itemsPerStep() const override { return plan.buffers[x.buffer].numel(); }
+  int64_t consumedAfter(int64_t step) const override {
+    return originRows + (step - originStep) * world * plan.buffers[x.buffer].shape[0];
+  }
+  void resumeAfter(int64_t step, int64_t consumed) override {
+    originStep = step;
+    originRows = consumed;
+  }
 
 private:
   const Plan &plan;
   Binding x, y;
   int64_t rank, world;
+  int64_t originStep = 0, originRows = 0; ///< resumeAfter
   std::vector<uint16_t> tokens;
   std::vector<uint16_t> mask; ///< empty, or one entry a token: 0 = not a target
   int64_t ignore;             ///< the label written for a masked target

@@ -31,6 +31,22 @@ public:
   virtual const char *unit() const = 0;
   /// Items (samples or tokens) per rank and step.
   virtual int64_t itemsPerStep() const = 0;
+  /// Streams (token files): the rows of the stream consumed once `step`
+  /// has run, all ranks together; -1 for sources keyed by the step alone
+  /// (synthetic data).
+  virtual int64_t consumedAfter(int64_t step) const {
+    (void)step;
+    return -1;
+  }
+  /// Streams: the run continues after `step` with `consumed` rows already
+  /// trained on, so step s > `step` starts at row consumed + (s - step - 1)
+  /// x the global batch. A resumed run whose global batch differs from the
+  /// checkpoint's goes on where that run stopped (torchtitan's stateful
+  /// data loader), neither skipping nor repeating rows. Others ignore it.
+  virtual void resumeAfter(int64_t step, int64_t consumed) {
+    (void)step;
+    (void)consumed;
+  }
 };
 
 /// `spec` is "synthetic" or the path of a token file. `lossMask`: the

@@ -766,6 +766,8 @@ private:
     resumedPath = path;
     resumedStep = pos.step;
     resumedItems = pos.itemsPerStep;
+    // The stream's position carries over only for the same data.
+    resumedRows = pos.data == opt.data ? pos.rowsConsumed : -1;
     // Another schedule, seed or data source is allowed (fine-tuning on),
     // but then the run is not the one that was interrupted: say so.
     // --steps may grow on resume; it shapes the constant schedule not at all.
@@ -837,15 +839,28 @@ private:
     scaling = plan.lossScaling.enabled;
     normed = ex->hasGradNorm();
     items = data->itemsPerStep() * comm.size();
+    // A token file goes on at the row of its stream where the checkpoint's
+    // run stopped, whatever the global batch (the same batch: the same
+    // rows as before, bitwise).
+    if (resumedRows >= 0)
+      data->resumeAfter(firstStep - 1, resumedRows);
     // Another global batch (a resharded plan whose per-rank batch was not
-    // scaled with the world size): the continuation trains on other
-    // batches than the interrupted run would have.
-    if (root && resumedItems > 0 && resumedItems != items)
-      std::fprintf(stderr,
-                   "fsdp-run: note: the checkpoint's run trained on %lld %s per step, "
-                   "this one on %lld: the continuation reads other batches (keep "
-                   "the per-rank batch times the world size)\n",
-                   (long long)resumedItems, data->unit(), (long long)items);
+    // scaled with the world size): say what the continuation reads.
+    if (root && resumedItems > 0 && resumedItems != items) {
+      if (resumedRows >= 0 && data->consumedAfter(firstStep - 1) == resumedRows)
+        std::fprintf(stderr,
+                     "fsdp-run: note: the checkpoint's run trained on %lld %s per step, "
+                     "this one on %lld: the data goes on at row %lld of the stream, where "
+                     "that run stopped\n",
+                     (long long)resumedItems, data->unit(), (long long)items,
+                     (long long)resumedRows);
+      else
+        std::fprintf(stderr,
+                     "fsdp-run: note: the checkpoint's run trained on %lld %s per step, "
+                     "this one on %lld: the continuation reads other batches (keep "
+                     "the per-rank batch times the world size)\n",
+                     (long long)resumedItems, data->unit(), (long long)items);
+    }
     if (const char *r = std::getenv("FSDP_FAULT_KILL_RANK"))
       killRank = std::atoll(r);
     if (const char *k = std::getenv("FSDP_FAULT_KILL_STEP"))
@@ -924,7 +939,8 @@ private:
     }
     if (!opt.ckptDir.empty() &&
         (s == opt.steps || (opt.saveEvery > 0 && s % opt.saveEvery == 0))) {
-      TrainingPosition pos{s, opt.seed, schedule, opt.data, ex->lossScalerState(), items};
+      TrainingPosition pos{
+          s, opt.seed, schedule, opt.data, ex->lossScalerState(), items, data->consumedAfter(s)};
       auto t = std::chrono::steady_clock::now();
       if (opt.asyncSave)
         FSDP_RETURN_IF_ERROR(saver.save(opt.ckptDir, opt.keep, plan, *ex, comm, pos));
@@ -1189,6 +1205,7 @@ private:
   LoadReport resumed;      ///< how --resume loaded it
   std::string resumedPath;
   int64_t resumedStep = -1, resumedItems = 0;
+  int64_t resumedRows = -1; ///< the token stream's position (-1: none)
   double loadMs = 0; ///< rank 0's loadCheckpoint
   // openData / openDump / startLoop
   std::unique_ptr<DataSource> data, evalSource;

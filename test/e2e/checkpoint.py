@@ -25,6 +25,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
+MAKE_TOKENS = os.path.join(HERE, "..", "..", "tools", "make_tokens.py")
+README = os.path.join(HERE, "..", "..", "README.md")
 failures = 0
 
 
@@ -260,6 +262,35 @@ def main():
     report(r.returncode == 1 and "another model" in r.stderr,
            f"--init-from a checkpoint of another model: exit {r.returncode}")
 
+    # A token file's position in its stream carries over a change of the
+    # global batch: 2 ranks x 2 rows for 4 steps consume rows 0-15; resumed
+    # on 1 rank x 2 rows, step 5 reads rows 16-17 and step 6 rows 18-19
+    # (the step alone would give rows 8-11). With the same plan the resume
+    # is bitwise the uninterrupted run.
+    tok = os.path.join(work, "tokens.bin")
+    sh([sys.executable, MAKE_TOKENS, README, "-o", tok, "--max-bytes", "20000"])
+    gm = os.path.join(work, "tok.mlir")
+    sh([sys.executable, GEN, "gpt", "--vocab", "256", "--ctx", "8", "--layers", "1", "--heads",
+        "2", "--width", "16", "--batch", "2", "-o", gm])
+    t2, t1 = plan(gm, "tok-n2", 2, 3), plan(gm, "tok-n1", 1, 0)
+    tck = os.path.join(work, "tok.ck")
+    _, tref = train(t2, 2, "--steps", "6", "--data", tok)
+    train(t2, 2, "--steps", "4", "--data", tok, "--ckpt-dir", tck)
+    _, tafter = train(t2, 2, "--steps", "6", "--data", tok, "--resume", tck)
+    report(sorted(tafter) == [5, 6] and all(tafter[s] == tref[s] for s in (5, 6)),
+           "token file, same plan: resumed losses 5-6 bitwise the uninterrupted run's")
+    dump = os.path.join(work, "tok.dump")
+    r, _ = train(t1, 1, "--steps", "6", "--data", tok, "--resume", tck, "--dump-dir", dump)
+    stream = token_windows(tok, 8)
+    got = int_tensors(os.path.join(dump, "batches.safetensors"))
+    rows = {s: [v for k, v in got.items() if k.startswith(f"step{s}.")] for s in (5, 6)}
+    want = {5: [stream[16], stream[17]], 6: [stream[18], stream[19]]}
+    ok = all(any(t == [w[:8] for w in want[s]] for t in rows[s]) for s in (5, 6))
+    report(ok and "goes on at row 16 of the stream" in r.stderr,
+           "token file, 2x2 rows -> 1x2 rows per step: steps 5 and 6 read rows 16-17 and "
+           "18-19 of the stream, where the 2-rank run stopped; stderr: " +
+           (r.stderr.strip().splitlines() or ["(none)"])[0][:120])
+
     r = sh([ckpt, "reshard", rck, "--plan", other, os.path.join(work, "rs-other")], check=False)
     report(r.returncode == 1 and "another shape" in r.stderr,
            f"reshard onto another model: exit {r.returncode}: {r.stderr.strip()[:120]}")
@@ -327,6 +358,37 @@ def main():
 
     print("all checkpoint checks passed" if not failures else f"FAIL: {failures} check(s)")
     return 1 if failures else 0
+
+
+def token_windows(path, T):
+    """The windows of T + 1 tokens the token-file source cuts (row w starts
+    at token w * T)."""
+    import struct
+    data = open(path, "rb").read()
+    n = struct.unpack("<i", data[8:12])[0]
+    toks = struct.unpack(f"<{n}H", data[1024:1024 + 2 * n])
+    return [list(toks[w * T:w * T + T + 1]) for w in range((n - 1) // T)]
+
+
+def int_tensors(path):
+    """{name: rows as lists of ints} of a safetensors file of 2-D integer
+    tensors."""
+    import struct
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    fmt = {"I32": "i", "I64": "q", "U16": "H", "I16": "h"}
+    out = {}
+    for k, v in header.items():
+        if v["dtype"] not in fmt or len(v["shape"]) != 2:
+            continue
+        a, b = v["data_offsets"]
+        vals = struct.unpack(f"<{(b - a) // struct.calcsize(fmt[v['dtype']])}{fmt[v['dtype']]}",
+                             data[8 + n + a:8 + n + b])
+        cols = v["shape"][1]
+        out[k] = [list(vals[i:i + cols]) for i in range(0, len(vals), cols)]
+    return out
 
 
 def tensors(path):
