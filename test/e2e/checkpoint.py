@@ -206,11 +206,17 @@ def main():
            "mesh 2x2 stage 3: resumed losses 5-8 and final parameters bitwise equal")
     hout = os.path.join(work, "rs-hs.ck")
     sh([ckpt, "reshard", rck, "--plan", hs, hout])
-    _, hafter = train(hs, 4, "--steps", "8", "--resume", hout)
+    off, on = os.path.join(work, "rs-hs.off.st"), os.path.join(work, "rs-hs.on.st")
+    _, hafter = train(hs, 4, "--steps", "8", "--resume", hout, "--save", off)
     worst = max(abs(hafter[s] - cont[s]) / abs(cont[s]) for s in range(5, 9))
     report(sorted(hafter) == [5, 6, 7, 8] and worst <= 1e-6,
            f"resharded 2 ranks stage 3 -> mesh 2x2 stage 3: losses 5-8 within "
            f"{worst:.1e} of the 2-rank continuation")
+    # The same on load: both replicas read the same shards.
+    _, online = train(hs, 4, "--steps", "8", "--resume", rck, "--save", on)
+    report(online == hafter and same_files(on, off),
+           "2 ranks stage 3 -> mesh 2x2 stage 3, resharded on load: losses 5-8 and final "
+           "parameters bitwise those resumed from the offline conversion")
     # The mesh 2x2 checkpoint on a 1-D 4-rank ZeRO-3 plan, resharded on
     # load: each rank reads its quarter of one replica's state, no more
     # than the data of its file in the offline conversion (the 2x2
