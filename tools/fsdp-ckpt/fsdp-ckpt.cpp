@@ -23,7 +23,7 @@ using namespace fsdp;
 
 static const char *kUsage =
     "usage: fsdp-ckpt export CKPT OUT.safetensors   consolidated parameters\n"
-    "       fsdp-ckpt info CKPT                     step, world size, stage, tensors\n"
+    "       fsdp-ckpt info CKPT                     step, layout, data position\n"
     "       fsdp-ckpt reshard CKPT --plan P OUT     the checkpoint for plan P, in OUT\n"
     "CKPT: a checkpoint directory (step-NNNNNNNN) or the --ckpt-dir holding them\n"
     "(its newest complete checkpoint).\n";
@@ -52,12 +52,31 @@ int main(int argc, char **argv) {
     nlohmann::json index;
     if (!(st = readCheckpointIndex(path, index)))
       return fail(st);
-    std::printf("%s: step %lld, %lld rank(s), stage %lld, model %s, %zu parameters\n",
-                path.c_str(), (long long)index["step"].get<int64_t>(),
-                (long long)index["world_size"].get<int64_t>(),
+    int64_t world = index["world_size"].get<int64_t>();
+    const nlohmann::json &mesh = index.value("mesh", nlohmann::json());
+    bool meshed = mesh.is_array() && mesh.size() == 2 && mesh[0].is_number_integer() &&
+                  mesh[1].is_number_integer();
+    std::printf("%s: step %lld, %lld rank(s) (mesh %lldx%lld), stage %lld, model %s, %zu "
+                "parameters\n",
+                path.c_str(), (long long)index["step"].get<int64_t>(), (long long)world,
+                (long long)(meshed ? mesh[0].get<int64_t>() : 1),
+                (long long)(meshed ? mesh[1].get<int64_t>() : world),
                 (long long)index["stage"].get<int64_t>(),
                 index["model"].is_string() ? index["model"].get<std::string>().c_str() : "?",
                 index["shard_map"]["params"].size());
+    // Where the data stands, for a resume on another layout.
+    const nlohmann::json &data = index.value("data", nlohmann::json());
+    if (data.is_object() && data.value("spec", nlohmann::json()).is_string()) {
+      std::string spec = data["spec"];
+      std::printf("  data: %s", spec.empty() ? "(not recorded)" : spec.c_str());
+      const nlohmann::json &items = data.value("items_per_step", nlohmann::json());
+      if (items.is_number_integer() && items.get<int64_t>() > 0)
+        std::printf(", %lld per step", (long long)items.get<int64_t>());
+      const nlohmann::json &rows = data.value("rows_consumed", nlohmann::json());
+      if (rows.is_number_integer() && rows.get<int64_t>() >= 0)
+        std::printf(", %lld rows of the stream consumed", (long long)rows.get<int64_t>());
+      std::printf("\n");
+    }
     return 0;
   }
   if (cmd == "reshard") {
