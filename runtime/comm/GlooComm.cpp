@@ -404,6 +404,20 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     return Status::ok();
   }
   auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
+  std::shared_ptr<gloo::rendezvous::Store> base;
+  try {
+    base = openRendezvousStore(job, timeout);
+  } catch (const std::exception &e) {
+    return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize, ": rendezvous through '",
+                      rendezvousName(job), "' failed (", job.source, "): ", e.what());
+  }
+  return makeGlooCommunicatorOn(job, base, timeoutSeconds, /*withRecorder=*/true, out);
+}
+
+Status makeGlooCommunicatorOn(const JobEnv &job, std::shared_ptr<gloo::rendezvous::Store> base,
+                              double timeoutSeconds, bool withRecorder,
+                              std::unique_ptr<Communicator> &out) {
+  auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
   const std::string where = rendezvousName(job);
   try {
     gloo::transport::tcp::attr attr;
@@ -418,13 +432,13 @@ Status makeGlooCommunicator(const JobEnv &job, double timeoutSeconds,
     if (const char *h = std::getenv("FSDP_HOSTNAME"))
       attr.hostname = h;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    std::shared_ptr<gloo::rendezvous::Store> base = openRendezvousStore(job, timeout);
     gloo::rendezvous::PrefixStore store("fsdp", *base);
     auto ctx = std::make_shared<gloo::rendezvous::Context>((int)job.rank,
                                                            (int)job.worldSize);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
-    std::unique_ptr<FlightRecorder> recorder = makeJobFlightRecorder(job, timeout);
+    std::unique_ptr<FlightRecorder> recorder =
+        withRecorder ? makeJobFlightRecorder(job, timeout) : nullptr;
     out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder), dev, base,
                                      "fsdp");
   } catch (const std::exception &e) {

@@ -7,7 +7,9 @@
 #include <gloo/rendezvous/file_store.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace fsdp {
 
@@ -35,15 +37,17 @@ Status jobFromEnvironment(JobEnv &job) {
   bool present = false, present2 = false;
   int64_t r = 0, w = 1;
   struct Source {
-    const char *rank, *size, *name, *localRank, *localSize;
+    const char *rank, *size, *name, *localRank, *localSize, *node;
   };
   const Source sources[] = {
-      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc", nullptr, nullptr},
-      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"FSDP_RANK", "FSDP_WORLD_SIZE", "fsdp-run --nproc", "FSDP_LOCAL_RANK",
+       "FSDP_LOCAL_WORLD_SIZE", "FSDP_NODE_RANK"},
+      {"RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+       "GROUP_RANK"},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)",
-       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)", "SLURM_LOCALID",
-       "SLURM_NTASKS_PER_NODE"},
+       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+      {"SLURM_PROCID", "SLURM_NTASKS", "srun (Slurm)", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+       "SLURM_NODEID"},
   };
   for (const Source &s : sources) {
     envInt(s.rank, r, present, st);
@@ -70,6 +74,11 @@ Status jobFromEnvironment(JobEnv &job) {
       job.localRank = lr;
     if (s.localSize && envInt(s.localSize, lw, hasLw, st) && lw >= 1)
       job.localWorldSize = lw;
+    int64_t node = 0;
+    bool hasNode = false;
+    job.node.clear();
+    if (s.node && envInt(s.node, node, hasNode, st) && node >= 0)
+      job.node = std::to_string(node);
     if (!st)
       return st;
     if (const char *dir = std::getenv("FSDP_STORE_DIR")) {
@@ -103,6 +112,23 @@ openRendezvousStore(const JobEnv &job, std::chrono::milliseconds timeout) {
     return std::make_shared<gloo::rendezvous::FileStore>(job.storeDir);
   }
   return std::make_shared<TcpStore>(job.masterAddr, job.masterPort, job.rank == 0, timeout);
+}
+
+std::string nodeIdentity(const JobEnv &job) {
+  if (!job.node.empty())
+    return "node " + job.node;
+  std::string id = "machine";
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string bootId;
+  if (boot >> bootId)
+    id += " " + bootId;
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) == 0)
+    id += " " + std::string(host);
+  struct stat sb {};
+  if (::stat("/dev/shm", &sb) == 0)
+    id += " " + std::to_string((unsigned long long)sb.st_dev);
+  return id;
 }
 
 std::string rendezvousName(const JobEnv &job) {

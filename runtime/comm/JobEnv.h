@@ -38,7 +38,19 @@ struct JobEnv {
   std::string masterAddr; ///< or through the TCP store rank 0 serves here
   int masterPort = 0;
   std::string source;   ///< which variables were used, for messages
+  /// Which node this rank runs on, as the launcher numbers them
+  /// (FSDP_NODE_RANK from `fsdp-run --nnodes`, torchrun's GROUP_RANK,
+  /// Slurm's SLURM_NODEID); empty when the launcher does not say, and then
+  /// nodeIdentity() names this machine instead. Ranks with the same node
+  /// share memory (HybridComm.h).
+  std::string node;
 };
+
+/// The node `job` runs on, as ranks compare it: "node <N>" from the
+/// launcher's node rank, else "machine <boot id> <hostname> <device of
+/// /dev/shm>": ranks that can map one shared-memory segment have the same
+/// boot id (one kernel) and the same /dev/shm (one container's mount).
+std::string nodeIdentity(const JobEnv &job);
 
 /// Reads the job from `getenv`; an inconsistent environment is an error.
 Status jobFromEnvironment(JobEnv &job);

@@ -84,8 +84,11 @@ void onSignal(int sig) {
 
 } // namespace
 
-Status launchLocal(int nproc, const std::vector<std::string> &args,
-                   int &stoppedBySignal) {
+Status launchLocal(int nproc, const std::vector<std::string> &args, int &stoppedBySignal,
+                   int nnodes) {
+  if (nnodes < 1 || nproc % nnodes != 0)
+    return FSDP_ERROR("--nnodes ", nnodes, " does not divide --nproc ", nproc,
+                      ": every node holds the same number of ranks");
   stoppedBySignal = 0;
   const char *tmp = std::getenv("TMPDIR");
   std::string tmpl =
@@ -114,8 +117,9 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
   // The launcher owns the rank variables: stale torchrun ones would
   // otherwise disagree.
   const char *owned[] = {
-      "FSDP_RANK=", "FSDP_WORLD_SIZE=", "FSDP_STORE_DIR=", "FSDP_LAUNCHER_PID=",
-      "RANK=",      "WORLD_SIZE="};
+      "FSDP_RANK=",      "FSDP_WORLD_SIZE=", "FSDP_STORE_DIR=",        "FSDP_LAUNCHER_PID=",
+      "FSDP_NODE_RANK=", "FSDP_LOCAL_RANK=", "FSDP_LOCAL_WORLD_SIZE=", "RANK=",
+      "WORLD_SIZE="};
   for (char **e = environ; *e; ++e) {
     bool skip = false;
     for (const char *o : owned)
@@ -128,8 +132,16 @@ Status launchLocal(int nproc, const std::vector<std::string> &args,
   common.push_back("FSDP_LAUNCHER_PID=" + std::to_string(launcher));
   std::vector<std::vector<std::string>> envs(nproc, common);
   std::vector<std::vector<char *>> envps(nproc);
+  // --nnodes K: K "nodes" of nproc / K consecutive ranks on this machine,
+  // numbered as a multi-node launcher numbers them (HybridComm.h).
+  const int perNode = nproc / nnodes;
   for (int r = 0; r < nproc; ++r) {
     envs[r].push_back("FSDP_RANK=" + std::to_string(r));
+    if (nnodes > 1) {
+      envs[r].push_back("FSDP_NODE_RANK=" + std::to_string(r / perNode));
+      envs[r].push_back("FSDP_LOCAL_RANK=" + std::to_string(r % perNode));
+      envs[r].push_back("FSDP_LOCAL_WORLD_SIZE=" + std::to_string(perNode));
+    }
     for (std::string &e : envs[r])
       envps[r].push_back(e.data());
     envps[r].push_back(nullptr);

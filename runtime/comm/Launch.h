@@ -25,8 +25,12 @@ namespace fsdp {
 /// SIGHUP stops the launcher, the ranks are stopped too and
 /// `stoppedBySignal` is set to the signal (0 otherwise): the caller reports
 /// the error and then dies by that signal, as the shell expects.
-Status launchLocal(int nproc, const std::vector<std::string> &args,
-                   int &stoppedBySignal);
+/// `nnodes` > 1 splits the ranks into that many groups of consecutive
+/// ranks that act as nodes of a multi-node job (FSDP_NODE_RANK,
+/// FSDP_LOCAL_RANK, FSDP_LOCAL_WORLD_SIZE): `--comm auto` then runs the
+/// hierarchical communicator, as it would across machines.
+Status launchLocal(int nproc, const std::vector<std::string> &args, int &stoppedBySignal,
+                   int nnodes = 1);
 
 /// In a rank started by launchLocal (FSDP_LAUNCHER_PID is set; otherwise
 /// nothing happens): on SIGTERM / SIGINT / SIGHUP, if the launcher is gone

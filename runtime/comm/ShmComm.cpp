@@ -42,6 +42,7 @@
 
 #include "runtime/comm/FlightRecorder.h"
 #include "runtime/comm/GlooComm.h"
+#include "runtime/comm/HybridComm.h"
 #include "runtime/core/Bf16.h"
 
 #include <gloo/rendezvous/prefix_store.h>
@@ -598,16 +599,42 @@ Status makeShmCommunicator(const JobEnv &job, double timeoutSeconds,
   return Status::ok();
 }
 
+Status makeShmGroup(std::shared_ptr<gloo::rendezvous::Store> store, const std::string &prefix,
+                    int64_t index, int64_t n, double timeoutSeconds,
+                    std::unique_ptr<Communicator> &out, bool *unavailable) {
+  bool none = false;
+  if (unavailable)
+    *unavailable = false;
+  if (n == 1) {
+    out = makeSingleProcessCommunicator();
+    return Status::ok();
+  }
+  auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
+  std::unique_ptr<Segment> seg;
+  Status st = connect(*store, prefix, index, n, timeout, seg, none);
+  if (unavailable)
+    *unavailable = none;
+  if (!st)
+    return st;
+  out = std::make_unique<ShmComm>(std::move(seg), index, n, timeout, nullptr, store, prefix);
+  return Status::ok();
+}
+
 Status makeHostCommunicator(const std::string &kind, const JobEnv &job,
                             double timeoutSeconds, std::unique_ptr<Communicator> &out) {
   if (kind == "gloo")
     return makeGlooCommunicator(job, timeoutSeconds, out);
   if (kind == "shm")
     return makeShmCommunicator(job, timeoutSeconds, out);
+  if (kind == "hybrid")
+    return makeHybridCommunicator(job, timeoutSeconds, out);
   if (kind != "auto")
-    return FSDP_ERROR("--comm must be auto, shm or gloo, found '", kind, "'");
+    return FSDP_ERROR("--comm must be auto, shm, gloo or hybrid, found '", kind, "'");
+  // Across machines: shared memory within each node where nodes hold
+  // several ranks (the hybrid communicator finds out, and is Gloo alone
+  // where each holds one).
   if (job.localWorldSize != job.worldSize)
-    return makeGlooCommunicator(job, timeoutSeconds, out);
+    return makeHybridCommunicator(job, timeoutSeconds, out);
   bool unavailable = false;
   Status st = makeShmCommunicator(job, timeoutSeconds, out, &unavailable);
   if (st || !unavailable)

@@ -27,10 +27,19 @@ namespace fsdp {
 Status makeShmCommunicator(const JobEnv &job, double timeoutSeconds,
                            std::unique_ptr<Communicator> &out, bool *unavailable = nullptr);
 
-/// The communicator `fsdp-run --comm` names: "gloo", "shm", or "auto" (shm
-/// when every rank of the job runs on this machine, by the environment:
-/// `fsdp-run --nproc`, or LOCAL_WORLD_SIZE == WORLD_SIZE and its MPI /
-/// Slurm names; Gloo otherwise, or where shm is unavailable).
+/// A shared-memory communicator over `n` ranks of this machine (this one
+/// is number `index`) met in the job's `store` under the key prefix
+/// `prefix`, which names the group; no flight recorder. `unavailable` as
+/// for makeShmCommunicator.
+Status makeShmGroup(std::shared_ptr<gloo::rendezvous::Store> store, const std::string &prefix,
+                    int64_t index, int64_t n, double timeoutSeconds,
+                    std::unique_ptr<Communicator> &out, bool *unavailable = nullptr);
+
+/// The communicator `fsdp-run --comm` names: "gloo", "shm", "hybrid"
+/// (HybridComm.h), or "auto": shm when every rank of the job runs on this
+/// machine, by the environment (`fsdp-run --nproc`, or LOCAL_WORLD_SIZE ==
+/// WORLD_SIZE and its MPI / Slurm names), falling back to Gloo where shm
+/// is unavailable; hybrid otherwise.
 Status makeHostCommunicator(const std::string &kind, const JobEnv &job,
                             double timeoutSeconds, std::unique_ptr<Communicator> &out);
 

@@ -52,12 +52,15 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
                        which is the mean over the kept labels of the whole
                        step (every rank and micro-batch)
   --device D           cpu (default) or cuda: the backend that runs the plan
-  --comm C             auto (default), shm or gloo: how ranks exchange data on
-                       the host. shm: shared memory, all ranks on this machine;
-                       gloo: TCP, any machines; auto: shm when the launch says
-                       every rank is on this machine (--nproc, LOCAL_WORLD_SIZE
-                       == WORLD_SIZE), else gloo. Same plan, same losses up to
-                       the summation order
+  --comm C             auto (default), shm, gloo or hybrid: how ranks exchange
+                       data on the host. shm: shared memory, all ranks on this
+                       machine; gloo: TCP, any machines; hybrid: shared memory
+                       within each node and Gloo between nodes (collectives in
+                       two levels, as NCCL does); auto: shm when the launch
+                       says every rank is on this machine (--nproc, LOCAL_WORLD_SIZE
+                       == WORLD_SIZE), else hybrid where nodes hold several
+                       ranks, else gloo. Same plan, same losses up to the
+                       summation order
   --allow-tf32         cuda: float32 GEMMs may round inputs to TF32 (off: exact f32)
                        (a plan does not depend on it)
   --cuda-graphs        cuda: capture the second step as a CUDA graph and replay
@@ -133,7 +136,10 @@ Runs the training step a plan describes (fsdp-opt --fsdp-pipeline=...plan=PLAN).
   --gradcheck K        plans compiled with optimizer=none: compare K sampled
                        elements per parameter with central finite differences
   --gradcheck-tol F    relative tolerance of the gradient check (default 2e-2)
-  --nproc N            launch N local ranks (CPU, Gloo)
+  --nproc N            launch N local ranks (CPU; shared memory by default)
+  --nnodes K           with --nproc N: as K nodes of N / K consecutive ranks each
+                       (a multi-node job's layout on one machine: --comm auto
+                       runs hybrid)
 )";
 }
 
@@ -254,8 +260,8 @@ Status parseTrainOptions(int argc, char **argv, TrainOptions &opt, bool &help) {
       opt.device = v;
     } else if (a == "--comm") {
       if (std::strcmp(v, "auto") != 0 && std::strcmp(v, "shm") != 0 &&
-          std::strcmp(v, "gloo") != 0)
-        return FSDP_ERROR("--comm must be auto, shm or gloo, found '", v, "'");
+          std::strcmp(v, "gloo") != 0 && std::strcmp(v, "hybrid") != 0)
+        return FSDP_ERROR("--comm must be auto, shm, gloo or hybrid, found '", v, "'");
       opt.comm = v;
     } else if (a == "--threads") {
       if (!toInt(v, iv) || iv < 1 || iv > 1024)

@@ -524,7 +524,9 @@ def main():
               [mlp, "--schedule", "linear", "--lr", "0.1", "--min-lr", "0.2"], "exceeds --lr")
         check("option: --device tpu", [mlp, "--device", "tpu"], "--device must be cpu or cuda")
         check("option: --comm tcp", [mlp, "--nproc", "2", "--comm", "tcp"],
-              "--comm must be auto, shm or gloo")
+              "--comm must be auto, shm, gloo or hybrid")
+        check("option: --nnodes not dividing --nproc", [mlp, "--nproc", "4", "--nnodes", "3"],
+              "--nnodes 3 does not divide --nproc 4")
         check("option: --cuda-graphs on the CPU device", [mlp, "--steps", "1", "--cuda-graphs"],
               "device cpu cannot capture a step")
         # No CUDA backend in this build or no GPU: one clear error, exit 1,

@@ -82,6 +82,7 @@ def formula(stage, r, s, units, lamb_norms=()):
 
 
 def main():
+    se.take_nnodes(sys.argv)
     bindir, kind, optimizer = sys.argv[1], sys.argv[2], sys.argv[3]
     steps, rtol = int(sys.argv[4]), float(sys.argv[5])
     meshes = [tuple(int(x) for x in m.split("x")) for m in sys.argv[6:]]

@@ -92,6 +92,20 @@ def norms_match(norms, ref_norms, rtol):
     return rel[0] <= rtol and max(rel) <= 10 * rtol, rel[0], max(rel)
 
 
+# fsdp-run's arguments for runs of more than one rank (--nnodes).
+MULTI_RANK_ARGS = []
+
+
+def take_nnodes(argv):
+    """A leading `--nnodes K` in argv (removed): every run of N ranks as K
+    nodes of N / K consecutive ranks (`fsdp-run --nnodes`: shared memory
+    within a node, Gloo between them)."""
+    if len(argv) > 2 and argv[1] == "--nnodes":
+        MULTI_RANK_ARGS[:] = ["--nnodes", argv[2]]
+        del argv[1:3]
+        print(f"ranks as {MULTI_RANK_ARGS[1]} nodes (fsdp-run --nnodes)")
+
+
 def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):
     plan = os.path.join(tmp, tag + ".plan")
     subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
@@ -100,7 +114,7 @@ def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):
     save = os.path.join(tmp, tag + ".safetensors")
     out = subprocess.run([os.path.join(bindir, "fsdp-run"), plan, "--steps", str(steps),
                           "--lr", "1e-2", "--json", "--threads", "1", "--save", save]
-                         + (["--nproc", str(n)] if n > 1 else []),
+                         + (["--nproc", str(n)] + MULTI_RANK_ARGS if n > 1 else []),
                          check=True, capture_output=True, text=True, timeout=300).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     losses = [r["loss"] for r in rows if "step" in r]
@@ -110,6 +124,7 @@ def run(bindir, model, tmp, tag, n, pipeline, steps, optimizer):
 
 
 def main():
+    take_nnodes(sys.argv)
     bindir, kind, optimizer = sys.argv[1], sys.argv[2], sys.argv[3]
     steps, rtol = int(sys.argv[4]), float(sys.argv[5])
     worlds = [int(a) for a in sys.argv[6:]]

@@ -69,12 +69,19 @@ std::string runRanks(int n, const std::string &dir, double timeout,
       job.rank = r;
       job.worldSize = n;
       job.storeDir = dir;
+      // "hybrid": nodes of two consecutive ranks; "hybridx": ranks
+      // alternate between two nodes (a node's ranks are not consecutive).
+      std::string kind = backend;
+      if (backend == "hybrid" || backend == "hybridx") {
+        job.node = std::to_string(backend == "hybrid" ? r / 2 : r % 2);
+        kind = "hybrid";
+      }
       if (dir.empty()) {
         job.masterAddr = "127.0.0.1";
         job.masterPort = port;
       }
       std::unique_ptr<Communicator> comm;
-      Status st = makeHostCommunicator(backend, job, timeout, comm);
+      Status st = makeHostCommunicator(kind, job, timeout, comm);
       if (!st) {
         errors[r] = st.message();
         return;
@@ -224,6 +231,72 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest,
                          ::testing::Combine(::testing::Values("gloo", "shm"),
                                             ::testing::Values(2, 3, 4)),
                          backendAndSize);
+// Two-level (HybridComm.h): one node of 2 (no network level), nodes of 2,
+// 1 (unequal: Gloo throughout), 2 x 2, 3 x 2, and 2 nodes of 2 and of 3
+// whose ranks alternate.
+INSTANTIATE_TEST_SUITE_P(
+    Hybrid, CommTest,
+    ::testing::Values(std::make_tuple("hybrid", 2), std::make_tuple("hybrid", 3),
+                      std::make_tuple("hybrid", 4), std::make_tuple("hybrid", 6),
+                      std::make_tuple("hybridx", 4), std::make_tuple("hybridx", 6)),
+    backendAndSize);
+
+/// Which transport each kind of group gets, and that each one sums right:
+/// 2 nodes x 2 ranks.
+TEST(HybridCommTest, GroupsTakeTheTransportOfTheirNodes) {
+  std::string err = runRanks(
+      4, freshDir("hybrid-groups"), 30,
+      [&](int r, Communicator &comm) -> std::string {
+        if (std::string(comm.backend()) != "shm+gloo" ||
+            comm.describe() != "shm+gloo (2 nodes of 2 ranks)")
+          return "world: " + comm.describe();
+        // Consecutive ranks share a node; ranks r and r + 2 share a place.
+        std::vector<int64_t> node{r / 2 * 2, r / 2 * 2 + 1}, place{r % 2, r % 2 + 2},
+            all{0, 1, 2, 3};
+        std::unique_ptr<Communicator> a, b, c;
+        for (auto [ranks, tag, out] : {std::make_tuple(node, "node-" + std::to_string(r / 2), &a),
+                                       std::make_tuple(place, "place-" + std::to_string(r % 2), &b),
+                                       std::make_tuple(all, std::string("all"), &c)})
+          if (Status st = comm.subgroup(ranks, tag, *out); !st)
+            return "subgroup " + tag + ": " + st.message();
+        if (std::string(a->backend()) != "shm" || std::string(b->backend()) != "gloo" ||
+            std::string(c->backend()) != "shm+gloo")
+          return std::string("backends ") + a->backend() + " " + b->backend() + " " + c->backend();
+        for (auto [g, members] : {std::make_pair(a.get(), node), std::make_pair(b.get(), place),
+                                  std::make_pair(c.get(), all)}) {
+          std::vector<float> v(1001);
+          for (size_t i = 0; i < v.size(); ++i)
+            v[i] = (float)(r * 10 + i % 7);
+          if (!g->allReduce(v.data(), v.data(), (int64_t)v.size(), DType::F32, ReduceOp::Sum))
+            return std::string(g->backend()) + " all_reduce failed";
+          for (size_t i = 0; i < v.size(); ++i) {
+            float want = 0;
+            for (int64_t q : members)
+              want += (float)(q * 10 + i % 7);
+            if (v[i] != want)
+              return std::string(g->backend()) + " element " + std::to_string(i) + " is " +
+                     std::to_string(v[i]) + ", expected " + std::to_string(want);
+          }
+        }
+        return "";
+      },
+      0, "hybrid");
+  EXPECT_EQ(err, "");
+}
+
+/// Nodes of unequal sizes: Gloo between all ranks, and the header says why.
+TEST(HybridCommTest, UnequalNodesRunGlooThroughout) {
+  std::string err = runRanks(
+      3, freshDir("hybrid-unequal"), 30,
+      [&](int, Communicator &comm) -> std::string {
+        if (comm.describe() != "gloo (2 nodes: nodes hold unequal numbers of ranks, Gloo "
+                               "between all ranks)")
+          return comm.describe();
+        return "";
+      },
+      0, "hybrid");
+  EXPECT_EQ(err, "");
+}
 
 class CommFailureTest : public ::testing::TestWithParam<std::string> {};
 
@@ -256,7 +329,7 @@ TEST_P(CommFailureTest, DeadPeerIsAnErrorNotAHang) {
   EXPECT_TRUE(sawError || err == "barrier failed");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
-INSTANTIATE_TEST_SUITE_P(Backends, CommFailureTest, ::testing::Values("gloo", "shm"),
+INSTANTIATE_TEST_SUITE_P(Backends, CommFailureTest, ::testing::Values("gloo", "shm", "hybridx"),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 /// Rank 1 of 3 skips the fourth all-reduce and stays alive (its heartbeat
@@ -310,7 +383,7 @@ TEST_P(CommFlightRecorderTest, TimeoutNamesTheRankThatDidNotArrive) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 INSTANTIATE_TEST_SUITE_P(Stores, CommFlightRecorderTest,
-                         ::testing::Combine(::testing::Values("gloo", "shm"),
+                         ::testing::Combine(::testing::Values("gloo", "shm", "hybrid"),
                                             ::testing::Values(false, true)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>> &i) {
                            return std::get<0>(i.param) +
@@ -327,6 +400,15 @@ TEST(CommEnvTest, ReadsTheJobFromTheEnvironment) {
   EXPECT_EQ(job.rank, 1);
   EXPECT_EQ(job.worldSize, 3);
   EXPECT_EQ(job.masterPort, 29500);
+  EXPECT_EQ(job.node, ""); // no node rank: this machine's identity names the node
+  EXPECT_EQ(nodeIdentity(job).rfind("machine ", 0), 0u) << nodeIdentity(job);
+  ::setenv("GROUP_RANK", "2", 1); // torchrun's node rank
+  ASSERT_TRUE(jobFromEnvironment(job).isOk());
+  EXPECT_EQ(nodeIdentity(job), "node 2");
+  ::setenv("GROUP_RANK", "two", 1);
+  EXPECT_NE(jobFromEnvironment(job).message().find("GROUP_RANK='two' is not an integer"),
+            std::string::npos);
+  ::unsetenv("GROUP_RANK");
   ::setenv("WORLD_SIZE", "x", 1);
   EXPECT_NE(jobFromEnvironment(job).message().find("is not an integer"), std::string::npos);
   ::unsetenv("WORLD_SIZE");

@@ -2,7 +2,8 @@
 //
 // `fsdp-run PLAN [options]` trains on this process (one rank, or one rank
 // of a job described by the environment: torchrun, mpirun, srun);
-// `fsdp-run --nproc N PLAN ...` launches N local ranks itself. Exit codes:
+// `fsdp-run --nproc N PLAN ...` launches N local ranks itself (`--nnodes K`:
+// as K nodes of N / K ranks, for trying a multi-node job on one machine). Exit codes:
 // 0 success, 1 runtime error, 2 usage error.
 //
 //===----------------------------------------------------------------------===//
@@ -41,9 +42,19 @@ int main(int argc, char **argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // --nproc is the launcher's; everything else goes to the ranks.
   std::vector<std::string> args{argv[0]};
-  int nproc = 0;
+  int nproc = 0, nnodes = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--nnodes") {
+      if (i + 1 >= argc)
+        return fail(FSDP_ERROR("--nnodes needs a value"), 2);
+      char *end;
+      long n = std::strtol(argv[++i], &end, 10);
+      if (*end || n < 1 || n > 1024)
+        return fail(FSDP_ERROR("invalid --nnodes '", argv[i], "'"), 2);
+      nnodes = (int)n;
+      continue;
+    }
     if (a == "--nproc") {
       if (i + 1 >= argc)
         return fail(FSDP_ERROR("--nproc needs a value"), 2);
@@ -75,9 +86,18 @@ int main(int argc, char **argv) {
   st = checkDevice(opt.device);
   if (!st)
     return fail(st, 1);
-  if (nproc > 1 || (nproc == 1 && std::getenv("FSDP_RANK") == nullptr && false)) {
+  if (nnodes > 1 && nproc < 2)
+    return fail(FSDP_ERROR("--nnodes ", nnodes,
+                           " needs --nproc N (the ranks to split "
+                           "into nodes)"),
+                2);
+  if (nnodes > 1 && nproc % nnodes != 0)
+    return fail(FSDP_ERROR("--nnodes ", nnodes, " does not divide --nproc ", nproc,
+                           ": every node holds the same number of ranks"),
+                2);
+  if (nproc > 1) {
     int stoppedBy = 0;
-    Status launched = launchLocal(nproc, args, stoppedBy);
+    Status launched = launchLocal(nproc, args, stoppedBy, nnodes);
     if (!launched)
       fail(launched, 1);
     if (stoppedBy) {

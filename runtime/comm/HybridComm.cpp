@@ -1,0 +1,339 @@
+//===- HybridComm.cpp - shared memory within nodes, Gloo between ----------===//
+//
+// [Note: hybrid collectives]
+// A job of M nodes holding L ranks each. Every rank joins two groups: its
+// node's L ranks (shared memory: a memcpy and a futex barrier per chunk)
+// and the M ranks holding its place l on every node (Gloo over TCP: the
+// only traffic that leaves a node). A node's ranks are numbered 0..L-1 in
+// rank order, and C_l lists the ranks of place l, ascending; ranks need
+// not be consecutive on a node. Each collective runs in two levels, so
+// that every byte crosses the network once and every rank of a node
+// carries 1/L of it:
+// - reduce-scatter (N x S in, S out): the input's blocks are reordered so
+//   that place l' holds the blocks of C_l' (a copy); the node
+//   reduce-scatters these M x S runs, so place l holds the node's sum of
+//   the blocks of C_l; C_l reduce-scatters that among the nodes, so each
+//   rank gets its own block summed over every rank. A rank sends
+//   (M - 1) x S bytes between nodes where a ring over all N ranks sends
+//   (N - 1) x S, all of it over the network;
+// - all-gather: C_l gathers its members' shards (M x S), the node gathers
+//   those runs (N x S, by place), and a copy puts each block at its rank;
+// - all-reduce of C elements: split into L pieces of ceil(C / L) (the last
+//   zero-padded), the node reduce-scatters, C_l all-reduces its piece, the
+//   node all-gathers: every rank ends with the same bits (Gloo gives the
+//   members of C_l the same piece, the gather only copies).
+// A mean divides in both levels (by L, then by M), as each backend divides
+// its own sums ([Note: f16 means] in GlooComm.cpp); sums are in another
+// order than one ring's, so results equal Gloo's up to the summation order
+// and, in bf16 / f16, up to one more rounding (the node's partial sum is
+// rounded to the dtype before it travels, as NCCL's are).
+//
+// Nodes of unequal sizes, or a node without shared memory (every rank
+// votes through Gloo, so all agree), make the collectives Gloo over all
+// ranks ("flat"). broadcast and barrier (host-only helpers) are Gloo's.
+// A subgroup (a 2-D mesh's axis, a reshard group) whose ranks share a node
+// is shared memory alone, one whose ranks are each on another node is Gloo
+// alone, and otherwise two-level in turn (the levels' own groups have tags
+// starting with ':', which callers' tags may not). The job's flight recorder
+// records the collectives at this level: a rank that does not come is
+// named whichever level timed out.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/comm/HybridComm.h"
+
+#include "runtime/comm/FlightRecorder.h"
+#include "runtime/comm/GlooComm.h"
+#include "runtime/comm/ShmComm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace fsdp {
+
+namespace {
+
+/// Who is on which node: nodes in the order of their lowest rank, each
+/// node's ranks ascending.
+struct Layout {
+  std::vector<std::vector<int64_t>> nodes;
+  std::vector<int64_t> nodeOf, placeOf; ///< by rank
+  bool uniform = true;                  ///< every node holds as many ranks
+
+  explicit Layout(const std::vector<std::string> &keys) {
+    std::map<std::string, int64_t> index;
+    for (int64_t r = 0; r < (int64_t)keys.size(); ++r) {
+      auto [it, fresh] = index.emplace(keys[r], (int64_t)nodes.size());
+      if (fresh)
+        nodes.emplace_back();
+      nodeOf.push_back(it->second);
+      placeOf.push_back((int64_t)nodes[it->second].size());
+      nodes[it->second].push_back(r);
+    }
+    for (const auto &n : nodes)
+      uniform &= n.size() == nodes[0].size();
+  }
+  int64_t perNode() const { return (int64_t)nodes[0].size(); }
+  /// C_l: the ranks at place l of every node, ascending.
+  std::vector<int64_t> place(int64_t l) const {
+    std::vector<int64_t> out;
+    for (const auto &n : nodes)
+      out.push_back(n[l]);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+class HybridComm final : public Communicator {
+public:
+  HybridComm(std::unique_ptr<Communicator> world, std::vector<std::string> keys,
+             std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix,
+             double timeoutSeconds, std::unique_ptr<FlightRecorder> recorder)
+      : world(std::move(world)), keys(std::move(keys)), layout(this->keys), store(std::move(store)),
+        prefix(std::move(prefix)), timeoutSeconds(timeoutSeconds), recorder(std::move(recorder)) {}
+
+  /// Connects the two levels ([Note: hybrid collectives]); every member
+  /// calls it, and all end in the same mode.
+  Status connect(bool shmRefused) {
+    const int64_t me = rank(), m = layout.nodeOf[me], l = layout.placeOf[me];
+    const int64_t L = layout.perNode(), M = (int64_t)layout.nodes.size();
+    noShm = shmRefused;
+    if (!layout.uniform || noShm) {
+      why = !layout.uniform ? "nodes hold unequal numbers of ranks" : "no shared memory";
+      return Status::ok();
+    }
+    bool unavailable = false;
+    Status st = makeShmGroup(store, prefix + "/:node-" + std::to_string(m), l,
+                             (int64_t)layout.nodes[m].size(), timeoutSeconds, node, &unavailable);
+    // Every rank learns whether every node has shared memory.
+    float failed = st ? 0.0f : 1.0f;
+    Status voted = world->allReduce(&failed, &failed, 1, DType::F32, ReduceOp::Sum);
+    if (!voted)
+      return FSDP_ERROR("rank ", me,
+                        ": agreeing on shared memory within the nodes failed: ", voted.message());
+    if (!st && !unavailable)
+      return FSDP_ERROR("rank ", me, ": connecting node ", m,
+                        "'s shared memory failed: ", st.message());
+    if (failed > 0) {
+      if (me == 0)
+        std::fprintf(stderr,
+                     "fsdp-run: shared memory is unavailable to %g rank(s)%s%s; "
+                     "using Gloo between all ranks\n",
+                     (double)failed, st ? "" : ": ", st ? "" : st.message().c_str());
+      node.reset();
+      noShm = true;
+      why = "no shared memory";
+      return Status::ok();
+    }
+    if (M > 1) {
+      std::vector<int64_t> mine = layout.place(l);
+      FSDP_RETURN_IF_ERROR(world->subgroup(mine, ":place-" + std::to_string(l), cross));
+      for (int64_t q = 0; q < L; ++q)
+        places.push_back(layout.place(q));
+    } else {
+      FSDP_RETURN_IF_ERROR(Communicator::subgroup({me}, "self", cross));
+      for (int64_t q = 0; q < L; ++q)
+        places.push_back({layout.nodes[0][q]});
+    }
+    return Status::ok();
+  }
+
+  int64_t rank() const override { return world->rank(); }
+  int64_t size() const override { return world->size(); }
+  const char *backend() const override { return node ? "shm+gloo" : "gloo"; }
+  std::string describe() const override {
+    std::ostringstream os;
+    os << backend() << " (" << layout.nodes.size()
+       << (layout.nodes.size() == 1 ? " node" : " nodes");
+    if (layout.uniform)
+      os << " of " << layout.perNode() << " ranks";
+    if (!node)
+      os << ": " << why << ", Gloo between all ranks";
+    os << ")";
+    return os.str();
+  }
+
+  Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
+                   Stream *) override {
+    const int64_t es = dtypeSize(dtype), n = size();
+    bytesSent_ += 2 * (n - 1) * count * es / n;
+    if (!node)
+      return guard("all_reduce", [&] { return world->allReduce(in, out, count, dtype, op); });
+    const int64_t L = (int64_t)places.size(), piece = (count + L - 1) / L;
+    return guard("all_reduce", [&]() -> Status {
+      if (count == 0)
+        return Status::ok();
+      a.assign((size_t)(L * piece * es), 0);
+      std::memcpy(a.data(), in, (size_t)(count * es));
+      b.resize((size_t)(piece * es));
+      FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), piece, dtype, op));
+      FSDP_RETURN_IF_ERROR(cross->allReduce(b.data(), b.data(), piece, dtype, op));
+      FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), piece, dtype));
+      std::memcpy(out, a.data(), (size_t)(count * es));
+      return Status::ok();
+    });
+  }
+
+  Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype, ReduceOp op,
+                       Stream *) override {
+    const int64_t es = dtypeSize(dtype), n = size(), bytes = shard * es;
+    bytesSent_ += (n - 1) * bytes;
+    if (!node)
+      return guard("reduce_scatter",
+                   [&] { return world->reduceScatter(in, out, shard, dtype, op); });
+    const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    return guard("reduce_scatter", [&]() -> Status {
+      a.resize((size_t)(n * bytes));
+      for (int64_t q = 0; q < L; ++q)
+        for (int64_t j = 0; j < M; ++j)
+          std::memcpy(a.data() + (q * M + j) * bytes,
+                      static_cast<const uint8_t *>(in) + places[q][j] * bytes, (size_t)bytes);
+      b.resize((size_t)(M * bytes));
+      FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), M * shard, dtype, op));
+      return cross->reduceScatter(b.data(), out, shard, dtype, op);
+    });
+  }
+
+  Status allGather(const void *in, void *out, int64_t shard, DType dtype, Stream *) override {
+    const int64_t es = dtypeSize(dtype), n = size(), bytes = shard * es;
+    bytesSent_ += (n - 1) * bytes;
+    if (!node)
+      return guard("all_gather", [&] { return world->allGather(in, out, shard, dtype); });
+    const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    return guard("all_gather", [&]() -> Status {
+      b.resize((size_t)(M * bytes));
+      FSDP_RETURN_IF_ERROR(cross->allGather(in, b.data(), shard, dtype));
+      a.resize((size_t)(n * bytes));
+      FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), M * shard, dtype));
+      for (int64_t q = 0; q < L; ++q)
+        for (int64_t j = 0; j < M; ++j)
+          std::memcpy(static_cast<uint8_t *>(out) + places[q][j] * bytes,
+                      a.data() + (q * M + j) * bytes, (size_t)bytes);
+      return Status::ok();
+    });
+  }
+
+  Status broadcast(void *data, int64_t bytes, int64_t root) override {
+    return guard("broadcast", [&] { return world->broadcast(data, bytes, root); });
+  }
+
+  Status barrier() override {
+    return guard("barrier", [&] { return world->barrier(); });
+  }
+
+  Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                  std::unique_ptr<Communicator> &out) override;
+
+private:
+  template <typename F> Status guard(const char *what, F f) {
+    int64_t seq = recorder ? recorder->enter(what) : 0;
+    Status st = f();
+    if (st) {
+      if (recorder)
+        recorder->complete(seq);
+      return st;
+    }
+    if (!recorder)
+      return st;
+    return FSDP_ERROR("rank ", rank(), ": ", what,
+                      " failed: ", recorder->explain(seq, what, st.message()), ". ", st.message());
+  }
+
+  std::unique_ptr<Communicator> world; ///< Gloo over every member
+  std::vector<std::string> keys;       ///< each member's node
+  Layout layout;
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::string prefix;
+  double timeoutSeconds;
+  std::unique_ptr<FlightRecorder> recorder;
+  std::unique_ptr<Communicator> node, cross; ///< null node: flat
+  std::vector<std::vector<int64_t>> places;  ///< C_l for each place l
+  bool noShm = false;
+  std::string why;
+  std::vector<uint8_t> a, b; ///< reordering and piece buffers
+};
+
+Status HybridComm::subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
+                            std::unique_ptr<Communicator> &out) {
+  int64_t index = 0;
+  FSDP_RETURN_IF_ERROR(checkGroup(ranks, tag, index));
+  if (!tag.empty() && tag[0] == ':') // the levels' own groups ([Note: hybrid collectives])
+    return FSDP_ERROR("group tag '", tag, "' is reserved (it starts with ':')");
+  if (ranks.size() == 1)
+    return Communicator::subgroup(ranks, tag, out);
+  std::vector<std::string> sub;
+  for (int64_t r : ranks)
+    sub.push_back(keys[r]);
+  Layout inner(sub);
+  const std::string name = prefix + "/" + tag;
+  if (inner.nodes.size() == 1 && !noShm) {
+    Status st = makeShmGroup(store, name, index, (int64_t)ranks.size(), timeoutSeconds, out);
+    if (!st)
+      return FSDP_ERROR("rank ", rank(), ": connecting group '", tag, "' (", ranks.size(),
+                        " ranks of one node) failed: ", st.message());
+    return Status::ok();
+  }
+  std::unique_ptr<Communicator> gloo;
+  FSDP_RETURN_IF_ERROR(world->subgroup(ranks, tag, gloo));
+  if (inner.nodes.size() == ranks.size()) { // one rank a node
+    out = std::move(gloo);
+    return Status::ok();
+  }
+  auto h = std::make_unique<HybridComm>(std::move(gloo), std::move(sub), store, name,
+                                        timeoutSeconds, nullptr);
+  FSDP_RETURN_IF_ERROR(h->connect(noShm));
+  out = std::move(h);
+  return Status::ok();
+}
+
+} // namespace
+
+Status makeHybridCommunicator(const JobEnv &job, double timeoutSeconds,
+                              std::unique_ptr<Communicator> &out) {
+  if (job.worldSize == 1) {
+    out = makeSingleProcessCommunicator();
+    return Status::ok();
+  }
+  auto timeout = std::chrono::milliseconds((int64_t)(timeoutSeconds * 1000));
+  const std::string where = rendezvousName(job);
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::vector<std::string> keys;
+  try {
+    store = openRendezvousStore(job, timeout);
+    const std::string mine = nodeIdentity(job);
+    store->set("fsdp-node/" + std::to_string(job.rank),
+               std::vector<char>(mine.begin(), mine.end()));
+    for (int64_t r = 0; r < job.worldSize; ++r) {
+      const std::string key = "fsdp-node/" + std::to_string(r);
+      store->wait({key}, timeout);
+      std::vector<char> v = store->get(key);
+      keys.emplace_back(v.begin(), v.end());
+    }
+  } catch (const std::exception &e) {
+    return FSDP_ERROR("rank ", job.rank, " of ", job.worldSize, ": rendezvous through '", where,
+                      "' failed (", job.source, "): ", e.what());
+  }
+  Layout layout(keys);
+  if (layout.nodes.size() == keys.size()) // one rank a node: Gloo it is
+    return makeGlooCommunicatorOn(job, store, timeoutSeconds, /*withRecorder=*/true, out);
+  std::unique_ptr<Communicator> world;
+  FSDP_RETURN_IF_ERROR(
+      makeGlooCommunicatorOn(job, store, timeoutSeconds, /*withRecorder=*/false, world));
+  std::unique_ptr<FlightRecorder> recorder;
+  try {
+    recorder = makeJobFlightRecorder(job, timeout);
+  } catch (const std::exception &e) {
+    return FSDP_ERROR("rank ", job.rank, ": the flight recorder's store failed: ", e.what());
+  }
+  auto h = std::make_unique<HybridComm>(std::move(world), std::move(keys), store, "fsdp-hybrid",
+                                        timeoutSeconds, std::move(recorder));
+  FSDP_RETURN_IF_ERROR(h->connect(/*shmRefused=*/false));
+  out = std::move(h);
+  return Status::ok();
+}
+
+} // namespace fsdp
