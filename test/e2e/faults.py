@@ -80,6 +80,8 @@ class Job:
                          "--steps", "1000000", "--quiet"])
         if args.comm:
             argv = argv + ["--comm", args.comm]
+        if args.nnodes:
+            argv = argv + ["--nnodes", str(args.nnodes)]
         self.proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=self.err, start_new_session=True)
 
@@ -286,6 +288,8 @@ def main():
     ap.add_argument("--plan2", help="a plan for 2 ranks (stalled-rank-resumes)")
     ap.add_argument("--work", required=True)
     ap.add_argument("--comm", help="fsdp-run --comm (default: fsdp-run's, auto)")
+    ap.add_argument("--nnodes", type=int,
+                    help="fsdp-run --nnodes for the 4-rank jobs (2: the hybrid communicator)")
     ap.add_argument("cases", nargs="+")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
