@@ -40,29 +40,21 @@ int main(int argc, char **argv) {
   // EPIPE (which Gloo reports and we turn into an error naming the
   // collective), not kill this rank silently with SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);
-  // --nproc is the launcher's; everything else goes to the ranks.
+  // --nproc and --nnodes are the launcher's; everything else goes to the ranks.
   std::vector<std::string> args{argv[0]};
   int nproc = 0, nnodes = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--nnodes") {
+    // The launcher's own options: --nproc N, --nnodes K.
+    int *slot = a == "--nproc" ? &nproc : a == "--nnodes" ? &nnodes : nullptr;
+    if (slot) {
       if (i + 1 >= argc)
-        return fail(FSDP_ERROR("--nnodes needs a value"), 2);
+        return fail(FSDP_ERROR(a, " needs a value"), 2);
       char *end;
       long n = std::strtol(argv[++i], &end, 10);
       if (*end || n < 1 || n > 1024)
-        return fail(FSDP_ERROR("invalid --nnodes '", argv[i], "'"), 2);
-      nnodes = (int)n;
-      continue;
-    }
-    if (a == "--nproc") {
-      if (i + 1 >= argc)
-        return fail(FSDP_ERROR("--nproc needs a value"), 2);
-      char *end;
-      long n = std::strtol(argv[++i], &end, 10);
-      if (*end || n < 1 || n > 1024)
-        return fail(FSDP_ERROR("invalid --nproc '", argv[i], "'"), 2);
-      nproc = (int)n;
+        return fail(FSDP_ERROR("invalid ", a, " '", argv[i], "'"), 2);
+      *slot = (int)n;
       continue;
     }
     args.push_back(a);
