@@ -41,6 +41,7 @@ std::unique_ptr<Communicator> gComm;
 std::unique_ptr<Device> gDevice;
 std::unique_ptr<Executor> gExec;
 std::string gDir; ///< the rank files; each input is written as its index.json
+std::string gRoot; ///< the temporary directory holding gDir, removed at exit
 
 [[noreturn]] void die(const char *what, const Status &st) {
   std::fprintf(stderr, "checkpoint_fuzzer: %s: %s\n", what, st.message().c_str());
@@ -66,6 +67,13 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
   if (!::mkdtemp(tmpl))
     std::abort();
   std::string root = tmpl;
+  gRoot = root;
+  // libFuzzer ends by exit() (after -runs / -max_total_time, or on a crash
+  // report): the directory goes with the process.
+  std::atexit([] {
+    std::error_code ec;
+    fs::remove_all(gRoot, ec);
+  });
   TrainingPosition pos;
   pos.step = 1;
   if (!(st = saveCheckpoint(root + "/one", 0, gPlan, *gExec, *gComm, pos)))

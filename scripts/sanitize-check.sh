@@ -63,6 +63,7 @@ python3 examples/gen_models.py gpt --vocab 32 --ctx 8 --layers 1 --heads 2 \
 compile "$W/mlp.mlir" "$W/mlp1.plan" "optimizer=adamw max-grad-norm=1.0"
 compile "$W/mlp.mlir" "$W/mlp2z3.plan" "optimizer=adamw world-size=2 stage=3"
 compile "$W/mlp.mlir" "$W/mlp2z0.plan" "optimizer=sgd momentum=0.9 world-size=2 stage=0"
+compile "$W/mlp.mlir" "$W/mlp4hsdp.plan" "optimizer=adamw world-size=4 stage=3 mesh=2x2"
 compile "$W/mlp.mlir" "$W/mlpgrad.plan" "optimizer=none"
 compile "$W/gpt.mlir" "$W/gpt2z2.plan" "optimizer=adamw world-size=2 stage=2"
 compile "$W/gpt.mlir" "$W/gptgrad.plan" "optimizer=none"
@@ -78,6 +79,9 @@ expect 0 "$W/mlp1.plan" --steps 2 --init-from "$W/a.safetensors" --save "$W/b.sa
 expect 0 "$W/mlp2z3.plan" --nproc 2 --steps 3 --threads 1 --init-from "$W/a.safetensors" \
   --save "$W/c.safetensors" --schedule cosine --warmup 1
 expect 0 "$W/mlp2z0.plan" --nproc 2 --steps 3 --threads 1 --json
+# Two nodes of two (the hybrid communicator; HSDP groups on shared memory
+# and on Gloo).
+expect 0 "$W/mlp4hsdp.plan" --nproc 4 --nnodes 2 --steps 3 --threads 1
 python3 tools/make_tokens.py --help >/dev/null 2>&1 || true
 python3 - "$W/tok.bin" <<'EOF'
 import struct, sys
