@@ -42,6 +42,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.overlap = options.overlap;
   search.report = options.report;
   search.fuseEpilogues = options.fuseEpilogues;
+  search.fuseGradAccum = options.fuseGradAccum;
   search.offload = options.offload;
   search.offloadActivations = options.offloadActivations;
   search.offloadOverlap = options.offloadOverlap;
@@ -172,8 +173,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // Last of the rewrites (after recompute and the schedule), so no other
   // pass sees the fused ops; the memory-budget search fuses each candidate
   // the same way, so this finds nothing left to do after it.
-  if (options.fuseEpilogues)
-    pm.addPass(createFsdpFuseEpilogues());
+  if (options.fuseEpilogues) {
+    FsdpFuseEpiloguesOptions fuse;
+    fuse.accumulate = options.fuseGradAccum;
+    pm.addPass(createFsdpFuseEpilogues(fuse));
+  }
   // After the schedule and the fusion: the copies go where the runtime
   // will run the saved activations' definitions and first backward reads.
   // With a memory budget the search applied it to its choice.

@@ -205,6 +205,13 @@ struct FsdpPipelineOptions
       llvm::cl::desc("fold bias_add, gelu and gelu_grad into the matmul "
                      "before them (fsdp-fuse-epilogues)"),
       llvm::cl::init(true)};
+  Option<bool> fuseGradAccum{*this, "fuse-grad-accum",
+                             llvm::cl::desc("with grad-accum > 1 and fuse-epilogues: each later "
+                                            "micro-batch's weight-gradient GEMM adds into the "
+                                            "accumulated gradient (beta = 1) instead of writing a "
+                                            "product that an add sums (Megatron's "
+                                            "gradient-accumulation fusion)"),
+                             llvm::cl::init(true)};
   Option<bool> simulate{
       *this, "simulate",
       llvm::cl::desc("print the predicted step time, exposed communication "

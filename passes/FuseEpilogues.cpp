@@ -201,21 +201,24 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       if (!gone.contains(c))
         fuseWidenedProduct(c, gone);
     // After that (a term's product is f32 now): products only added to
-    // fsdp-chunk-loss's running sums accumulate into them.
+    // fsdp-chunk-loss's running sums, or to fsdp-grad-accum's sums over
+    // the micro-batches (Megatron's gradient-accumulation fusion: each
+    // micro-batch's weight-gradient GEMM adds into the accumulated
+    // gradient), accumulate into them.
     SmallVector<AddOp> sums;
     getOperation().walk([&](AddOp a) {
-      if (a->hasAttr(kChunkAccumAttrName))
+      if (a->hasAttr(kChunkAccumAttrName) || (accumulate && a->hasAttr(kAccumAttrName)))
         sums.push_back(a);
     });
     for (AddOp a : sums)
       fuseAccumulate(a);
   }
 
-  /// `%s = add %acc, %p {fsdp.chunk_accum}` where `%p` is a rank-2 matmul's
-  /// product of the sum's type read by nothing else: `%s = matmul ... acc
-  /// %acc` (a GEMM with beta = 1), still marked, which the memory plan runs
-  /// in place over %acc: no buffer for the product, one pass over the sum
-  /// instead of a write, two reads and a write.
+  /// `%s = add %acc, %p {fsdp.chunk_accum}` (or `{fsdp.accum}`) where `%p`
+  /// is a rank-2 matmul's product of the sum's type read by nothing else:
+  /// `%s = matmul ... acc %acc` (a GEMM with beta = 1), still marked, which
+  /// the memory plan runs in place over %acc: no buffer for the product,
+  /// one pass over the sum instead of a write, two reads and a write.
   void fuseAccumulate(AddOp add) {
     auto mm = add.getRhs().getDefiningOp<MatmulOp>();
     Type t = add.getResult().getType();
@@ -226,7 +229,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     OpBuilder b(add);
     auto fused = b.create<MatmulOp>(add.getLoc(), t, mm.getLhs(), mm.getRhs(), mm.getTransposeLhs(),
                                     mm.getTransposeRhs(), add.getLhs());
-    fused->setAttr(kChunkAccumAttrName, b.getUnitAttr());
+    fused->setAttr(add->hasAttr(kAccumAttrName) ? kAccumAttrName : kChunkAccumAttrName,
+                   b.getUnitAttr());
     keepMarks(mm, fused);
     add.getResult().replaceAllUsesWith(fused.getResult());
     add.erase();

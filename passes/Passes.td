@@ -905,7 +905,11 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       a weight gradient's terms), the product read by nothing else and of
       the sum's type (after the f32 products above), becomes `matmul a, b
       acc acc` (a GEMM with beta = 1), run in place over the sum: no [V, C]
-      buffer for the product.
+      buffer for the product. The same for `{fsdp.accum}` (fsdp-grad-accum's
+      sum of a weight gradient over the micro-batches; `accumulate=false`
+      leaves those): Megatron's gradient-accumulation fusion, for weights
+      whose gradient is a plain matmul (no bias gradient beside it, as in
+      Llama's linear layers).
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order), except where a product
     accumulates into a sum (the GEMM adds its blocks of the contraction to
@@ -922,6 +926,12 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
     %g, %h = fsdp.matmul_bias %x, %w, %b transpose_rhs gelu : (...) -> (tensor<8x16xf32>, tensor<8x16xf32>)
     ```
   }];
+  let options = [
+    Option<"accumulate", "accumulate", "bool", /*default=*/"true",
+           "fsdp-grad-accum's sums over micro-batches: each later "
+           "micro-batch's weight-gradient GEMM adds into the sum (beta = 1; "
+           "Megatron's gradient-accumulation fusion)">,
+  ];
   let statistics = [
     Statistic<"numFused", "fused-epilogues", "Epilogues folded into a matmul">,
   ];
@@ -1085,6 +1095,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "search pre and, at depth 1, post)">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
            "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
+    Option<"fuseGradAccum", "fuse-grad-accum", "bool", /*default=*/"true",
+           "fsdp-fuse-epilogues' accumulate option in every candidate">,
     Option<"report", "report", "bool", /*default=*/"false",
            "print the choice on stderr">,
   ];

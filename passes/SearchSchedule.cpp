@@ -183,7 +183,9 @@ struct SearchSchedulePass
   /// for an offloaded candidate, fsdp-offload-activations and fsdp-offload
   /// (its peak is the device's).
   bool finish(ModuleOp m, const Choice &c) {
-    if (fuseEpilogues && !run(m, createFsdpFuseEpilogues()))
+    FsdpFuseEpiloguesOptions fuse;
+    fuse.accumulate = fuseGradAccum;
+    if (fuseEpilogues && !run(m, createFsdpFuseEpilogues(fuse)))
       return false;
     if (c.activations) {
       FsdpOffloadActivationsOptions oa;

@@ -22,6 +22,9 @@
 //   zero-padded), the node reduce-scatters, C_l all-reduces its piece, the
 //   node all-gathers: every rank ends with the same bits (Gloo gives the
 //   members of C_l the same piece, the gather only copies).
+// Buffers larger than a chunk (8 MiB) go in column ranges (an all-reduce
+// in spans), so the scratch a rank holds for the reordering stays bounded
+// instead of doubling the largest gradient.
 // A mean divides in both levels (by L, then by M), as each backend divides
 // its own sums ([Note: f16 means] in GlooComm.cpp); sums are in another
 // order than one ring's, so results equal Gloo's up to the summation order
@@ -49,6 +52,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -87,6 +91,13 @@ struct Layout {
     return out;
   }
 };
+
+/// 8 MiB, or FSDP_HYBRID_CHUNK_BYTES (at least 64).
+int64_t chunkBytesFromEnv() {
+  const char *v = std::getenv("FSDP_HYBRID_CHUNK_BYTES");
+  long long b = v ? std::atoll(v) : 0;
+  return b >= 64 ? (int64_t)b : (int64_t)8 << 20;
+}
 
 class HybridComm final : public Communicator {
 public:
@@ -163,56 +174,77 @@ public:
     bytesSent_ += 2 * (n - 1) * count * es / n;
     if (!node)
       return guard("all_reduce", [&] { return world->allReduce(in, out, count, dtype, op); });
-    const int64_t L = (int64_t)places.size(), piece = (count + L - 1) / L;
+    const int64_t L = (int64_t)places.size();
+    // Spans of at most chunkBytes, a multiple of L elements (the last may
+    // be shorter): each in L pieces, the last zero-padded.
+    const int64_t span = std::max<int64_t>(L, chunkBytes / es / L * L);
     return guard("all_reduce", [&]() -> Status {
-      if (count == 0)
-        return Status::ok();
-      a.assign((size_t)(L * piece * es), 0);
-      std::memcpy(a.data(), in, (size_t)(count * es));
-      b.resize((size_t)(piece * es));
-      FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), piece, dtype, op));
-      FSDP_RETURN_IF_ERROR(cross->allReduce(b.data(), b.data(), piece, dtype, op));
-      FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), piece, dtype));
-      std::memcpy(out, a.data(), (size_t)(count * es));
+      for (int64_t o = 0; o < count; o += span) {
+        const int64_t c = std::min(span, count - o), piece = (c + L - 1) / L;
+        a.assign((size_t)(L * piece * es), 0);
+        std::memcpy(a.data(), static_cast<const uint8_t *>(in) + o * es, (size_t)(c * es));
+        b.resize((size_t)(piece * es));
+        FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), piece, dtype, op));
+        FSDP_RETURN_IF_ERROR(cross->allReduce(b.data(), b.data(), piece, dtype, op));
+        FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), piece, dtype));
+        std::memcpy(static_cast<uint8_t *>(out) + o * es, a.data(), (size_t)(c * es));
+      }
       return Status::ok();
     });
   }
 
   Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype, ReduceOp op,
                        Stream *) override {
-    const int64_t es = dtypeSize(dtype), n = size(), bytes = shard * es;
-    bytesSent_ += (n - 1) * bytes;
+    const int64_t es = dtypeSize(dtype), n = size();
+    bytesSent_ += (n - 1) * shard * es;
     if (!node)
       return guard("reduce_scatter",
                    [&] { return world->reduceScatter(in, out, shard, dtype, op); });
     const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    // Columns [o, o + c) of every rank's block at a time: n x c elements of
+    // scratch at most chunkBytes.
+    const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("reduce_scatter", [&]() -> Status {
-      a.resize((size_t)(n * bytes));
-      for (int64_t q = 0; q < L; ++q)
-        for (int64_t j = 0; j < M; ++j)
-          std::memcpy(a.data() + (q * M + j) * bytes,
-                      static_cast<const uint8_t *>(in) + places[q][j] * bytes, (size_t)bytes);
-      b.resize((size_t)(M * bytes));
-      FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), M * shard, dtype, op));
-      return cross->reduceScatter(b.data(), out, shard, dtype, op);
+      for (int64_t o = 0; o < shard; o += cols) {
+        const int64_t c = std::min(cols, shard - o), bytes = c * es;
+        a.resize((size_t)(n * bytes));
+        for (int64_t q = 0; q < L; ++q)
+          for (int64_t j = 0; j < M; ++j)
+            std::memcpy(a.data() + (q * M + j) * bytes,
+                        static_cast<const uint8_t *>(in) + (places[q][j] * shard + o) * es,
+                        (size_t)bytes);
+        b.resize((size_t)(M * bytes));
+        FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), M * c, dtype, op));
+        FSDP_RETURN_IF_ERROR(
+            cross->reduceScatter(b.data(), static_cast<uint8_t *>(out) + o * es, c, dtype, op));
+      }
+      return Status::ok();
     });
   }
 
+  /// `in` may lie inside `out` (a rank's own block): each column range is
+  /// read before any block of it is written, and writing the own block
+  /// writes what it holds.
   Status allGather(const void *in, void *out, int64_t shard, DType dtype, Stream *) override {
-    const int64_t es = dtypeSize(dtype), n = size(), bytes = shard * es;
-    bytesSent_ += (n - 1) * bytes;
+    const int64_t es = dtypeSize(dtype), n = size();
+    bytesSent_ += (n - 1) * shard * es;
     if (!node)
       return guard("all_gather", [&] { return world->allGather(in, out, shard, dtype); });
     const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("all_gather", [&]() -> Status {
-      b.resize((size_t)(M * bytes));
-      FSDP_RETURN_IF_ERROR(cross->allGather(in, b.data(), shard, dtype));
-      a.resize((size_t)(n * bytes));
-      FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), M * shard, dtype));
-      for (int64_t q = 0; q < L; ++q)
-        for (int64_t j = 0; j < M; ++j)
-          std::memcpy(static_cast<uint8_t *>(out) + places[q][j] * bytes,
-                      a.data() + (q * M + j) * bytes, (size_t)bytes);
+      for (int64_t o = 0; o < shard; o += cols) {
+        const int64_t c = std::min(cols, shard - o), bytes = c * es;
+        b.resize((size_t)(M * bytes));
+        FSDP_RETURN_IF_ERROR(
+            cross->allGather(static_cast<const uint8_t *>(in) + o * es, b.data(), c, dtype));
+        a.resize((size_t)(n * bytes));
+        FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), M * c, dtype));
+        for (int64_t q = 0; q < L; ++q)
+          for (int64_t j = 0; j < M; ++j)
+            std::memcpy(static_cast<uint8_t *>(out) + (places[q][j] * shard + o) * es,
+                        a.data() + (q * M + j) * bytes, (size_t)bytes);
+      }
       return Status::ok();
     });
   }
@@ -254,6 +286,11 @@ private:
   std::vector<std::vector<int64_t>> places;  ///< C_l for each place l
   bool noShm = false;
   std::string why;
+  /// Scratch per collective step ([Note: hybrid collectives]): larger
+  /// collectives run in column ranges, so a rank holds at most this much
+  /// besides the buffers the plan gave it (FSDP_HYBRID_CHUNK_BYTES
+  /// overrides it, for tests).
+  int64_t chunkBytes = chunkBytesFromEnv();
   std::vector<uint8_t> a, b; ///< reordering and piece buffers
 };
 

@@ -63,6 +63,11 @@ std::string runRanks(int n, const std::string &dir, double timeout,
                      int port = 0, const std::string &backend = "gloo") {
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
+  // "hybridc": the two-level communicator in chunks of 64 KiB (its
+  // default is 8 MiB), so every collective above a few thousand elements
+  // runs in several column ranges.
+  if (backend == "hybridc")
+    ::setenv("FSDP_HYBRID_CHUNK_BYTES", "65536", 1);
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       JobEnv job;
@@ -72,8 +77,8 @@ std::string runRanks(int n, const std::string &dir, double timeout,
       // "hybrid": nodes of two consecutive ranks; "hybridx": ranks
       // alternate between two nodes (a node's ranks are not consecutive).
       std::string kind = backend;
-      if (backend == "hybrid" || backend == "hybridx") {
-        job.node = std::to_string(backend == "hybrid" ? r / 2 : r % 2);
+      if (backend == "hybrid" || backend == "hybridc" || backend == "hybridx") {
+        job.node = std::to_string(backend == "hybridx" ? r % 2 : r / 2);
         kind = "hybrid";
       }
       if (dir.empty()) {
@@ -90,6 +95,7 @@ std::string runRanks(int n, const std::string &dir, double timeout,
     });
   for (auto &t : threads)
     t.join();
+  ::unsetenv("FSDP_HYBRID_CHUNK_BYTES");
   for (auto &e : errors)
     if (!e.empty())
       return e;
@@ -232,13 +238,16 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest,
                                             ::testing::Values(2, 3, 4)),
                          backendAndSize);
 // Two-level (HybridComm.h): one node of 2 (no network level), nodes of 2,
-// 1 (unequal: Gloo throughout), 2 x 2, 3 x 2, and 2 nodes of 2 and of 3
-// whose ranks alternate.
+// 1 (unequal: Gloo throughout), 2 x 2, 3 x 2, 2 nodes of 2 and of 3 whose
+// ranks alternate, and 2 x 2, 3 x 2 in 64 KiB chunks. (At the default 8
+// MiB, the largest case, 600001-element shards, runs in 2 chunks at N = 4
+// and 6.)
 INSTANTIATE_TEST_SUITE_P(
     Hybrid, CommTest,
     ::testing::Values(std::make_tuple("hybrid", 2), std::make_tuple("hybrid", 3),
                       std::make_tuple("hybrid", 4), std::make_tuple("hybrid", 6),
-                      std::make_tuple("hybridx", 4), std::make_tuple("hybridx", 6)),
+                      std::make_tuple("hybridx", 4), std::make_tuple("hybridx", 6),
+                      std::make_tuple("hybridc", 4), std::make_tuple("hybridc", 6)),
     backendAndSize);
 
 /// Which transport each kind of group gets, and that each one sums right:
@@ -281,6 +290,35 @@ TEST(HybridCommTest, GroupsTakeTheTransportOfTheirNodes) {
         return "";
       },
       0, "hybrid");
+  EXPECT_EQ(err, "");
+}
+
+/// An all-gather whose input is the rank's own block of its output (in
+/// place), and an all-reduce in place, both in several chunks.
+TEST(HybridCommTest, InPlaceCollectivesInChunks) {
+  std::string err = runRanks(
+      4, freshDir("hybrid-inplace"), 30,
+      [&](int r, Communicator &comm) -> std::string {
+        const int64_t shard = 40001; // 640 KB gathered: 10 chunks of 64 KiB
+        std::vector<float> all(4 * shard, -1.0f);
+        for (int64_t i = 0; i < shard; ++i)
+          all[r * shard + i] = (float)(r * 100000 + i);
+        if (!comm.allGather(all.data() + r * shard, all.data(), shard, DType::F32))
+          return "all_gather failed";
+        for (int64_t i = 0; i < 4 * shard; ++i)
+          if (all[i] != (float)(i / shard * 100000 + i % shard))
+            return "all_gather: element " + std::to_string(i) + " is " + std::to_string(all[i]);
+        std::vector<float> v(3 * shard + 1);
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = (float)(r + i % 5);
+        if (!comm.allReduce(v.data(), v.data(), (int64_t)v.size(), DType::F32, ReduceOp::Sum))
+          return "all_reduce failed";
+        for (size_t i = 0; i < v.size(); ++i)
+          if (v[i] != (float)(6 + 4 * (i % 5)))
+            return "all_reduce: element " + std::to_string(i) + " is " + std::to_string(v[i]);
+        return "";
+      },
+      0, "hybridc");
   EXPECT_EQ(err, "");
 }
 

@@ -4,6 +4,8 @@
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum="micro-batches=2 reduce=microbatch" -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=MICRO
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum="micro-batches=2 reduce=microbatch" -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=0" | FileCheck %s --check-prefix=DDP
 // RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-plan-memory | FileCheck %s --check-prefix=MEM
+// RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-fuse-epilogues -fsdp-plan-memory | FileCheck %s --check-prefix=FUSED
+// RUN: fsdp-opt %s -split-input-file -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=sgd -fsdp-shard="world-size=2 stage=2" -fsdp-fuse-epilogues=accumulate=false | FileCheck %s --check-prefix=UNFUSED
 
 // Tests that with micro-batches=2 the step takes twice the rows, runs the
 // forward and backward pass once per micro-batch on its rows, and publishes
@@ -37,6 +39,25 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // CHECK: fsdp.set_grad @w2
 // CHECK-NOT: fsdp.set_grad
 // CHECK: return %[[L]]
+
+// Gradient-accumulation fusion (fsdp-fuse-epilogues): the second
+// micro-batch's weight-gradient GEMM of @w2 (no bias) adds into the first
+// one's gradient (beta = 1), in place (the same arena offset), and no add
+// is left for it; @w1's (a bias gradient beside it: matmul_bias_grad) is
+// still summed by an add.
+// FUSED-LABEL: func.func @train_step
+// FUSED: %[[G0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[OFF:[0-9]+]]>} : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
+// FUSED: %[[G:.+]] = fsdp.matmul %{{.+}}, %{{.+}} acc %[[G0]] transpose_lhs {fsdp.accum, fsdp.offsets = array<i64: [[OFF]]>} : (tensor<4x1xf32>, tensor<4x8xf32>, tensor<1x8xf32>) -> tensor<1x8xf32>
+// FUSED-NEXT: fsdp.scale %[[G]] {factor = 5.000000e-01 : f64, fsdp.accum
+// FUSED: fsdp.matmul_bias_grad
+// FUSED: fsdp.add %{{.+}}, %{{.+}} {fsdp.accum, fsdp.offsets = array<i64: {{[0-9]+}}>} : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+
+// accumulate=false: the product, then the add.
+// UNFUSED-LABEL: func.func @train_step
+// UNFUSED: %[[G0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
+// UNFUSED-NOT: {{ acc }}
+// UNFUSED: %[[G1:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
+// UNFUSED-NEXT: fsdp.add %[[G0]], %[[G1]] {fsdp.accum} : (tensor<1x8xf32>, tensor<1x8xf32>) -> tensor<1x8xf32>
 
 // ONE-LABEL: func.func @train_step
 // ONE-SAME: tensor<4x4xf32>
