@@ -20,7 +20,6 @@ whole, as the reader once did, costs every rank at least the file again.
 """
 import json
 import os
-import resource
 import shutil
 import struct
 import subprocess
