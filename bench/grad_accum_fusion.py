@@ -5,16 +5,19 @@ the unfused step, same model, one run.
 With grad-accum=K each later micro-batch's weight-gradient GEMM adds into
 the accumulated gradient (beta = 1) instead of writing its product, which
 an add then sums into the accumulator (three passes over the gradient:
-write, two reads and a write). The model is a Llama-style decoder (its
-linear layers have no bias, so every projection's gradient is a plain
-matmul) of examples/gen_models.py; AdamW; 1 thread per rank. For each
+write, two reads and a write). The model (examples/gen_models.py) is a
+Llama-style decoder (--model llama, the default: its linear layers have no
+bias, so every projection's gradient is a plain matmul) or the GPT
+(--model gpt: its linear layers' weight and bias gradients come from one
+matmul_bias_grad, which adds both into their sums); AdamW; 1 thread per
+rank. For each
 (N, stage): the plan's predicted peak (arena) and the measured step
 (median over ROUNDS runs of the median of steps 3..STEPS; the two plans
 alternate), and the losses' largest relative difference (the GEMM adds
 its blocks of the contraction to the sum one by one: another summation
 order).
 
-  bench/grad_accum_fusion.py BIN_DIR [--steps 12] [--rounds 3] [--k 4]
+  bench/grad_accum_fusion.py BIN_DIR [--model llama|gpt] [--steps 12] [--rounds 3] [--k 4]
 """
 import argparse
 import json
@@ -26,24 +29,29 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "examples", "gen_models.py")
-MODEL = ["llama", "--vocab", "512", "--ctx", "128", "--layers", "4", "--heads", "4",
-         "--kv-heads", "2", "--width", "256", "--ffn", "688", "--batch", "4"]
+MODELS = {
+    "llama": ["llama", "--vocab", "512", "--ctx", "128", "--layers", "4", "--heads", "4",
+              "--kv-heads", "2", "--width", "256", "--ffn", "688", "--batch", "4"],
+    "gpt": ["gpt", "--vocab", "512", "--ctx", "128", "--layers", "4", "--heads", "4",
+            "--width", "256", "--batch", "4"],
+}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bindir")
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
     a = ap.parse_args()
     b = lambda t: os.path.join(a.bindir, t)
-    print(f"llama width 256, 4 layers, T=128, micro-batch 4, grad-accum={a.k}")
+    print(f"{a.model} width 256, 4 layers, T=128, micro-batch 4, grad-accum={a.k}")
     print(f"{'N':>2} {'stage':>5} {'peak fused':>11} {'unfused':>11} {'saved':>9} "
           f"{'ms fused':>9} {'unfused':>9} {'speedup':>8} {'loss rel diff':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "m.mlir")
-        subprocess.run([sys.executable, GEN] + MODEL + ["-o", model], check=True)
+        subprocess.run([sys.executable, GEN] + MODELS[a.model] + ["-o", model], check=True)
         for n, stage in ((1, 0), (2, 2), (2, 3)):
             plans = {}
             for fused in (True, False):

@@ -210,8 +210,10 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       if (a->hasAttr(kChunkAccumAttrName) || (accumulate && a->hasAttr(kAccumAttrName)))
         sums.push_back(a);
     });
+    DenseSet<Operation *> summed;
     for (AddOp a : sums)
-      fuseAccumulate(a);
+      if (!summed.contains(a))
+        fuseAccumulate(a, summed);
   }
 
   /// `%s = add %acc, %p {fsdp.chunk_accum}` (or `{fsdp.accum}`) where `%p`
@@ -219,7 +221,13 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   /// `%s = matmul ... acc %acc` (a GEMM with beta = 1), still marked, which
   /// the memory plan runs in place over %acc: no buffer for the product,
   /// one pass over the sum instead of a write, two reads and a write.
-  void fuseAccumulate(AddOp add) {
+  ///
+  /// A matmul_bias_grad both of whose results are only so added (the same
+  /// mark): `%sw, %sb = matmul_bias_grad ... acc %aw, %ab` where it was,
+  /// both accumulators defined before it; `erased` collects the adds.
+  void fuseAccumulate(AddOp add, DenseSet<Operation *> &erased) {
+    if (auto bg = add.getRhs().getDefiningOp<MatmulBiasGradOp>())
+      return fuseBiasGradAccumulate(bg, erased);
     auto mm = add.getRhs().getDefiningOp<MatmulOp>();
     Type t = add.getResult().getType();
     if (!mm || mm.getAcc() || !add.getRhs().hasOneUse() || mm->getBlock() != add->getBlock() ||
@@ -235,6 +243,44 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     add.getResult().replaceAllUsesWith(fused.getResult());
     add.erase();
     mm.erase();
+    ++numFused;
+  }
+
+  void fuseBiasGradAccumulate(MatmulBiasGradOp bg, DenseSet<Operation *> &erased) {
+    if (!bg.getAcc().empty())
+      return;
+    StringAttr mark;
+    AddOp adds[2];
+    for (unsigned i = 0; i < 2; ++i) {
+      Value r = bg->getResult(i);
+      auto add = r.hasOneUse() ? dyn_cast<AddOp>(*r.getUsers().begin()) : AddOp();
+      if (!add || add.getRhs() != r || add.getLhs() == r || add->getBlock() != bg->getBlock() ||
+          add.getType() != r.getType() || add.getLhs().getType() != r.getType())
+        return;
+      StringAttr m =
+          StringAttr::get(bg.getContext(), add->hasAttr(kAccumAttrName)        ? kAccumAttrName
+                                           : add->hasAttr(kChunkAccumAttrName) ? kChunkAccumAttrName
+                                                                               : "");
+      if (m.getValue().empty() || (mark && m != mark))
+        return;
+      Operation *d = add.getLhs().getDefiningOp();
+      if (d && (d->getBlock() != bg->getBlock() || !d->isBeforeInBlock(bg)))
+        return; // an accumulator defined after the gradients (or elsewhere)
+      mark = m;
+      adds[i] = add;
+    }
+    OpBuilder b(bg);
+    auto fused = b.create<MatmulBiasGradOp>(
+        bg.getLoc(), bg->getResultTypes(), bg.getLhs(), bg.getRhs(), bg.getTransposeLhsAttr(),
+        bg.getTransposeRhsAttr(), ValueRange{adds[0].getLhs(), adds[1].getLhs()});
+    fused->setAttr(mark, b.getUnitAttr());
+    keepMarks(bg, fused);
+    for (unsigned i = 0; i < 2; ++i) {
+      adds[i].getResult().replaceAllUsesWith(fused->getResult(i));
+      erased.insert(adds[i]);
+      adds[i].erase();
+    }
+    bg.erase();
     ++numFused;
   }
 
@@ -422,9 +468,9 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       at = second;
     }
     OpBuilder b(at);
-    auto fused = b.create<MatmulBiasGradOp>(
-        mm.getLoc(), TypeRange{mm.getType(), st.getResult().getType()}, dy, x,
-        b.getUnitAttr(), UnitAttr());
+    auto fused =
+        b.create<MatmulBiasGradOp>(mm.getLoc(), TypeRange{mm.getType(), st.getResult().getType()},
+                                   dy, x, b.getUnitAttr(), UnitAttr(), ValueRange{});
     keepMarks(mm, fused);
     mm.getResult().replaceAllUsesWith(fused.getResult());
     st.getResult().replaceAllUsesWith(fused.getBiasGrad());

@@ -239,6 +239,8 @@ static bool canAccumulateInPlace(Value acc,
     return true;
   if (auto mm = dyn_cast<MatmulOp>(def); mm && mm.getAcc()) // an earlier acc += a b
     return true;
+  if (auto bg = dyn_cast<MatmulBiasGradOp>(def); bg && !bg.getAcc().empty())
+    return true; // an earlier micro-batch's dw, db added by the GEMM and column sum
   return !alias.count(acc) && !isStorageAlias(def);
 }
 
@@ -600,8 +602,14 @@ void MemoryPlanner::findAliases() {
              mm && mm.getAcc() && canAccumulateInPlace(mm.getAcc(), alias))
       // acc + a b, a GEMM with beta = 1, written over acc.
       alias[mm.getResult()] = {mm.getAcc(), {}, 0, 0};
-    else if (auto g = dyn_cast<CrossEntropyGradOp>(op);
-             g && canOverwriteLogits(g, g.getLogits(), alias))
+    else if (auto bg = dyn_cast<MatmulBiasGradOp>(op); bg && !bg.getAcc().empty()) {
+      // aw + dy^T x and ab + dy's column sums, each written over its
+      // accumulator where that may be overwritten.
+      for (auto [r, acc] : llvm::zip(bg->getResults(), bg.getAcc()))
+        if (canAccumulateInPlace(acc, alias))
+          alias[r] = {acc, {}, 0, 0};
+    } else if (auto g = dyn_cast<CrossEntropyGradOp>(op);
+               g && canOverwriteLogits(g, g.getLogits(), alias))
       // llm.c's fused classifier: the logits' gradient overwrites the
       // logits (the largest activation of a language model, [tokens,
       // vocabulary]), so the two never take memory at once.
@@ -663,6 +671,8 @@ void MemoryPlanner::markGrad(Value v) {
     markGrad(d->getOperand(0));             // a cast: a gradient in another dtype
   else if (auto mm = dyn_cast_or_null<MatmulOp>(d); mm && mm.getAcc())
     markGrad(mm.getAcc()); // a chunk's weight-gradient term added by the GEMM
+  else if (auto bg = dyn_cast_or_null<MatmulBiasGradOp>(d); bg && !bg.getAcc().empty())
+    markGrad(bg.getAcc()[cast<OpResult>(v).getResultNumber()]); // dw or db's sum
   else if (d && (d->hasAttr(kAccumAttrName) || d->hasAttr(kChunkAccumAttrName)))
     for (Value in : d->getOperands()) // accumulated micro-batches or chunks
       markGrad(in);

@@ -907,9 +907,11 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       acc acc` (a GEMM with beta = 1), run in place over the sum: no [V, C]
       buffer for the product. The same for `{fsdp.accum}` (fsdp-grad-accum's
       sum of a weight gradient over the micro-batches; `accumulate=false`
-      leaves those): Megatron's gradient-accumulation fusion, for weights
-      whose gradient is a plain matmul (no bias gradient beside it, as in
-      Llama's linear layers).
+      leaves those): Megatron's gradient-accumulation fusion. A
+      `matmul_bias_grad` both of whose results are only so added (a
+      linear layer with a bias, GPT's) becomes `matmul_bias_grad dy, x acc
+      aw, ab` where it was (both sums defined before it): the GEMM adds
+      into aw, the column sums into ab, each in place.
     f32 losses are bitwise those of the unfused step (the CPU kernels
     compute the replaced ops in the same order), except where a product
     accumulates into a sum (the GEMM adds its blocks of the contraction to

@@ -344,9 +344,24 @@ LogicalResult MatmulBiasGradOp::verify() {
     return failure();
   // Both results of one type: the operands', or f32 (productType).
   Type et = productType(a.getElementType(), rt(getResult()));
-  if (failed(expectType(*this, "result", rt(getResult()), shape, et)))
+  if (failed(expectType(*this, "result", rt(getResult()), shape, et)) ||
+      failed(expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[0]}, et)))
     return failure();
-  return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[0]}, et);
+  OperandRange acc = getAcc();
+  if (acc.empty())
+    return success();
+  if (acc.size() != 2)
+    return emitOpError() << "expected two accumulators (acc: the weight gradient's and the bias "
+                            "gradient's) or none, found "
+                         << acc.size();
+  auto check = [&](Value a, Value r, StringRef what) -> LogicalResult {
+    if (a.getType() == r.getType())
+      return success();
+    return emitOpError() << "expected the " << what << " gradient's accumulator of type "
+                         << r.getType() << ", found " << a.getType();
+  };
+  return failure(failed(check(acc[0], getResult(), "weight")) ||
+                 failed(check(acc[1], getBiasGrad(), "bias")));
 }
 
 /// Shared by the layer norms: x of rank >= 1, gamma (and beta) [C], a

@@ -395,15 +395,25 @@ def Fsdp_MatmulBiasGradOp : Fsdp_Op<"matmul_bias_grad", [Pure]> {
     Both results have the operands' element type, or both f32 for bf16 /
     f16 operands (as `fsdp.matmul`). Written by fsdp-fuse-epilogues.
 
+    With `acc %aw, %ab` (two accumulators of the results' types): `result
+    = aw + lhs^T rhs` (a GEMM with beta = 1) and `bias_grad = ab + the
+    column sums`. fsdp-fuse-epilogues writes it where both gradients were
+    only added to fsdp-grad-accum's sums over the micro-batches
+    (gradient-accumulation fusion for a layer with a bias): the memory plan
+    then runs it in place over the two sums, with no buffers for this
+    micro-batch's terms.
+
     ```mlir
     %dw, %db = fsdp.matmul_bias_grad %dy, %x transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>) -> (tensor<64x128xf32>, tensor<64xf32>)
+    %sw, %sb = fsdp.matmul_bias_grad %dy, %x acc %dw, %db transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>, tensor<64x128xf32>, tensor<64xf32>) -> (tensor<64x128xf32>, tensor<64xf32>)
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$lhs, Fsdp_FloatTensor:$rhs,
-                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs,
+                       Variadic<Fsdp_FloatTensor>:$acc);
   let results = (outs Fsdp_FloatTensor:$result, Fsdp_FloatTensor:$bias_grad);
   let assemblyFormat = [{
-    $lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
+    $lhs `,` $rhs (`acc` $acc^)? (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)?
     attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -256,7 +256,15 @@ const std::unordered_map<std::string, Check> &checks() {
         return FSDP_ERROR("matmul_bias_grad: expected transpose_lhs and not transpose_rhs");
       MM d;
       FSDP_RETURN_IF_ERROR(fusedDims(op, d));
-      return expectShape(op, op.out(1), {d.m}, "a bias gradient");
+      FSDP_RETURN_IF_ERROR(expectShape(op, op.out(1), {d.m}, "a bias gradient"));
+      if (op.inst.in.size() == 3)
+        return FSDP_ERROR("matmul_bias_grad: expected two accumulators (the weight and bias "
+                          "gradients' sums) or none, found one");
+      if (op.inst.in.size() == 4) { // dw += dy^T x, db += dy's column sums
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(2), op.out(0).shape, "a weight accumulator"));
+        FSDP_RETURN_IF_ERROR(expectShape(op, op.in(3), {d.m}, "a bias accumulator"));
+      }
+      return Status::ok();
     };
     m["layer_norm"] = [](const Op &op) {
       FSDP_RETURN_IF_ERROR(expectAllF32(op));

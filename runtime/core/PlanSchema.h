@@ -105,7 +105,7 @@ inline constexpr OpSchema kOps[] = {
     {"matmul", 2, 1, OpKind::Compute, 1},              // + an accumulator: acc + a b
     {"matmul_bias", 3, 1, OpKind::Compute, 0, 1},      // + the pre-activation (gelu)
     {"matmul_gelu_grad", 3, 1, OpKind::Compute, 0, 1}, // + the bias gradient
-    {"matmul_bias_grad", 2, 2, OpKind::Compute},       // (d_weight, d_bias)
+    {"matmul_bias_grad", 2, 2, OpKind::Compute, 2},    // (d_weight, d_bias) + their sums
     {"layer_norm", 3, 1, OpKind::Compute},
     {"layer_norm_grad", 3, 3, OpKind::Compute},
     {"residual_layer_norm", 4, 2, OpKind::Compute}, // a, b, gamma, beta -> a + b, y

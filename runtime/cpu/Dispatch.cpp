@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <unordered_map>
+#include <vector>
 
 namespace fsdp::cpu {
 
@@ -232,12 +233,28 @@ const std::unordered_map<std::string, Exec> &table() {
       return Status::ok();
     };
     // A linear layer's weight gradient dy^T x, then its bias gradient (the
-    // sum of dy over its rows) with sum_to's kernel.
+    // sum of dy over its rows) with sum_to's kernel. With accumulators (aw,
+    // ab): the GEMM adds to aw (beta = 1, the result starts as aw, in place
+    // when the plan put it there), and the column sums are taken first and
+    // then added to ab, as the unfused sum_to and add (the same bits).
     m["matmul_bias_grad"] = [](const Run &r) {
       MM d;
       FSDP_RETURN_IF_ERROR(matmulDims(r.op, d));
-      matmul<float>(r.in(0), r.in(1), r.out(0), 1, d.m, d.n, d.k, true, false);
-      sumTo<float>(r.in(0), r.op.in(0).shape, r.out(1), r.op.out(1).shape);
+      const bool acc = r.op.inst.in.size() > 2;
+      if (acc && r.in(2) != r.out(0))
+        std::memmove(r.out(0), r.in(2), sizeof(float) * r.op.out(0).numel());
+      matmul<float>(r.in(0), r.in(1), r.out(0), 1, d.m, d.n, d.k, true, false, acc);
+      if (!acc) {
+        sumTo<float>(r.in(0), r.op.in(0).shape, r.out(1), r.op.out(1).shape);
+        return Status::ok();
+      }
+      thread_local std::vector<float> sums;
+      sums.resize(d.m);
+      sumTo<float>(r.in(0), r.op.in(0).shape, sums.data(), r.op.out(1).shape);
+      const float *ab = r.in(3);
+      float *db = r.out(1);
+      for (int64_t j = 0; j < d.m; ++j)
+        db[j] = ab[j] + sums[j];
       return Status::ok();
     };
     m["layer_norm"] = [](const Run &r) {

@@ -826,6 +826,8 @@ void scratchNeeds(const Op &op, int64_t rank, flash::Impl attention, int64_t &f,
     f = native::sumToScratch(op.in(0).shape, op.out(0).shape);
   } else if (n == "matmul_bias_grad") { // the unfused fallback's bias gradient
     f = native::sumToScratch(op.in(0).shape, op.out(1).shape);
+    if (op.inst.in.size() > 2) // and with accumulators its column sums, added after
+      f += op.out(1).numel();
   } else if (n == "matmul_gelu_grad") { // the unfused fallback's bias gradient
     f = native::sumToScratch({rules::rowsOf(op.out(0)), rules::lastDim(op.out(0))},
                              {rules::lastDim(op.out(0))});
@@ -941,7 +943,8 @@ bool nativeKind(const Plan &plan, const Instruction &inst, FloatKind &t) {
                    (inst.op == "attention_grad" && i == 4) ||
                    (inst.op == "attention_qkv_grad" && i == 2) ||
                    // an f32 product's accumulator is f32 too
-                   (inst.op == "matmul" && i == 2 && productF32(plan, inst, 0))))
+                   (inst.op == "matmul" && i == 2 && productF32(plan, inst, 0)) ||
+                   (inst.op == "matmul_bias_grad" && i >= 2 && productF32(plan, inst, 0))))
       return false;
   for (size_t i = 0; i < inst.out.size(); ++i) {
     // An f32 result of narrow operands (fsdp-fuse-epilogues' widened
@@ -1007,6 +1010,29 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   const GemmType gt = gemmTypeOf(t, op.out(0));
   const bool f32Out = gt.out != gt.in;
   Shape full{m, nn}, row{nn};
+  if (n == "matmul_bias_grad" && op.inst.in.size() > 2) {
+    // With accumulators aw, ab (fsdp-fuse-epilogues' gradient-accumulation
+    // fusion): the GEMM with beta = 1 over aw (copied to dw first unless
+    // the plan put dw on it), then dy's column sums into scratch and one
+    // add into ab, as the unfused sum_to and add: BGRADB writes the bias
+    // gradient, it cannot add to it.
+    const void *aw = third, *ab = r.v(3);
+    const FloatKind ot = f32Out ? FloatKind::F32 : t;
+    const size_t bytesW = (ot == FloatKind::F32 ? 4 : 2) * (size_t)(m * nn);
+    float *term = sf + native::sumToScratch(Shape{k, m}, Shape{m});
+    FSDP_RETURN_IF_ERROR(g->warm(gt, 1, m, nn, k, ta, tb, a, b, c));
+    out = [=](cudaStream_t s) -> Status {
+      if (aw != c)
+        FSDP_CUDA_CHECK(cudaMemcpyAsync(c, aw, bytesW, cudaMemcpyDeviceToDevice, s));
+      FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, 1, m, nn, k, ta, tb, s, true));
+      cudaError_t err = native::sumTo(t, a, Shape{k, m}, term, Shape{m}, sf, s, f32Out);
+      if (err == cudaSuccess)
+        err =
+            native::binary(ot, BinaryKind::Add, ab, Shape{m}, term, Shape{m}, second, Shape{m}, s);
+      return cudaStatus(err, n.c_str(), __FILE__, __LINE__);
+    };
+    return Status::ok();
+  }
   // FSDP_CUDA_BIAS_BGRAD=0: matmul_bias_grad as the GEMM, then sum_to.
   const bool epilogue = n != "matmul_bias_grad" || biasBgrad;
   if (epilogue && g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, e)) {

@@ -220,6 +220,8 @@ PLAN_CASES = [
     ("matmul_bias pre-activation without gelu", "gpt", setter(lambda p: next(i for i in p["program"] if i["op"] == "matmul_bias" and len(i["out"]) == 2)["attrs"].pop("gelu")), "a pre-activation output needs the gelu attribute"),
     ("matmul_gelu_grad bias gradient of the wrong shape", "gpt", setter(lambda p: first(p, "matmul_gelu_grad")["out"].__setitem__(1, first(p, "matmul_gelu_grad")["out"][0])), "matmul_gelu_grad: expected a bias gradient of shape"),
     ("matmul_bias_grad without transpose_lhs", "gpt", setter(lambda p: first(p, "matmul_bias_grad")["attrs"].pop("transpose_lhs")), "matmul_bias_grad: expected transpose_lhs and not transpose_rhs"),
+    ("matmul_bias_grad with one accumulator", "gpt", setter(lambda p: first(p, "matmul_bias_grad")["in"].append(first(p, "matmul_bias_grad")["out"][0])), "matmul_bias_grad: expected two accumulators"),
+    ("matmul_bias_grad bias accumulator of the wrong shape", "gpt", setter(lambda p: first(p, "matmul_bias_grad")["in"].extend(first(p, "matmul_bias_grad")["out"][:1] * 2)), "matmul_bias_grad: expected a bias accumulator of shape"),
     ("matmul_bias_grad bias gradient of the wrong shape", "gpt", setter(lambda p: first(p, "matmul_bias_grad")["out"].__setitem__(1, first(p, "matmul_bias_grad")["out"][0])), "matmul_bias_grad: expected a bias gradient of shape"),
     ("residual_layer_norm without its sum output", "gpt", setter(lambda p: first(p, "residual_layer_norm")["out"].pop(0)), "residual_layer_norm: expected 4 inputs and 2 outputs, found 4 and 1"),
     ("lse of q's shape", "llama", setter(lambda p: first(p, "attention_grad")["in"].__setitem__(4, first(p, "attention_grad")["in"][0])), "expected lse of shape"),

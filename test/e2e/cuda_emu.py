@@ -200,6 +200,10 @@ def main():
             ("recompute=unit", gpt, "recompute=unit"),
             ("offload-activations", gpt, "offload-activations=true"),
             ("grad-accum=2 microbatch", gpt, "grad-accum=2 accum-reduce=microbatch"),
+            # step reduction: the second micro-batch's weight and bias
+            # gradients added by their GEMMs and column sums (matmul acc,
+            # matmul_bias_grad acc), in place over the first's
+            ("grad-accum=2 step", gpt, "grad-accum=2"),
             # the host updates on the host stream beside the backward pass
             ("optimizer offload", gpt, "stage=3 offload=optimizer"),
             # with clipping, joined in the next step: the host stream's
@@ -545,6 +549,15 @@ def main():
         depth = bf16_depth(plan)
         check(f"bf16 llama cuda vs cpu (D = {depth})", run(plan, "llama_bf16_cuda", 6, 1e-3),
               run(plan, "llama_bf16_cpu", 6, 1e-3, device="cpu"), depth * 2.0 ** -8)
+    # The GPT in bf16 with two micro-batches: the second's GEMMs (bf16
+    # operands) add their f32 sums into the first's f32 weight and bias
+    # gradients (gradient-accumulation fusion); the same bound.
+    plan = compile_plan(gpt, "gpt_bf16_accum", "optimizer=adamw param-dtype=bf16 grad-accum=2")
+    if mode != "--compile-only":
+        depth = bf16_depth(plan)
+        check(f"bf16 gpt grad-accum=2 cuda vs cpu (D = {depth})",
+              run(plan, "gpt_bf16_accum_cuda", 6, 1e-3),
+              run(plan, "gpt_bf16_accum_cpu", 6, 1e-3, device="cpu"), depth * 2.0 ** -8)
 
     # The wgmma kernels at head dimension 128 (key tiles of 64, rows of two
     # column blocks; wgmma-fused: the backward too) in a Llama with

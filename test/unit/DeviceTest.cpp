@@ -654,6 +654,87 @@ TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
   }
 }
 
+/// matmul_bias_grad with accumulators aw, ab (fsdp-fuse-epilogues'
+/// gradient-accumulation fusion: dw = aw + dy^T x, db = ab + dy's column
+/// sums) against the unfused matmul_bias_grad and two adds on the same
+/// device, with f32 operands and with bf16 ones (f32 results and sums, the
+/// mixed-precision case), once into buffers of their own and once in place
+/// over the accumulators (the memory plan's layout). The CPU sums the
+/// column sums first and adds once, as sum_to and add: the bias gradient
+/// bitwise; its GEMM adds the m products to aw in the BLAS's order, so the
+/// weight gradient and everything on CUDA (its own column sum or BGRADB, its
+/// own GEMM order) agree within (m + 1) e (sum|dy x| + |aw|), e = 2 u per
+/// f32 term and the tensor cores' 2^-22 + u per bf16 one (as above); the
+/// in-place results are the others' bits on the CPU.
+TEST_P(DeviceConformance, AccumulatingBiasGradientMatchesTheUnfusedSum) {
+  const int64_t m = 24, n = 16, k = 8;
+  for (bool narrow : {false, true}) {
+    SCOPED_TRACE(narrow ? "bf16 operands" : "f32 operands");
+    if (narrow) // a device allocates its arena once: a fresh one per plan
+      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+    // 0 dy [m,n], 1 x [m,k] (bf16 when narrow), 2 aw [n,k], 3 ab [n],
+    // 4 dw, 5 db (fused), 6 dw, 7 db (unfused terms), 8 aw + 6, 9 ab + 7,
+    // 10 aw', 11 ab' (copies of 2, 3), 12 dw, 13 db in place over 10, 11.
+    std::vector<std::vector<int64_t>> shapes{{m, n}, {m, k}, {n, k}, {n},    {n, k}, {n},    {n, k},
+                                             {n},    {n, k}, {n},    {n, k}, {n},    {n, k}, {n}};
+    nlohmann::json tl{{"transpose_lhs", true}};
+    Plan plan = mixedPlan(shapes, narrow ? std::vector<int>{0, 1} : std::vector<int>{},
+                          {inst("matmul_bias_grad", {0, 1, 2, 3}, {4, 5}, tl),
+                           inst("matmul_bias_grad", {0, 1}, {6, 7}, tl), inst("add", {2, 6}, {8}),
+                           inst("add", {3, 7}, {9}),
+                           inst("matmul_bias_grad", {0, 1, 10, 11}, {12, 13}, tl)});
+    plan.buffers[12].offset = plan.buffers[10].offset;
+    plan.buffers[13].offset = plan.buffers[11].offset;
+    bind(plan);
+    // dy and x exact in bf16 (so both variants hold the same values).
+    auto value = [&](size_t i, int id) {
+      float v = id == 0   ? (float)std::sin(0.61 * double(i)) * 1.7f
+                : id == 1 ? (float)std::cos(0.29 * double(i) + 1) * 0.9f
+                          : (float)std::sin(0.37 * double(i) + id % 8) * 3.f;
+      return id <= 1 ? widenBf16(roundToBf16(v)) : v;
+    };
+    std::vector<std::vector<float>> host(plan.buffers.size());
+    for (int id : {0, 1, 2, 3, 10, 11}) {
+      const Buffer &b = plan.buffers[id];
+      host[id].resize(b.numel());
+      std::vector<uint16_t> h(b.numel());
+      for (int64_t i = 0; i < b.numel(); ++i)
+        h[i] = roundToBf16(host[id][i] = value(i, id == 10 ? 2 : id == 11 ? 3 : id));
+      const void *src = b.dtype == DType::BF16 ? (const void *)h.data() : host[id].data();
+      ASSERT_TRUE(dev->copyToDevice(dev->arenaBase() + b.offset, src, b.bytes).isOk());
+    }
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      Status st = dev->run(i);
+      ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+    }
+    ASSERT_TRUE(dev->synchronize().isOk());
+    const bool cpu = GetParam() == "cpu";
+    const double u = std::ldexp(1.0, -24), e = narrow && !cpu ? std::ldexp(1.0, -22) + u : 2 * u;
+    std::vector<float> dw = read(plan, 4), db = read(plan, 5), rw = read(plan, 8),
+                       rb = read(plan, 9), iw = read(plan, 12), ib = read(plan, 13);
+    const std::vector<float> &dy = host[0], &x = host[1], &aw = host[2], &ab = host[3];
+    for (int64_t i = 0; i < n; ++i) {
+      double magB = std::fabs(ab[i]);
+      for (int64_t r = 0; r < m; ++r)
+        magB += std::fabs(dy[r * n + i]);
+      EXPECT_LE(std::fabs((double)db[i] - rb[i]), cpu ? 0.0 : (m + 1) * 2 * u * magB)
+          << "bias gradient element " << i;
+      EXPECT_LE(std::fabs((double)ib[i] - db[i]), cpu ? 0.0 : (m + 1) * 2 * u * magB)
+          << "in-place bias gradient element " << i;
+      for (int64_t j = 0; j < k; ++j) {
+        double mag = std::fabs(aw[i * k + j]);
+        for (int64_t r = 0; r < m; ++r)
+          mag += std::fabs(dy[r * n + i]) * std::fabs(x[r * k + j]);
+        double slack = (m + 1) * e * mag;
+        EXPECT_LE(std::fabs((double)dw[i * k + j] - rw[i * k + j]), slack)
+            << "weight gradient element " << i << ", " << j;
+        EXPECT_LE(std::fabs((double)iw[i * k + j] - dw[i * k + j]), cpu ? 0.0 : slack)
+            << "in-place weight gradient element " << i << ", " << j;
+      }
+    }
+  }
+}
+
 /// fsdp-fuse-epilogues' widened products: matmul and matmul_bias_grad on
 /// bf16 operands with f32 results (the f32 accumulation unrounded) against
 /// the f32 ops on the widened operands and the bf16 ops. The CPU widens and

@@ -143,6 +143,29 @@ func.func @f(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>) {
 }
 
 // -----
+// matmul_bias_grad's accumulators: two (the weight's and the bias's sums),
+// each of its result's type.
+func.func @f(%dy: tensor<8x6xf32>, %x: tensor<8x4xf32>, %aw: tensor<6x4xf32>) {
+  // expected-error @+1 {{expected two accumulators (acc: the weight gradient's and the bias gradient's) or none, found 1}}
+  %0, %1 = fsdp.matmul_bias_grad %dy, %x acc %aw transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>, tensor<6x4xf32>) -> (tensor<6x4xf32>, tensor<6xf32>)
+  return
+}
+
+// -----
+func.func @f(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>, %aw: tensor<6x4xf32>, %ab: tensor<6xbf16>) {
+  // expected-error @+1 {{expected the bias gradient's accumulator of type 'tensor<6xf32>', found 'tensor<6xbf16>'}}
+  %0, %1 = fsdp.matmul_bias_grad %dy, %x acc %aw, %ab transpose_lhs : (tensor<8x6xbf16>, tensor<8x4xbf16>, tensor<6x4xf32>, tensor<6xbf16>) -> (tensor<6x4xf32>, tensor<6xf32>)
+  return
+}
+
+// -----
+func.func @f(%dy: tensor<8x6xf32>, %x: tensor<8x4xf32>, %aw: tensor<4x6xf32>, %ab: tensor<6xf32>) {
+  // expected-error @+1 {{expected the weight gradient's accumulator of type 'tensor<6x4xf32>', found 'tensor<4x6xf32>'}}
+  %0, %1 = fsdp.matmul_bias_grad %dy, %x acc %aw, %ab transpose_lhs : (tensor<8x6xf32>, tensor<8x4xf32>, tensor<4x6xf32>, tensor<6xf32>) -> (tensor<6x4xf32>, tensor<6xf32>)
+  return
+}
+
+// -----
 // A layer norm's parameter gradients: gamma's type or f32, one type.
 func.func @f(%x: tensor<4x8xbf16>, %g: tensor<8xbf16>, %dy: tensor<4x8xbf16>) {
   // expected-error @+1 {{expected d_gamma of type 'tensor<8xbf16>', found 'tensor<8xf16>'}}

@@ -73,6 +73,9 @@ func.func @structure(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %m: tensor
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} acc %{{.+}} transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %acc = fsdp.matmul %m, %0 transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>) -> tensor<64x128xf32>
   %acc2 = fsdp.matmul %m, %0 acc %acc transpose_lhs : (tensor<32x64xf32>, tensor<32x128xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  // CHECK: fsdp.matmul_bias_grad %{{.+}}, %{{.+}} acc %{{.+}}, %{{.+}} transpose_lhs : (tensor<32x128xf32>, tensor<32x64xf32>, tensor<128x64xf32>, tensor<128xf32>) -> (tensor<128x64xf32>, tensor<128xf32>)
+  %bw, %bb = fsdp.matmul_bias_grad %0, %m transpose_lhs : (tensor<32x128xf32>, tensor<32x64xf32>) -> (tensor<128x64xf32>, tensor<128xf32>)
+  %bw2, %bb2 = fsdp.matmul_bias_grad %0, %m acc %bw, %bb transpose_lhs : (tensor<32x128xf32>, tensor<32x64xf32>, tensor<128x64xf32>, tensor<128xf32>) -> (tensor<128x64xf32>, tensor<128xf32>)
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
   %1 = fsdp.matmul %x, %x transpose_lhs : (tensor<2x16x64xf32>, tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
   // CHECK: fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs transpose_rhs

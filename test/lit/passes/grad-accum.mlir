@@ -43,21 +43,29 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // Gradient-accumulation fusion (fsdp-fuse-epilogues): the second
 // micro-batch's weight-gradient GEMM of @w2 (no bias) adds into the first
 // one's gradient (beta = 1), in place (the same arena offset), and no add
-// is left for it; @w1's (a bias gradient beside it: matmul_bias_grad) is
-// still summed by an add.
+// is left for it; @w1's with its bias gradient (matmul_bias_grad) adds
+// both into the first micro-batch's two, each in place.
 // FUSED-LABEL: func.func @train_step
 // FUSED: %[[G0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[OFF:[0-9]+]]>} : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
+// FUSED: %[[DW0:.+]], %[[DB0:.+]] = fsdp.matmul_bias_grad %{{.+}}, %{{.+}} transpose_lhs {fsdp.offsets = array<i64: [[OW:[0-9]+]], [[OB:[0-9]+]]>} : (tensor<4x8xf32>, tensor<4x4xf32>) -> (tensor<8x4xf32>, tensor<8xf32>)
 // FUSED: %[[G:.+]] = fsdp.matmul %{{.+}}, %{{.+}} acc %[[G0]] transpose_lhs {fsdp.accum, fsdp.offsets = array<i64: [[OFF]]>} : (tensor<4x1xf32>, tensor<4x8xf32>, tensor<1x8xf32>) -> tensor<1x8xf32>
 // FUSED-NEXT: fsdp.scale %[[G]] {factor = 5.000000e-01 : f64, fsdp.accum
-// FUSED: fsdp.matmul_bias_grad
-// FUSED: fsdp.add %{{.+}}, %{{.+}} {fsdp.accum, fsdp.offsets = array<i64: {{[0-9]+}}>} : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+// FUSED: %[[DW:.+]], %[[DB:.+]] = fsdp.matmul_bias_grad %{{.+}}, %{{.+}} acc %[[DW0]], %[[DB0]] transpose_lhs {fsdp.accum, fsdp.offsets = array<i64: [[OW]], [[OB]]>} : (tensor<4x8xf32>, tensor<4x4xf32>, tensor<8x4xf32>, tensor<8xf32>) -> (tensor<8x4xf32>, tensor<8xf32>)
+// FUSED-NOT: fsdp.add %{{.+}} {fsdp.accum, fsdp.offsets = array<i64: {{[0-9]+}}>} : (tensor<8
+// FUSED: fsdp.scale %[[DB]] {factor = 5.000000e-01 : f64, fsdp.accum
+// FUSED: fsdp.scale %[[DW]] {factor = 5.000000e-01 : f64, fsdp.accum
 
 // accumulate=false: the product, then the add.
 // UNFUSED-LABEL: func.func @train_step
 // UNFUSED: %[[G0:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
+// UNFUSED: %[[B0:.+]], %[[C0:.+]] = fsdp.matmul_bias_grad %{{.+}}, %{{.+}} transpose_lhs :
 // UNFUSED-NOT: {{ acc }}
 // UNFUSED: %[[G1:.+]] = fsdp.matmul %{{.+}}, %{{.+}} transpose_lhs : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<1x8xf32>
 // UNFUSED-NEXT: fsdp.add %[[G0]], %[[G1]] {fsdp.accum} : (tensor<1x8xf32>, tensor<1x8xf32>) -> tensor<1x8xf32>
+// UNFUSED: %[[B1:.+]], %[[C1:.+]] = fsdp.matmul_bias_grad %{{.+}}, %{{.+}} transpose_lhs :
+// UNFUSED-NEXT: fsdp.add %[[C0]], %[[C1]] {fsdp.accum}
+// UNFUSED-NEXT: fsdp.scale
+// UNFUSED-NEXT: fsdp.add %[[B0]], %[[B1]] {fsdp.accum}
 
 // ONE-LABEL: func.func @train_step
 // ONE-SAME: tensor<4x4xf32>
