@@ -112,9 +112,8 @@ public:
   Status connect(bool shmRefused) {
     const int64_t me = rank(), m = layout.nodeOf[me], l = layout.placeOf[me];
     const int64_t L = layout.perNode(), M = (int64_t)layout.nodes.size();
-    noShm = shmRefused;
-    if (!layout.uniform || noShm) {
-      why = !layout.uniform ? "nodes hold unequal numbers of ranks" : "no shared memory";
+    if (!layout.uniform || shmRefused) {
+      flat = !layout.uniform ? Flat::UnequalNodes : Flat::NoShm;
       return Status::ok();
     }
     bool unavailable = false;
@@ -136,8 +135,7 @@ public:
                      "using Gloo between all ranks\n",
                      (double)failed, st ? "" : ": ", st ? "" : st.message().c_str());
       node.reset();
-      noShm = true;
-      why = "no shared memory";
+      flat = Flat::NoShm;
       return Status::ok();
     }
     if (M > 1) {
@@ -162,8 +160,11 @@ public:
        << (layout.nodes.size() == 1 ? " node" : " nodes");
     if (layout.uniform)
       os << " of " << layout.perNode() << " ranks";
-    if (!node)
-      os << ": " << why << ", Gloo between all ranks";
+    if (flat != Flat::No)
+      os << ": "
+         << (flat == Flat::UnequalNodes ? "nodes hold unequal numbers of ranks"
+                                        : "no shared memory")
+         << ", Gloo between all ranks";
     os << ")";
     return os.str();
   }
@@ -200,7 +201,7 @@ public:
     if (!node)
       return guard("reduce_scatter",
                    [&] { return world->reduceScatter(in, out, shard, dtype, op); });
-    const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    const int64_t M = (int64_t)places[0].size();
     // Columns [o, o + c) of every rank's block at a time: n x c elements of
     // scratch at most chunkBytes.
     const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
@@ -208,11 +209,9 @@ public:
       for (int64_t o = 0; o < shard; o += cols) {
         const int64_t c = std::min(cols, shard - o), bytes = c * es;
         a.resize((size_t)(n * bytes));
-        for (int64_t q = 0; q < L; ++q)
-          for (int64_t j = 0; j < M; ++j)
-            std::memcpy(a.data() + (q * M + j) * bytes,
-                        static_cast<const uint8_t *>(in) + (places[q][j] * shard + o) * es,
-                        (size_t)bytes);
+        forEachBlock(shard, o, c, es, [&](int64_t at, int64_t user) {
+          std::memcpy(a.data() + at, static_cast<const uint8_t *>(in) + user, (size_t)bytes);
+        });
         b.resize((size_t)(M * bytes));
         FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), M * c, dtype, op));
         FSDP_RETURN_IF_ERROR(
@@ -230,7 +229,7 @@ public:
     bytesSent_ += (n - 1) * shard * es;
     if (!node)
       return guard("all_gather", [&] { return world->allGather(in, out, shard, dtype); });
-    const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    const int64_t M = (int64_t)places[0].size();
     const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("all_gather", [&]() -> Status {
       for (int64_t o = 0; o < shard; o += cols) {
@@ -240,10 +239,9 @@ public:
             cross->allGather(static_cast<const uint8_t *>(in) + o * es, b.data(), c, dtype));
         a.resize((size_t)(n * bytes));
         FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), M * c, dtype));
-        for (int64_t q = 0; q < L; ++q)
-          for (int64_t j = 0; j < M; ++j)
-            std::memcpy(static_cast<uint8_t *>(out) + (places[q][j] * shard + o) * es,
-                        a.data() + (q * M + j) * bytes, (size_t)bytes);
+        forEachBlock(shard, o, c, es, [&](int64_t at, int64_t user) {
+          std::memcpy(static_cast<uint8_t *>(out) + user, a.data() + at, (size_t)bytes);
+        });
       }
       return Status::ok();
     });
@@ -261,6 +259,18 @@ public:
                   std::unique_ptr<Communicator> &out) override;
 
 private:
+  /// For each rank's block in place order (place q, then node j: the
+  /// order the node level's collectives see), columns [o, o + c) of it:
+  /// f(byte offset in the scratch, byte offset in the user's buffer of
+  /// n blocks of `shard` elements of es bytes).
+  template <typename F>
+  void forEachBlock(int64_t shard, int64_t o, int64_t c, int64_t es, F f) const {
+    const int64_t M = (int64_t)places[0].size();
+    for (int64_t q = 0; q < (int64_t)places.size(); ++q)
+      for (int64_t j = 0; j < M; ++j)
+        f((q * M + j) * c * es, (places[q][j] * shard + o) * es);
+  }
+
   template <typename F> Status guard(const char *what, F f) {
     int64_t seq = recorder ? recorder->enter(what) : 0;
     Status st = f();
@@ -284,8 +294,9 @@ private:
   std::unique_ptr<FlightRecorder> recorder;
   std::unique_ptr<Communicator> node, cross; ///< null node: flat
   std::vector<std::vector<int64_t>> places;  ///< C_l for each place l
-  bool noShm = false;
-  std::string why;
+  /// Why the collectives are Gloo's over every member (No: two levels).
+  /// NoShm also tells subgroups not to try shared memory again.
+  enum class Flat { No, UnequalNodes, NoShm } flat = Flat::No;
   /// Scratch per collective step ([Note: hybrid collectives]): larger
   /// collectives run in column ranges, so a rank holds at most this much
   /// besides the buffers the plan gave it (FSDP_HYBRID_CHUNK_BYTES
@@ -307,7 +318,7 @@ Status HybridComm::subgroup(const std::vector<int64_t> &ranks, const std::string
     sub.push_back(keys[r]);
   Layout inner(sub);
   const std::string name = prefix + "/" + tag;
-  if (inner.nodes.size() == 1 && !noShm) {
+  if (inner.nodes.size() == 1 && flat != Flat::NoShm) {
     Status st = makeShmGroup(store, name, index, (int64_t)ranks.size(), timeoutSeconds, out);
     if (!st)
       return FSDP_ERROR("rank ", rank(), ": connecting group '", tag, "' (", ranks.size(),
@@ -322,7 +333,7 @@ Status HybridComm::subgroup(const std::vector<int64_t> &ranks, const std::string
   }
   auto h = std::make_unique<HybridComm>(std::move(gloo), std::move(sub), store, name,
                                         timeoutSeconds, nullptr);
-  FSDP_RETURN_IF_ERROR(h->connect(noShm));
+  FSDP_RETURN_IF_ERROR(h->connect(flat == Flat::NoShm));
   out = std::move(h);
   return Status::ok();
 }

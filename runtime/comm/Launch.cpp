@@ -84,11 +84,18 @@ void onSignal(int sig) {
 
 } // namespace
 
-Status launchLocal(int nproc, const std::vector<std::string> &args, int &stoppedBySignal,
-                   int nnodes) {
+Status checkLocalNodes(int nproc, int nnodes) {
+  if (nnodes > 1 && nproc < 2)
+    return FSDP_ERROR("--nnodes ", nnodes, " needs --nproc N (the ranks to split into nodes)");
   if (nnodes < 1 || nproc % nnodes != 0)
     return FSDP_ERROR("--nnodes ", nnodes, " does not divide --nproc ", nproc,
                       ": every node holds the same number of ranks");
+  return Status::ok();
+}
+
+Status launchLocal(int nproc, const std::vector<std::string> &args, int &stoppedBySignal,
+                   int nnodes) {
+  FSDP_RETURN_IF_ERROR(checkLocalNodes(nproc, nnodes));
   stoppedBySignal = 0;
   const char *tmp = std::getenv("TMPDIR");
   std::string tmpl =

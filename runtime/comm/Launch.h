@@ -32,6 +32,10 @@ namespace fsdp {
 Status launchLocal(int nproc, const std::vector<std::string> &args, int &stoppedBySignal,
                    int nnodes = 1);
 
+/// Whether `nproc` local ranks split into `nnodes` equal nodes (launchLocal
+/// refuses any other layout with this error).
+Status checkLocalNodes(int nproc, int nnodes);
+
 /// In a rank started by launchLocal (FSDP_LAUNCHER_PID is set; otherwise
 /// nothing happens): on SIGTERM / SIGINT / SIGHUP, if the launcher is gone
 /// (it was killed and the kernel sent the parent-death signal), removes the

@@ -78,15 +78,11 @@ int main(int argc, char **argv) {
   st = checkDevice(opt.device);
   if (!st)
     return fail(st, 1);
-  if (nnodes > 1 && nproc < 2)
-    return fail(FSDP_ERROR("--nnodes ", nnodes,
-                           " needs --nproc N (the ranks to split "
-                           "into nodes)"),
-                2);
-  if (nnodes > 1 && nproc % nnodes != 0)
-    return fail(FSDP_ERROR("--nnodes ", nnodes, " does not divide --nproc ", nproc,
-                           ": every node holds the same number of ranks"),
-                2);
+  if (nnodes > 1) {
+    st = checkLocalNodes(nproc, nnodes);
+    if (!st)
+      return fail(st, 2);
+  }
   if (nproc > 1) {
     int stoppedBy = 0;
     Status launched = launchLocal(nproc, args, stoppedBy, nnodes);
