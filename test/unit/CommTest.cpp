@@ -459,4 +459,28 @@ TEST(CommEnvTest, ReadsTheJobFromTheEnvironment) {
   EXPECT_EQ(job.worldSize, 1);
 }
 
+/// srun's variables: the rank, world, this node's share and its node id
+/// (which the hybrid communicator groups ranks by).
+TEST(CommEnvTest, ReadsASlurmJob) {
+  const char *vars[][2] = {{"SLURM_PROCID", "5"},   {"SLURM_NTASKS", "8"},
+                           {"SLURM_LOCALID", "1"},  {"SLURM_NTASKS_PER_NODE", "4"},
+                           {"SLURM_NODEID", "1"},   {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", "29500"}};
+  for (auto &v : vars)
+    ::setenv(v[0], v[1], 1);
+  JobEnv job;
+  ASSERT_TRUE(jobFromEnvironment(job).isOk());
+  EXPECT_EQ(job.source, "srun (Slurm)");
+  EXPECT_EQ(job.rank, 5);
+  EXPECT_EQ(job.worldSize, 8);
+  EXPECT_EQ(job.localRank, 1);
+  EXPECT_EQ(job.localWorldSize, 4);
+  EXPECT_EQ(nodeIdentity(job), "node 1");
+  ::setenv("SLURM_NODEID", "-", 1);
+  EXPECT_NE(jobFromEnvironment(job).message().find("SLURM_NODEID='-' is not an integer"),
+            std::string::npos);
+  for (auto &v : vars)
+    ::unsetenv(v[0]);
+}
+
 } // namespace
