@@ -94,6 +94,13 @@ expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin"
 # decay split by shard (weight-decay-params=matrices).
 expect 0 "$W/gpt2z2.plan" --nproc 2 --steps 3 --threads 1 --data "$W/tok.bin" \
   --eval-every 2 --eval-data "$W/tok.bin" --eval-batches 2
+# Gradient-accumulation fusion: the second micro-batch's GEMMs and column
+# sums add in place into the first's gradients (matmul and matmul_bias_grad
+# with accumulators), f32 at 2 ranks and bf16 products into f32 sums.
+compile "$W/gpt.mlir" "$W/gptacc.plan" "optimizer=adamw world-size=2 stage=2 grad-accum=2"
+expect 0 "$W/gptacc.plan" --nproc 2 --steps 2 --threads 1 --data "$W/tok.bin"
+compile "$W/gpt.mlir" "$W/gptaccbf16.plan" "optimizer=adamw param-dtype=bf16 grad-accum=2"
+expect 0 "$W/gptaccbf16.plan" --steps 2 --threads 2 --data "$W/tok.bin"
 compile "$W/mlp.mlir" "$W/mlp2wd.plan" "optimizer=adamw weight-decay-params=matrices world-size=2 stage=3"
 expect 0 "$W/mlp2wd.plan" --nproc 2 --steps 3 --threads 1 --eval-every 1
 expect 0 "$W/mlpgrad.plan" --gradcheck 4 --threads 1
