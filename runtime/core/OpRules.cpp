@@ -106,6 +106,27 @@ Status matmulDims(const Op &op, MM &d) {
 // attributes and integer operands are checked exactly as for f32. `cast`
 // converts dtypes itself and is never widened.
 
+/// (accumulator operand, the result that continues its sum) of the ops
+/// that take accumulators, those of them `inst` has (valid buffer ids only).
+static std::vector<std::pair<size_t, size_t>> accumulatorsOf(const Plan &plan,
+                                                             const Instruction &inst) {
+  std::vector<std::pair<size_t, size_t>> pairs;
+  if (inst.op == "matmul")
+    pairs = {{2, 0}};
+  else if (inst.op == "matmul_bias_grad")
+    pairs = {{2, 0}, {3, 1}};
+  else if (inst.op == "layer_norm_grad_acc" || inst.op == "rms_norm_grad_acc")
+    pairs = {{3, 0}};
+  auto valid = [&](const std::vector<int64_t> &ids, size_t i) {
+    return i < ids.size() && ids[i] >= 0 && ids[i] < (int64_t)plan.buffers.size();
+  };
+  pairs.erase(std::remove_if(
+                  pairs.begin(), pairs.end(),
+                  [&](auto p) { return !valid(inst.in, p.first) || !valid(inst.out, p.second); }),
+              pairs.end());
+  return pairs;
+}
+
 bool needsWidening(const Plan &plan, const Instruction &inst) {
   if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device")
     return false; // converts or copies bytes itself
@@ -880,6 +901,15 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
                           dtypeName(plan.buffers[id].dtype), " ", in ? "operand " : "result ",
                           in ? i : i - inst.in.size(), in && i == 1 ? " (the gradient)" : "");
     }
+  }
+  // An accumulator holds the sum its result continues (the memory plan may
+  // put the result on it): the result's dtype, as the dialect's verifiers
+  // require. Checked before widening, which would make both f32.
+  for (auto [in, out] : rules::accumulatorsOf(plan, inst)) {
+    const Buffer &a = plan.buffers[inst.in[in]], &r = plan.buffers[inst.out[out]];
+    if (a.dtype != r.dtype)
+      return FSDP_ERROR(inst.op, ": expected accumulator (operand ", in, ") of its result's dtype ",
+                        dtypeName(r.dtype), ", found ", dtypeName(a.dtype));
   }
   if (needsWidening(plan, inst)) {
     // See [Note: bf16 storage, f32 compute].

@@ -1012,20 +1012,27 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   Shape full{m, nn}, row{nn};
   if (n == "matmul_bias_grad" && op.inst.in.size() > 2) {
     // With accumulators aw, ab (fsdp-fuse-epilogues' gradient-accumulation
-    // fusion): the GEMM with beta = 1 over aw (copied to dw first unless
-    // the plan put dw on it), then dy's column sums into scratch and one
-    // add into ab, as the unfused sum_to and add: BGRADB writes the bias
-    // gradient, it cannot add to it.
+    // fusion): the GEMM with beta = 1 reading aw (Gemm::run's acc) and
+    // BGRADB writing this micro-batch's bias gradient into scratch (it
+    // cannot add to ab), then one add into ab, as the unfused plan's add.
+    // Without the epilogue (no algorithm, FSDP_CUDA_BIAS_BGRAD=0) the
+    // bias gradient is sum_to's column sum, a second pass over dy.
     const void *aw = third, *ab = r.v(3);
     const FloatKind ot = f32Out ? FloatKind::F32 : t;
-    const size_t bytesW = (ot == FloatKind::F32 ? 4 : 2) * (size_t)(m * nn);
     float *term = sf + native::sumToScratch(Shape{k, m}, Shape{m});
-    FSDP_RETURN_IF_ERROR(g->warm(gt, 1, m, nn, k, ta, tb, a, b, c));
+    EpilogueArgs eb = e;
+    eb.biasGrad = term; // m elements of ot (the bias type is C's)
+    const bool withEpilogue = biasBgrad && g->warmEpilogue(gt, m, nn, k, ta, tb, a, b, c, eb, aw);
+    if (!withEpilogue)
+      FSDP_RETURN_IF_ERROR(g->warm(gt, 1, m, nn, k, ta, tb, a, b, c, aw));
     out = [=](cudaStream_t s) -> Status {
-      if (aw != c)
-        FSDP_CUDA_CHECK(cudaMemcpyAsync(c, aw, bytesW, cudaMemcpyDeviceToDevice, s));
-      FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, 1, m, nn, k, ta, tb, s, true));
-      cudaError_t err = native::sumTo(t, a, Shape{k, m}, term, Shape{m}, sf, s, f32Out);
+      cudaError_t err = cudaSuccess;
+      if (withEpilogue) {
+        FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, m, nn, k, ta, tb, eb, s, aw));
+      } else {
+        FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, 1, m, nn, k, ta, tb, s, aw));
+        err = native::sumTo(t, a, Shape{k, m}, term, Shape{m}, sf, s, f32Out);
+      }
       if (err == cudaSuccess)
         err =
             native::binary(ot, BinaryKind::Add, ab, Shape{m}, term, Shape{m}, second, Shape{m}, s);
@@ -1286,14 +1293,11 @@ Status CudaDevice::buildNativeMatmul(const Op &op, FloatKind t, uint8_t *base, i
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
   Gemm *g = gemm.get();
   const GemmType gt = gemmTypeOf(t, op.out(0));
-  FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c));
-  // acc + a b: C starts as acc (copied unless the plan put C on it), beta = 1.
+  // acc + a b: Gemm::run reads acc where it lies (in place where the plan put C on it).
   const void *acc = op.inst.in.size() > 2 ? r.v(2) : nullptr;
-  size_t bytes = (gt.out == FloatKind::F32 ? 4 : 2) * op.out(0).numel();
+  FSDP_RETURN_IF_ERROR(g->warm(gt, d.batch, d.m, d.n, d.k, ta, tb, a, b, c, acc));
   out = [=](cudaStream_t s) -> Status {
-    if (acc && acc != c)
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(c, acc, bytes, cudaMemcpyDeviceToDevice, s));
-    return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc != nullptr);
+    return g->run(gt, a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc);
   };
   return Status::ok();
 }
@@ -1713,14 +1717,9 @@ Status CudaDevice::buildMatmul(const Op &op, uint8_t *base, int64_t rank, Launch
   float *c = r.out(0);
   bool ta = op.b("transpose_lhs"), tb = op.b("transpose_rhs");
   Gemm *g = gemm.get();
-  // acc + a b: C starts as acc (copied unless the plan put C on it), beta = 1.
+  // acc + a b: Gemm::run reads acc where it lies (in place where the plan put C on it).
   const float *acc = op.inst.in.size() > 2 ? r.in(2) : nullptr;
-  size_t bytes = sizeof(float) * op.out(0).numel();
-  out = [=](cudaStream_t s) -> Status {
-    if (acc && acc != c)
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(c, acc, bytes, cudaMemcpyDeviceToDevice, s));
-    return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc != nullptr);
-  };
+  out = [=](cudaStream_t s) { return g->run(a, b, c, d.batch, d.m, d.n, d.k, ta, tb, s, acc); };
   return Status::ok();
 }
 

@@ -65,6 +65,13 @@ uint32_t alignment(const void *p, size_t elem) {
   return std::max<uint32_t>(al, (uint32_t)elem);
 }
 
+/// Of C and the accumulator read into it (null: none), the one whose
+/// address is less aligned: the plan's C and D alignment (cuBLASLt's C is
+/// the accumulator, its D our C, one layout).
+const void *lessAligned(const void *c, const void *acc, size_t elem) {
+  return acc && alignment(acc, elem) < alignment(c, elem) ? acc : c;
+}
+
 /// A row length padded to a multiple of 8 elements (16 bytes of 16-bit).
 int64_t padded(int64_t ld) { return (ld + 7) / 8 * 8; }
 
@@ -328,8 +335,8 @@ Status Gemm::pickFastest(Plan &p, const cublasLtMatmulHeuristicResult_t *results
 }
 
 Status Gemm::run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
-                 int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
-  return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s, accumulate);
+                 int64_t k, bool transA, bool transB, cudaStream_t s, const float *acc) {
+  return run(FloatKind::F32, a, b, c, batch, m, n, k, transA, transB, s, acc);
 }
 
 Gemm::Key Gemm::key(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
@@ -380,71 +387,81 @@ Status Gemm::reserveStaging(size_t bytes) {
   return Status::ok();
 }
 
-bool Gemm::warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA,
-                        bool transB, const void *a, const void *b, const void *c,
-                        const EpilogueArgs &e) {
+bool Gemm::warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+                        const void *a, const void *b, const void *c, const EpilogueArgs &e,
+                        const void *acc) {
   if (m <= 0 || n <= 0 || k <= 0)
     return false; // degenerate: the unfused kernels handle it
   Plan *p;
-  // Tuned (setTuning) where every pointer is given, on them.
+  // Tuned (setTuning) where every pointer is given, on them (C, never acc).
   const bool all = a && b && c;
-  return plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p, all ? a : nullptr,
-              all ? b : nullptr, const_cast<void *>(c), &e)
+  return plan(key(t, 1, m, n, k, transA, transB, a, b, lessAligned(c, acc, elemBytes(t.out)), e), p,
+              all ? a : nullptr, all ? b : nullptr, const_cast<void *>(c), &e)
       .isOk();
 }
 
-Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
-                 int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s) {
+Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n, int64_t k,
+                 bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s, const void *acc) {
   if (m <= 0 || n <= 0 || k <= 0)
     return FSDP_ERROR("a GEMM epilogue on an empty product ([", m, ", ", k, "] x [", k, ", ",
                       n, "])");
   Plan *p;
-  FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, a, b, c, e), p));
+  FSDP_RETURN_IF_ERROR(
+      plan(key(t, 1, m, n, k, transA, transB, a, b, lessAligned(c, acc, elemBytes(t.out)), e), p));
   int code = epilogueCode(e);
   void *bias = biasPointer(e);
   FSDP_RETURN_IF_ERROR(
       setEpiloguePointers(p->desc, e.kind, code & 1, code & 2, bias, e.aux));
-  float alpha = 1.f, beta = 0.f;
-  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
-                                   b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
+  float alpha = 1.f, beta = acc ? 1.f : 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b,
+                                   p->la, a, p->lb, &beta, acc ? acc : c, p->lc, c, p->lc, &p->algo,
                                    ws_, wsBytes_, s));
   return Status::ok();
 }
 
 Status Gemm::warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-                  bool transB, const void *a, const void *b, const void *c) {
+                  bool transB, const void *a, const void *b, const void *c, const void *acc) {
   if (batch <= 0 || m <= 0 || n <= 0 || k <= 0)
     return Status::ok();
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   Plan *p;
   size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
+  // Tuned on C (never on the accumulator, whose contents a candidate's
+  // timing run would overwrite), keyed by the less aligned of the two.
   void *cc = const_cast<void *>(c);
   if (need && need <= stageBytes_) { // the staged GEMM: the pointers runStaged will use
     stagedPointers(m, n, k, transA, transB, a, b, cc);
-    return plan(key(t, batch, m, n, k, transA, transB, a, b, cc, {}, true), p, a, b, cc);
+    // A staged C is the accumulator's copy too; an unstaged one reads it in place.
+    const void *keyC = cc != c ? cc : lessAligned(c, acc, elemBytes(t.out));
+    return plan(key(t, batch, m, n, k, transA, transB, a, b, keyC, {}, true), p, a, b, cc);
   }
-  return plan(key(t, batch, m, n, k, transA, transB, a, b, c), p, a, b, cc);
+  return plan(key(t, batch, m, n, k, transA, transB, a, b, lessAligned(c, acc, elemBytes(t.out))),
+              p, a, b, cc);
 }
 
 Status Gemm::run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m,
-                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
+                 int64_t n, int64_t k, bool transA, bool transB, cudaStream_t s, const void *acc) {
   if (batch <= 0 || m <= 0 || n <= 0)
     return Status::ok();
-  if (k == 0) // an empty contraction: C = 0 (C += 0), as cpu::matmul
-    return accumulate ? Status::ok()
-                      : cudaStatus(cudaMemsetAsync(c, 0, elemBytes(t.out) * batch * m * n, s),
-                                   "cudaMemsetAsync", __FILE__, __LINE__);
+  const size_t bytesC = elemBytes(t.out) * batch * m * n;
+  if (k == 0) // an empty contraction: C = 0 (C = acc), as cpu::matmul
+    return !acc
+               ? cudaStatus(cudaMemsetAsync(c, 0, bytesC, s), "cudaMemsetAsync", __FILE__, __LINE__)
+           : acc == c ? Status::ok()
+                      : cudaStatus(cudaMemcpyAsync(c, acc, bytesC, cudaMemcpyDeviceToDevice, s),
+                                   "cudaMemcpyAsync", __FILE__, __LINE__);
   if (batch > INT32_MAX)
     return FSDP_ERROR("GEMM batch ", batch, " exceeds cuBLASLt's int32 batch count");
   size_t need = stagingNeed(t, batch, m, n, k, transA, transB);
   if (need && need <= stageBytes_)
-    return runStaged(t, a, b, c, m, n, k, transA, transB, s, accumulate);
+    return runStaged(t, a, b, c, m, n, k, transA, transB, s, acc);
   Plan *p;
-  FSDP_RETURN_IF_ERROR(plan(key(t, batch, m, n, k, transA, transB, a, b, c), p));
-  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
-                                   b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
+  FSDP_RETURN_IF_ERROR(
+      plan(key(t, batch, m, n, k, transA, transB, a, b, lessAligned(c, acc, elemBytes(t.out))), p));
+  float alpha = 1.f, beta = acc ? 1.f : 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b,
+                                   p->la, a, p->lb, &beta, acc ? acc : c, p->lc, c, p->lc, &p->algo,
                                    ws_, wsBytes_, s));
   return Status::ok();
 }
@@ -468,7 +485,7 @@ void Gemm::stagedPointers(int64_t m, int64_t n, int64_t k, bool transA, bool tra
 }
 
 Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
-                       int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate) {
+                       int64_t k, bool transA, bool transB, cudaStream_t s, const void *acc) {
   Operands o = operands(m, n, k, transA, transB);
   // Where each operand is read and C written (stagedPointers, as warm()
   // planned it); a misaligned operand is first copied there, its rows padded.
@@ -481,18 +498,24 @@ Status Gemm::runStaged(GemmType t, const void *a, const void *b, void *c, int64_
       FSDP_CUDA_CHECK(cudaMemcpy2DAsync(const_cast<void *>(dst), (size_t)padded(ld) * 2, src,
                                         (size_t)ld * 2, (size_t)ld * 2, (size_t)rows,
                                         cudaMemcpyDeviceToDevice, s));
-  // Accumulating into a staged C: its rows are copied in first.
-  if (accumulate && sc != c)
-    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(sc, (size_t)padded(n) * 2, c, (size_t)n * 2, (size_t)n * 2,
+  // Accumulating into a staged C: the accumulator's rows are copied in
+  // first; into an unstaged one (its rows already a multiple of 8, the
+  // accumulator's too) it is read where it lies.
+  const void *sacc = acc;
+  if (acc && sc != c) {
+    FSDP_CUDA_CHECK(cudaMemcpy2DAsync(sc, (size_t)padded(n) * 2, acc, (size_t)n * 2, (size_t)n * 2,
                                       (size_t)m, cudaMemcpyDeviceToDevice, s));
+    sacc = sc;
+  }
   // Every ld is a multiple of 8 now: the padded plan (its lds are the
   // padded row lengths, those of aligned operands unchanged).
   Plan *p;
-  FSDP_RETURN_IF_ERROR(plan(key(t, 1, m, n, k, transA, transB, sa, sb, sc, {}, true), p));
-  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
-                                   sb, p->la, sa, p->lb, &beta, sc, p->lc, sc, p->lc, &p->algo,
-                                   ws_, wsBytes_, s));
+  FSDP_RETURN_IF_ERROR(
+      plan(key(t, 1, m, n, k, transA, transB, sa, sb, lessAligned(sc, sacc, 2), {}, true), p));
+  float alpha = 1.f, beta = acc ? 1.f : 0.f;
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, sb,
+                                   p->la, sa, p->lb, &beta, sacc ? sacc : sc, p->lc, sc, p->lc,
+                                   &p->algo, ws_, wsBytes_, s));
   if (sc != c)
     FSDP_CUDA_CHECK(cudaMemcpy2DAsync(c, (size_t)n * 2, sc, (size_t)padded(n) * 2,
                                       (size_t)n * 2, (size_t)m, cudaMemcpyDeviceToDevice, s));

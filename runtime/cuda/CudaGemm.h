@@ -121,30 +121,37 @@ public:
   int tunedEpilogue() const { return tunedEpilogue_; }
   int tunedChanged() const { return tunedChanged_; }
 
-  /// C = op(A) op(B), or with `accumulate` C += op(A) op(B) (beta = 1).
+  /// C = op(A) op(B), or given `acc` (C's shape and type) C = acc + op(A)
+  /// op(B): cuBLASLt's beta = 1 with acc as its C and our C as its D, so
+  /// acc is read where it lies (acc == c accumulates in place; no copy
+  /// either way).
   Status run(const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
-             int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate = false);
+             int64_t k, bool transA, bool transB, cudaStream_t s, const float *acc = nullptr);
   /// The same on operands and result of types `t` (f32 accumulation).
   Status run(GemmType t, const void *a, const void *b, void *c, int64_t batch, int64_t m, int64_t n,
-             int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate = false);
-  /// The same with an epilogue (batch 1). An error when cuBLASLt has no
-  /// algorithm for it; warmEpilogue tells beforehand.
-  Status run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
-             int64_t k, bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s);
+             int64_t k, bool transA, bool transB, cudaStream_t s, const void *acc = nullptr);
+  /// The same with an epilogue (batch 1), C = acc + op(A) op(B) given
+  /// `acc` as above (the epilogue's bias gradient is op(A)'s or op(B)'s
+  /// sum alone: a BGRAD epilogue writes it, never adds to it). An error
+  /// when cuBLASLt has no algorithm for it; warmEpilogue tells beforehand.
+  Status run(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n, int64_t k,
+             bool transA, bool transB, const EpilogueArgs &e, cudaStream_t s,
+             const void *acc = nullptr);
   /// Builds the descriptors and asks the heuristic for this shape now (at
   /// prepare), so the first step does not. Pass the pointers run() will get
   /// (only their alignment is used); null stands for 256-byte-aligned ones
   /// (cudaMalloc's).
-  Status warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-              bool transB, const void *a = nullptr, const void *b = nullptr,
-              const void *c = nullptr);
+  Status warm(GemmType t, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
+              const void *a = nullptr, const void *b = nullptr, const void *c = nullptr,
+              const void *acc = nullptr);
   /// warm() for a GEMM with epilogue `e` (its pointers as run() will get
   /// them): false when cuBLASLt cannot run it (no algorithm for these
   /// types, shapes and alignments, or an aux leading dimension n that is
   /// not a multiple of 8); the caller then runs the GEMM and the epilogue's
   /// own kernels instead.
   bool warmEpilogue(GemmType t, int64_t m, int64_t n, int64_t k, bool transA, bool transB,
-                    const void *a, const void *b, const void *c, const EpilogueArgs &e);
+                    const void *a, const void *b, const void *c, const EpilogueArgs &e,
+                    const void *acc = nullptr);
 
 private:
   struct Plan;
@@ -171,7 +178,7 @@ private:
                       const void *&a, const void *&b, void *&c) const;
   /// run() through staging (stagingNeed > 0, reserved): batch 1.
   Status runStaged(GemmType t, const void *a, const void *b, void *c, int64_t m, int64_t n,
-                   int64_t k, bool transA, bool transB, cudaStream_t s, bool accumulate);
+                   int64_t k, bool transA, bool transB, cudaStream_t s, const void *acc);
 
   void *handle_ = nullptr; // cublasLtHandle_t
   void *ws_ = nullptr;

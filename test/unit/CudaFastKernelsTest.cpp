@@ -857,10 +857,13 @@ TEST_F(CudaFastKernelsTest, Bf16GemmWithinTheTensorCoreBound) {
 
 TEST_F(CudaFastKernelsTest, GemmAccumulatesIntoItsResult) {
   // matmul's accumulator (fsdp-chunk-loss's weight-gradient sum, fused by
-  // fsdp-fuse-epilogues): C += op(A) op(B), cuBLASLt's beta = 1, for a bf16
-  // product and an f32 product of bf16 operands; staged (odd row lengths:
-  // C is copied into the padded staging before the GEMM adds to it) and
-  // not. Against the CPU's sgemm with beta = 1.
+  // fsdp-fuse-epilogues): C = acc + op(A) op(B), cuBLASLt's beta = 1, for a
+  // bf16 product and an f32 product of bf16 operands; staged (odd row
+  // lengths: acc is copied into the padded staging before the GEMM adds to
+  // it) and not; in place (acc == C) and out of place (acc read where it
+  // lies, left as it was, C poisoned before), acc aligned to 256 bytes or
+  // only to its element (the plan must promise cuBLASLt no more than the
+  // less aligned of C and acc). Against the CPU's sgemm with beta = 1.
   for (bool staged : {false, true}) {
     gpu::Gemm gemm;
     ASSERT_TRUE(gemm.init(32 << 20, false).isOk());
@@ -892,14 +895,37 @@ TEST_F(CudaFastKernelsTest, GemmAccumulatesIntoItsResult) {
         ASSERT_TRUE(
             gemm.warm(FloatKind::BF16, 1, m, n, k, ta, false, da.get(), db.get(), dc.get()).isOk());
         auto st = gemm.run(FloatKind::BF16, da.get(), db.get(), dc.get(), 1, m, n, k, ta, false, 0,
-                           /*accumulate=*/true);
+                           dc.get());
         ASSERT_TRUE(st.isOk()) << st.message();
         expectBf16Near(dc.host(), want, delta, "bf16 c += a b");
         gpu::GemmType wide(FloatKind::BF16, FloatKind::F32);
         Dev<float> fc(c0.wide);
-        st = gemm.run(wide, da.get(), db.get(), fc.get(), 1, m, n, k, ta, false, 0, true);
+        st = gemm.run(wide, da.get(), db.get(), fc.get(), 1, m, n, k, ta, false, 0, fc.get());
         ASSERT_TRUE(st.isOk()) << st.message();
         expectF32Near(fc.host(), want, 0, delta, "f32 c += bf16 a b");
+        // Out of place: acc at offset 0 (256-byte aligned) or 1 (its element's alignment).
+        for (size_t off : {size_t(0), size_t(1)}) {
+          SCOPED_TRACE("acc out of place at element " + std::to_string(off));
+          std::vector<uint16_t> accBits(off, 0);
+          accBits.insert(accBits.end(), c0.bits.begin(), c0.bits.end());
+          std::vector<float> accWide(off, 0.f);
+          accWide.insert(accWide.end(), c0.wide.begin(), c0.wide.end());
+          Dev<uint16_t> acc(accBits), out(m * n);
+          Dev<float> facc(accWide), fout(m * n);
+          ASSERT_TRUE(gemm.warm(FloatKind::BF16, 1, m, n, k, ta, false, da.get(), db.get(),
+                                out.get(), acc.get() + off)
+                          .isOk());
+          st = gemm.run(FloatKind::BF16, da.get(), db.get(), out.get(), 1, m, n, k, ta, false, 0,
+                        acc.get() + off);
+          ASSERT_TRUE(st.isOk()) << st.message();
+          expectBf16Near(out.host(), want, delta, "bf16 out = acc + a b");
+          EXPECT_EQ(acc.host(), accBits) << "the accumulator was written";
+          st = gemm.run(wide, da.get(), db.get(), fout.get(), 1, m, n, k, ta, false, 0,
+                        facc.get() + off);
+          ASSERT_TRUE(st.isOk()) << st.message();
+          expectF32Near(fout.host(), want, 0, delta, "f32 out = acc + bf16 a b");
+          EXPECT_EQ(facc.host(), accWide) << "the accumulator was written";
+        }
         // Without accumulate the same GEMM overwrites C.
         std::vector<float> product(m * n);
         cpu::matmul(a.wide.data(), b.wide.data(), product.data(), 1, m, n, k, ta, false);
@@ -907,13 +933,22 @@ TEST_F(CudaFastKernelsTest, GemmAccumulatesIntoItsResult) {
         ASSERT_TRUE(st.isOk()) << st.message();
         expectF32Near(fc.host(), product, 0, delta, "f32 c = bf16 a b");
       }
-    // An empty contraction adds nothing (and without accumulate zeroes C).
-    Dev<float> keep(std::vector<float>{1.f, -2.f, 3.f, 4.f});
+    // An empty contraction adds nothing (C = acc; without acc, C = 0).
+    const std::vector<float> four{1.f, -2.f, 3.f, 4.f};
+    Dev<float> keep(four), copy(4);
     Dev<uint16_t> none(1);
-    ASSERT_TRUE(gemm.run(gpu::GemmType(FloatKind::BF16, FloatKind::F32), none.get(), none.get(),
-                         keep.get(), 1, 2, 2, 0, false, false, 0, true)
-                    .isOk());
-    EXPECT_EQ(keep.host(), (std::vector<float>{1.f, -2.f, 3.f, 4.f}));
+    const gpu::GemmType wide(FloatKind::BF16, FloatKind::F32);
+    ASSERT_TRUE(
+        gemm.run(wide, none.get(), none.get(), keep.get(), 1, 2, 2, 0, false, false, 0, keep.get())
+            .isOk());
+    EXPECT_EQ(keep.host(), four);
+    ASSERT_TRUE(
+        gemm.run(wide, none.get(), none.get(), copy.get(), 1, 2, 2, 0, false, false, 0, keep.get())
+            .isOk());
+    EXPECT_EQ(copy.host(), four);
+    ASSERT_TRUE(
+        gemm.run(wide, none.get(), none.get(), copy.get(), 1, 2, 2, 0, false, false, 0).isOk());
+    EXPECT_EQ(copy.host(), std::vector<float>(4, 0.f));
   }
 }
 

@@ -665,13 +665,22 @@ TEST_P(DeviceConformance, FusedBiasGradientMatchesTheUnfusedOps) {
 /// weight gradient and everything on CUDA (its own column sum or BGRADB, its
 /// own GEMM order) agree within (m + 1) e (sum|dy x| + |aw|), e = 2 u per
 /// f32 term and the tensor cores' 2^-22 + u per bf16 one (as above); the
-/// in-place results are the others' bits on the CPU.
+/// in-place results are the others' bits on the CPU. On CUDA twice: the
+/// GEMM with beta = 1 and BGRADB into scratch, then (FSDP_CUDA_BIAS_BGRAD=0)
+/// with sum_to's column sum instead.
 TEST_P(DeviceConformance, AccumulatingBiasGradientMatchesTheUnfusedSum) {
   const int64_t m = 24, n = 16, k = 8;
-  for (bool narrow : {false, true}) {
-    SCOPED_TRACE(narrow ? "bf16 operands" : "f32 operands");
-    if (narrow) // a device allocates its arena once: a fresh one per plan
-      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool narrow = pass % 2, columnSum = pass >= 2;
+    SCOPED_TRACE(std::string(narrow ? "bf16 operands" : "f32 operands") +
+                 (columnSum ? ", FSDP_CUDA_BIAS_BGRAD=0" : ""));
+    if (pass > 0) { // a device allocates its arena once: a fresh one per plan
+      if (columnSum)
+        ::setenv("FSDP_CUDA_BIAS_BGRAD", "0", 1);
+      Status made = createDevice(GetParam(), DeviceOptions{}, dev);
+      ::unsetenv("FSDP_CUDA_BIAS_BGRAD");
+      ASSERT_TRUE(made.isOk()) << made.message();
+    }
     // 0 dy [m,n], 1 x [m,k] (bf16 when narrow), 2 aw [n,k], 3 ab [n],
     // 4 dw, 5 db (fused), 6 dw, 7 db (unfused terms), 8 aw + 6, 9 ab + 7,
     // 10 aw', 11 ab' (copies of 2, 3), 12 dw, 13 db in place over 10, 11.

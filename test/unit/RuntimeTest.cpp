@@ -487,6 +487,48 @@ TEST(PlanTest, CoreChecksEveryOpWithoutABackend) {
       << checkInstruction(plan, arity).message(); // matmul: an optional accumulator
 }
 
+/// An accumulator has its result's dtype (the dialect's verifiers): a plan
+/// whose accumulator differs is refused by name before widening would make
+/// both f32, for every op that takes one.
+TEST(PlanTest, AccumulatorsHaveTheirResultsDtype) {
+  // 0 a [4, 3], 1 b [3, 2], 2 / 3 the product [4, 2] f32 / bf16,
+  // 4 dy [4, 2] (bias grad [2]: 5 f32, 6 bf16), 7 x [4, 3], 8 / 9 dW [2, 3] f32 / bf16
+  Plan plan;
+  std::vector<std::pair<std::vector<int64_t>, DType>> bufs{
+      {{4, 3}, DType::BF16}, {{3, 2}, DType::BF16}, {{4, 2}, DType::F32}, {{4, 2}, DType::BF16},
+      {{4, 2}, DType::BF16}, {{2}, DType::F32},     {{2}, DType::BF16},   {{4, 3}, DType::BF16},
+      {{2, 3}, DType::F32},  {{2, 3}, DType::BF16}};
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    Buffer b;
+    b.id = (int64_t)i;
+    b.shape = bufs[i].first;
+    b.dtype = bufs[i].second;
+    b.bytes = shapeNumel(b.shape) * dtypeSize(b.dtype);
+    plan.buffers.push_back(b);
+  }
+  auto message = [&](const Instruction &inst) {
+    Status st = checkInstruction(plan, inst);
+    return st.isOk() ? std::string() : st.message();
+  };
+  auto has = [&](const Instruction &inst, const char *what) {
+    std::string m = message(inst);
+    EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
+  };
+  Instruction mm{"matmul", {0, 1, 2}, {2}, {}}; // an f32 sum of a bf16 product
+  EXPECT_EQ(message(mm), "");
+  mm.in[2] = 3;
+  has(mm, "matmul: expected accumulator (operand 2) of its result's dtype f32, "
+          "found bf16");
+  Instruction mbg{"matmul_bias_grad", {4, 7, 8, 5}, {8, 5}, {{"transpose_lhs", true}}};
+  EXPECT_EQ(message(mbg), "");
+  mbg.in[3] = 6;
+  has(mbg, "matmul_bias_grad: expected accumulator (operand 3) of its result's "
+           "dtype f32, found bf16");
+  mbg.in = {4, 7, 9, 5};
+  has(mbg, "matmul_bias_grad: expected accumulator (operand 2) of its result's "
+           "dtype f32, found bf16");
+}
+
 /// LAMB's plan rules: the unit's segments, the sums' size, f32 operands,
 /// a decayed prefix that ends at a parameter bound, the optional operands.
 TEST(PlanTest, ChecksTheLambOps) {
