@@ -54,12 +54,14 @@
 //   gradient is never written and read back (8 bytes an element of every
 //   gradient a step), one kernel a unit less. The update multiplies
 //   first, as the mul did: the same bits.
-// - Widened products: a matmul (or matmul_bias_grad, or a layer norm
-//   gradient's d_gamma and d_beta) on bf16 / f16 whose result is read only
+// - Widened products: a matmul (or matmul_bias_grad, matmul_gelu_grad's
+//   bias gradient, a layer norm gradient's d_gamma and d_beta) on bf16 /
+//   f16 whose result is read only
 //   by a cast to f32 (mixed precision's parameter gradients, cast for the
 //   f32 reduction) returns f32 itself: the f32 sum is written unrounded
 //   (cuBLASLt's D type), one kernel and 6 bytes an element less. Not the
-//   same bits: one bf16 rounding less.
+//   same bits: one bf16 rounding less. An f32 value cast to bf16, only
+//   sliced / reshaped and cast back to f32 is sliced / reshaped in f32.
 // A fused matmul is placed where the last op it replaces was (bias_add,
 // gelu_grad): every operand is defined there. The kernels compute exactly
 // the ops they replace, in the same order (runtime/cpu/Dispatch.cpp), so
@@ -198,7 +200,7 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     getOperation().walk([&](CastOp c) { casts.push_back(c); });
     DenseSet<Operation *> gone;
     for (CastOp c : casts)
-      if (!gone.contains(c))
+      if (!gone.contains(c) && !foldRoundTrip(c, gone))
         fuseWidenedProduct(c, gone);
     // After that (a term's product is f32 now): products only added to
     // fsdp-chunk-loss's running sums, or to fsdp-grad-accum's sums over
@@ -214,6 +216,43 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
     for (AddOp a : sums)
       if (!summed.contains(a))
         fuseAccumulate(a, summed);
+    // Last (the round trips above leave f32 slices): leading rows as views.
+    SmallVector<SliceOp> rowSlices;
+    getOperation().walk([&](SliceOp s) { rowSlices.push_back(s); });
+    for (SliceOp s : rowSlices)
+      sliceAsView(s);
+  }
+
+  /// `slice %x dim = d offset = o` where every dimension before d has size
+  /// 1 (d = 0 usually), so the result is contiguous rows of %x: a view of
+  /// %x flattened (`view (reshape %x) offset = o * row`), which the memory
+  /// plan aliases onto %x, no copy. Only where the result is at least half
+  /// of %x (fsdp-pad-classes's slice of the padded head's gradient: 50257
+  /// of 50304 rows): the view keeps %x alive as long as itself, which costs
+  /// no more than the copy it replaces. And only where the slice is %x's
+  /// one reader, so nothing can write %x in place while the view is read.
+  void sliceAsView(SliceOp s) {
+    auto in = cast<RankedTensorType>(s.getInput().getType());
+    auto out = cast<RankedTensorType>(s.getType());
+    int64_t d = s.getDim();
+    for (int64_t i = 0; i < d; ++i)
+      if (in.getShape()[i] != 1)
+        return;
+    if (!in.hasStaticShape() || 2 * out.getNumElements() < in.getNumElements() ||
+        !s.getInput().hasOneUse())
+      return;
+    int64_t row = 1;
+    for (int64_t i = d + 1; i < in.getRank(); ++i)
+      row *= in.getShape()[i];
+    OpBuilder b(s);
+    auto flatType = RankedTensorType::get({in.getNumElements()}, in.getElementType());
+    Value flat = b.create<ReshapeOp>(s.getLoc(), flatType, s.getInput());
+    auto view =
+        b.create<ViewOp>(s.getLoc(), out, flat, b.getI64IntegerAttr((int64_t)s.getOffset() * row));
+    keepMarks(s, view);
+    s.getResult().replaceAllUsesWith(view.getResult());
+    s.erase();
+    ++numFused;
   }
 
   /// `%s = add %acc, %p {fsdp.chunk_accum}` (or `{fsdp.accum}`) where `%p`
@@ -285,8 +324,9 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   }
 
   /// `%w = cast %p : bf16 -> f32` (or f16) where `%p` is the product of a
-  /// matmul (or both results of a matmul_bias_grad, or the d_gamma and
-  /// d_beta of a layer norm gradient, each read only by such a cast) and
+  /// matmul (or both results of a matmul_bias_grad, matmul_gelu_grad's
+  /// bias gradient, or the d_gamma and d_beta of a layer norm gradient,
+  /// each read only by such a cast) and
   /// read by nothing else: the op returns f32 there and the casts go. The
   /// kernels sum in f32 either way; the sum is no longer rounded to bf16
   /// and widened back, and never written and read in between (a
@@ -305,6 +345,9 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       results = {0, 1}; // BGRADB's bias gradient has the product's type
     else if (isa_and_nonnull<LayerNormGradOp, LayerNormGradAccOp>(op))
       results = {1, 2}; // d_gamma and d_beta: one type
+    else if (isa_and_nonnull<MatmulGeluGradOp>(op) && op->getNumResults() == 2 &&
+             c.getInput() == op->getResult(1))
+      results = {1}; // the bias gradient alone (the input gradient dh stays narrow)
     else
       return;
     SmallVector<CastOp, 2> casts;
@@ -327,6 +370,53 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
       cst.erase();
     }
     ++numFused;
+  }
+
+  /// `%w = cast %n : bf16 -> f32` (or f16) where %n is an f32 value %x
+  /// cast to that type and then only sliced or reshaped (each step read by
+  /// the next alone): the slices and reshapes on %x itself, in f32, and
+  /// both casts go. fsdp-chunk-loss casts its f32 sum of the head's weight
+  /// gradient back to the gradient's bf16, fsdp-pad-classes slices the
+  /// padded classes off, and mixed precision casts the parameter gradient
+  /// to f32: for GPT-2 a [50304, 768] round trip through bf16 (three
+  /// kernels over 38.6M elements, one rounding) becomes one f32 slice.
+  /// Not the same bits: the rounding is gone.
+  bool foldRoundTrip(CastOp c, DenseSet<Operation *> &erased) {
+    auto elem = [](Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); };
+    Type narrow = elem(c.getInput());
+    if (!(narrow.isBF16() || narrow.isF16()) || !elem(c.getResult()).isF32())
+      return false;
+    SmallVector<Operation *> moves; // from c's operand back
+    Value v = c.getInput();
+    while (v.hasOneUse() && isa_and_nonnull<SliceOp, ReshapeOp>(v.getDefiningOp())) {
+      moves.push_back(v.getDefiningOp());
+      v = v.getDefiningOp()->getOperand(0);
+    }
+    auto first = v.getDefiningOp<CastOp>();
+    if (!first || !v.hasOneUse() || !elem(first.getInput()).isF32())
+      return false;
+    OpBuilder b(c);
+    Value x = first.getInput();
+    for (Operation *op : llvm::reverse(moves)) {
+      auto t = cast<RankedTensorType>(op->getResult(0).getType()).clone(elem(x));
+      Operation *wide = isa<SliceOp>(op)
+                            ? b.create<SliceOp>(op->getLoc(), t, x, cast<SliceOp>(op).getDimAttr(),
+                                                cast<SliceOp>(op).getOffsetAttr())
+                            : b.create<ReshapeOp>(op->getLoc(), t, x).getOperation();
+      keepMarks(op, wide);
+      x = wide->getResult(0);
+    }
+    c.getResult().replaceAllUsesWith(x);
+    erased.insert(c);
+    c.erase();
+    for (Operation *op : moves) {
+      erased.insert(op);
+      op->erase();
+    }
+    erased.insert(first);
+    first.erase();
+    ++numFused;
+    return true;
   }
 
   /// `%c = mul %g, %coef` (%coef a clip_coef / grad_coef scalar, %g of

@@ -312,7 +312,8 @@ def FsdpChunkLoss : Pass<"fsdp-chunk-loss", "::mlir::ModuleOp"> {
     The input-gradient rows are concatenated; the weight- and bias-gradient
     terms are summed in f32 (the operands' type for f32 models), in place
     (marked `fsdp.chunk_accum`), and cast back where the unchunked gradient
-    was narrower. Losses: with a `normalizer` (ignore_index) each chunk's
+    was narrower (fsdp-fuse-epilogues then drops the round trip where mixed
+    precision casts that gradient to f32 again). Losses: with a `normalizer` (ignore_index) each chunk's
     is its kept sum over the step's count and they add up; without, chunk
     i's mean is weighed by m_i / tokens, and so is its gradient's seed. The
     same values as the unchunked head up to the order of the sums (the
@@ -901,6 +902,18 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       forward `mul(silu(g), u)` becomes `swiglu(g, u)`: silu(g) is neither
       written nor kept for the backward pass (one [tokens, ffn] tensor per
       layer less at the peak without recomputation);
+    - widened products (mixed precision): a bf16 / f16 `matmul`'s
+      product, both results of a `matmul_bias_grad`, `matmul_gelu_grad`'s
+      bias gradient or a layer-norm gradient's d_gamma and d_beta, each
+      read only by a cast to f32 (a parameter gradient cast for the f32
+      reduction), are returned in f32 by the op itself and the casts go:
+      the f32 sum written unrounded, one kernel and 6 bytes an element less
+      (one bf16 rounding less than PyTorch's autocast: not its bits);
+      likewise an f32 value cast to bf16 / f16, only sliced or reshaped,
+      and cast back to f32 (fsdp-chunk-loss's head-gradient sum cast back
+      to the gradient's type, fsdp-pad-classes's slice, the f32 gradient):
+      the slice and reshape in f32, no casts (GPT-2: three passes over
+      [50304, 768] become one);
     - `add(acc, matmul(a, b)) {fsdp.chunk_accum}` (fsdp-chunk-loss's sum of
       a weight gradient's terms), the product read by nothing else and of
       the sum's type (after the f32 products above), becomes `matmul a, b

@@ -329,8 +329,11 @@ LogicalResult MatmulGeluGradOp::verify() {
   if (failed(expectType(*this, "pre", rt(getPre()), shape, et)) ||
       failed(expectType(*this, "result", rt(getResult()), shape, et)))
     return failure();
+  // The bias gradient: the operands' type, or f32 (productType: a
+  // parameter gradient widened by fsdp-fuse-epilogues).
   if (getBiasGrad())
-    return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[1]}, et);
+    return expectType(*this, "bias_grad", rt(getBiasGrad()), {shape[1]},
+                      productType(et, rt(getBiasGrad())));
   return success();
 }
 

@@ -365,7 +365,9 @@ def Fsdp_MatmulGeluGradOp : Fsdp_Op<"matmul_gelu_grad", [Pure]> {
     gradient reaching the pre-activation of a `fsdp.matmul_bias ... gelu`
     when `op(lhs) x op(rhs)` is the gradient of its output. The optional
     second result is the bias gradient, the sum of `result` over its rows
-    ([N], as `fsdp.sum_to`). cuBLASLt's DGELU / DGELU_BGRAD epilogues.
+    ([N], as `fsdp.sum_to`), of the operands' type or, for bf16 / f16
+    operands, f32 (the sum unrounded: fsdp-fuse-epilogues' widened
+    parameter gradients). cuBLASLt's DGELU / DGELU_BGRAD epilogues.
     Written by fsdp-fuse-epilogues.
 
     ```mlir

@@ -891,6 +891,8 @@ bool productF32(const Plan &plan, const Instruction &inst, size_t i) {
         return false;
     return true;
   }
+  if (inst.op == "matmul_gelu_grad" && i == 1) // the bias gradient (a column sum)
+    return inst.out.size() == 2 && dtype(inst.out[1]) == DType::F32;
   if ((inst.op == "layer_norm_grad" || inst.op == "layer_norm_grad_acc") && (i == 1 || i == 2))
     return inst.out.size() == 3 && dtype(inst.out[1]) == DType::F32 &&
            dtype(inst.out[2]) == DType::F32;
@@ -1003,12 +1005,18 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
   } else {
     e.kind = Epilogue::DGelu;
     e.aux = const_cast<void *>(third);
-    e.biasGrad = dgeluBgrad ? second : nullptr;
+    // DGELU_BGRAD's bias gradient has the product's type: an f32 one
+    // (productF32) is sum_to's, after the epilogue.
+    e.biasGrad = dgeluBgrad && !productF32(op.plan, op.inst, 1) ? second : nullptr;
   }
   Gemm *g = gemm.get();
   // matmul_bias_grad may return f32 from narrow operands (productF32).
   const GemmType gt = gemmTypeOf(t, op.out(0));
   const bool f32Out = gt.out != gt.in;
+  // matmul_gelu_grad's bias gradient in f32 from a narrow dh (a widened
+  // parameter gradient): sum_to writes it unrounded.
+  const bool f32BiasGrad =
+      n == "matmul_gelu_grad" && t != FloatKind::F32 && second && productF32(op.plan, op.inst, 1);
   Shape full{m, nn}, row{nn};
   if (n == "matmul_bias_grad" && op.inst.in.size() > 2) {
     // With accumulators aw, ab (fsdp-fuse-epilogues' gradient-accumulation
@@ -1046,8 +1054,8 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
     if (e.kind == Epilogue::DGelu && second && !e.biasGrad) { // the bias gradient after
       out = [=](cudaStream_t s) -> Status {
         FSDP_RETURN_IF_ERROR(g->run(gt, a, b, c, m, nn, k, ta, tb, e, s));
-        return cudaStatus(native::sumTo(t, c, full, second, row, sf, s), n.c_str(), __FILE__,
-                          __LINE__);
+        return cudaStatus(native::sumTo(t, c, full, second, row, sf, s, f32BiasGrad), n.c_str(),
+                          __FILE__, __LINE__);
       };
       return Status::ok();
     }
@@ -1068,7 +1076,7 @@ Status CudaDevice::buildFusedMatmul(const Op &op, FloatKind t, uint8_t *base, in
     } else {
       err = native::unaryGrad(t, native::UnaryGradKind::Gelu, third, c, c, m * nn, s);
       if (err == cudaSuccess && second)
-        err = native::sumTo(t, c, full, second, row, sf, s);
+        err = native::sumTo(t, c, full, second, row, sf, s, f32BiasGrad);
     }
     return cudaStatus(err, n.c_str(), __FILE__, __LINE__);
   };

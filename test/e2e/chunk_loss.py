@@ -11,7 +11,10 @@ usage: chunk_loss.py BIN_DIR
     loss-chunks=1: the losses of 6 steps within 1e-5 relative (the same
     values summed in another order; PyTorch checks the values themselves
     in test/lit/e2e/chunk-loss.test), and fsdp-run measures the arenas the
-    plan predicts.
+    plan predicts. In bf16 another order of an f32 sum may round a bf16
+    activation to its neighbour: there within D u (mixed_precision.py's
+    bound, D the bf16 roundings before the loss, u = 2^-8); measured 1.1e-5
+    on OpenBLAS's SkylakeX kernels, 0 on Haswell's.
 (b) The plan has K fused cross-entropies a micro-batch, each over its
     chunk's rows (the counts of --chunks, auto's rule).
 (c) Memory, on a GPT whose logits dominate (vocabulary 4096, 512 rows a
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 
+import mixed_precision as mp
 from e2e_lib import Checks, arenas_measured_as_planned, gen_models, run_json
 
 # (ranks, pipeline options); every one with loss-chunks=1 and =3.
@@ -90,9 +94,12 @@ def main():
                                    "--threads", "1")
             (l1, s1), (l3, s3) = runs[1], runs[3]
             worst = max(abs(a - b) / abs(b) for a, b in zip(l3, l1))
-            report(len(l1) == len(l3) == 6 and worst <= 1e-5,
+            tol = 1e-5
+            if "param-dtype=bf16" in pipeline:
+                tol = max(tol, mp.U * max(mp.rounding_depth(p) for p in plans.values()))
+            report(len(l1) == len(l3) == 6 and worst <= tol,
                    f"(a) n={n} {pipeline}: 6 losses of 3 chunks vs 1, worst relative "
-                   f"difference {worst:.2g}")
+                   f"difference {worst:.2g} (at most {tol:.2g})")
             report(arenas_measured_as_planned(s3, plans[3]) and
                    arenas_measured_as_planned(s1, plans[1]),
                    f"(a) n={n} {pipeline}: arenas measured == planned")

@@ -744,6 +744,101 @@ TEST_P(DeviceConformance, AccumulatingBiasGradientMatchesTheUnfusedSum) {
   }
 }
 
+/// matmul_gelu_grad with its bias gradient in f32 from bf16 operands
+/// (fsdp-fuse-epilogues' widened bias gradient of an MLP's input layer)
+/// against the same op returning a bf16 one: dh is the same bits (the same
+/// GEMM and GELU gradient), the f32 bias gradient is the sum over dh's
+/// rows unrounded, within 2 m u sum|dh| of the sum of the bf16 dh on CUDA
+/// (which sums the rounded dh) plus, on the CPU (which sums the f32 dh
+/// before rounding it), half a bf16 ulp of each term; and the bf16 one is
+/// within one bf16 rounding of it (bitwise its rounding on the CPU, whose
+/// two ops sum alike). On CUDA with cuBLASLt's epilogues, without them
+/// (CUDAEMU_EPILOGUES=0) and with FSDP_CUDA_DGELU_BGRAD=1 (whose bias
+/// gradient has the product's type, so the f32 one is still sum_to's);
+/// natively: no more scratch than the bf16 op's.
+TEST_P(DeviceConformance, WidenedGeluBiasGradientIsTheUnroundedSum) {
+  const int64_t m = 24, n2 = 12, n = 16;
+  // 0 dz [m,n2], 1 w [n2,n], 2 pre [m,n] (bf16); 3 dh bf16, 4 db f32;
+  // 5 dh bf16, 6 db bf16.
+  const std::vector<std::vector<int64_t>> shapes{{m, n2}, {n2, n}, {m, n}, {m, n},
+                                                 {n},     {m, n},  {n}};
+  auto typed = [&](std::vector<Instruction> program) {
+    return mixedPlan(shapes, {0, 1, 2, 3, 5, 6}, std::move(program));
+  };
+  const Instruction wide = inst("matmul_gelu_grad", {0, 1, 2}, {3, 4}),
+                    narrow = inst("matmul_gelu_grad", {0, 1, 2}, {5, 6});
+  Plan plan = typed({wide, narrow});
+  std::vector<uint16_t> dz(m * n2), w(n2 * n), pre(m * n);
+  for (size_t i = 0; i < dz.size(); ++i)
+    dz[i] = roundToBf16((float)std::sin(0.61 * double(i)) * 1.7f);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = roundToBf16((float)std::cos(0.29 * double(i) + 1) * 0.9f);
+  for (size_t i = 0; i < pre.size(); ++i)
+    pre[i] = roundToBf16((float)std::sin(0.37 * double(i) + 2) * 2.5f);
+  const bool cpu = GetParam() == "cpu";
+  struct Unset {
+    ~Unset() {
+      unsetenv("CUDAEMU_EPILOGUES");
+      unsetenv("FSDP_CUDA_DGELU_BGRAD");
+    }
+  } unset;
+  for (int pass = 0; pass < (cpu ? 1 : 3); ++pass) {
+    const char *where = pass == 0 ? "" : pass == 1 ? " (epilogues declined)" : " (DGELU_BGRAD)";
+    SCOPED_TRACE(std::string("pass") + where);
+    if (pass > 0) { // a device allocates its arena once: a fresh one per plan
+      setenv(pass == 1 ? "CUDAEMU_EPILOGUES" : "FSDP_CUDA_DGELU_BGRAD", pass == 1 ? "0" : "1", 1);
+      Status made = createDevice(GetParam(), DeviceOptions{}, dev);
+      unsetenv("FSDP_CUDA_DGELU_BGRAD"); // read at creation; the emulator's at prepare
+      ASSERT_TRUE(made.isOk()) << made.message();
+    }
+    bind(plan);
+    unsetenv("CUDAEMU_EPILOGUES");
+    for (auto [id, src] :
+         {std::pair<int, const void *>{0, dz.data()}, {1, w.data()}, {2, pre.data()}})
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src, plan.buffers[id].bytes)
+              .isOk());
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      Status st = dev->run(i);
+      ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+    }
+    ASSERT_TRUE(dev->synchronize().isOk());
+    auto bits = [&](int id) {
+      std::vector<uint16_t> h(plan.buffers[id].numel());
+      EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                  plan.buffers[id].bytes)
+                      .isOk());
+      return h;
+    };
+    std::vector<uint16_t> dh = bits(3), dbNarrow = bits(6);
+    EXPECT_EQ(dh, bits(5)) << "dh differs with the bias gradient's type" << where;
+    std::vector<float> db = read(plan, 4);
+    const double u = std::ldexp(1.0, -24);
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        double v = widenBf16(dh[r * n + j]);
+        sum += v;
+        mag += std::fabs(v);
+      }
+      // CPU: the f32 dh, each within half a bf16 ulp (2^-9 relative) of the bf16 one read here.
+      double slack = 2 * m * u * mag + (cpu ? std::ldexp(mag, -8) : 0.0);
+      EXPECT_LE(std::fabs(db[j] - sum), slack) << "f32 bias gradient element " << j << where;
+      float rounded = widenBf16(roundToBf16(db[j]));
+      EXPECT_LE(std::fabs((double)widenBf16(dbNarrow[j]) - rounded),
+                cpu ? 0.0 : 2 * slack + std::ldexp(std::fabs((double)db[j]) + slack, -7))
+          << "bf16 bias gradient element " << j << where << ": " << widenBf16(dbNarrow[j])
+          << " vs the f32 one rounded " << rounded;
+    }
+  }
+  if (cpu)
+    return;
+  // Native: the f32 bias gradient costs no more scratch than the bf16 one.
+  EXPECT_EQ(preparedScratch(GetParam(), typed({wide})),
+            preparedScratch(GetParam(), typed({narrow})))
+      << "a widened bias gradient ran on widened f32 copies";
+}
+
 /// fsdp-fuse-epilogues' widened products: matmul and matmul_bias_grad on
 /// bf16 operands with f32 results (the f32 accumulation unrounded) against
 /// the f32 ops on the widened operands and the bf16 ops. The CPU widens and

@@ -487,6 +487,18 @@ TEST(PlanTest, CoreChecksEveryOpWithoutABackend) {
       << checkInstruction(plan, arity).message(); // matmul: an optional accumulator
 }
 
+/// checkInstruction's message ("" when it accepts the instruction).
+std::string checkMessage(const Plan &plan, const Instruction &inst) {
+  Status st = checkInstruction(plan, inst);
+  return st.isOk() ? std::string() : st.message();
+}
+
+/// checkInstruction refuses `inst` with a message containing `what`.
+void expectRefused(const Plan &plan, const Instruction &inst, const char *what) {
+  std::string m = checkMessage(plan, inst);
+  EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
+}
+
 /// An accumulator has its result's dtype (the dialect's verifiers): a plan
 /// whose accumulator differs is refused by name before widening would make
 /// both f32, for every op that takes one.
@@ -506,14 +518,8 @@ TEST(PlanTest, AccumulatorsHaveTheirResultsDtype) {
     b.bytes = shapeNumel(b.shape) * dtypeSize(b.dtype);
     plan.buffers.push_back(b);
   }
-  auto message = [&](const Instruction &inst) {
-    Status st = checkInstruction(plan, inst);
-    return st.isOk() ? std::string() : st.message();
-  };
-  auto has = [&](const Instruction &inst, const char *what) {
-    std::string m = message(inst);
-    EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
-  };
+  auto message = [&](const Instruction &inst) { return checkMessage(plan, inst); };
+  auto has = [&](const Instruction &inst, const char *what) { expectRefused(plan, inst, what); };
   Instruction mm{"matmul", {0, 1, 2}, {2}, {}}; // an f32 sum of a bf16 product
   EXPECT_EQ(message(mm), "");
   mm.in[2] = 3;
@@ -544,14 +550,8 @@ TEST(PlanTest, ChecksTheLambOps) {
     b.bytes = shapeNumel(b.shape) * dtypeSize(b.dtype);
     plan.buffers.push_back(b);
   }
-  auto message = [&](const Instruction &inst) {
-    Status st = checkInstruction(plan, inst);
-    return st.isOk() ? std::string() : st.message();
-  };
-  auto has = [&](const Instruction &inst, const char *what) {
-    std::string m = message(inst);
-    EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
-  };
+  auto message = [&](const Instruction &inst) { return checkMessage(plan, inst); };
+  auto has = [&](const Instruction &inst, const char *what) { expectRefused(plan, inst, what); };
   nlohmann::json attrs = {
       {"segments", {0, 6, 10, 13, 20}}, {"decay_numel", 13}, {"shard_stride", 24}, {"eps", 1e-6},
       {"skip_nonfinite", true},         {"grad_scale", true}};

@@ -318,6 +318,87 @@ func.func @widened(%dy: tensor<8x6xbf16>, %x: tensor<8x4xbf16>, %dz: tensor<8x6x
 
 // -----
 
+// matmul_gelu_grad's bias gradient read only by a cast to f32: returned in
+// f32, the input gradient dh staying bf16; not where the cast reads dh,
+// nor where the bias gradient has another reader.
+// CHECK-LABEL: func.func @widened_gelu_bias
+// CHECK: %[[H:.*]], %[[B:.*]] = fsdp.matmul_gelu_grad %arg0, %arg1, %arg2 : (tensor<8x6xbf16>, tensor<6x4xbf16>, tensor<8x4xbf16>) -> (tensor<8x4xbf16>, tensor<4xf32>)
+// CHECK-NEXT: %[[H2:.*]], %[[B2:.*]] = fsdp.matmul_gelu_grad %arg0, %arg1, %arg2 : (tensor<8x6xbf16>, tensor<6x4xbf16>, tensor<8x4xbf16>) -> (tensor<8x4xbf16>, tensor<4xbf16>)
+// CHECK-NEXT: %[[HF:.*]] = fsdp.cast %[[H2]] : tensor<8x4xbf16> -> tensor<8x4xf32>
+// CHECK-NEXT: %[[BF:.*]] = fsdp.cast %[[B2]] : tensor<4xbf16> -> tensor<4xf32>
+// CHECK-NOT: fsdp.cast
+// CHECK: return %[[H]], %[[B]], %[[HF]], %[[BF]], %[[B2]]
+func.func @widened_gelu_bias(%dz: tensor<8x6xbf16>, %w: tensor<6x4xbf16>, %pre: tensor<8x4xbf16>)
+    -> (tensor<8x4xbf16>, tensor<4xf32>, tensor<8x4xf32>, tensor<4xf32>, tensor<4xbf16>) {
+  %h, %b = fsdp.matmul_gelu_grad %dz, %w, %pre : (tensor<8x6xbf16>, tensor<6x4xbf16>, tensor<8x4xbf16>) -> (tensor<8x4xbf16>, tensor<4xbf16>)
+  %bf = fsdp.cast %b : tensor<4xbf16> -> tensor<4xf32>
+  %h2, %b2 = fsdp.matmul_gelu_grad %dz, %w, %pre : (tensor<8x6xbf16>, tensor<6x4xbf16>, tensor<8x4xbf16>) -> (tensor<8x4xbf16>, tensor<4xbf16>)
+  %h2f = fsdp.cast %h2 : tensor<8x4xbf16> -> tensor<8x4xf32>
+  %b2f = fsdp.cast %b2 : tensor<4xbf16> -> tensor<4xf32>
+  return %h, %bf, %h2f, %b2f, %b2 : tensor<8x4xbf16>, tensor<4xf32>, tensor<8x4xf32>, tensor<4xf32>, tensor<4xbf16>
+}
+
+// -----
+
+// An f32 value cast to bf16, sliced (and reshaped) and cast back to f32
+// (fsdp-chunk-loss's head gradient sum cast back, fsdp-pad-classes's
+// slice, mixed precision's f32 gradient): the slice and reshape in f32,
+// no casts. Not where a step has another reader, nor for a round trip
+// through bf16 from bf16. (3 of 8 rows: slices, not views, below.)
+// CHECK-LABEL: func.func @round_trip
+// CHECK-NEXT: %[[S:.*]] = fsdp.slice %arg0 dim = 0 offset = 1 : tensor<8x4xf32> -> tensor<3x4xf32>
+// CHECK-NEXT: %[[R:.*]] = fsdp.reshape %[[S]] : tensor<3x4xf32> -> tensor<12xf32>
+// CHECK-NEXT: %[[C:.*]] = fsdp.cast %arg0 : tensor<8x4xf32> -> tensor<8x4xbf16>
+// CHECK-NEXT: %[[S2:.*]] = fsdp.slice %[[C]]
+// CHECK-NEXT: fsdp.cast %[[S2]] : tensor<3x4xbf16> -> tensor<3x4xf32>
+// CHECK-NEXT: %[[S3:.*]] = fsdp.slice %arg1
+// CHECK-NEXT: fsdp.cast %[[S3]] : tensor<3x4xbf16> -> tensor<3x4xf32>
+// CHECK-NOT: fsdp.cast
+// CHECK: return %[[R]], %{{.*}}, %[[S2]], %{{.*}}
+func.func @round_trip(%x: tensor<8x4xf32>, %y: tensor<8x4xbf16>)
+    -> (tensor<12xf32>, tensor<3x4xf32>, tensor<3x4xbf16>, tensor<3x4xf32>) {
+  %c = fsdp.cast %x : tensor<8x4xf32> -> tensor<8x4xbf16>
+  %s = fsdp.slice %c dim = 0 offset = 1 : tensor<8x4xbf16> -> tensor<3x4xbf16>
+  %r = fsdp.reshape %s : tensor<3x4xbf16> -> tensor<12xbf16>
+  %w = fsdp.cast %r : tensor<12xbf16> -> tensor<12xf32>
+  %c2 = fsdp.cast %x : tensor<8x4xf32> -> tensor<8x4xbf16>
+  %s2 = fsdp.slice %c2 dim = 0 offset = 0 : tensor<8x4xbf16> -> tensor<3x4xbf16>
+  %w2 = fsdp.cast %s2 : tensor<3x4xbf16> -> tensor<3x4xf32>
+  %s3 = fsdp.slice %y dim = 0 offset = 0 : tensor<8x4xbf16> -> tensor<3x4xbf16>
+  %w3 = fsdp.cast %s3 : tensor<3x4xbf16> -> tensor<3x4xf32>
+  return %w, %w2, %s2, %w3 : tensor<12xf32>, tensor<3x4xf32>, tensor<3x4xbf16>, tensor<3x4xf32>
+}
+
+// -----
+
+// A slice of contiguous rows (every dimension before its own of size 1)
+// keeping at least half of its input is a view of the input flattened
+// (no copy; fsdp-pad-classes's slice of the padded head gradient): not
+// under half, not where an earlier dimension is larger than 1, not where
+// the input has another reader (which might write it in place).
+// CHECK-LABEL: func.func @rows_as_views
+// CHECK-NEXT: %[[F:.*]] = fsdp.reshape %arg0 : tensor<8x4xf32> -> tensor<32xf32>
+// CHECK-NEXT: %[[V:.*]] = fsdp.view %[[F]] offset = 4 : tensor<32xf32> -> tensor<5x4xf32>
+// CHECK-NEXT: %[[S:.*]] = fsdp.slice %arg1 dim = 0 offset = 1 : tensor<8x4xf32> -> tensor<3x4xf32>
+// CHECK-NEXT: %[[F2:.*]] = fsdp.reshape %arg2 : tensor<1x8x4xf32> -> tensor<32xf32>
+// CHECK-NEXT: %[[V2:.*]] = fsdp.view %[[F2]] offset = 8 : tensor<32xf32> -> tensor<1x6x4xf32>
+// CHECK-NEXT: %[[S2:.*]] = fsdp.slice %arg3 dim = 1 offset = 2 : tensor<2x8x4xf32> -> tensor<2x6x4xf32>
+// CHECK-NEXT: %[[S3:.*]] = fsdp.slice %arg4 dim = 0 offset = 0 : tensor<8x4xf32> -> tensor<6x4xf32>
+// CHECK-NEXT: return %[[V]], %[[S]], %[[V2]], %[[S2]], %[[S3]], %arg4
+func.func @rows_as_views(%x: tensor<8x4xf32>, %w: tensor<8x4xf32>, %y: tensor<1x8x4xf32>,
+                         %z: tensor<2x8x4xf32>, %u: tensor<8x4xf32>)
+    -> (tensor<5x4xf32>, tensor<3x4xf32>, tensor<1x6x4xf32>, tensor<2x6x4xf32>, tensor<6x4xf32>,
+        tensor<8x4xf32>) {
+  %a = fsdp.slice %x dim = 0 offset = 1 : tensor<8x4xf32> -> tensor<5x4xf32>
+  %b = fsdp.slice %w dim = 0 offset = 1 : tensor<8x4xf32> -> tensor<3x4xf32>
+  %c = fsdp.slice %y dim = 1 offset = 2 : tensor<1x8x4xf32> -> tensor<1x6x4xf32>
+  %d = fsdp.slice %z dim = 1 offset = 2 : tensor<2x8x4xf32> -> tensor<2x6x4xf32>
+  %e = fsdp.slice %u dim = 0 offset = 0 : tensor<8x4xf32> -> tensor<6x4xf32>
+  return %a, %b, %c, %d, %e, %u : tensor<5x4xf32>, tensor<3x4xf32>, tensor<1x6x4xf32>, tensor<2x6x4xf32>, tensor<6x4xf32>, tensor<8x4xf32>
+}
+
+// -----
+
 // A layer norm gradient's d_gamma and d_beta, both read only by casts to
 // f32: the op returns them in f32 (printed after `->`); not when one of
 // them has another reader.
@@ -497,7 +578,8 @@ func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>,
 // bf16 compute: the fused kernels on bf16 operands.
 // BF16-LABEL: func.func @train_step
 // BF16: fsdp.matmul_bias {{.*}} gelu {{.*}} : (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>)
-// BF16: fsdp.matmul_gelu_grad {{.*}}xbf16>)
+// The MLP input layer's bias gradient in f32 (dh in bf16):
+// BF16: fsdp.matmul_gelu_grad {{.*}} -> (tensor<{{.*}}xbf16>, tensor<{{.*}}xf32>)
 // The weight gradients straight into f32 (widened products):
 // BF16: fsdp.matmul {{.*}} transpose_lhs {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> tensor<{{.*}}xf32>
 // BF16: fsdp.matmul_bias_grad {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xf32>, tensor<{{.*}}xf32>)
