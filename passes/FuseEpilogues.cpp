@@ -55,8 +55,8 @@
 //   gradient a step), one kernel a unit less. The update multiplies
 //   first, as the mul did: the same bits.
 // - Widened products: a matmul (or matmul_bias_grad, matmul_gelu_grad's
-//   bias gradient, a layer norm gradient's d_gamma and d_beta) on bf16 /
-//   f16 whose result is read only
+//   bias gradient, a layer norm gradient's d_gamma and d_beta, a sum_to,
+//   an embedding gradient) on bf16 / f16 whose result is read only
 //   by a cast to f32 (mixed precision's parameter gradients, cast for the
 //   f32 reduction) returns f32 itself: the f32 sum is written unrounded
 //   (cuBLASLt's D type), one kernel and 6 bytes an element less. Not the
@@ -326,7 +326,8 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   /// `%w = cast %p : bf16 -> f32` (or f16) where `%p` is the product of a
   /// matmul (or both results of a matmul_bias_grad, matmul_gelu_grad's
   /// bias gradient, or the d_gamma and d_beta of a layer norm gradient,
-  /// each read only by such a cast) and
+  /// each read only by such a cast; or a sum_to or embedding_grad, sums in
+  /// f32 too: GPT-2's position and token embedding gradients) and
   /// read by nothing else: the op returns f32 there and the casts go. The
   /// kernels sum in f32 either way; the sum is no longer rounded to bf16
   /// and widened back, and never written and read in between (a
@@ -339,7 +340,7 @@ struct FuseEpiloguesPass : mlir::fsdp::impl::FsdpFuseEpiloguesBase<FuseEpilogues
   void fuseWidenedProduct(CastOp c, DenseSet<Operation *> &erased) {
     Operation *op = c.getInput().getDefiningOp();
     SmallVector<unsigned, 2> results;
-    if (isa_and_nonnull<MatmulOp>(op))
+    if (isa_and_nonnull<MatmulOp, SumToOp, EmbeddingGradOp>(op))
       results = {0};
     else if (isa_and_nonnull<MatmulBiasGradOp>(op))
       results = {0, 1}; // BGRADB's bias gradient has the product's type

@@ -904,7 +904,9 @@ def FsdpFuseEpilogues : Pass<"fsdp-fuse-epilogues", "::mlir::ModuleOp"> {
       layer less at the peak without recomputation);
     - widened products (mixed precision): a bf16 / f16 `matmul`'s
       product, both results of a `matmul_bias_grad`, `matmul_gelu_grad`'s
-      bias gradient or a layer-norm gradient's d_gamma and d_beta, each
+      bias gradient, a layer-norm gradient's d_gamma and d_beta, a
+      `sum_to` or an `embedding_grad` (GPT-2's position and token embedding
+      gradients), each
       read only by a cast to f32 (a parameter gradient cast for the f32
       reduction), are returned in f32 by the op itself and the casts go:
       the f32 sum written unrounded, one kernel and 6 bytes an element less

@@ -699,8 +699,12 @@ LogicalResult BroadcastOp::verify() {
 
 LogicalResult SumToOp::verify() {
   auto a = rt(getInput()), r = rt(getResult());
-  if (a.getElementType() != r.getElementType() ||
-      !isBroadcastableTo(r.getShape(), a.getShape()))
+  // The input's type, or f32 for a bf16 / f16 input (productType: the f32
+  // sum unrounded).
+  if (productType(a.getElementType(), r) != r.getElementType())
+    return emitOpError() << "expected a result of element type " << a.getElementType()
+                         << " (or f32 for a bf16 / f16 input), found " << r.getElementType();
+  if (!isBroadcastableTo(r.getShape(), a.getShape()))
     return emitOpError() << "expected the result " << typeStr(r)
                          << " to broadcast to the input " << typeStr(a);
   return success();
@@ -863,7 +867,14 @@ LogicalResult EmbeddingGradOp::verify() {
     return emitOpError() << "expected a result of rank 2 [vocab, width]";
   SmallVector<int64_t> want(ids.getShape());
   want.push_back(r.getShape()[1]);
-  return expectType(*this, "grad", g, want, r.getElementType());
+  if (failed(expectType(*this, "grad", g, want, g.getElementType())))
+    return failure();
+  // The gradient's type, or f32 for a bf16 / f16 gradient (productType:
+  // the f32 sums unrounded).
+  if (productType(g.getElementType(), r) != r.getElementType())
+    return emitOpError() << "expected a result of element type " << g.getElementType()
+                         << " (or f32 for a bf16 / f16 gradient), found " << r.getElementType();
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

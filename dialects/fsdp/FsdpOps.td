@@ -791,7 +791,9 @@ def Fsdp_SumToOp : Fsdp_Op<"sum_to", [Pure]> {
   let summary = "sums a tensor down to a shape it was broadcast from";
   let description = [{
     The adjoint of `fsdp.broadcast`: dimensions that broadcasting added or
-    stretched from 1 are summed over.
+    stretched from 1 are summed over. The result has the input's element
+    type, or f32 for a bf16 / f16 input: the f32 sum unrounded
+    (fsdp-fuse-epilogues folds a cast of the sum to f32 into it).
 
     ```mlir
     %db = fsdp.sum_to %g : tensor<4x8xf32> -> tensor<8xf32>
@@ -1088,6 +1090,11 @@ def Fsdp_AttentionGradOp : Fsdp_Op<"attention_grad",
 def Fsdp_EmbeddingGradOp : Fsdp_Op<"embedding_grad", [Pure]> {
   let summary = "VJP of embedding: scatter-add of output gradients into rows";
   let description = [{
+    Each row of the result sums the gradient rows whose id is its index.
+    The result has the gradient's element type, or f32 for a bf16 / f16
+    gradient: the f32 sums unrounded (fsdp-fuse-epilogues folds a cast of
+    the result to f32 into it; a mixed-precision plan's embedding gradient).
+
     ```mlir
     %dw = fsdp.embedding_grad %ids, %dy : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
     ```

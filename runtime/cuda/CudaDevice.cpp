@@ -876,15 +876,19 @@ flash::Layout attentionLayout(const AttentionShape &a) {
 
 /// Whether output `i` of `inst` is an f32 result of narrow operands that
 /// the native kernels write (the dialect's widened products): every
-/// result of a matmul / matmul_bias_grad (all of them f32), or d_gamma
-/// and d_beta of a layer norm gradient (both f32). Anything else with an
-/// f32 output runs widened.
+/// result of a matmul / matmul_bias_grad (all of them f32), d_gamma
+/// and d_beta of a layer norm gradient (both f32), or the result of a
+/// sum_to or embedding_grad. Anything else with an f32 output runs widened.
 bool productF32(const Plan &plan, const Instruction &inst, size_t i) {
   auto dtype = [&](int64_t id) {
     return id >= 0 && id < (int64_t)plan.buffers.size() ? plan.buffers[id].dtype : DType::I64;
   };
-  if (inst.in.empty() || !rules::isNarrowFloat(dtype(inst.in[0])))
+  // embedding_grad's float operand is its second (the first: the ids).
+  const size_t data = inst.op == "embedding_grad" ? 1 : 0;
+  if (inst.in.size() <= data || !rules::isNarrowFloat(dtype(inst.in[data])))
     return false;
+  if (inst.op == "sum_to" || inst.op == "embedding_grad")
+    return i == 0 && inst.out.size() == 1 && dtype(inst.out[0]) == DType::F32;
   if (inst.op == "matmul" || inst.op == "matmul_bias_grad") {
     for (int64_t id : inst.out)
       if (dtype(id) != DType::F32)
@@ -1416,9 +1420,10 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
     const int32_t *ids = r.in<int32_t>(0);
     const void *dy = r.v(1);
     void *dt = r.w(0);
+    const bool f32Out = productF32(op.plan, op.inst, 0); // the sums unrounded
     out = fromCuda(
         [=](cudaStream_t s) {
-          return native::embeddingGrad(t, ids, dy, dt, sf, cnt, vocab, width, bad, s);
+          return native::embeddingGrad(t, ids, dy, dt, sf, cnt, vocab, width, bad, s, f32Out);
         },
         n);
   } else if (n == "transpose") {
@@ -1466,9 +1471,10 @@ Status CudaDevice::buildNativeLayout(const Op &op, FloatKind t, uint8_t *base, i
     void *y = r.w(0);
     auto si = op.in(0).shape, so = o0.shape;
     bool sum = n == "sum_to";
+    const bool f32Out = sum && productF32(op.plan, op.inst, 0); // the sum unrounded
     out = fromCuda(
         [=](cudaStream_t s) {
-          return sum ? native::sumTo(t, x, si, y, so, sf, s)
+          return sum ? native::sumTo(t, x, si, y, so, sf, s, f32Out)
                      : native::broadcastTo(t, x, si, y, so, s);
         },
         n);

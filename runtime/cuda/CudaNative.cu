@@ -353,7 +353,8 @@ cudaError_t embeddingT(const void *tablev, const int32_t *ids, void *yv, int64_t
 }
 
 /// embedding_grad: dtable[v] = sum over the rows r with ids[r] == v of
-/// dy[r], in f32 in row order (the CPU kernel's order), rounded once.
+/// dy[r], in f32 in row order (the CPU kernel's order), rounded once to
+/// dtable's type (TO: T, or f32 for a widened gradient).
 /// One thread per column walking all n rows left the GPU idle (7.8 ms for
 /// GPT-2's 16384 tokens on an H100). Here the (id, row) pairs are sorted
 /// (a bitonic sort in global memory on 64-bit keys id << 32 | row: unique,
@@ -433,8 +434,8 @@ __global__ void bitonicStep(uint64_t *keys, int64_t padded, int64_t k, int64_t j
   }
 }
 
-template <typename T>
-__global__ void embedSumRuns(const uint64_t *keys, const T *dy, T *dtable, int64_t n,
+template <typename T, typename TO>
+__global__ void embedSumRuns(const uint64_t *keys, const T *dy, TO *dtable, int64_t n,
                              int64_t vocab, int64_t width) {
   for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
     uint64_t id = keys[p] >> 32;
@@ -462,12 +463,12 @@ __global__ void embedSumRuns(const uint64_t *keys, const T *dy, T *dtable, int64
   }
 }
 
-template <typename T>
+template <typename T, typename TO = T>
 cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, float *scratch,
                            int64_t n, int64_t vocab, int64_t width, long long *badPos,
                            cudaStream_t s) {
-  T *dtable = mp<T>(dtablev);
-  if (cudaError_t e = cudaMemsetAsync(dtable, 0, sizeof(T) * vocab * width, s))
+  TO *dtable = mp<TO>(dtablev);
+  if (cudaError_t e = cudaMemsetAsync(dtable, 0, sizeof(TO) * vocab * width, s))
     return e;
   if (n <= 0)
     return cudaSuccess;
@@ -496,7 +497,7 @@ cudaError_t embeddingGradT(const int32_t *ids, const void *dyv, void *dtablev, f
       return e;
   }
   unsigned blocks = (unsigned)std::min<int64_t>(n, 65535);
-  embedSumRuns<T><<<blocks, kThreads, 0, s>>>(keys, cp<T>(dyv), dtable, n, vocab, width);
+  embedSumRuns<T, TO><<<blocks, kThreads, 0, s>>>(keys, cp<T>(dyv), dtable, n, vocab, width);
   return cudaGetLastError();
 }
 
@@ -1735,9 +1736,9 @@ cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *
 int64_t embeddingGradScratch(int64_t n) { return 2 * embedKeys(std::max<int64_t>(n, 1)); }
 cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
                           float *scratch, int64_t n, int64_t vocab, int64_t width,
-                          long long *badPos, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(t, embeddingGradT, ids, dy, dtable, scratch, n, vocab, width, badPos,
-                       s);
+                          long long *badPos, cudaStream_t s, bool outF32) {
+  FSDP_NATIVE_DISPATCH_F32_OUT(outF32, t, embeddingGradT, ids, dy, dtable, scratch, n, vocab, width,
+                               badPos, s);
 }
 cudaError_t softmax(FloatKind t, const void *x, void *y, int64_t rows, int64_t cols,
                     cudaStream_t s) {

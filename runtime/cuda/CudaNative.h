@@ -59,7 +59,8 @@ cudaError_t broadcastTo(FloatKind t, const void *in, const Shape &si, void *out,
 /// dims), except that a sum over the leading dims (bias gradients) runs as a two-pass
 /// column sum with sumToScratch(si, so) floats of scratch (0: none needed).
 /// outF32: `out` is f32 whatever t (the sum unrounded; matmul_bias_grad's
-/// f32 bias gradient of bf16 / f16 operands).
+/// and matmul_gelu_grad's f32 bias gradients of bf16 / f16 operands, a
+/// widened sum_to).
 int64_t sumToScratch(const Shape &si, const Shape &so);
 cudaError_t sumTo(FloatKind t, const void *in, const Shape &si, void *out, const Shape &so,
                   float *scratch, cudaStream_t s, bool outF32 = false);
@@ -78,10 +79,11 @@ cudaError_t embedding(FloatKind t, const void *table, const int32_t *ids, void *
 int64_t embeddingGradScratch(int64_t n);
 /// Sums each id's rows in f32 in row order (the CPU kernel's order),
 /// rounds once: the ids sorted with their rows, a block per id
-/// (CudaNative.cu).
+/// (CudaNative.cu). outF32: `dtable` is f32 whatever t (the sums
+/// unrounded; a mixed-precision plan's widened embedding gradient).
 cudaError_t embeddingGrad(FloatKind t, const int32_t *ids, const void *dy, void *dtable,
                           float *scratch, int64_t n, int64_t vocab, int64_t width,
-                          long long *badPos, cudaStream_t s);
+                          long long *badPos, cudaStream_t s, bool outF32 = false);
 
 // --- row-wise: a warp per row ------------------------------------------------
 

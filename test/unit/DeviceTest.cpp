@@ -958,6 +958,126 @@ TEST_P(DeviceConformance, WidenedProductsMatchTheF32Ops) {
       << "an f32 product of bf16 operands ran on widened f32 copies";
 }
 
+/// fsdp-fuse-epilogues' widened sums: sum_to and embedding_grad on a bf16
+/// gradient with f32 results (GPT-2's position and token embedding
+/// gradients in a mixed-precision plan) against the f32 ops on the widened
+/// gradient and the bf16 ops. Every kernel sums in f32 and rounds once at
+/// the store, so the f32 result rounded to bf16 is the bf16 result's bits
+/// (one kernel, one order). Against the f32 ops: bitwise where the order
+/// is the same (the CPU, which widens; the embedding gradient in row order
+/// on CUDA too); CUDA's sum_to over leading rows is a two-pass column sum
+/// where the f32 op sums row-major: within 2 (rows - 1) u sum|dy|. The f32
+/// results take the native path: no more scratch than the bf16 ones.
+TEST_P(DeviceConformance, WidenedSumsAreTheUnroundedSums) {
+  const int64_t B = 3, T = 20, W = 16, vocab = 13;
+  // 0 ids [B,T] i32, 1 dy bf16 [B,T,W], 2 dy f32 (the same values);
+  // embedding_grad: 3 f32, 4 bf16, 5 of the f32 dy;
+  // sum_to over the batch: 6 f32, 7 bf16, 8 of the f32 dy;
+  // sum_to over T (a middle dim): 9 f32, 10 bf16, 11 of the f32 dy.
+  const std::vector<std::vector<int64_t>> shapes{{B, T},     {B, T, W},  {B, T, W}, {vocab, W},
+                                                 {vocab, W}, {vocab, W}, {T, W},    {T, W},
+                                                 {T, W},     {B, 1, W},  {B, 1, W}, {B, 1, W}};
+  auto typed = [&](std::vector<Instruction> program) {
+    Plan p = mixedPlan(shapes, {1, 4, 7, 10}, std::move(program));
+    p.buffers[0].dtype = DType::I32; // 4 bytes, as the f32 placed
+    return p;
+  };
+  const std::vector<Instruction> wide{inst("embedding_grad", {0, 1}, {3}), inst("sum_to", {1}, {6}),
+                                      inst("sum_to", {1}, {9})},
+      narrow{inst("embedding_grad", {0, 1}, {4}), inst("sum_to", {1}, {7}),
+             inst("sum_to", {1}, {10})};
+  std::vector<Instruction> all = wide;
+  all.insert(all.end(), narrow.begin(), narrow.end());
+  for (Instruction i :
+       {inst("embedding_grad", {0, 2}, {5}), inst("sum_to", {2}, {8}), inst("sum_to", {2}, {11})})
+    all.push_back(i);
+  Plan plan = typed(all);
+  // Ids with repeats (up to 7 rows an id), ids 11 and 12 never used (zero
+  // rows); a gradient of mixed signs and magnitudes, exact in bf16.
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i)
+    ids[i] = (int32_t)((i * 7 + 3) % 11);
+  std::vector<uint16_t> dy(B * T * W);
+  std::vector<float> dy32(dy.size());
+  for (size_t i = 0; i < dy.size(); ++i)
+    dy32[i] = widenBf16(dy[i] = roundToBf16((float)(std::sin(0.73 * double(i)) *
+                                                    std::exp(std::cos(0.11 * double(i)) * 3))));
+  bind(plan);
+  auto put = [&](int id, const void *src) {
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src, plan.buffers[id].bytes)
+            .isOk());
+  };
+  put(0, ids.data());
+  put(1, dy.data());
+  put(2, dy32.data());
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    Status st = dev->run(i);
+    ASSERT_TRUE(st.isOk()) << plan.program[i].op << ": " << st.message();
+  }
+  ASSERT_TRUE(dev->synchronize().isOk());
+  auto bits16 = [&](int id) {
+    std::vector<uint16_t> h(plan.buffers[id].numel());
+    EXPECT_TRUE(dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[id].offset,
+                                plan.buffers[id].bytes)
+                    .isOk());
+    return h;
+  };
+  const bool cpu = GetParam() == "cpu";
+  const double u = std::ldexp(1.0, -24);
+  // what: the op; f32, bf16, ref: its buffers; rows: the terms an element
+  // sums; magOf(i): sum |dy| over element i's terms; exact: same order.
+  auto check = [&](const char *what, int f32, int bf16, int ref, int64_t rows, auto magOf,
+                   bool exact) {
+    std::vector<float> got = read(plan, f32), want = read(plan, ref);
+    std::vector<uint16_t> narrowBits = bits16(bf16);
+    bool rounding = false; // some element where the bf16 sum is not the f32 one
+    for (size_t i = 0; i < got.size(); ++i) {
+      double slack = exact ? 0.0 : 2.0 * double(rows - 1) * u * magOf(i);
+      EXPECT_LE(std::fabs((double)got[i] - want[i]), slack)
+          << what << " element " << i << ": " << got[i] << " vs the f32 op's " << want[i];
+      EXPECT_EQ(roundToBf16(got[i]), narrowBits[i])
+          << what << " element " << i << ": the f32 sum " << got[i] << " rounded is not the bf16 "
+          << widenBf16(narrowBits[i]);
+      rounding |= widenBf16(narrowBits[i]) != got[i];
+    }
+    EXPECT_TRUE(rounding) << what << ": every sum exact in bf16, the test shows nothing";
+  };
+  check(
+      "embedding_grad", 3, 4, 5, B * T,
+      [&](size_t i) {
+        double s = 0;
+        for (int64_t r = 0; r < B * T; ++r)
+          if (ids[r] == (int32_t)(i / W))
+            s += std::fabs(dy32[r * W + i % W]);
+        return s;
+      },
+      true);
+  check(
+      "sum_to over the batch", 6, 7, 8, B,
+      [&](size_t i) {
+        double s = 0;
+        for (int64_t b = 0; b < B; ++b)
+          s += std::fabs(dy32[b * T * W + i]);
+        return s;
+      },
+      cpu);
+  check(
+      "sum_to over T", 9, 10, 11, T,
+      [&](size_t i) {
+        double s = 0;
+        for (int64_t t = 0; t < T; ++t)
+          s += std::fabs(dy32[(i / W) * T * W + t * W + i % W]);
+        return s;
+      },
+      cpu);
+  if (cpu)
+    return;
+  // Native: the f32 sums cost no more scratch than the bf16 ones.
+  EXPECT_EQ(preparedScratch(GetParam(), typed(wide)), preparedScratch(GetParam(), typed(narrow)))
+      << "a widened sum ran on widened f32 copies";
+}
+
 /// layer_norm_grad and layer_norm_grad_acc on bf16 with f32 d_gamma /
 /// d_beta (fsdp-fuse-epilogues' widened parameter gradients) against the
 /// same ops with bf16 ones, on the same device: the kernels sum the same

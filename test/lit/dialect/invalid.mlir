@@ -470,6 +470,21 @@ func.func @f(%x: tensor<4x8xf32>) {
 }
 
 // -----
+// sum_to keeps its input's type, or widens bf16 / f16 to f32; never narrows.
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{expected a result of element type 'f32' (or f32 for a bf16 / f16 input), found 'bf16'}}
+  %0 = fsdp.sum_to %x : tensor<4x8xf32> -> tensor<8xbf16>
+  return
+}
+
+// -----
+func.func @f(%x: tensor<4x8xbf16>) {
+  // expected-error @+1 {{expected a result of element type 'bf16' (or f32 for a bf16 / f16 input), found 'f16'}}
+  %0 = fsdp.sum_to %x : tensor<4x8xbf16> -> tensor<8xf16>
+  return
+}
+
+// -----
 func.func @f(%x: tensor<4x8xf32>) {
   // expected-error @+1 {{expected the shape to be kept, found 4x8 -> 8x4}}
   %0 = fsdp.cast %x : tensor<4x8xf32> -> tensor<8x4xbf16>
@@ -550,6 +565,21 @@ func.func @f(%p: tensor<32x1xbf16>) {
 func.func @f(%ids: tensor<2x16xi32>, %g: tensor<2x16x32xf32>) {
   // expected-error @+1 {{expected grad of type 'tensor<2x16x64xf32>', found 'tensor<2x16x32xf32>'}}
   %0 = fsdp.embedding_grad %ids, %g : (tensor<2x16xi32>, tensor<2x16x32xf32>) -> tensor<256x64xf32>
+  return
+}
+
+// -----
+// embedding_grad keeps its gradient's type, or widens bf16 / f16 to f32.
+func.func @f(%ids: tensor<2x16xi32>, %g: tensor<2x16x64xf32>) {
+  // expected-error @+1 {{expected a result of element type 'f32' (or f32 for a bf16 / f16 gradient), found 'bf16'}}
+  %0 = fsdp.embedding_grad %ids, %g : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xbf16>
+  return
+}
+
+// -----
+func.func @f(%ids: tensor<2x16xi32>, %g: tensor<2x16x64xf16>) {
+  // expected-error @+1 {{expected a result of element type 'f16' (or f32 for a bf16 / f16 gradient), found 'bf16'}}
+  %0 = fsdp.embedding_grad %ids, %g : (tensor<2x16xi32>, tensor<2x16x64xf16>) -> tensor<256x64xbf16>
   return
 }
 

@@ -62,6 +62,11 @@ func.func @elementwise(%a: tensor<4x8xf32>, %b: tensor<8xf32>, %c: tensor<4x1xf3
   %11 = fsdp.cast %a : tensor<4x8xf32> -> tensor<4x8xbf16>
   // CHECK: fsdp.cast %{{.+}} : tensor<4x8xbf16> -> tensor<4x8xf16>
   %12 = fsdp.cast %11 : tensor<4x8xbf16> -> tensor<4x8xf16>
+  // Sums of bf16 / f16 written in f32 (fsdp-fuse-epilogues' widened sums).
+  // CHECK: fsdp.sum_to %{{.+}} : tensor<4x8xbf16> -> tensor<8xf32>
+  %w1 = fsdp.sum_to %11 : tensor<4x8xbf16> -> tensor<8xf32>
+  // CHECK: fsdp.sum_to %{{.+}} : tensor<4x8xf16> -> tensor<1x8xf16>
+  %w2 = fsdp.sum_to %12 : tensor<4x8xf16> -> tensor<1x8xf16>
   return
 }
 
@@ -185,6 +190,9 @@ func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64
   %4:3 = fsdp.attention_grad %x, %x, %x, %x, %lse, %x heads = 4 causal : tensor<2x16x64xf32>
   // CHECK: fsdp.embedding_grad %{{.+}}, %{{.+}} : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
   %5 = fsdp.embedding_grad %ids, %x : (tensor<2x16xi32>, tensor<2x16x64xf32>) -> tensor<256x64xf32>
+  // CHECK: fsdp.embedding_grad %{{.+}}, %{{.+}} : (tensor<2x16xi32>, tensor<2x16x64xbf16>) -> tensor<256x64xf32>
+  %xb16 = fsdp.cast %x : tensor<2x16x64xf32> -> tensor<2x16x64xbf16>
+  %w5 = fsdp.embedding_grad %ids, %xb16 : (tensor<2x16xi32>, tensor<2x16x64xbf16>) -> tensor<256x64xf32>
   // CHECK: fsdp.slice_grad %{{.+}} dim = 0 offset = 8 : tensor<8x64xf32> -> tensor<32x64xf32>
   %6 = fsdp.slice_grad %m dim = 0 offset = 8 : tensor<8x64xf32> -> tensor<32x64xf32>
   // CHECK: fsdp.cross_entropy_grad %{{.+}}, %{{.+}}, %{{.+}} : tensor<32x256xf32>, tensor<32xi32>

@@ -340,6 +340,36 @@ func.func @widened_gelu_bias(%dz: tensor<8x6xbf16>, %w: tensor<6x4xbf16>, %pre: 
 
 // -----
 
+// sum_to and embedding_grad on bf16 / f16 read only by a cast to f32 (a
+// mixed-precision plan's position and token embedding gradients): the f32
+// sums returned unrounded. Not where the sum has another reader, nor for a
+// cast to another narrow type.
+// CHECK-LABEL: func.func @widened_sums
+// CHECK-NEXT: %[[S:.*]] = fsdp.sum_to %arg1 : tensor<2x8x4xbf16> -> tensor<8x4xf32>
+// CHECK-NEXT: %[[E:.*]] = fsdp.embedding_grad %arg0, %arg1 : (tensor<2x8xi32>, tensor<2x8x4xbf16>) -> tensor<16x4xf32>
+// CHECK-NEXT: %[[H:.*]] = fsdp.embedding_grad %arg0, %arg2 : (tensor<2x8xi32>, tensor<2x8x4xf16>) -> tensor<16x4xf32>
+// CHECK-NEXT: %[[S2:.*]] = fsdp.sum_to %arg1 : tensor<2x8x4xbf16> -> tensor<8x4xbf16>
+// CHECK-NEXT: %[[S2F:.*]] = fsdp.cast %[[S2]] : tensor<8x4xbf16> -> tensor<8x4xf32>
+// CHECK-NEXT: %[[E2:.*]] = fsdp.embedding_grad %arg0, %arg1 : (tensor<2x8xi32>, tensor<2x8x4xbf16>) -> tensor<16x4xbf16>
+// CHECK-NEXT: %[[E2H:.*]] = fsdp.cast %[[E2]] : tensor<16x4xbf16> -> tensor<16x4xf16>
+// CHECK-NEXT: return %[[S]], %[[E]], %[[H]], %[[S2F]], %[[S2]], %[[E2H]]
+func.func @widened_sums(%ids: tensor<2x8xi32>, %dy: tensor<2x8x4xbf16>, %dh: tensor<2x8x4xf16>)
+    -> (tensor<8x4xf32>, tensor<16x4xf32>, tensor<16x4xf32>, tensor<8x4xf32>, tensor<8x4xbf16>, tensor<16x4xf16>) {
+  %s = fsdp.sum_to %dy : tensor<2x8x4xbf16> -> tensor<8x4xbf16>
+  %sf = fsdp.cast %s : tensor<8x4xbf16> -> tensor<8x4xf32>
+  %e = fsdp.embedding_grad %ids, %dy : (tensor<2x8xi32>, tensor<2x8x4xbf16>) -> tensor<16x4xbf16>
+  %ef = fsdp.cast %e : tensor<16x4xbf16> -> tensor<16x4xf32>
+  %h = fsdp.embedding_grad %ids, %dh : (tensor<2x8xi32>, tensor<2x8x4xf16>) -> tensor<16x4xf16>
+  %hf = fsdp.cast %h : tensor<16x4xf16> -> tensor<16x4xf32>
+  %s2 = fsdp.sum_to %dy : tensor<2x8x4xbf16> -> tensor<8x4xbf16>
+  %s2f = fsdp.cast %s2 : tensor<8x4xbf16> -> tensor<8x4xf32>
+  %e2 = fsdp.embedding_grad %ids, %dy : (tensor<2x8xi32>, tensor<2x8x4xbf16>) -> tensor<16x4xbf16>
+  %e2h = fsdp.cast %e2 : tensor<16x4xbf16> -> tensor<16x4xf16>
+  return %sf, %ef, %hf, %s2f, %s2, %e2h : tensor<8x4xf32>, tensor<16x4xf32>, tensor<16x4xf32>, tensor<8x4xf32>, tensor<8x4xbf16>, tensor<16x4xf16>
+}
+
+// -----
+
 // An f32 value cast to bf16, sliced (and reshaped) and cast back to f32
 // (fsdp-chunk-loss's head gradient sum cast back, fsdp-pad-classes's
 // slice, mixed precision's f32 gradient): the slice and reshape in f32,
@@ -584,6 +614,10 @@ func.func @optimizer(%g: tensor<64xf32>, %h: tensor<64xf32>, %p: tensor<64xf32>,
 // BF16: fsdp.matmul {{.*}} transpose_lhs {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> tensor<{{.*}}xf32>
 // BF16: fsdp.matmul_bias_grad {{.*}}: (tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16>) -> (tensor<{{.*}}xf32>, tensor<{{.*}}xf32>)
 // BF16: fsdp.layer_norm_grad_acc {{.*}}: tensor<{{.*}}xbf16>, tensor<{{.*}}xbf16> -> tensor<{{.*}}xf32>
+// The position and token embedding gradients summed into f32:
+// BF16: fsdp.sum_to {{.*}} : tensor<4x32x64xbf16> -> tensor<32x64xf32>
+// BF16: fsdp.embedding_grad {{.*}} : (tensor<4x32xi32>, tensor<4x32x64xbf16>) -> tensor<256x64xf32>
+// BF16-NOT: fsdp.cast {{.*}}bf16> -> tensor<{{.*}}xf32>
 // BF16: return
 
 // -----
