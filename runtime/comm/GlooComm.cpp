@@ -52,10 +52,22 @@ namespace fsdp {
 
 namespace {
 
-
 /// Gloo's reduction for bf16 buffers: c = a + b summed in f32 and rounded
 /// once to bf16 (each step of Gloo's ring / halving-doubling rounds, as
 /// NCCL's bf16 reductions do).
+/// Gloo's connectFullMesh returns on a rank once its own pairs are
+/// connected, while a peer may still be completing its side of one of
+/// them: a rank that then closed its connections at once (a job failing
+/// right after connecting, a probe) could cut that peer's rendezvous short
+/// ("Connection closed by peer"). Every rank leaves only once all have
+/// connected: a barrier, within the timeout like every collective.
+void meetAfterConnecting(const std::shared_ptr<gloo::Context> &ctx,
+                         std::chrono::milliseconds timeout) {
+  gloo::BarrierOptions opts(ctx);
+  opts.setTimeout(timeout);
+  gloo::barrier(opts);
+}
+
 void sumBf16(void *c, const void *a, const void *b, size_t n) {
   auto *pc = static_cast<uint16_t *>(c);
   auto *pa = static_cast<const uint16_t *>(a);
@@ -209,6 +221,7 @@ public:
           (int)me, (int)ranks.size());
       sub->setTimeout(timeout);
       sub->connectFullMesh(ps, dev);
+      meetAfterConnecting(sub, timeout);
       out = std::make_unique<GlooComm>(sub, timeout, nullptr, dev, store, name);
     } catch (const std::exception &e) {
       return FSDP_ERROR("rank ", rank(), ": connecting group '", tag, "' (", ranks.size(),
@@ -437,6 +450,7 @@ Status makeGlooCommunicatorOn(const JobEnv &job, std::shared_ptr<gloo::rendezvou
                                                            (int)job.worldSize);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
+    meetAfterConnecting(ctx, timeout);
     std::unique_ptr<FlightRecorder> recorder =
         withRecorder ? makeJobFlightRecorder(job, timeout) : nullptr;
     out = std::make_unique<GlooComm>(ctx, timeout, std::move(recorder), dev, base,
