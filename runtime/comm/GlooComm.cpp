@@ -52,9 +52,6 @@ namespace fsdp {
 
 namespace {
 
-/// Gloo's reduction for bf16 buffers: c = a + b summed in f32 and rounded
-/// once to bf16 (each step of Gloo's ring / halving-doubling rounds, as
-/// NCCL's bf16 reductions do).
 /// Gloo's connectFullMesh returns on a rank once its own pairs are
 /// connected, while a peer may still be completing its side of one of
 /// them: a rank that then closed its connections at once (a job failing
@@ -68,6 +65,9 @@ void meetAfterConnecting(const std::shared_ptr<gloo::Context> &ctx,
   gloo::barrier(opts);
 }
 
+/// Gloo's reduction for bf16 buffers: c = a + b summed in f32 and rounded
+/// once to bf16 (each step of Gloo's ring / halving-doubling rounds, as
+/// NCCL's bf16 reductions do).
 void sumBf16(void *c, const void *a, const void *b, size_t n) {
   auto *pc = static_cast<uint16_t *>(c);
   auto *pa = static_cast<const uint16_t *>(a);
