@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <deque>
+#include <map>
 #include <optional>
 
 using namespace mlir;
@@ -134,6 +135,13 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
     p.betaSPerByte = link->getNumber("beta_s_per_byte").value_or(0.0);
     p.ranksPerNode = link->getInteger("ranks_per_node").value_or(0);
     p.glooLink = p.cpu && link->getString("backend").value_or("gloo") == "gloo";
+    p.twoLevel = link->getBoolean("two_level").value_or(false);
+    p.interGlooLink = p.cpu && link->getString("inter_backend").value_or("") == "gloo";
+    if (p.twoLevel && p.ranksPerNode < 1) {
+      error = "device profile '" + nameOrPath.str() +
+              "': link.two_level needs link.ranks_per_node >= 1";
+      return false;
+    }
     p.interAlphaS = link->getNumber("inter_alpha_s").value_or(p.alphaS);
     p.interBetaSPerByte =
         link->getNumber("inter_beta_s_per_byte").value_or(p.betaSPerByte);
@@ -141,19 +149,79 @@ bool mlir::fsdp::loadDeviceProfile(StringRef nameOrPath, DeviceProfile &p,
   return true;
 }
 
-double mlir::fsdp::collectiveSeconds(StringRef op, int64_t n, int64_t bytes,
-                                     bool interNode, const DeviceProfile &p) {
+namespace {
+
+/// One ring over `n` ranks of one link (alpha, beta): all-reduce
+/// 2 (n-1) alpha + 2 (n-1)/n bytes beta, the others half that. Gloo's
+/// reduce-scatter over a group whose size is not a power of two is an
+/// all-reduce (runtime/comm/GlooComm.cpp); shared memory's and NCCL's have
+/// no such case.
+double ringSeconds(StringRef op, int64_t n, double bytes, double alpha, double beta, bool gloo) {
   if (n <= 1)
     return 0.0;
-  double alpha = interNode ? p.interAlphaS : p.alphaS;
-  double beta = interNode ? p.interBetaSPerByte : p.betaSPerByte;
   double frac = double(n - 1) / double(n);
-  // Gloo's reduce-scatter over a group whose size is not a power of two is
-  // an all-reduce (runtime/comm/GlooComm.cpp); shared memory's and NCCL's
-  // have no such case.
-  if (op == "all_reduce" || (op == "reduce_scatter" && p.glooLink && (n & (n - 1))))
-    return 2.0 * (n - 1) * alpha + 2.0 * frac * double(bytes) * beta;
-  return (n - 1) * alpha + frac * double(bytes) * beta;
+  if (op == "all_reduce" || (op == "reduce_scatter" && gloo && (n & (n - 1))))
+    return 2.0 * (n - 1) * alpha + 2.0 * frac * bytes * beta;
+  return (n - 1) * alpha + frac * bytes * beta;
+}
+
+} // namespace
+
+GroupSpan mlir::fsdp::groupSpan(int64_t size, int64_t world, int64_t perNode, bool strided) {
+  GroupSpan s;
+  if (perNode <= 0 || size <= 1 || world <= 0) {
+    s.perNode = std::max<int64_t>(1, size);
+    return s;
+  }
+  // Count the members of each group on each node; every group of the mesh
+  // is checked (fsdp-sim's group_span). One group that crosses a node
+  // boundary makes them all count as crossing: the others wait for it at
+  // the next collective of the whole world.
+  int64_t groups = std::max<int64_t>(1, world / size);
+  bool first = true;
+  for (int64_t g = 0; g < groups; ++g) {
+    std::map<int64_t, int64_t> count; // node -> members
+    for (int64_t k = 0; k < size; ++k)
+      ++count[(strided ? g + k * groups : g * size + k) / perNode];
+    int64_t per = count.begin()->second;
+    bool even = llvm::all_of(count, [&](const auto &kv) { return kv.second == per; });
+    if (first) {
+      s.nodes = (int64_t)count.size(), s.perNode = per, s.uniform = even;
+      first = false;
+    } else if (!even || per != s.perNode || (int64_t)count.size() != s.nodes) {
+      s.uniform = false;
+    }
+  }
+  if (!s.uniform)
+    s.nodes = std::max<int64_t>(s.nodes, 2);
+  return s;
+}
+
+double mlir::fsdp::collectiveSeconds(StringRef op, int64_t n, int64_t bytes, GroupSpan span,
+                                     const DeviceProfile &p) {
+  if (n <= 1)
+    return 0.0;
+  double b = double(bytes);
+  if (!span.crosses())
+    return ringSeconds(op, n, b, p.alphaS, p.betaSPerByte, p.glooLink);
+  if (!p.twoLevel || !span.uniform)
+    return ringSeconds(op, n, b, p.interAlphaS, p.interBetaSPerByte,
+                       p.twoLevel ? p.interGlooLink : p.glooLink);
+  // Two levels, L ranks of the group on each of M nodes: the node's level
+  // reduce-scatters (and all-gathers) the whole buffer, the places' level
+  // moves 1/L of it between the nodes.
+  int64_t L = span.perNode, M = span.nodes;
+  double node = 0, inter = 0;
+  if (op == "all_reduce") {
+    node = ringSeconds("reduce_scatter", L, b, p.alphaS, p.betaSPerByte, p.glooLink) +
+           ringSeconds("all_gather", L, b, p.alphaS, p.betaSPerByte, p.glooLink);
+    inter =
+        ringSeconds("all_reduce", M, b / L, p.interAlphaS, p.interBetaSPerByte, p.interGlooLink);
+  } else {
+    node = ringSeconds(op, L, b, p.alphaS, p.betaSPerByte, p.glooLink);
+    inter = ringSeconds(op, M, b / L, p.interAlphaS, p.interBetaSPerByte, p.interGlooLink);
+  }
+  return node + inter;
 }
 
 namespace {
@@ -248,23 +316,6 @@ double unitsOf(Operation *op, Value firstIn) {
     return double(s[0]) * s[1] * s[1] * s[2];
   }
   return double(numel(shapeOf(firstIn)));
-}
-
-/// True when a group of `span` consecutive ranks (the groups tile the
-/// `world` ranks from rank 0) crosses a node boundary (nodes of `perNode`
-/// consecutive ranks): that group's ring runs over the inter-node link, and
-/// the others wait for it at the next collective of the whole world. A
-/// group spanning more than a node always does; a smaller one does when
-/// it does not divide the node size (fsdp-sim's crosses_nodes).
-bool crossesNodes(int64_t span, int64_t world, int64_t perNode) {
-  if (perNode <= 0 || span <= 1)
-    return false;
-  if (span > perNode)
-    return true;
-  for (int64_t first = 0; first + span <= world; first += span)
-    if (first / perNode != (first + span - 1) / perNode)
-      return true;
-  return false;
 }
 
 bool isLowPrecision(Value v) {
@@ -434,9 +485,10 @@ public:
       shards = mesh.getShards();
       reshard = mesh.getReshard();
     }
-    interShard = crossesNodes(shards, world, p.ranksPerNode);
-    interReshard = crossesNodes(reshard, world, p.ranksPerNode);
-    interWorld = crossesNodes(world, world, p.ranksPerNode);
+    shardSpan = groupSpan(shards, world, p.ranksPerNode, false);
+    reshardSpan = groupSpan(reshard, world, p.ranksPerNode, false);
+    replicaSpan = groupSpan(replicas, world, p.ranksPerNode, true);
+    worldSpan = groupSpan(world, world, p.ranksPerNode, false);
     share = p.cpu && p.cores > 0;
     cores = double(p.cores);
     threads = double(std::max<int64_t>(1, p.threadsPerRank));
@@ -484,7 +536,7 @@ private:
   const MemoryPlan &plan;
   const DeviceProfile &p;
   int64_t world = 1, replicas = 1, shards = 1, reshard = 0;
-  bool interShard = false, interReshard = false, interWorld = false;
+  GroupSpan shardSpan, reshardSpan, replicaSpan, worldSpan;
   bool share = false;
   double cores = 0, threads = 1, commThreads = 1.0;
   double commWork = 1, compWork = 1;
@@ -500,11 +552,14 @@ Item StepCosting::collective(Operation *op) const {
               : group == "reshard" ? reshard
                                    : world;
   // Shard and reshard groups are contiguous ranks, replica groups
-  // strided across all (so they span the world).
-  bool inter = group == "shard" ? interShard : group == "reshard" ? interReshard : interWorld;
+  // strided across all.
+  GroupSpan span = group == "shard"     ? shardSpan
+                   : group == "reshard" ? reshardSpan
+                   : group == "replica" ? replicaSpan
+                                        : worldSpan;
   Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
   double cost =
-      collectiveSeconds(op->getName().stripDialect(), n, int64_t(bytesOf(whole)), inter, p);
+      collectiveSeconds(op->getName().stripDialect(), n, int64_t(bytesOf(whole)), span, p);
   bool async = op->hasAttr("async");
   return {Item::Collective, cost * commWork, async, async ? op->getResult(0) : Value()};
 }

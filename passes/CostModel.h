@@ -77,6 +77,16 @@ struct DeviceProfile {
   int64_t ranksPerNode = 8;
   double alphaS = 10e-6, betaSPerByte = 1.0 / 450e9;            ///< NVLink
   double interAlphaS = 10e-6, interBetaSPerByte = 1.0 / 50e9; ///< IB 400 Gb/s
+  /// link.two_level (a profile calibrated over `--comm hybrid`): a
+  /// collective over a group whose ranks sit L to a node on M nodes runs
+  /// in two levels ([Note: hybrid collectives] in HybridComm.cpp): within
+  /// each node on the node link, and between nodes among the M ranks of
+  /// each place on the inter-node link, 1/L of the buffer each. False: a
+  /// group that crosses nodes is one ring on the inter-node link.
+  bool twoLevel = false;
+  /// The inter-node level of a two-level profile is Gloo's (its
+  /// reduce-scatter rule, as glooLink).
+  bool interGlooLink = false;
 };
 
 /// `h100`, or the path of a profile JSON. On failure returns false and
@@ -129,11 +139,27 @@ struct StepPrediction {
 StepPrediction predictStep(ModuleOp module, func::FuncOp step,
                            const MemoryPlan &plan, const DeviceProfile &profile);
 
+/// Where a group's ranks sit: `nodes` nodes holding `perNode` of them
+/// each, or (`uniform` false) unequal numbers on more than one node.
+struct GroupSpan {
+  int64_t nodes = 1, perNode = 1;
+  bool uniform = true;
+  bool crosses() const { return nodes > 1 || !uniform; }
+};
+
+/// The span of each group of `size` ranks of a `world` of nodes of
+/// `perNode` consecutive ranks (0: one node): groups of consecutive ranks
+/// tiling the world from rank 0 (`strided` false: shard and reshard
+/// groups, the world), or every (world / size)-th rank (replica groups).
+GroupSpan groupSpan(int64_t size, int64_t world, int64_t perNode, bool strided);
+
 /// Seconds of one collective: `op` is all_gather / reduce_scatter /
-/// all_reduce over `n` ranks moving `bytes` (the whole, unsharded buffer);
-/// `interNode` picks the inter-node link.
-double collectiveSeconds(llvm::StringRef op, int64_t n, int64_t bytes,
-                         bool interNode, const DeviceProfile &profile);
+/// all_reduce over `n` ranks moving `bytes` (the whole, unsharded buffer)
+/// placed as `span` says: on one node, the node link; across nodes, one
+/// ring on the inter-node link, or with a two-level profile, a level on
+/// each link.
+double collectiveSeconds(llvm::StringRef op, int64_t n, int64_t bytes, GroupSpan span,
+                         const DeviceProfile &profile);
 
 /// Parses "80GiB", "512MiB", "1.5GB", "1000000" (bytes) into bytes; false
 /// when malformed, negative or zero.

@@ -169,6 +169,13 @@ public:
     return os.str();
   }
 
+  bool levels(Communicator *&n, Communicator *&c, int64_t &perNode) override {
+    if (flat != Flat::No || layout.nodes.size() < 2 || !node || !cross)
+      return false;
+    n = node.get(), c = cross.get(), perNode = layout.perNode();
+    return true;
+  }
+
   Status allReduce(const void *in, void *out, int64_t count, DType dtype, ReduceOp op,
                    Stream *) override {
     const int64_t es = dtypeSize(dtype), n = size();

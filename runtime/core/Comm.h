@@ -79,6 +79,16 @@ public:
   virtual Status subgroup(const std::vector<int64_t> &ranks, const std::string &tag,
                           std::unique_ptr<Communicator> &out);
 
+  /// A communicator that runs its collectives in two levels ([Note: hybrid
+  /// collectives] in runtime/comm/HybridComm.cpp) returns its levels: this
+  /// rank's node (`node`, `perNode` ranks) and its place among the nodes
+  /// (`cross`, one rank a node), so that --calibrate can measure each link.
+  /// False (the default): one level.
+  virtual bool levels(Communicator *&node, Communicator *&cross, int64_t &perNode) {
+    (void)node, (void)cross, (void)perNode;
+    return false;
+  }
+
   /// Bytes this rank sent, by the ring algorithms' volume of the
   /// collectives the plan asked for, whichever algorithm a backend runs:
   /// all-reduce 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x

@@ -201,6 +201,43 @@ nlohmann::json gemmCacheCurve() {
           {"seconds", secs}};
 }
 
+/// Fits t = c1 alpha + c2 beta to all-reduces and all-gathers of four
+/// sizes over `group` (the ring model's coefficients at its size); `world`
+/// (the job, of which `group` may be a part) separates the timings.
+Status fitLink(Communicator &group, Communicator &world, nlohmann::json &link) {
+  const int64_t n = group.size();
+  std::vector<std::pair<double, double>> coef;
+  std::vector<double> secs;
+  nlohmann::json samples = nlohmann::json::array();
+  for (int64_t elems : {16, 4096, 65536, 524288}) {
+    int64_t shard = (elems + n - 1) / n;
+    std::vector<float> buf(shard * n, 1.0f), out(shard * n);
+    double bytes = 4.0 * shard * n;
+    double ar = 0, ag = 0;
+    FSDP_RETURN_IF_ERROR(timeCollective(
+        world,
+        [&] {
+          return group.allReduce(buf.data(), buf.data(), shard * n, DType::F32, ReduceOp::Sum);
+        },
+        ar));
+    FSDP_RETURN_IF_ERROR(timeCollective(
+        world, [&] { return group.allGather(buf.data(), out.data(), shard, DType::F32); }, ag));
+    coef.push_back({2.0 * (n - 1), 2.0 * (n - 1) / n * bytes});
+    secs.push_back(ar);
+    coef.push_back({1.0 * (n - 1), 1.0 * (n - 1) / n * bytes});
+    secs.push_back(ag);
+    samples.push_back({{"bytes", bytes}, {"all_reduce_s", ar}, {"all_gather_s", ag}});
+  }
+  double alpha, beta;
+  fit2(coef, secs, alpha, beta);
+  link = {{"ranks", n},
+          {"backend", group.backend()},
+          {"alpha_s", std::max(alpha, 0.0)},
+          {"beta_s_per_byte", std::max(beta, 0.0)},
+          {"samples", samples}};
+  return Status::ok();
+}
+
 } // namespace
 
 Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
@@ -320,34 +357,32 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
   FSDP_RETURN_IF_ERROR(comm.barrier());
 
   nlohmann::json link = nullptr;
-  int64_t n = comm.size();
-  if (n > 1) {
-    std::vector<std::pair<double, double>> coef;
-    std::vector<double> secs;
-    nlohmann::json samples = nlohmann::json::array();
-    for (int64_t elems : {16, 4096, 65536, 524288}) {
-      int64_t shard = (elems + n - 1) / n;
-      std::vector<float> buf(shard * n, 1.0f), out(shard * n);
-      double bytes = 4.0 * shard * n;
-      double ar = 0, ag = 0;
-      FSDP_RETURN_IF_ERROR(timeCollective(
-          comm,
-          [&] {
-            return comm.allReduce(buf.data(), buf.data(), shard * n, DType::F32, ReduceOp::Sum);
-          },
-          ar));
-      FSDP_RETURN_IF_ERROR(timeCollective(
-          comm, [&] { return comm.allGather(buf.data(), out.data(), shard, DType::F32); }, ag));
-      coef.push_back({2.0 * (n - 1), 2.0 * (n - 1) / n * bytes});
-      secs.push_back(ar);
-      coef.push_back({1.0 * (n - 1), 1.0 * (n - 1) / n * bytes});
-      secs.push_back(ag);
-      samples.push_back({{"bytes", bytes}, {"all_reduce_s", ar}, {"all_gather_s", ag}});
-    }
-    double alpha, beta;
-    fit2(coef, secs, alpha, beta);
-    link = {{"ranks", n}, {"backend", comm.backend()}, {"alpha_s", std::max(alpha, 0.0)},
-            {"beta_s_per_byte", std::max(beta, 0.0)}, {"samples", samples}};
+  Communicator *node = nullptr, *cross = nullptr;
+  int64_t perNode = 0;
+  if (comm.levels(node, cross, perNode)) {
+    // Two levels ([Note: hybrid collectives]): each link fitted on its own
+    // groups, every node's (every place's) at once, as in a collective.
+    // The whole communicator's collectives are fitted too, as one ring
+    // ("whole": what a profile held before, and a check of the two-level
+    // formula against the collectives it prices).
+    nlohmann::json inter, whole;
+    FSDP_RETURN_IF_ERROR(fitLink(*node, comm, link));
+    FSDP_RETURN_IF_ERROR(fitLink(*cross, comm, inter));
+    FSDP_RETURN_IF_ERROR(fitLink(comm, comm, whole));
+    whole.erase("ranks");
+    whole.erase("backend");
+    link["whole"] = whole;
+    link["ranks"] = comm.size();
+    link["backend"] = comm.backend();
+    link["two_level"] = true;
+    link["ranks_per_node"] = perNode;
+    link["node_backend"] = node->backend();
+    link["inter_backend"] = cross->backend();
+    link["inter_alpha_s"] = inter["alpha_s"];
+    link["inter_beta_s_per_byte"] = inter["beta_s_per_byte"];
+    link["inter_samples"] = inter["samples"];
+  } else if (comm.size() > 1) {
+    FSDP_RETURN_IF_ERROR(fitLink(comm, comm, link));
   }
   // Every rank's comm timings differ a little; rank 0's are the profile.
   std::string text = compute.dump();

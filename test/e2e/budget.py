@@ -134,6 +134,93 @@ def main():
         if not straddle:
             failures.append("straddling group")
 
+        # --- Two levels (link.two_level: a profile calibrated over --comm
+        # hybrid). Each group's members are listed rank by rank here and
+        # each collective priced by hand: within a node on the node link,
+        # 1/L of the buffer between the M nodes on the inter-node link.
+        # fsdp-opt and fsdp-sim must both give that sum, and a group that
+        # stays in a node (or holds one rank a node) must cost what the
+        # one-ring model says.
+        a, bn, ia, ib = 10e-6, 1 / 450e9, 10e-6, 1 / 50e9
+        prof = {"name": "two-level", "compute": {"gemm_flops_per_s": 67e12,
+                                                 "mem_bytes_per_s": 3.35e12,
+                                                 "op_overhead_s": 5e-6},
+                "link": {"ranks_per_node": 8, "alpha_s": a, "beta_s_per_byte": bn,
+                         "inter_alpha_s": ia, "inter_beta_s_per_byte": ib}}
+        flat_path = os.path.join(tmp, "flat.json")
+        two_path = os.path.join(tmp, "two-level.json")
+        json.dump(prof, open(flat_path, "w"))
+        prof["link"]["two_level"] = True
+        json.dump(prof, open(two_path, "w"))
+
+        def ring(op, n, w, alpha, beta):
+            if n <= 1:
+                return 0.0
+            k = 2 if op == "all_reduce" else 1
+            return k * ((n - 1) * alpha + (n - 1) / n * w * beta)
+
+        def by_hand(plan_json, two):
+            world = plan_json["world_size"]
+            mesh = plan_json.get("mesh") or {"replicas": 1, "shards": world}
+            total = 0.0
+            for inst in plan_json["program"]:
+                op = inst["op"]
+                if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+                    continue
+                g = inst.get("attrs", {}).get("group", "world")
+                size = {"world": world, "shard": mesh["shards"], "replica": mesh["replicas"],
+                        "reshard": mesh.get("reshard", 0)}[g]
+                if size <= 1:
+                    continue
+                groups = world // size
+                # rank 0's group (every group of these meshes is placed alike)
+                members = [k * groups for k in range(size)] if g == "replica" else list(range(size))
+                per_node = {}
+                for r in members:
+                    per_node[r // 8] = per_node.get(r // 8, 0) + 1
+                M, L = len(per_node), next(iter(per_node.values()))
+                bufs = plan_json["buffers"]
+                w = bufs[inst["out"][0] if op == "all_gather" else inst["in"][0]]["bytes"]
+                if M == 1:
+                    total += ring(op, size, w, a, bn)
+                elif not two:
+                    total += ring(op, size, w, ia, ib)
+                elif op == "all_reduce":
+                    total += 2 * ring("all_gather", L, w, a, bn) + ring(op, M, w / L, ia, ib)
+                else:
+                    total += ring(op, L, w, a, bn) + ring(op, M, w / L, ia, ib)
+            return 1e3 * total
+
+        two_level = {}
+        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8"):
+            for two, path in ((False, flat_path), (True, two_path)):
+                tag = f"2lvl-{mesh_opt or '1d'}-{two}"
+                plan16 = os.path.join(tmp, tag + ".plan")
+                r = subprocess.run([opt, model, "-o", os.devnull,
+                                    f"--fsdp-pipeline=optimizer=adamw world-size=16 simulate=true "
+                                    f"device-profile={path} {mesh_opt} report=false plan={plan16}"],
+                                   check=True, capture_output=True, text=True)
+                cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
+                sj = json.loads(subprocess.run([sim, plan16, "--json", "--profile", path],
+                                               check=True, capture_output=True,
+                                               text=True).stdout)
+                hand_ms = by_hand(load(plan16), two)
+                if abs(cxx - sj["comm_ms"]) > 6e-4 or abs(hand_ms - sj["comm_ms"]) > 1e-6 * hand_ms:
+                    failures.append(f"{tag}: fsdp-opt {cxx} ms, fsdp-sim {sj['comm_ms']} ms, "
+                                    f"by hand {hand_ms} ms")
+                two_level[(mesh_opt, two)] = sj["comm_ms"]
+        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8"):
+            flat, two = two_level[(mesh_opt, False)], two_level[(mesh_opt, True)]
+            print(f"16 ranks, nodes of 8, {mesh_opt or '1-D'}: communication {flat:.4f} ms "
+                  f"one ring, {two:.4f} ms two levels (= by hand)")
+        # Never dearer (each level's link no slower than the ring's), and
+        # cheaper where the gradients' groups hold several ranks a node.
+        if not (all(two_level[(m, True)] <= two_level[(m, False)] for m, _ in two_level)
+                and two_level[("", True)] < two_level[("", False)]
+                and two_level[("mesh=8x2", True)] < two_level[("mesh=8x2", False)]):
+            failures.append("two levels: dearer than one ring, or not cheaper for a 1-D "
+                            "or 8x2 mesh")
+
         # --- recompute-units=K recomputes the first K units only. -------------
         sizes, kpeaks = [], []
         for k in (0, 1, 2, 3, -1):

@@ -6,6 +6,9 @@ against each other by bench/simulator.py, a benchmark, not here):
     rank and one communication span per collective per step per rank;
   - a calibrated profile has positive rates and a link fit at N > 1, and
     with --nvme-dir the drive's rates and its duplex shares in (0, 1];
+  - over 2 nodes of 2 (--comm hybrid) it fits the node link and the
+    inter-node link on their own groups (two_level), fsdp-opt and fsdp-sim
+    price plans with it alike, and one without ranks_per_node is refused;
   - fsdp-sim: no overlap (overlap=false) means every collective is exposed;
     with overlap, exposed <= total communication; the step is at least the
     compute; one rank has no communication; peak memory is the plan's;
@@ -115,6 +118,51 @@ def main():
            f"{link.get('backend')})")
     prof_path = os.path.join(work, "cpu.json")
     open(prof_path, "w").write(out)
+
+    # Two nodes of 2 (--comm hybrid): each level fitted on its own groups,
+    # the whole communicator's ring fit beside them; fsdp-opt and fsdp-sim
+    # read it alike (HSDP 2x2: shard groups are nodes, replica groups one
+    # rank a node; 1-D: every group two-level).
+    out2 = subprocess.run([b("fsdp-run"), "--calibrate", "--threads", "1", "--nproc", "4",
+                           "--nnodes", "2", "--comm", "hybrid"],
+                          check=True, capture_output=True, text=True).stdout
+    l2 = json.loads(out2)["link"]
+    report(l2.get("two_level") is True and l2.get("ranks_per_node") == 2 and l2["ranks"] == 4
+           and l2.get("backend") == "shm+gloo" and l2.get("node_backend") == "shm"
+           and l2.get("inter_backend") == "gloo"
+           and min(l2["alpha_s"], l2["beta_s_per_byte"], l2["inter_alpha_s"],
+                   l2["inter_beta_s_per_byte"]) >= 0
+           and len(l2["samples"]) == len(l2["inter_samples"]) == len(l2["whole"]["samples"]) == 4,
+           "calibrated profile over 2 nodes of 2: node link (shm), inter-node link (gloo) and "
+           "the whole ring, 4 sizes each")
+    prof2 = os.path.join(work, "hybrid.json")
+    open(prof2, "w").write(out2)
+    for tag, extra in (("h1d", ""), ("h2x2", " mesh=2x2")):
+        plan_path = os.path.join(work, tag + ".plan")
+        r = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                            f"--fsdp-pipeline=optimizer=adamw stage=3 world-size=4{extra} "
+                            f"device-profile={prof2} simulate=true plan={plan_path} report=false"],
+                           check=True, capture_output=True, text=True)
+        cxx = float(re.search(r"communication\s+([0-9.]+) ms", r.stderr).group(1))
+        sj = json.loads(subprocess.run([sys.executable, b("fsdp-sim"), plan_path, "--profile",
+                                        prof2, "--json"], check=True, capture_output=True,
+                                       text=True).stdout)
+        report(abs(cxx - sj["comm_ms"]) <= 6e-4 + 1e-6 * cxx,
+               f"two-level profile, {tag}: fsdp-opt communication {cxx} ms, fsdp-sim "
+               f"{sj['comm_ms']:.4f} ms")
+    # A two-level link without its node size is refused by both.
+    bad = json.loads(out2)
+    del bad["link"]["ranks_per_node"]
+    bad_path = os.path.join(work, "bad-two-level.json")
+    json.dump(bad, open(bad_path, "w"))
+    r1 = subprocess.run([b("fsdp-opt"), model, "-o", os.devnull,
+                         f"--fsdp-pipeline=optimizer=adamw world-size=4 device-profile={bad_path} "
+                         "simulate=true report=false"], capture_output=True, text=True)
+    r2 = subprocess.run([sys.executable, b("fsdp-sim"), plans["hs"], "--profile", bad_path],
+                        capture_output=True, text=True)
+    report(r1.returncode != 0 and r2.returncode != 0 and "ranks_per_node" in r1.stderr
+           and "ranks_per_node" in r2.stderr,
+           "a two-level profile without link.ranks_per_node: refused by fsdp-opt and fsdp-sim")
 
     # The simulator.
     pred = os.path.join(work, "predicted.json")
