@@ -1348,8 +1348,9 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
   Status synced = dev->synchronize();
   EXPECT_FALSE(synced.isOk());
   EXPECT_NE(synced.message().find("injected failure"), std::string::npos) << synced.message();
-  if (!waited.isOk()) // devices that know it at the wait report it there
+  if (!waited.isOk()) { // devices that know it at the wait report it there
     EXPECT_NE(waited.message().find("injected failure"), std::string::npos);
+  }
   EXPECT_FALSE(ranAfter) << "work after a failure on the stream ran";
 }
 
@@ -1422,8 +1423,9 @@ TEST_P(DeviceConformance, SwapStreamsRunBesideTheHostStreamInEventOrder) {
   Status synced = dev->synchronize();
   EXPECT_FALSE(waited.isOk() && synced.isOk()) << "the read's failure was lost";
   for (const Status *st : {&waited, &synced})
-    if (!st->isOk())
+    if (!st->isOk()) {
       EXPECT_NE(st->message().find("injected read failure"), std::string::npos) << st->message();
+    }
   EXPECT_FALSE(updateRan) << "an update ran on state its read did not bring";
   EXPECT_FALSE(writeRan) << "a write-back ran after a failed update";
   // The streams run work again after synchronize.
@@ -1548,8 +1550,9 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   ASSERT_TRUE(dev->synchronize().isOk());
   std::vector<uint16_t> nearest = bits(plan, 1);
   for (int64_t i = 0; i < n; ++i)
-    if (!std::isnan(x[i]))
+    if (!std::isnan(x[i])) {
       ASSERT_EQ(nearest[i], roundToBf16(x[i])) << i;
+    }
 
   // A captured step replays with the step it is replayed at.
   if (dev->canCapture()) {
