@@ -24,6 +24,8 @@ included). A benchmark, not a test: timings on a shared machine vary.
 """
 import argparse
 import copy
+import importlib.machinery
+import importlib.util
 import json
 import os
 import statistics
@@ -40,23 +42,21 @@ NPROC = ["--nproc", "4", "--nnodes", "2", "--comm", "hybrid", "--threads", "1"]
 MESHES = {"1-D": "", "2x2": " mesh=2x2"}
 
 
-def ring(op, n, w, alpha, beta, gloo):
-    """fsdp-sim's ring_seconds (the same arithmetic, kept here so the
-    collective table needs no plan)."""
-    if n <= 1:
-        return 0.0
-    k = 2 if op == "all_reduce" or (op == "reduce_scatter" and gloo and n & (n - 1)) else 1
-    return k * ((n - 1) * alpha + (n - 1) / n * w * beta)
+def load_sim(bindir):
+    """fsdp-sim as a module: the collective table prices with its own
+    comm_cost (the model fsdp-opt shares), not a copy."""
+    path = os.path.join(bindir, "fsdp-sim")
+    spec = importlib.util.spec_from_loader(
+        "fsdp_sim", importlib.machinery.SourceFileLoader("fsdp_sim", path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def two_level_price(link, op, w):
-    L, M = link["ranks_per_node"], link["ranks"] // link["ranks_per_node"]
-    a, b = link["alpha_s"], link["beta_s_per_byte"]
-    ia, ib = link["inter_alpha_s"], link["inter_beta_s_per_byte"]
-    if op == "all_reduce":
-        return (ring("reduce_scatter", L, w, a, b, False) + ring("all_gather", L, w, a, b, False)
-                + ring("all_reduce", M, w / L, ia, ib, True))
-    return ring(op, L, w, a, b, False) + ring(op, M, w / L, ia, ib, True)
+def price(sim, prof, op, w):
+    """One collective of `w` bytes over the whole 4-rank world under `prof`."""
+    plan = {"world_size": 4, "buffers": [{"bytes": w}]}
+    return sim.comm_cost(plan, {"op": op, "in": [0], "out": [0]}, prof)
 
 
 def one_ring(prof):
@@ -72,7 +72,7 @@ def one_ring(prof):
     return p
 
 
-def one_round(a, b, tmp):
+def one_round(a, b, tmp, sim):
     out = subprocess.run([b("fsdp-run"), "--calibrate"] + NPROC, check=True,
                          capture_output=True, text=True).stdout
     prof = json.loads(out)
@@ -85,8 +85,8 @@ def one_round(a, b, tmp):
     for smp in whole["samples"]:
         w = smp["bytes"]
         for op, key in (("all_reduce", "all_reduce_s"), ("all_gather", "all_gather_s")):
-            coll.append((op, w, smp[key], two_level_price(link, op, w),
-                         ring(op, 4, w, whole["alpha_s"], whole["beta_s_per_byte"], False)))
+            coll.append((op, w, smp[key], price(sim, prof, op, w),
+                         price(sim, one_ring(prof), op, w)))
     steps = []
     for name, args in MODELS.items():
         model = os.path.join(tmp, f"{name}.mlir")
@@ -124,10 +124,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     b = lambda t: os.path.join(a.bindir, t)
+    sim = load_sim(a.bindir)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(a.repeat):
-            rounds.append(one_round(a, b, tmp))
+            rounds.append(one_round(a, b, tmp, sim))
     med = lambda rows, k: statistics.median(r[k] for r in rows)
     print(f"4 ranks as 2 nodes of 2 (--comm hybrid), 1 thread a rank; medians of {a.repeat} "
           "rounds, each calibrated afresh")

@@ -192,8 +192,6 @@ GroupSpan mlir::fsdp::groupSpan(int64_t size, int64_t world, int64_t perNode, bo
       s.uniform = false;
     }
   }
-  if (!s.uniform)
-    s.nodes = std::max<int64_t>(s.nodes, 2);
   return s;
 }
 
