@@ -21,7 +21,8 @@
 // - all-reduce of C elements: split into L pieces of ceil(C / L) (the last
 //   zero-padded), the node reduce-scatters, C_l all-reduces its piece, the
 //   node all-gathers: every rank ends with the same bits (Gloo gives the
-//   members of C_l the same piece, the gather only copies).
+//   members of C_l the same piece, the gather only copies). No copy of the
+//   buffer beside the levels' own unless C does not divide by L.
 // Buffers larger than a chunk (8 MiB) go in column ranges (an all-reduce
 // in spans), so the scratch a rank holds for the reordering stays bounded
 // instead of doubling the largest gradient.
@@ -184,18 +185,30 @@ public:
       return guard("all_reduce", [&] { return world->allReduce(in, out, count, dtype, op); });
     const int64_t L = (int64_t)places.size();
     // Spans of at most chunkBytes, a multiple of L elements (the last may
-    // be shorter): each in L pieces, the last zero-padded.
+    // be shorter): each in L pieces. A span of whole pieces goes from the
+    // caller's buffers to the node level and back (the shared-memory
+    // collectives copy through their own slots, so `in` may be `out`);
+    // only a last span that does not divide by L passes through the
+    // scratch, its tail zero-padded.
     const int64_t span = std::max<int64_t>(L, chunkBytes / es / L * L);
     return guard("all_reduce", [&]() -> Status {
       for (int64_t o = 0; o < count; o += span) {
         const int64_t c = std::min(span, count - o), piece = (c + L - 1) / L;
-        a.assign((size_t)(L * piece * es), 0);
-        std::memcpy(a.data(), static_cast<const uint8_t *>(in) + o * es, (size_t)(c * es));
+        const uint8_t *src = static_cast<const uint8_t *>(in) + o * es;
+        uint8_t *dst = static_cast<uint8_t *>(out) + o * es;
+        const bool padded = piece * L != c;
+        if (padded) {
+          a.resize((size_t)(L * piece * es));
+          std::memcpy(a.data(), src, (size_t)(c * es));
+          std::memset(a.data() + c * es, 0, (size_t)((L * piece - c) * es));
+          src = a.data();
+        }
         b.resize((size_t)(piece * es));
-        FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), piece, dtype, op));
+        FSDP_RETURN_IF_ERROR(node->reduceScatter(src, b.data(), piece, dtype, op));
         FSDP_RETURN_IF_ERROR(cross->allReduce(b.data(), b.data(), piece, dtype, op));
-        FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), piece, dtype));
-        std::memcpy(static_cast<uint8_t *>(out) + o * es, a.data(), (size_t)(c * es));
+        FSDP_RETURN_IF_ERROR(node->allGather(b.data(), padded ? a.data() : dst, piece, dtype));
+        if (padded)
+          std::memcpy(dst, a.data(), (size_t)(c * es));
       }
       return Status::ok();
     });
