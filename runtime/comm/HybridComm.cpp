@@ -9,23 +9,23 @@
 // not be consecutive on a node. Each collective runs in two levels, so
 // that every byte crosses the network once and every rank of a node
 // carries 1/L of it:
-// - reduce-scatter (N x S in, S out): the input's blocks are reordered so
-//   that place l' holds the blocks of C_l' (a copy); the node
-//   reduce-scatters these M x S runs, so place l holds the node's sum of
-//   the blocks of C_l; C_l reduce-scatters that among the nodes, so each
+// - reduce-scatter (N x S in, S out): the node reduce-scatters with place
+//   l' contributing the blocks of C_l' (M runs of S, read where they lie:
+//   RunCollectives in ShmComm.h), so place l holds the node's sum of the
+//   blocks of C_l; C_l reduce-scatters that among the nodes, so each
 //   rank gets its own block summed over every rank. A rank sends
 //   (M - 1) x S bytes between nodes where a ring over all N ranks sends
 //   (N - 1) x S, all of it over the network;
 // - all-gather: C_l gathers its members' shards (M x S), the node gathers
-//   those runs (N x S, by place), and a copy puts each block at its rank;
+//   those runs, each block written at its rank's place in the output;
 // - all-reduce of C elements: split into L pieces of ceil(C / L) (the last
 //   zero-padded), the node reduce-scatters, C_l all-reduces its piece, the
 //   node all-gathers: every rank ends with the same bits (Gloo gives the
 //   members of C_l the same piece, the gather only copies). No copy of the
 //   buffer beside the levels' own unless C does not divide by L.
 // Buffers larger than a chunk (8 MiB) go in column ranges (an all-reduce
-// in spans), so the scratch a rank holds for the reordering stays bounded
-// instead of doubling the largest gradient.
+// in spans), so the scratch a rank holds (its piece between the levels)
+// stays bounded whatever the largest gradient.
 // A mean divides in both levels (by L, then by M), as each backend divides
 // its own sums ([Note: f16 means] in GlooComm.cpp); sums are in another
 // order than one ring's, so results equal Gloo's up to the summation order
@@ -139,6 +139,13 @@ public:
       flat = Flat::NoShm;
       return Status::ok();
     }
+    // Nodes of one rank never get here (they are Gloo alone), so every
+    // node group is shared memory, whose collectives take the blocks
+    // where they lie.
+    runs = dynamic_cast<RunCollectives *>(node.get());
+    if (!runs)
+      return FSDP_ERROR("rank ", me, ": node ", m, "'s group of ", L,
+                        " rank(s) is not a shared-memory group");
     if (M > 1) {
       std::vector<int64_t> mine = layout.place(l);
       FSDP_RETURN_IF_ERROR(world->subgroup(mine, ":place-" + std::to_string(l), cross));
@@ -222,18 +229,16 @@ public:
       return guard("reduce_scatter",
                    [&] { return world->reduceScatter(in, out, shard, dtype, op); });
     const int64_t M = (int64_t)places[0].size();
-    // Columns [o, o + c) of every rank's block at a time: n x c elements of
-    // scratch at most chunkBytes.
+    // Columns [o, o + c) of every rank's block at a time (M x c elements of
+    // scratch): the node's shared memory reads each place's blocks where
+    // they lie in `in` and writes them where they go in `out`.
     const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("reduce_scatter", [&]() -> Status {
       for (int64_t o = 0; o < shard; o += cols) {
-        const int64_t c = std::min(cols, shard - o), bytes = c * es;
-        a.resize((size_t)(n * bytes));
-        forEachBlock(shard, o, c, es, [&](int64_t at, int64_t user) {
-          std::memcpy(a.data() + at, static_cast<const uint8_t *>(in) + user, (size_t)bytes);
-        });
-        b.resize((size_t)(M * bytes));
-        FSDP_RETURN_IF_ERROR(node->reduceScatter(a.data(), b.data(), M * c, dtype, op));
+        const int64_t c = std::min(cols, shard - o);
+        b.resize((size_t)(M * c * es));
+        FSDP_RETURN_IF_ERROR(
+            runs->reduceScatterRuns(in, placeRuns(shard, o, c, es), b.data(), dtype, op));
         FSDP_RETURN_IF_ERROR(
             cross->reduceScatter(b.data(), static_cast<uint8_t *>(out) + o * es, c, dtype, op));
       }
@@ -253,15 +258,11 @@ public:
     const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("all_gather", [&]() -> Status {
       for (int64_t o = 0; o < shard; o += cols) {
-        const int64_t c = std::min(cols, shard - o), bytes = c * es;
-        b.resize((size_t)(M * bytes));
+        const int64_t c = std::min(cols, shard - o);
+        b.resize((size_t)(M * c * es));
         FSDP_RETURN_IF_ERROR(
             cross->allGather(static_cast<const uint8_t *>(in) + o * es, b.data(), c, dtype));
-        a.resize((size_t)(n * bytes));
-        FSDP_RETURN_IF_ERROR(node->allGather(b.data(), a.data(), M * c, dtype));
-        forEachBlock(shard, o, c, es, [&](int64_t at, int64_t user) {
-          std::memcpy(static_cast<uint8_t *>(out) + user, a.data() + at, (size_t)bytes);
-        });
+        FSDP_RETURN_IF_ERROR(runs->allGatherRuns(b.data(), out, placeRuns(shard, o, c, es), dtype));
       }
       return Status::ok();
     });
@@ -279,16 +280,15 @@ public:
                   std::unique_ptr<Communicator> &out) override;
 
 private:
-  /// For each rank's block in place order (place q, then node j: the
-  /// order the node level's collectives see), columns [o, o + c) of it:
-  /// f(byte offset in the scratch, byte offset in the user's buffer of
-  /// n blocks of `shard` elements of es bytes).
-  template <typename F>
-  void forEachBlock(int64_t shard, int64_t o, int64_t c, int64_t es, F f) const {
+  /// The node level's blocks as they lie in the user's buffer of n blocks
+  /// of `shard` elements of es bytes: place q's block is its M ranks'
+  /// columns [o, o + c), node by node: the order the node level's
+  /// collectives see (place q, then node j).
+  BlockRuns placeRuns(int64_t shard, int64_t o, int64_t c, int64_t es) const {
     const int64_t M = (int64_t)places[0].size();
-    for (int64_t q = 0; q < (int64_t)places.size(); ++q)
-      for (int64_t j = 0; j < M; ++j)
-        f((q * M + j) * c * es, (places[q][j] * shard + o) * es);
+    return BlockRuns{M, c * es, [this, shard, o, es](int64_t q, int64_t j) {
+                       return (places[q][j] * shard + o) * es;
+                     }};
   }
 
   template <typename F> Status guard(const char *what, F f) {
@@ -313,6 +313,7 @@ private:
   double timeoutSeconds;
   std::unique_ptr<FlightRecorder> recorder;
   std::unique_ptr<Communicator> node, cross; ///< null node: flat
+  RunCollectives *runs = nullptr;            ///< node's collectives over runs
   std::vector<std::vector<int64_t>> places;  ///< C_l for each place l
   /// Why the collectives are Gloo's over every member (No: two levels).
   /// NoShm also tells subgroups not to try shared memory again.
@@ -322,7 +323,7 @@ private:
   /// besides the buffers the plan gave it (FSDP_HYBRID_CHUNK_BYTES
   /// overrides it, for tests).
   int64_t chunkBytes = chunkBytesFromEnv();
-  std::vector<uint8_t> a, b; ///< reordering and piece buffers
+  std::vector<uint8_t> a, b; ///< the padded span and the piece buffers
 };
 
 Status HybridComm::subgroup(const std::vector<int64_t> &ranks, const std::string &tag,

@@ -232,7 +232,7 @@ private:
   int64_t bytes = 0;
 };
 
-class ShmComm final : public Communicator {
+class ShmComm final : public Communicator, public RunCollectives {
 public:
   ShmComm(std::unique_ptr<Segment> seg, int64_t me, int64_t n,
           std::chrono::milliseconds timeout, std::unique_ptr<FlightRecorder> recorder,
@@ -279,8 +279,13 @@ public:
 
   Status reduceScatter(const void *in, void *out, int64_t shard, DType dtype, ReduceOp op,
                        Stream *) override {
+    return reduceScatterRuns(in, contiguous(shard * dtypeSize(dtype)), out, dtype, op);
+  }
+
+  Status reduceScatterRuns(const void *in, const BlockRuns &blocks, void *out, DType dtype,
+                           ReduceOp op) override {
     FSDP_RETURN_IF_ERROR(checkSummable("reduce_scatter", dtype));
-    const int64_t es = dtypeSize(dtype);
+    const int64_t es = dtypeSize(dtype), shard = blocks.runs * blocks.runBytes / es;
     const int64_t per = std::max<int64_t>(1, seg->slotBytes() / (n * es));
     bytesSent_ += (n - 1) * shard * es;
     return guard("reduce_scatter", [&]() -> Status {
@@ -289,9 +294,10 @@ public:
         const int set = nextSet();
         uint8_t *mine = seg->slot(set, me);
         for (int64_t r = 0; r < n; ++r)
-          std::memcpy(mine + r * cnt * es,
-                      static_cast<const uint8_t *>(in) + (r * shard + o) * es,
-                      (size_t)(cnt * es));
+          forRuns(blocks, r, o * es, cnt * es, [&](int64_t user, int64_t at, int64_t bytes) {
+            std::memcpy(mine + r * cnt * es + at, static_cast<const uint8_t *>(in) + user,
+                        (size_t)bytes);
+          });
         FSDP_RETURN_IF_ERROR(sync());
         sum(static_cast<uint8_t *>(out) + o * es, set, me * cnt * es, cnt, dtype, op);
       }
@@ -301,7 +307,11 @@ public:
 
   Status allGather(const void *in, void *out, int64_t shard, DType dtype,
                    Stream *) override {
-    const int64_t bytes = shard * dtypeSize(dtype);
+    return allGatherRuns(in, out, contiguous(shard * dtypeSize(dtype)), dtype);
+  }
+
+  Status allGatherRuns(const void *in, void *out, const BlockRuns &blocks, DType) override {
+    const int64_t bytes = blocks.runs * blocks.runBytes;
     const int64_t per = seg->slotBytes();
     bytesSent_ += (n - 1) * bytes;
     return guard("all_gather", [&]() -> Status {
@@ -311,8 +321,9 @@ public:
         std::memcpy(seg->slot(set, me), static_cast<const uint8_t *>(in) + o, (size_t)cnt);
         FSDP_RETURN_IF_ERROR(sync());
         for (int64_t r = 0; r < n; ++r)
-          std::memcpy(static_cast<uint8_t *>(out) + r * bytes + o, seg->slot(set, r),
-                      (size_t)cnt);
+          forRuns(blocks, r, o, cnt, [&](int64_t user, int64_t at, int64_t len) {
+            std::memcpy(static_cast<uint8_t *>(out) + user, seg->slot(set, r) + at, (size_t)len);
+          });
       }
       return Status::ok();
     });
@@ -353,6 +364,23 @@ private:
 
   /// The slot set of the next barrier ([Note: shared-memory collectives]).
   int nextSet() { return (int)((barriers + 1) & 1); }
+
+  /// Blocks of `bytes` one after the other (rank r's at r x bytes).
+  static BlockRuns contiguous(int64_t bytes) {
+    return BlockRuns{1, bytes, [bytes](int64_t r, int64_t) { return r * bytes; }};
+  }
+
+  /// f(byte in the caller's buffer, byte in the range, length) for each
+  /// contiguous piece of block r's bytes [off, off + len).
+  template <typename F>
+  static void forRuns(const BlockRuns &b, int64_t r, int64_t off, int64_t len, F f) {
+    for (int64_t at = 0; at < len;) {
+      const int64_t j = (off + at) / b.runBytes, w = (off + at) % b.runBytes;
+      const int64_t k = std::min(len - at, b.runBytes - w);
+      f(b.start(r, j) + w, at, k);
+      at += k;
+    }
+  }
 
   /// out[0..cnt) = the sum (or mean) over ranks, in rank order, of `cnt`
   /// elements at byte `offset` of each rank's slot in `set`.

@@ -14,10 +14,37 @@
 #include "runtime/comm/JobEnv.h"
 #include "runtime/core/Comm.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 
 namespace fsdp {
+
+/// Where a collective's blocks lie in the caller's buffer: block r (of the
+/// group's rank r) is `runs` runs of `runBytes` bytes each, run j starting
+/// at byte `start(r, j)`. Plain collectives have one run a block, block r
+/// at r x its size.
+struct BlockRuns {
+  int64_t runs = 1, runBytes = 0;
+  std::function<int64_t(int64_t r, int64_t j)> start;
+};
+
+/// Collectives over blocks laid out as BlockRuns, which the shared-memory
+/// communicator of more than one rank implements: the two-level
+/// collectives (HybridComm.cpp) hand it a node's blocks where they lie in
+/// the caller's buffer instead of reordering them through a scratch
+/// buffer (its slots are the only copy).
+class RunCollectives {
+public:
+  virtual ~RunCollectives() = default;
+  /// reduce-scatter whose input block r is `blocks`' runs of `in`; `out`
+  /// gets this rank's block reduced (runs x runBytes bytes, contiguous).
+  virtual Status reduceScatterRuns(const void *in, const BlockRuns &blocks, void *out, DType dtype,
+                                   ReduceOp op) = 0;
+  /// all-gather of `in` (runs x runBytes bytes, contiguous), rank r's
+  /// block written to `blocks`' runs of `out`.
+  virtual Status allGatherRuns(const void *in, void *out, const BlockRuns &blocks, DType dtype) = 0;
+};
 
 /// Connects to the other ranks of `job`, which must all run on this
 /// machine (bounded by `timeoutSeconds`). When rank 0 could not create the

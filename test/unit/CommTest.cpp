@@ -341,15 +341,19 @@ TEST(HybridCommTest, InPlaceCollectivesInChunks) {
 }
 
 /// A measurement, not a check (run with --gtest_also_run_disabled_tests):
-/// the two-level all-reduce against its own levels called one after the
-/// other on the same buffer (the node's reduce-scatter, the place group's
-/// all-reduce of the piece, the node's all-gather), 4 ranks as 2 nodes of
+/// each two-level collective against its own levels called one after the
+/// other on buffers already in the order each level wants (all-reduce: the
+/// node's reduce-scatter, the place group's all-reduce of the piece, the
+/// node's all-gather; reduce-scatter: the node's, then the place group's;
+/// all-gather: the place group's, then the node's), 4 ranks as 2 nodes of
 /// 2 on threads of this process; the medians of 31 calls each and their
 /// ratio. What the composition adds beyond its levels (copies, the guard)
-/// shows in the ratio. docs/BENCHMARKS.md "Two-level all-reduce".
-TEST(HybridCommTest, DISABLED_AllReduceAgainstItsLevels) {
+/// shows in the ratio. docs/BENCHMARKS.md "The two-level all-reduce
+/// without its copies".
+TEST(HybridCommTest, DISABLED_CollectivesAgainstTheirLevels) {
   for (int64_t count : {int64_t(1) << 16, int64_t(1) << 19, int64_t(1) << 22}) {
-    double whole = 0, levels = 0;
+    const int64_t shard = count / 4;
+    double whole[3] = {0, 0, 0}, levels[3] = {0, 0, 0};
     std::string err = runRanks(
         4, freshDir("hybrid-levels"), 60,
         [&](int r, Communicator &comm) -> std::string {
@@ -357,7 +361,8 @@ TEST(HybridCommTest, DISABLED_AllReduceAgainstItsLevels) {
           int64_t perNode = 0;
           if (!comm.levels(node, cross, perNode))
             return "not two-level";
-          std::vector<float> v(count, 1.0f), piece(count / perNode);
+          const int64_t p = count / perNode; // a node piece: M shards
+          std::vector<float> v(count, 1.0f), piece(p), mine(shard, 1.0f);
           auto median = [&](const std::function<Status()> &f, double &ms) -> std::string {
             std::vector<double> ts;
             for (int i = 0; i < 31; ++i) {
@@ -375,26 +380,42 @@ TEST(HybridCommTest, DISABLED_AllReduceAgainstItsLevels) {
               ms = ts[ts.size() / 2];
             return "";
           };
-          std::string e = median(
-              [&] { return comm.allReduce(v.data(), v.data(), count, DType::F32, ReduceOp::Mean); },
-              whole);
-          if (!e.empty())
-            return e;
-          return median(
-              [&]() -> Status {
-                const int64_t p = (int64_t)piece.size();
-                FSDP_RETURN_IF_ERROR(
-                    node->reduceScatter(v.data(), piece.data(), p, DType::F32, ReduceOp::Mean));
-                FSDP_RETURN_IF_ERROR(
-                    cross->allReduce(piece.data(), piece.data(), p, DType::F32, ReduceOp::Mean));
-                return node->allGather(piece.data(), v.data(), p, DType::F32);
-              },
-              levels);
+          const ReduceOp mean = ReduceOp::Mean;
+          const std::function<Status()> fs[3][2] = {
+              {[&] { return comm.allReduce(v.data(), v.data(), count, DType::F32, mean); },
+               [&]() -> Status {
+                 FSDP_RETURN_IF_ERROR(
+                     node->reduceScatter(v.data(), piece.data(), p, DType::F32, mean));
+                 FSDP_RETURN_IF_ERROR(
+                     cross->allReduce(piece.data(), piece.data(), p, DType::F32, mean));
+                 return node->allGather(piece.data(), v.data(), p, DType::F32);
+               }},
+              {[&] { return comm.reduceScatter(v.data(), mine.data(), shard, DType::F32, mean); },
+               [&]() -> Status {
+                 FSDP_RETURN_IF_ERROR(
+                     node->reduceScatter(v.data(), piece.data(), p, DType::F32, mean));
+                 return cross->reduceScatter(piece.data(), mine.data(), shard, DType::F32, mean);
+               }},
+              {[&] { return comm.allGather(mine.data(), v.data(), shard, DType::F32); },
+               [&]() -> Status {
+                 FSDP_RETURN_IF_ERROR(
+                     cross->allGather(mine.data(), piece.data(), shard, DType::F32));
+                 return node->allGather(piece.data(), v.data(), p, DType::F32);
+               }}};
+          for (int k = 0; k < 3; ++k)
+            for (int w = 0; w < 2; ++w) {
+              std::string e = median(fs[k][w], w ? levels[k] : whole[k]);
+              if (!e.empty())
+                return e;
+            }
+          return "";
         },
         0, "hybrid");
     ASSERT_EQ(err, "");
-    std::printf("all_reduce of %7.2f MiB: whole %8.3f ms, its levels %8.3f ms, ratio %.2f\n",
-                count * 4.0 / (1 << 20), whole, levels, whole / levels);
+    const char *names[3] = {"all_reduce", "reduce_scatter", "all_gather"};
+    for (int k = 0; k < 3; ++k)
+      std::printf("%-14s of %6.2f MiB: whole %8.3f ms, its levels %8.3f ms, ratio %.2f\n", names[k],
+                  count * 4.0 / (1 << 20), whole[k], levels[k], whole[k] / levels[k]);
   }
 }
 
