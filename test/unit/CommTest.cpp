@@ -348,8 +348,8 @@ TEST(HybridCommTest, InPlaceCollectivesInChunks) {
 /// all-gather: the place group's, then the node's), 4 ranks as 2 nodes of
 /// 2 on threads of this process; the medians of 31 calls each and their
 /// ratio. What the composition adds beyond its levels (copies, the guard)
-/// shows in the ratio. docs/BENCHMARKS.md "The two-level all-reduce
-/// without its copies".
+/// shows in the ratio. docs/BENCHMARKS.md "The two-level collectives
+/// without their copies".
 TEST(HybridCommTest, DISABLED_CollectivesAgainstTheirLevels) {
   for (int64_t count : {int64_t(1) << 16, int64_t(1) << 19, int64_t(1) << 22}) {
     const int64_t shard = count / 4;
