@@ -231,7 +231,7 @@ public:
     const int64_t M = (int64_t)places[0].size();
     // Columns [o, o + c) of every rank's block at a time (M x c elements of
     // scratch): the node's shared memory reads each place's blocks where
-    // they lie in `in` and writes them where they go in `out`.
+    // they lie in `in`.
     const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
     return guard("reduce_scatter", [&]() -> Status {
       for (int64_t o = 0; o < shard; o += cols) {
