@@ -59,6 +59,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.offloadNextStep = autoBoolName(options.offloadNextStep);
   search.hostMemoryBudget = options.hostMemoryBudget;
   search.frozenStorage = options.frozenStorage;
+  search.weightQuantization = options.weightQuantization;
+  search.quantizationBlock = options.quantizationBlock;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
   if (options.recompute.hasValue())
@@ -158,6 +160,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.mesh = options.mesh;
       shard.offload = options.offload;
       shard.frozenStorage = options.frozenStorage;
+      shard.weightQuantization = options.weightQuantization;
+      shard.quantizationBlock = options.quantizationBlock;
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {
         FsdpScheduleOptions sched;

@@ -80,6 +80,8 @@ const char *const kOptions[] = {
     "report=false plan=PLAN",
     "optimizer=adamw world-size=2 stage=3 recompute=unit grad-accum=2 offload=all "
     "offload-next-step=true offload-prefetch=true max-grad-norm=1.0 report=false plan=PLAN",
+    "optimizer=adamw world-size=3 stage=3 param-dtype=bf16 weight-quantization=int8 "
+    "quantization-block=32 report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

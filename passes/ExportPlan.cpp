@@ -68,6 +68,8 @@ std::string dtypeOf(Type t) {
     d = DType::I32;
   else if (t.isInteger(64))
     d = DType::I64;
+  else if (t.isInteger(8))
+    d = DType::I8;
   return d ? ::fsdp::dtypeName(*d) : "";
 }
 

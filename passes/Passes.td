@@ -554,6 +554,14 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "(fsdp-mixed-precision) stores it (each value rounded once, as "
            "every read would round it: the same bits, half the bytes); "
            "declared: its parameters' dtype">,
+    Option<"weightQuantization", "weight-quantization", "std::string",
+           /*default=*/"\"none\"",
+           "int8: each parameter all-gather of a sharded unit moves its shard "
+           "quantized to int8 in blocks with an f32 scale each, dequantized "
+           "into the compute dtype after it (ZeRO++'s qwZ: a byte a "
+           "parameter on the wire instead of 2 or 4); none">,
+    Option<"quantizationBlock", "quantization-block", "int64_t", /*default=*/"256",
+           "weight-quantization=int8: values sharing one scale">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
@@ -1076,6 +1084,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "memory-budget; empty: no limit">,
     Option<"frozenStorage", "frozen-storage", "std::string", /*default=*/"\"declared\"",
            "fsdp-shard's frozen-storage for every candidate">,
+    Option<"weightQuantization", "weight-quantization", "std::string",
+           /*default=*/"\"none\"", "fsdp-shard's weight-quantization for every candidate">,
+    Option<"quantizationBlock", "quantization-block", "int64_t", /*default=*/"256",
+           "fsdp-shard's quantization-block for every candidate">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",
            "h100 (built in) or a JSON from fsdp-run --calibrate">,
     Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"-1",

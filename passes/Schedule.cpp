@@ -29,6 +29,8 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
+#include <algorithm>
+
 namespace mlir::fsdp {
 #define GEN_PASS_DEF_FSDPSCHEDULE
 #include "passes/Passes.h.inc"
@@ -137,16 +139,27 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
   }
 
   /// The unit read (fsdp.get_unit) a parameter all-gather gathers, read
-  /// directly or cast to the compute dtype first (fsdp-mixed-precision:
-  /// `cast` is set, and moves with the gather); null for other collectives.
-  static GetUnitOp unitReadOf(Operation *c, Operation *&cast) {
+  /// directly or through ops of its own that move with the gather: a cast
+  /// to the compute dtype (fsdp-mixed-precision) and fsdp-shard's
+  /// fsdp.quantize (weight-quantization), in `chain` in program order;
+  /// null for other collectives.
+  static GetUnitOp unitReadOf(Operation *c, SmallVectorImpl<Operation *> &chain) {
+    chain.clear();
     auto gather = dyn_cast<AllGatherOp>(c);
-    cast = gather ? gather.getInput().getDefiningOp<CastOp>() : nullptr;
-    Value shard = cast ? cast->getOperand(0) : gather ? gather.getInput() : Value();
-    auto read = shard ? shard.getDefiningOp<GetUnitOp>() : GetUnitOp();
-    if (!read || (cast && !cast->hasOneUse()))
+    if (!gather)
       return GetUnitOp();
-    return read;
+    Value v = gather.getInput();
+    while (Operation *def = v.getDefiningOp()) {
+      if (auto read = dyn_cast<GetUnitOp>(def)) {
+        std::reverse(chain.begin(), chain.end());
+        return read;
+      }
+      if (!isa<CastOp, QuantizeOp>(def) || !def->hasOneUse())
+        break;
+      chain.push_back(def);
+      v = def->getOperand(0);
+    }
+    return GetUnitOp();
   }
 
   /// The backward pass's all-gathers: those after a micro-batch's
@@ -181,7 +194,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     while (!work.empty()) {
       Value cur = work.pop_back_val();
       for (Operation *user : cur.getUsers()) {
-        if (isa<ViewOp, ReshapeOp, ShardViewOp, WaitOp>(user)) {
+        if (isa<ViewOp, ReshapeOp, ShardViewOp, WaitOp, DequantizeOp>(user)) {
           work.append(user->result_begin(), user->result_end());
           continue;
         }
@@ -212,8 +225,8 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
-      Operation *castOp;
-      GetUnitOp read = unitReadOf(c, castOp);
+      SmallVector<Operation *, 2> chain;
+      GetUnitOp read = unitReadOf(c, chain);
       if (!read)
         continue;
       auto gather = cast<AllGatherOp>(c);
@@ -259,12 +272,12 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
               anchor = op;
       if (anchor && anchor->isBeforeInBlock(read)) {
         read->moveAfter(anchor);
-        if (castOp) {
-          castOp->moveAfter(read);
-          gather->moveAfter(castOp);
-        } else {
-          gather->moveAfter(read);
+        Operation *last = read;
+        for (Operation *op : chain) {
+          op->moveAfter(last);
+          last = op;
         }
+        gather->moveAfter(last);
       }
       waits.push_back(waitOf[c]);
       prevGather = gather;

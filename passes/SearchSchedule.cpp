@@ -168,6 +168,8 @@ struct SearchSchedulePass
     s.mesh = mesh;
     s.offload = off.str();
     s.frozenStorage = frozenStorage;
+    s.weightQuantization = weightQuantization;
+    s.quantizationBlock = quantizationBlock;
     return run(m, createFsdpShard(s));
   }
   bool schedule(ModuleOp m, int64_t depth, StringRef backward) {

@@ -40,6 +40,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "runtime/core/ShapeRules.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/MapVector.h"
@@ -120,6 +121,8 @@ struct ShardOptions {
   int64_t worldSize, stage, reshardUnits;
   std::string mesh, reshardAfterForward, offload, frozenStorage;
   bool reshardAfterBackward = true;
+  std::string weightQuantization = "none";
+  int64_t quantizationBlock = 256;
 };
 
 /// One run of fsdp-shard over a module: the algorithm of the file comment,
@@ -163,6 +166,7 @@ private:
   void renumber();
   int64_t microOf(Operation *op);
   Value allGather(Location loc, Type ty, Value in, StringAttr group);
+  Value quantizedGather(UnitInfo &u, Value s, Location loc);
   Value reduceScatter(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
   Value allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
 
@@ -195,6 +199,8 @@ private:
   bool reducePerMicro = false;
   Type reduceElem;
   bool stochastic = false; // round trainable units' master casts stochastically
+  bool quantize = false;   // weight-quantization=int8 (ZeRO++'s qwZ)
+  int64_t quantizedGathers = 0;
 
   // The optimizer section (findUpdates).
   SmallVector<Update> updates;
@@ -234,8 +240,11 @@ private:
 };
 
 void ShardPass::runOnOperation() {
-  ShardOptions options{worldSize,           stage,   reshardUnits,  mesh,
-                       reshardAfterForward, offload, frozenStorage, reshardAfterBackward};
+  ShardOptions options{worldSize,           stage,
+                       reshardUnits,        mesh,
+                       reshardAfterForward, offload,
+                       frozenStorage,       reshardAfterBackward,
+                       weightQuantization,  quantizationBlock};
   ShardRewrite rewrite(getOperation(), options);
   LogicalResult result = rewrite.run();
   numCollectives += rewrite.collectives;
@@ -269,6 +278,16 @@ LogicalResult ShardRewrite::run() {
   if (oldSumsq) // clipCoef itself is erased by now
     clipGradients(loc);
   updateUnits(loc);
+  // weight-quantization quantizes the gathers of a unit's compute copy
+  // (stage 3; stages 1/2 with a 16-bit compute dtype, where the master
+  // shard is apart from it). Stages 1/2 in f32 gather the updated
+  // parameters themselves, kept exact: say so rather than ignore it.
+  if (quantize && quantizedGathers == 0)
+    mlir::emitWarning(module.getLoc())
+        << "fsdp-shard: weight-quantization=int8 quantized no all-gather: only the gathers "
+           "of a compute copy are (stage 3, or stages 1/2 with param-dtype=bf16|f16); at "
+           "stages 1/2 in f32 the all-gather of the updated parameters is the parameters "
+           "and stays exact, and a world of one shard gathers nothing";
   // The loss every rank reports is the global mean.
   if (world > 1) {
     Value loss = ret.getOperand(0);
@@ -392,6 +411,18 @@ LogicalResult ShardRewrite::readOptions() {
                                      << " must be a number of units (0 or more), or -1 for all";
     return failure();
   }
+  if (options.weightQuantization != "none" && options.weightQuantization != "int8") {
+    mlir::emitError(module.getLoc()) << "fsdp-shard: weight-quantization='"
+                                     << options.weightQuantization << "' must be none or int8";
+    return failure();
+  }
+  if (options.quantizationBlock < 1 || options.quantizationBlock > (int64_t(1) << 30)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-shard: quantization-block=" << options.quantizationBlock
+        << " must be 1 to 2^30 values a scale";
+    return failure();
+  }
+  quantize = options.weightQuantization == "int8";
   if (options.frozenStorage != "declared" && options.frozenStorage != "compute") {
     mlir::emitError(module.getLoc()) << "fsdp-shard: frozen-storage='" << options.frozenStorage
                                      << "' must be declared or compute";
@@ -762,10 +793,27 @@ Value ShardRewrite::gather(UnitInfo &u, Operation *before, Type elem) {
   }
   if (!u.op.getSharded() || shards == 1)
     return s;
+  Value full = quantize ? quantizedGather(u, s, before->getLoc())
+                        : allGather(before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
   if (eff != 3)
-    return stepGather[{&u, elem}] =
-               allGather(before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
-  return allGather(before->getLoc(), withElem(fullTy(u), elem), s, shardGroup);
+    stepGather[{&u, elem}] = full;
+  return full;
+}
+
+/// ZeRO++'s qwZ: the shard `s` (already in the compute dtype) quantized,
+/// the bytes all-gathered, dequantized back into the compute dtype. The
+/// master shard stays exact; only what is gathered carries the
+/// quantization's error (fsdp.quantize's description).
+Value ShardRewrite::quantizedGather(UnitInfo &u, Value s, Location loc) {
+  const int64_t block = options.quantizationBlock;
+  ++quantizedGathers;
+  auto sTy = cast<RankedTensorType>(s.getType());
+  const int64_t part = ::fsdp::shapes::quantizedBytes(sTy.getNumElements(), block);
+  auto bytes = [&](int64_t n) { return RankedTensorType::get({n}, b.getIntegerType(8)); };
+  Value q = b.create<QuantizeOp>(loc, bytes(part), s, b.getI64IntegerAttr(block));
+  Value g = allGather(loc, bytes(part * shards), q, shardGroup);
+  return b.create<DequantizeOp>(loc, withElem(fullTy(u), sTy.getElementType()), g,
+                                b.getI64IntegerAttr(block), b.getI64IntegerAttr(shards));
 }
 
 /// hpZ: after the unit's last forward read this rank copies its 1/G of

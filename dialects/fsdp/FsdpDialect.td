@@ -84,6 +84,11 @@ def Fsdp_F32Tensor : RankedTensorOf<[F32]>;
 // Token ids and labels.
 def Fsdp_IntTensor : RankedTensorOf<[I32, I64]>;
 def Fsdp_AnyTensor : RankedTensorOf<[F32, BF16, F16, I32, I64]>;
+// ZeRO++'s quantized weights on the wire (fsdp.quantize): int8 values
+// and their blocks' f32 scales, as bytes.
+def Fsdp_ByteTensor : RankedTensorOf<[I8]>;
+// What an all-gather moves: parameters in a float dtype, or quantized.
+def Fsdp_GatherTensor : RankedTensorOf<[F32, BF16, F16, I8]>;
 // A 0-d float tensor: losses, the learning rate, norms.
 def Fsdp_Scalar : 0DTensorOf<[F32]> {
   let builderCall = "::mlir::RankedTensorType::get({}, $_builder.getF32Type())";

@@ -8,6 +8,7 @@
 
 #include "dialects/fsdp/FsdpOps.h"
 #include "dialects/fsdp/Shapes.h"
+#include "runtime/core/ShapeRules.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -1006,6 +1007,43 @@ LogicalResult ShardViewOp::verify() {
 }
 LogicalResult AllGatherOp::verify() {
   return verifyShardPair(*this, rt(getResult()), rt(getInput()));
+}
+
+/// fsdp.quantize / fsdp.dequantize: `block` values a scale, and the
+/// quantized shard's bytes (ShapeRules.h: quantizedBytes). Sizes up to
+/// 2^40 elements, so that the byte count cannot overflow.
+static LogicalResult verifyQuantized(Operation *op, int64_t block, int64_t values, int64_t parts,
+                                     RankedTensorType bytes) {
+  if (block <= 0)
+    return op->emitOpError() << "expected block > 0, found " << block;
+  if (values <= 0 || values > (int64_t(1) << 40))
+    return op->emitOpError() << "expected 1 to 2^40 values a part, found " << values;
+  int64_t want = ::fsdp::shapes::quantizedBytes(values, block) * parts;
+  if (bytes.getNumElements() != want)
+    return op->emitOpError()
+           << "expected " << want << " bytes for " << parts << " x " << values
+           << " values in blocks of " << block
+           << " (int8 values padded to 4 bytes, then an f32 scale a block), found "
+           << bytes.getNumElements();
+  return success();
+}
+
+LogicalResult QuantizeOp::verify() {
+  auto in = rt(getInput()), out = rt(getResult());
+  if (failed(expectFlat(*this, "input", in)) || failed(expectFlat(*this, "result", out)))
+    return failure();
+  return verifyQuantized(*this, (int64_t)getBlock(), in.getNumElements(), 1, out);
+}
+
+LogicalResult DequantizeOp::verify() {
+  auto in = rt(getInput()), out = rt(getResult());
+  if (failed(expectFlat(*this, "input", in)) || failed(expectFlat(*this, "result", out)))
+    return failure();
+  int64_t parts = (int64_t)getParts();
+  if (parts <= 0 || out.getNumElements() % parts != 0)
+    return emitOpError() << "expected the result's " << out.getNumElements()
+                         << " values to split into parts = " << parts;
+  return verifyQuantized(*this, (int64_t)getBlock(), out.getNumElements() / parts, parts, in);
 }
 
 static LogicalResult verifyReduceKind(Operation *op, StringRef reduce) {

@@ -1660,8 +1660,55 @@ def Fsdp_AllGatherOp : Fsdp_Op<"all_gather"> {
     %f2 = fsdp.all_gather %shard {group = "shard"} : tensor<66xf32> -> tensor<132xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, UnitAttr:$async,
+  let arguments = (ins Fsdp_GatherTensor:$input, UnitAttr:$async,
                        OptionalAttr<StrAttr>:$group);
+  let results = (outs Fsdp_GatherTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_QuantizeOp : Fsdp_Op<"quantize", [Pure]> {
+  let summary = "a shard as int8 in blocks, each with its f32 scale (ZeRO++'s qwZ)";
+  let description = [{
+    fsdp-shard's weight-quantization=int8 (ZeRO++'s quantized weight
+    communication, qwZ): each rank quantizes its shard of a unit's
+    parameters before their all-gather, which then moves about a byte per
+    parameter instead of two (bf16) or four (f32). The shard's S values
+    are cut into blocks of `block` (the last may be shorter); a block's
+    scale is its largest magnitude / 127 (f32), each value is
+    round-half-even(x / scale) in [-127, 127] (0 where the scale is 0).
+    Result: the S int8 values, zero-padded to a multiple of 4 bytes, then
+    the ceil(S / block) scales as f32 bytes: one flat buffer, so the
+    all-gather is one collective (runtime/core/ShapeRules.h:
+    quantizedBytes).
+
+    ```mlir
+    %q = fsdp.quantize %s {block = 256 : i64} : tensor<1000xbf16> -> tensor<1016xi8>
+    ```
+  }];
+  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$block);
+  let results = (outs Fsdp_ByteTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_DequantizeOp : Fsdp_Op<"dequantize", [Pure]> {
+  let summary = "the gathered int8 shards back in a float dtype (ZeRO++'s qwZ)";
+  let description = [{
+    The inverse of fsdp.quantize on the all-gather of `parts` quantized
+    shards, in rank order: part r's S values are its int8 values times
+    their blocks' scales, written at r x S of the result (rounded to
+    nearest even into a narrow result dtype). The result is the unit's
+    gathered parameters, as the all-gather of the unquantized shards would
+    give them up to the quantization's error (at most half a block's scale
+    per value).
+
+    ```mlir
+    %w = fsdp.dequantize %g {block = 256 : i64, parts = 4 : i64}
+        : tensor<4064xi8> -> tensor<4000xbf16>
+    ```
+  }];
+  let arguments = (ins Fsdp_ByteTensor:$input, I64Attr:$block, I64Attr:$parts);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -1727,8 +1774,8 @@ def Fsdp_WaitOp : Fsdp_Op<"wait", [AllTypesMatch<["input", "result"]>]> {
     %g = fsdp.wait %f : tensor<264xf32>
     ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input);
-  let results = (outs Fsdp_FloatTensor:$result);
+  let arguments = (ins Fsdp_GatherTensor:$input);
+  let results = (outs Fsdp_GatherTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input)";
   let hasVerifier = 1;
 }

@@ -47,6 +47,7 @@ Status expectAllF32(const Op &op) {
 }
 
 bool isInt(DType t) { return t == DType::I32 || t == DType::I64; }
+bool isFloat(DType t) { return t == DType::F32 || isNarrowFloat(t); }
 
 Status checkSame(const Op &op) {
   FSDP_RETURN_IF_ERROR(expectAllF32(op));
@@ -128,7 +129,8 @@ static std::vector<std::pair<size_t, size_t>> accumulatorsOf(const Plan &plan,
 }
 
 bool needsWidening(const Plan &plan, const Instruction &inst) {
-  if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device")
+  if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device" ||
+      inst.op == "quantize" || inst.op == "dequantize")
     return false; // converts or copies bytes itself
   for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
     for (int64_t id : *ids)
@@ -560,7 +562,8 @@ const std::unordered_map<std::string, Check> &checks() {
       return Status::ok();
     };
     m["cast"] = [](const Op &op) {
-      if (op.in(0).numel() != op.out(0).numel() || isInt(op.in(0).dtype) || isInt(op.out(0).dtype))
+      if (op.in(0).numel() != op.out(0).numel() || !isFloat(op.in(0).dtype) ||
+          !isFloat(op.out(0).dtype))
         return FSDP_ERROR("cast: expected float tensors of one size");
       bool stochastic = op.b("stochastic"), sharded = op.b("sharded");
       int64_t key = op.i("key", -1);
@@ -574,6 +577,38 @@ const std::unordered_map<std::string, Check> &checks() {
       if (stochastic && key < 0)
         return FSDP_ERROR("cast: stochastic rounding needs `key`, an integer >= 0, found ", key);
       return Status::ok();
+    };
+    // ZeRO++'s qwZ (fsdp.quantize / fsdp.dequantize in the dialect): one
+    // part, or `parts` gathered parts, of n values each in i8 bytes of
+    // shapes::quantizedBytes(n, block).
+    auto checkQuantized = [](const Op &op, const Buffer &values, const Buffer &bytes,
+                             int64_t parts) {
+      int64_t block = op.i("block", 0);
+      if (!op.attrError.empty())
+        return Status::error(op.attrError);
+      if (!isFloat(values.dtype) || bytes.dtype != DType::I8 || values.shape.size() != 1 ||
+          bytes.shape.size() != 1)
+        return FSDP_ERROR(op.inst.op, ": expected flat float values and flat i8 bytes, found ",
+                          dtypeName(values.dtype), " ", shapeStr(values.shape), " and ",
+                          dtypeName(bytes.dtype), " ", shapeStr(bytes.shape));
+      if (block <= 0 || parts <= 0 || values.numel() % parts != 0)
+        return FSDP_ERROR(op.inst.op, ": expected block >= 1 and parts >= 1 dividing ",
+                          values.numel(), " values, found block ", block, ", parts ", parts);
+      const int64_t n = values.numel() / parts;
+      if (n > (int64_t(1) << 40))
+        return FSDP_ERROR(op.inst.op, ": ", n, " values a part, more than 2^40");
+      if (bytes.numel() != parts * shapes::quantizedBytes(n, block))
+        return FSDP_ERROR(op.inst.op, ": ", parts, " x ", n, " values in blocks of ", block,
+                          " take ", parts * shapes::quantizedBytes(n, block), " bytes, found ",
+                          bytes.numel());
+      return Status::ok();
+    };
+    m["quantize"] = [checkQuantized](const Op &op) {
+      return checkQuantized(op, op.in(0), op.out(0), 1);
+    };
+    m["dequantize"] = [checkQuantized](const Op &op) {
+      int64_t parts = op.i("parts", 0);
+      return checkQuantized(op, op.out(0), op.in(0), parts);
     };
     // fsdp-offload's copies between the arenas (Plan.cpp checks the
     // sides): the same bytes, any dtype.
@@ -839,11 +874,11 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     }
     const Buffer &a = plan.buffers[inst.in[0]], &b = plan.buffers[inst.out[0]];
     // f32, or bf16 / f16 (mixed precision: all-gathers move the bytes,
-    // reductions sum in f32 and round once per reduction step).
-    if (a.dtype != b.dtype || isInt(a.dtype))
-      return FSDP_ERROR(inst.op,
-                        ": expected one float dtype in and out (f32, "
-                        "bf16 or f16), found ",
+    // reductions sum in f32 and round once per reduction step); an
+    // all-gather also moves quantized shards' bytes (i8).
+    if (a.dtype != b.dtype || isInt(a.dtype) || (a.dtype == DType::I8 && inst.op != "all_gather"))
+      return FSDP_ERROR(inst.op, ": expected one float dtype in and out (f32, bf16 or f16",
+                        inst.op == "all_gather" ? ", or i8: quantized shards" : "", "), found ",
                         dtypeName(a.dtype), " -> ", dtypeName(b.dtype));
     // The ranks it runs over: all of them, or one axis of a 2-D mesh.
     std::string group = "world";

@@ -42,7 +42,9 @@ inline constexpr int kOldestPlanVersion = 1;
 /// (a page: at least the logical block size of the drives it meets).
 inline constexpr int64_t kSwapAlignment = 4096;
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
+/// I8: quantized parameters on the wire (quantize / dequantize, ZeRO++'s
+/// qwZ): int8 values and their f32 scales as bytes.
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, I8 };
 
 struct DTypeInfo {
   DType type;
@@ -51,9 +53,8 @@ struct DTypeInfo {
   int64_t bytes;
 };
 inline constexpr DTypeInfo kDTypes[] = {
-    {DType::F32, "f32", "F32", 4},   {DType::BF16, "bf16", "BF16", 2},
-    {DType::F16, "f16", "F16", 2},   {DType::I32, "i32", "I32", 4},
-    {DType::I64, "i64", "I64", 8},
+    {DType::F32, "f32", "F32", 4}, {DType::BF16, "bf16", "BF16", 2}, {DType::F16, "f16", "F16", 2},
+    {DType::I32, "i32", "I32", 4}, {DType::I64, "i64", "I64", 8},    {DType::I8, "i8", "I8", 1},
 };
 
 /// What a buffer holds; used for the memory breakdown and validation.
@@ -136,8 +137,10 @@ inline constexpr OpSchema kOps[] = {
     {"broadcast", 1, 1, OpKind::Compute},
     {"sum_to", 1, 1, OpKind::Compute},
     {"cast", 1, 1, OpKind::Compute},
-    {"to_host", 1, 1, OpKind::Compute},   // device arena -> host arena
-    {"to_device", 1, 1, OpKind::Compute}, // host arena -> device arena
+    {"quantize", 1, 1, OpKind::Compute},   // a shard -> int8 + scales (ZeRO++'s qwZ)
+    {"dequantize", 1, 1, OpKind::Compute}, // gathered int8 + scales -> floats
+    {"to_host", 1, 1, OpKind::Compute},    // device arena -> host arena
+    {"to_device", 1, 1, OpKind::Compute},  // host arena -> device arena
     // + the kept-label count with ignore_index (count_labels)
     {"cross_entropy", 2, 1, OpKind::Compute, 1},
     {"cross_entropy_grad", 3, 1, OpKind::Compute, 1},
@@ -226,7 +229,8 @@ constexpr bool isCollectiveOp(std::string_view name) {
 
 // The tables are indexed by their enums: keep them in the enums' order.
 static_assert(kDTypes[(int)DType::I64].type == DType::I64 &&
-              kDTypes[(int)DType::BF16].type == DType::BF16);
+              kDTypes[(int)DType::BF16].type == DType::BF16 &&
+              kDTypes[(int)DType::I8].type == DType::I8);
 static_assert(kNumBufferKinds == (int)BufferKind::Comm + 1);
 
 } // namespace fsdp

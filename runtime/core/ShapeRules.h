@@ -108,6 +108,13 @@ template <typename S, typename D> int64_t reducedCount(const S &shape, const D &
   return count;
 }
 
+/// Bytes of one quantized shard (fsdp.quantize, ZeRO++'s qwZ): `n` int8
+/// values padded to a multiple of 4, then one f32 scale per `block`
+/// values (the last block may be shorter). n > 0, block > 0.
+inline int64_t quantizedBytes(int64_t n, int64_t block) {
+  return (n + 3) / 4 * 4 + 4 * ((n + block - 1) / block);
+}
+
 /// "4x8" (or "scalar") for messages.
 template <typename S> std::string name(const S &shape) {
   if (shape.size() == 0)

@@ -1601,7 +1601,7 @@ const std::unordered_map<std::string, CudaDevice::Builder> &CudaDevice::builders
          "attention_grad", "attention_qkv", "attention_qkv_grad", "rope", "rope_grad",
          "embedding_grad", "sum_to", "slice", "slice_grad", "concat", "swiglu", "swiglu_grad"});
     add(&CudaDevice::buildLayout, {"copy", "reshape", "transpose", "broadcast", "reduce_sum",
-                                   "reduce_mean", "cast", "embedding"});
+                                   "reduce_mean", "cast", "embedding", "quantize", "dequantize"});
     add(&CudaDevice::buildPack, {"pack"});
     add(&CudaDevice::buildLoss,
         {"cross_entropy", "cross_entropy_grad", "cross_entropy_fused", "mse_loss", "mse_loss_grad",
@@ -1842,6 +1842,18 @@ Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch
           return cast(x, floatKind(from), y, floatKind(to), numel, s);
         },
         n);
+  } else if (n == "quantize") { // ZeRO++'s qwZ (runtime/core/Quantize.h)
+    const void *x = r.in<uint8_t>(0);
+    uint8_t *y = r.out<uint8_t>(0);
+    const FloatKind from = floatKind(op.in(0).dtype);
+    const int64_t len = op.in(0).numel(), block = op.i("block", 1);
+    out = fromCuda([=](cudaStream_t s) { return quantize(x, from, len, block, y, s); }, n);
+  } else if (n == "dequantize") {
+    const uint8_t *x = r.in<uint8_t>(0);
+    void *y = r.out<uint8_t>(0);
+    const FloatKind to = floatKind(o0.dtype);
+    const int64_t parts = op.i("parts", 1), block = op.i("block", 1), len = numel / parts;
+    out = fromCuda([=](cudaStream_t s) { return dequantize(x, parts, len, block, y, to, s); }, n);
   } else {
     return FSDP_ERROR("op '", n, "' is not a layout op"); // a bug in builders()
   }

@@ -1278,6 +1278,91 @@ cudaError_t castBf16Stochastic(const float *x, void *y, int64_t n, const uint64_
   return cudaGetLastError();
 }
 
+namespace {
+
+/// A warp per block: the block's largest magnitude (a NaN kept, as
+/// quant::blockScale), then each value at that scale (quant::quantizeValue).
+template <typename A>
+__global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blocks, uint8_t *out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int64_t sOff = (n + 3) / 4 * 4;
+  for (int64_t b = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; b < blocks;
+       b += warps) {
+    const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
+    float m = 0.0f;
+    for (int64_t i = lane; i < len; i += 32) {
+      float a = fabsf(ld(x + lo + i));
+      if (!(a <= m))
+        m = a;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float v = __shfl_xor_sync(0xffffffffu, m, o);
+      if (!(v <= m))
+        m = v;
+    }
+    const float sc = m / 127.0f;
+    const bool ok = sc > 0.0f && isfinite(sc);
+    for (int64_t i = lane; i < len; i += 32) {
+      float q = ok ? rintf(ld(x + lo + i) / sc) : 0.0f;
+      q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+      out[lo + i] = (uint8_t)(int8_t)q;
+    }
+    if (lane == 0)
+      *reinterpret_cast<float *>(out + sOff + 4 * b) = sc;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < sOff - n)
+    out[n + threadIdx.x] = 0;
+}
+
+template <typename B>
+__global__ void dequantizeKernel(const uint8_t *in, int64_t parts, int64_t n, int64_t block, B *y) {
+  const int64_t sOff = (n + 3) / 4 * 4, partBytes = sOff + 4 * ((n + block - 1) / block);
+  FSDP_GRID_STRIDE(g, parts * n) {
+    const uint8_t *part = in + (g / n) * partBytes;
+    const int64_t i = g % n;
+    const float sc = *reinterpret_cast<const float *>(part + sOff + 4 * (i / block));
+    st(y + g, (float)(int8_t)part[i] * sc);
+  }
+}
+
+template <typename A>
+cudaError_t quantizeFrom(const A *x, int64_t n, int64_t block, uint8_t *out, cudaStream_t s) {
+  const int64_t blocks = (n + block - 1) / block;
+  quantizeKernel<<<gridFor(blocks * 32), kThreads, 0, s>>>(x, n, block, blocks, out);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t quantize(const void *x, FloatKind from, int64_t n, int64_t block, uint8_t *out,
+                     cudaStream_t s) {
+  if (n <= 0 || block <= 0)
+    return n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (from == FloatKind::F32)
+    return quantizeFrom(static_cast<const float *>(x), n, block, out, s);
+  if (from == FloatKind::BF16)
+    return quantizeFrom(static_cast<const __nv_bfloat16 *>(x), n, block, out, s);
+  return quantizeFrom(static_cast<const __half *>(x), n, block, out, s);
+}
+
+cudaError_t dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
+                       FloatKind to, cudaStream_t s) {
+  if (parts <= 0 || n <= 0 || block <= 0)
+    return parts * n == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  const int64_t total = parts * n;
+  if (to == FloatKind::F32)
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+                                                         static_cast<float *>(y));
+  else if (to == FloatKind::BF16)
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+                                                         static_cast<__nv_bfloat16 *>(y));
+  else
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+                                                         static_cast<__half *>(y));
+  return cudaGetLastError();
+}
+
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,
                  cudaStream_t s) {
   if (n <= 0)

@@ -15,6 +15,8 @@
 #include "runtime/core/Executor.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/PlanSchema.h"
+#include "runtime/core/Quantize.h"
+#include "runtime/core/ShapeRules.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/devices/Devices.h"
 #include "test/unit/TestPlans.h"
@@ -1476,6 +1478,179 @@ TEST_P(DeviceConformance, SwigluMatchesTheUnfusedOps) {
 /// result is x truncated or one bf16 ulp further from zero, up with
 /// probability the fraction dropped (binomial bound below); the draw changes
 /// with the step and an evaluation rounds to nearest.
+/// ZeRO++'s qwZ on the device: quantize a shard, dequantize `parts`
+/// gathered ones. b0: n values (`in`); b1: its quantized bytes; b2: the
+/// gathered parts' bytes; b3: parts x n values (`out`).
+Plan quantizePlan(int64_t n, int64_t block, int64_t parts, DType in, DType out) {
+  const int64_t qb = shapes::quantizedBytes(n, block);
+  Plan p;
+  const std::vector<std::pair<int64_t, DType>> bufs = {
+      {n, in}, {qb, DType::I8}, {parts * qb, DType::I8}, {parts * n, out}};
+  int64_t offset = 0;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    Buffer b;
+    b.id = (int64_t)i;
+    b.shape = {bufs[i].first};
+    b.dtype = bufs[i].second;
+    b.bytes = b.numel() * dtypeSize(b.dtype);
+    b.offset = offset;
+    b.persistent = true;
+    b.name = "b" + std::to_string(i);
+    offset += (b.bytes + 63) / 64 * 64;
+    p.buffers.push_back(b);
+  }
+  p.arenaBytes = offset;
+  p.program = {inst("quantize", {0}, {1}, {{"block", block}}),
+               inst("dequantize", {2}, {3}, {{"block", block}, {"parts", parts}})};
+  return p;
+}
+
+/// A plan's quantize / dequantize / i8 buffers are checked at load: a
+/// clear error for each way they can be wrong (the compiler never writes
+/// them, a hand-edited or corrupt plan may).
+TEST(QuantizeRules, RejectsBadPlansClearly) {
+  auto error = [](Plan p, size_t i) {
+    Status st = checkInstruction(p, p.program[i]);
+    return st ? std::string("accepted") : st.message();
+  };
+  const Plan good = quantizePlan(10, 4, 2, DType::BF16, DType::F32);
+  EXPECT_EQ(error(good, 0), "accepted");
+  EXPECT_EQ(error(good, 1), "accepted");
+  Plan p = good;
+  p.program[0].attrs["block"] = 0;
+  EXPECT_NE(error(p, 0).find("block >= 1"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[0].attrs["block"] = "4";
+  EXPECT_NE(error(p, 0).find("block: expected an integer"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[1].attrs["parts"] = 3; // 20 values do not split in 3
+  EXPECT_NE(error(p, 1).find("parts >= 1 dividing 20"), std::string::npos) << error(p, 1);
+  p = good;
+  p.program[1].attrs["block"] = 8; // 2 x (12 + 8) bytes, not 2 x (12 + 12)
+  EXPECT_NE(error(p, 1).find("take 40 bytes, found 48"), std::string::npos) << error(p, 1);
+  p = good;
+  p.buffers[1].dtype = DType::F32; // quantized bytes in a float buffer
+  p.buffers[1].bytes *= 4;
+  EXPECT_NE(error(p, 0).find("flat i8 bytes"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[0] = inst("cast", {0}, {1}); // a cast does not make bytes
+  EXPECT_NE(error(p, 0).find("float tensors"), std::string::npos) << error(p, 0);
+  // Collectives: an all-gather moves i8 bytes, a reduction never sums them.
+  Plan c = good;
+  c.worldSize = 2;
+  c.program = {inst("all_gather", {1}, {2}), inst("all_reduce", {1}, {1}, {{"reduce", "sum"}})};
+  EXPECT_EQ(error(c, 0), "accepted");
+  EXPECT_NE(error(c, 1).find("one float dtype"), std::string::npos) << error(c, 1);
+}
+
+TEST_P(DeviceConformance, QuantizedGathersMatchTheReference) {
+  // 1003 values in blocks of 64 (the last one 43): magnitudes across
+  // blocks from 1e-3 to 1e2, exact ties x / scale = k + 1/2 included
+  // (block 1: its max 127, so scale 1 and 2.5 -> 2, -3.5 -> -4).
+  const int64_t n = 1003, block = 64, parts = 3, qb = shapes::quantizedBytes(n, block);
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = std::sin(0.37f * (float)i) * std::pow(10.0f, (float)(i / block % 6) - 3.0f);
+  x[64] = 127.0f, x[65] = 2.5f, x[66] = -3.5f, x[67] = -127.0f;
+  for (int64_t i = 128; i < 192; ++i) // a block of zeros: scale 0, values 0
+    x[i] = 0.0f;
+  x[200] = std::nanf("");                          // block 3 dequantizes to NaN
+  x[300] = std::numeric_limits<float>::infinity(); // block 4 too
+  for (DType in : {DType::F32, DType::BF16})
+    for (DType out : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(dtypeName(in)) + " -> " + dtypeName(out));
+      Plan plan = quantizePlan(n, block, parts, in, out);
+      dev.reset(); // an arena a device: a fresh one for each plan
+      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+      bind(plan);
+      // The input in its dtype (a bf16 input is x rounded to bf16 first).
+      std::vector<float> xs = x;
+      std::vector<uint16_t> xb(n);
+      for (int64_t i = 0; i < n; ++i) {
+        xb[i] = roundToBf16(x[i]);
+        if (in == DType::BF16)
+          xs[i] = widenBf16(xb[i]);
+      }
+      const void *src = in == DType::F32 ? (const void *)x.data() : (const void *)xb.data();
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[0].offset, src, plan.buffers[0].bytes)
+              .isOk());
+      // Garbage in the padding: quantize must write it.
+      std::vector<uint8_t> junk(qb, 0xAB);
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[1].offset, junk.data(), qb).isOk());
+      ASSERT_TRUE(dev->run(0).isOk());
+      ASSERT_TRUE(dev->synchronize().isOk());
+      std::vector<uint8_t> got(qb), want(qb, 0xCD);
+      ASSERT_TRUE(
+          dev->copyToHost(got.data(), dev->arenaBase() + plan.buffers[1].offset, qb).isOk());
+      quant::quantizeBlocks(xs.data(), n, block, want.data(), 0, (n + block - 1) / block);
+      ASSERT_EQ(got, want) << "the quantized bytes differ from runtime/core/Quantize.h's";
+      for (int64_t i = n; i < quant::valueBytes(n); ++i)
+        EXPECT_EQ(got[i], 0) << "padding byte " << i;
+      float s1;
+      std::memcpy(&s1, got.data() + quant::valueBytes(n) + 4, 4);
+      EXPECT_EQ(s1, 1.0f);
+      EXPECT_EQ((int8_t)got[65], 2) << "2.5 rounds half to even";
+      EXPECT_EQ((int8_t)got[66], -4) << "-3.5 rounds half to even";
+      EXPECT_EQ((int8_t)got[67], -127);
+
+      // The gather: this part, then two others (x scaled by -2 and 1/3,
+      // quantized by the reference), dequantized in rank order.
+      std::vector<uint8_t> gathered(parts * qb);
+      std::vector<std::vector<float>> sources(parts, xs);
+      for (int64_t p = 0; p < parts; ++p) {
+        for (float &v : sources[p])
+          v *= p == 0 ? 1.0f : p == 1 ? -2.0f : 1.0f / 3.0f;
+        quant::quantizeBlocks(sources[p].data(), n, block, gathered.data() + p * qb, 0,
+                              (n + block - 1) / block);
+      }
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[2].offset, gathered.data(), parts * qb)
+              .isOk());
+      ASSERT_TRUE(dev->run(1).isOk());
+      ASSERT_TRUE(dev->synchronize().isOk());
+      std::vector<float> deq(parts * n);
+      if (out == DType::F32) {
+        deq = read(plan, 3);
+      } else {
+        std::vector<uint16_t> h(parts * n);
+        ASSERT_TRUE(
+            dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[3].offset, h.size() * 2)
+                .isOk());
+        for (size_t i = 0; i < h.size(); ++i)
+          deq[i] = widenBf16(h[i]);
+      }
+      int64_t bad = 0;
+      for (int64_t p = 0; p < parts; ++p)
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t b = i / block;
+          const float *blk = sources[p].data() + b * block;
+          const int64_t len = std::min(block, n - b * block);
+          // The reference value, and the bound: half a step of the block's
+          // scale, plus the scale's own f32 rounding (127 steps of an
+          // f32 ulp of it), plus the bf16 rounding of the result.
+          const float scale = quant::blockScale([&](int64_t k) { return blk[k]; }, len);
+          const float ref = quant::dequantizeValue(gathered.data() + p * qb, n, block, i);
+          const float v = deq[p * n + i], orig = sources[p][i];
+          float exact = out == DType::F32 ? ref : widenBf16(roundToBf16(ref));
+          if (!std::isfinite(scale)) {
+            bad += !std::isnan(v); // a NaN or infinite block is NaN
+            continue;
+          }
+          const double bound = 0.5 * scale * (1 + 1e-6) + 128.0 * scale * 0x1p-24 +
+                               (out == DType::F32 ? 0.0 : std::fabs(orig) * 0x1p-8 + scale);
+          bad += v != exact || std::fabs((double)v - orig) > bound;
+          if (v != exact || std::fabs((double)v - orig) > bound)
+            ADD_FAILURE() << "part " << p << " value " << i << ": " << v << ", reference " << exact
+                          << ", original " << orig << ", bound " << bound;
+          if (bad > 5)
+            return;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
 TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   // 4 values x 4096 draws each, then the special cases.
   const int64_t per = 4096;

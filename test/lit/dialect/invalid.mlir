@@ -936,3 +936,41 @@ func.func @f(%p: tensor<8xf32>, %s: tensor<f32>) {
   %1 = fsdp.wait %0#0 : tensor<8xf32>
   return
 }
+
+// -----
+
+// Tests fsdp.quantize's byte count: 10 values in blocks of 8 take 12
+// bytes of int8 values (padded to 4) and two f32 scales.
+func.func @f(%x: tensor<10xbf16>) {
+  %ok = fsdp.quantize %x {block = 8 : i64} : tensor<10xbf16> -> tensor<20xi8>
+  // expected-error @+1 {{expected 20 bytes for 1 x 10 values in blocks of 8}}
+  %q = fsdp.quantize %x {block = 8 : i64} : tensor<10xbf16> -> tensor<18xi8>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<10xf32>) {
+  // expected-error @+1 {{expected block > 0, found 0}}
+  %q = fsdp.quantize %x {block = 0 : i64} : tensor<10xf32> -> tensor<12xi8>
+  return
+}
+
+// -----
+
+// Tests fsdp.dequantize: the result splits into `parts` of the quantized
+// parts' values.
+func.func @f(%g: tensor<80xi8>) {
+  %ok = fsdp.dequantize %g {block = 8 : i64, parts = 4 : i64} : tensor<80xi8> -> tensor<40xf32>
+  // expected-error @+1 {{expected the result's 40 values to split into parts = 3}}
+  %w = fsdp.dequantize %g {block = 8 : i64, parts = 3 : i64} : tensor<80xi8> -> tensor<40xf32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<80xi8>) {
+  // expected-error @+1 {{expected 40 bytes for 2 x 10 values in blocks of 8}}
+  %w = fsdp.dequantize %g {block = 8 : i64, parts = 2 : i64} : tensor<80xi8> -> tensor<20xbf16>
+  return
+}
