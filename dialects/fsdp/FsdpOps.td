@@ -1674,9 +1674,10 @@ def Fsdp_QuantizeOp : Fsdp_Op<"quantize", [Pure]> {
     communication, qwZ): each rank quantizes its shard of a unit's
     parameters before their all-gather, which then moves about a byte per
     parameter instead of two (bf16) or four (f32). The shard's S values
-    are cut into blocks of `block` (the last may be shorter); a block's
-    scale is its largest magnitude / 127 (f32), each value is
-    round-half-even(x / scale) in [-127, 127] (0 where the scale is 0).
+    are cut into blocks of `block` (the last may be shorter); of a block
+    of largest magnitude m the scale is m / 127 (f32) and each value
+    round-half-even(x x (127 / m)) in [-127, 127] (all 0 where m is 0, and
+    where it is NaN or infinite, which then dequantize to NaN).
     Result: the S int8 values, zero-padded to a multiple of 4 bytes, then
     the ceil(S / block) scales as f32 bytes: one flat buffer, so the
     all-gather is one collective (runtime/core/ShapeRules.h:

@@ -31,6 +31,8 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 ///      cross_entropy's `ignore_index` came later within version 2: its
 ///      plans always hold count_labels, which an older runtime refuses
 ///      as an unknown op.
+///      So did quantize / dequantize and the dtype i8 (weight-quantization):
+///      an older runtime refuses them as an unknown op and dtype.
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 

@@ -322,6 +322,12 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
         lambUpdate<float>(y.data(), dy.data(), m.data(), v.data(), norms.data(), y.data(), m.data(),
                           v.data(), n, lamb, 1e-3, 1, 0.9, 0.999, 1e-6, 0.01);
       });
+      // ZeRO++'s qwZ passes (weight-quantization=int8), blocks of 256: a
+      // unit is a value quantized, or a byte of the gathered parts read.
+      std::vector<uint8_t> qbytes((size_t)((n + 3) / 4 * 4 + 4 * ((n + 255) / 256)));
+      per("quantize", n, [&] { quantize(x.data(), n, 256, qbytes.data()); });
+      per("dequantize", (double)qbytes.size(),
+          [&] { dequantize(qbytes.data(), 1, n, 256, y.data(), DequantizeTo::F32); });
       Shape big{rows, cols}, row{cols};
       per("sum_to", n, [&] { sumTo<float>(dy.data(), big, dg.data(), row); });
       // Attention: B = 2, T = 128, C = 128 in 4 heads, causal.

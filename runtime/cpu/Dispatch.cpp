@@ -11,7 +11,6 @@
 
 #include "runtime/core/Bf16.h"
 #include "runtime/core/OpRules.h"
-#include "runtime/core/Quantize.h"
 #include "runtime/core/ShapeRules.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cpu/Kernels.h"
@@ -458,7 +457,7 @@ const std::unordered_map<std::string, Exec> &table() {
     // ZeRO++'s qwZ (runtime/core/Quantize.h): a shard into int8 blocks,
     // and the gathered parts back into the compute dtype.
     m["quantize"] = [](const Run &r) {
-      const int64_t n = r.op.in(0).numel(), block = r.op.i("block", 1);
+      const int64_t n = r.op.in(0).numel();
       const float *x = r.in(0);
       thread_local std::vector<float> wide; // a narrow shard, widened exactly
       if (r.op.in(0).dtype != DType::F32) {
@@ -467,38 +466,16 @@ const std::unordered_map<std::string, Exec> &table() {
                 DType::F32, n);
         x = wide.data();
       }
-      uint8_t *out = r.out<uint8_t>(0);
-      const int64_t blocks = (n + block - 1) / block;
-      const int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / block); // blocks a task
-#pragma omp parallel for if (n > (1 << 16))
-      for (int64_t b = 0; b < blocks; b += per)
-        quant::quantizeBlocks(x, n, block, out, b, std::min(blocks, b + per));
+      quantize(x, n, r.op.i("block", 1), r.out<uint8_t>(0));
       return Status::ok();
     };
     m["dequantize"] = [](const Run &r) {
-      const int64_t total = r.op.out(0).numel(), block = r.op.i("block", 1);
-      const int64_t parts = r.op.i("parts", 1), n = total / parts;
-      const int64_t partBytes = shapes::quantizedBytes(n, block), blocks = (n + block - 1) / block;
-      const int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / block);
+      const int64_t parts = r.op.i("parts", 1), n = r.op.out(0).numel() / parts;
       const DType to = r.op.out(0).dtype;
-      const uint8_t *in = r.in<uint8_t>(0);
-      float *f = r.out(0);
-      uint16_t *h = r.out<uint16_t>(0);
-#pragma omp parallel for collapse(2) if (total > (1 << 16))
-      for (int64_t p = 0; p < parts; ++p)
-        for (int64_t b = 0; b < blocks; b += per) {
-          const uint8_t *part = in + p * partBytes;
-          const int64_t at = p * n, b1 = std::min(blocks, b + per);
-          if (to == DType::F32)
-            quant::dequantizeBlocks(part, n, block, b, b1,
-                                    [&](int64_t i, float v) { f[at + i] = v; });
-          else if (to == DType::BF16)
-            quant::dequantizeBlocks(part, n, block, b, b1,
-                                    [&](int64_t i, float v) { h[at + i] = roundToBf16(v); });
-          else
-            quant::dequantizeBlocks(part, n, block, b, b1,
-                                    [&](int64_t i, float v) { h[at + i] = roundToHalf(v); });
-        }
+      dequantize(r.in<uint8_t>(0), parts, n, r.op.i("block", 1), r.out<uint8_t>(0),
+                 to == DType::F32    ? DequantizeTo::F32
+                 : to == DType::BF16 ? DequantizeTo::BF16
+                                     : DequantizeTo::F16);
       return Status::ok();
     };
     m["cast"] = [](const Run &r) {

@@ -13,6 +13,8 @@
 #include "runtime/core/StochasticRounding.h"
 
 #include "runtime/core/Bf16.h"
+#include "runtime/core/Quantize.h"
+#include "runtime/core/ShapeRules.h"
 
 #include <cblas.h>
 
@@ -1180,5 +1182,41 @@ float halfToFloat(uint16_t h) { return widenHalf(h); }
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE
+
+// Blocks in tasks of about 16K values (one block at least), so a task's
+// loop is long enough to vectorize and the last block's owner writes the
+// padding (quant::quantizeBlocks).
+static int64_t blocksPerTask(int64_t block) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / block);
+}
+
+void quantize(const float *x, int64_t n, int64_t block, uint8_t *out) {
+  const int64_t blocks = (n + block - 1) / block, per = blocksPerTask(block);
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t b = 0; b < blocks; b += per)
+    quant::quantizeBlocks(x, n, block, out, b, std::min(blocks, b + per));
+}
+
+void dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
+                DequantizeTo to) {
+  const int64_t partBytes = shapes::quantizedBytes(n, block), blocks = (n + block - 1) / block;
+  const int64_t per = blocksPerTask(block);
+  auto *f = static_cast<float *>(y);
+  auto *h = static_cast<uint16_t *>(y);
+#pragma omp parallel for collapse(2) if (parts * n > kParallelGrain)
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t b = 0; b < blocks; b += per) {
+      const uint8_t *part = in + p * partBytes;
+      const int64_t at = p * n, b1 = std::min(blocks, b + per);
+      if (to == DequantizeTo::F32)
+        quant::dequantizeBlocks(part, n, block, b, b1, [&](int64_t i, float v) { f[at + i] = v; });
+      else if (to == DequantizeTo::BF16)
+        quant::dequantizeBlocks(part, n, block, b, b1,
+                                [&](int64_t i, float v) { h[at + i] = roundToBf16(v); });
+      else
+        quant::dequantizeBlocks(part, n, block, b, b1,
+                                [&](int64_t i, float v) { h[at + i] = roundToHalf(v); });
+    }
+}
 
 } // namespace fsdp::cpu

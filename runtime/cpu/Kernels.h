@@ -240,6 +240,17 @@ float bf16ToFloat(uint16_t h);
 uint16_t floatToHalf(float f);
 float halfToFloat(uint16_t h);
 
+/// ZeRO++'s qwZ (fsdp.quantize, runtime/core/Quantize.h's arithmetic) over
+/// the cores: n values of x into one quantized part of
+/// shapes::quantizedBytes(n, block) bytes.
+void quantize(const float *x, int64_t n, int64_t block, uint8_t *out);
+/// The element type fsdp.dequantize writes.
+enum class DequantizeTo { F32, BF16, F16 };
+/// fsdp.dequantize: `parts` quantized parts of n values each, in order,
+/// into y (parts x n values of `to`, rounded to nearest even if narrow).
+void dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
+                DequantizeTo to);
+
 } // namespace fsdp::cpu
 
 #endif // FSDP_RUNTIME_CPU_KERNELS_H

@@ -1280,8 +1280,9 @@ cudaError_t castBf16Stochastic(const float *x, void *y, int64_t n, const uint64_
 
 namespace {
 
-/// A warp per block: the block's largest magnitude (a NaN kept, as
-/// quant::blockScale), then each value at that scale (quant::quantizeValue).
+/// A warp per block: the block's largest magnitude m (NaN if a value is
+/// NaN, as quant::blockMax), then each value by 127 / m
+/// (quant::quantizeValue); the scale m / 127 after the values.
 template <typename A>
 __global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blocks, uint8_t *out) {
   const int lane = threadIdx.x & 31;
@@ -1291,20 +1292,22 @@ __global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blo
        b += warps) {
     const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
     float m = 0.0f;
+    int nan = 0;
     for (int64_t i = lane; i < len; i += 32) {
-      float a = fabsf(ld(x + lo + i));
-      if (!(a <= m))
-        m = a;
+      const float a = fabsf(ld(x + lo + i));
+      m = a > m ? a : m;
+      nan |= a != a;
     }
     for (int o = 16; o > 0; o >>= 1) {
-      float v = __shfl_xor_sync(0xffffffffu, m, o);
-      if (!(v <= m))
-        m = v;
+      const float v = __shfl_xor_sync(0xffffffffu, m, o);
+      m = v > m ? v : m;
+      nan |= __shfl_xor_sync(0xffffffffu, nan, o);
     }
-    const float sc = m / 127.0f;
-    const bool ok = sc > 0.0f && isfinite(sc);
+    const float sc = nan ? nanf("") : m / 127.0f;
+    const bool ok = !nan && m > 0.0f && isfinite(m);
+    const float inv = ok ? 127.0f / m : 0.0f;
     for (int64_t i = lane; i < len; i += 32) {
-      float q = ok ? rintf(ld(x + lo + i) / sc) : 0.0f;
+      float q = ok ? rintf(ld(x + lo + i) * inv) : 0.0f;
       q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
       out[lo + i] = (uint8_t)(int8_t)q;
     }

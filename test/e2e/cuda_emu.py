@@ -24,7 +24,9 @@ processes). Not a GPU result: it checks the backend's logic.
                 2) and dropout on the GPT, 6 steps, against the CPU (1e-5);
                 dropout with --cuda-graphs bitwise eager (the replays
                 read each step's key from device memory);
-                a 2-rank checkpoint resumed bitwise the uninterrupted run
+                a 2-rank checkpoint resumed bitwise the uninterrupted run;
+                quantized weight all-gathers (weight-quantization=int8) on
+                2 ranks, step 1 against the CPU device's 2 ranks (1e-5)
   nccl N=1      ZeRO-3 at world size 1 with FSDP_CUDA_COMM=nccl (a one-rank
                 NCCL communicator) within 1e-5 of one rank;
   nccl          CUDAEMU_DEVICES=4, so the backend takes NCCL: ZeRO-3 at 4
@@ -288,6 +290,19 @@ def main():
     lplan = compile_plan(gpt2b, "gpt_lamb_n2", f"{lamb} world-size=2 stage=3")
     check("feature LAMB, 2 ranks",
           run(lplan, "lamb_n2", 6, 1e-2, nproc=2, env={"FSDP_CUDA_COMM": "staged"}), ref, 1e-5)
+    # Quantized weight all-gathers (weight-quantization=int8), ZeRO-3 on 2
+    # ranks sharing the device, against the CPU device's 2 ranks: the CUDA
+    # kernels quantize bitwise as the CPU's (DeviceConformance.Quantized-
+    # GathersMatchTheReference), so step 1 computes with the same
+    # parameters on both (1e-5: the f32 kernels' order). One step: later
+    # ones quantize masters that already differ by f32 rounding, where a
+    # value at a rounding boundary may land one step of its block's scale
+    # apart, a difference no rounding argument bounds.
+    qplan = compile_plan(gpt2b, "gpt_q_n2", "optimizer=adamw world-size=2 stage=3 "
+                         "weight-quantization=int8 quantization-block=64")
+    check("feature weight-quantization=int8, 2 ranks",
+          run(qplan, "q_n2", 1, 3e-3, nproc=2, env={"FSDP_CUDA_COMM": "staged"}),
+          run(qplan, "q_n2_cpu", 1, 3e-3, nproc=2, device="cpu"), 1e-5)
     # Optimizer offload, ZeRO-3 on 2 ranks sharing the device: each rank's
     # host updates on its host stream (waiting for its compute stream's
     # gradient copies), against the CPU run of the global batch.

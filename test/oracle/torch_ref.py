@@ -16,8 +16,12 @@ instead of after compounding for 20 steps:
    update (torch's AdamW / SGD formulas, state accumulated along our
    trajectory), element by element, within a bound derived from the update
    rule and float32 rounding.
+A plan with quantized weight all-gathers (weight-quantization=int8) is
+replayed with each step's loss and gradients taken at the parameters
+dequantized per rank's shard (dequantized()), the update applied to the
+exact ones.
 A free-running float32 PyTorch run (torch.optim) is printed beside, for
-information.
+information (without the quantization).
 
   torch_ref.py --model mlp|gpt|llama [size options] --plan PLAN --dump-dir DIR
                [--rtol 1e-5] [--batches-dir DIR]
@@ -503,6 +507,50 @@ class UpdateCheck:
         return expected, lr * Dd + arith
 
 
+def quantization_block(plan):
+    """The block of a plan whose all-gathers move int8 shards (fsdp-shard's
+    weight-quantization=int8, ZeRO++'s qwZ), or None."""
+    for i in (plan or {}).get("program", []):
+        if i["op"] == "quantize":
+            return i["attrs"]["block"]
+    return None
+
+
+def dequantized(theta, plan, block):
+    """The parameters a weight-quantized plan's step computes with: each
+    sharded unit's flat parameters (float32, zero-padded), cut into its
+    ranks' shards, each shard quantized in blocks of `block` as
+    runtime/core/Quantize.h does (m = max |x|, values round-half-even(x x
+    (127 / m)) clamped to [-127, 127], a block with a NaN or an infinity
+    NaN) and dequantized (q x (m / 127)), all in float32. The same
+    float32 operations in the same order: the same bits."""
+    out = dict(theta)
+    for ui, u in enumerate(plan["units"]):
+        if not u["sharded"]:
+            continue
+        members = [p for p in plan["params"] if p["unit"] == ui]
+        flat = torch.zeros(u["padded_numel"], dtype=torch.float32)
+        for p in members:
+            n = math.prod(p["shape"])
+            flat[p["flat_offset"]:p["flat_offset"] + n] = theta[p["name"]].float().reshape(-1)
+        S = u["shard_numel"]
+        deq = torch.empty_like(flat)
+        for lo in range(0, u["padded_numel"], S):
+            for b in range(lo, lo + S, block):
+                x = flat[b:min(b + block, lo + S)]
+                m = x.abs().max()
+                if not (torch.isfinite(m) and m > 0):
+                    deq[b:b + x.numel()] = x * 0.0 if m == 0 else float("nan")
+                    continue
+                q = torch.round(x * (127.0 / m)).clamp(-127.0, 127.0)
+                deq[b:b + x.numel()] = q * (m / 127.0)
+        for p in members:
+            n = math.prod(p["shape"])
+            out[p["name"]] = deq[p["flat_offset"]:p["flat_offset"] + n].reshape(
+                p["shape"]).to(theta[p["name"]].dtype)
+    return out
+
+
 def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=None):
     """Teacher forcing in float64: returns (ok, report lines)."""
     model = build(args).double()
@@ -533,11 +581,16 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # (relative P u at most, halved by the square root) and the root's
     # own rounding.
     norm_worst, norm_rel = None, 0.0
+    # weight-quantization=int8: the step computes its loss and gradients at
+    # the dequantized parameters; the update applies them to the exact
+    # master (theta), as ZeRO++'s qwZ does.
+    block = quantization_block(plan)
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
+        used = dequantized(theta, plan, block) if block else theta
         with torch.no_grad():
             for n, p in params.items():
-                p.copy_(theta[n])
+                p.copy_(used[n])
         x = batches[f"step{step}.{inputs[0]}"]
         y = batches[f"step{step}.{targets[0]}"]
         if x.is_floating_point():
@@ -604,6 +657,9 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
             theta[n] = got
     lines = [f"updates (float64, from our parameters before each step): "
              f"gradient rounding bound {n_round} u max|g|"]
+    if block:
+        lines.append(f"weight-quantization=int8: loss and gradients at the parameters "
+                     f"dequantized from blocks of {block} of each rank's shard")
     total = sum(p.numel() for p in params.values())
     for n in params:
         extra = (f"  {tight[n]}/{params[n].numel()} elements under a tight bound"
