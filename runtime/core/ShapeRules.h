@@ -108,11 +108,15 @@ template <typename S, typename D> int64_t reducedCount(const S &shape, const D &
   return count;
 }
 
+/// ceil(n / block) for n >= 0, block > 0, without the overflow of
+/// n + block - 1 (a plan's `block` may be any positive integer).
+inline int64_t quantizedBlocks(int64_t n, int64_t block) { return n / block + (n % block != 0); }
+
 /// Bytes of one quantized shard (fsdp.quantize, ZeRO++'s qwZ): `n` int8
 /// values padded to a multiple of 4, then one f32 scale per `block`
-/// values (the last block may be shorter). n > 0, block > 0.
+/// values (the last block may be shorter). 0 < n <= 2^40, block > 0.
 inline int64_t quantizedBytes(int64_t n, int64_t block) {
-  return (n + 3) / 4 * 4 + 4 * ((n + block - 1) / block);
+  return (n + 3) / 4 * 4 + 4 * quantizedBlocks(n, block);
 }
 
 /// "4x8" (or "scalar") for messages.

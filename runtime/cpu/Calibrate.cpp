@@ -20,6 +20,8 @@
 
 #include "runtime/cpu/Kernels.h"
 
+#include "runtime/core/ShapeRules.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -324,7 +326,7 @@ Status calibrate(Communicator &comm, int threads, nlohmann::json &profile) {
       });
       // ZeRO++'s qwZ passes (weight-quantization=int8), blocks of 256: a
       // unit is a value quantized, or a byte of the gathered parts read.
-      std::vector<uint8_t> qbytes((size_t)((n + 3) / 4 * 4 + 4 * ((n + 255) / 256)));
+      std::vector<uint8_t> qbytes((size_t)shapes::quantizedBytes(n, 256));
       per("quantize", n, [&] { quantize(x.data(), n, 256, qbytes.data()); });
       per("dequantize", (double)qbytes.size(),
           [&] { dequantize(qbytes.data(), 1, n, 256, y.data(), DequantizeTo::F32); });

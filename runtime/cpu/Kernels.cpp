@@ -1191,7 +1191,7 @@ static int64_t blocksPerTask(int64_t block) {
 }
 
 void quantize(const float *x, int64_t n, int64_t block, uint8_t *out) {
-  const int64_t blocks = (n + block - 1) / block, per = blocksPerTask(block);
+  const int64_t blocks = shapes::quantizedBlocks(n, block), per = blocksPerTask(block);
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t b = 0; b < blocks; b += per)
     quant::quantizeBlocks(x, n, block, out, b, std::min(blocks, b + per));
@@ -1199,7 +1199,8 @@ void quantize(const float *x, int64_t n, int64_t block, uint8_t *out) {
 
 void dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
                 DequantizeTo to) {
-  const int64_t partBytes = shapes::quantizedBytes(n, block), blocks = (n + block - 1) / block;
+  const int64_t partBytes = shapes::quantizedBytes(n, block),
+                blocks = shapes::quantizedBlocks(n, block);
   const int64_t per = blocksPerTask(block);
   auto *f = static_cast<float *>(y);
   auto *h = static_cast<uint16_t *>(y);

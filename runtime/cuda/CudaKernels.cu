@@ -10,6 +10,7 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/ShapeRules.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cpu/Kernels.h" // lambPieces: the CPU's walk of a LAMB layout
 #include "runtime/cuda/CudaCommon.cuh"
@@ -1319,8 +1320,9 @@ __global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blo
 }
 
 template <typename B>
-__global__ void dequantizeKernel(const uint8_t *in, int64_t parts, int64_t n, int64_t block, B *y) {
-  const int64_t sOff = (n + 3) / 4 * 4, partBytes = sOff + 4 * ((n + block - 1) / block);
+__global__ void dequantizeKernel(const uint8_t *in, int64_t parts, int64_t n, int64_t block,
+                                 int64_t partBytes, B *y) {
+  const int64_t sOff = (n + 3) / 4 * 4;
   FSDP_GRID_STRIDE(g, parts * n) {
     const uint8_t *part = in + (g / n) * partBytes;
     const int64_t i = g % n;
@@ -1331,7 +1333,7 @@ __global__ void dequantizeKernel(const uint8_t *in, int64_t parts, int64_t n, in
 
 template <typename A>
 cudaError_t quantizeFrom(const A *x, int64_t n, int64_t block, uint8_t *out, cudaStream_t s) {
-  const int64_t blocks = (n + block - 1) / block;
+  const int64_t blocks = shapes::quantizedBlocks(n, block);
   quantizeKernel<<<gridFor(blocks * 32), kThreads, 0, s>>>(x, n, block, blocks, out);
   return cudaGetLastError();
 }
@@ -1353,15 +1355,15 @@ cudaError_t dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t bloc
                        FloatKind to, cudaStream_t s) {
   if (parts <= 0 || n <= 0 || block <= 0)
     return parts * n == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  const int64_t total = parts * n;
+  const int64_t total = parts * n, partBytes = shapes::quantizedBytes(n, block);
   if (to == FloatKind::F32)
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
                                                          static_cast<float *>(y));
   else if (to == FloatKind::BF16)
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
                                                          static_cast<__nv_bfloat16 *>(y));
   else
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block,
+    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
                                                          static_cast<__half *>(y));
   return cudaGetLastError();
 }

@@ -1520,6 +1520,9 @@ TEST(QuantizeRules, RejectsBadPlansClearly) {
   p.program[0].attrs["block"] = 0;
   EXPECT_NE(error(p, 0).find("block >= 1"), std::string::npos) << error(p, 0);
   p = good;
+  p.program[0].attrs["block"] = INT64_MAX; // one block: 12 + 4 bytes, no overflow
+  EXPECT_NE(error(p, 0).find("take 16 bytes, found 24"), std::string::npos) << error(p, 0);
+  p = good;
   p.program[0].attrs["block"] = "4";
   EXPECT_NE(error(p, 0).find("block: expected an integer"), std::string::npos) << error(p, 0);
   p = good;
@@ -1584,7 +1587,7 @@ TEST_P(DeviceConformance, QuantizedGathersMatchTheReference) {
       std::vector<uint8_t> got(qb), want(qb, 0xCD);
       ASSERT_TRUE(
           dev->copyToHost(got.data(), dev->arenaBase() + plan.buffers[1].offset, qb).isOk());
-      quant::quantizeBlocks(xs.data(), n, block, want.data(), 0, (n + block - 1) / block);
+      quant::quantizeBlocks(xs.data(), n, block, want.data(), 0, shapes::quantizedBlocks(n, block));
       for (int64_t i = 0; i < qb; ++i)
         ASSERT_EQ(got[i], want[i]) << "byte " << i << " of " << qb
                                    << ": the quantized bytes differ from runtime/core/Quantize.h's";
@@ -1605,7 +1608,7 @@ TEST_P(DeviceConformance, QuantizedGathersMatchTheReference) {
         for (float &v : sources[p])
           v *= p == 0 ? 1.0f : p == 1 ? -2.0f : 1.0f / 3.0f;
         quant::quantizeBlocks(sources[p].data(), n, block, gathered.data() + p * qb, 0,
-                              (n + block - 1) / block);
+                              shapes::quantizedBlocks(n, block));
       }
       ASSERT_TRUE(
           dev->copyToDevice(dev->arenaBase() + plan.buffers[2].offset, gathered.data(), parts * qb)
