@@ -121,6 +121,9 @@ template <typename I> Status runCrossEntropy(const Run &r, bool loss, bool grad)
 /// Converts n elements between storage dtypes, one of them f32 (or both
 /// the same). See [Note: bf16 storage, f32 compute] in runtime/core/OpRules.cpp.
 void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n);
+/// Counts `bytes` of per-thread scratch outside the arena in the
+/// high-water mark fsdp-run reports (widenedScratchHighWater).
+void noteScratch(int64_t bytes);
 
 const std::unordered_map<std::string, Exec> &table() {
   static const std::unordered_map<std::string, Exec> t = [] {
@@ -461,7 +464,10 @@ const std::unordered_map<std::string, Exec> &table() {
       const float *x = r.in(0);
       thread_local std::vector<float> wide; // a narrow shard, widened exactly
       if (r.op.in(0).dtype != DType::F32) {
-        wide.resize(n);
+        if ((int64_t)wide.size() < n) {
+          wide.resize(n);
+          noteScratch(n * 4);
+        }
         convert(r.in<uint8_t>(0), r.op.in(0).dtype, reinterpret_cast<uint8_t *>(wide.data()),
                 DType::F32, n);
         x = wide.data();
@@ -690,6 +696,12 @@ const std::unordered_map<std::string, Exec> &table() {
 
 std::atomic<int64_t> scratchHighWater{0};
 
+void noteScratch(int64_t bytes) {
+  int64_t seen = scratchHighWater.load();
+  while (seen < bytes && !scratchHighWater.compare_exchange_weak(seen, bytes)) {
+  }
+}
+
 void convert(const uint8_t *src, DType from, uint8_t *dst, DType to, int64_t n) {
   if (from == to) {
     std::memmove(dst, src, n * dtypeSize(from)); // a cast may be in place
@@ -731,9 +743,7 @@ Status runWidened(const Plan &plan, const Instruction &inst, uint8_t *arena, uin
   thread_local std::vector<uint8_t> scratch;
   if ((int64_t)scratch.size() < w.bytes) {
     scratch.resize(w.bytes);
-    int64_t seen = scratchHighWater.load();
-    while (seen < w.bytes && !scratchHighWater.compare_exchange_weak(seen, w.bytes)) {
-    }
+    noteScratch(w.bytes);
   }
   std::vector<bool> isIn(w.ids.size());
   for (int64_t s : w.inst.in)

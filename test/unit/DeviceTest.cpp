@@ -1548,7 +1548,7 @@ TEST(QuantizeRules, RejectsBadPlansClearly) {
 
 TEST_P(DeviceConformance, QuantizedGathersMatchTheReference) {
   // 1003 values in blocks of 64 (the last one 43): magnitudes across
-  // blocks from 1e-3 to 1e2, exact ties x / scale = k + 1/2 included
+  // blocks from 1e-3 to 1e2, exact ties x x (127 / m) = k + 1/2 included
   // (block 1: its max 127, so scale 1 and 2.5 -> 2, -3.5 -> -4).
   const int64_t n = 1003, block = 64, parts = 3, qb = shapes::quantizedBytes(n, block);
   std::vector<float> x(n);
