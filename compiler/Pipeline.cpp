@@ -60,6 +60,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   search.hostMemoryBudget = options.hostMemoryBudget;
   search.frozenStorage = options.frozenStorage;
   search.weightQuantization = options.weightQuantization;
+  search.gradientQuantization = options.gradientQuantization;
   search.quantizationBlock = options.quantizationBlock;
   if (options.layersPerUnit.hasValue())
     search.layersPerUnit = options.layersPerUnit;
@@ -161,6 +162,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.offload = options.offload;
       shard.frozenStorage = options.frozenStorage;
       shard.weightQuantization = options.weightQuantization;
+      shard.gradientQuantization = options.gradientQuantization;
       shard.quantizationBlock = options.quantizationBlock;
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {

@@ -239,9 +239,19 @@ struct FsdpPipelineOptions
                      "quantized weights, qwZ: about a byte a parameter on "
                      "the wire; the master shards stay exact); none (default)"),
       llvm::cl::init("none")};
+  Option<std::string> gradientQuantization{
+      *this, "gradient-quantization",
+      llvm::cl::desc("int8: the gradient reduce-scatters of sharded units "
+                     "become all-to-alls of int8 values in blocks with an "
+                     "f32 scale each, every rank summing its part in f32 "
+                     "after (ZeRO++'s quantized gradients, qgZ: about a byte "
+                     "a gradient on the wire; the update stays exact on what "
+                     "arrives); none (default)"),
+      llvm::cl::init("none")};
   Option<int64_t> quantizationBlock{
       *this, "quantization-block",
-      llvm::cl::desc("weight-quantization=int8: values sharing one scale (256)"),
+      llvm::cl::desc("weight-quantization / gradient-quantization=int8: values "
+                     "sharing one scale (256)"),
       llvm::cl::init(256)};
   Option<std::string> frozenStorage{
       *this, "frozen-storage",

@@ -82,6 +82,8 @@ const char *const kOptions[] = {
     "offload-next-step=true offload-prefetch=true max-grad-norm=1.0 report=false plan=PLAN",
     "optimizer=adamw world-size=3 stage=3 param-dtype=bf16 weight-quantization=int8 "
     "quantization-block=32 report=false plan=PLAN",
+    "optimizer=adamw world-size=4 stage=2 mesh=2x2 gradient-quantization=int8 "
+    "quantization-block=16 report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

@@ -97,6 +97,16 @@ public:
       std::memcpy(static_cast<uint8_t *>(out) + k * bytes, copy.data(), bytes);
     return Status::ok();
   }
+  /// Every rank holds what this one does: chunk k of `out` is this rank's
+  /// chunk of `in`. The whole input is read, as a real exchange sends it.
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *) override {
+    const int64_t bytes = chunk * dtypeSize(dtype);
+    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in),
+                              static_cast<const uint8_t *>(in) + n * bytes);
+    for (int64_t k = 0; k < n; ++k)
+      std::memcpy(static_cast<uint8_t *>(out) + k * bytes, copy.data() + r * bytes, bytes);
+    return Status::ok();
+  }
   Status broadcast(void *data, int64_t bytes, int64_t) override {
     volatile uint8_t *p = static_cast<uint8_t *>(data);
     for (int64_t i = 0; i < bytes; ++i)

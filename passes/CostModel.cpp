@@ -942,7 +942,7 @@ StepPrediction mlir::fsdp::predictStep(ModuleOp module, func::FuncOp step, const
                       w->hasAttr("copy_stream") && !p.cpu});
     } else if (isa<WaitOp>(op))
       prog.push_back({Item::Wait, 0, false, op->getOperand(0)});
-    else if (isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op))
+    else if (isa<AllGatherOp, AllToAllOp, ReduceScatterOp, AllReduceOp>(op))
       prog.push_back(costing.collective(op));
     else
       prog.push_back(costing.compute(op));

@@ -667,8 +667,9 @@ void MemoryPlanner::markGrad(Value v) {
   Operation *d = v.getDefiningOp();
   if (auto mul = dyn_cast_or_null<MulOp>(d)) // clipping: g * coef
     markGrad(mul.getLhs());
-  else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp>(d))
-    markGrad(d->getOperand(0));             // a cast: a gradient in another dtype
+  else if (isa_and_nonnull<ReduceScatterOp, AllReduceOp, WaitOp, CastOp, ToHostOp, AllToAllOp,
+                           QuantizeOp, DequantizeOp>(d))
+    markGrad(d->getOperand(0)); // a cast: a gradient in another dtype; qgZ's bytes
   else if (auto mm = dyn_cast_or_null<MatmulOp>(d); mm && mm.getAcc())
     markGrad(mm.getAcc()); // a chunk's weight-gradient term added by the GEMM
   else if (auto bg = dyn_cast_or_null<MatmulBiasGradOp>(d); bg && !bg.getAcc().empty())

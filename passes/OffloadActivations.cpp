@@ -45,9 +45,9 @@ namespace {
 /// Ops whose results are not activations of their own: storage reads and
 /// names of other memory, communication, copies, constants.
 bool isNotActivation(Operation *op) {
-  return isa<GetParamOp, GetStateOp, GetUnitOp, MicrobatchOp, ViewOp, ShardViewOp,
-             ReshapeOp, WaitOp, AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp,
-             ToDeviceOp, FillOp>(op) ||
+  return isa<GetParamOp, GetStateOp, GetUnitOp, MicrobatchOp, ViewOp, ShardViewOp, ReshapeOp,
+             WaitOp, AllGatherOp, AllToAllOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp,
+             FillOp>(op) ||
          op->hasAttr(kOnHostAttrName);
 }
 

@@ -560,8 +560,16 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
            "quantized to int8 in blocks with an f32 scale each, dequantized "
            "into the compute dtype after it (ZeRO++'s qwZ: a byte a "
            "parameter on the wire instead of 2 or 4); none">,
+    Option<"gradientQuantization", "gradient-quantization", "std::string",
+           /*default=*/"\"none\"",
+           "int8: each gradient reduce-scatter of a sharded unit becomes "
+           "an all-to-all of int8 values in blocks with an f32 scale each "
+           "(every rank's part quantized on its own), dequantized and "
+           "summed in f32 by the rank that owns the part (ZeRO++'s qgZ: "
+           "about a byte a gradient on the wire instead of 2 or 4); none">,
     Option<"quantizationBlock", "quantization-block", "int64_t", /*default=*/"256",
-           "weight-quantization=int8: values sharing one scale">,
+           "weight-quantization / gradient-quantization=int8: values "
+           "sharing one scale">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,
@@ -1086,6 +1094,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "fsdp-shard's frozen-storage for every candidate">,
     Option<"weightQuantization", "weight-quantization", "std::string",
            /*default=*/"\"none\"", "fsdp-shard's weight-quantization for every candidate">,
+    Option<"gradientQuantization", "gradient-quantization", "std::string",
+           /*default=*/"\"none\"", "fsdp-shard's gradient-quantization for every candidate">,
     Option<"quantizationBlock", "quantization-block", "int64_t", /*default=*/"256",
            "fsdp-shard's quantization-block for every candidate">,
     Option<"deviceProfile", "device-profile", "std::string", /*default=*/"\"h100\"",

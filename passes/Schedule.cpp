@@ -42,7 +42,7 @@ using namespace mlir::fsdp;
 namespace {
 
 bool isCollective(Operation *op) {
-  return isa<AllGatherOp, ReduceScatterOp, AllReduceOp>(op);
+  return isa<AllGatherOp, AllToAllOp, ReduceScatterOp, AllReduceOp>(op);
 }
 
 struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
@@ -59,6 +59,24 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       if (isCollective(&op) && !op.hasAttr("async"))
         collectives.push_back(&op);
 
+    // qgZ's all-to-all is read by the dequantize that sums what arrived:
+    // that sum moves down to its first reader (where the reduce-scatter's
+    // result would first be read), so that the all-to-all's wait is placed
+    // as a reduce-scatter's would be and the exchange runs behind the
+    // compute in between; once the waits are placed it moves back up to
+    // right after its wait (the received bytes, a whole unit's in int8,
+    // are freed there, not held to the update).
+    SmallVector<Operation *> summed;
+    for (Operation *c : collectives)
+      if (isa<AllToAllOp>(c) && c->hasOneUse())
+        if (auto dq = dyn_cast<DequantizeOp>(*c->user_begin()); dq && dq.getReduce()) {
+          Operation *first = body.getTerminator();
+          for (Operation *user : dq->getUsers())
+            if (Operation *u = body.findAncestorOpInBlock(*user); u && u->isBeforeInBlock(first))
+              first = u;
+          dq->moveBefore(first);
+          summed.push_back(dq);
+        }
     OpBuilder b(&getContext());
     DenseMap<Operation *, WaitOp> waitOf;
     for (Operation *c : collectives) {
@@ -136,6 +154,8 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
         wait->moveBefore(next);
       }
     }
+    for (Operation *dq : summed)
+      dq->moveAfter(dq->getOperand(0).getDefiningOp());
   }
 
   /// The unit read (fsdp.get_unit) a parameter all-gather gathers, read

@@ -169,6 +169,7 @@ struct SearchSchedulePass
     s.offload = off.str();
     s.frozenStorage = frozenStorage;
     s.weightQuantization = weightQuantization;
+    s.gradientQuantization = gradientQuantization;
     s.quantizationBlock = quantizationBlock;
     return run(m, createFsdpShard(s));
   }

@@ -123,6 +123,7 @@ struct ShardOptions {
   bool reshardAfterBackward = true;
   std::string weightQuantization = "none";
   int64_t quantizationBlock = 256;
+  std::string gradientQuantization = "none";
 };
 
 /// One run of fsdp-shard over a module: the algorithm of the file comment,
@@ -168,6 +169,8 @@ private:
   Value allGather(Location loc, Type ty, Value in, StringAttr group);
   Value quantizedGather(UnitInfo &u, Value s, Location loc);
   Value reduceScatter(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
+  Value quantizedReduceScatter(Location loc, RankedTensorType ty, Value in, StringRef reduce,
+                               StringAttr group);
   Value allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group);
 
   const ShardOptions &options;
@@ -201,6 +204,8 @@ private:
   bool stochastic = false; // round trainable units' master casts stochastically
   bool quantize = false;   // weight-quantization=int8 (ZeRO++'s qwZ)
   int64_t quantizedGathers = 0;
+  bool quantizeGrads = false; // gradient-quantization=int8 (ZeRO++'s qgZ)
+  int64_t quantizedReductions = 0;
 
   // The optimizer section (findUpdates).
   SmallVector<Update> updates;
@@ -244,7 +249,8 @@ void ShardPass::runOnOperation() {
                        reshardUnits,        mesh,
                        reshardAfterForward, offload,
                        frozenStorage,       reshardAfterBackward,
-                       weightQuantization,  quantizationBlock};
+                       weightQuantization,  quantizationBlock,
+                       gradientQuantization};
   ShardRewrite rewrite(getOperation(), options);
   LogicalResult result = rewrite.run();
   numCollectives += rewrite.collectives;
@@ -288,6 +294,14 @@ LogicalResult ShardRewrite::run() {
            "of a compute copy are (stage 3, or stages 1/2 with param-dtype=bf16|f16); at "
            "stages 1/2 in f32 the all-gather of the updated parameters is the parameters "
            "and stays exact, and a world of one shard gathers nothing";
+  // gradient-quantization quantizes reduce-scatters: stage 0 all-reduces
+  // (a whole replica's gradients on every rank), and one shard a replica
+  // scatters nothing.
+  if (quantizeGrads && quantizedReductions == 0)
+    mlir::emitWarning(module.getLoc())
+        << "fsdp-shard: gradient-quantization=int8 quantized no reduction: only the "
+           "reduce-scatters of sharded units' gradients are (stages 1-3 with more than one "
+           "shard); stage 0's all-reduce and the replicas' all-reduce stay exact";
   // The loss every rank reports is the global mean.
   if (world > 1) {
     Value loss = ret.getOperand(0);
@@ -315,6 +329,24 @@ Value ShardRewrite::reduceScatter(Location loc, Type ty, Value in, StringRef red
   ++collectives;
   return b.create<ReduceScatterOp>(loc, ty, in, b.getStringAttr(reduce), UnitAttr(), group)
       .getResult();
+}
+
+/// ZeRO++'s qgZ: the reduce-scatter of `in` (G parts of S) as each part
+/// quantized on its own, an all-to-all that hands part r to rank r, and the
+/// G parts rank r received dequantized and summed in f32 (part order).
+Value ShardRewrite::quantizedReduceScatter(Location loc, RankedTensorType ty, Value in,
+                                           StringRef reduce, StringAttr group) {
+  ++collectives;
+  ++quantizedReductions;
+  const int64_t parts = cast<RankedTensorType>(in.getType()).getNumElements() / ty.getNumElements();
+  const int64_t block = options.quantizationBlock;
+  auto bytes = RankedTensorType::get(
+      {parts * ::fsdp::shapes::quantizedBytes(ty.getNumElements(), block)}, b.getIntegerType(8));
+  Value q =
+      b.create<QuantizeOp>(loc, bytes, in, b.getI64IntegerAttr(block), b.getI64IntegerAttr(parts));
+  Value r = b.create<AllToAllOp>(loc, bytes, q, UnitAttr(), group).getResult();
+  return b.create<DequantizeOp>(loc, ty, r, b.getI64IntegerAttr(block), b.getI64IntegerAttr(parts),
+                                b.getStringAttr(reduce));
 }
 
 Value ShardRewrite::allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group) {
@@ -416,6 +448,11 @@ LogicalResult ShardRewrite::readOptions() {
                                      << options.weightQuantization << "' must be none or int8";
     return failure();
   }
+  if (options.gradientQuantization != "none" && options.gradientQuantization != "int8") {
+    mlir::emitError(module.getLoc()) << "fsdp-shard: gradient-quantization='"
+                                     << options.gradientQuantization << "' must be none or int8";
+    return failure();
+  }
   if (options.quantizationBlock < 1 || options.quantizationBlock > (int64_t(1) << 30)) {
     mlir::emitError(module.getLoc())
         << "fsdp-shard: quantization-block=" << options.quantizationBlock
@@ -423,6 +460,7 @@ LogicalResult ShardRewrite::readOptions() {
     return failure();
   }
   quantize = options.weightQuantization == "int8";
+  quantizeGrads = options.gradientQuantization == "int8";
   if (options.frozenStorage != "declared" && options.frozenStorage != "compute") {
     mlir::emitError(module.getLoc()) << "fsdp-shard: frozen-storage='" << options.frozenStorage
                                      << "' must be declared or compute";
@@ -810,10 +848,11 @@ Value ShardRewrite::quantizedGather(UnitInfo &u, Value s, Location loc) {
   auto sTy = cast<RankedTensorType>(s.getType());
   const int64_t part = ::fsdp::shapes::quantizedBytes(sTy.getNumElements(), block);
   auto bytes = [&](int64_t n) { return RankedTensorType::get({n}, b.getIntegerType(8)); };
-  Value q = b.create<QuantizeOp>(loc, bytes(part), s, b.getI64IntegerAttr(block));
+  Value q = b.create<QuantizeOp>(loc, bytes(part), s, b.getI64IntegerAttr(block), IntegerAttr());
   Value g = allGather(loc, bytes(part * shards), q, shardGroup);
   return b.create<DequantizeOp>(loc, withElem(fullTy(u), sTy.getElementType()), g,
-                                b.getI64IntegerAttr(block), b.getI64IntegerAttr(shards));
+                                b.getI64IntegerAttr(block), b.getI64IntegerAttr(shards),
+                                StringAttr());
 }
 
 /// hpZ: after the unit's last forward read this rank copies its 1/G of
@@ -1036,7 +1075,9 @@ LogicalResult ShardRewrite::reduceGradients() {
         g = allReduce(loc, packFull, g, "mean", StringAttr());
       } else if (world > 1) {
         // Mean over the replica's S shards, then over the R replicas.
-        if (shards > 1)
+        if (shards > 1 && quantizeGrads)
+          g = quantizedReduceScatter(loc, packShard, g, "mean", shardGroup);
+        else if (shards > 1)
           g = reduceScatter(loc, packShard, g, "mean", shardGroup);
         if (replicas > 1)
           g = allReduce(loc, packShard, g, "mean", replicaGroup);

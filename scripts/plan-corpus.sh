@@ -29,6 +29,7 @@ opts=(
   "optimizer=adamw world-size=4 stage=3 mesh=2x2"
   "optimizer=adamw world-size=4 stage=1 mesh=2x2"
   "optimizer=adamw world-size=4 stage=3 param-dtype=bf16 weight-quantization=int8"
+  "optimizer=adamw world-size=3 stage=3 gradient-quantization=int8 weight-quantization=int8"
   "optimizer=adamw world-size=4 stage=3 reshard-units=1"
   # optimizers
   "optimizer=sgd momentum=0.9 world-size=2 stage=3 max-grad-norm=1.0"

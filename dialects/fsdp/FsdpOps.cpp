@@ -1018,6 +1018,8 @@ static LogicalResult verifyQuantized(Operation *op, int64_t block, int64_t value
     return op->emitOpError() << "expected block > 0, found " << block;
   if (values <= 0 || values > (int64_t(1) << 40))
     return op->emitOpError() << "expected 1 to 2^40 values a part, found " << values;
+  if (parts > (int64_t(1) << 20))
+    return op->emitOpError() << "expected at most 2^20 parts, found " << parts;
   int64_t want = ::fsdp::shapes::quantizedBytes(values, block) * parts;
   if (bytes.getNumElements() != want)
     return op->emitOpError()
@@ -1032,18 +1034,44 @@ LogicalResult QuantizeOp::verify() {
   auto in = rt(getInput()), out = rt(getResult());
   if (failed(expectFlat(*this, "input", in)) || failed(expectFlat(*this, "result", out)))
     return failure();
-  return verifyQuantized(*this, (int64_t)getBlock(), in.getNumElements(), 1, out);
+  int64_t parts = getParts() ? (int64_t)*getParts() : 1;
+  if (parts <= 0 || in.getNumElements() % parts != 0)
+    return emitOpError() << "expected the input's " << in.getNumElements()
+                         << " values to split into parts = " << parts;
+  return verifyQuantized(*this, (int64_t)getBlock(), in.getNumElements() / parts, parts, out);
 }
+
+static LogicalResult verifyReduceKind(Operation *op, StringRef reduce);
 
 LogicalResult DequantizeOp::verify() {
   auto in = rt(getInput()), out = rt(getResult());
   if (failed(expectFlat(*this, "input", in)) || failed(expectFlat(*this, "result", out)))
     return failure();
   int64_t parts = (int64_t)getParts();
+  // reduce: the parts summed into one part's values (qgZ); otherwise
+  // concatenated (qwZ's gathered shards).
+  if (getReduce()) {
+    if (failed(verifyReduceKind(*this, *getReduce())))
+      return failure();
+    if (parts <= 0)
+      return emitOpError() << "expected parts > 0, found " << parts;
+    return verifyQuantized(*this, (int64_t)getBlock(), out.getNumElements(), parts, in);
+  }
   if (parts <= 0 || out.getNumElements() % parts != 0)
     return emitOpError() << "expected the result's " << out.getNumElements()
                          << " values to split into parts = " << parts;
   return verifyQuantized(*this, (int64_t)getBlock(), out.getNumElements() / parts, parts, in);
+}
+
+LogicalResult AllToAllOp::verify() {
+  auto t = rt(getInput());
+  if (failed(verifyGroup(*this)) || failed(expectFlat(*this, "input", t)))
+    return failure();
+  int64_t world = groupSizeOf(*this, groupOf(*this));
+  if (t.getNumElements() <= 0 || (world && t.getNumElements() % world != 0))
+    return emitOpError() << "expected " << (world ? std::to_string(world) : "group-size")
+                         << " equal parts, found " << t.getNumElements() << " elements";
+  return success();
 }
 
 static LogicalResult verifyReduceKind(Operation *op, StringRef reduce) {
@@ -1103,8 +1131,8 @@ LogicalResult WaitOp::verify() {
     return success();
   }
   if (!def || !def->hasAttr("async") ||
-      !isa<AllGatherOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp, AdamwUpdateOp,
-           SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(def))
+      !isa<AllGatherOp, AllToAllOp, ReduceScatterOp, AllReduceOp, ToHostOp, ToDeviceOp,
+           AdamwUpdateOp, SgdUpdateOp, SgdMomentumUpdateOp, LambUpdateOp>(def))
     return emitOpError() << "expected the result of an async collective, copy or host update";
   return success();
 }

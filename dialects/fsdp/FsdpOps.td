@@ -1686,8 +1686,19 @@ def Fsdp_QuantizeOp : Fsdp_Op<"quantize", [Pure]> {
     ```mlir
     %q = fsdp.quantize %s {block = 256 : i64} : tensor<1000xbf16> -> tensor<1016xi8>
     ```
+
+    With `parts = P` (fsdp-shard's gradient-quantization=int8, ZeRO++'s
+    qgZ): the input is P equal parts, each quantized as above on its own
+    (its own blocks and scales) and written one after another, so that an
+    fsdp.all_to_all hands part r to rank r.
+
+    ```mlir
+    %q = fsdp.quantize %g {block = 256 : i64, parts = 4 : i64}
+        : tensor<4000xf32> -> tensor<4064xi8>
+    ```
   }];
-  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$block);
+  let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$block,
+                       OptionalAttr<I64Attr>:$parts);
   let results = (outs Fsdp_ByteTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
@@ -1708,9 +1719,43 @@ def Fsdp_DequantizeOp : Fsdp_Op<"dequantize", [Pure]> {
     %w = fsdp.dequantize %g {block = 256 : i64, parts = 4 : i64}
         : tensor<4064xi8> -> tensor<4000xbf16>
     ```
+
+    With `reduce = "sum"` or `"mean"` (ZeRO++'s qgZ, after the
+    fsdp.all_to_all of the parts): the result is one part's S values, the
+    sum (or mean) of the P dequantized parts, added in f32 in part order
+    (so the same on every machine) and rounded once into the result dtype.
+    This rank's shard of the reduce-scatter of the unquantized gradients,
+    up to the quantization's error (at most half a block's scale per part).
+
+    ```mlir
+    %s = fsdp.dequantize %r {block = 256 : i64, parts = 4 : i64, reduce = "mean"}
+        : tensor<4064xi8> -> tensor<1000xf32>
+    ```
   }];
-  let arguments = (ins Fsdp_ByteTensor:$input, I64Attr:$block, I64Attr:$parts);
+  let arguments = (ins Fsdp_ByteTensor:$input, I64Attr:$block, I64Attr:$parts,
+                       OptionalAttr<StrAttr>:$reduce);
   let results = (outs Fsdp_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Fsdp_AllToAllOp : Fsdp_Op<"all_to_all", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "hands part r of a flat buffer to rank r, gathering what each sent";
+  let description = [{
+    Input and result: G parts of S elements each (G ranks of the group,
+    `group` as in fsdp.all_gather). Part r of the input goes to rank r;
+    part r of the result is what rank r sent this rank. Moves bytes: ZeRO++'s
+    qgZ sends each rank its part of the quantized gradients (i8), which
+    fsdp.dequantize with `reduce` then sums: a reduce-scatter that moves
+    about a byte per value.
+
+    ```mlir
+    %r = fsdp.all_to_all %q : tensor<4064xi8> -> tensor<4064xi8>
+    ```
+  }];
+  let arguments = (ins Fsdp_GatherTensor:$input, UnitAttr:$async,
+                       OptionalAttr<StrAttr>:$group);
+  let results = (outs Fsdp_GatherTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
 }

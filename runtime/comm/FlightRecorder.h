@@ -46,9 +46,9 @@ public:
     std::atomic<int64_t> entered{0}, completed{0};
     std::atomic<int32_t> kind{0}; ///< index into kCollectiveKinds
   };
+  /// Live::kind indexes this: new kinds go at the end.
   static constexpr const char *kCollectiveKinds[] = {
-      "none",       "all_reduce", "reduce_scatter",
-      "all_gather", "broadcast",  "barrier"};
+      "none", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all"};
 
   virtual ~ProgressBoard() = default;
   /// This rank's live counters, or null when the board has none.

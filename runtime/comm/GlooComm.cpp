@@ -32,6 +32,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/reduce_scatter.h>
@@ -173,6 +174,17 @@ private:
 
 struct CachedAllgather : gloo::AllgatherOptions {
   using gloo::AllgatherOptions::AllgatherOptions;
+  void lend(BufferCache::Buffer i, BufferCache::Buffer o) {
+    elementSize = 1;
+    in = std::move(i);
+    out = std::move(o);
+  }
+  BufferCache::Buffer takeIn() { return std::move(in); }
+  BufferCache::Buffer takeOut() { return std::move(out); }
+};
+
+struct CachedAlltoall : gloo::AlltoallOptions {
+  using gloo::AlltoallOptions::AlltoallOptions;
   void lend(BufferCache::Buffer i, BufferCache::Buffer o) {
     elementSize = 1;
     in = std::move(i);
@@ -336,6 +348,25 @@ public:
       gloo::allgather(opts);
       buffers.give(in, (size_t)bytes, opts.takeIn());
       buffers.give(out, outBytes, opts.takeOut());
+    });
+  }
+
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *) override {
+    // Moves bytes: any dtype. Gloo's pairwise exchange: chunk j to rank
+    // j, the own chunk a memcpy.
+    const int64_t bytes = chunk * dtypeSize(dtype);
+    bytesSent_ += (size() - 1) * bytes;
+    if (bytes == 0)
+      return Status::ok(); // nothing to move (every rank skips alike)
+    return guard("all_to_all", [&] {
+      // See [Note: Gloo buffers].
+      CachedAlltoall opts(ctx);
+      size_t total = (size_t)(bytes * size());
+      opts.lend(buffers.take(*ctx, in, total), buffers.take(*ctx, out, total));
+      opts.setTimeout(timeout);
+      gloo::alltoall(opts);
+      buffers.give(in, total, opts.takeIn());
+      buffers.give(out, total, opts.takeOut());
     });
   }
 

@@ -18,6 +18,12 @@
 //   (N - 1) x S, all of it over the network;
 // - all-gather: C_l gathers its members' shards (M x S), the node gathers
 //   those runs, each block written at its rank's place in the output;
+// - all-to-all (N x S in and out): the node exchanges, place l' getting
+//   the blocks bound for C_l' (M x S from each of the node's ranks), then
+//   C_l exchanges among the nodes what its member on each node is bound to
+//   get (L x S each). The blocks are reordered through the scratch
+//   before, between and after the levels; every block bound for another
+//   node crosses the network once;
 // - all-reduce of C elements: split into L pieces of ceil(C / L) (the last
 //   zero-padded), the node reduce-scatters, C_l all-reduces its piece, the
 //   node all-gathers: every rank ends with the same bits (Gloo gives the
@@ -263,6 +269,48 @@ public:
         FSDP_RETURN_IF_ERROR(
             cross->allGather(static_cast<const uint8_t *>(in) + o * es, b.data(), c, dtype));
         FSDP_RETURN_IF_ERROR(runs->allGatherRuns(b.data(), out, placeRuns(shard, o, c, es), dtype));
+      }
+      return Status::ok();
+    });
+  }
+
+  /// Columns [o, o + c) of every chunk at a time, through the scratch
+  /// (n x c elements each of a and b).
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *) override {
+    const int64_t es = dtypeSize(dtype), n = size();
+    bytesSent_ += (n - 1) * chunk * es;
+    if (!node)
+      return guard("all_to_all", [&] { return world->allToAll(in, out, chunk, dtype); });
+    const int64_t L = (int64_t)places.size(), M = (int64_t)places[0].size();
+    const int64_t l = layout.placeOf[rank()];
+    const int64_t cols = std::max<int64_t>(1, chunkBytes / (n * es));
+    const auto *src = static_cast<const uint8_t *>(in);
+    auto *dst = static_cast<uint8_t *>(out);
+    return guard("all_to_all", [&]() -> Status {
+      for (int64_t o = 0; o < chunk; o += cols) {
+        const int64_t c = std::min(cols, chunk - o), cb = c * es;
+        a.resize((size_t)(n * cb));
+        b.resize((size_t)(n * cb));
+        // The node's block for place q: the columns bound for C_q's
+        // members, in C_q's order.
+        for (int64_t q = 0; q < L; ++q)
+          for (int64_t j = 0; j < M; ++j)
+            std::memcpy(a.data() + (q * M + j) * cb, src + (places[q][j] * chunk + o) * es,
+                        (size_t)cb);
+        FSDP_RETURN_IF_ERROR(node->allToAll(a.data(), b.data(), M * c, dtype));
+        // b holds, from each place q of this node, the columns bound for
+        // C_l's member j; C_l's block j is what every place sends it.
+        for (int64_t q = 0; q < L; ++q)
+          for (int64_t j = 0; j < M; ++j)
+            std::memcpy(a.data() + (j * L + q) * cb, b.data() + (q * M + j) * cb, (size_t)cb);
+        FSDP_RETURN_IF_ERROR(cross->allToAll(a.data(), b.data(), L * c, dtype));
+        // Block j came from C_l's member j's node: its place q is rank
+        // nodes[that node][q].
+        for (int64_t j = 0; j < M; ++j) {
+          const std::vector<int64_t> &from = layout.nodes[layout.nodeOf[places[l][j]]];
+          for (int64_t q = 0; q < L; ++q)
+            std::memcpy(dst + (from[q] * chunk + o) * es, b.data() + (j * L + q) * cb, (size_t)cb);
+        }
       }
       return Status::ok();
     });

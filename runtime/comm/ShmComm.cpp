@@ -13,6 +13,8 @@
 // - all-reduce: every slot, summed (each rank sums the whole chunk itself,
 //   in rank order 0..N-1, so every rank gets the same bits without a second
 //   barrier);
+// - all-to-all: its own piece of every slot (each rank's slot holds its
+//   pieces for every rank, as a reduce-scatter's);
 // - broadcast: the root's slot.
 // Sums run in f32 and are rounded once (bf16 / f16 included; a mean of f16
 // divides each term first, as [Note: f16 means] in GlooComm.cpp explains).
@@ -324,6 +326,32 @@ public:
           forRuns(blocks, r, o, cnt, [&](int64_t user, int64_t at, int64_t len) {
             std::memcpy(static_cast<uint8_t *>(out) + user, seg->slot(set, r) + at, (size_t)len);
           });
+      }
+      return Status::ok();
+    });
+  }
+
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *) override {
+    const int64_t bytes = chunk * dtypeSize(dtype);
+    // Bytes of each destination's chunk per round: a rank's slot holds
+    // its pieces for every rank, as a reduce-scatter's.
+    const int64_t per = std::max<int64_t>(1, seg->slotBytes() / n);
+    const auto *src = static_cast<const uint8_t *>(in);
+    auto *dst = static_cast<uint8_t *>(out);
+    bytesSent_ += (n - 1) * bytes;
+    return guard("all_to_all", [&]() -> Status {
+      for (int64_t o = 0; o < bytes; o += per) {
+        const int64_t cnt = std::min(per, bytes - o);
+        const int set = nextSet();
+        uint8_t *mine = seg->slot(set, me);
+        for (int64_t j = 0; j < n; ++j)
+          if (j != me)
+            std::memcpy(mine + j * cnt, src + j * bytes + o, (size_t)cnt);
+        std::memcpy(dst + me * bytes + o, src + me * bytes + o, (size_t)cnt);
+        FSDP_RETURN_IF_ERROR(sync());
+        for (int64_t r = 0; r < n; ++r)
+          if (r != me)
+            std::memcpy(dst + r * bytes + o, seg->slot(set, r) + me * cnt, (size_t)cnt);
       }
       return Status::ok();
     });

@@ -30,6 +30,11 @@ public:
       std::memmove(out, in, dtypeSize(dtype) * shard);
     return Status::ok();
   }
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *) override {
+    if (in != out)
+      std::memmove(out, in, dtypeSize(dtype) * chunk);
+    return Status::ok();
+  }
   Status broadcast(void *, int64_t, int64_t) override { return Status::ok(); }
   Status barrier() override { return Status::ok(); }
 };

@@ -63,6 +63,12 @@ public:
   /// in: shard elements; out: size() * shard elements in rank order.
   virtual Status allGather(const void *in, void *out, int64_t shard,
                            DType dtype, Stream *stream = nullptr) = 0;
+  /// in and out: size() * chunk elements each (distinct buffers). Chunk j
+  /// of `in` goes to rank j; chunk i of `out` is what rank i sent this
+  /// rank (its own chunk copied). Moves bytes only, any dtype (i8: the
+  /// quantized gradients of ZeRO++'s qgZ, fsdp.all_to_all).
+  virtual Status allToAll(const void *in, void *out, int64_t chunk, DType dtype,
+                          Stream *stream = nullptr) = 0;
   // Host-only helpers (options, checkpoints, calibration): host buffers.
   virtual Status broadcast(void *data, int64_t bytes, int64_t root) = 0;
   virtual Status barrier() = 0;
@@ -91,8 +97,8 @@ public:
 
   /// Bytes this rank sent, by the ring algorithms' volume of the
   /// collectives the plan asked for, whichever algorithm a backend runs:
-  /// all-reduce 2 (N-1)/N x buffer, reduce-scatter and all-gather (N-1)/N x
-  /// buffer. (Gloo's reduce-scatter at a world size that is not a power of
+  /// all-reduce 2 (N-1)/N x buffer, reduce-scatter, all-gather and
+  /// all-to-all (N-1)/N x buffer. (Gloo's reduce-scatter at a world size that is not a power of
   /// two is an all-reduce and moves twice that; shared memory moves no bytes
   /// over a link at all.) The same figure on every backend, so that it
   /// checks the compiler's communication volume.

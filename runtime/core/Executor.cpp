@@ -652,6 +652,8 @@ Status Executor::runOffCompute(const Instruction &inst) {
       return c->allReduce(src, dst, outN, dtype, reduce, stream);
     if (op == "reduce_scatter")
       return c->reduceScatter(src, dst, outN, dtype, reduce, stream);
+    if (op == "all_to_all")
+      return c->allToAll(src, dst, inN / c->size(), dtype, stream);
     return c->allGather(src, dst, inN, dtype, stream);
   };
   // The collective reads what compute wrote before it.

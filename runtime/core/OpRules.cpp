@@ -603,12 +603,35 @@ const std::unordered_map<std::string, Check> &checks() {
                           bytes.numel());
       return Status::ok();
     };
-    m["quantize"] = [checkQuantized](const Op &op) {
-      return checkQuantized(op, op.in(0), op.out(0), 1);
+    // `parts` on a quantize: equal parts quantized one after another
+    // (qgZ, for an all_to_all); `reduce` on a dequantize: the parts summed
+    // (or averaged) into one part's values instead of concatenated.
+    auto checkParts = [](const Op &op, int64_t parts) {
+      if (!op.attrError.empty())
+        return Status::error(op.attrError);
+      if (parts < 1 || parts > (int64_t(1) << 20))
+        return FSDP_ERROR(op.inst.op, ": expected parts in 1..2^20, found ", parts);
+      return Status::ok();
     };
-    m["dequantize"] = [checkQuantized](const Op &op) {
+    m["quantize"] = [checkQuantized, checkParts](const Op &op) {
+      int64_t parts = op.i("parts", 1);
+      FSDP_RETURN_IF_ERROR(checkParts(op, parts));
+      return checkQuantized(op, op.in(0), op.out(0), parts);
+    };
+    m["dequantize"] = [checkQuantized, checkParts](const Op &op) {
       int64_t parts = op.i("parts", 0);
-      return checkQuantized(op, op.out(0), op.in(0), parts);
+      std::string reduce = op.s("reduce", "");
+      FSDP_RETURN_IF_ERROR(checkParts(op, parts));
+      if (!op.has("reduce"))
+        return checkQuantized(op, op.out(0), op.in(0), parts);
+      if (reduce != "sum" && reduce != "mean")
+        return FSDP_ERROR("dequantize: expected reduce = \"sum\" or \"mean\", found ",
+                          op.inst.attrs["reduce"].dump());
+      // The values of one part, parts times over: the bytes' count.
+      Buffer whole = op.out(0);
+      if (whole.shape.size() == 1)
+        whole.shape[0] *= parts;
+      return checkQuantized(op, whole, op.in(0), parts);
     };
     // fsdp-offload's copies between the arenas (Plan.cpp checks the
     // sides): the same bytes, any dtype.
@@ -876,9 +899,10 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     // f32, or bf16 / f16 (mixed precision: all-gathers move the bytes,
     // reductions sum in f32 and round once per reduction step); an
     // all-gather also moves quantized shards' bytes (i8).
-    if (a.dtype != b.dtype || isInt(a.dtype) || (a.dtype == DType::I8 && inst.op != "all_gather"))
+    const bool movesBytes = inst.op == "all_gather" || inst.op == "all_to_all";
+    if (a.dtype != b.dtype || isInt(a.dtype) || (a.dtype == DType::I8 && !movesBytes))
       return FSDP_ERROR(inst.op, ": expected one float dtype in and out (f32, bf16 or f16",
-                        inst.op == "all_gather" ? ", or i8: quantized shards" : "", "), found ",
+                        movesBytes ? ", or i8: quantized values" : "", "), found ",
                         dtypeName(a.dtype), " -> ", dtypeName(b.dtype));
     // The ranks it runs over: all of them, or one axis of a 2-D mesh.
     std::string group = "world";
@@ -894,6 +918,7 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     }
     int64_t w = plan.groupSize(group);
     bool ok = inst.op == "all_reduce"   ? a.numel() == b.numel()
+              : inst.op == "all_to_all" ? a.numel() == b.numel() && a.numel() % w == 0
               : inst.op == "all_gather" ? b.numel() == a.numel() * w
                                         : a.numel() == b.numel() * w;
     if (!ok)
@@ -903,7 +928,9 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
     if (async != inst.attrs.end() && !async->is_boolean())
       return FSDP_ERROR(inst.op, ": attribute async: expected true or false, found ",
                         async->is_primitive() ? async->dump() : async->type_name());
-    if (inst.op != "all_gather") {
+    if (inst.op == "all_to_all" && inst.in[0] == inst.out[0])
+      return FSDP_ERROR("all_to_all: expected distinct input and output buffers");
+    if (!movesBytes) {
       auto it = inst.attrs.find("reduce");
       if (it == inst.attrs.end() || !it->is_string() || (*it != "sum" && *it != "mean"))
         return FSDP_ERROR(inst.op, ": expected reduce = \"sum\" or \"mean\"");

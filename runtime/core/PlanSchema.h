@@ -32,7 +32,9 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 ///      plans always hold count_labels, which an older runtime refuses
 ///      as an unknown op.
 ///      So did quantize / dequantize and the dtype i8 (weight-quantization):
-///      an older runtime refuses them as an unknown op and dtype.
+///      an older runtime refuses them as an unknown op and dtype; and
+///      all_to_all with quantize's `parts` / dequantize's `reduce`
+///      (gradient-quantization), whose plans hold all_to_all.
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 
@@ -44,8 +46,9 @@ inline constexpr int kOldestPlanVersion = 1;
 /// (a page: at least the logical block size of the drives it meets).
 inline constexpr int64_t kSwapAlignment = 4096;
 
-/// I8: quantized parameters on the wire (quantize / dequantize, ZeRO++'s
-/// qwZ): int8 values and their f32 scales as bytes.
+/// I8: quantized parameters or gradients on the wire (quantize /
+/// dequantize, ZeRO++'s qwZ and qgZ): int8 values and their f32 scales as
+/// bytes.
 enum class DType : uint8_t { F32, BF16, F16, I32, I64, I8 };
 
 struct DTypeInfo {
@@ -169,6 +172,7 @@ inline constexpr OpSchema kOps[] = {
     {"all_reduce", 1, 1, OpKind::Collective},
     {"reduce_scatter", 1, 1, OpKind::Collective},
     {"all_gather", 1, 1, OpKind::Collective},
+    {"all_to_all", 1, 1, OpKind::Collective}, // ZeRO++'s qgZ: part r to rank r
     {"wait", 1, 1, OpKind::Wait},
 };
 
@@ -222,7 +226,7 @@ constexpr bool acceptsArity(const OpSchema &op, int in, int out) {
                                  : in >= op.numInputs && in <= op.numInputs + op.optionalInputs;
   return inputs && out >= op.numOutputs && out <= op.numOutputs + op.optionalOutputs;
 }
-/// all_reduce, reduce_scatter, all_gather and wait: run by the
+/// all_reduce, reduce_scatter, all_gather, all_to_all and wait: run by the
 /// communicator, not by a device kernel.
 constexpr bool isCollectiveOp(std::string_view name) {
   const OpSchema *op = findOp(name);

@@ -1,7 +1,8 @@
 //===- Quantize.h - ZeRO++'s block-wise int8 weights, the reference -*- C++ -*-===//
 //
 // The one definition of fsdp.quantize / fsdp.dequantize's arithmetic
-// (fsdp-shard's weight-quantization=int8, ZeRO++'s qwZ): the CPU kernels
+// (fsdp-shard's weight-quantization=int8 and gradient-quantization=int8,
+// ZeRO++'s qwZ and qgZ): the CPU kernels
 // run it, the CUDA kernels are tested against it. A part of n values is
 // n int8 values, zero-padded to a multiple of 4 bytes, then one f32 scale
 // per block of `block` values (shapes::quantizedBytes in ShapeRules.h).
@@ -122,6 +123,41 @@ void dequantizeBlocks(const uint8_t *part, int64_t n, int64_t block, int64_t b0,
     const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
     for (int64_t i = 0; i < len; ++i)
       store(lo + i, (float)(int8_t)part[lo + i] * s);
+  }
+}
+
+/// Blocks [b0, b1) of `parts` quantized parts of n values each, one after
+/// another (valueBytes(n) + 4 x blocks bytes apart), reduced (ZeRO++'s
+/// qgZ, fsdp.dequantize with `reduce`): value i is the f32 sum of the
+/// parts' values i, added in part order, divided by `parts` for a mean,
+/// passed to `store(i, value)`. Products and sums rounded one at a time
+/// (a GPU kernel must not fuse them).
+template <typename Store>
+void dequantizeSumBlocks(const uint8_t *in, int64_t parts, int64_t n, int64_t block, bool mean,
+                         int64_t b0, int64_t b1, Store store) {
+  const int64_t sOff = valueBytes(n), blocks = n / block + (n % block != 0);
+  const int64_t partBytes = sOff + 4 * blocks;
+  constexpr int64_t kChunk = 256;
+  float acc[kChunk];
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
+    for (int64_t c = 0; c < len; c += kChunk) {
+      const int64_t k = len - c < kChunk ? len - c : kChunk;
+      for (int64_t p = 0; p < parts; ++p) {
+        const uint8_t *part = in + p * partBytes;
+        float s;
+        std::memcpy(&s, part + sOff + 4 * b, 4);
+        const uint8_t *q = part + lo + c;
+        if (p == 0)
+          for (int64_t i = 0; i < k; ++i)
+            acc[i] = (float)(int8_t)q[i] * s;
+        else
+          for (int64_t i = 0; i < k; ++i)
+            acc[i] += (float)(int8_t)q[i] * s;
+      }
+      for (int64_t i = 0; i < k; ++i)
+        store(lo + c + i, mean ? acc[i] / (float)parts : acc[i]);
+    }
   }
 }
 

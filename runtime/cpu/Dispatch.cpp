@@ -472,16 +472,26 @@ const std::unordered_map<std::string, Exec> &table() {
                 DType::F32, n);
         x = wide.data();
       }
-      quantize(x, n, r.op.i("block", 1), r.out<uint8_t>(0));
+      // parts (qgZ): each part quantized on its own, one after another.
+      const int64_t parts = r.op.i("parts", 1), block = r.op.i("block", 1), per = n / parts;
+      const int64_t partBytes = shapes::quantizedBytes(per, block);
+      for (int64_t p = 0; p < parts; ++p)
+        quantize(x + p * per, per, block, r.out<uint8_t>(0) + p * partBytes);
       return Status::ok();
     };
     m["dequantize"] = [](const Run &r) {
-      const int64_t parts = r.op.i("parts", 1), n = r.op.out(0).numel() / parts;
       const DType to = r.op.out(0).dtype;
-      dequantize(r.in<uint8_t>(0), parts, n, r.op.i("block", 1), r.out<uint8_t>(0),
-                 to == DType::F32    ? DequantizeTo::F32
-                 : to == DType::BF16 ? DequantizeTo::BF16
-                                     : DequantizeTo::F16);
+      const DequantizeTo kind = to == DType::F32    ? DequantizeTo::F32
+                                : to == DType::BF16 ? DequantizeTo::BF16
+                                                    : DequantizeTo::F16;
+      const int64_t parts = r.op.i("parts", 1), block = r.op.i("block", 1);
+      if (r.op.has("reduce")) { // qgZ: the parts summed into this rank's shard
+        dequantizeSum(r.in<uint8_t>(0), parts, r.op.out(0).numel(), block,
+                      r.op.s("reduce", "sum") == "mean", r.out<uint8_t>(0), kind);
+        return Status::ok();
+      }
+      dequantize(r.in<uint8_t>(0), parts, r.op.out(0).numel() / parts, block, r.out<uint8_t>(0),
+                 kind);
       return Status::ok();
     };
     m["cast"] = [](const Run &r) {

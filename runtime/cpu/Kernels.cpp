@@ -1220,4 +1220,24 @@ void dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void
     }
 }
 
+void dequantizeSum(const uint8_t *in, int64_t parts, int64_t n, int64_t block, bool mean, void *y,
+                   DequantizeTo to) {
+  const int64_t blocks = shapes::quantizedBlocks(n, block), per = blocksPerTask(block);
+  auto *f = static_cast<float *>(y);
+  auto *h = static_cast<uint16_t *>(y);
+#pragma omp parallel for if (parts * n > kParallelGrain)
+  for (int64_t b = 0; b < blocks; b += per) {
+    const int64_t b1 = std::min(blocks, b + per);
+    if (to == DequantizeTo::F32)
+      quant::dequantizeSumBlocks(in, parts, n, block, mean, b, b1,
+                                 [&](int64_t i, float v) { f[i] = v; });
+    else if (to == DequantizeTo::BF16)
+      quant::dequantizeSumBlocks(in, parts, n, block, mean, b, b1,
+                                 [&](int64_t i, float v) { h[i] = roundToBf16(v); });
+    else
+      quant::dequantizeSumBlocks(in, parts, n, block, mean, b, b1,
+                                 [&](int64_t i, float v) { h[i] = roundToHalf(v); });
+  }
+}
+
 } // namespace fsdp::cpu

@@ -250,6 +250,10 @@ enum class DequantizeTo { F32, BF16, F16 };
 /// into y (parts x n values of `to`, rounded to nearest even if narrow).
 void dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
                 DequantizeTo to);
+/// fsdp.dequantize with `reduce` (ZeRO++'s qgZ): `parts` quantized parts
+/// of n values each summed (mean: divided by parts) into y's n values.
+void dequantizeSum(const uint8_t *in, int64_t parts, int64_t n, int64_t block, bool mean, void *y,
+                   DequantizeTo to);
 
 } // namespace fsdp::cpu
 

@@ -82,6 +82,13 @@ public:
     return staged(Kind::AllGather, in, shard, out, shard * size(), dtype, ReduceOp::Sum,
                   streamOf(stream));
   }
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allToAll(in, out, chunk, dtype, nullptr);
+    bytesSent_ += (size() - 1) * chunk * elementBytes(dtype);
+    return staged(Kind::AllToAll, in, chunk * size(), out, chunk * size(), dtype, ReduceOp::Sum,
+                  streamOf(stream));
+  }
   Status broadcast(void *data, int64_t bytes, int64_t root) override {
     return host->broadcast(data, bytes, root);
   }
@@ -95,7 +102,7 @@ public:
   }
 
 private:
-  enum class Kind { AllReduce, ReduceScatter, AllGather };
+  enum class Kind { AllReduce, ReduceScatter, AllGather, AllToAll };
   struct Call {
     Communicator *host;
     Kind kind;
@@ -108,12 +115,14 @@ private:
     std::unique_ptr<Call> c(static_cast<Call *>(p));
     if (asyncFailed)
       return; // a peer failed earlier: the job is stopping
-    Status st = c->kind == Kind::AllReduce
-                    ? c->host->allReduce(c->in, c->out, c->outCount, c->dtype, c->op, nullptr)
-                : c->kind == Kind::ReduceScatter
-                    ? c->host->reduceScatter(c->in, c->out, c->outCount, c->dtype, c->op,
-                                             nullptr)
-                    : c->host->allGather(c->in, c->out, c->inCount, c->dtype, nullptr);
+    Status st =
+        c->kind == Kind::AllReduce
+            ? c->host->allReduce(c->in, c->out, c->outCount, c->dtype, c->op, nullptr)
+        : c->kind == Kind::ReduceScatter
+            ? c->host->reduceScatter(c->in, c->out, c->outCount, c->dtype, c->op, nullptr)
+        : c->kind == Kind::AllGather
+            ? c->host->allGather(c->in, c->out, c->inCount, c->dtype, nullptr)
+            : c->host->allToAll(c->in, c->out, c->inCount / c->host->size(), c->dtype, nullptr);
     if (!st)
       recordAsyncError(st);
   }
@@ -260,6 +269,37 @@ public:
     FSDP_NCCL_CHECK(ncclAllGather(in, out, (size_t)(shard * elementBytes(dtype)), ncclUint8,
                                   comm, streamOf(stream)));
     return Status::ok();
+  }
+  /// One group of point-to-point calls, as PyTorch's all_to_all_single:
+  /// NCCL runs the group's sends and receives together. Bytes: any dtype.
+  Status allToAll(const void *in, void *out, int64_t chunk, DType dtype, Stream *stream) override {
+    if (!streamOf(stream))
+      return host->allToAll(in, out, chunk, dtype, nullptr);
+    const size_t bytes = (size_t)(chunk * elementBytes(dtype));
+    bytesSent_ += (n - 1) * (int64_t)bytes;
+    if (bytes == 0)
+      return Status::ok();
+    cudaStream_t s = streamOf(stream);
+    const auto *src = static_cast<const uint8_t *>(in);
+    auto *dst = static_cast<uint8_t *>(out);
+    FSDP_CUDA_CHECK(
+        cudaMemcpyAsync(dst + r * bytes, src + r * bytes, bytes, cudaMemcpyDeviceToDevice, s));
+    if (n == 1)
+      return Status::ok();
+    FSDP_NCCL_CHECK(ncclGroupStart());
+    Status st;
+    for (int64_t k = 1; k < n && st; ++k) {
+      const int64_t to = (r + k) % n, from = (r + n - k) % n;
+      st = ncclStatus(ncclSend(src + to * bytes, bytes, ncclUint8, (int)to, comm, s), "ncclSend",
+                      __FILE__, __LINE__);
+      if (st)
+        st = ncclStatus(ncclRecv(dst + from * bytes, bytes, ncclUint8, (int)from, comm, s),
+                        "ncclRecv", __FILE__, __LINE__);
+    }
+    // Closed even after a failed call: NCCL's group depth is per thread,
+    // and an open group would swallow every later collective.
+    Status end = ncclStatus(ncclGroupEnd(), "ncclGroupEnd", __FILE__, __LINE__);
+    return st ? end : st;
   }
   Status broadcast(void *data, int64_t bytes, int64_t root) override {
     if (n == host->size())

@@ -1846,14 +1846,21 @@ Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch
     const void *x = r.in<uint8_t>(0);
     uint8_t *y = r.out<uint8_t>(0);
     const FloatKind from = floatKind(op.in(0).dtype);
-    const int64_t len = op.in(0).numel(), block = op.i("block", 1);
-    out = fromCuda([=](cudaStream_t s) { return quantize(x, from, len, block, y, s); }, n);
+    const int64_t parts = op.i("parts", 1), block = op.i("block", 1),
+                  len = op.in(0).numel() / parts;
+    out = fromCuda([=](cudaStream_t s) { return quantize(x, from, parts, len, block, y, s); }, n);
   } else if (n == "dequantize") {
     const uint8_t *x = r.in<uint8_t>(0);
     void *y = r.out<uint8_t>(0);
     const FloatKind to = floatKind(o0.dtype);
-    const int64_t parts = op.i("parts", 1), block = op.i("block", 1), len = numel / parts;
-    out = fromCuda([=](cudaStream_t s) { return dequantize(x, parts, len, block, y, to, s); }, n);
+    // reduce (qgZ): the parts summed into this rank's shard.
+    const char *reduce = !op.has("reduce")                 ? nullptr
+                         : op.s("reduce", "sum") == "mean" ? "mean"
+                                                           : "sum";
+    const int64_t parts = op.i("parts", 1), block = op.i("block", 1),
+                  len = reduce ? numel : numel / parts;
+    out = fromCuda(
+        [=](cudaStream_t s) { return dequantize(x, parts, len, block, y, to, reduce, s); }, n);
   } else {
     return FSDP_ERROR("op '", n, "' is not a layout op"); // a bug in builders()
   }

@@ -1283,14 +1283,20 @@ namespace {
 
 /// A warp per block: the block's largest magnitude m (NaN if a value is
 /// NaN, as quant::blockMax), then each value by 127 / m
-/// (quant::quantizeValue); the scale m / 127 after the values.
+/// (quant::quantizeValue); the scale m / 127 after the values. Blocks of
+/// `parts` parts of n values (qgZ), each part quantized on its own into
+/// its own partBytes.
 template <typename A>
-__global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blocks, uint8_t *out) {
+__global__ void quantizeKernel(const A *x0, int64_t parts, int64_t n, int64_t block, int64_t blocks,
+                               int64_t partBytes, uint8_t *out0) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   const int64_t sOff = (n + 3) / 4 * 4;
-  for (int64_t b = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; b < blocks;
-       b += warps) {
+  for (int64_t pb = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; pb < parts * blocks;
+       pb += warps) {
+    const int64_t p = pb / blocks, b = pb % blocks;
+    const A *x = x0 + p * n;
+    uint8_t *out = out0 + p * partBytes;
     const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
     float m = 0.0f;
     int nan = 0;
@@ -1316,7 +1322,8 @@ __global__ void quantizeKernel(const A *x, int64_t n, int64_t block, int64_t blo
       *reinterpret_cast<float *>(out + sOff + 4 * b) = sc;
   }
   if (blockIdx.x == 0 && threadIdx.x < sOff - n)
-    out[n + threadIdx.x] = 0;
+    for (int64_t p = 0; p < parts; ++p)
+      out0[p * partBytes + n + threadIdx.x] = 0;
 }
 
 template <typename B>
@@ -1331,41 +1338,69 @@ __global__ void dequantizeKernel(const uint8_t *in, int64_t parts, int64_t n, in
   }
 }
 
+/// qgZ's reduce (quant::dequantizeSumBlocks): a thread per value, the
+/// parts added in order, each product and sum rounded on its own (no
+/// fused multiply-add, so the bits are the CPU's).
+template <typename B>
+__global__ void dequantizeSumKernel(const uint8_t *in, int64_t parts, int64_t n, int64_t block,
+                                    int64_t partBytes, bool mean, B *y) {
+  const int64_t sOff = (n + 3) / 4 * 4;
+  FSDP_GRID_STRIDE(i, n) {
+    const int64_t sAt = sOff + 4 * (i / block);
+    float acc = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) {
+      const uint8_t *part = in + p * partBytes;
+      const float v =
+          __fmul_rn((float)(int8_t)part[i], *reinterpret_cast<const float *>(part + sAt));
+      acc = p == 0 ? v : __fadd_rn(acc, v);
+    }
+    st(y + i, mean ? __fdiv_rn(acc, (float)parts) : acc);
+  }
+}
+
 template <typename A>
-cudaError_t quantizeFrom(const A *x, int64_t n, int64_t block, uint8_t *out, cudaStream_t s) {
+cudaError_t quantizeFrom(const A *x, int64_t parts, int64_t n, int64_t block, uint8_t *out,
+                         cudaStream_t s) {
   const int64_t blocks = shapes::quantizedBlocks(n, block);
-  quantizeKernel<<<gridFor(blocks * 32), kThreads, 0, s>>>(x, n, block, blocks, out);
+  quantizeKernel<<<gridFor(parts * blocks * 32), kThreads, 0, s>>>(
+      x, parts, n, block, blocks, shapes::quantizedBytes(n, block), out);
+  return cudaGetLastError();
+}
+
+template <typename B>
+cudaError_t dequantizeTo(const uint8_t *in, int64_t parts, int64_t n, int64_t block, B *y,
+                         const char *reduce, cudaStream_t s) {
+  const int64_t partBytes = shapes::quantizedBytes(n, block);
+  if (reduce)
+    dequantizeSumKernel<<<gridFor(n), kThreads, 0, s>>>(in, parts, n, block, partBytes,
+                                                        reduce[0] == 'm', y);
+  else
+    dequantizeKernel<<<gridFor(parts * n), kThreads, 0, s>>>(in, parts, n, block, partBytes, y);
   return cudaGetLastError();
 }
 
 } // namespace
 
-cudaError_t quantize(const void *x, FloatKind from, int64_t n, int64_t block, uint8_t *out,
-                     cudaStream_t s) {
-  if (n <= 0 || block <= 0)
-    return n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
+cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t block,
+                     uint8_t *out, cudaStream_t s) {
+  if (parts <= 0 || n <= 0 || block <= 0)
+    return parts * n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (from == FloatKind::F32)
-    return quantizeFrom(static_cast<const float *>(x), n, block, out, s);
+    return quantizeFrom(static_cast<const float *>(x), parts, n, block, out, s);
   if (from == FloatKind::BF16)
-    return quantizeFrom(static_cast<const __nv_bfloat16 *>(x), n, block, out, s);
-  return quantizeFrom(static_cast<const __half *>(x), n, block, out, s);
+    return quantizeFrom(static_cast<const __nv_bfloat16 *>(x), parts, n, block, out, s);
+  return quantizeFrom(static_cast<const __half *>(x), parts, n, block, out, s);
 }
 
 cudaError_t dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
-                       FloatKind to, cudaStream_t s) {
+                       FloatKind to, const char *reduce, cudaStream_t s) {
   if (parts <= 0 || n <= 0 || block <= 0)
     return parts * n == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  const int64_t total = parts * n, partBytes = shapes::quantizedBytes(n, block);
   if (to == FloatKind::F32)
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
-                                                         static_cast<float *>(y));
-  else if (to == FloatKind::BF16)
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
-                                                         static_cast<__nv_bfloat16 *>(y));
-  else
-    dequantizeKernel<<<gridFor(total), kThreads, 0, s>>>(in, parts, n, block, partBytes,
-                                                         static_cast<__half *>(y));
-  return cudaGetLastError();
+    return dequantizeTo(in, parts, n, block, static_cast<float *>(y), reduce, s);
+  if (to == FloatKind::BF16)
+    return dequantizeTo(in, parts, n, block, static_cast<__nv_bfloat16 *>(y), reduce, s);
+  return dequantizeTo(in, parts, n, block, static_cast<__half *>(y), reduce, s);
 }
 
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,

@@ -220,15 +220,17 @@ cudaError_t clipCoef(const float *sumsq, float *out, double maxNorm, cudaStream_
 cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double maxNorm,
                      cudaStream_t s);
 
-/// fsdp.quantize (ZeRO++'s qwZ; the arithmetic of runtime/core/Quantize.h,
-/// bit for bit): n values of x into out (shapes::quantizedBytes(n, block)
-/// bytes), a warp per block of `block` values.
-cudaError_t quantize(const void *x, FloatKind from, int64_t n, int64_t block, uint8_t *out,
-                     cudaStream_t s);
+/// fsdp.quantize (ZeRO++'s qwZ and qgZ; the arithmetic of
+/// runtime/core/Quantize.h, bit for bit): `parts` parts of n values of x,
+/// each into shapes::quantizedBytes(n, block) bytes of out, one after
+/// another; a warp per block of `block` values.
+cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t block,
+                     uint8_t *out, cudaStream_t s);
 /// fsdp.dequantize: `parts` quantized parts of n values each, in order,
-/// into y (parts x n values), rounded to nearest even into a narrow `to`.
+/// into y (parts x n values), rounded to nearest even into a narrow `to`;
+/// with `reduce` ("sum" or "mean", qgZ) the parts summed into n values.
 cudaError_t dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,
-                       FloatKind to, cudaStream_t s);
+                       FloatKind to, const char *reduce, cudaStream_t s);
 
 /// Element type conversion, round to nearest even (as cpu::floatToBf16).
 cudaError_t cast(const void *x, FloatKind from, void *y, FloatKind to, int64_t n,

@@ -66,7 +66,11 @@ namespace {
   X(ncclGetVersion)                                                                                \
   X(ncclAllReduce)                                                                                 \
   X(ncclReduceScatter)                                                                             \
-  X(ncclAllGather)
+  X(ncclAllGather)                                                                                 \
+  X(ncclSend)                                                                                      \
+  X(ncclRecv)                                                                                      \
+  X(ncclGroupStart)                                                                                \
+  X(ncclGroupEnd)
 
 #define FSDP_ENUM(name) name,
 #define FSDP_NAME(name) #name,
@@ -268,3 +272,13 @@ FSDP_NCCL(ncclAllGather,
           (const void *in, void *out, size_t count, ncclDataType_t type, ncclComm_t comm,
            cudaStream_t stream),
           (in, out, count, type, comm, stream))
+FSDP_NCCL(ncclSend,
+          (const void *in, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+           cudaStream_t stream),
+          (in, count, type, peer, comm, stream))
+FSDP_NCCL(ncclRecv,
+          (void *out, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+           cudaStream_t stream),
+          (out, count, type, peer, comm, stream))
+FSDP_NCCL(ncclGroupStart, (), ())
+FSDP_NCCL(ncclGroupEnd, (), ())

@@ -9,7 +9,9 @@
 // (HSDP's subgroups), all-reduce / reduce-scatter / all-gather with NCCL's
 // documented buffer semantics (reduce-scatter's recvcount per rank, rank
 // r's block; all-gather's sendcount, rank r's data at r * sendcount;
-// in-place), ncclSum and ncclAvg on f32 / f16 / bf16 / f64 / integers.
+// in-place), ncclSum and ncclAvg on f32 / f16 / bf16 / f64 / integers,
+// and ncclSend / ncclRecv grouped by ncclGroupStart / ncclGroupEnd (an
+// all-to-all; [Note: emulated send and receive]).
 //
 // Transport: one POSIX shared-memory segment per communicator, named from
 // the unique id (random, made by rank 0, which the backend broadcasts).
@@ -63,6 +65,9 @@ struct Header {
   std::atomic<uint32_t> arrived, generation;
   Call calls[kMaxRanks];
   int32_t color[kMaxRanks], key[kMaxRanks]; // ncclCommSplit
+  // A group of sends and receives: bytes rank r sends to / receives from
+  // rank p (row r written by rank r).
+  int64_t sendBytes[kMaxRanks][kMaxRanks], recvBytes[kMaxRanks][kMaxRanks];
 };
 
 size_t segmentBytes(int nranks) {
@@ -239,12 +244,13 @@ void reduceSlots(ncclComm_t c, ncclDataType_t t, ncclRedOp_t op, size_t at, size
   }
 }
 
-enum Kind { kAllReduce = 1, kReduceScatter, kAllGather, kSplit };
+enum Kind { kAllReduce = 1, kReduceScatter, kAllGather, kSplit, kSendRecv };
 const char *kindName(int k) {
-  return k == kAllReduce ? "ncclAllReduce"
+  return k == kAllReduce       ? "ncclAllReduce"
          : k == kReduceScatter ? "ncclReduceScatter"
-         : k == kAllGather ? "ncclAllGather"
-                           : "ncclCommSplit";
+         : k == kAllGather     ? "ncclAllGather"
+         : k == kSendRecv      ? "ncclSend/ncclRecv group"
+                               : "ncclCommSplit";
 }
 
 /// Publishes this rank's call and checks every rank issued the same one.
@@ -345,6 +351,160 @@ ncclResult_t collective(int kind, const void *in, void *out, size_t count, ncclD
     return runCollective(kind, in, out, count, t, op, c);
   cudaemu::enqueue(s, [=] { runCollective(kind, in, out, count, t, op, c); });
   return ncclSuccess;
+}
+
+// [Note: emulated send and receive]
+// ncclSend / ncclRecv are kept in the calling thread's group (NCCL's
+// group state is per thread; a call outside a group is a group of its
+// own) and run at ncclGroupEnd, one exchange per communicator: every rank
+// publishes how many bytes it sends to and receives from each peer, all
+// check that every pair agrees (several calls to one peer are one stream
+// of bytes, matched in issue order, as NCCL matches them), and the bytes
+// move through the slots in rounds of kSlotBytes / n per peer. Unlike
+// NCCL, every rank of the communicator must end a group at the same
+// point (all-to-all's pattern; a pair exchanging alone times out here).
+
+struct P2p {
+  bool send;
+  unsigned char *buf; // a receive's destination, or a send's source
+  size_t bytes;
+  int peer;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+struct Group {
+  int depth = 0;
+  std::vector<P2p> ops;
+  ncclResult_t error = ncclSuccess; // a call of the open group failed
+};
+thread_local Group group;
+
+/// Copies bytes [at, at + len) of the stream the ops (to or from one peer,
+/// in issue order) form, to or from `slot`.
+void copyStream(const std::vector<P2p> &ops, size_t at, size_t len, unsigned char *slot) {
+  size_t base = 0;
+  for (const P2p &op : ops) {
+    size_t lo = std::max(at, base), hi = std::min(at + len, base + op.bytes);
+    if (lo < hi) {
+      if (op.send)
+        std::memcpy(slot + (lo - at), op.buf + (lo - base), hi - lo);
+      else
+        std::memcpy(op.buf + (lo - base), slot + (lo - at), hi - lo);
+    }
+    base += op.bytes;
+  }
+}
+
+/// One communicator's sends and receives of a group.
+ncclResult_t runSendRecv(ncclComm_t c, const std::vector<P2p> &ops) {
+  const int n = c->nranks, me = c->rank;
+  std::vector<std::vector<P2p>> to(n), from(n);
+  for (int p = 0; p < n; ++p)
+    c->hdr->sendBytes[me][p] = c->hdr->recvBytes[me][p] = 0;
+  for (const P2p &op : ops) {
+    (op.send ? to : from)[op.peer].push_back(op);
+    (op.send ? c->hdr->sendBytes : c->hdr->recvBytes)[me][op.peer] += (int64_t)op.bytes;
+  }
+  // The rows are published before agree's first barrier and not written
+  // again before this exchange's last one.
+  if (ncclResult_t r = agree(c, Call{kSendRecv, 0, 0, 0}))
+    return r;
+  int64_t most = 0;
+  for (int r = 0; r < n; ++r)
+    for (int p = 0; p < n; ++p) {
+      const int64_t sent = c->hdr->sendBytes[r][p], got = c->hdr->recvBytes[p][r];
+      if (sent != got) {
+        // Every rank reads the same table: all fail alike, none waits.
+        char buf[200];
+        std::snprintf(buf, sizeof buf,
+                      "ncclSend/ncclRecv: rank %d sends %lld bytes to rank %d, which receives "
+                      "%lld from it",
+                      r, (long long)sent, p, (long long)got);
+        c->barrier();
+        return failed(c, ncclInvalidUsage, buf);
+      }
+      most = std::max(most, sent);
+    }
+  const size_t per = kSlotBytes / (size_t)n;
+  for (size_t at = 0; at < (size_t)most; at += per) {
+    unsigned char *mine = c->slot(me);
+    for (int p = 0; p < n; ++p) {
+      const size_t sent = (size_t)c->hdr->sendBytes[me][p];
+      if (at < sent)
+        copyStream(to[p], at, std::min(per, sent - at), mine + (size_t)p * per);
+    }
+    if (!c->barrier())
+      return failed(c, ncclRemoteError, "ncclSend/ncclRecv: a peer did not arrive");
+    for (int p = 0; p < n; ++p) {
+      const size_t got = (size_t)c->hdr->recvBytes[me][p];
+      if (at < got)
+        copyStream(from[p], at, std::min(per, got - at), c->slot(p) + (size_t)me * per);
+    }
+    if (!c->barrier())
+      return failed(c, ncclRemoteError, "ncclSend/ncclRecv: a peer did not arrive");
+  }
+  // The table is read before a later group rewrites it.
+  if (!c->barrier())
+    return failed(c, ncclRemoteError, "ncclSend/ncclRecv: a peer did not arrive");
+  return ncclSuccess;
+}
+
+/// Ends the outermost group: its calls run communicator by communicator
+/// (in the order each first appears), each on its first call's stream.
+ncclResult_t runGroup() {
+  std::vector<P2p> ops;
+  ops.swap(group.ops);
+  ncclResult_t error = group.error;
+  group.error = ncclSuccess;
+  if (error != ncclSuccess) // a call of the group failed: NCCL fails the group
+    return error;
+  std::vector<ncclComm_t> comms;
+  for (const P2p &op : ops)
+    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end())
+      comms.push_back(op.comm);
+  for (ncclComm_t c : comms) {
+    std::vector<P2p> mine;
+    for (const P2p &op : ops)
+      if (op.comm == c)
+        mine.push_back(op);
+    cudaStream_t s = mine[0].stream;
+    if (cudaemu::runsAtIssue(s)) {
+      if (ncclResult_t r = runSendRecv(c, mine))
+        return r;
+    } else {
+      cudaemu::enqueue(s, [c, mine] { runSendRecv(c, mine); });
+    }
+  }
+  return ncclSuccess;
+}
+
+/// A send or receive: checked now, run at the group's end.
+ncclResult_t pointToPoint(bool send, const void *buf, size_t count, ncclDataType_t t, int peer,
+                          ncclComm_t c, cudaStream_t s) {
+  const char *what = send ? "ncclSend" : "ncclRecv";
+  ncclResult_t r = ncclSuccess;
+  size_t es = typeBytes(t);
+  if (!c || !c->hdr)
+    r = failed(c, ncclInvalidArgument, std::string(what) + ": invalid or aborted communicator");
+  else if (es == 0)
+    r = failed(c, ncclInvalidArgument, std::string(what) + ": unsupported datatype");
+  else if (peer < 0 || peer >= c->nranks)
+    r = failed(c, ncclInvalidArgument,
+               std::string(what) + ": peer " + std::to_string(peer) + " is not a rank of " +
+                   std::to_string(c->nranks));
+  else if (count > 0 && cudaemu::checkDevicePointer(buf, count * es, what) != cudaSuccess)
+    r = failed(c, ncclInvalidArgument,
+               std::string(what) +
+                   ": the buffer is not device memory of the size the call implies");
+  if (r != ncclSuccess) {
+    if (group.depth > 0 && group.error == ncclSuccess)
+      group.error = r;
+    return r;
+  }
+  group.ops.push_back(
+      P2p{send, static_cast<unsigned char *>(const_cast<void *>(buf)), count * es, peer, c, s});
+  return group.depth == 0 ? runGroup() : ncclSuccess;
 }
 
 /// Maps (creating if needed) the segment of a communicator.
@@ -483,7 +643,24 @@ ncclResult_t ncclAllGather(const void *in, void *out, size_t sendcount, ncclData
                            ncclComm_t comm, cudaStream_t s) {
   return collective(kAllGather, in, out, sendcount, t, ncclSum, comm, s);
 }
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclSend(const void *in, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                      cudaStream_t s) {
+  return pointToPoint(true, in, count, t, peer, comm, s);
+}
+ncclResult_t ncclRecv(void *out, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                      cudaStream_t s) {
+  return pointToPoint(false, out, count, t, peer, comm, s);
+}
+// Collectives inside a group still run at their call (the backend groups
+// only sends and receives); see [Note: emulated send and receive].
+ncclResult_t ncclGroupStart() {
+  ++group.depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (group.depth == 0)
+    return failed(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  return --group.depth == 0 ? runGroup() : ncclSuccess;
+}
 
 } // extern "C"

@@ -19,7 +19,11 @@ instead of after compounding for 20 steps:
 A plan with quantized weight all-gathers (weight-quantization=int8) is
 replayed with each step's loss and gradients taken at the parameters
 dequantized per rank's shard (dequantized()), the update applied to the
-exact ones.
+exact ones. A plan with quantized gradient reduce-scatters
+(gradient-quantization=int8) is replayed with every rank's gradients on
+its own rows, reduced as the all-to-all and its owner's sum do
+(quantized_reduce()), within a bound that adds one quantum where a value
+lies within our gradient's rounding of a tie.
 A free-running float32 PyTorch run (torch.optim) is printed beside, for
 information (without the quantization).
 
@@ -511,9 +515,94 @@ def quantization_block(plan):
     """The block of a plan whose all-gathers move int8 shards (fsdp-shard's
     weight-quantization=int8, ZeRO++'s qwZ), or None."""
     for i in (plan or {}).get("program", []):
-        if i["op"] == "quantize":
+        if i["op"] == "quantize" and "parts" not in i["attrs"]:
             return i["attrs"]["block"]
     return None
+
+
+def gradient_quantization_block(plan):
+    """The block of a plan whose gradient reduce-scatters are all-to-alls of
+    int8 parts (gradient-quantization=int8, ZeRO++'s qgZ), or None."""
+    for i in (plan or {}).get("program", []):
+        if i["op"] == "quantize" and "parts" in i["attrs"]:
+            return i["attrs"]["block"]
+    return None
+
+
+def quantize_f32(x, block):
+    """x (float32, one part) quantized and dequantized in blocks as
+    runtime/core/Quantize.h does, in float32: (values, per-value scale,
+    per-value x x (127 / m))."""
+    deq = torch.empty_like(x)
+    scale = torch.empty_like(x)
+    t = torch.zeros_like(x)
+    for b in range(0, x.numel(), block):
+        v = x[b:b + block]
+        m = v.abs().max()
+        s = m / 127.0
+        scale[b:b + v.numel()] = s
+        if not (torch.isfinite(m) and m > 0):
+            deq[b:b + v.numel()] = v * 0.0 if m == 0 else float("nan")
+            continue
+        tv = v * (torch.tensor(127.0, dtype=torch.float32) / m)
+        t[b:b + v.numel()] = tv
+        deq[b:b + v.numel()] = torch.round(tv).clamp(-127.0, 127.0) * s
+    return deq, scale, t
+
+
+def quantized_reduce(per_rank, plan, block, deltas):
+    """qgZ's reduce-scatter of the ranks' float64 gradients `per_rank`
+    (dicts by name): each rank's unit gradients in float32, cut into the
+    world's parts of S, each quantized in blocks (quantize_f32), and part
+    p's dequantized values summed over the ranks in rank order in float32,
+    divided by the ranks (fsdp.dequantize's reduce = "mean",
+    quant::dequantizeSumBlocks). Returns (expected gradients, per-element
+    allowed difference): our gradient of rank r is within deltas[r] of the
+    oracle's, which moves a block's scale (m by at most delta: q x scale by
+    at most delta) and, where x x (127 / m) is that close to a tie (k +
+    1/2), may round q the other way: one quantum (the block's scale) more.
+    Then the float32 sum's and the division's rounding."""
+    W = len(per_rank)
+    out, allowed = {}, {}
+    for ui, u in enumerate(plan["units"]):
+        members = [p for p in plan["params"] if p["unit"] == ui]
+        if not u["sharded"]:
+            for p in members:
+                g = sum(pr[p["name"]] for pr in per_rank) / W
+                out[p["name"]] = g
+                allowed[p["name"]] = torch.full_like(g, max(deltas))
+            continue
+        S, N = u["shard_numel"], u["padded_numel"]
+        acc = torch.zeros(N, dtype=torch.float32)
+        err = torch.zeros(N, dtype=torch.float64)
+        mag = torch.zeros(N, dtype=torch.float64)
+        for r, pr in enumerate(per_rank):
+            flat = torch.zeros(N, dtype=torch.float64)
+            for p in members:
+                n = math.prod(p["shape"])
+                flat[p["flat_offset"]:p["flat_offset"] + n] = pr[p["name"]].reshape(-1)
+            f = flat.float()
+            d = deltas[r] + U32 * f.abs().double()  # ours vs this float32 copy
+            for lo in range(0, N, S):
+                deq, scale, t = quantize_f32(f[lo:lo + S], block)
+                acc[lo:lo + S] = deq if r == 0 else acc[lo:lo + S] + deq
+                sc = scale.double()
+                m = 127.0 * sc
+                # x x (127 / m) moves by at most 127 (d / m) (1 + |t| / 127)
+                # and the products' rounding: near a tie, one quantum.
+                dt = 127.0 * d[lo:lo + S] / m.clamp(min=1e-300) * (1 + t.abs().double() / 127.0)
+                dt = dt + 4 * U32 * t.abs().double()
+                near = (t.double() - torch.floor(t.double()) - 0.5).abs() <= dt
+                err[lo:lo + S] += d[lo:lo + S] + near.double() * sc
+                mag[lo:lo + S] += deq.abs().double()
+        mean = acc / W
+        tol = err / W + (W - 1) * U32 * mag / W + U32 * mean.abs().double()
+        for p in members:
+            n = math.prod(p["shape"])
+            sl = slice(p["flat_offset"], p["flat_offset"] + n)
+            out[p["name"]] = mean[sl].double().reshape(p["shape"])
+            allowed[p["name"]] = tol[sl].reshape(p["shape"])
+    return out, allowed
 
 
 def dequantized(theta, plan, block):
@@ -585,6 +674,12 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # the dequantized parameters; the update applies them to the exact
     # master (theta), as ZeRO++'s qwZ does.
     block = quantization_block(plan)
+    # gradient-quantization=int8: the update applies each unit's gradients
+    # reduced as qgZ does from every rank's own (its rows of the batch).
+    gblock = gradient_quantization_block(plan)
+    if gblock and (ls or opts.get("max_grad_norm", 0) > 0 or plan.get("mesh")):
+        raise SystemExit("this oracle replays gradient-quantization=int8 without loss "
+                         "scaling, clipping or a 2-D mesh")
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
         used = dequantized(theta, plan, block) if block else theta
@@ -602,6 +697,18 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         ours_loss = log["losses"][step - 1]
         loss_worst = max(loss_worst, abs(ours_loss - loss.item()) / abs(loss.item()))
         grads = {n: p.grad.detach().clone() for n, p in params.items()}
+        qallowed = None
+        if gblock:
+            W = plan["world_size"]
+            rows = x.shape[0] // W
+            per_rank, deltas = [], []
+            for r in range(W):
+                model.zero_grad()
+                model.loss(x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows]).backward()
+                g_r = {n: p.grad.detach().clone() for n, p in params.items()}
+                per_rank.append(g_r)
+                deltas.append(n_round * U32 * max(g.abs().max().item() for g in g_r.values()))
+            grads, qallowed = quantized_reduce(per_rank, plan, gblock, deltas)
         if ls:
             if log["loss_scales"][step - 1] != scale:
                 scaler_ok = False
@@ -644,7 +751,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
             dclip = clip * min(1.0, math.sqrt(P) * delta / max(norm, 1e-300)) if clip < 1 else 0.0
         for n in params:
             g = grads[n] * clip
-            D = torch.full_like(g, clip * delta)
+            D = qallowed[n] if qallowed is not None else torch.full_like(g, clip * delta)
             if mgn > 0 and clip < 1:
                 D = D + grads[n].abs() * dclip
             expected, allowed = check.step(n, theta[n], g, D, lr)
@@ -660,6 +767,9 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     if block:
         lines.append(f"weight-quantization=int8: loss and gradients at the parameters "
                      f"dequantized from blocks of {block} of each rank's shard")
+    if gblock:
+        lines.append(f"gradient-quantization=int8: each rank's gradients quantized in parts "
+                     f"and blocks of {gblock}, each part summed by its owner in float32")
     total = sum(p.numel() for p in params.values())
     for n in params:
         extra = (f"  {tight[n]}/{params[n].numel()} elements under a tight bound"

@@ -5,10 +5,10 @@
 // shared memory: every collective against a reference computed here, for
 // N = 2, 3 (not a power of two) and 4, with uneven values and several
 // collectives in a row (the pattern that exposed Gloo's reduce-scatter bug
-// at N = 3); buffers larger than a shared-memory slot (chunked); a dead
-// peer turning into an error; and the flight recorder naming the rank a
-// timed-out collective waited for, with the directory store and with the
-// TCP store.
+// at N = 3); all-to-all bit for bit, in f32 and i8; buffers larger than a
+// shared-memory slot (chunked); a dead peer turning into an error; and the
+// flight recorder naming the rank a timed-out collective waited for, with
+// the directory store and with the TCP store.
 //
 //===----------------------------------------------------------------------===//
 
@@ -232,6 +232,67 @@ TEST_P(CommTest, ReusedAddressesSeeTheirNewContents) {
   EXPECT_EQ(err, "");
 }
 
+/// All-to-all moves bytes: every chunk arrives bit for bit (f32 as
+/// arbitrary bit patterns, NaNs among them, and i8 through all 256
+/// values), for empty, one-element, odd and large chunks (300000 bytes:
+/// several shared-memory rounds, and several column ranges of the
+/// two-level communicator in 64 KiB chunks), into buffers reused across
+/// rounds with skewed ranks; the input is left intact and bytesSent()
+/// grows by the ring volume, (N - 1) x chunk bytes.
+TEST_P(CommTest, AllToAllMovesEveryChunkExactly) {
+  auto [backend, n] = GetParam();
+  std::string err = runRanks(
+      n, freshDir("a2a" + backend + std::to_string(n)), 30,
+      [&](int r, Communicator &comm) -> std::string {
+        // Byte i of the chunk rank `from` sends rank `to` in `round`.
+        auto byte = [](int from, int to, int64_t i, int round) {
+          uint32_t h =
+              (uint32_t)(from * 131 + to * 29 + round * 13) * 2654435761u ^ (uint32_t)i * 40503u;
+          return (uint8_t)((h >> 11) ^ (h >> 3) ^ (uint32_t)i);
+        };
+        for (DType dtype : {DType::F32, DType::I8}) {
+          const int64_t es = dtypeSize(dtype);
+          for (int64_t chunk : {int64_t(0), int64_t(1), int64_t(37), 300000 / es}) {
+            const int64_t bytes = chunk * es;
+            std::vector<uint8_t> in(n * bytes), out(n * bytes), want(n * bytes);
+            for (int round = 0; round < 4; ++round) {
+              for (int j = 0; j < n; ++j)
+                for (int64_t i = 0; i < bytes; ++i) {
+                  in[j * bytes + i] = byte(r, j, i, round);
+                  want[j * bytes + i] = byte(j, r, i, round);
+                }
+              std::vector<uint8_t> sent = in;
+              std::fill(out.begin(), out.end(), 0xA5); // stale contents must go
+              std::this_thread::sleep_for(std::chrono::milliseconds((r * 7 + round * 3) % 5));
+              const int64_t before = comm.bytesSent();
+              Status st = comm.allToAll(in.data(), out.data(), chunk, dtype);
+              std::string what = std::string(dtypeName(dtype)) + " chunk " + std::to_string(chunk) +
+                                 " round " + std::to_string(round);
+              if (!st)
+                return "all_to_all " + what + " failed: " + st.message();
+              if (comm.bytesSent() - before != (n - 1) * bytes)
+                return "all_to_all " + what + ": bytesSent grew by " +
+                       std::to_string(comm.bytesSent() - before) + ", expected " +
+                       std::to_string((n - 1) * bytes);
+              if (in != sent)
+                return "all_to_all " + what + " wrote its input";
+              auto bad = std::mismatch(out.begin(), out.end(), want.begin());
+              if (bad.first != out.end()) {
+                int64_t at = bad.first - out.begin();
+                return "all_to_all " + what + ": rank " + std::to_string(r) + " byte " +
+                       std::to_string(at % bytes) + " of rank " + std::to_string(at / bytes) +
+                       "'s chunk is " + std::to_string(*bad.first) + ", expected " +
+                       std::to_string(*bad.second);
+              }
+            }
+          }
+        }
+        return "";
+      },
+      0, backend);
+  EXPECT_EQ(err, "");
+}
+
 std::string backendAndSize(const ::testing::TestParamInfo<std::tuple<std::string, int>> &i) {
   return std::get<0>(i.param) + std::to_string(std::get<1>(i.param));
 }
@@ -253,8 +314,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("hybridc", 4), std::make_tuple("hybridc", 6)),
     backendAndSize);
 
-/// Which transport each kind of group gets, and that each one sums right:
-/// 2 nodes x 2 ranks.
+/// Which transport each kind of group gets, and that each one sums and
+/// exchanges right: 2 nodes x 2 ranks.
 TEST(HybridCommTest, GroupsTakeTheTransportOfTheirNodes) {
   std::string err = runRanks(
       4, freshDir("hybrid-groups"), 30,
@@ -289,6 +350,20 @@ TEST(HybridCommTest, GroupsTakeTheTransportOfTheirNodes) {
               return std::string(g->backend()) + " element " + std::to_string(i) + " is " +
                      std::to_string(v[i]) + ", expected " + std::to_string(want);
           }
+          // And exchanges: chunk j goes to the group's j-th member.
+          const int64_t k = (int64_t)members.size();
+          const int64_t me = std::find(members.begin(), members.end(), r) - members.begin();
+          std::vector<int8_t> in(k * 5), out(k * 5);
+          for (int64_t j = 0; j < k; ++j)
+            for (int64_t i = 0; i < 5; ++i)
+              in[j * 5 + i] = (int8_t)(r * 16 + j * 4 + i);
+          if (!g->allToAll(in.data(), out.data(), 5, DType::I8))
+            return std::string(g->backend()) + " all_to_all failed";
+          for (int64_t j = 0; j < k; ++j)
+            for (int64_t i = 0; i < 5; ++i)
+              if (out[j * 5 + i] != (int8_t)(members[j] * 16 + me * 4 + i))
+                return std::string(g->backend()) + " all_to_all: byte " +
+                       std::to_string(j * 5 + i) + " is " + std::to_string(out[j * 5 + i]);
         }
         return "";
       },
@@ -548,6 +623,46 @@ INSTANTIATE_TEST_SUITE_P(Stores, CommFlightRecorderTest,
                            return std::get<0>(i.param) +
                                   (std::get<1>(i.param) ? "TcpStore" : "Directory");
                          });
+
+/// The same for an all-to-all (the recorder's live record names it by its
+/// index in kCollectiveKinds, the last one): rank 1 of 3 skips the fourth.
+TEST(CommFlightRecorderTest, AStalledAllToAllIsNamed) {
+  std::signal(SIGPIPE, SIG_IGN);
+  for (const std::string backend : {"gloo", "shm", "hybrid"}) {
+    SCOPED_TRACE(backend);
+    std::atomic<int> gaveUp{0};
+    std::vector<std::string> messages(3);
+    std::string err = runRanks(
+        3, freshDir("recorder-a2a" + backend), /*timeout=*/4,
+        [&](int r, Communicator &comm) -> std::string {
+          std::vector<int8_t> in(3 * 16, (int8_t)r), out(3 * 16);
+          for (int i = 0; i < 3; ++i)
+            if (!comm.allToAll(in.data(), out.data(), 16, DType::I8))
+              return "all_to_all #" + std::to_string(i + 1) + " failed";
+          if (r == 1) {
+            auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+            while (gaveUp < 2 && std::chrono::steady_clock::now() < limit)
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return "";
+          }
+          Status st = comm.allToAll(in.data(), out.data(), 16, DType::I8);
+          ++gaveUp;
+          if (st)
+            return "the fourth all_to_all succeeded without rank 1";
+          messages[r] = st.message();
+          return "";
+        },
+        0, backend);
+    EXPECT_EQ(err, "");
+    for (int r : {0, 2}) {
+      EXPECT_NE(messages[r].find("collective #4 (all_to_all): "), std::string::npos) << messages[r];
+      EXPECT_NE(messages[r].find("rank 1 did not arrive: it is alive but still computing after "
+                                 "collective #3 (all_to_all)"),
+                std::string::npos)
+          << messages[r];
+    }
+  }
+}
 
 TEST(CommEnvTest, ReadsTheJobFromTheEnvironment) {
   ::setenv("RANK", "1", 1);

@@ -65,6 +65,10 @@ public:
     FSDP_RETURN_IF_ERROR(delay("all_gather"));
     return inner->allGather(in, out, n, t, s);
   }
+  Status allToAll(const void *in, void *out, int64_t n, DType t, Stream *s) override {
+    FSDP_RETURN_IF_ERROR(delay("all_to_all"));
+    return inner->allToAll(in, out, n, t, s);
+  }
   Status broadcast(void *d, int64_t b, int64_t r) override { return inner->broadcast(d, b, r); }
   Status barrier() override { return inner->barrier(); }
   int calls = 0;
@@ -1657,6 +1661,178 @@ TEST_P(DeviceConformance, QuantizedGathersMatchTheReference) {
         }
       EXPECT_EQ(bad, 0);
     }
+}
+
+/// ZeRO++'s qgZ on the device: quantize `parts` parts of n values each
+/// (`parts` attribute), and the dequantize that sums what an all-to-all
+/// delivered (`reduce`). b0: parts x n values (`in`); b1: their quantized
+/// parts; b2: the received parts' bytes; b3: n values (`out`).
+Plan quantizedReducePlan(int64_t n, int64_t block, int64_t parts, DType in, DType out,
+                         const char *reduce) {
+  Plan p = quantizePlan(n, block, parts, in, out);
+  p.buffers[0].shape = {parts * n};
+  p.buffers[1].shape = {parts * shapes::quantizedBytes(n, block)};
+  p.buffers[3].shape = {n};
+  int64_t offset = 0;
+  for (Buffer &b : p.buffers) {
+    b.bytes = b.numel() * dtypeSize(b.dtype);
+    b.offset = offset;
+    offset += (b.bytes + 63) / 64 * 64;
+  }
+  p.arenaBytes = offset;
+  p.program = {
+      inst("quantize", {0}, {1}, {{"block", block}, {"parts", parts}}),
+      inst("dequantize", {2}, {3}, {{"block", block}, {"parts", parts}, {"reduce", reduce}})};
+  return p;
+}
+
+TEST(QuantizeRules, ChecksQuantizedReductions) {
+  auto error = [](Plan p, size_t i) {
+    Status st = checkInstruction(p, p.program[i]);
+    return st ? std::string("accepted") : st.message();
+  };
+  const Plan good = quantizedReducePlan(10, 4, 3, DType::F32, DType::F32, "mean");
+  EXPECT_EQ(error(good, 0), "accepted");
+  EXPECT_EQ(error(good, 1), "accepted");
+  Plan p = good;
+  p.program[0].attrs["parts"] = 4; // 30 values do not split in 4
+  EXPECT_NE(error(p, 0).find("parts >= 1 dividing 30"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[0].attrs["parts"] = 0;
+  EXPECT_NE(error(p, 0).find("parts in 1..2^20"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[1].attrs["reduce"] = "max";
+  EXPECT_NE(error(p, 1).find("reduce = \"sum\" or \"mean\""), std::string::npos) << error(p, 1);
+  p = good;
+  p.program[1].attrs["reduce"] = 1;
+  EXPECT_NE(error(p, 1).find("reduce: expected a string"), std::string::npos) << error(p, 1);
+  p = good;
+  p.program[1].attrs["parts"] = 2; // 2 x 10 values take 2 x 24 bytes, not 3 x 24
+  EXPECT_NE(error(p, 1).find("take 48 bytes, found 72"), std::string::npos) << error(p, 1);
+  p = good;
+  p.program[1].attrs["parts"] = int64_t(1) << 21;
+  EXPECT_NE(error(p, 1).find("parts in 1..2^20"), std::string::npos) << error(p, 1);
+  // all_to_all: i8 or float bytes, G equal parts, distinct buffers.
+  Plan c = good;
+  c.worldSize = 3;
+  c.program = {inst("all_to_all", {1}, {2}), inst("all_to_all", {1}, {1})};
+  EXPECT_EQ(error(c, 0), "accepted");
+  EXPECT_NE(error(c, 1).find("distinct input and output"), std::string::npos) << error(c, 1);
+  c.worldSize = 5; // 72 bytes are not 5 equal parts
+  EXPECT_NE(error(c, 0).find("do not fit 5 rank(s)"), std::string::npos) << error(c, 0);
+  c.worldSize = 3;
+  c.buffers[2].shape = {24};
+  c.buffers[2].bytes = 24;
+  EXPECT_NE(error(c, 0).find("do not fit 3 rank(s)"), std::string::npos) << error(c, 0);
+}
+
+TEST_P(DeviceConformance, QuantizedReductionsMatchTheReference) {
+  // 3 parts ("ranks") of 1003 values in blocks of 64; part p is x scaled
+  // by 1, -2, 1/3, so blocks differ in scale across parts.
+  const int64_t n = 1003, block = 64, parts = 3, qb = shapes::quantizedBytes(n, block);
+  std::vector<float> x(parts * n);
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t i = 0; i < n; ++i)
+      x[p * n + i] = std::sin(0.37f * (float)i + (float)p) *
+                     std::pow(10.0f, (float)(i / block % 6) - 3.0f) *
+                     (p == 0   ? 1.0f
+                      : p == 1 ? -2.0f
+                               : 1.0f / 3.0f);
+  x[1 * n + 200] = std::nanf("");     // part 1's block 3: the sum's block 3 is NaN
+  for (int64_t i = 128; i < 192; ++i) // block 2 of part 0 all zeros
+    x[i] = 0.0f;
+  for (const char *reduce : {"mean", "sum"})
+    for (DType in : {DType::F32, DType::BF16})
+      for (DType out : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(std::string(reduce) + " " + dtypeName(in) + " -> " + dtypeName(out));
+        Plan plan = quantizedReducePlan(n, block, parts, in, out, reduce);
+        dev.reset();
+        ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+        bind(plan);
+        std::vector<float> xs = x;
+        std::vector<uint16_t> xb(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          xb[i] = roundToBf16(x[i]);
+          if (in == DType::BF16)
+            xs[i] = widenBf16(xb[i]);
+        }
+        const void *src = in == DType::F32 ? (const void *)x.data() : (const void *)xb.data();
+        ASSERT_TRUE(
+            dev->copyToDevice(dev->arenaBase() + plan.buffers[0].offset, src, plan.buffers[0].bytes)
+                .isOk());
+        std::vector<uint8_t> junk(parts * qb, 0xAB); // padding must be written
+        ASSERT_TRUE(
+            dev->copyToDevice(dev->arenaBase() + plan.buffers[1].offset, junk.data(), junk.size())
+                .isOk());
+        ASSERT_TRUE(dev->run(0).isOk());
+        ASSERT_TRUE(dev->synchronize().isOk());
+        // Each part quantized on its own: the reference's bytes, part by part.
+        std::vector<uint8_t> got(parts * qb), want(parts * qb, 0xCD);
+        ASSERT_TRUE(
+            dev->copyToHost(got.data(), dev->arenaBase() + plan.buffers[1].offset, got.size())
+                .isOk());
+        for (int64_t p = 0; p < parts; ++p)
+          quant::quantizeBlocks(xs.data() + p * n, n, block, want.data() + p * qb, 0,
+                                shapes::quantizedBlocks(n, block));
+        for (int64_t i = 0; i < parts * qb; ++i)
+          ASSERT_EQ(got[i], want[i]) << "byte " << i % qb << " of part " << i / qb;
+        // The reduce, on those bytes as an all-to-all would deliver them.
+        ASSERT_TRUE(
+            dev->copyToDevice(dev->arenaBase() + plan.buffers[2].offset, want.data(), want.size())
+                .isOk());
+        ASSERT_TRUE(dev->run(1).isOk());
+        ASSERT_TRUE(dev->synchronize().isOk());
+        std::vector<float> y(n);
+        if (out == DType::F32) {
+          y = read(plan, 3);
+        } else {
+          std::vector<uint16_t> h(n);
+          ASSERT_TRUE(
+              dev->copyToHost(h.data(), dev->arenaBase() + plan.buffers[3].offset, 2 * n).isOk());
+          for (int64_t i = 0; i < n; ++i)
+            y[i] = widenBf16(h[i]);
+        }
+        const bool mean = std::string(reduce) == "mean";
+        std::vector<float> ref(n);
+        quant::dequantizeSumBlocks(want.data(), parts, n, block, mean, 0,
+                                   shapes::quantizedBlocks(n, block),
+                                   [&](int64_t i, float v) { ref[i] = v; });
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n && bad <= 5; ++i) {
+          const int64_t b = i / block, len = std::min(block, n - b * block);
+          // Against the sum of the unquantized parts: each dequantized
+          // value is within 0.5 s + 512 u s of its original (s its block's
+          // scale, QuantizedGathersMatchTheReference), the f32 sum of P
+          // terms adds (P - 1) u sum |d_p|, the mean's division u |mean|,
+          // a bf16 result its rounding (2^-8 relative).
+          double err = 0, mag = 0, orig = 0;
+          bool finite = true;
+          for (int64_t p = 0; p < parts; ++p) {
+            const float *blk = xs.data() + p * n + b * block;
+            const float s = quant::blockScale([&](int64_t k) { return blk[k]; }, len);
+            finite &= std::isfinite(s);
+            err += 0.5 * s + 512.0 * s * 0x1p-24;
+            mag += std::fabs(quant::dequantizeValue(want.data() + p * qb, n, block, i));
+            orig += xs[p * n + i];
+          }
+          const double div = mean ? parts : 1;
+          const float exact = out == DType::F32 ? ref[i] : widenBf16(roundToBf16(ref[i]));
+          if (!finite) {
+            bad += !std::isnan(y[i]);
+            EXPECT_TRUE(std::isnan(y[i])) << "value " << i << " of a block with a NaN part";
+            continue;
+          }
+          const double bound =
+              (err + (parts - 1) * 0x1p-24 * mag) / div + 0x1p-24 * std::fabs(orig / div) +
+              (out == DType::F32 ? 0.0 : std::fabs(orig / div) * 0x1p-8 + err / div);
+          const bool wrong = y[i] != exact || std::fabs(y[i] - orig / div) > bound;
+          bad += wrong;
+          if (wrong)
+            ADD_FAILURE() << "value " << i << ": " << y[i] << ", reference " << exact
+                          << ", unquantized " << orig / div << ", bound " << bound;
+        }
+        EXPECT_EQ(bad, 0);
+      }
 }
 
 TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {

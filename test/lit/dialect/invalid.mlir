@@ -974,3 +974,61 @@ func.func @f(%g: tensor<80xi8>) {
   %w = fsdp.dequantize %g {block = 8 : i64, parts = 2 : i64} : tensor<80xi8> -> tensor<20xbf16>
   return
 }
+
+// -----
+
+// Tests fsdp.quantize with parts (qgZ): each part quantized on its own,
+// 4 parts of 10 values in blocks of 8 take 4 x 20 bytes.
+func.func @f(%x: tensor<40xf32>, %y: tensor<30xf32>) {
+  %ok = fsdp.quantize %x {block = 8 : i64, parts = 4 : i64} : tensor<40xf32> -> tensor<80xi8>
+  // expected-error @+1 {{expected 60 bytes for 3 x 10 values in blocks of 8}}
+  %q = fsdp.quantize %y {block = 8 : i64, parts = 3 : i64} : tensor<30xf32> -> tensor<80xi8>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<40xf32>) {
+  // expected-error @+1 {{expected the input's 40 values to split into parts = 3}}
+  %q = fsdp.quantize %x {block = 8 : i64, parts = 3 : i64} : tensor<40xf32> -> tensor<80xi8>
+  return
+}
+
+// -----
+
+// Tests fsdp.dequantize with reduce (qgZ): the parts summed into one
+// part's values.
+func.func @f(%g: tensor<80xi8>) {
+  %ok = fsdp.dequantize %g {block = 8 : i64, parts = 4 : i64, reduce = "mean"} : tensor<80xi8> -> tensor<10xf32>
+  // expected-error @+1 {{expected 240 bytes for 4 x 40 values in blocks of 8}}
+  %w = fsdp.dequantize %g {block = 8 : i64, parts = 4 : i64, reduce = "sum"} : tensor<80xi8> -> tensor<40xf32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<80xi8>) {
+  // expected-error @+1 {{expected reduce = "sum" or "mean", found "max"}}
+  %w = fsdp.dequantize %g {block = 8 : i64, parts = 4 : i64, reduce = "max"} : tensor<80xi8> -> tensor<10xf32>
+  return
+}
+
+// -----
+
+// Tests fsdp.all_to_all: G equal parts of the mesh's group, one type.
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>} {
+  func.func @f(%q: tensor<80xi8>, %r: tensor<81xi8>) {
+    %ok = fsdp.all_to_all %q : tensor<80xi8> -> tensor<80xi8>
+    // expected-error @+1 {{expected 4 equal parts, found 81 elements}}
+    %bad = fsdp.all_to_all %r : tensor<81xi8> -> tensor<81xi8>
+    return
+  }
+}
+
+// -----
+
+func.func @f(%q: tensor<80xi8>) {
+  // expected-error @+1 {{all of {input, result} have same type}}
+  %bad = fsdp.all_to_all %q : tensor<80xi8> -> tensor<80xf32>
+  return
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""ZeRO++'s quantized gradient reduce-scatter (fsdp-shard
+gradient-quantization=int8) end to end on CPU ranks.
+
+usage: gradient_quantization.py BIN_DIR
+
+The MLP of the FSDP2 tutorial (hidden 64, 4 blocks), ZeRO-3 on 3 ranks
+(shards padded: 3 does not divide the units), f32 and bf16 compute
+(bf16 also with reduce-dtype=bf16 and quantized weights), and HSDP on
+2 x 2 ranks, against the same plans without quantization:
+- every gradient reduce-scatter of the plan is a quantize of G parts, an
+  all-to-all of G x quantizedBytes(S) int8 bytes (S + pad + 4 ceil(S /
+  block) a part, ShapeRules.h) and a dequantize that sums G parts into S
+  values; the bytes each rank sends a step (fsdp-run's
+  comm_bytes_per_step: all-to-all (G-1)/G of its buffer) equal the plan's
+  arithmetic;
+- the arenas' high-water and peak live bytes are the plan's prediction;
+- step 1's loss is bitwise the unquantized plan's (the forward pass reads
+  the same parameters; only the gradients are quantized), step 2's is not
+  (step 1's update applied the quantized gradients);
+- deterministic (two runs' losses and trained parameters bitwise equal),
+  and over Gloo (--comm gloo) the trained parameters bitwise shared
+  memory's (the all-to-all moves bytes; the sum is each owner's own, in
+  part order; only the reported loss's all-reduce adds across ranks in
+  the transport's order);
+- it trains: the mean of the last 10 of 60 losses is below the first 10's,
+  and within 2% of the unquantized run's (a loose sanity bound, not a
+  rounding bound: the kernels' error bounds are DeviceConformance.
+  QuantizedReductionsMatchTheReference, the whole update against PyTorch
+  is torch-oracle.test).
+"""
+import json
+import os
+import sys
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from e2e_lib import Checks, gen_models, run_json, arenas_measured_as_planned  # noqa: E402
+
+BLOCK = 64
+STEPS = 60
+
+
+def quantized_bytes(n, block):
+    return (n + 3) // 4 * 4 + 4 * ((n + block - 1) // block)
+
+
+def compile_plan(bindir, model, path, world, opts):
+    subprocess.run([os.path.join(bindir, "fsdp-opt"), model,
+                    f"--fsdp-pipeline=optimizer=adamw world-size={world} stage=3 {opts} "
+                    f"plan={path} report=false", "-o", os.devnull], check=True)
+    with open(path) as f:
+        return json.load(f)
+
+
+def group_size(plan, inst):
+    mesh = plan.get("mesh") or {"replicas": 1, "shards": plan["world_size"]}
+    g = inst.get("attrs", {}).get("group", "world")
+    return {"world": plan["world_size"], "shard": mesh["shards"], "replica": mesh["replicas"]}[g]
+
+
+def ring_bytes(plan):
+    """Bytes one rank sends a step by the ring volumes (Comm.h bytesSent)."""
+    total = 0
+    for i in plan["program"]:
+        if i["op"] not in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+            continue
+        n = group_size(plan, i)
+        whole = plan["buffers"][i["out"][0] if i["op"] == "all_gather" else i["in"][0]]["bytes"]
+        total += (2 if i["op"] == "all_reduce" else 1) * (n - 1) * whole // n
+    return total
+
+
+def ops(plan, name):
+    return [i for i in plan["program"] if i["op"] == name]
+
+
+def main():
+    bindir = sys.argv[1]
+    check = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = gen_models(tmp, {"mlp": ["mlp", "--hidden", "64", "--blocks", "4",
+                                         "--batch", "48"]})["mlp"]
+        cases = (("f32", 3, ""), ("bf16", 3, "param-dtype=bf16"),
+                 ("bf16 reduce-dtype=bf16 + qwZ", 3,
+                  "param-dtype=bf16 reduce-dtype=bf16 weight-quantization=int8"),
+                 ("HSDP 2x2 f32", 4, "mesh=2x2"))
+        for k, (name, world, opts) in enumerate(cases):
+            # (quantization-block is qwZ's block too: the same in both.)
+            ref = compile_plan(bindir, model, os.path.join(tmp, f"{k}.plan"), world,
+                               f"{opts} quantization-block={BLOCK}")
+            qpath = os.path.join(tmp, f"{k}-q.plan")
+            q = compile_plan(bindir, model, qpath, world,
+                             f"{opts} gradient-quantization=int8 quantization-block={BLOCK}")
+            bufs, rbufs = q["buffers"], ref["buffers"]
+            a2a, rs = ops(q, "all_to_all"), ops(ref, "reduce_scatter")
+            sums = [i for i in ops(q, "dequantize") if "reduce" in i["attrs"]]
+            ok = len(a2a) == len(rs) == len(sums) > 0 and not ops(q, "reduce_scatter")
+            for a, r, d in zip(a2a, rs, sums):
+                g = group_size(q, a)
+                shard = rbufs[r["out"][0]]["shape"][0]
+                ok &= (bufs[a["in"][0]]["dtype"] == "i8" and
+                       bufs[a["in"][0]]["bytes"] == g * quantized_bytes(shard, BLOCK) and
+                       bufs[d["out"][0]]["shape"] == [shard] and
+                       d["attrs"]["parts"] == g and d["attrs"]["reduce"] == "mean")
+            check(ok, f"{name}: {len(a2a)} reduce-scatters are all-to-alls of G parts of "
+                      f"S + pad + 4 ceil(S/{BLOCK}) int8 bytes, summed into S values")
+
+            rl, rsum = run_json(bindir, os.path.join(tmp, f"{k}.plan"), world, "--steps",
+                                str(STEPS))
+            saved = [os.path.join(tmp, f"{k}-{c}.safetensors") for c in ("shm", "shm2", "gloo")]
+            ql, qs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--save", saved[0])
+            ql2, _ = run_json(bindir, qpath, world, "--steps", str(STEPS), "--save", saved[1])
+            gl, gs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--comm", "gloo",
+                              "--save", saved[2])
+            params = []
+            for path in saved:
+                with open(path, "rb") as f:
+                    params.append(f.read())
+            for what, p, s in (("unquantized", ref, rsum), ("quantized", q, qs),
+                               ("quantized over gloo", q, gs)):
+                check(s["comm_bytes_per_step"] == ring_bytes(p),
+                      f"{name} {what}: {s['comm_bytes_per_step']} bytes sent a step, "
+                      f"{ring_bytes(p)} by the plan's arithmetic")
+            check(arenas_measured_as_planned(qs, q), f"{name}: arenas measured as planned")
+            reduced = (sum(bufs[a["in"][0]]["bytes"] for a in a2a) /
+                       sum(rbufs[r["in"][0]]["bytes"] for r in rs))
+            print(f"measured: {name}: reduce-scatter bytes {reduced:.3f}x, a step's bytes "
+                  f"sent {qs['comm_bytes_per_step']} vs {rsum['comm_bytes_per_step']} "
+                  f"({qs['comm_bytes_per_step'] / rsum['comm_bytes_per_step']:.3f}x); "
+                  f"peak {qs['measured_high_water']} vs {rsum['measured_high_water']}; "
+                  f"last-10 mean {sum(ql[-10:]) / 10:.5f} vs {sum(rl[-10:]) / 10:.5f}")
+            check(ql[0] == rl[0] and ql[1] != rl[1],
+                  f"{name}: step 1's loss bitwise the unquantized plan's, step 2's not "
+                  f"({ql[1]!r} vs {rl[1]!r})")
+            check(ql == ql2 and params[0] == params[1], f"{name}: two runs bitwise equal")
+            # The trained parameters: the loss's all-reduce over 3 or 4
+            # ranks adds in each transport's order, the parameters depend
+            # on no sum across ranks but each owner's, in part order.
+            check(params[0] == params[2],
+                  f"{name}: parameters after {STEPS} steps over gloo bitwise shared memory's")
+            qm, rm = sum(ql[-10:]) / 10, sum(rl[-10:]) / 10
+            check(qm < sum(ql[:10]) / 10 and abs(qm - rm) < 0.02 * rm,
+                  f"{name}: learns, last-10 mean within 2% of the unquantized run's")
+    return check.finish("gradient quantization checks pass")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
