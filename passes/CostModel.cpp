@@ -215,6 +215,11 @@ double mlir::fsdp::collectiveSeconds(StringRef op, int64_t n, int64_t bytes, Gro
            ringSeconds("all_gather", L, b, p.alphaS, p.betaSPerByte, p.glooLink);
     inter =
         ringSeconds("all_reduce", M, b / L, p.interAlphaS, p.interBetaSPerByte, p.interGlooLink);
+  } else if (op == "all_to_all") {
+    // An exchange reduces nothing on the node: every block bound for
+    // another node crosses the network (HybridComm's allToAll).
+    node = ringSeconds(op, L, b, p.alphaS, p.betaSPerByte, p.glooLink);
+    inter = ringSeconds(op, M, b, p.interAlphaS, p.interBetaSPerByte, p.interGlooLink);
   } else {
     node = ringSeconds(op, L, b, p.alphaS, p.betaSPerByte, p.glooLink);
     inter = ringSeconds(op, M, b / L, p.interAlphaS, p.interBetaSPerByte, p.interGlooLink);

@@ -165,7 +165,7 @@ def main():
             total = 0.0
             for inst in plan_json["program"]:
                 op = inst["op"]
-                if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+                if op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
                     continue
                 g = inst.get("attrs", {}).get("group", "world")
                 size = {"world": world, "shard": mesh["shards"], "replica": mesh["replicas"],
@@ -187,14 +187,17 @@ def main():
                     total += ring(op, size, w, ia, ib)
                 elif op == "all_reduce":
                     total += 2 * ring("all_gather", L, w, a, bn) + ring(op, M, w / L, ia, ib)
+                elif op == "all_to_all":  # qgZ: every block for another node crosses
+                    total += ring(op, L, w, a, bn) + ring(op, M, w, ia, ib)
                 else:
                     total += ring(op, L, w, a, bn) + ring(op, M, w / L, ia, ib)
             return 1e3 * total
 
         two_level = {}
-        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8"):
+        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8",
+                         "gradient-quantization=int8"):
             for two, path in ((False, flat_path), (True, two_path)):
-                tag = f"2lvl-{mesh_opt or '1d'}-{two}"
+                tag = f"2lvl-{mesh_opt.replace('=', '') or '1d'}-{two}"
                 plan16 = os.path.join(tmp, tag + ".plan")
                 r = subprocess.run([opt, model, "-o", os.devnull,
                                     f"--fsdp-pipeline=optimizer=adamw world-size=16 simulate=true "
@@ -209,7 +212,8 @@ def main():
                     failures.append(f"{tag}: fsdp-opt {cxx} ms, fsdp-sim {sj['comm_ms']} ms, "
                                     f"by hand {hand_ms} ms")
                 two_level[(mesh_opt, two)] = sj["comm_ms"]
-        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8"):
+        for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8",
+                         "gradient-quantization=int8"):
             flat, two = two_level[(mesh_opt, False)], two_level[(mesh_opt, True)]
             print(f"16 ranks, nodes of 8, {mesh_opt or '1-D'}: communication {flat:.4f} ms "
                   f"one ring, {two:.4f} ms two levels (= by hand)")

@@ -32,7 +32,9 @@ processes). Not a GPU result: it checks the backend's logic.
   nccl          CUDAEMU_DEVICES=4, so the backend takes NCCL: ZeRO-3 at 4
                 ranks and HSDP 2x2 (ncclCommSplit) within 1e-5 of one
                 rank, and --cuda-graphs (NCCL calls captured) bitwise the
-                eager run
+                eager run; quantized gradient reduce-scatters (NCCL's
+                grouped send/recv all-to-all) bitwise the host-staged
+                all-to-all, and captured bitwise eager
   bf16          the small GPT with param-dtype=bf16 (vocabularies 256 and
                 251: the odd one padded to 256 by fsdp-pad-classes, and
                 unpadded with its logits GEMMs staged), 10 steps, --device
@@ -442,6 +444,25 @@ def main():
         print(f"nccl --cuda-graphs == eager bitwise: {'ok' if same else 'MISMATCH'}")
         if not same:
             failures.append("nccl graphs")
+    # Quantized gradient reduce-scatters (gradient-quantization=int8): the
+    # all-to-all over NCCL's grouped send/recv (HSDP: over the shard
+    # group's split communicator) against the host-staged one (the host's
+    # shared-memory all-to-all) on the same emulated devices: the same
+    # kernels on the same bytes, so the 10 steps are bitwise equal; and
+    # captured with --cuda-graphs bitwise eager.
+    for label, mesh in (("stage 3", ""), ("mesh 2x2", " mesh=2x2")):
+        qg = compile_plan(model, f"nccl_qg{len(mesh)}", "optimizer=adamw world-size=4 stage=3 "
+                          f"gradient-quantization=int8 quantization-block=16{mesh}")
+        runs = [run(qg, f"nccl_qg{len(mesh)}_{k}", 10, 1e-3, nproc=4,
+                    env=dict(nccl, FSDP_CUDA_COMM=comm), extra=extra)
+                for k, (comm, extra) in enumerate((("nccl", []), ("staged", []),
+                                                    ("nccl", ["--cuda-graphs"])))]
+        if None not in runs:
+            same = runs[0] == runs[1] == runs[2]
+            print(f"nccl N=4 {label} gradient-quantization=int8: NCCL all-to-all == staged, "
+                  f"--cuda-graphs == eager, bitwise: {'ok' if same else 'MISMATCH'}")
+            if not same:
+                failures.append(f"nccl qgZ {label}")
 
     # bf16: the GPU's native kernels, step by step against PyTorch's bf16
     # module from our own parameters (the oracle the CPU's bf16 path meets).

@@ -106,3 +106,30 @@ def copies_in_flight(plan):
         elif inst["op"] != "to_device":
             most = max(most, len(pending))
     return most
+
+
+def quantized_bytes(n, block):
+    """Bytes of one quantized part of n values (ShapeRules.h quantizedBytes:
+    n int8 values padded to 4, then an f32 scale a block)."""
+    return (n + 3) // 4 * 4 + 4 * ((n + block - 1) // block)
+
+
+def group_size(plan, inst):
+    """The ranks a collective of `plan` (as JSON) runs over."""
+    mesh = plan.get("mesh") or {"replicas": 1, "shards": plan["world_size"]}
+    g = inst.get("attrs", {}).get("group", "world")
+    return {"world": plan["world_size"], "shard": mesh["shards"], "replica": mesh["replicas"],
+            "reshard": mesh.get("reshard", 0)}[g]
+
+
+def ring_bytes(plan):
+    """Bytes one rank sends a step by the ring volumes (Comm.h bytesSent):
+    all-reduce 2 (G-1)/G of the buffer, the others (G-1)/G."""
+    total = 0
+    for i in plan["program"]:
+        if i["op"] not in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+            continue
+        n = group_size(plan, i)
+        whole = plan["buffers"][i["out"][0] if i["op"] == "all_gather" else i["in"][0]]["bytes"]
+        total += (2 if i["op"] == "all_reduce" else 1) * (n - 1) * whole // n
+    return total

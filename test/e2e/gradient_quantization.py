@@ -37,14 +37,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_lib import Checks, gen_models, run_json, arenas_measured_as_planned  # noqa: E402
+from e2e_lib import (Checks, gen_models, run_json, arenas_measured_as_planned,  # noqa: E402
+                     quantized_bytes, group_size, ring_bytes)
 
 BLOCK = 64
 STEPS = 60
-
-
-def quantized_bytes(n, block):
-    return (n + 3) // 4 * 4 + 4 * ((n + block - 1) // block)
 
 
 def compile_plan(bindir, model, path, world, opts):
@@ -53,24 +50,6 @@ def compile_plan(bindir, model, path, world, opts):
                     f"plan={path} report=false", "-o", os.devnull], check=True)
     with open(path) as f:
         return json.load(f)
-
-
-def group_size(plan, inst):
-    mesh = plan.get("mesh") or {"replicas": 1, "shards": plan["world_size"]}
-    g = inst.get("attrs", {}).get("group", "world")
-    return {"world": plan["world_size"], "shard": mesh["shards"], "replica": mesh["replicas"]}[g]
-
-
-def ring_bytes(plan):
-    """Bytes one rank sends a step by the ring volumes (Comm.h bytesSent)."""
-    total = 0
-    for i in plan["program"]:
-        if i["op"] not in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-            continue
-        n = group_size(plan, i)
-        whole = plan["buffers"][i["out"][0] if i["op"] == "all_gather" else i["in"][0]]["bytes"]
-        total += (2 if i["op"] == "all_reduce" else 1) * (n - 1) * whole // n
-    return total
 
 
 def ops(plan, name):

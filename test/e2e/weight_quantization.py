@@ -33,14 +33,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_lib import Checks, gen_models, run_json, arenas_measured_as_planned  # noqa: E402
+from e2e_lib import (Checks, gen_models, run_json, arenas_measured_as_planned,  # noqa: E402
+                     quantized_bytes, ring_bytes)
 
 BLOCK = 64
 STEPS = 60
-
-
-def quantized_bytes(n, block):
-    return (n + 3) // 4 * 4 + 4 * ((n + block - 1) // block)
 
 
 def compile_plan(bindir, model, path, opts):
@@ -49,18 +46,6 @@ def compile_plan(bindir, model, path, opts):
                     f"plan={path} report=false", "-o", os.devnull], check=True)
     with open(path) as f:
         return json.load(f)
-
-
-def ring_bytes(plan):
-    """Bytes one rank sends a step by the ring volumes (Comm.h bytesSent)."""
-    n = plan["world_size"]
-    total = 0
-    for i in plan["program"]:
-        if i["op"] not in ("all_gather", "reduce_scatter", "all_reduce"):
-            continue
-        whole = plan["buffers"][i["out"][0] if i["op"] == "all_gather" else i["in"][0]]["bytes"]
-        total += (2 if i["op"] == "all_reduce" else 1) * (n - 1) * whole // n
-    return total
 
 
 def gathers(plan):
