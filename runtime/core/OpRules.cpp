@@ -627,8 +627,11 @@ const std::unordered_map<std::string, Check> &checks() {
       if (reduce != "sum" && reduce != "mean")
         return FSDP_ERROR("dequantize: expected reduce = \"sum\" or \"mean\", found ",
                           op.inst.attrs["reduce"].dump());
-      // The values of one part, parts times over: the bytes' count.
+      // The values of one part, parts times over: the bytes' count (at
+      // most 2^40 x 2^20 values: no overflow).
       Buffer whole = op.out(0);
+      if (whole.numel() > (int64_t(1) << 40))
+        return FSDP_ERROR("dequantize: ", whole.numel(), " values a part, more than 2^40");
       if (whole.shape.size() == 1)
         whole.shape[0] *= parts;
       return checkQuantized(op, whole, op.in(0), parts);

@@ -1712,6 +1712,11 @@ TEST(QuantizeRules, ChecksQuantizedReductions) {
   p = good;
   p.program[1].attrs["parts"] = int64_t(1) << 21;
   EXPECT_NE(error(p, 1).find("parts in 1..2^20"), std::string::npos) << error(p, 1);
+  p = good; // 2^44 values x 2^20 parts would overflow the byte count
+  p.buffers[3].shape = {int64_t(1) << 44};
+  p.buffers[3].bytes = int64_t(1) << 46;
+  p.program[1].attrs["parts"] = int64_t(1) << 20;
+  EXPECT_NE(error(p, 1).find("values a part, more than 2^40"), std::string::npos) << error(p, 1);
   // all_to_all: i8 or float bytes, G equal parts, distinct buffers.
   Plan c = good;
   c.worldSize = 3;
