@@ -2,6 +2,7 @@
 
 #include "compiler/Pipeline.h"
 
+#include "passes/CostModel.h"
 #include "passes/Passes.h"
 
 #include "mlir/Pass/PassRegistry.h"
@@ -29,6 +30,16 @@ static std::string autoBoolName(AutoBool v) {
 /// With a memory budget, fsdp-search-schedule replaces fsdp-group-units,
 /// fsdp-recompute, fsdp-shard and fsdp-schedule and chooses their options;
 /// a knob the user gave a value is pinned (prefetch=false pins depth 0).
+/// The mesh's ranks a node: ranks-per-node, else the device profile's
+/// (0 where the profile does not load: fsdp-plan-memory reports that).
+static int64_t ranksPerNode(const FsdpPipelineOptions &options) {
+  if (options.ranksPerNode >= 0)
+    return options.ranksPerNode;
+  DeviceProfile profile;
+  std::string error;
+  return loadDeviceProfile(options.deviceProfile, profile, error) ? profile.ranksPerNode : 0;
+}
+
 static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
   FsdpSearchScheduleOptions search;
   search.memoryBudget = options.memoryBudget;
@@ -164,6 +175,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
       shard.weightQuantization = options.weightQuantization;
       shard.gradientQuantization = options.gradientQuantization;
       shard.quantizationBlock = options.quantizationBlock;
+      shard.ranksPerNode = ranksPerNode(options);
       pm.addPass(createFsdpShard(shard));
       if (options.overlap) {
         FsdpScheduleOptions sched;

@@ -84,6 +84,8 @@ const char *const kOptions[] = {
     "quantization-block=32 report=false plan=PLAN",
     "optimizer=adamw world-size=4 stage=2 mesh=2x2 gradient-quantization=int8 "
     "quantization-block=16 report=false plan=PLAN",
+    "optimizer=adamw world-size=4 stage=3 gradient-quantization=int8 ranks-per-node=2 "
+    "quantization-block=8 report=false plan=PLAN",
 };
 constexpr size_t kNumOptions = sizeof(kOptions) / sizeof(kOptions[0]);
 

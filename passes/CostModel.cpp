@@ -168,6 +168,11 @@ double ringSeconds(StringRef op, int64_t n, double bytes, double alpha, double b
 } // namespace
 
 GroupSpan mlir::fsdp::groupSpan(int64_t size, int64_t world, int64_t perNode, bool strided) {
+  return groupSpanStrided(size, world, perNode, strided && size > 0 ? world / size : 1);
+}
+
+GroupSpan mlir::fsdp::groupSpanStrided(int64_t size, int64_t world, int64_t perNode,
+                                       int64_t stride) {
   GroupSpan s;
   if (perNode <= 0 || size <= 1 || world <= 0) {
     s.perNode = std::max<int64_t>(1, size);
@@ -177,12 +182,15 @@ GroupSpan mlir::fsdp::groupSpan(int64_t size, int64_t world, int64_t perNode, bo
   // is checked (fsdp-sim's group_span). One group that crosses a node
   // boundary makes them all count as crossing: the others wait for it at
   // the next collective of the whole world.
+  // Group g: run g / stride of size x stride consecutive ranks, its
+  // members g mod stride + k stride there.
   int64_t groups = std::max<int64_t>(1, world / size);
+  stride = std::max<int64_t>(1, stride);
   bool first = true;
   for (int64_t g = 0; g < groups; ++g) {
     std::map<int64_t, int64_t> count; // node -> members
     for (int64_t k = 0; k < size; ++k)
-      ++count[(strided ? g + k * groups : g * size + k) / perNode];
+      ++count[(g / stride * size * stride + g % stride + k * stride) / perNode];
     int64_t per = count.begin()->second;
     bool even = llvm::all_of(count, [&](const auto &kv) { return kv.second == per; });
     if (first) {
@@ -487,8 +495,12 @@ public:
       replicas = mesh.getReplicas();
       shards = mesh.getShards();
       reshard = mesh.getReshard();
+      node = mesh.getNode();
     }
     shardSpan = groupSpan(shards, world, p.ranksPerNode, false);
+    // A shard group's nodes (consecutive) and its places across them.
+    nodeSpan = groupSpan(node, world, p.ranksPerNode, false);
+    crossSpan = groupSpanStrided(node ? shards / node : 0, world, p.ranksPerNode, node);
     reshardSpan = groupSpan(reshard, world, p.ranksPerNode, false);
     replicaSpan = groupSpan(replicas, world, p.ranksPerNode, true);
     worldSpan = groupSpan(world, world, p.ranksPerNode, false);
@@ -538,8 +550,8 @@ private:
 
   const MemoryPlan &plan;
   const DeviceProfile &p;
-  int64_t world = 1, replicas = 1, shards = 1, reshard = 0;
-  GroupSpan shardSpan, reshardSpan, replicaSpan, worldSpan;
+  int64_t world = 1, replicas = 1, shards = 1, reshard = 0, node = 0;
+  GroupSpan shardSpan, reshardSpan, replicaSpan, worldSpan, nodeSpan, crossSpan;
   bool share = false;
   double cores = 0, threads = 1, commThreads = 1.0;
   double commWork = 1, compWork = 1;
@@ -553,12 +565,16 @@ Item StepCosting::collective(Operation *op) const {
   int64_t n = group == "shard"     ? shards
               : group == "replica" ? replicas
               : group == "reshard" ? reshard
+              : group == "node"    ? node
+              : group == "cross"   ? (node ? shards / node : 0)
                                    : world;
-  // Shard and reshard groups are contiguous ranks, replica groups
-  // strided across all.
+  // Shard, reshard and node groups are contiguous ranks, replica groups
+  // strided across all, cross groups across their shard group.
   GroupSpan span = group == "shard"     ? shardSpan
                    : group == "reshard" ? reshardSpan
                    : group == "replica" ? replicaSpan
+                   : group == "node"    ? nodeSpan
+                   : group == "cross"   ? crossSpan
                                         : worldSpan;
   Value whole = isa<AllGatherOp>(op) ? op->getResult(0) : op->getOperand(0);
   double cost =

@@ -152,6 +152,11 @@ struct GroupSpan {
 /// tiling the world from rank 0 (`strided` false: shard and reshard
 /// groups, the world), or every (world / size)-th rank (replica groups).
 GroupSpan groupSpan(int64_t size, int64_t world, int64_t perNode, bool strided);
+/// The same for groups of `size` ranks `stride` apart within runs of
+/// size x stride consecutive ranks tiling the world (1: consecutive;
+/// world / size: replica groups; a mesh node L within shard groups: the
+/// "cross" groups of hierarchical qgZ).
+GroupSpan groupSpanStrided(int64_t size, int64_t world, int64_t perNode, int64_t stride);
 
 /// Seconds of one collective: `op` is all_gather / reduce_scatter /
 /// all_reduce over `n` ranks moving `bytes` (the whole, unsharded buffer)

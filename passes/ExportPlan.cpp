@@ -527,11 +527,13 @@ void ExportPlanPass::runOnOperation() {
     root["loss_scale"] = std::move(o);
   }
   // A 1-D mesh needs no record (docs/PLAN_FORMAT.md: absent = 1 x N).
-  if (mesh && (mesh.getReplicas() > 1 || mesh.getReshard())) {
+  if (mesh && (mesh.getReplicas() > 1 || mesh.getReshard() || mesh.getNode())) {
     json::Object m{{"replicas", mesh.getReplicas()},
                    {"shards", mesh.getShards()}};
     if (mesh.getReshard())
       m["reshard"] = mesh.getReshard();
+    if (mesh.getNode())
+      m["node"] = mesh.getNode();
     root["mesh"] = std::move(m);
   }
   json::Value value(std::move(root));

@@ -570,6 +570,12 @@ def FsdpShard : Pass<"fsdp-shard", "::mlir::ModuleOp"> {
     Option<"quantizationBlock", "quantization-block", "int64_t", /*default=*/"256",
            "weight-quantization / gradient-quantization=int8: values "
            "sharing one scale">,
+    Option<"ranksPerNode", "ranks-per-node", "int64_t", /*default=*/"0",
+           "gradient-quantization=int8: ranks on one node; a shard group of "
+           "several whole nodes reduces in two levels (ZeRO++'s "
+           "hierarchical qgZ: an int8 all-to-all within each node, summed "
+           "and requantized, then one across nodes with 1/L of the bytes); "
+           "0: one all-to-all over the shard group">,
   ];
   let statistics = [
     Statistic<"numCollectives", "collectives", "Collectives inserted">,

@@ -171,6 +171,7 @@ struct SearchSchedulePass
     s.weightQuantization = weightQuantization;
     s.gradientQuantization = gradientQuantization;
     s.quantizationBlock = quantizationBlock;
+    s.ranksPerNode = std::max<int64_t>(0, profile.ranksPerNode);
     return run(m, createFsdpShard(s));
   }
   bool schedule(ModuleOp m, int64_t depth, StringRef backward) {

@@ -124,6 +124,7 @@ struct ShardOptions {
   std::string weightQuantization = "none";
   int64_t quantizationBlock = 256;
   std::string gradientQuantization = "none";
+  int64_t ranksPerNode = 0;
 };
 
 /// One run of fsdp-shard over a module: the algorithm of the file comment,
@@ -205,6 +206,9 @@ private:
   bool quantize = false;   // weight-quantization=int8 (ZeRO++'s qwZ)
   int64_t quantizedGathers = 0;
   bool quantizeGrads = false; // gradient-quantization=int8 (ZeRO++'s qgZ)
+  /// Hierarchical qgZ: ranks of a shard group on one node (1 < L < S, L
+  /// dividing S), or 0 for one all-to-all over the shard group.
+  int64_t qgzNode = 0;
   int64_t quantizedReductions = 0;
 
   // The optimizer section (findUpdates).
@@ -245,12 +249,18 @@ private:
 };
 
 void ShardPass::runOnOperation() {
-  ShardOptions options{worldSize,           stage,
-                       reshardUnits,        mesh,
-                       reshardAfterForward, offload,
-                       frozenStorage,       reshardAfterBackward,
-                       weightQuantization,  quantizationBlock,
-                       gradientQuantization};
+  ShardOptions options{worldSize,
+                       stage,
+                       reshardUnits,
+                       mesh,
+                       reshardAfterForward,
+                       offload,
+                       frozenStorage,
+                       reshardAfterBackward,
+                       weightQuantization,
+                       quantizationBlock,
+                       gradientQuantization,
+                       ranksPerNode};
   ShardRewrite rewrite(getOperation(), options);
   LogicalResult result = rewrite.run();
   numCollectives += rewrite.collectives;
@@ -334,19 +344,48 @@ Value ShardRewrite::reduceScatter(Location loc, Type ty, Value in, StringRef red
 /// ZeRO++'s qgZ: the reduce-scatter of `in` (G parts of S) as each part
 /// quantized on its own, an all-to-all that hands part r to rank r, and the
 /// G parts rank r received dequantized and summed in f32 (part order).
+///
+/// Hierarchical (qgzNode = L, the G ranks on M = G / L nodes; ZeRO++'s
+/// hierarchical qgZ): first within the node, where the links are fast,
+/// then across nodes with 1/L of the bytes. Rank n L + j (place j on node
+/// n) quantizes the parts it sends place j of its node in one run: chunks
+/// j, j + L, ..., (n' L + j for every node n'; fsdp.quantize `chunks`);
+/// the node all-to-all hands them to place j, which sums what its node's
+/// L ranks sent (f32, their mean), requantizes those M chunks as M parts
+/// and the all-to-all across nodes (group "cross": place j of every node)
+/// hands chunk n L + j to node n's place j, which sums the M nodes'
+/// parts: the mean of the node means, its own shard. Each rank sends
+/// (L - 1) / L of the unit's int8 bytes over the node link and
+/// (M - 1) / (M L) of them across nodes (the flat all-to-all: (G - L) / G
+/// of them across nodes, L x more).
 Value ShardRewrite::quantizedReduceScatter(Location loc, RankedTensorType ty, Value in,
                                            StringRef reduce, StringAttr group) {
   ++collectives;
   ++quantizedReductions;
   const int64_t parts = cast<RankedTensorType>(in.getType()).getNumElements() / ty.getNumElements();
   const int64_t block = options.quantizationBlock;
-  auto bytes = RankedTensorType::get(
-      {parts * ::fsdp::shapes::quantizedBytes(ty.getNumElements(), block)}, b.getIntegerType(8));
-  Value q =
-      b.create<QuantizeOp>(loc, bytes, in, b.getI64IntegerAttr(block), b.getI64IntegerAttr(parts));
-  Value r = b.create<AllToAllOp>(loc, bytes, q, UnitAttr(), group).getResult();
-  return b.create<DequantizeOp>(loc, ty, r, b.getI64IntegerAttr(block), b.getI64IntegerAttr(parts),
-                                b.getStringAttr(reduce));
+  auto bytes = [&](int64_t parts, int64_t n) {
+    return RankedTensorType::get({parts * ::fsdp::shapes::quantizedBytes(n, block)},
+                                 b.getIntegerType(8));
+  };
+  auto exchange = [&](Value v, int64_t parts, IntegerAttr chunks, int64_t n, Type out,
+                      StringAttr over) -> Value {
+    RankedTensorType t = bytes(parts, n);
+    Value q = b.create<QuantizeOp>(loc, t, v, b.getI64IntegerAttr(block),
+                                   b.getI64IntegerAttr(parts), chunks);
+    Value r = b.create<AllToAllOp>(loc, t, q, UnitAttr(), over).getResult();
+    return b.create<DequantizeOp>(loc, out, r, b.getI64IntegerAttr(block),
+                                  b.getI64IntegerAttr(parts), b.getStringAttr(reduce));
+  };
+  const int64_t n = ty.getNumElements();
+  if (!qgzNode)
+    return exchange(in, parts, IntegerAttr(), n, ty, group);
+  ++collectives;
+  const int64_t node = qgzNode, nodes = parts / node;
+  auto mid = RankedTensorType::get({nodes * n}, b.getF32Type());
+  Value sum =
+      exchange(in, node, b.getI64IntegerAttr(parts), nodes * n, mid, b.getStringAttr("node"));
+  return exchange(sum, nodes, IntegerAttr(), n, ty, b.getStringAttr("cross"));
 }
 
 Value ShardRewrite::allReduce(Location loc, Type ty, Value in, StringRef reduce, StringAttr group) {
@@ -461,6 +500,21 @@ LogicalResult ShardRewrite::readOptions() {
   }
   quantize = options.weightQuantization == "int8";
   quantizeGrads = options.gradientQuantization == "int8";
+  if (options.ranksPerNode < 0) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-shard: ranks-per-node=" << options.ranksPerNode << " must be 0 or more";
+    return failure();
+  }
+  // Hierarchical qgZ where the shard group spans whole nodes.
+  if (quantizeGrads && eff > 0 && options.ranksPerNode > 1 && options.ranksPerNode < shards) {
+    if (shards % options.ranksPerNode == 0)
+      qgzNode = options.ranksPerNode;
+    else
+      mlir::emitWarning(module.getLoc())
+          << "fsdp-shard: gradient-quantization=int8 over a shard group of " << shards
+          << " ranks that " << options.ranksPerNode
+          << " ranks a node do not divide: one all-to-all over the group, not per node";
+  }
   if (options.frozenStorage != "declared" && options.frozenStorage != "compute") {
     mlir::emitError(module.getLoc()) << "fsdp-shard: frozen-storage='" << options.frozenStorage
                                      << "' must be declared or compute";
@@ -481,7 +535,7 @@ LogicalResult ShardRewrite::readOptions() {
   shardGroup = replicas > 1 ? b.getStringAttr("shard") : StringAttr();
   replicaGroup = shards > 1 ? b.getStringAttr("replica") : StringAttr();
   reshardGroup = b.getStringAttr("reshard");
-  module->setAttr(kMeshAttrName, MeshAttr::get(ctx, replicas, shards, hpz));
+  module->setAttr(kMeshAttrName, MeshAttr::get(ctx, replicas, shards, hpz, qgzNode));
   module->setAttr("fsdp.stage", b.getI64IntegerAttr(stage));
   module->setAttr("fsdp.reshard_after_forward", b.getBoolAttr(reshard));
   return success();
@@ -848,7 +902,8 @@ Value ShardRewrite::quantizedGather(UnitInfo &u, Value s, Location loc) {
   auto sTy = cast<RankedTensorType>(s.getType());
   const int64_t part = ::fsdp::shapes::quantizedBytes(sTy.getNumElements(), block);
   auto bytes = [&](int64_t n) { return RankedTensorType::get({n}, b.getIntegerType(8)); };
-  Value q = b.create<QuantizeOp>(loc, bytes(part), s, b.getI64IntegerAttr(block), IntegerAttr());
+  Value q = b.create<QuantizeOp>(loc, bytes(part), s, b.getI64IntegerAttr(block), IntegerAttr(),
+                                 IntegerAttr());
   Value g = allGather(loc, bytes(part * shards), q, shardGroup);
   return b.create<DequantizeOp>(loc, withElem(fullTy(u), sTy.getElementType()), g,
                                 b.getI64IntegerAttr(block), b.getI64IntegerAttr(shards),

@@ -11,7 +11,7 @@
 #        scripts/plan-corpus.sh build/bin /tmp/corpus.after
 #        diff -r /tmp/corpus.before /tmp/corpus.after && echo identical
 # The three example models x the option sets below, plus GPT-2 twice:
-# 146 compiles, a few seconds on two cores.
+# 158 compiles, a few seconds on two cores.
 set -uo pipefail
 BIN=$1
 OUT=$2
@@ -30,6 +30,7 @@ opts=(
   "optimizer=adamw world-size=4 stage=1 mesh=2x2"
   "optimizer=adamw world-size=4 stage=3 param-dtype=bf16 weight-quantization=int8"
   "optimizer=adamw world-size=3 stage=3 gradient-quantization=int8 weight-quantization=int8"
+  "optimizer=adamw world-size=8 stage=2 mesh=2x4 gradient-quantization=int8 ranks-per-node=2"
   "optimizer=adamw world-size=4 stage=3 reshard-units=1"
   # optimizers
   "optimizer=sgd momentum=0.9 world-size=2 stage=3 max-grad-norm=1.0"

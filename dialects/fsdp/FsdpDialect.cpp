@@ -25,9 +25,8 @@ void FsdpDialect::initialize() {
       >();
 }
 
-LogicalResult
-MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                 int64_t replicas, int64_t shards, int64_t reshard) {
+LogicalResult MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t replicas,
+                               int64_t shards, int64_t reshard, int64_t node) {
   if (replicas < 1 || shards < 1)
     return emitError() << "mesh needs replicas >= 1 and shards >= 1, found "
                        << replicas << " x " << shards;
@@ -39,6 +38,9 @@ MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "mesh reshard group of " << reshard
                        << " ranks: expected 1 < reshard < shards (" << shards
                        << ") and a divisor of it";
+  if (node != 0 && (node < 2 || node >= shards || shards % node))
+    return emitError() << "mesh node of " << node << " ranks: expected 1 < node < shards ("
+                       << shards << ") and a divisor of it";
   return success();
 }
 

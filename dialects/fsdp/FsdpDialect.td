@@ -51,25 +51,38 @@ def Fsdp_MeshAttr : AttrDef<Fsdp_Dialect, "Mesh"> {
     replica's shard group, typically one node. Group "reshard" names it;
     rank r is its member (r mod shards) mod G.
 
+    `node = L` (optional; 1 < L < shards, L divides shards): the ranks of
+    one node (NVLink) in a shard group, for collectives that run in two
+    levels (fsdp-shard's hierarchical qgZ, ZeRO++'s): group "node" is the
+    L consecutive ranks of a shard group on this rank's node, group
+    "cross" the shards / L ranks of its shard group with the same place
+    on their nodes (rank r's place is (r mod shards) mod L, its member
+    index in "cross" (r mod shards) / L).
+
     ```mlir
     module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 4>} {}
     module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 2>} {}
+    module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 16, node = 8>} {}
     ```
   }];
   let parameters = (ins "int64_t":$replicas, "int64_t":$shards,
-                        DefaultValuedParameter<"int64_t", "0">:$reshard);
+                        DefaultValuedParameter<"int64_t", "0">:$reshard,
+                        DefaultValuedParameter<"int64_t", "0">:$node);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// replicas x shards.
     int64_t getWorldSize() const { return getReplicas() * getShards(); }
-    /// Ranks in `group`: "world", "shard", "replica" or "reshard" (0
-    /// without a reshard group); 0 for another name.
+    /// Ranks in `group`: "world", "shard", "replica", "reshard" (0
+    /// without a reshard group), "node" or "cross" (0 without a node
+    /// size); 0 for another name.
     int64_t getGroupSize(::llvm::StringRef group) const {
       return group == "world" ? getWorldSize()
              : group == "shard" ? getShards()
              : group == "replica" ? getReplicas()
-             : group == "reshard" ? getReshard() : 0;
+             : group == "reshard" ? getReshard()
+             : group == "node" ? getNode()
+             : group == "cross" ? (getNode() ? getShards() / getNode() : 0) : 0;
     }
   }];
 }

@@ -893,16 +893,21 @@ static int64_t groupSizeOf(Operation *op, StringRef group) {
 /// A collective's `group` attribute names one of the mesh's groups.
 static LogicalResult verifyGroup(Operation *op) {
   auto g = op->getAttrOfType<StringAttr>("group");
-  if (g && g.getValue() != "world" && g.getValue() != "shard" &&
-      g.getValue() != "replica" && g.getValue() != "reshard")
+  if (g &&
+      !llvm::is_contained({"world", "shard", "replica", "reshard", "node", "cross"}, g.getValue()))
     return op->emitOpError() << "expected group = \"world\", \"shard\", "
-                                "\"replica\" or \"reshard\", found \""
+                                "\"replica\", \"reshard\", \"node\" or \"cross\", found \""
                              << g.getValue() << "\"";
-  // A reshard group exists only where the mesh records one.
+  // A reshard group exists only where the mesh records one, and the node
+  // and cross groups where it records a node size.
   if (g && g.getValue() == "reshard")
     if (MeshAttr mesh = getMesh(op); mesh && !mesh.getReshard())
       return op->emitOpError() << "group \"reshard\" needs a mesh with a "
                                   "reshard group (#fsdp.mesh<..., reshard = G>)";
+  if (g && (g.getValue() == "node" || g.getValue() == "cross"))
+    if (MeshAttr mesh = getMesh(op); mesh && !mesh.getNode())
+      return op->emitOpError() << "group \"" << g.getValue()
+                               << "\" needs a mesh with a node size (#fsdp.mesh<..., node = L>)";
   return success();
 }
 
@@ -1038,6 +1043,13 @@ LogicalResult QuantizeOp::verify() {
   if (parts <= 0 || in.getNumElements() % parts != 0)
     return emitOpError() << "expected the input's " << in.getNumElements()
                          << " values to split into parts = " << parts;
+  if (getChunks()) {
+    int64_t chunks = (int64_t)*getChunks();
+    if (!getParts() || chunks < parts || chunks % parts != 0 || in.getNumElements() % chunks != 0)
+      return emitOpError() << "expected chunks = " << chunks
+                           << " to be a multiple of parts = " << parts
+                           << " (given) dividing the input's " << in.getNumElements() << " values";
+  }
   return verifyQuantized(*this, (int64_t)getBlock(), in.getNumElements() / parts, parts, out);
 }
 

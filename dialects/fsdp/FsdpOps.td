@@ -1696,9 +1696,20 @@ def Fsdp_QuantizeOp : Fsdp_Op<"quantize", [Pure]> {
     %q = fsdp.quantize %g {block = 256 : i64, parts = 4 : i64}
         : tensor<4000xf32> -> tensor<4064xi8>
     ```
+
+    With `chunks = K` as well (K a multiple of P dividing the input;
+    hierarchical qgZ's first level): the input is K equal chunks and part
+    p is chunks p, p + P, p + 2P, ... (K / P of them) in that order: with
+    K = P x M chunks of the ranks of M nodes of P, part p holds what goes
+    to place p on every node, for the node all-to-all.
+
+    ```mlir
+    %q = fsdp.quantize %g {block = 256 : i64, chunks = 4 : i64, parts = 2 : i64}
+        : tensor<4000xf32> -> tensor<4064xi8>
+    ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$input, I64Attr:$block,
-                       OptionalAttr<I64Attr>:$parts);
+                       OptionalAttr<I64Attr>:$parts, OptionalAttr<I64Attr>:$chunks);
   let results = (outs Fsdp_ByteTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;

@@ -365,12 +365,16 @@ Communicator &Executor::group(const std::string &name) {
     return *replicaComm;
   if (name == "reshard" && reshardComm)
     return *reshardComm;
+  if (name == "node" && nodeComm)
+    return *nodeComm;
+  if (name == "cross" && crossComm)
+    return *crossComm;
   return comm;
 }
 
 int64_t Executor::commBytes() const {
   int64_t n = comm.bytesSent();
-  for (const auto *g : {&shardComm, &replicaComm, &reshardComm})
+  for (const auto *g : {&shardComm, &replicaComm, &reshardComm, &nodeComm, &crossComm})
     if (*g)
       n += (*g)->bytesSent();
   return n;
@@ -419,6 +423,24 @@ Status Executor::init(uint64_t seed) {
     for (int64_t j = 0; j < g; ++j)
       ranks.push_back(first + j);
     FSDP_RETURN_IF_ERROR(comm.subgroup(ranks, "reshard-" + std::to_string(first / g), reshardComm));
+  }
+  // [Note: node groups] With a node size L (mesh "node", hierarchical
+  // qgZ) a shard group of S ranks is S / L nodes of L consecutive ranks,
+  // and a rank also joins its node ("node": the L ranks of its node) and
+  // the S / L ranks of its shard group at its place on their nodes
+  // ("cross", ascending). Created after the reshard group, node then
+  // cross, on every rank.
+  if (plan.meshNode > 1) {
+    int64_t r = comm.rank(), l = plan.meshNode, s = shardIndex();
+    int64_t base = r - s, first = base + s / l * l, place = s % l;
+    std::vector<int64_t> nodeRanks, crossRanks;
+    for (int64_t i = 0; i < l; ++i)
+      nodeRanks.push_back(first + i);
+    for (int64_t n = 0; n < plan.meshShards / l; ++n)
+      crossRanks.push_back(base + place + n * l);
+    FSDP_RETURN_IF_ERROR(comm.subgroup(nodeRanks, "node-" + std::to_string(first), nodeComm));
+    FSDP_RETURN_IF_ERROR(comm.subgroup(
+        crossRanks, "cross-" + std::to_string(base) + "-" + std::to_string(place), crossComm));
   }
   FSDP_RETURN_IF_ERROR(dev.allocateArena(plan.arenaBytes, plan.hostArenaBytes));
   // [Note: swap file]: created (zeros: the state's initial value) before
@@ -727,7 +749,8 @@ Status Executor::setStepCapture(bool on) {
       return FSDP_ERROR("device ", dev.name(),
                         " cannot capture a step (CUDA graphs need "
                         "--device cuda)");
-    for (Communicator *c : {&comm, shardComm.get(), replicaComm.get(), reshardComm.get()})
+    for (Communicator *c : {&comm, shardComm.get(), replicaComm.get(), reshardComm.get(),
+                            nodeComm.get(), crossComm.get()})
       if (c && c->size() > 1 && !c->capturable())
         return FSDP_ERROR("the step's collectives run host code (the host-staged "
                           "communicator of ranks sharing a GPU): it cannot be captured");

@@ -206,6 +206,10 @@ private:
   /// reshard-after-forward=G: the G ranks gathering the parts kept after
   /// the forward pass ([Note: reshard group]); null without one.
   std::unique_ptr<Communicator> reshardComm;
+  /// A node size L (mesh "node"): the L ranks of this rank's node and the
+  /// shards / L ranks of its shard group at its place on their nodes
+  /// ([Note: node groups]); null without one.
+  std::unique_ptr<Communicator> nodeComm, crossComm;
   std::string nvmeDir;
   SwapIoMode nvmeIo = SwapIoMode::Auto;
   std::unique_ptr<SwapFile> swap;

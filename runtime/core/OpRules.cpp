@@ -146,6 +146,7 @@ Widened widen(const Plan &plan, const Instruction &inst) {
   w.plan.meshReplicas = plan.meshReplicas;
   w.plan.meshShards = plan.meshShards;
   w.plan.meshReshard = plan.meshReshard;
+  w.plan.meshNode = plan.meshNode;
   w.plan.stage = plan.stage;
   std::unordered_map<int64_t, int64_t> slot;
   auto map = [&](int64_t id) {
@@ -613,15 +614,27 @@ const std::unordered_map<std::string, Check> &checks() {
         return FSDP_ERROR(op.inst.op, ": expected parts in 1..2^20, found ", parts);
       return Status::ok();
     };
+    // `chunks` K on a quantize (hierarchical qgZ): the values are K equal
+    // chunks and part p is chunks p, p + parts, p + 2 parts, ... (so K is
+    // a multiple of parts; K == parts, the default, is parts in order).
     m["quantize"] = [checkQuantized, checkParts](const Op &op) {
-      int64_t parts = op.i("parts", 1);
+      int64_t parts = op.i("parts", 1), chunks = op.i("chunks", parts);
       FSDP_RETURN_IF_ERROR(checkParts(op, parts));
+      if (op.has("chunks") && !op.has("parts"))
+        return FSDP_ERROR("quantize: `chunks` needs `parts`");
+      const int64_t numel = op.in(0).numel();
+      if (op.has("chunks") &&
+          (chunks < parts || chunks % parts != 0 || chunks > numel || numel % chunks != 0))
+        return FSDP_ERROR("quantize: expected chunks a multiple of parts (", parts,
+                          ") dividing the ", numel, " values, found chunks ", chunks);
       return checkQuantized(op, op.in(0), op.out(0), parts);
     };
     m["dequantize"] = [checkQuantized, checkParts](const Op &op) {
       int64_t parts = op.i("parts", 0);
       std::string reduce = op.s("reduce", "");
       FSDP_RETURN_IF_ERROR(checkParts(op, parts));
+      if (op.has("chunks"))
+        return FSDP_ERROR("dequantize: `chunks` belongs to quantize");
       if (!op.has("reduce"))
         return checkQuantized(op, op.out(0), op.in(0), parts);
       if (reduce != "sum" && reduce != "mean")
@@ -914,8 +927,9 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
       if (!g->is_string() || plan.groupSize(g->get<std::string>()) == 0)
         return FSDP_ERROR(inst.op,
                           ": attribute group: expected \"world\", "
-                          "\"shard\", \"replica\" or (with a mesh reshard group) "
-                          "\"reshard\", found ",
+                          "\"shard\", \"replica\", (with a mesh reshard group) "
+                          "\"reshard\" or (with a mesh node size) \"node\" or "
+                          "\"cross\", found ",
                           g->is_primitive() ? g->dump() : g->type_name());
       group = g->get<std::string>();
     }

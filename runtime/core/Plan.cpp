@@ -213,8 +213,8 @@ bool readShape(Reader &r, const json &obj, std::vector<int64_t> &shape,
 /// Whether `id` names a buffer of the plan.
 bool validId(const Plan &plan, int64_t id) { return id >= 0 && id < (int64_t)plan.buffers.size(); }
 
-/// The mesh (replicas x shards = world size, the reshard group), the
-/// arena size and the swap file's alignment.
+/// The mesh (replicas x shards = world size, the reshard group, the node
+/// size), the arena size and the swap file's alignment.
 Status validateMesh(const Plan &plan) {
   if (plan.worldSize < 1)
     return FSDP_ERROR("plan: world_size must be >= 1, found ", plan.worldSize);
@@ -228,6 +228,10 @@ Status validateMesh(const Plan &plan) {
     return FSDP_ERROR("plan: mesh reshard group of ", plan.meshReshard,
                       " ranks: expected 1 < reshard < shards (", plan.meshShards,
                       ") and a divisor of it");
+  if (plan.meshNode != 0 && (plan.meshNode < 2 || plan.meshNode >= plan.meshShards ||
+                             plan.meshShards % plan.meshNode != 0))
+    return FSDP_ERROR("plan: mesh node of ", plan.meshNode, " ranks: expected 1 < node < shards (",
+                      plan.meshShards, ") dividing it");
   if (plan.arenaBytes < 0)
     return FSDP_ERROR("plan: negative arena_bytes");
   // [Note: swap file]: whole blocks of a power of two, the file too.
@@ -935,6 +939,7 @@ Status readHeader(Reader &r, const json &j, Plan &plan) {
     r.integer(*m, "replicas", plan.meshReplicas, "mesh", 1, kMaxWorld);
     r.integer(*m, "shards", plan.meshShards, "mesh", 1, kMaxWorld);
     r.integer(*m, "reshard", plan.meshReshard, "mesh", 0, kMaxWorld, false);
+    r.integer(*m, "node", plan.meshNode, "mesh", 0, kMaxWorld, false);
   }
   r.integer(j, "arena_bytes", plan.arenaBytes, "plan", 0, kMaxBytes);
   r.integer(j, "host_arena_bytes", plan.hostArenaBytes, "plan", 0, kMaxBytes, false);

@@ -170,6 +170,12 @@ struct Plan {
   /// reshard-after-forward=G): G consecutive ranks of one replica's shard
   /// group; 0 when the plan has none.
   int64_t meshReshard = 0;
+  /// The node size L (mesh "node"; hierarchical qgZ, ZeRO++): each shard
+  /// group of S ranks is S / L nodes of L consecutive ranks. Groups
+  /// "node" (the L ranks of this rank's node) and "cross" (the S / L ranks
+  /// of its shard group at its place on their nodes); 0 when the plan has
+  /// none.
+  int64_t meshNode = 0;
   int64_t stage = 0;
   int64_t arenaBytes = 0;
   /// The host arena's size (plan "host_arena_bytes"; 0 without offload).
@@ -197,12 +203,16 @@ struct Plan {
   /// Ranks in a collective's group: "world" (all), "shard" (the ranks
   /// sharding one replica), "replica" (the ranks holding one shard) or
   /// "reshard" (meshReshard consecutive ranks of a shard group; 0 without
-  /// one); 0 for an unknown name.
+  /// one), "node" (meshNode consecutive ranks of a shard group) or "cross"
+  /// (the shards / meshNode ranks of a shard group at one place on their
+  /// nodes; both 0 without a node size); 0 for an unknown name.
   int64_t groupSize(const std::string &group) const {
-    return group == "world" ? worldSize
-           : group == "shard" ? meshShards
+    return group == "world"     ? worldSize
+           : group == "shard"   ? meshShards
            : group == "replica" ? meshReplicas
            : group == "reshard" ? meshReshard
+           : group == "node"    ? meshNode
+           : group == "cross"   ? (meshNode ? meshShards / meshNode : 0)
                                 : 0;
   }
 };

@@ -34,7 +34,10 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 ///      So did quantize / dequantize and the dtype i8 (weight-quantization):
 ///      an older runtime refuses them as an unknown op and dtype; and
 ///      all_to_all with quantize's `parts` / dequantize's `reduce`
-///      (gradient-quantization), whose plans hold all_to_all.
+///      (gradient-quantization), whose plans hold all_to_all; and the
+///      mesh's `node` with quantize's `chunks` (hierarchical qgZ), whose
+///      plans hold collectives over the groups "node" and "cross", which
+///      an older runtime refuses as unknown groups.
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 
@@ -142,10 +145,12 @@ inline constexpr OpSchema kOps[] = {
     {"broadcast", 1, 1, OpKind::Compute},
     {"sum_to", 1, 1, OpKind::Compute},
     {"cast", 1, 1, OpKind::Compute},
-    {"quantize", 1, 1, OpKind::Compute},   // a shard -> int8 + scales (ZeRO++'s qwZ)
-    {"dequantize", 1, 1, OpKind::Compute}, // gathered int8 + scales -> floats
-    {"to_host", 1, 1, OpKind::Compute},    // device arena -> host arena
-    {"to_device", 1, 1, OpKind::Compute},  // host arena -> device arena
+    // a shard -> int8 + scales (ZeRO++'s qwZ); attrs block, parts, chunks
+    {"quantize", 1, 1, OpKind::Compute},
+    // gathered int8 + scales -> floats; attrs block, parts, reduce
+    {"dequantize", 1, 1, OpKind::Compute},
+    {"to_host", 1, 1, OpKind::Compute},   // device arena -> host arena
+    {"to_device", 1, 1, OpKind::Compute}, // host arena -> device arena
     // + the kept-label count with ignore_index (count_labels)
     {"cross_entropy", 2, 1, OpKind::Compute, 1},
     {"cross_entropy_grad", 3, 1, OpKind::Compute, 1},

@@ -474,6 +474,21 @@ const std::unordered_map<std::string, Exec> &table() {
       }
       // parts (qgZ): each part quantized on its own, one after another.
       const int64_t parts = r.op.i("parts", 1), block = r.op.i("block", 1), per = n / parts;
+      // chunks (hierarchical qgZ): part p is chunks p, p + parts, ... of
+      // the values, gathered into one run first.
+      const int64_t chunks = r.op.i("chunks", parts);
+      thread_local std::vector<float> gathered;
+      if (chunks != parts) {
+        if ((int64_t)gathered.size() < n) {
+          gathered.resize(n);
+          noteScratch((int64_t)(wide.size() + gathered.size()) * 4);
+        }
+        const int64_t c = n / chunks, each = chunks / parts;
+        for (int64_t p = 0; p < parts; ++p)
+          for (int64_t j = 0; j < each; ++j)
+            std::memcpy(gathered.data() + p * per + j * c, x + (j * parts + p) * c, (size_t)c * 4);
+        x = gathered.data();
+      }
       const int64_t partBytes = shapes::quantizedBytes(per, block);
       for (int64_t p = 0; p < parts; ++p)
         quantize(x + p * per, per, block, r.out<uint8_t>(0) + p * partBytes);

@@ -1846,9 +1846,11 @@ Status CudaDevice::buildLayout(const Op &op, uint8_t *base, int64_t rank, Launch
     const void *x = r.in<uint8_t>(0);
     uint8_t *y = r.out<uint8_t>(0);
     const FloatKind from = floatKind(op.in(0).dtype);
+    // chunks (hierarchical qgZ): part p is chunks p, p + parts, ...
     const int64_t parts = op.i("parts", 1), block = op.i("block", 1),
-                  len = op.in(0).numel() / parts;
-    out = fromCuda([=](cudaStream_t s) { return quantize(x, from, parts, len, block, y, s); }, n);
+                  len = op.in(0).numel() / parts, chunk = op.in(0).numel() / op.i("chunks", parts);
+    out = fromCuda(
+        [=](cudaStream_t s) { return quantize(x, from, parts, len, chunk, block, y, s); }, n);
   } else if (n == "dequantize") {
     const uint8_t *x = r.in<uint8_t>(0);
     void *y = r.out<uint8_t>(0);

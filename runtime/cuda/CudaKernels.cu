@@ -1285,23 +1285,28 @@ namespace {
 /// NaN, as quant::blockMax), then each value by 127 / m
 /// (quant::quantizeValue); the scale m / 127 after the values. Blocks of
 /// `parts` parts of n values (qgZ), each part quantized on its own into
-/// its own partBytes.
+/// its own partBytes. The values are chunks of c values and part p is
+/// chunks p, p + parts, ... (hierarchical qgZ): its value k is
+/// x0[((k / c) x parts + p) x c + k % c]; c == n is part p at p x n.
 template <typename A>
-__global__ void quantizeKernel(const A *x0, int64_t parts, int64_t n, int64_t block, int64_t blocks,
-                               int64_t partBytes, uint8_t *out0) {
+__global__ void quantizeKernel(const A *x0, int64_t parts, int64_t n, int64_t c, int64_t block,
+                               int64_t blocks, int64_t partBytes, uint8_t *out0) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   const int64_t sOff = (n + 3) / 4 * 4;
   for (int64_t pb = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; pb < parts * blocks;
        pb += warps) {
     const int64_t p = pb / blocks, b = pb % blocks;
-    const A *x = x0 + p * n;
     uint8_t *out = out0 + p * partBytes;
     const int64_t lo = b * block, len = n - lo < block ? n - lo : block;
+    // Value k of the part (no 64-bit division without chunks).
+    auto at = [=](int64_t k) {
+      return c == n ? x0 + p * n + k : x0 + ((k / c) * parts + p) * c + k % c;
+    };
     float m = 0.0f;
     int nan = 0;
     for (int64_t i = lane; i < len; i += 32) {
-      const float a = fabsf(ld(x + lo + i));
+      const float a = fabsf(ld(at(lo + i)));
       m = a > m ? a : m;
       nan |= a != a;
     }
@@ -1314,7 +1319,7 @@ __global__ void quantizeKernel(const A *x0, int64_t parts, int64_t n, int64_t bl
     const bool ok = !nan && m > 0.0f && isfinite(m);
     const float inv = ok ? 127.0f / m : 0.0f;
     for (int64_t i = lane; i < len; i += 32) {
-      float q = ok ? rintf(ld(x + lo + i) * inv) : 0.0f;
+      float q = ok ? rintf(ld(at(lo + i)) * inv) : 0.0f;
       q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
       out[lo + i] = (uint8_t)(int8_t)q;
     }
@@ -1359,11 +1364,11 @@ __global__ void dequantizeSumKernel(const uint8_t *in, int64_t parts, int64_t n,
 }
 
 template <typename A>
-cudaError_t quantizeFrom(const A *x, int64_t parts, int64_t n, int64_t block, uint8_t *out,
-                         cudaStream_t s) {
+cudaError_t quantizeFrom(const A *x, int64_t parts, int64_t n, int64_t c, int64_t block,
+                         uint8_t *out, cudaStream_t s) {
   const int64_t blocks = shapes::quantizedBlocks(n, block);
   quantizeKernel<<<gridFor(parts * blocks * 32), kThreads, 0, s>>>(
-      x, parts, n, block, blocks, shapes::quantizedBytes(n, block), out);
+      x, parts, n, c, block, blocks, shapes::quantizedBytes(n, block), out);
   return cudaGetLastError();
 }
 
@@ -1381,15 +1386,17 @@ cudaError_t dequantizeTo(const uint8_t *in, int64_t parts, int64_t n, int64_t bl
 
 } // namespace
 
-cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t block,
-                     uint8_t *out, cudaStream_t s) {
+cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t chunk,
+                     int64_t block, uint8_t *out, cudaStream_t s) {
   if (parts <= 0 || n <= 0 || block <= 0)
     return parts * n == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (chunk <= 0 || n % chunk != 0)
+    return cudaErrorInvalidValue;
   if (from == FloatKind::F32)
-    return quantizeFrom(static_cast<const float *>(x), parts, n, block, out, s);
+    return quantizeFrom(static_cast<const float *>(x), parts, n, chunk, block, out, s);
   if (from == FloatKind::BF16)
-    return quantizeFrom(static_cast<const __nv_bfloat16 *>(x), parts, n, block, out, s);
-  return quantizeFrom(static_cast<const __half *>(x), parts, n, block, out, s);
+    return quantizeFrom(static_cast<const __nv_bfloat16 *>(x), parts, n, chunk, block, out, s);
+  return quantizeFrom(static_cast<const __half *>(x), parts, n, chunk, block, out, s);
 }
 
 cudaError_t dequantize(const uint8_t *in, int64_t parts, int64_t n, int64_t block, void *y,

@@ -223,9 +223,12 @@ cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double 
 /// fsdp.quantize (ZeRO++'s qwZ and qgZ; the arithmetic of
 /// runtime/core/Quantize.h, bit for bit): `parts` parts of n values of x,
 /// each into shapes::quantizedBytes(n, block) bytes of out, one after
-/// another; a warp per block of `block` values.
-cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t block,
-                     uint8_t *out, cudaStream_t s);
+/// another; a warp per block of `block` values. x is chunks of `chunk`
+/// values (dividing n) and part p is chunks p, p + parts, p + 2 parts, ...
+/// (quantize's `chunks`, hierarchical qgZ); chunk == n: part p is values
+/// [p n, (p + 1) n).
+cudaError_t quantize(const void *x, FloatKind from, int64_t parts, int64_t n, int64_t chunk,
+                     int64_t block, uint8_t *out, cudaStream_t s);
 /// fsdp.dequantize: `parts` quantized parts of n values each, in order,
 /// into y (parts x n values), rounded to nearest even into a narrow `to`;
 /// with `reduce` ("sum" or "mean", qgZ) the parts summed into n values.

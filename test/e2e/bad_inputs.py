@@ -292,6 +292,9 @@ PLAN_CASES = [
     # the reshard group (reshard-after-forward=G): 1 < G < shards, so a 2-shard plan has none
     ("mesh reshard 2 of 2 shards", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "reshard": 2})), "mesh reshard group of 2 ranks"),
     ("mesh reshard -1", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "reshard": -1})), "reshard"),
+    # hierarchical qgZ's node size: 1 < L < shards, dividing them
+    ("mesh node 2 of 2 shards", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "node": 2})), "mesh node of 2 ranks"),
+    ("all_gather over a missing node group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="cross")), "attribute group"),
     ("rank_period without a reshard group", "sharded", setter(lambda p: view(p).update(rank_period=2)), "rank_period 2"),
     ("all_gather over a missing reshard group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="reshard")), "attribute group"),
     # dtypes

@@ -168,13 +168,16 @@ def main():
                 if op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
                     continue
                 g = inst.get("attrs", {}).get("group", "world")
+                node = mesh.get("node", 0)
                 size = {"world": world, "shard": mesh["shards"], "replica": mesh["replicas"],
-                        "reshard": mesh.get("reshard", 0)}[g]
+                        "reshard": mesh.get("reshard", 0), "node": node,
+                        "cross": mesh["shards"] // node if node else 0}[g]
                 if size <= 1:
                     continue
                 groups = world // size
                 # rank 0's group (every group of these meshes is placed alike)
-                members = [k * groups for k in range(size)] if g == "replica" else list(range(size))
+                stride = groups if g == "replica" else node if g == "cross" else 1
+                members = [k * stride for k in range(size)]
                 per_node = {}
                 for r in members:
                     per_node[r // 8] = per_node.get(r // 8, 0) + 1
@@ -192,6 +195,25 @@ def main():
                 else:
                     total += ring(op, L, w, a, bn) + ring(op, M, w / L, ia, ib)
             return 1e3 * total
+
+        def qgz_flat(plan_json):
+            """Hierarchical qgZ's two all-to-alls of a plan (16 ranks on
+            nodes of 8, two levels), and by hand the one all-to-all over
+            the 16 ranks that they replace: its G parts of S are L times
+            the cross level's M parts of S."""
+            hier = flat = 0.0
+            bufs = plan_json["buffers"]
+            for inst in plan_json["program"]:
+                g = inst.get("attrs", {}).get("group")
+                if inst["op"] != "all_to_all" or g not in ("node", "cross"):
+                    continue
+                w = bufs[inst["in"][0]]["bytes"]
+                if g == "node":
+                    hier += ring("all_to_all", 8, w, a, bn)
+                else:
+                    hier += ring("all_to_all", 2, w, ia, ib)
+                    flat += ring("all_to_all", 8, 8 * w, a, bn) + ring("all_to_all", 2, 8 * w, ia, ib)
+            return 1e3 * hier, 1e3 * flat
 
         two_level = {}
         for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8",
@@ -212,6 +234,17 @@ def main():
                     failures.append(f"{tag}: fsdp-opt {cxx} ms, fsdp-sim {sj['comm_ms']} ms, "
                                     f"by hand {hand_ms} ms")
                 two_level[(mesh_opt, two)] = sj["comm_ms"]
+                if mesh_opt == "gradient-quantization=int8" and two:
+                    # The profile's nodes of 8 make it hierarchical; across
+                    # two nodes it moves 1/8 of the flat exchange's bytes.
+                    hier, flat = qgz_flat(load(plan16))
+                    groups = {i.get("attrs", {}).get("group") for i in load(plan16)["program"]
+                              if i["op"] == "all_to_all"}
+                    print(f"16 ranks, nodes of 8, two levels, qgZ: all-to-alls {hier:.4f} ms "
+                          f"hierarchical, {flat:.4f} ms for one flat all-to-all (by hand)")
+                    if groups != {"node", "cross"} or not 0 < hier < flat:
+                        failures.append(f"hierarchical qgZ: groups {groups}, {hier} ms, "
+                                        f"flat {flat} ms")
         for mesh_opt in ("", "mesh=2x8", "mesh=8x2", "mesh=4x4", "reshard-after-forward=8",
                          "gradient-quantization=int8"):
             flat, two = two_level[(mesh_opt, False)], two_level[(mesh_opt, True)]

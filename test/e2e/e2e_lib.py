@@ -118,8 +118,10 @@ def group_size(plan, inst):
     """The ranks a collective of `plan` (as JSON) runs over."""
     mesh = plan.get("mesh") or {"replicas": 1, "shards": plan["world_size"]}
     g = inst.get("attrs", {}).get("group", "world")
+    node = mesh.get("node", 0)
     return {"world": plan["world_size"], "shard": mesh["shards"], "replica": mesh["replicas"],
-            "reshard": mesh.get("reshard", 0)}[g]
+            "reshard": mesh.get("reshard", 0), "node": node,
+            "cross": mesh["shards"] // node if node else 0}[g]
 
 
 def ring_bytes(plan):

@@ -550,19 +550,54 @@ def quantize_f32(x, block):
     return deq, scale, t
 
 
+def quantized_mean(sources, ds, block):
+    """fsdp.quantize of each of the parts `sources` (float32, one length)
+    in blocks, and fsdp.dequantize's reduce = "mean" of them (the parts'
+    dequantized values summed in order in float32, divided by their count:
+    quant::dequantizeSumBlocks). `ds[k]`: how far (float64, per value) our
+    part k may be from sources[k]. Returns (the mean, float32; how far ours
+    may be from it, float64). Ours moves a block's largest magnitude m by at
+    most the block's largest d (dm), so q x scale by at most dm, and
+    x x (127 / m) by at most 127 (d + |t| dm / 127) / m: where that is
+    closer to a tie (k + 1/2), q may round the other way, one quantum (the
+    block's scale) more. Then the float32 sum's and the division's
+    rounding."""
+    W = len(sources)
+    acc = err = mag = None
+    for k, (f, d) in enumerate(zip(sources, ds)):
+        deq, scale, t = quantize_f32(f, block)
+        dm = torch.empty_like(d)
+        for b in range(0, d.numel(), block):
+            dm[b:b + block] = d[b:b + block].max()
+        sc = scale.double()
+        m = 127.0 * sc
+        dt = 127.0 * (d + t.abs().double() * dm / 127.0) / m.clamp(min=1e-300)
+        dt = dt + 4 * U32 * t.abs().double()
+        near = (t.double() - torch.floor(t.double()) - 0.5).abs() <= dt
+        e = dm + near.double() * sc
+        acc = deq if k == 0 else acc + deq
+        err = e if k == 0 else err + e
+        mag = deq.abs().double() if k == 0 else mag + deq.abs().double()
+    mean = acc / W
+    return mean, err / W + (W - 1) * U32 * mag / W + U32 * mean.abs().double()
+
+
 def quantized_reduce(per_rank, plan, block, deltas):
     """qgZ's reduce-scatter of the ranks' float64 gradients `per_rank`
     (dicts by name): each rank's unit gradients in float32, cut into the
-    world's parts of S, each quantized in blocks (quantize_f32), and part
-    p's dequantized values summed over the ranks in rank order in float32,
-    divided by the ranks (fsdp.dequantize's reduce = "mean",
-    quant::dequantizeSumBlocks). Returns (expected gradients, per-element
-    allowed difference): our gradient of rank r is within deltas[r] of the
-    oracle's, which moves a block's scale (m by at most delta: q x scale by
-    at most delta) and, where x x (127 / m) is that close to a tie (k +
-    1/2), may round q the other way: one quantum (the block's scale) more.
-    Then the float32 sum's and the division's rounding."""
+    world's parts of S, each quantized in blocks, and part p's values
+    averaged over the ranks in rank order (quantized_mean). Hierarchical
+    (the plan's mesh "node" = L, M = G / L nodes): rank n L + i's part for
+    place j of its node is its chunks j, j + L, ... (M S values, quantized
+    as one part), averaged over the node's L ranks; place j's M S values
+    cut into M parts of S, and chunk n L + j the mean of node n'
+    place j's part n over the M nodes. Returns (expected gradients,
+    per-element allowed difference): our gradient of rank r is within
+    deltas[r] (and its float32 rounding) of the oracle's before the
+    quantization."""
     W = len(per_rank)
+    L = ((plan.get("mesh") or {}).get("node") or W)
+    M = W // L
     out, allowed = {}, {}
     for ui, u in enumerate(plan["units"]):
         members = [p for p in plan["params"] if p["unit"] == ui]
@@ -573,30 +608,34 @@ def quantized_reduce(per_rank, plan, block, deltas):
                 allowed[p["name"]] = torch.full_like(g, max(deltas))
             continue
         S, N = u["shard_numel"], u["padded_numel"]
-        acc = torch.zeros(N, dtype=torch.float32)
-        err = torch.zeros(N, dtype=torch.float64)
-        mag = torch.zeros(N, dtype=torch.float64)
+        flats, ds = [], []
         for r, pr in enumerate(per_rank):
             flat = torch.zeros(N, dtype=torch.float64)
             for p in members:
                 n = math.prod(p["shape"])
                 flat[p["flat_offset"]:p["flat_offset"] + n] = pr[p["name"]].reshape(-1)
             f = flat.float()
-            d = deltas[r] + U32 * f.abs().double()  # ours vs this float32 copy
-            for lo in range(0, N, S):
-                deq, scale, t = quantize_f32(f[lo:lo + S], block)
-                acc[lo:lo + S] = deq if r == 0 else acc[lo:lo + S] + deq
-                sc = scale.double()
-                m = 127.0 * sc
-                # x x (127 / m) moves by at most 127 (d / m) (1 + |t| / 127)
-                # and the products' rounding: near a tie, one quantum.
-                dt = 127.0 * d[lo:lo + S] / m.clamp(min=1e-300) * (1 + t.abs().double() / 127.0)
-                dt = dt + 4 * U32 * t.abs().double()
-                near = (t.double() - torch.floor(t.double()) - 0.5).abs() <= dt
-                err[lo:lo + S] += d[lo:lo + S] + near.double() * sc
-                mag[lo:lo + S] += deq.abs().double()
-        mean = acc / W
-        tol = err / W + (W - 1) * U32 * mag / W + U32 * mean.abs().double()
+            flats.append(f)
+            ds.append(deltas[r] + U32 * f.abs().double())  # ours vs this float32 copy
+        mean = torch.zeros(N, dtype=torch.float32)
+        tol = torch.zeros(N, dtype=torch.float64)
+
+        def chunks(v, j):  # chunks j, j + L, ... of S values
+            return torch.cat([v[(n * L + j) * S:(n * L + j + 1) * S] for n in range(M)])
+
+        for j in range(L):
+            # Level 1 (the only one when L = W): each node's mean for place j.
+            mids = [quantized_mean([chunks(flats[n * L + i], j) for i in range(L)],
+                                   [chunks(ds[n * L + i], j) for i in range(L)], block)
+                    for n in range(M)]
+            for n0 in range(M):
+                c = slice((n0 * L + j) * S, (n0 * L + j + 1) * S)
+                if M == 1:
+                    mean[c], tol[c] = mids[0][0], mids[0][1]
+                    continue
+                part = slice(n0 * S, (n0 + 1) * S)
+                mean[c], tol[c] = quantized_mean([m[0][part] for m in mids],
+                                                 [m[1][part] for m in mids], block)
         for p in members:
             n = math.prod(p["shape"])
             sl = slice(p["flat_offset"], p["flat_offset"] + n)
@@ -677,7 +716,8 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # gradient-quantization=int8: the update applies each unit's gradients
     # reduced as qgZ does from every rank's own (its rows of the batch).
     gblock = gradient_quantization_block(plan)
-    if gblock and (ls or opts.get("max_grad_norm", 0) > 0 or plan.get("mesh")):
+    if gblock and (ls or opts.get("max_grad_norm", 0) > 0 or
+                   (plan.get("mesh") or {}).get("replicas", 1) > 1):
         raise SystemExit("this oracle replays gradient-quantization=int8 without loss "
                          "scaling, clipping or a 2-D mesh")
     for step in range(1, log["steps"] + 1):
@@ -768,8 +808,11 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         lines.append(f"weight-quantization=int8: loss and gradients at the parameters "
                      f"dequantized from blocks of {block} of each rank's shard")
     if gblock:
+        node = (plan.get("mesh") or {}).get("node")
         lines.append(f"gradient-quantization=int8: each rank's gradients quantized in parts "
-                     f"and blocks of {gblock}, each part summed by its owner in float32")
+                     f"and blocks of {gblock}, each part summed by its owner in float32"
+                     + (f", in two levels (nodes of {node}: requantized between)"
+                        if node else ""))
     total = sum(p.numel() for p in params.values())
     for n in params:
         extra = (f"  {tight[n]}/{params[n].numel()} elements under a tight bound"

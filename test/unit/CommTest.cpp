@@ -8,13 +8,18 @@
 // at N = 3); all-to-all bit for bit, in f32 and i8; buffers larger than a
 // shared-memory slot (chunked); a dead peer turning into an error; and the
 // flight recorder naming the rank a timed-out collective waited for, with
-// the directory store and with the TCP store.
+// the directory store and with the TCP store; and the executor's mesh
+// groups of a node size (node, cross) on CPU devices.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/comm/GlooComm.h"
 #include "runtime/comm/ShmComm.h"
 #include "runtime/core/Bf16.h"
+#include "runtime/core/Executor.h"
+#include "runtime/core/Plan.h"
+#include "runtime/cpu/CpuDevice.h"
+#include "test/unit/TestPlans.h"
 
 #include <gtest/gtest.h>
 
@@ -313,6 +318,101 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("hybridx", 4), std::make_tuple("hybridx", 6),
                       std::make_tuple("hybridc", 4), std::make_tuple("hybridc", 6)),
     backendAndSize);
+
+/// The executor's mesh groups of a node size (hierarchical qgZ, [Note:
+/// node groups] in Executor.cpp): every rank of a replicas x shards mesh,
+/// CPU device and shared memory, runs an all_to_all over "node" and one
+/// over "cross"; each must exchange chunks with exactly the ranks the plan
+/// format names (node: the L consecutive ranks of its shard group's node;
+/// cross: the ranks of its shard group at its place on their nodes,
+/// ascending), and commBytes() counts both groups.
+TEST(ExecutorGroupsTest, NodeAndCrossGroupsHoldTheirRanks) {
+  using nlohmann::json;
+  const int64_t numel = 12; // divides into groups of 2, 3, 4
+  struct Mesh {
+    int replicas, shards, node;
+  };
+  for (const Mesh &m : {Mesh{2, 4, 2}, Mesh{1, 6, 2}, Mesh{1, 6, 3}}) {
+    const int world = m.replicas * m.shards;
+    SCOPED_TRACE(std::to_string(m.replicas) + "x" + std::to_string(m.shards) + " node " +
+                 std::to_string(m.node));
+    json buffers = json::array();
+    for (int i = 0; i < 3; ++i)
+      testplans::addF32Buffer(buffers, ("b" + std::to_string(i)).c_str(), "activation", "device",
+                              64 * i, numel, false, true, -1, 2);
+    testplans::addF32Buffer(buffers, "loss", "activation", "device", 192, 1, true, true, -1, 2);
+    json program = json::array();
+    program.push_back(
+        {{"op", "all_to_all"}, {"in", {0}}, {"out", {1}}, {"attrs", {{"group", "node"}}}});
+    program.push_back(
+        {{"op", "all_to_all"}, {"in", {0}}, {"out", {2}}, {"attrs", {{"group", "cross"}}}});
+    testplans::OneRankPlan p;
+    p.arenaBytes = 256;
+    p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
+    json j = json::parse(testplans::oneRankPlan(p, buffers, program));
+    j["world_size"] = world;
+    j["mesh"] = {{"replicas", m.replicas}, {"shards", m.shards}, {"node", m.node}};
+    Plan plan;
+    Status parsed = parsePlan(j.dump(), plan);
+    ASSERT_TRUE(parsed.isOk()) << parsed.message();
+    // The groups by their definition: same shard group, same node / same
+    // place on the node.
+    auto members = [&](int r, bool node) {
+      std::vector<int> g;
+      for (int q = 0; q < world; ++q) {
+        const int s = q % m.shards, t = r % m.shards;
+        if (q / m.shards == r / m.shards &&
+            (node ? s / m.node == t / m.node : s % m.node == t % m.node))
+          g.push_back(q);
+      }
+      return g;
+    };
+    std::string err = runRanks(
+        world, freshDir("groups" + std::to_string(world) + "-" + std::to_string(m.node)), 30,
+        [&](int r, Communicator &comm) -> std::string {
+          std::unique_ptr<Device> dev;
+          Status st = cpu::createCpuDevice(DeviceOptions{}, dev);
+          if (!st)
+            return st.message();
+          Executor ex(plan, comm, *dev);
+          if (!(st = ex.init(1)))
+            return "init: " + st.message();
+          std::vector<float> in(numel);
+          for (int64_t i = 0; i < numel; ++i)
+            in[i] = (float)(r * 100 + i);
+          if (!(st = ex.writeBuffer(0, in.data())))
+            return st.message();
+          const int64_t before = ex.commBytes();
+          float loss = 0;
+          if (!(st = ex.step(1, 0.0, loss)))
+            return "rank " + std::to_string(r) + ": " + st.message();
+          int64_t sent = 0;
+          for (int which = 1; which <= 2; ++which) {
+            const std::vector<int> g = members(r, which == 1);
+            const int64_t w = (int64_t)g.size(), chunk = numel / w;
+            const int64_t me = std::find(g.begin(), g.end(), r) - g.begin();
+            sent += (w - 1) * chunk * 4;
+            std::vector<float> out(numel);
+            if (!(st = ex.readBuffer(which, out.data())))
+              return st.message();
+            for (int64_t k = 0; k < numel; ++k) {
+              // Chunk k / chunk came from member k / chunk: its chunk `me`.
+              const float want = (float)(g[k / chunk] * 100 + me * chunk + k % chunk);
+              if (out[k] != want)
+                return std::string(which == 1 ? "node" : "cross") + " group: rank " +
+                       std::to_string(r) + " value " + std::to_string(k) + " is " +
+                       std::to_string(out[k]) + ", expected " + std::to_string(want);
+            }
+          }
+          if (ex.commBytes() - before != sent)
+            return "rank " + std::to_string(r) + ": commBytes grew by " +
+                   std::to_string(ex.commBytes() - before) + ", expected " + std::to_string(sent);
+          return "";
+        },
+        0, "shm");
+    EXPECT_EQ(err, "");
+  }
+}
 
 /// Which transport each kind of group gets, and that each one sums and
 /// exchanges right: 2 nodes x 2 ranks.

@@ -1840,6 +1840,223 @@ TEST_P(DeviceConformance, QuantizedReductionsMatchTheReference) {
       }
 }
 
+/// Hierarchical qgZ's quantize: `parts` parts of the values taken as
+/// `chunks` equal chunks, part p being chunks p, p + parts, ... b0: the
+/// values (parts x n); b1: the parts' bytes (the rest as
+/// quantizedReducePlan).
+Plan chunkedQuantizePlan(int64_t n, int64_t block, int64_t parts, int64_t chunks, DType in) {
+  Plan p = quantizedReducePlan(n, block, parts, in, DType::F32, "mean");
+  p.program[0].attrs["chunks"] = chunks;
+  return p;
+}
+
+/// Value k of part p of `x` (numel values in `chunks` chunks), as
+/// quantize's `chunks` defines it.
+float chunkedValue(const std::vector<float> &x, int64_t parts, int64_t chunks, int64_t p,
+                   int64_t k) {
+  const int64_t c = (int64_t)x.size() / chunks;
+  return x[((k / c) * parts + p) * c + k % c];
+}
+
+TEST(QuantizeRules, ChecksChunkedQuantize) {
+  auto error = [](Plan p, size_t i) {
+    Status st = checkInstruction(p, p.program[i]);
+    return st ? std::string("accepted") : st.message();
+  };
+  // 2 parts of 12 values: 24 values in 6 chunks of 4.
+  const Plan good = chunkedQuantizePlan(12, 4, 2, 6, DType::F32);
+  EXPECT_EQ(error(good, 0), "accepted");
+  Plan p = good;
+  p.program[0].attrs["chunks"] = 2; // chunks == parts: today's layout
+  EXPECT_EQ(error(p, 0), "accepted");
+  for (int64_t bad : {1, 5, 16, 48, 0, -2}) {
+    p = good;
+    p.program[0].attrs["chunks"] = bad;
+    EXPECT_NE(error(p, 0).find("expected chunks a multiple of parts (2) dividing the 24 values, "
+                               "found chunks " +
+                               std::to_string(bad)),
+              std::string::npos)
+        << bad << ": " << error(p, 0);
+  }
+  p = good;
+  p.program[0].attrs["chunks"] = "6";
+  EXPECT_NE(error(p, 0).find("chunks: expected an integer"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[0].attrs.erase("parts");
+  EXPECT_NE(error(p, 0).find("`chunks` needs `parts`"), std::string::npos) << error(p, 0);
+  p = good;
+  p.program[1].attrs["chunks"] = 6;
+  EXPECT_NE(error(p, 1).find("`chunks` belongs to quantize"), std::string::npos) << error(p, 1);
+}
+
+TEST_P(DeviceConformance, ChunkedQuantizeMatchesTheReference) {
+  struct Case {
+    int64_t parts, chunks, c, block;
+  };
+  // A part of 150 values in blocks of 64 from chunks of 50 (a chunk
+  // smaller than a block, blocks across chunks); chunks == parts (101
+  // values a part); chunks of 173; chunks of 3 values in blocks of 5.
+  for (const Case &k :
+       {Case{2, 6, 50, 64}, Case{3, 3, 101, 64}, Case{2, 4, 173, 64}, Case{4, 8, 3, 5}})
+    for (DType in : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE("parts " + std::to_string(k.parts) + " chunks " + std::to_string(k.chunks) +
+                   " of " + std::to_string(k.c) + ", " + dtypeName(in));
+      const int64_t numel = k.chunks * k.c, n = numel / k.parts;
+      const int64_t qb = shapes::quantizedBytes(n, k.block);
+      std::vector<float> x(numel);
+      for (int64_t i = 0; i < numel; ++i) // magnitudes differ chunk to chunk
+        x[i] = std::sin(0.37f * (float)i) * std::pow(10.0f, (float)(i / k.c % 5) - 2.0f);
+      x[numel / 3] = std::nanf(""); // one block of one part NaN
+      Plan plan = chunkedQuantizePlan(n, k.block, k.parts, k.chunks, in);
+      dev.reset();
+      ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, dev).isOk());
+      bind(plan);
+      std::vector<float> xs = x;
+      std::vector<uint16_t> xb(numel);
+      for (int64_t i = 0; i < numel; ++i) {
+        xb[i] = roundToBf16(x[i]);
+        if (in == DType::BF16)
+          xs[i] = widenBf16(xb[i]);
+      }
+      const void *src = in == DType::F32 ? (const void *)x.data() : (const void *)xb.data();
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[0].offset, src, plan.buffers[0].bytes)
+              .isOk());
+      std::vector<uint8_t> junk(k.parts * qb, 0xAB); // padding must be written
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + plan.buffers[1].offset, junk.data(), junk.size())
+              .isOk());
+      ASSERT_TRUE(dev->run(0).isOk());
+      ASSERT_TRUE(dev->synchronize().isOk());
+      std::vector<uint8_t> got(k.parts * qb), want(k.parts * qb, 0xCD);
+      ASSERT_TRUE(dev->copyToHost(got.data(), dev->arenaBase() + plan.buffers[1].offset, got.size())
+                      .isOk());
+      // The reference: each part's chunks gathered, then quantized alone.
+      std::vector<float> part(n);
+      for (int64_t p = 0; p < k.parts; ++p) {
+        for (int64_t i = 0; i < n; ++i)
+          part[i] = chunkedValue(xs, k.parts, k.chunks, p, i);
+        quant::quantizeBlocks(part.data(), n, k.block, want.data() + p * qb, 0,
+                              shapes::quantizedBlocks(n, k.block));
+      }
+      for (int64_t i = 0; i < k.parts * qb; ++i)
+        ASSERT_EQ(got[i], want[i]) << "byte " << i % qb << " of part " << i / qb;
+    }
+}
+
+/// Hierarchical qgZ, its four ops on one device with the all-to-alls done
+/// here: L = 2 ranks a node, M = 3 nodes, shards of c values. Each rank
+/// quantizes its gradient in L parts of M chunks (part l: the shards of
+/// the node's rank l); the node's all-to-all; the mean over the node;
+/// that in M parts (one a node); the all-to-all across nodes; the mean
+/// over the nodes. Rank n L + l ends with the mean of every rank's shard
+/// n L + l, within the two quantizations' bound.
+TEST_P(DeviceConformance, HierarchicalQuantizedReduceScatterIsTheMean) {
+  const int64_t L = 2, M = 3, R = L * M, c = 50, block = 64;
+  const int64_t q1 = shapes::quantizedBytes(M * c, block), q2 = shapes::quantizedBytes(c, block);
+  Plan plan;
+  const std::vector<std::pair<int64_t, DType>> bufs = {
+      {R * c, DType::F32}, {L * q1, DType::I8}, {L * q1, DType::I8}, {M * c, DType::F32},
+      {M * q2, DType::I8}, {M * q2, DType::I8}, {c, DType::F32}};
+  int64_t offset = 0;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    Buffer b;
+    b.id = (int64_t)i;
+    b.shape = {bufs[i].first};
+    b.dtype = bufs[i].second;
+    b.bytes = b.numel() * dtypeSize(b.dtype);
+    b.offset = offset;
+    b.persistent = true;
+    b.name = "b" + std::to_string(i);
+    offset += (b.bytes + 63) / 64 * 64;
+    plan.buffers.push_back(b);
+  }
+  plan.arenaBytes = offset;
+  plan.program = {
+      inst("quantize", {0}, {1}, {{"block", block}, {"parts", L}, {"chunks", R}}),
+      inst("dequantize", {2}, {3}, {{"block", block}, {"parts", L}, {"reduce", "mean"}}),
+      inst("quantize", {3}, {4}, {{"block", block}, {"parts", M}}),
+      inst("dequantize", {5}, {6}, {{"block", block}, {"parts", M}, {"reduce", "mean"}})};
+  bind(plan);
+  auto put = [&](int64_t id, const void *v) {
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, v, plan.buffers[id].bytes)
+            .isOk());
+  };
+  auto get = [&](int64_t id, void *v) {
+    ASSERT_TRUE(dev->synchronize().isOk());
+    ASSERT_TRUE(
+        dev->copyToHost(v, dev->arenaBase() + plan.buffers[id].offset, plan.buffers[id].bytes)
+            .isOk());
+  };
+  // Rank r's gradient: magnitudes differ by shard and by rank.
+  std::vector<std::vector<float>> g(R, std::vector<float>(R * c));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < R * c; ++i)
+      g[r][i] = std::sin(0.61f * (float)i + 1.3f * (float)r) *
+                std::pow(10.0f, (float)((i / c + r) % 4) - 2.0f);
+  std::vector<std::vector<uint8_t>> first(R, std::vector<uint8_t>(L * q1));
+  for (int64_t r = 0; r < R; ++r) {
+    put(0, g[r].data());
+    ASSERT_TRUE(dev->run(0).isOk());
+    get(1, first[r].data());
+  }
+  // Rank n L + l receives part l of each rank of node n, in node order.
+  std::vector<std::vector<uint8_t>> second(R, std::vector<uint8_t>(M * q2));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = r / L, l = r % L;
+    std::vector<uint8_t> recv(L * q1);
+    for (int64_t i = 0; i < L; ++i)
+      std::memcpy(recv.data() + i * q1, first[n * L + i].data() + l * q1, q1);
+    put(2, recv.data());
+    ASSERT_TRUE(dev->run(1).isOk());
+    ASSERT_TRUE(dev->run(2).isOk());
+    get(4, second[r].data());
+  }
+  int64_t bad = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    // ... then part n of each rank l of every node, in node order.
+    const int64_t n = r / L, l = r % L;
+    std::vector<uint8_t> recv(M * q2);
+    for (int64_t j = 0; j < M; ++j)
+      std::memcpy(recv.data() + j * q2, second[j * L + l].data() + n * q2, q2);
+    put(5, recv.data());
+    ASSERT_TRUE(dev->run(3).isOk());
+    std::vector<float> y(c);
+    get(6, y.data());
+    for (int64_t k = 0; k < c && bad <= 5; ++k) {
+      // The exact mean of shard r's value k, and the bound: half of each
+      // rank's first scale (the value's block in part l: offset n c + k)
+      // averaged, plus half of each node's second scale (part n's block
+      // of value k) averaged, with room for f32 rounding.
+      double exact = 0, err = 0, mag = 0;
+      for (int64_t s = 0; s < R; ++s) {
+        exact += g[s][r * c + k];
+        mag += std::fabs(g[s][r * c + k]);
+        float sc;
+        std::memcpy(&sc,
+                    first[s].data() + l * q1 + quant::valueBytes(M * c) + 4 * ((n * c + k) / block),
+                    4);
+        err += 0.5 * sc;
+      }
+      for (int64_t j = 0; j < M; ++j) {
+        float sc;
+        std::memcpy(&sc, second[j * L + l].data() + n * q2 + quant::valueBytes(c) + 4 * (k / block),
+                    4);
+        err += 0.5 * sc * L; // averaged over M nodes, not R ranks
+      }
+      exact /= R;
+      const double bound = err / R * (1 + 1e-4) + 1e-6 * mag / R;
+      if (!(std::fabs(y[k] - exact) <= bound)) {
+        ++bad;
+        ADD_FAILURE() << "rank " << r << " value " << k << ": " << y[k] << ", exact mean " << exact
+                      << ", bound " << bound;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   // 4 values x 4096 draws each, then the special cases.
   const int64_t per = 4096;

@@ -499,6 +499,60 @@ void expectRefused(const Plan &plan, const Instruction &inst, const char *what) 
   EXPECT_NE(m.find(what), std::string::npos) << "\"" << m << "\" lacks \"" << what << "\"";
 }
 
+/// The mesh's node size (hierarchical qgZ): read from "mesh", checked
+/// (1 < node < shards, dividing shards), and the groups "node" and "cross"
+/// it makes, refused by collectives without it.
+TEST(PlanTest, MeshNodeSplitsShardGroups) {
+  using nlohmann::json;
+  json buffers = json::array();
+  testplans::addF32Buffer(buffers, "a", "activation", "device", 0, 8, false, true, -1, 0);
+  testplans::addF32Buffer(buffers, "b", "activation", "device", 64, 8, false, true, -1, 0);
+  testplans::addF32Buffer(buffers, "loss", "activation", "device", 128, 1, true, true, -1, 0);
+  testplans::OneRankPlan p;
+  p.arenaBytes = 192;
+  p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 2}}};
+  auto planWith = [&](json mesh) {
+    json j = json::parse(testplans::oneRankPlan(p, buffers, json::array()));
+    j["world_size"] = 16;
+    j["mesh"] = mesh;
+    return j.dump();
+  };
+  Plan plan;
+  Status st = parsePlan(planWith({{"replicas", 2}, {"shards", 8}, {"node", 2}}), plan);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  EXPECT_EQ(plan.meshNode, 2);
+  EXPECT_EQ(plan.groupSize("node"), 2);
+  EXPECT_EQ(plan.groupSize("cross"), 4);
+  Instruction a2a;
+  a2a.op = "all_to_all";
+  a2a.in = {0};
+  a2a.out = {1};
+  for (const char *g : {"node", "cross"}) {
+    a2a.attrs["group"] = g;
+    EXPECT_TRUE(checkInstruction(plan, a2a).isOk()) << g << ": " << checkMessage(plan, a2a);
+  }
+  for (int64_t bad : {1, 3, 8, 16, -2}) {
+    plan = Plan();
+    std::string m =
+        parsePlan(planWith({{"replicas", 2}, {"shards", 8}, {"node", bad}}), plan).message();
+    const std::string want = bad < 0 ? "node" // the reader's range check
+                                     : "plan: mesh node of " + std::to_string(bad) +
+                                           " ranks: expected 1 < node < shards (8) dividing it";
+    EXPECT_NE(m.find(want), std::string::npos) << bad << ": " << m;
+  }
+  // Without a node size: no such groups.
+  plan = Plan();
+  st = parsePlan(planWith({{"replicas", 2}, {"shards", 8}}), plan);
+  ASSERT_TRUE(st.isOk()) << st.message();
+  EXPECT_EQ(plan.meshNode, 0);
+  EXPECT_EQ(plan.groupSize("node"), 0);
+  EXPECT_EQ(plan.groupSize("cross"), 0);
+  for (const char *g : {"node", "cross"}) {
+    a2a.attrs["group"] = g;
+    expectRefused(plan, a2a, "(with a mesh node size) \"node\" or \"cross\", found \"");
+  }
+}
+
 /// An accumulator has its result's dtype (the dialect's verifiers): a plan
 /// whose accumulator differs is refused by name before widening would make
 /// both f32, for every op that takes one.

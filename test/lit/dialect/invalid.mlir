@@ -648,7 +648,7 @@ module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 3>} {
 // -----
 module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 2>} {
   func.func @f(%x: tensor<2xf32>) {
-    // expected-error @+1 {{expected group = "world", "shard", "replica" or "reshard", found "row"}}
+    // expected-error @+1 {{expected group = "world", "shard", "replica", "reshard", "node" or "cross", found "row"}}
     %r = fsdp.all_reduce %x {group = "row", reduce = "mean"} : tensor<2xf32>
     return
   }
@@ -686,6 +686,57 @@ module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 3>
 // -----
 // expected-error @+1 {{mesh reshard group of 8 ranks: expected 1 < reshard < shards (8) and a divisor of it}}
 module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 8, reshard = 8>} {
+}
+
+// -----
+// Tests the node and cross groups (hierarchical qgZ): 6 shards on nodes of
+// 3: a node group of 3, a cross group of 2.
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 6, node = 3>} {
+  func.func @f(%q: tensor<72xi8>, %c: tensor<24xi8>, %x: tensor<42xf32>, %r: tensor<25xi8>) {
+    %a = fsdp.all_to_all %q {group = "node"} : tensor<72xi8> -> tensor<72xi8>
+    %b = fsdp.all_to_all %c {group = "cross"} : tensor<24xi8> -> tensor<24xi8>
+    %ok = fsdp.quantize %x {block = 8 : i64, chunks = 6 : i64, parts = 3 : i64} : tensor<42xf32> -> tensor<72xi8>
+    // expected-error @+1 {{expected 2 equal parts, found 25 elements}}
+    %bad = fsdp.all_to_all %r {group = "cross"} : tensor<25xi8> -> tensor<25xi8>
+    return
+  }
+}
+
+// -----
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 6, node = 3>} {
+  func.func @f(%x: tensor<42xf32>) {
+    // expected-error @+1 {{expected chunks = 4 to be a multiple of parts = 3 (given) dividing the input's 42 values}}
+    %q = fsdp.quantize %x {block = 8 : i64, chunks = 4 : i64, parts = 3 : i64} : tensor<42xf32> -> tensor<72xi8>
+    return
+  }
+}
+
+// -----
+func.func @f(%x: tensor<42xf32>) {
+  // expected-error @+1 {{expected chunks = 6 to be a multiple of parts = 1 (given) dividing the input's 42 values}}
+  %q = fsdp.quantize %x {block = 8 : i64, chunks = 6 : i64} : tensor<42xf32> -> tensor<56xi8>
+  return
+}
+
+// -----
+// Tests that groups "node" and "cross" need a mesh with a node size.
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 4>} {
+  func.func @f(%q: tensor<80xi8>) {
+    // expected-error @+1 {{group "cross" needs a mesh with a node size (#fsdp.mesh<..., node = L>)}}
+    %a = fsdp.all_to_all %q {group = "cross"} : tensor<80xi8> -> tensor<80xi8>
+    return
+  }
+}
+
+// -----
+// Tests that a node divides the shard group and is smaller.
+// expected-error @+1 {{mesh node of 4 ranks: expected 1 < node < shards (6) and a divisor of it}}
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 1, shards = 6, node = 4>} {
+}
+
+// -----
+// expected-error @+1 {{mesh node of 1 ranks: expected 1 < node < shards (6) and a divisor of it}}
+module attributes {fsdp.mesh = #fsdp.mesh<replicas = 2, shards = 6, node = 1>} {
 }
 
 // -----
