@@ -712,6 +712,19 @@ private:
   /// The plan, its executor with initialized parameters, and --init-from.
   Status loadPlan() {
     FSDP_RETURN_IF_ERROR(fsdp::loadPlan(opt.planPath, plan));
+    // Hierarchical qgZ's node groups are the compiler's idea of a node
+    // (ranks-per-node): on a multi-node job with other nodes they are
+    // still right, but their exchanges are not the ones the plan was
+    // priced for.
+    if (root && plan.meshNode > 1 && opt.localWorldSize > 0 && opt.localWorldSize < comm.size() &&
+        opt.localWorldSize != plan.meshNode)
+      std::fprintf(stderr,
+                   "warning: the plan reduces gradients in two levels over nodes of %lld "
+                   "ranks (ranks-per-node); this job runs %lld ranks a node, so its "
+                   "\"node\" and \"cross\" exchanges do not follow the machines (correct, "
+                   "not as priced): compile with ranks-per-node=%lld\n",
+                   (long long)plan.meshNode, (long long)opt.localWorldSize,
+                   (long long)opt.localWorldSize);
     ex = std::make_unique<Executor>(plan, comm, device);
     ex->setNvmeDir(opt.nvmeDir);
     ex->setNvmeIo(opt.nvmeIo);

@@ -24,6 +24,9 @@ struct TrainOptions {
   std::string comm = "auto";  ///< --comm: auto | shm | gloo (the host collectives)
   bool allowTf32 = false;     ///< --allow-tf32 (CUDA GEMMs)
   bool cudaGraphs = false;    ///< --cuda-graphs: capture the step, replay it
+  /// Ranks on this rank's node, as the launch says (LOCAL_WORLD_SIZE and
+  /// its names; fsdp-run sets it from the job, not an option); 0: unknown.
+  int64_t localWorldSize = 0;
   int64_t steps = 10;
   double lr = 1e-3;
   std::string schedule = "constant";

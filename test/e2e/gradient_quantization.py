@@ -42,7 +42,9 @@ of 2 (f32) and on 6 ranks on nodes of 3 (bf16 compute):
 - step 1's loss bitwise the unquantized plan's, step 2's not;
 - over --nnodes 2 --comm hybrid (shared memory in a node, Gloo across)
   and over Gloo the trained parameters bitwise shared memory's;
-- learns, last-10 mean within 2% of the unquantized run's.
+- learns, last-10 mean within 2% of the unquantized run's;
+- a launch on other nodes (--nnodes G: a rank a node) runs with a warning
+  naming the plan's node size, one on the plan's nodes without.
 """
 import json
 import os
@@ -220,6 +222,16 @@ def hierarchical(bindir, model, tmp, check):
               f"{fm:.5f} flat qgZ vs {rm:.5f} unquantized")
         check(qm < sum(ql[:10]) / 10 and abs(qm - rm) < 0.02 * rm,
               f"{name}: learns, last-10 mean within 2% of the unquantized run's")
+        # A launch whose nodes are not the plan's: warned, not refused.
+        said = {}
+        for nn in (2, world):
+            r = subprocess.run([os.path.join(bindir, "fsdp-run"), qpath, "--nproc", str(world),
+                                "--nnodes", str(nn), "--steps", "1", "--quiet"],
+                               capture_output=True, text=True, timeout=300)
+            said[nn] = r.returncode == 0 and ("over nodes of %d ranks" % node) in r.stderr
+        check(not said[2] and said[world],
+              f"{name}: a launch on nodes of 1 rank is warned that the plan's nodes are "
+              f"of {node}, one on nodes of {node} is not")
 
 
 if __name__ == "__main__":

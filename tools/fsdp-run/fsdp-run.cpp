@@ -122,6 +122,7 @@ int main(int argc, char **argv) {
   st = deviceCommunicator(opt.device, job, timeout, comm);
   if (!st)
     return fail(st, 1, job.rank);
+  opt.localWorldSize = job.localWorldSize;
   st = train(opt, *comm, *device);
   if (!st)
     return fail(st, 1, job.rank);
