@@ -89,6 +89,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.prefetchDepth = options.prefetchDepth;
   if (options.backwardPrefetch.hasValue())
     search.backwardPrefetch = options.backwardPrefetch;
+  search.overlapNodeExchange = options.overlapNodeExchange;
   pm.addPass(createFsdpSearchSchedule(search));
 }
 
@@ -182,6 +183,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
         sched.prefetch = options.prefetch;
         sched.prefetchDepth = options.prefetchDepth;
         sched.backwardPrefetch = options.backwardPrefetch;
+        sched.overlapNodeExchange = options.overlapNodeExchange;
         pm.addPass(createFsdpSchedule(sched));
       }
     }

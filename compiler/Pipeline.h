@@ -153,6 +153,12 @@ struct FsdpPipelineOptions
   Option<bool> prefetch{*this, "prefetch",
                         llvm::cl::desc("issue each all-gather one unit ahead"),
                         llvm::cl::init(true)};
+  Option<bool> overlapNodeExchange{
+      *this, "overlap-node-exchange",
+      llvm::cl::desc("with prefetch, hierarchical qgZ (ranks-per-node): each unit's "
+                     "node all-to-all travels behind the next unit's backward "
+                     "(false: waited for at once)"),
+      llvm::cl::init(true)};
   Option<std::string> recompute{
       *this, "recompute",
       llvm::cl::desc("activation recomputation: none | unit (keep each "

@@ -855,6 +855,17 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     themselves; every rank runs the same program, so every rank issues the
     collectives in the same order.
 
+    Hierarchical qgZ (fsdp-shard `ranks-per-node`): with prefetch, each
+    unit's node all-to-all is issued where its gradients are quantized and
+    its tail (the node average, the requantization, the cross-node
+    all-to-all, its average and an HSDP replica all-reduce) moves down to
+    just before the next gradient exchange is issued (the next unit's node
+    all-to-all) or its result is read, so the node exchange travels behind
+    the next unit's backward instead of being waited for at once; the
+    cross-node exchange stays in flight behind the next node exchange and
+    is waited for before the next cross-node one (DeepSpeed runs both
+    levels on its reduce stream behind the backward).
+
     `backward-prefetch` (FSDP1's BackwardPrefetch) places the backward
     pass's gathers: `pre` (BACKWARD_PRE, the default) as above; `post`
     (BACKWARD_POST) right after the last read of the parameters gathered
@@ -889,6 +900,9 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
            "pre (before the unit after it computes its gradients), post (once "
            "that unit's parameters are dead: one unit fewer gathered at once) "
            "or none (where read)">,
+    Option<"overlapNodeExchange", "overlap-node-exchange", "bool", /*default=*/"true",
+           "with prefetch, hierarchical qgZ: each unit's node all-to-all travels "
+           "behind the next unit's backward (false: waited for at once)">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
@@ -1138,6 +1152,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"backwardPrefetch", "backward-prefetch", "std::string", /*default=*/"\"\"",
            "pin the backward gathers' placement: pre | post | none (empty: "
            "search pre and, at depth 1, post)">,
+    Option<"overlapNodeExchange", "overlap-node-exchange", "bool", /*default=*/"true",
+           "fsdp-schedule's overlap-node-exchange in every candidate">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
            "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
     Option<"fuseGradAccum", "fuse-grad-accum", "bool", /*default=*/"true",

@@ -12,7 +12,11 @@
 // backward gather moves above the loss it follows; every rank runs the
 // same program, so the cross-rank order of collectives is identical.
 // (3) Waits move up to bound what is in flight: `depth` gathers and one
-// other collective (one collective without prefetch).
+// other collective (one collective without prefetch); with hierarchical
+// qgZ, whose node exchange's tail moves down first (to the next unit's
+// node exchange, so the node level travels behind that unit's backward),
+// a tail's cross-node exchange also stays in flight behind the next node
+// exchange.
 // `backward-prefetch` (FSDP1's BackwardPrefetch) sets where step (2) puts
 // the backward pass's gathers: `pre` as above (BACKWARD_PRE: unit k-1
 // travels while unit k's gradients are computed, both gathered at once),
@@ -58,6 +62,18 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     for (Operation &op : body)
       if (isCollective(&op) && !op.hasAttr("async"))
         collectives.push_back(&op);
+
+    // Hierarchical qgZ: the node exchange's tail (its average, the
+    // requantization, the cross-node exchange and its own average, with
+    // HSDP's replica all-reduce) moves down to just before the next
+    // gradient exchange is issued or its result is read, so that the node
+    // all-to-all travels behind the compute in between (the next unit's
+    // backward) instead of being waited for at once. With prefetch only:
+    // without it one collective is in flight and nothing would overlap;
+    // overlap-node-exchange=false keeps the tail where fsdp-shard put it.
+    llvm::SmallPtrSet<Operation *, 16> tailExchanges;
+    if (prefetch && prefetchDepth > 0 && overlapNodeExchange && deferNodeTails(body, tailExchanges))
+      llvm::sort(collectives, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
 
     // qgZ's all-to-all is read by the dequantize that sums what arrived:
     // that sum moves down to its first reader (where the reduce-scatter's
@@ -135,7 +151,17 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // first. This bounds memory: a reduce-scatter's whole-unit gradient
     // buffer is freed before the next unit's is sent (what makes ZeRO-2
     // save memory).
+    // A deferred tail's exchanges (hierarchical qgZ's cross-node
+    // all-to-all, HSDP's replica all-reduce after it) stay in flight while
+    // the next unit's node all-to-all is issued behind them: the levels of
+    // neighbouring units pipeline. The next tail's exchange bounds them.
+    auto nodeHop = [](Operation *op) {
+      auto a2a = dyn_cast<AllToAllOp>(op);
+      return a2a && a2a.getGroup() && *a2a.getGroup() == "node";
+    };
     auto sameClass = [&](Operation *a, Operation *b) {
+      if (tailExchanges.contains(a) && nodeHop(b))
+        return false;
       return depth == 0 || chained.contains(a) == chained.contains(b);
     };
     for (size_t i = 0; i + 1 < collectives.size(); ++i) {
@@ -156,6 +182,65 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     }
     for (Operation *dq : summed)
       dq->moveAfter(dq->getOperand(0).getDefiningOp());
+  }
+
+  /// Moves each hierarchical qgZ tail down (see runOnOperation); true if
+  /// any moved. A tail is the run of ops right after a node all-to-all
+  /// that starts with the dequantize reading it and goes on while each op
+  /// is a (de)quantize, all-to-all or all-reduce reading the tail: the
+  /// node average, the requantization, the cross-node all-to-all, its
+  /// average and an HSDP replica all-reduce. It stops before the first
+  /// later op that is a gradient exchange (any collective but a parameter
+  /// all-gather, which prefetch moves on its own) or reads the tail.
+  static bool deferNodeTails(Block &body, llvm::SmallPtrSetImpl<Operation *> &exchanges) {
+    SmallVector<AllToAllOp> nodeHops;
+    for (Operation &op : body)
+      if (auto a2a = dyn_cast<AllToAllOp>(op); a2a && a2a.getGroup() && *a2a.getGroup() == "node")
+        nodeHops.push_back(a2a);
+    bool moved = false;
+    for (AllToAllOp hop : nodeHops) {
+      SmallVector<Operation *> tail;
+      llvm::SmallPtrSet<Operation *, 8> inTail;
+      auto readsTail = [&](Operation *op) {
+        return llvm::any_of(op->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return def && (def == hop.getOperation() || inTail.contains(def));
+        });
+      };
+      for (Operation *op = hop->getNextNode(); op && !op->hasTrait<OpTrait::IsTerminator>();
+           op = op->getNextNode()) {
+        if (!isa<DequantizeOp, QuantizeOp, AllToAllOp, AllReduceOp>(op) || !readsTail(op))
+          break;
+        if (tail.empty() && !isa<DequantizeOp>(op))
+          break;
+        tail.push_back(op);
+        inTail.insert(op);
+      }
+      if (tail.empty() || !hop->hasOneUse())
+        continue;
+      Operation *target = tail.back()->getNextNode();
+      for (; target && !target->hasTrait<OpTrait::IsTerminator>(); target = target->getNextNode()) {
+        if (readsTail(target) || (isCollective(target) && !isa<AllGatherOp>(target)))
+          break;
+        // A read nested in a region (none in a train step today) stops it too.
+        bool nested = false;
+        target->walk([&](Operation *inner) {
+          if (inner != target && readsTail(inner))
+            nested = true;
+        });
+        if (nested)
+          break;
+      }
+      if (!target || target == tail.back()->getNextNode())
+        continue;
+      for (Operation *op : tail) {
+        op->moveBefore(target);
+        if (isCollective(op))
+          exchanges.insert(op);
+      }
+      moved = true;
+    }
+    return moved;
   }
 
   /// The unit read (fsdp.get_unit) a parameter all-gather gathers, read

@@ -181,6 +181,7 @@ struct SearchSchedulePass
     sched.prefetch = depth > 0;
     sched.prefetchDepth = depth;
     sched.backwardPrefetch = backward.str();
+    sched.overlapNodeExchange = overlapNodeExchange;
     return run(m, createFsdpSchedule(sched));
   }
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,

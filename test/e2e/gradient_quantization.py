@@ -165,16 +165,29 @@ def hierarchical(bindir, model, tmp, check):
         sums = [i for i in ops(q, "dequantize") if "reduce" in i["attrs"]]
         ok = (q.get("mesh", {}).get("node") == node and not ops(q, "reduce_scatter") and
               len(a2a) == len(sums) == len(quant) == 2 * len(rs) > 0)
-        for j, r in enumerate(rs):
+        # Each unit's chain followed through its buffers: fsdp-schedule
+        # interleaves neighbouring units' levels (a unit's node exchange
+        # travels while the next unit computes), so it is not contiguous.
+        hops = [x for x in a2a if x["attrs"].get("group") == "node"]
+        ok &= len(hops) == len(rs)
+
+        def reader(insts, buf):
+            found = [i for i in insts if i["in"][:1] == [buf]]
+            return found[0] if len(found) == 1 else None
+        for r, x1 in zip(rs, hops):
             shard = rbufs[r["out"][0]]["shape"][0]
-            q1, q2 = quant[2 * j: 2 * j + 2]
-            x1, x2 = a2a[2 * j: 2 * j + 2]
-            d1, d2 = sums[2 * j: 2 * j + 2]
+            q1 = next((i for i in quant if i["out"] == x1["in"]), None)
+            d1 = reader(sums, x1["out"][0])
+            q2 = d1 and reader(quant, d1["out"][0])
+            x2 = q2 and reader(a2a, q2["out"][0])
+            d2 = x2 and reader(sums, x2["out"][0])
+            if not (q1 and d2):
+                ok = False
+                break
             ok &= (q1["attrs"].get("chunks") == world and q1["attrs"]["parts"] == node and
-                   x1["attrs"].get("group") == "node" and
                    bufs[x1["in"][0]]["bytes"] == node * quantized_bytes(nodes * shard, BLOCK) and
                    d1["attrs"]["parts"] == node and bufs[d1["out"][0]]["shape"] == [nodes * shard]
-                   and bufs[d1["out"][0]]["dtype"] == "f32" and q2["in"] == d1["out"] and
+                   and bufs[d1["out"][0]]["dtype"] == "f32" and
                    "chunks" not in q2["attrs"] and q2["attrs"]["parts"] == nodes and
                    x2["attrs"].get("group") == "cross" and
                    bufs[x2["in"][0]]["bytes"] == nodes * quantized_bytes(shard, BLOCK) and
@@ -182,6 +195,20 @@ def hierarchical(bindir, model, tmp, check):
                    d2["attrs"]["reduce"] == d1["attrs"]["reduce"] == "mean")
         check(ok, f"{name}: {len(rs)} reduce-scatters are a node all-to-all of L parts of "
                   f"M S values and a cross all-to-all of M parts of S")
+        # fsdp-schedule defers each node exchange's tail: every unit's but
+        # the last one's node all-to-all is waited for only after the next
+        # unit's gradient matmuls (it travels behind them).
+        prog = q["program"]
+        at = {id(i): k for k, i in enumerate(prog)}
+        behind = []
+        for x in hops:
+            pos = at[id(x)]
+            w = next(j for j in range(pos + 1, len(prog))
+                     if prog[j]["op"] == "wait" and prog[j]["in"] == x["out"])
+            behind.append(sum(1 for i in prog[pos + 1:w] if i["op"] == "matmul"))
+        check(len(behind) > 1 and all(n > 0 for n in behind[:-1]),
+              f"{name}: matmuls run while each node all-to-all is in flight (all but "
+              f"the last unit's): {behind}")
         # Bytes a rank sends across nodes a step: the cross level's
         # (M-1)/M, against the flat all-to-all's parts for other nodes.
         inter = sum((nodes - 1) * bufs[x["in"][0]]["bytes"] // nodes

@@ -1,5 +1,10 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" | FileCheck %s
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" -fsdp-schedule | FileCheck %s --check-prefix=SCHED
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" -fsdp-schedule=prefetch=false | FileCheck %s --check-prefix=NOPF
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" -fsdp-schedule=overlap-node-exchange=false | FileCheck %s --check-prefix=NOPF
+// RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false" | FileCheck %s --check-prefix=PIPE
+// RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false overlap-node-exchange=false" | FileCheck %s --check-prefix=PIPEOFF
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=2 mesh=2x4 gradient-quantization=int8 quantization-block=8 ranks-per-node=2" -fsdp-schedule | FileCheck %s --check-prefix=HSDPS
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=2 mesh=2x4 gradient-quantization=int8 quantization-block=8 ranks-per-node=2" | FileCheck %s --check-prefix=HSDP
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 ranks-per-node=4" 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 ranks-per-node=6" | FileCheck %s --check-prefix=ONENODE
@@ -50,21 +55,63 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // CHECK: fsdp.adamw_update %{{.+}}, %[[R1]], {{.+}} : tensor<7xf32>
 // CHECK: fsdp.adamw_update %{{.+}}, %[[R0]], {{.+}} : tensor<2xf32>
 
-// Scheduled: both all-to-alls async; the node level's average is read by
-// the requantization at once, so its wait follows it (the node link is the
-// fast one), and the cross level's wait is where the reduced shard is
-// first read, bounded by the next unit's gradient exchange: root's is
-// waited for before layers.0's node all-to-all is issued.
+// Scheduled (prefetch, the default): both all-to-alls async. Root's node
+// all-to-all travels while layers.0 computes its gradients; its tail (the
+// node average, the requantization and the cross-node all-to-all) runs
+// just before layers.0's node all-to-all is issued, and root's cross-node
+// exchange stays in flight behind it, waited for before layers.0's
+// cross-node exchange.
 // SCHED-LABEL: func.func @train_step
 // SCHED: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<24xi8> -> tensor<24xi8>
+// SCHED-NEXT: fsdp.relu_grad
+// SCHED: fsdp.matmul
+// SCHED: %[[Q1:.+]] = fsdp.quantize %{{.+}} -> tensor<72xi8>
 // SCHED-NEXT: %[[W0:.+]] = fsdp.wait %[[A0]] : tensor<24xi8>
 // SCHED-NEXT: fsdp.dequantize %[[W0]] {{.+}} -> tensor<4xf32>
 // SCHED-NEXT: fsdp.quantize
 // SCHED-NEXT: %[[A1:.+]] = fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<16xi8> -> tensor<16xi8>
-// SCHED: fsdp.quantize %{{.+}} -> tensor<72xi8>
+// SCHED-NEXT: %[[A2:.+]] = fsdp.all_to_all %[[Q1]] {async, group = "node"} : tensor<72xi8> -> tensor<72xi8>
+// SCHED: %[[W2:.+]] = fsdp.wait %[[A2]] : tensor<72xi8>
+// SCHED-NEXT: fsdp.dequantize %[[W2]] {{.+}} -> tensor<14xf32>
+// SCHED-NEXT: fsdp.quantize
 // SCHED-NEXT: %[[W1:.+]] = fsdp.wait %[[A1]] : tensor<16xi8>
 // SCHED-NEXT: fsdp.dequantize %[[W1]] {{.+}} -> tensor<2xf32>
-// SCHED-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<72xi8> -> tensor<72xi8>
+// SCHED-NEXT: fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<24xi8> -> tensor<24xi8>
+
+// Without prefetch one collective is in flight: the node level is waited
+// for at once, and the cross level before the next unit's node level.
+// overlap-node-exchange=false places them the same way with prefetch on.
+// NOPF-LABEL: func.func @train_step
+// NOPF: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<24xi8> -> tensor<24xi8>
+// NOPF-NEXT: %[[W0:.+]] = fsdp.wait %[[A0]] : tensor<24xi8>
+// NOPF-NEXT: fsdp.dequantize %[[W0]] {{.+}} -> tensor<4xf32>
+// NOPF-NEXT: fsdp.quantize
+// NOPF-NEXT: %[[A1:.+]] = fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<16xi8> -> tensor<16xi8>
+// NOPF-NEXT: fsdp.relu_grad
+// NOPF: fsdp.quantize %{{.+}} -> tensor<72xi8>
+// NOPF-NEXT: %[[W1:.+]] = fsdp.wait %[[A1]] : tensor<16xi8>
+// NOPF-NEXT: fsdp.dequantize %[[W1]] {{.+}} -> tensor<2xf32>
+// NOPF-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<72xi8> -> tensor<72xi8>
+// NOPF-NEXT: fsdp.wait
+
+// The pipeline passes overlap-node-exchange on (default true).
+// PIPE: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node"} : tensor<24xi8>
+// PIPE-NEXT: fsdp.relu_grad
+// PIPE: fsdp.wait %[[A]]
+// PIPEOFF: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node"} : tensor<24xi8>
+// PIPEOFF-NEXT: fsdp.wait %[[A]]
+
+// HSDP scheduled: the tail takes the replica all-reduce along, and it
+// stays in flight behind layers.0's node all-to-all.
+// HSDPS-LABEL: func.func @train_step
+// HSDPS: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<16xi8> -> tensor<16xi8>
+// HSDPS-NEXT: fsdp.relu_grad
+// HSDPS: fsdp.quantize %{{.+}} -> tensor<64xi8>
+// HSDPS-NEXT: fsdp.wait %[[A0]]
+// HSDPS: %[[R0:.+]] = fsdp.all_reduce %{{.+}} {async, group = "replica", reduce = "mean"} : tensor<2xf32>
+// HSDPS-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<64xi8> -> tensor<64xi8>
+// HSDPS: fsdp.wait %[[R0]] : tensor<2xf32>
+// HSDPS-NEXT: fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<40xi8> -> tensor<40xi8>
 
 // HSDP 2 replicas x 4 shards on nodes of 2: the two levels within each
 // shard group (chunks = 4 of 10 values), then the replicas' exact
