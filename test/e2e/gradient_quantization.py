@@ -223,12 +223,20 @@ def hierarchical(bindir, model, tmp, check):
                             str(STEPS))
         fl, _ = run_json(bindir, os.path.join(tmp, f"h{k}-flat.plan"), world, "--steps",
                          str(STEPS))
-        saved = [os.path.join(tmp, f"h{k}-{c}.safetensors") for c in ("shm", "hybrid", "gloo")]
+        saved = [os.path.join(tmp, f"h{k}-{c}.safetensors")
+                 for c in ("shm", "hybrid", "gloo", "waited")]
         ql, qs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--save", saved[0])
         hl, hs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--nnodes", "2",
                           "--comm", "hybrid", "--save", saved[1])
         gl, gs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--comm", "gloo",
                           "--save", saved[2])
+        # Session 48's schedule (each node exchange waited for at once):
+        # the same arithmetic in another order, so bitwise the same.
+        wpath = os.path.join(tmp, f"h{k}-waited.plan")
+        waited = compile_plan(bindir, model, wpath, world,
+                              f"{opts} gradient-quantization=int8 quantization-block={BLOCK} "
+                              f"ranks-per-node={node} overlap-node-exchange=false")
+        run_json(bindir, wpath, world, "--steps", str(STEPS), "--save", saved[3])
         params = []
         for path in saved:
             with open(path, "rb") as f:
@@ -242,6 +250,9 @@ def hierarchical(bindir, model, tmp, check):
         check(params[0] == params[1] == params[2],
               f"{name}: parameters after {STEPS} steps over hybrid (2 nodes) and gloo "
               "bitwise shared memory's")
+        check(params[3] == params[0] and waited["program"] != q["program"],
+              f"{name}: overlap-node-exchange=false reorders the program and trains to "
+              "bitwise the same parameters")
         qm, rm, fm = sum(ql[-10:]) / 10, sum(rl[-10:]) / 10, sum(fl[-10:]) / 10
         print(f"measured: {name}: bytes across nodes a step {inter} vs {flat_inter} flat; "
               f"a step's bytes sent {qs['comm_bytes_per_step']} vs "
