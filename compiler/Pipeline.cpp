@@ -89,7 +89,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.prefetchDepth = options.prefetchDepth;
   if (options.backwardPrefetch.hasValue())
     search.backwardPrefetch = options.backwardPrefetch;
-  search.overlapNodeExchange = options.overlapNodeExchange;
+  if (options.overlapNodeExchange.hasValue())
+    search.overlapNodeExchange = options.overlapNodeExchange ? "true" : "false";
   pm.addPass(createFsdpSearchSchedule(search));
 }
 

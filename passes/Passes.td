@@ -1007,7 +1007,10 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     parameters fewer at the backward's peak, for less overlap). An option
     given a value pins that knob. With gradient accumulation at stage 3
     `reshard-after-backward` true and false are candidates too (false:
-    fewer gathers, the units gathered across micro-batches). Candidates
+    fewer gathers, the units gathered across micro-batches). A candidate
+    with hierarchical qgZ's node exchanges and prefetch is scheduled with
+    `overlap-node-exchange` true and false too (false: each node exchange
+    waited for at once, its int8 buffers held a unit less). Candidates
     share work: each grouping is recomputed once, sharded once per reshard
     choice and scheduled once per depth and backward placement.
     Per unit: where recompute=none does not fit and unit does, recomputing
@@ -1152,8 +1155,9 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"backwardPrefetch", "backward-prefetch", "std::string", /*default=*/"\"\"",
            "pin the backward gathers' placement: pre | post | none (empty: "
            "search pre and, at depth 1, post)">,
-    Option<"overlapNodeExchange", "overlap-node-exchange", "bool", /*default=*/"true",
-           "fsdp-schedule's overlap-node-exchange in every candidate">,
+    Option<"overlapNodeExchange", "overlap-node-exchange", "std::string", /*default=*/"\"\"",
+           "pin fsdp-schedule's overlap-node-exchange: true | false (empty: "
+           "hierarchical qgZ candidates with prefetch weigh both)">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
            "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
     Option<"fuseGradAccum", "fuse-grad-accum", "bool", /*default=*/"true",

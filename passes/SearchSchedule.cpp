@@ -79,6 +79,9 @@ struct Choice {
   /// fsdp-shard's reshard-after-backward: false keeps each unit's last
   /// gather of a micro-batch for the next one (gradient accumulation).
   bool reshardAfterBackward = true;
+  /// fsdp-schedule's overlap-node-exchange (hierarchical qgZ, depth > 0):
+  /// each unit's node all-to-all in flight behind the next unit's backward.
+  bool overlapNode = true;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -88,6 +91,7 @@ struct Choice {
            (reshardAfterBackward ? "" : " reshard-after-backward=false") +
            " prefetch-depth=" + std::to_string(depth) +
            (depth > 0 && backward != "pre" ? " backward-prefetch=" + backward : "") +
+           (overlapNode ? "" : " overlap-node-exchange=false") +
            (offload != "none" ? " offload=" + offload : "") +
            (activations ? " offload-activations=true" : "") +
            (nextStep ? " offload-next-step=true" : "") +
@@ -174,14 +178,14 @@ struct SearchSchedulePass
     s.ranksPerNode = std::max<int64_t>(0, profile.ranksPerNode);
     return run(m, createFsdpShard(s));
   }
-  bool schedule(ModuleOp m, int64_t depth, StringRef backward) {
+  bool schedule(ModuleOp m, int64_t depth, StringRef backward, bool overlapNode) {
     if (!overlap)
       return true;
     FsdpScheduleOptions sched;
     sched.prefetch = depth > 0;
     sched.prefetchDepth = depth;
     sched.backwardPrefetch = backward.str();
-    sched.overlapNodeExchange = overlapNodeExchange;
+    sched.overlapNodeExchange = overlapNode;
     return run(m, createFsdpSchedule(sched));
   }
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,
@@ -271,6 +275,7 @@ struct SearchSchedulePass
   SmallVector<std::string> recomputes, reshards, offloads;
   SmallVector<bool> activationChoices, nextStepChoices, prefetchChoices, nvmeChoices;
   SmallVector<bool> rabChoices; ///< reshard-after-backward's values
+  SmallVector<bool> overlapNodeChoices; ///< overlap-node-exchange's values
   std::vector<Leaf> leaves;
   /// The host-memory tunings' tries that fit the device but not the host
   /// budget: not candidates, but failWithFloor's host floor counts them.
@@ -302,7 +307,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload, c.reshardAfterBackward) ||
-        !schedule(*m, c.depth, c.backward) || !finish(*m, c))
+        !schedule(*m, c.depth, c.backward, c.overlapNode) || !finish(*m, c))
       return nullptr;
     return m;
   }
@@ -424,6 +429,16 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   auto step = getTrainStep(getOperation(), "fsdp-autodiff");
   if (reshardAfterBackward.empty() && stage == 3 && step && step->hasAttr(kGradAccumAttrName))
     rabChoices.push_back(false);
+  // Hierarchical qgZ's node exchange in flight behind the next unit's
+  // backward holds its int8 buffers (about half the unit's f32 gradient
+  // bytes) a unit longer: weighed where a candidate has node exchanges and
+  // prefetch (searchUniform), unless pinned.
+  if (!overlapNodeExchange.empty() && overlapNodeExchange != "true" &&
+      overlapNodeExchange != "false")
+    return fail("overlap-node-exchange='" + overlapNodeExchange + "': expected true or false");
+  overlapNodeChoices.assign({overlapNodeExchange != "false"});
+  if (overlapNodeExchange.empty())
+    overlapNodeChoices.push_back(false);
   // Optimizer offload: pinned (none, optimizer, all) or searched (auto:
   // each; it saves the device 4 + 8 bytes per parameter shard and costs
   // host copies and a host update, which the cost model prices; `all`
@@ -521,17 +536,24 @@ LogicalResult SearchSchedulePass::searchUniform() {
                 off == "none" ? ArrayRef<bool>(prefetchChoices).take_front() : prefetchChoices;
             ArrayRef<bool> nvmes =
                 off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
-            SmallVector<std::pair<int64_t, std::string>> schedules;
-            for (int64_t depth : depths) {
-              if (!backwardPrefetch.empty()) {
-                schedules.push_back({depth, backwardPrefetch});
-                continue;
+            // Only a candidate with node exchanges has the choice.
+            bool hasNodeHops = false;
+            sharded->walk(
+                [&](AllToAllOp a) { hasNodeHops |= a.getGroup() && *a.getGroup() == "node"; });
+            ArrayRef<bool> overlaps = hasNodeHops ? ArrayRef<bool>(overlapNodeChoices)
+                                                  : ArrayRef<bool>(overlapNodeChoices).take_front();
+            SmallVector<std::tuple<int64_t, std::string, bool>> schedules;
+            for (int64_t depth : depths)
+              for (bool ov : depth > 0 ? overlaps : overlaps.take_front()) {
+                if (!backwardPrefetch.empty()) {
+                  schedules.push_back({depth, backwardPrefetch, ov});
+                  continue;
+                }
+                schedules.push_back({depth, "pre", ov});
+                if (depth == 1)
+                  schedules.push_back({depth, "post", ov});
               }
-              schedules.push_back({depth, "pre"});
-              if (depth == 1)
-                schedules.push_back({depth, "post"});
-            }
-            for (auto &[depth, backward] : schedules)
+            for (auto &[depth, backward, ov] : schedules)
               for (bool acts : activationChoices)
                 for (bool ns : nextSteps)
                   for (bool pf : prefetches)
@@ -563,12 +585,12 @@ LogicalResult SearchSchedulePass::searchUniform() {
                                      nv && off != "none" && offloadNvmeParams == "true"};
                       leaf.choice.backward = backward;
                       leaf.choice.reshardAfterBackward = rab;
-                      bool last = depth == schedules.back().first &&
-                                  backward == schedules.back().second &&
+                      leaf.choice.overlapNode = ov;
+                      bool last = std::tie(depth, backward, ov) == schedules.back() &&
                                   acts == activationChoices.back() && ns == nextSteps.back() &&
                                   pf == prefetches.back() && nv == nvmes.back();
                       OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                      if (!schedule(*m, depth, backward) || !finish(*m, leaf.choice))
+                      if (!schedule(*m, depth, backward, ov) || !finish(*m, leaf.choice))
                         return failure();
                       if (!measure(leaf, *m))
                         return failure();
@@ -596,7 +618,7 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
            a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
            a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
            a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams && a.backward == b.backward &&
-           a.reshardAfterBackward == b.reshardAfterBackward;
+           a.reshardAfterBackward == b.reshardAfterBackward && a.overlapNode == b.overlapNode;
   };
   auto find = [&](const Choice &c) -> Leaf * {
     for (Leaf &l : leaves)
@@ -1041,6 +1063,7 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("reshard_group", b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("backward_prefetch", b.getStringAttr(c.backward)),
+          b.getNamedAttr("overlap_node_exchange", b.getBoolAttr(c.overlapNode)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),
           b.getNamedAttr("offload_next_step", b.getBoolAttr(c.nextStep)),

@@ -237,6 +237,26 @@ def hierarchical(bindir, model, tmp, check):
                               f"{opts} gradient-quantization=int8 quantization-block={BLOCK} "
                               f"ranks-per-node={node} overlap-node-exchange=false")
         run_json(bindir, wpath, world, "--steps", str(STEPS), "--save", saved[3])
+        # The memory-budget search weighs overlap-node-exchange (the other
+        # knobs pinned as compiled here): a budget between the two plans'
+        # arenas picks the waited schedule, one at the overlapped plan's
+        # arena keeps the overlap.
+        if k == 0:
+            hi, lo = q["arena_bytes"], waited["arena_bytes"]
+            picked = {}
+            for budget in ((hi + lo) // 2, hi):
+                sp = compile_plan(bindir, model, os.path.join(tmp, f"h{k}-search.plan"), world,
+                                  f"{opts} gradient-quantization=int8 "
+                                  f"quantization-block={BLOCK} ranks-per-node={node} "
+                                  f"memory-budget={budget} layers-per-unit=1 recompute=none "
+                                  "reshard-after-forward=true prefetch-depth=1 "
+                                  "backward-prefetch=pre offload=none")
+                picked[budget] = (sp["strategy"]["overlap_node_exchange"], sp["arena_bytes"])
+            check(lo < hi and picked[(hi + lo) // 2] == (False, lo) and
+                  picked[hi] == (True, hi),
+                  f"{name}: the memory-budget search keeps the overlap at a budget of "
+                  f"{hi} bytes and waits for each node exchange at {(hi + lo) // 2} "
+                  f"(arenas {hi} and {lo})")
         params = []
         for path in saved:
             with open(path, "rb") as f:
