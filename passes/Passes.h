@@ -105,6 +105,13 @@ inline SmallVector<Value> accumTerms(Value v) {
   return terms;
 }
 
+/// Hierarchical qgZ's first level: an fsdp.all_to_all over group "node"
+/// (fsdp-shard with ranks-per-node).
+inline bool isNodeExchange(Operation *op) {
+  auto a2a = dyn_cast_or_null<AllToAllOp>(op);
+  return a2a && a2a.getGroup() == "node";
+}
+
 /// Largest tensor the compiler plans, in bytes (the runtime's bound too):
 /// far above any real model, far below where int64 size arithmetic on a
 /// few of them could overflow.

@@ -155,12 +155,8 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // all-to-all, HSDP's replica all-reduce after it) stay in flight while
     // the next unit's node all-to-all is issued behind them: the levels of
     // neighbouring units pipeline. The next tail's exchange bounds them.
-    auto nodeHop = [](Operation *op) {
-      auto a2a = dyn_cast<AllToAllOp>(op);
-      return a2a && a2a.getGroup() && *a2a.getGroup() == "node";
-    };
     auto sameClass = [&](Operation *a, Operation *b) {
-      if (tailExchanges.contains(a) && nodeHop(b))
+      if (tailExchanges.contains(a) && isNodeExchange(b))
         return false;
       return depth == 0 || chained.contains(a) == chained.contains(b);
     };
@@ -189,22 +185,25 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
   /// that starts with the dequantize reading it and goes on while each op
   /// is a (de)quantize, all-to-all or all-reduce reading the tail: the
   /// node average, the requantization, the cross-node all-to-all, its
-  /// average and an HSDP replica all-reduce. It stops before the first
-  /// later op that is a gradient exchange (any collective but a parameter
-  /// all-gather, which prefetch moves on its own) or reads the tail.
+  /// average and an HSDP replica all-reduce. It moves to before the first
+  /// later gradient exchange (any collective but a parameter all-gather,
+  /// which prefetch moves on its own) or reader of the tail, whichever
+  /// comes first (the return if neither).
   static bool deferNodeTails(Block &body, llvm::SmallPtrSetImpl<Operation *> &exchanges) {
-    SmallVector<AllToAllOp> nodeHops;
+    SmallVector<Operation *> nodeHops;
     for (Operation &op : body)
-      if (auto a2a = dyn_cast<AllToAllOp>(op); a2a && a2a.getGroup() && *a2a.getGroup() == "node")
-        nodeHops.push_back(a2a);
+      if (isNodeExchange(&op))
+        nodeHops.push_back(&op);
     bool moved = false;
-    for (AllToAllOp hop : nodeHops) {
+    for (Operation *hop : nodeHops) {
+      if (!hop->hasOneUse())
+        continue;
       SmallVector<Operation *> tail;
       llvm::SmallPtrSet<Operation *, 8> inTail;
       auto readsTail = [&](Operation *op) {
         return llvm::any_of(op->getOperands(), [&](Value v) {
           Operation *def = v.getDefiningOp();
-          return def && (def == hop.getOperation() || inTail.contains(def));
+          return def && (def == hop || inTail.contains(def));
         });
       };
       for (Operation *op = hop->getNextNode(); op && !op->hasTrait<OpTrait::IsTerminator>();
@@ -216,22 +215,18 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
         tail.push_back(op);
         inTail.insert(op);
       }
-      if (tail.empty() || !hop->hasOneUse())
+      if (tail.empty())
         continue;
       Operation *target = tail.back()->getNextNode();
-      for (; target && !target->hasTrait<OpTrait::IsTerminator>(); target = target->getNextNode()) {
-        if (readsTail(target) || (isCollective(target) && !isa<AllGatherOp>(target)))
-          break;
-        // A read nested in a region (none in a train step today) stops it too.
-        bool nested = false;
-        target->walk([&](Operation *inner) {
-          if (inner != target && readsTail(inner))
-            nested = true;
-        });
-        if (nested)
-          break;
-      }
-      if (!target || target == tail.back()->getNextNode())
+      while (!target->hasTrait<OpTrait::IsTerminator>() &&
+             !(isCollective(target) && !isa<AllGatherOp>(target)))
+        target = target->getNextNode();
+      for (Operation *op : tail)
+        for (Operation *user : op->getUsers())
+          if (Operation *u = body.findAncestorOpInBlock(*user);
+              u && !inTail.contains(u) && u->isBeforeInBlock(target))
+            target = u;
+      if (target == tail.back()->getNextNode())
         continue;
       for (Operation *op : tail) {
         op->moveBefore(target);

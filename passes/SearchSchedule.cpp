@@ -538,8 +538,7 @@ LogicalResult SearchSchedulePass::searchUniform() {
                 off == "none" ? ArrayRef<bool>(nvmeChoices).take_front() : nvmeChoices;
             // Only a candidate with node exchanges has the choice.
             bool hasNodeHops = false;
-            sharded->walk(
-                [&](AllToAllOp a) { hasNodeHops |= a.getGroup() && *a.getGroup() == "node"; });
+            sharded->walk([&](AllToAllOp a) { hasNodeHops |= isNodeExchange(a); });
             ArrayRef<bool> overlaps = hasNodeHops ? ArrayRef<bool>(overlapNodeChoices)
                                                   : ArrayRef<bool>(overlapNodeChoices).take_front();
             SmallVector<std::tuple<int64_t, std::string, bool>> schedules;
