@@ -91,6 +91,7 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.backwardPrefetch = options.backwardPrefetch;
   if (options.overlapNodeExchange.hasValue())
     search.overlapNodeExchange = options.overlapNodeExchange ? "true" : "false";
+  search.nodeCommStream = options.nodeCommStream;
   pm.addPass(createFsdpSearchSchedule(search));
 }
 
@@ -185,6 +186,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
         sched.prefetchDepth = options.prefetchDepth;
         sched.backwardPrefetch = options.backwardPrefetch;
         sched.overlapNodeExchange = options.overlapNodeExchange;
+        sched.nodeCommStream = options.nodeCommStream;
         pm.addPass(createFsdpSchedule(sched));
       }
     }

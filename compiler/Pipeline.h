@@ -159,6 +159,12 @@ struct FsdpPipelineOptions
                      "node all-to-all travels behind the next unit's backward "
                      "(false: waited for at once)"),
       llvm::cl::init(true)};
+  Option<bool> nodeCommStream{
+      *this, "node-comm-stream",
+      llvm::cl::desc("hierarchical qgZ (ranks-per-node): the node group's exchanges "
+                     "run on a second comm stream beside the cross-node ones "
+                     "(false: one comm stream)"),
+      llvm::cl::init(true)};
   Option<std::string> recompute{
       *this, "recompute",
       llvm::cl::desc("activation recomputation: none | unit (keep each "

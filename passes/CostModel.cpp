@@ -481,6 +481,9 @@ struct Item {
   /// starts once its read (readS) is done, on compute (a CPU device, or
   /// not async) or on the copy stream ([Note: parameters on disk]).
   bool readFirst = false;
+  /// A collective on the node comm stream ("stream": "node", [Note: node
+  /// comm stream] in runtime/core/Device.h): its own queue.
+  bool nodeStream = false;
 };
 
 /// What costing one instruction reads: the memory plan, the profile, the
@@ -520,8 +523,9 @@ public:
   /// want the C cores each runs at min(1, C / D) of its speed alone.
   /// An async host update (fsdp-offload's overlap) runs on threads of
   /// its own as many as compute's.
-  double rate(bool comp, bool comm, bool host = false) const {
-    if (!share || (!comp && !comm && !host))
+  /// `comm`: the comm streams with a collective in flight (0, 1 or 2).
+  double rate(bool comp, double comm, bool host = false) const {
+    if (!share || (!comp && comm == 0 && !host))
       return 1.0;
     return std::min(
         1.0, cores / (double(world) * (threads * comp + commThreads * comm + threads * host)));
@@ -580,7 +584,10 @@ Item StepCosting::collective(Operation *op) const {
   double cost =
       collectiveSeconds(op->getName().stripDialect(), n, int64_t(bytesOf(whole)), span, p);
   bool async = op->hasAttr("async");
-  return {Item::Collective, cost * commWork, async, async ? op->getResult(0) : Value()};
+  Item it{Item::Collective, cost * commWork, async, async ? op->getResult(0) : Value()};
+  auto stream = op->getAttrOfType<StringAttr>("stream");
+  it.nodeStream = stream && stream.getValue() == "node";
+  return it;
 }
 
 double StepCosting::bytesMoved(Operation *op, Value &firstIn) const {
@@ -692,7 +699,8 @@ Item StepCosting::compute(Operation *op) const {
 /// The streams, event by event (fsdp-sim's loop): compute runs `prog` in
 /// order and stalls at a wait whose collective (or host update, or copy)
 /// is in flight or at a blocking collective; the communication stream runs
-/// its queue one collective at a time, the host stream its updates one at
+/// its queue one collective at a time (and the node comm stream its own
+/// beside it, at full speed on a GPU: NVLink beside the network), the host stream its updates one at
 /// a time, the copy stream its copies one at a time; all slow down by
 /// `c.rate` while they overlap (the copy stream exists on a GPU only,
 /// where the rate is 1).
@@ -702,7 +710,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     size_t index;
     double left, start;
   };
-  std::deque<Queued> queue, host, copies; // issued and not done
+  std::deque<Queued> queue, nodeQ, host, copies; // issued and not done
   // offload-nvme's swap streams; the host updates whose reads are queued.
   std::deque<Queued> ins, outs;
   llvm::DenseSet<size_t> reading;
@@ -756,7 +764,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
       issueAhead();
       const Item &it = prog[i];
       if (it.kind == Item::Barrier) {
-        if (queue.empty() && copies.empty())
+        if (queue.empty() && nodeQ.empty() && copies.empty())
           passBarrier();
         else
           blockedBarrier = true;
@@ -782,7 +790,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         inFlight.insert(it.buffer);
         ++i;
       } else if (it.kind == Item::Collective) {
-        queue.push_back({i, it.cost, -1.0});
+        (it.nodeStream ? nodeQ : queue).push_back({i, it.cost, -1.0});
         if (it.async) {
           inFlight.insert(it.buffer);
           ++i;
@@ -823,26 +831,28 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     const bool hostReady = !host.empty() && !reading.contains(host.front().index);
     const bool copyReady =
         !copies.empty() && !isJoin(copies.front()) && !reading.contains(copies.front().index);
-    for (std::deque<Queued> *q : {&queue, &host, &copies, &ins, &outs})
+    for (std::deque<Queued> *q : {&queue, &nodeQ, &host, &copies, &ins, &outs})
       if (!q->empty() && q->front().start < 0 && (q != &host || hostReady) &&
           (q != &copies || copyReady))
         q->front().start = t;
-    if ((!running && queue.empty() && host.empty() && copies.empty() && outs.empty() &&
+    if ((!running && queue.empty() && nodeQ.empty() && host.empty() && copies.empty() &&
+         outs.empty() &&
          ins.empty()) ||
         barriers.size() == 2)
       break;
-    double rt = c.rate(running, !queue.empty(), hostReady);
+    double rt = c.rate(running, double(!queue.empty()) + double(!nodeQ.empty()), hostReady);
     // The swap streams share the drive: each at its duplex share while
     // both move data.
     const bool duplex = !ins.empty() && !outs.empty();
     const double ioR = duplex ? c.readShare() : 1.0, ioW = duplex ? c.writeShare() : 1.0;
     double dtC = running ? cur / rt : HUGE_VAL;
     double dtM = !queue.empty() ? queue.front().left / rt : HUGE_VAL;
+    double dtN = !nodeQ.empty() ? nodeQ.front().left / rt : HUGE_VAL;
     double dtH = hostReady ? host.front().left / rt : HUGE_VAL;
     double dtY = copyReady ? copies.front().left / rt : HUGE_VAL;
     double dtR = !ins.empty() ? ins.front().left / ioR : HUGE_VAL;
     double dtW = !outs.empty() ? outs.front().left / ioW : HUGE_VAL;
-    double dt = std::min({dtC, dtM, dtH, dtY, dtR, dtW});
+    double dt = std::min({dtC, dtM, dtN, dtH, dtY, dtR, dtW});
     if (blockedOn && !copies.empty() && isJoin(copies.front()) &&
         llvm::any_of(copies, [&](const Queued &q) {
           return !isJoin(q) && prog[q.index].buffer == blockedOn;
@@ -863,10 +873,12 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
         cur -= dt * rt;
       }
     }
-    if (!queue.empty()) {
-      if (dtM <= dt) {
-        Queued q = queue.front();
-        queue.pop_front();
+    auto finishCollective = [&](std::deque<Queued> &stream, double dtS) {
+      if (stream.empty())
+        return;
+      if (dtS <= dt) {
+        Queued q = stream.front();
+        stream.pop_front();
         const Item &it = prog[q.index];
         r.commS += t - q.start;
         bool unblocks;
@@ -883,9 +895,11 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           ++i;
         }
       } else {
-        queue.front().left -= dt * rt;
+        stream.front().left -= dt * rt;
       }
-    }
+    };
+    finishCollective(queue, dtM);
+    finishCollective(nodeQ, dtN);
     // The swap-in stream: a read done lets its update start.
     if (!ins.empty()) {
       if (dtR <= dt) {
@@ -932,7 +946,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
     advance(copies, dtY, r.copyS, r.copyExposedS, rt);
     double writing = 0; // (the drive's time is counted above)
     advance(outs, dtW, writing, r.hostExposedS, ioW);
-    if (blockedBarrier && queue.empty() && copies.empty())
+    if (blockedBarrier && queue.empty() && nodeQ.empty() && copies.empty())
       passBarrier();
   }
   r.stepS = barriers.size() == 2 ? barriers[1] - barriers[0] : t;

@@ -866,6 +866,12 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     is waited for before the next cross-node one (DeepSpeed runs both
     levels on its reduce stream behind the backward).
 
+    `node-comm-stream` (default true) marks the node group's collectives
+    `stream = "node"`: the runtime runs them on a second comm stream, so
+    unit k's node exchange (NVLink) travels while unit k+1's cross-node
+    exchange (the network) is still in flight instead of queueing behind
+    it. Each stream keeps its collectives in program order on every rank.
+
     `backward-prefetch` (FSDP1's BackwardPrefetch) places the backward
     pass's gathers: `pre` (BACKWARD_PRE, the default) as above; `post`
     (BACKWARD_POST) right after the last read of the parameters gathered
@@ -903,6 +909,9 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     Option<"overlapNodeExchange", "overlap-node-exchange", "bool", /*default=*/"true",
            "with prefetch, hierarchical qgZ: each unit's node all-to-all travels "
            "behind the next unit's backward (false: waited for at once)">,
+    Option<"nodeCommStream", "node-comm-stream", "bool", /*default=*/"true",
+           "hierarchical qgZ: the node group's exchanges run on a second comm "
+           "stream beside the cross-node ones (false: one comm stream)">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
@@ -1158,6 +1167,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"overlapNodeExchange", "overlap-node-exchange", "std::string", /*default=*/"\"\"",
            "pin fsdp-schedule's overlap-node-exchange: true | false (empty: "
            "hierarchical qgZ candidates with prefetch weigh both)">,
+    Option<"nodeCommStream", "node-comm-stream", "bool", /*default=*/"true",
+           "fsdp-schedule's node-comm-stream for every candidate">,
     Option<"fuseEpilogues", "fuse-epilogues", "bool", /*default=*/"true",
            "fold matmul epilogues in every candidate (fsdp-fuse-epilogues)">,
     Option<"fuseGradAccum", "fuse-grad-accum", "bool", /*default=*/"true",

@@ -16,7 +16,8 @@
 // qgZ, whose node exchange's tail moves down first (to the next unit's
 // node exchange, so the node level travels behind that unit's backward),
 // a tail's cross-node exchange also stays in flight behind the next node
-// exchange.
+// exchange. (4) With node-comm-stream, the node group's collectives are
+// marked to run on the second comm stream ([Note: node comm stream]).
 // `backward-prefetch` (FSDP1's BackwardPrefetch) sets where step (2) puts
 // the backward pass's gathers: `pre` as above (BACKWARD_PRE: unit k-1
 // travels while unit k's gradients are computed, both gathered at once),
@@ -71,6 +72,14 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // backward) instead of being waited for at once. With prefetch only:
     // without it one collective is in flight and nothing would overlap;
     // overlap-node-exchange=false keeps the tail where fsdp-shard put it.
+    // [Note: node comm stream] (runtime/core/Device.h): the node group's
+    // exchanges on a comm stream of their own, so a unit's node exchange
+    // does not queue behind the previous unit's cross-node one.
+    if (nodeCommStream)
+      for (Operation *c : collectives)
+        if (auto g = c->getAttrOfType<StringAttr>("group"); g && g.getValue() == "node")
+          c->setAttr("stream", StringAttr::get(&getContext(), "node"));
+
     llvm::SmallPtrSet<Operation *, 16> tailExchanges;
     if (prefetch && prefetchDepth > 0 && overlapNodeExchange && deferNodeTails(body, tailExchanges))
       llvm::sort(collectives, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });

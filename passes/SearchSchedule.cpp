@@ -186,6 +186,7 @@ struct SearchSchedulePass
     sched.prefetchDepth = depth;
     sched.backwardPrefetch = backward.str();
     sched.overlapNodeExchange = overlapNode;
+    sched.nodeCommStream = nodeCommStream;
     return run(m, createFsdpSchedule(sched));
   }
   /// The passes the pipeline runs after this one: fsdp-fuse-epilogues and,

@@ -27,7 +27,9 @@
 // the step (synchronize). A synchronous collective is the same with its
 // wait right after it. Every collective goes through the one comm stream
 // in program order, so the order across ranks is the plan's (the
-// Communicator contract, Comm.h). An async copy between the arenas
+// Communicator contract, Comm.h); the collectives a plan marks for the
+// node stream go through a second one the same way ([Note: node comm
+// stream]). An async copy between the arenas
 // (activation offload) goes the same way on the copy stream, through
 // runOn(copy, i): on a GPU the copy engines move it while the SMs compute
 // and NCCL communicates, so a copy never waits behind a collective and a
@@ -43,13 +45,14 @@
 // device) runs after the update. The memory plan keeps every operand of an
 // async host update live until its wait.
 // - CPU: the compute stream is the calling thread (run() executes at once,
-//   so events on it are complete when recorded); the comm and host streams
-//   are each a thread working through a queue (HostWorker.h); wait(compute,
+//   so events on it are complete when recorded); the comm, node comm and
+//   host streams are each a thread working through a queue (HostWorker.h); wait(compute,
 //   e) blocks the caller, a wait between the two threads is a job blocking
 //   the waiting one.
 // - CPU: the copy stream is the compute stream: both arenas are host
 //   memory, the copy a memcpy run in place (runOn).
-// - CUDA: a compute stream, a high-priority comm stream and a copy stream
+// - CUDA: a compute stream, two high-priority comm streams (comm and node
+//   comm) and a copy stream
 //   (cudaMemcpyAsync between the arenas); events there
 //   are cudaEvents, wait is cudaStreamWaitEvent, enqueue calls the
 //   launcher at once from the host (NCCL enqueues on the stream it is
@@ -63,6 +66,22 @@
 // own, like the host stream (its events markers, a wait between host
 // threads a job blocking the waiting one), so a thread blocked in pread /
 // pwrite holds neither the update nor the other direction.
+//
+// [Note: node comm stream]
+// Hierarchical qgZ exchanges each unit's gradient in two hops: within the
+// node (NVLink; shared memory on CPU ranks) and then across nodes (the
+// network). On one comm stream unit k's node exchange queues behind unit
+// k+1's cross-node exchange, though the two use different links. A plan
+// marks the node group's collectives "stream": "node" (fsdp-schedule's
+// node-comm-stream) and the executor runs them on nodeCommStream(), so
+// the two hops of successive units travel at once. Each stream holds the
+// collectives of its own groups in program order on every rank, and the
+// only edges between streams are the plan's events (ready, wait), the
+// same on every rank: no rank waits in one stream for a peer that waits
+// in the other. On CUDA a host-staged collective is a host function, and
+// CUDA may run host functions of different streams one at a time on one
+// thread (a peer could then wait behind another peer's other stream):
+// the executor keeps those on the comm stream.
 // Errors are sticky per stream, as CUDA's are: work after a failure on
 // the same stream is skipped, and the failure is returned by the wait on
 // an event after it and by synchronize.
@@ -189,6 +208,11 @@ public:
   virtual Stream &computeStream() = 0;
   /// Collectives: one stream, so they run in program order.
   virtual Stream &commStream() = 0;
+  /// The collectives a plan puts on the node stream (instruction attribute
+  /// "stream": "node", hierarchical qgZ's node exchanges): a second comm
+  /// stream, in program order too, beside the first ([Note: node comm
+  /// stream]).
+  virtual Stream &nodeCommStream() = 0;
   /// The offloaded optimizer's async host instructions, in program order,
   /// on a host thread: they overlap device compute and collectives.
   virtual Stream &hostStream() = 0;
@@ -213,9 +237,10 @@ public:
   /// synchronize).
   virtual Status wait(Stream &stream, Event &event) = 0;
   /// Blocks the host until all streams are idle; their first failure
-  /// (compute, comm, copy, host, swap-in, swap-out), after which the streams run work again.
+  /// (compute, comm, node comm, copy, host, swap-in, swap-out), after which the streams run work again.
   virtual Status synchronize() = 0;
-  /// Blocks the host until compute, the collectives and the copies are
+  /// Blocks the host until compute, the collectives (both comm streams)
+  /// and the copies are
   /// idle, leaving the host and swap streams' work running (host updates a plan
   /// joins in the next step); their failures, if any, come at the wait
   /// joining them or at synchronize().

@@ -598,7 +598,7 @@ Status Executor::init(uint64_t seed) {
 }
 
 Status Executor::runOffCompute(const Instruction &inst) {
-  Stream &compute = dev.computeStream(), &commStream = dev.commStream();
+  Stream &compute = dev.computeStream();
   if (inst.op == "wait") {
     auto it = inFlight.find(inst.in[0]);
     // A carried wait joins the previous step's update: none in the first
@@ -668,6 +668,12 @@ Status Executor::runOffCompute(const Instruction &inst) {
   std::string op = inst.op;
   int64_t outN = out.numel(), inN = in.numel();
   Communicator *c = &group(inst.attrs.value("group", std::string("world")));
+  // [Note: node comm stream] in Device.h: the plan's node-stream
+  // collectives on the second comm stream, except a host-staged one on a
+  // GPU (a host function, which CUDA may serialize across streams).
+  const bool onNode = inst.attrs.value("stream", std::string("comm")) == "node" &&
+                      !(dev.enqueuesAsync() && !c->capturable());
+  Stream &commStream = onNode ? dev.nodeCommStream() : dev.commStream();
   Stream *stream = &commStream;
   auto job = [c, op, src, dst, dtype, reduce, outN, inN, stream]() -> Status {
     if (op == "all_reduce")
@@ -684,7 +690,7 @@ Status Executor::runOffCompute(const Instruction &inst) {
   if (tracing) {
     // The span on the comm stream: from when it starts running the
     // collective (not when it was queued) to its end.
-    TraceEvent ev{op, kCommTrack, currentStep, traceIndex, 0, 0};
+    TraceEvent ev{op, onNode ? kNodeCommTrack : kCommTrack, currentStep, traceIndex, 0, 0};
     dev.enqueue(commStream, [this, job, ev]() mutable {
       ev.startUs = nowUs();
       Status st = job();

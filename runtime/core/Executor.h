@@ -35,10 +35,11 @@ namespace fsdp {
 /// thread (track 1), an async host update on the host stream (track 2,
 /// fsdp-offload's overlap), or an update's reads from and writes to the
 /// swap file (tracks 4 and 5, offload-nvme's [Note: swap pipeline]; track 3
-/// is fsdp-sim's copy stream). Times are microseconds of the monotonic
-/// clock, which all processes of one machine share.
+/// is fsdp-sim's copy stream), or a collective on the node comm stream
+/// (track 6, [Note: node comm stream] in Device.h). Times are microseconds
+/// of the monotonic clock, which all processes of one machine share.
 constexpr int kComputeTrack = 0, kCommTrack = 1, kHostTrack = 2, kSwapInTrack = 4,
-              kSwapOutTrack = 5;
+              kSwapOutTrack = 5, kNodeCommTrack = 6;
 struct TraceEvent {
   std::string name;
   int track = 0;

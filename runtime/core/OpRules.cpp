@@ -933,6 +933,14 @@ Status checkInstruction(const Plan &plan, const Instruction &inst) {
                           g->is_primitive() ? g->dump() : g->type_name());
       group = g->get<std::string>();
     }
+    // [Note: node comm stream]: only the node group's collectives may run
+    // on the second comm stream (each stream's groups in program order).
+    auto st = inst.attrs.find("stream");
+    if (st != inst.attrs.end() &&
+        !(st->is_string() && (*st == "comm" || (*st == "node" && group == "node"))))
+      return FSDP_ERROR(inst.op, ": attribute stream: expected \"comm\"",
+                        group == "node" ? " or \"node\"" : " (\"node\" is for group node only)",
+                        ", found ", st->is_primitive() ? st->dump() : st->type_name());
     int64_t w = plan.groupSize(group);
     bool ok = inst.op == "all_reduce"   ? a.numel() == b.numel()
               : inst.op == "all_to_all" ? a.numel() == b.numel() && a.numel() % w == 0

@@ -605,7 +605,9 @@ Status checkOutputPath(const std::string &path, const char *option) {
 /// events travel to rank 0 by broadcast (so it works across machines),
 /// one process per rank, threads "compute" and "communication", "host"
 /// when the plan has async host updates (fsdp-offload), and "swap-in" and
-/// "swap-out" when it swaps optimizer state with a file (offload-nvme). A
+/// "swap-out" when it swaps optimizer state with a file (offload-nvme),
+/// "node communication" when it runs collectives on the node comm stream
+/// ([Note: node comm stream] in Device.h). A
 /// collective's span also names its group and the whole buffer's bytes
 /// (fsdp-sim's predicted trace does the same).
 static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex,
@@ -613,14 +615,15 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
   nlohmann::json mine = nlohmann::json::array();
   for (const TraceEvent &e : ex.traceEvents()) {
     nlohmann::json args = {{"step", e.step}, {"instruction", e.index}};
-    if (e.track == 1 && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
+    if ((e.track == kCommTrack || e.track == kNodeCommTrack) && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
       const Instruction &inst = plan.program[e.index];
       auto g = inst.attrs.find("group");
       args["group"] = g != inst.attrs.end() && g->is_string() ? g->get<std::string>() : "world";
       int64_t whole = inst.op == "all_gather" ? inst.out[0] : inst.in[0];
       args["bytes"] = plan.buffers[whole].bytes;
     }
-    static const char *const kCategory[] = {"compute", "comm", "host", "copy", "swap", "swap"};
+    static const char *const kCategory[] = {"compute", "comm", "host", "copy",
+                                            "swap",    "swap", "comm"};
     mine.push_back({{"name", e.name},
                     {"cat", kCategory[e.track]},
                     {"ph", "X"},
@@ -640,6 +643,10 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
     threads.push_back(kHostTrack);
   if (swaps)
     threads.insert(threads.end(), {kSwapInTrack, kSwapOutTrack});
+  if (std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
+        return i.attrs.value("stream", std::string("comm")) == "node";
+      }))
+    threads.push_back(kNodeCommTrack);
   nlohmann::json all = nlohmann::json::array();
   for (int64_t r = 0; r < comm.size(); ++r) {
     std::string text = r == comm.rank() ? mine.dump() : std::string();
@@ -654,7 +661,8 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
     all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
                    {"args", {{"name", "rank " + std::to_string(r)}}}});
     static const char *const kThread[] = {"compute", "communication", "host",
-                                          "copy",    "swap-in",       "swap-out"};
+                                          "copy",    "swap-in",       "swap-out",
+                                          "node communication"};
     for (int t : threads)
       all.push_back({{"name", "thread_name"},
                      {"ph", "M"},

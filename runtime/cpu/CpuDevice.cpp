@@ -10,8 +10,9 @@
 // compute event is free (compute already reached it). The memory plan keeps
 // an async collective's input and output alive until its wait, so the two
 // threads never touch the same bytes.
-// The host stream (the offloaded optimizer's async updates) is a second
-// such thread, in the same way; a wait between the comm and host threads
+// The node comm stream ([Note: node comm stream] in Device.h) and the host
+// stream (the offloaded optimizer's async updates) are each another such
+// thread, in the same way; a wait between two of these threads
 // is a job on the waiting one that blocks on the other's marker. Its
 // kernels are the compute stream's (cpu::runInstruction: the same bits),
 // OpenMP regions started from a second thread; the kernels keep no shared
@@ -69,6 +70,7 @@ public:
     swapOutWorker.reset();
     hostWorker.reset();
     swapInWorker.reset();
+    nodeWorker.reset();
     worker.reset();
     std::free(arena);
   }
@@ -155,6 +157,7 @@ public:
 
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
+  Stream &nodeCommStream() override { return nodeComm; }
   Stream &hostStream() override { return host; }
   /// Copies run in place on the caller (runOn): compute's.
   Stream &copyStream() override { return compute; }
@@ -196,8 +199,8 @@ public:
     Status st = computeSticky;
     // The update waits for its reads, its writes for it: drained in that
     // order, nothing is queued behind a drained stream.
-    for (HostWorker *w :
-         {worker.get(), swapInWorker.get(), hostWorker.get(), swapOutWorker.get()}) {
+    for (HostWorker *w : {worker.get(), nodeWorker.get(), swapInWorker.get(), hostWorker.get(),
+                          swapOutWorker.get()}) {
       Status wSt = w->drain();
       if (st)
         st = wSt;
@@ -206,9 +209,12 @@ public:
     return st;
   }
   Status synchronizeDevice() override {
-    Status st = computeSticky, commSt = worker->drain();
-    if (st)
-      st = commSt;
+    Status st = computeSticky;
+    for (HostWorker *w : {worker.get(), nodeWorker.get()}) {
+      Status wSt = w->drain();
+      if (st)
+        st = wSt;
+    }
     computeSticky = Status::ok();
     return st;
   }
@@ -228,12 +234,14 @@ private:
     return &stream == &host      ? hostWorker.get()
            : &stream == &swapIn  ? swapInWorker.get()
            : &stream == &swapOut ? swapOutWorker.get()
-                                 : worker.get();
+           : &stream == &nodeComm ? nodeWorker.get()
+                                  : worker.get();
   }
 
-  CpuStream compute, comm, host, swapIn, swapOut;
+  CpuStream compute, comm, nodeComm, host, swapIn, swapOut;
   Status computeSticky;
   std::unique_ptr<HostWorker> worker = std::make_unique<HostWorker>(); ///< comm
+  std::unique_ptr<HostWorker> nodeWorker = std::make_unique<HostWorker>(); ///< node comm
   std::unique_ptr<HostWorker> hostWorker;
   std::unique_ptr<HostWorker> swapInWorker = std::make_unique<HostWorker>();
   std::unique_ptr<HostWorker> swapOutWorker = std::make_unique<HostWorker>();

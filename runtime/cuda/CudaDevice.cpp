@@ -147,6 +147,8 @@ public:
       cudaStreamSynchronize(compute.s);
     if (comm.s)
       cudaStreamSynchronize(comm.s);
+    if (nodeComm.s)
+      cudaStreamSynchronize(nodeComm.s);
     if (copy.s)
       cudaStreamSynchronize(copy.s);
     if (stepGraph)
@@ -168,6 +170,8 @@ public:
       cudaStreamDestroy(compute.s);
     if (comm.s)
       cudaStreamDestroy(comm.s);
+    if (nodeComm.s)
+      cudaStreamDestroy(nodeComm.s);
     if (copy.s)
       cudaStreamDestroy(copy.s);
   }
@@ -180,6 +184,8 @@ public:
     // behind a queue of compute kernels.
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&compute.s, cudaStreamNonBlocking, lo));
     FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&comm.s, cudaStreamNonBlocking, hi));
+    // [Note: node comm stream]: the node group's exchanges beside the rest.
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&nodeComm.s, cudaStreamNonBlocking, hi));
     // Activation offload's copies between the arenas: DMA on the copy
     // engines, beside the kernels and NCCL (its priority orders kernels
     // only; a copy stream launches none).
@@ -385,6 +391,7 @@ public:
 
   Stream &computeStream() override { return compute; }
   Stream &commStream() override { return comm; }
+  Stream &nodeCommStream() override { return nodeComm; }
   Stream &hostStream() override { return host; }
   Stream &copyStream() override { return copy; }
   Stream &swapInStream() override { return swapIn; }
@@ -480,11 +487,13 @@ public:
       st = compute.sticky;
     else if (!comm.sticky)
       st = comm.sticky;
+    else if (!nodeComm.sticky)
+      st = nodeComm.sticky;
     else if (!copy.sticky)
       st = copy.sticky;
     else if (st)
       st = hostSt;
-    compute.sticky = comm.sticky = copy.sticky = Status::ok();
+    compute.sticky = comm.sticky = nodeComm.sticky = copy.sticky = Status::ok();
     if (!st)
       return st;
     long long bad = LLONG_MAX;
@@ -571,6 +580,7 @@ private:
     if (limit <= 0) {
       FSDP_CUDA_CHECK(cudaStreamSynchronize(compute.s));
       FSDP_CUDA_CHECK(cudaStreamSynchronize(comm.s));
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(nodeComm.s));
       FSDP_CUDA_CHECK(cudaStreamSynchronize(copy.s));
       return takeAsyncCommError();
     }
@@ -579,7 +589,7 @@ private:
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(limit));
-    for (cudaStream_t s : {compute.s, comm.s, copy.s})
+    for (cudaStream_t s : {compute.s, comm.s, nodeComm.s, copy.s})
       FSDP_RETURN_IF_ERROR(pollUnderWatchdog([s] { return cudaStreamQuery(s); }, deadline, limit,
                                              "the GPU streams did not drain"));
     return takeAsyncCommError();
@@ -674,7 +684,7 @@ private:
   int ordinal;
   uint8_t *arena = nullptr;
   int64_t size = 0;
-  CudaStream compute, comm, copy;
+  CudaStream compute, comm, nodeComm, copy;
   HostStream host, swapIn, swapOut;
   /// The host stream's thread ([Note: the CUDA host stream]).
   std::unique_ptr<HostWorker> hostWorker;

@@ -1360,6 +1360,64 @@ TEST_P(DeviceConformance, CommStreamIsInOrderAndFailuresAreSticky) {
   EXPECT_FALSE(ranAfter) << "work after a failure on the stream ran";
 }
 
+/// The node comm stream ([Note: node comm stream] in Device.h): a stream
+/// of its own beside the comm stream (the comm stream's job completes only
+/// once the node stream's has run: on one thread this would time out),
+/// in order, joined by events, and its failure is sticky and reported by
+/// synchronizeDevice (the end of a step) as well as by synchronize.
+TEST_P(DeviceConformance, NodeCommStreamRunsBesideTheCommStream) {
+  if (GetParam() == "cuda")
+    GTEST_SKIP() << "host jobs that block model the CPU comm threads; CUDA's enqueue launches "
+                    "device work";
+  Plan plan = vectorPlan(2, 4, {});
+  bind(plan);
+  Stream &comm = dev->commStream(), &node = dev->nodeCommStream();
+  ASSERT_NE(&comm, &node);
+  std::promise<void> nodeRan;
+  std::atomic<bool> commSawNode{false};
+  std::vector<int> order;
+  std::mutex mu;
+  auto log = [&](int k) {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(k);
+  };
+  dev->enqueue(comm, [&, f = nodeRan.get_future().share()] {
+    commSawNode = f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    log(1);
+    return Status::ok();
+  });
+  auto commDone = dev->record(comm);
+  dev->enqueue(node, [&] {
+    log(0);
+    nodeRan.set_value();
+    return Status::ok();
+  });
+  // The node stream's next job runs after the comm stream's (an event).
+  ASSERT_TRUE(dev->wait(node, *commDone).isOk());
+  dev->enqueue(node, [&] {
+    log(2);
+    return Status::ok();
+  });
+  auto nodeDone = dev->record(node);
+  ASSERT_TRUE(dev->wait(dev->computeStream(), *nodeDone).isOk());
+  EXPECT_TRUE(commSawNode) << "the node stream's job did not run while the comm stream's waited";
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  ASSERT_TRUE(dev->synchronize().isOk());
+
+  bool ranAfter = false;
+  dev->enqueue(node, [] { return FSDP_ERROR("injected node failure"); });
+  dev->enqueue(node, [&ranAfter] {
+    ranAfter = true;
+    return Status::ok();
+  });
+  Status synced = dev->synchronizeDevice();
+  EXPECT_FALSE(synced.isOk());
+  EXPECT_NE(synced.message().find("injected node failure"), std::string::npos)
+      << synced.message();
+  EXPECT_FALSE(ranAfter) << "work after a failure on the node stream ran";
+  EXPECT_TRUE(dev->synchronize().isOk()) << "the failure was not cleared";
+}
+
 /// The swap streams ([Note: swap pipeline] in Executor.cpp): host threads
 /// of their own, so a read runs while the host stream is busy with an
 /// update (the swap-in stream's job completes a promise the host stream's
@@ -2477,6 +2535,7 @@ public:
   bool implementsOp(const std::string &op) const override { return in->implementsOp(op); }
   Stream &computeStream() override { return in->computeStream(); }
   Stream &commStream() override { return in->commStream(); }
+  Stream &nodeCommStream() override { return in->nodeCommStream(); }
   Stream &hostStream() override { return in->hostStream(); }
   Stream &copyStream() override { return in->copyStream(); }
   Stream &swapInStream() override { return in->swapInStream(); }

@@ -4,6 +4,10 @@
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" -fsdp-schedule=overlap-node-exchange=false | FileCheck %s --check-prefix=NOPF
 // RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false" | FileCheck %s --check-prefix=PIPE
 // RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false overlap-node-exchange=false" | FileCheck %s --check-prefix=PIPEOFF
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3" -fsdp-schedule=node-comm-stream=false | FileCheck %s --check-prefix=ONESTREAM
+// RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false node-comm-stream=false" | FileCheck %s --check-prefix=ONESTREAM
+// RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false node-comm-stream=false memory-budget=1GiB" | FileCheck %s --check-prefix=ONESTREAM
+// RUN: fsdp-opt %s "--fsdp-pipeline=optimizer=adamw world-size=6 stage=3 gradient-quantization=int8 quantization-block=8 ranks-per-node=3 report=false memory-budget=1GiB" | FileCheck %s --check-prefix=SEARCH
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=2 mesh=2x4 gradient-quantization=int8 quantization-block=8 ranks-per-node=2" -fsdp-schedule | FileCheck %s --check-prefix=HSDPS
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=8 stage=2 mesh=2x4 gradient-quantization=int8 quantization-block=8 ranks-per-node=2" | FileCheck %s --check-prefix=HSDP
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=6 stage=3 gradient-quantization=int8 ranks-per-node=4" 2>&1 | FileCheck %s --check-prefix=UNEVEN
@@ -62,7 +66,7 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // exchange stays in flight behind it, waited for before layers.0's
 // cross-node exchange.
 // SCHED-LABEL: func.func @train_step
-// SCHED: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<24xi8> -> tensor<24xi8>
+// SCHED: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node", stream = "node"} : tensor<24xi8> -> tensor<24xi8>
 // SCHED-NEXT: fsdp.relu_grad
 // SCHED: fsdp.matmul
 // SCHED: %[[Q1:.+]] = fsdp.quantize %{{.+}} -> tensor<72xi8>
@@ -70,7 +74,7 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // SCHED-NEXT: fsdp.dequantize %[[W0]] {{.+}} -> tensor<4xf32>
 // SCHED-NEXT: fsdp.quantize
 // SCHED-NEXT: %[[A1:.+]] = fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<16xi8> -> tensor<16xi8>
-// SCHED-NEXT: %[[A2:.+]] = fsdp.all_to_all %[[Q1]] {async, group = "node"} : tensor<72xi8> -> tensor<72xi8>
+// SCHED-NEXT: %[[A2:.+]] = fsdp.all_to_all %[[Q1]] {async, group = "node", stream = "node"} : tensor<72xi8> -> tensor<72xi8>
 // SCHED: %[[W2:.+]] = fsdp.wait %[[A2]] : tensor<72xi8>
 // SCHED-NEXT: fsdp.dequantize %[[W2]] {{.+}} -> tensor<14xf32>
 // SCHED-NEXT: fsdp.quantize
@@ -82,7 +86,7 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // for at once, and the cross level before the next unit's node level.
 // overlap-node-exchange=false places them the same way with prefetch on.
 // NOPF-LABEL: func.func @train_step
-// NOPF: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<24xi8> -> tensor<24xi8>
+// NOPF: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node", stream = "node"} : tensor<24xi8> -> tensor<24xi8>
 // NOPF-NEXT: %[[W0:.+]] = fsdp.wait %[[A0]] : tensor<24xi8>
 // NOPF-NEXT: fsdp.dequantize %[[W0]] {{.+}} -> tensor<4xf32>
 // NOPF-NEXT: fsdp.quantize
@@ -91,25 +95,37 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // NOPF: fsdp.quantize %{{.+}} -> tensor<72xi8>
 // NOPF-NEXT: %[[W1:.+]] = fsdp.wait %[[A1]] : tensor<16xi8>
 // NOPF-NEXT: fsdp.dequantize %[[W1]] {{.+}} -> tensor<2xf32>
-// NOPF-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<72xi8> -> tensor<72xi8>
+// NOPF-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node", stream = "node"} : tensor<72xi8> -> tensor<72xi8>
 // NOPF-NEXT: fsdp.wait
 
-// The pipeline passes overlap-node-exchange on (default true).
-// PIPE: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node"} : tensor<24xi8>
+// node-comm-stream=false (fsdp-schedule, the pipeline, the search's
+// candidates): one comm stream, no collective marked.
+// ONESTREAM-LABEL: func.func @train_step
+// ONESTREAM-NOT: stream =
+// ONESTREAM: fsdp.all_to_all %{{.+}} {async, {{.*}}group = "node"} : tensor<24xi8> -> tensor<24xi8>
+// ONESTREAM-NOT: stream =
+
+// The memory-budget search's candidates mark them too.
+// SEARCH: fsdp.all_to_all {{.+}}group = "node", stream = "node"} : tensor<24xi8>
+
+// The pipeline passes overlap-node-exchange on (default true), and
+// node-comm-stream (default true) marks only the node group's exchanges.
+// PIPE-NOT: group = "cross", stream
+// PIPE: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node", stream = "node"} : tensor<24xi8>
 // PIPE-NEXT: fsdp.relu_grad
 // PIPE: fsdp.wait %[[A]]
-// PIPEOFF: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node"} : tensor<24xi8>
+// PIPEOFF: %[[A:.+]] = fsdp.all_to_all {{.+}}group = "node", stream = "node"} : tensor<24xi8>
 // PIPEOFF-NEXT: fsdp.wait %[[A]]
 
 // HSDP scheduled: the tail takes the replica all-reduce along, and it
 // stays in flight behind layers.0's node all-to-all.
 // HSDPS-LABEL: func.func @train_step
-// HSDPS: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<16xi8> -> tensor<16xi8>
+// HSDPS: %[[A0:.+]] = fsdp.all_to_all %{{.+}} {async, group = "node", stream = "node"} : tensor<16xi8> -> tensor<16xi8>
 // HSDPS-NEXT: fsdp.relu_grad
 // HSDPS: fsdp.quantize %{{.+}} -> tensor<64xi8>
 // HSDPS-NEXT: fsdp.wait %[[A0]]
 // HSDPS: %[[R0:.+]] = fsdp.all_reduce %{{.+}} {async, group = "replica", reduce = "mean"} : tensor<2xf32>
-// HSDPS-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node"} : tensor<64xi8> -> tensor<64xi8>
+// HSDPS-NEXT: fsdp.all_to_all %{{.+}} {async, group = "node", stream = "node"} : tensor<64xi8> -> tensor<64xi8>
 // HSDPS: fsdp.wait %[[R0]] : tensor<2xf32>
 // HSDPS-NEXT: fsdp.all_to_all %{{.+}} {async, group = "cross"} : tensor<40xi8> -> tensor<40xi8>
 
@@ -152,7 +168,8 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 // PLAN-NEXT: "node": 3,
 // PLAN: "chunks": 6
 // PLAN: "op": "quantize"
-// PLAN: "group": "node"
+// PLAN: "group": "node",
+// PLAN-NEXT: "stream": "node"
 // PLAN: "op": "all_to_all"
 // PLAN: "group": "cross"
 
