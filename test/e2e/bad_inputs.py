@@ -295,6 +295,10 @@ PLAN_CASES = [
     # hierarchical qgZ's node size: 1 < L < shards, dividing them
     ("mesh node 2 of 2 shards", "sharded", setter(lambda p: p.update(mesh={"replicas": 1, "shards": 2, "node": 2})), "mesh node of 2 ranks"),
     ("all_gather over a missing node group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="cross")), "attribute group"),
+    # [Note: node comm stream]: only the node group's collectives on the second stream
+    ("all_gather on the node comm stream", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(stream="node")), "\"node\" is for group node only"),
+    ("collective stream \"fast\"", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(stream="fast")), "attribute stream"),
+    ("collective stream 1", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(stream=1)), "attribute stream"),
     ("rank_period without a reshard group", "sharded", setter(lambda p: view(p).update(rank_period=2)), "rank_period 2"),
     ("all_gather over a missing reshard group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="reshard")), "attribute group"),
     # dtypes

@@ -42,6 +42,10 @@ of 2 (f32) and on 6 ranks on nodes of 3 (bf16 compute):
 - step 1's loss bitwise the unquantized plan's, step 2's not;
 - over --nnodes 2 --comm hybrid (shared memory in a node, Gloo across)
   and over Gloo the trained parameters bitwise shared memory's;
+- the node all-to-alls (only) are marked for the node comm stream, run
+  there over hybrid (the trace's track 6) beside the cross-node ones (some
+  pair overlaps in time), and node-comm-stream=false trains to bitwise the
+  same parameters;
 - learns, last-10 mean within 2% of the unquantized run's;
 - a launch on other nodes (--nnodes G: a rank a node) runs with a warning
   naming the plan's node size, one on the plan's nodes without.
@@ -224,10 +228,11 @@ def hierarchical(bindir, model, tmp, check):
         fl, _ = run_json(bindir, os.path.join(tmp, f"h{k}-flat.plan"), world, "--steps",
                          str(STEPS))
         saved = [os.path.join(tmp, f"h{k}-{c}.safetensors")
-                 for c in ("shm", "hybrid", "gloo", "waited")]
+                 for c in ("shm", "hybrid", "gloo", "waited", "onestream")]
+        trace = os.path.join(tmp, f"h{k}-hybrid.trace")
         ql, qs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--save", saved[0])
         hl, hs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--nnodes", "2",
-                          "--comm", "hybrid", "--save", saved[1])
+                          "--comm", "hybrid", "--save", saved[1], "--trace", trace)
         gl, gs = run_json(bindir, qpath, world, "--steps", str(STEPS), "--comm", "gloo",
                           "--save", saved[2])
         # Session 48's schedule (each node exchange waited for at once):
@@ -237,6 +242,32 @@ def hierarchical(bindir, model, tmp, check):
                               f"{opts} gradient-quantization=int8 quantization-block={BLOCK} "
                               f"ranks-per-node={node} overlap-node-exchange=false")
         run_json(bindir, wpath, world, "--steps", str(STEPS), "--save", saved[3])
+        # node-comm-stream=false: every collective on the one comm stream.
+        opath = os.path.join(tmp, f"h{k}-onestream.plan")
+        onestream = compile_plan(bindir, model, opath, world,
+                                 f"{opts} gradient-quantization=int8 quantization-block={BLOCK} "
+                                 f"ranks-per-node={node} node-comm-stream=false")
+        run_json(bindir, opath, world, "--steps", str(STEPS), "--save", saved[4])
+        marked = [x.get("attrs", {}).get("stream") for x in ops(q, "all_to_all")]
+        check(marked == [("node" if x["attrs"].get("group") == "node" else None)
+                         for x in ops(q, "all_to_all")] and "node" in marked and
+              not any("stream" in x.get("attrs", {}) for x in onestream["program"]),
+              f"{name}: the node all-to-alls (only) are marked for the node comm stream; "
+              "node-comm-stream=false marks none")
+        # [Note: node comm stream]: over hybrid, the node all-to-alls ran on
+        # the node comm stream's track (6), the cross-node ones on the comm
+        # stream's (1), and on some rank a node exchange ran while a
+        # cross-node one was in flight (on one stream they never can).
+        with open(trace) as f:
+            spans = [e for e in json.load(f)["traceEvents"]
+                     if e.get("ph") == "X" and e["name"] == "all_to_all"]
+        tracks = {(e["tid"], e["args"]["group"]) for e in spans}
+        both = sum(1 for a in spans for c in spans
+                   if a["tid"] == 6 and c["tid"] == 1 and a["pid"] == c["pid"] and
+                   a["ts"] < c["ts"] + c["dur"] and c["ts"] < a["ts"] + a["dur"])
+        check(tracks == {(6, "node"), (1, "cross")} and both > 0,
+              f"{name}: over hybrid the node all-to-alls ran on the node comm stream "
+              f"beside the cross-node ones ({both} overlapping pairs; tracks {sorted(tracks)})")
         # The memory-budget search weighs overlap-node-exchange (the other
         # knobs pinned as compiled here): a budget between the two plans'
         # arenas picks the waited schedule, one at the overlapped plan's
@@ -273,6 +304,8 @@ def hierarchical(bindir, model, tmp, check):
         check(params[3] == params[0] and waited["program"] != q["program"],
               f"{name}: overlap-node-exchange=false reorders the program and trains to "
               "bitwise the same parameters")
+        check(params[4] == params[0],
+              f"{name}: node-comm-stream=false trains to bitwise the same parameters")
         qm, rm, fm = sum(ql[-10:]) / 10, sum(rl[-10:]) / 10, sum(fl[-10:]) / 10
         print(f"measured: {name}: bytes across nodes a step {inter} vs {flat_inter} flat; "
               f"a step's bytes sent {qs['comm_bytes_per_step']} vs "
