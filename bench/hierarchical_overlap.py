@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Hierarchical qgZ's node exchange behind the next unit's backward
-(fsdp-schedule overlap-node-exchange, session 49; docs/BENCHMARKS.md).
+"""Hierarchical qgZ's node exchange behind the backward: fsdp-schedule's
+overlap-node-exchange (session 49) and node-comm-stream (session 50);
+docs/BENCHMARKS.md.
 
 With gradient-quantization=int8 on a shard group of whole nodes
 (ranks-per-node=L), each unit's gradients go through a node all-to-all,
-the node average, a requantization and a cross-node all-to-all.
-overlap-node-exchange=true (the default) waits for the node all-to-all
-only where the next unit's node all-to-all is issued, so it travels behind
-that unit's backward; false waits for it at once.
+the node average, a requantization and a cross-node all-to-all. Three
+schedules of the same arithmetic:
+- "node stream" (the default): the node all-to-all is waited for only
+  where the next unit's node all-to-all is issued (it travels behind that
+  unit's backward), and node all-to-alls run on a second comm stream, so
+  one never queues behind the previous unit's cross-node all-to-all;
+- "one stream" (node-comm-stream=false, session 49): the same order, every
+  collective on one comm stream;
+- "waited" (overlap-node-exchange=false node-comm-stream=false, session
+  48): each node all-to-all waited for at once.
 
 1. Predicted (h100 profile: nodes of 8; fsdp-opt simulate=true, not run on
-   a GPU or across nodes): GPT shapes at ZeRO-3, bf16, true and false: step
-   (exposed communication), planned peak.
+   a GPU or across nodes): GPT shapes at ZeRO-3, bf16: step (exposed
+   communication), planned peak.
 2. Measured on this machine's CPU ranks: the MLP of examples/ (hidden 256,
    8 blocks) at ZeRO-3 on 4 ranks, 2 "nodes" of 2 (--nnodes 2 --comm
-   hybrid: shared memory within a node, Gloo across), true and false
+   hybrid: shared memory within a node, Gloo across), the three schedules
    alternated ROUNDS times in one run, each with --trace: median step, and
    the compute thread's time in the waits for node and cross-node
    exchanges (a step, a rank, from the trace). On a shared box the ranks
@@ -39,21 +46,24 @@ SHAPES = [("gpt2", 32), ("gpt2", 64), ("1.3b", 64)]
 QGZ = "gradient-quantization=int8"
 
 
+CONFIGS = {"node stream": "", "one stream": "node-comm-stream=false",
+           "waited": "overlap-node-exchange=false node-comm-stream=false"}
+
+
 def predicted(a, tmp):
-    print("| model | N | overlap-node-exchange=true: step ms (exposed %), peak GiB | "
-          "false: step ms (exposed %), peak GiB | step ratio |")
-    print("|---|---|---|---|---|")
+    print("| model | N | " + " | ".join(f"{k}: step ms (exposed %), peak GiB" for k in CONFIGS) +
+          " | node stream / one stream | node stream / waited |")
+    print("|---|---|" + "---|" * (len(CONFIGS) + 2))
     for key, n in SHAPES:
         model = model_file(key, tmp)
         cells, steps = [], []
-        for on in ("true", "false"):
+        for opts in CONFIGS.values():
             step, exp, peak = simulate(a.bin, model, f"optimizer=adamw world-size={n} stage=3 "
-                                       f"param-dtype=bf16 {QGZ} overlap-node-exchange={on} "
-                                       "report=false")
+                                       f"param-dtype=bf16 {QGZ} {opts} report=false")
             cells.append(f"{step:.2f} ({exp:.1f}%), {gib(peak)}")
             steps.append(step)
-        print(f"| {MODELS[key][0]} | {n} | {cells[0]} | {cells[1]} | "
-              f"{steps[0] / steps[1]:.3f} |")
+        print(f"| {MODELS[key][0]} | {n} | {' | '.join(cells)} | "
+              f"{steps[0] / steps[1]:.3f} | {steps[0] / steps[2]:.3f} |")
 
 
 def exchange_waits(plan, trace):
@@ -82,18 +92,17 @@ def exchange_waits(plan, trace):
 def measured(a, tmp):
     model = os.path.join(ROOT, "examples", "mlp.mlir")
     plans = {}
-    for on in ("true", "false"):
-        plans[on] = os.path.join(tmp, f"overlap-{on}.plan")
+    for k, opts in CONFIGS.items():
+        plans[k] = os.path.join(tmp, k.replace(" ", "-") + ".plan")
         subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
                         f"--fsdp-pipeline=optimizer=adamw world-size=4 stage=3 {QGZ} "
-                        f"ranks-per-node=2 overlap-node-exchange={on} report=false "
-                        f"plan={plans[on]}"], check=True)
+                        f"ranks-per-node=2 {opts} report=false plan={plans[k]}"], check=True)
     steps = {k: [] for k in plans}
     waits = {k: {"node": [], "cross": []} for k in plans}
     loss = {}
     for _ in range(a.rounds):
         for k, path in plans.items():
-            trace = os.path.join(tmp, f"overlap-{k}.trace")
+            trace = os.path.join(tmp, "overlap.trace")
             out = subprocess.run([os.path.join(a.bin, "fsdp-run"), path, "--json", "--nproc",
                                   "4", "--nnodes", "2", "--comm", "hybrid", "--threads", "1",
                                   "--steps", str(a.steps), "--trace", trace],
@@ -106,17 +115,18 @@ def measured(a, tmp):
             for g in w:
                 waits[k][g].append(w[g])
     med = {k: statistics.median(v) for k, v in steps.items()}
-    print("| overlap-node-exchange | step ms (median of rounds) | waiting for node "
-          "exchanges, ms a step a rank | waiting for cross-node exchanges |")
-    print("|---|---|---|---|")
+    print("| schedule | step ms (median of rounds) | waiting for node "
+          "exchanges, ms a step a rank | waiting for cross-node exchanges | total wait |")
+    print("|---|---|---|---|---|")
     for k in plans:
+        n, c = (statistics.median(waits[k][g]) for g in ("node", "cross"))
         print(f"| {k} | {med[k]:.2f} ({', '.join(f'{t:.1f}' for t in steps[k])}) | "
-              f"{statistics.median(waits[k]['node']):.3f} | "
-              f"{statistics.median(waits[k]['cross']):.3f} |")
-    nt, nf = (statistics.median(waits[k]["node"]) for k in ("true", "false"))
-    print(f"step ratio true/false {med['true'] / med['false']:.3f}; node-exchange wait "
-          f"ratio {nt / nf:.3f}; final loss {loss['true']} vs {loss['false']} "
-          f"({'bitwise equal' if loss['true'] == loss['false'] else 'DIFFERENT'})")
+              f"{n:.3f} | {c:.3f} | {n + c:.3f} |")
+    same = len(set(loss.values())) == 1
+    print(f"step ratio node stream / one stream {med['node stream'] / med['one stream']:.3f}, "
+          f"/ waited {med['node stream'] / med['waited']:.3f}; final loss "
+          f"{', '.join(str(v) for v in loss.values())} "
+          f"({'bitwise equal' if same else 'DIFFERENT'})")
 
 
 def main():

@@ -790,8 +790,9 @@ Status validateCarried(const Plan &plan) {
 
 /// [Note: async windows] An async instruction runs on a stream of its own
 /// from its issue to its wait: a collective (and every blocking one, queued
-/// behind it) on the comm stream, a copy between the arenas on the copy
-/// stream, a host update on the host stream. Work on any other stream in
+/// behind it) on the comm stream, or on the node comm stream where it is
+/// marked so ([Note: node comm stream] in Device.h), a copy between the
+/// arenas on the copy stream, a host update on the host stream. Work on any other stream in
 /// that window is not ordered with it, so none may write what it reads,
 /// nor read or write what it writes (by storage root: a view is its
 /// buffer; each of its buffers is live through its wait, so no other
@@ -801,16 +802,20 @@ Status validateCarried(const Plan &plan) {
 /// and is validateCarried's. Without this check a plan whose copy or
 /// collective overlaps a write of its source would train on whichever
 /// bytes the race left.
-enum class Lane { Compute, Comm, Copy, Host };
+enum class Lane { Compute, Comm, NodeComm, Copy, Host };
 static Lane laneOf(const Plan &plan, const Instruction &x) {
   if (isCollectiveOp(x.op))
-    return Lane::Comm;
+    return x.attrs.value("stream", std::string("comm")) == "node" ? Lane::NodeComm : Lane::Comm;
   if (isArenaCopy(x.op))
     return isAsync(x) ? Lane::Copy : Lane::Compute;
   return isHostInstruction(plan, x) && isAsync(x) ? Lane::Host : Lane::Compute;
 }
 static const char *laneName(Lane l) {
-  return l == Lane::Comm ? "comm" : l == Lane::Copy ? "copy" : l == Lane::Host ? "host" : "compute";
+  return l == Lane::Comm       ? "comm"
+         : l == Lane::NodeComm ? "node comm"
+         : l == Lane::Copy     ? "copy"
+         : l == Lane::Host     ? "host"
+                               : "compute";
 }
 
 Status validateAsyncWindows(const Plan &plan) {

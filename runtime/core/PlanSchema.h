@@ -37,7 +37,10 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 ///      (gradient-quantization), whose plans hold all_to_all; and the
 ///      mesh's `node` with quantize's `chunks` (hierarchical qgZ), whose
 ///      plans hold collectives over the groups "node" and "cross", which
-///      an older runtime refuses as unknown groups.
+///      an older runtime refuses as unknown groups; and a collective's
+///      `stream` ("node": the node comm stream), only on those "node"
+///      collectives: an older runtime would run them on its one comm
+///      stream, which is correct (the same order, less overlap).
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 

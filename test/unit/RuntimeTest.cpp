@@ -553,6 +553,53 @@ TEST(PlanTest, MeshNodeSplitsShardGroups) {
   }
 }
 
+/// [Note: node comm stream] and [Note: async windows]: a collective marked
+/// "stream": "node" is on a stream of its own, so a collective on the comm
+/// stream that reads what it writes before its wait races it and is
+/// refused; on one stream the two run in order and the plan loads.
+TEST(PlanTest, NodeCommStreamIsALaneOfItsOwn) {
+  using nlohmann::json;
+  json buffers = json::array();
+  testplans::addF32Buffer(buffers, "a", "activation", "device", 0, 8, false, true, -1, 0);
+  testplans::addF32Buffer(buffers, "b", "activation", "device", 64, 8, false, true, -1, 0);
+  testplans::addF32Buffer(buffers, "c", "activation", "device", 128, 8, false, true, -1, 0);
+  testplans::addF32Buffer(buffers, "loss", "activation", "device", 192, 1, true, true, -1, 0);
+  testplans::OneRankPlan p;
+  p.arenaBytes = 256;
+  p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
+  auto planWith = [&](json nodeAttrs) {
+    json program = json::array();
+    program.push_back({{"op", "all_to_all"}, {"in", {0}}, {"out", {1}}, {"attrs", nodeAttrs}});
+    program.push_back(
+        {{"op", "all_to_all"}, {"in", {1}}, {"out", {2}}, {"attrs", {{"group", "cross"}}}});
+    program.push_back({{"op", "wait"}, {"in", {1}}, {"out", {1}}});
+    json j = json::parse(testplans::oneRankPlan(p, buffers, program));
+    j["world_size"] = 16;
+    j["mesh"] = {{"replicas", 2}, {"shards", 8}, {"node", 2}};
+    return j.dump();
+  };
+  Plan plan;
+  Status st = parsePlan(planWith({{"group", "node"}, {"async", true}}), plan);
+  EXPECT_TRUE(st.isOk()) << "one comm stream: " << st.message();
+  plan = Plan();
+  st = parsePlan(planWith({{"group", "node"}, {"async", true}, {"stream", "node"}}), plan);
+  ASSERT_FALSE(st.isOk()) << "a comm-stream read of a node-stream collective's output in its "
+                             "window was accepted";
+  EXPECT_NE(st.message().find("instruction #1 (all_to_all) reads buffer 1 (b), which async "
+                              "instruction #0 (all_to_all, on the node comm stream) writes until "
+                              "its wait #2: the two are not ordered"),
+            std::string::npos)
+      << st.message();
+  // Marking a collective of another group is refused by name.
+  plan = Plan();
+  st = parsePlan(planWith({{"group", "cross"}, {"async", true}, {"stream", "node"}}), plan);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("attribute stream: expected \"comm\" (\"node\" is for group node "
+                              "only), found \"node\""),
+            std::string::npos)
+      << st.message();
+}
+
 /// An accumulator has its result's dtype (the dialect's verifiers): a plan
 /// whose accumulator differs is refused by name before widening would make
 /// both f32, for every op that takes one.
