@@ -700,10 +700,10 @@ Item StepCosting::compute(Operation *op) const {
 /// order and stalls at a wait whose collective (or host update, or copy)
 /// is in flight or at a blocking collective; the communication stream runs
 /// its queue one collective at a time (and the node comm stream its own
-/// beside it, at full speed on a GPU: NVLink beside the network), the host stream its updates one at
-/// a time, the copy stream its copies one at a time; all slow down by
-/// `c.rate` while they overlap (the copy stream exists on a GPU only,
-/// where the rate is 1).
+/// beside it, at full speed on a GPU: NVLink beside the network), the
+/// host stream its updates one at a time, the copy stream its copies one
+/// at a time; all slow down by `c.rate` while they overlap (the copy
+/// stream exists on a GPU only, where the rate is 1).
 StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
   StepPrediction r;
   struct Queued {
@@ -836,8 +836,7 @@ StepPrediction simulate(ArrayRef<Item> prog, const StepCosting &c) {
           (q != &copies || copyReady))
         q->front().start = t;
     if ((!running && queue.empty() && nodeQ.empty() && host.empty() && copies.empty() &&
-         outs.empty() &&
-         ins.empty()) ||
+         outs.empty() && ins.empty()) ||
         barriers.size() == 2)
       break;
     double rt = c.rate(running, double(!queue.empty()) + double(!nodeQ.empty()), hostReady);

@@ -237,13 +237,13 @@ public:
   /// synchronize).
   virtual Status wait(Stream &stream, Event &event) = 0;
   /// Blocks the host until all streams are idle; their first failure
-  /// (compute, comm, node comm, copy, host, swap-in, swap-out), after which the streams run work again.
+  /// (compute, comm, node comm, copy, host, swap-in, swap-out), after
+  /// which the streams run work again.
   virtual Status synchronize() = 0;
   /// Blocks the host until compute, the collectives (both comm streams)
-  /// and the copies are
-  /// idle, leaving the host and swap streams' work running (host updates a plan
-  /// joins in the next step); their failures, if any, come at the wait
-  /// joining them or at synchronize().
+  /// and the copies are idle, leaving the host and swap streams' work
+  /// running (host updates a plan joins in the next step); their
+  /// failures, if any, come at the wait joining them or at synchronize().
   virtual Status synchronizeDevice() { return synchronize(); }
 
   /// The step's seed, number and data rank, and whether it trains: what a

@@ -615,7 +615,8 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
   nlohmann::json mine = nlohmann::json::array();
   for (const TraceEvent &e : ex.traceEvents()) {
     nlohmann::json args = {{"step", e.step}, {"instruction", e.index}};
-    if ((e.track == kCommTrack || e.track == kNodeCommTrack) && e.index >= 0 && e.index < (int64_t)plan.program.size()) {
+    if ((e.track == kCommTrack || e.track == kNodeCommTrack) && e.index >= 0 &&
+        e.index < (int64_t)plan.program.size()) {
       const Instruction &inst = plan.program[e.index];
       auto g = inst.attrs.find("group");
       args["group"] = g != inst.attrs.end() && g->is_string() ? g->get<std::string>() : "world";
@@ -660,9 +661,8 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
       all.push_back(std::move(e));
     all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
                    {"args", {{"name", "rank " + std::to_string(r)}}}});
-    static const char *const kThread[] = {"compute", "communication", "host",
-                                          "copy",    "swap-in",       "swap-out",
-                                          "node communication"};
+    static const char *const kThread[] = {
+        "compute", "communication", "host", "copy", "swap-in", "swap-out", "node communication"};
     for (int t : threads)
       all.push_back({{"name", "thread_name"},
                      {"ph", "M"},

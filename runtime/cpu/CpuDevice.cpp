@@ -231,9 +231,9 @@ private:
   const Plan *plan = nullptr;
   int64_t shardIndex = 0;
   HostWorker *workerOf(Stream &stream) {
-    return &stream == &host      ? hostWorker.get()
-           : &stream == &swapIn  ? swapInWorker.get()
-           : &stream == &swapOut ? swapOutWorker.get()
+    return &stream == &host       ? hostWorker.get()
+           : &stream == &swapIn   ? swapInWorker.get()
+           : &stream == &swapOut  ? swapOutWorker.get()
            : &stream == &nodeComm ? nodeWorker.get()
                                   : worker.get();
   }

@@ -1412,8 +1412,7 @@ TEST_P(DeviceConformance, NodeCommStreamRunsBesideTheCommStream) {
   });
   Status synced = dev->synchronizeDevice();
   EXPECT_FALSE(synced.isOk());
-  EXPECT_NE(synced.message().find("injected node failure"), std::string::npos)
-      << synced.message();
+  EXPECT_NE(synced.message().find("injected node failure"), std::string::npos) << synced.message();
   EXPECT_FALSE(ranAfter) << "work after a failure on the node stream ran";
   EXPECT_TRUE(dev->synchronize().isOk()) << "the failure was not cleared";
 }
