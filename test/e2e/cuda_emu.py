@@ -34,7 +34,10 @@ processes). Not a GPU result: it checks the backend's logic.
                 rank, and --cuda-graphs (NCCL calls captured) bitwise the
                 eager run; quantized gradient reduce-scatters (NCCL's
                 grouped send/recv all-to-all) bitwise the host-staged
-                all-to-all, and captured bitwise eager
+                all-to-all, and captured bitwise eager; hierarchical qgZ
+                (nodes of 2) with the node all-to-alls on the second comm
+                stream, on concurrent streams, bitwise one stream, the
+                host-staged all-to-alls and --cuda-graphs
   bf16          the small GPT with param-dtype=bf16 (vocabularies 256 and
                 251: the odd one padded to 256 by fsdp-pad-classes, and
                 unpadded with its logits GEMMs staged), 10 steps, --device
@@ -463,6 +466,31 @@ def main():
                   f"--cuda-graphs == eager, bitwise: {'ok' if same else 'MISMATCH'}")
             if not same:
                 failures.append(f"nccl qgZ {label}")
+    # Hierarchical qgZ (ranks-per-node=2: nodes of 2 of the 4 ranks): the
+    # node all-to-alls on the second comm stream ([Note: node comm stream]
+    # in runtime/core/Device.h) over the node group's split communicator,
+    # beside the cross-node ones, with the streams running concurrently
+    # (CUDAEMU_STREAMS=threads, each operation delayed 0..200 us): bitwise
+    # the plan with one comm stream (node-comm-stream=false), the
+    # host-staged all-to-alls (which stay on the comm stream: host
+    # functions) and --cuda-graphs (the node stream forked from the capture
+    # and joined back).
+    hq = {ns: compile_plan(model, f"nccl_hqg_{ns}", "optimizer=adamw world-size=4 stage=3 "
+                           "gradient-quantization=int8 quantization-block=16 ranks-per-node=2 "
+                           f"node-comm-stream={ns}")
+          for ns in ("true", "false")}
+    threads = {"CUDAEMU_STREAMS": "threads", "CUDAEMU_STREAM_DELAY_US": "200"}
+    runs = [run(hq[ns], f"nccl_hqg_{k}", 10, 1e-3, nproc=4,
+                env=dict(nccl, FSDP_CUDA_COMM=comm, **env), extra=extra)
+            for k, (ns, comm, env, extra) in enumerate((
+                ("true", "nccl", threads, []), ("false", "nccl", threads, []),
+                ("true", "staged", {}, []), ("true", "nccl", {}, ["--cuda-graphs"])))]
+    if None not in runs:
+        same = runs[0] == runs[1] == runs[2] == runs[3]
+        print("nccl N=4 hierarchical qgZ, node comm stream on concurrent streams == one "
+              f"stream == staged == --cuda-graphs, bitwise: {'ok' if same else 'MISMATCH'}")
+        if not same:
+            failures.append("nccl hierarchical qgZ node stream")
 
     # bf16: the GPU's native kernels, step by step against PyTorch's bf16
     # module from our own parameters (the oracle the CPU's bf16 path meets).
