@@ -874,6 +874,32 @@ Status validateAsyncWindows(const Plan &plan) {
   return Status::ok();
 }
 
+/// [Note: node comm stream] in Device.h: a group's collectives all on one
+/// stream. Two collectives over the same group on the two comm streams
+/// could run at once on one communicator (a Gloo context, an NCCL
+/// communicator), which neither allows.
+Status validateCommStreams(const Plan &plan) {
+  int64_t first = -1;
+  std::string firstStream;
+  for (int64_t i = 0; i < (int64_t)plan.program.size(); ++i) {
+    const Instruction &x = plan.program[i];
+    if (!isCollectiveOp(x.op) || x.attrs.value("group", std::string("world")) != "node")
+      continue;
+    const std::string stream = x.attrs.value("stream", std::string("comm"));
+    if (first < 0) {
+      first = i;
+      firstStream = stream;
+    } else if (stream != firstStream) {
+      return FSDP_ERROR("plan: instruction #", i, " (", x.op, " over group node) runs on the ",
+                        stream, " stream but instruction #", first, " (", plan.program[first].op,
+                        " over the same group) on the ", firstStream,
+                        " stream: a group's collectives must all be on one stream (they share "
+                        "its communicator)");
+    }
+  }
+  return Status::ok();
+}
+
 /// The plan as the runtime needs it, in order: mesh, buffers, the memory
 /// plan, units, parameters, states, bindings, program; the first error
 /// stops it.
@@ -886,6 +912,7 @@ Status validate(const Plan &plan) {
   FSDP_RETURN_IF_ERROR(validateStates(plan));
   FSDP_RETURN_IF_ERROR(validateIo(plan));
   FSDP_RETURN_IF_ERROR(validateProgram(plan));
+  FSDP_RETURN_IF_ERROR(validateCommStreams(plan));
   FSDP_RETURN_IF_ERROR(validateAsyncWindows(plan));
   return validateCarried(plan);
 }

@@ -567,11 +567,10 @@ TEST(PlanTest, NodeCommStreamIsALaneOfItsOwn) {
   testplans::OneRankPlan p;
   p.arenaBytes = 256;
   p.outputs = {{{"name", "loss"}, {"role", "loss"}, {"buffer", 3}}};
-  auto planWith = [&](json nodeAttrs) {
+  auto planWith = [&](json nodeAttrs, json secondAttrs = {{"group", "cross"}}) {
     json program = json::array();
     program.push_back({{"op", "all_to_all"}, {"in", {0}}, {"out", {1}}, {"attrs", nodeAttrs}});
-    program.push_back(
-        {{"op", "all_to_all"}, {"in", {1}}, {"out", {2}}, {"attrs", {{"group", "cross"}}}});
+    program.push_back({{"op", "all_to_all"}, {"in", {1}}, {"out", {2}}, {"attrs", secondAttrs}});
     program.push_back({{"op", "wait"}, {"in", {1}}, {"out", {1}}});
     json j = json::parse(testplans::oneRankPlan(p, buffers, program));
     j["world_size"] = 16;
@@ -590,6 +589,21 @@ TEST(PlanTest, NodeCommStreamIsALaneOfItsOwn) {
                               "its wait #2: the two are not ordered"),
             std::string::npos)
       << st.message();
+  // The node group's collectives on both streams could run at once on
+  // its one communicator: refused, naming both.
+  plan = Plan();
+  st = parsePlan(planWith({{"group", "node"}, {"stream", "node"}}, {{"group", "node"}}), plan);
+  ASSERT_FALSE(st.isOk()) << "node-group collectives on two streams were accepted";
+  EXPECT_NE(st.message().find("instruction #1 (all_to_all over group node) runs on the comm "
+                              "stream but instruction #0 (all_to_all over the same group) on "
+                              "the node stream"),
+            std::string::npos)
+      << st.message();
+  plan = Plan();
+  st = parsePlan(
+      planWith({{"group", "node"}, {"stream", "node"}}, {{"group", "node"}, {"stream", "node"}}),
+      plan);
+  EXPECT_TRUE(st.isOk()) << "both on the node stream: " << st.message();
   // Marking a collective of another group is refused by name.
   plan = Plan();
   st = parsePlan(planWith({{"group", "cross"}, {"async", true}, {"stream", "node"}}), plan);
