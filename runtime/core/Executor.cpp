@@ -671,8 +671,7 @@ Status Executor::runOffCompute(const Instruction &inst) {
   // [Note: node comm stream] in Device.h: the plan's node-stream
   // collectives on the second comm stream, except a host-staged one on a
   // GPU (a host function, which CUDA may serialize across streams).
-  const bool onNode = inst.attrs.value("stream", std::string("comm")) == "node" &&
-                      !(dev.enqueuesAsync() && !c->capturable());
+  const bool onNode = onNodeCommStream(inst) && !(dev.enqueuesAsync() && !c->capturable());
   Stream &commStream = onNode ? dev.nodeCommStream() : dev.commStream();
   Stream *stream = &commStream;
   auto job = [c, op, src, dst, dtype, reduce, outN, inN, stream]() -> Status {

@@ -805,7 +805,7 @@ Status validateCarried(const Plan &plan) {
 enum class Lane { Compute, Comm, NodeComm, Copy, Host };
 static Lane laneOf(const Plan &plan, const Instruction &x) {
   if (isCollectiveOp(x.op))
-    return x.attrs.value("stream", std::string("comm")) == "node" ? Lane::NodeComm : Lane::Comm;
+    return onNodeCommStream(x) ? Lane::NodeComm : Lane::Comm;
   if (isArenaCopy(x.op))
     return isAsync(x) ? Lane::Copy : Lane::Compute;
   return isHostInstruction(plan, x) && isAsync(x) ? Lane::Host : Lane::Compute;
@@ -885,7 +885,7 @@ Status validateCommStreams(const Plan &plan) {
     const Instruction &x = plan.program[i];
     if (!isCollectiveOp(x.op) || x.attrs.value("group", std::string("world")) != "node")
       continue;
-    const std::string stream = x.attrs.value("stream", std::string("comm"));
+    const std::string stream = onNodeCommStream(x) ? "node" : "comm";
     if (first < 0) {
       first = i;
       firstStream = stream;

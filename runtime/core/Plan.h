@@ -288,6 +288,12 @@ inline bool isHostInstruction(const Plan &plan, const Instruction &inst) {
   return !isCollectiveOp(inst.op) && !isArenaCopy(inst.op) && !inst.out.empty() &&
          plan.buffers[inst.out[0]].host;
 }
+/// A collective marked `"stream": "node"`: run on the node comm stream
+/// ([Note: node comm stream] in Device.h).
+inline bool onNodeCommStream(const Instruction &inst) {
+  auto s = inst.attrs.find("stream");
+  return isCollectiveOp(inst.op) && s != inst.attrs.end() && *s == "node";
+}
 /// Marked `"async": true`: run off the compute stream, joined by a wait.
 inline bool isAsync(const Instruction &inst) { return inst.attrs.value("async", false); }
 /// A wait marked `"carried": true` (fsdp-offload's next-step): it joins the

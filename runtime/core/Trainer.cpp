@@ -644,9 +644,7 @@ static Status writeTrace(const std::string &path, const Plan &plan, Executor &ex
     threads.push_back(kHostTrack);
   if (swaps)
     threads.insert(threads.end(), {kSwapInTrack, kSwapOutTrack});
-  if (std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
-        return i.attrs.value("stream", std::string("comm")) == "node";
-      }))
+  if (std::any_of(plan.program.begin(), plan.program.end(), onNodeCommStream))
     threads.push_back(kNodeCommTrack);
   nlohmann::json all = nlohmann::json::array();
   for (int64_t r = 0; r < comm.size(); ++r) {
