@@ -28,6 +28,9 @@ schedules of the same arithmetic:
    share cores, so the step time is noisy; the wait time is the direct
    measure of what the schedule hides.
 
+   Also ZeRO++'s three parts together (hpZ + qwZ + qgZ), predicted, with
+   and without the node comm stream.
+
   bench/hierarchical_overlap.py [--bin build/bin] [--rounds 5] [--steps 20]
 """
 import argparse
@@ -64,6 +67,31 @@ def predicted(a, tmp):
             steps.append(step)
         print(f"| {MODELS[key][0]} | {n} | {' | '.join(cells)} | "
               f"{steps[0] / steps[1]:.3f} | {steps[0] / steps[2]:.3f} |")
+
+
+ZEROPP = [("ZeRO-3", ""), ("qgZ", QGZ), ("qwZ + qgZ", f"weight-quantization=int8 {QGZ}"),
+          ("hpZ + qwZ + qgZ", f"reshard-after-forward=8 weight-quantization=int8 {QGZ}")]
+
+
+def zeropp(a, tmp):
+    """ZeRO++'s three together (hpZ: the backward gathers within the node
+    of 8; qwZ: int8 weight gathers; qgZ: hierarchical), with the node
+    comm stream and without (predicted, h100)."""
+    print("| model | N | ZeRO++ parts | node stream: step ms (exposed %), peak GiB | "
+          "one stream | ratio |")
+    print("|---|---|---|---|---|---|")
+    for key, n in SHAPES[1:]:
+        model = model_file(key, tmp)
+        for name, opts in ZEROPP:
+            cells, steps = [], []
+            for ns in ("true", "false"):
+                step, exp, peak = simulate(a.bin, model, f"optimizer=adamw world-size={n} "
+                                           f"stage=3 param-dtype=bf16 {opts} "
+                                           f"node-comm-stream={ns} report=false")
+                cells.append(f"{step:.2f} ({exp:.1f}%), {gib(peak)}")
+                steps.append(step)
+            print(f"| {MODELS[key][0]} | {n} | {name} | {cells[0]} | {cells[1]} | "
+                  f"{steps[0] / steps[1]:.3f} |")
 
 
 def exchange_waits(plan, trace):
@@ -140,6 +168,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if not a.skip_predicted:
             predicted(a, tmp)
+            print()
+            zeropp(a, tmp)
             print()
         measured(a, tmp)
 
