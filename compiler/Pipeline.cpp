@@ -89,6 +89,8 @@ static void addSearch(OpPassManager &pm, const FsdpPipelineOptions &options) {
     search.prefetchDepth = options.prefetchDepth;
   if (options.backwardPrefetch.hasValue())
     search.backwardPrefetch = options.backwardPrefetch;
+  search.unitPrefetchDepth = options.unitPrefetchDepth;
+  search.searchUnitPrefetch = options.searchUnitPrefetch;
   if (options.overlapNodeExchange.hasValue())
     search.overlapNodeExchange = options.overlapNodeExchange ? "true" : "false";
   search.nodeCommStream = options.nodeCommStream;
@@ -185,6 +187,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
         sched.prefetch = options.prefetch;
         sched.prefetchDepth = options.prefetchDepth;
         sched.backwardPrefetch = options.backwardPrefetch;
+        sched.unitPrefetchDepth = options.unitPrefetchDepth;
         sched.overlapNodeExchange = options.overlapNodeExchange;
         sched.nodeCommStream = options.nodeCommStream;
         pm.addPass(createFsdpSchedule(sched));

@@ -174,6 +174,17 @@ struct FsdpPipelineOptions
       *this, "prefetch-depth",
       llvm::cl::desc("with prefetch: parameter all-gathers in flight at once"),
       llvm::cl::init(1)};
+  ListOption<std::string> unitPrefetchDepth{
+      *this, "unit-prefetch-depth",
+      llvm::cl::desc("with prefetch: UNIT=D,... gives those units' all-gathers their "
+                     "own prefetch depth (0: where read); with memory-budget it pins "
+                     "it (else searched)")};
+  Option<bool> searchUnitPrefetch{
+      *this, "search-unit-prefetch",
+      llvm::cl::desc("with memory-budget: weigh per-unit prefetch depth (a schedule "
+                     "over the budget made one less deep at the units prefetched at "
+                     "its peak)"),
+      llvm::cl::init(true)};
   Option<std::string> backwardPrefetch{
       *this, "backward-prefetch",
       llvm::cl::desc("with prefetch, where the backward pass's all-gathers are "

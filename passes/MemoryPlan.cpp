@@ -1162,6 +1162,7 @@ void MemoryPlanner::measurePeak() {
   }
   for (int k = 0; k < kNumBufKinds; ++k)
     plan.peakByKind[k] = liveKind[plan.peakInstr][k];
+  plan.liveBytes = std::move(live);
 }
 
 MemoryPlanAnalysis::MemoryPlanAnalysis(Operation *op) : plan(failure()) {

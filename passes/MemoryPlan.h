@@ -115,6 +115,9 @@ struct MemoryPlan {
   /// by kind at that instruction.
   int64_t peakLive = 0;
   int64_t peakInstr = 0;
+  /// The device's live bytes at each instruction (peakLive is their
+  /// largest).
+  std::vector<int64_t> liveBytes;
   int64_t peakByKind[kNumBufKinds] = {};
   /// Totals over the whole step, by kind (persistent ones are always live).
   int64_t totalByKind[kNumBufKinds] = {};

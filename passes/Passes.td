@@ -872,6 +872,15 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     exchange (the network) is still in flight instead of queueing behind
     it. Each stream keeps its collectives in program order on every rank.
 
+    Per unit (FSDP2's per-module prefetch): `unit-prefetch-depth=U=D,...`
+    gives every gather of unit U (forward, recomputation and backward)
+    depth D instead of `prefetch-depth`; 0 gathers it where it is read.
+    The memory-budget search uses it to take the unit prefetched at the
+    step's peak off that peak while every other unit keeps the full depth.
+    A gather of depth d is issued right after the wait of the gather d
+    before it in the chain, and a gather's wait comes before the first
+    later gather issued after it (d gathers on, where every depth is d).
+
     `backward-prefetch` (FSDP1's BackwardPrefetch) places the backward
     pass's gathers: `pre` (BACKWARD_PRE, the default) as above; `post`
     (BACKWARD_POST) right after the last read of the parameters gathered
@@ -912,6 +921,10 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     Option<"nodeCommStream", "node-comm-stream", "bool", /*default=*/"true",
            "hierarchical qgZ: the node group's exchanges run on a second comm "
            "stream beside the cross-node ones (false: one comm stream)">,
+    ListOption<"unitPrefetchDepth", "unit-prefetch-depth", "std::string",
+               "with prefetch: UNIT=D,... gives those units' gathers their own "
+               "depth D >= 0 (0: gathered where read; FSDP2's per-module "
+               "prefetch), the others keep prefetch-depth">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
@@ -1164,6 +1177,13 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Option<"backwardPrefetch", "backward-prefetch", "std::string", /*default=*/"\"\"",
            "pin the backward gathers' placement: pre | post | none (empty: "
            "search pre and, at depth 1, post)">,
+    ListOption<"unitPrefetchDepth", "unit-prefetch-depth", "std::string",
+               "pin fsdp-schedule's unit-prefetch-depth (UNIT=D,...) for every "
+               "candidate with prefetch (empty: searched, where a schedule over "
+               "the budget is one less deep at the units gathered at its peak)">,
+    Option<"searchUnitPrefetch", "search-unit-prefetch", "bool", /*default=*/"true",
+           "weigh per-unit prefetch depth where unit-prefetch-depth is not pinned "
+           "(false: every unit at its candidate's depth)">,
     Option<"overlapNodeExchange", "overlap-node-exchange", "std::string", /*default=*/"\"\"",
            "pin fsdp-schedule's overlap-node-exchange: true | false (empty: "
            "hierarchical qgZ candidates with prefetch weigh both)">,

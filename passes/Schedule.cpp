@@ -18,6 +18,9 @@
 // a tail's cross-node exchange also stays in flight behind the next node
 // exchange. (4) With node-comm-stream, the node group's collectives are
 // marked to run on the second comm stream ([Note: node comm stream]).
+// `unit-prefetch-depth` gives some units' gathers their own depth in step
+// (2), and step (3) bounds each gather by the first later one issued
+// after its wait.
 // `backward-prefetch` (FSDP1's BackwardPrefetch) sets where step (2) puts
 // the backward pass's gathers: `pre` as above (BACKWARD_PRE: unit k-1
 // travels while unit k's gradients are computed, both gathered at once),
@@ -126,6 +129,9 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           << "prefetch-depth must be >= 0, found " << depth;
       return signalPassFailure();
     }
+    DenseMap<Attribute, int64_t> unitDepth;
+    if (failed(parseUnitDepths(collectives, depth, unitDepth)))
+      return signalPassFailure();
     if (!llvm::is_contained({"pre", "post", "none"}, backwardPrefetch.getValue())) {
       mlir::emitError(module.getLoc())
           << "backward-prefetch='" << backwardPrefetch
@@ -148,9 +154,16 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       for (Value term : accumTerms(lossValue))
         if (Operation *def = term.getDefiningOp())
           losses.push_back(body.findAncestorOpInBlock(*def));
-    llvm::SmallPtrSet<Operation *, 16> chained;
+    // The prefetch chain (the parameter gathers in order) and each one's
+    // depth.
+    SmallVector<Operation *> chain;
+    SmallVector<int64_t> chainDepth;
+    DenseMap<Operation *, size_t> chainIndex;
     if (depth > 0)
-      hoistGathers(body, collectives, waitOf, depth, losses, chained);
+      hoistGathers(body, collectives, waitOf, depth, unitDepth, losses, chain, chainDepth);
+    llvm::SmallPtrSet<Operation *, 16> chained(chain.begin(), chain.end());
+    for (size_t i = 0; i < chain.size(); ++i)
+      chainIndex[chain[i]] = i;
     // In flight at once. Without prefetch: one collective (the
     // smallest-memory schedule). With prefetch: `depth` parameter
     // all-gathers plus one other collective (a reduce-scatter or an
@@ -169,16 +182,24 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
         return false;
       return depth == 0 || chained.contains(a) == chained.contains(b);
     };
+    // A gather's bound is the first later gather of the chain issued
+    // after its wait (gather j, of depth d_j, follows the wait of gather
+    // j - d_j): `depth` gathers on where every depth is the same.
     for (size_t i = 0; i + 1 < collectives.size(); ++i) {
-      int64_t allowed = chained.contains(collectives[i]) ? depth : 1;
-      size_t limit = i + 1;
-      for (int64_t seen = 0; limit < collectives.size(); ++limit)
-        if (sameClass(collectives[i], collectives[limit]) && ++seen >= allowed)
-          break;
-      if (limit >= collectives.size())
+      Operation *next = nullptr;
+      if (auto it = chainIndex.find(collectives[i]); it != chainIndex.end()) {
+        size_t ci = it->second;
+        for (size_t cj = ci + 1; cj < chain.size() && !next; ++cj)
+          if (int64_t(cj) - chainDepth[cj] >= int64_t(ci))
+            next = chain[cj];
+      } else {
+        for (size_t j = i + 1; j < collectives.size() && !next; ++j)
+          if (sameClass(collectives[i], collectives[j]))
+            next = collectives[j];
+      }
+      if (!next)
         continue;
       WaitOp wait = waitOf[collectives[i]];
-      Operation *next = collectives[limit];
       if (next->isBeforeInBlock(wait)) {
         // The next collective may read this one's result (e.g. an
         // all-reduce of a reduced value): the wait must stay before it.
@@ -315,9 +336,43 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     return last;
   }
 
+  /// unit-prefetch-depth's entries (UNIT=D) into `out`, keyed by the
+  /// units' symbol references; each unit must have a parameter gather
+  /// among `collectives`, each D be >= 0, and prefetch be on.
+  LogicalResult parseUnitDepths(ArrayRef<Operation *> collectives, int64_t depth,
+                                DenseMap<Attribute, int64_t> &out) {
+    if (unitPrefetchDepth.empty())
+      return success();
+    Location loc = getOperation().getLoc();
+    if (depth == 0)
+      return mlir::emitError(loc) << "unit-prefetch-depth needs prefetch (prefetch-depth > 0)";
+    llvm::StringMap<Attribute> gathered;
+    for (Operation *c : collectives) {
+      SmallVector<Operation *, 2> chain;
+      if (GetUnitOp read = unitReadOf(c, chain))
+        gathered[read.getName()] = read.getNameAttr();
+    }
+    for (const std::string &entry : unitPrefetchDepth) {
+      auto [unit, value] = StringRef(entry).rsplit('=');
+      int64_t d = -1;
+      if (unit.empty() || value.getAsInteger(10, d) || d < 0)
+        return mlir::emitError(loc) << "unit-prefetch-depth entry '" << entry
+                                    << "': expected UNIT=D with a depth D >= 0";
+      auto it = gathered.find(unit);
+      if (it == gathered.end())
+        return mlir::emitError(loc) << "unit-prefetch-depth: unit '" << unit
+                                    << "' has no parameter all-gather in @train_step";
+      if (!out.try_emplace(it->second, d).second)
+        return mlir::emitError(loc) << "unit-prefetch-depth: unit '" << unit << "' given twice";
+    }
+    return success();
+  }
+
   void hoistGathers(Block &body, ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
-                    ArrayRef<Operation *> losses, llvm::SmallPtrSetImpl<Operation *> &chained) {
+                    const DenseMap<Attribute, int64_t> &unitDepth,
+                    ArrayRef<Operation *> losses, SmallVectorImpl<Operation *> &chainOut,
+                    SmallVectorImpl<int64_t> &chainDepth) {
     // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
     // all-gathers (those reading unit storage) form one chain in program
     // order, forward and backward. Each moves up to just after the wait of
@@ -339,17 +394,20 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       if (!read)
         continue;
       auto gather = cast<AllGatherOp>(c);
-      chained.insert(c);
+      // unit-prefetch-depth's, else prefetch-depth (0: where read).
+      auto own = unitDepth.find(read.getNameAttr());
+      int64_t d = own != unitDepth.end() ? own->second : depth;
+      chainOut.push_back(c);
+      chainDepth.push_back(d);
       Operation *anchor =
-          waits.empty() ? nullptr
-                        : waits[waits.size() >= size_t(depth)
-                                    ? waits.size() - depth
-                                    : 0];
+          waits.empty() || d == 0
+              ? nullptr
+              : waits[waits.size() >= size_t(d) ? waits.size() - d : 0];
       if (backward.contains(c)) {
         if (backwardPrefetch == "none") {
           anchor = nullptr; // gathered where it is read
         } else if (anchor) {
-          // BACKWARD_POST: once the parameters of the gather `depth` back
+          // BACKWARD_POST: once the parameters of the gather `d` back
           // are dead (never above its wait: anchor is that wait). Where
           // they outlive this gather's reads (kept for the next
           // micro-batch: reshard-after-backward=false) nothing is freed

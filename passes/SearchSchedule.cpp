@@ -21,6 +21,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 
@@ -82,6 +83,9 @@ struct Choice {
   /// fsdp-schedule's overlap-node-exchange (hierarchical qgZ, depth > 0):
   /// each unit's node all-to-all in flight behind the next unit's backward.
   bool overlapNode = true;
+  /// fsdp-schedule's unit-prefetch-depth (with depth > 0): UNIT=D
+  /// entries, the units prefetched at their own depth.
+  std::vector<std::string> unitDepths;
 
   std::string str() const {
     return "layers-per-unit=" + std::to_string(layersPerUnit) + " recompute=" + recompute +
@@ -90,6 +94,9 @@ struct Choice {
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits) : "") +
            (reshardAfterBackward ? "" : " reshard-after-backward=false") +
            " prefetch-depth=" + std::to_string(depth) +
+           (depth > 0 && !unitDepths.empty()
+                ? " unit-prefetch-depth=" + llvm::join(unitDepths, ",")
+                : "") +
            (depth > 0 && backward != "pre" ? " backward-prefetch=" + backward : "") +
            (overlapNode ? "" : " overlap-node-exchange=false") +
            (offload != "none" ? " offload=" + offload : "") +
@@ -114,6 +121,8 @@ struct Leaf {
   /// The units whose optimizer state is in the swap file (fsdp-offload's
   /// nvme; else 0).
   int64_t unitsOnDisk = 0;
+  /// Gathered parameters' bytes live at the peak (liveness).
+  int64_t peakGathered = 0;
   StepPrediction predicted;
 };
 
@@ -178,14 +187,16 @@ struct SearchSchedulePass
     s.ranksPerNode = std::max<int64_t>(0, profile.ranksPerNode);
     return run(m, createFsdpShard(s));
   }
-  bool schedule(ModuleOp m, int64_t depth, StringRef backward, bool overlapNode) {
+  bool schedule(ModuleOp m, const Choice &c) {
     if (!overlap)
       return true;
     FsdpScheduleOptions sched;
-    sched.prefetch = depth > 0;
-    sched.prefetchDepth = depth;
-    sched.backwardPrefetch = backward.str();
-    sched.overlapNodeExchange = overlapNode;
+    sched.prefetch = c.depth > 0;
+    sched.prefetchDepth = c.depth;
+    if (c.depth > 0)
+      sched.unitPrefetchDepth = c.unitDepths;
+    sched.backwardPrefetch = c.backward;
+    sched.overlapNodeExchange = c.overlapNode;
     sched.nodeCommStream = nodeCommStream;
     return run(m, createFsdpSchedule(sched));
   }
@@ -236,14 +247,33 @@ struct SearchSchedulePass
     return (int64_t(marked.size()) + k - 1) / k + (root ? 1 : 0);
   }
 
+  /// The leaf evaluated with choice `c`, if any.
+  Leaf *find(const Choice &c) {
+    auto same = [](const Choice &a, const Choice &b) {
+      return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute &&
+             a.units == b.units && a.reshard == b.reshard && a.reshardUnits == b.reshardUnits &&
+             a.depth == b.depth && a.offload == b.offload && a.activations == b.activations &&
+             a.nextStep == b.nextStep && a.prefetch == b.prefetch &&
+             a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
+             a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
+             a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams &&
+             a.backward == b.backward && a.reshardAfterBackward == b.reshardAfterBackward &&
+             a.overlapNode == b.overlapNode && a.unitDepths == b.unitDepths;
+    };
+    for (Leaf &l : leaves)
+      if (same(l.choice, c))
+        return &l;
+    return nullptr;
+  }
+
   /// Compiles, plans (liveness) and predicts one choice.
   bool evaluate(Leaf &leaf) {
     OwningOpRef<ModuleOp> m = build(leaf.choice);
     return m && measure(leaf, *m);
   }
   /// `leaf`'s liveness (unplaced), units on disk and predicted step, from
-  /// its module `m`.
-  bool measure(Leaf &leaf, ModuleOp m) {
+  /// its module `m`; the liveness plan into `out` if given.
+  bool measure(Leaf &leaf, ModuleOp m, MemoryPlan *out = nullptr) {
     auto step = m.lookupSymbol<func::FuncOp>(kTrainStepName);
     FailureOr<MemoryPlan> plan = planMemory(m, step, 64, /*place=*/false);
     if (failed(plan))
@@ -251,9 +281,12 @@ struct SearchSchedulePass
     leaf.peakLive = plan->peakLive;
     leaf.hostPeakLive = plan->hostPeakLive;
     leaf.unitsOnDisk = unitsOnDisk(m);
+    leaf.peakGathered = plan->peakByKind[(int)BufKind::Comm];
     leaf.predicted = predictStep(m, step, *plan, profile);
     ++numCandidates;
     ++evaluated;
+    if (out)
+      *out = std::move(*plan);
     return true;
   }
   /// Its liveness fits both budgets (the device's, and the host's when
@@ -290,6 +323,7 @@ struct SearchSchedulePass
   LogicalResult chooseKnobValues();
   LogicalResult searchUniform();
   LogicalResult walkPerUnit();
+  LogicalResult shallowPeak();
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
@@ -308,7 +342,7 @@ struct SearchSchedulePass
     OwningOpRef<ModuleOp> m = clone(getOperation());
     if (!group(*m, c.layersPerUnit) || !recomputeStep(*m, c.recompute, c.units) ||
         !shard(*m, c.reshard, c.reshardUnits, c.offload, c.reshardAfterBackward) ||
-        !schedule(*m, c.depth, c.backward, c.overlapNode) || !finish(*m, c))
+        !schedule(*m, c) || !finish(*m, c))
       return nullptr;
     return m;
   }
@@ -343,7 +377,7 @@ void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   hostUnfit.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
-      failed(walkPerUnit()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
+      failed(walkPerUnit()) || failed(shallowPeak()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
       failed(tuneNvmeParams()) || failed(tuneNvmeUnits()) || failed(deepenReadAhead()))
     return signalPassFailure();
   Leaf *best = nullptr;
@@ -586,11 +620,14 @@ LogicalResult SearchSchedulePass::searchUniform() {
                       leaf.choice.backward = backward;
                       leaf.choice.reshardAfterBackward = rab;
                       leaf.choice.overlapNode = ov;
+                      if (depth > 0)
+                        leaf.choice.unitDepths.assign(unitPrefetchDepth.begin(),
+                                                      unitPrefetchDepth.end());
                       bool last = std::tie(depth, backward, ov) == schedules.back() &&
                                   acts == activationChoices.back() && ns == nextSteps.back() &&
                                   pf == prefetches.back() && nv == nvmes.back();
                       OwningOpRef<ModuleOp> m = last ? std::move(sharded) : clone(*sharded);
-                      if (!schedule(*m, depth, backward, ov) || !finish(*m, leaf.choice))
+                      if (!schedule(*m, leaf.choice) || !finish(*m, leaf.choice))
                         return failure();
                       if (!measure(leaf, *m))
                         return failure();
@@ -611,21 +648,6 @@ LogicalResult SearchSchedulePass::searchUniform() {
 /// walked to the smallest K that fits (a few steps), if it may beat the
 LogicalResult SearchSchedulePass::walkPerUnit() {
   // best uniform schedule. Each of the two knobs gets one such walk.
-  auto same = [](const Choice &a, const Choice &b) {
-    return a.layersPerUnit == b.layersPerUnit && a.recompute == b.recompute && a.units == b.units &&
-           a.reshard == b.reshard && a.reshardUnits == b.reshardUnits && a.depth == b.depth &&
-           a.offload == b.offload && a.activations == b.activations && a.nextStep == b.nextStep &&
-           a.prefetch == b.prefetch && a.copiesInFlight == b.copiesInFlight && a.nvme == b.nvme &&
-           a.nvmeInFlight == b.nvmeInFlight && a.nvmeReadAhead == b.nvmeReadAhead &&
-           a.nvmeUnits == b.nvmeUnits && a.nvmeParams == b.nvmeParams && a.backward == b.backward &&
-           a.reshardAfterBackward == b.reshardAfterBackward && a.overlapNode == b.overlapNode;
-  };
-  auto find = [&](const Choice &c) -> Leaf * {
-    for (Leaf &l : leaves)
-      if (same(l.choice, c))
-        return &l;
-    return nullptr;
-  };
   double bestUniform = std::numeric_limits<double>::infinity();
   for (Leaf &l : leaves)
     if (fits(l))
@@ -715,6 +737,112 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
           ++k;
         }
       }
+    }
+  }
+  return success();
+}
+
+/// The units with a prefetched parameter all-gather in flight while the
+/// device's live bytes exceed `budget` (between its issue and its wait,
+/// by `plan`'s liveness), leaving out `skip`: the units whose prefetch the
+/// peak is made of.
+static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const MemoryPlan &plan,
+                                                          int64_t budget,
+                                                          const llvm::StringSet<> &skip) {
+  auto step = m.lookupSymbol<func::FuncOp>(kTrainStepName);
+  std::vector<std::string> out;
+  llvm::StringSet<> seen;
+  step.walk([&](AllGatherOp g) {
+    // The unit read it gathers, directly or through its cast/quantize.
+    Value v = g.getInput();
+    while (v.getDefiningOp() && isa<CastOp, QuantizeOp>(v.getDefiningOp()))
+      v = v.getDefiningOp()->getOperand(0);
+    auto read = v.getDefiningOp<GetUnitOp>();
+    if (!read || skip.contains(read.getName()) || seen.contains(read.getName()))
+      return;
+    auto issue = plan.instrIndex.find(g);
+    if (issue == plan.instrIndex.end())
+      return;
+    for (Operation *user : g->getUsers()) {
+      auto wait = plan.instrIndex.find(user);
+      if (!isa<WaitOp>(user) || wait == plan.instrIndex.end())
+        continue;
+      for (int64_t i = issue->second; i <= wait->second && i < int64_t(plan.liveBytes.size());
+           ++i)
+        if (plan.liveBytes[i] > budget) {
+          seen.insert(read.getName());
+          out.push_back(read.getName().str());
+          return;
+        }
+    }
+  });
+  return out;
+}
+
+/// Per-unit prefetch depth (fsdp-schedule's unit-prefetch-depth), unless
+/// pinned. A prefetching schedule at depth D over the budget by less than
+/// D / (D + 1) of the gathered parameters live at its peak, and which
+/// would beat every schedule that fits (the three fastest such), is made
+/// one less deep at the units whose
+/// prefetch its peak is made of: those with a gather in flight while the
+/// live bytes exceed the budget get depth D - 1, and the schedule is
+/// planned again (its peak moves), at most four times, until it fits
+/// (kept as a candidate) or no further unit is in flight over the budget.
+/// Every other unit keeps depth D: the step keeps D's overlap where
+/// memory allows it.
+LogicalResult SearchSchedulePass::shallowPeak() {
+  if (!unitPrefetchDepth.empty() || !searchUnitPrefetch)
+    return success();
+  double bestFit = std::numeric_limits<double>::infinity();
+  for (const Leaf &l : leaves)
+    if (fits(l))
+      bestFit = std::min(bestFit, l.predicted.stepS);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const Leaf &l = leaves[i];
+    // Over by less than what one unit less deep can take off its peak:
+    // of the D + 1 units' gathered parameters there, at most D.
+    int64_t d = l.choice.depth;
+    if (d > 0 && l.choice.unitDepths.empty() && l.peakLive > budget &&
+        l.predicted.stepS < bestFit && (l.peakLive - budget) * (d + 1) < l.peakGathered * d)
+      order.push_back(i);
+  }
+  llvm::stable_sort(order, [&](size_t a, size_t b) {
+    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+  });
+  order.resize(std::min<size_t>(order.size(), 3));
+  for (size_t i : order) {
+    Leaf leaf = leaves[i]; // a copy: leaves grows below
+    llvm::StringSet<> shallow;
+    OwningOpRef<ModuleOp> m = build(leaf.choice);
+    MemoryPlan plan;
+    if (!m || !measure(leaf, *m, &plan))
+      return failure();
+    // The live bytes to bring the peak under: the budget, less what
+    // placement added to the liveness once it fits (fragmentation).
+    int64_t target = budget;
+    for (int tries = 0; tries < 4; ++tries) {
+      std::vector<std::string> units = unitsPrefetchedOverBudget(*m, plan, target, shallow);
+      if (units.empty())
+        break;
+      for (const std::string &u : units) {
+        shallow.insert(u);
+        leaf.choice.unitDepths.push_back(u + "=" + std::to_string(leaf.choice.depth - 1));
+      }
+      m = build(leaf.choice);
+      if (!m || !measure(leaf, *m, &plan))
+        return failure();
+      if (!fits(leaf))
+        continue;
+      FailureOr<MemoryPlan> placed =
+          planMemory(*m, m->lookupSymbol<func::FuncOp>(kTrainStepName), 64);
+      if (failed(placed))
+        return failure();
+      if (placed->arenaBytes <= budget) {
+        leaves.push_back(leaf);
+        break;
+      }
+      target = budget - (placed->arenaBytes - placed->peakLive);
     }
   }
   return success();
@@ -1063,6 +1191,10 @@ void SearchSchedulePass::adopt(const Leaf &best, OwningOpRef<ModuleOp> bestModul
           b.getNamedAttr("reshard_group", b.getI64IntegerAttr(getMesh(module).getReshard())),
           b.getNamedAttr("prefetch_depth", b.getI64IntegerAttr(c.depth)),
           b.getNamedAttr("backward_prefetch", b.getStringAttr(c.backward)),
+          // fsdp-schedule's unit-prefetch-depth, as the option is written
+          // (UNIT=D,...; empty: every unit at prefetch_depth)
+          b.getNamedAttr("unit_prefetch_depth",
+                         b.getStringAttr(c.depth > 0 ? llvm::join(c.unitDepths, ",") : "")),
           b.getNamedAttr("overlap_node_exchange", b.getBoolAttr(c.overlapNode)),
           b.getNamedAttr("offload", b.getStringAttr(c.offload)),
           b.getNamedAttr("offload_activations", b.getBoolAttr(c.activations)),

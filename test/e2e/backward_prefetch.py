@@ -27,8 +27,11 @@ and the memory-budget search, with the other knobs pinned:
     faster);
 (g) on the GPT-3 175B shape at 64 ranks (bf16, h100): weighing post never
     gives a slower choice than the search with pre pinned (80 GiB: the
-    same step), and at 64 GiB, where pre needs prefetch-depth 0, the
-    search keeps depth 1 with post, more than 5% faster.
+    same step), and at 64 GiB, where uniform pre needs prefetch-depth 0
+    (search-unit-prefetch=false), the search keeps depth 1 with post,
+    more than 5% faster; pre pinned keeps depth 1 too, with the units
+    prefetched over the budget gathered where read (unit-prefetch-depth),
+    more than 3% faster than its depth 0 and slower than post.
 """
 import json
 import os
@@ -155,22 +158,29 @@ def main():
         subprocess.run([sys.executable, GEN, "gpt", "--vocab", "50257", "--ctx", "2048",
                         "--layers", "96", "--heads", "96", "--width", "12288", "--batch", "1",
                         "-o", big], check=True)
+        uniform = "backward-prefetch=pre search-unit-prefetch=false"
         for budget in ("80GiB", "64GiB"):
             got = {}
-            for pin in ("backward-prefetch=pre", ""):
-                plan, _ = compile_(f"175b-{budget}-{pin[-3:]}", 64, "optimizer=adamw "
+            for pin in (uniform, "backward-prefetch=pre", ""):
+                plan, _ = compile_(f"175b-{budget}-{len(got)}", 64, "optimizer=adamw "
                                    f"param-dtype=bf16 memory-budget={budget} {pin}", model=big)
                 got[pin] = load(plan)["strategy"]
-            pre, free = got["backward-prefetch=pre"], got[""]
-            ok = free["predicted_step_s"] <= pre["predicted_step_s"] * (1 + 1e-12)
+            flat, pre, free = got[uniform], got["backward-prefetch=pre"], got[""]
+            ms = {k: v["predicted_step_s"] for k, v in got.items()}
+            ok = ms[""] <= ms["backward-prefetch=pre"] * (1 + 1e-12) <= ms[uniform] * (1 + 2e-12)
             if budget == "64GiB":  # post at depth 1 fits where pre needs depth 0
                 ok = ok and (free["backward_prefetch"] == "post" and free["prefetch_depth"] == 1
-                             and pre["prefetch_depth"] == 0 and
-                             free["predicted_step_s"] < 0.95 * pre["predicted_step_s"])
+                             and flat["prefetch_depth"] == 0 and
+                             ms[""] < 0.95 * ms[uniform] and
+                             pre["prefetch_depth"] == 1 and pre["unit_prefetch_depth"] != "" and
+                             ms["backward-prefetch=pre"] < 0.97 * ms[uniform])
             report(ok, f"(g) 175B shape, 64 ranks, {budget}: searched "
-                       f"{free['predicted_step_s'] * 1e3:.0f} ms (depth {free['prefetch_depth']} "
+                       f"{ms[''] * 1e3:.0f} ms (depth {free['prefetch_depth']} "
                        f"{free['backward_prefetch']}), pre pinned "
-                       f"{pre['predicted_step_s'] * 1e3:.0f} ms (depth {pre['prefetch_depth']})")
+                       f"{ms['backward-prefetch=pre'] * 1e3:.0f} ms (depth {pre['prefetch_depth']}, "
+                       f"{len(pre['unit_prefetch_depth'].split(',')) if pre['unit_prefetch_depth'] else 0}"
+                       f" unit(s) less deep), uniform pre {ms[uniform] * 1e3:.0f} ms "
+                       f"(depth {flat['prefetch_depth']})")
     return report.finish("all backward-prefetch checks passed")
 
 

@@ -290,21 +290,24 @@ def main():
                    st["prefetch_depth"], st["backward_prefetch"])
             units = st["recompute_units"]
             rs_units = st["reshard_units"]
+            unit_depths = st["unit_prefetch_depth"]
             fits = [step for _, peak, step in hand.values()
                     if peak <= budget and step is not None]
             best = min(fits)
             step_ms = st["predicted_step_s"] * 1e3
-            if units >= 0 or rs_units >= 0:
-                # Per unit (the first K units recomputed, or the first K
-                # units resharded): at least as fast as every uniform
-                # schedule that fits.
-                key = key + (units, rs_units)
+            if units >= 0 or rs_units >= 0 or unit_depths:
+                # Per unit (the first K units recomputed, the first K
+                # units resharded, or some units prefetched less deep):
+                # at least as fast as every uniform schedule that fits.
+                key = key + (units, rs_units, unit_depths)
                 if key not in hand:
                     plan_k, _ = compile_plan(
-                        f"k{key[0]}-{key[1]}{units}-{key[2]}{rs_units}-{key[3]}{key[4]}",
+                        f"k{key[0]}-{key[1]}{units}-{key[2]}{rs_units}-{key[3]}{key[4]}-"
+                        f"{len(hand)}",
                         f"layers-per-unit={key[0]} recompute={key[1]} recompute-units={units} "
                         f"reshard-after-forward={'true' if key[2] else 'false'} "
                         f"reshard-units={rs_units} prefetch-depth={key[3]} "
+                        + (f"unit-prefetch-depth={unit_depths} " if unit_depths else "")
                         + ("" if pinned else f"backward-prefetch={key[4]} ") + "report=false")
                     hand[key] = (plan_k, load(plan_k)["memory"]["peak"], None)
                 ok = step_ms <= best * (1 + 1e-9)
@@ -321,7 +324,8 @@ def main():
                   f"reshard-after-forward={'true' if key[2] else 'false'} "
                   + (f"reshard-units={rs_units} " if rs_units >= 0 else "") +
                   f"prefetch-depth={key[3]}"
-                  + (f" backward-prefetch={key[4]}" if key[4] != "pre" and key[3] else "") +
+                  + (f" backward-prefetch={key[4]}" if key[4] != "pre" and key[3] else "")
+                  + (f" unit-prefetch-depth={unit_depths}" if unit_depths else "") +
                   f" step {step_ms:.6f} ms "
                   f"(best by hand {best:.6f})"
                   + ("" if ok else " NOT THE BEST FIT")

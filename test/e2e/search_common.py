@@ -17,6 +17,8 @@ def pinned_knobs(s):
         knobs += f" recompute-units={s['recompute_units']}"
     if s["reshard_units"] >= 0:
         knobs += f" reshard-units={s['reshard_units']}"
+    if s["unit_prefetch_depth"]:
+        knobs += f" unit-prefetch-depth={s['unit_prefetch_depth']}"
     return knobs
 
 
