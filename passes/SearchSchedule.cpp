@@ -324,6 +324,11 @@ struct SearchSchedulePass
   LogicalResult searchUniform();
   LogicalResult walkPerUnit();
   LogicalResult shallowPeak();
+  LogicalResult walkUnitDepths(Leaf leaf, int64_t target);
+  /// A placed plan's arenas fit both budgets.
+  bool placedFits(const MemoryPlan &p) const {
+    return p.arenaBytes <= budget && (hostBudget < 0 || p.hostArenaBytes <= hostBudget);
+  }
   LogicalResult deepenPrefetch();
   LogicalResult tuneNvmeInFlight();
   LogicalResult tuneNvmeUnits();
@@ -793,57 +798,97 @@ static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const Memo
 LogicalResult SearchSchedulePass::shallowPeak() {
   if (!unitPrefetchDepth.empty() || !searchUnitPrefetch)
     return success();
-  double bestFit = std::numeric_limits<double>::infinity();
-  for (const Leaf &l : leaves)
-    if (fits(l))
-      bestFit = std::min(bestFit, l.predicted.stepS);
-  std::vector<size_t> order;
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const Leaf &l = leaves[i];
-    // Over by less than what one unit less deep can take off its peak:
-    // of the D + 1 units' gathered parameters there, at most D.
-    int64_t d = l.choice.depth;
-    if (d > 0 && l.choice.unitDepths.empty() && l.peakLive > budget &&
-        l.predicted.stepS < bestFit && (l.peakLive - budget) * (d + 1) < l.peakGathered * d)
-      order.push_back(i);
+  auto byStep = [&](std::vector<size_t> &ids) {
+    llvm::stable_sort(ids, [&](size_t a, size_t b) {
+      return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
+    });
+  };
+  // Placed, the fastest schedules that fit by liveness (six at most): the
+  // first whose arena fits is what pickByArena will choose (nothing less
+  // deep beats it); each prefetching one before it (three at most) is over
+  // the budget by its fragmentation, and is walked with that much more to
+  // take off.
+  std::vector<size_t> under, over;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    (fits(leaves[i]) ? under : over).push_back(i);
+  byStep(under);
+  double bestPlaced = std::numeric_limits<double>::infinity();
+  struct Start {
+    size_t leaf;
+    int64_t target; ///< the live bytes to bring its peak under
+  };
+  std::vector<Start> starts;
+  for (size_t k = 0; k < under.size() && k < 6; ++k) {
+    size_t i = under[k];
+    OwningOpRef<ModuleOp> m;
+    FailureOr<MemoryPlan> placed = buildPlaced(leaves[i].choice, m);
+    if (failed(placed))
+      return failure();
+    if (placedFits(*placed)) {
+      bestPlaced = leaves[i].predicted.stepS;
+      break;
+    }
+    if (leaves[i].choice.depth > 0 && leaves[i].choice.unitDepths.empty())
+      starts.push_back({i, budget - (placed->arenaBytes - placed->peakLive)});
+    if (starts.size() >= 3)
+      break;
   }
-  llvm::stable_sort(order, [&](size_t a, size_t b) {
-    return leaves[a].predicted.stepS < leaves[b].predicted.stepS;
-  });
-  order.resize(std::min<size_t>(order.size(), 3));
-  for (size_t i : order) {
-    Leaf leaf = leaves[i]; // a copy: leaves grows below
-    llvm::StringSet<> shallow;
-    OwningOpRef<ModuleOp> m = build(leaf.choice);
-    MemoryPlan plan;
+  // Over the budget by liveness: the three fastest that would beat the
+  // best schedule that fits, over by less than what one unit less deep can
+  // take off their peak (of the D + 1 units' gathered parameters there, at
+  // most D).
+  byStep(over);
+  int found = 0;
+  for (size_t i : over) {
+    const Leaf &l = leaves[i];
+    int64_t d = l.choice.depth;
+    if (found >= 3 || l.predicted.stepS >= bestPlaced)
+      break;
+    if (d > 0 && l.choice.unitDepths.empty() && l.peakLive > budget &&
+        (hostBudget < 0 || l.hostPeakLive <= hostBudget) &&
+        (l.peakLive - budget) * (d + 1) < l.peakGathered * d) {
+      starts.push_back({i, budget});
+      ++found;
+    }
+  }
+  for (const Start &start : starts)
+    if (failed(walkUnitDepths(leaves[start.leaf], start.target)))
+      return failure();
+  return success();
+}
+
+/// shallowPeak's walk from `leaf` (a copy: leaves grows): the units in
+/// flight over `target` live bytes made one less deep, at most four
+/// times; kept once its arena fits. An arena over the budget lowers the
+/// target by its fragmentation.
+LogicalResult SearchSchedulePass::walkUnitDepths(Leaf leaf, int64_t target) {
+  llvm::StringSet<> shallow;
+  OwningOpRef<ModuleOp> m = build(leaf.choice);
+  MemoryPlan plan;
+  if (!m || !measure(leaf, *m, &plan))
+    return failure();
+  for (int tries = 0; tries < 4; ++tries) {
+    std::vector<std::string> units = unitsPrefetchedOverBudget(*m, plan, target, shallow);
+    if (units.empty())
+      break;
+    for (const std::string &u : units) {
+      shallow.insert(u);
+      leaf.choice.unitDepths.push_back(u + "=" + std::to_string(leaf.choice.depth - 1));
+    }
+    m = build(leaf.choice);
     if (!m || !measure(leaf, *m, &plan))
       return failure();
-    // The live bytes to bring the peak under: the budget, less what
-    // placement added to the liveness once it fits (fragmentation).
-    int64_t target = budget;
-    for (int tries = 0; tries < 4; ++tries) {
-      std::vector<std::string> units = unitsPrefetchedOverBudget(*m, plan, target, shallow);
-      if (units.empty())
-        break;
-      for (const std::string &u : units) {
-        shallow.insert(u);
-        leaf.choice.unitDepths.push_back(u + "=" + std::to_string(leaf.choice.depth - 1));
-      }
-      m = build(leaf.choice);
-      if (!m || !measure(leaf, *m, &plan))
-        return failure();
-      if (!fits(leaf))
-        continue;
-      FailureOr<MemoryPlan> placed =
-          planMemory(*m, m->lookupSymbol<func::FuncOp>(kTrainStepName), 64);
-      if (failed(placed))
-        return failure();
-      if (placed->arenaBytes <= budget) {
-        leaves.push_back(leaf);
-        break;
-      }
-      target = budget - (placed->arenaBytes - placed->peakLive);
+    if (!fits(leaf))
+      continue;
+    FailureOr<MemoryPlan> placed =
+        planMemory(*m, m->lookupSymbol<func::FuncOp>(kTrainStepName), 64);
+    if (failed(placed))
+      return failure();
+    if (placedFits(*placed)) {
+      leaves.push_back(leaf);
+      break;
     }
+    target = std::min(target, budget - (placed->arenaBytes - placed->peakLive));
   }
   return success();
 }
@@ -1096,7 +1141,7 @@ LogicalResult SearchSchedulePass::pickByArena(Leaf *&best, OwningOpRef<ModuleOp>
     FailureOr<MemoryPlan> plan = buildPlaced(l->choice, m);
     if (failed(plan))
       return failure();
-    if (plan->arenaBytes <= budget && (hostBudget < 0 || plan->hostArenaBytes <= hostBudget)) {
+    if (placedFits(*plan)) {
       best = l;
       bestModule = std::move(m);
       bestArena = plan->arenaBytes;

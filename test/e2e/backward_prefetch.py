@@ -22,9 +22,9 @@ Then the cost model, on a GPT-2-shaped model at 8 ranks (h100 profile):
     simulate=true and fsdp-sim agree on each;
 and the memory-budget search, with the other knobs pinned:
 (f) at a budget of post's peak it chooses backward-prefetch=post (the
-    plan equal to the hand-compiled one), where pinned pre finds nothing
-    that fits; at a budget of pre's peak it chooses pre (as fast or
-    faster);
+    plan equal to the hand-compiled one), where pinned uniform pre finds
+    nothing that fits (pre with a unit less deep fits, no faster); at a
+    budget of pre's peak it chooses pre (as fast or faster);
 (g) on the GPT-3 175B shape at 64 ranks (bf16, h100): weighing post never
     gives a slower choice than the search with pre pinned (80 GiB: the
     same step), and at 64 GiB, where uniform pre needs prefetch-depth 0
@@ -139,14 +139,19 @@ def main():
         st = c.pop("strategy")
         same = c == load(hand["post"])
         refused, err = compile_("search-pinned-pre", 2,
-                                f"{pin} backward-prefetch=pre memory-budget={arena['post']}",
-                                check=False)
+                                f"{pin} backward-prefetch=pre memory-budget={arena['post']} "
+                                "search-unit-prefetch=false", check=False)
+        per_unit, _ = compile_("search-pinned-pre-unit", 2,
+                               f"{pin} backward-prefetch=pre memory-budget={arena['post']}")
+        pu = load(per_unit)["strategy"]
         report(arena["post"] < arena["pre"] and st["backward_prefetch"] == "post" and same and
-               refused is None and "no schedule fits" in err,
+               refused is None and "no schedule fits" in err and pu["unit_prefetch_depth"] and
+               st["predicted_step_s"] <= pu["predicted_step_s"],
                f"(f) budget {arena['post']} (post's arena; pre's {arena['pre']}): the search "
                f"chooses backward-prefetch={st['backward_prefetch']}, the hand plan "
-               f"{'exactly' if same else 'NOT'}; pinned pre: "
-               f"{'nothing fits' if refused is None else 'FITS'}")
+               f"{'exactly' if same else 'NOT'}; pinned uniform pre: "
+               f"{'nothing fits' if refused is None else 'FITS'}; pinned pre fits with "
+               f"unit-prefetch-depth={pu['unit_prefetch_depth']}, no faster")
         loose, _ = compile_("search-pre", 2, f"{pin} memory-budget={arena['pre']}")
         sl = load(loose)["strategy"]
         report(sl["backward_prefetch"] == "pre",
