@@ -57,6 +57,21 @@ def predicted(a, tmp):
                   f" | x{ratio:.3f}, -{saved:.2f} GiB |", flush=True)
 
 
+def strategy(s):
+    """A plan's `strategy` in a few words."""
+    what = [f"{s['layers_per_unit']} layer(s) a unit", f"recompute {s['recompute']}"
+            + (f" (first {s['recompute_units']})" if s["recompute_units"] >= 0 else ""),
+            f"reshard {s['reshard_group'] or str(s['reshard_after_forward']).lower()}"
+            + (f" (first {s['reshard_units']})" if s["reshard_units"] >= 0 else ""),
+            f"depth {s['prefetch_depth']}"]
+    if s["prefetch_depth"] and s["backward_prefetch"] != "pre":
+        what.append(s["backward_prefetch"])
+    if s.get("unit_prefetch_depth"):
+        what.append(f"{len(s['unit_prefetch_depth'].split(','))} unit(s) at depth "
+                    f"{s['prefetch_depth'] - 1}")
+    return ", ".join(what)
+
+
 def searched(a, tmp):
     """The memory-budget search on the 175B shape, backward-prefetch pinned
     to pre (the search before it weighed post) and free."""
@@ -66,16 +81,6 @@ def searched(a, tmp):
     print("| N | budget | pre pinned: step ms, peak GiB, strategy | searched: step ms, peak GiB, "
           "strategy | speed-up |")
     print("|---|---|---|---|---|")
-
-    def strategy(s):
-        what = [f"{s['layers_per_unit']} layer(s) a unit", f"recompute {s['recompute']}"
-                + (f" (first {s['recompute_units']})" if s["recompute_units"] >= 0 else ""),
-                f"reshard {s['reshard_group'] or str(s['reshard_after_forward']).lower()}"
-                + (f" (first {s['reshard_units']})" if s["reshard_units"] >= 0 else ""),
-                f"depth {s['prefetch_depth']}"]
-        if s["prefetch_depth"] and s["backward_prefetch"] != "pre":
-            what.append(s["backward_prefetch"])
-        return ", ".join(what)
 
     for n in [int(x) for x in a.search_ranks.split(",")]:
         for budget in a.budgets.split(","):

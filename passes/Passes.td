@@ -1041,7 +1041,14 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     schedule, compiled at the estimated K and walked to the smallest K that
     fits (at most 4 more candidates); the same for resharding only the
     first K units (`reshard-units`) where reshard-after-forward=false does
-    not fit and true (or G) does;
+    not fit and true (or G) does. Per-unit prefetch depth
+    (`unit-prefetch-depth`, unless pinned or `search-unit-prefetch=false`):
+    the fastest prefetching schedules (depth D) that beat every schedule
+    that fits but are over the budget (by liveness, or by their placed
+    arena's fragmentation; three of each at most) are planned again with
+    the units whose gathers are in flight while the live bytes exceed the
+    budget at depth D - 1, up to four times as the peak moves, and kept
+    once the arena fits;
     candidates are ranked by liveness (peak live bytes, a lower bound of
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
@@ -1072,8 +1079,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     Before: @train_step with the optimizer (no units grouped yet). After:
     as after fsdp-schedule, with `fsdp.strategy` = {layers_per_unit,
     recompute, recompute_units, reshard_after_forward, reshard_units,
-    reshard_group, prefetch_depth, offload, offload_activations,
-    offload_next_step, offload_prefetch, offload_prefetch_depth,
+    reshard_group, prefetch_depth, unit_prefetch_depth, offload,
+    offload_activations, offload_next_step, offload_prefetch, offload_prefetch_depth,
     offload_nvme, offload_nvme_in_flight, offload_nvme_read_ahead, offload_nvme_units,
     offload_nvme_params, predicted_step_s, exposed_comm_pct, peak, budget,
     host_peak, host_budget, profile, candidates} on the module

@@ -370,9 +370,8 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
 
   void hoistGathers(Block &body, ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
-                    const DenseMap<Attribute, int64_t> &unitDepth,
-                    ArrayRef<Operation *> losses, SmallVectorImpl<Operation *> &chainOut,
-                    SmallVectorImpl<int64_t> &chainDepth) {
+                    const DenseMap<Attribute, int64_t> &unitDepth, ArrayRef<Operation *> losses,
+                    SmallVectorImpl<Operation *> &chainOut, SmallVectorImpl<int64_t> &chainDepth) {
     // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
     // all-gathers (those reading unit storage) form one chain in program
     // order, forward and backward. Each moves up to just after the wait of
@@ -399,10 +398,9 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       int64_t d = own != unitDepth.end() ? own->second : depth;
       chainOut.push_back(c);
       chainDepth.push_back(d);
-      Operation *anchor =
-          waits.empty() || d == 0
-              ? nullptr
-              : waits[waits.size() >= size_t(d) ? waits.size() - d : 0];
+      Operation *anchor = waits.empty() || d == 0
+                              ? nullptr
+                              : waits[waits.size() >= size_t(d) ? waits.size() - d : 0];
       if (backward.contains(c)) {
         if (backwardPrefetch == "none") {
           anchor = nullptr; // gathered where it is read

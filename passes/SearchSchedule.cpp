@@ -94,9 +94,8 @@ struct Choice {
            (reshardUnits >= 0 ? " reshard-units=" + std::to_string(reshardUnits) : "") +
            (reshardAfterBackward ? "" : " reshard-after-backward=false") +
            " prefetch-depth=" + std::to_string(depth) +
-           (depth > 0 && !unitDepths.empty()
-                ? " unit-prefetch-depth=" + llvm::join(unitDepths, ",")
-                : "") +
+           (depth > 0 && !unitDepths.empty() ? " unit-prefetch-depth=" + llvm::join(unitDepths, ",")
+                                             : "") +
            (depth > 0 && backward != "pre" ? " backward-prefetch=" + backward : "") +
            (overlapNode ? "" : " overlap-node-exchange=false") +
            (offload != "none" ? " offload=" + offload : "") +
@@ -382,8 +381,9 @@ void SearchSchedulePass::runOnOperation() {
   leaves.clear();
   hostUnfit.clear();
   if (failed(readOptions()) || failed(chooseKnobValues()) || failed(searchUniform()) ||
-      failed(walkPerUnit()) || failed(shallowPeak()) || failed(deepenPrefetch()) || failed(tuneNvmeInFlight()) ||
-      failed(tuneNvmeParams()) || failed(tuneNvmeUnits()) || failed(deepenReadAhead()))
+      failed(walkPerUnit()) || failed(shallowPeak()) || failed(deepenPrefetch()) ||
+      failed(tuneNvmeInFlight()) || failed(tuneNvmeParams()) || failed(tuneNvmeUnits()) ||
+      failed(deepenReadAhead()))
     return signalPassFailure();
   Leaf *best = nullptr;
   OwningOpRef<ModuleOp> bestModule;
@@ -772,8 +772,7 @@ static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const Memo
       auto wait = plan.instrIndex.find(user);
       if (!isa<WaitOp>(user) || wait == plan.instrIndex.end())
         continue;
-      for (int64_t i = issue->second; i <= wait->second && i < int64_t(plan.liveBytes.size());
-           ++i)
+      for (int64_t i = issue->second; i <= wait->second && i < int64_t(plan.liveBytes.size()); ++i)
         if (plan.liveBytes[i] > budget) {
           seen.insert(read.getName());
           out.push_back(read.getName().str());

@@ -41,6 +41,28 @@ def gen_models(tmp, specs):
     return paths
 
 
+def pipeline_compiler(bindir, tmp, model):
+    """compile_(tag, n, pipeline, model=model, check=True): fsdp-opt MODEL
+    --fsdp-pipeline="world-size=n PIPELINE" writing tmp/TAG.plan; returns
+    (the plan's path, or None when fsdp-opt failed and not check; its
+    stderr). With check a failure exits naming the tag."""
+    def compile_(tag, n, pipeline, model=model, check=True):
+        plan = os.path.join(tmp, tag + ".plan")
+        r = subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
+                            f"--fsdp-pipeline=world-size={n} {pipeline} plan={plan} "
+                            "report=false"], capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise SystemExit(f"fsdp-opt failed ({tag}): {r.stderr}")
+        return (plan if r.returncode == 0 else None), r.stderr
+    return compile_
+
+
+def load_json(path):
+    """The JSON document at `path` (a plan)."""
+    with open(path) as f:
+        return json.load(f)
+
+
 def run_json(bindir, plan, n, *args, timeout=300):
     """fsdp-run PLAN --json ARGS on n ranks: (losses of the training
     steps, the summary row); raises with fsdp-run's stderr if it fails."""

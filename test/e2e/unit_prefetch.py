@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_lib import Checks, arenas_measured_as_planned, train_saved
+from e2e_lib import (Checks, arenas_measured_as_planned, load_json, pipeline_compiler,
+                     train_saved)
 from search_common import pinned_knobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,18 +67,8 @@ def main():
                         "4", "--heads", "2", "--width", "16", "--batch", "4", "-o", model],
                        check=True)
 
-        def compile_(tag, n, pipeline, model=model, check=True):
-            plan = os.path.join(tmp, tag + ".plan")
-            r = subprocess.run([os.path.join(bindir, "fsdp-opt"), model, "-o", os.devnull,
-                                f"--fsdp-pipeline=world-size={n} {pipeline} plan={plan} "
-                                "report=false"], capture_output=True, text=True)
-            if check and r.returncode != 0:
-                raise SystemExit(f"fsdp-opt failed ({tag}): {r.stderr}")
-            return (plan if r.returncode == 0 else None), r.stderr
-
-        def load(plan):
-            with open(plan) as f:
-                return json.load(f)
+        compile_ = pipeline_compiler(bindir, tmp, model)
+        load = load_json
 
         for i, (n, pipeline, variants) in enumerate(CONFIGS):
             depth = int(re.search(r"prefetch-depth=(\d+)", pipeline).group(1)) \
