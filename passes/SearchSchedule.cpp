@@ -784,16 +784,19 @@ static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const Memo
 }
 
 /// Per-unit prefetch depth (fsdp-schedule's unit-prefetch-depth), unless
-/// pinned. A prefetching schedule at depth D over the budget by less than
-/// D / (D + 1) of the gathered parameters live at its peak, and which
-/// would beat every schedule that fits (the three fastest such), is made
-/// one less deep at the units whose
-/// prefetch its peak is made of: those with a gather in flight while the
-/// live bytes exceed the budget get depth D - 1, and the schedule is
-/// planned again (its peak moves), at most four times, until it fits
-/// (kept as a candidate) or no further unit is in flight over the budget.
-/// Every other unit keeps depth D: the step keeps D's overlap where
-/// memory allows it.
+/// pinned or search-unit-prefetch=false. The walk (walkUnitDepths) starts
+/// from a prefetching schedule (depth D, every unit) that would beat the
+/// fastest schedule whose arena fits, but misses the budget:
+/// - by its placed arena (it fits by liveness; fragmentation): the three
+///   fastest such, the target lowered by what placement added;
+/// - by liveness, over by less than D / (D + 1) of the gathered
+///   parameters live at its peak (what one unit less deep can take off):
+///   the three fastest such.
+/// The units with a gather in flight while the live bytes exceed the
+/// target get depth D - 1 and the schedule is planned again (its peak
+/// moves), at most four times, until its arena fits (kept as a candidate)
+/// or no further unit is in flight over the target. Every other unit
+/// keeps depth D: the step keeps D's overlap where memory allows it.
 LogicalResult SearchSchedulePass::shallowPeak() {
   if (!unitPrefetchDepth.empty() || !searchUnitPrefetch)
     return success();
