@@ -536,6 +536,11 @@ LogicalResult SearchSchedulePass::chooseKnobValues() {
   nvmeChoices.assign({offloadNvme == "true"});
   if (offloadNvme == "auto")
     nvmeChoices.push_back(true);
+  // A pinned unit-prefetch-depth names units: the grouping must be
+  // pinned with it (merged layers are other units).
+  if (!unitPrefetchDepth.empty() && groupings.size() > 1)
+    return fail("unit-prefetch-depth names units, and the search tries 1 and 2 layers a "
+                "unit: pin layers-per-unit with it");
   depths.assign({0, 1, 2});
   if (prefetchDepth >= 0)
     depths.assign(1, prefetchDepth);
