@@ -4,7 +4,9 @@ per-module prefetch) and the memory-budget search's use of it.
 
 usage: unit_prefetch.py BIN_DIR SRC_DIR
 
-A GPT of 4 layers at stage 3. For every configuration below, each
+A GPT of 4 layers at stage 3 (2 to 4 ranks; recomputation with
+accumulation, bf16 at depth 2, hpZ with qwZ). For every configuration
+below, each
 per-unit variant against the uniform schedule:
 (a) the losses of 4 steps and the final parameters (--save) are bitwise
     equal (only the gathers' places move; every rank issues the
@@ -45,6 +47,9 @@ CONFIGS = [
      ["transformer.h.3=0,transformer.h.0=0"]),
     (2, "optimizer=adamw stage=3 param-dtype=bf16 prefetch-depth=2 max-grad-norm=1.0",
      ["transformer.h.3=1", "transformer.h.1=0,transformer.h.2=1"]),
+    # hpZ's gathers within groups of 2 and qwZ's quantized gathers.
+    (4, "optimizer=adamw stage=3 reshard-after-forward=2 weight-quantization=int8",
+     ["transformer.h.3=0,transformer.h.1=0"]),
 ]
 
 
