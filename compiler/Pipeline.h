@@ -178,7 +178,7 @@ struct FsdpPipelineOptions
       *this, "unit-prefetch-depth",
       llvm::cl::desc("with prefetch: UNIT=D,... gives those units' all-gathers their "
                      "own prefetch depth (0: where read); with memory-budget it pins "
-                     "it (else searched)")};
+                     "it, with layers-per-unit pinned (else searched)")};
   Option<bool> searchUnitPrefetch{
       *this, "search-unit-prefetch",
       llvm::cl::desc("with memory-budget: weigh per-unit prefetch depth (a schedule "
