@@ -27,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <thread>
@@ -486,26 +487,35 @@ Status readCheckpointIndex(const std::string &path, json &index) {
   if (!map.is_object() || !map["buffers"].is_array() || !map["units"].is_array() ||
       !map["params"].is_array())
     return bad("bad shard_map");
+  // An integer field must be a JSON integer: nlohmann's get<int64_t>()
+  // converts a float as C++ does, undefined out of range (1e300).
+  auto integer = [](const json &v, const char *key) {
+    if (!v.is_number_integer())
+      throw std::invalid_argument(std::string("'") + key + "' is not an integer");
+  };
   try {
     for (const json &b : map["buffers"]) {
-      (void)b.at("id").get<int64_t>();
+      integer(b.at("id"), "id");
       (void)b.at("name").get<std::string>();
       (void)b.at("tensor").get<std::string>();
-      (void)b.at("bytes").get<int64_t>();
+      integer(b.at("bytes"), "bytes");
       (void)b.at("dtype").get<std::string>();
     }
     for (const json &u : map["units"]) {
-      (void)u.at("buffer").get<int64_t>();
+      integer(u.at("buffer"), "buffer");
       (void)u.at("sharded").get<bool>();
-      (void)u.at("padded_numel").get<int64_t>();
-      (void)u.at("shard_numel").get<int64_t>();
+      integer(u.at("padded_numel"), "padded_numel");
+      integer(u.at("shard_numel"), "shard_numel");
     }
     for (const json &p : map["params"]) {
       (void)p.at("name").get<std::string>();
-      (void)p.at("shape").get<std::vector<int64_t>>();
-      (void)p.at("unit").get<int64_t>();
-      (void)p.at("flat_offset").get<int64_t>();
-      (void)p.at("buffer").get<int64_t>();
+      if (!p.at("shape").is_array())
+        throw std::invalid_argument("'shape' is not an array");
+      for (const json &d : p.at("shape"))
+        integer(d, "shape");
+      integer(p.at("unit"), "unit");
+      integer(p.at("flat_offset"), "flat_offset");
+      integer(p.at("buffer"), "buffer");
     }
   } catch (const std::exception &e) {
     return FSDP_ERROR(file, ": bad shard_map entry: ", e.what());
@@ -956,7 +966,11 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
   std::vector<int64_t> mesh = {1, world};
   if (index.contains("mesh")) {
     const json &m = index["mesh"];
-    if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer() ||
+    // (each factor in [1, world] before the product: no overflow)
+    auto factor = [&](const json &f) {
+      return f.is_number_integer() && f.get<int64_t>() >= 1 && f.get<int64_t>() <= world;
+    };
+    if (!m.is_array() || m.size() != 2 || !factor(m[0]) || !factor(m[1]) ||
         m[0].get<int64_t>() * m[1].get<int64_t>() != world)
       return FSDP_ERROR(path, "/index.json: mesh must be [replicas, shards] holding "
                               "world_size ranks");

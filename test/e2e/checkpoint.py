@@ -361,6 +361,24 @@ def main():
     idx["files"] = idx["files"][:1]
     json.dump(idx, open(os.path.join(s4, "index.json"), "w"))
     bad("an index listing one file for two ranks", d, p, 2, "one file per rank")
+    # Integers as floats far out of int64's range (converting them would
+    # be undefined behaviour: the fuzzer's find), and a mesh whose factors'
+    # product overflows.
+    d, s4 = copy("float-id")
+    idx = json.load(open(os.path.join(s4, "index.json")))
+    idx["shard_map"]["buffers"][0]["id"] = -8.88889e+83
+    json.dump(idx, open(os.path.join(s4, "index.json"), "w"))
+    bad("a shard-map id that is a float", d, p, 2, "'id' is not an integer")
+    d, s4 = copy("float-shape")
+    idx = json.load(open(os.path.join(s4, "index.json")))
+    idx["shard_map"]["params"][0]["shape"] = [1e300]
+    json.dump(idx, open(os.path.join(s4, "index.json"), "w"))
+    bad("a shard-map shape of floats", d, p, 2, "'shape' is not an integer")
+    d, s4 = copy("mesh-overflow")
+    idx = json.load(open(os.path.join(s4, "index.json")))
+    idx["mesh"] = [2**62, 4]
+    json.dump(idx, open(os.path.join(s4, "index.json"), "w"))
+    bad("a mesh whose product overflows", d, p, 2, "mesh must be")
     d, s4 = copy("nocommit")
     os.remove(os.path.join(s4, "COMMIT"))
     bad("no committed checkpoint", d, p, 2, "no complete checkpoint")
