@@ -15,7 +15,11 @@
 //   initParamsFromCheckpoint (the parameters only),
 //   exportCheckpoint (whole parameters, no plan),
 //   reshardCheckpoint onto the 2-rank plan (into a directory removed after).
-// The seeds, corpus/checkpoint/, are the two real indexes.
+// The seeds, corpus/checkpoint/, are the two real indexes, and three
+// edits of the 2-rank one that the fuzzer found or that lie beside its
+// find: an id and a shape given as floats far outside int64 (nlohmann
+// converts those with undefined behaviour unless checked first), and a
+// mesh whose factors' product overflows.
 //
 //===----------------------------------------------------------------------===//
 
