@@ -11,6 +11,7 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::fsdp {
 
@@ -111,6 +112,27 @@ inline bool isNodeExchange(Operation *op) {
   auto a2a = dyn_cast_or_null<AllToAllOp>(op);
   return a2a && a2a.getGroup() == "node";
 }
+
+/// The unit read (fsdp.get_unit) a parameter all-gather gathers, read
+/// directly or through ops of its own that move with the gather (a cast to
+/// the compute dtype from fsdp-mixed-precision, fsdp-shard's fsdp.quantize
+/// for weight-quantization), those ops in `chain` in program order if
+/// given; null for any other op. Defined in Schedule.cpp.
+GetUnitOp gatheredUnitRead(Operation *op, SmallVectorImpl<Operation *> *chain = nullptr);
+
+/// Each micro-batch's loss in @train_step's `body` (the op defining the
+/// term fsdp-grad-accum added up, before fsdp-shard's all-reduce of it),
+/// in micro-batch order. Defined in Schedule.cpp.
+SmallVector<Operation *> stepLossOps(Block &body);
+
+/// The parameter all-gathers of `body` that serve the backward pass (its
+/// gradients or a recomputation): those whose gathered value is first read
+/// after a micro-batch's loss (`losses`, from stepLossOps) and before the
+/// next fsdp.microbatch. Judged by the first reader, which fsdp-schedule
+/// never moves, so the answer is the same before and after it (a forward
+/// gather prefetched into the previous micro-batch's backward is still a
+/// forward gather). Defined in Schedule.cpp.
+llvm::SmallPtrSet<Operation *, 16> backwardGathers(Block &body, ArrayRef<Operation *> losses);
 
 /// Largest tensor the compiler plans, in bytes (the runtime's bound too):
 /// far above any real model, far below where int64 size arithmetic on a

@@ -19,8 +19,10 @@
 // exchange. (4) With node-comm-stream, the node group's collectives are
 // marked to run on the second comm stream ([Note: node comm stream]).
 // `unit-prefetch-depth` gives some units' gathers their own depth in step
-// (2), and step (3) bounds each gather by the first later one issued
-// after its wait.
+// (2), one for both passes or one for the forward pass's gathers and one
+// for the backward pass's (FSDP2 sets a module's forward and backward
+// prefetch apart), and step (3) bounds each gather by the first later one
+// issued after its wait.
 // `backward-prefetch` (FSDP1's BackwardPrefetch) sets where step (2) puts
 // the backward pass's gathers: `pre` as above (BACKWARD_PRE: unit k-1
 // travels while unit k's gradients are computed, both gathered at once),
@@ -129,7 +131,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
           << "prefetch-depth must be >= 0, found " << depth;
       return signalPassFailure();
     }
-    DenseMap<Attribute, int64_t> unitDepth;
+    DenseMap<Attribute, std::pair<int64_t, int64_t>> unitDepth;
     if (failed(parseUnitDepths(collectives, depth, unitDepth)))
       return signalPassFailure();
     if (!llvm::is_contained({"pre", "post", "none"}, backwardPrefetch.getValue())) {
@@ -140,20 +142,7 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     }
     // Where each micro-batch's forward pass ends: its loss (before the
     // all-reduce of it that fsdp-shard appends).
-    Value lossValue = body.getTerminator()->getNumOperands()
-                          ? body.getTerminator()->getOperand(0)
-                          : Value();
-    if (lossValue)
-      if (auto w = lossValue.getDefiningOp<WaitOp>())
-        lossValue = w.getInput();
-    if (lossValue)
-      if (auto ar = lossValue.getDefiningOp<AllReduceOp>())
-        lossValue = ar.getInput();
-    SmallVector<Operation *> losses;
-    if (lossValue)
-      for (Value term : accumTerms(lossValue))
-        if (Operation *def = term.getDefiningOp())
-          losses.push_back(body.findAncestorOpInBlock(*def));
+    SmallVector<Operation *> losses = stepLossOps(body);
     // The prefetch chain (the parameter gathers in order) and each one's
     // depth.
     SmallVector<Operation *> chain;
@@ -268,54 +257,6 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     return moved;
   }
 
-  /// The unit read (fsdp.get_unit) a parameter all-gather gathers, read
-  /// directly or through ops of its own that move with the gather: a cast
-  /// to the compute dtype (fsdp-mixed-precision) and fsdp-shard's
-  /// fsdp.quantize (weight-quantization), in `chain` in program order;
-  /// null for other collectives.
-  static GetUnitOp unitReadOf(Operation *c, SmallVectorImpl<Operation *> &chain) {
-    chain.clear();
-    auto gather = dyn_cast<AllGatherOp>(c);
-    if (!gather)
-      return GetUnitOp();
-    Value v = gather.getInput();
-    while (Operation *def = v.getDefiningOp()) {
-      if (auto read = dyn_cast<GetUnitOp>(def)) {
-        std::reverse(chain.begin(), chain.end());
-        return read;
-      }
-      if (!isa<CastOp, QuantizeOp>(def) || !def->hasOneUse())
-        break;
-      chain.push_back(def);
-      v = def->getOperand(0);
-    }
-    return GetUnitOp();
-  }
-
-  /// The backward pass's all-gathers: those after a micro-batch's
-  /// loss and before the next micro-batch's first op. fsdp-grad-accum runs
-  /// the micro-batches in sequence, each (after the first) opening with its
-  /// fsdp.microbatch slices of the step's inputs, and fsdp-shard gathers a
-  /// unit right before the read it serves, so a gather between a loss and
-  /// the next fsdp.microbatch serves that micro-batch's backward pass (its
-  /// gradients or a recomputation), and one after a fsdp.microbatch the
-  /// next micro-batch's forward.
-  static llvm::SmallPtrSet<Operation *, 16> backwardGathers(Block &body,
-                                                            ArrayRef<Operation *> losses) {
-    llvm::SmallPtrSet<Operation *, 16> out;
-    llvm::SmallPtrSet<Operation *, 16> lossSet(losses.begin(), losses.end());
-    bool backward = false; // after a loss, before the next micro-batch
-    for (Operation &op : body) {
-      if (lossSet.contains(&op))
-        backward = true;
-      else if (isa<MicrobatchOp>(op))
-        backward = false;
-      else if (backward && isa<AllGatherOp>(op))
-        out.insert(&op);
-    }
-    return out;
-  }
-
   /// The last op of `body` that reads `v` or a view of it (the gathered
   /// parameters' last use: their buffer is free after it).
   static Operation *lastReader(Block &body, Value v) {
@@ -336,11 +277,13 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     return last;
   }
 
-  /// unit-prefetch-depth's entries (UNIT=D) into `out`, keyed by the
-  /// units' symbol references; each unit must have a parameter gather
-  /// among `collectives`, each D be >= 0, and prefetch be on.
+  /// unit-prefetch-depth's entries into `out`, keyed by the units'
+  /// symbol references: UNIT=D (forward and backward) or UNIT=F/B (F for
+  /// the forward pass's gathers, B for the backward pass's: its gradients'
+  /// and recomputation's). Each unit must have a parameter gather among
+  /// `collectives`, each depth be >= 0, and prefetch be on.
   LogicalResult parseUnitDepths(ArrayRef<Operation *> collectives, int64_t depth,
-                                DenseMap<Attribute, int64_t> &out) {
+                                DenseMap<Attribute, std::pair<int64_t, int64_t>> &out) {
     if (unitPrefetchDepth.empty())
       return success();
     Location loc = getOperation().getLoc();
@@ -348,21 +291,27 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
       return mlir::emitError(loc) << "unit-prefetch-depth needs prefetch (prefetch-depth > 0)";
     llvm::StringMap<Attribute> gathered;
     for (Operation *c : collectives) {
-      SmallVector<Operation *, 2> chain;
-      if (GetUnitOp read = unitReadOf(c, chain))
+      if (GetUnitOp read = gatheredUnitRead(c))
         gathered[read.getName()] = read.getNameAttr();
     }
     for (const std::string &entry : unitPrefetchDepth) {
       auto [unit, value] = StringRef(entry).rsplit('=');
-      int64_t d = -1;
-      if (unit.empty() || value.getAsInteger(10, d) || d < 0)
-        return mlir::emitError(loc) << "unit-prefetch-depth entry '" << entry
-                                    << "': expected UNIT=D with a depth D >= 0";
+      auto [fwd, bwd] = value.split('/');
+      int64_t f = -1, b = -1;
+      bool bad = unit.empty() || fwd.getAsInteger(10, f) || f < 0;
+      if (!bad && value.contains('/'))
+        bad = bwd.getAsInteger(10, b) || b < 0;
+      else
+        b = f;
+      if (bad)
+        return mlir::emitError(loc)
+               << "unit-prefetch-depth entry '" << entry
+               << "': expected UNIT=D, or UNIT=F/B (forward / backward), with depths >= 0";
       auto it = gathered.find(unit);
       if (it == gathered.end())
         return mlir::emitError(loc) << "unit-prefetch-depth: unit '" << unit
                                     << "' has no parameter all-gather in @train_step";
-      if (!out.try_emplace(it->second, d).second)
+      if (!out.try_emplace(it->second, f, b).second)
         return mlir::emitError(loc) << "unit-prefetch-depth: unit '" << unit << "' given twice";
     }
     return success();
@@ -370,8 +319,9 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
 
   void hoistGathers(Block &body, ArrayRef<Operation *> collectives,
                     DenseMap<Operation *, WaitOp> &waitOf, int64_t depth,
-                    const DenseMap<Attribute, int64_t> &unitDepth, ArrayRef<Operation *> losses,
-                    SmallVectorImpl<Operation *> &chainOut, SmallVectorImpl<int64_t> &chainDepth) {
+                    const DenseMap<Attribute, std::pair<int64_t, int64_t>> &unitDepth,
+                    ArrayRef<Operation *> losses, SmallVectorImpl<Operation *> &chainOut,
+                    SmallVectorImpl<int64_t> &chainDepth) {
     // Prefetch (FSDP's forward prefetch and BACKWARD_PRE): the parameter
     // all-gathers (those reading unit storage) form one chain in program
     // order, forward and backward. Each moves up to just after the wait of
@@ -381,27 +331,29 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
     // so it travels while unit k's gradients are computed. Every rank runs
     // this same program, so the collectives' order is still the same on
     // every rank; gathers keep their order among themselves.
-    // Backward gathers other than BACKWARD_PRE's, found before any moves.
-    llvm::SmallPtrSet<Operation *, 16> backward;
-    if (backwardPrefetch != "pre")
-      backward = backwardGathers(body, losses);
+    // The backward pass's gathers: their own depth in unit-prefetch-depth,
+    // and BACKWARD_POST's or none's place.
+    llvm::SmallPtrSet<Operation *, 16> backward = backwardGathers(body, losses);
     SmallVector<Operation *> waits; // the chain's waits, in order
     Operation *prevGather = nullptr;
     for (Operation *c : collectives) {
       SmallVector<Operation *, 2> chain;
-      GetUnitOp read = unitReadOf(c, chain);
+      GetUnitOp read = gatheredUnitRead(c, &chain);
       if (!read)
         continue;
       auto gather = cast<AllGatherOp>(c);
-      // unit-prefetch-depth's, else prefetch-depth (0: where read).
+      // unit-prefetch-depth's for this direction, else prefetch-depth (0:
+      // where read).
       auto own = unitDepth.find(read.getNameAttr());
-      int64_t d = own != unitDepth.end() ? own->second : depth;
+      int64_t d = own == unitDepth.end() ? depth
+                  : backward.contains(c) ? own->second.second
+                                         : own->second.first;
       chainOut.push_back(c);
       chainDepth.push_back(d);
       Operation *anchor = waits.empty() || d == 0
                               ? nullptr
                               : waits[waits.size() >= size_t(d) ? waits.size() - d : 0];
-      if (backward.contains(c)) {
+      if (backwardPrefetch != "pre" && backward.contains(c)) {
         if (backwardPrefetch == "none") {
           anchor = nullptr; // gathered where it is read
         } else if (anchor) {
@@ -451,3 +403,81 @@ struct SchedulePass : mlir::fsdp::impl::FsdpScheduleBase<SchedulePass> {
 };
 
 } // namespace
+
+GetUnitOp mlir::fsdp::gatheredUnitRead(Operation *op, SmallVectorImpl<Operation *> *chain) {
+  SmallVector<Operation *, 2> own;
+  auto gather = dyn_cast<AllGatherOp>(op);
+  if (!gather)
+    return GetUnitOp();
+  Value v = gather.getInput();
+  while (Operation *def = v.getDefiningOp()) {
+    if (auto read = dyn_cast<GetUnitOp>(def)) {
+      if (chain)
+        chain->assign(own.rbegin(), own.rend());
+      return read;
+    }
+    if (!isa<CastOp, QuantizeOp>(def) || !def->hasOneUse())
+      break;
+    own.push_back(def);
+    v = def->getOperand(0);
+  }
+  return GetUnitOp();
+}
+
+SmallVector<Operation *> mlir::fsdp::stepLossOps(Block &body) {
+  // The step's first result is the loss: fsdp-shard's all-reduce of it
+  // (through fsdp-schedule's wait) of fsdp-grad-accum's sum of terms.
+  SmallVector<Operation *> losses;
+  Operation *ret = body.getTerminator();
+  if (!ret->getNumOperands())
+    return losses;
+  Value loss = ret->getOperand(0);
+  if (auto w = loss.getDefiningOp<WaitOp>())
+    loss = w.getInput();
+  if (auto ar = loss.getDefiningOp<AllReduceOp>())
+    loss = ar.getInput();
+  for (Value term : accumTerms(loss))
+    if (Operation *def = term.getDefiningOp())
+      if (Operation *op = body.findAncestorOpInBlock(*def))
+        losses.push_back(op);
+  return losses;
+}
+
+llvm::SmallPtrSet<Operation *, 16> mlir::fsdp::backwardGathers(Block &body,
+                                                               ArrayRef<Operation *> losses) {
+  // Each op's phase: backward after a loss (the loss itself is forward),
+  // forward again from the next micro-batch's first slice.
+  llvm::SmallPtrSet<Operation *, 16> lossSet(losses.begin(), losses.end());
+  DenseMap<Operation *, bool> inBackward;
+  bool backward = false;
+  for (Operation &op : body) {
+    if (isa<MicrobatchOp>(op))
+      backward = false;
+    inBackward[&op] = backward;
+    if (lossSet.contains(&op))
+      backward = true;
+  }
+  llvm::SmallPtrSet<Operation *, 16> out;
+  for (Operation &op : body) {
+    if (!gatheredUnitRead(&op))
+      continue;
+    // The first reader of the gathered value, through fsdp-schedule's wait.
+    Operation *first = nullptr;
+    SmallVector<Value> work(op.result_begin(), op.result_end());
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      for (Operation *user : v.getUsers()) {
+        if (isa<WaitOp>(user)) {
+          work.append(user->result_begin(), user->result_end());
+          continue;
+        }
+        Operation *u = body.findAncestorOpInBlock(*user);
+        if (u && (!first || u->isBeforeInBlock(first)))
+          first = u;
+      }
+    }
+    if (first && inBackward.lookup(first))
+      out.insert(&op);
+  }
+  return out;
+}

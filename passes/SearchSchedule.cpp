@@ -83,8 +83,8 @@ struct Choice {
   /// fsdp-schedule's overlap-node-exchange (hierarchical qgZ, depth > 0):
   /// each unit's node all-to-all in flight behind the next unit's backward.
   bool overlapNode = true;
-  /// fsdp-schedule's unit-prefetch-depth (with depth > 0): UNIT=D
-  /// entries, the units prefetched at their own depth.
+  /// fsdp-schedule's unit-prefetch-depth (with depth > 0): UNIT=D or
+  /// UNIT=F/B entries, the units prefetched at their own depth.
   std::vector<std::string> unitDepths;
 
   std::string str() const {
@@ -752,39 +752,49 @@ LogicalResult SearchSchedulePass::walkPerUnit() {
   return success();
 }
 
-/// The units with a prefetched parameter all-gather in flight while the
-/// device's live bytes exceed `budget` (between its issue and its wait,
-/// by `plan`'s liveness), leaving out `skip`: the units whose prefetch the
-/// peak is made of.
-static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const MemoryPlan &plan,
-                                                          int64_t budget,
-                                                          const llvm::StringSet<> &skip) {
+/// A unit's prefetch in one pass: the forward pass's gathers of `unit`,
+/// or the backward pass's (its gradients' and recomputation's).
+struct UnitPass {
+  std::string unit;
+  bool backward;
+  std::string key() const { return unit + (backward ? "/b" : "/f"); }
+};
+
+/// The units' passes with a prefetched parameter all-gather in flight while
+/// the device's live bytes exceed `budget` (between its issue and its
+/// wait, by `plan`'s liveness), leaving out `skip` (UnitPass keys): the
+/// prefetches the peak is made of.
+static std::vector<UnitPass> prefetchesOverBudget(ModuleOp m, const MemoryPlan &plan,
+                                                  int64_t budget, const llvm::StringSet<> &skip) {
   auto step = m.lookupSymbol<func::FuncOp>(kTrainStepName);
-  std::vector<std::string> out;
+  Block &body = step.getBody().front();
+  llvm::SmallPtrSet<Operation *, 16> backward = backwardGathers(body, stepLossOps(body));
+  std::vector<UnitPass> out;
   llvm::StringSet<> seen;
-  step.walk([&](AllGatherOp g) {
-    // The unit read it gathers, directly or through its cast/quantize.
-    Value v = g.getInput();
-    while (v.getDefiningOp() && isa<CastOp, QuantizeOp>(v.getDefiningOp()))
-      v = v.getDefiningOp()->getOperand(0);
-    auto read = v.getDefiningOp<GetUnitOp>();
-    if (!read || skip.contains(read.getName()) || seen.contains(read.getName()))
-      return;
-    auto issue = plan.instrIndex.find(g);
+  for (Operation &op : body) {
+    GetUnitOp read = gatheredUnitRead(&op);
+    if (!read)
+      continue;
+    UnitPass pass{read.getName().str(), backward.contains(&op)};
+    if (skip.contains(pass.key()) || seen.contains(pass.key()))
+      continue;
+    auto issue = plan.instrIndex.find(&op);
     if (issue == plan.instrIndex.end())
-      return;
-    for (Operation *user : g->getUsers()) {
+      continue;
+    bool over = false;
+    for (Operation *user : op.getUsers()) {
       auto wait = plan.instrIndex.find(user);
       if (!isa<WaitOp>(user) || wait == plan.instrIndex.end())
         continue;
-      for (int64_t i = issue->second; i <= wait->second && i < int64_t(plan.liveBytes.size()); ++i)
-        if (plan.liveBytes[i] > budget) {
-          seen.insert(read.getName());
-          out.push_back(read.getName().str());
-          return;
-        }
+      for (int64_t i = issue->second;
+           !over && i <= wait->second && i < int64_t(plan.liveBytes.size()); ++i)
+        over = plan.liveBytes[i] > budget;
     }
-  });
+    if (over) {
+      seen.insert(pass.key());
+      out.push_back(std::move(pass));
+    }
+  }
   return out;
 }
 
@@ -798,10 +808,12 @@ static std::vector<std::string> unitsPrefetchedOverBudget(ModuleOp m, const Memo
 ///   parameters live at its peak (what one unit less deep can take off):
 ///   the three fastest such.
 /// The units with a gather in flight while the live bytes exceed the
-/// target get depth D - 1 and the schedule is planned again (its peak
-/// moves), at most four times, until its arena fits (kept as a candidate)
-/// or no further unit is in flight over the target. Every other unit
-/// keeps depth D: the step keeps D's overlap where memory allows it.
+/// target get depth D - 1 in that pass (forward or backward: a peak at the
+/// backward's start keeps the forward's prefetch) and the schedule is
+/// planned again (its peak moves), at most four times, until its arena
+/// fits (kept as a candidate) or no further unit is in flight over the
+/// target. Every other unit and pass keeps depth D: the step keeps D's
+/// overlap where memory allows it.
 LogicalResult SearchSchedulePass::shallowPeak() {
   if (!unitPrefetchDepth.empty() || !searchUnitPrefetch)
     return success();
@@ -869,18 +881,31 @@ LogicalResult SearchSchedulePass::shallowPeak() {
 /// times; kept once its arena fits. An arena over the budget lowers the
 /// target by its fragmentation.
 LogicalResult SearchSchedulePass::walkUnitDepths(Leaf leaf, int64_t target) {
-  llvm::StringSet<> shallow;
+  llvm::StringSet<> shallow;                           // UnitPass keys made less deep
+  std::vector<std::string> units;                      // in the order first made less deep
+  llvm::StringMap<std::pair<int64_t, int64_t>> depths; // forward, backward
+  int64_t d = leaf.choice.depth;
   OwningOpRef<ModuleOp> m = build(leaf.choice);
   MemoryPlan plan;
   if (!m || !measure(leaf, *m, &plan))
     return failure();
   for (int tries = 0; tries < 4; ++tries) {
-    std::vector<std::string> units = unitsPrefetchedOverBudget(*m, plan, target, shallow);
-    if (units.empty())
+    std::vector<UnitPass> passes = prefetchesOverBudget(*m, plan, target, shallow);
+    if (passes.empty())
       break;
+    for (const UnitPass &p : passes) {
+      shallow.insert(p.key());
+      auto [it, added] = depths.try_emplace(p.unit, d, d);
+      if (added)
+        units.push_back(p.unit);
+      (p.backward ? it->second.second : it->second.first) = d - 1;
+    }
+    // UNIT=D where both passes are less deep, else UNIT=F/B.
+    leaf.choice.unitDepths.clear();
     for (const std::string &u : units) {
-      shallow.insert(u);
-      leaf.choice.unitDepths.push_back(u + "=" + std::to_string(leaf.choice.depth - 1));
+      auto [f, b] = depths[u];
+      leaf.choice.unitDepths.push_back(u + "=" + std::to_string(f) +
+                                       (f == b ? "" : "/" + std::to_string(b)));
     }
     m = build(leaf.choice);
     if (!m || !measure(leaf, *m, &plan))

@@ -7,7 +7,8 @@ usage: unit_prefetch.py BIN_DIR SRC_DIR
 A GPT of 4 layers at stage 3 (2 to 4 ranks; recomputation with
 accumulation, bf16 at depth 2, hpZ with qwZ). For every configuration
 below, each
-per-unit variant against the uniform schedule:
+per-unit variant (UNIT=D, and UNIT=F/B: forward and backward apart)
+against the uniform schedule:
 (a) the losses of 4 steps and the final parameters (--save) are bitwise
     equal (only the gathers' places move; every rank issues the
     collectives in the same order);
@@ -19,6 +20,8 @@ pre):
 (d) at a budget one byte under the uniform schedule's arena it chooses a
     unit-prefetch-depth that fits, and its plan is the one compiled by
     hand with that option; with search-unit-prefetch=false nothing fits;
+    the peak is at the backward's start, so only backward gathers are
+    made less deep (UNIT=1/0: the forward keeps its prefetch);
 (e) fsdp-opt simulate=true and fsdp-sim agree on the chosen plan, and
     its predicted step lies between depth 1's and depth 0's;
 (f) a 7B-shaped GPT at 8 ranks in 22 GiB (bf16, h100): the search
@@ -42,11 +45,14 @@ GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 # (ranks, pipeline options, per-unit variants)
 CONFIGS = [
     (2, "optimizer=adamw stage=3",
-     ["transformer.h.3=0", "transformer.h.2=0,transformer.h.3=0", "transformer.h.2=2"]),
+     ["transformer.h.3=0", "transformer.h.2=0,transformer.h.3=0", "transformer.h.2=2",
+      "transformer.h.2=1/0,transformer.h.3=1/0", "transformer.h.1=0/1"]),
+    # The second micro-batch's forward gathers are prefetched into the
+    # first's backward, and the recomputation's gathers are the backward's.
     (3, "optimizer=adamw stage=3 recompute=unit grad-accum=2",
-     ["transformer.h.3=0,transformer.h.0=0"]),
+     ["transformer.h.3=0,transformer.h.0=0", "transformer.h.0=1/0,transformer.h.3=0/1"]),
     (2, "optimizer=adamw stage=3 param-dtype=bf16 prefetch-depth=2 max-grad-norm=1.0",
-     ["transformer.h.3=1", "transformer.h.1=0,transformer.h.2=1"]),
+     ["transformer.h.3=1", "transformer.h.1=0,transformer.h.2=1", "transformer.h.2=2/1"]),
     # hpZ's gathers within groups of 2 and qwZ's quantized gathers.
     (4, "optimizer=adamw stage=3 reshard-after-forward=2 weight-quantization=int8",
      ["transformer.h.3=0,transformer.h.1=0"]),
@@ -54,11 +60,13 @@ CONFIGS = [
 
 
 def depths(spec, default):
-    """unit -> depth of a unit-prefetch-depth value; `default` elsewhere."""
-    d = {f"transformer.h.{i}": default for i in range(4)}
+    """The depths, forward's and backward's of each unit, of a
+    unit-prefetch-depth value (UNIT=D or UNIT=F/B); `default` elsewhere."""
+    d = {f"transformer.h.{i}{p}": default for i in range(4) for p in ("/f", "/b")}
     for entry in spec.split(","):
         unit, value = entry.rsplit("=", 1)
-        d[unit] = int(value)
+        f, _, b = value.partition("/")
+        d[unit + "/f"], d[unit + "/b"] = int(f), int(b or f)
     return d
 
 
@@ -116,6 +124,11 @@ def main():
         refused, err = compile_("search-uniform", 2,
                                 f"{pin} memory-budget={budget} search-unit-prefetch=false",
                                 check=False)
+        # The peak is at the backward's start: only backward gathers are
+        # made less deep (UNIT=1/0), the forward keeps its prefetch.
+        entries = st["unit_prefetch_depth"].split(",")
+        report(all(e.endswith("=1/0") for e in entries),
+               f"(d) the search's entries {entries} keep the forward's depth 1")
         report(st["unit_prefetch_depth"] != "" and st["prefetch_depth"] == 1 and
                c["arena_bytes"] <= budget and c == load(hand) and
                refused is None and "no schedule fits" in err,

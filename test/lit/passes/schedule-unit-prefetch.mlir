@@ -8,11 +8,19 @@
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=0,layers.1=1" 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="prefetch=false unit-prefetch-depth=layers.1=1" 2>&1 | FileCheck %s --check-prefix=NOPREFETCH
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=1/0,layers.2=1/0" | FileCheck %s --check-prefix=FWD
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=0/1,layers.2=0/1" | FileCheck %s --check-prefix=BWD
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-grad-accum=micro-batches=2 -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.0=1/0,layers.1=1/0" | FileCheck %s --check-prefix=ACCUM
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=1/" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=1/0/0" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=1/-1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer=optimizer=adamw -fsdp-shard="world-size=2 stage=3" -fsdp-schedule="unit-prefetch-depth=layers.1=/1" 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: fsdp-opt %s --fsdp-pipeline="world-size=2 stage=3 optimizer=adamw unit-prefetch-depth=layers.1=0,layers.2=0" | FileCheck %s --check-prefix=PIPE
 
 // Tests fsdp-schedule's unit-prefetch-depth (FSDP2's per-module
-// prefetch): the listed units' gathers, forward and backward alike, get
-// their own depth; the others keep prefetch-depth.
+// prefetch): the listed units' gathers get their own depth, one for both
+// passes (UNIT=D) or one for the forward's gathers and one for the
+// backward's (UNIT=F/B); the others keep prefetch-depth.
 
 fsdp.param @w1 : tensor<8x4xf32> init("normal", 0.02) unit "layers.0"
 fsdp.param @w2 : tensor<8x8xf32> init("normal", 0.02) unit "layers.1"
@@ -88,8 +96,58 @@ fsdp.param @w3 : tensor<8x8xf32> init("normal", 0.02) unit "layers.2"
 // DEEPER-NEXT: fsdp.matmul
 // DEEPER-NEXT: fsdp.wait %[[G1]]
 
+// Forward 1, backward 0: the forward pass as the uniform schedule's
+// (layers.1 travels beside layers.0's matmul), the backward as the first
+// case's (layers.1's backward gather is issued where it is read, after
+// layers.2's reduce-scatter).
+// FWD-LABEL: func.func @train_step
+// FWD: fsdp.get_unit @layers.0
+// FWD-NEXT: %[[G0:.+]] = fsdp.all_gather
+// FWD-NEXT: fsdp.wait %[[G0]]
+// FWD-NEXT: fsdp.get_unit @layers.1
+// FWD-NEXT: %[[G1:.+]] = fsdp.all_gather
+// FWD-NEXT: fsdp.view
+// FWD-NEXT: fsdp.matmul
+// FWD-NEXT: fsdp.wait %[[G1]]
+// FWD-NEXT: fsdp.get_unit @layers.2
+// FWD: fsdp.mse_loss
+// FWD-NOT: fsdp.all_gather
+// FWD: fsdp.reduce_scatter
+// FWD-NEXT: fsdp.get_unit @layers.1
+// FWD-NEXT: %[[B1:.+]] = fsdp.all_gather
+// FWD-NEXT: fsdp.wait %[[B1]]
+
+// Forward 0, backward 1: the other way round.
+// BWD-LABEL: func.func @train_step
+// BWD: fsdp.matmul
+// BWD-NEXT: fsdp.get_unit @layers.1
+// BWD-NEXT: %[[G1:.+]] = fsdp.all_gather
+// BWD-NEXT: fsdp.wait %[[G1]]
+// BWD: fsdp.mse_loss
+// BWD-NEXT: fsdp.get_unit @layers.1
+// BWD-NEXT: fsdp.all_gather
+
+// With two micro-batches the second's forward gathers are prefetched into
+// the first's backward: still forward gathers (judged by where they are
+// read), at their forward depth. layers.0 (1/0) is issued once layers.1's
+// backward gather (depth 0, where it is read) arrives, before the second
+// micro-batch starts.
+// ACCUM-LABEL: func.func @train_step
+// ACCUM: fsdp.mse_loss
+// ACCUM-NOT: fsdp.all_gather
+// ACCUM: fsdp.matmul %{{.+}} transpose_lhs
+// ACCUM-NEXT: fsdp.get_unit @layers.1
+// ACCUM-NEXT: %[[B1:.+]] = fsdp.all_gather
+// ACCUM-NEXT: fsdp.wait %[[B1]]
+// ACCUM-NEXT: fsdp.get_unit @layers.0
+// ACCUM-NEXT: %[[F0:.+]] = fsdp.all_gather
+// ACCUM: fsdp.microbatch %{{.+}} index = 1
+// ACCUM: fsdp.wait %[[F0]]
+// ACCUM-NEXT: fsdp.get_unit @layers.1
+// ACCUM-NEXT: fsdp.all_gather
+
 // UNKNOWN: error: unit-prefetch-depth: unit 'layers.7' has no parameter all-gather in @train_step
-// NEGATIVE: error: unit-prefetch-depth entry '{{.+}}': expected UNIT=D with a depth D >= 0
+// NEGATIVE: error: unit-prefetch-depth entry '{{.+}}': expected UNIT=D, or UNIT=F/B (forward / backward), with depths >= 0
 // TWICE: error: unit-prefetch-depth: unit 'layers.1' given twice
 // NOPREFETCH: error: unit-prefetch-depth needs prefetch (prefetch-depth > 0)
 
