@@ -67,8 +67,11 @@ def strategy(s):
     if s["prefetch_depth"] and s["backward_prefetch"] != "pre":
         what.append(s["backward_prefetch"])
     if s.get("unit_prefetch_depth"):
-        what.append(f"{len(s['unit_prefetch_depth'].split(','))} unit(s) at depth "
-                    f"{s['prefetch_depth'] - 1}")
+        # Entries UNIT=D or UNIT=F/B (forward / backward), by value.
+        values = [e.rsplit("=", 1)[1] for e in s["unit_prefetch_depth"].split(",")]
+        for v in sorted(set(values)):
+            what.append(f"{values.count(v)} unit(s) at depth {v}"
+                        + (" (forward/backward)" if "/" in v else ""))
     return ", ".join(what)
 
 

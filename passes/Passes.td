@@ -875,8 +875,13 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     Per unit (FSDP2's per-module prefetch): `unit-prefetch-depth=U=D,...`
     gives every gather of unit U (forward, recomputation and backward)
     depth D instead of `prefetch-depth`; 0 gathers it where it is read.
+    `U=F/B` sets the forward pass's gathers to depth F and the backward
+    pass's (its gradients' and recomputation's: those whose gathered value
+    is first read after a micro-batch's loss) to B, as FSDP2 sets a
+    module's forward and backward prefetch apart.
     The memory-budget search uses it to take the unit prefetched at the
-    step's peak off that peak while every other unit keeps the full depth.
+    step's peak off that peak, in the pass where it is in flight, while
+    every other unit keeps the full depth.
     A gather of depth d is issued right after the wait of the gather d
     before it in the chain, and a gather's wait comes before the first
     later gather issued after it (d gathers on, where every depth is d).
@@ -924,7 +929,8 @@ def FsdpSchedule : Pass<"fsdp-schedule", "::mlir::ModuleOp"> {
     ListOption<"unitPrefetchDepth", "unit-prefetch-depth", "std::string",
                "with prefetch: UNIT=D,... gives those units' gathers their own "
                "depth D >= 0 (0: gathered where read; FSDP2's per-module "
-               "prefetch), the others keep prefetch-depth">,
+               "prefetch), UNIT=F/B the forward's F and the backward's B; the "
+               "others keep prefetch-depth">,
   ];
   let statistics = [
     Statistic<"numAsync", "async-collectives", "Collectives made asynchronous">,
@@ -1047,8 +1053,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     that fits but are over the budget (by liveness, or by their placed
     arena's fragmentation; three of each at most) are planned again with
     the units whose gathers are in flight while the live bytes exceed the
-    budget at depth D - 1, up to four times as the peak moves, and kept
-    once the arena fits;
+    budget at depth D - 1 in that pass (forward or backward; `U=F/B`), up
+    to four times as the peak moves, and kept once the arena fits;
     candidates are ranked by liveness (peak live bytes, a lower bound of
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
@@ -1185,7 +1191,7 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
            "pin the backward gathers' placement: pre | post | none (empty: "
            "search pre and, at depth 1, post)">,
     ListOption<"unitPrefetchDepth", "unit-prefetch-depth", "std::string",
-               "pin fsdp-schedule's unit-prefetch-depth (UNIT=D,...) for every "
+               "pin fsdp-schedule's unit-prefetch-depth (UNIT=D or UNIT=F/B,...) for every "
                "candidate with prefetch (empty: searched, where a schedule over "
                "the budget is one less deep at the units gathered at its peak)">,
     Option<"searchUnitPrefetch", "search-unit-prefetch", "bool", /*default=*/"true",
