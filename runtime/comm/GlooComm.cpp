@@ -172,27 +172,21 @@ private:
   std::map<std::pair<const void *, size_t>, Buffer> cache;
 };
 
-struct CachedAllgather : gloo::AllgatherOptions {
-  using gloo::AllgatherOptions::AllgatherOptions;
+/// Gloo's all-gather or all-to-all options (`Options`: their protected
+/// `in` and `out` unbound buffers) lent the cache's buffers for one call
+/// and handing them back after it.
+template <typename Options> struct CachedInOut : Options {
+  using Options::Options;
   void lend(BufferCache::Buffer i, BufferCache::Buffer o) {
-    elementSize = 1;
-    in = std::move(i);
-    out = std::move(o);
+    this->elementSize = 1;
+    this->in = std::move(i);
+    this->out = std::move(o);
   }
-  BufferCache::Buffer takeIn() { return std::move(in); }
-  BufferCache::Buffer takeOut() { return std::move(out); }
+  BufferCache::Buffer takeIn() { return std::move(this->in); }
+  BufferCache::Buffer takeOut() { return std::move(this->out); }
 };
-
-struct CachedAlltoall : gloo::AlltoallOptions {
-  using gloo::AlltoallOptions::AlltoallOptions;
-  void lend(BufferCache::Buffer i, BufferCache::Buffer o) {
-    elementSize = 1;
-    in = std::move(i);
-    out = std::move(o);
-  }
-  BufferCache::Buffer takeIn() { return std::move(in); }
-  BufferCache::Buffer takeOut() { return std::move(out); }
-};
+using CachedAllgather = CachedInOut<gloo::AllgatherOptions>;
+using CachedAlltoall = CachedInOut<gloo::AlltoallOptions>;
 
 struct CachedAllreduce : gloo::AllreduceOptions {
   using gloo::AllreduceOptions::AllreduceOptions;

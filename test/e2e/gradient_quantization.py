@@ -269,9 +269,10 @@ def hierarchical(bindir, model, tmp, check):
               f"{name}: over hybrid the node all-to-alls ran on the node comm stream "
               f"beside the cross-node ones ({both} overlapping pairs; tracks {sorted(tracks)})")
         # The memory-budget search weighs overlap-node-exchange (the other
-        # knobs pinned as compiled here): a budget between the two plans'
-        # arenas picks the waited schedule, one at the overlapped plan's
-        # arena keeps the overlap.
+        # knobs pinned as compiled here, per-unit prefetch depth off: a
+        # unit's backward gather where it is read would fit too): a budget
+        # between the two plans' arenas picks the waited schedule, one at
+        # the overlapped plan's arena keeps the overlap.
         if k == 0:
             hi, lo = q["arena_bytes"], waited["arena_bytes"]
             picked = {}
@@ -281,7 +282,8 @@ def hierarchical(bindir, model, tmp, check):
                                   f"quantization-block={BLOCK} ranks-per-node={node} "
                                   f"memory-budget={budget} layers-per-unit=1 recompute=none "
                                   "reshard-after-forward=true prefetch-depth=1 "
-                                  "backward-prefetch=pre offload=none")
+                                  "backward-prefetch=pre offload=none "
+                                  "search-unit-prefetch=false")
                 picked[budget] = (sp["strategy"]["overlap_node_exchange"], sp["arena_bytes"])
             check(lo < hi and picked[(hi + lo) // 2] == (False, lo) and
                   picked[hi] == (True, hi),
