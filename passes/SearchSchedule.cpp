@@ -876,12 +876,13 @@ LogicalResult SearchSchedulePass::shallowPeak() {
   return success();
 }
 
-/// shallowPeak's walk from `leaf` (a copy: leaves grows): the units in
-/// flight over `target` live bytes made one less deep, at most four
-/// times; kept once its arena fits. An arena over the budget lowers the
+/// shallowPeak's walk from `leaf` (a copy: leaves grows): the units'
+/// passes in flight over `target` live bytes made one less deep (again
+/// while still in flight there), at most four times; kept once its arena
+/// fits. An arena over the budget lowers the
 /// target by its fragmentation.
 LogicalResult SearchSchedulePass::walkUnitDepths(Leaf leaf, int64_t target) {
-  llvm::StringSet<> shallow;                           // UnitPass keys made less deep
+  llvm::StringSet<> shallow;                           // UnitPass keys down to depth 0
   std::vector<std::string> units;                      // in the order first made less deep
   llvm::StringMap<std::pair<int64_t, int64_t>> depths; // forward, backward
   int64_t d = leaf.choice.depth;
@@ -894,11 +895,15 @@ LogicalResult SearchSchedulePass::walkUnitDepths(Leaf leaf, int64_t target) {
     if (passes.empty())
       break;
     for (const UnitPass &p : passes) {
-      shallow.insert(p.key());
       auto [it, added] = depths.try_emplace(p.unit, d, d);
       if (added)
         units.push_back(p.unit);
-      (p.backward ? it->second.second : it->second.first) = d - 1;
+      // One less deep each time it is in flight over the target (from
+      // depth 2 on, again while still in flight there); at 0 it is
+      // gathered where read and never in flight before it is.
+      int64_t &depth = p.backward ? it->second.second : it->second.first;
+      if (--depth == 0)
+        shallow.insert(p.key());
     }
     // UNIT=D where both passes are less deep, else UNIT=F/B.
     leaf.choice.unitDepths.clear();

@@ -22,6 +22,10 @@ pre):
     hand with that option; with search-unit-prefetch=false nothing fits;
     the peak is at the backward's start, so only backward gathers are
     made less deep (UNIT=1/0: the forward keeps its prefetch);
+(d2) with depth 2 pinned, at depth 1's uniform arena - 1, a pass still
+    in flight over the budget at depth 1 goes on to 0: the plan fits, is
+    the hand plan, and trains bitwise as the uniform schedule at its
+    planned arena;
 (e) fsdp-opt simulate=true and fsdp-sim agree on the chosen plan, and
     its predicted step lies between depth 1's and depth 0's;
 (f) a 7B-shaped GPT at 8 ranks in 22 GiB (bf16, h100): the search
@@ -81,6 +85,7 @@ def main():
                        check=True)
 
         compile_ = pipeline_compiler(bindir, tmp, model)
+        bases = []  # each configuration's uniform run
         load = load_json
 
         for i, (n, pipeline, variants) in enumerate(CONFIGS):
@@ -88,6 +93,7 @@ def main():
                 if "prefetch-depth" in pipeline else 1
             base_plan, _ = compile_(f"c{i}-uniform", n, pipeline)
             base = train_saved(bindir, base_plan, n, os.path.join(tmp, f"c{i}-u.safetensors"))
+            bases.append(base)
             bp = load(base_plan)
             ops = sorted(x["op"] for x in bp["program"])
             for j, spec in enumerate(variants):
@@ -136,6 +142,28 @@ def main():
                f"unit-prefetch-depth={st['unit_prefetch_depth']} (arena {c['arena_bytes']}), "
                f"the hand plan {'exactly' if c == load(hand) else 'NOT'}; without it "
                f"{'nothing fits' if refused is None else 'FITS'}")
+
+        # --- (d2) depth 2 pinned, at depth 1's arena - 1: two less deep. ---
+        # A unit's pass still in flight over the budget at depth 1 goes on
+        # to 0; the plan trains as the uniform one (configuration 0: the
+        # same model, ranks and optimizer) at its planned arena.
+        pin2 = pin.replace("prefetch-depth=1", "prefetch-depth=2")
+        budget2 = load(uniform)["arena_bytes"] - 1
+        chosen2, _ = compile_("search2", 2, f"{pin2} memory-budget={budget2}")
+        c2 = load(chosen2)
+        st2 = c2.pop("strategy")
+        hand2, _ = compile_("hand-chosen2", 2, pinned_knobs(st2) + " optimizer=adamw stage=3")
+        values = [v for e in st2["unit_prefetch_depth"].split(",")
+                  for v in e.rsplit("=", 1)[1].split("/")]
+        losses, params, summary = train_saved(bindir, chosen2, 2,
+                                              os.path.join(tmp, "search2.safetensors"))
+        report(st2["prefetch_depth"] == 2 and "0" in values and c2["arena_bytes"] <= budget2 and
+               c2 == load(hand2) and (losses, params) == bases[0][:2] and
+               arenas_measured_as_planned(summary, load(chosen2)),
+               f"(d2) depth 2 pinned, budget {budget2} (depth 1's arena - 1): the search "
+               f"chooses unit-prefetch-depth={st2['unit_prefetch_depth']} (arena "
+               f"{c2['arena_bytes']}), the hand plan {'exactly' if c2 == load(hand2) else 'NOT'}; "
+               "it trains bitwise as the uniform schedule, measured == planned")
 
         # --- (e) the cost model on the chosen schedule, GPT-2 at 8 ranks. ----
         gpt2 = os.path.join(src, "examples", "gpt2.mlir")
