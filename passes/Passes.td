@@ -1054,7 +1054,8 @@ def FsdpSearchSchedule : Pass<"fsdp-search-schedule", "::mlir::ModuleOp"> {
     arena's fragmentation; three of each at most) are planned again with
     the units whose gathers are in flight while the live bytes exceed the
     budget at depth D - 1 in that pass (forward or backward; `U=F/B`), up
-    to four times as the peak moves, and kept once the arena fits;
+    to four times as the peak moves (a pass still in flight there goes
+    on down, to 0 at most), and kept once the arena fits;
     candidates are ranked by liveness (peak live bytes, a lower bound of
     the arena) and only the best one's arena is placed, falling back to
     the next when fragmentation pushes it over the budget.
