@@ -5,7 +5,7 @@ per-module prefetch) and the memory-budget search's use of it.
 usage: unit_prefetch.py BIN_DIR SRC_DIR
 
 A GPT of 4 layers at stage 3 (2 to 4 ranks; recomputation with
-accumulation, bf16 at depth 2, hpZ with qwZ). For every configuration
+accumulation, bf16 at depth 2, BACKWARD_POST, hpZ with qwZ). For every configuration
 below, each
 per-unit variant (UNIT=D, and UNIT=F/B: forward and backward apart)
 against the uniform schedule:
@@ -57,6 +57,9 @@ CONFIGS = [
      ["transformer.h.3=0,transformer.h.0=0", "transformer.h.0=1/0,transformer.h.3=0/1"]),
     (2, "optimizer=adamw stage=3 param-dtype=bf16 prefetch-depth=2 max-grad-norm=1.0",
      ["transformer.h.3=1", "transformer.h.1=0,transformer.h.2=1", "transformer.h.2=2/1"]),
+    # BACKWARD_POST: a unit's backward depth sets how far back post waits.
+    (2, "optimizer=adamw stage=3 backward-prefetch=post",
+     ["transformer.h.2=1/0", "transformer.h.1=0/1,transformer.h.3=0"]),
     # hpZ's gathers within groups of 2 and qwZ's quantized gathers.
     (4, "optimizer=adamw stage=3 reshard-after-forward=2 weight-quantization=int8",
      ["transformer.h.3=0,transformer.h.1=0"]),
