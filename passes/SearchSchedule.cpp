@@ -808,12 +808,13 @@ static std::vector<UnitPass> prefetchesOverBudget(ModuleOp m, const MemoryPlan &
 ///   parameters live at its peak (what one unit less deep can take off):
 ///   the three fastest such.
 /// The units with a gather in flight while the live bytes exceed the
-/// target get depth D - 1 in that pass (forward or backward: a peak at the
-/// backward's start keeps the forward's prefetch) and the schedule is
-/// planned again (its peak moves), at most four times, until its arena
-/// fits (kept as a candidate) or no further unit is in flight over the
-/// target. Every other unit and pass keeps depth D: the step keeps D's
-/// overlap where memory allows it.
+/// target get one less depth in that pass (forward or backward: a peak at
+/// the backward's start keeps the forward's prefetch; a pass still in
+/// flight there the next time one less again, to 0 at most) and the
+/// schedule is planned again (its peak moves), at most four times, until
+/// its arena fits (kept as a candidate) or no further unit is in flight
+/// over the target. Every other unit and pass keeps depth D: the step
+/// keeps D's overlap where memory allows it.
 LogicalResult SearchSchedulePass::shallowPeak() {
   if (!unitPrefetchDepth.empty() || !searchUnitPrefetch)
     return success();
@@ -879,8 +880,7 @@ LogicalResult SearchSchedulePass::shallowPeak() {
 /// shallowPeak's walk from `leaf` (a copy: leaves grows): the units'
 /// passes in flight over `target` live bytes made one less deep (again
 /// while still in flight there), at most four times; kept once its arena
-/// fits. An arena over the budget lowers the
-/// target by its fragmentation.
+/// fits. An arena over the budget lowers the target by its fragmentation.
 LogicalResult SearchSchedulePass::walkUnitDepths(Leaf leaf, int64_t target) {
   llvm::StringSet<> shallow;                           // UnitPass keys down to depth 0
   std::vector<std::string> units;                      // in the order first made less deep
