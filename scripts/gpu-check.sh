@@ -23,7 +23,7 @@ fi
 SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
 R="$K/bin/fsdp-run"
-[ -d "$K/plans" ] || tar xzf "$K/plans.tgz" -C "$K" # packed by gpu-pack.sh
+[ -d "$K/bin" ] && [ -d "$K/plans" ] || tar xzf "$K/kit.tgz" -C "$K" # packed by gpu-pack.sh
 P="$K/plans"
 fail=0
 step() { # name, command... (each step ends after STEP_TIMEOUT seconds: a

@@ -22,7 +22,7 @@ export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBR
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || exit 1
-[ -d "$K/plans" ] || tar xzf "$K/plans.tgz" -C "$K" # packed by gpu-pack.sh
+[ -d "$K/bin" ] && [ -d "$K/plans" ] || tar xzf "$K/kit.tgz" -C "$K" # packed by gpu-pack.sh
 P="$K/plans"
 PLAN=${PLAN:-$P/gpt2_bf16_b16.plan}
 SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"

@@ -43,7 +43,7 @@ bundle() { tar czf "$OUT/logs.tgz.tmp" -C "$L" . && mv "$OUT/logs.tgz.tmp" "$OUT
 PY=${PY:-/opt/torch/.venv/bin/python3}
 SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH="$K/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
-[ -d "$K/plans" ] || tar xzf "$K/plans.tgz" -C "$K" # packed by gpu-pack.sh
+[ -d "$K/bin" ] && [ -d "$K/plans" ] || tar xzf "$K/kit.tgz" -C "$K" # packed by gpu-pack.sh
 P="$K/plans"
 BUDGET=${BUDGET:-480}
 fail=0

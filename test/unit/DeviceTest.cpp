@@ -256,7 +256,8 @@ TEST_P(DeviceConformance, FillsWordsOfBothArenasWithoutTouchingNeighbours) {
     ASSERT_TRUE(dev->copyToDevice(dev->address(at), zeros.data(), bytes).isOk());
     const int64_t from = bytes == devBytes ? 4096 : 64, n = bytes - 2 * from;
     for (uint32_t word : {0x7FC0DEADu, 0xFFFFFFFFu}) {
-      ASSERT_TRUE(dev->fillWords(dev->address(at + from), word, n).isOk());
+      Status filled = dev->fillWords(dev->address(at + from), word, n);
+      ASSERT_TRUE(filled.isOk()) << filled.message();
       ASSERT_TRUE(dev->copyToHost(got.data(), dev->address(at), bytes).isOk());
       int64_t wrong = 0;
       for (int64_t i = 0; i < bytes / 4; ++i)
