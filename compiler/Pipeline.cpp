@@ -152,6 +152,8 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.beta2 = options.beta2;
   opt.eps = options.eps;
   opt.maxGradNorm = options.maxGradNorm;
+  opt.stateDtype = options.optimizerStateDtype;
+  opt.stateRounding = options.optimizerStateRounding;
   pm.addPass(createFsdpInsertOptimizer(opt));
   // Sharding rewrites the optimizer's updates; without an optimizer the
   // step outputs whole gradients and is not sharded (asking for several

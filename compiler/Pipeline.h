@@ -42,6 +42,15 @@ struct FsdpPipelineOptions
   Option<double> maxGradNorm{*this, "max-grad-norm",
                              llvm::cl::desc("global-norm clipping (0: off)"),
                              llvm::cl::init(0.0)};
+  Option<std::string> optimizerStateDtype{
+      *this, "optimizer-state-dtype",
+      llvm::cl::desc("f32 | bf16: AdamW's moments in bf16 (f32 math, 4 bytes of "
+                     "state a parameter instead of 8)"),
+      llvm::cl::init("f32")};
+  Option<std::string> optimizerStateRounding{
+      *this, "optimizer-state-rounding",
+      llvm::cl::desc("stochastic | nearest: how bf16 moments are rounded when written"),
+      llvm::cl::init("stochastic")};
   Option<int64_t> gradAccum{
       *this, "grad-accum",
       llvm::cl::desc("micro-batches per optimizer step (1: no accumulation)"),

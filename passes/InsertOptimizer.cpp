@@ -37,13 +37,15 @@ struct InsertOptimizerPass
 
 private:
   /// Declares a zero-initialized state tensor shadowing `param`.
-  StateOp createState(ParamOp param, StringRef kind) {
+  /// `elem`: the state's element type (null: the parameter's).
+  StateOp createState(ParamOp param, StringRef kind, Type elem = {}) {
     OpBuilder b(param);
     b.setInsertionPointAfter(lastSymbol ? lastSymbol : param.getOperation());
     std::string name = (param.getSymName() + "." + kind).str();
-    auto state = b.create<StateOp>(
-        param.getLoc(), b.getStringAttr(name), param.getTypeAttr(),
-        FlatSymbolRefAttr::get(param.getSymNameAttr()), b.getStringAttr(kind));
+    TypeAttr type = elem ? TypeAttr::get(param.getTensorType().clone(elem)) : param.getTypeAttr();
+    auto state =
+        b.create<StateOp>(param.getLoc(), b.getStringAttr(name), type,
+                          FlatSymbolRefAttr::get(param.getSymNameAttr()), b.getStringAttr(kind));
     lastSymbol = state;
     ++numStates;
     return state;
@@ -73,6 +75,23 @@ void InsertOptimizerPass::runOnOperation() {
         << "nesterov momentum requires momentum > 0 and zero dampening";
     return signalPassFailure();
   }
+  if (stateDtype != "f32" && stateDtype != "bf16") {
+    mlir::emitError(module.getLoc())
+        << "state-dtype must be f32 or bf16, found '" << stateDtype << "'";
+    return signalPassFailure();
+  }
+  if (stateRounding != "stochastic" && stateRounding != "nearest") {
+    mlir::emitError(module.getLoc())
+        << "state-rounding must be stochastic or nearest, found '" << stateRounding << "'";
+    return signalPassFailure();
+  }
+  const bool bf16State = stateDtype == "bf16";
+  if (bf16State && optimizer != "adamw") {
+    mlir::emitError(module.getLoc())
+        << "state-dtype=bf16 stores AdamW's moments in bf16; optimizer=" << optimizer
+        << " keeps f32 state (use optimizer=adamw, or state-dtype=f32)";
+    return signalPassFailure();
+  }
   double wd = weightDecay >= 0 ? weightDecay.getValue() : (optimizer == "sgd" ? 0.0 : 0.01);
   if (weightDecayParams != "all" && weightDecayParams != "matrices") {
     mlir::emitError(module.getLoc())
@@ -90,20 +109,21 @@ void InsertOptimizerPass::runOnOperation() {
   OpBuilder b(ctx);
   // Record the options: the plan carries them to fsdp-run (and the PyTorch
   // oracle uses them to build the same optimizer).
-  module->setAttr(
-      "fsdp.optimizer",
-      b.getDictionaryAttr({
-          b.getNamedAttr("optimizer", b.getStringAttr(optimizer)),
-          b.getNamedAttr("momentum", b.getF64FloatAttr(momentum)),
-          b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
-          b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
-          b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
-          b.getNamedAttr("weight_decay_params", b.getStringAttr(weightDecayParams)),
-          b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
-          b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
-          b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
-          b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
-      }));
+  module->setAttr("fsdp.optimizer",
+                  b.getDictionaryAttr({
+                      b.getNamedAttr("optimizer", b.getStringAttr(optimizer)),
+                      b.getNamedAttr("momentum", b.getF64FloatAttr(momentum)),
+                      b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
+                      b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
+                      b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
+                      b.getNamedAttr("weight_decay_params", b.getStringAttr(weightDecayParams)),
+                      b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
+                      b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
+                      b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
+                      b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
+                      b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)),
+                      b.getNamedAttr("state_rounding", b.getStringAttr(stateRounding)),
+                  }));
   if (optimizer == "none") {
     if (getLossScalePolicy(module)) {
       mlir::emitError(module.getLoc())
@@ -177,6 +197,7 @@ void InsertOptimizerPass::runOnOperation() {
     step.setType(FunctionType::get(ctx, step.getArgumentTypes(), ret.getOperandTypes()));
   }
 
+  int64_t ordinal = 0; // the update's place among the step's updates
   for (auto [set, grad] : llvm::zip(sets, grads)) {
     auto param = module.lookupSymbol<ParamOp>(set.getNameAttr());
     Location ploc = set.getLoc();
@@ -207,16 +228,25 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (optimizer == "adamw") {
-      StateOp m = createState(param, "exp_avg");
-      StateOp v = createState(param, "exp_avg_sq");
+      // bf16 moments of f32 parameters only (the verifier's rule); a bf16
+      // parameter's moments are bf16 already.
+      Type stateElem = bf16State && param.getTensorType().getElementType().isF32()
+                           ? Type(b.getBF16Type())
+                           : Type();
+      StateOp m = createState(param, "exp_avg", stateElem);
+      StateOp v = createState(param, "exp_avg_sq", stateElem);
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
-      Type t = param.getType();
+      Type t = param.getType(), st = m.getType();
+      // The stochastic draws' key: the update's ordinal here; fsdp-shard
+      // gives each unit's update the unit's.
+      const bool stochastic = stateElem && stateRounding == "stochastic";
       auto upd = b.create<AdamwUpdateOp>(
-          ploc, TypeRange{t, t, t}, p, grad, mv, vv, lr, stepCount, skip, /*grad_scale=*/Value(),
-          b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
-          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(),
-          IntegerAttr());
+          ploc, TypeRange{t, st, st}, p, grad, mv, vv, lr, stepCount, skip,
+          /*grad_scale=*/Value(), b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
+          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
+          stochastic ? b.getUnitAttr() : UnitAttr(),
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
@@ -238,6 +268,7 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }
     ++numUpdates;
+    ++ordinal;
   }
   for (SetGradOp set : sets)
     set.erase();

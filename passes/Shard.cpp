@@ -230,6 +230,7 @@ private:
   unsigned updResults = 0;
   // State kinds by operand position of the update op.
   SmallVector<std::pair<unsigned, std::string>> stateSlots;
+  SmallVector<Type> stateElems; ///< each state slot's element type
 
   // 2. Reads.
   llvm::MapVector<std::tuple<UnitInfo *, int64_t, Type>, Reads> reads;
@@ -757,6 +758,7 @@ LogicalResult ShardRewrite::findUpdates() {
     if (auto gs = v.getDefiningOp<GetStateOp>()) {
       auto st = module.lookupSymbol<StateOp>(gs.getNameAttr());
       stateSlots.push_back({(unsigned)i, st.getKind().str()});
+      stateElems.push_back(st.getTensorType().getElementType());
     }
   return success();
 }
@@ -1296,10 +1298,10 @@ void ShardRewrite::updateUnits(Location loc) {
         for (UnitOp uo : module.getOps<UnitOp>())
           mb.setInsertionPointAfter(uo);
       }
-      for (auto &[slot, kind] : stateSlots) {
-        auto st = mb.create<StateOp>(
-            loc, mb.getStringAttr(u->name + "." + kind), TypeAttr::get(pTy),
-            symOf(*u), mb.getStringAttr(kind));
+      for (auto [i, sk] : llvm::enumerate(stateSlots)) {
+        auto st = mb.create<StateOp>(loc, mb.getStringAttr(u->name + "." + sk.second),
+                                     TypeAttr::get(pTy.clone(stateElems[i])), symOf(*u),
+                                     mb.getStringAttr(sk.second));
         pr.states.push_back(st);
         lastState = st;
       }
@@ -1308,9 +1310,17 @@ void ShardRewrite::updateUnits(Location loc) {
     pr.operands[0] = p;
     pr.operands[1] = grad;
     for (auto [i, slot] : llvm::enumerate(stateSlots))
-      pr.operands[slot.first] =
-          b.create<GetStateOp>(loc, pTy, FlatSymbolRefAttr::get(pr.states[i].getSymNameAttr()));
+      pr.operands[slot.first] = b.create<GetStateOp>(
+          loc, pr.states[i].getTensorType(), FlatSymbolRefAttr::get(pr.states[i].getSymNameAttr()));
     pr.attrs.assign(updAttrs);
+    if (pr.attrs.get("stochastic")) {
+      // bf16 moments rounded stochastically: the unit's draws (its index,
+      // as the stochastic parameter casts'), each element at its place in
+      // the unit (a shard's stride), so every layout stores the same bits.
+      pr.attrs.set("key", b.getI64IntegerAttr(u->index));
+      if (eff != 0)
+        pr.attrs.set("shard_stride", b.getI64IntegerAttr(pTy.getNumElements()));
+    }
     if (matricesOnly) {
       // The first update may be a vector's (weight_decay 0): the unit's
       // decayed prefix takes the optimizer's weight decay.
@@ -1329,7 +1339,9 @@ void ShardRewrite::updateUnits(Location loc) {
     OperationState os(loc, *updName);
     os.addOperands(pr.operands);
     os.addAttributes(pr.attrs);
-    os.addTypes(SmallVector<Type>(updResults, pr.pTy));
+    os.addTypes(pr.pTy);
+    for (unsigned i = 1; i < updResults; ++i) // the new states, typed as theirs
+      os.addTypes(pr.states[i - 1].getTensorType());
     Operation *upd = b.create(os);
     for (auto [i, st] : llvm::enumerate(pr.states))
       b.create<SetStateOp>(loc, FlatSymbolRefAttr::get(st.getSymNameAttr()),

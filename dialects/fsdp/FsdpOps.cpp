@@ -78,6 +78,20 @@ static void printParamGradTypes(OpAsmPrinter &printer, Operation *, Type gamma, 
     printer << "-> " << dGamma; // the printer has put a space before the directive
 }
 
+/// fsdp.adamw_update's moment type: the parameter's, unless `state type`
+/// follows (bf16 moments of f32 parameters; the verifier checks it).
+static ParseResult parseStateType(OpAsmParser &parser, Type &state, Type param) {
+  state = param;
+  if (succeeded(parser.parseOptionalKeyword("state")) && parser.parseType(state))
+    return failure();
+  return success();
+}
+
+static void printStateType(OpAsmPrinter &printer, Operation *, Type state, Type param) {
+  if (state != param)
+    printer << "state " << state; // the printer has put a space before the directive
+}
+
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.cpp.inc"
 
@@ -130,9 +144,16 @@ LogicalResult ParamOp::verify() {
 LogicalResult StateOp::verify() {
   Operation *sym =
       SymbolTable::lookupNearestSymbolFrom(*this, getParamAttr());
+  // The state's dtype: the parameter's, or bf16 beside an f32 parameter
+  // (fsdp-insert-optimizer's state-dtype=bf16).
+  auto fits = [&](Type shadow) {
+    auto s = cast<RankedTensorType>(shadow), t = getTensorType();
+    return s == t || (s.getShape() == t.getShape() && s.getElementType().isF32() &&
+                      t.getElementType().isBF16());
+  };
   if (auto unit = dyn_cast_or_null<UnitOp>(sym)) {
     // Whole (DDP) or one shard (ZeRO-1/2/3) of the unit.
-    if (unit.getType() != getType() && unit.getShardType() != getType())
+    if (!fits(unit.getType()) && !fits(unit.getShardType()))
       return emitOpError() << "expected the unit's type " << unit.getType()
                            << " or its shard type " << unit.getShardType()
                            << ", found " << getType();
@@ -142,9 +163,10 @@ LogicalResult StateOp::verify() {
   if (!param)
     return emitOpError() << "shadows " << getParamAttr()
                          << ", which is not an fsdp.param or fsdp.unit";
-  if (param.getType() != getType())
+  if (!fits(param.getType()))
     return emitOpError() << "expected type " << param.getType()
-                         << " of the parameter it shadows, found " << getType();
+                         << " of the parameter it shadows (or its shape in bf16), found "
+                         << getType();
   return success();
 }
 
@@ -797,6 +819,26 @@ static LogicalResult verifyLamb(Operation *op, ArrayRef<int64_t> seg, Value para
   if (decay && (int64_t)*decay < seg.back() && !llvm::is_contained(seg, (int64_t)*decay))
     return err() << "decay_numel = " << (int64_t)*decay
                  << " falls inside a segment: a parameter decays whole";
+  return success();
+}
+
+LogicalResult AdamwUpdateOp::verify() {
+  RankedTensorType p = rt(getParam()), m = rt(getExpAvg());
+  if (p.getShape() != m.getShape())
+    return emitOpError() << "moments " << typeStr(m) << " must have the parameter's shape "
+                         << typeStr(p);
+  Type pe = p.getElementType(), me = m.getElementType();
+  if (me != pe && !(pe.isF32() && me.isBF16()))
+    return emitOpError() << "moments of " << typeStr(me) << " for parameters of " << typeStr(pe)
+                         << ": expected the parameter's dtype, or bf16 for f32 parameters";
+  if (getStochastic() && !(pe.isF32() && me.isBF16()))
+    return emitOpError() << "stochastic rounds f32 moments to bf16: expected bf16 moments of f32 "
+                            "parameters, found "
+                         << typeStr(me) << " of " << typeStr(pe);
+  if (getStochastic() && !getKey())
+    return emitOpError() << "stochastic needs a key (its draws' stream)";
+  if (getKey() && *getKey() < 0)
+    return emitOpError() << "key must be >= 0, found " << *getKey();
   return success();
 }
 

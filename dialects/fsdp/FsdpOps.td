@@ -59,7 +59,8 @@ def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
   let description = [{
     Optimizer state (momentum buffer, Adam moments) created by
     `fsdp-insert-optimizer`. It has the shape of the parameter it shadows,
-    starts at zero, and is sharded with that parameter.
+    starts at zero, and is sharded with that parameter. Its dtype is the
+    parameter's, or bf16 for an f32 parameter (`state-dtype=bf16`).
 
     ```mlir
     fsdp.state @"fc1.weight.exp_avg" : tensor<64x64xf32> of @"fc1.weight" kind "exp_avg"
@@ -71,6 +72,11 @@ def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
                        StrAttr:$kind);
   let assemblyFormat = "$sym_name `:` $type `of` $param `kind` $kind attr-dict";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+  }];
 }
 
 class Fsdp_SymbolReadOp<string mnemonic>
@@ -1311,8 +1317,8 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
 }
 
 def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments,
-    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq", "new_param",
-                   "new_exp_avg", "new_exp_avg_sq"]>]> {
+    AllTypesMatch<["param", "grad", "new_param"]>,
+    AllTypesMatch<["exp_avg", "exp_avg_sq", "new_exp_avg", "new_exp_avg_sq"]>]> {
   let summary = "one AdamW step (decoupled weight decay, bias correction)";
   let description = [{
     PyTorch's AdamW: p = p * (1 - lr * weight_decay); m = b1 m + (1-b1) g;
@@ -1338,8 +1344,21 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
     whole unit). Still elementwise.
 
+    The moments may be stored in bf16 beside f32 parameters
+    (fsdp-insert-optimizer's `state-dtype=bf16`: 4 bytes of state a
+    parameter instead of 8): they are widened, the step runs in f32 as
+    above (the parameter's update reads the f32 moments), and the new
+    moments are rounded to bf16 once, to nearest even or, with
+    `stochastic`, stochastically (runtime/core/StochasticRounding.h: the
+    expected stored value is the f32 one, so v's small increments are not
+    lost to rounding when beta2 is near 1). A stochastic update's draws
+    are keyed by (the run's seed, the training step, `key`, which moment)
+    and each element's position in its unit (`shard_stride` as above), so
+    N ranks, one rank, the CPU and the GPU store the same bits.
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
+    %p3, %m3, %v3 = fsdp.adamw_update %p, %g, %mb, %vb, %lr, %step {key = 0 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1352,12 +1371,15 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
                        DefaultValuedAttr<F64Attr, "1e-8">:$eps,
                        DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
-                       OptionalAttr<I64Attr>:$shard_stride);
+                       OptionalAttr<I64Attr>:$shard_stride,
+                       UnitAttr:$stochastic,
+                       OptionalAttr<I64Attr>:$key);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
                       Fsdp_FloatTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($exp_avg), ref(type($param)))
   }];
+  let hasVerifier = 1;
 }
 
 def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,

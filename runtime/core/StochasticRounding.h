@@ -37,6 +37,16 @@ FSDP_HD inline uint64_t stochasticRoundingKey(uint64_t seed, int64_t step, int64
   return dropoutKey(seed, step, (int64_t)(kRoundingIdBase + (uint64_t)unit));
 }
 
+/// The stream of a bf16 AdamW moment's stochastic writes
+/// (`fsdp.adamw_update {stochastic, key = K}`, state-dtype=bf16): moment
+/// 0 (exp_avg) or 1 (exp_avg_sq) of unit K at `step`. These ids lie above
+/// the parameter casts' (kRoundingIdBase + K), so no two streams meet.
+constexpr uint64_t kStateRoundingIdBase = kRoundingIdBase | (uint64_t(1) << 61);
+FSDP_HD inline uint64_t stateRoundingKey(uint64_t seed, int64_t step, int64_t unit, int moment) {
+  return dropoutKey(seed, step,
+                    (int64_t)(kStateRoundingIdBase + 2 * (uint64_t)unit + (uint64_t)moment));
+}
+
 /// The bf16 bits of x rounded stochastically with element g's draw.
 FSDP_HD inline uint16_t roundToBf16Stochastic(float x, uint64_t key, uint64_t g) {
   uint32_t b;

@@ -579,11 +579,11 @@ const std::unordered_map<std::string, Exec> &table() {
       int at = rules::updateExtras(r.op).skip;
       if (at < 0 || std::isfinite(*r.in(at)))
         return false;
-      int64_t n = r.op.in(0).numel();
       for (int i = 0; i < nOut; ++i) {
-        const float *src = r.in(i == 0 ? 0 : i + 1); // p, then the states
-        if (src != r.out(i))
-          std::memmove(r.out(i), src, n * sizeof(float));
+        // p, then the states (bf16 moments: state-dtype=bf16)
+        const uint8_t *src = r.in<uint8_t>(i == 0 ? 0 : i + 1);
+        if (src != r.out<uint8_t>(i))
+          std::memmove(r.out<uint8_t>(i), src, r.op.out(i).bytes);
       }
       return true;
     };
@@ -638,11 +638,33 @@ const std::unordered_map<std::string, Exec> &table() {
       float gs = gradScale(r);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
+      const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
+                   eps = r.op.f("eps", 1e-8);
+      if (r.op.in(2).dtype == DType::BF16) {
+        // state-dtype=bf16 (never widened: needsWidening): the moments'
+        // draws keyed by the unit and placed by the element's position in
+        // it, so every rank layout stores the same bits.
+        MomentRounding mr;
+        const DropoutContext &c = r.dropout;
+        mr.stochastic = r.op.b("stochastic");
+        const int64_t key = r.op.i("key", 0);
+        mr.keyM = stateRoundingKey(c.seed, c.step, key, 0);
+        mr.keyV = stateRoundingKey(c.seed, c.step, key, 1);
+        const uint64_t base = (uint64_t)(r.rank * r.op.i("shard_stride", 0));
+        inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
+          MomentRounding part = mr;
+          part.first = base + (uint64_t)at;
+          adamwUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,
+                               r.in<uint16_t>(3) + at, r.out(0) + at, r.out<uint16_t>(1) + at,
+                               r.out<uint16_t>(2) + at, count, *r.in(4), step, b1, b2, eps, wd, gs,
+                               part);
+        });
+        return Status::ok();
+      }
       inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
-        adamwUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.in(3) + at,
-                           r.out(0) + at, r.out(1) + at, r.out(2) + at, count, *r.in(4), step,
-                           r.op.f("beta1", 0.9), r.op.f("beta2", 0.999), r.op.f("eps", 1e-8),
-                           wd, gs);
+        adamwUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.in(3) + at, r.out(0) + at,
+                           r.out(1) + at, r.out(2) + at, count, *r.in(4), step, b1, b2, eps, wd,
+                           gs);
       });
       return Status::ok();
     };

@@ -949,6 +949,37 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
   }
 }
 
+void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                          float *np, uint16_t *nm, uint16_t *nv, int64_t n, double lr, int64_t step,
+                          double beta1, double beta2, double eps, double wd, float gradScale,
+                          const MomentRounding &rounding) {
+  // adamwUpdate<float>'s scalars and per-element arithmetic, line for line.
+  double bc1 = 1 - std::pow(beta1, (double)step);
+  double bc2 = 1 - std::pow(beta2, (double)step);
+  float stepSize = (float)(lr / bc1);
+  float bc2Sqrt = (float)std::sqrt(bc2);
+  float decay = (float)(1 - lr * wd);
+  float b1 = (float)beta1, b2 = (float)beta2, oneMinusB1 = (float)(1 - beta1),
+        oneMinusB2 = (float)(1 - beta2), teps = (float)eps;
+  const MomentRounding r = rounding;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    float pi = p[i] * decay;
+    float gi = g[i] * gradScale;
+    float mi = widenBf16(m[i]) * b1 + oneMinusB1 * gi;
+    float vi = widenBf16(v[i]) * b2 + oneMinusB2 * gi * gi;
+    float denom = std::sqrt(vi) / bc2Sqrt + teps;
+    np[i] = pi - stepSize * (mi / denom);
+    if (r.stochastic) {
+      nm[i] = roundToBf16Stochastic(mi, r.keyM, r.first + (uint64_t)i);
+      nv[i] = roundToBf16Stochastic(vi, r.keyV, r.first + (uint64_t)i);
+    } else {
+      nm[i] = roundToBf16(mi);
+      nv[i] = roundToBf16(vi);
+    }
+  }
+}
+
 namespace {
 
 /// LAMB's per-step scalars, formed as adamwUpdate forms its own: torch's

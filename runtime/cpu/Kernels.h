@@ -198,6 +198,20 @@ template <typename T>
 void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
                  double beta2, double eps, double wd, T gradScale = T(1));
+/// How adamwUpdateBf16State writes the moments: to nearest even, or
+/// stochastically with the draws of keys keyM / keyV (stateRoundingKey),
+/// element i drawing as element first + i of its unit.
+struct MomentRounding {
+  bool stochastic = false;
+  uint64_t keyM = 0, keyV = 0, first = 0;
+};
+/// adamwUpdate<float> with the moments stored in bf16: widened, the same
+/// f32 arithmetic (the parameter's update reads the f32 moments), the new
+/// moments rounded once as `rounding` says.
+void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                          float *np, uint16_t *nm, uint16_t *nv, int64_t n, double lr, int64_t step,
+                          double beta1, double beta2, double eps, double wd, float gradScale,
+                          const MomentRounding &rounding);
 
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust

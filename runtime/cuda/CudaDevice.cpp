@@ -2043,6 +2043,33 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                                          m, damp, 0.0, nesterov, s, skip, gs);
         },
         n);
+  } else if (n == "adamw_update" && op.in(2).dtype == DType::BF16) {
+    // state-dtype=bf16 (OpRules: f32 p, g; bf16 moments). The decayed
+    // prefix and the rest as below; the draws' positions in the unit.
+    const float *p = r.in(0), *g = r.in(1), *lr = r.in(4), *step = r.in(5);
+    const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
+    float *np = r.out(0);
+    uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
+    double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
+           wd = op.f("weight_decay", 0.01);
+    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
+    rules::UpdateExtras x = rules::updateExtras(op);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
+    const uint64_t *ctx = op.b("stochastic") ? stepCtx : nullptr;
+    const int64_t key = op.i("key", 0);
+    const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          auto part = [&](int64_t at, int64_t count, double decay) {
+            return native::adamwBf16State(p + at, g + at, m + 2 * at, v + 2 * at, np + at,
+                                          nm + 2 * at, nv + 2 * at, count, lr, step, b1, b2, eps,
+                                          decay, gs, skip, ctx, key, first + (uint64_t)at, s);
+          };
+          cudaError_t e = k ? part(0, k, wd) : cudaSuccess;
+          return e != cudaSuccess || k == cnt ? e : part(k, cnt - k, 0.0);
+        },
+        n);
   } else if (n == "adamw_update") {
     const float *p = r.in(0), *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
     float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
@@ -2172,7 +2199,8 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
   if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
-        return i.op == "dropout" || (i.op == "cast" && i.attrs.value("stochastic", false));
+        return i.op == "dropout" ||
+               ((i.op == "cast" || i.op == "adamw_update") && i.attrs.value("stochastic", false));
       })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));

@@ -11,6 +11,7 @@
 
 #include "runtime/cuda/CudaNative.h"
 
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/cuda/CudaCommon.cuh"
 
 #include <cuda_bf16.h>
@@ -1672,7 +1673,62 @@ cudaError_t adamwT(const float *p, const void *g, const float *m, const float *v
   return cudaGetLastError();
 }
 
+/// state-dtype=bf16: adamwKernel's arithmetic on the widened moments, the
+/// new ones rounded once (to nearest, or with stateRoundingKey's draws
+/// when ctx, the device's {seed, step}, is given: a replayed graph reads
+/// each step's). One element a thread (the moments are half the bytes).
+__global__ void adamwBf16StateKernel(const float *p, const float *g, const __nv_bfloat16 *m,
+                                     const __nv_bfloat16 *v, float *np, __nv_bfloat16 *nm,
+                                     __nv_bfloat16 *nv, int64_t n, const float *lrp,
+                                     const float *stepp, double beta1, double beta2, float eps,
+                                     double wd, const float *gradScale, const float *skip,
+                                     const uint64_t *ctx, int64_t key, uint64_t first) {
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      np[i] = p[i];
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    return;
+  }
+  AdamwScalars c = adamwScalars(lrp, stepp, beta1, beta2, eps, wd);
+  const float gs = gradScale ? *gradScale : 1.f;
+  const bool scaled = gradScale != nullptr;
+  const uint64_t km = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key, 0) : 0,
+                 kv = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key, 1) : 0;
+  FSDP_GRID_STRIDE(i, n) {
+    const float gi = scaled ? __fmul_rn(g[i], gs) : g[i];
+    float pn, mn, vn;
+    adamwElement(c, p[i], gi, ld(m + i), ld(v + i), pn, mn, vn);
+    np[i] = pn;
+    if (ctx) {
+      const uint16_t bm = roundToBf16Stochastic(mn, km, first + (uint64_t)i),
+                     bv = roundToBf16Stochastic(vn, kv, first + (uint64_t)i);
+      memcpy(nm + i, &bm, 2);
+      memcpy(nv + i, &bv, 2);
+    } else {
+      st(nm + i, mn);
+      st(nv + i, vn);
+    }
+  }
+}
+
 } // namespace
+
+cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const void *v, float *np,
+                           void *nm, void *nv, int64_t n, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd,
+                           const float *gradScale, const float *skip, const uint64_t *ctx,
+                           int64_t key, uint64_t first, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  unsigned blocks = std::min<unsigned>(gridFor(n), 2048u); // as adamwT's
+  adamwBf16StateKernel<<<blocks, kThreads, 0, s>>>(
+      p, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v), np,
+      static_cast<__nv_bfloat16 *>(nm), static_cast<__nv_bfloat16 *>(nv), n, lr, step, beta1, beta2,
+      (float)eps, wd, gradScale, skip, ctx, key, first);
+  return cudaGetLastError();
+}
 
 cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, double factor,
                   cudaStream_t s) {

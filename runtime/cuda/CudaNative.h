@@ -203,6 +203,18 @@ cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float
                   const float *step, double beta1, double beta2, double eps, double wd,
                   const float *gradScale, const float *skip, cudaStream_t s);
 
+/// adamw with the moments m, v (and nm, nv) stored in bf16 (state-dtype=
+/// bf16) and an f32 gradient: the same f32 math on the widened moments,
+/// the new moments rounded once, to nearest, or stochastically when ctx
+/// (the device's {seed, step}) is not null: stateRoundingKey(seed, step,
+/// key, moment), element i drawing as element first + i of its unit.
+/// cpu::adamwUpdateBf16State's bits.
+cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const void *v, float *np,
+                           void *nm, void *nv, int64_t n, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd,
+                           const float *gradScale, const float *skip, const uint64_t *ctx,
+                           int64_t key, uint64_t first, cudaStream_t s);
+
 } // namespace fsdp::cuda::native
 
 #endif // FSDP_RUNTIME_CUDA_CUDANATIVE_H

@@ -1223,6 +1223,112 @@ TEST_P(DeviceConformance, UpdatesWithGradScaleMatchTheClippingMul) {
   EXPECT_FALSE(same(9, 0)) << "the update ran";
 }
 
+/// adamw_update with bf16 moments (state-dtype=bf16) against the f32
+/// update on the same device from the widened moments: the parameters
+/// bitwise, the new moments that update's rounded once, to nearest or
+/// with stateRoundingKey's draws; a skipped step leaves everything as it
+/// was; and the second half run as shard 1 of two (shard_stride) stores
+/// the whole vector's second half, so N ranks draw what one rank draws.
+TEST_P(DeviceConformance, Bf16MomentsAreTheF32UpdateRoundedOnce) {
+  const int64_t n = 3000, half = n / 2, key = 5;
+  // 0 p, 1 g, 2 m16, 3 v16, 4 lr, 5 step, 6 sumsq (inf: skip), 7 m32, 8 v32;
+  // results: nearest 9-11, stochastic 12-14, f32 15-17, skipped 18-20.
+  std::vector<std::vector<int64_t>> shapes(21, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  const std::vector<int> bf16 = {2, 3, 10, 11, 13, 14, 19, 20};
+  nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  nlohmann::json sr = adam;
+  sr["stochastic"] = true;
+  sr["key"] = key;
+  nlohmann::json skip = sr;
+  skip["skip_nonfinite"] = true;
+  Plan plan = mixedPlan(shapes, bf16,
+                        {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, adam),
+                         inst("adamw_update", {0, 1, 2, 3, 4, 5}, {12, 13, 14}, sr),
+                         inst("adamw_update", {0, 1, 7, 8, 4, 5}, {15, 16, 17}, adam),
+                         inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {18, 19, 20}, skip)});
+  std::vector<float> p(n), g(n), m32(n), v32(n);
+  std::vector<uint16_t> m16(n), v16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    m16[i] = roundToBf16((float)std::sin(0.05 * double(i)) * 0.01f);
+    v16[i] = roundToBf16((float)std::fabs(std::sin(0.3 * double(i))) * 1e-4f + 1e-8f);
+    m32[i] = widenBf16(m16[i]);
+    v32[i] = widenBf16(v16[i]);
+  }
+  auto load = [&](const Plan &pl, int64_t shard, int64_t from) {
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    auto put = [&](int64_t id, const void *src) {
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
+              .isOk());
+    };
+    put(0, p.data() + from);
+    put(1, g.data() + from);
+    put(2, m16.data() + from);
+    put(3, v16.data() + from);
+    write(pl, 4, {1e-2f});
+    write(pl, 5, {3.f});
+    write(pl, 6, {std::numeric_limits<float>::infinity()});
+    if (pl.buffers.size() > 7) {
+      put(7, m32.data() + from);
+      put(8, v32.data() + from);
+    }
+  };
+  auto bits = [&](const Plan &pl, int64_t id) {
+    std::vector<uint16_t> v(pl.buffers[id].numel());
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
+    return v;
+  };
+  load(plan, 0, 0);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    ASSERT_TRUE(dev->run(i).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<float> np32 = read(plan, 15), nm32 = read(plan, 16), nv32 = read(plan, 17);
+  const uint64_t km = stateRoundingKey(77, 5, key, 0), kv = stateRoundingKey(77, 5, key, 1);
+  std::vector<uint16_t> nearM(n), nearV(n), srM(n), srV(n);
+  for (int64_t i = 0; i < n; ++i) {
+    nearM[i] = roundToBf16(nm32[i]);
+    nearV[i] = roundToBf16(nv32[i]);
+    srM[i] = roundToBf16Stochastic(nm32[i], km, (uint64_t)i);
+    srV[i] = roundToBf16Stochastic(nv32[i], kv, (uint64_t)i);
+  }
+  EXPECT_EQ(read(plan, 9), np32) << "the parameters read the f32 moments";
+  EXPECT_EQ(read(plan, 12), np32);
+  EXPECT_EQ(bits(plan, 10), nearM);
+  EXPECT_EQ(bits(plan, 11), nearV);
+  std::vector<uint16_t> gotM = bits(plan, 13), gotV = bits(plan, 14);
+  EXPECT_EQ(gotM, srM);
+  EXPECT_EQ(gotV, srV);
+  EXPECT_NE(gotV, nearV) << "the stochastic draws differ from nearest somewhere";
+  EXPECT_EQ(read(plan, 18), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bits(plan, 19), m16);
+  EXPECT_EQ(bits(plan, 20), v16);
+
+  // The second half as shard 1 of two: the whole vector's second half.
+  std::vector<std::vector<int64_t>> hs(15, {half});
+  for (int s : {4, 5, 6})
+    hs[s] = {};
+  nlohmann::json shardSr = sr;
+  shardSr["shard_stride"] = half;
+  Plan shard = mixedPlan(hs, {2, 3, 13, 14},
+                         {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {12, 13, 14}, shardSr)});
+  std::unique_ptr<Device> d2;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
+  dev.swap(d2);
+  load(shard, 1, half);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(bits(shard, 13), std::vector<uint16_t>(srM.begin() + half, srM.end()));
+  EXPECT_EQ(bits(shard, 14), std::vector<uint16_t>(srV.begin() + half, srV.end()));
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

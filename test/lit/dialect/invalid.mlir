@@ -33,7 +33,7 @@ fsdp.state @m : tensor<4xf32> of @nope kind "exp_avg"
 
 // -----
 fsdp.param @w : tensor<4xf32> init("zeros")
-// expected-error @+1 {{expected type 'tensor<4xf32>' of the parameter it shadows, found 'tensor<5xf32>'}}
+// expected-error @+1 {{expected type 'tensor<4xf32>' of the parameter it shadows (or its shape in bf16), found 'tensor<5xf32>'}}
 fsdp.state @m : tensor<5xf32> of @w kind "exp_avg"
 
 // -----
@@ -1083,3 +1083,43 @@ func.func @f(%q: tensor<80xi8>) {
   %bad = fsdp.all_to_all %q : tensor<80xi8> -> tensor<80xf32>
   return
 }
+
+// -----
+
+// bf16 moments (state-dtype=bf16) are for f32 parameters only.
+func.func @f(%p: tensor<8xbf16>, %m: tensor<8xf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{moments of 'f16' for parameters of 'bf16': expected the parameter's dtype, or bf16 for f32 parameters}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s : tensor<8xbf16> state tensor<8xf16>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %m: tensor<4xbf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{moments 'tensor<4xbf16>' must have the parameter's shape 'tensor<8xf32>'}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s : tensor<8xf32> state tensor<4xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{stochastic rounds f32 moments to bf16: expected bf16 moments of f32 parameters, found 'f32' of 'f32'}}
+  %0:3 = fsdp.adamw_update %p, %p, %p, %p, %s, %s {key = 0 : i64, stochastic} : tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %m: tensor<8xbf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{stochastic needs a key (its draws' stream)}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {stochastic} : tensor<8xf32> state tensor<8xbf16>
+  return
+}
+
+// -----
+
+// A state of another dtype than its parameter's (or bf16 beside f32).
+fsdp.param @w : tensor<8xbf16> init("zeros")
+// expected-error @+1 {{expected type 'tensor<8xbf16>' of the parameter it shadows (or its shape in bf16), found 'tensor<8xf32>'}}
+fsdp.state @w.m : tensor<8xf32> of @w kind "exp_avg"

@@ -11,7 +11,7 @@
 // LAMB (fsdp-insert-optimizer): per parameter, the norms of the weights
 // and of the update direction (two f32 sums over one segment, the whole
 // parameter), then the update reading them; AdamW's two moments.
-// OPT: optimizer = "lamb", weight_decay = 1.000000e-02
+// OPT: optimizer = "lamb", {{.*}}weight_decay = 1.000000e-02
 // OPT: fsdp.state @s.exp_avg : tensor<8xf32> of @s kind "exp_avg"
 // OPT: fsdp.state @s.exp_avg_sq : tensor<8xf32> of @s kind "exp_avg_sq"
 // OPT: %[[N:.+]] = fsdp.lamb_norms %[[P:[0-9]+]], %[[G:[0-9]+]], %[[M:[0-9]+]], %[[V:[0-9]+]], %arg3 {{{.*}}segments = array<i64: 0, 8>} : tensor<8xf32> -> tensor<2xf32>
