@@ -1173,6 +1173,51 @@ Status Executor::gatherParams(TensorMap &out) {
   return Status::ok();
 }
 
+Status Executor::gatherMoments(TensorMap &out) {
+  FSDP_RETURN_IF_ERROR(finishCarried());
+  for (const State &st : plan.states) {
+    if (st.kind != "exp_avg" && st.kind != "exp_avg_sq")
+      continue;
+    const Buffer &b = plan.buffers[st.buffer];
+    std::vector<float> mine(b.numel());
+    std::vector<uint8_t> raw(b.bytes);
+    FSDP_RETURN_IF_ERROR(readBuffer(st.buffer, raw.data()));
+    widenParams(b.dtype, raw.data(), b.numel(), mine.data());
+    if (!st.param.empty()) { // a parameter's own (unsharded plans)
+      Tensor t{DType::F32, b.shape, std::vector<uint8_t>(b.numel() * 4)};
+      std::memcpy(t.data.data(), mine.data(), t.data.size());
+      out[st.param + "." + st.kind] = std::move(t);
+      continue;
+    }
+    int64_t u = -1;
+    for (size_t i = 0; i < plan.units.size(); ++i)
+      if (plan.units[i].name == st.unit)
+        u = (int64_t)i;
+    if (u < 0)
+      return FSDP_ERROR("state ", st.name, " shadows no unit of the plan");
+    const Unit &unit = plan.units[u];
+    // Sharded with its unit's update (any stage above 0): this rank's
+    // shard of the padded flat moments.
+    std::vector<float> flat(unit.paddedNumel);
+    if (b.numel() == unit.shardNumel && unit.shardNumel != unit.paddedNumel)
+      FSDP_RETURN_IF_ERROR(
+          group("shard").allGather(mine.data(), flat.data(), unit.shardNumel, DType::F32));
+    else if (b.numel() == unit.paddedNumel)
+      flat = std::move(mine);
+    else
+      return FSDP_ERROR("state ", st.name, " has ", b.numel(), " elements, neither its unit's ",
+                        unit.paddedNumel, " nor a shard's ", unit.shardNumel);
+    for (const Param &p : plan.params) {
+      if (p.unit != u)
+        continue;
+      Tensor t{DType::F32, p.shape, std::vector<uint8_t>(p.numel() * 4)};
+      std::memcpy(t.data.data(), flat.data() + p.flatOffset, t.data.size());
+      out[p.name + "." + st.kind] = std::move(t);
+    }
+  }
+  return Status::ok();
+}
+
 Status Executor::loadParams(const TensorMap &in) {
   FSDP_RETURN_IF_ERROR(finishCarried());
   // Strict, like PyTorch's load_state_dict: a tensor the model does not

@@ -128,6 +128,11 @@ public:
   /// Every parameter, whole (sharded units are all-gathered): a collective,
   /// so every rank must call it.
   Status gatherParams(TensorMap &out);
+  /// The AdamW moments of every parameter, whole and widened to f32, as
+  /// "<param>.exp_avg" / "<param>.exp_avg_sq" (--dump-dir of a plan with
+  /// bf16 moments: the oracle replays each update from them). A
+  /// collective over the shard group where the moments are sharded.
+  Status gatherMoments(TensorMap &out);
   /// Loads whole parameters (each rank keeps its shard).
   Status loadParams(const TensorMap &in);
   /// Supplies elements [first, first + count) of parameter `p` (row-major

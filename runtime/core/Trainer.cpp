@@ -959,6 +959,12 @@ private:
       // of compounding.
       TensorMap now;
       FSDP_RETURN_IF_ERROR(ex->gatherParams(now));
+      // bf16 moments (optimizer-state-dtype=bf16) too: the oracle takes
+      // them as each update's state (f32 ones it accumulates itself).
+      if (std::any_of(plan.states.begin(), plan.states.end(), [&](const State &st) {
+            return plan.buffers[st.buffer].dtype == DType::BF16;
+          }))
+        FSDP_RETURN_IF_ERROR(ex->gatherMoments(now));
       for (auto &kv : now)
         trajectory["step" + std::to_string(s) + "." + kv.first] = std::move(kv.second);
     }

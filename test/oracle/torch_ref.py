@@ -460,8 +460,11 @@ class UpdateCheck:
         s = sum((b1 * b1 / b2) ** k for k in range(t))
         return (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2)) * math.sqrt(s)
 
-    def step(self, name, theta, g, D, lr):
-        """Returns (expected theta after the step, allowed |difference|)."""
+    def step(self, name, theta, g, D, lr, moments=None):
+        """Returns (expected theta after the step, allowed |difference|).
+        moments: our AdamW moments before the step (bf16 state: the
+        update reads them, not a float64 running sum); the new ones this
+        step expects are left in self.state[name] as m, v."""
         o, st, t = self.o, self.state[name], self.t
         wd = decay_of(o, theta)
         if self.kind in ("adamw", "lamb"):
@@ -469,6 +472,8 @@ class UpdateCheck:
             if not st:
                 st.update(m=torch.zeros_like(g), v=torch.zeros_like(g),
                           D=torch.zeros_like(g))
+            if moments is not None:
+                st["m"], st["v"] = moments
             st["m"] = b1 * st["m"] + (1 - b1) * g
             st["v"] = b2 * st["v"] + (1 - b2) * g * g
             st["D"] = torch.maximum(st["D"], D)
@@ -720,6 +725,16 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                    (plan.get("mesh") or {}).get("replicas", 1) > 1):
         raise SystemExit("this oracle replays gradient-quantization=int8 without loss "
                          "scaling, clipping or a 2-D mesh")
+    # optimizer-state-dtype=bf16: AdamW's moments are bf16 state, dumped
+    # after every step; each update is replayed from ours and our new ones
+    # checked against it (rounded once: one bf16 place stochastically,
+    # half of one to nearest).
+    bf16_moments = opts.get("state_dtype", "f32") == "bf16"
+    if bf16_moments and check.kind != "adamw":
+        raise SystemExit("bf16 moments are AdamW's (optimizer-state-dtype=bf16)")
+    rounding_places = 1.0 if opts.get("state_rounding") == "stochastic" else 0.5
+    moment_worst = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+    prev = 0  # the last applied step (its moments start the next update)
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
         used = dequantized(theta, plan, block) if block else theta
@@ -794,14 +809,44 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
             D = qallowed[n] if qallowed is not None else torch.full_like(g, clip * delta)
             if mgn > 0 and clip < 1:
                 D = D + grads[n].abs() * dclip
-            expected, allowed = check.step(n, theta[n], g, D, lr)
+            moments = None
+            if bf16_moments:
+                # The update starts from our stored moments (exact bf16
+                # values); zero before the first applied step.
+                moments = ((ours[f"step{prev}.{n}.exp_avg"].double(),
+                            ours[f"step{prev}.{n}.exp_avg_sq"].double()) if prev
+                           else (torch.zeros_like(g), torch.zeros_like(g)))
+                mv_prev = moments
+            expected, allowed = check.step(n, theta[n], g, D, lr, moments)
             got = ours[f"step{step}.{n}"].double()
             ratio = ((got - expected).abs() / allowed).max().item()
             worst[n] = max(worst[n], ratio)
+            if bf16_moments:
+                # Our new moments: the float64 ones from the same start,
+                # off by the gradient's error and float32's arithmetic,
+                # then rounded once to bf16: within one bf16 place
+                # (stochastic: the value below or above) or half of one
+                # (to nearest).
+                b1, b2 = opts["beta1"], opts["beta2"]
+                st = check.state[n]
+                for kind, want, err in (
+                        ("exp_avg", st["m"], (1 - b1) * D
+                         + 4 * U32 * (b1 * mv_prev[0].abs() + (1 - b1) * g.abs())),
+                        ("exp_avg_sq", st["v"], (1 - b2) * (2 * g.abs() * D + D * D)
+                         + 4 * U32 * (b2 * mv_prev[1] + (1 - b2) * g * g))):
+                    mine = ours[f"step{step}.{n}.{kind}"].double()
+                    mag = torch.maximum(want.abs(), mine.abs())
+                    # bf16's spacing at mag: 2^(e - 7), at least its
+                    # subnormals' 2^-133 (the f32 exponent range)
+                    place = torch.exp2(torch.floor(torch.log2(mag.clamp(min=2.0 ** -126))) - 7)
+                    bound = rounding_places * place + err + 1e-45
+                    r = ((mine - want).abs() / bound).max().item()
+                    moment_worst[kind] = max(moment_worst[kind], r)
             if check.kind in ("adamw", "lamb") and step == log["steps"]:
                 generic = lr * 2 * check.ratio_bound(step)
                 tight[n] = int((allowed < 0.5 * generic).sum().item())
             theta[n] = got
+        prev = step
     lines = [f"updates (float64, from our parameters before each step): "
              f"gradient rounding bound {n_round} u max|g|"]
     if block:
@@ -825,6 +870,14 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                      f"{norm_worst:.2e} of the allowed difference, relative difference "
                      f"{norm_rel:.2e})")
         ok = ok and norm_worst <= 1.0
+    if bf16_moments:
+        m_ok = all(w <= 1.0 for w in moment_worst.values())
+        lines.append(f"bf16 moments ({opts.get('state_rounding')} rounding): each update from "
+                     f"our stored moments, our new ones within {rounding_places:g} bf16 place "
+                     f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst exp_avg "
+                     f"{moment_worst['exp_avg']:.3f}, exp_avg_sq {moment_worst['exp_avg_sq']:.3f}"
+                     f" of the allowed difference)")
+        ok = ok and m_ok
     if ls:
         lines.append(f"loss scaling: {skipped_seen} of {log['steps']} steps skipped "
                      f"(overflow), Adam/momentum step count = applied steps; scale and "
