@@ -1352,9 +1352,10 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     `stochastic`, stochastically (runtime/core/StochasticRounding.h: the
     expected stored value is the f32 one, so v's small increments are not
     lost to rounding when beta2 is near 1). A stochastic update's draws
-    are keyed by (the run's seed, the training step, `key`, which moment)
-    and each element's position in its unit (`shard_stride` as above), so
-    N ranks, one rank, the CPU and the GPU store the same bits.
+    are keyed by (the run's seed, the training step, `key`) and each
+    element's position in its unit (`shard_stride` as above; one 64-bit
+    mix an element, 16 of its bits for each moment), so N ranks, one
+    rank, the CPU and the GPU store the same bits.
 
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>

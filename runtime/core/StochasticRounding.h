@@ -37,28 +37,42 @@ FSDP_HD inline uint64_t stochasticRoundingKey(uint64_t seed, int64_t step, int64
   return dropoutKey(seed, step, (int64_t)(kRoundingIdBase + (uint64_t)unit));
 }
 
-/// The stream of a bf16 AdamW moment's stochastic writes
-/// (`fsdp.adamw_update {stochastic, key = K}`, state-dtype=bf16): moment
-/// 0 (exp_avg) or 1 (exp_avg_sq) of unit K at `step`. These ids lie above
-/// the parameter casts' (kRoundingIdBase + K), so no two streams meet.
+/// The stream of a bf16 AdamW update's stochastic moment writes
+/// (`fsdp.adamw_update {stochastic, key = K}`, state-dtype=bf16): unit K at
+/// `step`. These ids lie above the parameter casts' (kRoundingIdBase + K),
+/// so no two streams meet.
 constexpr uint64_t kStateRoundingIdBase = kRoundingIdBase | (uint64_t(1) << 61);
-FSDP_HD inline uint64_t stateRoundingKey(uint64_t seed, int64_t step, int64_t unit, int moment) {
-  return dropoutKey(seed, step,
-                    (int64_t)(kStateRoundingIdBase + 2 * (uint64_t)unit + (uint64_t)moment));
+FSDP_HD inline uint64_t stateRoundingKey(uint64_t seed, int64_t step, int64_t unit) {
+  return dropoutKey(seed, step, (int64_t)(kStateRoundingIdBase + (uint64_t)unit));
 }
 
-/// The bf16 bits of x rounded stochastically with element g's draw.
-FSDP_HD inline uint16_t roundToBf16Stochastic(float x, uint64_t key, uint64_t g) {
+/// x's bf16 bits rounded up in magnitude when the 16-bit draw r is below
+/// the bits rounding drops (probability low / 2^16); NaN stays NaN.
+FSDP_HD inline uint16_t bf16WithDraw(float x, uint32_t r) {
   uint32_t b;
 #ifdef __CUDA_ARCH__
   b = __float_as_uint(x);
 #else
   std::memcpy(&b, &x, 4);
 #endif
-  if ((b & 0x7fffffffu) > 0x7f800000u) // NaN stays NaN
+  if ((b & 0x7fffffffu) > 0x7f800000u)
     return (uint16_t)((b >> 16) | 0x40);
-  uint32_t r = (uint32_t)(dropoutMix(key + (g + 1) * 0x9E3779B97F4A7C15ULL) >> 48);
   return (uint16_t)((b >> 16) + (r < (b & 0xFFFFu) ? 1u : 0u));
+}
+
+/// Element g's two new moments m, v rounded stochastically with one mix:
+/// its top 16 bits draw for m, the next 16 for v (half the hashing of two
+/// draws; the bits of a 64-bit mix are independent for this purpose).
+FSDP_HD inline void roundMomentsToBf16Stochastic(float m, float v, uint64_t key, uint64_t g,
+                                                 uint16_t &bm, uint16_t &bv) {
+  uint64_t r = dropoutMix(key + (g + 1) * 0x9E3779B97F4A7C15ULL);
+  bm = bf16WithDraw(m, (uint32_t)(r >> 48));
+  bv = bf16WithDraw(v, (uint32_t)(r >> 32) & 0xFFFFu);
+}
+
+/// The bf16 bits of x rounded stochastically with element g's draw.
+FSDP_HD inline uint16_t roundToBf16Stochastic(float x, uint64_t key, uint64_t g) {
+  return bf16WithDraw(x, (uint32_t)(dropoutMix(key + (g + 1) * 0x9E3779B97F4A7C15ULL) >> 48));
 }
 
 } // namespace fsdp

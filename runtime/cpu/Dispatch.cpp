@@ -648,8 +648,7 @@ const std::unordered_map<std::string, Exec> &table() {
         const DropoutContext &c = r.dropout;
         mr.stochastic = r.op.b("stochastic");
         const int64_t key = r.op.i("key", 0);
-        mr.keyM = stateRoundingKey(c.seed, c.step, key, 0);
-        mr.keyV = stateRoundingKey(c.seed, c.step, key, 1);
+        mr.key = stateRoundingKey(c.seed, c.step, key);
         const uint64_t base = (uint64_t)(r.rank * r.op.i("shard_stride", 0));
         inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
           MomentRounding part = mr;

@@ -962,20 +962,37 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
   float b1 = (float)beta1, b2 = (float)beta2, oneMinusB1 = (float)(1 - beta1),
         oneMinusB2 = (float)(1 - beta2), teps = (float)eps;
   const MomentRounding r = rounding;
+  // In chunks: the f32 update vectorized into two small buffers, then
+  // the rounding (a hash per element when stochastic). One element-wise
+  // loop with the rounding in it ran scalar, 1.7x the f32 step's time
+  // for an 8M-parameter MLP.
+  constexpr int64_t kChunk = 512;
 #pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    float pi = p[i] * decay;
-    float gi = g[i] * gradScale;
-    float mi = widenBf16(m[i]) * b1 + oneMinusB1 * gi;
-    float vi = widenBf16(v[i]) * b2 + oneMinusB2 * gi * gi;
-    float denom = std::sqrt(vi) / bc2Sqrt + teps;
-    np[i] = pi - stepSize * (mi / denom);
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t len = std::min(kChunk, n - c);
+    float mf[kChunk], vf[kChunk];
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = c + j;
+      float pi = p[i] * decay;
+      float gi = g[i] * gradScale;
+      float mi = widenBf16(m[i]) * b1 + oneMinusB1 * gi;
+      float vi = widenBf16(v[i]) * b2 + oneMinusB2 * gi * gi;
+      float denom = std::sqrt(vi) / bc2Sqrt + teps;
+      np[i] = pi - stepSize * (mi / denom);
+      mf[j] = mi;
+      vf[j] = vi;
+    }
     if (r.stochastic) {
-      nm[i] = roundToBf16Stochastic(mi, r.keyM, r.first + (uint64_t)i);
-      nv[i] = roundToBf16Stochastic(vi, r.keyV, r.first + (uint64_t)i);
+      for (int64_t j = 0; j < len; ++j)
+        roundMomentsToBf16Stochastic(mf[j], vf[j], r.key, r.first + (uint64_t)(c + j), nm[c + j],
+                                     nv[c + j]);
     } else {
-      nm[i] = roundToBf16(mi);
-      nv[i] = roundToBf16(vi);
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) {
+        nm[c + j] = roundToBf16(mf[j]);
+        nv[c + j] = roundToBf16(vf[j]);
+      }
     }
   }
 }

@@ -199,11 +199,11 @@ void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
                  double beta2, double eps, double wd, T gradScale = T(1));
 /// How adamwUpdateBf16State writes the moments: to nearest even, or
-/// stochastically with the draws of keys keyM / keyV (stateRoundingKey),
-/// element i drawing as element first + i of its unit.
+/// stochastically with the draws of `key` (stateRoundingKey), element i
+/// drawing as element first + i of its unit (roundMomentsToBf16Stochastic).
 struct MomentRounding {
   bool stochastic = false;
-  uint64_t keyM = 0, keyV = 0, first = 0;
+  uint64_t key = 0, first = 0;
 };
 /// adamwUpdate<float> with the moments stored in bf16: widened, the same
 /// f32 arithmetic (the parameter's update reads the f32 moments), the new

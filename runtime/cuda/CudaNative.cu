@@ -1694,16 +1694,15 @@ __global__ void adamwBf16StateKernel(const float *p, const float *g, const __nv_
   AdamwScalars c = adamwScalars(lrp, stepp, beta1, beta2, eps, wd);
   const float gs = gradScale ? *gradScale : 1.f;
   const bool scaled = gradScale != nullptr;
-  const uint64_t km = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key, 0) : 0,
-                 kv = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key, 1) : 0;
+  const uint64_t k = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key) : 0;
   FSDP_GRID_STRIDE(i, n) {
     const float gi = scaled ? __fmul_rn(g[i], gs) : g[i];
     float pn, mn, vn;
     adamwElement(c, p[i], gi, ld(m + i), ld(v + i), pn, mn, vn);
     np[i] = pn;
     if (ctx) {
-      const uint16_t bm = roundToBf16Stochastic(mn, km, first + (uint64_t)i),
-                     bv = roundToBf16Stochastic(vn, kv, first + (uint64_t)i);
+      uint16_t bm, bv;
+      roundMomentsToBf16Stochastic(mn, vn, k, first + (uint64_t)i, bm, bv);
       memcpy(nm + i, &bm, 2);
       memcpy(nv + i, &bv, 2);
     } else {

@@ -207,7 +207,8 @@ cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float
 /// bf16) and an f32 gradient: the same f32 math on the widened moments,
 /// the new moments rounded once, to nearest, or stochastically when ctx
 /// (the device's {seed, step}) is not null: stateRoundingKey(seed, step,
-/// key, moment), element i drawing as element first + i of its unit.
+/// key), element i drawing as element first + i of its unit
+/// (roundMomentsToBf16Stochastic).
 /// cpu::adamwUpdateBf16State's bits.
 cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const void *v, float *np,
                            void *nm, void *nv, int64_t n, const float *lr, const float *step,

@@ -8,9 +8,9 @@ What the option changes: the f32 master parameters stay, the two moments
 are bf16 state (4 bytes of optimizer state a parameter instead of 8). Each
 update widens them, runs AdamW in f32 (the parameter's update reads the f32
 moments) and rounds the new moments once: stochastically by default, the
-draw of element g of unit K at step s a pure function of (--seed, s, K,
-which moment, g), g counted in the unit's flat parameters
-(runtime/core/StochasticRounding.h, stateRoundingKey).
+draws of element g of unit K at step s a pure function of (--seed, s, K,
+g), g counted in the unit's flat parameters (runtime/core/
+StochasticRounding.h, roundMomentsToBf16Stochastic).
 
 (a) The small GPT, global batch 4, f32 compute:
     - two one-rank runs are bitwise equal (the draws are a pure function);
