@@ -40,6 +40,12 @@ def first(plan, op):
     return next(i for i in plan["program"] if i["op"] == op)
 
 
+def narrow(plan, buffer):
+    """Buffer `buffer` stored in bf16 (half its bytes, where it was)."""
+    b = next(x for x in plan["buffers"] if x["id"] == buffer)
+    b.update(dtype="bf16", bytes=b["bytes"] // 2)
+
+
 def view(plan):
     return next(b for b in plan["buffers"] if b.get("rank_stride"))
 
@@ -302,6 +308,12 @@ PLAN_CASES = [
     ("rank_period without a reshard group", "sharded", setter(lambda p: view(p).update(rank_period=2)), "rank_period 2"),
     ("all_gather over a missing reshard group", "sharded", setter(lambda p: first(p, "all_gather")["attrs"].update(group="reshard")), "attribute group"),
     # dtypes
+    # bf16 moments (optimizer-state-dtype=bf16): AdamW's moments only, both in one dtype, and
+    # stochastic rounding needs its key
+    ("a momentum buffer in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="momentum_buffer"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments in f32 or bf16)"),
+    ("adamw_update with one bf16 moment", "mlp", setter(lambda p: narrow(p, first(p, "adamw_update")["in"][2])), "(both moments in one dtype)"),
+    ("adamw_update bf16 moments, stochastic without a key", "mlp", setter(lambda p: (narrow(p, first(p, "adamw_update")["in"][2]), narrow(p, first(p, "adamw_update")["in"][3]), first(p, "adamw_update")["attrs"].update(stochastic=True))), "stochastic needs an integer key >= 0"),
+    ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the moments to bf16, but they are f32"),
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),
     ("param bf16 over an f32 buffer", "mlp", setter(lambda p: p["params"][0].update(dtype="bf16")), "f32"),
