@@ -159,6 +159,22 @@ a, g, c = (json.load(open(p))["eval_losses"] for p in sys.argv[1:4])
 d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
 print("cuda", a, "graphs", g, "cpu", c, "max relative cuda-cpu", d)
 sys.exit(0 if len(a) == len(c) == 3 and d <= 1e-5 and a == g else 1)' "$OUT/d10/log.json" "$OUT/d11/log.json" "$OUT/d12/log.json"
+# AdamW's moments in bf16 (optimizer-state-dtype=bf16): the GPU's update
+# draws the CPU's bits (step 1 within 1e-6, every step within 1e-4, as
+# test/e2e/optimizer_state_bf16.py's (c)), a captured graph replays each
+# step's draw (bitwise the eager run), and the PyTorch oracle replays every
+# update from the GPU's stored moments (test/oracle/README.md).
+step bf16m_cuda "$R" "$P/gpt_bf16m.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/d17"
+step bf16m_graphs "$R" "$P/gpt_bf16m.plan" --device cuda --cuda-graphs --steps 20 --lr 3e-3 --dump-dir "$OUT/d18"
+step bf16m_cpu "$R" "$P/gpt_bf16m.plan" --steps 20 --lr 3e-3 --threads 8 --dump-dir "$OUT/d19"
+step bf16m_equal "$PY" -c '
+import json, sys
+a, g, c = (json.load(open(p))["losses"] for p in sys.argv[1:4])
+d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
+print("cuda", a[-1], "graphs", g[-1], "cpu", c[-1], "step 1", abs(a[0] - c[0]) / c[0], "max", d)
+sys.exit(0 if len(a) == len(c) == 20 and abs(a[0] - c[0]) <= 1e-6 * c[0] and d <= 1e-4
+         and a == g else 1)' "$OUT/d17/log.json" "$OUT/d18/log.json" "$OUT/d19/log.json"
+step bf16m_oracle oracle gpt "$P/gpt_bf16m.plan" "$OUT/d17"
 # test/e2e/cuda_emu.py on the GPU (plans compiled by gpu-pack.sh): the MLP
 # and GPT against the CPU device (1e-5), recompute / activation offload /
 # micro-batch reduction / dropout, a 2-rank checkpoint resumed bitwise,

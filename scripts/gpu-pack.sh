@@ -67,6 +67,10 @@ done
 # bf16 GPT (small) for the native-vs-widened comparison of gpu-check.sh.
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=bf16 plan=$P/gpt_bf16.plan report=false"
+# AdamW's moments in bf16 (optimizer-state-dtype=bf16): the same GPT in
+# f32, the GPU against the CPU and the PyTorch oracle on the GPU's dump.
+"$OPT" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16m.plan report=false"
 # f16 with dynamic loss scaling: the same GPT on the GPU against the CPU.
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=f16 plan=$P/gpt_f16.plan report=false"

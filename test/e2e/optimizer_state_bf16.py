@@ -3,6 +3,7 @@
 
 usage: optimizer_state_bf16.py BIN_DIR shards            (a) N ranks == 1 rank, memory, resume
        optimizer_state_bf16.py BIN_DIR text TOKENS.bin   (b) 200 steps: f32, nearest, stochastic
+       optimizer_state_bf16.py BIN_DIR cuda RUN_BINARY   (c) --device cuda == the CPU (check_cuda)
 
 What the option changes: the f32 master parameters stay, the two moments
 are bf16 state (4 bytes of optimizer state a parameter instead of 8). Each
@@ -204,6 +205,43 @@ def check_text(bindir, tmp, tokens):
     return failures
 
 
+def check_cuda(bindir, tmp, runner):
+    """(c) --device cuda (RUN_BINARY: fsdp-run-emu here, fsdp-run on a GPU)
+    against the CPU device, 6 steps of the small GPT in f32 with bf16
+    moments at lr 1e-2: step 1 within 1e-6 (the kernels' f32 summation
+    orders differ), every step within LOOSE (as (a): that difference
+    amplified; measured 1.9e-5 on the emulator, whose steps 1-3 are
+    bitwise the CPU's: the CUDA update draws the CPU's bits, which
+    DeviceConformance checks bit for bit), and --cuda-graphs (each replay
+    reads its step's draw from device memory) bitwise the eager run."""
+    failures = 0
+    model = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+    path = os.path.join(tmp, "c.plan")
+    mp.compile_plan(bindir, model, path, "optimizer-state-dtype=bf16")
+
+    def losses(binary, extra):
+        out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + LR
+                             + extra, check=True, capture_output=True, text=True,
+                             timeout=600).stdout
+        return [json.loads(l)["loss"] for l in out.splitlines()
+                if l.startswith("{") and '"step"' in l]
+
+    cpu = losses(os.path.join(bindir, "fsdp-run"), [])
+    cuda = losses(runner, ["--device", "cuda"])
+    err = max(rel(a, b) for a, b in zip(cuda, cpu))
+    first = rel(cuda[0], cpu[0])
+    ok = len(cuda) == 6 and first <= 1e-6 and err <= LOOSE
+    failures += not ok
+    print(f"(c) bf16 moments on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
+          f"max {err:.2e} (<= {LOOSE:.0e}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
+          f"{'ok' if ok else 'MISMATCH'}")
+    graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
+    ok = graphs == cuda
+    failures += not ok
+    print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
 def main():
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
@@ -213,6 +251,8 @@ def main():
             failures = check_shards(bindir, tmp)
         elif mode == "text" and len(sys.argv) == 4:
             failures = check_text(bindir, tmp, sys.argv[3])
+        elif mode == "cuda" and len(sys.argv) == 4:
+            failures = check_cuda(bindir, tmp, sys.argv[3])
         else:
             raise SystemExit(__doc__)
     print("bf16 optimizer state checks pass" if not failures
