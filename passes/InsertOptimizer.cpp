@@ -109,21 +109,23 @@ void InsertOptimizerPass::runOnOperation() {
   OpBuilder b(ctx);
   // Record the options: the plan carries them to fsdp-run (and the PyTorch
   // oracle uses them to build the same optimizer).
-  module->setAttr("fsdp.optimizer",
-                  b.getDictionaryAttr({
-                      b.getNamedAttr("optimizer", b.getStringAttr(optimizer)),
-                      b.getNamedAttr("momentum", b.getF64FloatAttr(momentum)),
-                      b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
-                      b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
-                      b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
-                      b.getNamedAttr("weight_decay_params", b.getStringAttr(weightDecayParams)),
-                      b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
-                      b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
-                      b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
-                      b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
-                      b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)),
-                      b.getNamedAttr("state_rounding", b.getStringAttr(stateRounding)),
-                  }));
+  SmallVector<NamedAttribute> recorded = {
+      b.getNamedAttr("optimizer", b.getStringAttr(optimizer)),
+      b.getNamedAttr("momentum", b.getF64FloatAttr(momentum)),
+      b.getNamedAttr("dampening", b.getF64FloatAttr(dampening)),
+      b.getNamedAttr("nesterov", b.getBoolAttr(nesterov)),
+      b.getNamedAttr("weight_decay", b.getF64FloatAttr(wd)),
+      b.getNamedAttr("weight_decay_params", b.getStringAttr(weightDecayParams)),
+      b.getNamedAttr("beta1", b.getF64FloatAttr(beta1)),
+      b.getNamedAttr("beta2", b.getF64FloatAttr(beta2)),
+      b.getNamedAttr("eps", b.getF64FloatAttr(eps)),
+      b.getNamedAttr("max_grad_norm", b.getF64FloatAttr(maxGradNorm)),
+  };
+  if (bf16State) { // f32 moments leave the record as it was
+    recorded.push_back(b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)));
+    recorded.push_back(b.getNamedAttr("state_rounding", b.getStringAttr(stateRounding)));
+  }
+  module->setAttr("fsdp.optimizer", b.getDictionaryAttr(recorded));
   if (optimizer == "none") {
     if (getLossScalePolicy(module)) {
       mlir::emitError(module.getLoc())
