@@ -919,48 +919,51 @@ void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
   }
 }
 
+namespace {
+
+/// AdamW's per-step scalars as torch forms them (Python floats, i.e.
+/// double), each rounded once to T, and one element's step with them
+/// (torch 1.13: exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1), ...).
+template <typename T> struct AdamwStep {
+  T stepSize, bc2Sqrt, decay, b1, b2, oneMinusB1, oneMinusB2, eps;
+  AdamwStep(double lr, int64_t step, double beta1, double beta2, double epsilon, double wd)
+      : stepSize((T)(lr / (1 - std::pow(beta1, (double)step)))),
+        bc2Sqrt((T)std::sqrt(1 - std::pow(beta2, (double)step))), decay((T)(1 - lr * wd)),
+        b1((T)beta1), b2((T)beta2), oneMinusB1((T)(1 - beta1)), oneMinusB2((T)(1 - beta2)),
+        eps((T)epsilon) {}
+  /// p, the (scaled) gradient g and the moments m, v -> np, nm, nv.
+  void apply(T p, T g, T m, T v, T &np, T &nm, T &nv) const {
+    T mi = m * b1 + oneMinusB1 * g;
+    T vi = v * b2 + oneMinusB2 * g * g;
+    T denom = std::sqrt(vi) / bc2Sqrt + eps;
+    np = p * decay - stepSize * (mi / denom);
+    nm = mi;
+    nv = vi;
+  }
+};
+
+} // namespace
+
 template <typename T>
 void adamwUpdate(const T *p, const T *g, const T *m, const T *v, T *np, T *nm,
                  T *nv, int64_t n, double lr, int64_t step, double beta1,
                  double beta2, double eps, double wd, T gradScale) {
-  // Scalars as torch computes them (Python floats, i.e. double).
-  double bc1 = 1 - std::pow(beta1, (double)step);
-  double bc2 = 1 - std::pow(beta2, (double)step);
-  T stepSize = (T)(lr / bc1);
-  T bc2Sqrt = (T)std::sqrt(bc2);
-  T decay = (T)(1 - lr * wd);
-  T b1 = (T)beta1, b2 = (T)beta2, oneMinusB1 = (T)(1 - beta1),
-    oneMinusB2 = (T)(1 - beta2), teps = (T)eps;
+  const AdamwStep<T> a(lr, step, beta1, beta2, eps, wd);
   // simd: iteration i reads and writes element i only, and each output is
   // either its input (in place) or disjoint from every operand, so the
   // vectorizer may skip the 21 runtime alias checks it would otherwise
   // need and give up on (the loop ran scalar: 3.3 ns per element).
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    T pi = p[i] * decay;
-    // torch 1.13: exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-    T gi = g[i] * gradScale;
-    T mi = m[i] * b1 + oneMinusB1 * gi;
-    T vi = v[i] * b2 + oneMinusB2 * gi * gi;
-    T denom = std::sqrt(vi) / bc2Sqrt + teps;
-    np[i] = pi - stepSize * (mi / denom);
-    nm[i] = mi;
-    nv[i] = vi;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    a.apply(p[i], g[i] * gradScale, m[i], v[i], np[i], nm[i], nv[i]);
 }
 
 void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
                           float *np, uint16_t *nm, uint16_t *nv, int64_t n, double lr, int64_t step,
                           double beta1, double beta2, double eps, double wd, float gradScale,
                           const MomentRounding &rounding) {
-  // adamwUpdate<float>'s scalars and per-element arithmetic, line for line.
-  double bc1 = 1 - std::pow(beta1, (double)step);
-  double bc2 = 1 - std::pow(beta2, (double)step);
-  float stepSize = (float)(lr / bc1);
-  float bc2Sqrt = (float)std::sqrt(bc2);
-  float decay = (float)(1 - lr * wd);
-  float b1 = (float)beta1, b2 = (float)beta2, oneMinusB1 = (float)(1 - beta1),
-        oneMinusB2 = (float)(1 - beta2), teps = (float)eps;
+  // adamwUpdate<float>'s arithmetic on the widened moments.
+  const AdamwStep<float> a(lr, step, beta1, beta2, eps, wd);
   const MomentRounding r = rounding;
   // In chunks: the f32 update vectorized into two small buffers, then
   // the rounding (a hash per element when stochastic). One element-wise
@@ -972,18 +975,11 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
     const int64_t len = std::min(kChunk, n - c);
     float mf[kChunk], vf[kChunk];
 #pragma omp simd
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t i = c + j;
-      float pi = p[i] * decay;
-      float gi = g[i] * gradScale;
-      float mi = widenBf16(m[i]) * b1 + oneMinusB1 * gi;
-      float vi = widenBf16(v[i]) * b2 + oneMinusB2 * gi * gi;
-      float denom = std::sqrt(vi) / bc2Sqrt + teps;
-      np[i] = pi - stepSize * (mi / denom);
-      mf[j] = mi;
-      vf[j] = vi;
-    }
+    for (int64_t j = 0; j < len; ++j)
+      a.apply(p[c + j], g[c + j] * gradScale, widenBf16(m[c + j]), widenBf16(v[c + j]), np[c + j],
+              mf[j], vf[j]);
     if (r.stochastic) {
+#pragma omp simd
       for (int64_t j = 0; j < len; ++j)
         roundMomentsToBf16Stochastic(mf[j], vf[j], r.key, r.first + (uint64_t)(c + j), nm[c + j],
                                      nv[c + j]);
