@@ -44,12 +44,12 @@ struct FsdpPipelineOptions
                              llvm::cl::init(0.0)};
   Option<std::string> optimizerStateDtype{
       *this, "optimizer-state-dtype",
-      llvm::cl::desc("f32 | bf16: AdamW's moments in bf16 (f32 math, 4 bytes of "
-                     "state a parameter instead of 8)"),
+      llvm::cl::desc("f32 | bf16: AdamW's moments or SGD's momentum buffer in bf16 "
+                     "(f32 math, half the optimizer state's bytes)"),
       llvm::cl::init("f32")};
   Option<std::string> optimizerStateRounding{
       *this, "optimizer-state-rounding",
-      llvm::cl::desc("stochastic | nearest: how bf16 moments are rounded when written"),
+      llvm::cl::desc("stochastic | nearest: how bf16 optimizer state is rounded when written"),
       llvm::cl::init("stochastic")};
   Option<int64_t> gradAccum{
       *this, "grad-accum",

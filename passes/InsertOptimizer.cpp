@@ -86,10 +86,16 @@ void InsertOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   const bool bf16State = stateDtype == "bf16";
-  if (bf16State && optimizer != "adamw") {
+  if (bf16State && optimizer == "sgd" && momentum <= 0) {
     mlir::emitError(module.getLoc())
-        << "state-dtype=bf16 stores AdamW's moments in bf16; optimizer=" << optimizer
-        << " keeps f32 state (use optimizer=adamw, or state-dtype=f32)";
+        << "state-dtype=bf16 stores optimizer state in bf16, and SGD without momentum keeps "
+           "none (set momentum > 0, or state-dtype=f32)";
+    return signalPassFailure();
+  }
+  if (bf16State && optimizer != "adamw" && optimizer != "sgd") {
+    mlir::emitError(module.getLoc())
+        << "state-dtype=bf16 stores AdamW's moments or SGD's momentum buffer in bf16; optimizer="
+        << optimizer << " keeps f32 state (use optimizer=adamw or sgd, or state-dtype=f32)";
     return signalPassFailure();
   }
   double wd = weightDecay >= 0 ? weightDecay.getValue() : (optimizer == "sgd" ? 0.0 : 0.01);
@@ -207,6 +213,14 @@ void InsertOptimizerPass::runOnOperation() {
     auto symRef = [&](StateOp s) {
       return FlatSymbolRefAttr::get(s.getSymNameAttr());
     };
+    // bf16 state of f32 parameters only (the verifier's rule); a bf16
+    // parameter's state is bf16 already. The stochastic draws' key: the
+    // update's ordinal here; fsdp-shard gives each unit's update the
+    // unit's.
+    Type stateElem = bf16State && param.getTensorType().getElementType().isF32()
+                         ? Type(b.getBF16Type())
+                         : Type();
+    const bool stochastic = stateElem && stateRounding == "stochastic";
     if (optimizer == "lamb") {
       // The norms over the whole parameter (one segment), then the step;
       // fsdp-shard rebuilds both over each unit's flat shard, its
@@ -230,19 +244,11 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (optimizer == "adamw") {
-      // bf16 moments of f32 parameters only (the verifier's rule); a bf16
-      // parameter's moments are bf16 already.
-      Type stateElem = bf16State && param.getTensorType().getElementType().isF32()
-                           ? Type(b.getBF16Type())
-                           : Type();
       StateOp m = createState(param, "exp_avg", stateElem);
       StateOp v = createState(param, "exp_avg_sq", stateElem);
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
       Type t = param.getType(), st = m.getType();
-      // The stochastic draws' key: the update's ordinal here; fsdp-shard
-      // gives each unit's update the unit's.
-      const bool stochastic = stateElem && stateRounding == "stochastic";
       auto upd = b.create<AdamwUpdateOp>(
           ploc, TypeRange{t, st, st}, p, grad, mv, vv, lr, stepCount, skip,
           /*grad_scale=*/Value(), b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
@@ -253,14 +259,15 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (momentum > 0) {
-      StateOp buf = createState(param, "momentum_buffer");
+      StateOp buf = createState(param, "momentum_buffer", stateElem);
       Value bv = b.create<GetStateOp>(ploc, buf.getType(), symRef(buf));
       Type t = param.getType();
       auto upd = b.create<SgdMomentumUpdateOp>(
-          ploc, TypeRange{t, t}, p, grad, bv, lr, stepCount, skip, /*grad_scale=*/Value(),
-          b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
+          ploc, TypeRange{t, buf.getType()}, p, grad, bv, lr, stepCount, skip,
+          /*grad_scale=*/Value(), b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
           b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
-          nesterov ? b.getUnitAttr() : UnitAttr());
+          nesterov ? b.getUnitAttr() : UnitAttr(), stochastic ? b.getUnitAttr() : UnitAttr(),
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {

@@ -262,10 +262,10 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     remains (unless optimizer=none); each trainable parameter is written
     back once with `fsdp.set_param`.
 
-    With `state-dtype=bf16` AdamW's two moments are bf16 state (torchao's
-    bf16 optimizer states; DeepSpeed and FSDP keep them f32): the optimizer
-    state falls from 8 to 4 bytes a parameter, the f32 master parameters
-    stay. The update runs in f32 and rounds the new moments once;
+    With `state-dtype=bf16` AdamW's two moments (or SGD's momentum buffer)
+    are bf16 state (torchao's bf16 optimizer states; DeepSpeed and FSDP
+    keep them f32): the optimizer state falls from 8 to 4 bytes a parameter
+    (SGD's from 4 to 2), the f32 master parameters stay. The update runs in f32 and rounds the new moments once;
     `state-rounding=stochastic` (the default) rounds them stochastically,
     since to nearest a bf16 v no longer moves once (1 - beta2) g^2 is
     below half its last place (beta2 = 0.999: under 2^-9 of v).
@@ -293,8 +293,8 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"maxGradNorm", "max-grad-norm", "double", /*default=*/"0.0",
            "global-norm gradient clipping threshold (0: off)">,
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
-           "f32 | bf16: AdamW's moments stored in bf16 (f32 math; 4 bytes of "
-           "state a parameter instead of 8)">,
+           "f32 | bf16: AdamW's moments or SGD's momentum buffer stored in bf16 "
+           "(f32 math; half the optimizer state's bytes)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,

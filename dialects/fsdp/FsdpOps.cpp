@@ -78,8 +78,9 @@ static void printParamGradTypes(OpAsmPrinter &printer, Operation *, Type gamma, 
     printer << "-> " << dGamma; // the printer has put a space before the directive
 }
 
-/// fsdp.adamw_update's moment type: the parameter's, unless `state type`
-/// follows (bf16 moments of f32 parameters; the verifier checks it).
+/// An update's state type (adamw_update's moments, sgd_momentum_update's
+/// buffer): the parameter's, unless `state type` follows (bf16 state of
+/// f32 parameters; the verifier checks it).
 static ParseResult parseStateType(OpAsmParser &parser, Type &state, Type param) {
   state = param;
   if (succeeded(parser.parseOptionalKeyword("state")) && parser.parseType(state))
@@ -822,24 +823,37 @@ static LogicalResult verifyLamb(Operation *op, ArrayRef<int64_t> seg, Value para
   return success();
 }
 
-LogicalResult AdamwUpdateOp::verify() {
-  RankedTensorType p = rt(getParam()), m = rt(getExpAvg());
+/// An update's state (`what`: "moments", "buffer") against its parameter:
+/// the same shape, the parameter's dtype or bf16 beside f32 parameters
+/// (state-dtype=bf16); `stochastic` rounds into bf16 and needs a key.
+static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, StringRef what,
+                                      bool stochastic, std::optional<int64_t> key) {
+  RankedTensorType p = rt(param), m = rt(state);
   if (p.getShape() != m.getShape())
-    return emitOpError() << "moments " << typeStr(m) << " must have the parameter's shape "
-                         << typeStr(p);
+    return op->emitOpError() << what << " " << typeStr(m) << " must have the parameter's shape "
+                             << typeStr(p);
   Type pe = p.getElementType(), me = m.getElementType();
   if (me != pe && !(pe.isF32() && me.isBF16()))
-    return emitOpError() << "moments of " << typeStr(me) << " for parameters of " << typeStr(pe)
-                         << ": expected the parameter's dtype, or bf16 for f32 parameters";
-  if (getStochastic() && !(pe.isF32() && me.isBF16()))
-    return emitOpError() << "stochastic rounds f32 moments to bf16: expected bf16 moments of f32 "
-                            "parameters, found "
-                         << typeStr(me) << " of " << typeStr(pe);
-  if (getStochastic() && !getKey())
-    return emitOpError() << "stochastic needs a key (its draws' stream)";
-  if (getKey() && *getKey() < 0)
-    return emitOpError() << "key must be >= 0, found " << *getKey();
+    return op->emitOpError() << what << " of " << typeStr(me) << " for parameters of "
+                             << typeStr(pe)
+                             << ": expected the parameter's dtype, or bf16 for f32 parameters";
+  if (stochastic && !(pe.isF32() && me.isBF16()))
+    return op->emitOpError() << "stochastic rounds f32 " << what << " to bf16: expected bf16 "
+                             << what << " of f32 parameters, found " << typeStr(me) << " of "
+                             << typeStr(pe);
+  if (stochastic && !key)
+    return op->emitOpError() << "stochastic needs a key (its draws' stream)";
+  if (key && *key < 0)
+    return op->emitOpError() << "key must be >= 0, found " << *key;
   return success();
+}
+
+LogicalResult AdamwUpdateOp::verify() {
+  return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey());
+}
+
+LogicalResult SgdMomentumUpdateOp::verify() {
+  return verifyStateDtype(*this, getParam(), getBuffer(), "buffer", getStochastic(), getKey());
 }
 
 LogicalResult LambNormsOp::verify() {

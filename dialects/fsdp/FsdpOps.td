@@ -1269,7 +1269,8 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
 }
 
 def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
-    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "buffer", "new_param", "new_buffer"]>]> {
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "new_param"]>,
+     AllTypesMatch<["buffer", "new_buffer"]>]> {
   let summary = "one SGD step with momentum (PyTorch semantics)";
   let description = [{
     g' = g + weight_decay * p; buf = g' on step 1, else momentum * buf +
@@ -1295,8 +1296,16 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
     whole unit). Still elementwise.
 
+    The buffer may be stored in bf16 beside f32 parameters
+    (fsdp-insert-optimizer's `state-dtype=bf16`: 2 bytes of state a
+    parameter instead of 4): widened, the step runs in f32 (the parameter's
+    update reads the f32 buffer), and the new buffer is rounded once, to
+    nearest even or, with `stochastic` and `key`, stochastically with
+    adamw_update's draws (16 bits of an element's mix).
+
     ```mlir
     %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
+    %p3, %b3 = fsdp.sgd_momentum_update %p, %g, %bb, %lr, %step {key = 0 : i64, momentum = 9.0e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1309,11 +1318,14 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
                        OptionalAttr<I64Attr>:$shard_stride,
-                       UnitAttr:$nesterov);
+                       UnitAttr:$nesterov,
+                       UnitAttr:$stochastic,
+                       OptionalAttr<I64Attr>:$key);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
   let assemblyFormat = [{
-    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($buffer), ref(type($param)))
   }];
+  let hasVerifier = 1;
 }
 
 def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments,

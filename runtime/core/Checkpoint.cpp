@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <sys/mman.h>
@@ -948,6 +949,63 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
   return Status::ok();
 }
 
+/// What loading `index`'s checkpoint into `plan` converts: for the
+/// parameters' storage and for each optimizer-state kind whose storage
+/// dtype differs between them, "exp_avg f32 -> bf16" (a bf16-moment plan
+/// resuming an f32-moment checkpoint, or the reverse). Read from the
+/// shard map's buffers and states; a malformed entry is skipped here (the
+/// load itself rejects it).
+std::vector<std::string> storageConversions(const json &index, const Plan &plan) {
+  const json &map = index["shard_map"];
+  auto savedDtype = [&](const json &id) -> std::string {
+    if (id.is_number_integer() && map.contains("buffers") && map["buffers"].is_array())
+      for (const json &b : map["buffers"])
+        if (b.is_object() && b.value("id", json()) == id && b.value("dtype", json()).is_string())
+          return b["dtype"];
+    return "";
+  };
+  // kind ("" for the parameters) -> the dtypes it is stored in
+  std::map<std::string, std::set<std::string>> was, now;
+  for (const char *list : {"units", "params"})
+    if (map.contains(list) && map[list].is_array())
+      for (const json &e : map[list])
+        if (e.is_object() && e.contains("buffer"))
+          if (std::string d = savedDtype(e["buffer"]); !d.empty())
+            was[""].insert(d);
+  if (map.contains("states") && map["states"].is_array())
+    for (const json &st : map["states"])
+      if (st.is_object() && st.value("kind", json()).is_string() && st.contains("buffer"))
+        if (std::string d = savedDtype(st["buffer"]); !d.empty())
+          was[st["kind"].get<std::string>()].insert(d);
+  auto dtypeOf = [&](int64_t id) {
+    return id >= 0 && id < (int64_t)plan.buffers.size() ? dtypeName(plan.buffers[id].dtype)
+                                                        : std::string();
+  };
+  for (const Unit &u : plan.units)
+    if (u.buffer >= 0)
+      now[""].insert(dtypeOf(u.buffer));
+  for (const Param &p : plan.params)
+    if (p.buffer >= 0)
+      now[""].insert(dtypeOf(p.buffer));
+  for (const State &st : plan.states)
+    if (st.buffer >= 0)
+      now[st.kind].insert(dtypeOf(st.buffer));
+  auto join = [](const std::set<std::string> &s) {
+    std::string out;
+    for (const std::string &d : s)
+      out += (out.empty() ? "" : "/") + d;
+    return out;
+  };
+  std::vector<std::string> out;
+  for (const auto &[kind, dtypes] : now) {
+    auto it = was.find(kind);
+    if (it != was.end() && it->second != dtypes)
+      out.push_back((kind.empty() ? std::string("parameters") : kind) + " " + join(it->second) +
+                    " -> " + join(dtypes));
+  }
+  return out;
+}
+
 /// "2 rank(s) (mesh 1x2) at stage 3".
 std::string layoutName(int64_t world, int64_t replicas, int64_t shards, int64_t stage) {
   return std::to_string(world) + " rank(s) (mesh " + std::to_string(replicas) + "x" +
@@ -955,6 +1013,13 @@ std::string layoutName(int64_t world, int64_t replicas, int64_t shards, int64_t 
 }
 
 } // namespace
+
+std::string conversionNote(const std::vector<std::string> &converted) {
+  std::string out;
+  for (size_t i = 0; i < converted.size(); ++i)
+    out += (i ? ", " : "") + converted[i];
+  return out + " (narrowed to nearest even; widening is exact)";
+}
 
 Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, int64_t rank,
                       TrainingPosition &position, LoadReport *report) {
@@ -1023,6 +1088,7 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
     report->to = layoutName(plan.worldSize, plan.meshReplicas, plan.meshShards, plan.stage);
     report->readBytes = src.files->bytesRead;
     report->checkpointBytes = src.files->totalBytes();
+    report->converted = storageConversions(index, plan);
   }
   return Status::ok();
 }
@@ -1060,10 +1126,13 @@ Status exportCheckpoint(const std::string &path, TensorMap &params) {
   return reader.tensors("", params);
 }
 
-Status reshardCheckpoint(const std::string &path, const Plan &target, const std::string &outDir) {
+Status reshardCheckpoint(const std::string &path, const Plan &target, const std::string &outDir,
+                         std::vector<std::string> *converted) {
   ShardMapReader src;
   FSDP_RETURN_IF_ERROR(src.open(path));
   FSDP_RETURN_IF_ERROR(checkSameModel(src, target));
+  if (converted)
+    *converted = storageConversions(src.index, target);
   TrainingPosition pos = positionOf(src.index);
   std::string out = outDir + "/" + stepDirName(pos.step);
   std::error_code ec;

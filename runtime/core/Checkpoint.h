@@ -28,6 +28,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace fsdp {
 
@@ -60,7 +61,15 @@ struct LoadReport {
   std::string from, to; ///< the checkpoint's layout, and the plan's
   /// Bytes this rank read of the rank files, and their total size.
   uint64_t readBytes = 0, checkpointBytes = 0;
+  /// Storage the load converted, one entry for the parameters or an
+  /// optimizer-state kind: "exp_avg f32 -> bf16". A narrowing rounds each
+  /// value to nearest even; a widening is exact.
+  std::vector<std::string> converted;
 };
+
+/// What a tool prints for LoadReport::converted: "exp_avg f32 -> bf16,
+/// exp_avg_sq f32 -> bf16 (narrowed to nearest even; widening is exact)".
+std::string conversionNote(const std::vector<std::string> &converted);
 
 /// Writes the checkpoint of `position.step` under `dir` (every rank calls
 /// it: one barrier), then, on rank 0, removes older checkpoints beyond the
@@ -171,8 +180,10 @@ Status exportCheckpoint(const std::string &path, TensorMap &params);
 /// ranges of the source's rank files that hold them (the shard map says
 /// where every parameter and its optimizer state lie), the same way
 /// loadCheckpoint reshards on load.
-Status reshardCheckpoint(const std::string &path, const Plan &target,
-                         const std::string &outDir);
+/// `converted` (when given) receives the storage it converted, as
+/// LoadReport::converted.
+Status reshardCheckpoint(const std::string &path, const Plan &target, const std::string &outDir,
+                         std::vector<std::string> *converted = nullptr);
 
 } // namespace fsdp
 

@@ -1176,7 +1176,7 @@ Status Executor::gatherParams(TensorMap &out) {
 Status Executor::gatherMoments(TensorMap &out) {
   FSDP_RETURN_IF_ERROR(finishCarried());
   for (const State &st : plan.states) {
-    if (st.kind != "exp_avg" && st.kind != "exp_avg_sq")
+    if (st.kind != "exp_avg" && st.kind != "exp_avg_sq" && st.kind != "momentum_buffer")
       continue;
     const Buffer &b = plan.buffers[st.buffer];
     std::vector<float> mine(b.numel());

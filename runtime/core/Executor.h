@@ -128,10 +128,11 @@ public:
   /// Every parameter, whole (sharded units are all-gathered): a collective,
   /// so every rank must call it.
   Status gatherParams(TensorMap &out);
-  /// The AdamW moments of every parameter, whole and widened to f32, as
-  /// "<param>.exp_avg" / "<param>.exp_avg_sq" (--dump-dir of a plan with
-  /// bf16 moments: the oracle replays each update from them). A
-  /// collective over the shard group where the moments are sharded.
+  /// The AdamW moments or SGD momentum buffer of every parameter, whole
+  /// and widened to f32, as "<param>.exp_avg" / "<param>.exp_avg_sq" /
+  /// "<param>.momentum_buffer" (--dump-dir of a plan with bf16 state: the
+  /// oracle replays each update from them). A collective over the shard
+  /// group where the state is sharded.
   Status gatherMoments(TensorMap &out);
   /// Loads whole parameters (each rank keeps its shard).
   Status loadParams(const TensorMap &in);

@@ -38,24 +38,27 @@ Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
   return Status::ok();
 }
 
-/// adamw_update's dtypes: p, g, lr, step and the new p in f32; the two
-/// moments and the two new moments all f32, or all bf16 (state-dtype=bf16).
-/// `stochastic` rounds into bf16 and needs its draws' key.
-Status adamwStateDtype(const Op &op) {
-  if (op.inst.in.size() < 4 || op.inst.out.size() != 3)
-    return FSDP_ERROR(op.inst.op, ": expected at least 4 operands and 3 results, found ",
-                      op.inst.in.size(), " and ", op.inst.out.size());
+/// An update's dtypes when its state may be bf16 (state-dtype=bf16:
+/// adamw_update's two moments, sgd_momentum_update's buffer): p, g, lr,
+/// step and the new p in f32; the `states` state operands (from operand 2)
+/// and the new states all f32, or all bf16. `stochastic` rounds into bf16
+/// and needs its draws' key.
+Status updateStateDtype(const Op &op, int states) {
+  if ((int)op.inst.in.size() < 2 + states || (int)op.inst.out.size() != 1 + states)
+    return FSDP_ERROR(op.inst.op, ": expected at least ", 2 + states, " operands and ", 1 + states,
+                      " results, found ", op.inst.in.size(), " and ", op.inst.out.size());
   const DType state = op.in(2).dtype;
   if (state != DType::F32 && state != DType::BF16)
-    return FSDP_ERROR(op.inst.op, ": moments of ", dtypeName(state), ": expected f32 or bf16");
+    return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state), ": expected f32 or bf16");
+  auto isState = [&](int i) { return i >= 2 && i < 2 + states; };
   for (int i = 0; i < (int)op.inst.in.size(); ++i) {
-    DType want = i == 2 || i == 3 ? state : DType::F32;
+    DType want = isState(i) ? state : DType::F32;
     if (op.in(i).dtype != want)
       return FSDP_ERROR(op.inst.op, ": operand ", i, " is ", dtypeName(op.in(i).dtype),
                         ", expected ", dtypeName(want),
-                        i == 2 || i == 3 ? " (both moments in one dtype)" : "");
+                        isState(i) && states > 1 ? " (both moments in one dtype)" : "");
   }
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i <= states; ++i) {
     DType want = i == 0 ? DType::F32 : state;
     if (op.out(i).dtype != want)
       return FSDP_ERROR(op.inst.op, ": result ", i, " is ", dtypeName(op.out(i).dtype),
@@ -63,7 +66,7 @@ Status adamwStateDtype(const Op &op) {
   }
   if (op.b("stochastic")) {
     if (state != DType::BF16)
-      return FSDP_ERROR(op.inst.op, ": stochastic rounds the moments to bf16, but they are ",
+      return FSDP_ERROR(op.inst.op, ": stochastic rounds the state to bf16, but it is ",
                         dtypeName(state));
     if (!(op.i("key", -1) >= 0))
       return FSDP_ERROR(op.inst.op, ": stochastic needs an integer key >= 0 (its draws' stream)");
@@ -71,6 +74,11 @@ Status adamwStateDtype(const Op &op) {
   if (!op.attrError.empty())
     return FSDP_ERROR(op.inst.op, ": ", op.attrError);
   return Status::ok();
+}
+
+/// Whether `op` is an update whose state may be stored in bf16.
+bool hasNarrowableState(const std::string &op) {
+  return op == "adamw_update" || op == "sgd_momentum_update";
 }
 
 Status expectAllF32(const Op &op) {
@@ -167,9 +175,9 @@ bool needsWidening(const Plan &plan, const Instruction &inst) {
   if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device" ||
       inst.op == "quantize" || inst.op == "dequantize")
     return false; // converts or copies bytes itself
-  if (inst.op == "adamw_update" && inst.in.size() > 2 && inst.in[2] >= 0 &&
+  if (hasNarrowableState(inst.op) && inst.in.size() > 2 && inst.in[2] >= 0 &&
       inst.in[2] < (int64_t)plan.buffers.size() && plan.buffers[inst.in[2]].dtype == DType::BF16)
-    return false; // reads and writes its bf16 moments itself (state-dtype=bf16)
+    return false; // reads and writes its bf16 state itself (state-dtype=bf16)
   for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
     for (int64_t id : *ids)
       if (id >= 0 && id < (int64_t)plan.buffers.size() && isNarrowFloat(plan.buffers[id].dtype))
@@ -773,10 +781,11 @@ const std::unordered_map<std::string, Check> &checks() {
     // Optimizer updates: operands (p, g, [states...], lr, [step]).
     auto checkUpdate = [](int states, bool hasStep) {
       return [states, hasStep](const Op &op) {
-        // adamw_update with bf16 moments (state-dtype=bf16) comes here
-        // unwidened (needsWidening): both moments and both new moments
-        // bf16, the rest f32.
-        FSDP_RETURN_IF_ERROR(op.inst.op == "adamw_update" ? adamwStateDtype(op) : expectAllF32(op));
+        // adamw_update / sgd_momentum_update with bf16 state
+        // (state-dtype=bf16) comes here unwidened (needsWidening): the
+        // states and new states bf16, the rest f32.
+        FSDP_RETURN_IF_ERROR(hasNarrowableState(op.inst.op) ? updateStateDtype(op, states)
+                                                            : expectAllF32(op));
         int64_t n = op.in(0).numel();
         for (int i = 1; i < 2 + states; ++i)
           if (op.in(i).numel() != n)
@@ -790,7 +799,7 @@ const std::unordered_map<std::string, Check> &checks() {
           return FSDP_ERROR(op.inst.op, ": expected scalar lr/step operands");
         if (op.has("decay_numel") || op.has("shard_stride")) {
           // weight-decay-params=matrices (decayedCount): both or neither,
-          // except that a stochastic adamw_update places its draws by
+          // except that a stochastic update places its draws by
           // shard_stride alone.
           const bool strideAlone = op.b("stochastic") && !op.has("decay_numel");
           int64_t d = op.i("decay_numel", strideAlone ? 0 : -1), stride = op.i("shard_stride", -1);

@@ -440,16 +440,18 @@ Status validateParams(const Plan &plan) {
 }
 
 /// Each optimizer state's buffer, f32, or bf16 (state-dtype=bf16: AdamW's
-/// moments; adamw_update's check holds its operands to one dtype).
+/// moments, SGD's momentum buffer; the update's check holds its operands
+/// to one dtype).
 Status validateStates(const Plan &plan) {
   for (const State &s : plan.states) {
     if (!validId(plan, s.buffer))
       return FSDP_ERROR("plan: state ", s.name, " has an invalid buffer");
     DType d = plan.buffers[s.buffer].dtype;
-    if (d != DType::F32 && !(d == DType::BF16 && (s.kind == "exp_avg" || s.kind == "exp_avg_sq")))
+    if (d != DType::F32 && !(d == DType::BF16 && (s.kind == "exp_avg" || s.kind == "exp_avg_sq" ||
+                                                  s.kind == "momentum_buffer")))
       return FSDP_ERROR("plan: state ", s.name, " (", s.kind, ") is ", dtypeName(d),
-                        "; this runtime keeps optimizer state in f32 (AdamW's moments in f32 "
-                        "or bf16)");
+                        "; this runtime keeps optimizer state in f32 (AdamW's moments and SGD's "
+                        "momentum buffer in f32 or bf16)");
   }
   return Status::ok();
 }

@@ -781,12 +781,19 @@ private:
                         ", not before --steps ", opt.steps, ": nothing to run");
     if (root && !opt.quiet && !opt.json) {
       std::printf("resuming from %s (step %lld)\n", path.c_str(), (long long)pos.step);
-      if (resumed.resharded)
+      if (resumed.resharded && resumed.from != resumed.to)
         std::printf("resharded on load: written for %s, this plan is for %s; rank 0 read "
                     "%s of the checkpoint's %s\n",
                     resumed.from.c_str(), resumed.to.c_str(),
                     human((double)resumed.readBytes).c_str(),
                     human((double)resumed.checkpointBytes).c_str());
+      else if (resumed.resharded) // the same mesh and stage: units or dtypes differ
+        std::printf("re-laid out on load: written for %s too, with other units or storage "
+                    "dtypes; rank 0 read %s of the checkpoint's %s\n",
+                    resumed.from.c_str(), human((double)resumed.readBytes).c_str(),
+                    human((double)resumed.checkpointBytes).c_str());
+      if (!resumed.converted.empty())
+        std::printf("converted on load: %s\n", conversionNote(resumed.converted).c_str());
     }
     resumedPath = path;
     resumedStep = pos.step;
@@ -959,8 +966,8 @@ private:
       // of compounding.
       TensorMap now;
       FSDP_RETURN_IF_ERROR(ex->gatherParams(now));
-      // bf16 moments (optimizer-state-dtype=bf16) too: the oracle takes
-      // them as each update's state (f32 ones it accumulates itself).
+      // bf16 optimizer state (optimizer-state-dtype=bf16) too: the oracle
+      // takes it as each update's state (f32 state it accumulates itself).
       if (std::any_of(plan.states.begin(), plan.states.end(), [&](const State &st) {
             return plan.buffers[st.buffer].dtype == DType::BF16;
           }))
@@ -1125,6 +1132,7 @@ private:
                         {"written_for", resumed.from},
                         {"rank0_read_bytes", resumed.readBytes},
                         {"checkpoint_bytes", resumed.checkpointBytes},
+                        {"converted", resumed.converted},
                         {"rank0_load_ms", loadMs}};
       if (plan.hostArenaBytes > 0) {
         j["predicted_host_peak"] = plan.memory.hostPeak;

@@ -619,20 +619,41 @@ const std::unordered_map<std::string, Exec> &table() {
       });
       return Status::ok();
     };
-    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
+    // bf16 optimizer state (state-dtype=bf16; never widened:
+    // needsWidening): how the part of the operand from element `at` rounds
+    // it. The draws are keyed by the unit and placed by the element's
+    // position in it, so every rank layout stores the same bits.
+    auto stateRounding = [](const Run &r, int64_t at) {
+      MomentRounding mr;
+      mr.stochastic = r.op.b("stochastic");
+      mr.key = stateRoundingKey(r.dropout.seed, r.dropout.step, r.op.i("key", 0));
+      mr.first = (uint64_t)(r.rank * r.op.i("shard_stride", 0) + at);
+      return mr;
+    };
+    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale,
+                                stateRounding](const Run &r) {
       if (skipped(r, 2))
         return Status::ok();
       float gs = gradScale(r);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
+      const double mom = r.op.f("momentum", 0), damp = r.op.f("dampening", 0);
+      if (r.op.in(2).dtype == DType::BF16) {
+        inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
+          sgdMomentumUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,
+                                     r.out(0) + at, r.out<uint16_t>(1) + at, count, *r.in(3), step,
+                                     mom, damp, wd, r.op.b("nesterov"), gs, stateRounding(r, at));
+        });
+        return Status::ok();
+      }
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
         sgdMomentumUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.out(0) + at,
-                                 r.out(1) + at, count, *r.in(3), step, r.op.f("momentum", 0),
-                                 r.op.f("dampening", 0), wd, r.op.b("nesterov"), gs);
+                                 r.out(1) + at, count, *r.in(3), step, mom, damp, wd,
+                                 r.op.b("nesterov"), gs);
       });
       return Status::ok();
     };
-    m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale](const Run &r) {
+    m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale, stateRounding](const Run &r) {
       if (skipped(r, 3))
         return Status::ok();
       float gs = gradScale(r);
@@ -641,22 +662,11 @@ const std::unordered_map<std::string, Exec> &table() {
       const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
                    eps = r.op.f("eps", 1e-8);
       if (r.op.in(2).dtype == DType::BF16) {
-        // state-dtype=bf16 (never widened: needsWidening): the moments'
-        // draws keyed by the unit and placed by the element's position in
-        // it, so every rank layout stores the same bits.
-        MomentRounding mr;
-        const DropoutContext &c = r.dropout;
-        mr.stochastic = r.op.b("stochastic");
-        const int64_t key = r.op.i("key", 0);
-        mr.key = stateRoundingKey(c.seed, c.step, key);
-        const uint64_t base = (uint64_t)(r.rank * r.op.i("shard_stride", 0));
         inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
-          MomentRounding part = mr;
-          part.first = base + (uint64_t)at;
           adamwUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,
                                r.in<uint16_t>(3) + at, r.out(0) + at, r.out<uint16_t>(1) + at,
                                r.out<uint16_t>(2) + at, count, *r.in(4), step, b1, b2, eps, wd, gs,
-                               part);
+                               stateRounding(r, at));
         });
         return Status::ok();
       }

@@ -900,22 +900,67 @@ void sgdUpdate(const T *p, const T *g, T *np, int64_t n, double lr, double wd,
   }
 }
 
+namespace {
+
+/// SGD-with-momentum's per-step scalars, each rounded once to T, and one
+/// element's step with them (torch's _single_tensor_sgd).
+template <typename T> struct SgdMomentumStep {
+  T lr, momentum, oneMinusDampening, wd;
+  bool first, decays, nesterov;
+  SgdMomentumStep(double lr, int64_t step, double momentum, double dampening, double wd,
+                  bool nesterov)
+      : lr((T)lr), momentum((T)momentum), oneMinusDampening((T)(1 - dampening)), wd((T)wd),
+        first(step <= 1), decays(wd != 0), nesterov(nesterov) {}
+  /// p, the (scaled) gradient g and the buffer b -> np, nb.
+  void apply(T p, T g, T b, T &np, T &nb) const {
+    T d = g;
+    if (decays)
+      d += wd * p;
+    // torch: the first step clones the gradient into the buffer.
+    T nbi = first ? d : momentum * b + oneMinusDampening * d;
+    nb = nbi;
+    np = p - lr * (nesterov ? d + momentum * nbi : nbi);
+  }
+};
+
+} // namespace
+
 template <typename T>
 void sgdMomentumUpdate(const T *p, const T *g, const T *buf, T *np, T *nbuf,
                        int64_t n, double lr, int64_t step, double momentum,
                        double dampening, double wd, bool nesterov,
                        T gradScale) {
-  T tlr = (T)lr, tm = (T)momentum, td = (T)(1 - dampening), twd = (T)wd;
+  const SgdMomentumStep<T> s(lr, step, momentum, dampening, wd, nesterov);
 #pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    T d = g[i] * gradScale;
-    if (wd != 0)
-      d += twd * p[i];
-    // torch: the first step clones the gradient into the buffer.
-    T b = step <= 1 ? d : tm * buf[i] + td * d;
-    nbuf[i] = b;
-    T upd = nesterov ? d + tm * b : b;
-    np[i] = p[i] - tlr * upd;
+  for (int64_t i = 0; i < n; ++i)
+    s.apply(p[i], g[i] * gradScale, buf[i], np[i], nbuf[i]);
+}
+
+void sgdMomentumUpdateBf16State(const float *p, const float *g, const uint16_t *buf, float *np,
+                                uint16_t *nbuf, int64_t n, double lr, int64_t step, double momentum,
+                                double dampening, double wd, bool nesterov, float gradScale,
+                                const MomentRounding &rounding) {
+  // sgdMomentumUpdate<float>'s arithmetic on the widened buffer, in chunks
+  // as adamwUpdateBf16State's.
+  const SgdMomentumStep<float> s(lr, step, momentum, dampening, wd, nesterov);
+  const MomentRounding r = rounding;
+  constexpr int64_t kChunk = 512;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t len = std::min(kChunk, n - c);
+    float bf[kChunk];
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j)
+      s.apply(p[c + j], g[c + j] * gradScale, widenBf16(buf[c + j]), np[c + j], bf[j]);
+    if (r.stochastic) {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j)
+        nbuf[c + j] = roundToBf16Stochastic(bf[j], r.key, r.first + (uint64_t)(c + j));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j)
+        nbuf[c + j] = roundToBf16(bf[j]);
+    }
   }
 }
 

@@ -205,6 +205,14 @@ struct MomentRounding {
   bool stochastic = false;
   uint64_t key = 0, first = 0;
 };
+/// sgdMomentumUpdate<float> with the buffer stored in bf16: widened, the
+/// same f32 arithmetic (the parameter's update reads the f32 buffer), the
+/// new buffer rounded once as `rounding` says (stochastically: one draw an
+/// element, roundToBf16Stochastic).
+void sgdMomentumUpdateBf16State(const float *p, const float *g, const uint16_t *buf, float *np,
+                                uint16_t *nbuf, int64_t n, double lr, int64_t step, double momentum,
+                                double dampening, double wd, bool nesterov, float gradScale,
+                                const MomentRounding &rounding);
 /// adamwUpdate<float> with the moments stored in bf16: widened, the same
 /// f32 arithmetic (the parameter's update reads the f32 moments), the new
 /// moments rounded once as `rounding` says.

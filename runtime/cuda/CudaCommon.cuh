@@ -58,6 +58,21 @@ __device__ __forceinline__ void adamwElement(const AdamwScalars &c, float p, flo
   nm = mi;
   nv = vi;
 }
+// One SGD-with-momentum update, shared by the f32 kernel (CudaKernels.cu)
+// and the bf16-buffer one (CudaNative.cu), each operation rounded on its
+// own in cpu::sgdMomentumUpdate's order (no contraction: the CPU's bits).
+// `first`: step 1, where torch clones the gradient into the buffer.
+struct SgdMomentumScalars {
+  float lr, momentum, omd, wd;
+  bool decays, first, nesterov;
+};
+__device__ __forceinline__ void sgdMomentumElement(const SgdMomentumScalars &c, float p, float g,
+                                                   float b, float &np, float &nb) {
+  float d = c.decays ? __fadd_rn(g, __fmul_rn(c.wd, p)) : g;
+  float nbi = c.first ? d : __fadd_rn(__fmul_rn(c.momentum, b), __fmul_rn(c.omd, d));
+  nb = nbi;
+  np = __fsub_rn(p, __fmul_rn(c.lr, c.nesterov ? __fadd_rn(d, __fmul_rn(c.momentum, nbi)) : nbi));
+}
 constexpr int kReduceBlocks = 256; // stage-1 blocks of a two-stage reduction
 
 unsigned gridFor(int64_t n) {

@@ -2023,6 +2023,32 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                      : sgdUpdate(p + k, g + k, np + k, cnt - k, lr, 0.0, s, skip, gs);
         },
         n);
+  } else if (n == "sgd_momentum_update" && op.in(2).dtype == DType::BF16) {
+    // state-dtype=bf16 (OpRules: f32 p, g; a bf16 buffer), as adamw's below.
+    const float *p = r.in(0), *g = r.in(1), *lr = r.in(3), *step = r.in(4);
+    const uint8_t *buf = r.in<uint8_t>(2);
+    float *np = r.out(0);
+    uint8_t *nb = r.out<uint8_t>(1);
+    double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
+    bool nesterov = op.b("nesterov");
+    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
+    rules::UpdateExtras x = rules::updateExtras(op);
+    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
+    const uint64_t *ctx = op.b("stochastic") ? stepCtx : nullptr;
+    const int64_t key = op.i("key", 0);
+    const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          auto part = [&](int64_t at, int64_t count, double decay) {
+            return native::sgdMomentumBf16State(p + at, g + at, buf + 2 * at, np + at, nb + 2 * at,
+                                                count, lr, step, m, damp, decay, nesterov, gs, skip,
+                                                ctx, key, first + (uint64_t)at, s);
+          };
+          cudaError_t e = k ? part(0, k, wd) : cudaSuccess;
+          return e != cudaSuccess || k == cnt ? e : part(k, cnt - k, 0.0);
+        },
+        n);
   } else if (n == "sgd_momentum_update") {
     const float *p = r.in(0), *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
     float *np = r.out(0), *nb = r.out(1);
@@ -2200,7 +2226,8 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
   if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
         return i.op == "dropout" ||
-               ((i.op == "cast" || i.op == "adamw_update") && i.attrs.value("stochastic", false));
+               ((i.op == "cast" || i.op == "adamw_update" || i.op == "sgd_momentum_update") &&
+                i.attrs.value("stochastic", false));
       })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));

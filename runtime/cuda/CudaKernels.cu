@@ -980,23 +980,17 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
                               float *nbuf, int64_t n, const float *lr, const float *step,
                               double momentum, double dampening, double wd, bool nesterov,
                               cudaStream_t s, const float *skip, const float *gradScale) {
-  float tm = (float)momentum, td = (float)(1 - dampening), twd = (float)wd;
-  bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
     if (skip && !isfinite(*skip)) {
       np[i] = p[i];
       nbuf[i] = buf[i];
       return;
     }
-    // __fmul_rn: the product rounded on its own (never contracted into the
-    // decay's FMA), as the mul it replaces.
+    // __fmul_rn: the product rounded on its own, as the mul it replaces.
     float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
-    if (decay)
-      d += twd * p[i];
-    float b = *step < 2.f ? d : tm * buf[i] + td * d; // step 1: torch clones the gradient
-    nbuf[i] = b;
-    float upd = nesterov ? d + tm * b : b;
-    np[i] = p[i] - *lr * upd;
+    SgdMomentumScalars c{*lr,         (float)momentum, (float)(1 - dampening), (float)wd, wd != 0,
+                         *step < 2.f, nesterov};
+    sgdMomentumElement(c, p[i], d, buf[i], np[i], nbuf[i]);
   });
 }
 

@@ -1729,6 +1729,57 @@ cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const 
   return cudaGetLastError();
 }
 
+namespace {
+
+/// sgd_momentum_update with a bf16 buffer (state-dtype=bf16): kernels/
+/// sgdMomentumUpdate's f32 element on the widened buffer, the new buffer
+/// rounded once (stochastically with ctx, as adamwBf16StateKernel's).
+__global__ void sgdMomentumBf16StateKernel(const float *p, const float *g, const __nv_bfloat16 *buf,
+                                           float *np, __nv_bfloat16 *nbuf, int64_t n,
+                                           const float *lrp, const float *stepp, double momentum,
+                                           double dampening, double wd, bool nesterov,
+                                           const float *gradScale, const float *skip,
+                                           const uint64_t *ctx, int64_t key, uint64_t first) {
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      np[i] = p[i];
+      nbuf[i] = buf[i];
+    }
+    return;
+  }
+  const SgdMomentumScalars c{
+      *lrp, (float)momentum, (float)(1 - dampening), (float)wd, wd != 0, *stepp < 2.f, nesterov};
+  const uint64_t k = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key) : 0;
+  FSDP_GRID_STRIDE(i, n) {
+    const float gi = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
+    float pn, bn;
+    sgdMomentumElement(c, p[i], gi, ld(buf + i), pn, bn);
+    np[i] = pn;
+    if (ctx) {
+      uint16_t b = roundToBf16Stochastic(bn, k, first + (uint64_t)i);
+      memcpy(nbuf + i, &b, 2);
+    } else {
+      st(nbuf + i, bn);
+    }
+  }
+}
+
+} // namespace
+
+cudaError_t sgdMomentumBf16State(const float *p, const float *g, const void *buf, float *np,
+                                 void *nbuf, int64_t n, const float *lr, const float *step,
+                                 double momentum, double dampening, double wd, bool nesterov,
+                                 const float *gradScale, const float *skip, const uint64_t *ctx,
+                                 int64_t key, uint64_t first, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  unsigned blocks = std::min<unsigned>(gridFor(n), 2048u); // as adamwT's
+  sgdMomentumBf16StateKernel<<<blocks, kThreads, 0, s>>>(
+      p, g, static_cast<const __nv_bfloat16 *>(buf), np, static_cast<__nv_bfloat16 *>(nbuf), n, lr,
+      step, momentum, dampening, wd, nesterov, gradScale, skip, ctx, key, first);
+  return cudaGetLastError();
+}
+
 cudaError_t unary(FloatKind t, UnaryKind k, const void *x, void *y, int64_t n, double factor,
                   cudaStream_t s) {
   FSDP_NATIVE_DISPATCH(t, unaryT, k, x, y, n, factor, s);

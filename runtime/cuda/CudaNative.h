@@ -216,6 +216,17 @@ cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const 
                            const float *gradScale, const float *skip, const uint64_t *ctx,
                            int64_t key, uint64_t first, cudaStream_t s);
 
+/// sgd_momentum_update with the buffer (and the new one) stored in bf16
+/// and f32 p, g: kernels::sgdMomentumUpdate's f32 element on the widened
+/// buffer, the new buffer rounded once, to nearest, or stochastically when
+/// ctx is given (roundToBf16Stochastic, keyed as adamwBf16State's).
+/// cpu::sgdMomentumUpdateBf16State's bits.
+cudaError_t sgdMomentumBf16State(const float *p, const float *g, const void *buf, float *np,
+                                 void *nbuf, int64_t n, const float *lr, const float *step,
+                                 double momentum, double dampening, double wd, bool nesterov,
+                                 const float *gradScale, const float *skip, const uint64_t *ctx,
+                                 int64_t key, uint64_t first, cudaStream_t s);
+
 } // namespace fsdp::cuda::native
 
 #endif // FSDP_RUNTIME_CUDA_CUDANATIVE_H

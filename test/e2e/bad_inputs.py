@@ -310,10 +310,10 @@ PLAN_CASES = [
     # dtypes
     # bf16 moments (optimizer-state-dtype=bf16): AdamW's moments only, both in one dtype, and
     # stochastic rounding needs its key
-    ("a momentum buffer in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="momentum_buffer"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments in f32 or bf16)"),
+    ("an unknown state kind in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="trust_ratio"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments and SGD's momentum buffer in f32 or bf16)"),
     ("adamw_update with one bf16 moment", "mlp", setter(lambda p: narrow(p, first(p, "adamw_update")["in"][2])), "(both moments in one dtype)"),
     ("adamw_update bf16 moments, stochastic without a key", "mlp", setter(lambda p: (narrow(p, first(p, "adamw_update")["in"][2]), narrow(p, first(p, "adamw_update")["in"][3]), first(p, "adamw_update")["attrs"].update(stochastic=True))), "stochastic needs an integer key >= 0"),
-    ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the moments to bf16, but they are f32"),
+    ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is f32"),
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),
     ("param bf16 over an f32 buffer", "mlp", setter(lambda p: p["params"][0].update(dtype="bf16")), "f32"),

@@ -189,9 +189,11 @@ def main():
            "reshard f32 stage 2 -> bf16 stage 2 (master shards): parameters unchanged, "
            "training resumes")
     r, online = train(plans["n2s2bf16"], 2, "--steps", "6", "--resume", f32ck, "--save", on)
-    report(online == after and same_files(on, off) and summary(r)["resumed"]["resharded"],
+    report(online == after and same_files(on, off) and summary(r)["resumed"]["resharded"]
+           and summary(r)["resumed"]["converted"] == [],
            "f32 stage 2 -> bf16 stage 2, resharded on load: losses 5-6 and final parameters "
-           "bitwise those resumed from the offline conversion")
+           "bitwise those resumed from the offline conversion; no storage converted (the "
+           "master shards are f32 too)")
     # Hybrid sharding (mesh 2x2, ZeRO-3 inside each replica): exact resume,
     # and the 2-rank checkpoint resharded onto it.
     hs = plan(model("hs", 16, 3), "hs", 4, 3, " mesh=2x2")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""AdamW's moments stored in bf16 (optimizer-state-dtype=bf16) end to end.
+"""AdamW's moments (and SGD's momentum buffer) stored in bf16
+(optimizer-state-dtype=bf16) end to end.
 
 usage: optimizer_state_bf16.py BIN_DIR shards            (a) N ranks == 1 rank, memory, resume
        optimizer_state_bf16.py BIN_DIR text TOKENS.bin   (b) 200 steps: f32, nearest, stochastic
+       optimizer_state_bf16.py BIN_DIR sgd               (d) SGD's momentum buffer in bf16
        optimizer_state_bf16.py BIN_DIR cuda RUN_BINARY   (c) --device cuda == the CPU (check_cuda)
 
 What the option changes: the f32 master parameters stay, the two moments
@@ -163,6 +165,31 @@ def check_shards(bindir, tmp):
     failures += not ok
     print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
           f"{'ok' if ok else 'MISMATCH'}")
+    _, summary = mp.run_rows(bindir, path, 2, 4, LR + ["--resume", ckpt])
+    same = summary["resumed"]["converted"] == [] and not summary["resumed"]["resharded"]
+
+    # An f32-moment checkpoint resumed by the bf16-moment plan: the load
+    # converts the moments (to nearest) and says so; the parameters load
+    # exactly, so step 4 is bitwise the f32-moment run's step 4, and step
+    # 5 (the first update from rounded moments) is not.
+    f32_path, f32_ckpt = os.path.join(tmp, "ckf.plan"), os.path.join(tmp, "ckptf")
+    mp.compile_plan(bindir, model, f32_path, "world-size=2 stage=3")
+    f32_whole, _ = mp.run(bindir, f32_path, 2, 6, LR)
+    mp.run(bindir, f32_path, 2, 3, LR + ["--ckpt-dir", f32_ckpt, "--save-every", "3"])
+    rows, summary = mp.run_rows(bindir, path, 2, 6, LR + ["--resume", f32_ckpt])
+    converted = summary["resumed"]["converted"]
+    losses = {r["step"]: r["loss"] for r in rows}
+    text = subprocess.run([os.path.join(bindir, "fsdp-run"), path, "--steps", "4", "--nproc", "2",
+                           "--threads", "1", "--resume", f32_ckpt] + LR,
+                          check=True, capture_output=True, text=True, timeout=300).stdout
+    note = next((l for l in text.splitlines() if l.startswith("converted on load:")), "")
+    ok = (same and converted == ["exp_avg f32 -> bf16", "exp_avg_sq f32 -> bf16"]
+          and losses.get(4) == f32_whole[3] and losses.get(5) != f32_whole[4]
+          and "exp_avg f32 -> bf16, exp_avg_sq f32 -> bf16" in note)
+    failures += not ok
+    print(f"  an f32-moment checkpoint resumed with bf16 moments: converted {converted} (the same "
+          f"dtypes: none), printed '{note}'; step 4 bitwise the f32-moment run's, step 5 moved: "
+          f"{'ok' if ok else 'MISMATCH'}")
     return failures
 
 
@@ -216,29 +243,113 @@ def check_cuda(bindir, tmp, runner):
     reads its step's draw from device memory) bitwise the eager run."""
     failures = 0
     model = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
-    path = os.path.join(tmp, "c.plan")
-    mp.compile_plan(bindir, model, path, "optimizer-state-dtype=bf16")
+    for label, pipeline, lr in (("bf16 moments", "optimizer-state-dtype=bf16", LR),
+                                ("SGD's bf16 buffer", SGD, SGD_LR)):
+        path = os.path.join(tmp, "c.plan")
+        mp.compile_plan(bindir, model, path, pipeline)
 
-    def losses(binary, extra):
-        out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + LR
-                             + extra, check=True, capture_output=True, text=True,
-                             timeout=600).stdout
-        return [json.loads(l)["loss"] for l in out.splitlines()
-                if l.startswith("{") and '"step"' in l]
+        def losses(binary, extra):
+            out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + lr
+                                 + extra, check=True, capture_output=True, text=True,
+                                 timeout=600).stdout
+            return [json.loads(l)["loss"] for l in out.splitlines()
+                    if l.startswith("{") and '"step"' in l]
 
-    cpu = losses(os.path.join(bindir, "fsdp-run"), [])
-    cuda = losses(runner, ["--device", "cuda"])
-    err = max(rel(a, b) for a, b in zip(cuda, cpu))
-    first = rel(cuda[0], cpu[0])
-    ok = len(cuda) == 6 and first <= 1e-6 and err <= LOOSE
+        cpu = losses(os.path.join(bindir, "fsdp-run"), [])
+        cuda = losses(runner, ["--device", "cuda"])
+        err = max(rel(a, b) for a, b in zip(cuda, cpu))
+        first = rel(cuda[0], cpu[0])
+        ok = len(cuda) == 6 and first <= 1e-6 and err <= LOOSE
+        failures += not ok
+        print(f"(c) {label} on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
+              f"max {err:.2e} (<= {LOOSE:.0e}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
+              f"{'ok' if ok else 'MISMATCH'}")
+        graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
+        ok = graphs == cuda
+        failures += not ok
+        print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: "
+              f"{'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+SGD = "optimizer=sgd momentum=0.9 optimizer-state-dtype=bf16"
+SGD_LR = ["--lr", "0.1"]  # SGD's steps are lr * buffer: lr 0.1 makes the buffer's rounding
+                          # visible in step 3's loss (measured 9e-7 to nearest, 8e-7 drawn)
+
+
+def check_sgd(bindir, tmp):
+    """(d) SGD with momentum 0.9, its buffer in bf16 (2 bytes of state a
+    parameter instead of 4), the small GPT at lr 0.1:
+    - two one-rank runs bitwise; the f32-buffer run, bf16 to nearest and
+      bf16 stochastic give steps 1-2 bitwise (step 1 clones the gradient
+      into the buffer, and the parameters' update reads the f32 buffer)
+      and three different step-3 losses (the first update from a stored
+      buffer): the buffer is rounded, and differently by each rule;
+    - N = 2 at stages 1 and 3 against one rank: bitwise while the same
+      layout with f32 state is (at most 3 steps, and 3 for one of them at
+      least, as (a)), every step within LOOSE;
+    - the optimizer state is half the f32 plan's; arena measured ==
+      planned; a 2-rank ZeRO-3 checkpoint resumes bitwise."""
+    failures = 0
+    one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+
+    def plan(label, model, extra):
+        path = os.path.join(tmp, f"sgd_{label}.plan")
+        return path, mp.compile_plan(bindir, model, path, extra)
+
+    ref_path, ref_plan = plan("s1", one, SGD)
+    ref, ref_summary = mp.run(bindir, ref_path, 1, STEPS, SGD_LR)
+    again, _ = mp.run(bindir, ref_path, 1, STEPS, SGD_LR)
+    f32_path, f32_plan = plan("f1", one, "optimizer=sgd momentum=0.9")
+    f32, _ = mp.run(bindir, f32_path, 1, STEPS, SGD_LR)
+    near_path, _ = plan("n1", one, SGD + " optimizer-state-rounding=nearest")
+    near, _ = mp.run(bindir, near_path, 1, STEPS, SGD_LR)
+    ok = (again == ref and ref[:2] == f32[:2] == near[:2]
+          and len({ref[2], f32[2], near[2]}) == 3)
     failures += not ok
-    print(f"(c) bf16 moments on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
-          f"max {err:.2e} (<= {LOOSE:.0e}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
+    print(f"(d) gpt, SGD momentum 0.9, bf16 buffer (stochastic), lr 0.1, one rank: bitwise "
+          f"again: {again == ref}; steps 1-2 bitwise the f32 buffer's and nearest's: "
+          f"{ref[:2] == f32[:2] == near[:2]}; step 3 f32 {f32[2]:.8f} nearest {near[2]:.8f} "
+          f"stochastic {ref[2]:.8f} (all differ)  {'ok' if ok else 'MISMATCH'}")
+    buffers = sum(b["bytes"] for b in f32_plan["buffers"] if b["name"].endswith(".momentum_buffer"))
+    got, want = ref_plan["memory"]["state"], f32_plan["memory"]["state"] - buffers // 2
+    ok = got == want and buffers > 0 and ref_summary["measured_high_water"] == ref_summary[
+        "predicted_peak"]
+    failures += not ok
+    print(f"  optimizer state {got} bytes (f32 buffer: {f32_plan['memory']['state']}), arena "
+          f"measured == planned: {ref_summary['measured_high_water'] == ref_summary['predicted_peak']}"
+          f"  {'ok' if ok else 'MISMATCH'}")
+    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
+    prefixes = []
+    for stage in (1, 3):
+        path, _ = plan(f"n2s{stage}", two, f"{SGD} world-size=2 stage={stage}")
+        fpath, _ = plan(f"n2s{stage}f", two, f"optimizer=sgd momentum=0.9 world-size=2 "
+                                            f"stage={stage}")
+        losses, summary = mp.run(bindir, path, 2, STEPS, SGD_LR)
+        f32_losses, _ = mp.run(bindir, fpath, 2, STEPS, SGD_LR)
+        k = min(next((i for i, (a, b) in enumerate(zip(f32_losses, f32)) if a != b), STEPS), 3)
+        prefixes.append(k)
+        err = max(rel(a, b) for a, b in zip(losses, ref))
+        ok = (len(losses) == STEPS and losses[:k] == ref[:k] and err <= LOOSE
+              and summary["measured_high_water"] == summary["predicted_peak"])
+        failures += not ok
+        print(f"  N=2 stage={stage}: steps 1-{k} bitwise one rank (as with an f32 buffer): "
+              f"{losses[:k] == ref[:k]}, max rel diff {err:.1e} (<= {LOOSE:.0e})  "
+              f"{'ok' if ok else 'MISMATCH'}")
+    # As (a): step 3 is the first to read a stored buffer, and a wrong draw
+    # (key, shard offset) moves it as rounding to nearest does.
+    ok = max(prefixes) >= 3
+    failures += not ok
+    print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3)  "
           f"{'ok' if ok else 'MISMATCH'}")
-    graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
-    ok = graphs == cuda
+    ckpt = os.path.join(tmp, "sgd_ckpt")
+    whole, _ = mp.run(bindir, path, 2, 6, SGD_LR)
+    mp.run(bindir, path, 2, 3, SGD_LR + ["--ckpt-dir", ckpt, "--save-every", "3"])
+    rows, _ = mp.run_rows(bindir, path, 2, 6, SGD_LR + ["--resume", ckpt])
+    ok = [r["loss"] for r in rows] == whole[3:6]
     failures += not ok
-    print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: {'ok' if ok else 'MISMATCH'}")
+    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
+          f"{'ok' if ok else 'MISMATCH'}")
     return failures
 
 
@@ -249,6 +360,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "shards" and len(sys.argv) == 3:
             failures = check_shards(bindir, tmp)
+        elif mode == "sgd" and len(sys.argv) == 3:
+            failures = check_sgd(bindir, tmp)
         elif mode == "text" and len(sys.argv) == 4:
             failures = check_text(bindir, tmp, sys.argv[3])
         elif mode == "cuda" and len(sys.argv) == 4:

@@ -462,9 +462,10 @@ class UpdateCheck:
 
     def step(self, name, theta, g, D, lr, moments=None):
         """Returns (expected theta after the step, allowed |difference|).
-        moments: our AdamW moments before the step (bf16 state: the
-        update reads them, not a float64 running sum); the new ones this
-        step expects are left in self.state[name] as m, v."""
+        moments: our AdamW moments (or SGD momentum buffer) before the
+        step (bf16 state: the update reads them, not a float64 running
+        sum); the new ones this step expects are left in self.state[name]
+        as m, v (buf)."""
         o, st, t = self.o, self.state[name], self.t
         wd = decay_of(o, theta)
         if self.kind in ("adamw", "lamb"):
@@ -504,6 +505,11 @@ class UpdateCheck:
         if mu != 0:
             if not st:
                 st.update(buf=d.clone(), Db=D.clone())
+            elif moments is not None:
+                # a bf16 buffer: the update reads ours (exact), so only
+                # this step's gradient error enters it
+                st["buf"] = mu * moments[0] + (1 - damp) * d
+                st["Db"] = (1 - damp) * D
             else:
                 st["buf"] = mu * st["buf"] + (1 - damp) * d
                 st["Db"] = mu * st["Db"] + (1 - damp) * D
@@ -730,10 +736,13 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # checked against it (rounded once: one bf16 place stochastically,
     # half of one to nearest).
     bf16_moments = opts.get("state_dtype", "f32") == "bf16"
-    if bf16_moments and check.kind != "adamw":
-        raise SystemExit("bf16 moments are AdamW's (optimizer-state-dtype=bf16)")
+    if bf16_moments and not (check.kind == "adamw" or (check.kind == "sgd"
+                                                        and opts["momentum"] != 0)):
+        raise SystemExit("bf16 state is AdamW's moments or SGD's momentum buffer "
+                         "(optimizer-state-dtype=bf16)")
     rounding_places = 1.0 if opts.get("state_rounding") == "stochastic" else 0.5
-    moment_worst = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+    state_kinds = ["exp_avg", "exp_avg_sq"] if check.kind == "adamw" else ["momentum_buffer"]
+    moment_worst = {k: 0.0 for k in state_kinds}
     prev = 0  # the last applied step (its moments start the next update)
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
@@ -813,9 +822,8 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
             if bf16_moments:
                 # The update starts from our stored moments (exact bf16
                 # values); zero before the first applied step.
-                moments = ((ours[f"step{prev}.{n}.exp_avg"].double(),
-                            ours[f"step{prev}.{n}.exp_avg_sq"].double()) if prev
-                           else (torch.zeros_like(g), torch.zeros_like(g)))
+                moments = (tuple(ours[f"step{prev}.{n}.{k}"].double() for k in state_kinds)
+                           if prev else tuple(torch.zeros_like(g) for _ in state_kinds))
                 mv_prev = moments
             expected, allowed = check.step(n, theta[n], g, D, lr, moments)
             got = ours[f"step{step}.{n}"].double()
@@ -827,13 +835,19 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                 # then rounded once to bf16: within one bf16 place
                 # (stochastic: the value below or above) or half of one
                 # (to nearest).
-                b1, b2 = opts["beta1"], opts["beta2"]
                 st = check.state[n]
-                for kind, want, err in (
-                        ("exp_avg", st["m"], (1 - b1) * D
-                         + 4 * U32 * (b1 * mv_prev[0].abs() + (1 - b1) * g.abs())),
-                        ("exp_avg_sq", st["v"], (1 - b2) * (2 * g.abs() * D + D * D)
-                         + 4 * U32 * (b2 * mv_prev[1] + (1 - b2) * g * g))):
+                if check.kind == "adamw":
+                    b1, b2 = opts["beta1"], opts["beta2"]
+                    new = (("exp_avg", st["m"], (1 - b1) * D
+                            + 4 * U32 * (b1 * mv_prev[0].abs() + (1 - b1) * g.abs())),
+                           ("exp_avg_sq", st["v"], (1 - b2) * (2 * g.abs() * D + D * D)
+                            + 4 * U32 * (b2 * mv_prev[1] + (1 - b2) * g * g)))
+                else:  # SGD: buf = mu buf + (1 - dampening) d, d = g + wd theta
+                    mu = opts["momentum"]
+                    d = g + decay_of(opts, theta[n]) * theta[n]
+                    new = (("momentum_buffer", st["buf"], st["Db"]
+                            + 4 * U32 * (mu * mv_prev[0].abs() + d.abs())),)
+                for kind, want, err in new:
                     mine = ours[f"step{step}.{n}.{kind}"].double()
                     mag = torch.maximum(want.abs(), mine.abs())
                     # bf16's spacing at mag: 2^(e - 7), at least its
@@ -872,10 +886,11 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         ok = ok and norm_worst <= 1.0
     if bf16_moments:
         m_ok = all(w <= 1.0 for w in moment_worst.values())
-        lines.append(f"bf16 moments ({opts.get('state_rounding')} rounding): each update from "
-                     f"our stored moments, our new ones within {rounding_places:g} bf16 place "
-                     f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst exp_avg "
-                     f"{moment_worst['exp_avg']:.3f}, exp_avg_sq {moment_worst['exp_avg_sq']:.3f}"
+        what = "moments" if check.kind == "adamw" else "momentum buffer"
+        worst_of = ", ".join(f"{k} {w:.3f}" for k, w in moment_worst.items())
+        lines.append(f"bf16 {what} ({opts.get('state_rounding')} rounding): each update from "
+                     f"our stored {what}, our new ones within {rounding_places:g} bf16 place "
+                     f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
                      f" of the allowed difference)")
         ok = ok and m_ok
     if ls:

@@ -1328,6 +1328,104 @@ TEST_P(DeviceConformance, Bf16MomentsAreTheF32UpdateRoundedOnce) {
   EXPECT_EQ(bits(shard, 14), std::vector<uint16_t>(srV.begin() + half, srV.end()));
 }
 
+/// sgd_momentum_update with a bf16 buffer (state-dtype=bf16) against the
+/// f32 update on the same device from the widened buffer: the parameters
+/// bitwise (they read the f32 buffer), and the new buffer that update's
+/// rounded once, to nearest or with the draws of roundToBf16Stochastic
+/// (keyed by the device's {seed, step} and `key`, placed by the element's
+/// position in its unit). A skipped step keeps everything; the second
+/// half run as shard 1 of two stores the whole vector's bits.
+TEST_P(DeviceConformance, Bf16MomentumBufferIsTheF32UpdateRoundedOnce) {
+  const int64_t n = 3000, half = n / 2, key = 3;
+  // 0 p, 1 g, 2 b16, 3 lr, 4 step, 5 sumsq (inf: skip), 6 b32; results:
+  // nearest 7-8, stochastic 9-10, f32 11-12, skipped 13-14.
+  std::vector<std::vector<int64_t>> shapes(15, {n});
+  for (int s : {3, 4, 5})
+    shapes[s] = {};
+  const std::vector<int> bf16 = {2, 8, 10, 14};
+  nlohmann::json sgd = {
+      {"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.01}, {"nesterov", true}};
+  nlohmann::json sr = sgd;
+  sr["stochastic"] = true;
+  sr["key"] = key;
+  nlohmann::json skip = sr;
+  skip["skip_nonfinite"] = true;
+  Plan plan = mixedPlan(shapes, bf16,
+                        {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {7, 8}, sgd),
+                         inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {9, 10}, sr),
+                         inst("sgd_momentum_update", {0, 1, 6, 3, 4}, {11, 12}, sgd),
+                         inst("sgd_momentum_update", {0, 1, 2, 3, 4, 5}, {13, 14}, skip)});
+  std::vector<float> p(n), g(n), b32(n);
+  std::vector<uint16_t> b16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    b16[i] = roundToBf16((float)std::sin(0.05 * double(i)) * 0.03f);
+    b32[i] = widenBf16(b16[i]);
+  }
+  auto load = [&](const Plan &pl, int64_t shard, int64_t from) {
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    auto put = [&](int64_t id, const void *src) {
+      ASSERT_TRUE(
+          dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
+              .isOk());
+    };
+    put(0, p.data() + from);
+    put(1, g.data() + from);
+    put(2, b16.data() + from);
+    write(pl, 3, {0.1f});
+    write(pl, 4, {3.f});
+    write(pl, 5, {std::numeric_limits<float>::infinity()});
+    if (pl.buffers.size() > 6)
+      put(6, b32.data() + from);
+  };
+  auto bits = [&](const Plan &pl, int64_t id) {
+    std::vector<uint16_t> v(pl.buffers[id].numel());
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
+    return v;
+  };
+  load(plan, 0, 0);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    ASSERT_TRUE(dev->run(i).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<float> np32 = read(plan, 11), nb32 = read(plan, 12);
+  const uint64_t k = stateRoundingKey(77, 5, key);
+  std::vector<uint16_t> near(n), drawn(n);
+  for (int64_t i = 0; i < n; ++i) {
+    near[i] = roundToBf16(nb32[i]);
+    drawn[i] = roundToBf16Stochastic(nb32[i], k, (uint64_t)i);
+  }
+  EXPECT_NE(np32, p) << "the update moved the parameters";
+  EXPECT_EQ(read(plan, 7), np32) << "the parameters read the f32 buffer";
+  EXPECT_EQ(read(plan, 9), np32);
+  EXPECT_EQ(bits(plan, 8), near);
+  std::vector<uint16_t> got = bits(plan, 10);
+  EXPECT_EQ(got, drawn);
+  EXPECT_NE(got, near) << "the stochastic draws differ from nearest somewhere";
+  EXPECT_EQ(read(plan, 13), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bits(plan, 14), b16);
+
+  // The second half as shard 1 of two: the whole vector's second half.
+  std::vector<std::vector<int64_t>> hs(11, {half});
+  for (int s : {3, 4, 5})
+    hs[s] = {};
+  nlohmann::json shardSr = sr;
+  shardSr["shard_stride"] = half;
+  Plan shard =
+      mixedPlan(hs, {2, 10}, {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {9, 10}, shardSr)});
+  std::unique_ptr<Device> d2;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
+  dev.swap(d2);
+  load(shard, 1, half);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(bits(shard, 10), std::vector<uint16_t>(drawn.begin() + half, drawn.end()));
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

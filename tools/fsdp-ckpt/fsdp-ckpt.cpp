@@ -81,10 +81,14 @@ int main(int argc, char **argv) {
   }
   if (cmd == "reshard") {
     Plan target;
-    if (!(st = loadPlan(argv[4], target)) || !(st = reshardCheckpoint(path, target, argv[5])))
+    std::vector<std::string> converted;
+    if (!(st = loadPlan(argv[4], target)) ||
+        !(st = reshardCheckpoint(path, target, argv[5], &converted)))
       return fail(st);
     std::printf("%s: the checkpoint of %s for %s (%lld rank(s), stage %lld)\n", argv[5],
                 path.c_str(), argv[4], (long long)target.worldSize, (long long)target.stage);
+    if (!converted.empty())
+      std::printf("converted: %s\n", conversionNote(converted).c_str());
     return 0;
   }
   TensorMap params;

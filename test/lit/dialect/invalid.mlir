@@ -1123,3 +1123,28 @@ func.func @f(%p: tensor<8xf32>, %m: tensor<8xbf16>, %s: tensor<f32>) {
 fsdp.param @w : tensor<8xbf16> init("zeros")
 // expected-error @+1 {{expected type 'tensor<8xbf16>' of the parameter it shadows (or its shape in bf16), found 'tensor<8xf32>'}}
 fsdp.state @w.m : tensor<8xf32> of @w kind "exp_avg"
+
+// -----
+
+// SGD's momentum buffer in bf16 (state-dtype=bf16): the same rules.
+func.func @f(%p: tensor<8xf32>, %b: tensor<8xf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{buffer of 'f16' for parameters of 'f32': expected the parameter's dtype, or bf16 for f32 parameters}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %b, %s, %s {momentum = 0.9 : f64} : tensor<8xf32> state tensor<8xf16>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{stochastic rounds f32 buffer to bf16: expected bf16 buffer of f32 parameters, found 'f32' of 'f32'}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %p, %s, %s {key = 0 : i64, momentum = 0.9 : f64, stochastic} : tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %b: tensor<8xbf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{stochastic needs a key (its draws' stream)}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %b, %s, %s {momentum = 0.9 : f64, stochastic} : tensor<8xf32> state tensor<8xbf16>
+  return
+}

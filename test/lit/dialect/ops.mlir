@@ -217,6 +217,12 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
   // CHECK-NEXT: fsdp.wait %[[U]] : tensor<64xf32>
   %u:3 = fsdp.adamw_update %p, %p, %p, %p, %lr, %step {async, fsdp.on_host} : tensor<64xf32>
   %w = fsdp.wait %u#0 : tensor<64xf32>
+  // bf16 state beside f32 parameters (state-dtype=bf16), stochastic.
+  // CHECK: fsdp.adamw_update {{.*}} {key = 2 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  %m16 = fsdp.cast %p : tensor<64xf32> -> tensor<64xbf16>
+  %a:3 = fsdp.adamw_update %p, %p, %m16, %m16, %lr, %step {key = 2 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  // CHECK: fsdp.sgd_momentum_update {{.*}} {key = 3 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  %b:2 = fsdp.sgd_momentum_update %p, %p, %m16, %lr, %step {key = 3 : i64, momentum = 0.9 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   // CHECK: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<64xf32>, tensor<64xf32>
   %3 = fsdp.squared_norm %p, %p : tensor<64xf32>, tensor<64xf32>
   // CHECK: fsdp.clip_coef %{{.+}} {max_norm = 1.000000e+00 : f64} : tensor<f32>

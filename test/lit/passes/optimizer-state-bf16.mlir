@@ -1,11 +1,15 @@
-// AdamW's moments in bf16 (fsdp-insert-optimizer state-dtype=bf16): bf16
-// state symbols beside the f32 parameter, an update typed `state bf16`,
-// stochastic with its key by default; fsdp-shard's per-unit update keeps the
-// moments' dtype, takes the unit's index as its key and its shard's stride.
+// AdamW's moments and SGD's momentum buffer in bf16 (fsdp-insert-optimizer
+// state-dtype=bf16): bf16 state symbols beside the f32 parameter, an update
+// typed `state bf16`, stochastic with its key by default; fsdp-shard's
+// per-unit update keeps the state's dtype, takes the unit's index as its key
+// and its shard's stride. SGD without momentum and LAMB are refused.
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16" | FileCheck %s --check-prefix=SR
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16 state-rounding=nearest" | FileCheck %s --check-prefix=NEAR
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=SHARD
-// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 state-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=SGD
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 state-dtype=bf16" | FileCheck %s --check-prefix=SGD
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 nesterov=true state-dtype=bf16 state-rounding=nearest" -fsdp-group-units -fsdp-shard="world-size=2 stage=1" | FileCheck %s --check-prefix=SGDSHARD
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd state-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=NOMOM
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=LAMB
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16 state-rounding=up" 2>&1 | FileCheck %s --check-prefix=ROUND
 
@@ -28,7 +32,21 @@ fsdp.param @b : tensor<8xf32> init("zeros")
 // SHARD: fsdp.state @{{.*}}exp_avg_sq : tensor<{{[0-9]+}}xbf16> of
 // SHARD: fsdp.adamw_update {{.*}}key = 0 : i64, shard_stride = [[S:[0-9]+]] : i64, stochastic} : tensor<[[S]]xf32> state tensor<[[S]]xbf16>
 
-// SGD: state-dtype=bf16 stores AdamW's moments in bf16; optimizer=sgd keeps f32 state
+// SGD: fsdp.state @w.momentum_buffer : tensor<8x4xbf16> of @w kind "momentum_buffer"
+// SGD: fsdp.state @b.momentum_buffer : tensor<8xbf16> of @b kind "momentum_buffer"
+// SGD: fsdp.sgd_momentum_update {{.*}} {key = 0 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<8x4xf32> state tensor<8x4xbf16>
+// SGD: fsdp.set_state @w.momentum_buffer = %{{.*}} : tensor<8x4xbf16>
+// SGD: fsdp.sgd_momentum_update {{.*}} {key = 1 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<8xf32> state tensor<8xbf16>
+
+// SGDSHARD: fsdp.state @{{.*}}momentum_buffer : tensor<{{[0-9]+}}xbf16> of
+// SGDSHARD: fsdp.sgd_momentum_update
+// SGDSHARD-NOT: stochastic
+// SGDSHARD-SAME: nesterov
+// SGDSHARD-NOT: stochastic
+// SGDSHARD-SAME: : tensor<[[S:[0-9]+]]xf32> state tensor<[[S]]xbf16>
+
+// NOMOM: state-dtype=bf16 stores optimizer state in bf16, and SGD without momentum keeps none
+// LAMB: optimizer=lamb keeps f32 state (use optimizer=adamw or sgd, or state-dtype=f32)
 // DTYPE: state-dtype must be f32 or bf16, found 'f16'
 // ROUND: state-rounding must be stochastic or nearest, found 'up'
 
