@@ -44,8 +44,8 @@ struct FsdpPipelineOptions
                              llvm::cl::init(0.0)};
   Option<std::string> optimizerStateDtype{
       *this, "optimizer-state-dtype",
-      llvm::cl::desc("f32 | bf16: AdamW's moments or SGD's momentum buffer in bf16 "
-                     "(f32 math, half the optimizer state's bytes)"),
+      llvm::cl::desc("f32 | bf16: the optimizer's state (AdamW's and LAMB's moments, "
+                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes)"),
       llvm::cl::init("f32")};
   Option<std::string> optimizerStateRounding{
       *this, "optimizer-state-rounding",

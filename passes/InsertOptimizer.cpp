@@ -92,12 +92,7 @@ void InsertOptimizerPass::runOnOperation() {
            "none (set momentum > 0, or state-dtype=f32)";
     return signalPassFailure();
   }
-  if (bf16State && optimizer != "adamw" && optimizer != "sgd") {
-    mlir::emitError(module.getLoc())
-        << "state-dtype=bf16 stores AdamW's moments or SGD's momentum buffer in bf16; optimizer="
-        << optimizer << " keeps f32 state (use optimizer=adamw or sgd, or state-dtype=f32)";
-    return signalPassFailure();
-  }
+
   double wd = weightDecay >= 0 ? weightDecay.getValue() : (optimizer == "sgd" ? 0.0 : 0.01);
   if (weightDecayParams != "all" && weightDecayParams != "matrices") {
     mlir::emitError(module.getLoc())
@@ -225,11 +220,11 @@ void InsertOptimizerPass::runOnOperation() {
       // The norms over the whole parameter (one segment), then the step;
       // fsdp-shard rebuilds both over each unit's flat shard, its
       // parameters as segments, with an all-reduce of the norms between.
-      StateOp m = createState(param, "exp_avg");
-      StateOp v = createState(param, "exp_avg_sq");
+      StateOp m = createState(param, "exp_avg", stateElem);
+      StateOp v = createState(param, "exp_avg_sq", stateElem);
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
-      Type t = param.getType();
+      Type t = param.getType(), st = m.getType();
       auto segments = b.getDenseI64ArrayAttr({0, param.getTensorType().getNumElements()});
       auto normsTy = RankedTensorType::get({2}, b.getF32Type());
       Value norms = b.create<LambNormsOp>(
@@ -237,9 +232,11 @@ void InsertOptimizerPass::runOnOperation() {
           b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
           b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
       auto upd = b.create<LambUpdateOp>(
-          ploc, TypeRange{t, t, t}, p, grad, mv, vv, norms, lr, stepCount, skip,
+          ploc, TypeRange{t, st, st}, p, grad, mv, vv, norms, lr, stepCount, skip,
           /*grad_scale=*/Value(), segments, b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
-          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
+          b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
+          stochastic ? b.getUnitAttr() : UnitAttr(),
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());

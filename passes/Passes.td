@@ -262,8 +262,8 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     remains (unless optimizer=none); each trainable parameter is written
     back once with `fsdp.set_param`.
 
-    With `state-dtype=bf16` AdamW's two moments (or SGD's momentum buffer)
-    are bf16 state (torchao's bf16 optimizer states; DeepSpeed and FSDP
+    With `state-dtype=bf16` AdamW's and LAMB's two moments (or SGD's
+    momentum buffer) are bf16 state (torchao's bf16 optimizer states; DeepSpeed and FSDP
     keep them f32): the optimizer state falls from 8 to 4 bytes a parameter
     (SGD's from 4 to 2), the f32 master parameters stay. The update runs in f32 and rounds the new moments once;
     `state-rounding=stochastic` (the default) rounds them stochastically,
@@ -293,8 +293,8 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"maxGradNorm", "max-grad-norm", "double", /*default=*/"0.0",
            "global-norm gradient clipping threshold (0: off)">,
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
-           "f32 | bf16: AdamW's moments or SGD's momentum buffer stored in bf16 "
-           "(f32 math; half the optimizer state's bytes)">,
+           "f32 | bf16: the optimizer's state (AdamW's and LAMB's moments, SGD's "
+           "momentum buffer) stored in bf16 (f32 math; half its bytes)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,

@@ -1249,8 +1249,10 @@ Value ShardRewrite::lambNorms(UnitInfo &u, ArrayRef<Value> operands, NamedAttrLi
   // overflowed step's norms are never applied.
   OperationState os(loc, LambNormsOp::getOperationName());
   os.addOperands({operands[0], operands[1], operands[2], operands[3], operands[6]});
+  // (the rounding of bf16 moments is the update's: the norms write none)
   for (NamedAttribute a : attrs)
-    if (a.getName() != LambUpdateOp::getOperandSegmentSizeAttr())
+    if (a.getName() != LambUpdateOp::getOperandSegmentSizeAttr() && a.getName() != "stochastic" &&
+        a.getName() != "key")
       os.addAttribute(a.getName(), a.getValue());
   os.addTypes(normsTy);
   Value norms = b.create(os)->getResult(0);

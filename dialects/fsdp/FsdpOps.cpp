@@ -78,8 +78,8 @@ static void printParamGradTypes(OpAsmPrinter &printer, Operation *, Type gamma, 
     printer << "-> " << dGamma; // the printer has put a space before the directive
 }
 
-/// An update's state type (adamw_update's moments, sgd_momentum_update's
-/// buffer): the parameter's, unless `state type` follows (bf16 state of
+/// An update's state type (adamw_update's and LAMB's moments,
+/// sgd_momentum_update's buffer): the parameter's, unless `state type` follows (bf16 state of
 /// f32 parameters; the verifier checks it).
 static ParseResult parseStateType(OpAsmParser &parser, Type &state, Type param) {
   state = param;
@@ -857,13 +857,18 @@ LogicalResult SgdMomentumUpdateOp::verify() {
 }
 
 LogicalResult LambNormsOp::verify() {
-  return verifyLamb(*this, getSegments(), getParam(), getResult(), getDecayNumel(),
-                    getShardStride());
+  if (failed(verifyLamb(*this, getSegments(), getParam(), getResult(), getDecayNumel(),
+                        getShardStride())))
+    return failure();
+  return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", /*stochastic=*/false,
+                          std::nullopt);
 }
 
 LogicalResult LambUpdateOp::verify() {
-  return verifyLamb(*this, getSegments(), getParam(), getNorms(), getDecayNumel(),
-                    getShardStride());
+  if (failed(verifyLamb(*this, getSegments(), getParam(), getNorms(), getDecayNumel(),
+                        getShardStride())))
+    return failure();
+  return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey());
 }
 
 LogicalResult CrossEntropyOp::verify() {

@@ -1396,7 +1396,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
 }
 
 def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
-    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq"]>]> {
+    AllTypesMatch<["param", "grad"]>, AllTypesMatch<["exp_avg", "exp_avg_sq"]>]> {
   let summary = "LAMB's per-parameter squared norms of the weights and the update";
   let description = [{
     The non-elementwise half of a LAMB step (fsdp.lamb_update is the
@@ -1416,8 +1416,12 @@ def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
     shard group, the per-shard partial sums plus a small all-reduce of
     weight-update sharding's non-elementwise updates.
 
+    The moments may be bf16 beside f32 parameters (state-dtype=bf16, as
+    fsdp.lamb_update's): widened, u as above in f32.
+
     ```mlir
     %n = fsdp.lamb_norms %p, %g, %m, %v, %step {segments = array<i64: 0, 32, 40>, weight_decay = 0.01 : f64} : tensor<40xf32> -> tensor<4xf32>
+    %n2 = fsdp.lamb_norms %p, %g, %mb, %vb, %step {segments = array<i64: 0, 40>} : tensor<40xf32> state tensor<40xbf16> -> tensor<2xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1433,14 +1437,14 @@ def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
                        OptionalAttr<I64Attr>:$shard_stride);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $step (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `->` type($result)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $step (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($exp_avg), ref(type($param))) `->` type($result)
   }];
   let hasVerifier = 1;
 }
 
 def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
-    AllTypesMatch<["param", "grad", "exp_avg", "exp_avg_sq", "new_param",
-                   "new_exp_avg", "new_exp_avg_sq"]>]> {
+    AllTypesMatch<["param", "grad", "new_param"]>,
+    AllTypesMatch<["exp_avg", "exp_avg_sq", "new_exp_avg", "new_exp_avg_sq"]>]> {
   let summary = "one LAMB step (layer-wise trust ratio over AdamW's direction)";
   let description = [{
     timm's Lamb (apex FusedLAMB's default): m' = b1 m + (1-b1) g; v' = b2
@@ -1451,10 +1455,14 @@ def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
     sums over the whole parameters (all-reduced when the operand is a
     shard); `segments`, `shard_stride` and `decay_numel` as there.
 
-    `skip_nonfinite` and `grad_scale` as adamw_update's.
+    `skip_nonfinite` and `grad_scale` as adamw_update's, and so are bf16
+    moments beside f32 parameters (state-dtype=bf16: widened, the step in
+    f32, the new moments rounded once, to nearest or with `stochastic` and
+    `key` with adamw_update's draws).
 
     ```mlir
     %p2, %m2, %v2 = fsdp.lamb_update %p, %g, %m, %v, %n, %lr, %step {segments = array<i64: 0, 40>} : tensor<40xf32>, tensor<2xf32>
+    %p3, %m3, %v3 = fsdp.lamb_update %p, %g, %mb, %vb, %n, %lr, %step {key = 0 : i64, segments = array<i64: 0, 40>, stochastic} : tensor<40xf32>, tensor<2xf32> state tensor<40xbf16>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1469,11 +1477,13 @@ def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps,
                        DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
-                       OptionalAttr<I64Attr>:$shard_stride);
+                       OptionalAttr<I64Attr>:$shard_stride,
+                       UnitAttr:$stochastic,
+                       OptionalAttr<I64Attr>:$key);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
                       Fsdp_FloatTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norms `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `,` type($norms)
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norms `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `,` type($norms) custom<StateType>(type($exp_avg), ref(type($param)))
   }];
   let hasVerifier = 1;
 }

@@ -39,14 +39,16 @@ Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
 }
 
 /// An update's dtypes when its state may be bf16 (state-dtype=bf16:
-/// adamw_update's two moments, sgd_momentum_update's buffer): p, g, lr,
-/// step and the new p in f32; the `states` state operands (from operand 2)
-/// and the new states all f32, or all bf16. `stochastic` rounds into bf16
-/// and needs its draws' key.
-Status updateStateDtype(const Op &op, int states) {
-  if ((int)op.inst.in.size() < 2 + states || (int)op.inst.out.size() != 1 + states)
-    return FSDP_ERROR(op.inst.op, ": expected at least ", 2 + states, " operands and ", 1 + states,
-                      " results, found ", op.inst.in.size(), " and ", op.inst.out.size());
+/// adamw_update's and lamb_update's two moments, sgd_momentum_update's
+/// buffer, and lamb_norms, which reads the moments and writes only its
+/// f32 sums: `writes` false): p, g, lr, step and the new p in f32; the
+/// `states` state operands (from operand 2) and the new states all f32,
+/// or all bf16. `stochastic` rounds into bf16 and needs its draws' key.
+Status updateStateDtype(const Op &op, int states, bool writes = true) {
+  const int results = writes ? 1 + states : 1;
+  if ((int)op.inst.in.size() < 2 + states || (int)op.inst.out.size() != results)
+    return FSDP_ERROR(op.inst.op, ": expected at least ", 2 + states, " operands and ", results,
+                      " result(s), found ", op.inst.in.size(), " and ", op.inst.out.size());
   const DType state = op.in(2).dtype;
   if (state != DType::F32 && state != DType::BF16)
     return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state), ": expected f32 or bf16");
@@ -58,13 +60,15 @@ Status updateStateDtype(const Op &op, int states) {
                         ", expected ", dtypeName(want),
                         isState(i) && states > 1 ? " (both moments in one dtype)" : "");
   }
-  for (int i = 0; i <= states; ++i) {
+  for (int i = 0; i < results; ++i) {
     DType want = i == 0 ? DType::F32 : state;
     if (op.out(i).dtype != want)
       return FSDP_ERROR(op.inst.op, ": result ", i, " is ", dtypeName(op.out(i).dtype),
                         ", expected ", dtypeName(want));
   }
   if (op.b("stochastic")) {
+    if (!writes)
+      return FSDP_ERROR(op.inst.op, ": stochastic is the update's (this op writes no state)");
     if (state != DType::BF16)
       return FSDP_ERROR(op.inst.op, ": stochastic rounds the state to bf16, but it is ",
                         dtypeName(state));
@@ -78,7 +82,8 @@ Status updateStateDtype(const Op &op, int states) {
 
 /// Whether `op` is an update whose state may be stored in bf16.
 bool hasNarrowableState(const std::string &op) {
-  return op == "adamw_update" || op == "sgd_momentum_update";
+  return op == "adamw_update" || op == "sgd_momentum_update" || op == "lamb_norms" ||
+         op == "lamb_update";
 }
 
 Status expectAllF32(const Op &op) {
@@ -837,7 +842,9 @@ const std::unordered_map<std::string, Check> &checks() {
     auto checkLamb = [](bool update) {
       return [update](const Op &op) {
         const std::string &name = op.inst.op;
-        FSDP_RETURN_IF_ERROR(expectAllF32(op));
+        // bf16 moments (state-dtype=bf16) come here unwidened, as
+        // adamw_update's.
+        FSDP_RETURN_IF_ERROR(updateStateDtype(op, 2, update));
         int64_t n = op.in(0).numel();
         for (int i = 1; i < 4; ++i)
           if (op.in(i).numel() != n)

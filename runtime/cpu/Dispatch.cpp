@@ -683,20 +683,32 @@ const std::unordered_map<std::string, Exec> &table() {
     m["lamb_norms"] = [stepCount, gradScale, lambLayout](const Run &r) {
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
-      lambNorms<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.op.in(0).numel(),
-                       lambLayout(r), step, r.op.f("beta1", 0.9), r.op.f("beta2", 0.999),
-                       r.op.f("eps", 1e-6), r.op.f("weight_decay", 0.01), gradScale(r));
+      const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
+                   eps = r.op.f("eps", 1e-6), wd = r.op.f("weight_decay", 0.01);
+      if (r.op.in(2).dtype == DType::BF16)
+        lambNormsBf16State(r.in(0), r.in(1), r.in<uint16_t>(2), r.in<uint16_t>(3), r.out(0),
+                           r.op.in(0).numel(), lambLayout(r), step, b1, b2, eps, wd, gradScale(r));
+      else
+        lambNorms<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.op.in(0).numel(),
+                         lambLayout(r), step, b1, b2, eps, wd, gradScale(r));
       return Status::ok();
     };
-    m["lamb_update"] = [skipped, stepCount, gradScale, lambLayout](const Run &r) {
+    m["lamb_update"] = [skipped, stepCount, gradScale, lambLayout, stateRounding](const Run &r) {
       if (skipped(r, 3))
         return Status::ok();
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 6, step));
-      lambUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.in(4), r.out(0), r.out(1), r.out(2),
-                        r.op.in(0).numel(), lambLayout(r), *r.in(5), step, r.op.f("beta1", 0.9),
-                        r.op.f("beta2", 0.999), r.op.f("eps", 1e-6), r.op.f("weight_decay", 0.01),
-                        gradScale(r));
+      const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
+                   eps = r.op.f("eps", 1e-6), wd = r.op.f("weight_decay", 0.01);
+      if (r.op.in(2).dtype == DType::BF16)
+        lambUpdateBf16State(r.in(0), r.in(1), r.in<uint16_t>(2), r.in<uint16_t>(3), r.in(4),
+                            r.out(0), r.out<uint16_t>(1), r.out<uint16_t>(2), r.op.in(0).numel(),
+                            lambLayout(r), *r.in(5), step, b1, b2, eps, wd, gradScale(r),
+                            stateRounding(r, 0));
+      else
+        lambUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.in(4), r.out(0), r.out(1), r.out(2),
+                          r.op.in(0).numel(), lambLayout(r), *r.in(5), step, b1, b2, eps, wd,
+                          gradScale(r));
       return Status::ok();
     };
     m["squared_norm"] = [](const Run &r) {

@@ -1072,12 +1072,15 @@ inline T lambDirection(const LambScalars<T> &c, T p, T g, T m, T v, T gradScale,
 /// same bits for any thread count.
 constexpr int64_t kLambChunk = 1 << 12;
 
-} // namespace
+/// A stored moment as T: f32 state as it is, bf16 state (state-dtype=bf16)
+/// widened.
+template <typename T> inline T stateValue(T x) { return x; }
+inline float stateValue(uint16_t x) { return widenBf16(x); }
 
-template <typename T>
-void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t n,
-               const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
-               double wd, T gradScale) {
+template <typename T, typename S>
+void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_t n,
+                const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
+                double wd, T gradScale) {
   const int64_t K = (int64_t)layout.segments.size() - 1;
   const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
   const T twd = (T)wd;
@@ -1095,12 +1098,14 @@ void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t
   for (int64_t j = 0; j < (int64_t)chunks.size(); ++j) {
     const Chunk ch = chunks[j];
     const int64_t len = ch.end - ch.begin;
-    const T *pj = p + ch.begin, *gj = g + ch.begin, *mj = m + ch.begin, *vj = v + ch.begin;
+    const T *pj = p + ch.begin, *gj = g + ch.begin;
+    const S *mj = m + ch.begin, *vj = v + ch.begin;
     T u[kLambChunk];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
       T nm, nv;
-      u[i] = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, ch.decay, twd, nm, nv);
+      u[i] = lambDirection(c, pj[i], gj[i], stateValue(mj[i]), stateValue(vj[i]), gradScale,
+                           ch.decay, twd, nm, nv);
     }
     // serial: a vectorized reduction's order would follow the alignment
     double sp = 0, su = 0;
@@ -1122,13 +1127,18 @@ void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t
   }
 }
 
-template <typename T>
-void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, T *np, T *nm, T *nv,
-                int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
-                double beta2, double eps, double wd, T gradScale) {
+/// lamb_update over moments stored as S: T (written as computed) or bf16
+/// (uint16_t: the new moments computed into chunk buffers, then rounded
+/// once as `rounding` says, as adamwUpdateBf16State does).
+template <typename T, typename S>
+void lambUpdateT(const T *p, const T *g, const S *m, const S *v, const T *norms, T *np, S *nm,
+                 S *nv, int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
+                 double beta2, double eps, double wd, T gradScale, const MomentRounding &rounding) {
+  constexpr bool kSame = std::is_same_v<S, T>;
   const int64_t K = (int64_t)layout.segments.size() - 1;
   const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
   const T twd = (T)wd, tlr = (T)lr;
+  const MomentRounding r = rounding;
   // The pieces cut into chunks as lamb_norms cuts them, so a unit of many
   // small parameters runs in parallel too (one parallel loop per piece ran
   // each below the grain, serially, and paid its set-up every time).
@@ -1154,18 +1164,73 @@ void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, 
   for (int64_t j = 0; j < (int64_t)chunks.size(); ++j) {
     const Chunk ch = chunks[j];
     const int64_t len = ch.end - ch.begin;
-    const T *pj = p + ch.begin, *gj = g + ch.begin, *mj = m + ch.begin, *vj = v + ch.begin;
-    T *npj = np + ch.begin, *nmj = nm + ch.begin, *nvj = nv + ch.begin;
-    // simd: as adamwUpdate's (element i read and written by iteration i only)
+    const T *pj = p + ch.begin, *gj = g + ch.begin;
+    const S *mj = m + ch.begin, *vj = v + ch.begin;
+    T *npj = np + ch.begin;
+    T mloc[kSame ? 1 : kLambChunk], vloc[kSame ? 1 : kLambChunk];
+    T *nmj, *nvj;
+    if constexpr (kSame)
+      nmj = nm + ch.begin, nvj = nv + ch.begin;
+    else
+      nmj = mloc, nvj = vloc;
+      // simd: as adamwUpdate's (element i read and written by iteration i only)
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
       T mi, vi;
-      T u = lambDirection(c, pj[i], gj[i], mj[i], vj[i], gradScale, ch.decay, twd, mi, vi);
+      T u = lambDirection(c, pj[i], gj[i], stateValue(mj[i]), stateValue(vj[i]), gradScale,
+                          ch.decay, twd, mi, vi);
       npj[i] = pj[i] - tlr * (u * ch.trust);
       nmj[i] = mi;
       nvj[i] = vi;
     }
+    if constexpr (!kSame) {
+      S *om = nm + ch.begin, *ov = nv + ch.begin;
+      if (r.stochastic) {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i)
+          roundMomentsToBf16Stochastic(mloc[i], vloc[i], r.key, r.first + (uint64_t)(ch.begin + i),
+                                       om[i], ov[i]);
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) {
+          om[i] = roundToBf16(mloc[i]);
+          ov[i] = roundToBf16(vloc[i]);
+        }
+      }
+    }
   }
+}
+
+} // namespace
+
+template <typename T>
+void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t n,
+               const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
+               double wd, T gradScale) {
+  lambNormsT(p, g, m, v, norms, n, layout, step, beta1, beta2, eps, wd, gradScale);
+}
+
+template <typename T>
+void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, T *np, T *nm, T *nv,
+                int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
+                double beta2, double eps, double wd, T gradScale) {
+  lambUpdateT(p, g, m, v, norms, np, nm, nv, n, layout, lr, step, beta1, beta2, eps, wd, gradScale,
+              MomentRounding{});
+}
+
+void lambNormsBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                        float *norms, int64_t n, const LambLayout &layout, int64_t step,
+                        double beta1, double beta2, double eps, double wd, float gradScale) {
+  lambNormsT(p, g, m, v, norms, n, layout, step, beta1, beta2, eps, wd, gradScale);
+}
+
+void lambUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                         const float *norms, float *np, uint16_t *nm, uint16_t *nv, int64_t n,
+                         const LambLayout &layout, double lr, int64_t step, double beta1,
+                         double beta2, double eps, double wd, float gradScale,
+                         const MomentRounding &rounding) {
+  lambUpdateT(p, g, m, v, norms, np, nm, nv, n, layout, lr, step, beta1, beta2, eps, wd, gradScale,
+              rounding);
 }
 
 float gradCoef(float sumsq, float scale, double maxNorm) {

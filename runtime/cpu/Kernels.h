@@ -246,6 +246,17 @@ template <typename T>
 void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, T *np, T *nm, T *nv,
                 int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
                 double beta2, double eps, double wd, T gradScale = T(1));
+/// lambNorms<float> / lambUpdate<float> with the moments stored in bf16
+/// (state-dtype=bf16): widened, the same f32 arithmetic, the new moments
+/// rounded once as `rounding` says (as adamwUpdateBf16State's).
+void lambNormsBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                        float *norms, int64_t n, const LambLayout &layout, int64_t step,
+                        double beta1, double beta2, double eps, double wd, float gradScale);
+void lambUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
+                         const float *norms, float *np, uint16_t *nm, uint16_t *nv, int64_t n,
+                         const LambLayout &layout, double lr, int64_t step, double beta1,
+                         double beta2, double eps, double wd, float gradScale,
+                         const MomentRounding &rounding);
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
 /// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and

@@ -2125,10 +2125,13 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
         n);
   } else if (n == "lamb_norms" || n == "lamb_update") {
     // The unit's parameter bounds and this shard's place among them
-    // (rules::lambLayout; the shard index as decayedCount's). f32 only:
-    // the plan check refuses narrow operands.
+    // (rules::lambLayout; the shard index as decayedCount's). p and g f32;
+    // the moments f32 or bf16 (state-dtype=bf16; the plan check holds them
+    // to one dtype).
     LambLayout l = rules::lambLayout(op, rank);
-    const float *p = r.in(0), *g = r.in(1), *m = r.in(2), *v = r.in(3);
+    const float *p = r.in(0), *g = r.in(1);
+    const void *m = r.v(2), *v = r.v(3);
+    const bool bf16 = op.in(2).dtype == DType::BF16;
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-6),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel();
@@ -2140,17 +2143,30 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
       float *y = r.out(0);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return lambNorms(p, g, m, v, y, cnt, l.segments, l.base, l.decayNumel, step, b1, b2,
-                             eps, wd, gs, sd, s);
+            return bf16 ? lambNormsBf16State(p, g, m, v, y, cnt, l.segments, l.base, l.decayNumel,
+                                             step, b1, b2, eps, wd, gs, sd, s)
+                        : lambNorms(p, g, static_cast<const float *>(m),
+                                    static_cast<const float *>(v), y, cnt, l.segments, l.base,
+                                    l.decayNumel, step, b1, b2, eps, wd, gs, sd, s);
           },
           n);
     } else {
       const float *norms = r.in(4), *lr = r.in(5), *step = r.in(6);
-      float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
+      float *np = r.out(0);
+      void *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
+      const uint64_t *ctx = op.b("stochastic") ? stepCtx : nullptr;
+      const int64_t key = op.i("key", 0);
+      const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
       out = fromCuda(
           [=](cudaStream_t s) {
-            return lambUpdate(p, g, m, v, norms, np, nm, nv, cnt, l.segments, l.base, l.decayNumel,
-                              lr, step, b1, b2, eps, wd, gs, skip, s);
+            return bf16 ? lambUpdateBf16State(p, g, m, v, norms, np, nm, nv, cnt, l.segments,
+                                              l.base, l.decayNumel, lr, step, b1, b2, eps, wd, gs,
+                                              skip, ctx, key, first, s)
+                        : lambUpdate(p, g, static_cast<const float *>(m),
+                                     static_cast<const float *>(v), norms, np,
+                                     static_cast<float *>(nm), static_cast<float *>(nv), cnt,
+                                     l.segments, l.base, l.decayNumel, lr, step, b1, b2, eps, wd,
+                                     gs, skip, s);
           },
           n);
     }
@@ -2225,9 +2241,9 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
   if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
-        return i.op == "dropout" ||
-               ((i.op == "cast" || i.op == "adamw_update" || i.op == "sgd_momentum_update") &&
-                i.attrs.value("stochastic", false));
+        return i.op == "dropout" || ((i.op == "cast" || i.op == "adamw_update" ||
+                                      i.op == "sgd_momentum_update" || i.op == "lamb_update") &&
+                                     i.attrs.value("stochastic", false));
       })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));

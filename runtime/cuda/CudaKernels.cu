@@ -1044,15 +1044,17 @@ constexpr int kLambBlocks = 1024;
 
 /// partial[b] = block b's share of sum p^2 over one parameter's piece,
 /// partial[gridDim.x + b] that of u^2; the partition is fixed for a length.
-__global__ void lambSumsKernel(const float *p, const float *g, const float *m, const float *v,
-                               int64_t len, const float *step, double beta1, double beta2,
-                               double eps, const float *gs, bool decay, float wd, double *partial) {
+/// M: the moments' storage (f32, or bf16 with state-dtype=bf16: widened).
+template <typename M>
+__global__ void lambSumsKernel(const float *p, const float *g, const M *m, const M *v, int64_t len,
+                               const float *step, double beta1, double beta2, double eps,
+                               const float *gs, bool decay, float wd, double *partial) {
   __shared__ double sh[32];
   LambScalars c = lambScalars(step, beta1, beta2, eps);
   double sp = 0, su = 0;
   FSDP_GRID_STRIDE(i, len) {
     float nm, nv;
-    float u = lambElement(c, p[i], g[i], m[i], v[i], gs, decay, wd, nm, nv);
+    float u = lambElement(c, p[i], g[i], ld(m + i), ld(v + i), gs, decay, wd, nm, nv);
     sp += (double)p[i] * p[i];
     su += (double)u * u;
   }
@@ -1077,12 +1079,34 @@ bool lambPiecesOnce(const std::vector<int64_t> &segments, int64_t base, int64_t 
 
 } // namespace
 
-int64_t lambScratch() { return 2 * kLambBlocks; }
+namespace {
 
-cudaError_t lambNorms(const float *p, const float *g, const float *m, const float *v, float *norms,
-                      int64_t n, const std::vector<int64_t> &segments, int64_t base,
-                      int64_t decayNumel, const float *step, double beta1, double beta2, double eps,
-                      double wd, const float *gradScale, double *partial, cudaStream_t s) {
+/// A LAMB update's new moments: f32 as computed; bf16 rounded once, to
+/// nearest or (ctx) with element g's stochastic draw.
+__device__ __forceinline__ void storeMoments(float *nm, float *nv, float m, float v,
+                                             const uint64_t *, int64_t, uint64_t) {
+  *nm = m;
+  *nv = v;
+}
+__device__ __forceinline__ void storeMoments(__nv_bfloat16 *nm, __nv_bfloat16 *nv, float m, float v,
+                                             const uint64_t *ctx, int64_t key, uint64_t g) {
+  if (!ctx) {
+    st(nm, m);
+    st(nv, v);
+    return;
+  }
+  uint16_t bm, bv;
+  roundMomentsToBf16Stochastic(m, v, stateRoundingKey(ctx[0], (int64_t)ctx[1], key), g, bm, bv);
+  memcpy(nm, &bm, 2);
+  memcpy(nv, &bv, 2);
+}
+
+template <typename M>
+cudaError_t lambNormsT(const float *p, const float *g, const M *m, const M *v, float *norms,
+                       int64_t n, const std::vector<int64_t> &segments, int64_t base,
+                       int64_t decayNumel, const float *step, double beta1, double beta2,
+                       double eps, double wd, const float *gradScale, double *partial,
+                       cudaStream_t s) {
   std::vector<cpu::LambPiece> pieces;
   if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
     return cudaErrorInvalidValue;
@@ -1097,20 +1121,25 @@ cudaError_t lambNorms(const float *p, const float *g, const float *m, const floa
       continue; // padding adds nothing
     int64_t len = pc.end - pc.begin;
     unsigned blocks = (unsigned)std::min<int64_t>(kLambBlocks, (len + kThreads - 1) / kThreads);
-    lambSumsKernel<<<blocks, kThreads, 0, s>>>(p + pc.begin, g + pc.begin, m + pc.begin,
-                                               v + pc.begin, len, step, beta1, beta2, eps,
-                                               gradScale, pc.decay && wd != 0, (float)wd, partial);
+    lambSumsKernel<M><<<blocks, kThreads, 0, s>>>(
+        p + pc.begin, g + pc.begin, m + pc.begin, v + pc.begin, len, step, beta1, beta2, eps,
+        gradScale, pc.decay && wd != 0, (float)wd, partial);
     finishSum<<<1, kThreads, 0, s>>>(partial, blocks, 1.0, norms + pc.segment);
     finishSum<<<1, kThreads, 0, s>>>(partial + blocks, blocks, 1.0, norms + K + pc.segment);
   }
   return cudaGetLastError();
 }
 
-cudaError_t lambUpdate(const float *p, const float *g, const float *m, const float *v,
-                       const float *norms, float *np, float *nm, float *nv, int64_t n,
-                       const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
-                       const float *lr, const float *step, double beta1, double beta2, double eps,
-                       double wd, const float *gradScale, const float *skip, cudaStream_t s) {
+/// M as lambNormsT's; bf16 moments are written rounded once, to nearest
+/// or (ctx: the device's {seed, step}) stochastically, element i of the
+/// operand drawing as element first + i of its unit.
+template <typename M>
+cudaError_t lambUpdateT(const float *p, const float *g, const M *m, const M *v, const float *norms,
+                        float *np, M *nm, M *nv, int64_t n, const std::vector<int64_t> &segments,
+                        int64_t base, int64_t decayNumel, const float *lr, const float *step,
+                        double beta1, double beta2, double eps, double wd, const float *gradScale,
+                        const float *skip, const uint64_t *ctx, int64_t key, uint64_t first,
+                        cudaStream_t s) {
   std::vector<cpu::LambPiece> pieces;
   if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
     return cudaErrorInvalidValue;
@@ -1125,8 +1154,11 @@ cudaError_t lambUpdate(const float *p, const float *g, const float *m, const flo
       un = norms + K + pc.segment;
     }
     const bool decay = pc.decay && wd != 0;
-    const float *pj = p + pc.begin, *gj = g + pc.begin, *mj = m + pc.begin, *vj = v + pc.begin;
-    float *npj = np + pc.begin, *nmj = nm + pc.begin, *nvj = nv + pc.begin;
+    const float *pj = p + pc.begin, *gj = g + pc.begin;
+    const M *mj = m + pc.begin, *vj = v + pc.begin;
+    float *npj = np + pc.begin;
+    M *nmj = nm + pc.begin, *nvj = nv + pc.begin;
+    const uint64_t at = first + (uint64_t)pc.begin;
     cudaError_t e = forEach(pc.end - pc.begin, s, [=] __device__(int64_t i) {
       if (skip && !isfinite(*skip)) {
         npj[i] = pj[i];
@@ -1142,15 +1174,58 @@ cudaError_t lambUpdate(const float *p, const float *g, const float *m, const flo
       }
       LambScalars c = lambScalars(step, beta1, beta2, eps);
       float mi, vi;
-      float u = lambElement(c, pj[i], gj[i], mj[i], vj[i], gradScale, decay, twd, mi, vi);
+      float u = lambElement(c, pj[i], gj[i], ld(mj + i), ld(vj + i), gradScale, decay, twd, mi, vi);
       npj[i] = __fsub_rn(pj[i], __fmul_rn(*lr, __fmul_rn(u, trust)));
-      nmj[i] = mi;
-      nvj[i] = vi;
+      storeMoments(nmj + i, nvj + i, mi, vi, ctx, key, at + (uint64_t)i);
     });
     if (e != cudaSuccess)
       return e;
   }
   return cudaSuccess;
+}
+
+} // namespace
+
+int64_t lambScratch() { return 2 * kLambBlocks; }
+
+cudaError_t lambNorms(const float *p, const float *g, const float *m, const float *v, float *norms,
+                      int64_t n, const std::vector<int64_t> &segments, int64_t base,
+                      int64_t decayNumel, const float *step, double beta1, double beta2, double eps,
+                      double wd, const float *gradScale, double *partial, cudaStream_t s) {
+  return lambNormsT(p, g, m, v, norms, n, segments, base, decayNumel, step, beta1, beta2, eps, wd,
+                    gradScale, partial, s);
+}
+
+cudaError_t lambNormsBf16State(const float *p, const float *g, const void *m, const void *v,
+                               float *norms, int64_t n, const std::vector<int64_t> &segments,
+                               int64_t base, int64_t decayNumel, const float *step, double beta1,
+                               double beta2, double eps, double wd, const float *gradScale,
+                               double *partial, cudaStream_t s) {
+  return lambNormsT(p, g, static_cast<const __nv_bfloat16 *>(m),
+                    static_cast<const __nv_bfloat16 *>(v), norms, n, segments, base, decayNumel,
+                    step, beta1, beta2, eps, wd, gradScale, partial, s);
+}
+
+cudaError_t lambUpdate(const float *p, const float *g, const float *m, const float *v,
+                       const float *norms, float *np, float *nm, float *nv, int64_t n,
+                       const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                       const float *lr, const float *step, double beta1, double beta2, double eps,
+                       double wd, const float *gradScale, const float *skip, cudaStream_t s) {
+  return lambUpdateT(p, g, m, v, norms, np, nm, nv, n, segments, base, decayNumel, lr, step, beta1,
+                     beta2, eps, wd, gradScale, skip, nullptr, 0, 0, s);
+}
+
+cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, const void *v,
+                                const float *norms, float *np, void *nm, void *nv, int64_t n,
+                                const std::vector<int64_t> &segments, int64_t base,
+                                int64_t decayNumel, const float *lr, const float *step,
+                                double beta1, double beta2, double eps, double wd,
+                                const float *gradScale, const float *skip, const uint64_t *ctx,
+                                int64_t key, uint64_t first, cudaStream_t s) {
+  return lambUpdateT(
+      p, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v), norms, np,
+      static_cast<__nv_bfloat16 *>(nm), static_cast<__nv_bfloat16 *>(nv), n, segments, base,
+      decayNumel, lr, step, beta1, beta2, eps, wd, gradScale, skip, ctx, key, first, s);
 }
 
 // --- casts ----------------------------------------------------------------------------------

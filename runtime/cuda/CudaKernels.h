@@ -208,6 +208,24 @@ cudaError_t lambUpdate(const float *p, const float *g, const float *m, const flo
                        const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
                        const float *lr, const float *step, double beta1, double beta2, double eps,
                        double wd, const float *gradScale, const float *skip, cudaStream_t s);
+/// lambNorms / lambUpdate with the moments (and the new ones) stored in
+/// bf16 (state-dtype=bf16): widened, the same f32 math, the new moments
+/// rounded once, to nearest, or stochastically when ctx (the device's
+/// {seed, step}) is given: stateRoundingKey(seed, step, key), element i
+/// drawing as element first + i of its unit (roundMomentsToBf16Stochastic;
+/// cpu::lambUpdateBf16State's bits).
+cudaError_t lambNormsBf16State(const float *p, const float *g, const void *m, const void *v,
+                               float *norms, int64_t n, const std::vector<int64_t> &segments,
+                               int64_t base, int64_t decayNumel, const float *step, double beta1,
+                               double beta2, double eps, double wd, const float *gradScale,
+                               double *partial, cudaStream_t s);
+cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, const void *v,
+                                const float *norms, float *np, void *nm, void *nv, int64_t n,
+                                const std::vector<int64_t> &segments, int64_t base,
+                                int64_t decayNumel, const float *lr, const float *step,
+                                double beta1, double beta2, double eps, double wd,
+                                const float *gradScale, const float *skip, const uint64_t *ctx,
+                                int64_t key, uint64_t first, cudaStream_t s);
 /// *out = sum over the tensors of x^2, accumulated in double in a fixed
 /// order. `partial`: squaredNormScratch(tensors) doubles.
 int64_t squaredNormScratch(int64_t tensors);

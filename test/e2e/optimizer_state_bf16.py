@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""AdamW's moments (and SGD's momentum buffer) stored in bf16
+"""AdamW's moments (and SGD's momentum buffer, LAMB's moments) stored in bf16
 (optimizer-state-dtype=bf16) end to end.
 
 usage: optimizer_state_bf16.py BIN_DIR shards            (a) N ranks == 1 rank, memory, resume
        optimizer_state_bf16.py BIN_DIR text TOKENS.bin   (b) 200 steps: f32, nearest, stochastic
-       optimizer_state_bf16.py BIN_DIR sgd               (d) SGD's momentum buffer in bf16
+       optimizer_state_bf16.py BIN_DIR others            (d) SGD's buffer, LAMB's moments in bf16
        optimizer_state_bf16.py BIN_DIR cuda RUN_BINARY   (c) --device cuda == the CPU (check_cuda)
 
 What the option changes: the f32 master parameters stay, the two moments
@@ -244,7 +244,9 @@ def check_cuda(bindir, tmp, runner):
     failures = 0
     model = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
     for label, pipeline, lr in (("bf16 moments", "optimizer-state-dtype=bf16", LR),
-                                ("SGD's bf16 buffer", SGD, SGD_LR)):
+                                ("SGD's bf16 buffer", SGD, SGD_LR),
+                                ("LAMB's bf16 moments", "optimizer=lamb optimizer-state-dtype=bf16",
+                                 OTHERS[1][3])):
         path = os.path.join(tmp, "c.plan")
         mp.compile_plan(bindir, model, path, pipeline)
 
@@ -275,16 +277,23 @@ def check_cuda(bindir, tmp, runner):
 SGD = "optimizer=sgd momentum=0.9 optimizer-state-dtype=bf16"
 SGD_LR = ["--lr", "0.1"]  # SGD's steps are lr * buffer: lr 0.1 makes the buffer's rounding
                           # visible in step 3's loss (measured 9e-7 to nearest, 8e-7 drawn)
+# (label, the f32-state optimizer, its state kinds, lr): LAMB's steps are lr
+# times a trust ratio, its moments' rounding visible from lr 0.02 on
+OTHERS = (("SGD momentum 0.9, bf16 buffer", "optimizer=sgd momentum=0.9", ("momentum_buffer",),
+           SGD_LR),
+          ("LAMB, bf16 moments", "optimizer=lamb", ("exp_avg", "exp_avg_sq"), ["--lr", "0.02"]))
 
 
-def check_sgd(bindir, tmp):
-    """(d) SGD with momentum 0.9, its buffer in bf16 (2 bytes of state a
-    parameter instead of 4), the small GPT at lr 0.1:
-    - two one-rank runs bitwise; the f32-buffer run, bf16 to nearest and
-      bf16 stochastic give steps 1-2 bitwise (step 1 clones the gradient
-      into the buffer, and the parameters' update reads the f32 buffer)
-      and three different step-3 losses (the first update from a stored
-      buffer): the buffer is rounded, and differently by each rule;
+def check_others(bindir, tmp):
+    """(d) SGD with momentum 0.9 (its buffer in bf16: 2 bytes of state a
+    parameter instead of 4) at lr 0.1, and LAMB (its moments in bf16) at
+    lr 0.02, on the small GPT:
+    - two one-rank runs bitwise; the f32-state run, bf16 to nearest and
+      bf16 stochastic give steps 1-2 bitwise (step 1 reads zero state or,
+      SGD, clones the gradient, and the parameters' update reads the f32
+      state) and steps 3-10 (from stored state) that differ from both
+      others somewhere: the state is rounded, and differently by each
+      rule;
     - N = 2 at stages 1 and 3 against one rank: bitwise while the same
       layout with f32 state is (at most 3 steps, and 3 for one of them at
       least, as (a)), every step within LOOSE;
@@ -292,64 +301,69 @@ def check_sgd(bindir, tmp):
       planned; a 2-rank ZeRO-3 checkpoint resumes bitwise."""
     failures = 0
     one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
 
     def plan(label, model, extra):
-        path = os.path.join(tmp, f"sgd_{label}.plan")
+        path = os.path.join(tmp, f"o_{label}.plan")
         return path, mp.compile_plan(bindir, model, path, extra)
 
-    ref_path, ref_plan = plan("s1", one, SGD)
-    ref, ref_summary = mp.run(bindir, ref_path, 1, STEPS, SGD_LR)
-    again, _ = mp.run(bindir, ref_path, 1, STEPS, SGD_LR)
-    f32_path, f32_plan = plan("f1", one, "optimizer=sgd momentum=0.9")
-    f32, _ = mp.run(bindir, f32_path, 1, STEPS, SGD_LR)
-    near_path, _ = plan("n1", one, SGD + " optimizer-state-rounding=nearest")
-    near, _ = mp.run(bindir, near_path, 1, STEPS, SGD_LR)
-    ok = (again == ref and ref[:2] == f32[:2] == near[:2]
-          and len({ref[2], f32[2], near[2]}) == 3)
-    failures += not ok
-    print(f"(d) gpt, SGD momentum 0.9, bf16 buffer (stochastic), lr 0.1, one rank: bitwise "
-          f"again: {again == ref}; steps 1-2 bitwise the f32 buffer's and nearest's: "
-          f"{ref[:2] == f32[:2] == near[:2]}; step 3 f32 {f32[2]:.8f} nearest {near[2]:.8f} "
-          f"stochastic {ref[2]:.8f} (all differ)  {'ok' if ok else 'MISMATCH'}")
-    buffers = sum(b["bytes"] for b in f32_plan["buffers"] if b["name"].endswith(".momentum_buffer"))
-    got, want = ref_plan["memory"]["state"], f32_plan["memory"]["state"] - buffers // 2
-    ok = got == want and buffers > 0 and ref_summary["measured_high_water"] == ref_summary[
-        "predicted_peak"]
-    failures += not ok
-    print(f"  optimizer state {got} bytes (f32 buffer: {f32_plan['memory']['state']}), arena "
-          f"measured == planned: {ref_summary['measured_high_water'] == ref_summary['predicted_peak']}"
-          f"  {'ok' if ok else 'MISMATCH'}")
-    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
-    prefixes = []
-    for stage in (1, 3):
-        path, _ = plan(f"n2s{stage}", two, f"{SGD} world-size=2 stage={stage}")
-        fpath, _ = plan(f"n2s{stage}f", two, f"optimizer=sgd momentum=0.9 world-size=2 "
-                                            f"stage={stage}")
-        losses, summary = mp.run(bindir, path, 2, STEPS, SGD_LR)
-        f32_losses, _ = mp.run(bindir, fpath, 2, STEPS, SGD_LR)
-        k = min(next((i for i, (a, b) in enumerate(zip(f32_losses, f32)) if a != b), STEPS), 3)
-        prefixes.append(k)
-        err = max(rel(a, b) for a, b in zip(losses, ref))
-        ok = (len(losses) == STEPS and losses[:k] == ref[:k] and err <= LOOSE
-              and summary["measured_high_water"] == summary["predicted_peak"])
+    for label, opt, kinds, lr in OTHERS:
+        bf16 = f"{opt} optimizer-state-dtype=bf16"
+        ref_path, ref_plan = plan("s1", one, bf16)
+        ref, ref_summary = mp.run(bindir, ref_path, 1, STEPS, lr)
+        again, _ = mp.run(bindir, ref_path, 1, STEPS, lr)
+        f32_path, f32_plan = plan("f1", one, opt)
+        f32, _ = mp.run(bindir, f32_path, 1, STEPS, lr)
+        near_path, _ = plan("n1", one, bf16 + " optimizer-state-rounding=nearest")
+        near, _ = mp.run(bindir, near_path, 1, STEPS, lr)
+        moved = ref[2:] != f32[2:] and ref[2:] != near[2:] and near[2:] != f32[2:]
+        ok = again == ref and ref[:2] == f32[:2] == near[:2] and moved
         failures += not ok
-        print(f"  N=2 stage={stage}: steps 1-{k} bitwise one rank (as with an f32 buffer): "
-              f"{losses[:k] == ref[:k]}, max rel diff {err:.1e} (<= {LOOSE:.0e})  "
+        print(f"(d) gpt, {label} (stochastic), lr {lr[1]}, one rank: bitwise again: "
+              f"{again == ref}; steps 1-2 bitwise the f32 state's and nearest's: "
+              f"{ref[:2] == f32[:2] == near[:2]}; steps 3-{STEPS} of f32, nearest and stochastic "
+              f"differ: {moved} (step 3: {f32[2]:.8f}, {near[2]:.8f}, {ref[2]:.8f})  "
               f"{'ok' if ok else 'MISMATCH'}")
-    # As (a): step 3 is the first to read a stored buffer, and a wrong draw
-    # (key, shard offset) moves it as rounding to nearest does.
-    ok = max(prefixes) >= 3
-    failures += not ok
-    print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3)  "
-          f"{'ok' if ok else 'MISMATCH'}")
-    ckpt = os.path.join(tmp, "sgd_ckpt")
-    whole, _ = mp.run(bindir, path, 2, 6, SGD_LR)
-    mp.run(bindir, path, 2, 3, SGD_LR + ["--ckpt-dir", ckpt, "--save-every", "3"])
-    rows, _ = mp.run_rows(bindir, path, 2, 6, SGD_LR + ["--resume", ckpt])
-    ok = [r["loss"] for r in rows] == whole[3:6]
-    failures += not ok
-    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
-          f"{'ok' if ok else 'MISMATCH'}")
+        state = sum(b["bytes"] for b in f32_plan["buffers"]
+                    if any(b["name"].endswith("." + k) for k in kinds))
+        got, want = ref_plan["memory"]["state"], f32_plan["memory"]["state"] - state // 2
+        arena = ref_summary["measured_high_water"] == ref_summary["predicted_peak"]
+        ok = got == want and state > 0 and arena
+        failures += not ok
+        print(f"  optimizer state {got} bytes (f32 state: {f32_plan['memory']['state']}), arena "
+              f"measured == planned: {arena}  {'ok' if ok else 'MISMATCH'}")
+        prefixes = []
+        for stage in (1, 3):
+            path, _ = plan(f"n2s{stage}", two, f"{bf16} world-size=2 stage={stage}")
+            fpath, _ = plan(f"n2s{stage}f", two, f"{opt} world-size=2 stage={stage}")
+            losses, summary = mp.run(bindir, path, 2, STEPS, lr)
+            f32_losses, _ = mp.run(bindir, fpath, 2, STEPS, lr)
+            k = min(next((i for i, (a, b) in enumerate(zip(f32_losses, f32)) if a != b), STEPS),
+                    3)
+            prefixes.append(k)
+            err = max(rel(a, b) for a, b in zip(losses, ref))
+            ok = (len(losses) == STEPS and losses[:k] == ref[:k] and err <= LOOSE
+                  and summary["measured_high_water"] == summary["predicted_peak"])
+            failures += not ok
+            print(f"  N=2 stage={stage}: steps 1-{k} bitwise one rank (as with f32 state): "
+                  f"{losses[:k] == ref[:k]}, max rel diff {err:.1e} (<= {LOOSE:.0e})  "
+                  f"{'ok' if ok else 'MISMATCH'}")
+        # As (a): step 3 is the first to read stored state, and a wrong
+        # draw (key, shard offset) moves it as rounding to nearest does
+        # (SGD by 20 ulps of the loss; LAMB's by about 1: DeviceConformance
+        # checks its draws bit for bit).
+        ok = max(prefixes) >= 3
+        failures += not ok
+        print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3)  "
+              f"{'ok' if ok else 'MISMATCH'}")
+        ckpt = os.path.join(tmp, f"ckpt_{kinds[0]}")
+        whole, _ = mp.run(bindir, path, 2, 6, lr)
+        mp.run(bindir, path, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
+        rows, _ = mp.run_rows(bindir, path, 2, 6, lr + ["--resume", ckpt])
+        ok = [r["loss"] for r in rows] == whole[3:6]
+        failures += not ok
+        print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted "
+              f"run: {'ok' if ok else 'MISMATCH'}")
     return failures
 
 
@@ -360,8 +374,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if mode == "shards" and len(sys.argv) == 3:
             failures = check_shards(bindir, tmp)
-        elif mode == "sgd" and len(sys.argv) == 3:
-            failures = check_sgd(bindir, tmp)
+        elif mode == "others" and len(sys.argv) == 3:
+            failures = check_others(bindir, tmp)
         elif mode == "text" and len(sys.argv) == 4:
             failures = check_text(bindir, tmp, sys.argv[3])
         elif mode == "cuda" and len(sys.argv) == 4:

@@ -736,12 +736,12 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # checked against it (rounded once: one bf16 place stochastically,
     # half of one to nearest).
     bf16_moments = opts.get("state_dtype", "f32") == "bf16"
-    if bf16_moments and not (check.kind == "adamw" or (check.kind == "sgd"
-                                                        and opts["momentum"] != 0)):
-        raise SystemExit("bf16 state is AdamW's moments or SGD's momentum buffer "
+    adam_like = check.kind in ("adamw", "lamb")
+    if bf16_moments and not (adam_like or (check.kind == "sgd" and opts["momentum"] != 0)):
+        raise SystemExit("bf16 state is AdamW's or LAMB's moments or SGD's momentum buffer "
                          "(optimizer-state-dtype=bf16)")
     rounding_places = 1.0 if opts.get("state_rounding") == "stochastic" else 0.5
-    state_kinds = ["exp_avg", "exp_avg_sq"] if check.kind == "adamw" else ["momentum_buffer"]
+    state_kinds = ["exp_avg", "exp_avg_sq"] if adam_like else ["momentum_buffer"]
     moment_worst = {k: 0.0 for k in state_kinds}
     prev = 0  # the last applied step (its moments start the next update)
     for step in range(1, log["steps"] + 1):
@@ -836,7 +836,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                 # (stochastic: the value below or above) or half of one
                 # (to nearest).
                 st = check.state[n]
-                if check.kind == "adamw":
+                if adam_like:  # AdamW's and LAMB's moments: the same recurrences
                     b1, b2 = opts["beta1"], opts["beta2"]
                     new = (("exp_avg", st["m"], (1 - b1) * D
                             + 4 * U32 * (b1 * mv_prev[0].abs() + (1 - b1) * g.abs())),
@@ -886,7 +886,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         ok = ok and norm_worst <= 1.0
     if bf16_moments:
         m_ok = all(w <= 1.0 for w in moment_worst.values())
-        what = "moments" if check.kind == "adamw" else "momentum buffer"
+        what = "moments" if adam_like else "momentum buffer"
         worst_of = ", ".join(f"{k} {w:.3f}" for k, w in moment_worst.items())
         lines.append(f"bf16 {what} ({opts.get('state_rounding')} rounding): each update from "
                      f"our stored {what}, our new ones within {rounding_places:g} bf16 place "

@@ -1426,6 +1426,129 @@ TEST_P(DeviceConformance, Bf16MomentumBufferIsTheF32UpdateRoundedOnce) {
   EXPECT_EQ(bits(shard, 10), std::vector<uint16_t>(drawn.begin() + half, drawn.end()));
 }
 
+/// LAMB with bf16 moments (state-dtype=bf16) against the f32 ops on the
+/// same device from the widened moments: lamb_norms' sums bitwise, the
+/// update's parameters bitwise and its new moments the f32 update's
+/// rounded once (to nearest, or with adamw_update's draws); a skipped step
+/// keeps everything; the second half as shard 1 of two (the whole unit's
+/// sums, as the all-reduce gives them) stores the whole vector's bits.
+TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
+  const int64_t n = 3000, half = n / 2, key = 4;
+  // 0 p, 1 g, 2 m16, 3 v16, 4 step, 5 lr, 6 sumsq (inf: skip), 7 m32,
+  // 8 v32, 9 norms of the bf16 moments, 10 of the f32 ones; updates:
+  // nearest 11-13, stochastic 14-16, f32 17-19, skipped 20-22.
+  std::vector<std::vector<int64_t>> shapes(23, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  shapes[9] = shapes[10] = {6};
+  const std::vector<int> bf16 = {2, 3, 12, 13, 15, 16, 21, 22};
+  nlohmann::json lamb = {{"beta1", 0.9},
+                         {"beta2", 0.999},
+                         {"eps", 1e-6},
+                         {"weight_decay", 0.01},
+                         {"segments", {0, 1000, 1003, 3000}},
+                         {"decay_numel", 1003}};
+  nlohmann::json sr = lamb;
+  sr["stochastic"] = true;
+  sr["key"] = key;
+  nlohmann::json skip = sr;
+  skip["skip_nonfinite"] = true;
+  Plan plan = mixedPlan(shapes, bf16,
+                        {inst("lamb_norms", {0, 1, 2, 3, 4}, {9}, lamb),
+                         inst("lamb_norms", {0, 1, 7, 8, 4}, {10}, lamb),
+                         inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {11, 12, 13}, lamb),
+                         inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {14, 15, 16}, sr),
+                         inst("lamb_update", {0, 1, 7, 8, 10, 5, 4}, {17, 18, 19}, lamb),
+                         inst("lamb_update", {0, 1, 2, 3, 10, 5, 4, 6}, {20, 21, 22}, skip)});
+  std::vector<float> p(n), g(n), m32(n), v32(n);
+  std::vector<uint16_t> m16(n), v16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    m16[i] = roundToBf16((float)std::sin(0.05 * double(i)) * 0.01f);
+    v16[i] = roundToBf16((float)std::fabs(std::sin(0.3 * double(i))) * 1e-4f + 1e-8f);
+    m32[i] = widenBf16(m16[i]);
+    v32[i] = widenBf16(v16[i]);
+  }
+  auto put = [&](const Plan &pl, int64_t id, const void *src) {
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
+            .isOk());
+  };
+  auto bits = [&](const Plan &pl, int64_t id) {
+    std::vector<uint16_t> v(pl.buffers[id].numel());
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
+    return v;
+  };
+  bind(plan);
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  put(plan, 0, p.data());
+  put(plan, 1, g.data());
+  put(plan, 2, m16.data());
+  put(plan, 3, v16.data());
+  put(plan, 7, m32.data());
+  put(plan, 8, v32.data());
+  write(plan, 4, {3.f});
+  write(plan, 5, {1e-2f});
+  write(plan, 6, {std::numeric_limits<float>::infinity()});
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    ASSERT_TRUE(dev->run(i).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  std::vector<float> norms = read(plan, 10);
+  EXPECT_EQ(read(plan, 9), norms) << "the sums read the widened moments";
+  EXPECT_GT(norms[0], 0.f);
+  std::vector<float> np32 = read(plan, 17), nm32 = read(plan, 18), nv32 = read(plan, 19);
+  const uint64_t k = stateRoundingKey(77, 5, key);
+  std::vector<uint16_t> nearM(n), nearV(n), srM(n), srV(n);
+  for (int64_t i = 0; i < n; ++i) {
+    nearM[i] = roundToBf16(nm32[i]);
+    nearV[i] = roundToBf16(nv32[i]);
+    roundMomentsToBf16Stochastic(nm32[i], nv32[i], k, (uint64_t)i, srM[i], srV[i]);
+  }
+  EXPECT_NE(np32, p);
+  EXPECT_EQ(read(plan, 11), np32) << "the parameters read the f32 moments";
+  EXPECT_EQ(read(plan, 14), np32);
+  EXPECT_EQ(bits(plan, 12), nearM);
+  EXPECT_EQ(bits(plan, 13), nearV);
+  std::vector<uint16_t> gotM = bits(plan, 15), gotV = bits(plan, 16);
+  EXPECT_EQ(gotM, srM);
+  EXPECT_EQ(gotV, srV);
+  EXPECT_NE(gotV, nearV) << "the stochastic draws differ from nearest somewhere";
+  EXPECT_EQ(read(plan, 20), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bits(plan, 21), m16);
+  EXPECT_EQ(bits(plan, 22), v16);
+
+  // The second half as shard 1 of two, with the whole unit's sums.
+  std::vector<std::vector<int64_t>> hs(17, {half});
+  for (int s : {4, 5, 6})
+    hs[s] = {};
+  hs[9] = hs[10] = {6};
+  nlohmann::json shardSr = sr;
+  shardSr["shard_stride"] = half;
+  Plan shard = mixedPlan(hs, {2, 3, 15, 16},
+                         {inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {14, 15, 16}, shardSr)});
+  std::unique_ptr<Device> d2;
+  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
+  dev.swap(d2);
+  bind(shard);
+  ASSERT_TRUE(dev->prepare(shard, 1).isOk());
+  put(shard, 0, p.data() + half);
+  put(shard, 1, g.data() + half);
+  put(shard, 2, m16.data() + half);
+  put(shard, 3, v16.data() + half);
+  write(shard, 4, {3.f});
+  write(shard, 5, {1e-2f});
+  write(shard, 10, norms);
+  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+  ASSERT_TRUE(dev->run(0).isOk());
+  ASSERT_TRUE(dev->synchronize().isOk());
+  EXPECT_EQ(read(shard, 14), std::vector<float>(np32.begin() + half, np32.end()));
+  EXPECT_EQ(bits(shard, 15), std::vector<uint16_t>(srM.begin() + half, srM.end()));
+  EXPECT_EQ(bits(shard, 16), std::vector<uint16_t>(srV.begin() + half, srV.end()));
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

@@ -1148,3 +1148,20 @@ func.func @f(%p: tensor<8xf32>, %b: tensor<8xbf16>, %s: tensor<f32>) {
   %0:2 = fsdp.sgd_momentum_update %p, %p, %b, %s, %s {momentum = 0.9 : f64, stochastic} : tensor<8xf32> state tensor<8xbf16>
   return
 }
+
+// -----
+
+// LAMB's moments in bf16: the same rules; the norms read them and round nothing.
+func.func @f(%p: tensor<8xf32>, %m: tensor<8xf16>, %s: tensor<f32>) {
+  // expected-error @+1 {{moments of 'f16' for parameters of 'f32': expected the parameter's dtype, or bf16 for f32 parameters}}
+  %0 = fsdp.lamb_norms %p, %p, %m, %m, %s {segments = array<i64: 0, 8>} : tensor<8xf32> state tensor<8xf16> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %m: tensor<8xbf16>, %n: tensor<2xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{stochastic needs a key (its draws' stream)}}
+  %0:3 = fsdp.lamb_update %p, %p, %m, %m, %n, %s, %s {segments = array<i64: 0, 8>, stochastic} : tensor<8xf32>, tensor<2xf32> state tensor<8xbf16>
+  return
+}

@@ -223,6 +223,10 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
   %a:3 = fsdp.adamw_update %p, %p, %m16, %m16, %lr, %step {key = 2 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   // CHECK: fsdp.sgd_momentum_update {{.*}} {key = 3 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   %b:2 = fsdp.sgd_momentum_update %p, %p, %m16, %lr, %step {key = 3 : i64, momentum = 0.9 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  // CHECK: fsdp.lamb_norms {{.*}} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>
+  %ln = fsdp.lamb_norms %p, %p, %m16, %m16, %step {segments = array<i64: 0, 64>} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>
+  // CHECK: fsdp.lamb_update {{.*}} {key = 4 : i64, segments = array<i64: 0, 64>, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<64xbf16>
+  %lu:3 = fsdp.lamb_update %p, %p, %m16, %m16, %ln, %lr, %step {key = 4 : i64, segments = array<i64: 0, 64>, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<64xbf16>
   // CHECK: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<64xf32>, tensor<64xf32>
   %3 = fsdp.squared_norm %p, %p : tensor<64xf32>, tensor<64xf32>
   // CHECK: fsdp.clip_coef %{{.+}} {max_norm = 1.000000e+00 : f64} : tensor<f32>

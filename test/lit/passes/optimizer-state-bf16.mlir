@@ -1,15 +1,16 @@
-// AdamW's moments and SGD's momentum buffer in bf16 (fsdp-insert-optimizer
+// AdamW's and LAMB's moments and SGD's momentum buffer in bf16 (fsdp-insert-optimizer
 // state-dtype=bf16): bf16 state symbols beside the f32 parameter, an update
 // typed `state bf16`, stochastic with its key by default; fsdp-shard's
 // per-unit update keeps the state's dtype, takes the unit's index as its key
-// and its shard's stride. SGD without momentum and LAMB are refused.
+// and its shard's stride (LAMB's norms read the bf16 moments and round
+// nothing). SGD without momentum is refused.
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16" | FileCheck %s --check-prefix=SR
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16 state-rounding=nearest" | FileCheck %s --check-prefix=NEAR
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=SHARD
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 state-dtype=bf16" | FileCheck %s --check-prefix=SGD
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 nesterov=true state-dtype=bf16 state-rounding=nearest" -fsdp-group-units -fsdp-shard="world-size=2 stage=1" | FileCheck %s --check-prefix=SGDSHARD
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd state-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=NOMOM
-// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=LAMB
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=bf16" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=LAMB
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=f16" 2>&1 | FileCheck %s --check-prefix=DTYPE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=bf16 state-rounding=up" 2>&1 | FileCheck %s --check-prefix=ROUND
 
@@ -46,7 +47,11 @@ fsdp.param @b : tensor<8xf32> init("zeros")
 // SGDSHARD-SAME: : tensor<[[S:[0-9]+]]xf32> state tensor<[[S]]xbf16>
 
 // NOMOM: state-dtype=bf16 stores optimizer state in bf16, and SGD without momentum keeps none
-// LAMB: optimizer=lamb keeps f32 state (use optimizer=adamw or sgd, or state-dtype=f32)
+// LAMB: fsdp.state @{{.*}}exp_avg : tensor<{{[0-9]+}}xbf16> of
+// LAMB: fsdp.lamb_norms
+// LAMB-NOT: stochastic
+// LAMB-SAME: : tensor<[[S:[0-9]+]]xf32> state tensor<[[S]]xbf16> -> tensor<4xf32>
+// LAMB: fsdp.lamb_update {{.*}}key = 0 : i64{{.*}}shard_stride = [[S]] : i64, stochastic{{.*}} : tensor<[[S]]xf32>, tensor<4xf32> state tensor<[[S]]xbf16>
 // DTYPE: state-dtype must be f32 or bf16, found 'f16'
 // ROUND: state-rounding must be stochastic or nearest, found 'up'
 
