@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""AdamW's moments in bf16 (optimizer-state-dtype=bf16; docs/BENCHMARKS.md).
+"""Optimizer state in bf16 (optimizer-state-dtype=bf16; docs/BENCHMARKS.md):
+AdamW's moments by default, --optimizer sgd (momentum 0.9: its buffer) or
+lamb (its moments).
 
 1. Predicted (h100 profile, fsdp-opt simulate=true; not run on a GPU):
    planned peak per rank and predicted step with f32 and bf16 moments for
@@ -13,6 +15,7 @@
    arena fsdp-run measured (== planned).
 
   bench/optimizer_state.py [--bin build/bin] [--rounds 3] [--steps 12]
+                           [--optimizer adamw|sgd|lamb]
 """
 import argparse
 import os
@@ -36,7 +39,9 @@ SHAPES = [
                                        "--heads", "96", "--width", "12288", "--batch", "1"],
      "world-size=64 stage=3 recompute=unit"),
 ]
-MODES = [("f32 moments", ""), ("bf16 stochastic", "optimizer-state-dtype=bf16"),
+OPTIMIZERS = {"adamw": "optimizer=adamw", "sgd": "optimizer=sgd momentum=0.9",
+              "lamb": "optimizer=lamb"}
+MODES = [("f32 state", ""), ("bf16 stochastic", "optimizer-state-dtype=bf16"),
          ("bf16 nearest", "optimizer-state-dtype=bf16 optimizer-state-rounding=nearest")]
 
 
@@ -47,16 +52,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip-measured", action="store_true")
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     a = ap.parse_args()
+    opt_base = OPTIMIZERS[a.optimizer]
     with tempfile.TemporaryDirectory() as tmp:
-        print("1. predicted (h100 profile, bf16 compute, AdamW): planned peak per rank, step")
+        print(f"1. predicted (h100 profile, bf16 compute, {opt_base}): planned peak per rank, "
+              f"step")
         for label, args, layout in SHAPES:
             model = os.path.join(tmp, "m.mlir")
             subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
-            base = f"optimizer=adamw param-dtype=bf16 device-profile=h100 {layout}"
+            base = f"{opt_base} param-dtype=bf16 device-profile=h100 {layout}"
             rows = [(name, simulate(a.bin, model, f"{base} {opt}")) for name, opt in MODES[:2]]
             (_, (s0, _, p0)), (_, (s1, _, p1)) = rows
-            print(f"  {label:<34} f32 moments {gib(p0)} GiB {s0:9.2f} ms | bf16 moments "
+            print(f"  {label:<34} f32 state {gib(p0)} GiB {s0:9.2f} ms | bf16 state "
                   f"{gib(p1)} GiB {s1:9.2f} ms | peak x{p1 / p0:.3f}, step x{s1 / s0:.3f}")
         if a.skip_measured:
             return 0
@@ -67,12 +75,12 @@ def main():
         for name, opt in MODES:
             plans[name] = os.path.join(tmp, name.replace(" ", "_") + ".plan")
             subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
-                            f"--fsdp-pipeline=optimizer=adamw world-size=2 stage=3 {opt} "
+                            f"--fsdp-pipeline={opt_base} world-size=2 stage=3 {opt} "
                             f"plan={plans[name]} report=false"], check=True)
         times, summary = alternated(a.bin, plans, a.rounds, a.steps)
         print(f"2. measured: MLP 8.4M parameters, 2 CPU ranks, stage 3, {a.rounds} rounds of "
               f"{a.steps} steps (median step of each round)")
-        ref = statistics.median(times["f32 moments"])
+        ref = statistics.median(times["f32 state"])
         for name, _ in MODES:
             med = statistics.median(times[name])
             s = summary[name]

@@ -134,6 +134,8 @@ struct Scratch {
   int64_t fN = 0, dN = 0, wideBytes = 0;
 };
 
+struct Ptrs;
+
 class CudaDevice final : public Device {
 public:
   explicit CudaDevice(int ordinal) : ordinal(ordinal) {}
@@ -663,6 +665,8 @@ private:
   Status buildPack(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
+  struct Bf16StateUpdate;
+  Bf16StateUpdate bf16StateUpdate(const Op &op, const Ptrs &r, int64_t rank) const;
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   /// Sets `out` to the launch of one instruction on storage of dtype t:
@@ -2003,6 +2007,39 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
 /// The optimizer updates over a flat shard (weight-decay-params=matrices:
 /// the decayed prefix, then the rest), and the gradient-norm ops clipping
 /// and loss scaling use.
+/// What an update of bf16 state (state-dtype=bf16) needs besides its
+/// operands: the optional skip_nonfinite / grad_scale scalars, its cnt
+/// elements' decayed prefix k (weight-decay-params=matrices), and its
+/// stochastic draws' {seed, step} (null: to nearest), key and the operand's
+/// first position in its unit.
+struct CudaDevice::Bf16StateUpdate {
+  const float *skip = nullptr, *gs = nullptr;
+  int64_t cnt = 0, k = 0;
+  const uint64_t *ctx = nullptr;
+  int64_t key = 0;
+  uint64_t first = 0;
+  /// part(at, count, decay) over the decayed prefix (weight decay wd),
+  /// then the rest (none).
+  template <typename Part> cudaError_t inParts(double wd, Part part) const {
+    cudaError_t e = k ? part(0, k, wd) : cudaSuccess;
+    return e != cudaSuccess || k == cnt ? e : part(k, cnt - k, 0.0);
+  }
+};
+
+CudaDevice::Bf16StateUpdate CudaDevice::bf16StateUpdate(const Op &op, const Ptrs &r,
+                                                        int64_t rank) const {
+  Bf16StateUpdate u;
+  rules::UpdateExtras x = rules::updateExtras(op);
+  u.skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
+  u.gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
+  u.cnt = op.in(0).numel();
+  u.k = rules::decayedCount(op, rank);
+  u.ctx = op.b("stochastic") ? stepCtx : nullptr;
+  u.key = op.i("key", 0);
+  u.first = (uint64_t)(rank * op.i("shard_stride", 0));
+  return u;
+}
+
 Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
@@ -2031,22 +2068,14 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     uint8_t *nb = r.out<uint8_t>(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
-    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    rules::UpdateExtras x = rules::updateExtras(op);
-    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
-    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
-    const uint64_t *ctx = op.b("stochastic") ? stepCtx : nullptr;
-    const int64_t key = op.i("key", 0);
-    const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
+    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
     out = fromCuda(
         [=](cudaStream_t s) {
-          auto part = [&](int64_t at, int64_t count, double decay) {
+          return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
             return native::sgdMomentumBf16State(p + at, g + at, buf + 2 * at, np + at, nb + 2 * at,
-                                                count, lr, step, m, damp, decay, nesterov, gs, skip,
-                                                ctx, key, first + (uint64_t)at, s);
-          };
-          cudaError_t e = k ? part(0, k, wd) : cudaSuccess;
-          return e != cudaSuccess || k == cnt ? e : part(k, cnt - k, 0.0);
+                                                count, lr, step, m, damp, decay, nesterov, u.gs,
+                                                u.skip, u.ctx, u.key, u.first + (uint64_t)at, s);
+          });
         },
         n);
   } else if (n == "sgd_momentum_update") {
@@ -2078,22 +2107,15 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
-    int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
-    rules::UpdateExtras x = rules::updateExtras(op);
-    const float *skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
-    const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
-    const uint64_t *ctx = op.b("stochastic") ? stepCtx : nullptr;
-    const int64_t key = op.i("key", 0);
-    const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
+    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
     out = fromCuda(
         [=](cudaStream_t s) {
-          auto part = [&](int64_t at, int64_t count, double decay) {
+          return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
             return native::adamwBf16State(p + at, g + at, m + 2 * at, v + 2 * at, np + at,
                                           nm + 2 * at, nv + 2 * at, count, lr, step, b1, b2, eps,
-                                          decay, gs, skip, ctx, key, first + (uint64_t)at, s);
-          };
-          cudaError_t e = k ? part(0, k, wd) : cudaSuccess;
-          return e != cudaSuccess || k == cnt ? e : part(k, cnt - k, 0.0);
+                                          decay, u.gs, u.skip, u.ctx, u.key, u.first + (uint64_t)at,
+                                          s);
+          });
         },
         n);
   } else if (n == "adamw_update") {

@@ -146,6 +146,33 @@ protected:
                     .isOk());
     return v;
   }
+  /// A fresh device of this suite's kind in place of `dev`.
+  void freshDevice() {
+    std::unique_ptr<Device> d;
+    ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d).isOk());
+    dev.swap(d);
+  }
+  /// Every instruction of the bound plan run under the stochastic draws'
+  /// context {seed 77, step 5}, and the device synchronised.
+  void runDrawing(const Plan &plan) {
+    ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
+    for (size_t i = 0; i < plan.program.size(); ++i)
+      ASSERT_TRUE(dev->run(i).isOk());
+    ASSERT_TRUE(dev->synchronize().isOk());
+  }
+  /// Buffer `id` set from `src` (its bytes, any dtype), and its 16-bit
+  /// values (bf16 bits) read back.
+  void put(const Plan &plan, int64_t id, const void *src) {
+    ASSERT_TRUE(
+        dev->copyToDevice(dev->arenaBase() + plan.buffers[id].offset, src, plan.buffers[id].bytes)
+            .isOk());
+  }
+  std::vector<uint16_t> bits(const Plan &plan, int64_t id) {
+    std::vector<uint16_t> v(plan.buffers[id].numel());
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + plan.buffers[id].offset, v.size() * 2).isOk());
+    return v;
+  }
   void write(const Plan &plan, int64_t id, const std::vector<float> &v) {
     ASSERT_EQ((int64_t)v.size() * 4, plan.buffers[id].bytes);
     ASSERT_TRUE(
@@ -1261,34 +1288,20 @@ TEST_P(DeviceConformance, Bf16MomentsAreTheF32UpdateRoundedOnce) {
   auto load = [&](const Plan &pl, int64_t shard, int64_t from) {
     bind(pl);
     ASSERT_TRUE(dev->prepare(pl, shard).isOk());
-    auto put = [&](int64_t id, const void *src) {
-      ASSERT_TRUE(
-          dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
-              .isOk());
-    };
-    put(0, p.data() + from);
-    put(1, g.data() + from);
-    put(2, m16.data() + from);
-    put(3, v16.data() + from);
+    put(pl, 0, p.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2, m16.data() + from);
+    put(pl, 3, v16.data() + from);
     write(pl, 4, {1e-2f});
     write(pl, 5, {3.f});
     write(pl, 6, {std::numeric_limits<float>::infinity()});
     if (pl.buffers.size() > 7) {
-      put(7, m32.data() + from);
-      put(8, v32.data() + from);
+      put(pl, 7, m32.data() + from);
+      put(pl, 8, v32.data() + from);
     }
   };
-  auto bits = [&](const Plan &pl, int64_t id) {
-    std::vector<uint16_t> v(pl.buffers[id].numel());
-    EXPECT_TRUE(
-        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
-    return v;
-  };
   load(plan, 0, 0);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  for (size_t i = 0; i < plan.program.size(); ++i)
-    ASSERT_TRUE(dev->run(i).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(plan);
   std::vector<float> np32 = read(plan, 15), nm32 = read(plan, 16), nv32 = read(plan, 17);
   const uint64_t k = stateRoundingKey(77, 5, key);
   std::vector<uint16_t> nearM(n), nearV(n), srM(n), srV(n);
@@ -1317,13 +1330,9 @@ TEST_P(DeviceConformance, Bf16MomentsAreTheF32UpdateRoundedOnce) {
   shardSr["shard_stride"] = half;
   Plan shard = mixedPlan(hs, {2, 3, 13, 14},
                          {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {12, 13, 14}, shardSr)});
-  std::unique_ptr<Device> d2;
-  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
-  dev.swap(d2);
+  freshDevice();
   load(shard, 1, half);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  ASSERT_TRUE(dev->run(0).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(shard);
   EXPECT_EQ(bits(shard, 13), std::vector<uint16_t>(srM.begin() + half, srM.end()));
   EXPECT_EQ(bits(shard, 14), std::vector<uint16_t>(srV.begin() + half, srV.end()));
 }
@@ -1366,31 +1375,17 @@ TEST_P(DeviceConformance, Bf16MomentumBufferIsTheF32UpdateRoundedOnce) {
   auto load = [&](const Plan &pl, int64_t shard, int64_t from) {
     bind(pl);
     ASSERT_TRUE(dev->prepare(pl, shard).isOk());
-    auto put = [&](int64_t id, const void *src) {
-      ASSERT_TRUE(
-          dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
-              .isOk());
-    };
-    put(0, p.data() + from);
-    put(1, g.data() + from);
-    put(2, b16.data() + from);
+    put(pl, 0, p.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2, b16.data() + from);
     write(pl, 3, {0.1f});
     write(pl, 4, {3.f});
     write(pl, 5, {std::numeric_limits<float>::infinity()});
     if (pl.buffers.size() > 6)
-      put(6, b32.data() + from);
-  };
-  auto bits = [&](const Plan &pl, int64_t id) {
-    std::vector<uint16_t> v(pl.buffers[id].numel());
-    EXPECT_TRUE(
-        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
-    return v;
+      put(pl, 6, b32.data() + from);
   };
   load(plan, 0, 0);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  for (size_t i = 0; i < plan.program.size(); ++i)
-    ASSERT_TRUE(dev->run(i).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(plan);
   std::vector<float> np32 = read(plan, 11), nb32 = read(plan, 12);
   const uint64_t k = stateRoundingKey(77, 5, key);
   std::vector<uint16_t> near(n), drawn(n);
@@ -1416,13 +1411,9 @@ TEST_P(DeviceConformance, Bf16MomentumBufferIsTheF32UpdateRoundedOnce) {
   shardSr["shard_stride"] = half;
   Plan shard =
       mixedPlan(hs, {2, 10}, {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {9, 10}, shardSr)});
-  std::unique_ptr<Device> d2;
-  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
-  dev.swap(d2);
+  freshDevice();
   load(shard, 1, half);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  ASSERT_TRUE(dev->run(0).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(shard);
   EXPECT_EQ(bits(shard, 10), std::vector<uint16_t>(drawn.begin() + half, drawn.end()));
 }
 
@@ -1470,17 +1461,6 @@ TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
     m32[i] = widenBf16(m16[i]);
     v32[i] = widenBf16(v16[i]);
   }
-  auto put = [&](const Plan &pl, int64_t id, const void *src) {
-    ASSERT_TRUE(
-        dev->copyToDevice(dev->arenaBase() + pl.buffers[id].offset, src, pl.buffers[id].bytes)
-            .isOk());
-  };
-  auto bits = [&](const Plan &pl, int64_t id) {
-    std::vector<uint16_t> v(pl.buffers[id].numel());
-    EXPECT_TRUE(
-        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size() * 2).isOk());
-    return v;
-  };
   bind(plan);
   ASSERT_TRUE(dev->prepare(plan, 0).isOk());
   put(plan, 0, p.data());
@@ -1492,10 +1472,7 @@ TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
   write(plan, 4, {3.f});
   write(plan, 5, {1e-2f});
   write(plan, 6, {std::numeric_limits<float>::infinity()});
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  for (size_t i = 0; i < plan.program.size(); ++i)
-    ASSERT_TRUE(dev->run(i).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(plan);
   std::vector<float> norms = read(plan, 10);
   EXPECT_EQ(read(plan, 9), norms) << "the sums read the widened moments";
   EXPECT_GT(norms[0], 0.f);
@@ -1529,9 +1506,7 @@ TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
   shardSr["shard_stride"] = half;
   Plan shard = mixedPlan(hs, {2, 3, 15, 16},
                          {inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {14, 15, 16}, shardSr)});
-  std::unique_ptr<Device> d2;
-  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
-  dev.swap(d2);
+  freshDevice();
   bind(shard);
   ASSERT_TRUE(dev->prepare(shard, 1).isOk());
   put(shard, 0, p.data() + half);
@@ -1541,9 +1516,7 @@ TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
   write(shard, 4, {3.f});
   write(shard, 5, {1e-2f});
   write(shard, 10, norms);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  ASSERT_TRUE(dev->run(0).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(shard);
   EXPECT_EQ(read(shard, 14), std::vector<float>(np32.begin() + half, np32.end()));
   EXPECT_EQ(bits(shard, 15), std::vector<uint16_t>(srM.begin() + half, srM.end()));
   EXPECT_EQ(bits(shard, 16), std::vector<uint16_t>(srV.begin() + half, srV.end()));
@@ -2459,12 +2432,6 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   const int64_t unit = 3;
   Plan plan =
       mixedPlan({{n}, {n}}, {1}, {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}})});
-  auto bits = [&](const Plan &p, int64_t id) {
-    std::vector<uint16_t> v(p.buffers[id].numel());
-    EXPECT_TRUE(
-        dev->copyToHost(v.data(), dev->arenaBase() + p.buffers[id].offset, v.size() * 2).isOk());
-    return v;
-  };
   auto expected = [&](int64_t step, int64_t from, int64_t count) {
     std::vector<uint16_t> e(count);
     uint64_t key = stochasticRoundingKey(77, step, unit);
@@ -2474,9 +2441,7 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   };
   bind(plan);
   write(plan, 0, x);
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  ASSERT_TRUE(dev->run(0).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(plan);
   std::vector<uint16_t> got = bits(plan, 1), want = expected(5, 0, n);
   ASSERT_EQ(got, want);
 
@@ -2536,16 +2501,12 @@ TEST_P(DeviceConformance, StochasticCastsAreUnbiasedAndShardInvariant) {
   Plan shardPlan =
       mixedPlan({{half}, {half}}, {1},
                 {inst("cast", {0}, {1}, {{"stochastic", true}, {"key", unit}, {"sharded", true}})});
-  std::unique_ptr<Device> d2;
-  ASSERT_TRUE(createDevice(GetParam(), DeviceOptions{}, d2).isOk());
-  dev.swap(d2);
+  freshDevice();
   ASSERT_TRUE(checkInstruction(shardPlan, shardPlan.program[0]).isOk());
   ASSERT_TRUE(dev->allocateArena(shardPlan.arenaBytes, 0).isOk());
   ASSERT_TRUE(dev->prepare(shardPlan, 1).isOk());
   write(shardPlan, 0, std::vector<float>(x.begin() + half, x.end()));
-  ASSERT_TRUE(dev->setDropoutContext({77, 5, 0, true}).isOk());
-  ASSERT_TRUE(dev->run(0).isOk());
-  ASSERT_TRUE(dev->synchronize().isOk());
+  runDrawing(shardPlan);
   EXPECT_EQ(bits(shardPlan, 1), std::vector<uint16_t>(want.begin() + half, want.end()));
 }
 
