@@ -175,6 +175,23 @@ print("cuda", a[-1], "graphs", g[-1], "cpu", c[-1], "step 1", abs(a[0] - c[0]) /
 sys.exit(0 if len(a) == len(c) == 20 and abs(a[0] - c[0]) <= 1e-6 * c[0] and d <= 1e-4
          and a == g else 1)' "$OUT/d17/log.json" "$OUT/d18/log.json" "$OUT/d19/log.json"
 step bf16m_oracle oracle gpt "$P/gpt_bf16m.plan" "$OUT/d17"
+# SGD's momentum buffer and LAMB's moments in bf16: the same three runs
+# and checks (bf16s: SGD momentum 0.9 at lr 0.1; bf16l: LAMB at lr 1e-2),
+# the oracle on the GPU's stored state.
+for o in "bf16s 0.1" "bf16l 1e-2"; do
+  set -- $o
+  step "$1_cuda" "$R" "$P/gpt_$1.plan" --device cuda --steps 20 --lr "$2" --dump-dir "$OUT/$1_cuda"
+  step "$1_graphs" "$R" "$P/gpt_$1.plan" --device cuda --cuda-graphs --steps 20 --lr "$2" --dump-dir "$OUT/$1_graphs"
+  step "$1_cpu" "$R" "$P/gpt_$1.plan" --steps 20 --lr "$2" --threads 8 --dump-dir "$OUT/$1_cpu"
+  step "$1_equal" "$PY" -c '
+import json, sys
+a, g, c = (json.load(open(p))["losses"] for p in sys.argv[1:4])
+d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
+print("cuda", a[-1], "graphs", g[-1], "cpu", c[-1], "step 1", abs(a[0] - c[0]) / c[0], "max", d)
+sys.exit(0 if len(a) == len(c) == 20 and abs(a[0] - c[0]) <= 1e-6 * c[0] and d <= 1e-4
+         and a == g else 1)' "$OUT/$1_cuda/log.json" "$OUT/$1_graphs/log.json" "$OUT/$1_cpu/log.json"
+  step "$1_oracle" oracle gpt "$P/gpt_$1.plan" "$OUT/$1_cuda"
+done
 # test/e2e/cuda_emu.py on the GPU (plans compiled by gpu-pack.sh): the MLP
 # and GPT against the CPU device (1e-5), recompute / activation offload /
 # micro-batch reduction / dropout, a 2-rank checkpoint resumed bitwise,

@@ -71,6 +71,11 @@ done
 # f32, the GPU against the CPU and the PyTorch oracle on the GPU's dump.
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16m.plan report=false"
+# SGD's momentum buffer and LAMB's moments in bf16, the same way.
+"$OPT" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=sgd momentum=0.9 max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16s.plan report=false"
+"$OPT" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=lamb max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16l.plan report=false"
 # f16 with dynamic loss scaling: the same GPT on the GPU against the CPU.
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=f16 plan=$P/gpt_f16.plan report=false"
