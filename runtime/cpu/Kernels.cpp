@@ -1072,10 +1072,27 @@ inline T lambDirection(const LambScalars<T> &c, T p, T g, T m, T v, T gradScale,
 /// same bits for any thread count.
 constexpr int64_t kLambChunk = 1 << 12;
 
-/// A stored moment as T: f32 state as it is, bf16 state (state-dtype=bf16)
-/// widened.
-template <typename T> inline T stateValue(T x) { return x; }
-inline float stateValue(uint16_t x) { return widenBf16(x); }
+/// Moments stored as S, as T: T state read where it lies (mw, vw point
+/// into m, v); bf16 state (state-dtype=bf16) widened into mb, vb (a
+/// vectorized loop of its own: widened inside the LAMB arithmetic's loop,
+/// that loop ran scalar, 1.7x the f32 update). The LAMB kernels take their
+/// chunks kLambWiden elements at a time, so the buffers stay in L1.
+constexpr int64_t kLambWiden = 512;
+template <typename T, typename S> constexpr bool kSameState = std::is_same_v<T, S>;
+template <typename T, typename S>
+inline void widenStates(const S *m, const S *v, int64_t n, T *mb, T *vb, const T *&mw,
+                        const T *&vw) {
+  if constexpr (kSameState<T, S>) {
+    mw = m, vw = v;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      mb[i] = widenBf16(m[i]);
+      vb[i] = widenBf16(v[i]);
+    }
+    mw = mb, vw = vb;
+  }
+}
 
 template <typename T, typename S>
 void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_t n,
@@ -1099,13 +1116,18 @@ void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_
     const Chunk ch = chunks[j];
     const int64_t len = ch.end - ch.begin;
     const T *pj = p + ch.begin, *gj = g + ch.begin;
-    const S *mj = m + ch.begin, *vj = v + ch.begin;
     T u[kLambChunk];
+    for (int64_t s0 = 0; s0 < len; s0 += kLambWiden) {
+      const int64_t sl = std::min(kLambWiden, len - s0);
+      const T *mw, *vw;
+      T mb[kSameState<T, S> ? 1 : kLambWiden], vb[kSameState<T, S> ? 1 : kLambWiden];
+      widenStates(m + ch.begin + s0, v + ch.begin + s0, sl, mb, vb, mw, vw);
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      T nm, nv;
-      u[i] = lambDirection(c, pj[i], gj[i], stateValue(mj[i]), stateValue(vj[i]), gradScale,
-                           ch.decay, twd, nm, nv);
+      for (int64_t i = 0; i < sl; ++i) {
+        T nm, nv;
+        u[s0 + i] = lambDirection(c, pj[s0 + i], gj[s0 + i], mw[i], vw[i], gradScale, ch.decay, twd,
+                                  nm, nv);
+      }
     }
     // serial: a vectorized reduction's order would follow the alignment
     double sp = 0, su = 0;
@@ -1163,38 +1185,42 @@ void lambUpdateT(const T *p, const T *g, const S *m, const S *v, const T *norms,
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t j = 0; j < (int64_t)chunks.size(); ++j) {
     const Chunk ch = chunks[j];
-    const int64_t len = ch.end - ch.begin;
-    const T *pj = p + ch.begin, *gj = g + ch.begin;
-    const S *mj = m + ch.begin, *vj = v + ch.begin;
-    T *npj = np + ch.begin;
-    T mloc[kSame ? 1 : kLambChunk], vloc[kSame ? 1 : kLambChunk];
-    T *nmj, *nvj;
-    if constexpr (kSame)
-      nmj = nm + ch.begin, nvj = nv + ch.begin;
-    else
-      nmj = mloc, nvj = vloc;
-      // simd: as adamwUpdate's (element i read and written by iteration i only)
+    for (int64_t s0 = ch.begin; s0 < ch.end; s0 += kLambWiden) {
+      const int64_t sl = std::min(kLambWiden, ch.end - s0);
+      const T *pj = p + s0, *gj = g + s0;
+      T *npj = np + s0;
+      // f32 state: read and written in place; bf16: widened into mb, vb,
+      // which then take the new f32 moments (element i read, then written,
+      // by iteration i only), rounded below.
+      const T *mw, *vw;
+      T mb[kSame ? 1 : kLambWiden], vb[kSame ? 1 : kLambWiden];
+      widenStates(m + s0, v + s0, sl, mb, vb, mw, vw);
+      T *nmj, *nvj;
+      if constexpr (kSame)
+        nmj = nm + s0, nvj = nv + s0;
+      else
+        nmj = mb, nvj = vb;
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      T mi, vi;
-      T u = lambDirection(c, pj[i], gj[i], stateValue(mj[i]), stateValue(vj[i]), gradScale,
-                          ch.decay, twd, mi, vi);
-      npj[i] = pj[i] - tlr * (u * ch.trust);
-      nmj[i] = mi;
-      nvj[i] = vi;
-    }
-    if constexpr (!kSame) {
-      S *om = nm + ch.begin, *ov = nv + ch.begin;
-      if (r.stochastic) {
+      for (int64_t i = 0; i < sl; ++i) {
+        T mi, vi;
+        T u = lambDirection(c, pj[i], gj[i], mw[i], vw[i], gradScale, ch.decay, twd, mi, vi);
+        npj[i] = pj[i] - tlr * (u * ch.trust);
+        nmj[i] = mi;
+        nvj[i] = vi;
+      }
+      if constexpr (!kSame) {
+        S *om = nm + s0, *ov = nv + s0;
+        if (r.stochastic) {
 #pragma omp simd
-        for (int64_t i = 0; i < len; ++i)
-          roundMomentsToBf16Stochastic(mloc[i], vloc[i], r.key, r.first + (uint64_t)(ch.begin + i),
-                                       om[i], ov[i]);
-      } else {
+          for (int64_t i = 0; i < sl; ++i)
+            roundMomentsToBf16Stochastic(mb[i], vb[i], r.key, r.first + (uint64_t)(s0 + i), om[i],
+                                         ov[i]);
+        } else {
 #pragma omp simd
-        for (int64_t i = 0; i < len; ++i) {
-          om[i] = roundToBf16(mloc[i]);
-          ov[i] = roundToBf16(vloc[i]);
+          for (int64_t i = 0; i < sl; ++i) {
+            om[i] = roundToBf16(mb[i]);
+            ov[i] = roundToBf16(vb[i]);
+          }
         }
       }
     }
