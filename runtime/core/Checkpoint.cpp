@@ -949,13 +949,15 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
   return Status::ok();
 }
 
-/// What loading `index`'s checkpoint into `plan` converts: for the
-/// parameters' storage and for each optimizer-state kind whose storage
-/// dtype differs between them, "exp_avg f32 -> bf16" (a bf16-moment plan
-/// resuming an f32-moment checkpoint, or the reverse). Read from the
-/// shard map's buffers and states; a malformed entry is skipped here (the
-/// load itself rejects it).
-std::vector<std::string> storageConversions(const json &index, const Plan &plan) {
+using StorageDtypes = std::map<std::string, std::set<std::string>>;
+
+/// The storage dtypes a checkpoint's shard map records: kind ("" for the
+/// parameters, else an optimizer-state kind) -> the dtypes its buffers
+/// have. A malformed entry is skipped here (a load rejects it).
+StorageDtypes savedStorage(const json &index) {
+  StorageDtypes was;
+  if (!index.is_object() || !index.contains("shard_map") || !index["shard_map"].is_object())
+    return was;
   const json &map = index["shard_map"];
   auto savedDtype = [&](const json &id) -> std::string {
     if (id.is_number_integer() && map.contains("buffers") && map["buffers"].is_array())
@@ -964,8 +966,6 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
           return b["dtype"];
     return "";
   };
-  // kind ("" for the parameters) -> the dtypes it is stored in
-  std::map<std::string, std::set<std::string>> was, now;
   for (const char *list : {"units", "params"})
     if (map.contains(list) && map[list].is_array())
       for (const json &e : map[list])
@@ -977,6 +977,23 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
       if (st.is_object() && st.value("kind", json()).is_string() && st.contains("buffer"))
         if (std::string d = savedDtype(st["buffer"]); !d.empty())
           was[st["kind"].get<std::string>()].insert(d);
+  return was;
+}
+
+std::string joinDtypes(const std::set<std::string> &s) {
+  std::string out;
+  for (const std::string &d : s)
+    out += (out.empty() ? "" : "/") + d;
+  return out;
+}
+
+/// What loading `index`'s checkpoint into `plan` converts: for the
+/// parameters' storage and for each optimizer-state kind whose storage
+/// dtype differs between them, "exp_avg f32 -> bf16" (a bf16-moment plan
+/// resuming an f32-moment checkpoint, or the reverse).
+std::vector<std::string> storageConversions(const json &index, const Plan &plan) {
+  const StorageDtypes was = savedStorage(index);
+  StorageDtypes now;
   auto dtypeOf = [&](int64_t id) {
     return id >= 0 && id < (int64_t)plan.buffers.size() ? dtypeName(plan.buffers[id].dtype)
                                                         : std::string();
@@ -990,18 +1007,12 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
   for (const State &st : plan.states)
     if (st.buffer >= 0)
       now[st.kind].insert(dtypeOf(st.buffer));
-  auto join = [](const std::set<std::string> &s) {
-    std::string out;
-    for (const std::string &d : s)
-      out += (out.empty() ? "" : "/") + d;
-    return out;
-  };
   std::vector<std::string> out;
   for (const auto &[kind, dtypes] : now) {
     auto it = was.find(kind);
     if (it != was.end() && it->second != dtypes)
-      out.push_back((kind.empty() ? std::string("parameters") : kind) + " " + join(it->second) +
-                    " -> " + join(dtypes));
+      out.push_back((kind.empty() ? std::string("parameters") : kind) + " " +
+                    joinDtypes(it->second) + " -> " + joinDtypes(dtypes));
   }
   return out;
 }
@@ -1013,6 +1024,14 @@ std::string layoutName(int64_t world, int64_t replicas, int64_t shards, int64_t 
 }
 
 } // namespace
+
+std::string checkpointStorage(const json &index) {
+  std::string out;
+  for (const auto &[kind, dtypes] : savedStorage(index))
+    out += (out.empty() ? "" : ", ") + (kind.empty() ? std::string("parameters") : kind) + " " +
+           joinDtypes(dtypes);
+  return out;
+}
 
 std::string conversionNote(const std::vector<std::string> &converted) {
   std::string out;

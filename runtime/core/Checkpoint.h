@@ -67,6 +67,11 @@ struct LoadReport {
   std::vector<std::string> converted;
 };
 
+/// The storage dtypes a checkpoint index's shard map records, for
+/// `fsdp-ckpt info`: "parameters f32, exp_avg bf16, exp_avg_sq bf16"
+/// (empty when it records none).
+std::string checkpointStorage(const nlohmann::json &index);
+
 /// What a tool prints for LoadReport::converted: "exp_avg f32 -> bf16,
 /// exp_avg_sq f32 -> bf16 (narrowed to nearest even; widening is exact)".
 std::string conversionNote(const std::vector<std::string> &converted);

@@ -289,8 +289,9 @@ def main():
            "token file, same plan: resumed losses 5-6 bitwise the uninterrupted run's")
     info = sh([ckpt, "info", tck]).stdout
     report("step 4, 2 rank(s) (mesh 1x2), stage 3" in info and
-           f"data: {tok}, 32 per step, 16 rows of the stream consumed" in info,
-           "fsdp-ckpt info names the layout and the data position: " + " | ".join(
+           f"data: {tok}, 32 per step, 16 rows of the stream consumed" in info and
+           "storage: parameters f32, exp_avg f32, exp_avg_sq f32" in info,
+           "fsdp-ckpt info names the layout, the storage dtypes and the data position: " + " | ".join(
                line.strip() for line in info.splitlines()))
     dump = os.path.join(work, "tok.dump")
     r, _ = train(t1, 1, "--steps", "6", "--data", tok, "--resume", tck, "--dump-dir", dump)

@@ -183,12 +183,17 @@ def check_shards(bindir, tmp):
                            "--threads", "1", "--resume", f32_ckpt] + LR,
                           check=True, capture_output=True, text=True, timeout=300).stdout
     note = next((l for l in text.splitlines() if l.startswith("converted on load:")), "")
+    info = subprocess.run([os.path.join(bindir, "fsdp-ckpt"), "info", ckpt], check=True,
+                          capture_output=True, text=True).stdout
+    storage = next((l.strip() for l in info.splitlines() if "storage:" in l), "")
     ok = (same and converted == ["exp_avg f32 -> bf16", "exp_avg_sq f32 -> bf16"]
           and losses.get(4) == f32_whole[3] and losses.get(5) != f32_whole[4]
-          and "exp_avg f32 -> bf16, exp_avg_sq f32 -> bf16" in note)
+          and "exp_avg f32 -> bf16, exp_avg_sq f32 -> bf16" in note
+          and storage == "storage: parameters f32, exp_avg bf16, exp_avg_sq bf16")
     failures += not ok
     print(f"  an f32-moment checkpoint resumed with bf16 moments: converted {converted} (the same "
-          f"dtypes: none), printed '{note}'; step 4 bitwise the f32-moment run's, step 5 moved: "
+          f"dtypes: none), printed '{note}'; fsdp-ckpt info of the bf16 checkpoint: "
+          f"'{storage}'; step 4 bitwise the f32-moment run's, step 5 moved: "
           f"{'ok' if ok else 'MISMATCH'}")
     return failures
 

@@ -64,6 +64,10 @@ int main(int argc, char **argv) {
                 (long long)index["stage"].get<int64_t>(),
                 index["model"].is_string() ? index["model"].get<std::string>().c_str() : "?",
                 index["shard_map"]["params"].size());
+    // The storage dtypes: whether the optimizer state is f32 or bf16
+    // (optimizer-state-dtype) before a resume converts it.
+    if (std::string storage = checkpointStorage(index); !storage.empty())
+      std::printf("  storage: %s\n", storage.c_str());
     // Where the data stands, for a resume on another layout.
     const nlohmann::json &data = index.value("data", nlohmann::json());
     if (data.is_object() && data.value("spec", nlohmann::json()).is_string()) {
