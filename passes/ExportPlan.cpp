@@ -497,6 +497,15 @@ void ExportPlanPass::runOnOperation() {
       {"buffers", std::move(*buffers)},
       {"program", std::move(program)},
   };
+  // The features a runtime needs beyond the version (PlanSchema.h's
+  // kPlanFeatures), listed only where used: an older runtime refuses the
+  // plan by the field instead of running it otherwise.
+  json::Array features;
+  if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
+    if (auto dtype = opt.getAs<StringAttr>("state_dtype"); dtype && dtype.getValue() == "bf16")
+      features.push_back("optimizer-state-bf16");
+  if (!features.empty())
+    root["requires"] = std::move(features);
   if (plan.hostArenaBytes > 0)
     root["host_arena_bytes"] = plan.hostArenaBytes;
   if (plan.nvmeBytes > 0) {

@@ -967,6 +967,28 @@ Status readHeader(Reader &r, const json &j, Plan &plan) {
                       kOldestPlanVersion, " to ", kPlanVersion,
                       "): recompile the model with fsdp-opt");
   plan.version = (int)version;
+  // The features it needs beyond its version: one this runtime lacks
+  // refuses the plan before anything else is read (PlanSchema.h).
+  if (const json *req = r.find(j, "requires", "plan", false)) {
+    if (!req->is_array())
+      return FSDP_ERROR("plan: requires: expected an array of feature names, found ",
+                        req->type_name());
+    for (const json &f : *req) {
+      if (!f.is_string())
+        return FSDP_ERROR("plan: requires: expected feature names, found ", f.type_name());
+      const std::string name = f.get<std::string>();
+      if (std::find(std::begin(kPlanFeatures), std::end(kPlanFeatures), name) ==
+          std::end(kPlanFeatures)) {
+        std::string known;
+        for (std::string_view k : kPlanFeatures)
+          known += (known.empty() ? "" : ", ") + std::string(k);
+        return FSDP_ERROR("plan requires the feature '", name,
+                          "', which this runtime does not have (it has: ", known,
+                          "): rebuild fsdp-run");
+      }
+      plan.features.push_back(name);
+    }
+  }
   r.string(j, "model", plan.model, "plan", false);
   r.integer(j, "world_size", plan.worldSize, "plan", 1, kMaxWorld);
   r.integer(j, "stage", plan.stage, "plan", 0, 3, false);

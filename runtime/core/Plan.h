@@ -158,6 +158,9 @@ struct LossScaling {
 
 struct Plan {
   int version = 0;
+  /// Plan "requires": the features it needs beyond its version, each one
+  /// of kPlanFeatures (PlanSchema.h); empty when absent.
+  std::vector<std::string> features;
   std::string model;
   int64_t worldSize = 1;
   /// The device mesh, replicas x shards (== worldSize). A 1-D plan is

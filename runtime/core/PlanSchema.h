@@ -44,6 +44,21 @@ inline constexpr std::string_view kPlanFormat = "fsdp-plan";
 inline constexpr int kPlanVersion = 2;
 inline constexpr int kOldestPlanVersion = 1;
 
+/// The plan's `requires`: the features a runtime must have to run it
+/// correctly, beyond what its version says (docs/PLAN_FORMAT.md). fsdp-opt
+/// lists a feature only where the plan uses it, so a plan without them
+/// stays readable by older runtimes; a runtime refuses a plan that
+/// requires a feature it does not know, naming it, instead of running it
+/// with what it does know. A feature belongs here when an older runtime
+/// would read the plan without an error and run it differently: a new
+/// op, dtype or group needs none (an older runtime refuses those).
+///   optimizer-state-bf16: optimizer state in bf16 beside f32 parameters
+///      (optimizer-state-dtype=bf16): AdamW's moments (the runtimes from
+///      session 53 on), SGD's momentum buffer and LAMB's moments (session
+///      54 on). Session 53's would run LAMB's bf16 moments widened, to
+///      nearest: the reason for the list.
+inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16"};
+
 /// The swap file's I/O alignment (fsdp-offload's nvme, plan
 /// "swap_alignment"): every buffer in the swap file and every staging
 /// buffer of a swap starts at a multiple of it, and its bytes rounded up to

@@ -438,6 +438,14 @@ TEST(PlanTest, RejectsWhatIsWrong) {
                 .message()
                 .find("plan version 7 is newer than this runtime (2)"),
             std::string::npos);
+  // A feature it lacks refuses the plan by name, before the rest is read.
+  plan = Plan();
+  EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"version\": 2, \"requires\": "
+                      "[\"optimizer-state-bf16\", \"zero-4\"]}",
+                      plan)
+                .message()
+                .find("plan requires the feature 'zero-4', which this runtime does not have"),
+            std::string::npos);
   plan = Plan();
   EXPECT_NE(parsePlan("{\"format\": \"fsdp-plan\", \"vers", plan).message().find("not valid JSON"),
             std::string::npos);

@@ -7,6 +7,11 @@
 // state are packed per unit; every other buffer is aligned).
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer -fsdp-plan-memory=alignment=4096 -convert-fsdp-to-plan=output=%t.a.plan -o /dev/null
 // RUN: %python -c "import json,sys; p=json.load(open(sys.argv[1])); bad=[b['id'] for b in p['buffers'] if 'alias_of' not in b and b['kind'] not in ('param', 'state') and b['offset'] %% 4096]; print('misaligned', bad); sys.exit(1 if bad else 0)" %t.a.plan
+// The features a runtime needs beyond the version (PlanSchema.h): listed
+// only where the plan uses one, so an f32 plan has no "requires".
+// RUN: fsdp-opt %s --fsdp-pipeline="optimizer=adamw optimizer-state-dtype=bf16 plan=%t.bf16.plan report=false" -o /dev/null
+// RUN: %python -c "import json,sys; print('requires', *(json.load(open(f)).get('requires') for f in sys.argv[1:]))" %t.plan %t.none.plan %t.bf16.plan | FileCheck %s --check-prefix=FEATURES
+// FEATURES: requires None None ['optimizer-state-bf16']
 // RUN: not fsdp-opt %s -fsdp-autodiff -convert-fsdp-to-plan 2>&1 | FileCheck %s --check-prefix=NOOUT
 // RUN: not fsdp-opt %s --fsdp-pipeline="plan=/nonexistent-dir/x.plan report=false" -o /dev/null 2>&1 | FileCheck %s --check-prefix=NOWRITE
 
