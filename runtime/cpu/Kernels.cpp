@@ -1156,7 +1156,7 @@ template <typename T, typename S>
 void lambUpdateT(const T *p, const T *g, const S *m, const S *v, const T *norms, T *np, S *nm,
                  S *nv, int64_t n, const LambLayout &layout, double lr, int64_t step, double beta1,
                  double beta2, double eps, double wd, T gradScale, const MomentRounding &rounding) {
-  constexpr bool kSame = std::is_same_v<S, T>;
+  constexpr bool kSame = kSameState<T, S>;
   const int64_t K = (int64_t)layout.segments.size() - 1;
   const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
   const T twd = (T)wd, tlr = (T)lr;

@@ -1082,23 +1082,63 @@ bool lambPiecesOnce(const std::vector<int64_t> &segments, int64_t base, int64_t 
 namespace {
 
 /// A LAMB update's new moments: f32 as computed; bf16 rounded once, to
-/// nearest or (ctx) with element g's stochastic draw.
+/// nearest or (key: the step's formed key) with draw g of the key.
 __device__ __forceinline__ void storeMoments(float *nm, float *nv, float m, float v,
-                                             const uint64_t *, int64_t, uint64_t) {
+                                             const uint64_t *, uint64_t) {
   *nm = m;
   *nv = v;
 }
 __device__ __forceinline__ void storeMoments(__nv_bfloat16 *nm, __nv_bfloat16 *nv, float m, float v,
-                                             const uint64_t *ctx, int64_t key, uint64_t g) {
-  if (!ctx) {
+                                             const uint64_t *key, uint64_t g) {
+  if (!key) {
     st(nm, m);
     st(nv, v);
     return;
   }
   uint16_t bm, bv;
-  roundMomentsToBf16Stochastic(m, v, stateRoundingKey(ctx[0], (int64_t)ctx[1], key), g, bm, bv);
+  roundMomentsToBf16Stochastic(m, v, *key, g, bm, bv);
   memcpy(nm, &bm, 2);
   memcpy(nv, &bv, 2);
+}
+
+/// lamb_update over one piece of len elements (one parameter's, or
+/// padding's): the step's scalars, the trust ratio (pn, un: the
+/// parameter's sums in device memory, or null: 1) and the draws' key
+/// (ctx: the device's {seed, step}) formed once a thread, as
+/// adamwBf16StateKernel forms its own, so a captured graph still replays
+/// each step's. Element i draws as element first + i of its unit.
+template <typename M>
+__global__ void lambUpdateKernel(const float *p, const float *g, const M *m, const M *v, float *np,
+                                 M *nm, M *nv, int64_t len, const float *pn, const float *un,
+                                 const float *lrp, const float *stepp, double beta1, double beta2,
+                                 double eps, bool decay, float wd, const float *gs,
+                                 const float *skip, const uint64_t *ctx, int64_t key,
+                                 uint64_t first) {
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, len) {
+      np[i] = p[i];
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    return;
+  }
+  // cpu::lambUpdate's trust ratio (double sqrt and divide: correctly
+  // rounded on both)
+  float trust = 1.f;
+  if (pn) {
+    double a = *pn, b = *un;
+    if (a > 0 && b > 0)
+      trust = (float)(sqrt(a) / sqrt(b));
+  }
+  const LambScalars c = lambScalars(stepp, beta1, beta2, eps);
+  const float lr = *lrp;
+  const uint64_t k = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key) : 0;
+  FSDP_GRID_STRIDE(i, len) {
+    float mi, vi;
+    float u = lambElement(c, p[i], g[i], ld(m + i), ld(v + i), gs, decay, wd, mi, vi);
+    np[i] = __fsub_rn(p[i], __fmul_rn(lr, __fmul_rn(u, trust)));
+    storeMoments(nm + i, nv + i, mi, vi, ctx ? &k : nullptr, first + (uint64_t)i);
+  }
 }
 
 template <typename M>
@@ -1146,39 +1186,21 @@ cudaError_t lambUpdateT(const float *p, const float *g, const M *m, const M *v, 
   const int64_t K = (int64_t)segments.size() - 1;
   const float twd = (float)wd;
   for (const cpu::LambPiece &pc : pieces) {
-    // cpu::lambUpdate's trust ratio, from the sums in device memory
-    // (double sqrt and divide: correctly rounded on both)
+    // the trust ratio only where weight decay applies (cpu::lambUpdate)
     const float *pn = nullptr, *un = nullptr;
     if (pc.segment >= 0 && wd != 0 && segments[pc.segment] < decayNumel) {
       pn = norms + pc.segment;
       un = norms + K + pc.segment;
     }
-    const bool decay = pc.decay && wd != 0;
-    const float *pj = p + pc.begin, *gj = g + pc.begin;
-    const M *mj = m + pc.begin, *vj = v + pc.begin;
-    float *npj = np + pc.begin;
-    M *nmj = nm + pc.begin, *nvj = nv + pc.begin;
-    const uint64_t at = first + (uint64_t)pc.begin;
-    cudaError_t e = forEach(pc.end - pc.begin, s, [=] __device__(int64_t i) {
-      if (skip && !isfinite(*skip)) {
-        npj[i] = pj[i];
-        nmj[i] = mj[i];
-        nvj[i] = vj[i];
-        return;
-      }
-      float trust = 1.f;
-      if (pn) {
-        double a = *pn, b = *un;
-        if (a > 0 && b > 0)
-          trust = (float)(sqrt(a) / sqrt(b));
-      }
-      LambScalars c = lambScalars(step, beta1, beta2, eps);
-      float mi, vi;
-      float u = lambElement(c, pj[i], gj[i], ld(mj + i), ld(vj + i), gradScale, decay, twd, mi, vi);
-      npj[i] = __fsub_rn(pj[i], __fmul_rn(*lr, __fmul_rn(u, trust)));
-      storeMoments(nmj + i, nvj + i, mi, vi, ctx, key, at + (uint64_t)i);
-    });
-    if (e != cudaSuccess)
+    const int64_t len = pc.end - pc.begin;
+    if (len <= 0)
+      continue;
+    unsigned blocks = std::min<unsigned>(gridFor(len), 2048u); // as adamwT's
+    lambUpdateKernel<M><<<blocks, kThreads, 0, s>>>(
+        p + pc.begin, g + pc.begin, m + pc.begin, v + pc.begin, np + pc.begin, nm + pc.begin,
+        nv + pc.begin, len, pn, un, lr, step, beta1, beta2, eps, pc.decay && wd != 0, twd,
+        gradScale, skip, ctx, key, first + (uint64_t)pc.begin);
+    if (cudaError_t e = cudaGetLastError())
       return e;
   }
   return cudaSuccess;
