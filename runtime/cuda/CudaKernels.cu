@@ -967,12 +967,12 @@ cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, cons
       np[i] = p[i];
       return;
     }
-    // __fmul_rn: the product rounded on its own (never contracted into the
-    // decay's FMA), as the mul it replaces.
+    // Every operation rounded on its own, as cpu::sgdUpdate's (nvcc would
+    // contract the decay and the step into FMAs on a GPU).
     float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     if (decay)
-      d += twd * p[i];
-    np[i] = p[i] - *lr * d;
+      d = __fadd_rn(d, __fmul_rn(twd, p[i]));
+    np[i] = __fsub_rn(p[i], __fmul_rn(*lr, d));
   });
 }
 
