@@ -303,7 +303,10 @@ def check_others(bindir, tmp):
       layout with f32 state is (at most 3 steps, and 3 for one of them at
       least, as (a)), every step within LOOSE;
     - the optimizer state is half the f32 plan's; arena measured ==
-      planned; a 2-rank ZeRO-3 checkpoint resumes bitwise."""
+      planned; a 2-rank ZeRO-3 checkpoint resumes bitwise;
+    - the 2-rank ZeRO-3 run with the optimizer offloaded (the update on
+      the host), joined in the next step, or its state on disk is
+      bitwise the in-memory run."""
     failures = 0
     one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
     two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
@@ -361,6 +364,32 @@ def check_others(bindir, tmp):
         failures += not ok
         print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3)  "
               f"{'ok' if ok else 'MISMATCH'}")
+        # The host's update (offload=optimizer) runs the same CPU kernel on
+        # the same shard: bitwise the in-memory run, with the update beside
+        # the backward, joined in the next step, or its state swapped
+        # through a file (each reads the rounding's key and the shard's
+        # place from the plan, as the device's update does).
+        inmem, _ = mp.run(bindir, path, 2, STEPS, lr)
+        nvme = os.path.join(tmp, "nvme")
+        os.makedirs(nvme, exist_ok=True)
+        for name, extra, run_extra in (
+                ("offload=optimizer", "offload=optimizer offload-next-step=false", []),
+                ("offload-next-step", "offload=optimizer offload-next-step=true", []),
+                ("offload-nvme", "offload=optimizer offload-nvme=true", ["--nvme-dir", nvme])):
+            opath, oplan = plan(f"off_{len(run_extra)}_{name}", two,
+                                f"{bf16} world-size=2 stage=3 {extra}")
+            got, summary = mp.run(bindir, opath, 2, STEPS, lr + run_extra)
+            # the placement the name says: the state in the host arena,
+            # carried joins, the state in the swap file
+            host = oplan.get("host_arena_bytes", 0) > 0 and {
+                "offload=optimizer": True,
+                "offload-next-step": any(i["attrs"].get("carried") for i in oplan["program"]),
+                "offload-nvme": oplan.get("nvme_bytes", 0) > 0}[name]
+            ok = got == inmem and host and (
+                summary["measured_high_water"] == summary["predicted_peak"])
+            failures += not ok
+            print(f"  N=2 stage 3, {name}: placed so: {host}; bitwise the in-memory "
+                  f"run: {got == inmem}  {'ok' if ok else 'MISMATCH'}")
         ckpt = os.path.join(tmp, f"ckpt_{kinds[0]}")
         whole, _ = mp.run(bindir, path, 2, 6, lr)
         mp.run(bindir, path, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
