@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Optimizer state in bf16 (optimizer-state-dtype=bf16; docs/BENCHMARKS.md):
 AdamW's moments by default, --optimizer sgd (momentum 0.9: its buffer) or
-lamb (its moments).
+lamb (its moments). --eight: AdamW's moments in 8-bit block codes
+(optimizer-state-dtype=8bit) instead of bf16, against f32 moments.
 
 1. Predicted (h100 profile, fsdp-opt simulate=true; not run on a GPU):
    planned peak per rank and predicted step with f32 and bf16 moments for
@@ -15,7 +16,7 @@ lamb (its moments).
    arena fsdp-run measured (== planned).
 
   bench/optimizer_state.py [--bin build/bin] [--rounds 3] [--steps 12]
-                           [--optimizer adamw|sgd|lamb]
+                           [--optimizer adamw|sgd|lamb] [--eight]
 """
 import argparse
 import os
@@ -43,6 +44,7 @@ OPTIMIZERS = {"adamw": "optimizer=adamw", "sgd": "optimizer=sgd momentum=0.9",
               "lamb": "optimizer=lamb"}
 MODES = [("f32 state", ""), ("bf16 stochastic", "optimizer-state-dtype=bf16"),
          ("bf16 nearest", "optimizer-state-dtype=bf16 optimizer-state-rounding=nearest")]
+EIGHT = [("f32 state", ""), ("8-bit", "optimizer-state-dtype=8bit")]
 
 
 def main():
@@ -53,8 +55,13 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
+    ap.add_argument("--eight", action="store_true", help="8-bit AdamW moments instead of bf16")
     a = ap.parse_args()
+    if a.eight and a.optimizer != "adamw":
+        ap.error("--eight: 8-bit state is AdamW's moments")
     opt_base = OPTIMIZERS[a.optimizer]
+    modes = EIGHT if a.eight else MODES
+    other = modes[1][0]
     with tempfile.TemporaryDirectory() as tmp:
         print(f"1. predicted (h100 profile, bf16 compute, {opt_base}): planned peak per rank, "
               f"step")
@@ -62,9 +69,9 @@ def main():
             model = os.path.join(tmp, "m.mlir")
             subprocess.run([sys.executable, GEN, "gpt"] + args + ["-o", model], check=True)
             base = f"{opt_base} param-dtype=bf16 device-profile=h100 {layout}"
-            rows = [(name, simulate(a.bin, model, f"{base} {opt}")) for name, opt in MODES[:2]]
+            rows = [(name, simulate(a.bin, model, f"{base} {opt}")) for name, opt in modes[:2]]
             (_, (s0, _, p0)), (_, (s1, _, p1)) = rows
-            print(f"  {label:<34} f32 state {gib(p0)} GiB {s0:9.2f} ms | bf16 state "
+            print(f"  {label:<34} f32 state {gib(p0)} GiB {s0:9.2f} ms | {other} state "
                   f"{gib(p1)} GiB {s1:9.2f} ms | peak x{p1 / p0:.3f}, step x{s1 / s0:.3f}")
         if a.skip_measured:
             return 0
@@ -72,7 +79,7 @@ def main():
         subprocess.run([sys.executable, GEN, "mlp", "--hidden", "1024", "--blocks", "8",
                         "--batch", "8", "-o", model], check=True)
         plans = {}
-        for name, opt in MODES:
+        for name, opt in modes:
             plans[name] = os.path.join(tmp, name.replace(" ", "_") + ".plan")
             subprocess.run([os.path.join(a.bin, "fsdp-opt"), model, "-o", os.devnull,
                             f"--fsdp-pipeline={opt_base} world-size=2 stage=3 {opt} "
@@ -81,7 +88,7 @@ def main():
         print(f"2. measured: MLP 8.4M parameters, 2 CPU ranks, stage 3, {a.rounds} rounds of "
               f"{a.steps} steps (median step of each round)")
         ref = statistics.median(times["f32 state"])
-        for name, _ in MODES:
+        for name, _ in modes:
             med = statistics.median(times[name])
             s = summary[name]
             print(f"  {name:<16} {med:8.2f} ms (rounds {', '.join(f'{t:.1f}' for t in times[name])})"

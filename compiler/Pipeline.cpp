@@ -154,6 +154,7 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   opt.maxGradNorm = options.maxGradNorm;
   opt.stateDtype = options.optimizerStateDtype;
   opt.stateRounding = options.optimizerStateRounding;
+  opt.stateBlock = options.optimizerStateBlock;
   pm.addPass(createFsdpInsertOptimizer(opt));
   // Sharding rewrites the optimizer's updates; without an optimizer the
   // step outputs whole gradients and is not sharded (asking for several

@@ -44,9 +44,15 @@ struct FsdpPipelineOptions
                              llvm::cl::init(0.0)};
   Option<std::string> optimizerStateDtype{
       *this, "optimizer-state-dtype",
-      llvm::cl::desc("f32 | bf16: the optimizer's state (AdamW's and LAMB's moments, "
-                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes)"),
+      llvm::cl::desc("f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, "
+                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes), or AdamW's "
+                     "moments in 8-bit block codes (about a quarter)"),
       llvm::cl::init("f32")};
+  Option<int64_t> optimizerStateBlock{
+      *this, "optimizer-state-block",
+      llvm::cl::desc("with optimizer-state-dtype=8bit: elements per block of codes with one "
+                     "f32 scale (a power of two in [32, 4096])"),
+      llvm::cl::init(256)};
   Option<std::string> optimizerStateRounding{
       *this, "optimizer-state-rounding",
       llvm::cl::desc("stochastic | nearest: how bf16 optimizer state is rounded when written"),

@@ -502,8 +502,8 @@ void ExportPlanPass::runOnOperation() {
   // plan by the field instead of running it otherwise.
   json::Array features;
   if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
-    if (auto dtype = opt.getAs<StringAttr>("state_dtype"); dtype && dtype.getValue() == "bf16")
-      features.push_back("optimizer-state-bf16");
+    if (auto dtype = opt.getAs<StringAttr>("state_dtype"))
+      features.push_back(("optimizer-state-" + dtype.getValue()).str()); // bf16, 8bit
   if (!features.empty())
     root["requires"] = std::move(features);
   if (plan.hostArenaBytes > 0)

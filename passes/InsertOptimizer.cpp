@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "runtime/core/ShapeRules.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -38,11 +39,15 @@ struct InsertOptimizerPass
 private:
   /// Declares a zero-initialized state tensor shadowing `param`.
   /// `elem`: the state's element type (null: the parameter's).
-  StateOp createState(ParamOp param, StringRef kind, Type elem = {}) {
+  /// The state `kind` of `param`: of its type, of its shape in `elem`, or
+  /// of type `whole` (8-bit moments' packed codes).
+  StateOp createState(ParamOp param, StringRef kind, Type elem = {}, Type whole = {}) {
     OpBuilder b(param);
     b.setInsertionPointAfter(lastSymbol ? lastSymbol : param.getOperation());
     std::string name = (param.getSymName() + "." + kind).str();
-    TypeAttr type = elem ? TypeAttr::get(param.getTensorType().clone(elem)) : param.getTypeAttr();
+    TypeAttr type = whole  ? TypeAttr::get(whole)
+                    : elem ? TypeAttr::get(param.getTensorType().clone(elem))
+                           : param.getTypeAttr();
     auto state =
         b.create<StateOp>(param.getLoc(), b.getStringAttr(name), type,
                           FlatSymbolRefAttr::get(param.getSymNameAttr()), b.getStringAttr(kind));
@@ -75,9 +80,21 @@ void InsertOptimizerPass::runOnOperation() {
         << "nesterov momentum requires momentum > 0 and zero dampening";
     return signalPassFailure();
   }
-  if (stateDtype != "f32" && stateDtype != "bf16") {
+  if (stateDtype != "f32" && stateDtype != "bf16" && stateDtype != "8bit") {
     mlir::emitError(module.getLoc())
-        << "state-dtype must be f32 or bf16, found '" << stateDtype << "'";
+        << "state-dtype must be f32, bf16 or 8bit, found '" << stateDtype << "'";
+    return signalPassFailure();
+  }
+  const bool state8 = stateDtype == "8bit";
+  if (state8 && optimizer != "adamw") {
+    mlir::emitError(module.getLoc())
+        << "state-dtype=8bit keeps AdamW's moments in 8-bit block codes; optimizer=" << optimizer
+        << " has no such kernel (state-dtype=bf16 halves its state)";
+    return signalPassFailure();
+  }
+  if (state8 && (stateBlock < 32 || stateBlock > 4096 || (stateBlock & (stateBlock - 1)))) {
+    mlir::emitError(module.getLoc())
+        << "state-block must be a power of two in [32, 4096], found " << stateBlock;
     return signalPassFailure();
   }
   if (stateRounding != "stochastic" && stateRounding != "nearest") {
@@ -125,6 +142,10 @@ void InsertOptimizerPass::runOnOperation() {
   if (bf16State) { // f32 moments leave the record as it was
     recorded.push_back(b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)));
     recorded.push_back(b.getNamedAttr("state_rounding", b.getStringAttr(stateRounding)));
+  }
+  if (state8) {
+    recorded.push_back(b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)));
+    recorded.push_back(b.getNamedAttr("state_block", b.getI64IntegerAttr(stateBlock)));
   }
   module->setAttr("fsdp.optimizer", b.getDictionaryAttr(recorded));
   if (optimizer == "none") {
@@ -241,8 +262,14 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (optimizer == "adamw") {
-      StateOp m = createState(param, "exp_avg", stateElem);
-      StateOp v = createState(param, "exp_avg_sq", stateElem);
+      // 8-bit moments of an f32 parameter: each a packed i8 vector of its
+      // codes and block scales (AdamwUpdateOp's state_block).
+      const bool packed = state8 && param.getTensorType().getElementType().isF32();
+      Type packedTy = RankedTensorType::get(
+          {::fsdp::shapes::quantizedBytes(param.getTensorType().getNumElements(), stateBlock)},
+          b.getIntegerType(8));
+      StateOp m = createState(param, "exp_avg", stateElem, packed ? packedTy : Type());
+      StateOp v = createState(param, "exp_avg_sq", stateElem, packed ? packedTy : Type());
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
       Type t = param.getType(), st = m.getType();
@@ -251,7 +278,8 @@ void InsertOptimizerPass::runOnOperation() {
           /*grad_scale=*/Value(), b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
           b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           stochastic ? b.getUnitAttr() : UnitAttr(),
-          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr(),
+          packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());

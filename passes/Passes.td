@@ -270,6 +270,16 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     since to nearest a bf16 v no longer moves once (1 - beta2) g^2 is
     below half its last place (beta2 = 0.999: under 2^-9 of v).
 
+    With `state-dtype=8bit` (AdamW only) the two moments of each f32
+    parameter are 8-bit codes in blocks of `state-block` elements with an
+    f32 scale each (bitsandbytes' and torchao's 8-bit AdamW;
+    runtime/core/Moments8.h): about 2 bytes of optimizer state a
+    parameter instead of 8. Each moment is one packed i8 state of
+    shapes::quantizedBytes(n, block) bytes, and the update carries
+    `state_block`; the update decodes, runs in f32 and encodes the new
+    moments to the nearest code. fsdp-shard pads each unit to whole
+    blocks per shard, so the blocks do not depend on the world size.
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {...} : tensor<64xf32>
     fsdp.set_param @w = %p2 : tensor<64xf32>
@@ -293,11 +303,15 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"maxGradNorm", "max-grad-norm", "double", /*default=*/"0.0",
            "global-norm gradient clipping threshold (0: off)">,
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
-           "f32 | bf16: the optimizer's state (AdamW's and LAMB's moments, SGD's "
-           "momentum buffer) stored in bf16 (f32 math; half its bytes)">,
+           "f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, SGD's "
+           "momentum buffer) stored in bf16 (f32 math; half its bytes), or AdamW's "
+           "moments in 8-bit block codes (about a quarter)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,
+    Option<"stateBlock", "state-block", "int64_t", /*default=*/"256",
+           "with state-dtype=8bit: elements per block of 8-bit codes with one f32 scale "
+           "(a power of two in [32, 4096])">,
   ];
   let statistics = [
     Statistic<"numUpdates", "updates", "Parameters given an update">,

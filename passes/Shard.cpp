@@ -606,7 +606,15 @@ LogicalResult ShardRewrite::buildUnits() {
                         << "; a unit packs one dtype";
         return failure();
       }
-    int64_t padded = (u.numel + shards - 1) / shards * shards;
+    // 8-bit moments (state-dtype=8bit) count their blocks from each
+    // shard's first element: a trainable f32 unit padded to whole blocks
+    // per shard has its unit's blocks in every layout (N ranks store what
+    // one rank stores).
+    int64_t align = shards;
+    if (auto blk = optDict ? optDict.getAs<IntegerAttr>("state_block") : IntegerAttr();
+        blk && !u.frozen && elem.isF32())
+      align = shards * blk.getInt();
+    int64_t padded = (u.numel + align - 1) / align * align;
     SmallVector<Attribute> refs;
     for (ParamOp p : u.params)
       refs.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
@@ -1301,8 +1309,16 @@ void ShardRewrite::updateUnits(Location loc) {
           mb.setInsertionPointAfter(uo);
       }
       for (auto [i, sk] : llvm::enumerate(stateSlots)) {
+        // 8-bit moments: the packed codes and block scales of the operand
+        Type stTy = pTy.clone(stateElems[i]);
+        for (const NamedAttribute &na : updAttrs)
+          if (na.getName() == "state_block")
+            stTy = RankedTensorType::get(
+                {::fsdp::shapes::quantizedBytes(pTy.getNumElements(),
+                                                cast<IntegerAttr>(na.getValue()).getInt())},
+                stateElems[i]);
         auto st = mb.create<StateOp>(loc, mb.getStringAttr(u->name + "." + sk.second),
-                                     TypeAttr::get(pTy.clone(stateElems[i])), symOf(*u),
+                                     TypeAttr::get(stTy), symOf(*u),
                                      mb.getStringAttr(sk.second));
         pr.states.push_back(st);
         lastState = st;

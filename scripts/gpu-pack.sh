@@ -76,6 +76,9 @@ done
   --fsdp-pipeline="optimizer=sgd momentum=0.9 max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16s.plan report=false"
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=lamb max-grad-norm=1.0 optimizer-state-dtype=bf16 plan=$P/gpt_bf16l.plan report=false"
+# AdamW's moments in 8-bit block codes (optimizer-state-dtype=8bit).
+"$OPT" examples/gpt_small.mlir -o /dev/null \
+  --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 optimizer-state-dtype=8bit plan=$P/gpt_q8.plan report=false"
 # f16 with dynamic loss scaling: the same GPT on the GPU against the CPU.
 "$OPT" examples/gpt_small.mlir -o /dev/null \
   --fsdp-pipeline="optimizer=adamw max-grad-norm=1.0 param-dtype=f16 plan=$P/gpt_f16.plan report=false"

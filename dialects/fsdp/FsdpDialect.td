@@ -92,6 +92,9 @@ class Fsdp_Op<string mnemonic, list<Trait> traits = []>
 
 // Floating-point tensors the runtime computes on (or stores).
 def Fsdp_FloatTensor : RankedTensorOf<[F32, BF16, F16]>;
+// Optimizer state: a float tensor, or (AdamW's moments with
+// state-dtype=8bit) a packed i8 shard of codes and block scales.
+def Fsdp_StateTensor : RankedTensorOf<[F32, BF16, F16, I8]>;
 // Row statistics kept in f32 whatever the storage dtype (attention's log-sum-exp).
 def Fsdp_F32Tensor : RankedTensorOf<[F32]>;
 // Token ids and labels.

@@ -147,10 +147,23 @@ LogicalResult StateOp::verify() {
       SymbolTable::lookupNearestSymbolFrom(*this, getParamAttr());
   // The state's dtype: the parameter's, or bf16 beside an f32 parameter
   // (fsdp-insert-optimizer's state-dtype=bf16).
+  // Or 8-bit AdamW moments (state-dtype=8bit): the packed i8 codes and
+  // block scales of an f32 shadow, for a block that is a power of two in
+  // [32, 4096].
+  auto packs = [](RankedTensorType s, RankedTensorType t) {
+    if (!s.getElementType().isF32() || !t.getElementType().isInteger(8) || t.getRank() != 1)
+      return false;
+    for (int64_t block = 32; block <= 4096; block *= 2)
+      if (::fsdp::shapes::quantizedBytes(s.getNumElements(), block) == t.getNumElements())
+        return true;
+    return false;
+  };
   auto fits = [&](Type shadow) {
     auto s = cast<RankedTensorType>(shadow), t = getTensorType();
-    return s == t || (s.getShape() == t.getShape() && s.getElementType().isF32() &&
-                      t.getElementType().isBF16());
+    return s == t ||
+           (s.getShape() == t.getShape() && s.getElementType().isF32() &&
+            t.getElementType().isBF16()) ||
+           packs(s, t);
   };
   if (auto unit = dyn_cast_or_null<UnitOp>(sym)) {
     // Whole (DDP) or one shard (ZeRO-1/2/3) of the unit.
@@ -165,9 +178,10 @@ LogicalResult StateOp::verify() {
     return emitOpError() << "shadows " << getParamAttr()
                          << ", which is not an fsdp.param or fsdp.unit";
   if (!fits(param.getType()))
-    return emitOpError() << "expected type " << param.getType()
-                         << " of the parameter it shadows (or its shape in bf16), found "
-                         << getType();
+    return emitOpError()
+           << "expected type " << param.getType()
+           << " of the parameter it shadows (or its shape in bf16, or 8-bit moments of it), found "
+           << getType();
   return success();
 }
 
@@ -848,7 +862,35 @@ static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, S
   return success();
 }
 
+/// AdamW's 8-bit moments (`state_block`, state-dtype=8bit): f32
+/// parameters, a block that is a power of two in [32, 4096], and each
+/// moment a packed i8 vector of the parameter's codes and block scales.
+static LogicalResult verifyState8bit(AdamwUpdateOp op) {
+  RankedTensorType p = rt(op.getParam()), m = rt(op.getExpAvg());
+  std::optional<int64_t> block = op.getStateBlock();
+  if (!block)
+    return op.emitOpError() << "i8 moments are 8-bit block codes: expected state_block";
+  if (*block < 32 || *block > 4096 || (*block & (*block - 1)))
+    return op.emitOpError() << "state_block must be a power of two in [32, 4096], found "
+                            << *block;
+  if (!p.getElementType().isF32() || !m.getElementType().isInteger(8))
+    return op.emitOpError() << "state_block keeps the moments of f32 parameters in i8, found "
+                            << typeStr(m.getElementType()) << " moments of "
+                            << typeStr(p.getElementType()) << " parameters";
+  int64_t want = ::fsdp::shapes::quantizedBytes(p.getNumElements(), *block);
+  if (m.getRank() != 1 || m.getNumElements() != want)
+    return op.emitOpError() << "8-bit moments of " << p.getNumElements() << " elements in blocks of "
+                            << *block << " are " << want << " bytes (tensor<" << want
+                            << "xi8>), found " << typeStr(m);
+  if (op.getStochastic() || op.getKey())
+    return op.emitOpError() << "8-bit moments are rounded to the nearest code: stochastic and "
+                               "key do not apply";
+  return success();
+}
+
 LogicalResult AdamwUpdateOp::verify() {
+  if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
+    return verifyState8bit(*this);
   return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey());
 }
 

@@ -60,14 +60,17 @@ def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
     Optimizer state (momentum buffer, Adam moments) created by
     `fsdp-insert-optimizer`. It has the shape of the parameter it shadows,
     starts at zero, and is sharded with that parameter. Its dtype is the
-    parameter's, or bf16 for an f32 parameter (`state-dtype=bf16`).
+    parameter's, or bf16 for an f32 parameter (`state-dtype=bf16`); or,
+    AdamW's moments of an f32 parameter with `state-dtype=8bit`, a packed
+    i8 vector of its 8-bit codes and block scales
+    (fsdp.adamw_update's `state_block`).
 
     ```mlir
     fsdp.state @"fc1.weight.exp_avg" : tensor<64x64xf32> of @"fc1.weight" kind "exp_avg"
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
-                       TypeAttrOf<Fsdp_FloatTensor>:$type,
+                       TypeAttrOf<Fsdp_StateTensor>:$type,
                        FlatSymbolRefAttr:$param,
                        StrAttr:$kind);
   let assemblyFormat = "$sym_name `:` $type `of` $param `kind` $kind attr-dict";
@@ -79,18 +82,18 @@ def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
   }];
 }
 
-class Fsdp_SymbolReadOp<string mnemonic>
+class Fsdp_SymbolReadOp<string mnemonic, TypeConstraint valueType = Fsdp_FloatTensor>
     : Fsdp_Op<mnemonic, [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
                          MemoryEffects<[MemRead]>]> {
   let arguments = (ins FlatSymbolRefAttr:$name);
-  let results = (outs Fsdp_FloatTensor:$result);
+  let results = (outs valueType:$result);
   let assemblyFormat = "$name attr-dict `:` type($result)";
 }
 
-class Fsdp_SymbolWriteOp<string mnemonic>
+class Fsdp_SymbolWriteOp<string mnemonic, TypeConstraint valueType = Fsdp_FloatTensor>
     : Fsdp_Op<mnemonic, [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
                          MemoryEffects<[MemWrite]>]> {
-  let arguments = (ins FlatSymbolRefAttr:$name, Fsdp_FloatTensor:$value);
+  let arguments = (ins FlatSymbolRefAttr:$name, valueType:$value);
   let assemblyFormat = "$name `=` $value attr-dict `:` type($value)";
 }
 
@@ -113,7 +116,7 @@ def Fsdp_SetParamOp : Fsdp_SymbolWriteOp<"set_param"> {
   }];
 }
 
-def Fsdp_GetStateOp : Fsdp_SymbolReadOp<"get_state"> {
+def Fsdp_GetStateOp : Fsdp_SymbolReadOp<"get_state", Fsdp_StateTensor> {
   let summary = "reads optimizer state";
   let description = [{
     ```mlir
@@ -122,7 +125,7 @@ def Fsdp_GetStateOp : Fsdp_SymbolReadOp<"get_state"> {
   }];
 }
 
-def Fsdp_SetStateOp : Fsdp_SymbolWriteOp<"set_state"> {
+def Fsdp_SetStateOp : Fsdp_SymbolWriteOp<"set_state", Fsdp_StateTensor> {
   let summary = "writes optimizer state";
   let description = [{
     ```mlir
@@ -1369,13 +1372,27 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     mix an element, 16 of its bits for each moment), so N ranks, one
     rank, the CPU and the GPU store the same bits.
 
+    With `state_block = B` (fsdp-insert-optimizer's `state-dtype=8bit`)
+    the moments of f32 parameters are stored in about a byte an element:
+    each is a packed i8 tensor of shapes::quantizedBytes(n, B) bytes for
+    the parameter's n elements, n codes then one f32 scale per block of
+    B elements (runtime/core/Moments8.h: exp_avg as a sign and E4M3,
+    exp_avg_sq as its square root in E4M4, each relative to its block's
+    largest magnitude, as bitsandbytes' 8-bit optimizers keep theirs).
+    The update decodes a block, runs the f32 step above and encodes the
+    new moments once, rounded to the nearest code. Blocks count from the
+    operand's first element, so a sharded operand's blocks are its
+    unit's when each shard is a whole number of blocks (fsdp-shard pads
+    the unit so). B is a power of two in [32, 4096].
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
     %p3, %m3, %v3 = fsdp.adamw_update %p, %g, %mb, %vb, %lr, %step {key = 0 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+    %p4, %m4, %v4 = fsdp.adamw_update %p, %g, %mq, %vq, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
-                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_StateTensor:$exp_avg, Fsdp_StateTensor:$exp_avg_sq,
                        Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
                        Optional<Fsdp_Scalar>:$grad_scale,
@@ -1386,9 +1403,10 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
                        OptionalAttr<I64Attr>:$decay_numel,
                        OptionalAttr<I64Attr>:$shard_stride,
                        UnitAttr:$stochastic,
-                       OptionalAttr<I64Attr>:$key);
-  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
-                      Fsdp_FloatTensor:$new_exp_avg_sq);
+                       OptionalAttr<I64Attr>:$key,
+                       OptionalAttr<I64Attr>:$state_block);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_StateTensor:$new_exp_avg,
+                      Fsdp_StateTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($exp_avg), ref(type($param)))
   }];

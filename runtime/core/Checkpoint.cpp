@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Checkpoint.h"
+#include "runtime/core/Moments8.h"
 
 #include "runtime/core/Bf16.h"
 
@@ -706,7 +707,7 @@ public:
     std::string tensor;
     if (!tensorOf(w.buffer, tensor))
       return FSDP_ERROR(path, ": no storage for parameter ", name);
-    return flat(tensor, w.shard, w.padded, w.offset + first, count, dst);
+    return flat(tensor, w.shard, w.padded, w.offset + first, count, dst, kind == "exp_avg_sq");
   }
 
   /// Whole parameters (`kind` empty) or whole per-parameter optimizer state
@@ -794,7 +795,7 @@ private:
   /// `dst` checks the range against rank 0's header and the world size,
   /// reading nothing.
   Status flat(const std::string &name, int64_t shard, int64_t padded, int64_t offset, int64_t numel,
-              float *dst) {
+              float *dst, bool root = false) {
     if (offset < 0 || numel < 0 || offset > padded - numel || shard < 1)
       return FSDP_ERROR(path, ": a range of ", name, " lies outside its unit");
     const TensorEntry *e0;
@@ -802,6 +803,8 @@ private:
     // f32, or a frozen unit's 16-bit storage ([Note: parameter storage
     // dtypes] in Executor.cpp), widened.
     DType dt;
+    if (parseSafetensorsDType(e0->dtype, dt) && dt == DType::I8)
+      return flat8(name, *e0, shard, padded, offset, numel, dst, root);
     if (!parseSafetensorsDType(e0->dtype, dt) ||
         (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16))
       return FSDP_ERROR(path, ": tensor '", name, "' is ", e0->dtype,
@@ -830,6 +833,52 @@ private:
         scratch.resize((size_t)(len * esz));
         FSDP_RETURN_IF_ERROR(files->read(r, from, scratch.data(), scratch.size()));
         widenParams(dt, scratch.data(), len, dst + i);
+      }
+      i += len;
+    }
+    return Status::ok();
+  }
+
+  /// flat() of 8-bit moments (optimizer-state-dtype=8bit, Moments8.h):
+  /// each rank's tensor the packed codes and block scales of its shard
+  /// (or of the whole unit), decoded (exp_avg_sq, `root`: the root
+  /// squared), so they load into f32 or bf16 moments of any layout.
+  Status flat8(const std::string &name, const TensorEntry &e0, int64_t shard, int64_t padded,
+               int64_t offset, int64_t numel, float *dst, bool root) {
+    const int64_t bytes0 = (int64_t)(e0.end - e0.begin);
+    int64_t block = moments8::blockOfPacked(padded, bytes0);
+    const bool whole = block != 0;
+    if (!whole)
+      block = moments8::blockOfPacked(shard, bytes0);
+    if (!block)
+      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0,
+                        " bytes, not the 8-bit moments of its unit (", padded,
+                        " elements) or of a shard (", shard, ")");
+    if (!whole && numel > 0 && (offset + numel - 1) / shard >= files->world())
+      return FSDP_ERROR(path, ": a range of ", name, " lies past the last rank's shard");
+    if (!dst)
+      return Status::ok(); // check only
+    const int64_t local = whole ? padded : shard, scales = moments8::scalesOffset(local);
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    for (int64_t i = 0; i < numel;) {
+      int64_t f = offset + i;
+      int64_t r = whole ? 0 : f / shard, at = whole ? f : f % shard;
+      int64_t len = std::min(numel - i, local - at);
+      const TensorEntry *e;
+      FSDP_RETURN_IF_ERROR(files->find(r, name, e));
+      if (e->dtype != e0.dtype || (int64_t)(e->end - e->begin) != bytes0)
+        return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
+      const int64_t b0 = at / block, b1 = (at + len - 1) / block;
+      codes.resize((size_t)len);
+      scale.resize((size_t)(b1 - b0 + 1));
+      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)at, codes.data(), codes.size()));
+      FSDP_RETURN_IF_ERROR(
+          files->read(r, e->begin + (uint64_t)(scales + 4 * b0), scale.data(), scale.size() * 4));
+      for (int64_t k = 0; k < len; ++k) {
+        const float s = scale[(at + k) / block - b0];
+        const float v = root ? moments8::decodeRoot(codes[k], s) : moments8::decodeM(codes[k], s);
+        dst[i + k] = root ? v * v : v;
       }
       i += len;
     }
@@ -898,6 +947,12 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
   if (unit < 0 && !own)
     return FSDP_ERROR("cannot reshard: the plan's persistent buffer ", b.id, " (", b.name,
                       ") is neither parameter storage nor optimizer state");
+  if (b.dtype == DType::I8)
+    return FSDP_ERROR("cannot load ", b.name, " from ", src.path,
+                      ": this plan's 8-bit moments (optimizer-state-dtype=8bit) are resumed only "
+                      "from a checkpoint of its own layout and 8-bit moments; re-laying them out "
+                      "or encoding other moments into them is not supported yet (an 8-bit "
+                      "checkpoint loads into f32 or bf16 moments of any layout)");
   if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
       (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
     return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");
@@ -963,7 +1018,7 @@ StorageDtypes savedStorage(const json &index) {
     if (id.is_number_integer() && map.contains("buffers") && map["buffers"].is_array())
       for (const json &b : map["buffers"])
         if (b.is_object() && b.value("id", json()) == id && b.value("dtype", json()).is_string())
-          return b["dtype"];
+          return b["dtype"] == "i8" ? std::string("8bit") : b["dtype"].get<std::string>();
     return "";
   };
   for (const char *list : {"units", "params"})
@@ -995,8 +1050,10 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
   const StorageDtypes was = savedStorage(index);
   StorageDtypes now;
   auto dtypeOf = [&](int64_t id) {
-    return id >= 0 && id < (int64_t)plan.buffers.size() ? dtypeName(plan.buffers[id].dtype)
-                                                        : std::string();
+    if (id < 0 || id >= (int64_t)plan.buffers.size())
+      return std::string();
+    DType d = plan.buffers[id].dtype;
+    return d == DType::I8 ? std::string("8bit") : dtypeName(d); // 8-bit moments
   };
   for (const Unit &u : plan.units)
     if (u.buffer >= 0)
@@ -1037,7 +1094,7 @@ std::string conversionNote(const std::vector<std::string> &converted) {
   std::string out;
   for (size_t i = 0; i < converted.size(); ++i)
     out += (i ? ", " : "") + converted[i];
-  return out + " (narrowed to nearest even; widening is exact)";
+  return out + " (narrowed to nearest even; widening and decoding 8-bit moments are exact)";
 }
 
 Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, int64_t rank,

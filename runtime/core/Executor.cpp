@@ -34,6 +34,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Executor.h"
+#include "runtime/core/Moments8.h"
 
 #include "runtime/core/Bf16.h"
 #include "runtime/core/Init.h"
@@ -1179,10 +1180,32 @@ Status Executor::gatherMoments(TensorMap &out) {
     if (st.kind != "exp_avg" && st.kind != "exp_avg_sq" && st.kind != "momentum_buffer")
       continue;
     const Buffer &b = plan.buffers[st.buffer];
-    std::vector<float> mine(b.numel());
     std::vector<uint8_t> raw(b.bytes);
     FSDP_RETURN_IF_ERROR(readBuffer(st.buffer, raw.data()));
-    widenParams(b.dtype, raw.data(), b.numel(), mine.data());
+    std::vector<float> mine;
+    if (b.dtype == DType::I8) {
+      // 8-bit moments (state-dtype=8bit): decoded, as the update reads them
+      // of what it shadows: a parameter, or its unit whole or a shard
+      std::vector<int64_t> sizes;
+      for (const Param &p : plan.params)
+        if (p.name == st.param)
+          sizes.push_back(p.numel());
+      for (const Unit &u : plan.units)
+        if (st.param.empty() && u.name == st.unit)
+          sizes = {u.shardNumel, u.paddedNumel};
+      int64_t n = 0, block = 0;
+      for (int64_t k : sizes)
+        if (!block && (block = moments8::blockOfPacked(k, b.bytes)))
+          n = k;
+      if (!block)
+        return FSDP_ERROR("state ", st.name, ": ", b.bytes,
+                          " bytes are not 8-bit moments of what it shadows");
+      mine.resize(n);
+      moments8::decodeShard(raw.data(), n, block, st.kind == "exp_avg_sq", mine.data());
+    } else {
+      mine.resize(b.numel());
+      widenParams(b.dtype, raw.data(), b.numel(), mine.data());
+    }
     if (!st.param.empty()) { // a parameter's own (unsharded plans)
       Tensor t{DType::F32, b.shape, std::vector<uint8_t>(b.numel() * 4)};
       std::memcpy(t.data.data(), mine.data(), t.data.size());
@@ -1199,13 +1222,14 @@ Status Executor::gatherMoments(TensorMap &out) {
     // Sharded with its unit's update (any stage above 0): this rank's
     // shard of the padded flat moments.
     std::vector<float> flat(unit.paddedNumel);
-    if (b.numel() == unit.shardNumel && unit.shardNumel != unit.paddedNumel)
+    const int64_t have = (int64_t)mine.size();
+    if (have == unit.shardNumel && unit.shardNumel != unit.paddedNumel)
       FSDP_RETURN_IF_ERROR(
           group("shard").allGather(mine.data(), flat.data(), unit.shardNumel, DType::F32));
-    else if (b.numel() == unit.paddedNumel)
+    else if (have == unit.paddedNumel)
       flat = std::move(mine);
     else
-      return FSDP_ERROR("state ", st.name, " has ", b.numel(), " elements, neither its unit's ",
+      return FSDP_ERROR("state ", st.name, " has ", have, " elements, neither its unit's ",
                         unit.paddedNumel, " nor a shard's ", unit.shardNumel);
     for (const Param &p : plan.params) {
       if (p.unit != u)

@@ -50,8 +50,15 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
     return FSDP_ERROR(op.inst.op, ": expected at least ", 2 + states, " operands and ", results,
                       " result(s), found ", op.inst.in.size(), " and ", op.inst.out.size());
   const DType state = op.in(2).dtype;
-  if (state != DType::F32 && state != DType::BF16)
-    return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state), ": expected f32 or bf16");
+  const bool packed = op.inst.op == "adamw_update" && state == DType::I8;
+  if (state != DType::F32 && state != DType::BF16 && !packed)
+    return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state),
+                      ": expected f32 or bf16 (or, adamw_update's, i8 8-bit codes)");
+  if (packed != op.has("state_block"))
+    return FSDP_ERROR(op.inst.op, packed ? ": i8 moments are 8-bit block codes: expected "
+                                           "state_block"
+                                         : ": state_block is for i8 moments, found ",
+                      packed ? "" : dtypeName(state));
   auto isState = [&](int i) { return i >= 2 && i < 2 + states; };
   for (int i = 0; i < (int)op.inst.in.size(); ++i) {
     DType want = isState(i) ? state : DType::F32;
@@ -74,6 +81,19 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
                         dtypeName(state));
     if (!(op.i("key", -1) >= 0))
       return FSDP_ERROR(op.inst.op, ": stochastic needs an integer key >= 0 (its draws' stream)");
+  }
+  if (packed) {
+    // 8-bit moments (state-dtype=8bit): each a packed vector of the
+    // operand's codes and block scales (runtime/core/Moments8.h).
+    const int64_t block = op.i("state_block", 0), n = op.in(0).numel();
+    if (!(block >= 32 && block <= 4096 && (block & (block - 1)) == 0))
+      return FSDP_ERROR(op.inst.op, ": state_block must be a power of two in [32, 4096]");
+    const int64_t want = shapes::quantizedBytes(n, block);
+    for (int i = 2; i < 4; ++i)
+      if (op.in(i).numel() != want || op.out(i - 1).numel() != want)
+        return FSDP_ERROR(op.inst.op, ": 8-bit moments of ", n, " elements in blocks of ", block,
+                          " are ", want, " bytes; operand ", i, " has ", op.in(i).numel(),
+                          " and result ", i - 1, " ", op.out(i - 1).numel());
   }
   if (!op.attrError.empty())
     return FSDP_ERROR(op.inst.op, ": ", op.attrError);
@@ -181,8 +201,9 @@ bool needsWidening(const Plan &plan, const Instruction &inst) {
       inst.op == "quantize" || inst.op == "dequantize")
     return false; // converts or copies bytes itself
   if (hasNarrowableState(inst.op) && inst.in.size() > 2 && inst.in[2] >= 0 &&
-      inst.in[2] < (int64_t)plan.buffers.size() && plan.buffers[inst.in[2]].dtype == DType::BF16)
-    return false; // reads and writes its bf16 state itself (state-dtype=bf16)
+      inst.in[2] < (int64_t)plan.buffers.size() &&
+      (plan.buffers[inst.in[2]].dtype == DType::BF16 || plan.buffers[inst.in[2]].dtype == DType::I8))
+    return false; // reads and writes its bf16 or 8-bit state itself (state-dtype=bf16|8bit)
   for (const std::vector<int64_t> *ids : {&inst.in, &inst.out})
     for (int64_t id : *ids)
       if (id >= 0 && id < (int64_t)plan.buffers.size() && isNarrowFloat(plan.buffers[id].dtype))
@@ -792,12 +813,14 @@ const std::unordered_map<std::string, Check> &checks() {
         FSDP_RETURN_IF_ERROR(hasNarrowableState(op.inst.op) ? updateStateDtype(op, states)
                                                             : expectAllF32(op));
         int64_t n = op.in(0).numel();
+        // (8-bit moments are packed: their sizes checked by updateStateDtype)
+        const bool packed = op.inst.op == "adamw_update" && op.in(2).dtype == DType::I8;
         for (int i = 1; i < 2 + states; ++i)
-          if (op.in(i).numel() != n)
+          if (op.in(i).numel() != n && !(packed && i >= 2))
             return FSDP_ERROR(op.inst.op, ": operand ", i, " has ", op.in(i).numel(),
                               " elements, the parameter ", n);
         for (int i = 0; i <= states; ++i)
-          if (op.out(i).numel() != n)
+          if (op.out(i).numel() != n && !(packed && i >= 1))
             return FSDP_ERROR(op.inst.op, ": result ", i, " has the wrong size");
         size_t scalars = 2 + states;
         if (op.in(scalars).numel() != 1 || (hasStep && op.in(scalars + 1).numel() != 1))

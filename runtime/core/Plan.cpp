@@ -447,11 +447,12 @@ Status validateStates(const Plan &plan) {
     if (!validId(plan, s.buffer))
       return FSDP_ERROR("plan: state ", s.name, " has an invalid buffer");
     DType d = plan.buffers[s.buffer].dtype;
-    if (d != DType::F32 && !(d == DType::BF16 && (s.kind == "exp_avg" || s.kind == "exp_avg_sq" ||
-                                                  s.kind == "momentum_buffer")))
+    const bool moment = s.kind == "exp_avg" || s.kind == "exp_avg_sq";
+    if (d != DType::F32 && !(d == DType::BF16 && (moment || s.kind == "momentum_buffer")) &&
+        !(d == DType::I8 && moment))
       return FSDP_ERROR("plan: state ", s.name, " (", s.kind, ") is ", dtypeName(d),
                         "; this runtime keeps optimizer state in f32 (AdamW's moments and SGD's "
-                        "momentum buffer in f32 or bf16)");
+                        "momentum buffer in f32 or bf16, the moments in 8-bit codes)");
   }
   return Status::ok();
 }

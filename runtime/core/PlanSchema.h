@@ -57,7 +57,10 @@ inline constexpr int kOldestPlanVersion = 1;
 ///      session 53 on), SGD's momentum buffer and LAMB's moments (session
 ///      54 on). Session 53's would run LAMB's bf16 moments widened, to
 ///      nearest: the reason for the list.
-inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16"};
+///   optimizer-state-8bit: AdamW's moments in 8-bit block codes
+///      (optimizer-state-dtype=8bit, session 55; runtime/core/Moments8.h).
+inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16",
+                                                     "optimizer-state-8bit"};
 
 /// The swap file's I/O alignment (fsdp-offload's nvme, plan
 /// "swap_alignment"): every buffer in the swap file and every staging

@@ -969,7 +969,8 @@ private:
       // bf16 optimizer state (optimizer-state-dtype=bf16) too: the oracle
       // takes it as each update's state (f32 state it accumulates itself).
       if (std::any_of(plan.states.begin(), plan.states.end(), [&](const State &st) {
-            return plan.buffers[st.buffer].dtype == DType::BF16;
+            DType d = plan.buffers[st.buffer].dtype;
+            return d == DType::BF16 || d == DType::I8; // or 8-bit, decoded
           }))
         FSDP_RETURN_IF_ERROR(ex->gatherMoments(now));
       for (auto &kv : now)

@@ -661,6 +661,15 @@ const std::unordered_map<std::string, Exec> &table() {
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
       const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
                    eps = r.op.f("eps", 1e-8);
+      if (r.op.in(2).dtype == DType::I8) {
+        // 8-bit moments (state-dtype=8bit): one call, since a block may
+        // straddle the decayed prefix (weight-decay-params=matrices)
+        adamwUpdate8bitState(r.in(0), r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3), r.out(0),
+                             r.out<uint8_t>(1), r.out<uint8_t>(2), r.op.in(0).numel(),
+                             r.op.i("state_block", 256), *r.in(4), step, b1, b2, eps,
+                             r.op.f("weight_decay", 0.01), rules::decayedCount(r.op, r.rank), gs);
+        return Status::ok();
+      }
       if (r.op.in(2).dtype == DType::BF16) {
         inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
           adamwUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,

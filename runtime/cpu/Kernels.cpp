@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/Moments8.h"
 #include "runtime/core/StochasticRounding.h"
 
 #include "runtime/core/Bf16.h"
@@ -1036,6 +1037,72 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
       }
     }
   }
+}
+
+void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
+                          int64_t step, double beta1, double beta2, double eps, double wd,
+                          int64_t decayed, float gradScale) {
+  namespace m8 = moments8;
+  const AdamwStep<float> decay(lr, step, beta1, beta2, eps, wd),
+      plain(lr, step, beta1, beta2, eps, 0.0);
+  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
+  const float *sm = reinterpret_cast<const float *>(m + at),
+              *sv = reinterpret_cast<const float *>(v + at);
+  float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
+  // One block at a time (at most 4096 elements: the verifier's bound),
+  // each step a loop of its own so that each vectorizes: decoded into f32
+  // buffers (the block is read whole before any of it is written: the
+  // update runs in place), updated (the decayed prefix, then the rest),
+  // the roots taken, the largest magnitudes, the codes.
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int64_t o = j * block, len = std::min(block, n - o);
+    const int64_t dec = std::clamp<int64_t>(decayed - o, 0, len);
+    const float scaleM = sm[j], scaleV = sv[j];
+    float mf[4096], vf[4096];
+    const uint8_t *mj = m + o, *vj = v + o;
+    const float *pj = p + o, *gj = g + o;
+    float *npj = np + o;
+    const m8::DecodeTables &table = m8::decodeTables();
+    for (int64_t i = 0; i < len; ++i) {
+      mf[i] = table.m[mj[i]] * scaleM;
+      const float r = table.root[vj[i]] * scaleV;
+      vf[i] = r * r;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < dec; ++i)
+      decay.apply(pj[i], gj[i] * gradScale, mf[i], vf[i], npj[i], mf[i], vf[i]);
+#pragma omp simd
+    for (int64_t i = dec; i < len; ++i)
+      plain.apply(pj[i], gj[i] * gradScale, mf[i], vf[i], npj[i], mf[i], vf[i]);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i)
+      vf[i] = std::sqrt(vf[i]);
+    float s1, inv1, s2, inv2;
+    m8::blockScale(m8::blockAmax([&](int64_t i) { return mf[i]; }, len), m8::kMantM, s1, inv1);
+    m8::blockScale(m8::blockAmax([&](int64_t i) { return vf[i]; }, len), m8::kMantV, s2, inv2);
+    uint8_t *nmj = nm + o, *nvj = nv + o;
+    if (inv1 != 0) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i)
+        nmj[i] = m8::encodeM(mf[i], inv1);
+    } else {
+      std::memset(nmj, 0, (size_t)len);
+    }
+    if (inv2 != 0) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i)
+        nvj[i] = m8::encodeV(vf[i], inv2);
+    } else {
+      std::memset(nvj, 0, (size_t)len);
+    }
+    nsm[j] = s1;
+    nsv[j] = s2;
+  }
+  // the codes' padding to 4 bytes stays zero
+  for (int64_t i = n; i < at; ++i)
+    nm[i] = nv[i] = 0;
 }
 
 namespace {

@@ -221,6 +221,18 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
                           double beta1, double beta2, double eps, double wd, float gradScale,
                           const MomentRounding &rounding);
 
+/// adamwUpdate<float> with the moments stored in 8 bits (state-dtype=8bit,
+/// runtime/core/Moments8.h): m and v are packed shards of n elements in
+/// blocks of `block` (codes, then the blocks' f32 scales); nm, nv may be
+/// m, v (in place). Each block is decoded (exp_avg_sq as its root
+/// squared), updated with adamwUpdate's f32 arithmetic (the parameter's
+/// update reads the f32 moments) and encoded once. Elements [0, decayed)
+/// take weight decay wd, the rest none (weight-decay-params=matrices).
+void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
+                          int64_t step, double beta1, double beta2, double eps, double wd,
+                          int64_t decayed, float gradScale);
+
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust
 /// clipping) over an operand of n elements, a whole FSDP unit's flat

@@ -2098,6 +2098,22 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                                          m, damp, 0.0, nesterov, s, skip, gs);
         },
         n);
+  } else if (n == "adamw_update" && op.in(2).dtype == DType::I8) {
+    // state-dtype=8bit: one call (a block may straddle the decayed prefix)
+    const float *p = r.in(0), *g = r.in(1), *lr = r.in(4), *step = r.in(5);
+    const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
+    float *np = r.out(0);
+    uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
+    double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
+           wd = op.f("weight_decay", 0.01);
+    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
+    const int64_t block = op.i("state_block", 256);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::adamw8bitState(p, g, m, v, np, nm, nv, u.cnt, block, lr, step, b1, b2,
+                                        eps, wd, u.k, u.gs, u.skip, s);
+        },
+        n);
   } else if (n == "adamw_update" && op.in(2).dtype == DType::BF16) {
     // state-dtype=bf16 (OpRules: f32 p, g; bf16 moments). The decayed
     // prefix and the rest as below; the draws' positions in the unit.

@@ -11,6 +11,7 @@
 
 #include "runtime/cuda/CudaNative.h"
 
+#include "runtime/core/Moments8.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cuda/CudaCommon.cuh"
 
@@ -1726,6 +1727,115 @@ cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const 
       p, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v), np,
       static_cast<__nv_bfloat16 *>(nm), static_cast<__nv_bfloat16 *>(nv), n, lr, step, beta1, beta2,
       (float)eps, wd, gradScale, skip, ctx, key, first);
+  return cudaGetLastError();
+}
+
+namespace {
+
+/// adamw_update with 8-bit moments (state-dtype=8bit, runtime/core/
+/// Moments8.h): one thread block a quantization block at a time (grid-
+/// stride over them). Each thread decodes, updates and keeps its elements'
+/// new moment and root in shared memory (2 x block floats); the block's
+/// largest magnitudes (as bit patterns: NaN above infinity, as the CPU's
+/// blockAmax) reduce over the threads; then each thread encodes its own.
+/// In place: an element is read and written by one thread, and the scales
+/// are written after every thread has read them (the reduction's
+/// barriers). cpu::adamwUpdate8bitState's bits.
+__global__ void adamw8bitStateKernel(const float *p, const float *g, const uint8_t *m,
+                                     const uint8_t *v, float *np, uint8_t *nm, uint8_t *nv,
+                                     int64_t n, int block, const float *lrp, const float *stepp,
+                                     double beta1, double beta2, float eps, double wd,
+                                     int64_t decayed, const float *gradScale, const float *skip) {
+  namespace m8 = moments8;
+  extern __shared__ float slots[]; // the block's new moments, then roots
+  __shared__ uint32_t warpM[32], warpR[32];
+  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
+  const float *sm = reinterpret_cast<const float *>(m + at),
+              *sv = reinterpret_cast<const float *>(v + at);
+  float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
+  if (blockIdx.x == 0 && threadIdx.x < at - n) // the codes' padding stays zero
+    nm[n + threadIdx.x] = nv[n + threadIdx.x] = 0;
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      np[i] = p[i];
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    FSDP_GRID_STRIDE(j, blocks) {
+      nsm[j] = sm[j];
+      nsv[j] = sv[j];
+    }
+    return;
+  }
+  const AdamwScalars decay = adamwScalars(lrp, stepp, beta1, beta2, eps, wd),
+                     plain = adamwScalars(lrp, stepp, beta1, beta2, eps, 0.0);
+  const float gs = gradScale ? *gradScale : 1.f;
+  const bool scaled = gradScale != nullptr;
+  float *mf = slots, *rf = slots + block;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
+    const int64_t o = j * block;
+    const int len = (int)min((int64_t)block, n - o);
+    const float scaleM = sm[j], scaleV = sv[j];
+    uint32_t am = 0, ar = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t e = o + i;
+      const float gi = scaled ? __fmul_rn(g[e], gs) : g[e];
+      const float r = m8::decodeRoot(v[e], scaleV);
+      float pn, mn, vn;
+      adamwElement(e < decayed ? decay : plain, p[e], gi, m8::decodeM(m[e], scaleM),
+                   __fmul_rn(r, r), pn, mn, vn);
+      np[e] = pn;
+      const float rn = __fsqrt_rn(vn);
+      mf[i] = mn;
+      rf[i] = rn;
+      am = max(am, m8::bitsOf(mn) & 0x7fffffffu);
+      ar = max(ar, m8::bitsOf(rn) & 0x7fffffffu);
+    }
+    am = warpMax(am);
+    ar = warpMax(ar);
+    if (lane == 0) {
+      warpM[warp] = am;
+      warpR[warp] = ar;
+    }
+    __syncthreads(); // every scale read, every slot written
+    am = 0, ar = 0;
+    for (int w = 0; w < warps; ++w) {
+      am = max(am, warpM[w]);
+      ar = max(ar, warpR[w]);
+    }
+    const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
+                amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
+    float s1, inv1, s2, inv2;
+    m8::blockScale(amaxM, m8::kMantM, s1, inv1);
+    m8::blockScale(amaxR, m8::kMantV, s2, inv2);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
+      nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
+    }
+    if (threadIdx.x == 0) {
+      nsm[j] = s1;
+      nsv[j] = s2;
+    }
+    __syncthreads(); // the slots and warp maxima are free for the next block
+  }
+}
+
+} // namespace
+
+cudaError_t adamw8bitState(const float *p, const float *g, const void *m, const void *v, float *np,
+                           void *nm, void *nv, int64_t n, int64_t block, const float *lr,
+                           const float *step, double beta1, double beta2, double eps, double wd,
+                           int64_t decayed, const float *gradScale, const float *skip,
+                           cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  const int64_t blocks = (n + block - 1) / block;
+  unsigned grid = (unsigned)std::min<int64_t>(blocks, 4096);
+  adamw8bitStateKernel<<<grid, kThreads, 2 * block * sizeof(float), s>>>(
+      p, g, static_cast<const uint8_t *>(m), static_cast<const uint8_t *>(v), np,
+      static_cast<uint8_t *>(nm), static_cast<uint8_t *>(nv), n, (int)block, lr, step, beta1, beta2,
+      (float)eps, wd, decayed, gradScale, skip);
   return cudaGetLastError();
 }
 

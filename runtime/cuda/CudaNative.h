@@ -216,6 +216,16 @@ cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const 
                            const float *gradScale, const float *skip, const uint64_t *ctx,
                            int64_t key, uint64_t first, cudaStream_t s);
 
+/// adamw_update with the moments stored in 8 bits (state-dtype=8bit):
+/// m, v (and nm, nv, possibly the same) packed shards of n elements in
+/// blocks of `block` (runtime/core/Moments8.h); elements [0, decayed)
+/// take weight decay wd, the rest none. cpu::adamwUpdate8bitState's bits.
+cudaError_t adamw8bitState(const float *p, const float *g, const void *m, const void *v, float *np,
+                           void *nm, void *nv, int64_t n, int64_t block, const float *lr,
+                           const float *step, double beta1, double beta2, double eps, double wd,
+                           int64_t decayed, const float *gradScale, const float *skip,
+                           cudaStream_t s);
+
 /// sgd_momentum_update with the buffer (and the new one) stored in bf16
 /// and f32 p, g: kernels::sgdMomentumUpdate's f32 element on the widened
 /// buffer, the new buffer rounded once, to nearest, or stochastically when

@@ -46,6 +46,21 @@ def narrow(plan, buffer):
     b.update(dtype="bf16", bytes=b["bytes"] // 2)
 
 
+def to_i8(plan, buffer):
+    """Buffer `buffer` stored as i8 (a byte an element, where it was)."""
+    b = next(x for x in plan["buffers"] if x["id"] == buffer)
+    b.update(dtype="i8", bytes=b["bytes"] // 4)
+
+
+def eight_bit(plan, **attrs):
+    """The first adamw_update's moments, in and out, as i8 of an element's
+    byte each (not the packed size of 8-bit moments), with `attrs`."""
+    u = first(plan, "adamw_update")
+    for buf in {u["in"][2], u["in"][3], u["out"][1], u["out"][2]}:
+        to_i8(plan, buf)
+    u["attrs"].update(attrs)
+
+
 def view(plan):
     return next(b for b in plan["buffers"] if b.get("rank_stride"))
 
@@ -202,7 +217,7 @@ PLAN_CASES = [
     ("version is a string", "mlp", setter(lambda p: p.update(version="1")), "version: expected an integer"),
     ("version 2^32+1", "mlp", setter(lambda p: p.update(version=2 ** 32 + 1)), "newer than this runtime"),
     ("version 1.9", "mlp", setter(lambda p: p.update(version=1.9)), "version: expected an integer"),
-    ("requires a feature this runtime lacks", "mlp", setter(lambda p: p.update(requires=["optimizer-state-fp4"])), "plan requires the feature 'optimizer-state-fp4', which this runtime does not have (it has: optimizer-state-bf16)"),
+    ("requires a feature this runtime lacks", "mlp", setter(lambda p: p.update(requires=["optimizer-state-fp4"])), "plan requires the feature 'optimizer-state-fp4', which this runtime does not have (it has: optimizer-state-bf16, optimizer-state-8bit)"),
     ("requires is a string", "mlp", setter(lambda p: p.update(requires="optimizer-state-bf16")), "requires: expected an array of feature names"),
     ("requires holds a number", "mlp", setter(lambda p: p.update(requires=[3])), "requires: expected feature names"),
     ("world_size 2.5", "mlp", setter(lambda p: p.update(world_size=2.5)), "world_size"),
@@ -313,9 +328,15 @@ PLAN_CASES = [
     # dtypes
     # bf16 moments (optimizer-state-dtype=bf16): AdamW's moments only, both in one dtype, and
     # stochastic rounding needs its key
-    ("an unknown state kind in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="trust_ratio"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments and SGD's momentum buffer in f32 or bf16)"),
+    ("an unknown state kind in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="trust_ratio"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments and SGD's momentum buffer in f32 or bf16, the moments in 8-bit codes)"),
     ("adamw_update with one bf16 moment", "mlp", setter(lambda p: narrow(p, first(p, "adamw_update")["in"][2])), "(both moments in one dtype)"),
     ("adamw_update bf16 moments, stochastic without a key", "mlp", setter(lambda p: (narrow(p, first(p, "adamw_update")["in"][2]), narrow(p, first(p, "adamw_update")["in"][3]), first(p, "adamw_update")["attrs"].update(stochastic=True))), "stochastic needs an integer key >= 0"),
+    # 8-bit moments (optimizer-state-dtype=8bit): the packed size, state_block
+    ("adamw_update 8-bit moments of the wrong size", "mlp", setter(lambda p: eight_bit(p, state_block=256)), "bytes; operand 2 has"),
+    ("adamw_update i8 moments without state_block", "mlp", setter(lambda p: eight_bit(p)), "i8 moments are 8-bit block codes: expected state_block"),
+    ("adamw_update state_block 100", "mlp", setter(lambda p: eight_bit(p, state_block=100)), "state_block must be a power of two in [32, 4096]"),
+    ("adamw_update f32 moments with state_block", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(state_block=256)), "state_block is for i8 moments, found f32"),
+    ("adamw_update 8-bit moments, stochastic", "mlp", setter(lambda p: eight_bit(p, state_block=256, stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is i8"),
     ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is f32"),
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),
                                                      buf(p, {"buffer": p["params"][0]["buffer"]}).update(dtype="bf16"))), "shape x dtype needs"),

@@ -13,6 +13,7 @@
 #include "runtime/core/Bf16.h"
 #include "runtime/core/Comm.h"
 #include "runtime/core/Executor.h"
+#include "runtime/core/Moments8.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/PlanSchema.h"
 #include "runtime/core/Quantize.h"
@@ -1520,6 +1521,165 @@ TEST_P(DeviceConformance, LambBf16MomentsAreTheF32UpdateRoundedOnce) {
   EXPECT_EQ(read(shard, 14), std::vector<float>(np32.begin() + half, np32.end()));
   EXPECT_EQ(bits(shard, 15), std::vector<uint16_t>(srM.begin() + half, srM.end()));
   EXPECT_EQ(bits(shard, 16), std::vector<uint16_t>(srV.begin() + half, srV.end()));
+}
+
+namespace {
+
+/// A packed 8-bit moment shard (Moments8.h) of moments m (or, root, the
+/// roots of the second moment) in blocks of `block`, by the header's
+/// per-element functions: what the kernels must store.
+std::vector<uint8_t> pack8(const std::vector<float> &x, int64_t block, bool root) {
+  namespace m8 = moments8;
+  const int64_t n = (int64_t)x.size(), blocks = (n + block - 1) / block;
+  std::vector<uint8_t> out(shapes::quantizedBytes(n, block), 0);
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int64_t o = j * block, len = std::min(block, n - o);
+    float s, inv;
+    m8::blockScale(m8::blockAmax([&](int64_t i) { return x[o + i]; }, len),
+                   root ? m8::kMantV : m8::kMantM, s, inv);
+    for (int64_t i = 0; i < len; ++i)
+      out[o + i] = inv == 0 ? 0 : root ? m8::encodeV(x[o + i], inv) : m8::encodeM(x[o + i], inv);
+    std::memcpy(out.data() + m8::scalesOffset(n) + 4 * j, &s, 4);
+  }
+  return out;
+}
+
+/// The f32 values a packed shard decodes to (exp_avg_sq: the root squared).
+std::vector<float> unpack8(const std::vector<uint8_t> &q, int64_t n, int64_t block, bool root) {
+  namespace m8 = moments8;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float s;
+    std::memcpy(&s, q.data() + m8::scalesOffset(n) + 4 * (i / block), 4);
+    float r = root ? m8::decodeRoot(q[i], s) : m8::decodeM(q[i], s);
+    x[i] = root ? r * r : r;
+  }
+  return x;
+}
+
+} // namespace
+
+/// adamw_update with 8-bit moments (state-dtype=8bit, `state_block`)
+/// against the f32 update on the same device from the decoded moments:
+/// the parameters bitwise (they read the f32 moments), and the new
+/// moments that update's encoded once (exp_avg_sq by its root, sqrt of
+/// the f32 v). 3000 elements in blocks of 256 (the last one short), with
+/// the weight decay on a prefix that ends inside a block (decay_numel).
+/// A skipped step keeps everything; the second half of 2560 run as shard
+/// 1 of two (whole blocks) stores the whole vector's second half.
+TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
+  const int64_t n = 3000, block = 256, q = shapes::quantizedBytes(n, block);
+  // 0 p, 1 g, 2 mq, 3 vq, 4 lr, 5 step, 6 sumsq (inf: skip), 7 m32, 8 v32;
+  // results: 8-bit 9-11, f32 12-14, skipped 15-17.
+  std::vector<std::vector<int64_t>> shapes(18, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  const std::vector<int> packed = {2, 3, 10, 11, 16, 17};
+  auto plan8 = [&](std::vector<std::vector<int64_t>> sh, int64_t bytes,
+                   std::vector<Instruction> program) {
+    for (int i : packed)
+      if (i < (int)sh.size())
+        sh[i] = {bytes};
+    Plan pl = mixedPlan(sh, {}, std::move(program));
+    int64_t offset = 0;
+    for (size_t i = 0; i < pl.buffers.size(); ++i) {
+      Buffer &b = pl.buffers[i];
+      if (std::find(packed.begin(), packed.end(), (int)i) != packed.end()) {
+        b.dtype = DType::I8;
+        b.bytes = b.numel();
+      }
+      b.offset = offset;
+      offset += (b.bytes + 63) / 64 * 64;
+    }
+    pl.arenaBytes = offset;
+    return pl;
+  };
+  nlohmann::json adam = {{"beta1", 0.9},         {"beta2", 0.999},    {"eps", 1e-8},
+                         {"weight_decay", 0.1}, {"decay_numel", 1003}, {"shard_stride", 0}};
+  nlohmann::json eight = adam;
+  eight["state_block"] = block;
+  nlohmann::json skip = eight;
+  skip["skip_nonfinite"] = true;
+  Plan plan = plan8(shapes, q,
+                    {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, eight),
+                     inst("adamw_update", {0, 1, 7, 8, 4, 5}, {12, 13, 14}, adam),
+                     inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip)});
+  std::vector<float> p(n), g(n), m(n), r(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    // magnitudes over several decades within a block
+    m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
+    r[i] = (float)(std::fabs(std::sin(0.3 * double(i))) * std::pow(10.0, -2.0 - (i % 5)));
+  }
+  const std::vector<uint8_t> mq = pack8(m, block, false), vq = pack8(r, block, true);
+  const std::vector<float> m32 = unpack8(mq, n, block, false), v32 = unpack8(vq, n, block, true);
+  bind(plan);
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  put(plan, 0, p.data());
+  put(plan, 1, g.data());
+  put(plan, 2, mq.data());
+  put(plan, 3, vq.data());
+  write(plan, 4, {1e-2f});
+  write(plan, 5, {3.f});
+  write(plan, 6, {std::numeric_limits<float>::infinity()});
+  put(plan, 7, m32.data());
+  put(plan, 8, v32.data());
+  runDrawing(plan);
+  auto bytes = [&](const Plan &pl, int64_t id) {
+    std::vector<uint8_t> v(pl.buffers[id].bytes);
+    EXPECT_TRUE(dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size()).isOk());
+    return v;
+  };
+  const std::vector<float> np32 = read(plan, 12), nm32 = read(plan, 13), nv32 = read(plan, 14);
+  std::vector<float> nr32(n);
+  for (int64_t i = 0; i < n; ++i)
+    nr32[i] = std::sqrt(nv32[i]);
+  EXPECT_EQ(read(plan, 9), np32) << "the parameters read the f32 moments";
+  EXPECT_EQ(bytes(plan, 10), pack8(nm32, block, false));
+  EXPECT_EQ(bytes(plan, 11), pack8(nr32, block, true));
+  EXPECT_NE(bytes(plan, 10), mq) << "the moments moved";
+  EXPECT_EQ(read(plan, 15), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bytes(plan, 16), mq);
+  EXPECT_EQ(bytes(plan, 17), vq);
+
+  // Shard 1 of two over the first 2560 elements (5 whole blocks each):
+  // the whole vector's second half, its blocks and scales.
+  const int64_t whole = 2560, half = whole / 2;
+  nlohmann::json w8 = eight, s8 = eight;
+  w8["decay_numel"] = s8["decay_numel"] = 1500;
+  s8["shard_stride"] = half;
+  std::vector<std::vector<int64_t>> ws(12, {whole}), hs(12, {half});
+  for (int s : {4, 5, 6})
+    ws[s] = hs[s] = {};
+  Plan wplan = plan8(ws, shapes::quantizedBytes(whole, block),
+                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, w8)});
+  Plan splan = plan8(hs, shapes::quantizedBytes(half, block),
+                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, s8)});
+  auto run = [&](const Plan &pl, int64_t shard, int64_t from, int64_t len) {
+    freshDevice();
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    std::vector<float> sm(m.begin() + from, m.begin() + from + len),
+        sr(r.begin() + from, r.begin() + from + len);
+    put(pl, 0, p.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2, pack8(sm, block, false).data());
+    put(pl, 3, pack8(sr, block, true).data());
+    write(pl, 4, {1e-2f});
+    write(pl, 5, {3.f});
+    runDrawing(pl);
+  };
+  run(wplan, 0, 0, whole);
+  const std::vector<float> wp = read(wplan, 9);
+  const std::vector<float> wm = unpack8(bytes(wplan, 10), whole, block, false),
+                           wv = unpack8(bytes(wplan, 11), whole, block, true);
+  run(splan, 1, half, half);
+  EXPECT_EQ(read(splan, 9), std::vector<float>(wp.begin() + half, wp.end()));
+  EXPECT_EQ(unpack8(bytes(splan, 10), half, block, false),
+            std::vector<float>(wm.begin() + half, wm.end()));
+  EXPECT_EQ(unpack8(bytes(splan, 11), half, block, true),
+            std::vector<float>(wv.begin() + half, wv.end()));
 }
 
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /

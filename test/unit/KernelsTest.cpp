@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/Moments8.h"
 #include "runtime/core/Plan.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/cpu/Dispatch.h"
@@ -65,6 +66,58 @@ void checkVjp(std::vector<double> &x, const std::vector<double> &dy,
 // mask is a pure function of (key, global index) (a shifted window reads
 // the same elements), and another key (step, seed or id) draws another
 // mask: elements agree at the rate two independent masks do.
+/// The 8-bit moments' codes (Moments8.h) against their definition by
+/// search: the code values increase from 0 to kMax (480 for E4M3, 496 for
+/// E4M4), 2^-6 is the first normal, and encodeMagnitude(y) is the code
+/// nearest y (ties to the even code, above the largest the largest) for
+/// every code value, every midpoint between neighbours (the ties), a
+/// float either side of each midpoint, and random magnitudes over 40
+/// binades. exp_avg's sign is its top bit.
+TEST(KernelsTest, EightBitMomentCodesAreTheNearest) {
+  namespace m8 = moments8;
+  for (int k : {m8::kMantM, m8::kMantV}) {
+    const uint32_t top = (16u << k) - 1;
+    std::vector<double> value(top + 1);
+    for (uint32_t c = 0; c <= top; ++c) {
+      value[c] = m8::codeValue(c, k);
+      if (c)
+        ASSERT_GT(value[c], value[c - 1]) << "k " << k << " code " << c;
+    }
+    EXPECT_EQ(value[0], 0.0);
+    EXPECT_EQ(value[top], (double)m8::maxValue(k));
+    EXPECT_EQ(value[1u << k], std::ldexp(1.0, -6));
+    auto nearest = [&](float y) {
+      uint32_t best = 0;
+      for (uint32_t c = 1; c <= top; ++c) {
+        double d = std::fabs(value[c] - y), b = std::fabs(value[best] - y);
+        if (d < b || (d == b && c % 2 == 0))
+          best = c;
+      }
+      return best;
+    };
+    std::vector<float> ys;
+    for (uint32_t c = 0; c <= top; ++c) {
+      ys.push_back((float)value[c]);
+      if (c < top) {
+        float mid = (float)((value[c] + value[c + 1]) / 2); // exact: one more bit
+        ys.push_back(mid);
+        ys.push_back(std::nextafter(mid, 0.0f));
+        ys.push_back(std::nextafter(mid, 1e9f));
+      }
+    }
+    ys.push_back(std::nextafter(m8::maxValue(k), 1e9f)); // a rounding above the largest
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> e(-34.0, 9.0);
+    for (int i = 0; i < 20000; ++i)
+      ys.push_back((float)std::min(std::exp2(e(rng)), (double)m8::maxValue(k)));
+    for (float y : ys)
+      ASSERT_EQ(m8::encodeMagnitude(y, k), nearest(y)) << "k " << k << " y " << y;
+  }
+  const float inv = m8::maxValue(m8::kMantM) / 2.0f;
+  EXPECT_EQ(m8::encodeM(-0.75f, inv), m8::encodeM(0.75f, inv) | 0x80);
+  EXPECT_EQ(m8::decodeM(m8::encodeM(-0.5f, 4.0f), 0.25f), -0.5f); // code value 2, exact
+}
+
 TEST(KernelsTest, DropoutMaskStatisticsAndDeterminism) {
   const int64_t n = 1 << 20;
   const double p = 0.3;

@@ -33,8 +33,15 @@ fsdp.state @m : tensor<4xf32> of @nope kind "exp_avg"
 
 // -----
 fsdp.param @w : tensor<4xf32> init("zeros")
-// expected-error @+1 {{expected type 'tensor<4xf32>' of the parameter it shadows (or its shape in bf16), found 'tensor<5xf32>'}}
+// expected-error @+1 {{expected type 'tensor<4xf32>' of the parameter it shadows (or its shape in bf16, or 8-bit moments of it), found 'tensor<5xf32>'}}
 fsdp.state @m : tensor<5xf32> of @w kind "exp_avg"
+
+// -----
+fsdp.param @w : tensor<64xf32> init("zeros")
+// 64 elements' 8-bit moments are 64 codes and a scale a block: 72 bytes
+// in blocks of 32, 68 in blocks of 64 to 4096; 70 fits no block.
+// expected-error @+1 {{expected type 'tensor<64xf32>' of the parameter it shadows (or its shape in bf16, or 8-bit moments of it), found 'tensor<70xi8>'}}
+fsdp.state @m : tensor<70xi8> of @w kind "exp_avg"
 
 // -----
 // Tests that a reference to an undefined parameter is an error.
@@ -1119,9 +1126,50 @@ func.func @f(%p: tensor<8xf32>, %m: tensor<8xbf16>, %s: tensor<f32>) {
 
 // -----
 
+// 8-bit moments (state-dtype=8bit): i8 codes need their block size.
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{i8 moments are 8-bit block codes: expected state_block}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{state_block must be a power of two in [32, 4096], found 48}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_block = 48 : i64} : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<68xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit moments of 64 elements in blocks of 32 are 72 bytes (tensor<72xi8>), found 'tensor<68xi8>'}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_block = 32 : i64} : tensor<64xf32> state tensor<68xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xbf16>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{state_block keeps the moments of f32 parameters in i8, found 'i8' moments of 'bf16' parameters}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_block = 32 : i64} : tensor<64xbf16> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit moments are rounded to the nearest code: stochastic and key do not apply}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {key = 0 : i64, state_block = 32 : i64, stochastic} : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
 // A state of another dtype than its parameter's (or bf16 beside f32).
 fsdp.param @w : tensor<8xbf16> init("zeros")
-// expected-error @+1 {{expected type 'tensor<8xbf16>' of the parameter it shadows (or its shape in bf16), found 'tensor<8xf32>'}}
+// expected-error @+1 {{expected type 'tensor<8xbf16>' of the parameter it shadows (or its shape in bf16, or 8-bit moments of it), found 'tensor<8xf32>'}}
 fsdp.state @w.m : tensor<8xf32> of @w kind "exp_avg"
 
 // -----

@@ -13,6 +13,9 @@ fsdp.param @u : tensor<8xf32> init("uniform", 0.5)
 fsdp.param @o : tensor<8xf32> init("ones")
 // CHECK: fsdp.state @w.exp_avg : tensor<8x4xf32> of @w kind "exp_avg"
 fsdp.state @w.exp_avg : tensor<8x4xf32> of @w kind "exp_avg"
+// 8-bit moments (state-dtype=8bit): 32 codes and one scale in blocks of 32.
+// CHECK: fsdp.state @w.exp_avg_sq : tensor<36xi8> of @w kind "exp_avg_sq"
+fsdp.state @w.exp_avg_sq : tensor<36xi8> of @w kind "exp_avg_sq"
 
 // CHECK-LABEL: func.func @accessors
 func.func @accessors(%x: tensor<8x4xf32>) {
@@ -205,7 +208,7 @@ func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64
 }
 
 // CHECK-LABEL: func.func @optimizer
-func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
+func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %q: tensor<72xi8>) {
   // CHECK: fsdp.sgd_update %{{.+}}, %{{.+}}, %{{.+}} {weight_decay = 1.000000e-01 : f64} : tensor<64xf32>
   %0 = fsdp.sgd_update %p, %p, %lr {weight_decay = 0.1 : f64} : tensor<64xf32>
   // CHECK: fsdp.sgd_momentum_update %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {momentum = 9.000000e-01 : f64, nesterov} : tensor<64xf32>
@@ -221,6 +224,9 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>) {
   // CHECK: fsdp.adamw_update {{.*}} {key = 2 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   %m16 = fsdp.cast %p : tensor<64xf32> -> tensor<64xbf16>
   %a:3 = fsdp.adamw_update %p, %p, %m16, %m16, %lr, %step {key = 2 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  // 8-bit moments (state-dtype=8bit): 64 codes and 2 scales of 32.
+  // CHECK: fsdp.adamw_update {{.*}} {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+  %e:3 = fsdp.adamw_update %p, %p, %q, %q, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
   // CHECK: fsdp.sgd_momentum_update {{.*}} {key = 3 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   %b:2 = fsdp.sgd_momentum_update %p, %p, %m16, %lr, %step {key = 3 : i64, momentum = 0.9 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   // CHECK: fsdp.lamb_norms {{.*}} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>

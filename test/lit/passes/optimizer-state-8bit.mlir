@@ -1,0 +1,53 @@
+// AdamW's moments in 8-bit block codes (fsdp-insert-optimizer
+// state-dtype=8bit): each moment one packed i8 state of its parameter's
+// codes and block scales (shapes::quantizedBytes: 32 elements in blocks of
+// 32 are 32 + 4 bytes, 8 are 8 + 4), the update carrying state_block and
+// no stochastic rounding; fsdp-shard pads the trainable unit to whole
+// blocks per shard (40 elements on 2 ranks in blocks of 32: 64, shards of
+// 32) and packs each shard's moments. SGD, LAMB and a block that is not a
+// power of two in [32, 4096] are refused; the plan requires the feature.
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" | FileCheck %s --check-prefix=INSERT
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=SHARD
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=1 stage=0" | FileCheck %s --check-prefix=ONE
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 state-dtype=8bit" 2>&1 | FileCheck %s --check-prefix=SGD
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=8bit" 2>&1 | FileCheck %s --check-prefix=LAMB
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=48" 2>&1 | FileCheck %s --check-prefix=BLOCK
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=8192" 2>&1 | FileCheck %s --check-prefix=BLOCK
+// RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw optimizer-state-dtype=8bit world-size=2 stage=1 plan=%t.plan report=false"
+// RUN: %python -c "import json,sys; p=json.load(open(sys.argv[1])); print('requires', p.get('requires'), 'options', p['options']['state_dtype'], p['options']['state_block'], 'states', sorted({p['buffers'][s['buffer']]['dtype'] for s in p['states']}))" %t.plan | FileCheck %s --check-prefix=PLAN
+
+// INSERT: fsdp.state @w.exp_avg : tensor<36xi8> of @w kind "exp_avg"
+// INSERT: fsdp.state @w.exp_avg_sq : tensor<36xi8> of @w kind "exp_avg_sq"
+// INSERT: fsdp.state @b.exp_avg : tensor<12xi8> of @b kind "exp_avg"
+// INSERT: fsdp.get_state @w.exp_avg : tensor<36xi8>
+// INSERT: fsdp.adamw_update {{.*}} {state_block = 32 : i64} : tensor<8x4xf32> state tensor<36xi8>
+// INSERT: fsdp.set_state @w.exp_avg = %{{.*}} : tensor<36xi8>
+// INSERT: fsdp.adamw_update {{.*}} {state_block = 32 : i64} : tensor<8xf32> state tensor<12xi8>
+
+// SHARD: fsdp.unit @root : tensor<64xf32> shard tensor<32xf32> numel 40
+// SHARD: fsdp.state @root.exp_avg : tensor<36xi8> of @root kind "exp_avg"
+// SHARD: fsdp.state @root.exp_avg_sq : tensor<36xi8> of @root kind "exp_avg_sq"
+// SHARD: fsdp.adamw_update
+// SHARD-NOT: stochastic
+// SHARD-SAME: state_block = 32 : i64} : tensor<32xf32> state tensor<36xi8>
+
+// ONE: fsdp.unit @root : tensor<64xf32> shard tensor<64xf32> numel 40
+// ONE: fsdp.state @root.exp_avg : tensor<72xi8> of @root kind "exp_avg"
+
+// SGD: state-dtype=8bit keeps AdamW's moments in 8-bit block codes; optimizer=sgd has no such kernel
+// LAMB: state-dtype=8bit keeps AdamW's moments in 8-bit block codes; optimizer=lamb has no such kernel
+// BLOCK: state-block must be a power of two in [32, 4096], found
+
+// PLAN: requires ['optimizer-state-8bit'] options 8bit 256 states ['i8']
+
+fsdp.param @w : tensor<8x4xf32> init("normal", 0.02)
+fsdp.param @b : tensor<8xf32> init("zeros")
+
+func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attributes {fsdp.model} {
+  %w = fsdp.get_param @w : tensor<8x4xf32>
+  %f = fsdp.get_param @b : tensor<8xf32>
+  %h = fsdp.matmul %x, %w transpose_rhs : (tensor<16x4xf32>, tensor<8x4xf32>) -> tensor<16x8xf32>
+  %hb = fsdp.bias_add %h, %f : tensor<16x8xf32>, tensor<8xf32>
+  %l = fsdp.mse_loss %hb, %y : tensor<16x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
