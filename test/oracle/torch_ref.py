@@ -396,6 +396,42 @@ def make_optimizer(model, opts, lr):
 U32 = 2.0 ** -24  # float32 unit roundoff
 
 
+def eight_bit_ratios(pending, unit_of):
+    """The worst |ours - float64's| / allowed of 8-bit moments (Moments8.h),
+    per kind, over one step's parameters. Ours is float32's new moment
+    (float64's within `err`) encoded to the nearest code of its block and
+    decoded: a code of k mantissa bits relative to the block's scale
+    S = (its largest magnitude) / kMax is within half a step, 2^-(k+1) of
+    its binade (normal codes) or 2^(-7-k) S (subnormal), plus a few float32
+    roundings (the reciprocal, the product, the decode: 8 u). exp_avg_sq is
+    stored as its root r (k = 4) and decoded as the root squared: within
+    2 r d + d^2 + u v of float32's, d the root's bound. S is bounded by the
+    unit's largest magnitude (a block lies in one unit): valid, and loose
+    only for the subnormal codes."""
+    unit_max = {}
+    for n, kind, want, mine, err in pending:
+        key = (unit_of.get(n, n), kind)
+        top = torch.maximum(want.abs(), mine.abs()).max().item()
+        if kind == "exp_avg_sq":
+            top = math.sqrt(top)
+        unit_max[key] = max(unit_max.get(key, 0.0), top)
+    worst = {}
+    for n, kind, want, mine, err in pending:
+        root = kind == "exp_avg_sq"
+        k, kmax = (4, 496.0) if root else (3, 480.0)
+        scale = unit_max[(unit_of.get(n, n), kind)] * (1 + 2.0 ** -k) / kmax
+        if root:
+            r = torch.sqrt(want.abs() + err)
+            d = 2.0 ** -(k + 1) * r + 2.0 ** (-7 - k) * scale + 8 * U32 * r
+            bound = 2 * r * d + d * d + U32 * mine.abs() + err
+        else:
+            mag = torch.maximum(want.abs(), mine.abs())
+            bound = (2.0 ** -(k + 1) * mag + 2.0 ** (-7 - k) * scale + 8 * U32 * mag + err)
+        r = ((mine - want).abs() / (bound + 1e-45)).max().item()
+        worst[kind] = max(worst.get(kind, 0.0), r)
+    return worst
+
+
 def rounding_depth(args):
     """n in the worst-case float32 error bound |dg| <= n u max|g| of a gradient.
 
@@ -735,10 +771,14 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # after every step; each update is replayed from ours and our new ones
     # checked against it (rounded once: one bf16 place stochastically,
     # half of one to nearest).
-    if opts.get("state_dtype") == "8bit":
-        raise SystemExit("optimizer-state-dtype=8bit: this oracle does not replay 8-bit moments "
-                         "yet (test/e2e/optimizer_state_8bit.py and DeviceConformance check them)")
-    bf16_moments = opts.get("state_dtype", "f32") == "bf16"
+    # optimizer-state-dtype=8bit: AdamW's moments in 8-bit block codes
+    # (runtime/core/Moments8.h), dumped decoded; replayed as bf16 moments
+    # are, and our new ones checked within half a code step of float64's.
+    eight_bit = opts.get("state_dtype") == "8bit"
+    if eight_bit and check.kind != "adamw":
+        raise SystemExit("8-bit state is AdamW's moments (optimizer-state-dtype=8bit)")
+    unit_of = {p["name"]: p.get("unit", -1) for p in plan["params"]}
+    bf16_moments = opts.get("state_dtype", "f32") in ("bf16", "8bit")
     adam_like = check.kind in ("adamw", "lamb")
     if bf16_moments and not (adam_like or (check.kind == "sgd" and opts["momentum"] != 0)):
         raise SystemExit("bf16 state is AdamW's or LAMB's moments or SGD's momentum buffer "
@@ -747,6 +787,7 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     state_kinds = ["exp_avg", "exp_avg_sq"] if adam_like else ["momentum_buffer"]
     moment_worst = {k: 0.0 for k in state_kinds}
     prev = 0  # the last applied step (its moments start the next update)
+    pending = []  # 8-bit moments: (param, kind, float64's, ours, f32 error bound)
     for step in range(1, log["steps"] + 1):
         lr = log["lr"][step - 1]
         used = dequantized(theta, plan, block) if block else theta
@@ -852,6 +893,9 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                             + 4 * U32 * (mu * mv_prev[0].abs() + d.abs())),)
                 for kind, want, err in new:
                     mine = ours[f"step{step}.{n}.{kind}"].double()
+                    if eight_bit:  # judged once the step's every parameter is in
+                        pending.append((n, kind, want, mine, err))
+                        continue
                     mag = torch.maximum(want.abs(), mine.abs())
                     # bf16's spacing at mag: 2^(e - 7), at least its
                     # subnormals' 2^-133 (the f32 exponent range)
@@ -863,6 +907,10 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                 generic = lr * 2 * check.ratio_bound(step)
                 tight[n] = int((allowed < 0.5 * generic).sum().item())
             theta[n] = got
+        if eight_bit:
+            for kind, r in eight_bit_ratios(pending, unit_of).items():
+                moment_worst[kind] = max(moment_worst[kind], r)
+            pending.clear()
         prev = step
     lines = [f"updates (float64, from our parameters before each step): "
              f"gradient rounding bound {n_round} u max|g|"]
@@ -891,10 +939,16 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         m_ok = all(w <= 1.0 for w in moment_worst.values())
         what = "moments" if adam_like else "momentum buffer"
         worst_of = ", ".join(f"{k} {w:.3f}" for k, w in moment_worst.items())
-        lines.append(f"bf16 {what} ({opts.get('state_rounding')} rounding): each update from "
-                     f"our stored {what}, our new ones within {rounding_places:g} bf16 place "
-                     f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
-                     f" of the allowed difference)")
+        if eight_bit:
+            lines.append(f"8-bit moments (blocks of {opts.get('state_block')}): each update from "
+                         f"our stored (decoded) moments, our new ones within half a code step "
+                         f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
+                         f" of the allowed difference)")
+        else:
+            lines.append(f"bf16 {what} ({opts.get('state_rounding')} rounding): each update from "
+                         f"our stored {what}, our new ones within {rounding_places:g} bf16 place "
+                         f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
+                         f" of the allowed difference)")
         ok = ok and m_ok
     if ls:
         lines.append(f"loss scaling: {skipped_seen} of {log['steps']} steps skipped "
