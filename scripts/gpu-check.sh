@@ -194,8 +194,9 @@ sys.exit(0 if len(a) == len(c) == 20 and abs(a[0] - c[0]) <= 1e-6 * c[0] and d <
 done
 # AdamW's moments in 8-bit block codes: the GPU against the CPU (step 1
 # within 1e-6, every step within 5e-2: test/e2e/optimizer_state_8bit.py's
-# (c) says why not 1e-4), a captured graph bitwise the eager run. No
-# oracle step: torch_ref.py does not replay 8-bit moments yet.
+# (c) says why not 1e-4), a captured graph bitwise the eager run, and the
+# PyTorch oracle replays every update from the GPU's stored (decoded)
+# moments.
 step q8_cuda "$R" "$P/gpt_q8.plan" --device cuda --steps 20 --lr 3e-3 --dump-dir "$OUT/q8_cuda"
 step q8_graphs "$R" "$P/gpt_q8.plan" --device cuda --cuda-graphs --steps 20 --lr 3e-3 --dump-dir "$OUT/q8_graphs"
 step q8_cpu "$R" "$P/gpt_q8.plan" --steps 20 --lr 3e-3 --threads 8 --dump-dir "$OUT/q8_cpu"
@@ -206,6 +207,7 @@ d = max(abs(x - y) / abs(y) for x, y in zip(a, c))
 print("cuda", a[-1], "graphs", g[-1], "cpu", c[-1], "step 1", abs(a[0] - c[0]) / c[0], "max", d)
 sys.exit(0 if len(a) == len(c) == 20 and abs(a[0] - c[0]) <= 1e-6 * c[0] and d <= 5e-2
          and a == g else 1)' "$OUT/q8_cuda/log.json" "$OUT/q8_graphs/log.json" "$OUT/q8_cpu/log.json"
+step q8_oracle oracle gpt "$P/gpt_q8.plan" "$OUT/q8_cuda"
 # test/e2e/cuda_emu.py on the GPU (plans compiled by gpu-pack.sh): the MLP
 # and GPT against the CPU device (1e-5), recompute / activation offload /
 # micro-batch reduction / dropout, a 2-rank checkpoint resumed bitwise,
