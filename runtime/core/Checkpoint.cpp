@@ -710,6 +710,67 @@ public:
     return flat(tensor, w.shard, w.padded, w.offset + first, count, dst, kind == "exp_avg_sq");
   }
 
+  /// The flat size of the checkpoint's unit `u` (-1: none such).
+  int64_t unitFlatNumel(int64_t u) const {
+    if (!index.contains("shard_map") || !index["shard_map"].is_object() ||
+        !index["shard_map"].contains("units"))
+      return -1;
+    const json &units = index["shard_map"]["units"];
+    if (u < 0 || !units.is_array() || u >= (int64_t)units.size() || !units[u].is_object() ||
+        !units[u].value("flat_numel", json()).is_number_integer())
+      return -1;
+    return units[u]["flat_numel"].get<int64_t>();
+  }
+
+  /// The 8-bit moments (state-dtype=8bit) of `kind` of the unit holding
+  /// parameter `name`, as codes and block scales: the codes of unit
+  /// positions [first, first + count) and the scales of their blocks, `first`
+  /// and `count` whole blocks of `block` elements. Exact (no decoding) when
+  /// the checkpoint's blocks are these: the same block size, and each of its
+  /// shards whole blocks; positions past its unit are zero blocks (scale 0).
+  /// False in `exact` (nothing read) where they are not.
+  Status blocks8(const std::string &kind, const std::string &name, int64_t block, int64_t first,
+                 int64_t count, uint8_t *codes, float *scales, bool &exact) {
+    exact = false;
+    Where w;
+    if (!params.count(name) || !locate(kind, name, w) || w.buffer < 0)
+      return FSDP_ERROR(path, " has no ", kind, " state for parameter ", name);
+    std::string tensor;
+    if (!tensorOf(w.buffer, tensor))
+      return FSDP_ERROR(path, ": no storage for parameter ", name);
+    const TensorEntry *e0;
+    FSDP_RETURN_IF_ERROR(files->find(0, tensor, e0));
+    DType dt;
+    if (!parseSafetensorsDType(e0->dtype, dt) || dt != DType::I8)
+      return Status::ok(); // not 8-bit here
+    const int64_t bytes0 = (int64_t)(e0->end - e0->begin);
+    const bool whole = moments8::blockOfPacked(w.padded, bytes0) == block;
+    if (!whole && (moments8::blockOfPacked(w.shard, bytes0) != block || w.shard % block))
+      return Status::ok(); // other blocks: decode instead
+    if (first % block || count % block)
+      return Status::ok();
+    const int64_t local = whole ? w.padded : w.shard, sc = moments8::scalesOffset(local);
+    std::memset(codes, 0, (size_t)count);
+    std::fill(scales, scales + count / block, 0.0f);
+    for (int64_t i = 0; i < count && first + i < w.padded;) {
+      const int64_t f = first + i, r = whole ? 0 : f / w.shard, at = whole ? f : f % w.shard;
+      const int64_t len = std::min({count - i, local - at, w.padded - f});
+      if (r >= files->world())
+        return FSDP_ERROR(path, ": a range of ", tensor, " lies past the last rank's shard");
+      const TensorEntry *e;
+      FSDP_RETURN_IF_ERROR(files->find(r, tensor, e));
+      if (e->dtype != e0->dtype || (int64_t)(e->end - e->begin) != bytes0)
+        return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", tensor, "'");
+      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)at, codes + i, (size_t)len));
+      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)(sc + 4 * (at / block)),
+                                       scales + i / block,
+                                       (size_t)(4 * ((len + block - 1) / block))));
+      i += len;
+    }
+    exact = true;
+    return Status::ok();
+  }
+
   /// Whole parameters (`kind` empty) or whole per-parameter optimizer state
   /// of one kind, under the parameters' names.
   Status tensors(const std::string &kind, TensorMap &out) {
@@ -915,6 +976,59 @@ Status checkSameModel(const ShardMapReader &src, const Plan &target) {
 /// bytes, n)` receives bytes [at, at + n) of the buffer, every byte once.
 using PieceSink = std::function<Status(int64_t at, const void *bytes, int64_t n)>;
 
+/// assembleBuffer of this plan's 8-bit moments (a unit's, whole or this
+/// rank's shard of it): the checkpoint's codes and scales copied block for
+/// block, which is exact where its blocks are these (the same block size
+/// and unit, every shard whole blocks: what fsdp-shard pads to). Other
+/// moments (f32, bf16, other blocks) would have to be encoded: refused.
+Status assemble8(ShardMapReader &src, const Plan &target, const Buffer &b, const std::string &kind,
+                 int64_t unit, int64_t rank, const PieceSink &sink) {
+  const std::string refused =
+      "this plan's 8-bit moments (optimizer-state-dtype=8bit) load only from 8-bit moments in "
+      "blocks of the same size and units of the same parameters; encoding other moments into "
+      "them is not supported yet (an 8-bit checkpoint loads into f32 or bf16 moments of any "
+      "layout)";
+  if (unit < 0 || (kind != "exp_avg" && kind != "exp_avg_sq"))
+    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+  const Unit &u = target.units[unit];
+  const bool shard =
+      u.shardNumel != u.paddedNumel && moments8::blockOfPacked(u.shardNumel, b.bytes) != 0;
+  const int64_t n = shard ? u.shardNumel : u.paddedNumel;
+  const int64_t block = moments8::blockOfPacked(n, b.bytes);
+  if (!block || n % block)
+    return FSDP_ERROR("cannot load ", b.name, ": ", b.bytes,
+                      " bytes are not whole blocks of 8-bit moments of its unit");
+  const int64_t lo = shard ? target.shardIndex(rank) * n : 0;
+  // The checkpoint's unit is this one: these parameters at these places,
+  // and nothing else (its flat size).
+  const Param *first = nullptr;
+  int64_t from = -1;
+  for (const Param &p : target.params) {
+    if (p.unit != unit)
+      continue;
+    auto it = src.sourceParams().find(p.name);
+    if (it == src.sourceParams().end() || it->second.unit < 0 ||
+        (first && it->second.unit != from) || it->second.offset != p.flatOffset)
+      return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+    if (!first)
+      first = &p, from = it->second.unit;
+  }
+  if (!first || src.unitFlatNumel(from) != u.flatNumel)
+    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+  std::vector<uint8_t> codes((size_t)n);
+  std::vector<float> scales((size_t)(n / block));
+  bool exact = false;
+  FSDP_RETURN_IF_ERROR(
+      src.blocks8(kind, first->name, block, lo, n, codes.data(), scales.data(), exact));
+  if (!exact)
+    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+  FSDP_RETURN_IF_ERROR(sink(0, codes.data(), n));
+  const std::vector<uint8_t> pad((size_t)(moments8::scalesOffset(n) - n), 0);
+  if (!pad.empty())
+    FSDP_RETURN_IF_ERROR(sink(n, pad.data(), (int64_t)pad.size()));
+  return sink(moments8::scalesOffset(n), scales.data(), (int64_t)scales.size() * 4);
+}
+
 Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64_t rank,
                       const PieceSink &sink) {
   const Buffer &b = target.buffers[id];
@@ -948,11 +1062,7 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
     return FSDP_ERROR("cannot reshard: the plan's persistent buffer ", b.id, " (", b.name,
                       ") is neither parameter storage nor optimizer state");
   if (b.dtype == DType::I8)
-    return FSDP_ERROR("cannot load ", b.name, " from ", src.path,
-                      ": this plan's 8-bit moments (optimizer-state-dtype=8bit) are resumed only "
-                      "from a checkpoint of its own layout and 8-bit moments; re-laying them out "
-                      "or encoding other moments into them is not supported yet (an 8-bit "
-                      "checkpoint loads into f32 or bf16 moments of any layout)");
+    return assemble8(src, target, b, kind, unit, rank, sink);
   if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
       (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
     return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");

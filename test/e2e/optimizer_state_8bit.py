@@ -71,6 +71,24 @@ def quantized_bytes(n, block):
     return (n + 3) // 4 * 4 + 4 * ((n + block - 1) // block)
 
 
+def tensors(ckpt):
+    """Every rank file's tensors (name -> bytes) of a checkpoint's newest step."""
+    step = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))[-1]
+    out = {}
+    for f in sorted(os.listdir(os.path.join(ckpt, step))):
+        if not f.endswith(".safetensors"):
+            continue
+        with open(os.path.join(ckpt, step, f), "rb") as fh:
+            raw = fh.read()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        for name, t in header.items():
+            if name != "__metadata__":
+                a, b = t["data_offsets"]
+                out[f + ":" + name] = raw[8 + n + a:8 + n + b]
+    return out
+
+
 def check_shards(bindir, tmp):
     failures = 0
     one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
@@ -181,14 +199,35 @@ def check_shards(bindir, tmp):
     print(f"  resumed by one rank with f32 moments: converted {converted}; steps 4-5 bitwise the "
           f"8-bit run, step 6 not: {got.get(4) == whole[3] and got.get(5) == whole[4]}, "
           f"{got.get(6) != whole[5]}  {'ok' if ok else 'MISMATCH'}")
-    # Into 8-bit moments of another layout, or f32 moments into 8-bit:
-    # refused, by name (not re-encoded yet).
-    one8, two32 = os.path.join(tmp, "one8.plan"), os.path.join(tmp, "two32.plan")
+    # Into 8-bit moments of another layout: the codes and scales copied
+    # block for block (every layout's blocks are the unit's), exact. One
+    # rank resumes it (step 4 reads the loaded parameters: bitwise), and
+    # fsdp-ckpt reshard to one rank and back gives the checkpoint's own
+    # bytes, every tensor of every rank.
+    one8 = os.path.join(tmp, "one8.plan")
     mp.compile_plan(bindir, one, one8, EIGHT_OPT)
+    rows, summary = mp.run_rows(bindir, one8, 1, 5, LR + ["--resume", ckpt])
+    got = {r["step"]: r["loss"] for r in rows}
+    back = os.path.join(tmp, "back")
+    for src, plan_path, out in ((ckpt, one8, os.path.join(tmp, "to1")),
+                                (os.path.join(tmp, "to1"), path, back)):
+        subprocess.run([os.path.join(bindir, "fsdp-ckpt"), "reshard", src, "--plan", plan_path,
+                        out], check=True, capture_output=True, timeout=300)
+    same = tensors(ckpt) == tensors(back)
+    ok = (summary["resumed"]["resharded"] and summary["resumed"]["converted"] == []
+          and got.get(4) == whole[3] and len(rows) == 2 and same)
+    failures += not ok
+    print(f"  resumed by one rank with 8-bit moments: step 4 bitwise: {got.get(4) == whole[3]}; "
+          f"fsdp-ckpt reshard to one rank and back: every tensor bitwise: {same}  "
+          f"{'ok' if ok else 'MISMATCH'}")
+    # Into 8-bit moments in other blocks, or f32 moments into 8-bit:
+    # refused, by name (not encoded yet).
+    blk, two32 = os.path.join(tmp, "blk.plan"), os.path.join(tmp, "two32.plan")
+    mp.compile_plan(bindir, two, blk, f"{EIGHT_OPT} optimizer-state-block=128 world-size=2 stage=3")
     mp.compile_plan(bindir, two, two32, "world-size=2 stage=3")
     f32ck = os.path.join(tmp, "ckf")
     mp.run(bindir, two32, 2, 3, LR + ["--ckpt-dir", f32ck, "--save-every", "3"])
-    for label, plan_path, n, ck in (("one rank, 8-bit moments", one8, 1, ckpt),
+    for label, plan_path, n, ck in (("blocks of 128", blk, 2, ckpt),
                                     ("N=2 stage 3, 8-bit, from f32 moments", path, 2, f32ck)):
         r = subprocess.run([os.path.join(bindir, "fsdp-run"), plan_path, "--steps", "4", "--nproc",
                             str(n), "--threads", "1", "--resume", ck] + LR,
