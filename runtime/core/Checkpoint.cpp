@@ -13,6 +13,7 @@
 
 #include "runtime/core/Checkpoint.h"
 #include "runtime/core/Moments8.h"
+#include "runtime/core/ShapeRules.h"
 
 #include "runtime/core/Bf16.h"
 
@@ -976,31 +977,36 @@ Status checkSameModel(const ShardMapReader &src, const Plan &target) {
 /// bytes, n)` receives bytes [at, at + n) of the buffer, every byte once.
 using PieceSink = std::function<Status(int64_t at, const void *bytes, int64_t n)>;
 
-/// assembleBuffer of this plan's 8-bit moments (a unit's, whole or this
-/// rank's shard of it): the checkpoint's codes and scales copied block for
-/// block, which is exact where its blocks are these (the same block size
-/// and unit, every shard whole blocks: what fsdp-shard pads to). Other
-/// moments (f32, bf16, other blocks) would have to be encoded: refused.
-Status assemble8(ShardMapReader &src, const Plan &target, const Buffer &b, const std::string &kind,
-                 int64_t unit, int64_t rank, const PieceSink &sink) {
-  const std::string refused =
-      "this plan's 8-bit moments (optimizer-state-dtype=8bit) load only from 8-bit moments in "
-      "blocks of the same size and units of the same parameters; encoding other moments into "
-      "them is not supported yet (an 8-bit checkpoint loads into f32 or bf16 moments of any "
-      "layout)";
-  if (unit < 0 || (kind != "exp_avg" && kind != "exp_avg_sq"))
-    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+/// A plan's 8-bit moments buffer (optimizer-state-dtype=8bit): the
+/// elements it codes (its unit's shard, or the whole unit) in blocks of
+/// `block`, `lo` the first of them in the unit's flat layout.
+struct Packed8 {
+  int64_t n = 0, block = 0, lo = 0;
+};
+Status packed8Of(const Plan &target, const Buffer &b, int64_t unit, int64_t rank, Packed8 &out) {
+  if (unit < 0)
+    return FSDP_ERROR("cannot load ", b.name, ": 8-bit storage that is not a unit's moments");
   const Unit &u = target.units[unit];
   const bool shard =
       u.shardNumel != u.paddedNumel && moments8::blockOfPacked(u.shardNumel, b.bytes) != 0;
-  const int64_t n = shard ? u.shardNumel : u.paddedNumel;
-  const int64_t block = moments8::blockOfPacked(n, b.bytes);
-  if (!block || n % block)
+  out.n = shard ? u.shardNumel : u.paddedNumel;
+  out.block = moments8::blockOfPacked(out.n, b.bytes);
+  if (!out.block || out.n % out.block)
     return FSDP_ERROR("cannot load ", b.name, ": ", b.bytes,
                       " bytes are not whole blocks of 8-bit moments of its unit");
-  const int64_t lo = shard ? target.shardIndex(rank) * n : 0;
-  // The checkpoint's unit is this one: these parameters at these places,
-  // and nothing else (its flat size).
+  out.lo = shard ? target.shardIndex(rank) * out.n : 0;
+  return Status::ok();
+}
+
+/// assembleBuffer of this plan's 8-bit moments where the checkpoint holds
+/// these very blocks: 8-bit moments of the same block size and unit (these
+/// parameters at these places), every shard whole blocks (what fsdp-shard
+/// pads to). Then the codes and scales are copied block for block, exact;
+/// false in `exact` (nothing sent) where they are not.
+Status copyBlocks8(ShardMapReader &src, const Plan &target, const Packed8 &q,
+                   const std::string &kind, int64_t unit, const PieceSink &sink, bool &exact) {
+  exact = false;
+  const Unit &u = target.units[unit];
   const Param *first = nullptr;
   int64_t from = -1;
   for (const Param &p : target.params) {
@@ -1009,28 +1015,29 @@ Status assemble8(ShardMapReader &src, const Plan &target, const Buffer &b, const
     auto it = src.sourceParams().find(p.name);
     if (it == src.sourceParams().end() || it->second.unit < 0 ||
         (first && it->second.unit != from) || it->second.offset != p.flatOffset)
-      return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
+      return Status::ok();
     if (!first)
       first = &p, from = it->second.unit;
   }
-  if (!first || src.unitFlatNumel(from) != u.flatNumel)
-    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
-  std::vector<uint8_t> codes((size_t)n);
-  std::vector<float> scales((size_t)(n / block));
-  bool exact = false;
+  if (!first || src.unitFlatNumel(from) != u.flatNumel || !src.hasState(kind, first->name))
+    return Status::ok(); // (no such state: refused below, by name)
+  std::vector<uint8_t> codes((size_t)q.n);
+  std::vector<float> scales((size_t)(q.n / q.block));
   FSDP_RETURN_IF_ERROR(
-      src.blocks8(kind, first->name, block, lo, n, codes.data(), scales.data(), exact));
+      src.blocks8(kind, first->name, q.block, q.lo, q.n, codes.data(), scales.data(), exact));
   if (!exact)
-    return FSDP_ERROR("cannot load ", b.name, " from ", src.path, ": ", refused);
-  FSDP_RETURN_IF_ERROR(sink(0, codes.data(), n));
-  const std::vector<uint8_t> pad((size_t)(moments8::scalesOffset(n) - n), 0);
+    return Status::ok();
+  FSDP_RETURN_IF_ERROR(sink(0, codes.data(), q.n));
+  const std::vector<uint8_t> pad((size_t)(moments8::scalesOffset(q.n) - q.n), 0);
   if (!pad.empty())
-    FSDP_RETURN_IF_ERROR(sink(n, pad.data(), (int64_t)pad.size()));
-  return sink(moments8::scalesOffset(n), scales.data(), (int64_t)scales.size() * 4);
+    FSDP_RETURN_IF_ERROR(sink(q.n, pad.data(), (int64_t)pad.size()));
+  return sink(moments8::scalesOffset(q.n), scales.data(), (int64_t)scales.size() * 4);
 }
 
+/// `encoded` (when given) receives the state kinds of this plan's 8-bit
+/// moments that were encoded from the checkpoint's values, not copied.
 Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64_t rank,
-                      const PieceSink &sink) {
+                      const PieceSink &sink, std::set<std::string> *encoded = nullptr) {
   const Buffer &b = target.buffers[id];
   // What the buffer holds: a unit's parameters, one parameter, or the
   // optimizer state of either (`kind`).
@@ -1061,10 +1068,20 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
   if (unit < 0 && !own)
     return FSDP_ERROR("cannot reshard: the plan's persistent buffer ", b.id, " (", b.name,
                       ") is neither parameter storage nor optimizer state");
-  if (b.dtype == DType::I8)
-    return assemble8(src, target, b, kind, unit, rank, sink);
-  if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
-      (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
+  // 8-bit moments: copied block for block where the checkpoint has these
+  // blocks, else the f32 values (widened, or decoded) encoded block by
+  // block.
+  Packed8 q;
+  if (b.dtype == DType::I8) {
+    FSDP_RETURN_IF_ERROR(packed8Of(target, b, unit, rank, q));
+    if (kind != "exp_avg" && kind != "exp_avg_sq")
+      return FSDP_ERROR("cannot load ", b.name, ": 8-bit storage of ", kind, " state");
+    bool exact = false;
+    FSDP_RETURN_IF_ERROR(copyBlocks8(src, target, q, kind, unit, sink, exact));
+    if (exact)
+      return Status::ok();
+  } else if (b.bytes != b.numel() * dtypeSize(b.dtype) ||
+             (b.dtype != DType::F32 && b.dtype != DType::BF16 && b.dtype != DType::F16))
     return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", dtypeName(b.dtype), " storage");
   // The parameters it holds, and the elements [lo, hi) of the flat layout
   // they share that this rank stores.
@@ -1083,7 +1100,9 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
     else
       hi = u.paddedNumel;
   }
-  if (hi - lo != b.numel())
+  if (b.dtype == DType::I8)
+    lo = q.lo, hi = q.lo + q.n;
+  else if (hi - lo != b.numel())
     return FSDP_ERROR("cannot reshard buffer ", b.name, ": ", b.numel(),
                       " elements, neither whole nor a shard");
   for (const Param *p : members)
@@ -1091,9 +1110,15 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
       return FSDP_ERROR("cannot reshard: the plan's state ", b.name, " (", kind,
                         ") has no counterpart for parameter ", p->name, " in ", src.path,
                         " (another optimizer, or a unit frozen there?)");
-  const int64_t esz = dtypeSize(b.dtype), piece = kLoadPieceBytes / 4;
+  const int64_t esz = dtypeSize(b.dtype);
+  // (8-bit: whole blocks a piece, a power of two no larger than the piece)
+  const int64_t piece = b.dtype == DType::I8
+                            ? std::max(q.block, kLoadPieceBytes / 4 / q.block * q.block)
+                            : kLoadPieceBytes / 4;
   std::vector<float> vals;
   std::vector<uint8_t> narrow;
+  if (b.dtype == DType::I8 && encoded)
+    encoded->insert(kind);
   for (int64_t at = lo; at < hi; at += piece) {
     int64_t n = std::min(piece, hi - at);
     vals.assign((size_t)n, 0.0f); // padding stays zero
@@ -1102,6 +1127,15 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
       int64_t a = std::max(at, from), z = std::min(at + n, from + p->numel());
       if (a < z)
         FSDP_RETURN_IF_ERROR(src.read(kind, p->name, a - from, z - a, vals.data() + (a - at)));
+    }
+    if (b.dtype == DType::I8) {
+      // the codes of [at, at + n), then their blocks' scales
+      narrow.resize((size_t)shapes::quantizedBytes(n, q.block));
+      moments8::encodeShard(vals.data(), n, q.block, kind == "exp_avg_sq", narrow.data());
+      FSDP_RETURN_IF_ERROR(sink(at - lo, narrow.data(), n));
+      FSDP_RETURN_IF_ERROR(sink(moments8::scalesOffset(q.n) + 4 * ((at - lo) / q.block),
+                                narrow.data() + moments8::scalesOffset(n), n / q.block * 4));
+      continue;
     }
     const void *bytes = vals.data();
     if (b.dtype != DType::F32) {
@@ -1184,6 +1218,17 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
   return out;
 }
 
+/// The 8-bit moments a load encoded from the checkpoint's own 8-bit moments
+/// (in other blocks, or units of other parameters: decoded, then encoded in
+/// this plan's blocks), as storageConversions names conversions.
+void noteReencoded(const json &index, const std::set<std::string> &encoded,
+                   std::vector<std::string> &out) {
+  const StorageDtypes was = savedStorage(index);
+  for (const std::string &kind : encoded)
+    if (auto it = was.find(kind); it != was.end() && it->second.count("8bit"))
+      out.push_back(kind + " 8bit -> 8bit in other blocks (re-encoded)");
+}
+
 /// "2 rank(s) (mesh 1x2) at stage 3".
 std::string layoutName(int64_t world, int64_t replicas, int64_t shards, int64_t stage) {
   return std::to_string(world) + " rank(s) (mesh " + std::to_string(replicas) + "x" +
@@ -1202,9 +1247,26 @@ std::string checkpointStorage(const json &index) {
 
 std::string conversionNote(const std::vector<std::string> &converted) {
   std::string out;
-  for (size_t i = 0; i < converted.size(); ++i)
-    out += (i ? ", " : "") + converted[i];
-  return out + " (narrowed to nearest even; widening and decoding 8-bit moments are exact)";
+  bool narrowed = false, encoded = false, decoded = false, widened = false;
+  for (size_t i = 0; i < converted.size(); ++i) {
+    const std::string &c = converted[i];
+    out += (i ? ", " : "") + c;
+    const size_t arrow = c.find(" -> ");
+    const std::string from = c.substr(0, arrow), to = arrow == c.npos ? "" : c.substr(arrow);
+    const bool dec = from.find("8bit") != from.npos && to.find("8bit") == to.npos;
+    encoded |= to.find("8bit") != to.npos;
+    decoded |= dec;
+    narrowed |= to.find("f16") != to.npos; // (bf16 or f16)
+    widened |= !dec && to.find("f32") != to.npos;
+  }
+  std::string how;
+  for (auto [on, what] :
+       {std::pair{narrowed, "narrowed to nearest even"},
+        std::pair{encoded, "encoded to each block's nearest 8-bit code"},
+        std::pair{decoded, "8-bit moments decoded exactly"}, std::pair{widened, "widened exactly"}})
+    if (on)
+      how += (how.empty() ? "" : "; ") + std::string(what);
+  return how.empty() ? out : out + " (" + how + ")";
 }
 
 Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, int64_t rank,
@@ -1240,6 +1302,7 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
            saved[i]["dtype"] == dtypeName(b.dtype);
   }
   FSDP_RETURN_IF_ERROR(ex.finishCarried());
+  std::set<std::string> encoded;
   if (same) {
     std::vector<uint8_t> piece;
     for (int64_t id : ids) {
@@ -1262,10 +1325,10 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
   } else {
     FSDP_RETURN_IF_ERROR(checkSameModel(src, plan));
     for (int64_t id : ids)
-      FSDP_RETURN_IF_ERROR(
-          assembleBuffer(src, plan, id, rank, [&](int64_t at, const void *bytes, int64_t n) {
-            return ex.writeBytes(id, at, bytes, n);
-          }));
+      FSDP_RETURN_IF_ERROR(assembleBuffer(
+          src, plan, id, rank,
+          [&](int64_t at, const void *bytes, int64_t n) { return ex.writeBytes(id, at, bytes, n); },
+          &encoded));
   }
   position = positionOf(index);
   if (report) {
@@ -1275,6 +1338,7 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
     report->readBytes = src.files->bytesRead;
     report->checkpointBytes = src.files->totalBytes();
     report->converted = storageConversions(index, plan);
+    noteReencoded(index, encoded, report->converted);
   }
   return Status::ok();
 }
@@ -1326,6 +1390,7 @@ Status reshardCheckpoint(const std::string &path, const Plan &target, const std:
     return FSDP_ERROR("'", out, "' exists: reshard into a new directory");
   FSDP_RETURN_IF_ERROR(makeDirs(out));
   // One target rank's file at a time: host memory holds one rank's state.
+  std::set<std::string> encoded;
   for (int64_t r = 0; r < target.worldSize; ++r) {
     TensorMap file;
     for (int64_t id : savedBuffers(target)) {
@@ -1334,17 +1399,21 @@ Status reshardCheckpoint(const std::string &path, const Plan &target, const std:
       t.dtype = b.dtype;
       t.shape = b.shape;
       t.data.resize(b.bytes);
-      FSDP_RETURN_IF_ERROR(
-          assembleBuffer(src, target, id, r, [&](int64_t at, const void *bytes, int64_t n) {
+      FSDP_RETURN_IF_ERROR(assembleBuffer(
+          src, target, id, r,
+          [&](int64_t at, const void *bytes, int64_t n) {
             std::memcpy(t.data.data() + at, bytes, (size_t)n);
             return Status::ok();
-          }));
+          },
+          &encoded));
       file[tensorName(b)] = std::move(t);
     }
     FSDP_RETURN_IF_ERROR(writeSafeTensors(
         out + "/" + rankFileName(r, target.worldSize), file,
         {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(pos.step)}}));
   }
+  if (converted)
+    noteReencoded(src.index, encoded, *converted);
   return commit(out, makeIndex(target, pos), pos.step);
 }
 

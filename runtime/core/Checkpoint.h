@@ -63,7 +63,10 @@ struct LoadReport {
   uint64_t readBytes = 0, checkpointBytes = 0;
   /// Storage the load converted, one entry for the parameters or an
   /// optimizer-state kind: "exp_avg f32 -> bf16". A narrowing rounds each
-  /// value to nearest even; a widening is exact.
+  /// value to nearest even; a widening is exact; encoding into 8-bit
+  /// moments ("exp_avg f32 -> 8bit", or "exp_avg 8bit -> 8bit in other
+  /// blocks (re-encoded)") rounds each to its block's nearest code, and
+  /// decoding them is exact.
   std::vector<std::string> converted;
 };
 
@@ -73,7 +76,8 @@ struct LoadReport {
 std::string checkpointStorage(const nlohmann::json &index);
 
 /// What a tool prints for LoadReport::converted: "exp_avg f32 -> bf16,
-/// exp_avg_sq f32 -> bf16 (narrowed to nearest even; widening is exact)".
+/// exp_avg_sq f32 -> bf16 (narrowed to nearest even)", each kind of
+/// conversion said once.
 std::string conversionNote(const std::vector<std::string> &converted);
 
 /// Writes the checkpoint of `position.step` under `dir` (every rank calls

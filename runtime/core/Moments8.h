@@ -36,6 +36,7 @@
 
 #include "runtime/core/Dropout.h" // FSDP_HD
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -177,6 +178,52 @@ inline int64_t blockOfPacked(int64_t n, int64_t bytes) {
       return block;
   return 0;
 }
+
+#ifndef __CUDACC__ // (host code; nvcc would not take the lambda of a host function)
+/// One block of `len` values x (exp_avg's, or exp_avg_sq's roots: k =
+/// kMantM or kMantV) encoded into `codes`; returns the block's scale. What
+/// the update stores for its new moments (host).
+inline float encodeBlock(const float *x, int64_t len, int k, uint8_t *codes) {
+  float s, inv;
+  blockScale(blockAmax([&](int64_t i) { return x[i]; }, len), k, s, inv);
+  if (inv == 0) {
+    std::memset(codes, 0, (size_t)len);
+    return s;
+  }
+  if (k == kMantM) {
+    for (int64_t i = 0; i < len; ++i)
+      codes[i] = encodeM(x[i], inv);
+  } else {
+    for (int64_t i = 0; i < len; ++i)
+      codes[i] = encodeV(x[i], inv);
+  }
+  return s;
+}
+
+/// The largest block a packed shard may have (the verifier's bound).
+constexpr int64_t kMaxBlock = 4096;
+
+/// f32 moments encoded into a packed shard of n elements in blocks of
+/// `block` (at most kMaxBlock): exp_avg's values, or (`root`) exp_avg_sq's,
+/// whose roots are encoded. The bytes the update would store for these
+/// moments; decodeShard's inverse to half a code step. Host.
+inline void encodeShard(const float *x, int64_t n, int64_t block, bool root, uint8_t *q) {
+  float roots[kMaxBlock];
+  for (int64_t o = 0; o < n; o += block) {
+    const int64_t len = n - o < block ? n - o : block;
+    const float *in = x + o;
+    if (root) {
+      for (int64_t i = 0; i < len; ++i)
+        roots[i] = std::sqrt(x[o + i]);
+      in = roots;
+    }
+    const float s = encodeBlock(in, len, root ? kMantV : kMantM, q + o);
+    std::memcpy(q + scalesOffset(n) + 4 * (o / block), &s, 4);
+  }
+  for (int64_t i = n; i < scalesOffset(n); ++i)
+    q[i] = 0; // the codes' padding
+}
+#endif
 
 /// A packed shard of n elements decoded into f32 (exp_avg_sq, `root`:
 /// each root squared, as the update reads it).

@@ -38,6 +38,12 @@ Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
   return Status::ok();
 }
 
+/// Whether an update's state is 8-bit moments (state-dtype=8bit:
+/// adamw_update's i8 moments, each a packed vector of codes and scales).
+bool packedMoments(const Op &op) {
+  return op.inst.op == "adamw_update" && op.inst.in.size() > 2 && op.in(2).dtype == DType::I8;
+}
+
 /// An update's dtypes when its state may be bf16 (state-dtype=bf16:
 /// adamw_update's and lamb_update's two moments, sgd_momentum_update's
 /// buffer, and lamb_norms, which reads the moments and writes only its
@@ -50,7 +56,7 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
     return FSDP_ERROR(op.inst.op, ": expected at least ", 2 + states, " operands and ", results,
                       " result(s), found ", op.inst.in.size(), " and ", op.inst.out.size());
   const DType state = op.in(2).dtype;
-  const bool packed = op.inst.op == "adamw_update" && state == DType::I8;
+  const bool packed = packedMoments(op);
   if (state != DType::F32 && state != DType::BF16 && !packed)
     return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state),
                       ": expected f32 or bf16 (or, adamw_update's, i8 8-bit codes)");
@@ -814,7 +820,7 @@ const std::unordered_map<std::string, Check> &checks() {
                                                             : expectAllF32(op));
         int64_t n = op.in(0).numel();
         // (8-bit moments are packed: their sizes checked by updateStateDtype)
-        const bool packed = op.inst.op == "adamw_update" && op.in(2).dtype == DType::I8;
+        const bool packed = packedMoments(op);
         for (int i = 1; i < 2 + states; ++i)
           if (op.in(i).numel() != n && !(packed && i >= 2))
             return FSDP_ERROR(op.inst.op, ": operand ", i, " has ", op.in(i).numel(),

@@ -1060,7 +1060,7 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
     const int64_t o = j * block, len = std::min(block, n - o);
     const int64_t dec = std::clamp<int64_t>(decayed - o, 0, len);
     const float scaleM = sm[j], scaleV = sv[j];
-    float mf[4096], vf[4096];
+    float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
     const uint8_t *mj = m + o, *vj = v + o;
     const float *pj = p + o, *gj = g + o;
     float *npj = np + o;
@@ -1079,26 +1079,8 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i)
       vf[i] = std::sqrt(vf[i]);
-    float s1, inv1, s2, inv2;
-    m8::blockScale(m8::blockAmax([&](int64_t i) { return mf[i]; }, len), m8::kMantM, s1, inv1);
-    m8::blockScale(m8::blockAmax([&](int64_t i) { return vf[i]; }, len), m8::kMantV, s2, inv2);
-    uint8_t *nmj = nm + o, *nvj = nv + o;
-    if (inv1 != 0) {
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i)
-        nmj[i] = m8::encodeM(mf[i], inv1);
-    } else {
-      std::memset(nmj, 0, (size_t)len);
-    }
-    if (inv2 != 0) {
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i)
-        nvj[i] = m8::encodeV(vf[i], inv2);
-    } else {
-      std::memset(nvj, 0, (size_t)len);
-    }
-    nsm[j] = s1;
-    nsv[j] = s2;
+    nsm[j] = m8::encodeBlock(mf, len, m8::kMantM, nm + o);
+    nsv[j] = m8::encodeBlock(vf, len, m8::kMantV, nv + o);
   }
   // the codes' padding to 4 bytes stays zero
   for (int64_t i = n; i < at; ++i)

@@ -665,8 +665,8 @@ private:
   Status buildPack(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
-  struct Bf16StateUpdate;
-  Bf16StateUpdate bf16StateUpdate(const Op &op, const Ptrs &r, int64_t rank) const;
+  struct StateUpdate;
+  StateUpdate stateUpdate(const Op &op, const Ptrs &r, int64_t rank) const;
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   /// Sets `out` to the launch of one instruction on storage of dtype t:
@@ -2007,12 +2007,12 @@ Status CudaDevice::buildLoss(const Op &op, uint8_t *base, int64_t rank, Launch &
 /// The optimizer updates over a flat shard (weight-decay-params=matrices:
 /// the decayed prefix, then the rest), and the gradient-norm ops clipping
 /// and loss scaling use.
-/// What an update of bf16 state (state-dtype=bf16) needs besides its
-/// operands: the optional skip_nonfinite / grad_scale scalars, its cnt
-/// elements' decayed prefix k (weight-decay-params=matrices), and its
-/// stochastic draws' {seed, step} (null: to nearest), key and the operand's
-/// first position in its unit.
-struct CudaDevice::Bf16StateUpdate {
+/// What an update of narrow state (state-dtype=bf16 or 8bit) needs besides
+/// its operands: the optional skip_nonfinite / grad_scale scalars, its cnt
+/// elements' decayed prefix k (weight-decay-params=matrices), and (bf16)
+/// its stochastic draws' {seed, step} (null: to nearest), key and the
+/// operand's first position in its unit.
+struct CudaDevice::StateUpdate {
   const float *skip = nullptr, *gs = nullptr;
   int64_t cnt = 0, k = 0;
   const uint64_t *ctx = nullptr;
@@ -2026,9 +2026,8 @@ struct CudaDevice::Bf16StateUpdate {
   }
 };
 
-CudaDevice::Bf16StateUpdate CudaDevice::bf16StateUpdate(const Op &op, const Ptrs &r,
-                                                        int64_t rank) const {
-  Bf16StateUpdate u;
+CudaDevice::StateUpdate CudaDevice::stateUpdate(const Op &op, const Ptrs &r, int64_t rank) const {
+  StateUpdate u;
   rules::UpdateExtras x = rules::updateExtras(op);
   u.skip = x.skip >= 0 ? r.in(x.skip) : nullptr;
   u.gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
@@ -2068,7 +2067,7 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     uint8_t *nb = r.out<uint8_t>(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
-    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
+    const StateUpdate u = stateUpdate(op, r, rank);
     out = fromCuda(
         [=](cudaStream_t s) {
           return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
@@ -2098,42 +2097,39 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                                          m, damp, 0.0, nesterov, s, skip, gs);
         },
         n);
-  } else if (n == "adamw_update" && op.in(2).dtype == DType::I8) {
-    // state-dtype=8bit: one call (a block may straddle the decayed prefix)
+  } else if (n == "adamw_update" && op.in(2).dtype != DType::F32) {
+    // state-dtype=bf16 or 8bit (OpRules: f32 p, g; bf16 moments, or i8
+    // packed codes and scales).
     const float *p = r.in(0), *g = r.in(1), *lr = r.in(4), *step = r.in(5);
     const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
     float *np = r.out(0);
     uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
-    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
-    const int64_t block = op.i("state_block", 256);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return native::adamw8bitState(p, g, m, v, np, nm, nv, u.cnt, block, lr, step, b1, b2,
-                                        eps, wd, u.k, u.gs, u.skip, s);
-        },
-        n);
-  } else if (n == "adamw_update" && op.in(2).dtype == DType::BF16) {
-    // state-dtype=bf16 (OpRules: f32 p, g; bf16 moments). The decayed
-    // prefix and the rest as below; the draws' positions in the unit.
-    const float *p = r.in(0), *g = r.in(1), *lr = r.in(4), *step = r.in(5);
-    const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
-    float *np = r.out(0);
-    uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
-    double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
-           wd = op.f("weight_decay", 0.01);
-    const Bf16StateUpdate u = bf16StateUpdate(op, r, rank);
-    out = fromCuda(
-        [=](cudaStream_t s) {
-          return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
-            return native::adamwBf16State(p + at, g + at, m + 2 * at, v + 2 * at, np + at,
-                                          nm + 2 * at, nv + 2 * at, count, lr, step, b1, b2, eps,
-                                          decay, u.gs, u.skip, u.ctx, u.key, u.first + (uint64_t)at,
-                                          s);
-          });
-        },
-        n);
+    const StateUpdate u = stateUpdate(op, r, rank);
+    if (op.in(2).dtype == DType::I8) {
+      // 8-bit: one call (a block may straddle the decayed prefix)
+      const int64_t block = op.i("state_block", 256);
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return native::adamw8bitState(p, g, m, v, np, nm, nv, u.cnt, block, lr, step, b1, b2,
+                                          eps, wd, u.k, u.gs, u.skip, s);
+          },
+          n);
+    } else {
+      // bf16: the decayed prefix and the rest as below; the draws'
+      // positions in the unit.
+      out = fromCuda(
+          [=](cudaStream_t s) {
+            return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
+              return native::adamwBf16State(p + at, g + at, m + 2 * at, v + 2 * at, np + at,
+                                            nm + 2 * at, nv + 2 * at, count, lr, step, b1, b2, eps,
+                                            decay, u.gs, u.skip, u.ctx, u.key,
+                                            u.first + (uint64_t)at, s);
+            });
+          },
+          n);
+    }
   } else if (n == "adamw_update") {
     const float *p = r.in(0), *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
     float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);

@@ -19,17 +19,16 @@ StochasticRounding.h, roundMomentsToBf16Stochastic).
     - two one-rank runs are bitwise equal (the draws are a pure function);
     - rounding to nearest instead of stochastically leaves steps 1-2
       bitwise (they read no rounded moment) and moves steps 3-10;
-    - N = 2 at stages 0-3, HSDP 2x2, stage 3 with the optimizer offloaded
-      and stage 1 with two micro-batches against one rank (lr 1e-2): the
-      leading steps (at most 3) where the same layout with f32 moments is
-      bitwise one rank (f32 summation order has not moved a bit yet) are
-      bitwise one rank's with bf16 moments too, and every step is within
-      1e-4. A
-      moment's draw is the same bits as one rank's when each rank places
-      its shard right; a wrong key or shard offset redraws about half of
-      them, which moves step 3 (the first that reads rounded moments) as
-      rounding to nearest does: the script requires a bitwise prefix of
-      at least 3 steps somewhere and nearest to move step 3 (its power);
+    - N = 2 at stages 1-3 and stage 3 with the optimizer offloaded are
+      bitwise N = 2 at stage 0 for all STEPS, and stage 1 with two
+      micro-batches bitwise stage 0 with two, as with f32 moments (the
+      same gradients, so the same draws: a moment's draw is a pure
+      function of its place in the unit); a wrong key or shard offset
+      redraws about half of them, which moves step 3 (the first that reads
+      rounded moments) as rounding to nearest does (the script requires
+      nearest to move step 3: its power). Against one rank and for HSDP
+      2x2, whose gradients differ in last bits, every step within 1e-4
+      (lr 1e-2);
     - the plan's optimizer state is half the f32 plan's (the moments'
       bytes exactly) and the arena measured equals the planned one;
     - a 2-rank ZeRO-3 run checkpointed at step 3 and resumed to 6 is
@@ -61,7 +60,7 @@ GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 GLOBAL_BATCH = 4
 STEPS = 10
 LOOSE = 1e-4  # later steps: f32 order differences amplified by lr 1e-2 AdamW (measured
-              # up to 6.4e-6); catches a broken update, the bitwise prefix a wrong draw
+              # up to 6.4e-6); catches a broken update, the bitwise stage-0 runs a wrong draw
 LR = ["--lr", "1e-2"]  # the moments' rounding moves the parameters by lr-sized steps
 
 
@@ -113,7 +112,24 @@ def check_shards(bindir, tmp):
 
     f32_ref, _ = mp.run(bindir, os.path.join(tmp, "f1.plan"), 1, STEPS, LR)
 
-    def against(n, extra, label):
+    # N ranks. A moment's draw is a pure function of its place in the unit,
+    # so two layouts that compute the same gradients bit for bit draw the
+    # same bits: N=2 at stages 1, 2 and 3 and offloaded against N=2 at
+    # stage 0 (DDP: each rank the whole unit's moments; a 2-rank sum is one
+    # addition, a + b, in every collective), and stage 1 with two
+    # micro-batches against stage 0 with two, all STEPS bitwise, as with f32
+    # moments (the premise, asserted). A wrong key or shard offset redraws
+    # about half of the moments, which moves step 3 (the first that reads
+    # rounded moments) as rounding to nearest does (the power, below).
+    # Against one rank (one GEMM of the batch of 4 where two ranks add two
+    # GEMMs of 2) and HSDP 2x2 (4 ranks' sums in another order) the
+    # gradients differ in last bits, and a moment an ulp away may round or
+    # draw the other way: within LOOSE.
+    runs = {}
+    for key, n, extra in (("s0", 2, "stage=0"), ("s1", 2, "stage=1"), ("s2", 2, "stage=2"),
+                          ("s3", 2, "stage=3"), ("h", 4, "stage=3 mesh=2x2"),
+                          ("o3", 2, "stage=3 offload=optimizer"), ("a0", 2, "stage=0 grad-accum=2"),
+                          ("a1", 2, "stage=1 grad-accum=2")):
         k = int(extra.split("grad-accum=")[1].split()[0]) if "grad-accum=" in extra else 1
         model = gpt(GLOBAL_BATCH // (n * k), os.path.join(tmp, f"g{GLOBAL_BATCH // (n * k)}.mlir"))
         path, f32_path = os.path.join(tmp, "x.plan"), os.path.join(tmp, "xf.plan")
@@ -121,36 +137,29 @@ def check_shards(bindir, tmp):
         mp.compile_plan(bindir, model, f32_path, f"world-size={n} {extra}")
         losses, summary = mp.run(bindir, path, n, STEPS, LR)
         f32_losses, _ = mp.run(bindir, f32_path, n, STEPS, LR)
+        runs[key] = (losses, f32_losses)
         err = max(rel(a, b) for a, b in zip(losses, ref))
-        # k: the leading steps where the same layout with f32 moments is
-        # bitwise one rank (f32 summation order has not yet moved a bit);
-        # there the bf16 moments' draws must give bitwise one rank's too.
-        # At most 3: step 3 is the first to read rounded moments, and past
-        # it a moment that f32 order moved by an ulp without moving a loss
-        # bit may flip a draw (measured: grad-accum=2 on 2 ranks, step 5).
-        k = min(next((i for i, (a, b) in enumerate(zip(f32_losses, f32_ref)) if a != b), STEPS),
-                3)
-        prefixes.append(k)
-        bitwise = losses[:k] == ref[:k]
         arena = summary["measured_high_water"] == summary["predicted_peak"]
-        ok = len(losses) == STEPS and bitwise and err <= LOOSE and arena
-        print(f"  N={n} {label:<28} steps 1-{k} bitwise one rank (as with f32 moments): "
-              f"{bitwise}, max rel diff {err:.1e} (<= {LOOSE:.0e}), arena measured == planned: "
-              f"{arena}  {'ok' if ok else 'MISMATCH'}")
-        return ok
-
-    prefixes = []
-    for n, extra in ((2, "stage=0"), (2, "stage=1"), (2, "stage=2"), (2, "stage=3"),
-                     (4, "stage=3 mesh=2x2"), (2, "stage=3 offload=optimizer"),
-                     (2, "stage=1 grad-accum=2")):
-        failures += not against(n, extra, extra)
-    # The bitwise prefixes' power: step 3 is the first that reads rounded
-    # moments, and a wrong draw (a key or shard offset) redraws about half
-    # of them, as rounding to nearest does, which moves step 3 already.
-    ok = max(prefixes) >= 3 and near[2] != ref[2]
+        ok = len(losses) == STEPS and err <= LOOSE and arena
+        failures += not ok
+        print(f"  N={n} {extra:<28} against one rank: max rel diff {err:.1e} (<= {LOOSE:.0e}; f32 "
+              f"moments {max(rel(a, b) for a, b in zip(f32_losses, f32_ref)):.1e}), arena "
+              f"measured == planned: {arena}  {'ok' if ok else 'MISMATCH'}")
+    for key, base, label in (("s1", "s0", "stage=1"), ("s2", "s0", "stage=2"),
+                             ("s3", "s0", "stage=3"), ("o3", "s0", "stage=3 offload=optimizer"),
+                             ("a1", "a0", "stage=1 grad-accum=2")):
+        same, same32 = runs[key][0] == runs[base][0], runs[key][1] == runs[base][1]
+        ok = same and same32
+        failures += not ok
+        print(f"  N=2 {label:<28} against stage 0: {STEPS} steps bitwise with bf16 moments: "
+              f"{same} (f32 moments: {same32})  {'ok' if ok else 'MISMATCH'}")
+    # The bitwise comparisons' power: step 3 is the first that reads
+    # rounded moments, and a wrong draw (a key or shard offset) redraws
+    # about half of them, as rounding to nearest does, which moves step 3.
+    ok = near[2] != ref[2]
     failures += not ok
-    print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3), and rounding to "
-          f"nearest moves step 3 by {rel(near[2], ref[2]):.1e}: {'ok' if ok else 'MISMATCH'}")
+    print(f"  power: rounding to nearest moves step 3 by {rel(near[2], ref[2]):.1e}: "
+          f"{'ok' if ok else 'MISMATCH'}")
 
     # Resume: 2 ranks at stage 3 save at step 3; steps 4..6 bitwise.
     model = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
@@ -299,9 +308,10 @@ def check_others(bindir, tmp):
       state) and steps 3-10 (from stored state) that differ from both
       others somewhere: the state is rounded, and differently by each
       rule;
-    - N = 2 at stages 1 and 3 against one rank: bitwise while the same
-      layout with f32 state is (at most 3 steps, and 3 for one of them at
-      least, as (a)), every step within LOOSE;
+    - N = 2 at stages 1 and 3 bitwise N = 2 at stage 0 for all STEPS, as
+      with f32 state (the same gradients, so the same draws: (a); LAMB:
+      stage 3 against stage 1, its norms' sums are ordered by the shards),
+      and every step within LOOSE of one rank;
     - the optimizer state is half the f32 plan's; arena measured ==
       planned; a 2-rank ZeRO-3 checkpoint resumes bitwise;
     - the 2-rank ZeRO-3 run with the optimizer offloaded (the update on
@@ -340,30 +350,34 @@ def check_others(bindir, tmp):
         failures += not ok
         print(f"  optimizer state {got} bytes (f32 state: {f32_plan['memory']['state']}), arena "
               f"measured == planned: {arena}  {'ok' if ok else 'MISMATCH'}")
-        prefixes = []
-        for stage in (1, 3):
+        # As (a): N=2 at stages 1 and 3 bitwise N=2 at stage 0 (the same
+        # gradients, so the same draws) as with f32 state; a wrong draw
+        # (key, shard offset) moves step 3 as rounding to nearest does (SGD
+        # by 20 ulps of the loss). LAMB's trust ratios add each parameter's
+        # squares per shard, then across the shards: stage 0 (whole units)
+        # adds them in another order, so there only layouts sharded alike
+        # are bitwise by construction (stage 3 against stage 1), and
+        # DeviceConformance checks LAMB's draws bit for bit. Every layout
+        # within LOOSE of one rank.
+        runs = {}
+        for stage in (0, 1, 3):
             path, _ = plan(f"n2s{stage}", two, f"{bf16} world-size=2 stage={stage}")
             fpath, _ = plan(f"n2s{stage}f", two, f"{opt} world-size=2 stage={stage}")
             losses, summary = mp.run(bindir, path, 2, STEPS, lr)
             f32_losses, _ = mp.run(bindir, fpath, 2, STEPS, lr)
-            k = min(next((i for i, (a, b) in enumerate(zip(f32_losses, f32)) if a != b), STEPS),
-                    3)
-            prefixes.append(k)
+            runs[stage] = (losses, f32_losses)
             err = max(rel(a, b) for a, b in zip(losses, ref))
-            ok = (len(losses) == STEPS and losses[:k] == ref[:k] and err <= LOOSE
+            ok = (len(losses) == STEPS and err <= LOOSE
                   and summary["measured_high_water"] == summary["predicted_peak"])
             failures += not ok
-            print(f"  N=2 stage={stage}: steps 1-{k} bitwise one rank (as with f32 state): "
-                  f"{losses[:k] == ref[:k]}, max rel diff {err:.1e} (<= {LOOSE:.0e})  "
-                  f"{'ok' if ok else 'MISMATCH'}")
-        # As (a): step 3 is the first to read stored state, and a wrong
-        # draw (key, shard offset) moves it as rounding to nearest does
-        # (SGD by 20 ulps of the loss; LAMB's by about 1: DeviceConformance
-        # checks its draws bit for bit).
-        ok = max(prefixes) >= 3
-        failures += not ok
-        print(f"  power: the longest bitwise prefix is {max(prefixes)} steps (>= 3)  "
-              f"{'ok' if ok else 'MISMATCH'}")
+            print(f"  N=2 stage={stage}: against one rank max rel diff {err:.1e} (<= {LOOSE:.0e}), "
+                  f"arena as planned  {'ok' if ok else 'MISMATCH'}")
+        for stage, base in ((3, 1),) if "lamb" in opt else ((1, 0), (3, 0)):
+            same, same32 = runs[stage][0] == runs[base][0], runs[stage][1] == runs[base][1]
+            ok = same and same32
+            failures += not ok
+            print(f"  N=2 stage={stage} against stage {base}: {STEPS} steps bitwise with bf16 "
+                  f"state: {same} (f32 state: {same32})  {'ok' if ok else 'MISMATCH'}")
         # The host's update (offload=optimizer) runs the same CPU kernel on
         # the same shard: bitwise the in-memory run, with the update beside
         # the backward, joined in the next step, or its state swapped

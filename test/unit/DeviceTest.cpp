@@ -1559,6 +1559,51 @@ std::vector<float> unpack8(const std::vector<uint8_t> &q, int64_t n, int64_t blo
 
 } // namespace
 
+/// moments8::encodeShard, what a checkpoint load encodes f32 moments (or
+/// 8-bit moments of other blocks, decoded) with, stores what the update
+/// stores for them: pack8's bytes (exp_avg_sq: of the roots, sqrt of the
+/// f32 v). 3000 elements over 60 binades, signed, with a short last block,
+/// a block of zeros, one below 2^-100 (decodes to zeros), one holding a
+/// NaN and one an infinity (decode to NaN), in blocks of 32 and 256.
+TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
+  namespace m8 = moments8;
+  const int64_t n = 3000;
+  std::vector<float> m(n), v(n);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto uniform = [&] { // splitmix64 in [0, 1)
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = (float)((uniform() < 0.5 ? -1 : 1) * std::exp2(-30 + 30 * uniform()));
+    v[i] = (float)std::exp2(-60 + 50 * uniform());
+  }
+  for (int64_t i = 256; i < 512; ++i)
+    m[i] = v[i] = 0.0f;
+  for (int64_t i = 512; i < 768; ++i)
+    m[i] = v[i] = 1e-31f;
+  m[800] = v[800] = std::nanf("");
+  m[1100] = v[1100] = INFINITY;
+  std::vector<float> roots(n);
+  for (int64_t i = 0; i < n; ++i)
+    roots[i] = std::sqrt(v[i]);
+  for (int64_t block : {32, 256}) {
+    const int64_t bytes = shapes::quantizedBytes(n, block);
+    std::vector<uint8_t> qm(bytes, 0xff), qv(bytes, 0xff);
+    m8::encodeShard(m.data(), n, block, false, qm.data());
+    m8::encodeShard(v.data(), n, block, true, qv.data());
+    EXPECT_EQ(qm, pack8(m, block, false)) << "exp_avg, blocks of " << block;
+    EXPECT_EQ(qv, pack8(roots, block, true)) << "exp_avg_sq, blocks of " << block;
+    const std::vector<float> dm = unpack8(qm, n, block, false), dv = unpack8(qv, n, block, true);
+    for (int64_t i : {300, 600})
+      EXPECT_EQ(dm[i], 0.0f) << i;
+    EXPECT_TRUE(std::isnan(dm[800]) && std::isnan(dv[800]) && std::isnan(dm[1100]) &&
+                std::isnan(dv[1100]));
+  }
+}
+
 /// adamw_update with 8-bit moments (state-dtype=8bit, `state_block`)
 /// against the f32 update on the same device from the decoded moments:
 /// the parameters bitwise (they read the f32 moments), and the new
