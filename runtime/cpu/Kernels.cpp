@@ -1039,49 +1039,96 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
   }
 }
 
+namespace {
+
+/// adamwUpdate8bitState's operands and step, for one block at a time.
+struct Update8 {
+  const float *p, *g;
+  const uint8_t *m, *v;
+  float *np;
+  uint8_t *nm, *nv;
+  int64_t n, block, decayed;
+  float gradScale;
+  AdamwStep<float> decay, plain;
+};
+
+/// Block j of an 8-bit update (at most 4096 elements: the verifier's
+/// bound), each step a loop of its own so that each vectorizes: decoded
+/// into f32 buffers (the block is read whole before any of it is written:
+/// the update runs in place), updated (the decayed prefix, then the rest),
+/// the roots taken, then each moment's largest magnitude and codes
+/// (moments8::encodeBlock). Every operation is a correctly rounded IEEE
+/// one or an integer one, and no target it is compiled for contracts a
+/// multiply and an add (AVX2 without FMA), so every build of it stores
+/// the same bytes.
+[[gnu::always_inline]] inline void update8bitBlock(const Update8 &u, int64_t j) {
+  namespace m8 = moments8;
+  const int64_t at = m8::scalesOffset(u.n), o = j * u.block, len = std::min(u.block, u.n - o);
+  const int64_t dec = std::clamp<int64_t>(u.decayed - o, 0, len);
+  float scaleM, scaleV;
+  std::memcpy(&scaleM, u.m + at + 4 * j, 4);
+  std::memcpy(&scaleV, u.v + at + 4 * j, 4);
+  float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
+  const uint8_t *mj = u.m + o, *vj = u.v + o;
+  const float *pj = u.p + o, *gj = u.g + o;
+  float *npj = u.np + o;
+  const m8::DecodeTables &table = m8::decodeTables();
+  for (int64_t i = 0; i < len; ++i) {
+    mf[i] = table.m[mj[i]] * scaleM;
+    const float r = table.root[vj[i]] * scaleV;
+    vf[i] = r * r;
+  }
+  const float gs = u.gradScale;
+#pragma omp simd
+  for (int64_t i = 0; i < dec; ++i)
+    u.decay.apply(pj[i], gj[i] * gs, mf[i], vf[i], npj[i], mf[i], vf[i]);
+#pragma omp simd
+  for (int64_t i = dec; i < len; ++i)
+    u.plain.apply(pj[i], gj[i] * gs, mf[i], vf[i], npj[i], mf[i], vf[i]);
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i)
+    vf[i] = std::sqrt(vf[i]);
+  const float sm = m8::encodeBlock(mf, len, m8::kMantM, u.nm + o);
+  const float sv = m8::encodeBlock(vf, len, m8::kMantV, u.nv + o);
+  std::memcpy(u.nm + at + 4 * j, &sm, 4);
+  std::memcpy(u.nv + at + 4 * j, &sv, 4);
+}
+
+void update8bitBlockBaseline(const Update8 &u, int64_t j) { update8bitBlock(u, j); }
+/// The same block with AVX2's 8-lane integer and float operations: 1.6x
+/// faster on an AMD EPYC (8M elements: 14.5 ms instead of 23.7).
+__attribute__((target("avx2"))) void update8bitBlockAvx2(const Update8 &u, int64_t j) {
+  update8bitBlock(u, j);
+}
+
+} // namespace
+
+bool cpuHasAvx2() { return __builtin_cpu_supports("avx2"); }
+
 void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
                           float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
                           int64_t step, double beta1, double beta2, double eps, double wd,
-                          int64_t decayed, float gradScale) {
-  namespace m8 = moments8;
-  const AdamwStep<float> decay(lr, step, beta1, beta2, eps, wd),
-      plain(lr, step, beta1, beta2, eps, 0.0);
-  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
-  const float *sm = reinterpret_cast<const float *>(m + at),
-              *sv = reinterpret_cast<const float *>(v + at);
-  float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
-  // One block at a time (at most 4096 elements: the verifier's bound),
-  // each step a loop of its own so that each vectorizes: decoded into f32
-  // buffers (the block is read whole before any of it is written: the
-  // update runs in place), updated (the decayed prefix, then the rest),
-  // the roots taken, the largest magnitudes, the codes.
+                          int64_t decayed, float gradScale, Isa isa) {
+  const Update8 u{p,
+                  g,
+                  m,
+                  v,
+                  np,
+                  nm,
+                  nv,
+                  n,
+                  block,
+                  decayed,
+                  gradScale,
+                  AdamwStep<float>(lr, step, beta1, beta2, eps, wd),
+                  AdamwStep<float>(lr, step, beta1, beta2, eps, 0.0)};
+  const int64_t blocks = (n + block - 1) / block, at = moments8::scalesOffset(n);
+  void (*const run)(const Update8 &, int64_t) =
+      isa == Isa::Baseline || (isa == Isa::Best && !cpuHasAvx2()) ? update8bitBlockBaseline
+                                                                  : update8bitBlockAvx2;
 #pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t j = 0; j < blocks; ++j) {
-    const int64_t o = j * block, len = std::min(block, n - o);
-    const int64_t dec = std::clamp<int64_t>(decayed - o, 0, len);
-    const float scaleM = sm[j], scaleV = sv[j];
-    float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
-    const uint8_t *mj = m + o, *vj = v + o;
-    const float *pj = p + o, *gj = g + o;
-    float *npj = np + o;
-    const m8::DecodeTables &table = m8::decodeTables();
-    for (int64_t i = 0; i < len; ++i) {
-      mf[i] = table.m[mj[i]] * scaleM;
-      const float r = table.root[vj[i]] * scaleV;
-      vf[i] = r * r;
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < dec; ++i)
-      decay.apply(pj[i], gj[i] * gradScale, mf[i], vf[i], npj[i], mf[i], vf[i]);
-#pragma omp simd
-    for (int64_t i = dec; i < len; ++i)
-      plain.apply(pj[i], gj[i] * gradScale, mf[i], vf[i], npj[i], mf[i], vf[i]);
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i)
-      vf[i] = std::sqrt(vf[i]);
-    nsm[j] = m8::encodeBlock(mf, len, m8::kMantM, nm + o);
-    nsv[j] = m8::encodeBlock(vf, len, m8::kMantV, nv + o);
-  }
+  for (int64_t j = 0; j < blocks; ++j)
+    run(u, j);
   // the codes' padding to 4 bytes stays zero
   for (int64_t i = n; i < at; ++i)
     nm[i] = nv[i] = 0;

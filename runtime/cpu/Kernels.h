@@ -228,10 +228,14 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
 /// squared), updated with adamwUpdate's f32 arithmetic (the parameter's
 /// update reads the f32 moments) and encoded once. Elements [0, decayed)
 /// take weight decay wd, the rest none (weight-decay-params=matrices).
+/// Runs with AVX2 where the CPU has it (Isa::Best), every build storing the
+/// same bytes; tests pick each.
+enum class Isa { Best, Baseline, Avx2 };
+bool cpuHasAvx2();
 void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
                           float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
                           int64_t step, double beta1, double beta2, double eps, double wd,
-                          int64_t decayed, float gradScale);
+                          int64_t decayed, float gradScale, Isa isa = Isa::Best);
 
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust

@@ -73,6 +73,45 @@ void checkVjp(std::vector<double> &x, const std::vector<double> &dy,
 /// every code value, every midpoint between neighbours (the ties), a
 /// float either side of each midpoint, and random magnitudes over 40
 /// binades. exp_avg's sign is its top bit.
+/// The 8-bit update's AVX2 build stores the baseline (SSE2) build's bytes:
+/// parameters and both packed moments, over 5 steps of 3000 elements in
+/// blocks of 256 (a short last block), a decayed prefix ending mid-block,
+/// moments over 40 binades and a gradient scale. The DeviceConformance
+/// test holds the build the CPU picks to the f32 update encoded once.
+TEST(KernelsTest, EightBitUpdateIsTheSameOnEveryIsa) {
+  if (!cpu::cpuHasAvx2())
+    GTEST_SKIP() << "this CPU has no AVX2: only the baseline build runs here";
+  namespace m8 = moments8;
+  const int64_t n = 3000, block = 256, bytes = m8::scalesOffset(n) + 4 * ((n + block - 1) / block);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1), e(-20, 20);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = u(rng);
+    m[i] = u(rng) * std::exp2(e(rng));
+    v[i] = std::exp2(2 * e(rng));
+  }
+  std::vector<uint8_t> mq(bytes), vq(bytes);
+  m8::encodeShard(m.data(), n, block, false, mq.data());
+  m8::encodeShard(v.data(), n, block, true, vq.data());
+  std::vector<float> pa = p, pb = p;
+  std::vector<uint8_t> ma = mq, va = vq, mb = mq, vb = vq;
+  for (int step = 1; step <= 5; ++step) {
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = u(rng) * std::exp2(e(rng) / 2);
+    cpu::adamwUpdate8bitState(pa.data(), g.data(), ma.data(), va.data(), pa.data(), ma.data(),
+                              va.data(), n, block, 1e-3, step, 0.9, 0.999, 1e-8, 0.1, 1000, 0.5f,
+                              cpu::Isa::Baseline);
+    cpu::adamwUpdate8bitState(pb.data(), g.data(), mb.data(), vb.data(), pb.data(), mb.data(),
+                              vb.data(), n, block, 1e-3, step, 0.9, 0.999, 1e-8, 0.1, 1000, 0.5f,
+                              cpu::Isa::Avx2);
+    ASSERT_EQ(0, std::memcmp(pa.data(), pb.data(), n * 4)) << "parameters, step " << step;
+    ASSERT_EQ(ma, mb) << "exp_avg, step " << step;
+    ASSERT_EQ(va, vb) << "exp_avg_sq, step " << step;
+  }
+  EXPECT_NE(0, std::memcmp(pa.data(), p.data(), n * 4)); // it updated
+}
+
 TEST(KernelsTest, EightBitMomentCodesAreTheNearest) {
   namespace m8 = moments8;
   for (int k : {m8::kMantM, m8::kMantV}) {
