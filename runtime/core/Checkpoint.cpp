@@ -937,11 +937,8 @@ private:
       FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)at, codes.data(), codes.size()));
       FSDP_RETURN_IF_ERROR(
           files->read(r, e->begin + (uint64_t)(scales + 4 * b0), scale.data(), scale.size() * 4));
-      for (int64_t k = 0; k < len; ++k) {
-        const float s = scale[(at + k) / block - b0];
-        const float v = root ? moments8::decodeRoot(codes[k], s) : moments8::decodeM(codes[k], s);
-        dst[i + k] = root ? v * v : v;
-      }
+      moments8::decodeRange(codes.data(), reinterpret_cast<const uint8_t *>(scale.data()), at, len,
+                            block, root, dst + i);
       i += len;
     }
     return Status::ok();

@@ -225,16 +225,35 @@ inline void encodeShard(const float *x, int64_t n, int64_t block, bool root, uin
 }
 #endif
 
-/// A packed shard of n elements decoded into f32 (exp_avg_sq, `root`:
-/// each root squared, as the update reads it).
-inline void decodeShard(const uint8_t *q, int64_t n, int64_t block, bool root, float *out) {
-  const uint8_t *scales = q + scalesOffset(n);
-  for (int64_t i = 0; i < n; ++i) {
+/// Codes [first, first + n) of a packed shard in blocks of `block`
+/// decoded into f32 (exp_avg_sq, `root`: each root squared, as the update
+/// reads it): `codes` points at code `first`, `scales` at the f32 scale of
+/// its block (unaligned bytes). A block at a time, by the tables (the same
+/// products as decodeM's and decodeRoot's). Host.
+inline void decodeRange(const uint8_t *codes, const uint8_t *scales, int64_t first, int64_t n,
+                        int64_t block, bool root, float *out) {
+  const DecodeTables &t = decodeTables();
+  for (int64_t i = 0; i < n;) {
+    const int64_t b = (first + i) / block;
+    const int64_t len = n - i < (b + 1) * block - (first + i) ? n - i : (b + 1) * block - first - i;
     float s;
-    std::memcpy(&s, scales + 4 * (i / block), 4);
-    const float r = root ? decodeRoot(q[i], s) : decodeM(q[i], s);
-    out[i] = root ? r * r : r;
+    std::memcpy(&s, scales + 4 * (b - first / block), 4);
+    if (root) {
+      for (int64_t k = 0; k < len; ++k) {
+        const float r = t.root[codes[i + k]] * s;
+        out[i + k] = r * r;
+      }
+    } else {
+      for (int64_t k = 0; k < len; ++k)
+        out[i + k] = t.m[codes[i + k]] * s;
+    }
+    i += len;
   }
+}
+
+/// A packed shard of n elements decoded into f32 (decodeRange of all of it).
+inline void decodeShard(const uint8_t *q, int64_t n, int64_t block, bool root, float *out) {
+  decodeRange(q, q + scalesOffset(n), 0, n, block, root, out);
 }
 
 } // namespace fsdp::moments8

@@ -1564,7 +1564,8 @@ std::vector<float> unpack8(const std::vector<uint8_t> &q, int64_t n, int64_t blo
 /// stores for them: pack8's bytes (exp_avg_sq: of the roots, sqrt of the
 /// f32 v). 3000 elements over 60 binades, signed, with a short last block,
 /// a block of zeros, one below 2^-100 (decodes to zeros), one holding a
-/// NaN and one an infinity (decode to NaN), in blocks of 32 and 256.
+/// NaN and one an infinity (decode to NaN), in blocks of 32 and 256. And
+/// the host's decoders of whole shards and of ranges, against unpack8.
 TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
   namespace m8 = moments8;
   const int64_t n = 3000;
@@ -1597,6 +1598,18 @@ TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
     EXPECT_EQ(qm, pack8(m, block, false)) << "exp_avg, blocks of " << block;
     EXPECT_EQ(qv, pack8(roots, block, true)) << "exp_avg_sq, blocks of " << block;
     const std::vector<float> dm = unpack8(qm, n, block, false), dv = unpack8(qv, n, block, true);
+    // The host's block-wise decoders (checkpoint loads, dumps) give the
+    // per-element functions' bits, for a whole shard and for a range that
+    // starts and ends inside blocks.
+    std::vector<float> got(n);
+    m8::decodeShard(qm.data(), n, block, false, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), dm.data(), n * 4)) << "decodeShard, blocks of " << block;
+    m8::decodeShard(qv.data(), n, block, true, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), dv.data(), n * 4)) << "decodeShard, blocks of " << block;
+    const int64_t first = block + 7, count = 2 * block + 9;
+    m8::decodeRange(qv.data() + first, qv.data() + m8::scalesOffset(n) + 4 * (first / block), first,
+                    count, block, true, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), dv.data() + first, count * 4)) << "decodeRange";
     for (int64_t i : {300, 600})
       EXPECT_EQ(dm[i], 0.0f) << i;
     EXPECT_TRUE(std::isnan(dm[800]) && std::isnan(dv[800]) && std::isnan(dm[1100]) &&
