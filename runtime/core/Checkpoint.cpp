@@ -1223,7 +1223,7 @@ void noteReencoded(const json &index, const std::set<std::string> &encoded,
   const StorageDtypes was = savedStorage(index);
   for (const std::string &kind : encoded)
     if (auto it = was.find(kind); it != was.end() && it->second.count("8bit"))
-      out.push_back(kind + " 8bit -> 8bit in other blocks (re-encoded)");
+      out.push_back(kind + " 8bit -> 8bit in other blocks or units (re-encoded)");
 }
 
 /// "2 rank(s) (mesh 1x2) at stage 3".

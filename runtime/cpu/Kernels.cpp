@@ -1123,9 +1123,10 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
                   AdamwStep<float>(lr, step, beta1, beta2, eps, wd),
                   AdamwStep<float>(lr, step, beta1, beta2, eps, 0.0)};
   const int64_t blocks = (n + block - 1) / block, at = moments8::scalesOffset(n);
+  // Isa::Avx2 on a CPU without it runs the baseline build (the same
+  // bytes), never an instruction the CPU lacks.
   void (*const run)(const Update8 &, int64_t) =
-      isa == Isa::Baseline || (isa == Isa::Best && !cpuHasAvx2()) ? update8bitBlockBaseline
-                                                                  : update8bitBlockAvx2;
+      isa == Isa::Baseline || !cpuHasAvx2() ? update8bitBlockBaseline : update8bitBlockAvx2;
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t j = 0; j < blocks; ++j)
     run(u, j);

@@ -229,7 +229,7 @@ void adamwUpdateBf16State(const float *p, const float *g, const uint16_t *m, con
 /// update reads the f32 moments) and encoded once. Elements [0, decayed)
 /// take weight decay wd, the rest none (weight-decay-params=matrices).
 /// Runs with AVX2 where the CPU has it (Isa::Best), every build storing the
-/// same bytes; tests pick each.
+/// same bytes; tests pick each (Isa::Avx2 without AVX2: the baseline).
 enum class Isa { Best, Baseline, Avx2 };
 bool cpuHasAvx2();
 void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,

@@ -259,8 +259,8 @@ def check_shards(bindir, tmp):
             ("f32 moments into 8-bit (blocks of 256)", path, f32ck, f32whole, BLOCK,
              ["exp_avg f32 -> 8bit", "exp_avg_sq f32 -> 8bit"]),
             ("8-bit blocks of 256 into blocks of 128", blk, ckpt, whole, 128,
-             ["exp_avg 8bit -> 8bit in other blocks (re-encoded)",
-              "exp_avg_sq 8bit -> 8bit in other blocks (re-encoded)"])):
+             ["exp_avg 8bit -> 8bit in other blocks or units (re-encoded)",
+              "exp_avg_sq 8bit -> 8bit in other blocks or units (re-encoded)"])):
         rows, summary = mp.run_rows(bindir, plan_path, 2, 6, LR + ["--resume", ck])
         got = [r["loss"] for r in rows]
         out = os.path.join(tmp, f"enc{block}")
