@@ -102,10 +102,11 @@ void mlir::fsdp::buildFsdpPipeline(OpPassManager &pm,
   // Mixed precision retypes the model before its backward pass is
   // derived. With the defaults (f32, f32) it is left out, so the pipeline
   // is exactly what it was before.
-  if (options.paramDtype != "f32" || options.reduceDtype != "f32" ||
-      !options.lossScale.empty() || options.stochasticRounding) {
+  if (options.paramDtype != "f32" || options.reduceDtype != "f32" || !options.lossScale.empty() ||
+      options.stochasticRounding || options.masterDtype != "f32") {
     FsdpMixedPrecisionOptions mp;
     mp.stochasticRounding = options.stochasticRounding;
+    mp.masterDtype = options.masterDtype;
     mp.paramDtype = options.paramDtype;
     mp.reduceDtype = options.reduceDtype;
     mp.lossScale = options.lossScale;

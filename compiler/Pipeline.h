@@ -84,6 +84,13 @@ struct FsdpPipelineOptions
                      "they are cast for compute, as llm.c; param-dtype=bf16 "
                      "only (default false: to nearest even)"),
       llvm::cl::init(false)};
+  Option<std::string> masterDtype{
+      *this, "master-dtype",
+      llvm::cl::desc("f32 | bf16: the trainable parameters' stored dtype "
+                     "(bf16: no f32 master copy; each update steps in f32 "
+                     "and rounds the parameters back to bf16, stochastically "
+                     "with stochastic-rounding=true); param-dtype=bf16 only"),
+      llvm::cl::init("f32")};
   Option<std::string> lossScale{
       *this, "loss-scale",
       llvm::cl::desc("dynamic | none: dynamic loss scaling as PyTorch's "

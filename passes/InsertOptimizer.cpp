@@ -277,7 +277,7 @@ void InsertOptimizerPass::runOnOperation() {
           ploc, TypeRange{t, st, st}, p, grad, mv, vv, lr, stepCount, skip,
           /*grad_scale=*/Value(), b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
           b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
-          stochastic ? b.getUnitAttr() : UnitAttr(),
+          stochastic ? b.getUnitAttr() : UnitAttr(), /*stochastic_param=*/UnitAttr(),
           stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr(),
           packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
@@ -292,13 +292,15 @@ void InsertOptimizerPass::runOnOperation() {
           /*grad_scale=*/Value(), b.getF64FloatAttr(momentum), b.getF64FloatAttr(dampening),
           b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           nesterov ? b.getUnitAttr() : UnitAttr(), stochastic ? b.getUnitAttr() : UnitAttr(),
+          /*stochastic_param=*/UnitAttr(),
           stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {
       Value np =
           b.create<SgdUpdateOp>(ploc, param.getType(), p, grad, lr, skip, /*grad_scale=*/Value(),
-                                b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
+                                b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
+                                /*stochastic_param=*/UnitAttr(), /*key=*/IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), np);
     }
     ++numUpdates;

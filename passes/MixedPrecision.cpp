@@ -160,6 +160,8 @@ void MixedPrecisionPass::recordPolicy(ModuleOp module, Type compute, Type reduce
       b.getNamedAttr("reduce_dtype", TypeAttr::get(reduce))};
   if (stochasticRounding)
     policy.push_back(b.getNamedAttr(kStochasticRoundingAttrName, b.getUnitAttr()));
+  if (masterDtype == "bf16")
+    policy.push_back(b.getNamedAttr(kMasterDtypeAttrName, TypeAttr::get(compute)));
   if (scaling == "dynamic")
     policy.push_back(b.getNamedAttr(
         kLossScaleAttrName,
@@ -297,6 +299,17 @@ void MixedPrecisionPass::runOnOperation() {
     mlir::emitError(module.getLoc())
         << "fsdp-mixed-precision: stochastic-rounding=true rounds the master "
            "parameters to bf16; it needs param-dtype=bf16";
+    return signalPassFailure();
+  }
+  if (masterDtype != "f32" && masterDtype != "bf16") {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: master-dtype='" << masterDtype << "': expected f32 or bf16";
+    return signalPassFailure();
+  }
+  if (masterDtype == "bf16" && !isa<BFloat16Type>(compute)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-mixed-precision: master-dtype=bf16 stores the trainable parameters in the "
+           "compute dtype; it needs param-dtype=bf16";
     return signalPassFailure();
   }
   Type f32 = Float32Type::get(ctx);

@@ -71,6 +71,9 @@ constexpr llvm::StringLiteral kLossScaleAttrName = "loss_scale";
 /// fsdp-shard to round trainable units' master parameters to bf16
 /// stochastically (fsdp.cast {stochastic, key}).
 constexpr llvm::StringLiteral kStochasticRoundingAttrName = "stochastic_rounding";
+/// The policy's stored dtype of trainable parameters when it is not f32
+/// (master-dtype=bf16: no f32 master copy).
+constexpr llvm::StringLiteral kMasterDtypeAttrName = "master_dtype";
 /// The dynamic-loss-scaling policy of `module`, or null.
 inline DictionaryAttr getLossScalePolicy(ModuleOp module) {
   auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName);

@@ -48,6 +48,19 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
     gathers of a step (stage 3's forward and backward) see one copy.
     Frozen units and the casts of activations round to nearest.
 
+    `master-dtype=bf16` (with `param-dtype=bf16`; the policy carries
+    `master_dtype`): no f32 master copy. fsdp-shard stores each trainable
+    unit in bf16, gathers it without a cast, and its update widens the
+    parameters, steps in f32 (with f32 gradients and the state dtype
+    fsdp-insert-optimizer chose) and rounds the new parameters to bf16
+    once: stochastically with `stochastic-rounding=true` (the update's
+    `stochastic_param`, the cast's draws: the pure-bf16 recipe of
+    torchao's bf16 stochastic-rounding optimizers), to nearest otherwise,
+    where an update below half a bf16 ulp is lost. Parameters then cost 2
+    bytes each instead of 4 (with 8-bit moments and bf16 gradients, 2 + 2
+    + 2 bytes a parameter instead of ZeRO's 2 + 2 + 12). LAMB (its trust
+    ratios read f32 parameters) is refused.
+
     `param-dtype=f32` (the pipeline's default) leaves the model as it is;
     with `reduce-dtype=bf16` only the gradient reduction changes.
 
@@ -97,7 +110,12 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
     Option<"stochasticRounding", "stochastic-rounding", "bool", /*default=*/"false",
            "round the master parameters to bf16 stochastically (unbiased) "
            "where they are cast for compute, as llm.c writes its bf16 "
-           "parameters; param-dtype=bf16 only">,
+           "parameters (with master-dtype=bf16: where the update writes "
+           "them); param-dtype=bf16 only">,
+    Option<"masterDtype", "master-dtype", "std::string", /*default=*/"\"f32\"",
+           "f32 | bf16: the trainable parameters' stored dtype (bf16: no "
+           "f32 master, the update steps in f32 and rounds the parameters "
+           "back to bf16; param-dtype=bf16 only)">,
     Option<"lossScale", "loss-scale", "std::string", /*default=*/"\"\"",
            "dynamic | none (default: dynamic with f16, none otherwise)">,
     Option<"lossScaleInit", "loss-scale-init", "double", /*default=*/"65536.0",

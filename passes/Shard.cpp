@@ -150,6 +150,8 @@ private:
   bool keepsForwardGather(const Reads &r);
   void shardNarrowUnits();
   void narrowFrozenStorage();
+  LogicalResult narrowTrainableStorage();
+  Type stepElem(UnitInfo &u);
   Value gather(UnitInfo &u, Operation *before, Type elem);
   Value regather(Value full, Operation *lastFwd, Operation *firstBwd);
   void chooseKeptGathers();
@@ -203,6 +205,8 @@ private:
   bool reducePerMicro = false;
   Type reduceElem;
   bool stochastic = false; // round trainable units' master casts stochastically
+  bool bf16Master = false; // master-dtype=bf16: trainable units stored in bf16
+  llvm::DenseSet<UnitInfo *> narrowedMaster; // the units it narrowed
   bool quantize = false;   // weight-quantization=int8 (ZeRO++'s qwZ)
   int64_t quantizedGathers = 0;
   bool quantizeGrads = false; // gradient-quantization=int8 (ZeRO++'s qgZ)
@@ -283,6 +287,8 @@ LogicalResult ShardRewrite::run() {
   collectReads();
   shardNarrowUnits();
   narrowFrozenStorage();
+  if (failed(narrowTrainableStorage()))
+    return failure();
   chooseKeptGathers();
   rewriteReads();
   // 3. Gradients packed per unit and reduced.
@@ -699,6 +705,15 @@ LogicalResult ShardRewrite::analyzeStep() {
     }
     reduceElem = r.getValue();
     stochastic = mp.get(kStochasticRoundingAttrName) != nullptr;
+    if (auto m = mp.getAs<TypeAttr>(kMasterDtypeAttrName)) {
+      if (!m.getValue().isBF16()) {
+        mlir::emitError(module.getLoc())
+            << "has an invalid " << kMixedPrecisionAttrName
+            << " attribute: " << kMasterDtypeAttrName << " = " << m.getValue() << ", expected bf16";
+        return failure();
+      }
+      bf16Master = true;
+    }
   }
   return success();
 }
@@ -873,6 +888,37 @@ void ShardRewrite::narrowFrozenStorage() {
     u->op.setTypeAttr(TypeAttr::get(withElem(fullTy(*u), elem)));
     u->op.setShardTypeAttr(TypeAttr::get(withElem(shardTy(*u), elem)));
   }
+}
+
+/// master-dtype=bf16 (fsdp-mixed-precision): every trainable f32 unit
+/// stores bf16, its compute dtype, with no f32 master copy. Its reads then
+/// gather the stored bf16 values without a cast, and its update widens
+/// them, steps in f32 (stepElem) and rounds the new parameters back
+/// (updateUnits).
+LogicalResult ShardRewrite::narrowTrainableStorage() {
+  if (!bf16Master)
+    return success();
+  if (*updName == OperationName(LambUpdateOp::getOperationName(), ctx)) {
+    mlir::emitError(module.getLoc())
+        << "fsdp-shard: master-dtype=bf16 with LAMB is not supported: its trust ratios "
+           "(fsdp.lamb_norms) read f32 parameters; use AdamW or SGD, or master-dtype=f32";
+    return failure();
+  }
+  Type bf16 = b.getBF16Type();
+  for (auto &[name, u] : units) {
+    if (u.frozen || !fullTy(u).getElementType().isF32())
+      continue;
+    u.op.setTypeAttr(TypeAttr::get(withElem(fullTy(u), bf16)));
+    u.op.setShardTypeAttr(TypeAttr::get(withElem(shardTy(u), bf16)));
+    narrowedMaster.insert(&u);
+  }
+  return success();
+}
+
+/// The dtype a unit's update steps in: f32 for a unit master-dtype=bf16
+/// stores in bf16, its own dtype otherwise.
+Type ShardRewrite::stepElem(UnitInfo &u) {
+  return narrowedMaster.contains(&u) ? Type(b.getF32Type()) : fullTy(u).getElementType();
 }
 
 /// The unit's parameters in dtype `elem` before `before`: its storage,
@@ -1198,7 +1244,7 @@ void ShardRewrite::eraseOptimizerSection() {
 /// right before the unit's update (before the norm, with clipping), so
 /// only one unit's f32 gradient shard exists at a time.
 void ShardRewrite::toMaster(UnitInfo &u, Value &g, Location loc) {
-  Type master = fullTy(u).getElementType();
+  Type master = stepElem(u);
   if (elemOf(g) != master)
     g = b.create<CastOp>(loc, withElem(g.getType(), master), g);
 }
@@ -1331,6 +1377,15 @@ void ShardRewrite::updateUnits(Location loc) {
       pr.operands[slot.first] = b.create<GetStateOp>(
           loc, pr.states[i].getTensorType(), FlatSymbolRefAttr::get(pr.states[i].getSymNameAttr()));
     pr.attrs.assign(updAttrs);
+    if (narrowedMaster.contains(u) && stochastic) {
+      // bf16 parameters written back stochastically, with the draws the
+      // stochastic cast of an f32 master makes (the unit's index, each
+      // element at its place in the unit).
+      pr.attrs.set("stochastic_param", b.getUnitAttr());
+      pr.attrs.set("key", b.getI64IntegerAttr(u->index));
+      if (eff != 0)
+        pr.attrs.set("shard_stride", b.getI64IntegerAttr(pTy.getNumElements()));
+    }
     if (pr.attrs.get("stochastic")) {
       // bf16 moments rounded stochastically: the unit's draws (its index,
       // as the stochastic parameter casts'), each element at its place in

@@ -93,6 +93,21 @@ static void printStateType(OpAsmPrinter &printer, Operation *, Type state, Type 
     printer << "state " << state; // the printer has put a space before the directive
 }
 
+/// An update's gradient type: the parameter's, unless `grad type` follows
+/// (the f32 gradient of bf16 parameters, master-dtype=bf16; the verifier
+/// checks it).
+static ParseResult parseGradType(OpAsmParser &parser, Type &grad, Type param) {
+  grad = param;
+  if (succeeded(parser.parseOptionalKeyword("grad")) && parser.parseType(grad))
+    return failure();
+  return success();
+}
+
+static void printGradType(OpAsmPrinter &printer, Operation *, Type grad, Type param) {
+  if (grad != param)
+    printer << "grad " << grad; // the printer has put a space before the directive
+}
+
 #define GET_OP_CLASSES
 #include "dialects/fsdp/FsdpOps.cpp.inc"
 
@@ -158,12 +173,18 @@ LogicalResult StateOp::verify() {
         return true;
     return false;
   };
+  // A bf16 unit (fsdp-mixed-precision's master-dtype=bf16) steps in f32:
+  // its state is that of an f32 unit.
   auto fits = [&](Type shadow) {
     auto s = cast<RankedTensorType>(shadow), t = getTensorType();
-    return s == t ||
-           (s.getShape() == t.getShape() && s.getElementType().isF32() &&
-            t.getElementType().isBF16()) ||
-           packs(s, t);
+    auto fitsOne = [&](RankedTensorType s) {
+      return s == t ||
+             (s.getShape() == t.getShape() && s.getElementType().isF32() &&
+              t.getElementType().isBF16()) ||
+             packs(s, t);
+    };
+    return fitsOne(s) ||
+           (s.getElementType().isBF16() && fitsOne(s.clone(Float32Type::get(getContext()))));
   };
   if (auto unit = dyn_cast_or_null<UnitOp>(sym)) {
     // Whole (DDP) or one shard (ZeRO-1/2/3) of the unit.
@@ -840,13 +861,42 @@ static LogicalResult verifyLamb(Operation *op, ArrayRef<int64_t> seg, Value para
 /// An update's state (`what`: "moments", "buffer") against its parameter:
 /// the same shape, the parameter's dtype or bf16 beside f32 parameters
 /// (state-dtype=bf16); `stochastic` rounds into bf16 and needs a key.
+/// The dtype an update computes in: the parameter's, or f32 for bf16
+/// parameters with an f32 gradient (master-dtype=bf16: widened, updated in
+/// f32, rounded back once). Checks the gradient against the parameter, and
+/// `stochastic_param` (the parameters' rounding) against both.
+static FailureOr<Type> verifyUpdateDtype(Operation *op, Value param, Value grad,
+                                         bool stochasticParam, std::optional<int64_t> key) {
+  RankedTensorType p = rt(param), g = rt(grad);
+  if (p.getShape() != g.getShape())
+    return op->emitOpError() << "gradient " << typeStr(g) << " must have the parameter's shape "
+                             << typeStr(p);
+  Type pe = p.getElementType(), ge = g.getElementType();
+  const bool widened = pe.isBF16() && ge.isF32();
+  if (ge != pe && !widened)
+    return op->emitOpError() << "gradient of " << typeStr(ge) << " for parameters of "
+                             << typeStr(pe)
+                             << ": expected the parameter's dtype, or f32 for bf16 parameters";
+  if (stochasticParam && !widened)
+    return op->emitOpError() << "stochastic_param rounds the f32 step's parameters to bf16: "
+                                "expected bf16 parameters with an f32 gradient, found "
+                             << typeStr(pe) << " parameters with a " << typeStr(ge) << " gradient";
+  if (stochasticParam && !key)
+    return op->emitOpError() << "stochastic_param needs a key (its draws' stream)";
+  if (key && *key < 0)
+    return op->emitOpError() << "key must be >= 0, found " << *key;
+  return widened ? ge : pe;
+}
+
 static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, StringRef what,
-                                      bool stochastic, std::optional<int64_t> key) {
+                                      bool stochastic, std::optional<int64_t> key, Type work = {}) {
   RankedTensorType p = rt(param), m = rt(state);
   if (p.getShape() != m.getShape())
     return op->emitOpError() << what << " " << typeStr(m) << " must have the parameter's shape "
                              << typeStr(p);
-  Type pe = p.getElementType(), me = m.getElementType();
+  // pe: the dtype the step computes in (the parameter's, or f32 for bf16
+  // parameters updated in f32)
+  Type pe = work ? work : p.getElementType(), me = m.getElementType();
   if (me != pe && !(pe.isF32() && me.isBF16()))
     return op->emitOpError() << what << " of " << typeStr(me) << " for parameters of "
                              << typeStr(pe)
@@ -865,7 +915,7 @@ static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, S
 /// AdamW's 8-bit moments (`state_block`, state-dtype=8bit): f32
 /// parameters, a block that is a power of two in [32, 4096], and each
 /// moment a packed i8 vector of the parameter's codes and block scales.
-static LogicalResult verifyState8bit(AdamwUpdateOp op) {
+static LogicalResult verifyState8bit(AdamwUpdateOp op, Type work) {
   RankedTensorType p = rt(op.getParam()), m = rt(op.getExpAvg());
   std::optional<int64_t> block = op.getStateBlock();
   if (!block)
@@ -873,8 +923,8 @@ static LogicalResult verifyState8bit(AdamwUpdateOp op) {
   if (*block < 32 || *block > 4096 || (*block & (*block - 1)))
     return op.emitOpError() << "state_block must be a power of two in [32, 4096], found "
                             << *block;
-  if (!p.getElementType().isF32() || !m.getElementType().isInteger(8))
-    return op.emitOpError() << "state_block keeps the moments of f32 parameters in i8, found "
+  if (!work.isF32() || !m.getElementType().isInteger(8))
+    return op.emitOpError() << "state_block keeps the moments of an f32 step in i8, found "
                             << typeStr(m.getElementType()) << " moments of "
                             << typeStr(p.getElementType()) << " parameters";
   int64_t want = ::fsdp::shapes::quantizedBytes(p.getNumElements(), *block);
@@ -889,13 +939,27 @@ static LogicalResult verifyState8bit(AdamwUpdateOp op) {
 }
 
 LogicalResult AdamwUpdateOp::verify() {
+  FailureOr<Type> work =
+      verifyUpdateDtype(*this, getParam(), getGrad(), getStochasticParam(), getKey());
+  if (failed(work))
+    return failure();
   if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
-    return verifyState8bit(*this);
-  return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey());
+    return verifyState8bit(*this, *work);
+  return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey(),
+                          *work);
 }
 
 LogicalResult SgdMomentumUpdateOp::verify() {
-  return verifyStateDtype(*this, getParam(), getBuffer(), "buffer", getStochastic(), getKey());
+  FailureOr<Type> work =
+      verifyUpdateDtype(*this, getParam(), getGrad(), getStochasticParam(), getKey());
+  if (failed(work))
+    return failure();
+  return verifyStateDtype(*this, getParam(), getBuffer(), "buffer", getStochastic(), getKey(),
+                          *work);
+}
+
+LogicalResult SgdUpdateOp::verify() {
+  return verifyUpdateDtype(*this, getParam(), getGrad(), getStochasticParam(), getKey());
 }
 
 LogicalResult LambNormsOp::verify() {

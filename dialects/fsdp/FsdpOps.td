@@ -1230,7 +1230,7 @@ def Fsdp_BceWithLogitsGradOp : Fsdp_PairLossGradOp<"bce_with_logits_grad",
 //===----------------------------------------------------------------------===//
 
 def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
-    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "new_param"]>]> {
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "new_param"]>]> {
   let summary = "one plain SGD step: p' = p - lr * (g + weight_decay * p)";
   let description = [{
     Elementwise, so it applies unchanged to a shard of the parameter.
@@ -1254,8 +1254,18 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
     shard_index * `shard_stride` + i (`shard_stride` 0: the operand is the
     whole unit). Still elementwise.
 
+    Parameters stored in bf16 with an f32 gradient (fsdp-mixed-precision's
+    `master-dtype=bf16`: no f32 master copy) are widened, the step runs in
+    f32 as above, and the new parameters are rounded to bf16 once: to
+    nearest even, or with `stochastic_param` and `key` stochastically with
+    the draws of the stochastic parameter cast (StochasticRounding.h's
+    stochasticRoundingKey(seed, step, `key`), each element at its place in
+    the unit by `shard_stride`), so an update smaller than half a bf16 ulp
+    still moves the parameter in expectation.
+
     ```mlir
     %p2 = fsdp.sgd_update %p, %g, %lr {weight_decay = 0.0 : f64} : tensor<64xf32>
+    %p3 = fsdp.sgd_update %pb, %g, %lr {key = 0 : i64, stochastic_param} : tensor<64xbf16> grad tensor<64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1264,15 +1274,18 @@ def Fsdp_SgdUpdateOp : Fsdp_Op<"sgd_update",
                        Optional<Fsdp_Scalar>:$grad_scale,
                        DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
-                       OptionalAttr<I64Attr>:$shard_stride);
+                       OptionalAttr<I64Attr>:$shard_stride,
+                       UnitAttr:$stochastic_param,
+                       OptionalAttr<I64Attr>:$key);
   let results = (outs Fsdp_FloatTensor:$new_param);
   let assemblyFormat = [{
-    $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param)
+    $param `,` $grad `,` $lr (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<GradType>(type($grad), ref(type($param)))
   }];
+  let hasVerifier = 1;
 }
 
 def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
-    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "grad", "new_param"]>,
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["param", "new_param"]>,
      AllTypesMatch<["buffer", "new_buffer"]>]> {
   let summary = "one SGD step with momentum (PyTorch semantics)";
   let description = [{
@@ -1306,6 +1319,15 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     nearest even or, with `stochastic` and `key`, stochastically with
     adamw_update's draws (16 bits of an element's mix).
 
+    Parameters stored in bf16 with an f32 gradient (fsdp-mixed-precision's
+    `master-dtype=bf16`: no f32 master copy) are widened, the step runs in
+    f32 as above, and the new parameters are rounded to bf16 once: to
+    nearest even, or with `stochastic_param` and `key` stochastically with
+    the draws of the stochastic parameter cast (StochasticRounding.h's
+    stochasticRoundingKey(seed, step, `key`), each element at its place in
+    the unit by `shard_stride`), so an update smaller than half a bf16 ulp
+    still moves the parameter in expectation.
+
     ```mlir
     %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
     %p3, %b3 = fsdp.sgd_momentum_update %p, %g, %bb, %lr, %step {key = 0 : i64, momentum = 9.0e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
@@ -1323,16 +1345,17 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        OptionalAttr<I64Attr>:$shard_stride,
                        UnitAttr:$nesterov,
                        UnitAttr:$stochastic,
+                       UnitAttr:$stochastic_param,
                        OptionalAttr<I64Attr>:$key);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
   let assemblyFormat = [{
-    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($buffer), ref(type($param)))
+    $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<GradType>(type($grad), ref(type($param))) custom<StateType>(type($buffer), ref(type($param)))
   }];
   let hasVerifier = 1;
 }
 
 def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments,
-    AllTypesMatch<["param", "grad", "new_param"]>,
+    AllTypesMatch<["param", "new_param"]>,
     AllTypesMatch<["exp_avg", "exp_avg_sq", "new_exp_avg", "new_exp_avg_sq"]>]> {
   let summary = "one AdamW step (decoupled weight decay, bias correction)";
   let description = [{
@@ -1385,10 +1408,23 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     unit's when each shard is a whole number of blocks (fsdp-shard pads
     the unit so). B is a power of two in [32, 4096].
 
+    Parameters stored in bf16 with an f32 gradient (fsdp-mixed-precision's
+    `master-dtype=bf16`: no f32 master copy) are widened, the step runs in
+    f32 as above, and the new parameters are rounded to bf16 once: to
+    nearest even, or with `stochastic_param` and `key` stochastically with
+    the draws of the stochastic parameter cast (StochasticRounding.h's
+    stochasticRoundingKey(seed, step, `key`), each element at its place in
+    the unit by `shard_stride`), so an update smaller than half a bf16 ulp
+    still moves the parameter in expectation.
+    The moments are then those of the f32 step: f32, bf16 or 8-bit as
+    above. Their draws (the state stream) and the parameters' (the
+    parameter stream) never meet.
+
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
     %p3, %m3, %v3 = fsdp.adamw_update %p, %g, %mb, %vb, %lr, %step {key = 0 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
     %p4, %m4, %v4 = fsdp.adamw_update %p, %g, %mq, %vq, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+    %p5, %m5, %v5 = fsdp.adamw_update %pb, %g, %m, %v, %lr, %step {key = 0 : i64, stochastic_param} : tensor<64xbf16> grad tensor<64xf32> state tensor<64xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
@@ -1403,12 +1439,13 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
                        OptionalAttr<I64Attr>:$decay_numel,
                        OptionalAttr<I64Attr>:$shard_stride,
                        UnitAttr:$stochastic,
+                       UnitAttr:$stochastic_param,
                        OptionalAttr<I64Attr>:$key,
                        OptionalAttr<I64Attr>:$state_block);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_StateTensor:$new_exp_avg,
                       Fsdp_StateTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
-    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($exp_avg), ref(type($param)))
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<GradType>(type($grad), ref(type($param))) custom<StateType>(type($exp_avg), ref(type($param)))
   }];
   let hasVerifier = 1;
 }

@@ -58,7 +58,10 @@ double nowUs() {
 }
 
 // [Note: parameter storage dtypes]
-// Trainable units store f32 (the master copy the update writes). A frozen
+// Trainable units store f32 (the master copy the update writes), or bf16
+// with fsdp-mixed-precision's master-dtype=bf16 (no f32 master: the update
+// widens them, steps in f32 and rounds them back itself, stochastically
+// with stochastic-rounding=true). A frozen
 // unit may store its compute dtype (fsdp-shard frozen-storage=compute):
 // bf16 or f16, each element the f32 value rounded to nearest even, as the
 // cast before each use would have rounded it. Initialization, --init-from

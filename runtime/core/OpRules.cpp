@@ -50,6 +50,9 @@ bool packedMoments(const Op &op) {
 /// f32 sums: `writes` false): p, g, lr, step and the new p in f32; the
 /// `states` state operands (from operand 2) and the new states all f32,
 /// or all bf16. `stochastic` rounds into bf16 and needs its draws' key.
+/// With bf16 parameters (updatesBf16Params: master-dtype=bf16) p and the
+/// new p are bf16, the rest as said; `stochastic_param` rounds the new p
+/// stochastically and needs the key too.
 Status updateStateDtype(const Op &op, int states, bool writes = true) {
   const int results = writes ? 1 + states : 1;
   if ((int)op.inst.in.size() < 2 + states || (int)op.inst.out.size() != results)
@@ -66,18 +69,27 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
                                          : ": state_block is for i8 moments, found ",
                       packed ? "" : dtypeName(state));
   auto isState = [&](int i) { return i >= 2 && i < 2 + states; };
+  const DType param = updatesBf16Params(op.plan, op.inst) ? DType::BF16 : DType::F32;
   for (int i = 0; i < (int)op.inst.in.size(); ++i) {
-    DType want = isState(i) ? state : DType::F32;
+    DType want = isState(i) ? state : i == 0 ? param : DType::F32;
     if (op.in(i).dtype != want)
       return FSDP_ERROR(op.inst.op, ": operand ", i, " is ", dtypeName(op.in(i).dtype),
                         ", expected ", dtypeName(want),
                         isState(i) && states > 1 ? " (both moments in one dtype)" : "");
   }
   for (int i = 0; i < results; ++i) {
-    DType want = i == 0 ? DType::F32 : state;
+    DType want = i == 0 ? param : state;
     if (op.out(i).dtype != want)
       return FSDP_ERROR(op.inst.op, ": result ", i, " is ", dtypeName(op.out(i).dtype),
                         ", expected ", dtypeName(want));
+  }
+  if (op.b("stochastic_param")) {
+    if (param != DType::BF16)
+      return FSDP_ERROR(op.inst.op, ": stochastic_param rounds the parameters to bf16, but "
+                                    "they are f32");
+    if (!(op.i("key", -1) >= 0))
+      return FSDP_ERROR(op.inst.op,
+                        ": stochastic_param needs an integer key >= 0 (its draws' stream)");
   }
   if (op.b("stochastic")) {
     if (!writes)
@@ -202,7 +214,20 @@ static std::vector<std::pair<size_t, size_t>> accumulatorsOf(const Plan &plan,
   return pairs;
 }
 
+bool updatesBf16Params(const Plan &plan, const Instruction &inst) {
+  if (inst.op != "sgd_update" && inst.op != "sgd_momentum_update" && inst.op != "adamw_update")
+    return false;
+  auto dtypeOf = [&](const std::vector<int64_t> &ids, size_t i) {
+    return i < ids.size() && ids[i] >= 0 && ids[i] < (int64_t)plan.buffers.size()
+               ? plan.buffers[ids[i]].dtype
+               : DType::I8; // none
+  };
+  return dtypeOf(inst.in, 0) == DType::BF16 && dtypeOf(inst.in, 1) == DType::F32;
+}
+
 bool needsWidening(const Plan &plan, const Instruction &inst) {
+  if (updatesBf16Params(plan, inst))
+    return false; // widens its bf16 parameters itself (master-dtype=bf16)
   if (inst.op == "cast" || inst.op == "to_host" || inst.op == "to_device" ||
       inst.op == "quantize" || inst.op == "dequantize")
     return false; // converts or copies bytes itself
@@ -816,8 +841,9 @@ const std::unordered_map<std::string, Check> &checks() {
         // adamw_update / sgd_momentum_update with bf16 state
         // (state-dtype=bf16) comes here unwidened (needsWidening): the
         // states and new states bf16, the rest f32.
-        FSDP_RETURN_IF_ERROR(hasNarrowableState(op.inst.op) ? updateStateDtype(op, states)
-                                                            : expectAllF32(op));
+        FSDP_RETURN_IF_ERROR(hasNarrowableState(op.inst.op) || updatesBf16Params(op.plan, op.inst)
+                                 ? updateStateDtype(op, states)
+                                 : expectAllF32(op));
         int64_t n = op.in(0).numel();
         // (8-bit moments are packed: their sizes checked by updateStateDtype)
         const bool packed = packedMoments(op);
@@ -835,7 +861,8 @@ const std::unordered_map<std::string, Check> &checks() {
           // weight-decay-params=matrices (decayedCount): both or neither,
           // except that a stochastic update places its draws by
           // shard_stride alone.
-          const bool strideAlone = op.b("stochastic") && !op.has("decay_numel");
+          const bool strideAlone =
+              (op.b("stochastic") || op.b("stochastic_param")) && !op.has("decay_numel");
           int64_t d = op.i("decay_numel", strideAlone ? 0 : -1), stride = op.i("shard_stride", -1);
           if (!(d >= 0 && d <= (int64_t(1) << 48)))
             return FSDP_ERROR(op.inst.op, ": decay_numel must be an integer in [0, 2^48]");

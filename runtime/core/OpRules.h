@@ -211,6 +211,11 @@ inline void around(const Shape &s, int64_t dim, int64_t &outer, int64_t &inner) 
 inline bool isNarrowFloat(DType t) { return t == DType::BF16 || t == DType::F16; }
 /// A compute instruction with a bf16 / f16 operand (cast excepted).
 bool needsWidening(const Plan &plan, const Instruction &inst);
+/// An sgd_update, sgd_momentum_update or adamw_update of bf16 parameters
+/// with an f32 gradient (fsdp-mixed-precision's master-dtype=bf16): it
+/// widens them, steps in f32 and rounds the new parameters back itself
+/// (never widened as a whole: needsWidening is false for it).
+bool updatesBf16Params(const Plan &plan, const Instruction &inst);
 
 /// The instruction over f32 copies of its operands, laid out from 0 in a
 /// scratch buffer of `bytes`; slot i holds the original buffer ids[i].

@@ -386,13 +386,15 @@ Status validateUnits(const Plan &plan) {
       if (!validId(plan, u.buffer))
         return FSDP_ERROR("plan: unit ", u.name, " has an invalid buffer");
       int64_t want = u.sharded ? u.shardNumel : u.paddedNumel;
-      // Trainable storage is the f32 master the update writes; a frozen
-      // unit may store a 16-bit float ([Note: parameter storage dtypes]).
+      // Trainable storage is the f32 master the update writes, or bf16
+      // (master-dtype=bf16: no f32 master); a frozen unit may store a
+      // 16-bit float ([Note: parameter storage dtypes]).
       DType t = plan.buffers[u.buffer].dtype;
-      if (t != DType::F32 && !(u.frozen && (t == DType::BF16 || t == DType::F16)))
+      if (t != DType::F32 && t != DType::BF16 && !(u.frozen && t == DType::F16))
         return FSDP_ERROR("plan: unit ", u.name, " storage is ", dtypeName(t),
                           u.frozen ? "; a frozen unit stores f32, bf16 or f16"
-                                   : "; a trainable unit stores its f32 master copy");
+                                   : "; a trainable unit stores f32 (its master copy) or bf16 "
+                                     "(master-dtype=bf16)");
       if (plan.buffers[u.buffer].numel() != want)
         return FSDP_ERROR("plan: unit ", u.name, " storage holds ",
                           plan.buffers[u.buffer].numel(), " elements, expected ", want);

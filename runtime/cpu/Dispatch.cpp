@@ -610,12 +610,49 @@ const std::unordered_map<std::string, Exec> &table() {
       int at = rules::updateExtras(r.op).scale;
       return at < 0 ? 1.f : *r.in(at);
     };
-    m["sgd_update"] = [skipped, inTwoParts, gradScale](const Run &r) {
+    // The parameters of elements [at, at + count) as an update reads (p)
+    // and writes (np) them: `step(at, count, p, np)`. f32 parameters are
+    // the operands themselves (in place allowed). bf16 parameters with an
+    // f32 gradient (updatesBf16Params: master-dtype=bf16) are widened a
+    // piece at a time into an f32 buffer, the piece stepped in place there,
+    // and rounded back once: stochastically with the stochastic parameter
+    // cast's draws (stochastic_param: the unit's key, each element at its
+    // place in the unit), else to nearest even. A piece is a whole number
+    // of every 8-bit block (at most 4096), and big enough for the kernels'
+    // own threads.
+    auto params = [](const Run &r, int64_t at, int64_t count, auto &&step) {
+      if (!rules::updatesBf16Params(r.op.plan, r.op.inst)) {
+        step(at, count, r.in(0) + at, r.out(0) + at);
+        return;
+      }
+      constexpr int64_t kPiece = int64_t(1) << 16;
+      thread_local std::vector<float> work(kPiece);
+      const uint16_t *p = r.in<uint16_t>(0);
+      uint16_t *np = r.out<uint16_t>(0);
+      const bool stochastic = r.op.b("stochastic_param");
+      const uint64_t key = stochasticRoundingKey(r.dropout.seed, r.dropout.step, r.op.i("key", 0));
+      const uint64_t first = (uint64_t)(r.rank * r.op.i("shard_stride", 0));
+      for (int64_t a = at; a < at + count; a += kPiece) {
+        const int64_t len = std::min(kPiece, at + count - a);
+        float *w = work.data();
+        convert(reinterpret_cast<const uint8_t *>(p + a), DType::BF16,
+                reinterpret_cast<uint8_t *>(w), DType::F32, len);
+        step(a, len, w, w);
+        if (stochastic)
+          castBf16Stochastic(w, np + a, len, key, first + (uint64_t)a);
+        else
+          convert(reinterpret_cast<const uint8_t *>(w), DType::F32,
+                  reinterpret_cast<uint8_t *>(np + a), DType::BF16, len);
+      }
+    };
+    m["sgd_update"] = [skipped, inTwoParts, gradScale, params](const Run &r) {
       if (skipped(r, 1))
         return Status::ok();
       float gs = gradScale(r);
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
-        sgdUpdate<float>(r.in(0) + at, r.in(1) + at, r.out(0) + at, count, *r.in(2), wd, gs);
+        params(r, at, count, [&](int64_t a, int64_t len, const float *p, float *np) {
+          sgdUpdate<float>(p, r.in(1) + a, np, len, *r.in(2), wd, gs);
+        });
       });
       return Status::ok();
     };
@@ -630,30 +667,30 @@ const std::unordered_map<std::string, Exec> &table() {
       mr.first = (uint64_t)(r.rank * r.op.i("shard_stride", 0) + at);
       return mr;
     };
-    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale,
-                                stateRounding](const Run &r) {
+    m["sgd_momentum_update"] = [skipped, stepCount, inTwoParts, gradScale, stateRounding,
+                                params](const Run &r) {
       if (skipped(r, 2))
         return Status::ok();
       float gs = gradScale(r);
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
       const double mom = r.op.f("momentum", 0), damp = r.op.f("dampening", 0);
-      if (r.op.in(2).dtype == DType::BF16) {
-        inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
-          sgdMomentumUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,
-                                     r.out(0) + at, r.out<uint16_t>(1) + at, count, *r.in(3), step,
-                                     mom, damp, wd, r.op.b("nesterov"), gs, stateRounding(r, at));
-        });
-        return Status::ok();
-      }
+      const bool bf16State = r.op.in(2).dtype == DType::BF16;
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
-        sgdMomentumUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.out(0) + at,
-                                 r.out(1) + at, count, *r.in(3), step, mom, damp, wd,
-                                 r.op.b("nesterov"), gs);
+        params(r, at, count, [&](int64_t a, int64_t len, const float *p, float *np) {
+          if (bf16State)
+            sgdMomentumUpdateBf16State(p, r.in(1) + a, r.in<uint16_t>(2) + a, np,
+                                       r.out<uint16_t>(1) + a, len, *r.in(3), step, mom, damp, wd,
+                                       r.op.b("nesterov"), gs, stateRounding(r, a));
+          else
+            sgdMomentumUpdate<float>(p, r.in(1) + a, r.in(2) + a, np, r.out(1) + a, len, *r.in(3),
+                                     step, mom, damp, wd, r.op.b("nesterov"), gs);
+        });
       });
       return Status::ok();
     };
-    m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale, stateRounding](const Run &r) {
+    m["adamw_update"] = [skipped, stepCount, inTwoParts, gradScale, stateRounding,
+                         params](const Run &r) {
       if (skipped(r, 3))
         return Status::ok();
       float gs = gradScale(r);
@@ -661,28 +698,30 @@ const std::unordered_map<std::string, Exec> &table() {
       FSDP_RETURN_IF_ERROR(stepCount(r, 5, step));
       const double b1 = r.op.f("beta1", 0.9), b2 = r.op.f("beta2", 0.999),
                    eps = r.op.f("eps", 1e-8);
+      const int64_t n = r.op.in(0).numel();
       if (r.op.in(2).dtype == DType::I8) {
         // 8-bit moments (state-dtype=8bit): one call, since a block may
         // straddle the decayed prefix (weight-decay-params=matrices)
-        adamwUpdate8bitState(r.in(0), r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3), r.out(0),
-                             r.out<uint8_t>(1), r.out<uint8_t>(2), r.op.in(0).numel(),
-                             r.op.i("state_block", 256), *r.in(4), step, b1, b2, eps,
-                             r.op.f("weight_decay", 0.01), rules::decayedCount(r.op, r.rank), gs);
-        return Status::ok();
-      }
-      if (r.op.in(2).dtype == DType::BF16) {
-        inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
-          adamwUpdateBf16State(r.in(0) + at, r.in(1) + at, r.in<uint16_t>(2) + at,
-                               r.in<uint16_t>(3) + at, r.out(0) + at, r.out<uint16_t>(1) + at,
-                               r.out<uint16_t>(2) + at, count, *r.in(4), step, b1, b2, eps, wd, gs,
-                               stateRounding(r, at));
+        const int64_t block = r.op.i("state_block", 256), k = rules::decayedCount(r.op, r.rank);
+        const double wd = r.op.f("weight_decay", 0.01);
+        params(r, 0, n, [&](int64_t a, int64_t len, const float *p, float *np) {
+          adamwUpdate8bitStatePiece(p, np, a, len, r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3),
+                                    r.out<uint8_t>(1), r.out<uint8_t>(2), n, block, *r.in(4), step,
+                                    b1, b2, eps, wd, k, gs);
         });
         return Status::ok();
       }
+      const bool bf16State = r.op.in(2).dtype == DType::BF16;
       inTwoParts(r, r.op.f("weight_decay", 0.01), [&](int64_t at, int64_t count, double wd) {
-        adamwUpdate<float>(r.in(0) + at, r.in(1) + at, r.in(2) + at, r.in(3) + at, r.out(0) + at,
-                           r.out(1) + at, r.out(2) + at, count, *r.in(4), step, b1, b2, eps, wd,
-                           gs);
+        params(r, at, count, [&](int64_t a, int64_t len, const float *p, float *np) {
+          if (bf16State)
+            adamwUpdateBf16State(p, r.in(1) + a, r.in<uint16_t>(2) + a, r.in<uint16_t>(3) + a, np,
+                                 r.out<uint16_t>(1) + a, r.out<uint16_t>(2) + a, len, *r.in(4),
+                                 step, b1, b2, eps, wd, gs, stateRounding(r, a));
+          else
+            adamwUpdate<float>(p, r.in(1) + a, r.in(2) + a, r.in(3) + a, np, r.out(1) + a,
+                               r.out(2) + a, len, *r.in(4), step, b1, b2, eps, wd, gs);
+        });
       });
       return Status::ok();
     };

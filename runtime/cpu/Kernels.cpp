@@ -1043,11 +1043,11 @@ namespace {
 
 /// adamwUpdate8bitState's operands and step, for one block at a time.
 struct Update8 {
-  const float *p, *g;
+  const float *p, *g; ///< p (and np) from element pFrom of the operand
   const uint8_t *m, *v;
   float *np;
   uint8_t *nm, *nv;
-  int64_t n, block, decayed;
+  int64_t n, block, decayed, pFrom;
   float gradScale;
   AdamwStep<float> decay, plain;
 };
@@ -1070,8 +1070,8 @@ struct Update8 {
   std::memcpy(&scaleV, u.v + at + 4 * j, 4);
   float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
   const uint8_t *mj = u.m + o, *vj = u.v + o;
-  const float *pj = u.p + o, *gj = u.g + o;
-  float *npj = u.np + o;
+  const float *pj = u.p + (o - u.pFrom), *gj = u.g + o;
+  float *npj = u.np + (o - u.pFrom);
   const m8::DecodeTables &table = m8::decodeTables();
   for (int64_t i = 0; i < len; ++i) {
     mf[i] = table.m[mj[i]] * scaleM;
@@ -1105,10 +1105,14 @@ __attribute__((target("avx2"))) void update8bitBlockAvx2(const Update8 &u, int64
 
 bool cpuHasAvx2() { return __builtin_cpu_supports("avx2"); }
 
-void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
-                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
-                          int64_t step, double beta1, double beta2, double eps, double wd,
-                          int64_t decayed, float gradScale, Isa isa) {
+namespace {
+
+/// Blocks [from / block, (from + count) / block rounded up) of an 8-bit
+/// update, the parameters p / np holding elements [from, from + count).
+void update8bitBlocks(const float *p, const float *g, const uint8_t *m, const uint8_t *v, float *np,
+                      uint8_t *nm, uint8_t *nv, int64_t from, int64_t count, int64_t n,
+                      int64_t block, double lr, int64_t step, double beta1, double beta2,
+                      double eps, double wd, int64_t decayed, float gradScale, Isa isa) {
   const Update8 u{p,
                   g,
                   m,
@@ -1119,20 +1123,41 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
                   n,
                   block,
                   decayed,
+                  from,
                   gradScale,
                   AdamwStep<float>(lr, step, beta1, beta2, eps, wd),
                   AdamwStep<float>(lr, step, beta1, beta2, eps, 0.0)};
-  const int64_t blocks = (n + block - 1) / block, at = moments8::scalesOffset(n);
+  const int64_t first = from / block, last = (from + count + block - 1) / block;
   // Isa::Avx2 on a CPU without it runs the baseline build (the same
   // bytes), never an instruction the CPU lacks.
   void (*const run)(const Update8 &, int64_t) =
       isa == Isa::Baseline || !cpuHasAvx2() ? update8bitBlockBaseline : update8bitBlockAvx2;
-#pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t j = 0; j < blocks; ++j)
+#pragma omp parallel for if (count > kParallelGrain)
+  for (int64_t j = first; j < last; ++j)
     run(u, j);
   // the codes' padding to 4 bytes stays zero
-  for (int64_t i = n; i < at; ++i)
-    nm[i] = nv[i] = 0;
+  if (from + count == n)
+    for (int64_t i = n; i < moments8::scalesOffset(n); ++i)
+      nm[i] = nv[i] = 0;
+}
+
+} // namespace
+
+void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
+                          int64_t step, double beta1, double beta2, double eps, double wd,
+                          int64_t decayed, float gradScale, Isa isa) {
+  update8bitBlocks(p, g, m, v, np, nm, nv, 0, n, n, block, lr, step, beta1, beta2, eps, wd, decayed,
+                   gradScale, isa);
+}
+
+void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
+                               const float *g, const uint8_t *m, const uint8_t *v, uint8_t *nm,
+                               uint8_t *nv, int64_t n, int64_t block, double lr, int64_t step,
+                               double beta1, double beta2, double eps, double wd, int64_t decayed,
+                               float gradScale) {
+  update8bitBlocks(pf, g, m, v, npf, nm, nv, from, count, n, block, lr, step, beta1, beta2, eps, wd,
+                   decayed, gradScale, Isa::Best);
 }
 
 namespace {

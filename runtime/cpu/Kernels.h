@@ -236,6 +236,16 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
                           float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
                           int64_t step, double beta1, double beta2, double eps, double wd,
                           int64_t decayed, float gradScale, Isa isa = Isa::Best);
+/// adamwUpdate8bitState over elements [from, from + count) of the operand
+/// only (from a multiple of block; count one too unless it ends the
+/// operand), its parameters read from pf and written to npf (may be pf),
+/// f32 pieces of count elements: master-dtype=bf16 widens its bf16
+/// parameters a piece at a time. g, m, v, nm, nv are the whole operand's.
+void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
+                               const float *g, const uint8_t *m, const uint8_t *v, uint8_t *nm,
+                               uint8_t *nv, int64_t n, int64_t block, double lr, int64_t step,
+                               double beta1, double beta2, double eps, double wd, int64_t decayed,
+                               float gradScale);
 
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust
