@@ -173,22 +173,23 @@ LogicalResult StateOp::verify() {
         return true;
     return false;
   };
-  // A bf16 unit (fsdp-mixed-precision's master-dtype=bf16) steps in f32:
-  // its state is that of an f32 unit.
   auto fits = [&](Type shadow) {
     auto s = cast<RankedTensorType>(shadow), t = getTensorType();
-    auto fitsOne = [&](RankedTensorType s) {
-      return s == t ||
-             (s.getShape() == t.getShape() && s.getElementType().isF32() &&
-              t.getElementType().isBF16()) ||
-             packs(s, t);
-    };
-    return fitsOne(s) ||
-           (s.getElementType().isBF16() && fitsOne(s.clone(Float32Type::get(getContext()))));
+    return s == t ||
+           (s.getShape() == t.getShape() && s.getElementType().isF32() &&
+            t.getElementType().isBF16()) ||
+           packs(s, t);
+  };
+  // A bf16 unit (fsdp-mixed-precision's master-dtype=bf16) steps in f32:
+  // its state is that of an f32 unit.
+  auto fitsUnit = [&](Type shadow) {
+    auto s = cast<RankedTensorType>(shadow);
+    return fits(s) ||
+           (s.getElementType().isBF16() && fits(s.clone(Float32Type::get(getContext()))));
   };
   if (auto unit = dyn_cast_or_null<UnitOp>(sym)) {
     // Whole (DDP) or one shard (ZeRO-1/2/3) of the unit.
-    if (!fits(unit.getType()) && !fits(unit.getShardType()))
+    if (!fitsUnit(unit.getType()) && !fitsUnit(unit.getShardType()))
       return emitOpError() << "expected the unit's type " << unit.getType()
                            << " or its shard type " << unit.getShardType()
                            << ", found " << getType();
@@ -932,9 +933,9 @@ static LogicalResult verifyState8bit(AdamwUpdateOp op, Type work) {
     return op.emitOpError() << "8-bit moments of " << p.getNumElements() << " elements in blocks of "
                             << *block << " are " << want << " bytes (tensor<" << want
                             << "xi8>), found " << typeStr(m);
-  if (op.getStochastic() || op.getKey())
+  if (op.getStochastic() || (op.getKey() && !op.getStochasticParam()))
     return op.emitOpError() << "8-bit moments are rounded to the nearest code: stochastic and "
-                               "key do not apply";
+                               "key (but for stochastic_param's bf16 parameters) do not apply";
   return success();
 }
 

@@ -2042,6 +2042,10 @@ CudaDevice::StateUpdate CudaDevice::stateUpdate(const Op &op, const Ptrs &r, int
 Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
+  if (rules::updatesBf16Params(op.plan, op.inst))
+    return FSDP_ERROR(n, ": bf16 trainable parameters (fsdp-mixed-precision master-dtype=bf16) "
+                         "are updated on the CPU device only so far; compile with "
+                         "master-dtype=f32 for --device cuda");
   double *sd = scratch.d;
   if (n == "sgd_update") {
     const float *p = r.in(0), *g = r.in(1), *lr = r.in(2);

@@ -401,8 +401,8 @@ PLAN_CASES = [
     ("an async collective's input not live through its wait", "sharded", setter(async_input_freed_at_issue), "until its wait #"),
     ("a host update's wait dropped", "offload", setter(lambda p: next(i for i in p["program"] if i["op"] == "wait" and i["in"][0] == first(p, "adamw_update")["out"][0]).update(op="copy")), "without a wait"),
     ("unit storage bf16", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(dtype="bf16")), "shape x dtype needs"),
-    ("unit storage bf16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
-        dtype="bf16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "a trainable unit stores its f32 master copy"),
+    ("trainable unit storage f16, sizes consistent", "sharded", setter(lambda p: p["buffers"][p["units"][0]["buffer"]].update(
+        dtype="f16", shape=[p["buffers"][p["units"][0]["buffer"]]["shape"][0] * 2])), "a trainable unit stores f32 (its master copy) or bf16"),
     # collectives move one float dtype (bf16 in mixed-precision plans)
     ("reduce_scatter f32 -> bf16", "sharded", setter(lambda p: (lambda b: b.update(dtype="bf16", shape=[b["shape"][0] * 2]))(
         p["buffers"][first(p, "reduce_scatter")["out"][0]])), "expected one float dtype in and out"),

@@ -8,12 +8,14 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/cpu/Kernels.h"
 #include "runtime/core/Dropout.h"
 #include "runtime/core/Moments8.h"
-#include "runtime/core/Plan.h"
 #include "runtime/core/OpRules.h"
+#include "runtime/core/Plan.h"
+#include "runtime/core/ShapeRules.h"
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/cpu/Dispatch.h"
-#include "runtime/cpu/Kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -1407,6 +1409,159 @@ TEST(DispatchTest, BadTokenIdIsAnErrorNotACrash) {
   EXPECT_NE(st.message().find("token id 9 at position 1 is outside the vocabulary"),
             std::string::npos)
       << st.message();
+}
+
+// master-dtype=bf16: an update of bf16 parameters with an f32 gradient
+// widens them, steps in f32 with the f32 kernel and rounds the new
+// parameters once, stochastically with the parameter cast's draws
+// (stochastic_param: key K, element at rank * shard_stride + i of its
+// unit) or to nearest. Rank 1 of a shard of 70,000 elements: two of the
+// dispatch's f32 pieces (65,536), the decayed prefix ending inside the
+// first; f32, bf16 and 8-bit moments. A tiny step (below half a bf16 ulp)
+// moves no parameter to nearest and some stochastically (a step of size
+// s moves one of ulp u with probability about s / u).
+TEST(DispatchTest, Bf16ParametersStepInF32AndRoundOnce) {
+  const int64_t n = 70000, decay = n + 1000; // rank 1 holds [n, 2n): 1000 decayed
+  const int64_t block = 256, q = ::fsdp::shapes::quantizedBytes(n, block);
+  // 0 p bf16, 1 g, 2 m, 3 v, 4 lr, 5 step, 6 new p bf16, 7 new m, 8 new v,
+  // 9-10 8-bit m, v, 11-12 new 8-bit m, v, 13-14 bf16 m, v, 15-16 new ones
+  Plan plan =
+      planWith({{n}, {n}, {n}, {n}, {}, {}, {n}, {n}, {n}, {q}, {q}, {q}, {q}, {n}, {n}, {n}, {n}});
+  for (int id : {0, 6, 13, 14, 15, 16}) {
+    plan.buffers[id].dtype = DType::BF16;
+    plan.buffers[id].bytes = 2 * n;
+  }
+  for (int id : {9, 10, 11, 12}) {
+    plan.buffers[id].dtype = DType::I8;
+    plan.buffers[id].bytes = q;
+  }
+  HostArena a(std::move(plan));
+  auto p16 = [&](int id) { return reinterpret_cast<uint16_t *>(a.buf(id)); };
+  std::vector<float> pf(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p16(0)[i] = floatToBf16(std::sin(0.37f * (float)i) * 0.5f);
+    pf[i] = bf16ToFloat(p16(0)[i]);
+    a.buf(1)[i] = std::cos(0.11f * (float)i) * 1e-2f;
+    a.buf(2)[i] = std::sin(0.05f * (float)i) * 1e-3f;
+    a.buf(3)[i] = 1e-6f * (float)(i % 5 + 1);
+    p16(13)[i] = floatToBf16(a.buf(2)[i]);
+    p16(14)[i] = floatToBf16(a.buf(3)[i]);
+  }
+  moments8::encodeShard(a.buf(2), n, block, false, reinterpret_cast<uint8_t *>(a.buf(9)));
+  moments8::encodeShard(a.buf(3), n, block, true, reinterpret_cast<uint8_t *>(a.buf(10)));
+  *a.buf(5) = 4.f;
+  DropoutContext ctx;
+  ctx.seed = 1234;
+  ctx.step = 4;
+  const uint64_t key = stochasticRoundingKey(1234, 4, 7);
+  const double b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1;
+  nlohmann::json attrs = {{"beta1", b1},         {"beta2", b2}, {"eps", eps},
+                          {"weight_decay", wd},  {"key", 7},    {"shard_stride", n},
+                          {"decay_numel", decay}};
+  // The f32 step on the widened parameters, the decayed prefix and the
+  // rest, as the reference; `moments` runs the kernel of that state.
+  auto reference = [&](auto &&moments) {
+    std::vector<float> np(n);
+    moments(pf.data(), np.data(), 0, 1000, wd);
+    moments(pf.data() + 1000, np.data() + 1000, 1000, n - 1000, 0.0);
+    return np;
+  };
+  auto rounded = [&](const std::vector<float> &np, bool stochastic) {
+    std::vector<uint16_t> out(n);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] =
+          stochastic ? roundToBf16Stochastic(np[i], key, (uint64_t)(n + i)) : floatToBf16(np[i]);
+    return out;
+  };
+  auto newP = [&] { return std::vector<uint16_t>(p16(6), p16(6) + n); };
+  for (float lr : {1e-2f, 2e-5f}) {
+    *a.buf(4) = lr;
+    std::vector<float> wm(n), wv(n);
+    const std::vector<float> f32 =
+        reference([&](const float *p, float *np, int64_t at, int64_t len, double w) {
+          adamwUpdate<float>(p, a.buf(1) + at, a.buf(2) + at, a.buf(3) + at, np, wm.data() + at,
+                             wv.data() + at, len, lr, 4, b1, b2, eps, w);
+        });
+    for (bool stochastic : {true, false}) {
+      nlohmann::json at = attrs;
+      if (stochastic)
+        at["stochastic_param"] = true;
+      Instruction upd{"adamw_update", {0, 1, 2, 3, 4, 5}, {6, 7, 8}, at};
+      ASSERT_EQ(checkMessage(a.plan, upd), "");
+      ASSERT_TRUE(runInstruction(a.plan, upd, a.arena.data(), 1, ctx).isOk());
+      EXPECT_EQ(newP(), rounded(f32, stochastic))
+          << "f32 moments, lr " << lr << " stochastic " << stochastic;
+      EXPECT_EQ(std::memcmp(a.buf(7), wm.data(), 4 * n), 0);
+      EXPECT_EQ(std::memcmp(a.buf(8), wv.data(), 4 * n), 0);
+      // (|p| >= 1/16: half an ulp >= 2^-13, far above a step of about lr)
+      int64_t moved = 0;
+      for (int64_t i = 0; i < n; ++i)
+        moved += std::fabs(pf[i]) >= 0.0625f && p16(6)[i] != p16(0)[i];
+      if (lr < 1e-4f)
+        EXPECT_TRUE(stochastic ? moved > 100 : moved == 0)
+            << moved << " parameters moved by a step below half an ulp, stochastic " << stochastic;
+    }
+  }
+  // 8-bit and bf16 moments: the same composition with their kernels.
+  *a.buf(4) = 1e-2f;
+  attrs["stochastic_param"] = true;
+  {
+    std::vector<uint8_t> wm(q), wv(q);
+    std::vector<float> np(n);
+    adamwUpdate8bitState(pf.data(), a.buf(1), reinterpret_cast<uint8_t *>(a.buf(9)),
+                         reinterpret_cast<uint8_t *>(a.buf(10)), np.data(), wm.data(), wv.data(), n,
+                         block, 1e-2f, 4, b1, b2, eps, wd, 1000, 1.f);
+    nlohmann::json at = attrs;
+    at["state_block"] = block;
+    Instruction upd{"adamw_update", {0, 1, 9, 10, 4, 5}, {6, 11, 12}, at};
+    ASSERT_EQ(checkMessage(a.plan, upd), "");
+    ASSERT_TRUE(runInstruction(a.plan, upd, a.arena.data(), 1, ctx).isOk());
+    EXPECT_EQ(newP(), rounded(np, true)) << "8-bit moments";
+    EXPECT_EQ(std::memcmp(a.buf(11), wm.data(), q), 0);
+    EXPECT_EQ(std::memcmp(a.buf(12), wv.data(), q), 0);
+  }
+  {
+    std::vector<uint16_t> wm(n), wv(n);
+    MomentRounding nearest;
+    const std::vector<float> f32 =
+        reference([&](const float *p, float *np, int64_t at, int64_t len, double w) {
+          adamwUpdateBf16State(p, a.buf(1) + at, p16(13) + at, p16(14) + at, np, wm.data() + at,
+                               wv.data() + at, len, 1e-2f, 4, b1, b2, eps, w, 1.f, nearest);
+        });
+    Instruction upd{"adamw_update", {0, 1, 13, 14, 4, 5}, {6, 15, 16}, attrs};
+    ASSERT_EQ(checkMessage(a.plan, upd), "");
+    ASSERT_TRUE(runInstruction(a.plan, upd, a.arena.data(), 1, ctx).isOk());
+    EXPECT_EQ(newP(), rounded(f32, true)) << "bf16 moments";
+    EXPECT_EQ(std::vector<uint16_t>(p16(15), p16(15) + n), wm);
+  }
+  // SGD (plain and momentum) the same way.
+  {
+    const std::vector<float> f32 =
+        reference([&](const float *p, float *np, int64_t at, int64_t len, double w) {
+          sgdUpdate<float>(p, a.buf(1) + at, np, len, 1e-2f, w);
+        });
+    nlohmann::json at = {{"weight_decay", wd},
+                         {"key", 7},
+                         {"shard_stride", n},
+                         {"decay_numel", decay},
+                         {"stochastic_param", true}};
+    Instruction upd{"sgd_update", {0, 1, 4}, {6}, at};
+    ASSERT_EQ(checkMessage(a.plan, upd), "");
+    ASSERT_TRUE(runInstruction(a.plan, upd, a.arena.data(), 1, ctx).isOk());
+    EXPECT_EQ(newP(), rounded(f32, true)) << "sgd";
+  }
+  // Refused: a stochastic_param update of f32 parameters, and one without
+  // its key.
+  Instruction f32p{"adamw_update", {1, 1, 2, 3, 4, 5}, {7, 7, 8}, attrs};
+  EXPECT_NE(checkMessage(a.plan, f32p).find("stochastic_param rounds the parameters to bf16"),
+            std::string::npos)
+      << checkMessage(a.plan, f32p);
+  nlohmann::json noKey = attrs;
+  noKey.erase("key");
+  Instruction keyless{"adamw_update", {0, 1, 2, 3, 4, 5}, {6, 7, 8}, noKey};
+  EXPECT_NE(checkMessage(a.plan, keyless).find("stochastic_param needs an integer key"),
+            std::string::npos)
+      << checkMessage(a.plan, keyless);
 }
 
 // lamb_norms / lamb_update through the dispatch: the attributes reach the

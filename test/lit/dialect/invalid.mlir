@@ -1152,7 +1152,7 @@ func.func @f(%p: tensor<64xf32>, %m: tensor<68xi8>, %s: tensor<f32>) {
 // -----
 
 func.func @f(%p: tensor<64xbf16>, %m: tensor<72xi8>, %s: tensor<f32>) {
-  // expected-error @+1 {{state_block keeps the moments of f32 parameters in i8, found 'i8' moments of 'bf16' parameters}}
+  // expected-error @+1 {{state_block keeps the moments of an f32 step in i8, found 'i8' moments of 'bf16' parameters}}
   %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_block = 32 : i64} : tensor<64xbf16> state tensor<72xi8>
   return
 }
@@ -1160,7 +1160,7 @@ func.func @f(%p: tensor<64xbf16>, %m: tensor<72xi8>, %s: tensor<f32>) {
 // -----
 
 func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
-  // expected-error @+1 {{8-bit moments are rounded to the nearest code: stochastic and key do not apply}}
+  // expected-error @+1 {{8-bit moments are rounded to the nearest code: stochastic and key (but for stochastic_param}}
   %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {key = 0 : i64, state_block = 32 : i64, stochastic} : tensor<64xf32> state tensor<72xi8>
   return
 }

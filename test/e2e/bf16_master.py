@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""bf16 trainable parameters without an f32 master (fsdp-mixed-precision
+master-dtype=bf16) end to end on CPU ranks.
+
+usage: bf16_master.py BIN_DIR shards            (a) layouts, resume, checkpoints, bytes
+       bf16_master.py BIN_DIR text TOKENS.bin   (b) 200 steps against f32 masters
+
+What it is: each trainable unit stores bf16, its compute dtype. The step
+gathers it as stored (no cast), and the unit's update widens it, steps in
+f32 (f32 gradients, the chosen state) and rounds the new parameters to bf16
+once: with stochastic-rounding=true stochastically, with the draws the
+stochastic cast of an f32 master makes (runtime/core/StochasticRounding.h:
+seed, step, unit, the element's index in the unit), else to nearest. The
+parameters cost 2 bytes instead of 4; an update below half a bf16 ulp moves
+a parameter with probability (update / ulp) instead of never.
+
+(a) The small GPT, global batch 4, AdamW, stochastic:
+    - two one-rank runs are bitwise equal;
+    - N=2 at stages 1, 2 and 3 (and stage 3 with the optimizer offloaded)
+      are bitwise N=2 at stage 0 for all 10 steps: a 2-rank sum is one
+      addition in every collective, so the gradients are the same bits,
+      and each rank's shard draws what stage 0's whole unit draws at those
+      positions. A shard drawing at another offset, or with another key,
+      moves the losses (the nearest-rounding run below shows by how much);
+    - rounding to nearest instead is a different run from step 2 on (step
+      1 computes with the initial parameters, the same in both);
+    - one rank and HSDP 2x2 within D u of N=2 (their gradient sums differ
+      in order, as in mixed_precision.py's argument);
+    - a 2-rank stage-3 run checkpointed at step 3 and resumed to 6 is
+      bitwise the uninterrupted run;
+    - checkpoints cross: a bf16-master checkpoint resumed by an f32-master
+      plan (widened exactly: its step 4 computes with the same bf16 values,
+      so its loss is bitwise the bf16-master run's step 4), and an
+      f32-master checkpoint resumed by a bf16-master plan (rounded to
+      nearest once), each naming the conversion;
+    - the plan stores the parameters in half the bytes of the f32 master's.
+(b) gpt_small on text tokens, 200 steps (mixed_precision.py's (b) setting):
+    f32; bf16 compute on f32 masters; bf16 masters rounded stochastically;
+    bf16 masters rounded to nearest. Every 50-step window mean of the
+    stochastic bf16-master run within D u of f32's (the bound bf16 compute
+    is held to), and it learns. The nearest-rounding run is measured and
+    printed, not bounded (it loses the updates below half an ulp; how much
+    that costs depends on the learning rate and the run length).
+"""
+import math
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import mixed_precision as mp  # noqa: E402
+import stochastic_rounding as sr  # noqa: E402
+
+U = 2.0 ** -8
+STEPS = 10
+SR = "param-dtype=bf16 master-dtype=bf16 stochastic-rounding=true"
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+def param_bytes(plan):
+    return sum(plan["buffers"][u["buffer"]]["bytes"] for u in plan["units"]
+               if u.get("buffer", -1) >= 0)
+
+
+def check_shards(bindir, tmp):
+    failures = 0
+
+    def verdict(ok):
+        nonlocal failures
+        failures += not ok
+        return "ok" if ok else "MISMATCH"
+
+    g4 = sr.gpt(4, os.path.join(tmp, "g4.mlir"))
+    g2 = sr.gpt(2, os.path.join(tmp, "g2.mlir"))
+    one_path = os.path.join(tmp, "one.plan")
+    one_plan = mp.compile_plan(bindir, g4, one_path, SR)
+    rtol = mp.rounding_depth(one_plan) * U
+    one, _ = mp.run(bindir, one_path, 1, STEPS)
+    again, _ = mp.run(bindir, one_path, 1, STEPS)
+    print(f"(a) gpt, bf16 masters rounded stochastically, {STEPS} steps: one rank "
+          f"{one[0]:.6f} .. {one[-1]:.6f}; D u = {rtol:.4f}")
+    print(f"  a second one-rank run is bitwise the first: {verdict(again == one)}")
+
+    def losses(n, model, extra, steps=STEPS, run_extra=()):
+        path = os.path.join(tmp, "x.plan")
+        mp.compile_plan(bindir, model, path, f"{SR} world-size={n} {extra}")
+        return mp.run(bindir, path, n, steps, list(run_extra))[0]
+
+    stage0 = losses(2, g2, "stage=0")
+    for extra in ("stage=1", "stage=2", "stage=3", "stage=3 offload=optimizer"):
+        got = losses(2, g2, extra)
+        print(f"  N=2 {extra:<26} bitwise N=2 stage 0 for {STEPS} steps: "
+              f"{verdict(got == stage0)}")
+    nearest_path = os.path.join(tmp, "rn.plan")
+    mp.compile_plan(bindir, g2, nearest_path,
+                    "param-dtype=bf16 master-dtype=bf16 world-size=2 stage=3")
+    nearest, _ = mp.run(bindir, nearest_path, 2, STEPS)
+    apart = max(rel(a, b) for a, b in zip(nearest[1:], stage0[1:]))
+    ok = nearest[0] == stage0[0] and apart > 1e-6
+    print(f"  rounding to nearest: step 1 the same bits, steps 2-{STEPS} apart by up to "
+          f"{apart:.1e} (> 1e-6): {verdict(ok)}")
+    for n, model, extra in ((1, g4, ""), (4, sr.gpt(1, os.path.join(tmp, "g1.mlir")),
+                                          "stage=3 mesh=2x2")):
+        got = losses(n, model, extra)
+        err = max(rel(a, b) for a, b in zip(got, stage0))
+        print(f"  N={n} {extra or 'one rank':<26} within D u of N=2: max rel diff {err:.2e} "
+              f"(<= {rtol:.4f}) {verdict(len(got) == STEPS and err <= rtol)}")
+
+    # Resume, and checkpoints across master dtypes.
+    ck_path = os.path.join(tmp, "ck.plan")
+    ck_plan = mp.compile_plan(bindir, g2, ck_path, f"{SR} world-size=2 stage=3")
+    ckpt = os.path.join(tmp, "ckpt")
+    mp.run(bindir, ck_path, 2, 3, ["--ckpt-dir", ckpt, "--save-every", "3"])
+    rows, summary = mp.run_rows(bindir, ck_path, 2, 6, ["--resume", ckpt])
+    resumed = [r["loss"] for r in rows]
+    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted "
+          f"run: {verdict(resumed == stage0[3:6])}")
+    f32_path = os.path.join(tmp, "f32m.plan")
+    f32_plan = mp.compile_plan(bindir, g2, f32_path,
+                               "param-dtype=bf16 stochastic-rounding=true world-size=2 stage=3")
+    rows, summary = mp.run_rows(bindir, f32_path, 2, 4, ["--resume", ckpt])
+    conv = summary.get("resumed", {}).get("converted")
+    ok = conv == ["parameters bf16 -> f32"] and rows[0]["loss"] == stage0[3]
+    print(f"  bf16-master checkpoint resumed by an f32-master plan: {conv}, step 4 loss "
+          f"bitwise the bf16-master run's: {verdict(ok)}")
+    ckpt32 = os.path.join(tmp, "ckpt32")
+    mp.run(bindir, f32_path, 2, 3, ["--ckpt-dir", ckpt32, "--save-every", "3"])
+    cont32, _ = mp.run(bindir, f32_path, 2, 6)
+    rows, summary = mp.run_rows(bindir, ck_path, 2, 6, ["--resume", ckpt32])
+    conv = summary.get("resumed", {}).get("converted")
+    err = max(rel(r["loss"], b) for r, b in zip(rows, cont32[3:6]))
+    ok = conv == ["parameters f32 -> bf16"] and len(rows) == 3 and err <= rtol
+    print(f"  f32-master checkpoint resumed by a bf16-master plan: {conv}, steps 4-6 within "
+          f"D u of the f32-master run (max rel diff {err:.1e}): {verdict(ok)}")
+    ours, theirs = param_bytes(ck_plan), param_bytes(f32_plan)
+    print(f"  parameter storage a rank: {ours} B, f32 masters {theirs} B: "
+          f"{verdict(2 * ours == theirs)}")
+    return failures
+
+
+def check_text(bindir, tmp, tokens):
+    failures = 0
+    model = os.path.join(HERE, "..", "..", "examples", "gpt_small.mlir")
+    args = ["--data", tokens, "--lr", "1e-3", "--schedule", "cosine", "--warmup", "10",
+            "--threads", "2"]
+    runs, depth = {}, None
+    for label, pipeline in (("f32", "param-dtype=f32"),
+                            ("f32 masters", "param-dtype=bf16 stochastic-rounding=true"),
+                            ("bf16 stochastic", SR),
+                            ("bf16 nearest", "param-dtype=bf16 master-dtype=bf16")):
+        path = os.path.join(tmp, "text.plan")
+        plan = mp.compile_plan(bindir, model, path, f"max-grad-norm=1.0 {pipeline}")
+        if label == "bf16 stochastic":
+            depth = mp.rounding_depth(plan)
+        rows, _ = mp.run_rows(bindir, path, 1, 200, args)
+        runs[label] = [r["loss"] for r in rows]
+    rtol = depth * U
+    print(f"(b) gpt_small on text, 200 steps: D = {depth}, tolerance D u = {rtol:.4f} on "
+          f"50-step window means")
+    f32 = mp.window_means(runs["f32"])
+    means = mp.window_means(runs["bf16 stochastic"])
+    for w, (a, b) in enumerate(zip(means, f32)):
+        ok = rel(a, b) <= rtol
+        failures += not ok
+        print(f"  steps {w * 50 + 1:>3}..{(w + 1) * 50:<3} mean loss f32 {b:.4f} bf16 masters "
+              f"stochastic {a:.4f} rel diff {rel(a, b):.4f}  {'ok' if ok else 'MISMATCH'}")
+    last = sum(runs["bf16 stochastic"][150:]) / 50
+    ok = last < 0.6 * math.log(256)
+    failures += not ok
+    print(f"  bf16 masters stochastic: last-window mean {last:.4f} < 0.6 ln 256: "
+          f"{'ok' if ok else 'MISMATCH'}")
+    dist = {k: sum(rel(a, b) for a, b in zip(mp.window_means(v), f32)) / 4
+            for k, v in runs.items() if k != "f32"}
+    final = {k: sum(v[190:]) / 10 for k, v in runs.items()}
+    print("  measured: mean rel distance of the window means from f32: "
+          + ", ".join(f"{k} {d:.5f}" for k, d in dist.items())
+          + "; steps 191-200 mean loss: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    return failures
+
+
+def main():
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    bindir, mode = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        if mode == "shards" and len(sys.argv) == 3:
+            failures = check_shards(bindir, tmp)
+        elif mode == "text" and len(sys.argv) == 4:
+            failures = check_text(bindir, tmp, sys.argv[3])
+        else:
+            raise SystemExit(__doc__)
+    print("bf16 master checks pass" if not failures else f"FAIL: {failures} check(s) differ")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
