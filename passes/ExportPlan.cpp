@@ -504,6 +504,9 @@ void ExportPlanPass::runOnOperation() {
   if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
     if (auto dtype = opt.getAs<StringAttr>("state_dtype"))
       features.push_back(("optimizer-state-" + dtype.getValue()).str()); // bf16, 8bit
+  if (auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName))
+    if (mp.get(kMasterDtypeAttrName))
+      features.push_back("master-bf16");
   if (!features.empty())
     root["requires"] = std::move(features);
   if (plan.hostArenaBytes > 0)

@@ -59,8 +59,11 @@ inline constexpr int kOldestPlanVersion = 1;
 ///      nearest: the reason for the list.
 ///   optimizer-state-8bit: AdamW's moments in 8-bit block codes
 ///      (optimizer-state-dtype=8bit, session 55; runtime/core/Moments8.h).
-inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16",
-                                                     "optimizer-state-8bit"};
+///   master-bf16: trainable units stored in bf16 with no f32 master
+///      (fsdp-mixed-precision master-dtype=bf16, session 57). Older
+///      runtimes refuse the bf16 storage anyway; the name says why.
+inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16", "optimizer-state-8bit",
+                                                     "master-bf16"};
 
 /// The swap file's I/O alignment (fsdp-offload's nvme, plan
 /// "swap_alignment"): every buffer in the swap file and every staging

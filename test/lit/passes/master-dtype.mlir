@@ -22,6 +22,10 @@ fsdp.param @g : tensor<8xf32> init("ones") unit "layers.0" frozen
 fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 
 // MODEL: module attributes {fsdp.mixed_precision = {master_dtype = bf16, param_dtype = bf16, reduce_dtype = f32, stochastic_rounding}}
+// The plan names what a runtime needs to run it.
+// RUN: fsdp-opt %s --fsdp-pipeline="world-size=2 stage=3 param-dtype=bf16 master-dtype=bf16 plan=%t.plan report=false" -o /dev/null && FileCheck %s --check-prefix=PLAN < %t.plan
+// PLAN: "requires": [
+// PLAN-NEXT: "master-bf16"
 
 // Z3: fsdp.unit @layers.0 : tensor<40xbf16> shard tensor<20xbf16>
 // Z3: fsdp.unit @layers.0.frozen : tensor<8xf32> shard tensor<4xf32>
