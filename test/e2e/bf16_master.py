@@ -17,7 +17,8 @@ a parameter with probability (update / ulp) instead of never.
 (a) The small GPT, global batch 4, AdamW, stochastic:
     - two one-rank runs are bitwise equal;
     - N=2 at stages 1, 2 and 3 (and stage 3 with the optimizer offloaded)
-      are bitwise N=2 at stage 0 for all 10 steps: a 2-rank sum is one
+      are bitwise N=2 at stage 0 for all 10 steps, and stages 1 and 3
+      with two micro-batches bitwise stage 0 with two: a 2-rank sum is one
       addition in every collective, so the gradients are the same bits,
       and each rank's shard draws what stage 0's whole unit draws at those
       positions. A shard drawing at another offset, or with another key,
@@ -95,6 +96,11 @@ def check_shards(bindir, tmp):
         got = losses(2, g2, extra)
         print(f"  N=2 {extra:<26} bitwise N=2 stage 0 for {STEPS} steps: "
               f"{verdict(got == stage0)}")
+    g1 = sr.gpt(1, os.path.join(tmp, "g1.mlir"))
+    accum0 = losses(2, g1, "stage=0 grad-accum=2")
+    for extra in ("stage=1 grad-accum=2", "stage=3 grad-accum=2"):
+        got = losses(2, g1, extra)
+        print(f"  N=2 {extra:<26} bitwise N=2 stage 0 grad-accum=2: {verdict(got == accum0)}")
     nearest_path = os.path.join(tmp, "rn.plan")
     mp.compile_plan(bindir, g2, nearest_path,
                     "param-dtype=bf16 master-dtype=bf16 world-size=2 stage=3")
@@ -103,8 +109,7 @@ def check_shards(bindir, tmp):
     ok = nearest[0] == stage0[0] and apart > 1e-6
     print(f"  rounding to nearest: step 1 the same bits, steps 2-{STEPS} apart by up to "
           f"{apart:.1e} (> 1e-6): {verdict(ok)}")
-    for n, model, extra in ((1, g4, ""), (4, sr.gpt(1, os.path.join(tmp, "g1.mlir")),
-                                          "stage=3 mesh=2x2")):
+    for n, model, extra in ((1, g4, ""), (4, g1, "stage=3 mesh=2x2")):
         got = losses(n, model, extra)
         err = max(rel(a, b) for a, b in zip(got, stage0))
         print(f"  N={n} {extra or 'one rank':<26} within D u of N=2: max rel diff {err:.2e} "
