@@ -59,7 +59,7 @@ def FsdpMixedPrecision : Pass<"fsdp-mixed-precision", "::mlir::ModuleOp"> {
     where an update below half a bf16 ulp is lost. Parameters then cost 2
     bytes each instead of 4 (with 8-bit moments and bf16 gradients, 2 + 2
     + 2 bytes a parameter instead of ZeRO's 2 + 2 + 12). LAMB (its trust
-    ratios read f32 parameters) is refused.
+    ratios read f32 parameters) is refused by fsdp-shard.
 
     `param-dtype=f32` (the pipeline's default) leaves the model as it is;
     with `reduce-dtype=bf16` only the gradient reduction changes.

@@ -667,6 +667,8 @@ private:
   Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   struct StateUpdate;
   StateUpdate stateUpdate(const Op &op, const Ptrs &r, int64_t rank) const;
+  void finishBf16Params(const Op &op, const uint8_t *p, uint8_t *np, float *work, int64_t rank,
+                        Launch &out);
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   /// Sets `out` to the launch of one instruction on storage of dtype t:
@@ -2042,14 +2044,18 @@ CudaDevice::StateUpdate CudaDevice::stateUpdate(const Op &op, const Ptrs &r, int
 Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
-  if (rules::updatesBf16Params(op.plan, op.inst))
-    return FSDP_ERROR(n, ": bf16 trainable parameters (fsdp-mixed-precision master-dtype=bf16) "
-                         "are updated on the CPU device only so far; compile with "
-                         "master-dtype=f32 for --device cuda");
+  // master-dtype=bf16 (updatesBf16Params): the f32 kernel steps an f32
+  // copy of the bf16 parameters in scratch.wide (prepare() sizes it), which
+  // finishBf16Params() widens before and rounds back after (the CPU
+  // device's arithmetic, in one piece).
+  const bool bf16Params = rules::updatesBf16Params(op.plan, op.inst);
+  float *const work = bf16Params ? reinterpret_cast<float *>(scratch.wide) : nullptr;
+  const float *const pIn = bf16Params ? work : r.in(0);
+  float *const pOut = bf16Params ? work : r.out(0);
   double *sd = scratch.d;
   if (n == "sgd_update") {
-    const float *p = r.in(0), *g = r.in(1), *lr = r.in(2);
-    float *np = r.out(0);
+    const float *p = pIn, *g = r.in(1), *lr = r.in(2);
+    float *np = pOut;
     double wd = op.f("weight_decay", 0);
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     rules::UpdateExtras x = rules::updateExtras(op);
@@ -2065,9 +2071,9 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
         n);
   } else if (n == "sgd_momentum_update" && op.in(2).dtype == DType::BF16) {
     // state-dtype=bf16 (OpRules: f32 p, g; a bf16 buffer), as adamw's below.
-    const float *p = r.in(0), *g = r.in(1), *lr = r.in(3), *step = r.in(4);
+    const float *p = pIn, *g = r.in(1), *lr = r.in(3), *step = r.in(4);
     const uint8_t *buf = r.in<uint8_t>(2);
-    float *np = r.out(0);
+    float *np = pOut;
     uint8_t *nb = r.out<uint8_t>(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
@@ -2082,8 +2088,8 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
         },
         n);
   } else if (n == "sgd_momentum_update") {
-    const float *p = r.in(0), *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
-    float *np = r.out(0), *nb = r.out(1);
+    const float *p = pIn, *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
+    float *np = pOut, *nb = r.out(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
@@ -2104,9 +2110,9 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
   } else if (n == "adamw_update" && op.in(2).dtype != DType::F32) {
     // state-dtype=bf16 or 8bit (OpRules: f32 p, g; bf16 moments, or i8
     // packed codes and scales).
-    const float *p = r.in(0), *g = r.in(1), *lr = r.in(4), *step = r.in(5);
+    const float *p = pIn, *g = r.in(1), *lr = r.in(4), *step = r.in(5);
     const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
-    float *np = r.out(0);
+    float *np = pOut;
     uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
@@ -2135,8 +2141,8 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
           n);
     }
   } else if (n == "adamw_update") {
-    const float *p = r.in(0), *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
-    float *np = r.out(0), *nm = r.out(1), *nv = r.out(2);
+    const float *p = pIn, *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
+    float *np = pOut, *nm = r.out(1), *nv = r.out(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
@@ -2230,7 +2236,31 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
   } else {
     return FSDP_ERROR("op '", n, "' is not an update"); // a bug in builders()
   }
+  if (bf16Params)
+    finishBf16Params(op, r.in<uint8_t>(0), r.out<uint8_t>(0), work, rank, out);
   return Status::ok();
+}
+
+/// An update of bf16 parameters (master-dtype=bf16) as `out` (its f32
+/// kernel on `work`): the parameters widened into work first, and the new
+/// ones rounded back once after, stochastically with the stochastic cast's
+/// draws (stochastic_param: the step's {seed, step} from device memory, so
+/// a captured graph replays each step's; the unit's key; element i at
+/// rank x shard_stride + i) or to nearest: cpu dispatch's bits.
+void CudaDevice::finishBf16Params(const Op &op, const uint8_t *p, uint8_t *np, float *work,
+                                  int64_t rank, Launch &out) {
+  const int64_t cnt = op.in(0).numel();
+  const uint64_t *ctx = op.b("stochastic_param") ? stepCtx : nullptr;
+  const int64_t key = op.i("key", 0);
+  const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
+  Launch body = std::move(out);
+  out = [=](cudaStream_t s) -> Status {
+    FSDP_CUDA_CHECK(cast(p, FloatKind::BF16, work, FloatKind::F32, cnt, s));
+    FSDP_RETURN_IF_ERROR(body(s));
+    FSDP_CUDA_CHECK(ctx ? castBf16Stochastic(work, np, cnt, ctx, key, first, s)
+                        : cast(work, FloatKind::F32, np, FloatKind::BF16, cnt, s));
+    return Status::ok();
+  };
 }
 
 /// The f32 builders' ops, and the host <-> device copies prepare() launches
@@ -2260,6 +2290,8 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     dN = std::max(dN, d);
     if (narrow && !native)
       wide = std::max(wide, rules::widen(plan, inst).bytes);
+    if (rules::updatesBf16Params(plan, inst)) // the parameters' f32 copy
+      wide = std::max(wide, op.in(0).numel() * (int64_t)sizeof(float));
     // A 16-bit GEMM with a row length not a multiple of 8 (GPT-2's vocabulary)
     // multiplies padded copies (CudaGemm.h); FSDP_CUDA_GEMM_STAGING=0 turns it
     // off (for comparison).
@@ -2279,9 +2311,11 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
   if (wide)
     FSDP_CUDA_CHECK(cudaMalloc(&scratch.wide, (size_t)wide));
   if (!stepCtx && std::any_of(plan.program.begin(), plan.program.end(), [](const Instruction &i) {
-        return i.op == "dropout" || ((i.op == "cast" || i.op == "adamw_update" ||
-                                      i.op == "sgd_momentum_update" || i.op == "lamb_update") &&
-                                     i.attrs.value("stochastic", false));
+        return i.op == "dropout" ||
+               ((i.op == "cast" || i.op == "adamw_update" || i.op == "sgd_momentum_update" ||
+                 i.op == "lamb_update") &&
+                i.attrs.value("stochastic", false)) ||
+               i.attrs.value("stochastic_param", false);
       })) {
     FSDP_CUDA_CHECK(cudaMalloc(&stepCtx, 2 * sizeof(uint64_t)));
     FSDP_RETURN_IF_ERROR(setDropoutContext(dropoutContext()));

@@ -4,6 +4,7 @@ master-dtype=bf16) end to end on CPU ranks.
 
 usage: bf16_master.py BIN_DIR shards            (a) layouts, resume, checkpoints, bytes
        bf16_master.py BIN_DIR text TOKENS.bin   (b) 200 steps against f32 masters
+       bf16_master.py BIN_DIR cuda RUN_BINARY   (c) --device cuda == the CPU
 
 What it is: each trainable unit stores bf16, its compute dtype. The step
 gathers it as stored (no cast), and the unit's update widens it, steps in
@@ -42,7 +43,16 @@ a parameter with probability (update / ulp) instead of never.
     is held to), and it learns. The nearest-rounding run is measured and
     printed, not bounded (it loses the updates below half an ulp; how much
     that costs depends on the learning rate and the run length).
+(c) The stochastic plan (AdamW with f32 moments, and with 8-bit moments)
+    on --device cuda (RUN_BINARY: fsdp-run-emu here, fsdp-run on a GPU)
+    against the CPU device: every step within D u (the bf16 kernels sum in
+    another f32 order; the update's rounding is the same bits,
+    DeviceConformance.Bf16ParametersAreTheF32UpdateRoundedOnce), and
+    --cuda-graphs (the step captured once, each replay reading its step's
+    draws from device memory) bitwise the eager run.
 """
+import json
+import subprocess
 import math
 import os
 import sys
@@ -188,6 +198,36 @@ def check_text(bindir, tmp, tokens):
     return failures
 
 
+def check_cuda(bindir, tmp, runner):
+    failures = 0
+    model = sr.gpt(4, os.path.join(tmp, "g4.mlir"))
+    for label, extra in (("f32 moments", ""), ("8-bit moments", " optimizer-state-dtype=8bit")):
+        path = os.path.join(tmp, "c.plan")
+        plan = mp.compile_plan(bindir, model, path, SR + extra)
+        rtol = mp.rounding_depth(plan) * U
+
+        def losses(binary, more):
+            out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + more,
+                                 check=True, capture_output=True, text=True,
+                                 timeout=600).stdout
+            return [json.loads(l)["loss"] for l in out.splitlines()
+                    if l.startswith("{") and '"step"' in l]
+
+        cpu = losses(os.path.join(bindir, "fsdp-run"), [])
+        cuda = losses(runner, ["--device", "cuda"])
+        err = max(rel(a, b) for a, b in zip(cuda, cpu))
+        ok = len(cuda) == 6 and err <= rtol
+        failures += not ok
+        print(f"(c) bf16 masters, {label}, on cuda vs cpu, 6 steps: max rel diff {err:.2e} "
+              f"(<= D u = {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
+        graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
+        ok = graphs == cuda
+        failures += not ok
+        print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: "
+              f"{'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
 def main():
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
@@ -197,6 +237,8 @@ def main():
             failures = check_shards(bindir, tmp)
         elif mode == "text" and len(sys.argv) == 4:
             failures = check_text(bindir, tmp, sys.argv[3])
+        elif mode == "cuda" and len(sys.argv) == 4:
+            failures = check_cuda(bindir, tmp, sys.argv[3])
         else:
             raise SystemExit(__doc__)
     print("bf16 master checks pass" if not failures else f"FAIL: {failures} check(s) differ")

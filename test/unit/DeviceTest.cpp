@@ -1338,6 +1338,122 @@ TEST_P(DeviceConformance, Bf16MomentsAreTheF32UpdateRoundedOnce) {
   EXPECT_EQ(bits(shard, 14), std::vector<uint16_t>(srV.begin() + half, srV.end()));
 }
 
+/// master-dtype=bf16: adamw_update / sgd_update / sgd_momentum_update of
+/// bf16 parameters with an f32 gradient against the same device's f32
+/// update of the widened parameters: the new parameters that update's
+/// rounded once, with the stochastic cast's draws (stochastic_param: the
+/// device's {seed, step} and `key`, each element at its place in the unit)
+/// or to nearest; the state bitwise the f32 update's (f32 moments, and bf16
+/// moments with their own draws, which the parameters' never meet). A
+/// skipped step keeps everything; the second half run as shard 1 of two
+/// stores the whole vector's bits.
+TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
+  const int64_t n = 3000, half = n / 2, key = 4;
+  // 0 p16, 1 g, 2 m, 3 v, 4 lr, 5 step, 6 sumsq (inf: skip), 7 p32, 8 m16,
+  // 9 v16, 10 buf; results: stochastic 11-13, nearest 14-16, f32 17-19,
+  // skipped 20-22, bf16 moments 23-25 (the f32 moments are their widened
+  // values: 17-19 are their reference too), sgd 26 (f32 27), sgd momentum
+  // 28-29 (f32 30-31).
+  std::vector<std::vector<int64_t>> shapes(32, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  const std::vector<int> bf16 = {0, 8, 9, 11, 14, 20, 23, 24, 25, 26, 28};
+  nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  nlohmann::json sr = adam;
+  sr["stochastic_param"] = true;
+  sr["key"] = key;
+  nlohmann::json skip = sr;
+  skip["skip_nonfinite"] = true;
+  nlohmann::json both = sr;
+  both["stochastic"] = true; // the moments' draws too
+  nlohmann::json sgd = {{"weight_decay", 0.01}, {"stochastic_param", true}, {"key", key}};
+  nlohmann::json mom = {{"momentum", 0.9}, {"weight_decay", 0.01}};
+  Plan plan = mixedPlan(shapes, bf16,
+                        {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {11, 12, 13}, sr),
+                         inst("adamw_update", {0, 1, 2, 3, 4, 5}, {14, 15, 16}, adam),
+                         inst("adamw_update", {7, 1, 2, 3, 4, 5}, {17, 18, 19}, adam),
+                         inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {20, 21, 22}, skip),
+                         inst("adamw_update", {0, 1, 8, 9, 4, 5}, {23, 24, 25}, both),
+                         inst("sgd_update", {0, 1, 4}, {26}, sgd),
+                         inst("sgd_update", {7, 1, 4}, {27}, {{"weight_decay", 0.01}}),
+                         inst("sgd_momentum_update", {0, 1, 10, 4, 5}, {28, 29}, mom),
+                         inst("sgd_momentum_update", {7, 1, 10, 4, 5}, {30, 31}, mom)});
+  std::vector<float> p32(n), g(n), m(n), v(n), buf(n);
+  std::vector<uint16_t> p16(n), m16(n), v16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p16[i] = roundToBf16((float)std::sin(0.37 * double(i)) * 1.5f);
+    p32[i] = widenBf16(p16[i]);
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    m16[i] = roundToBf16((float)std::sin(0.05 * double(i)) * 0.01f);
+    v16[i] = roundToBf16((float)std::fabs(std::sin(0.3 * double(i))) * 1e-4f + 1e-8f);
+    m[i] = widenBf16(m16[i]);
+    v[i] = widenBf16(v16[i]);
+    buf[i] = (float)std::sin(0.7 * double(i)) * 0.01f;
+  }
+  auto load = [&](const Plan &pl, int64_t shard, int64_t from) {
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    put(pl, 0, p16.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2, m.data() + from);
+    put(pl, 3, v.data() + from);
+    write(pl, 4, {1e-2f});
+    write(pl, 5, {3.f});
+    write(pl, 6, {std::numeric_limits<float>::infinity()});
+    if (pl.buffers.size() > 7) {
+      put(pl, 7, p32.data() + from);
+      put(pl, 8, m16.data() + from);
+      put(pl, 9, v16.data() + from);
+      put(pl, 10, buf.data() + from);
+    }
+  };
+  load(plan, 0, 0);
+  runDrawing(plan);
+  const std::vector<float> np32 = read(plan, 17);
+  const uint64_t k = stochasticRoundingKey(77, 5, key);
+  auto rounded = [&](const std::vector<float> &x, bool stochastic, int64_t from = 0) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      out[i] = stochastic ? roundToBf16Stochastic(x[i], k, (uint64_t)(from + (int64_t)i))
+                          : roundToBf16(x[i]);
+    return out;
+  };
+  const std::vector<uint16_t> srP = rounded(np32, true);
+  EXPECT_EQ(bits(plan, 11), srP);
+  EXPECT_EQ(read(plan, 12), read(plan, 18)) << "the moments are the f32 update's";
+  EXPECT_EQ(read(plan, 13), read(plan, 19));
+  EXPECT_EQ(bits(plan, 14), rounded(np32, false));
+  EXPECT_NE(bits(plan, 11), bits(plan, 14)) << "the stochastic draws differ from nearest somewhere";
+  EXPECT_EQ(bits(plan, 20), p16) << "a skipped step keeps the parameters";
+  EXPECT_EQ(read(plan, 21), m);
+  // bf16 moments: the parameters drawn as above, the moments with their
+  // own stream (roundMomentsToBf16Stochastic of the f32 update's moments).
+  EXPECT_EQ(bits(plan, 23), srP);
+  const std::vector<float> nm = read(plan, 18), nv = read(plan, 19);
+  std::vector<uint16_t> srM(n), srV(n);
+  for (int64_t i = 0; i < n; ++i)
+    roundMomentsToBf16Stochastic(nm[i], nv[i], stateRoundingKey(77, 5, key), (uint64_t)i, srM[i],
+                                 srV[i]);
+  EXPECT_EQ(bits(plan, 24), srM);
+  EXPECT_EQ(bits(plan, 25), srV);
+  EXPECT_EQ(bits(plan, 26), rounded(read(plan, 27), true)) << "sgd_update";
+  EXPECT_EQ(bits(plan, 28), rounded(read(plan, 30), false)) << "sgd_momentum_update";
+  EXPECT_EQ(read(plan, 29), read(plan, 31));
+
+  // The second half as shard 1 of two: the whole vector's second half.
+  std::vector<std::vector<int64_t>> hs(14, {half});
+  for (int s : {4, 5, 6})
+    hs[s] = {};
+  nlohmann::json shardSr = sr;
+  shardSr["shard_stride"] = half;
+  Plan shard =
+      mixedPlan(hs, {0, 11}, {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {11, 12, 13}, shardSr)});
+  freshDevice();
+  load(shard, 1, half);
+  runDrawing(shard);
+  EXPECT_EQ(bits(shard, 11), std::vector<uint16_t>(srP.begin() + half, srP.end()));
+}
+
 /// sgd_momentum_update with a bf16 buffer (state-dtype=bf16) against the
 /// f32 update on the same device from the widened buffer: the parameters
 /// bitwise (they read the f32 buffer), and the new buffer that update's
