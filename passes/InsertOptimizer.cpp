@@ -156,6 +156,13 @@ void InsertOptimizerPass::runOnOperation() {
              "output scaled gradients: use loss-scale=none";
       return signalPassFailure();
     }
+    auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName);
+    if (mp && mp.get(kMasterDtypeAttrName)) {
+      mlir::emitError(module.getLoc())
+          << "master-dtype=bf16 stores the parameters the optimizer updates in bf16; "
+             "optimizer=none updates none: use master-dtype=f32";
+      return signalPassFailure();
+    }
     return;
   }
 

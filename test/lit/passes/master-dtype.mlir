@@ -8,6 +8,7 @@
 // RUN: not fsdp-opt %s --fsdp-pipeline="master-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=F16
 // RUN: not fsdp-opt %s -fsdp-mixed-precision="master-dtype=f16" 2>&1 | FileCheck %s --check-prefix=KIND
 // RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=lamb param-dtype=bf16 master-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=LAMB
+// RUN: not fsdp-opt %s --fsdp-pipeline="optimizer=none param-dtype=bf16 master-dtype=bf16" 2>&1 | FileCheck %s --check-prefix=NOOPT
 
 // Tests master-dtype=bf16: fsdp-mixed-precision records it in the policy;
 // fsdp-shard stores each trainable unit in bf16 (a frozen unit keeps its
@@ -61,6 +62,7 @@ fsdp.param @w2 : tensor<1x8xf32> init("uniform", 0.3)
 
 // F16: master-dtype=bf16 stores the trainable parameters in the compute dtype; it needs param-dtype=bf16
 // KIND: master-dtype='f16': expected f32 or bf16
+// NOOPT: master-dtype=bf16 stores the parameters the optimizer updates in bf16; optimizer=none updates none
 // LAMB: master-dtype=bf16 with LAMB is not supported: its trust ratios (fsdp.lamb_norms) read f32 parameters
 
 func.func @model(%x: tensor<2x4xf32> {fsdp.role = "input"}, %t: tensor<2x1xf32> {fsdp.role = "target"}) -> tensor<f32> attributes {fsdp.model} {
