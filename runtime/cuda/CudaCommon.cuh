@@ -10,6 +10,7 @@
 #ifndef FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 #define FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 
+#include "runtime/core/StochasticRounding.h"
 #include "runtime/cuda/CudaKernels.h"
 
 #include <algorithm>
@@ -73,6 +74,34 @@ __device__ __forceinline__ void sgdMomentumElement(const SgdMomentumScalars &c, 
   nb = nbi;
   np = __fsub_rn(p, __fmul_rn(c.lr, c.nesterov ? __fadd_rn(d, __fmul_rn(c.momentum, nbi)) : nbi));
 }
+/// An update's parameters on the device (Params): read widened, written
+/// f32 or rounded once to bf16, the stochastic draws' key formed once a
+/// thread (so a captured graph replays each step's).
+struct ParamIo {
+  Params q;
+  uint64_t k;
+  __device__ explicit ParamIo(const Params &q)
+      : q(q), k(q.ctx ? stochasticRoundingKey(q.ctx[0], (int64_t)q.ctx[1], q.key) : 0) {}
+  __device__ float load(int64_t i) const {
+    return q.bf16 ? ld(static_cast<const __nv_bfloat16 *>(q.p) + i)
+                  : static_cast<const float *>(q.p)[i];
+  }
+  __device__ void store(int64_t i, float x) const {
+    if (!q.bf16)
+      static_cast<float *>(q.np)[i] = x;
+    else if (q.ctx)
+      static_cast<uint16_t *>(q.np)[i] = roundToBf16Stochastic(x, k, q.first + (uint64_t)i);
+    else
+      st(static_cast<__nv_bfloat16 *>(q.np) + i, x);
+  }
+  /// A skipped step: the parameter as it was (its bits).
+  __device__ void keep(int64_t i) const {
+    if (q.bf16)
+      static_cast<uint16_t *>(q.np)[i] = static_cast<const uint16_t *>(q.p)[i];
+    else
+      static_cast<float *>(q.np)[i] = static_cast<const float *>(q.p)[i];
+  }
+};
 constexpr int kReduceBlocks = 256; // stage-1 blocks of a two-stage reduction
 
 unsigned gridFor(int64_t n) {

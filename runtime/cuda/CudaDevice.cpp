@@ -667,8 +667,6 @@ private:
   Status buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out);
   struct StateUpdate;
   StateUpdate stateUpdate(const Op &op, const Ptrs &r, int64_t rank) const;
-  void finishBf16Params(const Op &op, const uint8_t *p, uint8_t *np, float *work, int64_t rank,
-                        Launch &out);
   /// swiglu / swiglu_grad in storage type t (f32 plans and narrow ones alike).
   void swigluLaunch(const Op &op, FloatKind t, uint8_t *base, int64_t rank, Launch &out);
   /// Sets `out` to the launch of one instruction on storage of dtype t:
@@ -2044,18 +2042,21 @@ CudaDevice::StateUpdate CudaDevice::stateUpdate(const Op &op, const Ptrs &r, int
 Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch &out) {
   Ptrs r{op, base, rank};
   const std::string &n = op.inst.op;
-  // master-dtype=bf16 (updatesBf16Params): the f32 kernel steps an f32
-  // copy of the bf16 parameters in scratch.wide (prepare() sizes it), which
-  // finishBf16Params() widens before and rounds back after (the CPU
-  // device's arithmetic, in one piece).
-  const bool bf16Params = rules::updatesBf16Params(op.plan, op.inst);
-  float *const work = bf16Params ? reinterpret_cast<float *>(scratch.wide) : nullptr;
-  const float *const pIn = bf16Params ? work : r.in(0);
-  float *const pOut = bf16Params ? work : r.out(0);
+  // The parameters (Params): f32, or bf16 (master-dtype=bf16,
+  // updatesBf16Params) read widened and written rounded once in the same
+  // kernel, to nearest or with the stochastic cast's draws
+  // (stochastic_param: the device's {seed, step}, so a captured graph
+  // replays each step's; the unit's key; element i at rank x shard_stride +
+  // i): the CPU device's bits, with no f32 copy.
+  const Params q =
+      rules::updatesBf16Params(op.plan, op.inst)
+          ? Params::bf16Storage(r.in<uint8_t>(0), r.out<uint8_t>(0),
+                                op.b("stochastic_param") ? stepCtx : nullptr, op.i("key", 0),
+                                (uint64_t)(rank * op.i("shard_stride", 0)))
+          : Params(r.in(0), r.out(0));
   double *sd = scratch.d;
   if (n == "sgd_update") {
-    const float *p = pIn, *g = r.in(1), *lr = r.in(2);
-    float *np = pOut;
+    const float *g = r.in(1), *lr = r.in(2);
     double wd = op.f("weight_decay", 0);
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
     rules::UpdateExtras x = rules::updateExtras(op);
@@ -2063,17 +2064,16 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = k ? sgdUpdate(p, g, np, k, lr, wd, s, skip, gs) : cudaSuccess;
+          cudaError_t e = k ? sgdUpdate(q, g, k, lr, wd, s, skip, gs) : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
-                     : sgdUpdate(p + k, g + k, np + k, cnt - k, lr, 0.0, s, skip, gs);
+                     : sgdUpdate(q.from(k), g + k, cnt - k, lr, 0.0, s, skip, gs);
         },
         n);
   } else if (n == "sgd_momentum_update" && op.in(2).dtype == DType::BF16) {
     // state-dtype=bf16 (OpRules: f32 p, g; a bf16 buffer), as adamw's below.
-    const float *p = pIn, *g = r.in(1), *lr = r.in(3), *step = r.in(4);
+    const float *g = r.in(1), *lr = r.in(3), *step = r.in(4);
     const uint8_t *buf = r.in<uint8_t>(2);
-    float *np = pOut;
     uint8_t *nb = r.out<uint8_t>(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
@@ -2081,15 +2081,15 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     out = fromCuda(
         [=](cudaStream_t s) {
           return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
-            return native::sgdMomentumBf16State(p + at, g + at, buf + 2 * at, np + at, nb + 2 * at,
+            return native::sgdMomentumBf16State(q.from(at), g + at, buf + 2 * at, nb + 2 * at,
                                                 count, lr, step, m, damp, decay, nesterov, u.gs,
                                                 u.skip, u.ctx, u.key, u.first + (uint64_t)at, s);
           });
         },
         n);
   } else if (n == "sgd_momentum_update") {
-    const float *p = pIn, *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
-    float *np = pOut, *nb = r.out(1);
+    const float *g = r.in(1), *buf = r.in(2), *lr = r.in(3), *step = r.in(4);
+    float *nb = r.out(1);
     double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
     bool nesterov = op.b("nesterov");
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
@@ -2098,21 +2098,20 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     const float *gs = x.scale >= 0 ? r.in(x.scale) : nullptr;
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = k ? sgdMomentumUpdate(p, g, buf, np, nb, k, lr, step, m, damp, wd,
-                                                nesterov, s, skip, gs)
-                            : cudaSuccess;
+          cudaError_t e =
+              k ? sgdMomentumUpdate(q, g, buf, nb, k, lr, step, m, damp, wd, nesterov, s, skip, gs)
+                : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
-                     : sgdMomentumUpdate(p + k, g + k, buf + k, np + k, nb + k, cnt - k, lr, step,
-                                         m, damp, 0.0, nesterov, s, skip, gs);
+                     : sgdMomentumUpdate(q.from(k), g + k, buf + k, nb + k, cnt - k, lr, step, m,
+                                         damp, 0.0, nesterov, s, skip, gs);
         },
         n);
   } else if (n == "adamw_update" && op.in(2).dtype != DType::F32) {
     // state-dtype=bf16 or 8bit (OpRules: f32 p, g; bf16 moments, or i8
     // packed codes and scales).
-    const float *p = pIn, *g = r.in(1), *lr = r.in(4), *step = r.in(5);
+    const float *g = r.in(1), *lr = r.in(4), *step = r.in(5);
     const uint8_t *m = r.in<uint8_t>(2), *v = r.in<uint8_t>(3);
-    float *np = pOut;
     uint8_t *nm = r.out<uint8_t>(1), *nv = r.out<uint8_t>(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
@@ -2122,8 +2121,8 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
       const int64_t block = op.i("state_block", 256);
       out = fromCuda(
           [=](cudaStream_t s) {
-            return native::adamw8bitState(p, g, m, v, np, nm, nv, u.cnt, block, lr, step, b1, b2,
-                                          eps, wd, u.k, u.gs, u.skip, s);
+            return native::adamw8bitState(q, g, m, v, nm, nv, u.cnt, block, lr, step, b1, b2, eps,
+                                          wd, u.k, u.gs, u.skip, s);
           },
           n);
     } else {
@@ -2132,17 +2131,16 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
       out = fromCuda(
           [=](cudaStream_t s) {
             return u.inParts(wd, [&](int64_t at, int64_t count, double decay) {
-              return native::adamwBf16State(p + at, g + at, m + 2 * at, v + 2 * at, np + at,
-                                            nm + 2 * at, nv + 2 * at, count, lr, step, b1, b2, eps,
-                                            decay, u.gs, u.skip, u.ctx, u.key,
-                                            u.first + (uint64_t)at, s);
+              return native::adamwBf16State(q.from(at), g + at, m + 2 * at, v + 2 * at, nm + 2 * at,
+                                            nv + 2 * at, count, lr, step, b1, b2, eps, decay, u.gs,
+                                            u.skip, u.ctx, u.key, u.first + (uint64_t)at, s);
             });
           },
           n);
     }
   } else if (n == "adamw_update") {
-    const float *p = pIn, *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
-    float *np = pOut, *nm = r.out(1), *nv = r.out(2);
+    const float *m = r.in(2), *v = r.in(3), *lr = r.in(4), *step = r.in(5);
+    float *nm = r.out(1), *nv = r.out(2);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-8),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel(), k = rules::decayedCount(op, rank);
@@ -2158,13 +2156,13 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
     const void *gRest = r.in<uint8_t>(1) + k * dtypeSize(op.in(1).dtype);
     out = fromCuda(
         [=](cudaStream_t s) {
-          cudaError_t e = k ? native::adamw(p, gv, gk, m, v, np, nm, nv, k, lr, step, b1, b2, eps,
-                                            wd, gs, skip, s)
-                            : cudaSuccess;
+          cudaError_t e =
+              k ? native::adamw(q, gv, gk, m, v, nm, nv, k, lr, step, b1, b2, eps, wd, gs, skip, s)
+                : cudaSuccess;
           return e != cudaSuccess || k == cnt
                      ? e
-                     : native::adamw(p + k, gRest, gk, m + k, v + k, np + k, nm + k, nv + k,
-                                     cnt - k, lr, step, b1, b2, eps, 0.0, gs, skip, s);
+                     : native::adamw(q.from(k), gRest, gk, m + k, v + k, nm + k, nv + k, cnt - k,
+                                     lr, step, b1, b2, eps, 0.0, gs, skip, s);
         },
         n);
   } else if (n == "lamb_norms" || n == "lamb_update") {
@@ -2236,31 +2234,7 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
   } else {
     return FSDP_ERROR("op '", n, "' is not an update"); // a bug in builders()
   }
-  if (bf16Params)
-    finishBf16Params(op, r.in<uint8_t>(0), r.out<uint8_t>(0), work, rank, out);
   return Status::ok();
-}
-
-/// An update of bf16 parameters (master-dtype=bf16) as `out` (its f32
-/// kernel on `work`): the parameters widened into work first, and the new
-/// ones rounded back once after, stochastically with the stochastic cast's
-/// draws (stochastic_param: the step's {seed, step} from device memory, so
-/// a captured graph replays each step's; the unit's key; element i at
-/// rank x shard_stride + i) or to nearest: cpu dispatch's bits.
-void CudaDevice::finishBf16Params(const Op &op, const uint8_t *p, uint8_t *np, float *work,
-                                  int64_t rank, Launch &out) {
-  const int64_t cnt = op.in(0).numel();
-  const uint64_t *ctx = op.b("stochastic_param") ? stepCtx : nullptr;
-  const int64_t key = op.i("key", 0);
-  const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
-  Launch body = std::move(out);
-  out = [=](cudaStream_t s) -> Status {
-    FSDP_CUDA_CHECK(cast(p, FloatKind::BF16, work, FloatKind::F32, cnt, s));
-    FSDP_RETURN_IF_ERROR(body(s));
-    FSDP_CUDA_CHECK(ctx ? castBf16Stochastic(work, np, cnt, ctx, key, first, s)
-                        : cast(work, FloatKind::F32, np, FloatKind::BF16, cnt, s));
-    return Status::ok();
-  };
 }
 
 /// The f32 builders' ops, and the host <-> device copies prepare() launches
@@ -2290,8 +2264,6 @@ Status CudaDevice::prepare(const Plan &plan, int64_t shard) {
     dN = std::max(dN, d);
     if (narrow && !native)
       wide = std::max(wide, rules::widen(plan, inst).bytes);
-    if (rules::updatesBf16Params(plan, inst)) // the parameters' f32 copy
-      wide = std::max(wide, op.in(0).numel() * (int64_t)sizeof(float));
     // A 16-bit GEMM with a row length not a multiple of 8 (GPT-2's vocabulary)
     // multiplies padded copies (CudaGemm.h); FSDP_CUDA_GEMM_STAGING=0 turns it
     // off (for comparison).

@@ -958,31 +958,39 @@ cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double 
 
 // --- optimizers --------------------------------------------------------------------------
 
-cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
-                      double wd, cudaStream_t s, const float *skip, const float *gradScale) {
+cudaError_t sgdUpdate(Params q, const float *g, int64_t n, const float *lr, double wd,
+                      cudaStream_t s, const float *skip, const float *gradScale) {
   float twd = (float)wd;
   bool decay = wd != 0;
   return forEach(n, s, [=] __device__(int64_t i) {
+    const ParamIo io(q);
     if (skip && !isfinite(*skip)) {
-      np[i] = p[i];
+      io.keep(i);
       return;
     }
     // Every operation rounded on its own, as cpu::sgdUpdate's (nvcc would
     // contract the decay and the step into FMAs on a GPU).
+    const float p = io.load(i);
     float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     if (decay)
-      d = __fadd_rn(d, __fmul_rn(twd, p[i]));
-    np[i] = __fsub_rn(p[i], __fmul_rn(*lr, d));
+      d = __fadd_rn(d, __fmul_rn(twd, p));
+    io.store(i, __fsub_rn(p, __fmul_rn(*lr, d)));
   });
 }
 
-cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
-                              float *nbuf, int64_t n, const float *lr, const float *step,
-                              double momentum, double dampening, double wd, bool nesterov,
-                              cudaStream_t s, const float *skip, const float *gradScale) {
+cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
+                      double wd, cudaStream_t s, const float *skip, const float *gradScale) {
+  return sgdUpdate(Params(p, np), g, n, lr, wd, s, skip, gradScale);
+}
+
+cudaError_t sgdMomentumUpdate(Params q, const float *g, const float *buf, float *nbuf, int64_t n,
+                              const float *lr, const float *step, double momentum, double dampening,
+                              double wd, bool nesterov, cudaStream_t s, const float *skip,
+                              const float *gradScale) {
   return forEach(n, s, [=] __device__(int64_t i) {
+    const ParamIo io(q);
     if (skip && !isfinite(*skip)) {
-      np[i] = p[i];
+      io.keep(i);
       nbuf[i] = buf[i];
       return;
     }
@@ -990,8 +998,18 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
     float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     SgdMomentumScalars c{*lr,         (float)momentum, (float)(1 - dampening), (float)wd, wd != 0,
                          *step < 2.f, nesterov};
-    sgdMomentumElement(c, p[i], d, buf[i], np[i], nbuf[i]);
+    float pn;
+    sgdMomentumElement(c, io.load(i), d, buf[i], pn, nbuf[i]);
+    io.store(i, pn);
   });
+}
+
+cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
+                              float *nbuf, int64_t n, const float *lr, const float *step,
+                              double momentum, double dampening, double wd, bool nesterov,
+                              cudaStream_t s, const float *skip, const float *gradScale) {
+  return sgdMomentumUpdate(Params(p, np), g, buf, nbuf, n, lr, step, momentum, dampening, wd,
+                           nesterov, s, skip, gradScale);
 }
 
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,

@@ -33,6 +33,40 @@ using Shape = std::vector<int64_t>;
 enum class BinaryKind { Add, Sub, Mul, Div };
 enum class FloatKind { F32, BF16, F16 };
 
+/// The parameters an optimizer update reads (p) and writes (np; in place
+/// allowed). f32 by default. With bf16 set (master-dtype=bf16) both hold
+/// bf16: each parameter is widened on read, stepped in f32 and rounded
+/// once on write, to nearest, or stochastically when ctx (the device's
+/// {seed, step}) is given, with the stochastic cast's draws:
+/// stochasticRoundingKey(seed, step, key), element i at first + i. The
+/// bits of the f32 update of the widened parameters followed by
+/// castBf16Stochastic (or the nearest cast), with no f32 copy in memory.
+struct Params {
+  const void *p = nullptr;
+  void *np = nullptr;
+  bool bf16 = false;
+  const uint64_t *ctx = nullptr;
+  int64_t key = 0;
+  uint64_t first = 0;
+  Params() = default;
+  Params(const float *p, float *np) : p(p), np(np) {}
+  static Params bf16Storage(const void *p, void *np, const uint64_t *ctx, int64_t key,
+                            uint64_t first) {
+    Params q;
+    q.p = p, q.np = np, q.bf16 = true, q.ctx = ctx, q.key = key, q.first = first;
+    return q;
+  }
+  /// Elements [at, ...): the pointers moved, and the draws' places.
+  Params from(int64_t at) const {
+    Params q = *this;
+    const int64_t bytes = at * (bf16 ? 2 : 4);
+    q.p = static_cast<const char *>(p) + bytes;
+    q.np = static_cast<char *>(np) + bytes;
+    q.first = first + (uint64_t)at;
+    return q;
+  }
+};
+
 /// The most dimensions a broadcast / transpose handles.
 constexpr int kMaxRank = 8;
 
@@ -187,6 +221,13 @@ cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, 
                               double momentum, double dampening, double wd, bool nesterov,
                               cudaStream_t s, const float *skip = nullptr,
                               const float *gradScale = nullptr);
+/// The same with the parameters as `q` says (f32, or bf16: Params).
+cudaError_t sgdUpdate(Params q, const float *g, int64_t n, const float *lr, double wd,
+                      cudaStream_t s, const float *skip, const float *gradScale);
+cudaError_t sgdMomentumUpdate(Params q, const float *g, const float *buf, float *nbuf, int64_t n,
+                              const float *lr, const float *step, double momentum, double dampening,
+                              double wd, bool nesterov, cudaStream_t s, const float *skip,
+                              const float *gradScale);
 cudaError_t adamwUpdate(const float *p, const float *g, const float *m, const float *v,
                         float *np, float *nm, float *nv, int64_t n, const float *lr,
                         const float *step, double beta1, double beta2, double eps,

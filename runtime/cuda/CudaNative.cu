@@ -1607,13 +1607,14 @@ cudaError_t crossEntropyFusedT(const void *logits, const int32_t *labels, const 
 // --- AdamW ---------------------------------------------------------------------------
 
 template <typename G>
-__global__ void adamwKernel(const float *p, const G *g, const float *m, const float *v,
-                            float *np, float *nm, float *nv, int64_t n, const float *lrp,
-                            const float *stepp, double beta1, double beta2, float eps, double wd,
+__global__ void adamwKernel(Params q, const G *g, const float *m, const float *v, float *nm,
+                            float *nv, int64_t n, const float *lrp, const float *stepp,
+                            double beta1, double beta2, float eps, double wd,
                             const float *gradScale, const float *skip) {
+  const ParamIo io(q);
   if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
     FSDP_GRID_STRIDE(i, n) {
-      np[i] = p[i];
+      io.keep(i);
       nm[i] = m[i];
       nv[i] = v[i];
     }
@@ -1627,9 +1628,12 @@ __global__ void adamwKernel(const float *p, const G *g, const float *m, const fl
   };
   // Four elements a thread at a time (16-byte loads and stores of p, m, v
   // and the results, 16 or 8 bytes of g) where every pointer allows it,
-  // then the tail; elementwise, so the same bits either way.
+  // then the tail; elementwise, so the same bits either way. bf16
+  // parameters (Params) take the element loop.
   auto at16 = [](const void *x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
-  const bool vec = at16(p) && at16(m) && at16(v) && at16(np) && at16(nm) && at16(nv) &&
+  const float *p = static_cast<const float *>(q.p);
+  float *np = static_cast<float *>(q.np);
+  const bool vec = !q.bf16 && at16(p) && at16(m) && at16(v) && at16(np) && at16(nm) && at16(nv) &&
                    (reinterpret_cast<uintptr_t>(g) & (4 * sizeof(G) - 1)) == 0;
   const int64_t n4 = vec ? n / 4 : 0;
   FSDP_GRID_STRIDE(i, n4) {
@@ -1652,15 +1656,18 @@ __global__ void adamwKernel(const float *p, const G *g, const float *m, const fl
     reinterpret_cast<float4 *>(nv)[i] = ov;
   }
   for (int64_t i = 4 * n4 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    adamwElement(c, p[i], grad(ld(g + i)), m[i], v[i], np[i], nm[i], nv[i]);
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float pn;
+    adamwElement(c, io.load(i), grad(ld(g + i)), m[i], v[i], pn, nm[i], nv[i]);
+    io.store(i, pn);
+  }
 }
 
 template <typename G>
-cudaError_t adamwT(const float *p, const void *g, const float *m, const float *v, float *np,
-                   float *nm, float *nv, int64_t n, const float *lr, const float *step,
-                   double beta1, double beta2, double eps, double wd, const float *gradScale,
-                   const float *skip, cudaStream_t s) {
+cudaError_t adamwT(Params q, const void *g, const float *m, const float *v, float *nm, float *nv,
+                   int64_t n, const float *lr, const float *step, double beta1, double beta2,
+                   double eps, double wd, const float *gradScale, const float *skip,
+                   cudaStream_t s) {
   if (n <= 0)
     return cudaSuccess;
   // At most 2048 blocks: each thread then updates many elements, and the
@@ -1668,9 +1675,8 @@ cudaError_t adamwT(const float *p, const void *g, const float *m, const float *v
   // update (one thread per element ran GPT-2's 124M at a third of the
   // bandwidth on the H100). Elementwise: the same bits whatever the grid.
   unsigned blocks = std::min<unsigned>(gridFor(n), 2048u);
-  adamwKernel<G><<<blocks, kThreads, 0, s>>>(p, cp<G>(g), m, v, np, nm, nv, n, lr, step,
-                                                 beta1, beta2, (float)eps, wd, gradScale,
-                                                 skip);
+  adamwKernel<G><<<blocks, kThreads, 0, s>>>(q, cp<G>(g), m, v, nm, nv, n, lr, step, beta1, beta2,
+                                             (float)eps, wd, gradScale, skip);
   return cudaGetLastError();
 }
 
@@ -1678,15 +1684,16 @@ cudaError_t adamwT(const float *p, const void *g, const float *m, const float *v
 /// new ones rounded once (to nearest, or with stateRoundingKey's draws
 /// when ctx, the device's {seed, step}, is given: a replayed graph reads
 /// each step's). One element a thread (the moments are half the bytes).
-__global__ void adamwBf16StateKernel(const float *p, const float *g, const __nv_bfloat16 *m,
-                                     const __nv_bfloat16 *v, float *np, __nv_bfloat16 *nm,
-                                     __nv_bfloat16 *nv, int64_t n, const float *lrp,
-                                     const float *stepp, double beta1, double beta2, float eps,
-                                     double wd, const float *gradScale, const float *skip,
-                                     const uint64_t *ctx, int64_t key, uint64_t first) {
+__global__ void adamwBf16StateKernel(Params q, const float *g, const __nv_bfloat16 *m,
+                                     const __nv_bfloat16 *v, __nv_bfloat16 *nm, __nv_bfloat16 *nv,
+                                     int64_t n, const float *lrp, const float *stepp, double beta1,
+                                     double beta2, float eps, double wd, const float *gradScale,
+                                     const float *skip, const uint64_t *ctx, int64_t key,
+                                     uint64_t first) {
+  const ParamIo io(q);
   if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
     FSDP_GRID_STRIDE(i, n) {
-      np[i] = p[i];
+      io.keep(i);
       nm[i] = m[i];
       nv[i] = v[i];
     }
@@ -1699,8 +1706,8 @@ __global__ void adamwBf16StateKernel(const float *p, const float *g, const __nv_
   FSDP_GRID_STRIDE(i, n) {
     const float gi = scaled ? __fmul_rn(g[i], gs) : g[i];
     float pn, mn, vn;
-    adamwElement(c, p[i], gi, ld(m + i), ld(v + i), pn, mn, vn);
-    np[i] = pn;
+    adamwElement(c, io.load(i), gi, ld(m + i), ld(v + i), pn, mn, vn);
+    io.store(i, pn);
     if (ctx) {
       uint16_t bm, bv;
       roundMomentsToBf16Stochastic(mn, vn, k, first + (uint64_t)i, bm, bv);
@@ -1715,16 +1722,16 @@ __global__ void adamwBf16StateKernel(const float *p, const float *g, const __nv_
 
 } // namespace
 
-cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const void *v, float *np,
-                           void *nm, void *nv, int64_t n, const float *lr, const float *step,
-                           double beta1, double beta2, double eps, double wd,
-                           const float *gradScale, const float *skip, const uint64_t *ctx,
-                           int64_t key, uint64_t first, cudaStream_t s) {
+cudaError_t adamwBf16State(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, const float *lr, const float *step, double beta1,
+                           double beta2, double eps, double wd, const float *gradScale,
+                           const float *skip, const uint64_t *ctx, int64_t key, uint64_t first,
+                           cudaStream_t s) {
   if (n <= 0)
     return cudaSuccess;
   unsigned blocks = std::min<unsigned>(gridFor(n), 2048u); // as adamwT's
   adamwBf16StateKernel<<<blocks, kThreads, 0, s>>>(
-      p, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v), np,
+      q, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v),
       static_cast<__nv_bfloat16 *>(nm), static_cast<__nv_bfloat16 *>(nv), n, lr, step, beta1, beta2,
       (float)eps, wd, gradScale, skip, ctx, key, first);
   return cudaGetLastError();
@@ -1741,11 +1748,11 @@ namespace {
 /// In place: an element is read and written by one thread, and the scales
 /// are written after every thread has read them (the reduction's
 /// barriers). cpu::adamwUpdate8bitState's bits.
-__global__ void adamw8bitStateKernel(const float *p, const float *g, const uint8_t *m,
-                                     const uint8_t *v, float *np, uint8_t *nm, uint8_t *nv,
-                                     int64_t n, int block, const float *lrp, const float *stepp,
-                                     double beta1, double beta2, float eps, double wd,
-                                     int64_t decayed, const float *gradScale, const float *skip) {
+__global__ void adamw8bitStateKernel(Params q, const float *g, const uint8_t *m, const uint8_t *v,
+                                     uint8_t *nm, uint8_t *nv, int64_t n, int block,
+                                     const float *lrp, const float *stepp, double beta1,
+                                     double beta2, float eps, double wd, int64_t decayed,
+                                     const float *gradScale, const float *skip) {
   namespace m8 = moments8;
   extern __shared__ float slots[]; // the block's new moments, then roots
   __shared__ uint32_t warpM[32], warpR[32];
@@ -1753,11 +1760,12 @@ __global__ void adamw8bitStateKernel(const float *p, const float *g, const uint8
   const float *sm = reinterpret_cast<const float *>(m + at),
               *sv = reinterpret_cast<const float *>(v + at);
   float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
+  const ParamIo io(q);
   if (blockIdx.x == 0 && threadIdx.x < at - n) // the codes' padding stays zero
     nm[n + threadIdx.x] = nv[n + threadIdx.x] = 0;
   if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
     FSDP_GRID_STRIDE(i, n) {
-      np[i] = p[i];
+      io.keep(i);
       nm[i] = m[i];
       nv[i] = v[i];
     }
@@ -1783,9 +1791,9 @@ __global__ void adamw8bitStateKernel(const float *p, const float *g, const uint8
       const float gi = scaled ? __fmul_rn(g[e], gs) : g[e];
       const float r = m8::decodeRoot(v[e], scaleV);
       float pn, mn, vn;
-      adamwElement(e < decayed ? decay : plain, p[e], gi, m8::decodeM(m[e], scaleM),
+      adamwElement(e < decayed ? decay : plain, io.load(e), gi, m8::decodeM(m[e], scaleM),
                    __fmul_rn(r, r), pn, mn, vn);
-      np[e] = pn;
+      io.store(e, pn);
       const float rn = __fsqrt_rn(vn);
       mf[i] = mn;
       rf[i] = rn;
@@ -1823,17 +1831,16 @@ __global__ void adamw8bitStateKernel(const float *p, const float *g, const uint8
 
 } // namespace
 
-cudaError_t adamw8bitState(const float *p, const float *g, const void *m, const void *v, float *np,
-                           void *nm, void *nv, int64_t n, int64_t block, const float *lr,
-                           const float *step, double beta1, double beta2, double eps, double wd,
-                           int64_t decayed, const float *gradScale, const float *skip,
-                           cudaStream_t s) {
+cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, int64_t block, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd, int64_t decayed,
+                           const float *gradScale, const float *skip, cudaStream_t s) {
   if (n <= 0)
     return cudaSuccess;
   const int64_t blocks = (n + block - 1) / block;
   unsigned grid = (unsigned)std::min<int64_t>(blocks, 4096);
   adamw8bitStateKernel<<<grid, kThreads, 2 * block * sizeof(float), s>>>(
-      p, g, static_cast<const uint8_t *>(m), static_cast<const uint8_t *>(v), np,
+      q, g, static_cast<const uint8_t *>(m), static_cast<const uint8_t *>(v),
       static_cast<uint8_t *>(nm), static_cast<uint8_t *>(nv), n, (int)block, lr, step, beta1, beta2,
       (float)eps, wd, decayed, gradScale, skip);
   return cudaGetLastError();
@@ -1844,15 +1851,16 @@ namespace {
 /// sgd_momentum_update with a bf16 buffer (state-dtype=bf16): kernels/
 /// sgdMomentumUpdate's f32 element on the widened buffer, the new buffer
 /// rounded once (stochastically with ctx, as adamwBf16StateKernel's).
-__global__ void sgdMomentumBf16StateKernel(const float *p, const float *g, const __nv_bfloat16 *buf,
-                                           float *np, __nv_bfloat16 *nbuf, int64_t n,
-                                           const float *lrp, const float *stepp, double momentum,
-                                           double dampening, double wd, bool nesterov,
-                                           const float *gradScale, const float *skip,
-                                           const uint64_t *ctx, int64_t key, uint64_t first) {
+__global__ void sgdMomentumBf16StateKernel(Params q, const float *g, const __nv_bfloat16 *buf,
+                                           __nv_bfloat16 *nbuf, int64_t n, const float *lrp,
+                                           const float *stepp, double momentum, double dampening,
+                                           double wd, bool nesterov, const float *gradScale,
+                                           const float *skip, const uint64_t *ctx, int64_t key,
+                                           uint64_t first) {
+  const ParamIo io(q);
   if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
     FSDP_GRID_STRIDE(i, n) {
-      np[i] = p[i];
+      io.keep(i);
       nbuf[i] = buf[i];
     }
     return;
@@ -1863,8 +1871,8 @@ __global__ void sgdMomentumBf16StateKernel(const float *p, const float *g, const
   FSDP_GRID_STRIDE(i, n) {
     const float gi = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     float pn, bn;
-    sgdMomentumElement(c, p[i], gi, ld(buf + i), pn, bn);
-    np[i] = pn;
+    sgdMomentumElement(c, io.load(i), gi, ld(buf + i), pn, bn);
+    io.store(i, pn);
     if (ctx) {
       uint16_t b = roundToBf16Stochastic(bn, k, first + (uint64_t)i);
       memcpy(nbuf + i, &b, 2);
@@ -1876,16 +1884,16 @@ __global__ void sgdMomentumBf16StateKernel(const float *p, const float *g, const
 
 } // namespace
 
-cudaError_t sgdMomentumBf16State(const float *p, const float *g, const void *buf, float *np,
-                                 void *nbuf, int64_t n, const float *lr, const float *step,
-                                 double momentum, double dampening, double wd, bool nesterov,
-                                 const float *gradScale, const float *skip, const uint64_t *ctx,
-                                 int64_t key, uint64_t first, cudaStream_t s) {
+cudaError_t sgdMomentumBf16State(Params q, const float *g, const void *buf, void *nbuf, int64_t n,
+                                 const float *lr, const float *step, double momentum,
+                                 double dampening, double wd, bool nesterov, const float *gradScale,
+                                 const float *skip, const uint64_t *ctx, int64_t key,
+                                 uint64_t first, cudaStream_t s) {
   if (n <= 0)
     return cudaSuccess;
   unsigned blocks = std::min<unsigned>(gridFor(n), 2048u); // as adamwT's
   sgdMomentumBf16StateKernel<<<blocks, kThreads, 0, s>>>(
-      p, g, static_cast<const __nv_bfloat16 *>(buf), np, static_cast<__nv_bfloat16 *>(nbuf), n, lr,
+      q, g, static_cast<const __nv_bfloat16 *>(buf), static_cast<__nv_bfloat16 *>(nbuf), n, lr,
       step, momentum, dampening, wd, nesterov, gradScale, skip, ctx, key, first);
   return cudaGetLastError();
 }
@@ -2044,8 +2052,15 @@ cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,
                   const float *step, double beta1, double beta2, double eps, double wd,
                   const float *gradScale, const float *skip, cudaStream_t s) {
-  FSDP_NATIVE_DISPATCH(gradKind, adamwT, p, g, m, v, np, nm, nv, n, lr, step, beta1, beta2,
-                       eps, wd, gradScale, skip, s);
+  return adamw(Params(p, np), g, gradKind, m, v, nm, nv, n, lr, step, beta1, beta2, eps, wd,
+               gradScale, skip, s);
+}
+cudaError_t adamw(Params q, const void *g, FloatKind gradKind, const float *m, const float *v,
+                  float *nm, float *nv, int64_t n, const float *lr, const float *step, double beta1,
+                  double beta2, double eps, double wd, const float *gradScale, const float *skip,
+                  cudaStream_t s) {
+  FSDP_NATIVE_DISPATCH(gradKind, adamwT, q, g, m, v, nm, nv, n, lr, step, beta1, beta2, eps, wd,
+                       gradScale, skip, s);
 }
 
 } // namespace fsdp::cuda::native

@@ -202,40 +202,46 @@ cudaError_t adamw(const float *p, const void *g, FloatKind gradKind, const float
                   const float *v, float *np, float *nm, float *nv, int64_t n, const float *lr,
                   const float *step, double beta1, double beta2, double eps, double wd,
                   const float *gradScale, const float *skip, cudaStream_t s);
+/// The same with the parameters as `q` says (f32, or bf16: Params).
+cudaError_t adamw(Params q, const void *g, FloatKind gradKind, const float *m, const float *v,
+                  float *nm, float *nv, int64_t n, const float *lr, const float *step, double beta1,
+                  double beta2, double eps, double wd, const float *gradScale, const float *skip,
+                  cudaStream_t s);
 
 /// adamw with the moments m, v (and nm, nv) stored in bf16 (state-dtype=
 /// bf16) and an f32 gradient: the same f32 math on the widened moments,
 /// the new moments rounded once, to nearest, or stochastically when ctx
 /// (the device's {seed, step}) is not null: stateRoundingKey(seed, step,
 /// key), element i drawing as element first + i of its unit
-/// (roundMomentsToBf16Stochastic).
-/// cpu::adamwUpdateBf16State's bits.
-cudaError_t adamwBf16State(const float *p, const float *g, const void *m, const void *v, float *np,
-                           void *nm, void *nv, int64_t n, const float *lr, const float *step,
-                           double beta1, double beta2, double eps, double wd,
-                           const float *gradScale, const float *skip, const uint64_t *ctx,
-                           int64_t key, uint64_t first, cudaStream_t s);
+/// (roundMomentsToBf16Stochastic). The parameters as `q` says (Params;
+/// their draws are another stream). cpu::adamwUpdateBf16State's bits.
+cudaError_t adamwBf16State(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, const float *lr, const float *step, double beta1,
+                           double beta2, double eps, double wd, const float *gradScale,
+                           const float *skip, const uint64_t *ctx, int64_t key, uint64_t first,
+                           cudaStream_t s);
 
 /// adamw_update with the moments stored in 8 bits (state-dtype=8bit):
 /// m, v (and nm, nv, possibly the same) packed shards of n elements in
 /// blocks of `block` (runtime/core/Moments8.h); elements [0, decayed)
-/// take weight decay wd, the rest none. cpu::adamwUpdate8bitState's bits.
-cudaError_t adamw8bitState(const float *p, const float *g, const void *m, const void *v, float *np,
-                           void *nm, void *nv, int64_t n, int64_t block, const float *lr,
-                           const float *step, double beta1, double beta2, double eps, double wd,
-                           int64_t decayed, const float *gradScale, const float *skip,
-                           cudaStream_t s);
+/// take weight decay wd, the rest none; the parameters as `q` says
+/// (Params). cpu::adamwUpdate8bitState's bits.
+cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, int64_t block, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd, int64_t decayed,
+                           const float *gradScale, const float *skip, cudaStream_t s);
 
 /// sgd_momentum_update with the buffer (and the new one) stored in bf16
 /// and f32 p, g: kernels::sgdMomentumUpdate's f32 element on the widened
 /// buffer, the new buffer rounded once, to nearest, or stochastically when
 /// ctx is given (roundToBf16Stochastic, keyed as adamwBf16State's).
-/// cpu::sgdMomentumUpdateBf16State's bits.
-cudaError_t sgdMomentumBf16State(const float *p, const float *g, const void *buf, float *np,
-                                 void *nbuf, int64_t n, const float *lr, const float *step,
-                                 double momentum, double dampening, double wd, bool nesterov,
-                                 const float *gradScale, const float *skip, const uint64_t *ctx,
-                                 int64_t key, uint64_t first, cudaStream_t s);
+/// The parameters as `q` says (Params). cpu::sgdMomentumUpdateBf16State's
+/// bits.
+cudaError_t sgdMomentumBf16State(Params q, const float *g, const void *buf, void *nbuf, int64_t n,
+                                 const float *lr, const float *step, double momentum,
+                                 double dampening, double wd, bool nesterov, const float *gradScale,
+                                 const float *skip, const uint64_t *ctx, int64_t key,
+                                 uint64_t first, cudaStream_t s);
 
 } // namespace fsdp::cuda::native
 

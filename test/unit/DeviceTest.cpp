@@ -1353,11 +1353,13 @@ TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
   // 9 v16, 10 buf; results: stochastic 11-13, nearest 14-16, f32 17-19,
   // skipped 20-22, bf16 moments 23-25 (the f32 moments are their widened
   // values: 17-19 are their reference too), sgd 26 (f32 27), sgd momentum
-  // 28-29 (f32 30-31).
-  std::vector<std::vector<int64_t>> shapes(32, {n});
+  // 28-29 (f32 30-31), adamw with decay on a prefix (decay_numel: the
+  // kernels run in two parts) 32-34 (f32 35-37), sgd momentum with a bf16
+  // buffer (38) and both draw streams 39-40 (f32 parameters 41-42).
+  std::vector<std::vector<int64_t>> shapes(43, {n});
   for (int s : {4, 5, 6})
     shapes[s] = {};
-  const std::vector<int> bf16 = {0, 8, 9, 11, 14, 20, 23, 24, 25, 26, 28};
+  const std::vector<int> bf16 = {0, 8, 9, 11, 14, 20, 23, 24, 25, 26, 28, 32, 38, 39, 40, 42};
   nlohmann::json adam = {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.1}};
   nlohmann::json sr = adam;
   sr["stochastic_param"] = true;
@@ -1368,6 +1370,13 @@ TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
   both["stochastic"] = true; // the moments' draws too
   nlohmann::json sgd = {{"weight_decay", 0.01}, {"stochastic_param", true}, {"key", key}};
   nlohmann::json mom = {{"momentum", 0.9}, {"weight_decay", 0.01}};
+  nlohmann::json prefix = sr, prefix32 = adam;
+  prefix["decay_numel"] = prefix32["decay_numel"] = 1003;
+  prefix["shard_stride"] = prefix32["shard_stride"] = 0;
+  nlohmann::json mom16 = {{"momentum", 0.9}, {"weight_decay", 0.01}, {"stochastic", true},
+                          {"key", key},      {"nesterov", true},     {"dampening", 0.1}},
+                 mom16p = mom16;
+  mom16p["stochastic_param"] = true;
   Plan plan = mixedPlan(shapes, bf16,
                         {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {11, 12, 13}, sr),
                          inst("adamw_update", {0, 1, 2, 3, 4, 5}, {14, 15, 16}, adam),
@@ -1377,10 +1386,15 @@ TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
                          inst("sgd_update", {0, 1, 4}, {26}, sgd),
                          inst("sgd_update", {7, 1, 4}, {27}, {{"weight_decay", 0.01}}),
                          inst("sgd_momentum_update", {0, 1, 10, 4, 5}, {28, 29}, mom),
-                         inst("sgd_momentum_update", {7, 1, 10, 4, 5}, {30, 31}, mom)});
+                         inst("sgd_momentum_update", {7, 1, 10, 4, 5}, {30, 31}, mom),
+                         inst("adamw_update", {0, 1, 2, 3, 4, 5}, {32, 33, 34}, prefix),
+                         inst("adamw_update", {7, 1, 2, 3, 4, 5}, {35, 36, 37}, prefix32),
+                         inst("sgd_momentum_update", {0, 1, 38, 4, 5}, {39, 40}, mom16p),
+                         inst("sgd_momentum_update", {7, 1, 38, 4, 5}, {41, 42}, mom16)});
   std::vector<float> p32(n), g(n), m(n), v(n), buf(n);
-  std::vector<uint16_t> p16(n), m16(n), v16(n);
+  std::vector<uint16_t> p16(n), m16(n), v16(n), b16(n);
   for (int64_t i = 0; i < n; ++i) {
+    b16[i] = roundToBf16((float)std::sin(0.05 * double(i)) * 0.03f);
     p16[i] = roundToBf16((float)std::sin(0.37 * double(i)) * 1.5f);
     p32[i] = widenBf16(p16[i]);
     g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
@@ -1406,6 +1420,8 @@ TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
       put(pl, 9, v16.data() + from);
       put(pl, 10, buf.data() + from);
     }
+    if (pl.buffers.size() > 38)
+      put(pl, 38, b16.data() + from);
   };
   load(plan, 0, 0);
   runDrawing(plan);
@@ -1439,6 +1455,11 @@ TEST_P(DeviceConformance, Bf16ParametersAreTheF32UpdateRoundedOnce) {
   EXPECT_EQ(bits(plan, 26), rounded(read(plan, 27), true)) << "sgd_update";
   EXPECT_EQ(bits(plan, 28), rounded(read(plan, 30), false)) << "sgd_momentum_update";
   EXPECT_EQ(read(plan, 29), read(plan, 31));
+  EXPECT_EQ(bits(plan, 32), rounded(read(plan, 35), true)) << "a decayed prefix";
+  EXPECT_NE(read(plan, 35), np32) << "decay_numel moved the prefix's decay";
+  EXPECT_EQ(read(plan, 33), read(plan, 36));
+  EXPECT_EQ(bits(plan, 39), rounded(read(plan, 41), true)) << "sgd momentum, bf16 buffer";
+  EXPECT_EQ(bits(plan, 40), bits(plan, 42)) << "the buffer's own draws";
 
   // The second half as shard 1 of two: the whole vector's second half.
   std::vector<std::vector<int64_t>> hs(14, {half});
@@ -1741,21 +1762,26 @@ TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
 /// the f32 v). 3000 elements in blocks of 256 (the last one short), with
 /// the weight decay on a prefix that ends inside a block (decay_numel).
 /// A skipped step keeps everything; the second half of 2560 run as shard
-/// 1 of two (whole blocks) stores the whole vector's second half.
+/// 1 of two (whole blocks) stores the whole vector's second half. With
+/// bf16 parameters (master-dtype=bf16; p is bf16-exact here), the same
+/// moments and the f32 update's parameters rounded once with the
+/// stochastic cast's draws.
 TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   const int64_t n = 3000, block = 256, q = shapes::quantizedBytes(n, block);
   // 0 p, 1 g, 2 mq, 3 vq, 4 lr, 5 step, 6 sumsq (inf: skip), 7 m32, 8 v32;
-  // results: 8-bit 9-11, f32 12-14, skipped 15-17.
-  std::vector<std::vector<int64_t>> shapes(18, {n});
+  // results: 8-bit 9-11, f32 12-14, skipped 15-17; 18 p16 and its 8-bit
+  // update 19-21, skipped 22-24.
+  std::vector<std::vector<int64_t>> shapes(25, {n});
   for (int s : {4, 5, 6})
     shapes[s] = {};
-  const std::vector<int> packed = {2, 3, 10, 11, 16, 17};
+  const std::vector<int> packed = {2, 3, 10, 11, 16, 17, 20, 21, 23, 24};
   auto plan8 = [&](std::vector<std::vector<int64_t>> sh, int64_t bytes,
                    std::vector<Instruction> program) {
     for (int i : packed)
       if (i < (int)sh.size())
         sh[i] = {bytes};
-    Plan pl = mixedPlan(sh, {}, std::move(program));
+    Plan pl = mixedPlan(sh, sh.size() > 18 ? std::vector<int>{18, 19, 22} : std::vector<int>{},
+                        std::move(program));
     int64_t offset = 0;
     for (size_t i = 0; i < pl.buffers.size(); ++i) {
       Buffer &b = pl.buffers[i];
@@ -1775,13 +1801,20 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   eight["state_block"] = block;
   nlohmann::json skip = eight;
   skip["skip_nonfinite"] = true;
+  nlohmann::json eight16 = eight, skip16 = skip;
+  eight16["stochastic_param"] = skip16["stochastic_param"] = true;
+  eight16["key"] = skip16["key"] = 6;
   Plan plan = plan8(shapes, q,
                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, eight),
                      inst("adamw_update", {0, 1, 7, 8, 4, 5}, {12, 13, 14}, adam),
-                     inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip)});
+                     inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip),
+                     inst("adamw_update", {18, 1, 2, 3, 4, 5}, {19, 20, 21}, eight16),
+                     inst("adamw_update", {18, 1, 2, 3, 4, 5, 6}, {22, 23, 24}, skip16)});
   std::vector<float> p(n), g(n), m(n), r(n);
+  std::vector<uint16_t> p16(n);
   for (int64_t i = 0; i < n; ++i) {
-    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    p16[i] = roundToBf16((float)std::sin(0.37 * double(i)) * 1.5f);
+    p[i] = widenBf16(p16[i]);
     g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
     // magnitudes over several decades within a block
     m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
@@ -1800,6 +1833,7 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   write(plan, 6, {std::numeric_limits<float>::infinity()});
   put(plan, 7, m32.data());
   put(plan, 8, v32.data());
+  put(plan, 18, p16.data());
   runDrawing(plan);
   auto bytes = [&](const Plan &pl, int64_t id) {
     std::vector<uint8_t> v(pl.buffers[id].bytes);
@@ -1817,6 +1851,14 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   EXPECT_EQ(read(plan, 15), p) << "a skipped step keeps the parameters";
   EXPECT_EQ(bytes(plan, 16), mq);
   EXPECT_EQ(bytes(plan, 17), vq);
+  std::vector<uint16_t> srP(n);
+  for (int64_t i = 0; i < n; ++i)
+    srP[i] = roundToBf16Stochastic(np32[i], stochasticRoundingKey(77, 5, 6), (uint64_t)i);
+  EXPECT_EQ(bits(plan, 19), srP) << "bf16 parameters: the f32 update's, rounded once";
+  EXPECT_EQ(bytes(plan, 20), bytes(plan, 10));
+  EXPECT_EQ(bytes(plan, 21), bytes(plan, 11));
+  EXPECT_EQ(bits(plan, 22), p16) << "a skipped step keeps the bf16 parameters";
+  EXPECT_EQ(bytes(plan, 23), mq);
 
   // Shard 1 of two over the first 2560 elements (5 whole blocks each):
   // the whole vector's second half, its blocks and scales.
