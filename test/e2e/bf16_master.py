@@ -35,7 +35,13 @@ a parameter with probability (update / ulp) instead of never.
       so its loss is bitwise the bf16-master run's step 4), and an
       f32-master checkpoint resumed by a bf16-master plan (rounded to
       nearest once), each naming the conversion;
-    - the plan stores the parameters in half the bytes of the f32 master's.
+    - the plan stores the parameters in half the bytes of the f32 master's;
+    - `fsdp-ckpt export` of the bf16-master checkpoint: F32 by default, the
+      bf16 values widened exactly (bitwise the run's --save, every low half
+      zero); `--dtype bf16` half the bytes, the same values; `--init-from`
+      either file gives the same first loss. `--dtype bf16` of the
+      f32-master checkpoint is PyTorch's .to(torch.bfloat16) of its F32
+      export, bitwise (rounding to nearest even).
 (b) gpt_small on text tokens, 200 steps (mixed_precision.py's (b) setting):
     f32; bf16 compute on f32 masters; bf16 masters rounded stochastically;
     bf16 masters rounded to nearest. Every 50-step window mean of the
@@ -52,6 +58,7 @@ a parameter with probability (update / ulp) instead of never.
     draws from device memory) bitwise the eager run.
 """
 import json
+import struct
 import subprocess
 import math
 import os
@@ -62,6 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
 import stochastic_rounding as sr  # noqa: E402
+from e2e_lib import safetensors  # noqa: E402
 
 U = 2.0 ** -8
 STEPS = 10
@@ -129,7 +137,8 @@ def check_shards(bindir, tmp):
     ck_path = os.path.join(tmp, "ck.plan")
     ck_plan = mp.compile_plan(bindir, g2, ck_path, f"{SR} world-size=2 stage=3")
     ckpt = os.path.join(tmp, "ckpt")
-    mp.run(bindir, ck_path, 2, 3, ["--ckpt-dir", ckpt, "--save-every", "3"])
+    saved = os.path.join(tmp, "saved.safetensors")
+    mp.run(bindir, ck_path, 2, 3, ["--ckpt-dir", ckpt, "--save-every", "3", "--save", saved])
     rows, summary = mp.run_rows(bindir, ck_path, 2, 6, ["--resume", ckpt])
     resumed = [r["loss"] for r in rows]
     print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted "
@@ -154,7 +163,60 @@ def check_shards(bindir, tmp):
     ours, theirs = param_bytes(ck_plan), param_bytes(f32_plan)
     print(f"  parameter storage a rank: {ours} B, f32 masters {theirs} B: "
           f"{verdict(2 * ours == theirs)}")
+    check_export(bindir, tmp, ckpt, ckpt32, saved, one_path, verdict)  # verdict counts
     return failures
+
+
+def check_export(bindir, tmp, ckpt, ckpt32, saved, plan1, verdict):
+    """fsdp-ckpt export of bf16-master and f32-master checkpoints, F32 and
+    --dtype bf16 (see the docstring's (a)); `verdict` counts the failures."""
+    tool = os.path.join(bindir, "fsdp-ckpt")
+
+    def export(ck, name, *dtype):
+        out = os.path.join(tmp, name)
+        subprocess.run([tool, "export", ck, out, *dtype], check=True, capture_output=True)
+        return out, safetensors(out)
+
+    f32_path, f32 = export(ckpt, "e32.safetensors")
+    bf_path, bf = export(ckpt, "e16.safetensors", "--dtype", "bf16")
+    want = {k: t[2] for k, t in safetensors(saved).items()}
+    exact = all(t[0] == "F32" and not any(struct.unpack(f"<{len(t[2]) // 4}I", t[2])[i] & 0xFFFF
+                                          for i in range(len(t[2]) // 4))
+                for t in f32.values())
+    ok = {k: t[2] for k, t in f32.items()} == want and exact
+    print(f"  fsdp-ckpt export of the bf16-master checkpoint: F32, bitwise --save, bf16-exact: "
+          f"{verdict(ok)}")
+    # bf16 bits are the upper halves of the exact f32 values
+    halves = {k: b"".join(t[2][i + 2:i + 4] for i in range(0, len(t[2]), 4))
+              for k, t in f32.items()}
+    ok = (all(t[0] == "BF16" and t[1] == f32[k][1] for k, t in bf.items())
+          and {k: t[2] for k, t in bf.items()} == halves
+          and os.path.getsize(bf_path) < 0.51 * os.path.getsize(f32_path))
+    print(f"  --dtype bf16: BF16, the same values in half the bytes "
+          f"({os.path.getsize(bf_path)} B vs {os.path.getsize(f32_path)} B): {verdict(ok)}")
+    a, _ = mp.run(bindir, plan1, 1, 1, ["--init-from", f32_path])
+    b, _ = mp.run(bindir, plan1, 1, 1, ["--init-from", bf_path])
+    print(f"  --init-from the F32 and the BF16 export: the same first loss {a[0]:.6f}: "
+          f"{verdict(a == b)}")
+    # An f32-master checkpoint rounded to nearest even: PyTorch's cast.
+    import torch
+    w32_path, w32 = export(ckpt32, "w32.safetensors")
+    _, w16 = export(ckpt32, "w16.safetensors", "--dtype", "bf16")
+    moved = 0
+    ok = True
+    for k, (_, shape, data) in w32.items():
+        x = torch.frombuffer(bytearray(data), dtype=torch.float32)
+        y = torch.frombuffer(bytearray(w16[k][2]), dtype=torch.bfloat16)
+        ok = ok and w16[k][0] == "BF16" and torch.equal(x.to(torch.bfloat16).view(torch.int16),
+                                                        y.view(torch.int16))
+        moved += int((y.float() != x).sum())
+    ok = ok and moved > 0
+    print(f"  --dtype bf16 of the f32-master checkpoint: torch's .to(bfloat16) bitwise "
+          f"({moved} values rounded): {verdict(ok)}")
+    r = subprocess.run([tool, "export", ckpt, os.path.join(tmp, "x.st"), "--dtype", "f16"],
+                       capture_output=True, text=True)
+    ok = r.returncode == 2 and "--dtype 'f16': expected f32 or bf16" in r.stderr
+    print(f"  --dtype f16: exit {r.returncode}, named: {verdict(ok)}")
 
 
 def check_text(bindir, tmp, tokens):

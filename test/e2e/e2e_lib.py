@@ -10,6 +10,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
 
+def safetensors(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file (metadata aside)."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"],
+                data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
 class Checks:
     """Prints each check as `what  ok|MISMATCH` and remembers the failed."""
 

@@ -1,18 +1,21 @@
 //===- fsdp-ckpt.cpp - offline tools for fsdp-run checkpoints -------------===//
 //
-// `fsdp-ckpt export CKPT OUT.safetensors` consolidates the parameters of a
-// sharded checkpoint (CKPT: a checkpoint directory, or a --ckpt-dir whose
-// newest complete checkpoint is taken) into one safetensors file under the
-// model's own tensor names, loadable by PyTorch and by `fsdp-run
-// --init-from`, without running the model or knowing the plan: the index's
-// shard map says where every element lives. `fsdp-ckpt info CKPT` prints
-// the index. `fsdp-ckpt reshard CKPT --plan OTHER.plan OUT` converts it for
-// another plan of the same model (another world size, stage or unit
-// grouping): `fsdp-run OTHER.plan --resume OUT` continues the training.
-// Exit codes: 0 success, 1 error, 2 usage.
+// `fsdp-ckpt export CKPT OUT.safetensors [--dtype f32|bf16]` consolidates
+// the parameters of a sharded checkpoint (CKPT: a checkpoint directory, or
+// a --ckpt-dir whose newest complete checkpoint is taken) into one
+// safetensors file under the model's own tensor names, loadable by PyTorch
+// and by `fsdp-run --init-from`, without running the model or knowing the
+// plan: the index's shard map says where every element lives. F32 by
+// default (bf16-stored parameters widened exactly); --dtype bf16 writes
+// BF16, each value rounded to nearest even (torch's .to(torch.bfloat16)),
+// exact for parameters stored in bf16 (master-dtype=bf16): half the bytes. `fsdp-ckpt info CKPT`
+// prints the index. `fsdp-ckpt reshard CKPT --plan OTHER.plan OUT` converts it for another plan of
+// the same model (another world size, stage or unit grouping): `fsdp-run OTHER.plan --resume OUT`
+// continues the training. Exit codes: 0 success, 1 error, 2 usage.
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/core/Bf16.h"
 #include "runtime/core/Checkpoint.h"
 
 #include <cstdio>
@@ -22,7 +25,8 @@
 using namespace fsdp;
 
 static const char *kUsage =
-    "usage: fsdp-ckpt export CKPT OUT.safetensors   consolidated parameters\n"
+    "usage: fsdp-ckpt export CKPT OUT.safetensors [--dtype f32|bf16]\n"
+    "                                               consolidated parameters\n"
     "       fsdp-ckpt info CKPT                     step, layout, data position\n"
     "       fsdp-ckpt reshard CKPT --plan P OUT     the checkpoint for plan P, in OUT\n"
     "CKPT: a checkpoint directory (step-NNNNNNNN) or the --ckpt-dir holding them\n"
@@ -39,9 +43,16 @@ int main(int argc, char **argv) {
     return 0;
   }
   std::string cmd = argc >= 2 ? argv[1] : "";
-  if (!((cmd == "export" && argc == 4) || (cmd == "info" && argc == 3) ||
+  const bool typed = cmd == "export" && argc == 6 && !std::strcmp(argv[4], "--dtype");
+  if (!((cmd == "export" && (argc == 4 || typed)) || (cmd == "info" && argc == 3) ||
         (cmd == "reshard" && argc == 6 && !std::strcmp(argv[3], "--plan")))) {
     std::fprintf(stderr, "%s", kUsage);
+    return 2;
+  }
+  const std::string dtype = typed ? argv[5] : "f32";
+  if (dtype != "f32" && dtype != "bf16") {
+    std::fprintf(stderr, "fsdp-ckpt: error: --dtype '%s': expected f32 or bf16\n%s", dtype.c_str(),
+                 kUsage);
     return 2;
   }
   std::string path;
@@ -98,9 +109,20 @@ int main(int argc, char **argv) {
   TensorMap params;
   if (!(st = exportCheckpoint(path, params)))
     return fail(st);
+  if (dtype == "bf16")
+    for (auto &[name, t] : params) {
+      if (t.dtype != DType::F32) // exportCheckpoint's tensors are f32
+        return fail(FSDP_ERROR(name, ": exported as ", dtypeName(t.dtype), ", not f32"));
+      std::vector<uint8_t> narrow(t.data.size() / 2);
+      narrowParams(DType::BF16, reinterpret_cast<const float *>(t.data.data()),
+                   (int64_t)(t.data.size() / 4), narrow.data());
+      t.dtype = DType::BF16;
+      t.data = std::move(narrow);
+    }
   if (!(st = writeSafeTensors(argv[3], params,
                               {{"format", "pt"}, {"producer", "fsdp-ckpt"}})))
     return fail(st);
-  std::printf("%s: %zu parameters from %s\n", argv[3], params.size(), path.c_str());
+  std::printf("%s: %zu parameters from %s (%s)\n", argv[3], params.size(), path.c_str(),
+              dtype == "bf16" ? "BF16, rounded to nearest" : "F32");
   return 0;
 }
