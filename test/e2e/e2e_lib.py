@@ -10,6 +10,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 
 
+def main_modes(doc, passed, modes):
+    """The main of a script run as `SCRIPT BIN_DIR MODE [ARG...]`: `modes`
+    maps each mode to (how many ARGs it takes, check(bindir, tmp, *args)
+    returning the number of failed checks), run in a temporary directory.
+    Prints `passed` or the failure count; returns the exit status (the
+    usage, `doc`, for a bad command line)."""
+    argv = sys.argv
+    if len(argv) < 3 or argv[2] not in modes or len(argv) != 3 + modes[argv[2]][0]:
+        raise SystemExit(doc)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        failures = modes[argv[2]][1](argv[1], tmp, *argv[3:])
+    print(passed if not failures else f"FAIL: {failures} check(s) differ")
+    return 1 if failures else 0
+
+
+def step_losses(binary, plan, steps, extra=(), timeout=600):
+    """The training losses of `BINARY PLAN --steps N --json --threads 1
+    EXTRA` (fsdp-run, fsdp-run-emu: one process, any --device)."""
+    out = subprocess.run([binary, plan, "--steps", str(steps), "--json", "--threads", "1"]
+                         + list(extra), check=True, capture_output=True, text=True,
+                         timeout=timeout).stdout
+    return [json.loads(l)["loss"] for l in out.splitlines()
+            if l.startswith("{") and '"step"' in l]
+
+
 def safetensors(path):
     """{name: (dtype, shape, bytes)} of a safetensors file (metadata aside)."""
     import struct

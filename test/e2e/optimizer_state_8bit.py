@@ -59,11 +59,11 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
+from e2e_lib import main_modes, step_losses  # noqa: E402
 from optimizer_state_bf16 import gpt, rel  # noqa: E402
 
 GLOBAL_BATCH = 4
@@ -454,11 +454,7 @@ def check_cuda(bindir, tmp, runner):
     mp.compile_plan(bindir, model, path, EIGHT_OPT)
 
     def losses(binary, extra):
-        out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + LR
-                             + extra, check=True, capture_output=True, text=True,
-                             timeout=600).stdout
-        return [json.loads(l)["loss"] for l in out.splitlines()
-                if l.startswith("{") and '"step"' in l]
+        return step_losses(binary, path, 6, LR + extra)
 
     cpu = losses(os.path.join(bindir, "fsdp-run"), [])
     cuda = losses(runner, ["--device", "cuda"])
@@ -477,22 +473,9 @@ def check_cuda(bindir, tmp, runner):
 
 
 def main():
-    if len(sys.argv) < 3:
-        raise SystemExit(__doc__)
-    bindir, mode = sys.argv[1], sys.argv[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        if mode == "shards" and len(sys.argv) == 3:
-            failures = check_shards(bindir, tmp)
-        elif mode == "text" and len(sys.argv) == 4:
-            failures = check_text(bindir, tmp, sys.argv[3])
-        elif mode == "cuda" and len(sys.argv) == 4:
-            failures = check_cuda(bindir, tmp, sys.argv[3])
-        else:
-            raise SystemExit(__doc__)
-    print("8-bit optimizer state checks pass" if not failures
-          else f"FAIL: {failures} check(s) differ")
-    return 1 if failures else 0
-
+    return main_modes(__doc__, "8-bit optimizer state checks pass",
+                      {"shards": (0, check_shards), "text": (1, check_text),
+                       "cuda": (1, check_cuda)})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -45,16 +45,15 @@ StochasticRounding.h, roundMomentsToBf16Stochastic).
     is under half its last place (beta2 = 0.999: under 2^-9 of v), so it
     cannot follow a slow fall of the gradients.
 """
-import json
 import math
 import os
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
+from e2e_lib import main_modes, step_losses  # noqa: E402
 
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 GLOBAL_BATCH = 4
@@ -265,11 +264,7 @@ def check_cuda(bindir, tmp, runner):
         mp.compile_plan(bindir, model, path, pipeline)
 
         def losses(binary, extra):
-            out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + lr
-                                 + extra, check=True, capture_output=True, text=True,
-                                 timeout=600).stdout
-            return [json.loads(l)["loss"] for l in out.splitlines()
-                    if l.startswith("{") and '"step"' in l]
+            return step_losses(binary, path, 6, lr + extra)
 
         cpu = losses(os.path.join(bindir, "fsdp-run"), [])
         cuda = losses(runner, ["--device", "cuda"])
@@ -416,24 +411,9 @@ def check_others(bindir, tmp):
 
 
 def main():
-    if len(sys.argv) < 3:
-        raise SystemExit(__doc__)
-    bindir, mode = sys.argv[1], sys.argv[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        if mode == "shards" and len(sys.argv) == 3:
-            failures = check_shards(bindir, tmp)
-        elif mode == "others" and len(sys.argv) == 3:
-            failures = check_others(bindir, tmp)
-        elif mode == "text" and len(sys.argv) == 4:
-            failures = check_text(bindir, tmp, sys.argv[3])
-        elif mode == "cuda" and len(sys.argv) == 4:
-            failures = check_cuda(bindir, tmp, sys.argv[3])
-        else:
-            raise SystemExit(__doc__)
-    print("bf16 optimizer state checks pass" if not failures
-          else f"FAIL: {failures} check(s) differ")
-    return 1 if failures else 0
-
+    return main_modes(__doc__, "bf16 optimizer state checks pass",
+                      {"shards": (0, check_shards), "others": (0, check_others),
+                       "text": (1, check_text), "cuda": (1, check_cuda)})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,16 +41,15 @@ unit's flat parameters (runtime/core/StochasticRounding.h).
     Invariant), and --cuda-graphs (the step captured once, replayed with
     each step's draw read from device memory) bitwise the eager run.
 """
-import json
 import math
 import os
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
+from e2e_lib import main_modes, step_losses  # noqa: E402
 
 U = 2.0 ** -8
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
@@ -185,10 +184,7 @@ def check_cuda(bindir, tmp, runner):
     rtol = mp.rounding_depth(plan) * U
 
     def losses(binary, extra):
-        out = subprocess.run([binary, path, "--steps", "6", "--json", "--threads", "1"] + extra,
-                             check=True, capture_output=True, text=True, timeout=600).stdout
-        return [json.loads(l)["loss"] for l in out.splitlines()
-                if l.startswith("{") and '"step"' in l]
+        return step_losses(binary, path, 6, extra)
 
     cpu = losses(os.path.join(bindir, "fsdp-run"), [])
     cuda = losses(runner, ["--device", "cuda"])
@@ -205,22 +201,9 @@ def check_cuda(bindir, tmp, runner):
 
 
 def main():
-    if len(sys.argv) < 3:
-        raise SystemExit(__doc__)
-    bindir, mode = sys.argv[1], sys.argv[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        if mode == "shards" and len(sys.argv) == 3:
-            failures = check_shards(bindir, tmp)
-        elif mode == "text" and len(sys.argv) == 4:
-            failures = check_text(bindir, tmp, sys.argv[3])
-        elif mode == "cuda" and len(sys.argv) == 4:
-            failures = check_cuda(bindir, tmp, sys.argv[3])
-        else:
-            raise SystemExit(__doc__)
-    print("stochastic rounding checks pass" if not failures
-          else f"FAIL: {failures} check(s) differ")
-    return 1 if failures else 0
-
+    return main_modes(__doc__, "stochastic rounding checks pass",
+                      {"shards": (0, check_shards), "text": (1, check_text),
+                       "cuda": (1, check_cuda)})
 
 if __name__ == "__main__":
     sys.exit(main())
