@@ -67,7 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
 import stochastic_rounding as sr  # noqa: E402
-from e2e_lib import main_modes, safetensors, step_losses  # noqa: E402
+from e2e_lib import cuda_runs, main_modes, safetensors  # noqa: E402
 
 U = 2.0 ** -8
 STEPS = 10
@@ -266,17 +266,12 @@ def check_cuda(bindir, tmp, runner):
         plan = mp.compile_plan(bindir, model, path, SR + extra)
         rtol = mp.rounding_depth(plan) * U
 
-        def losses(binary, more):
-            return step_losses(binary, path, 6, more)
-
-        cpu = losses(os.path.join(bindir, "fsdp-run"), [])
-        cuda = losses(runner, ["--device", "cuda"])
+        cpu, cuda, graphs = cuda_runs(bindir, runner, path)
         err = max(rel(a, b) for a, b in zip(cuda, cpu))
         ok = len(cuda) == 6 and err <= rtol
         failures += not ok
         print(f"(c) bf16 masters, {label}, on cuda vs cpu, 6 steps: max rel diff {err:.2e} "
               f"(<= D u = {rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
-        graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
         ok = graphs == cuda
         failures += not ok
         print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: "

@@ -36,6 +36,16 @@ def step_losses(binary, plan, steps, extra=(), timeout=600):
             if l.startswith("{") and '"step"' in l]
 
 
+def cuda_runs(bindir, runner, plan, steps=6, extra=()):
+    """The losses of PLAN on the CPU device (fsdp-run), on --device cuda
+    (RUNNER: fsdp-run-emu here, fsdp-run on a GPU) and on cuda with
+    --cuda-graphs: (cpu, cuda, graphs)."""
+    extra = list(extra)
+    return (step_losses(os.path.join(bindir, "fsdp-run"), plan, steps, extra),
+            step_losses(runner, plan, steps, extra + ["--device", "cuda"]),
+            step_losses(runner, plan, steps, extra + ["--device", "cuda", "--cuda-graphs"]))
+
+
 def safetensors(path):
     """{name: (dtype, shape, bytes)} of a safetensors file (metadata aside)."""
     import struct

@@ -53,7 +53,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
-from e2e_lib import main_modes, step_losses  # noqa: E402
+from e2e_lib import cuda_runs, main_modes  # noqa: E402
 
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
 GLOBAL_BATCH = 4
@@ -263,11 +263,7 @@ def check_cuda(bindir, tmp, runner):
         path = os.path.join(tmp, "c.plan")
         mp.compile_plan(bindir, model, path, pipeline)
 
-        def losses(binary, extra):
-            return step_losses(binary, path, 6, lr + extra)
-
-        cpu = losses(os.path.join(bindir, "fsdp-run"), [])
-        cuda = losses(runner, ["--device", "cuda"])
+        cpu, cuda, graphs = cuda_runs(bindir, runner, path, extra=lr)
         err = max(rel(a, b) for a, b in zip(cuda, cpu))
         first = rel(cuda[0], cpu[0])
         ok = len(cuda) == 6 and first <= 1e-6 and err <= LOOSE
@@ -275,7 +271,6 @@ def check_cuda(bindir, tmp, runner):
         print(f"(c) {label} on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
               f"max {err:.2e} (<= {LOOSE:.0e}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
               f"{'ok' if ok else 'MISMATCH'}")
-        graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
         ok = graphs == cuda
         failures += not ok
         print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: "

@@ -49,7 +49,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mixed_precision as mp  # noqa: E402
-from e2e_lib import main_modes, step_losses  # noqa: E402
+from e2e_lib import cuda_runs, main_modes  # noqa: E402
 
 U = 2.0 ** -8
 GEN = os.path.join(HERE, "..", "..", "examples", "gen_models.py")
@@ -183,17 +183,12 @@ def check_cuda(bindir, tmp, runner):
     plan = mp.compile_plan(bindir, model, path, "param-dtype=bf16 stochastic-rounding=true")
     rtol = mp.rounding_depth(plan) * U
 
-    def losses(binary, extra):
-        return step_losses(binary, path, 6, extra)
-
-    cpu = losses(os.path.join(bindir, "fsdp-run"), [])
-    cuda = losses(runner, ["--device", "cuda"])
+    cpu, cuda, graphs = cuda_runs(bindir, runner, path)
     err = max(rel(a, b) for a, b in zip(cuda, cpu))
     ok = len(cuda) == 6 and err <= rtol
     failures += not ok
     print(f"(c) bf16 stochastic on cuda vs cpu, 6 steps: max rel diff {err:.2e} (<= D u = "
           f"{rtol:.4f})  {'ok' if ok else 'MISMATCH'}")
-    graphs = losses(runner, ["--device", "cuda", "--cuda-graphs"])
     ok = graphs == cuda
     failures += not ok
     print(f"  --cuda-graphs (steps 3-6 replayed) == eager bitwise: {'ok' if ok else 'MISMATCH'}")
