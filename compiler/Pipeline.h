@@ -46,7 +46,7 @@ struct FsdpPipelineOptions
       *this, "optimizer-state-dtype",
       llvm::cl::desc("f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, "
                      "SGD's momentum buffer) in bf16 (f32 math, half its bytes), or AdamW's "
-                     "moments in 8-bit block codes (about a quarter)"),
+                     "moments or SGD's momentum buffer in 8-bit block codes (about a quarter)"),
       llvm::cl::init("f32")};
   Option<int64_t> optimizerStateBlock{
       *this, "optimizer-state-block",

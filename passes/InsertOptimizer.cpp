@@ -86,10 +86,13 @@ void InsertOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   const bool state8 = stateDtype == "8bit";
-  if (state8 && optimizer != "adamw") {
+  if (state8 && optimizer != "adamw" && !(optimizer == "sgd" && momentum > 0)) {
     mlir::emitError(module.getLoc())
-        << "state-dtype=8bit keeps AdamW's moments in 8-bit block codes; optimizer=" << optimizer
-        << " has no such kernel (state-dtype=bf16 halves its state)";
+        << "state-dtype=8bit keeps AdamW's moments or SGD's momentum buffer in 8-bit block "
+           "codes; optimizer="
+        << optimizer
+        << (optimizer == "sgd" ? " without momentum keeps no state"
+                               : " has no such kernel (state-dtype=bf16 halves its state)");
     return signalPassFailure();
   }
   if (state8 && (stateBlock < 32 || stateBlock > 4096 || (stateBlock & (stateBlock - 1)))) {
@@ -244,6 +247,12 @@ void InsertOptimizerPass::runOnOperation() {
                          ? Type(b.getBF16Type())
                          : Type();
     const bool stochastic = stateElem && stateRounding == "stochastic";
+    // 8-bit state of an f32 parameter: a packed i8 vector of its codes and
+    // block scales (the update's state_block).
+    const bool packed = state8 && param.getTensorType().getElementType().isF32();
+    Type packedTy = RankedTensorType::get(
+        {::fsdp::shapes::quantizedBytes(param.getTensorType().getNumElements(), stateBlock)},
+        b.getIntegerType(8));
     if (optimizer == "lamb") {
       // The norms over the whole parameter (one segment), then the step;
       // fsdp-shard rebuilds both over each unit's flat shard, its
@@ -269,12 +278,6 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (optimizer == "adamw") {
-      // 8-bit moments of an f32 parameter: each a packed i8 vector of its
-      // codes and block scales (AdamwUpdateOp's state_block).
-      const bool packed = state8 && param.getTensorType().getElementType().isF32();
-      Type packedTy = RankedTensorType::get(
-          {::fsdp::shapes::quantizedBytes(param.getTensorType().getNumElements(), stateBlock)},
-          b.getIntegerType(8));
       StateOp m = createState(param, "exp_avg", stateElem, packed ? packedTy : Type());
       StateOp v = createState(param, "exp_avg_sq", stateElem, packed ? packedTy : Type());
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
@@ -291,7 +294,7 @@ void InsertOptimizerPass::runOnOperation() {
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());
     } else if (momentum > 0) {
-      StateOp buf = createState(param, "momentum_buffer", stateElem);
+      StateOp buf = createState(param, "momentum_buffer", stateElem, packed ? packedTy : Type());
       Value bv = b.create<GetStateOp>(ploc, buf.getType(), symRef(buf));
       Type t = param.getType();
       auto upd = b.create<SgdMomentumUpdateOp>(
@@ -300,7 +303,8 @@ void InsertOptimizerPass::runOnOperation() {
           b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           nesterov ? b.getUnitAttr() : UnitAttr(), stochastic ? b.getUnitAttr() : UnitAttr(),
           /*stochastic_param=*/UnitAttr(),
-          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr(),
+          packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(buf), upd.getNewBuffer());
     } else {

@@ -288,11 +288,13 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     since to nearest a bf16 v no longer moves once (1 - beta2) g^2 is
     below half its last place (beta2 = 0.999: under 2^-9 of v).
 
-    With `state-dtype=8bit` (AdamW only) the two moments of each f32
-    parameter are 8-bit codes in blocks of `state-block` elements with an
-    f32 scale each (bitsandbytes' and torchao's 8-bit AdamW;
+    With `state-dtype=8bit` (AdamW, and SGD with momentum) the two moments
+    (the momentum buffer) of each f32 parameter are 8-bit codes in blocks
+    of `state-block` elements with an f32 scale each (bitsandbytes' and
+    torchao's 8-bit AdamW, bitsandbytes' 8-bit SGD;
     runtime/core/Moments8.h): about 2 bytes of optimizer state a
-    parameter instead of 8. Each moment is one packed i8 state of
+    parameter instead of 8 (SGD's: about 1 instead of 4). The buffer is
+    coded as exp_avg is (signed). Each moment is one packed i8 state of
     shapes::quantizedBytes(n, block) bytes, and the update carries
     `state_block`; the update decodes, runs in f32 and encodes the new
     moments to the nearest code. fsdp-shard pads each unit to whole
@@ -323,7 +325,7 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
            "f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, SGD's "
            "momentum buffer) stored in bf16 (f32 math; half its bytes), or AdamW's "
-           "moments in 8-bit block codes (about a quarter)">,
+           "moments or SGD's momentum buffer in 8-bit block codes (about a quarter)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,

@@ -913,29 +913,33 @@ static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, S
   return success();
 }
 
-/// AdamW's 8-bit moments (`state_block`, state-dtype=8bit): f32
-/// parameters, a block that is a power of two in [32, 4096], and each
-/// moment a packed i8 vector of the parameter's codes and block scales.
-static LogicalResult verifyState8bit(AdamwUpdateOp op, Type work) {
-  RankedTensorType p = rt(op.getParam()), m = rt(op.getExpAvg());
-  std::optional<int64_t> block = op.getStateBlock();
+/// 8-bit state (`state_block`, state-dtype=8bit: AdamW's moments, SGD's
+/// momentum buffer, `what`): an f32 step, a block that is a power of two
+/// in [32, 4096], and the state a packed i8 vector of the parameter's
+/// codes and block scales.
+static LogicalResult verifyState8bit(Operation *op, Value param, Value state, StringRef what,
+                                     std::optional<int64_t> block, bool stochastic,
+                                     bool stochasticParam, std::optional<int64_t> key, Type work) {
+  RankedTensorType p = rt(param), m = rt(state);
+  const char *are = what == "buffer" ? " is" : " are";
   if (!block)
-    return op.emitOpError() << "i8 moments are 8-bit block codes: expected state_block";
+    return op->emitOpError() << "i8 " << what << are << " 8-bit block codes: expected state_block";
   if (*block < 32 || *block > 4096 || (*block & (*block - 1)))
-    return op.emitOpError() << "state_block must be a power of two in [32, 4096], found "
-                            << *block;
+    return op->emitOpError() << "state_block must be a power of two in [32, 4096], found "
+                             << *block;
   if (!work.isF32() || !m.getElementType().isInteger(8))
-    return op.emitOpError() << "state_block keeps the moments of an f32 step in i8, found "
-                            << typeStr(m.getElementType()) << " moments of "
-                            << typeStr(p.getElementType()) << " parameters";
+    return op->emitOpError() << "state_block keeps the " << what << " of an f32 step in i8, found "
+                             << typeStr(m.getElementType()) << " " << what << " of "
+                             << typeStr(p.getElementType()) << " parameters";
   int64_t want = ::fsdp::shapes::quantizedBytes(p.getNumElements(), *block);
   if (m.getRank() != 1 || m.getNumElements() != want)
-    return op.emitOpError() << "8-bit moments of " << p.getNumElements() << " elements in blocks of "
-                            << *block << " are " << want << " bytes (tensor<" << want
-                            << "xi8>), found " << typeStr(m);
-  if (op.getStochastic() || (op.getKey() && !op.getStochasticParam()))
-    return op.emitOpError() << "8-bit moments are rounded to the nearest code: stochastic and "
-                               "key (but for stochastic_param's bf16 parameters) do not apply";
+    return op->emitOpError() << "8-bit " << what << " of " << p.getNumElements()
+                             << " elements in blocks of " << *block << are << " " << want
+                             << " bytes (tensor<" << want << "xi8>), found " << typeStr(m);
+  if (stochastic || (key && !stochasticParam))
+    return op->emitOpError() << "8-bit " << what << are
+                             << " rounded to the nearest code: stochastic and "
+                                "key (but for stochastic_param's bf16 parameters) do not apply";
   return success();
 }
 
@@ -945,7 +949,8 @@ LogicalResult AdamwUpdateOp::verify() {
   if (failed(work))
     return failure();
   if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
-    return verifyState8bit(*this, *work);
+    return verifyState8bit(*this, getParam(), getExpAvg(), "moments", getStateBlock(),
+                           getStochastic(), getStochasticParam(), getKey(), *work);
   return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey(),
                           *work);
 }
@@ -955,6 +960,9 @@ LogicalResult SgdMomentumUpdateOp::verify() {
       verifyUpdateDtype(*this, getParam(), getGrad(), getStochasticParam(), getKey());
   if (failed(work))
     return failure();
+  if (getStateBlock() || rt(getBuffer()).getElementType().isInteger(8))
+    return verifyState8bit(*this, getParam(), getBuffer(), "buffer", getStateBlock(),
+                           getStochastic(), getStochasticParam(), getKey(), *work);
   return verifyStateDtype(*this, getParam(), getBuffer(), "buffer", getStochastic(), getKey(),
                           *work);
 }

@@ -61,9 +61,10 @@ def Fsdp_StateOp : Fsdp_Op<"state", [Symbol]> {
     `fsdp-insert-optimizer`. It has the shape of the parameter it shadows,
     starts at zero, and is sharded with that parameter. Its dtype is the
     parameter's, or bf16 for an f32 parameter (`state-dtype=bf16`); or,
-    AdamW's moments of an f32 parameter with `state-dtype=8bit`, a packed
-    i8 vector of its 8-bit codes and block scales
-    (fsdp.adamw_update's `state_block`).
+    AdamW's moments and SGD's momentum buffer of an f32 parameter with
+    `state-dtype=8bit`, a packed i8 vector of its 8-bit codes and block
+    scales (fsdp.adamw_update's and fsdp.sgd_momentum_update's
+    `state_block`).
 
     ```mlir
     fsdp.state @"fc1.weight.exp_avg" : tensor<64x64xf32> of @"fc1.weight" kind "exp_avg"
@@ -1328,13 +1329,23 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
     the unit by `shard_stride`), so an update smaller than half a bf16 ulp
     still moves the parameter in expectation.
 
+    With `state_block = B` (fsdp-insert-optimizer's `state-dtype=8bit`)
+    the buffer of an f32 step is stored in about a byte an element, as
+    fsdp.adamw_update's exp_avg: a packed i8 tensor of
+    shapes::quantizedBytes(n, B) bytes, n codes (a sign and E4M3, relative
+    to the block's largest magnitude) then one f32 scale per block of B
+    elements (runtime/core/Moments8.h; bitsandbytes' 8-bit SGD keeps its
+    momentum so). The update decodes a block, runs the f32 step above and
+    encodes the new buffer once, to the nearest code.
+
     ```mlir
     %p2, %b2 = fsdp.sgd_momentum_update %p, %g, %buf, %lr, %step {momentum = 9.0e-01 : f64} : tensor<64xf32>
     %p3, %b3 = fsdp.sgd_momentum_update %p, %g, %bb, %lr, %step {key = 0 : i64, momentum = 9.0e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+    %p4, %b4 = fsdp.sgd_momentum_update %p, %g, %bq, %lr, %step {momentum = 9.0e-01 : f64, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
-                       Fsdp_FloatTensor:$buffer, Fsdp_Scalar:$lr,
+                       Fsdp_StateTensor:$buffer, Fsdp_Scalar:$lr,
                        Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
                        Optional<Fsdp_Scalar>:$grad_scale,
@@ -1346,8 +1357,9 @@ def Fsdp_SgdMomentumUpdateOp : Fsdp_Op<"sgd_momentum_update",
                        UnitAttr:$nesterov,
                        UnitAttr:$stochastic,
                        UnitAttr:$stochastic_param,
-                       OptionalAttr<I64Attr>:$key);
-  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_buffer);
+                       OptionalAttr<I64Attr>:$key,
+                       OptionalAttr<I64Attr>:$state_block);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_StateTensor:$new_buffer);
   let assemblyFormat = [{
     $param `,` $grad `,` $buffer `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<GradType>(type($grad), ref(type($param))) custom<StateType>(type($buffer), ref(type($param)))
   }];

@@ -1071,7 +1071,7 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
   Packed8 q;
   if (b.dtype == DType::I8) {
     FSDP_RETURN_IF_ERROR(packed8Of(target, b, unit, rank, q));
-    if (kind != "exp_avg" && kind != "exp_avg_sq")
+    if (kind != "exp_avg" && kind != "exp_avg_sq" && kind != "momentum_buffer")
       return FSDP_ERROR("cannot load ", b.name, ": 8-bit storage of ", kind, " state");
     bool exact = false;
     FSDP_RETURN_IF_ERROR(copyBlocks8(src, target, q, kind, unit, sink, exact));

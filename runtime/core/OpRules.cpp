@@ -38,10 +38,12 @@ Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
   return Status::ok();
 }
 
-/// Whether an update's state is 8-bit moments (state-dtype=8bit:
-/// adamw_update's i8 moments, each a packed vector of codes and scales).
+/// Whether an update's state is 8-bit (state-dtype=8bit: adamw_update's
+/// i8 moments, sgd_momentum_update's i8 buffer, each a packed vector of
+/// codes and scales).
 bool packedMoments(const Op &op) {
-  return op.inst.op == "adamw_update" && op.inst.in.size() > 2 && op.in(2).dtype == DType::I8;
+  return (op.inst.op == "adamw_update" || op.inst.op == "sgd_momentum_update") &&
+         op.inst.in.size() > 2 && op.in(2).dtype == DType::I8;
 }
 
 /// An update's dtypes when its state may be bf16 (state-dtype=bf16:
@@ -62,11 +64,13 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
   const bool packed = packedMoments(op);
   if (state != DType::F32 && state != DType::BF16 && !packed)
     return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state),
-                      ": expected f32 or bf16 (or, adamw_update's, i8 8-bit codes)");
+                      ": expected f32 or bf16 (or, adamw_update's and sgd_momentum_update's, i8 "
+                      "8-bit codes)");
   if (packed != op.has("state_block"))
-    return FSDP_ERROR(op.inst.op, packed ? ": i8 moments are 8-bit block codes: expected "
-                                           "state_block"
-                                         : ": state_block is for i8 moments, found ",
+    return FSDP_ERROR(op.inst.op,
+                      packed ? ": i8 state is 8-bit block codes: expected "
+                               "state_block"
+                             : ": state_block is for i8 state, found ",
                       packed ? "" : dtypeName(state));
   auto isState = [&](int i) { return i >= 2 && i < 2 + states; };
   const DType param = updatesBf16Params(op.plan, op.inst) ? DType::BF16 : DType::F32;
@@ -101,15 +105,15 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
       return FSDP_ERROR(op.inst.op, ": stochastic needs an integer key >= 0 (its draws' stream)");
   }
   if (packed) {
-    // 8-bit moments (state-dtype=8bit): each a packed vector of the
+    // 8-bit state (state-dtype=8bit): each a packed vector of the
     // operand's codes and block scales (runtime/core/Moments8.h).
     const int64_t block = op.i("state_block", 0), n = op.in(0).numel();
     if (!(block >= 32 && block <= 4096 && (block & (block - 1)) == 0))
       return FSDP_ERROR(op.inst.op, ": state_block must be a power of two in [32, 4096]");
     const int64_t want = shapes::quantizedBytes(n, block);
-    for (int i = 2; i < 4; ++i)
+    for (int i = 2; i < 2 + states; ++i)
       if (op.in(i).numel() != want || op.out(i - 1).numel() != want)
-        return FSDP_ERROR(op.inst.op, ": 8-bit moments of ", n, " elements in blocks of ", block,
+        return FSDP_ERROR(op.inst.op, ": 8-bit state of ", n, " elements in blocks of ", block,
                           " are ", want, " bytes; operand ", i, " has ", op.in(i).numel(),
                           " and result ", i - 1, " ", op.out(i - 1).numel());
   }

@@ -443,18 +443,18 @@ Status validateParams(const Plan &plan) {
 
 /// Each optimizer state's buffer, f32, or bf16 (state-dtype=bf16: AdamW's
 /// moments, SGD's momentum buffer; the update's check holds its operands
-/// to one dtype).
+/// to one dtype), or i8 8-bit codes (state-dtype=8bit: the same states).
 Status validateStates(const Plan &plan) {
   for (const State &s : plan.states) {
     if (!validId(plan, s.buffer))
       return FSDP_ERROR("plan: state ", s.name, " has an invalid buffer");
     DType d = plan.buffers[s.buffer].dtype;
-    const bool moment = s.kind == "exp_avg" || s.kind == "exp_avg_sq";
-    if (d != DType::F32 && !(d == DType::BF16 && (moment || s.kind == "momentum_buffer")) &&
-        !(d == DType::I8 && moment))
+    const bool narrowable =
+        s.kind == "exp_avg" || s.kind == "exp_avg_sq" || s.kind == "momentum_buffer";
+    if (d != DType::F32 && !((d == DType::BF16 || d == DType::I8) && narrowable))
       return FSDP_ERROR("plan: state ", s.name, " (", s.kind, ") is ", dtypeName(d),
                         "; this runtime keeps optimizer state in f32 (AdamW's moments and SGD's "
-                        "momentum buffer in f32 or bf16, the moments in 8-bit codes)");
+                        "momentum buffer in f32, bf16 or 8-bit codes)");
   }
   return Status::ok();
 }

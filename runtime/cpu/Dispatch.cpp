@@ -675,6 +675,17 @@ const std::unordered_map<std::string, Exec> &table() {
       int64_t step;
       FSDP_RETURN_IF_ERROR(stepCount(r, 4, step));
       const double mom = r.op.f("momentum", 0), damp = r.op.f("dampening", 0);
+      if (r.op.in(2).dtype == DType::I8) {
+        // an 8-bit buffer (state-dtype=8bit): one call, as adamw_update's
+        const int64_t n = r.op.in(0).numel(), block = r.op.i("state_block", 256),
+                      k = rules::decayedCount(r.op, r.rank);
+        params(r, 0, n, [&](int64_t a, int64_t len, const float *p, float *np) {
+          sgdMomentumUpdate8bitStatePiece(p, np, a, len, r.in(1), r.in<uint8_t>(2),
+                                          r.out<uint8_t>(1), n, block, *r.in(3), step, mom, damp,
+                                          r.op.f("weight_decay", 0), r.op.b("nesterov"), k, gs);
+        });
+        return Status::ok();
+      }
       const bool bf16State = r.op.in(2).dtype == DType::BF16;
       inTwoParts(r, r.op.f("weight_decay", 0), [&](int64_t at, int64_t count, double wd) {
         params(r, at, count, [&](int64_t a, int64_t len, const float *p, float *np) {

@@ -1160,6 +1160,51 @@ void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_
                    decayed, gradScale, Isa::Best);
 }
 
+void sgdMomentumUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
+                                     const float *g, const uint8_t *buf, uint8_t *nbuf, int64_t n,
+                                     int64_t block, double lr, int64_t step, double momentum,
+                                     double dampening, double wd, bool nesterov, int64_t decayed,
+                                     float gradScale) {
+  namespace m8 = moments8;
+  const SgdMomentumStep<float> decay(lr, step, momentum, dampening, wd, nesterov),
+      plain(lr, step, momentum, dampening, 0.0, nesterov);
+  const int64_t at = m8::scalesOffset(n), first = from / block,
+                last = (from + count + block - 1) / block;
+  const m8::DecodeTables &table = m8::decodeTables();
+  // A block at a time: decoded (exp_avg's signed codes), stepped with
+  // sgdMomentumUpdate<float>'s arithmetic, encoded once. In place allowed:
+  // a block is read whole before its codes and scale are written.
+#pragma omp parallel for if (count > kParallelGrain)
+  for (int64_t j = first; j < last; ++j) {
+    const int64_t o = j * block, len = std::min(block, n - o);
+    const int64_t dec = std::clamp<int64_t>(decayed - o, 0, len);
+    float scale;
+    std::memcpy(&scale, buf + at + 4 * j, 4);
+    float bf[m8::kMaxBlock];
+    for (int64_t i = 0; i < len; ++i)
+      bf[i] = table.m[buf[o + i]] * scale;
+    const float *pj = pf + (o - from), *gj = g + o;
+    float *npj = npf + (o - from);
+    for (int64_t i = 0; i < dec; ++i)
+      decay.apply(pj[i], gj[i] * gradScale, bf[i], npj[i], bf[i]);
+    for (int64_t i = dec; i < len; ++i)
+      plain.apply(pj[i], gj[i] * gradScale, bf[i], npj[i], bf[i]);
+    const float s = m8::encodeBlock(bf, len, m8::kMantM, nbuf + o);
+    std::memcpy(nbuf + at + 4 * j, &s, 4);
+  }
+  if (from + count == n) // the codes' padding to 4 bytes stays zero
+    for (int64_t i = n; i < at; ++i)
+      nbuf[i] = 0;
+}
+
+void sgdMomentumUpdate8bitState(const float *p, const float *g, const uint8_t *buf, float *np,
+                                uint8_t *nbuf, int64_t n, int64_t block, double lr, int64_t step,
+                                double momentum, double dampening, double wd, bool nesterov,
+                                int64_t decayed, float gradScale) {
+  sgdMomentumUpdate8bitStatePiece(p, np, 0, n, g, buf, nbuf, n, block, lr, step, momentum,
+                                  dampening, wd, nesterov, decayed, gradScale);
+}
+
 namespace {
 
 /// LAMB's per-step scalars, formed as adamwUpdate forms its own: torch's

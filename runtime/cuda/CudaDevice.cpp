@@ -2070,6 +2070,21 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
                      : sgdUpdate(q.from(k), g + k, cnt - k, lr, 0.0, s, skip, gs);
         },
         n);
+  } else if (n == "sgd_momentum_update" && op.in(2).dtype == DType::I8) {
+    // state-dtype=8bit: one call (a block may straddle the decayed prefix)
+    const float *g = r.in(1), *lr = r.in(3), *step = r.in(4);
+    const uint8_t *buf = r.in<uint8_t>(2);
+    uint8_t *nb = r.out<uint8_t>(1);
+    double m = op.f("momentum", 0), damp = op.f("dampening", 0), wd = op.f("weight_decay", 0);
+    bool nesterov = op.b("nesterov");
+    const int64_t block = op.i("state_block", 256);
+    const StateUpdate u = stateUpdate(op, r, rank);
+    out = fromCuda(
+        [=](cudaStream_t s) {
+          return native::sgdMomentum8bitState(q, g, buf, nb, u.cnt, block, lr, step, m, damp, wd,
+                                              nesterov, u.k, u.gs, u.skip, s);
+        },
+        n);
   } else if (n == "sgd_momentum_update" && op.in(2).dtype == DType::BF16) {
     // state-dtype=bf16 (OpRules: f32 p, g; a bf16 buffer), as adamw's below.
     const float *g = r.in(1), *lr = r.in(3), *step = r.in(4);

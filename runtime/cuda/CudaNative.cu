@@ -1848,6 +1848,93 @@ cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *
 
 namespace {
 
+/// sgd_momentum_update with an 8-bit buffer (state-dtype=8bit): as
+/// adamw8bitStateKernel with the one state, coded as its exp_avg (a
+/// thread block a quantization block at a time; each thread decodes,
+/// updates and keeps its elements' new buffer in shared memory; the
+/// block's largest magnitude reduces over the threads; each thread
+/// encodes its own). cpu::sgdMomentumUpdate8bitState's bits.
+__global__ void sgdMomentum8bitStateKernel(Params q, const float *g, const uint8_t *buf,
+                                           uint8_t *nbuf, int64_t n, int block, const float *lrp,
+                                           const float *stepp, double momentum, double dampening,
+                                           double wd, bool nesterov, int64_t decayed,
+                                           const float *gradScale, const float *skip) {
+  namespace m8 = moments8;
+  extern __shared__ float slots[]; // the block's new buffer
+  __shared__ uint32_t warpB[32];
+  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
+  const float *sb = reinterpret_cast<const float *>(buf + at);
+  float *nsb = reinterpret_cast<float *>(nbuf + at);
+  const ParamIo io(q);
+  if (blockIdx.x == 0 && threadIdx.x < at - n) // the codes' padding stays zero
+    nbuf[n + threadIdx.x] = 0;
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      io.keep(i);
+      nbuf[i] = buf[i];
+    }
+    FSDP_GRID_STRIDE(j, blocks)
+    nsb[j] = sb[j];
+    return;
+  }
+  const bool first = *stepp < 2.f;
+  const SgdMomentumScalars decay{*lrp,  (float)momentum, (float)(1 - dampening), (float)wd, wd != 0,
+                                 first, nesterov},
+      plain{*lrp, (float)momentum, (float)(1 - dampening), 0.f, false, first, nesterov};
+  const float gs = gradScale ? *gradScale : 1.f;
+  const bool scaled = gradScale != nullptr;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
+    const int64_t o = j * block;
+    const int len = (int)min((int64_t)block, n - o);
+    const float scale = sb[j];
+    uint32_t ab = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t e = o + i;
+      const float gi = scaled ? __fmul_rn(g[e], gs) : g[e];
+      float pn, bn;
+      sgdMomentumElement(e < decayed ? decay : plain, io.load(e), gi, m8::decodeM(buf[e], scale),
+                         pn, bn);
+      io.store(e, pn);
+      slots[i] = bn;
+      ab = max(ab, m8::bitsOf(bn) & 0x7fffffffu);
+    }
+    ab = warpMax(ab);
+    if (lane == 0)
+      warpB[warp] = ab;
+    __syncthreads(); // every scale read, every slot written
+    ab = 0;
+    for (int w = 0; w < warps; ++w)
+      ab = max(ab, warpB[w]);
+    const float amax = ab > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ab);
+    float s1, inv1;
+    m8::blockScale(amax, m8::kMantM, s1, inv1);
+    for (int i = threadIdx.x; i < len; i += blockDim.x)
+      nbuf[o + i] = inv1 != 0 ? m8::encodeM(slots[i], inv1) : 0;
+    if (threadIdx.x == 0)
+      nsb[j] = s1;
+    __syncthreads(); // the slots and warp maxima are free for the next block
+  }
+}
+
+} // namespace
+
+cudaError_t sgdMomentum8bitState(Params q, const float *g, const void *buf, void *nbuf, int64_t n,
+                                 int64_t block, const float *lr, const float *step, double momentum,
+                                 double dampening, double wd, bool nesterov, int64_t decayed,
+                                 const float *gradScale, const float *skip, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  const int64_t blocks = (n + block - 1) / block;
+  unsigned grid = (unsigned)std::min<int64_t>(blocks, 4096);
+  sgdMomentum8bitStateKernel<<<grid, kThreads, block * sizeof(float), s>>>(
+      q, g, static_cast<const uint8_t *>(buf), static_cast<uint8_t *>(nbuf), n, (int)block, lr,
+      step, momentum, dampening, wd, nesterov, decayed, gradScale, skip);
+  return cudaGetLastError();
+}
+
+namespace {
+
 /// sgd_momentum_update with a bf16 buffer (state-dtype=bf16): kernels/
 /// sgdMomentumUpdate's f32 element on the widened buffer, the new buffer
 /// rounded once (stochastically with ctx, as adamwBf16StateKernel's).

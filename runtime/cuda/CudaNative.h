@@ -231,6 +231,16 @@ cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *
                            double beta1, double beta2, double eps, double wd, int64_t decayed,
                            const float *gradScale, const float *skip, cudaStream_t s);
 
+/// sgd_momentum_update with the buffer stored in 8 bits (state-dtype=8bit):
+/// buf (and nbuf, possibly the same) a packed shard of n elements in
+/// blocks of `block`, coded as adamw8bitState's exp_avg; elements
+/// [0, decayed) take weight decay wd, the rest none; the parameters as `q`
+/// says (Params). cpu::sgdMomentumUpdate8bitState's bits.
+cudaError_t sgdMomentum8bitState(Params q, const float *g, const void *buf, void *nbuf, int64_t n,
+                                 int64_t block, const float *lr, const float *step, double momentum,
+                                 double dampening, double wd, bool nesterov, int64_t decayed,
+                                 const float *gradScale, const float *skip, cudaStream_t s);
+
 /// sgd_momentum_update with the buffer (and the new one) stored in bf16
 /// and f32 p, g: kernels::sgdMomentumUpdate's f32 element on the widened
 /// buffer, the new buffer rounded once, to nearest, or stochastically when

@@ -328,14 +328,14 @@ PLAN_CASES = [
     # dtypes
     # bf16 moments (optimizer-state-dtype=bf16): AdamW's moments only, both in one dtype, and
     # stochastic rounding needs its key
-    ("an unknown state kind in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="trust_ratio"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments and SGD's momentum buffer in f32 or bf16, the moments in 8-bit codes)"),
+    ("an unknown state kind in bf16", "mlp", setter(lambda p: (p["states"][0].update(kind="trust_ratio"), narrow(p, p["states"][0]["buffer"]))), "keeps optimizer state in f32 (AdamW's moments and SGD's momentum buffer in f32, bf16 or 8-bit codes)"),
     ("adamw_update with one bf16 moment", "mlp", setter(lambda p: narrow(p, first(p, "adamw_update")["in"][2])), "(both moments in one dtype)"),
     ("adamw_update bf16 moments, stochastic without a key", "mlp", setter(lambda p: (narrow(p, first(p, "adamw_update")["in"][2]), narrow(p, first(p, "adamw_update")["in"][3]), first(p, "adamw_update")["attrs"].update(stochastic=True))), "stochastic needs an integer key >= 0"),
     # 8-bit moments (optimizer-state-dtype=8bit): the packed size, state_block
     ("adamw_update 8-bit moments of the wrong size", "mlp", setter(lambda p: eight_bit(p, state_block=256)), "bytes; operand 2 has"),
-    ("adamw_update i8 moments without state_block", "mlp", setter(lambda p: eight_bit(p)), "i8 moments are 8-bit block codes: expected state_block"),
+    ("adamw_update i8 moments without state_block", "mlp", setter(lambda p: eight_bit(p)), "i8 state is 8-bit block codes: expected state_block"),
     ("adamw_update state_block 100", "mlp", setter(lambda p: eight_bit(p, state_block=100)), "state_block must be a power of two in [32, 4096]"),
-    ("adamw_update f32 moments with state_block", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(state_block=256)), "state_block is for i8 moments, found f32"),
+    ("adamw_update f32 moments with state_block", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(state_block=256)), "state_block is for i8 state, found f32"),
     ("adamw_update 8-bit moments, stochastic", "mlp", setter(lambda p: eight_bit(p, state_block=256, stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is i8"),
     ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is f32"),
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),

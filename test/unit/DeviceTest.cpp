@@ -1899,6 +1899,118 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
             std::vector<float>(wv.begin() + half, wv.end()));
 }
 
+/// sgd_momentum_update with an 8-bit buffer (state-dtype=8bit, coded as
+/// exp_avg) against the f32 update on the same device from the decoded
+/// buffer: the parameters bitwise, the new buffer that update's encoded
+/// once; weight decay on a prefix ending inside a block (decay_numel), a
+/// skipped step keeping everything, bf16 parameters (master-dtype=bf16)
+/// rounded once with the stochastic cast's draws beside the same buffer,
+/// and the second half of 2560 as shard 1 of two storing the whole
+/// vector's second half.
+TEST_P(DeviceConformance, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
+  const int64_t n = 3000, block = 256;
+  // 0 p, 1 g, 2 bq, 3 lr, 4 step, 5 sumsq (inf: skip), 6 b32; results:
+  // 8-bit 7-8, f32 9-10, skipped 11-12; 13 p16 and its update 14-15.
+  auto plan8 = [&](int64_t len, int buffers, std::vector<Instruction> program) {
+    std::vector<std::vector<int64_t>> sh(buffers, {len});
+    for (int s : {3, 4, 5})
+      sh[s] = {};
+    Plan pl = mixedPlan(sh, buffers > 13 ? std::vector<int>{13, 14} : std::vector<int>{},
+                        std::move(program));
+    int64_t offset = 0;
+    for (size_t i = 0; i < pl.buffers.size(); ++i) {
+      Buffer &b = pl.buffers[i];
+      if (i == 2 || i == 8 || i == 12 || i == 15) {
+        b.dtype = DType::I8;
+        b.shape = {shapes::quantizedBytes(len, block)};
+        b.bytes = b.numel();
+      }
+      b.offset = offset;
+      offset += (b.bytes + 63) / 64 * 64;
+    }
+    pl.arenaBytes = offset;
+    return pl;
+  };
+  nlohmann::json sgd = {{"momentum", 0.9},  {"dampening", 0.1},    {"weight_decay", 0.01},
+                        {"nesterov", true}, {"decay_numel", 1003}, {"shard_stride", 0}};
+  nlohmann::json eight = sgd;
+  eight["state_block"] = block;
+  nlohmann::json skip = eight;
+  skip["skip_nonfinite"] = true;
+  nlohmann::json eight16 = eight;
+  eight16["stochastic_param"] = true;
+  eight16["key"] = 6;
+  Plan plan = plan8(n, 16,
+                    {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {7, 8}, eight),
+                     inst("sgd_momentum_update", {0, 1, 6, 3, 4}, {9, 10}, sgd),
+                     inst("sgd_momentum_update", {0, 1, 2, 3, 4, 5}, {11, 12}, skip),
+                     inst("sgd_momentum_update", {13, 1, 2, 3, 4}, {14, 15}, eight16)});
+  std::vector<float> p(n), g(n), b(n);
+  std::vector<uint16_t> p16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p16[i] = roundToBf16((float)std::sin(0.37 * double(i)) * 1.5f);
+    p[i] = widenBf16(p16[i]);
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    b[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
+  }
+  const std::vector<uint8_t> bq = pack8(b, block, false);
+  const std::vector<float> b32 = unpack8(bq, n, block, false);
+  auto bytes = [&](const Plan &pl, int64_t id) {
+    std::vector<uint8_t> v(pl.buffers[id].bytes);
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size()).isOk());
+    return v;
+  };
+  bind(plan);
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  put(plan, 0, p.data());
+  put(plan, 1, g.data());
+  put(plan, 2, bq.data());
+  write(plan, 3, {0.1f});
+  write(plan, 4, {3.f});
+  write(plan, 5, {std::numeric_limits<float>::infinity()});
+  put(plan, 6, b32.data());
+  put(plan, 13, p16.data());
+  runDrawing(plan);
+  const std::vector<float> np32 = read(plan, 9);
+  EXPECT_EQ(read(plan, 7), np32) << "the parameters read the f32 buffer";
+  EXPECT_EQ(bytes(plan, 8), pack8(read(plan, 10), block, false));
+  EXPECT_NE(bytes(plan, 8), bq) << "the buffer moved";
+  EXPECT_EQ(read(plan, 11), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bytes(plan, 12), bq);
+  std::vector<uint16_t> srP(n);
+  for (int64_t i = 0; i < n; ++i)
+    srP[i] = roundToBf16Stochastic(np32[i], stochasticRoundingKey(77, 5, 6), (uint64_t)i);
+  EXPECT_EQ(bits(plan, 14), srP) << "bf16 parameters: the f32 update's, rounded once";
+  EXPECT_EQ(bytes(plan, 15), bytes(plan, 8));
+
+  // Shard 1 of two over the first 2560 elements (5 whole blocks each).
+  const int64_t whole = 2560, half = whole / 2;
+  nlohmann::json w8 = eight, s8 = eight;
+  w8["decay_numel"] = s8["decay_numel"] = 1500;
+  s8["shard_stride"] = half;
+  auto run = [&](const Plan &pl, int64_t shard, int64_t from, int64_t len) {
+    freshDevice();
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    put(pl, 0, p.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2,
+        pack8(std::vector<float>(b.begin() + from, b.begin() + from + len), block, false).data());
+    write(pl, 3, {0.1f});
+    write(pl, 4, {3.f});
+    runDrawing(pl);
+  };
+  Plan wplan = plan8(whole, 9, {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {7, 8}, w8)});
+  Plan splan = plan8(half, 9, {inst("sgd_momentum_update", {0, 1, 2, 3, 4}, {7, 8}, s8)});
+  run(wplan, 0, 0, whole);
+  const std::vector<float> wp = read(wplan, 7), wb = unpack8(bytes(wplan, 8), whole, block, false);
+  run(splan, 1, half, half);
+  EXPECT_EQ(read(splan, 7), std::vector<float>(wp.begin() + half, wp.end()));
+  EXPECT_EQ(unpack8(bytes(splan, 8), half, block, false),
+            std::vector<float>(wb.begin() + half, wb.end()));
+}
+
 /// residual_layer_norm and layer_norm_grad_acc against add + layer_norm /
 /// layer_norm_grad + add on the same device. The CPU runs the unfused
 /// kernels in order: bitwise. The CUDA kernels add in f32 before one

@@ -114,6 +114,50 @@ TEST(KernelsTest, EightBitUpdateIsTheSameOnEveryIsa) {
   EXPECT_NE(0, std::memcmp(pa.data(), p.data(), n * 4)); // it updated
 }
 
+/// SGD's momentum buffer in 8 bits (state-dtype=8bit): each step is
+/// sgdMomentumUpdate<float> on the decoded buffer (weight decay on a
+/// prefix that ends inside a block, none after), the new buffer encoded
+/// once as exp_avg is; bitwise, parameters and bytes, over steps 1 (the
+/// buffer a clone of the gradient) to 4. Two pieces (whole blocks) store
+/// what one call stores.
+TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
+  namespace m8 = moments8;
+  const int64_t n = 3000, block = 256, decayed = 1000,
+                bytes = m8::scalesOffset(n) + 4 * ((n + block - 1) / block);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1), e(-12, 12);
+  std::vector<float> p(n), g(n);
+  for (float &x : p)
+    x = u(rng);
+  std::vector<uint8_t> q(bytes, 0), pieces(bytes, 0);
+  std::vector<float> pq = p, pp = p;
+  for (int step = 1; step <= 4; ++step) {
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = u(rng) * std::exp2(e(rng));
+    // the reference: the f32 update of the decoded buffer, encoded
+    std::vector<float> buf(n), ref = pq, nb(n);
+    m8::decodeShard(q.data(), n, block, false, buf.data());
+    cpu::sgdMomentumUpdate<float>(pq.data(), g.data(), buf.data(), ref.data(), nb.data(), decayed,
+                                  0.05, step, 0.9, 0.1, 0.01, true, 0.5f);
+    cpu::sgdMomentumUpdate<float>(pq.data() + decayed, g.data() + decayed, buf.data() + decayed,
+                                  ref.data() + decayed, nb.data() + decayed, n - decayed, 0.05,
+                                  step, 0.9, 0.1, 0.0, true, 0.5f);
+    std::vector<uint8_t> want(bytes, 0);
+    m8::encodeShard(nb.data(), n, block, false, want.data());
+    cpu::sgdMomentumUpdate8bitState(pq.data(), g.data(), q.data(), pq.data(), q.data(), n, block,
+                                    0.05, step, 0.9, 0.1, 0.01, true, decayed, 0.5f);
+    ASSERT_EQ(0, std::memcmp(pq.data(), ref.data(), n * 4)) << "parameters, step " << step;
+    ASSERT_EQ(q, want) << "buffer, step " << step;
+    for (int64_t from : {int64_t(0), 4 * block})
+      cpu::sgdMomentumUpdate8bitStatePiece(
+          pp.data() + from, pp.data() + from, from, from ? n - from : 4 * block, g.data(),
+          pieces.data(), pieces.data(), n, block, 0.05, step, 0.9, 0.1, 0.01, true, decayed, 0.5f);
+    ASSERT_EQ(0, std::memcmp(pp.data(), pq.data(), n * 4)) << "pieces, step " << step;
+    ASSERT_EQ(pieces, q) << "pieces, step " << step;
+  }
+  EXPECT_NE(0, std::memcmp(pq.data(), p.data(), n * 4)); // it updated
+}
+
 TEST(KernelsTest, EightBitMomentCodesAreTheNearest) {
   namespace m8 = moments8;
   for (int k : {m8::kMantM, m8::kMantV}) {

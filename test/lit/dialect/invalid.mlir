@@ -1135,6 +1135,31 @@ func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
 
 // -----
 
+// SGD's 8-bit momentum buffer: the same rules, named for the buffer.
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{i8 buffer is 8-bit block codes: expected state_block}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %m, %s, %s {momentum = 0.9 : f64} : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<64xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit buffer of 64 elements in blocks of 32 is 72 bytes (tensor<72xi8>), found 'tensor<64xi8>'}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %m, %s, %s {momentum = 0.9 : f64, state_block = 32 : i64} : tensor<64xf32> state tensor<64xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit buffer is rounded to the nearest code}}
+  %0:2 = fsdp.sgd_momentum_update %p, %p, %m, %s, %s {key = 0 : i64, momentum = 0.9 : f64, state_block = 32 : i64, stochastic} : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
 func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
   // expected-error @+1 {{state_block must be a power of two in [32, 4096], found 48}}
   %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_block = 48 : i64} : tensor<64xf32> state tensor<72xi8>

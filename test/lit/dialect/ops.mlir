@@ -229,6 +229,8 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %
   %e:3 = fsdp.adamw_update %p, %p, %q, %q, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
   // CHECK: fsdp.sgd_momentum_update {{.*}} {key = 3 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   %b:2 = fsdp.sgd_momentum_update %p, %p, %m16, %lr, %step {key = 3 : i64, momentum = 0.9 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
+  // CHECK: fsdp.sgd_momentum_update {{.*}} {momentum = 9.000000e-01 : f64, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+  %b8:2 = fsdp.sgd_momentum_update %p, %p, %q, %lr, %step {momentum = 0.9 : f64, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
   // CHECK: fsdp.lamb_norms {{.*}} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>
   %ln = fsdp.lamb_norms %p, %p, %m16, %m16, %step {segments = array<i64: 0, 64>} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>
   // CHECK: fsdp.lamb_update {{.*}} {key = 4 : i64, segments = array<i64: 0, 64>, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<64xbf16>
