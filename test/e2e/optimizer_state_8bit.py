@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""AdamW's moments in 8-bit block codes (optimizer-state-dtype=8bit) end to end.
+"""AdamW's moments (and SGD's momentum buffer) in 8-bit block codes
+(optimizer-state-dtype=8bit) end to end.
 
 usage: optimizer_state_8bit.py BIN_DIR shards            (a) N ranks == 1 rank, memory, offload, resume
+       optimizer_state_8bit.py BIN_DIR sgd               (d) SGD's 8-bit momentum buffer, the same
        optimizer_state_8bit.py BIN_DIR text TOKENS.bin   (b) 200 steps: f32 and 8-bit moments
        optimizer_state_8bit.py BIN_DIR cuda RUN_BINARY   (c) --device cuda against the CPU
 
@@ -51,6 +53,20 @@ unit to whole blocks per shard, so every layout has the one-rank blocks.
     the CPU device on the same plan: step 1 within 1e-6, 6 steps within
     EIGHT (check_cuda says why not 1e-4 as bf16's; the 8-bit update is
     DeviceConformance-tested bitwise), and --cuda-graphs bitwise eager.
+(d) SGD with momentum 0.9 (Nesterov), its buffer coded as exp_avg (a sign
+    and E4M3; about 1 byte of state a parameter instead of 4), lr 0.05:
+    - steps 1-2 bitwise the f32 buffer's run (step 1 clones the gradient
+      into the buffer, which the parameters' update reads in f32; step 2
+      computes with those parameters), the rest within EIGHT;
+    - N=2 at stages 1, 2 and 3 bitwise N=2 at stage 0 (every layout's
+      blocks the unit's), one rank within EIGHT;
+    - each buffer its shard's codes and scales, the state about a quarter
+      of the f32 plan's, the arena measured as planned;
+    - a 2-rank ZeRO-3 checkpoint resumes bitwise; stage 2 with an f32
+      buffer loads it decoded (steps 4-5 bitwise, the conversion said); an
+      f32-buffer checkpoint loads encoded into the 8-bit plan (every code
+      and scale of fsdp-ckpt reshard's output the nearest: check_encoded;
+      resuming from it bitwise resuming from the source).
 """
 import bisect
 import json
@@ -451,26 +467,118 @@ def check_cuda(bindir, tmp, runner):
     failures = 0
     model = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
     path = os.path.join(tmp, "c.plan")
-    mp.compile_plan(bindir, model, path, EIGHT_OPT)
+    for label, extra, lr in (("8-bit moments", "", LR),
+                             ("SGD's 8-bit momentum buffer", "optimizer=sgd momentum=0.9",
+                              ["--lr", "0.05"])):
+        mp.compile_plan(bindir, model, path, f"{EIGHT_OPT} {extra}")
+        cpu, cuda, graphs = cuda_runs(bindir, runner, path, extra=lr)
+        err = max(rel(a, b) for a, b in zip(cuda, cpu))
+        first = rel(cuda[0], cpu[0])
+        ok = len(cuda) == 6 and first <= 1e-6 and err <= EIGHT
+        failures += not ok
+        print(f"(c) {label} on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
+              f"max {err:.2e} (<= {EIGHT}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
+              f"{'ok' if ok else 'MISMATCH'}")
+        ok = graphs == cuda
+        failures += not ok
+        print(f"  --cuda-graphs == eager bitwise: {'ok' if ok else 'MISMATCH'}")
+    return failures
 
-    cpu, cuda, graphs = cuda_runs(bindir, runner, path, extra=LR)
-    err = max(rel(a, b) for a, b in zip(cuda, cpu))
-    first = rel(cuda[0], cpu[0])
-    ok = len(cuda) == 6 and first <= 1e-6 and err <= EIGHT
-    failures += not ok
-    print(f"(c) 8-bit moments on cuda vs cpu, 6 steps: step 1 rel diff {first:.1e} (<= 1e-6), "
-          f"max {err:.2e} (<= {EIGHT}), steps 1-3 bitwise: {cuda[:3] == cpu[:3]}  "
-          f"{'ok' if ok else 'MISMATCH'}")
-    ok = graphs == cuda
-    failures += not ok
-    print(f"  --cuda-graphs == eager bitwise: {'ok' if ok else 'MISMATCH'}")
+
+def check_sgd(bindir, tmp):
+    """(d): SGD's 8-bit momentum buffer (see the docstring)."""
+    failures = 0
+
+    def verdict(ok):
+        nonlocal failures
+        failures += not ok
+        return "ok" if ok else "MISMATCH"
+
+    sgd, lr = "optimizer=sgd momentum=0.9 nesterov=true", ["--lr", "0.05"]
+    one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
+
+    def plan(model, name, extra):
+        path = os.path.join(tmp, name + ".plan")
+        return path, mp.compile_plan(bindir, model, path, f"{sgd} {extra}")
+
+    q1, q1_plan = plan(one, "q1", EIGHT_OPT)
+    f1, f1_plan = plan(one, "f1", "")
+    ref, summary = mp.run(bindir, q1, 1, STEPS, lr)
+    f32, _ = mp.run(bindir, f1, 1, STEPS, lr)
+    dist = max(rel(a, b) for a, b in zip(ref, f32))
+    print(f"(d) gpt, SGD with an 8-bit momentum buffer, one rank: losses {ref[0]:.6f} .. "
+          f"{ref[-1]:.6f}; steps 1-2 bitwise the f32 buffer's: {ref[:2] == f32[:2]}; steps "
+          f"3-{STEPS} differ, max rel diff {dist:.1e} (<= {EIGHT})  "
+          f"{verdict(ref[:2] == f32[:2] and ref[2:] != f32[2:] and dist <= EIGHT)}")
+    units = {u["name"]: u for u in q1_plan["units"]}
+    state = [b for b in q1_plan["buffers"] if b["kind"] == "state"]
+    packed = len(state) == len(units) and all(
+        b["dtype"] == "i8" and b["name"].endswith(".momentum_buffer")
+        and b["bytes"] == quantized_bytes(units[b["name"][:-len(".momentum_buffer")]]
+                                          ["shard_numel"], BLOCK) for b in state)
+    got, f32_state = q1_plan["memory"]["state"], f1_plan["memory"]["state"]
+    ok = (packed and got == sum(b["bytes"] for b in state) and got < 0.26 * f32_state
+          and summary["measured_high_water"] == summary["predicted_peak"])
+    print(f"  optimizer state {got} bytes ({got / f32_state:.3f} of the f32 buffer's "
+          f"{f32_state}), each buffer its shard's codes and scales: {packed}, arena as "
+          f"planned  {verdict(ok)}")
+
+    runs = {}
+    for stage in range(4):
+        path, _ = plan(two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
+        runs[stage], _ = mp.run(bindir, path, 2, STEPS, lr)
+    err = max(rel(a, b) for a, b in zip(runs[0], ref))
+    print(f"  N=2 stage 0 against one rank: max rel diff {err:.1e} (<= {EIGHT})  "
+          f"{verdict(len(runs[0]) == STEPS and err <= EIGHT)}")
+    for stage in (1, 2, 3):
+        print(f"  N=2 stage {stage} against stage 0: {STEPS} steps bitwise: "
+              f"{verdict(runs[stage] == runs[0])}")
+
+    # Checkpoints: resume bitwise; decoded into an f32 buffer; an f32
+    # buffer encoded into 8 bits.
+    z3 = os.path.join(tmp, "s3.plan")
+    ckpt = os.path.join(tmp, "ck")
+    mp.run(bindir, z3, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
+    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", ckpt])
+    ok = [r["loss"] for r in rows] == runs[3][3:6] and summary["resumed"]["converted"] == []
+    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
+          f"{verdict(ok)}")
+    # Another layout with an f32 buffer (stage 2: the same two ranks, so
+    # the same loss sums): steps 4 and 5 read the loaded parameters and
+    # the decoded buffer, what the 8-bit run reads: bitwise; step 6 not.
+    f2, _ = plan(two, "f2", "world-size=2 stage=2")
+    rows, summary = mp.run_rows(bindir, f2, 2, 6, lr + ["--resume", ckpt])
+    conv, got = summary["resumed"]["converted"], [r["loss"] for r in rows]
+    ok = (conv == ["momentum_buffer 8bit -> f32"] and summary["resumed"]["resharded"]
+          and got[:2] == runs[3][3:5] and got[2] != runs[3][5])
+    print(f"  resumed by N=2 stage 2 with an f32 buffer: converted {conv}; steps 4-5 bitwise "
+          f"the 8-bit run, step 6 not: {verdict(ok)}")
+    f3, _ = plan(two, "f3", "world-size=2 stage=3")
+    f32ck = os.path.join(tmp, "ckf")
+    f32whole, _ = mp.run(bindir, f3, 2, 6, lr)
+    mp.run(bindir, f3, 2, 3, lr + ["--ckpt-dir", f32ck, "--save-every", "3"])
+    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", f32ck])
+    got = [r["loss"] for r in rows]
+    out = os.path.join(tmp, "enc")
+    r = subprocess.run([os.path.join(bindir, "fsdp-ckpt"), "reshard", f32ck, "--plan", z3, out],
+                       capture_output=True, text=True, timeout=300)
+    worst, codes = check_encoded(f32ck, out, BLOCK)
+    offline = [x["loss"] for x in mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", out])[0]]
+    conv = summary["resumed"]["converted"]
+    ok = (conv == ["momentum_buffer f32 -> 8bit"] and r.returncode == 0 and worst is None
+          and offline == got and got[0] == f32whole[3]
+          and max(rel(a, b) for a, b in zip(got, f32whole[3:])) <= EIGHT)
+    print(f"  an f32-buffer checkpoint into the 8-bit plan: converted {conv}; fsdp-ckpt reshard: "
+          f"{codes} codes and their scales the nearest: {worst or True}; resumed from it "
+          f"bitwise: {offline == got}; step 4 bitwise  {verdict(ok)}")
     return failures
 
 
 def main():
     return main_modes(__doc__, "8-bit optimizer state checks pass",
                       {"shards": (0, check_shards), "text": (1, check_text),
-                       "cuda": (1, check_cuda)})
+                       "cuda": (1, check_cuda), "sgd": (0, check_sgd)})
 
 if __name__ == "__main__":
     sys.exit(main())
