@@ -252,17 +252,18 @@ void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_
 /// exp_avg is (a sign and E4M3; runtime/core/Moments8.h); nbuf may be buf.
 /// Each block decoded, updated with sgdMomentumUpdate's f32 arithmetic
 /// (the parameter's update reads the f32 buffer) and encoded once.
-/// Elements [0, decayed) take weight decay wd, the rest none.
+/// Elements [0, decayed) take weight decay wd, the rest none. `isa` as
+/// adamwUpdate8bitState's (every build the same bytes).
 void sgdMomentumUpdate8bitState(const float *p, const float *g, const uint8_t *buf, float *np,
                                 uint8_t *nbuf, int64_t n, int64_t block, double lr, int64_t step,
                                 double momentum, double dampening, double wd, bool nesterov,
-                                int64_t decayed, float gradScale);
+                                int64_t decayed, float gradScale, Isa isa = Isa::Best);
 /// The same over elements [from, from + count) (as adamwUpdate8bitStatePiece).
 void sgdMomentumUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
                                      const float *g, const uint8_t *buf, uint8_t *nbuf, int64_t n,
                                      int64_t block, double lr, int64_t step, double momentum,
                                      double dampening, double wd, bool nesterov, int64_t decayed,
-                                     float gradScale);
+                                     float gradScale, Isa isa = Isa::Best);
 
 /// LAMB (timm's Lamb, apex FusedLAMB's defaults: grad averaging, bias
 /// correction, the trust ratio only where weight decay applies, no trust

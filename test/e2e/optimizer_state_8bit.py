@@ -36,7 +36,7 @@ unit to whole blocks per shard, so every layout has the one-rank blocks.
       measured equals the planned one;
     - the ZeRO-3 run offloaded (the update on the host), joined in the
       next step, and with its state on disk is bitwise the in-memory run;
-    - a 2-rank ZeRO-3 checkpoint resumes bitwise; one rank with f32
+    - a 2-rank ZeRO-3 checkpoint resumes bitwise; stage 2 with f32
       moments loads it decoded (steps 4-5 bitwise the 8-bit run: they read
       the parameters and the decoded moments; step 6 not) and says so;
       one rank with 8-bit moments loads it exactly (codes and scales copied:
@@ -221,21 +221,23 @@ def check_shards(bindir, tmp):
     failures += not ok
     print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
           f"{'ok' if ok else 'MISMATCH'}")
-    # Into f32 moments on another layout (one rank): decoded, and said so.
-    # Step 4 reads the loaded parameters and step 5's update the decoded
-    # moments, exactly what the 8-bit run's update reads: both bitwise its
-    # own; step 6 then starts from unencoded f32 moments.
-    fone = os.path.join(tmp, "f32one.plan")
-    mp.compile_plan(bindir, one, fone, "")
-    rows, summary = mp.run_rows(bindir, fone, 1, 6, LR + ["--resume", ckpt])
+    # Into f32 moments on another layout (stage 2 on the same two ranks, so
+    # the same loss sums: one rank sums its batch's loss in another order,
+    # a last bit apart): decoded, and said so. Step 4 reads the loaded
+    # parameters and step 5's update the decoded moments, exactly what the
+    # 8-bit run's update reads: both bitwise its own; step 6 then starts
+    # from unencoded f32 moments.
+    ftwo = os.path.join(tmp, "f32two.plan")
+    mp.compile_plan(bindir, two, ftwo, "world-size=2 stage=2")
+    rows, summary = mp.run_rows(bindir, ftwo, 2, 6, LR + ["--resume", ckpt])
     got = {r["step"]: r["loss"] for r in rows}
     converted = summary["resumed"]["converted"]
     ok = (converted == ["exp_avg 8bit -> f32", "exp_avg_sq 8bit -> f32"]
           and summary["resumed"]["resharded"] and got.get(4) == whole[3]
           and got.get(5) == whole[4] and got.get(6) != whole[5])
     failures += not ok
-    print(f"  resumed by one rank with f32 moments: converted {converted}; steps 4-5 bitwise the "
-          f"8-bit run, step 6 not: {got.get(4) == whole[3] and got.get(5) == whole[4]}, "
+    print(f"  resumed by N=2 stage 2 with f32 moments: converted {converted}; steps 4-5 bitwise "
+          f"the 8-bit run, step 6 not: {got.get(4) == whole[3] and got.get(5) == whole[4]}, "
           f"{got.get(6) != whole[5]}  {'ok' if ok else 'MISMATCH'}")
     # Into 8-bit moments of another layout: the codes and scales copied
     # block for block (every layout's blocks are the unit's), exact. One

@@ -119,7 +119,7 @@ TEST(KernelsTest, EightBitUpdateIsTheSameOnEveryIsa) {
 /// prefix that ends inside a block, none after), the new buffer encoded
 /// once as exp_avg is; bitwise, parameters and bytes, over steps 1 (the
 /// buffer a clone of the gradient) to 4. Two pieces (whole blocks) store
-/// what one call stores.
+/// what one call stores, and the baseline build what the best one stores.
 TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
   namespace m8 = moments8;
   const int64_t n = 3000, block = 256, decayed = 1000,
@@ -144,6 +144,8 @@ TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
                                   step, 0.9, 0.1, 0.0, true, 0.5f);
     std::vector<uint8_t> want(bytes, 0);
     m8::encodeShard(nb.data(), n, block, false, want.data());
+    const std::vector<float> pq0 = pq;
+    const std::vector<uint8_t> q0 = q;
     cpu::sgdMomentumUpdate8bitState(pq.data(), g.data(), q.data(), pq.data(), q.data(), n, block,
                                     0.05, step, 0.9, 0.1, 0.01, true, decayed, 0.5f);
     ASSERT_EQ(0, std::memcmp(pq.data(), ref.data(), n * 4)) << "parameters, step " << step;
@@ -154,6 +156,15 @@ TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
           pieces.data(), pieces.data(), n, block, 0.05, step, 0.9, 0.1, 0.01, true, decayed, 0.5f);
     ASSERT_EQ(0, std::memcmp(pp.data(), pq.data(), n * 4)) << "pieces, step " << step;
     ASSERT_EQ(pieces, q) << "pieces, step " << step;
+    // the baseline build stores the same bytes as the AVX2 one (Best, where
+    // the CPU has it)
+    std::vector<float> pb = pq0;
+    std::vector<uint8_t> qb = q0;
+    cpu::sgdMomentumUpdate8bitState(pb.data(), g.data(), qb.data(), pb.data(), qb.data(), n, block,
+                                    0.05, step, 0.9, 0.1, 0.01, true, decayed, 0.5f,
+                                    cpu::Isa::Baseline);
+    ASSERT_EQ(0, std::memcmp(pb.data(), pq.data(), n * 4)) << "baseline, step " << step;
+    ASSERT_EQ(qb, q) << "baseline, step " << step;
   }
   EXPECT_NE(0, std::memcmp(pq.data(), p.data(), n * 4)); // it updated
 }
