@@ -45,8 +45,8 @@ struct FsdpPipelineOptions
   Option<std::string> optimizerStateDtype{
       *this, "optimizer-state-dtype",
       llvm::cl::desc("f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, "
-                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes), or AdamW's "
-                     "moments or SGD's momentum buffer in 8-bit block codes (about a quarter)"),
+                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes), or in 8-bit "
+                     "block codes (about a quarter)"),
       llvm::cl::init("f32")};
   Option<int64_t> optimizerStateBlock{
       *this, "optimizer-state-block",

@@ -86,13 +86,13 @@ void InsertOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   const bool state8 = stateDtype == "8bit";
-  if (state8 && optimizer != "adamw" && !(optimizer == "sgd" && momentum > 0)) {
+  if (state8 && optimizer != "adamw" && optimizer != "lamb" &&
+      !(optimizer == "sgd" && momentum > 0)) {
     mlir::emitError(module.getLoc())
-        << "state-dtype=8bit keeps AdamW's moments or SGD's momentum buffer in 8-bit block "
-           "codes; optimizer="
+        << "state-dtype=8bit keeps AdamW's and LAMB's moments or SGD's momentum buffer in 8-bit "
+           "block codes; optimizer="
         << optimizer
-        << (optimizer == "sgd" ? " without momentum keeps no state"
-                               : " has no such kernel (state-dtype=bf16 halves its state)");
+        << (optimizer == "sgd" ? " without momentum keeps no state" : " keeps no state");
     return signalPassFailure();
   }
   if (state8 && (stateBlock < 32 || stateBlock > 4096 || (stateBlock & (stateBlock - 1)))) {
@@ -257,23 +257,24 @@ void InsertOptimizerPass::runOnOperation() {
       // The norms over the whole parameter (one segment), then the step;
       // fsdp-shard rebuilds both over each unit's flat shard, its
       // parameters as segments, with an all-reduce of the norms between.
-      StateOp m = createState(param, "exp_avg", stateElem);
-      StateOp v = createState(param, "exp_avg_sq", stateElem);
+      StateOp m = createState(param, "exp_avg", stateElem, packed ? packedTy : Type());
+      StateOp v = createState(param, "exp_avg_sq", stateElem, packed ? packedTy : Type());
       Value mv = b.create<GetStateOp>(ploc, m.getType(), symRef(m));
       Value vv = b.create<GetStateOp>(ploc, v.getType(), symRef(v));
       Type t = param.getType(), st = m.getType();
       auto segments = b.getDenseI64ArrayAttr({0, param.getTensorType().getNumElements()});
       auto normsTy = RankedTensorType::get({2}, b.getF32Type());
+      IntegerAttr block = packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr();
       Value norms = b.create<LambNormsOp>(
           ploc, normsTy, p, grad, mv, vv, stepCount, /*grad_scale=*/Value(), segments,
           b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
-          b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr());
+          b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(), block);
       auto upd = b.create<LambUpdateOp>(
           ploc, TypeRange{t, st, st}, p, grad, mv, vv, norms, lr, stepCount, skip,
           /*grad_scale=*/Value(), segments, b.getF64FloatAttr(beta1), b.getF64FloatAttr(beta2),
           b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           stochastic ? b.getUnitAttr() : UnitAttr(),
-          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr());
+          stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr(), block);
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());

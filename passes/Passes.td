@@ -288,7 +288,7 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     since to nearest a bf16 v no longer moves once (1 - beta2) g^2 is
     below half its last place (beta2 = 0.999: under 2^-9 of v).
 
-    With `state-dtype=8bit` (AdamW, and SGD with momentum) the two moments
+    With `state-dtype=8bit` (AdamW, LAMB, and SGD with momentum) the two moments
     (the momentum buffer) of each f32 parameter are 8-bit codes in blocks
     of `state-block` elements with an f32 scale each (bitsandbytes' and
     torchao's 8-bit AdamW, bitsandbytes' 8-bit SGD;
@@ -297,8 +297,10 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     coded as exp_avg is (signed). Each moment is one packed i8 state of
     shapes::quantizedBytes(n, block) bytes, and the update carries
     `state_block`; the update decodes, runs in f32 and encodes the new
-    moments to the nearest code. fsdp-shard pads each unit to whole
-    blocks per shard, so the blocks do not depend on the world size.
+    moments to the nearest code (LAMB's fsdp.lamb_norms decodes them too,
+    and its trust ratio reads the f32 step's direction). fsdp-shard pads
+    each unit to whole blocks per shard, so the blocks do not depend on
+    the world size.
 
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {...} : tensor<64xf32>
@@ -324,8 +326,8 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
            "global-norm gradient clipping threshold (0: off)">,
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
            "f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, SGD's "
-           "momentum buffer) stored in bf16 (f32 math; half its bytes), or AdamW's "
-           "moments or SGD's momentum buffer in 8-bit block codes (about a quarter)">,
+           "momentum buffer) stored in bf16 (f32 math; half its bytes), or in 8-bit "
+           "block codes (about a quarter)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,

@@ -975,6 +975,10 @@ LogicalResult LambNormsOp::verify() {
   if (failed(verifyLamb(*this, getSegments(), getParam(), getResult(), getDecayNumel(),
                         getShardStride())))
     return failure();
+  Type f32 = rt(getParam()).getElementType();
+  if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
+    return verifyState8bit(*this, getParam(), getExpAvg(), "moments", getStateBlock(),
+                           /*stochastic=*/false, /*stochasticParam=*/false, std::nullopt, f32);
   return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", /*stochastic=*/false,
                           std::nullopt);
 }
@@ -983,6 +987,10 @@ LogicalResult LambUpdateOp::verify() {
   if (failed(verifyLamb(*this, getSegments(), getParam(), getNorms(), getDecayNumel(),
                         getShardStride())))
     return failure();
+  Type f32 = rt(getParam()).getElementType();
+  if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
+    return verifyState8bit(*this, getParam(), getExpAvg(), "moments", getStateBlock(),
+                           getStochastic(), /*stochasticParam=*/false, getKey(), f32);
   return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey());
 }
 

@@ -1484,15 +1484,18 @@ def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
     weight-update sharding's non-elementwise updates.
 
     The moments may be bf16 beside f32 parameters (state-dtype=bf16, as
-    fsdp.lamb_update's): widened, u as above in f32.
+    fsdp.lamb_update's): widened, u as above in f32; or 8-bit block codes
+    with `state_block` (state-dtype=8bit, as fsdp.adamw_update's):
+    decoded, u as above in f32.
 
     ```mlir
     %n = fsdp.lamb_norms %p, %g, %m, %v, %step {segments = array<i64: 0, 32, 40>, weight_decay = 0.01 : f64} : tensor<40xf32> -> tensor<4xf32>
     %n2 = fsdp.lamb_norms %p, %g, %mb, %vb, %step {segments = array<i64: 0, 40>} : tensor<40xf32> state tensor<40xbf16> -> tensor<2xf32>
+    %n3 = fsdp.lamb_norms %p, %g, %mq, %vq, %step {segments = array<i64: 0, 40>, state_block = 32 : i64} : tensor<40xf32> state tensor<48xi8> -> tensor<2xf32>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
-                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_StateTensor:$exp_avg, Fsdp_StateTensor:$exp_avg_sq,
                        Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$grad_scale,
                        DenseI64ArrayAttr:$segments,
@@ -1501,7 +1504,8 @@ def Fsdp_LambNormsOp : Fsdp_Op<"lamb_norms", [Pure,
                        DefaultValuedAttr<F64Attr, "1e-6">:$eps,
                        DefaultValuedAttr<F64Attr, "0.01">:$weight_decay,
                        OptionalAttr<I64Attr>:$decay_numel,
-                       OptionalAttr<I64Attr>:$shard_stride);
+                       OptionalAttr<I64Attr>:$shard_stride,
+                       OptionalAttr<I64Attr>:$state_block);
   let results = (outs Fsdp_FloatTensor:$result);
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $step (`grad_scale` $grad_scale^)? attr-dict `:` type($param) custom<StateType>(type($exp_avg), ref(type($param))) `->` type($result)
@@ -1525,15 +1529,19 @@ def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
     `skip_nonfinite` and `grad_scale` as adamw_update's, and so are bf16
     moments beside f32 parameters (state-dtype=bf16: widened, the step in
     f32, the new moments rounded once, to nearest or with `stochastic` and
-    `key` with adamw_update's draws).
+    `key` with adamw_update's draws), and so are 8-bit moments with
+    `state_block` (decoded, the step in f32, the new moments encoded once
+    a block; the parameter's update reads the f32 moments, as fsdp.
+    lamb_norms' u does, so the trust ratio and the step see one u).
 
     ```mlir
     %p2, %m2, %v2 = fsdp.lamb_update %p, %g, %m, %v, %n, %lr, %step {segments = array<i64: 0, 40>} : tensor<40xf32>, tensor<2xf32>
     %p3, %m3, %v3 = fsdp.lamb_update %p, %g, %mb, %vb, %n, %lr, %step {key = 0 : i64, segments = array<i64: 0, 40>, stochastic} : tensor<40xf32>, tensor<2xf32> state tensor<40xbf16>
+    %p4, %m4, %v4 = fsdp.lamb_update %p, %g, %mq, %vq, %n, %lr, %step {segments = array<i64: 0, 40>, state_block = 32 : i64} : tensor<40xf32>, tensor<2xf32> state tensor<48xi8>
     ```
   }];
   let arguments = (ins Fsdp_FloatTensor:$param, Fsdp_FloatTensor:$grad,
-                       Fsdp_FloatTensor:$exp_avg, Fsdp_FloatTensor:$exp_avg_sq,
+                       Fsdp_StateTensor:$exp_avg, Fsdp_StateTensor:$exp_avg_sq,
                        Fsdp_FloatTensor:$norms,
                        Fsdp_Scalar:$lr, Fsdp_Scalar:$step,
                        Optional<Fsdp_Scalar>:$skip_nonfinite,
@@ -1546,9 +1554,10 @@ def Fsdp_LambUpdateOp : Fsdp_Op<"lamb_update", [Pure, AttrSizedOperandSegments,
                        OptionalAttr<I64Attr>:$decay_numel,
                        OptionalAttr<I64Attr>:$shard_stride,
                        UnitAttr:$stochastic,
-                       OptionalAttr<I64Attr>:$key);
-  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_FloatTensor:$new_exp_avg,
-                      Fsdp_FloatTensor:$new_exp_avg_sq);
+                       OptionalAttr<I64Attr>:$key,
+                       OptionalAttr<I64Attr>:$state_block);
+  let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_StateTensor:$new_exp_avg,
+                      Fsdp_StateTensor:$new_exp_avg_sq);
   let assemblyFormat = [{
     $param `,` $grad `,` $exp_avg `,` $exp_avg_sq `,` $norms `,` $lr `,` $step (`skip_nonfinite` $skip_nonfinite^)? (`grad_scale` $grad_scale^)? attr-dict `:` type($param) `,` type($norms) custom<StateType>(type($exp_avg), ref(type($param)))
   }];

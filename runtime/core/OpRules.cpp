@@ -38,12 +38,17 @@ Status expectF32(const Op &op, std::initializer_list<const Buffer *> bufs) {
   return Status::ok();
 }
 
-/// Whether an update's state is 8-bit (state-dtype=8bit: adamw_update's
-/// i8 moments, sgd_momentum_update's i8 buffer, each a packed vector of
-/// codes and scales).
+/// Whether `op` is an update whose state may be stored in bf16 or 8 bits.
+bool hasNarrowableState(const std::string &op) {
+  return op == "adamw_update" || op == "sgd_momentum_update" || op == "lamb_norms" ||
+         op == "lamb_update";
+}
+
+/// Whether an update's state is 8-bit (state-dtype=8bit: adamw_update's,
+/// lamb_norms' and lamb_update's i8 moments, sgd_momentum_update's i8
+/// buffer, each a packed vector of codes and scales).
 bool packedMoments(const Op &op) {
-  return (op.inst.op == "adamw_update" || op.inst.op == "sgd_momentum_update") &&
-         op.inst.in.size() > 2 && op.in(2).dtype == DType::I8;
+  return hasNarrowableState(op.inst.op) && op.inst.in.size() > 2 && op.in(2).dtype == DType::I8;
 }
 
 /// An update's dtypes when its state may be bf16 (state-dtype=bf16:
@@ -64,8 +69,7 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
   const bool packed = packedMoments(op);
   if (state != DType::F32 && state != DType::BF16 && !packed)
     return FSDP_ERROR(op.inst.op, ": state of ", dtypeName(state),
-                      ": expected f32 or bf16 (or, adamw_update's and sgd_momentum_update's, i8 "
-                      "8-bit codes)");
+                      ": expected f32 or bf16 (or i8 8-bit codes)");
   if (packed != op.has("state_block"))
     return FSDP_ERROR(op.inst.op,
                       packed ? ": i8 state is 8-bit block codes: expected "
@@ -111,21 +115,18 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
     if (!(block >= 32 && block <= 4096 && (block & (block - 1)) == 0))
       return FSDP_ERROR(op.inst.op, ": state_block must be a power of two in [32, 4096]");
     const int64_t want = shapes::quantizedBytes(n, block);
-    for (int i = 2; i < 2 + states; ++i)
-      if (op.in(i).numel() != want || op.out(i - 1).numel() != want)
+    for (int i = 2; i < 2 + states; ++i) {
+      if (op.in(i).numel() != want)
         return FSDP_ERROR(op.inst.op, ": 8-bit state of ", n, " elements in blocks of ", block,
-                          " are ", want, " bytes; operand ", i, " has ", op.in(i).numel(),
-                          " and result ", i - 1, " ", op.out(i - 1).numel());
+                          " are ", want, " bytes; operand ", i, " has ", op.in(i).numel());
+      if (writes && op.out(i - 1).numel() != want)
+        return FSDP_ERROR(op.inst.op, ": 8-bit state of ", n, " elements in blocks of ", block,
+                          " are ", want, " bytes; result ", i - 1, " has ", op.out(i - 1).numel());
+    }
   }
   if (!op.attrError.empty())
     return FSDP_ERROR(op.inst.op, ": ", op.attrError);
   return Status::ok();
-}
-
-/// Whether `op` is an update whose state may be stored in bf16.
-bool hasNarrowableState(const std::string &op) {
-  return op == "adamw_update" || op == "sgd_momentum_update" || op == "lamb_norms" ||
-         op == "lamb_update";
 }
 
 Status expectAllF32(const Op &op) {
@@ -906,12 +907,14 @@ const std::unordered_map<std::string, Check> &checks() {
         // adamw_update's.
         FSDP_RETURN_IF_ERROR(updateStateDtype(op, 2, update));
         int64_t n = op.in(0).numel();
+        // (8-bit moments are packed: their sizes checked by updateStateDtype)
+        const bool packed = packedMoments(op);
         for (int i = 1; i < 4; ++i)
-          if (op.in(i).numel() != n)
+          if (op.in(i).numel() != n && !(packed && i >= 2))
             return FSDP_ERROR(name, ": operand ", i, " has ", op.in(i).numel(),
                               " elements, the parameter ", n);
         for (int i = 0; update && i < 3; ++i)
-          if (op.out(i).numel() != n)
+          if (op.out(i).numel() != n && !(packed && i >= 1))
             return FSDP_ERROR(name, ": result ", i, " has the wrong size");
         if (!op.has("segments"))
           return FSDP_ERROR(name, ": missing attribute segments (the unit's parameter bounds)");

@@ -747,6 +747,10 @@ const std::unordered_map<std::string, Exec> &table() {
       if (r.op.in(2).dtype == DType::BF16)
         lambNormsBf16State(r.in(0), r.in(1), r.in<uint16_t>(2), r.in<uint16_t>(3), r.out(0),
                            r.op.in(0).numel(), lambLayout(r), step, b1, b2, eps, wd, gradScale(r));
+      else if (r.op.in(2).dtype == DType::I8) // state-dtype=8bit
+        lambNorms8bitState(r.in(0), r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3), r.out(0),
+                           r.op.in(0).numel(), r.op.i("state_block", 256), lambLayout(r), step, b1,
+                           b2, eps, wd, gradScale(r));
       else
         lambNorms<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.out(0), r.op.in(0).numel(),
                          lambLayout(r), step, b1, b2, eps, wd, gradScale(r));
@@ -764,6 +768,11 @@ const std::unordered_map<std::string, Exec> &table() {
                             r.out(0), r.out<uint16_t>(1), r.out<uint16_t>(2), r.op.in(0).numel(),
                             lambLayout(r), *r.in(5), step, b1, b2, eps, wd, gradScale(r),
                             stateRounding(r, 0));
+      else if (r.op.in(2).dtype == DType::I8) // state-dtype=8bit
+        lambUpdate8bitState(r.in(0), r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3), r.in(4), r.out(0),
+                            r.out<uint8_t>(1), r.out<uint8_t>(2), r.op.in(0).numel(),
+                            r.op.i("state_block", 256), lambLayout(r), *r.in(5), step, b1, b2, eps,
+                            wd, gradScale(r));
       else
         lambUpdate<float>(r.in(0), r.in(1), r.in(2), r.in(3), r.in(4), r.out(0), r.out(1), r.out(2),
                           r.op.in(0).numel(), lambLayout(r), *r.in(5), step, b1, b2, eps, wd,

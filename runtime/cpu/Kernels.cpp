@@ -1303,10 +1303,35 @@ inline void widenStates(const S *m, const S *v, int64_t n, T *mb, T *vb, const T
   }
 }
 
-template <typename T, typename S>
-void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_t n,
-                const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
-                double wd, T gradScale) {
+/// The moments a LAMB kernel reads, stored as S: T or bf16 (widenStates),
+/// elements [at, at + len) at a time.
+template <typename T, typename S> struct WideMoments {
+  static constexpr bool kInPlace = kSameState<T, S>;
+  const S *m, *v;
+  void read(int64_t at, int64_t len, T *mb, T *vb, const T *&mw, const T *&vw) const {
+    widenStates(m + at, v + at, len, mb, vb, mw, vw);
+  }
+};
+/// 8-bit moments (state-dtype=8bit): packed shards of n elements in blocks
+/// of `block`, decoded as the AdamW update decodes them (exp_avg_sq as its
+/// root squared).
+struct Codes8Moments {
+  static constexpr bool kInPlace = false;
+  const uint8_t *m, *v;
+  int64_t n, block;
+  void read(int64_t at, int64_t len, float *mb, float *vb, const float *&mw,
+            const float *&vw) const {
+    namespace m8 = moments8;
+    const int64_t scales = m8::scalesOffset(n) + 4 * (at / block);
+    m8::decodeRange(m + at, m + scales, at, len, block, false, mb);
+    m8::decodeRange(v + at, v + scales, at, len, block, true, vb);
+    mw = mb, vw = vb;
+  }
+};
+
+template <typename T, typename In>
+void lambNormsT(const T *p, const T *g, const In &in, T *norms, int64_t n, const LambLayout &layout,
+                int64_t step, double beta1, double beta2, double eps, double wd, T gradScale) {
   const int64_t K = (int64_t)layout.segments.size() - 1;
   const LambScalars<T> c = lambScalars<T>(step, beta1, beta2, eps);
   const T twd = (T)wd;
@@ -1329,8 +1354,8 @@ void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_
     for (int64_t s0 = 0; s0 < len; s0 += kLambWiden) {
       const int64_t sl = std::min(kLambWiden, len - s0);
       const T *mw, *vw;
-      T mb[kSameState<T, S> ? 1 : kLambWiden], vb[kSameState<T, S> ? 1 : kLambWiden];
-      widenStates(m + ch.begin + s0, v + ch.begin + s0, sl, mb, vb, mw, vw);
+      T mb[In::kInPlace ? 1 : kLambWiden], vb[In::kInPlace ? 1 : kLambWiden];
+      in.read(ch.begin + s0, sl, mb, vb, mw, vw);
 #pragma omp simd
       for (int64_t i = 0; i < sl; ++i) {
         T nm, nv;
@@ -1358,6 +1383,19 @@ void lambNormsT(const T *p, const T *g, const S *m, const S *v, T *norms, int64_
   }
 }
 
+/// The trust ratio ||p|| / ||u|| of piece pc's whole parameter (the sums
+/// over every shard, norms[k] and norms[K + k]), only where weight decay
+/// applies (timm, apex); 1 elsewhere and on padding.
+template <typename T>
+T lambTrust(const LambLayout &layout, const T *norms, int64_t K, double wd, const LambPiece &pc) {
+  if (pc.segment >= 0 && wd != 0 && layout.segments[pc.segment] < layout.decayNumel) {
+    double pn = norms[pc.segment], un = norms[K + pc.segment];
+    if (pn > 0 && un > 0)
+      return (T)(std::sqrt(pn) / std::sqrt(un));
+  }
+  return T(1);
+}
+
 /// lamb_update over moments stored as S: T (written as computed) or bf16
 /// (uint16_t: the new moments computed into chunk buffers, then rounded
 /// once as `rounding` says, as adamwUpdateBf16State does).
@@ -1380,14 +1418,7 @@ void lambUpdateT(const T *p, const T *g, const S *m, const S *v, const T *norms,
   };
   std::vector<Chunk> chunks;
   for (const LambPiece &pc : lambPieces(layout, n)) {
-    // The trust ratio ||p|| / ||u|| of the whole parameter (the sums over
-    // every shard), only where weight decay applies (timm, apex).
-    T trust = T(1);
-    if (pc.segment >= 0 && wd != 0 && layout.segments[pc.segment] < layout.decayNumel) {
-      double pn = norms[pc.segment], un = norms[K + pc.segment];
-      if (pn > 0 && un > 0)
-        trust = (T)(std::sqrt(pn) / std::sqrt(un));
-    }
+    const T trust = lambTrust(layout, norms, K, wd, pc);
     for (int64_t b = pc.begin; b < pc.end; b += kLambChunk)
       chunks.push_back({b, std::min(b + kLambChunk, pc.end), trust, pc.decay && wd != 0});
   }
@@ -1442,7 +1473,8 @@ template <typename T>
 void lambNorms(const T *p, const T *g, const T *m, const T *v, T *norms, int64_t n,
                const LambLayout &layout, int64_t step, double beta1, double beta2, double eps,
                double wd, T gradScale) {
-  lambNormsT(p, g, m, v, norms, n, layout, step, beta1, beta2, eps, wd, gradScale);
+  lambNormsT(p, g, WideMoments<T, T>{m, v}, norms, n, layout, step, beta1, beta2, eps, wd,
+             gradScale);
 }
 
 template <typename T>
@@ -1456,7 +1488,77 @@ void lambUpdate(const T *p, const T *g, const T *m, const T *v, const T *norms, 
 void lambNormsBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,
                         float *norms, int64_t n, const LambLayout &layout, int64_t step,
                         double beta1, double beta2, double eps, double wd, float gradScale) {
-  lambNormsT(p, g, m, v, norms, n, layout, step, beta1, beta2, eps, wd, gradScale);
+  lambNormsT(p, g, WideMoments<float, uint16_t>{m, v}, norms, n, layout, step, beta1, beta2, eps,
+             wd, gradScale);
+}
+
+void lambNorms8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                        float *norms, int64_t n, int64_t block, const LambLayout &layout,
+                        int64_t step, double beta1, double beta2, double eps, double wd,
+                        float gradScale) {
+  lambNormsT(p, g, Codes8Moments{m, v, n, block}, norms, n, layout, step, beta1, beta2, eps, wd,
+             gradScale);
+}
+
+void lambUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                         const float *norms, float *np, uint8_t *nm, uint8_t *nv, int64_t n,
+                         int64_t block, const LambLayout &layout, double lr, int64_t step,
+                         double beta1, double beta2, double eps, double wd, float gradScale) {
+  namespace m8 = moments8;
+  const int64_t K = (int64_t)layout.segments.size() - 1;
+  const LambScalars<float> c = lambScalars<float>(step, beta1, beta2, eps);
+  const float twd = (float)wd, tlr = (float)lr;
+  // The runs of one trust ratio and one weight decay, in order (every
+  // element lies in one); a block walks those it meets.
+  struct Run {
+    int64_t begin, end;
+    float trust;
+    bool decay;
+  };
+  std::vector<Run> runs;
+  for (const LambPiece &pc : lambPieces(layout, n))
+    runs.push_back({pc.begin, pc.end, lambTrust(layout, norms, K, wd, pc), pc.decay && wd != 0});
+  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
+  // Block j: decoded, each element stepped with lambUpdate<float>'s
+  // arithmetic (the parameter reads the f32 moments, as lamb_norms' u
+  // does), the new moments encoded once. In place allowed: the block is
+  // read whole before its codes and scales are written.
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int64_t o = j * block, len = std::min(block, n - o);
+    if (len <= 0 || len > m8::kMaxBlock) // (never: o < n; told to GCC's bounds warnings)
+      continue;
+    float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
+    m8::decodeRange(m + o, m + at + 4 * j, o, len, block, false, mf);
+    m8::decodeRange(v + o, v + at + 4 * j, o, len, block, true, vf);
+    auto r = std::upper_bound(runs.begin(), runs.end(), o,
+                              [](int64_t x, const Run &run) { return x < run.end; });
+    for (; r != runs.end() && r->begin < o + len; ++r) {
+      const int64_t a = std::max(r->begin, o) - o, b = std::min(r->end, o + len) - o;
+      const float *pj = p + o, *gj = g + o;
+      float *npj = np + o;
+      const float trust = r->trust;
+      const bool decay = r->decay;
+#pragma omp simd
+      for (int64_t i = a; i < b; ++i) {
+        float mi, vi;
+        const float u = lambDirection(c, pj[i], gj[i], mf[i], vf[i], gradScale, decay, twd, mi, vi);
+        npj[i] = pj[i] - tlr * (u * trust);
+        mf[i] = mi;
+        vf[i] = vi;
+      }
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i)
+      vf[i] = std::sqrt(vf[i]);
+    const float sm = m8::encodeBlock(mf, len, m8::kMantM, nm + o);
+    const float sv = m8::encodeBlock(vf, len, m8::kMantV, nv + o);
+    std::memcpy(nm + at + 4 * j, &sm, 4);
+    std::memcpy(nv + at + 4 * j, &sv, 4);
+  }
+  // the codes' padding to 4 bytes stays zero
+  for (int64_t i = n; i < at; ++i)
+    nm[i] = nv[i] = 0;
 }
 
 void lambUpdateBf16State(const float *p, const float *g, const uint16_t *m, const uint16_t *v,

@@ -301,6 +301,22 @@ void lambUpdateBf16State(const float *p, const float *g, const uint16_t *m, cons
                          const LambLayout &layout, double lr, int64_t step, double beta1,
                          double beta2, double eps, double wd, float gradScale,
                          const MomentRounding &rounding);
+/// lambNorms<float> / lambUpdate<float> with the moments stored in 8 bits
+/// (state-dtype=8bit): m, v, nm, nv packed shards of n elements in blocks
+/// of `block` (runtime/core/Moments8.h; nm, nv may be m, v). The norms are
+/// lambNorms<float>'s over the decoded moments (exp_avg_sq as its root
+/// squared); the update decodes each block, steps it with
+/// lambUpdate<float>'s f32 arithmetic (the parameters read the f32 moments,
+/// as the norms' direction does) and encodes the new moments once. A block
+/// may hold several parameters, each with its own trust ratio.
+void lambNorms8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                        float *norms, int64_t n, int64_t block, const LambLayout &layout,
+                        int64_t step, double beta1, double beta2, double eps, double wd,
+                        float gradScale);
+void lambUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                         const float *norms, float *np, uint8_t *nm, uint8_t *nv, int64_t n,
+                         int64_t block, const LambLayout &layout, double lr, int64_t step,
+                         double beta1, double beta2, double eps, double wd, float gradScale);
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
 /// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and

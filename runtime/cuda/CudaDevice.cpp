@@ -2183,12 +2183,13 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
   } else if (n == "lamb_norms" || n == "lamb_update") {
     // The unit's parameter bounds and this shard's place among them
     // (rules::lambLayout; the shard index as decayedCount's). p and g f32;
-    // the moments f32 or bf16 (state-dtype=bf16; the plan check holds them
-    // to one dtype).
+    // the moments f32, bf16 (state-dtype=bf16) or i8 packed codes and
+    // scales (state-dtype=8bit); the plan check holds them to one dtype.
     LambLayout l = rules::lambLayout(op, rank);
     const float *p = r.in(0), *g = r.in(1);
     const void *m = r.v(2), *v = r.v(3);
-    const bool bf16 = op.in(2).dtype == DType::BF16;
+    const bool bf16 = op.in(2).dtype == DType::BF16, codes8 = op.in(2).dtype == DType::I8;
+    const int64_t block = op.i("state_block", 256);
     double b1 = op.f("beta1", 0.9), b2 = op.f("beta2", 0.999), eps = op.f("eps", 1e-6),
            wd = op.f("weight_decay", 0.01);
     int64_t cnt = op.in(0).numel();
@@ -2200,6 +2201,9 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
       float *y = r.out(0);
       out = fromCuda(
           [=](cudaStream_t s) {
+            if (codes8)
+              return lambNorms8bitState(p, g, m, v, y, cnt, block, l.segments, l.base, l.decayNumel,
+                                        step, b1, b2, eps, wd, gs, sd, s);
             return bf16 ? lambNormsBf16State(p, g, m, v, y, cnt, l.segments, l.base, l.decayNumel,
                                              step, b1, b2, eps, wd, gs, sd, s)
                         : lambNorms(p, g, static_cast<const float *>(m),
@@ -2216,6 +2220,10 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
       const uint64_t first = (uint64_t)(rank * op.i("shard_stride", 0));
       out = fromCuda(
           [=](cudaStream_t s) {
+            if (codes8)
+              return lambUpdate8bitState(p, g, m, v, norms, np, nm, nv, cnt, block, l.segments,
+                                         l.base, l.decayNumel, lr, step, b1, b2, eps, wd, gs, skip,
+                                         s);
             return bf16 ? lambUpdateBf16State(p, g, m, v, norms, np, nm, nv, cnt, l.segments,
                                               l.base, l.decayNumel, lr, step, b1, b2, eps, wd, gs,
                                               skip, ctx, key, first, s)

@@ -10,6 +10,7 @@
 #include "runtime/cuda/CudaKernels.h"
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/Moments8.h"
 #include "runtime/core/ShapeRules.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cpu/Kernels.h" // lambPieces: the CPU's walk of a LAMB layout
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <type_traits>
 
 namespace fsdp::cuda {
 
@@ -1044,12 +1046,19 @@ __device__ __forceinline__ LambScalars lambScalars(const float *stepp, double be
 }
 /// cpu::lambDirection, every operation rounded on its own (no FMA
 /// contraction: the CPU rounds each).
+/// Its new moments alone (lambMoments8bitKernel's: they take no trust
+/// ratio and no weight decay).
+__device__ __forceinline__ void lambMoments(const LambScalars &c, float g, float m, float v,
+                                            const float *gs, float &mi, float &vi) {
+  float gi = gs ? __fmul_rn(g, *gs) : g;
+  mi = __fadd_rn(__fmul_rn(m, c.b1), __fmul_rn(c.omb1, gi));
+  vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
+}
 __device__ __forceinline__ float lambElement(const LambScalars &c, float p, float g, float m,
                                              float v, const float *gs, bool decay, float wd,
                                              float &nm, float &nv) {
-  float gi = gs ? __fmul_rn(g, *gs) : g;
-  float mi = __fadd_rn(__fmul_rn(m, c.b1), __fmul_rn(c.omb1, gi));
-  float vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
+  float mi, vi;
+  lambMoments(c, g, m, v, gs, mi, vi);
   float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2Sqrt), c.eps);
   float u = __fdiv_rn(__fdiv_rn(mi, c.bc1), denom);
   nm = mi;
@@ -1060,19 +1069,45 @@ __device__ __forceinline__ float lambElement(const LambScalars &c, float p, floa
 /// Stage-1 blocks of lamb_norms (one parameter at a time), as squaredNorm's.
 constexpr int kLambBlocks = 1024;
 
+/// The moments a LAMB kernel reads, element i of a piece: f32 or bf16
+/// (state-dtype=bf16: widened) where they lie, m and v at the piece's start.
+template <typename M> struct PlainMoments {
+  const M *m, *v;
+  __device__ __forceinline__ void operator()(int64_t i, float &mi, float &vi) const {
+    mi = ld(m + i);
+    vi = ld(v + i);
+  }
+};
+/// 8-bit codes (state-dtype=8bit): element i of a piece is element at + i
+/// of packed shards of codes m, v with block scales sm, sv, decoded as
+/// cpu::lambNorms8bitState decodes them (exp_avg_sq as its root squared).
+struct Codes8Moments {
+  const uint8_t *m, *v;
+  const float *sm, *sv;
+  int64_t at;
+  int block;
+  __device__ __forceinline__ void operator()(int64_t i, float &mi, float &vi) const {
+    const int64_t e = at + i, j = e / block;
+    mi = moments8::decodeM(m[e], sm[j]);
+    const float r = moments8::decodeRoot(v[e], sv[j]);
+    vi = __fmul_rn(r, r);
+  }
+};
+
 /// partial[b] = block b's share of sum p^2 over one parameter's piece,
 /// partial[gridDim.x + b] that of u^2; the partition is fixed for a length.
-/// M: the moments' storage (f32, or bf16 with state-dtype=bf16: widened).
-template <typename M>
-__global__ void lambSumsKernel(const float *p, const float *g, const M *m, const M *v, int64_t len,
+/// Ld: the moments' reader (PlainMoments, Codes8Moments).
+template <typename Ld>
+__global__ void lambSumsKernel(const float *p, const float *g, Ld ld, int64_t len,
                                const float *step, double beta1, double beta2, double eps,
                                const float *gs, bool decay, float wd, double *partial) {
   __shared__ double sh[32];
   LambScalars c = lambScalars(step, beta1, beta2, eps);
   double sp = 0, su = 0;
   FSDP_GRID_STRIDE(i, len) {
-    float nm, nv;
-    float u = lambElement(c, p[i], g[i], ld(m + i), ld(v + i), gs, decay, wd, nm, nv);
+    float mi, vi, nm, nv;
+    ld(i, mi, vi);
+    float u = lambElement(c, p[i], g[i], mi, vi, gs, decay, wd, nm, nv);
     sp += (double)p[i] * p[i];
     su += (double)u * u;
   }
@@ -1106,6 +1141,8 @@ __device__ __forceinline__ void storeMoments(float *nm, float *nv, float m, floa
   *nm = m;
   *nv = v;
 }
+/// 8-bit moments: lambMoments8bitKernel writes them (a block at a time).
+struct NoMoments {};
 __device__ __forceinline__ void storeMoments(__nv_bfloat16 *nm, __nv_bfloat16 *nv, float m, float v,
                                              const uint64_t *key, uint64_t g) {
   if (!key) {
@@ -1125,18 +1162,22 @@ __device__ __forceinline__ void storeMoments(__nv_bfloat16 *nm, __nv_bfloat16 *n
 /// (ctx: the device's {seed, step}) formed once a thread, as
 /// adamwBf16StateKernel forms its own, so a captured graph still replays
 /// each step's. Element i draws as element first + i of its unit.
-template <typename M>
-__global__ void lambUpdateKernel(const float *p, const float *g, const M *m, const M *v, float *np,
-                                 M *nm, M *nv, int64_t len, const float *pn, const float *un,
-                                 const float *lrp, const float *stepp, double beta1, double beta2,
-                                 double eps, bool decay, float wd, const float *gs,
-                                 const float *skip, const uint64_t *ctx, int64_t key,
-                                 uint64_t first) {
+/// Ld reads the moments (PlainMoments, Codes8Moments); M is their new
+/// ones' storage (NoMoments: written by lambMoments8bitKernel).
+template <typename Ld, typename M>
+__global__ void lambUpdateKernel(const float *p, const float *g, Ld ld, float *np, M *nm, M *nv,
+                                 const M *m, const M *v, int64_t len, const float *pn,
+                                 const float *un, const float *lrp, const float *stepp,
+                                 double beta1, double beta2, double eps, bool decay, float wd,
+                                 const float *gs, const float *skip, const uint64_t *ctx,
+                                 int64_t key, uint64_t first) {
   if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
     FSDP_GRID_STRIDE(i, len) {
       np[i] = p[i];
-      nm[i] = m[i];
-      nv[i] = v[i];
+      if constexpr (!std::is_same_v<M, NoMoments>) {
+        nm[i] = m[i];
+        nv[i] = v[i];
+      }
     }
     return;
   }
@@ -1152,19 +1193,26 @@ __global__ void lambUpdateKernel(const float *p, const float *g, const M *m, con
   const float lr = *lrp;
   const uint64_t k = ctx ? stateRoundingKey(ctx[0], (int64_t)ctx[1], key) : 0;
   FSDP_GRID_STRIDE(i, len) {
-    float mi, vi;
-    float u = lambElement(c, p[i], g[i], ld(m + i), ld(v + i), gs, decay, wd, mi, vi);
+    float mo, vo, mi, vi;
+    ld(i, mo, vo);
+    float u = lambElement(c, p[i], g[i], mo, vo, gs, decay, wd, mi, vi);
     np[i] = __fsub_rn(p[i], __fmul_rn(lr, __fmul_rn(u, trust)));
-    storeMoments(nm + i, nv + i, mi, vi, ctx ? &k : nullptr, first + (uint64_t)i);
+    if constexpr (!std::is_same_v<M, NoMoments>)
+      storeMoments(nm + i, nv + i, mi, vi, ctx ? &k : nullptr, first + (uint64_t)i);
   }
 }
 
-template <typename M>
-cudaError_t lambNormsT(const float *p, const float *g, const M *m, const M *v, float *norms,
-                       int64_t n, const std::vector<int64_t> &segments, int64_t base,
-                       int64_t decayNumel, const float *step, double beta1, double beta2,
-                       double eps, double wd, const float *gradScale, double *partial,
-                       cudaStream_t s) {
+/// The reader of f32 or bf16 moments m, v (PlainMoments from each piece's start).
+template <typename M> auto plainReader(const M *m, const M *v) {
+  return [=](int64_t begin) { return PlainMoments<M>{m + begin, v + begin}; };
+}
+
+/// `reader(begin)`: the moments' reader for the piece from element begin.
+template <typename Reader>
+cudaError_t lambNormsT(const float *p, const float *g, Reader reader, float *norms, int64_t n,
+                       const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                       const float *step, double beta1, double beta2, double eps, double wd,
+                       const float *gradScale, double *partial, cudaStream_t s) {
   std::vector<cpu::LambPiece> pieces;
   if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
     return cudaErrorInvalidValue;
@@ -1179,9 +1227,9 @@ cudaError_t lambNormsT(const float *p, const float *g, const M *m, const M *v, f
       continue; // padding adds nothing
     int64_t len = pc.end - pc.begin;
     unsigned blocks = (unsigned)std::min<int64_t>(kLambBlocks, (len + kThreads - 1) / kThreads);
-    lambSumsKernel<M><<<blocks, kThreads, 0, s>>>(
-        p + pc.begin, g + pc.begin, m + pc.begin, v + pc.begin, len, step, beta1, beta2, eps,
-        gradScale, pc.decay && wd != 0, (float)wd, partial);
+    lambSumsKernel<<<blocks, kThreads, 0, s>>>(p + pc.begin, g + pc.begin, reader(pc.begin), len,
+                                               step, beta1, beta2, eps, gradScale,
+                                               pc.decay && wd != 0, (float)wd, partial);
     finishSum<<<1, kThreads, 0, s>>>(partial, blocks, 1.0, norms + pc.segment);
     finishSum<<<1, kThreads, 0, s>>>(partial + blocks, blocks, 1.0, norms + K + pc.segment);
   }
@@ -1191,13 +1239,15 @@ cudaError_t lambNormsT(const float *p, const float *g, const M *m, const M *v, f
 /// M as lambNormsT's; bf16 moments are written rounded once, to nearest
 /// or (ctx: the device's {seed, step}) stochastically, element i of the
 /// operand drawing as element first + i of its unit.
-template <typename M>
-cudaError_t lambUpdateT(const float *p, const float *g, const M *m, const M *v, const float *norms,
-                        float *np, M *nm, M *nv, int64_t n, const std::vector<int64_t> &segments,
-                        int64_t base, int64_t decayNumel, const float *lr, const float *step,
-                        double beta1, double beta2, double eps, double wd, const float *gradScale,
-                        const float *skip, const uint64_t *ctx, int64_t key, uint64_t first,
-                        cudaStream_t s) {
+/// `reader` as lambNormsT's; M the new moments' storage (NoMoments: none
+/// written here, m, v, nm, nv null).
+template <typename Reader, typename M>
+cudaError_t lambUpdateT(const float *p, const float *g, Reader reader, const M *m, const M *v,
+                        const float *norms, float *np, M *nm, M *nv, int64_t n,
+                        const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
+                        const float *lr, const float *step, double beta1, double beta2, double eps,
+                        double wd, const float *gradScale, const float *skip, const uint64_t *ctx,
+                        int64_t key, uint64_t first, cudaStream_t s) {
   std::vector<cpu::LambPiece> pieces;
   if (!lambPiecesOnce(segments, base, decayNumel, n, pieces))
     return cudaErrorInvalidValue;
@@ -1214,10 +1264,11 @@ cudaError_t lambUpdateT(const float *p, const float *g, const M *m, const M *v, 
     if (len <= 0)
       continue;
     unsigned blocks = std::min<unsigned>(gridFor(len), 2048u); // as adamwT's
-    lambUpdateKernel<M><<<blocks, kThreads, 0, s>>>(
-        p + pc.begin, g + pc.begin, m + pc.begin, v + pc.begin, np + pc.begin, nm + pc.begin,
-        nv + pc.begin, len, pn, un, lr, step, beta1, beta2, eps, pc.decay && wd != 0, twd,
-        gradScale, skip, ctx, key, first + (uint64_t)pc.begin);
+    auto at = [&](auto *x) { return x ? x + pc.begin : x; };
+    lambUpdateKernel<<<blocks, kThreads, 0, s>>>(
+        p + pc.begin, g + pc.begin, reader(pc.begin), np + pc.begin, at(nm), at(nv), at(m), at(v),
+        len, pn, un, lr, step, beta1, beta2, eps, pc.decay && wd != 0, twd, gradScale, skip, ctx,
+        key, first + (uint64_t)pc.begin);
     if (cudaError_t e = cudaGetLastError())
       return e;
   }
@@ -1232,8 +1283,8 @@ cudaError_t lambNorms(const float *p, const float *g, const float *m, const floa
                       int64_t n, const std::vector<int64_t> &segments, int64_t base,
                       int64_t decayNumel, const float *step, double beta1, double beta2, double eps,
                       double wd, const float *gradScale, double *partial, cudaStream_t s) {
-  return lambNormsT(p, g, m, v, norms, n, segments, base, decayNumel, step, beta1, beta2, eps, wd,
-                    gradScale, partial, s);
+  return lambNormsT(p, g, plainReader(m, v), norms, n, segments, base, decayNumel, step, beta1,
+                    beta2, eps, wd, gradScale, partial, s);
 }
 
 cudaError_t lambNormsBf16State(const float *p, const float *g, const void *m, const void *v,
@@ -1241,9 +1292,10 @@ cudaError_t lambNormsBf16State(const float *p, const float *g, const void *m, co
                                int64_t base, int64_t decayNumel, const float *step, double beta1,
                                double beta2, double eps, double wd, const float *gradScale,
                                double *partial, cudaStream_t s) {
-  return lambNormsT(p, g, static_cast<const __nv_bfloat16 *>(m),
-                    static_cast<const __nv_bfloat16 *>(v), norms, n, segments, base, decayNumel,
-                    step, beta1, beta2, eps, wd, gradScale, partial, s);
+  return lambNormsT(
+      p, g,
+      plainReader(static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v)),
+      norms, n, segments, base, decayNumel, step, beta1, beta2, eps, wd, gradScale, partial, s);
 }
 
 cudaError_t lambUpdate(const float *p, const float *g, const float *m, const float *v,
@@ -1251,8 +1303,9 @@ cudaError_t lambUpdate(const float *p, const float *g, const float *m, const flo
                        const std::vector<int64_t> &segments, int64_t base, int64_t decayNumel,
                        const float *lr, const float *step, double beta1, double beta2, double eps,
                        double wd, const float *gradScale, const float *skip, cudaStream_t s) {
-  return lambUpdateT(p, g, m, v, norms, np, nm, nv, n, segments, base, decayNumel, lr, step, beta1,
-                     beta2, eps, wd, gradScale, skip, nullptr, 0, 0, s);
+  return lambUpdateT(p, g, plainReader(m, v), m, v, norms, np, nm, nv, n, segments, base,
+                     decayNumel, lr, step, beta1, beta2, eps, wd, gradScale, skip, nullptr, 0, 0,
+                     s);
 }
 
 cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, const void *v,
@@ -1262,10 +1315,138 @@ cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, c
                                 double beta1, double beta2, double eps, double wd,
                                 const float *gradScale, const float *skip, const uint64_t *ctx,
                                 int64_t key, uint64_t first, cudaStream_t s) {
-  return lambUpdateT(
-      p, g, static_cast<const __nv_bfloat16 *>(m), static_cast<const __nv_bfloat16 *>(v), norms, np,
-      static_cast<__nv_bfloat16 *>(nm), static_cast<__nv_bfloat16 *>(nv), n, segments, base,
-      decayNumel, lr, step, beta1, beta2, eps, wd, gradScale, skip, ctx, key, first, s);
+  auto *mb = static_cast<const __nv_bfloat16 *>(m), *vb = static_cast<const __nv_bfloat16 *>(v);
+  return lambUpdateT(p, g, plainReader(mb, vb), mb, vb, norms, np, static_cast<__nv_bfloat16 *>(nm),
+                     static_cast<__nv_bfloat16 *>(nv), n, segments, base, decayNumel, lr, step,
+                     beta1, beta2, eps, wd, gradScale, skip, ctx, key, first, s);
+}
+
+namespace {
+
+/// The 8-bit reader of packed shards m, v of n elements in blocks of `block`.
+auto codes8Reader(const void *m, const void *v, int64_t n, int64_t block) {
+  const uint8_t *mc = static_cast<const uint8_t *>(m), *vc = static_cast<const uint8_t *>(v);
+  const int64_t at = moments8::scalesOffset(n);
+  const float *sm = reinterpret_cast<const float *>(mc + at),
+              *sv = reinterpret_cast<const float *>(vc + at);
+  return [=](int64_t begin) { return Codes8Moments{mc, vc, sm, sv, begin, (int)block}; };
+}
+
+/// lamb_update's new 8-bit moments (the parameters are lambUpdateKernel's,
+/// which reads the old codes first: stream order): one thread block a
+/// quantization block at a time, as adamw8bitStateKernel (CudaNative.cu)
+/// takes its own. Each thread decodes its elements, forms their new f32
+/// moments (lambMoments: no trust ratio, no weight decay in them) and keeps
+/// the moment and the new v's root in shared memory; the block's largest
+/// magnitudes reduce over the threads; each thread encodes its own. In
+/// place allowed (each element and the scales are read before the
+/// barriers that precede their writes). cpu::lambUpdate8bitState's bytes.
+__global__ void lambMoments8bitKernel(const float *g, const uint8_t *m, const uint8_t *v,
+                                      uint8_t *nm, uint8_t *nv, int64_t n, int block,
+                                      const float *stepp, double beta1, double beta2, double eps,
+                                      const float *gs, const float *skip) {
+  namespace m8 = moments8;
+  extern __shared__ float slots[]; // the block's new moments, then roots
+  __shared__ uint32_t warpM[32], warpR[32];
+  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
+  const float *sm = reinterpret_cast<const float *>(m + at),
+              *sv = reinterpret_cast<const float *>(v + at);
+  float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
+  if (blockIdx.x == 0 && threadIdx.x < at - n) // the codes' padding stays zero
+    nm[n + threadIdx.x] = nv[n + threadIdx.x] = 0;
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) {
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    FSDP_GRID_STRIDE(j, blocks) {
+      nsm[j] = sm[j];
+      nsv[j] = sv[j];
+    }
+    return;
+  }
+  const LambScalars c = lambScalars(stepp, beta1, beta2, eps);
+  float *mf = slots, *rf = slots + block;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
+    const int64_t o = j * block;
+    const int len = (int)min((int64_t)block, n - o);
+    const float scaleM = sm[j], scaleV = sv[j];
+    uint32_t am = 0, ar = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t e = o + i;
+      const float r = m8::decodeRoot(v[e], scaleV);
+      float mn, vn;
+      lambMoments(c, g[e], m8::decodeM(m[e], scaleM), __fmul_rn(r, r), gs, mn, vn);
+      const float rn = __fsqrt_rn(vn);
+      mf[i] = mn;
+      rf[i] = rn;
+      am = max(am, m8::bitsOf(mn) & 0x7fffffffu);
+      ar = max(ar, m8::bitsOf(rn) & 0x7fffffffu);
+    }
+    am = warpMax(am);
+    ar = warpMax(ar);
+    if (lane == 0) {
+      warpM[warp] = am;
+      warpR[warp] = ar;
+    }
+    __syncthreads(); // every scale read, every slot written
+    am = 0, ar = 0;
+    for (int w = 0; w < warps; ++w) {
+      am = max(am, warpM[w]);
+      ar = max(ar, warpR[w]);
+    }
+    const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
+                amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
+    float s1, inv1, s2, inv2;
+    m8::blockScale(amaxM, m8::kMantM, s1, inv1);
+    m8::blockScale(amaxR, m8::kMantV, s2, inv2);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
+      nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
+    }
+    if (threadIdx.x == 0) {
+      nsm[j] = s1;
+      nsv[j] = s2;
+    }
+    __syncthreads(); // the slots and warp maxima are free for the next block
+  }
+}
+
+} // namespace
+
+cudaError_t lambNorms8bitState(const float *p, const float *g, const void *m, const void *v,
+                               float *norms, int64_t n, int64_t block,
+                               const std::vector<int64_t> &segments, int64_t base,
+                               int64_t decayNumel, const float *step, double beta1, double beta2,
+                               double eps, double wd, const float *gradScale, double *partial,
+                               cudaStream_t s) {
+  return lambNormsT(p, g, codes8Reader(m, v, n, block), norms, n, segments, base, decayNumel, step,
+                    beta1, beta2, eps, wd, gradScale, partial, s);
+}
+
+cudaError_t lambUpdate8bitState(const float *p, const float *g, const void *m, const void *v,
+                                const float *norms, float *np, void *nm, void *nv, int64_t n,
+                                int64_t block, const std::vector<int64_t> &segments, int64_t base,
+                                int64_t decayNumel, const float *lr, const float *step,
+                                double beta1, double beta2, double eps, double wd,
+                                const float *gradScale, const float *skip, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  // the parameters first: they read the old codes, which the moments'
+  // kernel then overwrites (in place)
+  if (cudaError_t e = lambUpdateT(p, g, codes8Reader(m, v, n, block), (const NoMoments *)nullptr,
+                                  (const NoMoments *)nullptr, norms, np, (NoMoments *)nullptr,
+                                  (NoMoments *)nullptr, n, segments, base, decayNumel, lr, step,
+                                  beta1, beta2, eps, wd, gradScale, skip, nullptr, 0, 0, s))
+    return e;
+  const int64_t blocks = (n + block - 1) / block;
+  unsigned grid = (unsigned)std::min<int64_t>(blocks, 4096);
+  lambMoments8bitKernel<<<grid, kThreads, 2 * block * sizeof(float), s>>>(
+      g, static_cast<const uint8_t *>(m), static_cast<const uint8_t *>(v),
+      static_cast<uint8_t *>(nm), static_cast<uint8_t *>(nv), n, (int)block, step, beta1, beta2,
+      eps, gradScale, skip);
+  return cudaGetLastError();
 }
 
 // --- casts ----------------------------------------------------------------------------------

@@ -267,6 +267,24 @@ cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, c
                                 double beta1, double beta2, double eps, double wd,
                                 const float *gradScale, const float *skip, const uint64_t *ctx,
                                 int64_t key, uint64_t first, cudaStream_t s);
+/// lambNorms / lambUpdate with the moments (and the new ones: nm, nv may be
+/// m, v) stored in 8 bits (state-dtype=8bit): packed shards of n elements
+/// in blocks of `block` (runtime/core/Moments8.h), decoded, the same f32
+/// math, the new moments encoded once a block (the parameters read the f32
+/// moments). The norms are lambNorms' sums over the decoded moments;
+/// cpu::lambUpdate8bitState's bytes for the same norms.
+cudaError_t lambNorms8bitState(const float *p, const float *g, const void *m, const void *v,
+                               float *norms, int64_t n, int64_t block,
+                               const std::vector<int64_t> &segments, int64_t base,
+                               int64_t decayNumel, const float *step, double beta1, double beta2,
+                               double eps, double wd, const float *gradScale, double *partial,
+                               cudaStream_t s);
+cudaError_t lambUpdate8bitState(const float *p, const float *g, const void *m, const void *v,
+                                const float *norms, float *np, void *nm, void *nv, int64_t n,
+                                int64_t block, const std::vector<int64_t> &segments, int64_t base,
+                                int64_t decayNumel, const float *lr, const float *step,
+                                double beta1, double beta2, double eps, double wd,
+                                const float *gradScale, const float *skip, cudaStream_t s);
 /// *out = sum over the tensors of x^2, accumulated in double in a fixed
 /// order. `partial`: squaredNormScratch(tensors) doubles.
 int64_t squaredNormScratch(int64_t tensors);

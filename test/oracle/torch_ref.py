@@ -771,13 +771,14 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # after every step; each update is replayed from ours and our new ones
     # checked against it (rounded once: one bf16 place stochastically,
     # half of one to nearest).
-    # optimizer-state-dtype=8bit: AdamW's moments or SGD's momentum buffer
-    # in 8-bit block codes (runtime/core/Moments8.h; the buffer coded as
-    # exp_avg), dumped decoded; replayed as bf16 state is, and our new ones
-    # checked within half a code step of float64's.
+    # optimizer-state-dtype=8bit: AdamW's and LAMB's moments or SGD's
+    # momentum buffer in 8-bit block codes (runtime/core/Moments8.h; the
+    # buffer coded as exp_avg), dumped decoded; replayed as bf16 state is,
+    # and our new ones checked within half a code step of float64's.
     eight_bit = opts.get("state_dtype") == "8bit"
-    if eight_bit and not (check.kind == "adamw" or (check.kind == "sgd" and opts["momentum"] != 0)):
-        raise SystemExit("8-bit state is AdamW's moments or SGD's momentum buffer "
+    if eight_bit and not (check.kind in ("adamw", "lamb")
+                          or (check.kind == "sgd" and opts["momentum"] != 0)):
+        raise SystemExit("8-bit state is AdamW's and LAMB's moments or SGD's momentum buffer "
                          "(optimizer-state-dtype=8bit)")
     unit_of = {p["name"]: p.get("unit", -1) for p in plan["params"]}
     bf16_moments = opts.get("state_dtype", "f32") in ("bf16", "8bit")

@@ -174,6 +174,13 @@ protected:
         dev->copyToHost(v.data(), dev->arenaBase() + plan.buffers[id].offset, v.size() * 2).isOk());
     return v;
   }
+  /// A buffer's bytes (8-bit state: codes, then scales).
+  std::vector<uint8_t> bytes(const Plan &plan, int64_t id) {
+    std::vector<uint8_t> v(plan.buffers[id].bytes);
+    EXPECT_TRUE(
+        dev->copyToHost(v.data(), dev->arenaBase() + plan.buffers[id].offset, v.size()).isOk());
+    return v;
+  }
   void write(const Plan &plan, int64_t id, const std::vector<float> &v) {
     ASSERT_EQ((int64_t)v.size() * 4, plan.buffers[id].bytes);
     ASSERT_TRUE(
@@ -1682,6 +1689,24 @@ std::vector<uint8_t> pack8(const std::vector<float> &x, int64_t block, bool root
   return out;
 }
 
+/// Buffers `packed` of the plan made 8-bit state of `elements` elements in
+/// blocks of `block` (i8 vectors of shapes::quantizedBytes bytes: codes,
+/// then scales), the arena laid out again.
+void packState8(Plan &pl, const std::vector<int> &packed, int64_t elements, int64_t block) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < pl.buffers.size(); ++i) {
+    Buffer &b = pl.buffers[i];
+    if (std::find(packed.begin(), packed.end(), (int)i) != packed.end()) {
+      b.dtype = DType::I8;
+      b.shape = {shapes::quantizedBytes(elements, block)};
+      b.bytes = b.numel();
+    }
+    b.offset = offset;
+    offset += (b.bytes + 63) / 64 * 64;
+  }
+  pl.arenaBytes = offset;
+}
+
 /// The f32 values a packed shard decodes to (exp_avg_sq: the root squared).
 std::vector<float> unpack8(const std::vector<uint8_t> &q, int64_t n, int64_t block, bool root) {
   namespace m8 = moments8;
@@ -1755,6 +1780,126 @@ TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
   }
 }
 
+/// LAMB with 8-bit moments (state-dtype=8bit) against the f32 ops on the
+/// same device from the decoded moments: lamb_norms' sums bitwise, the
+/// update's parameters bitwise (they read the f32 moments) and its new
+/// moments the f32 update's encoded once. 3000 elements in blocks of 256;
+/// the block [768, 1024) holds three parameters (one of 3 elements) of
+/// two weight decays, so their trust ratios differ within it. A skipped
+/// step keeps everything. Shard 1 of two over a 2560-element unit (whole
+/// blocks each; a block holds a parameter's end and the next one's start,
+/// padding after) given the whole unit's sums stores the whole unit's
+/// second half.
+TEST_P(DeviceConformance, LambEightBitMomentsAreTheF32UpdateEncodedOnce) {
+  const int64_t n = 3000, block = 256;
+  // 0 p, 1 g, 2 mq, 3 vq, 4 step, 5 lr, 6 sumsq (inf: skip), 7 m32, 8 v32,
+  // 9 sums of the 8-bit moments, 10 of the f32 ones; updates: 8-bit
+  // 11-13, f32 14-16, skipped 17-19.
+  std::vector<std::vector<int64_t>> shapes(20, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  shapes[9] = shapes[10] = {6};
+  const std::vector<int> packed = {2, 3, 12, 13, 18, 19};
+  nlohmann::json lamb = {{"beta1", 0.9},
+                         {"beta2", 0.999},
+                         {"eps", 1e-6},
+                         {"weight_decay", 0.01},
+                         {"segments", {0, 1000, 1003, 3000}},
+                         {"decay_numel", 1003}};
+  nlohmann::json eight = lamb;
+  eight["state_block"] = block;
+  nlohmann::json skip = eight;
+  skip["skip_nonfinite"] = true;
+  Plan plan = mixedPlan(shapes, {},
+                        {inst("lamb_norms", {0, 1, 2, 3, 4}, {9}, eight),
+                         inst("lamb_norms", {0, 1, 7, 8, 4}, {10}, lamb),
+                         inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {11, 12, 13}, eight),
+                         inst("lamb_update", {0, 1, 7, 8, 10, 5, 4}, {14, 15, 16}, lamb),
+                         inst("lamb_update", {0, 1, 2, 3, 10, 5, 4, 6}, {17, 18, 19}, skip)});
+  packState8(plan, packed, n, block);
+  std::vector<float> p(n), g(n), m(n), r(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    // magnitudes over several decades within a block
+    m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
+    r[i] = (float)(std::fabs(std::sin(0.3 * double(i))) * std::pow(10.0, -2.0 - (i % 5)));
+  }
+  const std::vector<uint8_t> mq = pack8(m, block, false), vq = pack8(r, block, true);
+  const std::vector<float> m32 = unpack8(mq, n, block, false), v32 = unpack8(vq, n, block, true);
+  bind(plan);
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  put(plan, 0, p.data());
+  put(plan, 1, g.data());
+  put(plan, 2, mq.data());
+  put(plan, 3, vq.data());
+  write(plan, 4, {3.f});
+  write(plan, 5, {1e-2f});
+  write(plan, 6, {std::numeric_limits<float>::infinity()});
+  put(plan, 7, m32.data());
+  put(plan, 8, v32.data());
+  runDrawing(plan);
+  const std::vector<float> norms = read(plan, 10);
+  EXPECT_EQ(read(plan, 9), norms) << "the sums read the decoded moments";
+  EXPECT_NE(norms[0] / norms[3], norms[2] / norms[5]) << "the trust ratios differ";
+  const std::vector<float> np32 = read(plan, 14), nm32 = read(plan, 15), nv32 = read(plan, 16);
+  std::vector<float> nr32(n);
+  for (int64_t i = 0; i < n; ++i)
+    nr32[i] = std::sqrt(nv32[i]);
+  EXPECT_NE(np32, p);
+  EXPECT_EQ(read(plan, 11), np32) << "the parameters read the f32 moments";
+  EXPECT_EQ(bytes(plan, 12), pack8(nm32, block, false));
+  EXPECT_EQ(bytes(plan, 13), pack8(nr32, block, true));
+  EXPECT_EQ(read(plan, 17), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bytes(plan, 18), mq);
+  EXPECT_EQ(bytes(plan, 19), vq);
+
+  // Shard 1 of two over 2560 elements (5 whole blocks each), from the
+  // whole unit's run and its sums.
+  const int64_t whole = 2560, half = whole / 2;
+  nlohmann::json w8 = eight, s8 = eight;
+  w8["segments"] = s8["segments"] = {0, 1000, 1003, 1500, 2500};
+  w8["decay_numel"] = s8["decay_numel"] = 1500;
+  s8["shard_stride"] = half;
+  std::vector<std::vector<int64_t>> ws(14, {whole}), hs(14, {half});
+  for (int s : {4, 5, 6})
+    ws[s] = hs[s] = {};
+  ws[10] = hs[10] = {8};
+  Plan wplan = mixedPlan(ws, {},
+                         {inst("lamb_norms", {0, 1, 2, 3, 4}, {10}, w8),
+                          inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {11, 12, 13}, w8)});
+  Plan splan = mixedPlan(hs, {}, {inst("lamb_update", {0, 1, 2, 3, 10, 5, 4}, {11, 12, 13}, s8)});
+  packState8(wplan, packed, whole, block);
+  packState8(splan, packed, half, block);
+  auto run = [&](const Plan &pl, int64_t shard, int64_t from, int64_t len,
+                 const std::vector<float> &sums) {
+    freshDevice();
+    bind(pl);
+    ASSERT_TRUE(dev->prepare(pl, shard).isOk());
+    std::vector<float> sm(m.begin() + from, m.begin() + from + len),
+        sr(r.begin() + from, r.begin() + from + len);
+    put(pl, 0, p.data() + from);
+    put(pl, 1, g.data() + from);
+    put(pl, 2, pack8(sm, block, false).data());
+    put(pl, 3, pack8(sr, block, true).data());
+    write(pl, 4, {3.f});
+    write(pl, 5, {1e-2f});
+    if (!sums.empty())
+      write(pl, 10, sums);
+    runDrawing(pl);
+  };
+  run(wplan, 0, 0, whole, {});
+  const std::vector<float> wsums = read(wplan, 10), wp = read(wplan, 11);
+  const std::vector<float> wm = unpack8(bytes(wplan, 12), whole, block, false),
+                           wv = unpack8(bytes(wplan, 13), whole, block, true);
+  run(splan, 1, half, half, wsums);
+  EXPECT_EQ(read(splan, 11), std::vector<float>(wp.begin() + half, wp.end()));
+  EXPECT_EQ(unpack8(bytes(splan, 12), half, block, false),
+            std::vector<float>(wm.begin() + half, wm.end()));
+  EXPECT_EQ(unpack8(bytes(splan, 13), half, block, true),
+            std::vector<float>(wv.begin() + half, wv.end()));
+}
+
 /// adamw_update with 8-bit moments (state-dtype=8bit, `state_block`)
 /// against the f32 update on the same device from the decoded moments:
 /// the parameters bitwise (they read the f32 moments), and the new
@@ -1767,7 +1912,7 @@ TEST(EightBitMoments, EncodedOnLoadAsTheUpdateEncodes) {
 /// moments and the f32 update's parameters rounded once with the
 /// stochastic cast's draws.
 TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
-  const int64_t n = 3000, block = 256, q = shapes::quantizedBytes(n, block);
+  const int64_t n = 3000, block = 256;
   // 0 p, 1 g, 2 mq, 3 vq, 4 lr, 5 step, 6 sumsq (inf: skip), 7 m32, 8 v32;
   // results: 8-bit 9-11, f32 12-14, skipped 15-17; 18 p16 and its 8-bit
   // update 19-21, skipped 22-24.
@@ -1775,24 +1920,11 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   for (int s : {4, 5, 6})
     shapes[s] = {};
   const std::vector<int> packed = {2, 3, 10, 11, 16, 17, 20, 21, 23, 24};
-  auto plan8 = [&](std::vector<std::vector<int64_t>> sh, int64_t bytes,
+  auto plan8 = [&](const std::vector<std::vector<int64_t>> &sh, int64_t elements,
                    std::vector<Instruction> program) {
-    for (int i : packed)
-      if (i < (int)sh.size())
-        sh[i] = {bytes};
     Plan pl = mixedPlan(sh, sh.size() > 18 ? std::vector<int>{18, 19, 22} : std::vector<int>{},
                         std::move(program));
-    int64_t offset = 0;
-    for (size_t i = 0; i < pl.buffers.size(); ++i) {
-      Buffer &b = pl.buffers[i];
-      if (std::find(packed.begin(), packed.end(), (int)i) != packed.end()) {
-        b.dtype = DType::I8;
-        b.bytes = b.numel();
-      }
-      b.offset = offset;
-      offset += (b.bytes + 63) / 64 * 64;
-    }
-    pl.arenaBytes = offset;
+    packState8(pl, packed, elements, block);
     return pl;
   };
   nlohmann::json adam = {{"beta1", 0.9},         {"beta2", 0.999},    {"eps", 1e-8},
@@ -1804,7 +1936,7 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   nlohmann::json eight16 = eight, skip16 = skip;
   eight16["stochastic_param"] = skip16["stochastic_param"] = true;
   eight16["key"] = skip16["key"] = 6;
-  Plan plan = plan8(shapes, q,
+  Plan plan = plan8(shapes, n,
                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, eight),
                      inst("adamw_update", {0, 1, 7, 8, 4, 5}, {12, 13, 14}, adam),
                      inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip),
@@ -1835,11 +1967,6 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   put(plan, 8, v32.data());
   put(plan, 18, p16.data());
   runDrawing(plan);
-  auto bytes = [&](const Plan &pl, int64_t id) {
-    std::vector<uint8_t> v(pl.buffers[id].bytes);
-    EXPECT_TRUE(dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size()).isOk());
-    return v;
-  };
   const std::vector<float> np32 = read(plan, 12), nm32 = read(plan, 13), nv32 = read(plan, 14);
   std::vector<float> nr32(n);
   for (int64_t i = 0; i < n; ++i)
@@ -1869,10 +1996,8 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
   std::vector<std::vector<int64_t>> ws(12, {whole}), hs(12, {half});
   for (int s : {4, 5, 6})
     ws[s] = hs[s] = {};
-  Plan wplan = plan8(ws, shapes::quantizedBytes(whole, block),
-                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, w8)});
-  Plan splan = plan8(hs, shapes::quantizedBytes(half, block),
-                     {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, s8)});
+  Plan wplan = plan8(ws, whole, {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, w8)});
+  Plan splan = plan8(hs, half, {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, s8)});
   auto run = [&](const Plan &pl, int64_t shard, int64_t from, int64_t len) {
     freshDevice();
     bind(pl);
@@ -1917,18 +2042,7 @@ TEST_P(DeviceConformance, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
       sh[s] = {};
     Plan pl = mixedPlan(sh, buffers > 13 ? std::vector<int>{13, 14} : std::vector<int>{},
                         std::move(program));
-    int64_t offset = 0;
-    for (size_t i = 0; i < pl.buffers.size(); ++i) {
-      Buffer &b = pl.buffers[i];
-      if (i == 2 || i == 8 || i == 12 || i == 15) {
-        b.dtype = DType::I8;
-        b.shape = {shapes::quantizedBytes(len, block)};
-        b.bytes = b.numel();
-      }
-      b.offset = offset;
-      offset += (b.bytes + 63) / 64 * 64;
-    }
-    pl.arenaBytes = offset;
+    packState8(pl, {2, 8, 12, 15}, len, block);
     return pl;
   };
   nlohmann::json sgd = {{"momentum", 0.9},  {"dampening", 0.1},    {"weight_decay", 0.01},
@@ -1955,12 +2069,6 @@ TEST_P(DeviceConformance, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
   }
   const std::vector<uint8_t> bq = pack8(b, block, false);
   const std::vector<float> b32 = unpack8(bq, n, block, false);
-  auto bytes = [&](const Plan &pl, int64_t id) {
-    std::vector<uint8_t> v(pl.buffers[id].bytes);
-    EXPECT_TRUE(
-        dev->copyToHost(v.data(), dev->arenaBase() + pl.buffers[id].offset, v.size()).isOk());
-    return v;
-  };
   bind(plan);
   ASSERT_TRUE(dev->prepare(plan, 0).isOk());
   put(plan, 0, p.data());

@@ -169,6 +169,62 @@ TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
   EXPECT_NE(0, std::memcmp(pq.data(), p.data(), n * 4)); // it updated
 }
 
+// LAMB with 8-bit moments (state-dtype=8bit): the norms are lambNorms'
+// over the decoded moments, and the update is lambUpdate's f32 step on
+// them, its new moments encoded once, bitwise, over four steps. The unit
+// holds parameters smaller than a block and blocks holding several (each
+// with its own trust ratio), the last parameter without weight decay
+// (decayNumel inside a block), padding after, a gradient scale; the
+// second rank's shard (base != 0) as well as the whole unit, in place.
+TEST(KernelsTest, LambEightBitMomentsAreTheF32UpdateEncodedOnce) {
+  namespace m8 = moments8;
+  const int64_t block = 64;
+  const std::vector<int64_t> seg = {0, 20, 50, 300, 310, 700};
+  const int64_t numel = 720, decayed = 310; // the unit padded to 720: two shards of 360
+  const double lr = 0.01, b1 = 0.9, b2 = 0.99, eps = 1e-6, wd = 0.05;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1), e(-10, 4);
+  for (const auto &[base, n] : {std::pair<int64_t, int64_t>{0, numel}, {360, 360}}) {
+    SCOPED_TRACE("shard from " + std::to_string(base));
+    const LambLayout layout{seg, base, decayed};
+    const int64_t K = (int64_t)seg.size() - 1,
+                  bytes = m8::scalesOffset(n) + 4 * ((n + block - 1) / block);
+    std::vector<float> p(n), g(n);
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = base + i < seg.back() ? u(rng) : 0.f;
+    const std::vector<float> p0 = p;
+    std::vector<uint8_t> m(bytes, 0), v(bytes, 0);
+    for (int step = 1; step <= 4; ++step) {
+      for (int64_t i = 0; i < n; ++i)
+        g[i] = base + i < seg.back() ? u(rng) * std::exp2(e(rng)) : 0.f;
+      std::vector<float> md(n), vd(n);
+      m8::decodeShard(m.data(), n, block, false, md.data());
+      m8::decodeShard(v.data(), n, block, true, vd.data());
+      std::vector<float> want(2 * K), got(2 * K);
+      cpu::lambNorms<float>(p.data(), g.data(), md.data(), vd.data(), want.data(), n, layout, step,
+                            b1, b2, eps, wd, 0.5f);
+      cpu::lambNorms8bitState(p.data(), g.data(), m.data(), v.data(), got.data(), n, block, layout,
+                              step, b1, b2, eps, wd, 0.5f);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), 8 * K)) << "norms, step " << step;
+      // (a shard's sums stand in for the all-reduced ones: the update's
+      // arithmetic is what is compared)
+      std::vector<float> rp(n), rm(n), rv(n);
+      cpu::lambUpdate<float>(p.data(), g.data(), md.data(), vd.data(), want.data(), rp.data(),
+                             rm.data(), rv.data(), n, layout, lr, step, b1, b2, eps, wd, 0.5f);
+      std::vector<uint8_t> wm(bytes, 0), wv(bytes, 0);
+      m8::encodeShard(rm.data(), n, block, false, wm.data());
+      m8::encodeShard(rv.data(), n, block, true, wv.data());
+      cpu::lambUpdate8bitState(p.data(), g.data(), m.data(), v.data(), got.data(), p.data(),
+                               m.data(), v.data(), n, block, layout, lr, step, b1, b2, eps, wd,
+                               0.5f);
+      ASSERT_EQ(0, std::memcmp(p.data(), rp.data(), 4 * n)) << "parameters, step " << step;
+      ASSERT_EQ(m, wm) << "exp_avg, step " << step;
+      ASSERT_EQ(v, wv) << "exp_avg_sq, step " << step;
+    }
+    EXPECT_NE(p, p0); // it updated
+  }
+}
+
 TEST(KernelsTest, EightBitMomentCodesAreTheNearest) {
   namespace m8 = moments8;
   for (int k : {m8::kMantM, m8::kMantV}) {

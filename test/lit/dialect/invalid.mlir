@@ -1192,6 +1192,39 @@ func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
 
 // -----
 
+// LAMB's 8-bit moments: the same rules, for its norms and its update.
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{i8 moments are 8-bit block codes: expected state_block}}
+  %0 = fsdp.lamb_norms %p, %p, %m, %m, %s {segments = array<i64: 0, 64>} : tensor<64xf32> state tensor<72xi8> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<64xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit moments of 64 elements in blocks of 32 are 72 bytes (tensor<72xi8>), found 'tensor<64xi8>'}}
+  %0 = fsdp.lamb_norms %p, %p, %m, %m, %s {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32> state tensor<64xi8> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %n: tensor<2xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{8-bit moments are rounded to the nearest code}}
+  %0:3 = fsdp.lamb_update %p, %p, %m, %m, %n, %s, %s {key = 0 : i64, segments = array<i64: 0, 64>, state_block = 32 : i64, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<64xf32>, %n: tensor<2xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{state_block keeps the moments of an f32 step in i8, found 'f32' moments of 'f32' parameters}}
+  %0:3 = fsdp.lamb_update %p, %p, %m, %m, %n, %s, %s {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32>, tensor<2xf32>
+  return
+}
+
+// -----
+
 // A state of another dtype than its parameter's (or bf16 beside f32).
 fsdp.param @w : tensor<8xbf16> init("zeros")
 // expected-error @+1 {{expected type 'tensor<8xbf16>' of the parameter it shadows (or its shape in bf16, or 8-bit moments of it), found 'tensor<8xf32>'}}

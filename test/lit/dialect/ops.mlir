@@ -235,6 +235,10 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %
   %ln = fsdp.lamb_norms %p, %p, %m16, %m16, %step {segments = array<i64: 0, 64>} : tensor<64xf32> state tensor<64xbf16> -> tensor<2xf32>
   // CHECK: fsdp.lamb_update {{.*}} {key = 4 : i64, segments = array<i64: 0, 64>, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<64xbf16>
   %lu:3 = fsdp.lamb_update %p, %p, %m16, %m16, %ln, %lr, %step {key = 4 : i64, segments = array<i64: 0, 64>, stochastic} : tensor<64xf32>, tensor<2xf32> state tensor<64xbf16>
+  // CHECK: fsdp.lamb_norms {{.*}} {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8> -> tensor<2xf32>
+  %ln8 = fsdp.lamb_norms %p, %p, %q, %q, %step {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8> -> tensor<2xf32>
+  // CHECK: fsdp.lamb_update {{.*}} {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32>, tensor<2xf32> state tensor<72xi8>
+  %lu8:3 = fsdp.lamb_update %p, %p, %q, %q, %ln8, %lr, %step {segments = array<i64: 0, 64>, state_block = 32 : i64} : tensor<64xf32>, tensor<2xf32> state tensor<72xi8>
   // CHECK: fsdp.squared_norm %{{.+}}, %{{.+}} : tensor<64xf32>, tensor<64xf32>
   %3 = fsdp.squared_norm %p, %p : tensor<64xf32>, tensor<64xf32>
   // CHECK: fsdp.clip_coef %{{.+}} {max_norm = 1.000000e+00 : f64} : tensor<f32>

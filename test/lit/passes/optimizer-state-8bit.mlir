@@ -1,18 +1,21 @@
-// AdamW's moments (and SGD's momentum buffer) in 8-bit block codes
+// AdamW's and LAMB's moments (and SGD's momentum buffer) in 8-bit block codes
 // (fsdp-insert-optimizer state-dtype=8bit): each one packed i8 state of its parameter's
 // codes and block scales (shapes::quantizedBytes: 32 elements in blocks of
 // 32 are 32 + 4 bytes, 8 are 8 + 4), the update carrying state_block and
 // no stochastic rounding; fsdp-shard pads the trainable unit to whole
 // blocks per shard (40 elements on 2 ranks in blocks of 32: 64, shards of
 // 32) and packs each shard's moments. SGD with momentum packs its buffer
-// alike; SGD without momentum (no state), LAMB and a block that is not a
-// power of two in [32, 4096] are refused; the plan requires the feature.
+// alike, and LAMB its moments (its lamb_norms reads them packed and takes
+// state_block too); SGD without momentum and optimizer=none (no state)
+// and a block that is not a power of two in [32, 4096] are refused; the
+// plan requires the feature.
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" | FileCheck %s --check-prefix=INSERT
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=SHARD
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=1 stage=0" | FileCheck %s --check-prefix=ONE
 // RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd momentum=0.9 state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=MOMENTUM
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=sgd state-dtype=8bit" 2>&1 | FileCheck %s --check-prefix=SGD
-// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=8bit" 2>&1 | FileCheck %s --check-prefix=LAMB
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=8bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=LAMB
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=none state-dtype=8bit" 2>&1 | FileCheck %s --check-prefix=NONE
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=48" 2>&1 | FileCheck %s --check-prefix=BLOCK
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=8192" 2>&1 | FileCheck %s --check-prefix=BLOCK
 // RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw optimizer-state-dtype=8bit world-size=2 stage=1 plan=%t.plan report=false"
@@ -41,8 +44,18 @@
 // MOMENTUM: fsdp.sgd_momentum_update
 // MOMENTUM-SAME: state_block = 32 : i64} : tensor<32xf32> state tensor<36xi8>
 
-// SGD: state-dtype=8bit keeps AdamW's moments or SGD's momentum buffer in 8-bit block codes; optimizer=sgd without momentum keeps no state
-// LAMB: state-dtype=8bit keeps AdamW's moments or SGD's momentum buffer in 8-bit block codes; optimizer=lamb has no such kernel
+// LAMB: fsdp.unit @root : tensor<64xf32> shard tensor<32xf32> numel 40
+// LAMB: fsdp.state @root.exp_avg : tensor<36xi8> of @root kind "exp_avg"
+// LAMB: fsdp.state @root.exp_avg_sq : tensor<36xi8> of @root kind "exp_avg_sq"
+// LAMB: fsdp.lamb_norms
+// LAMB-SAME: state_block = 32 : i64} : tensor<32xf32> state tensor<36xi8> -> tensor<4xf32>
+// LAMB: fsdp.all_reduce
+// LAMB: fsdp.lamb_update
+// LAMB-NOT: stochastic
+// LAMB-SAME: state_block = 32 : i64} : tensor<32xf32>, tensor<4xf32> state tensor<36xi8>
+
+// SGD: state-dtype=8bit keeps AdamW's and LAMB's moments or SGD's momentum buffer in 8-bit block codes; optimizer=sgd without momentum keeps no state
+// NONE: state-dtype=8bit keeps AdamW's and LAMB's moments or SGD's momentum buffer in 8-bit block codes; optimizer=none keeps no state
 // BLOCK: state-block must be a power of two in [32, 4096], found
 
 // PLAN: requires ['optimizer-state-8bit'] options 8bit 256 states ['i8']
