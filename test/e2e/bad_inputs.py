@@ -52,11 +52,12 @@ def to_i8(plan, buffer):
     b.update(dtype="i8", bytes=b["bytes"] // 4)
 
 
-def eight_bit(plan, **attrs):
-    """The first adamw_update's moments, in and out, as i8 of an element's
-    byte each (not the packed size of 8-bit moments), with `attrs`."""
-    u = first(plan, "adamw_update")
-    for buf in {u["in"][2], u["in"][3], u["out"][1], u["out"][2]}:
+def eight_bit(plan, op="adamw_update", **attrs):
+    """The first `op`'s moments, in and out (lamb_norms: in), as i8 of an
+    element's byte each (not the packed size of 8-bit moments), with
+    `attrs`."""
+    u = first(plan, op)
+    for buf in {u["in"][2], u["in"][3]} | ({u["out"][1], u["out"][2]} if len(u["out"]) > 1 else set()):
         to_i8(plan, buf)
     u["attrs"].update(attrs)
 
@@ -298,6 +299,10 @@ PLAN_CASES = [
     ("lamb_update sums of the wrong size", "lamb", setter(lambda p: first(p, "lamb_update")["in"].__setitem__(4, first(p, "lamb_update")["in"][5])), "per-parameter sums"),
     ("lamb_norms marked skip_nonfinite", "lamb", setter(lambda p: first(p, "lamb_norms")["attrs"].update(skip_nonfinite=True)), "skip_nonfinite is lamb_update's"),
     ("lamb shard_stride 3", "lamb", setter(lambda p: first(p, "lamb_update")["attrs"].update(shard_stride=3)), "shard_stride must be 0"),
+    # LAMB's 8-bit moments (optimizer-state-dtype=8bit): as adamw_update's
+    ("lamb_norms 8-bit moments of the wrong size", "lamb", setter(lambda p: eight_bit(p, "lamb_norms", state_block=256)), "lamb_norms: 8-bit state of"),
+    ("lamb_norms i8 moments without state_block", "lamb", setter(lambda p: eight_bit(p, "lamb_norms")), "lamb_norms: i8 state is 8-bit block codes: expected state_block"),
+    ("lamb_update f32 moments with state_block", "lamb", setter(lambda p: first(p, "lamb_update")["attrs"].update(state_block=256)), "lamb_update: state_block is for i8 state, found f32"),
     ("slice offset -1", "gpt_unfused", setter(lambda p: first(p, "slice")["attrs"].update(offset=-1)), "out of bounds"),
     ("negative rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=-16640)), "rank_stride"),
     ("huge rank_stride", "sharded", setter(lambda p: view(p).update(rank_stride=2 ** 47)), "outside the arena"),

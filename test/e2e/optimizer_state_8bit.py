@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""AdamW's moments (and SGD's momentum buffer) in 8-bit block codes
+"""AdamW's moments (and SGD's momentum buffer, LAMB's moments) in 8-bit block codes
 (optimizer-state-dtype=8bit) end to end.
 
 usage: optimizer_state_8bit.py BIN_DIR shards            (a) N ranks == 1 rank, memory, offload, resume
        optimizer_state_8bit.py BIN_DIR sgd               (d) SGD's 8-bit momentum buffer, the same
+       optimizer_state_8bit.py BIN_DIR lamb              (e) LAMB's 8-bit moments, the same
        optimizer_state_8bit.py BIN_DIR text TOKENS.bin   (b) 200 steps: f32 and 8-bit moments
        optimizer_state_8bit.py BIN_DIR cuda RUN_BINARY   (c) --device cuda against the CPU
 
@@ -62,11 +63,30 @@ unit to whole blocks per shard, so every layout has the one-rank blocks.
       blocks the unit's), one rank within EIGHT;
     - each buffer its shard's codes and scales, the state about a quarter
       of the f32 plan's, the arena measured as planned;
+    - the ZeRO-3 run offloaded, joined in the next step and on NVMe
+      bitwise the in-memory run (as (a));
     - a 2-rank ZeRO-3 checkpoint resumes bitwise; stage 2 with an f32
       buffer loads it decoded (steps 4-5 bitwise, the conversion said); an
       f32-buffer checkpoint loads encoded into the 8-bit plan (every code
       and scale of fsdp-ckpt reshard's output the nearest: check_encoded;
       resuming from it bitwise resuming from the source).
+(e) LAMB (its norms read the decoded moments; each parameter's trust ratio
+    and step see the f32 step's direction), lr 0.02:
+    - steps 1-2 bitwise the f32 moments' run (as (a)), the rest within
+      EIGHT;
+    - N=2 at stages 2 and 3 bitwise stage 1 (the same shards, so each
+      rank's partial norms and their all-reduce in the same order); stage
+      0 (whole units: the norms summed in another order) and one rank
+      within EIGHT;
+    - each moment its shard's codes and scales, the state about a quarter
+      of the f32 plan's, the arena measured as planned;
+    - the ZeRO-3 run offloaded, joined in the next step and on NVMe
+      bitwise the in-memory run (as (a));
+    - a 2-rank ZeRO-3 checkpoint resumes bitwise; stage 2 with f32 moments
+      loads it decoded (steps 4-5 bitwise, the conversion said).
+    The update's bytes are DeviceConformance's and KernelsTest's (bitwise
+    the f32 update on the decoded moments, encoded once), its arithmetic
+    PyTorch's in float64 (torch-oracle-8bit-lamb.test).
 """
 import bisect
 import json
@@ -110,6 +130,32 @@ def tensors(ckpt):
                 a, b = t["data_offsets"]
                 out[f + ":" + name] = raw[8 + n + a:8 + n + b]
     return out
+
+
+def check_offload(bindir, tmp, model, opts, lr, inmem):
+    """The plan of `opts` offloaded (the update on the host: the same CPU
+    kernel on the same shard), joined in the next step, and with its state
+    on NVMe: each placed so, bitwise the in-memory run `inmem` (its losses),
+    the arena as planned. Returns the failures."""
+    failures = 0
+    nvme = os.path.join(tmp, "nvme")
+    os.makedirs(nvme, exist_ok=True)
+    for name, extra, run_extra in (
+            ("offload=optimizer", "offload=optimizer offload-next-step=false", []),
+            ("offload-next-step", "offload=optimizer offload-next-step=true", []),
+            ("offload-nvme", "offload=optimizer offload-nvme=true", ["--nvme-dir", nvme])):
+        opath = os.path.join(tmp, f"o{len(name)}.plan")
+        oplan = mp.compile_plan(bindir, model, opath, f"{opts} {extra}")
+        got, summary = mp.run(bindir, opath, 2, STEPS, lr + run_extra)
+        placed = oplan.get("host_arena_bytes", 0) > 0 and {
+            "offload=optimizer": True,
+            "offload-next-step": any(i["attrs"].get("carried") for i in oplan["program"]),
+            "offload-nvme": oplan.get("nvme_bytes", 0) > 0}[name]
+        ok = placed and got == inmem and summary["measured_high_water"] == summary["predicted_peak"]
+        failures += not ok
+        print(f"  N=2 stage 3, {name}: placed so: {placed}; bitwise the in-memory run: "
+              f"{got == inmem}  {'ok' if ok else 'MISMATCH'}")
+    return failures
 
 
 def check_shards(bindir, tmp):
@@ -194,23 +240,7 @@ def check_shards(bindir, tmp):
     path = os.path.join(tmp, "z3.plan")
     mp.compile_plan(bindir, two, path, f"{EIGHT_OPT} world-size=2 stage=3")
     inmem, _ = mp.run(bindir, path, 2, STEPS, LR)
-    nvme = os.path.join(tmp, "nvme")
-    os.makedirs(nvme, exist_ok=True)
-    for name, extra, run_extra in (
-            ("offload=optimizer", "offload=optimizer offload-next-step=false", []),
-            ("offload-next-step", "offload=optimizer offload-next-step=true", []),
-            ("offload-nvme", "offload=optimizer offload-nvme=true", ["--nvme-dir", nvme])):
-        opath = os.path.join(tmp, f"o{len(name)}.plan")
-        oplan = mp.compile_plan(bindir, two, opath, f"{EIGHT_OPT} world-size=2 stage=3 {extra}")
-        got, summary = mp.run(bindir, opath, 2, STEPS, LR + run_extra)
-        placed = oplan.get("host_arena_bytes", 0) > 0 and {
-            "offload=optimizer": True,
-            "offload-next-step": any(i["attrs"].get("carried") for i in oplan["program"]),
-            "offload-nvme": oplan.get("nvme_bytes", 0) > 0}[name]
-        ok = placed and got == inmem and summary["measured_high_water"] == summary["predicted_peak"]
-        failures += not ok
-        print(f"  N=2 stage 3, {name}: placed so: {placed}; bitwise the in-memory run: "
-              f"{got == inmem}  {'ok' if ok else 'MISMATCH'}")
+    failures += check_offload(bindir, tmp, two, f"{EIGHT_OPT} world-size=2 stage=3", LR, inmem)
 
     # Resume on the same layout: bitwise. Elsewhere: refused, by name.
     ckpt = os.path.join(tmp, "ckpt")
@@ -471,7 +501,8 @@ def check_cuda(bindir, tmp, runner):
     path = os.path.join(tmp, "c.plan")
     for label, extra, lr in (("8-bit moments", "", LR),
                              ("SGD's 8-bit momentum buffer", "optimizer=sgd momentum=0.9",
-                              ["--lr", "0.05"])):
+                              ["--lr", "0.05"]),
+                             ("LAMB's 8-bit moments", "optimizer=lamb", ["--lr", "0.02"])):
         mp.compile_plan(bindir, model, path, f"{EIGHT_OPT} {extra}")
         cpu, cuda, graphs = cuda_runs(bindir, runner, path, extra=lr)
         err = max(rel(a, b) for a, b in zip(cuda, cpu))
@@ -537,6 +568,9 @@ def check_sgd(bindir, tmp):
         print(f"  N=2 stage {stage} against stage 0: {STEPS} steps bitwise: "
               f"{verdict(runs[stage] == runs[0])}")
 
+    failures += check_offload(bindir, tmp, two, f"{sgd} {EIGHT_OPT} world-size=2 stage=3", lr,
+                              runs[3])
+
     # Checkpoints: resume bitwise; decoded into an f32 buffer; an f32
     # buffer encoded into 8 bits.
     z3 = os.path.join(tmp, "s3.plan")
@@ -577,10 +611,89 @@ def check_sgd(bindir, tmp):
     return failures
 
 
+def check_lamb(bindir, tmp):
+    """(e): LAMB's 8-bit moments (see the docstring)."""
+    failures = 0
+
+    def verdict(ok):
+        nonlocal failures
+        failures += not ok
+        return "ok" if ok else "MISMATCH"
+
+    lamb, lr = "optimizer=lamb", ["--lr", "0.02"]
+    one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
+
+    def plan(model, name, extra):
+        path = os.path.join(tmp, name + ".plan")
+        return path, mp.compile_plan(bindir, model, path, f"{lamb} {extra}")
+
+    q1, q1_plan = plan(one, "q1", EIGHT_OPT)
+    f1, f1_plan = plan(one, "f1", "")
+    ref, summary = mp.run(bindir, q1, 1, STEPS, lr)
+    f32, _ = mp.run(bindir, f1, 1, STEPS, lr)
+    dist = max(rel(a, b) for a, b in zip(ref, f32))
+    print(f"(e) gpt, LAMB with 8-bit moments, one rank: losses {ref[0]:.6f} .. {ref[-1]:.6f}; "
+          f"steps 1-2 bitwise the f32 moments': {ref[:2] == f32[:2]}; steps 3-{STEPS} differ, "
+          f"max rel diff {dist:.1e} (<= {EIGHT})  "
+          f"{verdict(ref[:2] == f32[:2] and ref[2:] != f32[2:] and dist <= EIGHT)}")
+    units = {u["name"]: u for u in q1_plan["units"]}
+    state = [b for b in q1_plan["buffers"] if b["kind"] == "state"]
+
+    def unit_of(name):
+        return units.get(name.rsplit(".", 1)[0])
+
+    packed = len(state) == 2 * len(units) and all(
+        b["dtype"] == "i8" and unit_of(b["name"]) is not None
+        and b["name"].rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq")
+        and b["bytes"] == quantized_bytes(unit_of(b["name"])["shard_numel"], BLOCK)
+        for b in state)
+    got, f32_state = q1_plan["memory"]["state"], f1_plan["memory"]["state"]
+    ok = (packed and got == sum(b["bytes"] for b in state) and got < 0.26 * f32_state
+          and summary["measured_high_water"] == summary["predicted_peak"])
+    print(f"  optimizer state {got} bytes ({got / f32_state:.3f} of the f32 moments' "
+          f"{f32_state}), each moment its shard's codes and scales: {packed}, arena as "
+          f"planned  {verdict(ok)}")
+
+    runs = {}
+    for stage in range(4):
+        path, _ = plan(two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
+        runs[stage], _ = mp.run(bindir, path, 2, STEPS, lr)
+    for stage in (0, 1):
+        err = max(rel(a, b) for a, b in zip(runs[stage], ref))
+        print(f"  N=2 stage {stage} against one rank: max rel diff {err:.1e} (<= {EIGHT})  "
+              f"{verdict(len(runs[stage]) == STEPS and err <= EIGHT)}")
+    for stage in (2, 3):
+        print(f"  N=2 stage {stage} against stage 1: {STEPS} steps bitwise: "
+              f"{verdict(runs[stage] == runs[1])}")
+
+    failures += check_offload(bindir, tmp, two, f"{lamb} {EIGHT_OPT} world-size=2 stage=3", lr,
+                              runs[3])
+    z3 = os.path.join(tmp, "s3.plan")
+    ckpt = os.path.join(tmp, "ck")
+    mp.run(bindir, z3, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
+    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", ckpt])
+    ok = [r["loss"] for r in rows] == runs[3][3:6] and summary["resumed"]["converted"] == []
+    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
+          f"{verdict(ok)}")
+    # Stage 2 with f32 moments (the same shards: the same norms' sums):
+    # steps 4 and 5 read the loaded parameters and the decoded moments,
+    # what the 8-bit run reads: bitwise; step 6 not.
+    f2, _ = plan(two, "f2", "world-size=2 stage=2")
+    rows, summary = mp.run_rows(bindir, f2, 2, 6, lr + ["--resume", ckpt])
+    conv, got = summary["resumed"]["converted"], [r["loss"] for r in rows]
+    ok = (conv == ["exp_avg 8bit -> f32", "exp_avg_sq 8bit -> f32"]
+          and got[:2] == runs[3][3:5] and got[2] != runs[3][5])
+    print(f"  resumed by N=2 stage 2 with f32 moments: converted {conv}; steps 4-5 bitwise "
+          f"the 8-bit run, step 6 not: {verdict(ok)}")
+    return failures
+
+
 def main():
     return main_modes(__doc__, "8-bit optimizer state checks pass",
                       {"shards": (0, check_shards), "text": (1, check_text),
-                       "cuda": (1, check_cuda), "sgd": (0, check_sgd)})
+                       "cuda": (1, check_cuda), "sgd": (0, check_sgd),
+                       "lamb": (0, check_lamb)})
 
 if __name__ == "__main__":
     sys.exit(main())
