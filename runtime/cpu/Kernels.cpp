@@ -1500,64 +1500,109 @@ void lambNorms8bitState(const float *p, const float *g, const uint8_t *m, const 
              gradScale);
 }
 
+namespace {
+
+/// A run of one trust ratio and one weight decay of a LAMB operand (every
+/// element lies in one).
+struct LambRun {
+  int64_t begin, end;
+  float trust;
+  bool decay;
+};
+/// One 8-bit LAMB update's operands (lambUpdate8bitState).
+struct Lamb8 {
+  const float *p, *g;
+  const uint8_t *m, *v;
+  float *np;
+  uint8_t *nm, *nv;
+  int64_t n, block;
+  const std::vector<LambRun> *runs;
+  LambScalars<float> c;
+  float twd, tlr, gradScale;
+};
+
+/// Block j: decoded, each element stepped with lambUpdate<float>'s
+/// arithmetic (the parameter reads the f32 moments, as lamb_norms' u
+/// does) with the trust ratio of its run, the new moments encoded once.
+/// In place allowed: the block is read whole before its codes and scales
+/// are written. Correctly rounded operations only (no contraction on any
+/// target it is built for), so every build stores the same bytes.
+[[gnu::always_inline]] inline void lamb8bitBlock(const Lamb8 &u, int64_t j) {
+  namespace m8 = moments8;
+  const int64_t at = m8::scalesOffset(u.n), o = j * u.block, len = std::min(u.block, u.n - o);
+  if (len <= 0 || len > m8::kMaxBlock) // (never: o < n; told to GCC's bounds warnings)
+    return;
+  float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
+  m8::decodeRange(u.m + o, u.m + at + 4 * j, o, len, u.block, false, mf);
+  m8::decodeRange(u.v + o, u.v + at + 4 * j, o, len, u.block, true, vf);
+  const std::vector<LambRun> &runs = *u.runs;
+  auto r = std::upper_bound(runs.begin(), runs.end(), o,
+                            [](int64_t x, const LambRun &run) { return x < run.end; });
+  const float *pj = u.p + o, *gj = u.g + o;
+  float *npj = u.np + o;
+  for (; r != runs.end() && r->begin < o + len; ++r) {
+    const int64_t a = std::max(r->begin, o) - o, b = std::min(r->end, o + len) - o;
+    const float trust = r->trust, tlr = u.tlr, twd = u.twd, gs = u.gradScale;
+    const bool decay = r->decay;
+#pragma omp simd
+    for (int64_t i = a; i < b; ++i) {
+      float mi, vi;
+      const float d = lambDirection(u.c, pj[i], gj[i], mf[i], vf[i], gs, decay, twd, mi, vi);
+      npj[i] = pj[i] - tlr * (d * trust);
+      mf[i] = mi;
+      vf[i] = vi;
+    }
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i)
+    vf[i] = std::sqrt(vf[i]);
+  const float sm = m8::encodeBlock(mf, len, m8::kMantM, u.nm + o);
+  const float sv = m8::encodeBlock(vf, len, m8::kMantV, u.nv + o);
+  std::memcpy(u.nm + at + 4 * j, &sm, 4);
+  std::memcpy(u.nv + at + 4 * j, &sv, 4);
+}
+
+void lamb8bitBlockBaseline(const Lamb8 &u, int64_t j) { lamb8bitBlock(u, j); }
+/// The same block with AVX2's 8-lane operations (the same bytes).
+__attribute__((target("avx2"))) void lamb8bitBlockAvx2(const Lamb8 &u, int64_t j) {
+  lamb8bitBlock(u, j);
+}
+
+} // namespace
+
 void lambUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
                          const float *norms, float *np, uint8_t *nm, uint8_t *nv, int64_t n,
                          int64_t block, const LambLayout &layout, double lr, int64_t step,
-                         double beta1, double beta2, double eps, double wd, float gradScale) {
-  namespace m8 = moments8;
+                         double beta1, double beta2, double eps, double wd, float gradScale,
+                         Isa isa) {
   const int64_t K = (int64_t)layout.segments.size() - 1;
-  const LambScalars<float> c = lambScalars<float>(step, beta1, beta2, eps);
-  const float twd = (float)wd, tlr = (float)lr;
-  // The runs of one trust ratio and one weight decay, in order (every
-  // element lies in one); a block walks those it meets.
-  struct Run {
-    int64_t begin, end;
-    float trust;
-    bool decay;
-  };
-  std::vector<Run> runs;
+  std::vector<LambRun> runs;
   for (const LambPiece &pc : lambPieces(layout, n))
     runs.push_back({pc.begin, pc.end, lambTrust(layout, norms, K, wd, pc), pc.decay && wd != 0});
-  const int64_t blocks = (n + block - 1) / block, at = m8::scalesOffset(n);
-  // Block j: decoded, each element stepped with lambUpdate<float>'s
-  // arithmetic (the parameter reads the f32 moments, as lamb_norms' u
-  // does), the new moments encoded once. In place allowed: the block is
-  // read whole before its codes and scales are written.
+  const Lamb8 u{p,
+                g,
+                m,
+                v,
+                np,
+                nm,
+                nv,
+                n,
+                block,
+                &runs,
+                lambScalars<float>(step, beta1, beta2, eps),
+                (float)wd,
+                (float)lr,
+                gradScale};
+  // Isa::Avx2 on a CPU without it runs the baseline build (the same
+  // bytes), never an instruction the CPU lacks.
+  void (*const run)(const Lamb8 &, int64_t) =
+      isa == Isa::Baseline || !cpuHasAvx2() ? lamb8bitBlockBaseline : lamb8bitBlockAvx2;
+  const int64_t blocks = (n + block - 1) / block;
 #pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t j = 0; j < blocks; ++j) {
-    const int64_t o = j * block, len = std::min(block, n - o);
-    if (len <= 0 || len > m8::kMaxBlock) // (never: o < n; told to GCC's bounds warnings)
-      continue;
-    float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
-    m8::decodeRange(m + o, m + at + 4 * j, o, len, block, false, mf);
-    m8::decodeRange(v + o, v + at + 4 * j, o, len, block, true, vf);
-    auto r = std::upper_bound(runs.begin(), runs.end(), o,
-                              [](int64_t x, const Run &run) { return x < run.end; });
-    for (; r != runs.end() && r->begin < o + len; ++r) {
-      const int64_t a = std::max(r->begin, o) - o, b = std::min(r->end, o + len) - o;
-      const float *pj = p + o, *gj = g + o;
-      float *npj = np + o;
-      const float trust = r->trust;
-      const bool decay = r->decay;
-#pragma omp simd
-      for (int64_t i = a; i < b; ++i) {
-        float mi, vi;
-        const float u = lambDirection(c, pj[i], gj[i], mf[i], vf[i], gradScale, decay, twd, mi, vi);
-        npj[i] = pj[i] - tlr * (u * trust);
-        mf[i] = mi;
-        vf[i] = vi;
-      }
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i)
-      vf[i] = std::sqrt(vf[i]);
-    const float sm = m8::encodeBlock(mf, len, m8::kMantM, nm + o);
-    const float sv = m8::encodeBlock(vf, len, m8::kMantV, nv + o);
-    std::memcpy(nm + at + 4 * j, &sm, 4);
-    std::memcpy(nv + at + 4 * j, &sv, 4);
-  }
+  for (int64_t j = 0; j < blocks; ++j)
+    run(u, j);
   // the codes' padding to 4 bytes stays zero
-  for (int64_t i = n; i < at; ++i)
+  for (int64_t i = n; i < moments8::scalesOffset(n); ++i)
     nm[i] = nv[i] = 0;
 }
 

@@ -308,7 +308,8 @@ void lambUpdateBf16State(const float *p, const float *g, const uint16_t *m, cons
 /// squared); the update decodes each block, steps it with
 /// lambUpdate<float>'s f32 arithmetic (the parameters read the f32 moments,
 /// as the norms' direction does) and encodes the new moments once. A block
-/// may hold several parameters, each with its own trust ratio.
+/// may hold several parameters, each with its own trust ratio. `isa` as
+/// adamwUpdate8bitState's (every build the same bytes).
 void lambNorms8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
                         float *norms, int64_t n, int64_t block, const LambLayout &layout,
                         int64_t step, double beta1, double beta2, double eps, double wd,
@@ -316,7 +317,8 @@ void lambNorms8bitState(const float *p, const float *g, const uint8_t *m, const 
 void lambUpdate8bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
                          const float *norms, float *np, uint8_t *nm, uint8_t *nv, int64_t n,
                          int64_t block, const LambLayout &layout, double lr, int64_t step,
-                         double beta1, double beta2, double eps, double wd, float gradScale);
+                         double beta1, double beta2, double eps, double wd, float gradScale,
+                         Isa isa = Isa::Best);
 /// Sum of squares, accumulated in double.
 template <typename T> double squaredNorm(const T *x, int64_t n);
 /// fsdp.grad_coef: the factor that unscales loss-scaled gradients (and

@@ -175,7 +175,8 @@ TEST(KernelsTest, EightBitMomentumBufferIsTheF32UpdateEncodedOnce) {
 // holds parameters smaller than a block and blocks holding several (each
 // with its own trust ratio), the last parameter without weight decay
 // (decayNumel inside a block), padding after, a gradient scale; the
-// second rank's shard (base != 0) as well as the whole unit, in place.
+// second rank's shard (base != 0) as well as the whole unit, in place;
+// the baseline build and the AVX2 one (where the CPU has it) alike.
 TEST(KernelsTest, LambEightBitMomentsAreTheF32UpdateEncodedOnce) {
   namespace m8 = moments8;
   const int64_t block = 64;
@@ -214,12 +215,22 @@ TEST(KernelsTest, LambEightBitMomentsAreTheF32UpdateEncodedOnce) {
       std::vector<uint8_t> wm(bytes, 0), wv(bytes, 0);
       m8::encodeShard(rm.data(), n, block, false, wm.data());
       m8::encodeShard(rv.data(), n, block, true, wv.data());
+      // the baseline build stores the same bytes as the AVX2 one (Best,
+      // where the CPU has it)
+      std::vector<float> bp = p;
+      std::vector<uint8_t> bm = m, bv = v;
+      cpu::lambUpdate8bitState(bp.data(), g.data(), bm.data(), bv.data(), got.data(), bp.data(),
+                               bm.data(), bv.data(), n, block, layout, lr, step, b1, b2, eps, wd,
+                               0.5f, cpu::Isa::Baseline);
       cpu::lambUpdate8bitState(p.data(), g.data(), m.data(), v.data(), got.data(), p.data(),
                                m.data(), v.data(), n, block, layout, lr, step, b1, b2, eps, wd,
                                0.5f);
       ASSERT_EQ(0, std::memcmp(p.data(), rp.data(), 4 * n)) << "parameters, step " << step;
       ASSERT_EQ(m, wm) << "exp_avg, step " << step;
       ASSERT_EQ(v, wv) << "exp_avg_sq, step " << step;
+      ASSERT_EQ(0, std::memcmp(bp.data(), p.data(), 4 * n)) << "baseline, step " << step;
+      ASSERT_EQ(bm, m) << "baseline, step " << step;
+      ASSERT_EQ(bv, v) << "baseline, step " << step;
     }
     EXPECT_NE(p, p0); // it updated
   }
