@@ -1061,6 +1061,21 @@ struct Update8 {
 /// one or an integer one, and no target it is compiled for contracts a
 /// multiply and an add (AVX2 without FMA), so every build of it stores
 /// the same bytes.
+/// Block j's new f32 moments (exp_avg in mf, exp_avg_sq in vf, which
+/// takes its roots) encoded once: codes at nm + o, nv + o, scales at byte
+/// at + 4 j. What the 8-bit AdamW and LAMB updates store.
+[[gnu::always_inline]] inline void storeMoments8(float *mf, float *vf, int64_t len, uint8_t *nm,
+                                                 uint8_t *nv, int64_t at, int64_t o, int64_t j) {
+  namespace m8 = moments8;
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i)
+    vf[i] = std::sqrt(vf[i]);
+  const float sm = m8::encodeBlock(mf, len, m8::kMantM, nm + o);
+  const float sv = m8::encodeBlock(vf, len, m8::kMantV, nv + o);
+  std::memcpy(nm + at + 4 * j, &sm, 4);
+  std::memcpy(nv + at + 4 * j, &sv, 4);
+}
+
 [[gnu::always_inline]] inline void update8bitBlock(const Update8 &u, int64_t j) {
   namespace m8 = moments8;
   const int64_t at = m8::scalesOffset(u.n), o = j * u.block, len = std::min(u.block, u.n - o);
@@ -1085,13 +1100,7 @@ struct Update8 {
 #pragma omp simd
   for (int64_t i = dec; i < len; ++i)
     u.plain.apply(pj[i], gj[i] * gs, mf[i], vf[i], npj[i], mf[i], vf[i]);
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i)
-    vf[i] = std::sqrt(vf[i]);
-  const float sm = m8::encodeBlock(mf, len, m8::kMantM, u.nm + o);
-  const float sv = m8::encodeBlock(vf, len, m8::kMantV, u.nv + o);
-  std::memcpy(u.nm + at + 4 * j, &sm, 4);
-  std::memcpy(u.nv + at + 4 * j, &sv, 4);
+  storeMoments8(mf, vf, len, u.nm, u.nv, at, o, j);
 }
 
 void update8bitBlockBaseline(const Update8 &u, int64_t j) { update8bitBlock(u, j); }
@@ -1553,13 +1562,7 @@ struct Lamb8 {
       vf[i] = vi;
     }
   }
-#pragma omp simd
-  for (int64_t i = 0; i < len; ++i)
-    vf[i] = std::sqrt(vf[i]);
-  const float sm = m8::encodeBlock(mf, len, m8::kMantM, u.nm + o);
-  const float sv = m8::encodeBlock(vf, len, m8::kMantV, u.nv + o);
-  std::memcpy(u.nm + at + 4 * j, &sm, 4);
-  std::memcpy(u.nv + at + 4 * j, &sv, 4);
+  storeMoments8(mf, vf, len, u.nm, u.nv, at, o, j);
 }
 
 void lamb8bitBlockBaseline(const Lamb8 &u, int64_t j) { lamb8bitBlock(u, j); }

@@ -10,6 +10,7 @@
 #ifndef FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 #define FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 
+#include "runtime/core/Moments8.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cuda/CudaKernels.h"
 
@@ -221,6 +222,50 @@ __device__ float blockMax(float v, float *sh) {
     sh[0] = v;
   __syncthreads();
   return sh[0];
+}
+
+/// The end of a thread block's pass over quantization block j of 8-bit
+/// moments (runtime/core/Moments8.h; adamw8bitStateKernel's and
+/// lambMoments8bitKernel's): each thread has kept its elements' new
+/// exp_avg in mf and exp_avg_sq's root in rf (shared, len each) and their
+/// largest magnitudes' bit patterns in am, ar. These reduce over the
+/// threads (NaN above infinity, as the CPU's blockAmax); each thread then
+/// encodes its own elements into nm + o, nv + o, and thread 0 writes the
+/// block's scales nsm[j], nsv[j]. A barrier first (every old code and scale
+/// read, every slot written: in place allowed) and last (the slots and
+/// warpM, warpR free for the next block).
+__device__ inline void encodeMomentBlock(const float *mf, const float *rf, int len, uint32_t am,
+                                         uint32_t ar, uint32_t *warpM, uint32_t *warpR, uint8_t *nm,
+                                         uint8_t *nv, float *nsm, float *nsv, int64_t o,
+                                         int64_t j) {
+  namespace m8 = moments8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  am = warpMax(am);
+  ar = warpMax(ar);
+  if (lane == 0) {
+    warpM[warp] = am;
+    warpR[warp] = ar;
+  }
+  __syncthreads();
+  am = 0, ar = 0;
+  for (int w = 0; w < warps; ++w) {
+    am = max(am, warpM[w]);
+    ar = max(ar, warpR[w]);
+  }
+  const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
+              amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
+  float s1, inv1, s2, inv2;
+  m8::blockScale(amaxM, m8::kMantM, s1, inv1);
+  m8::blockScale(amaxR, m8::kMantV, s2, inv2);
+  for (int i = threadIdx.x; i < len; i += blockDim.x) {
+    nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
+    nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
+  }
+  if (threadIdx.x == 0) {
+    nsm[j] = s1;
+    nsv[j] = s2;
+  }
+  __syncthreads();
 }
 
 // --- shapes --------------------------------------------------------------------

@@ -960,24 +960,61 @@ cudaError_t gradCoef(const float *sumsq, const float *scale, float *out, double 
 
 // --- optimizers --------------------------------------------------------------------------
 
-cudaError_t sgdUpdate(Params q, const float *g, int64_t n, const float *lr, double wd,
-                      cudaStream_t s, const float *skip, const float *gradScale) {
-  float twd = (float)wd;
-  bool decay = wd != 0;
-  return forEach(n, s, [=] __device__(int64_t i) {
-    const ParamIo io(q);
-    if (skip && !isfinite(*skip)) {
-      io.keep(i);
-      return;
-    }
+namespace {
+
+/// sgd_update and sgd_momentum_update, a grid-stride loop each, so the
+/// parameters' stochastic key (ParamIo) and the step's scalars are formed
+/// once a thread rather than once an element.
+__global__ void sgdKernel(Params q, const float *g, int64_t n, const float *lr, float twd,
+                          bool decay, const float *skip, const float *gradScale) {
+  const ParamIo io(q);
+  if (skip && !isfinite(*skip)) {
+    FSDP_GRID_STRIDE(i, n) io.keep(i);
+    return;
+  }
+  const float rate = *lr;
+  FSDP_GRID_STRIDE(i, n) {
     // Every operation rounded on its own, as cpu::sgdUpdate's (nvcc would
     // contract the decay and the step into FMAs on a GPU).
     const float p = io.load(i);
     float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
     if (decay)
       d = __fadd_rn(d, __fmul_rn(twd, p));
-    io.store(i, __fsub_rn(p, __fmul_rn(*lr, d)));
-  });
+    io.store(i, __fsub_rn(p, __fmul_rn(rate, d)));
+  }
+}
+
+__global__ void sgdMomentumKernel(Params q, const float *g, const float *buf, float *nbuf,
+                                  int64_t n, const float *lr, const float *step, double momentum,
+                                  double dampening, double wd, bool nesterov, const float *skip,
+                                  const float *gradScale) {
+  const ParamIo io(q);
+  if (skip && !isfinite(*skip)) {
+    FSDP_GRID_STRIDE(i, n) {
+      io.keep(i);
+      nbuf[i] = buf[i];
+    }
+    return;
+  }
+  const SgdMomentumScalars c{
+      *lr, (float)momentum, (float)(1 - dampening), (float)wd, wd != 0, *step < 2.f, nesterov};
+  FSDP_GRID_STRIDE(i, n) {
+    // __fmul_rn: the product rounded on its own, as the mul it replaces.
+    float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
+    float pn;
+    sgdMomentumElement(c, io.load(i), d, buf[i], pn, nbuf[i]);
+    io.store(i, pn);
+  }
+}
+
+} // namespace
+
+cudaError_t sgdUpdate(Params q, const float *g, int64_t n, const float *lr, double wd,
+                      cudaStream_t s, const float *skip, const float *gradScale) {
+  if (n <= 0)
+    return cudaSuccess;
+  sgdKernel<<<gridFor(n), kThreads, 0, s>>>(q, g, n, lr, (float)wd, wd != 0, skip, gradScale);
+  return cudaGetLastError();
 }
 
 cudaError_t sgdUpdate(const float *p, const float *g, float *np, int64_t n, const float *lr,
@@ -989,21 +1026,11 @@ cudaError_t sgdMomentumUpdate(Params q, const float *g, const float *buf, float 
                               const float *lr, const float *step, double momentum, double dampening,
                               double wd, bool nesterov, cudaStream_t s, const float *skip,
                               const float *gradScale) {
-  return forEach(n, s, [=] __device__(int64_t i) {
-    const ParamIo io(q);
-    if (skip && !isfinite(*skip)) {
-      io.keep(i);
-      nbuf[i] = buf[i];
-      return;
-    }
-    // __fmul_rn: the product rounded on its own, as the mul it replaces.
-    float d = gradScale ? __fmul_rn(g[i], *gradScale) : g[i];
-    SgdMomentumScalars c{*lr,         (float)momentum, (float)(1 - dampening), (float)wd, wd != 0,
-                         *step < 2.f, nesterov};
-    float pn;
-    sgdMomentumElement(c, io.load(i), d, buf[i], pn, nbuf[i]);
-    io.store(i, pn);
-  });
+  if (n <= 0)
+    return cudaSuccess;
+  sgdMomentumKernel<<<gridFor(n), kThreads, 0, s>>>(q, g, buf, nbuf, n, lr, step, momentum,
+                                                    dampening, wd, nesterov, skip, gradScale);
+  return cudaGetLastError();
 }
 
 cudaError_t sgdMomentumUpdate(const float *p, const float *g, const float *buf, float *np,
@@ -1367,7 +1394,6 @@ __global__ void lambMoments8bitKernel(const float *g, const uint8_t *m, const ui
   }
   const LambScalars c = lambScalars(stepp, beta1, beta2, eps);
   float *mf = slots, *rf = slots + block;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
     const int64_t o = j * block;
     const int len = (int)min((int64_t)block, n - o);
@@ -1384,32 +1410,7 @@ __global__ void lambMoments8bitKernel(const float *g, const uint8_t *m, const ui
       am = max(am, m8::bitsOf(mn) & 0x7fffffffu);
       ar = max(ar, m8::bitsOf(rn) & 0x7fffffffu);
     }
-    am = warpMax(am);
-    ar = warpMax(ar);
-    if (lane == 0) {
-      warpM[warp] = am;
-      warpR[warp] = ar;
-    }
-    __syncthreads(); // every scale read, every slot written
-    am = 0, ar = 0;
-    for (int w = 0; w < warps; ++w) {
-      am = max(am, warpM[w]);
-      ar = max(ar, warpR[w]);
-    }
-    const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
-                amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
-    float s1, inv1, s2, inv2;
-    m8::blockScale(amaxM, m8::kMantM, s1, inv1);
-    m8::blockScale(amaxR, m8::kMantV, s2, inv2);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
-      nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
-    }
-    if (threadIdx.x == 0) {
-      nsm[j] = s1;
-      nsv[j] = s2;
-    }
-    __syncthreads(); // the slots and warp maxima are free for the next block
+    encodeMomentBlock(mf, rf, len, am, ar, warpM, warpR, nm, nv, nsm, nsv, o, j);
   }
 }
 

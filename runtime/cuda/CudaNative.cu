@@ -1780,7 +1780,6 @@ __global__ void adamw8bitStateKernel(Params q, const float *g, const uint8_t *m,
   const float gs = gradScale ? *gradScale : 1.f;
   const bool scaled = gradScale != nullptr;
   float *mf = slots, *rf = slots + block;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
     const int64_t o = j * block;
     const int len = (int)min((int64_t)block, n - o);
@@ -1800,32 +1799,7 @@ __global__ void adamw8bitStateKernel(Params q, const float *g, const uint8_t *m,
       am = max(am, m8::bitsOf(mn) & 0x7fffffffu);
       ar = max(ar, m8::bitsOf(rn) & 0x7fffffffu);
     }
-    am = warpMax(am);
-    ar = warpMax(ar);
-    if (lane == 0) {
-      warpM[warp] = am;
-      warpR[warp] = ar;
-    }
-    __syncthreads(); // every scale read, every slot written
-    am = 0, ar = 0;
-    for (int w = 0; w < warps; ++w) {
-      am = max(am, warpM[w]);
-      ar = max(ar, warpR[w]);
-    }
-    const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
-                amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
-    float s1, inv1, s2, inv2;
-    m8::blockScale(amaxM, m8::kMantM, s1, inv1);
-    m8::blockScale(amaxR, m8::kMantV, s2, inv2);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
-      nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
-    }
-    if (threadIdx.x == 0) {
-      nsm[j] = s1;
-      nsv[j] = s2;
-    }
-    __syncthreads(); // the slots and warp maxima are free for the next block
+    encodeMomentBlock(mf, rf, len, am, ar, warpM, warpR, nm, nv, nsm, nsv, o, j);
   }
 }
 

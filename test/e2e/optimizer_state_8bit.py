@@ -83,7 +83,8 @@ unit to whole blocks per shard, so every layout has the one-rank blocks.
     - the ZeRO-3 run offloaded, joined in the next step and on NVMe
       bitwise the in-memory run (as (a));
     - a 2-rank ZeRO-3 checkpoint resumes bitwise; stage 2 with f32 moments
-      loads it decoded (steps 4-5 bitwise, the conversion said).
+      loads it decoded (steps 4-5 bitwise, the conversion said); an
+      f32-moment checkpoint loads encoded (check_encoded, as (d)).
     The update's bytes are DeviceConformance's and KernelsTest's (bitwise
     the f32 update on the decoded moments, encoded once), its arithmetic
     PyTorch's in float64 (torch-oracle-8bit-lamb.test).
@@ -518,6 +519,93 @@ def check_cuda(bindir, tmp, runner):
     return failures
 
 
+class EightBitRun:
+    """(d) and (e)'s shared checks for the optimizer `opt` (its pipeline
+    options) with state `kinds` at `lr`, the words `what` ("momentum
+    buffer", "moments") in the lines; `verdict(ok)` counts a failure."""
+
+    def __init__(self, bindir, tmp, opt, lr, kinds, what, verdict):
+        self.bindir, self.tmp, self.opt, self.lr = bindir, tmp, opt, lr
+        self.kinds, self.what, self.verdict = kinds, what, verdict
+        self.whose = what + ("'" if what.endswith("s") else "'s")
+        self.one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
+        self.two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
+
+    def plan(self, model, name, extra):
+        path = os.path.join(self.tmp, name + ".plan")
+        return path, mp.compile_plan(self.bindir, model, path, f"{self.opt} {extra}")
+
+    def one_rank(self, label):
+        """One rank: steps 1-2 bitwise the f32 state's run, the rest within
+        EIGHT; every state its shard's codes and scales, the state about a
+        quarter of the f32 plan's, the arena as planned. Returns the losses."""
+        q1, q1_plan = self.plan(self.one, "q1", EIGHT_OPT)
+        f1, f1_plan = self.plan(self.one, "f1", "")
+        ref, summary = mp.run(self.bindir, q1, 1, STEPS, self.lr)
+        f32, _ = mp.run(self.bindir, f1, 1, STEPS, self.lr)
+        dist = max(rel(a, b) for a, b in zip(ref, f32))
+        print(f"{label}, one rank: losses {ref[0]:.6f} .. {ref[-1]:.6f}; steps 1-2 bitwise the "
+              f"f32 {self.whose}: {ref[:2] == f32[:2]}; steps 3-{STEPS} differ, max rel diff "
+              f"{dist:.1e} (<= {EIGHT})  "
+              f"{self.verdict(ref[:2] == f32[:2] and ref[2:] != f32[2:] and dist <= EIGHT)}")
+        units = {u["name"]: u for u in q1_plan["units"]}
+        state = [b for b in q1_plan["buffers"] if b["kind"] == "state"]
+        unit = [units.get(b["name"].rsplit(".", 1)[0]) for b in state]
+        packed = len(state) == len(self.kinds) * len(units) and all(
+            u is not None and b["dtype"] == "i8" and b["name"].rsplit(".", 1)[1] in self.kinds
+            and b["bytes"] == quantized_bytes(u["shard_numel"], BLOCK)
+            for b, u in zip(state, unit))
+        got, f32_state = q1_plan["memory"]["state"], f1_plan["memory"]["state"]
+        ok = (packed and got == sum(b["bytes"] for b in state) and got < 0.26 * f32_state
+              and summary["measured_high_water"] == summary["predicted_peak"])
+        print(f"  optimizer state {got} bytes ({got / f32_state:.3f} of the f32 {self.whose} "
+              f"{f32_state}), each its shard's codes and scales: {packed}, arena as planned  "
+              f"{self.verdict(ok)}")
+        return ref
+
+    def resumes(self, z3, runs3, decoded_at):
+        """A 2-rank ZeRO-3 checkpoint at step 3 (plan z3, uninterrupted
+        losses runs3) resumes bitwise; the plan `decoded_at` with f32 state
+        loads it decoded (steps 4-5 bitwise, step 6 not, the conversion
+        said); an f32-state checkpoint loads encoded into z3 (every code and
+        scale of fsdp-ckpt reshard's output the nearest: check_encoded;
+        resuming from it bitwise resuming from the source; step 4's loss
+        the f32 run's: the codes enter from its update on)."""
+        lr, b = self.lr, self.bindir
+        ckpt = os.path.join(self.tmp, "ck")
+        mp.run(b, z3, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
+        rows, summary = mp.run_rows(b, z3, 2, 6, lr + ["--resume", ckpt])
+        ok = [r["loss"] for r in rows] == runs3[3:6] and summary["resumed"]["converted"] == []
+        print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted "
+              f"run: {self.verdict(ok)}")
+        f2, _ = self.plan(self.two, "f2", decoded_at)
+        rows, summary = mp.run_rows(b, f2, 2, 6, lr + ["--resume", ckpt])
+        conv, got = summary["resumed"]["converted"], [r["loss"] for r in rows]
+        ok = (conv == [f"{k} 8bit -> f32" for k in self.kinds] and summary["resumed"]["resharded"]
+              and got[:2] == runs3[3:5] and got[2] != runs3[5])
+        print(f"  resumed by N=2 {decoded_at.split()[-1].replace('=', ' ')} with f32 "
+              f"{self.what}: converted {conv}; steps 4-5 bitwise the 8-bit run, step 6 not: "
+              f"{self.verdict(ok)}")
+        f3, _ = self.plan(self.two, "f3", "world-size=2 stage=3")
+        f32ck = os.path.join(self.tmp, "ckf")
+        f32whole, _ = mp.run(b, f3, 2, 6, lr)
+        mp.run(b, f3, 2, 3, lr + ["--ckpt-dir", f32ck, "--save-every", "3"])
+        rows, summary = mp.run_rows(b, z3, 2, 6, lr + ["--resume", f32ck])
+        got = [r["loss"] for r in rows]
+        out = os.path.join(self.tmp, "enc")
+        r = subprocess.run([os.path.join(b, "fsdp-ckpt"), "reshard", f32ck, "--plan", z3, out],
+                           capture_output=True, text=True, timeout=300)
+        worst, codes = check_encoded(f32ck, out, BLOCK)
+        offline = [x["loss"] for x in mp.run_rows(b, z3, 2, 6, lr + ["--resume", out])[0]]
+        conv = summary["resumed"]["converted"]
+        ok = (conv == [f"{k} f32 -> 8bit" for k in self.kinds] and r.returncode == 0
+              and worst is None and offline == got and got[0] == f32whole[3]
+              and max(rel(a, b) for a, b in zip(got, f32whole[3:])) <= EIGHT)
+        print(f"  an f32-state checkpoint into the 8-bit plan: converted {conv}; fsdp-ckpt "
+              f"reshard: {codes} codes and their scales the nearest: {worst or True}; resumed "
+              f"from it bitwise: {offline == got}; step 4 bitwise  {self.verdict(ok)}")
+
+
 def check_sgd(bindir, tmp):
     """(d): SGD's 8-bit momentum buffer (see the docstring)."""
     failures = 0
@@ -528,38 +616,11 @@ def check_sgd(bindir, tmp):
         return "ok" if ok else "MISMATCH"
 
     sgd, lr = "optimizer=sgd momentum=0.9 nesterov=true", ["--lr", "0.05"]
-    one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
-    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
-
-    def plan(model, name, extra):
-        path = os.path.join(tmp, name + ".plan")
-        return path, mp.compile_plan(bindir, model, path, f"{sgd} {extra}")
-
-    q1, q1_plan = plan(one, "q1", EIGHT_OPT)
-    f1, f1_plan = plan(one, "f1", "")
-    ref, summary = mp.run(bindir, q1, 1, STEPS, lr)
-    f32, _ = mp.run(bindir, f1, 1, STEPS, lr)
-    dist = max(rel(a, b) for a, b in zip(ref, f32))
-    print(f"(d) gpt, SGD with an 8-bit momentum buffer, one rank: losses {ref[0]:.6f} .. "
-          f"{ref[-1]:.6f}; steps 1-2 bitwise the f32 buffer's: {ref[:2] == f32[:2]}; steps "
-          f"3-{STEPS} differ, max rel diff {dist:.1e} (<= {EIGHT})  "
-          f"{verdict(ref[:2] == f32[:2] and ref[2:] != f32[2:] and dist <= EIGHT)}")
-    units = {u["name"]: u for u in q1_plan["units"]}
-    state = [b for b in q1_plan["buffers"] if b["kind"] == "state"]
-    packed = len(state) == len(units) and all(
-        b["dtype"] == "i8" and b["name"].endswith(".momentum_buffer")
-        and b["bytes"] == quantized_bytes(units[b["name"][:-len(".momentum_buffer")]]
-                                          ["shard_numel"], BLOCK) for b in state)
-    got, f32_state = q1_plan["memory"]["state"], f1_plan["memory"]["state"]
-    ok = (packed and got == sum(b["bytes"] for b in state) and got < 0.26 * f32_state
-          and summary["measured_high_water"] == summary["predicted_peak"])
-    print(f"  optimizer state {got} bytes ({got / f32_state:.3f} of the f32 buffer's "
-          f"{f32_state}), each buffer its shard's codes and scales: {packed}, arena as "
-          f"planned  {verdict(ok)}")
-
+    run = EightBitRun(bindir, tmp, sgd, lr, ("momentum_buffer",), "buffer", verdict)
+    ref = run.one_rank("(d) gpt, SGD with an 8-bit momentum buffer")
     runs = {}
     for stage in range(4):
-        path, _ = plan(two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
+        path, _ = run.plan(run.two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
         runs[stage], _ = mp.run(bindir, path, 2, STEPS, lr)
     err = max(rel(a, b) for a, b in zip(runs[0], ref))
     print(f"  N=2 stage 0 against one rank: max rel diff {err:.1e} (<= {EIGHT})  "
@@ -567,47 +628,11 @@ def check_sgd(bindir, tmp):
     for stage in (1, 2, 3):
         print(f"  N=2 stage {stage} against stage 0: {STEPS} steps bitwise: "
               f"{verdict(runs[stage] == runs[0])}")
-
-    failures += check_offload(bindir, tmp, two, f"{sgd} {EIGHT_OPT} world-size=2 stage=3", lr,
+    failures += check_offload(bindir, tmp, run.two, f"{sgd} {EIGHT_OPT} world-size=2 stage=3", lr,
                               runs[3])
-
-    # Checkpoints: resume bitwise; decoded into an f32 buffer; an f32
-    # buffer encoded into 8 bits.
-    z3 = os.path.join(tmp, "s3.plan")
-    ckpt = os.path.join(tmp, "ck")
-    mp.run(bindir, z3, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
-    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", ckpt])
-    ok = [r["loss"] for r in rows] == runs[3][3:6] and summary["resumed"]["converted"] == []
-    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
-          f"{verdict(ok)}")
-    # Another layout with an f32 buffer (stage 2: the same two ranks, so
-    # the same loss sums): steps 4 and 5 read the loaded parameters and
-    # the decoded buffer, what the 8-bit run reads: bitwise; step 6 not.
-    f2, _ = plan(two, "f2", "world-size=2 stage=2")
-    rows, summary = mp.run_rows(bindir, f2, 2, 6, lr + ["--resume", ckpt])
-    conv, got = summary["resumed"]["converted"], [r["loss"] for r in rows]
-    ok = (conv == ["momentum_buffer 8bit -> f32"] and summary["resumed"]["resharded"]
-          and got[:2] == runs[3][3:5] and got[2] != runs[3][5])
-    print(f"  resumed by N=2 stage 2 with an f32 buffer: converted {conv}; steps 4-5 bitwise "
-          f"the 8-bit run, step 6 not: {verdict(ok)}")
-    f3, _ = plan(two, "f3", "world-size=2 stage=3")
-    f32ck = os.path.join(tmp, "ckf")
-    f32whole, _ = mp.run(bindir, f3, 2, 6, lr)
-    mp.run(bindir, f3, 2, 3, lr + ["--ckpt-dir", f32ck, "--save-every", "3"])
-    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", f32ck])
-    got = [r["loss"] for r in rows]
-    out = os.path.join(tmp, "enc")
-    r = subprocess.run([os.path.join(bindir, "fsdp-ckpt"), "reshard", f32ck, "--plan", z3, out],
-                       capture_output=True, text=True, timeout=300)
-    worst, codes = check_encoded(f32ck, out, BLOCK)
-    offline = [x["loss"] for x in mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", out])[0]]
-    conv = summary["resumed"]["converted"]
-    ok = (conv == ["momentum_buffer f32 -> 8bit"] and r.returncode == 0 and worst is None
-          and offline == got and got[0] == f32whole[3]
-          and max(rel(a, b) for a, b in zip(got, f32whole[3:])) <= EIGHT)
-    print(f"  an f32-buffer checkpoint into the 8-bit plan: converted {conv}; fsdp-ckpt reshard: "
-          f"{codes} codes and their scales the nearest: {worst or True}; resumed from it "
-          f"bitwise: {offline == got}; step 4 bitwise  {verdict(ok)}")
+    # Another layout with an f32 buffer: stage 2 (the same two ranks, so
+    # the same loss sums).
+    run.resumes(os.path.join(tmp, "s3.plan"), runs[3], "world-size=2 stage=2")
     return failures
 
 
@@ -621,43 +646,11 @@ def check_lamb(bindir, tmp):
         return "ok" if ok else "MISMATCH"
 
     lamb, lr = "optimizer=lamb", ["--lr", "0.02"]
-    one = gpt(GLOBAL_BATCH, os.path.join(tmp, "g4.mlir"))
-    two = gpt(GLOBAL_BATCH // 2, os.path.join(tmp, "g2.mlir"))
-
-    def plan(model, name, extra):
-        path = os.path.join(tmp, name + ".plan")
-        return path, mp.compile_plan(bindir, model, path, f"{lamb} {extra}")
-
-    q1, q1_plan = plan(one, "q1", EIGHT_OPT)
-    f1, f1_plan = plan(one, "f1", "")
-    ref, summary = mp.run(bindir, q1, 1, STEPS, lr)
-    f32, _ = mp.run(bindir, f1, 1, STEPS, lr)
-    dist = max(rel(a, b) for a, b in zip(ref, f32))
-    print(f"(e) gpt, LAMB with 8-bit moments, one rank: losses {ref[0]:.6f} .. {ref[-1]:.6f}; "
-          f"steps 1-2 bitwise the f32 moments': {ref[:2] == f32[:2]}; steps 3-{STEPS} differ, "
-          f"max rel diff {dist:.1e} (<= {EIGHT})  "
-          f"{verdict(ref[:2] == f32[:2] and ref[2:] != f32[2:] and dist <= EIGHT)}")
-    units = {u["name"]: u for u in q1_plan["units"]}
-    state = [b for b in q1_plan["buffers"] if b["kind"] == "state"]
-
-    def unit_of(name):
-        return units.get(name.rsplit(".", 1)[0])
-
-    packed = len(state) == 2 * len(units) and all(
-        b["dtype"] == "i8" and unit_of(b["name"]) is not None
-        and b["name"].rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq")
-        and b["bytes"] == quantized_bytes(unit_of(b["name"])["shard_numel"], BLOCK)
-        for b in state)
-    got, f32_state = q1_plan["memory"]["state"], f1_plan["memory"]["state"]
-    ok = (packed and got == sum(b["bytes"] for b in state) and got < 0.26 * f32_state
-          and summary["measured_high_water"] == summary["predicted_peak"])
-    print(f"  optimizer state {got} bytes ({got / f32_state:.3f} of the f32 moments' "
-          f"{f32_state}), each moment its shard's codes and scales: {packed}, arena as "
-          f"planned  {verdict(ok)}")
-
+    run = EightBitRun(bindir, tmp, lamb, lr, ("exp_avg", "exp_avg_sq"), "moments", verdict)
+    ref = run.one_rank("(e) gpt, LAMB with 8-bit moments")
     runs = {}
     for stage in range(4):
-        path, _ = plan(two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
+        path, _ = run.plan(run.two, f"s{stage}", f"{EIGHT_OPT} world-size=2 stage={stage}")
         runs[stage], _ = mp.run(bindir, path, 2, STEPS, lr)
     for stage in (0, 1):
         err = max(rel(a, b) for a, b in zip(runs[stage], ref))
@@ -666,26 +659,10 @@ def check_lamb(bindir, tmp):
     for stage in (2, 3):
         print(f"  N=2 stage {stage} against stage 1: {STEPS} steps bitwise: "
               f"{verdict(runs[stage] == runs[1])}")
-
-    failures += check_offload(bindir, tmp, two, f"{lamb} {EIGHT_OPT} world-size=2 stage=3", lr,
+    failures += check_offload(bindir, tmp, run.two, f"{lamb} {EIGHT_OPT} world-size=2 stage=3", lr,
                               runs[3])
-    z3 = os.path.join(tmp, "s3.plan")
-    ckpt = os.path.join(tmp, "ck")
-    mp.run(bindir, z3, 2, 3, lr + ["--ckpt-dir", ckpt, "--save-every", "3"])
-    rows, summary = mp.run_rows(bindir, z3, 2, 6, lr + ["--resume", ckpt])
-    ok = [r["loss"] for r in rows] == runs[3][3:6] and summary["resumed"]["converted"] == []
-    print(f"  N=2 stage 3 checkpointed at step 3, resumed to 6: bitwise the uninterrupted run: "
-          f"{verdict(ok)}")
-    # Stage 2 with f32 moments (the same shards: the same norms' sums):
-    # steps 4 and 5 read the loaded parameters and the decoded moments,
-    # what the 8-bit run reads: bitwise; step 6 not.
-    f2, _ = plan(two, "f2", "world-size=2 stage=2")
-    rows, summary = mp.run_rows(bindir, f2, 2, 6, lr + ["--resume", ckpt])
-    conv, got = summary["resumed"]["converted"], [r["loss"] for r in rows]
-    ok = (conv == ["exp_avg 8bit -> f32", "exp_avg_sq 8bit -> f32"]
-          and got[:2] == runs[3][3:5] and got[2] != runs[3][5])
-    print(f"  resumed by N=2 stage 2 with f32 moments: converted {conv}; steps 4-5 bitwise "
-          f"the 8-bit run, step 6 not: {verdict(ok)}")
+    # Stage 2 with f32 moments: the same shards, so the same norms' sums.
+    run.resumes(os.path.join(tmp, "s3.plan"), runs[3], "world-size=2 stage=2")
     return failures
 
 
