@@ -1071,16 +1071,16 @@ __device__ __forceinline__ LambScalars lambScalars(const float *stepp, double be
           (float)sqrt(1 - pow(beta2, t)),
           (float)eps};
 }
-/// cpu::lambDirection, every operation rounded on its own (no FMA
-/// contraction: the CPU rounds each).
-/// Its new moments alone (lambMoments8bitKernel's: they take no trust
-/// ratio and no weight decay).
+/// cpu::lambDirection's new moments alone (lambMoments8bitKernel's: they
+/// take no trust ratio and no weight decay), rounded as lambElement's.
 __device__ __forceinline__ void lambMoments(const LambScalars &c, float g, float m, float v,
                                             const float *gs, float &mi, float &vi) {
   float gi = gs ? __fmul_rn(g, *gs) : g;
   mi = __fadd_rn(__fmul_rn(m, c.b1), __fmul_rn(c.omb1, gi));
   vi = __fadd_rn(__fmul_rn(v, c.b2), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
 }
+/// cpu::lambDirection, every operation rounded on its own (no FMA
+/// contraction: the CPU rounds each).
 __device__ __forceinline__ float lambElement(const LambScalars &c, float p, float g, float m,
                                              float v, const float *gs, bool decay, float wd,
                                              float &nm, float &nv) {
