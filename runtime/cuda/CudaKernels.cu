@@ -1112,9 +1112,9 @@ struct Codes8Moments {
   const uint8_t *m, *v;
   const float *sm, *sv;
   int64_t at;
-  int block;
+  int shift; // log2 of the block (a power of two): a shift, not a 64-bit divide an element
   __device__ __forceinline__ void operator()(int64_t i, float &mi, float &vi) const {
-    const int64_t e = at + i, j = e / block;
+    const int64_t e = at + i, j = e >> shift;
     mi = moments8::decodeM(m[e], sm[j]);
     const float r = moments8::decodeRoot(v[e], sv[j]);
     vi = __fmul_rn(r, r);
@@ -1356,7 +1356,10 @@ auto codes8Reader(const void *m, const void *v, int64_t n, int64_t block) {
   const int64_t at = moments8::scalesOffset(n);
   const float *sm = reinterpret_cast<const float *>(mc + at),
               *sv = reinterpret_cast<const float *>(vc + at);
-  return [=](int64_t begin) { return Codes8Moments{mc, vc, sm, sv, begin, (int)block}; };
+  int shift = 0;
+  while ((int64_t(1) << shift) < block)
+    ++shift;
+  return [=](int64_t begin) { return Codes8Moments{mc, vc, sm, sv, begin, shift}; };
 }
 
 /// lamb_update's new 8-bit moments (the parameters are lambUpdateKernel's,

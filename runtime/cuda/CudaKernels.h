@@ -269,7 +269,8 @@ cudaError_t lambUpdateBf16State(const float *p, const float *g, const void *m, c
                                 int64_t key, uint64_t first, cudaStream_t s);
 /// lambNorms / lambUpdate with the moments (and the new ones: nm, nv may be
 /// m, v) stored in 8 bits (state-dtype=8bit): packed shards of n elements
-/// in blocks of `block` (runtime/core/Moments8.h), decoded, the same f32
+/// in blocks of `block` (a power of two, as the plan check holds it;
+/// runtime/core/Moments8.h), decoded, the same f32
 /// math, the new moments encoded once a block (the parameters read the f32
 /// moments). The norms are lambNorms' sums over the decoded moments;
 /// cpu::lambUpdate8bitState's bytes for the same norms.

@@ -1707,6 +1707,20 @@ void packState8(Plan &pl, const std::vector<int> &packed, int64_t elements, int6
   pl.arenaBytes = offset;
 }
 
+/// The 8-bit update tests' inputs of n elements: parameters, gradients,
+/// and the moments m and r (exp_avg_sq's roots) with magnitudes over
+/// several decades within a block.
+void eightBitInputs(int64_t n, std::vector<float> &p, std::vector<float> &g, std::vector<float> &m,
+                    std::vector<float> &r) {
+  p.resize(n), g.resize(n), m.resize(n), r.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
+    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
+    m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
+    r[i] = (float)(std::fabs(std::sin(0.3 * double(i))) * std::pow(10.0, -2.0 - (i % 5)));
+  }
+}
+
 /// The f32 values a packed shard decodes to (exp_avg_sq: the root squared).
 std::vector<float> unpack8(const std::vector<uint8_t> &q, int64_t n, int64_t block, bool root) {
   namespace m8 = moments8;
@@ -1817,14 +1831,8 @@ TEST_P(DeviceConformance, LambEightBitMomentsAreTheF32UpdateEncodedOnce) {
                          inst("lamb_update", {0, 1, 7, 8, 10, 5, 4}, {14, 15, 16}, lamb),
                          inst("lamb_update", {0, 1, 2, 3, 10, 5, 4, 6}, {17, 18, 19}, skip)});
   packState8(plan, packed, n, block);
-  std::vector<float> p(n), g(n), m(n), r(n);
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] = (float)std::sin(0.37 * double(i)) * 1.5f;
-    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
-    // magnitudes over several decades within a block
-    m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
-    r[i] = (float)(std::fabs(std::sin(0.3 * double(i))) * std::pow(10.0, -2.0 - (i % 5)));
-  }
+  std::vector<float> p, g, m, r;
+  eightBitInputs(n, p, g, m, r);
   const std::vector<uint8_t> mq = pack8(m, block, false), vq = pack8(r, block, true);
   const std::vector<float> m32 = unpack8(mq, n, block, false), v32 = unpack8(vq, n, block, true);
   bind(plan);
@@ -1942,15 +1950,12 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
                      inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip),
                      inst("adamw_update", {18, 1, 2, 3, 4, 5}, {19, 20, 21}, eight16),
                      inst("adamw_update", {18, 1, 2, 3, 4, 5, 6}, {22, 23, 24}, skip16)});
-  std::vector<float> p(n), g(n), m(n), r(n);
+  std::vector<float> p, g, m, r;
+  eightBitInputs(n, p, g, m, r);
   std::vector<uint16_t> p16(n);
   for (int64_t i = 0; i < n; ++i) {
-    p16[i] = roundToBf16((float)std::sin(0.37 * double(i)) * 1.5f);
-    p[i] = widenBf16(p16[i]);
-    g[i] = (float)std::cos(0.11 * double(i)) * 0.02f;
-    // magnitudes over several decades within a block
-    m[i] = (float)(std::sin(0.05 * double(i)) * std::pow(10.0, -2.0 - (i % 7)));
-    r[i] = (float)(std::fabs(std::sin(0.3 * double(i))) * std::pow(10.0, -2.0 - (i % 5)));
+    p16[i] = roundToBf16(p[i]);
+    p[i] = widenBf16(p16[i]); // bf16-exact, for the bf16-parameter runs
   }
   const std::vector<uint8_t> mq = pack8(m, block, false), vq = pack8(r, block, true);
   const std::vector<float> m32 = unpack8(mq, n, block, false), v32 = unpack8(vq, n, block, true);
