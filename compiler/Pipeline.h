@@ -44,15 +44,17 @@ struct FsdpPipelineOptions
                              llvm::cl::init(0.0)};
   Option<std::string> optimizerStateDtype{
       *this, "optimizer-state-dtype",
-      llvm::cl::desc("f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, "
-                     "SGD's momentum buffer) in bf16 (f32 math, half its bytes), or in 8-bit "
-                     "block codes (about a quarter)"),
+      llvm::cl::desc("f32 | bf16 | 8bit | 4bit: the optimizer's state (AdamW's and LAMB's "
+                     "moments, SGD's momentum buffer) in bf16 (f32 math, half its bytes), in "
+                     "8-bit block codes (about a quarter), or AdamW's in 4-bit ones (about an "
+                     "eighth)"),
       llvm::cl::init("f32")};
   Option<int64_t> optimizerStateBlock{
       *this, "optimizer-state-block",
-      llvm::cl::desc("with optimizer-state-dtype=8bit: elements per block of codes with one "
-                     "f32 scale (a power of two in [32, 4096])"),
-      llvm::cl::init(256)};
+      llvm::cl::desc("with optimizer-state-dtype=8bit|4bit: elements per block of codes with "
+                     "one f32 scale (a power of two in [32, 4096]; 0: 256 for 8bit, 128 for "
+                     "4bit, torchao's)"),
+      llvm::cl::init(0)};
   Option<std::string> optimizerStateRounding{
       *this, "optimizer-state-rounding",
       llvm::cl::desc("stochastic | nearest: how bf16 optimizer state is rounded when written"),

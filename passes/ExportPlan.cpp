@@ -503,7 +503,7 @@ void ExportPlanPass::runOnOperation() {
   json::Array features;
   if (auto opt = module->getAttrOfType<DictionaryAttr>("fsdp.optimizer"))
     if (auto dtype = opt.getAs<StringAttr>("state_dtype"))
-      features.push_back(("optimizer-state-" + dtype.getValue()).str()); // bf16, 8bit
+      features.push_back(("optimizer-state-" + dtype.getValue()).str()); // bf16, 8bit, 4bit
   if (auto mp = module->getAttrOfType<DictionaryAttr>(kMixedPrecisionAttrName))
     if (mp.get(kMasterDtypeAttrName))
       features.push_back("master-bf16");

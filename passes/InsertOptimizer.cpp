@@ -80,12 +80,24 @@ void InsertOptimizerPass::runOnOperation() {
         << "nesterov momentum requires momentum > 0 and zero dampening";
     return signalPassFailure();
   }
-  if (stateDtype != "f32" && stateDtype != "bf16" && stateDtype != "8bit") {
+  if (stateDtype != "f32" && stateDtype != "bf16" && stateDtype != "8bit" && stateDtype != "4bit") {
     mlir::emitError(module.getLoc())
-        << "state-dtype must be f32, bf16 or 8bit, found '" << stateDtype << "'";
+        << "state-dtype must be f32, bf16, 8bit or 4bit, found '" << stateDtype << "'";
     return signalPassFailure();
   }
-  const bool state8 = stateDtype == "8bit";
+  // 4-bit codes are 8-bit's packing of AdamW's moments at half the bits
+  // (runtime/core/Moments4.h): a `state_bits = 4` on the packed update.
+  const bool state4 = stateDtype == "4bit";
+  const bool state8 = stateDtype == "8bit" || state4;
+  if (state4 && optimizer != "adamw") {
+    mlir::emitError(module.getLoc())
+        << "state-dtype=4bit keeps AdamW's moments in 4-bit block codes (torchao's AdamW4bit); "
+           "optimizer="
+        << optimizer << " has no 4-bit state here: use state-dtype=8bit";
+    return signalPassFailure();
+  }
+  // The block's default: torchao's for its 4-bit AdamW, 256 for 8 bits.
+  const int64_t stateBlock = this->stateBlock ? this->stateBlock.getValue() : state4 ? 128 : 256;
   if (state8 && optimizer != "adamw" && optimizer != "lamb" &&
       !(optimizer == "sgd" && momentum > 0)) {
     mlir::emitError(module.getLoc())
@@ -149,6 +161,8 @@ void InsertOptimizerPass::runOnOperation() {
   if (state8) {
     recorded.push_back(b.getNamedAttr("state_dtype", b.getStringAttr(stateDtype)));
     recorded.push_back(b.getNamedAttr("state_block", b.getI64IntegerAttr(stateBlock)));
+    if (state4)
+      recorded.push_back(b.getNamedAttr("state_bits", b.getI64IntegerAttr(4)));
   }
   module->setAttr("fsdp.optimizer", b.getDictionaryAttr(recorded));
   if (optimizer == "none") {
@@ -251,7 +265,8 @@ void InsertOptimizerPass::runOnOperation() {
     // block scales (the update's state_block).
     const bool packed = state8 && param.getTensorType().getElementType().isF32();
     Type packedTy = RankedTensorType::get(
-        {::fsdp::shapes::quantizedBytes(param.getTensorType().getNumElements(), stateBlock)},
+        {::fsdp::shapes::packedStateBytes(param.getTensorType().getNumElements(), stateBlock,
+                                          state4 ? 4 : 8)},
         b.getIntegerType(8));
     if (optimizer == "lamb") {
       // The norms over the whole parameter (one segment), then the step;
@@ -290,7 +305,8 @@ void InsertOptimizerPass::runOnOperation() {
           b.getF64FloatAttr(eps), b.getF64FloatAttr(decayOf(param)), IntegerAttr(), IntegerAttr(),
           stochastic ? b.getUnitAttr() : UnitAttr(), /*stochastic_param=*/UnitAttr(),
           stochastic ? b.getI64IntegerAttr(ordinal) : IntegerAttr(),
-          packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr());
+          packed ? b.getI64IntegerAttr(stateBlock) : IntegerAttr(),
+          packed && state4 ? b.getI64IntegerAttr(4) : IntegerAttr());
       b.create<SetParamOp>(ploc, set.getNameAttr(), upd.getNewParam());
       b.create<SetStateOp>(ploc, symRef(m), upd.getNewExpAvg());
       b.create<SetStateOp>(ploc, symRef(v), upd.getNewExpAvgSq());

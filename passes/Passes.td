@@ -300,7 +300,14 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     moments to the nearest code (LAMB's fsdp.lamb_norms decodes them too,
     and its trust ratio reads the f32 step's direction). fsdp-shard pads
     each unit to whole blocks per shard, so the blocks do not depend on
-    the world size.
+    the world size. `state-block=0` (the default) is 256.
+
+    With `state-dtype=4bit` (AdamW) the moments are 4-bit codes, two a
+    byte, in blocks of `state-block` (default 128, torchao's AdamW4bit;
+    runtime/core/Moments4.h: exp_avg on the signed dynamic-exponent map,
+    exp_avg_sq's root on the linear map without zero): about 1 byte of
+    optimizer state a parameter instead of 8. The update carries
+    `state_bits = 4` beside `state_block`.
 
     ```mlir
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {...} : tensor<64xf32>
@@ -325,15 +332,15 @@ def FsdpInsertOptimizer : Pass<"fsdp-insert-optimizer", "::mlir::ModuleOp"> {
     Option<"maxGradNorm", "max-grad-norm", "double", /*default=*/"0.0",
            "global-norm gradient clipping threshold (0: off)">,
     Option<"stateDtype", "state-dtype", "std::string", /*default=*/"\"f32\"",
-           "f32 | bf16 | 8bit: the optimizer's state (AdamW's and LAMB's moments, SGD's "
-           "momentum buffer) stored in bf16 (f32 math; half its bytes), or in 8-bit "
-           "block codes (about a quarter)">,
+           "f32 | bf16 | 8bit | 4bit: the optimizer's state (AdamW's and LAMB's moments, SGD's "
+           "momentum buffer) stored in bf16 (f32 math; half its bytes), in 8-bit "
+           "block codes (about a quarter), or AdamW's in 4-bit ones (about an eighth)">,
     Option<"stateRounding", "state-rounding", "std::string",
            /*default=*/"\"stochastic\"",
            "stochastic | nearest: how bf16 moments are rounded when written">,
-    Option<"stateBlock", "state-block", "int64_t", /*default=*/"256",
-           "with state-dtype=8bit: elements per block of 8-bit codes with one f32 scale "
-           "(a power of two in [32, 4096])">,
+    Option<"stateBlock", "state-block", "int64_t", /*default=*/"0",
+           "with state-dtype=8bit|4bit: elements per block of codes with one f32 scale "
+           "(a power of two in [32, 4096]; 0: 256 for 8bit, 128 for 4bit)">,
   ];
   let statistics = [
     Statistic<"numUpdates", "updates", "Parameters given an update">,

@@ -1355,13 +1355,18 @@ void ShardRewrite::updateUnits(Location loc) {
           mb.setInsertionPointAfter(uo);
       }
       for (auto [i, sk] : llvm::enumerate(stateSlots)) {
-        // 8-bit moments: the packed codes and block scales of the operand
+        // 8-bit or 4-bit moments: the packed codes and block scales of the
+        // operand
         Type stTy = pTy.clone(stateElems[i]);
+        int64_t bits = 8;
+        for (const NamedAttribute &na : updAttrs)
+          if (na.getName() == "state_bits")
+            bits = cast<IntegerAttr>(na.getValue()).getInt();
         for (const NamedAttribute &na : updAttrs)
           if (na.getName() == "state_block")
             stTy = RankedTensorType::get(
-                {::fsdp::shapes::quantizedBytes(pTy.getNumElements(),
-                                                cast<IntegerAttr>(na.getValue()).getInt())},
+                {::fsdp::shapes::packedStateBytes(pTy.getNumElements(),
+                                                  cast<IntegerAttr>(na.getValue()).getInt(), bits)},
                 stateElems[i]);
         auto st = mb.create<StateOp>(loc, mb.getStringAttr(u->name + "." + sk.second),
                                      TypeAttr::get(stTy), symOf(*u),

@@ -162,15 +162,16 @@ LogicalResult StateOp::verify() {
       SymbolTable::lookupNearestSymbolFrom(*this, getParamAttr());
   // The state's dtype: the parameter's, or bf16 beside an f32 parameter
   // (fsdp-insert-optimizer's state-dtype=bf16).
-  // Or 8-bit AdamW moments (state-dtype=8bit): the packed i8 codes and
-  // block scales of an f32 shadow, for a block that is a power of two in
-  // [32, 4096].
+  // Or 8-bit or 4-bit moments (state-dtype=8bit|4bit): the packed i8
+  // codes and block scales of an f32 shadow, for a block that is a power
+  // of two in [32, 4096].
   auto packs = [](RankedTensorType s, RankedTensorType t) {
     if (!s.getElementType().isF32() || !t.getElementType().isInteger(8) || t.getRank() != 1)
       return false;
     for (int64_t block = 32; block <= 4096; block *= 2)
-      if (::fsdp::shapes::quantizedBytes(s.getNumElements(), block) == t.getNumElements())
-        return true;
+      for (int64_t bits : {8, 4})
+        if (::fsdp::shapes::packedStateBytes(s.getNumElements(), block, bits) == t.getNumElements())
+          return true;
     return false;
   };
   auto fits = [&](Type shadow) {
@@ -919,8 +920,12 @@ static LogicalResult verifyStateDtype(Operation *op, Value param, Value state, S
 /// codes and block scales.
 static LogicalResult verifyState8bit(Operation *op, Value param, Value state, StringRef what,
                                      std::optional<int64_t> block, bool stochastic,
-                                     bool stochasticParam, std::optional<int64_t> key, Type work) {
+                                     bool stochasticParam, std::optional<int64_t> key, Type work,
+                                     std::optional<int64_t> bitsAttr = std::nullopt) {
   RankedTensorType p = rt(param), m = rt(state);
+  if (bitsAttr && *bitsAttr != 4)
+    return op->emitOpError() << "state_bits must be 4 (absent: 8-bit codes), found " << *bitsAttr;
+  const int64_t bits = bitsAttr ? 4 : 8;
   const char *are = what == "buffer" ? " is" : " are";
   if (!block)
     return op->emitOpError() << "i8 " << what << are << " 8-bit block codes: expected state_block";
@@ -931,13 +936,13 @@ static LogicalResult verifyState8bit(Operation *op, Value param, Value state, St
     return op->emitOpError() << "state_block keeps the " << what << " of an f32 step in i8, found "
                              << typeStr(m.getElementType()) << " " << what << " of "
                              << typeStr(p.getElementType()) << " parameters";
-  int64_t want = ::fsdp::shapes::quantizedBytes(p.getNumElements(), *block);
+  int64_t want = ::fsdp::shapes::packedStateBytes(p.getNumElements(), *block, bits);
   if (m.getRank() != 1 || m.getNumElements() != want)
-    return op->emitOpError() << "8-bit " << what << " of " << p.getNumElements()
+    return op->emitOpError() << bits << "-bit " << what << " of " << p.getNumElements()
                              << " elements in blocks of " << *block << are << " " << want
                              << " bytes (tensor<" << want << "xi8>), found " << typeStr(m);
   if (stochastic || (key && !stochasticParam))
-    return op->emitOpError() << "8-bit " << what << are
+    return op->emitOpError() << bits << "-bit " << what << are
                              << " rounded to the nearest code: stochastic and "
                                 "key (but for stochastic_param's bf16 parameters) do not apply";
   return success();
@@ -948,9 +953,9 @@ LogicalResult AdamwUpdateOp::verify() {
       verifyUpdateDtype(*this, getParam(), getGrad(), getStochasticParam(), getKey());
   if (failed(work))
     return failure();
-  if (getStateBlock() || rt(getExpAvg()).getElementType().isInteger(8))
+  if (getStateBlock() || getStateBits() || rt(getExpAvg()).getElementType().isInteger(8))
     return verifyState8bit(*this, getParam(), getExpAvg(), "moments", getStateBlock(),
-                           getStochastic(), getStochasticParam(), getKey(), *work);
+                           getStochastic(), getStochasticParam(), getKey(), *work, getStateBits());
   return verifyStateDtype(*this, getParam(), getExpAvg(), "moments", getStochastic(), getKey(),
                           *work);
 }

@@ -1420,6 +1420,12 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     unit's when each shard is a whole number of blocks (fsdp-shard pads
     the unit so). B is a power of two in [32, 4096].
 
+    With `state_bits = 4` as well (`state-dtype=4bit`) the codes are four
+    bits, two a byte: shapes::packedStateBytes(n, B, 4) bytes, about half
+    a byte an element (runtime/core/Moments4.h: torchao's AdamW4bit maps,
+    exp_avg on the signed dynamic-exponent map, exp_avg_sq's root on the
+    linear map without zero); the same decode, f32 step and one encode.
+
     Parameters stored in bf16 with an f32 gradient (fsdp-mixed-precision's
     `master-dtype=bf16`: no f32 master copy) are widened, the step runs in
     f32 as above, and the new parameters are rounded to bf16 once: to
@@ -1428,7 +1434,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     stochasticRoundingKey(seed, step, `key`), each element at its place in
     the unit by `shard_stride`), so an update smaller than half a bf16 ulp
     still moves the parameter in expectation.
-    The moments are then those of the f32 step: f32, bf16 or 8-bit as
+    The moments are then those of the f32 step: f32, bf16, 8-bit or 4-bit as
     above. Their draws (the state stream) and the parameters' (the
     parameter stream) never meet.
 
@@ -1436,6 +1442,7 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
     %p2, %m2, %v2 = fsdp.adamw_update %p, %g, %m, %v, %lr, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<64xf32>
     %p3, %m3, %v3 = fsdp.adamw_update %p, %g, %mb, %vb, %lr, %step {key = 0 : i64, stochastic} : tensor<64xf32> state tensor<64xbf16>
     %p4, %m4, %v4 = fsdp.adamw_update %p, %g, %mq, %vq, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+    %p6, %m6, %v6 = fsdp.adamw_update %p, %g, %mh, %vh, %lr, %step {state_bits = 4 : i64, state_block = 32 : i64} : tensor<64xf32> state tensor<40xi8>
     %p5, %m5, %v5 = fsdp.adamw_update %pb, %g, %m, %v, %lr, %step {key = 0 : i64, stochastic_param} : tensor<64xbf16> grad tensor<64xf32> state tensor<64xf32>
     ```
   }];
@@ -1453,7 +1460,8 @@ def Fsdp_AdamwUpdateOp : Fsdp_Op<"adamw_update", [Pure, AttrSizedOperandSegments
                        UnitAttr:$stochastic,
                        UnitAttr:$stochastic_param,
                        OptionalAttr<I64Attr>:$key,
-                       OptionalAttr<I64Attr>:$state_block);
+                       OptionalAttr<I64Attr>:$state_block,
+                       OptionalAttr<I64Attr>:$state_bits);
   let results = (outs Fsdp_FloatTensor:$new_param, Fsdp_StateTensor:$new_exp_avg,
                       Fsdp_StateTensor:$new_exp_avg_sq);
   let assemblyFormat = [{

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Checkpoint.h"
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 #include "runtime/core/ShapeRules.h"
 
@@ -90,6 +91,19 @@ void maybeDieDuringSave(int64_t rank, int64_t step) {
     std::raise(SIGKILL);
 }
 
+/// A packed moment shard's layout by its code width (8: Moments8.h, 4:
+/// Moments4.h): where its scales start, and its block from its size.
+int64_t packedScalesOffset(int64_t n, int bits) {
+  return bits == 4 ? moments4::scalesOffset(n) : moments8::scalesOffset(n);
+}
+int64_t packedBlockOf(int64_t n, int64_t bytes, int bits) {
+  return bits == 4 ? moments4::blockOfPacked(n, bytes) : moments8::blockOfPacked(n, bytes);
+}
+
+/// The code width of a plan's i8 buffer (packed moments): 4 where the plan
+/// requires optimizer-state-4bit, else 8.
+int codeBits(const Plan &plan) { return plan.stateCodes4() ? 4 : 8; }
+
 json shardMap(const Plan &plan) {
   json buffers = json::array(), units = json::array(), params = json::array();
   for (int64_t id : savedBuffers(plan)) {
@@ -101,6 +115,9 @@ json shardMap(const Plan &plan) {
                        {"dtype", dtypeName(b.dtype)},
                        {"shape", b.shape},
                        {"bytes", b.bytes}});
+    // 4-bit moments are i8 bytes too: the width told apart by name
+    if (b.dtype == DType::I8 && codeBits(plan) == 4)
+      buffers.back()["state_bits"] = 4;
   }
   for (const Unit &u : plan.units)
     units.push_back({{"name", u.name},
@@ -731,7 +748,7 @@ public:
   /// shards whole blocks; positions past its unit are zero blocks (scale 0).
   /// False in `exact` (nothing read) where they are not.
   Status blocks8(const std::string &kind, const std::string &name, int64_t block, int64_t first,
-                 int64_t count, uint8_t *codes, float *scales, bool &exact) {
+                 int64_t count, uint8_t *codes, float *scales, bool &exact, int bits = 8) {
     exact = false;
     Where w;
     if (!params.count(name) || !locate(kind, name, w) || w.buffer < 0)
@@ -742,16 +759,18 @@ public:
     const TensorEntry *e0;
     FSDP_RETURN_IF_ERROR(files->find(0, tensor, e0));
     DType dt;
-    if (!parseSafetensorsDType(e0->dtype, dt) || dt != DType::I8)
-      return Status::ok(); // not 8-bit here
+    if (!parseSafetensorsDType(e0->dtype, dt) || dt != DType::I8 || bitsOf(tensor) != bits)
+      return Status::ok(); // not packed here, or in another code width
     const int64_t bytes0 = (int64_t)(e0->end - e0->begin);
-    const bool whole = moments8::blockOfPacked(w.padded, bytes0) == block;
-    if (!whole && (moments8::blockOfPacked(w.shard, bytes0) != block || w.shard % block))
+    const bool whole = packedBlockOf(w.padded, bytes0, bits) == block;
+    if (!whole && (packedBlockOf(w.shard, bytes0, bits) != block || w.shard % block))
       return Status::ok(); // other blocks: decode instead
     if (first % block || count % block)
       return Status::ok();
-    const int64_t local = whole ? w.padded : w.shard, sc = moments8::scalesOffset(local);
-    std::memset(codes, 0, (size_t)count);
+    // (whole blocks: even element counts, so 4-bit ranges are whole bytes)
+    const int64_t local = whole ? w.padded : w.shard, sc = packedScalesOffset(local, bits);
+    const int64_t per = 8 / bits; // codes a byte
+    std::memset(codes, 0, (size_t)(count / per));
     std::fill(scales, scales + count / block, 0.0f);
     for (int64_t i = 0; i < count && first + i < w.padded;) {
       const int64_t f = first + i, r = whole ? 0 : f / w.shard, at = whole ? f : f % w.shard;
@@ -762,7 +781,8 @@ public:
       FSDP_RETURN_IF_ERROR(files->find(r, tensor, e));
       if (e->dtype != e0->dtype || (int64_t)(e->end - e->begin) != bytes0)
         return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", tensor, "'");
-      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)at, codes + i, (size_t)len));
+      FSDP_RETURN_IF_ERROR(
+          files->read(r, e->begin + (uint64_t)(at / per), codes + i / per, (size_t)(len / per)));
       FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)(sc + 4 * (at / block)),
                                        scales + i / block,
                                        (size_t)(4 * ((len + block - 1) / block))));
@@ -842,6 +862,15 @@ private:
     return w.shard >= 1 && w.shard <= kMaxElems && w.padded >= 0 && w.padded <= kMaxElems;
   }
 
+  /// The code width of the checkpoint's packed tensor `name` (its buffer's
+  /// state_bits: 4, else 8).
+  int bitsOf(const std::string &name) const {
+    for (const json &b : index["shard_map"]["buffers"])
+      if (b.is_object() && b.value("tensor", json()) == name)
+        return b.value("state_bits", json(8)) == 4 ? 4 : 8;
+    return 8;
+  }
+
   bool tensorOf(int64_t bufferId, std::string &name) const {
     for (const json &b : index["shard_map"]["buffers"])
       if (b["id"] == bufferId) {
@@ -908,19 +937,20 @@ private:
   Status flat8(const std::string &name, const TensorEntry &e0, int64_t shard, int64_t padded,
                int64_t offset, int64_t numel, float *dst, bool root) {
     const int64_t bytes0 = (int64_t)(e0.end - e0.begin);
-    int64_t block = moments8::blockOfPacked(padded, bytes0);
+    const int bits = bitsOf(name);
+    int64_t block = packedBlockOf(padded, bytes0, bits);
     const bool whole = block != 0;
     if (!whole)
-      block = moments8::blockOfPacked(shard, bytes0);
+      block = packedBlockOf(shard, bytes0, bits);
     if (!block)
-      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0,
-                        " bytes, not the 8-bit moments of its unit (", padded,
-                        " elements) or of a shard (", shard, ")");
+      return FSDP_ERROR(path, ": tensor '", name, "' holds ", bytes0, " bytes, not the ", bits,
+                        "-bit moments of its unit (", padded, " elements) or of a shard (", shard,
+                        ")");
     if (!whole && numel > 0 && (offset + numel - 1) / shard >= files->world())
       return FSDP_ERROR(path, ": a range of ", name, " lies past the last rank's shard");
     if (!dst)
       return Status::ok(); // check only
-    const int64_t local = whole ? padded : shard, scales = moments8::scalesOffset(local);
+    const int64_t local = whole ? padded : shard, scales = packedScalesOffset(local, bits);
     std::vector<uint8_t> codes;
     std::vector<float> scale;
     for (int64_t i = 0; i < numel;) {
@@ -932,13 +962,19 @@ private:
       if (e->dtype != e0.dtype || (int64_t)(e->end - e->begin) != bytes0)
         return FSDP_ERROR(path, ": rank ", r, "'s file lacks its shard of '", name, "'");
       const int64_t b0 = at / block, b1 = (at + len - 1) / block;
-      codes.resize((size_t)len);
+      // (4-bit: the bytes holding codes [at, at + len), from at's byte)
+      const int64_t c0 = bits == 4 ? at / 2 : at,
+                    c1 = bits == 4 ? (at + len - 1) / 2 + 1 : at + len;
+      codes.resize((size_t)(c1 - c0));
       scale.resize((size_t)(b1 - b0 + 1));
-      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)at, codes.data(), codes.size()));
+      FSDP_RETURN_IF_ERROR(files->read(r, e->begin + (uint64_t)c0, codes.data(), codes.size()));
       FSDP_RETURN_IF_ERROR(
           files->read(r, e->begin + (uint64_t)(scales + 4 * b0), scale.data(), scale.size() * 4));
-      moments8::decodeRange(codes.data(), reinterpret_cast<const uint8_t *>(scale.data()), at, len,
-                            block, root, dst + i);
+      const auto *sp = reinterpret_cast<const uint8_t *>(scale.data());
+      if (bits == 4)
+        moments4::decodeRange(codes.data(), sp, at, len, block, root, dst + i);
+      else
+        moments8::decodeRange(codes.data(), sp, at, len, block, root, dst + i);
       i += len;
     }
     return Status::ok();
@@ -979,18 +1015,20 @@ using PieceSink = std::function<Status(int64_t at, const void *bytes, int64_t n)
 /// `block`, `lo` the first of them in the unit's flat layout.
 struct Packed8 {
   int64_t n = 0, block = 0, lo = 0;
+  int bits = 8; ///< the code width (4: Moments4.h)
 };
 Status packed8Of(const Plan &target, const Buffer &b, int64_t unit, int64_t rank, Packed8 &out) {
   if (unit < 0)
     return FSDP_ERROR("cannot load ", b.name, ": 8-bit storage that is not a unit's moments");
   const Unit &u = target.units[unit];
+  out.bits = codeBits(target);
   const bool shard =
-      u.shardNumel != u.paddedNumel && moments8::blockOfPacked(u.shardNumel, b.bytes) != 0;
+      u.shardNumel != u.paddedNumel && packedBlockOf(u.shardNumel, b.bytes, out.bits) != 0;
   out.n = shard ? u.shardNumel : u.paddedNumel;
-  out.block = moments8::blockOfPacked(out.n, b.bytes);
+  out.block = packedBlockOf(out.n, b.bytes, out.bits);
   if (!out.block || out.n % out.block)
-    return FSDP_ERROR("cannot load ", b.name, ": ", b.bytes,
-                      " bytes are not whole blocks of 8-bit moments of its unit");
+    return FSDP_ERROR("cannot load ", b.name, ": ", b.bytes, " bytes are not whole blocks of ",
+                      out.bits, "-bit moments of its unit");
   out.lo = shard ? target.shardIndex(rank) * out.n : 0;
   return Status::ok();
 }
@@ -1018,17 +1056,18 @@ Status copyBlocks8(ShardMapReader &src, const Plan &target, const Packed8 &q,
   }
   if (!first || src.unitFlatNumel(from) != u.flatNumel || !src.hasState(kind, first->name))
     return Status::ok(); // (no such state: refused below, by name)
-  std::vector<uint8_t> codes((size_t)q.n);
+  const int64_t codeBytes = q.n * q.bits / 8, at = packedScalesOffset(q.n, q.bits);
+  std::vector<uint8_t> codes((size_t)codeBytes);
   std::vector<float> scales((size_t)(q.n / q.block));
-  FSDP_RETURN_IF_ERROR(
-      src.blocks8(kind, first->name, q.block, q.lo, q.n, codes.data(), scales.data(), exact));
+  FSDP_RETURN_IF_ERROR(src.blocks8(kind, first->name, q.block, q.lo, q.n, codes.data(),
+                                   scales.data(), exact, q.bits));
   if (!exact)
     return Status::ok();
-  FSDP_RETURN_IF_ERROR(sink(0, codes.data(), q.n));
-  const std::vector<uint8_t> pad((size_t)(moments8::scalesOffset(q.n) - q.n), 0);
+  FSDP_RETURN_IF_ERROR(sink(0, codes.data(), codeBytes));
+  const std::vector<uint8_t> pad((size_t)(at - codeBytes), 0);
   if (!pad.empty())
-    FSDP_RETURN_IF_ERROR(sink(q.n, pad.data(), (int64_t)pad.size()));
-  return sink(moments8::scalesOffset(q.n), scales.data(), (int64_t)scales.size() * 4);
+    FSDP_RETURN_IF_ERROR(sink(codeBytes, pad.data(), (int64_t)pad.size()));
+  return sink(at, scales.data(), (int64_t)scales.size() * 4);
 }
 
 /// `encoded` (when given) receives the state kinds of this plan's 8-bit
@@ -1126,12 +1165,18 @@ Status assembleBuffer(ShardMapReader &src, const Plan &target, int64_t id, int64
         FSDP_RETURN_IF_ERROR(src.read(kind, p->name, a - from, z - a, vals.data() + (a - at)));
     }
     if (b.dtype == DType::I8) {
-      // the codes of [at, at + n), then their blocks' scales
-      narrow.resize((size_t)shapes::quantizedBytes(n, q.block));
-      moments8::encodeShard(vals.data(), n, q.block, kind == "exp_avg_sq", narrow.data());
-      FSDP_RETURN_IF_ERROR(sink(at - lo, narrow.data(), n));
-      FSDP_RETURN_IF_ERROR(sink(moments8::scalesOffset(q.n) + 4 * ((at - lo) / q.block),
-                                narrow.data() + moments8::scalesOffset(n), n / q.block * 4));
+      // the codes of [at, at + n), then their blocks' scales (n whole
+      // blocks: even, so 4-bit codes fill whole bytes)
+      narrow.resize((size_t)shapes::packedStateBytes(n, q.block, q.bits));
+      const bool root = kind == "exp_avg_sq";
+      if (q.bits == 4)
+        moments4::encodeShard(vals.data(), n, q.block, root, narrow.data());
+      else
+        moments8::encodeShard(vals.data(), n, q.block, root, narrow.data());
+      const int64_t per = 8 / q.bits;
+      FSDP_RETURN_IF_ERROR(sink((at - lo) / per, narrow.data(), n / per));
+      FSDP_RETURN_IF_ERROR(sink(packedScalesOffset(q.n, q.bits) + 4 * ((at - lo) / q.block),
+                                narrow.data() + packedScalesOffset(n, q.bits), n / q.block * 4));
       continue;
     }
     const void *bytes = vals.data();
@@ -1159,7 +1204,9 @@ StorageDtypes savedStorage(const json &index) {
     if (id.is_number_integer() && map.contains("buffers") && map["buffers"].is_array())
       for (const json &b : map["buffers"])
         if (b.is_object() && b.value("id", json()) == id && b.value("dtype", json()).is_string())
-          return b["dtype"] == "i8" ? std::string("8bit") : b["dtype"].get<std::string>();
+          return b["dtype"] != "i8"                    ? b["dtype"].get<std::string>()
+                 : b.value("state_bits", json(8)) == 4 ? std::string("4bit")
+                                                       : std::string("8bit");
     return "";
   };
   for (const char *list : {"units", "params"})
@@ -1194,7 +1241,9 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
     if (id < 0 || id >= (int64_t)plan.buffers.size())
       return std::string();
     DType d = plan.buffers[id].dtype;
-    return d == DType::I8 ? std::string("8bit") : dtypeName(d); // 8-bit moments
+    if (d == DType::I8) // packed moments
+      return std::string(codeBits(plan) == 4 ? "4bit" : "8bit");
+    return std::string(dtypeName(d));
   };
   for (const Unit &u : plan.units)
     if (u.buffer >= 0)
@@ -1218,12 +1267,13 @@ std::vector<std::string> storageConversions(const json &index, const Plan &plan)
 /// The 8-bit moments a load encoded from the checkpoint's own 8-bit moments
 /// (in other blocks, or units of other parameters: decoded, then encoded in
 /// this plan's blocks), as storageConversions names conversions.
-void noteReencoded(const json &index, const std::set<std::string> &encoded,
+void noteReencoded(const json &index, const Plan &plan, const std::set<std::string> &encoded,
                    std::vector<std::string> &out) {
   const StorageDtypes was = savedStorage(index);
+  const std::string w = codeBits(plan) == 4 ? "4bit" : "8bit";
   for (const std::string &kind : encoded)
-    if (auto it = was.find(kind); it != was.end() && it->second.count("8bit"))
-      out.push_back(kind + " 8bit -> 8bit in other blocks or units (re-encoded)");
+    if (auto it = was.find(kind); it != was.end() && it->second.count(w))
+      out.push_back(kind + " " + w + " -> " + w + " in other blocks or units (re-encoded)");
 }
 
 /// "2 rank(s) (mesh 1x2) at stage 3".
@@ -1250,8 +1300,11 @@ std::string conversionNote(const std::vector<std::string> &converted) {
     out += (i ? ", " : "") + c;
     const size_t arrow = c.find(" -> ");
     const std::string from = c.substr(0, arrow), to = arrow == c.npos ? "" : c.substr(arrow);
-    const bool dec = from.find("8bit") != from.npos && to.find("8bit") == to.npos;
-    encoded |= to.find("8bit") != to.npos;
+    auto coded = [](const std::string &t) {
+      return t.find("8bit") != t.npos || t.find("4bit") != t.npos;
+    };
+    const bool dec = coded(from) && !coded(to);
+    encoded |= coded(to);
     decoded |= dec;
     narrowed |= to.find("f16") != to.npos; // (bf16 or f16)
     widened |= !dec && to.find("f32") != to.npos;
@@ -1259,8 +1312,8 @@ std::string conversionNote(const std::vector<std::string> &converted) {
   std::string how;
   for (auto [on, what] :
        {std::pair{narrowed, "narrowed to nearest even"},
-        std::pair{encoded, "encoded to each block's nearest 8-bit code"},
-        std::pair{decoded, "8-bit moments decoded exactly"}, std::pair{widened, "widened exactly"}})
+        std::pair{encoded, "encoded to each block's nearest code"},
+        std::pair{decoded, "coded moments decoded exactly"}, std::pair{widened, "widened exactly"}})
     if (on)
       how += (how.empty() ? "" : "; ") + std::string(what);
   return how.empty() ? out : out + " (" + how + ")";
@@ -1296,7 +1349,8 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
   for (size_t i = 0; same && i < ids.size(); ++i) {
     const Buffer &b = plan.buffers[ids[i]];
     same = saved[i]["id"] == b.id && saved[i]["name"] == b.name && saved[i]["bytes"] == b.bytes &&
-           saved[i]["dtype"] == dtypeName(b.dtype);
+           saved[i]["dtype"] == dtypeName(b.dtype) &&
+           saved[i].value("state_bits", json(8)) == (b.dtype == DType::I8 ? codeBits(plan) : 8);
   }
   FSDP_RETURN_IF_ERROR(ex.finishCarried());
   std::set<std::string> encoded;
@@ -1335,7 +1389,7 @@ Status loadCheckpoint(const std::string &path, const Plan &plan, Executor &ex, i
     report->readBytes = src.files->bytesRead;
     report->checkpointBytes = src.files->totalBytes();
     report->converted = storageConversions(index, plan);
-    noteReencoded(index, encoded, report->converted);
+    noteReencoded(index, plan, encoded, report->converted);
   }
   return Status::ok();
 }
@@ -1410,7 +1464,7 @@ Status reshardCheckpoint(const std::string &path, const Plan &target, const std:
         {{"format", "fsdp-checkpoint-shard"}, {"step", std::to_string(pos.step)}}));
   }
   if (converted)
-    noteReencoded(src.index, encoded, *converted);
+    noteReencoded(src.index, target, encoded, *converted);
   return commit(out, makeIndex(target, pos), pos.step);
 }
 

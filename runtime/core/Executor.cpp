@@ -34,6 +34,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/core/Executor.h"
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 
 #include "runtime/core/Bf16.h"
@@ -1187,8 +1188,9 @@ Status Executor::gatherMoments(TensorMap &out) {
     FSDP_RETURN_IF_ERROR(readBuffer(st.buffer, raw.data()));
     std::vector<float> mine;
     if (b.dtype == DType::I8) {
-      // 8-bit moments (state-dtype=8bit): decoded, as the update reads them
-      // of what it shadows: a parameter, or its unit whole or a shard
+      // 8-bit or 4-bit moments (state-dtype=8bit|4bit): decoded, as the
+      // update reads them, of what it shadows: a parameter, or its unit
+      // whole or a shard
       std::vector<int64_t> sizes;
       for (const Param &p : plan.params)
         if (p.name == st.param)
@@ -1196,15 +1198,20 @@ Status Executor::gatherMoments(TensorMap &out) {
       for (const Unit &u : plan.units)
         if (st.param.empty() && u.name == st.unit)
           sizes = {u.shardNumel, u.paddedNumel};
+      const bool four = plan.stateCodes4();
       int64_t n = 0, block = 0;
       for (int64_t k : sizes)
-        if (!block && (block = moments8::blockOfPacked(k, b.bytes)))
+        if (!block && (block = four ? moments4::blockOfPacked(k, b.bytes)
+                                    : moments8::blockOfPacked(k, b.bytes)))
           n = k;
       if (!block)
-        return FSDP_ERROR("state ", st.name, ": ", b.bytes,
-                          " bytes are not 8-bit moments of what it shadows");
+        return FSDP_ERROR("state ", st.name, ": ", b.bytes, " bytes are not ", four ? 4 : 8,
+                          "-bit moments of what it shadows");
       mine.resize(n);
-      moments8::decodeShard(raw.data(), n, block, st.kind == "exp_avg_sq", mine.data());
+      if (four)
+        moments4::decodeShard(raw.data(), n, block, st.kind == "exp_avg_sq", mine.data());
+      else
+        moments8::decodeShard(raw.data(), n, block, st.kind == "exp_avg_sq", mine.data());
     } else {
       mine.resize(b.numel());
       widenParams(b.dtype, raw.data(), b.numel(), mine.data());

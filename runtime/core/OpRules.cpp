@@ -109,20 +109,34 @@ Status updateStateDtype(const Op &op, int states, bool writes = true) {
       return FSDP_ERROR(op.inst.op, ": stochastic needs an integer key >= 0 (its draws' stream)");
   }
   if (packed) {
-    // 8-bit state (state-dtype=8bit): each a packed vector of the
-    // operand's codes and block scales (runtime/core/Moments8.h).
+    // 8-bit or 4-bit state (state-dtype=8bit|4bit): each a packed vector
+    // of the operand's codes and block scales (runtime/core/Moments8.h,
+    // Moments4.h). 4-bit is AdamW's, and the plan says so as a whole (its
+    // checkpoints name their buffers by it).
     const int64_t block = op.i("state_block", 0), n = op.in(0).numel();
+    const int64_t bits = op.has("state_bits") ? op.i("state_bits", 0) : 8;
     if (!(block >= 32 && block <= 4096 && (block & (block - 1)) == 0))
       return FSDP_ERROR(op.inst.op, ": state_block must be a power of two in [32, 4096]");
-    const int64_t want = shapes::quantizedBytes(n, block);
+    if (bits != 4 && bits != 8)
+      return FSDP_ERROR(op.inst.op, ": state_bits must be 4 (absent: 8), found ", bits);
+    if (bits == 4 && op.inst.op != "adamw_update")
+      return FSDP_ERROR(op.inst.op, ": 4-bit state (state_bits = 4) is adamw_update's only");
+    if ((bits == 4) != op.plan.stateCodes4())
+      return FSDP_ERROR(op.inst.op, ": ", bits, "-bit state in a plan that ",
+                        bits == 4 ? "does not require" : "requires",
+                        " optimizer-state-4bit: a plan keeps its packed state in one code width");
+    const int64_t want = shapes::packedStateBytes(n, block, bits);
     for (int i = 2; i < 2 + states; ++i) {
       if (op.in(i).numel() != want)
-        return FSDP_ERROR(op.inst.op, ": 8-bit state of ", n, " elements in blocks of ", block,
-                          " are ", want, " bytes; operand ", i, " has ", op.in(i).numel());
+        return FSDP_ERROR(op.inst.op, ": ", bits, "-bit state of ", n, " elements in blocks of ",
+                          block, " are ", want, " bytes; operand ", i, " has ", op.in(i).numel());
       if (writes && op.out(i - 1).numel() != want)
-        return FSDP_ERROR(op.inst.op, ": 8-bit state of ", n, " elements in blocks of ", block,
-                          " are ", want, " bytes; result ", i - 1, " has ", op.out(i - 1).numel());
+        return FSDP_ERROR(op.inst.op, ": ", bits, "-bit state of ", n, " elements in blocks of ",
+                          block, " are ", want, " bytes; result ", i - 1, " has ",
+                          op.out(i - 1).numel());
     }
+  } else if (op.has("state_bits")) {
+    return FSDP_ERROR(op.inst.op, ": state_bits is for i8 state, found ", dtypeName(state));
   }
   if (!op.attrError.empty())
     return FSDP_ERROR(op.inst.op, ": ", op.attrError);

@@ -161,6 +161,14 @@ struct Plan {
   /// Plan "requires": the features it needs beyond its version, each one
   /// of kPlanFeatures (PlanSchema.h); empty when absent.
   std::vector<std::string> features;
+  /// Whether it requires optimizer-state-4bit: its packed i8 state (the
+  /// updates' `state_bits`) is 4-bit codes (runtime/core/Moments4.h).
+  bool stateCodes4() const {
+    for (const std::string &f : features)
+      if (f == "optimizer-state-4bit")
+        return true;
+    return false;
+  }
   std::string model;
   int64_t worldSize = 1;
   /// The device mesh, replicas x shards (== worldSize). A 1-D plan is

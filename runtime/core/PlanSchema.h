@@ -59,11 +59,15 @@ inline constexpr int kOldestPlanVersion = 1;
 ///      nearest: the reason for the list.
 ///   optimizer-state-8bit: AdamW's moments in 8-bit block codes
 ///      (optimizer-state-dtype=8bit, session 55; runtime/core/Moments8.h).
+///   optimizer-state-4bit: AdamW's moments in 4-bit block codes
+///      (optimizer-state-dtype=4bit, session 60; runtime/core/Moments4.h):
+///      every packed i8 state of the plan is 4-bit (the updates'
+///      `state_bits`), which is how checkpoints name its buffers.
 ///   master-bf16: trainable units stored in bf16 with no f32 master
 ///      (fsdp-mixed-precision master-dtype=bf16, session 57). Older
 ///      runtimes refuse the bf16 storage anyway; the name says why.
 inline constexpr std::string_view kPlanFeatures[] = {"optimizer-state-bf16", "optimizer-state-8bit",
-                                                     "master-bf16"};
+                                                     "optimizer-state-4bit", "master-bf16"};
 
 /// The swap file's I/O alignment (fsdp-offload's nvme, plan
 /// "swap_alignment"): every buffer in the swap file and every staging

@@ -119,6 +119,15 @@ inline int64_t quantizedBytes(int64_t n, int64_t block) {
   return (n + 3) / 4 * 4 + 4 * quantizedBlocks(n, block);
 }
 
+/// Bytes of a packed optimizer-state shard (optimizer-state-dtype=8bit
+/// or 4bit: runtime/core/Moments8.h, Moments4.h): `n` codes of `bits`
+/// (8 or 4: two a byte) padded to a multiple of 4 bytes, then one f32
+/// scale per `block` elements. 8 bits: quantizedBytes's layout.
+inline int64_t packedStateBytes(int64_t n, int64_t block, int64_t bits) {
+  return bits == 4 ? ((n + 1) / 2 + 3) / 4 * 4 + 4 * quantizedBlocks(n, block)
+                   : quantizedBytes(n, block);
+}
+
 /// "4x8" (or "scalar") for messages.
 template <typename S> std::string name(const S &shape) {
   if (shape.size() == 0)

@@ -711,14 +711,16 @@ const std::unordered_map<std::string, Exec> &table() {
                    eps = r.op.f("eps", 1e-8);
       const int64_t n = r.op.in(0).numel();
       if (r.op.in(2).dtype == DType::I8) {
-        // 8-bit moments (state-dtype=8bit): one call, since a block may
-        // straddle the decayed prefix (weight-decay-params=matrices)
+        // 8-bit or 4-bit moments (state-dtype=8bit|4bit): one call, since
+        // a block may straddle the decayed prefix (weight-decay-params=
+        // matrices)
         const int64_t block = r.op.i("state_block", 256), k = rules::decayedCount(r.op, r.rank);
         const double wd = r.op.f("weight_decay", 0.01);
+        auto *const piece =
+            r.op.i("state_bits", 8) == 4 ? adamwUpdate4bitStatePiece : adamwUpdate8bitStatePiece;
         params(r, 0, n, [&](int64_t a, int64_t len, const float *p, float *np) {
-          adamwUpdate8bitStatePiece(p, np, a, len, r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3),
-                                    r.out<uint8_t>(1), r.out<uint8_t>(2), n, block, *r.in(4), step,
-                                    b1, b2, eps, wd, k, gs);
+          piece(p, np, a, len, r.in(1), r.in<uint8_t>(2), r.in<uint8_t>(3), r.out<uint8_t>(1),
+                r.out<uint8_t>(2), n, block, *r.in(4), step, b1, b2, eps, wd, k, gs);
         });
         return Status::ok();
       }

@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 
 #include "runtime/core/Dropout.h"
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 #include "runtime/core/StochasticRounding.h"
 
@@ -1050,6 +1051,7 @@ struct Update8 {
   int64_t n, block, decayed, pFrom;
   float gradScale;
   AdamwStep<float> decay, plain;
+  int bits; ///< 8 (moments8) or 4 (moments4: two codes a byte)
 };
 
 /// Block j of an 8-bit update (at most 4096 elements: the verifier's
@@ -1076,22 +1078,46 @@ struct Update8 {
   std::memcpy(nv + at + 4 * j, &sv, 4);
 }
 
+/// The same for 4-bit moments (moments4): codes at nm + o / 2, nv + o / 2.
+[[gnu::always_inline]] inline void storeMoments4(float *mf, float *vf, int64_t len, uint8_t *nm,
+                                                 uint8_t *nv, int64_t at, int64_t o, int64_t j) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i)
+    vf[i] = std::sqrt(vf[i]);
+  const float sm = moments4::encodeBlock(mf, len, /*root=*/false, nm + o / 2);
+  const float sv = moments4::encodeBlock(vf, len, /*root=*/true, nv + o / 2);
+  std::memcpy(nm + at + 4 * j, &sm, 4);
+  std::memcpy(nv + at + 4 * j, &sv, 4);
+}
+
 [[gnu::always_inline]] inline void update8bitBlock(const Update8 &u, int64_t j) {
   namespace m8 = moments8;
-  const int64_t at = m8::scalesOffset(u.n), o = j * u.block, len = std::min(u.block, u.n - o);
+  const bool four = u.bits == 4;
+  const int64_t at = four ? moments4::scalesOffset(u.n) : m8::scalesOffset(u.n), o = j * u.block,
+                len = std::min(u.block, u.n - o);
   const int64_t dec = std::clamp<int64_t>(u.decayed - o, 0, len);
   float scaleM, scaleV;
   std::memcpy(&scaleM, u.m + at + 4 * j, 4);
   std::memcpy(&scaleV, u.v + at + 4 * j, 4);
   float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
-  const uint8_t *mj = u.m + o, *vj = u.v + o;
   const float *pj = u.p + (o - u.pFrom), *gj = u.g + o;
   float *npj = u.np + (o - u.pFrom);
-  const m8::DecodeTables &table = m8::decodeTables();
-  for (int64_t i = 0; i < len; ++i) {
-    mf[i] = table.m[mj[i]] * scaleM;
-    const float r = table.root[vj[i]] * scaleV;
-    vf[i] = r * r;
+  if (four) {
+    const moments4::DecodeTables &table = moments4::decodeTables();
+    const uint8_t *mj = u.m + o / 2, *vj = u.v + o / 2;
+    for (int64_t i = 0; i < len; ++i) {
+      mf[i] = table.m[moments4::codeAt(mj, i)] * scaleM;
+      const float r = table.root[moments4::codeAt(vj, i)] * scaleV;
+      vf[i] = r * r;
+    }
+  } else {
+    const m8::DecodeTables &table = m8::decodeTables();
+    const uint8_t *mj = u.m + o, *vj = u.v + o;
+    for (int64_t i = 0; i < len; ++i) {
+      mf[i] = table.m[mj[i]] * scaleM;
+      const float r = table.root[vj[i]] * scaleV;
+      vf[i] = r * r;
+    }
   }
   const float gs = u.gradScale;
 #pragma omp simd
@@ -1100,7 +1126,10 @@ struct Update8 {
 #pragma omp simd
   for (int64_t i = dec; i < len; ++i)
     u.plain.apply(pj[i], gj[i] * gs, mf[i], vf[i], npj[i], mf[i], vf[i]);
-  storeMoments8(mf, vf, len, u.nm, u.nv, at, o, j);
+  if (four)
+    storeMoments4(mf, vf, len, u.nm, u.nv, at, o, j);
+  else
+    storeMoments8(mf, vf, len, u.nm, u.nv, at, o, j);
 }
 
 void update8bitBlockBaseline(const Update8 &u, int64_t j) { update8bitBlock(u, j); }
@@ -1121,7 +1150,7 @@ namespace {
 void update8bitBlocks(const float *p, const float *g, const uint8_t *m, const uint8_t *v, float *np,
                       uint8_t *nm, uint8_t *nv, int64_t from, int64_t count, int64_t n,
                       int64_t block, double lr, int64_t step, double beta1, double beta2,
-                      double eps, double wd, int64_t decayed, float gradScale, Isa isa) {
+                      double eps, double wd, int64_t decayed, float gradScale, Isa isa, int bits) {
   const Update8 u{p,
                   g,
                   m,
@@ -1135,7 +1164,8 @@ void update8bitBlocks(const float *p, const float *g, const uint8_t *m, const ui
                   from,
                   gradScale,
                   AdamwStep<float>(lr, step, beta1, beta2, eps, wd),
-                  AdamwStep<float>(lr, step, beta1, beta2, eps, 0.0)};
+                  AdamwStep<float>(lr, step, beta1, beta2, eps, 0.0),
+                  bits};
   const int64_t first = from / block, last = (from + count + block - 1) / block;
   // Isa::Avx2 on a CPU without it runs the baseline build (the same
   // bytes), never an instruction the CPU lacks.
@@ -1145,9 +1175,12 @@ void update8bitBlocks(const float *p, const float *g, const uint8_t *m, const ui
   for (int64_t j = first; j < last; ++j)
     run(u, j);
   // the codes' padding to 4 bytes stays zero
-  if (from + count == n)
-    for (int64_t i = n; i < moments8::scalesOffset(n); ++i)
+  if (from + count == n) {
+    const int64_t end = bits == 4 ? (n + 1) / 2 : n,
+                  at = bits == 4 ? moments4::scalesOffset(n) : moments8::scalesOffset(n);
+    for (int64_t i = end; i < at; ++i)
       nm[i] = nv[i] = 0;
+  }
 }
 
 } // namespace
@@ -1157,7 +1190,15 @@ void adamwUpdate8bitState(const float *p, const float *g, const uint8_t *m, cons
                           int64_t step, double beta1, double beta2, double eps, double wd,
                           int64_t decayed, float gradScale, Isa isa) {
   update8bitBlocks(p, g, m, v, np, nm, nv, 0, n, n, block, lr, step, beta1, beta2, eps, wd, decayed,
-                   gradScale, isa);
+                   gradScale, isa, 8);
+}
+
+void adamwUpdate4bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
+                          int64_t step, double beta1, double beta2, double eps, double wd,
+                          int64_t decayed, float gradScale, Isa isa) {
+  update8bitBlocks(p, g, m, v, np, nm, nv, 0, n, n, block, lr, step, beta1, beta2, eps, wd, decayed,
+                   gradScale, isa, 4);
 }
 
 void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
@@ -1166,7 +1207,16 @@ void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_
                                double beta1, double beta2, double eps, double wd, int64_t decayed,
                                float gradScale) {
   update8bitBlocks(pf, g, m, v, npf, nm, nv, from, count, n, block, lr, step, beta1, beta2, eps, wd,
-                   decayed, gradScale, Isa::Best);
+                   decayed, gradScale, Isa::Best, 8);
+}
+
+void adamwUpdate4bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
+                               const float *g, const uint8_t *m, const uint8_t *v, uint8_t *nm,
+                               uint8_t *nv, int64_t n, int64_t block, double lr, int64_t step,
+                               double beta1, double beta2, double eps, double wd, int64_t decayed,
+                               float gradScale) {
+  update8bitBlocks(pf, g, m, v, npf, nm, nv, from, count, n, block, lr, step, beta1, beta2, eps, wd,
+                   decayed, gradScale, Isa::Best, 4);
 }
 
 namespace {

@@ -247,6 +247,22 @@ void adamwUpdate8bitStatePiece(const float *pf, float *npf, int64_t from, int64_
                                double beta1, double beta2, double eps, double wd, int64_t decayed,
                                float gradScale);
 
+/// adamwUpdate8bitState with the moments stored in 4 bits (state-dtype=
+/// 4bit, runtime/core/Moments4.h: two codes a byte, then the blocks' f32
+/// scales; block even), the same f32 step: each block decoded, updated,
+/// encoded once. Every build stores the same bytes.
+void adamwUpdate4bitState(const float *p, const float *g, const uint8_t *m, const uint8_t *v,
+                          float *np, uint8_t *nm, uint8_t *nv, int64_t n, int64_t block, double lr,
+                          int64_t step, double beta1, double beta2, double eps, double wd,
+                          int64_t decayed, float gradScale, Isa isa = Isa::Best);
+/// adamwUpdate4bitState over elements [from, from + count) (as
+/// adamwUpdate8bitStatePiece).
+void adamwUpdate4bitStatePiece(const float *pf, float *npf, int64_t from, int64_t count,
+                               const float *g, const uint8_t *m, const uint8_t *v, uint8_t *nm,
+                               uint8_t *nv, int64_t n, int64_t block, double lr, int64_t step,
+                               double beta1, double beta2, double eps, double wd, int64_t decayed,
+                               float gradScale);
+
 /// sgdMomentumUpdate<float> with the buffer stored in 8 bits (state-dtype=
 /// 8bit): buf a packed shard of n elements in blocks of `block`, coded as
 /// exp_avg is (a sign and E4M3; runtime/core/Moments8.h); nbuf may be buf.

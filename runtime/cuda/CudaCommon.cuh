@@ -10,6 +10,7 @@
 #ifndef FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 #define FSDP_RUNTIME_CUDA_CUDACOMMON_CUH
 
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 #include "runtime/core/StochasticRounding.h"
 #include "runtime/cuda/CudaKernels.h"
@@ -224,6 +225,30 @@ __device__ float blockMax(float v, float *sh) {
   return sh[0];
 }
 
+/// The two largest magnitudes of a quantization block (encodeMomentBlock's
+/// and encodeMoment4Block's first half): each thread's am, ar (bit
+/// patterns) reduced over the thread block, NaN above infinity. Starts with
+/// a barrier (every slot written, every old code read).
+__device__ inline void blockMaxes(uint32_t am, uint32_t ar, uint32_t *warpM, uint32_t *warpR,
+                                  float &amaxM, float &amaxR) {
+  namespace m8 = moments8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  am = warpMax(am);
+  ar = warpMax(ar);
+  if (lane == 0) {
+    warpM[warp] = am;
+    warpR[warp] = ar;
+  }
+  __syncthreads();
+  am = 0, ar = 0;
+  for (int w = 0; w < warps; ++w) {
+    am = max(am, warpM[w]);
+    ar = max(ar, warpR[w]);
+  }
+  amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am);
+  amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
+}
+
 /// The end of a thread block's pass over quantization block j of 8-bit
 /// moments (runtime/core/Moments8.h; adamw8bitStateKernel's and
 /// lambMoments8bitKernel's): each thread has kept its elements' new
@@ -239,27 +264,46 @@ __device__ inline void encodeMomentBlock(const float *mf, const float *rf, int l
                                          uint8_t *nv, float *nsm, float *nsv, int64_t o,
                                          int64_t j) {
   namespace m8 = moments8;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  am = warpMax(am);
-  ar = warpMax(ar);
-  if (lane == 0) {
-    warpM[warp] = am;
-    warpR[warp] = ar;
-  }
-  __syncthreads();
-  am = 0, ar = 0;
-  for (int w = 0; w < warps; ++w) {
-    am = max(am, warpM[w]);
-    ar = max(ar, warpR[w]);
-  }
-  const float amaxM = am > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(am),
-              amaxR = ar > 0x7f800000u ? m8::floatOf(0x7fc00000u) : m8::floatOf(ar);
+  float amaxM, amaxR;
+  blockMaxes(am, ar, warpM, warpR, amaxM, amaxR);
   float s1, inv1, s2, inv2;
   m8::blockScale(amaxM, m8::kMantM, s1, inv1);
   m8::blockScale(amaxR, m8::kMantV, s2, inv2);
   for (int i = threadIdx.x; i < len; i += blockDim.x) {
     nm[o + i] = inv1 != 0 ? m8::encodeM(mf[i], inv1) : 0;
     nv[o + i] = inv2 != 0 ? m8::encodeV(rf[i], inv2) : 0;
+  }
+  if (threadIdx.x == 0) {
+    nsm[j] = s1;
+    nsv[j] = s2;
+  }
+  __syncthreads();
+}
+
+/// encodeMomentBlock for 4-bit moments (runtime/core/Moments4.h;
+/// adamw4bitStateKernel's): the codes two a byte, each thread writing
+/// whole bytes (elements 2b and 2b + 1 of the block from the shared
+/// slots) at nm + o / 2, nv + o / 2 (o even); an odd last block's last
+/// high nibble 0. The same barriers.
+__device__ inline void encodeMoment4Block(const float *mf, const float *rf, int len, uint32_t am,
+                                          uint32_t ar, uint32_t *warpM, uint32_t *warpR,
+                                          uint8_t *nm, uint8_t *nv, float *nsm, float *nsv,
+                                          int64_t o, int64_t j) {
+  namespace m4 = moments4;
+  float amaxM, amaxR;
+  blockMaxes(am, ar, warpM, warpR, amaxM, amaxR);
+  float s1, inv1, s2, inv2;
+  m4::blockScale(amaxM, s1, inv1);
+  m4::blockScale(amaxR, s2, inv2);
+  auto codeM = [&](int i) {
+    return i >= len ? 0u : inv1 != 0 ? m4::encodeM(__fmul_rn(mf[i], inv1)) : m4::kZeroM;
+  };
+  auto codeV = [&](int i) {
+    return i >= len ? 0u : inv2 != 0 ? m4::encodeV(__fmul_rn(rf[i], inv2)) : 0u;
+  };
+  for (int b = threadIdx.x; 2 * b < len; b += blockDim.x) {
+    nm[o / 2 + b] = (uint8_t)(codeM(2 * b) | (codeM(2 * b + 1) << 4));
+    nv[o / 2 + b] = (uint8_t)(codeV(2 * b) | (codeV(2 * b + 1) << 4));
   }
   if (threadIdx.x == 0) {
     nsm[j] = s1;

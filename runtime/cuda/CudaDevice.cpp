@@ -2132,12 +2132,14 @@ Status CudaDevice::buildUpdate(const Op &op, uint8_t *base, int64_t rank, Launch
            wd = op.f("weight_decay", 0.01);
     const StateUpdate u = stateUpdate(op, r, rank);
     if (op.in(2).dtype == DType::I8) {
-      // 8-bit: one call (a block may straddle the decayed prefix)
+      // 8-bit or 4-bit: one call (a block may straddle the decayed prefix)
       const int64_t block = op.i("state_block", 256);
+      auto *const kernel =
+          op.i("state_bits", 8) == 4 ? native::adamw4bitState : native::adamw8bitState;
       out = fromCuda(
           [=](cudaStream_t s) {
-            return native::adamw8bitState(q, g, m, v, nm, nv, u.cnt, block, lr, step, b1, b2, eps,
-                                          wd, u.k, u.gs, u.skip, s);
+            return kernel(q, g, m, v, nm, nv, u.cnt, block, lr, step, b1, b2, eps, wd, u.k, u.gs,
+                          u.skip, s);
           },
           n);
     } else {

@@ -1822,6 +1822,88 @@ cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *
 
 namespace {
 
+/// adamw_update with 4-bit moments (state-dtype=4bit, runtime/core/
+/// Moments4.h): adamw8bitStateKernel's pass (a thread block a quantization
+/// block at a time; decode, update, the new moment and root kept in shared
+/// memory, the largest magnitudes reduced) with the codes two a byte: each
+/// thread decodes its elements' nibbles and encodes whole bytes of the
+/// block (encodeMoment4Block). In place: a byte's old codes are read by
+/// the threads of its two elements before the reduction's barrier, and
+/// written after it. cpu::adamwUpdate4bitState's bits.
+__global__ void adamw4bitStateKernel(Params q, const float *g, const uint8_t *m, const uint8_t *v,
+                                     uint8_t *nm, uint8_t *nv, int64_t n, int block,
+                                     const float *lrp, const float *stepp, double beta1,
+                                     double beta2, float eps, double wd, int64_t decayed,
+                                     const float *gradScale, const float *skip) {
+  namespace m4 = moments4;
+  extern __shared__ float slots[]; // the block's new moments, then roots
+  __shared__ uint32_t warpM[32], warpR[32];
+  const int64_t blocks = (n + block - 1) / block, at = m4::scalesOffset(n), codeBytes = (n + 1) / 2;
+  const float *sm = reinterpret_cast<const float *>(m + at),
+              *sv = reinterpret_cast<const float *>(v + at);
+  float *nsm = reinterpret_cast<float *>(nm + at), *nsv = reinterpret_cast<float *>(nv + at);
+  const ParamIo io(q);
+  if (blockIdx.x == 0 && threadIdx.x < at - codeBytes) // the codes' padding stays zero
+    nm[codeBytes + threadIdx.x] = nv[codeBytes + threadIdx.x] = 0;
+  if (skip && !isfinite(*skip)) { // an overflowed (skipped) step: state unchanged
+    FSDP_GRID_STRIDE(i, n) { io.keep(i); }
+    FSDP_GRID_STRIDE(i, codeBytes) {
+      nm[i] = m[i];
+      nv[i] = v[i];
+    }
+    FSDP_GRID_STRIDE(j, blocks) {
+      nsm[j] = sm[j];
+      nsv[j] = sv[j];
+    }
+    return;
+  }
+  const AdamwScalars decay = adamwScalars(lrp, stepp, beta1, beta2, eps, wd),
+                     plain = adamwScalars(lrp, stepp, beta1, beta2, eps, 0.0);
+  const float gs = gradScale ? *gradScale : 1.f;
+  const bool scaled = gradScale != nullptr;
+  float *mf = slots, *rf = slots + block;
+  for (int64_t j = blockIdx.x; j < blocks; j += gridDim.x) {
+    const int64_t o = j * block;
+    const int len = (int)min((int64_t)block, n - o);
+    const float scaleM = sm[j], scaleV = sv[j];
+    uint32_t am = 0, ar = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t e = o + i;
+      const float gi = scaled ? __fmul_rn(g[e], gs) : g[e];
+      const float r = __fmul_rn(m4::levelV(m4::codeAt(v, e)), scaleV);
+      float pn, mn, vn;
+      adamwElement(e < decayed ? decay : plain, io.load(e), gi,
+                   __fmul_rn(m4::levelM(m4::codeAt(m, e)), scaleM), __fmul_rn(r, r), pn, mn, vn);
+      io.store(e, pn);
+      const float rn = __fsqrt_rn(vn);
+      mf[i] = mn;
+      rf[i] = rn;
+      am = max(am, moments8::bitsOf(mn) & 0x7fffffffu);
+      ar = max(ar, moments8::bitsOf(rn) & 0x7fffffffu);
+    }
+    encodeMoment4Block(mf, rf, len, am, ar, warpM, warpR, nm, nv, nsm, nsv, o, j);
+  }
+}
+
+} // namespace
+
+cudaError_t adamw4bitState(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, int64_t block, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd, int64_t decayed,
+                           const float *gradScale, const float *skip, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  const int64_t blocks = (n + block - 1) / block;
+  unsigned grid = (unsigned)std::min<int64_t>(blocks, 4096);
+  adamw4bitStateKernel<<<grid, kThreads, 2 * block * sizeof(float), s>>>(
+      q, g, static_cast<const uint8_t *>(m), static_cast<const uint8_t *>(v),
+      static_cast<uint8_t *>(nm), static_cast<uint8_t *>(nv), n, (int)block, lr, step, beta1, beta2,
+      (float)eps, wd, decayed, gradScale, skip);
+  return cudaGetLastError();
+}
+
+namespace {
+
 /// sgd_momentum_update with an 8-bit buffer (state-dtype=8bit): as
 /// adamw8bitStateKernel with the one state, coded as its exp_avg (a
 /// thread block a quantization block at a time; each thread decodes,

@@ -231,6 +231,14 @@ cudaError_t adamw8bitState(Params q, const float *g, const void *m, const void *
                            double beta1, double beta2, double eps, double wd, int64_t decayed,
                            const float *gradScale, const float *skip, cudaStream_t s);
 
+/// adamw8bitState with the moments stored in 4 bits (state-dtype=4bit,
+/// runtime/core/Moments4.h: two codes a byte; block even).
+/// cpu::adamwUpdate4bitState's bits.
+cudaError_t adamw4bitState(Params q, const float *g, const void *m, const void *v, void *nm,
+                           void *nv, int64_t n, int64_t block, const float *lr, const float *step,
+                           double beta1, double beta2, double eps, double wd, int64_t decayed,
+                           const float *gradScale, const float *skip, cudaStream_t s);
+
 /// sgd_momentum_update with the buffer stored in 8 bits (state-dtype=8bit):
 /// buf (and nbuf, possibly the same) a packed shard of n elements in
 /// blocks of `block`, coded as adamw8bitState's exp_avg; elements

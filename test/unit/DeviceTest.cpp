@@ -13,6 +13,7 @@
 #include "runtime/core/Bf16.h"
 #include "runtime/core/Comm.h"
 #include "runtime/core/Executor.h"
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/PlanSchema.h"
@@ -1689,16 +1690,18 @@ std::vector<uint8_t> pack8(const std::vector<float> &x, int64_t block, bool root
   return out;
 }
 
-/// Buffers `packed` of the plan made 8-bit state of `elements` elements in
-/// blocks of `block` (i8 vectors of shapes::quantizedBytes bytes: codes,
-/// then scales), the arena laid out again.
-void packState8(Plan &pl, const std::vector<int> &packed, int64_t elements, int64_t block) {
+/// Buffers `packed` of the plan made 8-bit (or `bits` = 4) state of
+/// `elements` elements in blocks of `block` (i8 vectors of
+/// shapes::packedStateBytes bytes: codes, then scales), the arena laid out
+/// again.
+void packState8(Plan &pl, const std::vector<int> &packed, int64_t elements, int64_t block,
+                int bits = 8) {
   int64_t offset = 0;
   for (size_t i = 0; i < pl.buffers.size(); ++i) {
     Buffer &b = pl.buffers[i];
     if (std::find(packed.begin(), packed.end(), (int)i) != packed.end()) {
       b.dtype = DType::I8;
-      b.shape = {shapes::quantizedBytes(elements, block)};
+      b.shape = {shapes::packedStateBytes(elements, block, bits)};
       b.bytes = b.numel();
     }
     b.offset = offset;
@@ -2027,6 +2030,84 @@ TEST_P(DeviceConformance, EightBitMomentsAreTheF32UpdateEncodedOnce) {
             std::vector<float>(wm.begin() + half, wm.end()));
   EXPECT_EQ(unpack8(bytes(splan, 11), half, block, true),
             std::vector<float>(wv.begin() + half, wv.end()));
+}
+
+/// adamw_update with 4-bit moments (state-dtype=4bit, state_bits = 4)
+/// against the f32 update on the same device from the decoded moments:
+/// the parameters bitwise, the new moments that update's encoded once
+/// (moments4::encodeShard, exp_avg_sq's roots); a decayed prefix ending
+/// inside a block, an odd length (the last block short, its last byte
+/// half used), a skipped step keeping every byte, and bf16 parameters
+/// (master-dtype=bf16) rounded once beside the same moments.
+TEST_P(DeviceConformance, FourBitMomentsAreTheF32UpdateEncodedOnce) {
+  namespace m4 = moments4;
+  const int64_t n = 1001, block = 128;
+  // 0 p, 1 g, 2 mq, 3 vq, 4 lr, 5 step, 6 sumsq (inf: skip), 7 m32, 8 v32;
+  // results: 4-bit 9-11, f32 12-14, skipped 15-17; 18 p16 and its 4-bit
+  // update 19-21.
+  std::vector<std::vector<int64_t>> shapes(22, {n});
+  for (int s : {4, 5, 6})
+    shapes[s] = {};
+  Plan plan = mixedPlan(shapes, {18, 19}, {});
+  packState8(plan, {2, 3, 10, 11, 16, 17, 20, 21}, n, block, 4);
+  plan.features = {"optimizer-state-4bit"};
+  nlohmann::json adam = {{"beta1", 0.9},        {"beta2", 0.999},     {"eps", 1e-8},
+                         {"weight_decay", 0.1}, {"decay_numel", 333}, {"shard_stride", 0}};
+  nlohmann::json four = adam;
+  four["state_block"] = block;
+  four["state_bits"] = 4;
+  nlohmann::json skip = four;
+  skip["skip_nonfinite"] = true;
+  plan.program = {inst("adamw_update", {0, 1, 2, 3, 4, 5}, {9, 10, 11}, four),
+                  inst("adamw_update", {0, 1, 7, 8, 4, 5}, {12, 13, 14}, adam),
+                  inst("adamw_update", {0, 1, 2, 3, 4, 5, 6}, {15, 16, 17}, skip),
+                  inst("adamw_update", {18, 1, 2, 3, 4, 5}, {19, 20, 21}, four)};
+  std::vector<float> p, g, m, r;
+  eightBitInputs(n, p, g, m, r);
+  std::vector<uint16_t> p16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p16[i] = roundToBf16(p[i]);
+    p[i] = widenBf16(p16[i]);
+  }
+  const int64_t qb = shapes::packedStateBytes(n, block, 4);
+  std::vector<uint8_t> mq(qb), vq(qb);
+  std::vector<float> v(n), m32(n), v32(n);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = r[i] * r[i];
+  m4::encodeShard(m.data(), n, block, false, mq.data());
+  m4::encodeShard(v.data(), n, block, true, vq.data());
+  m4::decodeShard(mq.data(), n, block, false, m32.data());
+  m4::decodeShard(vq.data(), n, block, true, v32.data());
+  bind(plan);
+  ASSERT_TRUE(dev->prepare(plan, 0).isOk());
+  put(plan, 0, p.data());
+  put(plan, 1, g.data());
+  put(plan, 2, mq.data());
+  put(plan, 3, vq.data());
+  write(plan, 4, {1e-2f});
+  write(plan, 5, {3.f});
+  write(plan, 6, {std::numeric_limits<float>::infinity()});
+  put(plan, 7, m32.data());
+  put(plan, 8, v32.data());
+  put(plan, 18, p16.data());
+  runDrawing(plan);
+  const std::vector<float> np32 = read(plan, 12), nm32 = read(plan, 13), nv32 = read(plan, 14);
+  std::vector<uint8_t> wantM(qb), wantV(qb);
+  m4::encodeShard(nm32.data(), n, block, false, wantM.data());
+  m4::encodeShard(nv32.data(), n, block, true, wantV.data());
+  EXPECT_EQ(read(plan, 9), np32) << "the parameters read the decoded moments";
+  EXPECT_EQ(bytes(plan, 10), wantM);
+  EXPECT_EQ(bytes(plan, 11), wantV);
+  EXPECT_NE(bytes(plan, 10), mq) << "the moments moved";
+  EXPECT_EQ(read(plan, 15), p) << "a skipped step keeps the parameters";
+  EXPECT_EQ(bytes(plan, 16), mq);
+  EXPECT_EQ(bytes(plan, 17), vq);
+  std::vector<uint16_t> np16(n);
+  for (int64_t i = 0; i < n; ++i)
+    np16[i] = roundToBf16(np32[i]);
+  EXPECT_EQ(bits(plan, 19), np16) << "bf16 parameters: the f32 update's, rounded once";
+  EXPECT_EQ(bytes(plan, 20), wantM);
+  EXPECT_EQ(bytes(plan, 21), wantV);
 }
 
 /// sgd_momentum_update with an 8-bit buffer (state-dtype=8bit, coded as

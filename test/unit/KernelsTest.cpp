@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/core/Dropout.h"
+#include "runtime/core/Moments4.h"
 #include "runtime/core/Moments8.h"
 #include "runtime/core/OpRules.h"
 #include "runtime/core/Plan.h"
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 
 using namespace fsdp;
@@ -279,6 +281,192 @@ TEST(KernelsTest, EightBitMomentCodesAreTheNearest) {
   const float inv = m8::maxValue(m8::kMantM) / 2.0f;
   EXPECT_EQ(m8::encodeM(-0.75f, inv), m8::encodeM(0.75f, inv) | 0x80);
   EXPECT_EQ(m8::decodeM(m8::encodeM(-0.5f, 4.0f), 0.25f), -0.5f); // code value 2, exact
+}
+
+/// The 4-bit moments' codes (Moments4.h) against their definition by
+/// search: the levels increase (exp_avg's from -0.8875 through 0 to 1,
+/// exp_avg_sq's roots 2^(-(15 - c) / 2), sqrt(2) apart), and encodeM / encodeV give the
+/// nearest level (a tie the lower) for every level, every midpoint, a
+/// float either side of each, and random values over 30 binades; a
+/// block's bytes pack element 2i low, 2i + 1 high; a block of zeros, one
+/// below 2^-100 (zeros), and one holding a NaN or an infinity (NaN)
+/// decode as the header says, and a shard's range decodes from any
+/// element, odd or even.
+TEST(KernelsTest, FourBitMomentCodesAreTheNearest) {
+  namespace m4 = moments4;
+  for (bool root : {false, true}) {
+    auto level = [&](uint32_t c) { return root ? m4::levelV(c) : m4::levelM(c); };
+    for (uint32_t c = 1; c < 16; ++c)
+      ASSERT_GT(level(c), level(c - 1)) << "root " << root << " code " << c;
+    EXPECT_EQ(level(15), 1.0f);
+    EXPECT_EQ(level(root ? 0 : m4::kZeroM), root ? (float)std::exp2(-7.5) : 0.0f);
+    if (root)
+      for (uint32_t c = 1; c < 16; ++c)
+        ASSERT_NEAR(level(c) / level(c - 1), std::sqrt(2.0), 1e-6) << "code " << c;
+    auto nearest = [&](float y) {
+      uint32_t best = 0;
+      for (uint32_t c = 1; c < 16; ++c)
+        if (std::fabs((double)level(c) - y) < std::fabs((double)level(best) - y))
+          best = c; // (a tie keeps the lower)
+      return best;
+    };
+    std::vector<float> ys = {-2.0f, 2.0f, 0.0f, -0.0f};
+    for (uint32_t c = 0; c < 16; ++c) {
+      ys.push_back(level(c));
+      if (c < 15) {
+        const float mid = (float)(((double)level(c) + level(c + 1)) / 2); // exact: f32 + 1 bit
+        ys.push_back(mid);
+        ys.push_back(std::nextafter(mid, -1e9f));
+        ys.push_back(std::nextafter(mid, 1e9f));
+      }
+    }
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> e(-30.0, 0.1);
+    for (int i = 0; i < 20000; ++i)
+      ys.push_back((float)((i % 2 && !root ? -1 : 1) * std::exp2(e(rng))));
+    for (float y : ys)
+      ASSERT_EQ(root ? m4::encodeV(y) : m4::encodeM(y), nearest(y))
+          << "root " << root << " y " << y;
+  }
+  // Blocks of 32 over 101 elements (a short, odd last block): the bytes and
+  // scales, and decoding every range.
+  const int64_t n = 101, block = 32;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = (float)(std::sin(0.7 * double(i)) * std::pow(10.0, -(i % 4)));
+  for (int64_t i = 32; i < 64; ++i)
+    x[i] = 0;     // zeros
+  x[64] = 1e-31f; // block 2: below 2^-100 but for its NaN below
+  x[70] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> xr = x;
+  xr[70] = 0.5f, xr[64] = 0.25f; // the roots' block 2 plain
+  for (int64_t i = 0; i < n; ++i)
+    xr[i] = xr[i] * xr[i];
+  xr[96] = std::numeric_limits<float>::infinity(); // the roots' last block: infinite
+  for (bool root : {false, true}) {
+    const std::vector<float> &in = root ? xr : x;
+    std::vector<uint8_t> q(shapes::packedStateBytes(n, block, 4), 0xff);
+    m4::encodeShard(in.data(), n, block, root, q.data());
+    ASSERT_EQ((int64_t)q.size(), 52 + 16);
+    for (int64_t j = 0; j * block < n; ++j) {
+      const int64_t o = j * block, len = std::min(block, n - o);
+      float a = 0, s;
+      bool bad = false;
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = root ? std::sqrt(in[o + i]) : in[o + i];
+        bad |= !std::isfinite(v);
+        a = std::max(a, std::fabs(v));
+      }
+      std::memcpy(&s, q.data() + m4::scalesOffset(n) + 4 * j, 4);
+      if (bad)
+        EXPECT_TRUE(std::isnan(s)) << "root " << root << " block " << j;
+      else
+        EXPECT_EQ(s, a >= 7.888609052210118e-31f ? a : 0.0f) << "root " << root << " block " << j;
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = root ? std::sqrt(in[o + i]) : in[o + i];
+        const uint32_t want =
+            bad || !(a >= 7.888609052210118e-31f)
+                ? (root ? 0u : m4::kZeroM)
+                : (root ? m4::encodeV(v * (1.0f / a)) : m4::encodeM(v * (1.0f / a)));
+        const int64_t e = o + i;
+        ASSERT_EQ((q[e / 2] >> (4 * (e % 2))) & 15u, want) << "root " << root << " element " << e;
+      }
+    }
+    EXPECT_EQ(q[50] >> 4, 0) << "the odd last element's high nibble";
+    EXPECT_EQ(q[51], 0) << "the codes' padding";
+    std::vector<float> all(n);
+    m4::decodeShard(q.data(), n, block, root, all.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float s;
+      std::memcpy(&s, q.data() + m4::scalesOffset(n) + 4 * (i / block), 4);
+      const float l = (root ? m4::levelV((q[i / 2] >> (4 * (i % 2))) & 15u)
+                            : m4::levelM((q[i / 2] >> (4 * (i % 2))) & 15u)) *
+                      s;
+      const float want = root ? l * l : l;
+      if (std::isnan(want))
+        ASSERT_TRUE(std::isnan(all[i])) << i;
+      else
+        ASSERT_EQ(all[i], want) << "root " << root << " element " << i;
+    }
+    EXPECT_EQ(all[40], 0.0f) << "a block of zeros";
+    EXPECT_TRUE(std::isnan(all[root ? 100 : 65])) << "a block holding a NaN or an infinity";
+    for (int64_t first : {int64_t(0), int64_t(1), int64_t(33), int64_t(63), int64_t(100)})
+      for (int64_t len : {int64_t(1), int64_t(2), int64_t(37)}) {
+        if (first + len > n)
+          continue;
+        std::vector<float> part(len);
+        m4::decodeRange(q.data() + first / 2, q.data() + m4::scalesOffset(n) + 4 * (first / block),
+                        first, len, block, root, part.data());
+        for (int64_t i = 0; i < len; ++i)
+          if (!std::isnan(all[first + i]))
+            ASSERT_EQ(part[i], all[first + i]) << "from " << first << " element " << i;
+      }
+  }
+  EXPECT_EQ(x[64], 1e-31f);
+}
+
+/// AdamW with 4-bit moments (state-dtype=4bit): each step is
+/// adamwUpdate<float> on the decoded moments (exp_avg_sq as its root's
+/// level squared), the new moments encoded once (encodeShard of the f32
+/// update's, exp_avg_sq's roots); bitwise, parameters and bytes, over 4
+/// steps of 1001 elements in blocks of 128 (a short, odd last block), a
+/// decayed prefix ending mid-block and a gradient scale. Two pieces store
+/// what one call stores, and the AVX2 build what the baseline stores.
+TEST(KernelsTest, FourBitMomentsAreTheF32UpdateEncodedOnce) {
+  namespace m4 = moments4;
+  const int64_t n = 1001, block = 128, decayed = 300, bytes = shapes::packedStateBytes(n, block, 4);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1), e(-12, 0);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = u(rng);
+    m[i] = u(rng) * std::exp2(e(rng)) * 1e-3f;
+    v[i] = std::exp2(2 * e(rng)) * 1e-6f;
+  }
+  std::vector<uint8_t> mq(bytes), vq(bytes);
+  m4::encodeShard(m.data(), n, block, false, mq.data());
+  m4::encodeShard(v.data(), n, block, true, vq.data());
+  std::vector<float> pr = p, pa = p, pb = p, pc = p;
+  std::vector<uint8_t> ma = mq, va = vq, mb = mq, vb = vq, mc = mq, vc = vq;
+  std::vector<float> mf(n), vf(n), nmf(n), nvf(n);
+  for (int step = 1; step <= 4; ++step) {
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = u(rng) * std::exp2(e(rng) / 2);
+    const float gs = 0.5f;
+    // the reference: decode, the f32 update (two parts: decayed, not), encode
+    m4::decodeShard(ma.data(), n, block, false, mf.data());
+    m4::decodeShard(va.data(), n, block, true, vf.data());
+    adamwUpdate<float>(pr.data(), g.data(), mf.data(), vf.data(), pr.data(), nmf.data(), nvf.data(),
+                       decayed, 1e-3, step, 0.9, 0.999, 1e-8, 0.1, gs);
+    adamwUpdate<float>(pr.data() + decayed, g.data() + decayed, mf.data() + decayed,
+                       vf.data() + decayed, pr.data() + decayed, nmf.data() + decayed,
+                       nvf.data() + decayed, n - decayed, 1e-3, step, 0.9, 0.999, 1e-8, 0.0, gs);
+    std::vector<uint8_t> wantM(bytes), wantV(bytes);
+    m4::encodeShard(nmf.data(), n, block, false, wantM.data());
+    m4::encodeShard(nvf.data(), n, block, true, wantV.data());
+    cpu::adamwUpdate4bitState(pa.data(), g.data(), ma.data(), va.data(), pa.data(), ma.data(),
+                              va.data(), n, block, 1e-3, step, 0.9, 0.999, 1e-8, 0.1, decayed, gs,
+                              cpu::Isa::Baseline);
+    ASSERT_EQ(0, std::memcmp(pa.data(), pr.data(), n * 4)) << "parameters, step " << step;
+    ASSERT_EQ(ma, wantM) << "exp_avg, step " << step;
+    ASSERT_EQ(va, wantV) << "exp_avg_sq, step " << step;
+    cpu::adamwUpdate4bitState(pb.data(), g.data(), mb.data(), vb.data(), pb.data(), mb.data(),
+                              vb.data(), n, block, 1e-3, step, 0.9, 0.999, 1e-8, 0.1, decayed, gs,
+                              cpu::Isa::Avx2);
+    ASSERT_EQ(0, std::memcmp(pb.data(), pr.data(), n * 4)) << "AVX2 parameters, step " << step;
+    ASSERT_EQ(mb, wantM) << "AVX2 exp_avg, step " << step;
+    ASSERT_EQ(vb, wantV) << "AVX2 exp_avg_sq, step " << step;
+    for (int64_t from : {int64_t(0), int64_t(512)}) // two pieces of whole blocks
+      cpu::adamwUpdate4bitStatePiece(pc.data() + from, pc.data() + from, from,
+                                     from ? n - from : 512, g.data(), mc.data(), vc.data(),
+                                     mc.data(), vc.data(), n, block, 1e-3, step, 0.9, 0.999, 1e-8,
+                                     0.1, decayed, gs);
+    ASSERT_EQ(0, std::memcmp(pc.data(), pr.data(), n * 4)) << "pieces' parameters, step " << step;
+    ASSERT_EQ(mc, wantM) << "pieces' exp_avg, step " << step;
+    ASSERT_EQ(vc, wantV) << "pieces' exp_avg_sq, step " << step;
+  }
+  EXPECT_NE(ma, mq) << "the moments moved";
+  EXPECT_NE(0, std::memcmp(pa.data(), p.data(), n * 4));
 }
 
 TEST(KernelsTest, DropoutMaskStatisticsAndDeterminism) {

@@ -1271,3 +1271,19 @@ func.func @f(%p: tensor<8xf32>, %m: tensor<8xbf16>, %n: tensor<2xf32>, %s: tenso
   %0:3 = fsdp.lamb_update %p, %p, %m, %m, %n, %s, %s {segments = array<i64: 0, 8>, stochastic} : tensor<8xf32>, tensor<2xf32> state tensor<8xbf16>
   return
 }
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<72xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{4-bit moments of 64 elements in blocks of 32 are 40 bytes (tensor<40xi8>), found 'tensor<72xi8>'}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_bits = 4 : i64, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<64xf32>, %m: tensor<40xi8>, %s: tensor<f32>) {
+  // expected-error @+1 {{state_bits must be 4 (absent: 8-bit codes), found 2}}
+  %0:3 = fsdp.adamw_update %p, %p, %m, %m, %s, %s {state_bits = 2 : i64, state_block = 32 : i64} : tensor<64xf32> state tensor<40xi8>
+  return
+}

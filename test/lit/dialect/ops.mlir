@@ -208,7 +208,7 @@ func.func @backward(%x: tensor<2x16x64xf32>, %m: tensor<8x64xf32>, %g: tensor<64
 }
 
 // CHECK-LABEL: func.func @optimizer
-func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %q: tensor<72xi8>) {
+func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %q: tensor<72xi8>, %h: tensor<40xi8>) {
   // CHECK: fsdp.sgd_update %{{.+}}, %{{.+}}, %{{.+}} {weight_decay = 1.000000e-01 : f64} : tensor<64xf32>
   %0 = fsdp.sgd_update %p, %p, %lr {weight_decay = 0.1 : f64} : tensor<64xf32>
   // CHECK: fsdp.sgd_momentum_update %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {momentum = 9.000000e-01 : f64, nesterov} : tensor<64xf32>
@@ -227,6 +227,9 @@ func.func @optimizer(%p: tensor<64xf32>, %lr: tensor<f32>, %step: tensor<f32>, %
   // 8-bit moments (state-dtype=8bit): 64 codes and 2 scales of 32.
   // CHECK: fsdp.adamw_update {{.*}} {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
   %e:3 = fsdp.adamw_update %p, %p, %q, %q, %lr, %step {state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>
+  // 4-bit moments (state-dtype=4bit): 64 codes in 32 bytes and 2 scales.
+  // CHECK: fsdp.adamw_update {{.*}} {state_bits = 4 : i64, state_block = 32 : i64} : tensor<64xf32> state tensor<40xi8>
+  %f:3 = fsdp.adamw_update %p, %p, %h, %h, %lr, %step {state_bits = 4 : i64, state_block = 32 : i64} : tensor<64xf32> state tensor<40xi8>
   // CHECK: fsdp.sgd_momentum_update {{.*}} {key = 3 : i64, momentum = 9.000000e-01 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   %b:2 = fsdp.sgd_momentum_update %p, %p, %m16, %lr, %step {key = 3 : i64, momentum = 0.9 : f64, stochastic} : tensor<64xf32> state tensor<64xbf16>
   // CHECK: fsdp.sgd_momentum_update {{.*}} {momentum = 9.000000e-01 : f64, state_block = 32 : i64} : tensor<64xf32> state tensor<72xi8>

@@ -20,6 +20,14 @@
 // RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=8bit state-block=8192" 2>&1 | FileCheck %s --check-prefix=BLOCK
 // RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw optimizer-state-dtype=8bit world-size=2 stage=1 plan=%t.plan report=false"
 // RUN: %python -c "import json,sys; p=json.load(open(sys.argv[1])); print('requires', p.get('requires'), 'options', p['options']['state_dtype'], p['options']['state_block'], 'states', sorted({p['buffers'][s['buffer']]['dtype'] for s in p['states']}))" %t.plan | FileCheck %s --check-prefix=PLAN
+// 4-bit (state-dtype=4bit, AdamW only): codes two a byte (a shard of 32 in
+// blocks of 32: 16 + 4 bytes), the update carrying state_bits = 4 beside
+// state_block; the block defaults to 128; another optimizer is refused;
+// the plan requires optimizer-state-4bit.
+// RUN: fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=adamw state-dtype=4bit state-block=32" -fsdp-group-units -fsdp-shard="world-size=2 stage=3" | FileCheck %s --check-prefix=FOUR
+// RUN: not fsdp-opt %s -fsdp-autodiff -fsdp-insert-optimizer="optimizer=lamb state-dtype=4bit" 2>&1 | FileCheck %s --check-prefix=FOURLAMB
+// RUN: fsdp-opt %s -o /dev/null --fsdp-pipeline="optimizer=adamw optimizer-state-dtype=4bit world-size=2 stage=3 plan=%t4.plan report=false"
+// RUN: %python -c "import json,sys; p=json.load(open(sys.argv[1])); print('requires', p.get('requires'), 'options', p['options']['state_dtype'], p['options']['state_block'], p['options']['state_bits'], 'bytes', sorted({p['buffers'][s['buffer']]['bytes'] for s in p['states']}))" %t4.plan | FileCheck %s --check-prefix=FOURPLAN
 
 // INSERT: fsdp.state @w.exp_avg : tensor<36xi8> of @w kind "exp_avg"
 // INSERT: fsdp.state @w.exp_avg_sq : tensor<36xi8> of @w kind "exp_avg_sq"
@@ -71,3 +79,11 @@ func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attr
   %l = fsdp.mse_loss %hb, %y : tensor<16x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// FOUR: fsdp.unit @root : tensor<64xf32> shard tensor<32xf32> numel 40
+// FOUR: fsdp.state @root.exp_avg : tensor<20xi8> of @root kind "exp_avg"
+// FOUR: fsdp.state @root.exp_avg_sq : tensor<20xi8> of @root kind "exp_avg_sq"
+// FOUR: fsdp.adamw_update
+// FOUR-SAME: {state_bits = 4 : i64, state_block = 32 : i64} : tensor<32xf32> state tensor<20xi8>
+// FOURLAMB: state-dtype=4bit keeps AdamW's moments in 4-bit block codes (torchao's AdamW4bit); optimizer=lamb has no 4-bit state here: use state-dtype=8bit
+// FOURPLAN: requires ['optimizer-state-4bit'] options 4bit 128 4 bytes [68]

@@ -52,7 +52,7 @@ fsdp.param @b : tensor<8xf32> init("zeros")
 // LAMB-NOT: stochastic
 // LAMB-SAME: : tensor<[[S:[0-9]+]]xf32> state tensor<[[S]]xbf16> -> tensor<4xf32>
 // LAMB: fsdp.lamb_update {{.*}}key = 0 : i64{{.*}}shard_stride = [[S]] : i64, stochastic{{.*}} : tensor<[[S]]xf32>, tensor<4xf32> state tensor<[[S]]xbf16>
-// DTYPE: state-dtype must be f32, bf16 or 8bit, found 'f16'
+// DTYPE: state-dtype must be f32, bf16, 8bit or 4bit, found 'f16'
 // ROUND: state-rounding must be stochastic or nearest, found 'up'
 
 func.func @model(%x: tensor<16x4xf32>, %y: tensor<16x8xf32>) -> tensor<f32> attributes {fsdp.model} {
