@@ -2,7 +2,9 @@
 """Optimizer state in bf16 (optimizer-state-dtype=bf16; docs/BENCHMARKS.md):
 AdamW's moments by default, --optimizer sgd (momentum 0.9: its buffer) or
 lamb (its moments). --eight: the state in 8-bit block codes
-(optimizer-state-dtype=8bit) instead of bf16, against f32 state.
+(optimizer-state-dtype=8bit) instead of bf16, against f32 state. --four:
+AdamW's moments in 4-bit block codes (optimizer-state-dtype=4bit), against
+f32 state (and 8-bit, measured).
 
 1. Predicted (h100 profile, fsdp-opt simulate=true; not run on a GPU):
    planned peak per rank and predicted step with f32 and bf16 moments for
@@ -16,7 +18,7 @@ lamb (its moments). --eight: the state in 8-bit block codes
    arena fsdp-run measured (== planned).
 
   bench/optimizer_state.py [--bin build/bin] [--rounds 3] [--steps 12]
-                           [--optimizer adamw|sgd|lamb] [--eight]
+                           [--optimizer adamw|sgd|lamb] [--eight | --four]
 """
 import argparse
 import os
@@ -45,6 +47,8 @@ OPTIMIZERS = {"adamw": "optimizer=adamw", "sgd": "optimizer=sgd momentum=0.9",
 MODES = [("f32 state", ""), ("bf16 stochastic", "optimizer-state-dtype=bf16"),
          ("bf16 nearest", "optimizer-state-dtype=bf16 optimizer-state-rounding=nearest")]
 EIGHT = [("f32 state", ""), ("8-bit", "optimizer-state-dtype=8bit")]
+FOUR = [("f32 state", ""), ("4-bit", "optimizer-state-dtype=4bit"),
+        ("8-bit", "optimizer-state-dtype=8bit")]
 
 
 def main():
@@ -56,9 +60,12 @@ def main():
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     ap.add_argument("--eight", action="store_true", help="8-bit state instead of bf16")
+    ap.add_argument("--four", action="store_true", help="AdamW's 4-bit moments instead of bf16")
     a = ap.parse_args()
+    if a.four and a.optimizer != "adamw":
+        ap.error("--four: 4-bit state is AdamW's moments")
     opt_base = OPTIMIZERS[a.optimizer]
-    modes = EIGHT if a.eight else MODES
+    modes = FOUR if a.four else EIGHT if a.eight else MODES
     other = modes[1][0]
     with tempfile.TemporaryDirectory() as tmp:
         print(f"1. predicted (h100 profile, bf16 compute, {opt_base}): planned peak per rank, "

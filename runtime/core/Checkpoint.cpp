@@ -770,7 +770,10 @@ public:
     // (whole blocks: even element counts, so 4-bit ranges are whole bytes)
     const int64_t local = whole ? w.padded : w.shard, sc = packedScalesOffset(local, bits);
     const int64_t per = 8 / bits; // codes a byte
-    std::memset(codes, 0, (size_t)(count / per));
+    // positions past the unit: blocks of zeros, as the update codes them
+    // (4-bit exp_avg's zero is code 7: bytes 0x77; every other zero code 0)
+    const int fill = bits == 4 && kind != "exp_avg_sq" ? 0x77 : 0;
+    std::memset(codes, fill, (size_t)(count / per));
     std::fill(scales, scales + count / block, 0.0f);
     for (int64_t i = 0; i < count && first + i < w.padded;) {
       const int64_t f = first + i, r = whole ? 0 : f / w.shard, at = whole ? f : f % w.shard;

@@ -341,6 +341,13 @@ PLAN_CASES = [
     ("adamw_update i8 moments without state_block", "mlp", setter(lambda p: eight_bit(p)), "i8 state is 8-bit block codes: expected state_block"),
     ("adamw_update state_block 100", "mlp", setter(lambda p: eight_bit(p, state_block=100)), "state_block must be a power of two in [32, 4096]"),
     ("adamw_update f32 moments with state_block", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(state_block=256)), "state_block is for i8 state, found f32"),
+    # 4-bit moments (optimizer-state-dtype=4bit): state_bits, AdamW only, the
+    # plan's feature both ways
+    ("adamw_update state_bits 2", "mlp", setter(lambda p: eight_bit(p, state_block=256, state_bits=2)), "adamw_update: state_bits must be 4 (absent: 8), found 2"),
+    ("adamw_update 4-bit moments without the plan's feature", "mlp", setter(lambda p: eight_bit(p, state_block=256, state_bits=4)), "4-bit state in a plan that does not require optimizer-state-4bit"),
+    ("adamw_update 8-bit moments in a 4-bit plan", "mlp", setter(lambda p: (eight_bit(p, state_block=256), p.update(requires=["optimizer-state-4bit"]))), "8-bit state in a plan that requires optimizer-state-4bit"),
+    ("adamw_update f32 moments with state_bits", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(state_bits=4)), "state_bits is for i8 state, found f32"),
+    ("lamb_norms 4-bit moments", "lamb", setter(lambda p: (eight_bit(p, "lamb_norms", state_block=256, state_bits=4), p.update(requires=["optimizer-state-4bit"]))), "lamb_norms: 4-bit state (state_bits = 4) is adamw_update's only"),
     ("adamw_update 8-bit moments, stochastic", "mlp", setter(lambda p: eight_bit(p, state_block=256, stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is i8"),
     ("adamw_update f32 moments, stochastic", "mlp", setter(lambda p: first(p, "adamw_update")["attrs"].update(stochastic=True, key=0)), "stochastic rounds the state to bf16, but it is f32"),
     ("param and buffer bf16", "mlp", setter(lambda p: (p["params"][0].update(dtype="bf16"),

@@ -432,6 +432,79 @@ def eight_bit_ratios(pending, unit_of):
     return worst
 
 
+# 4-bit moments (runtime/core/Moments4.h): exp_avg's signed map (its
+# magnitudes; the negative side has no -1, so a negative value above
+# 0.8875 of its block's largest rounds down to it) and exp_avg_sq's roots'
+# levels 2^(-(15 - c) / 2), without zero (a root below the first reads as
+# it), each as float32 holds it.
+def _f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+M4_MAGS = [_f32(x) for x in (0.0, 0.0055, 0.0325, 0.0775, 0.2125, 0.4375, 0.6625, 0.8875, 1.0)]
+ROOT4 = [_f32(2.0 ** (-(15 - c) / 2)) for c in range(16)]
+
+
+def _worst_errors(levels, floor):
+    """(lo, hi, w): on [lo, hi] of |x| / a the code's error is at most w a
+    (half the gap between neighbours; with `floor`, below the first level
+    a value reads as it)."""
+    out = [(0.0, levels[0], levels[0])] if floor else []
+    out += [(a, b, (b - a) / 2) for a, b in zip(levels, levels[1:])]
+    return out
+
+
+def four_bit_ratios(pending, unit_of):
+    """The worst |ours - float64's| / allowed of 4-bit moments, per kind,
+    over one step's parameters. Ours is float32's new moment x (float64's
+    within `err`) coded as the level nearest x / a, a its block's largest
+    magnitude (the scale), and decoded as level x a. A block's a is not in
+    the dump, only bounded: |x| <= a <= U, U the unit's largest (a block
+    lies in one unit). On the interval [lo, hi] of |x| / a the error is at
+    most w a (w half the gap there), so over every a the error is at most
+    the largest w min(U, |x| / lo) over the intervals some a in [|x|, U]
+    reaches. Plus float32's roundings (the reciprocal, the product, the
+    decode: 8 u). exp_avg_sq is stored as its root r and decoded as the
+    root squared: within 2 r d + d^2 + u v, d the root's bound."""
+    unit_max = {}
+    for n, kind, want, mine, err in pending:
+        key = (unit_of.get(n, n), kind)
+        top = (torch.maximum(want.abs(), mine.abs()) + err).max().item()
+        if kind == "exp_avg_sq":
+            top = math.sqrt(top)
+        unit_max[key] = max(unit_max.get(key, 0.0), top * (1 + 2.0 ** -20))
+    worst = {}
+    for n, kind, want, mine, err in pending:
+        root = kind == "exp_avg_sq"
+        big = unit_max[(unit_of.get(n, n), kind)]
+        if root:
+            hi_x = torch.sqrt(want.abs() + err)
+            lo_x = torch.sqrt((want.abs() - err).clamp(min=0))
+            spans = [(_worst_errors(ROOT4, True), torch.ones_like(want, dtype=torch.bool))]
+        else:
+            hi_x, lo_x = want.abs() + err, (want.abs() - err).clamp(min=0)
+            neg = want < 0
+            pos_spans = _worst_errors(M4_MAGS, False)
+            # negative: [0.8875, 1] reads as -0.8875 (no -1 level)
+            neg_spans = pos_spans[:-1] + [(M4_MAGS[-2], 1.0, 1.0 - M4_MAGS[-2])]
+            spans = [(pos_spans, ~neg), (neg_spans, neg)]
+        d = torch.zeros_like(want)
+        for intervals, mask in spans:
+            for lo, hi, w in intervals:
+                a_min = torch.maximum(lo_x / hi, lo_x)
+                a_top = (hi_x / lo).clamp(max=big) if lo > 0 else torch.full_like(hi_x, big)
+                reach = mask & (a_min <= big) & (a_top >= a_min)
+                d = torch.where(reach, torch.maximum(d, w * a_top), d)
+        d = d + 8 * U32 * hi_x
+        if root:
+            bound = 2 * hi_x * d + d * d + U32 * mine.abs() + err
+        else:
+            bound = d + err
+        r = ((mine - want).abs() / (bound + 1e-45)).max().item()
+        worst[kind] = max(worst.get(kind, 0.0), r)
+    return worst
+
+
 def rounding_depth(args):
     """n in the worst-case float32 error bound |dg| <= n u max|g| of a gradient.
 
@@ -775,13 +848,19 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
     # momentum buffer in 8-bit block codes (runtime/core/Moments8.h; the
     # buffer coded as exp_avg), dumped decoded; replayed as bf16 state is,
     # and our new ones checked within half a code step of float64's.
-    eight_bit = opts.get("state_dtype") == "8bit"
+    # optimizer-state-dtype=4bit: AdamW's moments in 4-bit block codes
+    # (runtime/core/Moments4.h), dumped decoded; replayed as 8-bit ones,
+    # our new ones checked within half a level gap (four_bit_ratios).
+    four_bit = opts.get("state_dtype") == "4bit"
+    if four_bit and check.kind != "adamw":
+        raise SystemExit("4-bit state is AdamW's moments (optimizer-state-dtype=4bit)")
+    eight_bit = opts.get("state_dtype") in ("8bit", "4bit")
     if eight_bit and not (check.kind in ("adamw", "lamb")
                           or (check.kind == "sgd" and opts["momentum"] != 0)):
         raise SystemExit("8-bit state is AdamW's and LAMB's moments or SGD's momentum buffer "
                          "(optimizer-state-dtype=8bit)")
     unit_of = {p["name"]: p.get("unit", -1) for p in plan["params"]}
-    bf16_moments = opts.get("state_dtype", "f32") in ("bf16", "8bit")
+    bf16_moments = opts.get("state_dtype", "f32") in ("bf16", "8bit", "4bit")
     adam_like = check.kind in ("adamw", "lamb")
     if bf16_moments and not (adam_like or (check.kind == "sgd" and opts["momentum"] != 0)):
         raise SystemExit("bf16 state is AdamW's or LAMB's moments or SGD's momentum buffer "
@@ -911,7 +990,8 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
                 tight[n] = int((allowed < 0.5 * generic).sum().item())
             theta[n] = got
         if eight_bit:
-            for kind, r in eight_bit_ratios(pending, unit_of).items():
+            ratios = four_bit_ratios if four_bit else eight_bit_ratios
+            for kind, r in ratios(pending, unit_of).items():
                 moment_worst[kind] = max(moment_worst[kind], r)
             pending.clear()
         prev = step
@@ -942,7 +1022,12 @@ def check_updates(args, opts, log, batches, inputs, targets, ours, init, plan=No
         m_ok = all(w <= 1.0 for w in moment_worst.values())
         what = "moments" if adam_like else "momentum buffer"
         worst_of = ", ".join(f"{k} {w:.3f}" for k, w in moment_worst.items())
-        if eight_bit:
+        if four_bit:
+            lines.append(f"4-bit {what} (blocks of {opts.get('state_block')}): each update from "
+                         f"our stored (decoded) {what}, our new ones within half a level gap "
+                         f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
+                         f" of the allowed difference)")
+        elif eight_bit:
             lines.append(f"8-bit {what} (blocks of {opts.get('state_block')}): each update from "
                          f"our stored (decoded) {what}, our new ones within half a code step "
                          f"of float64's: {'MATCH' if m_ok else 'MISMATCH'} (worst {worst_of}"
