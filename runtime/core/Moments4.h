@@ -192,8 +192,11 @@ FSDP_HD inline uint32_t codeAt(const uint8_t *codes, int64_t i) {
 }
 
 /// The value of every code (host): exp_avg's, exp_avg_sq's root's.
+/// And of every byte: its two codes' levels (low nibble first), so that
+/// a block decodes a byte, two elements, at a time.
 struct DecodeTables {
   float m[16], root[16];
+  float pairM[256][2], pairRoot[256][2];
 };
 inline const DecodeTables &decodeTables() {
   static const DecodeTables tables = [] {
@@ -202,6 +205,11 @@ inline const DecodeTables &decodeTables() {
       t.m[c] = levelM(c);
       t.root[c] = levelV(c);
     }
+    for (uint32_t b = 0; b < 256; ++b)
+      for (uint32_t h = 0; h < 2; ++h) {
+        t.pairM[b][h] = levelM((b >> (4 * h)) & 15u);
+        t.pairRoot[b][h] = levelV((b >> (4 * h)) & 15u);
+      }
     return t;
   }();
   return tables;

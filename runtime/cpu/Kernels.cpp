@@ -1099,15 +1099,22 @@ struct Update8 {
   float scaleM, scaleV;
   std::memcpy(&scaleM, u.m + at + 4 * j, 4);
   std::memcpy(&scaleV, u.v + at + 4 * j, 4);
-  float mf[m8::kMaxBlock], vf[m8::kMaxBlock];
+  float mf[m8::kMaxBlock + 1], vf[m8::kMaxBlock + 1];
   const float *pj = u.p + (o - u.pFrom), *gj = u.g + o;
   float *npj = u.np + (o - u.pFrom);
   if (four) {
+    // the levels a byte (two elements) at a time, then scaled (an odd
+    // last block's last slot is past it: written, never read)
     const moments4::DecodeTables &table = moments4::decodeTables();
     const uint8_t *mj = u.m + o / 2, *vj = u.v + o / 2;
+    for (int64_t b = 0; b < (len + 1) / 2; ++b) {
+      std::memcpy(mf + 2 * b, table.pairM[mj[b]], 8);
+      std::memcpy(vf + 2 * b, table.pairRoot[vj[b]], 8);
+    }
+#pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
-      mf[i] = table.m[moments4::codeAt(mj, i)] * scaleM;
-      const float r = table.root[moments4::codeAt(vj, i)] * scaleV;
+      mf[i] = mf[i] * scaleM;
+      const float r = vf[i] * scaleV;
       vf[i] = r * r;
     }
   } else {
